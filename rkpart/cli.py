@@ -1,0 +1,333 @@
+"""Command line: a thin click layer over the library.
+
+Options become typed values in callbacks (``click.BadParameter`` on bad input); commands
+call one library function and turn :class:`rkpart.errors.UserError` into one line on
+stderr and the error's exit code.  Internal errors keep their traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rkpart import __version__
+from rkpart.errors import RkpartError, UserError
+
+
+class RkpartGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UserError as e:
+            click.echo(f"rkpart: error: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except MemoryError:
+            click.echo("rkpart: error: out of memory", err=True)
+            ctx.exit(71)
+        except RkpartError as e:
+            click.echo(f"rkpart: internal error: {e}", err=True)
+            raise
+        except BrokenPipeError:
+            ctx.exit(0)
+
+
+@click.group(cls=RkpartGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="rkpart")
+def main() -> None:
+    """Partition Diffusion Transformer ONNX graphs for Rockchip NPUs (RK3588).
+
+    \b
+    Typical flow:
+      rkpart inspect MODEL.onnx                       # blocks and regions found
+      rkpart partition MODEL.onnx --strategy split --out build/
+      rkpart run build/                               # ONNX Runtime vs the whole model
+      rkpart compile build/ --toolkit 2.3.0 --target rk3588
+      rkpart run build/ --backend rknn-sim --toolkit 2.3.0
+    """
+
+
+# ---------------------------------------------------------------------------------------------
+# option parsing helpers
+
+
+def _parse_shapes(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    out: dict[str, tuple[int, ...]] = {}
+    for v in values:
+        name, sep, dims = v.rpartition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split(",")) if sep and name else None
+        except ValueError:
+            shape = None
+        if not shape or any(d <= 0 for d in shape):
+            raise click.BadParameter(f"{v!r}: expected NAME=D0,D1,... with positive integers")
+        out[name] = shape
+    return out
+
+
+def _parse_kv(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for v in values:
+        k, sep, raw = v.partition("=")
+        if not sep or not k:
+            raise click.BadParameter(f"{v!r}: expected KEY=VALUE")
+        try:
+            out[k] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[k] = raw
+    return out
+
+
+def bundled_example() -> Path:
+    """Path of the bundled tiny Anima-style example model."""
+    from importlib import resources
+
+    p = Path(str(resources.files("rkpart") / "data" / "anima_tiny.onnx"))
+    if not p.is_file():
+        raise UserError(f"the bundled example model is missing from the installation ({p})")
+    return p
+
+
+def _progress(quiet: bool) -> Callable[[str], None]:
+    t0 = time.monotonic()
+
+    def say(msg: str) -> None:
+        if not quiet:
+            click.echo(f"[{time.monotonic() - t0:7.1f}s] {msg}", err=True)
+
+    return say
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f}"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("build"),
+              show_default=True, help="Plan folder to write.")
+@click.option("--strategy", "-s", default="split", show_default=True,
+              help="split, fused, custom, auto, generic or a plugin strategy (see `rkpart strategies`).")
+@click.option("--adaln", type=click.Choice(["host", "npu"]), default=None,
+              help="split: where each branch's AdaLN (norm + modulation) runs [default: host].")
+@click.option("--residual", type=click.Choice(["host", "npu"]), default=None,
+              help="split: where gates and residual adds run [default: host].")
+@click.option("--modulation", type=click.Choice(["host", "npu"]), default=None,
+              help="Where per-block modulation layers (SiLU+Linear of the timestep) run "
+                   "[default: host for split, npu for fused].")
+@click.option("--blocks-per-stage", type=click.IntRange(min=1), default=None,
+              help="fused: consecutive blocks per NPU stage [default: 1].")
+@click.option("--spec", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="custom: YAML/JSON spec naming the stages (docs/custom-spec.md).")
+@click.option("--option", "options", multiple=True, callback=_parse_kv, metavar="KEY=VALUE",
+              help="Extra strategy option (repeatable), e.g. for plugins.")
+@click.option("--shape", "shapes", multiple=True, callback=_parse_shapes, metavar="NAME=D0,D1,..",
+              help="Static shape for a model input with symbolic dimensions (repeatable).")
+@click.option("--simplify/--no-simplify", default=False, show_default=True,
+              help="Run onnxsim on NPU stages (kept only if outputs stay equal under ONNX Runtime).")
+@click.option("--external-threshold", type=click.IntRange(min=0), default=1024, show_default=True,
+              help="Weights of at least this many bytes go to each stage's external data file.")
+@click.option("--force", is_flag=True, help="Replace a non-empty plan folder (only once the new plan is complete).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan summary as JSON.")
+def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, residual: str | None,
+              modulation: str | None, blocks_per_stage: int | None, spec: Path | None, options: dict[str, Any],
+              shapes: dict[str, tuple[int, ...]], simplify: bool, external_threshold: int, force: bool,
+              quiet: bool, as_json: bool) -> None:
+    """Cut MODEL into NPU and host stages and write a plan folder.
+
+    Without MODEL, the bundled tiny Anima-style example is used.
+    """
+    from rkpart.partitioner.api import partition as do_partition
+
+    say = _progress(quiet)
+    if model is None:
+        model = bundled_example()
+        say(f"no model given: using the bundled example {model.name}")
+    opts: dict[str, Any] = dict(options)
+    for k, v in (("adaln", adaln), ("residual", residual), ("modulation", modulation),
+                 ("blocks_per_stage", blocks_per_stage), ("spec", spec)):
+        if v is not None:
+            opts[k] = v
+    if strategy == "custom" and spec is None:
+        raise click.UsageError("--strategy custom needs --spec FILE")
+    plan = do_partition(model, out, strategy, force=force, input_shapes=shapes or None,
+                        external_threshold=external_threshold, simplify=simplify, progress=say, **opts)
+    if as_json:
+        click.echo(json.dumps({
+            "plan": str(out / "plan.json"),
+            "strategy": plan.strategy,
+            "blocks": len(plan.blocks),
+            "npu_stages": len(plan.npu_stages),
+            "host_stages": len(plan.host_stages),
+            "peak_rss_mib": round(peak_rss_mib(), 1),
+            "stages": [{"id": s.id, "device": s.device, "kind": s.kind, "weight_bytes": s.weight_bytes,
+                        "io_bytes": s.io_bytes} for s in plan.stages],
+        }, indent=2))
+        return
+    if not quiet:
+        click.echo(f"{'#':>3}  {'stage':<28} {'device':<6} {'kind':<34} {'weights MiB':>11} {'I/O MiB':>8}")
+        for i, s in enumerate(plan.stages):
+            click.echo(f"{i:>3}  {s.id:<28} {s.device:<6} {s.kind[:34]:<34} {_mib(s.weight_bytes):>11} "
+                       f"{_mib(s.io_bytes):>8}")
+    per_block: dict[int, int] = {}
+    for s in plan.npu_stages:
+        for b in s.blocks:
+            per_block[b] = per_block.get(b, 0) + 1
+    shape = sorted(set(per_block.values()))
+    click.echo(f"plan: {out / 'plan.json'}  strategy={plan.strategy['name']}  blocks={len(plan.blocks)}  "
+               f"NPU stages={len(plan.npu_stages)} ({'/'.join(map(str, shape)) or 0} per block)  "
+               f"host stages={len(plan.host_stages)}")
+    click.echo(f"peak RSS: {peak_rss_mib():.1f} MiB")
+
+
+@main.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--shape", "shapes", multiple=True, callback=_parse_shapes, metavar="NAME=D0,D1,..",
+              help="Static shape for a model input with symbolic dimensions.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: bool) -> None:
+    """Show the blocks and regions found in MODEL (nothing is written)."""
+    from rkpart.partitioner.api import inspect_model
+    from rkpart.partitioner.graph import describe
+
+    if model is None:
+        model = bundled_example()
+    mg, disc = inspect_model(model, shapes or None)
+    info = describe(mg)
+    if as_json:
+        click.echo(json.dumps({**info, "streams": disc.streams, "method": disc.method,
+                               "prologue_ops": len(disc.prologue), "epilogue_ops": len(disc.epilogue),
+                               "glue_ops": len(disc.glue), "blocks": disc.summary()}, indent=2))
+        return
+    click.echo(f"{info['file']}: opset {info['opset']}, {info['nodes']} nodes ({info['const_nodes']} constant), "
+               f"weights {_mib(info['weight_bytes'])} MiB")
+    for kind in ("inputs", "outputs"):
+        for t in info[kind]:
+            click.echo(f"  {kind[:-1]:<6} {t['name']} {t['dtype']} {t['shape']}")
+    click.echo(f"{len(disc.blocks)} blocks, {disc.streams} residual stream(s), numbered by {disc.method}; "
+               f"prologue {len(disc.prologue)} ops, glue {len(disc.glue)}, epilogue {len(disc.epilogue)}")
+    for b in disc.blocks:
+        regs = ", ".join(
+            f"{r.name}[{r.kind}; adaln={r.adaln}{'; gated' if r.gate else ''}; "
+            f"{len(r.pre)}+{len(r.core)}+{len(r.gate) + len(r.adds)} ops]"
+            for r in b.regions
+        )
+        scope = f" ({b.scope})" if b.scope else ""
+        n_mod = len(b.mod) + sum(len(r.mod) for r in b.regions)
+        click.echo(f"  block {b.index:>2}{scope}: {regs}; modulation {n_mod} ops")
+    for n in disc.notes:
+        click.echo(f"note: {n}")
+
+
+@main.command()
+@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.option("--inputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=".npz with one array per model input (default: seeded random inputs).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--backend", type=click.Choice(["ort", "rknn-sim"]), default="ort", show_default=True,
+              help="Executor for NPU stages; host stages always run on ONNX Runtime.")
+@click.option("--toolkit", default=None, help="rknn-toolkit2 version for --backend rknn-sim.")
+@click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Whole model to compare against [default: the plan's source model, if it is found].")
+@click.option("--reference", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=".npz of reference outputs (e.g. PyTorch fp16) to gate against as well.")
+@click.option("--min-cosine", type=float, default=None,
+              help="Gate: minimum cosine [default: 0.999999 for ort, 0.999 for rknn-sim].")
+@click.option("--max-abs-rel", type=float, default=None,
+              help="Gate: max abs error relative to max |reference| [default: 1e-5 for ort, off otherwise].")
+@click.option("--per-stage", is_flag=True, help="Also compare every NPU stage with ONNX Runtime on the same inputs.")
+@click.option("--save-outputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the plan's outputs to this .npz.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+@click.option("--quiet", "-q", is_flag=True)
+def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: str | None, model: Path | None,
+        reference: Path | None, min_cosine: float | None, max_abs_rel: float | None, per_stage: bool,
+        save_outputs: Path | None, as_json: bool, quiet: bool) -> None:
+    """Execute PLAN stage by stage and gate it against the whole model."""
+    from rkpart.runtime.validate import validate_plan_run
+
+    report = validate_plan_run(
+        plan_path, inputs=inputs, seed=seed, backend=backend, toolkit=toolkit, model=model,
+        reference=reference, min_cosine=min_cosine, max_abs_rel=max_abs_rel, per_stage=per_stage,
+        save_outputs=save_outputs, progress=_progress(quiet),
+    )
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        click.echo(report.render())
+    if report.failures:
+        from rkpart.errors import GateError
+
+        raise GateError("numerical gate failed: " + "; ".join(report.failures))
+
+
+@main.command()
+def strategies() -> None:
+    """List partition strategies: built-in and installed plugins (with broken ones)."""
+    from rkpart.plugins import load_plugins
+    from rkpart.strategies import BUILTIN
+
+    for s in BUILTIN:
+        click.echo(f"{s.name:<12} built-in   {s.summary}")
+    ps = load_plugins("rkpart.strategies")
+    for name, cls in ps.loaded.items():
+        click.echo(f"{name:<12} plugin     {getattr(cls, 'summary', '')} [{ps.origin[name]}]")
+    for name, err in ps.broken.items():
+        click.echo(f"{name:<12} BROKEN     {err}")
+
+
+@main.command()
+@click.argument("dest", type=click.Path(dir_okay=False, path_type=Path), default=Path("anima_tiny.onnx"))
+@click.option("--force", is_flag=True, help="Overwrite DEST.")
+def example(dest: Path, force: bool) -> None:
+    """Copy the bundled tiny Anima-style example model to DEST."""
+    from rkpart.partitioner.extract import copy_file
+
+    if dest.exists() and not force:
+        raise UserError(f"{dest} exists; use --force to overwrite it")
+    copy_file(bundled_example(), dest)
+    click.echo(str(dest))
+
+
+def _register_optional() -> None:
+    """Commands that live next to the code they drive."""
+    import importlib
+
+    for mod, names in (
+        ("rkpart.compile.cli", ("toolkit", "compile_cmd")),
+        ("rkpart.profile.cli", ("profile",)),
+        ("rkpart.cost_model.cli", ("fit",)),
+        ("rkpart.triage.cli", ("repro",)),
+        ("rkpart.recognizers_cli", ("recognizers",)),
+    ):
+        try:
+            module = importlib.import_module(mod)
+        except ModuleNotFoundError as e:
+            if e.name == mod:
+                continue
+            raise
+        for n in names:
+            cmd = getattr(module, n, None)
+            if isinstance(cmd, click.Command):
+                main.add_command(cmd)
+
+
+_register_optional()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""``partition()``: model file -> plan folder.  The library function behind ``rkpart partition``.
+
+Crash safety: stages are written into a sibling staging folder ``.<out>.partial``; each
+stage's files are atomic and followed by a small ``.done.json`` marker, so a killed run can
+be resumed (same model, strategy and options) without redoing finished stages.  Only when
+every stage and ``plan.json`` are written does the staging folder replace ``out``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from rkpart.errors import InternalError, OutputExistsError, SpecError
+from rkpart.io import atomic_write_bytes, folder_lock, replace_folder
+from rkpart.partitioner.discovery import Discovery, discover
+from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD, boundary, check_stage, extract
+from rkpart.partitioner.graph import ModelGraph, load_model
+from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
+from rkpart.strategies import get_strategy
+from rkpart.strategies.base import Group, Partition
+
+Progress = Callable[[str], None]
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class OrderedGroup:
+    id: str
+    device: str
+    ops: frozenset[int]
+    region: str
+    kind: str
+    block: int | None
+    blocks: tuple[int, ...]
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while buf := f.read(1 << 22):
+            h.update(buf)
+    return h.hexdigest()
+
+
+def order_groups(mg: ModelGraph, part: Partition, *, merge_host: bool = True) -> list[OrderedGroup]:
+    """Execution order of the partition's groups; adjacent host groups merged.
+
+    Raises :class:`SpecError` if the grouping is cyclic (two stages need each other's
+    outputs), which only a custom spec can cause.
+    """
+    owner: dict[int, int] = {}
+    for gi, grp in enumerate(part.groups):
+        for i in grp.ops:
+            if i in owner:
+                raise InternalError(f"op {i} assigned to {part.groups[owner[i]].id} and {grp.id}")
+            owner[i] = gi
+    missing = [i for i in mg.ops.nodes if i not in owner]
+    if missing:
+        raise InternalError(f"strategy {part.strategy} left {len(missing)} ops unassigned (e.g. {missing[0]})")
+    q = nx.DiGraph()
+    q.add_nodes_from(range(len(part.groups)))
+    for a, b in mg.ops.edges:
+        ga, gb = owner[a], owner[b]
+        if ga != gb:
+            q.add_edge(ga, gb)
+    first = {gi: min(grp.ops) for gi, grp in enumerate(part.groups)}
+    try:
+        order = list(nx.lexicographical_topological_sort(q, key=lambda gi: first[gi]))
+    except nx.NetworkXUnfeasible:
+        cyc = nx.find_cycle(q)
+        names = " -> ".join(part.groups[a].id for a, _ in cyc)
+        raise SpecError(f"stages depend on each other in a cycle: {names}; change the grouping") from None
+    out: list[OrderedGroup] = []
+    for gi in order:
+        g: Group | OrderedGroup = part.groups[gi]
+        if merge_host and out and g.device == "host" and out[-1].device == "host":
+            prev = out[-1]
+            kinds = prev.kind.split("+")
+            kinds += [k for k in g.kind.split("+") if k not in kinds]
+            out[-1] = OrderedGroup(
+                id=prev.id, device="host", ops=prev.ops | g.ops, region=prev.region if prev.region == g.region
+                else "host", kind="+".join(kinds),
+                block=prev.block if prev.block == g.block else None,
+                blocks=tuple(sorted(set(prev.blocks) | set(g.blocks))),
+            )
+        else:
+            out.append(OrderedGroup(g.id, g.device, g.ops, g.region, g.kind, g.block, g.blocks))
+    # host ids get readable, unique names
+    final: list[OrderedGroup] = []
+    for idx, og in enumerate(out):
+        gid = og.id
+        if og.device == "host":
+            nxt = next((h.id for h in out[idx + 1:] if h.device == "npu"), None)
+            gid = "prologue" if idx == 0 else (f"{nxt}.pre" if nxt else "epilogue")
+        final.append(OrderedGroup(gid, og.device, og.ops, og.region, og.kind, og.block, og.blocks))
+    ids = [g.id for g in final]
+    if len(set(ids)) != len(ids):
+        seen: dict[str, int] = {}
+        renamed: list[OrderedGroup] = []
+        for og in final:
+            n = seen.get(og.id, 0)
+            seen[og.id] = n + 1
+            renamed.append(og if n == 0 else OrderedGroup(f"{og.id}.{n}", og.device, og.ops, og.region, og.kind,
+                                                          og.block, og.blocks))
+        final = renamed
+    return final
+
+
+def _prepare_out(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"output {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise OutputExistsError(f"output folder {out} is not empty; use --force to replace it")
+        if not (out / PLAN_FILENAME).is_file():
+            raise OutputExistsError(
+                f"refusing to replace {out}: it is not an rkpart plan folder (no {PLAN_FILENAME})"
+            )
+
+
+def partition(
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    strategy: str = "split",
+    *,
+    force: bool = False,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
+    simplify: bool = False,
+    progress: Progress = _noop,
+    **options: Any,
+) -> Plan:
+    """Partition ``model`` with ``strategy`` and write the plan folder ``out``.
+
+    Parameters
+    ----------
+    model:
+        ONNX file (inline weights or external data; any size).
+    out:
+        Plan folder to create.  An existing non-empty one is replaced only with ``force``,
+        and only once the new plan is complete.
+    strategy:
+        ``split``, ``fused``, ``custom`` or any registered strategy.
+    simplify:
+        Run onnxsim on every NPU stage, keeping the result only when its outputs equal the
+        original's under ONNX Runtime.
+    **options:
+        Strategy options (``adaln="npu"``, ``blocks_per_stage=2``, ``spec="spec.yaml"`` ...).
+
+    Returns
+    -------
+    Plan
+        The plan that was written to ``out/plan.json``.
+
+    Examples
+    --------
+    >>> plan = partition("anima.onnx", "build/", strategy="split")  # doctest: +SKIP
+    >>> len(plan.npu_stages)  # doctest: +SKIP
+    84
+    """
+    model_path = Path(model)
+    out = Path(out)
+    strat = get_strategy(strategy)
+    _prepare_out(out, force)
+
+    progress(f"loading {model_path}")
+    mg = load_model(model_path, input_shapes=input_shapes)
+    disc: Discovery | None = None
+    if strat.needs_blocks:
+        progress("discovering blocks")
+        disc = discover(mg)
+        progress(f"found {len(disc.blocks)} blocks by {disc.method}: "
+                 f"{', '.join(r.name for r in disc.blocks[0].regions)} per block")
+    part = strat.propose(mg, disc, **options)
+    groups = order_groups(mg, part)
+
+    model_sha = file_sha256(model_path)
+    run_key = hashlib.sha256(json.dumps({
+        "model": model_sha, "strategy": part.strategy, "options": _jsonable(part.options),
+        "threshold": external_threshold, "simplify": simplify, "shapes": _jsonable(input_shapes or {}),
+    }, sort_keys=True).encode()).hexdigest()
+
+    staging = out.with_name(f".{out.name}.partial")
+    with folder_lock(staging):
+        key_file = staging / "run.json"
+        if key_file.is_file():
+            try:
+                old = json.loads(key_file.read_text()).get("key")
+            except (OSError, json.JSONDecodeError):
+                old = None
+            if old != run_key:
+                _clear(staging)
+        atomic_write_bytes(key_file, json.dumps({"key": run_key}).encode())
+        stages_dir = staging / "stages"
+        stages_dir.mkdir(exist_ok=True)
+        stages: list[Stage] = []
+        tensors: dict[str, TensorInfo] = {}
+        n = len(groups)
+        for idx, g in enumerate(groups):
+            ins, outs = boundary(mg, g.ops)
+            fname = f"{idx:03d}_{g.id}.onnx"
+            done = stages_dir / f"{fname}.done.json"
+            if done.is_file():
+                try:
+                    info = json.loads(done.read_text())
+                    stage = Stage.from_json(info)
+                    if (stages_dir / fname).is_file():
+                        progress(f"[{idx + 1}/{n}] {g.id}: already written (resumed)")
+                        stages.append(stage)
+                        _add_tensors(mg, tensors, [*ins, *outs])
+                        continue
+                except (OSError, json.JSONDecodeError, KeyError, ValueError):
+                    pass
+            progress(f"[{idx + 1}/{n}] {g.id} ({g.device}, {len(g.ops)} ops)")
+            ex = extract(mg, g.ops, stages_dir / fname, inputs=ins, outputs=outs, name=g.id,
+                         external_threshold=external_threshold,
+                         doc=f"rkpart stage {g.id} ({g.kind}) of {model_path.name}")
+            check_stage(stages_dir / fname)
+            if simplify and g.device == "npu":
+                from rkpart.partitioner.simplify import simplify_stage
+
+                ex = simplify_stage(stages_dir / fname, ex) or ex
+            stage = Stage(
+                id=g.id, device=g.device, file=f"stages/{fname}", inputs=ex.inputs, outputs=ex.outputs,
+                block=g.block, blocks=g.blocks, region=g.region, kind=g.kind, weight_bytes=ex.weight_bytes,
+                io_bytes=ex.io_bytes, sha256=ex.sha256, num_nodes=ex.num_nodes,
+            )
+            atomic_write_bytes(done, json.dumps(stage.to_json(), sort_keys=True).encode())
+            stages.append(stage)
+            _add_tensors(mg, tensors, [*ins, *outs])
+        _add_tensors(mg, tensors, [*mg.inputs, *mg.outputs])
+        plan = Plan(
+            model={"file": model_path.name, "sha256": model_sha, "opset": mg.opset,
+                   "path": str(model_path.resolve()),
+                   "nodes": len(mg.nodes)},
+            strategy={"name": part.strategy, "options": _jsonable(part.options)},
+            inputs=mg.inputs,
+            outputs=mg.outputs,
+            tensors=tensors,
+            stages=tuple(stages),
+            blocks=tuple(disc.summary()) if disc else (),
+            extra={"discovery": disc.method if disc else None, "notes": list(part.notes)},
+        )
+        for f in stages_dir.glob("*.done.json"):
+            f.unlink()
+        key_file.unlink()
+        plan.save(staging)
+    (staging / ".rkpart.lock").unlink(missing_ok=True)
+    replace_folder(staging, out)
+    progress(f"wrote {out / PLAN_FILENAME}: {len(plan.npu_stages)} NPU + {len(plan.host_stages)} host stages")
+    return plan
+
+
+def _clear(folder: Path) -> None:
+    for p in folder.iterdir():
+        if p.name == ".rkpart.lock":
+            continue
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def _add_tensors(mg: ModelGraph, tensors: dict[str, TensorInfo], names: list[str]) -> None:
+    for t in names:
+        if t not in tensors:
+            dt, shape = mg.tensor_types[t]
+            tensors[t] = TensorInfo(t, dt, shape)
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {str(k): _jsonable(x) for k, x in sorted(v.items())}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def inspect_model(
+    model: str | os.PathLike[str], input_shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> tuple[ModelGraph, Discovery]:
+    """Load and discover without writing anything (``rkpart inspect``)."""
+    mg = load_model(model, input_shapes=input_shapes)
+    return mg, discover(mg)
+
+
+__all__ = ["Group", "OrderedGroup", "inspect_model", "order_groups", "partition"]

@@ -1,0 +1,635 @@
+"""Find the transformer blocks of a DiT graph and, inside each, its residual branches.
+
+The algorithm works on graph structure; exporter names only number the blocks.
+
+1. **Residual adds.**  ``Add(s, b)`` with ``s``, ``b`` and the output of one shape, where
+   ``s`` is an ancestor of ``b`` and ``s`` has another consumer: the skip connection of
+   ``x = x + f(x)``.  (RoPE's ``q*cos + rot(q)*sin`` and AdaLN's ``+ shift`` are not: neither
+   operand is an ancestor of the other.)
+2. **Streams.**  Residual adds chain when one's output is the next one's skip (through
+   reshape-like ops).  Maximal chains are the residual streams: one for a DiT, two (image
+   and text) for dual-stream blocks, and another one after a concat (Flux single blocks).
+3. **Branches.**  A branch is everything stream-dependent that feeds ``b`` without going
+   back through a stream tensor.  Branches that share ops (joint attention of two streams)
+   form one region.
+4. **Side ops** (not stream-dependent: timestep embedding, modulation, RoPE tables,
+   context projections) belong to the one branch or block they feed, or else are shared.
+   This is why a RoPE table that TorchScript names after block 0 still ends up shared.
+5. **Blocks.**  Regions are grouped into blocks by the exporter's module scopes
+   (``/transformer_blocks.3/...`` or dynamo ``name_scopes`` metadata) when those number the
+   regions consistently, else by the period of the regions' structural signatures.
+6. **Inside a branch.**  ``pre`` (normalisation + modulation, i.e. AdaLN) is what lies
+   between the skip tensor and the first weighted ops; ``gate`` is a trailing ``Mul`` by a
+   side value; ``core`` is the rest.  A core with a MatMul of two activations is attention
+   (self, cross or joint by where its operands come from) — Softmax is neither necessary
+   nor sufficient; a core with two or more weighted ops and no such MatMul is an FFN.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from rkpart.errors import DiscoveryError
+from rkpart.partitioner.graph import PASS_THROUGH_OPS, ModelGraph
+
+WEIGHTED_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
+ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
+NORM_OPS = frozenset({"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
+                      "GroupNormalization", "InstanceNormalization", "ReduceMean"})
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One residual branch ``x -> x + f(x)``; op sets are indices into ``ModelGraph.nodes``."""
+
+    add: int
+    skip: str
+    stream: int  # index of the stream (chain) the add belongs to
+    pre: frozenset[int]  # normalisation + modulation (AdaLN) ops
+    core: frozenset[int]
+    gate: frozenset[int]
+    core_in: tuple[str, ...]  # stream-side inputs of the core (after AdaLN)
+
+    @property
+    def ops(self) -> frozenset[int]:
+        return self.pre | self.core | self.gate
+
+
+@dataclass(frozen=True)
+class Region:
+    """A branch, or several branches sharing their core (joint attention)."""
+
+    name: str  # attn, xattn, jattn, ffn, ffn_txt, ...
+    kind: str  # self_attention, cross_attention, joint_attention, ffn, other
+    branches: tuple[Branch, ...]
+    adaln: str  # "adaln" (norm + modulation), "norm" (plain), "none"
+    side: frozenset[int] = frozenset()  # side ops private to this region's core
+    mod: frozenset[int] = frozenset()  # side ops private to this region's pre/gate (modulation)
+
+    @property
+    def pre(self) -> frozenset[int]:
+        return frozenset().union(*(b.pre for b in self.branches))
+
+    @property
+    def core(self) -> frozenset[int]:
+        # joint attention: one stream's branch holds the other stream's AdaLN in its "core"
+        cores = frozenset().union(*(b.core for b in self.branches)) | self.side
+        return cores - self.pre - self.gate
+
+    @property
+    def gate(self) -> frozenset[int]:
+        return frozenset().union(*(b.gate for b in self.branches))
+
+    @property
+    def adds(self) -> frozenset[int]:
+        return frozenset(b.add for b in self.branches)
+
+    @property
+    def ops(self) -> frozenset[int]:
+        return self.pre | self.core | self.gate | self.adds | self.mod
+
+
+@dataclass(frozen=True)
+class Block:
+    index: int
+    regions: tuple[Region, ...]
+    mod: frozenset[int]  # side ops shared by several regions of this block (e.g. AdaLN-Zero linear)
+    scope: str = ""  # e.g. "transformer_blocks.3" when names gave it
+
+    @property
+    def ops(self) -> frozenset[int]:
+        return frozenset().union(*(r.ops for r in self.regions)) | self.mod
+
+    @property
+    def signature(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.regions)
+
+
+@dataclass(frozen=True)
+class Discovery:
+    blocks: tuple[Block, ...]
+    prologue: frozenset[int]  # shared side ops and everything before the streams
+    glue: frozenset[int]  # stream-dependent ops between blocks that belong to none (concat, ...)
+    epilogue: frozenset[int]
+    streams: int
+    method: str  # "names" or "structure"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def summary(self) -> list[dict[str, object]]:
+        return [
+            {
+                "index": b.index,
+                "scope": b.scope,
+                "regions": [
+                    {"name": r.name, "kind": r.kind, "adaln": r.adaln, "gated": bool(r.gate)}
+                    for r in b.regions
+                ],
+            }
+            for b in self.blocks
+        ]
+
+
+# ---------------------------------------------------------------------------------------------
+# reachability with int bitsets: fast enough for 28-block graphs (~10k ops)
+
+
+class _Reach:
+    def __init__(self, mg: ModelGraph) -> None:
+        self.order = [i for i in range(len(mg.nodes)) if i not in mg.const_ops]
+        self.anc: dict[int, int] = {}
+        for i in self.order:
+            a = 0
+            for p in mg.ops.predecessors(i):
+                a |= self.anc[p] | (1 << p)
+            self.anc[i] = a
+
+    def is_ancestor(self, a: int, b: int) -> bool:
+        return bool(self.anc[b] >> a & 1)
+
+
+def _bits(s: Iterable[int]) -> int:
+    v = 0
+    for i in s:
+        v |= 1 << i
+    return v
+
+
+def _unbits(v: int) -> frozenset[int]:
+    out = []
+    i = 0
+    while v:
+        if v & 1:
+            out.append(i)
+        v >>= 1
+        i += 1
+    return frozenset(out)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
+    """Find blocks and regions in ``mg``; raises :class:`DiscoveryError` if there are none."""
+    reach = _Reach(mg)
+    adds = _residual_adds(mg, reach)
+    chains = _chains(mg, adds)
+    chains = [c for c in chains if len(c) >= 2]
+    if not chains:
+        raise DiscoveryError(
+            f"{mg.path.name}: no transformer blocks found (no chain of residual adds x + f(x)); "
+            "use --strategy generic or a custom spec"
+        )
+    stream_of = {a: si for si, c in enumerate(chains) for a in c}
+    skip_of = {a: adds[a] for a in stream_of}
+
+    # Stream-dependent ops: descendants of any stream start.
+    starts = [skip_of[c[0]] for c in chains]
+    dep = 0
+    for t in starts:
+        for c in mg.consumers.get(t, []):
+            if c not in mg.const_ops:
+                dep |= 1 << c
+    # close downward
+    for i in reach.order:
+        if dep >> i & 1:
+            continue
+        if any(dep >> p & 1 for p in mg.ops.predecessors(i)):
+            dep |= 1 << i
+    # stream tensors: every chain's skip inputs and outputs
+    stream_tensors: set[str] = set()
+    for a in stream_of:
+        stream_tensors.add(skip_of[a])
+        stream_tensors.update(mg.nodes[a].output)
+    stream_producers = {mg.producer[t] for t in stream_tensors if t in mg.producer}
+
+    branches: list[Branch] = []
+    for a in sorted(stream_of):
+        branches.append(_branch(mg, reach, a, skip_of[a], stream_of[a], dep, stream_producers))
+
+    regions_ops = _merge_overlapping(branches)
+    # side ops: not stream-dependent and not constant
+    side = [i for i in reach.order if not dep >> i & 1]
+    unit_of_op: dict[int, int] = {}
+    part_of_op: dict[int, str] = {}
+    for ri, (brs, _ops) in enumerate(regions_ops):
+        for b in brs:
+            for i in b.pre:
+                unit_of_op[i], part_of_op[i] = ri, "pre"
+            for i in b.core:
+                unit_of_op[i], part_of_op[i] = ri, "core"
+            for i in b.gate:
+                unit_of_op[i], part_of_op[i] = ri, "gate"
+            unit_of_op[b.add], part_of_op[b.add] = ri, "add"
+
+    # Which (region, part) does each side op feed?  Reverse topological propagation.
+    feeds: dict[int, set[tuple[int, str]]] = {}
+    other = ("x", "x")  # fed to something outside every region (glue, epilogue, outputs)
+    side_set = set(side)
+    model_outputs = set(mg.outputs)
+    for i in reversed(side):
+        f: set[tuple[int, str]] = set()
+        for t in mg.nodes[i].output:
+            if t in model_outputs:
+                f.add((-1, "out"))
+            for c in mg.consumers.get(t, []):
+                if c in mg.const_ops:
+                    continue
+                if c in side_set:
+                    f |= feeds.get(c, set())
+                elif c in unit_of_op:
+                    f.add((unit_of_op[c], part_of_op[c]))
+                else:
+                    f.add((-1, other[0]))
+        feeds[i] = f
+
+    # Group regions into blocks.
+    region_list = _name_regions(mg, regions_ops, dep, len(chains))
+    grouping, method, scopes = _group_blocks(mg, region_list)
+    region_block: dict[int, int] = {}
+    for bi, members in enumerate(grouping):
+        for ri in members:
+            region_block[ri] = bi
+
+    region_side: dict[int, set[int]] = {ri: set() for ri in range(len(region_list))}
+    region_mod: dict[int, set[int]] = {ri: set() for ri in range(len(region_list))}
+    block_mod: dict[int, set[int]] = {bi: set() for bi in range(len(grouping))}
+    prologue: set[int] = set()
+    for i in side:
+        f = feeds[i]
+        units = {u for u, _ in f}
+        if not f or -1 in units:
+            prologue.add(i)
+            continue
+        blocks_fed = {region_block[u] for u in units}
+        if len(units) == 1:
+            (u,) = units
+            parts = {p for _, p in f}
+            if parts == {"core"}:
+                region_side[u].add(i)
+            else:
+                region_mod[u].add(i)
+        elif len(blocks_fed) == 1:
+            block_mod[blocks_fed.pop()].add(i)
+        else:
+            prologue.add(i)
+
+    blocks: list[Block] = []
+    for bi, members in enumerate(grouping):
+        regs = []
+        for ri in members:
+            r = region_list[ri]
+            regs.append(Region(
+                name=r.name, kind=r.kind, branches=r.branches, adaln=r.adaln,
+                side=frozenset(region_side[ri]), mod=frozenset(region_mod[ri]),
+            ))
+        blocks.append(Block(index=bi, regions=tuple(_unique_names(regs)), mod=frozenset(block_mod[bi]),
+                            scope=scopes[bi]))
+
+    in_blocks = frozenset().union(*(b.ops for b in blocks))
+    # Stream-dependent leftovers: after the last stream tensor -> epilogue, else glue.
+    last_outs = [mg.nodes[c[-1]].output[0] for c in chains]
+    tail = 0
+    for t in last_outs:
+        for c in mg.consumers.get(t, []):
+            if c not in mg.const_ops:
+                tail |= 1 << c
+    for i in reach.order:
+        if tail >> i & 1:
+            continue
+        if any(tail >> p & 1 for p in mg.ops.predecessors(i)):
+            tail |= 1 << i
+    glue: set[int] = set()
+    epilogue: set[int] = set()
+    for i in reach.order:
+        if i in in_blocks or i in prologue:
+            continue
+        if dep >> i & 1:
+            if tail >> i & 1 and not _feeds_any(mg, i, in_blocks):
+                epilogue.add(i)
+            else:
+                glue.add(i)
+        else:
+            prologue.add(i)  # ancestors of the stream start (patch embedding, ...)
+    if len(blocks) < min_blocks:
+        raise DiscoveryError(f"{mg.path.name}: found {len(blocks)} blocks, expected at least {min_blocks}")
+    notes = []
+    if method == "structure":
+        notes.append("blocks numbered by structure (exporter names carry no block scopes)")
+    return Discovery(
+        blocks=tuple(blocks),
+        prologue=frozenset(prologue),
+        glue=frozenset(glue),
+        epilogue=frozenset(epilogue),
+        streams=len(chains),
+        method=method,
+        notes=tuple(notes),
+    )
+
+
+def _feeds_any(mg: ModelGraph, i: int, targets: frozenset[int]) -> bool:
+    return any(d in targets for d in nx.descendants(mg.ops, i))
+
+
+def _residual_adds(mg: ModelGraph, reach: _Reach) -> dict[int, str]:
+    """Residual ``Add`` ops -> their skip tensor."""
+    out: dict[int, str] = {}
+    for i in reach.order:
+        n = mg.nodes[i]
+        if n.op_type != "Add" or len(n.input) != 2:
+            continue
+        a, b = n.input
+        if mg.is_const_tensor(a) or mg.is_const_tensor(b):
+            continue
+        sa, sb, so = mg.shape(a), mg.shape(b), mg.shape(n.output[0])
+        if sa is None or sa != sb or sa != so:
+            continue
+        for skip, other in ((a, b), (b, a)):
+            pb = mg.producer.get(other)
+            if pb is None:
+                continue
+            ps = mg.producer.get(skip)
+            if ps is None:
+                ok = skip in mg.inputs and any(
+                    reach.is_ancestor(c, pb) or c == pb for c in mg.consumers.get(skip, []) if c != i
+                    and c not in mg.const_ops
+                )
+            else:
+                ok = ps not in mg.const_ops and reach.is_ancestor(ps, pb)
+            if ok and len([c for c in mg.consumers.get(skip, []) if c not in mg.const_ops]) >= 2:
+                out[i] = skip
+                break
+    return out
+
+
+def _chains(mg: ModelGraph, adds: dict[int, str]) -> list[list[int]]:
+    """Link residual adds whose output is (through reshape-like ops) the next one's skip."""
+    by_skip: dict[str, int] = {}
+    for a, s in adds.items():
+        by_skip.setdefault(s, a)
+    nxt: dict[int, int] = {}
+    for a in adds:
+        frontier = [mg.nodes[a].output[0]]
+        seen = 0
+        while frontier and seen < 8:
+            t = frontier.pop()
+            seen += 1
+            if t in by_skip and by_skip[t] != a:
+                nxt[a] = by_skip[t]
+                break
+            for c in mg.consumers.get(t, []):
+                if mg.nodes[c].op_type in PASS_THROUGH_OPS:
+                    frontier.extend(mg.nodes[c].output)
+    has_prev = set(nxt.values())
+    chains = []
+    for a in sorted(adds):
+        if a in has_prev:
+            continue
+        chain = [a]
+        while chain[-1] in nxt and nxt[chain[-1]] not in chain:
+            chain.append(nxt[chain[-1]])
+        chains.append(chain)
+    chains.sort(key=lambda c: (-len(c), c[0]))
+    return chains
+
+
+def _branch(
+    mg: ModelGraph, reach: _Reach, add: int, skip: str, stream: int, dep: int, stream_producers: set[int]
+) -> Branch:
+    n = mg.nodes[add]
+    b = n.input[1] if n.input[0] == skip else n.input[0]
+    pb = mg.producer[b]
+    # ops in the branch: stream-dependent ancestors of b (and b's producer), stopping at stream
+    # tensors (their producers and everything above them belong to earlier branches)
+    stop = 0
+    for sp in stream_producers:
+        if sp == add:
+            continue
+        if reach.is_ancestor(sp, pb) or sp == pb:
+            stop |= reach.anc[sp] | (1 << sp)
+    ops_bits = (reach.anc[pb] | (1 << pb)) & dep & ~stop
+    ops = _unbits(ops_bits)
+
+    # gate: trailing Mul by a non-stream-dependent value, through reshape-like ops
+    gate: set[int] = set()
+    cur = pb
+    while True:
+        node = mg.nodes[cur]
+        if node.op_type in PASS_THROUGH_OPS:
+            dyn = mg.dyn_inputs(cur)
+            if len(dyn) == 1 and dyn[0] in mg.producer and mg.producer[dyn[0]] in ops:
+                gate.add(cur)
+                cur = mg.producer[dyn[0]]
+                continue
+            break
+        if node.op_type == "Mul":
+            dyn = mg.dyn_inputs(cur)
+            side_in = [t for t in dyn if t in mg.producer and not dep >> mg.producer[t] & 1]
+            stream_in = [t for t in dyn if t in mg.producer and dep >> mg.producer[t] & 1]
+            if len(side_in) == 1 and len(stream_in) == 1:
+                gate.add(cur)
+        break
+    if not any(mg.nodes[g].op_type == "Mul" for g in gate):
+        gate = set()
+
+    rest = ops - gate
+    # pre: common stream-dependent ancestors of the first weighted ops
+    weighted = [i for i in rest if mg.nodes[i].op_type in WEIGHTED_OPS or mg.nodes[i].op_type in ATTENTION_OPS]
+    # only this branch's own stream: in joint attention the other stream's projections are
+    # weighted ops of this branch too, but its AdaLN is not ours
+    entry = [c for c in mg.consumers.get(skip, []) if c in ops]
+    weighted = [i for i in weighted if any(e == i or reach.is_ancestor(e, i) for e in entry)]
+    first = [i for i in weighted if not any(reach.is_ancestor(w, i) for w in weighted if w != i)]
+    pre: set[int] = set()
+    core_in: tuple[str, ...] = (skip,)
+    if first:
+        common = -1
+        for f in first:
+            common &= reach.anc[f]
+        pre_bits = common & ops_bits & ~_bits(gate)
+        pre = set(_unbits(pre_bits))
+        # the pre part must be entered from the skip tensor only, and leave through one tensor
+        outs = sorted({
+            t for i in pre for t in mg.nodes[i].output
+            if any(c in rest and c not in pre for c in mg.consumers.get(t, []))
+        })
+        if pre and len(outs) == 1:
+            core_in = (outs[0],)
+        else:
+            pre = set()
+    core = frozenset(rest - pre)
+    return Branch(add=add, skip=skip, stream=stream, pre=frozenset(pre), core=core,
+                  gate=frozenset(gate), core_in=core_in)
+
+
+def _merge_overlapping(branches: list[Branch]) -> list[tuple[tuple[Branch, ...], frozenset[int]]]:
+    groups: list[tuple[list[Branch], set[int]]] = []
+    for b in branches:
+        hit = [g for g in groups if g[1] & b.ops]
+        if not hit:
+            groups.append(([b], set(b.ops)))
+            continue
+        base = hit[0]
+        base[0].append(b)
+        base[1].update(b.ops)
+        for g in hit[1:]:
+            base[0].extend(g[0])
+            base[1].update(g[1])
+            groups.remove(g)
+    return [(tuple(sorted(g[0], key=lambda x: x.add)), frozenset(g[1])) for g in groups]
+
+
+@dataclass(frozen=True)
+class _RegionInfo:
+    name: str
+    kind: str
+    branches: tuple[Branch, ...]
+    adaln: str
+    first_add: int
+    signature: tuple[object, ...]
+
+
+def _attention_kind(mg: ModelGraph, core: frozenset[int], dep: int, n_streams: int) -> str | None:
+    for i in sorted(core):
+        if mg.nodes[i].op_type in ATTENTION_OPS:
+            return "self_attention"
+    found = None
+    for i in sorted(core):
+        n = mg.nodes[i]
+        if n.op_type not in ("MatMul", "Einsum"):
+            continue
+        dyn = mg.dyn_inputs(i)
+        if len(dyn) < 2:
+            continue
+        srcs = [mg.producer.get(t) for t in dyn]
+        if any(s is not None and not dep >> s & 1 for s in srcs):
+            return "cross_attention"
+        found = "self_attention"
+    return found
+
+
+def _adaln_kind(mg: ModelGraph, pre: frozenset[int], dep: int) -> str:
+    if not pre:
+        return "none"
+    types = {mg.nodes[i].op_type for i in pre}
+    has_norm = bool(types & NORM_OPS) or {"Pow", "Sqrt"} <= types or "Div" in types
+    modulated = any(
+        mg.nodes[i].op_type in ("Mul", "Add")
+        and any(mg.producer.get(t) is not None and not dep >> mg.producer[t] & 1 for t in mg.dyn_inputs(i))
+        for i in pre
+    )
+    if has_norm and modulated:
+        return "adaln"
+    return "norm" if has_norm else "none"
+
+
+def _name_regions(
+    mg: ModelGraph, regions: list[tuple[tuple[Branch, ...], frozenset[int]]], dep: int, n_streams: int
+) -> list[_RegionInfo]:
+    out = []
+    for brs, _ops in regions:
+        core = frozenset().union(*(b.core for b in brs))
+        streams = {b.stream for b in brs}
+        att = _attention_kind(mg, core, dep, n_streams)
+        if len(streams) > 1 and att:
+            kind, name = "joint_attention", "jattn"
+        elif att == "cross_attention":
+            kind, name = "cross_attention", "xattn"
+        elif att:
+            kind, name = "self_attention", "attn"
+        elif sum(mg.nodes[i].op_type in WEIGHTED_OPS for i in core) >= 2:
+            kind, name = "ffn", "ffn"
+        else:
+            kind, name = "other", "branch"
+        if len(streams) == 1 and kind != "joint_attention":
+            s = next(iter(streams))
+            if s == 1 and n_streams > 1:
+                name += "_txt"
+        pre = frozenset().union(*(b.pre for b in brs))
+        sig = (name, tuple(sorted(Counter(mg.nodes[i].op_type for i in core).items())))
+        out.append(_RegionInfo(name=name, kind=kind, branches=brs, adaln=_adaln_kind(mg, pre, dep),
+                               first_add=min(b.add for b in brs), signature=sig))
+    out.sort(key=lambda r: r.first_add)
+    return out
+
+
+_SCOPE_RE = re.compile(r"(?:^|[/.])([A-Za-z_][A-Za-z0-9_]*)[./](\d+)(?=[/.]|$)")
+
+
+def _scope_keys(scope: str) -> list[tuple[str, int]]:
+    return [(m.group(1), int(m.group(2))) for m in _SCOPE_RE.finditer(scope)]
+
+
+def _group_blocks(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[list[int]], str, list[str]]:
+    by_names = _group_by_names(mg, regions)
+    if by_names is not None:
+        return by_names[0], "names", by_names[1]
+    return _group_by_structure(regions), "structure", ["" for _ in _group_by_structure(regions)]
+
+
+def _group_by_names(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[list[int]], list[str]] | None:
+    keys: list[tuple[str, int] | None] = []
+    for r in regions:
+        votes: Counter[tuple[str, int]] = Counter()
+        for b in r.branches:
+            for i in b.core | b.pre:
+                ks = _scope_keys(mg.scopes[i])
+                if ks:
+                    votes[ks[0]] += 1
+        keys.append(votes.most_common(1)[0][0] if votes else None)
+    if any(k is None for k in keys):
+        return None
+    # consecutive regions with the same key form a block; keys must not come back later
+    groups: list[list[int]] = []
+    labels: list[str] = []
+    seen: set[tuple[str, int]] = set()
+    prev = None
+    for ri, k in enumerate(keys):
+        assert k is not None
+        if k != prev:
+            if k in seen:
+                return None
+            seen.add(k)
+            groups.append([])
+            labels.append(f"{k[0]}.{k[1]}")
+            prev = k
+        groups[-1].append(ri)
+    if len(groups) < 2 and len(regions) > 2:
+        return None
+    return groups, labels
+
+
+def _group_by_structure(regions: list[_RegionInfo]) -> list[list[int]]:
+    # smallest period p at which the region signatures repeat (90% agreement tolerates a
+    # different last block, e.g. SD3's context_pre_only)
+    sigs = [r.signature for r in regions]
+    n = len(sigs)
+    best_p = n
+    for p in range(1, n):
+        ok = sum(sigs[i] == sigs[i + p] for i in range(n - p))
+        if ok >= 0.9 * (n - p) and _period_has_all_kinds(sigs, p):
+            best_p = p
+            break
+    groups = [list(range(i, min(i + best_p, n))) for i in range(0, n, best_p)]
+    return groups
+
+
+def _period_has_all_kinds(sigs: list[tuple[object, ...]], p: int) -> bool:
+    # a block must contain every distinct region name of the model's repeating part
+    return {s[0] for s in sigs[:p]} >= {s[0] for s in sigs[: min(len(sigs), 2 * p)]}
+
+
+def _unique_names(regions: list[Region]) -> list[Region]:
+    seen: Counter[str] = Counter()
+    out = []
+    for r in regions:
+        seen[r.name] += 1
+        if seen[r.name] > 1:
+            r = Region(name=f"{r.name}{seen[r.name]}", kind=r.kind, branches=r.branches, adaln=r.adaln,
+                       side=r.side, mod=r.mod)
+        out.append(r)
+    return out

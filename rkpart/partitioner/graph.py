@@ -1,0 +1,570 @@
+"""Load an ONNX model into an op/tensor graph without holding weight bytes twice.
+
+The model is parsed with ``load_external_data=False``: external weights stay on disk and are
+only referenced (file, offset, length) until a stage is written out, and inline weights stay
+in the one ``ModelProto`` that was parsed.  Extraction streams weight bytes from there
+straight into each stage's files (:mod:`rkpart.partitioner.extract`).
+
+``ModelGraph.nx`` is a bipartite :class:`networkx.DiGraph` of ``("op", i)`` and
+``("tensor", name)`` nodes; ``ModelGraph.ops`` is the op-level DAG the discovery works on.
+Constant-only computations (``Constant`` nodes, ops fed only by weights and constants, and
+``Shape`` of a statically shaped tensor) are *not* part of the op DAG: they carry no data
+from the model inputs, so they are copied into every stage that needs them instead of
+becoming stage boundaries.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from rkpart.errors import InvalidModelError
+
+#: ops whose presence we accept only inside a single stage (a cut through them is refused)
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
+#: ops that only re-label data; walked through when following the residual stream
+PASS_THROUGH_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Cast", "Flatten"})
+MIN_OPSET, MAX_OPSET = 7, 23
+
+
+@dataclass
+class ModelGraph:
+    """A parsed model, its tensors' static types and the graphs built over it."""
+
+    path: Path
+    model: onnx.ModelProto
+    nodes: list[onnx.NodeProto]
+    tensor_types: dict[str, tuple[str, tuple[int, ...]]]  # name -> (numpy dtype name, shape)
+    initializers: dict[str, TensorProto]
+    producer: dict[str, int]
+    consumers: dict[str, list[int]]
+    const_ops: frozenset[int]
+    ops: nx.DiGraph  # op-level DAG over non-constant ops
+    nx: nx.DiGraph  # bipartite op/tensor graph
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    opset: int
+    #: per-op "scope" string from exporter names or metadata, used for block numbering
+    scopes: list[str] = field(default_factory=list)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def is_const_tensor(self, name: str) -> bool:
+        if name in self.initializers:
+            return True
+        p = self.producer.get(name)
+        return p is not None and p in self.const_ops
+
+    def dyn_inputs(self, op: int) -> list[str]:
+        """Non-constant inputs of ``op`` (what carries data from the model inputs)."""
+        return [t for t in self.nodes[op].input if t and not self.is_const_tensor(t)]
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        t = self.tensor_types.get(name)
+        return None if t is None else t[1]
+
+    def dtype(self, name: str) -> str | None:
+        t = self.tensor_types.get(name)
+        return None if t is None else t[0]
+
+    def weight_bytes(self, name: str) -> int:
+        init = self.initializers.get(name)
+        if init is None:
+            return 0
+        n = int(np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize)
+        for d in init.dims:
+            n *= int(d)
+        return n
+
+    def const_closure(self, tensors: Iterable[str]) -> list[int]:
+        """Constant ops needed to compute ``tensors``, in model order."""
+        need: set[int] = set()
+        stack = [self.producer[t] for t in tensors if t in self.producer and self.producer[t] in self.const_ops]
+        while stack:
+            i = stack.pop()
+            if i in need:
+                continue
+            need.add(i)
+            for t in self.nodes[i].input:
+                p = self.producer.get(t)
+                if p is not None and p in self.const_ops and p not in need:
+                    stack.append(p)
+        return sorted(need)
+
+
+def _np_dtype_name(elem_type: int) -> str:
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
+    except (KeyError, TypeError, ValueError):
+        return f"onnx:{elem_type}"
+
+
+def _value_info_type(vi: onnx.ValueInfoProto) -> tuple[str, tuple[int | str, ...]] | None:
+    t = vi.type
+    if not t.HasField("tensor_type"):
+        return None
+    tt = t.tensor_type
+    dims: list[int | str] = []
+    if tt.HasField("shape"):
+        for d in tt.shape.dim:
+            if d.HasField("dim_value"):
+                dims.append(int(d.dim_value))
+            else:
+                dims.append(d.dim_param or "?")
+    else:
+        return _np_dtype_name(tt.elem_type), ("<unranked>",)
+    return _np_dtype_name(tt.elem_type), tuple(dims)
+
+
+def _parse(path: Path) -> onnx.ModelProto:
+    from google.protobuf.message import DecodeError
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise InvalidModelError(f"cannot read {path}: {e.strerror}") from None
+    if not data:
+        raise InvalidModelError(f"{path} is empty, not an ONNX model")
+    try:
+        model = onnx.ModelProto.FromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise InvalidModelError(f"{path} is not an ONNX model (protobuf parse failed: {e})") from None
+    del data
+    if not model.HasField("graph") or not model.graph.node:
+        raise InvalidModelError(f"{path} is not an ONNX model (no graph nodes)")
+    return model
+
+
+def _opset(model: onnx.ModelProto, path: Path) -> int:
+    ops = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
+    if not ops:
+        raise InvalidModelError(f"{path}: model imports no default-domain opset")
+    v = int(ops[0])
+    if not MIN_OPSET <= v <= MAX_OPSET:
+        raise InvalidModelError(
+            f"{path}: opset {v} is not supported (supported: {MIN_OPSET}..{MAX_OPSET})"
+        )
+    return v
+
+
+def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
+    """Refuse external data that leaves the model folder, is missing, or is too short."""
+    root = folder.resolve()
+    for init in model.graph.initializer:
+        if init.data_location != TensorProto.EXTERNAL:
+            continue
+        info = {e.key: e.value for e in init.external_data}
+        loc = info.get("location", "")
+        if not loc or os.path.isabs(loc) or ".." in Path(loc).parts:
+            raise InvalidModelError(
+                f"tensor {init.name!r}: external data location {loc!r} leaves the model folder"
+            )
+        full = (folder / loc).resolve()
+        if root not in full.parents:
+            raise InvalidModelError(
+                f"tensor {init.name!r}: external data location {loc!r} leaves the model folder"
+            )
+        if not full.is_file():
+            raise InvalidModelError(f"tensor {init.name!r}: external data file {loc!r} is missing")
+        offset = int(info.get("offset", 0) or 0)
+        length = info.get("length")
+        need = int(np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize)
+        for d in init.dims:
+            need *= int(d)
+        if length is not None and int(length) < need:
+            raise InvalidModelError(
+                f"tensor {init.name!r}: external data length {length} < {need} bytes needed"
+            )
+        if offset + need > full.stat().st_size:
+            raise InvalidModelError(
+                f"tensor {init.name!r}: external data file {loc!r} is too short "
+                f"({full.stat().st_size} bytes, needs {offset + need})"
+            )
+
+
+def _infer_types(
+    model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[int, ...]] | None
+) -> dict[str, tuple[str, tuple[int, ...]]]:
+    if input_shapes:
+        names = {i.name for i in model.graph.input}
+        for name, shape in input_shapes.items():
+            if name not in names:
+                raise InvalidModelError(
+                    f"--shape names {name!r}, which is not a model input (inputs: {', '.join(sorted(names))})"
+                )
+            for vi in model.graph.input:
+                if vi.name == name:
+                    dims = vi.type.tensor_type.shape.dim
+                    if len(dims) != len(shape):
+                        raise InvalidModelError(
+                            f"--shape {name}: rank {len(shape)} given, model input has rank {len(dims)}"
+                        )
+                    for d, v in zip(dims, shape, strict=True):
+                        d.ClearField("dim_param")
+                        d.dim_value = int(v)
+    light = _light_copy(model)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=False, data_prop=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InvalidModelError(f"{path}: shape inference failed: {msg}") from None
+    types: dict[str, tuple[str, tuple[int, ...]]] = {}
+    unresolved: list[str] = []
+    g = inferred.graph
+    for vi in [*g.input, *g.value_info, *g.output]:
+        t = _value_info_type(vi)
+        if t is None:
+            continue
+        dt, dims = t
+        if any(not isinstance(d, int) for d in dims):
+            unresolved.append(f"{vi.name} {list(dims)}")
+            continue
+        types[vi.name] = (dt, tuple(int(d) for d in dims))
+    for init in g.initializer:
+        types[init.name] = (_np_dtype_name(init.data_type), tuple(int(d) for d in init.dims))
+    if unresolved:
+        raise InvalidModelError(
+            f"{path}: unresolved dynamic shape {unresolved[0]}; fix it with --shape NAME=D0,D1,..."
+        )
+    for d in [*(int(x) for _, s in types.values() for x in s)]:
+        if d < 0 or d > 1 << 40:
+            raise InvalidModelError(f"{path}: absurd tensor dimension {d}")
+    return types
+
+
+#: constant results up to this size are folded into initializers at load time
+FOLD_LIMIT = 1 << 16
+_NO_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+                      "If", "Loop", "Scan"})
+
+
+def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
+    """Fold small constant computations (``Shape`` of static tensors, index arithmetic) in place.
+
+    TorchScript exports ``tensor.chunk(n)`` as ``Shape -> Gather -> Add -> Div -> Mul ->
+    Slice``; ONNX shape inference does not propagate values through that arithmetic, so the
+    slices would keep symbolic shapes.  Evaluating these tiny constant subgraphs (with the
+    ONNX reference evaluator) and re-running inference resolves them.  Large constant
+    computations (e.g. transposed weights) are left as ops and copied into each stage.
+    """
+    from onnx.reference import ReferenceEvaluator
+
+    g = model.graph
+    values: dict[str, np.ndarray] = {}
+    for init in g.initializer:
+        if init.data_location != TensorProto.EXTERNAL and init.ByteSize() <= FOLD_LIMIT:
+            values[init.name] = numpy_helper.to_array(init)
+    for _ in range(6):
+        light = _light_copy(model)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
+        except Exception:
+            return
+        shapes: dict[str, tuple[int | str, ...]] = {}
+        for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+            t = _value_info_type(vi)
+            if t is not None:
+                shapes[vi.name] = t[1]
+        for init in g.initializer:
+            shapes[init.name] = tuple(int(d) for d in init.dims)
+        folded: dict[int, list[np.ndarray]] = {}
+        for i, n in enumerate(g.node):
+            if n.op_type in _NO_FOLD or n.domain not in ("", "ai.onnx"):
+                continue
+            ins = [t for t in n.input if t]
+            if n.op_type == "Shape" and ins:
+                shp = shapes.get(ins[0])
+                if shp is None or not all(isinstance(d, int) for d in shp):
+                    continue
+                attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+                full = [int(d) for d in shp]
+                st, en = attrs.get("start", 0), attrs.get("end")
+                res: list[np.ndarray] = [np.array(full[st:en] if en is not None else full[st:], dtype=np.int64)]
+            elif all(t in values for t in ins) and (ins or n.op_type == "Constant"):
+                try:
+                    res = [np.asarray(r) for r in ReferenceEvaluator(n).run(None, {t: values[t] for t in ins})]
+                except Exception:
+                    continue
+            else:
+                continue
+            if sum(np.asarray(r).nbytes for r in res) > FOLD_LIMIT:
+                continue
+            for t, r in zip(n.output, res, strict=False):
+                if t:
+                    values[t] = np.asarray(r)
+            folded[i] = [np.asarray(r) for r in res]
+        if not folded:
+            return
+        keep = [n for i, n in enumerate(g.node) if i not in folded]
+        new_inits = []
+        for i in sorted(folded):
+            n = g.node[i]
+            for t, r in zip(n.output, folded[i], strict=False):
+                if t:
+                    new_inits.append(numpy_helper.from_array(r, name=t))
+        del g.node[:]
+        g.node.extend(keep)
+        g.initializer.extend(new_inits)
+        # drop folded tensors nobody reads any more
+        used = {t for n in g.node for t in n.input} | {o.name for o in g.output}
+        live = [init for init in g.initializer if init.name in used]
+        if len(live) != len(g.initializer):
+            del g.initializer[:]
+            g.initializer.extend(live)
+
+
+#: initializers larger than this are replaced by typed graph inputs for shape inference
+_LIGHT_LIMIT = 1 << 16
+
+
+def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` without large weight bytes, for shape inference.
+
+    Shape inference serialises the model; doing that with the weights inside would hold them
+    twice.  Large initializers become typed graph inputs (their values never matter for
+    shapes); small ones (Reshape targets, axes) keep their data for data propagation.
+    """
+    g = model.graph
+    light = onnx.ModelProto()
+    light.CopyFrom(onnx.ModelProto(
+        ir_version=model.ir_version, opset_import=model.opset_import, producer_name=model.producer_name
+    ))
+    lg = light.graph
+    lg.name = g.name
+    lg.node.extend(g.node)
+    lg.input.extend(g.input)
+    lg.output.extend(g.output)
+    lg.value_info.extend(g.value_info)
+    input_names = {i.name for i in g.input}
+    for init in g.initializer:
+        small = init.data_location != TensorProto.EXTERNAL and init.ByteSize() <= _LIGHT_LIMIT
+        if small:
+            lg.initializer.append(init)
+        elif init.name not in input_names:
+            lg.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return light
+
+
+def _scope_of(node: onnx.NodeProto) -> str:
+    # dynamo exporter: metadata carries the module path; TorchScript: the node name does.
+    meta = {p.key: p.value for p in node.metadata_props}
+    scopes = meta.get("pkg.torch.onnx.name_scopes")
+    if scopes:
+        try:
+            import ast
+
+            parsed = ast.literal_eval(scopes)
+            if isinstance(parsed, list) and parsed:
+                return "/" + "/".join(str(s) for s in parsed if s)
+        except (ValueError, SyntaxError):
+            pass
+    ns = meta.get("namespace")
+    if ns:
+        # "transformer_blocks.3: Block/attn1: Attention/..." -> "/transformer_blocks.3/attn1/..."
+        return "/" + "/".join(part.split(":")[0].strip() for part in ns.split("/"))
+    return node.name or ""
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    *,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> ModelGraph:
+    """Parse, validate and index an ONNX model.
+
+    Parameters
+    ----------
+    path:
+        The ``.onnx`` file; external data is resolved relative to its folder but not read.
+    input_shapes:
+        Static shapes for model inputs with symbolic dimensions.
+
+    Raises
+    ------
+    InvalidModelError
+        Not ONNX, truncated, invalid references, cycles, unsupported opset, escaping or short
+        external data, unresolved dynamic shapes.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidModelError(f"no such model file: {path}")
+    model = _parse(path)
+    opset = _opset(model, path)
+    check_external_data(model, path.parent)
+    _fold_constants(model, path)
+    g = model.graph
+
+    initializers = {i.name: i for i in g.initializer}
+    graph_inputs = tuple(i.name for i in g.input if i.name not in initializers)
+    if not graph_inputs:
+        raise InvalidModelError(f"{path}: model has no inputs")
+    nodes = list(g.node)
+
+    producer: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        if n.domain not in ("", "ai.onnx", "com.microsoft"):
+            raise InvalidModelError(f"{path}: node {n.name or i} uses unsupported domain {n.domain!r}")
+        for t in n.output:
+            if not t:
+                continue
+            if t in producer or t in initializers or t in graph_inputs:
+                raise InvalidModelError(f"{path}: tensor {t!r} is produced more than once")
+            producer[t] = i
+    known = set(producer) | set(initializers) | set(graph_inputs)
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for t in n.input:
+            if not t:
+                continue
+            if t not in known:
+                raise InvalidModelError(
+                    f"{path}: node {n.name or i} ({n.op_type}) reads {t!r}, which nothing produces"
+                )
+            consumers.setdefault(t, []).append(i)
+    outputs = tuple(o.name for o in g.output)
+    for o in outputs:
+        if o not in known:
+            raise InvalidModelError(f"{path}: model output {o!r} is produced by nothing")
+
+    # Topological order check (also catches cycles); the rest of rkpart relies on model order.
+    order = _toposort(nodes, producer, path)
+    if order != list(range(len(nodes))):
+        nodes = [nodes[i] for i in order]
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+        producer = {t: i for i, n in enumerate(nodes) for t in n.output if t}
+        consumers = {}
+        for i, n in enumerate(nodes):
+            for t in n.input:
+                if t:
+                    consumers.setdefault(t, []).append(i)
+
+    types = _infer_types(model, path, input_shapes)
+    for i, n in enumerate(nodes):
+        for t in n.output:
+            if t and t not in types and consumers.get(t):
+                raise InvalidModelError(f"{path}: cannot infer the type of {t!r} (node {n.name or i})")
+
+    const_ops = _const_ops(nodes, initializers, types)
+    graph = nx.DiGraph()
+    ops = nx.DiGraph()
+    for i, n in enumerate(nodes):
+        graph.add_node(("op", i), op_type=n.op_type, name=n.name)
+        if i not in const_ops:
+            ops.add_node(i)
+        for t in n.input:
+            if t:
+                graph.add_edge(("tensor", t), ("op", i))
+        for t in n.output:
+            if t:
+                graph.add_edge(("op", i), ("tensor", t))
+    for i, n in enumerate(nodes):
+        if i in const_ops:
+            continue
+        for t in n.input:
+            p = producer.get(t)
+            if p is not None and p not in const_ops:
+                ops.add_edge(p, i)
+    for name in graph_inputs:
+        graph.add_node(("tensor", name))
+
+    return ModelGraph(
+        path=path,
+        model=model,
+        nodes=nodes,
+        tensor_types=types,
+        initializers=initializers,
+        producer=producer,
+        consumers=consumers,
+        const_ops=frozenset(const_ops),
+        ops=ops,
+        nx=graph,
+        inputs=graph_inputs,
+        outputs=outputs,
+        opset=opset,
+        scopes=[_scope_of(n) for n in nodes],
+    )
+
+
+def _toposort(nodes: list[onnx.NodeProto], producer: dict[str, int], path: Path) -> list[int]:
+    dag = nx.DiGraph()
+    dag.add_nodes_from(range(len(nodes)))
+    for i, n in enumerate(nodes):
+        for t in n.input:
+            p = producer.get(t)
+            if p is not None:
+                dag.add_edge(p, i)
+    try:
+        # lexicographic: keep the exporter's order wherever it is already valid
+        return list(nx.lexicographical_topological_sort(dag))
+    except nx.NetworkXUnfeasible:
+        cyc = nx.find_cycle(dag)
+        names = [nodes[a].name or str(a) for a, _ in cyc]
+        raise InvalidModelError(f"{path}: graph has a cycle through {' -> '.join(names[:4])}") from None
+
+
+def _const_ops(
+    nodes: list[onnx.NodeProto],
+    initializers: Mapping[str, TensorProto],
+    types: Mapping[str, tuple[str, tuple[int, ...]]],
+) -> set[int]:
+    const_tensors = set(initializers)
+    const: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op_type in CONTROL_FLOW_OPS or n.op_type in ("RandomNormal", "RandomUniform", "RandomNormalLike",
+                                                          "RandomUniformLike", "Multinomial"):
+            continue
+        ins = [t for t in n.input if t]
+        is_const = (
+            n.op_type in ("Constant", "ConstantOfShape") and all(t in const_tensors for t in ins)
+        ) or (ins and all(t in const_tensors for t in ins))
+        if n.op_type == "Shape" and ins and ins[0] in types:
+            is_const = True  # static shapes: Shape(x) is a constant, see shape_as_constant()
+        if is_const:
+            const.add(i)
+            const_tensors.update(t for t in n.output if t)
+    return const
+
+
+def shape_as_constant(node: onnx.NodeProto, types: Mapping[str, tuple[str, tuple[int, ...]]]) -> onnx.NodeProto:
+    """Replace ``Shape(x)`` (x statically shaped) by an equivalent ``Constant`` node."""
+    shape = list(types[node.input[0]][1])
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    start, end = attrs.get("start", 0), attrs.get("end")
+    value = np.array(shape[start:end] if end is not None else shape[start:], dtype=np.int64)
+    return helper.make_node(
+        "Constant", [], list(node.output), name=node.name, value=numpy_helper.from_array(value)
+    )
+
+
+def tensor_bytes(types: Mapping[str, tuple[str, tuple[int, ...]]], name: str) -> int:
+    dt, shape = types[name]
+    n = int(np.dtype(dt).itemsize) if not dt.startswith("onnx:") else 4
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def describe(mg: ModelGraph) -> dict[str, Any]:
+    """A small summary used by ``rkpart inspect``."""
+    counts: dict[str, int] = {}
+    for n in mg.nodes:
+        counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return {
+        "file": str(mg.path),
+        "opset": mg.opset,
+        "nodes": len(mg.nodes),
+        "const_nodes": len(mg.const_ops),
+        "weight_bytes": sum(mg.weight_bytes(n) for n in mg.initializers),
+        "inputs": [{"name": n, "dtype": mg.dtype(n), "shape": list(mg.shape(n) or ())} for n in mg.inputs],
+        "outputs": [{"name": n, "dtype": mg.dtype(n), "shape": list(mg.shape(n) or ())} for n in mg.outputs],
+        "op_counts": dict(sorted(counts.items())),
+    }

@@ -1,0 +1,284 @@
+"""The partition plan: what every later step (compile, run, profile, cost model) consumes.
+
+A plan is a folder: ``plan.json`` plus the stage ONNX files it names, all paths relative to
+the folder.  The JSON is versioned (``format``/``version``) and documented in
+``docs/plan.md``.  Plans are immutable values; functions that change one return a new one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from rkpart.errors import SpecError
+from rkpart.io import atomic_write_bytes
+
+PLAN_FORMAT = "rkpart-plan"
+PLAN_VERSION = 1
+PLAN_FILENAME = "plan.json"
+
+DEVICES = ("npu", "host")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Name, element type (numpy dtype name) and static shape of a boundary tensor."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        import numpy as np
+
+        n = int(np.dtype(self.dtype).itemsize)
+        for d in self.shape:
+            n *= int(d)
+        return n
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> TensorInfo:
+        return cls(name=str(d["name"]), dtype=str(d["dtype"]), shape=tuple(int(x) for x in d["shape"]))
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A compiled form of a stage (e.g. an ``.rknn`` file) and how it was made."""
+
+    kind: str  # "rknn"
+    file: str  # relative to the plan folder
+    toolkit: str  # toolkit version that built it
+    target: str
+    config_hash: str
+    sha256: str
+    size_bytes: int
+    cpu_ops: tuple[str, ...] = ()
+    fallback_reason: str | None = None  # set when a fallback toolkit built it
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["cpu_ops"] = list(self.cpu_ops)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Artifact:
+        return cls(
+            kind=str(d["kind"]),
+            file=str(d["file"]),
+            toolkit=str(d["toolkit"]),
+            target=str(d["target"]),
+            config_hash=str(d["config_hash"]),
+            sha256=str(d["sha256"]),
+            size_bytes=int(d["size_bytes"]),
+            cpu_ops=tuple(str(x) for x in d.get("cpu_ops", ())),
+            fallback_reason=d.get("fallback_reason"),
+        )
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One subgraph of the plan, run on one device.
+
+    ``inputs``/``outputs`` are boundary tensor names; their dtype/shape are in
+    :attr:`Plan.tensors`.  ``block`` is the transformer block index (``None`` for prologue,
+    epilogue and shared parts); ``region`` names what the stage covers (``"attn"``,
+    ``"xattn"``, ``"ffn"``, ``"block"``, ``"adaln"``, ``"prologue"``, ...).
+    """
+
+    id: str
+    device: str
+    file: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    block: int | None
+    region: str
+    kind: str  # what the stage holds, e.g. "attn", "mod+adaln", "gate+residual"
+    weight_bytes: int
+    io_bytes: int
+    sha256: str
+    num_nodes: int
+    blocks: tuple[int, ...] = ()  # every block the stage covers (fused runs cover several)
+    artifacts: tuple[Artifact, ...] = ()
+    failures: tuple[dict[str, Any], ...] = ()  # build failures recorded by compile
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "device": self.device,
+            "file": self.file,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "block": self.block,
+            "blocks": list(self.blocks),
+            "region": self.region,
+            "kind": self.kind,
+            "weight_bytes": self.weight_bytes,
+            "io_bytes": self.io_bytes,
+            "sha256": self.sha256,
+            "num_nodes": self.num_nodes,
+            "artifacts": [a.to_json() for a in self.artifacts],
+            "failures": [dict(f) for f in self.failures],
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Stage:
+        return cls(
+            id=str(d["id"]),
+            device=str(d["device"]),
+            file=str(d["file"]),
+            inputs=tuple(str(x) for x in d["inputs"]),
+            outputs=tuple(str(x) for x in d["outputs"]),
+            block=None if d.get("block") is None else int(d["block"]),
+            blocks=tuple(int(x) for x in d.get("blocks", ())),
+            region=str(d["region"]),
+            kind=str(d.get("kind", d["region"])),
+            weight_bytes=int(d["weight_bytes"]),
+            io_bytes=int(d["io_bytes"]),
+            sha256=str(d["sha256"]),
+            num_nodes=int(d.get("num_nodes", 0)),
+            artifacts=tuple(Artifact.from_json(a) for a in d.get("artifacts", ())),
+            failures=tuple(dict(f) for f in d.get("failures", ())),
+        )
+
+    def artifact(self, kind: str = "rknn") -> Artifact | None:
+        """The newest artifact of ``kind``, or ``None``."""
+        for a in reversed(self.artifacts):
+            if a.kind == kind:
+                return a
+        return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A partition of one ONNX model into stages, in execution order."""
+
+    model: dict[str, Any]  # {"file": original path (informative), "sha256": ..., "opset": ...}
+    strategy: dict[str, Any]  # {"name": ..., "options": {...}}
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    tensors: dict[str, TensorInfo]
+    stages: tuple[Stage, ...]
+    blocks: tuple[dict[str, Any], ...] = ()  # discovery summary: [{"index", "regions": [...]}]
+    version: int = PLAN_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- queries ---------------------------------------------------------------------------
+    def stage(self, stage_id: str) -> Stage:
+        for s in self.stages:
+            if s.id == stage_id:
+                return s
+        raise KeyError(stage_id)
+
+    @property
+    def npu_stages(self) -> tuple[Stage, ...]:
+        return tuple(s for s in self.stages if s.device == "npu")
+
+    @property
+    def host_stages(self) -> tuple[Stage, ...]:
+        return tuple(s for s in self.stages if s.device == "host")
+
+    def replace_stage(self, stage: Stage) -> Plan:
+        """A new plan with the stage of the same id replaced."""
+        stages = tuple(stage if s.id == stage.id else s for s in self.stages)
+        return dataclasses.replace(self, stages=stages)
+
+    # -- (de)serialisation -----------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_FORMAT,
+            "version": self.version,
+            "model": self.model,
+            "strategy": self.strategy,
+            "inputs": list(self.inputs),
+            "outputs": list(self.outputs),
+            "tensors": {k: self.tensors[k].to_json() for k in sorted(self.tensors)},
+            "blocks": list(self.blocks),
+            "stages": [s.to_json() for s in self.stages],
+            "extra": self.extra,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n"
+
+    def save(self, folder: str | os.PathLike[str]) -> Path:
+        """Write ``plan.json`` atomically into ``folder``; returns its path."""
+        path = Path(folder) / PLAN_FILENAME
+        atomic_write_bytes(path, self.dumps().encode())
+        return path
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Plan:
+        from rkpart.partitioner.plan_schema import validate_plan_json
+
+        validate_plan_json(d)
+        tensors = {k: TensorInfo.from_json(v) for k, v in d["tensors"].items()}
+        return cls(
+            model=dict(d["model"]),
+            strategy=dict(d["strategy"]),
+            inputs=tuple(d["inputs"]),
+            outputs=tuple(d["outputs"]),
+            tensors=tensors,
+            stages=tuple(Stage.from_json(s) for s in d["stages"]),
+            blocks=tuple(dict(b) for b in d.get("blocks", ())),
+            version=int(d["version"]),
+            extra=dict(d.get("extra", {})),
+        )
+
+
+def plan_folder(path: str | os.PathLike[str]) -> Path:
+    """Accept either a plan folder or its ``plan.json``; return the folder."""
+    p = Path(path)
+    return p.parent if p.name.endswith(".json") or p.is_file() else p
+
+
+def load_plan(path: str | os.PathLike[str]) -> tuple[Plan, Path]:
+    """Load and validate a plan; returns ``(plan, folder)``.
+
+    Raises :class:`SpecError` for a missing, unreadable or invalid plan, including one that
+    names files outside its own folder.
+    """
+    folder = plan_folder(path)
+    pj = folder / PLAN_FILENAME if not str(path).endswith(".json") else Path(path)
+    if not pj.is_file():
+        raise SpecError(f"no plan at {pj}: expected a plan folder or its plan.json")
+    try:
+        data = json.loads(pj.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecError(f"{pj} is not a readable JSON plan: {e}") from None
+    plan = Plan.from_json(data)
+    for s in plan.stages:
+        for rel in [s.file, *[a.file for a in s.artifacts]]:
+            check_inside(folder, rel, what=f"stage {s.id} file")
+    return plan, folder
+
+
+def check_inside(folder: Path, rel: str, *, what: str) -> Path:
+    """Resolve ``rel`` under ``folder`` and refuse paths that leave it (``..``, absolute, symlinks)."""
+    pp = PurePosixPath(rel)
+    if pp.is_absolute() or os.path.isabs(rel) or ".." in pp.parts:
+        raise SpecError(f"{what} {rel!r} leaves the plan folder")
+    full = (folder / rel).resolve()
+    root = folder.resolve()
+    if full != root and root not in full.parents:
+        raise SpecError(f"{what} {rel!r} leaves the plan folder")
+    return folder / rel
+
+
+def stage_order_ok(stages: Sequence[Stage], inputs: Sequence[str]) -> str | None:
+    """Return a message if some stage reads a tensor not produced before it, else ``None``."""
+    have = set(inputs)
+    for s in stages:
+        missing = [t for t in s.inputs if t not in have]
+        if missing:
+            return f"stage {s.id} reads {missing[0]!r} before any stage produces it"
+        have.update(s.outputs)
+    return None

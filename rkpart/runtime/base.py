@@ -1,0 +1,89 @@
+"""The backend interface every executor implements (ONNX Runtime, toolkit simulator, board).
+
+Modelled on Polygraphy's runners: a :class:`Backend` hands out one :class:`StageRunner` per
+stage, and the runner goes through the same lifecycle the RKNN runtime has on the board,
+``load -> init -> infer* -> release``.  The profiler times exactly these calls, so every
+backend must do its real work in the matching method (file reading in ``load``, context or
+session creation in ``init``).
+"""
+
+from __future__ import annotations
+
+import abc
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rkpart.errors import InternalError
+from rkpart.partitioner.plan import Stage
+
+Feeds = dict[str, np.ndarray]
+
+
+class StageRunner(abc.ABC):
+    """Runs one stage. Subclasses implement the ``_*_impl`` methods; the base checks order."""
+
+    def __init__(self, stage: Stage, folder: Path) -> None:
+        self.stage = stage
+        self.folder = folder
+        self._state = "new"
+
+    # Lifecycle, checked here so every backend behaves the same.
+    def load(self) -> None:
+        self._expect("new", "load")
+        self._load_impl()
+        self._state = "loaded"
+
+    def init(self) -> None:
+        self._expect("loaded", "init")
+        self._init_impl()
+        self._state = "ready"
+
+    def infer(self, feeds: Feeds) -> Feeds:
+        self._expect("ready", "infer")
+        missing = [n for n in self.stage.inputs if n not in feeds]
+        if missing:
+            raise InternalError(f"stage {self.stage.id}: missing input {missing[0]!r}")
+        out = self._infer_impl({n: feeds[n] for n in self.stage.inputs})
+        return {n: out[n] for n in self.stage.outputs}
+
+    def release(self) -> None:
+        if self._state == "released":
+            return
+        self._release_impl()
+        self._state = "released"
+
+    def _expect(self, state: str, call: str) -> None:
+        if self._state != state:
+            raise InternalError(f"stage {self.stage.id}: {call}() called in state {self._state!r}")
+
+    @abc.abstractmethod
+    def _load_impl(self) -> None: ...
+
+    @abc.abstractmethod
+    def _init_impl(self) -> None: ...
+
+    @abc.abstractmethod
+    def _infer_impl(self, feeds: Feeds) -> Feeds: ...
+
+    @abc.abstractmethod
+    def _release_impl(self) -> None: ...
+
+
+class Backend(abc.ABC):
+    """Creates runners for the stages of one plan folder."""
+
+    name: str = ""
+    #: devices this backend executes; other stages go to the host backend (ORT)
+    devices: tuple[str, ...] = ("npu", "host")
+
+    @abc.abstractmethod
+    def runner(self, stage: Stage, folder: Path) -> StageRunner: ...
+
+    def describe(self) -> dict[str, Any]:
+        """Versions and machine facts recorded with measurements."""
+        return {"backend": self.name}
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
+        """Free anything shared between runners (worker processes, ...)."""

@@ -1,0 +1,101 @@
+"""Execute a plan stage by stage and compare it with the whole model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rkpart.errors import SpecError, UserError
+from rkpart.partitioner.plan import Plan, TensorInfo
+from rkpart.runtime.base import Backend, Feeds
+from rkpart.runtime.ort import OrtBackend, make_session
+from rkpart.validation.metrics import Metrics, compare
+
+
+def random_inputs(infos: Mapping[str, TensorInfo], names: tuple[str, ...], seed: int = 0) -> Feeds:
+    """Seeded inputs: floats ~ N(0, 1); integers in [0, 4); bools random."""
+    rng = np.random.default_rng(seed)
+    feeds: Feeds = {}
+    for n in names:
+        info = infos[n]
+        dt = np.dtype(info.dtype)
+        if dt.kind == "f":
+            feeds[n] = rng.standard_normal(info.shape).astype(dt)
+        elif dt.kind in "iu":
+            feeds[n] = rng.integers(0, 4, size=info.shape).astype(dt)
+        elif dt.kind == "b":
+            feeds[n] = rng.integers(0, 2, size=info.shape).astype(bool)
+        else:
+            raise UserError(f"cannot make random input for {n!r} of type {info.dtype}; pass --inputs")
+    return feeds
+
+
+def load_inputs(path: str | Path, plan: Plan) -> Feeds:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            feeds = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot read inputs {path}: {e}") from None
+    for n in plan.inputs:
+        if n not in feeds:
+            raise UserError(f"inputs file {path} has no array {n!r} (model inputs: {', '.join(plan.inputs)})")
+        info = plan.tensors[n]
+        if tuple(feeds[n].shape) != info.shape:
+            raise UserError(f"input {n!r}: shape {tuple(feeds[n].shape)} in {path}, model wants {info.shape}")
+        feeds[n] = feeds[n].astype(info.dtype)
+    return feeds
+
+
+def run_plan(
+    plan: Plan,
+    folder: Path,
+    feeds: Feeds,
+    *,
+    backend: Backend | None = None,
+    host: Backend | None = None,
+    keep: bool = False,
+    on_stage: Callable[[int, str, Feeds], None] | None = None,
+) -> Feeds:
+    """Run every stage in order; NPU stages on ``backend``, host stages on ``host`` (ORT).
+
+    Returns the model outputs (every tensor with ``keep``).
+    """
+    backend = backend or OrtBackend()
+    host = host or OrtBackend()
+    env: dict[str, np.ndarray] = dict(feeds)
+    for i, stage in enumerate(plan.stages):
+        b = backend if stage.device in backend.devices and stage.device == "npu" else host
+        r = b.runner(stage, folder)
+        r.load()
+        r.init()
+        try:
+            out = r.infer(env)
+        finally:
+            r.release()
+        env.update(out)
+        if on_stage is not None:
+            on_stage(i, stage.id, out)
+    if keep:
+        return env
+    missing = [o for o in plan.outputs if o not in env]
+    if missing:
+        raise SpecError(f"plan never produces model output {missing[0]!r}")
+    return {o: env[o] for o in plan.outputs}
+
+
+def run_model(model: str | Path, feeds: Feeds, outputs: tuple[str, ...] | None = None) -> Feeds:
+    """The whole model under ONNX Runtime: the reference every plan is checked against."""
+    sess = make_session(str(model))
+    names = list(outputs) if outputs else [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds), strict=True))
+
+
+def compare_outputs(actual: Feeds, reference: Feeds) -> dict[str, Metrics]:
+    return {k: compare(actual[k], reference[k]) for k in reference}
+
+
+def metrics_table(results: Mapping[str, Metrics]) -> list[dict[str, Any]]:
+    return [{"tensor": k, **m.to_json()} for k, m in results.items()]

@@ -1,0 +1,134 @@
+"""``rkpart run``: execute a plan, compare with the whole model (and a reference), gate it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rkpart.errors import UserError
+from rkpart.partitioner.plan import load_plan
+from rkpart.runtime import get_backend
+from rkpart.runtime.executor import load_inputs, random_inputs, run_model, run_plan
+from rkpart.runtime.ort import OrtRunner
+from rkpart.validation.metrics import Gate, Metrics, compare
+
+
+@dataclass
+class RunReport:
+    backend: str
+    end_to_end: dict[str, Metrics]
+    against_reference: dict[str, Metrics] = field(default_factory=dict)
+    per_stage: dict[str, dict[str, Metrics]] = field(default_factory=dict)
+    gate: Gate = field(default_factory=Gate)
+    failures: list[str] = field(default_factory=list)
+    reference_model: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backend": self.backend,
+            "reference_model": self.reference_model,
+            "gate": {"min_cosine": self.gate.min_cosine, "max_abs_rel": self.gate.max_abs_rel},
+            "end_to_end": {k: m.to_json() for k, m in self.end_to_end.items()},
+            "against_reference": {k: m.to_json() for k, m in self.against_reference.items()},
+            "per_stage": {s: {k: m.to_json() for k, m in d.items()} for s, d in self.per_stage.items()},
+            "passed": not self.failures,
+            "failures": self.failures,
+        }
+
+    def render(self) -> str:
+        lines = [f"{'':<24} {'tensor':<28} {'cosine':>12} {'max abs':>10} {'mean abs':>10} {'MSE':>10} NaN/Inf"]
+
+        def row(label: str, name: str, m: Metrics) -> str:
+            return (f"{label:<24} {name[:28]:<28} {m.cosine:>12.8f} {m.max_abs:>10.3g} {m.mean_abs:>10.3g} "
+                    f"{m.mse:>10.3g} {m.nan}/{m.inf}")
+
+        for sid, d in self.per_stage.items():
+            for k, m in d.items():
+                lines.append(row(f"stage {sid}", k, m))
+        for k, m in self.end_to_end.items():
+            lines.append(row("end-to-end vs ONNX RT", k, m))
+        for k, m in self.against_reference.items():
+            lines.append(row("end-to-end vs reference", k, m))
+        lines.append("gate: PASS" if not self.failures else "gate: FAIL (" + "; ".join(self.failures) + ")")
+        return "\n".join(lines)
+
+
+def validate_plan_run(
+    plan_path: Path,
+    *,
+    inputs: Path | None = None,
+    seed: int = 0,
+    backend: str = "ort",
+    toolkit: str | None = None,
+    model: Path | None = None,
+    reference: Path | None = None,
+    min_cosine: float | None = None,
+    max_abs_rel: float | None = None,
+    per_stage: bool = False,
+    save_outputs: Path | None = None,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> RunReport:
+    plan, folder = load_plan(plan_path)
+    feeds = load_inputs(inputs, plan) if inputs else random_inputs(plan.tensors, plan.inputs, seed)
+    if model is None:
+        guess = folder.parent / plan.model["file"]
+        recorded = plan.model.get("path")
+        for cand in (Path(recorded) if recorded else None, guess):
+            if cand is not None and cand.is_file():
+                model = cand
+                break
+    if model is None:
+        raise UserError(f"cannot find the whole model {plan.model['file']!r} to compare with; pass --model")
+    gate = Gate(
+        min_cosine=min_cosine if min_cosine is not None else (0.999999 if backend == "ort" else 0.999),
+        max_abs_rel=max_abs_rel if max_abs_rel is not None else (1e-5 if backend == "ort" else None),
+    )
+    progress(f"reference: whole model {model} on ONNX Runtime")
+    ref = run_model(model, feeds, plan.outputs)
+    be = get_backend(backend, toolkit=toolkit)
+    stage_metrics: dict[str, dict[str, Metrics]] = {}
+    env_before: dict[str, np.ndarray] = dict(feeds)
+
+    def on_stage(i: int, sid: str, out: dict[str, np.ndarray]) -> None:
+        stage = plan.stages[i]
+        progress(f"[{i + 1}/{len(plan.stages)}] {sid} ({stage.device})")
+        if per_stage and stage.device == "npu":
+            r = OrtRunner(stage, folder)
+            r.load()
+            r.init()
+            ort_out = r.infer(env_before)
+            r.release()
+            stage_metrics[sid] = {k: compare(out[k], ort_out[k]) for k in stage.outputs}
+        env_before.update(out)
+
+    try:
+        outs = run_plan(plan, folder, feeds, backend=be, on_stage=on_stage)
+    finally:
+        be.close()
+    if save_outputs:
+        from rkpart.io import atomic_writer
+
+        with atomic_writer(save_outputs) as tmp, open(tmp, "wb") as f:
+            np.savez(f, **outs)  # type: ignore[arg-type]
+    e2e = {k: compare(outs[k], ref[k]) for k in plan.outputs}
+    against: dict[str, Metrics] = {}
+    if reference is not None:
+        try:
+            with np.load(reference, allow_pickle=False) as z:
+                refd = {k: z[k] for k in z.files}
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot read reference {reference}: {e}") from None
+        for k in plan.outputs:
+            if k not in refd:
+                raise UserError(f"reference {reference} has no array {k!r}")
+            against[k] = compare(outs[k], refd[k].astype(outs[k].dtype))
+    failures = []
+    for label, d in (("vs ONNX Runtime", e2e), ("vs reference", against)):
+        for k, m in d.items():
+            failures += [f"{k} {label}: {f}" for f in gate.failures(m)]
+    return RunReport(backend=backend, end_to_end=e2e, against_reference=against, per_stage=stage_metrics,
+                     gate=gate, failures=failures, reference_model=str(model))

@@ -1,0 +1,109 @@
+"""What a strategy is: an object with a ``name`` that proposes a :class:`Partition`.
+
+A strategy only decides *grouping* (which ops form one stage, and on which device); it
+never writes files and never mutates the graph or the discovery it is given.  Turning a
+partition into stage files and a plan is :mod:`rkpart.partitioner.api`'s job, and judging
+which partition is cheapest is the cost model's.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from rkpart.errors import UserError
+from rkpart.partitioner.discovery import Block, Discovery, Region
+from rkpart.partitioner.graph import ModelGraph
+
+
+@dataclass(frozen=True)
+class Group:
+    """A proposed stage: a set of op indices on one device."""
+
+    id: str
+    device: str  # "npu" | "host"
+    ops: frozenset[int]
+    region: str
+    kind: str
+    block: int | None = None
+    blocks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Partition:
+    strategy: str
+    options: Mapping[str, Any]
+    groups: tuple[Group, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+class Strategy(abc.ABC):
+    """Base class of partition strategies (built-in and plugins)."""
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    #: False for strategies that work on any graph (no block discovery needed)
+    needs_blocks: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
+        """Return a new partition of every non-constant op of ``mg``."""
+
+
+def option(options: Mapping[str, Any], key: str, default: Any, choices: tuple[Any, ...] | None = None) -> Any:
+    v = options.get(key, default)
+    if v is None:
+        v = default
+    if choices is not None and v not in choices:
+        raise UserError(f"option {key}={v!r} is not one of {', '.join(map(str, choices))}")
+    return v
+
+
+def block_id(b: Block) -> str:
+    return f"b{b.index:02d}"
+
+
+class GroupBuilder:
+    """Collects ops into named groups; later assignments of an op never override earlier ones."""
+
+    def __init__(self) -> None:
+        self._groups: dict[str, dict[str, Any]] = {}
+        self._owner: dict[int, str] = {}
+
+    def add(self, gid: str, ops: frozenset[int] | set[int], *, device: str, region: str, kind: str,
+            block: int | None = None, blocks: tuple[int, ...] = ()) -> None:
+        ops = {i for i in ops if i not in self._owner}
+        if not ops:
+            return
+        g = self._groups.setdefault(gid, {"device": device, "region": region, "kinds": [], "ops": set(),
+                                          "block": block, "blocks": blocks})
+        if kind not in g["kinds"]:
+            g["kinds"].append(kind)
+        g["ops"].update(ops)
+        for i in ops:
+            self._owner[i] = gid
+
+    def add_host_rest(self, mg: ModelGraph, disc: Discovery | None) -> None:
+        """Prologue, glue and epilogue on the host, each glue op its own group (merged later)."""
+        if disc is not None:
+            self.add("prologue", set(disc.prologue), device="host", region="prologue", kind="prologue")
+            for i in sorted(disc.glue):
+                self.add(f"glue.{i:06d}", {i}, device="host", region="glue", kind="glue")
+            self.add("epilogue", set(disc.epilogue), device="host", region="epilogue", kind="epilogue")
+        rest = {i for i in mg.ops.nodes if i not in self._owner}
+        for i in sorted(rest):
+            self.add(f"host.{i:06d}", {i}, device="host", region="host", kind="host")
+
+    def build(self, strategy: str, options: Mapping[str, Any], notes: tuple[str, ...] = ()) -> Partition:
+        groups = tuple(
+            Group(id=gid, device=g["device"], ops=frozenset(g["ops"]), region=g["region"],
+                  kind="+".join(g["kinds"]), block=g["block"], blocks=tuple(g["blocks"]))
+            for gid, g in self._groups.items()
+        )
+        return Partition(strategy=strategy, options=dict(options), groups=groups, notes=notes)
+
+
+def region_parts(r: Region) -> dict[str, frozenset[int]]:
+    return {"mod": r.mod, "adaln": r.pre, "core": r.core, "gate": r.gate | r.adds}

@@ -1,0 +1,204 @@
+"""``custom``: stages named in a user spec (YAML or JSON); the rest by another strategy.
+
+Schema (documented in ``docs/custom-spec.md``)::
+
+    version: 1
+    rest: split            # split | fused | host: how ops no stage names are partitioned
+    rest_options: {adaln: host}
+    stages:
+      - id: b00-b01        # whole blocks in one stage
+        device: npu
+        blocks: [0, 1]
+      - id: b02.attn-ffn   # chosen regions of one block, with their AdaLN and residual
+        device: npu
+        block: 2
+        regions: [attn, ffn]
+        include: [adaln, residual]
+      - id: tail           # explicit cut: everything between these tensors
+        device: npu
+        cut: {inputs: [a], outputs: [b]}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from rkpart.errors import SpecError
+from rkpart.partitioner.discovery import Discovery
+from rkpart.partitioner.graph import ModelGraph
+from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
+
+SPEC_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["version", "stages"],
+    "properties": {
+        "version": {"const": 1},
+        "rest": {"enum": ["split", "fused", "host"]},
+        "rest_options": {"type": "object"},
+        "stages": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["id"],
+                "properties": {
+                    "id": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"},
+                    "device": {"enum": ["npu", "host"]},
+                    "blocks": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+                    "block": {"type": "integer", "minimum": 0},
+                    "regions": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                    "include": {
+                        "type": "array",
+                        "items": {"enum": ["adaln", "residual", "mod"]},
+                    },
+                    "cut": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["inputs", "outputs"],
+                        "properties": {
+                            "inputs": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                            "outputs": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                        },
+                    },
+                },
+                "oneOf": [
+                    {"required": ["blocks"], "not": {"anyOf": [{"required": ["block"]}, {"required": ["cut"]}]}},
+                    {"required": ["block", "regions"], "not": {"anyOf": [{"required": ["blocks"]},
+                                                                         {"required": ["cut"]}]}},
+                    {"required": ["cut"], "not": {"anyOf": [{"required": ["blocks"]}, {"required": ["block"]}]}},
+                ],
+            },
+        },
+    },
+}
+
+
+def load_spec(path: str | Path) -> dict[str, Any]:
+    """Read and schema-check a custom spec; raises :class:`SpecError` with the offending path."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"cannot read custom spec {p}: {e}") from None
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        first = str(e).splitlines()[0]
+        raise SpecError(f"custom spec {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {first}") from None
+    validate_spec(data, str(p))
+    return data  # type: ignore[no-any-return,unused-ignore]
+
+
+def validate_spec(data: Any, where: str = "custom spec") -> None:
+    v = jsonschema.Draft202012Validator(SPEC_SCHEMA)
+    errors = sorted(v.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        loc = "/".join(str(x) for x in e.absolute_path) or "(top level)"
+        msg = e.message if e.validator != "oneOf" else (
+            "a stage needs exactly one of: 'blocks', 'block' + 'regions', or 'cut'")
+        raise SpecError(f"{where}: at {loc}: {msg}")
+    ids = [s["id"] for s in data["stages"]]
+    dup = sorted({i for i in ids if ids.count(i) > 1})
+    if dup:
+        raise SpecError(f"{where}: stage id {dup[0]!r} is used twice")
+
+
+class CustomStrategy(Strategy):
+    name = "custom"
+    summary = "stages named in a YAML/JSON spec (blocks, regions or cut tensors); the rest by another strategy"
+
+    def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
+        spec = options.get("spec")
+        if spec is None:
+            raise SpecError("strategy custom needs --spec FILE")
+        data = load_spec(spec) if isinstance(spec, (str, Path)) else spec
+        if not isinstance(spec, (str, Path)):
+            validate_spec(data)
+        rest = option(data, "rest", "split", ("split", "fused", "host"))
+        gb = GroupBuilder()
+        blocks = {b.index: b for b in (disc.blocks if disc else ())}
+        for s in data["stages"]:
+            device = s.get("device", "npu")
+            if "blocks" in s:
+                missing = [i for i in s["blocks"] if i not in blocks]
+                if missing:
+                    raise SpecError(f"stage {s['id']}: block {missing[0]} does not exist "
+                                    f"(model has blocks 0..{len(blocks) - 1})")
+                ops: set[int] = set()
+                for i in s["blocks"]:
+                    ops |= blocks[i].ops
+                gb.add(s["id"], ops, device=device, region="block", kind="custom-blocks",
+                       block=s["blocks"][0], blocks=tuple(s["blocks"]))
+            elif "block" in s:
+                b = blocks.get(s["block"])
+                if b is None:
+                    raise SpecError(f"stage {s['id']}: block {s['block']} does not exist "
+                                    f"(model has blocks 0..{len(blocks) - 1})")
+                names = {r.name: r for r in b.regions}
+                include = set(s.get("include", []))
+                ops = set()
+                for rn in s["regions"]:
+                    if rn not in names:
+                        raise SpecError(f"stage {s['id']}: block {b.index} has no region {rn!r} "
+                                        f"(regions: {', '.join(names)})")
+                    r = names[rn]
+                    ops |= r.core
+                    if "adaln" in include:
+                        ops |= r.pre
+                    if "residual" in include:
+                        ops |= r.gate | r.adds
+                    if "mod" in include:
+                        ops |= r.mod
+                if "mod" in include:
+                    ops |= b.mod
+                gb.add(s["id"], ops, device=device, region="+".join(s["regions"]), kind="custom-regions",
+                       block=b.index, blocks=(b.index,))
+            else:
+                ops = _cut(mg, s["id"], s["cut"]["inputs"], s["cut"]["outputs"])
+                gb.add(s["id"], ops, device=device, region="cut", kind="custom-cut")
+        if rest == "host":
+            gb.add_host_rest(mg, disc)
+        else:
+            from rkpart.strategies import get_strategy
+
+            part = get_strategy(rest).propose(mg, disc, **dict(data.get("rest_options", {})))
+            taken = {s["id"] for s in data["stages"]}
+            for g in part.groups:
+                if g.id in taken:
+                    raise SpecError(f"custom stage id {g.id!r} collides with a {rest} stage; rename it")
+                gb.add(g.id, g.ops, device=g.device, region=g.region, kind=g.kind, block=g.block, blocks=g.blocks)
+        return gb.build(self.name, {"rest": rest, "stages": [s["id"] for s in data["stages"]]})
+
+
+def _cut(mg: ModelGraph, sid: str, inputs: list[str], outputs: list[str]) -> set[int]:
+    for t in [*inputs, *outputs]:
+        if t not in mg.tensor_types:
+            raise SpecError(f"stage {sid}: cut tensor {t!r} is not in the model")
+    import networkx as nx
+
+    start: set[int] = set()
+    for t in inputs:
+        start.update(c for c in mg.consumers.get(t, []) if c not in mg.const_ops)
+    below: set[int] = set(start)
+    for s in start:
+        below |= nx.descendants(mg.ops, s)
+    above: set[int] = set()
+    for t in outputs:
+        p = mg.producer.get(t)
+        if p is None or p in mg.const_ops:
+            raise SpecError(f"stage {sid}: cut output {t!r} is not computed by an op")
+        above |= nx.ancestors(mg.ops, p) | {p}
+    ops = below & above
+    if not ops:
+        raise SpecError(f"stage {sid}: no op lies between cut inputs and outputs")
+    return ops
+
+

@@ -1,0 +1,57 @@
+"""``split``: one NPU stage per residual branch (attention, cross-attention, FFN, ...).
+
+AdaLN, gates and residual adds run on the host by default, as in the hand-made Anima
+deployment (84 NPU models for 28 blocks).  ``adaln="npu"`` moves each branch's
+normalisation + modulation into its NPU stage; ``residual="npu"`` moves the gate and the
+residual add there too.  The modulation *vectors* (``SiLU -> Linear`` of the timestep
+embedding) depend only on the timestep and stay on the host unless ``modulation="npu"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rkpart.partitioner.discovery import Discovery
+from rkpart.partitioner.graph import ModelGraph
+from rkpart.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
+
+
+class SplitStrategy(Strategy):
+    name = "split"
+    summary = "one NPU stage per residual branch; AdaLN/gates/residuals on the host by default"
+
+    def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
+        assert disc is not None
+        adaln = option(options, "adaln", "host", ("host", "npu"))
+        residual = option(options, "residual", "host", ("host", "npu"))
+        modulation = option(options, "modulation", "host", ("host", "npu"))
+        gb = GroupBuilder()
+        for b in disc.blocks:
+            bid = block_id(b)
+            for r in b.regions:
+                npu = set(r.core)
+                if adaln == "npu":
+                    npu |= r.pre
+                if residual == "npu":
+                    npu |= r.gate | r.adds
+                if modulation == "npu":
+                    npu |= r.mod
+                kind = r.name + ("+adaln" if adaln == "npu" and r.pre else "") + (
+                    "+residual" if residual == "npu" else "")
+                gb.add(f"{bid}.{r.name}", npu, device="npu", region=r.name, kind=kind, block=b.index,
+                       blocks=(b.index,))
+            mod = set(b.mod) | {i for r in b.regions for i in r.mod}
+            if modulation == "npu" and b.mod:
+                # block-level modulation feeding several branches goes with the first one
+                first = b.regions[0]
+                gb.add(f"{bid}.{first.name}", set(b.mod), device="npu", region=first.name, kind="mod",
+                       block=b.index, blocks=(b.index,))
+            gb.add(f"{bid}.mod", mod, device="host", region="mod", kind="modulation", block=b.index,
+                   blocks=(b.index,))
+            for r in b.regions:
+                gb.add(f"{bid}.{r.name}.adaln", set(r.pre), device="host", region="adaln", kind="adaln",
+                       block=b.index, blocks=(b.index,))
+                gb.add(f"{bid}.{r.name}.residual", set(r.gate | r.adds), device="host", region="residual",
+                       kind="gate+residual" if r.gate else "residual", block=b.index, blocks=(b.index,))
+        gb.add_host_rest(mg, disc)
+        return gb.build(self.name, {"adaln": adaln, "residual": residual, "modulation": modulation})
