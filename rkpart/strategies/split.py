@@ -4,7 +4,9 @@ AdaLN, gates and residual adds run on the host by default, as in the hand-made A
 deployment (84 NPU models for 28 blocks).  ``adaln="npu"`` moves each branch's
 normalisation + modulation into its NPU stage; ``residual="npu"`` moves the gate and the
 residual add there too.  The modulation *vectors* (``SiLU -> Linear`` of the timestep
-embedding) depend only on the timestep and stay on the host unless ``modulation="npu"``.
+embedding) depend only on the timestep and stay on the host unless ``modulation="npu"``:
+then each branch's own modulation layers join its NPU stage when its AdaLN is there, and
+whatever remains (or all of it, with AdaLN on the host) becomes one NPU stage per block.
 """
 
 from __future__ import annotations
@@ -32,21 +34,18 @@ class SplitStrategy(Strategy):
                 npu = set(r.core)
                 if adaln == "npu":
                     npu |= r.pre
+                    if modulation == "npu":
+                        # this branch's own modulation layers can only join it if its AdaLN is there too
+                        npu |= r.mod
                 if residual == "npu":
                     npu |= r.gate | r.adds
-                if modulation == "npu":
-                    npu |= r.mod
                 kind = r.name + ("+adaln" if adaln == "npu" and r.pre else "") + (
                     "+residual" if residual == "npu" else "")
                 gb.add(f"{bid}.{r.name}", npu, device="npu", region=r.name, kind=kind, block=b.index,
                        blocks=(b.index,))
+            # the rest of the modulation: its own stage, on the device asked for
             mod = set(b.mod) | {i for r in b.regions for i in r.mod}
-            if modulation == "npu" and b.mod:
-                # block-level modulation feeding several branches goes with the first one
-                first = b.regions[0]
-                gb.add(f"{bid}.{first.name}", set(b.mod), device="npu", region=first.name, kind="mod",
-                       block=b.index, blocks=(b.index,))
-            gb.add(f"{bid}.mod", mod, device="host", region="mod", kind="modulation", block=b.index,
+            gb.add(f"{bid}.mod", mod, device=modulation, region="mod", kind="modulation", block=b.index,
                    blocks=(b.index,))
             for r in b.regions:
                 gb.add(f"{bid}.{r.name}.adaln", set(r.pre), device="host", region="adaln", kind="adaln",
