@@ -174,15 +174,36 @@ def _unbits(v: int) -> frozenset[int]:
 
 
 def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
-    """Find blocks and regions in ``mg``; raises :class:`DiscoveryError` if there are none."""
+    """Find blocks and regions in ``mg``.
+
+    Parameters
+    ----------
+    mg:
+        A loaded model (:func:`rkpart.partitioner.graph.load_model`).
+    min_blocks:
+        Fewer blocks than this is an error.
+
+    Returns
+    -------
+    Discovery
+        Blocks (each with its regions' op sets), prologue, glue and epilogue op sets.
+
+    Raises
+    ------
+    DiscoveryError
+        No chain of residual adds, or fewer than ``min_blocks`` blocks.
+    """
     reach = _Reach(mg)
     adds = _residual_adds(mg, reach)
-    chains = _chains(mg, adds)
-    chains = [c for c in chains if len(c) >= 2]
+    all_chains, links = _chains(mg, adds)
+    linked = {a for a, bs in links.items() if bs} | {b for bs in links.values() for b in bs}
+    # a lone residual-looking add is noise unless it is part of a stream system (a Flux
+    # single block is one add between a concat and a slice)
+    chains = [c for c in all_chains if len(c) >= 2 or (any(a in linked for a in c) and len(all_chains) > 1)]
     if not chains:
         raise DiscoveryError(
             f"{mg.path.name}: no transformer blocks found (no chain of residual adds x + f(x)); "
-            "use --strategy generic or a custom spec"
+            "use --strategy custom with a spec that names the cut tensors"
         )
     stream_of = {a: si for si, c in enumerate(chains) for a in c}
     skip_of = {a: adds[a] for a in stream_of}
@@ -194,41 +215,49 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
         for c in mg.consumers.get(t, []):
             if c not in mg.const_ops:
                 dep |= 1 << c
-    # close downward
     for i in reach.order:
         if dep >> i & 1:
             continue
         if any(dep >> p & 1 for p in mg.ops.predecessors(i)):
             dep |= 1 << i
+    # Everything a stream start is computed from (patch embedding, context embedder) is
+    # prologue, even when only the first branch reads it.
+    before = 0
+    for t in starts:
+        p = mg.producer.get(t)
+        if p is not None and p not in mg.const_ops:
+            before |= reach.anc[p] | (1 << p)
+    before &= ~dep
     # stream tensors: every chain's skip inputs and outputs
-    stream_tensors: set[str] = set()
+    stream_tensors: dict[str, int] = {}
     for a in stream_of:
-        stream_tensors.add(skip_of[a])
-        stream_tensors.update(mg.nodes[a].output)
+        stream_tensors[skip_of[a]] = stream_of[a]
+        stream_tensors[mg.nodes[a].output[0]] = stream_of[a]
     stream_producers = {mg.producer[t] for t in stream_tensors if t in mg.producer}
+    txt = _text_streams(mg, reach, chains, skip_of)
+    phases = _phases(chains)
 
     branches: list[Branch] = []
     for a in sorted(stream_of):
         branches.append(_branch(mg, reach, a, skip_of[a], stream_of[a], dep, stream_producers))
 
     regions_ops = _merge_overlapping(branches)
-    # side ops: not stream-dependent and not constant
-    side = [i for i in reach.order if not dep >> i & 1]
+    # side ops: not stream-dependent, not constant, not ancestors of the streams
+    side = [i for i in reach.order if not dep >> i & 1 and not before >> i & 1]
     unit_of_op: dict[int, int] = {}
     part_of_op: dict[int, str] = {}
+    # In joint attention one stream's branch holds the other stream's AdaLN in its "core":
+    # what a branch calls pre / gate / add wins over what another branch calls core.
+    rank = {"core": 0, "pre": 1, "gate": 2, "add": 3}
     for ri, (brs, _ops) in enumerate(regions_ops):
         for b in brs:
-            for i in b.pre:
-                unit_of_op[i], part_of_op[i] = ri, "pre"
-            for i in b.core:
-                unit_of_op[i], part_of_op[i] = ri, "core"
-            for i in b.gate:
-                unit_of_op[i], part_of_op[i] = ri, "gate"
-            unit_of_op[b.add], part_of_op[b.add] = ri, "add"
+            for part, ops in (("core", b.core), ("pre", b.pre), ("gate", b.gate), ("add", {b.add})):
+                for i in ops:
+                    if i not in part_of_op or rank[part] > rank[part_of_op[i]]:
+                        unit_of_op[i], part_of_op[i] = ri, part
 
     # Which (region, part) does each side op feed?  Reverse topological propagation.
     feeds: dict[int, set[tuple[int, str]]] = {}
-    other = ("x", "x")  # fed to something outside every region (glue, epilogue, outputs)
     side_set = set(side)
     model_outputs = set(mg.outputs)
     for i in reversed(side):
@@ -244,12 +273,12 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
                 elif c in unit_of_op:
                     f.add((unit_of_op[c], part_of_op[c]))
                 else:
-                    f.add((-1, other[0]))
+                    f.add((-1, "x"))  # glue, epilogue, outputs
         feeds[i] = f
 
     # Group regions into blocks.
-    region_list = _name_regions(mg, regions_ops, dep, len(chains))
-    grouping, method, scopes = _group_blocks(mg, region_list)
+    region_list = _name_regions(mg, regions_ops, dep, stream_tensors, txt, phases)
+    grouping, method, scopes = _group_blocks(mg, region_list, phases)
     region_block: dict[int, int] = {}
     for bi, members in enumerate(grouping):
         for ri in members:
@@ -258,7 +287,7 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
     region_side: dict[int, set[int]] = {ri: set() for ri in range(len(region_list))}
     region_mod: dict[int, set[int]] = {ri: set() for ri in range(len(region_list))}
     block_mod: dict[int, set[int]] = {bi: set() for bi in range(len(grouping))}
-    prologue: set[int] = set()
+    prologue: set[int] = set(_unbits(before))
     for i in side:
         f = feeds[i]
         units = {u for u, _ in f}
@@ -291,30 +320,25 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
                             scope=scopes[bi]))
 
     in_blocks = frozenset().union(*(b.ops for b in blocks))
+    in_blocks_bits = _bits(in_blocks)
     # Stream-dependent leftovers: after the last stream tensor -> epilogue, else glue.
-    last_outs = [mg.nodes[c[-1]].output[0] for c in chains]
-    tail = 0
-    for t in last_outs:
-        for c in mg.consumers.get(t, []):
-            if c not in mg.const_ops:
-                tail |= 1 << c
-    for i in reach.order:
-        if tail >> i & 1:
-            continue
-        if any(tail >> p & 1 for p in mg.ops.predecessors(i)):
-            tail |= 1 << i
     glue: set[int] = set()
     epilogue: set[int] = set()
+    # ops with a block op downstream: reverse topological propagation
+    feeds_block = 0
+    for i in reversed(reach.order):
+        if any((in_blocks_bits | feeds_block) >> c & 1 for c in mg.ops.successors(i)):
+            feeds_block |= 1 << i
     for i in reach.order:
         if i in in_blocks or i in prologue:
             continue
         if dep >> i & 1:
-            if tail >> i & 1 and not _feeds_any(mg, i, in_blocks):
-                epilogue.add(i)
-            else:
+            if feeds_block >> i & 1:
                 glue.add(i)
+            else:
+                epilogue.add(i)
         else:
-            prologue.add(i)  # ancestors of the stream start (patch embedding, ...)
+            prologue.add(i)
     if len(blocks) < min_blocks:
         raise DiscoveryError(f"{mg.path.name}: found {len(blocks)} blocks, expected at least {min_blocks}")
     notes = []
@@ -329,6 +353,44 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
         method=method,
         notes=tuple(notes),
     )
+
+
+def _text_streams(mg: ModelGraph, reach: _Reach, chains: list[list[int]], skip_of: dict[int, str]) -> set[int]:
+    """Chains computed without the first model input that any chain uses: the text streams.
+
+    diffusers puts the latent first; a dual-stream model's text stream starts from the
+    context embedder alone, while the image stream (and a merged stream after it) depends
+    on the latent.  Input names survive anonymisation, so this does too.
+    """
+    uses: list[set[int]] = []
+    for c in chains:
+        start = skip_of[c[0]]
+        p = mg.producer.get(start)
+        got = set()
+        for k, name in enumerate(mg.inputs):
+            if name == start or (p is not None and any(
+                    u == p or reach.is_ancestor(u, p) for u in mg.consumers.get(name, [])
+                    if u not in mg.const_ops)):
+                got.add(k)
+        uses.append(got)
+    if len(chains) < 2:
+        return set()
+    primary = min((min(u) for u in uses if u), default=None)
+    return {si for si, u in enumerate(uses) if primary is not None and primary not in u}
+
+
+def _phases(chains: list[list[int]]) -> list[int]:
+    """Phase of each chain: chains running side by side (image + text) share one; a stream
+    that starts after they end (Flux single blocks) is the next phase."""
+    spans = sorted((min(c), max(c), si) for si, c in enumerate(chains))
+    phase = [0] * len(chains)
+    cur, end = -1, -1
+    for lo, hi, si in spans:
+        if lo > end:
+            cur += 1
+        end = max(end, hi)
+        phase[si] = cur
+    return phase
 
 
 def _feeds_any(mg: ModelGraph, i: int, targets: frozenset[int]) -> bool:
@@ -366,35 +428,65 @@ def _residual_adds(mg: ModelGraph, reach: _Reach) -> dict[int, str]:
     return out
 
 
-def _chains(mg: ModelGraph, adds: dict[int, str]) -> list[list[int]]:
-    """Link residual adds whose output is (through reshape-like ops) the next one's skip."""
+#: ops that move data without computing: the residual stream may pass through them between
+#: blocks (Flux single blocks concatenate the text and image streams and slice them apart)
+LINK_OPS = PASS_THROUGH_OPS | frozenset({"Concat", "Slice", "Split", "Transpose"})
+
+
+def _links(mg: ModelGraph, adds: dict[int, str]) -> dict[int, set[int]]:
+    """``a -> {b}`` when add ``a``'s output reaches add ``b``'s skip through data-movement ops only."""
     by_skip: dict[str, int] = {}
     for a, s in adds.items():
         by_skip.setdefault(s, a)
-    nxt: dict[int, int] = {}
+    succ: dict[int, set[int]] = {a: set() for a in adds}
     for a in adds:
         frontier = [mg.nodes[a].output[0]]
-        seen = 0
-        while frontier and seen < 8:
+        seen: set[str] = set()
+        while frontier and len(seen) < 16:
             t = frontier.pop()
-            seen += 1
+            if t in seen:
+                continue
+            seen.add(t)
             if t in by_skip and by_skip[t] != a:
-                nxt[a] = by_skip[t]
-                break
+                succ[a].add(by_skip[t])
+                continue  # the stream goes on from b; what follows is b's business
             for c in mg.consumers.get(t, []):
-                if mg.nodes[c].op_type in PASS_THROUGH_OPS:
-                    frontier.extend(mg.nodes[c].output)
-    has_prev = set(nxt.values())
+                if mg.nodes[c].op_type in LINK_OPS and c not in mg.const_ops:
+                    frontier.extend(o for o in mg.nodes[c].output if o)
+    return succ
+
+
+def _chains(mg: ModelGraph, adds: dict[int, str]) -> tuple[list[list[int]], dict[int, set[int]]]:
+    """Residual streams: maximal runs of adds linked one-to-one.
+
+    Where streams merge or fork (two streams concatenated into one), a chain ends; the
+    links between chains are returned too, so that a short chain that is part of a larger
+    stream system (one Flux single block) is not mistaken for noise.
+    """
+    succ = _links(mg, adds)
+    pred: dict[int, set[int]] = {a: set() for a in adds}
+    for a, bs in succ.items():
+        for b in bs:
+            pred[b].add(a)
+
+    def one_to_one(a: int) -> int | None:
+        if len(succ[a]) == 1:
+            (b,) = succ[a]
+            if len(pred[b]) == 1:
+                return b
+        return None
+
+    has_prev = {b for a in adds if (b := one_to_one(a)) is not None}
     chains = []
     for a in sorted(adds):
         if a in has_prev:
             continue
         chain = [a]
-        while chain[-1] in nxt and nxt[chain[-1]] not in chain:
-            chain.append(nxt[chain[-1]])
+        while (b := one_to_one(chain[-1])) is not None and b not in chain:
+            chain.append(b)
         chains.append(chain)
-    chains.sort(key=lambda c: (-len(c), c[0]))
-    return chains
+    chains.sort(key=lambda c: c[0])
+    return chains, succ
 
 
 def _branch(
