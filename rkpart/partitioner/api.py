@@ -8,23 +8,25 @@ every stage and ``plan.json`` are written does the staging folder replace ``out`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
-from rkpart.errors import InternalError, OutputExistsError, SpecError
-from rkpart.io import atomic_write_bytes, folder_lock, replace_folder
-from rkpart.partitioner.discovery import Discovery, discover
+from rkpart.errors import InternalError, InvalidModelError, OutputExistsError, SpecError, UserError
+from rkpart.io import atomic_write_bytes, folder_lock, recover_folder, replace_folder
+from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD, boundary, check_stage, extract
-from rkpart.partitioner.graph import ModelGraph, load_model
+from rkpart.partitioner.graph import CONTROL_FLOW_OPS, ModelGraph, load_model
 from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
+from rkpart.recognizers import discover  # recognisers (plugins, scope fallback) around the structural one
 from rkpart.strategies import get_strategy
 from rkpart.strategies.base import Group, Partition
 
@@ -92,7 +94,8 @@ def order_groups(mg: ModelGraph, part: Partition, *, merge_host: bool = True) ->
             out[-1] = OrderedGroup(
                 id=prev.id, device="host", ops=prev.ops | g.ops, region=prev.region if prev.region == g.region
                 else "host", kind="+".join(kinds),
-                block=prev.block if prev.block == g.block else None,
+                # named after the NPU stage it prepares: attribute it to that one's block
+                block=g.block if g.block is not None else prev.block,
                 blocks=tuple(sorted(set(prev.blocks) | set(g.blocks))),
             )
         else:
@@ -118,9 +121,13 @@ def order_groups(mg: ModelGraph, part: Partition, *, merge_host: bool = True) ->
     return final
 
 
-def _prepare_out(out: Path, force: bool) -> None:
+def _prepare_out(out: Path, force: bool, model: Path | None = None) -> None:
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"output {out} exists and is not a folder")
+    if model is not None and out.is_dir():
+        m = model.resolve()
+        if out.resolve() in m.parents:
+            raise OutputExistsError(f"output folder {out} contains the model {model}; choose another folder")
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise OutputExistsError(f"output folder {out} is not empty; use --force to replace it")
@@ -171,9 +178,10 @@ def partition(
     84
     """
     model_path = Path(model)
-    out = Path(out)
+    # absolute: "." or "build/" must still have a name to put the staging folder next to
+    out = Path(os.path.abspath(out))
     strat = get_strategy(strategy)
-    _prepare_out(out, force)
+    _prepare_out(out, force, model_path)
 
     progress(f"loading {model_path}")
     mg = load_model(model_path, input_shapes=input_shapes)
@@ -186,6 +194,8 @@ def partition(
     part = strat.propose(mg, disc, **options)
     groups = order_groups(mg, part)
 
+    _check_control_flow(mg, groups)
+
     model_sha = file_sha256(model_path)
     run_key = hashlib.sha256(json.dumps({
         "model": model_sha, "strategy": part.strategy, "options": _jsonable(part.options),
@@ -193,81 +203,167 @@ def partition(
     }, sort_keys=True).encode()).hexdigest()
 
     staging = out.with_name(f".{out.name}.partial")
-    with folder_lock(staging):
-        key_file = staging / "run.json"
-        if key_file.is_file():
-            try:
-                old = json.loads(key_file.read_text()).get("key")
-            except (OSError, json.JSONDecodeError):
-                old = None
-            if old != run_key:
-                _clear(staging)
-        atomic_write_bytes(key_file, json.dumps({"key": run_key}).encode())
-        stages_dir = staging / "stages"
-        stages_dir.mkdir(exist_ok=True)
-        stages: list[Stage] = []
-        tensors: dict[str, TensorInfo] = {}
-        n = len(groups)
-        for idx, g in enumerate(groups):
-            ins, outs = boundary(mg, g.ops)
-            fname = f"{idx:03d}_{g.id}.onnx"
-            done = stages_dir / f"{fname}.done.json"
-            if done.is_file():
-                try:
-                    info = json.loads(done.read_text())
-                    stage = Stage.from_json(info)
-                    if (stages_dir / fname).is_file():
-                        progress(f"[{idx + 1}/{n}] {g.id}: already written (resumed)")
-                        stages.append(stage)
-                        _add_tensors(mg, tensors, [*ins, *outs])
-                        continue
-                except (OSError, json.JSONDecodeError, KeyError, ValueError):
-                    pass
-            progress(f"[{idx + 1}/{n}] {g.id} ({g.device}, {len(g.ops)} ops)")
-            ex = extract(mg, g.ops, stages_dir / fname, inputs=ins, outputs=outs, name=g.id,
-                         external_threshold=external_threshold,
-                         doc=f"rkpart stage {g.id} ({g.kind}) of {model_path.name}")
-            check_stage(stages_dir / fname)
-            if simplify and g.device == "npu":
-                from rkpart.partitioner.simplify import simplify_stage
-
-                ex = simplify_stage(stages_dir / fname, ex) or ex
-            stage = Stage(
-                id=g.id, device=g.device, file=f"stages/{fname}", inputs=ex.inputs, outputs=ex.outputs,
-                block=g.block, blocks=g.blocks, region=g.region, kind=g.kind, weight_bytes=ex.weight_bytes,
-                io_bytes=ex.io_bytes, sha256=ex.sha256, num_nodes=ex.num_nodes,
-            )
-            atomic_write_bytes(done, json.dumps(stage.to_json(), sort_keys=True).encode())
-            stages.append(stage)
-            _add_tensors(mg, tensors, [*ins, *outs])
-        _add_tensors(mg, tensors, [*mg.inputs, *mg.outputs])
-        plan = Plan(
-            model={"file": model_path.name, "sha256": model_sha, "opset": mg.opset,
-                   "path": str(model_path.resolve()),
-                   "nodes": len(mg.nodes)},
-            strategy={"name": part.strategy, "options": _jsonable(part.options)},
-            inputs=mg.inputs,
-            outputs=mg.outputs,
-            tensors=tensors,
-            stages=tuple(stages),
-            blocks=tuple(disc.summary()) if disc else (),
-            extra={"discovery": disc.method if disc else None, "notes": list(part.notes)},
-        )
-        for f in stages_dir.glob("*.done.json"):
-            f.unlink()
-        key_file.unlink()
-        plan.save(staging)
-    (staging / ".rkpart.lock").unlink(missing_ok=True)
-    replace_folder(staging, out)
+    with folder_lock(staging, what=f"output folder {out}"):
+        try:
+            with _lock_existing(out):
+                recover_folder(out)
+                _prepare_out(out, force, model_path)  # again: another run may have finished meanwhile
+                plan = _write_stages(mg, disc, part, groups, staging, run_key, model_path, model_sha,
+                                     external_threshold, simplify, progress)
+                replace_folder(staging, out)
+        except UserError:
+            # a user error is deterministic (a rerun hits it again): the staging folder is
+            # useless, remove it while it is still ours
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     progress(f"wrote {out / PLAN_FILENAME}: {len(plan.npu_stages)} NPU + {len(plan.host_stages)} host stages")
+    return plan
+
+
+@contextlib.contextmanager
+def _lock_existing(out: Path) -> Iterator[None]:
+    """Lock ``out`` too when it exists, so a compile running on it blocks a ``--force`` replace."""
+    if out.is_dir():
+        with folder_lock(out, what=f"output folder {out}"):
+            yield
+    else:
+        yield
+
+
+def _check_control_flow(mg: ModelGraph, groups: list[OrderedGroup]) -> None:
+    """Refuse control-flow ops before anything is written.
+
+    Their subgraphs read outer-scope tensors implicitly (not through ``node.input``), so a
+    cut cannot see those dependencies and a stage holding one would not be standalone.
+    """
+    for g in groups:
+        for i in sorted(g.ops):
+            n = mg.nodes[i]
+            if n.op_type in CONTROL_FLOW_OPS:
+                raise InvalidModelError(
+                    f"{mg.path.name}: control-flow op {n.op_type} {n.name or i!r} would be cut into stage "
+                    f"{g.id}; rkpart cannot cut around If/Loop/Scan: inline or remove it first "
+                    "(e.g. onnxsim, or export with the condition resolved)"
+                )
+
+
+def _sweep_temp(folder: Path) -> None:
+    """Remove temp files a killed atomic write left behind (``.<name>.<random>.tmp``)."""
+    for p in folder.rglob(".*.tmp"):
+        if p.is_file():
+            p.unlink()
+
+
+def _stage_done(stages_dir: Path, fname: str) -> Stage | None:
+    """The finished stage recorded by a previous (interrupted) run, if its files are intact."""
+    done = stages_dir / f"{fname}.done.json"
+    if not done.is_file() or not (stages_dir / fname).is_file():
+        return None
+    try:
+        stage = Stage.from_json(json.loads(done.read_text()))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+    h = hashlib.sha256((stages_dir / fname).read_bytes())
+    data = stages_dir / f"{fname}.data"
+    if data.is_file():
+        with open(data, "rb") as f:
+            while buf := f.read(1 << 22):
+                h.update(buf)
+    return stage if h.hexdigest() == stage.sha256 else None
+
+
+def _write_stages(
+    mg: ModelGraph,
+    disc: Discovery | None,
+    part: Partition,
+    groups: list[OrderedGroup],
+    staging: Path,
+    run_key: str,
+    model_path: Path,
+    model_sha: str,
+    external_threshold: int,
+    simplify: bool,
+    progress: Progress,
+) -> Plan:
+    """Write every stage and ``plan.json`` into ``staging`` (locked), resuming finished stages.
+
+    Order matters for crash safety: a stage's files are atomic and its ``.done.json`` marker
+    is written after them; ``plan.json`` is written before the markers and ``run.json`` are
+    removed, so a run killed anywhere either resumes or starts over, never trusts half a file.
+    """
+    key_file = staging / "run.json"
+    old = None
+    if key_file.is_file():
+        try:
+            old = json.loads(key_file.read_text()).get("key")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            old = None
+    if old != run_key:
+        # a different run (other model/options) or one killed before it recorded its key:
+        # nothing in the folder can be trusted
+        _clear(staging)
+    _sweep_temp(staging)
+    atomic_write_bytes(key_file, json.dumps({"key": run_key}).encode())
+    stages_dir = staging / "stages"
+    stages_dir.mkdir(exist_ok=True)
+    stages: list[Stage] = []
+    tensors: dict[str, TensorInfo] = {}
+    n = len(groups)
+    for idx, g in enumerate(groups):
+        ins, outs = boundary(mg, g.ops)
+        fname = f"{idx:03d}_{g.id}.onnx"
+        prev = _stage_done(stages_dir, fname)
+        if prev is not None:
+            progress(f"[{idx + 1}/{n}] {g.id}: already written (resumed)")
+            stages.append(prev)
+            _add_tensors(mg, tensors, [*ins, *outs])
+            continue
+        progress(f"[{idx + 1}/{n}] {g.id} ({g.device}, {len(g.ops)} ops)")
+        ex = extract(mg, g.ops, stages_dir / fname, inputs=ins, outputs=outs, name=g.id,
+                     external_threshold=external_threshold,
+                     doc=f"rkpart stage {g.id} ({g.kind}) of {model_path.name}")
+        check_stage(stages_dir / fname)
+        if simplify and g.device == "npu":
+            from rkpart.partitioner.simplify import simplify_stage
+
+            ex = simplify_stage(stages_dir / fname, ex) or ex
+        stage = Stage(
+            id=g.id, device=g.device, file=f"stages/{fname}", inputs=ex.inputs, outputs=ex.outputs,
+            block=g.block, blocks=g.blocks, region=g.region, kind=g.kind, weight_bytes=ex.weight_bytes,
+            io_bytes=ex.io_bytes, sha256=ex.sha256, num_nodes=ex.num_nodes,
+        )
+        atomic_write_bytes(stages_dir / f"{fname}.done.json", json.dumps(stage.to_json(), sort_keys=True).encode())
+        stages.append(stage)
+        _add_tensors(mg, tensors, [*ins, *outs])
+    _add_tensors(mg, tensors, [*mg.inputs, *mg.outputs])
+    plan = Plan(
+        model={"file": model_path.name, "sha256": model_sha, "opset": mg.opset,
+               "path": str(model_path.resolve()),
+               "nodes": len(mg.nodes)},
+        strategy={"name": part.strategy, "options": _jsonable(part.options)},
+        inputs=mg.inputs,
+        outputs=mg.outputs,
+        tensors=tensors,
+        stages=tuple(stages),
+        blocks=tuple(disc.summary()) if disc else (),
+        extra={"discovery": disc.method if disc else None, "notes": list(part.notes)},
+    )
+    plan.save(staging)
+    for f in stages_dir.glob("*.done.json"):
+        f.unlink()
+    key_file.unlink()
+    # files of stages a previous, different partition left (e.g. more stages) are not ours
+    keep = {Path(s.file).name for s in stages} | {f"{Path(s.file).name}.data" for s in stages}
+    for f in stages_dir.iterdir():
+        if f.name not in keep:
+            f.unlink()
+    _sweep_temp(staging)
     return plan
 
 
 def _clear(folder: Path) -> None:
     for p in folder.iterdir():
-        if p.name == ".rkpart.lock":
-            continue
-        if p.is_dir():
+        if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:
             p.unlink()

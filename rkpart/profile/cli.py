@@ -1,0 +1,203 @@
+"""Click command ``rkpart profile``: profile a plan, or compare two profiles.
+
+Thin layer: options become one frozen :class:`ProfileOptions` passed to
+:func:`run_profile`, which calls :func:`rkpart.profile.lifecycle.profile_plan`; the
+command only prints progress (stderr) and the tables (stdout) and picks the exit code.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from rkpart.errors import SpecError, UserError
+from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+BACKENDS = ("ort", "rknn-sim", "rknnlite")
+CORE_MASK_CHOICES = ("auto", "0", "1", "2", "0_1", "0_1_2", "all")
+
+
+def _user_errors(fn: F) -> F:
+    """Print a UserError as one line and exit with its code (also when run without rkpart.cli)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(e.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _check_regex(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise click.BadParameter(f"{value!r} is not a regular expression: {e}") from None
+    return value
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """Everything ``rkpart profile PLAN`` was asked to do."""
+
+    plan: str
+    backend: str
+    output: Path
+    toolkit: str | None = None
+    rounds: int = 3
+    warmup: int = 1
+    cfg: bool = True
+    steps: int = 1
+    residency: str = "per-stage"
+    device_pattern: str | None = DEFAULT_DEVICE_PATTERN
+    core_mask: str = "auto"
+    sample_interval: float = 0.05
+    seed: int = 0
+
+
+def make_backend(name: str, *, toolkit: str | None = None, core_mask: str = "auto") -> Any:
+    """The backend called ``name``; SDK-backed ones are imported only when chosen."""
+    if name == "ort":
+        from rkpart.runtime.ort import OrtBackend
+
+        return OrtBackend()
+    if name == "rknn-sim":
+        from rkpart.runtime.rknn_sim import RknnSimBackend
+
+        return RknnSimBackend(toolkit)
+    if name == "rknnlite":
+        from rkpart.runtime.rknnlite import RknnLiteBackend
+
+        return RknnLiteBackend(core_mask=core_mask, toolkit=toolkit)
+    raise SpecError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def run_profile(opts: ProfileOptions, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Load the plan, profile it and write the records atomically to ``opts.output``."""
+    from rkpart.partitioner.plan import load_plan
+    from rkpart.profile.lifecycle import profile_plan
+    from rkpart.profile.records import write_jsonl
+
+    plan, folder = load_plan(opts.plan)
+    backend = make_backend(opts.backend, toolkit=opts.toolkit, core_mask=opts.core_mask)
+    try:
+        records = profile_plan(
+            plan,
+            folder,
+            backend,
+            rounds=opts.rounds,
+            warmup=opts.warmup,
+            cfg=opts.cfg,
+            steps=opts.steps,
+            residency=opts.residency,
+            seed=opts.seed,
+            device_pattern=opts.device_pattern,
+            sample_interval=opts.sample_interval,
+            progress=progress,
+            plan_file=str(opts.plan),
+        )
+    finally:
+        backend.close()
+    write_jsonl(opts.output, records)
+    return records
+
+
+@click.command("profile")
+@click.argument("plan", required=False, type=click.Path(exists=True))
+@click.option("--backend", type=click.Choice(BACKENDS), default="ort", show_default=True,
+              help="ort: ONNX Runtime anywhere; rknn-sim: toolkit simulator (x86); rknnlite: the board.")
+@click.option("--toolkit", default=None, help="rknn-toolkit2 version (rknn-sim: simulator to use; "
+              "rknnlite: refuse artifacts built by another version).")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Measured rounds.")
+@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Rounds run first and excluded from the summary (recorded with warmup=true).")
+@click.option("--cfg/--no-cfg", default=True, show_default=True,
+              help="Two passes per step (conditional + unconditional) or one.")
+@click.option("--steps", type=click.IntRange(min=1), default=1, show_default=True, help="Denoising steps per round.")
+@click.option("--residency", type=click.Choice(["per-stage", "resident"]), default="per-stage", show_default=True,
+              help="per-stage: load/init/infer/release every stage each pass; resident: load once per round.")
+@click.option("--device-pattern", default=DEFAULT_DEVICE_PATTERN, callback=_check_regex, show_default=True,
+              help="Regex of smaps pathnames counted as NPU device memory.")
+@click.option("--no-device-pss", is_flag=True, help="Do not read device PSS (reads smaps_rollup only).")
+@click.option("--core-mask", type=click.Choice(CORE_MASK_CHOICES), default="auto", show_default=True,
+              help="NPU cores for rknnlite (RKNNLite.NPU_CORE_*).")
+@click.option("--interval", "sample_interval", type=click.FloatRange(min=0), default=0.05, show_default=True,
+              help="Seconds between background memory samples (0: snapshots only).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random plan inputs.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Where to write the JSON Lines records (required with PLAN).")
+@click.option("--compare", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None,
+              metavar="A.jsonl B.jsonl", help="Print the write-up's tables for two profiles side by side.")
+@click.option("--show", type=click.Path(exists=True, dir_okay=False), default=None, metavar="A.jsonl",
+              help="Print the tables of one profile.")
+@click.option("--block", type=int, default=None, help="Report one block instead of the whole plan.")
+@click.option("--quiet", "-q", is_flag=True, help="No per-stage progress lines.")
+@_user_errors
+def profile(
+    plan: str | None,
+    backend: str,
+    toolkit: str | None,
+    rounds: int,
+    warmup: int,
+    cfg: bool,
+    steps: int,
+    residency: str,
+    device_pattern: str | None,
+    no_device_pss: bool,
+    core_mask: str,
+    sample_interval: float,
+    seed: int,
+    output: str | None,
+    compare: tuple[str, str] | None,
+    show: str | None,
+    block: int | None,
+    quiet: bool,
+) -> None:
+    """Profile PLAN's lifecycle latency and memory, or compare two profiles.
+
+    \b
+    rkpart profile build/plan.json --backend ort --rounds 3 -o split.jsonl
+    rkpart profile --compare split.jsonl fused.jsonl
+    """
+    from rkpart.profile import records as rec
+    from rkpart.profile.report import render_compare, render_single
+
+    modes = sum(x is not None for x in (plan, compare, show))
+    if modes != 1:
+        raise click.UsageError("give exactly one of PLAN, --compare A B or --show A")
+    if compare is not None:
+        a_path, b_path = compare
+        a = rec.single_run(rec.read_jsonl(a_path), where=a_path)
+        b = rec.single_run(rec.read_jsonl(b_path), where=b_path)
+        click.echo(render_compare(a, b, names=(a_path, b_path), block=block), nl=False)
+        return
+    if show is not None:
+        recs = rec.single_run(rec.read_jsonl(show), where=show)
+        click.echo(render_single(recs, name=show, block=block), nl=False)
+        return
+    assert plan is not None
+    if output is None:
+        raise click.UsageError("-o/--output OUT.jsonl is required when profiling a plan")
+    opts = ProfileOptions(
+        plan=plan, backend=backend, output=Path(output), toolkit=toolkit, rounds=rounds, warmup=warmup,
+        cfg=cfg, steps=steps, residency=residency, device_pattern=None if no_device_pss else device_pattern,
+        core_mask=core_mask, sample_interval=sample_interval, seed=seed,
+    )
+    say = None if quiet else (lambda m: click.echo(m, err=True))
+    records = run_profile(opts, progress=say)
+    click.echo(render_single(records, name=str(output), block=block), nl=False)
+    click.echo(f"wrote {len(records)} records to {output}", err=True)

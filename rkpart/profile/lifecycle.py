@@ -1,0 +1,419 @@
+"""Run a plan the way the pipeline does and time every lifecycle call.
+
+One *round* is one pipeline run: ``steps`` denoising steps, each with one (``cfg=False``)
+or two (``cfg=True``: conditional, then unconditional) passes through every stage in plan
+order.  Stage outputs flow to later stages by tensor name.
+
+Residency policies (``residency``):
+
+``"per-stage"``
+    For every stage and pass: ``load -> init -> infer -> release``, as the write-up did to
+    stay inside 8 GB.  Every record holds all four timings.
+``"resident"``
+    At the start of the round every non-host stage is loaded and initialised once (in
+    plan order); all passes only infer; at the end of the round every stage is released.
+    The record of a stage's *first* pass of the round (step 0, conditional) holds its
+    ``load_s``/``init_s``; the record of its *last* pass holds ``release_s``; the other
+    fields of those records and of the records in between are ``null`` (not performed in
+    that pass).  Summing a field over a round's records gives the round's total either way.
+
+Host stages (``device == "host"``: AdaLN, residual adds, ...) are host code in the real
+pipeline, loaded once, so they are *always* handled like ``resident`` within a round
+(set up at first use, released at the end of the round), whatever ``residency`` says; they
+run on the host backend (ONNX Runtime) and the report shows them as "Host AdaLN & Residual".
+
+Memory is read by a :class:`~rkpart.profile.memory.Sampler` thread and by synchronous
+snapshots after ``init``, after ``infer`` and after ``release``; the time those reads take
+is reported in ``measurement`` fields and never counted in the lifecycle timings.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rkpart.errors import SpecError
+from rkpart.partitioner.plan import Plan, Stage, stage_order_ok
+from rkpart.profile import records as rec
+from rkpart.profile.memory import MemorySample, Sampler
+from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
+from rkpart.runtime.base import Backend, Feeds, StageRunner
+
+RESIDENCIES = ("per-stage", "resident")
+COND, UNCOND = "cond", "uncond"
+
+#: Inputs that carry the text conditioning; the unconditional pass gets zeros for them.
+UNCOND_INPUT_PATTERN = re.compile(r"encoder_hidden_states|context", re.IGNORECASE)
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class _Op:
+    """Timings and memory of one stage in one pass of one round (becomes one record)."""
+
+    stage: Stage
+    step: int
+    pass_name: str
+    executor: str
+    load_s: float | None = None
+    init_s: float | None = None
+    infer_s: float | None = None
+    release_s: float | None = None
+    spans: list[tuple[float, float]] = field(default_factory=list)  # call start .. snapshot end
+    pss_before_kib: int | None = None
+    pss_after_infer_kib: int | None = None
+    device_pss_kib: int | None = None
+    snapshot_s: float = 0.0
+    snapshots: int = 0
+
+
+def make_inputs(plan: Plan, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random plan inputs: standard normal for floats, zeros for integers and booleans.
+
+    Integers are zeros because they are usually timesteps, indices or masks, where random
+    values can be out of range.
+    """
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name in plan.inputs:
+        info = plan.tensors.get(name)
+        if info is None:
+            raise SpecError(f"plan input {name!r} has no entry in plan.tensors; pass inputs explicitly")
+        dt = np.dtype(info.dtype)
+        if dt.kind == "f":
+            out[name] = rng.standard_normal(info.shape).astype(dt)
+        else:
+            out[name] = np.zeros(info.shape, dtype=dt)
+    return out
+
+
+def unconditional_inputs(inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Inputs of the unconditional pass and the names that were changed.
+
+    Inputs whose name matches :data:`UNCOND_INPUT_PATTERN` (``encoder_hidden_states``,
+    ``context``, ...) are replaced by zeros, like an empty prompt's embedding; if no input
+    matches, the unconditional pass reuses the conditional inputs unchanged (it then costs
+    the same, which is what the profile measures).
+    """
+    names = sorted(n for n in inputs if UNCOND_INPUT_PATTERN.search(n))
+    out = dict(inputs)
+    for n in names:
+        out[n] = np.zeros_like(inputs[n])
+    return out, names
+
+
+def profile_plan(
+    plan: Plan,
+    folder: str | Path,
+    backend: Backend,
+    rounds: int = 3,
+    warmup: int = 1,
+    cfg: bool = True,
+    steps: int = 1,
+    residency: str = "per-stage",
+    inputs: Mapping[str, np.ndarray] | None = None,
+    seed: int = 0,
+    *,
+    device_pattern: str | None = DEFAULT_DEVICE_PATTERN,
+    sample_interval: float = 0.05,
+    host_backend: Backend | None = None,
+    progress: Progress | None = None,
+    plan_file: str | None = None,
+) -> list[dict[str, Any]]:
+    """Profile ``plan`` and return its records (stage records, round records, one summary).
+
+    Parameters
+    ----------
+    plan, folder
+        The plan and the folder its stage files are relative to.
+    backend
+        Runs every non-host stage; stages with ``device == "host"`` run on
+        ``host_backend`` (default: ONNX Runtime).
+    rounds, warmup
+        Measured rounds, and rounds run before them whose records carry ``"warmup": true``
+        and are left out of the summary.
+    cfg, steps
+        Two passes per step (conditional, unconditional) or one; number of steps.
+    residency
+        ``"per-stage"`` or ``"resident"`` (see the module docstring).
+    inputs, seed
+        Plan inputs of the conditional pass; default :func:`make_inputs` with ``seed``.
+    device_pattern
+        Regex of NPU device mapping pathnames, or ``None`` to skip device PSS.
+    sample_interval
+        Seconds between background memory samples (``0``: snapshots only).
+    progress
+        Called with one line of text per stage and pass.
+    plan_file
+        Path recorded as the plan's file (informative).
+
+    Returns
+    -------
+    list[dict]
+        JSON-ready records in run order, valid against ``profile_record.schema.json``.
+
+    Raises
+    ------
+    ValueError
+        On bad arguments.
+    SpecError
+        When a stage reads a tensor no earlier stage or plan input provides.
+    """
+    if residency not in RESIDENCIES:
+        raise ValueError(f"residency must be one of {', '.join(RESIDENCIES)}; got {residency!r}")
+    if rounds < 1 or warmup < 0 or steps < 1:
+        raise ValueError(f"need rounds >= 1, warmup >= 0, steps >= 1; got {rounds}, {warmup}, {steps}")
+    problem = stage_order_ok(plan.stages, plan.inputs)
+    if problem:
+        raise SpecError(f"plan cannot run in order: {problem}")
+    folder = Path(folder)
+    if host_backend is None:
+        from rkpart.runtime.ort import OrtBackend
+
+        host_backend = OrtBackend()
+    say = progress or (lambda _msg: None)
+
+    cond = dict(inputs) if inputs is not None else make_inputs(plan, seed)
+    missing = [n for n in plan.inputs if n not in cond]
+    if missing:
+        raise SpecError(f"no value for plan input {missing[0]!r}")
+    passes: dict[str, dict[str, np.ndarray]] = {COND: cond}
+    uncond_names: list[str] = []
+    if cfg:
+        passes[UNCOND], uncond_names = unconditional_inputs(cond)
+
+    settings = {
+        "backend": backend.name,
+        "host_backend": host_backend.name,
+        "rounds": rounds,
+        "warmup": warmup,
+        "cfg": cfg,
+        "steps": steps,
+        "residency": residency,
+        "seed": seed,
+        "inputs": "given" if inputs is not None else "random",
+        "uncond_inputs": uncond_names,
+        "device_pattern": device_pattern,
+        "sample_interval_s": sample_interval,
+    }
+    header = rec.record_header(
+        env=rec.collect_environment(backend, host_backend),
+        settings=settings,
+        plan=rec.plan_identity(plan, plan_file),
+    )
+
+    records: list[dict[str, Any]] = []
+    total = warmup + rounds
+    with Sampler(sample_interval, device_pattern=device_pattern) as sampler:
+        for r in range(total):
+            is_warm = r < warmup
+            label = f"round {r + 1}/{total}" + (" (warm-up)" if is_warm else "")
+            runner = _RoundRunner(plan, folder, backend, host_backend, sampler, residency, say, label)
+            ops, round_info = runner.run(steps, passes)
+            for op in ops:
+                records.append(_stage_record(header, op, r, is_warm, sampler))
+            records.append(_round_record(header, r, is_warm, round_info, sampler))
+    records.append(rec.summary_record(header, records))
+    return records
+
+
+class _RoundRunner:
+    """Executes one round; kept as an object so the bookkeeping is not a dozen locals."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        folder: Path,
+        backend: Backend,
+        host_backend: Backend,
+        sampler: Sampler,
+        residency: str,
+        say: Progress,
+        label: str,
+    ) -> None:
+        self.plan = plan
+        self.folder = folder
+        self.backend = backend
+        self.host_backend = host_backend
+        self.sampler = sampler
+        self.residency = residency
+        self.say = say
+        self.label = label
+        self.last: MemorySample | None = None
+        self.live: dict[str, StageRunner] = {}
+
+    def _is_host(self, stage: Stage) -> bool:
+        # Host stages always run on the host backend, even when the backend under test
+        # could run them, so that "host" means the same thing in every profile.
+        return stage.device == "host"
+
+    def _backend_for(self, stage: Stage) -> Backend:
+        return self.host_backend if self._is_host(stage) else self.backend
+
+    def _snap(self, op: _Op, t_call: float) -> MemorySample:
+        s = self.sampler.snapshot()
+        op.snapshot_s += s.cost_s
+        op.snapshots += 1
+        op.spans.append((t_call, s.t + s.cost_s))
+        self.last = s
+        return s
+
+    def _call(self, op: _Op, what: str, fn: Callable[[], Any], *, snap: bool) -> Any:
+        if op.pss_before_kib is None and self.last is not None:
+            op.pss_before_kib = self.last.pss_kib
+        t0 = time.perf_counter()
+        out = fn()
+        t1 = time.perf_counter()
+        setattr(op, f"{what}_s", (getattr(op, f"{what}_s") or 0.0) + (t1 - t0))
+        if snap:
+            s = self._snap(op, t0)
+            if what == "infer":
+                op.pss_after_infer_kib = s.pss_kib
+                op.device_pss_kib = s.device_pss_kib
+        else:
+            op.spans.append((t0, t1))
+        return out
+
+    def _setup(self, op: _Op) -> StageRunner:
+        runner = self._backend_for(op.stage).runner(op.stage, self.folder)
+        try:
+            self._call(op, "load", runner.load, snap=False)
+            self._call(op, "init", runner.init, snap=True)
+        except BaseException:
+            runner.release()
+            raise
+        return runner
+
+    def run(self, steps: int, passes: Mapping[str, Mapping[str, np.ndarray]]) -> tuple[list[_Op], dict[str, Any]]:
+        t_start = time.perf_counter()
+        snap0_s, snaps0, thread0, ticks0 = (
+            self.sampler.snapshot_s,
+            self.sampler.snapshots,
+            self.sampler.thread_s,
+            self.sampler.ticks,
+        )
+        self.last = self.sampler.snapshot()
+        ops: dict[tuple[str, int, str], _Op] = {}
+        order = [(step, p) for step in range(steps) for p in passes]
+        for step, p in order:
+            for stage in self.plan.stages:
+                ops[(stage.id, step, p)] = _Op(stage, step, p, self._backend_for(stage).name)
+        first, last = order[0], order[-1]
+        try:
+            if self.residency == "resident":
+                for stage in self.plan.stages:
+                    if not self._is_host(stage):
+                        self.live[stage.id] = self._setup(ops[(stage.id, *first)])
+            for step, p in order:
+                values: dict[str, np.ndarray] = dict(passes[p])
+                for stage in self.plan.stages:
+                    op = ops[(stage.id, step, p)]
+                    values.update(self._run_stage(op, values))
+                    self.say(f"{self.label} step {step} {p}: {stage.id} ({op.executor}) {_fmt(op)}")
+        finally:
+            # Release everything still alive even when a stage failed, so a failed profile
+            # does not leave NPU contexts behind.
+            held = list(self.live.items())
+            self.live.clear()
+            for sid, runner in held:
+                self._call(ops[(sid, *last)], "release", runner.release, snap=False)
+        if held:
+            # One reading after the end-of-round releases, charged to the last released stage.
+            self._snap(ops[(held[-1][0], *last)], time.perf_counter())
+        t_end = time.perf_counter()
+        info = {
+            "t0": t_start,
+            "t1": t_end,
+            "snapshot_s": self.sampler.snapshot_s - snap0_s,
+            "snapshots": self.sampler.snapshots - snaps0,
+            "sampler_s": self.sampler.thread_s - thread0,
+            "ticks": self.sampler.ticks - ticks0,
+        }
+        return list(ops.values()), info
+
+    def _run_stage(self, op: _Op, values: Feeds) -> Feeds:
+        stage = op.stage
+        resident = self._is_host(stage) or self.residency == "resident"
+        if resident:
+            live = self.live.get(stage.id)
+            if live is None:  # host stages are set up at first use
+                live = self.live[stage.id] = self._setup(op)
+            held: Feeds = self._call(op, "infer", lambda: live.infer(values), snap=True)
+            return held
+        runner = self._setup(op)
+        try:
+            out: Feeds = self._call(op, "infer", lambda: runner.infer(values), snap=True)
+        except BaseException:
+            runner.release()
+            raise
+        self._call(op, "release", runner.release, snap=True)
+        return out
+
+
+def _fmt(op: _Op) -> str:
+    parts = [f"{k} {v:.4f}s" for k, v in (("load", op.load_s), ("init", op.init_s),
+                                           ("infer", op.infer_s), ("release", op.release_s)) if v is not None]
+    return ", ".join(parts)
+
+
+def _stage_record(header: Mapping[str, Any], op: _Op, rnd: int, warm: bool, sampler: Sampler) -> dict[str, Any]:
+    peaks = sampler.peaks(op.spans)
+    return rec.stage_record(
+        header,
+        stage=op.stage,
+        executor=op.executor,
+        round_index=rnd,
+        warmup=warm,
+        step=op.step,
+        pass_name=op.pass_name,
+        timings={
+            "load_s": op.load_s,
+            "init_s": op.init_s,
+            "infer_s": op.infer_s,
+            "release_s": op.release_s,
+            "wall_s": sum(b - a for a, b in op.spans),
+        },
+        memory={
+            "pss_before_kib": op.pss_before_kib,
+            "pss_peak_kib": peaks.pss_kib,
+            "pss_after_infer_kib": op.pss_after_infer_kib,
+            "device_pss_kib": op.device_pss_kib,
+            "device_pss_peak_kib": peaks.device_pss_kib,
+            "swap_new_kib": sampler.new_swap_kib(peaks.swap_used_kib),
+            "samples": peaks.samples,
+        },
+        measurement={"snapshot_s": op.snapshot_s, "snapshots": op.snapshots},
+    )
+
+
+def _round_record(
+    header: Mapping[str, Any], rnd: int, warm: bool, info: Mapping[str, Any], sampler: Sampler
+) -> dict[str, Any]:
+    peaks = sampler.peaks([(info["t0"], info["t1"])])
+    wall = info["t1"] - info["t0"]
+    return rec.round_record(
+        header,
+        round_index=rnd,
+        warmup=warm,
+        wall_s=wall,
+        memory={
+            "pss_peak_kib": peaks.pss_kib,
+            "device_pss_peak_kib": peaks.device_pss_kib,
+            "swap_new_kib": sampler.new_swap_kib(peaks.swap_used_kib),
+            "samples": peaks.samples,
+        },
+        measurement={
+            "snapshot_s": info["snapshot_s"],
+            "snapshots": info["snapshots"],
+            "sampler_s": info["sampler_s"],
+            "ticks": info["ticks"],
+            "wall_minus_snapshots_s": wall - info["snapshot_s"],
+        },
+    )

@@ -1,0 +1,428 @@
+"""Profile records: construction, environment, JSON Lines I/O, schema validation, aggregation.
+
+A profile file is JSON Lines, one object per line, in run order:
+
+* ``"record": "stage"``: one per stage x round x pass (step and CFG pass);
+* ``"record": "round"``: one per round (wall time, whole-run memory, measurement cost);
+* ``"record": "summary"``: one at the end: medians and spread over the measured rounds.
+
+Every record repeats ``env``, ``settings`` and ``plan`` so that a single line is
+self-describing for the cost model.  The schema is ``rkpart/data/profile_record.schema.json``
+and is documented in ``docs/profile.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from rkpart.errors import SpecError
+from rkpart.io import atomic_write_bytes
+from rkpart.partitioner.plan import Plan, Stage
+from rkpart.runtime.base import Backend
+
+RECORD_FORMAT = "rkpart-profile"
+RECORD_VERSION = 1
+
+#: Time components of the comparison table, in table order.  ``host_s`` is the whole time
+#: of host stages; the others cover non-host (NPU) stages only.
+TIME_COMPONENTS = ("load_s", "init_s", "infer_s", "release_s", "host_s", "net_s", "wall_s", "measurement_s")
+MEMORY_COMPONENTS = ("device_pss_kib", "pss_peak_kib", "swap_new_kib")
+LIFECYCLE = ("load_s", "init_s", "infer_s", "release_s")
+
+
+# -- environment ---------------------------------------------------------------------------
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace").replace("\x00", " ").strip() or None
+    except OSError:
+        return None
+
+
+def _cpu_model() -> str:
+    text = _read_text("/proc/cpuinfo") or ""
+    # x86 has "model name"; aarch64 kernels have no model name, only part numbers, so the
+    # board's device-tree model is the better description there (see _board).
+    for key in ("model name", "Hardware", "Processor", "cpu model"):
+        for line in text.splitlines():
+            k, sep, v = line.partition(":")
+            if sep and k.strip() == key and v.strip():
+                return v.strip()
+    parts = sorted({ln.partition(":")[2].strip() for ln in text.splitlines() if ln.startswith("CPU part")})
+    if parts:
+        return f"{platform.machine()} (CPU parts {', '.join(parts)})"
+    return platform.processor() or platform.machine()
+
+
+#: Where RKNPU kernel drivers publish their version (debugfs needs root and a mounted debugfs).
+RKNPU_VERSION_FILES = (
+    "/sys/kernel/debug/rknpu/version",
+    "/proc/debug/rknpu/version",
+    "/sys/module/rknpu/version",
+)
+
+
+def _rknpu_driver() -> str | None:
+    for p in RKNPU_VERSION_FILES:
+        v = _read_text(p)
+        if v:
+            return v
+    return None
+
+
+def collect_environment(backend: Backend, host_backend: Backend | None = None) -> dict[str, Any]:
+    """Versions and machine facts recorded with every measurement.
+
+    Backends contribute through :meth:`Backend.describe` (runtime / toolkit versions); the
+    rest is read from the machine where readable, ``None`` otherwise.
+    """
+    import numpy as np
+
+    import rkpart
+
+    mem = _read_text("/proc/meminfo") or ""
+    mem_total = next((int(ln.split()[1]) for ln in mem.splitlines() if ln.startswith("MemTotal:")), None)
+    env: dict[str, Any] = {
+        "backend": backend.describe(),
+        "host_backend": host_backend.describe() if host_backend is not None else None,
+        "rkpart": rkpart.__version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "machine": platform.machine(),
+        "kernel": platform.release(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "board": _read_text("/proc/device-tree/model"),
+        "soc": _read_text("/proc/device-tree/compatible"),
+        "mem_total_kib": mem_total,
+        "rknpu_driver": _rknpu_driver(),
+    }
+    return env
+
+
+def plan_identity(plan: Plan, plan_file: str | None = None) -> dict[str, Any]:
+    """What identifies the profiled plan: its JSON's hash, strategy and model."""
+    return {
+        "file": plan_file,
+        "sha256": hashlib.sha256(plan.dumps().encode()).hexdigest(),
+        "strategy": str(plan.strategy.get("name", "")),
+        "model_sha256": plan.model.get("sha256"),
+        "stages": len(plan.stages),
+    }
+
+
+def record_header(env: Mapping[str, Any], settings: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+    """Fields shared by every record of one run, including a run id derived from them."""
+    body = json.dumps({"env": env, "settings": settings, "plan": plan}, sort_keys=True)
+    # The run id only groups records of one run; the start time keeps two otherwise
+    # identical runs apart.
+    import time
+
+    run_id = hashlib.sha256(f"{body}{time.time_ns()}".encode()).hexdigest()[:16]
+    return {
+        "format": RECORD_FORMAT,
+        "version": RECORD_VERSION,
+        "run_id": run_id,
+        "env": dict(env),
+        "settings": dict(settings),
+        "plan": dict(plan),
+    }
+
+
+def stage_identity(stage: Stage, strategy: str, executor: str, host_name: str) -> dict[str, Any]:
+    art = stage.artifact("rknn") if executor != host_name else None
+    return {
+        "id": stage.id,
+        "sha256": stage.sha256,
+        "block": stage.block,
+        "blocks": list(stage.blocks),
+        "region": stage.region,
+        "kind": stage.kind,
+        "strategy": strategy,
+        "device": stage.device,
+        "executor": executor,
+        "file": stage.file,
+        "weight_bytes": stage.weight_bytes,
+        "io_bytes": stage.io_bytes,
+        "artifact": None
+        if art is None
+        else {
+            "kind": art.kind,
+            "file": art.file,
+            "toolkit": art.toolkit,
+            "target": art.target,
+            "sha256": art.sha256,
+            "size_bytes": art.size_bytes,
+        },
+    }
+
+
+def stage_record(
+    header: Mapping[str, Any],
+    *,
+    stage: Stage,
+    executor: str,
+    round_index: int,
+    warmup: bool,
+    step: int,
+    pass_name: str,
+    timings: Mapping[str, float | None],
+    memory: Mapping[str, int | None],
+    measurement: Mapping[str, float | int],
+) -> dict[str, Any]:
+    settings = header["settings"]
+    return {
+        **header,
+        "record": "stage",
+        "stage": stage_identity(stage, header["plan"]["strategy"], executor, settings.get("host_backend", "ort")),
+        "round": round_index,
+        "warmup": warmup,
+        "step": step,
+        "pass": pass_name,
+        # Host stages are host code in the pipeline: always resident (see lifecycle.py).
+        "residency": "resident" if stage.device == "host" else settings["residency"],
+        "timings": dict(timings),
+        "memory": dict(memory),
+        "measurement": dict(measurement),
+    }
+
+
+def round_record(
+    header: Mapping[str, Any],
+    *,
+    round_index: int,
+    warmup: bool,
+    wall_s: float,
+    memory: Mapping[str, int | None],
+    measurement: Mapping[str, float | int],
+) -> dict[str, Any]:
+    return {
+        **header,
+        "record": "round",
+        "round": round_index,
+        "warmup": warmup,
+        "timings": {"wall_s": wall_s},
+        "memory": dict(memory),
+        "measurement": dict(measurement),
+    }
+
+
+# -- aggregation ---------------------------------------------------------------------------
+def _in_block(r: Mapping[str, Any], block: int | None) -> bool:
+    if block is None:
+        return True
+    st = r["stage"]
+    return bool(st["block"] == block or block in st.get("blocks", ()))
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    if b is None:
+        return a
+    return b if a is None else a + b
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    if b is None:
+        return a
+    return b if a is None else max(a, b)
+
+
+def round_totals(records: Iterable[Mapping[str, Any]], block: int | None = None) -> dict[int, dict[str, Any]]:
+    """Per measured round: the table's components summed over stages and passes.
+
+    With ``block=None`` (whole plan) the measured wall time, measurement cost and memory
+    come from the round records; for one block they come from that block's stage records
+    (wall = sum of the stage records' ``wall_s``, memory = maxima over them).
+    """
+    recs = list(records)
+    out: dict[int, dict[str, Any]] = {}
+    for r in recs:
+        if r.get("record") != "stage" or r.get("warmup") or not _in_block(r, block):
+            continue
+        t = out.setdefault(r["round"], _empty_round())
+        tim, mem = r["timings"], r["memory"]
+        if r["stage"]["device"] == "host":
+            for k in LIFECYCLE:
+                t["host_s"] = _add(t["host_s"], tim.get(k))
+        else:
+            for k in LIFECYCLE:
+                t[k] = _add(t[k], tim.get(k))
+        if block is not None:
+            t["wall_s"] = _add(t["wall_s"], tim.get("wall_s"))
+            t["measurement_s"] = _add(t["measurement_s"], r["measurement"].get("snapshot_s"))
+            t["device_pss_kib"] = _max(t["device_pss_kib"], mem.get("device_pss_peak_kib"))
+            t["pss_peak_kib"] = _max(t["pss_peak_kib"], mem.get("pss_peak_kib"))
+            t["swap_new_kib"] = _max(t["swap_new_kib"], mem.get("swap_new_kib"))
+    if block is None:
+        for r in recs:
+            if r.get("record") != "round" or r.get("warmup") or r["round"] not in out:
+                continue
+            t = out[r["round"]]
+            t["wall_s"] = r["timings"]["wall_s"]
+            t["measurement_s"] = r["measurement"].get("snapshot_s")
+            t["device_pss_kib"] = r["memory"].get("device_pss_peak_kib")
+            t["pss_peak_kib"] = r["memory"].get("pss_peak_kib")
+            t["swap_new_kib"] = r["memory"].get("swap_new_kib")
+    for t in out.values():
+        parts = [t[k] for k in (*LIFECYCLE, "host_s")]
+        t["net_s"] = sum(p for p in parts if p is not None)
+        for k in (*LIFECYCLE, "host_s"):
+            if t[k] is None:
+                t[k] = 0.0
+    return dict(sorted(out.items()))
+
+
+def _empty_round() -> dict[str, Any]:
+    return {k: None for k in (*TIME_COMPONENTS, *MEMORY_COMPONENTS)}
+
+
+def spread(values: Sequence[float | int | None]) -> dict[str, Any]:
+    """Median, min, max and ``spread = max - min`` of the non-null values (``None`` if none)."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return {"median": None, "min": None, "max": None, "spread": None, "n": 0}
+    return {
+        "median": statistics.median(vals),
+        "min": min(vals),
+        "max": max(vals),
+        "spread": max(vals) - min(vals),
+        "n": len(vals),
+    }
+
+
+def aggregate(records: Iterable[Mapping[str, Any]], block: int | None = None) -> dict[str, dict[str, Any]]:
+    """Median and spread over measured rounds of every table component (see :func:`round_totals`)."""
+    per_round = round_totals(records, block)
+    return {k: spread([t[k] for t in per_round.values()]) for k in (*TIME_COMPONENTS, *MEMORY_COMPONENTS)}
+
+
+def passes_per_round(records: Iterable[Mapping[str, Any]]) -> int:
+    """Steps x passes of the run (the table's "Inference (xN)")."""
+    for r in records:
+        s = r.get("settings")
+        if s:
+            return int(s["steps"]) * (2 if s["cfg"] else 1)
+    return 0
+
+
+def summary_record(header: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The closing record: rounds used, plan totals and per-stage medians over measured rounds."""
+    rounds = sorted({r["round"] for r in records if r.get("record") == "round"})
+    warm = sorted({r["round"] for r in records if r.get("record") == "round" and r["warmup"]})
+    stages: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in records:
+        if r.get("record") != "stage" or r["warmup"]:
+            continue
+        per = stages.setdefault(r["stage"]["id"], {}).setdefault(
+            r["round"], {**{k: None for k in LIFECYCLE}, "device_pss_kib": None, "pss_peak_kib": None}
+        )
+        for k in LIFECYCLE:
+            per[k] = _add(per[k], r["timings"].get(k))
+        per["device_pss_kib"] = _max(per["device_pss_kib"], r["memory"].get("device_pss_peak_kib"))
+        per["pss_peak_kib"] = _max(per["pss_peak_kib"], r["memory"].get("pss_peak_kib"))
+    return {
+        **header,
+        "record": "summary",
+        "rounds_measured": [r for r in rounds if r not in warm],
+        "warmup_rounds": warm,
+        "passes_per_round": passes_per_round([header]),
+        "totals": aggregate(records),
+        "stages": [
+            {
+                "id": sid,
+                **{
+                    k: spread([v[k] for v in per_round.values()])
+                    for k in (*LIFECYCLE, "device_pss_kib", "pss_peak_kib")
+                },
+            }
+            for sid, per_round in stages.items()
+        ],
+    }
+
+
+# -- schema and I/O ------------------------------------------------------------------------
+@cache
+def record_schema() -> dict[str, Any]:
+    """The JSON Schema of profile records (``rkpart/data/profile_record.schema.json``)."""
+    text = resources.files("rkpart").joinpath("data/profile_record.schema.json").read_text()
+    return dict(json.loads(text))
+
+
+@cache
+def _validator() -> Any:
+    import jsonschema
+
+    schema = record_schema()
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def validate_record(record: Mapping[str, Any], *, where: str = "record") -> None:
+    """Raise :class:`SpecError` (one line) if ``record`` does not match the schema."""
+    err = next(iter(sorted(_validator().iter_errors(record), key=lambda e: list(e.path))), None)
+    if err is not None:
+        path = "/".join(str(p) for p in err.absolute_path) or "(top)"
+        raise SpecError(f"{where}: invalid profile record at {path}: {err.message}")
+
+
+def validate_records(records: Iterable[Mapping[str, Any]], *, where: str = "profile") -> None:
+    """Validate every record; the error names the line (1-based)."""
+    for i, r in enumerate(records, 1):
+        validate_record(r, where=f"{where} line {i}")
+
+
+def dumps_jsonl(records: Iterable[Mapping[str, Any]]) -> str:
+    """One compact JSON object per line, keys sorted (stable, diff-friendly)."""
+    return "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records)
+
+
+def write_jsonl(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any]]) -> Path:
+    """Validate and atomically write ``records`` to ``path``."""
+    validate_records(records, where=str(path))
+    atomic_write_bytes(path, dumps_jsonl(records).encode())
+    return Path(path)
+
+
+def read_jsonl(path: str | os.PathLike[str], *, validate: bool = True) -> list[dict[str, Any]]:
+    """Read a profile file; :class:`SpecError` if it is missing, not JSON Lines or invalid."""
+    p = Path(path)
+    try:
+        lines = p.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"cannot read profile {p}: {e.strerror if isinstance(e, OSError) else e}") from None
+    out: list[dict[str, Any]] = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SpecError(f"{p} line {i}: not JSON ({e.msg})") from None
+        if validate:
+            validate_record(obj, where=f"{p} line {i}")
+        out.append(obj)
+    if not out:
+        raise SpecError(f"{p} holds no profile records")
+    return out
+
+
+def single_run(records: Sequence[Mapping[str, Any]], *, where: str, run_id: str | None = None) -> list[dict[str, Any]]:
+    """The records of one run; a file with several runs needs ``run_id``."""
+    ids = list(dict.fromkeys(r["run_id"] for r in records))
+    if run_id is None:
+        if len(ids) > 1:
+            raise SpecError(f"{where} holds {len(ids)} runs ({', '.join(ids)}); choose one with --run")
+        run_id = ids[0]
+    elif run_id not in ids:
+        raise SpecError(f"{where} has no run {run_id!r}; runs: {', '.join(ids)}")
+    return [dict(r) for r in records if r["run_id"] == run_id]
