@@ -6,23 +6,32 @@ The algorithm works on graph structure; exporter names only number the blocks.
    ``s`` is an ancestor of ``b`` and ``s`` has another consumer: the skip connection of
    ``x = x + f(x)``.  (RoPE's ``q*cos + rot(q)*sin`` and AdaLN's ``+ shift`` are not: neither
    operand is an ancestor of the other.)
-2. **Streams.**  Residual adds chain when one's output is the next one's skip (through
-   reshape-like ops).  Maximal chains are the residual streams: one for a DiT, two (image
-   and text) for dual-stream blocks, and another one after a concat (Flux single blocks).
+2. **Streams.**  Residual adds link when one's output reaches the next one's skip through
+   data-movement ops only (reshapes, and the concat / slice with which Flux single blocks
+   join and split the image and text streams).  Runs of one-to-one links are the residual
+   streams: one for a DiT, two (image and text) for dual-stream blocks, and another one
+   after they merge.  Streams running side by side form a *phase*; a text stream is one
+   computed without the model's first (latent) input.
 3. **Branches.**  A branch is everything stream-dependent that feeds ``b`` without going
    back through a stream tensor.  Branches that share ops (joint attention of two streams)
    form one region.
 4. **Side ops** (not stream-dependent: timestep embedding, modulation, RoPE tables,
-   context projections) belong to the one branch or block they feed, or else are shared.
-   This is why a RoPE table that TorchScript names after block 0 still ends up shared.
+   context projections) belong to the one branch or block they feed, or else are shared
+   (prologue).  This is why a computation that TorchScript names after block 0 but every
+   block reads still ends up shared.  Whatever a stream start is computed from (patch
+   embedding, context embedder) is prologue too.
 5. **Blocks.**  Regions are grouped into blocks by the exporter's module scopes
-   (``/transformer_blocks.3/...`` or dynamo ``name_scopes`` metadata) when those number the
-   regions consistently, else by the period of the regions' structural signatures.
+   (``/transformer_blocks.3/...`` or dynamo ``name_scopes`` / ``namespace`` metadata) when
+   those number the regions consistently, else by the period of the region names in each
+   phase (a last block that is cut short, like SD3's ``context_pre_only``, still counts).
 6. **Inside a branch.**  ``pre`` (normalisation + modulation, i.e. AdaLN) is what lies
    between the skip tensor and the first weighted ops; ``gate`` is a trailing ``Mul`` by a
    side value; ``core`` is the rest.  A core with a MatMul of two activations is attention
-   (self, cross or joint by where its operands come from) — Softmax is neither necessary
-   nor sufficient; a core with two or more weighted ops and no such MatMul is an FFN.
+   -- Softmax is neither necessary (linear attention) nor sufficient (a softmax gate):
+   cross-attention when an operand comes from outside the streams, joint when the core
+   reads another stream, parallel (``attn_mlp``) when a weighted op runs beside the
+   attention from the same norm (Flux single blocks).  A core with two or more weighted
+   ops and no such MatMul is an FFN.
 """
 
 from __future__ import annotations
@@ -31,8 +40,6 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-
-import networkx as nx
 
 from rkpart.errors import DiscoveryError
 from rkpart.partitioner.graph import PASS_THROUGH_OPS, ModelGraph
@@ -160,14 +167,9 @@ def _bits(s: Iterable[int]) -> int:
 
 
 def _unbits(v: int) -> frozenset[int]:
-    out = []
-    i = 0
-    while v:
-        if v & 1:
-            out.append(i)
-        v >>= 1
-        i += 1
-    return frozenset(out)
+    # bin() walks the int in C; a Python loop over 10k bits per branch would dominate discovery
+    s = bin(v)[:1:-1]
+    return frozenset(i for i, ch in enumerate(s) if ch == "1")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,7 +227,9 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
     before = 0
     for t in starts:
         p = mg.producer.get(t)
-        if p is not None and p not in mg.const_ops:
+        # a stream that starts from other streams (a concat of image and text) is computed
+        # by the blocks before it, not by the prologue
+        if p is not None and p not in mg.const_ops and not dep >> p & 1:
             before |= reach.anc[p] | (1 << p)
     before &= ~dep
     # stream tensors: every chain's skip inputs and outputs
@@ -277,7 +281,7 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
         feeds[i] = f
 
     # Group regions into blocks.
-    region_list = _name_regions(mg, regions_ops, dep, stream_tensors, txt, phases)
+    region_list = _name_regions(mg, regions_ops, dep, stream_tensors, txt, phases, reach)
     grouping, method, scopes = _group_blocks(mg, region_list, phases)
     region_block: dict[int, int] = {}
     for bi, members in enumerate(grouping):
@@ -393,10 +397,6 @@ def _phases(chains: list[list[int]]) -> list[int]:
     return phase
 
 
-def _feeds_any(mg: ModelGraph, i: int, targets: frozenset[int]) -> bool:
-    return any(d in targets for d in nx.descendants(mg.ops, i))
-
-
 def _residual_adds(mg: ModelGraph, reach: _Reach) -> dict[int, str]:
     """Residual ``Add`` ops -> their skip tensor."""
     out: dict[int, str] = {}
@@ -471,19 +471,19 @@ def _chains(mg: ModelGraph, adds: dict[int, str]) -> tuple[list[list[int]], dict
 
     def one_to_one(a: int) -> int | None:
         if len(succ[a]) == 1:
-            (b,) = succ[a]
-            if len(pred[b]) == 1:
-                return b
+            (nxt,) = succ[a]
+            if len(pred[nxt]) == 1:
+                return nxt
         return None
 
-    has_prev = {b for a in adds if (b := one_to_one(a)) is not None}
+    has_prev = {n for a in adds if (n := one_to_one(a)) is not None}
     chains = []
     for a in sorted(adds):
         if a in has_prev:
             continue
         chain = [a]
-        while (b := one_to_one(chain[-1])) is not None and b not in chain:
-            chain.append(b)
+        while (n := one_to_one(chain[-1])) is not None and n not in chain:
+            chain.append(n)
         chains.append(chain)
     chains.sort(key=lambda c: c[0])
     return chains, succ
@@ -583,25 +583,44 @@ class _RegionInfo:
     adaln: str
     first_add: int
     signature: tuple[object, ...]
+    phase: int
 
 
-def _attention_kind(mg: ModelGraph, core: frozenset[int], dep: int, n_streams: int) -> str | None:
+def _score_matmuls(mg: ModelGraph, core: frozenset[int]) -> list[int]:
+    """MatMuls of two activations: attention scores / values (softmax or linear attention)."""
+    return [i for i in sorted(core) if mg.nodes[i].op_type in ("MatMul", "Einsum") and len(mg.dyn_inputs(i)) >= 2]
+
+
+def _attention_kind(mg: ModelGraph, core: frozenset[int], dep: int) -> str | None:
+    """``self_attention``, ``cross_attention`` or ``None``.
+
+    Attention is a MatMul of two activations (Softmax is neither necessary -- linear
+    attention -- nor sufficient -- a softmax gate); it is cross-attention when one operand
+    comes from outside the streams (the text context).
+    """
     for i in sorted(core):
         if mg.nodes[i].op_type in ATTENTION_OPS:
             return "self_attention"
     found = None
-    for i in sorted(core):
-        n = mg.nodes[i]
-        if n.op_type not in ("MatMul", "Einsum"):
-            continue
-        dyn = mg.dyn_inputs(i)
-        if len(dyn) < 2:
-            continue
-        srcs = [mg.producer.get(t) for t in dyn]
-        if any(s is not None and not dep >> s & 1 for s in srcs):
+    for i in _score_matmuls(mg, core):
+        srcs = [mg.producer.get(t) for t in mg.dyn_inputs(i)]
+        if any(s is None or not dep >> s & 1 for s in srcs):
             return "cross_attention"
         found = "self_attention"
     return found
+
+
+def _has_parallel_ffn(mg: ModelGraph, reach: _Reach | None, core: frozenset[int]) -> bool:
+    """A weighted op neither feeding nor fed by the attention: an MLP in parallel (Flux single)."""
+    scores = _score_matmuls(mg, core)
+    if not scores or reach is None:
+        return False
+    for w in sorted(core):
+        if mg.nodes[w].op_type not in WEIGHTED_OPS or w in scores:
+            continue
+        if not any(reach.is_ancestor(w, s) or reach.is_ancestor(s, w) for s in scores):
+            return True
+    return False
 
 
 def _adaln_kind(mg: ModelGraph, pre: frozenset[int], dep: int) -> str:
@@ -620,31 +639,45 @@ def _adaln_kind(mg: ModelGraph, pre: frozenset[int], dep: int) -> str:
 
 
 def _name_regions(
-    mg: ModelGraph, regions: list[tuple[tuple[Branch, ...], frozenset[int]]], dep: int, n_streams: int
+    mg: ModelGraph,
+    regions: list[tuple[tuple[Branch, ...], frozenset[int]]],
+    dep: int,
+    stream_tensors: dict[str, int],
+    txt: set[int],
+    phases: list[int],
+    reach: _Reach | None = None,
 ) -> list[_RegionInfo]:
     out = []
     for brs, _ops in regions:
         core = frozenset().union(*(b.core for b in brs))
         streams = {b.stream for b in brs}
-        att = _attention_kind(mg, core, dep, n_streams)
-        if len(streams) > 1 and att:
+        # a core reading another stream's tensor attends over both (SD3's last block, whose
+        # text stream is context_pre_only, has no text residual but still joint attention)
+        touched = set(streams)
+        for i in core:
+            for t in mg.nodes[i].input:
+                if t in stream_tensors:
+                    touched.add(stream_tensors[t])
+        att = _attention_kind(mg, core, dep)
+        if len(touched) > 1 and att:
             kind, name = "joint_attention", "jattn"
         elif att == "cross_attention":
             kind, name = "cross_attention", "xattn"
+        elif att and _has_parallel_ffn(mg, reach, core):
+            kind, name = "parallel_attention", "attn_mlp"
         elif att:
             kind, name = "self_attention", "attn"
         elif sum(mg.nodes[i].op_type in WEIGHTED_OPS for i in core) >= 2:
             kind, name = "ffn", "ffn"
         else:
             kind, name = "other", "branch"
-        if len(streams) == 1 and kind != "joint_attention":
-            s = next(iter(streams))
-            if s == 1 and n_streams > 1:
-                name += "_txt"
+        if kind != "joint_attention" and streams and streams <= txt:
+            name += "_txt"
         pre = frozenset().union(*(b.pre for b in brs))
         sig = (name, tuple(sorted(Counter(mg.nodes[i].op_type for i in core).items())))
         out.append(_RegionInfo(name=name, kind=kind, branches=brs, adaln=_adaln_kind(mg, pre, dep),
-                               first_add=min(b.add for b in brs), signature=sig))
+                               first_add=min(b.add for b in brs), signature=sig,
+                               phase=min(phases[s] for s in streams)))
     out.sort(key=lambda r: r.first_add)
     return out
 
@@ -656,11 +689,14 @@ def _scope_keys(scope: str) -> list[tuple[str, int]]:
     return [(m.group(1), int(m.group(2))) for m in _SCOPE_RE.finditer(scope)]
 
 
-def _group_blocks(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[list[int]], str, list[str]]:
+def _group_blocks(
+    mg: ModelGraph, regions: list[_RegionInfo], phases: list[int]
+) -> tuple[list[list[int]], str, list[str]]:
     by_names = _group_by_names(mg, regions)
     if by_names is not None:
         return by_names[0], "names", by_names[1]
-    return _group_by_structure(regions), "structure", ["" for _ in _group_by_structure(regions)]
+    groups = _group_by_structure(regions)
+    return groups, "structure", ["" for _ in groups]
 
 
 def _group_by_names(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[list[int]], list[str]] | None:
@@ -696,23 +732,38 @@ def _group_by_names(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[li
 
 
 def _group_by_structure(regions: list[_RegionInfo]) -> list[list[int]]:
-    # smallest period p at which the region signatures repeat (90% agreement tolerates a
-    # different last block, e.g. SD3's context_pre_only)
-    sigs = [r.signature for r in regions]
-    n = len(sigs)
-    best_p = n
-    for p in range(1, n):
-        ok = sum(sigs[i] == sigs[i + p] for i in range(n - p))
-        if ok >= 0.9 * (n - p) and _period_has_all_kinds(sigs, p):
-            best_p = p
-            break
-    groups = [list(range(i, min(i + best_p, n))) for i in range(0, n, best_p)]
+    """Blocks from the period of the region names, separately in each phase.
+
+    Names, not full signatures: SD3's last block (text stream ``context_pre_only``) has a
+    different attention core and no text FFN, yet starts a period like the others.
+    """
+    groups: list[list[int]] = []
+    i = 0
+    while i < len(regions):
+        j = i
+        while j < len(regions) and regions[j].phase == regions[i].phase:
+            j += 1
+        idx = list(range(i, j))
+        names = [regions[k].name for k in idx]
+        p = _period(names)
+        groups.extend(idx[k:k + p] for k in range(0, len(idx), p))
+        i = j
     return groups
 
 
-def _period_has_all_kinds(sigs: list[tuple[object, ...]], p: int) -> bool:
-    # a block must contain every distinct region name of the model's repeating part
-    return {s[0] for s in sigs[:p]} >= {s[0] for s in sigs[: min(len(sigs), 2 * p)]}
+def _period(names: list[str]) -> int:
+    """Smallest period p at which ``names`` repeat (the last period may be cut short)."""
+    n = len(names)
+    for p in range(1, n):
+        if names[0] not in names[1:p] and all(names[k] == names[k + p] for k in range(n - p)) \
+                and set(names[:p]) >= set(names):
+            return p
+    for p in range(1, n):
+        # tolerate one deviating block (>= 90% agreement) when every kind is in one period
+        ok = sum(names[k] == names[k + p] for k in range(n - p))
+        if ok >= 0.9 * (n - p) and set(names[:p]) >= set(names[: min(n, 2 * p)]):
+            return p
+    return max(n, 1)
 
 
 def _unique_names(regions: list[Region]) -> list[Region]:
