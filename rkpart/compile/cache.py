@@ -1,0 +1,185 @@
+"""Content-addressed store of built ``.rknn`` files.
+
+The key of a build is the sha256 of everything that determines its output: the stage's ONNX
+bytes, the bytes of its external-data files, the toolkit version, the target and the
+normalised build config.  Renaming a folder, touching a file's mtime or reordering config
+options does not change it; editing a weight does.
+
+Layout, both in a plan folder (``<plan>/rknn/``) and in an optional shared cache dir::
+
+    objects/<key>.rknn     the model
+    objects/<key>.json     how it was built: toolkit, target, config, cpu_ops, size, sha256,
+                           wall time, peak RSS, build log
+    objects/<key>.fail.json  a deterministic failure (crash / toolkit error) of that key, so
+                           a rerun does not crash again; timeouts and OOM are not recorded
+                           because they depend on the machine
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rkpart.io import atomic_write_bytes, atomic_writer
+
+CACHE_VERSION = 1
+OBJECTS = "objects"
+
+#: RKNN.config defaults; options equal to them are dropped so that spelling out a default
+#: (``--opt-level 3``) hits the same cache entry as leaving it out.
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "optimization_level": 3,
+    "single_core_mode": False,
+    "float_dtype": "float16",
+    "mean_values": None,
+    "std_values": None,
+    "custom_string": None,
+    "op_target": None,
+    "compress_weight": False,
+    "remove_weight": False,
+    "enable_flash_attention": False,
+    "sparse_infer": False,
+    "remove_reshape": False,
+    "model_pruning": False,
+    "dynamic_input": None,
+}
+
+
+def normalise_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Build options without the target and without values equal to the toolkit defaults, sorted."""
+    out = {}
+    for k in sorted(config):
+        if k == "target_platform":
+            continue
+        v = config[k]
+        if k in CONFIG_DEFAULTS and CONFIG_DEFAULTS[k] == v and type(CONFIG_DEFAULTS[k]) is type(v):
+            continue
+        out[k] = v
+    return out
+
+
+def config_hash(config: Mapping[str, Any]) -> str:
+    """Short hash of the normalised config (recorded in artifacts)."""
+    blob = json.dumps(normalise_config(config), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def external_data_files(onnx_path: Path) -> list[Path]:
+    """External-data files an ONNX model refers to, sorted and unique."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    locs: set[str] = set()
+    tensors = list(model.graph.initializer)
+    for node in model.graph.node:  # Constant nodes may hold external tensors too
+        for a in node.attribute:
+            if a.HasField("t"):
+                tensors.append(a.t)
+    for t in tensors:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for e in t.external_data:
+                if e.key == "location":
+                    locs.add(e.value)
+    return [onnx_path.parent / loc for loc in sorted(locs)]
+
+
+def _hash_file(h: Any, path: Path) -> None:
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+
+
+def build_key(onnx_path: Path, toolkit_version: str, target: str, config: Mapping[str, Any]) -> str:
+    """The cache key of building ``onnx_path`` (sha256 hex)."""
+    h = hashlib.sha256()
+    h.update(f"rkpart-rknn-cache-v{CACHE_VERSION}\0".encode())
+    _hash_file(h, onnx_path)
+    for ext in external_data_files(onnx_path):
+        # Name and length first, so that moving bytes from one file to another changes the key.
+        h.update(f"\0ext:{ext.name}:{ext.stat().st_size}\0".encode())
+        _hash_file(h, ext)
+    meta = {"toolkit": toolkit_version, "target": target, "config": normalise_config(config)}
+    h.update(b"\0" + json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
+    return h.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    _hash_file(h, path)
+    return h.hexdigest()
+
+
+class ArtifactCache:
+    """One cache directory (a plan's ``rknn/`` or a shared one)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.objects = root / OBJECTS
+
+    def rknn_path(self, key: str) -> Path:
+        return self.objects / f"{key}.rknn"
+
+    def meta_path(self, key: str) -> Path:
+        return self.objects / f"{key}.json"
+
+    def fail_path(self, key: str) -> Path:
+        return self.objects / f"{key}.fail.json"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The metadata of a complete entry whose .rknn still matches its recorded size, else None."""
+        try:
+            meta = json.loads(self.meta_path(key).read_text())
+            if self.rknn_path(key).stat().st_size != int(meta["size_bytes"]):
+                return None
+            return dict(meta)
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def get_failure(self, key: str) -> dict[str, Any] | None:
+        try:
+            return dict(json.loads(self.fail_path(key).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def put_meta(self, key: str, meta: Mapping[str, Any]) -> None:
+        """Record metadata last: an entry exists only once both files are complete."""
+        atomic_write_bytes(self.meta_path(key), _dumps(meta))
+        with contextlib.suppress(OSError):
+            self.fail_path(key).unlink()
+
+    def put_failure(self, key: str, record: Mapping[str, Any]) -> None:
+        atomic_write_bytes(self.fail_path(key), _dumps(record))
+
+    def import_from(self, other: ArtifactCache, key: str) -> dict[str, Any] | None:
+        """Copy (hard-link when possible) ``key`` from ``other``; returns its metadata or None."""
+        meta = other.get(key)
+        if meta is None:
+            return None
+        dst = self.rknn_path(key)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.link")
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+            os.link(other.rknn_path(key), tmp)
+            os.replace(tmp, dst)
+        except OSError:
+            with atomic_writer(dst) as t:
+                shutil.copyfile(other.rknn_path(key), t)
+        self.put_meta(key, meta)
+        return meta
+
+    def export_to(self, other: ArtifactCache, key: str) -> None:
+        """Publish ``key`` into ``other`` (the shared cache); failures to do so are not fatal."""
+        with contextlib.suppress(OSError):
+            other.import_from(self, key)
+
+
+def _dumps(d: Mapping[str, Any]) -> bytes:
+    return (json.dumps(dict(d), indent=2, sort_keys=True) + "\n").encode()

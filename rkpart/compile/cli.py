@@ -1,0 +1,180 @@
+"""Click commands: ``rkpart toolkit install|list`` and ``rkpart compile``.
+
+Thin layer: options become arguments of :func:`rkpart.compile.compile.compile_plan_report`
+and :mod:`rkpart.compile.toolkits`; the commands only format output and choose exit codes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from rkpart.errors import ToolkitError, UserError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _user_errors(fn: F) -> F:
+    """Print a UserError as one line and exit with its code (also when run without rkpart.cli)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            click.echo(f"error: {e}", err=True)
+            sys.exit(e.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _parse_config(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r}: expected key=value, e.g. optimization_level=2")
+        try:
+            # JSON for numbers, booleans, lists and dicts (op_target); anything else is a string.
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+_toolkits_dir = click.option("--toolkits-dir", type=click.Path(file_okay=False), default=None,
+                             help="Where toolkit venvs live (default $RKPART_TOOLKITS_DIR or "
+                                  "~/.cache/rkpart/toolkits).")
+
+
+@click.group("toolkit")
+def toolkit() -> None:
+    """Install and list rknn-toolkit2 environments."""
+
+
+@toolkit.command("install")
+@click.argument("version")
+@_toolkits_dir
+@click.option("--python", "python", type=click.Path(dir_okay=False), default=None,
+              help="Register this existing python (with rknn-toolkit2 installed) instead of creating a venv.")
+@click.option("--force", is_flag=True, help="Replace an existing installation.")
+@_user_errors
+def install_cmd(version: str, toolkits_dir: str | None, python: str | None, force: bool) -> None:
+    """Install rknn-toolkit2 VERSION into its own venv (or register --python)."""
+    from rkpart.compile.toolkits import install_toolkit, register_toolkit
+
+    if python:
+        tk = register_toolkit(python, toolkits_dir, version=version, force=force)
+        click.echo(f"registered {tk.describe()}")
+        return
+    tk = install_toolkit(version, toolkits_dir, force=force, progress=lambda m: click.echo(m, err=True))
+    click.echo(tk.describe())
+
+
+@toolkit.command("list")
+@_toolkits_dir
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
+    """List installed or registered toolkits."""
+    from rkpart.compile.toolkits import list_toolkits, toolkits_root
+
+    tks = list_toolkits(toolkits_dir)
+    if as_json:
+        click.echo(json.dumps([{"version": t.version, "python": str(t.python), "managed": t.managed}
+                               for t in tks], indent=2))
+        return
+    if not tks:
+        click.echo(f"no toolkits in {toolkits_root(toolkits_dir)}; run `rkpart toolkit install 2.3.0`")
+        return
+    for t in tks:
+        click.echo(f"{t.version:<8} {'venv' if t.managed else 'python'}  {t.python}")
+
+
+@click.command("compile")
+@click.argument("plan", type=click.Path(exists=True))
+@click.option("--toolkit", "toolkit_v", required=True, help="Toolkit version (e.g. 2.3.0) or a python path.")
+@click.option("--target", default="rk3588", show_default=True, help="target_platform for RKNN.config.")
+@click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="Upper bound on parallel builds (memory is checked before each start).")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds per build before it is killed.")
+@click.option("--opt-level", type=click.IntRange(0, 3), default=None, help="RKNN.config optimization_level.")
+@click.option("--single-core", is_flag=True, help="RKNN.config single_core_mode=True.")
+@click.option("--config", "config", multiple=True, callback=_parse_config, metavar="KEY=VALUE",
+              help="Any other RKNN.config option (value parsed as JSON when possible).")
+@click.option("--fallback-toolkit", default=None, help="Retry failed stages with this toolkit version.")
+@click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+              help="Shared artifact cache in addition to the plan's rknn/ folder.")
+@click.option("--retry-failed", is_flag=True, help="Rebuild stages whose crash the cache remembers.")
+@_toolkits_dir
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
+@_user_errors
+def compile_cmd(plan: str, toolkit_v: str, target: str, jobs: int, timeout: float | None,
+                opt_level: int | None, single_core: bool, config: dict[str, Any],
+                fallback_toolkit: str | None, cache_dir: str | None, retry_failed: bool,
+                toolkits_dir: str | None, quiet: bool, as_json: bool) -> None:
+    """Build every NPU stage of PLAN into an .rknn file with rknn-toolkit2."""
+    from rkpart.compile.compile import compile_plan_report
+    from rkpart.partitioner.plan import load_plan
+
+    cfg = dict(config)
+    if opt_level is not None:
+        cfg["optimization_level"] = opt_level
+    if single_core:
+        cfg["single_core_mode"] = True
+    p, folder = load_plan(plan)
+    t0 = time.monotonic()
+
+    def progress(msg: str) -> None:
+        if not quiet:
+            click.echo(f"{time.monotonic() - t0:6.1f}s {msg}", err=True)
+
+    report = compile_plan_report(p, folder, toolkit_v, target, cfg, jobs, timeout, fallback_toolkit, progress,
+                                 toolkits_dir=toolkits_dir, shared_cache=cache_dir, retry_failed=retry_failed)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        click.echo(format_summary(report))
+    if report.failed:
+        sys.exit(ToolkitError.exit_code)
+
+
+def format_summary(report: Any) -> str:
+    """The summary table printed after a compile."""
+    rows = [("stage", "status", "toolkit", "time s", "peak RSS", ".rknn", "CPU ops")]
+    for o in report.outcomes:
+        a = o.artifact
+        status = o.status + (" (fallback)" if a is not None and a.fallback_reason else "")
+        rows.append((
+            o.stage_id,
+            status,
+            a.toolkit if a else o.toolkit,
+            f"{o.wall_s:.1f}" if o.status == "built" else "-",
+            _size(o.peak_rss_bytes) if o.peak_rss_bytes else "-",
+            _size(a.size_bytes) if a else "-",
+            (", ".join(a.cpu_ops) or "none") if a else "-",
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
+    for o in report.outcomes:
+        for f in o.failures:
+            lines.append(f"{o.stage_id}: {f['message']} (log: {f.get('log')})")
+    n = len(report.outcomes)
+    lines.append(f"{n} NPU stage(s): {len(report.built)} built, {len(report.cached)} cached, "
+                 f"{len(report.failed)} failed in {report.wall_s:.1f} s")
+    return "\n".join(lines)
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.1f} MB"
+
+
+#: commands for rkpart.cli:main
+COMMANDS = (toolkit, compile_cmd)

@@ -1,0 +1,339 @@
+"""Compile every NPU stage of a plan into an ``.rknn`` file.
+
+Recipe: resolve the toolkit(s) -> lock the plan folder -> key every NPU stage by content ->
+take what the caches have -> build the rest in isolated, memory-scheduled subprocesses ->
+retry failures with the fallback toolkit -> write a new plan with artifacts and failures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rkpart.compile.cache import ArtifactCache, build_key, config_hash, normalise_config, sha256_file
+from rkpart.compile.placement import cpu_ops as parse_cpu_ops
+from rkpart.compile.runner import WORKER, BuildJob, BuildResult
+from rkpart.compile.scheduler import (
+    DEFAULT_MARGIN,
+    MEMORY_FILE,
+    MemoryModel,
+    Scheduler,
+    available_memory,
+    default_cache_dir,
+    memory_in_use,
+)
+from rkpart.compile.toolkits import Toolkit, find_toolkit
+from rkpart.io import folder_lock
+from rkpart.partitioner.plan import Artifact, Plan, Stage, check_inside
+
+RKNN_DIR = "rknn"
+LOG_DIR = "logs"
+#: failures that say something about the graph, not the machine: remembered by the cache
+DETERMINISTIC_FAILURES = ("crash", "error")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StageOutcome:
+    """What compile did with one NPU stage."""
+
+    stage_id: str
+    status: str  # "built", "cached", "failed"
+    toolkit: str
+    artifact: Artifact | None
+    failures: tuple[dict[str, Any], ...] = ()
+    wall_s: float = 0.0
+    peak_rss_bytes: int = 0
+    log: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage_id,
+            "status": self.status,
+            "toolkit": self.toolkit,
+            "artifact": self.artifact.to_json() if self.artifact else None,
+            "failures": [dict(f) for f in self.failures],
+            "wall_s": round(self.wall_s, 2),
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "log": self.log,
+        }
+
+
+@dataclass(frozen=True)
+class CompileReport:
+    """The new plan plus per-stage outcomes (for the CLI summary and ``--json``)."""
+
+    plan: Plan
+    outcomes: tuple[StageOutcome, ...]
+    wall_s: float
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> tuple[StageOutcome, ...]:
+        return tuple(o for o in self.outcomes if o.status == "failed")
+
+    @property
+    def built(self) -> tuple[StageOutcome, ...]:
+        return tuple(o for o in self.outcomes if o.status == "built")
+
+    @property
+    def cached(self) -> tuple[StageOutcome, ...]:
+        return tuple(o for o in self.outcomes if o.status == "cached")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "settings": self.settings,
+            "stages": [o.to_json() for o in self.outcomes],
+            "built": len(self.built),
+            "cached": len(self.cached),
+            "failed": len(self.failed),
+            "wall_s": round(self.wall_s, 2),
+        }
+
+
+@dataclass
+class _Pending:
+    stage: Stage
+    onnx: Path
+    key: str
+    job: BuildJob | None = None
+
+
+def compile_plan(plan: Plan, folder: str | os.PathLike[str], toolkit: str | Toolkit, target: str = "rk3588",
+                 config: Mapping[str, Any] | None = None, jobs: int = 1, timeout: float | None = None,
+                 fallback_toolkit: str | Toolkit | None = None, progress: Progress | None = None,
+                 **options: Any) -> Plan:
+    """Build every NPU stage of ``plan`` and return the plan with artifacts and failures.
+
+    ``plan.json`` in ``folder`` is rewritten atomically.  Build failures do not raise: they are
+    recorded in each stage's ``failures`` (see :func:`compile_plan_report` for the outcomes).
+
+    Parameters
+    ----------
+    plan, folder
+        The plan and the folder its relative paths refer to.
+    toolkit
+        Toolkit version (``2.3.0``) installed with ``rkpart toolkit install``, a python path,
+        or a resolved :class:`Toolkit`.
+    target
+        ``target_platform`` for ``RKNN.config``.
+    config
+        Further ``RKNN.config`` options (``optimization_level``, ``single_core_mode``, ...).
+    jobs
+        Upper bound on parallel builds; memory is the real limit (see ``scheduler``).
+    timeout
+        Seconds per build before its process group is killed.
+    fallback_toolkit
+        Version that retries the stages the first toolkit failed on.
+    progress
+        Called with one human-readable line per event.
+
+    Raises
+    ------
+    ToolkitError
+        A toolkit is not installed.
+    OutputExistsError
+        Another rkpart run holds the folder.
+    """
+    return compile_plan_report(plan, folder, toolkit, target, config, jobs, timeout, fallback_toolkit,
+                               progress, **options).plan
+
+
+def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str | Toolkit, target: str = "rk3588",
+                        config: Mapping[str, Any] | None = None, jobs: int = 1,
+                        timeout: float | None = None, fallback_toolkit: str | Toolkit | None = None,
+                        progress: Progress | None = None, *,
+                        toolkits_dir: str | os.PathLike[str] | None = None,
+                        shared_cache: str | os.PathLike[str] | None = None, retry_failed: bool = False,
+                        memory_margin: int = DEFAULT_MARGIN, available: Callable[[], int] = available_memory,
+                        worker: Path = WORKER) -> CompileReport:
+    """:func:`compile_plan`, returning the per-stage outcomes as well (keyword options as documented there).
+
+    ``shared_cache`` is a cache dir shared between plans; ``retry_failed`` rebuilds stages
+    whose crash is remembered by the cache; ``worker`` is replaced only by test fakes.
+    """
+    say = progress or (lambda _m: None)
+    folder = Path(folder)
+    t0 = time.monotonic()
+    tk = _resolve(toolkit, toolkits_dir)
+    assert tk is not None
+    fb = _resolve(fallback_toolkit, toolkits_dir)
+    full_config = {**dict(config or {}), "target_platform": target}
+    chash = config_hash(full_config)
+    settings = {"toolkit": tk.version, "target": target, "config": normalise_config(full_config),
+                "config_hash": chash, "fallback_toolkit": fb.version if fb else None}
+    with folder_lock(folder):
+        cache = ArtifactCache(folder / RKNN_DIR)
+        shared = ArtifactCache(Path(shared_cache)) if shared_cache else None
+        mem_path = (Path(shared_cache) if shared_cache else default_cache_dir()) / MEMORY_FILE
+        model = MemoryModel(mem_path)
+        ctx = _Context(folder=folder, target=target, config=full_config, chash=chash, cache=cache,
+                       shared=shared, model=model, timeout=timeout, jobs=jobs, retry_failed=retry_failed,
+                       margin=memory_margin, available=available, worker=worker, say=say, t0=t0)
+        stages = plan.npu_stages
+        outcomes = ctx.compile_round(stages, tk, fallback_reason=None)
+        if fb is not None:
+            retry = [s for s in stages if outcomes[s.id].status == "failed"]
+            if retry:
+                say(f"retrying {len(retry)} failed stage(s) with rknn-toolkit2 {fb.version}")
+                second = ctx.compile_round(retry, fb, fallback_reason={
+                    s.id: outcomes[s.id].failures[-1]["message"] for s in retry})
+                for s in retry:
+                    o2 = second[s.id]
+                    outcomes[s.id] = dataclasses.replace(o2, failures=outcomes[s.id].failures + o2.failures)
+        model.save()
+        new_plan = _apply(plan, outcomes, settings)
+        new_plan.save(folder)
+    ordered = tuple(outcomes[s.id] for s in stages)
+    return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings)
+
+
+def _resolve(spec: str | Toolkit | None, toolkits_dir: str | os.PathLike[str] | None) -> Toolkit | None:
+    if spec is None or isinstance(spec, Toolkit):
+        return spec
+    return find_toolkit(spec, toolkits_dir)
+
+
+def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: Mapping[str, Any]) -> Plan:
+    stages = []
+    for s in plan.stages:
+        o = outcomes.get(s.id)
+        if o is None:
+            stages.append(s)
+            continue
+        # A plan describes one compile: rknn artifacts of earlier settings are dropped.
+        kept = tuple(a for a in s.artifacts if a.kind != "rknn")
+        arts = (*kept, o.artifact) if o.artifact else kept
+        stages.append(dataclasses.replace(s, artifacts=arts, failures=o.failures))
+    extra = {**plan.extra, "compile": dict(settings)}
+    return dataclasses.replace(plan, stages=tuple(stages), extra=extra)
+
+
+@dataclass
+class _Context:
+    folder: Path
+    target: str
+    config: dict[str, Any]
+    chash: str
+    cache: ArtifactCache
+    shared: ArtifactCache | None
+    model: MemoryModel
+    timeout: float | None
+    jobs: int
+    retry_failed: bool
+    margin: int
+    available: Callable[[], int]
+    worker: Path
+    say: Progress
+    t0: float
+
+    def compile_round(self, stages: Sequence[Stage], tk: Toolkit,
+                      fallback_reason: Mapping[str, str] | None) -> dict[str, StageOutcome]:
+        outcomes: dict[str, StageOutcome] = {}
+        todo: list[_Pending] = []
+        for s in stages:
+            onnx = check_inside(self.folder, s.file, what=f"stage {s.id} file")
+            key = build_key(onnx, tk.version, self.target, self.config)
+            reason = fallback_reason.get(s.id) if fallback_reason else None
+            meta = self.cache.get(key)
+            if meta is None and self.shared is not None:
+                meta = self.cache.import_from(self.shared, key)
+            if meta is not None:
+                outcomes[s.id] = StageOutcome(stage_id=s.id, status="cached", toolkit=tk.version,
+                                              artifact=self._artifact(key, meta, reason), log=meta.get("log"))
+                self.say(f"[cached] {s.id}  rknn-toolkit2 {tk.version}")
+                continue
+            fail = None if self.retry_failed else self.cache.get_failure(key)
+            if fail is not None:
+                outcomes[s.id] = StageOutcome(stage_id=s.id, status="failed", toolkit=tk.version,
+                                              artifact=None, failures=(fail,), log=fail.get("log"))
+                self.say(f"[cached failure] {s.id}: {fail['message']} (--retry-failed rebuilds it)")
+                continue
+            size = s.weight_bytes + s.io_bytes or onnx.stat().st_size
+            log = self.folder / RKNN_DIR / LOG_DIR / f"{s.id}.{tk.version}.log"
+            job = BuildJob(stage_id=s.id, onnx=onnx, output=self.cache.rknn_path(key), log=log,
+                           config=self.config, toolkit=tk, timeout=self.timeout,
+                           est_peak_rss=self.model.estimate(tk.version, size), size_bytes=size,
+                           worker=self.worker)
+            todo.append(_Pending(stage=s, onnx=onnx, key=key, job=job))
+        if not todo:
+            return outcomes
+        by_id = {p.stage.id: p for p in todo}
+        lock = threading.Lock()
+
+        def on_event(ev: dict[str, Any]) -> None:
+            if ev["event"] == "start":
+                self.say(f"[{ev['n']}/{ev['total']}] building {ev['stage']}  rknn-toolkit2 {tk.version}  "
+                         f"elapsed {time.monotonic() - self.t0:.0f} s  memory in use {_gb(memory_in_use())}  "
+                         f"(estimated peak {_gb(ev['est_peak_rss'])}, {ev['running']} running)")
+                return
+            res: BuildResult = ev["result"]
+            p = by_id[res.stage_id]
+            o = self._finish(p, res, tk, fallback_reason.get(p.stage.id) if fallback_reason else None)
+            with lock:
+                outcomes[res.stage_id] = o
+            status = "ok" if res.ok else "FAILED"
+            detail = f"{res.wall_s:.1f} s, peak {_gb(res.peak_rss_bytes)}" if res.ok else res.message
+            self.say(f"done {ev['done']}/{ev['total']}: {status} {res.stage_id}: {detail}  "
+                     f"elapsed {time.monotonic() - self.t0:.0f} s")
+
+        sched = Scheduler(self.jobs, available=self.available, margin=self.margin,
+                          tmp_parent=self.folder / RKNN_DIR / ".tmp")
+        try:
+            sched.run([p.job for p in todo if p.job is not None], progress=on_event)
+        finally:
+            with contextlib.suppress(OSError):
+                (self.folder / RKNN_DIR / ".tmp").rmdir()
+        return outcomes
+
+    def _finish(self, p: _Pending, res: BuildResult, tk: Toolkit, reason: str | None) -> StageOutcome:
+        rel_log = os.path.relpath(res.log, self.folder)
+        self.model.observe(tk.version, p.job.size_bytes if p.job else 0, res.peak_rss_bytes)
+        if not res.ok:
+            rec = res.failure_record(rel_log)
+            # wall time and RSS vary between runs; the plan keeps only what is reproducible
+            stable = {k: v for k, v in rec.items() if k not in ("wall_s", "peak_rss_bytes")}
+            if res.kind in DETERMINISTIC_FAILURES:
+                self.cache.put_failure(p.key, stable)
+            return StageOutcome(stage_id=p.stage.id, status="failed", toolkit=tk.version, artifact=None,
+                                failures=(stable,), wall_s=res.wall_s, peak_rss_bytes=res.peak_rss_bytes,
+                                log=rel_log)
+        rknn = self.cache.rknn_path(p.key)
+        text = res.log.read_text(errors="replace")
+        meta = {
+            "toolkit": tk.version,
+            "target": self.target,
+            "config": normalise_config(self.config),
+            "config_hash": self.chash,
+            "sha256": sha256_file(rknn),
+            "size_bytes": rknn.stat().st_size,
+            "cpu_ops": list(parse_cpu_ops(text)),
+            "stage_sha256": p.stage.sha256,
+            "wall_s": round(res.wall_s, 2),
+            "peak_rss_bytes": res.peak_rss_bytes,
+            "log": rel_log,
+        }
+        self.cache.put_meta(p.key, meta)
+        if self.shared is not None:
+            self.cache.export_to(self.shared, p.key)
+        return StageOutcome(stage_id=p.stage.id, status="built", toolkit=tk.version,
+                            artifact=self._artifact(p.key, meta, reason), wall_s=res.wall_s,
+                            peak_rss_bytes=res.peak_rss_bytes, log=rel_log)
+
+    def _artifact(self, key: str, meta: Mapping[str, Any], reason: str | None) -> Artifact:
+        return Artifact(kind="rknn", file=f"{RKNN_DIR}/objects/{key}.rknn", toolkit=str(meta["toolkit"]),
+                        target=str(meta["target"]), config_hash=str(meta["config_hash"]),
+                        sha256=str(meta["sha256"]), size_bytes=int(meta["size_bytes"]),
+                        cpu_ops=tuple(meta.get("cpu_ops", ())), fallback_reason=reason)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"

@@ -1,0 +1,248 @@
+"""Run one toolkit build in its own process group and turn its fate into a typed record.
+
+A build can segfault in the native compiler, hang, or take 13 GB of RAM; none of that may
+take rkpart down.  Each build is a subprocess of the toolkit's python running
+:mod:`rkpart.compile.worker_main`, in a fresh session (its own process group, so a timeout
+kills everything it started), with a disposable HOME/TMPDIR/cwd that is removed afterwards.
+Its stdout and stderr form the build log, which is where the placement table and the
+optimiser steps are read from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from rkpart.compile.placement import last_step, open_native_pass
+from rkpart.compile.toolkits import Toolkit
+
+WORKER = Path(__file__).with_name("worker_main.py")
+SAMPLE_S = 0.2
+TERM_GRACE_S = 3.0
+
+# Exit codes of worker_main
+_EXIT_MEMORY = 4
+_OOM_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "Out of memory")
+
+# Environment variables that would make the toolkit's python see rkpart's venv.
+_DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """One stage to build."""
+
+    stage_id: str
+    onnx: Path
+    output: Path  # final .rknn location (written atomically)
+    log: Path
+    config: Mapping[str, Any]  # RKNN.config keyword arguments, target_platform included
+    toolkit: Toolkit
+    timeout: float | None = None
+    est_peak_rss: int = 0  # bytes, filled in by the scheduler's memory model
+    size_bytes: int = 0  # stage weights + I/O, for the memory model
+    worker: Path = WORKER  # replaced only by fault-injection fakes in tests
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    """What happened to one build."""
+
+    stage_id: str
+    ok: bool
+    kind: str  # "ok", "crash", "error", "timeout", "oom"
+    message: str
+    toolkit: str
+    exit_code: int | None  # shell-style: 128+N for a signal
+    signal: str | None
+    wall_s: float
+    peak_rss_bytes: int
+    rknn_size: int
+    log: Path
+    last_step: str | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def failure_record(self, rel_log: str) -> dict[str, Any]:
+        """The plan's ``failures`` entry for this result."""
+        return {
+            "toolkit": self.toolkit,
+            "kind": self.kind,
+            "message": self.message,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "last_step": self.last_step,
+            "wall_s": round(self.wall_s, 2),
+            "peak_rss_bytes": self.peak_rss_bytes,
+            "log": rel_log,
+        }
+
+
+def worker_env(home: Path, tmp: Path) -> dict[str, str]:
+    """Environment for a toolkit subprocess: disposable HOME (device probes write ~/.android)."""
+    env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
+    env.update(HOME=str(home), TMPDIR=str(tmp), PYTHONNOUSERSITE="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def tree_rss(proc: psutil.Process) -> int:
+    """Resident memory of ``proc`` and all its descendants, in bytes (0 if gone)."""
+    total = 0
+    try:
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
+    return total
+
+
+def kill_group(pgid: int) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after a grace period."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + TERM_GRACE_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def run_build(job: BuildJob, *, on_sample: Callable[[int], None] | None = None,
+              tmp_parent: Path | None = None, cancel: threading.Event | None = None) -> BuildResult:
+    """Build ``job`` in a subprocess and classify the outcome; never raises for build failures."""
+    job.log.parent.mkdir(parents=True, exist_ok=True)
+    job.output.parent.mkdir(parents=True, exist_ok=True)
+    if tmp_parent is not None:
+        tmp_parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"build-{job.stage_id}-", dir=tmp_parent))
+    try:
+        return _run_in(work, job, on_sample, cancel)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
+            cancel: threading.Event | None) -> BuildResult:
+    (work / "home").mkdir()
+    (work / "tmp").mkdir()
+    out = work / "out.rknn"
+    result_path = work / "result.json"
+    req = {"onnx": str(job.onnx.absolute()), "output": str(out), "config": dict(job.config),
+           "result": str(result_path)}
+    (work / "request.json").write_text(json.dumps(req, indent=2, sort_keys=True))
+    argv = [str(job.toolkit.python), str(job.worker), "build", str(work / "request.json")]
+    t0 = time.monotonic()
+    peak = 0
+    timed_out = False
+    status = 0
+    ru_maxrss = 0
+    with open(job.log, "wb") as log:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=work, env=worker_env(work / "home", work / "tmp"),
+                                start_new_session=True)
+        reaped = False
+        try:
+            ps = psutil.Process(proc.pid)
+            while True:
+                # wait4 rather than Popen.wait: it also returns the child's own peak RSS.
+                pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    reaped = True
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    ru_maxrss = ru.ru_maxrss * 1024  # kB on Linux
+                    break
+                rss = tree_rss(ps)
+                peak = max(peak, rss)
+                if on_sample is not None:
+                    on_sample(rss)
+                if cancel is not None and cancel.is_set():
+                    raise KeyboardInterrupt
+                if job.timeout is not None and time.monotonic() - t0 > job.timeout:
+                    timed_out = True
+                    kill_group(proc.pid)
+                    _, status, ru = os.wait4(proc.pid, 0)
+                    reaped = True
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    ru_maxrss = ru.ru_maxrss * 1024
+                    break
+                time.sleep(SAMPLE_S)
+        finally:
+            if not reaped:  # interrupted (Ctrl-C): leave no compiler running
+                kill_group(proc.pid)
+                with contextlib.suppress(ChildProcessError):
+                    os.wait4(proc.pid, 0)
+            # Anything the worker left behind in its group (adb servers, helpers).
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    wall = time.monotonic() - t0
+    peak = max(peak, ru_maxrss)
+    if on_sample is not None:
+        on_sample(0)
+    rc = proc.returncode
+    text = job.log.read_text(errors="replace")
+    step = last_step(text)
+    version = job.toolkit.version
+    result: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        result = json.loads(result_path.read_text())
+
+    def done(ok: bool, kind: str, message: str, size: int = 0) -> BuildResult:
+        code = rc if rc >= 0 else 128 - rc
+        sig = signal.Signals(-rc).name if rc < 0 else None
+        return BuildResult(stage_id=job.stage_id, ok=ok, kind=kind, message=message, toolkit=version,
+                           exit_code=code, signal=sig, wall_s=wall, peak_rss_bytes=peak, rknn_size=size,
+                           log=job.log, last_step=step, extra=result)
+
+    at = f"in rknn-toolkit2 {version}" + (f", last step {step}" if step else "")
+    if timed_out:
+        return done(False, "timeout", f"timed out after {job.timeout:g} s (build killed) {at}")
+    if rc < 0:
+        name = signal.Signals(-rc).name
+        if -rc == signal.SIGKILL:
+            return done(False, "oom", f"out of memory: killed by SIGKILL at {_gb(peak)} peak RSS "
+                                      f"(most likely the kernel's OOM killer) {at}")
+        native = open_native_pass(text)
+        inside = f" (inside native pass {native})" if native else ""
+        return done(False, "crash", f"compiler crashed: {name} (exit {128 - rc}) {at}{inside}")
+    if rc == _EXIT_MEMORY or (rc != 0 and any(m in text for m in _OOM_MARKERS)):
+        return done(False, "oom", f"out of memory: MemoryError at {_gb(peak)} peak RSS {at}")
+    if rc != 0 or not result.get("ok"):
+        why = result.get("error") or f"exit {rc} without a result"
+        return done(False, "error", f"build failed: {why} (exit {rc}) {at}")
+    if not out.is_file():
+        return done(False, "error", f"build failed: the worker reported success but wrote no .rknn {at}")
+    size = out.stat().st_size
+    _move_atomic(out, job.output)
+    return done(True, "ok", f"built in {wall:.1f} s", size)
+
+
+def _move_atomic(src: Path, dst: Path) -> None:
+    try:
+        os.replace(src, dst)
+    except OSError:  # different file systems: copy next to dst, then rename
+        from rkpart.io import atomic_writer
+
+        with atomic_writer(dst) as tmp:
+            shutil.copyfile(src, tmp)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"

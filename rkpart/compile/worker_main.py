@@ -1,0 +1,206 @@
+"""The rknn-toolkit2 worker: runs *inside a toolkit's venv*, started by rkpart as a subprocess.
+
+rkpart is not installed in the toolkit's venv, so this file uses only the standard library,
+numpy and ``rknn``.  It is run by path: ``<toolkit python> worker_main.py MODE ...``.
+
+Modes
+-----
+``build REQUEST.json``
+    REQUEST = {"onnx": path, "output": path.rknn, "config": {...RKNN.config kwargs},
+    "result": path.json}.  Loads, builds fp16 (``do_quantization=False``) and exports
+    atomically; writes RESULT = {"ok": bool, "step": ..., "error": ..., "toolkit": version}.
+    Exit status 0 on success, 3 when a toolkit call returned an error, 4 on MemoryError.
+    All toolkit output (including the native "Network Layer Information Table", which the
+    toolkit's ``verbose_file`` does not receive) goes to this process's stdout/stderr, which
+    the runner sends to the build log.
+
+``simulate``
+    A persistent session for one stage.  Requests are JSON lines on stdin, replies JSON lines
+    on the original stdout; toolkit chatter is moved to stderr so it cannot corrupt them.
+    Tensors travel in .npz files (``allow_pickle=False``).  Operations:
+    ``{"op": "load", "onnx": path, "config": {...}}`` -> load_onnx;
+    ``{"op": "init"}`` -> build + init_runtime() (the simulator: a loaded .rknn cannot run
+    there, so every session builds from ONNX);
+    ``{"op": "infer", "inputs": in.npz, "names": [...], "outputs": out.npz,
+    "output_names": [...]}`` -> inference; ``{"op": "release"}`` -> release and exit.
+    Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+EXIT_TOOLKIT_ERROR = 3
+EXIT_MEMORY = 4
+
+
+def _toolkit_version() -> str:
+    try:
+        import importlib.metadata as md
+
+        return md.version("rknn-toolkit2")
+    except Exception:
+        return "unknown"
+
+
+class StepError(Exception):
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+def _check(step: str, ret: Any) -> None:
+    # Toolkit calls return 0 on success and -1 (or another non-zero) after logging an error.
+    if ret != 0:
+        raise StepError(step, f"{step} returned {ret}")
+
+
+def _config_kwargs(rknn: Any, config: dict[str, Any]) -> dict[str, Any]:
+    # RKNN.config takes **kwargs and silently ignores misspelt options; refuse them instead.
+    params = inspect.signature(rknn.config).parameters
+    known = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    unknown = sorted(set(config) - known)
+    if unknown:
+        raise StepError("config", f"config option {unknown[0]!r} is not accepted by RKNN.config "
+                                  f"(valid: {', '.join(sorted(known))})")
+    return dict(config)
+
+
+def _make_rknn(config: dict[str, Any]) -> Any:
+    from rknn.api import RKNN
+
+    rknn = RKNN(verbose=True)
+    _check("config", rknn.config(**_config_kwargs(rknn, config)))
+    return rknn
+
+
+def _write_json(path: str, data: dict[str, Any]) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def build(request_path: str) -> int:
+    with open(request_path) as f:
+        req = json.load(f)
+    result: dict[str, Any] = {"ok": False, "toolkit": _toolkit_version(), "step": "start"}
+    code = 0
+    rknn = None
+    try:
+        result["step"] = "config"
+        rknn = _make_rknn(req.get("config", {}))
+        result["step"] = "load_onnx"
+        _check("load_onnx", rknn.load_onnx(model=req["onnx"]))
+        result["step"] = "build"
+        _check("build", rknn.build(do_quantization=False))
+        result["step"] = "export_rknn"
+        out = req["output"]
+        tmp = f"{out}.{os.getpid()}.part"
+        _check("export_rknn", rknn.export_rknn(tmp))
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, out)
+        result.update(ok=True, step="done")
+    except StepError as e:
+        result.update(step=e.step, error=str(e))
+        code = EXIT_TOOLKIT_ERROR
+    except MemoryError:
+        traceback.print_exc()
+        result.update(error="MemoryError")
+        code = EXIT_MEMORY
+    except Exception as e:
+        traceback.print_exc()
+        result.update(error=f"{type(e).__name__}: {e}")
+        code = EXIT_TOOLKIT_ERROR
+    finally:
+        if rknn is not None:
+            with contextlib.suppress(Exception):
+                rknn.release()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _write_json(req["result"], result)
+    return code
+
+
+def simulate() -> int:
+    import numpy as np
+
+    # Keep the protocol channel private: the toolkit (and its native library) print to fd 1.
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+
+    def reply(**kw: Any) -> None:
+        proto.write(json.dumps(kw) + "\n")
+        proto.flush()
+
+    rknn: Any = None
+    onnx_path = ""
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        op = req.get("op")
+        try:
+            if op == "load":
+                rknn = _make_rknn(req.get("config", {}))
+                onnx_path = req["onnx"]
+                _check("load_onnx", rknn.load_onnx(model=onnx_path))
+                reply(ok=True, toolkit=_toolkit_version())
+            elif op == "init":
+                _check("build", rknn.build(do_quantization=False))
+                _check("init_runtime", rknn.init_runtime())
+                reply(ok=True)
+            elif op == "infer":
+                with np.load(req["inputs"], allow_pickle=False) as z:
+                    arrays = [np.ascontiguousarray(z[n]) for n in req["names"]]
+                # data_format matters only for 4-D inputs; the toolkit's default there is NHWC,
+                # but stage tensors are laid out as in the ONNX graph (NCHW).
+                fmts = ["nchw" if a.ndim == 4 else "nhwc" for a in arrays]
+                outs = rknn.inference(inputs=arrays, data_format=fmts)
+                if outs is None:
+                    raise StepError("inference", "inference returned None")
+                names = req["output_names"]
+                if len(outs) != len(names):
+                    raise StepError("inference", f"expected {len(names)} outputs, got {len(outs)}")
+                tmp = req["outputs"] + ".part.npz"
+                # (no zip(strict=...): the toolkit's python may be older than 3.10)
+                arrays_out: dict[str, Any] = {n: np.asarray(o) for n, o in zip(names, outs)}  # noqa: B905
+                np.savez(tmp, **arrays_out)
+                os.replace(tmp, req["outputs"])
+                reply(ok=True)
+            elif op == "release":
+                if rknn is not None:
+                    rknn.release()
+                reply(ok=True)
+                return 0
+            else:
+                reply(ok=False, error=f"unknown op {op!r}")
+        except StepError as e:
+            reply(ok=False, error=str(e), step=e.step)
+        except Exception as e:
+            traceback.print_exc()
+            reply(ok=False, error=f"{type(e).__name__}: {e}", step=str(op))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "build":
+        return build(argv[1])
+    if argv and argv[0] == "simulate":
+        return simulate()
+    print("usage: worker_main.py build REQUEST.json | simulate", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

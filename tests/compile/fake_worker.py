@@ -1,0 +1,61 @@
+"""FAKE toolkit worker for fault injection: same command line and result file as worker_main.
+
+A real out-of-memory kill, a hang or a segfault cannot be produced on demand safely, so this
+stand-in does what the request's ``config`` asks:
+``fake_log`` (lines to print first, e.g. recorded optimiser steps), ``fake_alloc_mb`` (touch
+that much memory), ``fake_sleep`` (seconds), ``fake_child`` (spawn a sleeping child and write
+its pid to this file), ``fake_signal`` (kill itself with SIGSEGV/SIGKILL/...),
+``fake_memoryerror`` (raise MemoryError), ``fake_fail`` (report a toolkit error),
+``fake_crash_stage`` (SIGSEGV only for the stage file ``<name>.onnx``).
+Otherwise it "builds" by copying the ONNX bytes to the output.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def main() -> int:
+    with open(sys.argv[2]) as f:
+        req = json.load(f)
+    cfg = req["config"]
+    for line in cfg.get("fake_log", []):
+        print(line, flush=True)
+    if cfg.get("fake_child"):
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        with open(cfg["fake_child"], "w") as f:
+            f.write(str(child.pid))
+    held = None
+    if cfg.get("fake_alloc_mb"):
+        held = bytearray(int(cfg["fake_alloc_mb"]) * 2**20)
+        for i in range(0, len(held), 4096):  # touch every page so it counts as resident
+            held[i] = 1
+    time.sleep(float(cfg.get("fake_sleep", 0)))
+    crash_stage = cfg.get("fake_crash_stage")
+    if crash_stage and os.path.basename(req["onnx"]) == crash_stage + ".onnx":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if cfg.get("fake_signal"):
+        os.kill(os.getpid(), getattr(signal, cfg["fake_signal"]))
+    if cfg.get("fake_memoryerror"):
+        print("Traceback (most recent call last):\nMemoryError", flush=True)
+        result = {"ok": False, "error": "MemoryError", "step": "build"}
+        code = 4
+    elif cfg.get("fake_fail"):
+        result = {"ok": False, "error": "build returned -1", "step": "build"}
+        code = 3
+    else:
+        with open(req["onnx"], "rb") as src, open(req["output"], "wb") as dst:
+            dst.write(src.read())
+        result = {"ok": True, "step": "done"}
+        code = 0
+    del held
+    with open(req["result"], "w") as f:
+        json.dump(result, f)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

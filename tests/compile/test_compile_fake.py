@@ -1,0 +1,101 @@
+"""compile_plan's bookkeeping (cache, failures, plan rewriting) with the FAKE worker, which
+"builds" instantly and crashes on request; real builds are in test_compile_real.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rkpart.compile.compile import CompileReport, compile_plan, compile_plan_report
+from rkpart.compile.toolkits import Toolkit
+from rkpart.errors import OutputExistsError
+from rkpart.io import folder_lock
+from tests.compile.conftest import FAKE_WORKER
+from tests.compile.plans import tiny_plan
+
+
+def _compile(folder: Path, tk: Toolkit, config: dict[str, Any] | None = None, **kw: Any) -> CompileReport:
+    return compile_plan_report(tiny_plan(folder), folder, tk, "rk3588", config or {}, worker=FAKE_WORKER, **kw)
+
+
+def test_crash_in_one_stage_does_not_stop_the_others(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    rep = _compile(tmp_path, fake_toolkit, config={"fake_crash_stage": "erf"}, jobs=2)
+    status = {o.stage_id: o.status for o in rep.outcomes}
+    assert status == {"ffn": "built", "erf": "failed", "conv": "built"}
+    erf = rep.plan.stage("erf")
+    assert erf.artifact() is None
+    assert erf.failures[0]["message"].startswith("compiler crashed: SIGSEGV (exit 139) in rknn-toolkit2 fake")
+    assert (tmp_path / erf.failures[0]["log"]).is_file()
+    assert rep.plan.stage("scale").artifacts == ()  # host stage untouched
+    art = rep.plan.stage("ffn").artifact()
+    assert art is not None and art.toolkit == "fake" and (tmp_path / art.file).is_file()
+
+
+def test_rerun_builds_nothing_and_rewrites_the_same_plan(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    first = _compile(tmp_path, fake_toolkit)
+    bytes1 = (tmp_path / "plan.json").read_bytes()
+    second = compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", {}, worker=FAKE_WORKER)
+    assert [o.status for o in second.outcomes] == ["cached"] * 3
+    assert (tmp_path / "plan.json").read_bytes() == bytes1
+
+
+def test_changing_one_stage_rebuilds_only_that_stage(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    first = _compile(tmp_path, fake_toolkit)
+    old = first.plan.stage("ffn").artifact()
+    from tests.compile.plans import _save, ffn_graph
+
+    _save(ffn_graph(seed=7), tmp_path / "stages" / "ffn.onnx")
+    second = compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", {}, worker=FAKE_WORKER)
+    assert {o.stage_id: o.status for o in second.outcomes} == {"ffn": "built", "erf": "cached", "conv": "cached"}
+    new = second.plan.stage("ffn").artifact()
+    assert old is not None and new is not None and new.file != old.file
+
+
+def test_changing_config_rebuilds_everything(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    first = _compile(tmp_path, fake_toolkit)
+    second = compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", {"optimization_level": 1},
+                                 worker=FAKE_WORKER)
+    assert [o.status for o in second.outcomes] == ["built"] * 3
+    assert second.plan.extra["compile"]["config"] == {"optimization_level": 1}
+
+
+def test_crash_is_remembered_until_retry_failed(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    cfg = {"fake_crash_stage": "erf"}
+    first = _compile(tmp_path, fake_toolkit, config=cfg)
+    log = tmp_path / first.plan.stage("erf").failures[0]["log"]
+    log.write_text("stale")
+    second = compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", cfg, worker=FAKE_WORKER)
+    assert second.failed[0].stage_id == "erf" and log.read_text() == "stale"  # not rebuilt
+    assert second.plan.stage("erf").failures == first.plan.stage("erf").failures
+    third = compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", cfg, worker=FAKE_WORKER,
+                                retry_failed=True)
+    assert third.failed[0].stage_id == "erf" and log.read_text() != "stale"  # rebuilt
+
+
+def test_fallback_toolkit_builds_what_the_first_one_failed(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    # Two fakes: the first crashes on erf; the "fallback" is the same fake under another name,
+    # and the crash option is keyed to a file name, so it crashes too: the stage stays failed
+    # with both failures recorded, in order.
+    fb = Toolkit(version="fake2", python=fake_toolkit.python, managed=False)
+    rep = _compile(tmp_path, fake_toolkit, config={"fake_crash_stage": "erf"}, fallback_toolkit=fb)
+    fails = rep.plan.stage("erf").failures
+    assert [f["toolkit"] for f in fails] == ["fake", "fake2"]
+    art = rep.plan.stage("ffn").artifact()
+    assert art is not None and art.toolkit == "fake"
+
+
+def test_compile_refuses_a_locked_folder(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    plan = tiny_plan(tmp_path)
+    with folder_lock(tmp_path), pytest.raises(OutputExistsError):
+        compile_plan(plan, tmp_path, fake_toolkit, worker=FAKE_WORKER)
+
+
+def test_shared_cache_serves_another_plan_folder(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    shared = tmp_path / "shared"
+    _compile(tmp_path / "p1", fake_toolkit, shared_cache=shared)
+    rep = _compile(tmp_path / "p2", fake_toolkit, shared_cache=shared)
+    assert [o.status for o in rep.outcomes] == ["cached"] * 3
+    art = rep.plan.stage("conv").artifact()
+    assert art is not None and (tmp_path / "p2" / art.file).is_file()
