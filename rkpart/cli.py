@@ -132,6 +132,16 @@ def _mib(n: int) -> str:
               help="fused: consecutive blocks per NPU stage [default: 1].")
 @click.option("--spec", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="custom: YAML/JSON spec naming the stages (docs/custom-spec.md).")
+@click.option("--budget-mib", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="generic (and auto): memory budget per NPU stage, weights + peak activations, in MiB "
+                   "[generic default: 1024].")
+@click.option("--cost-model", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="auto: cost model JSON from `rkpart fit` [default: the shipped RK3588 calibration].")
+@click.option("--toolkit", "auto_toolkit", default=None,
+              help="auto: rknn-toolkit2 version whose known crashes exclude candidates [default: the model's].")
+@click.option("--steps", type=click.IntRange(min=1), default=None, help="auto: denoising steps [default: 1].")
+@click.option("--cfg/--no-cfg", default=None, help="auto: two passes per step (CFG) or one [default: --cfg].")
+@click.option("--explain", is_flag=True, help="auto: print every candidate's predictions and the choice per block.")
 @click.option("--option", "options", multiple=True, callback=_parse_kv, metavar="KEY=VALUE",
               help="Extra strategy option (repeatable), e.g. for plugins.")
 @click.option("--shape", "shapes", multiple=True, callback=_parse_shapes, metavar="NAME=D0,D1,..",
@@ -144,7 +154,9 @@ def _mib(n: int) -> str:
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan summary as JSON.")
 def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, residual: str | None,
-              modulation: str | None, blocks_per_stage: int | None, spec: Path | None, options: dict[str, Any],
+              modulation: str | None, blocks_per_stage: int | None, spec: Path | None, budget_mib: float | None,
+              cost_model: Path | None, auto_toolkit: str | None, steps: int | None, cfg: bool | None, explain: bool,
+              options: dict[str, Any],
               shapes: dict[str, tuple[int, ...]], simplify: bool, external_threshold: int, force: bool,
               quiet: bool, as_json: bool) -> None:
     """Cut MODEL into NPU and host stages and write a plan folder.
@@ -159,15 +171,23 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
         say(f"no model given: using the bundled example {model.name}")
     opts: dict[str, Any] = dict(options)
     for k, v in (("adaln", adaln), ("residual", residual), ("modulation", modulation),
-                 ("blocks_per_stage", blocks_per_stage), ("spec", spec)):
+                 ("blocks_per_stage", blocks_per_stage), ("spec", spec), ("budget_mib", budget_mib)):
         if v is not None:
             opts[k] = v
     if strategy == "custom" and spec is None:
         raise click.UsageError("--strategy custom needs --spec FILE")
+    selections: list[Any] = []  # the auto strategy reports its Selection here (for --explain)
+    auto_opts = (("cost_model", cost_model), ("toolkit", auto_toolkit), ("steps", steps), ("cfg", cfg))
+    if strategy == "auto":
+        opts.update({k: v for k, v in auto_opts if v is not None})
+        opts["report"] = selections.append
+    elif explain or any(v is not None for _, v in auto_opts):
+        raise click.UsageError("--cost-model, --toolkit, --steps, --cfg and --explain apply to --strategy auto only")
     plan = do_partition(model, out, strategy, force=force, input_shapes=shapes or None,
                         external_threshold=external_threshold, simplify=simplify, progress=say, **opts)
     if as_json:
         click.echo(json.dumps({
+            **({"auto": selections[0].to_json()} if explain and selections else {}),
             "plan": str(out / "plan.json"),
             "strategy": plan.strategy,
             "blocks": len(plan.blocks),
@@ -178,6 +198,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
                         "io_bytes": s.io_bytes} for s in plan.stages],
         }, indent=2))
         return
+    if explain and selections:
+        click.echo(selections[0].render(), nl=False)
     if not quiet:
         click.echo(f"{'#':>3}  {'stage':<28} {'device':<6} {'kind':<34} {'weights MiB':>11} {'I/O MiB':>8}")
         for i, s in enumerate(plan.stages):
@@ -276,18 +298,18 @@ def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: 
 
 
 @main.command()
-def strategies() -> None:
-    """List partition strategies: built-in and installed plugins (with broken ones)."""
-    from rkpart.plugins import load_plugins
-    from rkpart.strategies import BUILTIN
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def strategies(as_json: bool) -> None:
+    """List partition strategies: built-in and installed plugins, and where each came from.
 
-    for s in BUILTIN:
-        click.echo(f"{s.name:<12} built-in   {s.summary}")
-    ps = load_plugins("rkpart.strategies")
-    for name, cls in ps.loaded.items():
-        click.echo(f"{name:<12} plugin     {getattr(cls, 'summary', '')} [{ps.origin[name]}]")
-    for name, err in ps.broken.items():
-        click.echo(f"{name:<12} BROKEN     {err}")
+    Plugins that failed to load are listed as BROKEN with the error (and skipped); a second
+    plugin with a taken name is listed as DUPLICATE or SHADOWED.
+    """
+    from rkpart.plugins import describe, render
+    from rkpart.strategies import BUILTIN, plugins
+
+    rows = describe(((s.name, s.summary, f"rkpart ({s.__module__})") for s in BUILTIN), plugins())
+    click.echo(json.dumps(rows, indent=2) if as_json else render(rows))
 
 
 @main.command()

@@ -1,0 +1,433 @@
+"""Turning measurements into a model: profile records -> samples, and the RK3588 calibration.
+
+Two sources:
+
+* **Profiles** (``rkpart profile ... -o X.jsonl``): :func:`samples_from_records` makes one
+  :class:`~rkpart.cost_model.model.Sample` per stage and run, with the median over measured
+  rounds of each lifecycle component (per call), and features from the plan's stage files.
+* **The write-up** (``/work/shared/seed``): two measured configurations of one 512 px Anima
+  block (3-model split vs fused 1-model) on a ROCK 5C.  Two data points cannot fit free
+  linear models, so :func:`calibrate_writeup` fixes the *structure* (which terms, which
+  coefficients are priors) and solves the remaining ones exactly; see docs/cost-model.md.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rkpart.cost_model.candidates import KNOWN_ISSUES, Candidate
+from rkpart.cost_model.features import Features, combine, stage_features
+from rkpart.cost_model.model import Component, CostModel, Sample, error_summary, nnls_relative
+from rkpart.errors import SpecError
+from rkpart.partitioner.plan import Plan, load_plan
+
+KIB = 1024
+
+#: The write-up's published numbers (seed/*.txt sections 4-6): one 512 px block, 3 rounds of
+#: 2-pass CFG, per-stage residency, RKNN runtime 2.3.0 / driver 0.9.8, toolkit 2.3.0.
+#: Times are totals over the 2 passes of one round.
+WRITEUP: dict[str, dict[str, float]] = {
+    "split": {"load_s": 0.4863, "init_s": 0.4464, "infer_s": 3.1177, "release_s": 0.1694, "host_s": 0.1658,
+              "device_pss_kib": 127144, "pss_peak_kib": 648282, "mse_vs_pytorch": 1.0841e-06},
+    "fused": {"load_s": 0.4814, "init_s": 0.4240, "infer_s": 3.2972, "release_s": 0.1623, "host_s": 0.0,
+              "device_pss_kib": 223704, "pss_peak_kib": 694882, "mse_vs_pytorch": 2.1100e-05},
+}
+WRITEUP_PASSES = 2
+
+WRITEUP_PROVENANCE: dict[str, Any] = {
+    "source": "seed write-up 'Can Partitioned DiT Blocks Be Recombined?' (shared/seed), sections 4-6",
+    "device": "Radxa ROCK 5C 8GB (RK3588S2), RKNN target rk3588",
+    "runtime": "RKNN runtime API 2.3.0, RKNPU driver 0.9.8",
+    "toolkit": "2.3.0",
+    "records": "published medians of 3 rounds x 2 CFG passes, one 512 px Anima DiT block: "
+               "3-model split (AdaLN + residual on host) and fused 1-model",
+    "features_from": "AnimaConfig.full(512).replace(num_blocks=1), fp16 (rkpart.models.anima)",
+    "limits": "one block shape (hidden 2048, 1024 image tokens, 512 text tokens), one resolution, "
+              "one board; two data points per component, so the structure of each predictor is assumed "
+              "(docs/cost-model.md) and only its free coefficients are solved",
+}
+
+#: predicted MSE relative to split with AdaLN and residual on the host (the most accurate).
+ACCURACY_TABLE: dict[str, Any] = {
+    "metric": "block output MSE relative to split with AdaLN and residual on the host",
+    "default_max_ratio": 4.0,
+    "families": {
+        "adaln=host,residual=host": {"ratio": 1.0, "source": "baseline"},
+        "adaln=npu,residual=host": {
+            "ratio": round(WRITEUP["fused"]["mse_vs_pytorch"] / WRITEUP["split"]["mse_vs_pytorch"], 3),
+            "source": "reference/rknn.md: split with AdaLN inside had the same error as fused in the simulator "
+                      "(MSE 1.7e-7 vs 6.9e-10); the board ratio of fused is used",
+        },
+        "adaln=npu,residual=npu": {
+            "ratio": round(WRITEUP["fused"]["mse_vs_pytorch"] / WRITEUP["split"]["mse_vs_pytorch"], 3),
+            "source": "seed write-up section 4: 512 px fused MSE 2.11e-5 vs split 1.0841e-6 (PyTorch reference)",
+        },
+        "adaln=host,residual=npu": {
+            "ratio": round(WRITEUP["fused"]["mse_vs_pytorch"] / WRITEUP["split"]["mse_vs_pytorch"], 3),
+            "source": "assumed like fused: reference/rknn.md attributes the error to the fp16 residual stream",
+        },
+    },
+}
+
+
+# -- write-up calibration --------------------------------------------------------------------
+
+
+def _fit_sum(cases: Sequence[tuple[Features, float]], terms: Sequence[str]) -> tuple[float, ...]:
+    x = np.array([[f.value(t) for t in terms] for f, _ in cases], dtype=float)
+    y = np.array([v for _, v in cases], dtype=float)
+    return tuple(float(c) for c in nnls_relative(x, y))
+
+
+def _fit_max(
+    cases: Sequence[tuple[Sequence[Features], float]],
+    terms: Sequence[str],
+    fixed: Mapping[str, float],
+) -> tuple[float, ...]:
+    """Coefficients for ``y = max over stages (sum coef * feature)``, some coefficients fixed.
+
+    Which stage is the max depends on the coefficients, so this alternates: assume the
+    argmax stages, solve the linear problem for the free coefficients, recompute the argmax,
+    until it no longer changes.
+    """
+    free = [t for t in terms if t not in fixed]
+
+    def value(f: Features, coef: Mapping[str, float]) -> float:
+        return sum(coef[t] * f.value(t) for t in terms)
+
+    coef = {t: fixed.get(t, 0.0) for t in terms}
+    def arg_max(stages: Sequence[Features], score: Callable[[Features], float]) -> int:
+        return max(range(len(stages)), key=lambda i: score(stages[i]))
+
+    argmax = [arg_max(st, lambda f: float(f.weight_bytes)) for st, _ in cases]
+    for _ in range(20):
+        x = np.array([[st[i].value(t) for t in free] for (st, _), i in zip(cases, argmax, strict=True)])
+        y = np.array([v - sum(fixed[t] * st[i].value(t) for t in fixed)
+                      for (st, v), i in zip(cases, argmax, strict=True)])
+        sol = nnls_relative(x, y)
+        coef.update({t: float(c) for t, c in zip(free, sol, strict=True)})
+        new = [arg_max(st, lambda f: value(f, coef)) for st, _ in cases]
+        if new == argmax:
+            break
+        argmax = new
+    return tuple(coef[t] for t in terms)
+
+
+def calibrate_writeup(split: Candidate, fused: Candidate) -> CostModel:
+    """The RK3588 model from the write-up's two configurations of one block.
+
+    ``split``/``fused`` are the candidates of the same full-size block (features only).
+    Structure (docs/cost-model.md):
+
+    * load / init / release per stage = ``a * file_bytes + b``: a per-byte cost and a per-call
+      overhead, solved from the two configurations (3 stages vs 1, 127 vs 140 MB);
+    * inference per stage = ``c * MACs + e * NPU elementwise elements``: the fused block does the
+      same MACs plus AdaLN / gates / residuals as fp16 elementwise work on the NPU, which is
+      what makes it 5.8 % slower; a per-call inference overhead is not identifiable from two
+      points and is taken as 0;
+    * host per pass = ``h * elements touched`` by the host AdaLN / residual ops;
+    * device memory per stage = ``1.0 * weight_bytes + m * peak activation bytes + m0``
+      (weights resident once, a prior), the largest loaded stage counting under per-stage
+      residency;
+    * peak process PSS per stage = ``p * file_bytes + p0``, max over stages.
+    """
+    passes = WRITEUP_PASSES
+    sp, fu = WRITEUP["split"], WRITEUP["fused"]
+    s_npu, f_npu = combine(split.npu), combine(fused.npu)
+    comps: dict[str, Component] = {}
+    life_terms = ("const", "file_bytes")
+    for name, key in (("load", "load_s"), ("init", "init_s"), ("release", "release_s")):
+        coef = _fit_sum([(s_npu, sp[key] / passes), (f_npu, fu[key] / passes)], life_terms)
+        comps[name] = Component(name, life_terms, coef, source="calibration", samples=2,
+                                note="per call: per-byte cost of the model file plus a fixed per-stage overhead")
+    infer_terms = ("all_macs", "elementwise_elems")
+    coef = _fit_sum([(s_npu, sp["infer_s"] / passes), (f_npu, fu["infer_s"] / passes)], infer_terms)
+    comps["infer"] = Component("infer", infer_terms, coef, source="calibration", samples=2,
+                               note="per pass: MACs plus fp16 elementwise work on the NPU (AdaLN, gates, residuals, "
+                                    "softmax, GELU); per-call overhead assumed 0")
+    if split.host is None:
+        raise SpecError("calibration needs the split candidate's host AdaLN/residual ops")
+    host_terms = ("elementwise_elems",)
+    coef = _fit_sum([(split.host, sp["host_s"] / passes)], host_terms)
+    comps["host"] = Component("host", host_terms, coef, source="calibration", samples=1,
+                              note="per pass: elements touched by host AdaLN/residual ops; per-call overhead assumed 0")
+    dev_terms = ("const", "weight_bytes", "peak_bytes")
+    coef = _fit_max([(split.npu, sp["device_pss_kib"] * KIB), (fused.npu, fu["device_pss_kib"] * KIB)], dev_terms,
+                    fixed={"weight_bytes": 1.0})
+    comps["device_mem"] = Component("device_mem", dev_terms, coef, source="calibration", samples=2,
+                                    note="weights resident once (prior, coefficient fixed at 1) + activation peak "
+                                         "+ per-context overhead; max over stages loaded one at a time")
+    pss_terms = ("const", "file_bytes")
+    coef = _fit_max([(split.npu, sp["pss_peak_kib"] * KIB), (fused.npu, fu["pss_peak_kib"] * KIB)], pss_terms,
+                    fixed={})
+    comps["pss_peak"] = Component("pss_peak", pss_terms, coef, source="calibration", samples=2,
+                                  note="process baseline + share of the loaded model file; max over stages")
+    model = CostModel(components=comps, provenance=dict(WRITEUP_PROVENANCE), accuracy=dict(ACCURACY_TABLE),
+                      known_issues=[dict(r) for r in KNOWN_ISSUES])
+    # in-sample error of every component, recorded as provenance
+    for name, comp in comps.items():
+        comps[name] = Component(comp.name, comp.terms, tuple(float(f"{c:.6g}") for c in comp.coef), comp.source,
+                                comp.samples, _writeup_error(model, name, split, fused), comp.note)
+    model.components = comps
+    return model
+
+
+def _writeup_error(model: CostModel, name: str, split: Candidate, fused: Candidate) -> dict[str, Any]:
+    comp = model.components[name]
+    key = {"load": "load_s", "init": "init_s", "infer": "infer_s", "release": "release_s", "host": "host_s",
+           "device_mem": "device_pss_kib", "pss_peak": "pss_peak_kib"}[name]
+    pred, meas = [], []
+    for cand, which in ((split, "split"), (fused, "fused")):
+        m = WRITEUP[which][key]
+        if name in ("device_mem", "pss_peak"):
+            p = max(comp.predict(f) for f in cand.npu) / KIB
+        elif name == "host":
+            if cand.host is None:
+                continue
+            p = comp.predict(cand.host) * WRITEUP_PASSES
+        else:
+            p = sum(comp.predict(f) for f in cand.npu) * WRITEUP_PASSES
+        pred.append(p)
+        meas.append(m)
+    return {"in_sample": error_summary(pred, meas), "note": "exact by construction: as many data points as "
+            "free coefficients; no held-out error exists for this calibration"}
+
+
+# -- profile records -> samples ------------------------------------------------------------
+
+PlanResolver = Callable[[Mapping[str, Any]], tuple[Plan, Path]]
+
+
+def resolve_plan(record: Mapping[str, Any], *, near: Path | None = None) -> tuple[Plan, Path]:
+    """The plan a profile record was measured on, from the path the record names.
+
+    Relative paths are tried as given, then relative to ``near`` (the profile's folder).
+    """
+    f = record.get("plan", {}).get("file")
+    if not f:
+        raise SpecError("profile record names no plan file; profile with `rkpart profile PLAN` so that it does")
+    for cand in (Path(f), *([near / f] if near is not None else [])):
+        if cand.exists():
+            return load_plan(cand)
+    raise SpecError(f"the plan {f!r} of profile run {record.get('run_id')} is not found "
+                    f"(it is needed for the stage features)")
+
+
+def samples_from_records(
+    records: Iterable[Mapping[str, Any]],
+    *,
+    near: Path | None = None,
+    resolver: PlanResolver | None = None,
+    statistic: str = "median",
+) -> list[Sample]:
+    """One sample per (run, stage): medians over the measured calls, per call.
+
+    ``statistic="min"`` takes the fastest call instead of the median: on a machine shared
+    with other jobs the slower calls measure the other jobs, and the fastest one is the
+    stage's own cost.
+
+    Time targets are per call (``load``, ``init``, ``release``: per time the call happened;
+    ``infer`` / ``host``: per pass).  Memory targets (``device_mem``, ``pss_peak``) are taken
+    only from per-stage residency runs, where one NPU stage is loaded at a time.
+    """
+    if statistic not in ("median", "min"):
+        raise ValueError(f"statistic must be 'median' or 'min', got {statistic!r}")
+    by_run: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        if r.get("record") == "stage" and not r.get("warmup"):
+            by_run.setdefault(str(r["run_id"]), []).append(r)
+    out: list[Sample] = []
+    feature_cache: dict[tuple[str, str], Features] = {}
+    for run_id in sorted(by_run):
+        recs = by_run[run_id]
+        plan, folder = (resolver or (lambda rec: resolve_plan(rec, near=near)))(recs[0])
+        stages = {s.id: s for s in plan.stages}
+        residency = recs[0]["settings"]["residency"]
+        per_stage: dict[str, dict[int, dict[str, list[float]]]] = {}
+        for r in recs:
+            st = r["stage"]
+            s = stages.get(st["id"])
+            if s is None or s.sha256 != st["sha256"]:
+                raise SpecError(f"profile run {run_id}: stage {st['id']} is not in plan {folder} as profiled "
+                                "(the plan changed after profiling)")
+            d = per_stage.setdefault(st["id"], {}).setdefault(int(r["round"]), {})
+            for k in ("load_s", "init_s", "infer_s", "release_s"):
+                v = r["timings"].get(k)
+                if v is not None:
+                    d.setdefault(k, []).append(float(v))
+            for k in ("device_pss_peak_kib", "pss_peak_kib"):
+                v = r["memory"].get(k)
+                if v is not None:
+                    d.setdefault(k, []).append(float(v))
+        for sid in sorted(per_stage, key=lambda x: [s.id for s in plan.stages].index(x)):
+            s = stages[sid]
+            key = (str(folder), sid)
+            if key not in feature_cache:
+                feature_cache[key] = stage_features(folder, s)
+            feats = feature_cache[key]
+            rounds = per_stage[sid]
+            targets: dict[str, float] = {}
+
+            def med(k: str, agg: Callable[[list[float]], float], rounds: dict[int, dict[str, list[float]]] = rounds
+                    ) -> float | None:
+                # times: the median over every call of every measured round (robust to the odd
+                # slow call on a busy machine); memory: the median over rounds of each round's max
+                if agg is max:
+                    vals = [max(d[k]) for d in rounds.values() if d.get(k)]
+                else:
+                    vals = [v for d in rounds.values() for v in d.get(k, [])]
+                    if vals and statistic == "min":
+                        return min(vals)
+                return statistics.median(vals) if vals else None
+
+            mean = statistics.median
+            if s.device == "host":
+                v = med("infer_s", mean)
+                if v is not None:
+                    targets["host"] = v
+            else:
+                for comp, k in (("load", "load_s"), ("init", "init_s"), ("infer", "infer_s"),
+                                ("release", "release_s")):
+                    v = med(k, mean)
+                    if v is not None:
+                        targets[comp] = v
+                if residency == "per-stage":
+                    v = med("device_pss_peak_kib", max)
+                    if v is not None and v > 0:
+                        targets["device_mem"] = v * KIB
+            if residency == "per-stage":
+                v = med("pss_peak_kib", max)
+                if v is not None:
+                    targets["pss_peak"] = v * KIB
+            if targets:
+                label = f"{plan.strategy['name']}:{sid}"
+                out.append(Sample(features=feats, targets=targets, group=run_id, label=label))
+    return out
+
+
+def environment_of(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Device and runtime of the records (for the fitted model's provenance)."""
+    backends: set[str] = set()
+    runtimes: set[str] = set()
+    machines: set[str] = set()
+    runs: set[str] = set()
+    for r in records:
+        env = r.get("env", {})
+        be = env.get("backend", {})
+        backends.add(str(be.get("backend")))
+        runtimes.add(str(be.get("runtime") or be.get("toolkit") or ""))
+        machines.add(" / ".join(str(x) for x in (env.get("board") or env.get("cpu_model"), env.get("machine"))))
+        runs.add(str(r.get("run_id")))
+    return {"backends": sorted(backends), "runtimes": sorted(x for x in runtimes if x),
+            "devices": sorted(machines), "runs": len(runs)}
+
+
+def fit_profiles(
+    paths: Sequence[str | Path],
+    *,
+    base: str | Path | None = None,
+    folds: int = 0,
+    statistic: str = "median",
+) -> tuple[CostModel, dict[str, Any]]:
+    """Fit a model from profile files; returns it and the error report ``rkpart fit`` prints.
+
+    With ``base``, the components the profiles measure are refitted and the rest (e.g. NPU
+    device memory, which an ONNX Runtime profile cannot measure) are kept from ``base``.
+    """
+    from rkpart.cost_model.model import COMPONENTS, DEFAULT_TERMS, cross_validate
+    from rkpart.profile.records import read_jsonl
+
+    records: list[dict[str, Any]] = []
+    samples: list[Sample] = []
+    for p in paths:
+        recs = read_jsonl(p)
+        records += recs
+        samples += samples_from_records(recs, near=Path(p).parent, statistic=statistic)
+    if not samples:
+        raise SpecError("the profiles hold no measured stage records to fit")
+    model = CostModel.load(base) if base is not None else CostModel()
+    model.update(samples)
+    env = environment_of(records)
+    model.provenance = {
+        **({"base": dict(model.provenance)} if base is not None else {}),
+        "source": "rkpart fit",
+        "profiles": [Path(p).name for p in paths],
+        "device": ", ".join(env["devices"]),
+        "runtime": ", ".join(env["runtimes"]),
+        "backends": env["backends"],
+        "runs": env["runs"],
+        "samples": len(samples),
+        "statistic": statistic,
+        "toolkit": model.provenance.get("toolkit") if base is not None else None,
+    }
+    comps: dict[str, Any] = {}
+    for name in COMPONENTS:
+        c = model.components.get(name)
+        if c is None or c.source != "fit":
+            continue
+        cv = c.fit_error["cross_validation"] if c.fit_error else None
+        if folds:
+            rows = [s for s in samples if name in s.targets]
+            cv = cross_validate(rows, name, DEFAULT_TERMS[name], folds=folds)
+        comps[name] = {"terms": dict(zip(c.terms, c.coef, strict=True)), "cross_validation": cv,
+                       "in_sample": c.fit_error["in_sample"] if c.fit_error else None}
+    method = next((v["cross_validation"]["method"] for v in comps.values() if v["cross_validation"]), "none")
+    report = {"samples": len(samples), "runs": env["runs"], "backends": env["backends"], "method": method,
+              "components": comps}
+    return model, report
+
+
+def compare_with_model(
+    records: Sequence[Mapping[str, Any]],
+    model: CostModel,
+    *,
+    near: Path | None = None,
+    resolver: PlanResolver | None = None,
+) -> list[dict[str, Any]]:
+    """Predicted vs measured, per stage and component, for a profiled plan.
+
+    For ``rkpart profile ... --against MODEL.json``: one row per (stage, component) with
+    ``measured``, ``predicted`` and ``error_pct``, then one ``stage == "total"`` row per
+    component summing the stages (per call / per pass, as in :func:`samples_from_records`).
+    Render with :func:`render_comparison`.
+    """
+    samples = samples_from_records(records, near=near, resolver=resolver)
+    rows: list[dict[str, Any]] = []
+    totals: dict[str, list[float]] = {}
+    for s in samples:
+        pred = model.predict_stage(s.features)
+        for comp, meas in s.targets.items():
+            p = pred.get(comp)
+            if p is None:
+                continue
+            rows.append({"stage": s.label.partition(":")[2], "component": comp, "measured": meas, "predicted": p,
+                         "error_pct": None if not meas else (p - meas) / meas * 100.0})
+            if comp not in ("device_mem", "pss_peak"):
+                t = totals.setdefault(comp, [0.0, 0.0])
+                t[0] += meas
+                t[1] += p
+    for comp, (meas, p) in totals.items():
+        rows.append({"stage": "total", "component": comp, "measured": meas, "predicted": p,
+                     "error_pct": None if not meas else (p - meas) / meas * 100.0})
+    return rows
+
+
+def render_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Text table of :func:`compare_with_model` rows."""
+    out = [f"{'stage':<28} {'component':<11} {'measured':>12} {'predicted':>12} {'error':>9}"]
+    for r in rows:
+        unit = 1 / 2**20 if r["component"] in ("device_mem", "pss_peak") else 1.0
+        suffix = " MiB" if unit != 1.0 else " s"
+        err = "-" if r["error_pct"] is None else f"{r['error_pct']:+.1f} %"
+        out.append(f"{r['stage']:<28} {r['component']:<11} {r['measured'] * unit:>10.4f}{suffix:<2} "
+                   f"{r['predicted'] * unit:>10.4f}{suffix:<2} {err:>9}")
+    return "\n".join(out) + "\n"
+
+
+__all__ = ["ACCURACY_TABLE", "WRITEUP", "WRITEUP_PROVENANCE", "calibrate_writeup", "compare_with_model",
+           "environment_of", "fit_profiles", "render_comparison", "resolve_plan", "samples_from_records"]

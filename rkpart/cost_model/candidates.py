@@ -1,0 +1,256 @@
+"""Candidate partitions of each block, with their features and what rules them out.
+
+Per block (or run of consecutive blocks) the candidates are:
+
+``split``            one NPU stage per branch, AdaLN + gates + residuals on the host
+``split-adaln-npu``  one NPU stage per branch with its AdaLN inside; residuals on the host
+``fused``            the whole block (AdaLN, residuals, modulation) in one NPU stage
+``fused-xK``         K consecutive blocks in one NPU stage (K = 2 .. ``max_run``)
+``<plugin>``         any registered strategy whose stages each stay inside one block
+
+Groups come from the strategies themselves (``SplitStrategy.propose`` sliced per block),
+so a chosen candidate is exactly the stage that strategy would have written.  Residency
+(per-stage vs resident) is not part of a candidate: :mod:`rkpart.cost_model.select`
+evaluates every candidate under each residency.
+
+A candidate is *excluded*, never silently chosen, when the toolkit is known to crash on it
+(a failure recorded by ``rkpart compile`` in a plan, or a row of the known-issue table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rkpart.cost_model.features import Features, group_features
+from rkpart.partitioner.discovery import Block, Discovery
+from rkpart.partitioner.graph import ModelGraph
+from rkpart.strategies.base import Group, Partition, block_id
+
+#: strategies the auto strategy builds candidates from itself (or must not recurse into)
+_OWN = frozenset({"split", "fused", "custom", "auto", "generic"})
+
+#: Toolkit versions known to crash on candidate families.  ``when`` is matched against
+#: :meth:`Candidate.traits`.  Sources: the seed write-up (section 2) and
+#: /work/shared/reference/rknn.md ("The AdaLN SIGSEGV (reproduced)").
+KNOWN_ISSUES: tuple[dict[str, Any], ...] = (
+    {
+        "toolkit": "2.3.2",
+        "when": {"adaln_on_npu": True},
+        "what": "rknn-toolkit2 2.3.2 crashes (SIGSEGV, exit 139) building AdaLN followed by attention/FFN "
+                "in one graph (fuse_exnorm_mul/fuse_exnorm_add)",
+        "source": "seed write-up section 2; reference/rknn.md AdaLN SIGSEGV table",
+    },
+    {
+        "toolkit": "2.3.0",
+        "when": {"adaln_on_npu": True, "layernorm": "decomposed"},
+        "what": "rknn-toolkit2 2.3.0 crashes (SIGSEGV, exit 139) on AdaLN with a decomposed (opset 13) LayerNorm "
+                "followed by weighted ops",
+        "source": "reference/rknn.md AdaLN SIGSEGV table (opset 13 rows)",
+    },
+)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to partition ``blocks`` (one block, or a run of consecutive blocks)."""
+
+    id: str
+    blocks: tuple[int, ...]
+    groups: tuple[Group, ...]
+    npu: tuple[Features, ...]  # one per NPU stage, in group order
+    host: Features | None  # all host ops of the blocks together (``stages`` = host segments)
+    adaln_on_npu: bool
+    residual_on_npu: bool
+    layernorm: str  # "op" (LayerNormalization) or "decomposed"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    excluded: str | None = None  # why it must not be chosen (toolkit crash ...)
+
+    @property
+    def start(self) -> int:
+        return self.blocks[0]
+
+    def traits(self) -> dict[str, Any]:
+        return {"adaln_on_npu": self.adaln_on_npu, "residual_on_npu": self.residual_on_npu,
+                "layernorm": self.layernorm, "candidate": self.id}
+
+    @property
+    def accuracy_key(self) -> str:
+        return f"adaln={'npu' if self.adaln_on_npu else 'host'},residual={'npu' if self.residual_on_npu else 'host'}"
+
+
+def _layernorm_form(mg: ModelGraph, b: Block) -> str:
+    ops = {mg.nodes[i].op_type for r in b.regions for i in r.pre}
+    return "decomposed" if "ReduceMean" in ops and "LayerNormalization" not in ops else "op"
+
+
+def _make(mg: ModelGraph, disc: Discovery, cid: str, run: Sequence[Block], groups: Iterable[Group],
+          options: Mapping[str, Any]) -> Candidate:
+    groups = tuple(groups)
+    npu_ops = frozenset().union(*(g.ops for g in groups if g.device == "npu"))
+    host_ops = frozenset().union(*(g.ops for g in groups if g.device == "host"))
+    npu = tuple(group_features(mg, g.ops, device="npu") for g in groups if g.device == "npu")
+    host = None
+    if host_ops:
+        hf = group_features(mg, host_ops, device="host")
+        # host code runs between NPU stages: one host segment before each NPU stage
+        host = dataclasses.replace(hf, stages=max(1, len(npu)))
+    pre = frozenset().union(*(r.pre for b in run for r in b.regions))
+    adds = frozenset().union(*(r.adds for b in run for r in b.regions))
+    forms = {_layernorm_form(mg, b) for b in run}
+    return Candidate(id=cid, blocks=tuple(b.index for b in run), groups=groups, npu=npu, host=host,
+                     adaln_on_npu=bool(pre & npu_ops), residual_on_npu=bool(adds & npu_ops),
+                     layernorm="decomposed" if "decomposed" in forms else "op", options=dict(options))
+
+
+def _per_block(part: Partition) -> dict[int, list[Group]]:
+    out: dict[int, list[Group]] = {}
+    for g in part.groups:
+        if g.block is None:
+            continue
+        out.setdefault(g.block, []).append(g)
+    return out
+
+
+def enumerate_candidates(
+    mg: ModelGraph,
+    disc: Discovery,
+    *,
+    max_run: int = 2,
+    plugins: bool = True,
+    notes: list[str] | None = None,
+) -> dict[int, list[Candidate]]:
+    """Candidates starting at each block index (runs are listed at their first block).
+
+    ``notes`` collects plugin strategies that were skipped and why.
+    """
+    from rkpart.strategies.fused import FusedStrategy
+    from rkpart.strategies.split import SplitStrategy
+
+    blocks = list(disc.blocks)
+    out: dict[int, list[Candidate]] = {b.index: [] for b in blocks}
+    variants: list[tuple[str, Partition, dict[str, Any]]] = [
+        ("split", SplitStrategy().propose(mg, disc), {"strategy": "split", "adaln": "host"}),
+        ("split-adaln-npu", SplitStrategy().propose(mg, disc, adaln="npu"), {"strategy": "split", "adaln": "npu"}),
+        ("fused", FusedStrategy().propose(mg, disc), {"strategy": "fused", "blocks_per_stage": 1}),
+    ]
+    if plugins:
+        variants += _plugin_variants(mg, disc, notes if notes is not None else [])
+    for cid, part, opts in variants:
+        per = _per_block(part)
+        for b in blocks:
+            gs = per.get(b.index, [])
+            if any(len(g.blocks) > 1 for g in gs):
+                continue
+            if gs:
+                out[b.index].append(_make(mg, disc, cid, [b], gs, opts))
+    for k in range(2, max_run + 1):
+        for start in range(0, len(blocks) - k + 1):
+            run = blocks[start:start + k]
+            ids = tuple(b.index for b in run)
+            gid = f"{block_id(run[0])}-{block_id(run[-1])}.block"
+            ops = frozenset().union(*(b.ops for b in run))
+            g = Group(id=gid, device="npu", ops=ops, region="block", kind="block", block=run[0].index, blocks=ids)
+            out[run[0].index].append(_make(mg, disc, f"fused-x{k}", run, [g],
+                                           {"strategy": "fused", "blocks_per_stage": k}))
+    return out
+
+
+def _plugin_variants(mg: ModelGraph, disc: Discovery, notes: list[str]) -> list[tuple[str, Partition, dict[str, Any]]]:
+    from rkpart.strategies import available
+
+    out: list[tuple[str, Partition, dict[str, Any]]] = []
+    for name, cls in available().items():
+        if name in _OWN:
+            continue
+        try:
+            part = cls().propose(mg, disc)
+        except Exception as e:  # a plugin that needs options it was not given is skipped, with a note
+            notes.append(f"strategy {name} not considered: {type(e).__name__}: {e}")
+            continue
+        if any(len(g.blocks) > 1 for g in part.groups):
+            notes.append(f"strategy {name} not considered: its stages span several blocks")
+            continue
+        out.append((name, part, {"strategy": name}))
+    return out
+
+
+# -- exclusions ----------------------------------------------------------------------------
+
+
+def candidate_id_for(strategy: str, options: Mapping[str, Any]) -> str | None:
+    """The candidate id a plan made with ``strategy``/``options`` corresponds to (or ``None``)."""
+    if strategy == "split":
+        return "split-adaln-npu" if options.get("adaln") == "npu" else (
+            "split" if options.get("residual", "host") == "host" else None)
+    if strategy == "fused":
+        k = int(options.get("blocks_per_stage", 1))
+        return "fused" if k == 1 else f"fused-x{k}"
+    return strategy if strategy not in _OWN else None
+
+
+def _matches(when: Mapping[str, Any], traits: Mapping[str, Any]) -> bool:
+    return all(traits.get(k) == v for k, v in when.items())
+
+
+def mark_exclusions(
+    cands: Mapping[int, list[Candidate]],
+    *,
+    toolkit: str | None,
+    known_issues: Sequence[Mapping[str, Any]] = KNOWN_ISSUES,
+    compiled: Sequence[str | Path] = (),
+) -> dict[int, list[Candidate]]:
+    """New candidate lists with ``excluded`` set for known crashes and recorded compile failures.
+
+    ``compiled`` are plan folders that ``rkpart compile`` has written: a stage whose build
+    failed (crash or error) with ``toolkit`` excludes the matching candidate for the blocks
+    that stage covers; a successful ``.rknn`` artifact replaces the candidate stage's
+    ``file_bytes`` / CPU-placed op counts with the real ones.
+    """
+    from rkpart.partitioner.plan import load_plan
+
+    failures: dict[tuple[str, int], str] = {}
+    artifacts: dict[tuple[str, tuple[int, ...], str], Any] = {}
+    for folder in compiled:
+        plan, _ = load_plan(folder)
+        cid = candidate_id_for(str(plan.strategy.get("name")), dict(plan.strategy.get("options", {})))
+        if cid is None:
+            continue
+        for s in plan.npu_stages:
+            for f in s.failures:
+                if (toolkit is None or str(f.get("toolkit")) == toolkit) and f.get("kind") in ("crash", "error"):
+                    for b in s.blocks:
+                        failures[(cid, b)] = (f"compile failed with rknn-toolkit2 {f.get('toolkit')}: "
+                                              f"{f.get('message', f.get('kind'))} (plan {folder})")
+            art = s.artifact("rknn")
+            if art is not None and (toolkit is None or art.toolkit == toolkit):
+                artifacts[(cid, tuple(s.blocks), s.region)] = art
+    out: dict[int, list[Candidate]] = {}
+    for start, lst in cands.items():
+        new: list[Candidate] = []
+        for c in lst:
+            reason = next((failures[(c.id, b)] for b in c.blocks if (c.id, b) in failures), None)
+            if reason is None and toolkit is not None:
+                for row in known_issues:
+                    if str(row.get("toolkit")) == toolkit and _matches(row.get("when", {}), c.traits()):
+                        reason = f"known issue: {row.get('what')}"
+                        break
+            npu = c.npu
+            if artifacts:
+                npu_groups = [g for g in c.groups if g.device == "npu"]
+                fs = list(npu)
+                for i, g in enumerate(npu_groups):
+                    art = artifacts.get((c.id, tuple(g.blocks) or c.blocks, g.region))
+                    if art is not None:
+                        fs[i] = dataclasses.replace(fs[i], file_bytes=art.size_bytes, rknn_bytes=art.size_bytes,
+                                                    cpu_ops=len(art.cpu_ops))
+                npu = tuple(fs)
+            new.append(dataclasses.replace(c, excluded=reason, npu=npu))
+        out[start] = new
+    return out
+
+
+__all__ = ["KNOWN_ISSUES", "Candidate", "candidate_id_for", "enumerate_candidates", "mark_exclusions"]

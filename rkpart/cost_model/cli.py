@@ -1,0 +1,59 @@
+"""``rkpart fit``: fit a cost model from profile records and print its held-out error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from rkpart.cost_model.model import COMPONENTS
+
+
+@click.command("fit")
+@click.argument("profiles", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
+              help="Cost model JSON to write.")
+@click.option("--base", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Start from this model (e.g. the shipped calibration) and refit only what the profiles "
+                   "measure [default: fit from scratch].")
+@click.option("--folds", type=click.IntRange(min=0), default=0, show_default=True,
+              help="k-fold over profile runs instead of leave-one-run-out (0).")
+@click.option("--statistic", type=click.Choice(["median", "min"]), default="median", show_default=True,
+              help="Per stage, the median of the measured calls, or the fastest (for a machine busy with "
+                   "other jobs).")
+@click.option("--json", "as_json", is_flag=True, help="Print the error report as JSON.")
+def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, folds: int, statistic: str,
+        as_json: bool) -> None:
+    """Fit a cost model from PROFILES (JSON Lines from `rkpart profile`) and write it to OUTPUT.
+
+    Prints, per component, the share of held-out predictions within +-10 % and +-20 % and
+    the median absolute percentage error (leave-one-run-out cross-validation).
+    """
+    from rkpart.cost_model.calibration import fit_profiles
+
+    model, report = fit_profiles(profiles, base=base, folds=folds, statistic=statistic)
+    model.save(output)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(render_report(report))
+    click.echo(f"wrote {output}", err=True)
+
+
+def render_report(report: dict[str, object]) -> str:
+    comps = report["components"]
+    assert isinstance(comps, dict)
+    lines = [f"{report['samples']} stage samples from {report['runs']} profile runs "
+             f"({', '.join(report['backends'])}); held-out error ({report['method']}):",  # type: ignore[arg-type]
+             f"  {'component':<11} {'n':>4} {'within 10%':>10} {'within 20%':>10} {'median |err|':>12}  terms"]
+    for name in COMPONENTS:
+        c = comps.get(name)
+        if c is None:
+            continue
+        cv = c["cross_validation"]
+        w10 = "-" if cv["within_10"] is None else f"{cv['within_10'] * 100:.0f} %"
+        w20 = "-" if cv["within_20"] is None else f"{cv['within_20'] * 100:.0f} %"
+        med = "-" if cv["median_ape"] is None else f"{cv['median_ape']:.1f} %"
+        lines.append(f"  {name:<11} {cv['n']:>4} {w10:>10} {w20:>10} {med:>12}  {c['terms']}")
+    return "\n".join(lines)

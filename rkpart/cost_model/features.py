@@ -1,0 +1,386 @@
+"""Features of a subgraph that a cost model predicts from.
+
+A subgraph is a list of ONNX nodes with static tensor types, as it appears either in a
+stage file of a plan (:func:`stage_features`) or as a set of ops of a loaded model that a
+candidate partition would cut out (:func:`group_features`).  Both paths end in
+:func:`subgraph_features`, so a candidate's features equal those of the stage it becomes.
+
+Everything is counted from static shapes, never by running the graph:
+
+* ``macs``: multiply-accumulates of MatMul / Gemm / Conv / ConvTranspose with a weight
+  operand; ``act_macs`` the same for MatMul of two activations (attention scores and
+  attention-weighted values), which hardware runs at a different efficiency;
+* ``weight_bytes``: initializers the subgraph reads (constant closures included);
+* ``in_bytes`` / ``out_bytes``: boundary activations;
+* ``peak_bytes``: the largest sum of live activation bytes over the nodes in
+  topological order (a tensor is live from its producer to its last consumer inside the
+  subgraph; boundary inputs from the start, boundary outputs to the end);
+* ``elementwise_elems``: output elements of every op that is neither weighted nor a pure
+  re-labelling (Reshape, Transpose counts: it moves data); reductions count their input;
+* ``moved_bytes``: activation bytes read and written by all ops plus the weights read once;
+* ``cpu_ops`` / ``cpu_elems``: layers the toolkit placed on the CPU (from a compile
+  result), and the output elements of the ONNX nodes they came from;
+* ``file_bytes``: the ``.rknn`` size when the stage was compiled, else ``weight_bytes``
+  (what the runtime has to read and upload).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from rkpart.partitioner.plan import Artifact, Stage, check_inside
+
+#: ops with a weight operand whose MACs are counted
+MAC_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "MatMulInteger", "QLinearMatMul", "Einsum"})
+#: ops that only re-label a tensor (no data movement worth counting)
+RELABEL_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Shape", "Constant",
+                         "ConstantOfShape", "Size"})
+REDUCE_OPS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
+                        "ReduceSumSquare", "Softmax", "LayerNormalization", "RMSNormalization",
+                        "SimplifiedLayerNormalization", "GroupNormalization", "InstanceNormalization"})
+
+#: derived terms a model may use besides :data:`NUMERIC`: ``const`` (1 per stage),
+#: ``all_macs`` (weighted + activation MACs), ``io_bytes`` (boundary in + out)
+DERIVED = ("const", "all_macs", "io_bytes")
+#: numeric features, in the order the JSON and the tables show them
+NUMERIC = (
+    "weight_bytes", "file_bytes", "macs", "act_macs", "in_bytes", "out_bytes", "peak_bytes",
+    "elementwise_elems", "moved_bytes", "nodes", "cpu_ops", "cpu_elems", "stages",
+)
+
+
+@dataclass(frozen=True)
+class Features:
+    """Features of one stage (or, with ``stages > 1``, the sum over several stages).
+
+    ``op_counts`` is sorted by op type so that equal subgraphs give equal objects.
+    """
+
+    device: str
+    weight_bytes: int = 0
+    file_bytes: int = 0
+    macs: int = 0
+    act_macs: int = 0
+    in_bytes: int = 0
+    out_bytes: int = 0
+    peak_bytes: int = 0
+    elementwise_elems: int = 0
+    moved_bytes: int = 0
+    nodes: int = 0
+    cpu_ops: int = 0
+    cpu_elems: int = 0
+    stages: int = 1
+    rknn_bytes: int | None = None
+    op_counts: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+
+    def value(self, name: str) -> float:
+        """A numeric feature by name; ``"const"`` is 1 per stage (fixed per-call overhead)."""
+        if name == "const":
+            return float(self.stages)
+        if name == "all_macs":
+            return float(self.macs + self.act_macs)
+        if name == "io_bytes":
+            return float(self.in_bytes + self.out_bytes)
+        return float(getattr(self, name))
+
+    def to_json(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"device": self.device}
+        for k in NUMERIC:
+            d[k] = getattr(self, k)
+        d["rknn_bytes"] = self.rknn_bytes
+        d["op_counts"] = dict(self.op_counts)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Features:
+        kw: dict[str, Any] = {k: int(d.get(k, 0)) for k in NUMERIC}
+        return cls(device=str(d["device"]), rknn_bytes=None if d.get("rknn_bytes") is None else int(d["rknn_bytes"]),
+                   op_counts=tuple(sorted((str(k), int(v)) for k, v in dict(d.get("op_counts", {})).items())), **kw)
+
+
+def _numel(shape: Sequence[int]) -> int:
+    return int(math.prod(int(d) for d in shape))
+
+
+def _nbytes(tt: tuple[str, tuple[int, ...]] | None) -> int:
+    if tt is None:
+        return 0
+    dt, shape = tt
+    try:
+        size = int(np.dtype(dt).itemsize)
+    except TypeError:
+        size = 4
+    return size * _numel(shape)
+
+
+def _node_macs(node: onnx.NodeProto, types: Mapping[str, tuple[str, tuple[int, ...]]]) -> int:
+    """MACs of one weighted op from its input/output shapes (0 when shapes are unknown)."""
+    def shape(i: int) -> tuple[int, ...] | None:
+        if i >= len(node.input) or not node.input[i]:
+            return None
+        t = types.get(node.input[i])
+        return None if t is None else t[1]
+
+    out = types.get(node.output[0]) if node.output else None
+    if out is None:
+        return 0
+    op = node.op_type
+    if op in ("MatMul", "MatMulInteger", "QLinearMatMul"):
+        a = shape(0)
+        if a is None or not a:
+            return 0
+        k = int(a[-1])
+        return _numel(out[1]) * k
+    if op == "Gemm":
+        a = shape(0)
+        if a is None or len(a) != 2:
+            return 0
+        trans_a = next((int(x.i) for x in node.attribute if x.name == "transA"), 0)
+        k = int(a[0] if trans_a else a[1])
+        return _numel(out[1]) * k
+    if op in ("Conv", "ConvTranspose"):
+        w = shape(1)
+        if w is None or len(w) < 2:
+            return 0
+        per_out = _numel(w[1:])  # Cin/group * kernel
+        if op == "ConvTranspose":
+            x = shape(0)
+            return 0 if x is None else _numel(x) * int(w[1]) * _numel(w[2:])
+        return _numel(out[1]) * per_out
+    return 0
+
+
+def subgraph_features(
+    nodes: Sequence[onnx.NodeProto],
+    types: Mapping[str, tuple[str, tuple[int, ...]]],
+    *,
+    device: str,
+    inputs: Sequence[str],
+    outputs: Sequence[str],
+    weight_bytes: int,
+    const_tensors: frozenset[str] | set[str] = frozenset(),
+    artifact: Artifact | None = None,
+) -> Features:
+    """Features of ``nodes`` (in topological order) with boundary ``inputs``/``outputs``.
+
+    ``const_tensors`` are tensors that hold weights or constants (not activations); they
+    are left out of activation counts and decide whether a MatMul is weighted.
+    """
+    macs = act_macs = ew = moved = 0
+    counts: Counter[str] = Counter()
+    elems_of: dict[str, int] = {}
+
+    def is_const(t: str) -> bool:
+        return t in const_tensors
+
+    # last position at which each activation is read, for the liveness scan
+    last_use: dict[str, int] = {}
+    for pos, n in enumerate(nodes):
+        for t in n.input:
+            if t and not is_const(t):
+                last_use[t] = pos
+    end = len(nodes)
+    for t in outputs:
+        last_use[t] = end
+    live: dict[str, int] = {t: _nbytes(types.get(t)) for t in inputs if not is_const(t)}
+    peak = sum(live.values())
+    for pos, n in enumerate(nodes):
+        counts[n.op_type] += 1
+        outs = [t for t in n.output if t]
+        out_elems = sum(_numel(types[t][1]) for t in outs if t in types)
+        dyn_in = [t for t in n.input if t and not is_const(t)]
+        in_bytes = sum(_nbytes(types.get(t)) for t in dyn_in)
+        out_bytes = sum(_nbytes(types.get(t)) for t in outs)
+        if n.op_type in MAC_OPS:
+            m = _node_macs(n, types)
+            if n.op_type in ("MatMul", "MatMulInteger", "QLinearMatMul"):
+                weighted = any(is_const(t) for t in n.input if t)
+            else:
+                weighted = len(n.input) > 1 and is_const(n.input[1])
+            if weighted:
+                macs += m
+            else:
+                act_macs += m
+        elif n.op_type not in RELABEL_OPS:
+            if n.op_type in REDUCE_OPS and dyn_in:
+                ew += max(out_elems, max(_numel(types[t][1]) for t in dyn_in if t in types) if any(
+                    t in types for t in dyn_in) else 0)
+            else:
+                ew += out_elems
+        if n.op_type not in RELABEL_OPS:
+            moved += in_bytes + out_bytes
+        for t in outs:
+            elems_of[t] = out_elems
+        # liveness: outputs become live; inputs whose last use is here die after the node
+        for t in outs:
+            if t in last_use:
+                live[t] = _nbytes(types.get(t))
+        peak = max(peak, sum(live.values()))
+        for t in set(dyn_in):
+            if last_use.get(t) == pos:
+                live.pop(t, None)
+    cpu_names = _cpu_node_names(artifact)
+    cpu_elems = sum(_numel(types[t][1]) for n in nodes if n.name in cpu_names for t in n.output if t in types)
+    rknn = artifact.size_bytes if artifact is not None else None
+    return Features(
+        device=device,
+        weight_bytes=int(weight_bytes),
+        file_bytes=int(rknn if rknn is not None else weight_bytes),
+        macs=int(macs),
+        act_macs=int(act_macs),
+        in_bytes=int(sum(_nbytes(types.get(t)) for t in inputs if not is_const(t))),
+        out_bytes=int(sum(_nbytes(types.get(t)) for t in outputs)),
+        peak_bytes=int(peak),
+        elementwise_elems=int(ew),
+        moved_bytes=int(moved + weight_bytes),
+        nodes=len(nodes),
+        cpu_ops=len(artifact.cpu_ops) if artifact is not None else 0,
+        cpu_elems=int(cpu_elems),
+        stages=1,
+        rknn_bytes=rknn,
+        op_counts=tuple(sorted(counts.items())),
+    )
+
+
+def _cpu_node_names(artifact: Artifact | None) -> set[str]:
+    # layer names look like "Erf:/block/Erf"; the part after the first colon is the ONNX
+    # node name the layer came from (fused layers keep one of their nodes' names)
+    if artifact is None:
+        return set()
+    return {n.partition(":")[2] or n for n in artifact.cpu_ops}
+
+
+# -- front ends ----------------------------------------------------------------------------
+
+
+def _tensor_types(model: onnx.ModelProto) -> dict[str, tuple[str, tuple[int, ...]]]:
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    g = model.graph
+    for vi in [*g.input, *g.output, *g.value_info]:
+        tt = vi.type.tensor_type
+        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
+            continue
+        if not all(d.HasField("dim_value") for d in tt.shape.dim):
+            continue
+        try:
+            dt = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name
+        except (KeyError, TypeError, ValueError):
+            continue
+        out[vi.name] = (dt, tuple(int(d.dim_value) for d in tt.shape.dim))
+    return out
+
+
+def _initializer_bytes(init: onnx.TensorProto) -> int:
+    try:
+        size = int(np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize)
+    except (KeyError, TypeError, ValueError):
+        size = 4
+    return size * _numel(init.dims)
+
+
+def model_features(model: onnx.ModelProto, *, device: str, artifact: Artifact | None = None) -> Features:
+    """Features of a whole (stage) model, weights not loaded.
+
+    Shapes come from the model's value_info completed by ONNX shape inference.
+    """
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # shape inference is best effort: value_info already present is used
+        inferred = model
+    types = _tensor_types(inferred)
+    g = inferred.graph
+    const = {i.name for i in g.initializer}
+    w = sum(_initializer_bytes(i) for i in g.initializer)
+    # constant-only nodes (Constant and ops fed only by constants) hold no activations
+    nodes: list[onnx.NodeProto] = []
+    for n in g.node:
+        if n.op_type == "Constant" or (n.input and all((not t) or t in const for t in n.input)):
+            const.update(t for t in n.output if t)
+            for a in n.attribute:
+                if a.name == "value" and a.HasField("t"):
+                    w += _initializer_bytes(a.t) if _numel(a.t.dims) > 16 else 0
+            continue
+        nodes.append(n)
+    inputs = [i.name for i in g.input if i.name not in const]
+    outputs = [o.name for o in g.output]
+    return subgraph_features(nodes, types, device=device, inputs=inputs, outputs=outputs, weight_bytes=w,
+                             const_tensors=frozenset(const), artifact=artifact)
+
+
+def stage_features(folder: str | Path, stage: Stage) -> Features:
+    """Features of one stage of a plan folder (its ONNX file; its ``.rknn`` artifact if any)."""
+    path = check_inside(Path(folder), stage.file, what=f"stage {stage.id} file")
+    model = onnx.load(str(path), load_external_data=False)
+    art = stage.artifact("rknn") if stage.device == "npu" else None
+    f = model_features(model, device=stage.device, artifact=art)
+    # the plan's own weight count is authoritative (it knows what went to external data)
+    return _replace(f, weight_bytes=stage.weight_bytes,
+                    file_bytes=art.size_bytes if art is not None else stage.weight_bytes,
+                    moved_bytes=f.moved_bytes - f.weight_bytes + stage.weight_bytes)
+
+
+def group_features(mg: Any, ops: Iterable[int], *, device: str) -> Features:
+    """Features of the ops ``ops`` of a :class:`~rkpart.partitioner.graph.ModelGraph` as one stage."""
+    opset = set(ops)
+    order = sorted(opset)  # model order is topological (graph loading checks it)
+    produced = {t for i in order for t in mg.nodes[i].output if t}
+    consts: set[str] = set()
+    weight = 0
+    seen_w: set[str] = set()
+    for i in order:
+        for t in mg.nodes[i].input:
+            if t and mg.is_const_tensor(t):
+                consts.add(t)
+    for ci in mg.const_closure(sorted(consts)):
+        for t in mg.nodes[ci].input:
+            if t in mg.initializers and t not in seen_w:
+                seen_w.add(t)
+                weight += mg.weight_bytes(t)
+    for t in sorted(consts):
+        if t in mg.initializers and t not in seen_w:
+            seen_w.add(t)
+            weight += mg.weight_bytes(t)
+    inputs: list[str] = []
+    for i in order:
+        for t in mg.dyn_inputs(i):
+            if t not in produced and t not in inputs:
+                inputs.append(t)
+    graph_outputs = set(mg.outputs)
+    outputs = [t for i in order for t in mg.nodes[i].output
+               if t and (t in graph_outputs or any(c not in opset for c in mg.consumers.get(t, [])))]
+    nodes = [mg.nodes[i] for i in order]
+    return subgraph_features(nodes, mg.tensor_types, device=device, inputs=inputs, outputs=outputs,
+                             weight_bytes=weight, const_tensors=frozenset(consts))
+
+
+def _replace(f: Features, **changes: Any) -> Features:
+    import dataclasses
+
+    return dataclasses.replace(f, **changes)
+
+
+def combine(parts: Sequence[Features], device: str | None = None) -> Features:
+    """The sum of several stages' features (``peak_bytes`` is the largest, not the sum)."""
+    if not parts:
+        return Features(device=device or "npu", stages=0)
+    counts: Counter[str] = Counter()
+    for p in parts:
+        counts.update(dict(p.op_counts))
+    kw: dict[str, Any] = {k: sum(getattr(p, k) for p in parts) for k in NUMERIC}
+    kw["peak_bytes"] = max(p.peak_bytes for p in parts)
+    rk = [p.rknn_bytes for p in parts]
+    return Features(device=device or parts[0].device, rknn_bytes=None if any(r is None for r in rk) else sum(
+        r for r in rk if r is not None), op_counts=tuple(sorted(counts.items())), **kw)
+
+
+__all__ = ["NUMERIC", "Features", "combine", "group_features", "model_features", "stage_features",
+           "subgraph_features"]

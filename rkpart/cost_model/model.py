@@ -1,0 +1,329 @@
+"""A linear, non-negative cost model per component; ``fit / update / predict / save / load``.
+
+Every component is predicted *per stage* as ``sum(coef[t] * feature[t])`` over a few
+named terms (:mod:`rkpart.cost_model.features`), with every coefficient ``>= 0`` so that a
+term can only add cost (bigger files never load faster).  Components:
+
+========== ======= ===========================================================
+load       NPU     seconds of one ``load`` of the stage (read + upload)
+init       NPU     seconds of one ``init``
+infer      NPU     seconds of one inference pass
+release    NPU     seconds of one ``release``
+host       host    seconds of one pass of a host stage (AdaLN, residual, ...)
+device_mem NPU     bytes of NPU device-mapped memory while the stage is loaded
+pss_peak   any     bytes of peak process PSS while the stage runs
+========== ======= ===========================================================
+
+How stage predictions combine into a block or a pipeline (sums for time, max or sum for
+memory depending on residency) is :mod:`rkpart.cost_model.select`'s business: memory of a
+fused block is predicted from the fused stage's own weights and activation peak, not as
+the max of its parts.
+
+Coefficients are fitted by non-negative least squares on *relative* error (each row is
+divided by its target), because what matters is the percentage error on small and large
+stages alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rkpart.cost_model.features import Features
+from rkpart.errors import SpecError
+from rkpart.io import atomic_write_bytes
+
+MODEL_FORMAT = "rkpart-cost-model"
+MODEL_VERSION = 1
+
+#: component -> (stage device it applies to, unit)
+COMPONENTS: dict[str, tuple[str, str]] = {
+    "load": ("npu", "s"),
+    "init": ("npu", "s"),
+    "infer": ("npu", "s"),
+    "release": ("npu", "s"),
+    "host": ("host", "s"),
+    "device_mem": ("npu", "bytes"),
+    "pss_peak": ("any", "bytes"),
+}
+TIME_COMPONENTS = ("load", "init", "infer", "release", "host")
+
+#: terms fitted from profiles when nothing else is asked for
+DEFAULT_TERMS: dict[str, tuple[str, ...]] = {
+    "load": ("const", "file_bytes"),
+    "init": ("const", "file_bytes", "nodes"),
+    "infer": ("const", "macs", "act_macs", "elementwise_elems", "moved_bytes", "nodes", "cpu_elems"),
+    "release": ("const", "file_bytes"),
+    "host": ("const", "elementwise_elems", "macs", "nodes"),
+    "device_mem": ("const", "weight_bytes", "peak_bytes"),
+    "pss_peak": ("const", "file_bytes", "peak_bytes"),
+}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One measured stage: its features and the measured value of some components.
+
+    ``group`` names what the sample belongs to (a profile run): cross-validation leaves
+    whole groups out, so a held-out prediction never saw its own plan.
+    """
+
+    features: Features
+    targets: Mapping[str, float]
+    group: str
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Component:
+    """A fitted linear predictor: ``value = sum(coef * feature)`` over ``terms``."""
+
+    name: str
+    terms: tuple[str, ...]
+    coef: tuple[float, ...]
+    source: str = "fit"  # "fit", "calibration" or "prior"
+    samples: int = 0
+    fit_error: dict[str, Any] | None = None  # in-sample / cross-validated error summary
+    note: str = ""
+
+    def predict(self, f: Features) -> float:
+        return float(sum(c * f.value(t) for c, t in zip(self.coef, self.terms, strict=True)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "terms": {t: _round(c) for t, c in zip(self.terms, self.coef, strict=True)},
+            "unit": COMPONENTS[self.name][1],
+            "applies_to": COMPONENTS[self.name][0],
+            "source": self.source,
+            "samples": self.samples,
+            "fit_error": self.fit_error,
+            "note": self.note,
+        }
+
+    @classmethod
+    def from_json(cls, name: str, d: Mapping[str, Any]) -> Component:
+        terms = dict(d["terms"])
+        for t, c in terms.items():
+            if not isinstance(c, (int, float)) or c < 0 or not math.isfinite(c):
+                raise SpecError(f"cost model component {name}: coefficient of {t} must be a number >= 0, got {c!r}")
+        return cls(name=name, terms=tuple(terms), coef=tuple(float(c) for c in terms.values()),
+                   source=str(d.get("source", "fit")), samples=int(d.get("samples", 0)),
+                   fit_error=d.get("fit_error"), note=str(d.get("note", "")))
+
+
+def _round(x: float) -> float:
+    # 6 significant digits: stable JSON across platforms without losing meaning
+    return float(f"{x:.6g}")
+
+
+def nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative coefficients minimising the squared *relative* error ``(x @ c - y) / y``.
+
+    Columns are scaled to unit norm before solving (features span 1 .. 1e11) and the
+    scale is undone afterwards.
+    """
+    from scipy.optimize import nnls
+
+    if len(y) == 0:
+        return np.zeros(x.shape[1])
+    w = 1.0 / np.maximum(np.abs(y), 1e-12)
+    a = x * w[:, None]
+    b = y * w
+    norms = np.linalg.norm(a, axis=0)
+    norms[norms == 0] = 1.0
+    c, _ = nnls(a / norms, b, maxiter=50 * a.shape[1] + 100)
+    return np.asarray(c / norms, dtype=float)
+
+
+def error_summary(pred: Sequence[float], meas: Sequence[float]) -> dict[str, Any]:
+    """Share of predictions within +-10 % and +-20 % of the measurement, median |% error|."""
+    ape = [abs(p - m) / abs(m) * 100.0 for p, m in zip(pred, meas, strict=True) if m]
+    if not ape:
+        return {"n": 0, "within_10": None, "within_20": None, "median_ape": None}
+    return {
+        "n": len(ape),
+        "within_10": round(sum(a <= 10.0 for a in ape) / len(ape), 4),
+        "within_20": round(sum(a <= 20.0 for a in ape) / len(ape), 4),
+        "median_ape": round(statistics.median(ape), 3),
+    }
+
+
+def _applies(component: str, f: Features) -> bool:
+    dev = COMPONENTS[component][0]
+    return dev == "any" or f.device == dev
+
+
+@dataclass
+class CostModel:
+    """Per-component linear predictors plus provenance.
+
+    Examples
+    --------
+    >>> m = CostModel.load(default_model_path())  # doctest: +SKIP
+    >>> m.predict([features])[0]["infer"]          # doctest: +SKIP
+    1.5589
+    """
+
+    components: dict[str, Component] = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
+    #: predicted numerical error of a partition family relative to the most accurate one
+    accuracy: dict[str, Any] = field(default_factory=dict)
+    #: toolkit versions known to crash on some candidate families
+    known_issues: list[dict[str, Any]] = field(default_factory=list)
+
+    # -- prediction ----------------------------------------------------------------------
+    def predict_stage(self, f: Features) -> dict[str, float | None]:
+        """Every component that applies to ``f``'s device (``None``: no predictor for it)."""
+        out: dict[str, float | None] = {}
+        for name in COMPONENTS:
+            if not _applies(name, f):
+                continue
+            comp = self.components.get(name)
+            out[name] = None if comp is None else comp.predict(f)
+        return out
+
+    def predict(self, candidates: Iterable[Features]) -> list[dict[str, float | None]]:
+        """Per-stage predictions for several stages (TVM-style ``predict(candidates)``)."""
+        return [self.predict_stage(f) for f in candidates]
+
+    # -- fitting -------------------------------------------------------------------------
+    def fit(self, samples: Sequence[Sample], terms: Mapping[str, Sequence[str]] | None = None) -> CostModel:
+        """Fit every component that has samples, from scratch; returns ``self``."""
+        self.components = {}
+        return self.update(samples, terms)
+
+    def update(self, samples: Sequence[Sample], terms: Mapping[str, Sequence[str]] | None = None) -> CostModel:
+        """Refit the components the samples measure; others (e.g. calibration) are kept."""
+        terms = {**DEFAULT_TERMS, **(terms or {})}
+        for name in COMPONENTS:
+            rows = [s for s in samples if name in s.targets and _applies(name, s.features)]
+            if not rows:
+                continue
+            ts = tuple(terms[name])
+            coef = _fit_rows(rows, name, ts)
+            comp = Component(name=name, terms=ts, coef=tuple(float(c) for c in coef), source="fit",
+                             samples=len(rows))
+            pred = [comp.predict(s.features) for s in rows]
+            cv = cross_validate(rows, name, ts)
+            comp = Component(name=name, terms=ts, coef=comp.coef, source="fit", samples=len(rows),
+                             fit_error={"in_sample": error_summary(pred, [s.targets[name] for s in rows]),
+                                        "cross_validation": cv})
+            self.components[name] = comp
+        groups = sorted({s.group for s in samples})
+        self.provenance.setdefault("fits", []).append({"samples": len(samples), "groups": groups})
+        return self
+
+    # -- (de)serialisation ---------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": MODEL_FORMAT,
+            "version": MODEL_VERSION,
+            "provenance": self.provenance,
+            "components": {k: self.components[k].to_json() for k in COMPONENTS if k in self.components},
+            "accuracy": self.accuracy,
+            "known_issues": self.known_issues,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n"
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the model as JSON, atomically."""
+        atomic_write_bytes(path, self.dumps().encode())
+        return Path(path)
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.dumps().encode()).hexdigest()
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any], *, where: str = "cost model") -> CostModel:
+        if d.get("format") != MODEL_FORMAT or d.get("version") != MODEL_VERSION:
+            raise SpecError(f"{where}: not an rkpart cost model (expected format {MODEL_FORMAT!r} "
+                            f"version {MODEL_VERSION})")
+        comps = d.get("components", {})
+        unknown = sorted(set(comps) - set(COMPONENTS))
+        if unknown:
+            raise SpecError(f"{where}: unknown component {unknown[0]!r} (valid: {', '.join(COMPONENTS)})")
+        try:
+            components = {k: Component.from_json(k, v) for k, v in comps.items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise SpecError(f"{where}: malformed component: {e}") from None
+        return cls(components=components, provenance=dict(d.get("provenance", {})),
+                   accuracy=dict(d.get("accuracy", {})), known_issues=list(d.get("known_issues", [])))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CostModel:
+        """Read a model saved by :meth:`save`; :class:`SpecError` if it is not one."""
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise SpecError(f"cost model {p} does not exist") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise SpecError(f"cost model {p} is not readable JSON: {e}") from None
+        if not isinstance(data, dict):
+            raise SpecError(f"cost model {p} is not a JSON object")
+        return cls.from_json(data, where=str(p))
+
+
+def _fit_rows(rows: Sequence[Sample], name: str, terms: Sequence[str]) -> np.ndarray:
+    x = np.array([[s.features.value(t) for t in terms] for s in rows], dtype=float)
+    y = np.array([s.targets[name] for s in rows], dtype=float)
+    return nnls_relative(x, y)
+
+
+def cross_validate(rows: Sequence[Sample], name: str, terms: Sequence[str], *, folds: int = 0) -> dict[str, Any]:
+    """Held-out error of ``name``: leave-one-group-out when there are >= 3 groups.
+
+    With fewer groups (one profile run), leave-one-sample-out.  ``folds > 0`` asks for
+    k-fold over groups instead (groups assigned round-robin in sorted order: deterministic).
+    """
+    groups = sorted({s.group for s in rows})
+    if len(groups) >= 3:
+        if folds and folds < len(groups):
+            fold_of = {g: i % folds for i, g in enumerate(groups)}
+        else:
+            fold_of = {g: i for i, g in enumerate(groups)}
+        keys = [fold_of[s.group] for s in rows]
+        method = f"{len(set(keys))}-fold by profile run" if folds else "leave-one-run-out"
+    else:
+        keys = list(range(len(rows)))
+        method = "leave-one-sample-out"
+    pred: list[float] = []
+    meas: list[float] = []
+    for k in sorted(set(keys)):
+        train = [s for s, kk in zip(rows, keys, strict=True) if kk != k]
+        test = [s for s, kk in zip(rows, keys, strict=True) if kk == k]
+        if not train:
+            continue
+        coef = _fit_rows(train, name, terms)
+        comp = Component(name=name, terms=tuple(terms), coef=tuple(float(c) for c in coef))
+        pred += [comp.predict(s.features) for s in test]
+        meas += [s.targets[name] for s in test]
+    return {"method": method, **error_summary(pred, meas)}
+
+
+def default_model_path() -> Path:
+    """The shipped RK3588 calibration (``rkpart/data/rk3588_calibration.json``)."""
+    from importlib import resources
+
+    return Path(str(resources.files("rkpart") / "data" / "rk3588_calibration.json"))
+
+
+def load_model_or_default(path: str | os.PathLike[str] | None) -> CostModel:
+    """``CostModel.load(path)``, or the shipped calibration when ``path`` is ``None``."""
+    return CostModel.load(default_model_path() if path is None else path)
+
+
+__all__ = ["COMPONENTS", "DEFAULT_TERMS", "Component", "CostModel", "Sample", "cross_validate",
+           "default_model_path", "error_summary", "load_model_or_default", "nnls_relative"]

@@ -1,0 +1,65 @@
+"""Fitting, prediction and JSON round trip of the linear non-negative cost model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rkpart.cost_model.features import Features
+from rkpart.cost_model.model import CostModel, Sample, default_model_path
+from rkpart.errors import SpecError
+
+
+def _samples() -> list[Sample]:
+    # infer = 2 ms per stage + 1 ns per MAC, exactly; five runs of three stages
+    out = []
+    for run in range(5):
+        for k, macs in enumerate((1_000_000, 5_000_000, 20_000_000)):
+            f = Features(device="npu", macs=macs * (run + 1), nodes=10 + k)
+            out.append(Sample(f, {"infer": 0.002 + 1e-9 * f.macs}, group=f"run{run}"))
+    return out
+
+
+def test_fit_recovers_coefficients_and_reports_held_out_error() -> None:
+    m = CostModel().fit(_samples(), terms={"infer": ("const", "macs", "nodes")})
+    c = dict(zip(m.components["infer"].terms, m.components["infer"].coef, strict=True))
+    assert c["const"] == pytest.approx(0.002, rel=1e-6)
+    assert c["macs"] == pytest.approx(1e-9, rel=1e-6)
+    assert c["nodes"] == pytest.approx(0.0, abs=1e-9)
+    cv = m.components["infer"].fit_error["cross_validation"]  # type: ignore[index]
+    assert cv["method"] == "leave-one-run-out" and cv["within_10"] == 1.0 and cv["n"] == 15
+
+
+def test_coefficients_are_never_negative() -> None:
+    # time falls with nodes in this data: an unconstrained fit would give nodes a negative cost
+    rows = [Sample(Features(device="npu", macs=m, nodes=n), {"infer": 1e-9 * m}, group=str(i))
+            for i, (m, n) in enumerate([(1e6, 50), (2e6, 40), (4e6, 10), (8e6, 5)])]
+    m = CostModel().fit(rows, terms={"infer": ("macs", "nodes")})
+    assert all(c >= 0 for c in m.components["infer"].coef)
+
+
+def test_update_keeps_components_the_samples_do_not_measure() -> None:
+    shipped = CostModel.load(default_model_path())
+    shipped.update(_samples())
+    assert shipped.components["infer"].source == "fit"
+    assert shipped.components["device_mem"].source == "calibration"
+
+
+def test_save_load_round_trip_is_byte_identical(tmp_path: Path) -> None:
+    m = CostModel().fit(_samples())
+    a = m.save(tmp_path / "a.json")
+    b = CostModel.load(a).save(tmp_path / "b.json")
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_load_rejects_what_is_not_a_model(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "rkpart-cost-model", "version": 1, "components": {"infer": {"terms": {"macs": -1}}}}')
+    with pytest.raises(SpecError, match="must be a number >= 0"):
+        CostModel.load(bad)
+    bad.write_text("[]")
+    with pytest.raises(SpecError, match="not a JSON object"):
+        CostModel.load(bad)
+    with pytest.raises(SpecError, match="does not exist"):
+        CostModel.load(tmp_path / "missing.json")
