@@ -145,6 +145,8 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str], None] | None = N
 @click.option("--show", type=click.Path(exists=True, dir_okay=False), default=None, metavar="A.jsonl",
               help="Print the tables of one profile.")
 @click.option("--block", type=int, default=None, help="Report one block instead of the whole plan.")
+@click.option("--against", type=click.Path(exists=True, dir_okay=False), default=None, metavar="MODEL.json",
+              help="Also print the cost model's prediction error per stage and component for this profile.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-stage progress lines.")
 @_user_errors
 def profile(
@@ -165,6 +167,7 @@ def profile(
     compare: tuple[str, str] | None,
     show: str | None,
     block: int | None,
+    against: str | None,
     quiet: bool,
 ) -> None:
     """Profile PLAN's lifecycle latency and memory, or compare two profiles.
@@ -172,10 +175,13 @@ def profile(
     \b
     rkpart profile build/plan.json --backend ort --rounds 3 -o split.jsonl
     rkpart profile --compare split.jsonl fused.jsonl
+    rkpart profile --show split.jsonl --against rk3588.json
     """
     from rkpart.profile import records as rec
     from rkpart.profile.report import render_compare, render_single
 
+    if against is not None and compare is not None:
+        raise click.UsageError("--against goes with PLAN or --show A, not --compare")
     modes = sum(x is not None for x in (plan, compare, show))
     if modes != 1:
         raise click.UsageError("give exactly one of PLAN, --compare A B or --show A")
@@ -188,6 +194,7 @@ def profile(
     if show is not None:
         recs = rec.single_run(rec.read_jsonl(show), where=show)
         click.echo(render_single(recs, name=show, block=block), nl=False)
+        _against(against, recs, Path(show).parent)
         return
     assert plan is not None
     if output is None:
@@ -201,3 +208,16 @@ def profile(
     records = run_profile(opts, progress=say)
     click.echo(render_single(records, name=str(output), block=block), nl=False)
     click.echo(f"wrote {len(records)} records to {output}", err=True)
+    _against(against, records, Path(output).parent)
+
+
+def _against(model_path: str | None, records: list[dict[str, Any]], near: Path) -> None:
+    """Predicted vs measured per component (``--against``)."""
+    if model_path is None:
+        return
+    from rkpart.cost_model import CostModel
+    from rkpart.cost_model.calibration import compare_with_model, render_comparison
+
+    rows = compare_with_model(records, CostModel.load(model_path), near=near)
+    click.echo(f"predicted by {model_path} vs measured:")
+    click.echo(render_comparison(rows), nl=False)
