@@ -1,0 +1,316 @@
+"""Delta-debug a graph that breaks the toolkit down to a minimal subgraph that breaks it the same way.
+
+Modelled on Polygraphy's ``debug reduce``: bisect first, then linear.
+
+* **Bisect.** Over the topologically ordered ops ``P``: binary-search the shortest prefix
+  ``P[:k]`` that still fails (dropping everything after the failure), then the latest start
+  ``j`` such that ``P[j:k]`` still fails (dropping everything before it).  Each probe cuts
+  the graph in halves of the remaining range; ``log2(n)`` builds per side.
+* **Linear.** Remove the remaining ops one at a time (last first); a removal is kept when the
+  smaller graph still fails the same way.  Passes repeat until one removes nothing.
+
+Every candidate is a valid graph (:mod:`rkpart.triage.subgraph`: cut producers become static
+graph inputs, unused initializers are dropped), is built by the compile runner in its own
+subprocess, and its outcome is cached by graph hash (in memory and in ``outcomes.json`` of
+the work folder, so an interrupted reduction resumes).  ``max_time`` is checked before each
+build; when it runs out, the smallest failing graph found so far is the result.
+
+"Fails the same way" (:class:`FailureSpec`): with a ``fail_regex``, the regex matches the
+build log; otherwise the same outcome kind and signal (crash) or exit code (error) as the
+reference build, and the same known signature if the reference had one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import re
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from rkpart.compile.runner import WORKER, BuildResult
+from rkpart.compile.toolkits import Toolkit
+from rkpart.errors import UserError
+from rkpart.io import atomic_write_bytes
+from rkpart.triage.matrix import MatrixRow, build_once, describe_outcome
+from rkpart.triage.signatures import match_signature
+from rkpart.triage.subgraph import Candidate, Subgraph
+
+Progress = Callable[[str], None]
+
+#: outcome kinds that depend on the machine, not the graph: never cached
+_UNSTABLE = ("timeout", "oom")
+
+
+class ReductionError(UserError):
+    """The graph cannot be reduced (e.g. the full graph does not fail the same way)."""
+
+    exit_code = 7
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class FailureSpec:
+    """What "fails the same way" means for one reduction."""
+
+    kind: str
+    signal: str | None
+    exit_code: int | None
+    signature: str | None
+    fail_regex: str | None = None
+
+    @classmethod
+    def from_row(cls, row: MatrixRow, fail_regex: str | None = None) -> FailureSpec:
+        return cls(kind=row.kind, signal=row.signal, exit_code=row.exit_code, signature=row.signature,
+                   fail_regex=fail_regex)
+
+    def matches(self, res: BuildResult, log_text: str, signature: str | None) -> bool:
+        if self.fail_regex is not None:
+            return re.search(self.fail_regex, log_text) is not None
+        if res.ok or res.kind != self.kind:
+            return False
+        if self.kind in ("crash", "oom") and res.signal != self.signal:
+            return False
+        if self.kind == "error" and res.exit_code != self.exit_code:
+            return False
+        return self.signature is None or signature == self.signature
+
+    def describe(self) -> str:
+        if self.fail_regex is not None:
+            return f"build log matches /{self.fail_regex}/"
+        what = describe_outcome(self.kind, self.exit_code, self.signal)
+        return what + (f" with known issue {self.signature}" if self.signature else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "signal": self.signal, "exit_code": self.exit_code,
+                "signature": self.signature, "fail_regex": self.fail_regex}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One candidate tried during the reduction."""
+
+    phase: str  # "reference", "bisect-end", "bisect-start", "linear"
+    num_nodes: int
+    digest: str
+    failed: bool  # failed the same way
+    outcome: str
+    wall_s: float
+    cached: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"phase": self.phase, "num_nodes": self.num_nodes, "digest": self.digest, "failed": self.failed,
+                "outcome": self.outcome, "wall_s": round(self.wall_s, 2), "cached": self.cached}
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """The result: the smallest failing candidate found and how the search went."""
+
+    candidate: Candidate
+    spec: FailureSpec
+    toolkit: str
+    original_nodes: int
+    attempts: tuple[Attempt, ...]
+    builds: int
+    cache_hits: int
+    wall_s: float
+    complete: bool  # False when max_time ran out before the linear pass converged
+    log: Path  # build log of the final candidate
+
+    @property
+    def model(self) -> onnx.ModelProto:
+        return self.candidate.model
+
+    def to_json(self) -> dict[str, Any]:
+        return {"toolkit": self.toolkit, "spec": self.spec.to_json(), "original_nodes": self.original_nodes,
+                "reduced_nodes": self.candidate.num_nodes, "builds": self.builds, "cache_hits": self.cache_hits,
+                "wall_s": round(self.wall_s, 1), "complete": self.complete,
+                "attempts": [a.to_json() for a in self.attempts]}
+
+
+class _Oracle:
+    """Builds candidates and answers "does it fail the same way?", with a cache by graph hash."""
+
+    def __init__(self, toolkit: Toolkit, *, target: str, config: dict[str, Any], spec: FailureSpec, work: Path,
+                 build_timeout: float | None, deadline: float, say: Progress, t0: float,
+                 max_time: float, worker: Path) -> None:
+        self.toolkit, self.target, self.config, self.spec = toolkit, target, config, spec
+        self.work, self.build_timeout, self.deadline, self.say = work, build_timeout, deadline, say
+        self.t0, self.max_time, self.worker = t0, max_time, worker
+        self.cache_path = work / "outcomes.json"
+        self.cache: dict[str, dict[str, Any]] = {}
+        with contextlib.suppress(OSError, ValueError):
+            loaded = json.loads(self.cache_path.read_text())
+            if isinstance(loaded, dict):
+                self.cache = loaded
+        self.attempts: list[Attempt] = []
+        self.builds = 0
+        self.hits = 0
+        self.best: Candidate | None = None
+        self.best_log = work / "best.log"
+        self._context = json.dumps({"toolkit": toolkit.version, "target": target, "config": config,
+                                    "spec": spec.to_json()}, sort_keys=True)
+
+    def _key(self, digest: str) -> str:
+        return hashlib.sha256(f"{digest}|{self._context}".encode()).hexdigest()
+
+    def test(self, cand: Candidate | None, phase: str, *, always: bool = False) -> bool:
+        if cand is None:
+            return False
+        key = self._key(cand.digest)
+        hit = self.cache.get(key)
+        if hit is not None:
+            self.hits += 1
+            failed = bool(hit["failed"])
+            if failed:
+                self._new_best(cand, None)
+            self._record(Attempt(phase, cand.num_nodes, cand.digest, failed, str(hit["outcome"]), 0.0, True))
+            return failed
+        if time.monotonic() >= self.deadline and not always:
+            raise _OutOfTime
+        onnx_path = self.work / "candidate.onnx"
+        atomic_write_bytes(onnx_path, cand.model.SerializeToString(deterministic=True))
+        log = self.work / "candidate.log"
+        res = build_once(onnx_path, self.toolkit, target=self.target, config=self.config, log=log,
+                         timeout=self.build_timeout, label="reduce", tmp_parent=self.work, worker=self.worker)
+        self.builds += 1
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        sig = match_signature(res)
+        failed = self.spec.matches(res, text, sig.id if sig else None)
+        outcome = describe_outcome(res.kind, res.exit_code, res.signal)
+        if res.kind not in _UNSTABLE:
+            self.cache[key] = {"failed": failed, "outcome": outcome, "nodes": cand.num_nodes}
+            atomic_write_bytes(self.cache_path, (json.dumps(self.cache, indent=1, sort_keys=True) + "\n").encode())
+        if failed:
+            self._new_best(cand, log)
+        self._record(Attempt(phase, cand.num_nodes, cand.digest, failed, outcome, res.wall_s, False))
+        return failed
+
+    def _new_best(self, cand: Candidate, log: Path | None) -> None:
+        if self.best is None or cand.num_nodes <= self.best.num_nodes:
+            self.best = cand
+            if log is not None:
+                shutil.copyfile(log, self.best_log)
+            else:  # outcome from the cache: no log of this graph
+                self.best_log.unlink(missing_ok=True)
+
+    def _record(self, a: Attempt) -> None:
+        self.attempts.append(a)
+        verdict = "fails the same way" if a.failed else "does not"
+        src = "cached" if a.cached else f"{a.wall_s:.1f} s"
+        best = self.best.num_nodes if self.best else "-"
+        self.say(f"[{a.phase} #{len(self.attempts)}] {a.num_nodes} nodes: {a.outcome}, {verdict} ({src})  "
+                 f"best {best} nodes  elapsed {time.monotonic() - self.t0:.0f}/{self.max_time:.0f} s")
+
+
+def reduce_graph(model: str | Path, toolkit: Toolkit, spec: FailureSpec, *, work: Path, target: str = "rk3588",
+                 config: dict[str, Any] | None = None, max_time: float = 1800.0,
+                 build_timeout: float | None = None, max_linear_passes: int = 3,
+                 progress: Progress | None = None, worker: Path = WORKER) -> Reduction:
+    """Shrink ``model`` to a minimal subgraph that fails ``toolkit``'s build the way ``spec`` says.
+
+    Parameters
+    ----------
+    model
+        The failing ONNX model (static shapes).
+    toolkit
+        The toolkit version to reduce against.
+    spec
+        What counts as the same failure (usually :meth:`FailureSpec.from_row` of the model's
+        matrix row for ``toolkit``).
+    work
+        Folder for candidates, their logs and the outcome cache (``outcomes.json``).
+    max_time
+        Seconds; checked before each build.  The best graph so far is returned when it runs out.
+    build_timeout
+        Seconds per candidate build (a timed-out candidate counts as "does not fail").
+    worker
+        Replaced only by fault-injection fakes in tests.
+
+    Raises
+    ------
+    ReductionError
+        The full graph, as rebuilt from its ops, does not fail the same way.
+    """
+    say = progress or (lambda _m: None)
+    t0 = time.monotonic()
+    work.mkdir(parents=True, exist_ok=True)
+    sub = Subgraph(model)
+    ops = sub.ops
+    oracle = _Oracle(toolkit, target=target, config=dict(config or {}), spec=spec, work=work,
+                     build_timeout=build_timeout, deadline=t0 + max_time, say=say, t0=t0, max_time=max_time,
+                     worker=worker)
+    say(f"reducing {Path(model).name} ({len(ops)} ops) against rknn-toolkit2 {toolkit.version}: "
+        f"looking for {spec.describe()}")
+    complete = False
+    try:
+        full = sub.extract(ops)
+        # The reference always runs: without it there is no failing graph to return.
+        if not oracle.test(full, "reference", always=True):
+            last = oracle.attempts[-1].outcome if oracle.attempts else "no valid graph"
+            raise ReductionError(
+                f"{Path(model).name} rebuilt from its {len(ops)} ops gives {last} with rknn-toolkit2 "
+                f"{toolkit.version}, not {spec.describe()}; nothing to reduce")
+        current = _bisect(sub, ops, oracle)
+        complete = _linear(sub, current, oracle, max_linear_passes)
+    except _OutOfTime:
+        say(f"time budget of {max_time:.0f} s used up; keeping the smallest failing graph found")
+    best = oracle.best
+    assert best is not None  # the reference failed
+    if not oracle.best_log.is_file():  # every failing candidate came from the cache
+        oracle.best_log.write_text("(outcome taken from the cache of an earlier run; no log)\n")
+    return Reduction(candidate=best, spec=spec, toolkit=toolkit.version, original_nodes=len(ops),
+                     attempts=tuple(oracle.attempts), builds=oracle.builds, cache_hits=oracle.hits,
+                     wall_s=time.monotonic() - t0, complete=complete, log=oracle.best_log)
+
+
+def _bisect(sub: Subgraph, ops: Sequence[int], oracle: _Oracle) -> tuple[int, ...]:
+    n = len(ops)
+    # Shortest failing prefix: fails(ops[:hi]) holds throughout.
+    lo, hi = 0, n
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if oracle.test(sub.extract(ops[:mid]), "bisect-end"):
+            hi = mid
+        else:
+            lo = mid
+    end = hi
+    # Latest failing start: fails(ops[lo:end]) holds throughout.
+    lo, hi = 0, end
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if oracle.test(sub.extract(ops[mid:end]), "bisect-start"):
+            lo = mid
+        else:
+            hi = mid
+    cand = sub.extract(ops[lo:end])
+    assert cand is not None
+    return cand.ops
+
+
+def _linear(sub: Subgraph, current: tuple[int, ...], oracle: _Oracle, max_passes: int) -> bool:
+    """Remove ops one by one until a pass removes nothing; True when it converged."""
+    for _ in range(max_passes):
+        removed = False
+        for op in reversed(current):
+            if op not in current or len(current) <= 1:
+                continue
+            trial = sub.extract(o for o in current if o != op)
+            if oracle.test(trial, "linear"):
+                assert trial is not None
+                current = trial.ops
+                removed = True
+        if not removed:
+            return True
+    return False
