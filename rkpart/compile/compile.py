@@ -161,7 +161,7 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
     whose crash is remembered by the cache; ``worker`` is replaced only by test fakes.
     """
     say = progress or (lambda _m: None)
-    folder = Path(folder)
+    folder = Path(folder).resolve()  # workers run in their own cwd: paths must be absolute
     t0 = time.monotonic()
     tk = _resolve(toolkit, toolkits_dir)
     assert tk is not None
@@ -171,6 +171,11 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
     settings = {"toolkit": tk.version, "target": target, "config": normalise_config(full_config),
                 "config_hash": chash, "fallback_toolkit": fb.version if fb else None}
     with folder_lock(folder):
+        # build dirs of a compile that was killed (SIGKILL skips its cleanup); the lock
+        # guarantees no live compile is using them
+        import shutil
+
+        shutil.rmtree(folder / RKNN_DIR / ".tmp", ignore_errors=True)
         cache = ArtifactCache(folder / RKNN_DIR)
         shared = ArtifactCache(Path(shared_cache)) if shared_cache else None
         mem_path = (Path(shared_cache) if shared_cache else default_cache_dir()) / MEMORY_FILE
@@ -299,6 +304,13 @@ class _Context:
         self.model.observe(tk.version, p.job.size_bytes if p.job else 0, res.peak_rss_bytes)
         if not res.ok:
             rec = res.failure_record(rel_log)
+            from rkpart.triage.signatures import match_signature
+
+            sig = match_signature(res)
+            if sig is not None:
+                # name the known toolkit bug, so the report says what it is and what to do
+                rec["signature"] = sig.id
+                rec["message"] = f"{rec['message']} ({sig.describe()})"
             # wall time and RSS vary between runs; the plan keeps only what is reproducible
             stable = {k: v for k, v in rec.items() if k not in ("wall_s", "peak_rss_bytes")}
             if res.kind in DETERMINISTIC_FAILURES:

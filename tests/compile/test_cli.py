@@ -58,3 +58,16 @@ def test_compile_reports_a_segfault_and_exits_non_zero(tmp_path: Path, tk232: To
     assert "adaln: compiler crashed: SIGSEGV (exit 139) in rknn-toolkit2 2.3.2" in r.output
     assert "ffn    built" in r.output
     assert "building adaln" in r.output  # progress lines (stderr is mixed in by CliRunner)
+
+
+@pytest.mark.toolkit
+def test_compile_with_a_relative_plan_path(tmp_path: Path, tk230: Toolkit, toolkits_dir: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # workers run in a disposable cwd: the plan folder must reach them as an absolute path
+    tiny_plan(tmp_path / "rel")
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(compile_cmd, ["rel", "--toolkit", "2.3.0", "--toolkits-dir", str(toolkits_dir),
+                                         "--quiet", "--json"])
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.output)
+    assert summary["built"] >= 1 and summary["failed"] == 0, summary
