@@ -13,6 +13,7 @@ Two sources:
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -229,7 +230,8 @@ def samples_from_records(
 
     ``statistic="min"`` takes the fastest call instead of the median: on a machine shared
     with other jobs the slower calls measure the other jobs, and the fastest one is the
-    stage's own cost.
+    stage's own cost.  Records made with ``--infer-repeat K`` contribute each of their K
+    inference calls (``timings.infer_calls_s``).
 
     Time targets are per call (``load``, ``init``, ``release``: per time the call happened;
     ``infer`` / ``host``: per pass).  Memory targets (``device_mem``, ``pss_peak``) are taken
@@ -237,29 +239,42 @@ def samples_from_records(
     """
     if statistic not in ("median", "min"):
         raise ValueError(f"statistic must be 'median' or 'min', got {statistic!r}")
-    by_run: dict[str, list[Mapping[str, Any]]] = {}
+    # Runs of the same plan with the same backends and residency are pooled into one sample
+    # per stage (e.g. rounds interleaved with other plans' runs, one file each); the pool is
+    # named after its first run id and is one group for cross-validation, so that a held-out
+    # plan is never also in the training set through another of its runs.
+    pools: dict[str, list[Mapping[str, Any]]] = {}
+    first_run: dict[str, str] = {}
     for r in records:
         if r.get("record") == "stage" and not r.get("warmup"):
-            by_run.setdefault(str(r["run_id"]), []).append(r)
+            pk = _pool_key(r)
+            pools.setdefault(pk, []).append(r)
+            first_run[pk] = min(first_run.get(pk, str(r["run_id"])), str(r["run_id"]))
     out: list[Sample] = []
     feature_cache: dict[tuple[str, str], Features] = {}
-    for run_id in sorted(by_run):
-        recs = by_run[run_id]
+    for pool in sorted(pools, key=lambda k: first_run[k]):
+        recs = pools[pool]
+        run_id = first_run[pool]
         plan, folder = (resolver or (lambda rec: resolve_plan(rec, near=near)))(recs[0])
         stages = {s.id: s for s in plan.stages}
         residency = recs[0]["settings"]["residency"]
-        per_stage: dict[str, dict[int, dict[str, list[float]]]] = {}
+        per_stage: dict[str, dict[tuple[str, int], dict[str, list[float]]]] = {}
         for r in recs:
             st = r["stage"]
             s = stages.get(st["id"])
             if s is None or s.sha256 != st["sha256"]:
                 raise SpecError(f"profile run {run_id}: stage {st['id']} is not in plan {folder} as profiled "
                                 "(the plan changed after profiling)")
-            d = per_stage.setdefault(st["id"], {}).setdefault(int(r["round"]), {})
+            d = per_stage.setdefault(st["id"], {}).setdefault((str(r["run_id"]), int(r["round"])), {})
             for k in ("load_s", "init_s", "infer_s", "release_s"):
                 v = r["timings"].get(k)
                 if v is not None:
                     d.setdefault(k, []).append(float(v))
+            # `--infer-repeat K`: the record's infer_s is the median of K calls; every call
+            # counts for the statistic, so that "min" is the fastest call, not the fastest median
+            calls = r["timings"].get("infer_calls_s")
+            if calls:
+                d["infer_s"][-1:] = [float(c) for c in calls]
             for k in ("device_pss_peak_kib", "pss_peak_kib"):
                 v = r["memory"].get(k)
                 if v is not None:
@@ -273,8 +288,8 @@ def samples_from_records(
             rounds = per_stage[sid]
             targets: dict[str, float] = {}
 
-            def med(k: str, agg: Callable[[list[float]], float], rounds: dict[int, dict[str, list[float]]] = rounds
-                    ) -> float | None:
+            def med(k: str, agg: Callable[[list[float]], float],
+                    rounds: dict[tuple[str, int], dict[str, list[float]]] = rounds) -> float | None:
                 # times: the median over every call of every measured round (robust to the odd
                 # slow call on a busy machine); memory: the median over rounds of each round's max
                 if agg is max:
@@ -310,6 +325,12 @@ def samples_from_records(
     return out
 
 
+def _pool_key(r: Mapping[str, Any]) -> str:
+    env = r.get("env", {})
+    return json.dumps([r["plan"]["sha256"], env.get("backend"), env.get("host_backend"),
+                       r["settings"].get("residency")], sort_keys=True)
+
+
 def environment_of(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Device and runtime of the records (for the fitted model's provenance)."""
     backends: set[str] = set()
@@ -343,11 +364,15 @@ def fit_profiles(
     from rkpart.profile.records import read_jsonl
 
     records: list[dict[str, Any]] = []
-    samples: list[Sample] = []
+    near_of: dict[str, Path] = {}
     for p in paths:
         recs = read_jsonl(p)
         records += recs
-        samples += samples_from_records(recs, near=Path(p).parent, statistic=statistic)
+        for r in recs:
+            near_of.setdefault(str(r.get("run_id")), Path(p).parent)
+    # all files at once: runs of one plan in several files are pooled (samples_from_records)
+    samples = samples_from_records(records, statistic=statistic,
+                                   resolver=lambda rec: resolve_plan(rec, near=near_of.get(str(rec.get("run_id")))))
     if not samples:
         raise SpecError("the profiles hold no measured stage records to fit")
     model = CostModel.load(base) if base is not None else CostModel()
@@ -377,8 +402,8 @@ def fit_profiles(
         comps[name] = {"terms": dict(zip(c.terms, c.coef, strict=True)), "cross_validation": cv,
                        "in_sample": c.fit_error["in_sample"] if c.fit_error else None}
     method = next((v["cross_validation"]["method"] for v in comps.values() if v["cross_validation"]), "none")
-    report = {"samples": len(samples), "runs": env["runs"], "backends": env["backends"], "method": method,
-              "components": comps}
+    report = {"samples": len(samples), "runs": env["runs"], "plans": len({s.group for s in samples}),
+              "backends": env["backends"], "statistic": statistic, "method": method, "components": comps}
     return model, report
 
 

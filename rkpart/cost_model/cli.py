@@ -18,7 +18,7 @@ from rkpart.cost_model.model import COMPONENTS
               help="Start from this model (e.g. the shipped calibration) and refit only what the profiles "
                    "measure [default: fit from scratch].")
 @click.option("--folds", type=click.IntRange(min=0), default=0, show_default=True,
-              help="k-fold over profile runs instead of leave-one-run-out (0).")
+              help="k-fold over profiled plans instead of leave-one-plan-out (0).")
 @click.option("--statistic", type=click.Choice(["median", "min"]), default="median", show_default=True,
               help="Per stage, the median of the measured calls, or the fastest (for a machine busy with "
                    "other jobs).")
@@ -28,7 +28,8 @@ def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, folds: int,
     """Fit a cost model from PROFILES (JSON Lines from `rkpart profile`) and write it to OUTPUT.
 
     Prints, per component, the share of held-out predictions within +-10 % and +-20 % and
-    the median absolute percentage error (leave-one-run-out cross-validation).
+    the median absolute percentage error (leave-one-plan-out cross-validation; several runs
+    of the same plan are pooled into one sample per stage).
     """
     from rkpart.cost_model.calibration import fit_profiles
 
@@ -44,8 +45,9 @@ def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, folds: int,
 def render_report(report: dict[str, object]) -> str:
     comps = report["components"]
     assert isinstance(comps, dict)
-    lines = [f"{report['samples']} stage samples from {report['runs']} profile runs "
-             f"({', '.join(report['backends'])}); held-out error ({report['method']}):",  # type: ignore[arg-type]
+    lines = [f"{report['samples']} stage samples from {report['runs']} profile runs of {report['plans']} plans "
+             f"({', '.join(report['backends'])}, statistic {report['statistic']}); "  # type: ignore[arg-type]
+             f"held-out error ({report['method']}):",
              f"  {'component':<11} {'n':>4} {'within 10%':>10} {'within 20%':>10} {'median |err|':>12}  terms"]
     for name in COMPONENTS:
         c = comps.get(name)

@@ -73,8 +73,9 @@ DEFAULT_TERMS: dict[str, tuple[str, ...]] = {
 class Sample:
     """One measured stage: its features and the measured value of some components.
 
-    ``group`` names what the sample belongs to (a profile run): cross-validation leaves
-    whole groups out, so a held-out prediction never saw its own plan.
+    ``group`` names what the sample belongs to (a profiled plan: its runs with the same
+    backend and residency, pooled): cross-validation leaves whole groups out, so a held-out
+    prediction never saw its own plan.
     """
 
     features: Features
@@ -285,7 +286,7 @@ def _fit_rows(rows: Sequence[Sample], name: str, terms: Sequence[str]) -> np.nda
 def cross_validate(rows: Sequence[Sample], name: str, terms: Sequence[str], *, folds: int = 0) -> dict[str, Any]:
     """Held-out error of ``name``: leave-one-group-out when there are >= 3 groups.
 
-    With fewer groups (one profile run), leave-one-sample-out.  ``folds > 0`` asks for
+    With fewer groups (one profiled plan), leave-one-sample-out.  ``folds > 0`` asks for
     k-fold over groups instead (groups assigned round-robin in sorted order: deterministic).
     """
     groups = sorted({s.group for s in rows})
@@ -295,7 +296,7 @@ def cross_validate(rows: Sequence[Sample], name: str, terms: Sequence[str], *, f
         else:
             fold_of = {g: i for i, g in enumerate(groups)}
         keys = [fold_of[s.group] for s in rows]
-        method = f"{len(set(keys))}-fold by profile run" if folds else "leave-one-run-out"
+        method = f"{len(set(keys))}-fold by plan" if folds else "leave-one-plan-out"
     else:
         keys = list(range(len(rows)))
         method = "leave-one-sample-out"

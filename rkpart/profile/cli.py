@@ -67,14 +67,19 @@ class ProfileOptions:
     core_mask: str = "auto"
     sample_interval: float = 0.05
     seed: int = 0
+    infer_repeat: int = 1
+    threads: int = 0
 
 
-def make_backend(name: str, *, toolkit: str | None = None, core_mask: str = "auto") -> Any:
-    """The backend called ``name``; SDK-backed ones are imported only when chosen."""
+def make_backend(name: str, *, toolkit: str | None = None, core_mask: str = "auto", threads: int = 0) -> Any:
+    """The backend called ``name``; SDK-backed ones are imported only when chosen.
+
+    ``threads`` is ONNX Runtime's intra-op thread count (0: its default); only ``ort`` uses it.
+    """
     if name == "ort":
         from rkpart.runtime.ort import OrtBackend
 
-        return OrtBackend()
+        return OrtBackend(threads=threads)
     if name == "rknn-sim":
         from rkpart.runtime.rknn_sim import RknnSimBackend
 
@@ -93,7 +98,11 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str], None] | None = N
     from rkpart.profile.records import write_jsonl
 
     plan, folder = load_plan(opts.plan)
-    backend = make_backend(opts.backend, toolkit=opts.toolkit, core_mask=opts.core_mask)
+    backend = make_backend(opts.backend, toolkit=opts.toolkit, core_mask=opts.core_mask, threads=opts.threads)
+    from rkpart.runtime.ort import OrtBackend
+
+    # host stages always run on ONNX Runtime; --threads applies to them too
+    host_backend = OrtBackend(threads=opts.threads)
     try:
         records = profile_plan(
             plan,
@@ -109,6 +118,8 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str], None] | None = N
             sample_interval=opts.sample_interval,
             progress=progress,
             plan_file=str(opts.plan),
+            infer_repeat=opts.infer_repeat,
+            host_backend=host_backend,
         )
     finally:
         backend.close()
@@ -138,6 +149,12 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str], None] | None = N
 @click.option("--interval", "sample_interval", type=click.FloatRange(min=0), default=0.05, show_default=True,
               help="Seconds between background memory samples (0: snapshots only).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random plan inputs.")
+@click.option("--infer-repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Inference calls per stage and pass; infer_s is their median, every call is recorded "
+                   "(for a machine busy with other jobs).")
+@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+              help="ONNX Runtime intra-op threads for ort and host stages (0: ORT default, one per core; "
+                   "1: a stage's own cost on a shared machine).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Where to write the JSON Lines records (required with PLAN).")
 @click.option("--compare", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None,
@@ -163,6 +180,8 @@ def profile(
     core_mask: str,
     sample_interval: float,
     seed: int,
+    infer_repeat: int,
+    threads: int,
     output: str | None,
     compare: tuple[str, str] | None,
     show: str | None,
@@ -202,7 +221,8 @@ def profile(
     opts = ProfileOptions(
         plan=plan, backend=backend, output=Path(output), toolkit=toolkit, rounds=rounds, warmup=warmup,
         cfg=cfg, steps=steps, residency=residency, device_pattern=None if no_device_pss else device_pattern,
-        core_mask=core_mask, sample_interval=sample_interval, seed=seed,
+        core_mask=core_mask, sample_interval=sample_interval, seed=seed, infer_repeat=infer_repeat,
+        threads=threads,
     )
     say = None if quiet else (lambda m: click.echo(m, err=True))
     records = run_profile(opts, progress=say)

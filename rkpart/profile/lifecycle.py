@@ -22,6 +22,15 @@ pipeline, loaded once, so they are *always* handled like ``resident`` within a r
 (set up at first use, released at the end of the round), whatever ``residency`` says; they
 run on the host backend (ONNX Runtime) and the report shows them as "Host AdaLN & Residual".
 
+Repeated inference (``infer_repeat=K``, default 1): every pass calls ``infer`` K times in a
+row on the same inputs and records the median as ``infer_s`` and every call in
+``infer_calls_s``.  On a machine shared with other jobs a single call of a few milliseconds
+is often stretched by a preemption; the median of K back-to-back calls is not, unless more
+than half of them are.  The median (not the minimum) is recorded because it is still the
+time of a typical call (the first call of a fresh session, which allocates its buffers, is
+one of the K and is outvoted); the minimum stays available from ``infer_calls_s``.  Host
+stages are repeated the same way (their calls are short, so this is cheap).
+
 Memory is read by a :class:`~rkpart.profile.memory.Sampler` thread and by synchronous
 snapshots after ``init``, after ``infer`` and after ``release``; the time those reads take
 is reported in ``measurement`` fields and never counted in the lifecycle timings.
@@ -30,6 +39,7 @@ is reported in ``measurement`` fields and never counted in the lifecycle timings
 from __future__ import annotations
 
 import re
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -66,6 +76,7 @@ class _Op:
     init_s: float | None = None
     infer_s: float | None = None
     release_s: float | None = None
+    infer_calls_s: list[float] = field(default_factory=list)  # every call, with infer_repeat > 1
     spans: list[tuple[float, float]] = field(default_factory=list)  # call start .. snapshot end
     pss_before_kib: int | None = None
     pss_after_infer_kib: int | None = None
@@ -126,6 +137,7 @@ def profile_plan(
     host_backend: Backend | None = None,
     progress: Progress | None = None,
     plan_file: str | None = None,
+    infer_repeat: int = 1,
 ) -> list[dict[str, Any]]:
     """Profile ``plan`` and return its records (stage records, round records, one summary).
 
@@ -153,6 +165,9 @@ def profile_plan(
         Called with one line of text per stage and pass.
     plan_file
         Path recorded as the plan's file (informative).
+    infer_repeat
+        Inference calls per stage and pass; ``infer_s`` is their median and
+        ``infer_calls_s`` lists them (see the module docstring).  1: one call, as before.
 
     Returns
     -------
@@ -168,8 +183,9 @@ def profile_plan(
     """
     if residency not in RESIDENCIES:
         raise ValueError(f"residency must be one of {', '.join(RESIDENCIES)}; got {residency!r}")
-    if rounds < 1 or warmup < 0 or steps < 1:
-        raise ValueError(f"need rounds >= 1, warmup >= 0, steps >= 1; got {rounds}, {warmup}, {steps}")
+    if rounds < 1 or warmup < 0 or steps < 1 or infer_repeat < 1:
+        raise ValueError(f"need rounds >= 1, warmup >= 0, steps >= 1, infer_repeat >= 1; "
+                         f"got {rounds}, {warmup}, {steps}, {infer_repeat}")
     problem = stage_order_ok(plan.stages, plan.inputs)
     if problem:
         raise SpecError(f"plan cannot run in order: {problem}")
@@ -202,6 +218,7 @@ def profile_plan(
         "uncond_inputs": uncond_names,
         "device_pattern": device_pattern,
         "sample_interval_s": sample_interval,
+        "infer_repeat": infer_repeat,
     }
     header = rec.record_header(
         env=rec.collect_environment(backend, host_backend),
@@ -215,7 +232,8 @@ def profile_plan(
         for r in range(total):
             is_warm = r < warmup
             label = f"round {r + 1}/{total}" + (" (warm-up)" if is_warm else "")
-            runner = _RoundRunner(plan, folder, backend, host_backend, sampler, residency, say, label)
+            runner = _RoundRunner(plan, folder, backend, host_backend, sampler, residency, say, label,
+                                  infer_repeat)
             ops, round_info = runner.run(steps, passes)
             for op in ops:
                 records.append(_stage_record(header, op, r, is_warm, sampler))
@@ -237,6 +255,7 @@ class _RoundRunner:
         residency: str,
         say: Progress,
         label: str,
+        infer_repeat: int = 1,
     ) -> None:
         self.plan = plan
         self.folder = folder
@@ -246,6 +265,7 @@ class _RoundRunner:
         self.residency = residency
         self.say = say
         self.label = label
+        self.infer_repeat = infer_repeat
         self.last: MemorySample | None = None
         self.live: dict[str, StageRunner] = {}
 
@@ -279,6 +299,26 @@ class _RoundRunner:
                 op.device_pss_kib = s.device_pss_kib
         else:
             op.spans.append((t0, t1))
+        return out
+
+    def _infer(self, op: _Op, runner: StageRunner, values: Feeds) -> Feeds:
+        """``infer_repeat`` back-to-back calls; ``infer_s`` is their median (one call: itself)."""
+        if self.infer_repeat == 1:
+            one: Feeds = self._call(op, "infer", lambda: runner.infer(values), snap=True)
+            return one
+        if op.pss_before_kib is None and self.last is not None:
+            op.pss_before_kib = self.last.pss_kib
+        t_first = time.perf_counter()
+        out: Feeds = {}
+        for _ in range(self.infer_repeat):
+            t0 = time.perf_counter()
+            out = runner.infer(values)
+            op.infer_calls_s.append(time.perf_counter() - t0)
+        op.infer_s = (op.infer_s or 0.0) + statistics.median(op.infer_calls_s)
+        # one memory snapshot after the last call; the span covers all K calls
+        s = self._snap(op, t_first)
+        op.pss_after_infer_kib = s.pss_kib
+        op.device_pss_kib = s.device_pss_kib
         return out
 
     def _setup(self, op: _Op) -> StageRunner:
@@ -345,11 +385,10 @@ class _RoundRunner:
             live = self.live.get(stage.id)
             if live is None:  # host stages are set up at first use
                 live = self.live[stage.id] = self._setup(op)
-            held: Feeds = self._call(op, "infer", lambda: live.infer(values), snap=True)
-            return held
+            return self._infer(op, live, values)
         runner = self._setup(op)
         try:
-            out: Feeds = self._call(op, "infer", lambda: runner.infer(values), snap=True)
+            out = self._infer(op, runner, values)
         except BaseException:
             runner.release()
             raise
@@ -365,6 +404,16 @@ def _fmt(op: _Op) -> str:
 
 def _stage_record(header: Mapping[str, Any], op: _Op, rnd: int, warm: bool, sampler: Sampler) -> dict[str, Any]:
     peaks = sampler.peaks(op.spans)
+    timings: dict[str, Any] = {
+        "load_s": op.load_s,
+        "init_s": op.init_s,
+        "infer_s": op.infer_s,
+        "release_s": op.release_s,
+        "wall_s": sum(b - a for a, b in op.spans),
+    }
+    if op.infer_calls_s:
+        timings["infer_calls_s"] = list(op.infer_calls_s)
+        timings["infer_spread_s"] = max(op.infer_calls_s) - min(op.infer_calls_s)
     return rec.stage_record(
         header,
         stage=op.stage,
@@ -373,13 +422,7 @@ def _stage_record(header: Mapping[str, Any], op: _Op, rnd: int, warm: bool, samp
         warmup=warm,
         step=op.step,
         pass_name=op.pass_name,
-        timings={
-            "load_s": op.load_s,
-            "init_s": op.init_s,
-            "infer_s": op.infer_s,
-            "release_s": op.release_s,
-            "wall_s": sum(b - a for a, b in op.spans),
-        },
+        timings=timings,
         memory={
             "pss_before_kib": op.pss_before_kib,
             "pss_peak_kib": peaks.pss_kib,

@@ -175,7 +175,7 @@ def stage_record(
     warmup: bool,
     step: int,
     pass_name: str,
-    timings: Mapping[str, float | None],
+    timings: Mapping[str, Any],
     memory: Mapping[str, int | None],
     measurement: Mapping[str, float | int],
 ) -> dict[str, Any]:

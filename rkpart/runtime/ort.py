@@ -22,9 +22,10 @@ def make_session(model: bytes | str, *, threads: int = 0) -> Any:
 
 
 class OrtRunner(StageRunner):
-    def __init__(self, stage: Stage, folder: Path) -> None:
+    def __init__(self, stage: Stage, folder: Path, threads: int = 0) -> None:
         super().__init__(stage, folder)
         self._path = check_inside(folder, stage.file, what=f"stage {stage.id} file")
+        self._threads = threads
         self._sess: Any = None
 
     def _load_impl(self) -> None:
@@ -36,7 +37,7 @@ class OrtRunner(StageRunner):
             raise SpecError(f"stage {self.stage.id}: file {self.stage.file} is missing")
 
     def _init_impl(self) -> None:
-        self._sess = make_session(str(self._path))
+        self._sess = make_session(str(self._path), threads=self._threads)
 
     def _infer_impl(self, feeds: Feeds) -> Feeds:
         names = [o.name for o in self._sess.get_outputs()]
@@ -48,12 +49,29 @@ class OrtRunner(StageRunner):
 
 
 class OrtBackend(Backend):
+    """ONNX Runtime on the CPU.
+
+    ``threads`` sets ORT's intra-op thread count (0: ORT's default, one per core).  On a
+    machine shared with other jobs, ``threads=1`` measures a stage's own cost: with the
+    default pool a stage's time depends on whether its helper threads got scheduled.
+    """
+
     name = "ort"
+    #: a class default too, so subclasses that do not call ``__init__`` keep working
+    threads: int = 0
+
+    def __init__(self, threads: int = 0) -> None:
+        if threads < 0:
+            raise ValueError(f"threads must be >= 0, got {threads}")
+        self.threads = threads
 
     def runner(self, stage: Stage, folder: Path) -> StageRunner:
-        return OrtRunner(stage, folder)
+        return OrtRunner(stage, folder, threads=self.threads)
 
     def describe(self) -> dict[str, Any]:
         import onnxruntime as ort
 
-        return {"backend": self.name, "runtime": f"onnxruntime {ort.__version__}"}
+        d: dict[str, Any] = {"backend": self.name, "runtime": f"onnxruntime {ort.__version__}"}
+        if self.threads:
+            d["intra_op_threads"] = self.threads
+        return d

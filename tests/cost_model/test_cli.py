@@ -65,7 +65,7 @@ def test_fit_on_real_ort_profiles_prints_held_out_error(tmp_path: Path, example_
     out = tmp_path / "model.json"
     r = CliRunner().invoke(main, ["fit", *map(str, profiles), "-o", str(out)])
     assert r.exit_code == 0, r.output
-    assert "held-out error (leave-one-run-out)" in r.output
+    assert "held-out error (leave-one-plan-out)" in r.output
     for comp in ("load", "init", "infer", "release", "host"):
         assert f"  {comp} " in r.output
     model = CostModel.load(out)

@@ -28,7 +28,7 @@ def test_fit_recovers_coefficients_and_reports_held_out_error() -> None:
     assert c["macs"] == pytest.approx(1e-9, rel=1e-6)
     assert c["nodes"] == pytest.approx(0.0, abs=1e-9)
     cv = m.components["infer"].fit_error["cross_validation"]  # type: ignore[index]
-    assert cv["method"] == "leave-one-run-out" and cv["within_10"] == 1.0 and cv["n"] == 15
+    assert cv["method"] == "leave-one-plan-out" and cv["within_10"] == 1.0 and cv["n"] == 15
 
 
 def test_coefficients_are_never_negative() -> None:

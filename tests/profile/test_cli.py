@@ -57,3 +57,18 @@ def test_user_errors_are_one_line_and_write_nothing(tmp_path: Path, args: list[s
     assert text in res.output
     assert not (tmp_path / "out.jsonl").exists()
     assert "Traceback" not in res.output
+
+
+def test_infer_repeat_and_threads_options_reach_the_records(tmp_path: Path) -> None:
+    mini_block_plan(tmp_path / "plan")
+    out = tmp_path / "p.jsonl"
+    res = CliRunner().invoke(main, ["profile", str(tmp_path / "plan" / "plan.json"), "--rounds", "1", "--warmup", "0",
+                                    "--no-cfg", "--interval", "0", "--infer-repeat", "2", "--threads", "1",
+                                    "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    recs = rec.read_jsonl(out)
+    stages = [r for r in recs if r["record"] == "stage"]
+    assert all(len(r["timings"]["infer_calls_s"]) == 2 for r in stages)
+    assert recs[0]["settings"]["infer_repeat"] == 2
+    assert recs[0]["env"]["backend"]["intra_op_threads"] == 1
+    assert recs[0]["env"]["host_backend"]["intra_op_threads"] == 1

@@ -184,3 +184,27 @@ def test_make_inputs_is_seeded_and_typed(tmp_path: Path) -> None:
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
         assert a[k].dtype == np.float32 and a[k].shape == plan.tensors[k].shape
+
+
+def test_infer_repeat_records_every_call_and_their_median(tmp_path: Path) -> None:
+    plan = mini_block_plan(tmp_path)
+    recs = profile_plan(plan, tmp_path, OrtBackend(threads=1), rounds=1, warmup=0, cfg=True,
+                        residency="resident", device_pattern=None, sample_interval=0.0, infer_repeat=3)
+    rec.validate_records(recs)
+    stages = [r for r in recs if r["record"] == "stage"]
+    assert stages and all(r["settings"]["infer_repeat"] == 3 for r in recs)
+    for r in stages:  # host stages are repeated too
+        t = r["timings"]
+        calls = t["infer_calls_s"]
+        assert len(calls) == 3 and t["infer_s"] == pytest.approx(sorted(calls)[1])
+        assert t["infer_spread_s"] == pytest.approx(max(calls) - min(calls))
+        # the record's wall time covers all three calls
+        assert t["wall_s"] >= sum(calls)
+    assert recs[0]["env"]["backend"]["intra_op_threads"] == 1
+
+
+def test_one_inference_call_keeps_the_old_record_shape(split_profile: list[dict], tmp_path: Path) -> None:
+    stages = [r for r in split_profile if r["record"] == "stage"]
+    assert all("infer_calls_s" not in r["timings"] and r["settings"]["infer_repeat"] == 1 for r in stages)
+    with pytest.raises(ValueError, match="infer_repeat"):
+        profile_plan(mini_block_plan(tmp_path), tmp_path, OrtBackend(), infer_repeat=0)

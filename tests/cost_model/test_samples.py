@@ -1,0 +1,35 @@
+"""Profile records -> fit samples: pooled runs of one plan, repeated inference calls (real ORT)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rkpart.cost_model.calibration import fit_profiles, samples_from_records
+from rkpart.partitioner.api import partition
+from rkpart.profile.lifecycle import profile_plan
+from rkpart.profile.records import read_jsonl, write_jsonl
+from rkpart.runtime.ort import OrtBackend
+
+
+def test_runs_of_one_plan_are_pooled_and_every_repeated_call_counts(tmp_path: Path, example_model: Path) -> None:
+    folder = tmp_path / "fused"
+    plan = partition(example_model, folder, "fused")
+    files = []
+    for i in range(2):  # two runs of the same plan, as the interleaving bench writes them
+        recs = profile_plan(plan, folder, OrtBackend(threads=1), rounds=1, warmup=0, cfg=False, residency="resident",
+                            device_pattern=None, sample_interval=0.0, plan_file=str(folder / "plan.json"),
+                            infer_repeat=3)
+        files.append(write_jsonl(tmp_path / f"run{i}.jsonl", recs))
+    records = [r for f in files for r in read_jsonl(f)]
+    samples = samples_from_records(records, statistic="min")
+    assert [s.label for s in samples] == [f"fused:{s.id}" for s in plan.stages]  # one sample per stage
+    assert len({s.group for s in samples}) == 1  # one plan: one cross-validation group
+    for s in samples:
+        sid = s.label.partition(":")[2]
+        calls = [c for r in records if r["record"] == "stage" and r["stage"]["id"] == sid
+                 for c in r["timings"]["infer_calls_s"]]
+        assert len(calls) == 2 * 3
+        comp = "host" if s.features.device == "host" else "infer"
+        assert s.targets[comp] == min(calls)
+    _, report = fit_profiles(files, statistic="min")
+    assert report["runs"] == 2 and report["plans"] == 1 and report["statistic"] == "min"
