@@ -143,7 +143,7 @@ def load_plugins(group: str, builtin: tuple[str, ...] = ()) -> PluginSet:
                 err = "object has no 'name'"
             elif err is None and name != ep.name:
                 err = f"entry point name {ep.name!r} differs from the object's name {name!r}"
-        except Exception as e:  # a plugin may raise anything on import; it must not take rkpart down
+        except Exception as e:  # noqa: BLE001 - a plugin may raise anything on import; it must not take rkpart down
             entries.append(info(status="broken", error=_one_line(e)))
             continue
         if err is not None:

@@ -351,7 +351,7 @@ def _consult(r: Recognizer, mg: ModelGraph, skipped: list[str]) -> Discovery | N
         d = r.recognize(mg)
     except UserError:
         raise
-    except Exception as e:  # a plugin bug must not stop discovery: skip it, say so
+    except Exception as e:  # noqa: BLE001 - a plugin bug must not stop discovery: skip it, say so
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         skipped.append(f"recogniser {r.name!r} raised {type(e).__name__}: {first}; skipped")
         return None

@@ -168,7 +168,7 @@ def _plugin_variants(mg: ModelGraph, disc: Discovery, notes: list[str]) -> list[
             continue
         try:
             part = cls().propose(mg, disc)
-        except Exception as e:  # a plugin that needs options it was not given is skipped, with a note
+        except Exception as e:  # noqa: BLE001 - a plugin that needs options it was not given is skipped, with a note
             notes.append(f"strategy {name} not considered: {type(e).__name__}: {e}")
             continue
         if any(len(g.blocks) > 1 for g in part.groups):

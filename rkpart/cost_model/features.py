@@ -294,7 +294,7 @@ def model_features(model: onnx.ModelProto, *, device: str, artifact: Artifact | 
     """
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # shape inference is best effort: value_info already present is used
+    except Exception:  # noqa: BLE001 - shape inference is best effort: value_info already present is used
         inferred = model
     types = _tensor_types(inferred)
     g = inferred.graph

@@ -32,7 +32,7 @@ def _load_script(name: str) -> ModuleType:
 def _need(module: str) -> None:
     try:
         importlib.import_module(module)
-    except Exception as e:  # an exporter that fails to import is a reason to skip, whatever it raises
+    except Exception as e:  # noqa: BLE001 - an exporter that fails to import is a reason to skip, whatever it raises
         pytest.skip(f"{module} not importable: {type(e).__name__}: {e}")
 
 

@@ -112,7 +112,7 @@ def test_weights_go_to_external_data_above_threshold(tmp_path, example_model):
 
 def test_plan_roundtrip_and_schema(plans):
     _, folder = plans["split"]
-    plan, f2 = load_plan(folder / "plan.json")
+    _, f2 = load_plan(folder / "plan.json")
     assert f2 == folder
     data = json.loads((folder / "plan.json").read_text())
     assert data["format"] == "rkpart-plan" and data["version"] == 1
