@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rkpart.errors import OutputExistsError
 
+#: lock files of older versions (folder_lock now locks the folder itself)
 LOCK_NAME = ".rkpart.lock"
 
 
@@ -81,18 +82,24 @@ def atomic_writer(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold an exclusive lock on ``folder`` for the duration; refuse a second concurrent run."""
+def folder_lock(folder: str | os.PathLike[str], *, what: str | None = None) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` for the duration; refuse a second concurrent run.
+
+    The lock is a ``flock`` on the folder itself (no lock file): it needs no cleanup, dies
+    with the process (a SIGKILLed run never leaves a stale lock), and follows the folder
+    when it is renamed, which is how a finished staging folder becomes the output.
+    ``what`` names the folder in the error message (default: its path).
+    """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            if e.errno in (errno.EAGAIN, errno.EACCES):
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
                 raise OutputExistsError(
-                    f"{folder} is in use by another rkpart run; wait for it or choose another folder"
+                    f"{what or folder} is in use by another rkpart run; wait for it or choose another folder"
                 ) from None
             raise
         yield
@@ -100,14 +107,69 @@ def folder_lock(folder: str | os.PathLike[str]) -> Iterator[None]:
         os.close(fd)
 
 
-def replace_folder(staging: Path, final: Path) -> None:
-    """Move a fully written ``staging`` folder onto ``final`` (old content is removed last)."""
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); ``False`` if unsupported."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def old_path(final: Path) -> Path:
+    return final.with_name(f".{final.name}.old")
+
+
+def recover_folder(final: Path) -> None:
+    """Undo a :func:`replace_folder` interrupted between its two renames (fallback path only).
+
+    If ``final`` is missing but ``.<final>.old`` exists, the old folder is the last complete
+    state: move it back.  If both exist, the old one is leftover garbage: remove it.
+    """
+    old = old_path(final)
+    if not old.exists():
+        return
     if final.exists():
-        old = final.with_name(f".{final.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(old, final)
+
+
+def replace_folder(staging: Path, final: Path) -> None:
+    """Move a fully written ``staging`` folder onto ``final`` (old content is removed last).
+
+    With ``renameat2(RENAME_EXCHANGE)`` the swap is atomic: at every instant ``final`` is
+    either the old or the new complete folder.  Elsewhere the old folder is first renamed to
+    ``.<final>.old``; :func:`recover_folder` restores it if the process dies in between.
+    The caller should hold :func:`folder_lock` on both folders, so that no other run can
+    take the swapped-out old folder (which briefly sits at ``staging``'s path) for its own.
+    """
+    _fsync_dir(staging)
+    if final.exists():
+        old = old_path(final)
         if old.exists():
             shutil.rmtree(old)
-        os.replace(final, old)
-        os.replace(staging, final)
+        if _exchange(staging, final):
+            os.replace(staging, old)
+        else:
+            os.replace(final, old)
+            os.replace(staging, final)
+        _fsync_dir(final.parent)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(staging, final)
+        _fsync_dir(final.parent)

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export RKPART_TEST_TOOLKITS_DIR=${RKPART_TEST_TOOLKITS_DIR:-$HOME/.cache/rkpart/toolkits}
 export RKPART_TOOLKITS_DIR=${RKPART_TOOLKITS_DIR:-$RKPART_TEST_TOOLKITS_DIR}
-for v in ${RKPART_TEST_TOOLKITS:-2.3.0 2.3.2 2.5.0}; do
+for v in ${RKPART_TEST_TOOLKIT_VERSIONS:-2.3.0 2.3.2 2.5.0}; do
   .venv/bin/rkpart toolkit install "$v" --toolkits-dir "$RKPART_TEST_TOOLKITS_DIR"
 done
 .venv/bin/ruff check rkpart tests

@@ -97,6 +97,30 @@ def worker_env(home: Path, tmp: Path) -> dict[str, str]:
     return env
 
 
+def _load_prctl() -> Callable[..., int] | None:
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# resolved here, not in the child: after fork() only async-signal-safe work is wise
+_PRCTL = _load_prctl()
+
+
+def die_with_parent() -> None:
+    """``preexec_fn``: SIGKILL the worker when the thread that started it dies.
+
+    Workers run in their own session (so a timeout can kill their whole group), which also
+    means a SIGKILLed rkpart would leave them building on as orphans; PR_SET_PDEATHSIG
+    (Linux) ties their life to ours.  Elsewhere this does nothing.
+    """
+    if _PRCTL is not None:
+        _PRCTL(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+
+
 def tree_rss(proc: psutil.Process) -> int:
     """Resident memory of ``proc`` and all its descendants, in bytes (0 if gone)."""
     total = 0
@@ -157,7 +181,7 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
     with open(job.log, "wb") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 cwd=work, env=worker_env(work / "home", work / "tmp"),
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=die_with_parent)
         reaped = False
         try:
             ps = psutil.Process(proc.pid)

@@ -15,7 +15,9 @@ becoming stage boundaries.
 
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -138,9 +140,40 @@ def _parse(path: Path) -> onnx.ModelProto:
     except (DecodeError, RuntimeError, ValueError) as e:
         raise InvalidModelError(f"{path} is not an ONNX model (protobuf parse failed: {e})") from None
     del data
+    _check_text(model, path)
     if not model.HasField("graph") or not model.graph.node:
         raise InvalidModelError(f"{path} is not an ONNX model (no graph nodes)")
     return model
+
+
+def _repeated(fd: Any) -> bool:
+    # protobuf >= 5 has is_repeated (and later drops .label); older ones only .label
+    rep = getattr(fd, "is_repeated", None)
+    return bool(rep) if rep is not None else bool(fd.label == fd.LABEL_REPEATED)
+
+
+def _check_text(msg: Any, path: Path, where: str = "model") -> None:
+    """Refuse string fields that are not valid UTF-8 (a corrupt or crafted file).
+
+    protobuf (upb) parses them anyway and hands them out as ``bytes`` instead of ``str``,
+    which would surface as a TypeError deep inside rkpart.  Weights are ``bytes`` fields and
+    are not looked at.
+    """
+    from google.protobuf.descriptor import FieldDescriptor as FD
+
+    for fd, value in msg.ListFields():
+        if fd.type == FD.TYPE_MESSAGE:
+            if _repeated(fd):
+                for i, x in enumerate(value):
+                    _check_text(x, path, f"{where}.{fd.name}[{i}]")
+            else:
+                _check_text(value, path, f"{where}.{fd.name}")
+        elif fd.type == FD.TYPE_STRING:
+            vals = value if _repeated(fd) else [value]
+            if any(isinstance(v, bytes) for v in vals):
+                raise InvalidModelError(
+                    f"{path} is not a valid ONNX model: {where}.{fd.name} is not valid UTF-8 text (corrupt file?)"
+                )
 
 
 def _opset(model: onnx.ModelProto, path: Path) -> int:
@@ -155,39 +188,144 @@ def _opset(model: onnx.ModelProto, path: Path) -> int:
     return v
 
 
+#: element types of tensors flowing through a partitioned model (what ONNX Runtime and
+#: rknn-toolkit2 both handle); float8/int4/complex/string tensors are refused at load time
+SUPPORTED_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
+                              "uint8", "uint16", "uint32", "uint64", "bool"})
+#: packed element types: bits per element (INT4, UINT4, FLOAT4E2M1, UINT2, INT2)
+_SUB_BYTE_BITS: dict[int, int] = {22: 4, 21: 4, 23: 4, 25: 2, 26: 2}
+#: no real model has a tensor this large; larger shapes are corrupt (or hostile) files
+MAX_ELEMENTS = 1 << 36
+
+
+def _dtype_name(data_type: int) -> str:
+    try:
+        return str(TensorProto.DataType.Name(data_type)).lower()
+    except ValueError:
+        return f"type {data_type}"
+
+
+def tensor_nbytes(data_type: int, dims: Iterable[int], what: str) -> int:
+    """Bytes of a dense tensor; :class:`InvalidModelError` for unknown types or bad dims."""
+    if data_type in (TensorProto.UNDEFINED, TensorProto.STRING):
+        raise InvalidModelError(f"{what} has unsupported element type {_dtype_name(data_type)}")
+    try:
+        np_dt = np.dtype(helper.tensor_dtype_to_np_dtype(data_type))
+    except (KeyError, TypeError, ValueError):
+        raise InvalidModelError(f"{what} has unknown element type {data_type}") from None
+    n = 1
+    for d in dims:
+        if d < 0:
+            raise InvalidModelError(f"{what} has a negative dimension {d}")
+        n *= int(d)
+    if n > MAX_ELEMENTS:
+        raise InvalidModelError(f"{what} has an absurd size ({n} elements)")
+    bits = _SUB_BYTE_BITS.get(int(data_type))
+    if bits is not None:
+        return (n * bits + 7) // 8
+    return n * int(np_dt.itemsize)
+
+
+def _check_initializers(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse initializers whose type is unknown or whose inline data does not fit their shape.
+
+    Counting bytes (raw) or elements (typed fields) is enough; no weight is decoded here.
+    """
+    for init in model.graph.initializer:
+        what = f"{path.name}: initializer {init.name!r}"
+        need = tensor_nbytes(init.data_type, init.dims, what)
+        if init.data_location == TensorProto.EXTERNAL:
+            continue
+        if init.HasField("raw_data"):
+            have = len(init.raw_data)
+            if have != need:
+                raise InvalidModelError(
+                    f"{what}: {have} bytes of data for shape {list(init.dims)} "
+                    f"{_dtype_name(init.data_type)} (needs {need})"
+                )
+            continue
+        field_name = helper.tensor_dtype_to_field(init.data_type)
+        count = len(getattr(init, field_name))
+        numel = 1
+        for d in init.dims:
+            numel *= int(d)
+        if init.data_type in (TensorProto.COMPLEX64, TensorProto.COMPLEX128):
+            numel *= 2
+        packed = int(init.data_type) in _SUB_BYTE_BITS
+        if not packed and count != numel:
+            raise InvalidModelError(
+                f"{what}: {count} values for shape {list(init.dims)} (needs {numel})"
+            )
+
+
 def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
-    """Refuse external data that leaves the model folder, is missing, or is too short."""
+    """Refuse external data that leaves the model folder, is missing, or is too short.
+
+    The location is checked lexically first (absolute, ``..``) and then after resolving
+    symlinks, so neither a crafted path nor a symlink can make rkpart read (and copy into a
+    stage) a file outside the model's folder.
+    """
     root = folder.resolve()
     for init in model.graph.initializer:
         if init.data_location != TensorProto.EXTERNAL:
             continue
         info = {e.key: e.value for e in init.external_data}
         loc = info.get("location", "")
-        if not loc or os.path.isabs(loc) or ".." in Path(loc).parts:
-            raise InvalidModelError(
-                f"tensor {init.name!r}: external data location {loc!r} leaves the model folder"
-            )
+        tname = f"tensor {init.name!r}"
+        if not loc:
+            raise InvalidModelError(f"{tname}: external data has no location")
+        if os.path.isabs(loc) or ".." in Path(loc).parts:
+            raise InvalidModelError(f"{tname}: external data location {loc!r} leaves the model folder")
         full = (folder / loc).resolve()
         if root not in full.parents:
-            raise InvalidModelError(
-                f"tensor {init.name!r}: external data location {loc!r} leaves the model folder"
-            )
+            raise InvalidModelError(f"{tname}: external data location {loc!r} leaves the model folder")
+        if not full.exists():
+            raise InvalidModelError(f"{tname}: external data file {loc!r} is missing")
         if not full.is_file():
-            raise InvalidModelError(f"tensor {init.name!r}: external data file {loc!r} is missing")
-        offset = int(info.get("offset", 0) or 0)
-        length = info.get("length")
-        need = int(np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize)
-        for d in init.dims:
-            need *= int(d)
-        if length is not None and int(length) < need:
+            raise InvalidModelError(f"{tname}: external data location {loc!r} is not a file")
+        try:
+            offset = int(info.get("offset", 0) or 0)
+            length = int(info["length"]) if info.get("length") else None
+        except ValueError:
             raise InvalidModelError(
-                f"tensor {init.name!r}: external data length {length} < {need} bytes needed"
-            )
-        if offset + need > full.stat().st_size:
+                f"{tname}: external data offset/length in {loc!r} are not integers "
+                f"({info.get('offset')!r}, {info.get('length')!r})"
+            ) from None
+        if offset < 0 or (length is not None and length < 0):
+            raise InvalidModelError(f"{tname}: negative external data offset/length in {loc!r}")
+        need = tensor_nbytes(init.data_type, init.dims, tname)
+        if length is not None and length != need:
             raise InvalidModelError(
-                f"tensor {init.name!r}: external data file {loc!r} is too short "
-                f"({full.stat().st_size} bytes, needs {offset + need})"
+                f"{tname}: external data length {length} in {loc!r} does not match the {need} bytes "
+                f"its shape {list(init.dims)} needs"
             )
+        size = full.stat().st_size
+        if offset + need > size:
+            raise InvalidModelError(
+                f"{tname}: external data file {loc!r} is too short ({size} bytes, needs {offset + need})"
+            )
+
+
+def _check_schema(model: onnx.ModelProto, path: Path) -> None:
+    """``onnx.checker`` on the weight-free copy: attributes, types and arity against the opset.
+
+    Every extracted stage must pass the checker; a node that does not (e.g. an attribute the
+    declared opset removed) is the input's fault and is reported here, before any writing.
+    """
+    try:
+        onnx.checker.check_model(_light_copy(model))
+    except (onnx.checker.ValidationError, RuntimeError, ValueError) as e:
+        lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+        first = lines[0] if lines else type(e).__name__
+        where = next((ln for ln in lines[1:] if ln.startswith("==> Context:")), "")
+        raise InvalidModelError(
+            f"{path}: not a valid ONNX model: {first}{' (' + where[4:].strip() + ')' if where else ''}"
+        ) from None
+
+
+def _real_inputs(model: onnx.ModelProto) -> list[str]:
+    inits = {i.name for i in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in inits]
 
 
 def _infer_types(
@@ -213,7 +351,9 @@ def _infer_types(
     light = _light_copy(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=False, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError) as e:
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError, ValueError,
+            TypeError) as e:
+        # ValueError: e.g. "Invalid tensor data type 0." for a Cast to an undefined type
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InvalidModelError(f"{path}: shape inference failed: {msg}") from None
     types: dict[str, tuple[str, tuple[int, ...]]] = {}
@@ -224,19 +364,28 @@ def _infer_types(
         if t is None:
             continue
         dt, dims = t
+        if dt not in SUPPORTED_DTYPES:
+            kind = "string" if dt == "object" else dt.removeprefix("onnx:")
+            raise InvalidModelError(f"{path}: tensor {vi.name!r} has an unsupported element type {kind}")
         if any(not isinstance(d, int) for d in dims):
-            unresolved.append(f"{vi.name} {list(dims)}")
+            unresolved.append(f"{vi.name!r} {list(dims)}")
             continue
         types[vi.name] = (dt, tuple(int(d) for d in dims))
     for init in g.initializer:
         types[init.name] = (_np_dtype_name(init.data_type), tuple(int(d) for d in init.dims))
     if unresolved:
         raise InvalidModelError(
-            f"{path}: unresolved dynamic shape {unresolved[0]}; fix it with --shape NAME=D0,D1,..."
+            f"{path}: unresolved dynamic shape of {unresolved[0]}; give the model inputs static shapes "
+            f"with --shape NAME=D0,D1,... (inputs: {', '.join(_real_inputs(model))})"
         )
-    for d in [*(int(x) for _, s in types.values() for x in s)]:
-        if d < 0 or d > 1 << 40:
-            raise InvalidModelError(f"{path}: absurd tensor dimension {d}")
+    for name, (_, shape) in types.items():
+        n = 1
+        for d in shape:
+            if d < 0:
+                raise InvalidModelError(f"{path}: tensor {name!r} has a negative dimension {d} (shape {list(shape)})")
+            n *= d
+        if n > MAX_ELEMENTS:
+            raise InvalidModelError(f"{path}: tensor {name!r} has an absurd shape {list(shape)} ({n} elements)")
     return types
 
 
@@ -266,7 +415,7 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
         light = _light_copy(model)
         try:
             inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
-        except Exception:
+        except Exception:  # noqa: BLE001 - inference errors are reported by _infer_types later
             return
         shapes: dict[str, tuple[int | str, ...]] = {}
         for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
@@ -289,9 +438,14 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
                 st, en = attrs.get("start", 0), attrs.get("end")
                 res: list[np.ndarray] = [np.array(full[st:en] if en is not None else full[st:], dtype=np.int64)]
             elif all(t in values for t in ins) and (ins or n.op_type == "Constant"):
+                if not _small_result(n, shapes, values):
+                    continue
                 try:
-                    res = [np.asarray(r) for r in ReferenceEvaluator(n).run(None, {t: values[t] for t in ins})]
-                except Exception:
+                    # a hostile model may divide by zero here: that is its result, not news for stderr
+                    with np.errstate(all="ignore"), warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        res = [np.asarray(r) for r in ReferenceEvaluator(n).run(None, {t: values[t] for t in ins})]
+                except Exception:  # noqa: BLE001 - an op we cannot evaluate simply stays an op
                     continue
             else:
                 continue
@@ -319,6 +473,29 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
         if len(live) != len(g.initializer):
             del g.initializer[:]
             g.initializer.extend(live)
+
+
+#: ops whose output can be far larger than their inputs (a 16-byte shape -> 64 GB of ones)
+_GENERATIVE = frozenset({"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Upsample", "Pad", "OneHot",
+                         "EyeLike", "MatMul", "Gemm", "Einsum", "Col2Im", "Unique", "NonZero"})
+
+
+def _small_result(node: onnx.NodeProto, shapes: Mapping[str, tuple[int | str, ...]],
+                  values: Mapping[str, np.ndarray]) -> bool:
+    """Whether evaluating ``node`` for folding is known to produce at most ``FOLD_LIMIT`` bytes.
+
+    Decided *before* evaluating: a hostile model can ask for an output of any size, and
+    checking the result afterwards would be too late.
+    """
+    outs = [t for t in node.output if t]
+    known = [shapes.get(t) for t in outs]
+    if all(k is not None and all(isinstance(d, int) and d >= 0 for d in k) for k in known):
+        n = sum(math.prod(int(d) for d in k) for k in known if k is not None)
+        return n * 8 <= FOLD_LIMIT
+    if node.op_type in _GENERATIVE:
+        return False
+    # other ops produce at most about what their inputs hold
+    return sum(int(values[t].size) for t in node.input if t) * 8 <= FOLD_LIMIT
 
 
 #: initializers larger than this are replaced by typed graph inputs for shape inference
@@ -398,6 +575,7 @@ def load_model(
         raise InvalidModelError(f"no such model file: {path}")
     model = _parse(path)
     opset = _opset(model, path)
+    _check_initializers(model, path)
     check_external_data(model, path.parent)
     _fold_constants(model, path)
     g = model.graph
@@ -447,13 +625,28 @@ def load_model(
                 if t:
                     consumers.setdefault(t, []).append(i)
 
+    # after our own checks (clearer messages) and the topological re-sort (the checker
+    # insists on sorted nodes; rkpart accepts any order)
+    _check_schema(model, path)
     types = _infer_types(model, path, input_shapes)
     for i, n in enumerate(nodes):
         for t in n.output:
             if t and t not in types and consumers.get(t):
                 raise InvalidModelError(f"{path}: cannot infer the type of {t!r} (node {n.name or i})")
+        _check_element_counts(n, i, types, path)
 
     const_ops = _const_ops(nodes, initializers, types)
+    if not outputs:
+        raise InvalidModelError(f"{path}: model has no outputs")
+    if len(set(outputs)) != len(outputs):
+        dup = next(o for o in outputs if outputs.count(o) > 1)
+        raise InvalidModelError(f"{path}: model output {dup!r} is listed twice")
+    for o in outputs:
+        p = producer.get(o)
+        if o in initializers or (p is not None and p in const_ops):
+            raise InvalidModelError(
+                f"{path}: model output {o!r} is a constant, not computed from the inputs; remove it"
+            )
     graph = nx.DiGraph()
     ops = nx.DiGraph()
     for i, n in enumerate(nodes):
@@ -492,6 +685,23 @@ def load_model(
         opset=opset,
         scopes=[_scope_of(n) for n in nodes],
     )
+
+
+def _check_element_counts(
+    node: onnx.NodeProto, i: int, types: Mapping[str, tuple[str, tuple[int, ...]]], path: Path
+) -> None:
+    # ONNX shape inference takes a Reshape's target shape on trust; a target with a different
+    # element count (e.g. 2^50 elements from 16) only fails at run time, deep inside a stage.
+    if node.op_type != "Reshape" or len(node.input) < 1 or not node.output:
+        return
+    src, dst = types.get(node.input[0]), types.get(node.output[0])
+    if src is None or dst is None:
+        return
+    a, b = math.prod(src[1]), math.prod(dst[1])
+    if a != b:
+        raise InvalidModelError(
+            f"{path}: Reshape {node.name or i} turns {list(src[1])} ({a} elements) into {list(dst[1])} ({b})"
+        )
 
 
 def _toposort(nodes: list[onnx.NodeProto], producer: dict[str, int], path: Path) -> list[int]:

@@ -1,77 +1,167 @@
-"""JSON Schema of ``plan.json`` (documented in docs/plan.md) and its validation."""
+"""JSON Schema of ``plan.json`` and its validation.
+
+:data:`PLAN_SCHEMA` is the source of truth: ``docs/plan.schema.json`` is generated from it by
+``python -m rkpart.partitioner.plan_schema docs`` (which also writes
+``docs/custom-spec.schema.json``; a test keeps both equal to the code), and ``docs/plan.md``
+explains it field by field.  :func:`validate_plan_json` adds the checks a JSON Schema cannot
+express (cross-references, execution order, dtypes).
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import jsonschema
+import numpy as np
 
 from rkpart.errors import SpecError
 
+_HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+_REL_PATH = {
+    "type": "string",
+    "minLength": 1,
+    # relative, forward slashes, no "..": load_plan also resolves symlinks (check_inside)
+    "pattern": r"^(?!/)(?![A-Za-z]:)(?!.*(^|/)\.\.(/|$))[^\\]+$",
+    "description": "Path relative to the plan folder; must stay inside it (no '..', not absolute, "
+                   "no symlink leading out).",
+}
 _TENSOR = {
     "type": "object",
+    "description": "A boundary tensor: model input/output or a tensor passed between stages.",
     "required": ["name", "dtype", "shape"],
+    "additionalProperties": False,
     "properties": {
-        "name": {"type": "string", "minLength": 1},
-        "dtype": {"type": "string", "minLength": 1},
-        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "name": {"type": "string", "minLength": 1, "description": "Tensor name (equal to its key in 'tensors')."},
+        "dtype": {"type": "string", "minLength": 1, "description": "numpy dtype name, e.g. 'float32', 'int64'."},
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                  "description": "Static shape; every dimension is known."},
     },
 }
 _ARTIFACT = {
     "type": "object",
+    "description": "A compiled form of the stage, added by 'rkpart compile'.",
     "required": ["kind", "file", "toolkit", "target", "config_hash", "sha256", "size_bytes"],
     "properties": {
-        "kind": {"type": "string"},
-        "file": {"type": "string", "minLength": 1},
-        "toolkit": {"type": "string"},
-        "target": {"type": "string"},
-        "config_hash": {"type": "string"},
-        "sha256": {"type": "string"},
-        "size_bytes": {"type": "integer", "minimum": 0},
-        "cpu_ops": {"type": "array", "items": {"type": "string"}},
-        "fallback_reason": {"type": ["string", "null"]},
+        "kind": {"type": "string", "description": "Artifact type, e.g. 'rknn'."},
+        "file": _REL_PATH,
+        "toolkit": {"type": "string", "description": "rknn-toolkit2 version that built it."},
+        "target": {"type": "string", "description": "target_platform, e.g. 'rk3588'."},
+        "config_hash": {"type": "string", "description": "Hash of the build configuration (cache key)."},
+        "sha256": {"type": "string", "description": "sha256 of the artifact file."},
+        "size_bytes": {"type": "integer", "minimum": 0, "description": "Size of the artifact file."},
+        "cpu_ops": {"type": "array", "items": {"type": "string"},
+                    "description": "Ops the toolkit placed on the CPU instead of the NPU."},
+        "fallback_reason": {"type": ["string", "null"],
+                            "description": "Set when a fallback toolkit built it: why the first one failed."},
     },
 }
 _STAGE = {
     "type": "object",
+    "description": "One standalone ONNX subgraph, run on one device.",
     "required": ["id", "device", "file", "inputs", "outputs", "region", "weight_bytes", "io_bytes", "sha256"],
     "properties": {
-        "id": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"},
-        "device": {"enum": ["npu", "host"]},
-        "file": {"type": "string", "minLength": 1},
-        "inputs": {"type": "array", "items": {"type": "string"}},
-        "outputs": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "block": {"type": ["integer", "null"], "minimum": 0},
-        "blocks": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-        "region": {"type": "string"},
-        "kind": {"type": "string"},
-        "weight_bytes": {"type": "integer", "minimum": 0},
-        "io_bytes": {"type": "integer", "minimum": 0},
-        "sha256": {"type": "string"},
-        "num_nodes": {"type": "integer", "minimum": 0},
+        "id": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
+               "description": "Unique stage id, e.g. 'b03.attn', 'b03.xattn.pre', 'prologue'."},
+        "device": {"enum": ["npu", "host"], "description": "'npu': compiled with rknn-toolkit2; "
+                   "'host': run by ONNX Runtime on the CPU."},
+        "file": {**_REL_PATH, "description": "The stage's ONNX file, relative to the plan folder "
+                 "(weights in '<file>.data' next to it when present)."},
+        "inputs": {"type": "array", "items": {"type": "string"},
+                   "description": "Tensors the stage reads (model inputs or outputs of earlier stages)."},
+        "outputs": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                    "description": "Tensors the stage produces for later stages or as model outputs."},
+        "block": {"type": ["integer", "null"], "minimum": 0,
+                  "description": "Transformer block index; null for prologue, epilogue and shared parts."},
+        "blocks": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                   "description": "Every block the stage covers (several for fused runs of blocks)."},
+        "region": {"type": "string", "description": "What part of the block: 'attn', 'xattn', 'jattn', "
+                   "'ffn', 'block', 'prologue', 'epilogue', 'host', 'cut', ..."},
+        "kind": {"type": "string", "description": "What the stage holds, '+'-joined: e.g. 'attn', "
+                 "'mod+adaln', 'gate+residual'."},
+        "weight_bytes": {"type": "integer", "minimum": 0, "description": "Bytes of weights in the stage."},
+        "io_bytes": {"type": "integer", "minimum": 0, "description": "Bytes of its inputs plus outputs."},
+        "sha256": {**_HEX64, "description": "sha256 of the stage's ONNX file followed by its data file."},
+        "num_nodes": {"type": "integer", "minimum": 0, "description": "Nodes in the stage's graph."},
         "artifacts": {"type": "array", "items": _ARTIFACT},
-        "failures": {"type": "array", "items": {"type": "object"}},
+        "failures": {"type": "array", "items": {"type": "object"},
+                     "description": "Build failures recorded by 'rkpart compile' (toolkit, message, ...)."},
     },
 }
 PLAN_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://rkpart.invalid/plan.schema.json",
     "title": "rkpart plan",
+    "description": "plan.json: a DiT ONNX model cut into stages, in execution order (docs/plan.md).",
     "type": "object",
     "required": ["format", "version", "model", "strategy", "inputs", "outputs", "tensors", "stages"],
     "properties": {
-        "format": {"const": "rkpart-plan"},
-        "version": {"const": 1},
-        "model": {"type": "object", "required": ["file", "sha256"]},
-        "strategy": {"type": "object", "required": ["name"]},
-        "inputs": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "outputs": {"type": "array", "items": {"type": "string"}, "minItems": 1},
-        "tensors": {"type": "object", "additionalProperties": _TENSOR},
-        "blocks": {"type": "array", "items": {"type": "object"}},
-        "stages": {"type": "array", "items": _STAGE, "minItems": 1},
-        "extra": {"type": "object"},
+        "format": {"const": "rkpart-plan", "description": "Always 'rkpart-plan'."},
+        "version": {"const": 1, "description": "Format version; readers refuse versions they do not know."},
+        "model": {
+            "type": "object",
+            "description": "The source model.",
+            "required": ["file", "sha256"],
+            "properties": {
+                "file": {"type": "string", "minLength": 1, "description": "File name of the source model."},
+                "sha256": {**_HEX64, "description": "sha256 of the source model file (not its external data)."},
+                "opset": {"type": "integer", "minimum": 1, "description": "Default-domain opset, kept by every stage."},
+                "path": {"type": "string", "description": "Absolute path the model was read from (informative; "
+                         "'rkpart run' uses it to find the whole model for comparison)."},
+                "nodes": {"type": "integer", "minimum": 0, "description": "Node count of the source graph."},
+            },
+        },
+        "strategy": {
+            "type": "object",
+            "description": "How the plan was made.",
+            "required": ["name"],
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "description": "'split', 'fused', 'custom' or a plugin."},
+                "options": {"type": "object", "description": "Strategy options after defaults were applied."},
+            },
+        },
+        "inputs": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                   "description": "Model inputs, in the model's order."},
+        "outputs": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                    "description": "Model outputs, in the model's order."},
+        "tensors": {"type": "object", "additionalProperties": _TENSOR,
+                    "description": "Every model input/output and stage boundary tensor, by name."},
+        "blocks": {
+            "type": "array",
+            "description": "Discovery summary: the transformer blocks found and their regions.",
+            "items": {
+                "type": "object",
+                "required": ["index"],
+                "properties": {
+                    "index": {"type": "integer", "minimum": 0},
+                    "scope": {"type": ["string", "null"], "description": "Exporter name scope, if any."},
+                    "regions": {"type": "array", "items": {"type": "object"},
+                                "description": "[{name, kind, adaln, gated}] per residual branch."},
+                },
+            },
+        },
+        "stages": {"type": "array", "items": _STAGE, "minItems": 1,
+                   "description": "Stages in execution order."},
+        "extra": {"type": "object", "description": "Free-form notes (discovery method, strategy notes)."},
     },
 }
+
+
+def schema_json() -> str:
+    """:data:`PLAN_SCHEMA` as the text of ``docs/plan.schema.json`` (stable formatting)."""
+    return json.dumps(PLAN_SCHEMA, indent=2, sort_keys=True) + "\n"
+
+
+def _valid_dtype(name: str) -> bool:
+    try:
+        dt = np.dtype(name)
+    except (TypeError, ValueError):
+        return False
+    return dt.kind in "biufc" or dt.name == "bfloat16"
 
 
 def validate_plan_json(data: Any) -> None:
@@ -79,12 +169,23 @@ def validate_plan_json(data: Any) -> None:
     if not isinstance(data, Mapping):
         raise SpecError("plan is not a JSON object")
     v = jsonschema.Draft202012Validator(PLAN_SCHEMA)
-    errs = sorted(v.iter_errors(data), key=lambda e: list(e.absolute_path))
+    errs = sorted(v.iter_errors(data), key=lambda e: [str(x) for x in e.absolute_path])
     if errs:
         e = errs[0]
         loc = "/".join(str(x) for x in e.absolute_path) or "(top level)"
-        raise SpecError(f"invalid plan: at {loc}: {e.message}")
+        if e.validator == "pattern" and e.schema.get("pattern") == _REL_PATH["pattern"]:
+            raise SpecError(f"invalid plan: at {loc}: path {e.instance!r} leaves the plan folder")
+        msg = e.message if len(e.message) < 200 else e.message[:200] + "..."
+        raise SpecError(f"invalid plan: at {loc}: {msg}")
     tensors = data["tensors"]
+    for k, t in tensors.items():
+        if t["name"] != k:
+            raise SpecError(f"invalid plan: tensors/{k} is named {t['name']!r}")
+        if not _valid_dtype(t["dtype"]):
+            raise SpecError(f"invalid plan: tensors/{k}: unknown dtype {t['dtype']!r}")
+    for t in [*data["inputs"], *data["outputs"]]:
+        if t not in tensors:
+            raise SpecError(f"invalid plan: model tensor {t!r} is missing from 'tensors'")
     have = set(data["inputs"])
     ids: set[str] = set()
     for s in data["stages"]:
@@ -101,3 +202,21 @@ def validate_plan_json(data: Any) -> None:
     for t in data["outputs"]:
         if t not in have:
             raise SpecError(f"invalid plan: model output {t!r} is produced by no stage")
+
+
+def write_schema_docs(docs: str | os.PathLike[str]) -> list[Path]:
+    """Write ``plan.schema.json`` and ``custom-spec.schema.json`` into ``docs``."""
+    from rkpart.io import atomic_write_bytes
+    from rkpart.strategies.custom import spec_schema_json
+
+    out = []
+    for name, text in (("plan.schema.json", schema_json()), ("custom-spec.schema.json", spec_schema_json())):
+        dest = Path(docs) / name
+        atomic_write_bytes(dest, text.encode())
+        out.append(dest)
+    return out
+
+
+if __name__ == "__main__":  # pragma: no cover - regenerates the JSON schemas in docs/
+    for written in write_schema_docs(sys.argv[1] if len(sys.argv) > 1 else "docs"):
+        print(written)

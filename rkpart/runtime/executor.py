@@ -34,18 +34,39 @@ def random_inputs(infos: Mapping[str, TensorInfo], names: tuple[str, ...], seed:
 
 
 def load_inputs(path: str | Path, plan: Plan) -> Feeds:
+    """Read model inputs from an ``.npz``; :class:`UserError` (one line) for anything unusable.
+
+    Arrays are cast to the model's dtype only when that is value-preserving in kind
+    (numbers to numbers); shapes must match exactly.  Pickled (object) arrays are refused.
+    """
+    import zipfile
+    import zlib
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"inputs file {p} does not exist")
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(p, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise UserError(f"inputs {p} is a single .npy array, not an .npz with one array per model input")
+        with z:
             feeds = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot read inputs {path}: {e}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
+        why = "it holds pickled (object) arrays" if "pickle" in str(e) else str(e).splitlines()[0] or type(e).__name__
+        raise UserError(f"cannot read inputs {p}: not a usable .npz ({why})") from None
     for n in plan.inputs:
         if n not in feeds:
-            raise UserError(f"inputs file {path} has no array {n!r} (model inputs: {', '.join(plan.inputs)})")
+            raise UserError(f"inputs file {p} has no array {n!r} (model inputs: {', '.join(plan.inputs)})")
         info = plan.tensors[n]
-        if tuple(feeds[n].shape) != info.shape:
-            raise UserError(f"input {n!r}: shape {tuple(feeds[n].shape)} in {path}, model wants {info.shape}")
-        feeds[n] = feeds[n].astype(info.dtype)
+        a = feeds[n]
+        if not isinstance(a, np.ndarray):  # NpzFile returns raw bytes for members that are not .npy
+            raise UserError(f"inputs file {p}: member {n!r} is not a .npy array")
+        if tuple(a.shape) != info.shape:
+            raise UserError(f"input {n!r}: shape {tuple(a.shape)} in {p}, model wants {info.shape}")
+        want = np.dtype(info.dtype)
+        if a.dtype.kind not in "biuf" or want.kind not in "biuf":
+            raise UserError(f"input {n!r}: dtype {a.dtype} in {p} cannot be used as {want}")
+        feeds[n] = a.astype(want)
     return feeds
 
 

@@ -28,40 +28,56 @@ from typing import Any
 import jsonschema
 import yaml
 
-from rkpart.errors import SpecError
+from rkpart.errors import SpecError, UserError
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.graph import ModelGraph
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
 
+_STAGE_ID = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
+             "description": "Unique stage id (letters, digits, '_', '.', '-'; at most 64 characters)."}
 SPEC_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "rkpart custom partition spec",
+    "description": "Stages for --strategy custom (docs/custom-spec.md).",
     "type": "object",
     "additionalProperties": False,
     "required": ["version", "stages"],
     "properties": {
-        "version": {"const": 1},
-        "rest": {"enum": ["split", "fused", "host"]},
-        "rest_options": {"type": "object"},
+        "version": {"const": 1, "description": "Spec format version."},
+        "rest": {"enum": ["split", "fused", "host"], "description":
+                 "How ops no stage names are partitioned: by the split or fused strategy, or all on the host. "
+                 "Default: split."},
+        "rest_options": {"type": "object", "description":
+                         "Options for the 'rest' strategy, e.g. {adaln: npu} or {blocks_per_stage: 2}."},
         "stages": {
             "type": "array",
             "minItems": 1,
+            "description": "Stages named by the user; each takes whole blocks, regions of one block, or the "
+                           "ops between cut tensors.",
             "items": {
                 "type": "object",
                 "additionalProperties": False,
                 "required": ["id"],
                 "properties": {
-                    "id": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$"},
-                    "device": {"enum": ["npu", "host"]},
-                    "blocks": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
-                    "block": {"type": "integer", "minimum": 0},
-                    "regions": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+                    "id": _STAGE_ID,
+                    "device": {"enum": ["npu", "host"], "description": "Where the stage runs. Default: npu."},
+                    "blocks": {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1,
+                               "description": "Whole blocks (by index, see `rkpart inspect`) in one stage."},
+                    "block": {"type": "integer", "minimum": 0,
+                              "description": "The block whose 'regions' this stage takes."},
+                    "regions": {"type": "array", "items": {"type": "string"}, "minItems": 1,
+                                "description": "Region names of 'block' (attn, xattn, jattn, ffn, ...)."},
                     "include": {
                         "type": "array",
                         "items": {"enum": ["adaln", "residual", "mod"]},
+                        "description": "With 'regions': also take each region's AdaLN ('adaln'), gate and "
+                                       "residual add ('residual'), modulation layers ('mod').",
                     },
                     "cut": {
                         "type": "object",
                         "additionalProperties": False,
                         "required": ["inputs", "outputs"],
+                        "description": "Explicit cut: every op between these tensors (names as in the model).",
                         "properties": {
                             "inputs": {"type": "array", "items": {"type": "string"}, "minItems": 1},
                             "outputs": {"type": "array", "items": {"type": "string"}, "minItems": 1},
@@ -80,35 +96,74 @@ SPEC_SCHEMA: dict[str, Any] = {
 }
 
 
+#: a spec names a few dozen stages; anything far larger is a mistake or a YAML alias bomb
+MAX_SPEC_ITEMS = 100_000
+
+
+def _count_items(data: Any, limit: int) -> int:
+    """Count nodes of a parsed spec, stopping at ``limit`` (YAML aliases share objects, so a
+    tiny file can expand to billions of nodes for anything that walks it)."""
+    n = 0
+    stack = [data]
+    while stack and n <= limit:
+        x = stack.pop()
+        n += 1
+        if isinstance(x, dict):
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            stack.extend(x)
+    return n
+
+
 def load_spec(path: str | Path) -> dict[str, Any]:
     """Read and schema-check a custom spec; raises :class:`SpecError` with the offending path."""
     p = Path(path)
+    kind = "JSON" if p.suffix == ".json" else "YAML"
     try:
         text = p.read_text()
+    except FileNotFoundError:
+        raise SpecError(f"custom spec {p} does not exist") from None
     except (OSError, UnicodeDecodeError) as e:
         raise SpecError(f"cannot read custom spec {p}: {e}") from None
     try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
-        first = str(e).splitlines()[0]
-        raise SpecError(f"custom spec {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: {first}") from None
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        where = ""
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None:
+            where = f" (line {mark.line + 1}, column {mark.column + 1})"
+        raise SpecError(f"custom spec {p} is not valid {kind}: {first}{where}") from None
+    except RecursionError:
+        raise SpecError(f"custom spec {p} is not valid {kind}: nested too deeply") from None
     validate_spec(data, str(p))
     return data  # type: ignore[no-any-return,unused-ignore]
 
 
 def validate_spec(data: Any, where: str = "custom spec") -> None:
+    """Check ``data`` against :data:`SPEC_SCHEMA` and for duplicate stage ids."""
+    if _count_items(data, MAX_SPEC_ITEMS) > MAX_SPEC_ITEMS:
+        raise SpecError(f"{where}: more than {MAX_SPEC_ITEMS} items (YAML aliases expanding?); refusing it")
     v = jsonschema.Draft202012Validator(SPEC_SCHEMA)
-    errors = sorted(v.iter_errors(data), key=lambda e: list(e.absolute_path))
+    errors = sorted(v.iter_errors(data), key=lambda e: [str(x) for x in e.absolute_path])
     if errors:
         e = errors[0]
         loc = "/".join(str(x) for x in e.absolute_path) or "(top level)"
         msg = e.message if e.validator != "oneOf" else (
             "a stage needs exactly one of: 'blocks', 'block' + 'regions', or 'cut'")
+        if len(msg) > 200:
+            msg = msg[:200] + "..."
         raise SpecError(f"{where}: at {loc}: {msg}")
     ids = [s["id"] for s in data["stages"]]
     dup = sorted({i for i in ids if ids.count(i) > 1})
     if dup:
         raise SpecError(f"{where}: stage id {dup[0]!r} is used twice")
+
+
+def spec_schema_json() -> str:
+    """:data:`SPEC_SCHEMA` as the text of ``docs/custom-spec.schema.json``."""
+    return json.dumps(SPEC_SCHEMA, indent=2, sort_keys=True) + "\n"
 
 
 class CustomStrategy(Strategy):
@@ -169,7 +224,13 @@ class CustomStrategy(Strategy):
         else:
             from rkpart.strategies import get_strategy
 
-            part = get_strategy(rest).propose(mg, disc, **dict(data.get("rest_options", {})))
+            try:
+                part = get_strategy(rest).propose(mg, disc, **dict(data.get("rest_options", {})))
+            except SpecError:
+                raise
+            except UserError as e:
+                # e.g. rest_options: {adaln: bogus}: the spec is what needs fixing
+                raise SpecError(f"custom spec: rest_options for {rest}: {e}") from None
             taken = {s["id"] for s in data["stages"]}
             for g in part.groups:
                 if g.id in taken:

@@ -1,0 +1,31 @@
+"""Fixtures for the hostile-input tests and the fuzz case counter printed at the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rkpart.cli import bundled_example
+from tests.hostile.models import FUZZ_STATS, mini_dit
+
+
+@pytest.fixture(scope="session")
+def mini_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The mini DiT (1 block, ~100 kB, inline weights); do not modify it in place."""
+    return mini_dit(tmp_path_factory.mktemp("mini") / "mini.onnx")
+
+
+@pytest.fixture(scope="session")
+def bundled() -> Path:
+    return bundled_example()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not FUZZ_STATS:
+        return
+    total = sum(v for k, v in FUZZ_STATS.items() if k.startswith("cases:"))
+    terminalreporter.section("rkpart fuzz")
+    terminalreporter.write_line(f"fuzz cases run: {total}")
+    for k in sorted(FUZZ_STATS):
+        terminalreporter.write_line(f"  {k}: {FUZZ_STATS[k]}")
