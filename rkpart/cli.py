@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from rkpart import __version__
+from rkpart.cli_util import parse_key_values, report_user_error
 from rkpart.errors import RkpartError, UserError
 
 
@@ -26,7 +27,7 @@ class RkpartGroup(click.Group):
         try:
             return super().invoke(ctx)
         except UserError as e:
-            click.echo(f"rkpart: error: {e}", err=True)
+            report_user_error(e)
             ctx.exit(e.exit_code)
         except MemoryError:
             click.echo("rkpart: error: out of memory", err=True)
@@ -68,19 +69,6 @@ def _parse_shapes(_ctx: click.Context, _param: click.Parameter, values: tuple[st
         if not shape or any(d <= 0 for d in shape):
             raise click.BadParameter(f"{v!r}: expected NAME=D0,D1,... with positive integers")
         out[name] = shape
-    return out
-
-
-def _parse_kv(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for v in values:
-        k, sep, raw = v.partition("=")
-        if not sep or not k:
-            raise click.BadParameter(f"{v!r}: expected KEY=VALUE")
-        try:
-            out[k] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[k] = raw
     return out
 
 
@@ -142,7 +130,7 @@ def _mib(n: int) -> str:
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="auto: denoising steps [default: 1].")
 @click.option("--cfg/--no-cfg", default=None, help="auto: two passes per step (CFG) or one [default: --cfg].")
 @click.option("--explain", is_flag=True, help="auto: print every candidate's predictions and the choice per block.")
-@click.option("--option", "options", multiple=True, callback=_parse_kv, metavar="KEY=VALUE",
+@click.option("--option", "options", multiple=True, callback=parse_key_values, metavar="KEY=VALUE",
               help="Extra strategy option (repeatable), e.g. for plugins.")
 @click.option("--shape", "shapes", multiple=True, callback=_parse_shapes, metavar="NAME=D0,D1,..",
               help="Static shape for a model input with symbolic dimensions (repeatable).")

@@ -6,7 +6,6 @@ and :mod:`rkpart.compile.toolkits`; the commands only format output and choose e
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import time
@@ -15,37 +14,12 @@ from typing import Any, TypeVar
 
 import click
 
-from rkpart.errors import ToolkitError, UserError
+from rkpart.cli_util import parse_key_values, user_errors
+from rkpart.errors import ToolkitError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _user_errors(fn: F) -> F:
-    """Print a UserError as one line and exit with its code (also when run without rkpart.cli)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except UserError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(e.exit_code)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _parse_config(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{item!r}: expected key=value, e.g. optimization_level=2")
-        try:
-            # JSON for numbers, booleans, lists and dicts (op_target); anything else is a string.
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
-    return out
 
 
 _toolkits_dir = click.option("--toolkits-dir", type=click.Path(file_okay=False), default=None,
@@ -64,7 +38,7 @@ def toolkit() -> None:
 @click.option("--python", "python", type=click.Path(dir_okay=False), default=None,
               help="Register this existing python (with rknn-toolkit2 installed) instead of creating a venv.")
 @click.option("--force", is_flag=True, help="Replace an existing installation.")
-@_user_errors
+@user_errors
 def install_cmd(version: str, toolkits_dir: str | None, python: str | None, force: bool) -> None:
     """Install rknn-toolkit2 VERSION into its own venv (or register --python)."""
     from rkpart.compile.toolkits import install_toolkit, register_toolkit
@@ -106,7 +80,7 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
               help="Seconds per build before it is killed.")
 @click.option("--opt-level", type=click.IntRange(0, 3), default=None, help="RKNN.config optimization_level.")
 @click.option("--single-core", is_flag=True, help="RKNN.config single_core_mode=True.")
-@click.option("--config", "config", multiple=True, callback=_parse_config, metavar="KEY=VALUE",
+@click.option("--config", "config", multiple=True, callback=parse_key_values, metavar="KEY=VALUE",
               help="Any other RKNN.config option (value parsed as JSON when possible).")
 @click.option("--fallback-toolkit", default=None, help="Retry failed stages with this toolkit version.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
@@ -115,7 +89,7 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 @_toolkits_dir
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
-@_user_errors
+@user_errors
 def compile_cmd(plan: str, toolkit_v: str, target: str, jobs: int, timeout: float | None,
                 opt_level: int | None, single_core: bool, config: dict[str, Any],
                 fallback_toolkit: str | None, cache_dir: str | None, retry_failed: bool,

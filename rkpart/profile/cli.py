@@ -7,9 +7,7 @@ command only prints progress (stderr) and the tables (stdout) and picks the exit
 
 from __future__ import annotations
 
-import functools
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +15,8 @@ from typing import Any, TypeVar
 
 import click
 
-from rkpart.errors import SpecError, UserError
+from rkpart.cli_util import user_errors
+from rkpart.errors import SpecError
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -25,19 +24,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 BACKENDS = ("ort", "rknn-sim", "rknnlite")
 CORE_MASK_CHOICES = ("auto", "0", "1", "2", "0_1", "0_1_2", "all")
 
-
-def _user_errors(fn: F) -> F:
-    """Print a UserError as one line and exit with its code (also when run without rkpart.cli)."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except UserError as e:
-            click.echo(f"error: {e}", err=True)
-            sys.exit(e.exit_code)
-
-    return wrapper  # type: ignore[return-value]
 
 
 def _check_regex(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
@@ -165,7 +151,7 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str], None] | None = N
 @click.option("--against", type=click.Path(exists=True, dir_okay=False), default=None, metavar="MODEL.json",
               help="Also print the cost model's prediction error per stage and component for this profile.")
 @click.option("--quiet", "-q", is_flag=True, help="No per-stage progress lines.")
-@_user_errors
+@user_errors
 def profile(
     plan: str | None,
     backend: str,

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from rkpart.cli_util import parse_key_values
 from rkpart.errors import UserError
 
 
@@ -18,18 +19,6 @@ def _parse_versions(_ctx: click.Context, _param: click.Parameter, value: str) ->
         raise click.BadParameter("expected comma-separated toolkit versions, e.g. 2.3.0,2.3.2,2.5.0")
     return versions
 
-
-def _parse_config(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in values:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise click.BadParameter(f"{item!r}: expected key=value, e.g. optimization_level=2")
-        try:
-            out[key.strip()] = json.loads(raw)  # numbers, booleans, lists, dicts
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
-    return out
 
 
 @click.command("repro")
@@ -47,7 +36,7 @@ def _parse_config(_ctx: click.Context, _param: click.Parameter, values: tuple[st
 @click.option("--reduce-with", default=None, help="Failing version to reduce against [default: the first failing].")
 @click.option("--no-reduce", is_flag=True, help="Only build the matrix.")
 @click.option("--opt-level", type=click.IntRange(0, 3), default=None, help="RKNN.config optimization_level.")
-@click.option("--config", "config", multiple=True, callback=_parse_config, metavar="KEY=VALUE",
+@click.option("--config", "config", multiple=True, callback=parse_key_values, metavar="KEY=VALUE",
               help="Any other RKNN.config option (value parsed as JSON when possible).")
 @click.option("--out", "-o", "out", type=click.Path(file_okay=False), default="repro", show_default=True,
               help="Artifact folder.")

@@ -24,7 +24,7 @@ def test_compile_with_missing_toolkit_is_one_line(tmp_path: Path) -> None:
     r = CliRunner().invoke(compile_cmd, [str(tmp_path / "p"), "--toolkit", "2.3.0", "--toolkits-dir",
                                          str(tmp_path / "none")])
     assert r.exit_code == ToolkitError.exit_code
-    assert r.output.count("\n") == 1 and r.output.startswith("error: rknn-toolkit2 2.3.0 is not installed")
+    assert r.output.count("\n") == 1 and r.output.startswith("rkpart: error: rknn-toolkit2 2.3.0 is not installed")
 
 
 def test_bad_config_option_syntax(tmp_path: Path) -> None:
