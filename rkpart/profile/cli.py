@@ -77,6 +77,20 @@ def make_backend(name: str, *, toolkit: str | None = None, core_mask: str = "aut
     raise SpecError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
+def runtime_warnings(plan: Any, env: dict[str, Any]) -> list[str]:
+    """Stages built by a toolkit whose version differs from the runtime that will run them.
+
+    Only the board runtime (``rknnlite``) loads the ``.rknn`` files; an ``Invalid RKNN model
+    version`` at init is the usual symptom of a mismatch, so say it before profiling starts.
+    """
+    if env.get("backend") != "rknnlite":
+        return []
+    from rkpart.triage.compat import check_runtime_compat
+
+    runtime = env.get("runtime")
+    return check_runtime_compat(plan, str(runtime) if runtime else None)
+
+
 def run_profile(opts: ProfileOptions, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Load the plan, profile it and write the records atomically to ``opts.output``."""
     from rkpart.partitioner.plan import load_plan
@@ -89,6 +103,8 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str], None] | None = N
 
     # host stages always run on ONNX Runtime; --threads applies to them too
     host_backend = OrtBackend(threads=opts.threads)
+    for warning in runtime_warnings(plan, backend.describe()):
+        click.echo(f"rkpart: warning: {warning}", err=True)
     try:
         records = profile_plan(
             plan,
