@@ -1,4 +1,4 @@
-"""Shared fixtures: the bundled example and partitioned plans of it (built once per session)."""
+"""Shared fixtures: the bundled example, plans of it, PyTorch exports of non-DiT transformers."""
 
 from __future__ import annotations
 
@@ -29,3 +29,19 @@ def plans(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> dict
         folder = root / name
         out[name] = (partition(example_model, folder, strategy, **opts), folder)
     return out
+
+
+@pytest.fixture(scope="session")
+def vit_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    from tests.api.vit import export_vit
+
+    return export_vit(tmp_path_factory.mktemp("vit") / "vit.onnx")
+
+
+@pytest.fixture(scope="session")
+def postnorm_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("torch")
+    from tests.api.vit import export_postnorm
+
+    return export_postnorm(tmp_path_factory.mktemp("postnorm") / "postnorm.onnx")

@@ -161,19 +161,3 @@ def plugins_on_path(plugin_site: Path) -> Iterator[Path]:
         for mod in [m for m in sys.modules if m.startswith(("rkpart_demo_plugin", "rkpart_zz_dup_plugin"))]:
             del sys.modules[mod]
         load_plugins.cache_clear()
-
-
-@pytest.fixture(scope="session")
-def vit_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
-    from tests.api.vit import export_vit
-
-    return export_vit(tmp_path_factory.mktemp("vit") / "vit.onnx")
-
-
-@pytest.fixture(scope="session")
-def postnorm_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("torch")
-    from tests.api.vit import export_postnorm
-
-    return export_postnorm(tmp_path_factory.mktemp("postnorm") / "postnorm.onnx")

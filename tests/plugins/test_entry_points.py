@@ -51,32 +51,32 @@ def test_strategies_lists_plugin_broken_duplicate_and_shadowed(plugin_env: dict[
     assert [r["status"] for r in rows["split"]] == ["built-in", "shadowed"]
 
 
-def test_partition_uses_the_plugin_strategy(plugin_env: dict[str, str], vit_model: Path, tmp_path: Path) -> None:
+def test_partition_uses_the_plugin_strategy(plugin_env: dict[str, str], vit_onnx: Path, tmp_path: Path) -> None:
     out = tmp_path / "halves"
-    res = rkpart(plugin_env, "partition", vit_model, "--strategy", "halves", "-o", out, "-q")
+    res = rkpart(plugin_env, "partition", vit_onnx, "--strategy", "halves", "-o", out, "-q")
     assert res.returncode == 0, res.stderr
     plan, folder = load_plan(out)
     assert plan.strategy["name"] == "halves"
     assert [s.id for s in plan.stages] == ["front", "back"]
     feeds = random_inputs(plan.tensors, plan.inputs, seed=1)
     got = run_plan(plan, folder, feeds)
-    ref = run_model(vit_model, feeds)
+    ref = run_model(vit_onnx, feeds)
     assert compare(got["logits"], ref["logits"]).cosine >= 0.999999
 
     # without the plugin on the path the same command fails with the list of what exists
     bare = {k: v for k, v in plugin_env.items() if k != "PYTHONPATH"}
-    res = rkpart(bare, "partition", vit_model, "--strategy", "halves", "-o", tmp_path / "x", "-q")
+    res = rkpart(bare, "partition", vit_onnx, "--strategy", "halves", "-o", tmp_path / "x", "-q")
     assert res.returncode == 2
     assert "unknown strategy 'halves' (available: split, fused, custom, generic" in res.stderr
 
 
-def test_broken_plugin_is_not_fatal(plugin_env: dict[str, str], vit_model: Path, tmp_path: Path) -> None:
-    res = rkpart(plugin_env, "partition", vit_model, "--strategy", "generic", "--budget-mib", "0.3",
+def test_broken_plugin_is_not_fatal(plugin_env: dict[str, str], vit_onnx: Path, tmp_path: Path) -> None:
+    res = rkpart(plugin_env, "partition", vit_onnx, "--strategy", "generic", "--budget-mib", "0.3",
                  "-o", tmp_path / "g", "-q")
     assert res.returncode == 0, res.stderr
     assert load_plan(tmp_path / "g")[0].strategy["name"] == "generic"
 
-    res = rkpart(plugin_env, "partition", vit_model, "--strategy", "kaputt", "-o", tmp_path / "k")
+    res = rkpart(plugin_env, "partition", vit_onnx, "--strategy", "kaputt", "-o", tmp_path / "k")
     assert res.returncode == 2
     assert res.stderr.strip().splitlines()[-1] == (
         "rkpart: error: strategy plugin 'kaputt' failed to load: RuntimeError: this plugin is broken on purpose "
@@ -99,19 +99,19 @@ def test_recognizers_lists_plugins_with_stage_and_origin(plugin_env: dict[str, s
     assert rows["kaputt"][0]["status"] == "broken"
 
 
-def test_plugin_recognizer_names_the_regions(plugin_env: dict[str, str], vit_model: Path, tmp_path: Path) -> None:
-    res = rkpart(plugin_env, "inspect", vit_model, "--json")
+def test_plugin_recognizer_names_the_regions(plugin_env: dict[str, str], vit_onnx: Path, tmp_path: Path) -> None:
+    res = rkpart(plugin_env, "inspect", vit_onnx, "--json")
     assert res.returncode == 0, res.stderr
     info = json.loads(res.stdout)
     assert info["method"] == "recognizer:vit_names"
     assert [r["name"] for r in info["blocks"][0]["regions"]] == ["attn", "mlp"]
-    res = rkpart(plugin_env, "partition", vit_model, "-s", "split", "-o", tmp_path / "s", "-q")
+    res = rkpart(plugin_env, "partition", vit_onnx, "-s", "split", "-o", tmp_path / "s", "-q")
     assert res.returncode == 0, res.stderr
     ids = [s.id for s in load_plan(tmp_path / "s")[0].npu_stages]
     assert ids[:2] == ["b00.attn", "b00.mlp"]
     # without the plugin: the built-in names
     bare = {k: v for k, v in plugin_env.items() if k != "PYTHONPATH"}
-    info = json.loads(rkpart(bare, "inspect", vit_model, "--json").stdout)
+    info = json.loads(rkpart(bare, "inspect", vit_onnx, "--json").stdout)
     assert [r["name"] for r in info["blocks"][0]["regions"]] == ["attn", "ffn"]
 
 
