@@ -10,16 +10,31 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from rkpart.errors import OutputExistsError
 
 #: lock files of older versions (folder_lock now locks the folder itself)
 LOCK_NAME = ".rkpart.lock"
+
+
+def hash_file(h: Any, path: str | os.PathLike[str], chunk: int = 1 << 22) -> None:
+    """Feed ``path``'s bytes into the hash object ``h`` without reading the file whole."""
+    with open(path, "rb") as f:
+        while buf := f.read(chunk):
+            h.update(buf)
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    hash_file(h, path)
+    return h.hexdigest()
 
 
 def _umask_mode() -> int:

@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rkpart.io import atomic_write_bytes, atomic_writer
+from rkpart.io import atomic_write_bytes, atomic_writer, hash_file
 
 CACHE_VERSION = 1
 OBJECTS = "objects"
@@ -89,29 +89,17 @@ def external_data_files(onnx_path: Path) -> list[Path]:
     return [onnx_path.parent / loc for loc in sorted(locs)]
 
 
-def _hash_file(h: Any, path: Path) -> None:
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-
-
 def build_key(onnx_path: Path, toolkit_version: str, target: str, config: Mapping[str, Any]) -> str:
     """The cache key of building ``onnx_path`` (sha256 hex)."""
     h = hashlib.sha256()
     h.update(f"rkpart-rknn-cache-v{CACHE_VERSION}\0".encode())
-    _hash_file(h, onnx_path)
+    hash_file(h, onnx_path)
     for ext in external_data_files(onnx_path):
         # Name and length first, so that moving bytes from one file to another changes the key.
         h.update(f"\0ext:{ext.name}:{ext.stat().st_size}\0".encode())
-        _hash_file(h, ext)
+        hash_file(h, ext)
     meta = {"toolkit": toolkit_version, "target": target, "config": normalise_config(config)}
     h.update(b"\0" + json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
-    return h.hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    _hash_file(h, path)
     return h.hexdigest()
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rkpart.compile.cache import ArtifactCache, build_key, config_hash, normalise_config, sha256_file
+from rkpart.compile.cache import ArtifactCache, build_key, config_hash, normalise_config
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult
 from rkpart.compile.scheduler import (
@@ -30,7 +30,7 @@ from rkpart.compile.scheduler import (
     memory_in_use,
 )
 from rkpart.compile.toolkits import Toolkit, find_toolkit
-from rkpart.io import folder_lock
+from rkpart.io import file_sha256, folder_lock
 from rkpart.partitioner.plan import Artifact, Plan, Stage, check_inside
 
 RKNN_DIR = "rknn"
@@ -325,7 +325,7 @@ class _Context:
             "target": self.target,
             "config": normalise_config(self.config),
             "config_hash": self.chash,
-            "sha256": sha256_file(rknn),
+            "sha256": file_sha256(rknn),
             "size_bytes": rknn.stat().st_size,
             "cpu_ops": list(parse_cpu_ops(text)),
             "stage_sha256": p.stage.sha256,

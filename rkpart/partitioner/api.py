@@ -21,9 +21,9 @@ from typing import Any
 import networkx as nx
 
 from rkpart.errors import InternalError, InvalidModelError, OutputExistsError, SpecError, UserError
-from rkpart.io import atomic_write_bytes, folder_lock, recover_folder, replace_folder
+from rkpart.io import atomic_write_bytes, file_sha256, folder_lock, recover_folder, replace_folder
 from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD, boundary, check_stage, extract
+from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD, boundary, check_stage, extract, stage_sha256
 from rkpart.partitioner.graph import CONTROL_FLOW_OPS, ModelGraph, load_model
 from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 from rkpart.recognizers import discover  # recognisers (plugins, scope fallback) around the structural one
@@ -47,13 +47,6 @@ class OrderedGroup:
     block: int | None
     blocks: tuple[int, ...]
 
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while buf := f.read(1 << 22):
-            h.update(buf)
-    return h.hexdigest()
 
 
 def order_groups(mg: ModelGraph, part: Partition, *, merge_host: bool = True) -> list[OrderedGroup]:
@@ -263,13 +256,7 @@ def _stage_done(stages_dir: Path, fname: str) -> Stage | None:
         stage = Stage.from_json(json.loads(done.read_text()))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
         return None
-    h = hashlib.sha256((stages_dir / fname).read_bytes())
-    data = stages_dir / f"{fname}.data"
-    if data.is_file():
-        with open(data, "rb") as f:
-            while buf := f.read(1 << 22):
-                h.update(buf)
-    return stage if h.hexdigest() == stage.sha256 else None
+    return stage if stage_sha256(stages_dir / fname) == stage.sha256 else None
 
 
 def _write_stages(

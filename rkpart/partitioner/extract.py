@@ -21,7 +21,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.errors import InvalidModelError
-from rkpart.io import atomic_writer
+from rkpart.io import atomic_writer, hash_file
 from rkpart.partitioner.graph import CONTROL_FLOW_OPS, ModelGraph, shape_as_constant, tensor_bytes
 
 #: weights at least this large go to the stage's external data file
@@ -219,11 +219,6 @@ def _finish(
     data = model.SerializeToString(deterministic=True)
     with atomic_writer(path) as tmp:
         tmp.write_bytes(data)
-    h = hashlib.sha256(data)
-    if data_path is not None:
-        with open(data_path, "rb") as f:
-            while buf := f.read(_CHUNK):
-                h.update(buf)
     io_bytes = sum(tensor_bytes(types, t) for t in [*inputs, *outputs])
     return ExtractedStage(
         file=path.name,
@@ -232,9 +227,19 @@ def _finish(
         outputs=tuple(outputs),
         weight_bytes=weight_bytes,
         io_bytes=io_bytes,
-        sha256=h.hexdigest(),
+        sha256=stage_sha256(path),
         num_nodes=len(nodes),
     )
+
+
+def stage_sha256(path: Path) -> str:
+    """A stage's identity: its ``.onnx`` bytes followed by its ``.onnx.data`` bytes (if any)."""
+    h = hashlib.sha256()
+    hash_file(h, path)
+    data = path.with_name(path.name + ".data")
+    if data.is_file():
+        hash_file(h, data)
+    return h.hexdigest()
 
 
 def check_stage(path: Path) -> None:

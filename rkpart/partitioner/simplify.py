@@ -9,7 +9,6 @@ equal to the original's on seeded random inputs; otherwise the original is kept.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import numpy as np
 import onnx
 
 from rkpart.io import atomic_writer
-from rkpart.partitioner.extract import ExtractedStage
+from rkpart.partitioner.extract import ExtractedStage, stage_sha256
 
 #: allowed difference between original and simplified stage outputs (fp32 reordering)
 RTOL, ATOL = 1e-5, 1e-6
@@ -87,17 +86,15 @@ def simplify_stage(path: Path, stage: ExtractedStage) -> ExtractedStage | None:
         t.ClearField("raw_data")
         offset += len(raw)
     data = simplified.SerializeToString(deterministic=True)
-    h = hashlib.sha256(data)
     if tensors:
         with atomic_writer(data_path) as tmp:
             tmp.write_bytes(blob.getvalue())
-        h.update(blob.getvalue())
     elif data_path.exists():
         data_path.unlink()
     with atomic_writer(path) as tmp:
         tmp.write_bytes(data)
     return ExtractedStage(
         file=stage.file, data_file=data_name if tensors else None, inputs=stage.inputs, outputs=stage.outputs,
-        weight_bytes=stage.weight_bytes, io_bytes=stage.io_bytes, sha256=h.hexdigest(),
+        weight_bytes=stage.weight_bytes, io_bytes=stage.io_bytes, sha256=stage_sha256(path),
         num_nodes=len(simplified.graph.node),
     )
