@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rkpart.cli import bundled_example
-from tests.hostile.models import FUZZ_STATS, mini_dit
+from tests.hostile.models import FUZZ_STATS, cli, mini_dit
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +29,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(f"fuzz cases run: {total}")
     for k in sorted(FUZZ_STATS):
         terminalreporter.write_line(f"  {k}: {FUZZ_STATS[k]}")
+
+
+@pytest.fixture(scope="session")
+def fused_mini_plan(tmp_path_factory: pytest.TempPathFactory, mini_model: Path) -> Path:
+    """A fused plan of ``mini_model``; read-only: tests copy it before changing anything."""
+    out = tmp_path_factory.mktemp("fused-mini") / "plan"
+    r = cli(["partition", mini_model, "-o", out, "-s", "fused", "-q"])
+    assert r.exit_code == 0, r.output
+    return out

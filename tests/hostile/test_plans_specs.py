@@ -182,12 +182,9 @@ def test_grouping_with_a_cycle(tmp_path: Path, mini_model: Path) -> None:
 # -- plans -------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def good_plan(tmp_path_factory: pytest.TempPathFactory, mini_model: Path) -> Path:
-    out = tmp_path_factory.mktemp("plan") / "plan"
-    r = cli(["partition", mini_model, "-o", out, "-s", "fused", "-q"])
-    assert r.exit_code == 0, r.output
-    return out
+@pytest.fixture(scope="session")
+def good_plan(fused_mini_plan: Path) -> Path:
+    return fused_mini_plan
 
 
 def _plan_copy(good_plan: Path, tmp_path: Path) -> tuple[Path, dict]:

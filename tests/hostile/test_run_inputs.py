@@ -18,12 +18,9 @@ from rkpart.runtime.executor import random_inputs
 from tests.hostile.models import assert_user_error, cli, snapshot
 
 
-@pytest.fixture(scope="module")
-def plan_dir(tmp_path_factory: pytest.TempPathFactory, mini_model: Path) -> Path:
-    out = tmp_path_factory.mktemp("run") / "plan"
-    r = cli(["partition", mini_model, "-o", out, "-s", "fused", "-q"])
-    assert r.exit_code == 0, r.output
-    return out
+@pytest.fixture(scope="session")
+def plan_dir(fused_mini_plan: Path) -> Path:
+    return fused_mini_plan
 
 
 @pytest.fixture(scope="module")
