@@ -28,17 +28,13 @@ def _io(model: onnx.ModelProto) -> list[tuple[str, str]]:
 
 
 def _feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for v in model.graph.input:
-        tt = v.type.tensor_type
-        dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-        shape = [d.dim_value for d in tt.shape.dim]
-        if np.dtype(dt).kind == "f":
-            feeds[v.name] = rng.standard_normal(shape).astype(dt)
-        else:
-            feeds[v.name] = rng.integers(0, 4, size=shape).astype(dt)
-    return feeds
+    from rkpart.runtime.executor import random_feeds
+
+    return random_feeds(
+        ((v.name, onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type),
+          [d.dim_value for d in v.type.tensor_type.shape.dim]) for v in model.graph.input),
+        seed,
+    )
 
 
 def simplify_stage(path: Path, stage: ExtractedStage) -> ExtractedStage | None:

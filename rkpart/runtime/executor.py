@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,22 +15,29 @@ from rkpart.runtime.ort import OrtBackend, make_session
 from rkpart.validation.metrics import Metrics, compare
 
 
-def random_inputs(infos: Mapping[str, TensorInfo], names: tuple[str, ...], seed: int = 0) -> Feeds:
-    """Seeded inputs: floats ~ N(0, 1); integers in [0, 4); bools random."""
+def random_feeds(specs: Iterable[tuple[str, str | np.dtype, Sequence[int]]], seed: int = 0) -> Feeds:
+    """Seeded arrays for ``(name, dtype, shape)``: floats ~ N(0, 1); integers in [0, 4); bools random.
+
+    Small non-negative integers keep index-like inputs (labels, positions) in range.
+    """
     rng = np.random.default_rng(seed)
     feeds: Feeds = {}
-    for n in names:
-        info = infos[n]
-        dt = np.dtype(info.dtype)
+    for n, dtype, shape in specs:
+        dt = np.dtype(dtype)
         if dt.kind == "f":
-            feeds[n] = rng.standard_normal(info.shape).astype(dt)
+            feeds[n] = rng.standard_normal(tuple(shape)).astype(dt)
         elif dt.kind in "iu":
-            feeds[n] = rng.integers(0, 4, size=info.shape).astype(dt)
+            feeds[n] = rng.integers(0, 4, size=tuple(shape)).astype(dt)
         elif dt.kind == "b":
-            feeds[n] = rng.integers(0, 2, size=info.shape).astype(bool)
+            feeds[n] = rng.integers(0, 2, size=tuple(shape)).astype(bool)
         else:
-            raise UserError(f"cannot make random input for {n!r} of type {info.dtype}; pass --inputs")
+            raise UserError(f"cannot make random input for {n!r} of type {dt}; pass --inputs")
     return feeds
+
+
+def random_inputs(infos: Mapping[str, TensorInfo], names: tuple[str, ...], seed: int = 0) -> Feeds:
+    """Seeded inputs for a plan's ``names`` (see :func:`random_feeds`)."""
+    return random_feeds(((n, infos[n].dtype, infos[n].shape) for n in names), seed)
 
 
 def load_inputs(path: str | Path, plan: Plan) -> Feeds:

@@ -208,17 +208,9 @@ class Subgraph:
         for t in tensors:
             if t not in have:
                 model.graph.output.append(self._value_info(t))
-        rng = np.random.default_rng(FREEZE_SEED)
-        feeds: dict[str, np.ndarray] = {}
-        for name in self.mg.inputs:
-            dt, shape = self.mg.tensor_types[name]
-            kind = np.dtype(dt).kind
-            if kind == "f":
-                feeds[name] = rng.standard_normal(shape).astype(dt)
-            elif kind == "b":
-                feeds[name] = rng.integers(0, 2, size=shape).astype(bool)
-            else:
-                feeds[name] = rng.integers(0, 4, size=shape).astype(dt)
+        from rkpart.runtime.executor import random_feeds
+
+        feeds = random_feeds(((n, *self.mg.tensor_types[n]) for n in self.mg.inputs), FREEZE_SEED)
         sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
         got = sess.run(tensors, dict(feeds))
         return {t: np.asarray(v) for t, v in zip(tensors, got, strict=True)}
