@@ -8,6 +8,22 @@ with its ``exit_code``.  :class:`InternalError` is a bug in rkpart and keeps its
 from __future__ import annotations
 
 
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message, or its type name when the message is empty.
+
+    Third-party errors (protobuf, onnx, numpy, YAML) carry multi-line messages; a user
+    error is one line.
+    """
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def describe_exception(e: BaseException) -> str:
+    """``Type: first line`` (or ``Type``), for reports about code that is not ours (plugins)."""
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
 class RkpartError(Exception):
     """Base of every error rkpart raises on purpose."""
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+from rkpart.errors import describe_exception
+
 STRATEGY_GROUP = "rkpart.strategies"
 RECOGNIZER_GROUP = "rkpart.recognizers"
 
@@ -56,12 +58,6 @@ class PluginSet:
     loaded: dict[str, Any] = field(default_factory=dict)
     origin: dict[str, str] = field(default_factory=dict)  # name -> "dist==version (module:attr)"
     broken: dict[str, str] = field(default_factory=dict)  # name -> one-line error (broken, duplicate, shadowed)
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip()
-    first = text.splitlines()[0] if text else ""
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 def _check_strategy(obj: Any) -> str | None:
@@ -144,7 +140,7 @@ def load_plugins(group: str, builtin: tuple[str, ...] = ()) -> PluginSet:
             elif err is None and name != ep.name:
                 err = f"entry point name {ep.name!r} differs from the object's name {name!r}"
         except Exception as e:  # noqa: BLE001 - a plugin may raise anything on import; it must not take rkpart down
-            entries.append(info(status="broken", error=_one_line(e)))
+            entries.append(info(status="broken", error=describe_exception(e)))
             continue
         if err is not None:
             entries.append(info(status="broken", error=err))

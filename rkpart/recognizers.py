@@ -30,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from rkpart.errors import DiscoveryError, UserError
+from rkpart.errors import DiscoveryError, UserError, describe_exception
 from rkpart.partitioner.discovery import Block, Discovery, Region
 from rkpart.partitioner.discovery import discover as structural
 from rkpart.partitioner.graph import ModelGraph
@@ -352,8 +352,7 @@ def _consult(r: Recognizer, mg: ModelGraph, skipped: list[str]) -> Discovery | N
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - a plugin bug must not stop discovery: skip it, say so
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        skipped.append(f"recogniser {r.name!r} raised {type(e).__name__}: {first}; skipped")
+        skipped.append(f"recogniser {r.name!r} raised {describe_exception(e)}; skipped")
         return None
     if d is None:
         return None

@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from rkpart.errors import InvalidModelError
+from rkpart.errors import InvalidModelError, first_line
 from rkpart.io import atomic_writer, hash_file
 from rkpart.partitioner.graph import CONTROL_FLOW_OPS, ModelGraph, shape_as_constant, tensor_bytes
 
@@ -249,7 +249,7 @@ def check_stage(path: Path) -> None:
     except onnx.checker.ValidationError as e:
         from rkpart.errors import InternalError
 
-        raise InternalError(f"extracted stage {path.name} fails onnx.checker: {str(e).splitlines()[0]}") from None
+        raise InternalError(f"extracted stage {path.name} fails onnx.checker: {first_line(e)}") from None
 
 
 def copy_file(src: Path, dst: Path) -> None:

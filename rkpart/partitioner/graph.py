@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from rkpart.errors import InvalidModelError
+from rkpart.errors import InvalidModelError, first_line
 
 #: ops whose presence we accept only inside a single stage (a cut through them is refused)
 CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
@@ -354,7 +354,7 @@ def _infer_types(
     except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError, ValueError,
             TypeError) as e:
         # ValueError: e.g. "Invalid tensor data type 0." for a Cast to an undefined type
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        msg = first_line(e)
         raise InvalidModelError(f"{path}: shape inference failed: {msg}") from None
     types: dict[str, tuple[str, tuple[int, ...]]] = {}
     unresolved: list[str] = []

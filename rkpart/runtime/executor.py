@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from rkpart.errors import SpecError, UserError
+from rkpart.errors import SpecError, UserError, first_line
 from rkpart.partitioner.plan import Plan, TensorInfo
 from rkpart.runtime.base import Backend, Feeds
 from rkpart.runtime.ort import OrtBackend, make_session
@@ -59,7 +59,7 @@ def load_inputs(path: str | Path, plan: Plan) -> Feeds:
         with z:
             feeds = {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        why = "it holds pickled (object) arrays" if "pickle" in str(e) else str(e).splitlines()[0] or type(e).__name__
+        why = "it holds pickled (object) arrays" if "pickle" in str(e) else first_line(e)
         raise UserError(f"cannot read inputs {p}: not a usable .npz ({why})") from None
     for n in plan.inputs:
         if n not in feeds:

@@ -28,7 +28,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from rkpart.errors import SpecError, UserError
+from rkpart.errors import SpecError, UserError, first_line
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.graph import ModelGraph
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
@@ -129,7 +129,7 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         where = ""
         mark = getattr(e, "problem_mark", None)
         if mark is not None:
