@@ -19,7 +19,7 @@ from typing import Any
 
 from rkpart.compile.cache import ArtifactCache, build_key, config_hash, normalise_config
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
-from rkpart.compile.runner import WORKER, BuildJob, BuildResult
+from rkpart.compile.runner import WORKER, BuildJob, BuildResult, human_bytes
 from rkpart.compile.scheduler import (
     DEFAULT_MARGIN,
     MEMORY_FILE,
@@ -277,8 +277,8 @@ class _Context:
         def on_event(ev: dict[str, Any]) -> None:
             if ev["event"] == "start":
                 self.say(f"[{ev['n']}/{ev['total']}] building {ev['stage']}  rknn-toolkit2 {tk.version}  "
-                         f"elapsed {time.monotonic() - self.t0:.0f} s  memory in use {_gb(memory_in_use())}  "
-                         f"(estimated peak {_gb(ev['est_peak_rss'])}, {ev['running']} running)")
+                         f"elapsed {time.monotonic() - self.t0:.0f} s  memory in use {human_bytes(memory_in_use())}  "
+                         f"(estimated peak {human_bytes(ev['est_peak_rss'])}, {ev['running']} running)")
                 return
             res: BuildResult = ev["result"]
             p = by_id[res.stage_id]
@@ -286,7 +286,7 @@ class _Context:
             with lock:
                 outcomes[res.stage_id] = o
             status = "ok" if res.ok else "FAILED"
-            detail = f"{res.wall_s:.1f} s, peak {_gb(res.peak_rss_bytes)}" if res.ok else res.message
+            detail = f"{res.wall_s:.1f} s, peak {human_bytes(res.peak_rss_bytes)}" if res.ok else res.message
             self.say(f"done {ev['done']}/{ev['total']}: {status} {res.stage_id}: {detail}  "
                      f"elapsed {time.monotonic() - self.t0:.0f} s")
 
@@ -346,6 +346,3 @@ class _Context:
                         sha256=str(meta["sha256"]), size_bytes=int(meta["size_bytes"]),
                         cpu_ops=tuple(meta.get("cpu_ops", ())), fallback_reason=reason)
 
-
-def _gb(n: int) -> str:
-    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"

@@ -241,13 +241,13 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
     if rc < 0:
         name = signal.Signals(-rc).name
         if -rc == signal.SIGKILL:
-            return done(False, "oom", f"out of memory: killed by SIGKILL at {_gb(peak)} peak RSS "
+            return done(False, "oom", f"out of memory: killed by SIGKILL at {human_bytes(peak)} peak RSS "
                                       f"(most likely the kernel's OOM killer) {at}")
         native = open_native_pass(text)
         inside = f" (inside native pass {native})" if native else ""
         return done(False, "crash", f"compiler crashed: {name} (exit {128 - rc}) {at}{inside}")
     if rc == _EXIT_MEMORY or (rc != 0 and any(m in text for m in _OOM_MARKERS)):
-        return done(False, "oom", f"out of memory: MemoryError at {_gb(peak)} peak RSS {at}")
+        return done(False, "oom", f"out of memory: MemoryError at {human_bytes(peak)} peak RSS {at}")
     if rc != 0 or not result.get("ok"):
         why = result.get("error") or f"exit {rc} without a result"
         return done(False, "error", f"build failed: {why} (exit {rc}) {at}")
@@ -268,5 +268,6 @@ def _move_atomic(src: Path, dst: Path) -> None:
             shutil.copyfile(src, tmp)
 
 
-def _gb(n: int) -> str:
+def human_bytes(n: int) -> str:
+    """``1.2 GB`` / ``310 MB`` for progress lines and reports."""
     return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
