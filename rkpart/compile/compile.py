@@ -161,7 +161,7 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
     whose crash is remembered by the cache; ``worker`` is replaced only by test fakes.
     """
     say = progress or (lambda _m: None)
-    folder = Path(folder).resolve()  # workers run in their own cwd: paths must be absolute
+    folder = Path(folder)
     t0 = time.monotonic()
     tk = _resolve(toolkit, toolkits_dir)
     assert tk is not None

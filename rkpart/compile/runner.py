@@ -156,7 +156,8 @@ def run_build(job: BuildJob, *, on_sample: Callable[[int], None] | None = None,
     job.output.parent.mkdir(parents=True, exist_ok=True)
     if tmp_parent is not None:
         tmp_parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"build-{job.stage_id}-", dir=tmp_parent))
+    # the worker runs with ``work`` as its cwd: every path it is given must be absolute
+    work = Path(tempfile.mkdtemp(prefix=f"build-{job.stage_id}-", dir=tmp_parent)).resolve()
     try:
         return _run_in(work, job, on_sample, cancel)
     finally:
