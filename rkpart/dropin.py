@@ -209,7 +209,7 @@ def build(
         if a is not None:
             artifacts[s.id] = out / a.file
         else:
-            failed[s.id] = str(s.failures[-1].get("message", "failed")) if s.failures else "no artifact"
+            failed[s.id] = s.failures[-1].message if s.failures else "no artifact"
     if failed and check:
         first = next(iter(failed.items()))
         raise ToolkitError(

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.io import atomic_write_bytes, atomic_writer, hash_file
+from rkpart.types import BuildFailure
 
 CACHE_VERSION = 1
 OBJECTS = "objects"
@@ -129,10 +130,10 @@ class ArtifactCache:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def get_failure(self, key: str) -> dict[str, Any] | None:
+    def get_failure(self, key: str) -> BuildFailure | None:
         try:
-            return dict(json.loads(self.fail_path(key).read_text()))
-        except (OSError, ValueError, TypeError):
+            return BuildFailure.from_json(json.loads(self.fail_path(key).read_text()))
+        except (OSError, ValueError, TypeError, AttributeError):
             return None
 
     def put_meta(self, key: str, meta: Mapping[str, Any]) -> None:
@@ -141,8 +142,8 @@ class ArtifactCache:
         with contextlib.suppress(OSError):
             self.fail_path(key).unlink()
 
-    def put_failure(self, key: str, record: Mapping[str, Any]) -> None:
-        atomic_write_bytes(self.fail_path(key), _dumps(record))
+    def put_failure(self, key: str, failure: BuildFailure) -> None:
+        atomic_write_bytes(self.fail_path(key), _dumps(failure.to_json()))
 
     def import_from(self, other: ArtifactCache, key: str) -> dict[str, Any] | None:
         """Copy (hard-link when possible) ``key`` from ``other``; returns its metadata or None."""

@@ -139,7 +139,7 @@ def format_summary(report: Any) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
     for o in report.outcomes:
         for f in o.failures:
-            lines.append(f"{o.stage_id}: {f['message']} (log: {f.get('log')})")
+            lines.append(f"{o.stage_id}: {f.message} (log: {f.log})")
     n = len(report.outcomes)
     lines.append(f"{n} NPU stage(s): {len(report.built)} built, {len(report.cached)} cached, "
                  f"{len(report.failed)} failed in {report.wall_s:.1f} s")

@@ -32,11 +32,10 @@ from rkpart.compile.scheduler import (
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.io import file_sha256, folder_lock
 from rkpart.partitioner.plan import Artifact, Plan, Stage, check_inside
+from rkpart.types import BuildFailure
 
 RKNN_DIR = "rknn"
 LOG_DIR = "logs"
-#: failures that say something about the graph, not the machine: remembered by the cache
-DETERMINISTIC_FAILURES = ("crash", "error")
 
 Progress = Callable[[str], None]
 
@@ -49,7 +48,7 @@ class StageOutcome:
     status: str  # "built", "cached", "failed"
     toolkit: str
     artifact: Artifact | None
-    failures: tuple[dict[str, Any], ...] = ()
+    failures: tuple[BuildFailure, ...] = ()
     wall_s: float = 0.0
     peak_rss_bytes: int = 0
     log: str | None = None
@@ -60,7 +59,7 @@ class StageOutcome:
             "status": self.status,
             "toolkit": self.toolkit,
             "artifact": self.artifact.to_json() if self.artifact else None,
-            "failures": [dict(f) for f in self.failures],
+            "failures": [f.to_json() for f in self.failures],
             "wall_s": round(self.wall_s, 2),
             "peak_rss_bytes": self.peak_rss_bytes,
             "log": self.log,
@@ -190,7 +189,7 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
             if retry:
                 say(f"retrying {len(retry)} failed stage(s) with rknn-toolkit2 {fb.version}")
                 second = ctx.compile_round(retry, fb, fallback_reason={
-                    s.id: outcomes[s.id].failures[-1]["message"] for s in retry})
+                    s.id: outcomes[s.id].failures[-1].message for s in retry})
                 for s in retry:
                     o2 = second[s.id]
                     outcomes[s.id] = dataclasses.replace(o2, failures=outcomes[s.id].failures + o2.failures)
@@ -259,8 +258,8 @@ class _Context:
             fail = None if self.retry_failed else self.cache.get_failure(key)
             if fail is not None:
                 outcomes[s.id] = StageOutcome(stage_id=s.id, status="failed", toolkit=tk.version,
-                                              artifact=None, failures=(fail,), log=fail.get("log"))
-                self.say(f"[cached failure] {s.id}: {fail['message']} (--retry-failed rebuilds it)")
+                                              artifact=None, failures=(fail,), log=fail.log)
+                self.say(f"[cached failure] {s.id}: {fail.message} (--retry-failed rebuilds it)")
                 continue
             size = s.weight_bytes + s.io_bytes or onnx.stat().st_size
             log = self.folder / RKNN_DIR / LOG_DIR / f"{s.id}.{tk.version}.log"
@@ -303,20 +302,17 @@ class _Context:
         rel_log = os.path.relpath(res.log, self.folder)
         self.model.observe(tk.version, p.job.size_bytes if p.job else 0, res.peak_rss_bytes)
         if not res.ok:
-            rec = res.failure_record(rel_log)
+            fail = res.failure(rel_log)
             from rkpart.triage.signatures import match_signature
 
             sig = match_signature(res)
             if sig is not None:
                 # name the known toolkit bug, so the report says what it is and what to do
-                rec["signature"] = sig.id
-                rec["message"] = f"{rec['message']} ({sig.describe()})"
-            # wall time and RSS vary between runs; the plan keeps only what is reproducible
-            stable = {k: v for k, v in rec.items() if k not in ("wall_s", "peak_rss_bytes")}
-            if res.kind in DETERMINISTIC_FAILURES:
-                self.cache.put_failure(p.key, stable)
+                fail = dataclasses.replace(fail, signature=sig.id, message=f"{fail.message} ({sig.describe()})")
+            if fail.deterministic:
+                self.cache.put_failure(p.key, fail)
             return StageOutcome(stage_id=p.stage.id, status="failed", toolkit=tk.version, artifact=None,
-                                failures=(stable,), wall_s=res.wall_s, peak_rss_bytes=res.peak_rss_bytes,
+                                failures=(fail,), wall_s=res.wall_s, peak_rss_bytes=res.peak_rss_bytes,
                                 log=rel_log)
         rknn = self.cache.rknn_path(p.key)
         text = res.log.read_text(errors="replace")

@@ -28,6 +28,7 @@ import psutil
 
 from rkpart.compile.placement import last_step, open_native_pass
 from rkpart.compile.toolkits import Toolkit
+from rkpart.types import BuildFailure
 
 WORKER = Path(__file__).with_name("worker_main.py")
 SAMPLE_S = 0.2
@@ -63,7 +64,7 @@ class BuildResult:
 
     stage_id: str
     ok: bool
-    kind: str  # "ok", "crash", "error", "timeout", "oom"
+    kind: str  # "ok" or a FailureKind: "crash", "error", "timeout", "oom"
     message: str
     toolkit: str
     exit_code: int | None  # shell-style: 128+N for a signal
@@ -75,19 +76,15 @@ class BuildResult:
     last_step: str | None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def failure_record(self, rel_log: str) -> dict[str, Any]:
-        """The plan's ``failures`` entry for this result."""
-        return {
-            "toolkit": self.toolkit,
-            "kind": self.kind,
-            "message": self.message,
-            "exit_code": self.exit_code,
-            "signal": self.signal,
-            "last_step": self.last_step,
-            "wall_s": round(self.wall_s, 2),
-            "peak_rss_bytes": self.peak_rss_bytes,
-            "log": rel_log,
-        }
+    def failure(self, rel_log: str) -> BuildFailure:
+        """The plan's ``failures`` entry for this result (a failed one).
+
+        Wall time and peak RSS vary between runs and stay on the result: the plan keeps only
+        what is reproducible.
+        """
+        assert self.kind != "ok", "a successful build has no failure record"
+        return BuildFailure(toolkit=self.toolkit, kind=self.kind, message=self.message,  # type: ignore[arg-type]
+                            exit_code=self.exit_code, signal=self.signal, last_step=self.last_step, log=rel_log)
 
 
 def worker_env(home: Path, tmp: Path) -> dict[str, str]:

@@ -221,10 +221,10 @@ def mark_exclusions(
             continue
         for s in plan.npu_stages:
             for f in s.failures:
-                if (toolkit is None or str(f.get("toolkit")) == toolkit) and f.get("kind") in ("crash", "error"):
+                if (toolkit is None or f.toolkit == toolkit) and f.deterministic:
                     for b in s.blocks:
-                        failures[(cid, b)] = (f"compile failed with rknn-toolkit2 {f.get('toolkit')}: "
-                                              f"{f.get('message', f.get('kind'))} (plan {folder})")
+                        failures[(cid, b)] = (f"compile failed with rknn-toolkit2 {f.toolkit}: {f.message} "
+                                              f"(plan {folder})")
             art = s.artifact("rknn")
             if art is not None and (toolkit is None or art.toolkit == toolkit):
                 artifacts[(cid, tuple(s.blocks), s.region)] = art

@@ -29,6 +29,7 @@ from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 from rkpart.recognizers import discover  # recognisers (plugins, scope fallback) around the structural one
 from rkpart.strategies import get_strategy
 from rkpart.strategies.base import Group, Partition
+from rkpart.types import Device
 
 Progress = Callable[[str], None]
 
@@ -40,7 +41,7 @@ def _noop(_: str) -> None:
 @dataclass(frozen=True)
 class OrderedGroup:
     id: str
-    device: str
+    device: Device
     ops: frozenset[int]
     region: str
     kind: str

@@ -17,12 +17,14 @@ from typing import Any
 
 from rkpart.errors import SpecError
 from rkpart.io import atomic_write_bytes
+from rkpart.types import DEVICES, HOST, NPU, BuildFailure, Device
 
 PLAN_FORMAT = "rkpart-plan"
 PLAN_VERSION = 1
 PLAN_FILENAME = "plan.json"
 
-DEVICES = ("npu", "host")
+__all__ = ["DEVICES", "PLAN_FILENAME", "PLAN_FORMAT", "PLAN_VERSION", "Artifact", "BuildFailure", "Plan", "Stage",
+           "TensorInfo", "check_inside", "load_plan", "plan_folder", "stage_order_ok"]
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ class Stage:
     """
 
     id: str
-    device: str
+    device: Device
     file: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
@@ -108,7 +110,7 @@ class Stage:
     num_nodes: int
     blocks: tuple[int, ...] = ()  # every block the stage covers (fused runs cover several)
     artifacts: tuple[Artifact, ...] = ()
-    failures: tuple[dict[str, Any], ...] = ()  # build failures recorded by compile
+    failures: tuple[BuildFailure, ...] = ()  # build failures recorded by compile, oldest first
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -126,14 +128,14 @@ class Stage:
             "sha256": self.sha256,
             "num_nodes": self.num_nodes,
             "artifacts": [a.to_json() for a in self.artifacts],
-            "failures": [dict(f) for f in self.failures],
+            "failures": [f.to_json() for f in self.failures],
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Stage:
         return cls(
             id=str(d["id"]),
-            device=str(d["device"]),
+            device=NPU if d["device"] == NPU else HOST,
             file=str(d["file"]),
             inputs=tuple(str(x) for x in d["inputs"]),
             outputs=tuple(str(x) for x in d["outputs"]),
@@ -146,7 +148,7 @@ class Stage:
             sha256=str(d["sha256"]),
             num_nodes=int(d.get("num_nodes", 0)),
             artifacts=tuple(Artifact.from_json(a) for a in d.get("artifacts", ())),
-            failures=tuple(dict(f) for f in d.get("failures", ())),
+            failures=tuple(BuildFailure.from_json(f) for f in d.get("failures", ())),
         )
 
     def artifact(self, kind: str = "rknn") -> Artifact | None:
@@ -180,11 +182,11 @@ class Plan:
 
     @property
     def npu_stages(self) -> tuple[Stage, ...]:
-        return tuple(s for s in self.stages if s.device == "npu")
+        return tuple(s for s in self.stages if s.device == NPU)
 
     @property
     def host_stages(self) -> tuple[Stage, ...]:
-        return tuple(s for s in self.stages if s.device == "host")
+        return tuple(s for s in self.stages if s.device == HOST)
 
     def replace_stage(self, stage: Stage) -> Plan:
         """A new plan with the stage of the same id replaced."""

@@ -142,7 +142,7 @@ class RknnSimRunner(StageRunner):
         version = b.toolkit
         art = self.stage.artifact("rknn")
         if art is None and self.stage.failures:
-            raise ToolkitError(f"stage {self.stage.id} did not compile: {self.stage.failures[-1]['message']}")
+            raise ToolkitError(f"stage {self.stage.id} did not compile: {self.stage.failures[-1].message}")
         if art is not None:
             meta_path = check_inside(self.folder, art.file, what=f"stage {self.stage.id} artifact")
             meta_path = meta_path.with_suffix(".json")

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from rkpart.errors import UserError
 from rkpart.partitioner.discovery import Block, Discovery, Region
 from rkpart.partitioner.graph import ModelGraph
+from rkpart.types import Device
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class Group:
     """A proposed stage: a set of op indices on one device."""
 
     id: str
-    device: str  # "npu" | "host"
+    device: Device
     ops: frozenset[int]
     region: str
     kind: str
@@ -72,7 +73,7 @@ class GroupBuilder:
         self._groups: dict[str, dict[str, Any]] = {}
         self._owner: dict[int, str] = {}
 
-    def add(self, gid: str, ops: frozenset[int] | set[int], *, device: str, region: str, kind: str,
+    def add(self, gid: str, ops: frozenset[int] | set[int], *, device: Device, region: str, kind: str,
             block: int | None = None, blocks: tuple[int, ...] = ()) -> None:
         ops = {i for i in ops if i not in self._owner}
         if not ops:

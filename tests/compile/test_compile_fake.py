@@ -26,8 +26,8 @@ def test_crash_in_one_stage_does_not_stop_the_others(tmp_path: Path, fake_toolki
     assert status == {"ffn": "built", "erf": "failed", "conv": "built"}
     erf = rep.plan.stage("erf")
     assert erf.artifact() is None
-    assert erf.failures[0]["message"].startswith("compiler crashed: SIGSEGV (exit 139) in rknn-toolkit2 fake")
-    assert (tmp_path / erf.failures[0]["log"]).is_file()
+    assert erf.failures[0].message.startswith("compiler crashed: SIGSEGV (exit 139) in rknn-toolkit2 fake")
+    assert (tmp_path / erf.failures[0].log).is_file()
     assert rep.plan.stage("scale").artifacts == ()  # host stage untouched
     art = rep.plan.stage("ffn").artifact()
     assert art is not None and art.toolkit == "fake" and (tmp_path / art.file).is_file()
@@ -64,7 +64,7 @@ def test_changing_config_rebuilds_everything(tmp_path: Path, fake_toolkit: Toolk
 def test_crash_is_remembered_until_retry_failed(tmp_path: Path, fake_toolkit: Toolkit) -> None:
     cfg = {"fake_crash_stage": "erf"}
     first = _compile(tmp_path, fake_toolkit, config=cfg)
-    log = tmp_path / first.plan.stage("erf").failures[0]["log"]
+    log = tmp_path / first.plan.stage("erf").failures[0].log
     log.write_text("stale")
     second = compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", cfg, worker=FAKE_WORKER)
     assert second.failed[0].stage_id == "erf" and log.read_text() == "stale"  # not rebuilt
@@ -81,7 +81,7 @@ def test_fallback_toolkit_builds_what_the_first_one_failed(tmp_path: Path, fake_
     fb = Toolkit(version="fake2", python=fake_toolkit.python, managed=False)
     rep = _compile(tmp_path, fake_toolkit, config={"fake_crash_stage": "erf"}, fallback_toolkit=fb)
     fails = rep.plan.stage("erf").failures
-    assert [f["toolkit"] for f in fails] == ["fake", "fake2"]
+    assert [f.toolkit for f in fails] == ["fake", "fake2"]
     art = rep.plan.stage("ffn").artifact()
     assert art is not None and art.toolkit == "fake"
 
@@ -99,3 +99,21 @@ def test_shared_cache_serves_another_plan_folder(tmp_path: Path, fake_toolkit: T
     assert [o.status for o in rep.outcomes] == ["cached"] * 3
     art = rep.plan.stage("conv").artifact()
     assert art is not None and (tmp_path / "p2" / art.file).is_file()
+
+
+def test_failures_are_typed_and_plan_json_keeps_their_format(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    import json
+
+    from rkpart.partitioner.plan import load_plan
+    from rkpart.types import BuildFailure
+
+    _compile(tmp_path, fake_toolkit, config={"fake_crash_stage": "erf"})
+    raw = next(s for s in json.loads((tmp_path / "plan.json").read_text())["stages"] if s["id"] == "erf")
+    assert list(raw["failures"][0]) == ["toolkit", "kind", "message", "exit_code", "signal", "last_step", "log"]
+    assert raw["failures"][0]["kind"] == "crash" and raw["failures"][0]["signal"] == "SIGSEGV"
+    plan, _ = load_plan(tmp_path)
+    (fail,) = plan.stage("erf").failures
+    assert isinstance(fail, BuildFailure) and fail.deterministic and fail.exit_code == 139
+    # plans written before BuildFailure carried wall time and RSS in some entries: still readable
+    old = BuildFailure.from_json({**raw["failures"][0], "wall_s": 1.5, "peak_rss_bytes": 10})
+    assert old == fail and old.to_json() == raw["failures"][0]

@@ -42,7 +42,7 @@ def test_230_builds_every_npu_stage_and_reports_placement(tmp_path: Path, tk230:
 def test_unknown_config_option_is_a_clear_failure(tmp_path: Path, tk230: Toolkit) -> None:
     plan = only(tiny_plan(tmp_path), "ffn")
     rep = compile_plan_report(plan, tmp_path, tk230, "rk3588", {"optimisation_level": 2})
-    msg = rep.outcomes[0].failures[0]["message"]
+    msg = rep.outcomes[0].failures[0].message
     assert rep.outcomes[0].status == "failed"
     assert "config option 'optimisation_level' is not accepted by RKNN.config" in msg
 
@@ -63,8 +63,8 @@ def test_real_build_timeout(tmp_path: Path, tk230: Toolkit) -> None:
                               timeout=0.5, jobs=2)
     for o in rep.outcomes:
         assert o.status == "failed"
-        assert o.failures[0]["kind"] == "timeout"
-        assert o.failures[0]["message"].startswith("timed out after 0.5 s (build killed) in rknn-toolkit2 2.3.0")
+        assert o.failures[0].kind == "timeout"
+        assert o.failures[0].message.startswith("timed out after 0.5 s (build killed) in rknn-toolkit2 2.3.0")
     assert not list((tmp_path / "rknn").glob("**/*.part"))
     assert not (tmp_path / "rknn" / ".tmp").exists()
 
@@ -74,9 +74,9 @@ def test_232_segfault_is_isolated_and_250_falls_back(tmp_path: Path, tk232: Tool
                               fallback_toolkit=tk250)
     adaln, ffn = rep.plan.stage("adaln"), rep.plan.stage("ffn")
     first = adaln.failures[0]
-    assert first["kind"] == "crash" and first["signal"] == "SIGSEGV" and first["exit_code"] == 139
-    assert first["message"].startswith("compiler crashed: SIGSEGV (exit 139) in rknn-toolkit2 2.3.2, last step ")
+    assert first.kind == "crash" and first.signal == "SIGSEGV" and first.exit_code == 139
+    assert first.message.startswith("compiler crashed: SIGSEGV (exit 139) in rknn-toolkit2 2.3.2, last step ")
     art = adaln.artifact()
-    assert art is not None and art.toolkit == "2.5.0" and art.fallback_reason == first["message"]
+    assert art is not None and art.toolkit == "2.5.0" and art.fallback_reason == first.message
     assert ffn.artifact().toolkit == "2.3.2"  # type: ignore[union-attr]
     assert not rep.failed

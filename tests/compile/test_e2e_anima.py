@@ -41,7 +41,7 @@ def test_plan_compiles_and_matches_onnxruntime_in_the_simulator(tmp_path: Path, 
     tk: Toolkit = get_toolkit(version)
     plan = _partition(tmp_path / "plan", strategy)
     rep = compile_plan_report(plan, tmp_path / "plan", tk, "rk3588", {}, jobs=2)
-    assert not rep.failed, [f["message"] for o in rep.failed for f in o.failures]
+    assert not rep.failed, [f.message for o in rep.failed for f in o.failures]
     assert all(s.artifact() is not None for s in rep.plan.npu_stages)
     feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
     ref = run_model(MODEL, feeds, plan.outputs)
@@ -58,7 +58,7 @@ def test_232_segfaults_on_fused_blocks_but_compiles_split(tmp_path: Path) -> Non
     rep = compile_plan_report(fused, tmp_path / "fused", tk, "rk3588", {}, jobs=2)
     assert rep.failed and len(rep.failed) == len(fused.npu_stages)
     for o in rep.failed:
-        assert o.failures[0]["message"].startswith("compiler crashed: SIGSEGV (exit 139) in rknn-toolkit2 2.3.2")
+        assert o.failures[0].message.startswith("compiler crashed: SIGSEGV (exit 139) in rknn-toolkit2 2.3.2")
     split = _partition(tmp_path / "split", "split")
     rep = compile_plan_report(split, tmp_path / "split", tk, "rk3588", {}, jobs=2)
     assert not rep.failed and len(rep.built) == len(split.npu_stages)

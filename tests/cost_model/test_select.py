@@ -87,10 +87,11 @@ def test_compile_failure_recorded_in_a_plan_excludes_that_candidate(tmp_path: Pa
     from rkpart.partitioner.api import partition
     from rkpart.partitioner.discovery import discover
     from rkpart.partitioner.graph import load_model
+    from rkpart.types import BuildFailure
 
     plan = partition(example_model, tmp_path / "fused", "fused")
-    crash = {"toolkit": "2.5.0", "kind": "crash", "message": "compiler crashed: SIGSEGV (exit 139)",
-             "exit_code": 139, "signal": "SIGSEGV", "last_step": None, "log": "rknn/logs/x.log"}
+    crash = BuildFailure(toolkit="2.5.0", kind="crash", message="compiler crashed: SIGSEGV (exit 139)",
+                         exit_code=139, signal="SIGSEGV", log="rknn/logs/x.log")
     stages = tuple(dataclasses.replace(s, failures=(crash,)) if s.id == "b00.block" else s for s in plan.stages)
     dataclasses.replace(plan, stages=stages).save(tmp_path / "fused")
     mg = load_model(example_model)

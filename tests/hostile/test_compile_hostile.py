@@ -140,7 +140,7 @@ def test_hung_worker_is_killed_and_its_files_cleaned(tmp_path: Path, mini_model:
     took = time.monotonic() - t0
     assert took < 20, f"compile took {took:.1f}s: the hung worker was not killed at its timeout"
     (o,) = rep.outcomes
-    assert o.status == "failed" and "timed out after 1.5 s" in o.failures[-1]["message"]
+    assert o.status == "failed" and "timed out after 1.5 s" in o.failures[-1].message
     info = json.loads(record.read_text())
     child = info["grandchild"]
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE

@@ -128,9 +128,9 @@ def test_fused_plan_compiles_with_fallback_and_says_why(real_toolkits: dict[str,
         assert art.fallback_reason is not None
         assert art.fallback_reason.startswith("compiler crashed: SIGSEGV (exit 139) in rknn-toolkit2 2.3.2")
         first = s.failures[0]
-        assert first["toolkit"] == "2.3.2" and first["signal"] == "SIGSEGV"
+        assert first.toolkit == "2.3.2" and first.signal == "SIGSEGV"
         # the recorded log names the known issue
-        log = (folder / first["log"]).read_text(errors="replace")
-        sig = match_log(log, signal=first["signal"], toolkit=first["toolkit"])
+        log = (folder / first.log).read_text(errors="replace")
+        sig = match_log(log, signal=first.signal, toolkit=first.toolkit)
         assert sig is not None and sig.id == "exnorm-fusion-segv"
     assert "(fallback)" in res.output
