@@ -1,5 +1,5 @@
-"""Vocabulary shared across package borders: where a stage runs, how its sessions live, how a
-build failed.
+"""Vocabulary shared across package borders: where a stage runs, how its sessions live, what
+its lifecycle is made of, how a build failed.
 
 A leaf module (it imports nothing from rkpart) so every layer, from the IR up to the CLI,
 can name these types without creating an import edge upwards.
@@ -32,6 +32,24 @@ class Residency(str, Enum):
 
 
 RESIDENCIES: Final[tuple[str, ...]] = tuple(r.value for r in Residency)
+
+
+# -- lifecycle components ------------------------------------------------------------------
+#: what an NPU stage's session costs, in order: load the model file, initialise the runtime,
+#: run one inference, release the context
+LIFECYCLE: Final = ("load", "init", "infer", "release")
+#: the time components of a plan run: the lifecycle of NPU stages plus the whole time of host
+#: stages.  Cost models (``rkpart fit``) name them so; profile records hold each one in
+#: seconds under :func:`seconds_key` (``load_s``).
+TIME_COMPONENTS: Final = (*LIFECYCLE, "host")
+TimeComponent = Literal["load", "init", "infer", "release", "host"]
+
+
+def seconds_key(component: str) -> str:
+    """The profile-record field of a time component: ``load`` -> ``load_s`` (seconds)."""
+    if component not in TIME_COMPONENTS:
+        raise ValueError(f"unknown time component {component!r} (valid: {', '.join(TIME_COMPONENTS)})")
+    return f"{component}_s"
 
 
 # -- build failures --------------------------------------------------------------------------

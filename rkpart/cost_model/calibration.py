@@ -26,6 +26,7 @@ from rkpart.cost_model.features import Features, combine, stage_features
 from rkpart.cost_model.model import Component, CostModel, Sample, error_summary, nnls_relative
 from rkpart.errors import SpecError
 from rkpart.partitioner.plan import Plan, load_plan
+from rkpart.types import LIFECYCLE, seconds_key
 
 KIB = 1024
 
@@ -142,7 +143,8 @@ def calibrate_writeup(split: Candidate, fused: Candidate) -> CostModel:
     s_npu, f_npu = combine(split.npu), combine(fused.npu)
     comps: dict[str, Component] = {}
     life_terms = ("const", "file_bytes")
-    for name, key in (("load", "load_s"), ("init", "init_s"), ("release", "release_s")):
+    for name in ("load", "init", "release"):
+        key = seconds_key(name)
         coef = _fit_sum([(s_npu, sp[key] / passes), (f_npu, fu[key] / passes)], life_terms)
         comps[name] = Component(name, life_terms, coef, source="calibration", samples=2,
                                 note="per call: per-byte cost of the model file plus a fixed per-stage overhead")
@@ -180,8 +182,7 @@ def calibrate_writeup(split: Candidate, fused: Candidate) -> CostModel:
 
 def _writeup_error(model: CostModel, name: str, split: Candidate, fused: Candidate) -> dict[str, Any]:
     comp = model.components[name]
-    key = {"load": "load_s", "init": "init_s", "infer": "infer_s", "release": "release_s", "host": "host_s",
-           "device_mem": "device_pss_kib", "pss_peak": "pss_peak_kib"}[name]
+    key = {"device_mem": "device_pss_kib", "pss_peak": "pss_peak_kib"}.get(name) or seconds_key(name)
     pred, meas = [], []
     for cand, which in ((split, "split"), (fused, "fused")):
         m = WRITEUP[which][key]
@@ -266,7 +267,7 @@ def samples_from_records(
                 raise SpecError(f"profile run {run_id}: stage {st['id']} is not in plan {folder} as profiled "
                                 "(the plan changed after profiling)")
             d = per_stage.setdefault(st["id"], {}).setdefault((str(r["run_id"]), int(r["round"])), {})
-            for k in ("load_s", "init_s", "infer_s", "release_s"):
+            for k in map(seconds_key, LIFECYCLE):
                 v = r["timings"].get(k)
                 if v is not None:
                     d.setdefault(k, []).append(float(v))
@@ -306,9 +307,8 @@ def samples_from_records(
                 if v is not None:
                     targets["host"] = v
             else:
-                for comp, k in (("load", "load_s"), ("init", "init_s"), ("infer", "infer_s"),
-                                ("release", "release_s")):
-                    v = med(k, mean)
+                for comp in LIFECYCLE:
+                    v = med(seconds_key(comp), mean)
                     if v is not None:
                         targets[comp] = v
                 if residency == "per-stage":

@@ -55,7 +55,6 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "device_mem": ("npu", "bytes"),
     "pss_peak": ("any", "bytes"),
 }
-TIME_COMPONENTS = ("load", "init", "infer", "release", "host")
 
 #: terms fitted from profiles when nothing else is asked for
 DEFAULT_TERMS: dict[str, tuple[str, ...]] = {

@@ -28,15 +28,18 @@ from rkpart.errors import SpecError
 from rkpart.io import atomic_write_bytes
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.runtime.base import Backend
+from rkpart.types import HOST, LIFECYCLE, TIME_COMPONENTS, Residency, seconds_key
 
 RECORD_FORMAT = "rkpart-profile"
 RECORD_VERSION = 1
 
-#: Time components of the comparison table, in table order.  ``host_s`` is the whole time
-#: of host stages; the others cover non-host (NPU) stages only.
-TIME_COMPONENTS = ("load_s", "init_s", "infer_s", "release_s", "host_s", "net_s", "wall_s", "measurement_s")
-MEMORY_COMPONENTS = ("device_pss_kib", "pss_peak_kib", "swap_new_kib")
-LIFECYCLE = ("load_s", "init_s", "infer_s", "release_s")
+#: Timing fields of a stage record, one per lifecycle component (``load`` -> ``load_s``).
+LIFECYCLE_KEYS = tuple(seconds_key(c) for c in LIFECYCLE)
+#: Rows of the comparison table, in table order: every time component in seconds
+#: (``host_s`` is the whole time of host stages; the others cover NPU stages only), then
+#: their sum (``net_s``), the measured wall time and the measurement's own cost.
+TABLE_TIME_KEYS = (*(seconds_key(c) for c in TIME_COMPONENTS), "net_s", "wall_s", "measurement_s")
+TABLE_MEMORY_KEYS = ("device_pss_kib", "pss_peak_kib", "swap_new_kib")
 
 
 # -- environment ---------------------------------------------------------------------------
@@ -189,7 +192,7 @@ def stage_record(
         "step": step,
         "pass": pass_name,
         # Host stages are host code in the pipeline: always resident (see lifecycle.py).
-        "residency": "resident" if stage.device == "host" else settings["residency"],
+        "residency": Residency.RESIDENT.value if stage.device == HOST else settings["residency"],
         "timings": dict(timings),
         "memory": dict(memory),
         "measurement": dict(measurement),
@@ -250,11 +253,11 @@ def round_totals(records: Iterable[Mapping[str, Any]], block: int | None = None)
             continue
         t = out.setdefault(r["round"], _empty_round())
         tim, mem = r["timings"], r["memory"]
-        if r["stage"]["device"] == "host":
-            for k in LIFECYCLE:
+        if r["stage"]["device"] == HOST:
+            for k in LIFECYCLE_KEYS:
                 t["host_s"] = _add(t["host_s"], tim.get(k))
         else:
-            for k in LIFECYCLE:
+            for k in LIFECYCLE_KEYS:
                 t[k] = _add(t[k], tim.get(k))
         if block is not None:
             t["wall_s"] = _add(t["wall_s"], tim.get("wall_s"))
@@ -273,16 +276,16 @@ def round_totals(records: Iterable[Mapping[str, Any]], block: int | None = None)
             t["pss_peak_kib"] = r["memory"].get("pss_peak_kib")
             t["swap_new_kib"] = r["memory"].get("swap_new_kib")
     for t in out.values():
-        parts = [t[k] for k in (*LIFECYCLE, "host_s")]
+        parts = [t[k] for k in (*LIFECYCLE_KEYS, "host_s")]
         t["net_s"] = sum(p for p in parts if p is not None)
-        for k in (*LIFECYCLE, "host_s"):
+        for k in (*LIFECYCLE_KEYS, "host_s"):
             if t[k] is None:
                 t[k] = 0.0
     return dict(sorted(out.items()))
 
 
 def _empty_round() -> dict[str, Any]:
-    return {k: None for k in (*TIME_COMPONENTS, *MEMORY_COMPONENTS)}
+    return {k: None for k in (*TABLE_TIME_KEYS, *TABLE_MEMORY_KEYS)}
 
 
 def spread(values: Sequence[float | int | None]) -> dict[str, Any]:
@@ -302,7 +305,7 @@ def spread(values: Sequence[float | int | None]) -> dict[str, Any]:
 def aggregate(records: Iterable[Mapping[str, Any]], block: int | None = None) -> dict[str, dict[str, Any]]:
     """Median and spread over measured rounds of every table component (see :func:`round_totals`)."""
     per_round = round_totals(records, block)
-    return {k: spread([t[k] for t in per_round.values()]) for k in (*TIME_COMPONENTS, *MEMORY_COMPONENTS)}
+    return {k: spread([t[k] for t in per_round.values()]) for k in (*TABLE_TIME_KEYS, *TABLE_MEMORY_KEYS)}
 
 
 def passes_per_round(records: Iterable[Mapping[str, Any]]) -> int:
@@ -323,9 +326,9 @@ def summary_record(header: Mapping[str, Any], records: Sequence[Mapping[str, Any
         if r.get("record") != "stage" or r["warmup"]:
             continue
         per = stages.setdefault(r["stage"]["id"], {}).setdefault(
-            r["round"], {**{k: None for k in LIFECYCLE}, "device_pss_kib": None, "pss_peak_kib": None}
+            r["round"], {**{k: None for k in LIFECYCLE_KEYS}, "device_pss_kib": None, "pss_peak_kib": None}
         )
-        for k in LIFECYCLE:
+        for k in LIFECYCLE_KEYS:
             per[k] = _add(per[k], r["timings"].get(k))
         per["device_pss_kib"] = _max(per["device_pss_kib"], r["memory"].get("device_pss_peak_kib"))
         per["pss_peak_kib"] = _max(per["pss_peak_kib"], r["memory"].get("pss_peak_kib"))
@@ -341,7 +344,7 @@ def summary_record(header: Mapping[str, Any], records: Sequence[Mapping[str, Any
                 "id": sid,
                 **{
                     k: spread([v[k] for v in per_round.values()])
-                    for k in (*LIFECYCLE, "device_pss_kib", "pss_peak_kib")
+                    for k in (*LIFECYCLE_KEYS, "device_pss_kib", "pss_peak_kib")
                 },
             }
             for sid, per_round in stages.items()
