@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import resource
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,8 @@ import click
 from rkpart import __version__
 from rkpart.cli_util import parse_key_values, report_user_error
 from rkpart.errors import RkpartError, UserError
+from rkpart.progress import Reporter
+from rkpart.units import mib
 
 
 class RkpartGroup(click.Group):
@@ -82,22 +82,8 @@ def bundled_example() -> Path:
     return p
 
 
-def _progress(quiet: bool) -> Callable[[str], None]:
-    t0 = time.monotonic()
-
-    def say(msg: str) -> None:
-        if not quiet:
-            click.echo(f"[{time.monotonic() - t0:7.1f}s] {msg}", err=True)
-
-    return say
-
-
-def peak_rss_mib() -> float:
+def peak_rssmib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,7 +139,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     """
     from rkpart.partitioner.api import partition as do_partition
 
-    say = _progress(quiet)
+    say = Reporter(quiet=quiet)
     if model is None:
         model = bundled_example()
         say(f"no model given: using the bundled example {model.name}")
@@ -171,8 +157,9 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
         opts["report"] = selections.append
     elif explain or any(v is not None for _, v in auto_opts):
         raise click.UsageError("--cost-model, --toolkit, --steps, --cfg and --explain apply to --strategy auto only")
-    plan = do_partition(model, out, strategy, force=force, input_shapes=shapes or None,
-                        external_threshold=external_threshold, simplify=simplify, progress=say, **opts)
+    with say:
+        plan = do_partition(model, out, strategy, force=force, input_shapes=shapes or None,
+                            external_threshold=external_threshold, simplify=simplify, progress=say, **opts)
     if as_json:
         click.echo(json.dumps({
             **({"auto": selections[0].to_json()} if explain and selections else {}),
@@ -181,7 +168,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
             "blocks": len(plan.blocks),
             "npu_stages": len(plan.npu_stages),
             "host_stages": len(plan.host_stages),
-            "peak_rss_mib": round(peak_rss_mib(), 1),
+            "peak_rss_mib": round(peak_rssmib(), 1),
             "stages": [{"id": s.id, "device": s.device, "kind": s.kind, "weight_bytes": s.weight_bytes,
                         "io_bytes": s.io_bytes} for s in plan.stages],
         }, indent=2))
@@ -191,8 +178,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if not quiet:
         click.echo(f"{'#':>3}  {'stage':<28} {'device':<6} {'kind':<34} {'weights MiB':>11} {'I/O MiB':>8}")
         for i, s in enumerate(plan.stages):
-            click.echo(f"{i:>3}  {s.id:<28} {s.device:<6} {s.kind[:34]:<34} {_mib(s.weight_bytes):>11} "
-                       f"{_mib(s.io_bytes):>8}")
+            click.echo(f"{i:>3}  {s.id:<28} {s.device:<6} {s.kind[:34]:<34} {mib(s.weight_bytes):>11} "
+                       f"{mib(s.io_bytes):>8}")
     per_block: dict[int, int] = {}
     for s in plan.npu_stages:
         for b in s.blocks:
@@ -201,7 +188,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     click.echo(f"plan: {out / 'plan.json'}  strategy={plan.strategy['name']}  blocks={len(plan.blocks)}  "
                f"NPU stages={len(plan.npu_stages)} ({'/'.join(map(str, shape)) or 0} per block)  "
                f"host stages={len(plan.host_stages)}")
-    click.echo(f"peak RSS: {peak_rss_mib():.1f} MiB")
+    click.echo(f"peak RSS: {peak_rssmib():.1f} MiB")
 
 
 @main.command()
@@ -224,7 +211,7 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
                                "glue_ops": len(disc.glue), "blocks": disc.summary()}, indent=2))
         return
     click.echo(f"{info['file']}: opset {info['opset']}, {info['nodes']} nodes ({info['const_nodes']} constant), "
-               f"weights {_mib(info['weight_bytes'])} MiB")
+               f"weights {mib(info['weight_bytes'])} MiB")
     for kind in ("inputs", "outputs"):
         for t in info[kind]:
             click.echo(f"  {kind[:-1]:<6} {t['name']} {t['dtype']} {t['shape']}")
@@ -262,19 +249,23 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
 @click.option("--per-stage", is_flag=True, help="Also compare every NPU stage with ONNX Runtime on the same inputs.")
 @click.option("--save-outputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the plan's outputs to this .npz.")
+@click.option("--residency", type=click.Choice(["plan", "resident", "per-stage"]), default="plan", show_default=True,
+              help="Stage sessions: kept until the end (resident), released after use (per-stage), or as the "
+                   "plan chose per block (auto strategy; resident where it chose nothing).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 @click.option("--quiet", "-q", is_flag=True)
 def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: str | None, model: Path | None,
         reference: Path | None, min_cosine: float | None, max_abs_rel: float | None, per_stage: bool,
-        save_outputs: Path | None, as_json: bool, quiet: bool) -> None:
+        save_outputs: Path | None, residency: str, as_json: bool, quiet: bool) -> None:
     """Execute PLAN stage by stage and gate it against the whole model."""
     from rkpart.runtime.validate import validate_plan_run
 
-    report = validate_plan_run(
-        plan_path, inputs=inputs, seed=seed, backend=backend, toolkit=toolkit, model=model,
-        reference=reference, min_cosine=min_cosine, max_abs_rel=max_abs_rel, per_stage=per_stage,
-        save_outputs=save_outputs, progress=_progress(quiet),
-    )
+    with Reporter(quiet=quiet) as say:
+        report = validate_plan_run(
+            plan_path, inputs=inputs, seed=seed, backend=backend, toolkit=toolkit, model=model,
+            reference=reference, min_cosine=min_cosine, max_abs_rel=max_abs_rel, per_stage=per_stage,
+            save_outputs=save_outputs, progress=say,
+        )
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

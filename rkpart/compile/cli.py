@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -16,6 +15,8 @@ import click
 
 from rkpart.cli_util import parse_key_values, user_errors
 from rkpart.errors import ToolkitError
+from rkpart.progress import Reporter
+from rkpart.units import human_bytes
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,7 +48,8 @@ def install_cmd(version: str, toolkits_dir: str | None, python: str | None, forc
         tk = register_toolkit(python, toolkits_dir, version=version, force=force)
         click.echo(f"registered {tk.describe()}")
         return
-    tk = install_toolkit(version, toolkits_dir, force=force, progress=lambda m: click.echo(m, err=True))
+    with Reporter() as say:
+        tk = install_toolkit(version, toolkits_dir, force=force, progress=say)
     click.echo(tk.describe())
 
 
@@ -104,14 +106,9 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, jobs: int, timeout: floa
     if single_core:
         cfg["single_core_mode"] = True
     p, folder = load_plan(plan)
-    t0 = time.monotonic()
-
-    def progress(msg: str) -> None:
-        if not quiet:
-            click.echo(f"{time.monotonic() - t0:6.1f}s {msg}", err=True)
-
-    report = compile_plan_report(p, folder, toolkit_v, target, cfg, jobs, timeout, fallback_toolkit, progress,
-                                 toolkits_dir=toolkits_dir, shared_cache=cache_dir, retry_failed=retry_failed)
+    with Reporter(quiet=quiet) as progress:
+        report = compile_plan_report(p, folder, toolkit_v, target, cfg, jobs, timeout, fallback_toolkit, progress,
+                                     toolkits_dir=toolkits_dir, shared_cache=cache_dir, retry_failed=retry_failed)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
@@ -131,8 +128,8 @@ def format_summary(report: Any) -> str:
             status,
             a.toolkit if a else o.toolkit,
             f"{o.wall_s:.1f}" if o.status == "built" else "-",
-            _size(o.peak_rss_bytes) if o.peak_rss_bytes else "-",
-            _size(a.size_bytes) if a else "-",
+            human_bytes(o.peak_rss_bytes) if o.peak_rss_bytes else "-",
+            human_bytes(a.size_bytes) if a else "-",
             (", ".join(a.cpu_ops) or "none") if a else "-",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -144,10 +141,6 @@ def format_summary(report: Any) -> str:
     lines.append(f"{n} NPU stage(s): {len(report.built)} built, {len(report.cached)} cached, "
                  f"{len(report.failed)} failed in {report.wall_s:.1f} s")
     return "\n".join(lines)
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.1f} MB"
 
 
 #: commands for rkpart.cli:main

@@ -19,7 +19,7 @@ from typing import Any
 
 from rkpart.compile.cache import ArtifactCache, build_key, config_hash, normalise_config
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
-from rkpart.compile.runner import WORKER, BuildJob, BuildResult, human_bytes
+from rkpart.compile.runner import WORKER, BuildJob, BuildResult
 from rkpart.compile.scheduler import (
     DEFAULT_MARGIN,
     MEMORY_FILE,
@@ -32,12 +32,12 @@ from rkpart.compile.scheduler import (
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.io import file_sha256, folder_lock
 from rkpart.partitioner.plan import Artifact, Plan, Stage, check_inside
+from rkpart.progress import Progress, advance
 from rkpart.types import BuildFailure
+from rkpart.units import human_bytes
 
 RKNN_DIR = "rknn"
 LOG_DIR = "logs"
-
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -288,6 +288,7 @@ class _Context:
             detail = f"{res.wall_s:.1f} s, peak {human_bytes(res.peak_rss_bytes)}" if res.ok else res.message
             self.say(f"done {ev['done']}/{ev['total']}: {status} {res.stage_id}: {detail}  "
                      f"elapsed {time.monotonic() - self.t0:.0f} s")
+            advance(self.say, ev["done"], ev["total"])
 
         sched = Scheduler(self.jobs, available=self.available, margin=self.margin,
                           tmp_parent=self.folder / RKNN_DIR / ".tmp")

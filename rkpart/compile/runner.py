@@ -29,6 +29,7 @@ import psutil
 from rkpart.compile.placement import last_step, open_native_pass
 from rkpart.compile.toolkits import Toolkit
 from rkpart.types import BuildFailure
+from rkpart.units import human_bytes
 
 WORKER = Path(__file__).with_name("worker_main.py")
 SAMPLE_S = 0.2
@@ -264,8 +265,3 @@ def _move_atomic(src: Path, dst: Path) -> None:
 
         with atomic_writer(dst) as tmp:
             shutil.copyfile(src, tmp)
-
-
-def human_bytes(n: int) -> str:
-    """``1.2 GB`` / ``310 MB`` for progress lines and reports."""
-    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"

@@ -18,6 +18,7 @@ import click
 from rkpart.cli_util import user_errors
 from rkpart.errors import SpecError
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
+from rkpart.progress import Reporter
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -226,8 +227,8 @@ def profile(
         core_mask=core_mask, sample_interval=sample_interval, seed=seed, infer_repeat=infer_repeat,
         threads=threads,
     )
-    say = None if quiet else (lambda m: click.echo(m, err=True))
-    records = run_profile(opts, progress=say)
+    with Reporter(quiet=quiet) as say:
+        records = run_profile(opts, progress=say)
     click.echo(render_single(records, name=str(output), block=block), nl=False)
     click.echo(f"wrote {len(records)} records to {output}", err=True)
     _against(against, records, Path(output).parent)

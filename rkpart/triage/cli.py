@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from typing import Any
 
 import click
 
 from rkpart.cli_util import parse_key_values
 from rkpart.errors import UserError
+from rkpart.progress import Reporter
 
 
 def _parse_versions(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
@@ -64,16 +64,11 @@ def repro(model: str, versions: tuple[str, ...], target: str, fail_regex: str | 
     cfg = dict(config)
     if opt_level is not None:
         cfg["optimization_level"] = opt_level
-    t0 = time.monotonic()
-
-    def progress(msg: str) -> None:
-        if not quiet:
-            click.echo(f"{time.monotonic() - t0:6.1f}s {msg}", err=True)
-
     try:
-        report = reproduce(model, out, versions, target=target, config=cfg, fail_regex=fail_regex,
-                           max_time=max_time, build_timeout=build_timeout, reduce_with=reduce_with,
-                           reduce=not no_reduce, toolkits_dir=toolkits_dir, force=force, progress=progress)
+        with Reporter(quiet=quiet) as progress:
+            report = reproduce(model, out, versions, target=target, config=cfg, fail_regex=fail_regex,
+                               max_time=max_time, build_timeout=build_timeout, reduce_with=reduce_with,
+                               reduce=not no_reduce, toolkits_dir=toolkits_dir, force=force, progress=progress)
     except UserError as e:
         click.echo(f"rkpart: error: {e}", err=True)
         sys.exit(e.exit_code)

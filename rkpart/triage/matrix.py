@@ -19,6 +19,8 @@ from typing import Any
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult, run_build
 from rkpart.compile.toolkits import Toolkit
 from rkpart.triage.signatures import match_signature
+from rkpart.progress import advance
+from rkpart.units import human_bytes
 
 Progress = Callable[[str], None]
 
@@ -150,7 +152,7 @@ class Matrix:
         head = ("toolkit", "outcome", "last optimiser step", "build s", "peak RSS", "known issue")
         body = [(r.version, r.outcome + ("" if r.regex_matched is None else
                                           (", regex matched" if r.regex_matched else ", regex not matched")),
-                 r.last_step or "-", f"{r.wall_s:.1f}", _size(r.peak_rss_bytes), r.signature or "-")
+                 r.last_step or "-", f"{r.wall_s:.1f}", human_bytes(r.peak_rss_bytes), r.signature or "-")
                 for r in self.rows]
         if markdown:
             lines = ["| " + " | ".join(head) + " |", "| " + " | ".join("---" for _ in head) + " |"]
@@ -212,10 +214,8 @@ def build_matrix(model: str | Path, toolkits: Sequence[Toolkit], *, target: str 
                          label=f"matrix-{tk.version}", worker=worker)
         row = row_from_result(tk.version, res, fail_regex=fail_regex, log_rel=rel)
         say(f"[matrix {n}/{len(ordered)}] {tk.version}: {row.outcome}, last step {row.last_step or '-'}, "
-            f"{row.wall_s:.1f} s, peak {_size(row.peak_rss_bytes)}" + (f", {row.signature}" if row.signature else ""))
+            f"{row.wall_s:.1f} s, peak {human_bytes(row.peak_rss_bytes)}"
+            + (f", {row.signature}" if row.signature else ""))
+        advance(say, n, len(ordered))
         rows.append(row)
     return Matrix(model=Path(model).name, num_nodes=num_nodes, target=target, rows=tuple(rows))
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GB" if n >= 2**30 else f"{n / 2**20:.0f} MB"
