@@ -82,7 +82,7 @@ def bundled_example() -> Path:
     return p
 
 
-def peak_rssmib() -> float:
+def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -168,7 +168,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
             "blocks": len(plan.blocks),
             "npu_stages": len(plan.npu_stages),
             "host_stages": len(plan.host_stages),
-            "peak_rss_mib": round(peak_rssmib(), 1),
+            "peak_rss_mib": round(peak_rss_mib(), 1),
             "stages": [{"id": s.id, "device": s.device, "kind": s.kind, "weight_bytes": s.weight_bytes,
                         "io_bytes": s.io_bytes} for s in plan.stages],
         }, indent=2))
@@ -188,7 +188,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     click.echo(f"plan: {out / 'plan.json'}  strategy={plan.strategy['name']}  blocks={len(plan.blocks)}  "
                f"NPU stages={len(plan.npu_stages)} ({'/'.join(map(str, shape)) or 0} per block)  "
                f"host stages={len(plan.host_stages)}")
-    click.echo(f"peak RSS: {peak_rssmib():.1f} MiB")
+    click.echo(f"peak RSS: {peak_rss_mib():.1f} MiB")
 
 
 @main.command()
