@@ -264,7 +264,7 @@ def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: 
         report = validate_plan_run(
             plan_path, inputs=inputs, seed=seed, backend=backend, toolkit=toolkit, model=model,
             reference=reference, min_cosine=min_cosine, max_abs_rel=max_abs_rel, per_stage=per_stage,
-            save_outputs=save_outputs, progress=say,
+            save_outputs=save_outputs, progress=say, residency=residency,
         )
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))

@@ -10,6 +10,7 @@ session creation in ``init``).
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +81,14 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def runner(self, stage: Stage, folder: Path) -> StageRunner: ...
+
+    def fused_runner(self, stages: Sequence[Stage], folder: Path) -> StageRunner | None:
+        """One runner for consecutive ``stages`` (one session), or ``None`` if not supported.
+
+        Its stage is :func:`rkpart.runtime.ort.fused_stage` of ``stages``: it reads what they
+        read from outside the run and returns every output of every member.
+        """
+        return None
 
     def describe(self) -> dict[str, Any]:
         """Versions and machine facts recorded with measurements."""

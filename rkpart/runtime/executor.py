@@ -1,17 +1,19 @@
-"""Execute a plan stage by stage and compare it with the whole model."""
+"""Execute a plan stage by stage (sessions kept as its residency says) and compare it with the whole model."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from rkpart.errors import SpecError, UserError, first_line
-from rkpart.partitioner.plan import Plan, TensorInfo
-from rkpart.runtime.base import Backend, Feeds
+from rkpart.partitioner.plan import Plan, Stage, TensorInfo, stage_order_ok
+from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.ort import OrtBackend, make_session
+from rkpart.types import HOST, NPU, RESIDENCIES, Residency
 from rkpart.validation.metrics import Metrics, compare
 
 
@@ -73,8 +75,211 @@ def load_inputs(path: str | Path, plan: Plan) -> Feeds:
         want = np.dtype(info.dtype)
         if a.dtype.kind not in "biuf" or want.kind not in "biuf":
             raise UserError(f"input {n!r}: dtype {a.dtype} in {p} cannot be used as {want}")
-        feeds[n] = a.astype(want)
+        feeds[n] = a.astype(want, copy=False)
     return feeds
+
+
+ResidencyChoice = Residency | str | Mapping[str, Residency | str] | None
+
+
+def plan_residency(plan: Plan, default: Residency | str = Residency.RESIDENT) -> dict[str, Residency]:
+    """The residency of every NPU stage as the plan chose it, ``default`` where it chose nothing.
+
+    The ``auto`` strategy records a residency per block (``strategy.options.choices``); a
+    stage takes the choice of the blocks it covers (``per-stage`` if any of them chose it,
+    since that is the one that bounds memory).  Host stages are always resident.
+    """
+    dflt = Residency(default)
+    by_block: dict[int, Residency] = {}
+    for c in (plan.strategy.get("options") or {}).get("choices") or ():
+        if not isinstance(c, Mapping) or c.get("residency") not in RESIDENCIES:
+            continue
+        for b in c.get("blocks") or ():
+            by_block[int(b)] = Residency(c["residency"])
+    out: dict[str, Residency] = {}
+    for s in plan.stages:
+        if s.device == HOST:
+            out[s.id] = Residency.RESIDENT
+            continue
+        chosen = {by_block[b] for b in (s.blocks or (() if s.block is None else (s.block,))) if b in by_block}
+        out[s.id] = (Residency.PER_STAGE if Residency.PER_STAGE in chosen else Residency.RESIDENT) if chosen else dflt
+    return out
+
+
+def _residency_map(plan: Plan, residency: ResidencyChoice) -> dict[str, Residency]:
+    if residency is None or residency == "plan":
+        return plan_residency(plan)
+    if isinstance(residency, (Residency, str)):
+        r = Residency(residency)
+        return {s.id: Residency.RESIDENT if s.device == HOST else r for s in plan.stages}
+    m = plan_residency(plan)
+    m.update({k: Residency(v) for k, v in residency.items()})
+    return m
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """What one runner executes: one stage, or a run of consecutive host stages as one session."""
+
+    stage: Stage  # the stage itself, or the fused stage of ``members``
+    members: tuple[Stage, ...]
+    on_host: bool
+    residency: Residency
+
+
+class PlanExecutor:
+    """Runs a plan pass after pass, keeping stage sessions as its residency policy says.
+
+    One executor is one plan execution (a pipeline run of any number of steps and passes):
+
+    * ``resident`` stages are loaded and initialised at their first use and kept until
+      :meth:`close`, so every later pass only infers;
+    * ``per-stage`` stages are loaded, initialised, run and released in every pass (what
+      the write-up did to stay inside the NPU's memory; what the profiler measures);
+    * host stages are host code in the pipeline: always resident; with ``fuse_host`` a run
+      of consecutive host stages is one ORT session (when the host backend supports it).
+
+    NPU stages run on ``backend`` (if it executes NPU stages), everything else on ``host``.
+
+    Parameters
+    ----------
+    plan, folder
+        The plan and the folder its stage files are relative to.
+    backend, host
+        Executors of NPU stages and of host stages (default: ONNX Runtime for both).
+    residency
+        ``"resident"``, ``"per-stage"``, a mapping ``stage id -> residency``, or ``None`` /
+        ``"plan"`` for the plan's own choice (:func:`plan_residency`).
+    fuse_host
+        Run consecutive host stages as one session.
+    stages
+        Only these stages (in plan order), e.g. one block's; their inputs must be fed.
+
+    Examples
+    --------
+    >>> with PlanExecutor(plan, folder, residency="resident") as ex:  # doctest: +SKIP
+    ...     for step in range(steps):
+    ...         out = ex.run(feeds)
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        folder: Path,
+        *,
+        backend: Backend | None = None,
+        host: Backend | None = None,
+        residency: ResidencyChoice = None,
+        fuse_host: bool = True,
+        stages: Sequence[Stage] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.folder = Path(folder)
+        self.backend = backend or OrtBackend()
+        self.host = host or OrtBackend()
+        chosen = tuple(stages) if stages is not None else plan.stages
+        self._index = {s.id: i for i, s in enumerate(plan.stages)}
+        unknown = [s.id for s in chosen if s.id not in self._index]
+        if unknown:
+            raise SpecError(f"stage {unknown[0]!r} is not in the plan")
+        if stages is None:
+            problem = stage_order_ok(plan.stages, plan.inputs)
+            if problem:
+                raise SpecError(f"plan cannot run in order: {problem}")
+        self.residency = _residency_map(plan, residency)
+        self.units = self._make_units(chosen, fuse_host)
+        self._live: dict[str, StageRunner] = {}
+
+    def _on_host(self, stage: Stage) -> bool:
+        return not (stage.device == NPU and NPU in self.backend.devices)
+
+    def _make_units(self, stages: Sequence[Stage], fuse: bool) -> tuple[_Unit, ...]:
+        units: list[_Unit] = []
+        run: list[Stage] = []
+
+        def flush() -> None:
+            if len(run) > 1 and fuse and self.host.fused_runner(run, self.folder) is not None:
+                from rkpart.runtime.ort import fused_stage
+
+                units.append(_Unit(fused_stage(run), tuple(run), True, Residency.RESIDENT))
+            else:
+                units.extend(_Unit(s, (s,), True, Residency.RESIDENT) for s in run)
+            run.clear()
+
+        for s in stages:
+            if s.device == HOST:
+                run.append(s)
+                continue
+            flush()
+            units.append(_Unit(s, (s,), self._on_host(s), self.residency.get(s.id, Residency.RESIDENT)))
+        flush()
+        return tuple(units)
+
+    def _runner(self, u: _Unit) -> StageRunner:
+        b = self.host if u.on_host else self.backend
+        r = b.fused_runner(u.members, self.folder) if len(u.members) > 1 else b.runner(u.stage, self.folder)
+        assert r is not None
+        try:
+            r.load()
+            r.init()
+        except BaseException:
+            r.release()
+            raise
+        return r
+
+    def run(
+        self,
+        feeds: Mapping[str, np.ndarray],
+        *,
+        keep: bool = False,
+        on_stage: Callable[[int, str, Feeds], None] | None = None,
+    ) -> Feeds:
+        """One pass: every stage in order.  Returns the model outputs (every tensor with ``keep``).
+
+        Arrays are passed from stage to stage as they are (no copies, no dtype conversion).
+        ``on_stage(index in plan.stages, stage id, outputs)`` is called after each stage.
+        """
+        env: dict[str, np.ndarray] = dict(feeds)
+        for u in self.units:
+            per_pass = u.residency == Residency.PER_STAGE
+            r = self._live.get(u.stage.id)
+            if r is None:
+                r = self._runner(u)
+                if not per_pass:
+                    self._live[u.stage.id] = r
+            try:
+                out = r.infer(env)
+            finally:
+                if per_pass:
+                    r.release()
+            env.update(out)
+            if on_stage is not None:
+                for m in u.members:
+                    on_stage(self._index[m.id], m.id, {n: out[n] for n in m.outputs})
+        if keep:
+            return env
+        missing = [o for o in self.plan.outputs if o not in env]
+        if missing:
+            raise SpecError(f"plan never produces model output {missing[0]!r}")
+        return {o: env[o] for o in self.plan.outputs}
+
+    @property
+    def live(self) -> tuple[str, ...]:
+        """Ids of the units whose sessions are held now."""
+        return tuple(self._live)
+
+    def close(self) -> None:
+        """Release every held session (idempotent)."""
+        held = list(self._live.values())
+        self._live.clear()
+        for r in held:
+            r.release()
+
+    def __enter__(self) -> PlanExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def run_plan(
@@ -86,32 +291,30 @@ def run_plan(
     host: Backend | None = None,
     keep: bool = False,
     on_stage: Callable[[int, str, Feeds], None] | None = None,
+    residency: ResidencyChoice = Residency.PER_STAGE,
 ) -> Feeds:
-    """Run every stage in order; NPU stages on ``backend``, host stages on ``host`` (ORT).
+    """Run every stage once in order; NPU stages on ``backend``, host stages on ``host`` (ORT).
 
-    Returns the model outputs (every tensor with ``keep``).
+    One pass of a :class:`PlanExecutor`: with one pass every stage session is created once
+    either way; ``per-stage`` (the default) releases each after use, so at most one NPU
+    stage is held at a time.  Returns the model outputs (every tensor with ``keep``).
     """
-    backend = backend or OrtBackend()
-    host = host or OrtBackend()
-    env: dict[str, np.ndarray] = dict(feeds)
-    for i, stage in enumerate(plan.stages):
-        b = backend if stage.device in backend.devices and stage.device == "npu" else host
-        r = b.runner(stage, folder)
-        r.load()
-        r.init()
-        try:
-            out = r.infer(env)
-        finally:
-            r.release()
-        env.update(out)
-        if on_stage is not None:
-            on_stage(i, stage.id, out)
-    if keep:
-        return env
-    missing = [o for o in plan.outputs if o not in env]
-    if missing:
-        raise SpecError(f"plan never produces model output {missing[0]!r}")
-    return {o: env[o] for o in plan.outputs}
+    with PlanExecutor(plan, folder, backend=backend, host=host, residency=residency) as ex:
+        return ex.run(feeds, keep=keep, on_stage=on_stage)
+
+
+def find_model(plan: Plan, folder: Path, model: str | Path | None = None) -> Path:
+    """The whole model a plan was cut from: ``model``, the recorded path, or next to the folder."""
+    if model is not None:
+        p = Path(model)
+        if not p.is_file():
+            raise UserError(f"whole model {p} does not exist")
+        return p
+    recorded = plan.model.get("path")
+    for cand in (Path(recorded) if recorded else None, folder.parent / str(plan.model.get("file", ""))):
+        if cand is not None and cand.is_file():
+            return cand
+    raise UserError(f"cannot find the whole model {plan.model.get('file')!r} to compare with; pass --model")
 
 
 def run_model(model: str | Path, feeds: Feeds, outputs: tuple[str, ...] | None = None) -> Feeds:

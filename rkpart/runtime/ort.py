@@ -1,16 +1,26 @@
-"""ONNX Runtime backend: runs any stage on the CPU; the host backend of every plan."""
+"""ONNX Runtime backend: runs any stage on the CPU; the host backend of every plan.
+
+Sessions are created with intra-op thread *spinning off*.  ORT's worker threads otherwise
+busy-wait for a while after every ``run``; a plan keeps one session per stage, so the idle
+pools of the other stages spin against the pool doing the work.  Measured on this 2-core
+machine (``bench/runtime_overhead.py``): a resident split plan of a 2-block hidden-2048 model
+ran at 2.3x the whole model with spinning and 1.0x without, and the whole model itself got
+faster too (no spinning pool competing with the memory sampler and other processes).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rkpart.errors import SpecError
 from rkpart.partitioner.plan import Stage, check_inside
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
 
-def make_session(model: bytes | str, *, threads: int = 0) -> Any:
-    """An ORT CPU session with deterministic settings (sequential execution)."""
+def make_session(model: bytes | str, *, threads: int = 0, spinning: bool = False) -> Any:
+    """An ORT CPU session with deterministic settings (sequential execution, no spinning)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -18,6 +28,9 @@ def make_session(model: bytes | str, *, threads: int = 0) -> Any:
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
 
 
@@ -27,25 +40,120 @@ class OrtRunner(StageRunner):
         self._path = check_inside(folder, stage.file, what=f"stage {stage.id} file")
         self._threads = threads
         self._sess: Any = None
+        self._names: list[str] = []
 
     def _load_impl(self) -> None:
         # ORT reads external data itself, relative to the model path; here we only check that
         # the file is there so that a missing file is a load failure, not an init failure.
         if not self._path.is_file():
-            from rkpart.errors import SpecError
-
             raise SpecError(f"stage {self.stage.id}: file {self.stage.file} is missing")
 
     def _init_impl(self) -> None:
         self._sess = make_session(str(self._path), threads=self._threads)
+        self._names = [o.name for o in self._sess.get_outputs()]
 
     def _infer_impl(self, feeds: Feeds) -> Feeds:
-        names = [o.name for o in self._sess.get_outputs()]
-        outs = self._sess.run(names, feeds)
-        return dict(zip(names, outs, strict=True))
+        return dict(zip(self._names, self._sess.run(self._names, feeds), strict=True))
 
     def _release_impl(self) -> None:
         self._sess = None
+
+
+def fused_stage(stages: Sequence[Stage]) -> Stage:
+    """The stage a run of consecutive host stages becomes when it is executed as one session.
+
+    Inputs are what the run reads from outside it; outputs are *every* member's outputs (later
+    stages may read any of them).  Sizes add up; ``file`` is the first member's (informative).
+    """
+    if not stages:
+        raise ValueError("fused_stage needs at least one stage")
+    produced: set[str] = set()
+    inputs: list[str] = []
+    outputs: list[str] = []
+    for s in stages:
+        inputs += [n for n in s.inputs if n not in produced and n not in inputs]
+        produced.update(s.outputs)
+        outputs += [n for n in s.outputs if n not in outputs]
+    first = stages[0]
+    blocks = tuple(sorted({b for s in stages for b in (s.blocks or (() if s.block is None else (s.block,)))}))
+    return Stage(
+        id="+".join(s.id for s in stages), device=first.device, file=first.file, inputs=tuple(inputs),
+        outputs=tuple(outputs), block=first.block, region="+".join(s.region for s in stages),
+        kind="+".join(s.kind for s in stages), weight_bytes=sum(s.weight_bytes for s in stages),
+        io_bytes=sum(s.io_bytes for s in stages), sha256=first.sha256,
+        num_nodes=sum(s.num_nodes for s in stages), blocks=blocks,
+    )
+
+
+class FusedOrtRunner(StageRunner):
+    """Consecutive host stages run as ONE ORT session (one ``run`` call instead of several).
+
+    ``load`` reads the member files (with their external data) and concatenates their graphs
+    in order; ``init`` creates the session from the merged model held in memory.  Member
+    stages come from one source model, so a tensor name means the same tensor in all of them
+    (initializers with the same name are kept once).
+    """
+
+    def __init__(self, stages: Sequence[Stage], folder: Path, threads: int = 0) -> None:
+        super().__init__(fused_stage(stages), folder)
+        self.members = tuple(stages)
+        self._paths = [check_inside(folder, s.file, what=f"stage {s.id} file") for s in stages]
+        self._threads = threads
+        self._model: bytes | None = None
+        self._sess: Any = None
+        self._names: list[str] = []
+
+    def _load_impl(self) -> None:
+        import onnx
+
+        missing = [s for s, p in zip(self.members, self._paths, strict=True) if not p.is_file()]
+        if missing:
+            raise SpecError(f"stage {missing[0].id}: file {missing[0].file} is missing")
+        models = [onnx.load(str(p)) for p in self._paths]
+        self._model = _concat_models(models, self.stage).SerializeToString()
+
+    def _init_impl(self) -> None:
+        assert self._model is not None
+        self._sess = make_session(self._model, threads=self._threads)
+        self._names = [o.name for o in self._sess.get_outputs()]
+        self._model = None  # the session holds its own copy
+
+    def _infer_impl(self, feeds: Feeds) -> Feeds:
+        return dict(zip(self._names, self._sess.run(self._names, feeds), strict=True))
+
+    def _release_impl(self) -> None:
+        self._sess = None
+        self._model = None
+
+
+def _concat_models(models: Sequence[Any], fused: Stage) -> Any:
+    """One model whose graph runs ``models`` in order (see :class:`FusedOrtRunner`)."""
+    import onnx
+
+    value_infos: dict[str, Any] = {}
+    for m in models:
+        for vi in (*m.graph.input, *m.graph.output, *m.graph.value_info):
+            value_infos.setdefault(vi.name, vi)
+    nodes = [n for m in models for n in m.graph.node]
+    inits: dict[str, Any] = {}
+    sparse: dict[str, Any] = {}
+    for m in models:
+        for t in m.graph.initializer:
+            inits.setdefault(t.name, t)
+        for st in m.graph.sparse_initializer:
+            sparse.setdefault(st.values.name, st)
+    internal = [vi for name, vi in value_infos.items() if name not in fused.inputs and name not in fused.outputs]
+    graph = onnx.helper.make_graph(
+        nodes, fused.id, [value_infos[n] for n in fused.inputs], [value_infos[n] for n in fused.outputs],
+        initializer=list(inits.values()), value_info=internal, sparse_initializer=list(sparse.values()),
+    )
+    opsets: dict[str, int] = {}
+    for m in models:
+        for o in m.opset_import:
+            opsets[o.domain] = max(opsets.get(o.domain, 0), o.version)
+    merged = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
+    merged.ir_version = max(m.ir_version for m in models)
+    return merged
 
 
 class OrtBackend(Backend):
@@ -67,6 +175,9 @@ class OrtBackend(Backend):
 
     def runner(self, stage: Stage, folder: Path) -> StageRunner:
         return OrtRunner(stage, folder, threads=self.threads)
+
+    def fused_runner(self, stages: Sequence[Stage], folder: Path) -> StageRunner | None:
+        return FusedOrtRunner(stages, folder, threads=self.threads)
 
     def describe(self) -> dict[str, Any]:
         import onnxruntime as ort

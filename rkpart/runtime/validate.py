@@ -12,7 +12,7 @@ import numpy as np
 from rkpart.errors import UserError
 from rkpart.partitioner.plan import load_plan
 from rkpart.runtime import get_backend
-from rkpart.runtime.executor import load_inputs, random_inputs, run_model, run_plan
+from rkpart.runtime.executor import ResidencyChoice, find_model, load_inputs, random_inputs, run_model, run_plan
 from rkpart.runtime.ort import OrtRunner
 from rkpart.validation.metrics import Gate, Metrics, compare
 
@@ -71,18 +71,11 @@ def validate_plan_run(
     per_stage: bool = False,
     save_outputs: Path | None = None,
     progress: Callable[[str], None] = lambda _m: None,
+    residency: ResidencyChoice = None,
 ) -> RunReport:
     plan, folder = load_plan(plan_path)
     feeds = load_inputs(inputs, plan) if inputs else random_inputs(plan.tensors, plan.inputs, seed)
-    if model is None:
-        guess = folder.parent / plan.model["file"]
-        recorded = plan.model.get("path")
-        for cand in (Path(recorded) if recorded else None, guess):
-            if cand is not None and cand.is_file():
-                model = cand
-                break
-    if model is None:
-        raise UserError(f"cannot find the whole model {plan.model['file']!r} to compare with; pass --model")
+    model = find_model(plan, folder, model)
     gate = Gate(
         min_cosine=min_cosine if min_cosine is not None else (0.999999 if backend == "ort" else 0.999),
         max_abs_rel=max_abs_rel if max_abs_rel is not None else (1e-5 if backend == "ort" else None),
@@ -106,7 +99,7 @@ def validate_plan_run(
         env_before.update(out)
 
     try:
-        outs = run_plan(plan, folder, feeds, backend=be, on_stage=on_stage)
+        outs = run_plan(plan, folder, feeds, backend=be, on_stage=on_stage, residency=residency)
     finally:
         be.close()
     if save_outputs:
