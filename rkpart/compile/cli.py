@@ -1,31 +1,30 @@
 """Click commands: ``rkpart toolkit install|list`` and ``rkpart compile``.
 
-Thin layer: options become arguments of :func:`rkpart.compile.compile.compile_plan_report`
-and :mod:`rkpart.compile.toolkits`; the commands only format output and choose exit codes.
+Thin layer: options (groups shared with other commands, from :mod:`rkpart.cli_args`) become
+one :class:`rkpart.compile.compile.CompileOptions` for :func:`rkpart.compile.compile.compile_folder`,
+or arguments of :mod:`rkpart.compile.toolkits`; the commands only format output and choose
+exit codes.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from rkpart.cli_util import parse_key_values, user_errors
+from rkpart.cli_args import (
+    build_options,
+    json_option,
+    quiet_option,
+    toolkit_option,
+    toolkits_dir_option,
+    user_errors,
+)
 from rkpart.errors import ToolkitError
 from rkpart.progress import Reporter
 from rkpart.units import human_bytes
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-
-
-_toolkits_dir = click.option("--toolkits-dir", type=click.Path(file_okay=False), default=None,
-                             help="Where toolkit venvs live (default $RKPART_TOOLKITS_DIR or "
-                                  "~/.cache/rkpart/toolkits).")
 
 
 @click.group("toolkit")
@@ -35,7 +34,7 @@ def toolkit() -> None:
 
 @toolkit.command("install")
 @click.argument("version")
-@_toolkits_dir
+@toolkits_dir_option
 @click.option("--python", "python", type=click.Path(dir_okay=False), default=None,
               help="Register this existing python (with rknn-toolkit2 installed) instead of creating a venv.")
 @click.option("--force", is_flag=True, help="Replace an existing installation.")
@@ -54,8 +53,8 @@ def install_cmd(version: str, toolkits_dir: str | None, python: str | None, forc
 
 
 @toolkit.command("list")
-@_toolkits_dir
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@toolkits_dir_option
+@json_option()
 def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
     """List installed or registered toolkits."""
     from rkpart.compile.toolkits import list_toolkits, toolkits_root
@@ -74,41 +73,31 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 
 @click.command("compile")
 @click.argument("plan", type=click.Path(exists=True))
-@click.option("--toolkit", "toolkit_v", required=True, help="Toolkit version (e.g. 2.3.0) or a python path.")
-@click.option("--target", default="rk3588", show_default=True, help="target_platform for RKNN.config.")
+@toolkit_option(required=True, dest="toolkit_v", help="Toolkit version (e.g. 2.3.0) or a python path.")
+@build_options
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Upper bound on parallel builds (memory is checked before each start).")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Seconds per build before it is killed.")
-@click.option("--opt-level", type=click.IntRange(0, 3), default=None, help="RKNN.config optimization_level.")
-@click.option("--single-core", is_flag=True, help="RKNN.config single_core_mode=True.")
-@click.option("--config", "config", multiple=True, callback=parse_key_values, metavar="KEY=VALUE",
-              help="Any other RKNN.config option (value parsed as JSON when possible).")
 @click.option("--fallback-toolkit", default=None, help="Retry failed stages with this toolkit version.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Shared artifact cache in addition to the plan's rknn/ folder.")
 @click.option("--retry-failed", is_flag=True, help="Rebuild stages whose crash the cache remembers.")
-@_toolkits_dir
-@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
+@toolkits_dir_option
+@quiet_option
+@json_option(help="Print a machine-readable summary on stdout.")
 @user_errors
-def compile_cmd(plan: str, toolkit_v: str, target: str, jobs: int, timeout: float | None,
-                opt_level: int | None, single_core: bool, config: dict[str, Any],
-                fallback_toolkit: str | None, cache_dir: str | None, retry_failed: bool,
+def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, Any], jobs: int,
+                timeout: float | None, fallback_toolkit: str | None, cache_dir: str | None, retry_failed: bool,
                 toolkits_dir: str | None, quiet: bool, as_json: bool) -> None:
     """Build every NPU stage of PLAN into an .rknn file with rknn-toolkit2."""
-    from rkpart.compile.compile import compile_plan_report
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.compile.compile import CompileOptions, compile_folder
 
-    cfg = dict(config)
-    if opt_level is not None:
-        cfg["optimization_level"] = opt_level
-    if single_core:
-        cfg["single_core_mode"] = True
-    p, folder = load_plan(plan)
+    opts = CompileOptions(toolkit=toolkit_v, target=target, config=rknn_config, jobs=jobs, timeout=timeout,
+                          fallback_toolkit=fallback_toolkit, toolkits_dir=toolkits_dir, shared_cache=cache_dir,
+                          retry_failed=retry_failed)
     with Reporter(quiet=quiet) as progress:
-        report = compile_plan_report(p, folder, toolkit_v, target, cfg, jobs, timeout, fallback_toolkit, progress,
-                                     toolkits_dir=toolkits_dir, shared_cache=cache_dir, retry_failed=retry_failed)
+        report = compile_folder(plan, opts, progress)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:

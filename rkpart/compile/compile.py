@@ -31,7 +31,7 @@ from rkpart.compile.scheduler import (
 )
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.io import file_sha256, folder_lock
-from rkpart.partitioner.plan import Artifact, Plan, Stage, check_inside
+from rkpart.partitioner.plan import Artifact, Plan, Stage, check_inside, load_plan
 from rkpart.progress import Progress, advance
 from rkpart.types import BuildFailure
 from rkpart.units import human_bytes
@@ -96,6 +96,31 @@ class CompileReport:
             "failed": len(self.failed),
             "wall_s": round(self.wall_s, 2),
         }
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """Everything ``rkpart compile PLAN`` was asked to do (see :func:`compile_plan` for each field)."""
+
+    toolkit: str
+    target: str = "rk3588"
+    config: Mapping[str, Any] = field(default_factory=dict)  # RKNN.config options besides target_platform
+    jobs: int = 1
+    timeout: float | None = None
+    fallback_toolkit: str | None = None
+    toolkits_dir: str | None = None
+    shared_cache: str | None = None  # cache dir shared between plans
+    retry_failed: bool = False
+
+
+def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
+                   progress: Progress | None = None) -> CompileReport:
+    """Load the plan at ``plan_path`` (folder or ``plan.json``) and build it as ``options`` say."""
+    plan, folder = load_plan(plan_path)
+    o = options
+    return compile_plan_report(plan, folder, o.toolkit, o.target, o.config, o.jobs, o.timeout, o.fallback_toolkit,
+                               progress, toolkits_dir=o.toolkits_dir, shared_cache=o.shared_cache,
+                               retry_failed=o.retry_failed)
 
 
 @dataclass

@@ -18,8 +18,8 @@ from typing import Any
 
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult, run_build
 from rkpart.compile.toolkits import Toolkit
-from rkpart.triage.signatures import match_signature
 from rkpart.progress import advance
+from rkpart.triage.signatures import match_signature
 from rkpart.units import human_bytes
 
 Progress = Callable[[str], None]

@@ -24,7 +24,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,31 @@ class ReproReport:
             lines += ["", self.signature.describe()]
         lines.append(f"artifact: {self.folder}")
         return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ReproOptions:
+    """Everything ``rkpart repro MODEL`` was asked to do (see :func:`reproduce` for each field)."""
+
+    versions: tuple[str, ...]
+    target: str = "rk3588"
+    config: Mapping[str, Any] = field(default_factory=dict)
+    fail_regex: str | None = None
+    max_time: float = 1800.0
+    build_timeout: float | None = None
+    reduce_with: str | None = None
+    reduce: bool = True
+    toolkits_dir: str | None = None
+    force: bool = False
+
+
+def run_repro(model: str | os.PathLike[str], out: str | os.PathLike[str], options: ReproOptions,
+              progress: Progress | None = None) -> ReproReport:
+    """:func:`reproduce` as ``options`` say."""
+    o = options
+    return reproduce(model, out, o.versions, target=o.target, config=o.config, fail_regex=o.fail_regex,
+                     max_time=o.max_time, build_timeout=o.build_timeout, reduce_with=o.reduce_with,
+                     reduce=o.reduce, toolkits_dir=o.toolkits_dir, force=o.force, progress=progress)
 
 
 def reproduce(model: str | os.PathLike[str], out: str | os.PathLike[str], versions: Sequence[str], *,

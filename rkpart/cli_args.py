@@ -1,0 +1,210 @@
+"""What the click commands share: option groups defined once, value parsing, error printing.
+
+Each option group is a decorator that adds the same options, with the same names, help and
+parsing, to every command that takes them (as Polygraphy's ``tools/args`` does):
+
+==========================  =====================================================================
+:func:`model_argument`      ``MODEL`` (an ONNX file; optional where the bundled example stands in)
+:func:`shape_option`        ``--shape NAME=D0,D1,..`` -> ``shapes: dict[str, tuple[int, ...]]``
+:func:`inputs_options`      ``--inputs X.npz`` and ``--seed`` (the seeded random inputs otherwise)
+:func:`seed_option`         ``--seed`` alone
+:func:`tolerance_options`   ``--reference``, ``--min-cosine``, ``--max-abs-rel``
+:func:`toolkit_option`      ``--toolkit VERSION``
+:func:`build_options`       ``--target``, ``--opt-level``, ``--single-core``, ``--config KEY=VALUE``
+                            -> ``target`` and one ``rknn_config: dict`` (``RKNN.config`` options)
+:func:`toolkits_dir_option` ``--toolkits-dir``
+:func:`out_folder_option`   ``-o/--out DIR`` (with :func:`force_option`)
+:func:`output_file_option`  ``-o/--output FILE``
+:func:`quiet_option`        ``-q/--quiet`` (no progress lines; see :mod:`rkpart.progress`)
+:func:`json_option`         ``--json`` (machine-readable stdout)
+==========================  =====================================================================
+
+Commands turn the parsed values into one frozen options object and call one library function;
+they print its result and choose the exit code, nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from rkpart.errors import UserError
+
+F = TypeVar("F", bound=Callable[..., Any])
+Decorator = Callable[[F], F]
+
+
+# -- errors ----------------------------------------------------------------------------------
+def report_user_error(e: UserError) -> None:
+    click.echo(f"rkpart: error: {e}", err=True)
+
+
+def user_errors(fn: F) -> F:
+    """Print a :class:`UserError` as one line and exit with its code.
+
+    The ``rkpart`` group does the same; this keeps a command right when it is invoked on its
+    own (``CliRunner().invoke(compile_cmd, ...)``, or embedded in another click group).
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UserError as e:
+            report_user_error(e)
+            sys.exit(e.exit_code)
+
+    return wrapper  # type: ignore[return-value]
+
+
+# -- value parsing ---------------------------------------------------------------------------
+def parse_key_values(_ctx: click.Context | None, _param: click.Parameter | None,
+                     values: tuple[str, ...]) -> dict[str, Any]:
+    """``KEY=VALUE`` options: the value as JSON when it parses (numbers, booleans, lists,
+    dicts such as ``op_target``), else as a string."""
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{item!r}: expected key=value, e.g. optimization_level=2")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+def parse_shapes(_ctx: click.Context | None, _param: click.Parameter | None,
+                 values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+    """``NAME=D0,D1,...`` options: a static shape per model input, positive integers only."""
+    out: dict[str, tuple[int, ...]] = {}
+    for v in values:
+        name, sep, dims = v.rpartition("=")
+        try:
+            shape = tuple(int(d) for d in dims.split(",")) if sep and name else None
+        except ValueError:
+            shape = None
+        if not shape or any(d <= 0 for d in shape):
+            raise click.BadParameter(f"{v!r}: expected NAME=D0,D1,... with positive integers")
+        out[name] = shape
+    return out
+
+
+def _compose(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    def apply(f: F) -> F:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
+
+    return apply
+
+
+# -- model and shapes ------------------------------------------------------------------------
+def model_argument(*, required: bool = False) -> Decorator[Any]:
+    """``MODEL``: an ONNX file (``model: Path | None`` when not required)."""
+    return click.argument("model", required=required, type=click.Path(dir_okay=False, path_type=Path))
+
+
+shape_option: Decorator[Any] = click.option(
+    "--shape", "shapes", multiple=True, callback=parse_shapes, metavar="NAME=D0,D1,..",
+    help="Static shape for a model input with symbolic dimensions (repeatable).")
+
+
+# -- inputs and seed -------------------------------------------------------------------------
+def seed_option(f: F) -> F:
+    """``--seed``: the seed of the random plan inputs (:func:`rkpart.runtime.executor.random_feeds`)."""
+    return click.option("--seed", type=int, default=0, show_default=True,
+                        help="Seed of the random plan inputs (floats ~ N(0,1), integers in [0,4)).")(f)
+
+
+def inputs_options(f: F) -> F:
+    """``--inputs X.npz`` and ``--seed``."""
+    return _compose(
+        click.option("--inputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help=".npz with one array per model input (default: seeded random inputs)."),
+        seed_option,
+    )(f)
+
+
+# -- tolerances ------------------------------------------------------------------------------
+def tolerance_options(f: F) -> F:
+    """The numerical gate: ``--reference``, ``--min-cosine``, ``--max-abs-rel``."""
+    return _compose(
+        click.option("--reference", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help=".npz of reference outputs (e.g. PyTorch fp16) to gate against as well."),
+        click.option("--min-cosine", type=float, default=None,
+                     help="Gate: minimum cosine [default: 0.999999 for ort, 0.999 for rknn-sim]."),
+        click.option("--max-abs-rel", type=float, default=None,
+                     help="Gate: max abs error relative to max |reference| [default: 1e-5 for ort, off otherwise]."),
+    )(f)
+
+
+# -- toolkit ---------------------------------------------------------------------------------
+def toolkit_option(*, help: str, required: bool = False, dest: str = "toolkit") -> Decorator[Any]:
+    """``--toolkit VERSION`` (a version installed with ``rkpart toolkit install``, or a python path)."""
+    return click.option("--toolkit", dest, required=required, default=None, help=help)
+
+
+toolkits_dir_option: Decorator[Any] = click.option(
+    "--toolkits-dir", type=click.Path(file_okay=False), default=None,
+    help="Where toolkit venvs live (default $RKPART_TOOLKITS_DIR or ~/.cache/rkpart/toolkits).")
+
+
+def build_options(f: F) -> F:
+    """How rknn-toolkit2 builds: ``--target`` and the ``RKNN.config`` options, merged into one
+    ``rknn_config`` dict (``--opt-level`` and ``--single-core`` override ``--config``)."""
+
+    @functools.wraps(f)
+    def merge(*args: Any, opt_level: int | None, single_core: bool, config: dict[str, Any], **kwargs: Any) -> Any:
+        cfg = dict(config)
+        if opt_level is not None:
+            cfg["optimization_level"] = opt_level
+        if single_core:
+            cfg["single_core_mode"] = True
+        return f(*args, rknn_config=cfg, **kwargs)
+
+    return _compose(  # type: ignore[return-value]
+        click.option("--target", default="rk3588", show_default=True, help="target_platform for RKNN.config."),
+        click.option("--opt-level", type=click.IntRange(0, 3), default=None, help="RKNN.config optimization_level."),
+        click.option("--single-core", is_flag=True, help="RKNN.config single_core_mode=True."),
+        click.option("--config", "config", multiple=True, callback=parse_key_values, metavar="KEY=VALUE",
+                     help="Any other RKNN.config option (value parsed as JSON when possible)."),
+    )(merge)
+
+
+# -- output ----------------------------------------------------------------------------------
+def out_folder_option(*, default: str, help: str) -> Decorator[Any]:
+    """``-o/--out DIR``: the folder a command writes (``out: Path``)."""
+    return click.option("--out", "-o", "out", type=click.Path(file_okay=False, path_type=Path), default=Path(default),
+                        show_default=True, help=help)
+
+
+def output_file_option(*, help: str, required: bool = False) -> Decorator[Any]:
+    """``-o/--output FILE``: the file a command writes (``output: Path | None``)."""
+    return click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=required,
+                        default=None, help=help)
+
+
+def force_option(*, help: str) -> Decorator[Any]:
+    return click.option("--force", is_flag=True, help=help)
+
+
+# -- progress and json -----------------------------------------------------------------------
+quiet_option: Decorator[Any] = click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+
+
+def json_option(*, help: str = "Machine-readable output on stdout.") -> Decorator[Any]:
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
+__all__ = [
+    "build_options", "force_option", "inputs_options", "json_option", "model_argument", "out_folder_option",
+    "output_file_option", "parse_key_values", "parse_shapes", "quiet_option", "report_user_error", "seed_option",
+    "shape_option", "tolerance_options", "toolkit_option", "toolkits_dir_option", "user_errors",
+]
