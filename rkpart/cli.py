@@ -16,7 +16,19 @@ from typing import Any
 import click
 
 from rkpart import __version__
-from rkpart.cli_util import parse_key_values, report_user_error
+from rkpart.cli_args import (
+    force_option,
+    inputs_options,
+    json_option,
+    model_argument,
+    out_folder_option,
+    parse_key_values,
+    quiet_option,
+    report_user_error,
+    shape_option,
+    tolerance_options,
+    toolkit_option,
+)
 from rkpart.errors import RkpartError, UserError
 from rkpart.progress import Reporter
 from rkpart.units import mib
@@ -58,20 +70,6 @@ def main() -> None:
 # option parsing helpers
 
 
-def _parse_shapes(_ctx: click.Context, _param: click.Parameter, values: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
-    out: dict[str, tuple[int, ...]] = {}
-    for v in values:
-        name, sep, dims = v.rpartition("=")
-        try:
-            shape = tuple(int(d) for d in dims.split(",")) if sep and name else None
-        except ValueError:
-            shape = None
-        if not shape or any(d <= 0 for d in shape):
-            raise click.BadParameter(f"{v!r}: expected NAME=D0,D1,... with positive integers")
-        out[name] = shape
-    return out
-
-
 def bundled_example() -> Path:
     """Path of the bundled tiny Anima-style example model."""
     from importlib import resources
@@ -90,9 +88,8 @@ def peak_rss_mib() -> float:
 
 
 @main.command()
-@click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=Path("build"),
-              show_default=True, help="Plan folder to write.")
+@model_argument()
+@out_folder_option(default="build", help="Plan folder to write.")
 @click.option("--strategy", "-s", default="split", show_default=True,
               help="split, fused, custom, auto, generic or a plugin strategy (see `rkpart strategies`).")
 @click.option("--adaln", type=click.Choice(["host", "npu"]), default=None,
@@ -111,22 +108,21 @@ def peak_rss_mib() -> float:
                    "[generic default: 1024].")
 @click.option("--cost-model", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="auto: cost model JSON from `rkpart fit` [default: the shipped RK3588 calibration].")
-@click.option("--toolkit", "auto_toolkit", default=None,
-              help="auto: rknn-toolkit2 version whose known crashes exclude candidates [default: the model's].")
+@toolkit_option(dest="auto_toolkit",
+                help="auto: rknn-toolkit2 version whose known crashes exclude candidates [default: the model's].")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="auto: denoising steps [default: 1].")
 @click.option("--cfg/--no-cfg", default=None, help="auto: two passes per step (CFG) or one [default: --cfg].")
 @click.option("--explain", is_flag=True, help="auto: print every candidate's predictions and the choice per block.")
 @click.option("--option", "options", multiple=True, callback=parse_key_values, metavar="KEY=VALUE",
               help="Extra strategy option (repeatable), e.g. for plugins.")
-@click.option("--shape", "shapes", multiple=True, callback=_parse_shapes, metavar="NAME=D0,D1,..",
-              help="Static shape for a model input with symbolic dimensions (repeatable).")
+@shape_option
 @click.option("--simplify/--no-simplify", default=False, show_default=True,
               help="Run onnxsim on NPU stages (kept only if outputs stay equal under ONNX Runtime).")
 @click.option("--external-threshold", type=click.IntRange(min=0), default=1024, show_default=True,
               help="Weights of at least this many bytes go to each stage's external data file.")
-@click.option("--force", is_flag=True, help="Replace a non-empty plan folder (only once the new plan is complete).")
-@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-@click.option("--json", "as_json", is_flag=True, help="Print the plan summary as JSON.")
+@force_option(help="Replace a non-empty plan folder (only once the new plan is complete).")
+@quiet_option
+@json_option(help="Print the plan summary as JSON.")
 def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, residual: str | None,
               modulation: str | None, blocks_per_stage: int | None, spec: Path | None, budget_mib: float | None,
               cost_model: Path | None, auto_toolkit: str | None, steps: int | None, cfg: bool | None, explain: bool,
@@ -192,10 +188,9 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
 
 
 @main.command()
-@click.argument("model", required=False, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--shape", "shapes", multiple=True, callback=_parse_shapes, metavar="NAME=D0,D1,..",
-              help="Static shape for a model input with symbolic dimensions.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@model_argument()
+@shape_option
+@json_option()
 def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: bool) -> None:
     """Show the blocks and regions found in MODEL (nothing is written)."""
     from rkpart.partitioner.api import inspect_model
@@ -232,28 +227,21 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
 
 @main.command()
 @click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
-@click.option("--inputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help=".npz with one array per model input (default: seeded random inputs).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@inputs_options
 @click.option("--backend", type=click.Choice(["ort", "rknn-sim"]), default="ort", show_default=True,
               help="Executor for NPU stages; host stages always run on ONNX Runtime.")
-@click.option("--toolkit", default=None, help="rknn-toolkit2 version for --backend rknn-sim.")
+@toolkit_option(help="rknn-toolkit2 version for --backend rknn-sim.")
 @click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Whole model to compare against [default: the plan's source model, if it is found].")
-@click.option("--reference", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help=".npz of reference outputs (e.g. PyTorch fp16) to gate against as well.")
-@click.option("--min-cosine", type=float, default=None,
-              help="Gate: minimum cosine [default: 0.999999 for ort, 0.999 for rknn-sim].")
-@click.option("--max-abs-rel", type=float, default=None,
-              help="Gate: max abs error relative to max |reference| [default: 1e-5 for ort, off otherwise].")
+@tolerance_options
 @click.option("--per-stage", is_flag=True, help="Also compare every NPU stage with ONNX Runtime on the same inputs.")
 @click.option("--save-outputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the plan's outputs to this .npz.")
 @click.option("--residency", type=click.Choice(["plan", "resident", "per-stage"]), default="plan", show_default=True,
               help="Stage sessions: kept until the end (resident), released after use (per-stage), or as the "
                    "plan chose per block (auto strategy; resident where it chose nothing).")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
-@click.option("--quiet", "-q", is_flag=True)
+@json_option(help="Machine-readable report.")
+@quiet_option
 def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: str | None, model: Path | None,
         reference: Path | None, min_cosine: float | None, max_abs_rel: float | None, per_stage: bool,
         save_outputs: Path | None, residency: str, as_json: bool, quiet: bool) -> None:
@@ -277,7 +265,7 @@ def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: 
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option()
 def strategies(as_json: bool) -> None:
     """List partition strategies: built-in and installed plugins, and where each came from.
 
@@ -293,7 +281,7 @@ def strategies(as_json: bool) -> None:
 
 @main.command()
 @click.argument("dest", type=click.Path(dir_okay=False, path_type=Path), default=Path("anima_tiny.onnx"))
-@click.option("--force", is_flag=True, help="Overwrite DEST.")
+@force_option(help="Overwrite DEST.")
 def example(dest: Path, force: bool) -> None:
     """Copy the bundled tiny Anima-style example model to DEST."""
     from rkpart.partitioner.extract import copy_file

@@ -6,9 +6,11 @@ import json
 
 import click
 
+from rkpart.cli_args import json_option
+
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option()
 def recognizers(as_json: bool) -> None:
     """List block recognisers: installed plugins and built-ins, and where each came from.
 

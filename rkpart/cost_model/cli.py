@@ -7,13 +7,13 @@ from pathlib import Path
 
 import click
 
+from rkpart.cli_args import json_option, output_file_option
 from rkpart.cost_model.model import COMPONENTS
 
 
 @click.command("fit")
 @click.argument("profiles", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True,
-              help="Cost model JSON to write.")
+@output_file_option(required=True, help="Cost model JSON to write.")
 @click.option("--base", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Start from this model (e.g. the shipped calibration) and refit only what the profiles "
                    "measure [default: fit from scratch].")
@@ -22,7 +22,7 @@ from rkpart.cost_model.model import COMPONENTS
 @click.option("--statistic", type=click.Choice(["median", "min"]), default="median", show_default=True,
               help="Per stage, the median of the measured calls, or the fastest (for a machine busy with "
                    "other jobs).")
-@click.option("--json", "as_json", is_flag=True, help="Print the error report as JSON.")
+@json_option(help="Print the error report as JSON.")
 def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, folds: int, statistic: str,
         as_json: bool) -> None:
     """Fit a cost model from PROFILES (JSON Lines from `rkpart profile`) and write it to OUTPUT.

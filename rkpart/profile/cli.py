@@ -11,16 +11,14 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
-from rkpart.cli_util import user_errors
+from rkpart.cli_args import output_file_option, quiet_option, seed_option, toolkit_option, user_errors
 from rkpart.errors import SpecError
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
 from rkpart.progress import Reporter
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 BACKENDS = ("ort", "rknn-sim", "rknnlite")
 CORE_MASK_CHOICES = ("auto", "0", "1", "2", "0_1", "0_1_2", "all")
@@ -49,13 +47,17 @@ class ProfileOptions:
     warmup: int = 1
     cfg: bool = True
     steps: int = 1
-    residency: str = "per-stage"
+    residency: str = "plan"
     device_pattern: str | None = DEFAULT_DEVICE_PATTERN
     core_mask: str = "auto"
     sample_interval: float = 0.05
     seed: int = 0
     infer_repeat: int = 1
     threads: int = 0
+    block: int | None = None
+    baseline: bool = False
+    model: str | None = None
+    snapshots: bool = True
 
 
 def make_backend(name: str, *, toolkit: str | None = None, core_mask: str = "auto", threads: int = 0) -> Any:
@@ -123,6 +125,10 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str], None] | None = N
             plan_file=str(opts.plan),
             infer_repeat=opts.infer_repeat,
             host_backend=host_backend,
+            block=opts.block,
+            baseline=opts.baseline,
+            model=opts.model,
+            snapshots=opts.snapshots,
         )
     finally:
         backend.close()
@@ -134,16 +140,17 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str], None] | None = N
 @click.argument("plan", required=False, type=click.Path(exists=True))
 @click.option("--backend", type=click.Choice(BACKENDS), default="ort", show_default=True,
               help="ort: ONNX Runtime anywhere; rknn-sim: toolkit simulator (x86); rknnlite: the board.")
-@click.option("--toolkit", default=None, help="rknn-toolkit2 version (rknn-sim: simulator to use; "
-              "rknnlite: refuse artifacts built by another version).")
+@toolkit_option(help="rknn-toolkit2 version (rknn-sim: simulator to use; "
+                     "rknnlite: refuse artifacts built by another version).")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Measured rounds.")
 @click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
               help="Rounds run first and excluded from the summary (recorded with warmup=true).")
 @click.option("--cfg/--no-cfg", default=True, show_default=True,
               help="Two passes per step (conditional + unconditional) or one.")
 @click.option("--steps", type=click.IntRange(min=1), default=1, show_default=True, help="Denoising steps per round.")
-@click.option("--residency", type=click.Choice(["per-stage", "resident"]), default="per-stage", show_default=True,
-              help="per-stage: load/init/infer/release every stage each pass; resident: load once per round.")
+@click.option("--residency", type=click.Choice(["plan", "per-stage", "resident"]), default="plan", show_default=True,
+              help="per-stage: load/init/infer/release every stage each pass; resident: load once per round; "
+                   "plan: as the plan chose per block (auto strategy), per-stage where it chose nothing.")
 @click.option("--device-pattern", default=DEFAULT_DEVICE_PATTERN, callback=_check_regex, show_default=True,
               help="Regex of smaps pathnames counted as NPU device memory.")
 @click.option("--no-device-pss", is_flag=True, help="Do not read device PSS (reads smaps_rollup only).")
@@ -151,23 +158,30 @@ def run_profile(opts: ProfileOptions, progress: Callable[[str], None] | None = N
               help="NPU cores for rknnlite (RKNNLite.NPU_CORE_*).")
 @click.option("--interval", "sample_interval", type=click.FloatRange(min=0), default=0.05, show_default=True,
               help="Seconds between background memory samples (0: snapshots only).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random plan inputs.")
+@seed_option
 @click.option("--infer-repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Inference calls per stage and pass; infer_s is their median, every call is recorded "
                    "(for a machine busy with other jobs).")
 @click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
               help="ONNX Runtime intra-op threads for ort and host stages (0: ORT default, one per core; "
                    "1: a stage's own cost on a shared machine).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Where to write the JSON Lines records (required with PLAN).")
+@output_file_option(help="Where to write the JSON Lines records (required with PLAN).")
 @click.option("--compare", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None,
               metavar="A.jsonl B.jsonl", help="Print the write-up's tables for two profiles side by side.")
 @click.option("--show", type=click.Path(exists=True, dir_okay=False), default=None, metavar="A.jsonl",
               help="Print the tables of one profile.")
-@click.option("--block", type=int, default=None, help="Report one block instead of the whole plan.")
+@click.option("--block", type=int, default=None,
+              help="With PLAN: run only this block's stages (inputs from one run of the stages before it); "
+                   "with --show/--compare: report only this block.")
+@click.option("--baseline", is_flag=True,
+              help="Also time the whole model every round and report the plan's overhead against it.")
+@click.option("--model", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Whole model for --baseline [default: the plan's source model, if it is found].")
+@click.option("--no-snapshots", is_flag=True,
+              help="No synchronous memory snapshots around calls (the sampler thread still runs).")
 @click.option("--against", type=click.Path(exists=True, dir_okay=False), default=None, metavar="MODEL.json",
               help="Also print the cost model's prediction error per stage and component for this profile.")
-@click.option("--quiet", "-q", is_flag=True, help="No per-stage progress lines.")
+@quiet_option
 @user_errors
 def profile(
     plan: str | None,
@@ -185,10 +199,13 @@ def profile(
     seed: int,
     infer_repeat: int,
     threads: int,
-    output: str | None,
+    output: Path | None,
     compare: tuple[str, str] | None,
     show: str | None,
     block: int | None,
+    baseline: bool,
+    model: str | None,
+    no_snapshots: bool,
     against: str | None,
     quiet: bool,
 ) -> None:
@@ -219,17 +236,24 @@ def profile(
         _against(against, recs, Path(show).parent)
         return
     assert plan is not None
+    if baseline and block is not None:
+        raise click.UsageError("--baseline times the whole model; use it without --block")
     if output is None:
         raise click.UsageError("-o/--output OUT.jsonl is required when profiling a plan")
     opts = ProfileOptions(
         plan=plan, backend=backend, output=Path(output), toolkit=toolkit, rounds=rounds, warmup=warmup,
         cfg=cfg, steps=steps, residency=residency, device_pattern=None if no_device_pss else device_pattern,
         core_mask=core_mask, sample_interval=sample_interval, seed=seed, infer_repeat=infer_repeat,
-        threads=threads,
+        threads=threads, block=block, baseline=baseline, model=model, snapshots=not no_snapshots,
     )
     with Reporter(quiet=quiet) as say:
         records = run_profile(opts, progress=say)
     click.echo(render_single(records, name=str(output), block=block), nl=False)
+    from rkpart.profile.lifecycle import baseline_line
+
+    line = baseline_line(records[-1])
+    if line:
+        click.echo(line)
     click.echo(f"wrote {len(records)} records to {output}", err=True)
     _against(against, records, Path(output).parent)
 
