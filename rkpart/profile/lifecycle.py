@@ -33,7 +33,22 @@ stages are repeated the same way (their calls are short, so this is cheap).
 
 Memory is read by a :class:`~rkpart.profile.memory.Sampler` thread and by synchronous
 snapshots after ``init``, after ``infer`` and after ``release``; the time those reads take
-is reported in ``measurement`` fields and never counted in the lifecycle timings.
+is reported in ``measurement`` fields and never counted in the lifecycle timings.  With
+``snapshots=False`` no synchronous snapshot is taken (memory then comes from the sampler
+thread alone, ``null`` where none of its ticks fell inside a call): the round's wall time
+is then the pipeline's own.
+
+One block (``block=N``): only the stages of block N run (from its first to its last stage
+in plan order).  Their inputs come from ONE run of the stages before them on the host
+backend (ONNX Runtime), made before the first round and reused by every round and pass
+(a second run only for the unconditional pass, and only if those stages read a conditioning
+input).  So one block of the full-size model profiles in seconds.
+
+Baseline (``baseline=True``): after every round the whole model (ONNX Runtime, one session
+created once) runs the same passes on the same inputs; the summary record's ``baseline``
+holds the whole model's time per round next to the plan's inference time (all stages'
+``infer_s``) and net round time (wall minus measurement), and their ratios: the overhead
+of running the model as a partitioned plan.
 """
 
 from __future__ import annotations
@@ -54,8 +69,9 @@ from rkpart.profile import records as rec
 from rkpart.profile.memory import MemorySample, Sampler
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
 from rkpart.runtime.base import Backend, Feeds, StageRunner
+from rkpart.runtime.executor import PlanExecutor, find_model, plan_residency, random_inputs
+from rkpart.types import HOST, RESIDENCIES, Residency
 
-RESIDENCIES = ("per-stage", "resident")
 COND, UNCOND = "cond", "uncond"
 
 #: Inputs that carry the text conditioning; the unconditional pass gets zeros for them.
@@ -72,6 +88,7 @@ class _Op:
     step: int
     pass_name: str
     executor: str
+    residency: Residency = Residency.RESIDENT
     load_s: float | None = None
     init_s: float | None = None
     infer_s: float | None = None
@@ -86,23 +103,11 @@ class _Op:
 
 
 def make_inputs(plan: Plan, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random plan inputs: standard normal for floats, zeros for integers and booleans.
-
-    Integers are zeros because they are usually timesteps, indices or masks, where random
-    values can be out of range.
-    """
-    rng = np.random.default_rng(seed)
-    out: dict[str, np.ndarray] = {}
-    for name in plan.inputs:
-        info = plan.tensors.get(name)
-        if info is None:
-            raise SpecError(f"plan input {name!r} has no entry in plan.tensors; pass inputs explicitly")
-        dt = np.dtype(info.dtype)
-        if dt.kind == "f":
-            out[name] = rng.standard_normal(info.shape).astype(dt)
-        else:
-            out[name] = np.zeros(info.shape, dtype=dt)
-    return out
+    """Seeded random plan inputs, the same ``rkpart run`` uses (:func:`~rkpart.runtime.executor.random_inputs`)."""
+    missing = [n for n in plan.inputs if n not in plan.tensors]
+    if missing:
+        raise SpecError(f"plan input {missing[0]!r} has no entry in plan.tensors; pass inputs explicitly")
+    return random_inputs(plan.tensors, plan.inputs, seed)
 
 
 def unconditional_inputs(inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[str]]:
@@ -138,6 +143,10 @@ def profile_plan(
     progress: Progress | None = None,
     plan_file: str | None = None,
     infer_repeat: int = 1,
+    block: int | None = None,
+    baseline: bool = False,
+    model: str | Path | None = None,
+    snapshots: bool = True,
 ) -> list[dict[str, Any]]:
     """Profile ``plan`` and return its records (stage records, round records, one summary).
 
@@ -154,7 +163,8 @@ def profile_plan(
     cfg, steps
         Two passes per step (conditional, unconditional) or one; number of steps.
     residency
-        ``"per-stage"`` or ``"resident"`` (see the module docstring).
+        ``"per-stage"``, ``"resident"`` (see the module docstring) or ``"plan"``: what the
+        plan chose per block (``auto`` strategy), ``per-stage`` where it chose nothing.
     inputs, seed
         Plan inputs of the conditional pass; default :func:`make_inputs` with ``seed``.
     device_pattern
@@ -168,6 +178,13 @@ def profile_plan(
     infer_repeat
         Inference calls per stage and pass; ``infer_s`` is their median and
         ``infer_calls_s`` lists them (see the module docstring).  1: one call, as before.
+    block
+        Run and record only this block's stages (see the module docstring).
+    baseline, model
+        Also time the whole model every round (``model``: its path; default the plan's
+        source model, found like ``rkpart run`` does).  Not with ``block``.
+    snapshots
+        Take synchronous memory snapshots around every call (their cost is reported apart).
 
     Returns
     -------
@@ -179,13 +196,18 @@ def profile_plan(
     ValueError
         On bad arguments.
     SpecError
-        When a stage reads a tensor no earlier stage or plan input provides.
+        When a stage reads a tensor no earlier stage or plan input provides, or ``block``
+        names a block the plan has no stage of.
+    UserError
+        When ``baseline`` is asked and the whole model cannot be found.
     """
-    if residency not in RESIDENCIES:
-        raise ValueError(f"residency must be one of {', '.join(RESIDENCIES)}; got {residency!r}")
+    if residency not in (*RESIDENCIES, "plan"):
+        raise ValueError(f"residency must be one of {', '.join(RESIDENCIES)} or plan; got {residency!r}")
     if rounds < 1 or warmup < 0 or steps < 1 or infer_repeat < 1:
         raise ValueError(f"need rounds >= 1, warmup >= 0, steps >= 1, infer_repeat >= 1; "
                          f"got {rounds}, {warmup}, {steps}, {infer_repeat}")
+    if baseline and block is not None:
+        raise ValueError("the baseline times the whole model; it cannot be combined with one block")
     problem = stage_order_ok(plan.stages, plan.inputs)
     if problem:
         raise SpecError(f"plan cannot run in order: {problem}")
@@ -195,6 +217,8 @@ def profile_plan(
 
         host_backend = OrtBackend()
     say = progress or (lambda _msg: None)
+    per_stage = plan_residency(plan, Residency.PER_STAGE if residency == "plan" else residency)
+    whole = _Baseline(find_model(plan, folder, model), host_backend, infer_repeat) if baseline else None
 
     cond = dict(inputs) if inputs is not None else make_inputs(plan, seed)
     missing = [n for n in plan.inputs if n not in cond]
@@ -204,7 +228,11 @@ def profile_plan(
     uncond_names: list[str] = []
     if cfg:
         passes[UNCOND], uncond_names = unconditional_inputs(cond)
+    stages = plan.stages
+    if block is not None:
+        stages, passes = _block_inputs(plan, folder, block, passes, uncond_names, host_backend, say)
 
+    npu_policies = {per_stage[s.id] for s in stages if s.device != HOST}
     settings = {
         "backend": backend.name,
         "host_backend": host_backend.name,
@@ -212,13 +240,17 @@ def profile_plan(
         "warmup": warmup,
         "cfg": cfg,
         "steps": steps,
-        "residency": residency,
+        "residency": (Residency.PER_STAGE if Residency.PER_STAGE in npu_policies else Residency.RESIDENT).value,
+        "residency_source": "plan" if residency == "plan" else "option",
         "seed": seed,
         "inputs": "given" if inputs is not None else "random",
         "uncond_inputs": uncond_names,
         "device_pattern": device_pattern,
         "sample_interval_s": sample_interval,
         "infer_repeat": infer_repeat,
+        "block": block,
+        "baseline": baseline,
+        "snapshots": snapshots,
     }
     header = rec.record_header(
         env=rec.collect_environment(backend, host_backend),
@@ -228,18 +260,141 @@ def profile_plan(
 
     records: list[dict[str, Any]] = []
     total = warmup + rounds
-    with Sampler(sample_interval, device_pattern=device_pattern) as sampler:
-        for r in range(total):
-            is_warm = r < warmup
-            label = f"round {r + 1}/{total}" + (" (warm-up)" if is_warm else "")
-            runner = _RoundRunner(plan, folder, backend, host_backend, sampler, residency, say, label,
-                                  infer_repeat)
-            ops, round_info = runner.run(steps, passes)
-            for op in ops:
-                records.append(_stage_record(header, op, r, is_warm, sampler))
-            records.append(_round_record(header, r, is_warm, round_info, sampler))
-    records.append(rec.summary_record(header, records))
+    whole_s: list[float] = []
+    try:
+        with Sampler(sample_interval, device_pattern=device_pattern) as sampler:
+            for r in range(total):
+                is_warm = r < warmup
+                label = f"round {r + 1}/{total}" + (" (warm-up)" if is_warm else "")
+                runner = _RoundRunner(plan, folder, backend, host_backend, sampler, per_stage, say, label,
+                                      infer_repeat, stages=stages, snapshots=snapshots)
+                ops, round_info = runner.run(steps, passes)
+                for op in ops:
+                    records.append(_stage_record(header, op, r, is_warm, sampler))
+                records.append(_round_record(header, r, is_warm, round_info, sampler))
+                if whole is not None:
+                    t = whole.round(steps, passes)
+                    say(f"{label}: whole model {t:.4f}s")
+                    if not is_warm:
+                        whole_s.append(t)
+    finally:
+        if whole is not None:
+            whole.close()
+    summary = rec.summary_record(header, records)
+    if whole is not None:
+        summary["baseline"] = whole.summary(records, whole_s)
+    records.append(summary)
     return records
+
+
+class _Baseline:
+    """The whole model on ONNX Runtime, one session for the whole profile (``baseline=True``)."""
+
+    def __init__(self, model: Path, host_backend: Backend, infer_repeat: int) -> None:
+        from rkpart.runtime.ort import make_session
+
+        self.model = model
+        self.repeat = infer_repeat
+        t0 = time.perf_counter()
+        self.sess: Any = make_session(str(model), threads=int(getattr(host_backend, "threads", 0)))
+        self.session_s = time.perf_counter() - t0
+        self.names = [o.name for o in self.sess.get_outputs()]
+        self.inputs = [i.name for i in self.sess.get_inputs()]
+
+    def round(self, steps: int, passes: Mapping[str, Mapping[str, np.ndarray]]) -> float:
+        """Seconds of one round: per pass the median of ``infer_repeat`` calls (as ``infer_s``)."""
+        total = 0.0
+        for _ in range(steps):
+            for values in passes.values():
+                feeds = {n: values[n] for n in self.inputs}
+                calls = []
+                for _ in range(self.repeat):
+                    t0 = time.perf_counter()
+                    self.sess.run(self.names, feeds)
+                    calls.append(time.perf_counter() - t0)
+                total += statistics.median(calls)
+        return total
+
+    def summary(self, records: list[dict[str, Any]], whole_s: list[float]) -> dict[str, Any]:
+        infer: dict[int, float] = {}
+        net: dict[int, float] = {}
+        for r in records:
+            if r["warmup"]:
+                continue
+            if r["record"] == "stage":
+                infer[r["round"]] = infer.get(r["round"], 0.0) + (r["timings"]["infer_s"] or 0.0)
+            elif r["record"] == "round":
+                net[r["round"]] = r["measurement"]["wall_minus_snapshots_s"]
+        whole = rec.spread(whole_s)
+        plan_infer = rec.spread(list(infer.values()))
+        plan_net = rec.spread(list(net.values()))
+
+        def ratio(a: dict[str, Any]) -> float | None:
+            return a["median"] / whole["median"] if a["median"] is not None and whole["median"] else None
+
+        return {
+            "model": str(self.model),
+            "session_s": self.session_s,
+            "whole_s": whole,
+            "plan_infer_s": plan_infer,
+            "plan_net_s": plan_net,
+            "infer_ratio": ratio(plan_infer),
+            "net_ratio": ratio(plan_net),
+        }
+
+    def close(self) -> None:
+        self.sess = None
+
+
+def baseline_line(summary: Mapping[str, Any]) -> str | None:
+    """One line on the plan's overhead against the whole model, or ``None`` without a baseline."""
+    b = summary.get("baseline")
+    if not b or b["whole_s"]["median"] is None:
+        return None
+    w, i, n = b["whole_s"]["median"], b["plan_infer_s"]["median"], b["plan_net_s"]["median"]
+    return (f"whole model {w:.4f}s per round; plan inference {i:.4f}s ({b['infer_ratio']:.2f}x), "
+            f"plan round without measurement {n:.4f}s ({b['net_ratio']:.2f}x)")
+
+
+def _block_inputs(
+    plan: Plan,
+    folder: Path,
+    block: int,
+    passes: Mapping[str, dict[str, np.ndarray]],
+    uncond_names: list[str],
+    host_backend: Backend,
+    say: Progress,
+) -> tuple[tuple[Stage, ...], dict[str, dict[str, np.ndarray]]]:
+    """Block ``block``'s stages and, per pass, every value they read (one run of the stages before)."""
+    idx = [i for i, s in enumerate(plan.stages) if s.block == block or block in s.blocks]
+    if not idx:
+        known = sorted({b for s in plan.stages for b in (*s.blocks, *(() if s.block is None else (s.block,)))})
+        raise SpecError(f"plan has no stage of block {block} (blocks: {', '.join(map(str, known)) or 'none'})")
+    span = plan.stages[idx[0]: idx[-1] + 1]
+    before = plan.stages[: idx[0]]
+    produced: set[str] = set()
+    needed: list[str] = []
+    for s in span:
+        needed += [n for n in s.inputs if n not in produced and n not in needed]
+        produced.update(s.outputs)
+    reads_uncond = any(n in uncond_names for s in before for n in s.inputs)
+    out: dict[str, dict[str, np.ndarray]] = {}
+    cached: dict[str, np.ndarray] | None = None
+    for p, values in passes.items():
+        if cached is None or (p == UNCOND and reads_uncond):
+            t0 = time.perf_counter()
+            # ORT for every stage, each released after use: the inputs, not the speed, matter here
+            with PlanExecutor(plan, folder, backend=host_backend, host=host_backend, residency=Residency.PER_STAGE,
+                              stages=before) as ex:
+                cached = ex.run(values, keep=True)
+            say(f"block {block}: inputs from {len(before)} preceding stage(s) ({p}) in "
+                f"{time.perf_counter() - t0:.2f}s")
+        env = {**cached, **{n: values[n] for n in values if n in needed}}
+        lacking = [n for n in needed if n not in env]
+        if lacking:
+            raise SpecError(f"block {block} reads {lacking[0]!r}, which no stage before it produces")
+        out[p] = {n: env[n] for n in needed}
+    return tuple(span), out
 
 
 class _RoundRunner:
@@ -252,32 +407,43 @@ class _RoundRunner:
         backend: Backend,
         host_backend: Backend,
         sampler: Sampler,
-        residency: str,
+        residency: str | Mapping[str, Residency],
         say: Progress,
         label: str,
         infer_repeat: int = 1,
+        *,
+        stages: tuple[Stage, ...] | None = None,
+        snapshots: bool = True,
     ) -> None:
         self.plan = plan
         self.folder = folder
         self.backend = backend
         self.host_backend = host_backend
         self.sampler = sampler
-        self.residency = residency
+        self.stages = plan.stages if stages is None else stages
+        self.residency = (plan_residency(plan, residency) if isinstance(residency, str) else dict(residency))
         self.say = say
         self.label = label
         self.infer_repeat = infer_repeat
+        self.snapshots = snapshots
         self.last: MemorySample | None = None
         self.live: dict[str, StageRunner] = {}
 
     def _is_host(self, stage: Stage) -> bool:
         # Host stages always run on the host backend, even when the backend under test
         # could run them, so that "host" means the same thing in every profile.
-        return stage.device == "host"
+        return stage.device == HOST
+
+    def _resident(self, stage: Stage) -> bool:
+        return self._is_host(stage) or self.residency.get(stage.id) != Residency.PER_STAGE
 
     def _backend_for(self, stage: Stage) -> Backend:
         return self.host_backend if self._is_host(stage) else self.backend
 
-    def _snap(self, op: _Op, t_call: float) -> MemorySample:
+    def _snap(self, op: _Op, t_call: float) -> MemorySample | None:
+        if not self.snapshots:
+            op.spans.append((t_call, time.perf_counter()))
+            return None
         s = self.sampler.snapshot()
         op.snapshot_s += s.cost_s
         op.snapshots += 1
@@ -294,7 +460,7 @@ class _RoundRunner:
         setattr(op, f"{what}_s", (getattr(op, f"{what}_s") or 0.0) + (t1 - t0))
         if snap:
             s = self._snap(op, t0)
-            if what == "infer":
+            if what == "infer" and s is not None:
                 op.pss_after_infer_kib = s.pss_kib
                 op.device_pss_kib = s.device_pss_kib
         else:
@@ -317,8 +483,9 @@ class _RoundRunner:
         op.infer_s = (op.infer_s or 0.0) + statistics.median(op.infer_calls_s)
         # one memory snapshot after the last call; the span covers all K calls
         s = self._snap(op, t_first)
-        op.pss_after_infer_kib = s.pss_kib
-        op.device_pss_kib = s.device_pss_kib
+        if s is not None:
+            op.pss_after_infer_kib = s.pss_kib
+            op.device_pss_kib = s.device_pss_kib
         return out
 
     def _setup(self, op: _Op) -> StageRunner:
@@ -339,21 +506,23 @@ class _RoundRunner:
             self.sampler.thread_s,
             self.sampler.ticks,
         )
-        self.last = self.sampler.snapshot()
+        if self.snapshots:
+            self.last = self.sampler.snapshot()
         ops: dict[tuple[str, int, str], _Op] = {}
         order = [(step, p) for step in range(steps) for p in passes]
         for step, p in order:
-            for stage in self.plan.stages:
-                ops[(stage.id, step, p)] = _Op(stage, step, p, self._backend_for(stage).name)
+            for stage in self.stages:
+                ops[(stage.id, step, p)] = _Op(
+                    stage, step, p, self._backend_for(stage).name,
+                    Residency.RESIDENT if self._resident(stage) else Residency.PER_STAGE)
         first, last = order[0], order[-1]
         try:
-            if self.residency == "resident":
-                for stage in self.plan.stages:
-                    if not self._is_host(stage):
-                        self.live[stage.id] = self._setup(ops[(stage.id, *first)])
+            for stage in self.stages:
+                if not self._is_host(stage) and self._resident(stage):
+                    self.live[stage.id] = self._setup(ops[(stage.id, *first)])
             for step, p in order:
                 values: dict[str, np.ndarray] = dict(passes[p])
-                for stage in self.plan.stages:
+                for stage in self.stages:
                     op = ops[(stage.id, step, p)]
                     values.update(self._run_stage(op, values))
                     self.say(f"{self.label} step {step} {p}: {stage.id} ({op.executor}) {_fmt(op)}")
@@ -380,8 +549,7 @@ class _RoundRunner:
 
     def _run_stage(self, op: _Op, values: Feeds) -> Feeds:
         stage = op.stage
-        resident = self._is_host(stage) or self.residency == "resident"
-        if resident:
+        if self._resident(stage):
             live = self.live.get(stage.id)
             if live is None:  # host stages are set up at first use
                 live = self.live[stage.id] = self._setup(op)
@@ -433,7 +601,7 @@ def _stage_record(header: Mapping[str, Any], op: _Op, rnd: int, warm: bool, samp
             "samples": peaks.samples,
         },
         measurement={"snapshot_s": op.snapshot_s, "snapshots": op.snapshots},
-    )
+    ) | {"residency": op.residency.value}
 
 
 def _round_record(

@@ -1,0 +1,127 @@
+"""Profiler speed features (issue 17): ``--block N`` runs only block N, ``--baseline`` times the
+whole model, snapshots can be switched off, residency follows the plan.
+
+Real ONNX Runtime throughout; :mod:`tests.runtime.counting` only counts its calls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rkpart.cli import main
+from rkpart.errors import SpecError
+from rkpart.partitioner.plan import Plan
+from rkpart.profile import records as rec
+from rkpart.profile.lifecycle import profile_plan
+from tests.runtime.counting import CountingOrt
+
+ROUNDS, WARMUP = 2, 1
+
+
+def _block_ids(plan: Plan, block: int) -> set[str]:
+    return {s.id for s in plan.stages if s.block == block or block in s.blocks}
+
+
+def test_block_runs_only_that_blocks_stages_from_one_cached_run(plans: dict[str, tuple[Plan, Path]]) -> None:
+    plan, folder = plans["split"]
+    npu, host = CountingOrt("npu-ort", ("npu",)), CountingOrt()
+    recs = profile_plan(plan, folder, npu, rounds=ROUNDS, warmup=WARMUP, cfg=True, block=1, host_backend=host,
+                        sample_interval=0)
+    rec.validate_records(recs)
+    want = _block_ids(plan, 1)
+    first = min(i for i, s in enumerate(plan.stages) if s.id in want)
+    before = {s.id for s in plan.stages[:first]}
+    assert before and before.isdisjoint(want)
+    # block 1's stages ran every pass of every round: on the backend under test (NPU) or the host
+    passes = (ROUNDS + WARMUP) * 2
+    assert {s: npu.counts.infer[s] for s in want if s in npu.counts.infer} == {
+        s.id: passes for s in plan.npu_stages if s.id in want}
+    # the stages before it ran once per pass kind before the first round (on the host backend,
+    # ORT; block 0's cross-attention reads the text conditioning, so cond and uncond differ),
+    # not once per round; nothing after block 1 ran
+    assert {s: host.counts.infer[s] for s in before} == dict.fromkeys(before, 2)
+    assert set(npu.counts.infer) | set(host.counts.infer) == want | before
+    assert {r["stage"]["id"] for r in recs if r["record"] == "stage"} == want
+    assert recs[0]["settings"]["block"] == 1
+
+
+def test_block_that_the_plan_does_not_have_is_a_spec_error(plans: dict[str, tuple[Plan, Path]]) -> None:
+    plan, folder = plans["split"]
+    with pytest.raises(SpecError, match=r"no stage of block 7 \(blocks: 0, 1\)"):
+        profile_plan(plan, folder, CountingOrt(), rounds=1, warmup=0, block=7)
+
+
+def test_baseline_reports_the_plans_overhead_against_the_whole_model(plans: dict[str, tuple[Plan, Path]],
+                                                                     example_model: Path) -> None:
+    plan, folder = plans["fused"]
+    recs = profile_plan(plan, folder, CountingOrt(), rounds=ROUNDS, warmup=WARMUP, residency="resident",
+                        baseline=True, model=example_model, sample_interval=0)
+    rec.validate_records(recs)
+    b = recs[-1]["baseline"]
+    assert b["model"] == str(example_model) and b["session_s"] > 0
+    assert b["whole_s"]["n"] == ROUNDS and b["whole_s"]["median"] > 0
+    assert 0 < b["plan_infer_s"]["median"] <= b["plan_net_s"]["median"]
+    assert b["infer_ratio"] == pytest.approx(b["plan_infer_s"]["median"] / b["whole_s"]["median"])
+    # a resident fused plan of a 2-block model runs 4 sessions where the whole model runs one:
+    # slower, but not by an order of magnitude (loose: this is a shared machine, not a benchmark)
+    assert 0.5 < b["infer_ratio"] < 10
+    assert b["net_ratio"] >= b["infer_ratio"]
+
+
+def test_baseline_and_block_do_not_combine(plans: dict[str, tuple[Plan, Path]], tmp_path: Path) -> None:
+    plan, folder = plans["split"]
+    with pytest.raises(ValueError, match="whole model"):
+        profile_plan(plan, folder, CountingOrt(), block=0, baseline=True)
+    res = CliRunner().invoke(main, ["profile", str(folder), "--block", "0", "--baseline", "-o",
+                                    str(tmp_path / "p.jsonl")])
+    assert res.exit_code == 2 and "without --block" in res.output
+    assert not (tmp_path / "p.jsonl").exists()
+
+
+def test_snapshots_can_be_switched_off(plans: dict[str, tuple[Plan, Path]]) -> None:
+    plan, folder = plans["split"]
+    recs = profile_plan(plan, folder, CountingOrt(), rounds=1, warmup=0, snapshots=False, sample_interval=0)
+    rec.validate_records(recs)
+    for r in recs:
+        if r["record"] in ("stage", "round"):
+            assert r["measurement"]["snapshots"] == 0 and r["measurement"]["snapshot_s"] == 0
+    assert all(r["memory"]["pss_after_infer_kib"] is None for r in recs if r["record"] == "stage")
+    assert recs[0]["settings"]["snapshots"] is False
+
+
+def test_residency_follows_the_plans_choice(plans: dict[str, tuple[Plan, Path]]) -> None:
+    plan, folder = plans["split"]
+    chosen = dataclasses.replace(plan, strategy={"name": "auto", "options": {"choices": [
+        {"blocks": [0], "candidate": "split", "residency": "resident"},
+        {"blocks": [1], "candidate": "split", "residency": "per-stage"}]}})
+    npu = CountingOrt("npu-ort", ("npu",))
+    recs = profile_plan(chosen, folder, npu, rounds=1, warmup=0, residency="plan", sample_interval=0)
+    rec.validate_records(recs)
+    for r in (r for r in recs if r["record"] == "stage" and r["stage"]["device"] == "npu"):
+        want = "resident" if r["stage"]["block"] == 0 else "per-stage"
+        assert r["residency"] == want
+        assert npu.counts.init[r["stage"]["id"]] == (1 if want == "resident" else 2)  # 2 passes (cfg)
+
+
+def test_cli_block_runs_only_that_block(plans: dict[str, tuple[Plan, Path]], tmp_path: Path) -> None:
+    plan, folder = plans["split"]
+    out = tmp_path / "b1.jsonl"
+    res = CliRunner().invoke(main, ["profile", str(folder), "--block", "1", "--rounds", "1", "--warmup", "0",
+                                    "--interval", "0", "--no-snapshots", "-q", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    recs = rec.read_jsonl(out)
+    assert {r["stage"]["id"] for r in recs if r["record"] == "stage"} == _block_ids(plan, 1)
+
+
+def test_cli_baseline_prints_the_overhead(plans: dict[str, tuple[Plan, Path]], example_model: Path,
+                                          tmp_path: Path) -> None:
+    _, folder = plans["split"]
+    res = CliRunner().invoke(main, ["profile", str(folder), "--baseline", "--model", str(example_model),
+                                    "--residency", "resident", "--rounds", "1", "--warmup", "0", "-q",
+                                    "-o", str(tmp_path / "p.jsonl")])
+    assert res.exit_code == 0, res.output
+    assert "whole model" in res.output and "plan inference" in res.output
