@@ -21,12 +21,14 @@ from typing import Any
 
 import numpy as np
 
-from rkpart.cost_model.candidates import KNOWN_ISSUES, Candidate
+from rkpart.cost_model.candidates import Candidate
 from rkpart.cost_model.features import Features, combine, stage_features
 from rkpart.cost_model.model import Component, CostModel, Sample, error_summary, nnls_relative
 from rkpart.errors import SpecError
 from rkpart.partitioner.plan import Plan, load_plan
-from rkpart.types import LIFECYCLE, seconds_key
+from rkpart.profile.records import StageRecord, read_jsonl, stage_records
+from rkpart.targets.known_issues import crash_patterns
+from rkpart.types import HOST, LIFECYCLE, seconds_key
 
 KIB = 1024
 
@@ -48,7 +50,7 @@ WRITEUP_PROVENANCE: dict[str, Any] = {
     "toolkit": "2.3.0",
     "records": "published medians of 3 rounds x 2 CFG passes, one 512 px Anima DiT block: "
                "3-model split (AdaLN + residual on host) and fused 1-model",
-    "features_from": "AnimaConfig.full(512).replace(num_blocks=1), fp16 (rkpart.models.anima)",
+    "features_from": "AnimaConfig.full(512).replace(num_blocks=1), fp16 (tests.models.anima)",
     "limits": "one block shape (hidden 2048, 1024 image tokens, 512 text tokens), one resolution, "
               "one board; two data points per component, so the structure of each predictor is assumed "
               "(docs/cost-model.md) and only its free coefficients are solved",
@@ -171,7 +173,7 @@ def calibrate_writeup(split: Candidate, fused: Candidate) -> CostModel:
     comps["pss_peak"] = Component("pss_peak", pss_terms, coef, source="calibration", samples=2,
                                   note="process baseline + share of the loaded model file; max over stages")
     model = CostModel(components=comps, provenance=dict(WRITEUP_PROVENANCE), accuracy=dict(ACCURACY_TABLE),
-                      known_issues=[dict(r) for r in KNOWN_ISSUES])
+                      known_issues=[p.to_json() for p in crash_patterns()])
     # in-sample error of every component, recorded as provenance
     for name, comp in comps.items():
         comps[name] = Component(comp.name, comp.terms, tuple(float(f"{c:.6g}") for c in comp.coef), comp.source,
@@ -202,26 +204,26 @@ def _writeup_error(model: CostModel, name: str, split: Candidate, fused: Candida
 
 # -- profile records -> samples ------------------------------------------------------------
 
-PlanResolver = Callable[[Mapping[str, Any]], tuple[Plan, Path]]
+PlanResolver = Callable[[StageRecord], tuple[Plan, Path]]
 
 
-def resolve_plan(record: Mapping[str, Any], *, near: Path | None = None) -> tuple[Plan, Path]:
+def resolve_plan(record: StageRecord, *, near: Path | None = None) -> tuple[Plan, Path]:
     """The plan a profile record was measured on, from the path the record names.
 
     Relative paths are tried as given, then relative to ``near`` (the profile's folder).
     """
-    f = record.get("plan", {}).get("file")
+    f = record.plan_file
     if not f:
         raise SpecError("profile record names no plan file; profile with `rkpart profile PLAN` so that it does")
     for cand in (Path(f), *([near / f] if near is not None else [])):
         if cand.exists():
             return load_plan(cand)
-    raise SpecError(f"the plan {f!r} of profile run {record.get('run_id')} is not found "
+    raise SpecError(f"the plan {f!r} of profile run {record.run_id} is not found "
                     f"(it is needed for the stage features)")
 
 
 def samples_from_records(
-    records: Iterable[Mapping[str, Any]],
+    records: Iterable[StageRecord],
     *,
     near: Path | None = None,
     resolver: PlanResolver | None = None,
@@ -244,13 +246,13 @@ def samples_from_records(
     # per stage (e.g. rounds interleaved with other plans' runs, one file each); the pool is
     # named after its first run id and is one group for cross-validation, so that a held-out
     # plan is never also in the training set through another of its runs.
-    pools: dict[str, list[Mapping[str, Any]]] = {}
+    pools: dict[str, list[StageRecord]] = {}
     first_run: dict[str, str] = {}
     for r in records:
-        if r.get("record") == "stage" and not r.get("warmup"):
+        if not r.warmup:
             pk = _pool_key(r)
             pools.setdefault(pk, []).append(r)
-            first_run[pk] = min(first_run.get(pk, str(r["run_id"])), str(r["run_id"]))
+            first_run[pk] = min(first_run.get(pk, r.run_id), r.run_id)
     out: list[Sample] = []
     feature_cache: dict[tuple[str, str], Features] = {}
     for pool in sorted(pools, key=lambda k: first_run[k]):
@@ -258,28 +260,21 @@ def samples_from_records(
         run_id = first_run[pool]
         plan, folder = (resolver or (lambda rec: resolve_plan(rec, near=near)))(recs[0])
         stages = {s.id: s for s in plan.stages}
-        residency = recs[0]["settings"]["residency"]
+        residency = recs[0].run_residency
         per_stage: dict[str, dict[tuple[str, int], dict[str, list[float]]]] = {}
         for r in recs:
-            st = r["stage"]
-            s = stages.get(st["id"])
-            if s is None or s.sha256 != st["sha256"]:
-                raise SpecError(f"profile run {run_id}: stage {st['id']} is not in plan {folder} as profiled "
+            s = stages.get(r.stage_id)
+            if s is None or s.sha256 != r.stage_sha256:
+                raise SpecError(f"profile run {run_id}: stage {r.stage_id} is not in plan {folder} as profiled "
                                 "(the plan changed after profiling)")
-            d = per_stage.setdefault(st["id"], {}).setdefault((str(r["run_id"]), int(r["round"])), {})
-            for k in map(seconds_key, LIFECYCLE):
-                v = r["timings"].get(k)
-                if v is not None:
-                    d.setdefault(k, []).append(float(v))
+            d = per_stage.setdefault(r.stage_id, {}).setdefault((r.run_id, r.round), {})
             # `--infer-repeat K`: the record's infer_s is the median of K calls; every call
             # counts for the statistic, so that "min" is the fastest call, not the fastest median
-            calls = r["timings"].get("infer_calls_s")
-            if calls:
-                d["infer_s"][-1:] = [float(c) for c in calls]
-            for k in ("device_pss_peak_kib", "pss_peak_kib"):
-                v = r["memory"].get(k)
-                if v is not None:
-                    d.setdefault(k, []).append(float(v))
+            for comp in LIFECYCLE:
+                d.setdefault(comp, []).extend(r.calls(comp))
+            for k, kib in (("device_pss_peak_kib", r.device_pss_peak_kib), ("pss_peak_kib", r.pss_peak_kib)):
+                if kib is not None:
+                    d.setdefault(k, []).append(float(kib))
         for sid in sorted(per_stage, key=lambda x: [s.id for s in plan.stages].index(x)):
             s = stages[sid]
             key = (str(folder), sid)
@@ -302,13 +297,13 @@ def samples_from_records(
                 return statistics.median(vals) if vals else None
 
             mean = statistics.median
-            if s.device == "host":
-                v = med("infer_s", mean)
+            if s.device == HOST:
+                v = med("infer", mean)
                 if v is not None:
                     targets["host"] = v
             else:
                 for comp in LIFECYCLE:
-                    v = med(seconds_key(comp), mean)
+                    v = med(comp, mean)
                     if v is not None:
                         targets[comp] = v
                 if residency == "per-stage":
@@ -325,25 +320,24 @@ def samples_from_records(
     return out
 
 
-def _pool_key(r: Mapping[str, Any]) -> str:
-    env = r.get("env", {})
-    return json.dumps([r["plan"]["sha256"], env.get("backend"), env.get("host_backend"),
-                       r["settings"].get("residency")], sort_keys=True)
+def _pool_key(r: StageRecord) -> str:
+    host = None if r.host_backend is None else dict(r.host_backend)
+    return json.dumps([r.plan_sha256, dict(r.backend), host, r.run_residency], sort_keys=True)
 
 
-def environment_of(records: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+def environment_of(records: Iterable[StageRecord]) -> dict[str, Any]:
     """Device and runtime of the records (for the fitted model's provenance)."""
     backends: set[str] = set()
     runtimes: set[str] = set()
     machines: set[str] = set()
     runs: set[str] = set()
     for r in records:
-        env = r.get("env", {})
-        be = env.get("backend", {})
+        env = r.env
+        be = r.backend
         backends.add(str(be.get("backend")))
         runtimes.add(str(be.get("runtime") or be.get("toolkit") or ""))
         machines.add(" / ".join(str(x) for x in (env.get("board") or env.get("cpu_model"), env.get("machine"))))
-        runs.add(str(r.get("run_id")))
+        runs.add(r.run_id)
     return {"backends": sorted(backends), "runtimes": sorted(x for x in runtimes if x),
             "devices": sorted(machines), "runs": len(runs)}
 
@@ -361,18 +355,16 @@ def fit_profiles(
     device memory, which an ONNX Runtime profile cannot measure) are kept from ``base``.
     """
     from rkpart.cost_model.model import COMPONENTS, DEFAULT_TERMS, cross_validate
-    from rkpart.profile.records import read_jsonl
-
-    records: list[dict[str, Any]] = []
+    records: list[StageRecord] = []
     near_of: dict[str, Path] = {}
     for p in paths:
-        recs = read_jsonl(p)
+        recs = stage_records(read_jsonl(p))
         records += recs
         for r in recs:
-            near_of.setdefault(str(r.get("run_id")), Path(p).parent)
+            near_of.setdefault(r.run_id, Path(p).parent)
     # all files at once: runs of one plan in several files are pooled (samples_from_records)
     samples = samples_from_records(records, statistic=statistic,
-                                   resolver=lambda rec: resolve_plan(rec, near=near_of.get(str(rec.get("run_id")))))
+                                   resolver=lambda rec: resolve_plan(rec, near=near_of.get(rec.run_id)))
     if not samples:
         raise SpecError("the profiles hold no measured stage records to fit")
     model = CostModel.load(base) if base is not None else CostModel()
@@ -408,7 +400,7 @@ def fit_profiles(
 
 
 def compare_with_model(
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[StageRecord],
     model: CostModel,
     *,
     near: Path | None = None,

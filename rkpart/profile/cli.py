@@ -264,7 +264,8 @@ def _against(model_path: str | None, records: list[dict[str, Any]], near: Path) 
         return
     from rkpart.cost_model import CostModel
     from rkpart.cost_model.calibration import compare_with_model, render_comparison
+    from rkpart.profile import records as rec
 
-    rows = compare_with_model(records, CostModel.load(model_path), near=near)
+    rows = compare_with_model(rec.stage_records(records), CostModel.load(model_path), near=near)
     click.echo(f"predicted by {model_path} vs measured:")
     click.echo(render_comparison(rows), nl=False)

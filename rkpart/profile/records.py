@@ -19,16 +19,18 @@ import os
 import platform
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from rkpart.errors import SpecError
 from rkpart.io import atomic_write_bytes
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.runtime.base import Backend
-from rkpart.types import HOST, LIFECYCLE, TIME_COMPONENTS, Residency, seconds_key
+from rkpart.types import HOST, LIFECYCLE, NPU, TIME_COMPONENTS, Device, Residency, seconds_key
 
 RECORD_FORMAT = "rkpart-profile"
 RECORD_VERSION = 1
@@ -217,6 +219,78 @@ def round_record(
         "memory": dict(memory),
         "measurement": dict(measurement),
     }
+
+
+# -- typed view ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StageRecord:
+    """A ``"record": "stage"`` line, typed: one stage in one pass of one round.
+
+    This is what leaves the profiler for the cost model (:mod:`rkpart.cost_model.calibration`):
+    times are keyed by the lifecycle component names of :mod:`rkpart.types` (``"load"``, not
+    the file's ``"load_s"``).  The JSON Lines file keeps its schema; :meth:`from_json` reads a
+    validated line.
+    """
+
+    run_id: str
+    plan_file: str | None  # the plan the run measured, as given to `rkpart profile`
+    plan_sha256: str
+    strategy: str
+    run_residency: str  # the run's --residency setting
+    backend: Mapping[str, Any]  # env.backend: runtime / toolkit / threads of the NPU-stage executor
+    host_backend: Mapping[str, Any] | None  # env.host_backend
+    env: Mapping[str, Any]  # the whole machine and version record (provenance)
+    stage_id: str
+    stage_sha256: str
+    device: Device
+    round: int
+    warmup: bool
+    step: int
+    pass_name: str
+    residency: Residency  # how this stage's session lived in this record
+    seconds: Mapping[str, float]  # lifecycle component -> seconds, only those this record measured
+    infer_calls: tuple[float, ...] = ()  # every inference call with --infer-repeat > 1
+    device_pss_peak_kib: int | None = None
+    pss_peak_kib: int | None = None
+
+    @classmethod
+    def from_json(cls, r: Mapping[str, Any]) -> StageRecord:
+        st, tim, mem, env = r["stage"], r["timings"], r["memory"], r.get("env", {})
+        return cls(
+            run_id=str(r["run_id"]),
+            plan_file=r["plan"].get("file"),
+            plan_sha256=str(r["plan"]["sha256"]),
+            strategy=str(r["plan"].get("strategy", "")),
+            run_residency=str(r["settings"].get("residency")),
+            backend=MappingProxyType(dict(env.get("backend") or {})),
+            host_backend=None if env.get("host_backend") is None else MappingProxyType(dict(env["host_backend"])),
+            env=MappingProxyType(dict(env)),
+            stage_id=str(st["id"]),
+            stage_sha256=str(st["sha256"]),
+            device=HOST if st["device"] == HOST else NPU,
+            round=int(r["round"]),
+            warmup=bool(r["warmup"]),
+            step=int(r["step"]),
+            pass_name=str(r["pass"]),
+            residency=Residency(r["residency"]),
+            seconds=MappingProxyType({c: float(tim[seconds_key(c)]) for c in LIFECYCLE
+                                      if tim.get(seconds_key(c)) is not None}),
+            infer_calls=tuple(float(x) for x in tim.get("infer_calls_s") or ()),
+            device_pss_peak_kib=mem.get("device_pss_peak_kib"),
+            pss_peak_kib=mem.get("pss_peak_kib"),
+        )
+
+    def calls(self, component: str) -> list[float]:
+        """Every measured call of ``component`` in this record (the K calls of ``--infer-repeat K``)."""
+        if component == "infer" and self.infer_calls:
+            return list(self.infer_calls)
+        v = self.seconds.get(component)
+        return [] if v is None else [v]
+
+
+def stage_records(records: Iterable[Mapping[str, Any]]) -> list[StageRecord]:
+    """The stage records among ``records`` (read with :func:`read_jsonl`), typed, in order."""
+    return [StageRecord.from_json(r) for r in records if r.get("record") == "stage"]
 
 
 # -- aggregation ---------------------------------------------------------------------------

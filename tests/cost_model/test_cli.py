@@ -75,9 +75,9 @@ def test_fit_on_real_ort_profiles_prints_held_out_error(tmp_path: Path, example_
     cv = report["components"]["infer"]["cross_validation"]
     assert cv["n"] == 6 + 6 + 2 and 0.0 <= cv["within_10"] <= cv["within_20"] <= 1.0
 
-    from rkpart.profile.records import read_jsonl
+    from rkpart.profile.records import read_jsonl, stage_records
 
-    rows = compare_with_model(read_jsonl(profiles[0]), model, near=tmp_path)
+    rows = compare_with_model(stage_records(read_jsonl(profiles[0])), model, near=tmp_path)
     totals = {r["component"]: r for r in rows if r["stage"] == "total"}
     assert set(totals) == {"load", "init", "infer", "release", "host"}
     assert all(r["measured"] > 0 and r["predicted"] >= 0 for r in totals.values())

@@ -7,7 +7,7 @@ from pathlib import Path
 from rkpart.cost_model.calibration import fit_profiles, samples_from_records
 from rkpart.partitioner.api import partition
 from rkpart.profile.lifecycle import profile_plan
-from rkpart.profile.records import read_jsonl, write_jsonl
+from rkpart.profile.records import read_jsonl, stage_records, write_jsonl
 from rkpart.runtime.ort import OrtBackend
 
 
@@ -21,7 +21,7 @@ def test_runs_of_one_plan_are_pooled_and_every_repeated_call_counts(tmp_path: Pa
                             infer_repeat=3)
         files.append(write_jsonl(tmp_path / f"run{i}.jsonl", recs))
     records = [r for f in files for r in read_jsonl(f)]
-    samples = samples_from_records(records, statistic="min")
+    samples = samples_from_records(stage_records(records), statistic="min")
     assert [s.label for s in samples] == [f"fused:{s.id}" for s in plan.stages]  # one sample per stage
     assert len({s.group for s in samples}) == 1  # one plan: one cross-validation group
     for s in samples:

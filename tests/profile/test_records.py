@@ -90,3 +90,18 @@ def test_summary_lists_warmup_and_per_stage_medians(records: list[dict]) -> None
     # one third of the split block's inference, summed over both passes
     assert attn["infer_s"]["median"] == pytest.approx(3.1177 / 3)
     assert attn["infer_s"]["n"] == 3
+
+
+def test_stage_records_are_typed_with_the_component_names_of_the_cost_model(records: list[dict]) -> None:
+    from rkpart.types import LIFECYCLE, Residency
+
+    typed = rec.stage_records(records)
+    assert len(typed) == sum(r["record"] == "stage" for r in records) > 0
+    for raw, r in zip((r for r in records if r["record"] == "stage"), typed, strict=True):
+        assert r.stage_id == raw["stage"]["id"] and r.device == raw["stage"]["device"]
+        assert set(r.seconds) <= set(LIFECYCLE)  # "load", not the file's "load_s"
+        assert r.seconds == {c: raw["timings"][f"{c}_s"] for c in LIFECYCLE if raw["timings"][f"{c}_s"] is not None}
+        assert r.residency is Residency(raw["residency"]) and r.run_residency == raw["settings"]["residency"]
+        assert r.calls("infer") == [raw["timings"]["infer_s"]]
+    with pytest.raises(TypeError):
+        typed[0].seconds["load"] = 1.0  # type: ignore[index]  # frozen all the way down
