@@ -25,12 +25,14 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from rkpart.cli import main as rkpart_main
-from rkpart.models.anima import AnimaConfig, build_anima_onnx
 from rkpart.partitioner.api import partition
 from rkpart.partitioner.plan import Plan
 from rkpart.profile.lifecycle import profile_plan
 from rkpart.profile.records import write_jsonl
 from rkpart.runtime.ort import OrtBackend
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the example models: tests/models/
+from tests.models.anima import AnimaConfig, build_anima_onnx
 
 #: (hidden, heads, latent side); image tokens = (side / 2) ** 2: hidden 128..512, tokens 64..1024.
 #: Stages run from ~0.05 ms (host AdaLN of the smallest) to ~50 ms (fused x2 of the largest).

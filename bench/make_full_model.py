@@ -16,7 +16,8 @@ import sys
 import time
 from pathlib import Path
 
-from rkpart.models.anima import AnimaConfig, build_anima_onnx, weight_bytes
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the example models: tests/models/
+from tests.models.anima import AnimaConfig, build_anima_onnx, weight_bytes
 
 
 def _peak_rss_mb() -> float:

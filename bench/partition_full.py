@@ -1,7 +1,7 @@
 """Partition the full-size fp16 Anima DiT with ``split`` and measure time and peak memory.
 
 Builds the model (28 blocks, hidden 2048, fp16, external data, ~3.9 GB) with
-:func:`rkpart.models.anima.build_anima_onnx` unless ``--model`` is given, then runs
+:func:`tests.models.anima.build_anima_onnx` unless ``--model`` is given, then runs
 ``partition(strategy="split")`` in a *fresh subprocess* so that its peak RSS
 (``wait4`` rusage of that process alone) is the partitioner's, not the builder's.
 
@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 EXPECTED_NPU_STAGES = 84
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _child(model: Path, out: Path) -> int:
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         model = args.model
         if model is None:
             model = work / "anima_full_fp16.onnx"
-            code = ("from rkpart.models.anima import AnimaConfig, build_anima_onnx; "
+            code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); "  # the example models: tests/models/
+                    "from tests.models.anima import AnimaConfig, build_anima_onnx; "
                     f"build_anima_onnx(AnimaConfig.full(), {str(model)!r}, external_data=True)")
             _, wall, rss = _run_measured([sys.executable, "-c", code])
             print(f"built {model} in {wall:.1f} s (builder peak RSS {rss / 2**20:.0f} MiB)")

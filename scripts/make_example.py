@@ -1,7 +1,7 @@
 """Regenerate the bundled example model ``rkpart/data/anima_tiny.onnx``.
 
 The file is a real TorchScript export (``torch.onnx.export(..., dynamo=False)``, opset 17)
-of :class:`rkpart.models.anima_torch.AnimaTransformer` at :meth:`AnimaConfig.tiny` size with
+of :class:`tests.models.anima_torch.AnimaTransformer` at :meth:`AnimaConfig.tiny` size with
 seed 0: 2 blocks, hidden 96, 4 heads, FFN 384, context 16 x 64, 64 image tokens, fp32,
 weights inline.  Rerunning it gives the same bytes (checked with ``--check``).
 
@@ -16,8 +16,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from rkpart.models.anima import AnimaConfig
-from rkpart.models.anima_torch import export_torchscript
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the example models: tests/models/
+from tests.models.anima import AnimaConfig
+from tests.models.anima_torch import export_torchscript
 
 DEFAULT_OUT = Path(__file__).resolve().parents[1] / "rkpart" / "data" / "anima_tiny.onnx"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.models.anima import AnimaConfig, build_anima_onnx
+from tests.models.anima import AnimaConfig, build_anima_onnx
 from rkpart.partitioner.discovery import Discovery, discover
 from rkpart.partitioner.graph import ModelGraph, load_model
 

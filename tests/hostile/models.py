@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.cli import main
 from rkpart.errors import DiscoveryError, InvalidModelError, OutputExistsError, SpecError, UserError
-from rkpart.models.anima import AnimaConfig, build_anima_onnx
+from tests.models.anima import AnimaConfig, build_anima_onnx
 
 #: the documented user-error exit codes (docs/errors.md); anything else from a CLI run on a
 #: hostile input is a bug

@@ -2,7 +2,7 @@
 
 Anima's denoiser is diffusers' ``CosmosTransformer3DModel`` at the Cosmos-Predict2-2B size.
 :class:`AnimaConfig` describes it at any size; :func:`build_anima_onnx` writes the same graph
-the TorchScript exporter produces from :mod:`rkpart.models.anima_torch` (same node names,
+the TorchScript exporter produces from :mod:`tests.models.anima_torch` (same node names,
 same op patterns), without torch, streaming weights tensor by tensor so that the full-size
 fp16 model (~3.9 GB) never sits in memory.
 """
@@ -596,7 +596,7 @@ def build_anima_onnx(cfg: AnimaConfig, path: str | os.PathLike[str], *, seed: in
             data_file.close()
         model = onnx.helper.make_model(
             graph, opset_imports=[onnx.helper.make_opsetid("", OPSET)],
-            producer_name="rkpart.models.anima", producer_version="1",
+            producer_name="tests.models.anima", producer_version="1",
         )
         model.ir_version = IR_VERSION
         model.doc_string = f"Anima-style DiT {cfg} seed={seed}"

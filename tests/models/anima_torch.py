@@ -16,7 +16,7 @@ Shared tensors and the block-0 naming trap
 As in diffusers, the RoPE tables and the timestep embedding (``temb``,
 ``embedded_timestep``) are computed ONCE, outside the blocks, and fed to every block.  (The
 RoPE tables depend only on static shapes, so the TorchScript exporter folds them into a
-Constant per consumer; :mod:`rkpart.models.anima` keeps them as one shared pair instead.)
+Constant per consumer; :mod:`tests.models.anima` keeps them as one shared pair instead.)
 
 ``SiLU(embedded_timestep)``, the first step of every AdaLN-LoRA, is computed lazily by the
 first AdaLN that needs it -- block 0's ``norm1`` -- and reused by all the others (see
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from rkpart.models.anima import AnimaConfig, rope_frequencies, timestep_frequencies
+from tests.models.anima import AnimaConfig, rope_frequencies, timestep_frequencies
 
 _TORCH_DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
@@ -79,7 +79,7 @@ class CosmosPatchEmbed(nn.Module):
 class Timesteps(nn.Module):
     """diffusers ``Timesteps(flip_sin_to_cos=True, downscale_freq_shift=0)``.
 
-    The frequency table comes from :func:`rkpart.models.anima.timestep_frequencies` (numpy)
+    The frequency table comes from :func:`tests.models.anima.timestep_frequencies` (numpy)
     rather than ``torch.exp``: the two differ by an ulp, which timesteps near 1000 amplify to
     ~1e-4 in the sin/cos, and sharing the table lets tests compare to the ONNX builder tightly.
     """
@@ -285,7 +285,7 @@ class CosmosTransformerBlock(nn.Module):
 class CosmosRotaryPosEmbed(nn.Module):
     """Cosmos 3-D RoPE: cos/sin tables [num_tokens, head_dim], float32.
 
-    The angles come from :func:`rkpart.models.anima.rope_frequencies`, a numpy transcription
+    The angles come from :func:`tests.models.anima.rope_frequencies`, a numpy transcription
     of diffusers' ``CosmosRotaryPosEmbed.forward`` (NTK-scaled thetas, [t, h, w] * 2 layout),
     shared with the ONNX builder.  With static shapes the exporter folds them to constants.
     """
@@ -351,8 +351,8 @@ class AnimaTransformer(nn.Module):
 
 
 def make_model(cfg: AnimaConfig, seed: int = 0) -> AnimaTransformer:
-    """Build the module with the same seeded weights :func:`rkpart.models.anima.build_anima_onnx` writes."""
-    from rkpart.models.anima import generate_weight, weight_specs
+    """Build the module with the same seeded weights :func:`tests.models.anima.build_anima_onnx` writes."""
+    from tests.models.anima import generate_weight, weight_specs
 
     model = AnimaTransformer(cfg)
     state = {spec.name: torch.from_numpy(generate_weight(spec, seed)) for spec in weight_specs(cfg)}

@@ -10,11 +10,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from rkpart.models import anima
-from rkpart.models.anima import AnimaConfig, build_anima_onnx, weight_specs
+from tests.models import anima
+from tests.models.anima import AnimaConfig, build_anima_onnx, weight_specs
 
 torch = pytest.importorskip("torch")
-at = pytest.importorskip("rkpart.models.anima_torch")
+at = pytest.importorskip("tests.models.anima_torch")
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "rkpart" / "data" / "anima_tiny.onnx"
 SHARED_SILU = "/transformer_blocks.0/norm1/activation/Mul_output_0"

@@ -50,8 +50,8 @@ def anonymized_example(export_dir: Path) -> Path:
 def anima_exports(export_dir: Path) -> dict[str, Path]:
     """The tiny Anima architecture exported by the TorchScript and by the dynamo exporter."""
     _need("torch")
-    from rkpart.models.anima import AnimaConfig
-    from rkpart.models.anima_torch import export_dynamo, export_torchscript
+    from tests.models.anima import AnimaConfig
+    from tests.models.anima_torch import export_dynamo, export_torchscript
 
     cfg = AnimaConfig.tiny()
     out = {"torchscript": export_torchscript(cfg, export_dir / "anima_ts.onnx")}

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rkpart.models.anima import AnimaConfig
+from tests.models.anima import AnimaConfig
 from rkpart.partitioner.discovery import discover
 from rkpart.partitioner.graph import _scope_of, load_model
 from tests.partitioner.checks import host_adaln_ops, npu_per_block, partition_and_check, region_table
@@ -25,7 +25,7 @@ EXPORTERS = ("torchscript", "dynamo")
 
 
 def _feeds() -> dict[str, np.ndarray]:
-    from rkpart.models.anima_torch import example_inputs
+    from tests.models.anima_torch import example_inputs
 
     return example_inputs(AnimaConfig.tiny(), seed=1)
 
