@@ -1,28 +1,22 @@
 """Click command ``rkpart profile``: profile a plan, or compare two profiles.
 
-Thin layer: options become one frozen :class:`ProfileOptions` passed to
-:func:`run_profile`, which calls :func:`rkpart.profile.lifecycle.profile_plan`; the
-command only prints progress (stderr) and the tables (stdout) and picks the exit code.
+Thin layer: options (shared groups from :mod:`rkpart.cli_args`) become one frozen
+:class:`rkpart.profile.run.ProfileOptions` passed to :func:`rkpart.profile.run.run_profile`;
+the command only prints progress (stderr) and the tables (stdout) and picks the exit code.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
 from rkpart.cli_args import output_file_option, quiet_option, seed_option, toolkit_option, user_errors
-from rkpart.errors import SpecError
+from rkpart.profile.run import BACKENDS, CORE_MASK_CHOICES, ProfileOptions, run_profile
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
 from rkpart.progress import Reporter
-
-BACKENDS = ("ort", "rknn-sim", "rknnlite")
-CORE_MASK_CHOICES = ("auto", "0", "1", "2", "0_1", "0_1_2", "all")
-
 
 
 def _check_regex(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
@@ -33,107 +27,6 @@ def _check_regex(_ctx: click.Context, _param: click.Parameter, value: str | None
     except re.error as e:
         raise click.BadParameter(f"{value!r} is not a regular expression: {e}") from None
     return value
-
-
-@dataclass(frozen=True)
-class ProfileOptions:
-    """Everything ``rkpart profile PLAN`` was asked to do."""
-
-    plan: str
-    backend: str
-    output: Path
-    toolkit: str | None = None
-    rounds: int = 3
-    warmup: int = 1
-    cfg: bool = True
-    steps: int = 1
-    residency: str = "plan"
-    device_pattern: str | None = DEFAULT_DEVICE_PATTERN
-    core_mask: str = "auto"
-    sample_interval: float = 0.05
-    seed: int = 0
-    infer_repeat: int = 1
-    threads: int = 0
-    block: int | None = None
-    baseline: bool = False
-    model: str | None = None
-    snapshots: bool = True
-
-
-def make_backend(name: str, *, toolkit: str | None = None, core_mask: str = "auto", threads: int = 0) -> Any:
-    """The backend called ``name``; SDK-backed ones are imported only when chosen.
-
-    ``threads`` is ONNX Runtime's intra-op thread count (0: its default); only ``ort`` uses it.
-    """
-    if name == "ort":
-        from rkpart.runtime.ort import OrtBackend
-
-        return OrtBackend(threads=threads)
-    if name == "rknn-sim":
-        from rkpart.runtime.rknn_sim import RknnSimBackend
-
-        return RknnSimBackend(toolkit)
-    if name == "rknnlite":
-        from rkpart.runtime.rknnlite import RknnLiteBackend
-
-        return RknnLiteBackend(core_mask=core_mask, toolkit=toolkit)
-    raise SpecError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
-
-
-def runtime_warnings(plan: Any, env: dict[str, Any]) -> list[str]:
-    """Stages built by a toolkit whose version differs from the runtime that will run them.
-
-    Only the board runtime (``rknnlite``) loads the ``.rknn`` files; an ``Invalid RKNN model
-    version`` at init is the usual symptom of a mismatch, so say it before profiling starts.
-    """
-    if env.get("backend") != "rknnlite":
-        return []
-    from rkpart.triage.compat import check_runtime_compat
-
-    runtime = env.get("runtime")
-    return check_runtime_compat(plan, str(runtime) if runtime else None)
-
-
-def run_profile(opts: ProfileOptions, progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Load the plan, profile it and write the records atomically to ``opts.output``."""
-    from rkpart.partitioner.plan import load_plan
-    from rkpart.profile.lifecycle import profile_plan
-    from rkpart.profile.records import write_jsonl
-
-    plan, folder = load_plan(opts.plan)
-    backend = make_backend(opts.backend, toolkit=opts.toolkit, core_mask=opts.core_mask, threads=opts.threads)
-    from rkpart.runtime.ort import OrtBackend
-
-    # host stages always run on ONNX Runtime; --threads applies to them too
-    host_backend = OrtBackend(threads=opts.threads)
-    for warning in runtime_warnings(plan, backend.describe()):
-        click.echo(f"rkpart: warning: {warning}", err=True)
-    try:
-        records = profile_plan(
-            plan,
-            folder,
-            backend,
-            rounds=opts.rounds,
-            warmup=opts.warmup,
-            cfg=opts.cfg,
-            steps=opts.steps,
-            residency=opts.residency,
-            seed=opts.seed,
-            device_pattern=opts.device_pattern,
-            sample_interval=opts.sample_interval,
-            progress=progress,
-            plan_file=str(opts.plan),
-            infer_repeat=opts.infer_repeat,
-            host_backend=host_backend,
-            block=opts.block,
-            baseline=opts.baseline,
-            model=opts.model,
-            snapshots=opts.snapshots,
-        )
-    finally:
-        backend.close()
-    write_jsonl(opts.output, records)
-    return records
 
 
 @click.command("profile")
@@ -247,7 +140,7 @@ def profile(
         threads=threads, block=block, baseline=baseline, model=model, snapshots=not no_snapshots,
     )
     with Reporter(quiet=quiet) as say:
-        records = run_profile(opts, progress=say)
+        records = run_profile(opts, progress=say, warn=lambda w: click.echo(f"rkpart: warning: {w}", err=True))
     click.echo(render_single(records, name=str(output), block=block), nl=False)
     from rkpart.profile.lifecycle import baseline_line
 

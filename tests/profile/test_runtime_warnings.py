@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from rkpart.partitioner.plan import Artifact
-from rkpart.profile.cli import runtime_warnings
+from rkpart.profile.run import runtime_warnings
 
 
 def _compiled(plan, toolkit):
