@@ -79,7 +79,7 @@ class BuildFailure:
     signal: str | None = None  # "SIGSEGV", ...
     last_step: str | None = None  # last optimiser step the build log shows
     log: str | None = None  # build log, relative to the plan folder
-    signature: str | None = None  # id of the known toolkit bug it matches (rkpart.triage.signatures)
+    signature: str | None = None  # id of the known toolkit bug it matches (rkpart.targets.known_issues)
 
     @property
     def deterministic(self) -> bool:

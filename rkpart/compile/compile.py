@@ -329,7 +329,7 @@ class _Context:
         self.model.observe(tk.version, p.job.size_bytes if p.job else 0, res.peak_rss_bytes)
         if not res.ok:
             fail = res.failure(rel_log)
-            from rkpart.triage.signatures import match_signature
+            from rkpart.targets.known_issues import match_signature
 
             sig = match_signature(res)
             if sig is not None:

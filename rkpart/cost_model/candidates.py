@@ -14,7 +14,8 @@ so a chosen candidate is exactly the stage that strategy would have written.  Re
 evaluates every candidate under each residency.
 
 A candidate is *excluded*, never silently chosen, when the toolkit is known to crash on it
-(a failure recorded by ``rkpart compile`` in a plan, or a row of the known-issue table).
+(a failure recorded by ``rkpart compile`` in a plan, or a crash pattern of the target's
+known-issue table, :mod:`rkpart.targets.known_issues`).
 """
 
 from __future__ import annotations
@@ -29,30 +30,10 @@ from rkpart.cost_model.features import Features, group_features
 from rkpart.partitioner.discovery import Block, Discovery
 from rkpart.partitioner.graph import ModelGraph
 from rkpart.strategies.base import Group, Partition, block_id
+from rkpart.targets.known_issues import crash_patterns
 
 #: strategies the auto strategy builds candidates from itself (or must not recurse into)
 _OWN = frozenset({"split", "fused", "custom", "auto", "generic"})
-
-#: Toolkit versions known to crash on candidate families.  ``when`` is matched against
-#: :meth:`Candidate.traits`.  Sources: the seed write-up (section 2) and
-#: /work/shared/reference/rknn.md ("The AdaLN SIGSEGV (reproduced)").
-KNOWN_ISSUES: tuple[dict[str, Any], ...] = (
-    {
-        "toolkit": "2.3.2",
-        "when": {"adaln_on_npu": True},
-        "what": "rknn-toolkit2 2.3.2 crashes (SIGSEGV, exit 139) building AdaLN followed by attention/FFN "
-                "in one graph (fuse_exnorm_mul/fuse_exnorm_add)",
-        "source": "seed write-up section 2; reference/rknn.md AdaLN SIGSEGV table",
-    },
-    {
-        "toolkit": "2.3.0",
-        "when": {"adaln_on_npu": True, "layernorm": "decomposed"},
-        "what": "rknn-toolkit2 2.3.0 crashes (SIGSEGV, exit 139) on AdaLN with a decomposed (opset 13) LayerNorm "
-                "followed by weighted ops",
-        "source": "reference/rknn.md AdaLN SIGSEGV table (opset 13 rows)",
-    },
-)
-
 
 @dataclass(frozen=True)
 class Candidate:
@@ -200,7 +181,7 @@ def mark_exclusions(
     cands: Mapping[int, list[Candidate]],
     *,
     toolkit: str | None,
-    known_issues: Sequence[Mapping[str, Any]] = KNOWN_ISSUES,
+    known_issues: Sequence[Mapping[str, Any]] | None = None,
     compiled: Sequence[str | Path] = (),
 ) -> dict[int, list[Candidate]]:
     """New candidate lists with ``excluded`` set for known crashes and recorded compile failures.
@@ -208,8 +189,12 @@ def mark_exclusions(
     ``compiled`` are plan folders that ``rkpart compile`` has written: a stage whose build
     failed (crash or error) with ``toolkit`` excludes the matching candidate for the blocks
     that stage covers; a successful ``.rknn`` artifact replaces the candidate stage's
-    ``file_bytes`` / CPU-placed op counts with the real ones.
+    ``file_bytes`` / CPU-placed op counts with the real ones.  ``known_issues`` are crash
+    pattern rows (``{"toolkit", "when", "what"}``, as cost-model files carry them); default:
+    the target's table, :func:`rkpart.targets.known_issues.crash_patterns`.
     """
+    if known_issues is None:
+        known_issues = [p.to_json() for p in crash_patterns()]
     from rkpart.partitioner.plan import load_plan
 
     failures: dict[tuple[str, int], str] = {}
@@ -253,4 +238,4 @@ def mark_exclusions(
     return out
 
 
-__all__ = ["KNOWN_ISSUES", "Candidate", "candidate_id_for", "enumerate_candidates", "mark_exclusions"]
+__all__ = ["Candidate", "candidate_id_for", "enumerate_candidates", "mark_exclusions"]

@@ -28,6 +28,7 @@ from rkpart.cost_model.model import CostModel
 from rkpart.errors import BudgetError, UserError
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.graph import ModelGraph
+from rkpart.targets.known_issues import crash_patterns
 
 MIB = float(1 << 20)
 RESIDENCIES = ("per-stage", "resident")
@@ -351,7 +352,10 @@ def select(
         model.accuracy.get("default_max_ratio", math.inf))
     notes: list[str] = []
     cands = enumerate_candidates(mg, disc, max_run=config.max_run, plugins=config.plugins, notes=notes)
-    cands = mark_exclusions(cands, toolkit=toolkit, known_issues=model.known_issues or (),
+    # the target's table first; rows a cost-model file carries beyond it are honoured too
+    known = [p.to_json() for p in crash_patterns()]
+    known += [dict(r) for r in model.known_issues or () if dict(r) not in known]
+    cands = mark_exclusions(cands, toolkit=toolkit, known_issues=known,
                             compiled=[str(Path(c)) for c in config.compiled])
     options = {start: [evaluate(c, r, model, config, max_ratio) for c in lst for r in config.residencies]
                for start, lst in cands.items()}

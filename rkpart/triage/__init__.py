@@ -3,8 +3,8 @@
 * :func:`rkpart.triage.repro.reproduce` - the ``rkpart repro`` pipeline (docs/triage.md)
 * :func:`rkpart.triage.matrix.build_matrix` - one model x several toolkit versions
 * :func:`rkpart.triage.reduce.reduce_graph` - bisect, then linear, to a minimal failing graph
-* :func:`rkpart.triage.signatures.match_signature` - name a known toolkit failure
 * :func:`rkpart.triage.compat.check_runtime_compat` - toolkit vs board runtime warnings
 
-Nothing is imported here, so :mod:`rkpart.compile` can use the signatures without an import cycle.
+Known toolkit failures are named by :func:`rkpart.targets.known_issues.match_signature` (the
+table that also excludes crashing candidates before anything is built).
 """

@@ -19,7 +19,7 @@ from typing import Any
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult, run_build
 from rkpart.compile.toolkits import Toolkit
 from rkpart.progress import advance
-from rkpart.triage.signatures import match_signature
+from rkpart.targets.known_issues import match_signature
 from rkpart.units import human_bytes
 
 Progress = Callable[[str], None]

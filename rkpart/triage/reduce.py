@@ -39,8 +39,8 @@ from rkpart.compile.runner import WORKER, BuildResult
 from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes
+from rkpart.targets.known_issues import match_signature
 from rkpart.triage.matrix import MatrixRow, build_once, describe_outcome
-from rkpart.triage.signatures import match_signature
 from rkpart.triage.subgraph import Candidate, Subgraph
 
 Progress = Callable[[str], None]

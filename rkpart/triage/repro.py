@@ -34,10 +34,10 @@ from rkpart.compile.runner import WORKER
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import OutputExistsError, UserError
 from rkpart.io import atomic_write_bytes, folder_lock
+from rkpart.targets.known_issues import KnownIssue, find_signature
 from rkpart.triage.matrix import Matrix, MatrixRow, build_matrix, version_key
 from rkpart.triage.reduce import FailureSpec, Reduction, ReductionError, reduce_graph
 from rkpart.triage.script import SCRIPT_NAME, render_script
-from rkpart.triage.signatures import Signature, find_signature
 from rkpart.triage.subgraph import Subgraph
 
 Progress = Callable[[str], None]
@@ -56,7 +56,7 @@ class ReproReport:
     reduced: Matrix | None
     reduction: Reduction | None
     reduce_version: str | None
-    signature: Signature | None
+    signature: KnownIssue | None
 
     @property
     def reproduced(self) -> bool:
@@ -172,7 +172,7 @@ def reproduce(model: str | os.PathLike[str], out: str | os.PathLike[str], versio
         reduce_spec = reduce_with or (failing[0] if failing else None)
         reduction: Reduction | None = None
         reduced: Matrix | None = None
-        signature: Signature | None = None
+        signature: KnownIssue | None = None
         problem: ReductionError | None = None
         try:
             if reduce_spec is not None:

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from rkpart.cli import main
 from rkpart.compile.toolkits import Toolkit
 from rkpart.partitioner.plan import Plan, load_plan
-from rkpart.triage.signatures import match_log
+from rkpart.targets.known_issues import match_log
 from tests.triage.conftest import real_toolkits_dir
 
 pytestmark = [pytest.mark.toolkit, pytest.mark.slow]

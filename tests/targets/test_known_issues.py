@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from rkpart.compile.runner import BuildResult
-from rkpart.triage.signatures import EXNORM_FUSION_SEGV, find_signature, match_log, match_signature
+from rkpart.targets.known_issues import EXNORM_FUSION_SEGV, find_signature, match_log, match_signature
 
 DATA = Path(__file__).with_name("data")
 CRASH_LOG = DATA / "reduced_adaln_2.3.2.log"  # the 5-node AdaLN reproducer, 2.3.2: SIGSEGV

@@ -1,0 +1,170 @@
+"""What a capability is: per target and rknn-toolkit2 version, which ops, opsets and memory fit.
+
+Kept apart from grouping (:mod:`rkpart.strategies`) and from choosing (:mod:`rkpart.cost_model`),
+as torch.fx keeps ``OperatorSupport`` apart from its partitioner and ONNX Runtime asks each
+execution provider's ``GetCapability`` before it partitions.  Everything here is a fact about
+the toolkit and the chip, answered from op types, attributes and numbers: this package never
+looks at a whole graph and never imports rknn-toolkit2.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rkpart.errors import UserError
+from rkpart.targets.known_issues import CrashPattern, crash_patterns
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+class Support(str, enum.Enum):
+    """Where an op can run once a stage holding it is built by the toolkit."""
+
+    #: converted and placed on the NPU
+    NPU = "npu"
+    #: on the NPU only inside a fused pattern (exMatMul, exGelu, exNorm, exSDPAttention ...);
+    #: alone it falls back to the CPU inside the ``.rknn``
+    FUSED = "fused"
+    #: the toolkit cannot convert it: a stage holding it fails to build
+    NONE = "none"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """What one toolkit does with one ONNX op type (``note``: the doc's remark or the limit)."""
+
+    op_type: str
+    support: Support
+    note: str = ""
+
+
+class NodeLike(Protocol):
+    """What the capability checks read from a node (``onnx.NodeProto`` has it)."""
+
+    @property
+    def op_type(self) -> str: ...
+    @property
+    def domain(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class ToolkitCaps:
+    """One rknn-toolkit2 version's capabilities for one target.
+
+    ``ops`` maps every ONNX op type of the toolkit's operator list to its rule; an op type the
+    list does not name is not convertible.  ``max_opset`` is the highest default-domain opset
+    ``load_onnx`` accepts.
+    """
+
+    version: str
+    max_opset: int
+    ops: Mapping[str, OpRule]
+    source: str
+
+    def op(self, op_type: str, domain: str = "") -> OpRule:
+        """The rule for ``op_type`` (custom domains are never convertible)."""
+        if domain not in ("", "ai.onnx"):
+            return OpRule(op_type, Support.NONE, f"custom domain {domain!r}")
+        return self.ops.get(op_type) or OpRule(op_type, Support.NONE, "not in the toolkit's operator list")
+
+    def unconvertible(self, nodes: Iterable[NodeLike]) -> list[tuple[NodeLike, OpRule]]:
+        """The nodes among ``nodes`` this toolkit cannot convert, with their rules."""
+        out = []
+        for n in nodes:
+            rule = self.op(n.op_type, n.domain)
+            if rule.support is Support.NONE:
+                out.append((n, rule))
+        return out
+
+    def opset_problem(self, opset: int) -> str | None:
+        """Why a model of ``opset`` cannot be loaded by this toolkit, or ``None`` if it can.
+
+        The wording follows ``load_onnx``'s own error ("Unsupport onnx opset 20, need <= 19").
+        Lowering rules that bring a model down to ``max_opset`` belong next to this module
+        (``rkpart.targets.opset``), not in the callers.
+        """
+        if opset > self.max_opset:
+            return (f"rknn-toolkit2 {self.version} loads ONNX opset <= {self.max_opset}, the model has opset "
+                    f"{opset}")
+        return None
+
+    def crash_patterns(self) -> tuple[CrashPattern, ...]:
+        """Graph patterns this toolkit is known to crash on (:mod:`rkpart.targets.known_issues`)."""
+        return crash_patterns(self.version)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A chip rkpart builds for: its NPU memory window and its toolkits' capabilities.
+
+    ``ram_share`` is the share of the memory window (or of the board's RAM, when that is
+    smaller) one NPU stage may use by default: room is left for the runtime and for the next
+    stage's weights, which are loaded while the current one still holds its own.
+    """
+
+    name: str
+    npu_window_bytes: int
+    toolkits: Mapping[str, ToolkitCaps]
+    default_toolkit: str
+    ram_share: float = 0.25
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def caps(self, toolkit: str | None = None) -> ToolkitCaps:
+        """Capabilities of ``toolkit`` (default: :attr:`default_toolkit`).
+
+        A version without its own entry gets the newest documented one at or below it, or the
+        oldest one: toolkits of one major line share their operator list (2.3.0 and 2.3.2
+        publish identical ONNX tables).
+        """
+        version = toolkit or self.default_toolkit
+        if version in self.toolkits:
+            return self.toolkits[version]
+        known = sorted(self.toolkits, key=_version_key)
+        below = [v for v in known if _version_key(v) <= _version_key(version)]
+        base = self.toolkits[below[-1] if below else known[0]]
+        return ToolkitCaps(version=version, max_opset=base.max_opset, ops=base.ops,
+                           source=f"{base.source} (as documented for {base.version})")
+
+    def default_budget_bytes(self, board_ram_bytes: int | None = None, share: float | None = None) -> int:
+        """Default memory budget of one NPU stage: ``share`` of the NPU window or the board RAM.
+
+        Raises
+        ------
+        UserError
+            ``share`` is not in (0, 1] or ``board_ram_bytes`` is not positive.
+        """
+        s = self.ram_share if share is None else share
+        if not 0 < s <= 1:
+            raise UserError(f"memory share must be in (0, 1], got {s:g}")
+        if board_ram_bytes is not None and board_ram_bytes <= 0:
+            raise UserError(f"board RAM must be positive, got {board_ram_bytes} bytes")
+        window = self.npu_window_bytes if board_ram_bytes is None else min(self.npu_window_bytes, board_ram_bytes)
+        return int(window * s)
+
+
+def _version_key(v: str) -> tuple[int, ...]:
+    return tuple(int(p) if p.isdigit() else 0 for p in v.split("."))
+
+
+def rules(supported: Mapping[str, str], *, fused: Mapping[str, str]) -> dict[str, OpRule]:
+    """Op rules from a toolkit's operator list (``supported``: op -> remark) and placement facts
+    (``fused``: op -> the patterns that keep it on the NPU)."""
+    out: dict[str, OpRule] = {}
+    for op, remark in supported.items():
+        if op in fused:
+            out[op] = OpRule(op, Support.FUSED, fused[op])
+        else:
+            out[op] = OpRule(op, Support.NPU, remark)
+    return out
+
+
+__all__ = ["GIB", "MIB", "NodeLike", "OpRule", "Support", "Target", "ToolkitCaps", "rules"]

@@ -1,0 +1,192 @@
+"""Known rknn-toolkit2 bugs: which graph patterns crash which toolkit, and how the crash looks.
+
+ONE table for the two questions asked about a toolkit bug:
+
+* *before* a build (``--strategy auto``, :mod:`rkpart.cost_model.select`): does this candidate
+  partition contain a pattern the chosen toolkit is known to crash on?  Answered by each
+  issue's :class:`CrashPattern` rows, matched against a candidate's traits
+  (``adaln_on_npu``, ``layernorm`` ...).
+* *after* a build (``rkpart compile``, ``rkpart repro``, reduction): is this failure a known
+  bug?  Answered by each issue's matcher, which reads only what every build records (exit
+  status / signal, toolkit version, the verbose build log).
+
+Sources are cited per issue; the measurements are in ``/work/shared/reference/rknn.md`` ("The
+AdaLN SIGSEGV (reproduced)") and the seed write-up (section 2).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class _ResultLike(Protocol):
+    """What :func:`match_signature` reads from a build result (``BuildResult`` has it all)."""
+
+    @property
+    def ok(self) -> bool: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def toolkit(self) -> str: ...
+    @property
+    def signal(self) -> str | None: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def log(self) -> Path: ...
+
+
+@dataclass(frozen=True)
+class BuildFacts:
+    """The parts of a build an issue's matcher may look at."""
+
+    toolkit: str
+    kind: str  # "ok", "crash", "error", "timeout", "oom" (as in BuildResult)
+    signal: str | None
+    exit_code: int | None
+    log_text: str
+
+
+@dataclass(frozen=True)
+class CrashPattern:
+    """A graph pattern one toolkit version is known to crash on.
+
+    ``when`` is matched against a candidate partition's traits
+    (:meth:`rkpart.cost_model.candidates.Candidate.traits`): every key must be equal.
+    """
+
+    toolkit: str
+    when: Mapping[str, Any]
+    what: str  # one line for "excluded: known issue: ..."
+    source: str
+
+    def matches(self, toolkit: str | None, traits: Mapping[str, Any]) -> bool:
+        return toolkit == self.toolkit and all(traits.get(k) == v for k, v in self.when.items())
+
+    def to_json(self) -> dict[str, Any]:
+        """The row format cost-model JSON files carry (``known_issues``)."""
+        return {"toolkit": self.toolkit, "when": dict(self.when), "what": self.what, "source": self.source}
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    """One known toolkit bug: its crash patterns, its log signature and its workaround."""
+
+    id: str  # stable identifier, stored in plan.json and used in test assertions
+    title: str
+    summary: str  # one line for compile reports
+    affected: tuple[str, ...]  # toolkit versions known to show it (with conditions)
+    unaffected: tuple[str, ...]
+    workaround: str
+    details: str
+    patterns: tuple[CrashPattern, ...]
+    matcher: Callable[[BuildFacts], bool] = field(default=lambda _f: False, repr=False, compare=False)
+
+    def matches(self, facts: BuildFacts) -> bool:
+        return self.matcher(facts)
+
+    def describe(self) -> str:
+        """``known issue <id>: <summary>; workaround: ...`` for failure messages."""
+        return f"known issue {self.id}: {self.summary}; workaround: {self.workaround}"
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "title": self.title, "summary": self.summary,
+                "affected": list(self.affected), "unaffected": list(self.unaffected),
+                "workaround": self.workaround}
+
+
+# The optimiser prints its rewrites as "D     <rule>: remove node = [...]"; the exnorm fusion
+# rules fold a Mul/Add that follows a LayerNorm into the norm's gamma/beta.
+_EXNORM_RULE = re.compile(r"^D\s{2,}(fuse_exnorm_mul|fuse_exnorm_add):\s+remove node", re.MULTILINE)
+_NATIVE_BUILD = re.compile(r"rknn building|RKNN: \[[^\]]*\] RKNN is invoked")
+
+
+def _exnorm_fusion_segv(f: BuildFacts) -> bool:
+    if f.signal != "SIGSEGV":
+        return False
+    # The crash is in the native compiler (after the Python optimiser has finished), on a
+    # graph where the exnorm fusion rewrote a LayerNorm whose modulation is computed.
+    return bool(_EXNORM_RULE.search(f.log_text)) and bool(_NATIVE_BUILD.search(f.log_text))
+
+
+EXNORM_FUSION_SEGV = KnownIssue(
+    id="exnorm-fusion-segv",
+    title="rknn-toolkit2 segfaults after fusing an AdaLN modulation into LayerNorm (exNorm)",
+    summary=("SIGSEGV in the native compiler after the optimiser's fuse_exnorm_mul/fuse_exnorm_add folded "
+             "an AdaLN scale/shift computed by a node into a LayerNorm's gamma/beta"),
+    affected=("2.3.2 (LayerNormalization, opset 17, followed by attention/FFN)",
+              "2.3.0 (decomposed LayerNorm, opset 13)"),
+    unaffected=("2.3.0 (LayerNormalization, opset 17)", "2.5.0"),
+    workaround=("build this stage with rknn-toolkit2 2.3.0 or 2.5.0 (`rkpart compile --fallback-toolkit 2.5.0`), "
+                "or keep AdaLN on the host (`rkpart partition -s split --adaln host`)"),
+    details=("Every crash follows the graph optimiser's fuse_exnorm_mul / fuse_exnorm_add steps, which fold "
+             "the modulation (x * (1 + scale) + shift) into the exNorm's gamma/beta; when that gamma/beta is "
+             "produced by a node rather than a constant, RKNNCompiler::build dies with SIGSEGV (exit 139). "
+             "No RKNN.config option (optimization_level 0-3, single_core_mode) changes the outcome. Needs a "
+             "verbose build log (rkpart's builds are verbose) to be recognised."),
+    patterns=(
+        CrashPattern(
+            toolkit="2.3.2",
+            when={"adaln_on_npu": True},
+            what="rknn-toolkit2 2.3.2 crashes (SIGSEGV, exit 139) building AdaLN followed by attention/FFN "
+                 "in one graph (fuse_exnorm_mul/fuse_exnorm_add)",
+            source="seed write-up section 2; reference/rknn.md AdaLN SIGSEGV table",
+        ),
+        CrashPattern(
+            toolkit="2.3.0",
+            when={"adaln_on_npu": True, "layernorm": "decomposed"},
+            what="rknn-toolkit2 2.3.0 crashes (SIGSEGV, exit 139) on AdaLN with a decomposed (opset 13) "
+                 "LayerNorm followed by weighted ops",
+            source="reference/rknn.md AdaLN SIGSEGV table (opset 13 rows)",
+        ),
+    ),
+    matcher=_exnorm_fusion_segv,
+)
+
+#: every known issue, most specific first
+KNOWN_ISSUES: tuple[KnownIssue, ...] = (EXNORM_FUSION_SEGV,)
+
+
+def crash_patterns(toolkit: str | None = None) -> tuple[CrashPattern, ...]:
+    """Every crash pattern of the table (only ``toolkit``'s when given)."""
+    return tuple(p for i in KNOWN_ISSUES for p in i.patterns if toolkit is None or p.toolkit == toolkit)
+
+
+def match_log(log_text: str, *, signal: str | None, toolkit: str = "", kind: str = "crash",
+              exit_code: int | None = None) -> KnownIssue | None:
+    """The first known issue matching this outcome and build log, or ``None``."""
+    facts = BuildFacts(toolkit=toolkit, kind=kind, signal=signal, exit_code=exit_code, log_text=log_text)
+    return next((s for s in KNOWN_ISSUES if s.matches(facts)), None)
+
+
+def match_signature(build_result: _ResultLike) -> KnownIssue | None:
+    """The known issue ``build_result`` shows (reads its build log), or ``None``.
+
+    Successful builds never match.  A missing or unreadable log matches nothing.
+
+    Examples
+    --------
+    >>> issue = match_signature(result)              # doctest: +SKIP
+    >>> if issue: message += f" ({issue.describe()})"  # doctest: +SKIP
+    """
+    if build_result.ok:
+        return None
+    try:
+        text = Path(build_result.log).read_text(errors="replace")
+    except OSError:
+        return None
+    return match_log(text, signal=build_result.signal, toolkit=build_result.toolkit, kind=build_result.kind,
+                     exit_code=build_result.exit_code)
+
+
+def find_signature(issue_id: str) -> KnownIssue | None:
+    """The known issue with this id (as stored in plans and reports), or ``None``."""
+    return next((s for s in KNOWN_ISSUES if s.id == issue_id), None)
+
+
+__all__ = ["EXNORM_FUSION_SEGV", "KNOWN_ISSUES", "BuildFacts", "CrashPattern", "KnownIssue", "crash_patterns",
+           "find_signature", "match_log", "match_signature"]

@@ -1,0 +1,147 @@
+"""Rockchip RK3588: the NPU's memory window and what rknn-toolkit2 2.3.0 / 2.3.2 / 2.5.0 build for it.
+
+Sources
+-------
+* ONNX operator list: ``doc/RKNNToolKit2_OP_Support-2.3.0.md`` and ``-2.3.2.md`` of
+  github.com/airockchip/rknn-toolkit2 (commits a8dd54d and 42aa1d4; the two ONNX tables are
+  identical).  Ops the list marks "Not Supported" are left out of :data:`ONNX_OPS`, so they
+  are not convertible.  The repository publishes no list for 2.5.0: it gets 2.3.2's
+  (:meth:`rkpart.targets.base.Target.caps`); the placement builds below found no op of an
+  Anima-style block that 2.5.0 could not build.
+* Opset: the same documents ("the corresponding ONNX opset version is 19"); measured here:
+  ``load_onnx`` of a one-Relu model succeeds at opset 19 and fails at opset 20 with
+  "Unsupport onnx opset 20, need <= 19!" under 2.3.0 and 2.5.0 (2.3.2's ``rknn_base`` binary
+  holds the same message).
+* NPU placement: ``doc/05_RKNN_Compiler_Support_Operator_List_V2.3.x.pdf`` as summarised in
+  /work/shared/reference/rknn.md ("Op placement (CPU fallback)"): the RK3588 NPU has no plain
+  MatMul, Erf, Sin, Cos, ReduceMean, Sqrt or LayerNormalization; they run on the NPU only
+  when fused.  Measured by rkpart's placement report (:mod:`rkpart.compile.placement`): a
+  full Anima-style block built by 2.3.0 and 2.5.0 ran every layer on the NPU (exact GELU
+  fused into ``ConvExGelu``/``exGelu``), while a standalone Erf fell back to the CPU in every
+  version.  Transpose falls back above shape limits (rknn-toolkit2 issue #490: h*w > 8192).
+* Memory: the RK3588 NPU addresses a 4 GiB window (32-bit addresses); a stage's default
+  budget is a quarter of it (1024 MiB, the ``generic`` strategy's default since it was written).
+"""
+
+from __future__ import annotations
+
+from rkpart.targets.base import GIB, Target, ToolkitCaps, rules
+
+#: ONNX op -> the operator list's remark, for every op the 2.3.x lists do not mark "Not Supported"
+ONNX_OPS: dict[str, str] = {
+    "Add": "",
+    "And": "",
+    "ArgMax": "",
+    "ArgMin": "",
+    "AveragePool": "",
+    "BatchNormalization": "",
+    "Cast": "",
+    "Clip": "",
+    "Concat": "",
+    "Constant": "",
+    "ConstantOfShape": "",
+    "Conv": "",
+    "ConvTranspose": "",
+    "Cos": "",
+    "DepthToSpace": "",
+    "DequantizeLinear": "",
+    "Div": "",
+    "Dropout": "",
+    "Elu": "",
+    "Equal": "",
+    "Erf": "",
+    "Exp": "",
+    "Expand": "",
+    "EyeLike": "only support constant input",
+    "Flatten": "",
+    "Floor": "",
+    "Gather": "",
+    "GatherElements": "",
+    "Gemm": "",
+    "GlobalAveragePool": "",
+    "GlobalMaxPool": "",
+    "Greater": "",
+    "GreaterOrEqual": "",
+    "GRU": "batchsize: 1",
+    "HardSigmoid": "",
+    "HardSwish": "",
+    "Identity": "",
+    "If": "only support constant input",
+    "InstanceNormalization": "",
+    "LayerNormalization": "",
+    "LeakyRelu": "",
+    "Less": "",
+    "LessOrEqual": "",
+    "Log": "",
+    "LogSoftmax": "batchsize: 1",
+    "LpNormalization": "",
+    "LRN": "",
+    "LSTM": "",
+    "MatMul": "",
+    "Max": "",
+    "MaxPool": "",
+    "MaxRoiPool": "",
+    "MaxUnpool": "",
+    "MeanVarianceNormalization": "",
+    "Min": "",
+    "Mish": "",
+    "Mod": "",
+    "Mul": "",
+    "Pad": "",
+    "Pow": "",
+    "PRelu": "",
+    "QuantizeLinear": "",
+    "ReduceMax": "",
+    "ReduceMean": "",
+    "ReduceMin": "",
+    "ReduceSum": "",
+    "Relu": "",
+    "Reshape": "",
+    "Resize": "mode: nearest2d/bilinear",
+    "ReverseSequence": "",
+    "RoiAlign": "pool type: average; batchsize: 1",
+    "ScatterND": "",
+    "Shape": "",
+    "Sigmoid": "",
+    "Sin": "",
+    "Size": "",
+    "Slice": "batchsize: 1",
+    "Softmax": "batchsize: 1",
+    "Softplus": "",
+    "SpaceToDepth": "",
+    "Split": "",
+    "Sqrt": "",
+    "Squeeze": "",
+    "Sub": "",
+    "Tanh": "",
+    "Tile": "batchsize: 1; not support broadcast",
+    "Transpose": "",
+    "Unsqueeze": "",
+    "Where": "",
+}
+
+#: ops the RK3588 NPU runs only inside a fused pattern (alone they fall back to the CPU)
+_FUSED = {
+    "MatMul": "NPU as exMatMul / exSDPAttention (fp16); no plain MatMul unit",
+    "Erf": "NPU inside exact GELU (ConvExGelu / exGelu); a standalone Erf runs on the CPU (measured)",
+    "Sin": "no plain Sin unit on the RK3588 NPU",
+    "Cos": "no plain Cos unit on the RK3588 NPU",
+    "ReduceMean": "NPU inside exNorm (LayerNorm pattern); no plain ReduceMean unit",
+    "Sqrt": "NPU inside exNorm (LayerNorm pattern); no plain Sqrt unit",
+    "LayerNormalization": "NPU as exNorm (fp16, normalised axes [1] or [1,2,3])",
+}
+
+_OPS = rules(ONNX_OPS, fused=_FUSED)
+_DOC = "airockchip/rknn-toolkit2 doc/RKNNToolKit2_OP_Support-{v}.md"
+
+RK3588 = Target(
+    name="rk3588",
+    npu_window_bytes=4 * GIB,
+    toolkits={
+        "2.3.0": ToolkitCaps(version="2.3.0", max_opset=19, ops=_OPS, source=_DOC.format(v="2.3.0")),
+        "2.3.2": ToolkitCaps(version="2.3.2", max_opset=19, ops=_OPS, source=_DOC.format(v="2.3.2")),
+    },
+    default_toolkit="2.3.0",
+)
+
+__all__ = ["ONNX_OPS", "RK3588"]

@@ -1,0 +1,101 @@
+"""The capability layer: ops, opsets, memory budgets and crash patterns per target and toolkit."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from rkpart.errors import UserError
+from rkpart.targets import get_target
+from rkpart.targets.base import Support
+from rkpart.targets.known_issues import EXNORM_FUSION_SEGV, crash_patterns
+
+MIB = 1 << 20
+
+
+def test_rk3588_budget_is_a_quarter_of_the_npu_window_or_of_the_board() -> None:
+    t = get_target("rk3588")
+    assert t.default_budget_bytes() == 1024 * MIB
+    assert t.default_budget_bytes(board_ram_bytes=2048 * MIB) == 512 * MIB  # smaller board: its RAM bounds it
+    assert t.default_budget_bytes(board_ram_bytes=16384 * MIB, share=0.5) == 2048 * MIB  # window bounds it
+    with pytest.raises(UserError, match=r"share must be in \(0, 1\]"):
+        t.default_budget_bytes(share=1.5)
+
+
+def test_unknown_target_lists_the_known_ones() -> None:
+    with pytest.raises(UserError, match=r"unknown target 'rk9999' \(known: rk3588\)"):
+        get_target("rk9999")
+
+
+@pytest.mark.parametrize("toolkit", ["2.3.0", "2.3.2", "2.5.0"])
+def test_opset_20_is_refused_by_every_2x_toolkit(toolkit: str) -> None:
+    caps = get_target().caps(toolkit)
+    assert caps.version == toolkit
+    assert caps.opset_problem(19) is None
+    assert caps.opset_problem(20) == f"rknn-toolkit2 {toolkit} loads ONNX opset <= 19, the model has opset 20"
+
+
+def test_op_support_follows_the_operator_list() -> None:
+    caps = get_target().caps("2.3.0")
+    assert caps.op("Conv").support is Support.NPU
+    assert caps.op("Softmax").note == "batchsize: 1"
+    assert caps.op("LayerNormalization").support is Support.FUSED  # NPU only as exNorm
+    assert caps.op("Neg").support is Support.NONE  # "Not Supported" in the list
+    assert caps.op("Relu", domain="com.microsoft").support is Support.NONE
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("NonZero", ["y"], ["z"], name="nz")]
+    assert [(n.name, r.op_type) for n, r in caps.unconvertible(nodes)] == [("nz", "NonZero")]
+
+
+def test_one_crash_table_serves_selection_and_log_matching() -> None:
+    assert [p.when for p in crash_patterns("2.3.2")] == [{"adaln_on_npu": True}]
+    assert [p.when for p in crash_patterns("2.3.0")] == [{"adaln_on_npu": True, "layernorm": "decomposed"}]
+    assert crash_patterns("2.5.0") == ()
+    # the patterns belong to the issue the build-log matcher names
+    assert crash_patterns() == EXNORM_FUSION_SEGV.patterns
+    p = crash_patterns("2.3.2")[0]
+    assert p.matches("2.3.2", {"adaln_on_npu": True, "layernorm": "op"})
+    assert not p.matches("2.3.0", {"adaln_on_npu": True, "layernorm": "op"})
+
+
+def _relu(path: Path, opset: int) -> Path:
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 9
+    onnx.save(m, path)
+    return path
+
+
+_LOAD = """
+import sys
+from rknn.api import RKNN
+r = RKNN(verbose=False)
+r.config(target_platform="rk3588")
+try:
+    print("ret", r.load_onnx(model=sys.argv[1]))
+except ValueError as e:
+    print("error", e)
+"""
+
+
+@pytest.mark.toolkit
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["2.3.0", "2.5.0"])
+def test_max_opset_is_what_the_real_toolkit_loads(version: str, tmp_path: Path) -> None:
+    from tests.compile.conftest import get_toolkit
+
+    tk = get_toolkit(version)
+    caps = get_target().caps(version)
+    out = {}
+    for opset in (caps.max_opset, caps.max_opset + 1):
+        r = subprocess.run([str(tk.python), "-c", _LOAD, str(_relu(tmp_path / f"r{opset}.onnx", opset))],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        out[opset] = r.stdout
+    assert "ret 0" in out[caps.max_opset]
+    assert f"Unsupport onnx opset {caps.max_opset + 1}, need <= {caps.max_opset}!" in out[caps.max_opset + 1]
+    assert not any(ln.startswith("ret ") for ln in out[caps.max_opset + 1].splitlines())
