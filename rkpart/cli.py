@@ -157,33 +157,20 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
         plan = do_partition(model, out, strategy, force=force, input_shapes=shapes or None,
                             external_threshold=external_threshold, simplify=simplify, progress=say, **opts)
     if as_json:
+        summary = plan.summary_json()
         click.echo(json.dumps({
             **({"auto": selections[0].to_json()} if explain and selections else {}),
             "plan": str(out / "plan.json"),
-            "strategy": plan.strategy,
-            "blocks": len(plan.blocks),
-            "npu_stages": len(plan.npu_stages),
-            "host_stages": len(plan.host_stages),
+            **{k: summary[k] for k in ("strategy", "blocks", "npu_stages", "host_stages")},
             "peak_rss_mib": round(peak_rss_mib(), 1),
-            "stages": [{"id": s.id, "device": s.device, "kind": s.kind, "weight_bytes": s.weight_bytes,
-                        "io_bytes": s.io_bytes} for s in plan.stages],
+            "stages": summary["stages"],
         }, indent=2))
         return
     if explain and selections:
         click.echo(selections[0].render(), nl=False)
     if not quiet:
-        click.echo(f"{'#':>3}  {'stage':<28} {'device':<6} {'kind':<34} {'weights MiB':>11} {'I/O MiB':>8}")
-        for i, s in enumerate(plan.stages):
-            click.echo(f"{i:>3}  {s.id:<28} {s.device:<6} {s.kind[:34]:<34} {mib(s.weight_bytes):>11} "
-                       f"{mib(s.io_bytes):>8}")
-    per_block: dict[int, int] = {}
-    for s in plan.npu_stages:
-        for b in s.blocks:
-            per_block[b] = per_block.get(b, 0) + 1
-    shape = sorted(set(per_block.values()))
-    click.echo(f"plan: {out / 'plan.json'}  strategy={plan.strategy['name']}  blocks={len(plan.blocks)}  "
-               f"NPU stages={len(plan.npu_stages)} ({'/'.join(map(str, shape)) or 0} per block)  "
-               f"host stages={len(plan.host_stages)}")
+        click.echo(plan.render_stages())
+    click.echo(plan.render_summary(out / "plan.json"))
     click.echo(f"peak RSS: {peak_rss_mib():.1f} MiB")
 
 

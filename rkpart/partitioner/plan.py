@@ -18,6 +18,7 @@ from typing import Any
 from rkpart.errors import SpecError
 from rkpart.io import atomic_write_bytes
 from rkpart.types import DEVICES, HOST, NPU, BuildFailure, Device
+from rkpart.units import mib
 
 PLAN_FORMAT = "rkpart-plan"
 PLAN_VERSION = 1
@@ -187,6 +188,40 @@ class Plan:
     @property
     def host_stages(self) -> tuple[Stage, ...]:
         return tuple(s for s in self.stages if s.device == HOST)
+
+    def stages_per_block(self) -> list[int]:
+        """The distinct numbers of NPU stages a block is cut into (``[3]`` for split, ``[1]`` fused)."""
+        per_block: dict[int, int] = {}
+        for s in self.npu_stages:
+            for b in s.blocks:
+                per_block[b] = per_block.get(b, 0) + 1
+        return sorted(set(per_block.values()))
+
+    # -- reports ---------------------------------------------------------------------------
+    def summary_json(self) -> dict[str, Any]:
+        """What ``rkpart partition --json`` prints about the plan (besides paths and memory)."""
+        return {
+            "strategy": self.strategy,
+            "blocks": len(self.blocks),
+            "npu_stages": len(self.npu_stages),
+            "host_stages": len(self.host_stages),
+            "stages": [{"id": s.id, "device": s.device, "kind": s.kind, "weight_bytes": s.weight_bytes,
+                        "io_bytes": s.io_bytes} for s in self.stages],
+        }
+
+    def render_stages(self) -> str:
+        """One line per stage: index, id, device, kind, weights and I/O in MiB."""
+        lines = [f"{'#':>3}  {'stage':<28} {'device':<6} {'kind':<34} {'weights MiB':>11} {'I/O MiB':>8}"]
+        for i, s in enumerate(self.stages):
+            lines.append(f"{i:>3}  {s.id:<28} {s.device:<6} {s.kind[:34]:<34} {mib(s.weight_bytes):>11} "
+                         f"{mib(s.io_bytes):>8}")
+        return "\n".join(lines)
+
+    def render_summary(self, path: str | os.PathLike[str]) -> str:
+        """The one-line summary after ``rkpart partition`` (``path``: where plan.json was written)."""
+        shape = "/".join(map(str, self.stages_per_block())) or "0"
+        return (f"plan: {path}  strategy={self.strategy['name']}  blocks={len(self.blocks)}  "
+                f"NPU stages={len(self.npu_stages)} ({shape} per block)  host stages={len(self.host_stages)}")
 
     def replace_stage(self, stage: Stage) -> Plan:
         """A new plan with the stage of the same id replaced."""
