@@ -280,15 +280,15 @@ def example(dest: Path, force: bool) -> None:
 
 
 def _register_optional() -> None:
-    """Commands that live next to the code they drive."""
+    """The commands of :mod:`rkpart.commands`."""
     import importlib
 
     for mod, names in (
-        ("rkpart.compile.cli", ("toolkit", "compile_cmd")),
-        ("rkpart.profile.cli", ("profile",)),
-        ("rkpart.cost_model.cli", ("fit",)),
-        ("rkpart.triage.cli", ("repro",)),
-        ("rkpart.recognizers_cli", ("recognizers",)),
+        ("rkpart.commands.compile", ("toolkit", "compile_cmd")),
+        ("rkpart.commands.profile", ("profile",)),
+        ("rkpart.commands.fit", ("fit",)),
+        ("rkpart.commands.repro", ("repro",)),
+        ("rkpart.commands.recognizers", ("recognizers",)),
     ):
         try:
             module = importlib.import_module(mod)

@@ -2,7 +2,7 @@
 
 :func:`run_profile` loads the plan, picks the backends, warns about runtime mismatches,
 calls :func:`rkpart.profile.lifecycle.profile_plan` and writes the JSON Lines file
-atomically.  The click command (:mod:`rkpart.profile.cli`) only parses options into
+atomically.  The click command (:mod:`rkpart.commands.profile`) only parses options into
 :class:`ProfileOptions` and prints.
 """
 

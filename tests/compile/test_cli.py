@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from rkpart.compile.cli import compile_cmd, toolkit
+from rkpart.commands.compile import compile_cmd, toolkit
 from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import ToolkitError
 from tests.compile.plans import adaln_crash_plan, tiny_plan

@@ -1,4 +1,5 @@
-"""Click command ``rkpart repro``: a thin layer over :func:`rkpart.triage.repro.reproduce`."""
+"""Click command ``rkpart repro``: options become one :class:`rkpart.triage.repro.ReproOptions`
+for :func:`rkpart.triage.repro.run_repro`."""
 
 from __future__ import annotations
 
