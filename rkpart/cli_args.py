@@ -9,6 +9,8 @@ parsing, to every command that takes them (as Polygraphy's ``tools/args`` does):
 :func:`inputs_options`      ``--inputs X.npz`` and ``--seed`` (the seeded random inputs otherwise)
 :func:`seed_option`         ``--seed`` alone
 :func:`tolerance_options`   ``--reference``, ``--min-cosine``, ``--max-abs-rel``
+:func:`device_option`       ``--adaln npu|host`` and the like
+:func:`residency_option`    ``--residency plan|per-stage|resident``
 :func:`toolkit_option`      ``--toolkit VERSION``
 :func:`build_options`       ``--target``, ``--opt-level``, ``--single-core``, ``--config KEY=VALUE``
                             -> ``target`` and one ``rknn_config: dict`` (``RKNN.config`` options)
@@ -35,9 +37,13 @@ from typing import Any, TypeVar
 import click
 
 from rkpart.errors import UserError
+from rkpart.types import DEVICES, RESIDENCIES
 
 F = TypeVar("F", bound=Callable[..., Any])
 Decorator = Callable[[F], F]
+
+#: ``--residency plan``: each block as the plan chose (the auto strategy records a residency)
+PLAN_RESIDENCY = "plan"
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -145,6 +151,18 @@ def tolerance_options(f: F) -> F:
     )(f)
 
 
+# -- devices and residency ------------------------------------------------------------------
+def device_option(name: str, *, help: str) -> Decorator[Any]:
+    """``--NAME npu|host``: where some part of a block runs (default ``None``: the strategy's)."""
+    return click.option(f"--{name}", type=click.Choice(list(DEVICES)), default=None, help=help)
+
+
+def residency_option(*, help: str) -> Decorator[Any]:
+    """``--residency plan|per-stage|resident``: how stage sessions live while a plan runs."""
+    return click.option("--residency", type=click.Choice([PLAN_RESIDENCY, *RESIDENCIES]), default=PLAN_RESIDENCY,
+                        show_default=True, help=help)
+
+
 # -- toolkit ---------------------------------------------------------------------------------
 def toolkit_option(*, help: str, required: bool = False, dest: str = "toolkit") -> Decorator[Any]:
     """``--toolkit VERSION`` (a version installed with ``rkpart toolkit install``, or a python path)."""
@@ -204,7 +222,8 @@ def json_option(*, help: str = "Machine-readable output on stdout.") -> Decorato
 
 
 __all__ = [
-    "build_options", "force_option", "inputs_options", "json_option", "model_argument", "out_folder_option",
-    "output_file_option", "parse_key_values", "parse_shapes", "quiet_option", "report_user_error", "seed_option",
-    "shape_option", "tolerance_options", "toolkit_option", "toolkits_dir_option", "user_errors",
+    "PLAN_RESIDENCY", "build_options", "device_option", "force_option", "inputs_options", "json_option",
+    "model_argument", "out_folder_option", "output_file_option", "parse_key_values", "parse_shapes", "quiet_option",
+    "report_user_error", "residency_option", "seed_option", "shape_option", "tolerance_options", "toolkit_option",
+    "toolkits_dir_option", "user_errors",
 ]

@@ -13,7 +13,14 @@ from typing import Any
 
 import click
 
-from rkpart.cli_args import output_file_option, quiet_option, seed_option, toolkit_option, user_errors
+from rkpart.cli_args import (
+    output_file_option,
+    quiet_option,
+    residency_option,
+    seed_option,
+    toolkit_option,
+    user_errors,
+)
 from rkpart.profile.run import BACKENDS, CORE_MASK_CHOICES, ProfileOptions, run_profile
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
 from rkpart.progress import Reporter
@@ -41,9 +48,8 @@ def _check_regex(_ctx: click.Context, _param: click.Parameter, value: str | None
 @click.option("--cfg/--no-cfg", default=True, show_default=True,
               help="Two passes per step (conditional + unconditional) or one.")
 @click.option("--steps", type=click.IntRange(min=1), default=1, show_default=True, help="Denoising steps per round.")
-@click.option("--residency", type=click.Choice(["plan", "per-stage", "resident"]), default="plan", show_default=True,
-              help="per-stage: load/init/infer/release every stage each pass; resident: load once per round; "
-                   "plan: as the plan chose per block (auto strategy), per-stage where it chose nothing.")
+@residency_option(help="per-stage: load/init/infer/release every stage each pass; resident: load once per round; "
+                      "plan: as the plan chose per block (auto strategy), per-stage where it chose nothing.")
 @click.option("--device-pattern", default=DEFAULT_DEVICE_PATTERN, callback=_check_regex, show_default=True,
               help="Regex of smaps pathnames counted as NPU device memory.")
 @click.option("--no-device-pss", is_flag=True, help="Do not read device PSS (reads smaps_rollup only).")

@@ -20,6 +20,7 @@ import jsonschema
 import numpy as np
 
 from rkpart.errors import SpecError
+from rkpart.types import DEVICES
 
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _REL_PATH = {
@@ -67,7 +68,7 @@ _STAGE = {
     "properties": {
         "id": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
                "description": "Unique stage id, e.g. 'b03.attn', 'b03.xattn.pre', 'prologue'."},
-        "device": {"enum": ["npu", "host"], "description": "'npu': compiled with rknn-toolkit2; "
+        "device": {"enum": list(DEVICES), "description": "'npu': compiled with rknn-toolkit2; "
                    "'host': run by ONNX Runtime on the CPU."},
         "file": {**_REL_PATH, "description": "The stage's ONNX file, relative to the plan folder "
                  "(weights in '<file>.data' next to it when present)."},
