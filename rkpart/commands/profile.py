@@ -148,11 +148,6 @@ def profile(
     with Reporter(quiet=quiet) as say:
         records = run_profile(opts, progress=say, warn=lambda w: click.echo(f"rkpart: warning: {w}", err=True))
     click.echo(render_single(records, name=str(output), block=block), nl=False)
-    from rkpart.profile.lifecycle import baseline_line
-
-    line = baseline_line(records[-1])
-    if line:
-        click.echo(line)
     click.echo(f"wrote {len(records)} records to {output}", err=True)
     _against(against, records, Path(output).parent)
 

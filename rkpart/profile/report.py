@@ -187,4 +187,21 @@ def render_single(records: Sequence[Mapping[str, Any]], *, name: str = "", block
     m_rows = [[lab, _kib(agg[k]["median"]) + _pm(agg[k]["spread"], "k")] for k, lab in MEMORY_ROWS]
     lines = head + _table(["Execution Stage & Component", "Median"], t_rows)
     lines += ["", *_table(["Memory Metric", "Median"], m_rows)]
+    base = baseline_line(records)
+    if base is not None:
+        lines += ["", base]
     return "\n".join(lines) + "\n"
+
+
+def baseline_line(records: Sequence[Mapping[str, Any]]) -> str | None:
+    """The plan's overhead against the whole model (``--baseline``), or ``None`` without one."""
+    b = next((r.get("baseline") for r in reversed(records) if r.get("record") == "summary"), None)
+    if not b or b["whole_s"]["median"] is None:
+        return None
+    w, i, n = b["whole_s"]["median"], b["plan_infer_s"]["median"], b["plan_net_s"]["median"]
+
+    def ratio(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}x"
+
+    return (f"whole model {_sec(w)} per round; plan inference {_sec(i)} ({ratio(b['infer_ratio'])}), "
+            f"plan round without measurement {_sec(n)} ({ratio(b['net_ratio'])})")

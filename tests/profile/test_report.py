@@ -88,3 +88,21 @@ def test_single_profile_table(fused: list[dict]) -> None:
     out = render_single(fused, name="fused.jsonl")
     assert "NPU Inference (×2)" in out and "3.2972 s" in out and "223,704 KiB" in out
     assert FUSED["host_s"] == 0 and "0.0000 s" in out
+
+
+def test_a_baseline_summary_is_valid_and_rendered_once() -> None:
+    import copy
+
+    recs = writeup_records("split")
+    stat = {"median": 2.0, "min": 2.0, "max": 2.0, "spread": 0.0, "n": 1}
+    recs[-1] = {**recs[-1], "baseline": {"model": "m.onnx", "session_s": 0.5, "whole_s": stat,
+                                         "plan_infer_s": {**stat, "median": 2.5}, "plan_net_s": {**stat, "median": 3.0},
+                                         "infer_ratio": 1.25, "net_ratio": 1.5}}
+    rec.validate_records(recs)
+    text = render_single(recs, name="a")
+    assert text.count("whole model 2.0000 s per round") == 1 and "(1.25x)" in text and "(1.50x)" in text
+    bad = copy.deepcopy(recs)
+    del bad[-1]["baseline"]["model"]
+    with pytest.raises(SpecError, match="baseline"):
+        rec.validate_records(bad)
+    assert "whole model" not in render_single(writeup_records("split"), name="a")
