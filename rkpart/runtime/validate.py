@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,9 +12,11 @@ import numpy as np
 
 from rkpart.errors import UserError
 from rkpart.partitioner.plan import load_plan
+from rkpart.progress import advance
 from rkpart.runtime import get_backend
 from rkpart.runtime.executor import ResidencyChoice, find_model, load_inputs, random_inputs, run_model, run_plan
 from rkpart.runtime.ort import OrtRunner
+from rkpart.types import NPU
 from rkpart.validation.metrics import Gate, Metrics, compare
 
 
@@ -57,22 +60,31 @@ class RunReport:
         return "\n".join(lines)
 
 
-def validate_plan_run(
-    plan_path: Path,
-    *,
-    inputs: Path | None = None,
-    seed: int = 0,
-    backend: str = "ort",
-    toolkit: str | None = None,
-    model: Path | None = None,
-    reference: Path | None = None,
-    min_cosine: float | None = None,
-    max_abs_rel: float | None = None,
-    per_stage: bool = False,
-    save_outputs: Path | None = None,
-    progress: Callable[[str], None] = lambda _m: None,
-    residency: ResidencyChoice = None,
-) -> RunReport:
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything ``rkpart run PLAN`` was asked to do."""
+
+    inputs: Path | None = None  # .npz of model inputs; None: seeded random inputs
+    seed: int = 0
+    backend: str = "ort"  # executor of NPU stages
+    toolkit: str | None = None  # rknn-toolkit2 version for backend rknn-sim
+    model: Path | None = None  # whole model to compare against; None: the plan's source model
+    reference: Path | None = None  # .npz of reference outputs to gate against as well
+    min_cosine: float | None = None  # None: 0.999999 for ort, 0.999 otherwise
+    max_abs_rel: float | None = None  # None: 1e-5 for ort, off otherwise
+    per_stage: bool = False  # also compare each NPU stage with ONNX Runtime
+    save_outputs: Path | None = None
+    residency: ResidencyChoice = None
+
+
+def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
+                      progress: Callable[[str], None] = lambda _m: None, **kwargs: Any) -> RunReport:
+    """Run the plan at ``plan_path`` as ``options`` say (or as keyword arguments, the same
+    fields) and gate it against the whole model and the reference."""
+    opts = dataclasses.replace(options or RunOptions(), **kwargs)
+    inputs, seed, backend, model = opts.inputs, opts.seed, opts.backend, opts.model
+    reference, per_stage, save_outputs = opts.reference, opts.per_stage, opts.save_outputs
+    min_cosine, max_abs_rel = opts.min_cosine, opts.max_abs_rel
     plan, folder = load_plan(plan_path)
     feeds = load_inputs(inputs, plan) if inputs else random_inputs(plan.tensors, plan.inputs, seed)
     model = find_model(plan, folder, model)
@@ -82,14 +94,15 @@ def validate_plan_run(
     )
     progress(f"reference: whole model {model} on ONNX Runtime")
     ref = run_model(model, feeds, plan.outputs)
-    be = get_backend(backend, toolkit=toolkit)
+    be = get_backend(backend, toolkit=opts.toolkit)
     stage_metrics: dict[str, dict[str, Metrics]] = {}
     env_before: dict[str, np.ndarray] = dict(feeds)
 
     def on_stage(i: int, sid: str, out: dict[str, np.ndarray]) -> None:
         stage = plan.stages[i]
         progress(f"[{i + 1}/{len(plan.stages)}] {sid} ({stage.device})")
-        if per_stage and stage.device == "npu":
+        advance(progress, i + 1, len(plan.stages))
+        if per_stage and stage.device == NPU:
             r = OrtRunner(stage, folder)
             r.load()
             r.init()
@@ -99,7 +112,7 @@ def validate_plan_run(
         env_before.update(out)
 
     try:
-        outs = run_plan(plan, folder, feeds, backend=be, on_stage=on_stage, residency=residency)
+        outs = run_plan(plan, folder, feeds, backend=be, on_stage=on_stage, residency=opts.residency)
     finally:
         be.close()
     if save_outputs:
