@@ -1,4 +1,4 @@
-"""rkpart.progress and rkpart.units: what every command prints while it works, and byte counts."""
+"""rkpart.progress: what every command prints while it works."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import io
 import re
 
 from rkpart.progress import Reporter, advance
-from rkpart.units import human_bytes, mib
 
 
 def test_plain_lines_carry_the_elapsed_time_when_not_a_terminal() -> None:
@@ -37,8 +36,3 @@ def test_live_display_shows_the_events_and_a_bar_with_counts() -> None:
     text = out.getvalue()
     assert "building b00.attn" in text and "2/4" in text, text
 
-
-def test_one_byte_formatter() -> None:
-    assert human_bytes(310 * 2**20) == "310 MB"
-    assert human_bytes(int(1.25 * 2**30)) == "1.2 GB"
-    assert mib(3 * 2**19) == "1.50"
