@@ -346,16 +346,6 @@ class _Baseline:
         self.sess = None
 
 
-def baseline_line(summary: Mapping[str, Any]) -> str | None:
-    """One line on the plan's overhead against the whole model, or ``None`` without a baseline."""
-    b = summary.get("baseline")
-    if not b or b["whole_s"]["median"] is None:
-        return None
-    w, i, n = b["whole_s"]["median"], b["plan_infer_s"]["median"], b["plan_net_s"]["median"]
-    return (f"whole model {w:.4f}s per round; plan inference {i:.4f}s ({b['infer_ratio']:.2f}x), "
-            f"plan round without measurement {n:.4f}s ({b['net_ratio']:.2f}x)")
-
-
 def _block_inputs(
     plan: Plan,
     folder: Path,

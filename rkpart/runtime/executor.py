@@ -240,22 +240,24 @@ class PlanExecutor:
         ``on_stage(index in plan.stages, stage id, outputs)`` is called after each stage.
         """
         env: dict[str, np.ndarray] = dict(feeds)
+        live = self._live
         for u in self.units:
-            per_pass = u.residency == Residency.PER_STAGE
-            r = self._live.get(u.stage.id)
-            if r is None:
+            r = live.get(u.stage.id)
+            if r is not None:  # the common case of a resident plan: just infer
+                env.update(r.infer(env))
+            elif u.residency is Residency.PER_STAGE:
                 r = self._runner(u)
-                if not per_pass:
-                    self._live[u.stage.id] = r
-            try:
-                out = r.infer(env)
-            finally:
-                if per_pass:
+                try:
+                    out = r.infer(env)
+                finally:
                     r.release()
-            env.update(out)
+                env.update(out)
+            else:
+                r = live[u.stage.id] = self._runner(u)
+                env.update(r.infer(env))
             if on_stage is not None:
                 for m in u.members:
-                    on_stage(self._index[m.id], m.id, {n: out[n] for n in m.outputs})
+                    on_stage(self._index[m.id], m.id, {n: env[n] for n in m.outputs})
         if keep:
             return env
         missing = [o for o in self.plan.outputs if o not in env]

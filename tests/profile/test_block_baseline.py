@@ -125,3 +125,21 @@ def test_cli_baseline_prints_the_overhead(plans: dict[str, tuple[Plan, Path]], e
                                     "-o", str(tmp_path / "p.jsonl")])
     assert res.exit_code == 0, res.output
     assert "whole model" in res.output and "plan inference" in res.output
+
+
+@pytest.mark.slow
+def test_block_of_a_hidden_2048_model_runs_only_that_block(tmp_path: Path) -> None:
+    """The full model's width (hidden 2048, FFN 8192, context 1024), 2 blocks, few tokens."""
+    from rkpart.pipeline import partition
+    from tests.models.anima import AnimaConfig, build_anima_onnx
+
+    cfg = AnimaConfig.full(num_blocks=2, dtype="float32", latent_height=16, latent_width=16)
+    model = build_anima_onnx(cfg, tmp_path / "wide.onnx")
+    plan = partition(model, tmp_path / "plan", "split")
+    npu, host = CountingOrt("npu-ort", ("npu",)), CountingOrt()
+    recs = profile_plan(plan, tmp_path / "plan", npu, rounds=1, warmup=0, block=0, host_backend=host,
+                        sample_interval=0)
+    want = _block_ids(plan, 0)
+    assert {r["stage"]["id"] for r in recs if r["record"] == "stage"} == want
+    assert set(npu.counts.init) | set(host.counts.init) == want  # block 0 starts the plan: nothing before it
+    assert not (set(npu.counts.infer) | set(host.counts.infer)) & _block_ids(plan, 1) - want
