@@ -27,13 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from rkpart.errors import ToolkitError
 from rkpart.io import atomic_write_bytes
+from rkpart.progress import Progress, advance
 
 #: versions known to install with the recipe below (others are attempted with the same pins)
 KNOWN_VERSIONS = ("2.2.0", "2.3.0", "2.3.2", "2.5.0")
@@ -66,7 +67,6 @@ DEPENDENCIES = (
     "fsspec",
 )
 
-Progress = Callable[[str], None]
 
 _VERSION_RE = re.compile(r"^\d+(\.\d+){1,3}([a-z0-9.+-]*)?$")
 
@@ -267,15 +267,19 @@ def install_toolkit(version: str, root: str | os.PathLike[str] | None = None, *,
     try:
         with open(log_path, "wb") as log:
             say(f"[1/5] creating venv ({base})")
+            advance(progress, 0, 5)
             _run_step("venv", [str(base), "-m", "venv", str(tmp / "venv")], log, log_path)
             py = tmp / "venv" / "bin" / "python"
             tag = _python_tag(py)
             steps = install_steps(version, py, tag)
             for i, (what, argv) in enumerate(steps, start=2):
+                advance(progress, i - 1, 5)
                 say(f"[{i}/5] installing {what}  ({time.monotonic() - t0:.0f} s)")
                 _run_step(what, argv, log, log_path)
+            advance(progress, 4, 5)
             say(f"[5/5] checking `from rknn.api import RKNN`  ({time.monotonic() - t0:.0f} s)")
         _verify_import(py, version)
+        advance(progress, 5, 5)
         # The marker names the final location; the venv works after the rename because the
         # interpreter finds pyvenv.cfg relative to itself and rkpart never runs its scripts.
         _write_marker(tmp, version, final / "venv" / "bin" / "python", managed=True)

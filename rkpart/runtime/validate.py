@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ import numpy as np
 
 from rkpart.errors import UserError
 from rkpart.partitioner.plan import load_plan
-from rkpart.progress import advance
+from rkpart.progress import Progress, advance, silent
 from rkpart.runtime import get_backend
 from rkpart.runtime.executor import ResidencyChoice, find_model, load_inputs, random_inputs, run_model, run_plan
 from rkpart.runtime.ort import OrtRunner
@@ -78,7 +77,7 @@ class RunOptions:
 
 
 def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
-                      progress: Callable[[str], None] = lambda _m: None, **kwargs: Any) -> RunReport:
+                      progress: Progress = silent, **kwargs: Any) -> RunReport:
     """Run the plan at ``plan_path`` as ``options`` say (or as keyword arguments, the same
     fields) and gate it against the whole model and the reference."""
     opts = dataclasses.replace(options or RunOptions(), **kwargs)

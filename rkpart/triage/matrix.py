@@ -11,18 +11,16 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult, run_build
 from rkpart.compile.toolkits import Toolkit
-from rkpart.progress import advance
+from rkpart.progress import Progress, advance
 from rkpart.targets.known_issues import match_signature
 from rkpart.units import human_bytes
-
-Progress = Callable[[str], None]
 
 
 def version_key(v: str) -> tuple[int | str, ...]:

@@ -23,7 +23,7 @@ import platform
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,13 +34,12 @@ from rkpart.compile.runner import WORKER
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import OutputExistsError, UserError
 from rkpart.io import atomic_write_bytes, folder_lock
+from rkpart.progress import Progress
 from rkpart.targets.known_issues import KnownIssue, find_signature
 from rkpart.triage.matrix import Matrix, MatrixRow, build_matrix, version_key
 from rkpart.triage.reduce import FailureSpec, Reduction, ReductionError, reduce_graph
 from rkpart.triage.script import SCRIPT_NAME, render_script
 from rkpart.triage.subgraph import Subgraph
-
-Progress = Callable[[str], None]
 
 REDUCED_NAME = "reduced.onnx"
 WORK_DIR = "work"
