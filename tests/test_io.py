@@ -1,0 +1,90 @@
+"""Crash-safe writing and folder locking (rkpart/io.py); kills mid-write are in tests/hostile."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from rkpart.errors import OutputExistsError
+from rkpart.io import (
+    atomic_write_bytes,
+    atomic_writer,
+    file_sha256,
+    folder_lock,
+    old_path,
+    recover_folder,
+    replace_folder,
+)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_atomic_write_replaces_the_file_with_the_usual_mode_and_leaves_no_temp(tmp_path: Path) -> None:
+    target = tmp_path / "sub" / "out.bin"
+    atomic_write_bytes(target, b"old")
+    atomic_write_bytes(target, b"new")
+    assert target.read_bytes() == b"new"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o666 & ~_umask()  # not mkstemp's 0600
+    assert [p.name for p in target.parent.iterdir()] == ["out.bin"]
+
+
+def test_atomic_writer_keeps_the_old_file_when_the_writer_fails(tmp_path: Path) -> None:
+    target = tmp_path / "model.onnx"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError, match="writer died"), atomic_writer(target) as tmp:
+        assert tmp.parent == tmp_path and tmp != target
+        tmp.write_bytes(b"half")
+        raise RuntimeError("writer died")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["model.onnx"]
+    with atomic_writer(target) as tmp:
+        tmp.write_bytes(b"new")
+    assert target.read_bytes() == b"new"
+
+
+def test_file_sha256_reads_in_chunks_and_matches_hashlib(tmp_path: Path) -> None:
+    data = os.urandom(3 * (1 << 20) + 7)
+    (tmp_path / "f").write_bytes(data)
+    assert file_sha256(tmp_path / "f") == hashlib.sha256(data).hexdigest()
+
+
+def test_folder_lock_refuses_a_second_holder_and_is_released(tmp_path: Path) -> None:
+    folder = tmp_path / "plan"
+    with folder_lock(folder), \
+            pytest.raises(OutputExistsError, match=r"^the plan folder is in use by another rkpart run; wait"), \
+            folder_lock(folder, what="the plan folder"):
+        pass
+    with folder_lock(folder):  # released: taken again
+        pass
+    assert list(folder.iterdir()) == []  # no lock file left behind
+
+
+def test_replace_folder_swaps_in_the_new_content_and_removes_the_old(tmp_path: Path) -> None:
+    final, staging = tmp_path / "out", tmp_path / ".out.partial"
+    final.mkdir()
+    (final / "old.txt").write_text("old")
+    staging.mkdir()
+    (staging / "new.txt").write_text("new")
+    replace_folder(staging, final)
+    assert [p.name for p in final.iterdir()] == ["new.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_recover_folder_restores_the_old_folder_after_a_half_done_replace(tmp_path: Path) -> None:
+    final = tmp_path / "out"
+    old = old_path(final)
+    old.mkdir()
+    (old / "plan.json").write_text("{}")
+    recover_folder(final)  # died after "final -> old", before "staging -> final"
+    assert (final / "plan.json").read_text() == "{}" and not old.exists()
+    old.mkdir()
+    recover_folder(final)  # both exist: the old one is garbage
+    assert final.exists() and not old.exists()
