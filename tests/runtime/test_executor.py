@@ -139,3 +139,23 @@ def test_sessions_do_not_spin() -> None:
 
     sess = make_session(str(bundled_example()))
     assert sess.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+def test_cli_run_gives_the_same_outputs_under_every_residency(plans: dict[str, tuple[Plan, Path]],
+                                                              example_model: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from rkpart.cli import main
+
+    _, folder = plans["split"]
+    got = {}
+    for residency in ("plan", "resident", "per-stage"):
+        out = tmp_path / f"{residency}.npz"
+        res = CliRunner().invoke(main, ["run", str(folder), "--model", str(example_model), "--residency", residency,
+                                        "--save-outputs", str(out), "-q"])
+        assert res.exit_code == 0, res.output
+        assert "gate: PASS" in res.output
+        with np.load(out) as z:
+            got[residency] = z["sample"]
+    np.testing.assert_array_equal(got["plan"], got["resident"])
+    np.testing.assert_array_equal(got["resident"], got["per-stage"])
