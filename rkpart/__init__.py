@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 # public name -> "module:attribute" candidates (the first that imports wins)
 _LAZY: dict[str, tuple[str, ...]] = {
     # pipeline
-    "load_model": ("rkpart.partitioner.graph:load_model",),
+    "load_model": ("rkpart.ir:load_model",),
     "discover": ("rkpart.recognizers:discover",),
     "partition": ("rkpart.partitioner.api:partition",),
     "compile_plan": ("rkpart.compile.compile:compile_plan",),
@@ -38,7 +38,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "load_plan": ("rkpart.partitioner.plan:load_plan",),
     "Plan": ("rkpart.partitioner.plan:Plan",),
     "Stage": ("rkpart.partitioner.plan:Stage",),
-    "ModelGraph": ("rkpart.partitioner.graph:ModelGraph",),
+    "ModelGraph": ("rkpart.ir:ModelGraph",),
     "Discovery": ("rkpart.partitioner.discovery:Discovery",),
     "BuildResult": ("rkpart.dropin:BuildResult",),
     "get_backend": ("rkpart.runtime:get_backend",),
@@ -81,9 +81,9 @@ if TYPE_CHECKING:  # static types for what __getattr__ returns
     from rkpart.compile.compile import compile_plan
     from rkpart.dropin import BuildResult, build
     from rkpart.errors import RkpartError, UserError
+    from rkpart.ir import ModelGraph, load_model
     from rkpart.partitioner.api import partition
     from rkpart.partitioner.discovery import Discovery
-    from rkpart.partitioner.graph import ModelGraph, load_model
     from rkpart.partitioner.plan import Plan, Stage, load_plan
     from rkpart.profile.lifecycle import profile_plan
     from rkpart.recognizers import Recognizer, ScopeRecognizer, discover

@@ -180,8 +180,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
 @json_option()
 def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: bool) -> None:
     """Show the blocks and regions found in MODEL (nothing is written)."""
+    from rkpart.ir import describe
     from rkpart.partitioner.api import inspect_model
-    from rkpart.partitioner.graph import describe
 
     if model is None:
         model = bundled_example()

@@ -71,7 +71,7 @@ def choose_strategy(model: str | os.PathLike[str], input_shapes: Mapping[str, tu
     memory budget.
     """
     from rkpart.errors import DiscoveryError
-    from rkpart.partitioner.graph import load_model
+    from rkpart.ir import load_model
     from rkpart.recognizers import discover
 
     mg = load_model(model, input_shapes=input_shapes)

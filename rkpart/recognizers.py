@@ -31,9 +31,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from rkpart.errors import DiscoveryError, UserError, describe_exception
+from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Block, Discovery, Region
 from rkpart.partitioner.discovery import discover as structural
-from rkpart.partitioner.graph import ModelGraph
 from rkpart.plugins import RECOGNIZER_GROUP, PluginSet, load_plugins
 
 STAGES = ("before", "after")

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.cost_model.features import Features, group_features
+from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Block, Discovery
-from rkpart.partitioner.graph import ModelGraph
 from rkpart.strategies.base import Group, Partition, block_id
 from rkpart.targets.known_issues import crash_patterns
 

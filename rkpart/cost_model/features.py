@@ -329,7 +329,7 @@ def stage_features(folder: str | Path, stage: Stage) -> Features:
 
 
 def group_features(mg: Any, ops: Iterable[int], *, device: str) -> Features:
-    """Features of the ops ``ops`` of a :class:`~rkpart.partitioner.graph.ModelGraph` as one stage."""
+    """Features of the ops ``ops`` of a :class:`~rkpart.ir.ModelGraph` as one stage."""
     opset = set(ops)
     order = sorted(opset)  # model order is topological (graph loading checks it)
     produced = {t for i in order for t in mg.nodes[i].output if t}

@@ -26,8 +26,8 @@ import numpy as np
 from rkpart.cost_model.candidates import Candidate, enumerate_candidates, mark_exclusions
 from rkpart.cost_model.model import CostModel
 from rkpart.errors import BudgetError, UserError
+from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.graph import ModelGraph
 from rkpart.targets.known_issues import crash_patterns
 
 MIB = float(1 << 20)

@@ -22,9 +22,10 @@ import networkx as nx
 
 from rkpart.errors import InternalError, InvalidModelError, OutputExistsError, SpecError, UserError
 from rkpart.io import atomic_write_bytes, file_sha256, folder_lock, recover_folder, replace_folder
+from rkpart.ir import ModelGraph, load_model
+from rkpart.ir.ops import CONTROL_FLOW_OPS
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD, boundary, check_stage, extract, stage_sha256
-from rkpart.partitioner.graph import CONTROL_FLOW_OPS, ModelGraph, load_model
 from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 from rkpart.recognizers import discover  # recognisers (plugins, scope fallback) around the structural one
 from rkpart.strategies import get_strategy

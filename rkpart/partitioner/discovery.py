@@ -42,7 +42,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from rkpart.errors import DiscoveryError
-from rkpart.partitioner.graph import PASS_THROUGH_OPS, ModelGraph
+from rkpart.ir import ModelGraph
+from rkpart.ir.ops import PASS_THROUGH_OPS
 
 WEIGHTED_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
 ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
@@ -181,7 +182,7 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
     Parameters
     ----------
     mg:
-        A loaded model (:func:`rkpart.partitioner.graph.load_model`).
+        A loaded model (:func:`rkpart.ir.load_model`).
     min_blocks:
         Fewer blocks than this is an error.
 

@@ -22,7 +22,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.errors import InvalidModelError, first_line
 from rkpart.io import atomic_writer, hash_file
-from rkpart.partitioner.graph import CONTROL_FLOW_OPS, ModelGraph, shape_as_constant, tensor_bytes
+from rkpart.ir import ModelGraph, shape_as_constant
+from rkpart.ir.ops import CONTROL_FLOW_OPS
 
 #: weights at least this large go to the stage's external data file
 DEFAULT_EXTERNAL_THRESHOLD = 1024
@@ -219,7 +220,7 @@ def _finish(
     data = model.SerializeToString(deterministic=True)
     with atomic_writer(path) as tmp:
         tmp.write_bytes(data)
-    io_bytes = sum(tensor_bytes(types, t) for t in [*inputs, *outputs])
+    io_bytes = sum(mg.nbytes(t) for t in [*inputs, *outputs])
     return ExtractedStage(
         file=path.name,
         data_file=data_path.name if data_path else None,

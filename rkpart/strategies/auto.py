@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from rkpart.errors import UserError
+from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.graph import ModelGraph
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
 
 

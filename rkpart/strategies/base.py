@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rkpart.errors import UserError
+from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Block, Discovery, Region
-from rkpart.partitioner.graph import ModelGraph
 from rkpart.types import Device
 
 

@@ -29,8 +29,8 @@ import jsonschema
 import yaml
 
 from rkpart.errors import SpecError, UserError, first_line
+from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.graph import ModelGraph
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
 
 _STAGE_ID = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from rkpart.errors import UserError
+from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.graph import ModelGraph
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
 
 

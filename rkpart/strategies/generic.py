@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 
 from rkpart.errors import BudgetError, UserError
+from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.graph import ModelGraph, tensor_bytes
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
 
 MIB = 1 << 20
@@ -87,7 +87,7 @@ class Schedule:
             self.uses.append(u)
             lv = n - 1 if t in outputs else (u[-1] if u else int(p))
             last.append(max(lv, int(p)))
-            nbytes.append(tensor_bytes(mg.tensor_types, t) if t in mg.tensor_types else 0)
+            nbytes.append(mg.nbytes(t))
         self.last = np.array(last, dtype=np.int64)
         self.nbytes = np.array(nbytes, dtype=np.int64)
 

@@ -32,7 +32,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import load_external_data_for_tensor
 
-from rkpart.partitioner.graph import ModelGraph, load_model
+from rkpart.ir import ModelGraph, load_model
 
 #: seed of the ONNX Runtime run that gives frozen (non-float) cut tensors their values
 FREEZE_SEED = 0

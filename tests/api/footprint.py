@@ -8,7 +8,7 @@ consumer anywhere (graph outputs: to the end), never past the segment's end.
 
 from __future__ import annotations
 
-from rkpart.partitioner.graph import ModelGraph, tensor_bytes
+from rkpart.ir import ModelGraph
 
 
 def footprint(mg: ModelGraph, ops: list[int]) -> tuple[int, int]:
@@ -40,7 +40,7 @@ def footprint(mg: ModelGraph, ops: list[int]) -> tuple[int, int]:
             uses = [pos[c] for c in mg.consumers.get(t, []) if c in pos]
             last = len(order) - 1 if t in mg.outputs else max([p, *uses])
             if max(p, s) <= k <= min(last, e - 1):
-                live += tensor_bytes(mg.tensor_types, t) if t in mg.tensor_types else 0
+                live += mg.nbytes(t)
         peak = max(peak, live)
     return w, peak
 
@@ -55,6 +55,6 @@ def crossing(mg: ModelGraph, c: int) -> tuple[int, int]:
             continue
         p = pos[mg.producer[t]] if t in mg.producer else -1
         if p < c and any(pos[x] >= c for x in mg.consumers.get(t, []) if x in pos):
-            b += tensor_bytes(mg.tensor_types, t)
+            b += mg.nbytes(t)
             n += 1
     return b, n

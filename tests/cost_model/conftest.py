@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.models.anima import AnimaConfig, build_anima_onnx
+from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.discovery import Discovery, discover
-from rkpart.partitioner.graph import ModelGraph, load_model
+from tests.models.anima import AnimaConfig, build_anima_onnx
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,8 @@ from rkpart.cost_model.candidates import enumerate_candidates
 from rkpart.cost_model.model import CostModel, default_model_path
 from rkpart.cost_model.select import MIB, SelectionConfig, deltas, select
 from rkpart.errors import BudgetError
+from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.graph import ModelGraph
 
 Anima = tuple[ModelGraph, Discovery]
 
@@ -85,8 +85,9 @@ def test_compile_failure_recorded_in_a_plan_excludes_that_candidate(tmp_path: Pa
     import dataclasses
 
     from rkpart.partitioner.api import partition
+
+    from rkpart.ir import load_model
     from rkpart.partitioner.discovery import discover
-    from rkpart.partitioner.graph import load_model
     from rkpart.types import BuildFailure
 
     plan = partition(example_model, tmp_path / "fused", "fused")

@@ -33,8 +33,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.discovery import Discovery, discover
-from rkpart.partitioner.graph import ModelGraph, load_model
 from tests.partitioner.checks import npu_per_block, partition_and_check, region_sizes, region_table
 
 T, D = 8, 16

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from rkpart.ir import load_model
 from rkpart.partitioner.discovery import discover
-from rkpart.partitioner.graph import load_model
 
 
 def _parts(b):

@@ -23,9 +23,9 @@ from types import ModuleType
 
 import pytest
 
+from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.anonymize import anonymize_file
 from rkpart.partitioner.discovery import Discovery, discover
-from rkpart.partitioner.graph import ModelGraph, load_model
 from tests.partitioner.checks import npu_per_block, partition_and_check, region_table
 from tests.partitioner.conftest import export_family_cached
 

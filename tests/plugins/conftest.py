@@ -25,7 +25,7 @@ from rkpart.plugins import load_plugins
 DEMO_MODULE = '''
 """A third-party strategy and recogniser, as a plugin author would write them."""
 from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.graph import ModelGraph
+from rkpart.ir import ModelGraph
 from rkpart.recognizers import relabel, structural
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy
 

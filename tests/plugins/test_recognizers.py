@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from rkpart.errors import DiscoveryError, UserError
+from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.graph import ModelGraph, load_model
 from rkpart.recognizers import ScopeRecognizer, discover, discovery_from_blocks, relabel, structural
 
 

@@ -1,16 +1,29 @@
-"""Load an ONNX model into an op/tensor graph without holding weight bytes twice.
+"""Load an ONNX model into a :class:`~rkpart.ir.graph.ModelGraph` without holding weight bytes twice.
 
 The model is parsed with ``load_external_data=False``: external weights stay on disk and are
 only referenced (file, offset, length) until a stage is written out, and inline weights stay
 in the one ``ModelProto`` that was parsed.  Extraction streams weight bytes from there
 straight into each stage's files (:mod:`rkpart.partitioner.extract`).
 
-``ModelGraph.nx`` is a bipartite :class:`networkx.DiGraph` of ``("op", i)`` and
-``("tensor", name)`` nodes; ``ModelGraph.ops`` is the op-level DAG the discovery works on.
-Constant-only computations (``Constant`` nodes, ops fed only by weights and constants, and
-``Shape`` of a statically shaped tensor) are *not* part of the op DAG: they carry no data
-from the model inputs, so they are copied into every stage that needs them instead of
-becoming stage boundaries.
+:func:`load_model` is a recipe of named steps, each refusing a bad input with one
+:class:`~rkpart.errors.InvalidModelError` line before anything is written:
+
+1. **Parse** (:func:`_parse`): read the file, protobuf-decode it, refuse non-UTF-8 text.
+2. **Check the header** (:func:`_opset`, :func:`_check_initializers`,
+   :func:`check_external_data`): a supported default-domain opset; initializers whose type
+   and data fit their shape; external data inside the model folder and long enough.
+3. **Fold constants** (:func:`_fold_constants`): small constant computations (``Shape`` of
+   static tensors, index arithmetic) become initializers, so shapes resolve.
+4. **Index tensors** (:func:`_index`): producer and consumers of every tensor; every read
+   tensor produced exactly once, every output produced.
+5. **Sort** (:func:`_sort`): nodes in a topological order (cycles refused); the rest of
+   rkpart relies on model order being topological.
+6. **Type** (:func:`_check_schema`, :func:`_infer_types`, :func:`_check_types`):
+   ``onnx.checker`` and static shape inference on a weight-free copy; every read tensor gets
+   a static type.
+7. **Classify constants** (:func:`_const_ops`, :func:`_check_outputs`): ops that carry no
+   data from the inputs; model outputs must not be constants.
+8. **Build the graph** (:func:`_op_graph`): the op-level DAG with typed :class:`OpNode` data.
 """
 
 from __future__ import annotations
@@ -18,8 +31,8 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,83 +42,181 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.errors import InvalidModelError, first_line
+from rkpart.ir.graph import ModelGraph, OpNode
+from rkpart.ir.ops import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, GENERATIVE_OPS, RANDOM_OPS, SUPPORTED_DOMAINS
+from rkpart.ir.tensors import (
+    MAX_ELEMENTS,
+    SUB_BYTE_BITS,
+    SUPPORTED_DTYPES,
+    TensorType,
+    np_dtype_name,
+    onnx_dtype_name,
+    tensor_nbytes,
+)
 
-#: ops whose presence we accept only inside a single stage (a cut through them is refused)
-CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
-#: ops that only re-label data; walked through when following the residual stream
-PASS_THROUGH_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Cast", "Flatten"})
 MIN_OPSET, MAX_OPSET = 7, 23
+#: constant results up to this size are folded into initializers at load time
+FOLD_LIMIT = 1 << 16
+#: never folded nor treated as constants: random ops differ per run, control flow is opaque
+_NO_FOLD = RANDOM_OPS | CONTROL_FLOW_OPS
+
+
+def load_model(
+    path: str | os.PathLike[str],
+    *,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> ModelGraph:
+    """Parse, validate and index an ONNX model.
+
+    Parameters
+    ----------
+    path:
+        The ``.onnx`` file; external data is resolved relative to its folder but not read.
+    input_shapes:
+        Static shapes for model inputs with symbolic dimensions.
+
+    Raises
+    ------
+    InvalidModelError
+        Not ONNX, truncated, invalid references, cycles, unsupported opset, escaping or short
+        external data, unresolved dynamic shapes.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidModelError(f"no such model file: {path}")
+    model = _parse(path)
+    opset = _opset(model, path)
+    _check_initializers(model, path)
+    check_external_data(model, path.parent)
+    _fold_constants(model, path)
+    index = _sort(model, _index(model, path), path)
+    # after our own checks (clearer messages) and the topological re-sort (the checker
+    # insists on sorted nodes; rkpart accepts any order)
+    _check_schema(model, path)
+    types = _infer_types(model, path, input_shapes)
+    _check_types(index, types, path)
+    const_ops = frozenset(_const_ops(index.nodes, index.initializers, types))
+    _check_outputs(index, const_ops, path)
+    scopes = [_scope_of(n) for n in index.nodes]
+    return ModelGraph(
+        path=path,
+        model=model,
+        nodes=index.nodes,
+        tensor_types=types,
+        initializers=index.initializers,
+        producer=index.producer,
+        consumers=index.consumers,
+        const_ops=const_ops,
+        ops=_op_graph(index, const_ops, scopes),
+        inputs=index.inputs,
+        outputs=index.outputs,
+        opset=opset,
+        scopes=scopes,
+    )
 
 
 @dataclass
-class ModelGraph:
-    """A parsed model, its tensors' static types and the graphs built over it."""
+class _Index:
+    """Who produces and who reads each tensor (step 4)."""
 
-    path: Path
-    model: onnx.ModelProto
     nodes: list[onnx.NodeProto]
-    tensor_types: dict[str, tuple[str, tuple[int, ...]]]  # name -> (numpy dtype name, shape)
     initializers: dict[str, TensorProto]
-    producer: dict[str, int]
-    consumers: dict[str, list[int]]
-    const_ops: frozenset[int]
-    ops: nx.DiGraph  # op-level DAG over non-constant ops
-    nx: nx.DiGraph  # bipartite op/tensor graph
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    opset: int
-    #: per-op "scope" string from exporter names or metadata, used for block numbering
-    scopes: list[str] = field(default_factory=list)
+    producer: dict[str, int]
+    consumers: dict[str, list[int]]
 
-    # -- helpers ---------------------------------------------------------------------------
-    def is_const_tensor(self, name: str) -> bool:
-        if name in self.initializers:
-            return True
-        p = self.producer.get(name)
-        return p is not None and p in self.const_ops
 
-    def dyn_inputs(self, op: int) -> list[str]:
-        """Non-constant inputs of ``op`` (what carries data from the model inputs)."""
-        return [t for t in self.nodes[op].input if t and not self.is_const_tensor(t)]
-
-    def shape(self, name: str) -> tuple[int, ...] | None:
-        t = self.tensor_types.get(name)
-        return None if t is None else t[1]
-
-    def dtype(self, name: str) -> str | None:
-        t = self.tensor_types.get(name)
-        return None if t is None else t[0]
-
-    def weight_bytes(self, name: str) -> int:
-        init = self.initializers.get(name)
-        if init is None:
-            return 0
-        n = int(np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize)
-        for d in init.dims:
-            n *= int(d)
-        return n
-
-    def const_closure(self, tensors: Iterable[str]) -> list[int]:
-        """Constant ops needed to compute ``tensors``, in model order."""
-        need: set[int] = set()
-        stack = [self.producer[t] for t in tensors if t in self.producer and self.producer[t] in self.const_ops]
-        while stack:
-            i = stack.pop()
-            if i in need:
+def _index(model: onnx.ModelProto, path: Path) -> _Index:
+    g = model.graph
+    initializers = {i.name: i for i in g.initializer}
+    graph_inputs = tuple(i.name for i in g.input if i.name not in initializers)
+    if not graph_inputs:
+        raise InvalidModelError(f"{path}: model has no inputs")
+    nodes = list(g.node)
+    producer: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        if n.domain not in SUPPORTED_DOMAINS:
+            raise InvalidModelError(f"{path}: node {n.name or i} uses unsupported domain {n.domain!r}")
+        for t in n.output:
+            if not t:
                 continue
-            need.add(i)
-            for t in self.nodes[i].input:
-                p = self.producer.get(t)
-                if p is not None and p in self.const_ops and p not in need:
-                    stack.append(p)
-        return sorted(need)
+            if t in producer or t in initializers or t in graph_inputs:
+                raise InvalidModelError(f"{path}: tensor {t!r} is produced more than once")
+            producer[t] = i
+    known = set(producer) | set(initializers) | set(graph_inputs)
+    for i, n in enumerate(nodes):
+        for t in n.input:
+            if t and t not in known:
+                raise InvalidModelError(
+                    f"{path}: node {n.name or i} ({n.op_type}) reads {t!r}, which nothing produces"
+                )
+    outputs = tuple(o.name for o in g.output)
+    for o in outputs:
+        if o not in known:
+            raise InvalidModelError(f"{path}: model output {o!r} is produced by nothing")
+    return _Index(nodes, initializers, graph_inputs, outputs, producer, _consumers(nodes))
 
 
-def _np_dtype_name(elem_type: int) -> str:
-    try:
-        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type)).name
-    except (KeyError, TypeError, ValueError):
-        return f"onnx:{elem_type}"
+def _consumers(nodes: list[onnx.NodeProto]) -> dict[str, list[int]]:
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for t in n.input:
+            if t:
+                consumers.setdefault(t, []).append(i)
+    return consumers
+
+
+def _sort(model: onnx.ModelProto, index: _Index, path: Path) -> _Index:
+    """Re-order the nodes topologically (in ``model`` too) when the exporter did not."""
+    order = _toposort(index.nodes, index.producer, path)
+    if order == list(range(len(index.nodes))):
+        return index
+    nodes = [index.nodes[i] for i in order]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    producer = {t: i for i, n in enumerate(nodes) for t in n.output if t}
+    return _Index(nodes, index.initializers, index.inputs, index.outputs, producer, _consumers(nodes))
+
+
+def _check_types(index: _Index, types: Mapping[str, TensorType], path: Path) -> None:
+    for i, n in enumerate(index.nodes):
+        for t in n.output:
+            if t and t not in types and index.consumers.get(t):
+                raise InvalidModelError(f"{path}: cannot infer the type of {t!r} (node {n.name or i})")
+        _check_element_counts(n, i, types, path)
+
+
+def _check_outputs(index: _Index, const_ops: frozenset[int], path: Path) -> None:
+    outputs = index.outputs
+    if not outputs:
+        raise InvalidModelError(f"{path}: model has no outputs")
+    if len(set(outputs)) != len(outputs):
+        dup = next(o for o in outputs if outputs.count(o) > 1)
+        raise InvalidModelError(f"{path}: model output {dup!r} is listed twice")
+    for o in outputs:
+        p = index.producer.get(o)
+        if o in index.initializers or (p is not None and p in const_ops):
+            raise InvalidModelError(
+                f"{path}: model output {o!r} is a constant, not computed from the inputs; remove it"
+            )
+
+
+def _op_graph(index: _Index, const_ops: frozenset[int], scopes: list[str]) -> nx.DiGraph:
+    """The op-level DAG over data ops: an edge ``p -> i`` when ``i`` reads a tensor ``p`` produces."""
+    ops = nx.DiGraph()
+    for i, n in enumerate(index.nodes):
+        if i not in const_ops:
+            ops.add_node(i, op=OpNode(index=i, op_type=n.op_type, name=n.name, domain=n.domain,
+                                      inputs=tuple(n.input), outputs=tuple(n.output), scope=scopes[i]))
+    for i, n in enumerate(index.nodes):
+        if i in const_ops:
+            continue
+        for t in n.input:
+            p = index.producer.get(t)
+            if p is not None and p not in const_ops:
+                ops.add_edge(p, i)
+    return ops
 
 
 def _value_info_type(vi: onnx.ValueInfoProto) -> tuple[str, tuple[int | str, ...]] | None:
@@ -121,8 +232,8 @@ def _value_info_type(vi: onnx.ValueInfoProto) -> tuple[str, tuple[int | str, ...
             else:
                 dims.append(d.dim_param or "?")
     else:
-        return _np_dtype_name(tt.elem_type), ("<unranked>",)
-    return _np_dtype_name(tt.elem_type), tuple(dims)
+        return np_dtype_name(tt.elem_type), ("<unranked>",)
+    return np_dtype_name(tt.elem_type), tuple(dims)
 
 
 def _parse(path: Path) -> onnx.ModelProto:
@@ -188,44 +299,6 @@ def _opset(model: onnx.ModelProto, path: Path) -> int:
     return v
 
 
-#: element types of tensors flowing through a partitioned model (what ONNX Runtime and
-#: rknn-toolkit2 both handle); float8/int4/complex/string tensors are refused at load time
-SUPPORTED_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64",
-                              "uint8", "uint16", "uint32", "uint64", "bool"})
-#: packed element types: bits per element (INT4, UINT4, FLOAT4E2M1, UINT2, INT2)
-_SUB_BYTE_BITS: dict[int, int] = {22: 4, 21: 4, 23: 4, 25: 2, 26: 2}
-#: no real model has a tensor this large; larger shapes are corrupt (or hostile) files
-MAX_ELEMENTS = 1 << 36
-
-
-def _dtype_name(data_type: int) -> str:
-    try:
-        return str(TensorProto.DataType.Name(data_type)).lower()
-    except ValueError:
-        return f"type {data_type}"
-
-
-def tensor_nbytes(data_type: int, dims: Iterable[int], what: str) -> int:
-    """Bytes of a dense tensor; :class:`InvalidModelError` for unknown types or bad dims."""
-    if data_type in (TensorProto.UNDEFINED, TensorProto.STRING):
-        raise InvalidModelError(f"{what} has unsupported element type {_dtype_name(data_type)}")
-    try:
-        np_dt = np.dtype(helper.tensor_dtype_to_np_dtype(data_type))
-    except (KeyError, TypeError, ValueError):
-        raise InvalidModelError(f"{what} has unknown element type {data_type}") from None
-    n = 1
-    for d in dims:
-        if d < 0:
-            raise InvalidModelError(f"{what} has a negative dimension {d}")
-        n *= int(d)
-    if n > MAX_ELEMENTS:
-        raise InvalidModelError(f"{what} has an absurd size ({n} elements)")
-    bits = _SUB_BYTE_BITS.get(int(data_type))
-    if bits is not None:
-        return (n * bits + 7) // 8
-    return n * int(np_dt.itemsize)
-
-
 def _check_initializers(model: onnx.ModelProto, path: Path) -> None:
     """Refuse initializers whose type is unknown or whose inline data does not fit their shape.
 
@@ -241,7 +314,7 @@ def _check_initializers(model: onnx.ModelProto, path: Path) -> None:
             if have != need:
                 raise InvalidModelError(
                     f"{what}: {have} bytes of data for shape {list(init.dims)} "
-                    f"{_dtype_name(init.data_type)} (needs {need})"
+                    f"{onnx_dtype_name(init.data_type)} (needs {need})"
                 )
             continue
         field_name = helper.tensor_dtype_to_field(init.data_type)
@@ -251,7 +324,7 @@ def _check_initializers(model: onnx.ModelProto, path: Path) -> None:
             numel *= int(d)
         if init.data_type in (TensorProto.COMPLEX64, TensorProto.COMPLEX128):
             numel *= 2
-        packed = int(init.data_type) in _SUB_BYTE_BITS
+        packed = int(init.data_type) in SUB_BYTE_BITS
         if not packed and count != numel:
             raise InvalidModelError(
                 f"{what}: {count} values for shape {list(init.dims)} (needs {numel})"
@@ -372,7 +445,7 @@ def _infer_types(
             continue
         types[vi.name] = (dt, tuple(int(d) for d in dims))
     for init in g.initializer:
-        types[init.name] = (_np_dtype_name(init.data_type), tuple(int(d) for d in init.dims))
+        types[init.name] = (np_dtype_name(init.data_type), tuple(int(d) for d in init.dims))
     if unresolved:
         raise InvalidModelError(
             f"{path}: unresolved dynamic shape of {unresolved[0]}; give the model inputs static shapes "
@@ -391,8 +464,6 @@ def _infer_types(
 
 #: constant results up to this size are folded into initializers at load time
 FOLD_LIMIT = 1 << 16
-_NO_FOLD = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
-                      "If", "Loop", "Scan"})
 
 
 def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
@@ -426,7 +497,7 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
             shapes[init.name] = tuple(int(d) for d in init.dims)
         folded: dict[int, list[np.ndarray]] = {}
         for i, n in enumerate(g.node):
-            if n.op_type in _NO_FOLD or n.domain not in ("", "ai.onnx"):
+            if n.op_type in _NO_FOLD or n.domain not in DEFAULT_DOMAINS:
                 continue
             ins = [t for t in n.input if t]
             if n.op_type == "Shape" and ins:
@@ -475,11 +546,6 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
             g.initializer.extend(live)
 
 
-#: ops whose output can be far larger than their inputs (a 16-byte shape -> 64 GB of ones)
-_GENERATIVE = frozenset({"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Upsample", "Pad", "OneHot",
-                         "EyeLike", "MatMul", "Gemm", "Einsum", "Col2Im", "Unique", "NonZero"})
-
-
 def _small_result(node: onnx.NodeProto, shapes: Mapping[str, tuple[int | str, ...]],
                   values: Mapping[str, np.ndarray]) -> bool:
     """Whether evaluating ``node`` for folding is known to produce at most ``FOLD_LIMIT`` bytes.
@@ -492,7 +558,7 @@ def _small_result(node: onnx.NodeProto, shapes: Mapping[str, tuple[int | str, ..
     if all(k is not None and all(isinstance(d, int) and d >= 0 for d in k) for k in known):
         n = sum(math.prod(int(d) for d in k) for k in known if k is not None)
         return n * 8 <= FOLD_LIMIT
-    if node.op_type in _GENERATIVE:
+    if node.op_type in GENERATIVE_OPS:
         return False
     # other ops produce at most about what their inputs hold
     return sum(int(values[t].size) for t in node.input if t) * 8 <= FOLD_LIMIT
@@ -550,143 +616,6 @@ def _scope_of(node: onnx.NodeProto) -> str:
     return node.name or ""
 
 
-def load_model(
-    path: str | os.PathLike[str],
-    *,
-    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-) -> ModelGraph:
-    """Parse, validate and index an ONNX model.
-
-    Parameters
-    ----------
-    path:
-        The ``.onnx`` file; external data is resolved relative to its folder but not read.
-    input_shapes:
-        Static shapes for model inputs with symbolic dimensions.
-
-    Raises
-    ------
-    InvalidModelError
-        Not ONNX, truncated, invalid references, cycles, unsupported opset, escaping or short
-        external data, unresolved dynamic shapes.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise InvalidModelError(f"no such model file: {path}")
-    model = _parse(path)
-    opset = _opset(model, path)
-    _check_initializers(model, path)
-    check_external_data(model, path.parent)
-    _fold_constants(model, path)
-    g = model.graph
-
-    initializers = {i.name: i for i in g.initializer}
-    graph_inputs = tuple(i.name for i in g.input if i.name not in initializers)
-    if not graph_inputs:
-        raise InvalidModelError(f"{path}: model has no inputs")
-    nodes = list(g.node)
-
-    producer: dict[str, int] = {}
-    for i, n in enumerate(nodes):
-        if n.domain not in ("", "ai.onnx", "com.microsoft"):
-            raise InvalidModelError(f"{path}: node {n.name or i} uses unsupported domain {n.domain!r}")
-        for t in n.output:
-            if not t:
-                continue
-            if t in producer or t in initializers or t in graph_inputs:
-                raise InvalidModelError(f"{path}: tensor {t!r} is produced more than once")
-            producer[t] = i
-    known = set(producer) | set(initializers) | set(graph_inputs)
-    consumers: dict[str, list[int]] = {}
-    for i, n in enumerate(nodes):
-        for t in n.input:
-            if not t:
-                continue
-            if t not in known:
-                raise InvalidModelError(
-                    f"{path}: node {n.name or i} ({n.op_type}) reads {t!r}, which nothing produces"
-                )
-            consumers.setdefault(t, []).append(i)
-    outputs = tuple(o.name for o in g.output)
-    for o in outputs:
-        if o not in known:
-            raise InvalidModelError(f"{path}: model output {o!r} is produced by nothing")
-
-    # Topological order check (also catches cycles); the rest of rkpart relies on model order.
-    order = _toposort(nodes, producer, path)
-    if order != list(range(len(nodes))):
-        nodes = [nodes[i] for i in order]
-        del model.graph.node[:]
-        model.graph.node.extend(nodes)
-        producer = {t: i for i, n in enumerate(nodes) for t in n.output if t}
-        consumers = {}
-        for i, n in enumerate(nodes):
-            for t in n.input:
-                if t:
-                    consumers.setdefault(t, []).append(i)
-
-    # after our own checks (clearer messages) and the topological re-sort (the checker
-    # insists on sorted nodes; rkpart accepts any order)
-    _check_schema(model, path)
-    types = _infer_types(model, path, input_shapes)
-    for i, n in enumerate(nodes):
-        for t in n.output:
-            if t and t not in types and consumers.get(t):
-                raise InvalidModelError(f"{path}: cannot infer the type of {t!r} (node {n.name or i})")
-        _check_element_counts(n, i, types, path)
-
-    const_ops = _const_ops(nodes, initializers, types)
-    if not outputs:
-        raise InvalidModelError(f"{path}: model has no outputs")
-    if len(set(outputs)) != len(outputs):
-        dup = next(o for o in outputs if outputs.count(o) > 1)
-        raise InvalidModelError(f"{path}: model output {dup!r} is listed twice")
-    for o in outputs:
-        p = producer.get(o)
-        if o in initializers or (p is not None and p in const_ops):
-            raise InvalidModelError(
-                f"{path}: model output {o!r} is a constant, not computed from the inputs; remove it"
-            )
-    graph = nx.DiGraph()
-    ops = nx.DiGraph()
-    for i, n in enumerate(nodes):
-        graph.add_node(("op", i), op_type=n.op_type, name=n.name)
-        if i not in const_ops:
-            ops.add_node(i)
-        for t in n.input:
-            if t:
-                graph.add_edge(("tensor", t), ("op", i))
-        for t in n.output:
-            if t:
-                graph.add_edge(("op", i), ("tensor", t))
-    for i, n in enumerate(nodes):
-        if i in const_ops:
-            continue
-        for t in n.input:
-            p = producer.get(t)
-            if p is not None and p not in const_ops:
-                ops.add_edge(p, i)
-    for name in graph_inputs:
-        graph.add_node(("tensor", name))
-
-    return ModelGraph(
-        path=path,
-        model=model,
-        nodes=nodes,
-        tensor_types=types,
-        initializers=initializers,
-        producer=producer,
-        consumers=consumers,
-        const_ops=frozenset(const_ops),
-        ops=ops,
-        nx=graph,
-        inputs=graph_inputs,
-        outputs=outputs,
-        opset=opset,
-        scopes=[_scope_of(n) for n in nodes],
-    )
-
-
 def _check_element_counts(
     node: onnx.NodeProto, i: int, types: Mapping[str, tuple[str, tuple[int, ...]]], path: Path
 ) -> None:
@@ -729,8 +658,7 @@ def _const_ops(
     const_tensors = set(initializers)
     const: set[int] = set()
     for i, n in enumerate(nodes):
-        if n.op_type in CONTROL_FLOW_OPS or n.op_type in ("RandomNormal", "RandomUniform", "RandomNormalLike",
-                                                          "RandomUniformLike", "Multinomial"):
+        if n.op_type in _NO_FOLD:
             continue
         ins = [t for t in n.input if t]
         is_const = (
@@ -742,39 +670,3 @@ def _const_ops(
             const.add(i)
             const_tensors.update(t for t in n.output if t)
     return const
-
-
-def shape_as_constant(node: onnx.NodeProto, types: Mapping[str, tuple[str, tuple[int, ...]]]) -> onnx.NodeProto:
-    """Replace ``Shape(x)`` (x statically shaped) by an equivalent ``Constant`` node."""
-    shape = list(types[node.input[0]][1])
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-    start, end = attrs.get("start", 0), attrs.get("end")
-    value = np.array(shape[start:end] if end is not None else shape[start:], dtype=np.int64)
-    return helper.make_node(
-        "Constant", [], list(node.output), name=node.name, value=numpy_helper.from_array(value)
-    )
-
-
-def tensor_bytes(types: Mapping[str, tuple[str, tuple[int, ...]]], name: str) -> int:
-    dt, shape = types[name]
-    n = int(np.dtype(dt).itemsize) if not dt.startswith("onnx:") else 4
-    for d in shape:
-        n *= int(d)
-    return n
-
-
-def describe(mg: ModelGraph) -> dict[str, Any]:
-    """A small summary used by ``rkpart inspect``."""
-    counts: dict[str, int] = {}
-    for n in mg.nodes:
-        counts[n.op_type] = counts.get(n.op_type, 0) + 1
-    return {
-        "file": str(mg.path),
-        "opset": mg.opset,
-        "nodes": len(mg.nodes),
-        "const_nodes": len(mg.const_ops),
-        "weight_bytes": sum(mg.weight_bytes(n) for n in mg.initializers),
-        "inputs": [{"name": n, "dtype": mg.dtype(n), "shape": list(mg.shape(n) or ())} for n in mg.inputs],
-        "outputs": [{"name": n, "dtype": mg.dtype(n), "shape": list(mg.shape(n) or ())} for n in mg.outputs],
-        "op_counts": dict(sorted(counts.items())),
-    }

@@ -1,0 +1,14 @@
+"""The IR every stage of the flow shares: a loaded ONNX model as a graph of typed ops.
+
+``load_model(path) -> ModelGraph``; ``ModelGraph.subgraph(ops) -> Subgraph``; one op
+taxonomy (:mod:`rkpart.ir.ops`); one byte counter (:mod:`rkpart.ir.tensors`).  A leaf
+package: it imports only :mod:`rkpart.errors`, :mod:`rkpart.io` and :mod:`rkpart.types`.
+"""
+
+from rkpart.ir.graph import ModelGraph, OpNode, describe, shape_as_constant
+from rkpart.ir.load import check_external_data, load_model
+from rkpart.ir.subgraph import Subgraph, subgraph
+from rkpart.ir.tensors import TensorType, nbytes, tensor_nbytes
+
+__all__ = ["ModelGraph", "OpNode", "Subgraph", "TensorType", "check_external_data", "describe", "load_model",
+           "nbytes", "shape_as_constant", "subgraph", "tensor_nbytes"]

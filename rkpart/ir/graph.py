@@ -1,0 +1,176 @@
+"""The graph every stage of the flow shares: a loaded model's ops, tensors and their types.
+
+``ModelGraph.ops`` is a :class:`networkx.DiGraph` over the model's *data* ops (indices into
+``ModelGraph.nodes``, model order = a topological order); each node carries its typed
+:class:`OpNode` under the ``"op"`` key.  Constant-only computations (``Constant`` nodes, ops
+fed only by weights and constants, and ``Shape`` of a statically shaped tensor) are *not*
+part of it: they carry no data from the model inputs, so they are copied into every stage
+that needs them instead of becoming stage boundaries (:meth:`ModelGraph.const_closure`).
+
+Graph facts -- shapes, bytes, op kinds, constants, the boundary of an op set -- are answered
+here (and in :mod:`rkpart.ir.subgraph`), never re-derived by the packages above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import networkx as nx
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from rkpart.ir.tensors import TensorType, nbytes, tensor_nbytes
+
+if TYPE_CHECKING:
+    from rkpart.ir.subgraph import Subgraph
+
+
+@dataclass(frozen=True)
+class OpNode:
+    """What the graph knows about one op (the typed data of a node of ``ModelGraph.ops``)."""
+
+    index: int
+    op_type: str
+    name: str
+    domain: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    #: module path from exporter names or metadata (``/transformer_blocks.3/attn``), for block numbering
+    scope: str
+
+    @property
+    def label(self) -> str:
+        """``OpType name`` (the index when the op has no name), for messages and reports."""
+        return f"{self.op_type} {self.name or self.index}"
+
+
+@dataclass
+class ModelGraph:
+    """A parsed model, its tensors' static types and the op graph built over it."""
+
+    path: Path
+    model: onnx.ModelProto
+    nodes: list[onnx.NodeProto]
+    tensor_types: dict[str, TensorType]  # name -> (numpy dtype name, shape)
+    initializers: dict[str, TensorProto]
+    producer: dict[str, int]
+    consumers: dict[str, list[int]]
+    const_ops: frozenset[int]
+    ops: nx.DiGraph  # op-level DAG over non-constant ops; node data "op": OpNode
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    opset: int
+    #: per-op "scope" string from exporter names or metadata, used for block numbering
+    scopes: list[str] = field(default_factory=list)
+
+    # -- ops -------------------------------------------------------------------------------
+    def op(self, i: int) -> OpNode:
+        """The typed record of data op ``i``."""
+        rec: OpNode = self.ops.nodes[i]["op"]
+        return rec
+
+    def op_label(self, i: int) -> str:
+        n = self.nodes[i]
+        return f"{n.op_type} {n.name or i}"
+
+    # -- tensors ---------------------------------------------------------------------------
+    def is_const_tensor(self, name: str) -> bool:
+        if name in self.initializers:
+            return True
+        p = self.producer.get(name)
+        return p is not None and p in self.const_ops
+
+    def dyn_inputs(self, op: int) -> list[str]:
+        """Non-constant inputs of ``op`` (what carries data from the model inputs)."""
+        return [t for t in self.nodes[op].input if t and not self.is_const_tensor(t)]
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        t = self.tensor_types.get(name)
+        return None if t is None else t[1]
+
+    def dtype(self, name: str) -> str | None:
+        t = self.tensor_types.get(name)
+        return None if t is None else t[0]
+
+    def is_float(self, name: str) -> bool:
+        dt = self.dtype(name)
+        return dt is not None and not dt.startswith("onnx:") and np.dtype(dt).kind == "f"
+
+    def nbytes(self, name: str) -> int:
+        """Bytes of tensor ``name`` (0 when its type is unknown, e.g. an unread optional output)."""
+        t = self.tensor_types.get(name)
+        return 0 if t is None else nbytes(*t)
+
+    def weight_bytes(self, name: str) -> int:
+        """Bytes of initializer ``name`` (0 for anything else)."""
+        init = self.initializers.get(name)
+        return 0 if init is None else tensor_nbytes(init.data_type, init.dims, f"initializer {name!r}")
+
+    def value_info(self, name: str) -> onnx.ValueInfoProto:
+        """A typed ``ValueInfoProto`` with the static shape the model gives ``name``."""
+        dt, shape = self.tensor_types[name]
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dt)), list(shape))
+
+    # -- constants -------------------------------------------------------------------------
+    def const_closure(self, tensors: Iterable[str]) -> list[int]:
+        """Constant ops needed to compute ``tensors``, in model order."""
+        need: set[int] = set()
+        stack = [self.producer[t] for t in tensors if t in self.producer and self.producer[t] in self.const_ops]
+        while stack:
+            i = stack.pop()
+            if i in need:
+                continue
+            need.add(i)
+            for t in self.nodes[i].input:
+                p = self.producer.get(t)
+                if p is not None and p in self.const_ops and p not in need:
+                    stack.append(p)
+        return sorted(need)
+
+    def const_node(self, i: int) -> onnx.NodeProto:
+        """Constant op ``i`` as it goes into a stage: ``Shape`` of a static tensor becomes a ``Constant``."""
+        n = self.nodes[i]
+        if n.op_type == "Shape":
+            return shape_as_constant(n, self.tensor_types)
+        return n
+
+    def subgraph(self, ops: Iterable[int], *, sinks: bool = False) -> Subgraph:
+        """The frozen view of the data ops ``ops`` as one standalone graph (see :mod:`rkpart.ir.subgraph`)."""
+        from rkpart.ir.subgraph import subgraph
+
+        return subgraph(self, ops, sinks=sinks)
+
+
+def shape_as_constant(node: onnx.NodeProto, types: dict[str, TensorType]) -> onnx.NodeProto:
+    """Replace ``Shape(x)`` (x statically shaped) by an equivalent ``Constant`` node."""
+    shape = list(types[node.input[0]][1])
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    start, end = attrs.get("start", 0), attrs.get("end")
+    value = np.array(shape[start:end] if end is not None else shape[start:], dtype=np.int64)
+    return helper.make_node(
+        "Constant", [], list(node.output), name=node.name, value=numpy_helper.from_array(value)
+    )
+
+
+def describe(mg: ModelGraph) -> dict[str, Any]:
+    """A small summary used by ``rkpart inspect``."""
+    counts: dict[str, int] = {}
+    for n in mg.nodes:
+        counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return {
+        "file": str(mg.path),
+        "opset": mg.opset,
+        "nodes": len(mg.nodes),
+        "const_nodes": len(mg.const_ops),
+        "weight_bytes": sum(mg.weight_bytes(n) for n in mg.initializers),
+        "inputs": [{"name": n, "dtype": mg.dtype(n), "shape": list(mg.shape(n) or ())} for n in mg.inputs],
+        "outputs": [{"name": n, "dtype": mg.dtype(n), "shape": list(mg.shape(n) or ())} for n in mg.outputs],
+        "op_counts": dict(sorted(counts.items())),
+    }
+
+
+__all__ = ["ModelGraph", "OpNode", "describe", "shape_as_constant"]
