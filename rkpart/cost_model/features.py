@@ -1,9 +1,10 @@
 """Features of a subgraph that a cost model predicts from.
 
-A subgraph is a list of ONNX nodes with static tensor types, as it appears either in a
-stage file of a plan (:func:`stage_features`) or as a set of ops of a loaded model that a
-candidate partition would cut out (:func:`group_features`).  Both paths end in
-:func:`subgraph_features`, so a candidate's features equal those of the stage it becomes.
+A subgraph is a :class:`rkpart.ir.Subgraph` view: of a stage file of a plan, loaded as its
+own graph (:func:`stage_features`), or of a set of ops of a loaded model that a candidate
+partition would cut out (:func:`group_features`).  Boundaries, constants, weight bytes and
+tensor sizes are the graph's answers; both paths end in :func:`view_features`, so a
+candidate's features equal those of the stage it becomes.
 
 Everything is counted from static shapes, never by running the graph:
 
@@ -33,20 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
-from onnx import helper
 
+from rkpart.ir import ModelGraph, Subgraph, TensorType, graph_of, nbytes
+from rkpart.ir.ops import MAC_OPS, MATMUL_OPS, REDUCE_OPS, RELABEL_OPS
 from rkpart.partitioner.plan import Artifact, Stage, check_inside
-
-#: ops with a weight operand whose MACs are counted
-MAC_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "MatMulInteger", "QLinearMatMul", "Einsum"})
-#: ops that only re-label a tensor (no data movement worth counting)
-RELABEL_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten", "Shape", "Constant",
-                         "ConstantOfShape", "Size"})
-REDUCE_OPS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2",
-                        "ReduceSumSquare", "Softmax", "LayerNormalization", "RMSNormalization",
-                        "SimplifiedLayerNormalization", "GroupNormalization", "InstanceNormalization"})
 
 #: derived terms a model may use besides :data:`NUMERIC`: ``const`` (1 per stage),
 #: ``all_macs`` (weighted + activation MACs), ``io_bytes`` (boundary in + out)
@@ -111,18 +103,11 @@ def _numel(shape: Sequence[int]) -> int:
     return int(math.prod(int(d) for d in shape))
 
 
-def _nbytes(tt: tuple[str, tuple[int, ...]] | None) -> int:
-    if tt is None:
-        return 0
-    dt, shape = tt
-    try:
-        size = int(np.dtype(dt).itemsize)
-    except TypeError:
-        size = 4
-    return size * _numel(shape)
+def _nbytes(tt: TensorType | None) -> int:
+    return 0 if tt is None else nbytes(*tt)
 
 
-def _node_macs(node: onnx.NodeProto, types: Mapping[str, tuple[str, tuple[int, ...]]]) -> int:
+def _node_macs(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> int:
     """MACs of one weighted op from its input/output shapes (0 when shapes are unknown)."""
     def shape(i: int) -> tuple[int, ...] | None:
         if i >= len(node.input) or not node.input[i]:
@@ -134,7 +119,7 @@ def _node_macs(node: onnx.NodeProto, types: Mapping[str, tuple[str, tuple[int, .
     if out is None:
         return 0
     op = node.op_type
-    if op in ("MatMul", "MatMulInteger", "QLinearMatMul"):
+    if op in MATMUL_OPS:
         a = shape(0)
         if a is None or not a:
             return 0
@@ -161,7 +146,7 @@ def _node_macs(node: onnx.NodeProto, types: Mapping[str, tuple[str, tuple[int, .
 
 def subgraph_features(
     nodes: Sequence[onnx.NodeProto],
-    types: Mapping[str, tuple[str, tuple[int, ...]]],
+    types: Mapping[str, TensorType],
     *,
     device: str,
     inputs: Sequence[str],
@@ -202,7 +187,7 @@ def subgraph_features(
         out_bytes = sum(_nbytes(types.get(t)) for t in outs)
         if n.op_type in MAC_OPS:
             m = _node_macs(n, types)
-            if n.op_type in ("MatMul", "MatMulInteger", "QLinearMatMul"):
+            if n.op_type in MATMUL_OPS:
                 weighted = any(is_const(t) for t in n.input if t)
             else:
                 weighted = len(n.input) > 1 and is_const(n.input[1])
@@ -262,58 +247,11 @@ def _cpu_node_names(artifact: Artifact | None) -> set[str]:
 # -- front ends ----------------------------------------------------------------------------
 
 
-def _tensor_types(model: onnx.ModelProto) -> dict[str, tuple[str, tuple[int, ...]]]:
-    out: dict[str, tuple[str, tuple[int, ...]]] = {}
-    g = model.graph
-    for vi in [*g.input, *g.output, *g.value_info]:
-        tt = vi.type.tensor_type
-        if not vi.type.HasField("tensor_type") or not tt.HasField("shape"):
-            continue
-        if not all(d.HasField("dim_value") for d in tt.shape.dim):
-            continue
-        try:
-            dt = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)).name
-        except (KeyError, TypeError, ValueError):
-            continue
-        out[vi.name] = (dt, tuple(int(d.dim_value) for d in tt.shape.dim))
-    return out
-
-
-def _initializer_bytes(init: onnx.TensorProto) -> int:
-    try:
-        size = int(np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type)).itemsize)
-    except (KeyError, TypeError, ValueError):
-        size = 4
-    return size * _numel(init.dims)
-
-
-def model_features(model: onnx.ModelProto, *, device: str, artifact: Artifact | None = None) -> Features:
-    """Features of a whole (stage) model, weights not loaded.
-
-    Shapes come from the model's value_info completed by ONNX shape inference.
-    """
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - shape inference is best effort: value_info already present is used
-        inferred = model
-    types = _tensor_types(inferred)
-    g = inferred.graph
-    const = {i.name for i in g.initializer}
-    w = sum(_initializer_bytes(i) for i in g.initializer)
-    # constant-only nodes (Constant and ops fed only by constants) hold no activations
-    nodes: list[onnx.NodeProto] = []
-    for n in g.node:
-        if n.op_type == "Constant" or (n.input and all((not t) or t in const for t in n.input)):
-            const.update(t for t in n.output if t)
-            for a in n.attribute:
-                if a.name == "value" and a.HasField("t"):
-                    w += _initializer_bytes(a.t) if _numel(a.t.dims) > 16 else 0
-            continue
-        nodes.append(n)
-    inputs = [i.name for i in g.input if i.name not in const]
-    outputs = [o.name for o in g.output]
-    return subgraph_features(nodes, types, device=device, inputs=inputs, outputs=outputs, weight_bytes=w,
-                             const_tensors=frozenset(const), artifact=artifact)
+def model_features(model: onnx.ModelProto, *, device: str, artifact: Artifact | None = None,
+                   path: str | Path = "<stage>") -> Features:
+    """Features of a whole (stage) model, weights not loaded: the graph :mod:`rkpart.ir` builds of it."""
+    mg = graph_of(model, path)
+    return view_features(mg, mg.subgraph(mg.ops.nodes), device=device, artifact=artifact)
 
 
 def stage_features(folder: str | Path, stage: Stage) -> Features:
@@ -321,45 +259,23 @@ def stage_features(folder: str | Path, stage: Stage) -> Features:
     path = check_inside(Path(folder), stage.file, what=f"stage {stage.id} file")
     model = onnx.load(str(path), load_external_data=False)
     art = stage.artifact("rknn") if stage.device == "npu" else None
-    f = model_features(model, device=stage.device, artifact=art)
+    f = model_features(model, device=stage.device, artifact=art, path=path)
     # the plan's own weight count is authoritative (it knows what went to external data)
     return _replace(f, weight_bytes=stage.weight_bytes,
                     file_bytes=art.size_bytes if art is not None else stage.weight_bytes,
                     moved_bytes=f.moved_bytes - f.weight_bytes + stage.weight_bytes)
 
 
-def group_features(mg: Any, ops: Iterable[int], *, device: str) -> Features:
+def group_features(mg: ModelGraph, ops: Iterable[int], *, device: str) -> Features:
     """Features of the ops ``ops`` of a :class:`~rkpart.ir.ModelGraph` as one stage."""
-    opset = set(ops)
-    order = sorted(opset)  # model order is topological (graph loading checks it)
-    produced = {t for i in order for t in mg.nodes[i].output if t}
-    consts: set[str] = set()
-    weight = 0
-    seen_w: set[str] = set()
-    for i in order:
-        for t in mg.nodes[i].input:
-            if t and mg.is_const_tensor(t):
-                consts.add(t)
-    for ci in mg.const_closure(sorted(consts)):
-        for t in mg.nodes[ci].input:
-            if t in mg.initializers and t not in seen_w:
-                seen_w.add(t)
-                weight += mg.weight_bytes(t)
-    for t in sorted(consts):
-        if t in mg.initializers and t not in seen_w:
-            seen_w.add(t)
-            weight += mg.weight_bytes(t)
-    inputs: list[str] = []
-    for i in order:
-        for t in mg.dyn_inputs(i):
-            if t not in produced and t not in inputs:
-                inputs.append(t)
-    graph_outputs = set(mg.outputs)
-    outputs = [t for i in order for t in mg.nodes[i].output
-               if t and (t in graph_outputs or any(c not in opset for c in mg.consumers.get(t, [])))]
-    nodes = [mg.nodes[i] for i in order]
-    return subgraph_features(nodes, mg.tensor_types, device=device, inputs=inputs, outputs=outputs,
-                             weight_bytes=weight, const_tensors=frozenset(consts))
+    return view_features(mg, mg.subgraph(ops), device=device)
+
+
+def view_features(mg: ModelGraph, sub: Subgraph, *, device: str, artifact: Artifact | None = None) -> Features:
+    """Features of the :class:`~rkpart.ir.Subgraph` ``sub`` of ``mg``: the one place both front ends meet."""
+    return subgraph_features([mg.nodes[i] for i in sub.ops], mg.tensor_types, device=device, inputs=sub.inputs,
+                             outputs=sub.outputs, weight_bytes=sub.weight_bytes, const_tensors=sub.const_tensors,
+                             artifact=artifact)
 
 
 def _replace(f: Features, **changes: Any) -> Features:
@@ -383,4 +299,4 @@ def combine(parts: Sequence[Features], device: str | None = None) -> Features:
 
 
 __all__ = ["NUMERIC", "Features", "combine", "group_features", "model_features", "stage_features",
-           "subgraph_features"]
+           "subgraph_features", "view_features"]

@@ -84,7 +84,29 @@ def load_model(
     path = Path(path)
     if not path.is_file():
         raise InvalidModelError(f"no such model file: {path}")
-    model = _parse(path)
+    return _build(_parse(path), path, input_shapes)
+
+
+def graph_of(
+    model: onnx.ModelProto,
+    path: str | os.PathLike[str],
+    *,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+) -> ModelGraph:
+    """:func:`load_model` for a model already parsed (e.g. a stage read without its weights).
+
+    ``path`` names the model in messages and roots its external data.  ``model`` is copied,
+    not changed.
+    """
+    own = onnx.ModelProto()
+    own.CopyFrom(model)
+    path = Path(path)
+    _check_parsed(own, path)
+    return _build(own, path, input_shapes)
+
+
+def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[int, ...]] | None) -> ModelGraph:
+    """Steps 2-8 of the module docstring on a parsed ``model`` (changed in place: folded, sorted)."""
     opset = _opset(model, path)
     _check_initializers(model, path)
     check_external_data(model, path.parent)
@@ -251,10 +273,14 @@ def _parse(path: Path) -> onnx.ModelProto:
     except (DecodeError, RuntimeError, ValueError) as e:
         raise InvalidModelError(f"{path} is not an ONNX model (protobuf parse failed: {e})") from None
     del data
+    _check_parsed(model, path)
+    return model
+
+
+def _check_parsed(model: onnx.ModelProto, path: Path) -> None:
     _check_text(model, path)
     if not model.HasField("graph") or not model.graph.node:
         raise InvalidModelError(f"{path} is not an ONNX model (no graph nodes)")
-    return model
 
 
 def _repeated(fd: Any) -> bool:

@@ -43,12 +43,7 @@ from dataclasses import dataclass, field
 
 from rkpart.errors import DiscoveryError
 from rkpart.ir import ModelGraph
-from rkpart.ir.ops import PASS_THROUGH_OPS
-
-WEIGHTED_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
-ATTENTION_OPS = frozenset({"Attention", "MultiHeadAttention", "GroupQueryAttention"})
-NORM_OPS = frozenset({"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization",
-                      "GroupNormalization", "InstanceNormalization", "ReduceMean"})
+from rkpart.ir.ops import ATTENTION_OPS, LINK_OPS, NORM_OPS, PASS_THROUGH_OPS, WEIGHTED_OPS
 
 
 @dataclass(frozen=True)
@@ -427,11 +422,6 @@ def _residual_adds(mg: ModelGraph, reach: _Reach) -> dict[int, str]:
                 out[i] = skip
                 break
     return out
-
-
-#: ops that move data without computing: the residual stream may pass through them between
-#: blocks (Flux single blocks concatenate the text and image streams and slice them apart)
-LINK_OPS = PASS_THROUGH_OPS | frozenset({"Concat", "Slice", "Split", "Transpose"})
 
 
 def _links(mg: ModelGraph, adds: dict[int, str]) -> dict[int, set[int]]:

@@ -38,12 +38,9 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        import numpy as np
+        from rkpart.ir.tensors import nbytes
 
-        n = int(np.dtype(self.dtype).itemsize)
-        for d in self.shape:
-            n *= int(d)
-        return n
+        return nbytes(self.dtype, self.shape)
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
