@@ -22,6 +22,7 @@ import networkx as nx
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+from onnx.external_data_helper import load_external_data_for_tensor
 
 from rkpart.ir.tensors import TensorType, nbytes, tensor_nbytes
 
@@ -137,6 +138,35 @@ class ModelGraph:
         if n.op_type == "Shape":
             return shape_as_constant(n, self.tensor_types)
         return n
+
+    def constant(self, name: str) -> TensorProto:
+        """The value of constant tensor ``name`` as an inline initializer (external data read).
+
+        An initializer is copied; a computed constant (a transposed weight, a static shape)
+        is evaluated from its constant closure with the ONNX reference evaluator.
+        """
+        init = self.initializers.get(name)
+        if init is not None:
+            out = TensorProto()
+            out.CopyFrom(init)
+            if out.data_location == TensorProto.EXTERNAL:
+                load_external_data_for_tensor(out, str(self.path.parent))
+                out.data_location = TensorProto.DEFAULT
+                del out.external_data[:]
+            return out
+        if not self.is_const_tensor(name):
+            raise ValueError(f"{name!r} is not a constant of {self.path.name}")
+        from onnx.reference import ReferenceEvaluator
+
+        nodes = [self.const_node(i) for i in self.const_closure([name])]
+        produced = {o for n in nodes for o in n.output}
+        needed = sorted({x for n in nodes for x in n.input if x and x not in produced})
+        graph = helper.make_graph(nodes, "const", [], [self.value_info(name)],
+                                  initializer=[self.constant(x) for x in needed])
+        model = helper.make_model(graph, opset_imports=list(self.model.opset_import))
+        model.ir_version = self.model.ir_version
+        res: Any = ReferenceEvaluator(model).run(None, {})
+        return numpy_helper.from_array(np.asarray(res[0]), name=name)
 
     def subgraph(self, ops: Iterable[int], *, sinks: bool = False) -> Subgraph:
         """The frozen view of the data ops ``ops`` as one standalone graph (see :mod:`rkpart.ir.subgraph`)."""

@@ -25,7 +25,7 @@ from rkpart.io import atomic_write_bytes, file_sha256, folder_lock, recover_fold
 from rkpart.ir import ModelGraph, load_model
 from rkpart.ir.ops import CONTROL_FLOW_OPS
 from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD, boundary, check_stage, extract, stage_sha256
+from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD, check_stage, extract, stage_sha256
 from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 from rkpart.recognizers import discover  # recognisers (plugins, scope fallback) around the structural one
 from rkpart.strategies import get_strategy
@@ -299,7 +299,8 @@ def _write_stages(
     tensors: dict[str, TensorInfo] = {}
     n = len(groups)
     for idx, g in enumerate(groups):
-        ins, outs = boundary(mg, g.ops)
+        sub = mg.subgraph(g.ops)
+        ins, outs = sub.inputs, sub.outputs
         fname = f"{idx:03d}_{g.id}.onnx"
         prev = _stage_done(stages_dir, fname)
         if prev is not None:
@@ -308,7 +309,7 @@ def _write_stages(
             _add_tensors(mg, tensors, [*ins, *outs])
             continue
         progress(f"[{idx + 1}/{n}] {g.id} ({g.device}, {len(g.ops)} ops)")
-        ex = extract(mg, g.ops, stages_dir / fname, inputs=ins, outputs=outs, name=g.id,
+        ex = extract(mg, sub, stages_dir / fname, name=g.id,
                      external_threshold=external_threshold,
                      doc=f"rkpart stage {g.id} ({g.kind}) of {model_path.name}")
         check_stage(stages_dir / fname)

@@ -1,8 +1,9 @@
-"""Write a set of ops of a :class:`ModelGraph` as a standalone ONNX model.
+"""Write a set of ops of a :class:`~rkpart.ir.ModelGraph` as a standalone ONNX model.
 
 Like ``onnx.utils.Extractor`` this builds a *new* ``ModelProto`` from small steps
-(:func:`_boundary`, :func:`_collect_nodes`, :func:`_write_weights`), but it works from the
-precomputed op sets instead of a DFS over names, never serialises the source model, and
+(:func:`_collect_nodes`, the weights, :func:`_model`), but it works from the graph's
+:class:`~rkpart.ir.Subgraph` view (boundary, constant closure, weights) instead of a DFS over
+names, never serialises the source model, and
 streams weight bytes (from the parsed proto or straight from the source's external-data
 file) into the stage's own data file, so a 4 GB model is cut with a few MB of memory.
 """
@@ -11,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO
 
@@ -22,7 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.errors import InvalidModelError, first_line
 from rkpart.io import atomic_writer, hash_file
-from rkpart.ir import ModelGraph, shape_as_constant
+from rkpart.ir import ModelGraph, Subgraph
 from rkpart.ir.ops import CONTROL_FLOW_OPS
 
 #: weights at least this large go to the stage's external data file
@@ -42,50 +43,17 @@ class ExtractedStage:
     num_nodes: int
 
 
-def boundary(
-    mg: ModelGraph, ops: Iterable[int], outside_consumers: Mapping[str, bool] | None = None
-) -> tuple[list[str], list[str]]:
-    """Inputs and outputs of the op set ``ops`` (constants excluded from inputs)."""
-    opset = set(ops)
-    produced: list[str] = []
-    inputs: list[str] = []
-    seen_in: set[str] = set()
-    model_outputs = set(mg.outputs)
-    for i in sorted(opset):
-        n = mg.nodes[i]
-        for t in n.input:
-            if not t or t in seen_in or mg.is_const_tensor(t):
-                continue
-            p = mg.producer.get(t)
-            if p is None or p not in opset:
-                inputs.append(t)
-                seen_in.add(t)
-        produced.extend(t for t in n.output if t)
-    outputs = []
-    for t in produced:
-        if t in model_outputs or any(c not in opset and c not in mg.const_ops for c in mg.consumers.get(t, [])):
-            outputs.append(t)
-    return inputs, outputs
-
-
-def _collect_nodes(mg: ModelGraph, ops: Iterable[int]) -> list[onnx.NodeProto]:
-    opset = set(ops)
-    consts_needed = mg.const_closure(
-        t for i in opset for t in mg.nodes[i].input if t and mg.is_const_tensor(t)
-    )
-    order = sorted(opset | set(consts_needed))
+def _collect_nodes(mg: ModelGraph, sub: Subgraph) -> list[onnx.NodeProto]:
+    """The stage's nodes: its data ops and their constant closure, in model order."""
     nodes = []
-    for i in order:
+    for i in sub.all_ops:
         n = mg.nodes[i]
         if n.op_type in CONTROL_FLOW_OPS:
             raise InvalidModelError(
                 f"control-flow op {n.op_type} ({n.name or i}) cannot be partitioned; "
                 "inline it (e.g. onnxsim) or keep it in a single custom stage"
             )
-        if i in mg.const_ops and n.op_type == "Shape":
-            nodes.append(shape_as_constant(n, mg.tensor_types))
-        else:
-            nodes.append(n)
+        nodes.append(mg.const_node(i) if i in mg.const_ops else n)
     return nodes
 
 
@@ -130,33 +98,23 @@ def _inline(mg: ModelGraph, t: str) -> TensorProto:
 
 def extract(
     mg: ModelGraph,
-    ops: Iterable[int],
+    sub: Subgraph,
     path: Path,
     *,
-    inputs: list[str],
-    outputs: list[str],
     name: str,
     external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
     doc: str = "",
 ) -> ExtractedStage:
-    """Write the op set as ``path`` (+ ``path.data`` for weights >= ``external_threshold``)."""
-    nodes = _collect_nodes(mg, ops)
-    used: list[str] = []
-    seen: set[str] = set()
-    for n in nodes:
-        for t in n.input:
-            if t in mg.initializers and t not in seen:
-                used.append(t)
-                seen.add(t)
-    weight_bytes = sum(mg.weight_bytes(t) for t in used)
-    big = {t for t in used if mg.weight_bytes(t) >= external_threshold}
+    """Write ``sub`` as ``path`` (+ ``path.data`` for weights >= ``external_threshold``)."""
+    nodes = _collect_nodes(mg, sub)
+    big = {t for t in sub.weights if mg.weight_bytes(t) >= external_threshold}
     data_name = path.name + ".data"
     data_path = path.with_name(data_name)
     initializers: list[TensorProto] = []
     if big:
         with atomic_writer(data_path) as tmp_data, open(tmp_data, "wb") as dst:
             offset = 0
-            for t in used:
+            for t in sub.weights:
                 if t not in big:
                     initializers.append(_inline(mg, t))
                     continue
@@ -176,60 +134,82 @@ def extract(
     else:
         if data_path.exists():
             data_path.unlink()
-        initializers = [_inline(mg, t) for t in used]
-    return _finish(mg, nodes, initializers, path, data_path if big else None,
-                   inputs, outputs, name, weight_bytes, doc)
-
-
-def _finish(
-    mg: ModelGraph,
-    nodes: list[onnx.NodeProto],
-    initializers: list[TensorProto],
-    path: Path,
-    data_path: Path | None,
-    inputs: list[str],
-    outputs: list[str],
-    name: str,
-    weight_bytes: int,
-    doc: str,
-) -> ExtractedStage:
-    types = mg.tensor_types
-
-    def vi(t: str) -> onnx.ValueInfoProto:
-        dt, shape = types[t]
-        return helper.make_tensor_value_info(t, helper.np_dtype_to_tensor_dtype(np.dtype(dt)), list(shape))
-
-    internal = sorted({
-        t for n in nodes for t in n.output if t and t in types and t not in outputs
-    }, key=lambda t: (mg.producer.get(t, -1), t))
-    graph = helper.make_graph(
-        nodes,
-        name,
-        [vi(t) for t in inputs],
-        [vi(t) for t in outputs],
-        initializer=initializers,
-        value_info=[vi(t) for t in internal],
-        doc_string=doc,
-    )
-    model = helper.make_model(
-        graph,
-        opset_imports=list(mg.model.opset_import),
-        producer_name="rkpart",
-        ir_version=mg.model.ir_version,
-    )
+        initializers = [_inline(mg, t) for t in sub.weights]
+    model = _model(mg, sub, nodes, initializers, name=name, doc=doc, producer_name="rkpart",
+                   value_info=True)
     data = model.SerializeToString(deterministic=True)
     with atomic_writer(path) as tmp:
         tmp.write_bytes(data)
-    io_bytes = sum(mg.nbytes(t) for t in [*inputs, *outputs])
     return ExtractedStage(
         file=path.name,
-        data_file=data_path.name if data_path else None,
-        inputs=tuple(inputs),
-        outputs=tuple(outputs),
-        weight_bytes=weight_bytes,
-        io_bytes=io_bytes,
+        data_file=data_path.name if big else None,
+        inputs=sub.inputs,
+        outputs=sub.outputs,
+        weight_bytes=sub.weight_bytes,
+        io_bytes=sub.io_bytes,
         sha256=stage_sha256(path),
         num_nodes=len(nodes),
+    )
+
+
+def subgraph_model(
+    mg: ModelGraph, sub: Subgraph, values: Mapping[str, TensorProto], *, name: str, producer_name: str = "rkpart"
+) -> onnx.ModelProto:
+    """``sub`` as one in-memory model whose constants are initializers: what delta debugging builds.
+
+    Unlike :func:`extract`, the constant closure is not copied as ops: every constant tensor
+    the ops read becomes an initializer, so the node count is the number of data ops.
+    ``values`` holds those initializers (:meth:`ModelGraph.constant`) and, for boundary inputs
+    that must not be graph inputs (frozen cut tensors), their fixed values.
+    """
+    produced = {t for i in sub.ops for t in mg.nodes[i].output if t}
+    fixed: list[str] = []
+    for i in sub.ops:
+        for t in mg.nodes[i].input:
+            if t and t not in produced and t in values and t not in fixed:
+                fixed.append(t)
+    missing = [t for t in sub.const_tensors if t not in values]
+    if missing:
+        raise ValueError(f"no value for constant {missing[0]!r}")
+    nodes = []
+    for i in sub.ops:
+        n = onnx.NodeProto()
+        n.CopyFrom(mg.nodes[i])
+        nodes.append(n)
+    inputs = tuple(t for t in sub.inputs if t not in values)
+    return _model(mg, replace(sub, inputs=inputs), nodes, [values[t] for t in fixed], name=name, doc="",
+                  producer_name=producer_name, value_info=False)
+
+
+def _model(
+    mg: ModelGraph,
+    sub: Subgraph,
+    nodes: list[onnx.NodeProto],
+    initializers: list[TensorProto],
+    *,
+    name: str,
+    doc: str,
+    producer_name: str,
+    value_info: bool,
+) -> onnx.ModelProto:
+    types = mg.tensor_types
+    internal = sorted({
+        t for n in nodes for t in n.output if t and t in types and t not in sub.outputs
+    }, key=lambda t: (mg.producer.get(t, -1), t)) if value_info else []
+    graph = helper.make_graph(
+        nodes,
+        name,
+        [mg.value_info(t) for t in sub.inputs],
+        [mg.value_info(t) for t in sub.outputs],
+        initializer=initializers,
+        value_info=[mg.value_info(t) for t in internal],
+        doc_string=doc or None,
+    )
+    return helper.make_model(
+        graph,
+        opset_imports=list(mg.model.opset_import),
+        producer_name=producer_name,
+        ir_version=mg.model.ir_version,
     )
 
 

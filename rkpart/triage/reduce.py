@@ -9,8 +9,7 @@ Modelled on Polygraphy's ``debug reduce``: bisect first, then linear.
 * **Linear.** Remove the remaining ops one at a time (last first); a removal is kept when the
   smaller graph still fails the same way.  Passes repeat until one removes nothing.
 
-Every candidate is a valid graph (:mod:`rkpart.triage.subgraph`: cut producers become static
-graph inputs, unused initializers are dropped), is built by the compile runner in its own
+Every candidate is a valid, statically shaped graph (:class:`Cutter`), is built by the compile runner in its own
 subprocess, and its outcome is cached by graph hash (in memory and in ``outcomes.json`` of
 the work folder, so an interrupted reduction resumes).  ``max_time`` is checked before each
 build; when it runs out, the smallest failing graph found so far is the result.
@@ -28,22 +27,125 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
+from onnx import TensorProto, numpy_helper
 
 from rkpart.compile.runner import WORKER, BuildResult
 from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes
+from rkpart.ir import ModelGraph, load_model
+from rkpart.partitioner.extract import subgraph_model
 from rkpart.targets.known_issues import match_signature
 from rkpart.triage.matrix import MatrixRow, build_once, describe_outcome
-from rkpart.triage.subgraph import Candidate, Subgraph
 
 Progress = Callable[[str], None]
+
+#: seed of the ONNX Runtime run that gives frozen (non-float) cut tensors their values
+FREEZE_SEED = 0
+
+
+def graph_hash(model: onnx.ModelProto) -> str:
+    """sha256 of the deterministic serialisation: equal graphs share cached build outcomes."""
+    return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One cut-down graph: the ops it keeps (indices into ``Cutter.mg.nodes``) and its model."""
+
+    ops: tuple[int, ...]
+    model: onnx.ModelProto
+    digest: str
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.model.graph.node)
+
+
+class Cutter:
+    """A loaded model cut down to any subset of its data ops, each a valid, statically shaped graph.
+
+    The boundary is the graph's :meth:`~rkpart.ir.ModelGraph.subgraph` view with
+    ``sinks=True`` (a kept op's outputs are graph outputs when nothing kept reads them), built
+    by :func:`rkpart.partitioner.extract.subgraph_model`:
+
+    1. cut producers become graph inputs with the static dtype/shape the full model had;
+    2. cut tensors that are not floating point (index arithmetic, masks) cannot be inputs of
+       an RKNN model, so they are frozen into initializers with the value a seeded ONNX
+       Runtime run of the full model gives them (as Polygraphy's ``debug reduce`` freezes
+       branches);
+    3. constants are initializers (:meth:`~rkpart.ir.ModelGraph.constant`), so a candidate's
+       node count is the number of ops that carry data;
+    4. ops whose results nobody ever reads are dropped.
+
+    The input model is never modified.
+    """
+
+    def __init__(self, path: str | Path, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> None:
+        self.path = Path(path)
+        self.mg: ModelGraph = load_model(self.path, input_shapes=input_shapes)
+        #: the reducible units: ops that carry data from the model inputs, in topological order
+        self.ops: tuple[int, ...] = tuple(sorted(self.mg.ops.nodes))
+        self._values: dict[str, TensorProto] = {}
+
+    def extract(self, keep: Iterable[int]) -> Candidate | None:
+        """The candidate graph keeping ``keep`` (op indices), or ``None`` if it has no inputs or outputs."""
+        kept = self._live(sorted(set(keep)))
+        if not kept:
+            return None
+        sub = self.mg.subgraph(kept, sinks=True)
+        frozen = [t for t in sub.inputs if t not in self.mg.inputs and not self.mg.is_float(t)]
+        if len(frozen) == len(sub.inputs) or not sub.outputs:
+            return None
+        values = {t: self._value(t) for t in [*sorted(sub.const_tensors), *frozen]}
+        model = subgraph_model(self.mg, sub, values, name=self.mg.model.graph.name or "reduced",
+                               producer_name="rkpart-triage")
+        return Candidate(ops=sub.ops, model=model, digest=graph_hash(model))
+
+    def describe(self, ops: Iterable[int]) -> list[str]:
+        """``OpType name`` of each op, for progress lines and reports."""
+        return [self.mg.op_label(i) for i in ops]
+
+    def _live(self, kept: list[int]) -> list[int]:
+        # An op none of whose results is read by anything (in the full model) nor is a model
+        # output would only add dangling outputs.
+        outputs = set(self.mg.outputs)
+
+        def used(t: str) -> bool:
+            return bool(t) and (t in outputs or bool(self.mg.consumers.get(t)))
+
+        return [i for i in kept if any(used(t) for t in self.mg.nodes[i].output)]
+
+    def _value(self, t: str) -> TensorProto:
+        if t not in self._values:
+            if self.mg.is_const_tensor(t):
+                self._values[t] = self.mg.constant(t)
+            else:
+                for name, v in self._run_full_model([t]).items():
+                    self._values[name] = numpy_helper.from_array(v, name=name)
+        return self._values[t]
+
+    def _run_full_model(self, tensors: list[str]) -> dict[str, np.ndarray]:
+        import onnxruntime as ort
+
+        from rkpart.runtime.executor import random_feeds
+
+        model = onnx.load(str(self.path))  # with external data: ORT needs the weights
+        have = {o.name for o in model.graph.output}
+        for t in tensors:
+            if t not in have:
+                model.graph.output.append(self.mg.value_info(t))
+        feeds = random_feeds(((n, *self.mg.tensor_types[n]) for n in self.mg.inputs), FREEZE_SEED)
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        got = sess.run(tensors, dict(feeds))
+        return {t: np.asarray(v) for t, v in zip(tensors, got, strict=True)}
 
 #: outcome kinds that depend on the machine, not the graph: never cached
 _UNSTABLE = ("timeout", "oom")
@@ -246,7 +348,7 @@ def reduce_graph(model: str | Path, toolkit: Toolkit, spec: FailureSpec, *, work
     say = progress or (lambda _m: None)
     t0 = time.monotonic()
     work.mkdir(parents=True, exist_ok=True)
-    sub = Subgraph(model)
+    sub = Cutter(model)
     ops = sub.ops
     oracle = _Oracle(toolkit, target=target, config=dict(config or {}), spec=spec, work=work,
                      build_timeout=build_timeout, deadline=t0 + max_time, say=say, t0=t0, max_time=max_time,
@@ -275,7 +377,7 @@ def reduce_graph(model: str | Path, toolkit: Toolkit, spec: FailureSpec, *, work
                      wall_s=time.monotonic() - t0, complete=complete, log=oracle.best_log)
 
 
-def _bisect(sub: Subgraph, ops: Sequence[int], oracle: _Oracle) -> tuple[int, ...]:
+def _bisect(sub: Cutter, ops: Sequence[int], oracle: _Oracle) -> tuple[int, ...]:
     n = len(ops)
     # Shortest failing prefix: fails(ops[:hi]) holds throughout.
     lo, hi = 0, n
@@ -299,7 +401,7 @@ def _bisect(sub: Subgraph, ops: Sequence[int], oracle: _Oracle) -> tuple[int, ..
     return cand.ops
 
 
-def _linear(sub: Subgraph, current: tuple[int, ...], oracle: _Oracle, max_passes: int) -> bool:
+def _linear(sub: Cutter, current: tuple[int, ...], oracle: _Oracle, max_passes: int) -> bool:
     """Remove ops one by one until a pass removes nothing; True when it converged."""
     for _ in range(max_passes):
         removed = False

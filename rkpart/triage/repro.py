@@ -34,12 +34,12 @@ from rkpart.compile.runner import WORKER
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import OutputExistsError, UserError
 from rkpart.io import atomic_write_bytes, folder_lock
+from rkpart.ir import load_model
 from rkpart.progress import Progress
 from rkpart.targets.known_issues import KnownIssue, find_signature
 from rkpart.triage.matrix import Matrix, MatrixRow, build_matrix, version_key
 from rkpart.triage.reduce import FailureSpec, Reduction, ReductionError, reduce_graph
 from rkpart.triage.script import SCRIPT_NAME, render_script
-from rkpart.triage.subgraph import Subgraph
 
 REDUCED_NAME = "reduced.onnx"
 WORK_DIR = "work"
@@ -157,15 +157,15 @@ def reproduce(model: str | os.PathLike[str], out: str | os.PathLike[str], versio
     by_spec = dict(zip(versions, toolkits, strict=True))
     if reduce_with is not None and reduce_with not in by_spec:
         raise UserError(f"--reduce-with {reduce_with} is not one of --toolkits ({', '.join(versions)})")
-    sub = Subgraph(model)  # validates the model (static shapes, references) before any build
+    mg = load_model(model)  # validates the model (static shapes, references) before any build
     _prepare_folder(out, force)
     with folder_lock(out):
         t0 = time.monotonic()
-        say(f"building {model.name} ({len(sub.ops)} ops) with rknn-toolkit2 "
+        say(f"building {model.name} ({len(mg.ops)} ops) with rknn-toolkit2 "
             f"{', '.join(t.version for t in toolkits)}, one at a time")
         original = build_matrix(model, toolkits, target=target, config=config, timeout=build_timeout,
                                 fail_regex=regex, folder=out, log_prefix=f"{LOG_DIR}/original",
-                                num_nodes=len(sub.mg.nodes), progress=say, worker=worker)
+                                num_nodes=len(mg.nodes), progress=say, worker=worker)
         say(f"verdict: {original.verdict()}")
         failing = [v for v in versions if by_spec[v].version in original.failing]
         reduce_spec = reduce_with or (failing[0] if failing else None)

@@ -9,10 +9,10 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from rkpart.triage.subgraph import Subgraph, graph_hash
+from rkpart.triage.reduce import Cutter, graph_hash
 
 
-def _ops(sub: Subgraph, *names: str) -> list[int]:
+def _ops(sub: Cutter, *names: str) -> list[int]:
     by_name = {sub.mg.nodes[i].name: i for i in sub.ops}
     return [by_name[n] for n in names]
 
@@ -26,7 +26,7 @@ def _run(model: onnx.ModelProto) -> list[np.ndarray]:
 
 
 def test_cut_producers_become_static_inputs_and_unused_weights_are_dropped(adaln_chain: Path) -> None:
-    sub = Subgraph(adaln_chain)
+    sub = Cutter(adaln_chain)
     cand = sub.extract(_ops(sub, "mul", "add_shift", "q"))
     assert cand is not None
     g = cand.model.graph
@@ -41,7 +41,7 @@ def test_cut_producers_become_static_inputs_and_unused_weights_are_dropped(adaln
 
 
 def test_removing_a_middle_op_exposes_its_input_as_output(adaln_chain: Path) -> None:
-    sub = Subgraph(adaln_chain)
+    sub = Cutter(adaln_chain)
     keep = [i for i in sub.ops if sub.mg.nodes[i].name != "mul"]
     cand = sub.extract(keep)
     assert cand is not None
@@ -55,9 +55,9 @@ def test_removing_a_middle_op_exposes_its_input_as_output(adaln_chain: Path) -> 
 
 
 def test_extraction_is_deterministic_and_the_full_set_reproduces_the_model(adaln_chain: Path) -> None:
-    sub = Subgraph(adaln_chain)
+    sub = Cutter(adaln_chain)
     a = sub.extract(sub.ops)
-    b = Subgraph(adaln_chain).extract(reversed(sub.ops))
+    b = Cutter(adaln_chain).extract(reversed(sub.ops))
     assert a is not None and b is not None
     assert a.digest == b.digest == graph_hash(a.model)
     assert a.num_nodes == 13
@@ -69,7 +69,7 @@ def test_extraction_is_deterministic_and_the_full_set_reproduces_the_model(adaln
 
 
 def test_no_candidate_without_inputs_or_ops(adaln_chain: Path) -> None:
-    sub = Subgraph(adaln_chain)
+    sub = Cutter(adaln_chain)
     assert sub.extract([]) is None
 
 
@@ -94,7 +94,7 @@ def test_constant_ops_are_folded_and_cut_integer_tensors_are_frozen(tmp_path: Pa
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    sub = Subgraph(path)
+    sub = Cutter(path)
     assert "const" not in [sub.mg.nodes[i].name for i in sub.ops]  # not a reducible op
     cand = sub.extract(_ops(sub, "relu", "reshape"))
     assert cand is not None
