@@ -68,6 +68,7 @@ from rkpart.partitioner.plan import Plan, Stage, stage_order_ok
 from rkpart.profile import records as rec
 from rkpart.profile.memory import MemorySample, Sampler
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
+from rkpart.progress import Progress
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.executor import PlanExecutor, find_model, plan_residency, random_inputs
 from rkpart.types import HOST, RESIDENCIES, Residency
@@ -77,7 +78,6 @@ COND, UNCOND = "cond", "uncond"
 #: Inputs that carry the text conditioning; the unconditional pass gets zeros for them.
 UNCOND_INPUT_PATTERN = re.compile(r"encoder_hidden_states|context", re.IGNORECASE)
 
-Progress = Callable[[str], None]
 
 
 @dataclass

@@ -53,6 +53,13 @@ class StageRunner(abc.ABC):
         out = self._infer_impl(ins)
         return {n: out[n] for n in self.stage.outputs}
 
+    def infer_into(self, env: dict[str, np.ndarray]) -> None:
+        """:meth:`infer` on ``env`` with the outputs stored back into ``env`` (the executor's hot path).
+
+        Backends may override it with a leaner call; it must behave exactly like this.
+        """
+        env.update(self.infer(env))
+
     def release(self) -> None:
         if self._state == "released":
             return

@@ -244,7 +244,7 @@ class PlanExecutor:
         for u in self.units:
             r = live.get(u.stage.id)
             if r is not None:  # the common case of a resident plan: just infer
-                env.update(r.infer(env))
+                r.infer_into(env)
             elif u.residency is Residency.PER_STAGE:
                 r = self._runner(u)
                 try:
@@ -254,7 +254,7 @@ class PlanExecutor:
                 env.update(out)
             else:
                 r = live[u.stage.id] = self._runner(u)
-                env.update(r.infer(env))
+                r.infer_into(env)
             if on_stage is not None:
                 for m in u.members:
                     on_stage(self._index[m.id], m.id, {n: env[n] for n in m.outputs})
