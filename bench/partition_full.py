@@ -30,10 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _child(model: Path, out: Path) -> int:
     """Runs in the measured subprocess: timings as one JSON line on stdout."""
-    from rkpart.partitioner.api import partition
-
     from rkpart.ir import load_model
     from rkpart.partitioner.discovery import discover
+    from rkpart.pipeline import partition
 
     t0 = time.perf_counter()
     mg = load_model(model)

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from rkpart.partitioner.api import partition
+from rkpart.pipeline import partition
 from rkpart.triage.repro import reproduce
 
 MODEL = Path(__file__).parents[1] / "rkpart" / "data" / "anima_tiny.onnx"

@@ -27,12 +27,12 @@ _LAZY: dict[str, tuple[str, ...]] = {
     # pipeline
     "load_model": ("rkpart.ir:load_model",),
     "discover": ("rkpart.recognizers:discover",),
-    "partition": ("rkpart.partitioner.api:partition",),
+    "partition": ("rkpart.pipeline:partition",),
     "compile_plan": ("rkpart.compile.compile:compile_plan",),
     "run_plan": ("rkpart.runtime.executor:run_plan",),
     "profile_plan": ("rkpart.profile.lifecycle:profile_plan",),
     "fit": ("rkpart.cost_model:fit", "rkpart.cost_model.calibration:fit_profiles"),
-    "select": ("rkpart.cost_model:select", "rkpart.cost_model.select:select"),
+    "select": ("rkpart.pipeline:select",),
     "build": ("rkpart.dropin:build",),
     # values
     "load_plan": ("rkpart.partitioner.plan:load_plan",),
@@ -82,9 +82,9 @@ if TYPE_CHECKING:  # static types for what __getattr__ returns
     from rkpart.dropin import BuildResult, build
     from rkpart.errors import RkpartError, UserError
     from rkpart.ir import ModelGraph, load_model
-    from rkpart.partitioner.api import partition
     from rkpart.partitioner.discovery import Discovery
     from rkpart.partitioner.plan import Plan, Stage, load_plan
+    from rkpart.pipeline import partition, select
     from rkpart.profile.lifecycle import profile_plan
     from rkpart.recognizers import Recognizer, ScopeRecognizer, discover
     from rkpart.runtime import get_backend

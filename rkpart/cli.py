@@ -133,7 +133,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
 
     Without MODEL, the bundled tiny Anima-style example is used.
     """
-    from rkpart.partitioner.api import partition as do_partition
+    from rkpart.pipeline import partition as do_partition
 
     say = Reporter(quiet=quiet)
     if model is None:
@@ -181,7 +181,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
 def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: bool) -> None:
     """Show the blocks and regions found in MODEL (nothing is written)."""
     from rkpart.ir import describe
-    from rkpart.partitioner.api import inspect_model
+    from rkpart.pipeline import inspect_model
 
     if model is None:
         model = bundled_example()
@@ -259,8 +259,9 @@ def strategies(as_json: bool) -> None:
     Plugins that failed to load are listed as BROKEN with the error (and skipped); a second
     plugin with a taken name is listed as DUPLICATE or SHADOWED.
     """
+    from rkpart.pipeline import BUILTIN
     from rkpart.plugins import describe, render
-    from rkpart.strategies import BUILTIN, plugins
+    from rkpart.strategies import plugins
 
     rows = describe(((s.name, s.summary, f"rkpart ({s.__module__})") for s in BUILTIN), plugins())
     click.echo(json.dumps(rows, indent=2) if as_json else render(rows))

@@ -27,10 +27,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rkpart.errors import ToolkitError, UserError
+from rkpart.errors import DiscoveryError, ToolkitError, UserError
 from rkpart.partitioner.plan import Plan
+from rkpart.partitioner.write import prepare_out
+from rkpart.pipeline import (
+    LoadedModel,
+    PartitionConfig,
+    get_strategy,
+    load,
+    propose,
+    write_plan,
+)
+from rkpart.targets import DEFAULT_TARGET
 
-DEFAULT_TARGET = "rk3588"
 #: ``RKNN.config`` options that describe the *model inputs*; a partitioned build's stage
 #: inputs are intermediate tensors, so only identity values can be passed on
 _INPUT_OPTIONS = {"mean_values": 0.0, "std_values": 1.0}
@@ -61,22 +70,19 @@ class BuildResult:
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def choose_strategy(model: str | os.PathLike[str], input_shapes: Mapping[str, tuple[int, ...]] | None = None
-                    ) -> tuple[str, str]:
+def choose_strategy(model: str | os.PathLike[str] | LoadedModel,
+                    input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> tuple[str, str]:
     """The default strategy for ``model`` and the reason: ``split`` for DiT blocks, else ``generic``.
 
     DiT blocks are blocks with an AdaLN-modulated branch (a normalisation scaled and shifted
     by a timestep-dependent value): their AdaLN is what crashes some toolkit versions when
     compiled inside a stage, and ``split`` keeps it on the host.  Any other model is cut by
-    memory budget.
+    memory budget.  A :class:`~rkpart.pipeline.LoadedModel` is used as it is (its discovery
+    is kept for the partition that follows); a path is loaded with ``input_shapes``.
     """
-    from rkpart.errors import DiscoveryError
-    from rkpart.ir import load_model
-    from rkpart.recognizers import discover
-
-    mg = load_model(model, input_shapes=input_shapes)
+    loaded = model if isinstance(model, LoadedModel) else load(model, input_shapes)
     try:
-        disc = discover(mg)
+        disc = loaded.discovery()
     except DiscoveryError:
         return "generic", "no transformer blocks found"
     if any(r.adaln == "adaln" for b in disc.blocks for r in b.regions):
@@ -176,7 +182,6 @@ def build(
     ['seg00', 'seg01']
     """
     from rkpart.compile.compile import compile_plan
-    from rkpart.partitioner.api import partition
 
     say = progress or (lambda _m: None)
     cfg = dict(config or {})
@@ -186,18 +191,25 @@ def build(
     _check_config(cfg)
     target = str(cfg.pop("target_platform", None) or DEFAULT_TARGET)
     out = Path(out)
+    strat = None if strategy is None else get_strategy(strategy)
+    # before loading: a model of any size is not read for an output that cannot be written
+    prepare_out(Path(os.path.abspath(out)), force, Path(model))
 
-    if strategy is None:
-        strategy, why = choose_strategy(model, input_shapes)
-        say(f"strategy {strategy}: {why}")
-        label = f"{strategy} ({why})"
+    # one loaded graph (and one discovery) for choosing the strategy, proposing and writing
+    loaded = load(model, input_shapes, say)
+    if strat is None:
+        name, why = choose_strategy(loaded)
+        say(f"strategy {name}: {why}")
+        label = f"{name} ({why})"
+        strat = get_strategy(name)
     else:
-        label = strategy
+        label = strat.name
     options = dict(strategy_options)
     if budget_mib is not None:
         options["budget_mib"] = budget_mib
 
-    plan = partition(model, out, strategy, force=force, input_shapes=input_shapes, progress=say, **options)
+    how = PartitionConfig(options=options, force=force, target=target, toolkit=toolkit, progress=say)
+    plan = write_plan(loaded, propose(loaded, strat, how), out, how)
     say(f"building {len(plan.npu_stages)} NPU stage(s) with rknn-toolkit2 {toolkit} for {target}")
     plan = compile_plan(plan, out, toolkit, target, config=cfg, jobs=jobs, timeout=timeout,
                         fallback_toolkit=fallback_toolkit, progress=say, toolkits_dir=toolkits_dir)

@@ -60,25 +60,6 @@ class PluginSet:
     broken: dict[str, str] = field(default_factory=dict)  # name -> one-line error (broken, duplicate, shadowed)
 
 
-def _check_strategy(obj: Any) -> str | None:
-    from rkpart.strategies.base import Strategy
-
-    if not (isinstance(obj, type) and issubclass(obj, Strategy)):
-        return f"{obj!r} is not a subclass of rkpart.strategies.base.Strategy"
-    return None
-
-
-def _check_recognizer(obj: Any) -> str | None:
-    if not callable(getattr(obj, "recognize", None)):
-        return f"{obj!r} has no recognize(mg) method"
-    if isinstance(obj, type):
-        return f"{obj.__name__} is a class; the entry point must name an instance"
-    return None
-
-
-CHECKS: dict[str, Checker] = {STRATEGY_GROUP: _check_strategy, RECOGNIZER_GROUP: _check_recognizer}
-
-
 def _entry_points(group: str) -> list[metadata.EntryPoint]:
     eps = sorted(metadata.entry_points(group=group), key=lambda e: (e.name, e.value, _dist(e)))
     out: list[metadata.EntryPoint] = []
@@ -99,15 +80,19 @@ def _dist(ep: metadata.EntryPoint) -> str:
 
 
 @functools.cache
-def load_plugins(group: str, builtin: tuple[str, ...] = ()) -> PluginSet:
+def load_plugins(group: str, builtin: tuple[str, ...] = (), check: Checker | None = None) -> PluginSet:
     """Load (once per process) every entry point of ``group``; never raises.
 
     Parameters
     ----------
     group
-        ``"rkpart.strategies"`` or ``"rkpart.recognizers"`` (other groups load unchecked).
+        ``"rkpart.strategies"`` or ``"rkpart.recognizers"``.
     builtin
         Names the built-ins already use: plugins with those names are reported as shadowed.
+    check
+        What the group needs of an entry point's object: returns an error message or ``None``.
+        The package that owns the group passes it (:mod:`rkpart.strategies`,
+        :mod:`rkpart.recognizers`), so this module imports neither.
 
     Returns
     -------
@@ -118,7 +103,6 @@ def load_plugins(group: str, builtin: tuple[str, ...] = ()) -> PluginSet:
     -----
     The result is cached; tests that change ``sys.path`` call ``load_plugins.cache_clear()``.
     """
-    check = CHECKS.get(group)
     entries: list[PluginInfo] = []
     out = PluginSet(group=group)
     for ep in _entry_points(group):

@@ -281,9 +281,18 @@ BUILTIN: tuple[ScopeRecognizer, ...] = (ScopeRecognizer("scopes"),)
 # ---------------------------------------------------------------------------------------------
 
 
+def check_plugin(obj: object) -> str | None:
+    """Why an ``rkpart.recognizers`` entry point's object is unusable, or ``None``."""
+    if not callable(getattr(obj, "recognize", None)):
+        return f"{obj!r} has no recognize(mg) method"
+    if isinstance(obj, type):
+        return f"{obj.__name__} is a class; the entry point must name an instance"
+    return None
+
+
 def plugins() -> PluginSet:
     """The ``rkpart.recognizers`` entry points (loaded once per process)."""
-    return load_plugins(RECOGNIZER_GROUP, tuple(r.name for r in BUILTIN))
+    return load_plugins(RECOGNIZER_GROUP, tuple(r.name for r in BUILTIN), check_plugin)
 
 
 def installed() -> list[Recognizer]:

@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 
 from rkpart.cost_model.calibration import calibrate_writeup
-from rkpart.cost_model.candidates import enumerate_candidates
 from rkpart.cost_model.model import CostModel, default_model_path
 from rkpart.ir import load_model
 from rkpart.partitioner.discovery import discover
+from rkpart.pipeline import enumerate_candidates
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the example models: tests/models/
 from tests.models.anima import AnimaConfig, build_anima_onnx
@@ -31,7 +31,7 @@ def build_calibration(workdir: Path) -> CostModel:
                             external_data=True)
     mg = load_model(path)
     disc = discover(mg)
-    cands = {c.id: c for c in enumerate_candidates(mg, disc, max_run=1, plugins=False)[disc.blocks[0].index]}
+    cands = {c.id: c for c in enumerate_candidates(mg, disc, max_run=1, plugins_too=False)[disc.blocks[0].index]}
     return calibrate_writeup(cands["split"], cands["fused"])
 
 

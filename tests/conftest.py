@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from rkpart.cli import bundled_example
-from rkpart.partitioner.api import partition
 from rkpart.partitioner.plan import Plan
+from rkpart.pipeline import partition
 
 
 @pytest.fixture(scope="session")

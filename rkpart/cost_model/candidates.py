@@ -8,8 +8,10 @@ Per block (or run of consecutive blocks) the candidates are:
 ``fused-xK``         K consecutive blocks in one NPU stage (K = 2 .. ``max_run``)
 ``<plugin>``         any registered strategy whose stages each stay inside one block
 
-Groups come from the strategies themselves (``SplitStrategy.propose`` sliced per block),
-so a chosen candidate is exactly the stage that strategy would have written.  Residency
+Groups come from the strategies themselves (``SplitStrategy.propose`` sliced per block; the
+pipeline proposes the whole-model partitions and hands them over, so this module never
+calls a strategy), and a chosen candidate is exactly the stage that strategy would have
+written.  Residency
 (per-stage vs resident) is not part of a candidate: :mod:`rkpart.cost_model.select`
 evaluates every candidate under each residency.
 
@@ -29,11 +31,13 @@ from typing import Any
 from rkpart.cost_model.features import Features, group_features
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Block, Discovery
-from rkpart.strategies.base import Group, Partition, block_id
+from rkpart.partitioner.partition import Group, Partition, block_id
 from rkpart.targets.known_issues import crash_patterns
 
 #: strategies the auto strategy builds candidates from itself (or must not recurse into)
-_OWN = frozenset({"split", "fused", "custom", "auto", "generic"})
+OWN_STRATEGIES = frozenset({"split", "fused", "custom", "auto", "generic"})
+#: one candidate family: (candidate id, a partition of the whole model, options recorded for it)
+Variant = tuple[str, Partition, Mapping[str, Any]]
 
 @dataclass(frozen=True)
 class Candidate:
@@ -96,30 +100,22 @@ def _per_block(part: Partition) -> dict[int, list[Group]]:
     return out
 
 
-def enumerate_candidates(
+def candidates_from(
     mg: ModelGraph,
     disc: Discovery,
+    variants: Sequence[Variant],
     *,
     max_run: int = 2,
-    plugins: bool = True,
-    notes: list[str] | None = None,
 ) -> dict[int, list[Candidate]]:
     """Candidates starting at each block index (runs are listed at their first block).
 
-    ``notes`` collects plugin strategies that were skipped and why.
+    ``variants`` are whole-model partitions (``(candidate id, partition, options)``, as
+    :func:`rkpart.pipeline.candidate_variants` proposes them with the strategies): each is
+    sliced per block, skipping blocks whose stages span several blocks.  Runs of
+    ``2 .. max_run`` fused blocks are added as ``fused-xK``.
     """
-    from rkpart.strategies.fused import FusedStrategy
-    from rkpart.strategies.split import SplitStrategy
-
     blocks = list(disc.blocks)
     out: dict[int, list[Candidate]] = {b.index: [] for b in blocks}
-    variants: list[tuple[str, Partition, dict[str, Any]]] = [
-        ("split", SplitStrategy().propose(mg, disc), {"strategy": "split", "adaln": "host"}),
-        ("split-adaln-npu", SplitStrategy().propose(mg, disc, adaln="npu"), {"strategy": "split", "adaln": "npu"}),
-        ("fused", FusedStrategy().propose(mg, disc), {"strategy": "fused", "blocks_per_stage": 1}),
-    ]
-    if plugins:
-        variants += _plugin_variants(mg, disc, notes if notes is not None else [])
     for cid, part, opts in variants:
         per = _per_block(part)
         for b in blocks:
@@ -140,25 +136,6 @@ def enumerate_candidates(
     return out
 
 
-def _plugin_variants(mg: ModelGraph, disc: Discovery, notes: list[str]) -> list[tuple[str, Partition, dict[str, Any]]]:
-    from rkpart.strategies import available
-
-    out: list[tuple[str, Partition, dict[str, Any]]] = []
-    for name, cls in available().items():
-        if name in _OWN:
-            continue
-        try:
-            part = cls().propose(mg, disc)
-        except Exception as e:  # noqa: BLE001 - a plugin that needs options it was not given is skipped, with a note
-            notes.append(f"strategy {name} not considered: {type(e).__name__}: {e}")
-            continue
-        if any(len(g.blocks) > 1 for g in part.groups):
-            notes.append(f"strategy {name} not considered: its stages span several blocks")
-            continue
-        out.append((name, part, {"strategy": name}))
-    return out
-
-
 # -- exclusions ----------------------------------------------------------------------------
 
 
@@ -170,7 +147,7 @@ def candidate_id_for(strategy: str, options: Mapping[str, Any]) -> str | None:
     if strategy == "fused":
         k = int(options.get("blocks_per_stage", 1))
         return "fused" if k == 1 else f"fused-x{k}"
-    return strategy if strategy not in _OWN else None
+    return strategy if strategy not in OWN_STRATEGIES else None
 
 
 def _matches(when: Mapping[str, Any], traits: Mapping[str, Any]) -> bool:
@@ -178,7 +155,7 @@ def _matches(when: Mapping[str, Any], traits: Mapping[str, Any]) -> bool:
 
 
 def mark_exclusions(
-    cands: Mapping[int, list[Candidate]],
+    cands: Mapping[int, Sequence[Candidate]],
     *,
     toolkit: str | None,
     known_issues: Sequence[Mapping[str, Any]] | None = None,
@@ -238,4 +215,4 @@ def mark_exclusions(
     return out
 
 
-__all__ = ["Candidate", "candidate_id_for", "enumerate_candidates", "mark_exclusions"]
+__all__ = ["OWN_STRATEGIES", "Candidate", "Variant", "candidate_id_for", "candidates_from", "mark_exclusions"]

@@ -23,11 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from rkpart.cost_model.candidates import Candidate, enumerate_candidates, mark_exclusions
+from rkpart.cost_model.candidates import Candidate, mark_exclusions
 from rkpart.cost_model.model import CostModel
 from rkpart.errors import BudgetError, UserError
-from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery
 from rkpart.targets.known_issues import crash_patterns
 
 MIB = float(1 << 20)
@@ -45,9 +43,9 @@ class SelectionConfig:
     cfg: bool = True
     residencies: tuple[str, ...] = RESIDENCIES
     max_error_ratio: float | None = None  # None: the cost model's default floor
-    max_run: int = 2
+    max_run: int = 2  # longest run of fused blocks among the candidates (the pipeline builds them)
     compiled: tuple[str, ...] = ()
-    plugins: bool = True
+    plugins: bool = True  # plugin strategies' partitions are candidates too
 
     @property
     def passes(self) -> int:
@@ -326,13 +324,18 @@ def _smallest_feasible(segs: list[list[tuple[int, Option]]]) -> tuple[int, list[
     return best
 
 
-def select(
-    mg: ModelGraph,
-    disc: Discovery,
+def choose(
+    candidates: Mapping[int, Sequence[Candidate]],
     model: CostModel,
     config: SelectionConfig = SelectionConfig(),
+    *,
+    notes: Sequence[str] = (),
 ) -> Selection:
-    """Choose a candidate and residency for every block of ``mg``.
+    """Choose a candidate and residency for every block among ``candidates``.
+
+    ``candidates`` maps each block index to the candidates starting there
+    (:func:`rkpart.cost_model.candidates.candidates_from`); ``notes`` (e.g. plugin strategies
+    that were not considered) are passed on to the :class:`Selection`.
 
     Raises
     ------
@@ -350,16 +353,15 @@ def select(
     toolkit = config.toolkit or model.provenance.get("toolkit")
     max_ratio = config.max_error_ratio if config.max_error_ratio is not None else float(
         model.accuracy.get("default_max_ratio", math.inf))
-    notes: list[str] = []
-    cands = enumerate_candidates(mg, disc, max_run=config.max_run, plugins=config.plugins, notes=notes)
+    notes = list(notes)
     # the target's table first; rows a cost-model file carries beyond it are honoured too
     known = [p.to_json() for p in crash_patterns()]
     known += [dict(r) for r in model.known_issues or () if dict(r) not in known]
-    cands = mark_exclusions(cands, toolkit=toolkit, known_issues=known,
+    cands = mark_exclusions(candidates, toolkit=toolkit, known_issues=known,
                             compiled=[str(Path(c)) for c in config.compiled])
     options = {start: [evaluate(c, r, model, config, max_ratio) for c in lst for r in config.residencies]
                for start, lst in cands.items()}
-    order = [b.index for b in disc.blocks]
+    order = sorted(candidates)
     segs = _segments(options, order)
     for i in range(len(segs)):
         covered = any(i in range(j, j + ln) for j in range(len(segs)) for ln, _ in segs[j])
@@ -384,4 +386,4 @@ def select(
                      toolkit=toolkit, max_error_ratio=max_ratio, notes=notes)
 
 
-__all__ = ["Option", "Selection", "SelectionConfig", "delta_line", "deltas", "evaluate", "select"]
+__all__ = ["Option", "Selection", "SelectionConfig", "choose", "delta_line", "deltas", "evaluate"]

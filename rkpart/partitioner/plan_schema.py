@@ -1,7 +1,7 @@
 """JSON Schema of ``plan.json`` and its validation.
 
 :data:`PLAN_SCHEMA` is the source of truth: ``docs/plan.schema.json`` is generated from it by
-``python -m rkpart.partitioner.plan_schema docs`` (which also writes
+``python -m rkpart.strategies.schema_docs docs`` (which also writes
 ``docs/custom-spec.schema.json``; a test keeps both equal to the code), and ``docs/plan.md``
 explains it field by field.  :func:`validate_plan_json` adds the checks a JSON Schema cannot
 express (cross-references, execution order, dtypes).
@@ -10,10 +10,7 @@ express (cross-references, execution order, dtypes).
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -203,21 +200,3 @@ def validate_plan_json(data: Any) -> None:
     for t in data["outputs"]:
         if t not in have:
             raise SpecError(f"invalid plan: model output {t!r} is produced by no stage")
-
-
-def write_schema_docs(docs: str | os.PathLike[str]) -> list[Path]:
-    """Write ``plan.schema.json`` and ``custom-spec.schema.json`` into ``docs``."""
-    from rkpart.io import atomic_write_bytes
-    from rkpart.strategies.custom import spec_schema_json
-
-    out = []
-    for name, text in (("plan.schema.json", schema_json()), ("custom-spec.schema.json", spec_schema_json())):
-        dest = Path(docs) / name
-        atomic_write_bytes(dest, text.encode())
-        out.append(dest)
-    return out
-
-
-if __name__ == "__main__":  # pragma: no cover - regenerates the JSON schemas in docs/
-    for written in write_schema_docs(sys.argv[1] if len(sys.argv) > 1 else "docs"):
-        print(written)

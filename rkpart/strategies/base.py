@@ -2,42 +2,21 @@
 
 A strategy only decides *grouping* (which ops form one stage, and on which device); it
 never writes files and never mutates the graph or the discovery it is given.  Turning a
-partition into stage files and a plan is :mod:`rkpart.partitioner.api`'s job, and judging
-which partition is cheapest is the cost model's.
+partition into stage files and a plan is :mod:`rkpart.partitioner.write`'s job, judging
+which partition is cheapest is the cost model's, and :mod:`rkpart.pipeline` runs the steps.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Block, Discovery, Region
+from rkpart.partitioner.discovery import Discovery, Region
+from rkpart.partitioner.partition import Group, Partition, block_id
 from rkpart.types import Device
-
-
-@dataclass(frozen=True)
-class Group:
-    """A proposed stage: a set of op indices on one device."""
-
-    id: str
-    device: Device
-    ops: frozenset[int]
-    region: str
-    kind: str
-    block: int | None = None
-    blocks: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Partition:
-    strategy: str
-    options: Mapping[str, Any]
-    groups: tuple[Group, ...]
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 class Strategy(abc.ABC):
@@ -60,10 +39,6 @@ def option(options: Mapping[str, Any], key: str, default: Any, choices: tuple[An
     if choices is not None and v not in choices:
         raise UserError(f"option {key}={v!r} is not one of {', '.join(map(str, choices))}")
     return v
-
-
-def block_id(b: Block) -> str:
-    return f"b{b.index:02d}"
 
 
 class GroupBuilder:
@@ -108,3 +83,6 @@ class GroupBuilder:
 
 def region_parts(r: Region) -> dict[str, frozenset[int]]:
     return {"mod": r.mod, "adaln": r.pre, "core": r.core, "gate": r.gate | r.adds}
+
+
+__all__ = ["Group", "GroupBuilder", "Partition", "Strategy", "block_id", "option", "region_parts"]

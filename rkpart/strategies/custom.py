@@ -263,3 +263,4 @@ def _cut(mg: ModelGraph, sid: str, inputs: list[str], outputs: list[str]) -> set
     return ops
 
 
+

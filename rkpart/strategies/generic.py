@@ -32,11 +32,13 @@ from rkpart.errors import BudgetError, UserError
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
+from rkpart.targets import get_target
 
 MIB = 1 << 20
-#: used when neither ``budget_mib`` nor ``budget_bytes`` is given: a quarter of the RK3588
-#: NPU's 4 GB address window, leaving room for the runtime and the next stage's weights
-DEFAULT_BUDGET_MIB = 1024.0
+#: used when neither ``budget_mib`` nor ``budget_bytes`` is given: the default target's stage
+#: budget (RK3588: a quarter of the NPU's 4 GiB window, leaving room for the runtime and the
+#: next stage's weights; :meth:`rkpart.targets.base.Target.default_budget_bytes`)
+DEFAULT_BUDGET_MIB = get_target().default_budget_bytes() / MIB
 
 
 @dataclass(frozen=True)

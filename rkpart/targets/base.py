@@ -12,7 +12,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+
+import onnx
 
 from rkpart.errors import UserError
 from rkpart.targets.known_issues import CrashPattern, crash_patterns
@@ -45,15 +46,13 @@ class OpRule:
     note: str = ""
 
 
-class NodeLike(Protocol):
-    """What the capability checks read from a node (``onnx.NodeProto`` has it)."""
+@dataclass(frozen=True)
+class AttrLimit:
+    """The values of one attribute a toolkit converts; a node with another value is not convertible."""
 
-    @property
-    def op_type(self) -> str: ...
-    @property
-    def domain(self) -> str: ...
-    @property
-    def name(self) -> str: ...
+    attr: str
+    allowed: tuple[str | int, ...]
+    default: str | int  # the ONNX default, for nodes without the attribute
 
 
 @dataclass(frozen=True)
@@ -69,6 +68,7 @@ class ToolkitCaps:
     max_opset: int
     ops: Mapping[str, OpRule]
     source: str
+    attrs: Mapping[str, tuple[AttrLimit, ...]] = field(default_factory=dict)
 
     def op(self, op_type: str, domain: str = "") -> OpRule:
         """The rule for ``op_type`` (custom domains are never convertible)."""
@@ -76,11 +76,23 @@ class ToolkitCaps:
             return OpRule(op_type, Support.NONE, f"custom domain {domain!r}")
         return self.ops.get(op_type) or OpRule(op_type, Support.NONE, "not in the toolkit's operator list")
 
-    def unconvertible(self, nodes: Iterable[NodeLike]) -> list[tuple[NodeLike, OpRule]]:
+    def node(self, node: onnx.NodeProto) -> OpRule:
+        """The rule for one node: its op type's, unless an attribute is out of the toolkit's range."""
+        rule = self.op(node.op_type, node.domain)
+        if rule.support is Support.NONE:
+            return rule
+        for lim in self.attrs.get(node.op_type, ()):
+            value = _attribute(node, lim.attr, lim.default)
+            if value not in lim.allowed:
+                return OpRule(node.op_type, Support.NONE,
+                              f"{lim.attr}={value!r} (converted: {', '.join(map(repr, lim.allowed))})")
+        return rule
+
+    def unconvertible(self, nodes: Iterable[onnx.NodeProto]) -> list[tuple[onnx.NodeProto, OpRule]]:
         """The nodes among ``nodes`` this toolkit cannot convert, with their rules."""
         out = []
         for n in nodes:
-            rule = self.op(n.op_type, n.domain)
+            rule = self.node(n)
             if rule.support is Support.NONE:
                 out.append((n, rule))
         return out
@@ -131,7 +143,7 @@ class Target:
         known = sorted(self.toolkits, key=_version_key)
         below = [v for v in known if _version_key(v) <= _version_key(version)]
         base = self.toolkits[below[-1] if below else known[0]]
-        return ToolkitCaps(version=version, max_opset=base.max_opset, ops=base.ops,
+        return ToolkitCaps(version=version, max_opset=base.max_opset, ops=base.ops, attrs=base.attrs,
                            source=f"{base.source} (as documented for {base.version})")
 
     def default_budget_bytes(self, board_ram_bytes: int | None = None, share: float | None = None) -> int:
@@ -151,6 +163,14 @@ class Target:
         return int(window * s)
 
 
+def _attribute(node: onnx.NodeProto, name: str, default: str | int) -> str | int:
+    for a in node.attribute:
+        if a.name == name:
+            v = onnx.helper.get_attribute_value(a)
+            return v.decode() if isinstance(v, bytes) else v
+    return default
+
+
 def _version_key(v: str) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else 0 for p in v.split("."))
 
@@ -167,4 +187,4 @@ def rules(supported: Mapping[str, str], *, fused: Mapping[str, str]) -> dict[str
     return out
 
 
-__all__ = ["GIB", "MIB", "NodeLike", "OpRule", "Support", "Target", "ToolkitCaps", "rules"]
+__all__ = ["GIB", "MIB", "AttrLimit", "OpRule", "Support", "Target", "ToolkitCaps", "rules"]

@@ -25,7 +25,7 @@ Sources
 
 from __future__ import annotations
 
-from rkpart.targets.base import GIB, Target, ToolkitCaps, rules
+from rkpart.targets.base import GIB, AttrLimit, Target, ToolkitCaps, rules
 
 #: ONNX op -> the operator list's remark, for every op the 2.3.x lists do not mark "Not Supported"
 ONNX_OPS: dict[str, str] = {
@@ -132,14 +132,16 @@ _FUSED = {
 }
 
 _OPS = rules(ONNX_OPS, fused=_FUSED)
+#: attribute ranges the operator list states ("Resize: mode: nearest2d/bilinear")
+_ATTRS = {"Resize": (AttrLimit("mode", ("nearest", "linear"), "nearest"),)}
 _DOC = "airockchip/rknn-toolkit2 doc/RKNNToolKit2_OP_Support-{v}.md"
 
 RK3588 = Target(
     name="rk3588",
     npu_window_bytes=4 * GIB,
     toolkits={
-        "2.3.0": ToolkitCaps(version="2.3.0", max_opset=19, ops=_OPS, source=_DOC.format(v="2.3.0")),
-        "2.3.2": ToolkitCaps(version="2.3.2", max_opset=19, ops=_OPS, source=_DOC.format(v="2.3.2")),
+        "2.3.0": ToolkitCaps(version="2.3.0", max_opset=19, ops=_OPS, source=_DOC.format(v="2.3.0"), attrs=_ATTRS),
+        "2.3.2": ToolkitCaps(version="2.3.2", max_opset=19, ops=_OPS, source=_DOC.format(v="2.3.2"), attrs=_ATTRS),
     },
     default_toolkit="2.3.0",
 )

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
-from rkpart.partitioner.api import partition
 
 from rkpart.errors import BudgetError, UserError
 from rkpart.ir import load_model
+from rkpart.pipeline import partition
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.strategies.generic import segment
 from rkpart.validation.metrics import compare

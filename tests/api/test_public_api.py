@@ -43,7 +43,7 @@ def test_all_names_exactly_the_supported_surface() -> None:
 
 def test_names_resolve_to_the_implementations() -> None:
     from rkpart.compile.compile import compile_plan
-    from rkpart.partitioner.api import partition
+    from rkpart.pipeline import partition
     from rkpart.profile.lifecycle import profile_plan
     from rkpart.recognizers import discover
 

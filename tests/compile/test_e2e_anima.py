@@ -29,7 +29,7 @@ MODEL = Path(__file__).parents[2] / "rkpart" / "data" / "anima_tiny.onnx"
 def _partition(folder: Path, strategy: str) -> Plan:
     if not MODEL.is_file():
         pytest.skip("bundled example rkpart/data/anima_tiny.onnx is missing")
-    from rkpart.partitioner.api import partition
+    from rkpart.pipeline import partition
 
     return partition(MODEL, folder, strategy)
 

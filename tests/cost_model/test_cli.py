@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from rkpart.cli import main
 from rkpart.cost_model.calibration import compare_with_model, render_comparison
 from rkpart.cost_model.model import CostModel
-from rkpart.partitioner.api import partition
 from rkpart.partitioner.plan import load_plan
+from rkpart.pipeline import partition
 from rkpart.profile.lifecycle import profile_plan
 from rkpart.profile.records import write_jsonl
 from rkpart.runtime.ort import OrtBackend

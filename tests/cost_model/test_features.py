@@ -7,11 +7,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from rkpart.partitioner.api import order_groups, partition
 
 from rkpart.cost_model.features import combine, group_features, model_features, stage_features
 from rkpart.ir import load_model
 from rkpart.partitioner.discovery import discover
+from rkpart.partitioner.partition import order_groups
+from rkpart.pipeline import partition
 from rkpart.strategies.split import SplitStrategy
 
 

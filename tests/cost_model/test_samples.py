@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rkpart.cost_model.calibration import fit_profiles, samples_from_records
-from rkpart.partitioner.api import partition
+from rkpart.pipeline import partition
 from rkpart.profile.lifecycle import profile_plan
 from rkpart.profile.records import read_jsonl, stage_records, write_jsonl
 from rkpart.runtime.ort import OrtBackend

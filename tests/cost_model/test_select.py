@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from rkpart.cost_model.calibration import calibrate_writeup
-from rkpart.cost_model.candidates import enumerate_candidates
 from rkpart.cost_model.model import CostModel, default_model_path
-from rkpart.cost_model.select import MIB, SelectionConfig, deltas, select
+from rkpart.cost_model.select import MIB, SelectionConfig, deltas
 from rkpart.errors import BudgetError
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
+from rkpart.pipeline import enumerate_candidates, select
 
 Anima = tuple[ModelGraph, Discovery]
 
@@ -27,7 +27,7 @@ def shipped() -> CostModel:
 
 def test_shipped_calibration_is_what_the_script_regenerates(anima512: Anima, shipped: CostModel) -> None:
     mg, disc = anima512
-    cands = {c.id: c for c in enumerate_candidates(mg, disc, max_run=1, plugins=False)[0]}
+    cands = {c.id: c for c in enumerate_candidates(mg, disc, max_run=1, plugins_too=False)[0]}
     assert calibrate_writeup(cands["split"], cands["fused"]).dumps() == shipped.dumps()
     assert all(c >= 0 for comp in shipped.components.values() for c in comp.coef)
 
@@ -84,10 +84,9 @@ def test_toolkit_known_crash_excludes_adaln_inside_candidates(anima512: Anima, s
 def test_compile_failure_recorded_in_a_plan_excludes_that_candidate(tmp_path: Path, example_model: Path) -> None:
     import dataclasses
 
-    from rkpart.partitioner.api import partition
-
     from rkpart.ir import load_model
     from rkpart.partitioner.discovery import discover
+    from rkpart.pipeline import partition
     from rkpart.types import BuildFailure
 
     plan = partition(example_model, tmp_path / "fused", "fused")

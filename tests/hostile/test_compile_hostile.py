@@ -33,8 +33,8 @@ import pytest
 from rkpart.compile.compile import compile_plan_report
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import ToolkitError
-from rkpart.partitioner.api import partition
 from rkpart.partitioner.plan import load_plan
+from rkpart.pipeline import partition
 from tests.hostile.models import snapshot
 
 ROOT = Path(__file__).resolve().parents[2]

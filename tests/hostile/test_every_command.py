@@ -30,7 +30,7 @@ def noise(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def evil_plan(tmp_path_factory: pytest.TempPathFactory, mini_model: Path) -> Path:
-    from rkpart.partitioner.api import partition
+    from rkpart.pipeline import partition
 
     out = tmp_path_factory.mktemp("evil") / "plan"
     partition(mini_model, out, "fused")

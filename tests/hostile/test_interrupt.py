@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rkpart.io import folder_lock
-from rkpart.partitioner.api import partition
+from rkpart.pipeline import partition
 from tests.hostile.models import assert_user_error, cli, siblings, snapshot
 
 RKPART = [sys.executable, "-m", "rkpart.cli"]

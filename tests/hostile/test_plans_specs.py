@@ -29,13 +29,13 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 def test_plan_schema_doc_is_generated_from_code() -> None:
     assert (DOCS / "plan.schema.json").read_text() == schema_json(), (
-        "docs/plan.schema.json is stale: run python -m rkpart.partitioner.plan_schema docs"
+        "docs/plan.schema.json is stale: run python -m rkpart.strategies.schema_docs docs"
     )
 
 
 def test_custom_spec_schema_doc_is_generated_from_code() -> None:
     assert (DOCS / "custom-spec.schema.json").read_text() == spec_schema_json(), (
-        "docs/custom-spec.schema.json is stale: run python -m rkpart.partitioner.plan_schema docs"
+        "docs/custom-spec.schema.json is stale: run python -m rkpart.strategies.schema_docs docs"
     )
 
 

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rkpart.partitioner.api import partition
 
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.plan import Plan
+from rkpart.pipeline import partition
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.validation.metrics import compare
 
@@ -61,8 +61,7 @@ def region_sizes(disc: Discovery) -> list[tuple[tuple[int, int, int, int, int], 
 
 def host_adaln_ops(mg: ModelGraph, disc: Discovery, **options: Any) -> list[int]:
     """``pre`` (AdaLN) ops of any region that the split strategy leaves on the host."""
-    from rkpart.partitioner.api import order_groups
-
+    from rkpart.partitioner.partition import order_groups
     from rkpart.strategies import get_strategy
 
     groups = order_groups(mg, get_strategy("split").propose(mg, disc, **options))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.partitioner.api import partition
 from rkpart.partitioner.plan import load_plan
+from rkpart.pipeline import partition
 from rkpart.profile import records as rec
 from rkpart.profile.lifecycle import profile_plan
 from rkpart.profile.report import compare_rows, render_compare

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rkpart.compile.compile import compile_plan_report
-from rkpart.partitioner.api import partition
+from rkpart.pipeline import partition
 from rkpart.profile import records as rec
 from rkpart.profile.lifecycle import profile_plan
 from rkpart.profile.report import render_compare

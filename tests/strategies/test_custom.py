@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rkpart.errors import SpecError
-from rkpart.partitioner.api import partition
+from rkpart.pipeline import partition
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.validation.metrics import compare
 

@@ -50,6 +50,16 @@ def test_op_support_follows_the_operator_list() -> None:
     assert [(n.name, r.op_type) for n, r in caps.unconvertible(nodes)] == [("nz", "NonZero")]
 
 
+@pytest.mark.parametrize(("mode", "ok"), [(None, True), ("linear", True), ("cubic", False)])
+def test_resize_converts_nearest_and_linear_only(mode: str | None, ok: bool) -> None:
+    attrs = {} if mode is None else {"mode": mode}
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)
+    rule = get_target().caps("2.3.2").node(node)
+    assert (rule.support is not Support.NONE) == ok
+    if not ok:
+        assert rule.note == "mode='cubic' (converted: 'nearest', 'linear')"
+
+
 def test_one_crash_table_serves_selection_and_log_matching() -> None:
     assert [p.when for p in crash_patterns("2.3.2")] == [{"adaln_on_npu": True}]
     assert [p.when for p in crash_patterns("2.3.0")] == [{"adaln_on_npu": True, "layernorm": "decomposed"}]
@@ -87,7 +97,7 @@ except ValueError as e:
 @pytest.mark.slow
 @pytest.mark.parametrize("version", ["2.3.0", "2.5.0"])
 def test_max_opset_is_what_the_real_toolkit_loads(version: str, tmp_path: Path) -> None:
-    from tests.compile.conftest import get_toolkit
+    from tests.toolkits import get_toolkit
 
     tk = get_toolkit(version)
     caps = get_target().caps(version)

@@ -8,7 +8,7 @@ from pathlib import Path
 from rkpart.compile.runner import BuildResult
 from rkpart.targets.known_issues import EXNORM_FUSION_SEGV, find_signature, match_log, match_signature
 
-DATA = Path(__file__).with_name("data")
+DATA = Path(__file__).parents[1] / "triage" / "data"  # recorded logs shared with the triage tests
 CRASH_LOG = DATA / "reduced_adaln_2.3.2.log"  # the 5-node AdaLN reproducer, 2.3.2: SIGSEGV
 OK_LOG = DATA / "reduced_adaln_2.5.0.log"  # the same graph, 2.5.0: built
 

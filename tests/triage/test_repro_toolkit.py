@@ -38,7 +38,7 @@ VERSIONS = "2.3.0,2.3.2,2.5.0"
 def _fused_plan(folder: Path) -> Plan:
     if not MODEL.is_file():
         pytest.skip("bundled example rkpart/data/anima_tiny.onnx is missing")
-    from rkpart.partitioner.api import partition
+    from rkpart.pipeline import partition
 
     return partition(MODEL, folder, "fused")
 

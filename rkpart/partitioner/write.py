@@ -1,9 +1,11 @@
-"""``partition()``: model file -> plan folder.  The library function behind ``rkpart partition``.
+"""Partition -> plan folder, crash-safe.  The last step of ``rkpart partition``.
 
-Crash safety: stages are written into a sibling staging folder ``.<out>.partial``; each
-stage's files are atomic and followed by a small ``.done.json`` marker, so a killed run can
-be resumed (same model, strategy and options) without redoing finished stages.  Only when
-every stage and ``plan.json`` are written does the staging folder replace ``out``.
+Stages are written into a sibling staging folder ``.<out>.partial``; each stage's files are
+atomic and followed by a small ``.done.json`` marker, so a killed run can be resumed (same
+model, strategy and options) without redoing finished stages.  Only when every stage and
+``plan.json`` are written does the staging folder replace ``out``.
+
+Deciding the partition is not done here: :func:`rkpart.pipeline.propose` does that.
 """
 
 from __future__ import annotations
@@ -14,109 +16,36 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
-
-from rkpart.errors import InternalError, InvalidModelError, OutputExistsError, SpecError, UserError
+from rkpart.errors import InvalidModelError, OutputExistsError, UserError
 from rkpart.io import atomic_write_bytes, file_sha256, folder_lock, recover_folder, replace_folder
-from rkpart.ir import ModelGraph, load_model
+from rkpart.ir import ModelGraph
 from rkpart.ir.ops import CONTROL_FLOW_OPS
 from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD, check_stage, extract, stage_sha256
+from rkpart.partitioner.extract import (
+    DEFAULT_EXTERNAL_THRESHOLD,
+    ExtractedStage,
+    boundary,
+    check_stage,
+    extract,
+    stage_sha256,
+)
+from rkpart.partitioner.partition import OrderedGroup, Partition, order_groups
 from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
-from rkpart.recognizers import discover  # recognisers (plugins, scope fallback) around the structural one
-from rkpart.strategies import get_strategy
-from rkpart.strategies.base import Group, Partition
-from rkpart.types import Device
 
 Progress = Callable[[str], None]
+#: rewrites an NPU stage file in place and returns its new description, or ``None`` to keep it
+StageSimplifier = Callable[[Path, ExtractedStage], "ExtractedStage | None"]
 
 
 def _noop(_: str) -> None:
     pass
 
 
-@dataclass(frozen=True)
-class OrderedGroup:
-    id: str
-    device: Device
-    ops: frozenset[int]
-    region: str
-    kind: str
-    block: int | None
-    blocks: tuple[int, ...]
-
-
-
-def order_groups(mg: ModelGraph, part: Partition, *, merge_host: bool = True) -> list[OrderedGroup]:
-    """Execution order of the partition's groups; adjacent host groups merged.
-
-    Raises :class:`SpecError` if the grouping is cyclic (two stages need each other's
-    outputs), which only a custom spec can cause.
-    """
-    owner: dict[int, int] = {}
-    for gi, grp in enumerate(part.groups):
-        for i in grp.ops:
-            if i in owner:
-                raise InternalError(f"op {i} assigned to {part.groups[owner[i]].id} and {grp.id}")
-            owner[i] = gi
-    missing = [i for i in mg.ops.nodes if i not in owner]
-    if missing:
-        raise InternalError(f"strategy {part.strategy} left {len(missing)} ops unassigned (e.g. {missing[0]})")
-    q = nx.DiGraph()
-    q.add_nodes_from(range(len(part.groups)))
-    for a, b in mg.ops.edges:
-        ga, gb = owner[a], owner[b]
-        if ga != gb:
-            q.add_edge(ga, gb)
-    first = {gi: min(grp.ops) for gi, grp in enumerate(part.groups)}
-    try:
-        order = list(nx.lexicographical_topological_sort(q, key=lambda gi: first[gi]))
-    except nx.NetworkXUnfeasible:
-        cyc = nx.find_cycle(q)
-        names = " -> ".join(part.groups[a].id for a, _ in cyc)
-        raise SpecError(f"stages depend on each other in a cycle: {names}; change the grouping") from None
-    out: list[OrderedGroup] = []
-    for gi in order:
-        g: Group | OrderedGroup = part.groups[gi]
-        if merge_host and out and g.device == "host" and out[-1].device == "host":
-            prev = out[-1]
-            kinds = prev.kind.split("+")
-            kinds += [k for k in g.kind.split("+") if k not in kinds]
-            out[-1] = OrderedGroup(
-                id=prev.id, device="host", ops=prev.ops | g.ops, region=prev.region if prev.region == g.region
-                else "host", kind="+".join(kinds),
-                # named after the NPU stage it prepares: attribute it to that one's block
-                block=g.block if g.block is not None else prev.block,
-                blocks=tuple(sorted(set(prev.blocks) | set(g.blocks))),
-            )
-        else:
-            out.append(OrderedGroup(g.id, g.device, g.ops, g.region, g.kind, g.block, g.blocks))
-    # host ids get readable, unique names
-    final: list[OrderedGroup] = []
-    for idx, og in enumerate(out):
-        gid = og.id
-        if og.device == "host":
-            nxt = next((h.id for h in out[idx + 1:] if h.device == "npu"), None)
-            gid = "prologue" if idx == 0 else (f"{nxt}.pre" if nxt else "epilogue")
-        final.append(OrderedGroup(gid, og.device, og.ops, og.region, og.kind, og.block, og.blocks))
-    ids = [g.id for g in final]
-    if len(set(ids)) != len(ids):
-        seen: dict[str, int] = {}
-        renamed: list[OrderedGroup] = []
-        for og in final:
-            n = seen.get(og.id, 0)
-            seen[og.id] = n + 1
-            renamed.append(og if n == 0 else OrderedGroup(f"{og.id}.{n}", og.device, og.ops, og.region, og.kind,
-                                                          og.block, og.blocks))
-        final = renamed
-    return final
-
-
-def _prepare_out(out: Path, force: bool, model: Path | None = None) -> None:
+def prepare_out(out: Path, force: bool, model: Path | None = None) -> None:
+    """Refuse an output that is a file, holds the model, or is a non-plan folder (or non-empty without ``force``)."""
     if out.exists() and not out.is_dir():
         raise OutputExistsError(f"output {out} exists and is not a folder")
     if model is not None and out.is_dir():
@@ -132,69 +61,43 @@ def _prepare_out(out: Path, force: bool, model: Path | None = None) -> None:
             )
 
 
-def partition(
-    model: str | os.PathLike[str],
+def write_partition(
+    mg: ModelGraph,
+    disc: Discovery | None,
+    part: Partition,
     out: str | os.PathLike[str],
-    strategy: str = "split",
     *,
     force: bool = False,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
-    simplify: bool = False,
+    simplify: StageSimplifier | None = None,
     progress: Progress = _noop,
-    **options: Any,
 ) -> Plan:
-    """Partition ``model`` with ``strategy`` and write the plan folder ``out``.
+    """Write ``part`` of ``mg`` as the plan folder ``out`` and return the plan.
 
-    Parameters
-    ----------
-    model:
-        ONNX file (inline weights or external data; any size).
-    out:
-        Plan folder to create.  An existing non-empty one is replaced only with ``force``,
-        and only once the new plan is complete.
-    strategy:
-        ``split``, ``fused``, ``custom`` or any registered strategy.
-    simplify:
-        Run onnxsim on every NPU stage, keeping the result only when its outputs equal the
-        original's under ONNX Runtime.
-    **options:
-        Strategy options (``adaln="npu"``, ``blocks_per_stage=2``, ``spec="spec.yaml"`` ...).
+    An existing non-empty ``out`` is replaced only with ``force``, and only once the new plan
+    is complete.  ``input_shapes`` are the shapes ``mg`` was loaded with (part of the resume
+    key); ``simplify`` rewrites each NPU stage after extraction.
 
-    Returns
-    -------
-    Plan
-        The plan that was written to ``out/plan.json``.
-
-    Examples
-    --------
-    >>> plan = partition("anima.onnx", "build/", strategy="split")  # doctest: +SKIP
-    >>> len(plan.npu_stages)  # doctest: +SKIP
-    84
+    Raises
+    ------
+    SpecError
+        The grouping is cyclic (two stages need each other's outputs).
+    InvalidModelError
+        A control-flow op would be cut into a stage.
+    OutputExistsError
+        ``out`` cannot be replaced.
     """
-    model_path = Path(model)
+    model_path = mg.path
     # absolute: "." or "build/" must still have a name to put the staging folder next to
     out = Path(os.path.abspath(out))
-    strat = get_strategy(strategy)
-    _prepare_out(out, force, model_path)
-
-    progress(f"loading {model_path}")
-    mg = load_model(model_path, input_shapes=input_shapes)
-    disc: Discovery | None = None
-    if strat.needs_blocks:
-        progress("discovering blocks")
-        disc = discover(mg)
-        progress(f"found {len(disc.blocks)} blocks by {disc.method}: "
-                 f"{', '.join(r.name for r in disc.blocks[0].regions)} per block")
-    part = strat.propose(mg, disc, **options)
     groups = order_groups(mg, part)
-
     _check_control_flow(mg, groups)
 
     model_sha = file_sha256(model_path)
     run_key = hashlib.sha256(json.dumps({
         "model": model_sha, "strategy": part.strategy, "options": _jsonable(part.options),
-        "threshold": external_threshold, "simplify": simplify, "shapes": _jsonable(input_shapes or {}),
+        "threshold": external_threshold, "simplify": simplify is not None, "shapes": _jsonable(input_shapes or {}),
     }, sort_keys=True).encode()).hexdigest()
 
     staging = out.with_name(f".{out.name}.partial")
@@ -202,7 +105,7 @@ def partition(
         try:
             with _lock_existing(out):
                 recover_folder(out)
-                _prepare_out(out, force, model_path)  # again: another run may have finished meanwhile
+                prepare_out(out, force, model_path)  # again: another run may have finished meanwhile
                 plan = _write_stages(mg, disc, part, groups, staging, run_key, model_path, model_sha,
                                      external_threshold, simplify, progress)
                 replace_folder(staging, out)
@@ -271,7 +174,7 @@ def _write_stages(
     model_path: Path,
     model_sha: str,
     external_threshold: int,
-    simplify: bool,
+    simplify: StageSimplifier | None,
     progress: Progress,
 ) -> Plan:
     """Write every stage and ``plan.json`` into ``staging`` (locked), resuming finished stages.
@@ -299,8 +202,7 @@ def _write_stages(
     tensors: dict[str, TensorInfo] = {}
     n = len(groups)
     for idx, g in enumerate(groups):
-        sub = mg.subgraph(g.ops)
-        ins, outs = sub.inputs, sub.outputs
+        ins, outs = boundary(mg, g.ops)
         fname = f"{idx:03d}_{g.id}.onnx"
         prev = _stage_done(stages_dir, fname)
         if prev is not None:
@@ -309,14 +211,12 @@ def _write_stages(
             _add_tensors(mg, tensors, [*ins, *outs])
             continue
         progress(f"[{idx + 1}/{n}] {g.id} ({g.device}, {len(g.ops)} ops)")
-        ex = extract(mg, sub, stages_dir / fname, name=g.id,
+        ex = extract(mg, g.ops, stages_dir / fname, inputs=ins, outputs=outs, name=g.id,
                      external_threshold=external_threshold,
                      doc=f"rkpart stage {g.id} ({g.kind}) of {model_path.name}")
         check_stage(stages_dir / fname)
-        if simplify and g.device == "npu":
-            from rkpart.partitioner.simplify import simplify_stage
-
-            ex = simplify_stage(stages_dir / fname, ex) or ex
+        if simplify is not None and g.device == "npu":
+            ex = simplify(stages_dir / fname, ex) or ex
         stage = Stage(
             id=g.id, device=g.device, file=f"stages/{fname}", inputs=ex.inputs, outputs=ex.outputs,
             block=g.block, blocks=g.blocks, region=g.region, kind=g.kind, weight_bytes=ex.weight_bytes,
@@ -378,12 +278,4 @@ def _jsonable(v: Any) -> Any:
     return str(v)
 
 
-def inspect_model(
-    model: str | os.PathLike[str], input_shapes: Mapping[str, tuple[int, ...]] | None = None
-) -> tuple[ModelGraph, Discovery]:
-    """Load and discover without writing anything (``rkpart inspect``)."""
-    mg = load_model(model, input_shapes=input_shapes)
-    return mg, discover(mg)
-
-
-__all__ = ["Group", "OrderedGroup", "inspect_model", "order_groups", "partition"]
+__all__ = ["StageSimplifier", "prepare_out", "write_partition"]

@@ -1,0 +1,391 @@
+"""The partition pipeline: model file -> loaded graph -> partition -> plan folder.
+
+Each step is a function of the previous step's value, so a caller that needs the graph for
+something else (``rkpart inspect``, the drop-in's strategy choice) loads it once and hands it
+on::
+
+    model = load("model.onnx")                         # graph + discovery (on first use)
+    part = propose(model, "auto", PartitionConfig(options={"budget_mib": 512}))
+    plan = write_plan(model, part, "build/")           # crash-safe, resumable
+
+:func:`partition` is those three calls.  ``auto`` lives here rather than in
+:mod:`rkpart.strategies`: it asks the strategies for whole-model partitions, hands them to
+the cost model as candidates (:mod:`rkpart.cost_model.candidates`) and assembles the
+cost model's choice (:func:`rkpart.cost_model.select.choose`), so it sits above both.
+
+Package layers (``tests/test_import_dag.py`` enforces them; a package imports only from
+layers to its left, never back, not even inside a function)::
+
+    errors, io, types, units, progress
+      <- ir <- targets <- partitioner <- plugins <- recognizers <- strategies
+      <- validation <- compile <- runtime <- triage <- profile <- cost_model
+      <- pipeline <- dropin <- commands / cli
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rkpart import strategies
+from rkpart.cost_model.candidates import OWN_STRATEGIES, Candidate, Variant, candidates_from
+from rkpart.cost_model.model import CostModel, load_model_or_default
+from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, choose
+from rkpart.errors import SpecError, UserError
+from rkpart.ir import ModelGraph, load_model
+from rkpart.partitioner.discovery import Discovery
+from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD
+from rkpart.partitioner.partition import Partition
+from rkpart.partitioner.plan import Plan
+from rkpart.partitioner.write import prepare_out, write_partition
+from rkpart.recognizers import discover
+from rkpart.strategies.base import GroupBuilder, Strategy, option
+from rkpart.strategies.fused import FusedStrategy
+from rkpart.strategies.split import SplitStrategy
+from rkpart.targets import DEFAULT_TARGET, TARGETS, get_target
+
+Progress = Callable[[str], None]
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+# -- the loaded model ---------------------------------------------------------------------
+
+
+@dataclass
+class LoadedModel:
+    """A validated graph and, once asked for, its block discovery (computed once)."""
+
+    graph: ModelGraph
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    _discovery: Discovery | None = field(default=None, repr=False)
+
+    @property
+    def path(self) -> Path:
+        return self.graph.path
+
+    def discovery(self, progress: Progress = _noop) -> Discovery:
+        """Blocks and regions (recognisers included); raises :class:`~rkpart.errors.DiscoveryError`."""
+        if self._discovery is None:
+            progress("discovering blocks")
+            self._discovery = discover(self.graph)
+            disc = self._discovery
+            progress(f"found {len(disc.blocks)} blocks by {disc.method}: "
+                     f"{', '.join(r.name for r in disc.blocks[0].regions)} per block")
+        return self._discovery
+
+
+def load(
+    model: str | os.PathLike[str],
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    progress: Progress = _noop,
+) -> LoadedModel:
+    """Load and validate ``model`` (any size; inline or external weights)."""
+    progress(f"loading {model}")
+    return LoadedModel(load_model(model, input_shapes=input_shapes), input_shapes)
+
+
+def inspect_model(
+    model: str | os.PathLike[str], input_shapes: Mapping[str, tuple[int, ...]] | None = None
+) -> tuple[ModelGraph, Discovery]:
+    """Load and discover without writing anything (``rkpart inspect``)."""
+    loaded = load(model, input_shapes)
+    return loaded.graph, loaded.discovery()
+
+
+# -- strategies -----------------------------------------------------------------------------
+
+
+def available() -> dict[str, type[Strategy]]:
+    """Every strategy by name: the built-ins (``auto`` last), then plugins that loaded."""
+    return strategies.available(BUILTIN)
+
+
+def get_strategy(name: str) -> Strategy:
+    """A new instance of the strategy ``name``; :class:`~rkpart.errors.UserError` if unknown or broken."""
+    return strategies.get_strategy(name, BUILTIN)
+
+
+@dataclass(frozen=True)
+class PartitionConfig:
+    """How to propose and write a partition (everything but the model and the strategy).
+
+    ``target`` / ``toolkit``: whose capabilities the proposal is checked against; with a
+    ``toolkit`` the partition's notes name NPU stages holding ops that toolkit cannot
+    convert, and a model opset it cannot load.
+    """
+
+    options: Mapping[str, Any] = field(default_factory=dict)
+    force: bool = False
+    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD
+    simplify: bool = False
+    target: str = DEFAULT_TARGET
+    toolkit: str | None = None
+    progress: Progress = field(default=_noop, compare=False)
+
+
+def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfig = PartitionConfig()) -> Partition:
+    """The partition ``strategy`` proposes for ``model``, checked against the target's capabilities."""
+    strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
+    disc = model.discovery(config.progress) if strat.needs_blocks else None
+    part = strat.propose(model.graph, disc, **config.options)
+    notes = capability_notes(model.graph, part, config.target, config.toolkit)
+    for note in notes:
+        config.progress(f"warning: {note}")
+    if notes:
+        part = Partition(part.strategy, part.options, part.groups, (*part.notes, *notes))
+    return part
+
+
+def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str | None) -> list[str]:
+    """What ``toolkit`` cannot do with ``part``: opset, unconvertible ops.
+
+    Nothing is checked without a ``toolkit``, or for a target rkpart has no capability table
+    for (the toolkit itself still decides when it builds).
+    """
+    if toolkit is None or target.lower() not in TARGETS:
+        return []
+    caps = get_target(target).caps(toolkit)
+    notes = []
+    problem = caps.opset_problem(mg.opset)
+    if problem:
+        notes.append(f"target {target}: {problem}")
+    for g in part.groups:
+        if g.device != "npu":
+            continue
+        bad = caps.unconvertible(mg.nodes[i] for i in sorted(g.ops))
+        if bad:
+            ops = ", ".join(sorted({n.op_type for n, _ in bad}))
+            notes.append(f"target {target}: NPU stage {g.id} holds op(s) rknn-toolkit2 {caps.version} cannot "
+                         f"convert: {ops}")
+    return notes
+
+
+def write_plan(
+    model: LoadedModel, part: Partition, out: str | os.PathLike[str], config: PartitionConfig = PartitionConfig()
+) -> Plan:
+    """Write ``part`` as the plan folder ``out`` (see :func:`rkpart.partitioner.write.write_partition`)."""
+    simplify = None
+    if config.simplify:
+        from rkpart.runtime.simplify import simplify_stage  # onnxsim and ONNX Runtime: only when asked
+
+        simplify = simplify_stage
+    return write_partition(model.graph, model._discovery, part, out, force=config.force,
+                           input_shapes=model.input_shapes, external_threshold=config.external_threshold,
+                           simplify=simplify, progress=config.progress)
+
+
+def partition(
+    model: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    strategy: str = "split",
+    *,
+    force: bool = False,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
+    simplify: bool = False,
+    progress: Progress = _noop,
+    **options: Any,
+) -> Plan:
+    """Partition ``model`` with ``strategy`` and write the plan folder ``out``.
+
+    Parameters
+    ----------
+    model:
+        ONNX file (inline weights or external data; any size).
+    out:
+        Plan folder to create.  An existing non-empty one is replaced only with ``force``,
+        and only once the new plan is complete.
+    strategy:
+        ``split``, ``fused``, ``custom``, ``generic``, ``auto`` or any registered strategy.
+    simplify:
+        Run onnxsim on every NPU stage, keeping the result only when its outputs equal the
+        original's under ONNX Runtime.
+    **options:
+        Strategy options (``adaln="npu"``, ``blocks_per_stage=2``, ``spec="spec.yaml"`` ...).
+
+    Returns
+    -------
+    Plan
+        The plan that was written to ``out/plan.json``.
+
+    Examples
+    --------
+    >>> plan = partition("anima.onnx", "build/", strategy="split")  # doctest: +SKIP
+    >>> len(plan.npu_stages)  # doctest: +SKIP
+    84
+    """
+    model_path = Path(model)
+    strat = get_strategy(strategy)
+    # before loading: a model of any size is not read for an output that cannot be written
+    prepare_out(Path(os.path.abspath(out)), force, model_path)
+    config = PartitionConfig(options=options, force=force, external_threshold=external_threshold,
+                             simplify=simplify, progress=progress)
+    loaded = load(model_path, input_shapes, progress)
+    return write_plan(loaded, propose(loaded, strat, config), out, config)
+
+
+def check_options(strategy: str, options: Mapping[str, Any]) -> None:
+    """Refuse options that do not fit ``strategy`` (the CLI's flags), before anything is loaded.
+
+    Raises
+    ------
+    SpecError
+        ``custom`` without a ``spec``, or an ``auto``-only option given to another strategy.
+    """
+    if strategy == "custom" and options.get("spec") is None:
+        raise SpecError("--strategy custom needs --spec FILE")
+    auto_only = [k for k in AUTO_ONLY if options.get(k) is not None]
+    if strategy != "auto" and auto_only:
+        raise SpecError(f"{', '.join(auto_only)} apply to --strategy auto only")
+
+
+# -- auto -----------------------------------------------------------------------------------
+
+#: options only ``auto`` reads
+AUTO_ONLY = ("cost_model", "toolkit", "steps", "cfg")
+
+
+def candidate_variants(mg: ModelGraph, disc: Discovery, *, plugins_too: bool = True,
+                       notes: list[str] | None = None) -> list[Variant]:
+    """The whole-model partitions ``auto`` chooses from, as the strategies propose them.
+
+    ``split`` (AdaLN on the host, or on the NPU), ``fused`` one block per stage, and every
+    registered plugin strategy whose stages stay inside one block (``notes`` collects the
+    plugins that were skipped and why).
+    """
+    out: list[Variant] = [
+        ("split", SplitStrategy().propose(mg, disc), {"strategy": "split", "adaln": "host"}),
+        ("split-adaln-npu", SplitStrategy().propose(mg, disc, adaln="npu"), {"strategy": "split", "adaln": "npu"}),
+        ("fused", FusedStrategy().propose(mg, disc), {"strategy": "fused", "blocks_per_stage": 1}),
+    ]
+    if not plugins_too:
+        return out
+    sink = notes if notes is not None else []
+    for name, cls in available().items():
+        if name in OWN_STRATEGIES:
+            continue
+        try:
+            part = cls().propose(mg, disc)
+        except Exception as e:  # noqa: BLE001 - a plugin that needs options it was not given is skipped, with a note
+            sink.append(f"strategy {name} not considered: {type(e).__name__}: {e}")
+            continue
+        if any(len(g.blocks) > 1 for g in part.groups):
+            sink.append(f"strategy {name} not considered: its stages span several blocks")
+            continue
+        out.append((name, part, {"strategy": name}))
+    return out
+
+
+def enumerate_candidates(mg: ModelGraph, disc: Discovery, *, max_run: int = 2, plugins_too: bool = True,
+                         notes: list[str] | None = None) -> dict[int, list[Candidate]]:
+    """Candidates per first block: :func:`candidate_variants` sliced per block, plus fused runs."""
+    variants = candidate_variants(mg, disc, plugins_too=plugins_too, notes=notes)
+    return candidates_from(mg, disc, variants, max_run=max_run)
+
+
+def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionConfig | None = None) -> Selection:
+    """Choose a candidate partition and a residency per block of ``mg`` (``--strategy auto``).
+
+    The candidates are :func:`candidate_variants` sliced per block plus runs of up to
+    ``config.max_run`` fused blocks.
+    """
+    config = config or SelectionConfig()
+    notes: list[str] = []
+    cands = enumerate_candidates(mg, disc, max_run=config.max_run, plugins_too=config.plugins, notes=notes)
+    return choose(cands, model, config, notes=notes)
+
+
+def _as_list(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if isinstance(v, (list, tuple)):
+        return tuple(str(x) for x in v)
+    return tuple(x for x in str(v).split(",") if x)
+
+
+class AutoStrategy(Strategy):
+    """``auto``: per block, the candidate partition a cost model predicts to be fastest within budget.
+
+    Options:
+
+    ``cost_model``       path of a model JSON (default: the shipped RK3588 calibration)
+    ``budget_mib``       NPU device-memory budget in MiB (default: none)
+    ``toolkit``          rknn-toolkit2 version whose known crashes exclude candidates
+                         (default: the cost model's)
+    ``steps``, ``cfg``   pipeline shape: passes = steps x (2 if cfg else 1) (default 1, True)
+    ``residency``        ``any`` (choose per block), ``per-stage`` or ``resident``
+    ``max_error_ratio``  accuracy floor (default: the cost model's)
+    ``max_run``          longest run of blocks fused into one stage (default 2)
+    ``compiled``         plan folders compiled by ``rkpart compile``: their failures exclude
+                         candidates, their ``.rknn`` sizes replace estimates
+    ``report``           callable receiving the :class:`~rkpart.cost_model.select.Selection`
+                         (the CLI's ``--explain``); not recorded in the plan
+    """
+
+    name = "auto"
+    summary = "per block, the cheapest candidate predicted by a cost model within a memory budget"
+
+    def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
+        assert disc is not None
+        model_path = options.get("cost_model")
+        model = load_model_or_default(model_path)
+        residency = option(options, "residency", "any", ("any", *RESIDENCIES))
+        budget = options.get("budget_mib")
+        try:
+            cfg = SelectionConfig(
+                budget_mib=None if budget is None else float(budget),
+                toolkit=None if options.get("toolkit") is None else str(options["toolkit"]),
+                steps=int(option(options, "steps", 1)),
+                cfg=bool(option(options, "cfg", True)),
+                residencies=RESIDENCIES if residency == "any" else (residency,),
+                max_error_ratio=None if options.get("max_error_ratio") is None else float(options["max_error_ratio"]),
+                max_run=int(option(options, "max_run", 2)),
+                compiled=_as_list(options.get("compiled")),
+            )
+        except (TypeError, ValueError) as e:
+            raise UserError(f"auto strategy: bad option: {e}") from None
+        if cfg.budget_mib is not None and cfg.budget_mib <= 0:
+            raise UserError(f"budget_mib must be > 0, got {cfg.budget_mib:g}")
+        sel = select(mg, disc, model, cfg)
+        report: Callable[[Any], None] | None = options.get("report")
+        if report is not None:
+            report(sel)
+        gb = GroupBuilder()
+        for o in sel.chosen:
+            for g in o.candidate.groups:
+                gb.add(g.id, set(g.ops), device=g.device, region=g.region, kind=g.kind, block=g.block,
+                       blocks=g.blocks)
+        gb.add_host_rest(mg, disc)
+        recorded = {
+            "cost_model": "shipped:rk3588_calibration" if model_path is None else str(model_path),
+            "cost_model_sha256": model.sha256,
+            "budget_mib": cfg.budget_mib,
+            "toolkit": sel.toolkit,
+            "steps": cfg.steps,
+            "cfg": cfg.cfg,
+            "residency": residency,
+            "max_error_ratio": sel.max_error_ratio,
+            "max_run": cfg.max_run,
+            "choices": [{"blocks": list(o.candidate.blocks), "candidate": o.candidate.id, "residency": o.residency}
+                        for o in sel.chosen],
+            "predicted_latency_s": round(sel.latency, 6),
+            "predicted_device_mib": round(sel.device_bytes / 2**20, 2),
+        }
+        notes = tuple(f"block {','.join(map(str, o.candidate.blocks))}: {o.candidate.id} ({o.residency})"
+                      for o in sel.chosen) + tuple(sel.notes)
+        return gb.build(self.name, recorded, notes=notes)
+
+
+#: every built-in strategy, in the order ``rkpart strategies`` lists them
+BUILTIN: tuple[type[Strategy], ...] = (*strategies.BUILTIN, AutoStrategy)
+
+
+__all__ = ["AUTO_ONLY", "BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "available", "candidate_variants",
+           "capability_notes", "check_options", "enumerate_candidates", "get_strategy", "inspect_model", "load",
+           "partition", "propose", "select", "write_plan"]

@@ -1,0 +1,131 @@
+"""The packages of rkpart import each other in one direction only.
+
+Every module under ``rkpart/`` is parsed with :mod:`ast`; every ``import`` counts, also the
+ones inside functions (a function-level import is still a dependency, only a hidden one).
+A *package* is a direct child of ``rkpart``: a subpackage (``rkpart/compile/``) or a
+top-level module (``rkpart/dropin.py``).  Two checks:
+
+* no cycle between packages (the failure names every cycle);
+* the layers below, lowest first: a package may import only from its own layer or one to
+  its left.  ``rkpart/__init__.py`` (the lazy public API) names everything and is exempt.
+
+The order is also documented in :mod:`rkpart.pipeline`.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import networkx as nx
+
+ROOT = Path(__file__).resolve().parents[1] / "rkpart"
+
+#: lowest first; a package may import from its own layer and the layers before it
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "types"),
+    ("io", "units", "progress"),
+    ("ir",),
+    ("targets",),
+    ("partitioner",),
+    ("plugins",),
+    ("recognizers",),
+    ("strategies",),
+    ("validation",),
+    ("compile",),
+    ("runtime",),
+    ("triage",),
+    ("profile",),
+    ("cost_model",),
+    ("pipeline",),
+    ("dropin",),
+    ("models",),
+    ("cli_args", "cli_util"),
+    ("commands", "recognizers_cli"),
+    ("cli",),
+)
+
+
+def _package(module: str) -> str:
+    """``rkpart.compile.runner`` -> ``compile``; ``rkpart`` -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _is_package(name: str) -> bool:
+    return (ROOT / f"{name}.py").is_file() or (ROOT / name / "__init__.py").is_file()
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imported(module: str, is_package: bool, node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if node.level:
+        base = module.split(".")
+        if not is_package:
+            base = base[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        target = ".".join([*base, *([node.module] if node.module else [])])
+    else:
+        target = node.module or ""
+    if target == "rkpart":  # "from rkpart import x": x is a package, or a name of rkpart/__init__.py
+        return [f"rkpart.{a.name}" if _is_package(a.name) else "rkpart" for a in node.names]
+    return [target]
+
+
+def package_imports() -> dict[tuple[str, str], list[str]]:
+    """(importing package, imported package) -> the ``file:line`` of every such import."""
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for path in sorted(ROOT.rglob("*.py")):
+        module = _module_name(path)
+        src = _package(module)
+        if src == "__init__":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            for target in _imported(module, path.name == "__init__.py", node):
+                if target.startswith("rkpart."):
+                    dst = _package(target)
+                    if dst not in (src, "__init__"):
+                        edges[(src, dst)].append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    return edges
+
+
+def test_the_import_parser_sees_function_level_imports() -> None:
+    """Guard for the checks below: a known function-level import is found."""
+    edges = package_imports()
+    # rkpart/pipeline.py imports the simplifier inside write_plan
+    assert any(w.startswith("rkpart/pipeline.py") for w in edges[("pipeline", "runtime")])
+    assert ("strategies", "partitioner") in edges
+
+
+def test_packages_form_no_cycle() -> None:
+    edges = package_imports()
+    g = nx.DiGraph(list(edges))
+    cycles = sorted(sorted(nx.simple_cycles(g), key=len)[:20], key=lambda c: (len(c), c))
+    lines = []
+    for c in cycles:
+        hops = list(zip(c, [*c[1:], c[0]], strict=True))
+        lines.append(" -> ".join([*c, c[0]]) + "   (" + "; ".join(f"{a}->{b}: {edges[(a, b)][0]}" for a, b in hops)
+                     + ")")
+    assert not cycles, "import cycles between rkpart packages:\n" + "\n".join(lines)
+
+
+def test_packages_import_only_lower_layers() -> None:
+    rank = {p: i for i, layer in enumerate(LAYERS) for p in layer}
+    edges = package_imports()
+    unknown = sorted({p for e in edges for p in e if p not in rank})
+    assert not unknown, f"packages missing from LAYERS in {__name__}: {unknown}; place them in the layer order"
+    upward = [f"{a} (layer {rank[a]}) imports {b} (layer {rank[b]}) at {', '.join(where[:3])}"
+              for (a, b), where in sorted(edges.items()) if rank[b] > rank[a]]
+    assert not upward, "imports against the layer order:\n" + "\n".join(upward)
