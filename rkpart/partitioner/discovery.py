@@ -172,7 +172,7 @@ def _unbits(v: int) -> frozenset[int]:
 
 
 def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
-    """Find blocks and regions in ``mg``.
+    """Find blocks and regions in ``mg``: steps 1-6 of the module docstring, in order.
 
     Parameters
     ----------
@@ -192,7 +192,49 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
         No chain of residual adds, or fewer than ``min_blocks`` blocks.
     """
     reach = _Reach(mg)
-    adds = _residual_adds(mg, reach)
+    adds = _residual_adds(mg, reach)  # 1
+    st = _streams(mg, reach, adds)  # 2
+    dep = _stream_dependent(mg, st)
+    before = _stream_ancestry(mg, reach, st, dep)
+    branches = [_branch(mg, reach, a, st.skip_of[a], st.stream_of[a], dep, st.stream_producers)  # 3
+                for a in sorted(st.stream_of)]
+    regions_ops = _merge_overlapping(branches)
+    side = [i for i in reach.order if not dep >> i & 1 and not before >> i & 1]  # 4
+    feeds = _side_feeds(mg, side, regions_ops)
+    region_list = _name_regions(mg, regions_ops, dep, st.stream_tensors, st.txt, st.phases, reach)  # 5
+    grouping, method, scopes = _group_blocks(mg, region_list, st.phases)
+    blocks, prologue = _assemble_blocks(side, feeds, region_list, grouping, scopes, set(_unbits(before)))
+    if len(blocks) < min_blocks:
+        raise DiscoveryError(f"{mg.path.name}: found {len(blocks)} blocks, expected at least {min_blocks}")
+    glue, epilogue = _leftovers(mg, reach, blocks, prologue, dep)
+    notes = []
+    if method == "structure":
+        notes.append("blocks numbered by structure (exporter names carry no block scopes)")
+    return Discovery(
+        blocks=tuple(blocks),
+        prologue=frozenset(prologue),
+        glue=frozenset(glue),
+        epilogue=frozenset(epilogue),
+        streams=len(st.chains),
+        method=method,
+        notes=tuple(notes),
+    )
+
+
+@dataclass(frozen=True)
+class _Streams:
+    """The residual streams (step 2): chains of residual adds and the tensors they carry."""
+
+    chains: list[list[int]]
+    stream_of: dict[int, int]  # residual add -> its chain
+    skip_of: dict[int, str]  # residual add -> its skip tensor
+    stream_tensors: dict[str, int]  # every chain's skip inputs and outputs -> its chain
+    stream_producers: set[int]
+    txt: set[int]  # text streams
+    phases: list[int]  # phase of each chain
+
+
+def _streams(mg: ModelGraph, reach: _Reach, adds: dict[int, str]) -> _Streams:
     all_chains, links = _chains(mg, adds)
     linked = {a for a, bs in links.items() if bs} | {b for bs in links.values() for b in bs}
     # a lone residual-looking add is noise unless it is part of a stream system (a Flux
@@ -205,45 +247,54 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
         )
     stream_of = {a: si for si, c in enumerate(chains) for a in c}
     skip_of = {a: adds[a] for a in stream_of}
+    stream_tensors: dict[str, int] = {}
+    for a in stream_of:
+        stream_tensors[skip_of[a]] = stream_of[a]
+        stream_tensors[mg.nodes[a].output[0]] = stream_of[a]
+    return _Streams(
+        chains=chains, stream_of=stream_of, skip_of=skip_of, stream_tensors=stream_tensors,
+        stream_producers={mg.producer[t] for t in stream_tensors if t in mg.producer},
+        txt=_text_streams(mg, reach, chains, skip_of), phases=_phases(chains),
+    )
 
-    # Stream-dependent ops: descendants of any stream start.
-    starts = [skip_of[c[0]] for c in chains]
+
+def _stream_dependent(mg: ModelGraph, st: _Streams) -> int:
+    """Bitset of stream-dependent ops: descendants of any stream start."""
     dep = 0
-    for t in starts:
+    for t in (st.skip_of[c[0]] for c in st.chains):
         for c in mg.consumers.get(t, []):
             if c not in mg.const_ops:
                 dep |= 1 << c
-    for i in reach.order:
-        if dep >> i & 1:
+    for i in range(len(mg.nodes)):
+        if dep >> i & 1 or i in mg.const_ops:
             continue
         if any(dep >> p & 1 for p in mg.ops.predecessors(i)):
             dep |= 1 << i
-    # Everything a stream start is computed from (patch embedding, context embedder) is
-    # prologue, even when only the first branch reads it.
+    return dep
+
+
+def _stream_ancestry(mg: ModelGraph, reach: _Reach, st: _Streams, dep: int) -> int:
+    """Bitset of what the stream starts are computed from (patch embedding, context embedder).
+
+    That is prologue, even when only the first branch reads it.
+    """
     before = 0
-    for t in starts:
+    for t in (st.skip_of[c[0]] for c in st.chains):
         p = mg.producer.get(t)
         # a stream that starts from other streams (a concat of image and text) is computed
         # by the blocks before it, not by the prologue
         if p is not None and p not in mg.const_ops and not dep >> p & 1:
             before |= reach.anc[p] | (1 << p)
-    before &= ~dep
-    # stream tensors: every chain's skip inputs and outputs
-    stream_tensors: dict[str, int] = {}
-    for a in stream_of:
-        stream_tensors[skip_of[a]] = stream_of[a]
-        stream_tensors[mg.nodes[a].output[0]] = stream_of[a]
-    stream_producers = {mg.producer[t] for t in stream_tensors if t in mg.producer}
-    txt = _text_streams(mg, reach, chains, skip_of)
-    phases = _phases(chains)
+    return before & ~dep
 
-    branches: list[Branch] = []
-    for a in sorted(stream_of):
-        branches.append(_branch(mg, reach, a, skip_of[a], stream_of[a], dep, stream_producers))
 
-    regions_ops = _merge_overlapping(branches)
-    # side ops: not stream-dependent, not constant, not ancestors of the streams
-    side = [i for i in reach.order if not dep >> i & 1 and not before >> i & 1]
+def _side_feeds(
+    mg: ModelGraph, side: list[int], regions_ops: list[tuple[tuple[Branch, ...], frozenset[int]]]
+) -> dict[int, set[tuple[int, str]]]:
+    """Which (region, part) each side op feeds, by reverse topological propagation.
+
+    ``(-1, "out")``: a model output; ``(-1, "x")``: glue, epilogue or anything not in a region.
+    """
     unit_of_op: dict[int, int] = {}
     part_of_op: dict[int, str] = {}
     # In joint attention one stream's branch holds the other stream's AdaLN in its "core":
@@ -255,8 +306,6 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
                 for i in ops:
                     if i not in part_of_op or rank[part] > rank[part_of_op[i]]:
                         unit_of_op[i], part_of_op[i] = ri, part
-
-    # Which (region, part) does each side op feed?  Reverse topological propagation.
     feeds: dict[int, set[tuple[int, str]]] = {}
     side_set = set(side)
     model_outputs = set(mg.outputs)
@@ -275,19 +324,27 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
                 else:
                     f.add((-1, "x"))  # glue, epilogue, outputs
         feeds[i] = f
+    return feeds
 
-    # Group regions into blocks.
-    region_list = _name_regions(mg, regions_ops, dep, stream_tensors, txt, phases, reach)
-    grouping, method, scopes = _group_blocks(mg, region_list, phases)
-    region_block: dict[int, int] = {}
-    for bi, members in enumerate(grouping):
-        for ri in members:
-            region_block[ri] = bi
 
+def _assemble_blocks(
+    side: list[int],
+    feeds: dict[int, set[tuple[int, str]]],
+    region_list: list[_RegionInfo],
+    grouping: list[list[int]],
+    scopes: list[str],
+    prologue: set[int],
+) -> tuple[list[Block], set[int]]:
+    """Blocks from the grouped regions, each side op given to the one region or block it feeds.
+
+    A side op feeding one region's core is that region's ``side``; its pre / gate, the
+    region's ``mod``; several regions of one block, the block's ``mod``; anything else, the
+    prologue (returned, extended).
+    """
+    region_block = {ri: bi for bi, members in enumerate(grouping) for ri in members}
     region_side: dict[int, set[int]] = {ri: set() for ri in range(len(region_list))}
     region_mod: dict[int, set[int]] = {ri: set() for ri in range(len(region_list))}
     block_mod: dict[int, set[int]] = {bi: set() for bi in range(len(grouping))}
-    prologue: set[int] = set(_unbits(before))
     for i in side:
         f = feeds[i]
         units = {u for u, _ in f}
@@ -306,7 +363,6 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
             block_mod[blocks_fed.pop()].add(i)
         else:
             prologue.add(i)
-
     blocks: list[Block] = []
     for bi, members in enumerate(grouping):
         regs = []
@@ -318,10 +374,16 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
             ))
         blocks.append(Block(index=bi, regions=tuple(_unique_names(regs)), mod=frozenset(block_mod[bi]),
                             scope=scopes[bi]))
+    return blocks, prologue
 
+
+def _leftovers(
+    mg: ModelGraph, reach: _Reach, blocks: list[Block], prologue: set[int], dep: int
+) -> tuple[set[int], set[int]]:
+    """Ops in no block, after step 5: stream-dependent ones with a block after them are glue,
+    the others epilogue; the rest joins the prologue (extended in place)."""
     in_blocks = frozenset().union(*(b.ops for b in blocks))
     in_blocks_bits = _bits(in_blocks)
-    # Stream-dependent leftovers: after the last stream tensor -> epilogue, else glue.
     glue: set[int] = set()
     epilogue: set[int] = set()
     # ops with a block op downstream: reverse topological propagation
@@ -339,20 +401,7 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
                 epilogue.add(i)
         else:
             prologue.add(i)
-    if len(blocks) < min_blocks:
-        raise DiscoveryError(f"{mg.path.name}: found {len(blocks)} blocks, expected at least {min_blocks}")
-    notes = []
-    if method == "structure":
-        notes.append("blocks numbered by structure (exporter names carry no block scopes)")
-    return Discovery(
-        blocks=tuple(blocks),
-        prologue=frozenset(prologue),
-        glue=frozenset(glue),
-        epilogue=frozenset(epilogue),
-        streams=len(chains),
-        method=method,
-        notes=tuple(notes),
-    )
+    return glue, epilogue
 
 
 def _text_streams(mg: ModelGraph, reach: _Reach, chains: list[list[int]], skip_of: dict[int, str]) -> set[int]:
