@@ -1,14 +1,24 @@
-"""Shared fixtures: the bundled example, plans of it, PyTorch exports of non-DiT transformers."""
+"""Shared fixtures (the bundled example, plans of it, PyTorch exports of non-DiT transformers,
+real rknn-toolkit2 installations) and the test tiers' rules.
+
+Tiers (markers registered in pyproject.toml): ``toolkit`` builds or runs with a real
+rknn-toolkit2, ``export`` exports with torch/diffusers, ``slow`` takes more than a few seconds.
+The fast tier is ``pytest -m "not slow and not toolkit and not export"``.  Collection fails when a
+test uses a real-toolkit fixture without ``toolkit`` or a torch-export fixture without ``export``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 from rkpart.cli import bundled_example
+from rkpart.compile.toolkits import Toolkit
 from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
+from tests import toolkits
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +55,65 @@ def postnorm_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.api.vit import export_postnorm
 
     return export_postnorm(tmp_path_factory.mktemp("postnorm") / "postnorm.onnx")
+
+
+@pytest.fixture(scope="session")
+def toolkits_dir() -> Path:
+    return toolkits.toolkits_dir()
+
+
+@pytest.fixture(scope="session")
+def tk230() -> Toolkit:
+    return toolkits.get_toolkit("2.3.0")
+
+
+@pytest.fixture(scope="session")
+def tk232() -> Toolkit:
+    return toolkits.get_toolkit("2.3.2")
+
+
+@pytest.fixture(scope="session")
+def tk250() -> Toolkit:
+    return toolkits.get_toolkit("2.5.0")
+
+
+@pytest.fixture(scope="session")
+def real_toolkits() -> dict[str, Toolkit]:
+    return {v: toolkits.get_toolkit(v) for v in toolkits.VERSIONS}
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    # compile learns build memory in the user's cache dir; tests must not read or grow it
+    monkeypatch.setenv("RKPART_CACHE_DIR", str(tmp_path_factory.mktemp("rkpart-cache")))
+    yield
+
+
+#: fixtures that need a marker: a test using one is in that tier whether it says so or not
+_TIER_FIXTURES = {"toolkit": toolkits.FIXTURES, "export": frozenset({"vit_onnx", "postnorm_onnx"})}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = []
+    for item in items:
+        for marker, fixtures in _TIER_FIXTURES.items():
+            used = fixtures & set(getattr(item, "fixturenames", ()))
+            if used and item.get_closest_marker(marker) is None:
+                unmarked.append(f"{item.nodeid} uses {', '.join(sorted(used))} but is not marked @pytest.mark.{marker}")
+    if unmarked:
+        raise pytest.UsageError("tests outside their tier:\n  " + "\n  ".join(unmarked))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    toolkits.CURRENT["item"] = item  # get_toolkit fails a test that is not marked toolkit
+    try:
+        return (yield)
+    finally:
+        toolkits.CURRENT.pop("item", None)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if toolkits.INSTALL_TIMES:
+        parts = ", ".join(f"{v}: {t:.0f} s" for v, t in sorted(toolkits.INSTALL_TIMES.items()))
+        terminalreporter.write_line(f"rknn-toolkit2 installation (0 s = already installed): {parts}")

@@ -16,6 +16,8 @@ from rkpart.partitioner.plan import load_plan
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "export_with_rkpart.py"
 
+pytestmark = pytest.mark.export  # every test builds from torch exports of a ViT / post-norm encoder
+
 
 def test_default_strategy_is_split_for_dit_and_generic_otherwise(example_model: Path, vit_onnx: Path,
                                                                  postnorm_onnx: Path) -> None:
@@ -54,10 +56,10 @@ def test_identity_normalisation_is_accepted(vit_onnx: Path, tmp_path: Path, monk
 @pytest.mark.toolkit
 @pytest.mark.slow
 def test_example_export_script_builds_every_part(vit_onnx: Path, tmp_path: Path) -> None:
-    from tests.compile.conftest import _toolkits_dir, get_toolkit
+    from tests.toolkits import get_toolkit, toolkits_dir
 
     get_toolkit("2.3.0")  # installs it once (about a minute) or skips with the installer's reason
-    env = {**os.environ, "RKPART_TOOLKITS_DIR": str(_toolkits_dir()), "RKPART_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "RKPART_TOOLKITS_DIR": str(toolkits_dir()), "RKPART_CACHE_DIR": str(tmp_path / "cache")}
     out = tmp_path / "vit_rknn"
     res = subprocess.run([sys.executable, str(EXAMPLE), str(vit_onnx), "--out", str(out), "--budget-mib", "0.3"],
                          env=env, capture_output=True, text=True, timeout=900)

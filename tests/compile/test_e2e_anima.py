@@ -19,7 +19,7 @@ from rkpart.partitioner.plan import Plan
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.validation.metrics import compare
-from tests.compile.conftest import get_toolkit
+from tests.toolkits import get_toolkit
 
 pytestmark = [pytest.mark.toolkit, pytest.mark.slow]
 

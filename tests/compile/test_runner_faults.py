@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from rkpart.compile.runner import BuildJob, BuildResult, run_build
 from rkpart.compile.toolkits import Toolkit
@@ -73,6 +74,7 @@ def test_peak_rss_covers_the_allocation(tmp_path: Path, fake_toolkit: Toolkit) -
     assert r.peak_rss_bytes >= 200 * 2**20
 
 
+@pytest.mark.slow
 def test_timeout_kills_the_whole_process_group_and_cleans_up(tmp_path: Path, fake_toolkit: Toolkit) -> None:
     pidfile = tmp_path / "child.pid"
     t0 = time.monotonic()

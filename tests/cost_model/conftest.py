@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from rkpart.ir import ModelGraph, load_model
@@ -19,10 +17,3 @@ def anima512(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelGraph, Disc
     build_anima_onnx(AnimaConfig.full(512).replace(num_blocks=2), path, external_data=True)
     mg = load_model(path)
     return mg, discover(mg)
-
-
-@pytest.fixture(scope="session")
-def example_model() -> Path:
-    from rkpart.cli import bundled_example
-
-    return bundled_example()

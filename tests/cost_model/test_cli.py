@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from rkpart.cli import main
@@ -54,6 +55,7 @@ def test_auto_options_are_refused_for_other_strategies(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "apply to --strategy auto only" in r.output
 
 
+@pytest.mark.slow
 def test_fit_on_real_ort_profiles_prints_held_out_error(tmp_path: Path, example_model: Path) -> None:
     profiles = []
     for name, strategy, opts in (("split", "split", {}), ("npu", "split", {"adaln": "npu"}), ("fused", "fused", {})):

@@ -25,6 +25,7 @@ def shipped() -> CostModel:
     return CostModel.load(default_model_path())
 
 
+@pytest.mark.slow
 def test_shipped_calibration_is_what_the_script_regenerates(anima512: Anima, shipped: CostModel) -> None:
     mg, disc = anima512
     cands = {c.id: c for c in enumerate_candidates(mg, disc, max_run=1, plugins_too=False)[0]}
@@ -32,6 +33,7 @@ def test_shipped_calibration_is_what_the_script_regenerates(anima512: Anima, shi
     assert all(c >= 0 for comp in shipped.components.values() for c in comp.coef)
 
 
+@pytest.mark.slow
 def test_auto_chooses_split_and_reproduces_the_writeup_deltas(anima512: Anima, shipped: CostModel) -> None:
     mg, disc = anima512
     sel = select(mg, disc, shipped, SelectionConfig(budget_mib=2048, steps=1, cfg=True))
@@ -49,6 +51,7 @@ def test_auto_chooses_split_and_reproduces_the_writeup_deltas(anima512: Anima, s
     assert js["blocks"][0]["chosen"].startswith("split/") and len(js["blocks"][0]["candidates"]) >= 6
 
 
+@pytest.mark.slow
 def test_budget_is_respected_and_trades_residency_for_memory(anima512: Anima, shipped: CostModel) -> None:
     mg, disc = anima512
     roomy = select(mg, disc, shipped, SelectionConfig(budget_mib=4096, steps=30))
@@ -60,6 +63,7 @@ def test_budget_is_respected_and_trades_residency_for_memory(anima512: Anima, sh
     assert tight.latency > roomy.latency
 
 
+@pytest.mark.slow
 def test_infeasible_budget_names_the_smallest_feasible_one(anima512: Anima, shipped: CostModel) -> None:
     mg, disc = anima512
     with pytest.raises(BudgetError, match=r"smallest feasible budget is 124\.2 MiB \(split/per-stage\)"):
@@ -68,6 +72,7 @@ def test_infeasible_budget_names_the_smallest_feasible_one(anima512: Anima, ship
     assert ok.device_bytes <= 124.2 * MIB
 
 
+@pytest.mark.slow
 def test_toolkit_known_crash_excludes_adaln_inside_candidates(anima512: Anima, shipped: CostModel) -> None:
     mg, disc = anima512
     # without the accuracy floor fused would be a contender; 2.3.2 crashes on AdaLN inside a graph

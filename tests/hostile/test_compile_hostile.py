@@ -31,30 +31,16 @@ import psutil
 import pytest
 
 from rkpart.compile.compile import compile_plan_report
-from rkpart.compile.toolkits import Toolkit, find_toolkit
-from rkpart.errors import ToolkitError
+from rkpart.compile.toolkits import Toolkit
 from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
 from tests.hostile.models import snapshot
+from tests.toolkits import get_toolkit, toolkits_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 HUNG_WORKER = Path(__file__).with_name("hung_worker.py")
 #: modules that start toolkit subprocesses or exchange data with them
 PROTOCOL_MODULES = sorted([*(ROOT / "rkpart" / "compile").glob("*.py"), ROOT / "rkpart" / "runtime" / "rknn_sim.py"])
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # compile learns build memory in the user's cache dir; tests must not read or grow it
-    monkeypatch.setenv("RKPART_CACHE_DIR", str(tmp_path_factory.mktemp("rkpart-cache")))
-    yield
-
-
-def _toolkit(version: str = "2.3.0") -> Toolkit:
-    try:
-        return find_toolkit(version)
-    except ToolkitError as e:
-        pytest.skip(f"rknn-toolkit2 {version} not installed: {e}")
 
 
 # -- worker protocol: JSON and argv lists only --------------------------------------------------
@@ -98,7 +84,7 @@ def test_protocol_modules_use_no_pickle_and_no_shell(module: Path) -> None:
 @pytest.mark.toolkit
 def test_hostile_stage_file_name_is_data_not_shell(tmp_path: Path, mini_model: Path) -> None:
     """A plan whose stage file is named like a shell injection builds normally (real toolkit)."""
-    tk = _toolkit()
+    tk = get_toolkit("2.3.0")
     folder = tmp_path / "plan"
     partition(mini_model, folder, "fused")
     plan, _ = load_plan(folder)
@@ -124,6 +110,7 @@ def test_hostile_stage_file_name_is_data_not_shell(tmp_path: Path, mini_model: P
 # -- a hung worker ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_hung_worker_is_killed_and_its_files_cleaned(tmp_path: Path, mini_model: Path) -> None:
     """FAKE worker (tests/hostile/hung_worker.py): leaves scratch files, starts a grandchild,
     hangs.  compile must kill the whole process group at the timeout, remove every file the
@@ -199,12 +186,12 @@ def _orphans(folder: Path) -> list[int]:
 @pytest.mark.toolkit
 @pytest.mark.slow
 def test_sigkill_compile_then_resume(tmp_path: Path, mini_model: Path) -> None:
-    _toolkit()
+    get_toolkit("2.3.0")
     base = tmp_path / "base"
     partition(mini_model, base, "split")
     ref = tmp_path / "ref"
     shutil.copytree(base, ref)
-    env = dict(os.environ)
+    env = {**os.environ, "RKPART_TOOLKITS_DIR": str(toolkits_dir())}
     r = subprocess.run(_compile_cmd(ref), capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     reference = _normalised(ref)

@@ -22,6 +22,8 @@ from rkpart.partitioner.plan import load_plan
 from tests.hostile.models import FUZZ_STATS, USER_EXIT_CODES, cli, mlp, siblings
 from tests.hostile.mutations import mutate_bytes, mutate_structure
 
+pytestmark = pytest.mark.slow  # 1000 cases; tests/hostile/test_models.py keeps the hand-made ones fast
+
 FUZZ = settings(
     derandomize=True,  # reproducible in CI: the same cases every run
     database=None,

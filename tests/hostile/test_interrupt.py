@@ -65,6 +65,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory, bundled: Path) -> dict[s
     return snap
 
 
+@pytest.mark.slow
 def test_partition_is_deterministic(tmp_path: Path, bundled: Path, reference: dict[str, str]) -> None:
     """Two independent runs (other folder, other cwd, relative path) give identical bytes."""
     r = subprocess.run([*RKPART, "partition", str(bundled), "-o", "again", "-s", "split", "-q"],
@@ -73,6 +74,7 @@ def test_partition_is_deterministic(tmp_path: Path, bundled: Path, reference: di
     assert snapshot(tmp_path / "again") == reference
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("trial", range(6))
 def test_sigkill_then_resume_is_byte_identical(
     tmp_path: Path, bundled: Path, reference: dict[str, str], trial: int
@@ -94,6 +96,7 @@ def test_sigkill_then_resume_is_byte_identical(
     assert siblings(out) == [], f"killed {where}: left {siblings(out)}"
 
 
+@pytest.mark.slow
 def test_resume_reports_resumed_stages(tmp_path: Path, bundled: Path, reference: dict[str, str]) -> None:
     """Deterministic variant: kill once at least 6 stage files are staged, then resume."""
     out = tmp_path / "plan"
@@ -114,6 +117,7 @@ def test_resume_reports_resumed_stages(tmp_path: Path, bundled: Path, reference:
     assert snapshot(out) == reference
 
 
+@pytest.mark.slow
 def test_sigkill_during_force_replace_keeps_old_or_new(
     tmp_path: Path, bundled: Path, reference: dict[str, str]
 ) -> None:
@@ -157,6 +161,7 @@ def test_second_concurrent_run_is_refused(tmp_path: Path, bundled: Path) -> None
         holder.wait()
 
 
+@pytest.mark.slow
 def test_two_racing_runs_one_wins(tmp_path: Path, bundled: Path, reference: dict[str, str]) -> None:
     """Two real runs started together: one writes the plan, the other is refused cleanly."""
     out = tmp_path / "plan"

@@ -133,6 +133,7 @@ def test_partition_is_deterministic(tmp_path, example_model):
         assert (tmp_path / "a" / rel).read_bytes() == (tmp_path / "b" / rel).read_bytes(), rel
 
 
+@pytest.mark.slow
 def test_simplify_keeps_outputs_and_shrinks_graph(tmp_path, example_model, plans):
     plan = partition(example_model, tmp_path / "p", "split", simplify=True)
     base, _ = plans["split"]

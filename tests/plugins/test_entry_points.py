@@ -51,6 +51,7 @@ def test_strategies_lists_plugin_broken_duplicate_and_shadowed(plugin_env: dict[
     assert [r["status"] for r in rows["split"]] == ["built-in", "shadowed"]
 
 
+@pytest.mark.export
 def test_partition_uses_the_plugin_strategy(plugin_env: dict[str, str], vit_onnx: Path, tmp_path: Path) -> None:
     out = tmp_path / "halves"
     res = rkpart(plugin_env, "partition", vit_onnx, "--strategy", "halves", "-o", out, "-q")
@@ -70,6 +71,7 @@ def test_partition_uses_the_plugin_strategy(plugin_env: dict[str, str], vit_onnx
     assert "unknown strategy 'halves' (available: split, fused, custom, generic" in res.stderr
 
 
+@pytest.mark.export
 def test_broken_plugin_is_not_fatal(plugin_env: dict[str, str], vit_onnx: Path, tmp_path: Path) -> None:
     res = rkpart(plugin_env, "partition", vit_onnx, "--strategy", "generic", "--budget-mib", "0.3",
                  "-o", tmp_path / "g", "-q")
@@ -99,6 +101,7 @@ def test_recognizers_lists_plugins_with_stage_and_origin(plugin_env: dict[str, s
     assert rows["kaputt"][0]["status"] == "broken"
 
 
+@pytest.mark.export
 def test_plugin_recognizer_names_the_regions(plugin_env: dict[str, str], vit_onnx: Path, tmp_path: Path) -> None:
     res = rkpart(plugin_env, "inspect", vit_onnx, "--json")
     assert res.returncode == 0, res.stderr
@@ -176,6 +179,7 @@ def test_load_failures_of_every_kind_are_one_line(tmp_path: Path, monkeypatch: p
     assert all("\n" not in v for v in [*broken.values(), *rbroken.values()])
 
 
+@pytest.mark.slow
 def test_plugin_set_is_deterministic(plugin_env: dict[str, str]) -> None:
     a = rkpart(plugin_env, "strategies", "--json").stdout
     b = rkpart(plugin_env, "strategies", "--json").stdout

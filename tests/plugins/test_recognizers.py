@@ -40,6 +40,7 @@ def test_before_recognizer_wins_over_structure(dit: ModelGraph) -> None:
     assert structural(dit).blocks[0].regions[1].core == disc.blocks[0].regions[1].core
 
 
+@pytest.mark.export
 def test_after_recognizer_only_when_structure_finds_nothing(dit: ModelGraph, postnorm_onnx: Path) -> None:
     late = Fixed("late", None, stage="after")
     assert discover(dit, recognizers=[late]).method == "names"

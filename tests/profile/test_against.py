@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from click.testing import CliRunner
 
 from rkpart.cli import main
 
 
+@pytest.mark.slow
 def test_profile_against_prints_prediction_error(tmp_path, plans):
     _, folder = plans["split"]
     out = tmp_path / "p.jsonl"

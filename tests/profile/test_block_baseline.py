@@ -26,6 +26,7 @@ def _block_ids(plan: Plan, block: int) -> set[str]:
     return {s.id for s in plan.stages if s.block == block or block in s.blocks}
 
 
+@pytest.mark.slow
 def test_block_runs_only_that_blocks_stages_from_one_cached_run(plans: dict[str, tuple[Plan, Path]]) -> None:
     plan, folder = plans["split"]
     npu, host = CountingOrt("npu-ort", ("npu",)), CountingOrt()
@@ -117,6 +118,7 @@ def test_cli_block_runs_only_that_block(plans: dict[str, tuple[Plan, Path]], tmp
     assert {r["stage"]["id"] for r in recs if r["record"] == "stage"} == _block_ids(plan, 1)
 
 
+@pytest.mark.slow
 def test_cli_baseline_prints_the_overhead(plans: dict[str, tuple[Plan, Path]], example_model: Path,
                                           tmp_path: Path) -> None:
     _, folder = plans["split"]

@@ -14,6 +14,8 @@ from rkpart.profile.lifecycle import profile_plan
 from rkpart.profile.report import compare_rows, render_compare
 from rkpart.runtime.ort import OrtBackend
 
+pytestmark = pytest.mark.slow  # 3-round CFG profiles of two plans; tests/profile/test_lifecycle.py is the fast one
+
 EXAMPLE = Path(str(resources.files("rkpart") / "data" / "anima_tiny.onnx"))
 
 

@@ -12,7 +12,7 @@ from rkpart.profile import records as rec
 from rkpart.profile.lifecycle import profile_plan
 from rkpart.profile.report import render_compare
 from rkpart.runtime.rknn_sim import RknnSimBackend
-from tests.compile.conftest import get_toolkit
+from tests.toolkits import get_toolkit
 
 pytestmark = [pytest.mark.toolkit, pytest.mark.slow]
 

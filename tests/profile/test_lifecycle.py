@@ -28,6 +28,7 @@ def split_profile(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     return recs
 
 
+@pytest.mark.slow
 def test_three_round_cfg_profile_has_one_record_per_stage_round_pass(split_profile: list[dict]) -> None:
     stages = [r for r in split_profile if r["record"] == "stage"]
     assert len(stages) == 4 * 4 * 2  # 4 stages x (1 warm-up + 3) rounds x 2 passes
@@ -40,6 +41,7 @@ def test_three_round_cfg_profile_has_one_record_per_stage_round_pass(split_profi
     rec.validate_records(split_profile)
 
 
+@pytest.mark.slow
 def test_per_stage_npu_records_hold_all_four_timings(split_profile: list[dict]) -> None:
     for r in split_profile:
         if r["record"] != "stage":
@@ -57,6 +59,7 @@ def test_per_stage_npu_records_hold_all_four_timings(split_profile: list[dict]) 
             assert (t["release_s"] is not None) == (not first)
 
 
+@pytest.mark.slow
 def test_stage_identity_and_environment_are_recorded(split_profile: list[dict]) -> None:
     r = next(r for r in split_profile if r["record"] == "stage" and r["stage"]["id"] == "b0_xattn")
     st = r["stage"]
@@ -69,6 +72,7 @@ def test_stage_identity_and_environment_are_recorded(split_profile: list[dict]) 
     assert r["measurement"]["snapshots"] == 3 and r["measurement"]["snapshot_s"] > 0
 
 
+@pytest.mark.slow
 def test_measurement_time_is_reported_apart_and_inside_the_wall(split_profile: list[dict]) -> None:
     for r in (r for r in split_profile if r["record"] == "round"):
         m = r["measurement"]
@@ -203,6 +207,7 @@ def test_infer_repeat_records_every_call_and_their_median(tmp_path: Path) -> Non
     assert recs[0]["env"]["backend"]["intra_op_threads"] == 1
 
 
+@pytest.mark.slow
 def test_one_inference_call_keeps_the_old_record_shape(split_profile: list[dict], tmp_path: Path) -> None:
     stages = [r for r in split_profile if r["record"] == "stage"]
     assert all("infer_calls_s" not in r["timings"] and r["settings"]["infer_repeat"] == 1 for r in stages)

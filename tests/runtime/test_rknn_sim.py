@@ -15,8 +15,8 @@ from rkpart.runtime.base import Feeds
 from rkpart.runtime.ort import OrtBackend
 from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.runtime.rknnlite import RknnLiteBackend
-from tests.compile.conftest import get_toolkit
 from tests.compile.plans import tiny_plan
+from tests.toolkits import get_toolkit
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -1,8 +1,6 @@
-"""Fixtures for triage tests: real toolkits (installed by rkpart's installer), FAKE toolkits, tiny graphs.
+"""Fixtures for triage tests: FAKE toolkits that crash on demand, tiny graphs.
 
-Real toolkits come from ``$RKPART_TEST_TOOLKITS_DIR`` (default ``~/.cache/rkpart/toolkits``),
-installed once with :func:`rkpart.compile.toolkits.install_toolkit` when missing; a version
-that cannot be installed skips the test with the installer's reason.
+Real toolkits (the ``real_toolkits`` fixture) come from tests/conftest.py and tests/toolkits.py.
 
 FAKE toolkits are registry entries whose "python" is a wrapper that sets ``FAKE_TK_VERSION``
 and runs ``fake_crash_worker.py`` (with rkpart's own python) in place of the worker script it
@@ -13,10 +11,8 @@ tested without waiting for the real compiler.
 from __future__ import annotations
 
 import json
-import os
 import stat
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,37 +20,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkpart.compile.toolkits import Toolkit, install_toolkit
-from rkpart.errors import ToolkitError
-
 FAKE_WORKER = Path(__file__).with_name("fake_crash_worker.py")
 FAKE_VERSIONS = ("2.3.0", "2.3.2", "2.5.0")
-
-
-def real_toolkits_dir() -> Path:
-    env = os.environ.get("RKPART_TEST_TOOLKITS_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "rkpart" / "toolkits"
-
-
-_real: dict[str, Toolkit | str] = {}
-
-
-def get_real_toolkit(version: str) -> Toolkit:
-    """Install (once) and return a real toolkit, or skip the calling test."""
-    if version not in _real:
-        try:
-            _real[version] = install_toolkit(version, real_toolkits_dir())
-        except ToolkitError as e:
-            _real[version] = str(e)
-    got = _real[version]
-    if isinstance(got, str):
-        pytest.skip(f"cannot install rknn-toolkit2 {version}: {got}")
-    return got
-
-
-@pytest.fixture(scope="session")
-def real_toolkits() -> dict[str, Toolkit]:
-    return {v: get_real_toolkit(v) for v in ("2.3.0", "2.3.2", "2.5.0")}
 
 
 @pytest.fixture(scope="session")
@@ -70,13 +37,6 @@ def fake_toolkits_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
         (d / "toolkit.json").write_text(json.dumps({"version": v, "python": str(wrapper), "managed": False}))
     return root
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    # compile's memory model lives in the user's cache dir; tests must not read or grow it.
-    monkeypatch.setenv("RKPART_CACHE_DIR", str(tmp_path_factory.mktemp("rkpart-cache")))
-    yield
 
 
 def _w(rng: np.random.Generator, name: str, *shape: int) -> TensorProto:

@@ -20,6 +20,7 @@ SEGV = FailureSpec(kind="crash", signal="SIGSEGV", exit_code=139, signature="exn
 CRASH_CONFIG = {"fake_crash_edges": CHAIN_CRASH_EDGES}
 
 
+@pytest.mark.slow
 def test_bisect_then_linear_finds_the_exact_minimal_graph_and_caches_outcomes(
         adaln_chain: Path, fake_toolkits_dir: Path, tmp_path: Path) -> None:
     tk = find_toolkit("2.3.2", fake_toolkits_dir)
@@ -66,6 +67,7 @@ def test_a_different_failure_is_not_the_same_failure(adaln_chain: Path, fake_too
                      worker=FAKE_WORKER)
 
 
+@pytest.mark.slow
 def test_fail_regex_decides_by_the_build_log(adaln_chain: Path, fake_toolkits_dir: Path, tmp_path: Path) -> None:
     # The FAKE prints "<n> nodes" for every build; reduce "to a graph of at most 3 nodes that mentions 3 nodes".
     tk = find_toolkit("2.3.0", fake_toolkits_dir)
@@ -74,6 +76,7 @@ def test_fail_regex_decides_by_the_build_log(adaln_chain: Path, fake_toolkits_di
     assert red.candidate.num_nodes == 1  # every graph "fails": the regex always matches
 
 
+@pytest.mark.slow
 def test_repro_writes_a_deterministic_artifact(adaln_chain: Path, fake_toolkits_dir: Path, tmp_path: Path) -> None:
     cfg = {**CRASH_CONFIG, "fake_crash_versions": ["2.3.2"]}
     kw = dict(config=cfg, toolkits_dir=fake_toolkits_dir, worker=FAKE_WORKER, max_time=120)

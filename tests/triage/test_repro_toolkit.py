@@ -27,7 +27,7 @@ from rkpart.cli import main
 from rkpart.compile.toolkits import Toolkit
 from rkpart.partitioner.plan import Plan, load_plan
 from rkpart.targets.known_issues import match_log
-from tests.triage.conftest import real_toolkits_dir
+from tests.toolkits import toolkits_dir
 
 pytestmark = [pytest.mark.toolkit, pytest.mark.slow]
 
@@ -50,7 +50,7 @@ def repro_run(real_toolkits: dict[str, Toolkit], tmp_path_factory: pytest.TempPa
     block = next(s for s in plan.npu_stages if s.region == "block")
     out = tmp_path_factory.mktemp("repro") / "artifact"
     res = CliRunner().invoke(main, ["repro", str(plan_dir / block.file), "--toolkits", VERSIONS, "--max-time", "900",
-                                    "-o", str(out), "--toolkits-dir", str(real_toolkits_dir()), "-q"])
+                                    "-o", str(out), "--toolkits-dir", str(toolkits_dir()), "-q"])
     return {"exit_code": res.exit_code, "output": res.output, "out": out, "stage": block,
             "matrix": json.loads((out / "matrix.json").read_text()) if (out / "matrix.json").is_file() else None}
 
@@ -116,7 +116,7 @@ def test_generated_script_reproduces_the_crash_on_its_own(repro_run: dict[str, A
 def test_fused_plan_compiles_with_fallback_and_says_why(real_toolkits: dict[str, Toolkit], tmp_path: Path) -> None:
     plan = _fused_plan(tmp_path / "plan")
     res = CliRunner().invoke(main, ["compile", str(tmp_path / "plan"), "--toolkit", "2.3.2", "--fallback-toolkit",
-                                    "2.3.0", "--toolkits-dir", str(real_toolkits_dir()), "-q"])
+                                    "2.3.0", "--toolkits-dir", str(toolkits_dir()), "-q"])
     assert res.exit_code == 0, res.output
     compiled, folder = load_plan(tmp_path / "plan")
     assert len(compiled.npu_stages) == len(plan.npu_stages) >= 2
