@@ -11,8 +11,8 @@ import rkpart
 from rkpart.partitioner.plan import Plan
 from rkpart.runtime.executor import random_inputs, run_model
 from rkpart.validation.metrics import compare
-from tests.api.footprint import footprint
 from tests.api.vit import example_input
+from tests.strategies.footprint import footprint
 
 pytestmark = pytest.mark.export
 

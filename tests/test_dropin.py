@@ -14,7 +14,7 @@ import rkpart
 from rkpart.dropin import choose_strategy
 from rkpart.partitioner.plan import load_plan
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "export_with_rkpart.py"
+EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "export_with_rkpart.py"
 
 pytestmark = pytest.mark.export  # every test builds from torch exports of a ViT / post-norm encoder
 

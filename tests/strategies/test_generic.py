@@ -18,7 +18,7 @@ from rkpart.pipeline import partition
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.strategies.generic import segment
 from rkpart.validation.metrics import compare
-from tests.api.footprint import crossing, footprint
+from tests.strategies.footprint import crossing, footprint
 
 D = 64  # width: activations [1, 64] fp32 = 256 B, weights [64, 64] fp32 = 16 KiB
 W = D * D * 4
