@@ -17,6 +17,7 @@ import click
 
 from rkpart import __version__
 from rkpart.cli_args import (
+    device_option,
     force_option,
     inputs_options,
     json_option,
@@ -25,6 +26,7 @@ from rkpart.cli_args import (
     parse_key_values,
     quiet_option,
     report_user_error,
+    residency_option,
     shape_option,
     tolerance_options,
     toolkit_option,
@@ -92,13 +94,10 @@ def peak_rss_mib() -> float:
 @out_folder_option(default="build", help="Plan folder to write.")
 @click.option("--strategy", "-s", default="split", show_default=True,
               help="split, fused, custom, auto, generic or a plugin strategy (see `rkpart strategies`).")
-@click.option("--adaln", type=click.Choice(["host", "npu"]), default=None,
-              help="split: where each branch's AdaLN (norm + modulation) runs [default: host].")
-@click.option("--residual", type=click.Choice(["host", "npu"]), default=None,
-              help="split: where gates and residual adds run [default: host].")
-@click.option("--modulation", type=click.Choice(["host", "npu"]), default=None,
-              help="Where per-block modulation layers (SiLU+Linear of the timestep) run "
-                   "[default: host for split, npu for fused].")
+@device_option("adaln", help="split: where each branch's AdaLN (norm + modulation) runs [default: host].")
+@device_option("residual", help="split: where gates and residual adds run [default: host].")
+@device_option("modulation", help="Where per-block modulation layers (SiLU+Linear of the timestep) run "
+                                  "[default: host for split, npu for fused].")
 @click.option("--blocks-per-stage", type=click.IntRange(min=1), default=None,
               help="fused: consecutive blocks per NPU stage [default: 1].")
 @click.option("--spec", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -224,23 +223,21 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
 @click.option("--per-stage", is_flag=True, help="Also compare every NPU stage with ONNX Runtime on the same inputs.")
 @click.option("--save-outputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the plan's outputs to this .npz.")
-@click.option("--residency", type=click.Choice(["plan", "resident", "per-stage"]), default="plan", show_default=True,
-              help="Stage sessions: kept until the end (resident), released after use (per-stage), or as the "
-                   "plan chose per block (auto strategy; resident where it chose nothing).")
+@residency_option(help="Stage sessions: kept until the end (resident), released after use (per-stage), or as the "
+                      "plan chose per block (auto strategy; resident where it chose nothing).")
 @json_option(help="Machine-readable report.")
 @quiet_option
 def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: str | None, model: Path | None,
         reference: Path | None, min_cosine: float | None, max_abs_rel: float | None, per_stage: bool,
         save_outputs: Path | None, residency: str, as_json: bool, quiet: bool) -> None:
     """Execute PLAN stage by stage and gate it against the whole model."""
-    from rkpart.runtime.validate import validate_plan_run
+    from rkpart.runtime.validate import RunOptions, validate_plan_run
 
+    opts = RunOptions(inputs=inputs, seed=seed, backend=backend, toolkit=toolkit, model=model, reference=reference,
+                      min_cosine=min_cosine, max_abs_rel=max_abs_rel, per_stage=per_stage, save_outputs=save_outputs,
+                      residency=residency)
     with Reporter(quiet=quiet) as say:
-        report = validate_plan_run(
-            plan_path, inputs=inputs, seed=seed, backend=backend, toolkit=toolkit, model=model,
-            reference=reference, min_cosine=min_cosine, max_abs_rel=max_abs_rel, per_stage=per_stage,
-            save_outputs=save_outputs, progress=say, residency=residency,
-        )
+        report = validate_plan_run(plan_path, opts, say)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2))
     else:
