@@ -143,7 +143,7 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
 
 
 def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str | None) -> list[str]:
-    """What ``toolkit`` cannot do with ``part``: opset, unconvertible ops.
+    """What ``toolkit`` will not do with ``part``: load its opset, run each NPU stage's ops on the NPU.
 
     Nothing is checked without a ``toolkit``, or for a target rkpart has no capability table
     for (the toolkit itself still decides when it builds).
@@ -158,11 +158,11 @@ def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str 
     for g in part.groups:
         if g.device != "npu":
             continue
-        bad = caps.unconvertible(mg.nodes[i] for i in sorted(g.ops))
-        if bad:
-            ops = ", ".join(sorted({n.op_type for n, _ in bad}))
-            notes.append(f"target {target}: NPU stage {g.id} holds op(s) rknn-toolkit2 {caps.version} cannot "
-                         f"convert: {ops}")
+        off = caps.off_npu(mg.nodes[i] for i in sorted(g.ops))
+        if off:
+            ops = ", ".join(sorted({f"{n.op_type} ({rule.support})" for n, rule in off}))
+            notes.append(f"target {target}: NPU stage {g.id} holds op(s) rknn-toolkit2 {caps.version} does not "
+                         f"run on the NPU: {ops}")
     return notes
 
 

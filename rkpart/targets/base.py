@@ -30,7 +30,12 @@ class Support(str, enum.Enum):
     #: on the NPU only inside a fused pattern (exMatMul, exGelu, exNorm, exSDPAttention ...);
     #: alone it falls back to the CPU inside the ``.rknn``
     FUSED = "fused"
-    #: the toolkit cannot convert it: a stage holding it fails to build
+    #: built, but run on the CPU inside the ``.rknn`` (measured)
+    CPU = "cpu"
+    #: marked "Not Supported" by the operator list (or outside its attribute range) and not
+    #: measured: the toolkit still builds such ops, rewritten into NPU ops or on the CPU
+    UNLISTED = "unlisted"
+    #: not an ONNX op (custom domain): the toolkit cannot load it
     NONE = "none"
 
     def __str__(self) -> str:
@@ -48,7 +53,7 @@ class OpRule:
 
 @dataclass(frozen=True)
 class AttrLimit:
-    """The values of one attribute a toolkit converts; a node with another value is not convertible."""
+    """The values of one attribute the operator list names; other values are :attr:`Support.UNLISTED`."""
 
     attr: str
     allowed: tuple[str | int, ...]
@@ -59,9 +64,9 @@ class AttrLimit:
 class ToolkitCaps:
     """One rknn-toolkit2 version's capabilities for one target.
 
-    ``ops`` maps every ONNX op type of the toolkit's operator list to its rule; an op type the
-    list does not name is not convertible.  ``max_opset`` is the highest default-domain opset
-    ``load_onnx`` accepts.
+    ``ops`` maps every ONNX op type of the toolkit's operator list (and every measured one) to
+    its rule; any other op type is :attr:`Support.UNLISTED`.  ``max_opset`` is the highest
+    default-domain opset ``load_onnx`` accepts.
     """
 
     version: str
@@ -71,29 +76,29 @@ class ToolkitCaps:
     attrs: Mapping[str, tuple[AttrLimit, ...]] = field(default_factory=dict)
 
     def op(self, op_type: str, domain: str = "") -> OpRule:
-        """The rule for ``op_type`` (custom domains are never convertible)."""
+        """The rule for ``op_type`` (custom domains are never loadable)."""
         if domain not in ("", "ai.onnx"):
             return OpRule(op_type, Support.NONE, f"custom domain {domain!r}")
-        return self.ops.get(op_type) or OpRule(op_type, Support.NONE, "not in the toolkit's operator list")
+        return self.ops.get(op_type) or OpRule(op_type, Support.UNLISTED, "\"Not Supported\" in the operator list")
 
     def node(self, node: onnx.NodeProto) -> OpRule:
-        """The rule for one node: its op type's, unless an attribute is out of the toolkit's range."""
+        """The rule for one node: its op type's, unless an attribute is outside the listed range."""
         rule = self.op(node.op_type, node.domain)
-        if rule.support is Support.NONE:
+        if rule.support not in (Support.NPU, Support.FUSED):
             return rule
         for lim in self.attrs.get(node.op_type, ()):
             value = _attribute(node, lim.attr, lim.default)
             if value not in lim.allowed:
-                return OpRule(node.op_type, Support.NONE,
-                              f"{lim.attr}={value!r} (converted: {', '.join(map(repr, lim.allowed))})")
+                return OpRule(node.op_type, Support.UNLISTED,
+                              f"{lim.attr}={value!r} (listed: {', '.join(map(repr, lim.allowed))})")
         return rule
 
-    def unconvertible(self, nodes: Iterable[onnx.NodeProto]) -> list[tuple[onnx.NodeProto, OpRule]]:
-        """The nodes among ``nodes`` this toolkit cannot convert, with their rules."""
+    def off_npu(self, nodes: Iterable[onnx.NodeProto]) -> list[tuple[onnx.NodeProto, OpRule]]:
+        """The nodes among ``nodes`` not expected on the NPU (CPU, unlisted, not loadable), with their rules."""
         out = []
         for n in nodes:
             rule = self.node(n)
-            if rule.support is Support.NONE:
+            if rule.support not in (Support.NPU, Support.FUSED):
                 out.append((n, rule))
         return out
 
@@ -175,10 +180,12 @@ def _version_key(v: str) -> tuple[int, ...]:
     return tuple(int(p) if p.isdigit() else 0 for p in v.split("."))
 
 
-def rules(supported: Mapping[str, str], *, fused: Mapping[str, str]) -> dict[str, OpRule]:
-    """Op rules from a toolkit's operator list (``supported``: op -> remark) and placement facts
-    (``fused``: op -> the patterns that keep it on the NPU)."""
-    out: dict[str, OpRule] = {}
+def rules(supported: Mapping[str, str], *, fused: Mapping[str, str],
+          measured: Mapping[str, OpRule]) -> dict[str, OpRule]:
+    """Op rules from a toolkit's operator list (``supported``: op -> remark), placement facts
+    (``fused``: op -> the patterns that keep it on the NPU) and measured builds of ops the list
+    marks "Not Supported" (``measured``)."""
+    out: dict[str, OpRule] = dict(measured)
     for op, remark in supported.items():
         if op in fused:
             out[op] = OpRule(op, Support.FUSED, fused[op])

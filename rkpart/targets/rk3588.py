@@ -4,8 +4,9 @@ Sources
 -------
 * ONNX operator list: ``doc/RKNNToolKit2_OP_Support-2.3.0.md`` and ``-2.3.2.md`` of
   github.com/airockchip/rknn-toolkit2 (commits a8dd54d and 42aa1d4; the two ONNX tables are
-  identical).  Ops the list marks "Not Supported" are left out of :data:`ONNX_OPS`, so they
-  are not convertible.  The repository publishes no list for 2.5.0: it gets 2.3.2's
+  identical).  Ops the list marks "Not Supported" are left out of :data:`ONNX_OPS`; they are
+  not refused by the toolkit (nine of them were built here, see ``_MEASURED``) but get no NPU
+  kernel of their own.  The repository publishes no list for 2.5.0: it gets 2.3.2's
   (:meth:`rkpart.targets.base.Target.caps`); the placement builds below found no op of an
   Anima-style block that 2.5.0 could not build.
 * Opset: the same documents ("the corresponding ONNX opset version is 19"); measured here:
@@ -25,7 +26,7 @@ Sources
 
 from __future__ import annotations
 
-from rkpart.targets.base import GIB, AttrLimit, Target, ToolkitCaps, rules
+from rkpart.targets.base import GIB, AttrLimit, OpRule, Support, Target, ToolkitCaps, rules
 
 #: ONNX op -> the operator list's remark, for every op the 2.3.x lists do not mark "Not Supported"
 ONNX_OPS: dict[str, str] = {
@@ -131,7 +132,22 @@ _FUSED = {
     "LayerNormalization": "NPU as exNorm (fp16, normalised axes [1] or [1,2,3])",
 }
 
-_OPS = rules(ONNX_OPS, fused=_FUSED)
+#: ops the list marks "Not Supported", built here with 2.3.0 (one op before a 1x1 Conv, fp16,
+#: rk3588; placement from the build's layer table, :mod:`rkpart.compile.placement`): every one
+#: built; the toolkit rewrote some into NPU ops and ran the others on the CPU
+_MEASURED = {
+    "Neg": OpRule("Neg", Support.NPU, "folded into the following Conv's weights (measured, 2.3.0)"),
+    "Abs": OpRule("Abs", Support.NPU, "rewritten to LeakyRelu on the NPU (measured, 2.3.0)"),
+    "Sum": OpRule("Sum", Support.NPU, "rewritten to Add on the NPU (measured, 2.3.0)"),
+    "CumSum": OpRule("CumSum", Support.NPU, "rewritten to Reshape + Conv on the NPU (measured, 2.3.0)"),
+    "Reciprocal": OpRule("Reciprocal", Support.CPU, "runs as Div on the CPU (measured, 2.3.0)"),
+    "Ceil": OpRule("Ceil", Support.CPU, "runs on the CPU (measured, 2.3.0)"),
+    "Round": OpRule("Round", Support.CPU, "runs on the CPU (measured, 2.3.0)"),
+    "Sign": OpRule("Sign", Support.CPU, "runs on the CPU (measured, 2.3.0)"),
+    "Not": OpRule("Not", Support.CPU, "runs on the CPU (measured, 2.3.0)"),
+}
+
+_OPS = rules(ONNX_OPS, fused=_FUSED, measured=_MEASURED)
 #: attribute ranges the operator list states ("Resize: mode: nearest2d/bilinear")
 _ATTRS = {"Resize": (AttrLimit("mode", ("nearest", "linear"), "nearest"),)}
 _DOC = "airockchip/rknn-toolkit2 doc/RKNNToolKit2_OP_Support-{v}.md"

@@ -39,25 +39,28 @@ def test_opset_20_is_refused_by_every_2x_toolkit(toolkit: str) -> None:
     assert caps.opset_problem(20) == f"rknn-toolkit2 {toolkit} loads ONNX opset <= 19, the model has opset 20"
 
 
-def test_op_support_follows_the_operator_list() -> None:
+def test_op_support_follows_the_operator_list_and_the_measured_builds() -> None:
     caps = get_target().caps("2.3.0")
     assert caps.op("Conv").support is Support.NPU
     assert caps.op("Softmax").note == "batchsize: 1"
     assert caps.op("LayerNormalization").support is Support.FUSED  # NPU only as exNorm
-    assert caps.op("Neg").support is Support.NONE  # "Not Supported" in the list
+    assert caps.op("Neg").support is Support.NPU  # "Not Supported" in the list, folded into a Conv when built
+    assert caps.op("Ceil").support is Support.CPU  # measured
+    assert caps.op("TopK").support is Support.UNLISTED  # "Not Supported", not measured
     assert caps.op("Relu", domain="com.microsoft").support is Support.NONE
-    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("NonZero", ["y"], ["z"], name="nz")]
-    assert [(n.name, r.op_type) for n, r in caps.unconvertible(nodes)] == [("nz", "NonZero")]
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Sign", ["y"], ["z"], name="sg"),
+             helper.make_node("TopK", ["z", "k"], ["v", "i"], name="tk")]
+    assert [(n.name, str(r.support)) for n, r in caps.off_npu(nodes)] == [("sg", "cpu"), ("tk", "unlisted")]
 
 
-@pytest.mark.parametrize(("mode", "ok"), [(None, True), ("linear", True), ("cubic", False)])
-def test_resize_converts_nearest_and_linear_only(mode: str | None, ok: bool) -> None:
+@pytest.mark.parametrize(("mode", "listed"), [(None, True), ("linear", True), ("cubic", False)])
+def test_resize_lists_nearest_and_linear_only(mode: str | None, listed: bool) -> None:
     attrs = {} if mode is None else {"mode": mode}
     node = helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)
     rule = get_target().caps("2.3.2").node(node)
-    assert (rule.support is not Support.NONE) == ok
-    if not ok:
-        assert rule.note == "mode='cubic' (converted: 'nearest', 'linear')"
+    assert (rule.support is Support.NPU) == listed
+    if not listed:
+        assert rule.note == "mode='cubic' (listed: 'nearest', 'linear')"
 
 
 def test_one_crash_table_serves_selection_and_log_matching() -> None:
@@ -109,3 +112,41 @@ def test_max_opset_is_what_the_real_toolkit_loads(version: str, tmp_path: Path) 
     assert "ret 0" in out[caps.max_opset]
     assert f"Unsupport onnx opset {caps.max_opset + 1}, need <= {caps.max_opset}!" in out[caps.max_opset + 1]
     assert not any(ln.startswith("ret ") for ln in out[caps.max_opset + 1].splitlines())
+
+
+_BUILD = """
+import sys
+from rknn.api import RKNN
+r = RKNN(verbose=True)
+r.config(target_platform="rk3588")
+assert r.load_onnx(model=sys.argv[1]) == 0
+print("BUILD", r.build(do_quantization=False), flush=True)
+"""
+
+
+def _op_then_conv(path: Path, op: str) -> Path:
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 4, 1, 1], [0.1] * 16)
+    g = helper.make_graph([helper.make_node(op, ["x"], ["t"]), helper.make_node("Conv", ["t", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, path)
+    return path
+
+
+@pytest.mark.toolkit
+@pytest.mark.slow
+@pytest.mark.parametrize("op", ["Neg", "Abs", "Ceil", "Sign"])
+def test_measured_placement_is_what_the_real_toolkit_does(op: str, tmp_path: Path) -> None:
+    """The ops the list marks "Not Supported" build; the table says which land on the CPU."""
+    from rkpart.compile.placement import parse_layer_table
+    from tests.toolkits import get_toolkit
+
+    tk = get_toolkit("2.3.0")
+    r = subprocess.run([str(tk.python), "-c", _BUILD, str(_op_then_conv(tmp_path / f"{op}.onnx", op))],
+                       capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert "BUILD 0" in r.stdout
+    on_cpu = {p.op_type for p in parse_layer_table(r.stdout) if p.target == "CPU"} - {"InputOperator", "OutputOperator"}
+    rule = get_target().caps("2.3.0").op(op)
+    assert (rule.support is Support.CPU) == (op in on_cpu), (rule, on_cpu)
