@@ -1,0 +1,111 @@
+"""The graph rkpart.ir builds: typed op data, constants kept out of the op DAG, the subgraph view."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rkpart.errors import InvalidModelError
+from rkpart.ir import ModelGraph, OpNode, graph_of, load_model, nbytes, tensor_nbytes
+
+
+def _model() -> onnx.ModelProto:
+    """::
+
+        W[160,128] ─ Transpose ─ Wt          (80 KiB: too large to fold, stays a constant op)
+        x[1,128] ─ MatMul(·, Wt) ─ h[1,160] ─ Relu ─ r ─ Add(·, b) ─ y
+                                    └─ Sigmoid ─ z
+    """
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((160, 128)).astype(np.float32), "W")
+    b = numpy_helper.from_array(np.ones(160, np.float32), "b")
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Transpose", ["W"], ["Wt"], name="transpose"),
+        helper.make_node("MatMul", ["x", "Wt"], ["h"], name="matmul"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("Add", ["r", "b"], ["y"], name="add"),
+        helper.make_node("Sigmoid", ["h"], ["z"], name="sigmoid"),
+    ]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", f, [1, 128])],
+                          [helper.make_tensor_value_info("y", f, [1, 160]),
+                           helper.make_tensor_value_info("z", f, [1, 160])], [w, b])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture
+def mg(tmp_path: Path) -> ModelGraph:
+    path = tmp_path / "m.onnx"
+    onnx.save(_model(), path)
+    return load_model(path)
+
+
+def _ops(mg: ModelGraph, *names: str) -> list[int]:
+    by_name = {n.name: i for i, n in enumerate(mg.nodes)}
+    return [by_name[n] for n in names]
+
+
+def test_the_op_graph_holds_data_ops_with_typed_records(mg: ModelGraph) -> None:
+    (t,) = _ops(mg, "transpose")
+    assert mg.const_ops == {t}
+    assert sorted(mg.op(i).name for i in mg.ops.nodes) == ["add", "matmul", "relu", "sigmoid"]
+    mm, relu, sig = _ops(mg, "matmul", "relu", "sigmoid")
+    rec = mg.op(mm)
+    assert isinstance(rec, OpNode) and (rec.op_type, rec.inputs, rec.outputs) == ("MatMul", ("x", "Wt"), ("h",))
+    assert sorted(mg.ops.successors(mm)) == sorted([relu, sig])
+    assert not hasattr(mg, "nx")  # the bipartite graph nobody read is gone
+
+
+def test_subgraph_view_boundary_closure_and_bytes(mg: ModelGraph) -> None:
+    (t,) = _ops(mg, "transpose")
+    sub = mg.subgraph(_ops(mg, "matmul"))
+    assert (sub.inputs, sub.outputs) == (("x",), ("h",))
+    assert sub.const_ops == (t,) and sub.const_tensors == {"Wt"}
+    assert sub.weights == ("W",) and sub.weight_bytes == 160 * 128 * 4
+    assert (sub.in_bytes, sub.out_bytes, sub.io_bytes) == (128 * 4, 160 * 4, 288 * 4)
+    tail = mg.subgraph(_ops(mg, "add", "relu"))  # order does not matter
+    assert (tail.inputs, tail.outputs, tail.weights) == (("h",), ("y",), ("b",))
+    assert tail.const_ops == () and tail.weight_bytes == 160 * 4
+
+
+def test_sinks_expose_only_what_nothing_inside_reads(mg: ModelGraph) -> None:
+    ops = _ops(mg, "matmul", "relu")
+    assert mg.subgraph(ops).outputs == ("h", "r")  # h is also read by sigmoid, outside
+    assert mg.subgraph(ops, sinks=True).outputs == ("r",)
+
+
+def test_constant_values_come_from_the_graph(mg: ModelGraph) -> None:
+    wt = numpy_helper.to_array(mg.constant("Wt"))
+    np.testing.assert_array_equal(wt, numpy_helper.to_array(mg.initializers["W"]).T)
+    with pytest.raises(ValueError, match="not a constant"):
+        mg.constant("h")
+
+
+def test_graph_of_leaves_the_given_model_alone() -> None:
+    """``Constant -> Reshape``: loading folds the Constant into an initializer, but in its own copy."""
+    model = _model()
+    shape = helper.make_node("Constant", [], ["s"], name="shape",
+                             value=numpy_helper.from_array(np.array([160], np.int64)))
+    model.graph.node.append(shape)
+    model.graph.node.append(helper.make_node("Reshape", ["y", "s"], ["y1"], name="reshape"))
+    model.graph.output.append(helper.make_tensor_value_info("y1", TensorProto.FLOAT, [160]))
+    before = model.SerializeToString(deterministic=True)
+    g = graph_of(model, "stage.onnx")
+    assert "s" in g.initializers and "shape" not in {n.name for n in g.nodes}
+    assert model.SerializeToString(deterministic=True) == before
+    assert g.shape("y1") == (160,) and g.nbytes("y1") == 640
+
+
+def test_one_byte_counter() -> None:
+    assert nbytes("float16", (2, 3)) == 12
+    assert nbytes("onnx:23", (4,)) == 16  # a type numpy cannot name counts 4 bytes per element
+    assert tensor_nbytes(TensorProto.INT4, [3]) == 2  # packed: 12 bits round up to 2 bytes
+    assert tensor_nbytes(TensorProto.FLOAT, [2, 5]) == 40
+    with pytest.raises(InvalidModelError, match="unsupported element type string"):
+        tensor_nbytes(TensorProto.STRING, [1], "tensor 's'")
+    with pytest.raises(InvalidModelError, match="negative dimension"):
+        tensor_nbytes(TensorProto.FLOAT, [2, -1])
