@@ -488,10 +488,6 @@ def _infer_types(
     return types
 
 
-#: constant results up to this size are folded into initializers at load time
-FOLD_LIMIT = 1 << 16
-
-
 def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
     """Fold small constant computations (``Shape`` of static tensors, index arithmetic) in place.
 
