@@ -251,14 +251,26 @@ def segment(mg: ModelGraph, budget_bytes: int) -> tuple[Schedule, list[Segment]]
 
 
 def budget_from_options(options: dict[str, Any]) -> int:
+    """The budget in bytes: ``budget_mib`` or ``budget_bytes``, else the target's default stage
+    budget (``target``, default rk3588), optionally for a board with ``board_ram_mib`` of RAM
+    and a ``ram_share`` other than the target's."""
     mib = options.get("budget_mib")
     raw = options.get("budget_bytes")
     if mib is not None and raw is not None:
         raise UserError("give either budget_mib or budget_bytes, not both")
     try:
-        b = int(raw) if raw is not None else int(float(DEFAULT_BUDGET_MIB if mib is None else mib) * MIB)
+        if mib is not None:
+            b = int(float(mib) * MIB)
+        elif raw is not None:
+            b = int(raw)
+        else:
+            ram = options.get("board_ram_mib")
+            share = options.get("ram_share")
+            return get_target(options.get("target")).default_budget_bytes(
+                None if ram is None else int(float(ram) * MIB), None if share is None else float(share))
     except (TypeError, ValueError):
-        raise UserError(f"budget must be a number, got {mib if raw is None else raw!r}") from None
+        bad = next(v for v in (raw, mib, options.get("board_ram_mib"), options.get("ram_share")) if v is not None)
+        raise UserError(f"budget must be a number, got {bad!r}") from None
     if b <= 0:
         raise UserError(f"budget must be positive, got {b} bytes")
     return b
@@ -267,8 +279,10 @@ def budget_from_options(options: dict[str, Any]) -> int:
 class GenericStrategy(Strategy):
     """Consecutive NPU segments under a memory budget, cut where few and small tensors cross.
 
-    Options: ``budget_mib`` (float, default 1024) or ``budget_bytes`` (int), and ``device``
-    (``npu`` or ``host``) for the segments.
+    Options: ``budget_mib`` (float) or ``budget_bytes`` (int), default the target's stage
+    budget (RK3588: 1024 MiB, a quarter of the NPU's 4 GiB window; ``board_ram_mib`` and
+    ``ram_share`` derive it for a board with less RAM, ``target`` names another chip), and
+    ``device`` (``npu`` or ``host``) for the segments.
 
     Examples
     --------

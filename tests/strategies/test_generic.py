@@ -192,3 +192,17 @@ def test_cli_budget_option_and_budget_error(diamond: Path, tmp_path: Path) -> No
     res = runner.invoke(main, ["partition", str(diamond), "-o", str(tmp_path / "zero"), "-s", "generic",
                                "--budget-mib", "0"])
     assert res.exit_code == 2 and "Invalid value for '--budget-mib'" in res.output
+
+
+def test_default_budget_comes_from_the_target() -> None:
+    from rkpart.strategies.generic import budget_from_options
+
+    mib = 1 << 20
+    assert budget_from_options({}) == 1024 * mib  # RK3588: a quarter of the 4 GiB NPU window
+    assert budget_from_options({"board_ram_mib": 2048}) == 512 * mib  # a 2 GiB board: a quarter of its RAM
+    assert budget_from_options({"ram_share": 0.5}) == 2048 * mib
+    assert budget_from_options({"budget_mib": 64, "board_ram_mib": 2048}) == 64 * mib  # explicit wins
+    with pytest.raises(UserError, match="unknown target 'rk1'"):
+        budget_from_options({"target": "rk1"})
+    with pytest.raises(UserError, match="budget must be a number, got 'lots'"):
+        budget_from_options({"board_ram_mib": "lots"})
