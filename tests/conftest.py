@@ -90,7 +90,8 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 
 
 #: fixtures that need a marker: a test using one is in that tier whether it says so or not
-_TIER_FIXTURES = {"toolkit": toolkits.FIXTURES, "export": frozenset({"vit_onnx", "postnorm_onnx"})}
+_TIER_FIXTURES = {"toolkit": toolkits.FIXTURES,
+                  "export": frozenset({"vit_onnx", "postnorm_onnx", "anima_exports", "families"})}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
