@@ -43,11 +43,6 @@ class OpNode:
     #: module path from exporter names or metadata (``/transformer_blocks.3/attn``), for block numbering
     scope: str
 
-    @property
-    def label(self) -> str:
-        """``OpType name`` (the index when the op has no name), for messages and reports."""
-        return f"{self.op_type} {self.name or self.index}"
-
 
 @dataclass
 class ModelGraph:
@@ -75,6 +70,7 @@ class ModelGraph:
         return rec
 
     def op_label(self, i: int) -> str:
+        """``OpType name`` of op ``i`` (its index when it has no name), for messages and reports."""
         n = self.nodes[i]
         return f"{n.op_type} {n.name or i}"
 
