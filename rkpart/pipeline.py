@@ -16,10 +16,10 @@ cost model's choice (:func:`rkpart.cost_model.select.choose`), so it sits above 
 Package layers (``tests/test_import_dag.py`` enforces them; a package imports only from
 layers to its left, never back, not even inside a function)::
 
-    errors, io, types, units, progress
+    errors, types <- io, units, progress
       <- ir <- targets <- partitioner <- plugins <- recognizers <- strategies
       <- validation <- compile <- runtime <- triage <- profile <- cost_model
-      <- pipeline <- dropin <- commands / cli
+      <- pipeline <- dropin <- cli_args <- commands <- cli
 """
 
 from __future__ import annotations
