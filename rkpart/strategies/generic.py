@@ -122,12 +122,8 @@ class Schedule:
             if lv >= p + 1:
                 self._born[int(p) + 1].append(i)
 
-    def _weights_of(self, op: int) -> list[str]:
-        mg = self.mg
-        direct = [t for t in mg.nodes[op].input if t in mg.initializers]
-        consts = [t for t in mg.nodes[op].input if t and t not in mg.initializers and mg.is_const_tensor(t)]
-        via = [t for c in mg.const_closure(consts) for t in mg.nodes[c].input if t in mg.initializers]
-        return list(dict.fromkeys([*direct, *via]))
+    def _weights_of(self, op: int) -> tuple[str, ...]:
+        return self.mg.subgraph([op]).weights  # read directly or through constant ops
 
     # -- footprints --------------------------------------------------------------------------
     def max_live(self, s: int, e: int) -> int:
