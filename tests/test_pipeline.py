@@ -1,0 +1,66 @@
+"""rkpart.pipeline: load once, propose, write; partition() is exactly those steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from rkpart import pipeline
+from rkpart.errors import SpecError
+from rkpart.ir import ModelGraph
+from rkpart.partitioner.discovery import Discovery
+from rkpart.pipeline import PartitionConfig, load, partition, propose, write_plan
+
+
+def test_partition_is_load_propose_write(example_model: Path, tmp_path: Path) -> None:
+    whole = partition(example_model, tmp_path / "a", "split")
+    model = load(example_model)
+    steps = write_plan(model, propose(model, "split"), tmp_path / "b")
+    assert steps == whole
+    assert (tmp_path / "a" / "plan.json").read_bytes() == (tmp_path / "b" / "plan.json").read_bytes()
+
+
+def test_one_discovery_serves_every_proposal(example_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[ModelGraph] = []
+    real = pipeline.discover
+
+    def counting(mg: ModelGraph) -> Discovery:  # counts calls, returns the real discovery
+        calls.append(mg)
+        return real(mg)
+
+    monkeypatch.setattr(pipeline, "discover", counting)
+    model = load(example_model)
+    split = propose(model, "split")
+    fused = propose(model, "fused")
+    auto = propose(model, "auto", PartitionConfig(options={"max_run": 1}))
+    assert len(calls) == 1
+    assert {split.strategy, fused.strategy, auto.strategy} == {"split", "fused", "auto"}
+
+
+def test_toolkit_capabilities_are_noted_before_anything_is_built(tmp_path: Path) -> None:
+    # x -> Ceil -> Relu -> y: Ceil runs on the CPU inside an RK3588 .rknn (measured with 2.3.0)
+    g = helper.make_graph([helper.make_node("Ceil", ["x"], ["t"], name="ceil"),
+                           helper.make_node("Relu", ["t"], ["y"], name="relu")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "ceil.onnx")
+    model = load(tmp_path / "ceil.onnx")
+    said: list[str] = []
+    part = propose(model, "generic", PartitionConfig(toolkit="2.3.0", progress=said.append))
+    note = "target rk3588: NPU stage seg00 holds op(s) rknn-toolkit2 2.3.0 does not run on the NPU: Ceil (cpu)"
+    assert part.notes[-1] == note
+    assert f"warning: {note}" in said
+    assert propose(model, "generic").notes == part.notes[:-1]  # no toolkit, nothing checked
+
+
+def test_options_that_do_not_fit_the_strategy_are_refused() -> None:
+    with pytest.raises(SpecError, match="custom needs --spec"):
+        pipeline.check_options("custom", {})
+    with pytest.raises(SpecError, match="cost_model, steps apply to --strategy auto only"):
+        pipeline.check_options("split", {"cost_model": "m.json", "steps": 2})
+    pipeline.check_options("auto", {"cost_model": "m.json", "steps": 2})
