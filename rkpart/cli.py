@@ -31,7 +31,7 @@ from rkpart.cli_args import (
     tolerance_options,
     toolkit_option,
 )
-from rkpart.errors import RkpartError, UserError
+from rkpart.errors import RkpartError, SpecError, UserError
 from rkpart.progress import Reporter
 from rkpart.units import mib
 
@@ -132,26 +132,27 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
 
     Without MODEL, the bundled tiny Anima-style example is used.
     """
+    from rkpart.pipeline import check_options
     from rkpart.pipeline import partition as do_partition
 
+    flags = {"adaln": adaln, "residual": residual, "modulation": modulation, "blocks_per_stage": blocks_per_stage,
+             "spec": spec, "budget_mib": budget_mib, "cost_model": cost_model, "toolkit": auto_toolkit,
+             "steps": steps, "cfg": cfg}
+    opts: dict[str, Any] = {**options, **{k: v for k, v in flags.items() if v is not None}}
+    try:  # which options fit which strategy is the pipeline's rule; here it is a usage error (exit 2)
+        check_options(strategy, opts)
+    except SpecError as e:
+        raise click.UsageError(str(e)) from None
+    if explain and strategy != "auto":
+        raise click.UsageError("--explain and the options --cost-model, --toolkit, --steps, --cfg apply to "
+                               "--strategy auto only")
+    selections: list[Any] = []  # the auto strategy reports its Selection here (for --explain)
+    if strategy == "auto":
+        opts["report"] = selections.append
     say = Reporter(quiet=quiet)
     if model is None:
         model = bundled_example()
         say(f"no model given: using the bundled example {model.name}")
-    opts: dict[str, Any] = dict(options)
-    for k, v in (("adaln", adaln), ("residual", residual), ("modulation", modulation),
-                 ("blocks_per_stage", blocks_per_stage), ("spec", spec), ("budget_mib", budget_mib)):
-        if v is not None:
-            opts[k] = v
-    if strategy == "custom" and spec is None:
-        raise click.UsageError("--strategy custom needs --spec FILE")
-    selections: list[Any] = []  # the auto strategy reports its Selection here (for --explain)
-    auto_opts = (("cost_model", cost_model), ("toolkit", auto_toolkit), ("steps", steps), ("cfg", cfg))
-    if strategy == "auto":
-        opts.update({k: v for k, v in auto_opts if v is not None})
-        opts["report"] = selections.append
-    elif explain or any(v is not None for _, v in auto_opts):
-        raise click.UsageError("--cost-model, --toolkit, --steps, --cfg and --explain apply to --strategy auto only")
     with say:
         plan = do_partition(model, out, strategy, force=force, input_shapes=shapes or None,
                             external_threshold=external_threshold, simplify=simplify, progress=say, **opts)
