@@ -40,9 +40,24 @@ def evil_plan(tmp_path_factory: pytest.TempPathFactory, mini_model: Path) -> Pat
     return out
 
 
+@pytest.fixture(scope="module")
+def fake_registry(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A FAKE toolkits folder: entries for 2.3.0 / 2.3.2 / 2.5.0 whose python is rkpart's own.
+
+    ``repro`` looks its toolkits up before it reads the model; with these entries it gets to the
+    model without real toolkits installed, and nothing is ever built with them.
+    """
+    root = tmp_path_factory.mktemp("fake-registry")
+    for v in ("2.3.0", "2.3.2", "2.5.0"):
+        (root / v).mkdir()
+        (root / v / "toolkit.json").write_text(json.dumps({"version": v, "python": sys.executable, "managed": False}))
+    return root
+
+
 @pytest.mark.parametrize("args", [("inspect",), ("partition", "-o", "out"), ("repro",)])
-def test_model_commands_refuse_noise(tmp_path: Path, noise: Path, args: tuple[str, ...]) -> None:
-    r = _run(args[0], noise, *args[1:], cwd=tmp_path)
+def test_model_commands_refuse_noise(tmp_path: Path, noise: Path, fake_registry: Path, args: tuple[str, ...]) -> None:
+    extra = ("--toolkits-dir", fake_registry) if args[0] == "repro" else ()
+    r = _run(args[0], noise, *args[1:], *extra, cwd=tmp_path)
     assert r.returncode == 3, r.stderr
     assert "Traceback" not in r.stderr and "not an ONNX model" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
