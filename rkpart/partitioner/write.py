@@ -27,7 +27,6 @@ from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import (
     DEFAULT_EXTERNAL_THRESHOLD,
     ExtractedStage,
-    boundary,
     check_stage,
     extract,
     stage_sha256,
@@ -202,7 +201,8 @@ def _write_stages(
     tensors: dict[str, TensorInfo] = {}
     n = len(groups)
     for idx, g in enumerate(groups):
-        ins, outs = boundary(mg, g.ops)
+        sub = mg.subgraph(g.ops)
+        ins, outs = sub.inputs, sub.outputs
         fname = f"{idx:03d}_{g.id}.onnx"
         prev = _stage_done(stages_dir, fname)
         if prev is not None:
@@ -211,7 +211,7 @@ def _write_stages(
             _add_tensors(mg, tensors, [*ins, *outs])
             continue
         progress(f"[{idx + 1}/{n}] {g.id} ({g.device}, {len(g.ops)} ops)")
-        ex = extract(mg, g.ops, stages_dir / fname, inputs=ins, outputs=outs, name=g.id,
+        ex = extract(mg, sub, stages_dir / fname, name=g.id,
                      external_threshold=external_threshold,
                      doc=f"rkpart stage {g.id} ({g.kind}) of {model_path.name}")
         check_stage(stages_dir / fname)
