@@ -18,6 +18,7 @@ import click
 from rkpart import __version__
 from rkpart.cli_args import (
     device_option,
+    emit,
     force_option,
     inputs_options,
     json_option,
@@ -239,10 +240,7 @@ def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: 
                       residency=residency)
     with Reporter(quiet=quiet) as say:
         report = validate_plan_run(plan_path, opts, say)
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
-    else:
-        click.echo(report.render())
+    emit(as_json, report.to_json, report.render)
     if report.failures:
         from rkpart.errors import GateError
 
@@ -262,7 +260,7 @@ def strategies(as_json: bool) -> None:
     from rkpart.strategies import plugins
 
     rows = describe(((s.name, s.summary, f"rkpart ({s.__module__})") for s in BUILTIN), plugins())
-    click.echo(json.dumps(rows, indent=2) if as_json else render(rows))
+    emit(as_json, lambda: rows, lambda: render(rows))
 
 
 @main.command()

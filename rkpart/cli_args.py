@@ -221,8 +221,13 @@ def json_option(*, help: str = "Machine-readable output on stdout.") -> Decorato
     return click.option("--json", "as_json", is_flag=True, help=help)
 
 
+def emit(as_json: bool, data: Callable[[], Any], text: Callable[[], str], *, sort_keys: bool = False) -> None:
+    """Print a command's result on stdout: ``data()`` as indented JSON with ``--json``, else ``text()``."""
+    click.echo(json.dumps(data(), indent=2, sort_keys=sort_keys) if as_json else text())
+
+
 __all__ = [
-    "PLAN_RESIDENCY", "build_options", "device_option", "force_option", "inputs_options", "json_option",
+    "PLAN_RESIDENCY", "build_options", "device_option", "emit", "force_option", "inputs_options", "json_option",
     "model_argument", "out_folder_option", "output_file_option", "parse_key_values", "parse_shapes", "quiet_option",
     "report_user_error", "residency_option", "seed_option", "shape_option", "tolerance_options", "toolkit_option",
     "toolkits_dir_option", "user_errors",

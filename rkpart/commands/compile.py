@@ -16,6 +16,7 @@ import click
 
 from rkpart.cli_args import (
     build_options,
+    emit,
     json_option,
     quiet_option,
     toolkit_option,
@@ -98,10 +99,7 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
                           retry_failed=retry_failed)
     with Reporter(quiet=quiet) as progress:
         report = compile_folder(plan, opts, progress)
-    if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
-    else:
-        click.echo(format_summary(report))
+    emit(as_json, report.to_json, lambda: format_summary(report))
     if report.failed:
         sys.exit(ToolkitError.exit_code)
 

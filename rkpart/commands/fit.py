@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from rkpart.cli_args import json_option, output_file_option
+from rkpart.cli_args import emit, json_option, output_file_option
 from rkpart.cost_model.model import COMPONENTS
 
 
@@ -35,10 +34,7 @@ def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, folds: int,
 
     model, report = fit_profiles(profiles, base=base, folds=folds, statistic=statistic)
     model.save(output)
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
-    else:
-        click.echo(render_report(report))
+    emit(as_json, lambda: report, lambda: render_report(report))
     click.echo(f"wrote {output}", err=True)
 
 

@@ -3,7 +3,6 @@ for :func:`rkpart.triage.repro.run_repro`."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import click
 
 from rkpart.cli_args import (
     build_options,
+    emit,
     force_option,
     json_option,
     out_folder_option,
@@ -70,7 +70,7 @@ def repro(model: str, versions: tuple[str, ...], target: str, rknn_config: dict[
                         reduce=not no_reduce, toolkits_dir=toolkits_dir, force=force)
     with Reporter(quiet=quiet) as progress:
         report = run_repro(model, out, opts, progress)
-    click.echo(json.dumps(report.to_json(), indent=2, sort_keys=True) if as_json else report.summary())
+    emit(as_json, report.to_json, report.summary, sort_keys=True)
     if not report.original.failing:
         sys.exit(1)
 
