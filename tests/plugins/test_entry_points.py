@@ -32,6 +32,7 @@ def _rows(out: str) -> dict[str, list[dict[str, str]]]:
     return rows
 
 
+@pytest.mark.slow
 def test_strategies_lists_plugin_broken_duplicate_and_shadowed(plugin_env: dict[str, str]) -> None:
     res = rkpart(plugin_env, "strategies")
     assert res.returncode == 0, res.stderr
@@ -87,6 +88,7 @@ def test_broken_plugin_is_not_fatal(plugin_env: dict[str, str], vit_onnx: Path, 
     assert not (tmp_path / "k").exists()
 
 
+@pytest.mark.slow
 def test_recognizers_lists_plugins_with_stage_and_origin(plugin_env: dict[str, str]) -> None:
     res = rkpart(plugin_env, "recognizers")
     assert res.returncode == 0, res.stderr
