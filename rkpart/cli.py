@@ -218,7 +218,8 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
 @inputs_options
 @click.option("--backend", type=click.Choice(["ort", "rknn-sim"]), default="ort", show_default=True,
               help="Executor for NPU stages; host stages always run on ONNX Runtime.")
-@toolkit_option(help="rknn-toolkit2 version for --backend rknn-sim.")
+@toolkit_option(help="rknn-toolkit2 version for --backend rknn-sim stages without an artifact "
+                      "[default: the version that built each stage's artifact].")
 @click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Whole model to compare against [default: the plan's source model, if it is found].")
 @tolerance_options

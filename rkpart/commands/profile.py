@@ -21,9 +21,10 @@ from rkpart.cli_args import (
     toolkit_option,
     user_errors,
 )
-from rkpart.profile.run import BACKENDS, CORE_MASK_CHOICES, ProfileOptions, run_profile
+from rkpart.profile.run import ProfileOptions, run_profile
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
 from rkpart.progress import Reporter
+from rkpart.runtime import BACKENDS, CORE_MASK_CHOICES
 
 
 def _check_regex(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:

@@ -13,12 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rkpart.errors import SpecError
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
 from rkpart.progress import Progress, silent
-
-BACKENDS = ("ort", "rknn-sim", "rknnlite")
-CORE_MASK_CHOICES = ("auto", "0", "1", "2", "0_1", "0_1_2", "all")
+from rkpart.runtime import get_backend
 
 
 @dataclass(frozen=True)
@@ -44,26 +41,6 @@ class ProfileOptions:
     baseline: bool = False
     model: str | None = None
     snapshots: bool = True
-
-
-def make_backend(name: str, *, toolkit: str | None = None, core_mask: str = "auto", threads: int = 0) -> Any:
-    """The backend called ``name``; SDK-backed ones are imported only when chosen.
-
-    ``threads`` is ONNX Runtime's intra-op thread count (0: its default); only ``ort`` uses it.
-    """
-    if name == "ort":
-        from rkpart.runtime.ort import OrtBackend
-
-        return OrtBackend(threads=threads)
-    if name == "rknn-sim":
-        from rkpart.runtime.rknn_sim import RknnSimBackend
-
-        return RknnSimBackend(toolkit)
-    if name == "rknnlite":
-        from rkpart.runtime.rknnlite import RknnLiteBackend
-
-        return RknnLiteBackend(core_mask=core_mask, toolkit=toolkit)
-    raise SpecError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 
 def runtime_warnings(plan: Any, env: dict[str, Any]) -> list[str]:
@@ -92,7 +69,7 @@ def run_profile(opts: ProfileOptions, progress: Progress | None = None,
     from rkpart.profile.records import write_jsonl
 
     plan, folder = load_plan(opts.plan)
-    backend = make_backend(opts.backend, toolkit=opts.toolkit, core_mask=opts.core_mask, threads=opts.threads)
+    backend = get_backend(opts.backend, toolkit=opts.toolkit, core_mask=opts.core_mask, threads=opts.threads)
     from rkpart.runtime.ort import OrtBackend
 
     # host stages always run on ONNX Runtime; --threads applies to them too
@@ -127,4 +104,4 @@ def run_profile(opts: ProfileOptions, progress: Progress | None = None,
     return records
 
 
-__all__ = ["BACKENDS", "CORE_MASK_CHOICES", "ProfileOptions", "make_backend", "run_profile", "runtime_warnings"]
+__all__ = ["ProfileOptions", "run_profile", "runtime_warnings"]
