@@ -6,9 +6,11 @@ package: it imports only :mod:`rkpart.errors`, :mod:`rkpart.io` and :mod:`rkpart
 """
 
 from rkpart.ir.graph import ModelGraph, OpNode, describe, shape_as_constant
-from rkpart.ir.load import check_external_data, graph_of, load_model
+from rkpart.ir.liveness import Lifetimes, lifetimes
+from rkpart.ir.load import GraphIO, check_external_data, graph_io, graph_of, load_model
 from rkpart.ir.subgraph import Subgraph, subgraph
-from rkpart.ir.tensors import TensorType, nbytes, tensor_nbytes
+from rkpart.ir.tensors import TensorType, nbytes, tensor_nbytes, value_type
 
-__all__ = ["ModelGraph", "OpNode", "Subgraph", "TensorType", "check_external_data", "describe", "graph_of",
-           "load_model", "nbytes", "shape_as_constant", "subgraph", "tensor_nbytes"]
+__all__ = ["GraphIO", "Lifetimes", "ModelGraph", "OpNode", "Subgraph", "TensorType", "check_external_data", "describe",
+           "graph_io", "graph_of", "lifetimes", "load_model", "nbytes", "shape_as_constant", "subgraph",
+           "tensor_nbytes", "value_type"]

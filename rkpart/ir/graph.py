@@ -13,7 +13,7 @@ here (and in :mod:`rkpart.ir.subgraph`), never re-derived by the packages above.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,6 +27,7 @@ from onnx.external_data_helper import load_external_data_for_tensor
 from rkpart.ir.tensors import TensorType, nbytes, tensor_nbytes
 
 if TYPE_CHECKING:
+    from rkpart.ir.liveness import Lifetimes
     from rkpart.ir.subgraph import Subgraph
 
 
@@ -73,6 +74,37 @@ class ModelGraph:
         """``OpType name`` of op ``i`` (its index when it has no name), for messages and reports."""
         n = self.nodes[i]
         return f"{n.op_type} {n.name or i}"
+
+    def descendants(self, ops: Iterable[int]) -> set[int]:
+        """Data ops downstream of any of ``ops`` (``ops`` excluded unless downstream of another)."""
+        out: set[int] = set()
+        for i in ops:
+            if i not in out:
+                out |= nx.descendants(self.ops, i)
+        return out
+
+    def ancestors(self, ops: Iterable[int]) -> set[int]:
+        """Data ops upstream of any of ``ops`` (``ops`` excluded unless upstream of another)."""
+        out: set[int] = set()
+        for i in ops:
+            if i not in out:
+                out |= nx.ancestors(self.ops, i)
+        return out
+
+    def between(self, sources: Iterable[str], sinks: Iterable[str]) -> set[int]:
+        """Data ops on a path from a reader of a ``sources`` tensor to the producer of a ``sinks`` tensor.
+
+        Both ends included; a constant tensor or a model input among ``sinks`` adds no op.
+        """
+        start = {c for t in sources for c in self.consumers.get(t, []) if c not in self.const_ops}
+        end = {p for t in sinks if (p := self.producer.get(t)) is not None and p not in self.const_ops}
+        return (start | self.descendants(start)) & (end | self.ancestors(end))
+
+    def lifetimes(self, order: Sequence[int] | None = None) -> Lifetimes:
+        """When each activation is born, read and last alive over ``order`` (see :mod:`rkpart.ir.liveness`)."""
+        from rkpart.ir.liveness import lifetimes
+
+        return lifetimes(self, order)
 
     # -- tensors ---------------------------------------------------------------------------
     def is_const_tensor(self, name: str) -> bool:

@@ -52,6 +52,7 @@ from rkpart.ir.tensors import (
     np_dtype_name,
     onnx_dtype_name,
     tensor_nbytes,
+    value_type,
 )
 
 MIN_OPSET, MAX_OPSET = 7, 23
@@ -103,6 +104,27 @@ def graph_of(
     path = Path(path)
     _check_parsed(own, path)
     return _build(own, path, input_shapes)
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    """A graph's declared inputs (initializers excluded) and outputs with their types, in graph order."""
+
+    inputs: dict[str, TensorType]
+    outputs: dict[str, TensorType]
+
+
+def graph_io(model: onnx.ModelProto | str | os.PathLike[str]) -> GraphIO:
+    """The :class:`GraphIO` of ``model`` (a path is parsed without its external data).
+
+    For a stage file, whose boundary types extraction wrote: what a runtime feeds and expects.
+    """
+    if not isinstance(model, onnx.ModelProto):
+        model = onnx.load(str(model), load_external_data=False)
+    g = model.graph
+    inits = {t.name for t in g.initializer}
+    return GraphIO(inputs={v.name: value_type(v) for v in g.input if v.name not in inits},
+                   outputs={v.name: value_type(v) for v in g.output})
 
 
 def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[int, ...]] | None) -> ModelGraph:

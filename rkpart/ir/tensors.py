@@ -11,6 +11,7 @@ import math
 from collections.abc import Iterable
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper
 
 from rkpart.errors import InvalidModelError
@@ -57,6 +58,12 @@ def nbytes(dtype: str, shape: Iterable[int]) -> int:
     return itemsize(dtype) * int(math.prod(int(d) for d in shape))
 
 
+def value_type(vi: onnx.ValueInfoProto) -> TensorType:
+    """The (numpy dtype name, shape) a value info declares; a symbolic dimension reads as 0."""
+    tt = vi.type.tensor_type
+    return np_dtype_name(tt.elem_type), tuple(int(d.dim_value) for d in tt.shape.dim)
+
+
 def tensor_nbytes(data_type: int, dims: Iterable[int], what: str = "tensor") -> int:
     """Bytes of a dense tensor of ONNX element type ``data_type``, checked.
 
@@ -85,4 +92,4 @@ def tensor_nbytes(data_type: int, dims: Iterable[int], what: str = "tensor") -> 
 
 
 __all__ = ["MAX_ELEMENTS", "SUB_BYTE_BITS", "SUPPORTED_DTYPES", "TensorType", "itemsize", "nbytes",
-           "np_dtype_name", "onnx_dtype_name", "tensor_nbytes"]
+           "np_dtype_name", "onnx_dtype_name", "tensor_nbytes", "value_type"]

@@ -27,6 +27,7 @@ import numpy as np
 from rkpart.compile.runner import WORKER, kill_group, worker_env
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import ToolkitError
+from rkpart.ir import graph_io
 from rkpart.partitioner.plan import Stage, check_inside
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
@@ -114,15 +115,8 @@ class SimSession:
 
 
 def _graph_io(path: Path) -> tuple[list[str], list[tuple[str, np.dtype[Any]]]]:
-    import onnx
-    from onnx import helper
-
-    g = onnx.load(str(path), load_external_data=False).graph
-    inits = {t.name for t in g.initializer}
-    inputs = [i.name for i in g.input if i.name not in inits]
-    outputs = [(o.name, np.dtype(helper.tensor_dtype_to_np_dtype(o.type.tensor_type.elem_type)))
-               for o in g.output]
-    return inputs, outputs
+    io = graph_io(path)
+    return list(io.inputs), [(n, np.dtype(dt)) for n, (dt, _) in io.outputs.items()]
 
 
 class RknnSimRunner(StageRunner):

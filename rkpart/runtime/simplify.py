@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from rkpart.io import atomic_writer
+from rkpart.ir import graph_io
 from rkpart.partitioner.extract import ExtractedStage, stage_sha256
 
 #: allowed difference between original and simplified stage outputs (fp32 reordering)
@@ -30,11 +31,7 @@ def _io(model: onnx.ModelProto) -> list[tuple[str, str]]:
 def _feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
     from rkpart.runtime.executor import random_feeds
 
-    return random_feeds(
-        ((v.name, onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type),
-          [d.dim_value for d in v.type.tensor_type.shape.dim]) for v in model.graph.input),
-        seed,
-    )
+    return random_feeds(((n, dt, shape) for n, (dt, shape) in graph_io(model).inputs.items()), seed)
 
 
 def simplify_stage(path: Path, stage: ExtractedStage) -> ExtractedStage | None:

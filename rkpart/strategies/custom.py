@@ -243,24 +243,11 @@ def _cut(mg: ModelGraph, sid: str, inputs: list[str], outputs: list[str]) -> set
     for t in [*inputs, *outputs]:
         if t not in mg.tensor_types:
             raise SpecError(f"stage {sid}: cut tensor {t!r} is not in the model")
-    import networkx as nx
-
-    start: set[int] = set()
-    for t in inputs:
-        start.update(c for c in mg.consumers.get(t, []) if c not in mg.const_ops)
-    below: set[int] = set(start)
-    for s in start:
-        below |= nx.descendants(mg.ops, s)
-    above: set[int] = set()
     for t in outputs:
         p = mg.producer.get(t)
         if p is None or p in mg.const_ops:
             raise SpecError(f"stage {sid}: cut output {t!r} is not computed by an op")
-        above |= nx.ancestors(mg.ops, p) | {p}
-    ops = below & above
+    ops = mg.between(inputs, outputs)
     if not ops:
         raise SpecError(f"stage {sid}: no op lies between cut inputs and outputs")
     return ops
-
-
-

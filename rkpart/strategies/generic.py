@@ -70,34 +70,14 @@ class Schedule:
         n = self.n = len(self.order)
         if n == 0:
             raise UserError(f"{mg.path.name}: the model has no non-constant ops to partition")
-        pos = {op: k for k, op in enumerate(self.order)}
-        outputs = set(mg.outputs)
 
         # tensors: producer position (-1 for model inputs), sorted use positions, last live step
-        prod: dict[str, int] = {t: -1 for t in mg.inputs}
-        for k, op in enumerate(self.order):
-            for t in mg.nodes[op].output:
-                if t:
-                    prod[t] = k
-        self.names: list[str] = sorted(prod, key=lambda t: (prod[t], t))
-        self.prod = np.array([prod[t] for t in self.names], dtype=np.int64)
-        self.uses: list[list[int]] = []
-        last = []
-        nbytes = []
-        for t, p in zip(self.names, self.prod, strict=True):
-            u = sorted({pos[c] for c in mg.consumers.get(t, []) if c in pos})
-            self.uses.append(u)
-            lv = n - 1 if t in outputs else (u[-1] if u else int(p))
-            last.append(max(lv, int(p)))
-            nbytes.append(mg.nbytes(t))
-        self.last = np.array(last, dtype=np.int64)
-        self.nbytes = np.array(nbytes, dtype=np.int64)
+        life = mg.lifetimes(self.order)
+        self.names, self.prod, self.uses = life.names, life.born, life.uses
+        self.last, self.nbytes = life.last, life.nbytes
 
         # live bytes per step in the whole-model schedule, and a sparse table for range maxima
-        diff = np.zeros(n + 1, dtype=np.int64)
-        np.add.at(diff, np.maximum(self.prod, 0), self.nbytes)
-        np.add.at(diff, self.last + 1, -self.nbytes)
-        live = np.cumsum(diff[:n])
+        live = life.live_bytes()
         self._rmq = [live]
         span = 1
         while 2 * span <= n:

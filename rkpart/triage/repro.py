@@ -34,7 +34,7 @@ from rkpart.compile.runner import WORKER
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import OutputExistsError, UserError
 from rkpart.io import atomic_write_bytes, folder_lock
-from rkpart.ir import load_model
+from rkpart.ir import load_model, value_type
 from rkpart.progress import Progress
 from rkpart.targets.known_issues import KnownIssue, find_signature
 from rkpart.triage.matrix import Matrix, MatrixRow, build_matrix, version_key
@@ -278,9 +278,8 @@ def _venv_python_version(tk: Toolkit) -> str:
 
 def _describe_graph(model: onnx.ModelProto) -> list[str]:
     def dims(vi: onnx.ValueInfoProto) -> str:
-        t = vi.type.tensor_type
-        shape = ",".join(str(d.dim_value) for d in t.shape.dim)
-        return f"{onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name}[{shape}]"
+        dtype, shape = value_type(vi)
+        return f"{dtype}[{','.join(map(str, shape))}]"
 
     g = model.graph
     inits = {i.name: list(i.dims) for i in g.initializer}
