@@ -133,8 +133,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
 
     Without MODEL, the bundled tiny Anima-style example is used.
     """
-    from rkpart.pipeline import check_options
-    from rkpart.pipeline import partition as do_partition
+    from rkpart.pipeline import PartitionConfig, PartitionOptions, check_options, run_partition
 
     flags = {"adaln": adaln, "residual": residual, "modulation": modulation, "blocks_per_stage": blocks_per_stage,
              "spec": spec, "budget_mib": budget_mib, "cost_model": cost_model, "toolkit": auto_toolkit,
@@ -154,9 +153,10 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if model is None:
         model = bundled_example()
         say(f"no model given: using the bundled example {model.name}")
+    config = PartitionConfig(options=opts, force=force, external_threshold=external_threshold, simplify=simplify,
+                             progress=say)
     with say:
-        plan = do_partition(model, out, strategy, force=force, input_shapes=shapes or None,
-                            external_threshold=external_threshold, simplify=simplify, progress=say, **opts)
+        plan = run_partition(PartitionOptions(model, out, strategy, config, shapes or None))
     if as_json:
         summary = plan.summary_json()
         click.echo(json.dumps({

@@ -180,6 +180,33 @@ def write_plan(
                            simplify=simplify, progress=config.progress)
 
 
+@dataclass(frozen=True)
+class PartitionOptions:
+    """Everything ``rkpart partition`` was asked to do: model, plan folder, strategy and how.
+
+    ``input_shapes`` are static shapes for inputs with symbolic dimensions (used when the
+    model is loaded); ``config`` is how the partition is proposed and written.
+    """
+
+    model: Path
+    out: Path
+    strategy: str = "split"
+    config: PartitionConfig = PartitionConfig()
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None
+
+
+def run_partition(opts: PartitionOptions) -> Plan:
+    """Partition ``opts.model`` and write the plan folder ``opts.out``: load, propose, write.
+
+    The output folder is checked first, so a model of any size is not read for an output
+    that cannot be written.
+    """
+    strat = get_strategy(opts.strategy)
+    prepare_out(Path(os.path.abspath(opts.out)), opts.config.force, Path(opts.model))
+    loaded = load(opts.model, opts.input_shapes, opts.config.progress)
+    return write_plan(loaded, propose(loaded, strat, opts.config), opts.out, opts.config)
+
+
 def partition(
     model: str | os.PathLike[str],
     out: str | os.PathLike[str],
@@ -193,6 +220,9 @@ def partition(
     **options: Any,
 ) -> Plan:
     """Partition ``model`` with ``strategy`` and write the plan folder ``out``.
+
+    The keyword form of :func:`run_partition` (which ``rkpart partition`` calls with one
+    :class:`PartitionOptions`).
 
     Parameters
     ----------
@@ -220,14 +250,9 @@ def partition(
     >>> len(plan.npu_stages)  # doctest: +SKIP
     84
     """
-    model_path = Path(model)
-    strat = get_strategy(strategy)
-    # before loading: a model of any size is not read for an output that cannot be written
-    prepare_out(Path(os.path.abspath(out)), force, model_path)
     config = PartitionConfig(options=options, force=force, external_threshold=external_threshold,
                              simplify=simplify, progress=progress)
-    loaded = load(model_path, input_shapes, progress)
-    return write_plan(loaded, propose(loaded, strat, config), out, config)
+    return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes))
 
 
 def check_options(strategy: str, options: Mapping[str, Any]) -> None:
@@ -386,6 +411,6 @@ class AutoStrategy(Strategy):
 BUILTIN: tuple[type[Strategy], ...] = (*strategies.BUILTIN, AutoStrategy)
 
 
-__all__ = ["AUTO_ONLY", "BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "available", "candidate_variants",
-           "capability_notes", "check_options", "enumerate_candidates", "get_strategy", "inspect_model", "load",
-           "partition", "propose", "select", "write_plan"]
+__all__ = ["AUTO_ONLY", "BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "PartitionOptions", "available",
+           "candidate_variants", "capability_notes", "check_options", "enumerate_candidates", "get_strategy",
+           "inspect_model", "load", "partition", "propose", "run_partition", "select", "write_plan"]

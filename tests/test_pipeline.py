@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import onnx
@@ -12,7 +13,7 @@ from rkpart import pipeline
 from rkpart.errors import SpecError
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
-from rkpart.pipeline import PartitionConfig, load, partition, propose, write_plan
+from rkpart.pipeline import PartitionConfig, PartitionOptions, load, partition, propose, run_partition, write_plan
 
 
 def test_partition_is_load_propose_write(example_model: Path, tmp_path: Path) -> None:
@@ -21,6 +22,18 @@ def test_partition_is_load_propose_write(example_model: Path, tmp_path: Path) ->
     steps = write_plan(model, propose(model, "split"), tmp_path / "b")
     assert steps == whole
     assert (tmp_path / "a" / "plan.json").read_bytes() == (tmp_path / "b" / "plan.json").read_bytes()
+
+
+def test_the_cli_path_takes_one_frozen_options_object(example_model: Path, tmp_path: Path) -> None:
+    said: list[str] = []
+    opts = PartitionOptions(example_model, tmp_path / "a", "fused",
+                            PartitionConfig(options={"blocks_per_stage": 2}, progress=said.append))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.strategy = "split"  # type: ignore[misc]
+    plan = run_partition(opts)
+    assert plan == partition(example_model, tmp_path / "b", "fused", blocks_per_stage=2)
+    assert (tmp_path / "a" / "plan.json").read_bytes() == (tmp_path / "b" / "plan.json").read_bytes()
+    assert said and said[0] == f"loading {example_model}"
 
 
 def test_one_discovery_serves_every_proposal(example_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:

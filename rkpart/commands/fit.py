@@ -30,10 +30,9 @@ def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, folds: int,
     the median absolute percentage error (leave-one-plan-out cross-validation; several runs
     of the same plan are pooled into one sample per stage).
     """
-    from rkpart.cost_model.calibration import fit_profiles
+    from rkpart.cost_model.calibration import FitOptions, run_fit
 
-    model, report = fit_profiles(profiles, base=base, folds=folds, statistic=statistic)
-    model.save(output)
+    _, report = run_fit(FitOptions(profiles, output, base=base, folds=folds, statistic=statistic))
     emit(as_json, lambda: report, lambda: render_report(report))
     click.echo(f"wrote {output}", err=True)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -399,6 +400,24 @@ def fit_profiles(
     return model, report
 
 
+@dataclass(frozen=True)
+class FitOptions:
+    """Everything ``rkpart fit`` was asked to do (see :func:`fit_profiles` for the fields)."""
+
+    profiles: tuple[Path, ...]
+    output: Path
+    base: Path | None = None
+    folds: int = 0
+    statistic: str = "median"
+
+
+def run_fit(opts: FitOptions) -> tuple[CostModel, dict[str, Any]]:
+    """Fit a model from ``opts.profiles``, write it atomically to ``opts.output``; the model and its error report."""
+    model, report = fit_profiles(opts.profiles, base=opts.base, folds=opts.folds, statistic=opts.statistic)
+    model.save(opts.output)
+    return model, report
+
+
 def compare_with_model(
     records: Sequence[StageRecord],
     model: CostModel,
@@ -446,5 +465,5 @@ def render_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-__all__ = ["ACCURACY_TABLE", "WRITEUP", "WRITEUP_PROVENANCE", "calibrate_writeup", "compare_with_model",
-           "environment_of", "fit_profiles", "render_comparison", "resolve_plan", "samples_from_records"]
+__all__ = ["ACCURACY_TABLE", "WRITEUP", "WRITEUP_PROVENANCE", "FitOptions", "calibrate_writeup", "compare_with_model",
+           "environment_of", "fit_profiles", "render_comparison", "resolve_plan", "run_fit", "samples_from_records"]
