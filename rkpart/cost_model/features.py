@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +43,6 @@ from rkpart.partitioner.plan import Artifact, Stage, check_inside
 #: derived terms a model may use besides :data:`NUMERIC`: ``const`` (1 per stage),
 #: ``all_macs`` (weighted + activation MACs), ``io_bytes`` (boundary in + out)
 DERIVED = ("const", "all_macs", "io_bytes")
-#: numeric features, in the order the JSON and the tables show them
-NUMERIC = (
-    "weight_bytes", "file_bytes", "macs", "act_macs", "in_bytes", "out_bytes", "peak_bytes",
-    "elementwise_elems", "moved_bytes", "nodes", "cpu_ops", "cpu_elems", "stages",
-)
 
 
 @dataclass(frozen=True)
@@ -97,6 +92,10 @@ class Features:
         kw: dict[str, Any] = {k: int(d.get(k, 0)) for k in NUMERIC}
         return cls(device=str(d["device"]), rknn_bytes=None if d.get("rknn_bytes") is None else int(d["rknn_bytes"]),
                    op_counts=tuple(sorted((str(k), int(v)) for k, v in dict(d.get("op_counts", {})).items())), **kw)
+
+
+#: numeric features (the ``int`` fields of :class:`Features`), in the order the JSON and the tables show them
+NUMERIC: tuple[str, ...] = tuple(f.name for f in fields(Features) if f.type == "int")
 
 
 def _numel(shape: Sequence[int]) -> int:

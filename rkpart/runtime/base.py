@@ -10,7 +10,7 @@ session creation in ``init``).
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +44,7 @@ class StageRunner(abc.ABC):
     def infer(self, feeds: Feeds) -> Feeds:
         # Called once per stage and pass: kept to one dict build each way (a plan of small
         # stages spends a measurable share of its time here).
-        if self._state != "ready":
-            self._expect("ready", "infer")
-        try:
-            ins = {n: feeds[n] for n in self.stage.inputs}
-        except KeyError as e:
-            raise InternalError(f"stage {self.stage.id}: missing input {e.args[0]!r}") from None
-        out = self._infer_impl(ins)
+        out = self._infer_impl(self._inputs_from(feeds))
         return {n: out[n] for n in self.stage.outputs}
 
     def infer_into(self, env: dict[str, np.ndarray]) -> None:
@@ -65,6 +59,16 @@ class StageRunner(abc.ABC):
             return
         self._release_impl()
         self._state = "released"
+
+    def _inputs_from(self, env: Mapping[str, np.ndarray]) -> Feeds:
+        """The stage's inputs picked from ``env``, once the runner is ready (for :meth:`infer` and
+        leaner :meth:`infer_into` overrides alike)."""
+        if self._state != "ready":
+            self._expect("ready", "infer")
+        try:
+            return {n: env[n] for n in self.stage.inputs}
+        except KeyError as e:
+            raise InternalError(f"stage {self.stage.id}: missing input {e.args[0]!r}") from None
 
     def _expect(self, state: str, call: str) -> None:
         if self._state != state:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from rkpart.errors import InternalError, SpecError
+from rkpart.errors import SpecError
 from rkpart.partitioner.plan import Stage, check_inside
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.types import HOST
@@ -77,12 +77,7 @@ class OrtRunner(StageRunner):
     def infer_into(self, env: dict[str, np.ndarray]) -> None:
         # One ORT call and one dict per stage and pass: for a model of small stages the
         # generic path's extra dicts were ~5 % of a resident pass.
-        if self._state != "ready":
-            self._expect("ready", "infer")
-        try:
-            feeds = {n: env[n] for n in self.stage.inputs}
-        except KeyError as e:
-            raise InternalError(f"stage {self.stage.id}: missing input {e.args[0]!r}") from None
+        feeds = self._inputs_from(env)
         env.update(zip(self._names, self._sess.run(self._names, feeds), strict=True))
 
     def _release_impl(self) -> None:
