@@ -25,60 +25,51 @@ def describe_exception(e: BaseException) -> str:
 
 
 class RkpartError(Exception):
-    """Base of every error rkpart raises on purpose."""
+    """Base of every error rkpart raises on purpose.
 
-    exit_code = 70
+    A subclass names its process exit code as a class keyword,
+    ``class GateError(UserError, exit_code=8)``; without one it keeps its base's.
+    """
+
+    exit_code: int = 70
+
+    def __init_subclass__(cls, *, exit_code: int | None = None, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if exit_code is not None:
+            cls.exit_code = exit_code
 
 
-class UserError(RkpartError):
+class UserError(RkpartError, exit_code=2):
     """A problem with the user's input or environment; printed without a traceback."""
 
-    exit_code = 2
 
-
-class InvalidModelError(UserError):
+class InvalidModelError(UserError, exit_code=3):
     """The input is not a valid, loadable ONNX model."""
 
-    exit_code = 3
 
-
-class DiscoveryError(UserError):
+class DiscoveryError(UserError, exit_code=4):
     """No transformer blocks (or not the requested ones) could be found."""
 
-    exit_code = 4
 
-
-class SpecError(UserError):
+class SpecError(UserError, exit_code=5):
     """A custom spec, plan or config file does not match its schema."""
 
-    exit_code = 5
 
-
-class OutputExistsError(UserError):
+class OutputExistsError(UserError, exit_code=6):
     """The output folder exists, is not empty and ``--force`` was not given, or is locked."""
 
-    exit_code = 6
 
-
-class ToolkitError(UserError):
+class ToolkitError(UserError, exit_code=7):
     """rknn-toolkit2 is missing, failed to install, or failed on a stage."""
 
-    exit_code = 7
 
-
-class GateError(UserError):
+class GateError(UserError, exit_code=8):
     """A numerical gate (cosine, max abs, ...) failed."""
 
-    exit_code = 8
 
-
-class BudgetError(UserError):
+class BudgetError(UserError, exit_code=9):
     """No candidate partition fits the requested memory budget."""
 
-    exit_code = 9
 
-
-class InternalError(RkpartError):
+class InternalError(RkpartError, exit_code=70):
     """A bug in rkpart: reported with its traceback."""
-
-    exit_code = 70

@@ -151,10 +151,8 @@ class Cutter:
 _UNSTABLE = ("timeout", "oom")
 
 
-class ReductionError(UserError):
+class ReductionError(UserError, exit_code=7):
     """The graph cannot be reduced (e.g. the full graph does not fail the same way)."""
-
-    exit_code = 7
 
 
 class _OutOfTime(Exception):
