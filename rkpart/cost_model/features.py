@@ -15,7 +15,8 @@ Everything is counted from static shapes, never by running the graph:
 * ``in_bytes`` / ``out_bytes``: boundary activations;
 * ``peak_bytes``: the largest sum of live activation bytes over the nodes in
   topological order (a tensor is live from its producer to its last consumer inside the
-  subgraph; boundary inputs from the start, boundary outputs to the end);
+  subgraph; boundary inputs from the start, boundary outputs to the end), as
+  :func:`rkpart.ir.liveness.peak_bytes` computes it;
 * ``elementwise_elems``: output elements of every op that is neither weighted nor a pure
   re-labelling (Reshape, Transpose counts: it moves data); reductions count their input;
 * ``moved_bytes``: activation bytes read and written by all ops plus the weights read once;
@@ -37,6 +38,7 @@ from typing import Any
 import onnx
 
 from rkpart.ir import ModelGraph, Subgraph, TensorType, graph_of, nbytes
+from rkpart.ir.liveness import peak_bytes
 from rkpart.ir.ops import MAC_OPS, MATMUL_OPS, REDUCE_OPS, RELABEL_OPS
 from rkpart.partitioner.plan import Artifact, Stage, check_inside
 
@@ -151,6 +153,7 @@ def subgraph_features(
     inputs: Sequence[str],
     outputs: Sequence[str],
     weight_bytes: int,
+    peak_bytes: int,
     const_tensors: frozenset[str] | set[str] = frozenset(),
     artifact: Artifact | None = None,
 ) -> Features:
@@ -158,26 +161,15 @@ def subgraph_features(
 
     ``const_tensors`` are tensors that hold weights or constants (not activations); they
     are left out of activation counts and decide whether a MatMul is weighted.
+    ``peak_bytes`` is the graph's answer (:func:`rkpart.ir.liveness.peak_bytes`).
     """
     macs = act_macs = ew = moved = 0
     counts: Counter[str] = Counter()
-    elems_of: dict[str, int] = {}
 
     def is_const(t: str) -> bool:
         return t in const_tensors
 
-    # last position at which each activation is read, for the liveness scan
-    last_use: dict[str, int] = {}
-    for pos, n in enumerate(nodes):
-        for t in n.input:
-            if t and not is_const(t):
-                last_use[t] = pos
-    end = len(nodes)
-    for t in outputs:
-        last_use[t] = end
-    live: dict[str, int] = {t: _nbytes(types.get(t)) for t in inputs if not is_const(t)}
-    peak = sum(live.values())
-    for pos, n in enumerate(nodes):
+    for n in nodes:
         counts[n.op_type] += 1
         outs = [t for t in n.output if t]
         out_elems = sum(_numel(types[t][1]) for t in outs if t in types)
@@ -202,16 +194,6 @@ def subgraph_features(
                 ew += out_elems
         if n.op_type not in RELABEL_OPS:
             moved += in_bytes + out_bytes
-        for t in outs:
-            elems_of[t] = out_elems
-        # liveness: outputs become live; inputs whose last use is here die after the node
-        for t in outs:
-            if t in last_use:
-                live[t] = _nbytes(types.get(t))
-        peak = max(peak, sum(live.values()))
-        for t in set(dyn_in):
-            if last_use.get(t) == pos:
-                live.pop(t, None)
     cpu_names = _cpu_node_names(artifact)
     cpu_elems = sum(_numel(types[t][1]) for n in nodes if n.name in cpu_names for t in n.output if t in types)
     rknn = artifact.size_bytes if artifact is not None else None
@@ -223,7 +205,7 @@ def subgraph_features(
         act_macs=int(act_macs),
         in_bytes=int(sum(_nbytes(types.get(t)) for t in inputs if not is_const(t))),
         out_bytes=int(sum(_nbytes(types.get(t)) for t in outputs)),
-        peak_bytes=int(peak),
+        peak_bytes=int(peak_bytes),
         elementwise_elems=int(ew),
         moved_bytes=int(moved + weight_bytes),
         nodes=len(nodes),
@@ -273,8 +255,8 @@ def group_features(mg: ModelGraph, ops: Iterable[int], *, device: str) -> Featur
 def view_features(mg: ModelGraph, sub: Subgraph, *, device: str, artifact: Artifact | None = None) -> Features:
     """Features of the :class:`~rkpart.ir.Subgraph` ``sub`` of ``mg``: the one place both front ends meet."""
     return subgraph_features([mg.nodes[i] for i in sub.ops], mg.tensor_types, device=device, inputs=sub.inputs,
-                             outputs=sub.outputs, weight_bytes=sub.weight_bytes, const_tensors=sub.const_tensors,
-                             artifact=artifact)
+                             outputs=sub.outputs, weight_bytes=sub.weight_bytes, peak_bytes=peak_bytes(mg, sub),
+                             const_tensors=sub.const_tensors, artifact=artifact)
 
 
 def _replace(f: Features, **changes: Any) -> Features:

@@ -9,7 +9,7 @@ Memory estimates (:mod:`rkpart.strategies.generic`) are sums over these interval
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from rkpart.ir.graph import ModelGraph
+    from rkpart.ir.subgraph import Subgraph
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Lifetimes:
     born: np.ndarray
     #: sorted positions of the ops that read the tensor
     uses: tuple[tuple[int, ...], ...]
-    #: last position the tensor is alive at (>= born)
+    #: last position the tensor is alive at (< born: never alive)
     last: np.ndarray
     nbytes: np.ndarray
 
@@ -39,19 +40,33 @@ class Lifetimes:
 
     def live_bytes(self) -> np.ndarray:
         """Bytes alive at each position of the schedule (int64, length ``n``)."""
+        start = np.maximum(self.born, 0)
+        alive = self.last >= start  # a tensor alive never (see ``unread_alive``) adds nothing
         diff = np.zeros(self.n + 1, dtype=np.int64)
-        np.add.at(diff, np.maximum(self.born, 0), self.nbytes)
-        np.add.at(diff, self.last + 1, -self.nbytes)
+        np.add.at(diff, start[alive], self.nbytes[alive])
+        np.add.at(diff, self.last[alive] + 1, -self.nbytes[alive])
         return np.cumsum(diff[: self.n])
 
 
-def lifetimes(mg: ModelGraph, order: Sequence[int] | None = None) -> Lifetimes:
-    """The :class:`Lifetimes` of ``mg``'s activations over ``order`` (default: all data ops in model order)."""
+def lifetimes(
+    mg: ModelGraph,
+    order: Sequence[int] | None = None,
+    *,
+    inputs: Iterable[str] | None = None,
+    outputs: Iterable[str] | None = None,
+    unread_alive: bool = True,
+) -> Lifetimes:
+    """The :class:`Lifetimes` of ``mg``'s activations over ``order`` (default: all data ops in model order).
+
+    ``inputs`` are alive before the first op and ``outputs`` to the end (default: the
+    model's).  A tensor that no op of ``order`` reads and that is not an output is alive at
+    its birth with ``unread_alive`` (the op still writes it), else never.
+    """
     order = tuple(sorted(mg.ops.nodes) if order is None else order)
     n = len(order)
     pos = {op: k for k, op in enumerate(order)}
-    outputs = set(mg.outputs)
-    prod: dict[str, int] = {t: -1 for t in mg.inputs}
+    outs = set(mg.outputs if outputs is None else outputs)
+    prod: dict[str, int] = {t: -1 for t in (mg.inputs if inputs is None else inputs)}
     for k, op in enumerate(order):
         for t in mg.nodes[op].output:
             if t:
@@ -62,8 +77,12 @@ def lifetimes(mg: ModelGraph, order: Sequence[int] | None = None) -> Lifetimes:
     for t in names:
         u = tuple(sorted({pos[c] for c in mg.consumers.get(t, []) if c in pos}))
         uses.append(u)
-        lv = n - 1 if t in outputs else (u[-1] if u else prod[t])
-        last.append(max(lv, prod[t]))
+        if t in outs:
+            last.append(max(n - 1, prod[t]))
+        elif u:
+            last.append(u[-1])
+        else:  # nobody reads it: alive at its birth only, or never (last before birth)
+            last.append(prod[t] if unread_alive else prod[t] - 1)
     return Lifetimes(
         order=order,
         names=names,
@@ -74,4 +93,16 @@ def lifetimes(mg: ModelGraph, order: Sequence[int] | None = None) -> Lifetimes:
     )
 
 
-__all__ = ["Lifetimes", "lifetimes"]
+def peak_bytes(mg: ModelGraph, sub: Subgraph) -> int:
+    """Largest activation bytes alive at once while the ops of ``sub`` run in model order, as one stage.
+
+    Its boundary inputs are alive from the start, its boundary outputs to the end; a tensor
+    no op of the stage reads and that leaves nowhere is not counted.
+    """
+    if not sub.ops:
+        return 0
+    life = lifetimes(mg, sub.ops, inputs=sub.inputs, outputs=sub.outputs, unread_alive=False)
+    return int(life.live_bytes().max())
+
+
+__all__ = ["Lifetimes", "lifetimes", "peak_bytes"]

@@ -63,3 +63,15 @@ def test_graph_io_reads_a_stage_files_declared_boundary(tmp_path: Path) -> None:
     assert graph_io(onnx.load(str(path))) == io
     assert value_type(onnx.helper.make_tensor_value_info("s", onnx.TensorProto.FLOAT16, ["n", 4])) == \
         ("float16", (0, 4))
+
+
+def test_peak_bytes_of_a_subgraph_counts_its_boundary_and_what_it_keeps(mg: ModelGraph) -> None:
+    from rkpart.ir.liveness import peak_bytes
+
+    f = 160 * 4  # one [1,160] float32 activation
+    matmul, relu, sigmoid = _ops(mg, "matmul", "relu", "sigmoid")
+    # h and r leave the stage: h (read by sigmoid outside) alive to the end, beside r
+    assert peak_bytes(mg, mg.subgraph([matmul, relu])) == max(128 * 4 + f, 2 * f)
+    # reading h from outside: h alive while relu and sigmoid run, with r and z (outputs)
+    assert peak_bytes(mg, mg.subgraph([relu, sigmoid])) == 3 * f
+    assert peak_bytes(mg, mg.subgraph([])) == 0
