@@ -28,7 +28,6 @@ Everything is counted from static shapes, never by running the graph:
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -40,6 +39,7 @@ import onnx
 from rkpart.ir import ModelGraph, Subgraph, TensorType, graph_of, nbytes
 from rkpart.ir.liveness import peak_bytes
 from rkpart.ir.ops import MAC_OPS, MATMUL_OPS, REDUCE_OPS, RELABEL_OPS
+from rkpart.ir.work import node_macs, numel
 from rkpart.partitioner.plan import Artifact, Stage, check_inside
 
 #: derived terms a model may use besides :data:`NUMERIC`: ``const`` (1 per stage),
@@ -100,49 +100,8 @@ class Features:
 NUMERIC: tuple[str, ...] = tuple(f.name for f in fields(Features) if f.type == "int")
 
 
-def _numel(shape: Sequence[int]) -> int:
-    return int(math.prod(int(d) for d in shape))
-
-
 def _nbytes(tt: TensorType | None) -> int:
     return 0 if tt is None else nbytes(*tt)
-
-
-def _node_macs(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> int:
-    """MACs of one weighted op from its input/output shapes (0 when shapes are unknown)."""
-    def shape(i: int) -> tuple[int, ...] | None:
-        if i >= len(node.input) or not node.input[i]:
-            return None
-        t = types.get(node.input[i])
-        return None if t is None else t[1]
-
-    out = types.get(node.output[0]) if node.output else None
-    if out is None:
-        return 0
-    op = node.op_type
-    if op in MATMUL_OPS:
-        a = shape(0)
-        if a is None or not a:
-            return 0
-        k = int(a[-1])
-        return _numel(out[1]) * k
-    if op == "Gemm":
-        a = shape(0)
-        if a is None or len(a) != 2:
-            return 0
-        trans_a = next((int(x.i) for x in node.attribute if x.name == "transA"), 0)
-        k = int(a[0] if trans_a else a[1])
-        return _numel(out[1]) * k
-    if op in ("Conv", "ConvTranspose"):
-        w = shape(1)
-        if w is None or len(w) < 2:
-            return 0
-        per_out = _numel(w[1:])  # Cin/group * kernel
-        if op == "ConvTranspose":
-            x = shape(0)
-            return 0 if x is None else _numel(x) * int(w[1]) * _numel(w[2:])
-        return _numel(out[1]) * per_out
-    return 0
 
 
 def subgraph_features(
@@ -172,12 +131,12 @@ def subgraph_features(
     for n in nodes:
         counts[n.op_type] += 1
         outs = [t for t in n.output if t]
-        out_elems = sum(_numel(types[t][1]) for t in outs if t in types)
+        out_elems = sum(numel(types[t][1]) for t in outs if t in types)
         dyn_in = [t for t in n.input if t and not is_const(t)]
         in_bytes = sum(_nbytes(types.get(t)) for t in dyn_in)
         out_bytes = sum(_nbytes(types.get(t)) for t in outs)
         if n.op_type in MAC_OPS:
-            m = _node_macs(n, types)
+            m = node_macs(n, types)
             if n.op_type in MATMUL_OPS:
                 weighted = any(is_const(t) for t in n.input if t)
             else:
@@ -188,14 +147,14 @@ def subgraph_features(
                 act_macs += m
         elif n.op_type not in RELABEL_OPS:
             if n.op_type in REDUCE_OPS and dyn_in:
-                ew += max(out_elems, max(_numel(types[t][1]) for t in dyn_in if t in types) if any(
+                ew += max(out_elems, max(numel(types[t][1]) for t in dyn_in if t in types) if any(
                     t in types for t in dyn_in) else 0)
             else:
                 ew += out_elems
         if n.op_type not in RELABEL_OPS:
             moved += in_bytes + out_bytes
     cpu_names = _cpu_node_names(artifact)
-    cpu_elems = sum(_numel(types[t][1]) for n in nodes if n.name in cpu_names for t in n.output if t in types)
+    cpu_elems = sum(numel(types[t][1]) for n in nodes if n.name in cpu_names for t in n.output if t in types)
     rknn = artifact.size_bytes if artifact is not None else None
     return Features(
         device=device,

@@ -28,6 +28,8 @@ RELABEL_OPS = frozenset({"Reshape", "Squeeze", "Unsqueeze", "Identity", "Flatten
 WEIGHTED_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum"})
 #: matrix products whose operands are (batched) matrices: ``k`` is the last dim of input 0
 MATMUL_OPS = frozenset({"MatMul", "MatMulInteger", "QLinearMatMul"})
+#: convolutions (multiply-accumulates from the weight's ``Cin/group x kernel`` per output element)
+CONV_OPS = frozenset({"Conv", "ConvTranspose"})
 #: ops whose multiply-accumulates are counted
 MAC_OPS = WEIGHTED_OPS | MATMUL_OPS
 #: fused attention ops (ONNX Runtime contrib / opset 23)
@@ -43,6 +45,6 @@ REDUCE_OPS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "Re
 GENERATIVE_OPS = frozenset({"ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Upsample", "Pad", "OneHot",
                             "EyeLike", "MatMul", "Gemm", "Einsum", "Col2Im", "Unique", "NonZero"})
 
-__all__ = ["ATTENTION_OPS", "CONTROL_FLOW_OPS", "DEFAULT_DOMAINS", "GENERATIVE_OPS", "LINK_OPS", "MAC_OPS",
+__all__ = ["ATTENTION_OPS", "CONTROL_FLOW_OPS", "CONV_OPS", "DEFAULT_DOMAINS", "GENERATIVE_OPS", "LINK_OPS", "MAC_OPS",
            "MATMUL_OPS", "NORM_OPS", "PASS_THROUGH_OPS", "RANDOM_OPS", "REDUCE_OPS", "RELABEL_OPS",
            "SUPPORTED_DOMAINS", "WEIGHTED_OPS"]
