@@ -6,7 +6,7 @@ runs on the same loaded graph, interleaved, ``--rounds`` times; the medians of C
 printed with their ratio.
 
 * ``discover``: :func:`rkpart.partitioner.discovery.discover` as it stands.
-* ``reach bitsets``: building ``discovery._Reach`` (every op's ancestors as one int).
+* ``reach bitsets``: building ``rkpart.ir.reach.Reach`` (every op's ancestors as one int).
 * ``reach networkx``: the same ancestor sets from ``nx.ancestors`` per op (what discovery's
   ``is_ancestor`` / ancestor intersections would need without bitsets).
 * ``dep bitsets`` / ``dep networkx``: descendants of the stream starts, by bitset propagation
@@ -30,6 +30,7 @@ import networkx as nx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the example models: tests/models/
 from rkpart.ir import ModelGraph, load_model
+from rkpart.ir.reach import Reach
 from rkpart.partitioner import discovery
 from tests.models.anima import AnimaConfig, build_anima_onnx
 
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     variants: dict[str, Callable[[], object]] = {
         "discover": lambda: discovery.discover(mg),
-        "reach bitsets": lambda: discovery._Reach(mg),
+        "reach bitsets": lambda: Reach(mg),
         "reach networkx": reach_nx,
         "dep bitsets": dep_bits,
         "dep networkx": dep_nx,

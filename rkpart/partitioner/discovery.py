@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -47,6 +46,7 @@ import networkx as nx
 from rkpart.errors import DiscoveryError
 from rkpart.ir import ModelGraph
 from rkpart.ir.ops import ATTENTION_OPS, LINK_OPS, NORM_OPS, PASS_THROUGH_OPS, WEIGHTED_OPS
+from rkpart.ir.reach import Reach, bits, unbits
 
 
 @dataclass(frozen=True)
@@ -141,41 +141,6 @@ class Discovery:
 
 
 # ---------------------------------------------------------------------------------------------
-# Ancestor sets as int bitsets.  Discovery intersects and tests ancestor sets of many ops
-# (is_ancestor, the common ancestors of a branch's first weighted ops); NetworkX has no
-# all-pairs reachability that is cheap enough: `bench/graph_algorithms.py` on the 28-block
-# Anima graph (3965 ops) measures nx.ancestors for every op at 1683 ms CPU against 1.8 ms for
-# these bitsets (914x).  Single traversals use NetworkX (nx.bfs_layers: 2.6 ms vs 2.9 ms).
-
-
-class _Reach:
-    def __init__(self, mg: ModelGraph) -> None:
-        self.order = [i for i in range(len(mg.nodes)) if i not in mg.const_ops]
-        self.anc: dict[int, int] = {}
-        for i in self.order:
-            a = 0
-            for p in mg.ops.predecessors(i):
-                a |= self.anc[p] | (1 << p)
-            self.anc[i] = a
-
-    def is_ancestor(self, a: int, b: int) -> bool:
-        return bool(self.anc[b] >> a & 1)
-
-
-def _bits(s: Iterable[int]) -> int:
-    v = 0
-    for i in s:
-        v |= 1 << i
-    return v
-
-
-def _unbits(v: int) -> frozenset[int]:
-    # bin() walks the int in C; a Python loop over 10k bits per branch would dominate discovery
-    s = bin(v)[:1:-1]
-    return frozenset(i for i, ch in enumerate(s) if ch == "1")
-
-
-# ---------------------------------------------------------------------------------------------
 
 
 def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
@@ -198,7 +163,7 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
     DiscoveryError
         No chain of residual adds, or fewer than ``min_blocks`` blocks.
     """
-    reach = _Reach(mg)
+    reach = Reach(mg)
     adds = _residual_adds(mg, reach)  # 1
     st = _streams(mg, reach, adds)  # 2
     dep = _stream_dependent(mg, st)
@@ -210,7 +175,7 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
     feeds = _side_feeds(mg, side, regions_ops)
     region_list = _name_regions(mg, regions_ops, dep, st.stream_tensors, st.txt, st.phases, reach)  # 5
     grouping, method, scopes = _group_blocks(mg, region_list, st.phases)
-    blocks, prologue = _assemble_blocks(side, feeds, region_list, grouping, scopes, set(_unbits(before)))
+    blocks, prologue = _assemble_blocks(side, feeds, region_list, grouping, scopes, set(unbits(before)))
     if len(blocks) < min_blocks:
         raise DiscoveryError(f"{mg.path.name}: found {len(blocks)} blocks, expected at least {min_blocks}")
     glue, epilogue = _leftovers(mg, reach, blocks, prologue, dep)
@@ -241,7 +206,7 @@ class _Streams:
     phases: list[int]  # phase of each chain
 
 
-def _streams(mg: ModelGraph, reach: _Reach, adds: dict[int, str]) -> _Streams:
+def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
     all_chains, links = _chains(mg, adds)
     linked = {a for a, bs in links.items() if bs} | {b for bs in links.values() for b in bs}
     # a lone residual-looking add is noise unless it is part of a stream system (a Flux
@@ -269,10 +234,10 @@ def _stream_dependent(mg: ModelGraph, st: _Streams) -> int:
     """Bitset of stream-dependent ops: the stream starts' readers and their descendants."""
     readers = [c for t in (st.skip_of[c[0]] for c in st.chains) for c in mg.consumers.get(t, [])
                if c not in mg.const_ops]
-    return _bits(chain.from_iterable(nx.bfs_layers(mg.ops, readers)))
+    return bits(chain.from_iterable(nx.bfs_layers(mg.ops, readers)))
 
 
-def _stream_ancestry(mg: ModelGraph, reach: _Reach, st: _Streams, dep: int) -> int:
+def _stream_ancestry(mg: ModelGraph, reach: Reach, st: _Streams, dep: int) -> int:
     """Bitset of what the stream starts are computed from (patch embedding, context embedder).
 
     That is prologue, even when only the first branch reads it.
@@ -377,7 +342,7 @@ def _assemble_blocks(
 
 
 def _leftovers(
-    mg: ModelGraph, reach: _Reach, blocks: list[Block], prologue: set[int], dep: int
+    mg: ModelGraph, reach: Reach, blocks: list[Block], prologue: set[int], dep: int
 ) -> tuple[set[int], set[int]]:
     """Ops in no block, after step 5: stream-dependent ones with a block after them are glue,
     the others epilogue; the rest joins the prologue (extended in place)."""
@@ -399,7 +364,7 @@ def _leftovers(
     return glue, epilogue
 
 
-def _text_streams(mg: ModelGraph, reach: _Reach, chains: list[list[int]], skip_of: dict[int, str]) -> set[int]:
+def _text_streams(mg: ModelGraph, reach: Reach, chains: list[list[int]], skip_of: dict[int, str]) -> set[int]:
     """Chains computed without the first model input that any chain uses: the text streams.
 
     diffusers puts the latent first; a dual-stream model's text stream starts from the
@@ -437,7 +402,7 @@ def _phases(chains: list[list[int]]) -> list[int]:
     return phase
 
 
-def _residual_adds(mg: ModelGraph, reach: _Reach) -> dict[int, str]:
+def _residual_adds(mg: ModelGraph, reach: Reach) -> dict[int, str]:
     """Residual ``Add`` ops -> their skip tensor."""
     out: dict[int, str] = {}
     for i in reach.order:
@@ -525,7 +490,7 @@ def _chains(mg: ModelGraph, adds: dict[int, str]) -> tuple[list[list[int]], dict
 
 
 def _branch(
-    mg: ModelGraph, reach: _Reach, add: int, skip: str, stream: int, dep: int, stream_producers: set[int]
+    mg: ModelGraph, reach: Reach, add: int, skip: str, stream: int, dep: int, stream_producers: set[int]
 ) -> Branch:
     n = mg.nodes[add]
     b = n.input[1] if n.input[0] == skip else n.input[0]
@@ -539,7 +504,7 @@ def _branch(
         if reach.is_ancestor(sp, pb) or sp == pb:
             stop |= reach.anc[sp] | (1 << sp)
     ops_bits = (reach.anc[pb] | (1 << pb)) & dep & ~stop
-    ops = _unbits(ops_bits)
+    ops = unbits(ops_bits)
 
     # gate: trailing Mul by a non-stream-dependent value, through reshape-like ops
     gate: set[int] = set()
@@ -577,8 +542,8 @@ def _branch(
         common = -1
         for f in first:
             common &= reach.anc[f]
-        pre_bits = common & ops_bits & ~_bits(gate)
-        pre = set(_unbits(pre_bits))
+        pre_bits = common & ops_bits & ~bits(gate)
+        pre = set(unbits(pre_bits))
         # the pre part must be entered from the skip tensor only, and leave through one tensor
         outs = sorted({
             t for i in pre for t in mg.nodes[i].output
@@ -645,7 +610,7 @@ def _attention_kind(mg: ModelGraph, core: frozenset[int], dep: int) -> str | Non
     return found
 
 
-def _has_parallel_ffn(mg: ModelGraph, reach: _Reach | None, core: frozenset[int]) -> bool:
+def _has_parallel_ffn(mg: ModelGraph, reach: Reach | None, core: frozenset[int]) -> bool:
     """A weighted op neither feeding nor fed by the attention: an MLP in parallel (Flux single)."""
     scores = _score_matmuls(mg, core)
     if not scores or reach is None:
@@ -680,7 +645,7 @@ def _name_regions(
     stream_tensors: dict[str, int],
     txt: set[int],
     phases: list[int],
-    reach: _Reach | None = None,
+    reach: Reach | None = None,
 ) -> list[_RegionInfo]:
     out = []
     for brs, _ops in regions:
