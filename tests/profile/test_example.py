@@ -52,6 +52,13 @@ def test_split_has_more_contexts_and_host_work_than_fused(profiles: dict[str, li
     assert npu_contexts(split) == 3 * npu_contexts(fused)  # 3 models per block vs 1
     times, _ = compare_rows(split, fused)
     host = next(r for r in times if r.key == "host_s")
-    assert host.a is not None and host.b is not None and host.a > host.b
+    assert host.a is not None and host.b is not None and host.a > 0 and host.b > 0
+
+    # more host work is a structural fact (AdaLN, gates and residual adds leave the NPU under split);
+    # comparing the host *times* of two tiny plans measured ~0.1 s apart is noise on a loaded machine
+    def host_calls(recs: list[dict]) -> int:
+        return sum(1 for r in recs if r["record"] == "stage" and not r["warmup"] and r["stage"]["device"] == "host")
+
+    assert host_calls(split) > host_calls(fused)
     text = render_compare(split, fused, names=("split", "fused"), block=0)
     assert "Scope: block 0" in text and "NPU Inference (×2)" in text
