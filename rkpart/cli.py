@@ -32,7 +32,7 @@ from rkpart.cli_args import (
     tolerance_options,
     toolkit_option,
 )
-from rkpart.errors import RkpartError, SpecError, UserError
+from rkpart.errors import INTERRUPTED_EXIT, RkpartError, SpecError, UserError, os_error
 from rkpart.progress import Reporter
 from rkpart.units import mib
 
@@ -44,14 +44,23 @@ class RkpartGroup(click.Group):
         except UserError as e:
             report_user_error(e)
             ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("rkpart: interrupted", err=True)
+            ctx.exit(INTERRUPTED_EXIT)
+        except BrokenPipeError:
+            ctx.exit(0)
+        except OSError as e:
+            err = os_error(e, "rkpart")
+            if err is None:
+                raise
+            report_user_error(err)
+            ctx.exit(err.exit_code)
         except MemoryError:
             click.echo("rkpart: error: out of memory", err=True)
             ctx.exit(71)
         except RkpartError as e:
             click.echo(f"rkpart: internal error: {e}", err=True)
             raise
-        except BrokenPipeError:
-            ctx.exit(0)
 
 
 @click.group(cls=RkpartGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

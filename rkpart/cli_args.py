@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import click
 
-from rkpart.errors import UserError
+from rkpart.errors import INTERRUPTED_EXIT, UserError, os_error
 from rkpart.types import DEVICES, RESIDENCIES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -65,6 +65,15 @@ def user_errors(fn: F) -> F:
         except UserError as e:
             report_user_error(e)
             sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("rkpart: interrupted", err=True)
+            sys.exit(INTERRUPTED_EXIT)
+        except OSError as e:
+            err = os_error(e, "rkpart")
+            if err is None:
+                raise
+            report_user_error(err)
+            sys.exit(err.exit_code)
 
     return wrapper  # type: ignore[return-value]
 

@@ -42,6 +42,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.errors import InvalidModelError, first_line
+from rkpart.io import confined_file
 from rkpart.ir.graph import ModelGraph, OpNode
 from rkpart.ir.ops import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, GENERATIVE_OPS, RANDOM_OPS, SUPPORTED_DOMAINS
 from rkpart.ir.tensors import (
@@ -386,7 +387,6 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
     symlinks, so neither a crafted path nor a symlink can make rkpart read (and copy into a
     stage) a file outside the model's folder.
     """
-    root = folder.resolve()
     for init in model.graph.initializer:
         if init.data_location != TensorProto.EXTERNAL:
             continue
@@ -395,15 +395,9 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
         tname = f"tensor {init.name!r}"
         if not loc:
             raise InvalidModelError(f"{tname}: external data has no location")
-        if os.path.isabs(loc) or ".." in Path(loc).parts:
-            raise InvalidModelError(f"{tname}: external data location {loc!r} leaves the model folder")
-        full = (folder / loc).resolve()
-        if root not in full.parents:
-            raise InvalidModelError(f"{tname}: external data location {loc!r} leaves the model folder")
-        if not full.exists():
-            raise InvalidModelError(f"{tname}: external data file {loc!r} is missing")
-        if not full.is_file():
-            raise InvalidModelError(f"{tname}: external data location {loc!r} is not a file")
+        # the one confinement check (rkpart.io): inside the folder, a regular file
+        full = confined_file(folder, loc, what=f"{tname}: external data location", error=InvalidModelError,
+                             within="model folder").resolve()
         try:
             offset = int(info.get("offset", 0) or 0)
             length = int(info["length"]) if info.get("length") else None
