@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.compile.conftest import _private_cache  # noqa: F401 - autouse: no test touches ~/.cache/rkpart
 from tests.hostile.conftest import bundled, fused_mini_plan, mini_model  # noqa: F401 - shared fixtures
 from tests.hostile.models import cli, mini_dit
 from tests.triage.conftest import adaln_chain, fake_toolkits_dir  # noqa: F401 - shared fixtures

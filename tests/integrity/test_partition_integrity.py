@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.partitioner.api import partition
+from rkpart.pipeline import partition
 from tests.hostile.models import assert_user_error, cli, siblings, snapshot
 
 
