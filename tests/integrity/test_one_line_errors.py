@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,84 @@ def test_user_files_untouched_by_every_refusal(tmp_path: Path, split_plan: Path)
     before = snapshot(plan)
     one_line_error(rkpart("run", plan, "-q"), 5)
     assert snapshot(plan) == before
+
+
+def _tamper_tensor(plan: Path, pick: str, how: str) -> None:
+    d = json.loads((plan / "plan.json").read_text())
+    if pick == "model input":
+        name = d["inputs"][0]
+    else:  # a tensor passed between stages
+        name = next(t for t in d["stages"][0]["outputs"] if t not in d["outputs"])
+    t = d["tensors"][name]
+    if how == "dtype":
+        t["dtype"] = "float64"
+    elif how == "shape":
+        t["shape"][-1] += 1
+    else:  # rank
+        t["shape"].append(1)
+    (plan / "plan.json").write_text(json.dumps(d))
+
+
+@pytest.mark.parametrize("how", ["dtype", "shape", "rank"])
+@pytest.mark.parametrize("pick", ["model input", "stage boundary"])
+def test_tampered_tensor_types_are_one_line_errors(tmp_path: Path, split_plan: Path, pick: str, how: str) -> None:
+    """ORT errors (or outputs disagreeing with plan.json) from an edited plan: exit 5, one line."""
+    plan = tmp_path / "plan"
+    shutil.copytree(split_plan, plan)
+    _tamper_tensor(plan, pick, how)
+    msg = one_line_error(rkpart("run", plan, "-q"), 5)
+    assert "ONNX Runtime" in msg or "plan.json says" in msg, msg
+
+
+@pytest.fixture
+def ro_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs we can make read-only (root ignores permission bits, so chmod cannot do it)."""
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("mounting a tmpfs needs root")
+    d = tmp_path / "ro"
+    d.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_read_only_folders(ro_tmpfs: Path, fused_mini_plan: Path, mini_model: Path) -> None:
+    """partition into, and compile a plan on, a read-only file system: exit 6, one line."""
+    import sys
+
+    from rkpart.compile.compile import compile_plan_report
+    from rkpart.compile.toolkits import Toolkit
+    from rkpart.errors import OutputExistsError
+    from rkpart.partitioner.plan import load_plan
+    from tests.compile.conftest import FAKE_WORKER
+
+    plan = ro_tmpfs / "plan"
+    shutil.copytree(fused_mini_plan, plan)
+    subprocess.run(["mount", "-o", "remount,ro", str(ro_tmpfs)], check=True)
+    one_line_error(rkpart("partition", mini_model, "-o", ro_tmpfs / "out", "-q"), 6, "read-only")
+    before = snapshot(plan)
+    fake = Toolkit(version="fake", python=Path(sys.executable), managed=False)  # FAKE: never reached
+    p, folder = load_plan(plan)
+    with pytest.raises(OutputExistsError, match="(?i)read-only"):
+        compile_plan_report(p, folder, fake, "rk3588", {}, worker=FAKE_WORKER)
+    assert snapshot(plan) == before
+
+
+@pytest.mark.toolkit
+def test_read_only_plan_folder_compile_cli(ro_tmpfs: Path, fused_mini_plan: Path, tmp_path: Path) -> None:
+    """Formerly 88 lines of thread tracebacks ending in KeyError: one line, exit 6."""
+    from rkpart.compile.toolkits import find_toolkit
+    from rkpart.errors import ToolkitError
+
+    try:
+        find_toolkit("2.3.0")
+    except ToolkitError as e:
+        pytest.skip(f"rknn-toolkit2 2.3.0 not installed: {e}")
+    plan = ro_tmpfs / "plan"
+    shutil.copytree(fused_mini_plan, plan)
+    subprocess.run(["mount", "-o", "remount,ro", str(ro_tmpfs)], check=True)
+    r = rkpart("compile", plan, "--toolkit", "2.3.0", "--cache-dir", tmp_path / "cache", "-q")
+    one_line_error(r, 6, "read-only")
