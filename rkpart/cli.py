@@ -129,7 +129,8 @@ def peak_rss_mib() -> float:
               help="Run onnxsim on NPU stages (kept only if outputs stay equal under ONNX Runtime).")
 @click.option("--external-threshold", type=click.IntRange(min=0), default=1024, show_default=True,
               help="Weights of at least this many bytes go to each stage's external data file.")
-@force_option(help="Replace a non-empty plan folder (only once the new plan is complete).")
+@force_option(help="Replace a non-empty plan folder (only once the new plan is complete; only a folder that "
+                   "validates as an rkpart plan and holds nothing else).")
 @quiet_option
 @json_option(help="Print the plan summary as JSON.")
 def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, residual: str | None,
@@ -230,7 +231,8 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
 @toolkit_option(help="rknn-toolkit2 version for --backend rknn-sim stages without an artifact "
                       "[default: the version that built each stage's artifact].")
 @click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Whole model to compare against [default: the plan's source model, if it is found].")
+              help="Whole model to compare against [default: the plan's source model, found at its recorded "
+                   "path or next to the plan folder and used only if its sha256 matches the plan's].")
 @tolerance_options
 @click.option("--per-stage", is_flag=True, help="Also compare every NPU stage with ONNX Runtime on the same inputs.")
 @click.option("--save-outputs", type=click.Path(dir_okay=False, path_type=Path), default=None,

@@ -197,11 +197,14 @@ def build_options(f: F) -> F:
         return f(*args, rknn_config=cfg, **kwargs)
 
     return _compose(  # type: ignore[return-value]
-        click.option("--target", default="rk3588", show_default=True, help="target_platform for RKNN.config."),
+        click.option("--target", default="rk3588", show_default=True,
+                     help="target_platform for RKNN.config; a target rkpart knows (rkpart.targets), "
+                          "checked before any build."),
         click.option("--opt-level", type=click.IntRange(0, 3), default=None, help="RKNN.config optimization_level."),
         click.option("--single-core", is_flag=True, help="RKNN.config single_core_mode=True."),
         click.option("--config", "config", multiple=True, callback=parse_key_values, metavar="KEY=VALUE",
-                     help="Any other RKNN.config option (value parsed as JSON when possible)."),
+                     help="Any other RKNN.config option (value parsed as JSON when possible; keys checked "
+                          "against the toolkit's RKNN.config before any build)."),
     )(merge)
 
 

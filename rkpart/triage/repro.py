@@ -30,6 +30,7 @@ from typing import Any
 
 import onnx
 
+from rkpart.compile.preflight import check_config, check_target
 from rkpart.compile.runner import WORKER
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import OutputExistsError, UserError
@@ -158,6 +159,8 @@ def reproduce(model: str | os.PathLike[str], out: str | os.PathLike[str], versio
     if reduce_with is not None and reduce_with not in by_spec:
         raise UserError(f"--reduce-with {reduce_with} is not one of --toolkits ({', '.join(versions)})")
     mg = load_model(model)  # validates the model (static shapes, references) before any build
+    check_target(target)  # and the settings, once, before any build
+    check_config({**dict(config or {}), "target_platform": target}, toolkits, worker)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise OutputExistsError(f"{out} exists and is not a folder (or is a symlink)")
     with folder_lock(out, what=f"repro folder {out}", nofollow=True):
