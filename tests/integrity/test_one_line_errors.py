@@ -206,7 +206,7 @@ def test_read_only_folders(ro_tmpfs: Path, fused_mini_plan: Path, mini_model: Pa
     before = snapshot(plan)
     fake = Toolkit(version="fake", python=Path(sys.executable), managed=False)  # FAKE: never reached
     p, folder = load_plan(plan)
-    with pytest.raises(OutputExistsError, match="(?i)read-only"):
+    with pytest.raises(OutputExistsError, match=r"(?i)read-only"):
         compile_plan_report(p, folder, fake, "rk3588", {}, worker=FAKE_WORKER)
     assert snapshot(plan) == before
 
