@@ -380,6 +380,20 @@ def _check_initializers(model: onnx.ModelProto, path: Path) -> None:
             )
 
 
+def _check_declared_sizes(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse absurd static input sizes *before* shape inference: with data propagation, ONNX's
+    inference materialises shape-derived values (Shape -> Range/ConstantOfShape/Expand) and a
+    2^50-element input made it allocate tens of GB (found by the structure fuzz)."""
+    for vi in model.graph.input:
+        n = 1
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value"):
+                n *= max(int(d.dim_value), 1)
+        if n > MAX_ELEMENTS:
+            dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in vi.type.tensor_type.shape.dim]
+            raise InvalidModelError(f"{path}: tensor {vi.name!r} has an absurd shape {dims} ({n} elements)")
+
+
 def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
     """Refuse external data that leaves the model folder, is missing, or is too short.
 
@@ -463,6 +477,7 @@ def _infer_types(
                     for d, v in zip(dims, shape, strict=True):
                         d.ClearField("dim_param")
                         d.dim_value = int(v)
+    _check_declared_sizes(model, path)
     light = _light_copy(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=False, data_prop=True)
