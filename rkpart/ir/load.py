@@ -133,6 +133,7 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
     opset = _opset(model, path)
     _check_initializers(model, path)
     check_external_data(model, path.parent)
+    _check_declared_sizes(model, path)  # before anything runs ONNX shape inference
     _fold_constants(model, path)
     index = _sort(model, _index(model, path), path)
     # after our own checks (clearer messages) and the topological re-sort (the checker
@@ -477,7 +478,6 @@ def _infer_types(
                     for d, v in zip(dims, shape, strict=True):
                         d.ClearField("dim_param")
                         d.dim_value = int(v)
-    _check_declared_sizes(model, path)
     light = _light_copy(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=False, data_prop=True)
