@@ -32,7 +32,7 @@ from rkpart.cli_args import (
     tolerance_options,
     toolkit_option,
 )
-from rkpart.errors import RkpartError, SpecError, UserError
+from rkpart.errors import INTERRUPTED_EXIT, RkpartError, SpecError, UserError, os_error
 from rkpart.progress import Reporter
 from rkpart.units import mib
 
@@ -44,14 +44,23 @@ class RkpartGroup(click.Group):
         except UserError as e:
             report_user_error(e)
             ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("rkpart: interrupted", err=True)
+            ctx.exit(INTERRUPTED_EXIT)
+        except BrokenPipeError:
+            ctx.exit(0)
+        except OSError as e:
+            err = os_error(e, "rkpart")
+            if err is None:
+                raise
+            report_user_error(err)
+            ctx.exit(err.exit_code)
         except MemoryError:
             click.echo("rkpart: error: out of memory", err=True)
             ctx.exit(71)
         except RkpartError as e:
             click.echo(f"rkpart: internal error: {e}", err=True)
             raise
-        except BrokenPipeError:
-            ctx.exit(0)
 
 
 @click.group(cls=RkpartGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -120,7 +129,8 @@ def peak_rss_mib() -> float:
               help="Run onnxsim on NPU stages (kept only if outputs stay equal under ONNX Runtime).")
 @click.option("--external-threshold", type=click.IntRange(min=0), default=1024, show_default=True,
               help="Weights of at least this many bytes go to each stage's external data file.")
-@force_option(help="Replace a non-empty plan folder (only once the new plan is complete).")
+@force_option(help="Replace a non-empty plan folder (only once the new plan is complete; only a folder that "
+                   "validates as an rkpart plan and holds nothing else).")
 @quiet_option
 @json_option(help="Print the plan summary as JSON.")
 def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, residual: str | None,
@@ -221,7 +231,8 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
 @toolkit_option(help="rknn-toolkit2 version for --backend rknn-sim stages without an artifact "
                       "[default: the version that built each stage's artifact].")
 @click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Whole model to compare against [default: the plan's source model, if it is found].")
+              help="Whole model to compare against [default: the plan's source model, found at its recorded "
+                   "path or next to the plan folder and used only if its sha256 matches the plan's].")
 @tolerance_options
 @click.option("--per-stage", is_flag=True, help="Also compare every NPU stage with ONNX Runtime on the same inputs.")
 @click.option("--save-outputs", type=click.Path(dir_okay=False, path_type=Path), default=None,

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 
 import click
 
-from rkpart.errors import UserError
+from rkpart.errors import INTERRUPTED_EXIT, UserError, os_error
 from rkpart.types import DEVICES, RESIDENCIES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -65,6 +65,15 @@ def user_errors(fn: F) -> F:
         except UserError as e:
             report_user_error(e)
             sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("rkpart: interrupted", err=True)
+            sys.exit(INTERRUPTED_EXIT)
+        except OSError as e:
+            err = os_error(e, "rkpart")
+            if err is None:
+                raise
+            report_user_error(err)
+            sys.exit(err.exit_code)
 
     return wrapper  # type: ignore[return-value]
 
@@ -188,11 +197,14 @@ def build_options(f: F) -> F:
         return f(*args, rknn_config=cfg, **kwargs)
 
     return _compose(  # type: ignore[return-value]
-        click.option("--target", default="rk3588", show_default=True, help="target_platform for RKNN.config."),
+        click.option("--target", default="rk3588", show_default=True,
+                     help="target_platform for RKNN.config; a target rkpart knows (rkpart.targets), "
+                          "checked before any build."),
         click.option("--opt-level", type=click.IntRange(0, 3), default=None, help="RKNN.config optimization_level."),
         click.option("--single-core", is_flag=True, help="RKNN.config single_core_mode=True."),
         click.option("--config", "config", multiple=True, callback=parse_key_values, metavar="KEY=VALUE",
-                     help="Any other RKNN.config option (value parsed as JSON when possible)."),
+                     help="Any other RKNN.config option (value parsed as JSON when possible; keys checked "
+                          "against the toolkit's RKNN.config before any build)."),
     )(merge)
 
 

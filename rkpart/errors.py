@@ -71,5 +71,30 @@ class BudgetError(UserError, exit_code=9):
     """No candidate partition fits the requested memory budget."""
 
 
+class ResourceError(UserError, exit_code=10):
+    """The machine ran out of disk space (or quota) while rkpart was writing."""
+
+
+#: exit status of a run interrupted with Ctrl-C (SIGINT), as shells report it (128 + 2)
+INTERRUPTED_EXIT = 130
+
+
+def os_error(e: OSError, what: str) -> UserError | None:
+    """The user error an ``OSError`` of the environment stands for, or ``None`` (a bug).
+
+    Disk full / quota -> :class:`ResourceError`; a read-only or forbidden folder ->
+    :class:`OutputExistsError` (the output cannot be written).
+    """
+    import errno
+
+    why = e.strerror or type(e).__name__
+    where = f" ({e.filename})" if e.filename else ""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ResourceError(f"{what}: no space left on device{where}; free some space and rerun")
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return OutputExistsError(f"{what}: cannot write{where}: {why}")
+    return None
+
+
 class InternalError(RkpartError, exit_code=70):
     """A bug in rkpart: reported with its traceback."""

@@ -11,14 +11,16 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from rkpart.errors import OutputExistsError
+from rkpart.errors import OutputExistsError, SpecError, UserError, first_line
 
 #: lock files of older versions (folder_lock now locks the folder itself)
 LOCK_NAME = ".rkpart.lock"
@@ -97,17 +99,24 @@ def atomic_writer(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str | os.PathLike[str], *, what: str | None = None) -> Iterator[None]:
+def folder_lock(folder: str | os.PathLike[str], *, what: str | None = None, nofollow: bool = False) -> Iterator[None]:
     """Hold an exclusive lock on ``folder`` for the duration; refuse a second concurrent run.
 
     The lock is a ``flock`` on the folder itself (no lock file): it needs no cleanup, dies
     with the process (a SIGKILLed run never leaves a stale lock), and follows the folder
     when it is renamed, which is how a finished staging folder becomes the output.
-    ``what`` names the folder in the error message (default: its path).
+    ``what`` names the folder in the error message (default: its path).  With ``nofollow``
+    the folder must not be a symlink (a planted one would redirect the run elsewhere).
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | (os.O_NOFOLLOW if nofollow else 0))
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise OutputExistsError(
+                f"{folder} is a symlink or not a folder; rkpart does not write through it") from None
+        raise
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -156,9 +165,11 @@ def recover_folder(final: Path) -> None:
     state: move it back.  If both exist, the old one is leftover garbage: remove it.
     """
     old = old_path(final)
-    if not old.exists():
+    if not os.path.lexists(old):
         return
-    if final.exists():
+    if old.is_symlink() or not old.is_dir():
+        old.unlink()  # not ours (rkpart only renames real folders there): never follow it
+    elif final.exists() or final.is_symlink():
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(old, final)
@@ -176,7 +187,9 @@ def replace_folder(staging: Path, final: Path) -> None:
     _fsync_dir(staging)
     if final.exists():
         old = old_path(final)
-        if old.exists():
+        if old.is_symlink() or (os.path.lexists(old) and not old.is_dir()):
+            old.unlink()
+        elif old.exists():
             shutil.rmtree(old)
         if _exchange(staging, final):
             os.replace(staging, old)
@@ -188,3 +201,236 @@ def replace_folder(staging: Path, final: Path) -> None:
     else:
         os.replace(staging, final)
         _fsync_dir(final.parent)
+
+
+# -- reading files rkpart did not write ---------------------------------------------------------
+# One place for the rules every command follows when it opens a file named by the user or by
+# a plan: only regular files (a FIFO would block the open, /dev/zero would never end), with a
+# size limit, and for files a plan names, only inside the plan folder.
+
+#: JSON/YAML rkpart reads: nesting depth, digits of one integer, and items (after YAML aliases)
+MAX_DEPTH = 64
+MAX_INT_DIGITS = 64
+MAX_ITEMS = 5_000_000
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def regular_file(path: str | os.PathLike[str], *, what: str, error: type[UserError] = UserError) -> os.stat_result:
+    """``os.stat`` of ``path`` (symlinks followed) or ``error`` naming why it cannot be read.
+
+    Checked *before* anything opens the file: opening a FIFO blocks until a writer comes.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise error(f"{what} {path} does not exist") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {path}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+    return st
+
+
+def read_limited(path: str | os.PathLike[str], *, what: str, max_bytes: int,
+                 error: type[UserError] = UserError) -> bytes:
+    """The bytes of the regular file ``path``, refusing FIFOs, devices, folders and files over ``max_bytes``.
+
+    The file is opened non-blocking and checked again through its descriptor, so a path
+    swapped for a FIFO between the check and the open cannot hang the read.
+    """
+    regular_file(path, what=what, error=error)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise error(f"cannot read {what} {path}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+        if st.st_size > max_bytes:
+            raise error(f"{what} {path} is too large ({st.st_size} bytes; the limit is {max_bytes})")
+        try:
+            data = f.read(max_bytes + 1)
+        except OSError as e:
+            raise error(f"cannot read {what} {path}: {e.strerror}") from None
+    if len(data) > max_bytes:
+        raise error(f"{what} {path} is too large (over {max_bytes} bytes)")
+    return data
+
+
+def check_tree(data: Any, *, what: str, error: type[UserError] = UserError,
+               max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS) -> None:
+    """Refuse parsed JSON/YAML nested deeper than ``max_depth`` or with more than ``max_items``
+    nodes (YAML aliases share objects, so a small file can expand to billions).  Iterative:
+    a deep document must not exhaust the stack of whoever walks it next."""
+    n = 0
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        x, d = stack.pop()
+        n += 1
+        if n > max_items:
+            raise error(f"{what}: more than {max_items} items (YAML aliases expanding?); refusing it")
+        if isinstance(x, (dict, list)):
+            if d > max_depth:
+                raise error(f"{what}: nested more than {max_depth} levels deep")
+            items = [*x.keys(), *x.values()] if isinstance(x, dict) else x
+            stack.extend((y, d + 1) for y in items)
+        elif isinstance(x, int) and not isinstance(x, bool) and abs(x).bit_length() > MAX_INT_DIGITS * 4:
+            raise error(f"{what}: integer with more than {MAX_INT_DIGITS} digits")
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer with {len(text.lstrip('-'))} digits (more than {MAX_INT_DIGITS})")
+    return int(text)
+
+
+def loads_json(text: str | bytes, *, what: str, error: type[UserError] = UserError,
+               max_depth: int = MAX_DEPTH) -> Any:
+    """Parse JSON with integer, depth and item limits; ``error`` (one line) for anything wrong."""
+    try:
+        data = json.loads(text, parse_int=_parse_int)
+    except RecursionError:
+        raise error(f"{what} is not valid JSON: nested too deeply") from None
+    except UnicodeDecodeError:
+        raise error(f"{what} is not valid JSON: not UTF-8 text") from None
+    except ValueError as e:  # JSONDecodeError and the integer limit
+        raise error(f"{what} is not valid JSON: {first_line(e)}") from None
+    check_tree(data, what=what, error=error, max_depth=max_depth)
+    return data
+
+
+def loads_yaml(text: str, *, what: str, error: type[UserError] = UserError, max_depth: int = MAX_DEPTH) -> Any:
+    """Parse YAML (safe loader) with the same limits as :func:`loads_json`."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        where = ""
+        mark = getattr(e, "problem_mark", None)
+        if mark is not None:
+            where = f" (line {mark.line + 1}, column {mark.column + 1})"
+        raise error(f"{what} is not valid YAML: {first_line(e)}{where}") from None
+    except RecursionError:
+        raise error(f"{what} is not valid YAML: nested too deeply") from None
+    except ValueError as e:  # e.g. an integer over Python's digit limit
+        raise error(f"{what} is not valid YAML: {first_line(e)}") from None
+    check_tree(data, what=what, error=error, max_depth=max_depth)
+    return data
+
+
+def load_json_file(path: str | os.PathLike[str], *, what: str, max_bytes: int,
+                   error: type[UserError] = UserError) -> Any:
+    """:func:`read_limited` + :func:`loads_json`."""
+    data = read_limited(path, what=what, max_bytes=max_bytes, error=error)
+    return loads_json(data, what=f"{what} {path}", error=error)
+
+
+# -- files a plan names -------------------------------------------------------------------------
+
+
+def confined_path(folder: str | os.PathLike[str], rel: str, *, what: str, error: type[UserError] = SpecError,
+                  within: str = "plan folder") -> Path:
+    """``folder / rel`` if ``rel`` is relative, has no ``..`` and resolves (symlinks followed)
+    inside ``folder``; else ``error`` saying it leaves the ``within`` (the lexical half of
+    :func:`confined_file`, for paths that need not exist yet)."""
+    folder = Path(folder)
+    pp = PurePosixPath(rel)
+    if not rel or pp.is_absolute() or os.path.isabs(rel) or ".." in pp.parts or "\\" in rel:
+        raise error(f"{what} {rel!r} leaves the {within}")
+    root = folder.resolve()
+    full = (folder / rel).resolve()
+    if full != root and root not in full.parents:
+        raise error(f"{what} {rel!r} leaves the {within}")
+    return folder / rel
+
+
+def confined_file(folder: str | os.PathLike[str], rel: str, *, what: str,
+                  error: type[UserError] = SpecError, within: str = "plan folder") -> Path:
+    """The one confinement check for a file a plan, a stage or a model names, relative to ``folder``.
+
+    ``rel`` must be relative, without ``..``, resolve (symlinks followed) to a path inside
+    ``folder``, and be a regular file there: not a FIFO, a device or a folder.  Returns
+    ``folder / rel``.  Used by ``partition`` (a model's external data), ``compile``, ``run``,
+    ``profile`` and the runtime backends (stage files, their data, artifacts).
+    """
+    folder = Path(folder)
+    confined_path(folder, rel, what=what, error=error, within=within)
+    full = (folder / rel).resolve()
+    if full == folder.resolve():
+        raise error(f"{what} {rel!r} is a folder, not a regular file")
+    try:
+        st = os.stat(full)
+    except FileNotFoundError:
+        raise error(f"{what} {rel!r} is missing") from None
+    except OSError as e:
+        raise error(f"cannot read {what} {rel!r}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"{what} {rel!r} is {_kind(st.st_mode)}, not a regular file")
+    return folder / rel
+
+
+def external_locations(onnx_path: str | os.PathLike[str], *, what: str,
+                       error: type[UserError] = SpecError) -> list[str]:
+    """External-data locations an ONNX file names (initializers and Constant nodes), sorted."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    p = Path(onnx_path)
+    regular_file(p, what=what, error=error)
+    try:
+        # format given: onnx would otherwise pick a parser by the file's extension (.json, .txt)
+        model = onnx.load_model(str(p), format="protobuf", load_external_data=False)
+    except (DecodeError, OSError, ValueError, RuntimeError) as e:
+        raise error(f"{what} {p.name} is not an ONNX model: {first_line(e)}") from None
+    return locations_in(model)
+
+
+def locations_in(model: Any) -> list[str]:
+    """External-data locations of a parsed ``onnx.ModelProto``, sorted and unique."""
+    import onnx
+
+    locs: set[str] = set()
+    tensors = list(model.graph.initializer)
+    for node in model.graph.node:  # Constant nodes may hold external tensors too
+        for a in node.attribute:
+            if a.HasField("t"):
+                tensors.append(a.t)
+    for t in tensors:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            for e in t.external_data:
+                if e.key == "location":
+                    locs.add(e.value)
+    return sorted(locs)
+
+
+def onnx_with_data(folder: str | os.PathLike[str], rel: str, *, what: str,
+                   error: type[UserError] = SpecError) -> list[Path]:
+    """``[onnx, *external data files]`` of the ONNX file ``rel`` in ``folder``, each through
+    :func:`confined_file` (data locations relative to the ONNX file, confined to ``folder``)."""
+    onnx_path = confined_file(folder, rel, what=what, error=error)
+    base = PurePosixPath(rel).parent
+    files = [onnx_path]
+    for loc in external_locations(onnx_path, what=what, error=error):
+        if os.path.isabs(loc) or ".." in PurePosixPath(loc).parts:
+            raise error(f"{what} {rel!r}: external data {loc!r} leaves the plan folder")
+        files.append(confined_file(folder, str(base / loc), what=f"{what} {rel!r} external data", error=error))
+    return files
+
+
+def content_sha256(files: list[Path]) -> str:
+    """sha256 over several files: name, size and bytes of each, so moving bytes between them
+    changes the digest."""
+    h = hashlib.sha256()
+    for i, f in enumerate(files):
+        h.update(f"\0{i}:{f.name}:{f.stat().st_size}\0".encode())
+        hash_file(h, f)
+    return h.hexdigest()

@@ -55,9 +55,10 @@ def seconds_key(component: str) -> str:
 # -- build failures --------------------------------------------------------------------------
 #: how a toolkit build failed: ``crash`` (killed by a signal such as SIGSEGV), ``timeout``
 #: (killed by rkpart after ``--timeout``), ``oom`` (MemoryError or the kernel's OOM killer),
-#: ``error`` (the toolkit reported an error and exited)
-FailureKind = Literal["crash", "timeout", "oom", "error"]
-FAILURE_KINDS: Final[tuple[FailureKind, ...]] = ("crash", "timeout", "oom", "error")
+#: ``error`` (the toolkit reported an error and exited), ``resource`` (the machine, not the
+#: graph: disk full, or killed from outside with SIGTERM/SIGHUP/SIGINT)
+FailureKind = Literal["crash", "timeout", "oom", "error", "resource"]
+FAILURE_KINDS: Final[tuple[FailureKind, ...]] = ("crash", "timeout", "oom", "error", "resource")
 #: kinds that say something about the graph, not the machine (remembered by the build cache,
 #: and excluding a candidate from selection)
 DETERMINISTIC_FAILURES: Final[tuple[FailureKind, ...]] = ("crash", "error")

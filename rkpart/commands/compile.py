@@ -23,7 +23,7 @@ from rkpart.cli_args import (
     toolkits_dir_option,
     user_errors,
 )
-from rkpart.errors import ToolkitError
+from rkpart.errors import ResourceError, ToolkitError
 from rkpart.progress import Reporter
 from rkpart.units import human_bytes
 
@@ -101,6 +101,10 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
         report = compile_folder(plan, opts, progress)
     emit(as_json, report.to_json, lambda: format_summary(report))
     if report.failed:
+        disk = [o for o in report.failed if o.failures and "no space left on device" in o.failures[-1].message]
+        if disk:  # the machine, not the graph: its own exit code (and nothing was cached)
+            raise ResourceError(f"stage {disk[0].stage_id}: no space left on device while building; "
+                                "free some space and rerun")
         sys.exit(ToolkitError.exit_code)
 
 

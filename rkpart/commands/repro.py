@@ -45,7 +45,8 @@ def _parse_versions(_ctx: click.Context, _param: click.Parameter, value: str) ->
 @click.option("--reduce-with", default=None, help="Failing version to reduce against [default: the first failing].")
 @click.option("--no-reduce", is_flag=True, help="Only build the matrix.")
 @out_folder_option(default="repro", help="Artifact folder.")
-@force_option(help="Replace the artifacts in a non-empty --out (keeps the build cache).")
+@force_option(help="Replace the artifacts in a non-empty --out (keeps the build cache; only a folder holding "
+                   "nothing but what rkpart repro writes).")
 @toolkits_dir_option
 @quiet_option
 @json_option(help="Print a machine-readable summary on stdout.")

@@ -26,10 +26,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rkpart.io import atomic_write_bytes, atomic_writer, hash_file
+from rkpart.errors import UserError
+from rkpart.io import atomic_write_bytes, atomic_writer, external_locations, file_sha256, hash_file, load_json_file
 from rkpart.types import BuildFailure
 
 CACHE_VERSION = 1
+#: metadata and failure records are small; a bigger one is not ours
+MAX_ENTRY_BYTES = 4 << 20
 OBJECTS = "objects"
 
 #: RKNN.config defaults; options equal to them are dropped so that spelling out a default
@@ -73,21 +76,13 @@ def config_hash(config: Mapping[str, Any]) -> str:
 
 def external_data_files(onnx_path: Path) -> list[Path]:
     """External-data files an ONNX model refers to, sorted and unique."""
-    import onnx
+    return [onnx_path.parent / loc for loc in external_locations(onnx_path, what="stage")]
 
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    locs: set[str] = set()
-    tensors = list(model.graph.initializer)
-    for node in model.graph.node:  # Constant nodes may hold external tensors too
-        for a in node.attribute:
-            if a.HasField("t"):
-                tensors.append(a.t)
-    for t in tensors:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            for e in t.external_data:
-                if e.key == "location":
-                    locs.add(e.value)
-    return [onnx_path.parent / loc for loc in sorted(locs)]
+
+def measured_stage_bytes(onnx_path: Path) -> int:
+    """Bytes of a stage on disk: its ONNX file plus its external-data files (what the toolkit
+    loads; the memory model's size figure)."""
+    return sum(p.stat().st_size for p in [onnx_path, *external_data_files(onnx_path)])
 
 
 def build_key(onnx_path: Path, toolkit_version: str, target: str, config: Mapping[str, Any]) -> str:
@@ -121,20 +116,28 @@ class ArtifactCache:
         return self.objects / f"{key}.fail.json"
 
     def get(self, key: str) -> dict[str, Any] | None:
-        """The metadata of a complete entry whose .rknn still matches its recorded size, else None."""
+        """The metadata of a complete entry whose .rknn still has its recorded sha256, else None.
+
+        A corrupted or replaced object (even of the same size) is a miss: it is rebuilt.
+        """
         try:
-            meta = json.loads(self.meta_path(key).read_text())
-            if self.rknn_path(key).stat().st_size != int(meta["size_bytes"]):
+            meta = _load_small_json(self.meta_path(key))
+            rknn = self.rknn_path(key)
+            if not isinstance(meta, dict) or os.path.islink(rknn) or not rknn.is_file():
+                return None
+            if rknn.stat().st_size != int(meta["size_bytes"]) or file_sha256(rknn) != str(meta["sha256"]):
                 return None
             return dict(meta)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, UserError):
             return None
 
     def get_failure(self, key: str) -> BuildFailure | None:
+        """A remembered deterministic failure (crash, toolkit error) of ``key``, else None."""
         try:
-            return BuildFailure.from_json(json.loads(self.fail_path(key).read_text()))
-        except (OSError, ValueError, TypeError, AttributeError):
+            fail = BuildFailure.from_json(_load_small_json(self.fail_path(key)))
+        except (OSError, ValueError, TypeError, AttributeError, UserError):
             return None
+        return fail if fail.deterministic else None
 
     def put_meta(self, key: str, meta: Mapping[str, Any]) -> None:
         """Record metadata last: an entry exists only once both files are complete."""
@@ -168,6 +171,10 @@ class ArtifactCache:
         """Publish ``key`` into ``other`` (the shared cache); failures to do so are not fatal."""
         with contextlib.suppress(OSError):
             other.import_from(self, key)
+
+
+def _load_small_json(path: Path) -> Any:
+    return load_json_file(path, what="cache entry", max_bytes=MAX_ENTRY_BYTES)
 
 
 def _dumps(d: Mapping[str, Any]) -> bytes:

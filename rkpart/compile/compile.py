@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rkpart.compile.cache import ArtifactCache, build_key, config_hash, normalise_config
+from rkpart.compile.cache import ArtifactCache, build_key, config_hash, measured_stage_bytes, normalise_config
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
+from rkpart.compile.preflight import check_config, check_target
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult
 from rkpart.compile.scheduler import (
     DEFAULT_MARGIN,
@@ -30,8 +31,10 @@ from rkpart.compile.scheduler import (
     memory_in_use,
 )
 from rkpart.compile.toolkits import Toolkit, find_toolkit
+from rkpart.errors import os_error
 from rkpart.io import file_sha256, folder_lock
-from rkpart.partitioner.plan import Artifact, Plan, Stage, check_inside, load_plan
+from rkpart.partitioner.plan import Artifact, Plan, Stage, load_plan
+from rkpart.partitioner.verify import stage_onnx
 from rkpart.progress import Progress, advance
 from rkpart.types import BuildFailure
 from rkpart.units import human_bytes
@@ -191,6 +194,9 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
     assert tk is not None
     fb = _resolve(fallback_toolkit, toolkits_dir)
     full_config = {**dict(config or {}), "target_platform": target}
+    # once, before any build: a bad target or option would otherwise fail every stage
+    check_target(target)
+    check_config(full_config, [t for t in (tk, fb) if t is not None], worker)
     chash = config_hash(full_config)
     settings = {"toolkit": tk.version, "target": target, "config": normalise_config(full_config),
                 "config_hash": chash, "fallback_toolkit": fb.version if fb else None}
@@ -200,6 +206,7 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
         import shutil
 
         shutil.rmtree(folder / RKNN_DIR / ".tmp", ignore_errors=True)
+        _check_writable(folder / RKNN_DIR)
         cache = ArtifactCache(folder / RKNN_DIR)
         shared = ArtifactCache(Path(shared_cache)) if shared_cache else None
         mem_path = (Path(shared_cache) if shared_cache else default_cache_dir()) / MEMORY_FILE
@@ -223,6 +230,21 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
         new_plan.save(folder)
     ordered = tuple(outcomes[s.id] for s in stages)
     return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings)
+
+
+def _check_writable(folder: Path) -> None:
+    """Fail before any build when the plan folder cannot take the results (read-only, full)."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        err = os_error(e, f"plan folder {folder.parent}")
+        if err is None:
+            raise
+        raise err from None
 
 
 def _resolve(spec: str | Toolkit | None, toolkits_dir: str | os.PathLike[str] | None) -> Toolkit | None:
@@ -269,7 +291,7 @@ class _Context:
         outcomes: dict[str, StageOutcome] = {}
         todo: list[_Pending] = []
         for s in stages:
-            onnx = check_inside(self.folder, s.file, what=f"stage {s.id} file")
+            onnx = stage_onnx(self.folder, s)
             key = build_key(onnx, tk.version, self.target, self.config)
             reason = fallback_reason.get(s.id) if fallback_reason else None
             meta = self.cache.get(key)
@@ -286,7 +308,9 @@ class _Context:
                                               artifact=None, failures=(fail,), log=fail.log)
                 self.say(f"[cached failure] {s.id}: {fail.message} (--retry-failed rebuilds it)")
                 continue
-            size = s.weight_bytes + s.io_bytes or onnx.stat().st_size
+            # measured, never read from plan.json: the memory model learns from this figure,
+            # and a tampered weight_bytes must not lower every later estimate
+            size = measured_stage_bytes(onnx)
             log = self.folder / RKNN_DIR / LOG_DIR / f"{s.id}.{tk.version}.log"
             job = BuildJob(stage_id=s.id, onnx=onnx, output=self.cache.rknn_path(key), log=log,
                            config=self.config, toolkit=tk, timeout=self.timeout,

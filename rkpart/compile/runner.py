@@ -37,7 +37,17 @@ TERM_GRACE_S = 3.0
 
 # Exit codes of worker_main
 _EXIT_MEMORY = 4
+_EXIT_DISK = 5
+#: a failed build next to less free space than this ran out of disk (its log may not say so:
+#: it could not be written)
+DISK_FULL_BYTES = 1 << 20
 _OOM_MARKERS = ("MemoryError", "std::bad_alloc", "Cannot allocate memory", "Out of memory")
+#: the disk, not the graph: such a failure is never cached
+_DISK_MARKERS = ("No space left on device", "[Errno 28]", "Disk quota exceeded", "[Errno 122]")
+#: signals that come from outside the build (a user, a service manager, a closed terminal),
+#: not from a bug in the compiler; SIGKILL is reported as ``oom`` (the OOM killer's signal)
+_OUTSIDE_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE,
+                              signal.SIGXCPU, signal.SIGXFSZ})
 
 # Environment variables that would make the toolkit's python see rkpart's venv.
 _DROP_ENV = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
@@ -242,9 +252,18 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
         if -rc == signal.SIGKILL:
             return done(False, "oom", f"out of memory: killed by SIGKILL at {human_bytes(peak)} peak RSS "
                                       f"(most likely the kernel's OOM killer) {at}")
+        if -rc in _OUTSIDE_SIGNALS:
+            return done(False, "resource", f"build killed from outside: {name} (exit {128 - rc}) {at}; "
+                                           "not remembered as a failure, a rerun builds it again")
+        if any(m in text for m in _OOM_MARKERS):
+            return done(False, "oom", f"out of memory: {name} after an allocation failure at "
+                                      f"{human_bytes(peak)} peak RSS {at}")
         native = open_native_pass(text)
         inside = f" (inside native pass {native})" if native else ""
         return done(False, "crash", f"compiler crashed: {name} (exit {128 - rc}) {at}{inside}")
+    if rc == _EXIT_DISK or (rc != 0 and (any(m in text or m in str(result.get("error", "")) for m in _DISK_MARKERS)
+                                         or _disk_full(work, job.output.parent, job.log.parent))):
+        return done(False, "resource", f"build failed: no space left on device {at}; free some space and rerun")
     if rc == _EXIT_MEMORY or (rc != 0 and any(m in text for m in _OOM_MARKERS)):
         return done(False, "oom", f"out of memory: MemoryError at {human_bytes(peak)} peak RSS {at}")
     if rc != 0 or not result.get("ok"):
@@ -255,6 +274,17 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
     size = out.stat().st_size
     _move_atomic(out, job.output)
     return done(True, "ok", f"built in {wall:.1f} s", size)
+
+
+def _disk_full(*folders: Path) -> bool:
+    for f in folders:
+        try:
+            st = os.statvfs(f)
+        except OSError:
+            continue
+        if st.f_bavail * st.f_frsize < DISK_FULL_BYTES:
+            return True
+    return False
 
 
 def _move_atomic(src: Path, dst: Path) -> None:

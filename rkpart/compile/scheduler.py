@@ -26,7 +26,8 @@ from typing import Any
 import psutil
 
 from rkpart.compile.runner import BuildJob, BuildResult, run_build
-from rkpart.io import atomic_write_bytes
+from rkpart.errors import UserError
+from rkpart.io import atomic_write_bytes, load_json_file
 
 MIB = 2**20
 GIB = 2**30
@@ -50,8 +51,8 @@ class MemoryModel:
         self.path = path
         self._obs: dict[str, list[tuple[int, int]]] = {}
         if path is not None and path.is_file():
-            with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-                data = json.loads(path.read_text())
+            with contextlib.suppress(OSError, ValueError, TypeError, KeyError, AttributeError, UserError):
+                data = load_json_file(path, what="build memory file", max_bytes=16 << 20)
                 self._obs = {k: [(int(b), int(p)) for b, p in v] for k, v in data["observations"].items()}
 
     def estimate(self, toolkit: str, stage_bytes: int) -> int:
@@ -155,10 +156,13 @@ class Scheduler:
         n_total = len(jobs)
         started = 0
         cancel = threading.Event()
+        crashed: list[BaseException] = []  # an error in a build thread, re-raised here
         try:
             while pending or running:
                 with lock:
                     running = [r for r in running if r.thread.is_alive()]
+                    if crashed:
+                        raise crashed[0]
                 for j in list(pending):
                     with lock:
                         ok = self.fits(running, j)
@@ -176,13 +180,17 @@ class Scheduler:
                         try:
                             res = self.runner(slot.job, on_sample=sample, tmp_parent=self.tmp_parent,
                                               cancel=cancel)
+                            with lock:
+                                results[slot.job.stage_id] = res
+                            say({"event": "done", "stage": slot.job.stage_id, "result": res,
+                                 "done": len(results), "total": n_total,
+                                 "elapsed": time.monotonic() - t0})
                         except KeyboardInterrupt:
                             return
-                        with lock:
-                            results[slot.job.stage_id] = res
-                        say({"event": "done", "stage": slot.job.stage_id, "result": res,
-                             "done": len(results), "total": n_total,
-                             "elapsed": time.monotonic() - t0})
+                        except BaseException as e:  # noqa: BLE001 - handed to the main thread, which re-raises it
+                            with lock:
+                                crashed.append(e)
+                            cancel.set()
 
                     slot.thread = threading.Thread(target=work, name=f"build-{j.stage_id}", daemon=True)
                     with lock:
@@ -200,6 +208,8 @@ class Scheduler:
         finally:
             for r in running:
                 r.thread.join()
+        if crashed:
+            raise crashed[0]
         return [results[j.stage_id] for j in jobs]
 
 

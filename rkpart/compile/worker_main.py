@@ -14,6 +14,10 @@ Modes
     toolkit's ``verbose_file`` does not receive) goes to this process's stdout/stderr, which
     the runner sends to the build log.
 
+``config-keys``
+    Prints ``{"config_keys": [...]}``: the options ``RKNN.config`` accepts (checked once by
+    rkpart before any build).
+
 ``simulate``
     A persistent session for one stage.  Requests are JSON lines on stdin, replies JSON lines
     on the original stdout; toolkit chatter is moved to stderr so it cannot corrupt them.
@@ -38,6 +42,8 @@ from typing import Any
 
 EXIT_TOOLKIT_ERROR = 3
 EXIT_MEMORY = 4
+EXIT_DISK = 5  # no space left on device (or quota): the machine, not the graph
+_DISK_ERRNOS = (28, 122)  # ENOSPC, EDQUOT
 
 
 def _toolkit_version() -> str:
@@ -114,20 +120,28 @@ def build(request_path: str) -> int:
         result.update(step=e.step, error=str(e))
         code = EXIT_TOOLKIT_ERROR
     except MemoryError:
-        traceback.print_exc()
+        with contextlib.suppress(OSError):  # the log itself may be on a full disk
+            traceback.print_exc()
         result.update(error="MemoryError")
         code = EXIT_MEMORY
     except Exception as e:  # noqa: BLE001 - every toolkit error becomes a typed result for rkpart
-        traceback.print_exc()
+        with contextlib.suppress(OSError):
+            traceback.print_exc()
         result.update(error=f"{type(e).__name__}: {e}")
-        code = EXIT_TOOLKIT_ERROR
+        code = EXIT_DISK if isinstance(e, OSError) and e.errno in _DISK_ERRNOS else EXIT_TOOLKIT_ERROR
     finally:
         if rknn is not None:
             with contextlib.suppress(Exception):
                 rknn.release()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    _write_json(req["result"], result)
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    try:
+        _write_json(req["result"], result)
+    except OSError as e:
+        if e.errno in _DISK_ERRNOS:
+            return EXIT_DISK
+        raise
     return code
 
 
@@ -193,12 +207,25 @@ def simulate() -> int:
     return 0
 
 
+def config_keys() -> int:
+    """Print the keyword arguments ``RKNN.config`` accepts, as one JSON line (last line of stdout)."""
+    from rknn.api import RKNN
+
+    params = inspect.signature(RKNN.config).parameters
+    known = sorted(n for n, p in params.items() if n != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD)
+    sys.stdout.write("\n" + json.dumps({"config_keys": known}) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "build":
         return build(argv[1])
     if argv and argv[0] == "simulate":
         return simulate()
-    print("usage: worker_main.py build REQUEST.json | simulate", file=sys.stderr)
+    if argv and argv[0] == "config-keys":
+        return config_keys()
+    print("usage: worker_main.py build REQUEST.json | simulate | config-keys", file=sys.stderr)
     return 2
 
 

@@ -40,7 +40,8 @@ from rkpart.ir import ModelGraph, Subgraph, TensorType, graph_of, nbytes
 from rkpart.ir.liveness import peak_bytes
 from rkpart.ir.ops import MAC_OPS, MATMUL_OPS, REDUCE_OPS, RELABEL_OPS
 from rkpart.ir.work import node_macs, numel
-from rkpart.partitioner.plan import Artifact, Stage, check_inside
+from rkpart.partitioner.plan import Artifact, Stage
+from rkpart.partitioner.verify import stage_onnx
 
 #: derived terms a model may use besides :data:`NUMERIC`: ``const`` (1 per stage),
 #: ``all_macs`` (weighted + activation MACs), ``io_bytes`` (boundary in + out)
@@ -196,8 +197,8 @@ def model_features(model: onnx.ModelProto, *, device: str, artifact: Artifact | 
 
 def stage_features(folder: str | Path, stage: Stage) -> Features:
     """Features of one stage of a plan folder (its ONNX file; its ``.rknn`` artifact if any)."""
-    path = check_inside(Path(folder), stage.file, what=f"stage {stage.id} file")
-    model = onnx.load(str(path), load_external_data=False)
+    path = stage_onnx(Path(folder), stage)  # confined, a regular file, sha256 as in plan.json
+    model = onnx.load_model(str(path), format="protobuf", load_external_data=False)
     art = stage.artifact("rknn") if stage.device == "npu" else None
     f = model_features(model, device=stage.device, artifact=art, path=path)
     # the plan's own weight count is authoritative (it knows what went to external data)

@@ -40,7 +40,7 @@ import numpy as np
 
 from rkpart.cost_model.features import Features
 from rkpart.errors import SpecError
-from rkpart.io import atomic_write_bytes
+from rkpart.io import atomic_write_bytes, load_json_file
 
 MODEL_FORMAT = "rkpart-cost-model"
 MODEL_VERSION = 1
@@ -265,12 +265,7 @@ class CostModel:
     def load(cls, path: str | os.PathLike[str]) -> CostModel:
         """Read a model saved by :meth:`save`; :class:`SpecError` if it is not one."""
         p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise SpecError(f"cost model {p} does not exist") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise SpecError(f"cost model {p} is not readable JSON: {e}") from None
+        data = load_json_file(p, what="cost model", max_bytes=16 << 20, error=SpecError)
         if not isinstance(data, dict):
             raise SpecError(f"cost model {p} is not a JSON object")
         return cls.from_json(data, where=str(p))

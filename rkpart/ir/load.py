@@ -42,6 +42,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.errors import InvalidModelError, first_line
+from rkpart.io import confined_file
 from rkpart.ir.graph import ModelGraph, OpNode
 from rkpart.ir.ops import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, GENERATIVE_OPS, RANDOM_OPS, SUPPORTED_DOMAINS
 from rkpart.ir.tensors import (
@@ -132,6 +133,7 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
     opset = _opset(model, path)
     _check_initializers(model, path)
     check_external_data(model, path.parent)
+    _check_declared_sizes(model, path)  # before anything runs ONNX shape inference
     _fold_constants(model, path)
     index = _sort(model, _index(model, path), path)
     # after our own checks (clearer messages) and the topological re-sort (the checker
@@ -379,6 +381,20 @@ def _check_initializers(model: onnx.ModelProto, path: Path) -> None:
             )
 
 
+def _check_declared_sizes(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse absurd static input sizes *before* shape inference: with data propagation, ONNX's
+    inference materialises shape-derived values (Shape -> Range/ConstantOfShape/Expand) and a
+    2^50-element input made it allocate tens of GB (found by the structure fuzz)."""
+    for vi in model.graph.input:
+        n = 1
+        for d in vi.type.tensor_type.shape.dim:
+            if d.HasField("dim_value"):
+                n *= max(int(d.dim_value), 1)
+        if n > MAX_ELEMENTS:
+            dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in vi.type.tensor_type.shape.dim]
+            raise InvalidModelError(f"{path}: tensor {vi.name!r} has an absurd shape {dims} ({n} elements)")
+
+
 def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
     """Refuse external data that leaves the model folder, is missing, or is too short.
 
@@ -386,7 +402,6 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
     symlinks, so neither a crafted path nor a symlink can make rkpart read (and copy into a
     stage) a file outside the model's folder.
     """
-    root = folder.resolve()
     for init in model.graph.initializer:
         if init.data_location != TensorProto.EXTERNAL:
             continue
@@ -395,15 +410,9 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
         tname = f"tensor {init.name!r}"
         if not loc:
             raise InvalidModelError(f"{tname}: external data has no location")
-        if os.path.isabs(loc) or ".." in Path(loc).parts:
-            raise InvalidModelError(f"{tname}: external data location {loc!r} leaves the model folder")
-        full = (folder / loc).resolve()
-        if root not in full.parents:
-            raise InvalidModelError(f"{tname}: external data location {loc!r} leaves the model folder")
-        if not full.exists():
-            raise InvalidModelError(f"{tname}: external data file {loc!r} is missing")
-        if not full.is_file():
-            raise InvalidModelError(f"{tname}: external data location {loc!r} is not a file")
+        # the one confinement check (rkpart.io): inside the folder, a regular file
+        full = confined_file(folder, loc, what=f"{tname}: external data location", error=InvalidModelError,
+                             within="model folder").resolve()
         try:
             offset = int(info.get("offset", 0) or 0)
             length = int(info["length"]) if info.get("length") else None

@@ -12,17 +12,19 @@ import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from rkpart.errors import SpecError
-from rkpart.io import atomic_write_bytes
+from rkpart.io import atomic_write_bytes, confined_path, loads_json, read_limited
 from rkpart.types import DEVICES, HOST, NPU, BuildFailure, Device
 from rkpart.units import mib
 
 PLAN_FORMAT = "rkpart-plan"
 PLAN_VERSION = 1
 PLAN_FILENAME = "plan.json"
+#: plan.json files are read only up to this size (a plan of 1000 stages is about 2 MB)
+MAX_PLAN_BYTES = 32 << 20
 
 __all__ = ["DEVICES", "PLAN_FILENAME", "PLAN_FORMAT", "PLAN_VERSION", "Artifact", "BuildFailure", "Plan", "Stage",
            "TensorInfo", "check_inside", "load_plan", "plan_folder", "stage_order_ok"]
@@ -282,12 +284,10 @@ def load_plan(path: str | os.PathLike[str]) -> tuple[Plan, Path]:
     """
     folder = plan_folder(path)
     pj = folder / PLAN_FILENAME if not str(path).endswith(".json") else Path(path)
-    if not pj.is_file():
+    if not os.path.lexists(pj):
         raise SpecError(f"no plan at {pj}: expected a plan folder or its plan.json")
-    try:
-        data = json.loads(pj.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecError(f"{pj} is not a readable JSON plan: {e}") from None
+    raw = read_limited(pj, what="plan", max_bytes=MAX_PLAN_BYTES, error=SpecError)
+    data = loads_json(raw, what=f"plan {pj}", error=SpecError)
     plan = Plan.from_json(data)
     for s in plan.stages:
         for rel in [s.file, *[a.file for a in s.artifacts]]:
@@ -296,15 +296,11 @@ def load_plan(path: str | os.PathLike[str]) -> tuple[Plan, Path]:
 
 
 def check_inside(folder: Path, rel: str, *, what: str) -> Path:
-    """Resolve ``rel`` under ``folder`` and refuse paths that leave it (``..``, absolute, symlinks)."""
-    pp = PurePosixPath(rel)
-    if pp.is_absolute() or os.path.isabs(rel) or ".." in pp.parts:
-        raise SpecError(f"{what} {rel!r} leaves the plan folder")
-    full = (folder / rel).resolve()
-    root = folder.resolve()
-    if full != root and root not in full.parents:
-        raise SpecError(f"{what} {rel!r} leaves the plan folder")
-    return folder / rel
+    """Refuse paths that leave ``folder`` (``..``, absolute, symlinks); the file need not exist.
+
+    Opening a file goes through :func:`rkpart.io.confined_file` (this plus: a regular file).
+    """
+    return confined_path(folder, rel, what=what, error=SpecError)
 
 
 def stage_order_ok(stages: Sequence[Stage], inputs: Sequence[str]) -> str | None:

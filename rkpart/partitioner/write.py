@@ -11,7 +11,6 @@ Deciding the partition is not done here: :func:`rkpart.pipeline.propose` does th
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -19,8 +18,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rkpart.errors import InvalidModelError, OutputExistsError, UserError
-from rkpart.io import atomic_write_bytes, file_sha256, folder_lock, recover_folder, replace_folder
+from rkpart.errors import InvalidModelError, UserError, os_error
+from rkpart.io import atomic_write_bytes, file_sha256, folder_lock, load_json_file, recover_folder, replace_folder
 from rkpart.ir import ModelGraph
 from rkpart.ir.ops import CONTROL_FLOW_OPS
 from rkpart.partitioner.discovery import Discovery
@@ -31,6 +30,7 @@ from rkpart.partitioner.extract import (
     extract,
     stage_sha256,
 )
+from rkpart.partitioner.outdir import check_out, check_staging, resume_key
 from rkpart.partitioner.partition import OrderedGroup, Partition, order_groups
 from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 
@@ -44,20 +44,9 @@ def _noop(_: str) -> None:
 
 
 def prepare_out(out: Path, force: bool, model: Path | None = None) -> None:
-    """Refuse an output that is a file, holds the model, or is a non-plan folder (or non-empty without ``force``)."""
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError(f"output {out} exists and is not a folder")
-    if model is not None and out.is_dir():
-        m = model.resolve()
-        if out.resolve() in m.parents:
-            raise OutputExistsError(f"output folder {out} contains the model {model}; choose another folder")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise OutputExistsError(f"output folder {out} is not empty; use --force to replace it")
-        if not (out / PLAN_FILENAME).is_file():
-            raise OutputExistsError(
-                f"refusing to replace {out}: it is not an rkpart plan folder (no {PLAN_FILENAME})"
-            )
+    """Refuse an output that is a file or a symlink, holds the model, or is not empty without
+    ``force``; with ``force``, one that does not validate as a plan folder (:mod:`.outdir`)."""
+    check_out(out, force, model)
 
 
 def write_partition(
@@ -94,15 +83,18 @@ def write_partition(
     _check_control_flow(mg, groups)
 
     model_sha = file_sha256(model_path)
-    run_key = hashlib.sha256(json.dumps({
-        "model": model_sha, "strategy": part.strategy, "options": _jsonable(part.options),
-        "threshold": external_threshold, "simplify": simplify is not None, "shapes": _jsonable(input_shapes or {}),
-    }, sort_keys=True).encode()).hexdigest()
+    # every input of the stages: the model and its external data by content, the grouping
+    # (an edited spec or cost model), options, rkpart version (rkpart.partitioner.outdir)
+    run_key = resume_key(model_path, mg.model, part.strategy, _jsonable(part.options), groups,
+                         external_threshold=external_threshold, simplify=simplify is not None,
+                         input_shapes=input_shapes)
 
     staging = out.with_name(f".{out.name}.partial")
-    with folder_lock(staging, what=f"output folder {out}"):
+    check_staging(staging)
+    with folder_lock(staging, what=f"output folder {out}", nofollow=True):
         try:
             with _lock_existing(out):
+                check_staging(staging)  # again, now that it is ours
                 recover_folder(out)
                 prepare_out(out, force, model_path)  # again: another run may have finished meanwhile
                 plan = _write_stages(mg, disc, part, groups, staging, run_key, model_path, model_sha,
@@ -113,6 +105,13 @@ def write_partition(
             # useless, remove it while it is still ours
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        except OSError as e:
+            err = os_error(e, f"writing {out}")
+            if err is None:
+                raise
+            # disk full or read-only: a half-written staging folder would only fill the disk
+            shutil.rmtree(staging, ignore_errors=True)
+            raise err from None
     progress(f"wrote {out / PLAN_FILENAME}: {len(plan.npu_stages)} NPU + {len(plan.host_stages)} host stages")
     return plan
 
@@ -121,7 +120,7 @@ def write_partition(
 def _lock_existing(out: Path) -> Iterator[None]:
     """Lock ``out`` too when it exists, so a compile running on it blocks a ``--force`` replace."""
     if out.is_dir():
-        with folder_lock(out, what=f"output folder {out}"):
+        with folder_lock(out, what=f"output folder {out}", nofollow=True):
             yield
     else:
         yield
@@ -157,8 +156,8 @@ def _stage_done(stages_dir: Path, fname: str) -> Stage | None:
     if not done.is_file() or not (stages_dir / fname).is_file():
         return None
     try:
-        stage = Stage.from_json(json.loads(done.read_text()))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError):
+        stage = Stage.from_json(load_json_file(done, what="stage marker", max_bytes=1 << 20))
+    except (OSError, UserError, KeyError, TypeError, ValueError, AttributeError):
         return None
     return stage if stage_sha256(stages_dir / fname) == stage.sha256 else None
 
@@ -186,8 +185,8 @@ def _write_stages(
     old = None
     if key_file.is_file():
         try:
-            old = json.loads(key_file.read_text()).get("key")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            old = load_json_file(key_file, what="run key", max_bytes=1 << 16).get("key")
+        except (OSError, UserError, AttributeError):
             old = None
     if old != run_key:
         # a different run (other model/options) or one killed before it recorded its key:

@@ -27,10 +27,13 @@ from types import MappingProxyType
 from typing import Any
 
 from rkpart.errors import SpecError
-from rkpart.io import atomic_write_bytes
+from rkpart.io import atomic_write_bytes, loads_json, read_limited
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.runtime.base import Backend
 from rkpart.types import HOST, LIFECYCLE, NPU, TIME_COMPONENTS, Device, Residency, seconds_key
+
+#: profile files (JSON Lines) are read only up to this size
+MAX_PROFILE_BYTES = 256 << 20
 
 RECORD_FORMAT = "rkpart-profile"
 RECORD_VERSION = 1
@@ -473,18 +476,16 @@ def write_jsonl(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any
 def read_jsonl(path: str | os.PathLike[str], *, validate: bool = True) -> list[dict[str, Any]]:
     """Read a profile file; :class:`SpecError` if it is missing, not JSON Lines or invalid."""
     p = Path(path)
+    raw = read_limited(p, what="profile", max_bytes=MAX_PROFILE_BYTES, error=SpecError)
     try:
-        lines = p.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"cannot read profile {p}: {e.strerror if isinstance(e, OSError) else e}") from None
+        lines = raw.decode().splitlines()
+    except UnicodeDecodeError as e:
+        raise SpecError(f"cannot read profile {p}: {e}") from None
     out: list[dict[str, Any]] = []
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise SpecError(f"{p} line {i}: not JSON ({e.msg})") from None
+        obj = loads_json(line, what=f"{p} line {i}", error=SpecError)
         if validate:
             validate_record(obj, where=f"{p} line {i}")
         out.append(obj)

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from rkpart.errors import SpecError, UserError, first_line
+from rkpart.errors import InvalidModelError, SpecError, UserError, first_line
+from rkpart.io import confined_file, external_locations, hash_file, regular_file
 from rkpart.partitioner.plan import Plan, Stage, TensorInfo, stage_order_ok
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.ort import OrtBackend, make_session
@@ -52,8 +53,7 @@ def load_inputs(path: str | Path, plan: Plan) -> Feeds:
     import zlib
 
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"inputs file {p} does not exist")
+    regular_file(p, what="inputs file")  # a FIFO would block np.load
     try:
         z = np.load(p, allow_pickle=False)
         if not isinstance(z, np.lib.npyio.NpzFile):
@@ -251,10 +251,15 @@ class PlanExecutor:
                     out = r.infer(env)
                 finally:
                     r.release()
+                for m in u.members:
+                    check_stage_outputs(self.plan, m, out)
                 env.update(out)
             else:
                 r = live[u.stage.id] = self._runner(u)
                 r.infer_into(env)
+                # checked on a resident session's first run: later runs give the same shapes
+                for m in u.members:
+                    check_stage_outputs(self.plan, m, env)
             if on_stage is not None:
                 for m in u.members:
                     on_stage(self._index[m.id], m.id, {n: env[n] for n in m.outputs})
@@ -306,24 +311,66 @@ def run_plan(
 
 
 def find_model(plan: Plan, folder: Path, model: str | Path | None = None) -> Path:
-    """The whole model a plan was cut from: ``model``, the recorded path, or next to the folder."""
+    """The whole model a plan was cut from: ``model``, the recorded path, or next to the folder.
+
+    ``model`` (``--model``) may be anywhere but must be a regular file.  Without it, the plan's
+    recorded ``model.path`` and ``<plan folder>/../<model.file>`` are candidates, used only
+    if the file there is a regular file whose sha256 equals the plan's ``model.sha256``: a
+    plan cannot make ``run`` or ``profile`` read an arbitrary file.  Either way the model's
+    external data must stay in its folder and be regular files (as for ``partition``).
+    """
     if model is not None:
         p = Path(model)
-        if not p.is_file():
-            raise UserError(f"whole model {p} does not exist")
-        return p
-    recorded = plan.model.get("path")
-    for cand in (Path(recorded) if recorded else None, folder.parent / str(plan.model.get("file", ""))):
-        if cand is not None and cand.is_file():
+        regular_file(p, what="whole model")
+    else:
+        p = _recorded_model(plan, folder)
+    for loc in external_locations(p, what="whole model", error=InvalidModelError):
+        confined_file(p.parent, loc, what=f"whole model {p.name} external data", error=InvalidModelError)
+    return p
+
+
+def _recorded_model(plan: Plan, folder: Path) -> Path:
+    import hashlib
+    import os
+    import stat
+
+    cands = [Path(str(plan.model["path"]))] if plan.model.get("path") else []
+    cands.append(folder.parent / Path(str(plan.model.get("file", ""))).name)
+    for cand in cands:
+        try:
+            if not stat.S_ISREG(os.stat(cand).st_mode):
+                continue
+            h = hashlib.sha256()
+            hash_file(h, cand)
+        except OSError:
+            continue
+        if h.hexdigest() == plan.model.get("sha256"):
             return cand
-    raise UserError(f"cannot find the whole model {plan.model.get('file')!r} to compare with; pass --model")
+    raise UserError(f"cannot find the whole model {plan.model.get('file')!r} to compare with (no file at "
+                    f"{', '.join(map(str, cands))} has the plan's sha256); pass --model")
 
 
 def run_model(model: str | Path, feeds: Feeds, outputs: tuple[str, ...] | None = None) -> Feeds:
     """The whole model under ONNX Runtime: the reference every plan is checked against."""
-    sess = make_session(str(model))
-    names = list(outputs) if outputs else [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds), strict=True))
+    from rkpart.runtime.ort import ort_errors
+
+    with ort_errors(f"whole model {model} (do the plan's inputs and outputs match it?)"):
+        sess = make_session(str(model))
+        names = list(outputs) if outputs else [o.name for o in sess.get_outputs()]
+        return dict(zip(names, sess.run(names, feeds), strict=True))
+
+
+def check_stage_outputs(plan: Plan, stage: Stage, out: Feeds) -> None:
+    """A stage produced every output plan.json names, with its dtype and shape; otherwise the
+    plan and the stage files disagree and a result would be silently wrong."""
+    for t in stage.outputs:
+        if t not in out:
+            raise SpecError(f"stage {stage.id} did not produce {t!r}, which plan.json says it outputs")
+        info = plan.tensors[t]
+        a = out[t]
+        if tuple(a.shape) != tuple(info.shape) or a.dtype.name != info.dtype:
+            raise SpecError(f"stage {stage.id} output {t!r} is {a.dtype}{list(a.shape)}; plan.json says "
+                            f"{info.dtype}{list(info.shape)}")
 
 
 def compare_outputs(actual: Feeds, reference: Feeds) -> dict[str, Metrics]:

@@ -16,14 +16,16 @@ default pool.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from rkpart.errors import SpecError
-from rkpart.partitioner.plan import Stage, check_inside
+from rkpart.errors import SpecError, first_line
+from rkpart.partitioner.plan import Stage
+from rkpart.partitioner.verify import stage_onnx
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.types import HOST
 
@@ -53,32 +55,49 @@ def make_session(model: bytes | str, *, threads: int = 0, spinning: bool = False
     return ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
 
 
+@contextlib.contextmanager
+def ort_errors(what: str) -> Iterator[None]:
+    """ONNX Runtime's errors (a garbage stage file, inputs of the wrong dtype, shape or rank
+    because plan.json was edited) as one-line :class:`SpecError` naming ``what``."""
+    try:
+        yield
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise SpecError(f"{what}: ONNX Runtime: {first_line(e)}") from None
+    except Exception as e:  # ORT pybind errors (Fail, InvalidArgument, ...) have no common base; re-raised if not ORT
+        if not type(e).__module__.startswith("onnxruntime"):
+            raise
+        raise SpecError(f"{what}: ONNX Runtime: {first_line(e)}") from None
+
+
 class OrtRunner(StageRunner):
     def __init__(self, stage: Stage, folder: Path, threads: int = 0) -> None:
         super().__init__(stage, folder)
-        self._path = check_inside(folder, stage.file, what=f"stage {stage.id} file")
+        # ORT reads external data itself, relative to the model path: check the stage and its
+        # data (confined, regular files, sha256 as recorded) before ORT opens anything; here,
+        # not in load(), so the profiler's load time does not include hashing
+        self._path = stage_onnx(folder, stage)
         self._threads = stage_threads(stage, threads)
         self._sess: Any = None
         self._names: list[str] = []
 
     def _load_impl(self) -> None:
-        # ORT reads external data itself, relative to the model path; here we only check that
-        # the file is there so that a missing file is a load failure, not an init failure.
-        if not self._path.is_file():
-            raise SpecError(f"stage {self.stage.id}: file {self.stage.file} is missing")
+        pass  # checked in __init__
 
     def _init_impl(self) -> None:
-        self._sess = make_session(str(self._path), threads=self._threads)
+        with ort_errors(f"stage {self.stage.id} ({self.stage.file})"):
+            self._sess = make_session(str(self._path), threads=self._threads)
         self._names = [o.name for o in self._sess.get_outputs()]
 
     def _infer_impl(self, feeds: Feeds) -> Feeds:
-        return dict(zip(self._names, self._sess.run(self._names, feeds), strict=True))
+        with ort_errors(f"stage {self.stage.id} (does plan.json match its file?)"):
+            return dict(zip(self._names, self._sess.run(self._names, feeds), strict=True))
 
     def infer_into(self, env: dict[str, np.ndarray]) -> None:
         # One ORT call and one dict per stage and pass: for a model of small stages the
         # generic path's extra dicts were ~5 % of a resident pass.
         feeds = self._inputs_from(env)
-        env.update(zip(self._names, self._sess.run(self._names, feeds), strict=True))
+        with ort_errors(f"stage {self.stage.id} (does plan.json match its file?)"):
+            env.update(zip(self._names, self._sess.run(self._names, feeds), strict=True))
 
     def _release_impl(self) -> None:
         self._sess = None
@@ -122,7 +141,7 @@ class FusedOrtRunner(StageRunner):
     def __init__(self, stages: Sequence[Stage], folder: Path, threads: int = 0) -> None:
         super().__init__(fused_stage(stages), folder)
         self.members = tuple(stages)
-        self._paths = [check_inside(folder, s.file, what=f"stage {s.id} file") for s in stages]
+        self._paths = [stage_onnx(folder, s) for s in stages]  # confined, regular, sha256 as recorded
         self._threads = stage_threads(self.stage, threads)
         self._model: bytes | None = None
         self._sess: Any = None
@@ -131,20 +150,19 @@ class FusedOrtRunner(StageRunner):
     def _load_impl(self) -> None:
         import onnx
 
-        missing = [s for s, p in zip(self.members, self._paths, strict=True) if not p.is_file()]
-        if missing:
-            raise SpecError(f"stage {missing[0].id}: file {missing[0].file} is missing")
         models = [onnx.load(str(p)) for p in self._paths]
         self._model = _concat_models(models, self.stage).SerializeToString()
 
     def _init_impl(self) -> None:
         assert self._model is not None
-        self._sess = make_session(self._model, threads=self._threads)
+        with ort_errors(f"host stages {self.stage.id}"):
+            self._sess = make_session(self._model, threads=self._threads)
         self._names = [o.name for o in self._sess.get_outputs()]
         self._model = None  # the session holds its own copy
 
     def _infer_impl(self, feeds: Feeds) -> Feeds:
-        return dict(zip(self._names, self._sess.run(self._names, feeds), strict=True))
+        with ort_errors(f"host stages {self.stage.id} (does plan.json match their files?)"):
+            return dict(zip(self._names, self._sess.run(self._names, feeds), strict=True))
 
     def _release_impl(self) -> None:
         self._sess = None

@@ -26,9 +26,11 @@ import numpy as np
 
 from rkpart.compile.runner import WORKER, kill_group, worker_env
 from rkpart.compile.toolkits import Toolkit, find_toolkit
-from rkpart.errors import ToolkitError
+from rkpart.errors import ToolkitError, UserError
+from rkpart.io import load_json_file
 from rkpart.ir import graph_io
-from rkpart.partitioner.plan import Stage, check_inside
+from rkpart.partitioner.plan import Stage
+from rkpart.partitioner.verify import artifact_file, stage_onnx
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
 #: seconds to wait for a build + init_runtime in the simulator
@@ -123,7 +125,7 @@ class RknnSimRunner(StageRunner):
     def __init__(self, stage: Stage, folder: Path, backend: RknnSimBackend) -> None:
         super().__init__(stage, folder)
         self.backend = backend
-        self._onnx = check_inside(folder, stage.file, what=f"stage {stage.id} file")
+        self._onnx = stage_onnx(folder, stage)  # confined, regular, sha256 as recorded
         self._session: SimSession | None = None
         self._inputs: list[str] = []
         self._outputs: list[tuple[str, np.dtype[Any]]] = []
@@ -138,10 +140,9 @@ class RknnSimRunner(StageRunner):
         if art is None and self.stage.failures:
             raise ToolkitError(f"stage {self.stage.id} did not compile: {self.stage.failures[-1].message}")
         if art is not None:
-            meta_path = check_inside(self.folder, art.file, what=f"stage {self.stage.id} artifact")
-            meta_path = meta_path.with_suffix(".json")
-            with contextlib.suppress(OSError, ValueError):
-                meta = json.loads(meta_path.read_text())
+            meta_path = artifact_file(self.folder, self.stage, art).with_suffix(".json")
+            with contextlib.suppress(OSError, ValueError, UserError, AttributeError):
+                meta = load_json_file(meta_path, what="artifact metadata", max_bytes=4 << 20)
                 config = {**meta.get("config", {}), "target_platform": meta.get("target", art.target)}
             # The artifact's toolkit, even if the backend names another: that is the model
             # that would run on the board (a fallback may have built some stages).
@@ -152,8 +153,6 @@ class RknnSimRunner(StageRunner):
         return b.resolve(version), config
 
     def _load_impl(self) -> None:
-        if not self._onnx.is_file():
-            raise ToolkitError(f"stage {self.stage.id}: file {self.stage.file} is missing")
         tk, config = self._build_settings()
         self._inputs, self._outputs = _graph_io(self._onnx)
         self._session = SimSession(tk, worker=self.backend.worker)

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from rkpart.errors import SpecError, ToolkitError
-from rkpart.partitioner.plan import Stage, check_inside
+from rkpart.partitioner.plan import Stage
+from rkpart.partitioner.verify import artifact_file
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
 #: ``--core-mask`` names and RKNNLite's values (rknn_api.h ``rknn_core_mask``).
@@ -45,7 +46,7 @@ class RknnLiteRunner(StageRunner):
         art = stage.artifact("rknn")
         if art is None:
             raise SpecError(f"stage {stage.id} has no compiled .rknn artifact; run `rkpart compile` first")
-        self._path = check_inside(folder, art.file, what=f"stage {stage.id} artifact")
+        self._path = artifact_file(folder, stage, art)  # confined, regular, sha256 as recorded
         self._api = api
         self._core_mask = core_mask
         self._rknn: Any = None

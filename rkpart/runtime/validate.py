@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from rkpart.errors import UserError
+from rkpart.io import regular_file
 from rkpart.partitioner.plan import load_plan
 from rkpart.progress import Progress, advance, silent
 from rkpart.runtime import get_backend
@@ -85,6 +86,9 @@ def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
     reference, per_stage, save_outputs = opts.reference, opts.per_stage, opts.save_outputs
     min_cosine, max_abs_rel = opts.min_cosine, opts.max_abs_rel
     plan, folder = load_plan(plan_path)
+    for p, what in ((inputs, "inputs"), (reference, "reference")):
+        if p is not None:
+            regular_file(p, what=what)
     feeds = load_inputs(inputs, plan) if inputs else random_inputs(plan.tensors, plan.inputs, seed)
     model = find_model(plan, folder, model)
     gate = Gate(

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
-from rkpart.errors import SpecError, UserError, first_line
+from rkpart.errors import SpecError, UserError
+from rkpart.io import loads_json, loads_yaml, read_limited
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
@@ -98,6 +98,7 @@ SPEC_SCHEMA: dict[str, Any] = {
 
 #: a spec names a few dozen stages; anything far larger is a mistake or a YAML alias bomb
 MAX_SPEC_ITEMS = 100_000
+MAX_SPEC_BYTES = 4 << 20
 
 
 def _count_items(data: Any, limit: int) -> int:
@@ -120,23 +121,15 @@ def load_spec(path: str | Path) -> dict[str, Any]:
     """Read and schema-check a custom spec; raises :class:`SpecError` with the offending path."""
     p = Path(path)
     kind = "JSON" if p.suffix == ".json" else "YAML"
+    raw = read_limited(p, what="custom spec", max_bytes=MAX_SPEC_BYTES, error=SpecError)
     try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise SpecError(f"custom spec {p} does not exist") from None
-    except (OSError, UnicodeDecodeError) as e:
+        text = raw.decode()
+    except UnicodeDecodeError as e:
         raise SpecError(f"cannot read custom spec {p}: {e}") from None
-    try:
-        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as e:
-        first = first_line(e)
-        where = ""
-        mark = getattr(e, "problem_mark", None)
-        if mark is not None:
-            where = f" (line {mark.line + 1}, column {mark.column + 1})"
-        raise SpecError(f"custom spec {p} is not valid {kind}: {first}{where}") from None
-    except RecursionError:
-        raise SpecError(f"custom spec {p} is not valid {kind}: nested too deeply") from None
+    if kind == "JSON":
+        data = loads_json(text, what=f"custom spec {p}", error=SpecError)
+    else:
+        data = loads_yaml(text, what=f"custom spec {p}", error=SpecError)
     validate_spec(data, str(p))
     return data  # type: ignore[no-any-return,unused-ignore]
 

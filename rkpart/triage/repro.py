@@ -30,10 +30,11 @@ from typing import Any
 
 import onnx
 
+from rkpart.compile.preflight import check_config, check_target
 from rkpart.compile.runner import WORKER
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import OutputExistsError, UserError
-from rkpart.io import atomic_write_bytes, folder_lock
+from rkpart.io import atomic_write_bytes, folder_lock, load_json_file
 from rkpart.ir import load_model, value_type
 from rkpart.progress import Progress
 from rkpart.targets.known_issues import KnownIssue, find_signature
@@ -158,8 +159,13 @@ def reproduce(model: str | os.PathLike[str], out: str | os.PathLike[str], versio
     if reduce_with is not None and reduce_with not in by_spec:
         raise UserError(f"--reduce-with {reduce_with} is not one of --toolkits ({', '.join(versions)})")
     mg = load_model(model)  # validates the model (static shapes, references) before any build
-    _prepare_folder(out, force)
-    with folder_lock(out):
+    check_target(target)  # and the settings, once, before any build
+    check_config({**dict(config or {}), "target_platform": target}, toolkits, worker)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise OutputExistsError(f"{out} exists and is not a folder (or is a symlink)")
+    with folder_lock(out, what=f"repro folder {out}", nofollow=True):
+        # the lock first: a second repro must not delete a running one's files
+        _prepare_folder(out, force)
         t0 = time.monotonic()
         say(f"building {model.name} ({len(mg.ops)} ops) with rknn-toolkit2 "
             f"{', '.join(t.version for t in toolkits)}, one at a time")
@@ -251,11 +257,35 @@ def _prepare_folder(out: Path, force: bool) -> None:
     if stale and not force:
         raise OutputExistsError(f"{out} is not empty; pass --force to replace its artifacts "
                                 f"(the reduction cache in {WORK_DIR}/ is kept)")
+    why = _not_repro_folder(out) if stale else None
+    if why is not None:
+        raise OutputExistsError(f"refusing to replace {out}: it is not an rkpart repro folder: {why}")
     for p in stale:
         if p.is_dir():
             shutil.rmtree(p)
         else:
             p.unlink()
+
+
+#: what ``rkpart repro`` writes into its folder
+REPRO_ENTRIES = frozenset({"matrix.json", "README.md", REDUCED_NAME, SCRIPT_NAME, LOG_DIR, WORK_DIR, ".rkpart.lock"})
+
+
+def _not_repro_folder(out: Path) -> str | None:
+    """Why ``out`` is not a folder ``repro --force`` may empty, or ``None``."""
+    for p in out.iterdir():
+        if p.is_symlink():
+            return f"{p.name} is a symlink"
+        if p.name not in REPRO_ENTRIES and not (p.name.startswith(".") and p.name.endswith(".tmp")):
+            return f"it holds {p.name!r}, which rkpart did not write"
+    if (out / "matrix.json").exists():
+        try:
+            data = load_json_file(out / "matrix.json", what="matrix", max_bytes=64 << 20)
+        except UserError as e:
+            return str(e)
+        if not isinstance(data, dict):
+            return "its matrix.json is not a JSON object"
+    return None
 
 
 def _expect_status(exit_code: int | None, signal: str | None, version: str) -> str:

@@ -60,21 +60,29 @@ def test_key_covers_toolkit_target_and_config(tmp_path: Path) -> None:
     assert normalise_config({"target_platform": "rk3588", "optimization_level": 3}) == {}
 
 
-def test_entry_needs_metadata_and_matching_size(tmp_path: Path) -> None:
+def test_entry_needs_metadata_and_matching_sha256(tmp_path: Path) -> None:
+    import hashlib
+
     c = ArtifactCache(tmp_path / "rknn")
     c.objects.mkdir(parents=True)
     c.rknn_path("k").write_bytes(b"12345")
     assert c.get("k") is None  # no metadata yet: an interrupted build
-    c.put_meta("k", {"size_bytes": 5, "toolkit": "2.3.0"})
-    assert c.get("k") == {"size_bytes": 5, "toolkit": "2.3.0"}
+    meta = {"size_bytes": 5, "toolkit": "2.3.0", "sha256": hashlib.sha256(b"12345").hexdigest()}
+    c.put_meta("k", meta)
+    assert c.get("k") == meta
     c.rknn_path("k").write_bytes(b"123")
     assert c.get("k") is None  # truncated file
+    c.rknn_path("k").write_bytes(b"12346")
+    assert c.get("k") is None  # corrupted, same size (issue 13)
 
 
 def test_import_from_shared_cache(tmp_path: Path) -> None:
     shared, local = ArtifactCache(tmp_path / "shared"), ArtifactCache(tmp_path / "plan" / "rknn")
     shared.objects.mkdir(parents=True)
     shared.rknn_path("k").write_bytes(b"abc")
-    shared.put_meta("k", {"size_bytes": 3})
-    assert local.import_from(shared, "k") == {"size_bytes": 3}
+    import hashlib
+
+    meta = {"size_bytes": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}
+    shared.put_meta("k", meta)
+    assert local.import_from(shared, "k") == meta
     assert local.rknn_path("k").read_bytes() == b"abc"

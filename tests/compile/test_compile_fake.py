@@ -10,7 +10,7 @@ import pytest
 
 from rkpart.compile.compile import CompileReport, compile_plan, compile_plan_report
 from rkpart.compile.toolkits import Toolkit
-from rkpart.errors import OutputExistsError
+from rkpart.errors import OutputExistsError, SpecError
 from rkpart.io import folder_lock
 from tests.compile.conftest import FAKE_WORKER
 from tests.compile.plans import tiny_plan
@@ -47,7 +47,16 @@ def test_changing_one_stage_rebuilds_only_that_stage(tmp_path: Path, fake_toolki
     from tests.compile.plans import _save, ffn_graph
 
     _save(ffn_graph(seed=7), tmp_path / "stages" / "ffn.onnx")
-    second = compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", {}, worker=FAKE_WORKER)
+    # an edited stage no longer matches plan.json: refused until the plan records it
+    with pytest.raises(SpecError, match="sha256"):
+        compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", {}, worker=FAKE_WORKER)
+    import dataclasses
+
+    from rkpart.partitioner.extract import stage_sha256
+
+    edited = dataclasses.replace(first.plan.stage("ffn"), sha256=stage_sha256(tmp_path / "stages" / "ffn.onnx"))
+    second = compile_plan_report(first.plan.replace_stage(edited), tmp_path, fake_toolkit, "rk3588", {},
+                                 worker=FAKE_WORKER)
     assert {o.stage_id: o.status for o in second.outcomes} == {"ffn": "built", "erf": "cached", "conv": "cached"}
     new = second.plan.stage("ffn").artifact()
     assert old is not None and new is not None and new.file != old.file

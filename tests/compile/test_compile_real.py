@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 from rkpart.compile.compile import compile_plan_report
 from rkpart.compile.toolkits import Toolkit
+from rkpart.errors import UserError
 from tests.compile.plans import _save, adaln_crash_plan, ffn_graph, only, tiny_plan
 
 pytestmark = pytest.mark.toolkit
@@ -34,17 +36,19 @@ def test_230_builds_every_npu_stage_and_reports_placement(tmp_path: Path, tk230:
     # a second run builds nothing; changing one stage rebuilds that one only
     again = compile_plan_report(rep.plan, tmp_path, tk230, "rk3588", {})
     assert [o.status for o in again.outcomes] == ["cached"] * 3
-    _save(ffn_graph(seed=11), tmp_path / "stages" / "ffn.onnx")
-    third = compile_plan_report(rep.plan, tmp_path, tk230, "rk3588", {})
+    sha = _save(ffn_graph(seed=11), tmp_path / "stages" / "ffn.onnx")
+    # the plan must say so (an edited stage file alone is refused: issue 13)
+    edited = rep.plan.replace_stage(dataclasses.replace(rep.plan.stage("ffn"), sha256=sha))
+    third = compile_plan_report(edited, tmp_path, tk230, "rk3588", {})
     assert [o.status for o in third.outcomes] == ["built", "cached", "cached"]
 
 
 def test_unknown_config_option_is_a_clear_failure(tmp_path: Path, tk230: Toolkit) -> None:
+    """Refused once, before any build (issue 13), not as a failure of every stage."""
     plan = only(tiny_plan(tmp_path), "ffn")
-    rep = compile_plan_report(plan, tmp_path, tk230, "rk3588", {"optimisation_level": 2})
-    msg = rep.outcomes[0].failures[0].message
-    assert rep.outcomes[0].status == "failed"
-    assert "config option 'optimisation_level' is not accepted by RKNN.config" in msg
+    with pytest.raises(UserError, match=r"config option 'optimisation_level' is not accepted by RKNN\.config"):
+        compile_plan_report(plan, tmp_path, tk230, "rk3588", {"optimisation_level": 2})
+    assert not (tmp_path / "rknn" / "objects").exists()
 
 
 def test_config_options_reach_the_toolkit(tmp_path: Path, tk230: Toolkit) -> None:

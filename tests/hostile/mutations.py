@@ -253,3 +253,213 @@ def mutate_structure(draw: Draw, m: onnx.ModelProto) -> str:
         name = draw(st.sampled_from(sorted(STRUCTURED)))
         done.append(STRUCTURED[name](draw, m))
     return "; ".join(done)
+
+
+# -- plan folders -----------------------------------------------------------------------------
+# Mutations of a plan folder in place: plan.json (as JSON and as bytes) and the files it names
+# (stage .onnx/.data, compiled objects and their cache records).  ``outside`` is a folder next
+# to the plan that the mutations may point at and that nothing may write into.
+
+#: values a fuzzer puts into plan.json fields
+JSON_VALUES = st.one_of(
+    st.sampled_from([None, True, False, 0, -1, 1 << 62, -(1 << 62), 1.5, float("inf"), "", "x", "../x", "/etc/passwd",
+                     [], {}, [1, 2], {"a": 1}, "float64", "int64", "float16", "bfloat16", "bool", "0" * 64]),
+    st.integers(), st.text(max_size=12),
+)
+
+
+def _json_paths(d: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [prefix]
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out += _json_paths(v, (*prefix, k))
+    elif isinstance(d, list):
+        for i, v in enumerate(d):
+            out += _json_paths(v, (*prefix, i))
+    return out
+
+
+def _get(d: Any, path: tuple[Any, ...]) -> Any:
+    for k in path:
+        d = d[k]
+    return d
+
+
+def _stage_files(folder: Any, plan: dict[str, Any], npu_only: bool = False) -> list[Any]:
+    return [folder / s["file"] for s in plan["stages"]
+            if isinstance(s, dict) and (not npu_only or s.get("device") == "npu")]
+
+
+def mutate_plan_json(draw: Draw, plan: dict[str, Any], outside: Any) -> str:
+    """Edit the parsed plan.json in place; returns what was done."""
+    kind = draw(st.sampled_from(["set", "delete", "tensor", "swap-stages", "swap-field", "path", "model-path",
+                                 "duplicate-stage", "drop-stage", "io"]), label="plan edit")
+    stages = plan["stages"]
+    if kind in ("set", "delete"):
+        paths = [p for p in _json_paths(plan) if p]
+        path = draw(st.sampled_from(paths), label="json path")
+        parent = _get(plan, path[:-1])
+        if kind == "delete":
+            del parent[path[-1]]
+            return f"delete {'/'.join(map(str, path))}"
+        v = draw(JSON_VALUES, label="value")
+        parent[path[-1]] = v
+        return f"set {'/'.join(map(str, path))} = {v!r}"
+    if kind == "tensor":
+        name = draw(st.sampled_from(sorted(plan["tensors"])), label="tensor")
+        t = plan["tensors"][name]
+        how = draw(st.sampled_from(["dtype", "dim", "rank+", "rank-"]))
+        if how == "dtype":
+            t["dtype"] = draw(st.sampled_from(["float64", "float16", "int64", "int32", "bool", "uint8"]))
+        elif how == "dim" and t["shape"]:
+            i = draw(st.integers(0, len(t["shape"]) - 1))
+            t["shape"][i] = draw(st.sampled_from([0, 1, 2, t["shape"][i] + 1, t["shape"][i] * 2]))
+        elif how == "rank+":
+            t["shape"].append(1)
+        elif t["shape"]:
+            t["shape"].pop()
+        return f"tensor {name}: {how} -> {t['dtype']}{t['shape']}"
+    if kind == "swap-stages" and len(stages) > 1:
+        i, j = draw(st.lists(st.integers(0, len(stages) - 1), min_size=2, max_size=2, unique=True))
+        stages[i], stages[j] = stages[j], stages[i]
+        return f"swap stages {i} and {j}"
+    if kind == "swap-field" and len(stages) > 1:
+        f = draw(st.sampled_from(["file", "sha256", "inputs", "outputs", "device", "artifacts"]))
+        i, j = draw(st.lists(st.integers(0, len(stages) - 1), min_size=2, max_size=2, unique=True))
+        stages[i][f], stages[j][f] = stages[j].get(f), stages[i].get(f)
+        return f"swap {f} of stages {i} and {j}"
+    if kind == "path":
+        i = draw(st.integers(0, len(stages) - 1))
+        p = draw(st.sampled_from(["/etc/passwd", "../outside/secret.onnx", "stages/../../outside/secret.onnx",
+                                  str(outside / "secret.onnx"), "stages", ".", "plan.json", "stages/nope.onnx"]))
+        stages[i]["file"] = p
+        return f"stage {i} file = {p!r}"
+    if kind == "model-path":
+        p = draw(st.sampled_from(["/etc/passwd", "/dev/zero", str(outside / "secret.onnx"), str(outside / "fifo"),
+                                  "relative.onnx", ""]))
+        plan["model"]["path"] = p
+        return f"model.path = {p!r}"
+    if kind == "duplicate-stage":
+        i = draw(st.integers(0, len(stages) - 1))
+        stages.insert(i, dict(stages[i]))
+        return f"duplicate stage {i}"
+    if kind == "drop-stage":
+        i = draw(st.integers(0, len(stages) - 1))
+        del stages[i]
+        return f"drop stage {i}"
+    # io: model inputs/outputs lists
+    key = draw(st.sampled_from(["inputs", "outputs"]))
+    if plan[key] and draw(st.booleans()):
+        plan[key].reverse() if len(plan[key]) > 1 else plan[key].pop()
+    else:
+        plan[key].append(draw(st.sampled_from(sorted(plan["tensors"]))))
+    return f"model {key} -> {plan[key]}"
+
+
+def mutate_plan_files(draw: Draw, folder: Any, plan: dict[str, Any], outside: Any) -> str:
+    """Change, swap, replace or remove a file the plan names (plan.json itself untouched)."""
+    import os
+    import shutil
+
+    def real(p: Any) -> bool:
+        return bool(p.is_file() and not p.is_symlink())
+
+    files = sorted({p for p in _stage_files(folder, plan) if real(p)})
+    datas = [p.with_name(p.name + ".data") for p in files if real(p.with_name(p.name + ".data"))]
+    objects = sorted(p for p in (folder / "rknn" / "objects").glob("*.rknn") if real(p)) \
+        if (folder / "rknn").is_dir() else []
+    metas = sorted(p for p in (folder / "rknn" / "objects").glob("*.json") if real(p)) \
+        if (folder / "rknn").is_dir() else []
+    kinds = ["swap-onnx", "swap-data", "flip-onnx", "flip-data", "truncate-onnx", "truncate-data", "fifo", "devzero",
+             "symlink-out", "dir", "delete", "garbage"]
+    if objects:
+        kinds += ["flip-object", "truncate-object", "fifo-object", "symlink-object", "delete-object"] * 2
+    if metas:
+        kinds += ["garbage-meta", "deep-meta", "fail-record"]
+    kind = draw(st.sampled_from(kinds), label="file edit")
+
+    def pick(seq: list[Any], label: str) -> Any:
+        return draw(st.sampled_from(seq), label=label)
+
+    def flip(p: Any) -> None:
+        raw = bytearray(p.read_bytes())
+        if raw:
+            raw[draw(st.integers(0, len(raw) - 1))] ^= 1 << draw(st.integers(0, 7))
+        p.write_bytes(bytes(raw))
+
+    def replace_with(p: Any, how: str) -> None:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif os.path.lexists(p):
+            p.unlink()
+        if how == "fifo":
+            os.mkfifo(p)
+        elif how == "devzero":
+            os.symlink("/dev/zero", p)
+        elif how == "symlink-out":
+            target = outside / f"copy-of-{p.name}"
+            os.symlink(target, p)
+        elif how == "dir":
+            p.mkdir()
+
+    if kind.startswith("swap-"):
+        pool = files if kind == "swap-onnx" else datas
+        if len(pool) < 2:
+            return "no-op (too few files)"
+        a, b = draw(st.lists(st.sampled_from(pool), min_size=2, max_size=2, unique=True), label="pair")
+        tmp = a.with_name(".swap")
+        a.rename(tmp)
+        b.rename(a)
+        tmp.rename(b)
+        return f"swap {a.name} and {b.name}"
+    if kind in ("flip-onnx", "flip-data", "truncate-onnx", "truncate-data"):
+        pool = files if kind.endswith("onnx") else datas
+        if not pool:
+            return "no-op (no file)"
+        p = pick(pool, "file")
+        if kind.startswith("flip"):
+            flip(p)
+        else:
+            n = p.stat().st_size
+            with open(p, "r+b") as f:
+                f.truncate(draw(st.integers(0, max(0, n - 1))))
+        return f"{kind} {p.name}"
+    if kind in ("fifo", "devzero", "symlink-out", "dir", "delete", "garbage"):
+        p = pick(files + datas, "file")
+        if kind == "symlink-out":
+            shutil.copyfile(p, outside / f"copy-of-{p.name}")  # same bytes: only the location is wrong
+        if kind == "delete":
+            p.unlink()
+        elif kind == "garbage":
+            p.write_bytes(draw(st.binary(min_size=0, max_size=64), label="garbage"))
+        else:
+            replace_with(p, kind)
+        return f"{kind} {p.name}"
+    if kind.endswith("-object"):
+        p = pick(objects, "object")
+        if kind == "flip-object":
+            flip(p)
+        elif kind == "truncate-object":
+            with open(p, "r+b") as f:
+                f.truncate(max(0, p.stat().st_size - 1))
+        elif kind == "fifo-object":
+            replace_with(p, "fifo")
+        elif kind == "symlink-object":
+            shutil.copyfile(p, outside / f"copy-of-{p.name}")
+            replace_with(p, "symlink-out")
+        else:
+            p.unlink()
+        return f"{kind} {p.name}"
+    m = pick(metas, "meta")
+    if kind == "garbage-meta":
+        m.write_bytes(draw(st.binary(max_size=32), label="garbage"))
+    elif kind == "deep-meta":
+        m.write_text("[" * 5000 + "]" * 5000 if draw(st.booleans()) else '{"size_bytes": ' + "9" * 5000 + "}")
+    else:
+        import json
+
+        key = m.name.split(".")[0]
+        (m.parent / f"{key}.fail.json").write_text(json.dumps(
+            {"toolkit": "fake", "kind": draw(st.sampled_from(["crash", "timeout", "oom", "resource", "?"])),
+             "message": "planted"}))
+    return f"{kind} {m.name}"

@@ -27,11 +27,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import onnx
 import psutil
 import pytest
 
 from rkpart.compile.compile import compile_plan_report
 from rkpart.compile.toolkits import Toolkit
+from rkpart.partitioner.extract import stage_sha256
 from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
 from tests.hostile.models import snapshot
@@ -92,11 +94,22 @@ def test_hostile_stage_file_name_is_data_not_shell(tmp_path: Path, mini_model: P
     evil = "stages/$(touch PWNED); `touch PWNED2` 'x\" y.onnx"
     src = folder / npu.file
     shutil.move(src, folder / evil)
-    # (its .data file keeps its name: the ONNX file refers to it by that name)
+    # its weights move to "<file>.data" too (a stage's data file is named after it), and the
+    # ONNX file and plan.json say so
+    data = src.with_name(src.name + ".data")
+    if data.exists():
+        shutil.move(data, folder / (evil + ".data"))
+        m = onnx.load(str(folder / evil), load_external_data=False)
+        for t in m.graph.initializer:
+            for e in t.external_data:
+                if e.key == "location":
+                    e.value = Path(evil).name + ".data"
+        (folder / evil).write_bytes(m.SerializeToString())
     doc = json.loads((folder / "plan.json").read_text())
     for s in doc["stages"]:
         if s["id"] == npu.id:
             s["file"] = evil
+            s["sha256"] = stage_sha256(folder / evil)
     (folder / "plan.json").write_text(json.dumps(doc))
     plan, _ = load_plan(folder)
     before = set(os.listdir(tmp_path))

@@ -250,7 +250,7 @@ def test_load_plan_check_inside_directly(good_plan: Path, tmp_path: Path) -> Non
 def test_plan_not_json(good_plan: Path, tmp_path: Path) -> None:
     folder, _ = _plan_copy(good_plan, tmp_path)
     (folder / "plan.json").write_text("{ not json")
-    _run_fails(folder, "plan.json", "not a readable JSON plan")
+    _run_fails(folder, "plan.json", "is not valid JSON")
 
 
 def test_plan_binary_garbage(good_plan: Path, tmp_path: Path) -> None:

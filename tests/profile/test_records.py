@@ -63,10 +63,10 @@ def test_write_refuses_invalid_records_and_leaves_no_file(records: list[dict], t
 
 
 def test_read_errors_are_user_errors(records: list[dict], tmp_path: Path) -> None:
-    with pytest.raises(SpecError, match="cannot read"):
+    with pytest.raises(SpecError, match="does not exist"):
         rec.read_jsonl(tmp_path / "missing.jsonl")
     (tmp_path / "junk.jsonl").write_text(json.dumps(records[0]) + "\n{not json\n")
-    with pytest.raises(SpecError, match="line 2: not JSON"):
+    with pytest.raises(SpecError, match="line 2 is not valid JSON"):
         rec.read_jsonl(tmp_path / "junk.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(SpecError, match="no profile records"):

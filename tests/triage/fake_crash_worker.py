@@ -30,7 +30,14 @@ def _crashes(model: onnx.ModelProto, edges: list) -> bool:
     return True
 
 
+#: what the fake's "RKNN.config" accepts (answered to ``worker_main.py config-keys``)
+CONFIG_KEYS = ["fake_crash_edges", "fake_crash_versions", "optimization_level", "single_core_mode", "target_platform"]
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["config-keys"]:
+        print(json.dumps({"config_keys": CONFIG_KEYS}))
+        return 0
     with open(sys.argv[2]) as f:
         req = json.load(f)
     cfg = req["config"]

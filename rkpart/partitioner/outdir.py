@@ -1,0 +1,123 @@
+"""What ``partition`` may resume, replace and delete (issue 13).
+
+- The resume key covers every input of the stages: the model file *and* its external data
+  (by content), the grouping the strategy chose (so a changed spec or cost model is seen
+  even when its file name is the same), the options and the rkpart version.
+- ``--force`` replaces only a folder that validates as an rkpart plan folder: a valid
+  ``plan.json`` and nothing but what rkpart writes next to it.
+- The staging folder ``.<out>.partial`` is used only if it is a real folder (never through a
+  symlink) that an rkpart run left: it has the run key file or a valid plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from rkpart.errors import OutputExistsError, SpecError, UserError
+from rkpart.io import content_sha256, external_locations, locations_in
+
+#: what rkpart writes into a plan folder (partition: plan.json, stages/; compile: rknn/)
+PLAN_FOLDER_ENTRIES = frozenset({"plan.json", "stages", "rknn"})
+RUN_KEY_FILE = "run.json"
+
+
+class _Group(Protocol):
+    @property
+    def id(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def ops(self) -> frozenset[int]: ...
+
+
+def model_files(model: Path, proto: Any = None) -> list[Path]:
+    """The model file and its external-data files (already confined by the model loader).
+
+    ``proto``: the parsed model, to avoid parsing it again.
+    """
+    locs = locations_in(proto) if proto is not None else external_locations(model, what="model", error=UserError)
+    return [model, *(model.parent / loc for loc in locs)]
+
+
+def resume_key(model: Path, proto: Any, strategy: str, options: Any, groups: Sequence[_Group], *,
+               external_threshold: int, simplify: bool, input_shapes: Mapping[str, Any] | None) -> str:
+    """The identity of a partition run: a staging folder written under another key is not reused."""
+    from rkpart import __version__
+
+    blob = {
+        "rkpart": __version__,
+        "model": content_sha256(model_files(model, proto)),
+        "strategy": strategy,
+        "options": options,
+        "groups": [[g.id, g.device, sorted(g.ops)] for g in groups],
+        "threshold": external_threshold,
+        "simplify": simplify,
+        "shapes": {str(k): list(v) for k, v in sorted((input_shapes or {}).items())},
+    }
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _is_real_dir(p: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(p).st_mode)
+    except OSError:
+        return False
+
+
+def plan_folder_problem(folder: Path) -> str | None:
+    """Why ``folder`` is not a folder ``--force`` may replace, or ``None`` if it is one."""
+    from rkpart.partitioner.plan import load_plan
+
+    try:
+        load_plan(folder)
+    except SpecError as e:
+        return f"its plan.json is not a valid rkpart plan ({e})"
+    for p in folder.iterdir():
+        if p.name in PLAN_FOLDER_ENTRIES or (p.name.startswith(".") and p.name.endswith(".tmp")):
+            if p.is_symlink():
+                return f"{p.name} is a symlink"
+            continue
+        return f"it holds {p.name!r}, which rkpart did not write"
+    return None
+
+
+def check_out(out: Path, force: bool, model: Path | None = None) -> None:
+    """Refuse an output path rkpart must not write into or replace."""
+    if out.is_symlink():
+        raise OutputExistsError(f"output {out} is a symlink; give the folder it points to "
+                                f"({os.path.realpath(out)}) or another path")
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"output {out} exists and is not a folder")
+    if model is not None and out.is_dir():
+        m = model.resolve()
+        if out.resolve() in m.parents:
+            raise OutputExistsError(f"output folder {out} contains the model {model}; choose another folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise OutputExistsError(f"output folder {out} is not empty; use --force to replace it")
+        why = plan_folder_problem(out)
+        if why is not None:
+            raise OutputExistsError(f"refusing to replace {out}: it is not an rkpart plan folder: {why}")
+
+
+def check_staging(staging: Path) -> None:
+    """Refuse a staging path that is not a real folder an rkpart run left behind."""
+    if staging.is_symlink():
+        raise OutputExistsError(f"staging path {staging} is a symlink (rkpart never writes through one); "
+                                "remove it")
+    if not staging.exists():
+        return
+    if not _is_real_dir(staging):
+        raise OutputExistsError(f"staging path {staging} exists and is not a folder; remove it")
+    entries = list(staging.iterdir())
+    if not entries or (staging / RUN_KEY_FILE).is_file():
+        return
+    if plan_folder_problem(staging) is None:
+        return
+    raise OutputExistsError(f"staging path {staging} holds files rkpart did not write; move them away")

@@ -1,0 +1,80 @@
+"""Open a plan's stage and artifact files only after checking them (issue 13).
+
+Every command that reads a file a plan names goes through :func:`stage_onnx` or
+:func:`artifact_file`: the path is confined to the plan folder and must be a regular file
+(:func:`rkpart.io.confined_file`), a stage's external data must be its own ``<file>.data``
+next to it, and the bytes must still match the sha256 that ``partition`` (or ``compile``)
+recorded, so a swapped or edited stage is refused instead of silently compiled or run.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path, PurePosixPath
+
+from rkpart.errors import SpecError
+from rkpart.io import confined_file, file_sha256, onnx_with_data
+from rkpart.partitioner.extract import stage_sha256
+from rkpart.partitioner.plan import Artifact, Stage
+
+# files already hashed, by identity (ctime cannot be set back by a user): profile rounds and
+# per-stage comparisons open the same stage many times
+_Ident = tuple[tuple[str, int, int, int, int, int], ...]
+_verified: dict[tuple[str, _Ident], str] = {}
+_lock = threading.Lock()
+
+
+def _identity(paths: list[Path]) -> _Ident:
+    out = []
+    for p in paths:
+        st = os.stat(p)
+        out.append((str(p.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(out)
+
+
+def _digest(paths: list[Path], compute: str) -> str:
+    ident = (compute, _identity(paths))
+    with _lock:
+        hit = _verified.get(ident)
+    if hit is not None:
+        return hit
+    d = stage_sha256(paths[0]) if compute == "stage" else file_sha256(paths[0])
+    with _lock:
+        _verified[ident] = d
+    return d
+
+
+def stage_onnx(folder: str | os.PathLike[str], stage: Stage, *, verify: bool = True) -> Path:
+    """The stage's ``.onnx`` path after the confinement, external-data and sha256 checks.
+
+    Raises :class:`SpecError` naming the stage and what is wrong.
+    """
+    folder = Path(folder)
+    what = f"stage {stage.id} file"
+    files = onnx_with_data(folder, stage.file, what=what)
+    onnx_path = files[0]
+    own = onnx_path.with_name(onnx_path.name + ".data")
+    for f in files[1:]:
+        if f != own:
+            raise SpecError(f"stage {stage.id}: external data {f.relative_to(folder)} is not the stage's own "
+                            f"data file {PurePosixPath(stage.file).name}.data")
+    if os.path.lexists(own):
+        confined_file(folder, str(PurePosixPath(stage.file).with_name(own.name)),
+                      what=f"stage {stage.id} data file")
+    if verify:
+        hashed = [onnx_path, own] if own.exists() else [onnx_path]
+        if _digest(hashed, "stage") != stage.sha256:
+            raise SpecError(f"stage {stage.id}: {stage.file} does not match the sha256 in plan.json "
+                            "(edited or swapped since partition); rerun rkpart partition")
+    return onnx_path
+
+
+def artifact_file(folder: str | os.PathLike[str], stage: Stage, art: Artifact, *, verify: bool = True) -> Path:
+    """An artifact's path after the confinement and sha256 checks."""
+    folder = Path(folder)
+    path = confined_file(folder, art.file, what=f"stage {stage.id} artifact")
+    if verify and _digest([path], "file") != art.sha256:
+        raise SpecError(f"stage {stage.id}: artifact {art.file} does not match the sha256 in plan.json "
+                        "(corrupted or replaced); rerun rkpart compile")
+    return path
