@@ -216,10 +216,14 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
 @main.command()
 @click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
 @inputs_options
-@click.option("--backend", type=click.Choice(["ort", "rknn-sim"]), default="ort", show_default=True,
-              help="Executor for NPU stages; host stages always run on ONNX Runtime.")
+@click.option("--backend", type=click.Choice(["ort", "rknn-sim", "rknnlite"]), default="ort", show_default=True,
+              help="Executor for NPU stages (rknnlite: the board, with the bundle runner's NPU code); "
+                   "host stages always run on ONNX Runtime.")
 @toolkit_option(help="rknn-toolkit2 version for --backend rknn-sim stages without an artifact "
-                      "[default: the version that built each stage's artifact].")
+                      "[default: the version that built each stage's artifact]; rknnlite: refuse artifacts of "
+                      "another version.")
+@click.option("--core-mask", type=click.Choice(["auto", "0", "1", "2", "0_1", "0_1_2", "all"]), default=None,
+              help="rknnlite: NPU cores for RKNNLite.init_runtime [default: auto].")
 @click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Whole model to compare against [default: the plan's source model, if it is found].")
 @tolerance_options
@@ -230,7 +234,8 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
                       "plan chose per block (auto strategy; resident where it chose nothing).")
 @json_option(help="Machine-readable report.")
 @quiet_option
-def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: str | None, model: Path | None,
+def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: str | None, core_mask: str | None,
+        model: Path | None,
         reference: Path | None, min_cosine: float | None, max_abs_rel: float | None, per_stage: bool,
         save_outputs: Path | None, residency: str, as_json: bool, quiet: bool) -> None:
     """Execute PLAN stage by stage and gate it against the whole model."""
@@ -238,7 +243,7 @@ def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: 
 
     opts = RunOptions(inputs=inputs, seed=seed, backend=backend, toolkit=toolkit, model=model, reference=reference,
                       min_cosine=min_cosine, max_abs_rel=max_abs_rel, per_stage=per_stage, save_outputs=save_outputs,
-                      residency=residency)
+                      residency=residency, core_mask=core_mask)
     with Reporter(quiet=quiet) as say:
         report = validate_plan_run(plan_path, opts, say)
     emit(as_json, report.to_json, report.render)
@@ -287,6 +292,7 @@ def _register_optional() -> None:
         ("rkpart.commands.fit", ("fit",)),
         ("rkpart.commands.repro", ("repro",)),
         ("rkpart.commands.recognizers", ("recognizers",)),
+        ("rkpart.commands.bundle", ("bundle",)),
     ):
         try:
             module = importlib.import_module(mod)
