@@ -110,7 +110,7 @@ def bundle_plan(
         raise SpecError(f"NPU stage {missing[0]} has no .rknn artifact ({len(missing)} of {len(plan.npu_stages)} "
                         "uncompiled); run `rkpart compile` first")
     res = stage_residency(plan, residency)
-    whole = find_model(plan, folder, model)
+    whole = find_model(plan, folder, None if model is None else Path(model))
     out = Path(os.path.abspath(out))
     _prepare_out(out, force, folder)
 
