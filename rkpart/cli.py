@@ -287,7 +287,7 @@ def _register_optional() -> None:
     import importlib
 
     for mod, names in (
-        ("rkpart.commands.compile", ("toolkit", "compile_cmd")),
+        ("rkpart.commands.compile", ("toolkit", "compile_cmd", "cache")),
         ("rkpart.commands.profile", ("profile",)),
         ("rkpart.commands.fit", ("fit",)),
         ("rkpart.commands.repro", ("repro",)),
