@@ -293,6 +293,7 @@ def _register_optional() -> None:
         ("rkpart.commands.repro", ("repro",)),
         ("rkpart.commands.recognizers", ("recognizers",)),
         ("rkpart.commands.bundle", ("bundle",)),
+        ("rkpart.commands.report", ("report",)),
     ):
         try:
             module = importlib.import_module(mod)
