@@ -8,6 +8,7 @@ stderr and the error's exit code.  Internal errors keep their traceback.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 from pathlib import Path
@@ -189,9 +190,20 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
     mg, disc = inspect_model(model, shapes or None)
     info = describe(mg)
     if as_json:
+        blocks = disc.summary()
+        for b, summary in zip(disc.blocks, blocks, strict=True):
+            # tensor names to cut at (custom spec `cut`): the residual stream into and out of
+            # every region, and what enters its core after the AdaLN
+            regions: list[dict[str, Any]] = summary["regions"]  # type: ignore[assignment]
+            for r, rs in zip(b.regions, regions, strict=True):
+                rs["input"] = [br.skip for br in r.branches]
+                rs["core_inputs"] = sorted({t for br in r.branches for t in br.core_in})
+                rs["output"] = [mg.nodes[br.add].output[0] for br in r.branches]
+            summary["input"] = regions[0]["input"] if regions else []
+            summary["output"] = regions[-1]["output"] if regions else []
         click.echo(json.dumps({**info, "streams": disc.streams, "method": disc.method,
                                "prologue_ops": len(disc.prologue), "epilogue_ops": len(disc.epilogue),
-                               "glue_ops": len(disc.glue), "blocks": disc.summary()}, indent=2))
+                               "glue_ops": len(disc.glue), "blocks": blocks}, indent=2))
         return
     click.echo(f"{info['file']}: opset {info['opset']}, {info['nodes']} nodes ({info['const_nodes']} constant), "
                f"weights {mib(info['weight_bytes'])} MiB")
@@ -270,16 +282,26 @@ def strategies(as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("dest", type=click.Path(dir_okay=False, path_type=Path), default=Path("anima_tiny.onnx"))
+@click.argument("dest", type=click.Path(path_type=str), default="anima_tiny.onnx")
 @force_option(help="Overwrite DEST.")
-def example(dest: Path, force: bool) -> None:
-    """Copy the bundled tiny Anima-style example model to DEST."""
+def example(dest: str, force: bool) -> None:
+    """Copy the bundled tiny Anima-style example model to DEST.
+
+    DEST is a file name, or a folder (an existing one, or any path ending in /) that gets
+    anima_tiny.onnx; prints the path written.  The example is a 2-block DiT with the
+    Anima / Cosmos-Predict2 block anatomy, for trying every command without a real model.
+    """
     from rkpart.partitioner.extract import copy_file
 
-    if dest.exists() and not force:
-        raise UserError(f"{dest} exists; use --force to overwrite it")
-    copy_file(bundled_example(), dest)
-    click.echo(str(dest))
+    path = Path(dest)
+    if dest.endswith(("/", os.sep)) or path.is_dir():
+        path = path / "anima_tiny.onnx"
+    if path.exists() and not force:
+        raise UserError(f"{path} exists; use --force to overwrite it")
+    if path.is_dir():
+        raise UserError(f"{path} is a folder")
+    copy_file(bundled_example(), path)
+    click.echo(str(path))
 
 
 def _register_optional() -> None:
