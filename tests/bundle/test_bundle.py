@@ -23,8 +23,8 @@ from click.testing import CliRunner
 from rkpart.bundle.build import bundle_plan
 from rkpart.cli import main
 from rkpart.compile.compile import compile_plan_report
-from rkpart.partitioner.api import partition
 from rkpart.partitioner.plan import Plan
+from rkpart.pipeline import partition
 from rkpart.runtime.executor import run_plan
 from tests.compile.conftest import get_toolkit
 
