@@ -26,7 +26,7 @@ from rkpart.compile.compile import compile_plan_report
 from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
 from rkpart.runtime.executor import run_plan
-from tests.compile.conftest import get_toolkit
+from tests.toolkits import get_toolkit
 
 STANDIN = "RKPART_RUNNER_NPU_STANDIN"
 #: what the board must never need: rkpart and its x86-only dependencies

@@ -124,7 +124,7 @@ def test_cache_info_and_prune(tmp_path: Path, fake_toolkit: Toolkit) -> None:
 @pytest.mark.toolkit
 @pytest.mark.slow
 def test_partition_force_keeps_identical_builds(tmp_path: Path, example_model: Path) -> None:
-    from tests.compile.conftest import get_toolkit
+    from tests.toolkits import get_toolkit
 
     get_toolkit("2.3.0")
     run = CliRunner().invoke

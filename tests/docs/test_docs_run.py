@@ -80,11 +80,11 @@ def test_skip_markers_are_on_runnable_blocks_only() -> None:
 
 @pytest.fixture(scope="module")
 def toolkits() -> str:
-    from tests.compile.conftest import _toolkits_dir, get_toolkit
+    from tests.toolkits import get_toolkit, toolkits_dir
 
     for v in ("2.3.0", "2.3.2", "2.5.0"):
         get_toolkit(v)
-    return str(_toolkits_dir())
+    return str(toolkits_dir())
 
 
 def _env(bin_dir: Path, toolkits: str, cache: Path) -> dict[str, str]:
