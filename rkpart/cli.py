@@ -158,6 +158,9 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
                              progress=say)
     with say:
         plan = run_partition(PartitionOptions(model, out, strategy, config, shapes or None))
+    if not plan.npu_stages:  # even with --quiet: a plan for the NPU that uses no NPU is rarely what was meant
+        click.echo(f"rkpart: warning: the plan has no NPU stage; strategy {strategy} put the whole model on the host",
+                   err=True)
     if as_json:
         summary = plan.summary_json()
         click.echo(json.dumps({

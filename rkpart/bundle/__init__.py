@@ -1,5 +1,5 @@
-"""The board bundle: ``rkpart bundle`` (:mod:`rkpart.bundle.build`) and its standalone runner.
+"""``rkpart bundle`` (:mod:`rkpart.bundle.build`): a compiled plan as a self-contained folder for the board.
 
-:mod:`rkpart.bundle.runner` imports nothing from rkpart (it is copied into every bundle), so
-this package's ``__init__`` stays empty: importing the runner must not pull in the builder.
+The runner copied into every bundle is :mod:`rkpart.runtime.board_runner`, a leaf module that
+imports nothing from rkpart (the board has only NumPy, ONNX Runtime and rknn-toolkit-lite2).
 """

@@ -3,7 +3,7 @@
 The folder holds the ``.rknn`` files of the NPU stages, the ``.onnx`` files (and external
 data) of the host stages, reference inputs/outputs computed by ONNX Runtime on the whole
 model, ``manifest.json`` (versioned, with the sha256 of every file) and ``runner.py``, a
-copy of :mod:`rkpart.bundle.runner` that needs only NumPy, ONNX Runtime and
+copy of :mod:`rkpart.runtime.board_runner` that needs only NumPy, ONNX Runtime and
 rknn-toolkit-lite2.  Written like a plan: into ``.<out>.partial`` and swapped in at the end.
 """
 
@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from rkpart.bundle import runner as runner_mod
 from rkpart.errors import OutputExistsError, SpecError, UserError
 from rkpart.io import atomic_write_bytes, atomic_writer, file_sha256, folder_lock, recover_folder, replace_folder
 from rkpart.partitioner.plan import Plan, Stage, check_inside, load_plan
 from rkpart.progress import advance
+from rkpart.runtime import board_runner as runner_mod
 from rkpart.types import NPU, RESIDENCIES, Residency
 
 REF_INPUTS = "ref_inputs.npz"

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from rkpart.bundle.runner import CORE_MASKS, RESIDENCIES
 from rkpart.cli_args import user_errors
+from rkpart.runtime.board_runner import CORE_MASKS, RESIDENCIES
 
 
 @click.command("bundle")

@@ -1,6 +1,6 @@
 """Board backend: runs compiled ``.rknn`` stages with rknn-toolkit-lite2 on an RK3588.
 
-The NPU calls are those of the bundle runner (:mod:`rkpart.bundle.runner`, the one file a
+The NPU calls are those of the bundle runner (:mod:`rkpart.runtime.board_runner`, the one file a
 board bundle ships), so ``rkpart run/profile --backend rknnlite`` and ``python runner.py``
 drive the NPU with the same code.  Each lifecycle method is one RKNNLite call, so the
 profiler times exactly what the write-up timed (``load_rknn`` / ``init_runtime`` /
@@ -18,9 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rkpart.bundle import runner as board
 from rkpart.errors import SpecError, ToolkitError
 from rkpart.partitioner.plan import Stage, check_inside
+from rkpart.runtime import board_runner as board
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
 #: ``--core-mask`` names and RKNNLite's values (rknn_api.h ``rknn_core_mask``).

@@ -1,7 +1,9 @@
 """Run an rkpart bundle on an RK3588 board: NPU stages with RKNNLite, host stages with ONNX Runtime.
 
-This one file is copied into every bundle written by ``rkpart bundle`` and is all the board
-needs besides the bundle's model files.  It imports only the standard library, NumPy,
+This one file is copied into every bundle written by ``rkpart bundle`` (as ``runner.py``) and
+is all the board needs besides the bundle's model files; inside rkpart it is
+``rkpart.runtime.board_runner``, whose NPU session ``rkpart run/profile --backend rknnlite``
+use.  It imports nothing from rkpart.  It imports only the standard library, NumPy,
 ONNX Runtime and (for NPU stages) rknn-toolkit-lite2, so a board image needs just::
 
     pip install numpy onnxruntime rknn-toolkit-lite2
