@@ -7,16 +7,17 @@ from pathlib import Path
 
 import click
 
-from rkpart.cli_args import user_errors
-from rkpart.runtime.board_runner import CORE_MASKS, RESIDENCIES
+from rkpart.cli_args import json_option, quiet_option, residency_option, user_errors
+from rkpart.runtime.board_runner import CORE_MASKS
 
 
 @click.command("bundle")
 @click.argument("plan", type=click.Path(path_type=Path))
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Bundle folder to write (copy it to the board).")
-@click.option("--residency", type=click.Choice(RESIDENCIES), default=None,
-              help="NPU stage residency [default: the plan's choice (auto strategy), else per-stage].")
+@residency_option(help="NPU stage sessions on the board: released after each use (per-stage), kept for the whole "
+                      "loop (resident), or as the plan chose per block (auto strategy; per-stage where it chose "
+                      "nothing).")
 @click.option("--core-mask", type=click.Choice(tuple(CORE_MASKS)), default="auto", show_default=True,
               help="NPU cores for RKNNLite.init_runtime.")
 @click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -29,10 +30,10 @@ from rkpart.runtime.board_runner import CORE_MASKS, RESIDENCIES
 @click.option("--max-abs-rel", type=click.FloatRange(min=0), default=None,
               help="The runner's default gate: max abs error / max |reference| [default: off].")
 @click.option("--force", is_flag=True, help="Replace an existing bundle folder.")
-@click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
-@click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
+@quiet_option
+@json_option(help="Print the manifest summary as JSON.")
 @user_errors
-def bundle(plan: Path, out: Path, residency: str | None, core_mask: str, model: Path | None, inputs: Path | None,
+def bundle(plan: Path, out: Path, residency: str, core_mask: str, model: Path | None, inputs: Path | None,
            seed: int, min_cosine: float, max_abs_rel: float | None, force: bool, quiet: bool, as_json: bool) -> None:
     """Write a self-contained board folder for the compiled PLAN.
 
@@ -47,7 +48,8 @@ def bundle(plan: Path, out: Path, residency: str | None, core_mask: str, model: 
 
     feeds = load_inputs(inputs, load_plan(plan)[0]) if inputs is not None else None
     with Reporter(quiet=quiet) as say:
-        res = bundle_plan(plan, out, residency=residency, core_mask=core_mask, model=model, inputs=feeds, seed=seed,
+        res = bundle_plan(plan, out, residency=None if residency == "plan" else residency, core_mask=core_mask,
+                          model=model, inputs=feeds, seed=seed,
                           min_cosine=min_cosine, max_abs_rel=max_abs_rel, force=force, progress=say)
     m = res.manifest
     summary = {"bundle": str(out), "files": len(m["files"]), "size_bytes": res.size_bytes,
