@@ -47,7 +47,14 @@ from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError as _e:  # pragma: no cover - the board image lacks numpy
+    if __name__ == "__main__":
+        print(f"runner: error: the runner needs numpy (pip install numpy onnxruntime rknn-toolkit-lite2): {_e}",
+              file=sys.stderr)
+        sys.exit(2)
+    raise
 
 MANIFEST = "manifest.json"
 BUNDLE_FORMAT = "rkpart-bundle"
@@ -87,7 +94,10 @@ class RuntimeFailure(BundleError):
 
 def ort_session(path: str) -> Any:
     """An ONNX Runtime CPU session with rkpart's settings (sequential execution, no spinning, quiet)."""
-    import onnxruntime as ort
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        raise BundleError(f"host stages need onnxruntime (pip install onnxruntime): {e}") from None
 
     so = ort.SessionOptions()
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL

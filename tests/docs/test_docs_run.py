@@ -108,8 +108,9 @@ def test_page_runs(page: Path, tmp_path: Path, toolkits: str) -> None:
     # `python` and `rkpart` of this checkout's interpreter, whatever the shell's PATH says
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(sys.executable)
-    (bin_dir / "python3").symlink_to(sys.executable)
+    for name in ("python", "python3"):  # a wrapper, not a symlink: a venv's python finds its venv by its own path
+        (bin_dir / name).write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+        (bin_dir / name).chmod(0o755)
     rk = bin_dir / "rkpart"
     rk.write_text(f"#!/bin/sh\nexec {sys.executable} -c \"from rkpart.cli import main; main()\" \"$@\"\n")
     rk.chmod(0o755)
