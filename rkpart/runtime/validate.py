@@ -96,7 +96,7 @@ def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
     )
     progress(f"reference: whole model {model} on ONNX Runtime")
     ref = run_model(model, feeds, plan.outputs)
-    be = get_backend(backend, toolkit=opts.toolkit, **({"core_mask": opts.core_mask} if opts.core_mask else {}))
+    be = get_backend(backend, toolkit=opts.toolkit, core_mask=opts.core_mask or "auto")
     stage_metrics: dict[str, dict[str, Metrics]] = {}
     env_before: dict[str, np.ndarray] = dict(feeds)
 
