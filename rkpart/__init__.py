@@ -44,6 +44,9 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "get_backend": ("rkpart.runtime:get_backend",),
     # extending
     "Strategy": ("rkpart.strategies.base:Strategy",),
+    "GroupBuilder": ("rkpart.strategies.base:GroupBuilder",),
+    "Partition": ("rkpart.partitioner.partition:Partition",),
+    "Group": ("rkpart.partitioner.partition:Group",),
     "Recognizer": ("rkpart.recognizers:Recognizer",),
     "ScopeRecognizer": ("rkpart.recognizers:ScopeRecognizer",),
     # errors
@@ -55,7 +58,10 @@ _LAZY: dict[str, tuple[str, ...]] = {
 __all__ = [
     "BuildResult",
     "Discovery",
+    "Group",
+    "GroupBuilder",
     "ModelGraph",
+    "Partition",
     "Plan",
     "Recognizer",
     "RkpartError",
@@ -83,13 +89,14 @@ if TYPE_CHECKING:  # static types for what __getattr__ returns
     from rkpart.errors import RkpartError, UserError
     from rkpart.ir import ModelGraph, load_model
     from rkpart.partitioner.discovery import Discovery
+    from rkpart.partitioner.partition import Group, Partition
     from rkpart.partitioner.plan import Plan, Stage, load_plan
     from rkpart.pipeline import partition, select
     from rkpart.profile.lifecycle import profile_plan
     from rkpart.recognizers import Recognizer, ScopeRecognizer, discover
     from rkpart.runtime import get_backend
     from rkpart.runtime.executor import run_plan
-    from rkpart.strategies.base import Strategy
+    from rkpart.strategies.base import GroupBuilder, Strategy
 
 
 def __getattr__(name: str) -> Any:

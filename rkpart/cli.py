@@ -8,6 +8,7 @@ stderr and the error's exit code.  Internal errors keep their traceback.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 from pathlib import Path
@@ -167,6 +168,9 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
                              progress=say)
     with say:
         plan = run_partition(PartitionOptions(model, out, strategy, config, shapes or None))
+    if not plan.npu_stages:  # even with --quiet: a plan for the NPU that uses no NPU is rarely what was meant
+        click.echo(f"rkpart: warning: the plan has no NPU stage; strategy {strategy} put the whole model on the host",
+                   err=True)
     if as_json:
         summary = plan.summary_json()
         click.echo(json.dumps({
@@ -199,9 +203,20 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
     mg, disc = inspect_model(model, shapes or None)
     info = describe(mg)
     if as_json:
+        blocks = disc.summary()
+        for b, summary in zip(disc.blocks, blocks, strict=True):
+            # tensor names to cut at (custom spec `cut`): the residual stream into and out of
+            # every region, and what enters its core after the AdaLN
+            regions: list[dict[str, Any]] = summary["regions"]  # type: ignore[assignment]
+            for r, rs in zip(b.regions, regions, strict=True):
+                rs["input"] = [br.skip for br in r.branches]
+                rs["core_inputs"] = sorted({t for br in r.branches for t in br.core_in})
+                rs["output"] = [mg.nodes[br.add].output[0] for br in r.branches]
+            summary["input"] = regions[0]["input"] if regions else []
+            summary["output"] = regions[-1]["output"] if regions else []
         click.echo(json.dumps({**info, "streams": disc.streams, "method": disc.method,
                                "prologue_ops": len(disc.prologue), "epilogue_ops": len(disc.epilogue),
-                               "glue_ops": len(disc.glue), "blocks": disc.summary()}, indent=2))
+                               "glue_ops": len(disc.glue), "blocks": blocks}, indent=2))
         return
     click.echo(f"{info['file']}: opset {info['opset']}, {info['nodes']} nodes ({info['const_nodes']} constant), "
                f"weights {mib(info['weight_bytes'])} MiB")
@@ -226,10 +241,14 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
 @main.command()
 @click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
 @inputs_options
-@click.option("--backend", type=click.Choice(["ort", "rknn-sim"]), default="ort", show_default=True,
-              help="Executor for NPU stages; host stages always run on ONNX Runtime.")
+@click.option("--backend", type=click.Choice(["ort", "rknn-sim", "rknnlite"]), default="ort", show_default=True,
+              help="Executor for NPU stages (rknnlite: the board, with the bundle runner's NPU code); "
+                   "host stages always run on ONNX Runtime.")
 @toolkit_option(help="rknn-toolkit2 version for --backend rknn-sim stages without an artifact "
-                      "[default: the version that built each stage's artifact].")
+                      "[default: the version that built each stage's artifact]; rknnlite: refuse artifacts of "
+                      "another version.")
+@click.option("--core-mask", type=click.Choice(["auto", "0", "1", "2", "0_1", "0_1_2", "all"]), default=None,
+              help="rknnlite: NPU cores for RKNNLite.init_runtime [default: auto].")
 @click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Whole model to compare against [default: the plan's source model, found at its recorded "
                    "path or next to the plan folder and used only if its sha256 matches the plan's].")
@@ -241,7 +260,8 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
                       "plan chose per block (auto strategy; resident where it chose nothing).")
 @json_option(help="Machine-readable report.")
 @quiet_option
-def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: str | None, model: Path | None,
+def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: str | None, core_mask: str | None,
+        model: Path | None,
         reference: Path | None, min_cosine: float | None, max_abs_rel: float | None, per_stage: bool,
         save_outputs: Path | None, residency: str, as_json: bool, quiet: bool) -> None:
     """Execute PLAN stage by stage and gate it against the whole model."""
@@ -249,7 +269,7 @@ def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: 
 
     opts = RunOptions(inputs=inputs, seed=seed, backend=backend, toolkit=toolkit, model=model, reference=reference,
                       min_cosine=min_cosine, max_abs_rel=max_abs_rel, per_stage=per_stage, save_outputs=save_outputs,
-                      residency=residency)
+                      residency=residency, core_mask=core_mask)
     with Reporter(quiet=quiet) as say:
         report = validate_plan_run(plan_path, opts, say)
     emit(as_json, report.to_json, report.render)
@@ -276,16 +296,26 @@ def strategies(as_json: bool) -> None:
 
 
 @main.command()
-@click.argument("dest", type=click.Path(dir_okay=False, path_type=Path), default=Path("anima_tiny.onnx"))
+@click.argument("dest", type=click.Path(path_type=str), default="anima_tiny.onnx")
 @force_option(help="Overwrite DEST.")
-def example(dest: Path, force: bool) -> None:
-    """Copy the bundled tiny Anima-style example model to DEST."""
+def example(dest: str, force: bool) -> None:
+    """Copy the bundled tiny Anima-style example model to DEST.
+
+    DEST is a file name, or a folder (an existing one, or any path ending in /) that gets
+    anima_tiny.onnx; prints the path written.  The example is a 2-block DiT with the
+    Anima / Cosmos-Predict2 block anatomy, for trying every command without a real model.
+    """
     from rkpart.partitioner.extract import copy_file
 
-    if dest.exists() and not force:
-        raise UserError(f"{dest} exists; use --force to overwrite it")
-    copy_file(bundled_example(), dest)
-    click.echo(str(dest))
+    path = Path(dest)
+    if dest.endswith(("/", os.sep)) or path.is_dir():
+        path = path / "anima_tiny.onnx"
+    if path.exists() and not force:
+        raise UserError(f"{path} exists; use --force to overwrite it")
+    if path.is_dir():
+        raise UserError(f"{path} is a folder")
+    copy_file(bundled_example(), path)
+    click.echo(str(path))
 
 
 def _register_optional() -> None:
@@ -293,11 +323,13 @@ def _register_optional() -> None:
     import importlib
 
     for mod, names in (
-        ("rkpart.commands.compile", ("toolkit", "compile_cmd")),
+        ("rkpart.commands.compile", ("toolkit", "compile_cmd", "cache")),
         ("rkpart.commands.profile", ("profile",)),
         ("rkpart.commands.fit", ("fit",)),
         ("rkpart.commands.repro", ("repro",)),
         ("rkpart.commands.recognizers", ("recognizers",)),
+        ("rkpart.commands.bundle", ("bundle",)),
+        ("rkpart.commands.report", ("report",)),
     ):
         try:
             module = importlib.import_module(mod)

@@ -18,7 +18,7 @@ layers to its left, never back, not even inside a function)::
 
     errors, types <- io, units, progress
       <- ir <- targets <- partitioner <- plugins <- recognizers <- strategies
-      <- validation <- compile <- runtime <- triage <- profile <- cost_model
+      <- validation <- compile <- runtime <- triage <- profile <- cost_model <- bundle, report
       <- pipeline <- dropin <- cli_args <- commands <- cli
 """
 
@@ -42,7 +42,7 @@ from rkpart.partitioner.partition import Partition
 from rkpart.partitioner.plan import Plan
 from rkpart.partitioner.write import prepare_out, write_partition
 from rkpart.recognizers import discover
-from rkpart.strategies.base import GroupBuilder, Strategy, option
+from rkpart.strategies.base import GroupBuilder, Strategy, check_strategy_options, option
 from rkpart.strategies.fused import FusedStrategy
 from rkpart.strategies.split import SplitStrategy
 from rkpart.targets import DEFAULT_TARGET, TARGETS, get_target
@@ -132,11 +132,15 @@ class PartitionConfig:
 def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfig = PartitionConfig()) -> Partition:
     """The partition ``strategy`` proposes for ``model``, checked against the target's capabilities."""
     strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
+    check_strategy_options(strat, config.options, known={n: c.accepts or () for n, c in available().items()})
     disc = model.discovery(config.progress) if strat.needs_blocks else None
     part = strat.propose(model.graph, disc, **config.options)
     notes = capability_notes(model.graph, part, config.target, config.toolkit)
     for note in notes:
         config.progress(f"warning: {note}")
+    if not any(g.device == "npu" for g in part.groups):
+        # recorded in the plan's notes; the CLI warns on stderr even with --quiet
+        notes.append(f"strategy {part.strategy} put no stage on the NPU: the whole model runs on the host")
     if notes:
         part = Partition(part.strategy, part.options, part.groups, (*part.notes, *notes))
     return part
@@ -190,7 +194,7 @@ class PartitionOptions:
 
     model: Path
     out: Path
-    strategy: str = "split"
+    strategy: str | Strategy = "split"  # a name, or a Strategy instance
     config: PartitionConfig = PartitionConfig()
     input_shapes: Mapping[str, tuple[int, ...]] | None = None
 
@@ -201,7 +205,9 @@ def run_partition(opts: PartitionOptions) -> Plan:
     The output folder is checked first, so a model of any size is not read for an output
     that cannot be written.
     """
-    strat = get_strategy(opts.strategy)
+    strat = get_strategy(opts.strategy) if isinstance(opts.strategy, str) else opts.strategy
+    # before loading: a model of any size is not read for options that cannot be used
+    check_strategy_options(strat, opts.config.options, known={n: c.accepts or () for n, c in available().items()})
     prepare_out(Path(os.path.abspath(opts.out)), opts.config.force, Path(opts.model))
     loaded = load(opts.model, opts.input_shapes, opts.config.progress)
     return write_plan(loaded, propose(loaded, strat, opts.config), opts.out, opts.config)
@@ -210,7 +216,7 @@ def run_partition(opts: PartitionOptions) -> Plan:
 def partition(
     model: str | os.PathLike[str],
     out: str | os.PathLike[str],
-    strategy: str = "split",
+    strategy: str | Strategy = "split",
     *,
     force: bool = False,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
@@ -232,7 +238,8 @@ def partition(
         Plan folder to create.  An existing non-empty one is replaced only with ``force``,
         and only once the new plan is complete.
     strategy:
-        ``split``, ``fused``, ``custom``, ``generic``, ``auto`` or any registered strategy.
+        ``split``, ``fused``, ``custom``, ``generic``, ``auto``, any registered strategy, or a
+        :class:`~rkpart.strategies.base.Strategy` instance (one not registered as a plugin).
     simplify:
         Run onnxsim on every NPU stage, keeping the result only when its outputs equal the
         original's under ONNX Runtime.
@@ -354,6 +361,8 @@ class AutoStrategy(Strategy):
     """
 
     name = "auto"
+    accepts = ("cost_model", "budget_mib", "toolkit", "steps", "cfg", "residency", "max_error_ratio", "max_run",
+               "compiled", "report")
     summary = "per block, the cheapest candidate predicted by a cost model within a memory budget"
 
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:

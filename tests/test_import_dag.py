@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("triage",),
     ("profile",),
     ("cost_model",),
+    ("bundle", "report"),
     ("pipeline",),
     ("dropin",),
     ("cli_args",),

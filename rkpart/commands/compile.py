@@ -82,21 +82,28 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
               help="Seconds per build before it is killed.")
 @click.option("--fallback-toolkit", default=None, help="Retry failed stages with this toolkit version.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
-              help="Shared artifact cache in addition to the plan's rknn/ folder.")
+              help="Build cache shared between plans, in addition to the plan's rknn/ folder "
+                   "[default: $RKPART_CACHE_DIR/rknn or ~/.cache/rkpart/rknn; see `rkpart cache info`].")
+@click.option("--no-cache", is_flag=True, help="Neither reuse nor fill the shared build cache.")
+@click.option("--stage", "stage_ids", multiple=True, metavar="ID",
+              help="Build only this NPU stage (repeatable); the others keep their artifacts.")
 @click.option("--retry-failed", is_flag=True, help="Rebuild stages whose crash the cache remembers.")
 @toolkits_dir_option
 @quiet_option
 @json_option(help="Print a machine-readable summary on stdout.")
 @user_errors
 def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, Any], jobs: int,
-                timeout: float | None, fallback_toolkit: str | None, cache_dir: str | None, retry_failed: bool,
-                toolkits_dir: str | None, quiet: bool, as_json: bool) -> None:
+                timeout: float | None, fallback_toolkit: str | None, cache_dir: str | None, no_cache: bool,
+                stage_ids: tuple[str, ...], retry_failed: bool, toolkits_dir: str | None, quiet: bool,
+                as_json: bool) -> None:
     """Build every NPU stage of PLAN into an .rknn file with rknn-toolkit2."""
     from rkpart.compile.compile import CompileOptions, compile_folder
 
+    if no_cache and cache_dir:
+        raise click.UsageError("--no-cache and --cache-dir contradict each other")
     opts = CompileOptions(toolkit=toolkit_v, target=target, config=rknn_config, jobs=jobs, timeout=timeout,
                           fallback_toolkit=fallback_toolkit, toolkits_dir=toolkits_dir, shared_cache=cache_dir,
-                          retry_failed=retry_failed)
+                          retry_failed=retry_failed, cache=not no_cache, stages=stage_ids)
     with Reporter(quiet=quiet) as progress:
         report = compile_folder(plan, opts, progress)
     emit(as_json, report.to_json, lambda: format_summary(report))
@@ -134,5 +141,64 @@ def format_summary(report: Any) -> str:
     return "\n".join(lines)
 
 
+@click.group("cache")
+def cache() -> None:
+    """Show or prune the user-level build cache (every .rknn built here, reused by any plan)."""
+
+
+_cache_dir = click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
+                          help="The cache [default: $RKPART_CACHE_DIR/rknn or ~/.cache/rkpart/rknn].")
+
+
+def _root(cache_dir: str | None) -> Any:
+    from pathlib import Path
+
+    from rkpart.compile.user_cache import user_cache_dir
+
+    return Path(cache_dir) if cache_dir else user_cache_dir()
+
+
+@cache.command("info")
+@_cache_dir
+@json_option()
+def cache_info(cache_dir: str | None, as_json: bool) -> None:
+    """Where the build cache is, how many builds it holds and their size per toolkit."""
+    from rkpart.compile.user_cache import info
+
+    d = info(_root(cache_dir))
+    if as_json:
+        click.echo(json.dumps(d, indent=2))
+        return
+    click.echo(f"build cache: {d['path']}{'' if d['exists'] else ' (empty: nothing built yet)'}")
+    click.echo(f"{d['entries']} build(s), {human_bytes(d['bytes'])}; {d['failures']} remembered failure(s)")
+    for v, t in d["toolkits"].items():
+        click.echo(f"  rknn-toolkit2 {v:<8} {t['entries']:>5} build(s)  {human_bytes(t['bytes'])}")
+
+
+@cache.command("prune")
+@_cache_dir
+@click.option("--max-size", default=None, metavar="SIZE",
+              help="Keep the most recently used builds that fit in SIZE (e.g. 20G, 500M).")
+@click.option("--older-than", type=click.FloatRange(min=0), default=None, metavar="DAYS",
+              help="Remove builds not used for DAYS days.")
+@click.option("--toolkit", "toolkits", multiple=True, metavar="VERSION", help="Remove the builds of VERSION.")
+@click.option("--failures", is_flag=True, help="Forget remembered build failures (crashes are retried next time).")
+@click.option("--all", "everything", is_flag=True, help="Remove everything.")
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@user_errors
+def cache_prune(cache_dir: str | None, max_size: str | None, older_than: float | None, toolkits: tuple[str, ...],
+                failures: bool, everything: bool, dry_run: bool) -> None:
+    """Remove builds from the cache (plans keep their own copies in their rknn/ folders)."""
+    from rkpart.compile.user_cache import parse_size, prune
+
+    root = _root(cache_dir)
+    gone = prune(root, max_bytes=None if max_size is None else parse_size(max_size), older_than_days=older_than,
+                 toolkits=toolkits, failures=failures, everything=everything, dry_run=dry_run)
+    builds = [e for e in gone if not e.failure]
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb} {len(builds)} build(s) ({human_bytes(sum(e.size_bytes for e in builds))}) and "
+               f"{len(gone) - len(builds)} remembered failure(s) from {root}")
+
+
 #: commands for rkpart.cli:main
-COMMANDS = (toolkit, compile_cmd)
+COMMANDS = (toolkit, compile_cmd, cache)

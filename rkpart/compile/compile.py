@@ -31,7 +31,8 @@ from rkpart.compile.scheduler import (
     memory_in_use,
 )
 from rkpart.compile.toolkits import Toolkit, find_toolkit
-from rkpart.errors import os_error
+from rkpart.compile.user_cache import touch, user_cache_dir
+from rkpart.errors import UserError, os_error
 from rkpart.io import file_sha256, folder_lock
 from rkpart.partitioner.plan import Artifact, Plan, Stage, load_plan
 from rkpart.partitioner.verify import stage_onnx
@@ -112,8 +113,10 @@ class CompileOptions:
     timeout: float | None = None
     fallback_toolkit: str | None = None
     toolkits_dir: str | None = None
-    shared_cache: str | None = None  # cache dir shared between plans
+    shared_cache: str | None = None  # cache dir shared between plans [default: the user's build cache]
     retry_failed: bool = False
+    cache: bool = True  # False: neither read nor fill the user-level build cache
+    stages: tuple[str, ...] = ()  # build only these NPU stages (ids); others keep their artifacts
 
 
 def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
@@ -123,7 +126,7 @@ def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
     o = options
     return compile_plan_report(plan, folder, o.toolkit, o.target, o.config, o.jobs, o.timeout, o.fallback_toolkit,
                                progress, toolkits_dir=o.toolkits_dir, shared_cache=o.shared_cache,
-                               retry_failed=o.retry_failed)
+                               retry_failed=o.retry_failed, cache=o.cache, stages=o.stages or None)
 
 
 @dataclass
@@ -180,16 +183,20 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
                         progress: Progress | None = None, *,
                         toolkits_dir: str | os.PathLike[str] | None = None,
                         shared_cache: str | os.PathLike[str] | None = None, retry_failed: bool = False,
+                        cache: bool = True, stages: Sequence[str] | None = None,
                         memory_margin: int = DEFAULT_MARGIN, available: Callable[[], int] = available_memory,
                         worker: Path = WORKER) -> CompileReport:
     """:func:`compile_plan`, returning the per-stage outcomes as well (keyword options as documented there).
 
-    ``shared_cache`` is a cache dir shared between plans; ``retry_failed`` rebuilds stages
+    ``shared_cache`` is a cache dir shared between plans (default: the user-level build cache,
+    :mod:`rkpart.compile.user_cache`; ``cache=False`` uses none); ``stages`` limits the build
+    to those NPU stage ids (the others keep their artifacts); ``retry_failed`` rebuilds stages
     whose crash is remembered by the cache; ``worker`` is replaced only by test fakes.
     """
     say = progress or (lambda _m: None)
     folder = Path(folder)
     t0 = time.monotonic()
+    chosen = _select_stages(plan, stages)
     tk = _resolve(toolkit, toolkits_dir)
     assert tk is not None
     fb = _resolve(fallback_toolkit, toolkits_dir)
@@ -207,17 +214,17 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
 
         shutil.rmtree(folder / RKNN_DIR / ".tmp", ignore_errors=True)
         _check_writable(folder / RKNN_DIR)
-        cache = ArtifactCache(folder / RKNN_DIR)
-        shared = ArtifactCache(Path(shared_cache)) if shared_cache else None
+        local = ArtifactCache(folder / RKNN_DIR)
+        shared_root = Path(shared_cache) if shared_cache else user_cache_dir() if cache else None
+        shared = ArtifactCache(shared_root) if shared_root is not None else None
         mem_path = (Path(shared_cache) if shared_cache else default_cache_dir()) / MEMORY_FILE
         model = MemoryModel(mem_path)
-        ctx = _Context(folder=folder, target=target, config=full_config, chash=chash, cache=cache,
+        ctx = _Context(folder=folder, target=target, config=full_config, chash=chash, cache=local,
                        shared=shared, model=model, timeout=timeout, jobs=jobs, retry_failed=retry_failed,
                        margin=memory_margin, available=available, worker=worker, say=say, t0=t0)
-        stages = plan.npu_stages
-        outcomes = ctx.compile_round(stages, tk, fallback_reason=None)
+        outcomes = ctx.compile_round(chosen, tk, fallback_reason=None)
         if fb is not None:
-            retry = [s for s in stages if outcomes[s.id].status == "failed"]
+            retry = [s for s in chosen if outcomes[s.id].status == "failed"]
             if retry:
                 say(f"retrying {len(retry)} failed stage(s) with rknn-toolkit2 {fb.version}")
                 second = ctx.compile_round(retry, fb, fallback_reason={
@@ -228,7 +235,7 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
         model.save()
         new_plan = _apply(plan, outcomes, settings)
         new_plan.save(folder)
-    ordered = tuple(outcomes[s.id] for s in stages)
+    ordered = tuple(outcomes[s.id] for s in chosen)
     return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings)
 
 
@@ -245,6 +252,23 @@ def _check_writable(folder: Path) -> None:
         if err is None:
             raise
         raise err from None
+
+
+def _select_stages(plan: Plan, ids: Sequence[str] | None) -> tuple[Stage, ...]:
+    """The NPU stages to build: all, or those named (an unknown or host stage id is a user error)."""
+    if not ids:
+        return plan.npu_stages
+    import difflib
+
+    npu = {s.id: s for s in plan.npu_stages}
+    for i in ids:
+        if i not in npu:
+            what = "a host stage" if any(s.id == i for s in plan.stages) else "not a stage of this plan"
+            near = difflib.get_close_matches(i, list(npu), n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else f" (NPU stages: {', '.join(npu)})"
+            raise UserError(f"--stage {i!r} is {what}{hint}")
+    want = set(ids)
+    return tuple(s for s in plan.npu_stages if s.id in want)
 
 
 def _resolve(spec: str | Toolkit | None, toolkits_dir: str | os.PathLike[str] | None) -> Toolkit | None:
@@ -297,6 +321,8 @@ class _Context:
             meta = self.cache.get(key)
             if meta is None and self.shared is not None:
                 meta = self.cache.import_from(self.shared, key)
+                if meta is not None:
+                    touch(self.shared.meta_path(key))  # last use, for `rkpart cache prune --max-size`
             if meta is not None:
                 outcomes[s.id] = StageOutcome(stage_id=s.id, status="cached", toolkit=tk.version,
                                               artifact=self._artifact(key, meta, reason), log=meta.get("log"))

@@ -14,6 +14,7 @@ Two sources:
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -344,9 +345,9 @@ def environment_of(records: Iterable[StageRecord]) -> dict[str, Any]:
 
 
 def fit_profiles(
-    paths: Sequence[str | Path],
+    paths: Sequence[str | os.PathLike[str]],
     *,
-    base: str | Path | None = None,
+    base: str | os.PathLike[str] | None = None,
     folds: int = 0,
     statistic: str = "median",
 ) -> tuple[CostModel, dict[str, Any]]:

@@ -215,7 +215,7 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
     if not chains:
         raise DiscoveryError(
             f"{mg.path.name}: no transformer blocks found (no chain of residual adds x + f(x)); "
-            "use --strategy custom with a spec that names the cut tensors"
+            "use --strategy generic (no DiT knowledge) or --strategy custom with a spec that names the cut tensors"
         )
     stream_of = {a: si for si, c in enumerate(chains) for a in c}
     skip_of = {a: adds[a] for a in stream_of}

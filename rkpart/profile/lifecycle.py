@@ -53,6 +53,7 @@ of running the model as a partitioned plan.
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import time
@@ -127,8 +128,8 @@ def unconditional_inputs(inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np
 
 def profile_plan(
     plan: Plan,
-    folder: str | Path,
-    backend: Backend,
+    folder: str | os.PathLike[str],
+    backend: Backend | str,
     rounds: int = 3,
     warmup: int = 1,
     cfg: bool = True,
@@ -155,6 +156,7 @@ def profile_plan(
     plan, folder
         The plan and the folder its stage files are relative to.
     backend
+        A :class:`Backend`, or its name for :func:`rkpart.runtime.get_backend` (``"ort"``).
         Runs every non-host stage; stages with ``device == "host"`` run on
         ``host_backend`` (default: ONNX Runtime).
     rounds, warmup
@@ -212,6 +214,10 @@ def profile_plan(
     if problem:
         raise SpecError(f"plan cannot run in order: {problem}")
     folder = Path(folder)
+    if isinstance(backend, str):
+        from rkpart.runtime import get_backend
+
+        backend = get_backend(backend)
     if host_backend is None:
         from rkpart.runtime.ort import OrtBackend
 

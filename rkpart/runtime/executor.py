@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,7 +166,7 @@ class PlanExecutor:
     def __init__(
         self,
         plan: Plan,
-        folder: Path,
+        folder: str | os.PathLike[str],
         *,
         backend: Backend | None = None,
         host: Backend | None = None,
@@ -291,7 +292,7 @@ class PlanExecutor:
 
 def run_plan(
     plan: Plan,
-    folder: Path,
+    folder: str | os.PathLike[str],
     feeds: Feeds,
     *,
     backend: Backend | None = None,

@@ -1,83 +1,75 @@
 """Board backend: runs compiled ``.rknn`` stages with rknn-toolkit-lite2 on an RK3588.
 
-Kept thin on purpose: each lifecycle method is one RKNNLite call, so the profiler times
-exactly what the write-up timed (``load_rknn`` / ``init_runtime`` / ``inference`` /
-``release``).  ``rknnlite`` exists only for aarch64 and is imported lazily, in
-:meth:`RknnLiteBackend.__init__`, so nothing else in rkpart needs the board's libraries.
+The NPU calls are those of the bundle runner (:mod:`rkpart.runtime.board_runner`, the one file a
+board bundle ships), so ``rkpart run/profile --backend rknnlite`` and ``python runner.py``
+drive the NPU with the same code.  Each lifecycle method is one RKNNLite call, so the
+profiler times exactly what the write-up timed (``load_rknn`` / ``init_runtime`` /
+``inference`` / ``release``).  ``rknnlite`` exists only for aarch64 and is imported lazily,
+in :meth:`RknnLiteBackend.__init__`, so nothing else in rkpart needs the board's libraries.
+
+With ``RKPART_RUNNER_NPU_STANDIN=PLAN_FOLDER`` set, NPU stages run on an ONNX Runtime
+stand-in (the stage ``.onnx`` files) instead: for checking the board path on a machine
+without an NPU, as the bundle runner does.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from rkpart.errors import SpecError, ToolkitError
 from rkpart.partitioner.plan import Stage
 from rkpart.partitioner.verify import artifact_file
+from rkpart.runtime import board_runner as board
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
 #: ``--core-mask`` names and RKNNLite's values (rknn_api.h ``rknn_core_mask``).
-CORE_MASKS = {
-    "auto": 0,
-    "0": 1,
-    "1": 2,
-    "2": 4,
-    "0_1": 3,
-    "0_1_2": 7,
-    "all": 0xFFFF,
-}
+CORE_MASKS = board.CORE_MASKS
 
 
 def _import_rknnlite() -> Any:
     try:
-        from rknnlite.api import RKNNLite
-    except ImportError as e:
-        raise ToolkitError(
-            f"the rknnlite backend needs rknn-toolkit-lite2 on the board (pip install rknn-toolkit-lite2): {e}"
-        ) from None
-    return RKNNLite
+        return board.import_rknnlite()
+    except board.BundleError as e:
+        raise ToolkitError(str(e)) from None
 
 
 class RknnLiteRunner(StageRunner):
-    def __init__(self, stage: Stage, folder: Path, api: Any, core_mask: int) -> None:
+    def __init__(self, stage: Stage, folder: Path, api: Any, core_mask: int, standin: Path | None = None) -> None:
         super().__init__(stage, folder)
+        self._session: Any
+        if standin is not None:
+            try:
+                src = board.standin_file(standin, stage.file, stage.sha256)
+            except board.BundleError as e:
+                raise SpecError(str(e)) from None
+            self._session = board.OrtSession(src, stage.inputs, stage.outputs)
+            return
         art = stage.artifact("rknn")
         if art is None:
             raise SpecError(f"stage {stage.id} has no compiled .rknn artifact; run `rkpart compile` first")
-        self._path = artifact_file(folder, stage, art)  # confined, regular, sha256 as recorded
-        self._api = api
-        self._core_mask = core_mask
-        self._rknn: Any = None
+        path = artifact_file(folder, stage, art)  # confined, regular, sha256 as recorded
+        self._session = board.RknnLiteSession(path, core_mask, api, stage.id)
+
+    def _call(self, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except board.BundleError as e:
+            raise ToolkitError(str(e)) from None
 
     def _load_impl(self) -> None:
-        self._rknn = self._api(verbose=False)
-        ret = self._rknn.load_rknn(str(self._path))
-        if ret != 0:
-            raise ToolkitError(f"stage {self.stage.id}: load_rknn({self._path}) returned {ret}")
+        self._call(self._session.load)
 
     def _init_impl(self) -> None:
-        ret = self._rknn.init_runtime(core_mask=self._core_mask)
-        if ret != 0:
-            raise ToolkitError(
-                f"stage {self.stage.id}: init_runtime returned {ret} "
-                "(an 'Invalid RKNN model version' log line means the board runtime is older than the toolkit)"
-            )
+        self._call(self._session.init)
 
     def _infer_impl(self, feeds: Feeds) -> Feeds:
-        arrays = [np.ascontiguousarray(feeds[n]) for n in self.stage.inputs]
-        # 4-D inputs are given as NCHW like the ONNX graph; the runtime converts them itself.
-        fmt = ["nchw" if a.ndim == 4 else None for a in arrays]
-        outs = self._rknn.inference(inputs=arrays, data_format=fmt if any(fmt) else None)
-        if outs is None:
-            raise ToolkitError(f"stage {self.stage.id}: inference returned no outputs")
+        outs = self._call(self._session.infer, [feeds[n] for n in self.stage.inputs])
         return dict(zip(self.stage.outputs, outs, strict=True))
 
     def _release_impl(self) -> None:
-        if self._rknn is not None:
-            self._rknn.release()
-            self._rknn = None
+        self._session.release()
 
 
 class RknnLiteBackend(Backend):
@@ -89,7 +81,10 @@ class RknnLiteBackend(Backend):
     def __init__(self, core_mask: str = "auto", toolkit: str | None = None) -> None:
         if core_mask not in CORE_MASKS:
             raise SpecError(f"core mask {core_mask!r} is not one of {', '.join(CORE_MASKS)}")
-        self._api = _import_rknnlite()
+        standin = os.environ.get(board.STANDIN_ENV)
+        #: ONNX Runtime stand-in for the NPU (a plan folder), never used on a board
+        self.standin = Path(standin) if standin else None
+        self._api = None if self.standin is not None else _import_rknnlite()
         self.core_mask = core_mask
         self.toolkit = toolkit
 
@@ -100,7 +95,7 @@ class RknnLiteBackend(Backend):
                 raise SpecError(
                     f"stage {stage.id} was built with toolkit {art.toolkit}, not --toolkit {self.toolkit}"
                 )
-        return RknnLiteRunner(stage, folder, self._api, CORE_MASKS[self.core_mask])
+        return RknnLiteRunner(stage, folder, self._api, CORE_MASKS[self.core_mask], self.standin)
 
     def describe(self) -> dict[str, Any]:
         from importlib import metadata
@@ -109,9 +104,12 @@ class RknnLiteBackend(Backend):
             lite = metadata.version("rknn-toolkit-lite2")
         except metadata.PackageNotFoundError:
             lite = None
-        return {
+        d = {
             "backend": self.name,
             "runtime": f"rknn-toolkit-lite2 {lite}" if lite else "rknn-toolkit-lite2",
             "toolkit": self.toolkit,
             "core_mask": self.core_mask,
         }
+        if self.standin is not None:
+            d["runtime"] = f"ONNX Runtime stand-in for the NPU ({board.STANDIN_ENV})"
+        return d

@@ -75,6 +75,7 @@ class RunOptions:
     per_stage: bool = False  # also compare each NPU stage with ONNX Runtime
     save_outputs: Path | None = None
     residency: ResidencyChoice = None
+    core_mask: str | None = None  # NPU cores for backend rknnlite; None: auto
 
 
 def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
@@ -85,6 +86,8 @@ def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
     inputs, seed, backend, model = opts.inputs, opts.seed, opts.backend, opts.model
     reference, per_stage, save_outputs = opts.reference, opts.per_stage, opts.save_outputs
     min_cosine, max_abs_rel = opts.min_cosine, opts.max_abs_rel
+    if opts.core_mask is not None and backend != "rknnlite":
+        raise UserError(f"--core-mask applies to --backend rknnlite only, not {backend}")
     plan, folder = load_plan(plan_path)
     for p, what in ((inputs, "inputs"), (reference, "reference")):
         if p is not None:
@@ -97,7 +100,7 @@ def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
     )
     progress(f"reference: whole model {model} on ONNX Runtime")
     ref = run_model(model, feeds, plan.outputs)
-    be = get_backend(backend, toolkit=opts.toolkit)
+    be = get_backend(backend, toolkit=opts.toolkit, core_mask=opts.core_mask or "auto")
     stage_metrics: dict[str, dict[str, Metrics]] = {}
     env_before: dict[str, np.ndarray] = dict(feeds)
 

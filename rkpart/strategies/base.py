@@ -26,6 +26,9 @@ class Strategy(abc.ABC):
     summary: ClassVar[str] = ""
     #: False for strategies that work on any graph (no block discovery needed)
     needs_blocks: ClassVar[bool] = True
+    #: the option names :meth:`propose` reads; others are refused before it is called
+    #: (:func:`check_strategy_options`).  ``None``: not declared, nothing is checked.
+    accepts: ClassVar[tuple[str, ...] | None] = None
 
     @abc.abstractmethod
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
@@ -39,6 +42,30 @@ def option(options: Mapping[str, Any], key: str, default: Any, choices: tuple[An
     if choices is not None and v not in choices:
         raise UserError(f"option {key}={v!r} is not one of {', '.join(map(str, choices))}")
     return v
+
+
+def check_strategy_options(strategy: Strategy, options: Mapping[str, Any], *,
+                  known: Mapping[str, tuple[str, ...]] | None = None) -> None:
+    """Refuse options ``strategy`` does not read, naming the closest one it does.
+
+    ``known`` maps other strategies' names to their options, so that an option of another
+    strategy (``adaln`` given to ``fused``) is reported as not applying rather than unknown.
+    """
+    if strategy.accepts is None:
+        return
+    import difflib
+
+    takes = f"(it takes: {', '.join(strategy.accepts) or 'no options'})"
+    for key in sorted(options):
+        if key in strategy.accepts:
+            continue
+        owners = sorted(n for n, opts in (known or {}).items() if key in opts and n != strategy.name)
+        if owners:
+            raise UserError(f"option {key!r} does not apply to strategy {strategy.name} but to "
+                            f"{', '.join(owners)} {takes}")
+        near = difflib.get_close_matches(key, strategy.accepts, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        raise UserError(f"unknown option {key!r} for strategy {strategy.name}{hint} {takes}")
 
 
 class GroupBuilder:

@@ -31,7 +31,7 @@ from rkpart.errors import SpecError, UserError
 from rkpart.io import loads_json, loads_yaml, read_limited
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
-from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
+from rkpart.strategies.base import GroupBuilder, Partition, Strategy, check_strategy_options, option
 
 _STAGE_ID = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
              "description": "Unique stage id (letters, digits, '_', '.', '-'; at most 64 characters)."}
@@ -161,6 +161,7 @@ def spec_schema_json() -> str:
 
 class CustomStrategy(Strategy):
     name = "custom"
+    accepts = ("spec",)
     summary = "stages named in a YAML/JSON spec (blocks, regions or cut tensors); the rest by another strategy"
 
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
@@ -218,7 +219,10 @@ class CustomStrategy(Strategy):
             from rkpart.strategies import get_strategy
 
             try:
-                part = get_strategy(rest).propose(mg, disc, **dict(data.get("rest_options", {})))
+                rest_strategy = get_strategy(rest)
+                rest_options = dict(data.get("rest_options", {}))
+                check_strategy_options(rest_strategy, rest_options)
+                part = rest_strategy.propose(mg, disc, **rest_options)
             except SpecError:
                 raise
             except UserError as e:

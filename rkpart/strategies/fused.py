@@ -17,6 +17,7 @@ from rkpart.strategies.base import GroupBuilder, Partition, Strategy, block_id, 
 
 class FusedStrategy(Strategy):
     name = "fused"
+    accepts = ("blocks_per_stage", "modulation")
     summary = "one NPU stage per block (or per run of N blocks), AdaLN and residuals inside"
 
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:

@@ -269,6 +269,7 @@ class GenericStrategy(Strategy):
     """
 
     name = "generic"
+    accepts = ("budget_mib", "budget_bytes", "board_ram_mib", "ram_share", "target", "device")
     summary = "consecutive segments whose weights + peak activations fit --budget-mib; any model"
     needs_blocks = False
 

@@ -20,6 +20,7 @@ from rkpart.strategies.base import GroupBuilder, Partition, Strategy, block_id, 
 
 class SplitStrategy(Strategy):
     name = "split"
+    accepts = ("adaln", "residual", "modulation")
     summary = "one NPU stage per residual branch; AdaLN/gates/residuals on the host by default"
 
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:

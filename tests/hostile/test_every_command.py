@@ -63,7 +63,8 @@ def test_model_commands_refuse_noise(tmp_path: Path, noise: Path, fake_registry:
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args", [("run",), ("compile", "--toolkit", "2.3.0"), ("profile", "-o", "prof.jsonl")])
+@pytest.mark.parametrize("args", [("run",), ("compile", "--toolkit", "2.3.0"), ("profile", "-o", "prof.jsonl"),
+                                  ("bundle", "-o", "board"), ("report", "-o", "report.html")])
 def test_plan_commands_refuse_escaping_paths(tmp_path: Path, evil_plan: Path, args: tuple[str, ...]) -> None:
     folder = tmp_path / "plan"
     shutil.copytree(evil_plan, folder)

@@ -1,0 +1,215 @@
+"""``rkpart bundle``: a compiled plan as a self-contained folder for the board.
+
+The folder holds the ``.rknn`` files of the NPU stages, the ``.onnx`` files (and external
+data) of the host stages, reference inputs/outputs computed by ONNX Runtime on the whole
+model, ``manifest.json`` (versioned, with the sha256 of every file) and ``runner.py``, a
+copy of :mod:`rkpart.runtime.board_runner` that needs only NumPy, ONNX Runtime and
+rknn-toolkit-lite2.  Written like a plan: into ``.<out>.partial`` and swapped in at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rkpart.errors import OutputExistsError, SpecError, UserError
+from rkpart.io import atomic_write_bytes, atomic_writer, file_sha256, folder_lock, recover_folder, replace_folder
+from rkpart.partitioner.plan import Plan, Stage, check_inside, load_plan
+from rkpart.progress import advance
+from rkpart.runtime import board_runner as runner_mod
+from rkpart.types import NPU, RESIDENCIES, Residency
+
+REF_INPUTS = "ref_inputs.npz"
+REF_OUTPUTS = "ref_outputs.npz"
+RUNNER_FILE = "runner.py"
+#: default gate of a bundle run on the NPU (fp16), as for the toolkit simulator
+DEFAULT_MIN_COSINE = 0.999
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BundleResult:
+    folder: Path
+    manifest: dict[str, Any]
+
+    @property
+    def files(self) -> dict[str, dict[str, Any]]:
+        return dict(self.manifest["files"])
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(int(f["size"]) for f in self.manifest["files"].values())
+
+
+def stage_residency(plan: Plan, override: str | None = None) -> dict[str, str]:
+    """Residency of every NPU stage in the bundle: ``override``, else the plan's choice, else per-stage.
+
+    The ``auto`` strategy records a residency per block (:func:`~rkpart.runtime.executor.plan_residency`);
+    other plans run per-stage on the board, the policy the write-up measured on an 8 GB board.
+    """
+    from rkpart.runtime.executor import plan_residency
+
+    if override is not None and override not in RESIDENCIES:
+        raise UserError(f"residency {override!r} is not one of {', '.join(RESIDENCIES)}")
+    chosen = plan_residency(plan, default=Residency.PER_STAGE)
+    return {s.id: override or chosen[s.id].value for s in plan.npu_stages}
+
+
+def _prepare_out(out: Path, force: bool, plan_folder: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"output {out} exists and is not a folder")
+    if out.resolve() == plan_folder.resolve() or out.resolve() in plan_folder.resolve().parents:
+        raise OutputExistsError(f"output folder {out} contains the plan; choose another folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise OutputExistsError(f"output folder {out} is not empty; use --force to replace it")
+        if not (out / runner_mod.MANIFEST).is_file():
+            raise OutputExistsError(f"refusing to replace {out}: it is not an rkpart bundle (no manifest.json)")
+
+
+def _stage_name(stage: Stage) -> str:
+    name = Path(stage.file).name
+    return name[: -len(".onnx")] if name.endswith(".onnx") else name
+
+
+def bundle_plan(
+    plan_path: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    residency: str | None = None,
+    core_mask: str = "auto",
+    model: str | os.PathLike[str] | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    seed: int = 0,
+    min_cosine: float = DEFAULT_MIN_COSINE,
+    max_abs_rel: float | None = None,
+    force: bool = False,
+    progress: Progress = lambda _m: None,
+) -> BundleResult:
+    """Write the board folder ``out`` for the compiled plan at ``plan_path``.
+
+    Every NPU stage needs an ``.rknn`` artifact (``rkpart compile``).  ``inputs`` (default:
+    seeded random inputs, ``seed``) are run through the whole model with ONNX Runtime to
+    give ``ref_outputs.npz``; the runner's gate defaults to ``min_cosine``/``max_abs_rel``.
+    """
+    from rkpart.runtime.executor import find_model, random_inputs, run_model
+
+    plan, folder = load_plan(plan_path)
+    if core_mask not in runner_mod.CORE_MASKS:
+        raise UserError(f"core mask {core_mask!r} is not one of {', '.join(runner_mod.CORE_MASKS)}")
+    missing = [s.id for s in plan.npu_stages if s.artifact("rknn") is None]
+    if missing:
+        raise SpecError(f"NPU stage {missing[0]} has no .rknn artifact ({len(missing)} of {len(plan.npu_stages)} "
+                        "uncompiled); run `rkpart compile` first")
+    res = stage_residency(plan, residency)
+    whole = find_model(plan, folder, None if model is None else Path(model))
+    out = Path(os.path.abspath(out))
+    _prepare_out(out, force, folder)
+
+    feeds = dict(inputs) if inputs is not None else random_inputs(plan.tensors, plan.inputs, seed)
+    progress(f"reference: whole model {whole} on ONNX Runtime")
+    ref = run_model(whole, feeds, plan.outputs)
+
+    staging = out.with_name(f".{out.name}.partial")
+    with folder_lock(staging, what=f"output folder {out}"):
+        try:
+            recover_folder(out)
+            _prepare_out(out, force, folder)
+            shutil.rmtree(staging / "stages", ignore_errors=True)
+            shutil.rmtree(staging / "rknn", ignore_errors=True)
+            manifest = _write(plan, folder, staging, res, core_mask, feeds, ref, seed if inputs is None else None,
+                              min_cosine, max_abs_rel, progress)
+            replace_folder(staging, out)
+        except UserError:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    progress(f"wrote bundle {out}: {len(plan.npu_stages)} NPU + {len(plan.host_stages)} host stages")
+    return BundleResult(folder=out, manifest=manifest)
+
+
+def _copy(src: Path, dst: Path) -> None:
+    with atomic_writer(dst) as tmp:
+        shutil.copyfile(src, tmp)
+
+
+def _savez(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """An ``.npz`` that ``np.load`` reads, byte-identical for equal arrays (``np.savez`` stamps the time)."""
+    import zipfile
+
+    with atomic_writer(path) as tmp, zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED) as z:
+        for k in sorted(arrays):
+            info = zipfile.ZipInfo(f"{k}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+            with z.open(info, "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asarray(arrays[k]), allow_pickle=False)
+
+
+def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str], core_mask: str,
+           feeds: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], seed: int | None,
+           min_cosine: float, max_abs_rel: float | None, progress: Progress) -> dict[str, Any]:
+    stages: list[dict[str, Any]] = []
+    for i, s in enumerate(plan.stages):
+        entry: dict[str, Any] = {"id": s.id, "device": s.device, "inputs": list(s.inputs),
+                                 "outputs": list(s.outputs), "block": s.block, "region": s.region}
+        if s.device == NPU:
+            art = s.artifact("rknn")
+            assert art is not None
+            src = check_inside(folder, art.file, what=f"stage {s.id} artifact")
+            rel = f"rknn/{_stage_name(s)}.rknn"
+            if file_sha256(src) != art.sha256:
+                raise SpecError(f"stage {s.id}: {art.file} differs from the sha256 in plan.json; compile again")
+            _copy(src, staging / rel)
+            entry.update(file=rel, residency=residency[s.id], source=s.file, source_sha256=s.sha256,
+                         toolkit=art.toolkit, target=art.target, cpu_ops=list(art.cpu_ops))
+        else:
+            src = check_inside(folder, s.file, what=f"stage {s.id} file")
+            rel = s.file
+            _copy(src, staging / rel)
+            data = src.with_name(src.name + ".data")
+            if data.is_file():
+                _copy(data, staging / (rel + ".data"))
+            entry.update(file=rel, residency=Residency.RESIDENT.value)
+        progress(f"[{i + 1}/{len(plan.stages)}] {s.id} ({s.device}) -> {rel}")
+        advance(progress, i + 1, len(plan.stages))
+        stages.append(entry)
+    _savez(staging / REF_INPUTS, feeds)
+    _savez(staging / REF_OUTPUTS, ref)
+    _copy(Path(runner_mod.__file__), staging / RUNNER_FILE)
+    files = {}
+    for p in sorted(staging.rglob("*")):
+        if p.is_file() and p.name != runner_mod.MANIFEST:
+            rel = p.relative_to(staging).as_posix()
+            files[rel] = {"sha256": file_sha256(p), "size": p.stat().st_size}
+    compiled = plan.extra.get("compile", {})
+    manifest: dict[str, Any] = {
+        "format": runner_mod.BUNDLE_FORMAT,
+        "version": runner_mod.BUNDLE_VERSION,
+        "model": {k: plan.model[k] for k in ("file", "sha256", "opset") if k in plan.model},
+        "plan": {"strategy": plan.strategy.get("name"), "npu_stages": len(plan.npu_stages),
+                 "host_stages": len(plan.host_stages)},
+        "toolkit": compiled.get("toolkit"),
+        "target": compiled.get("target"),
+        "core_mask": core_mask,
+        "residency": sorted(set(residency.values())) or [Residency.PER_STAGE.value],
+        "inputs": [plan.tensors[n].to_json() for n in plan.inputs],
+        "outputs": [plan.tensors[n].to_json() for n in plan.outputs],
+        "tensors": {k: {"dtype": t.dtype, "shape": list(t.shape)} for k, t in sorted(plan.tensors.items())},
+        "stages": stages,
+        "reference": {"inputs": REF_INPUTS, "outputs": REF_OUTPUTS, "seed": seed,
+                      "computed_by": "onnxruntime (CPU), whole model"},
+        "gate": {"min_cosine": min_cosine, "max_abs_rel": max_abs_rel},
+        "requires": ["numpy", "onnxruntime", "rknn-toolkit-lite2"],
+        "files": files,
+    }
+    atomic_write_bytes(staging / runner_mod.MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
+    return manifest
+
+
+__all__ = ["BundleResult", "bundle_plan", "stage_residency"]

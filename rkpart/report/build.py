@@ -1,0 +1,210 @@
+"""Assemble ``rkpart report``: the HTML page, its PNG plots and CSV tables.
+
+The page is self-contained: CSS inline, every plot an inline ``data:image/png`` and every
+table HTML, no script and no network access.  Next to it, ``<stem>_files/`` holds the same
+plots as PNG files and the tables as CSV.  Both are written atomically (the folder through a
+staging folder, the page last), so a killed run leaves the previous report.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import io
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rkpart import __version__
+from rkpart.errors import OutputExistsError, UserError
+from rkpart.io import atomic_write_bytes, folder_lock, recover_folder, replace_folder
+from rkpart.partitioner.plan import load_plan
+from rkpart.report import data as D
+from rkpart.report import plots
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    html: Path
+    assets: Path
+    files: tuple[str, ...]  # names inside ``assets``
+
+
+def _csv(rows: D.Table) -> bytes:
+    if not rows:
+        return b""
+    buf = io.StringIO()
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: _fmt(r.get(k)) for k in cols})
+    return buf.getvalue().encode()
+
+
+def _fmt(v: Any) -> Any:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return "" if v is None else v
+
+
+def _table_html(rows: D.Table, limit: int = 400) -> str:
+    if not rows:
+        return "<p class='none'>nothing to show</p>"
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "\n".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(_fmt(r.get(c))))}</td>" for c in cols) + "</tr>" for r in rows[:limit])
+    more = f"<p class='none'>{len(rows) - limit} more rows in the CSV file</p>" if len(rows) > limit else ""
+    return f"<div class='scroll'><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{more}"
+
+
+def _img(png: bytes | None, alt: str) -> str:
+    if png is None:
+        return ""
+    return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px auto;max-width:1200px;
+color:#222;padding:0 16px}
+h1{font-size:22px;margin-bottom:4px}h2{font-size:17px;margin-top:32px;border-bottom:1px solid #ddd}
+.meta{color:#666;font-size:13px}.none{color:#888;font-style:italic;font-size:13px}
+img{max-width:100%;height:auto;display:block;margin:8px 0}
+table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ddd;padding:2px 6px;text-align:left}
+th{background:#f4f4f4;position:sticky;top:0}.scroll{max-height:420px;overflow:auto;margin:8px 0}
+code{background:#f4f4f4;padding:1px 4px}
+"""
+
+
+def _section(title: str, intro: str, png: bytes | None, rows: D.Table, name: str) -> str:
+    return (f"<section id='{name}'><h2>{html.escape(title)}</h2><p>{intro}</p>{_img(png, title)}"
+            f"{_table_html(rows)}<p class='meta'>CSV: <code>{name}.csv</code></p></section>")
+
+
+def build_report(
+    plan_path: str | os.PathLike[str],
+    profiles: Sequence[str | os.PathLike[str]] = (),
+    output: str | os.PathLike[str] = "report.html",
+    *,
+    runs: Sequence[str | os.PathLike[str]] = (),
+    cost_model: str | None = None,
+    budget_mib: float | None = None,
+    force: bool = False,
+    progress: Progress = lambda _m: None,
+) -> ReportResult:
+    """Write ``output`` (HTML) and ``<stem>_files/`` (PNG + CSV) for the plan at ``plan_path``.
+
+    ``profiles``: ``rkpart profile`` JSON Lines files (any plans; shown side by side).
+    ``runs``: ``rkpart run --per-stage --json`` outputs (per-stage errors).  ``cost_model``:
+    a model file, or ``"shipped"``, to compare its predictions with the profiles.
+    ``budget_mib``: the line in the memory timeline (default: the plan's ``--budget-mib``).
+    """
+    out = Path(os.path.abspath(output))
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise UserError(f"report output {output} should end in .html")
+    if out.is_dir():
+        raise OutputExistsError(f"report output {out} is a folder")
+    assets = out.with_name(out.stem + "_files")
+    if not force and (out.exists() or (assets.exists() and any(assets.iterdir()))):
+        raise OutputExistsError(f"{out} exists; use --force to replace it")
+    if assets.exists() and not assets.is_dir():
+        raise OutputExistsError(f"{assets} exists and is not a folder")
+    plan, folder = load_plan(plan_path)
+    profs = [D.load_profile(Path(p)) for p in profiles]
+    names = [p.name for p in profs]
+    for i, p in enumerate(profs):  # same file stems in different folders: keep names apart
+        if names.count(p.name) > 1:
+            p.name = f"{p.name}#{i + 1}"
+    run_results = [D.load_run(Path(r)) for r in runs]
+    if cost_model is not None and not profs:
+        raise UserError("--cost-model compares predictions with measurements: give profile files too")
+    budget = budget_mib if budget_mib is not None else D.budget_of(plan)
+
+    progress("tables")
+    stages = D.stage_table(plan)
+    coverage = D.coverage_table(plan)
+    compiled = D.compile_table(plan)
+    life = D.lifecycle_table(profs)
+    mem = D.memory_table(profs)
+    acc = D.accuracy_table(run_results)
+    cost = D.cost_model_rows(profs, cost_model) if cost_model is not None else []
+
+    progress("plots")
+    pngs = {
+        "stage_map": plots.stage_map(stages, coverage),
+        "lifecycle": plots.lifecycle(life),
+        "memory": plots.memory(mem, budget),
+        "accuracy": plots.accuracy(acc),
+        "cost_model": plots.cost_model(cost),
+    }
+    tables = {"stages": stages, "coverage": coverage, "compile": compiled, "lifecycle": life, "memory": mem,
+              "accuracy": acc, "cost_model": cost}
+
+    a = coverage[-1]
+    prof_desc = ", ".join(f"{html.escape(p.name)} ({html.escape(p.strategy)}, residency "
+                          f"{html.escape(str(p.settings.get('residency')))}, {len(D.profile_blocks(p))} blocks)"
+                          for p in profs) or "none"
+    model_name = html.escape(str(plan.model.get("file", "")))
+    hint_prof = "" if profs else "<p class='none'>No profiles given: <code>rkpart profile PLAN -o p.jsonl</code>, " \
+                                 "then <code>rkpart report PLAN p.jsonl</code>.</p>"
+    hint_run = "" if run_results else ("<p class='none'>No run reports given: <code>rkpart run PLAN --backend "
+                                       "rknn-sim --toolkit 2.3.0 --per-stage --json &gt; run.json</code>, then "
+                                       "<code>--run run.json</code>.</p>")
+    hint_cost = "" if cost else "<p class='none'>Give <code>--cost-model FILE</code> (or <code>shipped</code>) " \
+                                "with profiles to compare predictions with measurements.</p>"
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>rkpart report: {model_name} ({html.escape(str(plan.strategy.get('name')))})</title>",
+        f"<style>{CSS}</style></head><body>",
+        f"<h1>rkpart report: {model_name}, strategy {html.escape(str(plan.strategy.get('name')))}</h1>",
+        f"<p class='meta'>plan {html.escape(str(folder))}: {len(plan.stages)} stages ({a['npu_stages']} NPU), "
+        f"{len(plan.blocks)} blocks; profiles: {prof_desc}; rkpart {__version__}</p>",
+        _section("Stage map", "Blocks (rows) and their stages in execution order; NPU coverage per block as share of "
+                 "nodes and of weight bytes.", pngs["stage_map"], coverage, "coverage"),
+        f"<details><summary>All stages</summary>{_table_html(stages)}<p class='meta'>CSV: <code>stages.csv</code>"
+        "</p></details>",
+        _section("Compile outcomes", "Per NPU stage: toolkit, size, ops the toolkit placed on the CPU, fallbacks and "
+                 "failures.", None, compiled, "compile"),
+        _section("Lifecycle latency per block", "Median per round over measured rounds: load, init, inference and "
+                 "release of NPU stages, and host stages, per profile side by side." + hint_prof, pngs["lifecycle"],
+                 life, "lifecycle"),
+        _section("Memory timeline", "Per measured round: the process's peak PSS and the device-mapped (NPU) memory of "
+                 "each stage as it ran" + (f", with the budget of {budget:g} MiB." if budget is not None else ".")
+                 + hint_prof, pngs["memory"], mem, "memory"),
+        _section("Per-stage accuracy", "Cosine similarity and max-abs error of each stage against ONNX Runtime on "
+                 "the same inputs, and end to end." + hint_run, pngs["accuracy"], acc, "accuracy"),
+        _section("Cost model", "Predicted against measured, per stage and component." + hint_cost,
+                 pngs["cost_model"], cost, "cost_model"),
+        "</body></html>\n",
+    ]
+    page = "\n".join(parts).encode()
+
+    progress(f"writing {out} and {assets.name}/")
+    staging = assets.with_name(f".{assets.name}.partial")
+    files: list[str] = []
+    with folder_lock(staging, what=f"report folder {assets}"):
+        recover_folder(assets)
+        for f in staging.iterdir():
+            if f.is_file():
+                f.unlink()
+        for name, png in pngs.items():
+            if png is not None:
+                atomic_write_bytes(staging / f"{name}.png", png)
+                files.append(f"{name}.png")
+        for name, rows in tables.items():
+            atomic_write_bytes(staging / f"{name}.csv", _csv(rows))
+            files.append(f"{name}.csv")
+        try:
+            replace_folder(staging, assets)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    atomic_write_bytes(out, page)
+    return ReportResult(html=out, assets=assets, files=tuple(sorted(files)))

@@ -1,0 +1,214 @@
+"""The numbers of ``rkpart report``: tables (lists of dicts) computed from a plan, profiles and run reports.
+
+Every table here becomes one CSV file and one HTML table; :mod:`rkpart.report.plots` draws
+the same numbers.  Nothing here imports matplotlib.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rkpart.errors import SpecError, UserError
+from rkpart.partitioner.plan import Plan, Stage
+from rkpart.profile import records as rec
+from rkpart.types import LIFECYCLE, NPU, seconds_key
+
+Table = list[dict[str, Any]]
+#: stacked-bar components, bottom to top
+COMPONENTS = (*LIFECYCLE, "host")
+
+
+@dataclass
+class Profile:
+    """One profile file (one run): its name in the report and its records."""
+
+    name: str
+    path: Path
+    records: list[dict[str, Any]]
+
+    @property
+    def strategy(self) -> str:
+        return str(self.records[0]["plan"].get("strategy", "")) if self.records else ""
+
+    @property
+    def settings(self) -> Mapping[str, Any]:
+        return self.records[0].get("settings", {}) if self.records else {}
+
+
+@dataclass
+class RunResult:
+    """``rkpart run --per-stage --json`` output: per-stage and end-to-end errors on one backend."""
+
+    name: str
+    data: dict[str, Any]
+
+
+@dataclass
+class ReportData:
+    plan: Plan
+    folder: Path
+    profiles: list[Profile] = field(default_factory=list)
+    runs: list[RunResult] = field(default_factory=list)
+    cost_rows: Table = field(default_factory=list)  # compare_with_model rows, with a "profile" column
+    budget_mib: float | None = None
+
+
+def load_profile(path: Path, name: str | None = None) -> Profile:
+    recs = rec.single_run(rec.read_jsonl(path), where=str(path))
+    if not any(r.get("record") == "stage" for r in recs):
+        raise SpecError(f"profile {path} has no stage records")
+    return Profile(name=name or path.stem, path=path, records=recs)
+
+
+def load_run(path: Path) -> RunResult:
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read run report {path}: {e}") from None
+    if not isinstance(d, dict) or "end_to_end" not in d or "per_stage" not in d:
+        raise SpecError(f"{path} is not the output of `rkpart run --per-stage --json`")
+    return RunResult(name=path.stem, data=d)
+
+
+def block_of(s: Stage) -> str:
+    """The stage-map row of a stage: ``b03`` (its first block) or ``shared``."""
+    blocks = s.blocks or ((s.block,) if s.block is not None else ())
+    return f"b{min(blocks):02d}" if blocks else "shared"
+
+
+# -- stage map -----------------------------------------------------------------------------------
+def stage_table(plan: Plan) -> Table:
+    rows = []
+    for i, s in enumerate(plan.stages):
+        art = s.artifact("rknn")
+        rows.append({
+            "index": i, "stage": s.id, "device": s.device, "row": block_of(s),
+            "blocks": " ".join(map(str, s.blocks or ((s.block,) if s.block is not None else ()))),
+            "region": s.region, "kind": s.kind, "nodes": s.num_nodes, "weight_bytes": s.weight_bytes,
+            "io_bytes": s.io_bytes, "rknn_toolkit": art.toolkit if art else "",
+            "cpu_ops": " ".join(art.cpu_ops) if art else "",
+        })
+    return rows
+
+
+def coverage_table(plan: Plan) -> Table:
+    """NPU coverage per stage-map row and overall: share of nodes and of weight bytes on the NPU."""
+    rows: dict[str, dict[str, Any]] = {}
+    for s in plan.stages:
+        for key in (block_of(s), "all"):
+            r = rows.setdefault(key, {"row": key, "stages": 0, "npu_stages": 0, "nodes": 0, "npu_nodes": 0,
+                                      "weight_bytes": 0, "npu_weight_bytes": 0})
+            r["stages"] += 1
+            r["nodes"] += s.num_nodes
+            r["weight_bytes"] += s.weight_bytes
+            if s.device == NPU:
+                r["npu_stages"] += 1
+                r["npu_nodes"] += s.num_nodes
+                r["npu_weight_bytes"] += s.weight_bytes
+    for r in rows.values():
+        r["npu_node_share"] = round(r["npu_nodes"] / r["nodes"], 4) if r["nodes"] else 0.0
+        r["npu_weight_share"] = round(r["npu_weight_bytes"] / r["weight_bytes"], 4) if r["weight_bytes"] else 0.0
+    order = sorted(k for k in rows if k not in ("all", "shared"))
+    return [rows[k] for k in (*order, *(["shared"] if "shared" in rows else []), "all")]
+
+
+# -- compile outcomes ----------------------------------------------------------------------------
+def compile_table(plan: Plan) -> Table:
+    rows = []
+    for s in plan.npu_stages:
+        art = s.artifact("rknn")
+        status = ("built (fallback)" if art.fallback_reason else "built") if art else (
+            "failed" if s.failures else "not compiled")
+        rows.append({
+            "stage": s.id, "status": status, "toolkit": art.toolkit if art else "",
+            "target": art.target if art else "", "rknn_bytes": art.size_bytes if art else "",
+            "cpu_ops": " ".join(art.cpu_ops) if art else "",
+            "fallback_reason": (art.fallback_reason or "") if art else "",
+            "failures": " | ".join(f"{f.toolkit}: {f.message}" for f in s.failures),
+        })
+    return rows
+
+
+# -- lifecycle per block ---------------------------------------------------------------------------
+def profile_blocks(p: Profile) -> list[int]:
+    blocks: set[int] = set()
+    for r in p.records:
+        if r.get("record") == "stage":
+            st = r["stage"]
+            blocks.update(st.get("blocks") or ((st["block"],) if st.get("block") is not None else ()))
+    return sorted(blocks)
+
+
+def lifecycle_table(profiles: Sequence[Profile]) -> Table:
+    """Median per round over measured rounds, per profile and block: load/init/infer/release (NPU) and host."""
+    rows = []
+    for p in profiles:
+        for b in profile_blocks(p):
+            agg = rec.aggregate(p.records, block=b)
+            row: dict[str, Any] = {"profile": p.name, "strategy": p.strategy, "block": b}
+            for c in COMPONENTS:
+                row[seconds_key(c)] = agg[seconds_key(c)]["median"] or 0.0
+            row["total_s"] = sum(row[seconds_key(c)] for c in COMPONENTS)
+            rows.append(row)
+    return rows
+
+
+# -- memory timeline -----------------------------------------------------------------------------
+def memory_table(profiles: Sequence[Profile]) -> Table:
+    """One row per stage record in run order: time into its round, process PSS and device memory."""
+    rows = []
+    for p in profiles:
+        t: dict[int, float] = {}
+        for r in p.records:
+            if r.get("record") != "stage":
+                continue
+            rnd = int(r["round"])
+            start = t.get(rnd, 0.0)
+            wall = r["timings"].get("wall_s") or sum(r["timings"].get(seconds_key(c)) or 0.0 for c in LIFECYCLE)
+            t[rnd] = start + wall
+            mem = r["memory"]
+            rows.append({
+                "profile": p.name, "round": rnd, "warmup": bool(r["warmup"]), "step": r["step"], "pass": r["pass"],
+                "stage": r["stage"]["id"], "device": r["stage"]["device"], "t_start_s": round(start, 6),
+                "t_end_s": round(start + wall, 6), "pss_peak_kib": mem.get("pss_peak_kib"),
+                "device_pss_kib": mem.get("device_pss_peak_kib") if mem.get("device_pss_peak_kib") is not None
+                else mem.get("device_pss_kib"),
+            })
+    return rows
+
+
+# -- accuracy ------------------------------------------------------------------------------------
+def accuracy_table(runs: Sequence[RunResult]) -> Table:
+    rows = []
+    for run in runs:
+        backend = run.data.get("backend", "")
+        for sid, tensors in run.data.get("per_stage", {}).items():
+            for t, m in tensors.items():
+                rows.append({"run": run.name, "backend": backend, "stage": sid, "tensor": t,
+                             "cosine": m.get("cosine"), "max_abs": m.get("max_abs")})
+        for t, m in run.data.get("end_to_end", {}).items():
+            rows.append({"run": run.name, "backend": backend, "stage": "end-to-end", "tensor": t,
+                         "cosine": m.get("cosine"), "max_abs": m.get("max_abs")})
+    return rows
+
+
+def cost_model_rows(profiles: Sequence[Profile], model_path: str | None) -> Table:
+    """Predicted vs measured per stage and component (``rkpart profile --against``), for each profile."""
+    from rkpart.cost_model.calibration import compare_with_model
+    from rkpart.cost_model.model import load_model_or_default
+
+    model = load_model_or_default(None if model_path in (None, "shipped") else model_path)
+    rows = []
+    for p in profiles:
+        for r in compare_with_model(rec.stage_records(p.records), model, near=p.path.parent):
+            rows.append({"profile": p.name, **r})
+    return rows
+
+
+def budget_of(plan: Plan) -> float | None:
+    b = (plan.strategy.get("options") or {}).get("budget_mib")
+    return float(b) if isinstance(b, (int, float)) else None
