@@ -232,7 +232,7 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
 
 def _stream_dependent(mg: ModelGraph, st: _Streams) -> int:
     """Bitset of stream-dependent ops: the stream starts' readers and their descendants."""
-    readers = [c for t in (st.skip_of[c[0]] for c in st.chains) for c in mg.consumers.get(t, [])
+    readers = [c for t in (_noop_root(mg, st.skip_of[c[0]]) for c in st.chains) for c in mg.consumers.get(t, [])
                if c not in mg.const_ops]
     return bits(chain.from_iterable(nx.bfs_layers(mg.ops, readers)))
 
@@ -243,7 +243,7 @@ def _stream_ancestry(mg: ModelGraph, reach: Reach, st: _Streams, dep: int) -> in
     That is prologue, even when only the first branch reads it.
     """
     before = 0
-    for t in (st.skip_of[c[0]] for c in st.chains):
+    for t in (_noop_root(mg, st.skip_of[c[0]]) for c in st.chains):
         p = mg.producer.get(t)
         # a stream that starts from other streams (a concat of image and text) is computed
         # by the blocks before it, not by the prologue
@@ -419,17 +419,60 @@ def _residual_adds(mg: ModelGraph, reach: Reach) -> dict[int, str]:
             pb = mg.producer.get(other)
             if pb is None:
                 continue
-            ps = mg.producer.get(skip)
+            # the stream may reach the add through no-op casts (TorchScript's float32 -> float32
+            # ``.to()``): the skip is the tensor they relabel, the fork is after them
+            root = _noop_root(mg, skip)
+            ps = mg.producer.get(root)
+            readers = _real_consumers(mg, root)
             if ps is None:
-                ok = skip in mg.inputs and any(
-                    reach.is_ancestor(c, pb) or c == pb for c in mg.consumers.get(skip, []) if c != i
-                    and c not in mg.const_ops
+                ok = root in mg.inputs and any(
+                    reach.is_ancestor(c, pb) or c == pb for c in readers if c != i
                 )
             else:
                 ok = ps not in mg.const_ops and reach.is_ancestor(ps, pb)
-            if ok and len([c for c in mg.consumers.get(skip, []) if c not in mg.const_ops]) >= 2:
+            if ok and len(readers) >= 2:
                 out[i] = skip
                 break
+    return out
+
+
+def is_noop(mg: ModelGraph, i: int) -> bool:
+    """``Identity``, or a ``Cast`` to the dtype its input already has (float32 -> float32)."""
+    n = mg.nodes[i]
+    if n.op_type == "Identity":
+        return True
+    if n.op_type != "Cast" or not n.input:
+        return False
+    return mg.dtype(n.input[0]) is not None and mg.dtype(n.input[0]) == mg.dtype(n.output[0])
+
+
+def _noop_root(mg: ModelGraph, t: str) -> str:
+    """``t`` with the no-op ops that produce it walked back."""
+    for _ in range(64):
+        p = mg.producer.get(t)
+        if p is None or p in mg.const_ops or not is_noop(mg, p):
+            return t
+        t = mg.nodes[p].input[0]
+    return t
+
+
+def _real_consumers(mg: ModelGraph, t: str) -> list[int]:
+    """Non-constant consumers of ``t``, looking through no-op ops to what reads their outputs."""
+    out: list[int] = []
+    stack = [t]
+    seen: set[str] = set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        for c in mg.consumers.get(x, []):
+            if c in mg.const_ops:
+                continue
+            if is_noop(mg, c):
+                stack.extend(o for o in mg.nodes[c].output if o)
+            elif c not in out:
+                out.append(c)
     return out
 
 
