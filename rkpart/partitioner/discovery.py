@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, pairwise
 
 import networkx as nx
 
@@ -168,7 +168,8 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
     st = _streams(mg, reach, adds)  # 2
     dep = _stream_dependent(mg, st)
     before = _stream_ancestry(mg, reach, st, dep)
-    branches = [_branch(mg, reach, a, st.skip_of[a], st.stream_of[a], dep, st.stream_producers)  # 3
+    branches = [_branch(mg, reach, a, st.skip_of[a], st.stream_of[a], dep, st.stream_producers,  # 3
+                        st.entry_of.get(a))
                 for a in sorted(st.stream_of)]
     regions_ops = _merge_overlapping(branches)
     side = [i for i in reach.order if not dep >> i & 1 and not before >> i & 1]  # 4
@@ -204,10 +205,13 @@ class _Streams:
     stream_producers: set[int]
     txt: set[int]  # text streams
     phases: list[int]  # phase of each chain
+    #: residual add -> the stream tensor its branch starts from when that is not its skip
+    #: (the previous add's output, for post-norm residuals that share one skip)
+    entry_of: dict[int, str] = field(default_factory=dict)
 
 
 def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
-    all_chains, links = _chains(mg, adds)
+    all_chains, links = _chains(mg, reach, adds)
     linked = {a for a, bs in links.items() if bs} | {b for bs in links.values() for b in bs}
     # a lone residual-looking add is noise unless it is part of a stream system (a Flux
     # single block is one add between a concat and a slice)
@@ -219,6 +223,7 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
         )
     stream_of = {a: si for si, c in enumerate(chains) for a in c}
     skip_of = {a: adds[a] for a in stream_of}
+    entry_of = {b: mg.nodes[a].output[0] for c in chains for a, b in pairwise(c) if skip_of[a] == adds[b]}
     stream_tensors: dict[str, int] = {}
     for a in stream_of:
         stream_tensors[skip_of[a]] = stream_of[a]
@@ -226,7 +231,7 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
     return _Streams(
         chains=chains, stream_of=stream_of, skip_of=skip_of, stream_tensors=stream_tensors,
         stream_producers={mg.producer[t] for t in stream_tensors if t in mg.producer},
-        txt=_text_streams(mg, reach, chains, skip_of), phases=_phases(chains),
+        txt=_text_streams(mg, reach, chains, skip_of), phases=_phases(chains, reach), entry_of=entry_of,
     )
 
 
@@ -388,17 +393,19 @@ def _text_streams(mg: ModelGraph, reach: Reach, chains: list[list[int]], skip_of
     return {si for si, u in enumerate(uses) if primary is not None and primary not in u}
 
 
-def _phases(chains: list[list[int]]) -> list[int]:
+def _phases(chains: list[list[int]], reach: Reach) -> list[int]:
     """Phase of each chain: chains running side by side (image + text) share one; a stream
-    that starts after they end (Flux single blocks) is the next phase."""
-    spans = sorted((min(c), max(c), si) for si, c in enumerate(chains))
+    that starts from where others end (Flux single blocks) is the next phase.
+
+    Chain ``b`` comes after chain ``a`` when ``b``'s first add depends on ``a``'s last one
+    (not on op order: TorchScript may emit a whole image-stream block before its text side).
+    """
+    order = sorted(range(len(chains)), key=lambda si: chains[si][0])
     phase = [0] * len(chains)
-    cur, end = -1, -1
-    for lo, hi, si in spans:
-        if lo > end:
-            cur += 1
-        end = max(end, hi)
-        phase[si] = cur
+    for k, sb in enumerate(order):
+        first = chains[sb][0]
+        phase[sb] = max((phase[sa] + 1 for sa in order[:k] if reach.is_ancestor(chains[sa][-1], first)),
+                        default=0)
     return phase
 
 
@@ -476,13 +483,27 @@ def _real_consumers(mg: ModelGraph, t: str) -> list[int]:
     return out
 
 
-def _links(mg: ModelGraph, adds: dict[int, str]) -> dict[int, set[int]]:
+def _links(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> dict[int, set[int]]:
     """``a -> {b}`` when add ``a``'s output reaches add ``b``'s skip through data-movement ops only."""
     by_skip: dict[str, int] = {}
     for a, s in adds.items():
         by_skip.setdefault(s, a)
     succ: dict[int, set[int]] = {a: set() for a in adds}
+    # post-norm residuals (AuraFlow): ``x + ffn(norm(x + attn(x)))`` -- both adds skip from
+    # ``x``; the first add's output feeds the second one's branch: the stream goes on from it
+    same_skip: dict[str, list[int]] = {}
+    for a in sorted(adds):
+        same_skip.setdefault(adds[a], []).append(a)
+    for group in same_skip.values():
+        for a, b in pairwise(group):
+            n = mg.nodes[b]
+            other = n.input[1] if n.input[0] == adds[b] else n.input[0]
+            po = mg.producer.get(other)
+            if po is not None and (po == a or reach.is_ancestor(a, po)):
+                succ[a].add(b)
     for a in adds:
+        if succ[a]:
+            continue
         frontier = [mg.nodes[a].output[0]]
         seen: set[str] = set()
         while frontier and len(seen) < 16:
@@ -499,14 +520,14 @@ def _links(mg: ModelGraph, adds: dict[int, str]) -> dict[int, set[int]]:
     return succ
 
 
-def _chains(mg: ModelGraph, adds: dict[int, str]) -> tuple[list[list[int]], dict[int, set[int]]]:
+def _chains(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> tuple[list[list[int]], dict[int, set[int]]]:
     """Residual streams: maximal runs of adds linked one-to-one.
 
     Where streams merge or fork (two streams concatenated into one), a chain ends; the
     links between chains are returned too, so that a short chain that is part of a larger
     stream system (one Flux single block) is not mistaken for noise.
     """
-    succ = _links(mg, adds)
+    succ = _links(mg, reach, adds)
     pred: dict[int, set[int]] = {a: set() for a in adds}
     for a, bs in succ.items():
         for b in bs:
@@ -533,7 +554,8 @@ def _chains(mg: ModelGraph, adds: dict[int, str]) -> tuple[list[list[int]], dict
 
 
 def _branch(
-    mg: ModelGraph, reach: Reach, add: int, skip: str, stream: int, dep: int, stream_producers: set[int]
+    mg: ModelGraph, reach: Reach, add: int, skip: str, stream: int, dep: int, stream_producers: set[int],
+    entry_tensor: str | None = None,
 ) -> Branch:
     n = mg.nodes[add]
     b = n.input[1] if n.input[0] == skip else n.input[0]
@@ -576,11 +598,12 @@ def _branch(
     weighted = [i for i in rest if mg.nodes[i].op_type in WEIGHTED_OPS or mg.nodes[i].op_type in ATTENTION_OPS]
     # only this branch's own stream: in joint attention the other stream's projections are
     # weighted ops of this branch too, but its AdaLN is not ours
-    entry = [c for c in mg.consumers.get(skip, []) if c in ops]
+    entry = [c for c in mg.consumers.get(entry_tensor or _noop_root(mg, skip), []) if c in ops]
+    entry += [c for c in _real_consumers(mg, entry_tensor or _noop_root(mg, skip)) if c in ops and c not in entry]
     weighted = [i for i in weighted if any(e == i or reach.is_ancestor(e, i) for e in entry)]
     first = [i for i in weighted if not any(reach.is_ancestor(w, i) for w in weighted if w != i)]
     pre: set[int] = set()
-    core_in: tuple[str, ...] = (skip,)
+    core_in: tuple[str, ...] = (entry_tensor or skip,)
     if first:
         common = -1
         for f in first:
