@@ -216,6 +216,14 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
     # a lone residual-looking add is noise unless it is part of a stream system (a Flux
     # single block is one add between a concat and a slice)
     chains = [c for c in all_chains if len(c) >= 2 or (any(a in linked for a in c) and len(all_chains) > 1)]
+    if any(_attends(mg, reach, c, adds) for c in chains):
+        # a residual MLP stack that is no part of the streams (Chroma's distilled guidance
+        # approximator) computes conditioning, not tokens: prologue, not blocks
+        def joined(c: list[int]) -> bool:  # linked to another chain
+            own = set(c)
+            return any((a in own) != (b in own) for a, bs in links.items() for b in bs)
+
+        chains = [c for c in chains if joined(c) or _attends(mg, reach, c, adds)]
     if not chains:
         raise DiscoveryError(
             f"{mg.path.name}: no transformer blocks found (no chain of residual adds x + f(x)); "
@@ -233,6 +241,20 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
         stream_producers={mg.producer[t] for t in stream_tensors if t in mg.producer},
         txt=_text_streams(mg, reach, chains, skip_of), phases=_phases(chains, reach), entry_of=entry_of,
     )
+
+
+def _attends(mg: ModelGraph, reach: _Reach, chain: list[int], adds: dict[int, str]) -> bool:
+    """Whether any branch of ``chain`` holds attention (a MatMul of two activations or an attention op)."""
+    p = mg.producer.get(_noop_root(mg, adds[chain[0]]))
+    before = 0 if p is None else reach.anc[p] | (1 << p)
+    ops = 0
+    for a in chain:
+        ops |= reach.anc[a]
+    for i in _unbits(ops & ~before):
+        t = mg.nodes[i].op_type
+        if t in ATTENTION_OPS or (t in ("MatMul", "Einsum") and len(mg.dyn_inputs(i)) >= 2):
+            return True
+    return False
 
 
 def _stream_dependent(mg: ModelGraph, st: _Streams) -> int:
@@ -440,6 +462,17 @@ def _residual_adds(mg: ModelGraph, reach: Reach) -> dict[int, str]:
             if ok and len(readers) >= 2:
                 out[i] = skip
                 break
+        else:
+            # a parallel branch added after another one: ``(x + f(x)) + g(x)`` (SD3.5's dual
+            # attention ``attn2``): the skip is the first residual's output, g reads its skip
+            for skip, other in ((a, b), (b, a)):
+                pa, pb = mg.producer.get(skip), mg.producer.get(other)
+                if pa is None or pb is None or pa not in out or reach.is_ancestor(pa, pb):
+                    continue
+                x = mg.producer.get(_noop_root(mg, out[pa]))
+                if x is not None and x not in mg.const_ops and reach.is_ancestor(x, pb):
+                    out[i] = skip
+                    break
     return out
 
 
@@ -625,20 +658,33 @@ def _branch(
 
 
 def _merge_overlapping(branches: list[Branch]) -> list[tuple[tuple[Branch, ...], frozenset[int]]]:
+    """Regions: branches whose cores or gates share ops (joint attention) form one.
+
+    Branches that share only their normalisation (SD3.5's dual attention: ``attn`` and
+    ``attn2`` modulate one LayerNorm of the block input differently) stay apart; the shared
+    norm is the first one's ``pre``.
+    """
     groups: list[tuple[list[Branch], set[int]]] = []
-    for b in branches:
-        hit = [g for g in groups if g[1] & b.ops]
+    claimed: set[int] = set()
+    for b in sorted(branches, key=lambda x: x.add):
+        if b.pre & claimed:
+            b = Branch(add=b.add, skip=b.skip, stream=b.stream, pre=b.pre - claimed, core=b.core, gate=b.gate,
+                       core_in=b.core_in)
+        body = set(b.core | b.gate)
+        hit = [g for g in groups if g[1] & body]
+        claimed |= b.pre
         if not hit:
-            groups.append(([b], set(b.ops)))
+            groups.append(([b], body))
             continue
         base = hit[0]
         base[0].append(b)
-        base[1].update(b.ops)
+        base[1].update(body)
         for g in hit[1:]:
             base[0].extend(g[0])
             base[1].update(g[1])
             groups.remove(g)
-    return [(tuple(sorted(g[0], key=lambda x: x.add)), frozenset(g[1])) for g in groups]
+    return [(tuple(sorted(g[0], key=lambda x: x.add)), frozenset().union(*(x.ops for x in g[0])))
+            for g in groups]
 
 
 @dataclass(frozen=True)
@@ -812,7 +858,13 @@ def _group_by_structure(regions: list[_RegionInfo]) -> list[list[int]]:
         idx = list(range(i, j))
         names = [regions[k].name for k in idx]
         p = _period(names)
-        groups.extend(idx[k:k + p] for k in range(0, len(idx), p))
+        if p == len(names) and names.count(names[0]) > 1:
+            # no period (SD3.5: block 0 alone has a second attention): a block starts at
+            # each region named like the first one
+            starts = [k for k, nm in enumerate(names) if nm == names[0]] + [len(names)]
+            groups.extend(idx[a:b] for a, b in pairwise(starts))
+        else:
+            groups.extend(idx[k:k + p] for k in range(0, len(idx), p))
         i = j
     return groups
 
