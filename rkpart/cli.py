@@ -182,16 +182,18 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
 def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: bool) -> None:
     """Show the blocks and regions found in MODEL (nothing is written)."""
     from rkpart.ir import describe
-    from rkpart.pipeline import inspect_model
+    from rkpart.pipeline import inspect_model, strategy_coverage
 
     if model is None:
         model = bundled_example()
     mg, disc = inspect_model(model, shapes or None)
     info = describe(mg)
+    coverage = {name: c.to_json() for name, c in strategy_coverage(mg, disc).items()}
     if as_json:
         click.echo(json.dumps({**info, "streams": disc.streams, "method": disc.method,
                                "prologue_ops": len(disc.prologue), "epilogue_ops": len(disc.epilogue),
-                               "glue_ops": len(disc.glue), "blocks": disc.summary()}, indent=2))
+                               "glue_ops": len(disc.glue), "blocks": disc.summary(),
+                               "npu_coverage": coverage}, indent=2))
         return
     click.echo(f"{info['file']}: opset {info['opset']}, {info['nodes']} nodes ({info['const_nodes']} constant), "
                f"weights {mib(info['weight_bytes'])} MiB")
@@ -209,6 +211,8 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
         scope = f" ({b.scope})" if b.scope else ""
         n_mod = len(b.mod) + sum(len(r.mod) for r in b.regions)
         click.echo(f"  block {b.index:>2}{scope}: {regs}; modulation {n_mod} ops")
+    click.echo("block matmul work on the NPU: " + ", ".join(
+        f"{name} {c['share']:.1%}" for name, c in coverage.items()))
     for n in disc.notes:
         click.echo(f"note: {n}")
 
