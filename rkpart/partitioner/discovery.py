@@ -231,7 +231,14 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
         )
     stream_of = {a: si for si, c in enumerate(chains) for a in c}
     skip_of = {a: adds[a] for a in stream_of}
-    entry_of = {b: mg.nodes[a].output[0] for c in chains for a, b in pairwise(c) if skip_of[a] == adds[b]}
+    entry_of: dict[int, str] = {}
+    for c in chains:
+        for a, b in pairwise(c):
+            if skip_of[a] == adds[b]:  # post-norm: b's branch starts from a's output
+                entry_of[b] = mg.nodes[a].output[0]
+            elif adds[b] == mg.nodes[a].output[0] and not reach.is_ancestor(a, _other_operand(mg, b, adds[b])):
+                # parallel: b's branch reads what a's did (SD3.5's attn2 beside the joint attention)
+                entry_of[b] = entry_of.get(a, skip_of[a])
     stream_tensors: dict[str, int] = {}
     for a in stream_of:
         stream_tensors[skip_of[a]] = stream_of[a]
@@ -241,6 +248,12 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
         stream_producers={mg.producer[t] for t in stream_tensors if t in mg.producer},
         txt=_text_streams(mg, reach, chains, skip_of), phases=_phases(chains, reach), entry_of=entry_of,
     )
+
+
+def _other_operand(mg: ModelGraph, add: int, skip: str) -> int:
+    """The producer of ``add``'s non-skip operand."""
+    n = mg.nodes[add]
+    return mg.producer[n.input[1] if n.input[0] == skip else n.input[0]]
 
 
 def _attends(mg: ModelGraph, reach: _Reach, chain: list[int], adds: dict[int, str]) -> bool:
