@@ -180,6 +180,7 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
     if len(blocks) < min_blocks:
         raise DiscoveryError(f"{mg.path.name}: found {len(blocks)} blocks, expected at least {min_blocks}")
     glue, epilogue = _leftovers(mg, reach, blocks, prologue, dep)
+    blocks, glue = _adopt_skip_projections(mg, blocks, glue)
     notes = []
     if method == "structure":
         notes.append("blocks numbered by structure (exporter names carry no block scopes)")
@@ -248,6 +249,49 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
         stream_producers={mg.producer[t] for t in stream_tensors if t in mg.producer},
         txt=_text_streams(mg, reach, chains, skip_of), phases=_phases(chains, reach), entry_of=entry_of,
     )
+
+
+def _adopt_skip_projections(mg: ModelGraph, blocks: list[Block], glue: set[int]) -> tuple[list[Block], set[int]]:
+    """Weighted glue between blocks is a long-skip projection: the block that reads it owns it.
+
+    A U-Net-style long skip (HunyuanDiT's later blocks ``skip_linear(skip_norm(cat(skip,
+    x)))``) is computed between one block's last residual and the next one's first: glue by
+    structure, but matrix work that belongs on the NPU with the block consuming it.  Such a
+    piece becomes the block's first region, ``skip`` (kind ``long_skip``).
+    """
+    # no-op casts on the stream join unrelated pieces (TorchScript casts a block's input once
+    # and the long skip reads that cast): they stay glue, the NPU stage absorbs those it needs
+    pieces = nx.weakly_connected_components(mg.ops.subgraph(i for i in glue if not is_noop(mg, i)))
+    block_of = {i: bi for bi, b in enumerate(blocks) for i in b.ops}
+    adopt: dict[int, set[int]] = {}
+    for piece in pieces:
+        if not any(mg.nodes[i].op_type in WEIGHTED_OPS for i in piece):
+            continue
+        readers: set[int] = set()
+        stack = [c for i in piece for c in mg.ops.successors(i) if c not in piece]
+        while stack:
+            c = stack.pop()
+            if c in block_of:
+                readers.add(block_of[c])
+            elif c in glue and is_noop(mg, c):
+                stack.extend(mg.ops.successors(c))
+        if readers:
+            own = set(piece)
+            # glue computed only for this piece (its norm, the concat it reads) goes with it
+            for i in sorted(glue - own, reverse=True):
+                succ = list(mg.ops.successors(i))
+                if succ and all(c in own for c in succ) and i not in mg.outputs:
+                    own.add(i)
+            adopt.setdefault(min(readers), set()).update(own)
+    if not adopt:
+        return blocks, glue
+    out = []
+    for bi, b in enumerate(blocks):
+        if bi in adopt:
+            skip = Region(name="skip", kind="long_skip", branches=(), adaln="none", side=frozenset(adopt[bi]))
+            b = Block(index=b.index, regions=(skip, *b.regions), mod=b.mod, scope=b.scope)
+        out.append(b)
+    return out, glue - set().union(*adopt.values())
 
 
 def _other_operand(mg: ModelGraph, add: int, skip: str) -> int:
