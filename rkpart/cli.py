@@ -163,6 +163,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
             **({"auto": selections[0].to_json()} if explain and selections else {}),
             "plan": str(out / "plan.json"),
             **{k: summary[k] for k in ("strategy", "blocks", "npu_stages", "host_stages")},
+            **({"npu_coverage": plan.extra["npu_coverage"]} if "npu_coverage" in plan.extra else {}),
             "peak_rss_mib": round(peak_rss_mib(), 1),
             "stages": summary["stages"],
         }, indent=2))
@@ -172,6 +173,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if not quiet:
         click.echo(plan.render_stages())
     click.echo(plan.render_summary(out / "plan.json"))
+    if "npu_coverage" in plan.extra:
+        click.echo(f"block matmul work on the NPU: {plan.extra['npu_coverage']['share']:.1%}")
     click.echo(f"peak RSS: {peak_rss_mib():.1f} MiB")
 
 
