@@ -11,6 +11,8 @@ hunyuandit_skip    HunyuanDiT with 4 blocks: the last one reads block 0's output
 chroma_guidance    Chroma with a 3-layer distilled guidance approximator: residual MLPs
                    that are not transformer blocks
 pixart_sigma       PixArt-Σ configuration (``interpolation_scale``, no micro-conditions)
+allegro            Allegro (a family the defaults lack: a check of generality)
+ltx                LTX-Video (idem; RoPE, cross-attention, attention mask)
 =================  ====================================================================
 
 Cached under ``$RKPART_TEST_EXPORTS`` (default ``~/.cache/rkpart/test-exports``, shared with
@@ -103,15 +105,50 @@ def _pixart_sigma() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _allegro() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import AllegroTransformer3DModel
+
+    m = AllegroTransformer3DModel(patch_size=2, patch_size_t=1, num_attention_heads=2, attention_head_dim=16,
+                                  in_channels=4, out_channels=4, num_layers=2, cross_attention_dim=32,
+                                  caption_channels=24, sample_height=8, sample_width=8, sample_frames=1)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 1, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7]),
+    }
+
+
+def _ltx() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import LTXVideoTransformer3DModel
+
+    m = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2,
+                                   attention_head_dim=16, cross_attention_dim=32, num_layers=2, caption_channels=24)
+    return m, {
+        "hidden_states": torch.randn(1, 16, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7.0]),
+        "encoder_attention_mask": torch.ones(1, 6, dtype=torch.int64),
+    }
+
+
+def _ltx_fixed() -> dict[str, Any]:
+    return {"num_frames": 1, "height": 4, "width": 4}
+
+
 #: variant -> (build, blocks in its config)
 VARIANTS: dict[str, tuple[Any, int]] = {
     "sd35": (_sd35, 3),
     "hunyuandit_skip": (_hunyuandit_skip, 4),
     "chroma_guidance": (_chroma_guidance, 4),
     "pixart_sigma": (_pixart_sigma, 2),
+    "allegro": (_allegro, 2),
+    "ltx": (_ltx, 2),
 }
 #: variants that reuse a family's fixed forward arguments
 _FIXED_FROM = {"hunyuandit_skip": "hunyuandit", "pixart_sigma": "pixart"}
+_FIXED: dict[str, Any] = {"ltx": _ltx_fixed}
 
 
 def _module() -> ModuleType:
@@ -119,7 +156,7 @@ def _module() -> ModuleType:
     for name, (build, blocks) in VARIANTS.items():
         if name not in fams.FAMILIES:
             base = fams.FAMILIES.get(_FIXED_FROM.get(name, ""))
-            fixed = base.fixed if base is not None else dict
+            fixed = base.fixed if base is not None else _FIXED.get(name, dict)
             fams.FAMILIES[name] = fams.Family(name, build, fixed, blocks=blocks)
     return fams
 
