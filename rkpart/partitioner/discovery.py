@@ -300,14 +300,14 @@ def _other_operand(mg: ModelGraph, add: int, skip: str) -> int:
     return mg.producer[n.input[1] if n.input[0] == skip else n.input[0]]
 
 
-def _attends(mg: ModelGraph, reach: _Reach, chain: list[int], adds: dict[int, str]) -> bool:
+def _attends(mg: ModelGraph, reach: Reach, chain: list[int], adds: dict[int, str]) -> bool:
     """Whether any branch of ``chain`` holds attention (a MatMul of two activations or an attention op)."""
     p = mg.producer.get(_noop_root(mg, adds[chain[0]]))
     before = 0 if p is None else reach.anc[p] | (1 << p)
     ops = 0
     for a in chain:
         ops |= reach.anc[a]
-    for i in _unbits(ops & ~before):
+    for i in unbits(ops & ~before):
         t = mg.nodes[i].op_type
         if t in ATTENTION_OPS or (t in ("MatMul", "Einsum") and len(mg.dyn_inputs(i)) >= 2):
             return True
