@@ -177,6 +177,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
             **({"auto": selections[0].to_json()} if explain and selections else {}),
             "plan": str(out / "plan.json"),
             **{k: summary[k] for k in ("strategy", "blocks", "npu_stages", "host_stages")},
+            **({"npu_coverage": plan.extra["npu_coverage"]} if "npu_coverage" in plan.extra else {}),
             "peak_rss_mib": round(peak_rss_mib(), 1),
             "stages": summary["stages"],
         }, indent=2))
@@ -186,6 +187,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if not quiet:
         click.echo(plan.render_stages())
     click.echo(plan.render_summary(out / "plan.json"))
+    if "npu_coverage" in plan.extra:
+        click.echo(f"block matmul work on the NPU: {plan.extra['npu_coverage']['share']:.1%}")
     click.echo(f"peak RSS: {peak_rss_mib():.1f} MiB")
 
 
@@ -196,12 +199,13 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
 def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: bool) -> None:
     """Show the blocks and regions found in MODEL (nothing is written)."""
     from rkpart.ir import describe
-    from rkpart.pipeline import inspect_model
+    from rkpart.pipeline import inspect_model, strategy_coverage
 
     if model is None:
         model = bundled_example()
     mg, disc = inspect_model(model, shapes or None)
     info = describe(mg)
+    coverage = {name: c.to_json() for name, c in strategy_coverage(mg, disc).items()}
     if as_json:
         blocks = disc.summary()
         for b, summary in zip(disc.blocks, blocks, strict=True):
@@ -216,7 +220,8 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
             summary["output"] = regions[-1]["output"] if regions else []
         click.echo(json.dumps({**info, "streams": disc.streams, "method": disc.method,
                                "prologue_ops": len(disc.prologue), "epilogue_ops": len(disc.epilogue),
-                               "glue_ops": len(disc.glue), "blocks": blocks}, indent=2))
+                               "glue_ops": len(disc.glue), "blocks": blocks,
+                               "npu_coverage": coverage}, indent=2))
         return
     click.echo(f"{info['file']}: opset {info['opset']}, {info['nodes']} nodes ({info['const_nodes']} constant), "
                f"weights {mib(info['weight_bytes'])} MiB")
@@ -234,6 +239,8 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
         scope = f" ({b.scope})" if b.scope else ""
         n_mod = len(b.mod) + sum(len(r.mod) for r in b.regions)
         click.echo(f"  block {b.index:>2}{scope}: {regs}; modulation {n_mod} ops")
+    click.echo("block matmul work on the NPU: " + ", ".join(
+        f"{name} {c['share']:.1%}" for name, c in coverage.items()))
     for n in disc.notes:
         click.echo(f"note: {n}")
 

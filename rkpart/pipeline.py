@@ -36,6 +36,7 @@ from rkpart.cost_model.model import CostModel, load_model_or_default
 from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, choose
 from rkpart.errors import SpecError, UserError
 from rkpart.ir import ModelGraph, load_model
+from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD
 from rkpart.partitioner.partition import Partition
@@ -136,6 +137,10 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
     disc = model.discovery(config.progress) if strat.needs_blocks else None
     part = strat.propose(model.graph, disc, **config.options)
     notes = capability_notes(model.graph, part, config.target, config.toolkit)
+    if disc is not None:
+        low = coverage_note(model.graph, npu_coverage(model.graph, disc, part.groups))
+        if low is not None:
+            notes.append(f"{part.strategy}: {low}")
     for note in notes:
         config.progress(f"warning: {note}")
     if not any(g.device == "npu" for g in part.groups):
@@ -144,6 +149,12 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
     if notes:
         part = Partition(part.strategy, part.options, part.groups, (*part.notes, *notes))
     return part
+
+
+def strategy_coverage(mg: ModelGraph, disc: Discovery) -> dict[str, Coverage]:
+    """NPU coverage of the ``split`` and ``fused`` proposals (``rkpart inspect``)."""
+    return {name: npu_coverage(mg, disc, cls().propose(mg, disc).groups)
+            for name, cls in (("split", SplitStrategy), ("fused", FusedStrategy))}
 
 
 def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str | None) -> list[str]:
@@ -422,4 +433,5 @@ BUILTIN: tuple[type[Strategy], ...] = (*strategies.BUILTIN, AutoStrategy)
 
 __all__ = ["AUTO_ONLY", "BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "PartitionOptions", "available",
            "candidate_variants", "capability_notes", "check_options", "enumerate_candidates", "get_strategy",
-           "inspect_model", "load", "partition", "propose", "run_partition", "select", "write_plan"]
+           "inspect_model", "load", "partition", "propose", "run_partition", "select", "strategy_coverage",
+           "write_plan"]

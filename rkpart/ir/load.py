@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -649,7 +650,16 @@ def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return light
 
 
+#: dynamo spells a submodule reached through ``__dict__`` (a module torch.export inlined
+#: from an attribute access) as ``model.__dict__['_modules']['transformer_blocks'].0`` (Cosmos)
+_DICT_MODULE = re.compile(r"(?:[\w.]*\.)?__dict__\[['\"]_modules['\"]\]\[['\"]([^'\"]+)['\"]\]")
+
+
 def _scope_of(node: onnx.NodeProto) -> str:
+    return _DICT_MODULE.sub(r"\1", _raw_scope(node))
+
+
+def _raw_scope(node: onnx.NodeProto) -> str:
     # dynamo exporter: metadata carries the module path; TorchScript: the node name does.
     meta = {p.key: p.value for p in node.metadata_props}
     scopes = meta.get("pkg.torch.onnx.name_scopes")

@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, pairwise
 
 import networkx as nx
 
@@ -168,7 +168,8 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
     st = _streams(mg, reach, adds)  # 2
     dep = _stream_dependent(mg, st)
     before = _stream_ancestry(mg, reach, st, dep)
-    branches = [_branch(mg, reach, a, st.skip_of[a], st.stream_of[a], dep, st.stream_producers)  # 3
+    branches = [_branch(mg, reach, a, st.skip_of[a], st.stream_of[a], dep, st.stream_producers,  # 3
+                        st.entry_of.get(a))
                 for a in sorted(st.stream_of)]
     regions_ops = _merge_overlapping(branches)
     side = [i for i in reach.order if not dep >> i & 1 and not before >> i & 1]  # 4
@@ -179,6 +180,7 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
     if len(blocks) < min_blocks:
         raise DiscoveryError(f"{mg.path.name}: found {len(blocks)} blocks, expected at least {min_blocks}")
     glue, epilogue = _leftovers(mg, reach, blocks, prologue, dep)
+    blocks, glue = _adopt_skip_projections(mg, blocks, glue)
     notes = []
     if method == "structure":
         notes.append("blocks numbered by structure (exporter names carry no block scopes)")
@@ -204,14 +206,25 @@ class _Streams:
     stream_producers: set[int]
     txt: set[int]  # text streams
     phases: list[int]  # phase of each chain
+    #: residual add -> the stream tensor its branch starts from when that is not its skip
+    #: (the previous add's output, for post-norm residuals that share one skip)
+    entry_of: dict[int, str] = field(default_factory=dict)
 
 
 def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
-    all_chains, links = _chains(mg, adds)
+    all_chains, links = _chains(mg, reach, adds)
     linked = {a for a, bs in links.items() if bs} | {b for bs in links.values() for b in bs}
     # a lone residual-looking add is noise unless it is part of a stream system (a Flux
     # single block is one add between a concat and a slice)
     chains = [c for c in all_chains if len(c) >= 2 or (any(a in linked for a in c) and len(all_chains) > 1)]
+    if any(_attends(mg, reach, c, adds) for c in chains):
+        # a residual MLP stack that is no part of the streams (Chroma's distilled guidance
+        # approximator) computes conditioning, not tokens: prologue, not blocks
+        def joined(c: list[int]) -> bool:  # linked to another chain
+            own = set(c)
+            return any((a in own) != (b in own) for a, bs in links.items() for b in bs)
+
+        chains = [c for c in chains if joined(c) or _attends(mg, reach, c, adds)]
     if not chains:
         raise DiscoveryError(
             f"{mg.path.name}: no transformer blocks found (no chain of residual adds x + f(x)); "
@@ -219,6 +232,14 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
         )
     stream_of = {a: si for si, c in enumerate(chains) for a in c}
     skip_of = {a: adds[a] for a in stream_of}
+    entry_of: dict[int, str] = {}
+    for c in chains:
+        for a, b in pairwise(c):
+            if skip_of[a] == adds[b]:  # post-norm: b's branch starts from a's output
+                entry_of[b] = mg.nodes[a].output[0]
+            elif adds[b] == mg.nodes[a].output[0] and not reach.is_ancestor(a, _other_operand(mg, b, adds[b])):
+                # parallel: b's branch reads what a's did (SD3.5's attn2 beside the joint attention)
+                entry_of[b] = entry_of.get(a, skip_of[a])
     stream_tensors: dict[str, int] = {}
     for a in stream_of:
         stream_tensors[skip_of[a]] = stream_of[a]
@@ -226,13 +247,76 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
     return _Streams(
         chains=chains, stream_of=stream_of, skip_of=skip_of, stream_tensors=stream_tensors,
         stream_producers={mg.producer[t] for t in stream_tensors if t in mg.producer},
-        txt=_text_streams(mg, reach, chains, skip_of), phases=_phases(chains),
+        txt=_text_streams(mg, reach, chains, skip_of), phases=_phases(chains, reach), entry_of=entry_of,
     )
+
+
+def _adopt_skip_projections(mg: ModelGraph, blocks: list[Block], glue: set[int]) -> tuple[list[Block], set[int]]:
+    """Weighted glue between blocks is a long-skip projection: the block that reads it owns it.
+
+    A U-Net-style long skip (HunyuanDiT's later blocks ``skip_linear(skip_norm(cat(skip,
+    x)))``) is computed between one block's last residual and the next one's first: glue by
+    structure, but matrix work that belongs on the NPU with the block consuming it.  Such a
+    piece becomes the block's first region, ``skip`` (kind ``long_skip``).
+    """
+    # no-op casts on the stream join unrelated pieces (TorchScript casts a block's input once
+    # and the long skip reads that cast): they stay glue, the NPU stage absorbs those it needs
+    pieces = nx.weakly_connected_components(mg.ops.subgraph(i for i in glue if not is_noop(mg, i)))
+    block_of = {i: bi for bi, b in enumerate(blocks) for i in b.ops}
+    adopt: dict[int, set[int]] = {}
+    for piece in pieces:
+        if not any(mg.nodes[i].op_type in WEIGHTED_OPS for i in piece):
+            continue
+        readers: set[int] = set()
+        stack = [c for i in piece for c in mg.ops.successors(i) if c not in piece]
+        while stack:
+            c = stack.pop()
+            if c in block_of:
+                readers.add(block_of[c])
+            elif c in glue and is_noop(mg, c):
+                stack.extend(mg.ops.successors(c))
+        if readers:
+            own = set(piece)
+            # glue computed only for this piece (its norm, the concat it reads) goes with it
+            for i in sorted(glue - own, reverse=True):
+                succ = list(mg.ops.successors(i))
+                if succ and all(c in own for c in succ) and i not in mg.outputs:
+                    own.add(i)
+            adopt.setdefault(min(readers), set()).update(own)
+    if not adopt:
+        return blocks, glue
+    out = []
+    for bi, b in enumerate(blocks):
+        if bi in adopt:
+            skip = Region(name="skip", kind="long_skip", branches=(), adaln="none", side=frozenset(adopt[bi]))
+            b = Block(index=b.index, regions=(skip, *b.regions), mod=b.mod, scope=b.scope)
+        out.append(b)
+    return out, glue - set().union(*adopt.values())
+
+
+def _other_operand(mg: ModelGraph, add: int, skip: str) -> int:
+    """The producer of ``add``'s non-skip operand."""
+    n = mg.nodes[add]
+    return mg.producer[n.input[1] if n.input[0] == skip else n.input[0]]
+
+
+def _attends(mg: ModelGraph, reach: Reach, chain: list[int], adds: dict[int, str]) -> bool:
+    """Whether any branch of ``chain`` holds attention (a MatMul of two activations or an attention op)."""
+    p = mg.producer.get(_noop_root(mg, adds[chain[0]]))
+    before = 0 if p is None else reach.anc[p] | (1 << p)
+    ops = 0
+    for a in chain:
+        ops |= reach.anc[a]
+    for i in unbits(ops & ~before):
+        t = mg.nodes[i].op_type
+        if t in ATTENTION_OPS or (t in ("MatMul", "Einsum") and len(mg.dyn_inputs(i)) >= 2):
+            return True
+    return False
 
 
 def _stream_dependent(mg: ModelGraph, st: _Streams) -> int:
     """Bitset of stream-dependent ops: the stream starts' readers and their descendants."""
-    readers = [c for t in (st.skip_of[c[0]] for c in st.chains) for c in mg.consumers.get(t, [])
+    readers = [c for t in (_noop_root(mg, st.skip_of[c[0]]) for c in st.chains) for c in mg.consumers.get(t, [])
                if c not in mg.const_ops]
     return bits(chain.from_iterable(nx.bfs_layers(mg.ops, readers)))
 
@@ -243,7 +327,7 @@ def _stream_ancestry(mg: ModelGraph, reach: Reach, st: _Streams, dep: int) -> in
     That is prologue, even when only the first branch reads it.
     """
     before = 0
-    for t in (st.skip_of[c[0]] for c in st.chains):
+    for t in (_noop_root(mg, st.skip_of[c[0]]) for c in st.chains):
         p = mg.producer.get(t)
         # a stream that starts from other streams (a concat of image and text) is computed
         # by the blocks before it, not by the prologue
@@ -388,17 +472,19 @@ def _text_streams(mg: ModelGraph, reach: Reach, chains: list[list[int]], skip_of
     return {si for si, u in enumerate(uses) if primary is not None and primary not in u}
 
 
-def _phases(chains: list[list[int]]) -> list[int]:
+def _phases(chains: list[list[int]], reach: Reach) -> list[int]:
     """Phase of each chain: chains running side by side (image + text) share one; a stream
-    that starts after they end (Flux single blocks) is the next phase."""
-    spans = sorted((min(c), max(c), si) for si, c in enumerate(chains))
+    that starts from where others end (Flux single blocks) is the next phase.
+
+    Chain ``b`` comes after chain ``a`` when ``b``'s first add depends on ``a``'s last one
+    (not on op order: TorchScript may emit a whole image-stream block before its text side).
+    """
+    order = sorted(range(len(chains)), key=lambda si: chains[si][0])
     phase = [0] * len(chains)
-    cur, end = -1, -1
-    for lo, hi, si in spans:
-        if lo > end:
-            cur += 1
-        end = max(end, hi)
-        phase[si] = cur
+    for k, sb in enumerate(order):
+        first = chains[sb][0]
+        phase[sb] = max((phase[sa] + 1 for sa in order[:k] if reach.is_ancestor(chains[sa][-1], first)),
+                        default=0)
     return phase
 
 
@@ -419,27 +505,95 @@ def _residual_adds(mg: ModelGraph, reach: Reach) -> dict[int, str]:
             pb = mg.producer.get(other)
             if pb is None:
                 continue
-            ps = mg.producer.get(skip)
+            # the stream may reach the add through no-op casts (TorchScript's float32 -> float32
+            # ``.to()``): the skip is the tensor they relabel, the fork is after them
+            root = _noop_root(mg, skip)
+            ps = mg.producer.get(root)
+            readers = _real_consumers(mg, root)
             if ps is None:
-                ok = skip in mg.inputs and any(
-                    reach.is_ancestor(c, pb) or c == pb for c in mg.consumers.get(skip, []) if c != i
-                    and c not in mg.const_ops
+                ok = root in mg.inputs and any(
+                    reach.is_ancestor(c, pb) or c == pb for c in readers if c != i
                 )
             else:
                 ok = ps not in mg.const_ops and reach.is_ancestor(ps, pb)
-            if ok and len([c for c in mg.consumers.get(skip, []) if c not in mg.const_ops]) >= 2:
+            if ok and len(readers) >= 2:
                 out[i] = skip
                 break
+        else:
+            # a parallel branch added after another one: ``(x + f(x)) + g(x)`` (SD3.5's dual
+            # attention ``attn2``): the skip is the first residual's output, g reads its skip
+            for skip, other in ((a, b), (b, a)):
+                pa, pb = mg.producer.get(skip), mg.producer.get(other)
+                if pa is None or pb is None or pa not in out or reach.is_ancestor(pa, pb):
+                    continue
+                x = mg.producer.get(_noop_root(mg, out[pa]))
+                if x is not None and x not in mg.const_ops and reach.is_ancestor(x, pb):
+                    out[i] = skip
+                    break
     return out
 
 
-def _links(mg: ModelGraph, adds: dict[int, str]) -> dict[int, set[int]]:
+def is_noop(mg: ModelGraph, i: int) -> bool:
+    """``Identity``, or a ``Cast`` to the dtype its input already has (float32 -> float32)."""
+    n = mg.nodes[i]
+    if n.op_type == "Identity":
+        return True
+    if n.op_type != "Cast" or not n.input:
+        return False
+    return mg.dtype(n.input[0]) is not None and mg.dtype(n.input[0]) == mg.dtype(n.output[0])
+
+
+def _noop_root(mg: ModelGraph, t: str) -> str:
+    """``t`` with the no-op ops that produce it walked back."""
+    for _ in range(64):
+        p = mg.producer.get(t)
+        if p is None or p in mg.const_ops or not is_noop(mg, p):
+            return t
+        t = mg.nodes[p].input[0]
+    return t
+
+
+def _real_consumers(mg: ModelGraph, t: str) -> list[int]:
+    """Non-constant consumers of ``t``, looking through no-op ops to what reads their outputs."""
+    out: list[int] = []
+    stack = [t]
+    seen: set[str] = set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        for c in mg.consumers.get(x, []):
+            if c in mg.const_ops:
+                continue
+            if is_noop(mg, c):
+                stack.extend(o for o in mg.nodes[c].output if o)
+            elif c not in out:
+                out.append(c)
+    return out
+
+
+def _links(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> dict[int, set[int]]:
     """``a -> {b}`` when add ``a``'s output reaches add ``b``'s skip through data-movement ops only."""
     by_skip: dict[str, int] = {}
     for a, s in adds.items():
         by_skip.setdefault(s, a)
     succ: dict[int, set[int]] = {a: set() for a in adds}
+    # post-norm residuals (AuraFlow): ``x + ffn(norm(x + attn(x)))`` -- both adds skip from
+    # ``x``; the first add's output feeds the second one's branch: the stream goes on from it
+    same_skip: dict[str, list[int]] = {}
+    for a in sorted(adds):
+        same_skip.setdefault(adds[a], []).append(a)
+    for group in same_skip.values():
+        for a, b in pairwise(group):
+            n = mg.nodes[b]
+            other = n.input[1] if n.input[0] == adds[b] else n.input[0]
+            po = mg.producer.get(other)
+            if po is not None and (po == a or reach.is_ancestor(a, po)):
+                succ[a].add(b)
     for a in adds:
+        if succ[a]:
+            continue
         frontier = [mg.nodes[a].output[0]]
         seen: set[str] = set()
         while frontier and len(seen) < 16:
@@ -456,14 +610,14 @@ def _links(mg: ModelGraph, adds: dict[int, str]) -> dict[int, set[int]]:
     return succ
 
 
-def _chains(mg: ModelGraph, adds: dict[int, str]) -> tuple[list[list[int]], dict[int, set[int]]]:
+def _chains(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> tuple[list[list[int]], dict[int, set[int]]]:
     """Residual streams: maximal runs of adds linked one-to-one.
 
     Where streams merge or fork (two streams concatenated into one), a chain ends; the
     links between chains are returned too, so that a short chain that is part of a larger
     stream system (one Flux single block) is not mistaken for noise.
     """
-    succ = _links(mg, adds)
+    succ = _links(mg, reach, adds)
     pred: dict[int, set[int]] = {a: set() for a in adds}
     for a, bs in succ.items():
         for b in bs:
@@ -490,7 +644,8 @@ def _chains(mg: ModelGraph, adds: dict[int, str]) -> tuple[list[list[int]], dict
 
 
 def _branch(
-    mg: ModelGraph, reach: Reach, add: int, skip: str, stream: int, dep: int, stream_producers: set[int]
+    mg: ModelGraph, reach: Reach, add: int, skip: str, stream: int, dep: int, stream_producers: set[int],
+    entry_tensor: str | None = None,
 ) -> Branch:
     n = mg.nodes[add]
     b = n.input[1] if n.input[0] == skip else n.input[0]
@@ -533,11 +688,12 @@ def _branch(
     weighted = [i for i in rest if mg.nodes[i].op_type in WEIGHTED_OPS or mg.nodes[i].op_type in ATTENTION_OPS]
     # only this branch's own stream: in joint attention the other stream's projections are
     # weighted ops of this branch too, but its AdaLN is not ours
-    entry = [c for c in mg.consumers.get(skip, []) if c in ops]
+    entry = [c for c in mg.consumers.get(entry_tensor or _noop_root(mg, skip), []) if c in ops]
+    entry += [c for c in _real_consumers(mg, entry_tensor or _noop_root(mg, skip)) if c in ops and c not in entry]
     weighted = [i for i in weighted if any(e == i or reach.is_ancestor(e, i) for e in entry)]
     first = [i for i in weighted if not any(reach.is_ancestor(w, i) for w in weighted if w != i)]
     pre: set[int] = set()
-    core_in: tuple[str, ...] = (skip,)
+    core_in: tuple[str, ...] = (entry_tensor or skip,)
     if first:
         common = -1
         for f in first:
@@ -559,20 +715,33 @@ def _branch(
 
 
 def _merge_overlapping(branches: list[Branch]) -> list[tuple[tuple[Branch, ...], frozenset[int]]]:
+    """Regions: branches whose cores or gates share ops (joint attention) form one.
+
+    Branches that share only their normalisation (SD3.5's dual attention: ``attn`` and
+    ``attn2`` modulate one LayerNorm of the block input differently) stay apart; the shared
+    norm is the first one's ``pre``.
+    """
     groups: list[tuple[list[Branch], set[int]]] = []
-    for b in branches:
-        hit = [g for g in groups if g[1] & b.ops]
+    claimed: set[int] = set()
+    for b in sorted(branches, key=lambda x: x.add):
+        if b.pre & claimed:
+            b = Branch(add=b.add, skip=b.skip, stream=b.stream, pre=b.pre - claimed, core=b.core, gate=b.gate,
+                       core_in=b.core_in)
+        body = set(b.core | b.gate)
+        hit = [g for g in groups if g[1] & body]
+        claimed |= b.pre
         if not hit:
-            groups.append(([b], set(b.ops)))
+            groups.append(([b], body))
             continue
         base = hit[0]
         base[0].append(b)
-        base[1].update(b.ops)
+        base[1].update(body)
         for g in hit[1:]:
             base[0].extend(g[0])
             base[1].update(g[1])
             groups.remove(g)
-    return [(tuple(sorted(g[0], key=lambda x: x.add)), frozenset(g[1])) for g in groups]
+    return [(tuple(sorted(g[0], key=lambda x: x.add)), frozenset().union(*(x.ops for x in g[0])))
+            for g in groups]
 
 
 @dataclass(frozen=True)
@@ -746,7 +915,13 @@ def _group_by_structure(regions: list[_RegionInfo]) -> list[list[int]]:
         idx = list(range(i, j))
         names = [regions[k].name for k in idx]
         p = _period(names)
-        groups.extend(idx[k:k + p] for k in range(0, len(idx), p))
+        if p == len(names) and names.count(names[0]) > 1:
+            # no period (SD3.5: block 0 alone has a second attention): a block starts at
+            # each region named like the first one
+            starts = [k for k, nm in enumerate(names) if nm == names[0]] + [len(names)]
+            groups.extend(idx[a:b] for a, b in pairwise(starts))
+        else:
+            groups.extend(idx[k:k + p] for k in range(0, len(idx), p))
         i = j
     return groups
 

@@ -9,7 +9,7 @@ folders, and the cost model compares them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,19 +73,15 @@ def order_groups(mg: ModelGraph, part: Partition, *, merge_host: bool = True) ->
     missing = [i for i in mg.ops.nodes if i not in owner]
     if missing:
         raise InternalError(f"strategy {part.strategy} left {len(missing)} ops unassigned (e.g. {missing[0]})")
-    q = nx.DiGraph()
-    q.add_nodes_from(range(len(part.groups)))
-    for a, b in mg.ops.edges:
-        ga, gb = owner[a], owner[b]
-        if ga != gb:
-            q.add_edge(ga, gb)
+    cycle = stage_cycle(mg, {i: part.groups[gi].id for i, gi in owner.items()})
+    if cycle is not None:
+        if part.strategy == "custom":
+            raise SpecError(f"stages depend on each other in a cycle: {cycle}; change the grouping")
+        # the built-in strategies keep their stages acyclic by construction (GroupBuilder)
+        raise InternalError(f"strategy {part.strategy} made stages that depend on each other in a cycle: {cycle}")
+    q = _quotient(mg, owner)
     first = {gi: min(grp.ops) for gi, grp in enumerate(part.groups)}
-    try:
-        order = list(nx.lexicographical_topological_sort(q, key=lambda gi: first[gi]))
-    except nx.NetworkXUnfeasible:
-        cyc = nx.find_cycle(q)
-        names = " -> ".join(part.groups[a].id for a, _ in cyc)
-        raise SpecError(f"stages depend on each other in a cycle: {names}; change the grouping") from None
+    order = list(nx.lexicographical_topological_sort(q, key=lambda gi: first[gi]))
     out: list[OrderedGroup] = []
     for gi in order:
         g: Group | OrderedGroup = part.groups[gi]
@@ -123,4 +119,57 @@ def order_groups(mg: ModelGraph, part: Partition, *, merge_host: bool = True) ->
     return final
 
 
-__all__ = ["Group", "OrderedGroup", "Partition", "block_id", "order_groups"]
+def _quotient(mg: ModelGraph, owner: Mapping[int, Hashable]) -> nx.DiGraph:
+    """The stage graph: one node per group, an edge where a tensor crosses from one to another."""
+    q = nx.DiGraph()
+    q.add_nodes_from(set(owner.values()))
+    for a, b in mg.ops.edges:
+        ga, gb = owner[a], owner[b]
+        if ga != gb:
+            q.add_edge(ga, gb)
+    return q
+
+
+def stage_cycle(mg: ModelGraph, owner: Mapping[int, Hashable]) -> str | None:
+    """``None`` when the groups ``owner`` assigns ops to can run in some order, else the cycle.
+
+    The cycle is told stage by stage with the tensor that crosses each step
+    (``b00.block -(t)-> glue -(u)-> b00.block``), so the offending tensor is named.
+    """
+    q = _quotient(mg, owner)
+    try:
+        cyc = nx.find_cycle(q)
+    except nx.NetworkXNoCycle:
+        return None
+    steps = [str(cyc[0][0])]
+    for ga, gb in cyc:
+        tensor = next((t for a, b in mg.ops.edges if owner[a] == ga and owner[b] == gb
+                       for t in mg.nodes[a].output if t in mg.nodes[b].input), "?")
+        steps.append(f"-({tensor})-> {gb}")
+    return " ".join(steps)
+
+
+def convex_hull(mg: ModelGraph, ops: Iterable[int]) -> set[int]:
+    """Ops outside ``ops`` that lie on a path from one op of ``ops`` to another.
+
+    A stage holding ``ops`` needs exactly these to be in it too (or its own outputs come
+    back to it through another stage: a cycle).  Op indices are a topological order, so
+    only the span between the first and last op is walked.
+    """
+    members = set(ops)
+    if not members:
+        return set()
+    lo, hi = min(members), max(members)
+    span = [i for i in range(lo, hi + 1) if i in mg.ops]
+    below = set(members)  # members and their descendants within the span
+    for i in span:
+        if i not in below and any(p in below for p in mg.ops.predecessors(i)):
+            below.add(i)
+    above = set(members)  # members and their ancestors within the span
+    for i in reversed(span):
+        if i not in above and any(s in above for s in mg.ops.successors(i)):
+            above.add(i)
+    return (below & above) - members
+
+
+__all__ = ["Group", "OrderedGroup", "Partition", "block_id", "convex_hull", "order_groups", "stage_cycle"]

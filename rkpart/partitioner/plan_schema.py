@@ -144,7 +144,8 @@ PLAN_SCHEMA: dict[str, Any] = {
         },
         "stages": {"type": "array", "items": _STAGE, "minItems": 1,
                    "description": "Stages in execution order."},
-        "extra": {"type": "object", "description": "Free-form notes (discovery method, strategy notes)."},
+        "extra": {"type": "object", "description": "Free-form notes (discovery method, strategy notes and warnings, "
+                                                  "npu_coverage: the blocks' token-wise matmul work in NPU stages)."},
     },
 }
 

@@ -22,6 +22,7 @@ from rkpart.errors import InvalidModelError, UserError, os_error
 from rkpart.io import atomic_write_bytes, file_sha256, folder_lock, load_json_file, recover_folder, replace_folder
 from rkpart.ir import ModelGraph
 from rkpart.ir.ops import CONTROL_FLOW_OPS
+from rkpart.partitioner.coverage import npu_coverage
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import (
     DEFAULT_EXTERNAL_THRESHOLD,
@@ -235,7 +236,8 @@ def _write_stages(
         tensors=tensors,
         stages=tuple(stages),
         blocks=tuple(disc.summary()) if disc else (),
-        extra={"discovery": disc.method if disc else None, "notes": list(part.notes)},
+        extra={"discovery": disc.method if disc else None, "notes": list(part.notes),
+               **({"npu_coverage": npu_coverage(mg, disc, groups).to_json()} if disc else {})},
     )
     plan.save(staging)
     for f in stages_dir.glob("*.done.json"):

@@ -12,10 +12,10 @@ import abc
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from rkpart.errors import UserError
+from rkpart.errors import InternalError, UserError
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery, Region
-from rkpart.partitioner.partition import Group, Partition, block_id
+from rkpart.partitioner.discovery import Discovery, Region, is_noop
+from rkpart.partitioner.partition import Group, Partition, block_id, convex_hull, stage_cycle
 from rkpart.types import Device
 
 
@@ -88,8 +88,19 @@ class GroupBuilder:
         for i in ops:
             self._owner[i] = gid
 
-    def add_host_rest(self, mg: ModelGraph, disc: Discovery | None) -> None:
-        """Prologue, glue and epilogue on the host, each glue op its own group (merged later)."""
+    def add_host_rest(self, mg: ModelGraph, disc: Discovery | None, *, close: bool = True) -> None:
+        """Prologue, glue and epilogue on the host, each glue op its own group (merged later).
+
+        With ``close`` (the built-in strategies), unassigned ops that lie between two ops of
+        one NPU group -- a no-op ``Cast`` or ``Identity`` on the residual stream inside a
+        block, a skip projection -- join that group, and a trailing no-op joins the group
+        that produces its input: host work in the middle of an NPU stage would make the
+        stages depend on each other in a cycle.  :meth:`build` then checks that the stage
+        graph is acyclic, so a strategy never hands on a cyclic partition.
+        """
+        if close:
+            self._mg = mg
+            self._close_npu_groups(mg)
         if disc is not None:
             self.add("prologue", set(disc.prologue), device="host", region="prologue", kind="prologue")
             for i in sorted(disc.glue):
@@ -99,7 +110,31 @@ class GroupBuilder:
         for i in sorted(rest):
             self.add(f"host.{i:06d}", {i}, device="host", region="host", kind="host")
 
+    def _close_npu_groups(self, mg: ModelGraph) -> None:
+        for gid, g in list(self._groups.items()):
+            if g["device"] != "npu":
+                continue
+            members: set[int] = g["ops"]
+            between = {i for i in convex_hull(mg, members) if i not in self._owner}
+            if between:
+                self.add(gid, between, device="npu", region=g["region"], kind=g["kinds"][0])
+        for i in sorted(mg.ops.nodes):
+            if i in self._owner or not is_noop(mg, i):
+                continue
+            preds = list(mg.ops.predecessors(i))
+            if len(preds) == 1 and preds[0] in self._owner:
+                gid = self._owner[preds[0]]
+                g = self._groups[gid]
+                if g["device"] == "npu":
+                    self.add(gid, {i}, device="npu", region=g["region"], kind=g["kinds"][0])
+
     def build(self, strategy: str, options: Mapping[str, Any], notes: tuple[str, ...] = ()) -> Partition:
+        mg: ModelGraph | None = getattr(self, "_mg", None)
+        if mg is not None:
+            cycle = stage_cycle(mg, {i: gid for i, gid in self._owner.items()})
+            if cycle is not None:
+                raise InternalError(f"strategy {strategy} made stages that depend on each other in a cycle: "
+                                    f"{cycle}")
         groups = tuple(
             Group(id=gid, device=g["device"], ops=frozenset(g["ops"]), region=g["region"],
                   kind="+".join(g["kinds"]), block=g["block"], blocks=tuple(g["blocks"]))

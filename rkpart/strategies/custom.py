@@ -214,7 +214,7 @@ class CustomStrategy(Strategy):
                 ops = _cut(mg, s["id"], s["cut"]["inputs"], s["cut"]["outputs"])
                 gb.add(s["id"], ops, device=device, region="cut", kind="custom-cut")
         if rest == "host":
-            gb.add_host_rest(mg, disc)
+            gb.add_host_rest(mg, disc, close=False)
         else:
             from rkpart.strategies import get_strategy
 
