@@ -292,6 +292,7 @@ def _register_optional() -> None:
         ("rkpart.commands.compile", ("toolkit", "compile_cmd")),
         ("rkpart.commands.profile", ("profile",)),
         ("rkpart.commands.fit", ("fit",)),
+        ("rkpart.commands.tune", ("tune",)),
         ("rkpart.commands.repro", ("repro",)),
         ("rkpart.commands.recognizers", ("recognizers",)),
     ):

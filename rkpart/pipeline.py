@@ -19,7 +19,7 @@ layers to its left, never back, not even inside a function)::
     errors, types <- io, units, progress
       <- ir <- targets <- partitioner <- plugins <- recognizers <- strategies
       <- validation <- compile <- runtime <- triage <- profile <- cost_model
-      <- pipeline <- dropin <- cli_args <- commands <- cli
+      <- pipeline <- tune <- dropin <- cli_args <- commands <- cli
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("profile",),
     ("cost_model",),
     ("pipeline",),
+    ("tune",),
     ("dropin",),
     ("cli_args",),
     ("commands",),

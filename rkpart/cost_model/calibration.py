@@ -443,7 +443,8 @@ def fit_profiles(
                 where = ", ".join(sorted(base_backends)) or "an unknown device"
                 raise SpecError(
                     f"--base {Path(base).name} was measured on {where} and the profiles on "
-                    f"{', '.join(env['backends'])}: its {', '.join(kept)} would be mixed with these timings; give --mix-backends to do that on purpose (it is recorded in the model)")
+                    f"{', '.join(env['backends'])}: its {', '.join(kept)} would be mixed with these timings; "
+                    "give --mix-backends to do that on purpose (it is recorded in the model)")
             mixed = {"kept_from_base": kept, "base_backends": sorted(base_backends),
                      "profile_backends": env["backends"]}
     model.components.pop("glue", None)

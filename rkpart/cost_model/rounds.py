@@ -203,14 +203,24 @@ def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 
 
+def round_time(r: Mapping[str, Any]) -> float | None:
+    """What a measured round cost: its CPU time when recorded (robust on a machine shared with
+    other jobs), else its wall time minus the profiler's snapshots."""
+    tim = r.get("timings") or {}
+    if tim.get("cpu_s") is not None:
+        return float(tim["cpu_s"])
+    m = r.get("measurement") or {}
+    w = m.get("wall_minus_snapshots_s", tim.get("wall_s"))
+    return None if w is None else float(w)
+
+
 def round_seconds(round_records: Iterable[Mapping[str, Any]]) -> tuple[float | None, float | None]:
     """Median over measured round records of (wall minus snapshots, peak PSS in bytes)."""
     secs, pss = [], []
     for r in round_records:
         if r.get("warmup"):
             continue
-        m = r.get("measurement") or {}
-        w = m.get("wall_minus_snapshots_s", (r.get("timings") or {}).get("wall_s"))
+        w = round_time(r)
         if w is not None:
             secs.append(float(w))
         p = (r.get("memory") or {}).get("pss_peak_kib")
@@ -220,4 +230,4 @@ def round_seconds(round_records: Iterable[Mapping[str, Any]]) -> tuple[float | N
 
 
 __all__ = ["GLUE_TERMS", "SETUP_TERMS", "RoundSample", "fit_overhead", "fitted_range", "outside_range",
-           "overhead", "predict_round", "refit_with_rounds", "round_seconds", "stage_part", "whole_plan_cv"]
+           "overhead", "predict_round", "refit_with_rounds", "round_seconds", "round_time", "stage_part", "whole_plan_cv"]

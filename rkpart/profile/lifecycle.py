@@ -490,6 +490,7 @@ class _RoundRunner:
 
     def run(self, steps: int, passes: Mapping[str, Mapping[str, np.ndarray]]) -> tuple[list[_Op], dict[str, Any]]:
         t_start = time.perf_counter()
+        c_start = time.process_time()
         snap0_s, snaps0, thread0, ticks0 = (
             self.sampler.snapshot_s,
             self.sampler.snapshots,
@@ -530,6 +531,7 @@ class _RoundRunner:
         info = {
             "t0": t_start,
             "t1": t_end,
+            "cpu_s": time.process_time() - c_start,
             "snapshot_s": self.sampler.snapshot_s - snap0_s,
             "snapshots": self.sampler.snapshots - snaps0,
             "sampler_s": self.sampler.thread_s - thread0,
@@ -604,6 +606,7 @@ def _round_record(
         round_index=rnd,
         warmup=warm,
         wall_s=wall,
+        cpu_s=info.get("cpu_s"),
         memory={
             "pss_peak_kib": peaks.pss_kib,
             "device_pss_peak_kib": peaks.device_pss_kib,

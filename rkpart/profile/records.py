@@ -209,13 +209,16 @@ def round_record(
     wall_s: float,
     memory: Mapping[str, int | None],
     measurement: Mapping[str, float | int],
+    cpu_s: float | None = None,
 ) -> dict[str, Any]:
     return {
         **header,
         "record": "round",
         "round": round_index,
         "warmup": warmup,
-        "timings": {"wall_s": wall_s},
+        # cpu_s: CPU time of the whole process over the round (every thread), for comparisons
+        # on a machine shared with other jobs
+        "timings": {"wall_s": wall_s, **({} if cpu_s is None else {"cpu_s": cpu_s})},
         "memory": dict(memory),
         "measurement": dict(measurement),
     }
