@@ -178,26 +178,27 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
     progress(f"{len(blocks)} blocks, {len(anatomies)} anatomies; profiling "
              + ("whole plans" if reps is None else f"blocks {', '.join(map(str, reps))}"))
     plans: dict[str, Path] = {}
-    for name, strategy, opts in SINGLE:
-        if opts.get("blocks_per_stage", 1) > len(blocks):
+    for name, strategy, sopts in SINGLE:
+        if sopts.get("blocks_per_stage", 1) > len(blocks):
             continue
         out = work / "plans" / name
-        partition(model_path, out, strategy, force=True, **opts)
+        partition(model_path, out, strategy, force=True, **sopts)
         plans[name] = out
     profiles: list[Path] = []
     for name, folder in plans.items():
         # time per residency without memory sampling (the sampler costs CPU a pipeline does not
         # pay), and memory from one per-stage round with it
         for residency, memory in (("per-stage", False), ("resident", False), ("per-stage", True)):
-            for block in (reps or [None]):
+            which: list[int | None] = list(reps) if reps else [None]
+            for block in which:
                 f = work / "profiles" / (f"{name}.{residency}{'' if block is None else f'.b{block}'}"
                                          f"{'.memory' if memory else ''}.jsonl")
                 progress(f"profiling {name} ({residency}{'' if block is None else f', block {block}'}"
                          f"{', memory' if memory else ''})")
                 # fused-x2's representative block starts a pair; a pair cannot start at the last block
-                b = block if block is None or block + 1 < len(blocks) or name != "fused-x2" else block - 1
+                at = block if block is None or block + 1 < len(blocks) or name != "fused-x2" else block - 1
                 _profile(folder, f, config, residency=residency, rounds=1 if memory else config.rounds,
-                         warmup=0 if memory else 1, block=b, memory=memory)
+                         warmup=0 if memory else 1, block=at, memory=memory)
                 profiles.append(f)
     model, report = fit_profiles(profiles, statistic=config.statistic)
     model_file = work / "cost_model.json"

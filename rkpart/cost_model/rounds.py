@@ -230,4 +230,5 @@ def round_seconds(round_records: Iterable[Mapping[str, Any]]) -> tuple[float | N
 
 
 __all__ = ["GLUE_TERMS", "SETUP_TERMS", "RoundSample", "fit_overhead", "fitted_range", "outside_range",
-           "overhead", "predict_round", "refit_with_rounds", "round_seconds", "round_time", "stage_part", "whole_plan_cv"]
+           "overhead", "predict_round", "refit_with_rounds", "round_seconds", "round_time", "stage_part",
+           "whole_plan_cv"]
