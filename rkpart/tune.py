@@ -30,7 +30,6 @@ from rkpart.cost_model.calibration import fit_profiles
 from rkpart.cost_model.features import stage_features
 from rkpart.cost_model.model import CostModel
 from rkpart.cost_model.rounds import predict_round, round_time
-from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes
 from rkpart.partitioner.plan import Plan, load_plan
 from rkpart.pipeline import load, partition
@@ -67,6 +66,7 @@ class VerifyRow:
     residency: str
     measured_s: list[float] = field(default_factory=list)
     predicted_s: float | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)  # measured stage records
 
     @property
     def median_s(self) -> float:
@@ -163,20 +163,15 @@ def predicted_round(model: CostModel, plan: Plan, folder: Path, residency: str, 
     return predict_round(model, stages, passes)
 
 
-def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneConfig(),
-         progress: Callable[[str], None] = lambda _: None) -> TuneResult:
-    """Run the loop on ``model_path`` in ``workdir`` (plans, profiles, model, auto plan, report)."""
-    work = Path(workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    loaded = load(model_path)
-    disc = loaded.discovery()
+def single_plans(model_path: str | Path, work: Path) -> tuple[dict[str, Path], int, list[int] | None]:
+    """Every single-strategy plan of ``model_path`` under ``work/plans``; the number of blocks and
+    the representative block of each anatomy (``None``: small enough to profile whole plans)."""
+    disc = load(model_path).discovery()
     blocks = list(disc.blocks)
     anatomies: dict[tuple[str, ...], list[int]] = {}
     for b in blocks:
         anatomies.setdefault(tuple(b.signature), []).append(b.index)
     reps = None if len(blocks) <= WHOLE_PLAN_BLOCKS else [ids[0] for ids in anatomies.values()]
-    progress(f"{len(blocks)} blocks, {len(anatomies)} anatomies; profiling "
-             + ("whole plans" if reps is None else f"blocks {', '.join(map(str, reps))}"))
     plans: dict[str, Path] = {}
     for name, strategy, sopts in SINGLE:
         if sopts.get("blocks_per_stage", 1) > len(blocks):
@@ -184,6 +179,12 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
         out = work / "plans" / name
         partition(model_path, out, strategy, force=True, **sopts)
         plans[name] = out
+    return plans, len(blocks), reps
+
+
+def profile_for_fit(plans: Mapping[str, Path], nblocks: int, reps: Sequence[int] | None, work: Path,
+                    config: TuneConfig, progress: Callable[[str], None] = lambda _: None) -> list[Path]:
+    """Profile every plan per-stage and resident (time only), and once per-stage with memory sampled."""
     profiles: list[Path] = []
     for name, folder in plans.items():
         # time per residency without memory sampling (the sampler costs CPU a pipeline does not
@@ -196,14 +197,19 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
                 progress(f"profiling {name} ({residency}{'' if block is None else f', block {block}'}"
                          f"{', memory' if memory else ''})")
                 # fused-x2's representative block starts a pair; a pair cannot start at the last block
-                at = block if block is None or block + 1 < len(blocks) or name != "fused-x2" else block - 1
+                at = block if block is None or block + 1 < nblocks or name != "fused-x2" else block - 1
                 _profile(folder, f, config, residency=residency, rounds=1 if memory else config.rounds,
                          warmup=0 if memory else 1, block=at, memory=memory)
                 profiles.append(f)
-    model, report = fit_profiles(profiles, statistic=config.statistic)
-    model_file = work / "cost_model.json"
-    model.save(model_file)
-    atomic_write_bytes(work / "fit_report.json", (json.dumps(report, indent=2) + "\n").encode())
+    return profiles
+
+
+def choose_and_verify(model_path: str | Path, work: Path, model_file: Path, plans: Mapping[str, Path],
+                      config: TuneConfig, progress: Callable[[str], None] = lambda _: None
+                      ) -> tuple[Path, list[dict[str, Any]], list[VerifyRow]]:
+    """Write ``auto``'s plan with the model in ``model_file``, then run it and every plan of
+    ``plans`` under each residency, rounds interleaved; rows carry measured and predicted rounds."""
+    model = CostModel.load(model_file)
     auto_dir = work / "plans" / "auto"
     progress("choosing with the fitted model")
     opts: dict[str, Any] = {"cost_model": str(model_file), "steps": config.steps, "cfg": config.cfg}
@@ -211,7 +217,6 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
         opts["budget_mib"] = config.budget_mib
     auto_plan = partition(model_path, auto_dir, "auto", force=True, **opts)
     choices = list((auto_plan.strategy.get("options") or {}).get("choices", []))
-    # verify: every plan under each residency, the chosen one as it chose, rounds interleaved
     passes = config.steps * (2 if config.cfg else 1)
     rows = [VerifyRow("auto", "plan")] + [VerifyRow(n, r) for n in plans for r in ("per-stage", "resident")]
     folders = {**plans, "auto": auto_dir}
@@ -224,16 +229,28 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
             recs = _profile(folders[row.plan], work / "verify" / f"{row.plan}.{row.residency}.{i}.jsonl", config,
                             residency=row.residency, rounds=1, warmup=1, block=None, memory=False)
             row.measured_s += _round_seconds(recs)
+            row.records += [r for r in recs if r.get("record") == "stage" and not r.get("warmup")]
+    return auto_dir, choices, rows
+
+
+def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneConfig(),
+         progress: Callable[[str], None] = lambda _: None) -> TuneResult:
+    """Run the loop on ``model_path`` in ``workdir`` (plans, profiles, model, auto plan, report)."""
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    plans, nblocks, reps = single_plans(model_path, work)
+    progress(f"{nblocks} blocks; profiling " + ("whole plans" if reps is None else
+                                                 f"blocks {', '.join(map(str, reps))} (one per anatomy)"))
+    profiles = profile_for_fit(plans, nblocks, reps, work, config, progress)
+    model, report = fit_profiles(profiles, statistic=config.statistic)
+    model_file = work / "cost_model.json"
+    model.save(model_file)
+    atomic_write_bytes(work / "fit_report.json", (json.dumps(report, indent=2) + "\n").encode())
+    auto_dir, choices, rows = choose_and_verify(model_path, work, model_file, plans, config, progress)
     result = TuneResult(model_file=model_file, auto_plan=auto_dir, choices=choices, fit_report=report, rows=rows)
     atomic_write_bytes(work / "tune_report.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
     return result
 
 
-def check_backend(backend: str) -> None:
-    from rkpart.profile.run import BACKENDS
-
-    if backend not in BACKENDS:
-        raise UserError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-
-
-__all__ = ["SINGLE", "WHOLE_PLAN_BLOCKS", "TuneConfig", "TuneResult", "VerifyRow", "predicted_round", "tune"]
+__all__ = ["SINGLE", "WHOLE_PLAN_BLOCKS", "TuneConfig", "TuneResult", "VerifyRow", "choose_and_verify",
+           "predicted_round", "profile_for_fit", "single_plans", "tune"]

@@ -72,7 +72,7 @@ DEFAULT_TERMS: dict[str, tuple[str, ...]] = {
     "host": ("const", "elementwise_elems", "macs", "nodes"),
     "device_mem": ("const", "weight_bytes", "peak_bytes"),
     "pss_peak": ("const", "file_bytes", "peak_bytes"),
-    "glue": ("const", "io_bytes", "weight_bytes"),
+    "glue": ("const",),
     "setup": ("const",),
 }
 
