@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from rkpart.cli_args import emit, json_option, quiet_option, toolkit_option, user_errors
-from rkpart.profile.run import BACKENDS
 from rkpart.progress import Reporter
+from rkpart.runtime import BACKENDS
 
 
 @click.command("tune")
