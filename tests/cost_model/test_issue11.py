@@ -128,7 +128,7 @@ def test_a_model_without_memory_term_cannot_drive_a_budgeted_choice(ort_model: P
         model.components.pop(k, None)
     timing_only = model.save(tmp_path / "timing_only.json")
     mg = load_model(example_model)
-    with pytest.raises(UserError, match="no memory predictor .* cannot choose within the 512 MiB budget"):
+    with pytest.raises(UserError, match=r"no memory predictor .* cannot choose within the 512 MiB budget"):
         select(mg, discover(mg), model, SelectionConfig(budget_mib=512))
     r = CliRunner().invoke(main, ["partition", "-o", str(tmp_path / "a"), "-s", "auto", "--cost-model",
                                   str(timing_only), "-q"])  # the default budget binds too
