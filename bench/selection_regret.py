@@ -56,7 +56,7 @@ def build(root: Path, hidden: int, heads: int, side: int, blocks: int) -> Path:
 
 def stage_infer_errors(model: CostModel, folder: Path, calls: int = 5) -> list[float]:
     """Per distinct NPU stage of the plan in ``folder``: |predicted - measured| / measured inference,
-    measured as the least thread CPU time of ``calls`` ONNX Runtime calls on one thread (the wall
+    measured as the least process CPU time of ``calls`` ONNX Runtime calls on one thread (the wall
     time of a stage on this shared machine measures the other jobs as much as the stage)."""
     import numpy as np
     import onnxruntime as ort
@@ -80,9 +80,9 @@ def stage_infer_errors(model: CostModel, folder: Path, calls: int = 5) -> list[f
         sess.run(None, feeds)
         best = float("inf")
         for _ in range(calls):
-            t = time.thread_time()
+            t = time.process_time()
             sess.run(None, feeds)
-            best = min(best, time.thread_time() - t)
+            best = min(best, time.process_time() - t)
         pred = model.predict_stage(stage_features(folder, s)).get("infer")
         if pred is not None and best > 0:
             out.append(abs(pred - best) / best)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         plans, n, reps = single_plans(path, sub)
         profiles += profile_for_fit(plans, n, reps, sub, cfg)
         print(f"fit: profiled {path.stem}", file=sys.stderr)
-    model, report = fit_profiles(profiles, statistic="min")
+    model, report = fit_profiles(profiles, statistic="min", clock="cpu")
     model_file = model.save(work / "cost_model.json")
     whole = report["whole_plan"]
     print(f"fit on {len(profiles)} profiles: held-out whole-plan error median {whole['median_ape']} %, "

@@ -7,7 +7,8 @@
    than :data:`WHOLE_PLAN_BLOCKS` blocks only one representative block per anatomy is run
    (``rkpart profile --block``).
 3. **Fit** a cost model on those profiles (:func:`rkpart.cost_model.calibration.fit_profiles`:
-   per-stage components, whole-round glue, held-out error per component and per whole plan).
+   per-stage components, whole-round glue, held-out error per component and per whole plan;
+   inference and rounds in process CPU time).
 4. **Choose** with ``--strategy auto`` under the memory budget and write that plan.
 5. **Verify**: run the chosen plan and every single-strategy plan (each residency), rounds
    interleaved, and report each one's measured round, predicted round and the chosen plan's
@@ -242,7 +243,7 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
     progress(f"{nblocks} blocks; profiling " + ("whole plans" if reps is None else
                                                  f"blocks {', '.join(map(str, reps))} (one per anatomy)"))
     profiles = profile_for_fit(plans, nblocks, reps, work, config, progress)
-    model, report = fit_profiles(profiles, statistic=config.statistic)
+    model, report = fit_profiles(profiles, statistic=config.statistic, clock="cpu")
     model_file = work / "cost_model.json"
     model.save(model_file)
     atomic_write_bytes(work / "fit_report.json", (json.dumps(report, indent=2) + "\n").encode())

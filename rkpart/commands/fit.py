@@ -25,9 +25,12 @@ from rkpart.cost_model.model import COMPONENTS
 @click.option("--statistic", type=click.Choice(["median", "min"]), default="median", show_default=True,
               help="Per stage, the median of the measured calls, or the fastest (for a machine busy with "
                    "other jobs).")
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="Inference as wall time, or as process CPU time (profiles record both; CPU time on a "
+                   "machine shared with other jobs).")
 @json_option(help="Print the error report as JSON.")
 def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, mix_backends: bool, folds: int, statistic: str,
-        as_json: bool) -> None:
+        clock: str, as_json: bool) -> None:
     """Fit a cost model from PROFILES (JSON Lines from `rkpart profile`) and write it to OUTPUT.
 
     Prints, per component, the share of held-out predictions within +-10 % and +-20 % and
@@ -37,7 +40,7 @@ def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, mix_backend
     from rkpart.cost_model.calibration import FitOptions, run_fit
 
     _, report = run_fit(FitOptions(profiles, output, base=base, folds=folds, statistic=statistic,
-                                   mix_backends=mix_backends))
+                                   mix_backends=mix_backends, clock=clock))
     emit(as_json, lambda: report, lambda: render_report(report))
     click.echo(f"wrote {output}", err=True)
 

@@ -237,6 +237,7 @@ def samples_from_records(
     near: Path | None = None,
     resolver: PlanResolver | None = None,
     statistic: str = "median",
+    clock: str = "wall",
 ) -> list[Sample]:
     """One sample per (run, stage): medians over the measured calls, per call.
 
@@ -244,6 +245,10 @@ def samples_from_records(
     with other jobs the slower calls measure the other jobs, and the fastest one is the
     stage's own cost.  Records made with ``--infer-repeat K`` contribute each of their K
     inference calls (``timings.infer_calls_s``).
+
+    ``clock="cpu"``: inference (NPU ``infer``, ``host``) as the process CPU time of the call
+    (``timings.infer_cpu_s``), the measure whole rounds use (``timings.cpu_s``): on a machine
+    shared with other jobs wall time measures them too.
 
     Time targets are per call (``load``, ``init``, ``release``: per time the call happened;
     ``infer`` / ``host``: per pass).  Memory targets (``device_mem``, ``pss_peak``) are taken
@@ -280,7 +285,7 @@ def samples_from_records(
             # `--infer-repeat K`: the record's infer_s is the median of K calls; every call
             # counts for the statistic, so that "min" is the fastest call, not the fastest median
             for comp in LIFECYCLE:
-                d.setdefault(comp, []).extend(r.calls(comp))
+                d.setdefault(comp, []).extend(r.calls(comp, clock))
             for k, kib in (("device_pss_peak_kib", r.device_pss_peak_kib), ("pss_peak_kib", r.pss_peak_kib)):
                 if kib is not None:
                     d.setdefault(k, []).append(float(kib))
@@ -405,6 +410,7 @@ def fit_profiles(
     folds: int = 0,
     statistic: str = "median",
     mix_backends: bool = False,
+    clock: str = "wall",
 ) -> tuple[CostModel, dict[str, Any]]:
     """Fit a model from profile files; returns it and the error report ``rkpart fit`` prints.
 
@@ -426,7 +432,7 @@ def fit_profiles(
     def resolver(rec: StageRecord) -> tuple[Plan, Path]:
         return resolve_plan(rec, near=near_of.get(rec.run_id))
 
-    samples = samples_from_records(records, statistic=statistic, resolver=resolver)
+    samples = samples_from_records(records, statistic=statistic, resolver=resolver, clock=clock)
     if not samples:
         raise SpecError("the profiles hold no measured stage records to fit")
     rounds = round_samples(raw, records, resolver=resolver)
@@ -462,6 +468,7 @@ def fit_profiles(
         "runs": env["runs"],
         "samples": len(samples),
         "statistic": statistic,
+        "clock": clock,
         "toolkit": model.provenance.get("toolkit") if base is not None else None,
         **({"mixed_backends": mixed} if mixed else {}),
         "fitted_range": fitted_range(samples),
@@ -495,12 +502,13 @@ class FitOptions:
     folds: int = 0
     statistic: str = "median"
     mix_backends: bool = False
+    clock: str = "wall"
 
 
 def run_fit(opts: FitOptions) -> tuple[CostModel, dict[str, Any]]:
     """Fit a model from ``opts.profiles``, write it atomically to ``opts.output``; the model and its error report."""
     model, report = fit_profiles(opts.profiles, base=opts.base, folds=opts.folds, statistic=opts.statistic,
-                                 mix_backends=opts.mix_backends)
+                                 mix_backends=opts.mix_backends, clock=opts.clock)
     model.save(opts.output)
     return model, report
 
