@@ -284,3 +284,17 @@ def test_tune_runs_end_to_end_on_ort(tmp_path: Path, example_model: Path) -> Non
     assert rep["regret_pct"] >= 0 and all(v["predicted_s"] for v in rep["verify"])
     assert rep["whole_plan_error"]["n"] == 8
     assert (tmp_path / "t" / "cost_model.json").exists() and (tmp_path / "t" / "plans" / "auto" / "plan.json").exists()
+
+
+def test_profiles_record_cpu_time_and_fit_can_use_it(ort_profiles: list[Path]) -> None:
+    from rkpart.profile.records import read_jsonl
+
+    recs = read_jsonl(ort_profiles[0])
+    rounds = [r for r in recs if r["record"] == "round"]
+    stages = [r for r in recs if r["record"] == "stage"]
+    assert rounds and all(r["timings"]["cpu_s"] > 0 for r in rounds)
+    assert all(r["timings"]["infer_cpu_s"] >= 0 for r in stages)
+    cpu, _ = fit_profiles(ort_profiles, statistic="min", clock="cpu")
+    wall, _ = fit_profiles(ort_profiles, statistic="min", clock="wall")
+    assert cpu.provenance["clock"] == "cpu" and wall.provenance["clock"] == "wall"
+    assert cpu.components["infer"].coef != wall.components["infer"].coef  # different targets, different fit
