@@ -114,8 +114,10 @@ def peak_rss_mib() -> float:
 @click.option("--spec", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="custom: YAML/JSON spec naming the stages (docs/custom-spec.md).")
 @click.option("--budget-mib", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="generic (and auto): memory budget per NPU stage, weights + peak activations, in MiB "
-                   "[generic default: 1024].")
+              help="generic: memory budget per NPU stage, weights + peak activations, in MiB [default: 1024]. "
+                   "auto: memory budget of the whole pipeline (device memory; process memory for a model "
+                   "fitted on ONNX Runtime) [default: the target's, 4096 MiB for rk3588].")
+@click.option("--no-budget", is_flag=True, help="auto: choose without any memory budget.")
 @click.option("--cost-model", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="auto: cost model JSON from `rkpart fit` [default: the shipped RK3588 calibration].")
 @toolkit_option(dest="auto_toolkit",
@@ -136,7 +138,8 @@ def peak_rss_mib() -> float:
 @json_option(help="Print the plan summary as JSON.")
 def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, residual: str | None,
               modulation: str | None, blocks_per_stage: int | None, spec: Path | None, budget_mib: float | None,
-              cost_model: Path | None, auto_toolkit: str | None, steps: int | None, cfg: bool | None, explain: bool,
+              no_budget: bool, cost_model: Path | None, auto_toolkit: str | None, steps: int | None,
+              cfg: bool | None, explain: bool,
               options: dict[str, Any],
               shapes: dict[str, tuple[int, ...]], simplify: bool, external_threshold: int, force: bool,
               quiet: bool, as_json: bool) -> None:
@@ -154,6 +157,10 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
         check_options(strategy, opts)
     except SpecError as e:
         raise click.UsageError(str(e)) from None
+    if no_budget:
+        if budget_mib is not None or strategy != "auto":
+            raise click.UsageError("--no-budget applies to --strategy auto only, without --budget-mib")
+        opts["budget_mib"] = "none"
     if explain and strategy != "auto":
         raise click.UsageError("--explain and the options --cost-model, --toolkit, --steps, --cfg apply to "
                                "--strategy auto only")
@@ -333,6 +340,7 @@ def _register_optional() -> None:
         ("rkpart.commands.compile", ("toolkit", "compile_cmd", "cache")),
         ("rkpart.commands.profile", ("profile",)),
         ("rkpart.commands.fit", ("fit",)),
+        ("rkpart.commands.tune", ("tune",)),
         ("rkpart.commands.repro", ("repro",)),
         ("rkpart.commands.recognizers", ("recognizers",)),
         ("rkpart.commands.bundle", ("bundle",)),

@@ -19,7 +19,7 @@ layers to its left, never back, not even inside a function)::
     errors, types <- io, units, progress
       <- ir <- targets <- partitioner <- plugins <- recognizers <- strategies
       <- validation <- compile <- runtime <- triage <- profile <- cost_model <- bundle, report
-      <- pipeline <- dropin <- cli_args <- commands <- cli
+      <- pipeline <- tune <- dropin <- cli_args <- commands <- cli
 """
 
 from __future__ import annotations
@@ -344,6 +344,27 @@ def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionC
     return choose(cands, model, config, notes=notes)
 
 
+def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
+    """``auto``'s memory budget in MiB and where it came from.
+
+    ``budget_mib`` given: that; ``"none"``: no budget (``--no-budget``); absent: the target's
+    documented pipeline default (:meth:`rkpart.targets.base.Target.pipeline_budget_bytes`).
+    """
+    raw = options.get("budget_mib")
+    if isinstance(raw, str) and raw.strip().lower() == "none":
+        return None, "none"
+    if raw is None:
+        target = get_target(options.get("target"))
+        return target.pipeline_budget_bytes() / float(1 << 20), target.describe_pipeline_budget()
+    try:
+        mib = float(raw)
+    except (TypeError, ValueError):
+        raise UserError(f"budget_mib must be a number of MiB or 'none', got {raw!r}") from None
+    if not mib > 0:
+        raise UserError(f"budget_mib must be > 0, got {mib:g}")
+    return mib, "given"
+
+
 def _as_list(v: Any) -> tuple[str, ...]:
     if v is None:
         return ()
@@ -358,7 +379,9 @@ class AutoStrategy(Strategy):
     Options:
 
     ``cost_model``       path of a model JSON (default: the shipped RK3588 calibration)
-    ``budget_mib``       NPU device-memory budget in MiB (default: none)
+    ``budget_mib``       memory budget of the whole pipeline in MiB: NPU device memory, or process
+                         memory for a model fitted on ONNX Runtime; ``"none"``: no budget
+                         (default: the target's, 4096 MiB for rk3588)
     ``toolkit``          rknn-toolkit2 version whose known crashes exclude candidates
                          (default: the cost model's)
     ``steps``, ``cfg``   pipeline shape: passes = steps x (2 if cfg else 1) (default 1, True)
@@ -381,10 +404,10 @@ class AutoStrategy(Strategy):
         model_path = options.get("cost_model")
         model = load_model_or_default(model_path)
         residency = option(options, "residency", "any", ("any", *RESIDENCIES))
-        budget = options.get("budget_mib")
+        budget, budget_source = auto_budget(options)
         try:
             cfg = SelectionConfig(
-                budget_mib=None if budget is None else float(budget),
+                budget_mib=budget, budget_source=budget_source,
                 toolkit=None if options.get("toolkit") is None else str(options["toolkit"]),
                 steps=int(option(options, "steps", 1)),
                 cfg=bool(option(options, "cfg", True)),
@@ -395,8 +418,6 @@ class AutoStrategy(Strategy):
             )
         except (TypeError, ValueError) as e:
             raise UserError(f"auto strategy: bad option: {e}") from None
-        if cfg.budget_mib is not None and cfg.budget_mib <= 0:
-            raise UserError(f"budget_mib must be > 0, got {cfg.budget_mib:g}")
         sel = select(mg, disc, model, cfg)
         report: Callable[[Any], None] | None = options.get("report")
         if report is not None:
@@ -411,6 +432,7 @@ class AutoStrategy(Strategy):
             "cost_model": "shipped:rk3588_calibration" if model_path is None else str(model_path),
             "cost_model_sha256": model.sha256,
             "budget_mib": cfg.budget_mib,
+            "budget_source": cfg.budget_source,
             "toolkit": sel.toolkit,
             "steps": cfg.steps,
             "cfg": cfg.cfg,
@@ -431,7 +453,7 @@ class AutoStrategy(Strategy):
 BUILTIN: tuple[type[Strategy], ...] = (*strategies.BUILTIN, AutoStrategy)
 
 
-__all__ = ["AUTO_ONLY", "BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "PartitionOptions", "available",
-           "candidate_variants", "capability_notes", "check_options", "enumerate_candidates", "get_strategy",
-           "inspect_model", "load", "partition", "propose", "run_partition", "select", "strategy_coverage",
+__all__ = ["AUTO_ONLY", "BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "PartitionOptions", "auto_budget",
+           "available", "candidate_variants", "capability_notes", "check_options", "enumerate_candidates",
+           "get_strategy", "inspect_model", "load", "partition", "propose", "run_partition", "select", "strategy_coverage",
            "write_plan"]

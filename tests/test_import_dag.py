@@ -40,6 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cost_model",),
     ("bundle", "report"),
     ("pipeline",),
+    ("tune",),
     ("dropin",),
     ("cli_args",),
     ("commands",),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,14 +17,20 @@ from rkpart.cost_model.model import COMPONENTS
 @click.option("--base", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Start from this model (e.g. the shipped calibration) and refit only what the profiles "
                    "measure [default: fit from scratch].")
+@click.option("--mix-backends", is_flag=True,
+              help="Allow --base measured on another backend than the profiles (e.g. RK3588 memory with ONNX "
+                   "Runtime timings); recorded in the model's provenance.")
 @click.option("--folds", type=click.IntRange(min=0), default=0, show_default=True,
               help="k-fold over profiled plans instead of leave-one-plan-out (0).")
 @click.option("--statistic", type=click.Choice(["median", "min"]), default="median", show_default=True,
               help="Per stage, the median of the measured calls, or the fastest (for a machine busy with "
                    "other jobs).")
+@click.option("--clock", type=click.Choice(["wall", "cpu"]), default="wall", show_default=True,
+              help="Inference as wall time, or as process CPU time (profiles record both; CPU time on a "
+                   "machine shared with other jobs).")
 @json_option(help="Print the error report as JSON.")
-def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, folds: int, statistic: str,
-        as_json: bool) -> None:
+def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, mix_backends: bool, folds: int, statistic: str,
+        clock: str, as_json: bool) -> None:
     """Fit a cost model from PROFILES (JSON Lines from `rkpart profile`) and write it to OUTPUT.
 
     Prints, per component, the share of held-out predictions within +-10 % and +-20 % and
@@ -32,7 +39,8 @@ def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, folds: int,
     """
     from rkpart.cost_model.calibration import FitOptions, run_fit
 
-    _, report = run_fit(FitOptions(profiles, output, base=base, folds=folds, statistic=statistic))
+    _, report = run_fit(FitOptions(profiles, output, base=base, folds=folds, statistic=statistic,
+                                   mix_backends=mix_backends, clock=clock))
     emit(as_json, lambda: report, lambda: render_report(report))
     click.echo(f"wrote {output}", err=True)
 
@@ -44,13 +52,26 @@ def render_report(report: dict[str, object]) -> str:
              f"({', '.join(report['backends'])}, statistic {report['statistic']}); "  # type: ignore[arg-type]
              f"held-out error ({report['method']}):",
              f"  {'component':<11} {'n':>4} {'within 10%':>10} {'within 20%':>10} {'median |err|':>12}  terms"]
+    def row(name: str, cv: dict[str, Any], terms: object) -> str:
+        w10 = "-" if cv["within_10"] is None else f"{cv['within_10'] * 100:.0f} %"
+        w20 = "-" if cv["within_20"] is None else f"{cv['within_20'] * 100:.0f} %"
+        med = "-" if cv["median_ape"] is None else f"{cv['median_ape']:.1f} %"
+        return f"  {name:<11} {cv['n']:>4} {w10:>10} {w20:>10} {med:>12}  {terms}"
+
     for name in COMPONENTS:
         c = comps.get(name)
         if c is None:
             continue
         cv = c["cross_validation"]
-        w10 = "-" if cv["within_10"] is None else f"{cv['within_10'] * 100:.0f} %"
-        w20 = "-" if cv["within_20"] is None else f"{cv['within_20'] * 100:.0f} %"
-        med = "-" if cv["median_ape"] is None else f"{cv['median_ape']:.1f} %"
-        lines.append(f"  {name:<11} {cv['n']:>4} {w10:>10} {w20:>10} {med:>12}  {c['terms']}")
+        if cv is None:
+            lines.append(f"  {name:<11} {'':>4} {'':>10} {'':>10} {'':>12}  {c['terms']} (fitted on whole rounds)")
+            continue
+        lines.append(row(name, cv, c["terms"]))
+    whole = report.get("whole_plan")
+    if isinstance(whole, dict):
+        lines.append(row("whole plan", whole, f"({whole['method']}: predicted rounds vs measured)"))
+    rng = report.get("fitted_range")
+    if isinstance(rng, dict) and rng:
+        lines.append("fitted range (predictions outside it are extrapolations): " + ", ".join(
+            f"{k} {lo:.3g}..{hi:.3g}" for k, (lo, hi) in sorted(rng.items())))
     return "\n".join(lines)

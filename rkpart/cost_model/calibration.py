@@ -26,6 +26,7 @@ import numpy as np
 from rkpart.cost_model.candidates import Candidate
 from rkpart.cost_model.features import Features, combine, stage_features
 from rkpart.cost_model.model import Component, CostModel, Sample, error_summary, nnls_relative
+from rkpart.cost_model.rounds import RoundSample, fit_overhead, fitted_range, round_seconds, whole_plan_cv
 from rkpart.errors import SpecError
 from rkpart.partitioner.plan import Plan, load_plan
 from rkpart.profile.records import StageRecord, read_jsonl, stage_records
@@ -169,12 +170,19 @@ def calibrate_writeup(split: Candidate, fused: Candidate) -> CostModel:
     comps["device_mem"] = Component("device_mem", dev_terms, coef, source="calibration", samples=2,
                                     note="weights resident once (prior, coefficient fixed at 1) + activation peak "
                                          "+ per-context overhead; max over stages loaded one at a time")
-    pss_terms = ("const", "file_bytes")
+    pss_terms = ("const", "file_bytes", "peak_bytes")
     coef = _fit_max([(split.npu, sp["pss_peak_kib"] * KIB), (fused.npu, fu["pss_peak_kib"] * KIB)], pss_terms,
-                    fixed={})
+                    fixed={"peak_bytes": 1.0})
     comps["pss_peak"] = Component("pss_peak", pss_terms, coef, source="calibration", samples=2,
-                                  note="process baseline + share of the loaded model file; max over stages")
-    model = CostModel(components=comps, provenance=dict(WRITEUP_PROVENANCE), accuracy=dict(ACCURACY_TABLE),
+                                  note="process baseline + share of the loaded model file + the activation peak "
+                                       "(prior, coefficient fixed at 1: activations live in the process too); max "
+                                       "over stages")
+    # 2 numbers per component from the two configurations, 1 for the host (split only)
+    data_points = 2 * (len(comps) - 1) + 1
+    free = sum(len(c.terms) for c in comps.values()) - 2  # device_mem weight_bytes and pss_peak peak_bytes fixed
+    provenance = {**WRITEUP_PROVENANCE, "coefficients": free, "data_points": data_points,
+                  "degrees_of_freedom": data_points - free}
+    model = CostModel(components=comps, provenance=provenance, accuracy=dict(ACCURACY_TABLE),
                       known_issues=[p.to_json() for p in crash_patterns()])
     # in-sample error of every component, recorded as provenance
     for name, comp in comps.items():
@@ -230,6 +238,7 @@ def samples_from_records(
     near: Path | None = None,
     resolver: PlanResolver | None = None,
     statistic: str = "median",
+    clock: str = "wall",
 ) -> list[Sample]:
     """One sample per (run, stage): medians over the measured calls, per call.
 
@@ -237,6 +246,10 @@ def samples_from_records(
     with other jobs the slower calls measure the other jobs, and the fastest one is the
     stage's own cost.  Records made with ``--infer-repeat K`` contribute each of their K
     inference calls (``timings.infer_calls_s``).
+
+    ``clock="cpu"``: inference (NPU ``infer``, ``host``) as the process CPU time of the call
+    (``timings.infer_cpu_s``), the measure whole rounds use (``timings.cpu_s``): on a machine
+    shared with other jobs wall time measures them too.
 
     Time targets are per call (``load``, ``init``, ``release``: per time the call happened;
     ``infer`` / ``host``: per pass).  Memory targets (``device_mem``, ``pss_peak``) are taken
@@ -273,7 +286,7 @@ def samples_from_records(
             # `--infer-repeat K`: the record's infer_s is the median of K calls; every call
             # counts for the statistic, so that "min" is the fastest call, not the fastest median
             for comp in LIFECYCLE:
-                d.setdefault(comp, []).extend(r.calls(comp))
+                d.setdefault(comp, []).extend(r.calls(comp, clock))
             for k, kib in (("device_pss_peak_kib", r.device_pss_peak_kib), ("pss_peak_kib", r.pss_peak_kib)):
                 if kib is not None:
                     d.setdefault(k, []).append(float(kib))
@@ -322,6 +335,53 @@ def samples_from_records(
     return out
 
 
+def round_samples(
+    raw: Iterable[Mapping[str, Any]],
+    records: Sequence[StageRecord],
+    *,
+    resolver: PlanResolver,
+) -> list[RoundSample]:
+    """One :class:`~rkpart.cost_model.rounds.RoundSample` per pool of runs (as the stage samples'
+    groups): the plan's stages in order with the residency each ran under, the passes of a
+    round, and the median measured round.  Runs with ``--infer-repeat`` > 1 are left out (their
+    rounds hold the repeated calls)."""
+    raw = list(raw)
+    repeat = {str(r["run_id"]): int((r.get("settings") or {}).get("infer_repeat", 1)) for r in raw
+              if r.get("record") == "round"}
+    pools: dict[str, list[StageRecord]] = {}
+    first_run: dict[str, str] = {}
+    for r in records:
+        if not r.warmup:
+            pk = _pool_key(r)
+            pools.setdefault(pk, []).append(r)
+            first_run[pk] = min(first_run.get(pk, r.run_id), r.run_id)
+    out: list[RoundSample] = []
+    cache: dict[tuple[str, str], Features] = {}
+    for pk in sorted(pools, key=lambda k: first_run[k]):
+        recs = pools[pk]
+        runs = {r.run_id for r in recs}
+        if any(repeat.get(run, 1) != 1 for run in runs):
+            continue
+        plan, folder = resolver(recs[0])
+        residency = {r.stage_id: r.residency.value for r in recs}
+        one = recs[0]
+        passes = len({(r.step, r.pass_name) for r in recs if r.run_id == one.run_id and r.round == one.round})
+        stages = []
+        for st in plan.stages:
+            if st.id not in residency:
+                continue
+            key = (str(folder), st.id)
+            if key not in cache:
+                cache[key] = stage_features(folder, st)
+            stages.append((cache[key], residency[st.id]))
+        secs, pss = round_seconds(r for r in raw if r.get("record") == "round" and str(r["run_id"]) in runs)
+        if secs is None or not stages:
+            continue
+        out.append(RoundSample(group=first_run[pk], stages=tuple(stages), passes=passes, seconds=secs,
+                               pss_peak_bytes=pss, label=f"{plan.strategy['name']}:{folder.name}"))
+    return out
+
+
 def _pool_key(r: StageRecord) -> str:
     host = None if r.host_backend is None else dict(r.host_backend)
     return json.dumps([r.plan_sha256, dict(r.backend), host, r.run_residency], sort_keys=True)
@@ -350,6 +410,8 @@ def fit_profiles(
     base: str | os.PathLike[str] | None = None,
     folds: int = 0,
     statistic: str = "median",
+    mix_backends: bool = False,
+    clock: str = "wall",
 ) -> tuple[CostModel, dict[str, Any]]:
     """Fit a model from profile files; returns it and the error report ``rkpart fit`` prints.
 
@@ -358,20 +420,45 @@ def fit_profiles(
     """
     from rkpart.cost_model.model import COMPONENTS, DEFAULT_TERMS, cross_validate
     records: list[StageRecord] = []
+    raw: list[dict[str, Any]] = []
     near_of: dict[str, Path] = {}
     for p in paths:
-        recs = stage_records(read_jsonl(p))
+        lines = read_jsonl(p)
+        raw += [r for r in lines if r.get("record") == "round"]
+        recs = stage_records(lines)
         records += recs
         for r in recs:
             near_of.setdefault(r.run_id, Path(p).parent)
     # all files at once: runs of one plan in several files are pooled (samples_from_records)
-    samples = samples_from_records(records, statistic=statistic,
-                                   resolver=lambda rec: resolve_plan(rec, near=near_of.get(rec.run_id)))
+    def resolver(rec: StageRecord) -> tuple[Plan, Path]:
+        return resolve_plan(rec, near=near_of.get(rec.run_id))
+
+    samples = samples_from_records(records, statistic=statistic, resolver=resolver, clock=clock)
     if not samples:
         raise SpecError("the profiles hold no measured stage records to fit")
+    rounds = round_samples(raw, records, resolver=resolver)
     model = CostModel.load(base) if base is not None else CostModel()
-    model.update(samples)
+    base_model = CostModel.load(base) if base is not None else None
     env = environment_of(records)
+    mixed = None
+    if base is not None:
+        base_backends = model_backends(model)
+        measured = {n for s in samples for n in s.targets}
+        kept = sorted(n for n in model.components if n not in measured and n not in ("glue", "setup"))
+        if kept and base_backends != set(env["backends"]):
+            if not mix_backends:
+                where = ", ".join(sorted(base_backends)) or "an unknown device"
+                raise SpecError(
+                    f"--base {Path(base).name} was measured on {where} and the profiles on "
+                    f"{', '.join(env['backends'])}: its {', '.join(kept)} would be mixed with these timings; "
+                    "give --mix-backends to do that on purpose (it is recorded in the model)")
+            mixed = {"kept_from_base": kept, "base_backends": sorted(base_backends),
+                     "profile_backends": env["backends"]}
+    model.components.pop("glue", None)
+    model.components.pop("setup", None)
+    model.update(samples)
+    model.components.update(fit_overhead(model, rounds))
+    whole = whole_plan_cv(samples, rounds, base_model)
     model.provenance = {
         **({"base": dict(model.provenance)} if base is not None else {}),
         "source": "rkpart fit",
@@ -382,7 +469,11 @@ def fit_profiles(
         "runs": env["runs"],
         "samples": len(samples),
         "statistic": statistic,
+        "clock": clock,
         "toolkit": model.provenance.get("toolkit") if base is not None else None,
+        **({"mixed_backends": mixed} if mixed else {}),
+        "fitted_range": fitted_range(samples),
+        "whole_plan_error": {k: whole[k] for k in ("method", "n", "within_10", "within_20", "median_ape")},
     }
     comps: dict[str, Any] = {}
     for name in COMPONENTS:
@@ -397,7 +488,8 @@ def fit_profiles(
                        "in_sample": c.fit_error["in_sample"] if c.fit_error else None}
     method = next((v["cross_validation"]["method"] for v in comps.values() if v["cross_validation"]), "none")
     report = {"samples": len(samples), "runs": env["runs"], "plans": len({s.group for s in samples}),
-              "backends": env["backends"], "statistic": statistic, "method": method, "components": comps}
+              "backends": env["backends"], "statistic": statistic, "method": method, "components": comps,
+              "whole_plan": whole, "fitted_range": model.provenance["fitted_range"]}
     return model, report
 
 
@@ -410,13 +502,24 @@ class FitOptions:
     base: Path | None = None
     folds: int = 0
     statistic: str = "median"
+    mix_backends: bool = False
+    clock: str = "wall"
 
 
 def run_fit(opts: FitOptions) -> tuple[CostModel, dict[str, Any]]:
     """Fit a model from ``opts.profiles``, write it atomically to ``opts.output``; the model and its error report."""
-    model, report = fit_profiles(opts.profiles, base=opts.base, folds=opts.folds, statistic=opts.statistic)
+    model, report = fit_profiles(opts.profiles, base=opts.base, folds=opts.folds, statistic=opts.statistic,
+                                 mix_backends=opts.mix_backends, clock=opts.clock)
     model.save(opts.output)
     return model, report
+
+
+def model_backends(model: CostModel) -> set[str]:
+    """The backends a model's numbers were measured on (the shipped calibration: the board)."""
+    prov = model.provenance
+    if prov.get("backends"):
+        return {str(b) for b in prov["backends"]}
+    return {"rknnlite"} if "rk3588" in str(prov.get("device", "")).lower() else set()
 
 
 def compare_with_model(
@@ -467,4 +570,5 @@ def render_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 __all__ = ["ACCURACY_TABLE", "WRITEUP", "WRITEUP_PROVENANCE", "FitOptions", "calibrate_writeup", "compare_with_model",
-           "environment_of", "fit_profiles", "render_comparison", "resolve_plan", "run_fit", "samples_from_records"]
+           "environment_of", "fit_profiles", "model_backends", "render_comparison", "resolve_plan", "round_samples",
+           "run_fit", "samples_from_records"]

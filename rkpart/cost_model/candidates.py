@@ -91,12 +91,23 @@ def _make(mg: ModelGraph, disc: Discovery, cid: str, run: Sequence[Block], group
                      layernorm="decomposed" if "decomposed" in forms else "op", options=dict(options))
 
 
-def _per_block(part: Partition) -> dict[int, list[Group]]:
+def _per_block(part: Partition, blocks: Sequence[Block]) -> dict[int, list[Group]]:
+    """The groups of each block; a block's ops no group of that block holds (what
+    ``GroupBuilder.add_host_rest`` leaves on the host without a block) become one host group
+    of the block, so that every candidate is costed for the whole block."""
     out: dict[int, list[Group]] = {}
     for g in part.groups:
         if g.block is None:
             continue
         out.setdefault(g.block, []).append(g)
+    for b in blocks:
+        gs = out.get(b.index)
+        if not gs:
+            continue
+        rest = b.ops - frozenset().union(*(g.ops for g in gs))
+        if rest:
+            gs.append(Group(id=f"{block_id(b)}.host-rest", device="host", ops=frozenset(rest), region="host",
+                            kind="host", block=b.index, blocks=(b.index,)))
     return out
 
 
@@ -117,7 +128,7 @@ def candidates_from(
     blocks = list(disc.blocks)
     out: dict[int, list[Candidate]] = {b.index: [] for b in blocks}
     for cid, part, opts in variants:
-        per = _per_block(part)
+        per = _per_block(part, blocks)
         for b in blocks:
             gs = per.get(b.index, [])
             if any(len(g.blocks) > 1 for g in gs):

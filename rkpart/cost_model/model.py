@@ -12,7 +12,12 @@ release    NPU     seconds of one ``release``
 host       host    seconds of one pass of a host stage (AdaLN, residual, ...)
 device_mem NPU     bytes of NPU device-mapped memory while the stage is loaded
 pss_peak   any     bytes of peak process PSS while the stage runs
+glue       any     seconds per stage and pass a pipeline pays beyond the stage's own calls
+setup      host    seconds of a host stage's session setup, once per round
 ========== ======= ===========================================================
+
+``glue`` and ``setup`` are fitted on whole measured rounds, not on stage samples
+(:mod:`rkpart.cost_model.rounds`).
 
 How stage predictions combine into a block or a pipeline (sums for time, max or sum for
 memory depending on residency) is :mod:`rkpart.cost_model.select`'s business: memory of a
@@ -54,6 +59,8 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "host": ("host", "s"),
     "device_mem": ("npu", "bytes"),
     "pss_peak": ("any", "bytes"),
+    "glue": ("any", "s"),
+    "setup": ("host", "s"),
 }
 
 #: terms fitted from profiles when nothing else is asked for
@@ -65,6 +72,8 @@ DEFAULT_TERMS: dict[str, tuple[str, ...]] = {
     "host": ("const", "elementwise_elems", "macs", "nodes"),
     "device_mem": ("const", "weight_bytes", "peak_bytes"),
     "pss_peak": ("const", "file_bytes", "peak_bytes"),
+    "glue": ("const",),
+    "setup": ("const",),
 }
 
 

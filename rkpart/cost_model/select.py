@@ -25,6 +25,7 @@ import numpy as np
 
 from rkpart.cost_model.candidates import Candidate, mark_exclusions
 from rkpart.cost_model.model import CostModel
+from rkpart.cost_model.rounds import outside_range, overhead
 from rkpart.errors import BudgetError, UserError
 from rkpart.targets.known_issues import crash_patterns
 
@@ -46,6 +47,8 @@ class SelectionConfig:
     max_run: int = 2  # longest run of fused blocks among the candidates (the pipeline builds them)
     compiled: tuple[str, ...] = ()
     plugins: bool = True  # plugin strategies' partitions are candidates too
+    #: where ``budget_mib`` came from ("--budget-mib", or the target's documented default)
+    budget_source: str = "given"
 
     @property
     def passes(self) -> int:
@@ -68,6 +71,7 @@ class Option:
     pss_bytes: int | None
     error_ratio: float | None
     excluded: str | None
+    glue: float = 0.0  # what the pipeline pays between stages and for host session setup
 
     @property
     def key(self) -> str:
@@ -78,7 +82,7 @@ class Option:
             "candidate": self.candidate.id, "residency": self.residency, "blocks": list(self.candidate.blocks),
             "npu_stages": len(self.candidate.npu),
             "load_s": _r(self.load), "init_s": _r(self.init), "infer_s": _r(self.infer), "release_s": _r(self.release),
-            "host_s": _r(self.host), "latency_s": _r(self.latency),
+            "host_s": _r(self.host), "glue_s": _r(self.glue), "latency_s": _r(self.latency),
             "device_mib": round(self.device_bytes / MIB, 2),
             "pss_peak_mib": None if self.pss_bytes is None else round(self.pss_bytes / MIB, 2),
             "error_ratio": self.error_ratio, "excluded": self.excluded,
@@ -89,10 +93,62 @@ def _r(x: float) -> float:
     return float(f"{x:.6g}")
 
 
+@dataclass(frozen=True)
+class MemoryTerm:
+    """Which predictor stands for the memory a budget bounds, and its once-per-process part.
+
+    A model with an NPU ``device_mem`` predictor (the board, the simulator's calibration) is
+    budgeted in device-mapped memory.  A model fitted on ONNX Runtime has none: there the
+    device *is* the process, and measured process memory (``pss_peak``) is what a budget
+    binds; its constant term is the process baseline, counted once per pipeline, not once per
+    stage.
+    """
+
+    component: str
+    baseline_bytes: float
+    label: str
+
+
+def memory_term(model: CostModel) -> MemoryTerm | None:
+    """The model's memory predictor for budgets, or ``None`` if it has none."""
+    if "device_mem" in model.components:
+        return MemoryTerm("device_mem", 0.0, "NPU device-mapped memory")
+    comp = model.components.get("pss_peak")
+    if comp is None:
+        return None
+    base = sum(c for t, c in zip(comp.terms, comp.coef, strict=True) if t == "const")
+    backends = model.provenance.get("backends") or []
+    where = f" on {', '.join(map(str, backends))}" if backends else ""
+    return MemoryTerm("pss_peak", float(base), f"process memory (peak PSS{where})")
+
+
+def stage_memory(model: CostModel, f: Any, term: MemoryTerm | None) -> tuple[float, float | None]:
+    """(budgeted memory of one NPU stage without the process baseline, its process PSS).
+
+    Activations are part of both: a stage never needs less than its weights plus its peak of
+    live activations (tokens x hidden x bytes), and process memory never less than device memory.
+    """
+    pred = model.predict_stage(f)
+    floor = float(f.weight_bytes + f.peak_bytes)
+    dev = pred.get("device_mem")
+    pss = pred.get("pss_peak")
+    if dev is not None:
+        dev = max(float(dev), floor)
+    if pss is not None:
+        pss = max(float(pss), floor + (term.baseline_bytes if term and term.component == "pss_peak" else 0.0),
+                  dev or 0.0)
+    if term is None:
+        return 0.0, pss
+    if term.component == "device_mem":
+        return float(dev or 0.0), pss
+    return float(pss or 0.0) - term.baseline_bytes, pss
+
+
 def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfig, max_ratio: float) -> Option:
     """Predicted components of ``c`` under ``residency`` over the whole pipeline run."""
     p = cfg.passes
     preds = model.predict(c.npu)
+    term = memory_term(model)
 
     def total(name: str) -> float:
         vals = [pr.get(name) for pr in preds]
@@ -109,9 +165,12 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
         if hp is None:
             raise UserError("the cost model has no 'host' predictor; refit it or use the shipped calibration")
         host = hp * p
-    dev = [float(pr.get("device_mem") or 0.0) for pr in preds]
-    device = max(dev) if residency == "per-stage" else sum(dev)
-    pss_vals = [pr.get("pss_peak") for pr in preds]
+    stages = [(f, residency) for f in c.npu] + ([(c.host, "resident")] if c.host is not None else [])
+    glue = overhead(model, stages, p)
+    mems = [stage_memory(model, f, term) for f in c.npu]
+    dev = [m for m, _ in mems]
+    device = (max(dev, default=0.0) if residency == "per-stage" else sum(dev))
+    pss_vals = [v for _, v in mems]
     pss = None if any(v is None for v in pss_vals) or not pss_vals else int(max(v for v in pss_vals if v is not None))
     fam = model.accuracy.get("families", {}).get(c.accuracy_key)
     ratio = None if fam is None else float(fam["ratio"])
@@ -119,8 +178,8 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
     if excluded is None and ratio is not None and ratio > max_ratio:
         excluded = f"accuracy: predicted error {ratio:g}x the most accurate partition's > floor {max_ratio:g}x"
     return Option(candidate=c, residency=residency, load=load, init=init, infer=infer, release=release, host=host,
-                  latency=load + init + infer + release + host, device_bytes=math.ceil(device), pss_bytes=pss,
-                  error_ratio=ratio, excluded=excluded)
+                  latency=load + init + infer + release + host + glue, device_bytes=math.ceil(device), pss_bytes=pss,
+                  error_ratio=ratio, excluded=excluded, glue=glue)
 
 
 @dataclass
@@ -136,6 +195,16 @@ class Selection:
     toolkit: str | None
     max_error_ratio: float
     notes: list[str] = field(default_factory=list)
+    memory: MemoryTerm | None = None
+    #: relative held-out error of a predicted latency (``None``: the model has none)
+    latency_error: float | None = None
+    #: block -> keys of the options whose predicted latency is within the error of the choice
+    ties: dict[int, list[str]] = field(default_factory=dict)
+    degrees_of_freedom: int | None = None
+
+    @property
+    def baseline_bytes(self) -> int:
+        return 0 if self.memory is None else math.ceil(self.memory.baseline_bytes)
 
     def choice_for(self, block: int) -> Option:
         for o in self.chosen:
@@ -147,14 +216,26 @@ class Selection:
         if o.excluded:
             return f"excluded: {o.excluded}"
         ch = self.choice_for(o.candidate.start)
+        tie = o.key in self.ties.get(ch.candidate.start, [])
         if o is ch:
+            if self.ties.get(ch.candidate.start):
+                return "chosen: within the model's error of the fastest; least memory, then most accurate"
             return "chosen: least predicted pipeline latency within budget and accuracy floor"
-        if self.config.budget_mib is not None and o.device_bytes > self.config.budget_mib * MIB:
-            return f"over budget alone ({o.device_bytes / MIB:.1f} > {self.config.budget_mib:g} MiB)"
-        d = o.latency - ch.latency
+        budget = self.config.budget_mib
+        if budget is not None and o.device_bytes + self.baseline_bytes > budget * MIB:
+            return f"over budget alone ({(o.device_bytes + self.baseline_bytes) / MIB:.1f} > {budget:g} MiB)"
+        # per block: a run of K fused blocks is compared with one block's candidates per block
+        mine, theirs = o.latency / len(o.candidate.blocks), ch.latency / len(ch.candidate.blocks)
+        d = mine - theirs
+        per = " per block" if len(o.candidate.blocks) > 1 or len(ch.candidate.blocks) > 1 else ""
+        if tie:
+            return (f"tie{per}: {d:+.4g} s ({d / theirs * 100:+.2f} %) is within the model's error "
+                    f"(+-{(self.latency_error or 0) * 100:.1f} %); lost on memory, then accuracy")
         if d > 0:
-            return f"slower: +{d:.4g} s ({d / ch.latency * 100:+.2f} %)"
-        return "faster, but does not fit the budget together with the other blocks' choices"
+            return f"slower{per}: +{d:.4g} s ({d / theirs * 100:+.2f} %)"
+        if budget is None:
+            return f"faster{per}, but its run of blocks does not cover the blocks as cheaply as the choice"
+        return f"faster{per}, but does not fit the {budget:g} MiB budget together with the other blocks' choices"
 
     def to_json(self) -> dict[str, Any]:
         blocks = []
@@ -167,6 +248,10 @@ class Selection:
         return {
             "budget_mib": self.config.budget_mib, "toolkit": self.toolkit, "steps": self.config.steps,
             "cfg": self.config.cfg, "passes": self.config.passes, "max_error_ratio": self.max_error_ratio,
+            "budget_source": self.config.budget_source,
+            "memory_term": None if self.memory is None else self.memory.component,
+            "latency_error": self.latency_error, "degrees_of_freedom": self.degrees_of_freedom,
+            "ties": {str(k): v for k, v in sorted(self.ties.items())},
             "predicted_latency_s": _r(self.latency), "predicted_device_mib": round(self.device_bytes / MIB, 2),
             "choices": [{"blocks": list(o.candidate.blocks), "candidate": o.candidate.id, "residency": o.residency}
                         for o in self.chosen],
@@ -175,12 +260,26 @@ class Selection:
 
     def render(self, blocks: Sequence[int] | None = None) -> str:
         """The explanation: a table per block (``blocks``: which ones; default all)."""
+        budget = "none" if self.config.budget_mib is None else f"{self.config.budget_mib:g} MiB"
+        if self.config.budget_mib is not None and self.config.budget_source != "given":
+            budget += f" ({self.config.budget_source})"
         lines = [f"auto: {self.config.passes} passes ({self.config.steps} steps x "
                  f"{2 if self.config.cfg else 1} CFG), toolkit {self.toolkit or 'any'}, "
-                 f"budget {'none' if self.config.budget_mib is None else f'{self.config.budget_mib:g} MiB'}, "
-                 f"accuracy floor {self.max_error_ratio:g}x"]
+                 f"budget {budget}, accuracy floor {self.max_error_ratio:g}x"]
+        if self.memory is not None:
+            extra = f", plus a process baseline of {self.baseline_bytes / MIB:.1f} MiB" if self.baseline_bytes else ""
+            lines.append(f"memory: {self.memory.label} per candidate{extra}")
+        if self.latency_error is not None:
+            lines.append(f"error bars: predicted latencies are +-{self.latency_error * 100:.1f} % (held-out); "
+                         "candidates within that of the fastest are a tie, broken by memory, then accuracy")
+        else:
+            lines.append("error bars: none: the cost model carries no held-out error, so no difference between "
+                         "candidates can be called significant")
+        if self.degrees_of_freedom == 0:
+            lines.append("warning: the calibration has zero degrees of freedom (as many coefficients as measured "
+                         "numbers): it reproduces its own data exactly and its error on anything else is unknown")
         hdr = (f"  {'candidate':<18} {'residency':<9} {'load s':>8} {'init s':>8} {'infer s':>8} {'release s':>9} "
-               f"{'host s':>7} {'total s':>8} {'dev MiB':>8} {'err x':>6}  reason")
+               f"{'host s':>7} {'glue s':>7} {'total s':>8} {'/block s':>8} {'dev MiB':>8} {'err x':>6}  reason")
         for start in sorted(self.options):
             if blocks is not None and start not in blocks:
                 continue
@@ -192,14 +291,20 @@ class Selection:
                 err = "-" if o.error_ratio is None else f"{o.error_ratio:.3g}"
                 lines.append(
                     f"{mark} {o.candidate.id:<18} {o.residency:<9} {o.load:>8.4f} {o.init:>8.4f} {o.infer:>8.4f} "
-                    f"{o.release:>9.4f} {o.host:>7.4f} {o.latency:>8.4f} {o.device_bytes / MIB:>8.1f} {err:>6}  "
+                    f"{o.release:>9.4f} {o.host:>7.4f} {o.glue:>7.4f} {o.latency:>8.4f} "
+                    f"{o.latency / len(o.candidate.blocks):>8.4f} "
+                    f"{o.device_bytes / MIB:>8.1f} {err:>6}  "
                     f"{self.reason(o)}")
             base = _find(self.options[start], "split", "per-stage")
             for o in self.options[start]:
                 if base is not None and o.residency == "per-stage" and o.candidate.id != "split" \
                         and o.candidate.blocks == base.candidate.blocks:
                     lines.append("  " + delta_line(base, o))
-        lines.append(f"predicted pipeline: {self.latency:.4f} s of block time, device memory "
+            if self.ties.get(start):
+                lines.append(f"  tie within the model's error: {', '.join([ch.key, *self.ties[start]])}")
+        err_bar = "" if self.latency_error is None else f" +- {self.latency * self.latency_error:.4f}"
+        what = "device memory" if self.memory is None else self.memory.label
+        lines.append(f"predicted pipeline: {self.latency:.4f}{err_bar} s of block time, {what} "
                      f"{self.device_bytes / MIB:.1f} MiB")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
@@ -361,6 +466,14 @@ def choose(
                             compiled=[str(Path(c)) for c in config.compiled])
     options = {start: [evaluate(c, r, model, config, max_ratio) for c in lst for r in config.residencies]
                for start, lst in cands.items()}
+    seen: set[str] = set()
+    for lst in cands.values():
+        for c in lst:
+            far = outside_range(model, c.npu)
+            msg = f"{c.id}: predictions extrapolate beyond the fitted range ({'; '.join(far)})" if far else ""
+            if msg and msg not in seen:
+                seen.add(msg)
+                notes.append(msg)
     order = sorted(candidates)
     segs = _segments(options, order)
     for i in range(len(segs)):
@@ -368,22 +481,84 @@ def choose(
         if not covered:
             why = "; ".join(sorted({f"{o.candidate.id}: {o.excluded}" for o in options[order[i]]}))
             raise UserError(f"block {order[i]}: every candidate is excluded ({why})")
-    budget = None if config.budget_mib is None else config.budget_mib * MIB
-    best = _solve(segs, budget)
+    term = memory_term(model)
+    if config.budget_mib is not None and term is None:
+        raise UserError(
+            f"the cost model has no memory predictor (device_mem or pss_peak), so it cannot choose within the "
+            f"{config.budget_mib:g} MiB budget ({config.budget_source}); refit it from per-stage residency "
+            "profiles, which measure memory, or give --no-budget")
+    baseline = 0 if term is None else math.ceil(term.baseline_bytes)
+    budget = None if config.budget_mib is None else config.budget_mib * MIB - baseline
+    best = None if budget is not None and budget < 0 else _solve(segs, budget)
     if best is None:
         smallest = _smallest_feasible(segs)
         if smallest is None:
             raise UserError("no combination of candidates covers every block")
         need, how = smallest
         what = ", ".join(sorted({f"{o.candidate.id}/{o.residency}" for o in how}))
+        given = ("--budget-mib" if config.budget_source == "given"
+                 else f"the default budget, {config.budget_source}, of")
+        mem = "" if term is None else f" of {term.label}"
         raise BudgetError(
-            f"no partition fits --budget-mib {config.budget_mib:g}: the smallest feasible budget is "
-            f"{math.ceil(need / MIB * 10) / 10:.1f} MiB ({what})"
+            f"no partition fits {given} {config.budget_mib:g} MiB{mem}: the smallest feasible budget is "
+            f"{math.ceil((need + baseline) / MIB * 10) / 10:.1f} MiB ({what})"
         )
     lat, chosen, used = best
-    return Selection(config=config, options=options, chosen=chosen, device_bytes=used, latency=lat,
+    err = latency_error(model)
+    chosen, ties = _break_ties(chosen, options, err, budget)
+    used = _memory(chosen)
+    lat = sum(o.latency for o in chosen)
+    return Selection(config=config, options=options, chosen=chosen, device_bytes=used + baseline, latency=lat,
                      model_provenance={k: model.provenance.get(k) for k in ("source", "device", "runtime", "toolkit")},
-                     toolkit=toolkit, max_error_ratio=max_ratio, notes=notes)
+                     toolkit=toolkit, max_error_ratio=max_ratio, notes=notes, memory=term, latency_error=err,
+                     ties=ties, degrees_of_freedom=model.provenance.get("degrees_of_freedom"))
 
 
-__all__ = ["Option", "Selection", "SelectionConfig", "choose", "delta_line", "deltas", "evaluate"]
+def latency_error(model: CostModel) -> float | None:
+    """Relative held-out error of a predicted latency: the model's whole-plan error when it has
+    one (``provenance["whole_plan_error"]["median_ape"]``), else the largest held-out median
+    error of its fitted time components; ``None`` when it carries no held-out error."""
+    whole = model.provenance.get("whole_plan_error")
+    if isinstance(whole, dict) and whole.get("median_ape") is not None:
+        return float(whole["median_ape"]) / 100.0
+    errs = []
+    for name in ("load", "init", "infer", "release", "host"):
+        c = model.components.get(name)
+        cv = (c.fit_error or {}).get("cross_validation") if c is not None else None
+        if cv and cv.get("median_ape") is not None:
+            errs.append(float(cv["median_ape"]) / 100.0)
+    return max(errs) if errs else None
+
+
+def _break_ties(chosen: list[Option], options: Mapping[int, Sequence[Option]], err: float | None,
+                budget: float | None) -> tuple[list[Option], dict[int, list[str]]]:
+    """Within each chosen option's error band, prefer least memory, then least predicted error.
+
+    Only options covering the same blocks are swapped, and only when the pipeline still fits
+    ``budget``; returns the new choice and, per block, the options that tie with it.
+    """
+    ties: dict[int, list[str]] = {}
+    if not err:
+        return chosen, ties
+    out = list(chosen)
+    for i, ch in enumerate(chosen):
+        band = [o for o in options[ch.candidate.start]
+                if o.excluded is None and o.candidate.blocks == ch.candidate.blocks
+                and abs(o.latency - ch.latency) <= err * ch.latency]
+
+        def rank(o: Option) -> tuple[int, float, float]:
+            return (o.device_bytes, o.error_ratio if o.error_ratio is not None else math.inf, o.latency)
+
+        for o in sorted(band, key=rank):
+            trial = [*out[:i], o, *out[i + 1:]]
+            if budget is None or _memory(trial) <= budget:
+                out = trial
+                break
+        others = [o.key for o in band if o is not out[i]]
+        if others:
+            ties[ch.candidate.start] = others
+    return out, ties
+
+
+__all__ = ["MemoryTerm", "Option", "Selection", "SelectionConfig", "choose", "delta_line", "deltas", "evaluate",
+           "latency_error", "memory_term", "stage_memory"]

@@ -95,6 +95,7 @@ class _Op:
     infer_s: float | None = None
     release_s: float | None = None
     infer_calls_s: list[float] = field(default_factory=list)  # every call, with infer_repeat > 1
+    infer_cpu_s: float | None = None  # process CPU time of the inference call(s) (all threads)
     spans: list[tuple[float, float]] = field(default_factory=list)  # call start .. snapshot end
     pss_before_kib: int | None = None
     pss_after_infer_kib: int | None = None
@@ -450,9 +451,12 @@ class _RoundRunner:
     def _call(self, op: _Op, what: str, fn: Callable[[], Any], *, snap: bool) -> Any:
         if op.pss_before_kib is None and self.last is not None:
             op.pss_before_kib = self.last.pss_kib
+        c0 = time.process_time()
         t0 = time.perf_counter()
         out = fn()
         t1 = time.perf_counter()
+        if what == "infer":
+            op.infer_cpu_s = (op.infer_cpu_s or 0.0) + (time.process_time() - c0)
         setattr(op, f"{what}_s", (getattr(op, f"{what}_s") or 0.0) + (t1 - t0))
         if snap:
             s = self._snap(op, t0)
@@ -496,6 +500,7 @@ class _RoundRunner:
 
     def run(self, steps: int, passes: Mapping[str, Mapping[str, np.ndarray]]) -> tuple[list[_Op], dict[str, Any]]:
         t_start = time.perf_counter()
+        c_start = time.process_time()
         snap0_s, snaps0, thread0, ticks0 = (
             self.sampler.snapshot_s,
             self.sampler.snapshots,
@@ -536,6 +541,7 @@ class _RoundRunner:
         info = {
             "t0": t_start,
             "t1": t_end,
+            "cpu_s": time.process_time() - c_start,
             "snapshot_s": self.sampler.snapshot_s - snap0_s,
             "snapshots": self.sampler.snapshots - snaps0,
             "sampler_s": self.sampler.thread_s - thread0,
@@ -575,6 +581,8 @@ def _stage_record(header: Mapping[str, Any], op: _Op, rnd: int, warm: bool, samp
         "release_s": op.release_s,
         "wall_s": sum(b - a for a, b in op.spans),
     }
+    if op.infer_cpu_s is not None:
+        timings["infer_cpu_s"] = op.infer_cpu_s
     if op.infer_calls_s:
         timings["infer_calls_s"] = list(op.infer_calls_s)
         timings["infer_spread_s"] = max(op.infer_calls_s) - min(op.infer_calls_s)
@@ -610,6 +618,7 @@ def _round_record(
         round_index=rnd,
         warmup=warm,
         wall_s=wall,
+        cpu_s=info.get("cpu_s"),
         memory={
             "pss_peak_kib": peaks.pss_kib,
             "device_pss_peak_kib": peaks.device_pss_kib,

@@ -212,13 +212,16 @@ def round_record(
     wall_s: float,
     memory: Mapping[str, int | None],
     measurement: Mapping[str, float | int],
+    cpu_s: float | None = None,
 ) -> dict[str, Any]:
     return {
         **header,
         "record": "round",
         "round": round_index,
         "warmup": warmup,
-        "timings": {"wall_s": wall_s},
+        # cpu_s: CPU time of the whole process over the round (every thread), for comparisons
+        # on a machine shared with other jobs
+        "timings": {"wall_s": wall_s, **({} if cpu_s is None else {"cpu_s": cpu_s})},
         "memory": dict(memory),
         "measurement": dict(measurement),
     }
@@ -253,6 +256,7 @@ class StageRecord:
     residency: Residency  # how this stage's session lived in this record
     seconds: Mapping[str, float]  # lifecycle component -> seconds, only those this record measured
     infer_calls: tuple[float, ...] = ()  # every inference call with --infer-repeat > 1
+    infer_cpu: float | None = None  # process CPU time of the inference call (one call: infer_repeat 1)
     device_pss_peak_kib: int | None = None
     pss_peak_kib: int | None = None
 
@@ -279,12 +283,19 @@ class StageRecord:
             seconds=MappingProxyType({c: float(tim[seconds_key(c)]) for c in LIFECYCLE
                                       if tim.get(seconds_key(c)) is not None}),
             infer_calls=tuple(float(x) for x in tim.get("infer_calls_s") or ()),
+            infer_cpu=None if tim.get("infer_cpu_s") is None else float(tim["infer_cpu_s"]),
             device_pss_peak_kib=mem.get("device_pss_peak_kib"),
             pss_peak_kib=mem.get("pss_peak_kib"),
         )
 
-    def calls(self, component: str) -> list[float]:
-        """Every measured call of ``component`` in this record (the K calls of ``--infer-repeat K``)."""
+    def calls(self, component: str, clock: str = "wall") -> list[float]:
+        """Every measured call of ``component`` in this record (the K calls of ``--infer-repeat K``).
+
+        ``clock="cpu"``: inference as process CPU time (one call per record; other components
+        stay wall time); records without it give their wall time.
+        """
+        if component == "infer" and clock == "cpu" and self.infer_cpu is not None and not self.infer_calls:
+            return [self.infer_cpu]
         if component == "infer" and self.infer_calls:
             return list(self.infer_calls)
         v = self.seconds.get(component)

@@ -134,6 +134,10 @@ class Target:
     default_toolkit: str
     ram_share: float = 0.25
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the board's RAM (shared with the OS and the rest of the application), if one is typical
+    board_ram_bytes: int | None = None
+    #: share of :attr:`board_ram_bytes` a whole partitioned pipeline may hold by default
+    board_share: float = 0.5
 
     def caps(self, toolkit: str | None = None) -> ToolkitCaps:
         """Capabilities of ``toolkit`` (default: :attr:`default_toolkit`).
@@ -166,6 +170,33 @@ class Target:
             raise UserError(f"board RAM must be positive, got {board_ram_bytes} bytes")
         window = self.npu_window_bytes if board_ram_bytes is None else min(self.npu_window_bytes, board_ram_bytes)
         return int(window * s)
+
+
+    def pipeline_budget_bytes(self, board_ram_bytes: int | None = None, share: float | None = None) -> int:
+        """Default memory budget of a whole pipeline (every resident block + the largest per-stage one).
+
+        The NPU's addressable window, or ``share`` (default :attr:`board_share`) of the board's
+        RAM when that is smaller: the rest of the RAM belongs to the OS, the text encoder and
+        the VAE.  ``--strategy auto`` applies it when no ``--budget-mib`` is given.
+
+        Raises
+        ------
+        UserError
+            ``share`` is not in (0, 1] or ``board_ram_bytes`` is not positive.
+        """
+        s = self.board_share if share is None else share
+        if not 0 < s <= 1:
+            raise UserError(f"board RAM share must be in (0, 1], got {s:g}")
+        ram = self.board_ram_bytes if board_ram_bytes is None else board_ram_bytes
+        if ram is not None and ram <= 0:
+            raise UserError(f"board RAM must be positive, got {ram} bytes")
+        return self.npu_window_bytes if ram is None else min(self.npu_window_bytes, int(ram * s))
+
+    def describe_pipeline_budget(self) -> str:
+        """Where the default pipeline budget comes from, in one phrase."""
+        ram = "" if self.board_ram_bytes is None else (
+            f" and {self.board_share:g} of the board's {self.board_ram_bytes / GIB:g} GiB RAM")
+        return f"target {self.name} default: the NPU's {self.npu_window_bytes / GIB:g} GiB window{ram}"
 
 
 def _attribute(node: onnx.NodeProto, name: str, default: str | int) -> str | int:

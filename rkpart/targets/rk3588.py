@@ -22,6 +22,9 @@ Sources
   version.  Transpose falls back above shape limits (rknn-toolkit2 issue #490: h*w > 8192).
 * Memory: the RK3588 NPU addresses a 4 GiB window (32-bit addresses); a stage's default
   budget is a quarter of it (1024 MiB, the ``generic`` strategy's default since it was written).
+  A whole pipeline's default budget (``--strategy auto`` without ``--budget-mib``) is the
+  4 GiB window, bounded by half the RAM of the common 8 GiB boards (ROCK 5C 8GB, Orange Pi 5):
+  the other half belongs to the OS, the text encoder and the VAE.
 """
 
 from __future__ import annotations
@@ -160,6 +163,8 @@ RK3588 = Target(
         "2.3.2": ToolkitCaps(version="2.3.2", max_opset=19, ops=_OPS, source=_DOC.format(v="2.3.2"), attrs=_ATTRS),
     },
     default_toolkit="2.3.0",
+    board_ram_bytes=8 * GIB,
+    board_share=0.5,
 )
 
 __all__ = ["ONNX_OPS", "RK3588"]

@@ -1,0 +1,49 @@
+"""Click command ``rkpart tune``: measure, fit, choose and verify on one backend (:mod:`rkpart.tune`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from rkpart.cli_args import emit, json_option, quiet_option, toolkit_option, user_errors
+from rkpart.progress import Reporter
+from rkpart.runtime import BACKENDS
+
+
+@click.command("tune")
+@click.argument("model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--backend", type=click.Choice(BACKENDS), default="ort", show_default=True,
+              help="ort: ONNX Runtime on this machine; rknn-sim: toolkit simulator; rknnlite: the board.")
+@toolkit_option(help="rknn-toolkit2 version (rknn-sim / rknnlite).")
+@click.option("-o", "--out", "workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("tune"),
+              show_default=True, help="Folder for the plans, profiles, fitted model and report.")
+@click.option("--steps", type=click.IntRange(min=1), default=1, show_default=True, help="Denoising steps per round.")
+@click.option("--cfg/--no-cfg", default=True, show_default=True, help="Two passes per step (CFG) or one.")
+@click.option("--budget-mib", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Memory budget of the whole pipeline [default: the target's, 4096 MiB for rk3588].")
+@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Measured rounds per profile of the fit.")
+@click.option("--verify-rounds", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Interleaved rounds of every plan in the verification.")
+@click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
+              help="ONNX Runtime intra-op threads (0: its default).")
+@quiet_option
+@json_option(help="Print the report as JSON.")
+@user_errors
+def tune(model: Path, backend: str, toolkit: str | None, workdir: Path, steps: int, cfg: bool,
+         budget_mib: float | None, rounds: int, verify_rounds: int, threads: int, quiet: bool, as_json: bool) -> None:
+    """Partition MODEL every way auto chooses from, profile, fit, choose, and verify the choice.
+
+    Prints every plan's measured and predicted round and the regret of auto's choice against
+    the measured best.
+    """
+    from rkpart.tune import TuneConfig
+    from rkpart.tune import tune as run_tune
+
+    say = Reporter(quiet=quiet)
+    config = TuneConfig(backend=backend, toolkit=toolkit, steps=steps, cfg=cfg, budget_mib=budget_mib,
+                        rounds=rounds, verify_rounds=verify_rounds, threads=threads)
+    with say:
+        result = run_tune(model, workdir, config, progress=say)
+    emit(as_json, result.to_json, result.render)

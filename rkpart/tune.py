@@ -1,0 +1,257 @@
+"""``rkpart tune``: measure, fit, choose, verify: the closed loop behind ``--strategy auto``.
+
+1. **Partition** the model with every single-strategy candidate ``auto`` chooses from
+   (``split``, ``split-adaln-npu``, ``fused`` and, with two blocks or more, ``fused-x2``).
+2. **Profile** each plan on the backend, per-stage and resident.  Blocks of one anatomy
+   (:meth:`rkpart.partitioner.discovery.Block.signature`) are identical, so on models with more
+   than :data:`WHOLE_PLAN_BLOCKS` blocks only one representative block per anatomy is run
+   (``rkpart profile --block``).
+3. **Fit** a cost model on those profiles (:func:`rkpart.cost_model.calibration.fit_profiles`:
+   per-stage components, whole-round glue, held-out error per component and per whole plan;
+   inference and rounds in process CPU time).
+4. **Choose** with ``--strategy auto`` under the memory budget and write that plan.
+5. **Verify**: run the chosen plan and every single-strategy plan (each residency), rounds
+   interleaved, and report each one's measured round, predicted round and the chosen plan's
+   regret against the measured best.
+
+With ``--backend ort`` it runs anywhere; with ``rknnlite`` it is what a board user runs
+(after ``rkpart compile``: the backends load the compiled ``.rknn`` artifacts).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rkpart.cost_model.calibration import fit_profiles
+from rkpart.cost_model.features import stage_features
+from rkpart.cost_model.model import CostModel
+from rkpart.cost_model.rounds import predict_round, round_time
+from rkpart.io import atomic_write_bytes
+from rkpart.partitioner.plan import Plan, load_plan
+from rkpart.pipeline import load, partition
+from rkpart.types import HOST
+
+#: models with at most this many blocks are profiled whole; larger ones one block per anatomy
+WHOLE_PLAN_BLOCKS = 4
+#: (name, strategy, options) of every single-strategy plan ``auto`` chooses among
+SINGLE: tuple[tuple[str, str, Mapping[str, Any]], ...] = (
+    ("split", "split", {}),
+    ("split-adaln-npu", "split", {"adaln": "npu"}),
+    ("fused", "fused", {}),
+    ("fused-x2", "fused", {"blocks_per_stage": 2}),
+)
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    backend: str = "ort"
+    toolkit: str | None = None
+    steps: int = 1
+    cfg: bool = True
+    budget_mib: float | str | None = None  # None: the target's default; "none": no budget
+    rounds: int = 3
+    verify_rounds: int = 5
+    threads: int = 1
+    statistic: str = "min"
+    seed: int = 0
+
+
+@dataclass
+class VerifyRow:
+    plan: str
+    residency: str
+    measured_s: list[float] = field(default_factory=list)
+    predicted_s: float | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)  # measured stage records
+
+    @property
+    def median_s(self) -> float:
+        return float(statistics.median(self.measured_s))
+
+    def to_json(self) -> dict[str, Any]:
+        err = None if self.predicted_s is None else (self.predicted_s - self.median_s) / self.median_s * 100.0
+        return {"plan": self.plan, "residency": self.residency, "measured_s": round(self.median_s, 6),
+                "predicted_s": None if self.predicted_s is None else round(self.predicted_s, 6),
+                "prediction_error_pct": None if err is None else round(err, 2)}
+
+
+@dataclass
+class TuneResult:
+    model_file: Path
+    auto_plan: Path
+    choices: list[dict[str, Any]]
+    fit_report: dict[str, Any]
+    rows: list[VerifyRow]
+
+    @property
+    def best(self) -> VerifyRow:
+        return min(self.rows, key=lambda r: r.median_s)
+
+    @property
+    def chosen(self) -> VerifyRow:
+        return next(r for r in self.rows if r.plan == "auto")
+
+    @property
+    def regret(self) -> float:
+        return (self.chosen.median_s - self.best.median_s) / self.best.median_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cost_model": str(self.model_file), "auto_plan": str(self.auto_plan), "choices": self.choices,
+                "whole_plan_error": self.fit_report.get("whole_plan"), "verify": [r.to_json() for r in self.rows],
+                "best": f"{self.best.plan}/{self.best.residency}", "regret_pct": round(self.regret * 100.0, 2)}
+
+    def render(self) -> str:
+        lines = [f"cost model: {self.model_file}", f"auto plan: {self.auto_plan}",
+                 "choices: " + "; ".join(f"blocks {','.join(map(str, c['blocks']))}: {c['candidate']} "
+                                         f"({c['residency']})" for c in self.choices)]
+        w = self.fit_report.get("whole_plan") or {}
+        if w.get("n"):
+            lines.append(f"fit: whole-plan held-out error: median {w['median_ape']:.1f} %, "
+                         f"{w['within_10'] * 100:.0f} % within +-10 % ({w['n']} plans)")
+        lines.append(f"  {'plan':<18} {'residency':<9} {'measured s':>11} {'predicted s':>12} {'error':>8}")
+        for r in sorted(self.rows, key=lambda r: r.median_s):
+            j = r.to_json()
+            err = "-" if j["prediction_error_pct"] is None else f"{j['prediction_error_pct']:+.1f} %"
+            pred = "-" if r.predicted_s is None else f"{r.predicted_s:.4f}"
+            mark = "*" if r.plan == "auto" else " "
+            lines.append(f"{mark} {r.plan:<18} {r.residency:<9} {r.median_s:>11.4f} {pred:>12} {err:>8}")
+        lines.append(f"regret of auto's choice vs the measured best ({self.best.plan}/{self.best.residency}): "
+                     f"{self.regret * 100:+.2f} %")
+        return "\n".join(lines) + "\n"
+
+
+def _profile(plan_dir: Path, out: Path, cfg: TuneConfig, *, residency: str, rounds: int, warmup: int,
+             block: int | None, memory: bool) -> list[dict[str, Any]]:
+    """Profile one plan; ``memory``: sample process (and device) memory, else time only."""
+    from rkpart.profile.run import ProfileOptions, run_profile
+
+    dev = ProfileOptions.device_pattern if cfg.backend == "rknnlite" else None
+    opts = ProfileOptions(plan=str(plan_dir), backend=cfg.backend, output=out, toolkit=cfg.toolkit, rounds=rounds,
+                          warmup=warmup, cfg=cfg.cfg, steps=cfg.steps, residency=residency,
+                          device_pattern=dev if memory else None, sample_interval=0.05 if memory else 0.0,
+                          seed=cfg.seed, threads=cfg.threads, block=block, snapshots=memory)
+    return run_profile(opts)
+
+
+def _round_seconds(records: Sequence[Mapping[str, Any]]) -> list[float]:
+    out = []
+    for r in records:
+        if r.get("record") == "round" and not r.get("warmup"):
+            t = round_time(r)
+            if t is not None:
+                out.append(t)
+    return out
+
+
+def predicted_round(model: CostModel, plan: Plan, folder: Path, residency: str, passes: int) -> float | None:
+    """The model's prediction of one measured round of ``plan`` under ``residency``
+    (``"plan"``: each block as the plan chose; host stages are set up once per round)."""
+    chosen = {}
+    for c in (plan.strategy.get("options") or {}).get("choices", []):
+        for b in c["blocks"]:
+            chosen[b] = c["residency"]
+    stages = []
+    for s in plan.stages:
+        res = "resident" if s.device == HOST else residency
+        if residency == "plan":
+            res = "resident" if s.device == HOST else chosen.get(s.block if s.block is not None else -1, "per-stage")
+        stages.append((stage_features(folder, s), res))
+    return predict_round(model, stages, passes)
+
+
+def single_plans(model_path: str | Path, work: Path) -> tuple[dict[str, Path], int, list[int] | None]:
+    """Every single-strategy plan of ``model_path`` under ``work/plans``; the number of blocks and
+    the representative block of each anatomy (``None``: small enough to profile whole plans)."""
+    disc = load(model_path).discovery()
+    blocks = list(disc.blocks)
+    anatomies: dict[tuple[str, ...], list[int]] = {}
+    for b in blocks:
+        anatomies.setdefault(tuple(b.signature), []).append(b.index)
+    reps = None if len(blocks) <= WHOLE_PLAN_BLOCKS else [ids[0] for ids in anatomies.values()]
+    plans: dict[str, Path] = {}
+    for name, strategy, sopts in SINGLE:
+        if sopts.get("blocks_per_stage", 1) > len(blocks):
+            continue
+        out = work / "plans" / name
+        partition(model_path, out, strategy, force=True, **sopts)
+        plans[name] = out
+    return plans, len(blocks), reps
+
+
+def profile_for_fit(plans: Mapping[str, Path], nblocks: int, reps: Sequence[int] | None, work: Path,
+                    config: TuneConfig, progress: Callable[[str], None] = lambda _: None) -> list[Path]:
+    """Profile every plan per-stage and resident (time only), and once per-stage with memory sampled."""
+    profiles: list[Path] = []
+    for name, folder in plans.items():
+        # time per residency without memory sampling (the sampler costs CPU a pipeline does not
+        # pay), and memory from one per-stage round with it
+        for residency, memory in (("per-stage", False), ("resident", False), ("per-stage", True)):
+            which: list[int | None] = list(reps) if reps else [None]
+            for block in which:
+                f = work / "profiles" / (f"{name}.{residency}{'' if block is None else f'.b{block}'}"
+                                         f"{'.memory' if memory else ''}.jsonl")
+                progress(f"profiling {name} ({residency}{'' if block is None else f', block {block}'}"
+                         f"{', memory' if memory else ''})")
+                # fused-x2's representative block starts a pair; a pair cannot start at the last block
+                at = block if block is None or block + 1 < nblocks or name != "fused-x2" else block - 1
+                _profile(folder, f, config, residency=residency, rounds=1 if memory else config.rounds,
+                         warmup=0 if memory else 1, block=at, memory=memory)
+                profiles.append(f)
+    return profiles
+
+
+def choose_and_verify(model_path: str | Path, work: Path, model_file: Path, plans: Mapping[str, Path],
+                      config: TuneConfig, progress: Callable[[str], None] = lambda _: None
+                      ) -> tuple[Path, list[dict[str, Any]], list[VerifyRow]]:
+    """Write ``auto``'s plan with the model in ``model_file``, then run it and every plan of
+    ``plans`` under each residency, rounds interleaved; rows carry measured and predicted rounds."""
+    model = CostModel.load(model_file)
+    auto_dir = work / "plans" / "auto"
+    progress("choosing with the fitted model")
+    opts: dict[str, Any] = {"cost_model": str(model_file), "steps": config.steps, "cfg": config.cfg}
+    if config.budget_mib is not None:
+        opts["budget_mib"] = config.budget_mib
+    auto_plan = partition(model_path, auto_dir, "auto", force=True, **opts)
+    choices = list((auto_plan.strategy.get("options") or {}).get("choices", []))
+    passes = config.steps * (2 if config.cfg else 1)
+    rows = [VerifyRow("auto", "plan")] + [VerifyRow(n, r) for n in plans for r in ("per-stage", "resident")]
+    folders = {**plans, "auto": auto_dir}
+    for row in rows:
+        plan, folder = load_plan(folders[row.plan])
+        row.predicted_s = predicted_round(model, plan, folder, row.residency, passes)
+    for i in range(config.verify_rounds):
+        for row in rows:
+            progress(f"verify round {i + 1}/{config.verify_rounds}: {row.plan} ({row.residency})")
+            recs = _profile(folders[row.plan], work / "verify" / f"{row.plan}.{row.residency}.{i}.jsonl", config,
+                            residency=row.residency, rounds=1, warmup=1, block=None, memory=False)
+            row.measured_s += _round_seconds(recs)
+            row.records += [r for r in recs if r.get("record") == "stage" and not r.get("warmup")]
+    return auto_dir, choices, rows
+
+
+def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneConfig(),
+         progress: Callable[[str], None] = lambda _: None) -> TuneResult:
+    """Run the loop on ``model_path`` in ``workdir`` (plans, profiles, model, auto plan, report)."""
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    plans, nblocks, reps = single_plans(model_path, work)
+    progress(f"{nblocks} blocks; profiling " + ("whole plans" if reps is None else
+                                                 f"blocks {', '.join(map(str, reps))} (one per anatomy)"))
+    profiles = profile_for_fit(plans, nblocks, reps, work, config, progress)
+    model, report = fit_profiles(profiles, statistic=config.statistic, clock="cpu")
+    model_file = work / "cost_model.json"
+    model.save(model_file)
+    atomic_write_bytes(work / "fit_report.json", (json.dumps(report, indent=2) + "\n").encode())
+    auto_dir, choices, rows = choose_and_verify(model_path, work, model_file, plans, config, progress)
+    result = TuneResult(model_file=model_file, auto_plan=auto_dir, choices=choices, fit_report=report, rows=rows)
+    atomic_write_bytes(work / "tune_report.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
+    return result
+
+
+__all__ = ["SINGLE", "WHOLE_PLAN_BLOCKS", "TuneConfig", "TuneResult", "VerifyRow", "choose_and_verify",
+           "predicted_round", "profile_for_fit", "single_plans", "tune"]
