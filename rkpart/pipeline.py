@@ -455,5 +455,5 @@ BUILTIN: tuple[type[Strategy], ...] = (*strategies.BUILTIN, AutoStrategy)
 
 __all__ = ["AUTO_ONLY", "BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "PartitionOptions", "auto_budget",
            "available", "candidate_variants", "capability_notes", "check_options", "enumerate_candidates",
-           "get_strategy", "inspect_model", "load", "partition", "propose", "run_partition", "select", "strategy_coverage",
-           "write_plan"]
+           "get_strategy", "inspect_model", "load", "partition", "propose", "run_partition", "select",
+           "strategy_coverage", "write_plan"]
