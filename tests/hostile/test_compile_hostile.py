@@ -159,7 +159,8 @@ def test_hung_worker_is_killed_and_its_files_cleaned(tmp_path: Path, mini_model:
 
 
 def _compile_cmd(folder: Path) -> list[str]:
-    return [sys.executable, "-m", "rkpart.cli", "compile", str(folder), "--toolkit", "2.3.0"]
+    # --no-cache: what is under test is resuming from the plan folder's own rknn/, not the user-level cache
+    return [sys.executable, "-m", "rkpart.cli", "compile", str(folder), "--toolkit", "2.3.0", "--no-cache"]
 
 
 def _normalised(folder: Path) -> dict[str, Any]:

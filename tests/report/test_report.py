@@ -102,7 +102,7 @@ def test_same_inputs_give_byte_identical_files(report: Path, plans: dict[str, tu
 
 @pytest.mark.parametrize("extra,code,message", [
     (["-o", "{dir}/r.txt"], 2, "should end in .html"),
-    (["{dir}/missing.jsonl"], 5, "cannot read profile"),
+    (["{dir}/missing.jsonl"], 5, "does not exist"),
     (["--cost-model", "shipped"], 2, "give profile files too"),
 ])
 def test_bad_input_is_one_line(plans: dict[str, tuple[Plan, Path]], tmp_path: Path, extra: list[str], code: int,
