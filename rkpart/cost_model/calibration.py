@@ -261,13 +261,7 @@ def samples_from_records(
     # per stage (e.g. rounds interleaved with other plans' runs, one file each); the pool is
     # named after its first run id and is one group for cross-validation, so that a held-out
     # plan is never also in the training set through another of its runs.
-    pools: dict[str, list[StageRecord]] = {}
-    first_run: dict[str, str] = {}
-    for r in records:
-        if not r.warmup:
-            pk = _pool_key(r)
-            pools.setdefault(pk, []).append(r)
-            first_run[pk] = min(first_run.get(pk, r.run_id), r.run_id)
+    pools, first_run = _pool_runs(records)
     out: list[Sample] = []
     feature_cache: dict[tuple[str, str], Features] = {}
     for pool in sorted(pools, key=lambda k: first_run[k]):
@@ -348,13 +342,7 @@ def round_samples(
     raw = list(raw)
     repeat = {str(r["run_id"]): int((r.get("settings") or {}).get("infer_repeat", 1)) for r in raw
               if r.get("record") == "round"}
-    pools: dict[str, list[StageRecord]] = {}
-    first_run: dict[str, str] = {}
-    for r in records:
-        if not r.warmup:
-            pk = _pool_key(r)
-            pools.setdefault(pk, []).append(r)
-            first_run[pk] = min(first_run.get(pk, r.run_id), r.run_id)
+    pools, first_run = _pool_runs(records)
     out: list[RoundSample] = []
     cache: dict[tuple[str, str], Features] = {}
     for pk in sorted(pools, key=lambda k: first_run[k]):
@@ -386,6 +374,19 @@ def _pool_key(r: StageRecord) -> str:
     host = None if r.host_backend is None else dict(r.host_backend)
     return json.dumps([r.plan_sha256, dict(r.backend), host, r.run_residency], sort_keys=True)
 
+
+
+def _pool_runs(records: Iterable[StageRecord]) -> tuple[dict[str, list[StageRecord]], dict[str, str]]:
+    """Measured (non-warm-up) records pooled per plan run configuration (:func:`_pool_key`), and
+    each pool's first run id, which names it and orders the pools deterministically."""
+    pools: dict[str, list[StageRecord]] = {}
+    first_run: dict[str, str] = {}
+    for r in records:
+        if not r.warmup:
+            pk = _pool_key(r)
+            pools.setdefault(pk, []).append(r)
+            first_run[pk] = min(first_run.get(pk, r.run_id), r.run_id)
+    return pools, first_run
 
 def environment_of(records: Iterable[StageRecord]) -> dict[str, Any]:
     """Device and runtime of the records (for the fitted model's provenance)."""
