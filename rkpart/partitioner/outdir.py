@@ -106,8 +106,13 @@ def check_out(out: Path, force: bool, model: Path | None = None) -> None:
             raise OutputExistsError(f"refusing to replace {out}: it is not an rkpart plan folder: {why}")
 
 
-def check_staging(staging: Path) -> None:
-    """Refuse a staging path that is not a real folder an rkpart run left behind."""
+def check_staging(staging: Path, *, contents: bool = True) -> None:
+    """Refuse a staging path that is not a real folder an rkpart run left behind.
+
+    ``contents=False`` checks only what is unsafe to lock (a symlink, a non-folder): the
+    folder's contents can be judged only once the lock is ours, since a concurrent run
+    holding it may be half-way through writing them.
+    """
     if staging.is_symlink():
         raise OutputExistsError(f"staging path {staging} is a symlink (rkpart never writes through one); "
                                 "remove it")
@@ -115,6 +120,8 @@ def check_staging(staging: Path) -> None:
         return
     if not _is_real_dir(staging):
         raise OutputExistsError(f"staging path {staging} exists and is not a folder; remove it")
+    if not contents:
+        return
     entries = list(staging.iterdir())
     if not entries or (staging / RUN_KEY_FILE).is_file():
         return

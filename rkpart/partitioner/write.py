@@ -91,11 +91,13 @@ def write_partition(
                          input_shapes=input_shapes)
 
     staging = out.with_name(f".{out.name}.partial")
-    check_staging(staging)
+    check_staging(staging, contents=False)  # its contents are judged under the lock, below
     with folder_lock(staging, what=f"output folder {out}", nofollow=True):
+        # now that it is ours, and outside the try below: a staging folder that is not ours to
+        # write is refused, never removed as a failed run's leftovers
+        check_staging(staging)
         try:
             with _lock_existing(out):
-                check_staging(staging)  # again, now that it is ours
                 recover_folder(out)
                 prepare_out(out, force, model_path)  # again: another run may have finished meanwhile
                 plan = _write_stages(mg, disc, part, groups, staging, run_key, model_path, model_sha,
