@@ -222,19 +222,22 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def regular_file(path: str | os.PathLike[str], *, what: str, error: type[UserError] = UserError) -> os.stat_result:
+def regular_file(path: str | os.PathLike[str], *, what: str, error: type[UserError] = UserError,
+                 name: str | None = None, missing: str = "does not exist") -> os.stat_result:
     """``os.stat`` of ``path`` (symlinks followed) or ``error`` naming why it cannot be read.
 
     Checked *before* anything opens the file: opening a FIFO blocks until a writer comes.
+    ``name`` is how messages show the file (default: ``path``).
     """
+    shown = path if name is None else name
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise error(f"{what} {path} does not exist") from None
+        raise error(f"{what} {shown} {missing}") from None
     except OSError as e:
-        raise error(f"cannot read {what} {path}: {e.strerror}") from None
+        raise error(f"cannot read {what} {shown}: {e.strerror}") from None
     if not stat.S_ISREG(st.st_mode):
-        raise error(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
+        raise error(f"{what} {shown} is {_kind(st.st_mode)}, not a regular file")
     return st
 
 
@@ -367,14 +370,7 @@ def confined_file(folder: str | os.PathLike[str], rel: str, *, what: str,
     full = (folder / rel).resolve()
     if full == folder.resolve():
         raise error(f"{what} {rel!r} is a folder, not a regular file")
-    try:
-        st = os.stat(full)
-    except FileNotFoundError:
-        raise error(f"{what} {rel!r} is missing") from None
-    except OSError as e:
-        raise error(f"cannot read {what} {rel!r}: {e.strerror}") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise error(f"{what} {rel!r} is {_kind(st.st_mode)}, not a regular file")
+    regular_file(full, what=what, error=error, name=repr(rel), missing="is missing")
     return folder / rel
 
 
