@@ -7,10 +7,17 @@ diffusers/torch versions and the family config, so reruns skip the exporter.  Ea
 compiled by real rknn-toolkit2 builds (lowering and NPU rewrites on, the default), the
 placement report must show no CPU layer, and the rknn-sim end-to-end gate must pass.
 About 20-40 s per (family, exporter, strategy, toolkit) on two cores.
+
+By default only :data:`REPRESENTATIVE` runs (about 2-3 minutes with cached exports): a
+dynamo export lowered from opset 20 and gated end to end under rknn-sim with 2.3.0, a
+TorchScript export fused into whole blocks with 2.5.0, and one measured gap as a strict xfail.
+``RKPART_FULL_NPU_MATRIX=1`` runs every (family, exporter, strategy, toolkit) case (89 tests,
+about an hour on two cores).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -42,10 +49,17 @@ KNOWN_GAPS = {
     ("dit", "dynamo", "fused", "2.5.0"): "Gather left on the CPU",
 }
 
+#: the default selection: lowering + rknn-sim gate, fused blocks on 2.5.0, one strict xfail (its gap
+#: must still be there)
+REPRESENTATIVE = {("wan", "dynamo", "split", "2.3.0"), ("sana", "torchscript", "fused", "2.5.0"),
+                  ("dit", "torchscript", "fused", "2.5.0")}
+FULL_MATRIX = os.environ.get("RKPART_FULL_NPU_MATRIX") == "1"
+
 CASES = [pytest.param(f, e, s, v, id=f"{f}-{e}-{s}-{v}",
                       marks=[pytest.mark.xfail(reason=KNOWN_GAPS[(f, e, s, v)], strict=True)]
                       if (f, e, s, v) in KNOWN_GAPS else [])
-         for f in FAMILIES for e in EXPORTERS for s in ("split", "fused") for v in ("2.5.0", "2.3.0")]
+         for f in FAMILIES for e in EXPORTERS for s in ("split", "fused") for v in ("2.5.0", "2.3.0")
+         if FULL_MATRIX or (f, e, s, v) in REPRESENTATIVE]
 
 
 @pytest.mark.parametrize(("family", "exporter", "strategy", "version"), CASES)
