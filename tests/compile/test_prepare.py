@@ -6,6 +6,7 @@ the rewritten model in ONNX Runtime.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -16,7 +17,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper, version_converter
 
 from rkpart.compile.prepare import prepare_stage
-from rkpart.errors import ToolkitError
+from rkpart.errors import SpecError, ToolkitError
+from rkpart.partitioner.extract import stage_sha256
+from rkpart.partitioner.plan import Stage
+from rkpart.partitioner.verify import prepared_onnx
 from rkpart.runtime.ort import make_session
 from rkpart.targets.opset import lower_model, lowering_note, model_opset
 from rkpart.targets.rewrites import NO_LOWERING, REWRITES, TYPE_ONLY_CHANGES, apply_rewrites, rewrites_for
@@ -185,13 +189,49 @@ def test_prepare_stage_writes_lowered_copy_and_record(tmp_path: Path) -> None:
     p = prepare_stage(src, "ab" * 32, tmp_path / "rknn", "2.5.0", "rk3588")
     assert p.record is not None and p.onnx != src
     assert p.record == {"toolkit": "2.5.0", "from_opset": 20, "to_opset": 19, "rewrites": {"gelu20-decompose": 1},
-                        "file": f"rknn/prepared/{'ab' * 8}.2.5.0.onnx"}
+                        "file": f"rknn/prepared/{'ab' * 8}.2.5.0.onnx", "sha256": stage_sha256(p.onnx)}
     assert model_opset(onnx.load(str(p.onnx))) == 19
     assert src.read_bytes() == before  # the plan's stage file is never changed
     again = prepare_stage(src, "ab" * 32, tmp_path / "rknn", "2.5.0", "rk3588")
     assert again == p
     meta = json.loads(p.onnx.with_suffix(".json").read_text())
     assert meta["record"] == p.record
+
+
+def _prepared_plan_stage(tmp_path: Path) -> tuple[Stage, Path]:
+    m = _model([helper.make_node("Gelu", ["x"], ["y"])], [vi("x", F, [2, 8, 16])], [vi("y", F, [2, 8, 16])])
+    src = tmp_path / "stages" / "s.onnx"
+    src.parent.mkdir()
+    onnx.save(m, str(src))
+    sha = stage_sha256(src)
+    p = prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588")
+    stage = Stage(id="s", device="npu", file="stages/s.onnx", inputs=(), outputs=(), block=0, region="block",
+                  kind="block", weight_bytes=0, io_bytes=0, sha256=sha, num_nodes=1, prepared=p.record)
+    return stage, p.onnx
+
+
+def test_prepared_copy_is_verified_before_use(tmp_path: Path) -> None:
+    """rknn-sim loads the prepared copy through prepared_onnx: confined and sha256-checked like a stage."""
+    stage, copy = _prepared_plan_stage(tmp_path)
+    assert prepared_onnx(tmp_path, stage) == copy
+    original = copy.read_bytes()
+    edited = onnx.load(str(copy))
+    edited.doc_string = "edited after compile"
+    onnx.save(edited, str(copy))
+    with pytest.raises(SpecError, match=r"prepared copy.*does not match the sha256.*rerun rkpart compile"):
+        prepared_onnx(tmp_path, stage)
+    # compile makes an edited copy again instead of building it
+    again = prepare_stage(tmp_path / "stages" / "s.onnx", stage.sha256, tmp_path / "rknn", "2.5.0", "rk3588")
+    assert again.onnx == copy and copy.read_bytes() == original and prepared_onnx(tmp_path, stage) == copy
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.onnx"
+    outside.write_bytes(original)
+    copy.unlink()
+    copy.symlink_to(outside)  # a prepared copy that leaves the plan folder
+    with pytest.raises(SpecError, match="prepared copy"):
+        prepared_onnx(tmp_path, stage)
+    assert stage.prepared is not None
+    with pytest.raises(SpecError, match="no file or sha256"):
+        prepared_onnx(tmp_path, dataclasses.replace(stage, prepared={**stage.prepared, "sha256": None}))
 
 
 def test_prepare_stage_leaves_a_loadable_stage_alone(tmp_path: Path) -> None:
