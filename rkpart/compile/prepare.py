@@ -136,26 +136,36 @@ def _save(model: onnx.ModelProto, dest: Path) -> None:
 
 
 def _feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
-    from rkpart.runtime.executor import random_feeds
-
+    """Seeded inputs like rkpart.runtime.executor.random_feeds (compile sits below runtime)."""
+    rng = np.random.default_rng(seed)
     inits = {t.name for t in model.graph.initializer}
-    specs = []
+    feeds: dict[str, np.ndarray] = {}
     for vi in model.graph.input:
         if vi.name in inits:
             continue
         tt = vi.type.tensor_type
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-        shape = [d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim]
-        specs.append((vi.name, dtype, shape))
-    return random_feeds(specs, seed)
+        dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim)
+        if dt.kind == "f":
+            feeds[vi.name] = rng.standard_normal(shape).astype(dt)
+        elif dt.kind in "iu":
+            feeds[vi.name] = rng.integers(0, 4, size=shape).astype(dt)
+        elif dt.kind == "b":
+            feeds[vi.name] = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            raise ToolkitError(f"cannot make inputs of type {dt} to check the prepared stage")
+    return feeds
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    from rkpart.runtime.ort import make_session
+    import onnxruntime as ort
 
     try:
-        sess = make_session(model.SerializeToString())
-        return [np.asarray(x) for x in sess.run(None, feeds)]
+        so = ort.SessionOptions()
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(model.SerializeToString(), sess_options=so, providers=["CPUExecutionProvider"])
+        return [np.asarray(x) for x in sess.run(output_names=None, input_feed=feeds)]
     except Exception as e:  # noqa: BLE001 - any ORT refusal of a prepared copy is a one-line build failure
         raise ToolkitError(f"ONNX Runtime cannot run the prepared stage: {str(e).splitlines()[0][:200]}") from None
 
