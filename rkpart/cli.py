@@ -100,6 +100,18 @@ def peak_rss_mib() -> float:
 # ---------------------------------------------------------------------------------------------
 
 
+def lowering_note(opset: int) -> str | None:
+    """"stages will be lowered from opset 20 to 19 for rknn-toolkit2 ..." for the target's documented
+    and the installed toolkits, or ``None`` when every one of them loads ``opset``."""
+    from rkpart.compile.toolkits import list_toolkits
+    from rkpart.targets import get_target
+    from rkpart.targets.opset import lowering_note as note
+
+    target = get_target()
+    versions = set(target.toolkits) | {t.version for t in list_toolkits(None)}
+    return note(opset, {v: target.caps(v).max_opset for v in versions})
+
+
 @main.command()
 @model_argument()
 @out_folder_option(default="build", help="Plan folder to write.")
@@ -196,6 +208,9 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     click.echo(plan.render_summary(out / "plan.json"))
     if "npu_coverage" in plan.extra:
         click.echo(f"block matmul work on the NPU: {plan.extra['npu_coverage']['share']:.1%}")
+    note = lowering_note(int(plan.model.get("opset") or 0))
+    if note:
+        click.echo(f"note: {note} (when compiled)")
     click.echo(f"peak RSS: {peak_rss_mib():.1f} MiB")
 
 
@@ -228,7 +243,8 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
         click.echo(json.dumps({**info, "streams": disc.streams, "method": disc.method,
                                "prologue_ops": len(disc.prologue), "epilogue_ops": len(disc.epilogue),
                                "glue_ops": len(disc.glue), "blocks": blocks,
-                               "npu_coverage": coverage}, indent=2))
+                               "npu_coverage": coverage,
+                               "lowering": lowering_note(int(info["opset"] or 0))}, indent=2))
         return
     click.echo(f"{info['file']}: opset {info['opset']}, {info['nodes']} nodes ({info['const_nodes']} constant), "
                f"weights {mib(info['weight_bytes'])} MiB")
@@ -250,6 +266,9 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: boo
         f"{name} {c['share']:.1%}" for name, c in coverage.items()))
     for n in disc.notes:
         click.echo(f"note: {n}")
+    note = lowering_note(int(info["opset"] or 0))
+    if note:
+        click.echo(f"note: {note} (when compiled)")
 
 
 @main.command()

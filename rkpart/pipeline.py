@@ -47,6 +47,8 @@ from rkpart.strategies.base import GroupBuilder, Strategy, check_strategy_option
 from rkpart.strategies.fused import FusedStrategy
 from rkpart.strategies.split import SplitStrategy
 from rkpart.targets import DEFAULT_TARGET, TARGETS, get_target
+from rkpart.targets.opset import lowering_note
+from rkpart.targets.rewrites import rewrites_for
 
 Progress = Callable[[str], None]
 
@@ -167,13 +169,15 @@ def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str 
         return []
     caps = get_target(target).caps(toolkit)
     notes = []
-    problem = caps.opset_problem(mg.opset)
-    if problem:
-        notes.append(f"target {target}: {problem}")
+    # compile lowers the opset and rewrites some ops onto the NPU (rkpart.targets.opset / rewrites)
+    lowering = lowering_note(mg.opset, {caps.version: caps.max_opset})
+    if lowering:
+        notes.append(f"target {target}: {lowering} when compiled")
+    rewritten = {r.op_type for r in rewrites_for(caps.version, "npu") if r.every_node}
     for g in part.groups:
         if g.device != "npu":
             continue
-        off = caps.off_npu(mg.nodes[i] for i in sorted(g.ops))
+        off = caps.off_npu(mg.nodes[i] for i in sorted(g.ops) if mg.nodes[i].op_type not in rewritten)
         if off:
             ops = ", ".join(sorted({f"{n.op_type} ({rule.support})" for n, rule in off}))
             notes.append(f"target {target}: NPU stage {g.id} holds op(s) rknn-toolkit2 {caps.version} does not "

@@ -77,3 +77,18 @@ def test_options_that_do_not_fit_the_strategy_are_refused() -> None:
     with pytest.raises(SpecError, match="cost_model, steps apply to --strategy auto only"):
         pipeline.check_options("split", {"cost_model": "m.json", "steps": 2})
     pipeline.check_options("auto", {"cost_model": "m.json", "steps": 2})
+
+
+def test_opset_above_the_toolkit_is_a_lowering_note_and_rewritten_ops_are_not_flagged(tmp_path: Path) -> None:
+    # opset 20 (dynamo's default): compile lowers it; Reciprocal: compile rewrites it onto the NPU
+    g = helper.make_graph([helper.make_node("Reciprocal", ["x"], ["t"], name="rec"),
+                           helper.make_node("Relu", ["t"], ["y"], name="relu")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
+    m.ir_version = 9
+    onnx.save(m, tmp_path / "rec.onnx")
+    part = propose(load(tmp_path / "rec.onnx"), "generic", PartitionConfig(toolkit="2.5.0"))
+    assert part.notes[-1] == "target rk3588: stages will be lowered from opset 20 to 19 for rknn-toolkit2 2.5.0 " \
+                             "when compiled"
+    assert not any("Reciprocal" in n for n in part.notes)

@@ -88,13 +88,19 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 @click.option("--stage", "stage_ids", multiple=True, metavar="ID",
               help="Build only this NPU stage (repeatable); the others keep their artifacts.")
 @click.option("--retry-failed", is_flag=True, help="Rebuild stages whose crash the cache remembers.")
+@click.option("--rewrites/--no-rewrites", default=True, show_default=True,
+              help="Apply rkpart's NPU rewrites (patterns the toolkit would put on the CPU; each kept only if "
+                   "exact under ONNX Runtime). Opset lowering happens either way.")
+@click.option("--strict-npu", is_flag=True,
+              help="Fail a stage that still has layers placed on the CPU (exit status 7, like any failed stage).")
 @toolkits_dir_option
 @quiet_option
 @json_option(help="Print a machine-readable summary on stdout.")
 @user_errors
 def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, Any], jobs: int,
                 timeout: float | None, fallback_toolkit: str | None, cache_dir: str | None, no_cache: bool,
-                stage_ids: tuple[str, ...], retry_failed: bool, toolkits_dir: str | None, quiet: bool,
+                stage_ids: tuple[str, ...], retry_failed: bool, rewrites: bool, strict_npu: bool,
+                toolkits_dir: str | None, quiet: bool,
                 as_json: bool) -> None:
     """Build every NPU stage of PLAN into an .rknn file with rknn-toolkit2."""
     from rkpart.compile.compile import CompileOptions, compile_folder
@@ -103,7 +109,8 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
         raise click.UsageError("--no-cache and --cache-dir contradict each other")
     opts = CompileOptions(toolkit=toolkit_v, target=target, config=rknn_config, jobs=jobs, timeout=timeout,
                           fallback_toolkit=fallback_toolkit, toolkits_dir=toolkits_dir, shared_cache=cache_dir,
-                          retry_failed=retry_failed, cache=not no_cache, stages=stage_ids)
+                          retry_failed=retry_failed, cache=not no_cache, stages=stage_ids,
+                          rewrites=rewrites, strict_npu=strict_npu)
     with Reporter(quiet=quiet) as progress:
         report = compile_folder(plan, opts, progress)
     emit(as_json, report.to_json, lambda: format_summary(report))
@@ -135,6 +142,11 @@ def format_summary(report: Any) -> str:
     for o in report.outcomes:
         for f in o.failures:
             lines.append(f"{o.stage_id}: {f.message} (log: {f.log})")
+    per_block = report.cpu_ops_per_block()
+    if per_block:
+        left = sum(len(v) for v in per_block.values())
+        counts = ", ".join(f"{k} {len(v)}" for k, v in per_block.items())
+        lines.append(f"CPU-fallback ops left in NPU stages: {left} ({counts})")
     n = len(report.outcomes)
     lines.append(f"{n} NPU stage(s): {len(report.built)} built, {len(report.cached)} cached, "
                  f"{len(report.failed)} failed in {report.wall_s:.1f} s")

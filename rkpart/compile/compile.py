@@ -20,6 +20,7 @@ from typing import Any
 from rkpart.compile.cache import ArtifactCache, build_key, config_hash, measured_stage_bytes, normalise_config
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
 from rkpart.compile.preflight import check_config, check_target
+from rkpart.compile.prepare import prepare_stage
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult
 from rkpart.compile.scheduler import (
     DEFAULT_MARGIN,
@@ -32,7 +33,7 @@ from rkpart.compile.scheduler import (
 )
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.compile.user_cache import touch, user_cache_dir
-from rkpart.errors import UserError, os_error
+from rkpart.errors import ToolkitError, UserError, os_error
 from rkpart.io import file_sha256, folder_lock
 from rkpart.partitioner.plan import Artifact, Plan, Stage, load_plan
 from rkpart.partitioner.verify import stage_onnx
@@ -42,6 +43,13 @@ from rkpart.units import human_bytes
 
 RKNN_DIR = "rknn"
 LOG_DIR = "logs"
+
+
+@dataclass(frozen=True)
+class _StrictFailure(BuildFailure):
+    """A stage that built but kept CPU layers, failed by ``--strict-npu`` (its layers kept)."""
+
+    cpu_ops: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,14 @@ class StageOutcome:
     wall_s: float = 0.0
     peak_rss_bytes: int = 0
     log: str | None = None
+    blocks: tuple[int, ...] = ()  # blocks the stage covers (for the per-block report)
+
+    @property
+    def cpu_ops(self) -> tuple[str, ...]:
+        """Layers the toolkit placed on the CPU (kept in the failure when --strict-npu failed it)."""
+        if self.artifact is not None:
+            return self.artifact.cpu_ops
+        return next((f.cpu_ops for f in self.failures if isinstance(f, _StrictFailure)), ())
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -98,8 +114,19 @@ class CompileReport:
             "built": len(self.built),
             "cached": len(self.cached),
             "failed": len(self.failed),
+            "cpu_ops_per_block": self.cpu_ops_per_block(),
             "wall_s": round(self.wall_s, 2),
         }
+
+    def cpu_ops_per_block(self) -> dict[str, list[str]]:
+        """CPU-fallback layers left in NPU stages, per block ("block N"; "other" for stages of no block)."""
+        out: dict[str, list[str]] = {}
+        for o in self.outcomes:
+            keys = [f"block {b}" for b in o.blocks] or ["other"]
+            for k in keys:
+                out.setdefault(k, []).extend(o.cpu_ops)
+        return {k: out[k] for k in sorted(out, key=lambda k: (k == "other", int(k.split()[1]) if k != "other"
+                                                               else 0))}
 
 
 @dataclass(frozen=True)
@@ -117,6 +144,8 @@ class CompileOptions:
     retry_failed: bool = False
     cache: bool = True  # False: neither read nor fill the user-level build cache
     stages: tuple[str, ...] = ()  # build only these NPU stages (ids); others keep their artifacts
+    rewrites: bool = True  # apply the NPU rewrites of rkpart.targets.rewrites (opset lowering always happens)
+    strict_npu: bool = False  # a stage with ops left on the CPU fails
 
 
 def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
@@ -126,7 +155,8 @@ def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
     o = options
     return compile_plan_report(plan, folder, o.toolkit, o.target, o.config, o.jobs, o.timeout, o.fallback_toolkit,
                                progress, toolkits_dir=o.toolkits_dir, shared_cache=o.shared_cache,
-                               retry_failed=o.retry_failed, cache=o.cache, stages=o.stages or None)
+                               retry_failed=o.retry_failed, cache=o.cache, stages=o.stages or None,
+                               rewrites=o.rewrites, strict_npu=o.strict_npu)
 
 
 @dataclass
@@ -184,6 +214,7 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
                         toolkits_dir: str | os.PathLike[str] | None = None,
                         shared_cache: str | os.PathLike[str] | None = None, retry_failed: bool = False,
                         cache: bool = True, stages: Sequence[str] | None = None,
+                        rewrites: bool = True, strict_npu: bool = False,
                         memory_margin: int = DEFAULT_MARGIN, available: Callable[[], int] = available_memory,
                         worker: Path = WORKER) -> CompileReport:
     """:func:`compile_plan`, returning the per-stage outcomes as well (keyword options as documented there).
@@ -206,7 +237,8 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
     check_config(full_config, [t for t in (tk, fb) if t is not None], worker)
     chash = config_hash(full_config)
     settings = {"toolkit": tk.version, "target": target, "config": normalise_config(full_config),
-                "config_hash": chash, "fallback_toolkit": fb.version if fb else None}
+                "config_hash": chash, "fallback_toolkit": fb.version if fb else None, "rewrites": rewrites,
+                "strict_npu": strict_npu}
     with folder_lock(folder):
         # build dirs of a compile that was killed (SIGKILL skips its cleanup); the lock
         # guarantees no live compile is using them
@@ -221,7 +253,8 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
         model = MemoryModel(mem_path)
         ctx = _Context(folder=folder, target=target, config=full_config, chash=chash, cache=local,
                        shared=shared, model=model, timeout=timeout, jobs=jobs, retry_failed=retry_failed,
-                       margin=memory_margin, available=available, worker=worker, say=say, t0=t0)
+                       margin=memory_margin, available=available, worker=worker, say=say, t0=t0,
+                       rewrites=rewrites)
         outcomes = ctx.compile_round(chosen, tk, fallback_reason=None)
         if fb is not None:
             retry = [s for s in chosen if outcomes[s.id].status == "failed"]
@@ -232,10 +265,22 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
                 for s in retry:
                     o2 = second[s.id]
                     outcomes[s.id] = dataclasses.replace(o2, failures=outcomes[s.id].failures + o2.failures)
+        if strict_npu:
+            for s in chosen:
+                o = outcomes[s.id]
+                if o.artifact is not None and o.artifact.cpu_ops:
+                    ops = o.artifact.cpu_ops
+                    fail = _StrictFailure(toolkit=o.toolkit, kind="error", last_step="placement",
+                                          message=f"--strict-npu: {len(ops)} op(s) placed on the CPU: "
+                                                  f"{', '.join(ops[:5])}{' ...' if len(ops) > 5 else ''}",
+                                          log=o.log, cpu_ops=ops)
+                    outcomes[s.id] = dataclasses.replace(o, status="failed", artifact=None,
+                                                         failures=(*o.failures, fail))
         model.save()
-        new_plan = _apply(plan, outcomes, settings)
+        new_plan = _apply(plan, outcomes, settings, ctx.prepared)
         new_plan.save(folder)
-    ordered = tuple(outcomes[s.id] for s in chosen)
+    ordered = tuple(dataclasses.replace(outcomes[s.id], blocks=s.blocks or ((s.block,) if s.block is not None
+                                                                            else ())) for s in chosen)
     return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings)
 
 
@@ -277,7 +322,16 @@ def _resolve(spec: str | Toolkit | None, toolkits_dir: str | os.PathLike[str] | 
     return find_toolkit(spec, toolkits_dir)
 
 
-def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: Mapping[str, Any]) -> Plan:
+def _describe_prep(rec: Mapping[str, Any]) -> str:
+    parts = []
+    if rec["from_opset"] != rec["to_opset"]:
+        parts.append(f"lowered from opset {rec['from_opset']} to {rec['to_opset']} for rknn-toolkit2 {rec['toolkit']}")
+    parts += [f"{k} x{v}" for k, v in sorted(rec["rewrites"].items())]
+    return ", ".join(parts)
+
+
+def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: Mapping[str, Any],
+           prepared: Mapping[str, dict[str, Any] | None] | None = None) -> Plan:
     stages = []
     for s in plan.stages:
         o = outcomes.get(s.id)
@@ -287,7 +341,8 @@ def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: Mapping[s
         # A plan describes one compile: rknn artifacts of earlier settings are dropped.
         kept = tuple(a for a in s.artifacts if a.kind != "rknn")
         arts = (*kept, o.artifact) if o.artifact else kept
-        stages.append(dataclasses.replace(s, artifacts=arts, failures=o.failures))
+        prep = (prepared or {}).get(s.id)
+        stages.append(dataclasses.replace(s, artifacts=arts, failures=o.failures, prepared=prep))
     extra = {**plan.extra, "compile": dict(settings)}
     return dataclasses.replace(plan, stages=tuple(stages), extra=extra)
 
@@ -309,6 +364,9 @@ class _Context:
     worker: Path
     say: Progress
     t0: float
+    rewrites: bool = True
+    #: stage id -> what prepare_stage did for the last toolkit that saw it (None: nothing)
+    prepared: dict[str, dict[str, Any] | None] = field(default_factory=dict)
 
     def compile_round(self, stages: Sequence[Stage], tk: Toolkit,
                       fallback_reason: Mapping[str, str] | None) -> dict[str, StageOutcome]:
@@ -316,8 +374,21 @@ class _Context:
         todo: list[_Pending] = []
         for s in stages:
             onnx = stage_onnx(self.folder, s)
-            key = build_key(onnx, tk.version, self.target, self.config)
             reason = fallback_reason.get(s.id) if fallback_reason else None
+            try:
+                prep = prepare_stage(onnx, s.sha256, self.folder / RKNN_DIR, tk.version, self.target,
+                                     rewrites=self.rewrites)
+            except ToolkitError as e:
+                pfail = BuildFailure(toolkit=tk.version, kind="error", message=str(e), last_step="prepare")
+                outcomes[s.id] = StageOutcome(stage_id=s.id, status="failed", toolkit=tk.version, artifact=None,
+                                              failures=(pfail,))
+                self.say(f"FAILED {s.id}: {e}")
+                continue
+            self.prepared[s.id] = prep.record
+            if prep.record is not None:
+                self.say(f"[prepared] {s.id}: {_describe_prep(prep.record)}")
+            onnx = prep.onnx
+            key = build_key(onnx, tk.version, self.target, self.config)
             meta = self.cache.get(key)
             if meta is None and self.shared is not None:
                 meta = self.cache.import_from(self.shared, key)

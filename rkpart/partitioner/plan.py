@@ -111,6 +111,9 @@ class Stage:
     blocks: tuple[int, ...] = ()  # every block the stage covers (fused runs cover several)
     artifacts: tuple[Artifact, ...] = ()
     failures: tuple[BuildFailure, ...] = ()  # build failures recorded by compile, oldest first
+    #: what compile did to the stage for its toolkit before building (opset lowering, NPU
+    #: rewrites; :mod:`rkpart.compile.prepare`): {"file", "toolkit", "from_opset", "to_opset", "rewrites"}
+    prepared: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -129,6 +132,7 @@ class Stage:
             "num_nodes": self.num_nodes,
             "artifacts": [a.to_json() for a in self.artifacts],
             "failures": [f.to_json() for f in self.failures],
+            **({"prepared": self.prepared} if self.prepared else {}),
         }
 
     @classmethod
@@ -149,6 +153,7 @@ class Stage:
             num_nodes=int(d.get("num_nodes", 0)),
             artifacts=tuple(Artifact.from_json(a) for a in d.get("artifacts", ())),
             failures=tuple(BuildFailure.from_json(f) for f in d.get("failures", ())),
+            prepared=dict(d["prepared"]) if d.get("prepared") else None,
         )
 
     def artifact(self, kind: str = "rknn") -> Artifact | None:

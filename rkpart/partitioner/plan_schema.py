@@ -88,6 +88,24 @@ _STAGE = {
         "artifacts": {"type": "array", "items": _ARTIFACT},
         "failures": {"type": "array", "items": {"type": "object"},
                      "description": "Build failures recorded by 'rkpart compile' (toolkit, message, ...)."},
+        "prepared": {
+            "type": "object",
+            "description": "Set by 'rkpart compile' when the toolkit builds a prepared copy of the stage "
+                           "instead of 'file': its opset lowered to what the toolkit loads and/or NPU "
+                           "rewrites applied, each checked equal under ONNX Runtime first.",
+            "required": ["file", "sha256", "toolkit", "from_opset", "to_opset", "rewrites"],
+            "properties": {
+                "file": {**_REL_PATH, "description": "The prepared ONNX file, relative to the plan folder."},
+                "sha256": {**_HEX64, "description": "sha256 of the prepared file followed by its data file "
+                                                    "(checked before rknn-sim loads it)."},
+                "toolkit": {"type": "string", "description": "Toolkit version it was prepared for."},
+                "from_opset": {"type": "integer", "description": "The stage's default-domain opset."},
+                "to_opset": {"type": "integer", "description": "The prepared copy's opset (equal: not lowered)."},
+                "rewrites": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1},
+                             "description": "Rewrite name (rkpart.targets.rewrites.REWRITES) -> matches "
+                                            "rewritten."},
+            },
+        },
     },
 }
 PLAN_SCHEMA: dict[str, Any] = {

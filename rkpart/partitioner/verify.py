@@ -9,6 +9,7 @@ recorded, so a swapped or edited stage is refused instead of silently compiled o
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 from pathlib import Path, PurePosixPath
@@ -68,6 +69,27 @@ def stage_onnx(folder: str | os.PathLike[str], stage: Stage, *, verify: bool = T
             raise SpecError(f"stage {stage.id}: {stage.file} does not match the sha256 in plan.json "
                             "(edited or swapped since partition); rerun rkpart partition")
     return onnx_path
+
+
+def prepared_onnx(folder: str | os.PathLike[str], stage: Stage, *, verify: bool = True) -> Path:
+    """The file the toolkit builds and rknn-sim loads for ``stage``, checked like :func:`stage_onnx`.
+
+    That is the prepared copy ``compile`` recorded (``rknn/prepared/...``: lowered opset, NPU
+    rewrites) when there is one, confined to the plan folder and matching its recorded sha256;
+    otherwise the stage file itself.
+    """
+    rec = stage.prepared
+    if not rec:
+        return stage_onnx(folder, stage, verify=verify)
+    file, sha = rec.get("file"), rec.get("sha256")
+    if not isinstance(file, str) or not isinstance(sha, str):
+        raise SpecError(f"stage {stage.id}: its prepared copy has no file or sha256 in plan.json; "
+                        "rerun rkpart compile")
+    copy = dataclasses.replace(stage, id=f"{stage.id} (prepared copy)", file=file, sha256=sha)
+    try:
+        return stage_onnx(folder, copy, verify=verify)
+    except SpecError as e:
+        raise SpecError(str(e).replace("rerun rkpart partition", "rerun rkpart compile")) from None
 
 
 def artifact_file(folder: str | os.PathLike[str], stage: Stage, art: Artifact, *, verify: bool = True) -> Path:

@@ -30,7 +30,7 @@ from rkpart.errors import ToolkitError, UserError
 from rkpart.io import load_json_file
 from rkpart.ir import graph_io
 from rkpart.partitioner.plan import Stage
-from rkpart.partitioner.verify import artifact_file, stage_onnx
+from rkpart.partitioner.verify import artifact_file, prepared_onnx
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
 #: seconds to wait for a build + init_runtime in the simulator
@@ -125,7 +125,9 @@ class RknnSimRunner(StageRunner):
     def __init__(self, stage: Stage, folder: Path, backend: RknnSimBackend) -> None:
         super().__init__(stage, folder)
         self.backend = backend
-        self._onnx = stage_onnx(folder, stage)  # confined, regular, sha256 as recorded
+        # the copy compile prepared for the toolkit (lowered opset, NPU rewrites) if any, else the stage
+        # file: confined, regular, sha256 as recorded
+        self._onnx = prepared_onnx(folder, stage)
         self._session: SimSession | None = None
         self._inputs: list[str] = []
         self._outputs: list[tuple[str, np.dtype[Any]]] = []

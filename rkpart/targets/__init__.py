@@ -11,7 +11,8 @@ Layout (one module per target, as TVM's ``relay/op/contrib/<target>.py``):
 ``base.py``          :class:`Target`, :class:`ToolkitCaps`, :class:`OpRule`, :class:`Support`
 ``known_issues.py``  the ONE table of toolkit bugs: crash patterns and log signatures
 ``rk3588.py``        RK3588 facts, with their sources
-``opset.py``         (to come) lowering rules that bring a model to a toolkit's opset
+``opset.py``         lowering: bring a stage to a toolkit's ``max_opset`` (version_converter + rewrites)
+``rewrites.py``      the ONE table of graph rewrites (opset lowering, NPU placement), with evidence
 
 Layer: above :mod:`rkpart.ir`, below the partitioner; imports nothing else of rkpart but
 :mod:`rkpart.errors` and :mod:`rkpart.types`.

@@ -1,0 +1,181 @@
+"""Prepare a stage for one toolkit: lower its opset and apply NPU rewrites, proven under ORT.
+
+The plan's stage file is never changed.  When the stage's opset is above what the toolkit
+loads (:attr:`rkpart.targets.base.ToolkitCaps.max_opset`), or a ``npu`` row of
+:data:`rkpart.targets.rewrites.REWRITES` matches, a prepared copy is written to
+``rknn/prepared/<stage sha256[:16]>.<toolkit>.onnx`` and built instead.  It is kept only if
+ONNX Runtime gives the same outputs for it and for the original on seeded random inputs:
+
+* opset lowering: the ``rkpart run`` ORT gate (cosine >= 0.999999, max abs <= 1e-5 x max|ref|);
+* NPU rewrites: max abs <= 1e-6 x max|ref| (they are exact rewrites).
+
+A lowering that cannot be done or does not pass becomes the stage's build failure (the
+toolkit would refuse the original anyway); an NPU rewrite that does not pass is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from rkpart.errors import ToolkitError
+from rkpart.partitioner.extract import stage_sha256
+from rkpart.targets import get_target
+from rkpart.targets.opset import lower_model, model_opset
+from rkpart.targets.rewrites import REWRITES, apply_rewrites, rewrites_for
+from rkpart.validation.metrics import Gate, compare
+
+PREPARED_DIR = "prepared"
+#: bump when lowering or a rewrite changes, so prepared copies are made again
+PREPARE_VERSION = 2  # 2: the record carries the prepared file's sha256
+LOWER_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-5)
+REWRITE_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-6)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The file to build for one stage and what was done to make it."""
+
+    onnx: Path
+    record: dict[str, Any] | None  # None: the stage file itself is built
+
+
+def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str, target: str,
+                  seed: int = 0, rewrites: bool = True) -> Prepared:
+    """The file ``toolkit`` should build for the stage at ``onnx_path`` (see the module doc).
+
+    ``rewrites=False`` applies no ``npu`` rewrite (opset lowering still happens).
+
+    Raises
+    ------
+    ToolkitError
+        The stage needs lowering and it cannot be done, or the lowered stage differs under ORT.
+    """
+    caps = get_target(target).caps(toolkit)
+    head = onnx.load(str(onnx_path), load_external_data=False)
+    opset = model_opset(head)
+    needs_lowering = opset > caps.max_opset
+    npu_rows = rewrites_for(toolkit, "npu") if rewrites else ()
+    ops = {n.op_type for n in head.graph.node}
+    if not needs_lowering and not any(r.op_type in ops for r in npu_rows):
+        return Prepared(onnx_path, None)
+    out_dir = rknn_dir / PREPARED_DIR
+    dest = out_dir / f"{stage_sha[:16]}.{toolkit}{'' if rewrites else '.norewrite'}.onnx"
+    meta_path = dest.with_suffix(".json")
+    if dest.is_file() and meta_path.is_file():
+        try:
+            meta = json.loads(meta_path.read_text())
+            if meta.get("version") == PREPARE_VERSION and meta.get("stage_sha256") == stage_sha \
+                    and meta.get("rules") == _rules():
+                rec = meta["record"]
+                if not rec:
+                    return Prepared(onnx_path, None)
+                if rec.get("sha256") == stage_sha256(dest):  # an edited copy is made again
+                    return Prepared(dest, rec)
+        except (OSError, ValueError, KeyError):
+            pass
+    model = onnx.load(str(onnx_path))
+    record: dict[str, Any] = {"toolkit": toolkit, "from_opset": opset, "to_opset": opset, "rewrites": {}}
+    current = model
+    feeds = _feeds(model, seed)
+    ref = _run(model, feeds)
+    if needs_lowering:
+        lowered, low = lower_model(model, caps.max_opset, toolkit)
+        _check(ref, _run(lowered, feeds), LOWER_GATE,
+               f"the stage lowered from opset {opset} to {caps.max_opset} differs under ONNX Runtime")
+        current = lowered
+        record.update(to_opset=caps.max_opset, rewrites=dict(low.rewrites))
+    if npu_rows:
+        cand = onnx.ModelProto()
+        cand.CopyFrom(current)
+        done = apply_rewrites(cand, npu_rows)
+        if done:
+            try:
+                _check(ref, _run(cand, feeds), REWRITE_GATE, "rewrite differs")
+                current = cand
+                record["rewrites"].update(done)
+            except ToolkitError:
+                pass  # an NPU rewrite that does not hold exactly is not kept
+    if current is model:
+        record_out: dict[str, Any] | None = None
+    else:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _save(current, dest)
+        record_out = {**record, "file": os.path.relpath(dest, rknn_dir.parent), "sha256": stage_sha256(dest)}
+    tmp = meta_path.with_suffix(f".{os.getpid()}.tmp")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp.write_text(json.dumps({"version": PREPARE_VERSION, "stage_sha256": stage_sha, "rules": _rules(),
+                               "record": record_out},
+                              indent=2, sort_keys=True))
+    os.replace(tmp, meta_path)
+    return Prepared(dest, record_out) if record_out else Prepared(onnx_path, None)
+
+
+def _rules() -> list[str]:
+    """The rewrite table's rows by name: a prepared copy made under another table is made again."""
+    return [r.name for r in REWRITES]
+
+
+def _save(model: onnx.ModelProto, dest: Path) -> None:
+    size = sum(len(t.raw_data) for t in model.graph.initializer)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    data = dest.with_name(dest.name + ".data")
+    if size > (1 << 30):
+        onnx.save(model, str(tmp), save_as_external_data=True, all_tensors_to_one_file=True,
+                  location=data.name, size_threshold=1024)
+    else:
+        data.unlink(missing_ok=True)
+        onnx.save(model, str(tmp))
+    os.replace(tmp, dest)
+
+
+def _feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
+    """Seeded inputs like rkpart.runtime.executor.random_feeds (compile sits below runtime)."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name for t in model.graph.initializer}
+    feeds: dict[str, np.ndarray] = {}
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim)
+        if dt.kind == "f":
+            feeds[vi.name] = rng.standard_normal(shape).astype(dt)
+        elif dt.kind in "iu":
+            feeds[vi.name] = rng.integers(0, 4, size=shape).astype(dt)
+        elif dt.kind == "b":
+            feeds[vi.name] = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            raise ToolkitError(f"cannot make inputs of type {dt} to check the prepared stage")
+    return feeds
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    try:
+        so = ort.SessionOptions()
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(model.SerializeToString(), sess_options=so, providers=["CPUExecutionProvider"])
+        return [np.asarray(x) for x in sess.run(output_names=None, input_feed=feeds)]
+    except Exception as e:  # noqa: BLE001 - any ORT refusal of a prepared copy is a one-line build failure
+        raise ToolkitError(f"ONNX Runtime cannot run the prepared stage: {str(e).splitlines()[0][:200]}") from None
+
+
+def _check(ref: list[np.ndarray], got: list[np.ndarray], gate: Gate, what: str) -> None:
+    for r, g in zip(ref, got, strict=True):
+        if r.dtype.kind != "f":
+            if not np.array_equal(r, g):
+                raise ToolkitError(f"{what}: integer/bool outputs differ")
+            continue
+        fails = gate.failures(compare(g, r))
+        if fails:
+            raise ToolkitError(f"{what}: {'; '.join(fails)}")

@@ -1,0 +1,487 @@
+"""Graph rewrites rkpart applies before a toolkit sees a stage: one table, one entry per pattern.
+
+Two kinds of entry:
+
+``lower``
+    The op has no ``onnx.version_converter`` adapter down to the toolkit's opset (Gelu and
+    AffineGrid did not exist before opset 20; ConstantOfShape-20 and GridSample-20 have no
+    down-adapter).  The rewrite replaces it by ops that exist at the lower opset, in the form
+    the TorchScript exporter writes (so the toolkit's own fusion rules recognise it).
+``npu``
+    The op converts but the toolkit places it on the CPU inside an NPU stage (one
+    NPU -> CPU -> NPU round trip on the board).  The rewrite is an exactly equivalent form
+    the toolkit places on the NPU; each entry cites the measured placement that justifies it
+    (``evidence``: the verbose "Network Layer Information Table" Target column of real builds).
+
+Measured and not kept (no exact form the toolkits place on the NPU): the exporters' guard
+``Where(IsNaN(p), 0, p)`` after a masked Softmax (SDPA with a bool mask, TorchScript and
+dynamo) puts ``IsNaN`` on the CPU with 2.3.0 and 2.5.0; the exact ``Where(Equal(p, p), p, 0)``
+and ``Where(Greater(p, -1), p, 0)`` put ``Equal`` / ``Greater`` there instead (same build, one
+CPU layer either way).
+
+Every rewrite is checked by its caller: the rewritten stage must match the original under
+ONNX Runtime before it is kept (:mod:`rkpart.compile.prepare`).
+
+Layer: :mod:`rkpart.targets`; imports onnx and nothing of rkpart but :mod:`rkpart.errors`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+#: a rewrite: edits ``graph`` in place and returns how many matches it rewrote
+Apply = Callable[[onnx.GraphProto, "_Types"], int]
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One row of :data:`REWRITES`."""
+
+    name: str
+    op_type: str  # the op the pattern starts from
+    kind: str  # "lower" or "npu"
+    toolkits: tuple[str, ...]  # versions it applies to; ("*",) = every version
+    evidence: str  # why: the missing adapter, or the measured placement before/after
+    apply: Apply
+    every_node: bool = False  # rewrites every node of ``op_type`` (not only a pattern around it)
+
+    def applies_to(self, toolkit: str) -> bool:
+        return "*" in self.toolkits or toolkit in self.toolkits
+
+
+class _Types:
+    """Element types of the graph's tensors (from shape inference), float when unknown."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.elem: dict[str, int] = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception:  # noqa: BLE001 - inference is a hint; an unknown type defaults to float
+            inferred = model
+        g = inferred.graph
+        for vi in (*g.input, *g.output, *g.value_info):
+            if vi.type.HasField("tensor_type"):
+                self.elem[vi.name] = vi.type.tensor_type.elem_type
+        for init in g.initializer:
+            self.elem[init.name] = init.data_type
+
+    def of(self, name: str) -> int:
+        return self.elem.get(name, onnx.TensorProto.FLOAT)
+
+
+class _Namer:
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self.used = {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer}
+        self.used |= {i.name for i in graph.input}
+
+    def __call__(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.used:
+            k += 1
+            name = f"{base}_{k}"
+        self.used.add(name)
+        return name
+
+
+def _const(graph: onnx.GraphProto, namer: _Namer, base: str, value: float, elem: int) -> str:
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+    name = namer(base)
+    graph.initializer.append(numpy_helper.from_array(np.array(value, dtype=dtype), name))
+    return name
+
+
+def _replace(graph: onnx.GraphProto, index: int, new: list[onnx.NodeProto]) -> None:
+    nodes = list(graph.node)
+    nodes[index:index + 1] = new
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _matches(graph: onnx.GraphProto, op_type: str) -> Iterator[int]:
+    """Indices of ``op_type`` nodes (default domain), last first so replacing keeps indices valid."""
+    for i in range(len(graph.node) - 1, -1, -1):
+        n = graph.node[i]
+        if n.op_type == op_type and n.domain in ("", "ai.onnx"):
+            yield i
+
+
+def _attr(node: onnx.NodeProto, name: str, default: object) -> object:
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+def _gelu(graph: onnx.GraphProto, types: _Types) -> int:
+    """Gelu-20 -> the TorchScript exporter's decomposition (exact: Div/Erf/Add/Mul/Mul; tanh form)."""
+    namer = _Namer(graph)
+    count = 0
+    for i in list(_matches(graph, "Gelu")):
+        n = graph.node[i]
+        approx = _attr(n, "approximate", b"none")
+        approx = approx.decode() if isinstance(approx, bytes) else str(approx)
+        _replace(graph, i, _gelu_nodes(graph, namer, n, types.of(n.input[0]), approx == "tanh"))
+        count += 1
+    return count
+
+
+def _gelu_nodes(graph: onnx.GraphProto, namer: _Namer, n: onnx.NodeProto, elem: int,
+                tanh: bool) -> list[onnx.NodeProto]:
+    x, y = n.input[0], n.output[0]
+    base = n.name or y
+
+    def c(tag: str, v: float) -> str:
+        return _const(graph, namer, f"{base}/{tag}", v, elem)
+
+    def t(tag: str) -> str:
+        return namer(f"{base}/{tag}")
+
+    mk = helper.make_node
+    if tanh:
+        xx, cube, kx, inner, scaled, th, one_p, xm = (t(s) for s in (
+            "x2", "x3", "kappa_x3", "inner", "beta_inner", "tanh", "one_plus", "x_mul"))
+        return [
+            mk("Mul", [x, x], [xx], name=f"{base}/Mul_x2"),
+            mk("Mul", [x, xx], [cube], name=f"{base}/Mul_x3"),
+            mk("Mul", [c("kappa", 0.044715), cube], [kx], name=f"{base}/Mul_kappa"),
+            mk("Add", [x, kx], [inner], name=f"{base}/Add_inner"),
+            mk("Mul", [c("beta", math.sqrt(2 / math.pi)), inner], [scaled], name=f"{base}/Mul_beta"),
+            mk("Tanh", [scaled], [th], name=f"{base}/Tanh"),
+            mk("Add", [c("one", 1.0), th], [one_p], name=f"{base}/Add_one"),
+            mk("Mul", [x, one_p], [xm], name=f"{base}/Mul_x"),
+            mk("Mul", [c("half", 0.5), xm], [y], name=f"{base}/Mul_half"),
+        ]
+    d, e, a, m = (t(s) for s in ("div", "erf", "add", "mul"))
+    return [
+        mk("Div", [x, c("sqrt2", 1.4142135623730951)], [d], name=f"{base}/Div"),
+        mk("Erf", [d], [e], name=f"{base}/Erf"),
+        mk("Add", [e, c("one", 1.0)], [a], name=f"{base}/Add"),
+        mk("Mul", [x, a], [m], name=f"{base}/Mul"),
+        mk("Mul", [m, c("half", 0.5)], [y], name=f"{base}/Mul_1"),
+    ]
+
+
+def _grid_sample(graph: onnx.GraphProto, types: _Types) -> int:
+    """GridSample-20 -> GridSample-16: the modes were renamed (linear -> bilinear, cubic -> bicubic)."""
+    count = 0
+    for i in _matches(graph, "GridSample"):
+        for a in graph.node[i].attribute:
+            if a.name == "mode" and a.s in (b"linear", b"cubic"):
+                a.s = {b"linear": b"bilinear", b"cubic": b"bicubic"}[a.s]
+        count += 1
+    return count
+
+
+def _reciprocal(graph: onnx.GraphProto, types: _Types) -> int:
+    """``Reciprocal(v)`` -> ``Div(1, v)``."""
+    namer = _Namer(graph)
+    count = 0
+    for i in list(_matches(graph, "Reciprocal")):
+        n = graph.node[i]
+        one = _const(graph, namer, f"{n.name or n.output[0]}/one", 1.0, types.of(n.input[0]))
+        _replace(graph, i, [helper.make_node("Div", [one, n.input[0]], [n.output[0]], name=n.name or None)])
+        count += 1
+    return count
+
+
+def _const_array(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
+    for t in graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    for n in graph.node:
+        if n.op_type == "Constant" and n.output[0] == name:
+            for a in n.attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+    return None
+
+
+def _interleave(graph: onnx.GraphProto, types: _Types) -> int:
+    """A chain of ScatterND that fills a tensor with k updates interleaved along one axis
+    (``out[..., 0::2] = a; out[..., 1::2] = b``: RoPE in Wan and others) ->
+    ``Reshape(Concat(Unsqueeze(a, ax+1), Unsqueeze(b, ax+1), axis=ax+1), shape)``.
+
+    Only chains whose indices are constants and cover every element exactly once are rewritten;
+    the data tensor they start from is then irrelevant (its shape is the result's shape).
+    Intermediate results that something else reads stay computed.
+    """
+    count = 0
+    while True:
+        done = _interleave_once(graph)
+        if not done:
+            return count
+        count += 1
+
+
+def _interleave_once(graph: onnx.GraphProto) -> bool:
+    prod = {o: n for n in graph.node for o in n.output}
+    uses: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    outputs = {o.name for o in graph.output}
+    shapes = _static_shapes(graph)
+    for last in graph.node:
+        if last.op_type != "ScatterND" or _attr(last, "reduction", b"none") not in (b"none", "none"):
+            continue
+        # walk back through the data inputs: ScatterND (through Identity) producing it
+        chain = [last]
+        seq = [last]  # every node from the head of the chain to ``last``, Identities included
+        data = last.input[0]
+        while True:
+            p = prod.get(data)
+            hops = []
+            while p is not None and p.op_type == "Identity":
+                hops.append(p)
+                data = p.input[0]
+                p = prod.get(data)
+            if p is None or p.op_type != "ScatterND" or _attr(p, "reduction", b"none") not in (b"none", "none"):
+                break
+            seq[0:0] = [p, *reversed(hops)]
+            chain.insert(0, p)
+            data = p.input[0]
+        if len(chain) < 2:
+            continue
+        shape = shapes.get(chain[0].input[0])
+        idxs = [_const_array(graph, n.input[1]) for n in chain]
+        if shape is None or any(a is None for a in idxs):
+            continue
+        plan = _interleave_plan(shape, [a for a in idxs if a is not None])
+        if plan is None:
+            continue
+        axis, order = plan
+        namer = _Namer(graph)
+        base = last.name or last.output[0]
+        new: list[onnx.NodeProto] = []
+        ax_name = namer(f"{base}/unsq_axis")
+        graph.initializer.append(numpy_helper.from_array(np.array([axis + 1], dtype=np.int64), ax_name))
+        parts = []
+        for c in order:
+            upd = chain[c].input[2]
+            u = namer(f"{base}/unsq{c}")
+            new.append(helper.make_node("Unsqueeze", [upd, ax_name], [u], name=f"{base}/Unsqueeze_{c}"))
+            parts.append(u)
+        cat = namer(f"{base}/interleaved")
+        new.append(helper.make_node("Concat", parts, [cat], axis=axis + 1, name=f"{base}/Concat"))
+        shp = namer(f"{base}/shape")
+        graph.initializer.append(numpy_helper.from_array(np.array(shape, dtype=np.int64), shp))
+        new.append(helper.make_node("Reshape", [cat, shp], [last.output[0]], name=f"{base}/Reshape"))
+        # intermediate results read by something else (TorchScript slices them) stay computed
+        drop = {id(last)}
+        needed = False
+        for n in reversed(seq[:-1]):
+            needed = needed or uses.get(n.output[0], 0) > 1 or n.output[0] in outputs
+            if not needed:
+                drop.add(id(n))
+        nodes = list(graph.node)
+        pos = next(i for i, n in enumerate(nodes) if n is last)
+        kept = [n for i, n in enumerate(nodes) if id(n) not in drop or i == pos]
+        # the new nodes go where the last node of the chain was (every update is computed by then)
+        j = next(i for i, n in enumerate(kept) if n is last)
+        kept[j:j + 1] = new
+        del graph.node[:]
+        graph.node.extend(kept)
+        return True
+    return False
+
+
+def _interleave_plan(shape: list[int], idxs: list[np.ndarray]) -> tuple[int, list[int]] | None:
+    """(axis, order of the chain's updates by offset) when ``idxs`` interleave along one axis."""
+    k = len(idxs)
+    q = int(idxs[0].shape[-1])
+    if any(int(a.shape[-1]) != q for a in idxs) or q > len(shape):
+        return None
+    lead = shape[:q]
+    for axis in range(q):
+        if lead[axis] % k:
+            continue
+        grid = list(lead)
+        grid[axis] //= k
+        order: dict[int, int] = {}
+        for i, a in enumerate(idxs):
+            if list(a.shape[:-1]) != grid:
+                break
+            coords = np.stack(np.meshgrid(*[np.arange(n) for n in grid], indexing="ij"), axis=-1)
+            off = int(a[(0,) * len(grid)][axis]) if a.size else -1
+            if not 0 <= off < k or off in order:
+                break
+            coords[..., axis] = coords[..., axis] * k + off
+            if not np.array_equal(a.astype(np.int64), coords):
+                break
+            order[off] = i
+        else:
+            return axis, [order[c] for c in range(k)]
+    return None
+
+
+def _static_shapes(graph: onnx.GraphProto) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {t.name: list(t.dims) for t in graph.initializer}
+    for vi in (*graph.input, *graph.value_info, *graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if vi.type.HasField("tensor_type") and all(d.HasField("dim_value") for d in dims):
+            out.setdefault(vi.name, [d.dim_value for d in dims])
+    return out
+
+
+def _folded(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
+    """The value of ``name`` when it depends on constants only (evaluated with onnx.reference), else None."""
+    direct = _const_array(graph, name)
+    if direct is not None:
+        return direct
+    prod = {o: n for n in graph.node for o in n.output}
+    inits = {t.name: t for t in graph.initializer}
+    nodes: list[onnx.NodeProto] = []
+    need: set[str] = set()
+    todo, seen = [name], set()
+    while todo:
+        t = todo.pop()
+        if t in seen or not t:
+            continue
+        seen.add(t)
+        if t in inits:
+            need.add(t)
+            continue
+        p = prod.get(t)
+        if p is None or len(nodes) > 64 or p.op_type in ("If", "Loop", "Scan"):
+            return None  # a graph input, or too much to fold here
+        if p not in nodes:
+            nodes.append(p)
+        todo.extend(p.input)
+    order = [n for n in graph.node if any(n is m for m in nodes)]
+    sub = helper.make_graph(order, "fold", [], [helper.make_tensor_value_info(name, onnx.TensorProto.UNDEFINED,
+                                                                                  None)],
+                            initializer=[inits[t] for t in sorted(need)])
+    try:
+        from onnx.reference import ReferenceEvaluator
+
+        (value,) = ReferenceEvaluator(helper.make_model(sub, opset_imports=[helper.make_opsetid("", 19)])).run(
+            None, {})
+    except Exception:  # noqa: BLE001 - an unfoldable value just means the pattern does not match
+        return None
+    return np.asarray(value)
+
+
+def _pad_concat(graph: onnx.GraphProto, types: _Types) -> int:
+    """Constant-mode Pad with constant pads and value -> Concat with constant blocks, axis by axis.
+
+    Sana's linear attention pads V with a row of ones (``F.pad(v, (0, 0, 0, 1), value=1.0)``).
+    """
+    shapes = _static_shapes(graph)
+    namer = _Namer(graph)
+    count = 0
+    for i in list(_matches(graph, "Pad")):
+        n = graph.node[i]
+        mode = _attr(n, "mode", b"constant")
+        if mode not in (b"constant", "constant") or (len(n.input) > 3 and n.input[3]):
+            continue
+        shape = shapes.get(n.input[0])
+        pads = _folded(graph, n.input[1]) if len(n.input) > 1 and n.input[1] else None
+        if shape is None or pads is None or pads.size != 2 * len(shape) or (pads < 0).any():
+            continue
+        value = _folded(graph, n.input[2]) if len(n.input) > 2 and n.input[2] else np.zeros(())
+        if value is None or value.size != 1:
+            continue
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(types.of(n.input[0]))
+        rank = len(shape)
+        base = n.name or n.output[0]
+        cur, dims = n.input[0], list(shape)
+        new: list[onnx.NodeProto] = []
+        axes = [a for a in range(rank) if pads[a] or pads[a + rank]]
+        for k, a in enumerate(axes):
+            parts = []
+            for side, width in (("begin", int(pads[a])), ("end", int(pads[a + rank]))):
+                if side == "end":
+                    parts.append(cur)
+                if width:
+                    block = list(dims)
+                    block[a] = width
+                    c = namer(f"{base}/{side}{a}")
+                    graph.initializer.append(numpy_helper.from_array(
+                        np.full(block, value.reshape(()), dtype=dtype), c))
+                    parts.append(c)
+            out = n.output[0] if k == len(axes) - 1 else namer(f"{base}/axis{a}")
+            new.append(helper.make_node("Concat", parts, [out], axis=a, name=f"{base}/Concat_{a}"))
+            cur = out
+            dims[a] += int(pads[a]) + int(pads[a + rank])
+        if not new:
+            new = [helper.make_node("Identity", [n.input[0]], [n.output[0]], name=base)]
+        _replace(graph, i, new)
+        count += 1
+    return count
+
+
+#: ops whose opset-20 version only widened the type list (float8 / bfloat16 / bool): the same
+#: node is valid one opset lower for every type the toolkit takes.  ``onnx.version_converter``
+#: has adapters for IsNaN, IsInf, ReduceMax and ReduceMin; ConstantOfShape has none, so it is
+#: carried through conversion unchanged (:func:`rkpart.targets.opset.lower_model`).
+#: GridSample-20 is carried through the same way once ``gridsample20-modes`` renamed its modes
+#: (4-D input: GridSample-16 and -20 compute the same).
+TYPE_ONLY_CHANGES: dict[str, int] = {"ConstantOfShape": 20, "GridSample": 20}
+
+#: ops that did not exist below opset 20 and have no decomposition here: a stage holding one
+#: cannot be lowered (a one-line error names the op)
+NO_LOWERING: dict[str, str] = {
+    "AffineGrid": "introduced in opset 20, no decomposition",
+    "ImageDecoder": "introduced in opset 20",
+    "RegexFullMatch": "introduced in opset 20 (strings)",
+    "StringConcat": "introduced in opset 20 (strings)",
+    "StringSplit": "introduced in opset 20 (strings)",
+}
+
+REWRITES: tuple[Rewrite, ...] = (
+    Rewrite("gelu20-decompose", "Gelu", "lower", ("*",),
+            "Gelu exists only from opset 20 (version_converter: 'No Previous Version of Gelu exists'); "
+            "written as the TorchScript exporter's decomposition, which the toolkits fuse into exGelu",
+            _gelu),
+    Rewrite("gridsample20-modes", "GridSample", "lower", ("*",),
+            "version_converter has no adapter from GridSample-20; only the mode names changed", _grid_sample),
+    Rewrite("reciprocal-to-div", "Reciprocal", "npu", ("*",),
+            "RMSNorm's rsqrt as Reciprocal(Sqrt(mean(x^2)+eps)) (dynamo exports): the toolkit turns the "
+            "Reciprocal into a Div placed on the CPU ('Div:node_rsqrt#1', CPU). As Div(1, Sqrt(...)) its "
+            "replace_rms_norm fusion takes the whole norm onto the NPU. Measured on a tiny Flux, dynamo "
+            "opset 20, split plan: 12 CPU layers -> 0 with 2.3.0 and with 2.5.0", _reciprocal, every_node=True),
+    Rewrite("scatternd-interleave", "ScatterND", "npu", ("*",),
+            "RoPE written as out[..., 0::2] = a; out[..., 1::2] = b (Wan): the second ScatterND of each "
+            "chain runs on the CPU ('ScatterND:/model/blocks.0/attn1/ScatterND_1', CPU; dynamo: "
+            "'ScatterND:node_ScatterND_321'; 2.3.0 puts both of each chain there). As Unsqueeze/Concat/Reshape "
+            "it stays on the NPU. Measured on a tiny Wan, split plan, ScatterND layers on the CPU: "
+            "TorchScript 4 -> 0 (2.5.0), 8 -> 0 (2.3.0); dynamo 4 -> 0 (2.5.0) and all 16 CPU layers "
+            "-> 0 with reciprocal-to-div (2.3.0)",
+            _interleave),
+    Rewrite("pad-to-concat", "Pad", "npu", ("2.3.0", "2.3.2"),
+            "Sana's linear attention pads V with a row of ones (pads computed from constants): 2.3.0 places "
+            "the Pad on the CPU ('Pad:/model/transformer_blocks.0/attn1/Pad', CPU), 2.5.0 on the NPU. As a "
+            "Concat with a constant block it stays on the NPU. Measured on a tiny Sana, split plan, 2.3.0: "
+            "TorchScript and dynamo 2 CPU layers -> 0. 2.3.2 (same operator list as 2.3.0) not measured",
+            _pad_concat),
+)
+
+
+def rewrites_for(toolkit: str, kind: str) -> tuple[Rewrite, ...]:
+    """The table's rows of ``kind`` ("lower" or "npu") that apply to ``toolkit``."""
+    return tuple(r for r in REWRITES if r.kind == kind and r.applies_to(toolkit))
+
+
+def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[str, int]:
+    """Apply ``rows`` to ``model`` in place; returns rewrite name -> matches rewritten (hits only)."""
+    done: dict[str, int] = {}
+    for r in rows:
+        if not any(n.op_type == r.op_type for n in model.graph.node):
+            continue
+        if r.op_type in ("ScatterND", "Pad"):  # need static shapes
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+            del model.graph.value_info[:]
+            model.graph.value_info.extend(inferred.graph.value_info)
+        k = r.apply(model.graph, _Types(model))
+        if k:
+            done[r.name] = k
+    return done
+
+
+__all__ = ["NO_LOWERING", "REWRITES", "TYPE_ONLY_CHANGES", "Rewrite", "apply_rewrites", "rewrites_for"]

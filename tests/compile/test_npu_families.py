@@ -1,0 +1,103 @@
+"""Issue 18: every NPU stage of tiny diffusers DiT exports compiles, with 0 CPU-fallback layers.
+
+Exports are made here by both exporters at the exporter's default opset (TorchScript
+``dynamo=False``: 17 in torch 2.13, explicitly; dynamo: its own default, 20 in torch 2.13,
+which no toolkit loads) and cached under ``~/.cache/rkpart/test-exports`` keyed by the
+diffusers/torch versions and the family config, so reruns skip the exporter.  Each plan is
+compiled by real rknn-toolkit2 builds (lowering and NPU rewrites on, the default), the
+placement report must show no CPU layer, and the rknn-sim end-to-end gate must pass.
+About 20-40 s per (family, exporter, strategy, toolkit) on two cores.
+
+By default only :data:`REPRESENTATIVE` runs (about 2-3 minutes with cached exports): a
+dynamo export lowered from opset 20 and gated end to end under rknn-sim with 2.3.0, a
+TorchScript export fused into whole blocks with 2.5.0, and one measured gap as a strict xfail.
+``RKPART_FULL_NPU_MATRIX=1`` runs every (family, exporter, strategy, toolkit) case (89 tests,
+about an hour on two cores).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rkpart.compile.compile import compile_plan_report
+from rkpart.pipeline import partition
+from rkpart.runtime.executor import random_inputs, run_model, run_plan
+from rkpart.runtime.rknn_sim import RknnSimBackend
+from rkpart.validation.metrics import compare
+from tests.compile.exports import EXPORTERS, cached_export
+from tests.toolkits import get_toolkit
+
+pytestmark = [pytest.mark.toolkit, pytest.mark.slow, pytest.mark.export]
+
+#: every family of scripts/export_families.py (Lumina2 is missing: neither exporter takes its complex RoPE)
+FAMILIES = ("flux", "wan", "sana", "chroma", "cosmos", "dit", "pixart", "sd3", "cogvideox", "auraflow", "hunyuandit")
+#: measured gaps no rewrite closes yet (scripts/npu_table.py runs of 2026-11-30; see docs/compile.md)
+_TP = "2.3.0 puts the Transpose it inserts for AdaLN chunk slices ('...Slice_1_output_0-rs_concat-rs_tp') on the CPU"
+KNOWN_GAPS = {
+    ("hunyuandit", "dynamo", "split", "2.5.0"):
+        "2.5.0 SIGSEGVs in convert_exmatmul_to_conv on both cross-attention stages (2.3.0 builds them)",
+    ("chroma", "torchscript", "fused", "2.5.0"): "2.5.0 SIGSEGVs after replace_torch_tanh_gelu on double blocks",
+    ("chroma", "dynamo", "fused", "2.5.0"): "2.5.0 SIGSEGVs after replace_torch_tanh_gelu on double blocks",
+    ("flux", "torchscript", "fused", "2.3.0"): _TP,
+    ("flux", "dynamo", "fused", "2.3.0"): _TP,
+    ("dit", "torchscript", "fused", "2.3.0"): "Gather and Transpose left on the CPU",
+    ("dit", "dynamo", "fused", "2.3.0"): "Gather and Transpose left on the CPU",
+    ("dit", "torchscript", "fused", "2.5.0"): "Gather left on the CPU",
+    ("dit", "dynamo", "fused", "2.5.0"): "Gather left on the CPU",
+}
+
+#: the default selection: lowering + rknn-sim gate, fused blocks on 2.5.0, one strict xfail (its gap
+#: must still be there)
+REPRESENTATIVE = {("wan", "dynamo", "split", "2.3.0"), ("sana", "torchscript", "fused", "2.5.0"),
+                  ("dit", "torchscript", "fused", "2.5.0")}
+FULL_MATRIX = os.environ.get("RKPART_FULL_NPU_MATRIX") == "1"
+
+CASES = [pytest.param(f, e, s, v, id=f"{f}-{e}-{s}-{v}",
+                      marks=[pytest.mark.xfail(reason=KNOWN_GAPS[(f, e, s, v)], strict=True)]
+                      if (f, e, s, v) in KNOWN_GAPS else [])
+         for f in FAMILIES for e in EXPORTERS for s in ("split", "fused") for v in ("2.5.0", "2.3.0")
+         if FULL_MATRIX or (f, e, s, v) in REPRESENTATIVE]
+
+
+@pytest.mark.parametrize(("family", "exporter", "strategy", "version"), CASES)
+def test_every_npu_stage_builds_with_no_cpu_layer(tmp_path: Path, family: str, exporter: str, strategy: str,
+                                                  version: str) -> None:
+    tk = get_toolkit(version)
+    model = cached_export(family, exporter)
+    folder = tmp_path / "plan"
+    plan = partition(model, folder, strategy)
+    rep = compile_plan_report(plan, folder, tk, "rk3588", {}, jobs=1, strict_npu=True)
+    assert not rep.failed, [f.message for o in rep.failed for f in o.failures]
+    assert rep.cpu_ops_per_block() and all(not v for v in rep.cpu_ops_per_block().values())
+    if exporter == "dynamo":  # opset 20: every stage was lowered
+        assert all(s.prepared and s.prepared["to_opset"] == 19 for s in rep.plan.npu_stages)
+    if strategy == "split" and version == "2.3.0":
+        feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
+        ref = run_model(model, feeds, plan.outputs)
+        out = run_plan(rep.plan, folder, feeds, backend=RknnSimBackend(version))
+        for name in plan.outputs:
+            m = compare(out[name], ref[name])
+            assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)
+
+
+def test_strict_npu_fails_stages_left_with_cpu_layers(tmp_path: Path) -> None:
+    """Without the NPU rewrites Wan's RoPE ScatterND stays on the CPU: --strict-npu fails those stages."""
+    import onnx
+
+    tk = get_toolkit("2.5.0")
+    folder = tmp_path / "plan"
+    plan = partition(cached_export("wan", "torchscript"), folder, "split")
+    rope = {s.id for s in plan.npu_stages if any(
+        n.op_type == "ScatterND" for n in onnx.load(str(folder / s.file), load_external_data=False).graph.node)}
+    assert rope  # the attention stages of both blocks
+    rep = compile_plan_report(plan, folder, tk, "rk3588", {}, rewrites=False, strict_npu=True)
+    assert {o.stage_id for o in rep.failed} == rope
+    for o in rep.failed:
+        assert o.failures[-1].message.startswith("--strict-npu: ")
+        assert any(op.startswith("ScatterND:") for op in o.cpu_ops)
+    per_block = rep.cpu_ops_per_block()
+    assert {"block 0", "block 1"} <= set(per_block) and per_block["block 0"] and per_block["block 1"]
+    assert all((s.artifact() is None) == (s.id in rope) for s in rep.plan.npu_stages)

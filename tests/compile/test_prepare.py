@@ -1,0 +1,275 @@
+"""Opset lowering and NPU rewrites (rkpart.targets.opset / rewrites, rkpart.compile.prepare) under real ORT.
+
+Models are built here with onnx.helper; every rewrite is checked by running the original and
+the rewritten model in ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.defs
+import pytest
+from onnx import TensorProto, helper, numpy_helper, version_converter
+
+from rkpart.compile.prepare import prepare_stage
+from rkpart.errors import SpecError, ToolkitError
+from rkpart.partitioner.extract import stage_sha256
+from rkpart.partitioner.plan import Stage
+from rkpart.partitioner.verify import prepared_onnx
+from rkpart.runtime.ort import make_session
+from rkpart.targets.opset import lower_model, lowering_note, model_opset
+from rkpart.targets.rewrites import NO_LOWERING, REWRITES, TYPE_ONLY_CHANGES, apply_rewrites, rewrites_for
+
+F = TensorProto.FLOAT
+vi = helper.make_tensor_value_info
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+           inits: list[onnx.TensorProto] = (), opset: int = 20) -> onnx.ModelProto:  # type: ignore[assignment]
+    g = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], ir_version=9)
+
+
+def _run(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return [np.asarray(x) for x in make_session(m.SerializeToString()).run(None, feeds)]
+
+
+def _same(a: onnx.ModelProto, b: onnx.ModelProto, feeds: dict[str, np.ndarray], rel: float = 1e-6) -> None:
+    for x, y in zip(_run(a, feeds), _run(b, feeds), strict=True):
+        assert x.shape == y.shape
+        if x.dtype.kind == "f":
+            assert np.abs(x - y).max() <= rel * max(np.abs(x).max(), 1e-30)
+        else:
+            assert np.array_equal(x, y)
+
+
+X = np.random.default_rng(0).standard_normal((2, 8, 16)).astype(np.float32) * 3
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu20_lowered_matches_under_ort(approximate: str) -> None:
+    m = _model([helper.make_node("Gelu", ["x"], ["y"], approximate=approximate)],
+               [vi("x", F, [2, 8, 16])], [vi("y", F, [2, 8, 16])])
+    low, rec = lower_model(m, 19, "2.5.0")
+    assert model_opset(low) == 19 and rec.rewrites == {"gelu20-decompose": 1}
+    assert "Gelu" not in {n.op_type for n in low.graph.node}
+    onnx.checker.check_model(low, full_check=True)
+    _same(m, low, {"x": X}, rel=1e-5)
+
+
+def test_type_only_and_adapted_ops_lower_unchanged() -> None:
+    """ConstantOfShape-20 (no adapter) is carried through; IsNaN/ReduceMax/Split-18 go through the converter."""
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"]),
+        helper.make_node("ConstantOfShape", ["s"], ["c"], value=helper.make_tensor("v", F, [1], [0.5])),
+        helper.make_node("Add", ["x", "c"], ["a"]),
+        helper.make_node("IsNaN", ["a"], ["nan"]),
+        helper.make_node("Where", ["nan", "c", "a"], ["w"]),
+        helper.make_node("ReduceMax", ["w", "ax"], ["r"], keepdims=1),
+        helper.make_node("Split", ["w"], ["p", "q"], axis=2, num_outputs=2),
+        helper.make_node("Mul", ["p", "q"], ["pq"]),
+    ]
+    m = _model(nodes, [vi("x", F, [2, 8, 16])], [vi("r", F, None), vi("pq", F, None)],
+               [numpy_helper.from_array(np.array([-1], dtype=np.int64), "ax")])
+    low, rec = lower_model(m, 19, "2.3.0")
+    assert model_opset(low) == 19 and rec.from_opset == 20
+    assert [n.domain for n in low.graph.node] == [""] * len(low.graph.node)
+    assert all(o.domain in ("", "ai.onnx") for o in low.opset_import)
+    _same(m, low, {"x": X})
+
+
+def test_no_lowering_op_is_a_one_line_error() -> None:
+    m = _model([helper.make_node("AffineGrid", ["t", "s"], ["y"])],
+               [vi("t", F, [1, 2, 3]), vi("s", TensorProto.INT64, [4])], [vi("y", F, None)])
+    with pytest.raises(ToolkitError, match=r"^cannot lower AffineGrid from opset 20 to 19 for rknn-toolkit2 2.5.0"):
+        lower_model(m, 19, "2.5.0")
+
+
+def test_every_op_changed_above_19_has_a_lowering() -> None:
+    """Each default-domain op with a version in 20..21 either converts with onnx's adapter, has a
+    rewrite, is carried through, or is refused by name (no silent gap)."""
+    handled = {r.op_type for r in REWRITES if r.kind == "lower"} | set(TYPE_ONLY_CHANGES) | set(NO_LOWERING)
+    changed = set()
+    for s in onnx.defs.get_all_schemas_with_history():
+        if s.domain == "" and s.since_version == 20:
+            changed.add(s.name)
+    assert changed, "onnx.defs lists no opset-20 op"
+    converter_ok = {"IsNaN", "IsInf", "ReduceMax", "ReduceMin", "DFT"}  # adapters exist (checked below)
+    assert changed <= handled | converter_ok, sorted(changed - handled - converter_ok)
+    for op in sorted(converter_ok):
+        ins = [vi("x", F, [1, 8, 1])] if op == "DFT" else [vi("x", F, [2, 3])]
+        m = _model([helper.make_node(op, ["x"], ["y"])], ins, [vi("y", F, None)])
+        assert model_opset(version_converter.convert_version(m, 19)) == 19
+
+
+def test_lowering_note() -> None:
+    assert lowering_note(20, {"2.5.0": 19, "2.3.0": 19}) == \
+        "stages will be lowered from opset 20 to 19 for rknn-toolkit2 2.3.0, 2.5.0"
+    assert lowering_note(19, {"2.5.0": 19}) is None
+
+
+def _rms(reciprocal: bool) -> onnx.ModelProto:
+    ins = [vi("x", F, [1, 2, 6, 16])]
+    nodes = [
+        helper.make_node("Mul", ["x", "x"], ["sq"]),
+        helper.make_node("ReduceMean", ["sq", "ax"], ["ms"], keepdims=1),
+        helper.make_node("Add", ["ms", "eps"], ["v"]),
+        helper.make_node("Sqrt", ["v"], ["r"]),
+        helper.make_node("Reciprocal", ["r"], ["inv"]),
+        helper.make_node("Mul", ["x", "inv"], ["y"]),
+    ]
+    inits = [numpy_helper.from_array(np.array([-1], dtype=np.int64), "ax"),
+             numpy_helper.from_array(np.array(1e-6, dtype=np.float32), "eps")]
+    return _model(nodes, ins, [vi("y", F, [1, 2, 6, 16])], inits, opset=18)
+
+
+def test_reciprocal_rewrite_exact() -> None:
+    m = _rms(True)
+    r = onnx.ModelProto()
+    r.CopyFrom(m)
+    assert apply_rewrites(r, rewrites_for("2.5.0", "npu")) == {"reciprocal-to-div": 1}
+    assert "Reciprocal" not in {n.op_type for n in r.graph.node}
+    _same(m, r, {"x": np.random.default_rng(1).standard_normal((1, 2, 6, 16)).astype(np.float32)})
+
+
+@pytest.mark.parametrize("depth", ["full", "partial"])
+def test_scatternd_interleave_rewrite_exact(depth: str) -> None:
+    """out[..., 0::2] = a; out[..., 1::2] = b as the TorchScript (full index) and dynamo (index
+    depth 1 along axis 0, through an Identity) exporters write it."""
+    if depth == "full":
+        shape, half = [1, 4, 2, 16], [1, 4, 2, 8]
+        grid = np.stack(np.meshgrid(*[np.arange(n) for n in half], indexing="ij"), axis=-1)
+        i0, i1 = grid.copy(), grid.copy()
+        i0[..., 3] *= 2
+        i1[..., 3] = i1[..., 3] * 2 + 1
+    else:
+        shape, half = [16, 4, 2, 1], [8, 4, 2, 1]
+        i0 = (np.arange(8) * 2)[:, None]
+        i1 = (np.arange(8) * 2 + 1)[:, None]
+    inits = [numpy_helper.from_array(np.zeros(shape, np.float32), "d"),
+             numpy_helper.from_array(i0.astype(np.int64), "i0"), numpy_helper.from_array(i1.astype(np.int64), "i1")]
+    nodes = [
+        helper.make_node("ScatterND", ["d", "i0", "a"], ["s0"]),
+        helper.make_node("Identity", ["s0"], ["s0i"]),
+        helper.make_node("ScatterND", ["s0i", "i1", "b"], ["s1"]),
+        helper.make_node("Relu", ["s1"], ["y"]),
+    ]
+    m = _model(nodes, [vi("a", F, half), vi("b", F, half)], [vi("y", F, shape)], inits, opset=18)
+    r = onnx.ModelProto()
+    r.CopyFrom(m)
+    assert apply_rewrites(r, rewrites_for("2.3.0", "npu")) == {"scatternd-interleave": 1}
+    assert "ScatterND" not in {n.op_type for n in r.graph.node}
+    rng = np.random.default_rng(2)
+    _same(m, r, {"a": rng.standard_normal(half).astype(np.float32), "b": rng.standard_normal(half).astype(np.float32)},
+          rel=0.0)
+
+
+def test_scatternd_partial_cover_not_rewritten() -> None:
+    shape, half = [16, 4], [8, 4]
+    inits = [numpy_helper.from_array(np.ones(shape, np.float32), "d"),
+             numpy_helper.from_array((np.arange(8) * 2)[:, None].astype(np.int64), "i0"),
+             numpy_helper.from_array((np.arange(8) * 2)[:, None].astype(np.int64), "i1")]
+    nodes = [helper.make_node("ScatterND", ["d", "i0", "a"], ["s0"]),
+             helper.make_node("ScatterND", ["s0", "i1", "a"], ["y"])]
+    m = _model(nodes, [vi("a", F, half)], [vi("y", F, shape)], inits, opset=18)
+    assert apply_rewrites(m, rewrites_for("2.3.0", "npu")) == {}
+
+
+def test_prepare_stage_writes_lowered_copy_and_record(tmp_path: Path) -> None:
+    m = _model([helper.make_node("Gelu", ["x"], ["y"])], [vi("x", F, [2, 8, 16])], [vi("y", F, [2, 8, 16])])
+    src = tmp_path / "stages" / "s.onnx"
+    src.parent.mkdir()
+    onnx.save(m, str(src))
+    before = src.read_bytes()
+    p = prepare_stage(src, "ab" * 32, tmp_path / "rknn", "2.5.0", "rk3588")
+    assert p.record is not None and p.onnx != src
+    assert p.record == {"toolkit": "2.5.0", "from_opset": 20, "to_opset": 19, "rewrites": {"gelu20-decompose": 1},
+                        "file": f"rknn/prepared/{'ab' * 8}.2.5.0.onnx", "sha256": stage_sha256(p.onnx)}
+    assert model_opset(onnx.load(str(p.onnx))) == 19
+    assert src.read_bytes() == before  # the plan's stage file is never changed
+    again = prepare_stage(src, "ab" * 32, tmp_path / "rknn", "2.5.0", "rk3588")
+    assert again == p
+    meta = json.loads(p.onnx.with_suffix(".json").read_text())
+    assert meta["record"] == p.record
+
+
+def _prepared_plan_stage(tmp_path: Path) -> tuple[Stage, Path]:
+    m = _model([helper.make_node("Gelu", ["x"], ["y"])], [vi("x", F, [2, 8, 16])], [vi("y", F, [2, 8, 16])])
+    src = tmp_path / "stages" / "s.onnx"
+    src.parent.mkdir()
+    onnx.save(m, str(src))
+    sha = stage_sha256(src)
+    p = prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588")
+    stage = Stage(id="s", device="npu", file="stages/s.onnx", inputs=(), outputs=(), block=0, region="block",
+                  kind="block", weight_bytes=0, io_bytes=0, sha256=sha, num_nodes=1, prepared=p.record)
+    return stage, p.onnx
+
+
+def test_prepared_copy_is_verified_before_use(tmp_path: Path) -> None:
+    """rknn-sim loads the prepared copy through prepared_onnx: confined and sha256-checked like a stage."""
+    stage, copy = _prepared_plan_stage(tmp_path)
+    assert prepared_onnx(tmp_path, stage) == copy
+    original = copy.read_bytes()
+    edited = onnx.load(str(copy))
+    edited.doc_string = "edited after compile"
+    onnx.save(edited, str(copy))
+    with pytest.raises(SpecError, match=r"prepared copy.*does not match the sha256.*rerun rkpart compile"):
+        prepared_onnx(tmp_path, stage)
+    # compile makes an edited copy again instead of building it
+    again = prepare_stage(tmp_path / "stages" / "s.onnx", stage.sha256, tmp_path / "rknn", "2.5.0", "rk3588")
+    assert again.onnx == copy and copy.read_bytes() == original and prepared_onnx(tmp_path, stage) == copy
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.onnx"
+    outside.write_bytes(original)
+    copy.unlink()
+    copy.symlink_to(outside)  # a prepared copy that leaves the plan folder
+    with pytest.raises(SpecError, match="prepared copy"):
+        prepared_onnx(tmp_path, stage)
+    assert stage.prepared is not None
+    with pytest.raises(SpecError, match="no file or sha256"):
+        prepared_onnx(tmp_path, dataclasses.replace(stage, prepared={**stage.prepared, "sha256": None}))
+
+
+def test_prepare_stage_leaves_a_loadable_stage_alone(tmp_path: Path) -> None:
+    m = _model([helper.make_node("Relu", ["x"], ["y"])], [vi("x", F, [2, 3])], [vi("y", F, [2, 3])], opset=17)
+    src = tmp_path / "s.onnx"
+    onnx.save(m, str(src))
+    p = prepare_stage(src, "cd" * 32, tmp_path / "rknn", "2.3.0", "rk3588")
+    assert p.onnx == src and p.record is None
+    assert not (tmp_path / "rknn").exists()
+
+
+@pytest.mark.parametrize("mode", ["linear", "nearest"])
+def test_gridsample20_lowered_matches_under_ort(mode: str) -> None:
+    m = _model([helper.make_node("GridSample", ["x", "g"], ["y"], mode=mode, align_corners=0)],
+               [vi("x", F, [1, 2, 5, 5]), vi("g", F, [1, 4, 4, 2])], [vi("y", F, [1, 2, 4, 4])])
+    low, rec = lower_model(m, 19, "2.5.0")
+    assert model_opset(low) == 19 and rec.rewrites == {"gridsample20-modes": 1}
+    rng = np.random.default_rng(3)
+    _same(m, low, {"x": rng.standard_normal((1, 2, 5, 5)).astype(np.float32),
+                   "g": rng.uniform(-1, 1, (1, 4, 4, 2)).astype(np.float32)})
+
+
+
+def test_pad_to_concat_rewrite_exact() -> None:
+    """Sana's ``F.pad(v, (0, 0, 0, 1), value=1.0)``, pads computed from constants (folded), and a two-axis pad."""
+    nodes = [
+        helper.make_node("Constant", [], ["p64"], value=numpy_helper.from_array(
+            np.array([0, 0, 0, 0, 0, 0, 1, 0], dtype=np.int64))),
+        helper.make_node("Cast", ["p64"], ["pads"], to=TensorProto.INT64),
+        helper.make_node("Pad", ["x", "pads", "one"], ["y"], mode="constant"),
+        helper.make_node("Pad", ["x", "pads2"], ["z"]),
+    ]
+    inits = [numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one"),
+             numpy_helper.from_array(np.array([0, 1, 0, 2, 0, 0, 3, 0], dtype=np.int64), "pads2")]
+    m = _model(nodes, [vi("x", F, [1, 2, 16, 8])], [vi("y", F, [1, 2, 17, 8]), vi("z", F, [1, 3, 19, 10])],
+               inits, opset=19)
+    r = onnx.ModelProto()
+    r.CopyFrom(m)
+    assert apply_rewrites(r, rewrites_for("2.3.0", "npu")) == {"pad-to-concat": 2}
+    assert "Pad" not in {n.op_type for n in r.graph.node}
+    _same(m, r, {"x": np.random.default_rng(4).standard_normal((1, 2, 16, 8)).astype(np.float32)}, rel=0.0)
