@@ -1,0 +1,113 @@
+"""How a plan holds weights (issue 15): per-stage copies hashed once, and ``--weights link``.
+
+A model with external data (the Anima architecture at a small size, seeded random fp32
+weights) is partitioned in both modes; link-mode stages must load standalone with
+``onnx.load`` and give ONNX Runtime the same outputs as the copied stages, stay inside the
+plan folder, and the plan must be byte-identical across runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from rkpart.partitioner.extract import stage_sha256
+from rkpart.partitioner.plan import load_plan
+from rkpart.partitioner.weights import LINK_DIR, link_one
+from rkpart.pipeline import partition
+from tests.models.anima import AnimaConfig, build_anima_onnx
+
+
+@pytest.fixture(scope="module")
+def ext_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = AnimaConfig.tiny(num_blocks=2, dtype="float32")
+    return build_anima_onnx(cfg, tmp_path_factory.mktemp("ext") / "anima.onnx", external_data=True)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_copy_mode_sha256_hashed_while_copying_equals_the_files(tmp_path: Path, ext_model: Path) -> None:
+    plan = partition(ext_model, tmp_path / "p", "split")
+    for s in plan.stages:
+        assert stage_sha256(tmp_path / "p" / s.file) == s.sha256, s.id
+    assert "weights" not in plan.extra  # the default plan is unchanged by the option
+
+
+def test_link_mode_stages_reference_one_linked_file(tmp_path: Path, ext_model: Path) -> None:
+    data = ext_model.with_name(ext_model.name + ".data")
+    plan_l = partition(ext_model, tmp_path / "link", "split", weights="link")
+    plan_c = partition(ext_model, tmp_path / "copy", "split")
+    fl, fc = tmp_path / "link", tmp_path / "copy"
+    linked = fl / "stages" / LINK_DIR / data.name
+    assert linked.read_bytes() == data.read_bytes()
+    assert os.stat(data).st_nlink == 1 and os.stat(linked).st_nlink == 1  # no hard links: onnx refuses them
+    assert plan_l.extra["weights"]["files"][f"{LINK_DIR}/{data.name}"]["size"] == data.stat().st_size
+    # the per-stage data files hold only what the source did not store externally
+    own_l = sum(p.stat().st_size for p in (fl / "stages").glob("*.onnx.data"))
+    own_c = sum(p.stat().st_size for p in (fc / "stages").glob("*.onnx.data"))
+    assert own_l < own_c - data.stat().st_size // 2
+    load_plan(fl)  # every stage file inside the plan folder
+    rng = np.random.default_rng(0)
+    for sl, sc in zip(plan_l.npu_stages, plan_c.npu_stages, strict=True):
+        m = onnx.load(str(fl / sl.file))  # standalone: resolves weights/<file> next to the stage
+        refs = [e.value for i in m.graph.initializer for e in i.external_data if e.key == "location"]
+        assert all(r in (f"{LINK_DIR}/{data.name}", Path(sl.file).name + ".data") for r in refs)
+        feeds = {t: rng.standard_normal(plan_c.tensors[t].shape).astype(plan_c.tensors[t].dtype) for t in sc.inputs}
+        got = ort.InferenceSession(str(fl / sl.file)).run(None, feeds)
+        want = ort.InferenceSession(str(fc / sc.file)).run(None, feeds)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_link_mode_is_byte_identical_across_runs(tmp_path: Path, ext_model: Path) -> None:
+    partition(ext_model, tmp_path / "a", "split", weights="link")
+    partition(ext_model, tmp_path / "b", "split", weights="link")
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+
+
+def test_link_mode_replaces_a_copy_plan_and_back(tmp_path: Path, ext_model: Path) -> None:
+    out = tmp_path / "p"
+    partition(ext_model, out, "split")
+    partition(ext_model, out, "split", force=True, weights="link")
+    assert (out / "stages" / LINK_DIR).is_dir()
+    partition(ext_model, out, "split", force=True)
+    assert not (out / "stages" / LINK_DIR).exists()
+    fresh = tmp_path / "fresh"
+    partition(ext_model, fresh, "split")
+    assert _files(out) == _files(fresh)
+
+
+REFLINK_DIR = os.environ.get("RKPART_TEST_REFLINK_DIR")
+
+
+@pytest.mark.skipif(not REFLINK_DIR, reason="set RKPART_TEST_REFLINK_DIR to a folder on XFS/Btrfs to test reflinks")
+def test_reflink_shares_blocks_and_is_copy_on_write(tmp_path: Path) -> None:
+    assert REFLINK_DIR
+    work = Path(REFLINK_DIR) / f"rkpart-test-{os.getpid()}"
+    work.mkdir()
+    try:
+        src = work / "w.data"
+        src.write_bytes(os.urandom(1 << 20))
+        assert link_one(src, work / "plan" / "w.data") == "reflink"
+        with open(src, "r+b") as f:  # rewriting the source in place leaves the plan's copy alone
+            f.write(b"\0" * 16)
+        assert (work / "plan" / "w.data").read_bytes()[:16] != b"\0" * 16
+    finally:
+        shutil.rmtree(work)
+
+
+def test_without_reflink_the_file_is_copied_not_hard_linked(tmp_path: Path) -> None:
+    src = tmp_path / "w.data"
+    src.write_bytes(b"x" * 4096)
+    how = link_one(src, tmp_path / "out" / "w.data")
+    assert how in ("reflink", "copy")
+    assert os.stat(src).st_nlink == 1
+    assert (tmp_path / "out" / "w.data").read_bytes() == src.read_bytes()
