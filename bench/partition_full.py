@@ -4,7 +4,8 @@ Builds the model (28 blocks, hidden 2048, fp16, external data, ~3.9 GB) with
 :func:`tests.models.anima.build_anima_onnx` unless ``--model`` is given (``--blocks`` /
 ``--hidden`` build a reduced one).  Then, ``--runs`` times, interleaved on the same disk:
 
-- ``cp``: ``cp`` of the model's external-data file into the work folder (no fsync, as a
+- ``cp``: ``cp --reflink=never`` of the model's external-data file into the work folder (a real
+  copy even where cp would reflink; no fsync, as a
   user would time it), and ``cp+sync``: the same followed by ``sync -f`` of that file system;
 - ``split --weights copy`` and ``split --weights link``, each in a fresh subprocess so that
   its peak RSS (``wait4`` rusage of that process alone) is the partitioner's.
@@ -81,7 +82,7 @@ def _cp(files: list[Path], dst: Path, sync: bool) -> tuple[float, float]:
     dst.mkdir(parents=True, exist_ok=True)
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
-    subprocess.run(["cp", *map(str, files), str(dst)], check=True)
+    subprocess.run(["cp", "--reflink=never", *map(str, files), str(dst)], check=True)
     if sync:
         subprocess.run(["sync", "-f", str(dst)], check=True)
     wall = time.perf_counter() - t

@@ -88,22 +88,32 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 @click.option("--stage", "stage_ids", multiple=True, metavar="ID",
               help="Build only this NPU stage (repeatable); the others keep their artifacts.")
 @click.option("--retry-failed", is_flag=True, help="Rebuild stages whose crash the cache remembers.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: builds are subprocesses of this machine. ray: builds are Ray tasks on a cluster "
+                   "(needs rkpart[ray] on every node; docs/compile.md).")
+@click.option("--address", default=None, metavar="ADDR",
+              help="ray: cluster address (auto, HOST:6379, ray://HOST:10001) [default: $RAY_ADDRESS, else a "
+                   "local one-node Ray].")
 @toolkits_dir_option
 @quiet_option
 @json_option(help="Print a machine-readable summary on stdout.")
 @user_errors
 def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, Any], jobs: int,
                 timeout: float | None, fallback_toolkit: str | None, cache_dir: str | None, no_cache: bool,
-                stage_ids: tuple[str, ...], retry_failed: bool, toolkits_dir: str | None, quiet: bool,
+                stage_ids: tuple[str, ...], retry_failed: bool, executor: str,
+                address: str | None, toolkits_dir: str | None, quiet: bool,
                 as_json: bool) -> None:
     """Build every NPU stage of PLAN into an .rknn file with rknn-toolkit2."""
     from rkpart.compile.compile import CompileOptions, compile_folder
 
     if no_cache and cache_dir:
         raise click.UsageError("--no-cache and --cache-dir contradict each other")
+    if address and executor != "ray":
+        raise click.UsageError("--address applies to --executor ray only")
     opts = CompileOptions(toolkit=toolkit_v, target=target, config=rknn_config, jobs=jobs, timeout=timeout,
                           fallback_toolkit=fallback_toolkit, toolkits_dir=toolkits_dir, shared_cache=cache_dir,
-                          retry_failed=retry_failed, cache=not no_cache, stages=stage_ids)
+                          retry_failed=retry_failed, cache=not no_cache, stages=stage_ids,
+                          executor=executor, address=address)
     with Reporter(quiet=quiet) as progress:
         report = compile_folder(plan, opts, progress)
     emit(as_json, report.to_json, lambda: format_summary(report))
