@@ -349,6 +349,7 @@ def _register_optional() -> None:
         ("rkpart.commands.recognizers", ("recognizers",)),
         ("rkpart.commands.bundle", ("bundle",)),
         ("rkpart.commands.report", ("report",)),
+        ("rkpart.commands.drift", ("drift",)),
     ):
         try:
             module = importlib.import_module(mod)

@@ -6,7 +6,7 @@ stage on ONNX Runtime (the reference, in the model's own precision) and once wit
 stages on the backend (the rknn-toolkit2 simulator).  Each run follows its *own* trajectory,
 so errors accumulate over blocks and steps the way they would on the board.  Per step it
 reports cosine, max-abs and MSE of the latent after the Euler update, and per block the same
-metrics of the block's output (the cond pass; with CFG the uncond pass too).
+metrics of the block's NPU stage outputs (the cond pass; with CFG the uncond pass too).
 
 The plan's inputs are recognised by shape: the latent is the input shaped like the model's
 output, the timestep the smallest input, everything else conditioning (seeded normal values;
@@ -75,12 +75,11 @@ def roles(plan: Plan) -> Roles:
 
 
 def block_outputs(plan: Plan) -> dict[str, int]:
-    """Stage id -> block, for the last stage of every block (whose outputs are the block's)."""
-    last: dict[int, tuple[int, str]] = {}
-    for i, s in enumerate(plan.stages):
-        for b in s.blocks or ((s.block,) if s.block is not None else ()):
-            last[b] = max(last.get(b, (-1, "")), (i, s.id))
-    return {sid: b for b, (_, sid) in last.items()}
+    """NPU stage id -> the (last) block it computes: a block's rows compare what its NPU
+    stages output (for a fused plan, the block's output; for split, attention, cross-attention
+    and FFN outputs together), with everything before them drifted as well."""
+    return {s.id: (s.blocks[-1] if s.blocks else s.block) for s in plan.npu_stages  # type: ignore[misc]
+            if s.blocks or s.block is not None}
 
 
 @dataclass
@@ -106,13 +105,15 @@ def denoise(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cf
         for i in range(steps):
             t = np.full(ts.shape, sigmas[i] * timestep_scale, dtype=ts.dtype)
 
-            def velocity(ctx: Mapping[str, np.ndarray], kind: str, step: int = i) -> np.ndarray:
+            def velocity(ctx: Mapping[str, np.ndarray], kind: str, xs: np.ndarray = x, tt: np.ndarray = t,
+                         step: int = i) -> np.ndarray:
                 def on_stage(_i: int, sid: str, outs: dict[str, np.ndarray]) -> None:
                     if sid in ends:
-                        traj.blocks[(step, kind, ends[sid])] = {k: np.array(v) for k, v in outs.items()}
+                        got = traj.blocks.setdefault((step, kind, ends[sid]), {})
+                        got.update({k: np.array(v) for k, v in outs.items()})
 
-                out = ex.run({r.latent: x, r.timestep: t, **ctx}, on_stage=on_stage)
-                return out[r.output].astype(np.float32)
+                out = ex.run({r.latent: xs, r.timestep: tt, **ctx}, on_stage=on_stage)
+                return np.asarray(out[r.output], dtype=np.float32)
 
             v = velocity(cond, "cond")
             if cfg:
