@@ -381,8 +381,9 @@ class _Context:
         if self.runner is None:
             sched = Scheduler(self.jobs, available=self.available, margin=self.margin,
                               tmp_parent=self.folder / RKNN_DIR / ".tmp")
-        else:  # the cluster admits builds by its ``memory`` resource: submit them all
-            sched = Scheduler(len(todo), available=lambda: 1 << 62, margin=0, runner=self.runner,
+        else:  # the cluster admits builds by its ``memory`` resource; keep about one per CPU in flight
+            slots = getattr(self.runner, "slots", lambda: len(todo))()
+            sched = Scheduler(max(self.jobs, slots), available=lambda: 1 << 62, margin=0, runner=self.runner,
                               tmp_parent=self.folder / RKNN_DIR / ".tmp")
         try:
             sched.run([p.job for p in todo if p.job is not None], progress=on_event)

@@ -203,6 +203,11 @@ class RayRunner:
         #: stage id -> node id that returned its result (for tests and the report)
         self.nodes: dict[str, str] = {}
 
+    def slots(self) -> int:
+        """Builds worth having in flight: the cluster's CPUs (each task takes one), so that the
+        stages waiting for a node do not all sit in the object store at once."""
+        return max(1, int(self.ray.cluster_resources().get("CPU", 1)))
+
     def __call__(self, job: BuildJob, *, on_sample: Callable[[int], None] | None = None,
                  tmp_parent: Path | None = None, cancel: threading.Event | None = None) -> BuildResult:
         from rkpart.compile.cache import build_key
