@@ -111,3 +111,36 @@ def test_without_reflink_the_file_is_copied_not_hard_linked(tmp_path: Path) -> N
     assert how in ("reflink", "copy")
     assert os.stat(src).st_nlink == 1
     assert (tmp_path / "out" / "w.data").read_bytes() == src.read_bytes()
+
+
+def test_build_key_of_a_linked_stage_covers_its_slices_only(tmp_path: Path, ext_model: Path) -> None:
+    from rkpart.compile.cache import build_key
+
+    model = tmp_path / "m" / ext_model.name
+    model.parent.mkdir()
+    shutil.copy(ext_model, model)
+    shutil.copy(ext_model.with_name(ext_model.name + ".data"), model.with_name(model.name + ".data"))
+    plan = partition(model, tmp_path / "p", "split", weights="link")
+    folder = tmp_path / "p"
+    shared = folder / "stages" / LINK_DIR / (model.name + ".data")
+
+    def slices(stage_file: str) -> list[tuple[int, int]]:
+        m = onnx.load(str(folder / stage_file), load_external_data=False)
+        out = []
+        for t in m.graph.initializer:
+            info = {e.key: e.value for e in t.external_data}
+            if info.get("location", "").startswith(LINK_DIR):
+                out.append((int(info["offset"]), int(info["length"])))
+        return out
+
+    a, b = [s for s in plan.npu_stages if slices(s.file)][:2]
+    keys = {s.id: build_key(folder / s.file, "2.5.0", "rk3588", {}) for s in (a, b)}
+    off, length = slices(b.file)[0]  # a byte b reads and a does not
+    assert all(not (o <= off < o + n) for o, n in slices(a.file))
+    with open(shared, "r+b") as f:
+        f.seek(off + length // 2)
+        byte = f.read(1)
+        f.seek(off + length // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert build_key(folder / a.file, "2.5.0", "rk3588", {}) == keys[a.id]
+    assert build_key(folder / b.file, "2.5.0", "rk3588", {}) != keys[b.id]
