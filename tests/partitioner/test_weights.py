@@ -144,3 +144,26 @@ def test_build_key_of_a_linked_stage_covers_its_slices_only(tmp_path: Path, ext_
         f.write(bytes([byte[0] ^ 0xFF]))
     assert build_key(folder / a.file, "2.5.0", "rk3588", {}) == keys[a.id]
     assert build_key(folder / b.file, "2.5.0", "rk3588", {}) != keys[b.id]
+
+
+def test_link_mode_stages_pass_the_integrity_checks_and_an_outside_data_file_does_not(
+        tmp_path: Path, ext_model: Path) -> None:
+    from rkpart.errors import SpecError
+    from rkpart.partitioner.verify import stage_onnx
+
+    out = tmp_path / "link"
+    plan = partition(ext_model, out, "split", weights="link")
+    for s in plan.stages:  # what compile, run and profile open each stage through
+        assert stage_onnx(out, s) == out / s.file
+    # a stage pointing at a data file that is neither its own nor under stages/weights/ is refused
+    s = plan.npu_stages[0]
+    stray = out / "stages" / "stray.data"
+    shutil.copyfile(out / "stages" / LINK_DIR / ext_model.with_name(ext_model.name + ".data").name, stray)
+    m = onnx.load(str(out / s.file), load_external_data=False)
+    for t in m.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location" and e.value.startswith(f"{LINK_DIR}/"):
+                e.value = "stray.data"
+    onnx.save(m, str(out / s.file))
+    with pytest.raises(SpecError, match="not the stage's own data file"):
+        stage_onnx(out, s, verify=False)
