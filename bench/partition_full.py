@@ -1,16 +1,25 @@
-"""Partition the full-size fp16 Anima DiT with ``split`` and measure time and peak memory.
+"""Partition the full-size fp16 Anima DiT with ``split``: time against ``cp`` of its weights, and peak RSS.
 
 Builds the model (28 blocks, hidden 2048, fp16, external data, ~3.9 GB) with
-:func:`tests.models.anima.build_anima_onnx` unless ``--model`` is given, then runs
-``partition(strategy="split")`` in a *fresh subprocess* so that its peak RSS
-(``wait4`` rusage of that process alone) is the partitioner's, not the builder's.
+:func:`tests.models.anima.build_anima_onnx` unless ``--model`` is given (``--blocks`` /
+``--hidden`` build a reduced one).  Then, ``--runs`` times, interleaved on the same disk:
 
-Prints wall time (load / discover / whole partition), peak RSS, model size (graph +
-external data) and the ratio peak RSS / model size; checks that the plan has 84 NPU
-stages (3 per block).  Files go under ``--workdir`` (default ``/tmp/rkpart_bench_full``)
-and are deleted at the end unless ``--keep``.
+- ``cp``: ``cp --reflink=never`` of the model's external-data file into the work folder (a real
+  copy even where cp would reflink; no fsync, as a
+  user would time it), and ``cp+sync``: the same followed by ``sync -f`` of that file system;
+- ``split --weights copy`` and ``split --weights link``, each in a fresh subprocess so that
+  its peak RSS (``wait4`` rusage of that process alone) is the partitioner's.
 
-Usage: ``.venv/bin/python bench/partition_full.py [--model PATH] [--workdir DIR] [--keep]``
+Prints medians of the ``partition()`` call's wall and CPU time (load + discover + extract +
+write + the final flush), the ratios to ``cp`` measured in the same run, and peak RSS.
+Targets (issue 15): copy <= 1.5x cp, link <= 0.2x cp, peak RSS <= 1 GiB.  ``link`` is only
+free where the file system can reflink (XFS, Btrfs); elsewhere it copies the data file whole.
+
+Files go under ``--workdir`` (default ``/tmp/rkpart_bench_full``) and are deleted at the end
+unless ``--keep``.
+
+Usage: ``.venv/bin/python bench/partition_full.py [--model PATH] [--workdir DIR] [--runs 3]
+[--blocks N --hidden H] [--keep]``
 """
 
 from __future__ import annotations
@@ -18,99 +27,149 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-EXPECTED_NPU_STAGES = 84
 ROOT = Path(__file__).resolve().parents[1]
+MODES = ("copy", "link")
+TARGETS = {"copy": 1.5, "link": 0.2}
+RSS_TARGET = 1 << 30
 
 
-def _child(model: Path, out: Path) -> int:
+def _child(model: Path, out: Path, weights: str) -> int:
     """Runs in the measured subprocess: timings as one JSON line on stdout."""
-    from rkpart.ir import load_model
-    from rkpart.partitioner.discovery import discover
     from rkpart.pipeline import partition
 
-    t0 = time.perf_counter()
-    mg = load_model(model)
-    t1 = time.perf_counter()
-    disc = discover(mg)
-    t2 = time.perf_counter()
-    n_ops, n_blocks = mg.ops.number_of_nodes(), len(disc.blocks)
-    del mg, disc
-    t3 = time.perf_counter()
-    plan = partition(model, out, "split", force=True)
-    t4 = time.perf_counter()
+    w0, c0 = time.perf_counter(), time.process_time()
+    plan = partition(model, out, "split", force=True, weights=weights)  # type: ignore[arg-type]
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     print(json.dumps({
-        "load_s": t1 - t0, "discover_s": t2 - t1, "partition_s": t4 - t3, "ops": n_ops, "blocks": n_blocks,
-        "npu_stages": len(plan.npu_stages), "host_stages": len(plan.host_stages),
-        "stage_weight_bytes": sum(s.weight_bytes for s in plan.stages),
+        "wall": wall, "cpu": cpu, "npu_stages": len(plan.npu_stages), "host_stages": len(plan.host_stages),
+        "blocks": len(plan.blocks), "stage_weight_bytes": sum(s.weight_bytes for s in plan.stages),
+        "linked": (plan.extra.get("weights") or {}).get("files", {}),
     }))
     return 0
 
 
-def _size(model: Path) -> int:
-    """Graph file plus every external data file in its folder that it references."""
+def _data_files(model: Path) -> list[Path]:
     import onnx
 
     m = onnx.load(str(model), load_external_data=False)
     files = {e.value for i in m.graph.initializer for e in i.external_data if e.key == "location"}
-    return model.stat().st_size + sum((model.parent / f).stat().st_size for f in files)
+    return [model.parent / f for f in sorted(files)]
 
 
-def _run_measured(args: list[str]) -> tuple[str, float, float]:
-    """Run ``args``; return (stdout, wall seconds, peak RSS in bytes of that process tree's leader)."""
+def _run_measured(args: list[str]) -> tuple[str, float, float, float]:
+    """Run ``args``; return (stdout, wall s, CPU s of the child, peak RSS bytes of the child)."""
     t = time.perf_counter()
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"child {' '.join(args[:3])}... failed with exit code {proc.returncode}")
-    return out, wall, usage.ru_maxrss * 1024.0  # KiB on Linux
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise SystemExit(f"child {' '.join(args[:4])}... failed with exit code {code}")
+    return out, wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024.0  # KiB on Linux
+
+
+def _cp(files: list[Path], dst: Path, sync: bool) -> tuple[float, float]:
+    dst.mkdir(parents=True, exist_ok=True)
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run(["cp", "--reflink=never", *map(str, files), str(dst)], check=True)
+    if sync:
+        subprocess.run(["sync", "-f", str(dst)], check=True)
+    wall = time.perf_counter() - t
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    shutil.rmtree(dst)
+    return wall, (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+
+
+def _build(model: Path, blocks: int | None, hidden: int | None) -> None:
+    over = {}
+    if blocks:
+        over["num_blocks"] = blocks
+    if hidden:
+        over.update(hidden=hidden, ffn_dim=4 * hidden, heads=max(1, hidden // 128))
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); "  # the example models: tests/models/
+            "from tests.models.anima import AnimaConfig, build_anima_onnx; "
+            f"build_anima_onnx(AnimaConfig.full(**{over!r}), {str(model)!r}, external_data=True)")
+    _, wall, _, rss = _run_measured([sys.executable, "-c", code])
+    print(f"built {model} in {wall:.1f} s (builder peak RSS {rss / 2**20:.0f} MiB)")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", type=Path, help="an existing full-size model (default: build one)")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--model", type=Path, help="an existing model (default: build the full-size one)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/rkpart_bench_full"))
-    parser.add_argument("--keep", action="store_true", help="keep the model and plan")
-    parser.add_argument("--child", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--blocks", type=int, help="build a reduced model with this many blocks")
+    parser.add_argument("--hidden", type=int, help="build a reduced model with this hidden size")
+    parser.add_argument("--keep", action="store_true", help="keep the model and plans")
+    parser.add_argument("--child", nargs=3, metavar=("MODEL", "OUT", "WEIGHTS"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        return _child(Path(args.child[0]), Path(args.child[1]))
+        return _child(Path(args.child[0]), Path(args.child[1]), args.child[2])
 
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
     try:
         model = args.model
         if model is None:
-            model = work / "anima_full_fp16.onnx"
-            code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); "  # the example models: tests/models/
-                    "from tests.models.anima import AnimaConfig, build_anima_onnx; "
-                    f"build_anima_onnx(AnimaConfig.full(), {str(model)!r}, external_data=True)")
-            _, wall, rss = _run_measured([sys.executable, "-c", code])
-            print(f"built {model} in {wall:.1f} s (builder peak RSS {rss / 2**20:.0f} MiB)")
-        size = _size(model)
-        out_json, wall, rss = _run_measured([sys.executable, __file__, "--child", str(model), str(work / "plan")])
-        r = json.loads(out_json.strip().splitlines()[-1])
-        print(f"model        {size / 2**30:.2f} GiB ({r['ops']} ops, {r['blocks']} blocks)")
-        print(f"load         {r['load_s']:.1f} s")
-        print(f"discover     {r['discover_s']:.2f} s")
-        print(f"partition    {r['partition_s']:.1f} s (load + discover + extract + write, split)")
-        print(f"process wall {wall:.1f} s")
-        print(f"stages       {r['npu_stages']} NPU + {r['host_stages']} host, "
-              f"{r['stage_weight_bytes'] / 2**30:.2f} GiB of weights written")
-        print(f"peak RSS     {rss / 2**20:.0f} MiB = {rss / size:.3f} x model size")
-        if r["npu_stages"] != EXPECTED_NPU_STAGES:
-            print(f"FAIL: expected {EXPECTED_NPU_STAGES} NPU stages, got {r['npu_stages']}")
-            return 1
-        return 0
+            model = work / "model" / "anima_fp16.onnx"
+            model.parent.mkdir(exist_ok=True)
+            _build(model, args.blocks, args.hidden)
+        files = _data_files(model)
+        size = model.stat().st_size + sum(f.stat().st_size for f in files)
+        data = sum(f.stat().st_size for f in files)
+        print(f"model {model}: {size / 2**30:.2f} GiB ({data / 2**30:.2f} GiB external data in {len(files)} file(s))")
+        times: dict[str, list[float]] = {k: [] for k in ("cp", "cp+sync", *MODES)}
+        cpu: dict[str, list[float]] = {k: [] for k in times}
+        rss: dict[str, float] = {}
+        last: dict[str, dict] = {}
+        for run in range(args.runs):
+            for what in ("cp", "copy", "cp+sync", "link") if run % 2 == 0 else ("link", "cp+sync", "copy", "cp"):
+                if what.startswith("cp"):
+                    w, c = _cp(files, work / "cp", sync=what == "cp+sync")
+                else:
+                    out = work / f"plan_{what}"
+                    text, _, _, r = _run_measured(
+                        [sys.executable, __file__, "--child", str(model), str(out), what])
+                    rec = json.loads(text.strip().splitlines()[-1])
+                    w, c = rec["wall"], rec["cpu"]
+                    rss[what] = max(rss.get(what, 0.0), r)
+                    last[what] = rec
+                    shutil.rmtree(out)
+                times[what].append(w)
+                cpu[what].append(c)
+            print(f"run {run + 1}/{args.runs}: " + "  ".join(f"{k} {v[-1]:.2f} s" for k, v in times.items()))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        medc = {k: statistics.median(v) for k, v in cpu.items()}
+        rec = last["copy"]
+        print(f"\nplan: {rec['npu_stages']} NPU + {rec['host_stages']} host stages, {rec['blocks']} blocks, "
+              f"{rec['stage_weight_bytes'] / 2**30:.2f} GiB of stage weights")
+        linked = ", ".join(f"{k} ({v['linked']})" for k, v in last["link"]["linked"].items())
+        print(f"link: {linked or 'nothing'}")
+        print(f"{'':<16}{'wall s':>8}{'CPU s':>8}{'x cp':>7}{'x cp+sync':>10}{'peak RSS MiB':>14}")
+        ok = True
+        for k in times:
+            line = f"{k:<16}{med[k]:>8.2f}{medc[k]:>8.2f}"
+            if k in MODES:
+                ratio = med[k] / med["cp"]
+                line += f"{ratio:>7.2f}{med[k] / med['cp+sync']:>10.2f}{rss[k] / 2**20:>14.0f}"
+                good = ratio <= TARGETS[k] and rss[k] <= RSS_TARGET
+                ok &= good
+                line += f"   target <= {TARGETS[k]}x cp, RSS <= 1024 MiB: {'ok' if good else 'MISSED'}"
+            print(line)
+        print(f"(medians of {args.runs} interleaved runs; partition() time inside the child, "
+              "interpreter start excluded)")
+        return 0 if ok else 1
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)

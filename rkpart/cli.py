@@ -144,6 +144,10 @@ def lowering_note(opset: int) -> str | None:
               help="Run onnxsim on NPU stages (kept only if outputs stay equal under ONNX Runtime).")
 @click.option("--external-threshold", type=click.IntRange(min=0), default=1024, show_default=True,
               help="Weights of at least this many bytes go to each stage's external data file.")
+@click.option("--weights", type=click.Choice(["copy", "link"]), default="copy", show_default=True,
+              help="copy: each stage gets its own weights file. link: no per-stage weights; stages reference the "
+                   "model's external data file, reflinked into the plan folder (copied whole where the "
+                   "filesystem cannot reflink, e.g. ext4).")
 @force_option(help="Replace a non-empty plan folder (only once the new plan is complete; only a folder that "
                    "validates as an rkpart plan and holds nothing else).")
 @quiet_option
@@ -153,7 +157,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
               no_budget: bool, cost_model: Path | None, auto_toolkit: str | None, steps: int | None,
               cfg: bool | None, explain: bool,
               options: dict[str, Any],
-              shapes: dict[str, tuple[int, ...]], simplify: bool, external_threshold: int, force: bool,
+              shapes: dict[str, tuple[int, ...]], simplify: bool, external_threshold: int, weights: str, force: bool,
               quiet: bool, as_json: bool) -> None:
     """Cut MODEL into NPU and host stages and write a plan folder.
 
@@ -184,7 +188,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
         model = bundled_example()
         say(f"no model given: using the bundled example {model.name}")
     config = PartitionConfig(options=opts, force=force, external_threshold=external_threshold, simplify=simplify,
-                             progress=say)
+                             progress=say, weights="link" if weights == "link" else "copy")
     with say:
         plan = run_partition(PartitionOptions(model, out, strategy, config, shapes or None))
     if not plan.npu_stages:  # even with --quiet: a plan for the NPU that uses no NPU is rarely what was meant
@@ -364,6 +368,7 @@ def _register_optional() -> None:
         ("rkpart.commands.recognizers", ("recognizers",)),
         ("rkpart.commands.bundle", ("bundle",)),
         ("rkpart.commands.report", ("report",)),
+        ("rkpart.commands.drift", ("drift",)),
     ):
         try:
             module = importlib.import_module(mod)

@@ -41,6 +41,7 @@ from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD
 from rkpart.partitioner.partition import Partition
 from rkpart.partitioner.plan import Plan
+from rkpart.partitioner.weights import WeightsMode
 from rkpart.partitioner.write import prepare_out, write_partition
 from rkpart.recognizers import discover
 from rkpart.strategies.base import GroupBuilder, Strategy, check_strategy_options, option
@@ -127,6 +128,7 @@ class PartitionConfig:
     force: bool = False
     external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD
     simplify: bool = False
+    weights: WeightsMode = "copy"
     target: str = DEFAULT_TARGET
     toolkit: str | None = None
     progress: Progress = field(default=_noop, compare=False)
@@ -196,7 +198,7 @@ def write_plan(
         simplify = simplify_stage
     return write_partition(model.graph, model._discovery, part, out, force=config.force,
                            input_shapes=model.input_shapes, external_threshold=config.external_threshold,
-                           simplify=simplify, progress=config.progress)
+                           simplify=simplify, progress=config.progress, weights=config.weights)
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,7 @@ def partition(
     external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
     simplify: bool = False,
     progress: Progress = _noop,
+    weights: WeightsMode = "copy",
     **options: Any,
 ) -> Plan:
     """Partition ``model`` with ``strategy`` and write the plan folder ``out``.
@@ -258,6 +261,9 @@ def partition(
     simplify:
         Run onnxsim on every NPU stage, keeping the result only when its outputs equal the
         original's under ONNX Runtime.
+    weights:
+        ``copy`` (each stage gets its own data file) or ``link`` (no weights copied: stages
+        reference the source's external data, linked into the plan folder).
     **options:
         Strategy options (``adaln="npu"``, ``blocks_per_stage=2``, ``spec="spec.yaml"`` ...).
 
@@ -273,7 +279,7 @@ def partition(
     84
     """
     config = PartitionConfig(options=options, force=force, external_threshold=external_threshold,
-                             simplify=simplify, progress=progress)
+                             simplify=simplify, progress=progress, weights=weights)
     return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes))
 
 

@@ -5,8 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENV=${RKPART_VENV:-.venv}
-extras="dev,report,export"
-[ "${1:-}" = "--no-export" ] && extras="dev,report"
+extras="dev,report,export,ray"
+[ "${1:-}" = "--no-export" ] && extras="dev,report,ray"
 stamp="$VENV/.rkpart-setup-$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)-$extras"
 if [ -f "$stamp" ]; then
   exit 0
@@ -18,7 +18,7 @@ fi
 echo "setup: installing rkpart[$extras] into $VENV" >&2
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 # torch: the CPU wheel 2.13.0 (on this machine's disk; any other version downloads gigabytes)
-if [ "$extras" = "dev,report,export" ]; then
+if [ "$extras" = "dev,report,export,ray" ]; then
   "$VENV/bin/python" -m pip install -q "torch==2.13.0"
 fi
 "$VENV/bin/python" -m pip install -q -e ".[$extras]"

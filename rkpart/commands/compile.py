@@ -93,6 +93,12 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
                    "exact under ONNX Runtime). Opset lowering happens either way.")
 @click.option("--strict-npu", is_flag=True,
               help="Fail a stage that still has layers placed on the CPU (exit status 7, like any failed stage).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: builds are subprocesses of this machine. ray: builds are Ray tasks on a cluster "
+                   "(needs rkpart[ray] on every node; docs/compile.md).")
+@click.option("--address", default=None, metavar="ADDR",
+              help="ray: cluster address (auto, HOST:6379, ray://HOST:10001) [default: $RAY_ADDRESS, else a "
+                   "local one-node Ray].")
 @toolkits_dir_option
 @quiet_option
 @json_option(help="Print a machine-readable summary on stdout.")
@@ -100,17 +106,19 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, Any], jobs: int,
                 timeout: float | None, fallback_toolkit: str | None, cache_dir: str | None, no_cache: bool,
                 stage_ids: tuple[str, ...], retry_failed: bool, rewrites: bool, strict_npu: bool,
-                toolkits_dir: str | None, quiet: bool,
+                executor: str, address: str | None, toolkits_dir: str | None, quiet: bool,
                 as_json: bool) -> None:
     """Build every NPU stage of PLAN into an .rknn file with rknn-toolkit2."""
     from rkpart.compile.compile import CompileOptions, compile_folder
 
     if no_cache and cache_dir:
         raise click.UsageError("--no-cache and --cache-dir contradict each other")
+    if address and executor != "ray":
+        raise click.UsageError("--address applies to --executor ray only")
     opts = CompileOptions(toolkit=toolkit_v, target=target, config=rknn_config, jobs=jobs, timeout=timeout,
                           fallback_toolkit=fallback_toolkit, toolkits_dir=toolkits_dir, shared_cache=cache_dir,
                           retry_failed=retry_failed, cache=not no_cache, stages=stage_ids,
-                          rewrites=rewrites, strict_npu=strict_npu)
+                          rewrites=rewrites, strict_npu=strict_npu, executor=executor, address=address)
     with Reporter(quiet=quiet) as progress:
         report = compile_folder(plan, opts, progress)
     emit(as_json, report.to_json, lambda: format_summary(report))

@@ -28,6 +28,7 @@ from typing import Any
 
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes, atomic_writer, external_locations, file_sha256, hash_file, load_json_file
+from rkpart.partitioner.weights import LINK_DIR
 from rkpart.types import BuildFailure
 
 CACHE_VERSION = 1
@@ -90,13 +91,41 @@ def build_key(onnx_path: Path, toolkit_version: str, target: str, config: Mappin
     h = hashlib.sha256()
     h.update(f"rkpart-rknn-cache-v{CACHE_VERSION}\0".encode())
     hash_file(h, onnx_path)
+    own = onnx_path.name + ".data"
     for ext in external_data_files(onnx_path):
+        if ext.name != own and ext.relative_to(onnx_path.parent).parts[0] == LINK_DIR:
+            # a --weights link plan's shared file: only the slices this stage reads (its .onnx,
+            # hashed above, names them), not the whole model's weights for every stage
+            _hash_slices(h, onnx_path, ext)
+            continue
         # Name and length first, so that moving bytes from one file to another changes the key.
         h.update(f"\0ext:{ext.name}:{ext.stat().st_size}\0".encode())
         hash_file(h, ext)
     meta = {"toolkit": toolkit_version, "target": target, "config": normalise_config(config)}
     h.update(b"\0" + json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
     return h.hexdigest()
+
+
+def _hash_slices(h: Any, onnx_path: Path, ext: Path) -> None:
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    rel = ext.relative_to(onnx_path.parent).as_posix()
+    with open(ext, "rb") as f:
+        for t in model.graph.initializer:
+            info = {e.key: e.value for e in t.external_data}
+            if t.data_location != onnx.TensorProto.EXTERNAL or info.get("location") != rel:
+                continue
+            offset, length = int(info.get("offset", 0) or 0), int(info.get("length", 0) or 0)
+            h.update(f"\0slice:{t.name}:{offset}:{length}\0".encode())
+            f.seek(offset)
+            left = length
+            while left:
+                buf = f.read(min(left, 1 << 22))
+                if not buf:
+                    break
+                h.update(buf)
+                left -= len(buf)
 
 
 class ArtifactCache:

@@ -146,6 +146,8 @@ class CompileOptions:
     stages: tuple[str, ...] = ()  # build only these NPU stages (ids); others keep their artifacts
     rewrites: bool = True  # apply the NPU rewrites of rkpart.targets.rewrites (opset lowering always happens)
     strict_npu: bool = False  # a stage with ops left on the CPU fails
+    executor: str = "local"  # "local" (subprocesses here) or "ray" (Ray tasks, rkpart.compile.ray_executor)
+    address: str | None = None  # Ray cluster address for executor "ray"
 
 
 def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
@@ -156,7 +158,8 @@ def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
     return compile_plan_report(plan, folder, o.toolkit, o.target, o.config, o.jobs, o.timeout, o.fallback_toolkit,
                                progress, toolkits_dir=o.toolkits_dir, shared_cache=o.shared_cache,
                                retry_failed=o.retry_failed, cache=o.cache, stages=o.stages or None,
-                               rewrites=o.rewrites, strict_npu=o.strict_npu)
+                               rewrites=o.rewrites, strict_npu=o.strict_npu, executor=o.executor,
+                               address=o.address)
 
 
 @dataclass
@@ -216,13 +219,15 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
                         cache: bool = True, stages: Sequence[str] | None = None,
                         rewrites: bool = True, strict_npu: bool = False,
                         memory_margin: int = DEFAULT_MARGIN, available: Callable[[], int] = available_memory,
-                        worker: Path = WORKER) -> CompileReport:
+                        worker: Path = WORKER, executor: str = "local", address: str | None = None) -> CompileReport:
     """:func:`compile_plan`, returning the per-stage outcomes as well (keyword options as documented there).
 
     ``shared_cache`` is a cache dir shared between plans (default: the user-level build cache,
     :mod:`rkpart.compile.user_cache`; ``cache=False`` uses none); ``stages`` limits the build
     to those NPU stage ids (the others keep their artifacts); ``retry_failed`` rebuilds stages
     whose crash is remembered by the cache; ``worker`` is replaced only by test fakes.
+    ``executor="ray"`` runs the builds as Ray tasks on the cluster at ``address``
+    (:mod:`rkpart.compile.ray_executor`); results land in the plan exactly as local builds.
     """
     say = progress or (lambda _m: None)
     folder = Path(folder)
@@ -255,6 +260,12 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
                        shared=shared, model=model, timeout=timeout, jobs=jobs, retry_failed=retry_failed,
                        margin=memory_margin, available=available, worker=worker, say=say, t0=t0,
                        rewrites=rewrites)
+        if executor == "ray":
+            from rkpart.compile.ray_executor import RayRunner
+
+            ctx.runner = RayRunner(address, toolkits_dir=toolkits_dir, say=say)
+        elif executor != "local":
+            raise UserError(f"unknown executor {executor!r}: choose local or ray")
         outcomes = ctx.compile_round(chosen, tk, fallback_reason=None)
         if fb is not None:
             retry = [s for s in chosen if outcomes[s.id].status == "failed"]
@@ -367,6 +378,8 @@ class _Context:
     rewrites: bool = True
     #: stage id -> what prepare_stage did for the last toolkit that saw it (None: nothing)
     prepared: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    #: runs one build (Ray's RayRunner); None: local subprocesses under the memory scheduler
+    runner: Callable[..., BuildResult] | None = None
 
     def compile_round(self, stages: Sequence[Stage], tk: Toolkit,
                       fallback_reason: Mapping[str, str] | None) -> dict[str, StageOutcome]:
@@ -436,8 +449,13 @@ class _Context:
                      f"elapsed {time.monotonic() - self.t0:.0f} s")
             advance(self.say, ev["done"], ev["total"])
 
-        sched = Scheduler(self.jobs, available=self.available, margin=self.margin,
-                          tmp_parent=self.folder / RKNN_DIR / ".tmp")
+        if self.runner is None:
+            sched = Scheduler(self.jobs, available=self.available, margin=self.margin,
+                              tmp_parent=self.folder / RKNN_DIR / ".tmp")
+        else:  # the cluster admits builds by its ``memory`` resource; keep about one per CPU in flight
+            slots = getattr(self.runner, "slots", lambda: len(todo))()
+            sched = Scheduler(max(self.jobs, slots), available=lambda: 1 << 62, margin=0, runner=self.runner,
+                              tmp_parent=self.folder / RKNN_DIR / ".tmp")
         try:
             sched.run([p.job for p in todo if p.job is not None], progress=on_event)
         finally:

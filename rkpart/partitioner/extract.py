@@ -10,12 +10,15 @@ file) into the stage's own data file, so a 4 GB model is cut with a few MB of me
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import shutil
 from collections.abc import Mapping
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import onnx
@@ -25,6 +28,7 @@ from rkpart.errors import InvalidModelError, first_line
 from rkpart.io import atomic_writer, hash_file
 from rkpart.ir import ModelGraph, Subgraph
 from rkpart.ir.ops import CONTROL_FLOW_OPS
+from rkpart.partitioner.weights import fast_writer
 
 #: weights at least this large go to the stage's external data file
 DEFAULT_EXTERNAL_THRESHOLD = 1024
@@ -74,11 +78,7 @@ def _initializer_bytes(mg: ModelGraph, init: TensorProto, dst: BinaryIO, chunk: 
                 dst.write(buf)
                 left -= len(buf)
         return length
-    if init.HasField("raw_data"):
-        dst.write(init.raw_data)
-        return len(init.raw_data)
-    arr = numpy_helper.to_array(init)
-    data = np.ascontiguousarray(arr).tobytes()
+    data = init.raw_data if init.HasField("raw_data") else np.ascontiguousarray(numpy_helper.to_array(init)).tobytes()
     dst.write(data)
     return len(data)
 
@@ -96,6 +96,30 @@ def _inline(mg: ModelGraph, t: str) -> TensorProto:
     return small
 
 
+#: one piece of a stage's data file: zero padding, a slice of a source file, or bytes
+_Piece = tuple[str, Any, int, int]
+
+
+@dataclass
+class PendingStage:
+    """A stage whose ``.onnx`` is written and whose data file and sha256 may still be in flight."""
+
+    stage: ExtractedStage
+    _sha: Future[str] | None = None
+    _data: Future[None] | None = None
+
+    def done(self) -> bool:
+        return all(f is None or f.done() for f in (self._sha, self._data))
+
+    def result(self) -> ExtractedStage:
+        """The finished stage (waits for its data file and hash)."""
+        if self._data is not None:
+            self._data.result()
+        if self._sha is None:
+            return self.stage
+        return replace(self.stage, sha256=self._sha.result())
+
+
 def extract(
     mg: ModelGraph,
     sub: Subgraph,
@@ -104,52 +128,175 @@ def extract(
     name: str,
     external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
     doc: str = "",
+    linked: Mapping[str, str] | None = None,
+    durable: bool = True,
 ) -> ExtractedStage:
-    """Write ``sub`` as ``path`` (+ ``path.data`` for weights >= ``external_threshold``)."""
+    """Write ``sub`` as ``path`` (+ ``path.data`` for weights >= ``external_threshold``).
+
+    With ``linked`` (source data location -> location relative to ``path``'s folder, see
+    :mod:`rkpart.partitioner.weights`) weights stored externally in the source are
+    referenced there by their source offset and length instead of being copied.
+    ``durable=False`` skips the per-file ``fsync`` (the caller flushes the folder once).
+    """
+    return extract_start(mg, sub, path, name=name, external_threshold=external_threshold, doc=doc,
+                         linked=linked, durable=durable).result()
+
+
+def extract_start(
+    mg: ModelGraph,
+    sub: Subgraph,
+    path: Path,
+    *,
+    name: str,
+    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
+    doc: str = "",
+    linked: Mapping[str, str] | None = None,
+    durable: bool = True,
+    pool: Executor | None = None,
+) -> PendingStage:
+    """:func:`extract`, with the weight bytes moved and hashed on ``pool`` (when given).
+
+    The data file's layout is decided first, so that the stage's ``.onnx`` can be written
+    and its sha256 (the ``.onnx`` bytes, then the data bytes) computed from the *source*
+    slices, in parallel with the kernel copying them (``copy_file_range``): every weight
+    byte is read once for the hash and never read back from the stage.
+    """
     nodes = _collect_nodes(mg, sub)
     big = {t for t in sub.weights if mg.weight_bytes(t) >= external_threshold}
     data_name = path.name + ".data"
     data_path = path.with_name(data_name)
     initializers: list[TensorProto] = []
-    if big:
-        with atomic_writer(data_path) as tmp_data, open(tmp_data, "wb") as dst:
-            offset = 0
-            for t in sub.weights:
-                if t not in big:
-                    initializers.append(_inline(mg, t))
-                    continue
-                init = mg.initializers[t]
-                pad = (-offset) % 64  # keep tensors aligned for readers that mmap
-                if pad:
-                    dst.write(b"\0" * pad)
-                    offset += pad
-                written = _initializer_bytes(mg, init, dst)
-                ext = TensorProto(name=t, data_type=init.data_type, dims=list(init.dims))
-                ext.data_location = TensorProto.EXTERNAL
-                for k, v in (("location", data_name), ("offset", str(offset)), ("length", str(written))):
-                    e = ext.external_data.add()
-                    e.key, e.value = k, v
-                offset += written
-                initializers.append(ext)
-    else:
-        if data_path.exists():
-            data_path.unlink()
-        initializers = [_inline(mg, t) for t in sub.weights]
+    pieces: list[_Piece] = []
+    offset = 0
+    for t in sub.weights:
+        init = mg.initializers[t]
+        if t not in big:
+            initializers.append(_inline(mg, t))
+            continue
+        src = _source_ref(init)
+        length = mg.weight_bytes(t)
+        if linked and src is not None and src[0] in linked:
+            initializers.append(_external(init, linked[src[0]], src[1], length))
+            continue
+        pad = (-offset) % 64  # keep tensors aligned for readers that mmap
+        if pad:
+            pieces.append(("pad", None, 0, pad))
+            offset += pad
+        if src is not None:
+            pieces.append(("file", mg.path.parent / src[0], src[1], length))
+        else:
+            raw = _inline(mg, t).raw_data
+            if len(raw) != length:
+                from rkpart.errors import InternalError
+
+                raise InternalError(f"tensor {t!r}: {len(raw)} bytes, its shape needs {length}")
+            pieces.append(("bytes", raw, 0, length))
+        initializers.append(_external(init, data_name, offset, length))
+        offset += length
     model = _model(mg, sub, nodes, initializers, name=name, doc=doc, producer_name="rkpart",
                    value_info=True)
     data = model.SerializeToString(deterministic=True)
-    with atomic_writer(path) as tmp:
+    writer = atomic_writer if durable else fast_writer
+    with writer(path) as tmp:
         tmp.write_bytes(data)
-    return ExtractedStage(
+    stage = ExtractedStage(
         file=path.name,
-        data_file=data_path.name if big else None,
+        data_file=data_name if pieces else None,
         inputs=sub.inputs,
         outputs=sub.outputs,
         weight_bytes=sub.weight_bytes,
         io_bytes=sub.io_bytes,
-        sha256=stage_sha256(path),
+        sha256="",
         num_nodes=len(nodes),
     )
+    if not pieces:
+        if data_path.exists():
+            data_path.unlink()
+        return PendingStage(replace(stage, sha256=hashlib.sha256(data).hexdigest()))
+    if pool is None:
+        _write_data(pieces, data_path, durable)
+        return PendingStage(replace(stage, sha256=_hash_pieces(data, pieces)))
+    return PendingStage(stage, pool.submit(_hash_pieces, data, pieces),
+                        pool.submit(_write_data, pieces, data_path, durable))
+
+
+def _hash_pieces(head: bytes, pieces: list[_Piece]) -> str:
+    """sha256 of ``head`` followed by the data file ``pieces`` describe, read from their sources."""
+    h = hashlib.sha256(head)
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    for kind, src, off, length in pieces:
+        if kind == "pad":
+            h.update(bytes(length))
+        elif kind == "bytes":
+            h.update(src)
+        else:
+            with open(src, "rb", buffering=0) as f:
+                f.seek(off)
+                left = length
+                while left:
+                    k = f.readinto(view[:min(_CHUNK, left)])
+                    if not k:
+                        raise InvalidModelError(f"external data file {Path(src).name} is too short")
+                    h.update(view[:k])
+                    left -= k
+    return h.hexdigest()
+
+
+def _write_data(pieces: list[_Piece], path: Path, durable: bool) -> None:
+    """Write the data file: slices of source files are copied by the kernel (``copy_file_range``)."""
+    writer = atomic_writer if durable else fast_writer
+    with writer(path) as tmp, open(tmp, "wb", buffering=0) as dst:
+        pos = 0
+        for kind, src, off, length in pieces:
+            if kind == "pad":
+                dst.write(bytes(length))
+            elif kind == "bytes":
+                dst.write(src)
+            else:
+                with open(src, "rb", buffering=0) as f:
+                    _copy_range(f, dst, off, pos, length, Path(src).name)
+            pos += length
+
+
+def _copy_range(src: BinaryIO, dst: BinaryIO, off: int, pos: int, length: int, name: str) -> None:
+    left = length
+    try:
+        while left:
+            k = os.copy_file_range(src.fileno(), dst.fileno(), left, off + length - left, pos + length - left)
+            if not k:
+                raise InvalidModelError(f"external data file {name} is too short")
+            left -= k
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        src.seek(off + length - left)
+        dst.seek(pos + length - left)
+        while left:
+            buf = src.read(min(_CHUNK, left))
+            if not buf:
+                raise InvalidModelError(f"external data file {name} is too short") from None
+            dst.write(buf)
+            left -= len(buf)
+    dst.seek(pos + length)
+
+
+def _source_ref(init: TensorProto) -> tuple[str, int, int | None] | None:
+    """``(location, offset, length)`` of an initializer stored externally in the source, else ``None``."""
+    if init.data_location != TensorProto.EXTERNAL:
+        return None
+    info = {e.key: e.value for e in init.external_data}
+    length = int(info["length"]) if info.get("length") else None
+    return info["location"], int(info.get("offset", 0) or 0), length
+
+
+def _external(init: TensorProto, location: str, offset: int, length: int) -> TensorProto:
+    ext = TensorProto(name=init.name, data_type=init.data_type, dims=list(init.dims))
+    ext.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        e = ext.external_data.add()
+        e.key, e.value = k, v
+    return ext
 
 
 def subgraph_model(

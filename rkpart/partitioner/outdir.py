@@ -46,7 +46,8 @@ def model_files(model: Path, proto: Any = None) -> list[Path]:
 
 
 def resume_key(model: Path, proto: Any, strategy: str, options: Any, groups: Sequence[_Group], *,
-               external_threshold: int, simplify: bool, input_shapes: Mapping[str, Any] | None) -> str:
+               external_threshold: int, simplify: bool, input_shapes: Mapping[str, Any] | None,
+               weights: str = "copy") -> str:
     """The identity of a partition run: a staging folder written under another key is not reused."""
     from rkpart import __version__
 
@@ -59,6 +60,7 @@ def resume_key(model: Path, proto: Any, strategy: str, options: Any, groups: Seq
         "threshold": external_threshold,
         "simplify": simplify,
         "shapes": {str(k): list(v) for k, v in sorted((input_shapes or {}).items())},
+        **({"weights": weights} if weights != "copy" else {}),  # a link run's stages are not a copy run's
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -3,8 +3,10 @@
 Every command that reads a file a plan names goes through :func:`stage_onnx` or
 :func:`artifact_file`: the path is confined to the plan folder and must be a regular file
 (:func:`rkpart.io.confined_file`), a stage's external data must be its own ``<file>.data``
-next to it, and the bytes must still match the sha256 that ``partition`` (or ``compile``)
-recorded, so a swapped or edited stage is refused instead of silently compiled or run.
+next to it or, in a ``--weights link`` plan, a shared file under ``stages/weights/``, and the
+bytes must still match the sha256 that ``partition`` (or ``compile``) recorded (for a link
+stage: its ``.onnx``, which names the shared file's offsets and lengths, and its own data),
+so a swapped or edited stage is refused instead of silently compiled or run.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from rkpart.errors import SpecError
 from rkpart.io import confined_file, file_sha256, onnx_with_data
 from rkpart.partitioner.extract import stage_sha256
 from rkpart.partitioner.plan import Artifact, Stage
+from rkpart.partitioner.weights import LINK_DIR
 
 # files already hashed, by identity (ctime cannot be set back by a user): profile rounds and
 # per-stage comparisons open the same stage many times
@@ -56,10 +59,12 @@ def stage_onnx(folder: str | os.PathLike[str], stage: Stage, *, verify: bool = T
     files = onnx_with_data(folder, stage.file, what=what)
     onnx_path = files[0]
     own = onnx_path.with_name(onnx_path.name + ".data")
+    shared = onnx_path.parent / LINK_DIR  # --weights link: the model's data files, shared by the stages
     for f in files[1:]:
-        if f != own:
+        if f != own and shared not in f.parents:
             raise SpecError(f"stage {stage.id}: external data {f.relative_to(folder)} is not the stage's own "
-                            f"data file {PurePosixPath(stage.file).name}.data")
+                            f"data file {PurePosixPath(stage.file).name}.data nor under "
+                            f"{PurePosixPath(stage.file).parent / LINK_DIR}/")
     if os.path.lexists(own):
         confined_file(folder, str(PurePosixPath(stage.file).with_name(own.name)),
                       what=f"stage {stage.id} data file")

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +28,19 @@ from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import (
     DEFAULT_EXTERNAL_THRESHOLD,
     ExtractedStage,
+    PendingStage,
     check_stage,
-    extract,
+    extract_start,
     stage_sha256,
 )
 from rkpart.partitioner.outdir import check_out, check_staging, resume_key
 from rkpart.partitioner.partition import OrderedGroup, Partition, order_groups
 from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
+from rkpart.partitioner.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
 
 Progress = Callable[[str], None]
+#: stages whose weights may be in flight at once
+_IN_FLIGHT = 3
 #: rewrites an NPU stage file in place and returns its new description, or ``None`` to keep it
 StageSimplifier = Callable[[Path, ExtractedStage], "ExtractedStage | None"]
 
@@ -61,8 +66,12 @@ def write_partition(
     external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
     simplify: StageSimplifier | None = None,
     progress: Progress = _noop,
+    weights: WeightsMode = "copy",
 ) -> Plan:
     """Write ``part`` of ``mg`` as the plan folder ``out`` and return the plan.
+
+    ``weights="link"`` copies no weights: stages reference the source's external data,
+    linked into the plan folder (:mod:`rkpart.partitioner.weights`).
 
     An existing non-empty ``out`` is replaced only with ``force``, and only once the new plan
     is complete.  ``input_shapes`` are the shapes ``mg`` was loaded with (part of the resume
@@ -88,7 +97,7 @@ def write_partition(
     # (an edited spec or cost model), options, rkpart version (rkpart.partitioner.outdir)
     run_key = resume_key(model_path, mg.model, part.strategy, _jsonable(part.options), groups,
                          external_threshold=external_threshold, simplify=simplify is not None,
-                         input_shapes=input_shapes)
+                         input_shapes=input_shapes, weights=weights)
 
     staging = out.with_name(f".{out.name}.partial")
     check_staging(staging, contents=False)  # its contents are judged under the lock, below
@@ -101,7 +110,7 @@ def write_partition(
                 recover_folder(out)
                 prepare_out(out, force, model_path)  # again: another run may have finished meanwhile
                 plan = _write_stages(mg, disc, part, groups, staging, run_key, model_path, model_sha,
-                                     external_threshold, simplify, progress)
+                                     external_threshold, simplify, progress, weights)
                 replace_folder(staging, out)
         except UserError:
             # a user error is deterministic (a rerun hits it again): the staging folder is
@@ -177,6 +186,7 @@ def _write_stages(
     external_threshold: int,
     simplify: StageSimplifier | None,
     progress: Progress,
+    weights: WeightsMode = "copy",
 ) -> Plan:
     """Write every stage and ``plan.json`` into ``staging`` (locked), resuming finished stages.
 
@@ -199,23 +209,18 @@ def _write_stages(
     atomic_write_bytes(key_file, json.dumps({"key": run_key}).encode())
     stages_dir = staging / "stages"
     stages_dir.mkdir(exist_ok=True)
-    stages: list[Stage] = []
+    linked: dict[str, str] | None = None
+    weights_record: dict[str, Any] | None = None
+    if weights == "link":
+        linked, weights_record = link_files(mg, stages_dir)
+        progress(f"linked {len(linked)} weights file(s) into {stages_dir.name}/{LINK_DIR}")
+    stages: list[Stage | None] = []
     tensors: dict[str, TensorInfo] = {}
-    n = len(groups)
-    for idx, g in enumerate(groups):
-        sub = mg.subgraph(g.ops)
-        ins, outs = sub.inputs, sub.outputs
-        fname = f"{idx:03d}_{g.id}.onnx"
-        prev = _stage_done(stages_dir, fname)
-        if prev is not None:
-            progress(f"[{idx + 1}/{n}] {g.id}: already written (resumed)")
-            stages.append(prev)
-            _add_tensors(mg, tensors, [*ins, *outs])
-            continue
-        progress(f"[{idx + 1}/{n}] {g.id} ({g.device}, {len(g.ops)} ops)")
-        ex = extract(mg, sub, stages_dir / fname, name=g.id,
-                     external_threshold=external_threshold,
-                     doc=f"rkpart stage {g.id} ({g.kind}) of {model_path.name}")
+    pending: dict[int, tuple[PendingStage, OrderedGroup, str]] = {}
+
+    def finish(i: int) -> None:
+        job, g, fname = pending.pop(i)
+        ex = job.result()
         check_stage(stages_dir / fname)
         if simplify is not None and g.device == "npu":
             ex = simplify(stages_dir / fname, ex) or ex
@@ -224,9 +229,35 @@ def _write_stages(
             block=g.block, blocks=g.blocks, region=g.region, kind=g.kind, weight_bytes=ex.weight_bytes,
             io_bytes=ex.io_bytes, sha256=ex.sha256, num_nodes=ex.num_nodes,
         )
-        atomic_write_bytes(stages_dir / f"{fname}.done.json", json.dumps(stage.to_json(), sort_keys=True).encode())
-        stages.append(stage)
-        _add_tensors(mg, tensors, [*ins, *outs])
+        with fast_writer(stages_dir / f"{fname}.done.json") as tmp:  # verified by sha256 on resume
+            tmp.write_bytes(json.dumps(stage.to_json(), sort_keys=True).encode())
+        stages[i] = stage
+
+    n = len(groups)
+    # weight bytes are copied (in the kernel) and hashed (from the source) on two threads while
+    # the next stages' graphs are cut; at most a few stages are in flight
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="rkpart-weights") as pool:
+        for idx, g in enumerate(groups):
+            sub = mg.subgraph(g.ops)
+            _add_tensors(mg, tensors, [*sub.inputs, *sub.outputs])
+            fname = f"{idx:03d}_{g.id}.onnx"
+            prev = _stage_done(stages_dir, fname)
+            stages.append(prev)
+            if prev is not None:
+                progress(f"[{idx + 1}/{n}] {g.id}: already written (resumed)")
+                continue
+            progress(f"[{idx + 1}/{n}] {g.id} ({g.device}, {len(g.ops)} ops)")
+            job = extract_start(mg, sub, stages_dir / fname, name=g.id,
+                                external_threshold=external_threshold, linked=linked, durable=False,
+                                doc=f"rkpart stage {g.id} ({g.kind}) of {model_path.name}", pool=pool)
+            pending[idx] = (job, g, fname)
+            for i in sorted(pending):
+                if pending[i][0].done() or len(pending) > _IN_FLIGHT:
+                    finish(i)
+        for i in sorted(pending):
+            finish(i)
+    done = [s for s in stages if s is not None]
+    assert len(done) == n
     _add_tensors(mg, tensors, [*mg.inputs, *mg.outputs])
     plan = Plan(
         model={"file": model_path.name, "sha256": model_sha, "opset": mg.opset,
@@ -236,21 +267,29 @@ def _write_stages(
         inputs=mg.inputs,
         outputs=mg.outputs,
         tensors=tensors,
-        stages=tuple(stages),
+        stages=tuple(done),
         blocks=tuple(disc.summary()) if disc else (),
         extra={"discovery": disc.method if disc else None, "notes": list(part.notes),
-               **({"npu_coverage": npu_coverage(mg, disc, groups).to_json()} if disc else {})},
+               **({"npu_coverage": npu_coverage(mg, disc, groups).to_json()} if disc else {}),
+               **({"weights": weights_record} if weights_record else {})},
     )
-    plan.save(staging)
+    with fast_writer(staging / PLAN_FILENAME) as tmp:
+        tmp.write_bytes(plan.dumps().encode())
     for f in stages_dir.glob("*.done.json"):
         f.unlink()
     key_file.unlink()
     # files of stages a previous, different partition left (e.g. more stages) are not ours
-    keep = {Path(s.file).name for s in stages} | {f"{Path(s.file).name}.data" for s in stages}
+    keep = {Path(s.file).name for s in done} | {f"{Path(s.file).name}.data" for s in done}
+    if linked is not None:
+        keep.add(LINK_DIR)
     for f in stages_dir.iterdir():
         if f.name not in keep:
-            f.unlink()
+            if f.is_dir() and not f.is_symlink():
+                shutil.rmtree(f)
+            else:
+                f.unlink()
     _sweep_temp(staging)
+    sync_tree(staging)  # the one flush: every stage file was renamed into place without fsync
     return plan
 
 

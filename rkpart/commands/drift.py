@@ -1,0 +1,66 @@
+"""Click command ``rkpart drift``: a denoising loop through each plan on ONNX Runtime and in
+the rknn-toolkit2 simulator, compared per step and per block (:mod:`rkpart.profile.drift`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from rkpart.cli_args import (
+    build_options,
+    emit,
+    json_option,
+    quiet_option,
+    toolkit_option,
+    toolkits_dir_option,
+    user_errors,
+)
+from rkpart.progress import Reporter
+
+
+@click.command("drift")
+@click.argument("plans", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True, help="Denoising steps.")
+@click.option("--cfg/--no-cfg", default=True, show_default=True,
+              help="Classifier-free guidance: a conditional and an unconditional pass per step.")
+@click.option("--guidance", type=float, default=4.0, show_default=True, help="CFG scale.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the latent and the conditioning.")
+@toolkit_option(required=True, help="rknn-toolkit2 version whose simulator runs the NPU stages (e.g. 2.5.0).")
+@build_options
+@toolkits_dir_option
+@click.option("--blocks/--no-blocks", "show_blocks", default=True, show_default=True,
+              help="Print per-block rows too (the latent rows are always printed).")
+@click.option("--accuracy", "accuracy_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the cost model's accuracy term measured by this table (JSON) to this file.")
+@quiet_option
+@json_option(help="Print the table as JSON.")
+@user_errors
+def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: int, toolkit: str, target: str,
+          rknn_config: dict[str, Any], toolkits_dir: str | None, show_blocks: bool, accuracy_out: Path | None,
+          quiet: bool, as_json: bool) -> None:
+    """Measure how far PLANS (split, fused, auto's choice...) drift from ONNX Runtime over a
+    flow-matching denoising loop in the rknn-toolkit2 simulator: cosine, max-abs and MSE of
+    the latent per step and of each block's output."""
+    from rkpart.partitioner.plan import load_plan
+    from rkpart.profile.drift import drift as run_drift
+    from rkpart.profile.drift import render
+    from rkpart.runtime.rknn_sim import RknnSimBackend
+
+    loaded = []
+    for p in plans:
+        plan, folder = load_plan(p)
+        loaded.append((f"{plan.strategy['name']}:{folder.name}", plan, folder))
+    backend = RknnSimBackend(toolkit, target=target, config=rknn_config, toolkits_dir=toolkits_dir)
+    with Reporter(quiet=quiet) as say:
+        rows = run_drift(loaded, backend, steps=steps, cfg=cfg, guidance=guidance, seed=seed, progress=say)
+    if accuracy_out is not None:
+        from rkpart.cost_model.drift_accuracy import accuracy_from_drift, family_of
+        from rkpart.io import atomic_write_bytes
+
+        acc = accuracy_from_drift(rows, {label: family_of(plan) for label, plan, _ in loaded})
+        atomic_write_bytes(accuracy_out, (json.dumps(acc, indent=2, sort_keys=True) + "\n").encode())
+    emit(as_json, lambda: {"steps": steps, "cfg": cfg, "guidance": guidance, "seed": seed,
+                           "rows": [r.to_json() for r in rows]}, lambda: render(rows, blocks=show_blocks))

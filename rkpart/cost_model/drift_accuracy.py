@@ -1,0 +1,73 @@
+"""The cost model's accuracy term from a measured drift table (``rkpart drift``).
+
+The shipped calibration's accuracy term is the write-up's per-block MSE ratio (fused 19.5x
+split) with a hand-set floor of 4x.  A drift table measures what matters instead: the latent
+after the whole denoising loop (every block, every step, CFG) on the NPU backend against
+ONNX Runtime.  :func:`accuracy_from_drift` turns one into the ``accuracy`` dict a
+:class:`~rkpart.cost_model.model.CostModel` carries, which selection
+(:func:`rkpart.cost_model.select.choose`) reads unchanged:
+
+- ``families[key].ratio``: the family's final latent MSE over the baseline family's;
+- ``default_max_ratio`` (the floor): the largest ratio among families whose final latent cosine
+  is at least ``min_cosine``; a family that drifts further is excluded by selection.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rkpart.cost_model.model import CostModel
+from rkpart.errors import UserError
+from rkpart.partitioner.plan import Plan
+from rkpart.profile.drift import LATENT, DriftRow
+
+BASELINE = "adaln=host,residual=host"
+#: final-latent cosine a partition family must keep to be selectable
+DEFAULT_MIN_COSINE = 0.999
+_EPS = 1e-30
+
+
+def family_of(plan: Plan) -> str:
+    """The accuracy family (``Candidate.accuracy_key``) of a split or fused plan."""
+    name = plan.strategy.get("name")
+    opts = plan.strategy.get("options", {})
+    if name == "fused":
+        return "adaln=npu,residual=npu"
+    if name == "split":
+        return f"adaln={opts.get('adaln') or 'host'},residual={opts.get('residual') or 'host'}"
+    raise UserError(f"no accuracy family for a {name!r} plan: measure split and fused plans")
+
+
+def accuracy_from_drift(rows: Sequence[DriftRow], families: Mapping[str, str], *, baseline: str = BASELINE,
+                        min_cosine: float = DEFAULT_MIN_COSINE) -> dict[str, Any]:
+    """The ``accuracy`` term from ``rows`` (``families``: plan label -> accuracy family)."""
+    final: dict[str, DriftRow] = {}
+    for r in rows:
+        if r.kind == LATENT and r.plan in families and (r.plan not in final or r.step > final[r.plan].step):
+            final[r.plan] = r
+    by_family = {families[label]: r for label, r in final.items()}
+    if baseline not in by_family:
+        raise UserError(f"the drift table has no plan of the baseline family {baseline} (a default split plan)")
+    base = max(by_family[baseline].mse, _EPS)
+    steps = by_family[baseline].step + 1
+    ratios = {f: round(max(r.mse, _EPS) / base, 4) if f != baseline else 1.0 for f, r in by_family.items()}
+    fams = {f: {"ratio": ratios[f], "final_cosine": r.cosine, "final_mse": r.mse, "final_max_abs": r.max_abs,
+                "source": f"drift: latent after {r.step + 1} step(s), plan {r.plan}"}
+            for f, r in sorted(by_family.items())}
+    ok = [ratios[f] for f, r in by_family.items() if r.cosine >= min_cosine]
+    return {
+        "metric": f"latent MSE after {steps} denoising step(s) relative to {baseline} (rkpart drift)",
+        "default_max_ratio": max([1.0, *ok]),
+        "min_cosine": min_cosine,
+        "families": fams,
+    }
+
+
+def with_drift(model: CostModel, rows: Sequence[DriftRow], families: Mapping[str, str], **kw: Any) -> CostModel:
+    """``model`` with its accuracy term measured by ``rows`` (see :func:`accuracy_from_drift`)."""
+    return dataclasses.replace(model, accuracy=accuracy_from_drift(rows, families, **kw))
+
+
+__all__ = ["BASELINE", "DEFAULT_MIN_COSINE", "accuracy_from_drift", "family_of", "with_drift"]

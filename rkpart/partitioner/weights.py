@@ -1,0 +1,172 @@
+"""How a plan holds its stages' weights: copied per stage, or linked from the source.
+
+``copy`` (the default) gives every stage its own ``<stage>.onnx.data``.  ``link`` writes no
+per-stage weights: each external-data file of the source model is placed once in the plan
+folder as ``stages/weights/<location>``, as a reflink (copy-on-write: no bytes copied, and
+the plan is unaffected if the source is rewritten) on filesystems that have them (XFS,
+Btrfs, bcachefs, ...), else as one in-kernel whole-file copy; every stage's ``.onnx``
+references its tensors in that file by the source's own offset and length.  A stage stays
+a standalone ONNX file (``onnx.load`` and ONNX Runtime resolve the location next to it), and
+every path stays inside the plan folder.  Hard links are not used: ``onnx.load`` refuses
+external data files with more than one link.
+
+Writing is not made durable file by file: stage files are renamed into place without
+``fsync`` (a resumed run re-verifies each finished stage by sha256), and the whole staging
+folder is flushed in one pass by :func:`sync_tree` before it replaces the output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from onnx import TensorProto
+
+from rkpart.errors import SpecError
+from rkpart.ir import ModelGraph
+
+WeightsMode = Literal["copy", "link"]
+WEIGHTS_MODES: tuple[WeightsMode, ...] = ("copy", "link")
+#: the folder (under the plan's ``stages/``) holding linked source data files
+LINK_DIR = "weights"
+_FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+
+
+def source_locations(mg: ModelGraph) -> list[str]:
+    """The external-data locations the model's initializers use, sorted and unique."""
+    locs = set()
+    for init in mg.initializers.values():
+        if init.data_location == TensorProto.EXTERNAL:
+            for e in init.external_data:
+                if e.key == "location":
+                    locs.add(e.value)
+    return sorted(locs)
+
+
+def _reflink(src: Path, dst: Path) -> bool:
+    """Clone ``src`` to ``dst`` (``FICLONE``); ``False`` where the filesystem cannot."""
+    with open(src, "rb") as s, open(dst, "wb") as d:
+        try:
+            fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
+            return True
+        except OSError as e:
+            if e.errno in (errno.EOPNOTSUPP, errno.ENOTTY, errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EBADF):
+                return False
+            raise
+
+
+def link_one(src: Path, dst: Path) -> str:
+    """Place ``src``'s bytes at ``dst`` without copying when possible; returns how (``reflink`` or ``copy``).
+
+    Never a hard link: ``onnx.load`` and ``onnx.checker`` refuse external data with more than
+    one link ("potential hardlink attack"), so one would break the stages *and* the source.
+    Without reflinks the file is copied whole, in the kernel (``copy_file_range``), unhashed.
+    """
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        if _reflink(src, tmp):
+            how = "reflink"
+        else:
+            shutil.copyfile(src, tmp)
+            how = "copy"
+        shutil.copymode(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return how
+
+
+def link_files(mg: ModelGraph, stages_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """Link every source data file into ``stages_dir/weights``.
+
+    Returns the location map (source location -> location relative to the stage files) and
+    the plan record (``extra.weights``).  A file already placed by an interrupted run (same
+    size and modification time as the source) is kept.
+    """
+    locations: dict[str, str] = {}
+    files: dict[str, Any] = {}
+    for loc in source_locations(mg):
+        src = mg.path.parent / loc
+        rel = str(PurePosixPath(LINK_DIR) / PurePosixPath(loc))
+        dst = stages_dir / rel
+        sst = src.stat()
+        dstat = dst.lstat() if os.path.lexists(dst) else None
+        if dstat is not None and stat.S_ISREG(dstat.st_mode) and dstat.st_size == sst.st_size \
+                and dstat.st_mtime_ns == sst.st_mtime_ns:
+            how = "kept"
+        else:
+            how = link_one(src, dst)
+            os.utime(dst, ns=(sst.st_atime_ns, sst.st_mtime_ns))
+        locations[loc] = rel
+        files[rel] = {"size": sst.st_size, "linked": how}
+    return locations, {"mode": "link", "files": files}
+
+
+def linked_file_names(record: Mapping[str, Any] | None) -> list[str]:
+    """The linked data files a plan's ``extra.weights`` record names (relative to ``stages/``)."""
+    if not record or record.get("mode") != "link":
+        return []
+    return sorted(str(k) for k in record.get("files", {}))
+
+
+def check_links(folder: Path, record: Mapping[str, Any] | None) -> None:
+    """Refuse a linked weights file that is missing or changed size since partition."""
+    for rel in linked_file_names(record):
+        p = folder / "stages" / rel
+        want = int(record["files"][rel]["size"]) if record else 0
+        if not p.is_file():
+            raise SpecError(f"linked weights file stages/{rel} is missing; rerun rkpart partition")
+        if p.stat().st_size != want:
+            raise SpecError(f"linked weights file stages/{rel} changed size since partition "
+                            f"({p.stat().st_size} bytes, expected {want}): the source model was rewritten in "
+                            "place; rerun rkpart partition")
+
+
+@contextlib.contextmanager
+def fast_writer(path: Path) -> Iterator[Path]:
+    """Like :func:`rkpart.io.atomic_writer` (temp file, rename) but without ``fsync``: for files
+    inside a staging folder that :func:`sync_tree` flushes once at the end."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.fchmod(fd, 0o666 & ~mask)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp_path.unlink()
+        raise
+
+
+def sync_tree(folder: Path) -> None:
+    """Make everything under ``folder`` durable in one pass at the end: ``fsync`` of every file
+    and folder (most bytes were written back while later stages were cut, so this mostly waits
+    for the tail).  Not ``syncfs``: on a shared disk that would wait for other processes' writes."""
+    for dirpath, _, names in os.walk(folder):
+        for n in [*names, "."]:
+            fd = os.open(os.path.join(dirpath, n), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+__all__ = ["LINK_DIR", "WEIGHTS_MODES", "WeightsMode", "check_links", "fast_writer", "link_files", "link_one",
+           "linked_file_names", "source_locations", "sync_tree"]

@@ -1,0 +1,169 @@
+"""Drift through the whole model: a denoising loop on ONNX Runtime vs on the NPU backend.
+
+``rkpart drift PLAN [PLAN ...] --steps N --cfg`` runs a simple flow-matching sampler (Euler,
+``sigma`` from 1 to 0 in ``N`` equal steps, fixed seed) through each plan twice: once with every
+stage on ONNX Runtime (the reference, in the model's own precision) and once with the NPU
+stages on the backend (the rknn-toolkit2 simulator).  Each run follows its *own* trajectory,
+so errors accumulate over blocks and steps the way they would on the board.  Per step it
+reports cosine, max-abs and MSE of the latent after the Euler update, and per block the same
+metrics of the block's NPU stage outputs (the cond pass; with CFG the uncond pass too).
+
+The plan's inputs are recognised by shape: the latent is the input shaped like the model's
+output, the timestep the smallest input, everything else conditioning (seeded normal values;
+zeros for the unconditional CFG pass).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rkpart.errors import SpecError
+from rkpart.partitioner.plan import Plan
+from rkpart.runtime.base import Backend
+from rkpart.runtime.executor import PlanExecutor
+from rkpart.validation.metrics import compare
+
+LATENT = "latent"  # the ``block`` column of a per-step latent row
+
+
+@dataclass(frozen=True)
+class DriftRow:
+    """One comparison: plan label, step (0-based), pass (``cond``/``uncond``/``latent``), block."""
+
+    plan: str
+    step: int
+    kind: str
+    block: int | None
+    cosine: float
+    max_abs: float
+    mse: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"plan": self.plan, "step": self.step, "kind": self.kind, "block": self.block,
+                "cosine": self.cosine, "max_abs": self.max_abs, "mse": self.mse}
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Which plan input is the latent, which the timestep, which conditioning."""
+
+    latent: str
+    output: str
+    timestep: str
+    context: tuple[str, ...]
+
+
+def roles(plan: Plan) -> Roles:
+    """Recognise the latent / timestep / conditioning inputs by shape (see the module doc)."""
+    if len(plan.outputs) != 1:
+        raise SpecError(f"drift needs a model with one output (the velocity); this one has {len(plan.outputs)}")
+    out = plan.tensors[plan.outputs[0]]
+    latents = [t for t in plan.inputs if plan.tensors[t].shape == out.shape]
+    if not latents:
+        raise SpecError(f"no model input has the output's shape {list(out.shape)}: cannot tell the latent")
+    rest = [t for t in plan.inputs if t != latents[0]]
+    if not rest:
+        raise SpecError("no timestep input besides the latent")
+    timestep = min(rest, key=lambda t: (math.prod(plan.tensors[t].shape), t))
+    return Roles(latents[0], plan.outputs[0], timestep, tuple(t for t in rest if t != timestep))
+
+
+def block_outputs(plan: Plan) -> dict[str, int]:
+    """NPU stage id -> the (last) block it computes: a block's rows compare what its NPU
+    stages output (for a fused plan, the block's output; for split, attention, cross-attention
+    and FFN outputs together), with everything before them drifted as well."""
+    return {s.id: (s.blocks[-1] if s.blocks else s.block) for s in plan.npu_stages  # type: ignore[misc]
+            if s.blocks or s.block is not None}
+
+
+@dataclass
+class Trajectory:
+    latents: list[np.ndarray]  # after each step
+    blocks: dict[tuple[int, str, int], dict[str, np.ndarray]]  # (step, pass, block) -> outputs
+
+
+def denoise(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cfg: bool, guidance: float = 4.0,
+            seed: int = 0, timestep_scale: float = 1000.0) -> Trajectory:
+    """The flow-matching Euler loop through ``plan`` (``backend`` for NPU stages; ``None``: ORT)."""
+    r = roles(plan)
+    rng = np.random.default_rng(seed)
+    lat = plan.tensors[r.latent]
+    x = rng.standard_normal(lat.shape).astype(lat.dtype)
+    cond = {t: rng.standard_normal(plan.tensors[t].shape).astype(plan.tensors[t].dtype) for t in r.context}
+    uncond = {t: np.zeros_like(v) for t, v in cond.items()}
+    ts = plan.tensors[r.timestep]
+    ends = block_outputs(plan)
+    traj = Trajectory([], {})
+    sigmas = np.linspace(1.0, 0.0, steps + 1)
+    with PlanExecutor(plan, folder, backend=backend, residency="resident") as ex:
+        for i in range(steps):
+            t = np.full(ts.shape, sigmas[i] * timestep_scale, dtype=ts.dtype)
+
+            def velocity(ctx: Mapping[str, np.ndarray], kind: str, xs: np.ndarray = x, tt: np.ndarray = t,
+                         step: int = i) -> np.ndarray:
+                def on_stage(_i: int, sid: str, outs: dict[str, np.ndarray]) -> None:
+                    if sid in ends:
+                        got = traj.blocks.setdefault((step, kind, ends[sid]), {})
+                        got.update({k: np.array(v) for k, v in outs.items()})
+
+                out = ex.run({r.latent: xs, r.timestep: tt, **ctx}, on_stage=on_stage)
+                return np.asarray(out[r.output], dtype=np.float32)
+
+            v = velocity(cond, "cond")
+            if cfg:
+                vu = velocity(uncond, "uncond")
+                v = vu + guidance * (v - vu)
+            x = (x.astype(np.float32) + (sigmas[i + 1] - sigmas[i]) * v).astype(lat.dtype)
+            traj.latents.append(x.copy())
+    return traj
+
+
+def compare_trajectories(label: str, ref: Trajectory, got: Trajectory) -> list[DriftRow]:
+    """Per step: the latent; per step, pass and block: the block outputs (all tensors concatenated)."""
+    rows = []
+    for step, (a, b) in enumerate(zip(got.latents, ref.latents, strict=True)):
+        keys = sorted(k for k in ref.blocks if k[0] == step)
+        for _, kind, block in keys:
+            ga, ra = got.blocks[(step, kind, block)], ref.blocks[(step, kind, block)]
+            m = compare(np.concatenate([ga[n].ravel() for n in sorted(ra)]),
+                        np.concatenate([ra[n].ravel() for n in sorted(ra)]))
+            rows.append(DriftRow(label, step, kind, block, m.cosine, m.max_abs, m.mse))
+        m = compare(a, b)
+        rows.append(DriftRow(label, step, LATENT, None, m.cosine, m.max_abs, m.mse))
+    return rows
+
+
+def drift(plans: Sequence[tuple[str, Plan, Path]], backend: Backend, *, steps: int, cfg: bool,
+          guidance: float = 4.0, seed: int = 0, progress: Callable[[str], None] | None = None) -> list[DriftRow]:
+    """Reference (ORT) vs ``backend`` trajectories of every ``(label, plan, folder)``."""
+    say = progress or (lambda _m: None)
+    rows: list[DriftRow] = []
+    for label, plan, folder in plans:
+        say(f"{label}: reference on ONNX Runtime, {steps} step(s){' with CFG' if cfg else ''}")
+        ref = denoise(plan, folder, backend=None, steps=steps, cfg=cfg, guidance=guidance, seed=seed)
+        say(f"{label}: NPU stages on {backend.name}")
+        got = denoise(plan, folder, backend=backend, steps=steps, cfg=cfg, guidance=guidance, seed=seed)
+        rows += compare_trajectories(label, ref, got)
+    return rows
+
+
+def render(rows: Sequence[DriftRow], *, blocks: bool = True) -> str:
+    """The drift table: one line per row (block rows only with ``blocks``)."""
+    lines = [f"{'plan':<24} {'step':>4} {'pass':<7} {'block':>5} {'cosine':>10} {'max abs':>10} {'MSE':>10}"]
+    for r in rows:
+        if r.kind != LATENT and not blocks:
+            continue
+        b = "" if r.block is None else str(r.block)
+        lines.append(f"{r.plan[:24]:<24} {r.step:>4} {r.kind:<7} {b:>5} {r.cosine:>10.6f} {r.max_abs:>10.3g} "
+                     f"{r.mse:>10.3g}")
+    return "\n".join(lines)
+
+
+__all__ = ["LATENT", "DriftRow", "Roles", "Trajectory", "block_outputs", "compare_trajectories", "denoise", "drift",
+           "render", "roles"]

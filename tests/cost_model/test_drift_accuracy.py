@@ -1,0 +1,51 @@
+"""The accuracy term from a measured drift table instead of the fixed 4x floor (issue 15)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rkpart.cost_model.drift_accuracy import accuracy_from_drift, family_of, with_drift
+from rkpart.cost_model.model import CostModel, default_model_path
+from rkpart.cost_model.select import SelectionConfig
+from rkpart.partitioner.plan import Plan
+from rkpart.pipeline import load, select
+from rkpart.profile.drift import LATENT, DriftRow
+
+FAMILIES = {"split": "adaln=host,residual=host", "fused": "adaln=npu,residual=npu"}
+
+
+def _table(fused_mse: float, fused_cos: float) -> list[DriftRow]:
+    rows = []
+    for step in range(4):  # the last step is what counts; earlier ones and block rows are ignored
+        rows.append(DriftRow("split", step, LATENT, None, 0.99999, 1e-3, 2e-8 * (step + 1)))
+        rows.append(DriftRow("fused", step, LATENT, None, fused_cos, 1e-2, fused_mse * (step + 1) / 4))
+        rows.append(DriftRow("fused", step, "cond", 0, 0.5, 1.0, 1.0))
+    return rows
+
+
+def test_ratios_are_final_latent_mse_over_the_baseline_and_the_floor_is_measured() -> None:
+    acc = accuracy_from_drift(_table(fused_mse=8e-6, fused_cos=0.995), FAMILIES)
+    fam = acc["families"]
+    assert fam["adaln=host,residual=host"]["ratio"] == 1.0
+    assert fam["adaln=npu,residual=npu"]["ratio"] == 100.0  # 8e-6 / 8e-8
+    assert acc["default_max_ratio"] == 1.0  # fused ends below the cosine floor: only split is acceptable
+    ok = accuracy_from_drift(_table(fused_mse=8e-6, fused_cos=0.9995), FAMILIES)
+    assert ok["default_max_ratio"] == 100.0  # fused keeps the latent: its measured ratio is allowed
+
+
+def test_selection_uses_the_measured_term(example_model: Path) -> None:
+    loaded = load(example_model)
+    mg, disc = loaded.graph, loaded.discovery()
+    shipped = CostModel.load(default_model_path())
+    cfg = SelectionConfig(budget_mib=4096, steps=4, cfg=True)
+    drifting = select(mg, disc, with_drift(shipped, _table(8e-6, 0.995), FAMILIES), cfg)
+    fused = [o for opts in drifting.options.values() for o in opts if o.candidate.id.startswith("fused")]
+    assert fused and all(o.excluded and o.excluded.startswith("accuracy") for o in fused)
+    keeping = select(mg, disc, with_drift(shipped, _table(8e-6, 0.9995), FAMILIES), cfg)
+    fused = [o for opts in keeping.options.values() for o in opts if o.candidate.id.startswith("fused")]
+    assert fused and not any(o.excluded and o.excluded.startswith("accuracy") for o in fused)
+
+
+def test_family_of_split_and_fused_plans(plans: dict[str, tuple[Plan, Path]]) -> None:
+    assert family_of(plans["split"][0]) == "adaln=host,residual=host"
+    assert family_of(plans["fused"][0]) == "adaln=npu,residual=npu"

@@ -1,0 +1,169 @@
+"""How a plan holds weights (issue 15): per-stage copies hashed once, and ``--weights link``.
+
+A model with external data (the Anima architecture at a small size, seeded random fp32
+weights) is partitioned in both modes; link-mode stages must load standalone with
+``onnx.load`` and give ONNX Runtime the same outputs as the copied stages, stay inside the
+plan folder, and the plan must be byte-identical across runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from rkpart.partitioner.extract import stage_sha256
+from rkpart.partitioner.plan import load_plan
+from rkpart.partitioner.weights import LINK_DIR, link_one
+from rkpart.pipeline import partition
+from tests.models.anima import AnimaConfig, build_anima_onnx
+
+
+@pytest.fixture(scope="module")
+def ext_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cfg = AnimaConfig.tiny(num_blocks=2, dtype="float32")
+    return build_anima_onnx(cfg, tmp_path_factory.mktemp("ext") / "anima.onnx", external_data=True)
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_copy_mode_sha256_hashed_while_copying_equals_the_files(tmp_path: Path, ext_model: Path) -> None:
+    plan = partition(ext_model, tmp_path / "p", "split")
+    for s in plan.stages:
+        assert stage_sha256(tmp_path / "p" / s.file) == s.sha256, s.id
+    assert "weights" not in plan.extra  # the default plan is unchanged by the option
+
+
+def test_link_mode_stages_reference_one_linked_file(tmp_path: Path, ext_model: Path) -> None:
+    data = ext_model.with_name(ext_model.name + ".data")
+    plan_l = partition(ext_model, tmp_path / "link", "split", weights="link")
+    plan_c = partition(ext_model, tmp_path / "copy", "split")
+    fl, fc = tmp_path / "link", tmp_path / "copy"
+    linked = fl / "stages" / LINK_DIR / data.name
+    assert linked.read_bytes() == data.read_bytes()
+    assert os.stat(data).st_nlink == 1 and os.stat(linked).st_nlink == 1  # no hard links: onnx refuses them
+    assert plan_l.extra["weights"]["files"][f"{LINK_DIR}/{data.name}"]["size"] == data.stat().st_size
+    # the per-stage data files hold only what the source did not store externally
+    own_l = sum(p.stat().st_size for p in (fl / "stages").glob("*.onnx.data"))
+    own_c = sum(p.stat().st_size for p in (fc / "stages").glob("*.onnx.data"))
+    assert own_l < own_c - data.stat().st_size // 2
+    load_plan(fl)  # every stage file inside the plan folder
+    rng = np.random.default_rng(0)
+    for sl, sc in zip(plan_l.npu_stages, plan_c.npu_stages, strict=True):
+        m = onnx.load(str(fl / sl.file))  # standalone: resolves weights/<file> next to the stage
+        refs = [e.value for i in m.graph.initializer for e in i.external_data if e.key == "location"]
+        assert all(r in (f"{LINK_DIR}/{data.name}", Path(sl.file).name + ".data") for r in refs)
+        feeds = {t: rng.standard_normal(plan_c.tensors[t].shape).astype(plan_c.tensors[t].dtype) for t in sc.inputs}
+        got = ort.InferenceSession(str(fl / sl.file)).run(None, feeds)
+        want = ort.InferenceSession(str(fc / sc.file)).run(None, feeds)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+
+
+def test_link_mode_is_byte_identical_across_runs(tmp_path: Path, ext_model: Path) -> None:
+    partition(ext_model, tmp_path / "a", "split", weights="link")
+    partition(ext_model, tmp_path / "b", "split", weights="link")
+    assert _files(tmp_path / "a") == _files(tmp_path / "b")
+
+
+def test_link_mode_replaces_a_copy_plan_and_back(tmp_path: Path, ext_model: Path) -> None:
+    out = tmp_path / "p"
+    partition(ext_model, out, "split")
+    partition(ext_model, out, "split", force=True, weights="link")
+    assert (out / "stages" / LINK_DIR).is_dir()
+    partition(ext_model, out, "split", force=True)
+    assert not (out / "stages" / LINK_DIR).exists()
+    fresh = tmp_path / "fresh"
+    partition(ext_model, fresh, "split")
+    assert _files(out) == _files(fresh)
+
+
+REFLINK_DIR = os.environ.get("RKPART_TEST_REFLINK_DIR")
+
+
+@pytest.mark.skipif(not REFLINK_DIR, reason="set RKPART_TEST_REFLINK_DIR to a folder on XFS/Btrfs to test reflinks")
+def test_reflink_shares_blocks_and_is_copy_on_write(tmp_path: Path) -> None:
+    assert REFLINK_DIR
+    work = Path(REFLINK_DIR) / f"rkpart-test-{os.getpid()}"
+    work.mkdir()
+    try:
+        src = work / "w.data"
+        src.write_bytes(os.urandom(1 << 20))
+        assert link_one(src, work / "plan" / "w.data") == "reflink"
+        with open(src, "r+b") as f:  # rewriting the source in place leaves the plan's copy alone
+            f.write(b"\0" * 16)
+        assert (work / "plan" / "w.data").read_bytes()[:16] != b"\0" * 16
+    finally:
+        shutil.rmtree(work)
+
+
+def test_without_reflink_the_file_is_copied_not_hard_linked(tmp_path: Path) -> None:
+    src = tmp_path / "w.data"
+    src.write_bytes(b"x" * 4096)
+    how = link_one(src, tmp_path / "out" / "w.data")
+    assert how in ("reflink", "copy")
+    assert os.stat(src).st_nlink == 1
+    assert (tmp_path / "out" / "w.data").read_bytes() == src.read_bytes()
+
+
+def test_build_key_of_a_linked_stage_covers_its_slices_only(tmp_path: Path, ext_model: Path) -> None:
+    from rkpart.compile.cache import build_key
+
+    model = tmp_path / "m" / ext_model.name
+    model.parent.mkdir()
+    shutil.copy(ext_model, model)
+    shutil.copy(ext_model.with_name(ext_model.name + ".data"), model.with_name(model.name + ".data"))
+    plan = partition(model, tmp_path / "p", "split", weights="link")
+    folder = tmp_path / "p"
+    shared = folder / "stages" / LINK_DIR / (model.name + ".data")
+
+    def slices(stage_file: str) -> list[tuple[int, int]]:
+        m = onnx.load(str(folder / stage_file), load_external_data=False)
+        out = []
+        for t in m.graph.initializer:
+            info = {e.key: e.value for e in t.external_data}
+            if info.get("location", "").startswith(LINK_DIR):
+                out.append((int(info["offset"]), int(info["length"])))
+        return out
+
+    a, b = [s for s in plan.npu_stages if slices(s.file)][:2]
+    keys = {s.id: build_key(folder / s.file, "2.5.0", "rk3588", {}) for s in (a, b)}
+    off, length = slices(b.file)[0]  # a byte b reads and a does not
+    assert all(not (o <= off < o + n) for o, n in slices(a.file))
+    with open(shared, "r+b") as f:
+        f.seek(off + length // 2)
+        byte = f.read(1)
+        f.seek(off + length // 2)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert build_key(folder / a.file, "2.5.0", "rk3588", {}) == keys[a.id]
+    assert build_key(folder / b.file, "2.5.0", "rk3588", {}) != keys[b.id]
+
+
+def test_link_mode_stages_pass_the_integrity_checks_and_an_outside_data_file_does_not(
+        tmp_path: Path, ext_model: Path) -> None:
+    from rkpart.errors import SpecError
+    from rkpart.partitioner.verify import stage_onnx
+
+    out = tmp_path / "link"
+    plan = partition(ext_model, out, "split", weights="link")
+    for s in plan.stages:  # what compile, run and profile open each stage through
+        assert stage_onnx(out, s) == out / s.file
+    # a stage pointing at a data file that is neither its own nor under stages/weights/ is refused
+    s = plan.npu_stages[0]
+    stray = out / "stages" / "stray.data"
+    shutil.copyfile(out / "stages" / LINK_DIR / ext_model.with_name(ext_model.name + ".data").name, stray)
+    m = onnx.load(str(out / s.file), load_external_data=False)
+    for t in m.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location" and e.value.startswith(f"{LINK_DIR}/"):
+                e.value = "stray.data"
+    onnx.save(m, str(out / s.file))
+    with pytest.raises(SpecError, match="not the stage's own data file"):
+        stage_onnx(out, s, verify=False)
