@@ -20,8 +20,17 @@ from typing import Any
 import numpy as np
 
 from rkpart.errors import OutputExistsError, SpecError, UserError
-from rkpart.io import atomic_write_bytes, atomic_writer, file_sha256, folder_lock, recover_folder, replace_folder
-from rkpart.partitioner.plan import Plan, Stage, check_inside, load_plan
+from rkpart.io import (
+    atomic_write_bytes,
+    atomic_writer,
+    file_sha256,
+    folder_lock,
+    onnx_with_data,
+    recover_folder,
+    replace_folder,
+)
+from rkpart.partitioner.plan import Plan, Stage, load_plan
+from rkpart.partitioner.verify import artifact_file, stage_onnx
 from rkpart.progress import advance
 from rkpart.runtime import board_runner as runner_mod
 from rkpart.types import NPU, RESIDENCIES, Residency
@@ -161,20 +170,20 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
         if s.device == NPU:
             art = s.artifact("rknn")
             assert art is not None
-            src = check_inside(folder, art.file, what=f"stage {s.id} artifact")
+            src = artifact_file(folder, s, art)  # confined, regular, sha256 as compile recorded it
             rel = f"rknn/{_stage_name(s)}.rknn"
-            if file_sha256(src) != art.sha256:
-                raise SpecError(f"stage {s.id}: {art.file} differs from the sha256 in plan.json; compile again")
             _copy(src, staging / rel)
             entry.update(file=rel, residency=residency[s.id], source=s.file, source_sha256=s.sha256,
                          toolkit=art.toolkit, target=art.target, cpu_ops=list(art.cpu_ops))
         else:
-            src = check_inside(folder, s.file, what=f"stage {s.id} file")
+            src = stage_onnx(folder, s)  # confined, regular, sha256 as partition recorded it
             rel = s.file
-            _copy(src, staging / rel)
-            data = src.with_name(src.name + ".data")
-            if data.is_file():
-                _copy(data, staging / (rel + ".data"))
+            # the .onnx and every data file it names (its own .data, or a --weights link plan's
+            # shared file under stages/weights/, copied once), at the same relative paths
+            for f in onnx_with_data(folder, s.file, what=f"stage {s.id} file"):
+                frel = f.resolve().relative_to(folder.resolve()).as_posix()
+                if not (staging / frel).exists():
+                    _copy(f, staging / frel)
             entry.update(file=rel, residency=Residency.RESIDENT.value)
         progress(f"[{i + 1}/{len(plan.stages)}] {s.id} ({s.device}) -> {rel}")
         advance(progress, i + 1, len(plan.stages))

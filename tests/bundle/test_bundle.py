@@ -290,3 +290,43 @@ def test_runner_in_a_venv_with_only_numpy_and_onnxruntime(bundle: Path, compiled
                        timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "gate: PASS" in p.stdout
+
+
+def test_bundle_refuses_a_host_stage_edited_since_partition(compiled: tuple[Plan, Path], tmp_path: Path) -> None:
+    import shutil
+
+    plan, folder = compiled
+    copy = tmp_path / "plan"
+    shutil.copytree(folder, copy)
+    host = next(s for s in plan.host_stages)
+    import onnx
+
+    f = copy / host.file
+    m = onnx.load(str(f))
+    m.doc_string = "edited after partition"  # still a valid model: only the recorded sha256 tells
+    onnx.save(m, str(f))
+    out = tmp_path / "board"
+    r = CliRunner().invoke(main, ["bundle", str(copy), "-o", str(out), "-q"])
+    assert r.exit_code == 5 and r.output.count("\n") == 1, r.output
+    assert f"stage {host.id}" in r.output and "does not match the sha256 in plan.json" in r.output
+    assert not out.exists()
+
+
+def test_bundle_of_a_weights_link_plan_carries_the_shared_weights(tmp_path: Path) -> None:
+    """Host stages of a ``--weights link`` plan read the shared file under stages/weights/: the
+    bundle must carry it at the same relative path, and the runner must reproduce the plan."""
+    from tests.models.anima import AnimaConfig, build_anima_onnx
+
+    model = build_anima_onnx(AnimaConfig.tiny(num_blocks=1, dtype="float32"), tmp_path / "m" / "anima.onnx",
+                             external_data=True)
+    folder = tmp_path / "link"
+    plan = partition(model, folder, "split", weights="link")
+    rep = compile_plan_report(plan, folder, get_toolkit("2.3.0"), "rk3588", {}, jobs=2)
+    assert not rep.failed
+    out = tmp_path / "board"
+    bundle_plan(folder, out)
+    shared = {p.relative_to(folder).as_posix() for p in (folder / "stages" / "weights").iterdir()}
+    m = json.loads((out / "manifest.json").read_text())
+    assert shared and shared <= set(m["files"])
+    p = run_cli(out, standin=folder)
+    assert p.returncode == 0 and "gate: PASS" in p.stdout, p.stdout + p.stderr
