@@ -132,6 +132,9 @@ def lowering_note(opset: int) -> str | None:
 @click.option("--no-budget", is_flag=True, help="auto: choose without any memory budget.")
 @click.option("--cost-model", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="auto: cost model JSON from `rkpart fit` [default: the shipped RK3588 calibration].")
+@click.option("--accuracy", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="auto: accuracy term measured by `rkpart drift --accuracy FILE` (error ratio per partition "
+                   "family and the floor); replaces the cost model's.")
 @toolkit_option(dest="auto_toolkit",
                 help="auto: rknn-toolkit2 version whose known crashes exclude candidates [default: the model's].")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="auto: denoising steps [default: 1].")
@@ -154,8 +157,8 @@ def lowering_note(opset: int) -> str | None:
 @json_option(help="Print the plan summary as JSON.")
 def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, residual: str | None,
               modulation: str | None, blocks_per_stage: int | None, spec: Path | None, budget_mib: float | None,
-              no_budget: bool, cost_model: Path | None, auto_toolkit: str | None, steps: int | None,
-              cfg: bool | None, explain: bool,
+              no_budget: bool, cost_model: Path | None, accuracy: Path | None, auto_toolkit: str | None,
+              steps: int | None, cfg: bool | None, explain: bool,
               options: dict[str, Any],
               shapes: dict[str, tuple[int, ...]], simplify: bool, external_threshold: int, weights: str, force: bool,
               quiet: bool, as_json: bool) -> None:
@@ -166,7 +169,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     from rkpart.pipeline import PartitionConfig, PartitionOptions, check_options, run_partition
 
     flags = {"adaln": adaln, "residual": residual, "modulation": modulation, "blocks_per_stage": blocks_per_stage,
-             "spec": spec, "budget_mib": budget_mib, "cost_model": cost_model, "toolkit": auto_toolkit,
+             "spec": spec, "budget_mib": budget_mib, "cost_model": cost_model, "accuracy": accuracy,
+             "toolkit": auto_toolkit,
              "steps": steps, "cfg": cfg}
     opts: dict[str, Any] = {**options, **{k: v for k, v in flags.items() if v is not None}}
     try:  # which options fit which strategy is the pipeline's rule; here it is a usage error (exit 2)
@@ -178,7 +182,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
             raise click.UsageError("--no-budget applies to --strategy auto only, without --budget-mib")
         opts["budget_mib"] = "none"
     if explain and strategy != "auto":
-        raise click.UsageError("--explain and the options --cost-model, --toolkit, --steps, --cfg apply to "
+        raise click.UsageError("--explain and the options --cost-model, --accuracy, --toolkit, --steps, --cfg apply to "
                                "--strategy auto only")
     selections: list[Any] = []  # the auto strategy reports its Selection here (for --explain)
     if strategy == "auto":

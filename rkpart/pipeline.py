@@ -24,6 +24,8 @@ layers to its left, never back, not even inside a function)::
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ from rkpart.cost_model.candidates import OWN_STRATEGIES, Candidate, Variant, can
 from rkpart.cost_model.model import CostModel, load_model_or_default
 from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, choose
 from rkpart.errors import SpecError, UserError
+from rkpart.io import file_sha256, load_json_file
 from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
 from rkpart.partitioner.discovery import Discovery
@@ -301,7 +304,7 @@ def check_options(strategy: str, options: Mapping[str, Any]) -> None:
 # -- auto -----------------------------------------------------------------------------------
 
 #: options only ``auto`` reads
-AUTO_ONLY = ("cost_model", "toolkit", "steps", "cfg")
+AUTO_ONLY = ("cost_model", "accuracy", "toolkit", "steps", "cfg")
 
 
 def candidate_variants(mg: ModelGraph, disc: Discovery, *, plugins_too: bool = True,
@@ -383,12 +386,32 @@ def _as_list(v: Any) -> tuple[str, ...]:
     return tuple(x for x in str(v).split(",") if x)
 
 
+def load_accuracy(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """An accuracy term written by ``rkpart drift --accuracy FILE``, checked for the keys selection reads.
+
+    Raises :class:`UserError` naming the file and what is wrong.
+    """
+    acc = load_json_file(path, what="accuracy term", max_bytes=1 << 20)
+    fams = acc.get("families") if isinstance(acc, dict) else None
+    floor = acc.get("default_max_ratio") if isinstance(acc, dict) else None
+    if (not isinstance(fams, dict) or not fams or not isinstance(floor, (int, float)) or isinstance(floor, bool)
+            or not math.isfinite(floor) or floor < 1
+            or not all(isinstance(f, dict) and isinstance(f.get("ratio"), (int, float))
+                       and not isinstance(f.get("ratio"), bool) and math.isfinite(f["ratio"]) and f["ratio"] >= 0
+                       for f in fams.values())):
+        raise UserError(f"accuracy term {path}: not an accuracy term written by `rkpart drift --accuracy` "
+                        "(needs families with a finite ratio >= 0 and default_max_ratio >= 1)")
+    return acc
+
+
 class AutoStrategy(Strategy):
     """``auto``: per block, the candidate partition a cost model predicts to be fastest within budget.
 
     Options:
 
     ``cost_model``       path of a model JSON (default: the shipped RK3588 calibration)
+    ``accuracy``         path of an accuracy term measured by ``rkpart drift --accuracy FILE``;
+                         it replaces the cost model's (its per-family error ratios and floor)
     ``budget_mib``       memory budget of the whole pipeline in MiB: NPU device memory, or process
                          memory for a model fitted on ONNX Runtime; ``"none"``: no budget
                          (default: the target's, 4096 MiB for rk3588)
@@ -405,14 +428,17 @@ class AutoStrategy(Strategy):
     """
 
     name = "auto"
-    accepts = ("cost_model", "budget_mib", "toolkit", "steps", "cfg", "residency", "max_error_ratio", "max_run",
-               "compiled", "report")
+    accepts = ("cost_model", "accuracy", "budget_mib", "toolkit", "steps", "cfg", "residency", "max_error_ratio",
+               "max_run", "compiled", "report")
     summary = "per block, the cheapest candidate predicted by a cost model within a memory budget"
 
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
         assert disc is not None
         model_path = options.get("cost_model")
         model = load_model_or_default(model_path)
+        acc_path = options.get("accuracy")
+        if acc_path is not None:
+            model = dataclasses.replace(model, accuracy=load_accuracy(acc_path))
         residency = option(options, "residency", "any", ("any", *RESIDENCIES))
         budget, budget_source = auto_budget(options)
         try:
@@ -441,6 +467,8 @@ class AutoStrategy(Strategy):
         recorded = {
             "cost_model": "shipped:rk3588_calibration" if model_path is None else str(model_path),
             "cost_model_sha256": model.sha256,
+            **({} if acc_path is None else {"accuracy": str(acc_path),
+                                            "accuracy_sha256": file_sha256(Path(acc_path))}),
             "budget_mib": cfg.budget_mib,
             "budget_source": cfg.budget_source,
             "toolkit": sel.toolkit,

@@ -92,3 +92,56 @@ def test_opset_above_the_toolkit_is_a_lowering_note_and_rewritten_ops_are_not_fl
     assert part.notes[-1] == "target rk3588: stages will be lowered from opset 20 to 19 for rknn-toolkit2 2.5.0 " \
                              "when compiled"
     assert not any("Reciprocal" in n for n in part.notes)
+
+
+def test_auto_takes_a_measured_accuracy_term_from_the_cli(example_model: Path, tmp_path: Path) -> None:
+    """``--accuracy FILE`` (what ``rkpart drift --accuracy`` writes) replaces the cost model's term:
+    a fused family that drifted past the cosine floor is excluded, one that kept it is not."""
+    import json
+
+    from click.testing import CliRunner
+
+    from rkpart.cli import main
+    from rkpart.cost_model.drift_accuracy import accuracy_from_drift
+    from rkpart.profile.drift import LATENT, DriftRow
+
+    fams = {"split": "adaln=host,residual=host", "fused": "adaln=npu,residual=npu"}
+
+    def term(fused_cos: float) -> Path:
+        rows = [DriftRow("split", 3, LATENT, None, 0.99999, 1e-3, 8e-8),
+                DriftRow("fused", 3, LATENT, None, fused_cos, 1e-2, 8e-6)]
+        p = tmp_path / f"acc-{fused_cos}.json"
+        p.write_text(json.dumps(accuracy_from_drift(rows, fams)))
+        return p
+
+    def explained(acc: Path) -> dict:
+        r = CliRunner().invoke(main, ["partition", str(example_model), "--strategy", "auto", "--accuracy", str(acc),
+                                      "--explain", "--json", "-q", "--out", str(tmp_path / acc.stem)])
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)
+
+    def fused_excluded(d: dict) -> list[bool]:
+        return [str(c.get("excluded") or "").startswith("accuracy")
+                for b in d["auto"]["blocks"] for c in b["candidates"] if c["candidate"].startswith("fused")]
+
+    drifting, keeping = explained(term(0.995)), explained(term(0.9995))
+    assert fused_excluded(drifting) and all(fused_excluded(drifting))
+    assert fused_excluded(keeping) and not any(fused_excluded(keeping))
+    recorded = load_plan_json(tmp_path / "acc-0.995")["strategy"]["options"]
+    assert recorded["accuracy"].endswith("acc-0.995.json") and len(recorded["accuracy_sha256"]) == 64
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"families": {}}')
+    r = CliRunner().invoke(main, ["partition", str(example_model), "--strategy", "auto", "--accuracy", str(bad),
+                                  "-q", "--out", str(tmp_path / "bad")])
+    assert r.exit_code != 0 and r.output.count("\n") == 1 and "not an accuracy term" in r.output
+    assert not (tmp_path / "bad").exists()
+    r = CliRunner().invoke(main, ["partition", str(example_model), "--strategy", "split", "--accuracy", str(bad),
+                                  "-q", "--out", str(tmp_path / "s")])
+    assert r.exit_code == 2 and "apply to --strategy auto only" in r.output
+
+
+def load_plan_json(folder: Path) -> dict:
+    import json
+
+    return json.loads((folder / "plan.json").read_text())
