@@ -142,29 +142,33 @@ def extract(
                          linked=linked, durable=durable).result()
 
 
-def extract_start(
+@dataclass(frozen=True)
+class _Layout:
+    """A stage decided but not written: its ``.onnx`` bytes and its data file's pieces."""
+
+    onnx_bytes: bytes
+    pieces: list[_Piece]
+    stage: ExtractedStage
+
+    def source_sha256(self) -> str:
+        """The stage's sha256 (``.onnx`` bytes, then data bytes) computed from the *source*:
+        what its files will hash to once written."""
+        return _hash_pieces(self.onnx_bytes, self.pieces)
+
+
+def _layout(
     mg: ModelGraph,
     sub: Subgraph,
     path: Path,
     *,
     name: str,
-    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
-    doc: str = "",
-    linked: Mapping[str, str] | None = None,
-    durable: bool = True,
-    pool: Executor | None = None,
-) -> PendingStage:
-    """:func:`extract`, with the weight bytes moved and hashed on ``pool`` (when given).
-
-    The data file's layout is decided first, so that the stage's ``.onnx`` can be written
-    and its sha256 (the ``.onnx`` bytes, then the data bytes) computed from the *source*
-    slices, in parallel with the kernel copying them (``copy_file_range``): every weight
-    byte is read once for the hash and never read back from the stage.
-    """
+    external_threshold: int,
+    doc: str,
+    linked: Mapping[str, str] | None,
+) -> _Layout:
     nodes = _collect_nodes(mg, sub)
     big = {t for t in sub.weights if mg.weight_bytes(t) >= external_threshold}
     data_name = path.name + ".data"
-    data_path = path.with_name(data_name)
     initializers: list[TensorProto] = []
     pieces: list[_Piece] = []
     offset = 0
@@ -195,10 +199,6 @@ def extract_start(
         offset += length
     model = _model(mg, sub, nodes, initializers, name=name, doc=doc, producer_name="rkpart",
                    value_info=True)
-    data = model.SerializeToString(deterministic=True)
-    writer = atomic_writer if durable else fast_writer
-    with writer(path) as tmp:
-        tmp.write_bytes(data)
     stage = ExtractedStage(
         file=path.name,
         data_file=data_name if pieces else None,
@@ -209,6 +209,50 @@ def extract_start(
         sha256="",
         num_nodes=len(nodes),
     )
+    return _Layout(model.SerializeToString(deterministic=True), pieces, stage)
+
+
+def source_sha256(
+    mg: ModelGraph,
+    sub: Subgraph,
+    path: Path,
+    *,
+    name: str,
+    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
+    doc: str = "",
+    linked: Mapping[str, str] | None = None,
+) -> str:
+    """The sha256 :func:`extract` would record for this stage, computed from the source
+    without writing anything (a resumed stage is checked against it)."""
+    return _layout(mg, sub, path, name=name, external_threshold=external_threshold, doc=doc,
+                   linked=linked).source_sha256()
+
+
+def extract_start(
+    mg: ModelGraph,
+    sub: Subgraph,
+    path: Path,
+    *,
+    name: str,
+    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
+    doc: str = "",
+    linked: Mapping[str, str] | None = None,
+    durable: bool = True,
+    pool: Executor | None = None,
+) -> PendingStage:
+    """:func:`extract`, with the weight bytes moved and hashed on ``pool`` (when given).
+
+    The data file's layout is decided first, so that the stage's ``.onnx`` can be written
+    and its sha256 (the ``.onnx`` bytes, then the data bytes) computed from the *source*
+    slices, in parallel with the kernel copying them (``copy_file_range``): every weight
+    byte is read once for the hash and never read back from the stage.
+    """
+    lay = _layout(mg, sub, path, name=name, external_threshold=external_threshold, doc=doc, linked=linked)
+    data, pieces, stage = lay.onnx_bytes, lay.pieces, lay.stage
+    data_path = path.with_name(path.name + ".data")
+    writer = atomic_writer if durable else fast_writer
+    with writer(path) as tmp:
+        tmp.write_bytes(data)
     if not pieces:
         if data_path.exists():
             data_path.unlink()
