@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 
+from rkpart.errors import InvalidModelError
 from rkpart.partitioner.extract import stage_sha256
 from rkpart.partitioner.plan import load_plan
 from rkpart.partitioner.weights import LINK_DIR, link_one
@@ -173,7 +176,7 @@ class _Interrupt(KeyboardInterrupt):
     """Stands in for a kill after some stages were written (the staging folder stays)."""
 
 
-def _interrupt_after(n: int) -> object:
+def _interrupt_after(n: int) -> Callable[[str], None]:
     seen: list[str] = []
 
     def progress(msg: str) -> None:
@@ -194,31 +197,43 @@ def _own_copy(tmp_path: Path, ext_model: Path) -> Path:
 
 def test_copy_mode_hashes_each_weight_byte_once(tmp_path: Path, ext_model: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The resume key does not read the external data; the stages' sha256 read each source
-    slice once (a spy on the two hashing paths, delegating to the real ones)."""
+    """The resume key does not read the external data, and each source slice is read once:
+    hashed and written from the same buffer (spies on the hashing and writing paths,
+    delegating to the real ones)."""
     import rkpart.io
     import rkpart.partitioner.extract as extract
 
     data = ext_model.with_name(ext_model.name + ".data")
     whole: list[str] = []
-    sliced: list[int] = []
-    real_hash_file, real_hash_pieces = rkpart.io.hash_file, extract._hash_pieces
+    written: list[int] = []
+    rehashed: list[int] = []
+    real_hash_file, real_write, real_hash_pieces = rkpart.io.hash_file, extract.write_pieces, extract._hash_pieces
+
+    def from_data(pieces: list[Any]) -> int:
+        return sum(n for kind, src, _, n in pieces if kind == "file" and Path(src) == data)
 
     def hash_file(h: object, path: object, *a: object, **k: object) -> None:
         whole.append(Path(str(path)).name)
         real_hash_file(h, path, *a, **k)  # type: ignore[arg-type]
 
-    def hash_pieces(head: bytes, pieces: list) -> str:  # type: ignore[type-arg]
-        sliced.append(sum(n for kind, src, _, n in pieces if kind == "file" and Path(src) == data))
+    def write_pieces(pieces: list[Any], path: Path, h: object = None) -> int:
+        assert h is not None  # hashed while written
+        written.append(from_data(pieces))
+        return real_write(pieces, path, h)
+
+    def hash_pieces(head: bytes, pieces: list[Any]) -> str:
+        rehashed.append(from_data(pieces))
         return real_hash_pieces(head, pieces)
 
     monkeypatch.setattr(rkpart.io, "hash_file", hash_file)
+    monkeypatch.setattr(extract, "write_pieces", write_pieces)
     monkeypatch.setattr(extract, "_hash_pieces", hash_pieces)
     plan = partition(ext_model, tmp_path / "p", "split", external_threshold=64)
     assert data.name not in whole
+    assert sum(rehashed) == 0  # a fresh run re-reads nothing
     own = sum(p.stat().st_size for p in (tmp_path / "p" / "stages").glob("*.onnx.data"))
-    assert 0 < sum(sliced) <= own  # each slice once (the stage data files add only padding and inline weights)
-    assert len(sliced) == len([s for s in plan.stages if (tmp_path / "p" / (s.file + ".data")).exists()])
+    assert 0 < sum(written) <= own  # each slice once (the stage data files add only padding and inline weights)
+    assert len(written) == len([s for s in plan.stages if (tmp_path / "p" / (s.file + ".data")).exists()])
 
 
 def test_resume_rechecks_each_stage_against_its_source_slices(tmp_path: Path, ext_model: Path,
@@ -249,7 +264,8 @@ def test_resume_rechecks_each_stage_against_its_source_slices(tmp_path: Path, ex
     assert [s.sha256 for s in plan.stages] == [s.sha256 for s in fresh.stages]
     assert _files(out) == _files(tmp_path / "fresh")
     # some finished stages held now-stale weights: they were written again, not resumed
-    stale = {Path(s.file).name for s in plan.stages if Path(s.file).name in done and done[Path(s.file).name] != s.sha256}
+    names = {Path(s.file).name: s.sha256 for s in plan.stages}
+    stale = {n for n, sha in names.items() if n in done and done[n] != sha}
     assert stale
     assert len([m for m in msgs if "(resumed)" in m]) == len(done) - len(stale)
 
@@ -261,10 +277,10 @@ def test_resume_key_follows_the_data_files_identity(tmp_path: Path, ext_model: P
     data = model.with_name(model.name + ".data")
     out = tmp_path / "out"
 
-    def resumed_after(change: object) -> int:
+    def resumed_after(change: Callable[[], object]) -> int:
         with pytest.raises(_Interrupt):
             partition(model, out, "split", force=True, external_threshold=64, progress=_interrupt_after(4))
-        change()  # type: ignore[operator]
+        change()
         msgs: list[str] = []
         partition(model, out, "split", force=True, external_threshold=64, progress=msgs.append)
         return len([m for m in msgs if "(resumed)" in m])
@@ -308,3 +324,38 @@ def test_onnx_refuses_hard_linked_external_data(tmp_path: Path, ext_model: Path)
     os.link(data, tmp_path / "second.data")
     with pytest.raises(Exception, match="hard link"):
         onnx.load(str(model))
+
+
+@pytest.mark.parametrize("where", ["tmp", "shm"])
+@pytest.mark.parametrize("chunk", [1 << 12, 1 << 23])
+def test_write_pieces_writes_and_hashes_exactly_the_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           where: str, chunk: int) -> None:
+    """Unaligned slices, padding and inline bytes across buffer boundaries, with ``O_DIRECT``
+    (a disk file system) and without it (tmpfs refuses it on older kernels): the file holds
+    exactly the pieces, and the hash saw exactly its bytes."""
+    import hashlib
+
+    import rkpart.partitioner.weights as w
+
+    folder = tmp_path if where == "tmp" else Path("/dev/shm")
+    if not folder.is_dir():
+        pytest.skip("no /dev/shm")
+    monkeypatch.setattr(w, "_CHUNK", chunk)
+    src = tmp_path / "src.data"
+    blob = os.urandom(3 * 4096 + 123)
+    src.write_bytes(blob)
+    pieces: list[Any] = [("file", src, 5, 1000), ("pad", None, 0, 24), ("bytes", b"inline" * 700, 0, 4200),
+                         ("file", src, 1005, len(blob) - 1005), ("pad", None, 0, 7), ("file", src, 0, 1)]
+    want = blob[5:1005] + bytes(24) + b"inline" * 700 + blob[1005:] + bytes(7) + blob[:1]
+    dst = folder / f"rkpart-test-{os.getpid()}-{chunk}.data"
+    dst.write_bytes(b"old contents, longer than nothing")
+    try:
+        h = hashlib.sha256()
+        assert w.write_pieces(pieces, dst, h) == len(want)
+        assert dst.read_bytes() == want
+        assert h.hexdigest() == hashlib.sha256(want).hexdigest()
+    finally:
+        dst.unlink()
+    (tmp_path / "short.data").touch()
+    with pytest.raises(InvalidModelError, match="too short"):
+        w.write_pieces([("file", src, len(blob) - 10, 20)], tmp_path / "short.data")
