@@ -359,3 +359,45 @@ def test_write_pieces_writes_and_hashes_exactly_the_pieces(tmp_path: Path, monke
     (tmp_path / "short.data").touch()
     with pytest.raises(InvalidModelError, match="too short"):
         w.write_pieces([("file", src, len(blob) - 10, 20)], tmp_path / "short.data")
+
+
+@pytest.mark.parametrize("refused_at", ["open", "write"])
+def test_write_pieces_falls_back_when_o_direct_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          refused_at: str) -> None:
+    """A file system that refuses ``O_DIRECT`` (at ``open``, or only at the first write, as some
+    FUSE and network file systems do) gets the same bytes through the page cache.  This disk
+    takes ``O_DIRECT``, so the refusal is injected by a *fake* ``os.open`` / ``os.write`` that
+    raise ``EINVAL`` while the flag is set, delegating otherwise."""
+    import errno
+    import fcntl
+    import hashlib
+
+    import rkpart.partitioner.weights as w
+
+    real_open, real_write = os.open, os.write
+    refused: list[str] = []
+
+    def fake_open(path: Any, flags: int, *a: Any) -> int:
+        if refused_at == "open" and flags & os.O_DIRECT:
+            refused.append("open")
+            raise OSError(errno.EINVAL, "O_DIRECT refused (fake)")
+        return real_open(path, flags, *a)
+
+    def fake_write(fd: int, data: Any) -> int:
+        if refused_at == "write" and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append("write")
+            raise OSError(errno.EINVAL, "O_DIRECT refused (fake)")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(w.os, "open", fake_open)
+    monkeypatch.setattr(w.os, "write", fake_write)
+    src = tmp_path / "src.data"
+    blob = os.urandom(5 * 4096 + 77)
+    src.write_bytes(blob)
+    dst = tmp_path / "dst.data"
+    dst.touch()
+    h = hashlib.sha256()
+    assert w.write_pieces([("file", src, 3, len(blob) - 3), ("pad", None, 0, 9)], dst, h) == len(blob) + 6
+    assert refused == [refused_at]
+    assert dst.read_bytes() == blob[3:] + bytes(9)
+    assert h.hexdigest() == hashlib.sha256(blob[3:] + bytes(9)).hexdigest()
