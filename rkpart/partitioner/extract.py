@@ -10,15 +10,13 @@ file) into the stage's own data file, so a 4 GB model is cut with a few MB of me
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import os
 import shutil
 from collections.abc import Mapping
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -28,7 +26,7 @@ from rkpart.errors import InvalidModelError, first_line
 from rkpart.io import atomic_writer, hash_file
 from rkpart.ir import ModelGraph, Subgraph
 from rkpart.ir.ops import CONTROL_FLOW_OPS
-from rkpart.partitioner.weights import fast_writer
+from rkpart.partitioner.weights import Piece, fast_writer, write_pieces
 
 #: weights at least this large go to the stage's external data file
 DEFAULT_EXTERNAL_THRESHOLD = 1024
@@ -97,7 +95,7 @@ def _inline(mg: ModelGraph, t: str) -> TensorProto:
 
 
 #: one piece of a stage's data file: zero padding, a slice of a source file, or bytes
-_Piece = tuple[str, Any, int, int]
+_Piece = Piece
 
 
 @dataclass
@@ -142,29 +140,33 @@ def extract(
                          linked=linked, durable=durable).result()
 
 
-def extract_start(
+@dataclass(frozen=True)
+class _Layout:
+    """A stage decided but not written: its ``.onnx`` bytes and its data file's pieces."""
+
+    onnx_bytes: bytes
+    pieces: list[_Piece]
+    stage: ExtractedStage
+
+    def source_sha256(self) -> str:
+        """The stage's sha256 (``.onnx`` bytes, then data bytes) computed from the *source*:
+        what its files will hash to once written."""
+        return _hash_pieces(self.onnx_bytes, self.pieces)
+
+
+def _layout(
     mg: ModelGraph,
     sub: Subgraph,
     path: Path,
     *,
     name: str,
-    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
-    doc: str = "",
-    linked: Mapping[str, str] | None = None,
-    durable: bool = True,
-    pool: Executor | None = None,
-) -> PendingStage:
-    """:func:`extract`, with the weight bytes moved and hashed on ``pool`` (when given).
-
-    The data file's layout is decided first, so that the stage's ``.onnx`` can be written
-    and its sha256 (the ``.onnx`` bytes, then the data bytes) computed from the *source*
-    slices, in parallel with the kernel copying them (``copy_file_range``): every weight
-    byte is read once for the hash and never read back from the stage.
-    """
+    external_threshold: int,
+    doc: str,
+    linked: Mapping[str, str] | None,
+) -> _Layout:
     nodes = _collect_nodes(mg, sub)
     big = {t for t in sub.weights if mg.weight_bytes(t) >= external_threshold}
     data_name = path.name + ".data"
-    data_path = path.with_name(data_name)
     initializers: list[TensorProto] = []
     pieces: list[_Piece] = []
     offset = 0
@@ -195,10 +197,6 @@ def extract_start(
         offset += length
     model = _model(mg, sub, nodes, initializers, name=name, doc=doc, producer_name="rkpart",
                    value_info=True)
-    data = model.SerializeToString(deterministic=True)
-    writer = atomic_writer if durable else fast_writer
-    with writer(path) as tmp:
-        tmp.write_bytes(data)
     stage = ExtractedStage(
         file=path.name,
         data_file=data_name if pieces else None,
@@ -209,15 +207,57 @@ def extract_start(
         sha256="",
         num_nodes=len(nodes),
     )
+    return _Layout(model.SerializeToString(deterministic=True), pieces, stage)
+
+
+def source_sha256(
+    mg: ModelGraph,
+    sub: Subgraph,
+    path: Path,
+    *,
+    name: str,
+    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
+    doc: str = "",
+    linked: Mapping[str, str] | None = None,
+) -> str:
+    """The sha256 :func:`extract` would record for this stage, computed from the source
+    without writing anything (a resumed stage is checked against it)."""
+    return _layout(mg, sub, path, name=name, external_threshold=external_threshold, doc=doc,
+                   linked=linked).source_sha256()
+
+
+def extract_start(
+    mg: ModelGraph,
+    sub: Subgraph,
+    path: Path,
+    *,
+    name: str,
+    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
+    doc: str = "",
+    linked: Mapping[str, str] | None = None,
+    durable: bool = True,
+    pool: Executor | None = None,
+) -> PendingStage:
+    """:func:`extract`, with the weight bytes moved and hashed on ``pool`` (when given).
+
+    The data file's layout is decided first, so that the stage's ``.onnx`` can be written
+    and its sha256 (the ``.onnx`` bytes, then the data bytes) computed while the data file
+    is written (:func:`~rkpart.partitioner.weights.write_pieces`): every weight byte is read
+    once from the source, hashed and written from the same buffer, never read back.
+    """
+    lay = _layout(mg, sub, path, name=name, external_threshold=external_threshold, doc=doc, linked=linked)
+    data, pieces, stage = lay.onnx_bytes, lay.pieces, lay.stage
+    data_path = path.with_name(path.name + ".data")
+    writer = atomic_writer if durable else fast_writer
+    with writer(path) as tmp:
+        tmp.write_bytes(data)
     if not pieces:
         if data_path.exists():
             data_path.unlink()
         return PendingStage(replace(stage, sha256=hashlib.sha256(data).hexdigest()))
     if pool is None:
-        _write_data(pieces, data_path, durable)
-        return PendingStage(replace(stage, sha256=_hash_pieces(data, pieces)))
-    return PendingStage(stage, pool.submit(_hash_pieces, data, pieces),
-                        pool.submit(_write_data, pieces, data_path, durable))
+        return PendingStage(replace(stage, sha256=_write_hashed(data, pieces, data_path, durable)))
+    return PendingStage(stage, pool.submit(_write_hashed, data, pieces, data_path, durable))
 
 
 def _hash_pieces(head: bytes, pieces: list[_Piece]) -> str:
@@ -243,42 +283,13 @@ def _hash_pieces(head: bytes, pieces: list[_Piece]) -> str:
     return h.hexdigest()
 
 
-def _write_data(pieces: list[_Piece], path: Path, durable: bool) -> None:
-    """Write the data file: slices of source files are copied by the kernel (``copy_file_range``)."""
+def _write_hashed(head: bytes, pieces: list[_Piece], path: Path, durable: bool) -> str:
+    """Write the data file ``pieces`` describe; return sha256 of ``head`` then those bytes."""
+    h = hashlib.sha256(head)
     writer = atomic_writer if durable else fast_writer
-    with writer(path) as tmp, open(tmp, "wb", buffering=0) as dst:
-        pos = 0
-        for kind, src, off, length in pieces:
-            if kind == "pad":
-                dst.write(bytes(length))
-            elif kind == "bytes":
-                dst.write(src)
-            else:
-                with open(src, "rb", buffering=0) as f:
-                    _copy_range(f, dst, off, pos, length, Path(src).name)
-            pos += length
-
-
-def _copy_range(src: BinaryIO, dst: BinaryIO, off: int, pos: int, length: int, name: str) -> None:
-    left = length
-    try:
-        while left:
-            k = os.copy_file_range(src.fileno(), dst.fileno(), left, off + length - left, pos + length - left)
-            if not k:
-                raise InvalidModelError(f"external data file {name} is too short")
-            left -= k
-    except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-            raise
-        src.seek(off + length - left)
-        dst.seek(pos + length - left)
-        while left:
-            buf = src.read(min(_CHUNK, left))
-            if not buf:
-                raise InvalidModelError(f"external data file {name} is too short") from None
-            dst.write(buf)
-            left -= len(buf)
-    dst.seek(pos + length)
+    with writer(path) as tmp:
+        write_pieces(pieces, tmp, h)
+    return h.hexdigest()
 
 
 def _source_ref(init: TensorProto) -> tuple[str, int, int | None] | None:

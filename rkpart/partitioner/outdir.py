@@ -1,8 +1,12 @@
 """What ``partition`` may resume, replace and delete (issue 13).
 
-- The resume key covers every input of the stages: the model file *and* its external data
-  (by content), the grouping the strategy chose (so a changed spec or cost model is seen
-  even when its file name is the same), the options and the rkpart version.
+- The resume key covers every input of the stages: the model file (by content), its external
+  data files (by identity: size, device, inode, modification and change time -- hashing
+  gigabytes of weights up front would read every byte twice, see below), the grouping the
+  strategy chose (so a changed spec or cost model is seen even when its file name is the
+  same), the options and the rkpart version.  The weights' *content* is checked per stage:
+  a finished stage is resumed only if its files still hash to the sha256 its source slices
+  give now (:mod:`rkpart.partitioner.write`), so no stale weight byte is ever reused.
 - ``--force`` replaces only a folder that validates as an rkpart plan folder: a valid
   ``plan.json`` and nothing but what rkpart writes next to it.
 - The staging folder ``.<out>.partial`` is used only if it is a real folder (never through a
@@ -20,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from rkpart.errors import OutputExistsError, SpecError, UserError
-from rkpart.io import content_sha256, external_locations, locations_in
+from rkpart.io import external_locations, file_sha256, locations_in
 
 #: what rkpart writes into a plan folder (partition: plan.json, stages/; compile: rknn/)
 PLAN_FOLDER_ENTRIES = frozenset({"plan.json", "stages", "rknn"})
@@ -45,15 +49,28 @@ def model_files(model: Path, proto: Any = None) -> list[Path]:
     return [model, *(model.parent / loc for loc in locs)]
 
 
+def file_identity(path: Path) -> list[Any]:
+    """What identifies a file's current bytes without reading them: name, size, device, inode,
+    modification and change time (``ctime`` moves on every write and ``utime``, and cannot be
+    set back by a user)."""
+    st = os.stat(path)
+    return [path.name, st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+
+
 def resume_key(model: Path, proto: Any, strategy: str, options: Any, groups: Sequence[_Group], *,
                external_threshold: int, simplify: bool, input_shapes: Mapping[str, Any] | None,
-               weights: str = "copy") -> str:
-    """The identity of a partition run: a staging folder written under another key is not reused."""
+               weights: str = "copy", model_sha256: str | None = None) -> str:
+    """The identity of a partition run: a staging folder written under another key is not reused.
+
+    ``model_sha256``: the model file's sha256 when the caller has it (it is not hashed twice).
+    """
     from rkpart import __version__
 
+    files = model_files(model, proto)
     blob = {
         "rkpart": __version__,
-        "model": content_sha256(model_files(model, proto)),
+        "model": model_sha256 or file_sha256(model),
+        "data": [file_identity(f) for f in files[1:]],
         "strategy": strategy,
         "options": options,
         "groups": [[g.id, g.device, sorted(g.ops)] for g in groups],

@@ -10,6 +10,13 @@ a standalone ONNX file (``onnx.load`` and ONNX Runtime resolve the location next
 every path stays inside the plan folder.  Hard links are not used: ``onnx.load`` refuses
 external data files with more than one link.
 
+Weight bytes are moved by :func:`write_pieces`: each source byte is read once into an
+aligned buffer, hashed there (the stage's sha256) and written with ``O_DIRECT`` -- straight
+to the disk, not copied again into the page cache, which on a machine short of free memory
+costs more CPU than the hash (``cp`` spends most of its time there).  Where the file system
+refuses ``O_DIRECT`` (tmpfs, some network file systems) the same loop writes through the
+page cache.
+
 Writing is not made durable file by file: stage files are renamed into place without
 ``fsync`` (a resumed run re-verifies each finished stage by sha256), and the whole staging
 folder is flushed in one pass by :func:`sync_tree` before it replaces the output.
@@ -25,12 +32,13 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from onnx import TensorProto
 
-from rkpart.errors import SpecError
+from rkpart.errors import InvalidModelError, SpecError
 from rkpart.ir import ModelGraph
 
 WeightsMode = Literal["copy", "link"]
@@ -63,12 +71,100 @@ def _reflink(src: Path, dst: Path) -> bool:
             raise
 
 
+#: one piece of a data file: ``("pad", None, 0, n)`` zeros, ``("bytes", data, 0, n)``, or
+#: ``("file", path, offset, n)`` a slice of a source file
+Piece = tuple[str, Any, int, int]
+#: bytes moved per read / hash / write (a multiple of any block size ``O_DIRECT`` asks for)
+_CHUNK = 1 << 23
+_ALIGN = 4096
+
+
+def write_pieces(pieces: list[Piece], path: Path, h: Any = None) -> int:
+    """Write the concatenation of ``pieces`` to the existing file ``path``, feeding the same
+    bytes to the hash object ``h`` (when given); returns the bytes written.
+
+    Every source byte is read once into one page-aligned buffer, hashed and written from it
+    with ``O_DIRECT`` when the file system takes it (the last, partial block is written
+    padded and the file truncated to its size), else through the page cache.
+    """
+    import mmap
+
+    direct = hasattr(os, "O_DIRECT")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | (os.O_DIRECT if direct else 0))
+    except OSError as e:
+        if not direct or e.errno != errno.EINVAL:
+            raise
+        direct = False
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    srcs: dict[str, int] = {}
+    buf = mmap.mmap(-1, _CHUNK)
+    total = fill = 0
+    try:
+        with memoryview(buf) as view:
+
+            def emit(n: int, size: int) -> None:
+                nonlocal direct
+                if h is not None:
+                    h.update(view[:n])
+                done = 0
+                while done < size:
+                    try:
+                        k = os.write(fd, view[done:size])
+                    except OSError as e:
+                        if not direct or e.errno != errno.EINVAL:
+                            raise
+                        # O_DIRECT refused at write time: go on through the page cache
+                        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                        direct = False
+                        continue
+                    if k < size - done and direct:
+                        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+                        direct = False
+                    done += k
+
+            for kind, src, off, length in pieces:
+                left = length
+                while left:
+                    k = min(_CHUNK - fill, left)
+                    if kind == "pad":
+                        view[fill:fill + k] = bytes(k)
+                    elif kind == "bytes":
+                        view[fill:fill + k] = src[length - left:length - left + k]
+                    else:
+                        sfd = srcs.get(str(src))
+                        if sfd is None:
+                            sfd = srcs[str(src)] = os.open(src, os.O_RDONLY)
+                        k = os.preadv(sfd, [view[fill:fill + k]], off + length - left)
+                        if not k:
+                            raise InvalidModelError(f"external data file {Path(src).name} is too short")
+                    fill += k
+                    left -= k
+                    if fill == _CHUNK:
+                        emit(fill, fill)
+                        total += fill
+                        fill = 0
+            if fill:
+                padded = -(-fill // _ALIGN) * _ALIGN if direct else fill
+                view[fill:padded] = bytes(padded - fill)
+                emit(fill, padded)
+                total += fill
+        os.ftruncate(fd, total)  # the padding of the last O_DIRECT block
+    finally:
+        buf.close()
+        os.close(fd)
+        for sfd in srcs.values():
+            os.close(sfd)
+    return total
+
+
 def link_one(src: Path, dst: Path) -> str:
     """Place ``src``'s bytes at ``dst`` without copying when possible; returns how (``reflink`` or ``copy``).
 
-    Never a hard link: ``onnx.load`` and ``onnx.checker`` refuse external data with more than
-    one link ("potential hardlink attack"), so one would break the stages *and* the source.
-    Without reflinks the file is copied whole, in the kernel (``copy_file_range``), unhashed.
+    Never a hard link: ``onnx.load`` and ``onnx.checker`` (onnx >= 1.23) refuse external data
+    with more than one link ("potential hardlink attack"), so one would break the stages
+    *and* the user's source model.  Without reflinks the file is copied whole, unhashed, by
+    :func:`write_pieces`.
     """
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{dst.name}.", suffix=".tmp", dir=dst.parent)
@@ -78,7 +174,7 @@ def link_one(src: Path, dst: Path) -> str:
         if _reflink(src, tmp):
             how = "reflink"
         else:
-            shutil.copyfile(src, tmp)
+            write_pieces([("file", src, 0, src.stat().st_size)], tmp)
             how = "copy"
         shutil.copymode(src, tmp)
         os.replace(tmp, dst)
@@ -155,18 +251,34 @@ def fast_writer(path: Path) -> Iterator[Path]:
         raise
 
 
+#: ``fsync`` calls in flight at once: concurrent ones share the file system's journal commits
+_SYNC_THREADS = 16
+
+
 def sync_tree(folder: Path) -> None:
-    """Make everything under ``folder`` durable in one pass at the end: ``fsync`` of every file
-    and folder (most bytes were written back while later stages were cut, so this mostly waits
-    for the tail).  Not ``syncfs``: on a shared disk that would wait for other processes' writes."""
+    """Make everything under ``folder`` durable in one pass at the end: ``fsync`` of every file,
+    then of every folder (their entries name the files).  Most bytes were written back while
+    later stages were cut, so this mostly waits for the tail.  The calls run on a few threads:
+    one at a time, each would wait for its own journal commit (ext4, XFS), while concurrent
+    ones are batched into a few.  Not ``syncfs``: on a shared disk that would also wait for
+    other processes' writes."""
+    files: list[str] = []
+    dirs: list[str] = []
     for dirpath, _, names in os.walk(folder):
-        for n in [*names, "."]:
-            fd = os.open(os.path.join(dirpath, n), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        files += (os.path.join(dirpath, n) for n in names)
+        dirs.append(dirpath)
+    with ThreadPoolExecutor(max_workers=_SYNC_THREADS, thread_name_prefix="rkpart-sync") as pool:
+        list(pool.map(_fsync, files))
+        list(pool.map(_fsync, dirs))
 
 
-__all__ = ["LINK_DIR", "WEIGHTS_MODES", "WeightsMode", "check_links", "fast_writer", "link_files", "link_one",
-           "linked_file_names", "source_locations", "sync_tree"]
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["LINK_DIR", "WEIGHTS_MODES", "Piece", "WeightsMode", "check_links", "fast_writer", "link_files",
+           "link_one", "linked_file_names", "source_locations", "sync_tree", "write_pieces"]

@@ -31,6 +31,7 @@ from rkpart.partitioner.extract import (
     PendingStage,
     check_stage,
     extract_start,
+    source_sha256,
     stage_sha256,
 )
 from rkpart.partitioner.outdir import check_out, check_staging, resume_key
@@ -93,11 +94,12 @@ def write_partition(
     _check_control_flow(mg, groups)
 
     model_sha = file_sha256(model_path)
-    # every input of the stages: the model and its external data by content, the grouping
-    # (an edited spec or cost model), options, rkpart version (rkpart.partitioner.outdir)
+    # every input of the stages: the model by content, its external data by identity (by
+    # content per resumed stage, below: each weight byte is hashed once), the grouping (an
+    # edited spec or cost model), options, rkpart version (rkpart.partitioner.outdir)
     run_key = resume_key(model_path, mg.model, part.strategy, _jsonable(part.options), groups,
                          external_threshold=external_threshold, simplify=simplify is not None,
-                         input_shapes=input_shapes, weights=weights)
+                         input_shapes=input_shapes, weights=weights, model_sha256=model_sha)
 
     staging = out.with_name(f".{out.name}.partial")
     check_staging(staging, contents=False)  # its contents are judged under the lock, below
@@ -241,7 +243,11 @@ def _write_stages(
             sub = mg.subgraph(g.ops)
             _add_tensors(mg, tensors, [*sub.inputs, *sub.outputs])
             fname = f"{idx:03d}_{g.id}.onnx"
+            doc = f"rkpart stage {g.id} ({g.kind}) of {model_path.name}"
             prev = _stage_done(stages_dir, fname)
+            if prev is not None and source_sha256(mg, sub, stages_dir / fname, name=g.id, doc=doc, linked=linked,
+                                                  external_threshold=external_threshold) != prev.sha256:
+                prev = None  # its bytes in the source changed since it was written: write it again
             stages.append(prev)
             if prev is not None:
                 progress(f"[{idx + 1}/{n}] {g.id}: already written (resumed)")
@@ -249,7 +255,7 @@ def _write_stages(
             progress(f"[{idx + 1}/{n}] {g.id} ({g.device}, {len(g.ops)} ops)")
             job = extract_start(mg, sub, stages_dir / fname, name=g.id,
                                 external_threshold=external_threshold, linked=linked, durable=False,
-                                doc=f"rkpart stage {g.id} ({g.kind}) of {model_path.name}", pool=pool)
+                                doc=doc, pool=pool)
             pending[idx] = (job, g, fname)
             for i in sorted(pending):
                 if pending[i][0].done() or len(pending) > _IN_FLIGHT:

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 
+from rkpart.errors import InvalidModelError
 from rkpart.partitioner.extract import stage_sha256
 from rkpart.partitioner.plan import load_plan
 from rkpart.partitioner.weights import LINK_DIR, link_one
@@ -167,3 +170,234 @@ def test_link_mode_stages_pass_the_integrity_checks_and_an_outside_data_file_doe
     onnx.save(m, str(out / s.file))
     with pytest.raises(SpecError, match="not the stage's own data file"):
         stage_onnx(out, s, verify=False)
+
+
+class _Interrupt(KeyboardInterrupt):
+    """Stands in for a kill after some stages were written (the staging folder stays)."""
+
+
+def _interrupt_after(n: int) -> Callable[[str], None]:
+    seen: list[str] = []
+
+    def progress(msg: str) -> None:
+        if msg.startswith("["):
+            seen.append(msg)
+            if len(seen) > n:
+                raise _Interrupt
+    return progress
+
+
+def _own_copy(tmp_path: Path, ext_model: Path) -> Path:
+    model = tmp_path / "m" / ext_model.name
+    model.parent.mkdir()
+    shutil.copy(ext_model, model)
+    shutil.copy(ext_model.with_name(ext_model.name + ".data"), model.with_name(model.name + ".data"))
+    return model
+
+
+def test_copy_mode_hashes_each_weight_byte_once(tmp_path: Path, ext_model: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resume key does not read the external data, and each source slice is read once:
+    hashed and written from the same buffer (spies on the hashing and writing paths,
+    delegating to the real ones)."""
+    import rkpart.io
+    import rkpart.partitioner.extract as extract
+
+    data = ext_model.with_name(ext_model.name + ".data")
+    whole: list[str] = []
+    written: list[int] = []
+    rehashed: list[int] = []
+    real_hash_file, real_write, real_hash_pieces = rkpart.io.hash_file, extract.write_pieces, extract._hash_pieces
+
+    def from_data(pieces: list[Any]) -> int:
+        return sum(n for kind, src, _, n in pieces if kind == "file" and Path(src) == data)
+
+    def hash_file(h: object, path: object, *a: object, **k: object) -> None:
+        whole.append(Path(str(path)).name)
+        real_hash_file(h, path, *a, **k)  # type: ignore[arg-type]
+
+    def write_pieces(pieces: list[Any], path: Path, h: object = None) -> int:
+        assert h is not None  # hashed while written
+        written.append(from_data(pieces))
+        return real_write(pieces, path, h)
+
+    def hash_pieces(head: bytes, pieces: list[Any]) -> str:
+        rehashed.append(from_data(pieces))
+        return real_hash_pieces(head, pieces)
+
+    monkeypatch.setattr(rkpart.io, "hash_file", hash_file)
+    monkeypatch.setattr(extract, "write_pieces", write_pieces)
+    monkeypatch.setattr(extract, "_hash_pieces", hash_pieces)
+    plan = partition(ext_model, tmp_path / "p", "split", external_threshold=64)
+    assert data.name not in whole
+    assert sum(rehashed) == 0  # a fresh run re-reads nothing
+    own = sum(p.stat().st_size for p in (tmp_path / "p" / "stages").glob("*.onnx.data"))
+    assert 0 < sum(written) <= own  # each slice once (the stage data files add only padding and inline weights)
+    assert len(written) == len([s for s in plan.stages if (tmp_path / "p" / (s.file + ".data")).exists()])
+
+
+def test_resume_rechecks_each_stage_against_its_source_slices(tmp_path: Path, ext_model: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The resume key identifies the external data by size, inode and times, not content.  A file
+    system whose timestamps do not move on a rewrite (coarse clocks, a rewrite in the same tick)
+    cannot be produced on demand, so ``file_identity`` is replaced by a *fake* that never changes.
+    Even then no stale weight is reused: a resumed stage must hash, from the source as it is now,
+    to what it recorded."""
+    import rkpart.partitioner.outdir as outdir
+
+    monkeypatch.setattr(outdir, "file_identity", lambda p: [p.name])  # fake: identity never changes
+    model = _own_copy(tmp_path, ext_model)
+    out = tmp_path / "out"
+    with pytest.raises(_Interrupt):
+        partition(model, out, "split", external_threshold=64, progress=_interrupt_after(8))
+    import json
+
+    done = {f.name.removesuffix(".done.json"): json.loads(f.read_text())["sha256"]
+            for f in (tmp_path / ".out.partial" / "stages").glob("*.done.json")}
+    data = model.with_name(model.name + ".data")
+    raw = bytearray(data.read_bytes())
+    raw[: len(raw) // 2] = bytes(len(raw) // 2)  # zero half the weights, same size
+    data.write_bytes(bytes(raw))
+    msgs: list[str] = []
+    plan = partition(model, out, "split", external_threshold=64, progress=msgs.append)
+    fresh = partition(model, tmp_path / "fresh", "split", external_threshold=64)
+    assert [s.sha256 for s in plan.stages] == [s.sha256 for s in fresh.stages]
+    assert _files(out) == _files(tmp_path / "fresh")
+    # some finished stages held now-stale weights: they were written again, not resumed
+    names = {Path(s.file).name: s.sha256 for s in plan.stages}
+    stale = {n for n, sha in names.items() if n in done and done[n] != sha}
+    assert stale
+    assert len([m for m in msgs if "(resumed)" in m]) == len(done) - len(stale)
+
+
+def test_resume_key_follows_the_data_files_identity(tmp_path: Path, ext_model: Path) -> None:
+    """Touching the external data (same bytes, new times) or replacing it starts over; nothing
+    changed resumes (each resumed stage re-checked by content)."""
+    model = _own_copy(tmp_path, ext_model)
+    data = model.with_name(model.name + ".data")
+    out = tmp_path / "out"
+
+    def resumed_after(change: Callable[[], object]) -> int:
+        with pytest.raises(_Interrupt):
+            partition(model, out, "split", force=True, external_threshold=64, progress=_interrupt_after(4))
+        change()
+        msgs: list[str] = []
+        partition(model, out, "split", force=True, external_threshold=64, progress=msgs.append)
+        return len([m for m in msgs if "(resumed)" in m])
+
+    assert resumed_after(lambda: None) > 0
+    assert resumed_after(lambda: os.utime(data)) == 0
+    assert resumed_after(lambda: shutil.copyfile(ext_model.with_name(ext_model.name + ".data"), data)) == 0
+
+
+def test_sync_tree_flushes_every_file_and_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one flush at the end covers every file and folder of the staging tree (a spy on
+    ``os.fsync``, delegating to it)."""
+    import rkpart.partitioner.weights as w
+
+    (tmp_path / "t" / "stages" / LINK_DIR).mkdir(parents=True)
+    for i in range(40):
+        (tmp_path / "t" / "stages" / f"{i}.onnx").write_bytes(os.urandom(100))
+    (tmp_path / "t" / "plan.json").write_text("{}")
+    synced: list[int] = []
+    real = os.fsync
+
+    def spy(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real(fd)
+
+    monkeypatch.setattr(w.os, "fsync", spy)
+    w.sync_tree(tmp_path / "t")
+    want = {p.stat().st_ino for p in [tmp_path / "t", *(tmp_path / "t").rglob("*")]}
+    assert sorted(synced) == sorted(want)
+
+
+@pytest.mark.skipif(tuple(int(x) for x in onnx.__version__.split(".")[:2]) < (1, 23),
+                    reason="onnx < 1.23 accepts hard-linked external data")
+def test_onnx_refuses_hard_linked_external_data(tmp_path: Path, ext_model: Path) -> None:
+    """Why ``--weights link`` never hard-links: one more link on the source's data file and
+    onnx >= 1.23 refuses to load the user's own model (and every stage) -- ORT and the toolkit
+    venvs' onnx 1.16 would not mind, but rkpart's own loaders and checker would."""
+    model = _own_copy(tmp_path, ext_model)
+    data = model.with_name(model.name + ".data")
+    onnx.load(str(model))
+    os.link(data, tmp_path / "second.data")
+    with pytest.raises(Exception, match="hard link"):
+        onnx.load(str(model))
+
+
+@pytest.mark.parametrize("where", ["tmp", "shm"])
+@pytest.mark.parametrize("chunk", [1 << 12, 1 << 23])
+def test_write_pieces_writes_and_hashes_exactly_the_pieces(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           where: str, chunk: int) -> None:
+    """Unaligned slices, padding and inline bytes across buffer boundaries, with ``O_DIRECT``
+    (a disk file system) and without it (tmpfs refuses it on older kernels): the file holds
+    exactly the pieces, and the hash saw exactly its bytes."""
+    import hashlib
+
+    import rkpart.partitioner.weights as w
+
+    folder = tmp_path if where == "tmp" else Path("/dev/shm")
+    if not folder.is_dir():
+        pytest.skip("no /dev/shm")
+    monkeypatch.setattr(w, "_CHUNK", chunk)
+    src = tmp_path / "src.data"
+    blob = os.urandom(3 * 4096 + 123)
+    src.write_bytes(blob)
+    pieces: list[Any] = [("file", src, 5, 1000), ("pad", None, 0, 24), ("bytes", b"inline" * 700, 0, 4200),
+                         ("file", src, 1005, len(blob) - 1005), ("pad", None, 0, 7), ("file", src, 0, 1)]
+    want = blob[5:1005] + bytes(24) + b"inline" * 700 + blob[1005:] + bytes(7) + blob[:1]
+    dst = folder / f"rkpart-test-{os.getpid()}-{chunk}.data"
+    dst.write_bytes(b"old contents, longer than nothing")
+    try:
+        h = hashlib.sha256()
+        assert w.write_pieces(pieces, dst, h) == len(want)
+        assert dst.read_bytes() == want
+        assert h.hexdigest() == hashlib.sha256(want).hexdigest()
+    finally:
+        dst.unlink()
+    (tmp_path / "short.data").touch()
+    with pytest.raises(InvalidModelError, match="too short"):
+        w.write_pieces([("file", src, len(blob) - 10, 20)], tmp_path / "short.data")
+
+
+@pytest.mark.parametrize("refused_at", ["open", "write"])
+def test_write_pieces_falls_back_when_o_direct_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          refused_at: str) -> None:
+    """A file system that refuses ``O_DIRECT`` (at ``open``, or only at the first write, as some
+    FUSE and network file systems do) gets the same bytes through the page cache.  This disk
+    takes ``O_DIRECT``, so the refusal is injected by a *fake* ``os.open`` / ``os.write`` that
+    raise ``EINVAL`` while the flag is set, delegating otherwise."""
+    import errno
+    import fcntl
+    import hashlib
+
+    import rkpart.partitioner.weights as w
+
+    real_open, real_write = os.open, os.write
+    refused: list[str] = []
+
+    def fake_open(path: Any, flags: int, *a: Any) -> int:
+        if refused_at == "open" and flags & os.O_DIRECT:
+            refused.append("open")
+            raise OSError(errno.EINVAL, "O_DIRECT refused (fake)")
+        return real_open(path, flags, *a)
+
+    def fake_write(fd: int, data: Any) -> int:
+        if refused_at == "write" and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            refused.append("write")
+            raise OSError(errno.EINVAL, "O_DIRECT refused (fake)")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(w.os, "open", fake_open)
+    monkeypatch.setattr(w.os, "write", fake_write)
+    src = tmp_path / "src.data"
+    blob = os.urandom(5 * 4096 + 77)
+    src.write_bytes(blob)
+    dst = tmp_path / "dst.data"
+    dst.touch()
+    h = hashlib.sha256()
+    assert w.write_pieces([("file", src, 3, len(blob) - 3), ("pad", None, 0, 9)], dst, h) == len(blob) + 6
+    assert refused == [refused_at]
+    assert dst.read_bytes() == blob[3:] + bytes(9)
+    assert h.hexdigest() == hashlib.sha256(blob[3:] + bytes(9)).hexdigest()
