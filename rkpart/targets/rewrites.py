@@ -186,9 +186,10 @@ def _erf_sqrt2_f32(graph: onnx.GraphProto, types: _Types) -> int:
         if n.op_type != "Erf" or n.domain not in ("", "ai.onnx"):
             continue
         j = index.get(n.input[0])
-        div = graph.node[j] if j is not None else None
-        if div is None or j in casts or div.op_type != "Div" or len(div.input) != 2 \
-                or not _is_half_sqrt2(graph, div.input[1]):
+        if j is None or j in casts:
+            continue
+        div = graph.node[j]
+        if div.op_type != "Div" or len(div.input) != 2 or not _is_half_sqrt2(graph, div.input[1]):
             continue
         base = div.name or div.output[0]
         f32 = namer(f"{base}/sqrt2_f32")
@@ -205,6 +206,128 @@ def _erf_sqrt2_f32(graph: onnx.GraphProto, types: _Types) -> int:
         del graph.node[:]
         graph.node.extend(nodes)
     return len(casts)
+
+
+def _split_chunked_linear(graph: onnx.GraphProto, types: _Types) -> int:
+    """A ``Gemm`` whose output is only read as column chunks (``emb.chunk(k, -1)`` of an AdaLN
+    modulation: Slices of the last axis with constant bounds, or one Split of the last axis)
+    -> one Gemm per chunk, on the chunk's rows of B (columns when ``transB`` = 0) and of C.
+
+    Each output element is the same dot product and bias add as before.  Matches ``transA`` = 0
+    with a 2-D constant B and a constant (or no) C.
+    """
+    shapes = _static_shapes(graph)
+    outputs = {o.name for o in graph.output}
+    readers: dict[str, list[int]] = {}  # tensor -> indices of the nodes that read it
+    for j, n in enumerate(graph.node):
+        for i in n.input:
+            readers.setdefault(i, []).append(j)
+    namer = _Namer(graph)
+    edits: dict[int, list[onnx.NodeProto]] = {}  # linear's index -> its replacement
+    drop: set[int] = set()  # indices of the Slices / Splits the new Gemms replace
+    for k, lin in enumerate(graph.node):
+        if lin.op_type != "Gemm" or lin.domain not in ("", "ai.onnx") or lin.output[0] in outputs \
+                or _attr(lin, "transA", 0):
+            continue
+        w = _const_array(graph, lin.input[1])
+        if w is None or w.ndim != 2:
+            continue
+        trans_b = bool(_attr(lin, "transB", 0))
+        n_out = w.shape[0] if trans_b else w.shape[1]
+        bias = None
+        if len(lin.input) > 2 and lin.input[2]:
+            bias = _const_array(graph, lin.input[2])
+            if bias is None or bias.size not in (1, n_out) or bias.ndim > 1:
+                continue
+        out_shape = shapes.get(lin.output[0])
+        if out_shape is None or out_shape[-1] != n_out:
+            continue
+        slices = [graph.node[j] for j in readers.get(lin.output[0], [])]
+        chunks = _split_ranges(graph, slices[0], len(out_shape), n_out) if len(slices) == 1 else None
+        if chunks is None and len(slices) >= 2:
+            ranges = [_slice_range(graph, sl, len(out_shape), n_out) for sl in slices]
+            chunks = [(sl.output[0], *r) for sl, r in zip(slices, ranges, strict=True) if r is not None]
+            if len(chunks) != len(slices):
+                chunks = None
+        if chunks:
+            base = lin.name or lin.output[0]
+            new = []
+            for c, (out, a, b) in enumerate(chunks):
+                wc = w[a:b] if trans_b else w[:, a:b]
+                wn = namer(f"{base}/chunk{c}_weight")
+                graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(wc), wn))
+                ins = [lin.input[0], wn]
+                if bias is not None:
+                    bn = namer(f"{base}/chunk{c}_bias")
+                    bc = bias if bias.size == 1 else bias[a:b]
+                    graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(bc), bn))
+                    ins.append(bn)
+                attrs = {a_.name: helper.get_attribute_value(a_) for a_ in lin.attribute}
+                new.append(helper.make_node(lin.op_type, ins, [out], name=f"{base}_chunk{c}", **attrs))
+            drop.update(readers[lin.output[0]])
+            edits[k] = new
+    if not edits:
+        return 0
+    nodes: list[onnx.NodeProto] = []
+    for k, n in enumerate(graph.node):
+        if k in edits:
+            nodes.extend(edits[k])
+        elif k not in drop:
+            nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    unused = [t for t in graph.initializer if t.name not in read]
+    for t in unused:  # the whole weights and biases, now read by nobody
+        graph.initializer.remove(t)
+    return len(edits)
+
+
+def _split_ranges(graph: onnx.GraphProto, sp: onnx.NodeProto, rank: int,
+                  n: int) -> list[tuple[str, int, int]] | None:
+    """[(output, start, end)] of a Split of the last axis into static parts (unused outputs left out)."""
+    if sp.op_type != "Split" or sp.domain not in ("", "ai.onnx"):
+        return None
+    if int(_attr(sp, "axis", 0)) not in (-1, rank - 1):  # type: ignore[call-overload]
+        return None
+    k = len(sp.output)
+    sizes: object = _attr(sp, "split", None)
+    if len(sp.input) > 1 and sp.input[1]:
+        sizes = _folded(graph, sp.input[1])
+        if sizes is None:
+            return None
+    if sizes is None:
+        step = -(-n // k)
+        sizes = [step] * (k - 1) + [n - step * (k - 1)]
+    bounds = [int(v) for v in np.asarray(sizes).reshape(-1)]
+    if len(bounds) != k or sum(bounds) != n or min(bounds) <= 0:
+        return None
+    out, a = [], 0
+    for name, size in zip(sp.output, bounds, strict=True):
+        if name:
+            out.append((name, a, a + size))
+        a += size
+    return out or None
+
+
+def _slice_range(graph: onnx.GraphProto, sl: onnx.NodeProto, rank: int, n: int) -> tuple[int, int] | None:
+    """(start, end) of a Slice of the last axis with constant bounds and step 1, else None."""
+    if sl.op_type != "Slice" or sl.domain not in ("", "ai.onnx") or len(sl.input) < 3:
+        return None
+    vals = [_folded(graph, sl.input[j]) if len(sl.input) > j and sl.input[j] else None for j in range(1, 5)]
+    starts, ends, axes, steps = vals
+    if starts is None or ends is None or starts.size != 1 or ends.size != 1:
+        return None
+    if axes is not None and (axes.size != 1 or int(axes.reshape(())) not in (-1, rank - 1)):
+        return None
+    if axes is None and rank != 1:
+        return None
+    if steps is not None and (steps.size != 1 or int(steps.reshape(())) != 1):
+        return None
+    a, b = int(starts.reshape(())), int(ends.reshape(()))
+    a = max(0, min(n, a + n if a < 0 else a))
+    b = max(0, min(n, b + n if b < 0 else b))
+    return (a, b) if a < b else None
 
 
 def _grid_sample(graph: onnx.GraphProto, types: _Types) -> int:
@@ -504,6 +627,16 @@ REWRITES: tuple[Rewrite, ...] = (
             "layer -> 0 on 2.3.0, 2.3.2, 2.5.0; Anima (1 block, hidden 256, 256 px, fp16) split and fused "
             "plans 1 -> 0 on 2.3.0 and 2.5.0",
             _erf_sqrt2_f32),
+    Rewrite("adaln-chunk-gemm", "Gemm", "npu", ("2.3.0", "2.3.2"),
+            "AdaLN modulation Gemm read as chunks (emb.chunk(6, -1): Slices, or a Split from dynamo): 2.3.0's "
+            "merge_parallel_op_after_split merges the two '+1' Adds on the scale chunks into one Add on a "
+            "Concat and inserts a Transpose it places on the CPU ('Transpose:/model/transformer_blocks.0/"
+            "norm1/Slice_1_output_0-rs_concat-rs_tp', (1,32,2,1) -> (2,32,1,1)). One Gemm per chunk (the "
+            "chunk's rows of the weight and bias) leaves no Split to merge after. Measured on fused plans, "
+            "2.3.0: Flux (TorchScript, dynamo) 4 CPU layers -> 0, DiT 1 Transpose per block -> 0; 2.5.0 "
+            "has no such Transpose (not applied). 2.3.2 crashes on these blocks either way (same "
+            "operator list as 2.3.0)",
+            _split_chunked_linear),
     Rewrite("pad-to-concat", "Pad", "npu", ("2.3.0", "2.3.2"),
             "Sana's linear attention pads V with a row of ones (pads computed from constants): 2.3.0 places "
             "the Pad on the CPU ('Pad:/model/transformer_blocks.0/attn1/Pad', CPU), 2.5.0 on the NPU. As a "
@@ -524,7 +657,7 @@ def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[st
     for r in rows:
         if not any(n.op_type == r.op_type for n in model.graph.node):
             continue
-        if r.op_type in ("ScatterND", "Pad"):  # need static shapes
+        if r.op_type in ("ScatterND", "Pad", "Gemm"):  # need static shapes
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
             del model.graph.value_info[:]
             model.graph.value_info.extend(inferred.graph.value_info)
