@@ -13,11 +13,10 @@ Two kinds of entry:
     the toolkit places on the NPU; each entry cites the measured placement that justifies it
     (``evidence``: the verbose "Network Layer Information Table" Target column of real builds).
 
-Measured and not kept (no exact form the toolkits place on the NPU): the exporters' guard
-``Where(IsNaN(p), 0, p)`` after a masked Softmax (SDPA with a bool mask, TorchScript and
-dynamo) puts ``IsNaN`` on the CPU with 2.3.0 and 2.5.0; the exact ``Where(Equal(p, p), p, 0)``
-and ``Where(Greater(p, -1), p, 0)`` put ``Equal`` / ``Greater`` there instead (same build, one
-CPU layer either way).
+The IsNaN guard after a masked Softmax (``nan-guard``): ``IsNaN`` and its direct exact
+replacements ``Equal(p, p)`` / ``Greater(p, -1)`` are all placed on the CPU by 2.3.0 and 2.5.0
+(as are Exp, Log, ReduceMax, Min, Less, Not, Or and a Div by a tensor); the row-validity form
+kept here uses only Where, MatMul, Clip, Mul and Add, which both place on the NPU.
 
 Every rewrite is checked by its caller: the rewritten stage must match the original under
 ONNX Runtime before it is kept (:mod:`rkpart.compile.prepare`).
@@ -60,6 +59,7 @@ class _Types:
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.elem: dict[str, int] = {}
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         try:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
         except Exception:  # noqa: BLE001 - inference is a hint; an unknown type defaults to float
@@ -328,6 +328,130 @@ def _slice_range(graph: onnx.GraphProto, sl: onnx.NodeProto, rank: int, n: int) 
     a = max(0, min(n, a + n if a < 0 else a))
     b = max(0, min(n, b + n if b < 0 else b))
     return (a, b) if a < b else None
+
+
+def _scalar(graph: onnx.GraphProto, name: str) -> float | None:
+    v = _const_array(graph, name)
+    return float(v.reshape(())) if v is not None and v.size == 1 and v.dtype.kind == "f" else None
+
+
+def _nan_guard(graph: onnx.GraphProto, types: _Types) -> int:
+    """The exporters' guard after a bool-masked Softmax (scaled_dot_product_attention with a bool
+    mask)::
+
+        p = Softmax(s + Where(mask, 0, -inf));  out = Where(IsNaN(p), 0, p)
+
+    A row the mask hides entirely is all -inf, so Softmax gives NaN there and the guard makes it
+    0.  Rewritten without IsNaN::
+
+        valid = Clip(MatMul(Where(mask, 1, 0), ones[K, 1]), 0, 1)      # 1: row has a key, else 0
+        fill  = -((valid * 65504) ^ 16)                                 # -inf if valid, else 0
+        p     = Softmax(s + Where(mask, 0, fill));  out = p * valid
+
+    (``^ 16`` is four squarings: 65504^16 overflows float32 and float16 to inf, 0 stays 0.)
+    Rows with a key get the same Softmax input, so the same bits (times 1); hidden rows get a
+    finite Softmax, times 0.  Exact for finite scores.
+    """
+    if types.opset < 13:  # Softmax and Clip changed meaning at 13 / 11
+        return 0
+    shapes = _static_shapes(graph)
+    index = {o: k for k, n in enumerate(graph.node) for o in n.output}
+    readers: dict[str, list[int]] = {}
+    for k, n in enumerate(graph.node):
+        for i in n.input:
+            readers.setdefault(i, []).append(k)
+    outputs = {o.name for o in graph.output}
+    namer = _Namer(graph)
+    before: dict[int, list[onnx.NodeProto]] = {}  # index of the Add -> nodes to insert before it
+    replace: dict[int, onnx.NodeProto] = {}  # index of the guard's Where -> its replacement
+    drop: set[int] = set()
+    for ki, isnan in enumerate(graph.node):
+        if isnan.op_type != "IsNaN" or isnan.domain not in ("", "ai.onnx"):
+            continue
+        p = isnan.input[0]
+        ks = index.get(p)
+        r_nan = readers.get(isnan.output[0], [])
+        if ks is None or len(r_nan) != 1 or isnan.output[0] in outputs or p in outputs:
+            continue
+        sm, kw = graph.node[ks], r_nan[0]
+        w = graph.node[kw]
+        if sm.op_type != "Softmax" or w.op_type != "Where" or w.input[0] != isnan.output[0] or w.input[2] != p \
+                or _scalar(graph, w.input[1]) != 0.0 or sorted(readers.get(p, [])) != sorted([ki, kw]):
+            continue
+        x = sm.input[0]
+        rank = len(shapes.get(x, []))
+        ka = index.get(x)
+        axis = _attr(sm, "axis", -1)
+        if ka is None or not rank or not isinstance(axis, int) or axis not in (-1, rank - 1) \
+                or readers.get(x) != [ks] or x in outputs:
+            continue
+        add = graph.node[ka]
+        if add.op_type != "Add" or ka in before:
+            continue
+        for slot in (0, 1):
+            km = index.get(add.input[slot])
+            m = graph.node[km] if km is not None else None
+            if m is None or m.op_type != "Where":
+                continue
+            a, b = _scalar(graph, m.input[1]), _scalar(graph, m.input[2])
+            if a is not None and b is not None and 0.0 in (a, b) and min(a, b) < 0 \
+                    and len(shapes.get(m.input[0], [])) >= 1:
+                break
+        else:
+            continue
+        if math.isfinite(min(a, b)):
+            # a finite fill (dynamo writes float32's lowest): no row is all -inf, Softmax gives no NaN
+            # (float32 scores above -2e31), the guard does nothing.  Not in float16: s - 65504
+            # overflows to -inf once s < -16.
+            if types.of(x) == onnx.TensorProto.FLOAT:
+                replace[kw] = helper.make_node("Identity", [p], [w.output[0]], name=w.name or None)
+                drop.add(ki)
+            continue
+        cond, zero_first = m.input[0], a == 0.0
+        k_keys = shapes[cond][-1]
+        elem = types.of(x)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        base = isnan.name or isnan.output[0]
+
+        def c(tag: str, v: float | np.ndarray, base: str = base, dtype: np.dtype = dtype) -> str:
+            name = namer(f"{base}/{tag}")
+            graph.initializer.append(numpy_helper.from_array(np.asarray(v, dtype=dtype), name))
+            return name
+
+        def t(tag: str, base: str = base) -> str:
+            return namer(f"{base}/{tag}")
+
+        mk = helper.make_node
+        one, zero = c("one", 1.0), c("zero", 0.0)
+        mf, cnt, valid, fill, m2 = t("keys"), t("count"), t("valid"), t("fill"), t("mask_add")
+        new = [mk("Where", [cond, one, zero] if zero_first else [cond, zero, one], [mf], name=f"{base}/keys"),
+               mk("MatMul", [mf, c("ones", np.ones((k_keys, 1)))], [cnt], name=f"{base}/count"),
+               mk("Clip", [cnt, zero, one], [valid], name=f"{base}/valid")]
+        cur = t("big")
+        new.append(mk("Mul", [valid, c("fp16_max", 65504.0)], [cur], name=f"{base}/big"))
+        for q in range(4):
+            nxt = t(f"square{q}")
+            new.append(mk("Mul", [cur, cur], [nxt], name=f"{base}/square{q}"))
+            cur = nxt
+        new.append(mk("Mul", [cur, c("minus_one", -1.0)], [fill], name=f"{base}/fill"))
+        keep = m.input[1] if zero_first else m.input[2]
+        new.append(mk("Where", [cond, keep, fill] if zero_first else [cond, fill, keep], [m2], name=f"{base}/mask"))
+        add.input[slot] = m2
+        before[ka] = new
+        replace[kw] = mk("Mul", [p, valid], [w.output[0]], name=w.name or None)
+        drop.add(ki)
+    if not replace:
+        return 0
+    nodes: list[onnx.NodeProto] = []
+    for k, n in enumerate(graph.node):
+        nodes.extend(before.get(k, ()))
+        if k in replace:
+            nodes.append(replace[k])
+        elif k not in drop:
+            nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replace)
 
 
 def _grid_sample(graph: onnx.GraphProto, types: _Types) -> int:
@@ -637,6 +761,17 @@ REWRITES: tuple[Rewrite, ...] = (
             "has no such Transpose (not applied). 2.3.2 crashes on these blocks either way (same "
             "operator list as 2.3.0)",
             _split_chunked_linear),
+    Rewrite("nan-guard", "IsNaN", "npu", ("*",),
+            "The guard Where(IsNaN(p), 0, p) after Softmax(s + Where(mask, 0, -inf)) (scaled_dot_product_attention "
+            "with a bool mask, TorchScript): 'IsNaN:/IsNaN' on the CPU with 2.3.0 and 2.5.0 (Equal(p, p), "
+            "Greater(p, -1), Exp, Log, ReduceMax: CPU too). Rewritten with a per-row 'has a key' factor from "
+            "Where/MatMul/Clip and a fill that is -inf only in such rows (so a hidden row's Softmax is finite, "
+            "times 0): bit-exact under ORT for finite scores, all NPU. Dynamo writes float32's lowest instead of "
+            "-inf: no row can be NaN (scores above -2e31), the guard is dropped (float32 only). Measured on a "
+            "tiny SDPA with a bool mask, both exporters: 1 CPU layer -> 0 on 2.3.0 and 2.5.0; under rknn-sim "
+            "(2.3.0) the original gives 0.69 instead of 0 on a fully masked row (the NPU saturates -inf, no "
+            "NaN), the rewrite gives 0",
+            _nan_guard),
     Rewrite("pad-to-concat", "Pad", "npu", ("2.3.0", "2.3.2"),
             "Sana's linear attention pads V with a row of ones (pads computed from constants): 2.3.0 places "
             "the Pad on the CPU ('Pad:/model/transformer_blocks.0/attn1/Pad', CPU), 2.5.0 on the NPU. As a "
@@ -657,7 +792,7 @@ def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[st
     for r in rows:
         if not any(n.op_type == r.op_type for n in model.graph.node):
             continue
-        if r.op_type in ("ScatterND", "Pad", "Gemm"):  # need static shapes
+        if r.op_type in ("ScatterND", "Pad", "Gemm", "IsNaN"):  # need static shapes
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
             del model.graph.value_info[:]
             model.graph.value_info.extend(inferred.graph.value_info)
