@@ -138,7 +138,7 @@ def sdpa_bool_mask(fill: float = -math.inf, dtype: int = F) -> onnx.GraphProto:
 
 def _sdpa_feeds(dtype: type = np.float32) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(5)
-    feeds = {n: rng.standard_normal((1, 2, 8, 16)).astype(dtype) for n in "qkv"}
+    feeds: dict[str, np.ndarray] = {n: rng.standard_normal((1, 2, 8, 16)).astype(dtype) for n in "qkv"}
     mask = rng.random((1, 1, 8, 8)) > 0.5
     mask[0, 0, 3] = False  # a row that sees no key: NaN out of Softmax, 0 after the guard
     mask[0, 0, 5] = True
