@@ -559,19 +559,47 @@ def _interleave_once(graph: onnx.GraphProto) -> bool:
         shp = namer(f"{base}/shape")
         graph.initializer.append(numpy_helper.from_array(np.array(shape, dtype=np.int64), shp))
         new.append(helper.make_node("Reshape", [cat, shp], [last.output[0]], name=f"{base}/Reshape"))
-        # intermediate results read by something else (TorchScript slices them) stay computed
-        drop = {id(last)}
-        needed = False
-        for n in reversed(seq[:-1]):
-            needed = needed or uses.get(n.output[0], 0) > 1 or n.output[0] in outputs
-            if not needed:
-                drop.add(id(n))
-        nodes = list(graph.node)
-        pos = next(i for i, n in enumerate(nodes) if n is last)
-        kept = [n for i, n in enumerate(nodes) if id(n) not in drop or i == pos]
-        # the new nodes go where the last node of the chain was (every update is computed by then)
-        j = next(i for i, n in enumerate(kept) if n is last)
-        kept[j:j + 1] = new
+        # intermediate results read by something else (TorchScript slices them; a fused stage
+        # may output them): written the same way with the data's constant values in the offsets
+        # not filled yet, else they stay computed by the original chain
+        direct = [n for n in seq[:-1] if uses.get(n.output[0], 0) > 1 or n.output[0] in outputs]
+        fill = _folded(graph, chain[0].input[0]) if direct else None
+        at: dict[str, list[onnx.NodeProto]] = {last.output[0]: new}  # node output -> its replacement
+        if direct and fill is not None and fill.shape == tuple(shape) \
+                and all(n.op_type == "ScatterND" for n in direct):
+            blocks = fill.reshape([*shape[:axis], shape[axis] // len(order), len(order), *shape[axis + 1:]])
+            for n in direct:
+                t = next(i for i, m in enumerate(chain) if m.output[0] == n.output[0])
+                ib = n.name or n.output[0]
+                parts = []
+                for off, c in enumerate(order):
+                    if c <= t:
+                        u = namer(f"{ib}/unsq{c}")
+                        at.setdefault(n.output[0], []).append(helper.make_node(
+                            "Unsqueeze", [chain[c].input[2], ax_name], [u], name=f"{ib}/Unsqueeze_{c}"))
+                    else:
+                        u = namer(f"{ib}/data{off}")
+                        graph.initializer.append(numpy_helper.from_array(
+                            np.ascontiguousarray(np.take(blocks, [off], axis=axis + 1)), u))
+                    parts.append(u)
+                cat_t = namer(f"{ib}/interleaved")
+                at.setdefault(n.output[0], []).extend([
+                    helper.make_node("Concat", parts, [cat_t], axis=axis + 1, name=f"{ib}/Concat"),
+                    helper.make_node("Reshape", [cat_t, shp], [n.output[0]], name=f"{ib}/Reshape")])
+            drop = {n.output[0] for n in seq}
+        else:
+            drop = {last.output[0]}
+            needed = False
+            for n in reversed(seq[:-1]):
+                needed = needed or uses.get(n.output[0], 0) > 1 or n.output[0] in outputs
+                if not needed:
+                    drop.add(n.output[0])
+        kept = []
+        for n in graph.node:
+            if n.output and n.output[0] in at:
+                kept.extend(at[n.output[0]])  # where the replaced node was: its inputs exist by then
+            elif not (n.output and n.output[0] in drop):
+                kept.append(n)
         del graph.node[:]
         graph.node.extend(kept)
         return True

@@ -244,3 +244,26 @@ def test_rewrite_takes_the_layer_off_the_cpu(tmp_path: Path, name: str, make: ob
     assert len(before) == 1 and before[0].startswith(cpu_before), before
     after, applied = _cpu_layers(tmp_path, graph, version, opset, rewrites=True)
     assert after == () and applied.get(name) == 1
+
+
+def test_scatternd_interleave_writes_an_intermediate_the_stage_outputs() -> None:
+    """A fused Wan stage outputs the half-filled RoPE tensor (out[..., 0::2] = a on constant data)
+    for the next block: it is written as an interleave with the data's constant values, so no
+    ScatterND is left (measured: 2 per block left on the CPU before, 2.3.0 and 2.5.0)."""
+    shape, half = [1, 4, 2, 16], [1, 4, 2, 8]
+    grid = np.stack(np.meshgrid(*[np.arange(n) for n in half], indexing="ij"), axis=-1)
+    i0, i1 = grid.copy(), grid.copy()
+    i0[..., 3] *= 2
+    i1[..., 3] = i1[..., 3] * 2 + 1
+    data = np.random.default_rng(6).standard_normal(shape).astype(np.float32)
+    g = helper.make_graph(
+        [helper.make_node("ScatterND", ["d", "i0", "a"], ["s0"]),
+         helper.make_node("ScatterND", ["s0", "i1", "b"], ["s1"]), helper.make_node("Relu", ["s1"], ["y"])],
+        "rope", [vi("a", F, half), vi("b", F, half)], [vi("y", F, shape), vi("s0", F, shape)],
+        [c(data, "d"), c(i0.astype(np.int64), "i0"), c(i1.astype(np.int64), "i1")])
+    m = _model(g)
+    r, done = _rewritten(m, "2.5.0")
+    assert done == {"scatternd-interleave": 1}
+    assert "ScatterND" not in {n.op_type for n in r.graph.node}
+    rng = np.random.default_rng(7)
+    _bits_equal(m, r, {k: rng.standard_normal(half).astype(np.float32) for k in "ab"})
