@@ -13,11 +13,10 @@ Two kinds of entry:
     the toolkit places on the NPU; each entry cites the measured placement that justifies it
     (``evidence``: the verbose "Network Layer Information Table" Target column of real builds).
 
-Measured and not kept (no exact form the toolkits place on the NPU): the exporters' guard
-``Where(IsNaN(p), 0, p)`` after a masked Softmax (SDPA with a bool mask, TorchScript and
-dynamo) puts ``IsNaN`` on the CPU with 2.3.0 and 2.5.0; the exact ``Where(Equal(p, p), p, 0)``
-and ``Where(Greater(p, -1), p, 0)`` put ``Equal`` / ``Greater`` there instead (same build, one
-CPU layer either way).
+The IsNaN guard after a masked Softmax (``nan-guard``): ``IsNaN`` and its direct exact
+replacements ``Equal(p, p)`` / ``Greater(p, -1)`` are all placed on the CPU by 2.3.0 and 2.5.0
+(as are Exp, Log, ReduceMax, Min, Less, Not, Or and a Div by a tensor); the row-validity form
+kept here uses only Where, MatMul, Clip, Mul and Add, which both place on the NPU.
 
 Every rewrite is checked by its caller: the rewritten stage must match the original under
 ONNX Runtime before it is kept (:mod:`rkpart.compile.prepare`).
@@ -60,6 +59,7 @@ class _Types:
 
     def __init__(self, model: onnx.ModelProto) -> None:
         self.elem: dict[str, int] = {}
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         try:
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
         except Exception:  # noqa: BLE001 - inference is a hint; an unknown type defaults to float
@@ -167,6 +167,293 @@ def _gelu_nodes(graph: onnx.GraphProto, namer: _Namer, n: onnx.NodeProto, elem: 
     ]
 
 
+_SQRT2 = 1.4142135623730951
+
+
+def _is_half_sqrt2(graph: onnx.GraphProto, name: str) -> bool:
+    """``name`` is a one-element float16 constant holding float16(sqrt 2) = 1.4140625."""
+    v = _const_array(graph, name)
+    return v is not None and v.dtype == np.float16 and v.size == 1 and v.reshape(()) == np.float16(_SQRT2)
+
+
+def _erf_sqrt2_f32(graph: onnx.GraphProto, types: _Types) -> int:
+    """Erf-GELU in float16: ``Erf(Div(x, c))`` with ``c`` = float16(sqrt 2) -> ``c`` made by
+    ``Cast(float32 sqrt 2 -> float16)`` (the same float16 value under ONNX Runtime, bit for bit)."""
+    index = {o: k for k, n in enumerate(graph.node) for o in n.output}
+    namer = _Namer(graph)
+    casts: dict[int, onnx.NodeProto] = {}  # Div index -> the Cast to insert before it
+    for n in graph.node:
+        if n.op_type != "Erf" or n.domain not in ("", "ai.onnx"):
+            continue
+        j = index.get(n.input[0])
+        if j is None or j in casts:
+            continue
+        div = graph.node[j]
+        if div.op_type != "Div" or len(div.input) != 2 or not _is_half_sqrt2(graph, div.input[1]):
+            continue
+        base = div.name or div.output[0]
+        f32 = namer(f"{base}/sqrt2_f32")
+        graph.initializer.append(numpy_helper.from_array(np.array(_SQRT2, dtype=np.float32), f32))
+        half = namer(f"{base}/sqrt2")
+        casts[j] = helper.make_node("Cast", [f32], [half], to=onnx.TensorProto.FLOAT16, name=f"{base}/Cast_sqrt2")
+        div.input[1] = half
+    if casts:
+        nodes: list[onnx.NodeProto] = []
+        for k, n in enumerate(graph.node):
+            if k in casts:
+                nodes.append(casts[k])
+            nodes.append(n)
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return len(casts)
+
+
+def _split_chunked_linear(graph: onnx.GraphProto, types: _Types) -> int:
+    """A ``Gemm`` whose output is only read as column chunks (``emb.chunk(k, -1)`` of an AdaLN
+    modulation: Slices of the last axis with constant bounds, or one Split of the last axis)
+    -> one Gemm per chunk, on the chunk's rows of B (columns when ``transB`` = 0) and of C.
+
+    Each output element is the same dot product and bias add as before.  Matches ``transA`` = 0
+    with a 2-D constant B and a constant (or no) C.
+    """
+    shapes = _static_shapes(graph)
+    outputs = {o.name for o in graph.output}
+    readers: dict[str, list[int]] = {}  # tensor -> indices of the nodes that read it
+    for j, n in enumerate(graph.node):
+        for i in n.input:
+            readers.setdefault(i, []).append(j)
+    namer = _Namer(graph)
+    edits: dict[int, list[onnx.NodeProto]] = {}  # linear's index -> its replacement
+    drop: set[int] = set()  # indices of the Slices / Splits the new Gemms replace
+    for k, lin in enumerate(graph.node):
+        if lin.op_type != "Gemm" or lin.domain not in ("", "ai.onnx") or lin.output[0] in outputs \
+                or _attr(lin, "transA", 0):
+            continue
+        w = _const_array(graph, lin.input[1])
+        if w is None or w.ndim != 2:
+            continue
+        trans_b = bool(_attr(lin, "transB", 0))
+        n_out = w.shape[0] if trans_b else w.shape[1]
+        bias = None
+        if len(lin.input) > 2 and lin.input[2]:
+            bias = _const_array(graph, lin.input[2])
+            if bias is None or bias.size not in (1, n_out) or bias.ndim > 1:
+                continue
+        out_shape = shapes.get(lin.output[0])
+        if out_shape is None or out_shape[-1] != n_out:
+            continue
+        slices = [graph.node[j] for j in readers.get(lin.output[0], [])]
+        chunks = _split_ranges(graph, slices[0], len(out_shape), n_out) if len(slices) == 1 else None
+        if chunks is None and len(slices) >= 2:
+            ranges = [_slice_range(graph, sl, len(out_shape), n_out) for sl in slices]
+            chunks = [(sl.output[0], *r) for sl, r in zip(slices, ranges, strict=True) if r is not None]
+            if len(chunks) != len(slices):
+                chunks = None
+        if chunks:
+            base = lin.name or lin.output[0]
+            new = []
+            for c, (out, a, b) in enumerate(chunks):
+                wc = w[a:b] if trans_b else w[:, a:b]
+                wn = namer(f"{base}/chunk{c}_weight")
+                graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(wc), wn))
+                ins = [lin.input[0], wn]
+                if bias is not None:
+                    bn = namer(f"{base}/chunk{c}_bias")
+                    bc = bias if bias.size == 1 else bias[a:b]
+                    graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(bc), bn))
+                    ins.append(bn)
+                attrs = {a_.name: helper.get_attribute_value(a_) for a_ in lin.attribute}
+                new.append(helper.make_node(lin.op_type, ins, [out], name=f"{base}_chunk{c}", **attrs))
+            drop.update(readers[lin.output[0]])
+            edits[k] = new
+    if not edits:
+        return 0
+    nodes: list[onnx.NodeProto] = []
+    for k, n in enumerate(graph.node):
+        if k in edits:
+            nodes.extend(edits[k])
+        elif k not in drop:
+            nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    unused = [t for t in graph.initializer if t.name not in read]
+    for t in unused:  # the whole weights and biases, now read by nobody
+        graph.initializer.remove(t)
+    return len(edits)
+
+
+def _split_ranges(graph: onnx.GraphProto, sp: onnx.NodeProto, rank: int,
+                  n: int) -> list[tuple[str, int, int]] | None:
+    """[(output, start, end)] of a Split of the last axis into static parts (unused outputs left out)."""
+    if sp.op_type != "Split" or sp.domain not in ("", "ai.onnx"):
+        return None
+    if int(_attr(sp, "axis", 0)) not in (-1, rank - 1):  # type: ignore[call-overload]
+        return None
+    k = len(sp.output)
+    sizes: object = _attr(sp, "split", None)
+    if len(sp.input) > 1 and sp.input[1]:
+        sizes = _folded(graph, sp.input[1])
+        if sizes is None:
+            return None
+    if sizes is None:
+        step = -(-n // k)
+        sizes = [step] * (k - 1) + [n - step * (k - 1)]
+    bounds = [int(v) for v in np.asarray(sizes).reshape(-1)]
+    if len(bounds) != k or sum(bounds) != n or min(bounds) <= 0:
+        return None
+    out, a = [], 0
+    for name, size in zip(sp.output, bounds, strict=True):
+        if name:
+            out.append((name, a, a + size))
+        a += size
+    return out or None
+
+
+def _slice_range(graph: onnx.GraphProto, sl: onnx.NodeProto, rank: int, n: int) -> tuple[int, int] | None:
+    """(start, end) of a Slice of the last axis with constant bounds and step 1, else None."""
+    if sl.op_type != "Slice" or sl.domain not in ("", "ai.onnx") or len(sl.input) < 3:
+        return None
+    vals = [_folded(graph, sl.input[j]) if len(sl.input) > j and sl.input[j] else None for j in range(1, 5)]
+    starts, ends, axes, steps = vals
+    if starts is None or ends is None or starts.size != 1 or ends.size != 1:
+        return None
+    if axes is not None and (axes.size != 1 or int(axes.reshape(())) not in (-1, rank - 1)):
+        return None
+    if axes is None and rank != 1:
+        return None
+    if steps is not None and (steps.size != 1 or int(steps.reshape(())) != 1):
+        return None
+    a, b = int(starts.reshape(())), int(ends.reshape(()))
+    a = max(0, min(n, a + n if a < 0 else a))
+    b = max(0, min(n, b + n if b < 0 else b))
+    return (a, b) if a < b else None
+
+
+def _scalar(graph: onnx.GraphProto, name: str) -> float | None:
+    v = _const_array(graph, name)
+    return float(v.reshape(())) if v is not None and v.size == 1 and v.dtype.kind == "f" else None
+
+
+def _nan_guard(graph: onnx.GraphProto, types: _Types) -> int:
+    """The exporters' guard after a bool-masked Softmax (scaled_dot_product_attention with a bool
+    mask)::
+
+        p = Softmax(s + Where(mask, 0, -inf));  out = Where(IsNaN(p), 0, p)
+
+    A row the mask hides entirely is all -inf, so Softmax gives NaN there and the guard makes it
+    0.  Rewritten without IsNaN::
+
+        valid = Clip(MatMul(Where(mask, 1, 0), ones[K, 1]), 0, 1)      # 1: row has a key, else 0
+        fill  = -((valid * 65504) ^ 16)                                 # -inf if valid, else 0
+        p     = Softmax(s + Where(mask, 0, fill));  out = p * valid
+
+    (``^ 16`` is four squarings: 65504^16 overflows float32 and float16 to inf, 0 stays 0.)
+    Rows with a key get the same Softmax input, so the same bits (times 1); hidden rows get a
+    finite Softmax, times 0.  Exact for finite scores.
+    """
+    if types.opset < 13:  # Softmax and Clip changed meaning at 13 / 11
+        return 0
+    shapes = _static_shapes(graph)
+    index = {o: k for k, n in enumerate(graph.node) for o in n.output}
+    readers: dict[str, list[int]] = {}
+    for k, n in enumerate(graph.node):
+        for i in n.input:
+            readers.setdefault(i, []).append(k)
+    outputs = {o.name for o in graph.output}
+    namer = _Namer(graph)
+    before: dict[int, list[onnx.NodeProto]] = {}  # index of the Add -> nodes to insert before it
+    replace: dict[int, onnx.NodeProto] = {}  # index of the guard's Where -> its replacement
+    drop: set[int] = set()
+    for ki, isnan in enumerate(graph.node):
+        if isnan.op_type != "IsNaN" or isnan.domain not in ("", "ai.onnx"):
+            continue
+        p = isnan.input[0]
+        ks = index.get(p)
+        r_nan = readers.get(isnan.output[0], [])
+        if ks is None or len(r_nan) != 1 or isnan.output[0] in outputs or p in outputs:
+            continue
+        sm, kw = graph.node[ks], r_nan[0]
+        w = graph.node[kw]
+        if sm.op_type != "Softmax" or w.op_type != "Where" or w.input[0] != isnan.output[0] or w.input[2] != p \
+                or _scalar(graph, w.input[1]) != 0.0 or sorted(readers.get(p, [])) != sorted([ki, kw]):
+            continue
+        x = sm.input[0]
+        rank = len(shapes.get(x, []))
+        ka = index.get(x)
+        axis = _attr(sm, "axis", -1)
+        if ka is None or not rank or not isinstance(axis, int) or axis not in (-1, rank - 1) \
+                or readers.get(x) != [ks] or x in outputs:
+            continue
+        add = graph.node[ka]
+        if add.op_type != "Add" or ka in before:
+            continue
+        for slot in (0, 1):
+            km = index.get(add.input[slot])
+            m = graph.node[km] if km is not None else None
+            if m is None or m.op_type != "Where":
+                continue
+            a, b = _scalar(graph, m.input[1]), _scalar(graph, m.input[2])
+            if a is not None and b is not None and 0.0 in (a, b) and min(a, b) < 0 \
+                    and len(shapes.get(m.input[0], [])) >= 1:
+                break
+        else:
+            continue
+        if math.isfinite(min(a, b)):
+            # a finite fill (dynamo writes float32's lowest): no row is all -inf, Softmax gives no NaN
+            # (float32 scores above -2e31), the guard does nothing.  Not in float16: s - 65504
+            # overflows to -inf once s < -16.
+            if types.of(x) == onnx.TensorProto.FLOAT:
+                replace[kw] = helper.make_node("Identity", [p], [w.output[0]], name=w.name or None)
+                drop.add(ki)
+            continue
+        cond, zero_first = m.input[0], a == 0.0
+        k_keys = shapes[cond][-1]
+        elem = types.of(x)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        base = isnan.name or isnan.output[0]
+
+        def c(tag: str, v: float | np.ndarray, base: str = base, dtype: np.dtype = dtype) -> str:
+            name = namer(f"{base}/{tag}")
+            graph.initializer.append(numpy_helper.from_array(np.asarray(v, dtype=dtype), name))
+            return name
+
+        def t(tag: str, base: str = base) -> str:
+            return namer(f"{base}/{tag}")
+
+        mk = helper.make_node
+        one, zero = c("one", 1.0), c("zero", 0.0)
+        mf, cnt, valid, fill, m2 = t("keys"), t("count"), t("valid"), t("fill"), t("mask_add")
+        new = [mk("Where", [cond, one, zero] if zero_first else [cond, zero, one], [mf], name=f"{base}/keys"),
+               mk("MatMul", [mf, c("ones", np.ones((k_keys, 1)))], [cnt], name=f"{base}/count"),
+               mk("Clip", [cnt, zero, one], [valid], name=f"{base}/valid")]
+        cur = t("big")
+        new.append(mk("Mul", [valid, c("fp16_max", 65504.0)], [cur], name=f"{base}/big"))
+        for q in range(4):
+            nxt = t(f"square{q}")
+            new.append(mk("Mul", [cur, cur], [nxt], name=f"{base}/square{q}"))
+            cur = nxt
+        new.append(mk("Mul", [cur, c("minus_one", -1.0)], [fill], name=f"{base}/fill"))
+        keep = m.input[1] if zero_first else m.input[2]
+        new.append(mk("Where", [cond, keep, fill] if zero_first else [cond, fill, keep], [m2], name=f"{base}/mask"))
+        add.input[slot] = m2
+        before[ka] = new
+        replace[kw] = mk("Mul", [p, valid], [w.output[0]], name=w.name or None)
+        drop.add(ki)
+    if not replace:
+        return 0
+    nodes: list[onnx.NodeProto] = []
+    for k, n in enumerate(graph.node):
+        nodes.extend(before.get(k, ()))
+        if k in replace:
+            nodes.append(replace[k])
+        elif k not in drop:
+            nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replace)
+
+
 def _grid_sample(graph: onnx.GraphProto, types: _Types) -> int:
     """GridSample-20 -> GridSample-16: the modes were renamed (linear -> bilinear, cubic -> bicubic)."""
     count = 0
@@ -272,19 +559,47 @@ def _interleave_once(graph: onnx.GraphProto) -> bool:
         shp = namer(f"{base}/shape")
         graph.initializer.append(numpy_helper.from_array(np.array(shape, dtype=np.int64), shp))
         new.append(helper.make_node("Reshape", [cat, shp], [last.output[0]], name=f"{base}/Reshape"))
-        # intermediate results read by something else (TorchScript slices them) stay computed
-        drop = {id(last)}
-        needed = False
-        for n in reversed(seq[:-1]):
-            needed = needed or uses.get(n.output[0], 0) > 1 or n.output[0] in outputs
-            if not needed:
-                drop.add(id(n))
-        nodes = list(graph.node)
-        pos = next(i for i, n in enumerate(nodes) if n is last)
-        kept = [n for i, n in enumerate(nodes) if id(n) not in drop or i == pos]
-        # the new nodes go where the last node of the chain was (every update is computed by then)
-        j = next(i for i, n in enumerate(kept) if n is last)
-        kept[j:j + 1] = new
+        # intermediate results read by something else (TorchScript slices them; a fused stage
+        # may output them): written the same way with the data's constant values in the offsets
+        # not filled yet, else they stay computed by the original chain
+        direct = [n for n in seq[:-1] if uses.get(n.output[0], 0) > 1 or n.output[0] in outputs]
+        fill = _folded(graph, chain[0].input[0]) if direct else None
+        at: dict[str, list[onnx.NodeProto]] = {last.output[0]: new}  # node output -> its replacement
+        if direct and fill is not None and fill.shape == tuple(shape) \
+                and all(n.op_type == "ScatterND" for n in direct):
+            blocks = fill.reshape([*shape[:axis], shape[axis] // len(order), len(order), *shape[axis + 1:]])
+            for n in direct:
+                t = next(i for i, m in enumerate(chain) if m.output[0] == n.output[0])
+                ib = n.name or n.output[0]
+                parts = []
+                for off, c in enumerate(order):
+                    if c <= t:
+                        u = namer(f"{ib}/unsq{c}")
+                        at.setdefault(n.output[0], []).append(helper.make_node(
+                            "Unsqueeze", [chain[c].input[2], ax_name], [u], name=f"{ib}/Unsqueeze_{c}"))
+                    else:
+                        u = namer(f"{ib}/data{off}")
+                        graph.initializer.append(numpy_helper.from_array(
+                            np.ascontiguousarray(np.take(blocks, [off], axis=axis + 1)), u))
+                    parts.append(u)
+                cat_t = namer(f"{ib}/interleaved")
+                at.setdefault(n.output[0], []).extend([
+                    helper.make_node("Concat", parts, [cat_t], axis=axis + 1, name=f"{ib}/Concat"),
+                    helper.make_node("Reshape", [cat_t, shp], [n.output[0]], name=f"{ib}/Reshape")])
+            drop = {n.output[0] for n in seq}
+        else:
+            drop = {last.output[0]}
+            needed = False
+            for n in reversed(seq[:-1]):
+                needed = needed or uses.get(n.output[0], 0) > 1 or n.output[0] in outputs
+                if not needed:
+                    drop.add(n.output[0])
+        kept = []
+        for n in graph.node:
+            if n.output and n.output[0] in at:
+                kept.extend(at[n.output[0]])  # where the replaced node was: its inputs exist by then
+            elif not (n.output and n.output[0] in drop):
+                kept.append(n)
         del graph.node[:]
         graph.node.extend(kept)
         return True
@@ -454,6 +769,37 @@ REWRITES: tuple[Rewrite, ...] = (
             "TorchScript 4 -> 0 (2.5.0), 8 -> 0 (2.3.0); dynamo 4 -> 0 (2.5.0) and all 16 CPU layers "
             "-> 0 with reciprocal-to-div (2.3.0)",
             _interleave),
+    Rewrite("gelu-f16-sqrt2", "Erf", "npu", ("*",),
+            "Erf-GELU of a float16 model (Anima's FFN; any fp16 TorchScript export of nn.GELU): the "
+            "exporter's Div(x, sqrt 2) carries float16(sqrt 2) = 1.4140625, and the toolkits' "
+            "replace_torch_gelu fusion matches only the float32 sqrt 2 (1.41421 already fails), so the "
+            "Erf runs on the CPU ('Erf:/transformer_blocks.0/ff/net.0/Erf', CPU). With the constant made "
+            "by Cast(float32 sqrt 2 -> float16) (the same float16 value under ONNX Runtime) the toolkit "
+            "fuses MatMul+GELU into ConvExGelu on the NPU. Measured: tiny fp16 MatMul-GELU-MatMul 1 CPU "
+            "layer -> 0 on 2.3.0, 2.3.2, 2.5.0; Anima (1 block, hidden 256, 256 px, fp16) split and fused "
+            "plans 1 -> 0 on 2.3.0 and 2.5.0",
+            _erf_sqrt2_f32),
+    Rewrite("adaln-chunk-gemm", "Gemm", "npu", ("2.3.0", "2.3.2"),
+            "AdaLN modulation Gemm read as chunks (emb.chunk(6, -1): Slices, or a Split from dynamo): 2.3.0's "
+            "merge_parallel_op_after_split merges the two '+1' Adds on the scale chunks into one Add on a "
+            "Concat and inserts a Transpose it places on the CPU ('Transpose:/model/transformer_blocks.0/"
+            "norm1/Slice_1_output_0-rs_concat-rs_tp', (1,32,2,1) -> (2,32,1,1)). One Gemm per chunk (the "
+            "chunk's rows of the weight and bias) leaves no Split to merge after. Measured on fused plans, "
+            "2.3.0: Flux (TorchScript, dynamo) 4 CPU layers -> 0, DiT 1 Transpose per block -> 0; 2.5.0 "
+            "has no such Transpose (not applied). 2.3.2 crashes on these blocks either way (same "
+            "operator list as 2.3.0)",
+            _split_chunked_linear),
+    Rewrite("nan-guard", "IsNaN", "npu", ("*",),
+            "The guard Where(IsNaN(p), 0, p) after Softmax(s + Where(mask, 0, -inf)) (scaled_dot_product_attention "
+            "with a bool mask, TorchScript): 'IsNaN:/IsNaN' on the CPU with 2.3.0 and 2.5.0 (Equal(p, p), "
+            "Greater(p, -1), Exp, Log, ReduceMax: CPU too). Rewritten with a per-row 'has a key' factor from "
+            "Where/MatMul/Clip and a fill that is -inf only in such rows (so a hidden row's Softmax is finite, "
+            "times 0): bit-exact under ORT for finite scores, all NPU. Dynamo writes float32's lowest instead of "
+            "-inf: no row can be NaN (scores above -2e31), the guard is dropped (float32 only). Measured on a "
+            "tiny SDPA with a bool mask, both exporters: 1 CPU layer -> 0 on 2.3.0 and 2.5.0; under rknn-sim "
+            "(2.3.0) the original gives 0.69 instead of 0 on a fully masked row (the NPU saturates -inf, no "
+            "NaN), the rewrite gives 0",
+            _nan_guard),
     Rewrite("pad-to-concat", "Pad", "npu", ("2.3.0", "2.3.2"),
             "Sana's linear attention pads V with a row of ones (pads computed from constants): 2.3.0 places "
             "the Pad on the CPU ('Pad:/model/transformer_blocks.0/attn1/Pad', CPU), 2.5.0 on the NPU. As a "
@@ -474,7 +820,7 @@ def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[st
     for r in rows:
         if not any(n.op_type == r.op_type for n in model.graph.node):
             continue
-        if r.op_type in ("ScatterND", "Pad"):  # need static shapes
+        if r.op_type in ("ScatterND", "Pad", "Gemm", "IsNaN"):  # need static shapes
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
             del model.graph.value_info[:]
             model.graph.value_info.extend(inferred.graph.value_info)
