@@ -1,10 +1,10 @@
 """Per-family table: NPU stages built and CPU-fallback layers left, before and after rkpart's NPU rewrites.
 
-For each tiny diffusers family (``scripts/export_families.py``), each exporter (TorchScript at
+For each tiny diffusers family (``tests/models/diffusers_families.py``), each exporter (TorchScript at
 opset 17, dynamo at its default opset, 20 in torch 2.13), each strategy and each toolkit:
 partition, compile with ``--no-rewrites`` (opset lowering only), then with the rewrites, and
 count built stages and CPU layers from the placement report.  Exports are cached as the tests
-cache them (``tests/compile/test_npu_families.py``).  Builds run one at a time.
+cache them (:func:`tests.models.diffusers_families.cached_export`).  Builds run one at a time.
 
 Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--toolkit V ...] [--strategy S ...]``
 """
@@ -29,16 +29,16 @@ def main(argv: list[str] | None = None) -> int:
         from rkpart.pipeline import partition
     except ImportError:  # before the pipeline module existed
         from rkpart.partitioner.api import partition  # type: ignore[no-redef]
-    from tests.compile.exports import cached_export
+    from tests.models.diffusers_families import FAMILIES, cached_export
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--family", action="append")
+    ap.add_argument("--family", action="append", choices=sorted(FAMILIES))
     ap.add_argument("--exporter", action="append", choices=["torchscript", "dynamo"])
     ap.add_argument("--toolkit", action="append")
     ap.add_argument("--strategy", action="append")
     a = ap.parse_args(argv)
-    fams = a.family or ["dit", "pixart", "sd3", "flux", "sana", "cogvideox", "wan"]
+    fams = a.family or list(FAMILIES)
     rows = ["| family | exporter | strategy | toolkit | NPU stages | built (no rewrites) | CPU layers (no rewrites) "
             "| built (rewrites) | CPU layers (rewrites) | rewrites applied |",
             "|---|---|---|---|---|---|---|---|---|---|"]

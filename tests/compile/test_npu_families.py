@@ -27,10 +27,11 @@ from rkpart.pipeline import partition
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.validation.metrics import compare
-from tests.compile.exports import EXPORTERS, cached_export
+from tests.models.diffusers_families import EXPORTERS, cached_export, missing_dependencies
 from tests.toolkits import get_toolkit
 
-pytestmark = [pytest.mark.toolkit, pytest.mark.slow, pytest.mark.export]
+pytestmark = [pytest.mark.toolkit, pytest.mark.slow, pytest.mark.export,
+              pytest.mark.skipif(bool(missing_dependencies()), reason=f"not installed: {missing_dependencies()}")]
 
 #: every family of scripts/export_families.py (Lumina2 is missing: neither exporter takes its complex RoPE)
 FAMILIES = ("flux", "wan", "sana", "chroma", "cosmos", "dit", "pixart", "sd3", "cogvideox", "auraflow", "hunyuandit")
