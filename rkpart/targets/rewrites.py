@@ -434,6 +434,55 @@ NO_LOWERING: dict[str, str] = {
     "StringSplit": "introduced in opset 20 (strings)",
 }
 
+
+def _layernorm_scale_fold(graph: onnx.GraphProto, types: _Types) -> int:
+    """``Mul(T(LayerNorm(x; g, b)), c)``, ``c`` a constant scalar and ``T`` a chain of Reshape /
+    Transpose that only feeds the Mul -> ``T(LayerNorm(x; g*c, b*c))`` (a scalar commutes with
+    reshapes and transposes; the LayerNorm gets its own scaled copies of ``g`` and ``b``).
+
+    The form dynamo writes for SDPA after a LayerNorm qk-norm (HunyuanDiT's cross-attention:
+    ``k^T * sqrt(scale)``)."""
+    prod = {o: n for n in graph.node for o in n.output}
+    uses: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    outputs = {o.name for o in graph.output}
+    namer = _Namer(graph)
+    inits = {t.name: t for t in graph.initializer}
+    count = 0
+    for i in list(_matches(graph, "Mul")):
+        mul = graph.node[i]
+        for k in (0, 1):
+            c = _const_array(graph, mul.input[1 - k])
+            if c is not None and c.size == 1 and c.ndim <= 1:
+                break
+        else:
+            continue
+        x = mul.input[k]
+        while (x in prod and prod[x].op_type in ("Reshape", "Transpose") and uses.get(x, 0) == 1
+               and x not in outputs):
+            x = prod[x].input[0]
+        ln = prod.get(x)
+        if (ln is None or ln.op_type != "LayerNormalization" or uses.get(x, 0) != 1 or x in outputs
+                or any(o for o in ln.output[1:]) or not all(a in inits for a in ln.input[1:] if a)):
+            continue
+        for j, name in enumerate(ln.input[1:], start=1):
+            if name:
+                t = numpy_helper.to_array(inits[name])
+                scaled = namer(f"{name}_x_scale")
+                graph.initializer.append(numpy_helper.from_array((t * c.reshape(())).astype(t.dtype), scaled))
+                ln.input[j] = scaled
+        # the Mul's input becomes its output: rename the producer's result, drop the Mul
+        src, out = mul.input[k], mul.output[0]
+        producer = prod[src]
+        producer.output[list(producer.output).index(src)] = out
+        del graph.node[i]
+        prod[out] = producer
+        count += 1
+    return count
+
+
 REWRITES: tuple[Rewrite, ...] = (
     Rewrite("gelu20-decompose", "Gelu", "lower", ("*",),
             "Gelu exists only from opset 20 (version_converter: 'No Previous Version of Gelu exists'); "
@@ -460,6 +509,15 @@ REWRITES: tuple[Rewrite, ...] = (
             "Concat with a constant block it stays on the NPU. Measured on a tiny Sana, split plan, 2.3.0: "
             "TorchScript and dynamo 2 CPU layers -> 0. 2.3.2 (same operator list as 2.3.0) not measured",
             _pad_concat),
+    # --- crash avoidance (issue 18) ---
+    Rewrite("layernorm-scale-fold", "LayerNormalization", "npu", ("2.5.0",),
+            "SIGSEGV avoided, not a placement: 2.5.0 crashes in its native compiler (last step "
+            "convert_exmatmul_to_conv, after fuse_exnorm_mul folded the Mul) on LayerNorm -> Reshape -> "
+            "Transpose -> Reshape -> Mul(constant scalar), the key side of a dynamo SDPA after a LayerNorm "
+            "qk-norm (tiny HunyuanDiT, dynamo, split: both cross-attention stages; `rkpart repro` reduces "
+            "them to those 5 nodes plus the query's RoPE Add and scale Mul). With the scalar folded into "
+            "the LayerNorm's weight and bias both stages build, 0 CPU layers; 2.3.0 builds either form",
+            _layernorm_scale_fold),
 )
 
 
