@@ -483,6 +483,87 @@ def _layernorm_scale_fold(graph: onnx.GraphProto, types: _Types) -> int:
     return count
 
 
+
+def _strided_slices_concat(graph: onnx.GraphProto, types: _Types) -> int:
+    """``Concat(x[.., s:s+L], x[.., s+P:s+P+L], ..., axis)``: k >= 2 constant Slices of one tensor
+    along the Concat's axis, equal length ``L``, equally spaced (period ``P >= L``), in order ->
+    ``Reshape(Slice(Reshape(Slice(x, s-o:s-o+k*P), [.., k, P, ..]), o:o+L), [.., k*L, ..])``, the
+    offset ``o`` (0 when it fits) keeping the window of k periods inside the axis.
+
+    Chroma's modulation picks such pieces of the approximator's output
+    (``mod[:, 6:12]`` and ``mod[:, 18:24]``)."""
+    shapes = _static_shapes(graph)
+    namer = _Namer(graph)
+    prod = {o: n for n in graph.node for o in n.output}
+    uses: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    outputs = {o.name for o in graph.output}
+    count = 0
+    for i in list(_matches(graph, "Concat")):
+        cat = graph.node[i]
+        slices = [prod.get(x) for x in cat.input]
+        if len(slices) < 2 or any(s is None or s.op_type != "Slice" or len(s.input) < 4 for s in slices):
+            continue
+        src = slices[0].input[0]  # type: ignore[union-attr]
+        shape = shapes.get(src)
+        if shape is None or any(s.input[0] != src for s in slices):  # type: ignore[union-attr]
+            continue
+        rank = len(shape)
+        axis = int(_attr(cat, "axis", 0)) % rank  # type: ignore[call-overload]
+        spans = []
+        for s in slices:
+            assert s is not None
+            st, en, ax = (_const_array(graph, s.input[j]) for j in (1, 2, 3))
+            step = _const_array(graph, s.input[4]) if len(s.input) > 4 and s.input[4] else np.array([1])
+            if any(a is None or a.size != 1 for a in (st, en, ax, step)):
+                break
+            assert st is not None and en is not None and ax is not None and step is not None
+            b, e = int(st.ravel()[0]), int(en.ravel()[0])
+            if int(ax.ravel()[0]) % rank != axis or int(step.ravel()[0]) != 1 or not 0 <= b < e <= shape[axis]:
+                break
+            spans.append((b, e))
+        else:
+            k, length = len(spans), spans[0][1] - spans[0][0]
+            period = spans[1][0] - spans[0][0]
+            # the k periods are read from a window [start - off, start - off + k*P) inside the axis
+            off = max(0, spans[0][0] + k * period - shape[axis])
+            if (period < length or any(e - b != length for b, e in spans)
+                    or any(spans[j][0] != spans[0][0] + j * period for j in range(k))
+                    or off > period - length or off > spans[0][0]):
+                continue
+            base = cat.name or cat.output[0]
+
+            def ints(tag: str, v: list[int], base: str = base) -> str:
+                name = namer(f"{base}/{tag}")
+                graph.initializer.append(numpy_helper.from_array(np.array(v, dtype=np.int64), name))
+                return name
+
+            span, periods, picked = (namer(f"{base}/{t}") for t in ("span", "periods", "picked"))
+            start = spans[0][0] - off
+            new = [
+                helper.make_node("Slice", [src, ints("span_start", [start]), ints("span_end", [start + k * period]),
+                                           ints("span_axis", [axis])], [span], name=f"{base}/Slice_span"),
+                helper.make_node("Reshape", [span, ints("periods_shape", [*shape[:axis], k, period,
+                                                                          *shape[axis + 1:]])],
+                                 [periods], name=f"{base}/Reshape_periods"),
+                helper.make_node("Slice", [periods, ints("pick_start", [off]), ints("pick_end", [off + length]),
+                                           ints("pick_axis", [axis + 1])], [picked], name=f"{base}/Slice_pick"),
+                helper.make_node("Reshape", [picked, ints("out_shape", [*shape[:axis], k * length,
+                                                                        *shape[axis + 1:]])],
+                                 [cat.output[0]], name=f"{base}/Reshape_out"),
+            ]
+            _replace(graph, i, new)
+            # the Slices nothing else reads go (they precede the Concat: indices >= i are untouched)
+            for s in slices:
+                assert s is not None
+                if uses.get(s.output[0], 0) == 1 and s.output[0] not in outputs and s in graph.node:
+                    graph.node.remove(s)
+            count += 1
+    return count
+
+
 REWRITES: tuple[Rewrite, ...] = (
     Rewrite("gelu20-decompose", "Gelu", "lower", ("*",),
             "Gelu exists only from opset 20 (version_converter: 'No Previous Version of Gelu exists'); "
@@ -518,6 +599,14 @@ REWRITES: tuple[Rewrite, ...] = (
             "them to those 5 nodes plus the query's RoPE Add and scale Mul). With the scalar folded into "
             "the LayerNorm's weight and bias both stages build, 0 CPU layers; 2.3.0 builds either form",
             _layernorm_scale_fold),
+    Rewrite("strided-slices-concat", "Concat", "npu", ("2.5.0",),
+            "SIGSEGV avoided, not a placement: 2.5.0 crashes in fuse_slice_slice_concat_to_conv on a Concat of "
+            "two equally spaced constant Slices of one tensor (Chroma's modulation pieces mod[:, 6:12] and "
+            "mod[:, 18:24]; tiny Chroma, fused plan, both double blocks, both exporters; the log stops at "
+            "replace_torch_tanh_gelu, `rkpart repro` reduces the stage to those 3 nodes). As one Slice of "
+            "the span, a Reshape into periods, one Slice and a Reshape back the stage builds; 2.3.0 builds "
+            "either form",
+            _strided_slices_concat),
 )
 
 
