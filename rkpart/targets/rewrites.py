@@ -564,6 +564,32 @@ def _strided_slices_concat(graph: onnx.GraphProto, types: _Types) -> int:
     return count
 
 
+
+def _tile_broadcast(graph: onnx.GraphProto, types: _Types) -> int:
+    """``Tile(x, r)``, ``r`` constant, ``x`` of size 1 on every axis ``r`` repeats ->
+    ``Mul(x, ones(r))``: the broadcast of a multiplication by one (bit-exact).  GQA's
+    ``k.unsqueeze(3).repeat(1, 1, 1, n_rep, 1)`` (Lumina2)."""
+    shapes = _static_shapes(graph)
+    namer = _Namer(graph)
+    count = 0
+    for i in list(_matches(graph, "Tile")):
+        n = graph.node[i]
+        reps = _const_array(graph, n.input[1])
+        shape = shapes.get(n.input[0])
+        elem = types.of(n.input[0])
+        if (reps is None or shape is None or reps.ndim != 1 or reps.size != len(shape)
+                or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+                or any(r > 1 and d != 1 for r, d in zip(reps.tolist(), shape, strict=True))):
+            continue
+        base = n.name or n.output[0]
+        ones = namer(f"{base}/ones")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        graph.initializer.append(numpy_helper.from_array(np.ones(reps.astype(np.int64), dtype=dtype), ones))
+        _replace(graph, i, [helper.make_node("Mul", [n.input[0], ones], [n.output[0]], name=f"{base}/Mul_ones")])
+        count += 1
+    return count
+
+
 REWRITES: tuple[Rewrite, ...] = (
     Rewrite("gelu20-decompose", "Gelu", "lower", ("*",),
             "Gelu exists only from opset 20 (version_converter: 'No Previous Version of Gelu exists'); "
@@ -607,6 +633,14 @@ REWRITES: tuple[Rewrite, ...] = (
             "the span, a Reshape into periods, one Slice and a Reshape back the stage builds; 2.3.0 builds "
             "either form",
             _strided_slices_concat),
+    Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
+            "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
+            "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "
+            "keeps it on the NPU. As Mul(x, ones) it stays on the NPU. Measured on a tiny Lumina2, "
+            "TorchScript, split plan, 2.5.0: 11 CPU layers -> 3 (the 8 Expand; the caption mask's "
+            "Reshape, Cast and IsNaN stay). A Concat of copies instead fails both toolkits' optimiser "
+            "(KeyError in remove_node after swap_reshape_mul)",
+            _tile_broadcast),
 )
 
 
@@ -621,7 +655,7 @@ def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[st
     for r in rows:
         if not any(n.op_type == r.op_type for n in model.graph.node):
             continue
-        if r.op_type in ("ScatterND", "Pad"):  # need static shapes
+        if r.op_type in ("ScatterND", "Pad", "Tile", "Concat"):  # need static shapes
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
             del model.graph.value_info[:]
             model.graph.value_info.extend(inferred.graph.value_info)

@@ -1,4 +1,4 @@
-"""2.5.0 crashes found on the family exports: their rewrites, recognisers and real builds.
+"""Rewrites found on the family exports: 2.5.0 crashes avoided, Lumina2's GQA Tile; recognisers; real builds.
 
 Data (``tests/targets/data``), recorded this way: a tiny HunyuanDiT exported by dynamo (split
 plan, cross-attention stage) and a tiny Chroma (fused plan, double block) crashed rknn-toolkit2
@@ -131,3 +131,22 @@ def test_reproducer_crashes_250_and_builds_once_rewritten(path: Path, tmp_path: 
     assert match_signature(crash) in (EXNORM_SCALE_SEGV_250, SLICE_CONCAT_SEGV_250)
     built = build_once(fixed, tk, target="rk3588", log=tmp_path / "after.log")
     assert built.ok, built.message
+
+
+def _gqa_tile(n_rep: int, head: int = 1) -> onnx.ModelProto:
+    """Lumina2's GQA repeat: k [1, 6, 1, 16] -> Unsqueeze(3) -> Tile [1,1,1,n_rep,1] -> Reshape."""
+    x = helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, 6, 1, head, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    reps = numpy_helper.from_array(np.array([1, 1, 1, n_rep, 1], dtype=np.int64), "reps")
+    return helper.make_model(helper.make_graph([helper.make_node("Tile", ["k", "reps"], ["y"])], "g", [x], [y],
+                                               [reps]), opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("n_rep", "head", "rewritten"), [(2, 1, True), (4, 1, True), (2, 2, False)])
+def test_tile_broadcast_only_on_size_one_axes(n_rep: int, head: int, rewritten: bool) -> None:
+    before, after = _gqa_tile(n_rep, head), _gqa_tile(n_rep, head)
+    assert apply_rewrites(after, rewrites_for("2.5.0", "npu")) == ({"tile-broadcast": 1} if rewritten else {})
+    assert [n.op_type for n in after.graph.node] == (["Mul"] if rewritten else ["Tile"])
+    feeds = _feeds(before)
+    np.testing.assert_array_equal(_run(after, feeds)[0], _run(before, feeds)[0])
+    assert apply_rewrites(_gqa_tile(n_rep, head), rewrites_for("2.3.0", "npu")) == {}
