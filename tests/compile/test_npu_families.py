@@ -39,13 +39,14 @@ TOOLKITS = ("2.5.0", "2.3.0")
 STRATEGIES = ("split", "fused")
 #: measured gaps no rewrite closes yet (scripts/npu_table.py runs; see README "NPU stages per family")
 _TP = "2.3.0 puts the Transpose it inserts for AdaLN chunk slices ('...Slice_1_output_0-rs_concat-rs_tp') on the CPU"
+_MASK = ("the caption refiner's attention reads the int64 caption mask: its Reshape and Cast and the IsNaN guard "
+         "after the masked Softmax run on the CPU (no exact form the toolkits place on the NPU)")
 KNOWN_GAPS = {
-    ("hunyuandit", "dynamo", "split", "2.5.0"):
-        "2.5.0 SIGSEGVs in convert_exmatmul_to_conv on both cross-attention stages (2.3.0 builds them)",
-    ("chroma", "torchscript", "fused", "2.5.0"): "2.5.0 SIGSEGVs after replace_torch_tanh_gelu on double blocks",
-    ("chroma", "dynamo", "fused", "2.5.0"): "2.5.0 SIGSEGVs after replace_torch_tanh_gelu on double blocks",
+    **{("lumina2", e, s, v): _MASK for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS},
     ("flux", "torchscript", "fused", "2.3.0"): _TP,
     ("flux", "dynamo", "fused", "2.3.0"): _TP,
+    ("sd3", "torchscript", "fused", "2.3.0"): _TP,
+    ("sd3", "dynamo", "fused", "2.3.0"): _TP,
     ("dit", "torchscript", "fused", "2.3.0"): "Gather and Transpose left on the CPU",
     ("dit", "dynamo", "fused", "2.3.0"): "Gather and Transpose left on the CPU",
     ("dit", "torchscript", "fused", "2.5.0"): "Gather left on the CPU",
@@ -69,11 +70,15 @@ def ci_cases() -> set[tuple[str, str, str, str]]:
     return out
 
 
+class CpuLayersLeft(AssertionError):
+    """NPU stages built and passed the gate, but the toolkit put layers on the CPU (a KNOWN_GAPS case)."""
+
+
 FULL_MATRIX = os.environ.get("RKPART_FULL_NPU_MATRIX") == "1"
 SELECTED = ci_cases()
 
 CASES = [pytest.param(f, e, s, v, id=f"{f}-{e}-{s}-{v}",
-                      marks=[pytest.mark.xfail(reason=KNOWN_GAPS[(f, e, s, v)], strict=True)]
+                      marks=[pytest.mark.xfail(reason=KNOWN_GAPS[(f, e, s, v)], raises=CpuLayersLeft, strict=True)]
                       if (f, e, s, v) in KNOWN_GAPS else [])
          for f in FAMILIES for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS
          if FULL_MATRIX or (f, e, s, v) in SELECTED]
@@ -86,17 +91,21 @@ def test_every_npu_stage_builds_with_no_cpu_layer(tmp_path: Path, family: str, e
     model = cached_export(family, exporter)
     folder = tmp_path / "plan"
     plan = partition(model, folder, strategy)
-    rep = compile_plan_report(plan, folder, tk, "rk3588", {}, jobs=1, strict_npu=True)
+    rep = compile_plan_report(plan, folder, tk, "rk3588", {}, jobs=1)
     assert not rep.failed, [f.message for o in rep.failed for f in o.failures]
-    assert rep.cpu_ops_per_block() and all(not v for v in rep.cpu_ops_per_block().values())
     if exporter == "dynamo":  # opset 20: every stage was lowered
         assert all(s.prepared and s.prepared["to_opset"] == 19 for s in rep.plan.npu_stages)
+    # the rknn-sim gate: the plan with every NPU stage in the simulator reproduces the model under ORT
     feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
     ref = run_model(model, feeds, plan.outputs)
     out = run_plan(rep.plan, folder, feeds, backend=RknnSimBackend(version))
     for name in plan.outputs:
         m = compare(out[name], ref[name])
         assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)
+    per_block = rep.cpu_ops_per_block()
+    assert per_block
+    if any(per_block.values()):  # a known gap fails here only, after the gate
+        raise CpuLayersLeft({b: ops for b, ops in per_block.items() if ops})
 
 
 def test_strict_npu_fails_stages_left_with_cpu_layers(tmp_path: Path) -> None:
