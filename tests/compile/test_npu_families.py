@@ -22,8 +22,10 @@ from pathlib import Path
 import pytest
 
 from rkpart.compile.compile import compile_plan_report
+from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
+from rkpart.runtime.ort import OrtBackend
 from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.validation.metrics import compare
 from tests.models import diffusers_families
@@ -41,6 +43,9 @@ STRATEGIES = ("split", "fused")
 _TP = "2.3.0 puts the Transpose it inserts for AdaLN chunk slices ('...Slice_1_output_0-rs_concat-rs_tp') on the CPU"
 _MASK = ("the caption refiner's attention reads the int64 caption mask: its Reshape and Cast and the IsNaN guard "
          "after the masked Softmax run on the CPU (no exact form the toolkits place on the NPU)")
+#: exports ONNX Runtime refuses as a whole (an exporter bug: a Squeeze of a dim of 16, also in the plan's
+#: host epilogue; tests/partitioner/test_family_sweep.py): the gate checks their NPU stages one by one
+ORT_REFUSES = {("pixart", "dynamo")}
 KNOWN_GAPS = {
     **{("lumina2", e, s, v): _MASK for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS},
     ("flux", "torchscript", "fused", "2.3.0"): _TP,
@@ -96,16 +101,39 @@ def test_every_npu_stage_builds_with_no_cpu_layer(tmp_path: Path, family: str, e
     if exporter == "dynamo":  # opset 20: every stage was lowered
         assert all(s.prepared and s.prepared["to_opset"] == 19 for s in rep.plan.npu_stages)
     # the rknn-sim gate: the plan with every NPU stage in the simulator reproduces the model under ORT
-    feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
-    ref = run_model(model, feeds, plan.outputs)
-    out = run_plan(rep.plan, folder, feeds, backend=RknnSimBackend(version))
-    for name in plan.outputs:
-        m = compare(out[name], ref[name])
-        assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)
+    if (family, exporter) in ORT_REFUSES:
+        _gate_each_npu_stage(rep.plan, folder, version)
+    else:
+        feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
+        ref = run_model(model, feeds, plan.outputs)
+        out = run_plan(rep.plan, folder, feeds, backend=RknnSimBackend(version))
+        for name in plan.outputs:
+            m = compare(out[name], ref[name])
+            assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)
     per_block = rep.cpu_ops_per_block()
     assert per_block
     if any(per_block.values()):  # a known gap fails here only, after the gate
         raise CpuLayersLeft({b: ops for b, ops in per_block.items() if ops})
+
+
+def _gate_each_npu_stage(plan: Plan, folder: Path, version: str) -> None:
+    """The gate stage by stage: each NPU stage in the simulator against the same stage under ORT."""
+    ort, sim = OrtBackend(), RknnSimBackend(version)
+    try:
+        for stage in plan.npu_stages:
+            feeds = random_inputs(plan.tensors, stage.inputs, seed=0)
+            outs = []
+            for backend in (ort, sim):
+                runner = backend.runner(stage, folder)
+                runner.load()
+                runner.init()
+                outs.append(runner.infer(feeds))
+                runner.release()
+            for name in stage.outputs:
+                m = compare(outs[1][name], outs[0][name])
+                assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (stage.id, name, m)
+    finally:
+        sim.close()
 
 
 def test_strict_npu_fails_stages_left_with_cpu_layers(tmp_path: Path) -> None:
