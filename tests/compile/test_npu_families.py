@@ -42,7 +42,8 @@ STRATEGIES = ("split", "fused")
 #: measured gaps no rewrite closes yet (scripts/npu_table.py runs; see README "NPU stages per family")
 _TP = "2.3.0 puts the Transpose it inserts for AdaLN chunk slices ('...Slice_1_output_0-rs_concat-rs_tp') on the CPU"
 _MASK = ("the caption refiner's attention reads the int64 caption mask: its Reshape and Cast and the IsNaN guard "
-         "after the masked Softmax run on the CPU (no exact form the toolkits place on the NPU)")
+         "after the masked Softmax run on the CPU (no exact form the toolkits place on the NPU); fused with 2.3.0 "
+         "also two exNorm layers")
 #: exports ONNX Runtime refuses as a whole (an exporter bug: a Squeeze of a dim of 16, also in the plan's
 #: host epilogue; tests/partitioner/test_family_sweep.py): the gate checks their NPU stages one by one
 ORT_REFUSES = {("pixart", "dynamo")}
