@@ -1,12 +1,15 @@
 """Per-family table: NPU stages built and CPU-fallback layers left, before and after rkpart's NPU rewrites.
 
-For each tiny diffusers family (``scripts/export_families.py``), each exporter (TorchScript at
+For each tiny diffusers family (``tests/models/diffusers_families.py``), each exporter (TorchScript at
 opset 17, dynamo at its default opset, 20 in torch 2.13), each strategy and each toolkit:
 partition, compile with ``--no-rewrites`` (opset lowering only), then with the rewrites, and
 count built stages and CPU layers from the placement report.  Exports are cached as the tests
-cache them (``tests/compile/test_npu_families.py``).  Builds run one at a time.
+cache them (:func:`tests.models.diffusers_families.cached_export`).  Builds run one at a time.
 
 Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--toolkit V ...] [--strategy S ...]``
+
+``python scripts/npu_table.py --pivot OUT.md [OUT2.md ...]`` prints the rows of such tables as the
+README's per-family table (one row per family, exporter and toolkit; split and fused side by side).
 """
 
 from __future__ import annotations
@@ -22,23 +25,62 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
+def _cell(row: dict[str, str]) -> str:
+    """``built before -> after; CPU before -> after`` for one plan (before/after: without/with rewrites)."""
+    if not row:
+        return "not run"
+    if not row["built (rewrites)"]:
+        return row["NPU stages"]  # a failed export or partition: its message
+    built = row["built (no rewrites)"]
+    built += "" if row["built (rewrites)"] == built else f" -> {row['built (rewrites)']}"
+    return f"{built}; {row['CPU layers (no rewrites)']} -> {row['CPU layers (rewrites)']}"
+
+
+def pivot(tables: list[Path]) -> str:
+    """The README table from :func:`main`'s output files (later files win for a repeated row)."""
+    rows: dict[tuple[str, str, str, str], dict[str, str]] = {}
+    for t in tables:
+        lines = [ln for ln in t.read_text().splitlines() if ln.startswith("|")]
+        head = [c.strip() for c in lines[0].strip("|").split("|")]
+        for ln in lines[2:]:
+            r = dict(zip(head, (c.strip() for c in ln.strip("|").split("|")), strict=False))
+            rows[(r["family"], r["exporter"], r["strategy"], r["toolkit"])] = r
+    out = ["| family | exporter | toolkit | split: stages built; CPU layers before -> after rewrites "
+           "| fused: stages built; CPU layers before -> after rewrites | rewrites applied (split; fused) |",
+           "|---|---|---|---|---|---|"]
+    keys = list(dict.fromkeys((f, e, v) for f, e, _, v in rows if v != "-"))  # in the order of the runs
+    for f, e, v in keys:
+        sp, fu = rows.get((f, e, "split", v), {}), rows.get((f, e, "fused", v), {})
+        applied = "; ".join(r.get("rewrites applied", "-") or "-" for r in (sp, fu))
+        out.append(f"| {f} | {e} | {v} | {_cell(sp)} | {_cell(fu)} | {applied} |")
+    for (f, e, s, v), r in rows.items():
+        if v == "-":
+            out.append(f"| {f} | {e} | - | {s}: {r['NPU stages']} | | |")
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--pivot"]:
+        sys.stdout.write(pivot([Path(a) for a in argv[1:]]))
+        return 0
     from rkpart.compile.compile import compile_plan_report
     from rkpart.compile.toolkits import find_toolkit
     try:
         from rkpart.pipeline import partition
     except ImportError:  # before the pipeline module existed
         from rkpart.partitioner.api import partition  # type: ignore[no-redef]
-    from tests.compile.exports import cached_export
+    from tests.models.diffusers_families import FAMILIES, cached_export
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--family", action="append")
+    ap.add_argument("--family", action="append", choices=sorted(FAMILIES))
     ap.add_argument("--exporter", action="append", choices=["torchscript", "dynamo"])
     ap.add_argument("--toolkit", action="append")
     ap.add_argument("--strategy", action="append")
     a = ap.parse_args(argv)
-    fams = a.family or ["dit", "pixart", "sd3", "flux", "sana", "cogvideox", "wan"]
+    fams = a.family or list(FAMILIES)
     rows = ["| family | exporter | strategy | toolkit | NPU stages | built (no rewrites) | CPU layers (no rewrites) "
             "| built (rewrites) | CPU layers (rewrites) | rewrites applied |",
             "|---|---|---|---|---|---|---|---|---|---|"]

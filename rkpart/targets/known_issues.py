@@ -106,7 +106,8 @@ _NATIVE_BUILD = re.compile(r"rknn building|RKNN: \[[^\]]*\] RKNN is invoked")
 
 
 def _exnorm_fusion_segv(f: BuildFacts) -> bool:
-    if f.signal != "SIGSEGV":
+    # 2.5.0 is unaffected by this bug; its own exnorm crash is EXNORM_SCALE_SEGV_250
+    if f.signal != "SIGSEGV" or f.toolkit == "2.5.0":
         return False
     # The crash is in the native compiler (after the Python optimiser has finished), on a
     # graph where the exnorm fusion rewrote a LayerNorm whose modulation is computed.
@@ -147,8 +148,59 @@ EXNORM_FUSION_SEGV = KnownIssue(
     matcher=_exnorm_fusion_segv,
 )
 
+
+
+def _exnorm_scale_segv_250(f: BuildFacts) -> bool:
+    return (f.signal == "SIGSEGV" and f.toolkit == "2.5.0" and bool(_EXNORM_RULE.search(f.log_text))
+            and bool(_NATIVE_BUILD.search(f.log_text)))
+
+
+EXNORM_SCALE_SEGV_250 = KnownIssue(
+    id="exnorm-scale-segv-2.5.0",
+    title="rknn-toolkit2 2.5.0 segfaults after folding a constant scale through a transpose into a LayerNorm",
+    summary=("SIGSEGV in 2.5.0's native compiler after fuse_exnorm_mul folded the constant Mul of "
+             "LayerNorm -> Reshape -> Transpose -> Reshape -> Mul(scalar) (the key of a dynamo SDPA after "
+             "a LayerNorm qk-norm) into the norm"),
+    affected=("2.5.0",),
+    unaffected=("2.3.0",),
+    workaround=("rkpart's layernorm-scale-fold rewrite (on by default; `--no-rewrites` turns it off) folds the "
+                "scale into the LayerNorm first; or build this stage with `--fallback-toolkit 2.3.0`"),
+    details=("Measured on a tiny HunyuanDiT exported by dynamo (split plan, both cross-attention stages; the "
+             "TorchScript export builds). The build log's last step is convert_exmatmul_to_conv, after "
+             "fuse_exnorm_mul; `rkpart repro` reduces the stage to 8 nodes: the key's LayerNorm, Reshape, "
+             "Transpose, Reshape and its constant scale Mul, with the query's RoPE Add and scale Mul. Matched "
+             "by a 2.5.0 SIGSEGV in the native build after fuse_exnorm_mul."),
+    patterns=(),
+    matcher=_exnorm_scale_segv_250,
+)
+
+_SLICE_CONCAT_RULE = re.compile(r"^D\s{2,}fuse_slice_slice_concat_to_conv:\s+remove node", re.MULTILINE)
+
+
+def _slice_concat_segv_250(f: BuildFacts) -> bool:
+    return f.signal == "SIGSEGV" and f.toolkit == "2.5.0" and bool(_SLICE_CONCAT_RULE.search(f.log_text))
+
+
+SLICE_CONCAT_SEGV_250 = KnownIssue(
+    id="slice-concat-conv-segv-2.5.0",
+    title="rknn-toolkit2 2.5.0 segfaults on a Concat of two constant Slices it turned into a conv",
+    summary=("SIGSEGV in 2.5.0 after fuse_slice_slice_concat_to_conv turned Concat(x[:, a:b], x[:, c:d]) "
+             "into a convolution (Chroma's modulation pieces)"),
+    affected=("2.5.0",),
+    unaffected=("2.3.0",),
+    workaround=("rkpart's strided-slices-concat rewrite (on by default; `--no-rewrites` turns it off) writes "
+                "the pieces as Slice/Reshape/Slice/Reshape; or build this stage with `--fallback-toolkit 2.3.0`"),
+    details=("Measured on tiny Chroma exports (both exporters, fused plan, both double blocks: the block stage "
+             "reads the approximator's output and picks mod[:, 6:12] and mod[:, 18:24]). The log of the whole "
+             "block ends at replace_torch_tanh_gelu; `rkpart repro` reduces it to the two Slices and the "
+             "Concat, whose log shows fuse_slice_slice_concat_to_conv. Matched by a 2.5.0 SIGSEGV whose "
+             "verbose log shows that rule."),
+    patterns=(),
+    matcher=_slice_concat_segv_250,
+)
+
 #: every known issue, most specific first
-KNOWN_ISSUES: tuple[KnownIssue, ...] = (EXNORM_FUSION_SEGV,)
+KNOWN_ISSUES: tuple[KnownIssue, ...] = (SLICE_CONCAT_SEGV_250, EXNORM_SCALE_SEGV_250, EXNORM_FUSION_SEGV)
 
 
 def crash_patterns(toolkit: str | None = None) -> tuple[CrashPattern, ...]:
@@ -188,5 +240,5 @@ def find_signature(issue_id: str) -> KnownIssue | None:
     return next((s for s in KNOWN_ISSUES if s.id == issue_id), None)
 
 
-__all__ = ["EXNORM_FUSION_SEGV", "KNOWN_ISSUES", "BuildFacts", "CrashPattern", "KnownIssue", "crash_patterns",
-           "find_signature", "match_log", "match_signature"]
+__all__ = ["EXNORM_FUSION_SEGV", "EXNORM_SCALE_SEGV_250", "KNOWN_ISSUES", "SLICE_CONCAT_SEGV_250", "BuildFacts",
+           "CrashPattern", "KnownIssue", "crash_patterns", "find_signature", "match_log", "match_signature"]

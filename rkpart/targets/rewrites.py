@@ -749,6 +749,162 @@ NO_LOWERING: dict[str, str] = {
     "StringSplit": "introduced in opset 20 (strings)",
 }
 
+
+def _layernorm_scale_fold(graph: onnx.GraphProto, types: _Types) -> int:
+    """``Mul(T(LayerNorm(x; g, b)), c)``, ``c`` a constant scalar and ``T`` a chain of Reshape /
+    Transpose that only feeds the Mul -> ``T(LayerNorm(x; g*c, b*c))`` (a scalar commutes with
+    reshapes and transposes; the LayerNorm gets its own scaled copies of ``g`` and ``b``).
+
+    The form dynamo writes for SDPA after a LayerNorm qk-norm (HunyuanDiT's cross-attention:
+    ``k^T * sqrt(scale)``)."""
+    prod = {o: n for n in graph.node for o in n.output}
+    uses: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    outputs = {o.name for o in graph.output}
+    namer = _Namer(graph)
+    inits = {t.name: t for t in graph.initializer}
+    count = 0
+    for i in list(_matches(graph, "Mul")):
+        mul = graph.node[i]
+        for k in (0, 1):
+            c = _const_array(graph, mul.input[1 - k])
+            if c is not None and c.size == 1 and c.ndim <= 1:
+                break
+        else:
+            continue
+        x = mul.input[k]
+        while (x in prod and prod[x].op_type in ("Reshape", "Transpose") and uses.get(x, 0) == 1
+               and x not in outputs):
+            x = prod[x].input[0]
+        ln = prod.get(x)
+        if (ln is None or ln.op_type != "LayerNormalization" or uses.get(x, 0) != 1 or x in outputs
+                or any(o for o in ln.output[1:]) or not all(a in inits for a in ln.input[1:] if a)):
+            continue
+        for j, name in enumerate(ln.input[1:], start=1):
+            if name:
+                t = numpy_helper.to_array(inits[name])
+                scaled = namer(f"{name}_x_scale")
+                graph.initializer.append(numpy_helper.from_array((t * c.reshape(())).astype(t.dtype), scaled))
+                ln.input[j] = scaled
+        # the Mul's input becomes its output: rename the producer's result, drop the Mul
+        src, out = mul.input[k], mul.output[0]
+        producer = prod[src]
+        producer.output[list(producer.output).index(src)] = out
+        del graph.node[i]
+        prod[out] = producer
+        count += 1
+    return count
+
+
+
+def _strided_slices_concat(graph: onnx.GraphProto, types: _Types) -> int:
+    """``Concat(x[.., s:s+L], x[.., s+P:s+P+L], ..., axis)``: k >= 2 constant Slices of one tensor
+    along the Concat's axis, equal length ``L``, equally spaced (period ``P >= L``), in order ->
+    ``Reshape(Slice(Reshape(Slice(x, s-o:s-o+k*P), [.., k, P, ..]), o:o+L), [.., k*L, ..])``, the
+    offset ``o`` (0 when it fits) keeping the window of k periods inside the axis.
+
+    Chroma's modulation picks such pieces of the approximator's output
+    (``mod[:, 6:12]`` and ``mod[:, 18:24]``)."""
+    shapes = _static_shapes(graph)
+    namer = _Namer(graph)
+    prod = {o: n for n in graph.node for o in n.output}
+    uses: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    outputs = {o.name for o in graph.output}
+    count = 0
+    for i in list(_matches(graph, "Concat")):
+        cat = graph.node[i]
+        slices = [prod.get(x) for x in cat.input]
+        if len(slices) < 2 or any(s is None or s.op_type != "Slice" or len(s.input) < 4 for s in slices):
+            continue
+        src = slices[0].input[0]  # type: ignore[union-attr]
+        shape = shapes.get(src)
+        if shape is None or any(s.input[0] != src for s in slices):  # type: ignore[union-attr]
+            continue
+        rank = len(shape)
+        axis = int(_attr(cat, "axis", 0)) % rank  # type: ignore[call-overload]
+        spans = []
+        for s in slices:
+            assert s is not None
+            st, en, ax = (_const_array(graph, s.input[j]) for j in (1, 2, 3))
+            step = _const_array(graph, s.input[4]) if len(s.input) > 4 and s.input[4] else np.array([1])
+            if any(a is None or a.size != 1 for a in (st, en, ax, step)):
+                break
+            assert st is not None and en is not None and ax is not None and step is not None
+            b, e = int(st.ravel()[0]), int(en.ravel()[0])
+            if int(ax.ravel()[0]) % rank != axis or int(step.ravel()[0]) != 1 or not 0 <= b < e <= shape[axis]:
+                break
+            spans.append((b, e))
+        else:
+            k, length = len(spans), spans[0][1] - spans[0][0]
+            period = spans[1][0] - spans[0][0]
+            # the k periods are read from a window [start - off, start - off + k*P) inside the axis
+            off = max(0, spans[0][0] + k * period - shape[axis])
+            if (period < length or any(e - b != length for b, e in spans)
+                    or any(spans[j][0] != spans[0][0] + j * period for j in range(k))
+                    or off > period - length or off > spans[0][0]):
+                continue
+            base = cat.name or cat.output[0]
+
+            def ints(tag: str, v: list[int], base: str = base) -> str:
+                name = namer(f"{base}/{tag}")
+                graph.initializer.append(numpy_helper.from_array(np.array(v, dtype=np.int64), name))
+                return name
+
+            span, periods, picked = (namer(f"{base}/{t}") for t in ("span", "periods", "picked"))
+            start = spans[0][0] - off
+            new = [
+                helper.make_node("Slice", [src, ints("span_start", [start]), ints("span_end", [start + k * period]),
+                                           ints("span_axis", [axis])], [span], name=f"{base}/Slice_span"),
+                helper.make_node("Reshape", [span, ints("periods_shape", [*shape[:axis], k, period,
+                                                                          *shape[axis + 1:]])],
+                                 [periods], name=f"{base}/Reshape_periods"),
+                helper.make_node("Slice", [periods, ints("pick_start", [off]), ints("pick_end", [off + length]),
+                                           ints("pick_axis", [axis + 1])], [picked], name=f"{base}/Slice_pick"),
+                helper.make_node("Reshape", [picked, ints("out_shape", [*shape[:axis], k * length,
+                                                                        *shape[axis + 1:]])],
+                                 [cat.output[0]], name=f"{base}/Reshape_out"),
+            ]
+            _replace(graph, i, new)
+            # the Slices nothing else reads go (they precede the Concat: indices >= i are untouched)
+            for s in slices:
+                assert s is not None
+                if uses.get(s.output[0], 0) == 1 and s.output[0] not in outputs and s in graph.node:
+                    graph.node.remove(s)
+            count += 1
+    return count
+
+
+
+def _tile_broadcast(graph: onnx.GraphProto, types: _Types) -> int:
+    """``Tile(x, r)``, ``r`` constant, ``x`` of size 1 on every axis ``r`` repeats ->
+    ``Mul(x, ones(r))``: the broadcast of a multiplication by one (bit-exact).  GQA's
+    ``k.unsqueeze(3).repeat(1, 1, 1, n_rep, 1)`` (Lumina2)."""
+    shapes = _static_shapes(graph)
+    namer = _Namer(graph)
+    count = 0
+    for i in list(_matches(graph, "Tile")):
+        n = graph.node[i]
+        reps = _const_array(graph, n.input[1])
+        shape = shapes.get(n.input[0])
+        elem = types.of(n.input[0])
+        if (reps is None or shape is None or reps.ndim != 1 or reps.size != len(shape)
+                or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+                or any(r > 1 and d != 1 for r, d in zip(reps.tolist(), shape, strict=True))):
+            continue
+        base = n.name or n.output[0]
+        ones = namer(f"{base}/ones")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        graph.initializer.append(numpy_helper.from_array(np.ones(reps.astype(np.int64), dtype=dtype), ones))
+        _replace(graph, i, [helper.make_node("Mul", [n.input[0], ones], [n.output[0]], name=f"{base}/Mul_ones")])
+        count += 1
+    return count
+
+
 REWRITES: tuple[Rewrite, ...] = (
     Rewrite("gelu20-decompose", "Gelu", "lower", ("*",),
             "Gelu exists only from opset 20 (version_converter: 'No Previous Version of Gelu exists'); "
@@ -806,6 +962,31 @@ REWRITES: tuple[Rewrite, ...] = (
             "Concat with a constant block it stays on the NPU. Measured on a tiny Sana, split plan, 2.3.0: "
             "TorchScript and dynamo 2 CPU layers -> 0. 2.3.2 (same operator list as 2.3.0) not measured",
             _pad_concat),
+    # --- crash avoidance (issue 18) ---
+    Rewrite("layernorm-scale-fold", "LayerNormalization", "npu", ("2.5.0",),
+            "SIGSEGV avoided, not a placement: 2.5.0 crashes in its native compiler (last step "
+            "convert_exmatmul_to_conv, after fuse_exnorm_mul folded the Mul) on LayerNorm -> Reshape -> "
+            "Transpose -> Reshape -> Mul(constant scalar), the key side of a dynamo SDPA after a LayerNorm "
+            "qk-norm (tiny HunyuanDiT, dynamo, split: both cross-attention stages; `rkpart repro` reduces "
+            "them to those 5 nodes plus the query's RoPE Add and scale Mul). With the scalar folded into "
+            "the LayerNorm's weight and bias both stages build, 0 CPU layers; 2.3.0 builds either form",
+            _layernorm_scale_fold),
+    Rewrite("strided-slices-concat", "Concat", "npu", ("2.5.0",),
+            "SIGSEGV avoided, not a placement: 2.5.0 crashes in fuse_slice_slice_concat_to_conv on a Concat of "
+            "two equally spaced constant Slices of one tensor (Chroma's modulation pieces mod[:, 6:12] and "
+            "mod[:, 18:24]; tiny Chroma, fused plan, both double blocks, both exporters; the log stops at "
+            "replace_torch_tanh_gelu, `rkpart repro` reduces the stage to those 3 nodes). As one Slice of "
+            "the span, a Reshape into periods, one Slice and a Reshape back the stage builds; 2.3.0 builds "
+            "either form",
+            _strided_slices_concat),
+    Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
+            "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
+            "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "
+            "keeps it on the NPU. As Mul(x, ones) it stays on the NPU. Measured on a tiny Lumina2, "
+            "TorchScript, split plan, 2.5.0: 11 CPU layers -> 3 (the 8 Expand; the caption mask's "
+            "Reshape, Cast and IsNaN stay). A Concat of copies instead fails both toolkits' optimiser "
+            "(KeyError in remove_node after swap_reshape_mul)",
+            _tile_broadcast),
 )
 
 
@@ -820,7 +1001,7 @@ def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[st
     for r in rows:
         if not any(n.op_type == r.op_type for n in model.graph.node):
             continue
-        if r.op_type in ("ScatterND", "Pad", "Gemm", "IsNaN"):  # need static shapes
+        if r.op_type in ("ScatterND", "Pad", "Gemm", "IsNaN", "Tile", "Concat"):  # need static shapes
             inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
             del model.graph.value_info[:]
             model.graph.value_info.extend(inferred.graph.value_info)

@@ -8,9 +8,10 @@ import pytest
 from click.testing import CliRunner
 
 from rkpart.cli import bundled_example, main
-from tests.compile.exports import cached_export
+from tests.models.diffusers_families import cached_export, missing_dependencies
 
-pytestmark = pytest.mark.export
+pytestmark = [pytest.mark.export,
+              pytest.mark.skipif(bool(missing_dependencies()), reason=f"not installed: {missing_dependencies()}")]
 
 NOTE = "note: stages will be lowered from opset 20 to 19 for rknn-toolkit2 2.3.0, 2.3.2"
 

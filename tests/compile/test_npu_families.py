@@ -1,18 +1,17 @@
 """Issue 18: every NPU stage of tiny diffusers DiT exports compiles, with 0 CPU-fallback layers.
 
-Exports are made here by both exporters at the exporter's default opset (TorchScript
-``dynamo=False``: 17 in torch 2.13, explicitly; dynamo: its own default, 20 in torch 2.13,
-which no toolkit loads) and cached under ``~/.cache/rkpart/test-exports`` keyed by the
-diffusers/torch versions and the family config, so reruns skip the exporter.  Each plan is
-compiled by real rknn-toolkit2 builds (lowering and NPU rewrites on, the default), the
-placement report must show no CPU layer, and the rknn-sim end-to-end gate must pass.
-About 20-40 s per (family, exporter, strategy, toolkit) on two cores.
+Exports (:mod:`tests.models.diffusers_families`) are made by both exporters at the exporter's
+default opset (TorchScript ``dynamo=False``: 17, explicitly; dynamo: its own default, 20 in
+torch 2.13, which no toolkit loads) and cached under ``~/.cache/rkpart/test-exports``, so reruns
+skip the exporter.  Each plan is compiled by real rknn-toolkit2 builds (lowering and NPU
+rewrites on, the default), the placement report must show no CPU layer, and the rknn-sim
+end-to-end gate must pass (the plan run with every NPU stage in the toolkit's simulator
+reproduces the whole model under ONNX Runtime).
 
-By default only :data:`REPRESENTATIVE` runs (about 2-3 minutes with cached exports): a
-dynamo export lowered from opset 20 and gated end to end under rknn-sim with 2.3.0, a
-TorchScript export fused into whole blocks with 2.5.0, and one measured gap as a strict xfail.
-``RKPART_FULL_NPU_MATRIX=1`` runs every (family, exporter, strategy, toolkit) case (89 tests,
-about an hour on two cores).
+By default (CI) :func:`ci_cases` runs: every family with both plans, both exporters and both
+toolkits spread over its two cases (24 cases).  ``RKPART_FULL_NPU_MATRIX=1`` runs every
+(family, exporter, plan, toolkit) case (96).  Measured gaps are strict xfails: a gap that closes
+fails the test until its entry is removed.
 """
 
 from __future__ import annotations
@@ -23,42 +22,84 @@ from pathlib import Path
 import pytest
 
 from rkpart.compile.compile import compile_plan_report
+from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
+from rkpart.runtime.ort import OrtBackend
 from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.validation.metrics import compare
-from tests.compile.exports import EXPORTERS, cached_export
+from tests.models import diffusers_families
+from tests.models.diffusers_families import EXPORTERS, cached_export, missing_dependencies
 from tests.toolkits import get_toolkit
 
-pytestmark = [pytest.mark.toolkit, pytest.mark.slow, pytest.mark.export]
+pytestmark = [pytest.mark.toolkit, pytest.mark.slow, pytest.mark.export,
+              pytest.mark.skipif(bool(missing_dependencies()), reason=f"not installed: {missing_dependencies()}")]
 
-#: every family of scripts/export_families.py (Lumina2 is missing: neither exporter takes its complex RoPE)
-FAMILIES = ("flux", "wan", "sana", "chroma", "cosmos", "dit", "pixart", "sd3", "cogvideox", "auraflow", "hunyuandit")
-#: measured gaps no rewrite closes yet (scripts/npu_table.py runs of 2026-11-30; see docs/compile.md)
+#: every family of tests/models/diffusers_families.py (Lumina2 with its RoPE in the real form)
+FAMILIES = tuple(diffusers_families.FAMILIES)
+TOOLKITS = ("2.5.0", "2.3.0")
+STRATEGIES = ("split", "fused")
+#: measured gaps no rewrite closes yet (scripts/npu_table.py runs; see README "NPU stages per family")
+_TP = "2.3.0 puts the Transpose it inserts for AdaLN chunk slices ('...Slice_1_output_0-rs_concat-rs_tp') on the CPU"
+_MASK = ("the caption refiner's attention reads the int64 caption mask: its Reshape and Cast and the IsNaN guard "
+         "after the masked Softmax run on the CPU (no exact form the toolkits place on the NPU); fused with 2.3.0 "
+         "also two exNorm layers")
+#: exports ONNX Runtime refuses as a whole (an exporter bug: a Squeeze of a dim of 16, also in the plan's
+#: host epilogue; tests/partitioner/test_family_sweep.py): the gate checks their NPU stages one by one
+ORT_REFUSES = {("pixart", "dynamo")}
+_WAN = ("the TorchScript export also reads the intermediate of Wan's RoPE ScatterND chain (Slice -> Shape, in the "
+        "host epilogue), so the chain's first ScatterND stays in the NPU stage, on the CPU (scatternd-interleave "
+        "rewrites the rest)")
 _GATHER = ("block 1's class-label embedding Gather (int64 graph input) lands in the NPU stage; no float form "
            "is placed on the NPU (the partitioner should keep it on the host, as it does for block 0)")
+#: gaps measured before the adaln-chunk-gemm, nan-guard and scatternd-interleave (stage outputs) rewrites
+#: that may close them; not re-measured since, so not strict (any other failure still fails the case)
+UNSURE = {("sd3", e, "fused", "2.3.0") for e in EXPORTERS} | {("cogvideox", e, "fused", "2.3.0") for e in EXPORTERS} \
+    | {("wan", "torchscript", s, v) for s in STRATEGIES for v in TOOLKITS} \
+    | {("lumina2", e, s, v) for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS}
 KNOWN_GAPS = {
-    ("hunyuandit", "dynamo", "split", "2.5.0"):
-        "2.5.0 SIGSEGVs in convert_exmatmul_to_conv on both cross-attention stages (2.3.0 builds them)",
-    ("chroma", "torchscript", "fused", "2.5.0"): "2.5.0 SIGSEGVs after replace_torch_tanh_gelu on double blocks",
-    ("chroma", "dynamo", "fused", "2.5.0"): "2.5.0 SIGSEGVs after replace_torch_tanh_gelu on double blocks",
+    **{("lumina2", e, s, v): _MASK for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS},
+    ("sd3", "torchscript", "fused", "2.3.0"): _TP,
+    ("sd3", "dynamo", "fused", "2.3.0"): _TP,
+    ("cogvideox", "torchscript", "fused", "2.3.0"): "2.3.0 puts 3 Transposes it inserts in the fused block on the CPU",
+    ("cogvideox", "dynamo", "fused", "2.3.0"): "2.3.0 puts 3 Transposes it inserts in the fused block on the CPU",
+    **{("wan", "torchscript", s, v): _WAN for s in STRATEGIES for v in TOOLKITS},
     ("dit", "torchscript", "fused", "2.3.0"): _GATHER,
     ("dit", "dynamo", "fused", "2.3.0"): _GATHER,
     ("dit", "torchscript", "fused", "2.5.0"): _GATHER,
     ("dit", "dynamo", "fused", "2.5.0"): _GATHER,
 }
 
-#: the default selection: lowering + rknn-sim gate, fused blocks on 2.5.0, one strict xfail (its gap
-#: must still be there)
-REPRESENTATIVE = {("wan", "dynamo", "split", "2.3.0"), ("sana", "torchscript", "fused", "2.5.0"),
-                  ("dit", "torchscript", "fused", "2.5.0")}
+
+def ci_cases() -> set[tuple[str, str, str, str]]:
+    """The default (CI) selection: every family with both plans, 24 of the 96 cases.
+
+    Family ``i`` builds its split plan from exporter ``i % 2`` and its fused plan from the other
+    exporter, on toolkits that alternate every two families, so each family is built with both
+    exporters, both plans and both toolkits, and each (exporter, plan, toolkit) is exercised by
+    three families.
+    """
+    exporters = tuple(EXPORTERS)
+    out = set()
+    for i, f in enumerate(FAMILIES):
+        out.add((f, exporters[i % 2], "split", TOOLKITS[(i // 2) % 2]))
+        out.add((f, exporters[(i + 1) % 2], "fused", TOOLKITS[(i // 2 + 1) % 2]))
+    return out
+
+
+class CpuLayersLeft(AssertionError):
+    """NPU stages built and passed the gate, but the toolkit put layers on the CPU (a KNOWN_GAPS case)."""
+
+
 FULL_MATRIX = os.environ.get("RKPART_FULL_NPU_MATRIX") == "1"
+SELECTED = ci_cases()
 
 CASES = [pytest.param(f, e, s, v, id=f"{f}-{e}-{s}-{v}",
-                      marks=[pytest.mark.xfail(reason=KNOWN_GAPS[(f, e, s, v)], strict=True)]
+                      marks=[pytest.mark.xfail(reason=KNOWN_GAPS[(f, e, s, v)], raises=CpuLayersLeft,
+                                                strict=(f, e, s, v) not in UNSURE)]
                       if (f, e, s, v) in KNOWN_GAPS else [])
-         for f in FAMILIES for e in EXPORTERS for s in ("split", "fused") for v in ("2.5.0", "2.3.0")
-         if FULL_MATRIX or (f, e, s, v) in REPRESENTATIVE]
+         for f in FAMILIES for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS
+         if FULL_MATRIX or (f, e, s, v) in SELECTED]
 
 
 @pytest.mark.parametrize(("family", "exporter", "strategy", "version"), CASES)
@@ -68,18 +109,44 @@ def test_every_npu_stage_builds_with_no_cpu_layer(tmp_path: Path, family: str, e
     model = cached_export(family, exporter)
     folder = tmp_path / "plan"
     plan = partition(model, folder, strategy)
-    rep = compile_plan_report(plan, folder, tk, "rk3588", {}, jobs=1, strict_npu=True)
+    rep = compile_plan_report(plan, folder, tk, "rk3588", {}, jobs=1)
     assert not rep.failed, [f.message for o in rep.failed for f in o.failures]
-    assert rep.cpu_ops_per_block() and all(not v for v in rep.cpu_ops_per_block().values())
     if exporter == "dynamo":  # opset 20: every stage was lowered
         assert all(s.prepared and s.prepared["to_opset"] == 19 for s in rep.plan.npu_stages)
-    if strategy == "split" and version == "2.3.0":
+    # the rknn-sim gate: the plan with every NPU stage in the simulator reproduces the model under ORT
+    if (family, exporter) in ORT_REFUSES:
+        _gate_each_npu_stage(rep.plan, folder, version)
+    else:
         feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
         ref = run_model(model, feeds, plan.outputs)
         out = run_plan(rep.plan, folder, feeds, backend=RknnSimBackend(version))
         for name in plan.outputs:
             m = compare(out[name], ref[name])
             assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)
+    per_block = rep.cpu_ops_per_block()
+    assert per_block
+    if any(per_block.values()):  # a known gap fails here only, after the gate
+        raise CpuLayersLeft({b: ops for b, ops in per_block.items() if ops})
+
+
+def _gate_each_npu_stage(plan: Plan, folder: Path, version: str) -> None:
+    """The gate stage by stage: each NPU stage in the simulator against the same stage under ORT."""
+    ort, sim = OrtBackend(), RknnSimBackend(version)
+    try:
+        for stage in plan.npu_stages:
+            feeds = random_inputs(plan.tensors, stage.inputs, seed=0)
+            outs = []
+            for backend in (ort, sim):
+                runner = backend.runner(stage, folder)
+                runner.load()
+                runner.init()
+                outs.append(runner.infer(feeds))
+                runner.release()
+            for name in stage.outputs:
+                m = compare(outs[1][name], outs[0][name])
+                assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (stage.id, name, m)
+    finally:
+        sim.close()
 
 
 def test_strict_npu_fails_stages_left_with_cpu_layers(tmp_path: Path) -> None:

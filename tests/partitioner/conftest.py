@@ -7,7 +7,6 @@ Exports need torch (and diffusers for the families); tests that use them are mar
 from __future__ import annotations
 
 import importlib.util
-import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -18,15 +17,6 @@ from rkpart.partitioner.anonymize import anonymize_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "rkpart" / "data" / "anima_tiny.onnx"
-
-
-def _load_script(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_rkpart_script_{name}", ROOT / "scripts" / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _need(module: str) -> None:
@@ -66,7 +56,9 @@ def anima_exports(export_dir: Path) -> dict[str, Path]:
 def families() -> ModuleType:
     _need("torch")
     _need("diffusers")
-    return _load_script("export_families")
+    from tests.models import diffusers_families
+
+    return diffusers_families
 
 
 @pytest.fixture(scope="session")

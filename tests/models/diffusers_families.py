@@ -1,0 +1,652 @@
+"""Tiny diffusers DiT families: configs, export to ONNX by both exporters, and an export cache.
+
+The ONE source of the family models the tests and scripts use (``tests/compile``,
+``tests/partitioner``, ``scripts/export_families.py``, ``scripts/npu_table.py``).  Every model is
+built from a config with random weights (``torch.manual_seed``), never downloaded.  Configs are
+the smallest that keep each family's block anatomy.
+
+:data:`FAMILIES` -- the families of issue 18:
+
+==========  ================================  ==================================================
+family      diffusers class                   what it exercises
+==========  ================================  ==================================================
+dit         ``DiTTransformer2DModel``         AdaLN-Zero with a per-block timestep+class embedding
+pixart      ``PixArtTransformer2DModel``      shared ``adaln_single``, per-block scale_shift_table,
+                                              cross-attention
+sd3         ``SD3Transformer2DModel``         dual-stream joint attention; last block
+                                              ``context_pre_only`` (different structure)
+flux        ``FluxTransformer2DModel``        double-stream blocks + single-stream parallel
+                                              attn/MLP blocks, RoPE
+sana        ``SanaTransformer2DModel``        linear attention without Softmax, GLU conv FFN
+cogvideox   ``CogVideoXTransformer3DModel``   text + video tokens normed apart, one attention
+                                              and one FFN over both (two streams, joint FFN)
+wan         ``WanTransformer3DModel``         qk RMSNorm across heads, complex RoPE, cross-attention
+chroma      ``ChromaTransformer2DModel``      Flux anatomy, modulation from a distilled approximator
+lumina2     ``Lumina2Transformer2DModel``     refiner blocks, GQA, caption attention mask; its
+                                              complex RoPE is rewritten to the real form before
+                                              export (:func:`real_rope_lumina2`)
+auraflow    ``AuraFlowTransformer2DModel``    MMDiT blocks then single-stream DiT blocks
+hunyuandit  ``HunyuanDiT2DModel``             two text encoders, skip connections, fixed RoPE
+cosmos      ``CosmosTransformer3DModel``      Cosmos-Predict2: AdaLN-LoRA, 3-D RoPE
+==========  ================================  ==================================================
+
+:data:`VARIANTS` -- anatomy the default tiny configs do not reach (the partitioner's family sweep):
+
+=================  ====================================================================
+variant            what it adds to its family
+=================  ====================================================================
+sd35               SD3.5: ``dual_attention_layers`` (a second self-attention ``attn2``
+                   in block 0, beside the joint attention) and RMS qk-norm
+hunyuandit_skip    HunyuanDiT with 4 blocks: the last one reads block 0's output through
+                   a U-Net-style long skip (``skip_norm`` + ``skip_linear``)
+chroma_guidance    Chroma with a 3-layer distilled guidance approximator: residual MLPs
+                   that are not transformer blocks
+pixart_sigma       PixArt-Σ configuration (``interpolation_scale``, no micro-conditions)
+allegro            Allegro (a family the defaults lack: a check of generality)
+ltx                LTX-Video (idem; RoPE, cross-attention, attention mask)
+=================  ====================================================================
+
+:func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
+torch versions, exporter, source of every function the export runs) under
+``$RKPART_TEST_EXPORTS`` (default ``~/.cache/rkpart/test-exports``), so a rerun skips the
+exporter.  Needs torch, diffusers and onnxscript (:func:`missing_dependencies`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import os
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: exporter -> opset passed to :func:`export_family` (0: the exporter's own default, 20 for dynamo in torch 2.13)
+EXPORTERS = {"torchscript": 17, "dynamo": 0}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    build: Callable[[], tuple[Any, dict[str, Any]]]  # -> (module, example inputs by name)
+    #: keyword arguments of ``forward`` fixed at export time (not graph inputs)
+    fixed: Callable[[], dict[str, Any]] = dict
+    blocks: int = 2  # transformer blocks the config has (for tests)
+    #: rewrites the eval-mode module in place before export (same function, exportable form)
+    prepare: Callable[[Any, dict[str, Any], dict[str, Any]], None] | None = None
+
+
+def missing_dependencies() -> list[str]:
+    """The exporter dependencies that are not installed (empty: exports can be made)."""
+    return [d for d in ("torch", "diffusers", "onnxscript") if importlib.util.find_spec(d) is None]
+
+
+def _dit() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import DiTTransformer2DModel
+
+    m = DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, num_layers=2,
+                              sample_size=8, patch_size=2, num_embeds_ada_norm=10, norm_num_groups=4)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([7], dtype=torch.int64),
+        "class_labels": torch.tensor([3], dtype=torch.int64),
+    }
+
+
+def _pixart() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import PixArtTransformer2DModel
+
+    m = PixArtTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=8,
+                                 num_layers=2, sample_size=8, patch_size=2, cross_attention_dim=32,
+                                 caption_channels=24, norm_num_groups=4, use_additional_conditions=False)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7], dtype=torch.int64),
+    }
+
+
+def _pixart_fixed() -> dict[str, Any]:
+    return {"added_cond_kwargs": {"resolution": None, "aspect_ratio": None}}
+
+
+def _sd3() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import SD3Transformer2DModel
+
+    m = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=16,
+                              num_attention_heads=2, joint_attention_dim=24, caption_projection_dim=32,
+                              pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "pooled_projections": torch.randn(1, 16),
+        "timestep": torch.tensor([7.0]),
+    }
+
+
+def _flux() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import FluxTransformer2DModel
+
+    m = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                               attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                               pooled_projection_dim=16, axes_dims_rope=(4, 6, 6))
+    img_ids = torch.zeros(16, 3)
+    img_ids[:, 1] = torch.arange(16) // 4
+    img_ids[:, 2] = torch.arange(16) % 4
+    return m, {
+        "hidden_states": torch.randn(1, 16, 16),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "pooled_projections": torch.randn(1, 16),
+        "timestep": torch.tensor([0.7]),
+        "img_ids": img_ids,
+        "txt_ids": torch.zeros(6, 3),
+    }
+
+
+def _sana() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import SanaTransformer2DModel
+
+    m = SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+                               num_layers=2, num_cross_attention_heads=2, cross_attention_head_dim=16,
+                               cross_attention_dim=32, caption_channels=24, sample_size=8, patch_size=1)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7.0]),
+    }
+
+
+def _cogvideox() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import CogVideoXTransformer3DModel
+
+    m = CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                                    time_embed_dim=32, text_embed_dim=24, num_layers=2, sample_width=8,
+                                    sample_height=8, sample_frames=1, patch_size=2, max_text_seq_length=6)
+    return m, {
+        "hidden_states": torch.randn(1, 1, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7], dtype=torch.int64),
+    }
+
+
+def _wan() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    m = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                              out_channels=4, text_dim=24, freq_dim=32, ffn_dim=64, num_layers=2,
+                              rope_max_seq_len=32)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 1, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7], dtype=torch.int64),
+    }
+
+
+def _lumina2() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import Lumina2Transformer2DModel
+
+    m = Lumina2Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2,
+                                  num_refiner_layers=1, num_attention_heads=2, num_kv_heads=1, multiple_of=16,
+                                  axes_dim_rope=(4, 6, 6), axes_lens=(16, 16, 16), cap_feat_dim=24)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([0.7]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "encoder_attention_mask": torch.ones(1, 6, dtype=torch.int64),
+    }
+
+
+def _chroma() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import ChromaTransformer2DModel
+
+    m = ChromaTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                                 attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                 axes_dims_rope=(4, 6, 6), approximator_num_channels=16,
+                                 approximator_hidden_dim=32, approximator_layers=1)
+    img_ids = torch.zeros(16, 3)
+    img_ids[:, 1] = torch.arange(16) // 4
+    img_ids[:, 2] = torch.arange(16) % 4
+    return m, {
+        "hidden_states": torch.randn(1, 16, 16),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([0.7]),
+        "img_ids": img_ids,
+        "txt_ids": torch.zeros(6, 3),
+    }
+
+
+def _auraflow() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import AuraFlowTransformer2DModel
+
+    m = AuraFlowTransformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_mmdit_layers=1,
+                                   num_single_dit_layers=2, attention_head_dim=16, num_attention_heads=2,
+                                   joint_attention_dim=24, caption_projection_dim=32, out_channels=4,
+                                   pos_embed_max_size=16)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7.0]),
+    }
+
+
+def _hunyuandit() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import HunyuanDiT2DModel
+
+    m = HunyuanDiT2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, patch_size=2,
+                          sample_size=8, hidden_size=32, num_layers=2, cross_attention_dim=24,
+                          cross_attention_dim_t5=24,
+                          pooled_projection_dim=16, text_len=6, text_len_t5=6,
+                          use_style_cond_and_image_meta_size=False)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([7.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "text_embedding_mask": torch.ones(1, 6, dtype=torch.int64),
+        "encoder_hidden_states_t5": torch.randn(1, 6, 24),
+        "text_embedding_mask_t5": torch.ones(1, 6, dtype=torch.int64),
+    }
+
+
+def _hunyuandit_fixed() -> dict[str, Any]:
+    from diffusers.models.embeddings import get_2d_rotary_pos_embed
+
+    cos, sin = get_2d_rotary_pos_embed(16, ((0, 0), (4, 4)), (4, 4))
+    return {"image_rotary_emb": (cos.float(), sin.float())}
+
+
+def _cosmos() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import CosmosTransformer3DModel
+
+    m = CosmosTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+                                 num_layers=2, text_embed_dim=24, adaln_lora_dim=8, max_size=(4, 16, 16),
+                                 patch_size=(1, 2, 2), concat_padding_mask=False, extra_pos_embed_type=None)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 1, 8, 8),
+        "timestep": torch.tensor([0.7]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+    }
+
+
+def _sd35() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import SD3Transformer2DModel
+
+    m = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=16,
+                              num_attention_heads=2, joint_attention_dim=24, caption_projection_dim=32,
+                              pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16,
+                              dual_attention_layers=(0,), qk_norm="rms_norm")
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "pooled_projections": torch.randn(1, 16),
+        "timestep": torch.tensor([7.0]),
+    }
+
+
+def _hunyuandit_skip() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import HunyuanDiT2DModel
+
+    m = HunyuanDiT2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, patch_size=2,
+                          sample_size=8, hidden_size=32, num_layers=4, cross_attention_dim=24,
+                          cross_attention_dim_t5=24, pooled_projection_dim=16, text_len=6, text_len_t5=6,
+                          use_style_cond_and_image_meta_size=False)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([7.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "text_embedding_mask": torch.ones(1, 6, dtype=torch.int64),
+        "encoder_hidden_states_t5": torch.randn(1, 6, 24),
+        "text_embedding_mask_t5": torch.ones(1, 6, dtype=torch.int64),
+    }
+
+
+def _chroma_guidance() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import ChromaTransformer2DModel
+
+    m = ChromaTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                                 attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                 axes_dims_rope=(4, 6, 6), approximator_num_channels=16,
+                                 approximator_hidden_dim=32, approximator_layers=3)
+    img_ids = torch.zeros(16, 3)
+    img_ids[:, 1] = torch.arange(16) // 4
+    img_ids[:, 2] = torch.arange(16) % 4
+    return m, {
+        "hidden_states": torch.randn(1, 16, 16),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([0.7]),
+        "img_ids": img_ids,
+        "txt_ids": torch.zeros(6, 3),
+    }
+
+
+def _pixart_sigma() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import PixArtTransformer2DModel
+
+    m = PixArtTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=8,
+                                 num_layers=2, sample_size=8, patch_size=2, cross_attention_dim=32,
+                                 caption_channels=24, norm_num_groups=4, use_additional_conditions=False,
+                                 interpolation_scale=0.5, norm_elementwise_affine=False, norm_eps=1e-6)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7], dtype=torch.int64),
+    }
+
+
+def _allegro() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import AllegroTransformer3DModel
+
+    m = AllegroTransformer3DModel(patch_size=2, patch_size_t=1, num_attention_heads=2, attention_head_dim=16,
+                                  in_channels=4, out_channels=4, num_layers=2, cross_attention_dim=32,
+                                  caption_channels=24, sample_height=8, sample_width=8, sample_frames=1)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 1, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7]),
+    }
+
+
+def _ltx() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import LTXVideoTransformer3DModel
+
+    m = LTXVideoTransformer3DModel(in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=2,
+                                   attention_head_dim=16, cross_attention_dim=32, num_layers=2, caption_channels=24)
+    return m, {
+        "hidden_states": torch.randn(1, 16, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7.0]),
+        "encoder_attention_mask": torch.ones(1, 6, dtype=torch.int64),
+    }
+
+
+def _ltx_fixed() -> dict[str, Any]:
+    return {"num_frames": 1, "height": 4, "width": 4}
+
+
+def _lumina2_processor() -> Any:
+    """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
+    projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
+    ``[S, D]`` tables applied by diffusers' ``apply_rotary_emb(use_real=True)``)."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    from diffusers.models.embeddings import apply_rotary_emb
+    from diffusers.models.transformers.transformer_lumina2 import Lumina2AttnProcessor2_0
+
+    class RealRopeLumina2Processor(Lumina2AttnProcessor2_0):
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                     attention_mask: torch.Tensor | None = None, image_rotary_emb: Any = None,
+                     base_sequence_length: int | None = None) -> torch.Tensor:
+            batch_size, sequence_length, _ = hidden_states.shape
+            query = attn.to_q(hidden_states)
+            key = attn.to_k(encoder_hidden_states)
+            value = attn.to_v(encoder_hidden_states)
+            head_dim = query.shape[-1] // attn.heads
+            dtype = query.dtype
+            kv_heads = key.shape[-1] // head_dim
+            query = query.view(batch_size, -1, attn.heads, head_dim)
+            key = key.view(batch_size, -1, kv_heads, head_dim)
+            value = value.view(batch_size, -1, kv_heads, head_dim)
+            if attn.norm_q is not None:
+                query = attn.norm_q(query)
+            if attn.norm_k is not None:
+                key = attn.norm_k(key)
+            if image_rotary_emb is not None:  # the one change: real cos/sin instead of complex products
+                query = apply_rotary_emb(query, image_rotary_emb, use_real=True, sequence_dim=1)
+                key = apply_rotary_emb(key, image_rotary_emb, use_real=True, sequence_dim=1)
+            query, key = query.to(dtype), key.to(dtype)
+            if base_sequence_length is not None:
+                softmax_scale = math.sqrt(math.log(sequence_length, base_sequence_length)) * attn.scale
+            else:
+                softmax_scale = attn.scale
+            n_rep = attn.heads // kv_heads
+            if n_rep >= 1:
+                key = key.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
+                value = value.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
+            if attention_mask is not None:
+                attention_mask = attention_mask.bool().view(batch_size, 1, 1, -1)
+            query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+            hidden_states = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           scale=softmax_scale)
+            hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
+            hidden_states = hidden_states.type_as(query)
+            hidden_states = attn.to_out[0](hidden_states)
+            return attn.to_out[1](hidden_states)
+
+    return RealRopeLumina2Processor()
+
+
+def real_rope_lumina2(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """Lumina2's RoPE rewritten to the real (cos/sin) form, asserted equal to diffusers' own.
+
+    diffusers rotates q/k viewed as complex pairs by complex frequencies (``torch.polar``,
+    ``view_as_complex``): TorchScript cannot export complex tensors ("ScalarType ComplexDouble")
+    and ``torch.export`` fails on the embedder's data-dependent caption lengths
+    (``mask.sum().tolist()``).  The same rotation of interleaved pairs is
+    ``x * cos + rot(x) * sin`` with each frequency's cos/sin repeated per pair (diffusers'
+    ``apply_rotary_emb(use_real=True)``).  Positions depend only on static shapes and the
+    caption length, so the tables are computed here once from the embedder's own frequencies for
+    the example caption mask (all ones: every caption token valid) and become constants.  The
+    patched model's output on the example inputs must equal the unpatched model's (fp32 real
+    arithmetic vs diffusers' complex128 products: within 1e-5).
+    """
+    import torch
+    from diffusers.models.transformers.transformer_lumina2 import Lumina2AttnProcessor2_0
+
+    mask = inputs["encoder_attention_mask"]
+    assert bool(mask.all()), "the real-form RoPE tables are made for full captions (an all-ones mask)"
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+        rope = model.rope_embedder
+        _, cap, img, joint, cap_lens, seq_lens = rope(inputs["hidden_states"], mask)
+
+    def real(freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # every batch row has the same positions (equal caption lengths): [S, D/2] complex -> [S, D] cos, sin
+        f = freqs[0]
+        return (f.real.repeat_interleave(2, dim=-1).float().contiguous(),
+                f.imag.repeat_interleave(2, dim=-1).float().contiguous())
+
+    tables = {"cap": real(cap), "img": real(img), "joint": real(joint)}
+
+    class StaticRealRope(torch.nn.Module):
+        """The embedder's outputs for static shapes: patchified latents and real RoPE tables."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.patch_size = rope.patch_size
+            for kind, (cos, sin) in tables.items():
+                self.register_buffer(f"{kind}_cos", cos, persistent=False)
+                self.register_buffer(f"{kind}_sin", sin, persistent=False)
+
+        def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> tuple[Any, ...]:
+            b, c, h, w = hidden_states.shape
+            p = self.patch_size
+            hidden_states = (hidden_states.view(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)
+                             .flatten(3).flatten(1, 2))
+            pairs = [(getattr(self, f"{k}_cos"), getattr(self, f"{k}_sin")) for k in ("cap", "img", "joint")]
+            return hidden_states, *pairs, list(cap_lens), list(seq_lens)
+
+    model.rope_embedder = StaticRealRope()
+    for module in model.modules():
+        if type(getattr(module, "processor", None)) is Lumina2AttnProcessor2_0:
+            module.set_processor(_lumina2_processor())
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    Family("dit", _dit),
+    Family("pixart", _pixart, _pixart_fixed),
+    Family("sd3", _sd3, blocks=3),
+    Family("flux", _flux, blocks=4),
+    Family("sana", _sana),
+    Family("cogvideox", _cogvideox),
+    Family("wan", _wan),
+    Family("chroma", _chroma, blocks=4),
+    Family("lumina2", _lumina2, blocks=4, prepare=real_rope_lumina2),  # 2 refiner blocks + 2 blocks
+    Family("auraflow", _auraflow, blocks=3),
+    Family("hunyuandit", _hunyuandit, _hunyuandit_fixed),
+    Family("cosmos", _cosmos),
+)}
+VARIANTS: dict[str, Family] = {f.name: f for f in (
+    Family("sd35", _sd35, blocks=3),
+    Family("hunyuandit_skip", _hunyuandit_skip, _hunyuandit_fixed, blocks=4),
+    Family("chroma_guidance", _chroma_guidance, blocks=4),
+    Family("pixart_sigma", _pixart_sigma, _pixart_fixed),
+    Family("allegro", _allegro),
+    Family("ltx", _ltx, _ltx_fixed),
+)}
+#: every family and variant by name
+ALL: dict[str, Family] = {**FAMILIES, **VARIANTS}
+
+
+def _decompose_rms_norm(model: Any) -> None:
+    """Replace ``torch.nn.RMSNorm`` (``aten::rms_norm``: no TorchScript symbolic below opset 23)
+    by the decomposed form every exporter understands, keeping the weights."""
+    import torch
+
+    class DecomposedRMSNorm(torch.nn.Module):
+        def __init__(self, src: torch.nn.RMSNorm) -> None:
+            super().__init__()
+            self.eps = src.eps if src.eps is not None else torch.finfo(torch.float32).eps
+            self.weight = src.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+            return y * self.weight if self.weight is not None else y
+
+    for _name, mod in list(model.named_modules()):
+        for child_name, child in list(mod.named_children()):
+            if isinstance(child, torch.nn.RMSNorm):
+                setattr(mod, child_name, DecomposedRMSNorm(child))
+
+
+class _Wrapper:
+    """Positional inputs -> the model's ``sample`` tensor (exporters want a plain signature)."""
+
+    @staticmethod
+    def make(model: Any, names: list[str], fixed: dict[str, Any]) -> Any:
+        import torch
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.model = model
+
+            def forward(self, *args: torch.Tensor) -> torch.Tensor:
+                out = self.model(**dict(zip(names, args, strict=True)), **fixed, return_dict=False)
+                return out[0]
+
+        return Wrapped().eval()
+
+
+def export_family(name: str, path: str | Path, *, dynamo: bool = False, seed: int = 0,
+                  opset: int | None = None) -> dict[str, np.ndarray]:
+    """Export family or variant ``name`` to ``path`` (static shapes); returns the example inputs.
+
+    ``opset`` defaults to 17 (TorchScript) and 18 (dynamo); ``opset=0`` takes the exporter's own
+    default (what a user gets from a bare ``torch.onnx.export``: opset 20 for dynamo in torch 2.13).
+
+    Raises ``KeyError`` for an unknown family and whatever the exporter raises when it fails.
+    """
+    import torch
+
+    fam = ALL[name]
+    torch.manual_seed(seed)
+    model, inputs = fam.build()
+    model = model.eval()
+    fixed = fam.fixed()
+    if fam.prepare is not None:
+        fam.prepare(model, inputs, fixed)
+    if not dynamo:
+        _decompose_rms_norm(model)
+    names = list(inputs)
+    wrapped = _Wrapper.make(model, names, fixed)
+    args = tuple(inputs.values())
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if dynamo:
+            prog = torch.onnx.export(wrapped, args, input_names=names, output_names=["sample"], dynamo=True,
+                                     optimize=True, verbose=False,
+                                     opset_version=_opset(opset, 18))
+            assert prog is not None
+            prog.save(str(path))
+        else:
+            torch.onnx.export(wrapped, args, str(path), input_names=names, output_names=["sample"],
+                              dynamo=False, do_constant_folding=True, opset_version=_opset(opset, 17))
+    return {k: v.numpy() for k, v in inputs.items()}
+
+
+def _opset(opset: int | None, default: int) -> int | None:
+    """``opset``, ``default`` when it is None, None (the exporter's default) when it is 0."""
+    if opset == 0:
+        return None
+    return opset or default
+
+
+def block_count(name: str) -> int:
+    """Transformer blocks in the config of family or variant ``name``."""
+    return ALL[name].blocks
+
+
+def export_root() -> Path:
+    """Where :func:`cached_export` keeps exports (``$RKPART_TEST_EXPORTS``)."""
+    return Path(os.environ.get("RKPART_TEST_EXPORTS", Path.home() / ".cache" / "rkpart" / "test-exports"))
+
+
+def cached_export(name: str, exporter: str) -> Path:
+    """The export of family or variant ``name`` by ``exporter`` (a key of :data:`EXPORTERS`), made
+    once per (diffusers and torch versions, exporter, source of every function the export runs).
+
+    Written to a private temporary name and renamed, so a failed or concurrent export never
+    leaves a half-written file under the final name.
+    """
+    import diffusers
+    import torch
+
+    fam = ALL[name]
+    funcs: list[Any] = [fam.build, export_family, _opset, _decompose_rms_norm, _Wrapper]
+    funcs += [f for f in (fam.fixed, fam.prepare) if inspect.isfunction(f)]
+    if fam.prepare is real_rope_lumina2:
+        funcs.append(_lumina2_processor)
+    key = hashlib.sha256("\0".join([diffusers.__version__, torch.__version__, exporter,
+                                    *(inspect.getsource(f) for f in funcs)]).encode())
+    root = export_root()
+    path = root / f"{name}-{exporter}-{key.hexdigest()[:16]}.onnx"
+    if not path.is_file():
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                export_family(name, tmp, dynamo=exporter == "dynamo", opset=EXPORTERS[exporter])
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return path

@@ -1,0 +1,152 @@
+"""Rewrites found on the family exports: 2.5.0 crashes avoided, Lumina2's GQA Tile; recognisers; real builds.
+
+Data (``tests/targets/data``), recorded this way: a tiny HunyuanDiT exported by dynamo (split
+plan, cross-attention stage) and a tiny Chroma (fused plan, double block) crashed rknn-toolkit2
+2.5.0 with SIGSEGV; ``rkpart repro --toolkits 2.5.0`` reduced them to
+``segv_layernorm_scale_2.5.0.onnx`` (8 nodes) and ``segv_slice_slice_concat_2.5.0.onnx``
+(3 nodes); the ``.log`` files are the verbose build logs of the reduced and the original stages.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rkpart.targets.known_issues import EXNORM_FUSION_SEGV, EXNORM_SCALE_SEGV_250, SLICE_CONCAT_SEGV_250, match_log
+from rkpart.targets.rewrites import apply_rewrites, rewrites_for
+
+DATA = Path(__file__).parent / "data"
+LN_SCALE = DATA / "segv_layernorm_scale_2.5.0.onnx"
+SLICE_CONCAT = DATA / "segv_slice_slice_concat_2.5.0.onnx"
+
+
+def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return [np.asarray(x) for x in sess.run(None, feeds)]
+
+
+def _feeds(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+            for i in model.graph.input}
+
+
+def _rewritten(path: Path, toolkit: str) -> tuple[onnx.ModelProto, onnx.ModelProto, dict[str, int]]:
+    before = onnx.load(str(path))
+    after = onnx.load(str(path))
+    done = apply_rewrites(after, rewrites_for(toolkit, "npu"))
+    onnx.checker.check_model(after, full_check=True)
+    return before, after, done
+
+
+@pytest.mark.parametrize(("path", "rule", "gone"), [(LN_SCALE, "layernorm-scale-fold", "Mul"),
+                                                    (SLICE_CONCAT, "strided-slices-concat", "Concat")])
+def test_reproducer_is_rewritten_exactly_for_250_only(path: Path, rule: str, gone: str) -> None:
+    before, after, done = _rewritten(path, "2.5.0")
+    assert done == {rule: 1}
+    n_gone = sum(n.op_type == gone for n in before.graph.node) - sum(n.op_type == gone for n in after.graph.node)
+    assert n_gone == 1
+    feeds = _feeds(before)
+    for x, y in zip(_run(before, feeds), _run(after, feeds), strict=True):
+        np.testing.assert_allclose(y, x, rtol=1e-6, atol=1e-6)
+    assert rule not in apply_rewrites(onnx.load(str(path)), rewrites_for("2.3.0", "npu"))
+
+
+def _slices_concat(starts: list[int], length: int, n: int = 32) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits, nodes, parts = [], [], []
+    for j, s in enumerate(starts):
+        for tag, v in (("s", s), ("e", s + length), ("a", 1)):
+            inits.append(numpy_helper.from_array(np.array([v], dtype=np.int64), f"{tag}{j}"))
+        nodes.append(helper.make_node("Slice", ["x", f"s{j}", f"e{j}", f"a{j}"], [f"p{j}"]))
+        parts.append(f"p{j}")
+    nodes.append(helper.make_node("Concat", parts, ["y"], axis=1))
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("starts", "length", "rewritten"), [
+    ([6, 18], 6, True),  # Chroma block 0's pieces
+    ([12, 24], 6, True),  # block 1's: the window of two periods is shifted to stay inside the axis
+    ([0, 10, 20], 4, True),
+    ([6, 18], 7, True),
+    ([6, 19], 6, True),  # any two ordered, non-overlapping pieces of one length
+    ([0, 10, 21], 4, False),  # not equally spaced
+    ([18, 6], 6, False),  # out of order
+    ([0, 4], 6, False),  # overlapping
+    ([20, 28], 6, False),  # no window of two periods fits
+])
+def test_strided_slices_concat_only_where_exact(starts: list[int], length: int, rewritten: bool) -> None:
+    before = _slices_concat(starts, length)
+    after = _slices_concat(starts, length)
+    done = apply_rewrites(after, rewrites_for("2.5.0", "npu"))
+    assert done == ({"strided-slices-concat": 1} if rewritten else {})
+    feeds = _feeds(before)
+    np.testing.assert_array_equal(_run(after, feeds)[0], _run(before, feeds)[0])
+
+
+def test_layernorm_scale_fold_leaves_a_norm_read_elsewhere() -> None:
+    """The LayerNorm's result also read by another node: folding would change that reader, so no rewrite."""
+    model = onnx.load(str(LN_SCALE))
+    ln = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
+    model.graph.output.append(helper.make_tensor_value_info(ln.output[0], TensorProto.FLOAT, None))
+    assert apply_rewrites(model, rewrites_for("2.5.0", "npu")) == {}
+
+
+def test_250_crashes_are_recognised_and_not_mislabelled() -> None:
+    hy = (DATA / "segv_hunyuandit_xattn_2.5.0.log").read_text()  # last step convert_exmatmul_to_conv
+    assert match_log(hy, signal="SIGSEGV", toolkit="2.5.0") is EXNORM_SCALE_SEGV_250
+    assert match_log((DATA / "segv_layernorm_scale_2.5.0.log").read_text(), signal="SIGSEGV",
+                     toolkit="2.5.0") is EXNORM_SCALE_SEGV_250
+    # the same log from a 2.3.2 build is the AdaLN exnorm bug's signature, as before
+    assert match_log(hy, signal="SIGSEGV", toolkit="2.3.2") is EXNORM_FUSION_SEGV
+    for name in ("segv_chroma_block_2.5.0.log", "segv_slice_slice_concat_2.5.0.log"):
+        text = (DATA / name).read_text()
+        assert match_log(text, signal="SIGSEGV", toolkit="2.5.0") is SLICE_CONCAT_SEGV_250
+        assert match_log(text, signal="SIGSEGV", toolkit="2.3.0") is None
+        assert match_log(text, signal=None, toolkit="2.5.0", kind="error") is None
+    assert "--fallback-toolkit 2.3.0" in EXNORM_SCALE_SEGV_250.workaround
+
+
+@pytest.mark.toolkit
+@pytest.mark.parametrize("path", [LN_SCALE, SLICE_CONCAT], ids=["layernorm-scale", "slice-concat"])
+def test_reproducer_crashes_250_and_builds_once_rewritten(path: Path, tmp_path: Path) -> None:
+    from rkpart.targets.known_issues import match_signature
+    from rkpart.triage.matrix import build_once
+    from tests.toolkits import get_toolkit
+
+    tk = get_toolkit("2.5.0")
+    _, after, _ = _rewritten(path, "2.5.0")
+    fixed = tmp_path / "rewritten.onnx"
+    onnx.save(after, str(fixed))
+    crash = build_once(path, tk, target="rk3588", log=tmp_path / "before.log")
+    assert not crash.ok and crash.signal == "SIGSEGV"
+    assert match_signature(crash) in (EXNORM_SCALE_SEGV_250, SLICE_CONCAT_SEGV_250)
+    built = build_once(fixed, tk, target="rk3588", log=tmp_path / "after.log")
+    assert built.ok, built.message
+
+
+def _gqa_tile(n_rep: int, head: int = 1) -> onnx.ModelProto:
+    """Lumina2's GQA repeat: k [1, 6, 1, 16] -> Unsqueeze(3) -> Tile [1,1,1,n_rep,1] -> Reshape."""
+    x = helper.make_tensor_value_info("k", TensorProto.FLOAT, [1, 6, 1, head, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    reps = numpy_helper.from_array(np.array([1, 1, 1, n_rep, 1], dtype=np.int64), "reps")
+    return helper.make_model(helper.make_graph([helper.make_node("Tile", ["k", "reps"], ["y"])], "g", [x], [y],
+                                               [reps]), opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("n_rep", "head", "rewritten"), [(2, 1, True), (4, 1, True), (2, 2, False)])
+def test_tile_broadcast_only_on_size_one_axes(n_rep: int, head: int, rewritten: bool) -> None:
+    before, after = _gqa_tile(n_rep, head), _gqa_tile(n_rep, head)
+    assert apply_rewrites(after, rewrites_for("2.5.0", "npu")) == ({"tile-broadcast": 1} if rewritten else {})
+    assert [n.op_type for n in after.graph.node] == (["Mul"] if rewritten else ["Tile"])
+    feeds = _feeds(before)
+    np.testing.assert_array_equal(_run(after, feeds)[0], _run(before, feeds)[0])
+    assert apply_rewrites(_gqa_tile(n_rep, head), rewrites_for("2.3.0", "npu")) == {}
