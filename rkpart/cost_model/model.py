@@ -16,8 +16,9 @@ glue       any     seconds per stage and pass a pipeline pays beyond the stage's
 setup      host    seconds of a host stage's session setup, once per round
 ========== ======= ===========================================================
 
-``glue`` and ``setup`` are fitted on whole measured rounds, not on stage samples
-(:mod:`rkpart.cost_model.rounds`).
+``setup`` is fitted on the host stages' measured load + init + release of a round (ONNX
+Runtime session creation: a per-node cost); ``glue`` on whole measured rounds, not on stage
+samples (:mod:`rkpart.cost_model.rounds`).
 
 How stage predictions combine into a block or a pipeline (sums for time, max or sum for
 memory depending on residency) is :mod:`rkpart.cost_model.select`'s business: memory of a
@@ -67,13 +68,15 @@ COMPONENTS: dict[str, tuple[str, str]] = {
 DEFAULT_TERMS: dict[str, tuple[str, ...]] = {
     "load": ("const", "file_bytes"),
     "init": ("const", "file_bytes", "nodes"),
-    "infer": ("const", "macs", "act_macs", "elementwise_elems", "moved_bytes", "nodes", "cpu_elems"),
+    # one rate for every MatMul MAC (weighted or attention): fitted apart, the attention rate is
+    # ill-determined on small stages and attention grows with tokens squared (see docs/cost-model.md)
+    "infer": ("const", "all_macs", "moved_bytes", "nodes", "cpu_elems"),
     "release": ("const", "file_bytes"),
     "host": ("const", "elementwise_elems", "macs", "nodes"),
     "device_mem": ("const", "weight_bytes", "peak_bytes"),
     "pss_peak": ("const", "file_bytes", "peak_bytes"),
     "glue": ("const",),
-    "setup": ("const",),
+    "setup": ("const", "nodes"),
 }
 
 
