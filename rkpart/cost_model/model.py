@@ -12,7 +12,8 @@ release    NPU     seconds of one ``release``
 host       host    seconds of one pass of a host stage (AdaLN, residual, ...)
 device_mem NPU     bytes of NPU device-mapped memory while the stage is loaded
 pss_peak   any     bytes of peak process PSS while the stage runs
-glue       any     seconds per stage and pass a pipeline pays beyond the stage's own calls
+glue       any     seconds a round pays beyond the stages' own calls (per stage and pass,
+                   per load-to-release cycle, per round: rkpart.cost_model.rounds)
 setup      host    seconds of a host stage's session setup, once per round
 ========== ======= ===========================================================
 
@@ -197,7 +198,7 @@ class CostModel:
         """Every component that applies to ``f``'s device (``None``: no predictor for it)."""
         out: dict[str, float | None] = {}
         for name in COMPONENTS:
-            if not _applies(name, f):
+            if not _applies(name, f) or name == "glue":  # glue is a round's, not a stage's (rounds.overhead)
                 continue
             comp = self.components.get(name)
             out[name] = None if comp is None else comp.predict(f)

@@ -9,7 +9,8 @@ profiler's bookkeeping).  One component carries that, fitted on the *round* reco
 after the per-stage components are fitted:
 
 ========== ======= ===========================================================
-glue       any     seconds per stage and pass (``const``)
+glue       any     seconds per stage and pass (``const``), per load-to-release
+                   cycle of a stage (``cycle``) and per round (``round``)
 ========== ======= ===========================================================
 
 :func:`predict_round` is the one formula both the fit and ``auto``'s selection use:
@@ -17,7 +18,7 @@ glue       any     seconds per stage and pass (``const``)
 * per-stage residency: ``passes x (load + init + infer + release)`` per NPU stage;
 * resident: ``load + init + release`` once, ``passes x infer``;
 * every host stage: ``setup`` once, ``passes x host``;
-* every stage: ``passes x glue``.
+* glue: ``const x stages x passes + cycle x cycles + round``.
 
 :func:`whole_plan_cv` is the held-out error on whole rounds: each profiled plan is predicted
 by a model (per-stage components and glue) fitted without it.
@@ -36,11 +37,15 @@ from rkpart.cost_model.features import Features
 from rkpart.cost_model.model import Component, CostModel, Sample, error_summary
 from rkpart.types import HOST
 
-#: per stage and pass: a constant.  Boundary bytes (``io_bytes``) and cold weights
-#: (``weight_bytes``) were tried too: fitted on 64..256 image tokens they over-predicted split
-#: plans at 1024 tokens by 20-40 % (bench/selection_regret.py), the constant alone stayed
-#: within -16..+1 %
-GLUE_TERMS = ("const",)
+#: ``const``: per stage and pass (feeding one stage's outputs to the next); ``cycle``: per
+#: load-to-release cycle of a stage (creating and dropping its runner: every pass for a
+#: per-stage NPU stage, once a round otherwise); ``round``: once per round.  Measured on the
+#: fit profiles of bench/selection_regret.py: what CPU time the stages' own calls leave of a
+#: round is ~0.4 ms per stage and pass, ~0.2-0.4 ms more per per-stage cycle and ~1 ms per
+#: round; a constant per stage and pass alone over-predicted split plans (many stages) and
+#: under-predicted fused ones by up to 15-20 %.  Boundary bytes (``io_bytes``) and cold weights
+#: (``weight_bytes``) were tried too and over-predicted split plans at 1024 tokens by 20-40 %.
+GLUE_TERMS = ("const", "cycle", "round")
 #: lifecycle components paid once per call of a per-stage stage, once per round of a resident one
 LIFE = ("load", "init", "release")
 
@@ -71,9 +76,12 @@ def stage_part(model: CostModel, f: Features, residency: str, passes: int) -> fl
     return life * calls + float(vals["infer"] or 0.0) * passes
 
 
-def overhead_features(stages: Sequence[tuple[Features, str]], passes: int) -> np.ndarray:
-    """The glue design row of a round: glue terms summed over the stages, x passes."""
-    return np.array([sum(f.value(t) for f, _ in stages) * passes for t in GLUE_TERMS], dtype=float)
+def overhead_features(stages: Sequence[tuple[Features, str]], passes: int, *, whole_round: bool = True
+                      ) -> np.ndarray:
+    """The glue design row of a round: stage passes, load-to-release cycles, rounds (:data:`GLUE_TERMS`)."""
+    n = sum(f.value("const") for f, _ in stages)
+    cycles = sum(f.value("const") * (passes if f.device != HOST and res == "per-stage" else 1) for f, res in stages)
+    return np.array([n * passes, cycles, 1.0 if whole_round else 0.0], dtype=float)
 
 
 def setup_part(model: CostModel, stages: Sequence[tuple[Features, str]]) -> float:
@@ -82,12 +90,17 @@ def setup_part(model: CostModel, stages: Sequence[tuple[Features, str]]) -> floa
     return 0.0 if setup is None else sum(setup.predict(f) for f, _ in stages if f.device == HOST)
 
 
-def overhead(model: CostModel, stages: Sequence[tuple[Features, str]], passes: int) -> float:
-    """Predicted glue and host setup of a round (0 when the model has neither)."""
+def overhead(model: CostModel, stages: Sequence[tuple[Features, str]], passes: int, *,
+             whole_round: bool = False) -> float:
+    """Predicted glue and host setup of ``stages`` over a round (0 when the model has neither);
+    ``whole_round``: the stages are a whole round, which pays the per-round glue once (a part of
+    a round, e.g. one block's candidate, does not)."""
     glue = model.components.get("glue")
     total = setup_part(model, stages)
     if glue is not None:
-        total += sum(glue.predict(f) for f, _ in stages) * passes
+        coef = dict(zip(glue.terms, glue.coef, strict=True))
+        row = overhead_features(stages, passes, whole_round=whole_round)
+        total += float(sum(coef.get(t, 0.0) * v for t, v in zip(GLUE_TERMS, row, strict=True)))
     return total
 
 
@@ -96,7 +109,7 @@ def predict_round(model: CostModel, stages: Sequence[tuple[Features, str]], pass
     parts = [stage_part(model, f, r, passes) for f, r in stages]
     if any(p is None for p in parts):
         return None
-    return float(sum(p for p in parts if p is not None)) + overhead(model, stages, passes)
+    return float(sum(p for p in parts if p is not None)) + overhead(model, stages, passes, whole_round=True)
 
 
 def fit_overhead(model: CostModel, rounds: Sequence[RoundSample]) -> dict[str, Component]:
@@ -121,7 +134,8 @@ def fit_overhead(model: CostModel, rounds: Sequence[RoundSample]) -> dict[str, C
     c, _ = nnls(a / norms, y * w, maxiter=500)
     c = c / norms
     return {"glue": Component("glue", GLUE_TERMS, tuple(float(v) for v in c), source="fit", samples=len(ys),
-                              note="per stage and pass: what the pipeline pays beyond the stages' own calls")}
+                              note="what the pipeline pays beyond the stages' own calls: per stage and pass "
+                                   "(const), per load-to-release cycle (cycle), per round (round)")}
 
 
 def predict_round_without_overhead(model: CostModel, r: RoundSample) -> float | None:
