@@ -91,6 +91,7 @@ def test_ort_sessions_run_without_the_memory_pattern(example_model: Path) -> Non
     assert sess.get_session_options().enable_cpu_mem_arena is True  # activations stay visible to the profile
 
 
+@pytest.mark.slow
 def test_fit_profiling_interleaves_rounds_across_plans(example_model: Path, tmp_path: Path) -> None:
     plans, n, reps = single_plans(example_model, tmp_path)
     files = profile_for_fit(plans, n, reps, tmp_path, TuneConfig(rounds=2))
