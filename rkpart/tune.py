@@ -2,13 +2,14 @@
 
 1. **Partition** the model with every single-strategy candidate ``auto`` chooses from
    (``split``, ``split-adaln-npu``, ``fused`` and, with two blocks or more, ``fused-x2``).
-2. **Profile** each plan on the backend, per-stage and resident.  Blocks of one anatomy
+2. **Profile** each plan on the backend, per-stage and resident, rounds interleaved across the
+   plans (:func:`profile_for_fit`).  Blocks of one anatomy
    (:meth:`rkpart.partitioner.discovery.Block.signature`) are identical, so on models with more
    than :data:`WHOLE_PLAN_BLOCKS` blocks only one representative block per anatomy is run
    (``rkpart profile --block``).
 3. **Fit** a cost model on those profiles (:func:`rkpart.cost_model.calibration.fit_profiles`:
    per-stage components, whole-round glue, held-out error per component and per whole plan;
-   inference and rounds in process CPU time).
+   every call and every round in process CPU time, the median of the in-pipeline calls).
 4. **Choose** with ``--strategy auto`` under the memory budget and write that plan.
 5. **Verify**: run the chosen plan and every single-strategy plan (each residency), rounds
    interleaved, and report each one's measured round, predicted round and the chosen plan's
@@ -57,7 +58,7 @@ class TuneConfig:
     rounds: int = 3
     verify_rounds: int = 5
     threads: int = 1
-    statistic: str = "min"
+    statistic: str = "median"
     seed: int = 0
 
 
