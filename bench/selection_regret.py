@@ -3,20 +3,25 @@
 1. Fit: small Anima-style models (2 blocks; hidden 128..256, image tokens 64..256) are
    partitioned every way ``auto`` chooses from (split, split with AdaLN on the NPU, fused,
    fused x2) and profiled on ONNX Runtime, one thread, per-stage and resident
-   (:func:`rkpart.tune.profile_for_fit`); one cost model is fitted on all of them
-   (per-stage components + whole-round glue, ``--statistic min``).
+   (:func:`rkpart.tune.profile_for_fit`), rounds interleaved across every plan and size; one
+   cost model is fitted on all of them (per-stage components + whole-round glue, median of the
+   in-pipeline calls, process CPU time).
 2. Evaluate on sizes outside that range: image tokens up to 4x beyond it (1024), hidden up to
    1.5x beyond it (384), 2 and 4 blocks.  Per model, ``auto`` chooses with the fitted model and
    its plan is run next to every single-strategy plan under each residency, rounds
    interleaved, timed in process CPU time (:func:`rkpart.tune.choose_and_verify`).
 3. Print per model auto's choice, the measured best, the regret (auto / best - 1), the
    whole-plan prediction error of every plan, and the share of per-stage NPU inference
-   predictions within +-10 % (from the same runs' stage records).
+   predictions within +-10 % (from the same runs' stage records: median CPU time of the
+   stage's calls); then the regret against the other plans (auto's identical twin left out)
+   and how well the measurement repeats itself (identical stages of one plan; auto's plan vs
+   the identical single-strategy plan, measured apart).
 
 Targets (issue 11): median regret <= 2 %, worst <= 5 %; >= 90 % of whole-plan predictions within
 +-10 %; >= 95 % of per-stage inference predictions within +-10 % (incl. 4x tokens).
 
-Usage: ``.venv/bin/python bench/selection_regret.py [--work /tmp/rkpart-regret] [--verify-rounds 3] [--quick]``
+Usage: ``.venv/bin/python bench/selection_regret.py [--work /tmp/rkpart-regret] [--verify-rounds 3] [--quick]
+[--statistic median|min]``
 Exit code 0 when every target is met, 1 otherwise.  Check ``uptime`` first.
 """
 
