@@ -3,26 +3,32 @@
 1. Fit: small Anima-style models (2 blocks; hidden 128..256, image tokens 64..256) are
    partitioned every way ``auto`` chooses from (split, split with AdaLN on the NPU, fused,
    fused x2) and profiled on ONNX Runtime, one thread, per-stage and resident
-   (:func:`rkpart.tune.profile_for_fit`); one cost model is fitted on all of them
-   (per-stage components + whole-round glue, ``--statistic min``).
+   (:func:`rkpart.tune.profile_for_fit`), rounds interleaved across every plan and size; one
+   cost model is fitted on all of them (per-stage components + whole-round glue, median of the
+   in-pipeline calls, process CPU time).
 2. Evaluate on sizes outside that range: image tokens up to 4x beyond it (1024), hidden up to
    1.5x beyond it (384), 2 and 4 blocks.  Per model, ``auto`` chooses with the fitted model and
    its plan is run next to every single-strategy plan under each residency, rounds
    interleaved, timed in process CPU time (:func:`rkpart.tune.choose_and_verify`).
 3. Print per model auto's choice, the measured best, the regret (auto / best - 1), the
    whole-plan prediction error of every plan, and the share of per-stage NPU inference
-   predictions within +-10 % (from the same runs' stage records).
+   predictions within +-10 % (from the same runs' stage records: median CPU time of the
+   stage's calls); then the regret against the other plans (auto's identical twin left out)
+   and how well the measurement repeats itself (identical stages of one plan; auto's plan vs
+   the identical single-strategy plan, measured apart).
 
 Targets (issue 11): median regret <= 2 %, worst <= 5 %; >= 90 % of whole-plan predictions within
 +-10 %; >= 95 % of per-stage inference predictions within +-10 % (incl. 4x tokens).
 
-Usage: ``.venv/bin/python bench/selection_regret.py [--work /tmp/rkpart-regret] [--verify-rounds 3] [--quick]``
+Usage: ``.venv/bin/python bench/selection_regret.py [--work /tmp/rkpart-regret] [--verify-rounds 3] [--quick]
+[--statistic median|min]``
 Exit code 0 when every target is met, 1 otherwise.  Check ``uptime`` first.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -54,39 +60,41 @@ def build(root: Path, hidden: int, heads: int, side: int, blocks: int) -> Path:
     return path
 
 
-def stage_infer_errors(model: CostModel, folder: Path, calls: int = 5) -> list[float]:
-    """Per distinct NPU stage of the plan in ``folder``: |predicted - measured| / measured inference,
-    measured as the least process CPU time of ``calls`` ONNX Runtime calls on one thread (the wall
-    time of a stage on this shared machine measures the other jobs as much as the stage)."""
-    import numpy as np
-    import onnxruntime as ort
-
-    plan, _ = load_plan(folder)
-    out = []
-    seen: set[str] = set()
-    rng = np.random.default_rng(0)
-    for s in plan.npu_stages:
-        if s.sha256 in seen:
+def stage_infer_errors(model: CostModel, folders: dict[str, Path], rows: list[Any]) -> tuple[list[float], list[float]]:
+    """Per NPU stage of every verified plan and residency: |predicted - measured| / measured
+    inference, measured as the median process CPU time of the stage's calls in those pipeline
+    rounds (what a pipeline pays; rounds interleaved across plans).  Second: the repeatability
+    of the measurement itself, |a / b - 1| for every pair of stages of one run with identical
+    features (block 0's and block 1's attention stage, ...)."""
+    errors: list[float] = []
+    repeat: list[float] = []
+    for row in rows:
+        if row.plan == "auto":
             continue
-        seen.add(s.sha256)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
-        so.inter_op_num_threads = 1
-        sess = ort.InferenceSession(str(folder / s.file), so, providers=["CPUExecutionProvider"])
-        feeds = {}
-        for i in sess.get_inputs():
-            dtype = np.float16 if "float16" in i.type else np.int64 if "int64" in i.type else np.float32
-            feeds[i.name] = rng.standard_normal([int(d) for d in i.shape]).astype(dtype)
-        sess.run(None, feeds)
-        best = float("inf")
-        for _ in range(calls):
-            t = time.process_time()
-            sess.run(None, feeds)
-            best = min(best, time.process_time() - t)
-        pred = model.predict_stage(stage_features(folder, s)).get("infer")
-        if pred is not None and best > 0:
-            out.append(abs(pred - best) / best)
-    return out
+        folder = folders[row.plan]
+        plan, _ = load_plan(folder)
+        calls: dict[str, list[float]] = {}
+        for r in row.records:
+            if r["stage"]["device"] != "host" and r["timings"].get("infer_cpu_s") is not None:
+                calls.setdefault(r["stage"]["id"], []).append(float(r["timings"]["infer_cpu_s"]))
+        by_features: dict[Any, list[float]] = {}
+        for s in plan.npu_stages:
+            if s.id not in calls:
+                continue
+            f = stage_features(folder, s)
+            meas = statistics.median(calls[s.id])
+            pred = model.predict_stage(f).get("infer")
+            if pred is not None and meas > 0:
+                errors.append(abs(pred - meas) / meas)
+            by_features.setdefault(f, []).append(meas)
+        for ms in by_features.values():
+            repeat += [abs(a / b - 1.0) for a, b in itertools.pairwise(ms)]
+    return errors, repeat
+
+
+def same_choice(choices: list[dict[str, Any]]) -> set[tuple[str, str]]:
+    """The (candidate, residency) pairs ``auto`` chose; one pair: its plan is that single-strategy plan."""
+    return {(c["candidate"], c["residency"]) for c in choices}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,27 +103,37 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="measured rounds per fit profile")
     ap.add_argument("--verify-rounds", type=int, default=3, help="interleaved rounds per plan in the evaluation")
     ap.add_argument("--quick", action="store_true", help="3 fit sizes, 2 evaluation sizes")
+    ap.add_argument("--statistic", choices=("median", "min"), default="median",
+                    help="what a stage sample is: the median CPU time of its calls (what a pipeline pays) or the least")
     args = ap.parse_args(argv)
     t0 = time.time()
     work: Path = args.work
     (work / "models").mkdir(parents=True, exist_ok=True)
-    cfg = TuneConfig(rounds=args.rounds, verify_rounds=args.verify_rounds, threads=1, statistic="min")
+    cfg = TuneConfig(rounds=args.rounds, verify_rounds=args.verify_rounds, threads=1, statistic=args.statistic)
     profiles: list[Path] = []
+    fits = []
     for spec in (QUICK_FIT if args.quick else FIT):
         path = build(work / "models", *spec)
         sub = work / "fit" / path.stem
-        plans, n, reps = single_plans(path, sub)
-        profiles += profile_for_fit(plans, n, reps, sub, cfg)
-        print(f"fit: profiled {path.stem}", file=sys.stderr)
-    model, report = fit_profiles(profiles, statistic="min", clock="cpu")
+        fits.append((path, sub, *single_plans(path, sub)))
+    # round i of every model's every plan before round i + 1 of any: a busy spell of the shared
+    # machine is spread over all fit sizes instead of biasing one
+    for i in range(cfg.rounds):
+        for _path, sub, plans, n, reps in fits:
+            profiles += profile_for_fit(plans, n, reps, sub, cfg, only_round=i)
+        print(f"fit: profiled round {i + 1}/{cfg.rounds}", file=sys.stderr)
+    model, report = fit_profiles(profiles, statistic=args.statistic, clock="cpu")
     model_file = model.save(work / "cost_model.json")
     whole = report["whole_plan"]
     print(f"fit on {len(profiles)} profiles: held-out whole-plan error median {whole['median_ape']} %, "
           f"{(whole['within_10'] or 0) * 100:.0f} % within +-10 %; fitted range {report['fitted_range']}")
     regrets: list[float] = []
+    regrets_other: list[float] = []
     plan_errors: list[float] = []
     stage_errors: list[float] = []
     stage_errors_4x: list[float] = []
+    stage_repeat: list[float] = []
+    plan_repeat: list[float] = []
     results: list[dict[str, Any]] = []
     print(f"{'model':<24} {'auto chose':<34} {'measured best':<26} {'regret':>7} {'whole-plan err (auto)':>22}")
     for spec in (QUICK_EVAL if args.quick else EVAL):
@@ -130,11 +148,22 @@ def main(argv: list[str] | None = None) -> int:
         for r in rows:
             if r.predicted_s is not None:
                 plan_errors.append(abs(r.predicted_s - r.median_s) / r.median_s)
-        for folder in plans.values():
-            errs = stage_infer_errors(model, folder)
-            stage_errors += errs
-            if (spec[2] // 2) ** 2 >= 4 * 256:  # 4x the largest fitted token count
-                stage_errors_4x += errs
+        errs, rep = stage_infer_errors(model, plans, rows)
+        stage_errors += errs
+        stage_repeat += rep
+        if (spec[2] // 2) ** 2 >= 4 * 256:  # 4x the largest fitted token count
+            stage_errors_4x += errs
+        # the same plan twice: auto's plan and the single-strategy plan it equals, if it does
+        same = {(c["candidate"], c["residency"]) for c in choices}
+        if len(same) == 1:
+            cand, res = same.pop()
+            twin = next((r for r in rows if r.plan == cand and r.residency == res), None)
+            if twin is not None:
+                plan_repeat.append(abs(auto.median_s / twin.median_s - 1.0))
+        # against the other choices only: auto's twin is the same plan, its lead over auto is noise
+        twins = same_choice(choices) if len(same_choice(choices)) == 1 else set()
+        others = [r for r in rows if r.plan != "auto" and (r.plan, r.residency) not in twins]
+        regrets_other.append(max(auto.median_s / min(r.median_s for r in others) - 1.0, 0.0))
         chose = "; ".join(sorted({f"{c['candidate']}/{c['residency']}" for c in choices}))
         aerr = "-" if auto.predicted_s is None else f"{(auto.predicted_s / auto.median_s - 1) * 100:+.1f} %"
         print(f"{path.stem:<24} {chose:<34} {best.plan + '/' + best.residency:<26} {regret * 100:>6.2f}% {aerr:>22}")
@@ -147,13 +176,25 @@ def main(argv: list[str] | None = None) -> int:
     med, worst = statistics.median(regrets), max(regrets)
     wp, st, st4 = within(plan_errors), within(stage_errors), within(stage_errors_4x)
     print(f"regret: median {med * 100:.2f} % (target <= 2 %), worst {worst * 100:.2f} % (target <= 5 %)")
+    print(f"regret against the other plans (auto's identical twin left out): median "
+          f"{statistics.median(regrets_other) * 100:.2f} %, worst {max(regrets_other) * 100:.2f} %")
     print(f"whole-plan predictions within +-10 %: {wp * 100:.0f} % of {len(plan_errors)} (target >= 90 %)")
     print(f"per-stage NPU inference within +-10 %: {st * 100:.0f} % of {len(stage_errors)} (target >= 95 %); "
           f"at 4x the fitted tokens: {st4 * 100:.0f} % of {len(stage_errors_4x)}")
+    rs = sorted(stage_repeat)
+    rmed = statistics.median(rs) * 100 if rs else 0.0
+    print(f"measurement repeatability: identical stages of one plan differ by median {rmed:.1f} %, "
+          f"{within(rs) * 100:.0f} % of {len(rs)} pairs within +-10 %; "
+          f"auto's plan vs the identical single-strategy plan: "
+          + (", ".join(f"{x * 100:.1f} %" for x in plan_repeat) or "no identical pair"))
     print(f"({time.time() - t0:.0f} s)")
     (work / "results.json").write_text(json.dumps({"regret_median": med, "regret_worst": worst,
+                                                   "regret_other_median": statistics.median(regrets_other),
+                                                   "regret_other_worst": max(regrets_other),
                                                    "whole_plan_within_10": wp, "stage_infer_within_10": st,
-                                                   "stage_infer_within_10_at_4x": st4, "models": results},
+                                                   "stage_infer_within_10_at_4x": st4,
+                                                   "identical_stages_within_10": within(stage_repeat),
+                                                   "identical_plans_differ": plan_repeat, "models": results},
                                                   indent=2) + "\n")
     ok = med <= 0.02 and worst <= 0.05 and wp >= 0.90 and st >= 0.95 and st4 >= 0.95
     return 0 if ok else 1

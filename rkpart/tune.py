@@ -2,13 +2,14 @@
 
 1. **Partition** the model with every single-strategy candidate ``auto`` chooses from
    (``split``, ``split-adaln-npu``, ``fused`` and, with two blocks or more, ``fused-x2``).
-2. **Profile** each plan on the backend, per-stage and resident.  Blocks of one anatomy
+2. **Profile** each plan on the backend, per-stage and resident, rounds interleaved across the
+   plans (:func:`profile_for_fit`).  Blocks of one anatomy
    (:meth:`rkpart.partitioner.discovery.Block.signature`) are identical, so on models with more
    than :data:`WHOLE_PLAN_BLOCKS` blocks only one representative block per anatomy is run
    (``rkpart profile --block``).
 3. **Fit** a cost model on those profiles (:func:`rkpart.cost_model.calibration.fit_profiles`:
    per-stage components, whole-round glue, held-out error per component and per whole plan;
-   inference and rounds in process CPU time).
+   every call and every round in process CPU time, the median of the in-pipeline calls).
 4. **Choose** with ``--strategy auto`` under the memory budget and write that plan.
 5. **Verify**: run the chosen plan and every single-strategy plan (each residency), rounds
    interleaved, and report each one's measured round, predicted round and the chosen plan's
@@ -57,7 +58,7 @@ class TuneConfig:
     rounds: int = 3
     verify_rounds: int = 5
     threads: int = 1
-    statistic: str = "min"
+    statistic: str = "median"
     seed: int = 0
 
 
@@ -184,24 +185,42 @@ def single_plans(model_path: str | Path, work: Path) -> tuple[dict[str, Path], i
 
 
 def profile_for_fit(plans: Mapping[str, Path], nblocks: int, reps: Sequence[int] | None, work: Path,
-                    config: TuneConfig, progress: Callable[[str], None] = lambda _: None) -> list[Path]:
-    """Profile every plan per-stage and resident (time only), and once per-stage with memory sampled."""
+                    config: TuneConfig, progress: Callable[[str], None] = lambda _: None, *,
+                    only_round: int | None = None) -> list[Path]:
+    """Profile every plan per-stage and resident (time only), rounds interleaved across plans,
+    and once per-stage with memory sampled.
+
+    Round ``i`` of every plan and residency runs before round ``i + 1`` of any (one file per
+    round; ``rkpart fit`` pools them), so a busy spell of the machine is spread over all plans
+    instead of shifting one plan's every sample.  ``only_round=i``: just round ``i`` (and the
+    memory round with ``i == 0``), for a caller interleaving several models.
+    """
     profiles: list[Path] = []
-    for name, folder in plans.items():
-        # time per residency without memory sampling (the sampler costs CPU a pipeline does not
-        # pay), and memory from one per-stage round with it
-        for residency, memory in (("per-stage", False), ("resident", False), ("per-stage", True)):
-            which: list[int | None] = list(reps) if reps else [None]
+    which: list[int | None] = list(reps) if reps else [None]
+
+    def one(name: str, folder: Path, residency: str, block: int | None, *, memory: bool, i: int) -> None:
+        tag = f"{name}.{residency}{'' if block is None else f'.b{block}'}"
+        f = work / "profiles" / (f"{tag}.memory.jsonl" if memory else f"{tag}.r{i}.jsonl")
+        progress(f"profiling {name} ({residency}{'' if block is None else f', block {block}'}"
+                 f"{', memory' if memory else f', round {i + 1}/{config.rounds}'})")
+        # fused-x2's representative block starts a pair; a pair cannot start at the last block
+        at = block if block is None or block + 1 < nblocks or name != "fused-x2" else block - 1
+        # one warm-up round before a plan's first measured round only: later rounds run warm
+        _profile(folder, f, config, residency=residency, rounds=1, warmup=0 if memory or i else 1, block=at,
+                 memory=memory)
+        profiles.append(f)
+
+    # time per residency without memory sampling (the sampler costs CPU a pipeline does not pay)
+    for i in range(config.rounds) if only_round is None else [only_round]:
+        for name, folder in plans.items():
+            for residency in ("per-stage", "resident"):
+                for block in which:
+                    one(name, folder, residency, block, memory=False, i=i)
+    # memory from one per-stage round with it
+    if not only_round:
+        for name, folder in plans.items():
             for block in which:
-                f = work / "profiles" / (f"{name}.{residency}{'' if block is None else f'.b{block}'}"
-                                         f"{'.memory' if memory else ''}.jsonl")
-                progress(f"profiling {name} ({residency}{'' if block is None else f', block {block}'}"
-                         f"{', memory' if memory else ''})")
-                # fused-x2's representative block starts a pair; a pair cannot start at the last block
-                at = block if block is None or block + 1 < nblocks or name != "fused-x2" else block - 1
-                _profile(folder, f, config, residency=residency, rounds=1 if memory else config.rounds,
-                         warmup=0 if memory else 1, block=at, memory=memory)
-                profiles.append(f)
+                one(name, folder, "per-stage", block, memory=True, i=0)
     return profiles
 
 

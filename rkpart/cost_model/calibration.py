@@ -34,6 +34,8 @@ from rkpart.targets.known_issues import crash_patterns
 from rkpart.types import HOST, LIFECYCLE, seconds_key
 
 KIB = 1024
+#: the lifecycle calls that are not inference (a host stage's setup is their sum per round)
+LIFE_CALLS = ("load", "init", "release")
 
 #: The write-up's published numbers (seed/*.txt sections 4-6): one 512 px block, 3 rounds of
 #: 2-pass CFG, per-stage residency, RKNN runtime 2.3.0 / driver 0.9.8, toolkit 2.3.0.
@@ -271,6 +273,9 @@ def samples_from_records(
         stages = {s.id: s for s in plan.stages}
         residency = recs[0].run_residency
         per_stage: dict[str, dict[tuple[str, int], dict[str, list[float]]]] = {}
+        # times from runs that read no memory when the pool has any (the sampler thread and the
+        # snapshots cost CPU time a pipeline does not pay); memory from every run
+        timed_only = any(not r.sampled for r in recs)
         for r in recs:
             s = stages.get(r.stage_id)
             if s is None or s.sha256 != r.stage_sha256:
@@ -280,7 +285,8 @@ def samples_from_records(
             # `--infer-repeat K`: the record's infer_s is the median of K calls; every call
             # counts for the statistic, so that "min" is the fastest call, not the fastest median
             for comp in LIFECYCLE:
-                d.setdefault(comp, []).extend(r.calls(comp, clock))
+                if not (timed_only and r.sampled):
+                    d.setdefault(comp, []).extend(r.calls(comp, clock))
             for k, kib in (("device_pss_peak_kib", r.device_pss_peak_kib), ("pss_peak_kib", r.pss_peak_kib)):
                 if kib is not None:
                     d.setdefault(k, []).append(float(kib))
@@ -310,6 +316,12 @@ def samples_from_records(
                 v = med("infer", mean)
                 if v is not None:
                     targets["host"] = v
+                # a host stage is set up once per round (load + init at first use, release at
+                # the end): its per-round sum is the setup target
+                setups = [sum(sum(d.get(c, [])) for c in LIFE_CALLS) for d in rounds.values()
+                          if any(d.get(c) for c in LIFE_CALLS)]
+                if setups:
+                    targets["setup"] = min(setups) if statistic == "min" else statistics.median(setups)
             else:
                 for comp in LIFECYCLE:
                     v = med(comp, mean)
@@ -362,7 +374,11 @@ def round_samples(
             if key not in cache:
                 cache[key] = stage_features(folder, st)
             stages.append((cache[key], residency[st.id]))
-        secs, pss = round_seconds(r for r in raw if r.get("record") == "round" and str(r["run_id"]) in runs)
+        mine = [r for r in raw if r.get("record") == "round" and str(r["run_id"]) in runs]
+        _, pss = round_seconds(mine)
+        # the round's time from runs that read no memory, when there are any (as the stage times)
+        clean = {r.run_id for r in recs if not r.sampled}
+        secs, _ = round_seconds([r for r in mine if str(r["run_id"]) in clean] if clean else mine)
         if secs is None or not stages:
             continue
         out.append(RoundSample(group=first_run[pk], stages=tuple(stages), passes=passes, seconds=secs,
@@ -456,7 +472,8 @@ def fit_profiles(
             mixed = {"kept_from_base": kept, "base_backends": sorted(base_backends),
                      "profile_backends": env["backends"]}
     model.components.pop("glue", None)
-    model.components.pop("setup", None)
+    if any("setup" in s.targets for s in samples):
+        model.components.pop("setup", None)
     model.update(samples)
     model.components.update(fit_overhead(model, rounds))
     whole = whole_plan_cv(samples, rounds, base_model)

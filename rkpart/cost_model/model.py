@@ -12,12 +12,14 @@ release    NPU     seconds of one ``release``
 host       host    seconds of one pass of a host stage (AdaLN, residual, ...)
 device_mem NPU     bytes of NPU device-mapped memory while the stage is loaded
 pss_peak   any     bytes of peak process PSS while the stage runs
-glue       any     seconds per stage and pass a pipeline pays beyond the stage's own calls
+glue       any     seconds a round pays beyond the stages' own calls (per stage and pass,
+                   per load-to-release cycle, per round: rkpart.cost_model.rounds)
 setup      host    seconds of a host stage's session setup, once per round
 ========== ======= ===========================================================
 
-``glue`` and ``setup`` are fitted on whole measured rounds, not on stage samples
-(:mod:`rkpart.cost_model.rounds`).
+``setup`` is fitted on the host stages' measured load + init + release of a round (ONNX
+Runtime session creation: a per-node cost); ``glue`` on whole measured rounds, not on stage
+samples (:mod:`rkpart.cost_model.rounds`).
 
 How stage predictions combine into a block or a pipeline (sums for time, max or sum for
 memory depending on residency) is :mod:`rkpart.cost_model.select`'s business: memory of a
@@ -67,13 +69,15 @@ COMPONENTS: dict[str, tuple[str, str]] = {
 DEFAULT_TERMS: dict[str, tuple[str, ...]] = {
     "load": ("const", "file_bytes"),
     "init": ("const", "file_bytes", "nodes"),
-    "infer": ("const", "macs", "act_macs", "elementwise_elems", "moved_bytes", "nodes", "cpu_elems"),
+    # one rate for every MatMul MAC (weighted or attention): fitted apart, the attention rate is
+    # ill-determined on small stages and attention grows with tokens squared (see docs/cost-model.md)
+    "infer": ("const", "all_macs", "moved_bytes", "nodes", "cpu_elems"),
     "release": ("const", "file_bytes"),
     "host": ("const", "elementwise_elems", "macs", "nodes"),
     "device_mem": ("const", "weight_bytes", "peak_bytes"),
     "pss_peak": ("const", "file_bytes", "peak_bytes"),
     "glue": ("const",),
-    "setup": ("const",),
+    "setup": ("const", "nodes"),
 }
 
 
@@ -194,7 +198,7 @@ class CostModel:
         """Every component that applies to ``f``'s device (``None``: no predictor for it)."""
         out: dict[str, float | None] = {}
         for name in COMPONENTS:
-            if not _applies(name, f):
+            if not _applies(name, f) or name == "glue":  # glue is a round's, not a stage's (rounds.overhead)
                 continue
             comp = self.components.get(name)
             out[name] = None if comp is None else comp.predict(f)

@@ -1,17 +1,16 @@
 """Whole rounds: what a pipeline pays for one image, predicted and fitted as a whole.
 
 A per-stage fit predicts each stage's own calls (``load``, ``init``, ``infer``, ``release``,
-``host``) measured in isolation.  A pipeline runs the stages in plan order, once per pass,
-and pays more than their sum: the Python glue between stages (feeding one stage's outputs to
-the next), caches gone cold since the stage last ran, and the session setup of every host
-stage once per round.  Two components carry that cost, fitted on the *round* records of
-``rkpart profile`` (``wall_minus_snapshots_s``: the measured round without the profiler's
-own snapshots) after the per-stage components are fitted:
+``host``, and a host stage's ``setup``: its load + init + release once per round), measured
+inside the pipeline's own rounds in process CPU time.  A pipeline pays a little more than
+their sum: the Python glue between stages (feeding one stage's outputs to the next, the
+profiler's bookkeeping).  One component carries that, fitted on the *round* records of
+``rkpart profile`` (``timings.cpu_s``, or for older profiles ``wall_minus_snapshots_s``)
+after the per-stage components are fitted:
 
 ========== ======= ===========================================================
-glue       any     seconds per stage and pass (``const``: the Python glue, feeding
-                   one stage's outputs to the next, caches gone cold)
-setup      host    seconds per host stage and round (ONNX Runtime session setup)
+glue       any     seconds per stage and pass (``const``), per load-to-release
+                   cycle of a stage (``cycle``) and per round (``round``)
 ========== ======= ===========================================================
 
 :func:`predict_round` is the one formula both the fit and ``auto``'s selection use:
@@ -19,7 +18,7 @@ setup      host    seconds per host stage and round (ONNX Runtime session setup)
 * per-stage residency: ``passes x (load + init + infer + release)`` per NPU stage;
 * resident: ``load + init + release`` once, ``passes x infer``;
 * every host stage: ``setup`` once, ``passes x host``;
-* every stage: ``passes x glue``.
+* glue: ``const x stages x passes + cycle x cycles + round``.
 
 :func:`whole_plan_cv` is the held-out error on whole rounds: each profiled plan is predicted
 by a model (per-stage components and glue) fitted without it.
@@ -38,12 +37,15 @@ from rkpart.cost_model.features import Features
 from rkpart.cost_model.model import Component, CostModel, Sample, error_summary
 from rkpart.types import HOST
 
-#: per stage and pass: a constant.  Boundary bytes (``io_bytes``) and cold weights
-#: (``weight_bytes``) were tried too: fitted on 64..256 image tokens they over-predicted split
-#: plans at 1024 tokens by 20-40 % (bench/selection_regret.py), the constant alone stayed
-#: within -16..+1 %
-GLUE_TERMS = ("const",)
-SETUP_TERMS = ("const",)
+#: ``const``: per stage and pass (feeding one stage's outputs to the next); ``cycle``: per
+#: load-to-release cycle of a stage (creating and dropping its runner: every pass for a
+#: per-stage NPU stage, once a round otherwise); ``round``: once per round.  Measured on the
+#: fit profiles of bench/selection_regret.py: what CPU time the stages' own calls leave of a
+#: round is ~0.4 ms per stage and pass, ~0.2-0.4 ms more per per-stage cycle and ~1 ms per
+#: round; a constant per stage and pass alone over-predicted split plans (many stages) and
+#: under-predicted fused ones by up to 15-20 %.  Boundary bytes (``io_bytes``) and cold weights
+#: (``weight_bytes``) were tried too and over-predicted split plans at 1024 tokens by 20-40 %.
+GLUE_TERMS = ("const", "cycle", "round")
 #: lifecycle components paid once per call of a per-stage stage, once per round of a resident one
 LIFE = ("load", "init", "release")
 
@@ -74,21 +76,31 @@ def stage_part(model: CostModel, f: Features, residency: str, passes: int) -> fl
     return life * calls + float(vals["infer"] or 0.0) * passes
 
 
-def overhead_features(stages: Sequence[tuple[Features, str]], passes: int) -> np.ndarray:
-    """The glue and setup design row of a round: glue terms x passes, then host setups."""
-    g = [sum(f.value(t) for f, _ in stages) * passes for t in GLUE_TERMS]
-    s = [sum(f.value(t) for f, _ in stages if f.device == HOST) for t in SETUP_TERMS]
-    return np.array(g + s, dtype=float)
+def overhead_features(stages: Sequence[tuple[Features, str]], passes: int, *, whole_round: bool = True
+                      ) -> np.ndarray:
+    """The glue design row of a round: stage passes, load-to-release cycles, rounds (:data:`GLUE_TERMS`)."""
+    n = sum(f.value("const") for f, _ in stages)
+    cycles = sum(f.value("const") * (passes if f.device != HOST and res == "per-stage" else 1) for f, res in stages)
+    return np.array([n * passes, cycles, 1.0 if whole_round else 0.0], dtype=float)
 
 
-def overhead(model: CostModel, stages: Sequence[tuple[Features, str]], passes: int) -> float:
-    """Predicted glue and host setup of a round (0 when the model has neither)."""
-    glue, setup = model.components.get("glue"), model.components.get("setup")
-    total = 0.0
+def setup_part(model: CostModel, stages: Sequence[tuple[Features, str]]) -> float:
+    """Predicted session setup of the round's host stages (0 when the model has none)."""
+    setup = model.components.get("setup")
+    return 0.0 if setup is None else sum(setup.predict(f) for f, _ in stages if f.device == HOST)
+
+
+def overhead(model: CostModel, stages: Sequence[tuple[Features, str]], passes: int, *,
+             whole_round: bool = False) -> float:
+    """Predicted glue and host setup of ``stages`` over a round (0 when the model has neither);
+    ``whole_round``: the stages are a whole round, which pays the per-round glue once (a part of
+    a round, e.g. one block's candidate, does not)."""
+    glue = model.components.get("glue")
+    total = setup_part(model, stages)
     if glue is not None:
-        total += sum(glue.predict(f) for f, _ in stages) * passes
-    if setup is not None:
-        total += sum(setup.predict(f) for f, _ in stages if f.device == HOST)
+        coef = dict(zip(glue.terms, glue.coef, strict=True))
+        row = overhead_features(stages, passes, whole_round=whole_round)
+        total += float(sum(coef.get(t, 0.0) * v for t, v in zip(GLUE_TERMS, row, strict=True)))
     return total
 
 
@@ -97,23 +109,23 @@ def predict_round(model: CostModel, stages: Sequence[tuple[Features, str]], pass
     parts = [stage_part(model, f, r, passes) for f, r in stages]
     if any(p is None for p in parts):
         return None
-    return float(sum(p for p in parts if p is not None)) + overhead(model, stages, passes)
+    return float(sum(p for p in parts if p is not None)) + overhead(model, stages, passes, whole_round=True)
 
 
 def fit_overhead(model: CostModel, rounds: Sequence[RoundSample]) -> dict[str, Component]:
-    """Glue and setup components fitted on what the per-stage components leave of each round."""
-    rows, ys = [], []
+    """The glue component, fitted on what the stage components (and host setup) leave of each round."""
+    rows, ys, ws = [], [], []
     for r in rounds:
         base = predict_round_without_overhead(model, r)
         if base is None:
             continue
         rows.append(overhead_features(r.stages, r.passes))
-        ys.append(max(r.seconds - base, 0.0))
+        ys.append(max(r.seconds - base - setup_part(model, r.stages), 0.0))
+        ws.append(1.0 / r.seconds)
     if not rows:
         return {}
-    x, y = np.array(rows), np.array(ys)
     # fit on absolute seconds, each round weighted by 1/measured (relative error of the round)
-    w = 1.0 / np.array([r.seconds for r in rounds if predict_round_without_overhead(model, r) is not None])
+    x, y, w = np.array(rows), np.array(ys), np.array(ws)
     from scipy.optimize import nnls
 
     a = x * w[:, None]
@@ -121,13 +133,9 @@ def fit_overhead(model: CostModel, rounds: Sequence[RoundSample]) -> dict[str, C
     norms[norms == 0] = 1.0
     c, _ = nnls(a / norms, y * w, maxiter=500)
     c = c / norms
-    n = len(GLUE_TERMS)
-    return {
-        "glue": Component("glue", GLUE_TERMS, tuple(float(v) for v in c[:n]), source="fit", samples=len(ys),
-                          note="per stage and pass: what the pipeline pays beyond the stages' own calls"),
-        "setup": Component("setup", SETUP_TERMS, tuple(float(v) for v in c[n:]), source="fit", samples=len(ys),
-                           note="per host stage and round: session setup"),
-    }
+    return {"glue": Component("glue", GLUE_TERMS, tuple(float(v) for v in c), source="fit", samples=len(ys),
+                              note="what the pipeline pays beyond the stages' own calls: per stage and pass "
+                                   "(const), per load-to-release cycle (cycle), per round (round)")}
 
 
 def predict_round_without_overhead(model: CostModel, r: RoundSample) -> float | None:
@@ -145,7 +153,8 @@ def refit_with_rounds(samples: Sequence[Sample], rounds: Sequence[RoundSample],
                       accuracy=dict(base.accuracy) if base else {},
                       known_issues=list(base.known_issues) if base else [])
     model.components.pop("glue", None)
-    model.components.pop("setup", None)
+    if any("setup" in s.targets for s in samples):
+        model.components.pop("setup", None)
     model.update(samples)
     model.components.update(fit_overhead(model, rounds))
     return model
@@ -235,6 +244,6 @@ def round_seconds(round_records: Iterable[Mapping[str, Any]]) -> tuple[float | N
     return (median(secs) if secs else None, median(pss) if pss else None)
 
 
-__all__ = ["GLUE_TERMS", "SETUP_TERMS", "RoundSample", "fit_overhead", "fitted_range", "outside_range",
+__all__ = ["GLUE_TERMS", "RoundSample", "fit_overhead", "fitted_range", "outside_range",
            "overhead", "predict_round", "refit_with_rounds", "round_seconds", "round_time", "stage_part",
            "whole_plan_cv"]

@@ -96,6 +96,7 @@ class _Op:
     release_s: float | None = None
     infer_calls_s: list[float] = field(default_factory=list)  # every call, with infer_repeat > 1
     infer_cpu_s: float | None = None  # process CPU time of the inference call(s) (all threads)
+    cpu_s: dict[str, float] = field(default_factory=dict)  # load / init / release: process CPU time
     spans: list[tuple[float, float]] = field(default_factory=list)  # call start .. snapshot end
     pss_before_kib: int | None = None
     pss_after_infer_kib: int | None = None
@@ -455,8 +456,11 @@ class _RoundRunner:
         t0 = time.perf_counter()
         out = fn()
         t1 = time.perf_counter()
+        cpu = time.process_time() - c0
         if what == "infer":
-            op.infer_cpu_s = (op.infer_cpu_s or 0.0) + (time.process_time() - c0)
+            op.infer_cpu_s = (op.infer_cpu_s or 0.0) + cpu
+        else:
+            op.cpu_s[what] = op.cpu_s.get(what, 0.0) + cpu
         setattr(op, f"{what}_s", (getattr(op, f"{what}_s") or 0.0) + (t1 - t0))
         if snap:
             s = self._snap(op, t0)
@@ -583,6 +587,8 @@ def _stage_record(header: Mapping[str, Any], op: _Op, rnd: int, warm: bool, samp
     }
     if op.infer_cpu_s is not None:
         timings["infer_cpu_s"] = op.infer_cpu_s
+    for what, cpu in sorted(op.cpu_s.items()):
+        timings[f"{what}_cpu_s"] = cpu
     if op.infer_calls_s:
         timings["infer_calls_s"] = list(op.infer_calls_s)
         timings["infer_spread_s"] = max(op.infer_calls_s) - min(op.infer_calls_s)

@@ -19,7 +19,7 @@ import os
 import platform
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -257,6 +257,11 @@ class StageRecord:
     seconds: Mapping[str, float]  # lifecycle component -> seconds, only those this record measured
     infer_calls: tuple[float, ...] = ()  # every inference call with --infer-repeat > 1
     infer_cpu: float | None = None  # process CPU time of the inference call (one call: infer_repeat 1)
+    #: process CPU time of the load / init / release calls this record measured (newer profiles)
+    cpu: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    #: memory was read during the run (snapshots around calls or a sampler thread): its times
+    #: include that work's CPU and are second choice for timing
+    sampled: bool = True
     device_pss_peak_kib: int | None = None
     pss_peak_kib: int | None = None
 
@@ -284,6 +289,9 @@ class StageRecord:
                                       if tim.get(seconds_key(c)) is not None}),
             infer_calls=tuple(float(x) for x in tim.get("infer_calls_s") or ()),
             infer_cpu=None if tim.get("infer_cpu_s") is None else float(tim["infer_cpu_s"]),
+            cpu=MappingProxyType({c: float(tim[f"{c}_cpu_s"]) for c in LIFECYCLE
+                                  if c != "infer" and tim.get(f"{c}_cpu_s") is not None}),
+            sampled=bool(r["settings"].get("snapshots", True)) or bool(r["settings"].get("sample_interval_s") or 0),
             device_pss_peak_kib=mem.get("device_pss_peak_kib"),
             pss_peak_kib=mem.get("pss_peak_kib"),
         )
@@ -291,11 +299,14 @@ class StageRecord:
     def calls(self, component: str, clock: str = "wall") -> list[float]:
         """Every measured call of ``component`` in this record (the K calls of ``--infer-repeat K``).
 
-        ``clock="cpu"``: inference as process CPU time (one call per record; other components
-        stay wall time); records without it give their wall time.
+        ``clock="cpu"``: process CPU time of the call (inference: one call per record, i.e.
+        ``--infer-repeat 1``; load / init / release when the profile recorded it); records
+        without it give their wall time.
         """
         if component == "infer" and clock == "cpu" and self.infer_cpu is not None and not self.infer_calls:
             return [self.infer_cpu]
+        if clock == "cpu" and component in self.cpu:
+            return [self.cpu[component]]
         if component == "infer" and self.infer_calls:
             return list(self.infer_calls)
         v = self.seconds.get(component)

@@ -81,6 +81,6 @@ def test_fit_on_real_ort_profiles_prints_held_out_error(tmp_path: Path, example_
 
     rows = compare_with_model(stage_records(read_jsonl(profiles[0])), model, near=tmp_path)
     totals = {r["component"]: r for r in rows if r["stage"] == "total"}
-    assert set(totals) == {"load", "init", "infer", "release", "host"}
+    assert set(totals) == {"load", "init", "infer", "release", "host", "setup"}
     assert all(r["measured"] > 0 and r["predicted"] >= 0 for r in totals.values())
     assert "b00.attn" in render_comparison(rows)
