@@ -82,7 +82,7 @@ def test_one_session_serves_many_inferences(compiled: tuple[Plan, Path]) -> None
     b = r.infer({"x": _feeds()["x"] * 2})["f"]
     r.release()
     assert not np.allclose(a, b)
-    assert r._session is None  # type: ignore[attr-defined]
+    assert r._hosted is None  # type: ignore[attr-defined]
 
 
 def test_stage_without_artifact_needs_a_toolkit(tmp_path: Path) -> None:
