@@ -164,6 +164,9 @@ class _Hosted:
     dead: str = ""  # why the worker that hosted it is gone
 
 
+_STATS = ("workers", "builds", "rebuilds", "evictions", "peak_rss")
+
+
 @dataclass
 class SimPool:
     """The simulator workers of one backend and the stage models they host.
@@ -178,8 +181,8 @@ class SimPool:
     budget: int | None = None
     sessions: dict[tuple[str, str], SimSession] = field(default_factory=dict)
     hosted: dict[str, _Hosted] = field(default_factory=dict)
-    stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("workers", "builds", "rebuilds", "evictions", "peak_rss"), 0))
+    #: workers started, models built (rebuilds: after an eviction), evictions, peak RSS of the workers
+    stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_STATS, 0))
     _clock: itertools.count[int] = field(default_factory=itertools.count)
     _keys: itertools.count[int] = field(default_factory=itertools.count)
     _tmp: Path | None = None
@@ -264,23 +267,31 @@ class SimPool:
         try:
             reply = s.request(key=h.key, **req)
         except ToolkitError as e:
+            msg = str(e)
             if not s.alive:
-                self._bury(s, str(e), h)
-            raise ToolkitError(f"stage {h.runner.stage.id}: {e}") from None
+                others = self._bury(s, msg, h)
+                if others:
+                    msg += f"; the worker also hosted stage(s) {', '.join(others)}, which fail from now on"
+            raise ToolkitError(f"stage {h.runner.stage.id}: {msg}") from None
         self.stats["peak_rss"] = max(self.stats["peak_rss"], self._rss() if self.shared else s.rss)
         return reply
 
-    def _bury(self, s: SimSession, why: str, culprit: _Hosted) -> None:
-        """A worker died: every stage it hosted fails from now on, naming the stage that was running."""
+    def _bury(self, s: SimSession, why: str, culprit: _Hosted) -> list[str]:
+        """A worker died: every stage it hosted fails from now on, naming the stage that was
+        running; returns the other stages it hosted."""
         others = sorted(o.runner.stage.id for o in self.hosted.values() if o.session is s and o is not culprit)
         for o in self.hosted.values():
             if o.session is s:
-                o.dead = f"{why} (while running stage {culprit.runner.stage.id})"
+                o.dead = f"its simulator worker died while running stage {culprit.runner.stage.id}: {why}"
                 o.built = False
         self.sessions = {k: v for k, v in self.sessions.items() if v is not s}
         s.close()
-        if others:
-            culprit.dead = f"{why}; it also hosted {', '.join(others)}"
+        return others
+
+    def reset_stats(self) -> dict[str, int]:
+        """Start counting :attr:`stats` afresh; returns the old counts."""
+        old, self.stats = self.stats, dict.fromkeys(_STATS, 0)
+        return old
 
     def tmp(self) -> Path:
         """A private directory for the tensors sent to and from the workers."""
