@@ -161,7 +161,8 @@ def drift(plans: Sequence[tuple[str, Plan, Path]], backend: Backend, *, steps: i
             stats = pool.stats
             say(f"{label}: simulator workers {stats['workers']}, builds {stats['builds']} "
                 f"(rebuilds {stats['rebuilds']} after {stats['evictions']} evictions), "
-                f"peak worker RSS {stats['peak_rss'] / 2**20:.0f} MiB")
+                f"peak worker RSS {stats['peak_rss'] / 2**20:.0f} MiB (budget {(pool.budget or 0) / 2**20:.0f} MiB, "
+                f"largest stage {pool.learned[1] / 2**20:.0f} MiB)")
         rows += compare_trajectories(label, ref, got)
     return rows
 

@@ -159,7 +159,7 @@ class _Hosted:
     session: SimSession | None = None
     built: bool = False  # built and init_runtime'd in ``session``
     last_use: int = 0
-    rss_before: int = 0  # the worker's RSS before this model was loaded
+    grown: int = 0  # the worker's RSS growth during this model's own requests so far
     footprint: int | None = None  # learned at the first inference
     dead: str = ""  # why the worker that hosted it is gone
 
@@ -206,11 +206,12 @@ class SimPool:
             self.stats["workers"] += 1
             if self.shared:
                 self.sessions[group] = s
-        h.session, h.built, h.rss_before = s, False, s.rss
+        fresh = not s.rss
+        h.session, h.built = s, False
         self._call(h, op="load", onnx=str(h.runner.onnx.absolute()), config=h.config, timeout=INIT_TIMEOUT_S)
-        if not h.rss_before:  # a fresh worker: what a process costs before any model
+        if fresh:  # what a process costs before any model (plus this one's load: an overestimate)
             self._baseline = max(self._baseline, s.rss)
-            h.rss_before = s.rss
+            h.grown = 0
 
     def build(self, h: _Hosted) -> None:
         self._call(h, op="init", timeout=INIT_TIMEOUT_S)
@@ -226,9 +227,10 @@ class SimPool:
             self.stats["rebuilds"] += 1
         self._call(h, op="infer", **req)
         h.last_use = next(self._clock)
-        if h.footprint is None and h.session is not None:
-            # the first inference allocates the simulator's buffers: a model's whole cost
-            h.footprint = max(0, h.session.rss - h.rss_before)
+        if h.footprint is None:
+            # the first inference allocates the simulator's buffers: with it, a model's whole cost
+            # (its own requests' growth only, however the executor interleaves stages)
+            h.footprint = max(0, h.grown)
             self._per_model = max(self._per_model, h.footprint)
 
     def release(self, h: _Hosted) -> None:
@@ -264,6 +266,7 @@ class SimPool:
     def _call(self, h: _Hosted, *, session: SimSession | None = None, **req: Any) -> dict[str, Any]:
         s = session or h.session
         assert s is not None
+        before = s.rss
         try:
             reply = s.request(key=h.key, **req)
         except ToolkitError as e:
@@ -273,6 +276,7 @@ class SimPool:
                 if others:
                     msg += f"; the worker also hosted stage(s) {', '.join(others)}, which fail from now on"
             raise ToolkitError(f"stage {h.runner.stage.id}: {msg}") from None
+        h.grown += s.rss - before
         self.stats["peak_rss"] = max(self.stats["peak_rss"], self._rss() if self.shared else s.rss)
         return reply
 
@@ -287,6 +291,12 @@ class SimPool:
         self.sessions = {k: v for k, v in self.sessions.items() if v is not s}
         s.close()
         return others
+
+    @property
+    def learned(self) -> tuple[int, int]:
+        """What the budget is enforced with: a worker's RSS before its models, the largest
+        model footprint seen (bytes; 0 until measured)."""
+        return self._baseline, self._per_model
 
     def reset_stats(self) -> dict[str, int]:
         """Start counting :attr:`stats` afresh; returns the old counts."""

@@ -150,6 +150,8 @@ def test_one_shared_worker_hosts_every_stage_with_results_equal_to_one_worker_ea
         a, b = _resident(shared, plan, folder), _resident(single, plan, folder)
         assert (shared.pool.stats["workers"], single.pool.stats["workers"]) == (1, len(SIDS))
         assert shared.pool.stats["builds"] == len(SIDS) and shared.pool.stats["evictions"] == 0
+        baseline, per_model = shared.pool.learned
+        assert baseline > 100 << 20 and 0 < per_model < baseline  # tiny models, a toolkit-sized process
         # one process hosting three models is still one process, not three
         assert shared.pool.stats["peak_rss"] < single.pool.stats["peak_rss"] * len(SIDS)
         for x, y in zip(a, b, strict=True):
