@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auto", action="store_true", help="also auto's choice")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/rkpart_bench_drift"))
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--sim-memory", type=int, default=None, metavar="MIB",
+                        help="memory bound of the simulator's workers [70%% of the available memory]")
     args = parser.parse_args(argv)
 
     from rkpart.cost_model.drift_accuracy import accuracy_from_drift, family_of
@@ -49,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         for strategy in ("split", "fused", *(["auto"] if args.auto else [])):
             folder = work / strategy
             plans.append((strategy, partition(model, folder, strategy, force=True), folder))
-        backend = RknnSimBackend(args.toolkit)
+        backend = RknnSimBackend(args.toolkit, memory_budget=None if args.sim_memory is None
+                                 else args.sim_memory << 20)
         t0 = time.perf_counter()
         rows = drift(plans, backend, steps=args.steps, cfg=not args.no_cfg, progress=print)
         print(f"drift: {time.perf_counter() - t0:.0f} s for {len(plans)} plan(s) x {args.steps} step(s)"

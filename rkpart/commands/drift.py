@@ -33,17 +33,23 @@ from rkpart.progress import Reporter
 @toolkits_dir_option
 @click.option("--blocks/--no-blocks", "show_blocks", default=True, show_default=True,
               help="Print per-block rows too (the latent rows are always printed).")
+@click.option("--sim-memory", "sim_memory_mib", type=click.IntRange(min=1), default=None, metavar="MIB",
+              help="Memory the simulator's workers may hold together, in MiB; over it, idle stages are "
+                   "evicted and rebuilt when next used [default: 70% of the available memory].")
 @click.option("--accuracy", "accuracy_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write the cost model's accuracy term measured by this table (JSON) to this file.")
 @quiet_option
 @json_option(help="Print the table as JSON.")
 @user_errors
 def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: int, toolkit: str, target: str,
-          rknn_config: dict[str, Any], toolkits_dir: str | None, show_blocks: bool, accuracy_out: Path | None,
-          quiet: bool, as_json: bool) -> None:
+          rknn_config: dict[str, Any], toolkits_dir: str | None, show_blocks: bool, sim_memory_mib: int | None,
+          accuracy_out: Path | None, quiet: bool, as_json: bool) -> None:
     """Measure how far PLANS (split, fused, auto's choice...) drift from ONNX Runtime over a
     flow-matching denoising loop in the rknn-toolkit2 simulator: cosine, max-abs and MSE of
-    the latent per step and of each block's output."""
+    the latent per step and of each block's output.
+
+    The NPU stages share one simulator worker per toolkit (bounded by --sim-memory); CFG's two
+    passes run stage by stage, so a stage evicted to fit is rebuilt once per step."""
     from rkpart.partitioner.plan import load_plan
     from rkpart.profile.drift import drift as run_drift
     from rkpart.profile.drift import render
@@ -53,7 +59,8 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: 
     for p in plans:
         plan, folder = load_plan(p)
         loaded.append((f"{plan.strategy['name']}:{folder.name}", plan, folder))
-    backend = RknnSimBackend(toolkit, target=target, config=rknn_config, toolkits_dir=toolkits_dir)
+    backend = RknnSimBackend(toolkit, target=target, config=rknn_config, toolkits_dir=toolkits_dir,
+                             memory_budget=None if sim_memory_mib is None else sim_memory_mib << 20)
     with Reporter(quiet=quiet) as say:
         rows = run_drift(loaded, backend, steps=steps, cfg=cfg, guidance=guidance, seed=seed, progress=say)
     if accuracy_out is not None:

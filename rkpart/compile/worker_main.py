@@ -19,15 +19,22 @@ Modes
     rkpart before any build).
 
 ``simulate``
-    A persistent session for one stage.  Requests are JSON lines on stdin, replies JSON lines
-    on the original stdout; toolkit chatter is moved to stderr so it cannot corrupt them.
-    Tensors travel in .npz files (``allow_pickle=False``).  Operations:
-    ``{"op": "load", "onnx": path, "config": {...}}`` -> load_onnx;
-    ``{"op": "init"}`` -> build + init_runtime() (the simulator: a loaded .rknn cannot run
-    there, so every session builds from ONNX);
-    ``{"op": "infer", "inputs": in.npz, "names": [...], "outputs": out.npz,
-    "output_names": [...]}`` -> inference; ``{"op": "release"}`` -> release and exit.
-    Replies: ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``.
+    A persistent session hosting any number of stages, each its own ``RKNN`` object under a
+    caller-chosen ``key`` (default ``""``).  Requests are JSON lines on stdin, replies JSON
+    lines on the original stdout; toolkit chatter is moved to stderr so it cannot corrupt
+    them.  Tensors travel in .npz files (``allow_pickle=False``).  Operations:
+    ``{"op": "load", "key": k, "onnx": path, "config": {...}}`` -> a new RKNN + load_onnx
+    (replacing any model under ``k``);
+    ``{"op": "init", "key": k}`` -> build + init_runtime() (the simulator: a loaded .rknn
+    cannot run there, so every model is built from ONNX);
+    ``{"op": "infer", "key": k, "inputs": in.npz, "names": [...], "outputs": out.npz,
+    "output_names": [...]}`` -> inference;
+    ``{"op": "drop", "key": k}`` -> release that model and hand its memory back to the system
+    (``malloc_trim``: without it the process keeps nearly all of it), keep serving;
+    ``{"op": "release"}`` -> release every model and exit.
+    Replies: ``{"ok": true, "rss": bytes, ...}`` or ``{"ok": false, "error": "...", "rss": bytes}``;
+    ``rss`` is this process's resident set after the operation (what the caller's memory
+    bound is learned from).
 """
 
 from __future__ import annotations
@@ -145,6 +152,29 @@ def build(request_path: str) -> int:
     return code
 
 
+def _rss() -> int:
+    """This process's resident set in bytes (0 where /proc is missing)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _trim() -> None:
+    """Give freed heap back to the system: a released RKNN object's memory otherwise stays
+    in the process (measured: 1120 -> 1103 MiB after release(), 596 MiB after malloc_trim)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def simulate() -> int:
     import numpy as np
 
@@ -154,11 +184,24 @@ def simulate() -> int:
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
 
     def reply(**kw: Any) -> None:
+        kw["rss"] = _rss()
         proto.write(json.dumps(kw) + "\n")
         proto.flush()
 
-    rknn: Any = None
-    onnx_path = ""
+    models: dict[str, Any] = {}
+
+    def model(req: dict[str, Any]) -> Any:
+        key = req.get("key", "")
+        if key not in models:
+            raise StepError(str(req.get("op")), f"no model loaded under key {key!r}")
+        return models[key]
+
+    def drop(key: str) -> None:
+        old = models.pop(key, None)
+        if old is not None:
+            old.release()
+            _trim()
+
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -166,15 +209,19 @@ def simulate() -> int:
         op = req.get("op")
         try:
             if op == "load":
+                key = req.get("key", "")
+                drop(key)
                 rknn = _make_rknn(req.get("config", {}))
-                onnx_path = req["onnx"]
-                _check("load_onnx", rknn.load_onnx(model=onnx_path))
+                models[key] = rknn
+                _check("load_onnx", rknn.load_onnx(model=req["onnx"]))
                 reply(ok=True, toolkit=_toolkit_version())
             elif op == "init":
+                rknn = model(req)
                 _check("build", rknn.build(do_quantization=False))
                 _check("init_runtime", rknn.init_runtime())
                 reply(ok=True)
             elif op == "infer":
+                rknn = model(req)
                 with np.load(req["inputs"], allow_pickle=False) as z:
                     arrays = [np.ascontiguousarray(z[n]) for n in req["names"]]
                 # data_format matters only for 4-D inputs; the toolkit's default there is NHWC,
@@ -192,9 +239,12 @@ def simulate() -> int:
                 np.savez(tmp, **arrays_out)
                 os.replace(tmp, req["outputs"])
                 reply(ok=True)
+            elif op == "drop":
+                drop(req.get("key", ""))
+                reply(ok=True)
             elif op == "release":
-                if rknn is not None:
-                    rknn.release()
+                for key in list(models):
+                    drop(key)
                 reply(ok=True)
                 return 0
             else:

@@ -16,7 +16,7 @@ zeros for the unconditional CFG pass).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from rkpart.errors import SpecError
 from rkpart.partitioner.plan import Plan
 from rkpart.runtime.base import Backend
 from rkpart.runtime.executor import PlanExecutor
+from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.validation.metrics import compare
 
 LATENT = "latent"  # the ``block`` column of a per-step latent row
@@ -104,20 +105,21 @@ def denoise(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cf
     with PlanExecutor(plan, folder, backend=backend, residency="resident") as ex:
         for i in range(steps):
             t = np.full(ts.shape, sigmas[i] * timestep_scale, dtype=ts.dtype)
+            kinds = ("cond", "uncond") if cfg else ("cond",)
 
-            def velocity(ctx: Mapping[str, np.ndarray], kind: str, xs: np.ndarray = x, tt: np.ndarray = t,
-                         step: int = i) -> np.ndarray:
-                def on_stage(_i: int, sid: str, outs: dict[str, np.ndarray]) -> None:
-                    if sid in ends:
-                        got = traj.blocks.setdefault((step, kind, ends[sid]), {})
-                        got.update({k: np.array(v) for k, v in outs.items()})
+            def on_stage(p: int, _i: int, sid: str, outs: dict[str, np.ndarray], step: int = i,
+                         kinds: tuple[str, ...] = kinds) -> None:
+                if sid in ends:
+                    got = traj.blocks.setdefault((step, kinds[p], ends[sid]), {})
+                    got.update({k: np.array(v) for k, v in outs.items()})
 
-                out = ex.run({r.latent: xs, r.timestep: tt, **ctx}, on_stage=on_stage)
-                return np.asarray(out[r.output], dtype=np.float32)
-
-            v = velocity(cond, "cond")
+            # CFG's two passes run stage-major (each stage serves both back to back): a stage the
+            # simulator had to evict is rebuilt once per step, not once per pass
+            feeds = [{r.latent: x, r.timestep: t, **(cond if k == "cond" else uncond)} for k in kinds]
+            outs = ex.run_passes(feeds, on_stage=on_stage)
+            v = np.asarray(outs[0][r.output], dtype=np.float32)
             if cfg:
-                vu = velocity(uncond, "uncond")
+                vu = np.asarray(outs[1][r.output], dtype=np.float32)
                 v = vu + guidance * (v - vu)
             x = (x.astype(np.float32) + (sigmas[i + 1] - sigmas[i]) * v).astype(lat.dtype)
             traj.latents.append(x.copy())
@@ -148,7 +150,19 @@ def drift(plans: Sequence[tuple[str, Plan, Path]], backend: Backend, *, steps: i
         say(f"{label}: reference on ONNX Runtime, {steps} step(s){' with CFG' if cfg else ''}")
         ref = denoise(plan, folder, backend=None, steps=steps, cfg=cfg, guidance=guidance, seed=seed)
         say(f"{label}: NPU stages on {backend.name}")
-        got = denoise(plan, folder, backend=backend, steps=steps, cfg=cfg, guidance=guidance, seed=seed)
+        pool = backend.pool if isinstance(backend, RknnSimBackend) else None
+        if pool is not None:
+            pool.reset_stats()
+        try:
+            got = denoise(plan, folder, backend=backend, steps=steps, cfg=cfg, guidance=guidance, seed=seed)
+        finally:
+            backend.close()  # the simulator's workers: the next plan starts from a clean slate
+        if pool is not None:
+            stats = pool.stats
+            say(f"{label}: simulator workers {stats['workers']}, builds {stats['builds']} "
+                f"(rebuilds {stats['rebuilds']} after {stats['evictions']} evictions), "
+                f"peak worker RSS {stats['peak_rss'] / 2**20:.0f} MiB (budget {(pool.budget or 0) / 2**20:.0f} MiB, "
+                f"largest stage {pool.learned[1] / 2**20:.0f} MiB)")
         rows += compare_trajectories(label, ref, got)
     return rows
 

@@ -240,36 +240,55 @@ class PlanExecutor:
         Arrays are passed from stage to stage as they are (no copies, no dtype conversion).
         ``on_stage(index in plan.stages, stage id, outputs)`` is called after each stage.
         """
-        env: dict[str, np.ndarray] = dict(feeds)
+        cb = None if on_stage is None else (lambda _p, i, sid, out: on_stage(i, sid, out))
+        return self.run_passes([feeds], keep=keep, on_stage=cb)[0]
+
+    def run_passes(
+        self,
+        feeds: Sequence[Mapping[str, np.ndarray]],
+        *,
+        keep: bool = False,
+        on_stage: Callable[[int, int, str, Feeds], None] | None = None,
+    ) -> list[Feeds]:
+        """Independent passes (e.g. CFG's conditional and unconditional one) run stage-major:
+        each stage serves every pass back to back before the next stage, so a ``per-stage``
+        stage (or one a backend must rebuild) is loaded once for all of them.  Results equal
+        :meth:`run` on each; ``on_stage(pass, index, stage id, outputs)``.
+        """
+        envs: list[dict[str, np.ndarray]] = [dict(f) for f in feeds]
         live = self._live
         for u in self.units:
             r = live.get(u.stage.id)
             if r is not None:  # the common case of a resident plan: just infer
-                r.infer_into(env)
+                for env in envs:
+                    r.infer_into(env)
             elif u.residency is Residency.PER_STAGE:
                 r = self._runner(u)
                 try:
-                    out = r.infer(env)
+                    outs = [r.infer(env) for env in envs]
                 finally:
                     r.release()
-                for m in u.members:
-                    check_stage_outputs(self.plan, m, out)
-                env.update(out)
+                for env, out in zip(envs, outs, strict=True):
+                    for m in u.members:
+                        check_stage_outputs(self.plan, m, out)
+                    env.update(out)
             else:
                 r = live[u.stage.id] = self._runner(u)
-                r.infer_into(env)
-                # checked on a resident session's first run: later runs give the same shapes
-                for m in u.members:
-                    check_stage_outputs(self.plan, m, env)
+                for env in envs:
+                    r.infer_into(env)
+                    # checked on a resident session's first run: later runs give the same shapes
+                    for m in u.members:
+                        check_stage_outputs(self.plan, m, env)
             if on_stage is not None:
-                for m in u.members:
-                    on_stage(self._index[m.id], m.id, {n: env[n] for n in m.outputs})
+                for p, env in enumerate(envs):
+                    for m in u.members:
+                        on_stage(p, self._index[m.id], m.id, {n: env[n] for n in m.outputs})
         if keep:
-            return env
-        missing = [o for o in self.plan.outputs if o not in env]
+            return envs
+        missing = [o for o in self.plan.outputs if envs and o not in envs[0]]
         if missing:
             raise SpecError(f"plan never produces model output {missing[0]!r}")
-        return {o: env[o] for o in self.plan.outputs}
+        return [{o: env[o] for o in self.plan.outputs} for env in envs]
 
     @property
     def live(self) -> tuple[str, ...]:

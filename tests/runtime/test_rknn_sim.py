@@ -82,7 +82,7 @@ def test_one_session_serves_many_inferences(compiled: tuple[Plan, Path]) -> None
     b = r.infer({"x": _feeds()["x"] * 2})["f"]
     r.release()
     assert not np.allclose(a, b)
-    assert r._session is None  # type: ignore[attr-defined]
+    assert r._hosted is None  # type: ignore[attr-defined]
 
 
 def test_stage_without_artifact_needs_a_toolkit(tmp_path: Path) -> None:
@@ -122,3 +122,96 @@ def test_rknnlite_backend_explains_that_it_needs_the_board() -> None:
         pass
     with pytest.raises(ToolkitError, match="needs rknn-toolkit-lite2 on the board"):
         RknnLiteBackend()
+
+
+# -- shared workers ------------------------------------------------------------------------------
+SIDS = ("ffn", "erf", "conv")
+
+
+def _resident(backend: RknnSimBackend, plan: Plan, folder: Path, rounds: int = 2) -> list[Feeds]:
+    """Every stage loaded at once, then inferred round after round (what a resident plan does)."""
+    runners = [backend.runner(plan.stage(s), folder) for s in SIDS]
+    for r in runners:
+        r.load()
+        r.init()
+    try:
+        return [r.infer(_feeds()) for _ in range(rounds) for r in runners]
+    finally:
+        for r in runners:
+            r.release()
+
+
+@pytest.mark.toolkit
+def test_one_shared_worker_hosts_every_stage_with_results_equal_to_one_worker_each(
+        compiled: tuple[Plan, Path]) -> None:
+    plan, folder = compiled
+    shared, single = RknnSimBackend(), RknnSimBackend(shared=False)
+    try:
+        a, b = _resident(shared, plan, folder), _resident(single, plan, folder)
+        assert (shared.pool.stats["workers"], single.pool.stats["workers"]) == (1, len(SIDS))
+        assert shared.pool.stats["builds"] == len(SIDS) and shared.pool.stats["evictions"] == 0
+        baseline, per_model = shared.pool.learned
+        assert baseline > 100 << 20 and 0 < per_model < baseline  # tiny models, a toolkit-sized process
+        # one process hosting three models is still one process, not three
+        assert shared.pool.stats["peak_rss"] < single.pool.stats["peak_rss"] * len(SIDS)
+        for x, y in zip(a, b, strict=True):
+            assert x.keys() == y.keys()
+            assert all(np.array_equal(x[k], y[k]) for k in x)  # bit-equal
+        assert len(shared.pool.sessions) == 1  # released models leave the worker up for the next ones
+    finally:
+        shared.close()
+        single.close()
+    assert not shared.pool.sessions
+
+
+@pytest.mark.toolkit
+def test_over_the_memory_budget_idle_models_are_evicted_and_rebuilt_with_equal_results(
+        compiled: tuple[Plan, Path]) -> None:
+    plan, folder = compiled
+    roomy, tight = RknnSimBackend(), RknnSimBackend(memory_budget=1)  # 1 byte: nothing else may stay
+    try:
+        a, b = _resident(roomy, plan, folder), _resident(tight, plan, folder)
+        assert roomy.pool.stats["evictions"] == roomy.pool.stats["rebuilds"] == 0
+        st = tight.pool.stats
+        assert st["workers"] == 1 and st["evictions"] >= len(SIDS) and st["rebuilds"] >= len(SIDS)
+        assert st["builds"] == len(SIDS) + st["rebuilds"]
+        for x, y in zip(a, b, strict=True):
+            assert all(np.array_equal(x[k], y[k]) for k in x)
+    finally:
+        roomy.close()
+        tight.close()
+
+
+@pytest.mark.toolkit
+def test_a_worker_crash_fails_every_stage_it_hosts_and_the_next_stage_gets_a_new_worker(
+        compiled: tuple[Plan, Path]) -> None:
+    import os
+    import signal
+
+    plan, folder = compiled
+    be = RknnSimBackend()
+    runners = [be.runner(plan.stage(s), folder) for s in SIDS]
+    try:
+        for r in runners:
+            r.load()
+            r.init()
+        (session,) = be.pool.sessions.values()
+        os.kill(session.proc.pid, signal.SIGKILL)  # the real worker dies, as a segfault or the OOM killer would
+        with pytest.raises(ToolkitError, match=r"stage ffn: .*simulator crashed: SIGKILL.* during infer.*"
+                                               r"also hosted stage\(s\) conv, erf, which fail"):
+            runners[0].infer(_feeds())
+        for r in runners[1:]:
+            with pytest.raises(ToolkitError,
+                               match=rf"stage {r.stage.id}: .*worker died while running stage ffn: .*crashed: SIGKILL"):
+                r.infer(_feeds())
+        for r in runners:
+            r.release()  # releasing a model of a dead worker is not an error
+        fresh = be.runner(plan.stage("erf"), folder)
+        fresh.load()
+        fresh.init()
+        ref = _run(OrtBackend(), plan, folder, "erf", _feeds())
+        assert _cosine(fresh.infer(_feeds())["e"], ref["e"]) >= 0.999
+        fresh.release()
+        assert be.pool.stats["workers"] == 2
+    finally:
+        be.close()
