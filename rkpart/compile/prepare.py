@@ -33,7 +33,8 @@ from rkpart.validation.metrics import Gate, compare
 
 PREPARED_DIR = "prepared"
 #: bump when lowering or a rewrite changes, so prepared copies are made again
-PREPARE_VERSION = 3  # 2: the record carries the prepared sha256; 3: scatternd-interleave writes intermediates
+# 2: the record carries the prepared sha256; 3: scatternd-interleave writes intermediates; 4: nan-guard 2.3.x
+PREPARE_VERSION = 4
 LOWER_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-5)
 REWRITE_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-6)
 

@@ -945,7 +945,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "has no such Transpose (not applied). 2.3.2 crashes on these blocks either way (same "
             "operator list as 2.3.0)",
             _split_chunked_linear),
-    Rewrite("nan-guard", "IsNaN", "npu", ("*",),
+    Rewrite("nan-guard", "IsNaN", "npu", ("2.3.0", "2.3.2"),
             "The guard Where(IsNaN(p), 0, p) after Softmax(s + Where(mask, 0, -inf)) (scaled_dot_product_attention "
             "with a bool mask, TorchScript): 'IsNaN:/IsNaN' on the CPU with 2.3.0 and 2.5.0 (Equal(p, p), "
             "Greater(p, -1), Exp, Log, ReduceMax: CPU too). Rewritten with a per-row 'has a key' factor from "
@@ -954,7 +954,8 @@ REWRITES: tuple[Rewrite, ...] = (
             "-inf: no row can be NaN (scores above -2e31), the guard is dropped (float32 only). Measured on a "
             "tiny SDPA with a bool mask, both exporters: 1 CPU layer -> 0 on 2.3.0 and 2.5.0; under rknn-sim "
             "(2.3.0) the original gives 0.69 instead of 0 on a fully masked row (the NPU saturates -inf, no "
-            "NaN), the rewrite gives 0",
+            "NaN), the rewrite gives 0. Not applied on 2.5.0: there its MatMul makes Lumina2's caption-refiner "
+            "attention SIGSEGV in convert_exmatmul_to_conv (that stage builds without it, IsNaN on the CPU)",
             _nan_guard),
     Rewrite("pad-to-concat", "Pad", "npu", ("2.3.0", "2.3.2"),
             "Sana's linear attention pads V with a row of ones (pads computed from constants): 2.3.0 places "

@@ -189,8 +189,9 @@ def test_adaln_chunk_gemm_needs_every_reader_to_be_a_chunk() -> None:
 def test_nan_guard_is_bit_exact_with_a_fully_masked_row(exporter: str) -> None:
     fill = -math.inf if exporter == "torchscript" else float(np.finfo(np.float32).min)
     m = _model(sdpa_bool_mask(fill))
-    r, done = _rewritten(m, "2.5.0")
+    r, done = _rewritten(m, "2.3.0")
     assert done == {"nan-guard": 1}
+    assert _rewritten(m, "2.5.0")[1] == {}  # not on 2.5.0: it crashes Lumina2's caption refiner there
     assert "IsNaN" not in {n.op_type for n in r.graph.node}
     feeds = _sdpa_feeds()
     (ref,) = _run(m, feeds)
@@ -230,7 +231,7 @@ CASES = [
 ] + [
     pytest.param("adaln-chunk-gemm", adaln_block, 17, "Transpose:", "2.3.0", id="adaln-chunk-gemm-2.3.0"),
 ] + [
-    pytest.param("nan-guard", sdpa_bool_mask, 17, "IsNaN:IsNaN", v, id=f"nan-guard-{v}") for v in ("2.5.0", "2.3.0")
+    pytest.param("nan-guard", sdpa_bool_mask, 17, "IsNaN:IsNaN", v, id=f"nan-guard-{v}") for v in ("2.3.0",)
 ]
 
 

@@ -120,31 +120,40 @@ def test_read_only_output_parent(tmp_path: Path, mini_model: Path) -> None:
 def test_ctrl_c_exits_130(tmp_path: Path) -> None:
     """SIGINT during a partition: exit 130, one line, and no output folder.
 
-    The model carries ~200 MB of fp32 weights so that writing its stages takes long enough for
-    the signal to land mid-write on any machine (the bundled example is written in milliseconds).
+    The model carries ~0.5 GB of fp32 weights so that writing its stages takes a while; a loaded
+    machine can still schedule the signal after the run finished, so up to three attempts are
+    made: each must end either interrupted (130, nothing left) or complete, and one must be
+    interrupted.
     """
     from tests.models.anima import AnimaConfig, build_anima_onnx
 
-    cfg = AnimaConfig.full(resolution=256, num_blocks=3, hidden=1024, ffn_dim=4096, heads=8, context_dim=1024,
+    cfg = AnimaConfig.full(resolution=256, num_blocks=2, hidden=2048, ffn_dim=8192, heads=16, context_dim=1024,
                            adaln_lora_dim=256, dtype="float32")
     model = build_anima_onnx(cfg, tmp_path / "m" / "big.onnx", external_data=True)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    out = tmp_path / "out"
-    p = subprocess.Popen([sys.executable, "-m", "rkpart.cli", "partition", str(model), "-o", str(out)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    assert p.stdout is not None
-    stages = tmp_path / ".out.partial" / "stages"
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < 120:  # wait until it is writing stages
-        if stages.is_dir() and any(stages.iterdir()):
-            break
-        time.sleep(0.005)
-    p.send_signal(signal.SIGINT)
-    _out, err = p.communicate(timeout=120)
-    assert p.returncode == 130, err
-    assert "Traceback" not in err and "Aborted" not in err
-    assert err.strip().splitlines()[-1] == "rkpart: interrupted"
-    assert not out.exists()
+    interrupted = 0
+    for attempt in range(3):
+        out = tmp_path / f"out{attempt}"
+        p = subprocess.Popen([sys.executable, "-m", "rkpart.cli", "partition", str(model), "-o", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        stages = tmp_path / f".out{attempt}.partial" / "stages"
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120 and p.poll() is None:  # wait until it is writing stages
+            if stages.is_dir() and any(stages.iterdir()):
+                break
+            time.sleep(0.002)
+        p.send_signal(signal.SIGINT)
+        _out, err = p.communicate(timeout=120)
+        assert "Traceback" not in err and "Aborted" not in err
+        if p.returncode == 0:  # the signal came after the plan was complete: a whole plan, no staging
+            assert (out / "plan.json").is_file() and not stages.parent.exists()
+            continue
+        assert p.returncode == 130, err
+        assert err.strip().splitlines()[-1] == "rkpart: interrupted"
+        assert not out.exists()
+        interrupted += 1
+        break
+    assert interrupted == 1
 
 
 def test_user_files_untouched_by_every_refusal(tmp_path: Path, split_plan: Path) -> None:
