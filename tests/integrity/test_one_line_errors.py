@@ -138,8 +138,8 @@ def test_ctrl_c_exits_130(tmp_path: Path) -> None:
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         stages = tmp_path / f".out{attempt}.partial" / "stages"
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 120 and p.poll() is None:  # wait until it is writing stages
-            if stages.is_dir() and any(stages.iterdir()):
+        while time.monotonic() - t0 < 120 and p.poll() is None:  # wait until the staging folder is there
+            if stages.parent.is_dir():
                 break
             time.sleep(0.002)
         p.send_signal(signal.SIGINT)
