@@ -117,13 +117,13 @@ def _pixart_fixed() -> dict[str, Any]:
     return {"added_cond_kwargs": {"resolution": None, "aspect_ratio": None}}
 
 
-def _sd3() -> tuple[Any, dict[str, Any]]:
+def _sd3(**extra: Any) -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import SD3Transformer2DModel
 
     m = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=16,
                               num_attention_heads=2, joint_attention_dim=24, caption_projection_dim=32,
-                              pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16)
+                              pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16, **extra)
     return m, {
         "hidden_states": torch.randn(1, 4, 8, 8),
         "encoder_hidden_states": torch.randn(1, 6, 24),
@@ -285,19 +285,7 @@ def _cosmos() -> tuple[Any, dict[str, Any]]:
 
 
 def _sd35() -> tuple[Any, dict[str, Any]]:
-    import torch
-    from diffusers import SD3Transformer2DModel
-
-    m = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=16,
-                              num_attention_heads=2, joint_attention_dim=24, caption_projection_dim=32,
-                              pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16,
-                              dual_attention_layers=(0,), qk_norm="rms_norm")
-    return m, {
-        "hidden_states": torch.randn(1, 4, 8, 8),
-        "encoder_hidden_states": torch.randn(1, 6, 24),
-        "pooled_projections": torch.randn(1, 16),
-        "timestep": torch.tensor([7.0]),
-    }
+    return _sd3(dual_attention_layers=(0,), qk_norm="rms_norm")
 
 
 def _hunyuandit_skip() -> tuple[Any, dict[str, Any]]:
@@ -619,8 +607,9 @@ def cached_export(name: str, exporter: str) -> Path:
     funcs += [f for f in (fam.fixed, fam.prepare) if inspect.isfunction(f)]
     if fam.prepare is real_rope_lumina2:
         funcs.append(_lumina2_processor)
-    if fam.build is _chroma_guidance:
-        funcs.append(_chroma)  # the variant only calls it
+    base = {_chroma_guidance: _chroma, _sd35: _sd3}.get(fam.build)
+    if base is not None:
+        funcs.append(base)  # the variant only calls it
     key = hashlib.sha256("\0".join([diffusers.__version__, torch.__version__, exporter,
                                     *(inspect.getsource(f) for f in funcs)]).encode())
     root = export_root()
