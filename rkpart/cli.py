@@ -33,7 +33,7 @@ from rkpart.cli_args import (
     tolerance_options,
     toolkit_option,
 )
-from rkpart.errors import INTERRUPTED_EXIT, RkpartError, SpecError, UserError, os_error
+from rkpart.errors import INTERRUPTED_EXIT, RkpartError, UserError, os_error
 from rkpart.progress import Reporter
 from rkpart.units import mib
 
@@ -173,17 +173,13 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
              "toolkit": auto_toolkit,
              "steps": steps, "cfg": cfg}
     opts: dict[str, Any] = {**options, **{k: v for k, v in flags.items() if v is not None}}
-    try:  # which options fit which strategy is the pipeline's rule; here it is a usage error (exit 2)
-        check_options(strategy, opts)
-    except SpecError as e:
-        raise click.UsageError(str(e)) from None
+    check_options(strategy, opts)  # the pipeline's one rule for strategy options (UserError, exit 2)
     if no_budget:
         if budget_mib is not None or strategy != "auto":
             raise click.UsageError("--no-budget applies to --strategy auto only, without --budget-mib")
         opts["budget_mib"] = "none"
     if explain and strategy != "auto":
-        raise click.UsageError("--explain and the options --cost-model, --accuracy, --toolkit, --steps, --cfg apply to "
-                               "--strategy auto only")
+        raise click.UsageError("--explain applies to --strategy auto only")
     selections: list[Any] = []  # the auto strategy reports its Selection here (for --explain)
     if strategy == "auto":
         opts["report"] = selections.append

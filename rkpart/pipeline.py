@@ -36,7 +36,7 @@ from rkpart import strategies
 from rkpart.cost_model.candidates import OWN_STRATEGIES, Candidate, Variant, candidates_from
 from rkpart.cost_model.model import CostModel, load_model_or_default
 from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, choose
-from rkpart.errors import SpecError, UserError
+from rkpart.errors import UserError
 from rkpart.io import file_sha256, load_json_file
 from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
@@ -140,7 +140,7 @@ class PartitionConfig:
 def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfig = PartitionConfig()) -> Partition:
     """The partition ``strategy`` proposes for ``model``, checked against the target's capabilities."""
     strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
-    check_strategy_options(strat, config.options, known={n: c.accepts or () for n, c in available().items()})
+    check_options(strat, config.options)
     disc = model.discovery(config.progress) if strat.needs_blocks else None
     part = strat.propose(model.graph, disc, **config.options)
     notes = capability_notes(model.graph, part, config.target, config.toolkit)
@@ -227,7 +227,7 @@ def run_partition(opts: PartitionOptions) -> Plan:
     """
     strat = get_strategy(opts.strategy) if isinstance(opts.strategy, str) else opts.strategy
     # before loading: a model of any size is not read for options that cannot be used
-    check_strategy_options(strat, opts.config.options, known={n: c.accepts or () for n, c in available().items()})
+    check_options(strat, opts.config.options)
     prepare_out(Path(os.path.abspath(opts.out)), opts.config.force, Path(opts.model))
     loaded = load(opts.model, opts.input_shapes, opts.config.progress)
     return write_plan(loaded, propose(loaded, strat, opts.config), opts.out, opts.config)
@@ -286,26 +286,21 @@ def partition(
     return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes))
 
 
-def check_options(strategy: str, options: Mapping[str, Any]) -> None:
-    """Refuse options that do not fit ``strategy`` (the CLI's flags), before anything is loaded.
+def check_options(strategy: str | Strategy, options: Mapping[str, Any]) -> None:
+    """Refuse options that do not fit ``strategy`` (the CLI's flags), before anything is loaded:
+    :func:`~rkpart.strategies.base.check_strategy_options` with every registered strategy's
+    options known, so that an option of another strategy is named as such.
 
     Raises
     ------
-    SpecError
-        ``custom`` without a ``spec``, or an ``auto``-only option given to another strategy.
+    UserError
+        an option ``strategy`` does not read, or a missing one it requires.
     """
-    if strategy == "custom" and options.get("spec") is None:
-        raise SpecError("--strategy custom needs --spec FILE")
-    auto_only = [k for k in AUTO_ONLY if options.get(k) is not None]
-    if strategy != "auto" and auto_only:
-        raise SpecError(f"{', '.join(auto_only)} apply to --strategy auto only")
+    strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
+    check_strategy_options(strat, options, known={n: c.accepts or () for n, c in available().items()})
 
 
 # -- auto -----------------------------------------------------------------------------------
-
-#: options only ``auto`` reads
-AUTO_ONLY = ("cost_model", "accuracy", "toolkit", "steps", "cfg")
-
 
 def candidate_variants(mg: ModelGraph, disc: Discovery, *, plugins_too: bool = True,
                        notes: list[str] | None = None) -> list[Variant]:
@@ -491,7 +486,7 @@ class AutoStrategy(Strategy):
 BUILTIN: tuple[type[Strategy], ...] = (*strategies.BUILTIN, AutoStrategy)
 
 
-__all__ = ["AUTO_ONLY", "BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "PartitionOptions", "auto_budget",
+__all__ = ["BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "PartitionOptions", "auto_budget",
            "available", "candidate_variants", "capability_notes", "check_options", "enumerate_candidates",
            "get_strategy", "inspect_model", "load", "partition", "propose", "run_partition", "select",
            "strategy_coverage", "write_plan"]

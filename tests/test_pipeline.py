@@ -10,7 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from rkpart import pipeline
-from rkpart.errors import SpecError
+from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
 from rkpart.pipeline import PartitionConfig, PartitionOptions, load, partition, propose, run_partition, write_plan
@@ -72,10 +72,12 @@ def test_toolkit_capabilities_are_noted_before_anything_is_built(tmp_path: Path)
 
 
 def test_options_that_do_not_fit_the_strategy_are_refused() -> None:
-    with pytest.raises(SpecError, match="custom needs --spec"):
+    with pytest.raises(UserError, match="strategy custom needs option 'spec'"):
         pipeline.check_options("custom", {})
-    with pytest.raises(SpecError, match="cost_model, steps apply to --strategy auto only"):
+    with pytest.raises(UserError, match="option 'cost_model' does not apply to strategy split but to auto"):
         pipeline.check_options("split", {"cost_model": "m.json", "steps": 2})
+    with pytest.raises(UserError, match="option 'steps' does not apply to strategy fused but to auto"):
+        pipeline.check_options("fused", {"steps": 2})
     pipeline.check_options("auto", {"cost_model": "m.json", "steps": 2})
 
 
@@ -138,7 +140,8 @@ def test_auto_takes_a_measured_accuracy_term_from_the_cli(example_model: Path, t
     assert not (tmp_path / "bad").exists()
     r = CliRunner().invoke(main, ["partition", str(example_model), "--strategy", "split", "--accuracy", str(bad),
                                   "-q", "--out", str(tmp_path / "s")])
-    assert r.exit_code == 2 and "apply to --strategy auto only" in r.output
+    assert r.exit_code == 2 and r.output == ("rkpart: error: option 'accuracy' does not apply to strategy split but to "
+                                             "auto (it takes: adaln, residual, modulation)\n")
 
 
 def load_plan_json(folder: Path) -> dict:

@@ -29,6 +29,8 @@ class Strategy(abc.ABC):
     #: the option names :meth:`propose` reads; others are refused before it is called
     #: (:func:`check_strategy_options`).  ``None``: not declared, nothing is checked.
     accepts: ClassVar[tuple[str, ...] | None] = None
+    #: the options :meth:`propose` cannot do without (refused when missing, before loading)
+    requires: ClassVar[tuple[str, ...]] = ()
 
     @abc.abstractmethod
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
@@ -46,11 +48,16 @@ def option(options: Mapping[str, Any], key: str, default: Any, choices: tuple[An
 
 def check_strategy_options(strategy: Strategy, options: Mapping[str, Any], *,
                   known: Mapping[str, tuple[str, ...]] | None = None) -> None:
-    """Refuse options ``strategy`` does not read, naming the closest one it does.
+    """Refuse options ``strategy`` does not read, naming the closest one it does, and missing
+    options it requires.  The one rule for strategy options: the CLI, the Python API and a
+    custom spec's ``rest_options`` all check through it.
 
     ``known`` maps other strategies' names to their options, so that an option of another
     strategy (``adaln`` given to ``fused``) is reported as not applying rather than unknown.
     """
+    missing = [k for k in strategy.requires if options.get(k) is None]
+    if missing:
+        raise UserError(f"strategy {strategy.name} needs option {missing[0]!r}")
     if strategy.accepts is None:
         return
     import difflib

@@ -162,6 +162,7 @@ def spec_schema_json() -> str:
 class CustomStrategy(Strategy):
     name = "custom"
     accepts = ("spec",)
+    requires = ("spec",)
     summary = "stages named in a YAML/JSON spec (blocks, regions or cut tensors); the rest by another strategy"
 
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:

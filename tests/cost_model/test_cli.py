@@ -52,7 +52,10 @@ def test_infeasible_budget_is_one_line_and_writes_nothing(tmp_path: Path) -> Non
 
 def test_auto_options_are_refused_for_other_strategies(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["partition", "-o", str(tmp_path / "x"), "-s", "split", "--explain"])
-    assert r.exit_code == 2 and "apply to --strategy auto only" in r.output
+    assert r.exit_code == 2 and "--explain applies to --strategy auto only" in r.output
+    r = CliRunner().invoke(main, ["partition", "-o", str(tmp_path / "y"), "-s", "fused", "--steps", "4"])
+    assert r.exit_code == 2 and "option 'steps' does not apply to strategy fused but to auto" in r.output
+    assert not (tmp_path / "y").exists()
 
 
 @pytest.mark.slow
