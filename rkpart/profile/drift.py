@@ -102,7 +102,10 @@ def denoise(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cf
     ends = block_outputs(plan)
     traj = Trajectory([], {})
     sigmas = np.linspace(1.0, 0.0, steps + 1)
-    with PlanExecutor(plan, folder, backend=backend, residency="resident") as ex:
+    # the ORT reference loads one NPU stage at a time (each serves every pass of a step back to
+    # back): resident, a full-size plan's sessions hold several times its weights (OOM at 24 GiB
+    # with 28 blocks).  The simulator's pool bounds its own memory.
+    with PlanExecutor(plan, folder, backend=backend, residency="per-stage" if backend is None else "resident") as ex:
         for i in range(steps):
             t = np.full(ts.shape, sigmas[i] * timestep_scale, dtype=ts.dtype)
             kinds = ("cond", "uncond") if cfg else ("cond",)
