@@ -271,6 +271,16 @@ class Runner:
         self.outputs = tuple(t["name"] for t in self.manifest["outputs"])
         self.tensors: dict[str, dict[str, Any]] = dict(self.manifest["tensors"])
         self.stages: list[dict[str, Any]] = list(self.manifest["stages"])
+        # per stage, the tensors no later stage reads (model outputs excepted): a pass drops them
+        # after that stage, so it holds only live tensors (a full-size pass is ~10 GB otherwise)
+        last: dict[str, int] = {}
+        for k, s in enumerate(self.stages):
+            for t in (*s["inputs"], *s["outputs"]):
+                last[t] = k
+        self._drop: list[list[str]] = [[] for _ in self.stages]
+        for t, k in last.items():
+            if t not in self.outputs:
+                self._drop[k].append(t)
         self.residency = {
             s["id"]: "resident" if s["device"] == "host" else (residency or s.get("residency", "per-stage"))
             for s in self.stages
@@ -353,7 +363,7 @@ class Runner:
         self.open()
         self.timings = self._sink = []
         env = self.check_inputs(inputs)
-        for s in self.stages:
+        for k, s in enumerate(self.stages):
             sid = s["id"]
             resident = self.residency[sid] == "resident"
             sess = self._open.get(sid)
@@ -370,6 +380,8 @@ class Runner:
                 raise RuntimeFailure(f"stage {sid}: {len(outs)} outputs, expected {len(s['outputs'])}")
             for name, a in zip(s["outputs"], outs, strict=True):
                 env[name] = self._conform(name, np.asarray(a))
+            for name in self._drop[k]:
+                env.pop(name, None)
         return {n: env[n] for n in self.outputs}
 
     def _conform(self, name: str, a: np.ndarray) -> np.ndarray:
