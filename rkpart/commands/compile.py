@@ -150,6 +150,8 @@ def format_summary(report: Any) -> str:
     for o in report.outcomes:
         for f in o.failures:
             lines.append(f"{o.stage_id}: {f.message} (log: {f.log})")
+        for name, why in getattr(o, "dropped_rewrites", {}).items():
+            lines.append(f"{o.stage_id}: NPU rewrite {name} dropped: {why}")
     per_block = report.cpu_ops_per_block()
     if per_block:
         left = sum(len(v) for v in per_block.values())

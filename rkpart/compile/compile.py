@@ -38,11 +38,15 @@ from rkpart.io import file_sha256, folder_lock
 from rkpart.partitioner.plan import Artifact, Plan, Stage, load_plan
 from rkpart.partitioner.verify import stage_onnx
 from rkpart.progress import Progress, advance
+from rkpart.targets.rewrites import REWRITES
 from rkpart.types import BuildFailure
 from rkpart.units import human_bytes
 
 RKNN_DIR = "rknn"
 LOG_DIR = "logs"
+#: a stage whose build fails with up to this many NPU rewrites is rebuilt dropping one at a time
+BISECT_MAX = 4
+_NPU_REWRITES = frozenset(r.name for r in REWRITES if r.kind == "npu")
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class StageOutcome:
     peak_rss_bytes: int = 0
     log: str | None = None
     blocks: tuple[int, ...] = ()  # blocks the stage covers (for the per-block report)
+    #: NPU rewrites left out of the built stage -> why (failed the ORT check, or the build failed with it)
+    dropped_rewrites: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def cpu_ops(self) -> tuple[str, ...]:
@@ -83,6 +89,7 @@ class StageOutcome:
             "wall_s": round(self.wall_s, 2),
             "peak_rss_bytes": self.peak_rss_bytes,
             "log": self.log,
+            "dropped_rewrites": dict(self.dropped_rewrites),
         }
 
 
@@ -291,7 +298,10 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
         new_plan = _apply(plan, outcomes, settings, ctx.prepared)
         new_plan.save(folder)
     ordered = tuple(dataclasses.replace(outcomes[s.id], blocks=s.blocks or ((s.block,) if s.block is not None
-                                                                            else ())) for s in chosen)
+                                                                            else ()),
+                                        dropped_rewrites=dict((ctx.prepared.get(s.id) or {})
+                                                              .get("dropped_rewrites", {})))
+                    for s in chosen)
     return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings)
 
 
@@ -383,6 +393,62 @@ class _Context:
 
     def compile_round(self, stages: Sequence[Stage], tk: Toolkit,
                       fallback_reason: Mapping[str, str] | None) -> dict[str, StageOutcome]:
+        """Build ``stages`` with ``tk``; a stage whose build fails with NPU rewrites is rebuilt without them."""
+        outcomes = self._build_round(stages, tk, fallback_reason, {})
+        if self.rewrites:
+            self._retry_without_rewrites(stages, tk, fallback_reason, outcomes)
+        return outcomes
+
+    def _retry_without_rewrites(self, stages: Sequence[Stage], tk: Toolkit,
+                                fallback_reason: Mapping[str, str] | None,
+                                outcomes: dict[str, StageOutcome]) -> None:
+        """A rewrite must never cost a stage: rebuild each failed stage that had NPU rewrites without
+        them; when that builds and it had 2 to :data:`BISECT_MAX` of them, drop one at a time to
+        keep the others (the first single drop that builds wins).  The dropped rewrites and why
+        land in the stage's ``prepared`` record (plan.json) and in the report."""
+        first: dict[str, tuple[list[str], str]] = {}  # stage id -> (NPU rewrites applied, failure message)
+        for s in stages:
+            o, rec = outcomes[s.id], self.prepared.get(s.id)
+            applied = [n for n in (rec or {}).get("rewrites", {}) if n in _NPU_REWRITES]
+            if o.status == "failed" and applied and o.failures and o.failures[-1].last_step != "prepare":
+                first[s.id] = (applied, o.failures[-1].message)
+        if not first:
+            return
+        by_id = {s.id: s for s in stages}
+
+        def why(sid: str) -> str:
+            return f"the rknn-toolkit2 {tk.version} build with it failed: {first[sid][1]}"
+
+        self.say(f"rebuilding {len(first)} failed stage(s) without their NPU rewrites: "
+                 + "; ".join(f"{sid} ({', '.join(a)})" for sid, (a, _) in first.items()))
+        drops = {sid: {n: why(sid) for n in applied} for sid, (applied, _) in first.items()}
+        second = self._build_round([by_id[sid] for sid in first], tk, fallback_reason, drops)
+        best: dict[str, tuple[StageOutcome, dict[str, Any] | None]] = {}
+        for sid, o2 in second.items():
+            if o2.status == "failed":  # not the rewrites: the stage fails either way
+                outcomes[sid] = dataclasses.replace(o2, failures=outcomes[sid].failures + o2.failures)
+            else:
+                best[sid] = (o2, self.prepared.get(sid))
+        # bisect: which one rewrite does the toolkit fail on (the others are kept)
+        search = {sid: list(first[sid][0]) for sid in best if 1 < len(first[sid][0]) <= BISECT_MAX}
+        for i in range(BISECT_MAX):
+            trying = {sid: names[i] for sid, names in search.items() if i < len(names)}
+            if not trying:
+                break
+            got = self._build_round([by_id[sid] for sid in trying], tk, fallback_reason,
+                                    {sid: {n: why(sid)} for sid, n in trying.items()})
+            for sid, o3 in got.items():
+                if o3.status != "failed":
+                    best[sid] = (o3, self.prepared.get(sid))
+                    del search[sid]
+        for sid, (o_best, rec) in best.items():
+            self.prepared[sid] = rec
+            outcomes[sid] = o_best
+            for name, reason in (rec or {}).get("dropped_rewrites", {}).items():
+                self.say(f"[rewrite dropped] {sid}: {name}: {reason}")
+
+    def _build_round(self, stages: Sequence[Stage], tk: Toolkit, fallback_reason: Mapping[str, str] | None,
+                     drops: Mapping[str, Mapping[str, str]]) -> dict[str, StageOutcome]:
         outcomes: dict[str, StageOutcome] = {}
         todo: list[_Pending] = []
         for s in stages:
@@ -390,7 +456,7 @@ class _Context:
             reason = fallback_reason.get(s.id) if fallback_reason else None
             try:
                 prep = prepare_stage(onnx, s.sha256, self.folder / RKNN_DIR, tk.version, self.target,
-                                     rewrites=self.rewrites)
+                                     rewrites=self.rewrites, drop=drops.get(s.id))
             except ToolkitError as e:
                 pfail = BuildFailure(toolkit=tk.version, kind="error", message=str(e), last_step="prepare")
                 outcomes[s.id] = StageOutcome(stage_id=s.id, status="failed", toolkit=tk.version, artifact=None,
@@ -421,7 +487,8 @@ class _Context:
             # measured, never read from plan.json: the memory model learns from this figure,
             # and a tampered weight_bytes must not lower every later estimate
             size = measured_stage_bytes(onnx)
-            log = self.folder / RKNN_DIR / LOG_DIR / f"{s.id}.{tk.version}.log"
+            without = "".join(f".without-{n}" for n in sorted(drops.get(s.id, ())))  # keeps the first log
+            log = self.folder / RKNN_DIR / LOG_DIR / f"{s.id}.{tk.version}{without}.log"
             job = BuildJob(stage_id=s.id, onnx=onnx, output=self.cache.rknn_path(key), log=log,
                            config=self.config, toolkit=tk, timeout=self.timeout,
                            est_peak_rss=self.model.estimate(tk.version, size), size_bytes=size,

@@ -10,13 +10,20 @@ ONNX Runtime gives the same outputs for it and for the original on seeded random
 * NPU rewrites: max abs <= 1e-6 x max|ref| (they are exact rewrites).
 
 A lowering that cannot be done or does not pass becomes the stage's build failure (the
-toolkit would refuse the original anyway); an NPU rewrite that does not pass is dropped.
+toolkit would refuse the original anyway).  An NPU rewrite that does not pass is dropped, only
+that one: when the rewrites together fail the check, each is applied and checked in turn and
+the failing ones are left out.  Each dropped rewrite is recorded with why
+(``dropped_rewrites``: name -> reason), as are the rewrites compile drops because the
+toolkit's build failed with them (``drop``: :mod:`rkpart.compile.compile` retries such a stage
+without them).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,13 +35,14 @@ from rkpart.errors import ToolkitError
 from rkpart.partitioner.extract import stage_sha256
 from rkpart.targets import get_target
 from rkpart.targets.opset import lower_model, model_opset
-from rkpart.targets.rewrites import REWRITES, apply_rewrites, rewrites_for
+from rkpart.targets.rewrites import REWRITES, Rewrite, apply_rewrites, rewrites_for
 from rkpart.validation.metrics import Gate, compare
 
 PREPARED_DIR = "prepared"
 #: bump when lowering or a rewrite changes, so prepared copies are made again
 # 2: the record carries the prepared sha256; 3: scatternd-interleave writes intermediates; 4: nan-guard 2.3.x
-PREPARE_VERSION = 4
+# 5: rewrites failing the gate dropped one by one, dropped_rewrites recorded
+PREPARE_VERSION = 5
 LOWER_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-5)
 REWRITE_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-6)
 
@@ -48,10 +56,12 @@ class Prepared:
 
 
 def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str, target: str,
-                  seed: int = 0, rewrites: bool = True) -> Prepared:
+                  seed: int = 0, rewrites: bool = True, drop: Mapping[str, str] | None = None) -> Prepared:
     """The file ``toolkit`` should build for the stage at ``onnx_path`` (see the module doc).
 
-    ``rewrites=False`` applies no ``npu`` rewrite (opset lowering still happens).
+    ``rewrites=False`` applies no ``npu`` rewrite (opset lowering still happens).  ``drop``
+    leaves out the ``npu`` rewrites it names and records them as dropped with its reason (the
+    record then exists even when nothing else changed: its file is the stage file itself).
 
     Raises
     ------
@@ -62,24 +72,29 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
     head = onnx.load(str(onnx_path), load_external_data=False)
     opset = model_opset(head)
     needs_lowering = opset > caps.max_opset
-    npu_rows = rewrites_for(toolkit, "npu") if rewrites else ()
+    drop = dict(drop or {})
+    npu_rows = tuple(r for r in rewrites_for(toolkit, "npu") if r.name not in drop) if rewrites else ()
     ops = {n.op_type for n in head.graph.node}
-    if not needs_lowering and not any(r.op_type in ops for r in npu_rows):
+    if not needs_lowering and not drop and not any(r.op_type in ops for r in npu_rows):
         return Prepared(onnx_path, None)
     out_dir = rknn_dir / PREPARED_DIR
-    dest = out_dir / f"{stage_sha[:16]}.{toolkit}{'' if rewrites else '.norewrite'}.onnx"
+    tag = "" if rewrites else ".norewrite"
+    if drop and rewrites:
+        tag = ".without-" + hashlib.sha256("\n".join(sorted(drop)).encode()).hexdigest()[:8]
+    dest = out_dir / f"{stage_sha[:16]}.{toolkit}{tag}.onnx"
     meta_path = dest.with_suffix(".json")
-    if dest.is_file() and meta_path.is_file():
+    if meta_path.is_file():
         try:
             meta = json.loads(meta_path.read_text())
             if meta.get("version") == PREPARE_VERSION and meta.get("stage_sha256") == stage_sha \
-                    and meta.get("rules") == _rules():
+                    and meta.get("rules") == _rules() and meta.get("drop", {}) == drop:
                 rec = meta["record"]
                 if not rec:
                     return Prepared(onnx_path, None)
-                if rec.get("sha256") == stage_sha256(dest):  # an edited copy is made again
-                    return Prepared(dest, rec)
-        except (OSError, ValueError, KeyError):
+                built = rknn_dir.parent / rec["file"]
+                if built.is_file() and rec.get("sha256") == stage_sha256(built):  # an edited copy is made again
+                    return Prepared(built, rec)
+        except (OSError, ValueError, KeyError, TypeError):
             pass
     model = onnx.load(str(onnx_path))
     record: dict[str, Any] = {"toolkit": toolkit, "from_opset": opset, "to_opset": opset, "rewrites": {}}
@@ -92,30 +107,68 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
                f"the stage lowered from opset {opset} to {caps.max_opset} differs under ONNX Runtime")
         current = lowered
         record.update(to_opset=caps.max_opset, rewrites=dict(low.rewrites))
+    dropped = dict(drop)
     if npu_rows:
-        cand = onnx.ModelProto()
-        cand.CopyFrom(current)
-        done = apply_rewrites(cand, npu_rows)
-        if done:
-            try:
-                _check(ref, _run(cand, feeds), REWRITE_GATE, "rewrite differs")
-                current = cand
-                record["rewrites"].update(done)
-            except ToolkitError:
-                pass  # an NPU rewrite that does not hold exactly is not kept
-    if current is model:
-        record_out: dict[str, Any] | None = None
-    else:
+        current, done, failed = _apply_checked(current, npu_rows, ref, feeds)
+        record["rewrites"].update(done)
+        dropped.update(failed)
+    if dropped:
+        record["dropped_rewrites"] = dropped
+    if current is not model:
         out_dir.mkdir(parents=True, exist_ok=True)
         _save(current, dest)
-        record_out = {**record, "file": os.path.relpath(dest, rknn_dir.parent), "sha256": stage_sha256(dest)}
+        record_out: dict[str, Any] | None = {**record, "file": os.path.relpath(dest, rknn_dir.parent),
+                                             "sha256": stage_sha256(dest)}
+    elif dropped:  # nothing changed, but say what was left out and why: the stage file is built
+        record_out = {**record, "file": os.path.relpath(onnx_path, rknn_dir.parent), "sha256": stage_sha}
+    else:
+        record_out = None
     tmp = meta_path.with_suffix(f".{os.getpid()}.tmp")
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp.write_text(json.dumps({"version": PREPARE_VERSION, "stage_sha256": stage_sha, "rules": _rules(),
-                               "record": record_out},
+                               "drop": drop, "record": record_out},
                               indent=2, sort_keys=True))
     os.replace(tmp, meta_path)
-    return Prepared(dest, record_out) if record_out else Prepared(onnx_path, None)
+    if record_out is None:
+        return Prepared(onnx_path, None)
+    return Prepared(dest if current is not model else onnx_path, record_out)
+
+
+def _apply_checked(model: onnx.ModelProto, rows: tuple[Rewrite, ...], ref: list[np.ndarray],
+                   feeds: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, dict[str, int], dict[str, str]]:
+    """``rows`` applied to a copy of ``model``, only those that keep it equal to ``ref`` under ORT.
+
+    Returns (the model, rewrite name -> matches, dropped rewrite name -> why).  One ORT run when
+    all of them pass together; otherwise each is applied and checked in turn, in table order.
+    """
+    cand = onnx.ModelProto()
+    cand.CopyFrom(model)
+    done = apply_rewrites(cand, rows)
+    if not done:
+        return model, {}, {}
+    try:
+        _check(ref, _run(cand, feeds), REWRITE_GATE, "differs under ONNX Runtime")
+        return cand, done, {}
+    except ToolkitError as e:
+        if len(done) == 1:
+            return model, {}, {next(iter(done)): str(e)}
+    current, kept, failed = model, {}, {}
+    for r in rows:
+        if r.name not in done:
+            continue
+        cand = onnx.ModelProto()
+        cand.CopyFrom(current)
+        one = apply_rewrites(cand, (r,))
+        if not one:
+            continue
+        try:
+            _check(ref, _run(cand, feeds), REWRITE_GATE, "differs under ONNX Runtime")
+        except ToolkitError as e:
+            failed[r.name] = str(e)
+            continue
+        current = cand
+        kept.update(one)
+    return current, kept, failed
 
 
 def _rules() -> list[str]:

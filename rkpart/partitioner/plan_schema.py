@@ -104,6 +104,11 @@ _STAGE = {
                 "rewrites": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1},
                              "description": "Rewrite name (rkpart.targets.rewrites.REWRITES) -> matches "
                                             "rewritten."},
+                "dropped_rewrites": {"type": "object", "additionalProperties": {"type": "string"},
+                                     "description": "NPU rewrites that matched but were left out -> why: "
+                                                    "the rewritten stage differed under ONNX Runtime, or the "
+                                                    "toolkit's build failed with it (compile rebuilt the stage "
+                                                    "without it)."},
             },
         },
     },

@@ -40,7 +40,6 @@ FAMILIES = tuple(diffusers_families.FAMILIES)
 TOOLKITS = ("2.5.0", "2.3.0")
 STRATEGIES = ("split", "fused")
 #: measured gaps no rewrite closes yet (scripts/npu_table.py runs; see README "NPU stages per family")
-_TP = "2.3.0 puts the Transpose it inserts for AdaLN chunk slices ('...Slice_1_output_0-rs_concat-rs_tp') on the CPU"
 _MASK = ("the caption refiner's attention reads the int64 caption mask: its Reshape and Cast and the IsNaN guard "
          "after the masked Softmax run on the CPU (no exact form the toolkits place on the NPU); fused with 2.3.0 "
          "also two exNorm layers")
@@ -54,14 +53,10 @@ _GATHER = ("block 1's class-label embedding Gather (int64 graph input) lands in 
            "is placed on the NPU (the partitioner should keep it on the host, as it does for block 0)")
 #: gaps measured before the adaln-chunk-gemm, nan-guard and scatternd-interleave (stage outputs) rewrites
 #: that may close them; not re-measured since, so not strict (any other failure still fails the case)
-UNSURE = {("sd3", e, "fused", "2.3.0") for e in EXPORTERS} | {("cogvideox", e, "fused", "2.3.0") for e in EXPORTERS} \
-    | {("wan", "torchscript", s, v) for s in STRATEGIES for v in TOOLKITS} \
+UNSURE = {("wan", "torchscript", s, v) for s in STRATEGIES for v in TOOLKITS} \
     | {("lumina2", e, s, v) for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS}
 KNOWN_GAPS = {
     **{("lumina2", e, s, v): _MASK for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS},
-    ("sd3", "torchscript", "fused", "2.3.0"): _TP,
-    ("sd3", "dynamo", "fused", "2.3.0"): _TP,
-    ("cogvideox", "dynamo", "fused", "2.3.0"): "2.3.0 puts 3 Transposes it inserts in the fused block on the CPU",
     **{("wan", "torchscript", s, v): _WAN for s in STRATEGIES for v in TOOLKITS if (s, v) != ("split", "2.3.0")},
     ("dit", "torchscript", "fused", "2.3.0"): _GATHER,
     ("dit", "dynamo", "fused", "2.3.0"): _GATHER,
