@@ -335,6 +335,9 @@ def _scalar(graph: onnx.GraphProto, name: str) -> float | None:
     return float(v.reshape(())) if v is not None and v.size == 1 and v.dtype.kind == "f" else None
 
 
+_NAN_GUARD_COUNT = "matmul"
+
+
 def _nan_guard(graph: onnx.GraphProto, types: _Types) -> int:
     """The exporters' guard after a bool-masked Softmax (scaled_dot_product_attention with a bool
     mask)::
@@ -424,9 +427,14 @@ def _nan_guard(graph: onnx.GraphProto, types: _Types) -> int:
         mk = helper.make_node
         one, zero = c("one", 1.0), c("zero", 0.0)
         mf, cnt, valid, fill, m2 = t("keys"), t("count"), t("valid"), t("fill"), t("mask_add")
-        new = [mk("Where", [cond, one, zero] if zero_first else [cond, zero, one], [mf], name=f"{base}/keys"),
-               mk("MatMul", [mf, c("ones", np.ones((k_keys, 1)))], [cnt], name=f"{base}/count"),
-               mk("Clip", [cnt, zero, one], [valid], name=f"{base}/valid")]
+        new = [mk("Where", [cond, one, zero] if zero_first else [cond, zero, one], [mf], name=f"{base}/keys")]
+        if _NAN_GUARD_COUNT == "reducesum":
+            axes = namer(f"{base}/axes")
+            graph.initializer.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), axes))
+            new.append(mk("ReduceSum", [mf, axes], [cnt], keepdims=1, name=f"{base}/count"))
+        else:
+            new.append(mk("MatMul", [mf, c("ones", np.ones((k_keys, 1)))], [cnt], name=f"{base}/count"))
+        new.append(mk("Clip", [cnt, zero, one], [valid], name=f"{base}/valid"))
         cur = t("big")
         new.append(mk("Mul", [valid, c("fp16_max", 65504.0)], [cur], name=f"{base}/big"))
         for q in range(4):

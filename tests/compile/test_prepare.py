@@ -273,3 +273,54 @@ def test_pad_to_concat_rewrite_exact() -> None:
     assert apply_rewrites(r, rewrites_for("2.3.0", "npu")) == {"pad-to-concat": 2}
     assert "Pad" not in {n.op_type for n in r.graph.node}
     _same(m, r, {"x": np.random.default_rng(4).standard_normal((1, 2, 16, 8)).astype(np.float32)}, rel=0.0)
+
+
+def _fake_inexact(graph: onnx.GraphProto, types: object) -> int:
+    """FAKE rewrite (fault injection: every real row is exact): Relu -> LeakyRelu, wrong for x < 0."""
+    count = 0
+    for n in graph.node:
+        if n.op_type == "Relu":
+            n.op_type = "LeakyRelu"
+            n.attribute.append(helper.make_attribute("alpha", 0.5))
+            count += 1
+    return count
+
+
+def test_prepare_drops_only_the_rewrite_that_fails_the_ort_check(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two rewrites match; the inexact one (a fake row: no real rewrite is inexact) is dropped with its
+    reason, the real one (reciprocal-to-div) is kept."""
+    import rkpart.targets.rewrites as rw
+
+    fake = rw.Rewrite("fake-inexact", "Relu", "npu", ("*",), "fault injection (test only)", _fake_inexact)
+    monkeypatch.setattr(rw, "REWRITES", (*rw.REWRITES, fake))
+    m = _model([helper.make_node("Reciprocal", ["x"], ["r"]), helper.make_node("Relu", ["r"], ["y"])],
+               [vi("x", F, [2, 8])], [vi("y", F, [2, 8])], opset=17)
+    src = tmp_path / "stages" / "s.onnx"
+    src.parent.mkdir()
+    onnx.save(m, str(src))
+    p = prepare_stage(src, stage_sha256(src), tmp_path / "rknn", "2.5.0", "rk3588")
+    assert p.record is not None and p.record["rewrites"] == {"reciprocal-to-div": 1}
+    assert set(p.record["dropped_rewrites"]) == {"fake-inexact"}
+    assert p.record["dropped_rewrites"]["fake-inexact"].startswith("differs under ONNX Runtime")
+    ops = [n.op_type for n in onnx.load(str(p.onnx)).graph.node]
+    assert ops == ["Div", "Relu"]
+
+
+def test_prepare_leaves_out_the_rewrites_compile_drops(tmp_path: Path) -> None:
+    """``drop`` (a build failed with these rewrites): left out, recorded with the reason; when nothing is
+    left to change the record names the stage file itself."""
+    m = _model([helper.make_node("Reciprocal", ["x"], ["y"])], [vi("x", F, [2, 8])], [vi("y", F, [2, 8])], opset=17)
+    src = tmp_path / "stages" / "s.onnx"
+    src.parent.mkdir()
+    onnx.save(m, str(src))
+    sha = stage_sha256(src)
+    full = prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588")
+    assert full.record is not None and full.record["rewrites"] == {"reciprocal-to-div": 1}
+    why = {"reciprocal-to-div": "the rknn-toolkit2 2.5.0 build with it failed: SIGSEGV"}
+    p = prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588", drop=why)
+    assert p.onnx == src
+    assert p.record == {"toolkit": "2.5.0", "from_opset": 17, "to_opset": 17, "rewrites": {},
+                        "dropped_rewrites": why, "file": "stages/s.onnx", "sha256": sha}
+    assert prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588", drop=why) == p  # from its record
+    assert prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588") == full  # the full copy is kept apart
