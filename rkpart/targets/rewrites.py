@@ -335,10 +335,7 @@ def _scalar(graph: onnx.GraphProto, name: str) -> float | None:
     return float(v.reshape(())) if v is not None and v.size == 1 and v.dtype.kind == "f" else None
 
 
-_NAN_GUARD_COUNT = "matmul"
-
-
-def _nan_guard(graph: onnx.GraphProto, types: _Types) -> int:
+def _nan_guard(graph: onnx.GraphProto, types: _Types, broadcast_fill: bool = True) -> int:
     """The exporters' guard after a bool-masked Softmax (scaled_dot_product_attention with a bool
     mask)::
 
@@ -348,12 +345,14 @@ def _nan_guard(graph: onnx.GraphProto, types: _Types) -> int:
     0.  Rewritten without IsNaN::
 
         valid = Clip(MatMul(Where(mask, 1, 0), ones[K, 1]), 0, 1)      # 1: row has a key, else 0
-        fill  = -((valid * 65504) ^ 16)                                 # -inf if valid, else 0
+        fill  = -((valid * 65504) ^ 16) * ones[1, .., 1, K]             # -inf if valid, else 0
         p     = Softmax(s + Where(mask, 0, fill));  out = p * valid
 
     (``^ 16`` is four squarings: 65504^16 overflows float32 and float16 to inf, 0 stays 0.)
     Rows with a key get the same Softmax input, so the same bits (times 1); hidden rows get a
-    finite Softmax, times 0.  Exact for finite scores.
+    finite Softmax, times 0.  Exact for finite scores.  ``broadcast_fill=False`` leaves out the
+    ``* ones`` (the first form, which 2.5.0 segfaults on; kept to test compile's retry with a
+    real crash).
     """
     if types.opset < 13:  # Softmax and Clip changed meaning at 13 / 11
         return 0
@@ -427,14 +426,9 @@ def _nan_guard(graph: onnx.GraphProto, types: _Types) -> int:
         mk = helper.make_node
         one, zero = c("one", 1.0), c("zero", 0.0)
         mf, cnt, valid, fill, m2 = t("keys"), t("count"), t("valid"), t("fill"), t("mask_add")
-        new = [mk("Where", [cond, one, zero] if zero_first else [cond, zero, one], [mf], name=f"{base}/keys")]
-        if _NAN_GUARD_COUNT == "reducesum":
-            axes = namer(f"{base}/axes")
-            graph.initializer.append(numpy_helper.from_array(np.array([-1], dtype=np.int64), axes))
-            new.append(mk("ReduceSum", [mf, axes], [cnt], keepdims=1, name=f"{base}/count"))
-        else:
-            new.append(mk("MatMul", [mf, c("ones", np.ones((k_keys, 1)))], [cnt], name=f"{base}/count"))
-        new.append(mk("Clip", [cnt, zero, one], [valid], name=f"{base}/valid"))
+        new = [mk("Where", [cond, one, zero] if zero_first else [cond, zero, one], [mf], name=f"{base}/keys"),
+               mk("MatMul", [mf, c("ones", np.ones((k_keys, 1)))], [cnt], name=f"{base}/count"),
+               mk("Clip", [cnt, zero, one], [valid], name=f"{base}/valid")]
         cur = t("big")
         new.append(mk("Mul", [valid, c("fp16_max", 65504.0)], [cur], name=f"{base}/big"))
         for q in range(4):
@@ -442,6 +436,12 @@ def _nan_guard(graph: onnx.GraphProto, types: _Types) -> int:
             new.append(mk("Mul", [cur, cur], [nxt], name=f"{base}/square{q}"))
             cur = nxt
         new.append(mk("Mul", [cur, c("minus_one", -1.0)], [fill], name=f"{base}/fill"))
+        # the fill broadcast to the mask's shape before the Where (times 1: the same values): 2.5.0
+        # segfaults (convert_exmatmul_to_conv) on a Where whose computed branch broadcasts
+        if broadcast_fill:
+            full, ones_k = t("fill_full"), c("mask_ones", np.ones([1] * (len(shapes[cond]) - 1) + [k_keys]))
+            new.append(mk("Mul", [fill, ones_k], [full], name=f"{base}/fill_full"))
+            fill = full
         keep = m.input[1] if zero_first else m.input[2]
         new.append(mk("Where", [cond, keep, fill] if zero_first else [cond, fill, keep], [m2], name=f"{base}/mask"))
         add.input[slot] = m2
@@ -953,7 +953,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "has no such Transpose (not applied). 2.3.2 crashes on these blocks either way (same "
             "operator list as 2.3.0)",
             _split_chunked_linear),
-    Rewrite("nan-guard", "IsNaN", "npu", ("2.3.0", "2.3.2"),
+    Rewrite("nan-guard", "IsNaN", "npu", ("*",),
             "The guard Where(IsNaN(p), 0, p) after Softmax(s + Where(mask, 0, -inf)) (scaled_dot_product_attention "
             "with a bool mask, TorchScript): 'IsNaN:/IsNaN' on the CPU with 2.3.0 and 2.5.0 (Equal(p, p), "
             "Greater(p, -1), Exp, Log, ReduceMax: CPU too). Rewritten with a per-row 'has a key' factor from "
@@ -962,8 +962,13 @@ REWRITES: tuple[Rewrite, ...] = (
             "-inf: no row can be NaN (scores above -2e31), the guard is dropped (float32 only). Measured on a "
             "tiny SDPA with a bool mask, both exporters: 1 CPU layer -> 0 on 2.3.0 and 2.5.0; under rknn-sim "
             "(2.3.0) the original gives 0.69 instead of 0 on a fully masked row (the NPU saturates -inf, no "
-            "NaN), the rewrite gives 0. Not applied on 2.5.0: there its MatMul makes Lumina2's caption-refiner "
-            "attention SIGSEGV in convert_exmatmul_to_conv (that stage builds without it, IsNaN on the CPU)",
+            "NaN), the rewrite gives 0. The fill is broadcast to the mask's shape (times ones[.., K]) before "
+            "its Where: without that 2.5.0 SIGSEGVs in convert_exmatmul_to_conv on Lumina2's caption-refiner "
+            "attention (a Where whose computed branch [1,1,1,1] broadcasts against the [1,1,1,6] mask; the "
+            "MatMul, ReduceSum instead of it, the final Mul and a finite fill all crash the same, only the "
+            "broadcast builds). Measured on a tiny Lumina2, TorchScript, split, caption-refiner stage: "
+            "'IsNaN:/model/context_refiner.0/attn/IsNaN' on the CPU -> gone, on 2.5.0 and 2.3.0 (the mask's "
+            "Reshape and Cast stay: int64 ops, the partitioner's side)",
             _nan_guard),
     Rewrite("pad-to-concat", "Pad", "npu", ("2.3.0", "2.3.2"),
             "Sana's linear attention pads V with a row of ones (pads computed from constants): 2.3.0 places "

@@ -116,10 +116,11 @@ def adaln_block(split: bool = False, d: int = 32) -> onnx.GraphProto:
                              [vi("y", F, [1, 16, d])], inits)
 
 
-def sdpa_bool_mask(fill: float = -math.inf, dtype: int = F) -> onnx.GraphProto:
+def sdpa_bool_mask(fill: float = -math.inf, dtype: int = F, mask_rows: int = 8) -> onnx.GraphProto:
     """``F.scaled_dot_product_attention(q, k, v, attn_mask=bool_mask)`` as the exporters write it:
     Where(mask, 0, fill) added to the scores, Softmax, then Where(IsNaN(p), 0, p).
-    ``fill``: -inf (TorchScript) or float32's lowest (dynamo)."""
+    ``fill``: -inf (TorchScript) or float32's lowest (dynamo); ``mask_rows`` 1: a key-padding mask
+    [1, 1, 1, K] (Lumina2's caption mask)."""
     np_t = onnx.helper.tensor_dtype_to_np_dtype(dtype)
     return helper.make_graph(
         [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2], name="kt"),
@@ -132,7 +133,7 @@ def sdpa_bool_mask(fill: float = -math.inf, dtype: int = F) -> onnx.GraphProto:
          helper.make_node("Where", ["nan", "zero", "p"], ["pg"], name="Where_1"),
          helper.make_node("MatMul", ["pg", "v"], ["y"], name="pv")],
         "sdpa", [vi("q", dtype, [1, 2, 8, 16]), vi("k", dtype, [1, 2, 8, 16]), vi("v", dtype, [1, 2, 8, 16]),
-                 vi("mask", B, [1, 1, 8, 8])], [vi("y", dtype, [1, 2, 8, 16])],
+                 vi("mask", B, [1, 1, mask_rows, 8])], [vi("y", dtype, [1, 2, 8, 16])],
         [c(np.array(0.25, np_t), "scale"), c(np.array(0.0, np_t), "zero"), c(np.array(fill, np_t), "fill")])
 
 
@@ -185,19 +186,38 @@ def test_adaln_chunk_gemm_needs_every_reader_to_be_a_chunk() -> None:
     assert _rewritten(_model(g))[1] == {}
 
 
+@pytest.mark.parametrize("toolkit", ["2.3.0", "2.5.0"])
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
-def test_nan_guard_is_bit_exact_with_a_fully_masked_row(exporter: str) -> None:
+def test_nan_guard_is_bit_exact_with_a_fully_masked_row(exporter: str, toolkit: str) -> None:
     fill = -math.inf if exporter == "torchscript" else float(np.finfo(np.float32).min)
     m = _model(sdpa_bool_mask(fill))
-    r, done = _rewritten(m, "2.3.0")
+    r, done = _rewritten(m, toolkit)
     assert done == {"nan-guard": 1}
-    assert _rewritten(m, "2.5.0")[1] == {}  # not on 2.5.0: it crashes Lumina2's caption refiner there
     assert "IsNaN" not in {n.op_type for n in r.graph.node}
     feeds = _sdpa_feeds()
     (ref,) = _run(m, feeds)
     if exporter == "torchscript":
         assert (ref[0, :, 3] == 0).all()  # the guard's job
     _bits_equal(m, r, feeds)
+
+
+def test_nan_guard_key_padding_mask_bit_exact() -> None:
+    """Lumina2's caption mask [1, 1, 1, K]: every query row sees the same keys; with none, all rows are 0.
+    The fill is broadcast to the mask's shape before its Where (2.5.0 segfaults otherwise)."""
+    m = _model(sdpa_bool_mask(mask_rows=1))
+    r, done = _rewritten(m, "2.5.0")
+    assert done == {"nan-guard": 1}
+    where = next(n for n in r.graph.node if n.name.endswith("/mask"))
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in onnx.shape_inference.infer_shapes(r).graph.value_info}
+    assert shapes[where.input[2]] == [1, 1, 1, 8]  # the computed branch has the mask's shape
+    rng = np.random.default_rng(8)
+    feeds: dict[str, np.ndarray] = {n: rng.standard_normal((1, 2, 8, 16)).astype(np.float32) for n in "qkv"}
+    for mask in (rng.random((1, 1, 1, 8)) > 0.5, np.zeros((1, 1, 1, 8), bool)):
+        feeds["mask"] = mask
+        if not mask.any():
+            assert (_run(m, feeds)[0] == 0).all()
+        _bits_equal(m, r, feeds)
 
 
 def test_nan_guard_float16_with_finite_fill_is_kept() -> None:
@@ -231,7 +251,7 @@ CASES = [
 ] + [
     pytest.param("adaln-chunk-gemm", adaln_block, 17, "Transpose:", "2.3.0", id="adaln-chunk-gemm-2.3.0"),
 ] + [
-    pytest.param("nan-guard", sdpa_bool_mask, 17, "IsNaN:IsNaN", v, id=f"nan-guard-{v}") for v in ("2.3.0",)
+    pytest.param("nan-guard", sdpa_bool_mask, 17, "IsNaN:IsNaN", v, id=f"nan-guard-{v}") for v in ("2.3.0", "2.5.0")
 ]
 
 
