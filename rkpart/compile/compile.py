@@ -38,7 +38,7 @@ from rkpart.io import file_sha256, folder_lock
 from rkpart.partitioner.plan import Artifact, Plan, Stage, load_plan
 from rkpart.partitioner.verify import stage_onnx
 from rkpart.progress import Progress, advance
-from rkpart.targets.rewrites import REWRITES
+from rkpart.targets import rewrites as rewrite_table
 from rkpart.types import BuildFailure
 from rkpart.units import human_bytes
 
@@ -46,7 +46,6 @@ RKNN_DIR = "rknn"
 LOG_DIR = "logs"
 #: a stage whose build fails with up to this many NPU rewrites is rebuilt dropping one at a time
 BISECT_MAX = 4
-_NPU_REWRITES = frozenset(r.name for r in REWRITES if r.kind == "npu")
 
 
 @dataclass(frozen=True)
@@ -407,9 +406,10 @@ class _Context:
         keep the others (the first single drop that builds wins).  The dropped rewrites and why
         land in the stage's ``prepared`` record (plan.json) and in the report."""
         first: dict[str, tuple[list[str], str]] = {}  # stage id -> (NPU rewrites applied, failure message)
+        npu_rows = {r.name for r in rewrite_table.REWRITES if r.kind == "npu"}
         for s in stages:
             o, rec = outcomes[s.id], self.prepared.get(s.id)
-            applied = [n for n in (rec or {}).get("rewrites", {}) if n in _NPU_REWRITES]
+            applied = [n for n in (rec or {}).get("rewrites", {}) if n in npu_rows]
             if o.status == "failed" and applied and o.failures and o.failures[-1].last_step != "prepare":
                 first[s.id] = (applied, o.failures[-1].message)
         if not first:
