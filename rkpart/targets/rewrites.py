@@ -888,6 +888,57 @@ def _strided_slices_concat(graph: onnx.GraphProto, types: _Types) -> int:
 
 
 
+#: ops an RMSNorm's scale passes through between its ReduceMean and the weight Mul
+_RMS_PATH = ("Mul", "Div", "Sqrt", "Add", "Reciprocal", "Cast", "Pow")
+
+
+def _rms_normed(prod: dict[str, onnx.NodeProto], name: str, depth: int = 6) -> bool:
+    """``name`` is computed from a ReduceMean through at most ``depth`` RMSNorm ops (Mul, Div, Sqrt ...)."""
+    n = prod.get(name)
+    if n is None or depth == 0:
+        return False
+    if n.op_type == "ReduceMean":
+        return True
+    return n.op_type in _RMS_PATH and any(_rms_normed(prod, i, depth - 1) for i in n.input if i)
+
+
+def _norm_residual_sub(graph: onnx.GraphProto, types: _Types) -> int:
+    """``Add(x, Mul(r, w))``, ``r`` an RMSNorm's normalised value and ``w`` its constant weight (a
+    residual added to a norm's output with no modulation in between: Lumina2's context refiner,
+    ``x + norm2(attn(x))``) -> ``Sub(x, Mul(r, -w))``: the same bits (negation is exact)."""
+    prod = {o: n for n in graph.node for o in n.output}
+    uses: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    outputs = {o.name for o in graph.output}
+    namer = _Namer(graph)
+    count = 0
+    for add in graph.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+            continue
+        for k in (1, 0):
+            mul = prod.get(add.input[k])
+            if mul is None or mul.op_type != "Mul" or uses.get(mul.output[0]) != 1 or mul.output[0] in outputs:
+                continue
+            j = next((j for j in (1, 0) if _const_array(graph, mul.input[j]) is not None), None)
+            if j is None or not _rms_normed(prod, mul.input[1 - j]):
+                continue
+            w = _const_array(graph, mul.input[j])
+            if w is None or w.dtype.kind != "f" or w.ndim != 1:  # a norm's weight, not RoPE's cos table
+                continue
+            neg = namer(f"{mul.input[j]}_neg")
+            graph.initializer.append(numpy_helper.from_array(-w, neg))
+            mul.input[j] = neg
+            x = add.input[1 - k]
+            add.op_type = "Sub"
+            del add.input[:]
+            add.input.extend([x, mul.output[0]])
+            count += 1
+            break
+    return count
+
+
 def _tile_broadcast(graph: onnx.GraphProto, types: _Types) -> int:
     """``Tile(x, r)``, ``r`` constant, ``x`` of size 1 on every axis ``r`` repeats ->
     ``Mul(x, ones(r))``: the broadcast of a multiplication by one (bit-exact).  GQA's
@@ -976,6 +1027,14 @@ REWRITES: tuple[Rewrite, ...] = (
             "Concat with a constant block it stays on the NPU. Measured on a tiny Sana, split plan, 2.3.0: "
             "TorchScript and dynamo 2 CPU layers -> 0. 2.3.2 (same operator list as 2.3.0) not measured",
             _pad_concat),
+    Rewrite("norm-residual-sub", "Add", "npu", ("2.3.0", "2.3.2"),
+            "A residual added straight to an RMSNorm's output (x + norm2(attn(x)), Lumina2's context refiner, "
+            "no modulation in between): 2.3.0's fuse_exnorm_add folds the Add into the exNorm's beta as a "
+            "computed (1,32,1,6) tensor and places that exNorm on the CPU ('exNorm:/model/context_refiner.0/"
+            "norm2/ReduceMean_2rmsn', CPU; ffn_norm2 the same). As Sub(x, Mul(r, -w)) (bit-exact) nothing is "
+            "folded. Measured on a tiny Lumina2, fused plan, 2.3.0, block 0: 2 exNorm CPU layers -> 0 "
+            "(TorchScript and dynamo); 2.5.0 keeps that exNorm on the NPU (not applied). 2.3.2 not measured",
+            _norm_residual_sub),
     # --- crash avoidance (issue 18) ---
     Rewrite("layernorm-scale-fold", "LayerNormalization", "npu", ("2.5.0",),
             "SIGSEGV avoided, not a placement: 2.5.0 crashes in its native compiler (last step "

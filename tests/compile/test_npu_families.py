@@ -40,9 +40,9 @@ FAMILIES = tuple(diffusers_families.FAMILIES)
 TOOLKITS = ("2.5.0", "2.3.0")
 STRATEGIES = ("split", "fused")
 #: measured gaps no rewrite closes yet (scripts/npu_table.py runs; see README "NPU stages per family")
-_MASK = ("the caption refiner's attention reads the int64 caption mask: its Reshape and Cast and the IsNaN guard "
-         "after the masked Softmax run on the CPU (no exact form the toolkits place on the NPU); fused with 2.3.0 "
-         "also two exNorm layers")
+_MASK = ("the caption refiner's attention reads the int64 caption mask: its Reshape and Cast run on the CPU "
+         "(measured: nothing else left since nan-guard and norm-residual-sub; the partitioner is to keep "
+         "those int64 ops on the host)")
 #: exports ONNX Runtime refuses as a whole (an exporter bug: a Squeeze of a dim of 16, also in the plan's
 #: host epilogue; tests/partitioner/test_family_sweep.py): the gate checks their NPU stages one by one
 ORT_REFUSES = {("pixart", "dynamo")}

@@ -137,6 +137,30 @@ def sdpa_bool_mask(fill: float = -math.inf, dtype: int = F, mask_rows: int = 8) 
         [c(np.array(0.25, np_t), "scale"), c(np.array(0.0, np_t), "zero"), c(np.array(fill, np_t), "fill")])
 
 
+def rms_residual(d: int = 32) -> onnx.GraphProto:
+    """``h + RMSNorm(x) * w`` as the TorchScript exporter writes diffusers' RMSNorm (Lumina2's context
+    refiner: ``x + norm2(attn(x))``, no modulation), then a Linear."""
+    rng = np.random.default_rng(9)
+    mk = helper.make_node
+    return helper.make_graph(
+        [mk("MatMul", ["x", "w0"], ["a"], name="attn_out"),
+         mk("Pow", ["a", "two"], ["a2"], name="norm2/Pow"),
+         mk("ReduceMean", ["a2"], ["ms"], axes=[-1], keepdims=1, name="norm2/ReduceMean"),
+         mk("Add", ["ms", "eps"], ["mse"], name="norm2/Add"),
+         mk("Sqrt", ["mse"], ["rms"], name="norm2/Sqrt"),
+         mk("Div", ["one", "rms"], ["inv"], name="norm2/Div"),
+         mk("Mul", ["a", "inv"], ["n"], name="norm2/Mul"),
+         mk("Mul", ["n", "w"], ["nw"], name="norm2/Mul_1"),
+         mk("Add", ["x", "nw"], ["r"], name="Add"),
+         mk("MatMul", ["r", "w1"], ["y"], name="ffn")],
+        "rms_residual", [vi("x", F, [1, 6, d])], [vi("y", F, [1, 6, d])],
+        [c((rng.standard_normal((d, d)) * 0.2).astype(np.float32), "w0"),
+         c((rng.standard_normal((d, d)) * 0.2).astype(np.float32), "w1"),
+         c((1 + rng.standard_normal(d) * 0.1).astype(np.float32), "w"),
+         c(np.array(2.0, np.float32), "two"), c(np.array(1e-6, np.float32), "eps"),
+         c(np.array(1.0, np.float32), "one")])
+
+
 def _sdpa_feeds(dtype: type = np.float32) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(5)
     feeds: dict[str, np.ndarray] = {n: rng.standard_normal((1, 2, 8, 16)).astype(dtype) for n in "qkv"}
@@ -220,6 +244,24 @@ def test_nan_guard_key_padding_mask_bit_exact() -> None:
         _bits_equal(m, r, feeds)
 
 
+def test_norm_residual_sub_is_bit_exact() -> None:
+    m = _model(rms_residual(), opset=13)
+    r, done = _rewritten(m, "2.3.0")
+    assert done == {"norm-residual-sub": 1}
+    assert [n.op_type for n in r.graph.node].count("Sub") == 1
+    assert _rewritten(m, "2.5.0")[1] == {}  # 2.5.0 keeps that exNorm on the NPU
+    _bits_equal(m, r, {"x": np.random.default_rng(10).standard_normal((1, 6, 32)).astype(np.float32)})
+
+
+def test_norm_residual_sub_leaves_a_rope_table_alone() -> None:
+    """RoPE's q_normed * cos + ...: the constant is a [S, D] table, not a norm's 1-D weight."""
+    g = rms_residual()
+    for t in g.initializer:
+        if t.name == "w":
+            t.CopyFrom(c(np.ones((6, 32), np.float32), "w"))
+    assert _rewritten(_model(g, opset=13))[1] == {}
+
+
 def test_nan_guard_float16_with_finite_fill_is_kept() -> None:
     """float16 s - 65504 overflows to -inf once s < -16: the guard may fire there, so it stays."""
     m = _model(sdpa_bool_mask(-65504.0, TensorProto.FLOAT16))
@@ -252,6 +294,8 @@ CASES = [
     pytest.param("adaln-chunk-gemm", adaln_block, 17, "Transpose:", "2.3.0", id="adaln-chunk-gemm-2.3.0"),
 ] + [
     pytest.param("nan-guard", sdpa_bool_mask, 17, "IsNaN:IsNaN", v, id=f"nan-guard-{v}") for v in ("2.3.0", "2.5.0")
+] + [
+    pytest.param("norm-residual-sub", rms_residual, 17, "exNorm:", "2.3.0", id="norm-residual-sub-2.3.0"),
 ]
 
 
