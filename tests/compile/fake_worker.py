@@ -6,7 +6,8 @@ stand-in does what the request's ``config`` asks:
 that much memory), ``fake_sleep`` (seconds), ``fake_child`` (spawn a sleeping child and write
 its pid to this file), ``fake_signal`` (kill itself with SIGSEGV/SIGKILL/...),
 ``fake_memoryerror`` (raise MemoryError), ``fake_fail`` (report a toolkit error),
-``fake_crash_stage`` (SIGSEGV only for the stage file ``<name>.onnx``).
+``fake_crash_stage`` (SIGSEGV only for the stage file ``<name>.onnx``), ``fake_crash_node``
+(SIGSEGV when a node's name contains this text: a rewrite the "toolkit" crashes on).
 Otherwise it "builds" by copying the ONNX bytes to the output.
 """
 
@@ -37,6 +38,12 @@ def main() -> int:
     crash_stage = cfg.get("fake_crash_stage")
     if crash_stage and os.path.basename(req["onnx"]) == crash_stage + ".onnx":
         os.kill(os.getpid(), signal.SIGSEGV)
+    if cfg.get("fake_crash_node"):
+        import onnx
+
+        graph = onnx.load(req["onnx"], load_external_data=False).graph
+        if any(cfg["fake_crash_node"] in n.name for n in graph.node):
+            os.kill(os.getpid(), signal.SIGSEGV)
     if cfg.get("fake_signal"):
         os.kill(os.getpid(), getattr(signal, cfg["fake_signal"]))
     if cfg.get("fake_memoryerror"):

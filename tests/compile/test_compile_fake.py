@@ -126,3 +126,48 @@ def test_failures_are_typed_and_plan_json_keeps_their_format(tmp_path: Path, fak
     # plans written before BuildFailure carried wall time and RSS in some entries: still readable
     old = BuildFailure.from_json({**raw["failures"][0], "wall_s": 1.5, "peak_rss_bytes": 10})
     assert old == fail and old.to_json() == raw["failures"][0]
+
+
+def test_a_stage_is_rebuilt_without_the_rewrite_the_toolkit_crashes_on(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    """FAKE crash (fast tier; the real one, 2.5.0 on Lumina2, is in test_rewrite_retry.py): the worker
+    segfaults on a graph holding nan-guard's nodes. The stage is built without nan-guard, with
+    reciprocal-to-div kept; a rerun builds nothing (cached artifact and failures) and says the same."""
+    import onnx
+    from onnx import helper
+
+    from rkpart.partitioner.plan import Plan, TensorInfo
+    from tests.compile.plans import _stage
+    from tests.compile.test_rewrites_npu import sdpa_bool_mask
+
+    g = sdpa_bool_mask()
+    g.output[0].name = "y0"
+    g.node[-1].output[0] = "y0"
+    g.node.append(helper.make_node("Reciprocal", ["y0"], ["y"], name="recip"))
+    g.output.append(helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2, 8, 16]))
+    del g.output[0]
+    types = {1: "float32", 9: "bool"}
+    tensors = {v.name: TensorInfo(v.name, types[v.type.tensor_type.elem_type],
+                                  tuple(d.dim_value for d in v.type.tensor_type.shape.dim))
+               for v in (*g.input, *g.output)}
+    stage = _stage(tmp_path, "attn", "npu", g, 0)
+    plan = Plan(model={"file": "m.onnx", "sha256": "0" * 64, "opset": 17}, strategy={"name": "test", "options": {}},
+                inputs=tuple(i.name for i in g.input), outputs=("y",), tensors=tensors, stages=(stage,))
+    plan.save(tmp_path)
+    config = {"fake_crash_node": "IsNaN/count"}
+    for run in range(2):
+        said: list[str] = []
+        rep = compile_plan_report(plan, tmp_path, fake_toolkit, "rk3588", config, worker=FAKE_WORKER, cache=False,
+                                  progress=said.append)
+        (o,) = rep.outcomes
+        assert o.status == ("built" if run == 0 else "cached") and o.failures == ()
+        assert list(o.dropped_rewrites) == ["nan-guard"]
+        assert o.dropped_rewrites["nan-guard"].startswith("the rknn-toolkit2 fake build with it failed: "
+                                                         "compiler crashed: SIGSEGV")
+        rec = rep.plan.stage("attn").prepared
+        assert rec is not None and rec["rewrites"] == {"reciprocal-to-div": 1}
+        assert rec["dropped_rewrites"] == dict(o.dropped_rewrites)
+        built = [m for m in said if " building attn " in m]
+        # with both, without both, then one dropped at a time in table order: reciprocal-to-div (crashes), nan-guard
+        assert len(built) == (4 if run == 0 else 0)
+        assert any(m.startswith("[rewrite dropped] attn: nan-guard: ") for m in said)
+    plan = rep.plan
