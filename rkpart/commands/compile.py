@@ -90,7 +90,8 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 @click.option("--retry-failed", is_flag=True, help="Rebuild stages whose crash the cache remembers.")
 @click.option("--rewrites/--no-rewrites", default=True, show_default=True,
               help="Apply rkpart's NPU rewrites (patterns the toolkit would put on the CPU; each kept only if "
-                   "exact under ONNX Runtime). Opset lowering happens either way.")
+                   "exact under ONNX Runtime; a stage whose build fails with them is rebuilt without the one "
+                   "at fault). Opset lowering happens either way.")
 @click.option("--strict-npu", is_flag=True,
               help="Fail a stage that still has layers placed on the CPU (exit status 7, like any failed stage).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
