@@ -167,6 +167,7 @@ def drift(plans: Sequence[tuple[str, Plan, Path]], backend: Backend, *, steps: i
                 f"peak worker RSS {stats['peak_rss'] / 2**20:.0f} MiB (budget {(pool.budget or 0) / 2**20:.0f} MiB, "
                 f"largest stage {pool.learned[1] / 2**20:.0f} MiB)")
         rows += compare_trajectories(label, ref, got)
+        del ref, got  # a full-size trajectory holds GBs of block outputs: free them before the next plan
     return rows
 
 
