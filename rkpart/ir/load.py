@@ -403,6 +403,7 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
     symlinks, so neither a crafted path nor a symlink can make rkpart read (and copy into a
     stage) a file outside the model's folder.
     """
+    sizes: dict[str, int] = {}  # location -> size, once it passed the confinement check
     for init in model.graph.initializer:
         if init.data_location != TensorProto.EXTERNAL:
             continue
@@ -411,9 +412,12 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
         tname = f"tensor {init.name!r}"
         if not loc:
             raise InvalidModelError(f"{tname}: external data has no location")
-        # the one confinement check (rkpart.io): inside the folder, a regular file
-        full = confined_file(folder, loc, what=f"{tname}: external data location", error=InvalidModelError,
-                             within="model folder").resolve()
+        size = sizes.get(loc)
+        if size is None:
+            # the one confinement check (rkpart.io): inside the folder, a regular file
+            full = confined_file(folder, loc, what=f"{tname}: external data location", error=InvalidModelError,
+                                 within="model folder").resolve()
+            size = sizes[loc] = full.stat().st_size
         try:
             offset = int(info.get("offset", 0) or 0)
             length = int(info["length"]) if info.get("length") else None
@@ -430,7 +434,6 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
                 f"{tname}: external data length {length} in {loc!r} does not match the {need} bytes "
                 f"its shape {list(init.dims)} needs"
             )
-        size = full.stat().st_size
         if offset + need > size:
             raise InvalidModelError(
                 f"{tname}: external data file {loc!r} is too short ({size} bytes, needs {offset + need})"
@@ -529,8 +532,6 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
     ONNX reference evaluator) and re-running inference resolves them.  Large constant
     computations (e.g. transposed weights) are left as ops and copied into each stage.
     """
-    from onnx.reference import ReferenceEvaluator
-
     g = model.graph
     values: dict[str, np.ndarray] = {}
     for init in g.initializer:
@@ -542,14 +543,13 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
             inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
         except Exception:  # noqa: BLE001 - inference errors are reported by _infer_types later
             return
-        shapes: dict[str, tuple[int | str, ...]] = {}
-        for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-            t = _value_info_type(vi)
-            if t is not None:
-                shapes[vi.name] = t[1]
-        for init in g.initializer:
-            shapes[init.name] = tuple(int(d) for d in init.dims)
+        shapes = _Shapes([*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output],
+                         g.initializer)
         folded: dict[int, list[np.ndarray]] = {}
+        # another round sees more only if this one changed what shape inference knows (a
+        # Constant's ``value`` is known to inference as an initializer's is) or passed over an
+        # op whose inputs all became values later in the pass (an op listed before a producer)
+        again = False
         for i, n in enumerate(g.node):
             if n.op_type in _NO_FOLD or n.domain not in DEFAULT_DOMAINS:
                 continue
@@ -562,16 +562,24 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
                 full = [int(d) for d in shp]
                 st, en = attrs.get("start", 0), attrs.get("end")
                 res: list[np.ndarray] = [np.array(full[st:en] if en is not None else full[st:], dtype=np.int64)]
+                again = True
             elif all(t in values for t in ins) and (ins or n.op_type == "Constant"):
                 if not _small_result(n, shapes, values):
                     continue
-                try:
-                    # a hostile model may divide by zero here: that is its result, not news for stderr
-                    with np.errstate(all="ignore"), warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        res = [np.asarray(r) for r in ReferenceEvaluator(n).run(None, {t: values[t] for t in ins})]
-                except Exception:  # noqa: BLE001 - an op we cannot evaluate simply stays an op
-                    continue
+                plain = _plain_constant(n)
+                if plain is not None:
+                    res = [plain]
+                else:
+                    from onnx.reference import ReferenceEvaluator  # imported only if needed: slow to load
+
+                    again = True
+                    try:
+                        # a hostile model may divide by zero here: that is its result, not news for stderr
+                        with np.errstate(all="ignore"), warnings.catch_warnings():
+                            warnings.simplefilter("ignore")
+                            res = [np.asarray(r) for r in ReferenceEvaluator(n).run(None, {t: values[t] for t in ins})]
+                    except Exception:  # noqa: BLE001 - an op we cannot evaluate simply stays an op
+                        continue
             else:
                 continue
             if sum(np.asarray(r).nbytes for r in res) > FOLD_LIMIT:
@@ -582,6 +590,10 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
             folded[i] = [np.asarray(r) for r in res]
         if not folded:
             return
+        again = again or any(
+            i not in folded and n.op_type not in _NO_FOLD and n.domain in DEFAULT_DOMAINS
+            and (ins := [t for t in n.input if t]) and all(t in values for t in ins)
+            for i, n in enumerate(g.node))
         keep = [n for i, n in enumerate(g.node) if i not in folded]
         new_inits = []
         for i in sorted(folded):
@@ -598,6 +610,78 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
         if len(live) != len(g.initializer):
             del g.initializer[:]
             g.initializer.extend(live)
+        if not again:
+            return
+
+
+#: element types whose ``numpy_helper.to_array`` is exactly what the reference evaluator returns
+_PLAIN_DTYPES = frozenset({
+    TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL,
+    TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
+    TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64,
+})
+
+
+def _plain_constant(node: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a ``Constant`` holding one inline tensor of a plain numeric type, else ``None``.
+
+    Most constants of an export are these; reading them directly is what the reference
+    evaluator does, without building an evaluator per node.
+    """
+    if node.op_type != "Constant" or node.input or len(node.attribute) != 1:
+        return None
+    a = node.attribute[0]
+    if a.name != "value" or a.type != onnx.AttributeProto.TENSOR or a.ref_attr_name:
+        return None
+    t = a.t
+    if t.data_type not in _PLAIN_DTYPES or t.data_location == TensorProto.EXTERNAL or t.HasField("segment"):
+        return None
+    try:
+        return np.asarray(numpy_helper.to_array(t))
+    except (ValueError, TypeError):  # data that does not fit its shape: the evaluator's call
+        return None
+
+
+class _Shapes(Mapping[str, tuple[int | str, ...]]):
+    """Tensor shapes from value infos (later ones win) and initializers (which win over
+    both), each decoded when first asked for: folding asks about a few of thousands."""
+
+    def __init__(self, infos: list[onnx.ValueInfoProto], inits: Any) -> None:
+        self._infos = {vi.name: vi for vi in infos}
+        self._inits = {i.name: i for i in inits}
+        self._done: dict[str, tuple[int | str, ...] | None] = {}
+
+    def _get(self, name: str) -> tuple[int | str, ...] | None:
+        if name in self._done:
+            return self._done[name]
+        init = self._inits.get(name)
+        if init is not None:
+            shp: tuple[int | str, ...] | None = tuple(int(d) for d in init.dims)
+        else:
+            vi = self._infos.get(name)
+            t = _value_info_type(vi) if vi is not None else None
+            shp = t[1] if t is not None else None
+        self._done[name] = shp
+        return shp
+
+    def __getitem__(self, name: str) -> tuple[int | str, ...]:
+        shp = self._get(name)
+        if shp is None:
+            raise KeyError(name)
+        return shp
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._get(name) is not None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        shp = self._get(name)
+        return default if shp is None else shp
+
+    def __iter__(self) -> Any:
+        return iter(n for n in {**self._infos, **self._inits} if self._get(n) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _small_result(node: onnx.NodeProto, shapes: Mapping[str, tuple[int | str, ...]],
@@ -697,6 +781,8 @@ def _check_element_counts(
 
 
 def _toposort(nodes: list[onnx.NodeProto], producer: dict[str, int], path: Path) -> list[int]:
+    if all(producer.get(t, -1) < i for i, n in enumerate(nodes) for t in n.input):
+        return list(range(len(nodes)))  # already sorted (as exporters write): the order below would keep it
     dag = nx.DiGraph()
     dag.add_nodes_from(range(len(nodes)))
     for i, n in enumerate(nodes):
