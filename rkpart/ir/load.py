@@ -303,7 +303,8 @@ def _parse(path: Path) -> onnx.ModelProto:
 
 
 def _check_parsed(model: onnx.ModelProto, path: Path) -> None:
-    _check_text(model, path)
+    if _has_bad_text(model):
+        _check_text(model, path)  # finds it again, to name where it is
     if not model.HasField("graph") or not model.graph.node:
         raise InvalidModelError(f"{path} is not an ONNX model (no graph nodes)")
 
@@ -312,6 +313,46 @@ def _repeated(fd: Any) -> bool:
     # protobuf >= 5 has is_repeated (and later drops .label); older ones only .label
     rep = getattr(fd, "is_repeated", None)
     return bool(rep) if rep is not None else bool(fd.label == fd.LABEL_REPEATED)
+
+
+#: per field: 0 a message, 1 repeated messages, 2 a string, 3 repeated strings, 4 anything else
+_FIELD_KINDS: dict[Any, int] = {}
+_is_bytes = bytes.__instancecheck__
+
+
+def _field_kind(fd: Any) -> int:
+    kind = _FIELD_KINDS.get(fd)
+    if kind is None:
+        from google.protobuf.descriptor import FieldDescriptor as FD
+
+        rep = _repeated(fd)
+        kind = (1 if rep else 0) if fd.type == FD.TYPE_MESSAGE else (3 if rep else 2) if fd.type == FD.TYPE_STRING \
+            else 4
+        _FIELD_KINDS[fd] = kind
+    return kind
+
+
+def _has_bad_text(msg: Any) -> bool:
+    """Whether any string field under ``msg`` is not valid UTF-8 (:func:`_check_text` without
+    building a location per field: the common case of a good model is checked fast)."""
+    kinds = _FIELD_KINDS
+    for fd, value in msg.ListFields():
+        kind = kinds.get(fd)
+        if kind is None:
+            kind = _field_kind(fd)
+        if kind == 1:
+            for x in value:
+                if _has_bad_text(x):
+                    return True
+        elif kind == 0:
+            if _has_bad_text(value):
+                return True
+        elif kind == 3:
+            if any(map(_is_bytes, value)):
+                return True
+        elif kind == 2 and _is_bytes(value):
+            return True
+    return False
 
 
 def _check_text(msg: Any, path: Path, where: str = "model") -> None:
