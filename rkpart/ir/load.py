@@ -579,13 +579,8 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
         if init.data_location != TensorProto.EXTERNAL and init.ByteSize() <= FOLD_LIMIT:
             values[init.name] = numpy_helper.to_array(init)
     for _ in range(6):
-        light = _light_copy(model)
-        try:
-            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
-        except Exception:  # noqa: BLE001 - inference errors are reported by _infer_types later
-            return
-        shapes = _Shapes([*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output],
-                         g.initializer)
+        # shape inference runs when a fold first needs a shape: a Constant's is its value's
+        shapes = _Shapes(model)
         folded: dict[int, list[np.ndarray]] = {}
         # another round sees more only if this one changed what shape inference knows (a
         # Constant's ``value`` is known to inference as an initializer's is) or passed over an
@@ -595,32 +590,35 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
             if n.op_type in _NO_FOLD or n.domain not in DEFAULT_DOMAINS:
                 continue
             ins = [t for t in n.input if t]
-            if n.op_type == "Shape" and ins:
+            plain = _plain_constant(n)
+            if plain is not None:
+                if int(plain.size) * 8 > FOLD_LIMIT:  # what _small_result says of its inferred shape
+                    continue
+                res: list[np.ndarray] = [plain]
+            elif shapes.failed():
+                return  # as below: no fold in a round whose inference failed
+            elif n.op_type == "Shape" and ins:
                 shp = shapes.get(ins[0])
                 if shp is None or not all(isinstance(d, int) for d in shp):
                     continue
                 attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
                 full = [int(d) for d in shp]
                 st, en = attrs.get("start", 0), attrs.get("end")
-                res: list[np.ndarray] = [np.array(full[st:en] if en is not None else full[st:], dtype=np.int64)]
+                res = [np.array(full[st:en] if en is not None else full[st:], dtype=np.int64)]
                 again = True
             elif all(t in values for t in ins) and (ins or n.op_type == "Constant"):
                 if not _small_result(n, shapes, values):
                     continue
-                plain = _plain_constant(n)
-                if plain is not None:
-                    res = [plain]
-                else:
-                    from onnx.reference import ReferenceEvaluator  # imported only if needed: slow to load
+                from onnx.reference import ReferenceEvaluator  # imported only if needed: slow to load
 
-                    again = True
-                    try:
-                        # a hostile model may divide by zero here: that is its result, not news for stderr
-                        with np.errstate(all="ignore"), warnings.catch_warnings():
-                            warnings.simplefilter("ignore")
-                            res = [np.asarray(r) for r in ReferenceEvaluator(n).run(None, {t: values[t] for t in ins})]
-                    except Exception:  # noqa: BLE001 - an op we cannot evaluate simply stays an op
-                        continue
+                again = True
+                try:
+                    # a hostile model may divide by zero here: that is its result, not news for stderr
+                    with np.errstate(all="ignore"), warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        res = [np.asarray(r) for r in ReferenceEvaluator(n).run(None, {t: values[t] for t in ins})]
+                except Exception:  # noqa: BLE001 - an op we cannot evaluate simply stays an op
+                    continue
             else:
                 continue
             if sum(np.asarray(r).nbytes for r in res) > FOLD_LIMIT:
@@ -629,8 +627,8 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
                 if t:
                     values[t] = np.asarray(r)
             folded[i] = [np.asarray(r) for r in res]
-        if not folded:
-            return
+        if not folded or shapes.failed():
+            return  # nothing to fold, or inference failed (reported by _infer_types later)
         again = again or any(
             i not in folded and n.op_type not in _NO_FOLD and n.domain in DEFAULT_DOMAINS
             and (ins := [t for t in n.input if t]) and all(t in values for t in ins)
@@ -684,17 +682,40 @@ def _plain_constant(node: onnx.NodeProto) -> np.ndarray | None:
 
 
 class _Shapes(Mapping[str, tuple[int | str, ...]]):
-    """Tensor shapes from value infos (later ones win) and initializers (which win over
-    both), each decoded when first asked for: folding asks about a few of thousands."""
+    """Tensor shapes of ``model`` as shape inference (with data propagation) gives them, for
+    folding: inference runs when a shape is first asked for (:meth:`failed` says whether it
+    could not); initializers' own shapes win over value infos, later value infos over
+    earlier ones; each is decoded when first asked for (folding asks about few of thousands)."""
 
-    def __init__(self, infos: list[onnx.ValueInfoProto], inits: Any) -> None:
-        self._infos = {vi.name: vi for vi in infos}
-        self._inits = {i.name: i for i in inits}
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self._model = model
+        self._infos: dict[str, onnx.ValueInfoProto] | None = None
+        self._inits: dict[str, TensorProto] = {}
+        self._failed = False
         self._done: dict[str, tuple[int | str, ...] | None] = {}
+
+    def _infer(self) -> None:
+        if self._infos is not None:
+            return
+        self._infos = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(_light_copy(self._model), strict_mode=False, data_prop=True)
+        except Exception:  # noqa: BLE001 - the caller folds nothing; _infer_types reports the error
+            self._failed = True
+            return
+        g = inferred.graph
+        self._infos = {vi.name: vi for vi in [*g.input, *g.value_info, *g.output]}
+        self._inits = {i.name: i for i in self._model.graph.initializer}
+
+    def failed(self) -> bool:
+        """Whether shape inference was needed and failed."""
+        return self._failed
 
     def _get(self, name: str) -> tuple[int | str, ...] | None:
         if name in self._done:
             return self._done[name]
+        self._infer()
+        assert self._infos is not None
         init = self._inits.get(name)
         if init is not None:
             shp: tuple[int | str, ...] | None = tuple(int(d) for d in init.dims)
@@ -719,7 +740,8 @@ class _Shapes(Mapping[str, tuple[int | str, ...]]):
         return default if shp is None else shp
 
     def __iter__(self) -> Any:
-        return iter(n for n in {**self._infos, **self._inits} if self._get(n) is not None)
+        self._infer()
+        return iter(n for n in {**(self._infos or {}), **self._inits} if self._get(n) is not None)
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
