@@ -166,7 +166,8 @@ def _layout(
     infos: dict[str, onnx.ValueInfoProto] | None = None,
 ) -> _Layout:
     nodes = _collect_nodes(mg, sub)
-    big = {t for t in sub.weights if mg.weight_bytes(t) >= external_threshold}
+    sizes = {t: mg.weight_bytes(t) for t in sub.weights}
+    big = {t for t, n in sizes.items() if n >= external_threshold}
     data_name = path.name + ".data"
     initializers: list[TensorProto] = []
     pieces: list[_Piece] = []
@@ -177,7 +178,7 @@ def _layout(
             initializers.append(_inline(mg, t))
             continue
         src = _source_ref(init)
-        length = mg.weight_bytes(t)
+        length = sizes[t]
         if linked and src is not None and src[0] in linked:
             initializers.append(_external(init, linked[src[0]], src[1], length))
             continue
