@@ -303,7 +303,8 @@ def _parse(path: Path) -> onnx.ModelProto:
 
 
 def _check_parsed(model: onnx.ModelProto, path: Path) -> None:
-    _check_text(model, path)
+    if _has_bad_text(model):
+        _check_text(model, path)  # finds it again, to name where it is
     if not model.HasField("graph") or not model.graph.node:
         raise InvalidModelError(f"{path} is not an ONNX model (no graph nodes)")
 
@@ -312,6 +313,46 @@ def _repeated(fd: Any) -> bool:
     # protobuf >= 5 has is_repeated (and later drops .label); older ones only .label
     rep = getattr(fd, "is_repeated", None)
     return bool(rep) if rep is not None else bool(fd.label == fd.LABEL_REPEATED)
+
+
+#: per field: 0 a message, 1 repeated messages, 2 a string, 3 repeated strings, 4 anything else
+_FIELD_KINDS: dict[Any, int] = {}
+_is_bytes = bytes.__instancecheck__
+
+
+def _field_kind(fd: Any) -> int:
+    kind = _FIELD_KINDS.get(fd)
+    if kind is None:
+        from google.protobuf.descriptor import FieldDescriptor as FD
+
+        rep = _repeated(fd)
+        kind = (1 if rep else 0) if fd.type == FD.TYPE_MESSAGE else (3 if rep else 2) if fd.type == FD.TYPE_STRING \
+            else 4
+        _FIELD_KINDS[fd] = kind
+    return kind
+
+
+def _has_bad_text(msg: Any) -> bool:
+    """Whether any string field under ``msg`` is not valid UTF-8 (:func:`_check_text` without
+    building a location per field: the common case of a good model is checked fast)."""
+    kinds = _FIELD_KINDS
+    for fd, value in msg.ListFields():
+        kind = kinds.get(fd)
+        if kind is None:
+            kind = _field_kind(fd)
+        if kind == 1:
+            for x in value:
+                if _has_bad_text(x):
+                    return True
+        elif kind == 0:
+            if _has_bad_text(value):
+                return True
+        elif kind == 3:
+            if any(map(_is_bytes, value)):
+                return True
+        elif kind == 2 and _is_bytes(value):
+            return True
+    return False
 
 
 def _check_text(msg: Any, path: Path, where: str = "model") -> None:
@@ -403,6 +444,7 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
     symlinks, so neither a crafted path nor a symlink can make rkpart read (and copy into a
     stage) a file outside the model's folder.
     """
+    sizes: dict[str, int] = {}  # location -> size, once it passed the confinement check
     for init in model.graph.initializer:
         if init.data_location != TensorProto.EXTERNAL:
             continue
@@ -411,9 +453,12 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
         tname = f"tensor {init.name!r}"
         if not loc:
             raise InvalidModelError(f"{tname}: external data has no location")
-        # the one confinement check (rkpart.io): inside the folder, a regular file
-        full = confined_file(folder, loc, what=f"{tname}: external data location", error=InvalidModelError,
-                             within="model folder").resolve()
+        size = sizes.get(loc)
+        if size is None:
+            # the one confinement check (rkpart.io): inside the folder, a regular file
+            full = confined_file(folder, loc, what=f"{tname}: external data location", error=InvalidModelError,
+                                 within="model folder").resolve()
+            size = sizes[loc] = full.stat().st_size
         try:
             offset = int(info.get("offset", 0) or 0)
             length = int(info["length"]) if info.get("length") else None
@@ -430,7 +475,6 @@ def check_external_data(model: onnx.ModelProto, folder: Path) -> None:
                 f"{tname}: external data length {length} in {loc!r} does not match the {need} bytes "
                 f"its shape {list(init.dims)} needs"
             )
-        size = full.stat().st_size
         if offset + need > size:
             raise InvalidModelError(
                 f"{tname}: external data file {loc!r} is too short ({size} bytes, needs {offset + need})"
@@ -529,42 +573,45 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
     ONNX reference evaluator) and re-running inference resolves them.  Large constant
     computations (e.g. transposed weights) are left as ops and copied into each stage.
     """
-    from onnx.reference import ReferenceEvaluator
-
     g = model.graph
     values: dict[str, np.ndarray] = {}
     for init in g.initializer:
         if init.data_location != TensorProto.EXTERNAL and init.ByteSize() <= FOLD_LIMIT:
             values[init.name] = numpy_helper.to_array(init)
     for _ in range(6):
-        light = _light_copy(model)
-        try:
-            inferred = onnx.shape_inference.infer_shapes(light, strict_mode=False, data_prop=True)
-        except Exception:  # noqa: BLE001 - inference errors are reported by _infer_types later
-            return
-        shapes: dict[str, tuple[int | str, ...]] = {}
-        for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
-            t = _value_info_type(vi)
-            if t is not None:
-                shapes[vi.name] = t[1]
-        for init in g.initializer:
-            shapes[init.name] = tuple(int(d) for d in init.dims)
+        # shape inference runs when a fold first needs a shape: a Constant's is its value's
+        shapes = _Shapes(model)
         folded: dict[int, list[np.ndarray]] = {}
+        # another round sees more only if this one changed what shape inference knows (a
+        # Constant's ``value`` is known to inference as an initializer's is) or passed over an
+        # op whose inputs all became values later in the pass (an op listed before a producer)
+        again = False
         for i, n in enumerate(g.node):
             if n.op_type in _NO_FOLD or n.domain not in DEFAULT_DOMAINS:
                 continue
             ins = [t for t in n.input if t]
-            if n.op_type == "Shape" and ins:
+            plain = _plain_constant(n)
+            if plain is not None:
+                if int(plain.size) * 8 > FOLD_LIMIT:  # what _small_result says of its inferred shape
+                    continue
+                res: list[np.ndarray] = [plain]
+            elif shapes.failed():
+                return  # as below: no fold in a round whose inference failed
+            elif n.op_type == "Shape" and ins:
                 shp = shapes.get(ins[0])
                 if shp is None or not all(isinstance(d, int) for d in shp):
                     continue
                 attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
                 full = [int(d) for d in shp]
                 st, en = attrs.get("start", 0), attrs.get("end")
-                res: list[np.ndarray] = [np.array(full[st:en] if en is not None else full[st:], dtype=np.int64)]
+                res = [np.array(full[st:en] if en is not None else full[st:], dtype=np.int64)]
+                again = True
             elif all(t in values for t in ins) and (ins or n.op_type == "Constant"):
                 if not _small_result(n, shapes, values):
                     continue
+                from onnx.reference import ReferenceEvaluator  # imported only if needed: slow to load
+
+                again = True
                 try:
                     # a hostile model may divide by zero here: that is its result, not news for stderr
                     with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -580,8 +627,12 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
                 if t:
                     values[t] = np.asarray(r)
             folded[i] = [np.asarray(r) for r in res]
-        if not folded:
-            return
+        if not folded or shapes.failed():
+            return  # nothing to fold, or inference failed (reported by _infer_types later)
+        again = again or any(
+            i not in folded and n.op_type not in _NO_FOLD and n.domain in DEFAULT_DOMAINS
+            and (ins := [t for t in n.input if t]) and all(t in values for t in ins)
+            for i, n in enumerate(g.node))
         keep = [n for i, n in enumerate(g.node) if i not in folded]
         new_inits = []
         for i in sorted(folded):
@@ -598,6 +649,102 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
         if len(live) != len(g.initializer):
             del g.initializer[:]
             g.initializer.extend(live)
+        if not again:
+            return
+
+
+#: element types whose ``numpy_helper.to_array`` is exactly what the reference evaluator returns
+_PLAIN_DTYPES = frozenset({
+    TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BOOL,
+    TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
+    TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64,
+})
+
+
+def _plain_constant(node: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a ``Constant`` holding one inline tensor of a plain numeric type, else ``None``.
+
+    Most constants of an export are these; reading them directly is what the reference
+    evaluator does, without building an evaluator per node.
+    """
+    if node.op_type != "Constant" or node.input or len(node.attribute) != 1:
+        return None
+    a = node.attribute[0]
+    if a.name != "value" or a.type != onnx.AttributeProto.TENSOR or a.ref_attr_name:
+        return None
+    t = a.t
+    if t.data_type not in _PLAIN_DTYPES or t.data_location == TensorProto.EXTERNAL or t.HasField("segment"):
+        return None
+    try:
+        return np.asarray(numpy_helper.to_array(t))
+    except (ValueError, TypeError):  # data that does not fit its shape: the evaluator's call
+        return None
+
+
+class _Shapes(Mapping[str, tuple[int | str, ...]]):
+    """Tensor shapes of ``model`` as shape inference (with data propagation) gives them, for
+    folding: inference runs when a shape is first asked for (:meth:`failed` says whether it
+    could not); initializers' own shapes win over value infos, later value infos over
+    earlier ones; each is decoded when first asked for (folding asks about few of thousands)."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self._model = model
+        self._infos: dict[str, onnx.ValueInfoProto] | None = None
+        self._inits: dict[str, TensorProto] = {}
+        self._failed = False
+        self._done: dict[str, tuple[int | str, ...] | None] = {}
+
+    def _infer(self) -> None:
+        if self._infos is not None:
+            return
+        self._infos = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(_light_copy(self._model), strict_mode=False, data_prop=True)
+        except Exception:  # noqa: BLE001 - the caller folds nothing; _infer_types reports the error
+            self._failed = True
+            return
+        g = inferred.graph
+        self._infos = {vi.name: vi for vi in [*g.input, *g.value_info, *g.output]}
+        self._inits = {i.name: i for i in self._model.graph.initializer}
+
+    def failed(self) -> bool:
+        """Whether shape inference was needed and failed."""
+        return self._failed
+
+    def _get(self, name: str) -> tuple[int | str, ...] | None:
+        if name in self._done:
+            return self._done[name]
+        self._infer()
+        assert self._infos is not None
+        init = self._inits.get(name)
+        if init is not None:
+            shp: tuple[int | str, ...] | None = tuple(int(d) for d in init.dims)
+        else:
+            vi = self._infos.get(name)
+            t = _value_info_type(vi) if vi is not None else None
+            shp = t[1] if t is not None else None
+        self._done[name] = shp
+        return shp
+
+    def __getitem__(self, name: str) -> tuple[int | str, ...]:
+        shp = self._get(name)
+        if shp is None:
+            raise KeyError(name)
+        return shp
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._get(name) is not None
+
+    def get(self, name: str, default: Any = None) -> Any:
+        shp = self._get(name)
+        return default if shp is None else shp
+
+    def __iter__(self) -> Any:
+        self._infer()
+        return iter(n for n in {**(self._infos or {}), **self._inits} if self._get(n) is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _small_result(node: onnx.NodeProto, shapes: Mapping[str, tuple[int | str, ...]],
@@ -697,6 +844,8 @@ def _check_element_counts(
 
 
 def _toposort(nodes: list[onnx.NodeProto], producer: dict[str, int], path: Path) -> list[int]:
+    if all(producer.get(t, -1) < i for i, n in enumerate(nodes) for t in n.input):
+        return list(range(len(nodes)))  # already sorted (as exporters write): the order below would keep it
     dag = nx.DiGraph()
     dag.add_nodes_from(range(len(nodes)))
     for i, n in enumerate(nodes):

@@ -7,6 +7,7 @@ Both end in :func:`nbytes` semantics: elements times element size, sub-byte type
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 
@@ -29,6 +30,7 @@ MAX_ELEMENTS = 1 << 36
 TensorType = tuple[str, tuple[int, ...]]
 
 
+@functools.cache  # called per tensor of every value info: numpy builds the name each time
 def np_dtype_name(elem_type: int) -> str:
     """numpy name of an ONNX element type (``"onnx:N"`` when numpy has none)."""
     try:

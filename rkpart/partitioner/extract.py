@@ -26,7 +26,7 @@ from rkpart.errors import InvalidModelError, first_line
 from rkpart.io import atomic_writer, hash_file
 from rkpart.ir import ModelGraph, Subgraph
 from rkpart.ir.ops import CONTROL_FLOW_OPS
-from rkpart.partitioner.weights import Piece, fast_writer, write_pieces
+from rkpart.partitioner.weights import Piece, put_bytes, write_pieces
 
 #: weights at least this large go to the stage's external data file
 DEFAULT_EXTERNAL_THRESHOLD = 1024
@@ -163,9 +163,11 @@ def _layout(
     external_threshold: int,
     doc: str,
     linked: Mapping[str, str] | None,
+    infos: dict[str, onnx.ValueInfoProto] | None = None,
 ) -> _Layout:
     nodes = _collect_nodes(mg, sub)
-    big = {t for t in sub.weights if mg.weight_bytes(t) >= external_threshold}
+    sizes = {t: mg.weight_bytes(t) for t in sub.weights}
+    big = {t for t, n in sizes.items() if n >= external_threshold}
     data_name = path.name + ".data"
     initializers: list[TensorProto] = []
     pieces: list[_Piece] = []
@@ -176,7 +178,7 @@ def _layout(
             initializers.append(_inline(mg, t))
             continue
         src = _source_ref(init)
-        length = mg.weight_bytes(t)
+        length = sizes[t]
         if linked and src is not None and src[0] in linked:
             initializers.append(_external(init, linked[src[0]], src[1], length))
             continue
@@ -196,7 +198,7 @@ def _layout(
         initializers.append(_external(init, data_name, offset, length))
         offset += length
     model = _model(mg, sub, nodes, initializers, name=name, doc=doc, producer_name="rkpart",
-                   value_info=True)
+                   value_info=True, infos=infos)
     stage = ExtractedStage(
         file=path.name,
         data_file=data_name if pieces else None,
@@ -237,6 +239,7 @@ def extract_start(
     linked: Mapping[str, str] | None = None,
     durable: bool = True,
     pool: Executor | None = None,
+    infos: dict[str, onnx.ValueInfoProto] | None = None,
 ) -> PendingStage:
     """:func:`extract`, with the weight bytes moved and hashed on ``pool`` (when given).
 
@@ -245,12 +248,15 @@ def extract_start(
     is written (:func:`~rkpart.partitioner.weights.write_pieces`): every weight byte is read
     once from the source, hashed and written from the same buffer, never read back.
     """
-    lay = _layout(mg, sub, path, name=name, external_threshold=external_threshold, doc=doc, linked=linked)
+    lay = _layout(mg, sub, path, name=name, external_threshold=external_threshold, doc=doc, linked=linked,
+                  infos=infos)
     data, pieces, stage = lay.onnx_bytes, lay.pieces, lay.stage
     data_path = path.with_name(path.name + ".data")
-    writer = atomic_writer if durable else fast_writer
-    with writer(path) as tmp:
-        tmp.write_bytes(data)
+    if durable:
+        with atomic_writer(path) as tmp:
+            tmp.write_bytes(data)
+    else:
+        put_bytes(path, data)
     if not pieces:
         if data_path.exists():
             data_path.unlink()
@@ -286,9 +292,11 @@ def _hash_pieces(head: bytes, pieces: list[_Piece]) -> str:
 def _write_hashed(head: bytes, pieces: list[_Piece], path: Path, durable: bool) -> str:
     """Write the data file ``pieces`` describe; return sha256 of ``head`` then those bytes."""
     h = hashlib.sha256(head)
-    writer = atomic_writer if durable else fast_writer
-    with writer(path) as tmp:
-        write_pieces(pieces, tmp, h)
+    if durable:
+        with atomic_writer(path) as tmp:
+            write_pieces(pieces, tmp, h)
+    else:
+        write_pieces(pieces, path, h)
     return h.hexdigest()
 
 
@@ -349,18 +357,28 @@ def _model(
     doc: str,
     producer_name: str,
     value_info: bool,
+    infos: dict[str, onnx.ValueInfoProto] | None = None,
 ) -> onnx.ModelProto:
+    """``infos``: value infos already made (:meth:`ModelGraph.value_info`), filled as they are made."""
     types = mg.tensor_types
+    cache = infos if infos is not None else {}
+
+    def info(t: str) -> onnx.ValueInfoProto:
+        vi = cache.get(t)
+        if vi is None:
+            vi = cache[t] = mg.value_info(t)
+        return vi
+
     internal = sorted({
         t for n in nodes for t in n.output if t and t in types and t not in sub.outputs
     }, key=lambda t: (mg.producer.get(t, -1), t)) if value_info else []
     graph = helper.make_graph(
         nodes,
         name,
-        [mg.value_info(t) for t in sub.inputs],
-        [mg.value_info(t) for t in sub.outputs],
+        [info(t) for t in sub.inputs],
+        [info(t) for t in sub.outputs],
         initializer=initializers,
-        value_info=[mg.value_info(t) for t in internal],
+        value_info=[info(t) for t in internal],
         doc_string=doc or None,
     )
     return helper.make_model(

@@ -137,6 +137,8 @@ def stage_cycle(mg: ModelGraph, owner: Mapping[int, Hashable]) -> str | None:
     (``b00.block -(t)-> glue -(u)-> b00.block``), so the offending tensor is named.
     """
     q = _quotient(mg, owner)
+    if nx.is_directed_acyclic_graph(q):  # the usual case, and much cheaper than looking for a cycle
+        return None
     try:
         cyc = nx.find_cycle(q)
     except nx.NetworkXNoCycle:

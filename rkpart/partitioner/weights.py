@@ -79,9 +79,36 @@ _CHUNK = 1 << 23
 _ALIGN = 4096
 
 
+def open_new(path: Path, flags: int = 0) -> int:
+    """Open ``path`` for writing, created or truncated (mode ``0o666`` less the umask), never
+    through a symlink (one found there is replaced).  For files inside a locked staging folder
+    that is flushed once at the end: no temp file and rename per file."""
+    flags |= os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+    path.unlink()
+    return os.open(path, flags, 0o666)
+
+
+def put_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` as ``path`` through :func:`open_new` (not atomic, not fsynced)."""
+    fd = open_new(path)
+    try:
+        with memoryview(data) as view:
+            done = 0
+            while done < len(view):
+                done += os.write(fd, view[done:])
+    finally:
+        os.close(fd)
+
+
 def write_pieces(pieces: list[Piece], path: Path, h: Any = None) -> int:
-    """Write the concatenation of ``pieces`` to the existing file ``path``, feeding the same
-    bytes to the hash object ``h`` (when given); returns the bytes written.
+    """Write the concatenation of ``pieces`` as the file ``path`` (created or truncated, see
+    :func:`open_new`), feeding the same bytes to the hash object ``h`` (when given); returns
+    the bytes written.
 
     Every source byte is read once into one page-aligned buffer, hashed and written from it
     with ``O_DIRECT`` when the file system takes it (the last, partial block is written
@@ -91,12 +118,12 @@ def write_pieces(pieces: list[Piece], path: Path, h: Any = None) -> int:
 
     direct = hasattr(os, "O_DIRECT")
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | (os.O_DIRECT if direct else 0))
+        fd = open_new(path, os.O_DIRECT if direct else 0)
     except OSError as e:
         if not direct or e.errno != errno.EINVAL:
             raise
         direct = False
-        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        fd = open_new(path)
     srcs: dict[str, int] = {}
     buf = mmap.mmap(-1, _CHUNK)
     total = fill = 0
@@ -281,4 +308,4 @@ def _fsync(path: str) -> None:
 
 
 __all__ = ["LINK_DIR", "WEIGHTS_MODES", "Piece", "WeightsMode", "check_links", "fast_writer", "link_files",
-           "link_one", "linked_file_names", "source_locations", "sync_tree", "write_pieces"]
+           "link_one", "linked_file_names", "open_new", "put_bytes", "source_locations", "sync_tree", "write_pieces"]

@@ -1,9 +1,9 @@
 """Partition -> plan folder, crash-safe.  The last step of ``rkpart partition``.
 
-Stages are written into a sibling staging folder ``.<out>.partial``; each stage's files are
-atomic and followed by a small ``.done.json`` marker, so a killed run can be resumed (same
-model, strategy and options) without redoing finished stages.  Only when every stage and
-``plan.json`` are written does the staging folder replace ``out``.
+Stages are written into a sibling staging folder ``.<out>.partial``; once a stage's files
+are written, a line recording it is appended to ``stages/done.jsonl``, so a killed run can be
+resumed (same model, strategy and options) without redoing finished stages.  Only when every
+stage and ``plan.json`` are written does the staging folder replace ``out``.
 
 Deciding the partition is not done here: :func:`rkpart.pipeline.propose` does that.
 """
@@ -11,16 +11,25 @@ Deciding the partition is not done here: :func:`rkpart.pipeline.propose` does th
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from rkpart.errors import InvalidModelError, UserError, os_error
-from rkpart.io import atomic_write_bytes, file_sha256, folder_lock, load_json_file, recover_folder, replace_folder
+from rkpart.io import (
+    atomic_write_bytes,
+    file_sha256,
+    folder_lock,
+    load_json_file,
+    loads_json,
+    recover_folder,
+    replace_folder,
+)
 from rkpart.ir import ModelGraph
 from rkpart.ir.ops import CONTROL_FLOW_OPS
 from rkpart.partitioner.coverage import npu_coverage
@@ -40,8 +49,9 @@ from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 from rkpart.partitioner.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
 
 Progress = Callable[[str], None]
-#: stages whose weights may be in flight at once
+#: stages whose weights may be in flight at once, and the threads moving them
 _IN_FLIGHT = 3
+_WORKERS = 2
 #: rewrites an NPU stage file in place and returns its new description, or ``None`` to keep it
 StageSimplifier = Callable[[Path, ExtractedStage], "ExtractedStage | None"]
 
@@ -164,14 +174,34 @@ def _sweep_temp(folder: Path) -> None:
             p.unlink()
 
 
-def _stage_done(stages_dir: Path, fname: str) -> Stage | None:
-    """The finished stage recorded by a previous (interrupted) run, if its files are intact."""
-    done = stages_dir / f"{fname}.done.json"
-    if not done.is_file() or not (stages_dir / fname).is_file():
-        return None
+#: the resume journal: one JSON line per finished stage, appended once its files are written
+JOURNAL = "done.jsonl"
+
+
+def _read_journal(stages_dir: Path) -> dict[str, Stage]:
+    """The stages an interrupted run recorded as finished, by file name (a torn or foreign line
+    is skipped: that stage is written again)."""
+    path = stages_dir / JOURNAL
+    if not path.is_file() or path.is_symlink():
+        return {}
     try:
-        stage = Stage.from_json(load_json_file(done, what="stage marker", max_bytes=1 << 20))
-    except (OSError, UserError, KeyError, TypeError, ValueError, AttributeError):
+        text = path.read_bytes()[: 1 << 26]
+    except OSError:
+        return {}
+    out: dict[str, Stage] = {}
+    for line in text.splitlines():
+        try:
+            stage = Stage.from_json(loads_json(line, what="resume journal line"))
+        except (UserError, KeyError, TypeError, ValueError, AttributeError):
+            continue
+        out[PurePosixPath(stage.file).name] = stage
+    return out
+
+
+def _stage_done(stages_dir: Path, fname: str, journal: Mapping[str, Stage]) -> Stage | None:
+    """The finished stage recorded by a previous (interrupted) run, if its files are intact."""
+    stage = journal.get(fname)
+    if stage is None or not (stages_dir / fname).is_file():
         return None
     return stage if stage_sha256(stages_dir / fname) == stage.sha256 else None
 
@@ -192,9 +222,11 @@ def _write_stages(
 ) -> Plan:
     """Write every stage and ``plan.json`` into ``staging`` (locked), resuming finished stages.
 
-    Order matters for crash safety: a stage's files are atomic and its ``.done.json`` marker
-    is written after them; ``plan.json`` is written before the markers and ``run.json`` are
-    removed, so a run killed anywhere either resumes or starts over, never trusts half a file.
+    Order matters for crash safety: a stage's journal line is appended after its files are
+    written (a stage killed half-way has none and is written again; a journaled one is resumed
+    only if its files still hash to what the line says); ``plan.json`` is written before the
+    journal and ``run.json`` are removed, so a run killed anywhere either resumes or starts
+    over, never trusts half a file.
     """
     key_file = staging / "run.json"
     old = None
@@ -203,7 +235,8 @@ def _write_stages(
             old = load_json_file(key_file, what="run key", max_bytes=1 << 16).get("key")
         except (OSError, UserError, AttributeError):
             old = None
-    if old != run_key:
+    resuming = old == run_key
+    if not resuming:
         # a different run (other model/options) or one killed before it recorded its key:
         # nothing in the folder can be trusted
         _clear(staging)
@@ -211,6 +244,7 @@ def _write_stages(
     atomic_write_bytes(key_file, json.dumps({"key": run_key}).encode())
     stages_dir = staging / "stages"
     stages_dir.mkdir(exist_ok=True)
+    journal = _read_journal(stages_dir) if resuming else {}
     linked: dict[str, str] | None = None
     weights_record: dict[str, Any] | None = None
     if weights == "link":
@@ -219,6 +253,7 @@ def _write_stages(
     stages: list[Stage | None] = []
     tensors: dict[str, TensorInfo] = {}
     pending: dict[int, tuple[PendingStage, OrderedGroup, str]] = {}
+    infos: dict[str, Any] = {}  # value infos, shared by the stages a tensor crosses
 
     def finish(i: int) -> None:
         job, g, fname = pending.pop(i)
@@ -231,20 +266,23 @@ def _write_stages(
             block=g.block, blocks=g.blocks, region=g.region, kind=g.kind, weight_bytes=ex.weight_bytes,
             io_bytes=ex.io_bytes, sha256=ex.sha256, num_nodes=ex.num_nodes,
         )
-        with fast_writer(stages_dir / f"{fname}.done.json") as tmp:  # verified by sha256 on resume
-            tmp.write_bytes(json.dumps(stage.to_json(), sort_keys=True).encode())
+        # one line, one write: verified by sha256 on resume, a torn one is skipped
+        os.write(log, json.dumps(stage.to_json(), sort_keys=True).encode() + b"\n")
         stages[i] = stage
 
     n = len(groups)
     # weight bytes are copied (in the kernel) and hashed (from the source) on two threads while
     # the next stages' graphs are cut; at most a few stages are in flight
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="rkpart-weights") as pool:
+    log = _open_journal(stages_dir / JOURNAL)
+    with contextlib.ExitStack() as stack:
+        stack.callback(os.close, log)
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="rkpart-weights"))
         for idx, g in enumerate(groups):
             sub = mg.subgraph(g.ops)
             _add_tensors(mg, tensors, [*sub.inputs, *sub.outputs])
             fname = f"{idx:03d}_{g.id}.onnx"
             doc = f"rkpart stage {g.id} ({g.kind}) of {model_path.name}"
-            prev = _stage_done(stages_dir, fname)
+            prev = _stage_done(stages_dir, fname, journal) if journal else None
             if prev is not None and source_sha256(mg, sub, stages_dir / fname, name=g.id, doc=doc, linked=linked,
                                                   external_threshold=external_threshold) != prev.sha256:
                 prev = None  # its bytes in the source changed since it was written: write it again
@@ -255,7 +293,7 @@ def _write_stages(
             progress(f"[{idx + 1}/{n}] {g.id} ({g.device}, {len(g.ops)} ops)")
             job = extract_start(mg, sub, stages_dir / fname, name=g.id,
                                 external_threshold=external_threshold, linked=linked, durable=False,
-                                doc=doc, pool=pool)
+                                doc=doc, pool=pool, infos=infos)
             pending[idx] = (job, g, fname)
             for i in sorted(pending):
                 if pending[i][0].done() or len(pending) > _IN_FLIGHT:
@@ -281,8 +319,7 @@ def _write_stages(
     )
     with fast_writer(staging / PLAN_FILENAME) as tmp:
         tmp.write_bytes(plan.dumps().encode())
-    for f in stages_dir.glob("*.done.json"):
-        f.unlink()
+    (stages_dir / JOURNAL).unlink()
     key_file.unlink()
     # files of stages a previous, different partition left (e.g. more stages) are not ours
     keep = {Path(s.file).name for s in done} | {f"{Path(s.file).name}.data" for s in done}
@@ -297,6 +334,18 @@ def _write_stages(
     _sweep_temp(staging)
     sync_tree(staging)  # the one flush: every stage file was renamed into place without fsync
     return plan
+
+
+def _open_journal(path: Path) -> int:
+    """The resume journal, opened for appending (never through a symlink)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(path, flags, 0o666)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        path.unlink()  # a symlink rkpart did not make: replace it, never write through it
+        return os.open(path, flags, 0o666)
 
 
 def _clear(folder: Path) -> None:

@@ -252,8 +252,8 @@ def test_resume_rechecks_each_stage_against_its_source_slices(tmp_path: Path, ex
         partition(model, out, "split", external_threshold=64, progress=_interrupt_after(8))
     import json
 
-    done = {f.name.removesuffix(".done.json"): json.loads(f.read_text())["sha256"]
-            for f in (tmp_path / ".out.partial" / "stages").glob("*.done.json")}
+    journal = (tmp_path / ".out.partial" / "stages" / "done.jsonl").read_text().splitlines()
+    done = {Path(json.loads(line)["file"]).name: json.loads(line)["sha256"] for line in journal}
     data = model.with_name(model.name + ".data")
     raw = bytearray(data.read_bytes())
     raw[: len(raw) // 2] = bytes(len(raw) // 2)  # zero half the weights, same size
