@@ -12,6 +12,10 @@ of a small model: under :data:`SMALL_HOST_BYTES` of inputs, outputs and weights)
 intra-op thread: waking a pool costs more than their work (measured on the bundled example:
 resident plan 1.40x -> 1.29x the whole model's CPU time).  Large host stages keep ORT's
 default pool.
+
+The first session made in a process sets glibc's malloc thresholds so that memory freed by a
+released session stays in the process and the next one reuses it
+(:mod:`rkpart.runtime.malloc`; ``RKPART_KEEP_FREED_MEMORY=0`` turns it off).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from rkpart.errors import SpecError, first_line
 from rkpart.partitioner.plan import Stage
 from rkpart.partitioner.verify import stage_onnx
 from rkpart.runtime.base import Backend, Feeds, StageRunner
+from rkpart.runtime.malloc import keep_freed_memory
 from rkpart.types import HOST
 
 #: host stages touching fewer bytes than this run on one intra-op thread when ``threads=0``
@@ -42,21 +47,33 @@ def stage_threads(stage: Stage, threads: int) -> int:
 
 def make_session(model: bytes | str, *, threads: int = 0, spinning: bool = False) -> Any:
     """An ORT CPU session with deterministic settings (sequential execution, no spinning, no
-    memory pattern).
+    memory pattern; no CPU arena while freed memory is kept).
 
     ORT's memory pattern makes a session's *second* run allocate the whole planned block as
     fresh pages: measured on this machine (one thread, median process CPU time of 6 fresh
     sessions, twice), a fused Anima block at hidden 256 / 1024 tokens took 18.1-22.8 ms on the
     first call, 25.5 ms on the second and 17.3-17.6 ms after; without the pattern 18.2-19.2 /
     17.5-18.0 / 17.4-17.5 ms.  A CFG round of a resident plan is exactly those two calls, so
-    the pattern cost it ~20 % for nothing.  The CPU arena stays: it keeps a stage's
-    activations mapped after the call, where the memory profile sees them.
+    the pattern cost it ~20 % for nothing.
+
+    The first call in a process applies :func:`rkpart.runtime.malloc.keep_freed_memory`; while
+    that is in effect the session has no CPU arena.  The arena grows by doubling regions, and a
+    region of 32 MiB or more is mapped by glibc whatever the threshold and unmapped when the
+    session is released, so a fresh session page-faulted it in again: a fused block at hidden
+    384 / 1024 tokens, first call of a fresh session, 42-43 ms and ~6,300 minor faults with the
+    arena, 32-33 ms and 16 faults without (later calls of one session 32-34 ms either way;
+    ``bench/fresh_session.py``).  Without the arena ORT mallocs each buffer, below the
+    threshold, from the heap glibc now keeps.
     """
     import onnxruntime as ort
+
+    keep = keep_freed_memory()
 
     so = ort.SessionOptions()
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.enable_mem_pattern = False
+    if keep:
+        so.enable_cpu_mem_arena = False
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
@@ -239,4 +256,5 @@ class OrtBackend(Backend):
         d: dict[str, Any] = {"backend": self.name, "runtime": f"onnxruntime {ort.__version__}"}
         if self.threads:
             d["intra_op_threads"] = self.threads
+        d["keep_freed_memory"] = keep_freed_memory()
         return d

@@ -1,0 +1,75 @@
+"""Keep freed memory in the process, so a per-stage load-run-release cycle reuses its pages.
+
+glibc serves allocations above its mmap threshold (128 KiB at first, raised dynamically up to
+32 MiB) with their own ``mmap`` and gives them back to the OS on ``free``; the top of the heap
+is given back (trimmed) once more than the trim threshold of it is free.  A stage of a
+per-stage plan creates its ORT session, runs once and releases it, every pass: at 1024 image
+tokens its activations (and the attention scores) are such allocations, so every pass's first
+call page-faults them in again, and the cost model, fitted on sizes whose buffers stay on the
+heap, never sees it.
+
+:func:`keep_freed_memory` sets ``M_MMAP_THRESHOLD`` to glibc's maximum (32 MiB on 64-bit) and
+``M_TRIM_THRESHOLD`` to 1 GiB with ``mallopt`` once per process, the first time an ORT
+session is made (:func:`rkpart.runtime.ort.make_session`).  Freed buffers then stay mapped and
+the next session's buffers of the same size reuse them.  The process keeps its heap's
+high-water mark (the largest stage's working set), not more: freed chunks are reused, not
+added to.  Allocations of 32 MiB or more are still mapped and unmapped one by one, which is why
+:func:`rkpart.runtime.ort.make_session` turns ORT's CPU arena off while this is in effect (its
+regions double in size and reach that).
+
+Switch: environment variable ``RKPART_KEEP_FREED_MEMORY=0`` (or ``off``/``false``/``no``)
+leaves glibc's defaults; benches run each setting in its own process (``mallopt`` is
+process-wide and cannot be undone: the dynamic threshold is off once set).  Not glibc (musl,
+macOS, Windows): a no-op.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+#: the switch; "0", "off", "false" or "no" turn it off
+ENV = "RKPART_KEEP_FREED_MEMORY"
+#: glibc's ``mallopt`` parameters (malloc.h)
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+#: the largest mmap threshold glibc accepts on 64-bit (``DEFAULT_MMAP_THRESHOLD_MAX``)
+MMAP_THRESHOLD = 32 << 20
+TRIM_THRESHOLD = 1 << 30
+
+_state: bool | None = None
+
+
+def wanted() -> bool:
+    """What the switch says (default on)."""
+    return os.environ.get(ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def keep_freed_memory() -> bool:
+    """Apply the thresholds once per process if :func:`wanted` and glibc; whether they are in effect.
+
+    Later calls return the first call's answer (``mallopt`` is process-wide).
+    """
+    global _state
+    if _state is None:
+        _state = wanted() and _apply()
+    return _state
+
+
+def in_effect() -> bool:
+    """Whether this process's thresholds were set by :func:`keep_freed_memory` (False before its first call)."""
+    return bool(_state)
+
+
+def _apply() -> bool:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
