@@ -73,3 +73,18 @@ def _apply() -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+
+
+def give_back() -> bool:
+    """Return the free memory glibc keeps to the OS (``malloc_trim(0)``) if it is being kept.
+
+    For memory profiles: after a per-stage stage is released, so the next stage's peak is its
+    own and not the kept high-water mark of the stages before it.  False when nothing was done.
+    """
+    if not _state:
+        return False
+    libc = ctypes.CDLL(None)
+    libc.malloc_trim.argtypes = (ctypes.c_size_t,)
+    libc.malloc_trim.restype = ctypes.c_int
+    libc.malloc_trim(0)
+    return True
