@@ -244,7 +244,9 @@ def choose_and_verify(model_path: str | Path, work: Path, model_file: Path, plan
         plan, folder = load_plan(folders[row.plan])
         row.predicted_s = predicted_round(model, plan, folder, row.residency, passes)
     for i in range(config.verify_rounds):
-        for row in rows:
+        # the order rotates: no plan always runs first (after another model's plans) or last
+        k = i % len(rows)
+        for row in rows[k:] + rows[:k]:
             progress(f"verify round {i + 1}/{config.verify_rounds}: {row.plan} ({row.residency})")
             recs = _profile(folders[row.plan], work / "verify" / f"{row.plan}.{row.residency}.{i}.jsonl", config,
                             residency=row.residency, rounds=1, warmup=1, block=None, memory=False)

@@ -286,6 +286,22 @@ def test_tune_runs_end_to_end_on_ort(tmp_path: Path, example_model: Path) -> Non
     assert (tmp_path / "t" / "cost_model.json").exists() and (tmp_path / "t" / "plans" / "auto" / "plan.json").exists()
 
 
+@pytest.mark.slow
+def test_verify_rounds_rotate_the_plan_order(tmp_path: Path, example_model: Path) -> None:
+    from rkpart.tune import TuneConfig, choose_and_verify, single_plans
+
+    plans, _, _ = single_plans(example_model, tmp_path)
+    said: list[str] = []
+    _, _, rows = choose_and_verify(example_model, tmp_path, default_model_path(), plans,
+                                   TuneConfig(verify_rounds=2, threads=1), progress=said.append)
+    runs = [m.split(": ", 1)[1] for m in said if m.startswith("verify round")]
+    n = len(rows)
+    assert len(runs) == 2 * n and runs[0] == "auto (plan)"
+    # round 2 is round 1 rotated by one: every plan measured once per round, none always first
+    assert runs[n:] == runs[1:n] + runs[:1]
+    assert all(len(r.measured_s) == 2 for r in rows)
+
+
 def test_profiles_record_cpu_time_and_fit_can_use_it(ort_profiles: list[Path]) -> None:
     from rkpart.profile.records import read_jsonl
 
