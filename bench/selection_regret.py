@@ -9,7 +9,8 @@
 2. Evaluate on sizes outside that range: image tokens up to 4x beyond it (1024), hidden up to
    1.5x beyond it (384), 2 and 4 blocks.  Per model, ``auto`` chooses with the fitted model and
    its plan is run next to every single-strategy plan under each residency, rounds
-   interleaved, timed in process CPU time (:func:`rkpart.tune.choose_and_verify`).
+   interleaved across every plan of every model (the order rotating), timed in process CPU
+   time (:func:`rkpart.tune.choose_auto`, :func:`rkpart.tune.verify_round`).
 3. Print per model auto's choice, the measured best, the regret (auto / best - 1), the
    whole-plan prediction error of every plan, and the share of per-stage NPU inference
    predictions within +-10 % (from the same runs' stage records: median CPU time of the
@@ -41,7 +42,7 @@ from rkpart.cost_model.calibration import fit_profiles
 from rkpart.cost_model.features import stage_features
 from rkpart.cost_model.model import CostModel
 from rkpart.partitioner.plan import load_plan
-from rkpart.tune import TuneConfig, choose_and_verify, profile_for_fit, single_plans
+from rkpart.tune import TuneConfig, choose_auto, profile_for_fit, single_plans, verify_round
 from tests.models.anima import AnimaConfig, build_anima_onnx
 
 #: (hidden, heads, latent side, blocks); image tokens = (side / 2) ** 2
@@ -136,11 +137,20 @@ def main(argv: list[str] | None = None) -> int:
     plan_repeat: list[float] = []
     results: list[dict[str, Any]] = []
     print(f"{'model':<24} {'auto chose':<34} {'measured best':<26} {'regret':>7} {'whole-plan err (auto)':>22}")
+    evals = []
     for spec in (QUICK_EVAL if args.quick else EVAL):
         path = build(work / "models", *spec)
         sub = work / "eval" / path.stem
         plans, _, _ = single_plans(path, sub)
-        _, choices, rows = choose_and_verify(path, sub, model_file, plans, cfg)
+        _, choices, rows, folders = choose_auto(path, sub, model_file, plans, cfg)
+        evals.append((spec, path, sub, plans, choices, rows, folders))
+    # round i of every model's every plan before round i + 1 of any (as the fit): a busy spell
+    # of the shared machine is spread over all models instead of shifting one model's every plan
+    for i in range(cfg.verify_rounds):
+        for _spec, _path, sub, _plans, _choices, rows, folders in evals:
+            verify_round(rows, folders, sub, cfg, i)
+        print(f"verify: round {i + 1}/{cfg.verify_rounds}", file=sys.stderr)
+    for spec, path, _sub, plans, choices, rows, _folders in evals:
         best = min(rows, key=lambda r: r.median_s)
         auto = next(r for r in rows if r.plan == "auto")
         regret = auto.median_s / best.median_s - 1.0

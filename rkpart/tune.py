@@ -229,6 +229,17 @@ def choose_and_verify(model_path: str | Path, work: Path, model_file: Path, plan
                       ) -> tuple[Path, list[dict[str, Any]], list[VerifyRow]]:
     """Write ``auto``'s plan with the model in ``model_file``, then run it and every plan of
     ``plans`` under each residency, rounds interleaved; rows carry measured and predicted rounds."""
+    auto_dir, choices, rows, folders = choose_auto(model_path, work, model_file, plans, config, progress)
+    for i in range(config.verify_rounds):
+        verify_round(rows, folders, work, config, i, progress)
+    return auto_dir, choices, rows
+
+
+def choose_auto(model_path: str | Path, work: Path, model_file: Path, plans: Mapping[str, Path],
+                config: TuneConfig, progress: Callable[[str], None] = lambda _: None
+                ) -> tuple[Path, list[dict[str, Any]], list[VerifyRow], dict[str, Path]]:
+    """``auto``'s plan under ``work/plans/auto``, its choices, one row per plan to verify (auto's
+    plan, every plan of ``plans`` under each residency) with its predicted round, and the folders."""
     model = CostModel.load(model_file)
     auto_dir = work / "plans" / "auto"
     progress("choosing with the fitted model")
@@ -243,16 +254,21 @@ def choose_and_verify(model_path: str | Path, work: Path, model_file: Path, plan
     for row in rows:
         plan, folder = load_plan(folders[row.plan])
         row.predicted_s = predicted_round(model, plan, folder, row.residency, passes)
-    for i in range(config.verify_rounds):
-        # the order rotates: no plan always runs first (after another model's plans) or last
-        k = i % len(rows)
-        for row in rows[k:] + rows[:k]:
-            progress(f"verify round {i + 1}/{config.verify_rounds}: {row.plan} ({row.residency})")
-            recs = _profile(folders[row.plan], work / "verify" / f"{row.plan}.{row.residency}.{i}.jsonl", config,
-                            residency=row.residency, rounds=1, warmup=1, block=None, memory=False)
-            row.measured_s += _round_seconds(recs)
-            row.records += [r for r in recs if r.get("record") == "stage" and not r.get("warmup")]
-    return auto_dir, choices, rows
+    return auto_dir, choices, rows, folders
+
+
+def verify_round(rows: Sequence[VerifyRow], folders: Mapping[str, Path], work: Path, config: TuneConfig, i: int,
+                 progress: Callable[[str], None] = lambda _: None) -> None:
+    """Round ``i`` of every row (a caller may interleave several models' rounds): one warm-up and
+    one measured round each, process CPU time, appended to the rows."""
+    # the order rotates: no plan always runs first (after another model's plans) or last
+    k = i % len(rows)
+    for row in [*rows[k:], *rows[:k]]:
+        progress(f"verify round {i + 1}/{config.verify_rounds}: {row.plan} ({row.residency})")
+        recs = _profile(folders[row.plan], work / "verify" / f"{row.plan}.{row.residency}.{i}.jsonl", config,
+                        residency=row.residency, rounds=1, warmup=1, block=None, memory=False)
+        row.measured_s += _round_seconds(recs)
+        row.records += [r for r in recs if r.get("record") == "stage" and not r.get("warmup")]
 
 
 def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneConfig(),
