@@ -21,7 +21,7 @@
 Targets (issue 11): median regret <= 2 %, worst <= 5 %; >= 90 % of whole-plan predictions within
 +-10 %; >= 95 % of per-stage inference predictions within +-10 % (incl. 4x tokens).
 
-Usage: ``.venv/bin/python bench/selection_regret.py [--work /tmp/rkpart-regret] [--verify-rounds 3] [--quick]
+Usage: ``.venv/bin/python bench/selection_regret.py [--work /tmp/rkpart-regret] [--verify-rounds 9] [--quick]
 [--statistic median|min]``
 Exit code 0 when every target is met, 1 otherwise.  Check ``uptime`` first.
 """
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path, default=Path("/tmp/rkpart-regret"))
     ap.add_argument("--rounds", type=int, default=3, help="measured rounds per fit profile")
-    ap.add_argument("--verify-rounds", type=int, default=3, help="interleaved rounds per plan in the evaluation")
+    ap.add_argument("--verify-rounds", type=int, default=9, help="interleaved rounds per plan in the evaluation")
     ap.add_argument("--quick", action="store_true", help="3 fit sizes, 2 evaluation sizes")
     ap.add_argument("--statistic", choices=("median", "min"), default="median",
                     help="what a stage sample is: the median CPU time of its calls (what a pipeline pays) or the least")

@@ -53,6 +53,7 @@ of running the model as a partitioned plan.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import statistics
@@ -72,7 +73,7 @@ from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
 from rkpart.progress import Progress
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.executor import PlanExecutor, find_model, plan_residency, random_inputs
-from rkpart.runtime.malloc import give_back
+from rkpart.runtime.malloc import give_back, measuring_memory
 from rkpart.types import HOST, RESIDENCIES, Residency
 
 COND, UNCOND = "cond", "uncond"
@@ -271,7 +272,9 @@ def profile_plan(
     total = warmup + rounds
     whole_s: list[float] = []
     try:
-        with Sampler(sample_interval, device_pattern=device_pattern) as sampler:
+        # memory measured: sessions keep ORT's arena, so a snapshot sees a stage's intermediates
+        measuring = measuring_memory() if snapshots or sample_interval > 0 else contextlib.nullcontext()
+        with Sampler(sample_interval, device_pattern=device_pattern) as sampler, measuring:
             for r in range(total):
                 is_warm = r < warmup
                 label = f"round {r + 1}/{total}" + (" (warm-up)" if is_warm else "")

@@ -15,7 +15,8 @@ the next session's buffers of the same size reuse them.  The process keeps its h
 high-water mark (the largest stage's working set), not more: freed chunks are reused, not
 added to.  Allocations of 32 MiB or more are still mapped and unmapped one by one, which is why
 :func:`rkpart.runtime.ort.make_session` turns ORT's CPU arena off while this is in effect (its
-regions double in size and reach that).
+regions double in size and reach that), except inside :func:`measuring_memory` (memory
+profiles: the arena keeps a stage's intermediates until release, where snapshots see them).
 
 Switch: environment variable ``RKPART_KEEP_FREED_MEMORY=0`` (or ``off``/``false``/``no``)
 leaves glibc's defaults; benches run each setting in its own process (``mallopt`` is
@@ -25,9 +26,11 @@ macOS, Windows): a no-op.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
+from collections.abc import Iterator
 
 #: the switch; "0", "off", "false" or "no" turn it off
 ENV = "RKPART_KEEP_FREED_MEMORY"
@@ -88,3 +91,27 @@ def give_back() -> bool:
     libc.malloc_trim.restype = ctypes.c_int
     libc.malloc_trim(0)
     return True
+
+
+_measuring = 0
+
+
+@contextlib.contextmanager
+def measuring_memory() -> Iterator[None]:
+    """Sessions made inside keep ORT's CPU arena (memory profiles).
+
+    Without the arena ORT frees each intermediate as soon as it is read, and one of 32 MiB or
+    more is unmapped at once: only a sampler tick inside the call would see it.  With the arena
+    the block stays until the session is released, where the snapshot after inference sees it.
+    """
+    global _measuring
+    _measuring += 1
+    try:
+        yield
+    finally:
+        _measuring -= 1
+
+
+def arena_wanted() -> bool:
+    """Whether a new ORT session should have its CPU arena: freed memory is not kept, or memory is measured."""
+    return not keep_freed_memory() or _measuring > 0

@@ -31,7 +31,7 @@ from rkpart.errors import SpecError, first_line
 from rkpart.partitioner.plan import Stage
 from rkpart.partitioner.verify import stage_onnx
 from rkpart.runtime.base import Backend, Feeds, StageRunner
-from rkpart.runtime.malloc import keep_freed_memory
+from rkpart.runtime.malloc import arena_wanted, keep_freed_memory
 from rkpart.types import HOST
 
 #: host stages touching fewer bytes than this run on one intra-op thread when ``threads=0``
@@ -57,7 +57,8 @@ def make_session(model: bytes | str, *, threads: int = 0, spinning: bool = False
     the pattern cost it ~20 % for nothing.
 
     The first call in a process applies :func:`rkpart.runtime.malloc.keep_freed_memory`; while
-    that is in effect the session has no CPU arena.  The arena grows by doubling regions, and a
+    that is in effect the session has no CPU arena (except in memory profiles,
+    :func:`rkpart.runtime.malloc.measuring_memory`).  The arena grows by doubling regions, and a
     region of 32 MiB or more is mapped by glibc whatever the threshold and unmapped when the
     session is released, so a fresh session page-faulted it in again: a fused block at hidden
     384 / 1024 tokens, first call of a fresh session, 42-43 ms and ~6,300 minor faults with the
@@ -67,12 +68,12 @@ def make_session(model: bytes | str, *, threads: int = 0, spinning: bool = False
     """
     import onnxruntime as ort
 
-    keep = keep_freed_memory()
+    arena = arena_wanted()  # applies keep_freed_memory() on the first call
 
     so = ort.SessionOptions()
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.enable_mem_pattern = False
-    if keep:
+    if not arena:
         so.enable_cpu_mem_arena = False
     so.log_severity_level = 3
     if threads:
