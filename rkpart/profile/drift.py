@@ -16,7 +16,7 @@ zeros for the unconditional CFG pass).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,9 +89,15 @@ class Trajectory:
     blocks: dict[tuple[int, str, int], dict[str, np.ndarray]]  # (step, pass, block) -> outputs
 
 
-def denoise(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cfg: bool, guidance: float = 4.0,
-            seed: int = 0, timestep_scale: float = 1000.0) -> Trajectory:
-    """The flow-matching Euler loop through ``plan`` (``backend`` for NPU stages; ``None``: ORT)."""
+#: one step of a run: the latent after the Euler update, and per (pass, block) the block's outputs
+StepResult = tuple[np.ndarray, dict[tuple[str, int], dict[str, np.ndarray]]]
+
+
+def denoise_steps(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cfg: bool,
+                  guidance: float = 4.0, seed: int = 0,
+                  timestep_scale: float = 1000.0) -> Generator[StepResult, None, None]:
+    """The flow-matching Euler loop through ``plan`` (``backend`` for NPU stages; ``None``: ORT),
+    one step at a time: only the current step's block outputs are held."""
     r = roles(plan)
     rng = np.random.default_rng(seed)
     lat = plan.tensors[r.latent]
@@ -100,7 +106,6 @@ def denoise(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cf
     uncond = {t: np.zeros_like(v) for t, v in cond.items()}
     ts = plan.tensors[r.timestep]
     ends = block_outputs(plan)
-    traj = Trajectory([], {})
     sigmas = np.linspace(1.0, 0.0, steps + 1)
     # the ORT reference loads one NPU stage at a time (each serves every pass of a step back to
     # back): resident, a full-size plan's sessions hold several times its weights (OOM at 24 GiB
@@ -109,12 +114,13 @@ def denoise(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cf
         for i in range(steps):
             t = np.full(ts.shape, sigmas[i] * timestep_scale, dtype=ts.dtype)
             kinds = ("cond", "uncond") if cfg else ("cond",)
+            blocks: dict[tuple[str, int], dict[str, np.ndarray]] = {}
 
-            def on_stage(p: int, _i: int, sid: str, outs: dict[str, np.ndarray], step: int = i,
-                         kinds: tuple[str, ...] = kinds) -> None:
+            def on_stage(p: int, _i: int, sid: str, outs: dict[str, np.ndarray],
+                         kinds: tuple[str, ...] = kinds,
+                         blocks: dict[tuple[str, int], dict[str, np.ndarray]] = blocks) -> None:
                 if sid in ends:
-                    got = traj.blocks.setdefault((step, kinds[p], ends[sid]), {})
-                    got.update({k: np.array(v) for k, v in outs.items()})
+                    blocks.setdefault((kinds[p], ends[sid]), {}).update({k: np.array(v) for k, v in outs.items()})
 
             # CFG's two passes run stage-major (each stage serves both back to back): a stage the
             # simulator had to evict is rebuilt once per step, not once per pass
@@ -125,40 +131,71 @@ def denoise(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cf
                 vu = np.asarray(outs[1][r.output], dtype=np.float32)
                 v = vu + guidance * (v - vu)
             x = (x.astype(np.float32) + (sigmas[i + 1] - sigmas[i]) * v).astype(lat.dtype)
-            traj.latents.append(x.copy())
+            yield x.copy(), blocks
+
+
+def denoise(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cfg: bool, guidance: float = 4.0,
+            seed: int = 0, timestep_scale: float = 1000.0) -> Trajectory:
+    """:func:`denoise_steps` run to the end, every step kept."""
+    traj = Trajectory([], {})
+    for step, (x, blocks) in enumerate(denoise_steps(plan, folder, backend=backend, steps=steps, cfg=cfg,
+                                                     guidance=guidance, seed=seed, timestep_scale=timestep_scale)):
+        traj.latents.append(x)
+        traj.blocks.update({(step, kind, block): outs for (kind, block), outs in blocks.items()})
     return traj
 
 
-def compare_trajectories(label: str, ref: Trajectory, got: Trajectory) -> list[DriftRow]:
-    """Per step: the latent; per step, pass and block: the block outputs (all tensors concatenated)."""
+def compare_step(label: str, step: int, ref: StepResult, got: StepResult) -> list[DriftRow]:
+    """One step: per pass and block the block outputs (all tensors concatenated), then the latent."""
     rows = []
-    for step, (a, b) in enumerate(zip(got.latents, ref.latents, strict=True)):
-        keys = sorted(k for k in ref.blocks if k[0] == step)
-        for _, kind, block in keys:
-            ga, ra = got.blocks[(step, kind, block)], ref.blocks[(step, kind, block)]
-            m = compare(np.concatenate([ga[n].ravel() for n in sorted(ra)]),
-                        np.concatenate([ra[n].ravel() for n in sorted(ra)]))
-            rows.append(DriftRow(label, step, kind, block, m.cosine, m.max_abs, m.mse))
-        m = compare(a, b)
-        rows.append(DriftRow(label, step, LATENT, None, m.cosine, m.max_abs, m.mse))
+    for kind, block in sorted(ref[1]):
+        ga, ra = got[1][(kind, block)], ref[1][(kind, block)]
+        m = compare(np.concatenate([ga[n].ravel() for n in sorted(ra)]),
+                    np.concatenate([ra[n].ravel() for n in sorted(ra)]))
+        rows.append(DriftRow(label, step, kind, block, m.cosine, m.max_abs, m.mse))
+    m = compare(got[0], ref[0])
+    rows.append(DriftRow(label, step, LATENT, None, m.cosine, m.max_abs, m.mse))
     return rows
+
+
+def compare_trajectories(label: str, ref: Trajectory, got: Trajectory) -> list[DriftRow]:
+    """:func:`compare_step` for every step of two whole trajectories."""
+    def step_of(t: Trajectory, step: int) -> StepResult:
+        return t.latents[step], {(k, b): o for (s, k, b), o in t.blocks.items() if s == step}
+
+    return [row for step in range(len(ref.latents))
+            for row in compare_step(label, step, step_of(ref, step), step_of(got, step))]
 
 
 def drift(plans: Sequence[tuple[str, Plan, Path]], backend: Backend, *, steps: int, cfg: bool,
           guidance: float = 4.0, seed: int = 0, progress: Callable[[str], None] | None = None) -> list[DriftRow]:
-    """Reference (ORT) vs ``backend`` trajectories of every ``(label, plan, folder)``."""
+    """Reference (ORT) vs ``backend`` trajectories of every ``(label, plan, folder)``.
+
+    The two runs of a plan go in lockstep, step by step, and each step is compared and dropped:
+    memory holds one step's block outputs, not whole trajectories (at full size those are GBs
+    per run, and holding them next to the simulator's workers was OOM-killed at 24 GiB).
+    """
     say = progress or (lambda _m: None)
     rows: list[DriftRow] = []
     for label, plan, folder in plans:
-        say(f"{label}: reference on ONNX Runtime, {steps} step(s){' with CFG' if cfg else ''}")
-        ref = denoise(plan, folder, backend=None, steps=steps, cfg=cfg, guidance=guidance, seed=seed)
-        say(f"{label}: NPU stages on {backend.name}")
+        say(f"{label}: {steps} step(s){' with CFG' if cfg else ''}, reference on ONNX Runtime in lockstep "
+            f"with the NPU stages on {backend.name}")
         pool = backend.pool if isinstance(backend, RknnSimBackend) else None
         if pool is not None:
             pool.reset_stats()
+        kw: dict[str, Any] = {"steps": steps, "cfg": cfg, "guidance": guidance, "seed": seed}
+        ref_run = denoise_steps(plan, folder, backend=None, **kw)
+        got_run = denoise_steps(plan, folder, backend=backend, **kw)
         try:
-            got = denoise(plan, folder, backend=backend, steps=steps, cfg=cfg, guidance=guidance, seed=seed)
+            for step in range(steps):
+                ref = next(ref_run)
+                got = next(got_run)
+                rows += compare_step(label, step, ref, got)
+                say(f"{label}: step {step + 1}/{steps} compared")
+                del ref, got
         finally:
+            ref_run.close()
+            got_run.close()
             backend.close()  # the simulator's workers: the next plan starts from a clean slate
         if pool is not None:
             stats = pool.stats
@@ -166,8 +203,6 @@ def drift(plans: Sequence[tuple[str, Plan, Path]], backend: Backend, *, steps: i
                 f"(rebuilds {stats['rebuilds']} after {stats['evictions']} evictions), "
                 f"peak worker RSS {stats['peak_rss'] / 2**20:.0f} MiB (budget {(pool.budget or 0) / 2**20:.0f} MiB, "
                 f"largest stage {pool.learned[1] / 2**20:.0f} MiB)")
-        rows += compare_trajectories(label, ref, got)
-        del ref, got  # a full-size trajectory holds GBs of block outputs: free them before the next plan
     return rows
 
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from rkpart.cli import main
 from rkpart.partitioner.plan import Plan
-from rkpart.profile.drift import LATENT, denoise, roles
+from rkpart.profile.drift import LATENT, compare_trajectories, denoise, drift, roles
 
 pytestmark = [pytest.mark.toolkit, pytest.mark.slow]
 
@@ -63,3 +63,20 @@ def test_evicting_every_stage_gives_the_same_trajectory_and_rebuilds_once_per_st
     # CFG's passes run stage by stage: an evicted stage is rebuilt once per step, not once per pass
     assert tight.pool.stats["rebuilds"] == n * (2 - 1)
     assert tight.pool.stats["workers"] == 1
+
+
+def test_lockstep_drift_equals_comparing_whole_trajectories(plans: dict[str, tuple[Plan, Path]], tk250: object) -> None:
+    """``drift`` runs the reference and the simulator step by step and keeps one step's block
+    outputs (whole full-size trajectories next to the simulator were OOM-killed at 24 GiB): its
+    rows are exactly those of two whole trajectories compared afterwards."""
+    from rkpart.runtime.rknn_sim import RknnSimBackend
+
+    plan, folder = plans["split"]
+    sim = RknnSimBackend("2.5.0")
+    try:
+        rows = drift([("split", plan, folder)], sim, steps=2, cfg=True)
+        whole = compare_trajectories("split", denoise(plan, folder, backend=None, steps=2, cfg=True),
+                                     denoise(plan, folder, backend=sim, steps=2, cfg=True))
+    finally:
+        sim.close()
+    assert rows == whole and len(rows) > 2
