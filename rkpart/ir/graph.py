@@ -63,6 +63,7 @@ class ModelGraph:
     opset: int
     #: per-op "scope" string from exporter names or metadata, used for block numbering
     scopes: list[str] = field(default_factory=list)
+    _index_ops: frozenset[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     # -- ops -------------------------------------------------------------------------------
     def op(self, i: int) -> OpNode:
@@ -100,6 +101,30 @@ class ModelGraph:
         end = {p for t in sinks if (p := self.producer.get(t)) is not None and p not in self.const_ops}
         return (start | self.descendants(start)) & (end | self.ancestors(end))
 
+    def input_index_ops(self) -> frozenset[int]:
+        """Data ops that compute only on integer or boolean data of the model inputs.
+
+        Labels, masks and positions a model takes as ``int64``/``bool`` inputs are prepared by
+        index arithmetic before they meet the activations: a class label's embedding
+        ``Gather`` (DiT), a caption mask's ``Cast -> Reshape -> Where`` (Lumina2).  An op is
+        such *input index work* when every data input it reads is an integer or boolean
+        tensor that is a model input or an output of such an op.  The set is closed
+        upwards: every data op an index op depends on is one too, so its ops can run first,
+        before anything else.  Their float results (an embedding row, an additive mask) are
+        where the index work meets the rest of the model.
+        """
+        if self._index_ops is not None:
+            return self._index_ops
+        index_tensors = {t for t in self.inputs if self.is_index(t)}
+        out: set[int] = set()
+        for i in sorted(self.ops.nodes):  # model order is topological
+            dyn = self.dyn_inputs(i)
+            if dyn and all(t in index_tensors for t in dyn):
+                out.add(i)
+                index_tensors.update(t for t in self.nodes[i].output if t and self.is_index(t))
+        self._index_ops = frozenset(out)
+        return self._index_ops
+
     def lifetimes(self, order: Sequence[int] | None = None) -> Lifetimes:
         """When each activation is born, read and last alive over ``order`` (see :mod:`rkpart.ir.liveness`)."""
         from rkpart.ir.liveness import lifetimes
@@ -128,6 +153,11 @@ class ModelGraph:
     def is_float(self, name: str) -> bool:
         dt = self.dtype(name)
         return dt is not None and not dt.startswith("onnx:") and np.dtype(dt).kind == "f"
+
+    def is_index(self, name: str) -> bool:
+        """Whether ``name`` holds integers or booleans (labels, masks, positions, shapes)."""
+        dt = self.dtype(name)
+        return dt is not None and not dt.startswith("onnx:") and np.dtype(dt).kind in "iub"
 
     def nbytes(self, name: str) -> int:
         """Bytes of tensor ``name`` (0 when its type is unknown, e.g. an unread optional output)."""

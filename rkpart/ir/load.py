@@ -13,7 +13,9 @@ straight into each stage's files (:mod:`rkpart.partitioner.extract`).
    :func:`check_external_data`): a supported default-domain opset; initializers whose type
    and data fit their shape; external data inside the model folder and long enough.
 3. **Fold constants** (:func:`_fold_constants`): small constant computations (``Shape`` of
-   static tensors, index arithmetic) become initializers, so shapes resolve.
+   static tensors, index arithmetic) become initializers, so shapes resolve; ops whose results
+   nothing reads any more (a ``Slice`` whose only reader was a folded ``Shape``) are dropped
+   (:func:`_prune_dead`), so a shape-only read never keeps an intermediate alive across a cut.
 4. **Index tensors** (:func:`_index`): producer and consumers of every tensor; every read
    tensor produced exactly once, every output produced.
 5. **Sort** (:func:`_sort`): nodes in a topological order (cycles refused); the rest of
@@ -136,6 +138,7 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
     check_external_data(model, path.parent)
     _check_declared_sizes(model, path)  # before anything runs ONNX shape inference
     _fold_constants(model, path)
+    _prune_dead(model)
     index = _sort(model, _index(model, path), path)
     # after our own checks (clearer messages) and the topological re-sort (the checker
     # insists on sorted nodes; rkpart accepts any order)
@@ -745,6 +748,42 @@ class _Shapes(Mapping[str, tuple[int | str, ...]]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+def _prune_dead(model: onnx.ModelProto) -> None:
+    """Drop ops none of whose outputs is read or a model output (in place), and the initializers
+    only they read.
+
+    Folding leaves such ops behind: TorchScript reads ``x.shape`` of a slice of an intermediate
+    as ``Slice -> Shape``; once the ``Shape`` is a constant the ``Slice`` computes nothing
+    anyone reads, yet as a data op it would land in some stage and pull its input across a
+    cut (Wan's RoPE ``ScatterND`` chain).  Removing it changes no output.  A graph with no op
+    left would not be a model any more: it is left alone (and refused later for what it is).
+    """
+    g = model.graph
+    nodes = list(g.node)
+    needed = {o.name for o in g.output}
+    alive = [False] * len(nodes)
+    # from the outputs back (one pass for sorted nodes; unsorted ones are sorted later: repeat)
+    changed = True
+    while changed:
+        changed = False
+        for i in reversed(range(len(nodes))):
+            n = nodes[i]
+            if not alive[i] and any(t and t in needed for t in n.output):
+                alive[i] = True
+                needed.update(t for t in n.input if t)
+                changed = True
+    if all(alive) or not any(alive):
+        return
+    before = {t for n in nodes for t in n.input}
+    del g.node[:]
+    g.node.extend(n for i, n in enumerate(nodes) if alive[i])
+    gone = before - needed - {v.name for v in g.input}  # an initializer listed as an input stays
+    if any(init.name in gone for init in g.initializer):
+        live = [init for init in g.initializer if init.name not in gone]
+        del g.initializer[:]
+        g.initializer.extend(live)
 
 
 def _small_result(node: onnx.NodeProto, shapes: Mapping[str, tuple[int | str, ...]],

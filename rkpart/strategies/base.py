@@ -81,6 +81,7 @@ class GroupBuilder:
     def __init__(self) -> None:
         self._groups: dict[str, dict[str, Any]] = {}
         self._owner: dict[int, str] = {}
+        self._notes: list[str] = []
 
     def add(self, gid: str, ops: frozenset[int] | set[int], *, device: Device, region: str, kind: str,
             block: int | None = None, blocks: tuple[int, ...] = ()) -> None:
@@ -103,10 +104,12 @@ class GroupBuilder:
         block, a skip projection -- join that group, and a trailing no-op joins the group
         that produces its input: host work in the middle of an NPU stage would make the
         stages depend on each other in a cycle.  :meth:`build` then checks that the stage
-        graph is acyclic, so a strategy never hands on a cyclic partition.
+        graph is acyclic, so a strategy never hands on a cyclic partition.  With ``close``,
+        input index work leaves the NPU groups first (:meth:`hoist_index_work`).
         """
         if close:
             self._mg = mg
+            self.hoist_index_work(mg)
             self._close_npu_groups(mg)
         if disc is not None:
             self.add("prologue", set(disc.prologue), device="host", region="prologue", kind="prologue")
@@ -116,6 +119,36 @@ class GroupBuilder:
         rest = {i for i in mg.ops.nodes if i not in self._owner}
         for i in sorted(rest):
             self.add(f"host.{i:06d}", {i}, device="host", region="host", kind="host")
+
+    def hoist_index_work(self, mg: ModelGraph) -> None:
+        """Move input index work (:meth:`ModelGraph.input_index_ops`) out of NPU groups into the prologue.
+
+        A label's embedding ``Gather`` or a mask's ``Cast``/``Reshape`` computes on ``int64`` or
+        boolean model inputs; the NPU computes in fp16 and rknn-toolkit2 runs such layers on
+        the CPU inside the ``.rknn`` (measured: DiT's class-label ``Gather``, Lumina2's caption
+        mask, 2.3.0 and 2.5.0), an NPU -> CPU -> NPU round trip per block.  On the host they
+        run once, up front, beside the other conditioning (timestep embedding); only their
+        float results enter the NPU stages.  The work stays in the plan's host stages, so it
+        is reproduced and costed like any host op.  Index work depends on nothing but model
+        inputs, so the move cannot make stages depend on each other in a cycle.
+        """
+        index = mg.input_index_ops()
+        moved: set[int] = set()
+        for gid, g in list(self._groups.items()):
+            hit = g["ops"] & index if g["device"] == "npu" else set()
+            if not hit:
+                continue
+            g["ops"] -= hit
+            moved |= hit
+            for i in hit:
+                del self._owner[i]
+            if not g["ops"]:
+                del self._groups[gid]
+        if moved:
+            self.add("prologue", moved, device="host", region="prologue", kind="prologue")
+            types = sorted({mg.nodes[i].op_type for i in moved})
+            self._notes.append(f"{len(moved)} op(s) computing on integer model inputs ({', '.join(types)}) "
+                               "moved from NPU stages to the host prologue")
 
     def _close_npu_groups(self, mg: ModelGraph) -> None:
         for gid, g in list(self._groups.items()):
@@ -147,7 +180,7 @@ class GroupBuilder:
                   kind="+".join(g["kinds"]), block=g["block"], blocks=tuple(g["blocks"]))
             for gid, g in self._groups.items()
         )
-        return Partition(strategy=strategy, options=dict(options), groups=groups, notes=notes)
+        return Partition(strategy=strategy, options=dict(options), groups=groups, notes=(*notes, *self._notes))
 
 
 def region_parts(r: Region) -> dict[str, frozenset[int]]:

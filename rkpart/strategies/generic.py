@@ -288,6 +288,7 @@ class GenericStrategy(Strategy):
                 f"{_mib(sg.activation_bytes)} MiB = {_mib(sg.footprint)} MiB; cut in front: "
                 f"{sg.cut_tensors} tensor(s), {_mib(sg.cut_bytes)} MiB"
             )
+        gb.hoist_index_work(mg)
         return gb.build(self.name, {"budget_bytes": budget, "device": device}, tuple(notes))
 
 
