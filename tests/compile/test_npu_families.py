@@ -46,16 +46,11 @@ _MASK = ("the caption refiner's attention reads the int64 caption mask: its Resh
 #: exports ONNX Runtime refuses as a whole (an exporter bug: a Squeeze of a dim of 16, also in the plan's
 #: host epilogue; tests/partitioner/test_family_sweep.py): the gate checks their NPU stages one by one
 ORT_REFUSES = {("pixart", "dynamo")}
-_WAN = ("the TorchScript export also reads the intermediate of Wan's RoPE ScatterND chain (Slice -> Shape, in the "
-        "host epilogue), so the chain's first ScatterND stays in the NPU stage, on the CPU (scatternd-interleave "
-        "rewrites the rest)")
 #: gaps measured before the adaln-chunk-gemm, nan-guard and scatternd-interleave (stage outputs) rewrites
 #: that may close them; not re-measured since, so not strict (any other failure still fails the case)
-UNSURE = {("wan", "torchscript", s, v) for s in STRATEGIES for v in TOOLKITS} \
-    | {("lumina2", e, s, v) for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS}
+UNSURE = {("lumina2", e, s, v) for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS}
 KNOWN_GAPS = {
     **{("lumina2", e, s, v): _MASK for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS},
-    **{("wan", "torchscript", s, v): _WAN for s in STRATEGIES for v in TOOLKITS if (s, v) != ("split", "2.3.0")},
 }
 
 
