@@ -772,11 +772,11 @@ def _prune_dead(model: onnx.ModelProto) -> None:
             n = nodes[i]
             if not alive[i] and any(t and t in needed for t in n.output):
                 alive[i] = True
-                needed.update(t for t in n.input if t)
+                needed.update(_reads(n))
                 changed = True
     if all(alive) or not any(alive):
         return
-    before = {t for n in nodes for t in n.input}
+    before = {t for n in nodes for t in _reads(n)}
     del g.node[:]
     g.node.extend(n for i, n in enumerate(nodes) if alive[i])
     gone = before - needed - {v.name for v in g.input}  # an initializer listed as an input stays
@@ -784,6 +784,18 @@ def _prune_dead(model: onnx.ModelProto) -> None:
         live = [init for init in g.initializer if init.name not in gone]
         del g.initializer[:]
         g.initializer.extend(live)
+
+
+def _reads(node: onnx.NodeProto) -> set[str]:
+    """Tensors ``node`` reads: its inputs and what its subgraphs (``If``/``Loop`` bodies) read
+    from the enclosing scopes."""
+    out = {t for t in node.input if t}
+    for a in node.attribute:
+        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
+                    list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
+            for inner in sub.node:
+                out |= _reads(inner)
+    return out
 
 
 def _small_result(node: onnx.NodeProto, shapes: Mapping[str, tuple[int | str, ...]],
