@@ -16,6 +16,8 @@ straight into each stage's files (:mod:`rkpart.partitioner.extract`).
    static tensors, index arithmetic) become initializers, so shapes resolve; ops whose results
    nothing reads any more (a ``Slice`` whose only reader was a folded ``Shape``) are dropped
    (:func:`_prune_dead`), so a shape-only read never keeps an intermediate alive across a cut.
+   Once step 6 has typed every tensor, the ``Shape`` ops left (dynamic axes resolved by
+   ``input_shapes``) become ``Constant`` nodes and dead ops are dropped again.
 4. **Index tensors** (:func:`_index`): producer and consumers of every tensor; every read
    tensor produced exactly once, every output produced.
 5. **Sort** (:func:`_sort`): nodes in a topological order (cycles refused); the rest of
@@ -46,7 +48,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.errors import InvalidModelError, first_line
 from rkpart.io import confined_file
-from rkpart.ir.graph import ModelGraph, OpNode
+from rkpart.ir.graph import ModelGraph, OpNode, shape_as_constant
 from rkpart.ir.ops import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, GENERATIVE_OPS, RANDOM_OPS, SUPPORTED_DOMAINS
 from rkpart.ir.tensors import (
     MAX_ELEMENTS,
@@ -145,6 +147,9 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
     _check_schema(model, path)
     types = _infer_types(model, path, input_shapes)
     _check_types(index, types, path)
+    if _static_shapes_as_constants(model, types):
+        _prune_dead(model)
+        index = _index(model, path)  # same order: nodes were only replaced or dropped
     const_ops = frozenset(_const_ops(index.nodes, index.initializers, types))
     _check_outputs(index, const_ops, path)
     scopes = [_scope_of(n) for n in index.nodes]
@@ -750,7 +755,24 @@ class _Shapes(Mapping[str, tuple[int | str, ...]]):
         return sum(1 for _ in self)
 
 
-def _prune_dead(model: onnx.ModelProto) -> None:
+def _static_shapes_as_constants(model: onnx.ModelProto, types: Mapping[str, TensorType]) -> bool:
+    """Replace each ``Shape`` of a statically typed tensor by its ``Constant`` (in place).
+
+    Folding ran before ``input_shapes`` resolved the symbolic dimensions of a dynamic-axes
+    export, so such ``Shape`` ops survive it; they are constants all the same
+    (:func:`rkpart.ir.graph.shape_as_constant`), and as ``Constant`` nodes they no longer read
+    the tensor, which :func:`_prune_dead` can then drop when nothing else reads it.
+    """
+    changed = False
+    for n in model.graph.node:
+        if n.op_type == "Shape" and n.domain in DEFAULT_DOMAINS and n.input and n.input[0] in types \
+                and all(isinstance(d, int) for d in types[n.input[0]][1]):
+            n.CopyFrom(shape_as_constant(n, dict(types)))
+            changed = True
+    return changed
+
+
+def _prune_dead(model: onnx.ModelProto) -> bool:
     """Drop ops none of whose outputs is read or a model output (in place), and the initializers
     only they read.
 
@@ -775,7 +797,7 @@ def _prune_dead(model: onnx.ModelProto) -> None:
                 needed.update(_reads(n))
                 changed = True
     if all(alive) or not any(alive):
-        return
+        return False
     before = {t for n in nodes for t in _reads(n)}
     del g.node[:]
     g.node.extend(n for i, n in enumerate(nodes) if alive[i])
@@ -784,6 +806,7 @@ def _prune_dead(model: onnx.ModelProto) -> None:
         live = [init for init in g.initializer if init.name not in gone]
         del g.initializer[:]
         g.initializer.extend(live)
+    return True
 
 
 def _reads(node: onnx.NodeProto) -> set[str]:

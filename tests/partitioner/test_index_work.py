@@ -30,10 +30,11 @@ from tests.partitioner.checks import assert_reproduces
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-def _index_model(path: Path) -> Path:
+def _index_model(path: Path, tokens: int | str = 6) -> Path:
     """``x (1, 6, 8)`` float, ``label (1,)`` int64, ``mask (1, 6)`` int64: an embedding row and an
     additive key mask join float work; a bool computed from ``x`` (no model input) is not index
-    work; a ``Slice`` of ``x``'s projection is read only by ``Shape``."""
+    work; a ``Slice`` of ``x``'s projection is read only by ``Shape``.  ``tokens="n"`` makes the
+    token axis of ``x`` symbolic (a dynamic-axes export)."""
     rng = np.random.default_rng(0)
     inits = [
         numpy_helper.from_array(rng.standard_normal((10, 8)).astype(np.float32), "table"),
@@ -63,13 +64,18 @@ def _index_model(path: Path) -> Path:
         mk("Greater", ["x", "zero"], ["pos"], name="pos"),  # bool from float data: not index work
         mk("Where", ["pos", "x", "zero"], ["relu_x"], name="relu_where"),
         mk("Identity", ["relu_x"], ["relu_out"], name="relu_out"),
+        # the Shape's value is used (zeros of the slice's shape), the Slice's data is not
+        mk("ConstantOfShape", ["q_part_shape"], ["zeros"], name="zeros"),
+        mk("Slice", ["relu_x", "s0", "s3", "ax2"], ["rx3"], name="rx3"),
+        mk("Add", ["rx3", "zeros"], ["out3"], name="out3"),
     ]
     graph = helper.make_graph(
-        nodes, "index", [helper.make_tensor_value_info("x", F, [1, 6, 8]),
+        nodes, "index", [helper.make_tensor_value_info("x", F, [1, tokens, 8]),
                          helper.make_tensor_value_info("label", I64, [1]),
                          helper.make_tensor_value_info("mask", I64, [1, 6])],
-        [helper.make_tensor_value_info("p", F, [1, 1, 6, 6]),
-         helper.make_tensor_value_info("relu_out", F, [1, 6, 8])],
+        [helper.make_tensor_value_info("p", F, [1, 1, tokens, 6]),
+         helper.make_tensor_value_info("relu_out", F, [1, tokens, 8]),
+         helper.make_tensor_value_info("out3", F, [1, tokens, 3])],
         initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
@@ -105,8 +111,22 @@ def test_load_drops_the_slice_only_a_folded_shape_read(tmp_path: Path) -> None:
     feeds = {"x": np.random.default_rng(1).standard_normal((1, 6, 8)).astype(np.float32),
              "label": np.array([3], np.int64), "mask": np.array([[1, 1, 0, 1, 0, 1]], np.int64)}
     ref, got = run_model(path, feeds), run_model(pruned, feeds)
-    for name in ("p", "relu_out"):
+    for name in ("p", "relu_out", "out3"):
         np.testing.assert_array_equal(got[name], ref[name])
+
+
+def test_a_shape_read_resolved_by_input_shapes_keeps_nothing_alive(tmp_path: Path) -> None:
+    """A dynamic-axes export: the ``Shape`` folds only once ``input_shapes`` fix the token axis."""
+    path = _index_model(tmp_path / "dyn.onnx", tokens="n")
+    mg = load_model(path, input_shapes={"x": (1, 6, 8)})
+    names = {n.name: n.op_type for n in mg.nodes}
+    assert "dead_slice" not in names
+    assert names.get("shape_of_slice") in (None, "Constant")
+    assert all(n.op_type != "Shape" for n in mg.nodes)
+    plan = partition(path, tmp_path / "plan", "generic", input_shapes={"x": (1, 6, 8)})
+    feeds = {"x": np.random.default_rng(3).standard_normal((1, 6, 8)).astype(np.float32),
+             "label": np.array([2], np.int64), "mask": np.array([[0, 1, 1, 1, 0, 1]], np.int64)}
+    assert_reproduces(plan, tmp_path / "plan", path, feeds)
 
 
 def test_generic_npu_segments_leave_index_work_to_the_host(tmp_path: Path) -> None:
