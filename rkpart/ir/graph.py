@@ -106,12 +106,15 @@ class ModelGraph:
 
         Labels, masks and positions a model takes as ``int64``/``bool`` inputs are prepared by
         index arithmetic before they meet the activations: a class label's embedding
-        ``Gather`` (DiT), a caption mask's ``Cast -> Reshape -> Where`` (Lumina2).  An op is
-        such *input index work* when every data input it reads is an integer or boolean
-        tensor that is a model input or an output of such an op.  The set is closed
-        upwards: every data op an index op depends on is one too, so its ops can run first,
-        before anything else.  Their float results (an embedding row, an additive mask) are
-        where the index work meets the rest of the model.
+        ``Gather`` (DiT), a caption mask's ``Cast -> Reshape`` (Lumina2).  An op is such
+        *input index work* when every data input it reads is an integer or boolean tensor
+        that is a model input or an output of such an op, and it either reads an integer or
+        yields only integers/booleans.  A boolean mask turned into floats (``Where(mask, 0,
+        -inf)``) is not: a boolean is a select condition, and masked attention is kept whole
+        for what reads it (the ``nan-guard`` rewrite proves the guard after a masked Softmax
+        from that ``Where``).  The set is closed upwards: every data op an index op depends
+        on is one too, so its ops can run first, before anything else.  Their results (an
+        embedding row, a boolean mask) are where the index work meets the rest of the model.
         """
         if self._index_ops is not None:
             return self._index_ops
@@ -119,9 +122,12 @@ class ModelGraph:
         out: set[int] = set()
         for i in sorted(self.ops.nodes):  # model order is topological
             dyn = self.dyn_inputs(i)
-            if dyn and all(t in index_tensors for t in dyn):
+            if not dyn or not all(t in index_tensors for t in dyn):
+                continue
+            outs = [t for t in self.nodes[i].output if t]
+            if all(self.is_index(t) for t in outs) or any(self.dtype(t) != "bool" for t in dyn):
                 out.add(i)
-                index_tensors.update(t for t in self.nodes[i].output if t and self.is_index(t))
+                index_tensors.update(t for t in outs if self.is_index(t))
         self._index_ops = frozenset(out)
         return self._index_ops
 

@@ -128,9 +128,10 @@ class GroupBuilder:
         the CPU inside the ``.rknn`` (measured: DiT's class-label ``Gather``, Lumina2's caption
         mask, 2.3.0 and 2.5.0), an NPU -> CPU -> NPU round trip per block.  On the host they
         run once, up front, beside the other conditioning (timestep embedding); only their
-        float results enter the NPU stages.  The work stays in the plan's host stages, so it
-        is reproduced and costed like any host op.  Index work depends on nothing but model
-        inputs, so the move cannot make stages depend on each other in a cycle.
+        results (a float embedding row, a boolean mask) enter the NPU stages.  The work stays
+        in the plan's host stages, so it is reproduced and costed like any host op.  Index
+        work depends on nothing but model inputs, so the move cannot make stages depend on
+        each other in a cycle.
         """
         index = mg.input_index_ops()
         moved: set[int] = set()

@@ -40,18 +40,13 @@ FAMILIES = tuple(diffusers_families.FAMILIES)
 TOOLKITS = ("2.5.0", "2.3.0")
 STRATEGIES = ("split", "fused")
 #: measured gaps no rewrite closes yet (scripts/npu_table.py runs; see README "NPU stages per family")
-_MASK = ("the caption refiner's attention reads the int64 caption mask: its Reshape and Cast run on the CPU "
-         "(measured: nothing else left since nan-guard and norm-residual-sub; the partitioner is to keep "
-         "those int64 ops on the host)")
 #: exports ONNX Runtime refuses as a whole (an exporter bug: a Squeeze of a dim of 16, also in the plan's
 #: host epilogue; tests/partitioner/test_family_sweep.py): the gate checks their NPU stages one by one
 ORT_REFUSES = {("pixart", "dynamo")}
 #: gaps measured before the adaln-chunk-gemm, nan-guard and scatternd-interleave (stage outputs) rewrites
 #: that may close them; not re-measured since, so not strict (any other failure still fails the case)
-UNSURE = {("lumina2", e, s, v) for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS}
-KNOWN_GAPS = {
-    **{("lumina2", e, s, v): _MASK for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS},
-}
+UNSURE: set[tuple[str, str, str, str]] = set()
+KNOWN_GAPS: dict[tuple[str, str, str, str], str] = {}
 
 
 def ci_cases() -> set[tuple[str, str, str, str]]:

@@ -2,9 +2,10 @@
 
 * Input index work (:meth:`rkpart.ir.ModelGraph.input_index_ops`): ops computing only on
   integer or boolean model inputs -- a class label's embedding ``Gather`` (DiT), a caption
-  mask's ``Cast -> Reshape -> Where`` (Lumina2).  rknn-toolkit2 runs them on the CPU inside an
-  NPU stage; the built-in strategies move them to the host prologue, so only their float
-  results enter NPU stages.
+  mask's ``Cast -> Reshape`` (Lumina2).  rknn-toolkit2 runs them on the CPU inside an NPU
+  stage; the built-in strategies move them to the host prologue, so only their results (a
+  float embedding row, a boolean mask) enter NPU stages.  A boolean turned into floats
+  (``Where(mask, 0, -inf)``) stays with the attention that reads it.
 * Dead ops after folding: TorchScript reads ``x.shape`` of a slice of an intermediate as
   ``Slice -> Shape``; the folded ``Shape`` leaves the ``Slice`` with no reader, and loading
   drops it (Wan's RoPE ``ScatterND`` chain was pulled across a cut by it).
@@ -55,7 +56,7 @@ def _index_model(path: Path, tokens: int | str = 6) -> Path:
         mk("Shape", ["q_part"], ["q_part_shape"], name="shape_of_slice"),
         mk("Cast", ["mask"], ["mask_b"], to=TensorProto.BOOL, name="mask_cast"),  # index work
         mk("Reshape", ["mask_b", "mask_shape"], ["mask_4d"], name="mask_reshape"),  # index work
-        mk("Where", ["mask_4d", "zero", "neg"], ["mask_add"], name="mask_where"),  # index work -> float
+        mk("Where", ["mask_4d", "zero", "neg"], ["mask_add"], name="mask_where"),  # bool -> float: stays
         mk("Transpose", ["q"], ["k"], perm=[0, 2, 1], name="k_t"),
         mk("MatMul", ["q", "k"], ["s"], name="scores"),
         mk("Unsqueeze", ["s", "s0"], ["s4"], name="s4"),
@@ -90,7 +91,7 @@ def _names(mg_nodes: list[onnx.NodeProto], ops: frozenset[int] | set[int]) -> se
 
 def test_index_work_is_what_computes_only_on_integer_model_inputs(tmp_path: Path) -> None:
     mg = load_model(_index_model(tmp_path / "m.onnx"))
-    assert _names(mg.nodes, mg.input_index_ops()) == {"label_gather", "mask_cast", "mask_reshape", "mask_where"}
+    assert _names(mg.nodes, mg.input_index_ops()) == {"label_gather", "mask_cast", "mask_reshape"}
     # closed upwards: every data op an index op reads from is index work too
     idx = mg.input_index_ops()
     assert all(p in idx for i in idx for p in mg.ops.predecessors(i))
@@ -145,12 +146,12 @@ def test_generic_npu_segments_leave_index_work_to_the_host(tmp_path: Path) -> No
 
 
 def _no_npu_stage_reads(plan: Plan, folder: Path, tensors: set[str]) -> None:
-    """No NPU stage has an integer or boolean input, nor reads any of ``tensors``."""
+    """No NPU stage has an integer input, nor reads any of ``tensors``."""
     for s in plan.npu_stages:
         m = onnx.load(str(folder / s.file), load_external_data=False)
         assert not tensors & set(s.inputs), (s.id, s.inputs)
         for vi in m.graph.input:
-            assert vi.type.tensor_type.elem_type not in (TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL), \
+            assert vi.type.tensor_type.elem_type not in (TensorProto.INT64, TensorProto.INT32), \
                 (s.id, vi.name)
 
 
@@ -198,7 +199,7 @@ def test_lumina2_caption_mask_is_prepared_on_the_host(tmp_path: Path, exporter: 
     model = _export("lumina2", exporter)
     mg = load(model).graph
     idx = mg.input_index_ops()
-    assert {mg.nodes[i].op_type for i in idx} >= {"Cast", "Reshape", "Where"}
+    assert {mg.nodes[i].op_type for i in idx} == {"Cast", "Reshape"}
     for strategy in ("split", "fused"):
         folder = tmp_path / strategy
         plan = partition(model, folder, strategy)
