@@ -75,6 +75,16 @@ class _Types:
         return self.elem.get(name, onnx.TensorProto.FLOAT)
 
 
+def _wiring(graph: onnx.GraphProto) -> tuple[dict[str, onnx.NodeProto], dict[str, int], set[str]]:
+    """What the rewrites look up: tensor -> producing node, tensor -> number of reads, graph outputs."""
+    prod = {o: n for n in graph.node for o in n.output}
+    uses: dict[str, int] = {}
+    for n in graph.node:
+        for i in n.input:
+            uses[i] = uses.get(i, 0) + 1
+    return prod, uses, {o.name for o in graph.output}
+
+
 class _Namer:
     def __init__(self, graph: onnx.GraphProto) -> None:
         self.used = {o for n in graph.node for o in n.output} | {i.name for i in graph.initializer}
@@ -515,12 +525,7 @@ def _interleave(graph: onnx.GraphProto, types: _Types) -> int:
 
 
 def _interleave_once(graph: onnx.GraphProto) -> bool:
-    prod = {o: n for n in graph.node for o in n.output}
-    uses: dict[str, int] = {}
-    for n in graph.node:
-        for i in n.input:
-            uses[i] = uses.get(i, 0) + 1
-    outputs = {o.name for o in graph.output}
+    prod, uses, outputs = _wiring(graph)
     shapes = _static_shapes(graph)
     for last in graph.node:
         if last.op_type != "ScatterND" or _attr(last, "reduction", b"none") not in (b"none", "none"):
@@ -765,12 +770,7 @@ def _layernorm_scale_fold(graph: onnx.GraphProto, types: _Types) -> int:
 
     The form dynamo writes for SDPA after a LayerNorm qk-norm (HunyuanDiT's cross-attention:
     ``k^T * sqrt(scale)``)."""
-    prod = {o: n for n in graph.node for o in n.output}
-    uses: dict[str, int] = {}
-    for n in graph.node:
-        for i in n.input:
-            uses[i] = uses.get(i, 0) + 1
-    outputs = {o.name for o in graph.output}
+    prod, uses, outputs = _wiring(graph)
     namer = _Namer(graph)
     inits = {t.name: t for t in graph.initializer}
     count = 0
@@ -817,12 +817,7 @@ def _strided_slices_concat(graph: onnx.GraphProto, types: _Types) -> int:
     (``mod[:, 6:12]`` and ``mod[:, 18:24]``)."""
     shapes = _static_shapes(graph)
     namer = _Namer(graph)
-    prod = {o: n for n in graph.node for o in n.output}
-    uses: dict[str, int] = {}
-    for n in graph.node:
-        for i in n.input:
-            uses[i] = uses.get(i, 0) + 1
-    outputs = {o.name for o in graph.output}
+    prod, uses, outputs = _wiring(graph)
     count = 0
     for i in list(_matches(graph, "Concat")):
         cat = graph.node[i]
@@ -906,12 +901,7 @@ def _norm_residual_sub(graph: onnx.GraphProto, types: _Types) -> int:
     """``Add(x, Mul(r, w))``, ``r`` an RMSNorm's normalised value and ``w`` its constant weight (a
     residual added to a norm's output with no modulation in between: Lumina2's context refiner,
     ``x + norm2(attn(x))``) -> ``Sub(x, Mul(r, -w))``: the same bits (negation is exact)."""
-    prod = {o: n for n in graph.node for o in n.output}
-    uses: dict[str, int] = {}
-    for n in graph.node:
-        for i in n.input:
-            uses[i] = uses.get(i, 0) + 1
-    outputs = {o.name for o in graph.output}
+    prod, uses, outputs = _wiring(graph)
     namer = _Namer(graph)
     count = 0
     for add in graph.node:
