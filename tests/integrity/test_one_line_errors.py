@@ -139,7 +139,10 @@ def test_ctrl_c_exits_130(tmp_path: Path) -> None:
         # that, at equal priority, all three attempts completed before the signal under load
         p = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "rkpart.cli", "partition", str(model),
                               "-o", str(out)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             # a run from a process that ignores SIGINT (Ray's test clusters leave
+                             # it ignored in pytest) inherits that; a user at a terminal does not
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         stages = tmp_path / f".out{attempt}.partial" / "stages"
         t0 = time.monotonic()
         while time.monotonic() - t0 < 120 and p.poll() is None:  # wait until the staging folder is there
