@@ -120,14 +120,14 @@ def test_read_only_output_parent(tmp_path: Path, mini_model: Path) -> None:
 def test_ctrl_c_exits_130(tmp_path: Path) -> None:
     """SIGINT during a partition: exit 130, one line, and no output folder.
 
-    The model carries ~0.5 GB of fp32 weights so that writing its stages takes a while; a loaded
+    The model carries ~1 GB of fp32 weights so that writing its stages takes a while; a loaded
     machine can still schedule the signal after the run finished, so up to five attempts are
     made: each must end either interrupted (130, nothing left) or complete, and one must be
     interrupted.
     """
     from tests.models.anima import AnimaConfig, build_anima_onnx
 
-    cfg = AnimaConfig.full(resolution=256, num_blocks=2, hidden=2048, ffn_dim=8192, heads=16, context_dim=1024,
+    cfg = AnimaConfig.full(resolution=256, num_blocks=4, hidden=2048, ffn_dim=8192, heads=16, context_dim=1024,
                            adaln_lora_dim=256, dtype="float32")
     model = build_anima_onnx(cfg, tmp_path / "m" / "big.onnx", external_data=True)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
