@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--auto", action="store_true", help="also auto's choice")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/rkpart_bench_drift"))
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--accuracy", type=Path, default=None, metavar="FILE",
+                        help="write the accuracy term with its provenance (rkpart/data/drift_anima_full.json "
+                             "is this file for the full-size model)")
     parser.add_argument("--sim-memory", type=int, default=None, metavar="MIB",
                         help="memory bound of the simulator's workers [70%% of the available memory]")
     args = parser.parse_args(argv)
@@ -62,8 +65,20 @@ def main(argv: list[str] | None = None) -> int:
         per_block = [r for r in rows if r.step == last and r.kind == "cond"]
         print(f"\nper block, last step (cond pass):\n{render(per_block)}")
         fams = {label: family_of(plan) for label, plan, _ in plans if label in ("split", "fused")}
+        acc = accuracy_from_drift(rows, fams)
         print("\naccuracy term from this table:")
-        print(json.dumps(accuracy_from_drift(rows, fams), indent=2, sort_keys=True))
+        print(json.dumps(acc, indent=2, sort_keys=True))
+        if args.accuracy is not None:
+            acc["measured"] = {
+                "command": "python bench/drift_full.py " + " ".join(sys.argv[1:] if argv is None else argv),
+                "model": (f"{size_label(args).split(' model')[0].lower()} Anima DiT ({args.blocks} blocks, hidden "
+                          f"{args.hidden}, {args.resolution} px, {args.dtype}, seeded random weights of "
+                          "bench/make_full_model.py)"),
+                "backend": f"rknn-toolkit2 {args.toolkit} simulator vs ONNX Runtime",
+                "steps": args.steps, "cfg": not args.no_cfg, "plans": fams,
+            }
+            args.accuracy.write_text(json.dumps(acc, indent=2, sort_keys=True) + "\n")
+            print(f"wrote {args.accuracy}")
         return 0
     finally:
         if not args.keep:

@@ -15,6 +15,7 @@ over blocks (runs of fused blocks are segments) for every possible per-stage pea
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -198,6 +199,8 @@ class Selection:
     memory: MemoryTerm | None = None
     #: relative held-out error of a predicted latency (``None``: the model has none)
     latency_error: float | None = None
+    #: what ``latency_error`` is: ``"held-out"`` or a calibration's measurement resolution
+    latency_error_source: str = "held-out"
     #: block -> keys of the options whose predicted latency is within the error of the choice
     ties: dict[int, list[str]] = field(default_factory=dict)
     degrees_of_freedom: int | None = None
@@ -250,7 +253,8 @@ class Selection:
             "cfg": self.config.cfg, "passes": self.config.passes, "max_error_ratio": self.max_error_ratio,
             "budget_source": self.config.budget_source,
             "memory_term": None if self.memory is None else self.memory.component,
-            "latency_error": self.latency_error, "degrees_of_freedom": self.degrees_of_freedom,
+            "latency_error": self.latency_error, "latency_error_source": self.latency_error_source,
+            "degrees_of_freedom": self.degrees_of_freedom,
             "ties": {str(k): v for k, v in sorted(self.ties.items())},
             "predicted_latency_s": _r(self.latency), "predicted_device_mib": round(self.device_bytes / MIB, 2),
             "choices": [{"blocks": list(o.candidate.blocks), "candidate": o.candidate.id, "residency": o.residency}
@@ -270,7 +274,8 @@ class Selection:
             extra = f", plus a process baseline of {self.baseline_bytes / MIB:.1f} MiB" if self.baseline_bytes else ""
             lines.append(f"memory: {self.memory.label} per candidate{extra}")
         if self.latency_error is not None:
-            lines.append(f"error bars: predicted latencies are +-{self.latency_error * 100:.1f} % (held-out); "
+            lines.append(f"error bars: predicted latencies are +-{self.latency_error * 100:.1f} % "
+                         f"({self.latency_error_source}); "
                          "candidates within that of the fastest are a tie, broken by memory, then accuracy")
         else:
             lines.append("error bars: none: the cost model carries no held-out error, so no difference between "
@@ -504,60 +509,103 @@ def choose(
             f"{math.ceil((need + baseline) / MIB * 10) / 10:.1f} MiB ({what})"
         )
     lat, chosen, used = best
-    err = latency_error(model)
+    err, err_source = _latency_error(model)
     chosen, ties = _break_ties(chosen, options, err, budget)
     used = _memory(chosen)
     lat = sum(o.latency for o in chosen)
     return Selection(config=config, options=options, chosen=chosen, device_bytes=used + baseline, latency=lat,
                      model_provenance={k: model.provenance.get(k) for k in ("source", "device", "runtime", "toolkit")},
                      toolkit=toolkit, max_error_ratio=max_ratio, notes=notes, memory=term, latency_error=err,
-                     ties=ties, degrees_of_freedom=model.provenance.get("degrees_of_freedom"))
+                     latency_error_source=err_source, ties=ties,
+                     degrees_of_freedom=model.provenance.get("degrees_of_freedom"))
 
 
 def latency_error(model: CostModel) -> float | None:
-    """Relative held-out error of a predicted latency: the model's whole-plan error when it has
+    """Relative error of a predicted latency: the model's held-out whole-plan error when it has
     one (``provenance["whole_plan_error"]["median_ape"]``), else the largest held-out median
-    error of its fitted time components; ``None`` when it carries no held-out error."""
+    error of its fitted time components, else (a calibration, which has no held-out data) the
+    smallest difference its measurements resolve (``provenance["latency_resolution"]``);
+    ``None`` when it carries none of these."""
+    return _latency_error(model)[0]
+
+
+def _latency_error(model: CostModel) -> tuple[float | None, str]:
+    """:func:`latency_error` and what it is (for the explanation)."""
     whole = model.provenance.get("whole_plan_error")
     if isinstance(whole, dict) and whole.get("median_ape") is not None:
-        return float(whole["median_ape"]) / 100.0
+        return float(whole["median_ape"]) / 100.0, "held-out"
     errs = []
     for name in ("load", "init", "infer", "release", "host"):
         c = model.components.get(name)
         cv = (c.fit_error or {}).get("cross_validation") if c is not None else None
         if cv and cv.get("median_ape") is not None:
             errs.append(float(cv["median_ape"]) / 100.0)
-    return max(errs) if errs else None
+    if errs:
+        return max(errs), "held-out"
+    res = model.provenance.get("latency_resolution")
+    if isinstance(res, dict) and isinstance(res.get("relative"), (int, float)) and res["relative"] > 0:
+        return float(res["relative"]), "the resolution of the calibration's measurements"
+    return None, ""
+
+
+#: most alternative covers of one chosen run compared for a tie (each block's fastest options first)
+_MAX_COVERS = 4096
+
+
+def _covers(ch: Option, options: Mapping[int, Sequence[Option]]) -> list[tuple[Option, ...]]:
+    """Every way to cover exactly ``ch``'s blocks: options of the same blocks, and (for a run of
+    fused blocks) one single-block option per block."""
+    same: list[tuple[Option, ...]] = [(o,) for o in options[ch.candidate.start]
+            if o.excluded is None and o.candidate.blocks == ch.candidate.blocks]
+    if len(ch.candidate.blocks) == 1:
+        return same
+    per = [sorted((o for o in options.get(b, ()) if o.excluded is None and o.candidate.blocks == (b,)),
+                  key=lambda o: o.latency) for b in ch.candidate.blocks]
+    if not all(per):
+        return same
+    keep = len(per[0])
+    while keep > 1 and math.prod(min(keep, len(p)) for p in per) > _MAX_COVERS:
+        keep -= 1
+    return same + list(itertools.product(*(p[:keep] for p in per)))
 
 
 def _break_ties(chosen: list[Option], options: Mapping[int, Sequence[Option]], err: float | None,
                 budget: float | None) -> tuple[list[Option], dict[int, list[str]]]:
     """Within each chosen option's error band, prefer least memory, then least predicted error.
 
-    Only options covering the same blocks are swapped, and only when the pipeline still fits
-    ``budget``; returns the new choice and, per block, the options that tie with it.
+    The alternatives of a chosen option are the other covers of exactly its blocks: options of
+    the same blocks and, for a run of fused blocks, one single-block option per block (so a run
+    predicted within the error of its blocks' single options is a tie like any other).  A swap is
+    made only when the pipeline still fits ``budget``; returns the new choice and, per block, the
+    options that tie with it.
     """
     ties: dict[int, list[str]] = {}
     if not err:
         return chosen, ties
-    out = list(chosen)
+    out: list[Option] = []
     for i, ch in enumerate(chosen):
-        band = [o for o in options[ch.candidate.start]
-                if o.excluded is None and o.candidate.blocks == ch.candidate.blocks
-                and abs(o.latency - ch.latency) <= err * ch.latency]
+        rest = chosen[i + 1:]
+        band = [c for c in _covers(ch, options) if abs(sum(o.latency for o in c) - ch.latency) <= err * ch.latency]
 
-        def rank(o: Option) -> tuple[int, float, float]:
-            return (o.device_bytes, o.error_ratio if o.error_ratio is not None else math.inf, o.latency)
+        def rank(c: tuple[Option, ...], before: list[Option] = out, after: list[Option] = rest
+                 ) -> tuple[int, int, float, float]:
+            ratio = max((o.error_ratio if o.error_ratio is not None else math.inf) for o in c)
+            return (_memory([*before, *c, *after]), _memory(c), ratio, sum(o.latency for o in c))
 
-        for o in sorted(band, key=rank):
-            trial = [*out[:i], o, *out[i + 1:]]
-            if budget is None or _memory(trial) <= budget:
-                out = trial
+        pick: tuple[Option, ...] = (ch,)
+        for c in sorted(band, key=rank):
+            if budget is None or _memory([*out, *c, *rest]) <= budget:
+                pick = c
                 break
-        others = [o.key for o in band if o is not out[i]]
-        if others:
-            ties[ch.candidate.start] = others
-    return out, ties
+        out += pick
+        picked = {id(o) for o in pick}
+        for c in band:
+            for o in c:
+                if id(o) not in picked:
+                    start = o.candidate.start
+                    if o.key not in ties.setdefault(start, []):
+                        ties[start].append(o.key)
+    return out, {k: v for k, v in ties.items() if v}
 
 
 __all__ = ["MemoryTerm", "Option", "Selection", "SelectionConfig", "choose", "delta_line", "deltas", "evaluate",

@@ -165,7 +165,10 @@ def test_shipped_calibration_declares_zero_degrees_of_freedom_in_explain(shipped
     r = CliRunner().invoke(main, ["partition", "-o", str(tmp_path / "a"), "-s", "auto", "--explain", "-q",
                                   "--no-budget"])
     assert r.exit_code == 0, r.output
-    assert "zero degrees of freedom" in r.output and "error bars: none" in r.output
+    assert "zero degrees of freedom" in r.output
+    # no held-out error: the error bars are what its own measurements resolve (write-up section 5)
+    assert "error bars: predicted latencies are +-4.6 % (the resolution of the calibration's measurements)" \
+        in r.output
     assert "budget none" in r.output
     assert "do not fit the budget" not in r.output and "does not fit the" not in r.output
 

@@ -35,9 +35,14 @@ def test_shipped_calibration_is_what_the_script_regenerates(anima512: Anima, shi
 
 @pytest.mark.slow
 def test_auto_chooses_split_and_reproduces_the_writeup_deltas(anima512: Anima, shipped: CostModel) -> None:
+    """The write-up's comparison (each stage loaded, run and released): fused is predicted 0.47 % faster,
+    within the 4.6 % its own two measurements of that difference disagree by, so it is a tie, and
+    split wins it on device memory (the write-up's conclusion, reached without an accuracy factor)."""
     mg, disc = anima512
-    sel = select(mg, disc, shipped, SelectionConfig(budget_mib=2048, steps=1, cfg=True))
+    sel = select(mg, disc, shipped, SelectionConfig(budget_mib=2048, steps=1, cfg=True, residencies=("per-stage",)))
     assert [o.candidate.id for o in sel.chosen] == ["split", "split"]
+    assert sel.latency_error == pytest.approx(0.0459) and "resolution" in sel.latency_error_source
+    assert {"fused/per-stage", "fused-x2/per-stage"} <= set(sel.ties[0])
     opts = {(o.candidate.id, o.residency): o for o in sel.options[0]}
     d = deltas(opts[("split", "per-stage")], opts[("fused", "per-stage")])
     for k, want in WRITEUP_DELTAS.items():
@@ -46,16 +51,17 @@ def test_auto_chooses_split_and_reproduces_the_writeup_deltas(anima512: Anima, s
     text = sel.render(blocks=[0])
     assert "NPU inference +5.8 %" in text and "host AdaLN -100.0 %" in text and "memory +75.9 %" in text
     # fused is not silently dropped: it is listed with the reason it lost
-    assert "fused" in text and "excluded: accuracy" in text
+    assert "fused" in text and "lost on memory" in text
     js = sel.to_json()
-    assert js["blocks"][0]["chosen"].startswith("split/") and len(js["blocks"][0]["candidates"]) >= 6
+    assert js["blocks"][0]["chosen"].startswith("split/") and len(js["blocks"][0]["candidates"]) >= 4
 
 
 @pytest.mark.slow
 def test_budget_is_respected_and_trades_residency_for_memory(anima512: Anima, shipped: CostModel) -> None:
     mg, disc = anima512
-    roomy = select(mg, disc, shipped, SelectionConfig(budget_mib=4096, steps=30))
-    tight = select(mg, disc, shipped, SelectionConfig(budget_mib=450, steps=30))
+    exact = _without_error_bars(shipped)  # the budget's trade alone, no tie-breaking
+    roomy = select(mg, disc, exact, SelectionConfig(budget_mib=4096, steps=30))
+    tight = select(mg, disc, exact, SelectionConfig(budget_mib=450, steps=30))
     assert {o.residency for o in roomy.chosen} == {"resident"}
     assert tight.device_bytes <= 450 * MIB
     # 307.6 MiB for one resident split block + 124.2 MiB for the other, per-stage, fit in 450
@@ -81,9 +87,20 @@ def test_toolkit_known_crash_excludes_adaln_inside_candidates(anima512: Anima, s
         if o.candidate.adaln_on_npu:
             assert o.excluded is not None and "2.3.2 crashes" in o.excluded
     assert all(not o.candidate.adaln_on_npu for o in sel.chosen)
-    # with 2.3.0 and no floor, the calibration predicts fused runs 0.5 % faster: it is chosen
-    free = select(mg, disc, shipped, SelectionConfig(toolkit="2.3.0", max_error_ratio=1000, residencies=("per-stage",)))
+    # with 2.3.0 and no error bars, the calibration predicts fused runs 0.5 % faster: it is chosen
+    free = select(mg, disc, _without_error_bars(shipped),
+                  SelectionConfig(toolkit="2.3.0", max_error_ratio=1000, residencies=("per-stage",)))
     assert all(o.candidate.id.startswith("fused") for o in free.chosen)
+    # with them (the calibration's 4.6 %), that is a tie, which split wins on memory
+    tied = select(mg, disc, shipped, SelectionConfig(toolkit="2.3.0", max_error_ratio=1000, residencies=("per-stage",)))
+    assert [o.candidate.id for o in tied.chosen] == ["split", "split"]
+
+
+def _without_error_bars(model: CostModel) -> CostModel:
+    import dataclasses
+
+    return dataclasses.replace(model, provenance={k: v for k, v in model.provenance.items()
+                                                  if k != "latency_resolution"})
 
 
 def test_compile_failure_recorded_in_a_plan_excludes_that_candidate(tmp_path: Path, example_model: Path) -> None:
