@@ -135,14 +135,20 @@ def candidates_from(
                 continue
             if gs:
                 out[b.index].append(_make(mg, disc, cid, [b], gs, opts))
+    # what the fused strategy does to its stages: index work on integer model inputs runs on the host
+    index = frozenset(mg.input_index_ops()) if max_run >= 2 else frozenset()
     for k in range(2, max_run + 1):
         for start in range(0, len(blocks) - k + 1):
             run = blocks[start:start + k]
             ids = tuple(b.index for b in run)
             gid = f"{block_id(run[0])}-{block_id(run[-1])}.block"
             ops = frozenset().union(*(b.ops for b in run))
-            g = Group(id=gid, device="npu", ops=ops, region="block", kind="block", block=run[0].index, blocks=ids)
-            out[run[0].index].append(_make(mg, disc, f"fused-x{k}", run, [g],
+            groups = [Group(id=gid, device="npu", ops=ops - index, region="block", kind="block",
+                            block=run[0].index, blocks=ids)]
+            if ops & index:  # costed as the run's host work, as a single fused block's is
+                groups.append(Group(id=f"{gid}.host-rest", device="host", ops=ops & index, region="host",
+                                    kind="host", block=run[0].index, blocks=ids))
+            out[run[0].index].append(_make(mg, disc, f"fused-x{k}", run, groups,
                                            {"strategy": "fused", "blocks_per_stage": k}))
     return out
 
