@@ -18,8 +18,8 @@
    auto's plan vs the identical single-strategy plan, measured apart).
 
 When auto's plan is byte-identical to a single-strategy plan (same stage files by sha256, same
-residency: :func:`twin_of`), the two are one plan measured twice: the regret pools their rounds
-(:func:`pooled_regret`) instead of counting the noise between two measurements of one plan as
+residency: :func:`rkpart.tune.identical_twin`), the two are one plan measured twice: the regret pools their
+rounds (:func:`rkpart.tune.pooled_regret`) instead of counting the noise between two measurements of one plan as
 regret.  The unpooled figure is printed too.
 
 Targets (issue 11): median regret <= 2 %, worst <= 5 %; >= 90 % of whole-plan predictions within
@@ -46,7 +46,15 @@ from rkpart.cost_model.calibration import fit_profiles
 from rkpart.cost_model.features import stage_features
 from rkpart.cost_model.model import CostModel
 from rkpart.partitioner.plan import load_plan
-from rkpart.tune import TuneConfig, choose_auto, profile_for_fit, single_plans, verify_round
+from rkpart.tune import (
+    TuneConfig,
+    choose_auto,
+    identical_twin,
+    pooled_regret,
+    profile_for_fit,
+    single_plans,
+    verify_round,
+)
 from tests.models.anima import AnimaConfig, build_anima_onnx
 
 #: (hidden, heads, latent side, blocks); image tokens = (side / 2) ** 2
@@ -95,40 +103,6 @@ def stage_infer_errors(model: CostModel, folders: dict[str, Path], rows: list[An
         for ms in by_features.values():
             repeat += [abs(a / b - 1.0) for a, b in itertools.pairwise(ms)]
     return errors, repeat
-
-
-def twin_of(choices: list[dict[str, Any]], folders: dict[str, Path]) -> tuple[str, str] | None:
-    """The single-strategy plan and residency that ``auto``'s plan *is*, or ``None``.
-
-    Identical means: one (candidate, residency) for every block, and the same stages in the same
-    order on the same devices with byte-identical files (the sha256 in both plan.json files).  Such
-    a pair is one plan measured twice; their difference is measurement noise."""
-    pairs = {(c["candidate"], c["residency"]) for c in choices}
-    if len(pairs) != 1:
-        return None
-    cand, res = pairs.pop()
-    if cand not in folders:
-        return None
-
-    def stages(folder: Path) -> list[tuple[str, str, str]]:
-        plan, _ = load_plan(folder)
-        return [(s.id, s.device, s.sha256) for s in plan.stages]
-
-    return (cand, res) if stages(folders["auto"]) == stages(folders[cand]) else None
-
-
-def pooled_regret(rows: list[Any], twin: tuple[str, str] | None) -> tuple[float, str]:
-    """Regret of auto with identical plans as one plan: auto's and its twin's measured rounds
-    pooled (one median), against the best of the other plans; the best plan's name."""
-    auto = next(r for r in rows if r.plan == "auto")
-    twin_row = None if twin is None else next((r for r in rows if (r.plan, r.residency) == twin), None)
-    mine = auto.measured_s + (twin_row.measured_s if twin_row is not None else [])
-    pooled = statistics.median(mine)
-    others = [r for r in rows if r is not auto and r is not twin_row]
-    best = min(others, key=lambda r: r.median_s)
-    if pooled <= best.median_s:
-        return 0.0, "auto/plan" + ("" if twin_row is None else f" (= {twin[0]}/{twin[1]})")  # type: ignore[index]
-    return pooled / best.median_s - 1.0, f"{best.plan}/{best.residency}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         auto = next(r for r in rows if r.plan == "auto")
         raw_regret = auto.median_s / best.median_s - 1.0
         raw_regrets.append(raw_regret)
-        twin = twin_of(choices, folders)
+        twin = identical_twin(choices, folders)
         regret, best_name = pooled_regret(rows, twin)
         regrets.append(regret)
         for r in rows:
