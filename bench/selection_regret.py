@@ -11,6 +11,9 @@
    its plan is run next to every single-strategy plan under each residency, rounds
    interleaved across every plan of every model (the order rotating), timed in process CPU
    time (:func:`rkpart.tune.choose_auto`, :func:`rkpart.tune.verify_round`).
+   One fitted size (``REFERENCE``) has its plans run again after each evaluation round: its
+   rounds then against its rounds in the fit phase show how far the machine drifted between
+   the two phases (inside the fitted range, the model is not what changed).
 3. Print per model auto's choice, the measured best, the regret (auto / best - 1), the
    whole-plan prediction error of every plan, and the share of per-stage NPU inference
    predictions within +-10 % (from the same runs' stage records: median CPU time of the
@@ -45,12 +48,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the example mode
 from rkpart.cost_model.calibration import fit_profiles
 from rkpart.cost_model.features import stage_features
 from rkpart.cost_model.model import CostModel
+from rkpart.cost_model.rounds import round_time
 from rkpart.partitioner.plan import load_plan
+from rkpart.profile.records import read_jsonl
 from rkpart.tune import (
     TuneConfig,
+    VerifyRow,
     choose_auto,
     identical_twin,
     pooled_regret,
+    predicted_round,
     profile_for_fit,
     single_plans,
     verify_round,
@@ -61,6 +68,10 @@ from tests.models.anima import AnimaConfig, build_anima_onnx
 FIT = [(128, 4, 16, 2), (128, 4, 32, 2), (256, 4, 16, 2), (256, 4, 32, 2), (192, 4, 24, 2)]
 EVAL = [(256, 4, 64, 2), (384, 6, 32, 2), (192, 4, 48, 4), (320, 5, 40, 2), (128, 4, 64, 4), (384, 6, 64, 4)]
 QUICK_FIT = [(128, 4, 16, 2), (256, 4, 32, 2), (192, 4, 24, 2)]
+#: a fitted size whose plans are run again between the evaluation rounds: inside the fitted range,
+#: so what separates its rounds in the evaluation phase from its rounds in the fit phase is the
+#: machine (other jobs), not the model
+REFERENCE = (192, 4, 24, 2)
 QUICK_EVAL = [(256, 4, 64, 2), (384, 6, 32, 2)]
 
 
@@ -103,6 +114,18 @@ def stage_infer_errors(model: CostModel, folders: dict[str, Path], rows: list[An
         for ms in by_features.values():
             repeat += [abs(a / b - 1.0) for a, b in itertools.pairwise(ms)]
     return errors, repeat
+
+
+def fit_phase_rounds(profiles: Path, name: str, residency: str) -> list[float]:
+    """The measured rounds of one plan and residency in the fit phase (its time-only profiles)."""
+    out: list[float] = []
+    for f in sorted(profiles.glob(f"{name}.{residency}.r*.jsonl")):
+        for r in read_jsonl(f):
+            if r.get("record") == "round" and not r.get("warmup"):
+                t = round_time(r)
+                if t is not None:
+                    out.append(t)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,9 +177,16 @@ def main(argv: list[str] | None = None) -> int:
         evals.append((spec, path, sub, plans, choices, rows, folders))
     # round i of every model's every plan before round i + 1 of any (as the fit): a busy spell
     # of the shared machine is spread over all models instead of shifting one model's every plan
+    # the in-range reference: the fitted size's own plans, run again after each evaluation round
+    ref_path, rsub, rplans, _, _ = next(f for f in fits if f[0].stem == build(work / "models", *REFERENCE).stem)
+    ref_rows = [VerifyRow(n, r) for n in rplans for r in ("per-stage", "resident")]
+    for row in ref_rows:
+        rplan, rfolder = load_plan(rplans[row.plan])
+        row.predicted_s = predicted_round(model, rplan, rfolder, row.residency, cfg.steps * (2 if cfg.cfg else 1))
     for i in range(cfg.verify_rounds):
         for _spec, _path, sub, _plans, _choices, rows, folders in evals:
             verify_round(rows, folders, sub, cfg, i)
+        verify_round(ref_rows, dict(rplans), work / "reference", cfg, i)
         print(f"verify: round {i + 1}/{cfg.verify_rounds}", file=sys.stderr)
     for spec, path, _sub, plans, choices, rows, folders in evals:
         best = min(rows, key=lambda r: r.median_s)
@@ -206,6 +236,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{within(rs) * 100:.0f} % of {len(rs)} pairs within +-10 %; "
           f"auto's plan vs the identical single-strategy plan: "
           + (", ".join(f"{x * 100:.1f} %" for x in plan_repeat) or "no identical pair"))
+    drift = [r.median_s / statistics.median(fr) for r in ref_rows
+             if (fr := fit_phase_rounds(rsub / "profiles", r.plan, r.residency))]
+    ref_err = [r.predicted_s / r.median_s - 1.0 for r in ref_rows if r.predicted_s is not None]
+    print(f"machine drift: the fitted size {ref_path.stem}'s {len(ref_rows)} plans, re-run between the evaluation "
+          f"rounds, took {statistics.median(drift):.2f}x (range {min(drift):.2f}-{max(drift):.2f}) their fit-phase "
+          f"rounds; their whole-plan predictions: median {statistics.median(ref_err) * 100:+.1f} %, "
+          f"{within([abs(e) for e in ref_err]) * 100:.0f} % within +-10 % (inside the fitted range: what is off "
+          "there is the machine, not the extrapolation)")
     print(f"({time.time() - t0:.0f} s)")
     (work / "results.json").write_text(json.dumps({"regret_median": med, "regret_worst": worst,
                                                    "regret_unpooled_median": statistics.median(raw_regrets),
@@ -213,7 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                                                    "whole_plan_within_10": wp, "stage_infer_within_10": st,
                                                    "stage_infer_within_10_at_4x": st4,
                                                    "identical_stages_within_10": within(stage_repeat),
-                                                   "identical_plans_differ": plan_repeat, "models": results},
+                                                   "identical_plans_differ": plan_repeat,
+                                                   "reference_eval_over_fit_phase": drift,
+                                                   "reference_whole_plan_error": ref_err, "models": results},
                                                   indent=2) + "\n")
     ok = med <= 0.02 and worst <= 0.05 and wp >= 0.90 and st >= 0.95 and st4 >= 0.95
     return 0 if ok else 1
