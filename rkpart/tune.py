@@ -13,7 +13,9 @@
 4. **Choose** with ``--strategy auto`` under the memory budget and write that plan.
 5. **Verify**: run the chosen plan and every single-strategy plan (each residency), rounds
    interleaved, and report each one's measured round, predicted round and the chosen plan's
-   regret against the measured best.
+   regret against the measured best.  When the chosen plan is byte-identical to a
+   single-strategy plan (:func:`identical_twin`), the two are one plan measured twice and the
+   regret pools their rounds (:func:`pooled_regret`).
 
 With ``--backend ort`` it runs anywhere; with ``rknnlite`` it is what a board user runs
 (after ``rkpart compile``: the backends load the compiled ``.rknn`` artifacts).
@@ -81,6 +83,42 @@ class VerifyRow:
                 "prediction_error_pct": None if err is None else round(err, 2)}
 
 
+def identical_twin(choices: Sequence[Mapping[str, Any]], folders: Mapping[str, Path]) -> tuple[str, str] | None:
+    """The single-strategy plan and residency that ``auto``'s plan (``folders["auto"]``) *is*, or ``None``.
+
+    Identical: one (candidate, residency) for every block, and the same stages in the same order
+    on the same devices with byte-identical files (the sha256 both plan.json files record).  Such
+    a pair is one plan measured twice; what separates their measured rounds is noise."""
+    pairs = {(str(c["candidate"]), str(c["residency"])) for c in choices}
+    if len(pairs) != 1 or "auto" not in folders:
+        return None
+    cand, res = pairs.pop()
+    if cand not in folders:
+        return None
+
+    def stages(folder: Path) -> list[tuple[str, str, str]]:
+        plan, _ = load_plan(folder)
+        return [(s.id, s.device, s.sha256) for s in plan.stages]
+
+    return (cand, res) if stages(folders["auto"]) == stages(folders[cand]) else None
+
+
+def pooled_regret(rows: Sequence[VerifyRow], twin: tuple[str, str] | None) -> tuple[float, str]:
+    """Regret of ``auto``'s plan with identical plans counted as one: its measured rounds and its
+    twin's (:func:`identical_twin`) pooled into one median, against the best of the other plans;
+    and the name of the measured best (``auto/plan`` when it is auto's own plan)."""
+    auto = next(r for r in rows if r.plan == "auto")
+    twin_row = None if twin is None else next((r for r in rows if (r.plan, r.residency) == twin), None)
+    pooled = float(statistics.median(auto.measured_s + (twin_row.measured_s if twin_row is not None else [])))
+    others = [r for r in rows if r is not auto and r is not twin_row]
+    if not others:
+        return 0.0, "auto/plan"
+    best = min(others, key=lambda r: r.median_s)
+    if pooled <= best.median_s:
+        return 0.0, "auto/plan" + ("" if twin is None else f" (= {twin[0]}/{twin[1]})")
+    return pooled / best.median_s - 1.0, f"{best.plan}/{best.residency}"
+
+
 @dataclass
 class TuneResult:
     model_file: Path
@@ -88,6 +126,8 @@ class TuneResult:
     choices: list[dict[str, Any]]
     fit_report: dict[str, Any]
     rows: list[VerifyRow]
+    #: the single-strategy plan and residency auto's plan is byte-identical to, if any
+    twin: tuple[str, str] | None = None
 
     @property
     def best(self) -> VerifyRow:
@@ -99,12 +139,20 @@ class TuneResult:
 
     @property
     def regret(self) -> float:
+        """Auto's regret with an identical twin plan pooled into one plan (:func:`pooled_regret`)."""
+        return pooled_regret(self.rows, self.twin)[0]
+
+    @property
+    def regret_unpooled(self) -> float:
+        """Auto's measured round against the measured best, its identical twin counted as another plan."""
         return (self.chosen.median_s - self.best.median_s) / self.best.median_s
 
     def to_json(self) -> dict[str, Any]:
         return {"cost_model": str(self.model_file), "auto_plan": str(self.auto_plan), "choices": self.choices,
                 "whole_plan_error": self.fit_report.get("whole_plan"), "verify": [r.to_json() for r in self.rows],
-                "best": f"{self.best.plan}/{self.best.residency}", "regret_pct": round(self.regret * 100.0, 2)}
+                "identical_to": None if self.twin is None else "/".join(self.twin),
+                "best": pooled_regret(self.rows, self.twin)[1], "regret_pct": round(self.regret * 100.0, 2),
+                "regret_unpooled_pct": round(self.regret_unpooled * 100.0, 2)}
 
     def render(self) -> str:
         lines = [f"cost model: {self.model_file}", f"auto plan: {self.auto_plan}",
@@ -121,8 +169,11 @@ class TuneResult:
             pred = "-" if r.predicted_s is None else f"{r.predicted_s:.4f}"
             mark = "*" if r.plan == "auto" else " "
             lines.append(f"{mark} {r.plan:<18} {r.residency:<9} {r.median_s:>11.4f} {pred:>12} {err:>8}")
-        lines.append(f"regret of auto's choice vs the measured best ({self.best.plan}/{self.best.residency}): "
-                     f"{self.regret * 100:+.2f} %")
+        best = pooled_regret(self.rows, self.twin)[1]
+        if self.twin is not None:
+            lines.append(f"auto's plan is byte-identical to {self.twin[0]} ({self.twin[1]}): one plan, its rounds "
+                         f"pooled (apart: {self.regret_unpooled * 100:+.2f} %)")
+        lines.append(f"regret of auto's choice vs the measured best ({best}): {self.regret * 100:+.2f} %")
         return "\n".join(lines) + "\n"
 
 
@@ -285,10 +336,12 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
     model.save(model_file)
     atomic_write_bytes(work / "fit_report.json", (json.dumps(report, indent=2) + "\n").encode())
     auto_dir, choices, rows = choose_and_verify(model_path, work, model_file, plans, config, progress)
-    result = TuneResult(model_file=model_file, auto_plan=auto_dir, choices=choices, fit_report=report, rows=rows)
+    twin = identical_twin(choices, {**plans, "auto": auto_dir})
+    result = TuneResult(model_file=model_file, auto_plan=auto_dir, choices=choices, fit_report=report, rows=rows,
+                        twin=twin)
     atomic_write_bytes(work / "tune_report.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
     return result
 
 
 __all__ = ["SINGLE", "WHOLE_PLAN_BLOCKS", "TuneConfig", "TuneResult", "VerifyRow", "choose_and_verify",
-           "predicted_round", "profile_for_fit", "single_plans", "tune"]
+           "identical_twin", "pooled_regret", "predicted_round", "profile_for_fit", "single_plans", "tune"]

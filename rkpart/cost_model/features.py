@@ -20,6 +20,12 @@ Everything is counted from static shapes, never by running the graph:
 * ``elementwise_elems``: output elements of every op that is neither weighted nor a pure
   re-labelling (Reshape, Transpose counts: it moves data); reductions count their input;
 * ``moved_bytes``: activation bytes read and written by all ops plus the weights read once;
+* ``mac_bytes``: bytes read and written by the MAC ops (both operands, weights included, and
+  the result); ``elementwise_bytes``: activation bytes read and written by every other op that
+  moves data (the ``elementwise_elems`` ops).  The two split ``moved_bytes`` by who moves it: a
+  matrix product packs and streams its operands at a different cost per byte than an
+  elementwise op streams its tensors (on ONNX Runtime's CPU kernels a MatMul byte costs several
+  times an elementwise byte), and a stage's mix of the two changes with tokens and hidden size;
 * ``cpu_ops`` / ``cpu_elems``: layers the toolkit placed on the CPU (from a compile
   result), and the output elements of the ONNX nodes they came from;
 * ``file_bytes``: the ``.rknn`` size when the stage was compiled, else ``weight_bytes``
@@ -65,6 +71,8 @@ class Features:
     peak_bytes: int = 0
     elementwise_elems: int = 0
     moved_bytes: int = 0
+    mac_bytes: int = 0
+    elementwise_bytes: int = 0
     nodes: int = 0
     cpu_ops: int = 0
     cpu_elems: int = 0
@@ -123,7 +131,7 @@ def subgraph_features(
     are left out of activation counts and decide whether a MatMul is weighted.
     ``peak_bytes`` is the graph's answer (:func:`rkpart.ir.liveness.peak_bytes`).
     """
-    macs = act_macs = ew = moved = 0
+    macs = act_macs = ew = moved = mac_bytes = ew_bytes = 0
     counts: Counter[str] = Counter()
 
     def is_const(t: str) -> bool:
@@ -146,7 +154,9 @@ def subgraph_features(
                 macs += m
             else:
                 act_macs += m
+            mac_bytes += sum(_nbytes(types.get(t)) for t in n.input if t) + out_bytes
         elif n.op_type not in RELABEL_OPS:
+            ew_bytes += in_bytes + out_bytes
             if n.op_type in REDUCE_OPS and dyn_in:
                 ew += max(out_elems, max(numel(types[t][1]) for t in dyn_in if t in types) if any(
                     t in types for t in dyn_in) else 0)
@@ -168,6 +178,8 @@ def subgraph_features(
         peak_bytes=int(peak_bytes),
         elementwise_elems=int(ew),
         moved_bytes=int(moved + weight_bytes),
+        mac_bytes=int(mac_bytes),
+        elementwise_bytes=int(ew_bytes),
         nodes=len(nodes),
         cpu_ops=len(artifact.cpu_ops) if artifact is not None else 0,
         cpu_elems=int(cpu_elems),

@@ -66,7 +66,7 @@ def test_host_setup_is_fitted_on_the_host_stages_own_calls(split_plan: tuple[Pla
     first = next(s for s in host if s.label.endswith(f":{sid}") and s.group == recs[0].run_id)
     assert first.targets["setup"] == pytest.approx(statistics.median(per_round.values()))
     model, _ = fit_profiles(paths, clock="cpu")
-    assert model.components["setup"].terms == ("const", "nodes")
+    assert model.components["setup"].terms == ("const", "nodes", "weight_bytes")
     assert model.components["setup"].samples == len(host)
 
 
