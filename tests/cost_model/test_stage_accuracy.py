@@ -13,31 +13,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
-from onnx import TensorProto, helper, numpy_helper
-
 from rkpart.cost_model.features import Features, model_features, stage_features
 from rkpart.cost_model.model import DEFAULT_TERMS, CostModel, Sample, default_model_path
 from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
 from rkpart.tune import SINGLE, VerifyRow, identical_twin, pooled_regret
+from tests.cost_model.test_features import _attention_like
 from tests.models.anima import AnimaConfig, build_anima_onnx
-
-
-def _attention_like() -> onnx.ModelProto:
-    """x[1,8,16] -MatMul(W[16,32])-> h -Relu-> r -Transpose-> rt; MatMul(r, rt) -> s[1,8,8] -Softmax-> y"""
-    w = numpy_helper.from_array(np.ones((16, 32), np.float32), "W")
-    nodes = [
-        helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
-        helper.make_node("Relu", ["h"], ["r"], name="relu"),
-        helper.make_node("Transpose", ["r"], ["rt"], name="t", perm=[0, 2, 1]),
-        helper.make_node("MatMul", ["r", "rt"], ["s"], name="scores"),
-        helper.make_node("Softmax", ["s"], ["y"], name="sm", axis=-1),
-    ]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8])], [w])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def test_moved_bytes_are_split_into_mac_op_bytes_and_elementwise_bytes() -> None:
