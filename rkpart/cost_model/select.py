@@ -563,7 +563,7 @@ def _covers(ch: Option, options: Mapping[int, Sequence[Option]]) -> list[tuple[O
                   key=lambda o: o.latency) for b in ch.candidate.blocks]
     if not all(per):
         return same
-    keep = len(per[0])
+    keep = max(len(p) for p in per)
     while keep > 1 and math.prod(min(keep, len(p)) for p in per) > _MAX_COVERS:
         keep -= 1
     return same + list(itertools.product(*(p[:keep] for p in per)))
