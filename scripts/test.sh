@@ -11,4 +11,5 @@ for v in ${RKPART_TEST_TOOLKIT_VERSIONS:-2.3.0 2.3.2 2.5.0}; do
 done
 .venv/bin/ruff check rkpart tests
 .venv/bin/mypy
-exec .venv/bin/python -m pytest -rs "$@"
+# tests spread over one worker per CPU (at most 4), each module whole on one worker (tests/conftest.py)
+exec .venv/bin/python -m pytest -rs -n "${RKPART_TEST_WORKERS:-logical}" --maxprocesses 4 --dist loadscope "$@"

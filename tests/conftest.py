@@ -89,6 +89,30 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
     yield
 
 
+#: modules whose tests share no costly fixture and together run for minutes: under
+#: ``pytest -n N --dist loadscope`` (scripts/test.sh) their tests are spread over the workers one by
+#: one.  Every other module runs whole on one worker, so its module- and session-scoped fixtures are
+#: built once.
+_SPREAD = frozenset({"tests/compile/test_npu_families.py", "tests/docs/test_docs_run.py"})
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, on the controller
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadscope`` by module, except :data:`_SPREAD`'s tests, which are scopes of their own.
+
+    (Not ``--dist loadgroup`` with markers: it renames node ids, which pytest 9.2 no longer allows.)
+    """
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return nodeid if module in _SPREAD else module
+
+    return ModuleScheduling(config, log)  # type: ignore[arg-type]
+
 #: fixtures that need a marker: a test using one is in that tier whether it says so or not
 _TIER_FIXTURES = {"toolkit": toolkits.FIXTURES,
                   "export": frozenset({"vit_onnx", "postnorm_onnx", "anima_exports", "families"})}

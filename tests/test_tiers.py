@@ -46,7 +46,25 @@ def test_marked_call():
 '''
 
 
-def _pytest(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+WORKERS = '''
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def worker():
+    return os.environ["PYTEST_XDIST_WORKER"]
+
+
+@pytest.mark.parametrize("i", range(8))
+def test_case(i, worker):
+    (Path(os.environ["OUT"]) / f"{i}-{worker}").touch()
+'''
+
+
+def _pytest(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess[str]:
     tests = tmp_path / "tests"
     tests.mkdir(exist_ok=True)
     for name in ("__init__.py", "conftest.py", "toolkits.py"):
@@ -54,7 +72,8 @@ def _pytest(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
     (tests / "test_cases.py").write_text(body)
     env = {**os.environ, "RKPART_TEST_TOOLKIT_VERSIONS": "none", "RKPART_TEST_TOOLKITS_DIR": str(tmp_path / "tk"),
            "PYTHONPATH": str(TESTS.parent)}  # this checkout's rkpart; "tests" is the copy (cwd comes first)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests"],
+    env["OUT"] = str(tmp_path)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args, "tests"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -72,3 +91,31 @@ def test_getting_a_toolkit_without_the_marker_fails_the_test(tmp_path: Path) -> 
     assert "test_unmarked_call uses rknn-toolkit2 2.3.0 but is not marked @pytest.mark.toolkit" in r.stdout
     assert "1 failed, 1 skipped" in r.stdout
     assert "rknn-toolkit2 2.3.0 not in RKPART_TEST_TOOLKIT_VERSIONS" in r.stdout
+
+
+def test_spread_modules_exist() -> None:
+    from tests.conftest import _SPREAD
+
+    assert _SPREAD
+    for module in _SPREAD:
+        assert (TESTS.parent / module).is_file(), module  # a renamed module would silently stay whole
+
+
+def test_under_xdist_a_module_runs_whole_on_one_worker(tmp_path: Path) -> None:
+    # scripts/test.sh's options: its module fixture is built once, not once per worker
+    r = _pytest(tmp_path, WORKERS, "-n", "2", "--dist", "loadscope")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ran = sorted(p.name for p in tmp_path.iterdir() if "-gw" in p.name)
+    assert len(ran) == 8, ran
+    assert len({name.split("-")[1] for name in ran}) == 1, ran
+
+
+def test_under_xdist_a_spread_module_runs_on_every_worker(tmp_path: Path) -> None:
+    (tmp_path / "tests" / "docs").mkdir(parents=True)
+    (tmp_path / "tests" / "docs" / "__init__.py").touch()
+    (tmp_path / "tests" / "docs" / "test_docs_run.py").write_text(WORKERS)  # a module named in _SPREAD
+    r = _pytest(tmp_path, "", "-n", "2", "--dist", "loadscope")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ran = sorted(p.name for p in tmp_path.iterdir() if "-gw" in p.name)
+    assert len(ran) == 8, ran
+    assert {name.split("-")[1] for name in ran} == {"gw0", "gw1"}, ran
