@@ -113,6 +113,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
 
     return ModuleScheduling(config, log)  # type: ignore[arg-type]
 
+
 #: fixtures that need a marker: a test using one is in that tier whether it says so or not
 _TIER_FIXTURES = {"toolkit": toolkits.FIXTURES,
                   "export": frozenset({"vit_onnx", "postnorm_onnx", "anima_exports", "families"})}

@@ -71,8 +71,8 @@ def _pytest(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProces
         shutil.copy(TESTS / name, tests / name)
     (tests / "test_cases.py").write_text(body)
     env = {**os.environ, "RKPART_TEST_TOOLKIT_VERSIONS": "none", "RKPART_TEST_TOOLKITS_DIR": str(tmp_path / "tk"),
-           "PYTHONPATH": str(TESTS.parent)}  # this checkout's rkpart; "tests" is the copy (cwd comes first)
-    env["OUT"] = str(tmp_path)
+           "PYTHONPATH": str(TESTS.parent),  # this checkout's rkpart; "tests" is the copy (cwd comes first)
+           "OUT": str(tmp_path)}  # where WORKERS' tests record the worker that ran them
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *args, "tests"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
@@ -101,21 +101,22 @@ def test_spread_modules_exist() -> None:
         assert (TESTS.parent / module).is_file(), module  # a renamed module would silently stay whole
 
 
-def test_under_xdist_a_module_runs_whole_on_one_worker(tmp_path: Path) -> None:
-    # scripts/test.sh's options: its module fixture is built once, not once per worker
-    r = _pytest(tmp_path, WORKERS, "-n", "2", "--dist", "loadscope")
+def _workers_used(tmp_path: Path, body: str) -> set[str]:
+    """Runs the copied suite with scripts/test.sh's options on two workers; the workers WORKERS' 8 tests ran on."""
+    r = _pytest(tmp_path, body, "-n", "2", "--dist", "loadscope")
     assert r.returncode == 0, r.stdout + r.stderr
     ran = sorted(p.name for p in tmp_path.iterdir() if "-gw" in p.name)
     assert len(ran) == 8, ran
-    assert len({name.split("-")[1] for name in ran}) == 1, ran
+    return {name.split("-")[1] for name in ran}
+
+
+def test_under_xdist_a_module_runs_whole_on_one_worker(tmp_path: Path) -> None:
+    # its module fixture is built once, not once per worker
+    assert len(_workers_used(tmp_path, WORKERS)) == 1
 
 
 def test_under_xdist_a_spread_module_runs_on_every_worker(tmp_path: Path) -> None:
     (tmp_path / "tests" / "docs").mkdir(parents=True)
     (tmp_path / "tests" / "docs" / "__init__.py").touch()
     (tmp_path / "tests" / "docs" / "test_docs_run.py").write_text(WORKERS)  # a module named in _SPREAD
-    r = _pytest(tmp_path, "", "-n", "2", "--dist", "loadscope")
-    assert r.returncode == 0, r.stdout + r.stderr
-    ran = sorted(p.name for p in tmp_path.iterdir() if "-gw" in p.name)
-    assert len(ran) == 8, ran
-    assert {name.split("-")[1] for name in ran} == {"gw0", "gw1"}, ran
+    assert _workers_used(tmp_path, "") == {"gw0", "gw1"}
