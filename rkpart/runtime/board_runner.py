@@ -450,22 +450,27 @@ class Runner:
         self.open()
         self.timings = self._sink = []
         envs = [self.check_inputs(p) for p in passes]
-        pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cfg") if self.cfg_parallel else None
+        # one thread per pass, so a pass's contexts always live in the same thread
+        lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cfg-{name}")
+                 for name in ("cond", "uncond")] if self.cfg_parallel else []
         try:
             for k, s in enumerate(self.stages):
-                if pool is None:
+                if not lanes:
                     self._stage_passes(s, envs)
                 else:
-                    futures = [pool.submit(self._stage_lane, s, lane, envs[lane]) for lane in (0, 1)]
+                    ready = threading.Barrier(2)
+                    futures = [pool.submit(self._stage_lane, s, lane, envs[lane], ready)
+                               for lane, pool in enumerate(lanes)]
                     errors = [f.exception() for f in futures]  # waits for both: both contexts are released
-                    first = next((e for e in errors if e is not None), None)
+                    real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
+                    first = next(iter(real or [e for e in errors if e is not None]), None)
                     if first is not None:
                         raise first
                 for env in envs:
                     for name in self._drop[k]:
                         env.pop(name, None)
         finally:
-            if pool is not None:
+            for pool in lanes:
                 pool.shutdown(wait=True)
         return [{n: env[n] for n in self.outputs} for env in envs]
 
@@ -484,8 +489,13 @@ class Runner:
             if not resident:
                 self._timed(sid, "release", sess.release)
 
-    def _stage_lane(self, s: Mapping[str, Any], lane: int, env: dict[str, np.ndarray]) -> None:
-        """One pass of a stage in its own thread, on the lane's own NPU context (host stages share one session)."""
+    def _stage_lane(self, s: Mapping[str, Any], lane: int, env: dict[str, np.ndarray],
+                    ready: threading.Barrier) -> None:
+        """One pass of a stage in its lane's thread, on the lane's own NPU context (host stages share one session).
+
+        Both lanes initialise their context before either infers (``ready``): the two passes
+        then run on the two cores at the same time, rather than one after the other by chance.
+        """
         sid = s["id"]
         if s["device"] != "npu":
             with self._host_lock:  # the first use starts the session; ORT runs one session in two threads
@@ -498,10 +508,15 @@ class Runner:
         resident = self.residency[sid] == "resident"
         sess = held.get(sid)
         if sess is None:
-            sess = self._start(s, lane)
+            try:
+                sess = self._start(s, lane)
+            except BaseException:
+                ready.abort()  # the other lane must not wait for this one
+                raise
             if resident:
                 held[sid] = sess
         try:
+            ready.wait()
             self._call_stage(s, sess, env)
         finally:
             if not resident:
