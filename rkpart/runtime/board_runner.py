@@ -20,6 +20,17 @@ or from the shell, gated against the reference outputs the bundle was written wi
 
     python runner.py --inputs ref_inputs.npz --reference ref_outputs.npz
 
+A whole denoising loop (``rkpart drift``'s sampler: seeded latent, CFG, flow-matching Euler;
+the manifest's ``denoise`` record names the latent, timestep and conditioning inputs)::
+
+    python runner.py --steps 30 --guidance 4.5 --cond prompt.npz --latent-out latent.npy [--cfg-parallel]
+    x = Runner("bundle/").denoise(30, guidance=4.5, cond={"encoder_hidden_states": ctx})
+
+``cfg_parallel`` (``--cfg-parallel``) runs the two passes of each step at the same time, each
+in its own thread on its own context of every NPU stage (core masks 0 and 1): twice the
+device memory, the same bytes out.  Otherwise every NPU stage has its own core mask
+(``manifest.json``, set by ``rkpart bundle --core-mask``; ``--core-mask`` overrides all).
+
 Residency (``manifest.json`` ``residency`` per stage, ``--residency`` overrides all):
 ``per-stage`` stages are loaded, initialised, run and released around every use (one NPU
 context alive at a time, the policy for boards with little memory); ``resident`` stages
@@ -31,8 +42,9 @@ ONNX Runtime stand-in: with ``RKPART_RUNNER_NPU_STANDIN=DIR`` in the environment
 under ``DIR`` at each stage's ``source`` path (the plan folder the bundle was made from).
 That is for checking a bundle on a machine without an NPU; it is never the NPU.
 
-Exit codes of the command line: 0 gate passed, 2 bad input (one-line message), 7 the NPU
-runtime failed, 8 the numerical gate failed.
+Exit codes of the command line: 0 gate passed (or the loop ran), 2 bad input (one-line
+message; also a bundle without a loop record, or a run over the manifest's device budget),
+7 the NPU runtime failed, 8 the numerical gate failed.
 """
 
 from __future__ import annotations
