@@ -570,7 +570,7 @@ class Runner:
         if steps < 1:
             raise BundleError("steps must be at least 1")
         if self.cfg_parallel and not cfg:
-            raise BundleError("cfg_parallel runs the two CFG passes at once; it needs CFG")
+            raise BundleError("--cfg-parallel runs the two CFG passes at once; it cannot go with --no-cfg")
         sched = dict(d.get("scheduler") or {})
         shift = float(sched.get("shift", 1.0)) if shift is None else float(shift)
         if not shift > 0:
