@@ -241,3 +241,32 @@ def test_loop_inputs_named_by_flags_or_refused_in_one_line(compiled: tuple[Plan,
     err = [ln for ln in p.stderr.splitlines() if ln.startswith("runner: error")]
     assert len(err) == 1 and "--latent-input NAME --timestep-input NAME" in err[0]
     assert "does not have the output's shape" in err[0]
+
+
+def test_loop_without_cfg_is_drifts_no_cfg_loop(bundle: Path, compiled: tuple[Plan, Path]) -> None:
+    plan, folder = compiled
+    mod = load_runner(bundle)
+    with mod.Runner(bundle, npu_standin=folder) as r:
+        got = r.denoise(3, cfg=False, seed=2)
+    want = drift_denoise(plan, folder, backend=None, steps=3, cfg=False, seed=2).latents[-1]
+    assert np.array_equal(got, want)
+
+
+def test_a_context_failing_under_cfg_parallel_is_one_error_and_the_other_is_released(
+        bundle: Path, compiled: tuple[Plan, Path]) -> None:
+    mod = load_runner(bundle)
+    fake = fake_for(bundle, compiled[1], mod.ort_session)
+    real_init = fake.init_runtime
+
+    def init_runtime(self, target=None, device_id=None, async_mode=False, core_mask=0):  # type: ignore[no-untyped-def]
+        if core_mask == 2 and self.path.name.endswith("b00.xattn.rknn"):  # core 1's context of the second stage
+            return -1
+        return real_init(self, target, device_id, async_mode, core_mask)
+
+    failing = type("FailingFake", (fake,), {"init_runtime": init_runtime})
+    with mod.Runner(bundle, rknnlite_api=failing, cfg_parallel=True) as r, \
+            pytest.raises(mod.RuntimeFailure, match=r"stage b00\.xattn: init_runtime returned -1"):
+        r.denoise(2)
+    rec = fake.recorder
+    assert not rec.alive  # core 0's context of b00.xattn was released, not left waiting for its partner
+    assert [c.kwargs["file"] for c in rec.of("inference")] == ["001_b00.attn.rknn"] * 2
