@@ -35,6 +35,7 @@ from rkpart.cost_model.device_model import (  # noqa: E402
     memory_features,
     within,
 )
+from rkpart.cost_model.features import stage_features  # noqa: E402
 from rkpart.partitioner.plan import load_plan  # noqa: E402
 from rkpart.pipeline import partition  # noqa: E402
 
@@ -82,6 +83,7 @@ def _collect(model: Path, family: str, shape: str, fit: bool, toolkit: str, work
         report = compile_folder(out, CompileOptions(toolkit=toolkit, jobs=1))
         plan, folder = load_plan(out)
         feats = memory_features(plan, folder)
+        full = {s.id: stage_features(folder, s) for s in plan.npu_stages}
         for o in report.outcomes:
             art = o.artifact
             if art is None or art.compiler is None or art.compiler.device_mem_bytes is None:
@@ -89,7 +91,8 @@ def _collect(model: Path, family: str, shape: str, fit: bool, toolkit: str, work
                 continue
             rows.append(MemoryRow(family=family, shape=shape, strategy=strategy, stage=o.stage_id, toolkit=toolkit,
                                   fit=fit, features=feats[o.stage_id], weight_bytes=art.compiler.weight_bytes or 0,
-                                  internal_bytes=art.compiler.internal_bytes or 0))
+                                  internal_bytes=art.compiler.internal_bytes or 0,
+                                  stage_features=full[o.stage_id].to_json()))
     return rows
 
 

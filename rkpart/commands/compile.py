@@ -180,7 +180,8 @@ def _compiler_columns(plan: Any) -> tuple[str, str, str]:
     def m(v: int | None) -> str:
         return "-" if v is None else f"{v / MIB:.1f}"
 
-    return (m(plan.weight_bytes), m(plan.internal_bytes), "-" if plan.cycles_total is None else f"{plan.cycles_total:.3g}")
+    cycles = "-" if plan.cycles_total is None else f"{plan.cycles_total:.3g}"
+    return (m(plan.weight_bytes), m(plan.internal_bytes), cycles)
 
 
 @click.group("cache")

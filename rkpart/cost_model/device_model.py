@@ -150,6 +150,8 @@ class MemoryRow:
     features: MemoryFeatures
     weight_bytes: int
     internal_bytes: int
+    #: the stage's cost-model features (compiled figures included), for the NPU-time calibration
+    stage_features: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def device_bytes(self) -> int:
@@ -158,14 +160,15 @@ class MemoryRow:
     def to_json(self) -> dict[str, Any]:
         return {"family": self.family, "shape": self.shape, "strategy": self.strategy, "stage": self.stage,
                 "toolkit": self.toolkit, "fit": self.fit, "features": self.features.to_json(),
-                "weight_bytes": self.weight_bytes, "internal_bytes": self.internal_bytes}
+                "weight_bytes": self.weight_bytes, "internal_bytes": self.internal_bytes,
+                "stage_features": dict(self.stage_features)}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> MemoryRow:
         return cls(family=str(d["family"]), shape=str(d["shape"]), strategy=str(d["strategy"]),
                    stage=str(d["stage"]), toolkit=str(d["toolkit"]), fit=bool(d["fit"]),
                    features=MemoryFeatures.from_json(d["features"]), weight_bytes=int(d["weight_bytes"]),
-                   internal_bytes=int(d["internal_bytes"]))
+                   internal_bytes=int(d["internal_bytes"]), stage_features=dict(d.get("stage_features") or {}))
 
 
 @dataclass(frozen=True)
