@@ -115,7 +115,7 @@ class Estimate:
 
     def render(self) -> str:
         mib = float(1 << 20)
-        rows = [("stage", "device", "residency", "dev MiB", "mem from", "load s", "init s", "infer s", "release s",
+        rows: list[tuple[str, ...]] = [("stage", "device", "residency", "dev MiB", "mem from", "load s", "init s", "infer s", "release s",
                  "infer from")]
         for s in self.stages:
             rows.append((s.id, s.device, s.residency,
@@ -190,8 +190,10 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
                             "calibration or refit it")
         art = s.artifact("rknn")
         compiled = art is not None and art.compiler is not None and art.compiler.device_mem_bytes is not None
+        mem: float
+        merr: float | None
         if compiled:
-            mem, msrc, merr = (f.compiled_mem_bytes or 0) + OTHER_BYTES, "compiler", COMPILER_ERROR
+            mem, msrc, merr = float((f.compiled_mem_bytes or 0) + OTHER_BYTES), "compiler", COMPILER_ERROR
         elif mem_comp is not None:
             mem = max(mem_comp.predict(f), float(f.weight16))
             msrc = "predicted"
@@ -200,9 +202,9 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
             mem, msrc, merr = 0.0, "none", None
         infer = pred["infer"]
         isrc = "predicted"
-        npu = compiled_infer_seconds(model, f, tk)
-        if npu is not None:
-            infer, isrc = npu, "compiler"
+        from_compiler = compiled_infer_seconds(model, f, tk)
+        if from_compiler is not None:
+            infer, isrc = from_compiler, "compiler"
         out.append(StageEstimate(id=s.id, device=s.device, residency=r, device_mem_bytes=math.ceil(mem),
                                  device_mem_source=msrc, device_mem_error=merr, load_s=pred["load"],
                                  init_s=pred["init"], infer_s=infer, release_s=pred["release"], infer_source=isrc,
