@@ -115,8 +115,8 @@ class Estimate:
 
     def render(self) -> str:
         mib = float(1 << 20)
-        rows: list[tuple[str, ...]] = [("stage", "device", "residency", "dev MiB", "mem from", "load s", "init s", "infer s", "release s",
-                 "infer from")]
+        rows: list[tuple[str, ...]] = [("stage", "device", "residency", "dev MiB", "mem from", "load s", "init s",
+                                        "infer s", "release s", "infer from")]
         for s in self.stages:
             rows.append((s.id, s.device, s.residency,
                          "-" if s.device_mem_bytes is None else f"{s.device_mem_bytes / mib:.1f}",
