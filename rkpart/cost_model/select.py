@@ -27,6 +27,7 @@ import numpy as np
 from rkpart.cost_model.candidates import Candidate, mark_exclusions
 from rkpart.cost_model.device_model import OTHER_BYTES
 from rkpart.cost_model.model import CostModel
+from rkpart.cost_model.npu_time import compiled_infer_seconds
 from rkpart.cost_model.rounds import outside_range, overhead
 from rkpart.errors import BudgetError, UserError
 from rkpart.targets.known_issues import crash_patterns
@@ -170,7 +171,12 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
 
     calls = p if residency == "per-stage" else 1
     load, init, release = (total(n) * calls for n in LIFE)
-    infer = total("infer") * p
+    # a compiled stage's inference from its compiler plan, when the model is calibrated for that
+    compiled = [compiled_infer_seconds(model, f) for f in c.npu]
+    if c.npu and all(v is not None for v in compiled):
+        infer = sum(v for v in compiled if v is not None) * p
+    else:
+        infer = total("infer") * p
     host = 0.0
     if c.host is not None:
         hp = model.predict_stage(c.host).get("host")
@@ -460,6 +466,7 @@ def choose(
     config: SelectionConfig = SelectionConfig(),
     *,
     notes: Sequence[str] = (),
+    anatomy: Mapping[int, str] | None = None,
 ) -> Selection:
     """Choose a candidate and residency for every block among ``candidates``.
 
@@ -488,7 +495,7 @@ def choose(
     known = [p.to_json() for p in crash_patterns()]
     known += [dict(r) for r in model.known_issues or () if dict(r) not in known]
     cands = mark_exclusions(candidates, toolkit=toolkit, known_issues=known,
-                            compiled=[str(Path(c)) for c in config.compiled])
+                            compiled=[str(Path(c)) for c in config.compiled], anatomy=anatomy)
     options = {start: [evaluate(c, r, model, config, max_ratio) for c in lst for r in config.residencies]
                for start, lst in cands.items()}
     seen: set[str] = set()
