@@ -32,6 +32,7 @@ from rkpart.compile.compile import CompileOptions, compile_folder  # noqa: E402
 from rkpart.cost_model.device_model import (  # noqa: E402
     MemoryRow,
     fit_memory_model,
+    held_out_summary,
     memory_features,
     within,
 )
@@ -55,6 +56,9 @@ ANIMA: tuple[tuple[str, dict[str, int], int, bool], ...] = (
     ("anima-h2048-768", {}, 768, False),
     ("anima-h2048-1024", {}, 1024, False),
 )
+#: the write-up's block (hidden 2048, 1024 image tokens, 512 text tokens) and the toolkit it was built with
+WRITEUP_SHAPE = "anima-h2048-512"
+WRITEUP_TOOLKIT = "2.3.0"
 QUICK = ("anima-h512-256", "anima-h512-512", "anima-h1024-256", "anima-h1024-512", "anima-h512-768", "anima-h1024-768")
 FAMILIES = ("dit", "pixart", "sd3", "flux", "wan", "cosmos", "lumina2", "auraflow")
 
@@ -104,6 +108,9 @@ def main() -> int:
     ap.add_argument("--families", default=",".join(FAMILIES), help="tiny diffusers families to predict ('' for none)")
     ap.add_argument("--rows", type=Path, default=None, help="read rows from this JSONL instead of building")
     ap.add_argument("--model-out", type=Path, default=None, help="write the fitted model (JSON) here")
+    ap.add_argument("--ship", type=Path, default=None,
+                    help="write the shipped device-memory file (rkpart/data/device_memory.json: one predictor per "
+                         "toolkit with its held-out error, and the write-up block's compiled features)")
     args = ap.parse_args()
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
@@ -134,6 +141,7 @@ def main() -> int:
                 out_rows.write_text("".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in rows))
         _say(f"rows: {out_rows}")
     ok = True
+    shipped: dict[str, object] = {}
     for tk in sorted({r.toolkit for r in rows}):
         mine = [r for r in rows if r.toolkit == tk]
         model = fit_memory_model([r for r in mine if r.fit], tk)
@@ -154,9 +162,21 @@ def main() -> int:
         print(f"  held-out within +-10 %: {share * 100:.0f} % ({parts}); target >= 90 %")
         print(f"  in-sample within +-10 %: {within(model, [r for r in mine if r.fit], 0.10) * 100:.0f} %")
         ok = ok and share >= 0.9
+        fitted_on = "Anima-style blocks " + ", ".join(sorted({r.shape for r in mine if r.fit}))
+        held_on = ", ".join(sorted({f"{r.family}:{r.shape}" for r in held}))
+        shipped[tk] = held_out_summary(model, held, fitted_on=fitted_on, held_out=held_on)
         if args.model_out is not None:
             path = args.model_out.with_name(f"{args.model_out.stem}.{tk}{args.model_out.suffix}")
             path.write_text(json.dumps(model.to_json(), indent=2, sort_keys=True) + "\n")
+    if args.ship is not None:
+        block = {st: [r.stage_features for r in rows if r.toolkit == WRITEUP_TOOLKIT and r.shape == WRITEUP_SHAPE
+                      and r.strategy == st] for st in ("split", "fused")}
+        doc = {"format": "rkpart-device-memory", "version": 1,
+               "source": "bench/device_memory.py: rknn-toolkit2 builds of compiled stages, the compiler's own "
+                         "weight + internal memory",
+               "toolkits": shipped, "writeup_block": {"toolkit": WRITEUP_TOOLKIT, "shape": WRITEUP_SHAPE, **block}}
+        args.ship.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {args.ship}")
     return 0 if ok else 1
 
 

@@ -234,6 +234,28 @@ def fit_memory_model(rows: Sequence[MemoryRow], toolkit: str) -> MemoryModel:
                        fit_error=err)
 
 
+def held_out_summary(model: MemoryModel, held: Sequence[MemoryRow], *, fitted_on: str, held_out: str) -> dict[str, Any]:
+    """The shipped form of a fitted model: one ``device_mem`` component (weight and internal terms
+    summed) with its in-sample and held-out error and what it was fitted and checked on."""
+    from rkpart.cost_model.model import error_summary
+
+    apes = sorted(abs(model.predict(r.features) / r.device_bytes - 1) * 100 for r in held)
+    err = error_summary([model.predict(r.features) for r in held], [r.device_bytes for r in held])
+    if apes:
+        err["p90_ape"] = round(float(np.percentile(apes, 90)), 3)
+        err["max_ape"] = round(apes[-1], 3)
+    w = dict(zip(WEIGHT_TERMS, model.weight, strict=True))
+    i = dict(zip(INTERNAL_TERMS, model.internal, strict=True))
+    terms = {"const": float(f"{w['const'] + i['const'] + OTHER_BYTES:.6g}"), "weight16": w["weight16"],
+             "act16": i["act16"], "score16": i["score16"], "io16": i["io16"]}
+    return {"terms": terms, "unit": "bytes", "applies_to": "npu", "source": "compiler tables", "samples": model.samples,
+            "fit_error": {"in_sample": dict(model.fit_error), "held_out": err, "fitted_on": fitted_on,
+                          "held_out_on": held_out},
+            "note": "the compiler's weight + internal memory of a stage, predicted from the IR before compiling: "
+                    "fp16 weights, the activation peak without attention score matrices, the largest score "
+                    "matrix, the boundary tensors (rkpart.cost_model.device_model)"}
+
+
 def within(model: MemoryModel, rows: Sequence[MemoryRow], tol: float) -> float:
     """Share of ``rows`` whose predicted device memory is within ``tol`` (relative) of the compiler's."""
     if not rows:
@@ -242,4 +264,5 @@ def within(model: MemoryModel, rows: Sequence[MemoryRow], tol: float) -> float:
 
 
 __all__ = ["FEATURES", "OTHER_BYTES", "MemoryFeatures", "MemoryModel", "MemoryRow", "fit_memory_model",
-           "memory_features", "score_tensors", "stage_memory_features", "view_memory_features", "within"]
+           "held_out_summary", "memory_features", "score_tensors", "stage_memory_features", "view_memory_features",
+           "within"]

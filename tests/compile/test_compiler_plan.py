@@ -3,6 +3,8 @@ verbose builds of rknn-toolkit2 2.3.0, 2.3.2 and 2.5.0 (issue 26)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from pathlib import Path
@@ -72,6 +74,16 @@ def test_every_built_artifact_carries_the_compilers_plan(tmp_path: Path, split_p
         # plan.json round-trips the record
         rec = next(s for s in on_disk["stages"] if s["id"] == o.stage_id)["artifacts"][0]["compiler"]
         assert CompilerPlan.from_json(rec) == cp
+    if version == "2.5.0":  # the report shows the same figures
+        pytest.importorskip("matplotlib")
+        from rkpart.report.build import build_report
+
+        page = build_report(folder, [], tmp_path / "r" / "report.html")
+        rows = {r["stage"]: r for r in csv.DictReader(io.StringIO((page.assets / "compile.csv").read_text()))}
+        for o in rep.outcomes:
+            cp = o.artifact.compiler  # type: ignore[union-attr]
+            assert int(rows[o.stage_id]["weight_bytes"]) == cp.weight_bytes  # type: ignore[union-attr]
+            assert int(rows[o.stage_id]["cycles_total"]) == cp.cycles_total  # type: ignore[union-attr]
     # a cached build gives the same figures with no log at hand
     again = compile_plan_report(rep.plan, folder, tk, "rk3588", {}, stages=["b00.attn", "b00.ffn"])
     assert [o.status for o in again.outcomes] == ["cached", "cached"]
