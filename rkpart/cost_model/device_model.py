@@ -14,10 +14,14 @@ counted as the NPU runs it (fp16, 2 bytes an element):
   **without the attention score tensors** -- the compiler fuses MatMul -> Softmax -> MatMul into
   ``exSDPAttention`` and never materialises the ``heads x tokens x tokens`` matrices the ONNX
   graph holds (the old calibration counted them: 2.2-3.4x the compiler's figure at 1024 px);
-* ``score16``: the largest score tensor (what a fused attention still needs as workspace);
+* ``score16``: the largest score tensor, all heads;
+* ``head16``: the largest score matrix of *one* head (its last two dimensions): the fused
+  attention streams over heads a few at a time, so its workspace follows one head's
+  ``tokens x keys`` matrix (measured on 2.5.0: about 4 heads' worth at 1024-4096 tokens, for 8
+  and 16 heads alike), not the whole tensor;
 * ``io16``: the stage's boundary tensors.
 
-``weight = a0 + a1 * weight16`` and ``internal = b0 + b1 * act16 + b2 * score16 + b3 * io16``
+``weight = a0 + a1 * weight16`` and ``internal = b0 + b1 * act16 + b2 * score16 + b3 * head16 + b4 * io16``
 are fitted per toolkit (non-negative, relative error) on compiled stages
 (``bench/device_memory.py``); the fit records its in-sample error, the bench its held-out error.
 """
@@ -43,9 +47,9 @@ from rkpart.partitioner.verify import stage_onnx
 #: peak is 3 % *below* the compiler's figure, fused's 11 % above (docs/cost-model.md)
 OTHER_BYTES = 0
 #: the features of :class:`MemoryFeatures`, in the order the JSON and the fit use them
-FEATURES = ("weight16", "act16", "score16", "io16")
+FEATURES = ("weight16", "act16", "score16", "head16", "io16")
 WEIGHT_TERMS = ("const", "weight16")
-INTERNAL_TERMS = ("const", "act16", "score16", "io16")
+INTERNAL_TERMS = ("const", "act16", "score16", "head16", "io16")
 _SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
 #: ops a score tensor may pass through between the scores MatMul and the Softmax (scale, mask, cast)
 _SCORE_PATH = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Reshape", "Softmax", "LogSoftmax"})
@@ -58,6 +62,7 @@ class MemoryFeatures:
     weight16: int
     act16: int
     score16: int
+    head16: int
     io16: int
 
     def value(self, name: str) -> float:
@@ -68,7 +73,7 @@ class MemoryFeatures:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> MemoryFeatures:
-        return cls(**{k: int(d[k]) for k in FEATURES})
+        return cls(**{k: int(d.get(k, 0)) for k in FEATURES})
 
 
 def _bytes16(mg: ModelGraph, name: str) -> int:
@@ -110,7 +115,7 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph) -> MemoryFeatures:
     weight16 = sum(_bytes16(mg, t) for t in sub.weights)
     io16 = sum(_bytes16(mg, t) for t in (*sub.inputs, *sub.outputs))
     if not sub.ops:
-        return MemoryFeatures(weight16=weight16, act16=0, score16=0, io16=io16)
+        return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16)
     scores = score_tensors(mg, sub.ops)
     life = lifetimes(mg, sub.ops, inputs=sub.inputs, outputs=sub.outputs, unread_alive=False)
     b16 = np.array([0 if t in scores else _bytes16(mg, t) for t in life.names], dtype=np.int64)
@@ -121,7 +126,9 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph) -> MemoryFeatures:
     np.add.at(diff, life.last[alive] + 1, -b16[alive])
     act16 = int(np.cumsum(diff[: life.n]).max())
     score16 = max((_bytes16(mg, t) for t in scores), default=0)
-    return MemoryFeatures(weight16=int(weight16), act16=act16, score16=int(score16), io16=int(io16))
+    head16 = max((2 * math.prod(sh[-2:]) for t in scores if (sh := mg.shape(t)) and len(sh) >= 2), default=0)
+    return MemoryFeatures(weight16=int(weight16), act16=act16, score16=int(score16), head16=int(head16),
+                          io16=int(io16))
 
 
 def stage_memory_features(folder: str | Path, stage: Any) -> MemoryFeatures:
@@ -206,10 +213,12 @@ class MemoryModel:
             raise ValueError("not an rkpart device-memory model (version 1)")
 
         def coefs(key: str, terms: Sequence[str]) -> tuple[float, ...]:
-            m = d[key]
+            m = d.get(key)
+            if not isinstance(m, Mapping) or set(m) != set(terms):
+                raise ValueError(f"device-memory model {key}: expected the terms {', '.join(terms)}")
             vals = tuple(float(m[t]) for t in terms)
-            if set(m) != set(terms) or not all(math.isfinite(v) and v >= 0 for v in vals):
-                raise ValueError(f"device-memory model {key}: expected finite non-negative {', '.join(terms)}")
+            if not all(math.isfinite(v) and v >= 0 for v in vals):
+                raise ValueError(f"device-memory model {key}: coefficients must be finite and >= 0")
             return vals
 
         return cls(toolkit=str(d["toolkit"]), weight=coefs("weight", WEIGHT_TERMS),
@@ -247,7 +256,7 @@ def held_out_summary(model: MemoryModel, held: Sequence[MemoryRow], *, fitted_on
     w = dict(zip(WEIGHT_TERMS, model.weight, strict=True))
     i = dict(zip(INTERNAL_TERMS, model.internal, strict=True))
     terms = {"const": float(f"{w['const'] + i['const'] + OTHER_BYTES:.6g}"), "weight16": w["weight16"],
-             "act16": i["act16"], "score16": i["score16"], "io16": i["io16"]}
+             **{t: i[t] for t in INTERNAL_TERMS if t != "const"}}
     return {"terms": terms, "unit": "bytes", "applies_to": "npu", "source": "compiler tables", "samples": model.samples,
             "fit_error": {"in_sample": dict(model.fit_error), "held_out": err, "fitted_on": fitted_on,
                           "held_out_on": held_out},

@@ -83,6 +83,7 @@ class Features:
     weight16: int = 0
     act16: int = 0
     score16: int = 0
+    head16: int = 0
     io16: int = 0
     rknn_bytes: int | None = None
     op_counts: tuple[tuple[str, int], ...] = field(default_factory=tuple)
@@ -250,7 +251,7 @@ def view_features(mg: ModelGraph, sub: Subgraph, *, device: str, artifact: Artif
                           const_tensors=sub.const_tensors, artifact=artifact)
     mem = view_memory_features(mg, sub)
     cp = artifact.compiler if artifact is not None else None
-    return _replace(f, weight16=mem.weight16, act16=mem.act16, score16=mem.score16, io16=mem.io16,
+    return _replace(f, weight16=mem.weight16, act16=mem.act16, score16=mem.score16, head16=mem.head16, io16=mem.io16,
                     compiled_mem_bytes=None if cp is None else cp.device_mem_bytes,
                     compiled_cycles=None if cp is None else cp.cycles_total,
                     compiled_rw_bytes=None if cp is None else cp.rw_bytes)
@@ -270,7 +271,7 @@ def combine(parts: Sequence[Features], device: str | None = None) -> Features:
     for p in parts:
         counts.update(dict(p.op_counts))
     kw: dict[str, Any] = {k: sum(getattr(p, k) for p in parts) for k in NUMERIC}
-    for k in ("peak_bytes", "act16", "score16"):  # a peak of one stage at a time, not a sum
+    for k in ("peak_bytes", "act16", "score16", "head16"):  # a peak of one stage at a time, not a sum
         kw[k] = max(getattr(p, k) for p in parts)
     for k in _COMPILED:
         vals = [getattr(p, k) for p in parts]
