@@ -350,7 +350,7 @@ def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionC
     config = config or SelectionConfig()
     notes: list[str] = []
     cands = enumerate_candidates(mg, disc, max_run=config.max_run, plugins_too=config.plugins, notes=notes)
-    anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks} if config.compiled else None
+    anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks} if config.share_anatomy else None
     return choose(cands, model, config, notes=notes, anatomy=anatomy)
 
 
@@ -525,7 +525,7 @@ class AutoStrategy(Strategy):
                 say: Progress = options.get("progress") or _noop
                 folders, grounding = ground_candidates(mg, disc, cfg.toolkit, work, max_run=cfg.max_run,
                                                        toolkits_dir=options.get("toolkits_dir"), progress=say)
-                cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *map(str, folders)))
+                cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *map(str, folders)), share_anatomy=True)
             sel = select(mg, disc, model, cfg)
         plan_notes = tuple(sel.notes)
         sel.notes.extend(grounding)  # for --explain only: whether a build came from the cache is not the plan's

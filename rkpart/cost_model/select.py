@@ -49,6 +49,9 @@ class SelectionConfig:
     max_error_ratio: float | None = None  # None: the cost model's default floor
     max_run: int = 2  # longest run of fused blocks among the candidates (the pipeline builds them)
     compiled: tuple[str, ...] = ()
+    #: a build in ``compiled`` stands for every block of the same anatomy (``auto``'s own
+    #: representative builds); off, a build speaks for the blocks it covers only
+    share_anatomy: bool = False
     plugins: bool = True  # plugin strategies' partitions are candidates too
     #: where ``budget_mib`` came from ("--budget-mib", or the target's documented default)
     budget_source: str = "given"
