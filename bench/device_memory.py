@@ -6,9 +6,11 @@
    (:func:`rkpart.cost_model.device_model.memory_features`) and the compiler's own weight and
    internal memory from the verbose build log (``artifacts[].compiler``).
 2. Fit the device-memory model (:func:`rkpart.cost_model.device_model.fit_memory_model`) on the
-   rows of the *fit* set only: Anima-style models up to 512 px.
-3. Predict every other row -- Anima at 768 and 1024 px (resolutions not fitted on) and the
-   tiny diffusers families (families not fitted on) -- and print the share within +-10 % of
+   rows of the *fit* set only: one-block Anima-style models from the bundled example's size
+   (hidden 96, 64 tokens) to hidden 2048 at 512 px and hidden 512-1024 at 1024 px.
+3. Predict every other row -- Anima at 768 px (a resolution not fitted on, every width) and the
+   real model's width at 1024 px, and eight tiny diffusers families (families not fitted on:
+   DiT, PixArt, SD3, Flux, Wan, Cosmos, Lumina2, AuraFlow) -- and print the share within +-10 % of
    the compiler's own figure (target: >= 90 %), per toolkit.
 
 Usage: ``.venv/bin/python bench/device_memory.py [--work DIR] [--toolkits 2.3.0,2.5.0] [--quick]
@@ -42,6 +44,12 @@ from rkpart.pipeline import partition  # noqa: E402
 
 #: (name, AnimaConfig overrides, resolution, in the fit set)
 ANIMA: tuple[tuple[str, dict[str, int], int, bool], ...] = (
+    # res 0: the bundled example's size (AnimaConfig.tiny, fp32, hidden 96, 64 tokens), one block
+    ("anima-tiny", {}, 0, True),
+    ("anima-h128-128", dict(hidden=128, heads=4, ffn_dim=512, context_dim=64, context_len=32, adaln_lora_dim=32),
+     128, True),
+    ("anima-h256-256", dict(hidden=256, heads=4, ffn_dim=1024, context_dim=128, context_len=64, adaln_lora_dim=64),
+     256, True),
     ("anima-h512-256", dict(hidden=512, heads=8, ffn_dim=2048, context_dim=512, context_len=128), 256, True),
     ("anima-h512-512", dict(hidden=512, heads=8, ffn_dim=2048, context_dim=512, context_len=128), 512, True),
     ("anima-h512-1024", dict(hidden=512, heads=8, ffn_dim=2048, context_dim=512, context_len=128), 1024, True),
@@ -59,7 +67,8 @@ ANIMA: tuple[tuple[str, dict[str, int], int, bool], ...] = (
 #: the write-up's block (hidden 2048, 1024 image tokens, 512 text tokens) and the toolkit it was built with
 WRITEUP_SHAPE = "anima-h2048-512"
 WRITEUP_TOOLKIT = "2.3.0"
-QUICK = ("anima-h512-256", "anima-h512-512", "anima-h1024-256", "anima-h1024-512", "anima-h512-768", "anima-h1024-768")
+QUICK = ("anima-tiny", "anima-h128-128", "anima-h256-256", "anima-h512-256", "anima-h512-512", "anima-h1024-256",
+         "anima-h1024-512", "anima-h512-768", "anima-h1024-768")
 FAMILIES = ("dit", "pixart", "sd3", "flux", "wan", "cosmos", "lumina2", "auraflow")
 
 
@@ -73,7 +82,7 @@ def _anima(work: Path, name: str, over: dict[str, int], res: int) -> Path:
     path = work / "models" / f"{name}.onnx"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        cfg = AnimaConfig.full(res, num_blocks=1, **over)
+        cfg = AnimaConfig.tiny(num_blocks=1) if res == 0 else AnimaConfig.full(res, num_blocks=1, **over)
         build_anima_onnx(cfg, path)
     return path
 
