@@ -54,6 +54,8 @@ from rkpart.partitioner.verify import stage_onnx
 #: the build, not measured here (no board); the write-up's board figures bracket it: split's
 #: peak is 3 % *below* the compiler's figure, fused's 11 % above (docs/cost-model.md)
 OTHER_BYTES = 0
+#: the held-out error a budget is about: stages of at least this much compiler memory
+MIN_STAGE_BYTES = 1 << 20
 #: the features of :class:`MemoryFeatures`, in the order the JSON and the fit use them
 FEATURES = ("weight16", "act16", "att16", "score16", "head16", "io16")
 WEIGHT_TERMS = ("const", "weight16")
@@ -312,11 +314,18 @@ def held_out_summary(model: MemoryModel, held: Sequence[MemoryRow], *, fitted_on
     summed) with its in-sample and held-out error and what it was fitted and checked on."""
     from rkpart.cost_model.model import error_summary
 
-    apes = sorted(abs(model.predict(r.features) / r.device_bytes - 1) * 100 for r in held)
-    err = error_summary([model.predict(r.features) for r in held], [r.device_bytes for r in held])
-    if apes:
-        err["p90_ape"] = round(float(np.percentile(apes, 90)), 3)
-        err["max_ape"] = round(apes[-1], 3)
+    def summary(rows: Sequence[MemoryRow]) -> dict[str, Any]:
+        apes = sorted(abs(model.predict(r.features) / r.device_bytes - 1) * 100 for r in rows)
+        out = error_summary([model.predict(r.features) for r in rows], [r.device_bytes for r in rows])
+        if apes:
+            out["p90_ape"] = round(float(np.percentile(apes, 90)), 3)
+            out["max_ape"] = round(apes[-1], 3)
+        return out
+
+    # what a budget is about: stages of a megabyte and more (kilobyte stages are mostly alignment)
+    err = summary([r for r in held if r.device_bytes >= MIN_STAGE_BYTES])
+    err["min_stage_bytes"] = MIN_STAGE_BYTES
+    err["all_sizes"] = summary(held)
     w = dict(zip(WEIGHT_TERMS, model.weight, strict=True))
     i = dict(zip(INTERNAL_TERMS, model.internal, strict=True))
     terms = {"const": float(f"{w['const'] + i['const'] + OTHER_BYTES:.6g}"), "weight16": w["weight16"],
