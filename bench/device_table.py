@@ -26,7 +26,7 @@ from rkpart.cost_model.features import stage_features  # noqa: E402
 from rkpart.cost_model.model import load_model_or_default  # noqa: E402
 from rkpart.ir import load_model  # noqa: E402
 from rkpart.partitioner.plan import load_plan  # noqa: E402
-from rkpart.pipeline import ground_candidates, partition  # noqa: E402
+from rkpart.pipeline import partition  # noqa: E402
 from rkpart.recognizers import discover  # noqa: E402
 
 MIB = float(1 << 20)
@@ -39,9 +39,12 @@ def _say(msg: str) -> None:
 def table(model: Path, toolkit: str, work: Path, steps: int) -> tuple[list[dict[str, object]], dict[str, object]]:
     mg = load_model(model)
     disc = discover(mg)
-    folders, notes = ground_candidates(mg, disc, toolkit, work / model.stem, progress=_say)
-    for n in notes:
-        _say(n)
+    cands = work / model.stem / "candidates"
+    out = work / model.stem / "auto"
+    _say(f"auto on {model.name} with rknn-toolkit2 {toolkit}, default budget")
+    plan = partition(model, out, "auto", force=True, toolkit=toolkit, compile=True, compile_dir=cands, steps=steps,
+                     progress=_say)
+    folders = sorted(p.parent for p in cands.glob("*/plan.json"))
     cost = load_model_or_default(None)
     comp = cost.memory_component(toolkit)
     rows: list[dict[str, object]] = []
@@ -61,9 +64,6 @@ def table(model: Path, toolkit: str, work: Path, steps: int) -> tuple[list[dict[
                          "cycles": cp.cycles_total, "rw_mib": None if cp.rw_bytes is None else round(cp.rw_bytes / MIB),
                          "predicted_mib": None if pred is None else round(pred / MIB, 1),
                          "error_pct": None if pred is None or not mem else round((pred / mem - 1) * 100, 1)})
-    out = work / model.stem / "auto"
-    _say(f"auto on {model.name} with rknn-toolkit2 {toolkit}, default budget")
-    plan = partition(model, out, "auto", force=True, toolkit=toolkit, compile=True, steps=steps, progress=_say)
     opts = plan.strategy.get("options") or {}
     choices = opts.get("choices", [])
     resident = sum(len(c["blocks"]) for c in choices if c["residency"] == "resident")

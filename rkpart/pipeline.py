@@ -480,6 +480,8 @@ class AutoStrategy(Strategy):
                          memory and NPU time come from the compiler's own tables (default False;
                          ``rkpart partition --toolkit V`` turns it on)
     ``toolkits_dir``     where toolkit environments live (for ``compile``)
+    ``compile_dir``      where ``compile`` writes the candidate plans and keeps them (default: a
+                         temporary folder, removed afterwards)
     ``report``           callable receiving the :class:`~rkpart.cost_model.select.Selection`
                          (the CLI's ``--explain``); not recorded in the plan
     ``progress``         callable receiving progress lines while candidates compile; not recorded
@@ -487,7 +489,7 @@ class AutoStrategy(Strategy):
 
     name = "auto"
     accepts = ("cost_model", "accuracy", "budget_mib", "toolkit", "steps", "cfg", "residency", "max_error_ratio",
-               "max_run", "compiled", "compile", "toolkits_dir", "report", "progress")
+               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "report", "progress")
     summary = "per block, the cheapest candidate predicted by a cost model within a memory budget"
 
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
@@ -519,9 +521,12 @@ class AutoStrategy(Strategy):
 
                 from rkpart.compile.user_cache import default_cache_dir
 
-                root = default_cache_dir()
-                root.mkdir(parents=True, exist_ok=True)
-                work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="auto-", dir=root)))
+                if options.get("compile_dir") is not None:
+                    work = Path(str(options["compile_dir"]))
+                else:
+                    root = default_cache_dir()
+                    root.mkdir(parents=True, exist_ok=True)
+                    work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="auto-", dir=root)))
                 say: Progress = options.get("progress") or _noop
                 folders, grounding = ground_candidates(mg, disc, cfg.toolkit, work, max_run=cfg.max_run,
                                                        toolkits_dir=options.get("toolkits_dir"), progress=say)
