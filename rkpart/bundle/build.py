@@ -138,7 +138,7 @@ def bundle_plan(
                         "uncompiled); run `rkpart compile` first")
     res = stage_residency(plan, residency)
     masks = core_masks(plan, folder, core_mask)
-    for sid, why in sorted({(sid, m.reason) for sid, m in masks.items() if m.reason.startswith("no compile log")}):
+    for sid, why in sorted({(sid, m.reason) for sid, m in masks.items() if m.reason.startswith("no layer table")}):
         progress(f"core mask of {sid}: {why}")
     loop = loop_record(plan, latent=latent_input, timestep=timestep_input, context=context_inputs,
                        guidance=guidance, shift=shift, cfg_parallel=cfg_parallel)

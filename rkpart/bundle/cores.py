@@ -4,10 +4,12 @@ RK3588's three NPU cores cooperate on one context only for Conv, Add, Mul and th
 forms (``ConvAdd``, ``ConvExGelu``, ...); exMatMul, exSDPAttention, exNorm, exGelu, Softmax
 and Transpose run on core 0 whatever the mask (rknn-toolkit2 2.3.2 operator list).  So by
 default a stage gets ``0_1_2`` only when every compute layer the compiler placed on the NPU
-splits across cores; layout layers (Reshape, Transpose, Gather, Split, Concat, ...) move data
-and are not counted.  The compiler's layer table in the stage's build log
-(``rknn/logs/<stage>.<toolkit>.log``, parsed by :mod:`rkpart.compile.placement`) says which
-layers those are; a stage without a log (an artifact taken from the cache) gets ``auto``.
+splits across cores (:data:`rkpart.types.MULTICORE_OPS`); layout layers (Reshape, Transpose,
+Gather, Split, Concat, ...) move data and are not counted.  The compiler's layer table says
+which layers those are: the per-layer rows ``rkpart compile`` keeps with the artifact's
+compiler plan (``artifacts[].compiler.layers_file``, also for builds taken from the cache),
+else the stage's build log (``rknn/logs/<stage>.<toolkit>.log``, parsed by
+:mod:`rkpart.compile.placement`); a stage with neither gets ``auto``.
 """
 
 from __future__ import annotations
@@ -17,16 +19,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from rkpart.compile.compiler_plan import LayerRow, read_layers
 from rkpart.compile.placement import PlacedOp, parse_layer_table
-from rkpart.errors import UserError
+from rkpart.errors import SpecError, UserError
+from rkpart.io import confined_path
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.runtime.board_runner import CORE_MASKS
+from rkpart.types import MULTICORE_OPS
 
 #: layers that only move data; they decide nothing about splitting across cores
 LAYOUT_OPS = frozenset({"InputOperator", "OutputOperator", "Reshape", "Transpose", "Gather", "Split", "Concat",
                         "Slice", "Squeeze", "Unsqueeze", "Flatten", "Expand", "Tile", "Pad", "Cast"})
-#: op types (and the prefixes of their fused forms) that split across NPU cores
-SPLITTING = ("Conv", "Add", "Mul")
 ALL_CORES = "0_1_2"
 
 
@@ -36,10 +39,10 @@ class CoreMask:
     reason: str
 
 
-def splits_across_cores(rows: Sequence[PlacedOp]) -> tuple[bool, tuple[str, ...]]:
+def splits_across_cores(rows: Sequence[PlacedOp | LayerRow]) -> tuple[bool, tuple[str, ...]]:
     """Whether every NPU compute layer of a layer table splits across cores, and the op types that do not."""
     compute = [r for r in rows if r.target == "NPU" and r.op_type not in LAYOUT_OPS]
-    single = tuple(sorted({r.op_type for r in compute if not r.op_type.startswith(SPLITTING)}))
+    single = tuple(sorted({r.op_type for r in compute if r.op_type not in MULTICORE_OPS}))
     return bool(compute) and not single, single
 
 
@@ -52,18 +55,34 @@ def build_log(folder: Path, stage: Stage) -> Path | None:
     return p if p.is_file() else None
 
 
+def _compiler_rows(folder: Path, stage: Stage) -> list[LayerRow] | None:
+    """The per-layer rows kept with the stage's compiler plan, if any (unreadable: none)."""
+    art = stage.artifact("rknn")
+    rel = art.compiler.layers_file if art is not None and art.compiler is not None else None
+    if rel is None:
+        return None
+    try:
+        path = confined_path(folder, rel, what=f"stage {stage.id} layer table")
+        return read_layers(path) if path.is_file() and not path.is_symlink() else None
+    except (SpecError, ValueError, TypeError, OSError):
+        return None
+
+
 def from_log(folder: Path, stage: Stage) -> CoreMask:
     """The default mask of one NPU stage (see the module doc)."""
-    log = build_log(folder, stage)
-    if log is None:
-        return CoreMask("auto", "no compile log of the stage (rknn/logs/); auto")
-    rows = parse_layer_table(log.read_text(errors="replace"))
+    rows: Sequence[PlacedOp | LayerRow] | None = _compiler_rows(folder, stage)
+    source = "compiler plan"
+    if rows is None:
+        log = build_log(folder, stage)
+        if log is None:
+            return CoreMask("auto", "no layer table of the stage (compiler plan or rknn/logs/); auto")
+        rows, source = parse_layer_table(log.read_text(errors="replace")), "compile log"
     if not rows:
-        return CoreMask("auto", "no layer table in the compile log; auto")
+        return CoreMask("auto", f"no layer table in the {source}; auto")
     ok, single = splits_across_cores(rows)
     if ok:
-        return CoreMask(ALL_CORES, "compile log: every NPU compute layer splits across cores")
-    return CoreMask("auto", f"compile log: {', '.join(single) or 'no compute layer'} run on one core")
+        return CoreMask(ALL_CORES, f"{source}: every NPU compute layer splits across cores")
+    return CoreMask("auto", f"{source}: {', '.join(single) or 'no compute layer'} run on one core")
 
 
 def parse_spec(spec: str | None, stage_ids: Sequence[str]) -> tuple[str | None, dict[str, str]]:

@@ -2,44 +2,44 @@
 
 Each NPU stage holds its weights and internal (activation) buffers while its context lives.
 The compiler states both in every verbose build log (``Total Weight Memory Size`` and
-``Total Internal Memory Size``; published: equal to ``eval_memory()`` on a board); without a
-log the ``.rknn`` file's size plus the stage's I/O bytes stand in.  A run holds every resident
-stage plus the largest per-stage one; ``--cfg-parallel`` holds two contexts of each, so twice
-that.
+``Total Internal Memory Size``; published: equal to ``eval_memory()`` on a board), which
+``rkpart compile`` keeps as the artifact's compiler plan (``artifacts[].compiler``); else the
+build log is read; without either the ``.rknn`` file's size plus the stage's I/O bytes stand
+in.  A run holds every resident stage plus the largest per-stage one; ``--cfg-parallel`` holds
+two contexts of each, so twice that.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from rkpart.bundle.cores import build_log
+from rkpart.compile.compiler_plan import parse_memory
 from rkpart.errors import BudgetError
 from rkpart.partitioner.plan import Plan, Stage
 
-_MEM = re.compile(r"Total (Internal|Weight) Memory Size:\s*([0-9.]+)\s*(B|KB|MB|GB)\b")
-_UNIT = {"B": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
 MIB = 1 << 20
 
 
 @dataclass(frozen=True)
 class StageMemory:
     bytes: int
-    source: str  # "compile log" or "rknn file + I/O"
+    source: str  # "compiler plan", "compile log" or "rknn file + I/O"
 
 
 def stage_memory(folder: Path, stage: Stage) -> StageMemory:
     """Device bytes one context of ``stage`` holds (module doc)."""
+    art = stage.artifact("rknn")
+    planned = art.compiler.device_mem_bytes if art is not None and art.compiler is not None else None
+    if planned is not None:
+        return StageMemory(planned, "compiler plan")
     log = build_log(folder, stage)
     if log is not None:
-        found: dict[str, int] = {}
-        for m in _MEM.finditer(log.read_text(errors="replace")):
-            found[m.group(1)] = int(float(m.group(2)) * _UNIT[m.group(3)])  # the last table: the exported model
-        if len(found) == 2:
-            return StageMemory(sum(found.values()), "compile log")
-    art = stage.artifact("rknn")
+        weight, internal = parse_memory(log.read_text(errors="replace"))
+        if weight is not None and internal is not None:
+            return StageMemory(weight + internal, "compile log")
     return StageMemory((art.size_bytes if art else stage.weight_bytes) + stage.io_bytes, "rknn file + I/O")
 
 

@@ -22,8 +22,8 @@ from rkpart.runtime.board_runner import CORE_MASKS
               help=f"NPU cores for RKNNLite.init_runtime: one mask for every NPU stage ({', '.join(CORE_MASKS)}) "
                    "or per stage, comma-separated STAGE=MASK items (shell wildcards: '*.ffn=0_1_2,auto'; a bare "
                    "mask for the stages no item names) [default: 0_1_2 for stages whose NPU compute layers all "
-                   "split across cores (Conv/Add/Mul and fused forms, read from the compile log), auto for the "
-                   "rest and for stages without a log].")
+                   "split across cores (Conv/Add/Mul and fused forms, from the compiler's layer table), auto for "
+                   "the rest and for stages without one].")
 @click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Whole model for the reference outputs [default: the plan's source model].")
 @click.option("--inputs", type=click.Path(dir_okay=False, path_type=Path), default=None,

@@ -195,8 +195,9 @@ def test_core_mask_spec_and_the_compile_log_default(compiled: tuple[Plan, Path],
                                                     tmp_path: Path) -> None:
     folder = compiled[1]
     reasons = {s["id"]: s["core_mask_reason"] for s in manifest(bundle)["stages"] if s["device"] == "npu"}
-    assert reasons["b00.ffn"] == "compile log: every NPU compute layer splits across cores"
-    assert reasons["b00.attn"] == "compile log: exNorm, exSDPAttention run on one core"
+    assert reasons["b00.ffn"] == "compiler plan: every NPU compute layer splits across cores"
+    assert reasons["b00.attn"] == "compiler plan: exNorm, exSDPAttention run on one core"
+    assert manifest(bundle)["device_memory"]["source"] == ["compiler plan"]
     out = tmp_path / "spec"
     r = CliRunner().invoke(main, ["bundle", str(folder), "-o", str(out), "-q", "--core-mask", "*.attn=0,b00.ffn=2,1"])
     assert r.exit_code == 0, r.output
@@ -206,16 +207,24 @@ def test_core_mask_spec_and_the_compile_log_default(compiled: tuple[Plan, Path],
                       ("0_1_3", "'0_1_3' is not one of")]:
         r = CliRunner().invoke(main, ["bundle", str(folder), "-o", str(tmp_path / "bad"), "-q", "--core-mask", spec])
         assert r.exit_code == 2 and r.output.count("\n") == 1 and msg in r.output, r.output
-    # without the build logs (artifacts from the cache): auto, and said so
+    # the build logs alone give the same masks (a plan compiled before compiler plans were kept)
+    copy = tmp_path / "logs-only"
+    shutil.copytree(folder, copy)
+    shutil.rmtree(copy / "rknn" / "layers")
+    bundle_plan(copy, tmp_path / "b1")
+    assert {s["id"]: s["core_mask_reason"].replace("compile log", "compiler plan")
+            for s in manifest(tmp_path / "b1")["stages"] if s["device"] == "npu"} == reasons
+    # without any layer table: auto, and said so
     copy = tmp_path / "nolog"
     shutil.copytree(folder, copy)
     shutil.rmtree(copy / "rknn" / "logs")
+    shutil.rmtree(copy / "rknn" / "layers")
     r = CliRunner().invoke(main, ["bundle", str(copy), "-o", str(tmp_path / "b2")])
     assert r.exit_code == 0, r.output
-    assert "core mask of b00.ffn: no compile log of the stage (rknn/logs/); auto" in r.output
+    assert "core mask of b00.ffn: no layer table of the stage (compiler plan or rknn/logs/); auto" in r.output
     npu = [s for s in manifest(tmp_path / "b2")["stages"] if s["device"] == "npu"]
     assert {s["core_mask"] for s in npu} == {"auto"}
-    assert manifest(tmp_path / "b2")["device_memory"]["source"] == ["rknn file + I/O"]
+    assert manifest(tmp_path / "b2")["device_memory"]["source"] == ["compiler plan"]  # plan.json keeps it
 
 
 def test_loop_inputs_named_by_flags_or_refused_in_one_line(compiled: tuple[Plan, Path], bundle: Path,

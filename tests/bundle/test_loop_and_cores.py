@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 
 from rkpart.bundle.cores import core_masks, parse_spec, splits_across_cores
-from rkpart.bundle.device import check_cfg_parallel, run_bytes, stage_memory
+from rkpart.bundle.device import StageMemory, check_cfg_parallel, run_bytes, stage_memory
 from rkpart.bundle.loop import loop_record
+from rkpart.compile.compiler_plan import LayerRow, layers_json
 from rkpart.compile.placement import PlacedOp
 from rkpart.errors import BudgetError, UserError
 from rkpart.partitioner.plan import Artifact, Plan
 from rkpart.runtime.board_runner import flow_sigmas
+from rkpart.types import CompilerPlan
 
 IDS = ["b00.attn", "b00.xattn", "b00.ffn", "b01.attn", "b01.xattn", "b01.ffn"]
 MIB = 1 << 20
@@ -79,7 +81,8 @@ def test_masks_and_memory_read_the_build_log_and_fall_back_without_one(plans: di
     (logs / "b00.ffn.2.3.0.log").write_text("\n".join(table) + "\n")
     masks = core_masks(plan, tmp_path)
     assert masks["b00.ffn"].mask == "0_1_2" and masks["b00.ffn"].reason.startswith("compile log")
-    assert masks["b01.ffn"].mask == "auto" and "no compile log" in masks["b01.ffn"].reason
+    assert masks["b01.ffn"].mask == "auto" and masks["b01.ffn"].reason == (
+        "no layer table of the stage (compiler plan or rknn/logs/); auto")
     assert core_masks(plan, tmp_path, "*.attn=0")["b00.ffn"].mask == "0_1_2"  # unnamed: the log's default
     assert core_masks(plan, tmp_path, "*.attn=0,1")["b00.ffn"].mask == "1"
     ffn = next(s for s in plan.stages if s.id == "b00.ffn")
@@ -88,6 +91,19 @@ def test_masks_and_memory_read_the_build_log_and_fall_back_without_one(plans: di
     assert stage_memory(tmp_path, ffn).source == "compile log"
     assert stage_memory(tmp_path, b01).bytes == 1000 + b01.io_bytes
     assert stage_memory(tmp_path, b01).source == "rknn file + I/O"
+    # the artifact's compiler plan (plan.json; also for builds from the cache) comes first
+    rows = [LayerRow(0, "exMatMul", "FLOAT16", "NPU", "", "", 0, 0, 0, 0, "exMatMul:m"),
+            LayerRow(1, "Erf", "FLOAT16", "CPU", "", "", 0, 0, 0, 0, "Erf:e")]
+    (tmp_path / "rknn" / "layers").mkdir()
+    (tmp_path / "rknn" / "layers" / "k.json").write_bytes(layers_json(rows))
+    cp = CompilerPlan(weight_bytes=5 * MIB, internal_bytes=3 * MIB, layers=2, cycles_ddr=0, cycles_npu=0,
+                      cycles_total=0, rw_bytes=0, layers_file="rknn/layers/k.json")
+    art = dataclasses.replace(ffn.artifacts[0], compiler=cp)
+    ffn = dataclasses.replace(ffn, artifacts=(art,))
+    planned = dataclasses.replace(plan, stages=tuple(ffn if s.id == "b00.ffn" else s for s in plan.stages))
+    m = core_masks(planned, tmp_path)["b00.ffn"]
+    assert (m.mask, m.reason) == ("auto", "compiler plan: exMatMul run on one core")
+    assert stage_memory(tmp_path, ffn) == StageMemory(8 * MIB, "compiler plan")
 
 
 def test_cfg_parallel_budget_counts_both_contexts_and_names_what_fits() -> None:
