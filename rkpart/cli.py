@@ -369,6 +369,7 @@ def _register_optional() -> None:
         ("rkpart.commands.bundle", ("bundle",)),
         ("rkpart.commands.report", ("report",)),
         ("rkpart.commands.drift", ("drift",)),
+        ("rkpart.commands.calibrate", ("calibrate",)),
     ):
         try:
             module = importlib.import_module(mod)
