@@ -37,8 +37,9 @@ def calibrate(plan: str, out: Path, steps: int, cfg: bool, samples: int, inputs:
     and check every stage's activations against fp16's range (the "fp16 range" lines).
 
     The same plan and inputs give byte-identical files."""
+    from rkpart.compile.calibration import render
     from rkpart.partitioner.plan import load_plan
-    from rkpart.profile.calibrate import render, write_calibration
+    from rkpart.profile.calibrate import write_calibration
 
     p, folder = load_plan(plan)
     with Reporter(quiet=quiet) as say:

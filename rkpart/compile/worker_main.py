@@ -7,8 +7,10 @@ Modes
 -----
 ``build REQUEST.json``
     REQUEST = {"onnx": path, "output": path.rknn, "config": {...RKNN.config kwargs},
-    "result": path.json}.  Loads, builds fp16 (``do_quantization=False``) and exports
-    atomically; writes RESULT = {"ok": bool, "step": ..., "error": ..., "toolkit": version}.
+    "result": path.json, "quantize": optional}.  Loads, builds fp16 (``do_quantization=False``),
+    or with ``quantize`` = {"dataset": dataset.txt, "hybrid": bool} int8 (``do_quantization=True``;
+    the config carries ``quantized_dtype``/``quantized_algorithm``), and exports atomically;
+    writes RESULT = {"ok": bool, "step": ..., "error": ..., "toolkit": version, "float16_layers"}.
     Exit status 0 on success, 3 when a toolkit call returned an error, 4 on MemoryError.
     All toolkit output (including the native "Network Layer Information Table", which the
     toolkit's ``verbose_file`` does not receive) goes to this process's stdout/stderr, which
@@ -25,8 +27,9 @@ Modes
     them.  Tensors travel in .npz files (``allow_pickle=False``).  Operations:
     ``{"op": "load", "key": k, "onnx": path, "config": {...}}`` -> a new RKNN + load_onnx
     (replacing any model under ``k``);
-    ``{"op": "init", "key": k}`` -> build + init_runtime() (the simulator: a loaded .rknn
-    cannot run there, so every model is built from ONNX);
+    ``{"op": "init", "key": k, "quantize": optional}`` -> build + init_runtime() (the simulator:
+    a loaded .rknn cannot run there, so every model is built from ONNX; ``quantize`` as for
+    ``build``, so an int8 stage is simulated as it was compiled);
     ``{"op": "infer", "key": k, "inputs": in.npz, "names": [...], "outputs": out.npz,
     "output_names": [...]}`` -> inference;
     ``{"op": "drop", "key": k}`` -> release that model and hand its memory back to the system
@@ -114,7 +117,12 @@ def build(request_path: str) -> int:
         result["step"] = "load_onnx"
         _check("load_onnx", rknn.load_onnx(model=req["onnx"]))
         result["step"] = "build"
-        _check("build", rknn.build(do_quantization=False))
+        quantize = req.get("quantize")
+        if quantize:
+            rknn, kept = _build_quantized(rknn, req, quantize)
+            result["float16_layers"] = kept
+        else:
+            _check("build", rknn.build(do_quantization=False))
         result["step"] = "export_rknn"
         out = req["output"]
         tmp = f"{out}.{os.getpid()}.part"
@@ -150,6 +158,20 @@ def build(request_path: str) -> int:
             return EXIT_DISK
         raise
     return code
+
+
+def _build_quantized(rknn: Any, req: dict[str, Any], q: dict[str, Any]) -> tuple[Any, list[str]]:
+    """int8 (w8a8) build from ``q["dataset"]``; returns the RKNN object that holds the built
+    model and the layers kept in float16 (hybrid only; empty for int8)."""
+    dataset = q["dataset"]
+    if not q.get("hybrid"):
+        _check("build", rknn.build(do_quantization=True, dataset=dataset))
+        return rknn, []
+    return _build_hybrid(rknn, req, q)
+
+
+def _build_hybrid(rknn: Any, req: dict[str, Any], q: dict[str, Any]) -> tuple[Any, list[str]]:
+    raise StepError("build", "hybrid quantization is not implemented yet")
 
 
 def _rss() -> int:
@@ -217,7 +239,11 @@ def simulate() -> int:
                 reply(ok=True, toolkit=_toolkit_version())
             elif op == "init":
                 rknn = model(req)
-                _check("build", rknn.build(do_quantization=False))
+                if req.get("quantize"):  # int8 / hybrid: built as compile built it, from the same dataset
+                    rknn, _kept = _build_quantized(rknn, req, req["quantize"])
+                    models[req.get("key", "")] = rknn
+                else:
+                    _check("build", rknn.build(do_quantization=False))
                 _check("init_runtime", rknn.init_runtime())
                 reply(ok=True)
             elif op == "infer":
