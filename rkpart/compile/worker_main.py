@@ -170,8 +170,71 @@ def _build_quantized(rknn: Any, req: dict[str, Any], q: dict[str, Any]) -> tuple
     return _build_hybrid(rknn, req, q)
 
 
+def _worst_layers(report: str, cosine: float, most: int) -> list[str]:
+    """Layers of ``accuracy_analysis``'s ``error_analysis.txt`` to keep in float16: those whose
+    *single*-layer cosine (its own error, not the accumulated one) is below ``cosine``, worst
+    first, at most ``most``; at least the worst one (else hybrid would equal int8)."""
+    rows = []
+    for line in report.splitlines():
+        parts = line.split()
+        if len(parts) < 8 or not line.startswith("[") or parts[0] in ("[Input]", "[exDataConvert]"):
+            continue
+        try:
+            single = float(parts[5])
+        except ValueError:
+            continue
+        rows.append((single, parts[1]))
+    rows.sort()
+    kept = [name for cos, name in rows if cos < cosine][:most]
+    return kept or [name for _cos, name in rows[:1]]
+
+
 def _build_hybrid(rknn: Any, req: dict[str, Any], q: dict[str, Any]) -> tuple[Any, list[str]]:
-    raise StepError("build", "hybrid quantization is not implemented yet")
+    """hybrid_quantization_step1 -> mark layers float16 in its .quantization.cfg -> step2.
+
+    The layers are ``q["float16_layers"]`` when given (the simulator repeating a compile's
+    choice), else measured: an int8 build's ``accuracy_analysis`` on the dataset's first
+    sample (:func:`_worst_layers`)."""
+    from rknn.api import RKNN
+
+    dataset = q["dataset"]
+    base = os.path.dirname(os.path.abspath(dataset))
+    with open(dataset) as f:
+        first = [os.path.join(base, t) for t in f.readline().split()]
+    work = os.path.abspath(f"hybrid-{os.getpid()}-{len(os.listdir('.'))}")
+    os.makedirs(work)
+    old = os.getcwd()
+    os.chdir(work)  # step1 writes <model>.model/.data/.quantization.cfg into the cwd
+    try:
+        kept = [str(x) for x in q.get("float16_layers") or []]
+        if not kept:
+            _check("build", rknn.build(do_quantization=True, dataset=dataset))
+            _check("accuracy_analysis", rknn.accuracy_analysis(inputs=first, output_dir="snapshot"))
+            with open(os.path.join("snapshot", "error_analysis.txt")) as f:
+                kept = _worst_layers(f.read(), float(q.get("hybrid_cosine", 0.999)),
+                                     int(q.get("hybrid_max_layers", 8)))
+            print(f"rkpart hybrid: keeping in float16: {kept}", flush=True)
+        rknn.release()
+        rknn = _make_rknn(req.get("config", {}))
+        _check("load_onnx", rknn.load_onnx(model=req["onnx"]))
+        _check("hybrid_quantization_step1", rknn.hybrid_quantization_step1(dataset=dataset, proposal=False))
+        name = os.path.splitext(os.path.basename(req["onnx"]))[0]
+        cfg = f"{name}.quantization.cfg"
+        with open(cfg) as f:
+            text = f.read()
+        layers = "".join(f"    {json.dumps(k)}: float16\n" for k in kept)
+        head = "custom_quantize_layers: {}\n"
+        if not text.startswith(head):
+            raise StepError("hybrid_quantization_step1", f"unexpected {cfg}: no empty custom_quantize_layers")
+        with open(cfg, "w") as f:
+            f.write("custom_quantize_layers:\n" + layers + text[len(head):])
+        rknn.release()
+        rknn = RKNN(verbose=True)
+        _check("hybrid_quantization_step2", rknn.hybrid_quantization_step2(
+            model_input=f"{name}.model", data_input=f"{name}.data", model_quantization_cfg=cfg))
+        return rknn, kept
+    finally:
+        os.chdir(old)
 
 
 def _rss() -> int:
@@ -211,6 +274,7 @@ def simulate() -> int:
         proto.flush()
 
     models: dict[str, Any] = {}
+    loads: dict[str, dict[str, Any]] = {}  # key -> its load request (onnx, config): a hybrid build reloads
 
     def model(req: dict[str, Any]) -> Any:
         key = req.get("key", "")
@@ -235,12 +299,13 @@ def simulate() -> int:
                 drop(key)
                 rknn = _make_rknn(req.get("config", {}))
                 models[key] = rknn
+                loads[key] = req
                 _check("load_onnx", rknn.load_onnx(model=req["onnx"]))
                 reply(ok=True, toolkit=_toolkit_version())
             elif op == "init":
                 rknn = model(req)
                 if req.get("quantize"):  # int8 / hybrid: built as compile built it, from the same dataset
-                    rknn, _kept = _build_quantized(rknn, req, req["quantize"])
+                    rknn, _kept = _build_quantized(rknn, loads[req.get("key", "")], req["quantize"])
                     models[req.get("key", "")] = rknn
                 else:
                     _check("build", rknn.build(do_quantization=False))
