@@ -67,7 +67,10 @@ class _Recorder:
     running range of every tensor inside it."""
 
     def __init__(self) -> None:
-        self.calls: dict[str, list[dict[str, np.ndarray]]] = {}
+        #: stage -> sha256 of the inputs -> the inputs, in the order first seen: a stage that does
+        #: not read the conditioning (block 0's self-attention) gets the same inputs in both CFG
+        #: passes, and a repeated sample would only weigh that point twice
+        self.calls: dict[str, dict[str, dict[str, np.ndarray]]] = {}
         self.stats: dict[str, dict[str, RangeStats]] = {}
         self.order: dict[str, tuple[str, ...]] = {}  # stage -> its graph inputs in order
 
@@ -105,7 +108,12 @@ class _RecordingRunner(StageRunner):
 
     def _infer_impl(self, feeds: Feeds) -> Feeds:
         sid = self.stage.id
-        self.rec.calls.setdefault(sid, []).append({n: np.array(v) for n, v in feeds.items()})
+        h = hashlib.sha256()
+        for n in sorted(feeds):
+            a = np.ascontiguousarray(feeds[n])
+            h.update(f"{n}\0{a.dtype.str}\0{a.shape}\0".encode())
+            h.update(a.tobytes())
+        self.rec.calls.setdefault(sid, {}).setdefault(h.hexdigest(), {n: np.array(v) for n, v in feeds.items()})
         outs = self._sess.run(self._names, feeds)
         stats = self.rec.stats.setdefault(sid, {})
         for n, a in zip(self._names, outs, strict=True):
@@ -185,13 +193,20 @@ def collect(plan: Plan, folder: Path, *, steps: int, cfg: bool, samples: int, se
         roles(plan)
     except SpecError as e:
         raise SpecError(f"this plan has no denoising loop to calibrate on ({e}); pass --inputs FILE.npz") from None
-    per_run = steps * (2 if cfg else 1)
-    runs = max(1, math.ceil(samples / per_run))
-    for r in range(runs):
+    # one run gives each stage steps x passes samples, fewer distinct ones where the passes agree:
+    # more seeded runs until every stage has ``samples`` distinct ones (at most twice the runs
+    # that would take if the passes always agreed; a stage whose inputs never vary keeps fewer)
+    max_runs = 2 * math.ceil(samples / steps)
+    npu = [s.id for s in plan.npu_stages]
+    r = 0
+    while r < max_runs:
         for step, _ in enumerate(denoise_steps(plan, folder, backend=backend, steps=steps, cfg=cfg,
                                                guidance=guidance, seed=seed + r)):
-            say(f"run {r + 1}/{runs} (seed {seed + r}): step {step + 1}/{steps}")
-    return backend.rec, "denoise", runs
+            say(f"run {r + 1} (seed {seed + r}): step {step + 1}/{steps}")
+        r += 1
+        if min(len(backend.rec.calls.get(sid, {})) for sid in npu) >= samples:
+            break
+    return backend.rec, "denoise", r
 
 
 def _npy_bytes(a: np.ndarray) -> bytes:
@@ -258,7 +273,7 @@ def _write_tree(plan: Plan, root: Path, rec: _Recorder, source: str, steps: int,
     for index, s in enumerate(plan.stages):
         if s.device != "npu" or s.id not in rec.calls:
             continue
-        calls = rec.calls[s.id]
+        calls = list(rec.calls[s.id].values())
         order = rec.order.get(s.id, s.inputs)
         lines = []
         ranges = {n: RangeStats() for n in order}
