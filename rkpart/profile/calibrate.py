@@ -164,6 +164,37 @@ def _load_samples(path: Path, plan: Plan) -> list[Feeds]:
     return [{n: raw[n][i].astype(plan.tensors[n].dtype, copy=False) for n in plan.inputs} for i in range(k)]
 
 
+def dataset_feeds(dataset: Path, plan: Plan) -> list[Feeds]:
+    """The samples of a whole model's rknn-toolkit2 dataset file (one line per sample, the model
+    inputs' ``.npy`` paths in input order, relative to the file), checked against the plan."""
+    regular_file(dataset, what="dataset file")
+    out: list[Feeds] = []
+    for k, line in enumerate(dataset.read_text(errors="replace").splitlines(), 1):
+        paths = line.split()
+        if not paths:
+            continue
+        if len(paths) != len(plan.inputs):
+            raise UserError(f"dataset {dataset} line {k}: {len(paths)} path(s), the model has {len(plan.inputs)} "
+                            f"input(s) ({', '.join(plan.inputs)})")
+        feeds: Feeds = {}
+        for name, p in zip(plan.inputs, paths, strict=True):
+            f = dataset.parent / p
+            regular_file(f, what=f"dataset {dataset} line {k}: sample")
+            try:
+                a = np.load(f, allow_pickle=False)
+            except (OSError, ValueError) as e:
+                raise UserError(f"dataset {dataset} line {k}: cannot read {p} ({e})") from None
+            info = plan.tensors[name]
+            if tuple(a.shape) != tuple(info.shape):
+                raise UserError(f"dataset {dataset} line {k}: {p} has shape {list(a.shape)}, input {name!r} "
+                                f"wants {list(info.shape)}")
+            feeds[name] = a.astype(info.dtype, copy=False)
+        out.append(feeds)
+    if not out:
+        raise UserError(f"dataset {dataset} has no samples")
+    return out
+
+
 def _spread(n: int, k: int) -> list[int]:
     """``k`` indices spread evenly over ``range(n)`` (all of them when ``k >= n``)."""
     if k >= n:
@@ -221,10 +252,13 @@ def _stage_dir(index: int, stage_id: str) -> str:
 
 def write_calibration(plan: Plan, folder: Path, out: Path, *, steps: int = 4, cfg: bool = True,
                       samples: int = DEFAULT_SAMPLES, seed: int = 0, inputs: Path | None = None,
+                      samples_feeds: Sequence[Feeds] | None = None,
                       force: bool = False, progress: Callable[[str], None] | None = None) -> Calibration:
     """``rkpart calibrate``: collect, then write ``out`` through a staging folder and an atomic swap.
 
-    ``out`` may be replaced (``force``) only if it is a calibration folder itself.
+    ``inputs`` (an .npz, see :func:`_load_samples`) or ``samples_feeds`` (model inputs, one dict
+    per sample) replace the denoising loop.  ``out`` may be replaced (``force``) only if it is a
+    calibration folder itself.
     """
     if not MIN_SAMPLES <= samples <= MAX_SAMPLES:
         raise UserError(f"--samples {samples}: must be {MIN_SAMPLES}..{MAX_SAMPLES} (rknn-toolkit2 advises 20-100)")
@@ -232,7 +266,7 @@ def write_calibration(plan: Plan, folder: Path, out: Path, *, steps: int = 4, cf
         raise SpecError("the plan has no NPU stages: nothing to calibrate")
     out = Path(out)
     _check_out(out, force)
-    feeds = _load_samples(inputs, plan) if inputs is not None else None
+    feeds = _load_samples(inputs, plan) if inputs is not None else samples_feeds
     rec, source, _runs = collect(plan, folder, steps=steps, cfg=cfg, samples=samples, seed=seed,
                                  inputs=feeds, progress=progress)
     staging = out.with_name(f".{out.name}.partial")
@@ -309,4 +343,4 @@ def _write_tree(plan: Plan, root: Path, rec: _Recorder, source: str, steps: int,
     return stages
 
 
-__all__ = ["collect", "write_calibration"]
+__all__ = ["collect", "dataset_feeds", "write_calibration"]

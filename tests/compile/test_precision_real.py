@@ -132,3 +132,40 @@ def test_quantized_compile_refuses_what_it_cannot_build(calibrated: tuple[Path, 
                                     "--calibration", str(stale)])
     assert res.exit_code == 5 and "is stale" in res.output and len(res.output.strip().splitlines()) == 1
     assert not (folder / "rknn" / "objects").exists()  # refused before any build
+
+
+def test_dropin_build_quantizes_from_the_models_own_dataset(example_model: Path, tmp_path: Path,
+                                                           tk250: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rkpart.build(..., do_quantization=True, dataset=...)`` as an export script calls
+    ``RKNN.build``: the whole model's samples are run through the plan to calibrate each stage."""
+    import numpy as np
+    import onnx
+
+    import rkpart
+    from tests.toolkits import toolkits_dir
+
+    monkeypatch.setenv("RKPART_TOOLKITS_DIR", str(toolkits_dir()))
+    monkeypatch.setenv("RKPART_CACHE_DIR", str(tmp_path / "cache"))
+    model = onnx.load(str(example_model), load_external_data=False)
+    rng = np.random.default_rng(0)
+    (tmp_path / "ds").mkdir()
+    lines = []
+    for k in range(3):
+        names = []
+        for i in model.graph.input:
+            shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+            a = (rng.random(shape) * 1000 if i.name == "timestep" else rng.standard_normal(shape)).astype(np.float32)
+            np.save(tmp_path / "ds" / f"{i.name}.{k}.npy", a)
+            names.append(f"{i.name}.{k}.npy")
+        lines.append(" ".join(names))
+    (tmp_path / "ds" / "dataset.txt").write_text("\n".join(lines) + "\n")
+    res = rkpart.build(example_model, tmp_path / "out", config={"target_platform": "rk3588",
+                                                                "quantized_algorithm": "mmse"},
+                       toolkit="2.5.0", do_quantization=True, dataset=tmp_path / "ds" / "dataset.txt", strategy="split")
+    arts = [s.artifact() for s in res.plan.npu_stages]
+    assert len(arts) == 6 and all(a is not None and a.precision == "int8" and a.quantized_algorithm == "mmse"
+                                  for a in arts)
+    from rkpart.compile.calibration import load_calibration
+
+    cal = load_calibration(tmp_path / "out" / "rknn" / "calibration" / "source")
+    assert cal.source == "inputs" and all(sc.samples == 3 for sc in cal.stages.values())
