@@ -189,5 +189,14 @@ def link_dataset(dataset: Path, plan_rknn: Path, calibration_sha256: str) -> Pat
     return dst_root / rel
 
 
+def plan_precision(plan: Plan) -> str:
+    """The precision a compiled plan's NPU stages were built in: ``fp16`` (also when not compiled),
+    the one quantized precision they share, or ``mixed``."""
+    found = {a.precision for s in plan.npu_stages if (a := s.artifact("rknn")) is not None}
+    if not found or found == {"fp16"}:
+        return "fp16"
+    return found.pop() if len(found) == 1 else "mixed"
+
+
 __all__ = ["ALGORITHMS", "PRECISIONS", "QUANTIZED_DTYPE", "PrecisionSpec", "StagePrecision", "link_dataset",
-           "load_precision_spec", "resolve"]
+           "load_precision_spec", "plan_precision", "resolve"]
