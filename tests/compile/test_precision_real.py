@@ -93,6 +93,15 @@ def test_int8_builds_run_in_the_simulator_at_half_the_weight_memory(
     again = _compile(int8, version, cache, "--precision", "int8", "--calibration", str(calib))
     assert again["cached"] == 6
 
+    if version == "2.5.0":  # drift per precision: the two builds of one plan side by side
+        res = CliRunner().invoke(main, ["drift", str(fp16), str(int8), "--steps", "2", "--toolkit", version,
+                                        "--json", "-q", "--no-blocks"])
+        assert res.exit_code == 0, res.output
+        last = {r["plan"]: r for r in json.loads(res.output)["rows"] if r["kind"] == "latent" and r["step"] == 1}
+        assert set(last) == {"split:fp16", "split[int8]:int8"}
+        assert last["split[int8]:int8"]["mse"] > 100 * last["split:fp16"]["mse"]
+        assert last["split[int8]:int8"]["cosine"] > 0.999
+
 
 def test_hybrid_keeps_the_worst_layers_in_float16(calibrated: tuple[Path, Path], tmp_path: Path,
                                                   tk250: object) -> None:
