@@ -175,6 +175,8 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
             _copy(src, staging / rel)
             entry.update(file=rel, residency=residency[s.id], source=s.file, source_sha256=s.sha256,
                          toolkit=art.toolkit, target=art.target, cpu_ops=list(art.cpu_ops))
+            if art.precision != "fp16":  # issue 27: the runner feeds such a stage float32 (runtime/int8_io.py)
+                entry["precision"] = art.precision
         else:
             src = stage_onnx(folder, s)  # confined, regular, sha256 as partition recorded it
             rel = s.file

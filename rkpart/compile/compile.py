@@ -264,6 +264,10 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
                 "strict_npu": strict_npu}
     precisions = _precisions(plan, chosen, precision, precision_spec, calibration, quantized_algorithm, target,
                              full_config, [t for t in (tk, fb) if t is not None], worker, settings)
+    if executor == "ray" and any(sp.quantized for sp in precisions.values()):
+        # a Ray node gets the stage's files, not its calibration dataset: it would build fp16
+        raise UserError("--precision int8 / hybrid builds run with --executor local only (Ray tasks do not "
+                        "carry the calibration data yet)")
     with folder_lock(folder):
         # build dirs of a compile that was killed (SIGKILL skips its cleanup); the lock
         # guarantees no live compile is using them
