@@ -101,6 +101,14 @@ def test_int8_builds_run_in_the_simulator_at_half_the_weight_memory(
         assert set(last) == {"split:fp16", "split[int8]:int8"}
         assert last["split[int8]:int8"]["mse"] > 100 * last["split:fp16"]["mse"]
         assert last["split[int8]:int8"]["cosine"] > 0.999
+        # rkpart profile runs the int8 stages in the simulator too, and its records say so
+        res = CliRunner().invoke(main, ["profile", str(int8), "--backend", "rknn-sim", "--toolkit", version,
+                                        "--rounds", "1", "-o", str(tmp_path / "p.jsonl"), "-q"])
+        assert res.exit_code == 0, res.output
+        recs = [json.loads(ln) for ln in (tmp_path / "p.jsonl").read_text().splitlines()]
+        npu = [r for r in recs if r["record"] == "stage" and r["stage"]["device"] == "npu"]
+        assert npu and all(r["stage"]["artifact"]["precision"] == "int8" and r["timings"]["infer_s"] > 0
+                           for r in npu)
 
 
 def test_hybrid_keeps_the_worst_layers_in_float16(calibrated: tuple[Path, Path], tmp_path: Path,
