@@ -56,6 +56,17 @@ _ARTIFACT = {
                     "description": "Ops the toolkit placed on the CPU instead of the NPU."},
         "fallback_reason": {"type": ["string", "null"],
                             "description": "Set when a fallback toolkit built it: why the first one failed."},
+        "precision": {"enum": ["fp16", "int8", "hybrid"],
+                      "description": "How it was built (absent: fp16); int8 is w8a8, hybrid int8 with some "
+                                     "layers in float16."},
+        "quantized_algorithm": {"type": ["string", "null"], "description": "int8 / hybrid: quantized_algorithm."},
+        "calibration_sha256": {"type": ["string", "null"],
+                               "description": "int8 / hybrid: sha256 of the calibration manifest it was built from."},
+        "calibration_dataset": {"type": ["string", "null"],
+                                "description": "int8 / hybrid: the stage's dataset.txt, relative to the plan folder "
+                                               "(rknn/calibration/...)."},
+        "float16_layers": {"type": "array", "items": {"type": "string"},
+                           "description": "hybrid: the layers (tensor names) kept in float16."},
     },
 }
 _STAGE = {
