@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.compile.cache import ArtifactCache, build_key, config_hash, measured_stage_bytes, normalise_config
+from rkpart.compile.compiler_plan import artifact_compiler_plan, compiler_meta
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
 from rkpart.compile.precision import StagePrecision, link_dataset
 from rkpart.compile.preflight import check_config, check_target
@@ -617,6 +618,7 @@ class _Context:
             "sha256": file_sha256(rknn),
             "size_bytes": rknn.stat().st_size,
             "cpu_ops": list(parse_cpu_ops(text)),
+            **compiler_meta(text),
             "stage_sha256": p.stage.sha256,
             "wall_s": round(res.wall_s, 2),
             "peak_rss_bytes": res.peak_rss_bytes,
@@ -647,5 +649,6 @@ class _Context:
                         quantized_algorithm=meta.get("quantized_algorithm") if quantized else None,
                         calibration_sha256=meta.get("calibration_sha256") if quantized else None,
                         calibration_dataset=dataset if quantized else None,
-                        float16_layers=tuple(str(x) for x in meta.get("float16_layers") or ()))
+                        float16_layers=tuple(str(x) for x in meta.get("float16_layers") or ()),
+                        compiler=artifact_compiler_plan(self.folder, key, meta))
 
