@@ -73,6 +73,10 @@ def test_int8_builds_run_in_the_simulator_at_half_the_weight_memory(
         log8 = (int8 / "rknn" / "logs" / f"{s8.id}.{version}.log")
         assert "changed from 'float32' to 'int8'" in log8.read_text(errors="replace")  # int8 I/O
         ratios[s8.id] = weight_memory(log8) / weight_memory(fp16 / "rknn" / "logs" / f"{s16.id}.{version}.log")
+        # the artifact's compiler plan (issue 26) reads the same figure from the same log
+        assert a8.compiler is not None and a8.compiler.weight_bytes == int(weight_memory(log8))
+        by_dtype = dict(a8.compiler.by_dtype)
+        assert by_dtype.get("INT8", 0) > 0 and by_dtype.get("FLOAT16", 0) == 0  # every layer int8
     total8 = sum(weight_memory(int8 / "rknn" / "logs" / f"{s.id}.{version}.log") for s in plan8.npu_stages)
     total16 = sum(weight_memory(fp16 / "rknn" / "logs" / f"{s.id}.{version}.log") for s in plan16.npu_stages)
     # the FFN (two projections, nothing else) halves; attention keeps its RoPE tables, which the
@@ -125,7 +129,9 @@ def test_hybrid_keeps_the_worst_layers_in_float16(calibrated: tuple[Path, Path],
     table = log[log.rindex("Network Layer Information Table"):]
     assert re.search(r"Conv\s+FLOAT16\s+NPU", table)  # the kept layer is float16 in the final build
     plan, _ = load_plan(folder)
-    assert plan.stage("b00.ffn").artifact().float16_layers == tuple(art["float16_layers"])  # type: ignore[union-attr]
+    a = plan.stage("b00.ffn").artifact()
+    assert a is not None and a.float16_layers == tuple(art["float16_layers"])
+    assert a.compiler is not None and dict(a.compiler.by_dtype).get("FLOAT16", 0) >= 1  # the final build's table
     res = CliRunner().invoke(main, ["compile", str(folder), "--toolkit", "2.5.0", "--cache-dir",
                                     str(tmp_path / "cache"), "--precision", "hybrid", "--calibration", str(calib),
                                     "--stage", "b00.ffn"])
