@@ -7,11 +7,12 @@ loop are made when one run has fewer than ``samples``).  A plan whose inputs can
 a denoising loop (``generic`` on a non-DiT model) is calibrated on ``--inputs`` instead.
 
 The NPU stages run on an instrumented ONNX Runtime session that also returns every node
-output inside the stage, so the same loop records each stage's intermediate activation
-ranges: the *fp16 range check*.  rknn-toolkit2 builds fp16 (or runs int8 layers' accumulators
-in fp16 around them), and the simulator computes in fp32, so a stage whose activations come
-near fp16's limits can read cosine 1.0 in the simulator and be wrong on the board
-(rknn-toolkit2 #149: an SD UNet at 0.339 on the board).
+output inside the stage (in fp32, also for an fp16 stage: :func:`_to_fp32`), so the same loop
+records each stage's intermediate activation ranges: the *fp16 range check*.  The board runs
+fp16 layers (every layer of an fp16 build, the layers hybrid keeps) in fp16, while the
+simulator does not show their overflow, so a stage whose activations come near fp16's limits
+can read cosine 1.0 in the simulator and be wrong on the board (rknn-toolkit2 #149: an SD UNet
+at 0.339 on the board).
 
 Layout of CALIB (every name content-derived, no timestamps, no absolute paths, so the same
 plan and inputs give byte-identical files)::
@@ -75,6 +76,44 @@ class _Recorder:
         self.order: dict[str, tuple[str, ...]] = {}  # stage -> its graph inputs in order
 
 
+def _to_fp32(model: Any) -> bool:
+    """Turn an fp16 model into fp32 in place (initializers, Constant values, Cast targets, declared
+    types), so its activations are seen unrounded and unclipped: an fp16 session would show an
+    overflow only as inf.  Returns whether anything was fp16."""
+    import onnx
+    from onnx import numpy_helper
+
+    f16, f32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    changed = False
+
+    def tensor(t: Any) -> None:
+        nonlocal changed
+        if t.data_type == f16:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float32), t.name))
+            changed = True
+
+    def graph(g: Any) -> None:
+        nonlocal changed
+        for t in g.initializer:
+            tensor(t)
+        for vi in (*g.input, *g.output, *g.value_info):
+            if vi.type.tensor_type.elem_type == f16:
+                vi.type.tensor_type.elem_type = f32
+                changed = True
+        for n in g.node:
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    tensor(a.t)
+                elif a.type == onnx.AttributeProto.GRAPH:
+                    graph(a.g)
+                elif n.op_type == "Cast" and a.name == "to" and a.i == f16:
+                    a.i = f32
+                    changed = True
+
+    graph(model.graph)
+    return changed
+
+
 class _RecordingRunner(StageRunner):
     def __init__(self, stage: Stage, folder: Path, rec: _Recorder) -> None:
         super().__init__(stage, folder)
@@ -82,6 +121,7 @@ class _RecordingRunner(StageRunner):
         self._sess: Any = None
         self._blob: bytes | None = None
         self._names: list[str] = []
+        self._fp16 = False  # the stage is fp16: run in fp32, hand fp16 back to the plan
 
     def _load_impl(self) -> None:
         import onnx
@@ -90,6 +130,7 @@ class _RecordingRunner(StageRunner):
 
         model = onnx.load(str(stage_onnx(self.folder, self.stage)))
         self.rec.order[self.stage.id] = tuple(i.name for i in model.graph.input)
+        self._fp16 = _to_fp32(model)
         inferred = onnx.shape_inference.infer_shapes(model)
         declared = {o.name for o in model.graph.output}
         floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
@@ -114,11 +155,15 @@ class _RecordingRunner(StageRunner):
             h.update(f"{n}\0{a.dtype.str}\0{a.shape}\0".encode())
             h.update(a.tobytes())
         self.rec.calls.setdefault(sid, {}).setdefault(h.hexdigest(), {n: np.array(v) for n, v in feeds.items()})
-        outs = self._sess.run(self._names, feeds)
+        run = {n: v.astype(np.float32) if v.dtype == np.float16 else v for n, v in feeds.items()} if self._fp16 \
+            else feeds
+        outs = self._sess.run(self._names, run)
         stats = self.rec.stats.setdefault(sid, {})
         for n, a in zip(self._names, outs, strict=True):
             stats.setdefault(n, RangeStats()).add(np.asarray(a))
         got = dict(zip(self._names, outs, strict=True))
+        if self._fp16:  # what the stage itself would give: fp16 (overflowing values become inf there)
+            return {n: got[n].astype(np.float16) if got[n].dtype == np.float32 else got[n] for n in self.stage.outputs}
         return {n: got[n] for n in self.stage.outputs}
 
     def _release_impl(self) -> None:
@@ -316,6 +361,8 @@ def _write_tree(plan: Plan, root: Path, rec: _Recorder, source: str, steps: int,
             for n in order:
                 a = calls[i][n]
                 ranges[n].add(a)
+                if a.dtype == np.float16:  # the toolkit takes float32 for an fp16 model (exact)
+                    a = a.astype(np.float32)
                 blob = _npy_bytes(a)
                 name = hashlib.sha256(blob).hexdigest()[:32] + ".npy"
                 if name not in written:

@@ -3,8 +3,8 @@
 The overflow plan, one NPU stage between two host stages, no denoising loop (calibrated on
 ``--inputs``)::
 
-    x[1,4,8] ─> [pre (host): * 1] ─ a ─> [big (npu): MatMul w(=300) ─ h ─ Mul h·h ─ s ─ Mul 1e-6] ─ y
-                                                     |h| ≈ 2400       |s| ≈ 5.8e6 > 65504
+    x[1,4,8] ─> [pre (host): * 1] ─ a ─> [big (npu): MatMul w(=300) ─ Cast ─ h ─ Mul h·h ─ s ─ Mul 1e-6] ─ y
+                                                            |h| ≈ 2400         |s| ≈ 5.8e6 > 65504
 """
 
 from __future__ import annotations
@@ -44,19 +44,22 @@ def _stage(folder: Path, sid: str, device: str, graph: onnx.GraphProto) -> Stage
                  io_bytes=0, sha256=hashlib.sha256(data).hexdigest(), num_nodes=len(graph.node))
 
 
-def overflow_plan(folder: Path, weight: float = 300.0, scale: float = 1e-6) -> Plan:
+def overflow_plan(folder: Path, weight: float = 300.0, scale: float = 1e-6, fp16: bool = False) -> Plan:
+    """The plan of the module doc (``fp16``: the same in float16, with a Cast to float16 after the MatMul)."""
     vi = helper.make_tensor_value_info
-    pre = helper.make_graph([helper.make_node("Mul", ["x", "one"], ["a"])], "pre", [vi("x", F, [1, 4, 8])],
-                            [vi("a", F, [1, 4, 8])], [numpy_helper.from_array(np.array(1.0, np.float32), "one")])
+    t, dt = (TensorProto.FLOAT16, np.float16) if fp16 else (F, np.float32)
+    pre = helper.make_graph([helper.make_node("Mul", ["x", "one"], ["a"])], "pre", [vi("x", t, [1, 4, 8])],
+                            [vi("a", t, [1, 4, 8])], [numpy_helper.from_array(np.array(1.0, dt), "one")])
     big = helper.make_graph(
-        [helper.make_node("MatMul", ["a", "w"], ["h"]), helper.make_node("Mul", ["h", "h"], ["s"]),
-         helper.make_node("Mul", ["s", "tiny"], ["y"])],
-        "big", [vi("a", F, [1, 4, 8])], [vi("y", F, [1, 4, 8])],
-        [numpy_helper.from_array(np.full((8, 8), weight, np.float32), "w"),
-         numpy_helper.from_array(np.array(scale, np.float32), "tiny")])
+        [helper.make_node("MatMul", ["a", "w"], ["h0"]), helper.make_node("Cast", ["h0"], ["h"], to=t),
+         helper.make_node("Mul", ["h", "h"], ["s"]), helper.make_node("Mul", ["s", "tiny"], ["y"])],
+        "big", [vi("a", t, [1, 4, 8])], [vi("y", t, [1, 4, 8])],
+        [numpy_helper.from_array(np.full((8, 8), weight, dt), "w"),
+         numpy_helper.from_array(np.array(scale, dt), "tiny")])
     stages = (_stage(folder, "pre", "host", pre), _stage(folder, "big", "npu", big))
     plan = Plan(model={"file": "m.onnx", "sha256": "1" * 64, "opset": 17}, strategy={"name": "test", "options": {}},
-                inputs=("x",), outputs=("y",), tensors={n: TensorInfo(n, "float32", (1, 4, 8)) for n in "xay"},
+                inputs=("x",), outputs=("y",),
+                tensors={n: TensorInfo(n, "float16" if fp16 else "float32", (1, 4, 8)) for n in "xay"},
                 stages=stages)
     plan.save(folder)
     return plan
@@ -222,3 +225,15 @@ def test_compile_settings_and_report_name_the_overflowing_tensor(tmp_path: Path)
     assert "fp16 range: stage big tensor &#x27;s&#x27; reaches |x| = " in page and "overflow risk" in page
     csv = (tmp_path / "r_files" / "compile.csv").read_text()
     assert "overflow s (" in csv
+
+
+def test_an_fp16_stage_is_checked_in_fp32(tmp_path: Path) -> None:
+    """In fp16 the overflowing tensor is only ``inf``; the check runs the stage in fp32 and names its
+    real magnitude.  The samples are stored as float32 (what the toolkit takes for an fp16 model)."""
+    plan = overflow_plan(tmp_path / "plan", fp16=True)
+    np.savez(tmp_path / "in.npz", x=np.full((1, 4, 8), 0.75, np.float16))
+    cal = write_calibration(plan, tmp_path / "plan", tmp_path / "c", inputs=tmp_path / "in.npz")
+    [f] = cal.findings
+    assert (f.tensor, f.kind) == ("s", "overflow") and f.absmax == pytest.approx((8 * 300 * 0.75) ** 2, rel=1e-3)
+    sample = cal.dataset("big").read_text().split()[0]
+    assert np.load(cal.dataset("big").parent / sample).dtype == np.float32
