@@ -21,8 +21,8 @@ from rkpart.progress import Reporter
               help="Classifier-free guidance: sample the conditional and the unconditional pass.")
 @click.option("--samples", type=click.IntRange(1, 1000), default=20, show_default=True,
               help="Samples per NPU stage, spread evenly over the steps and passes (rknn-toolkit2 advises "
-                   "20-100); only distinct samples count, and more seeded runs of the loop are made until every "
-                   "stage has them.")
+                   "20-100); only distinct samples count: more seeded runs of the loop are made until every stage "
+                   "has them (at most 2 x samples / steps runs).")
 @click.option("--inputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help=".npz with one array per model input (or K samples stacked on a leading axis): calibrate "
                    "on these instead of the denoising loop (a plan without one needs this).")
