@@ -350,7 +350,7 @@ def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionC
     config = config or SelectionConfig()
     notes: list[str] = []
     cands = enumerate_candidates(mg, disc, max_run=config.max_run, plugins_too=config.plugins, notes=notes)
-    anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks} if config.compiled else None
+    anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks} if config.share_anatomy else None
     return choose(cands, model, config, notes=notes, anatomy=anatomy)
 
 
@@ -430,6 +430,15 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
     return folders, notes
 
 
+def _as_bool(v: Any, name: str) -> bool:
+    """A boolean option, also as the CLI's ``--option KEY=true|false`` string."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return v.lower() in ("true", "1", "yes")
+    raise UserError(f"auto strategy: option {name} must be true or false, not {v!r}")
+
+
 def _as_list(v: Any) -> tuple[str, ...]:
     if v is None:
         return ()
@@ -473,6 +482,9 @@ class AutoStrategy(Strategy):
     ``residency``        ``any`` (choose per block), ``per-stage`` or ``resident``
     ``max_error_ratio``  accuracy floor (default: the cost model's)
     ``max_run``          longest run of blocks fused into one stage (default 2)
+    ``cfg_parallel``     plan for the bundle runner's ``--cfg-parallel`` (both CFG passes of a step at
+                         once on two NPU cores): twice the device memory of every stage, NPU
+                         inference at a published, unmeasured speed-up (default False)
     ``compiled``         plan folders compiled by ``rkpart compile``: their failures exclude
                          candidates, their ``.rknn`` sizes, compiler memory and cycles replace estimates
     ``compile``          compile one block per anatomy of every candidate family with ``toolkit``
@@ -480,6 +492,8 @@ class AutoStrategy(Strategy):
                          memory and NPU time come from the compiler's own tables (default False;
                          ``rkpart partition --toolkit V`` turns it on)
     ``toolkits_dir``     where toolkit environments live (for ``compile``)
+    ``compile_dir``      where ``compile`` writes the candidate plans and keeps them (default: a
+                         temporary folder, removed afterwards)
     ``report``           callable receiving the :class:`~rkpart.cost_model.select.Selection`
                          (the CLI's ``--explain``); not recorded in the plan
     ``progress``         callable receiving progress lines while candidates compile; not recorded
@@ -487,7 +501,7 @@ class AutoStrategy(Strategy):
 
     name = "auto"
     accepts = ("cost_model", "accuracy", "budget_mib", "toolkit", "steps", "cfg", "residency", "max_error_ratio",
-               "max_run", "compiled", "compile", "toolkits_dir", "report", "progress")
+               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "cfg_parallel", "report", "progress")
     summary = "per block, the cheapest candidate predicted by a cost model within a memory budget"
 
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
@@ -509,6 +523,7 @@ class AutoStrategy(Strategy):
                 max_error_ratio=None if options.get("max_error_ratio") is None else float(options["max_error_ratio"]),
                 max_run=int(option(options, "max_run", 2)),
                 compiled=_as_list(options.get("compiled")),
+                cfg_parallel=_as_bool(options.get("cfg_parallel", False), "cfg_parallel"),
             )
         except (TypeError, ValueError) as e:
             raise UserError(f"auto strategy: bad option: {e}") from None
@@ -519,13 +534,16 @@ class AutoStrategy(Strategy):
 
                 from rkpart.compile.user_cache import default_cache_dir
 
-                root = default_cache_dir()
-                root.mkdir(parents=True, exist_ok=True)
-                work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="auto-", dir=root)))
+                if options.get("compile_dir") is not None:
+                    work = Path(str(options["compile_dir"]))
+                else:
+                    root = default_cache_dir()
+                    root.mkdir(parents=True, exist_ok=True)
+                    work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="auto-", dir=root)))
                 say: Progress = options.get("progress") or _noop
                 folders, grounding = ground_candidates(mg, disc, cfg.toolkit, work, max_run=cfg.max_run,
                                                        toolkits_dir=options.get("toolkits_dir"), progress=say)
-                cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *map(str, folders)))
+                cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *map(str, folders)), share_anatomy=True)
             sel = select(mg, disc, model, cfg)
         plan_notes = tuple(sel.notes)
         sel.notes.extend(grounding)  # for --explain only: whether a build came from the cache is not the plan's
@@ -551,6 +569,7 @@ class AutoStrategy(Strategy):
             "residency": residency,
             "max_error_ratio": sel.max_error_ratio,
             "max_run": cfg.max_run,
+            **({"cfg_parallel": True} if cfg.cfg_parallel else {}),
             "choices": [{"blocks": list(o.candidate.blocks), "candidate": o.candidate.id, "residency": o.residency}
                         for o in sel.chosen],
             "predicted_latency_s": round(sel.latency, 6),

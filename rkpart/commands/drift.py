@@ -28,6 +28,8 @@ from rkpart.progress import Reporter
               help="Classifier-free guidance: a conditional and an unconditional pass per step.")
 @click.option("--guidance", type=float, default=4.0, show_default=True, help="CFG scale.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the latent and the conditioning.")
+@click.option("--shift", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Sigma shift of the flow-matching schedule: shift*s/(1+(shift-1)*s) (1: equal steps).")
 @toolkit_option(required=True, help="rknn-toolkit2 version whose simulator runs the NPU stages (e.g. 2.5.0).")
 @build_options
 @toolkits_dir_option
@@ -41,7 +43,8 @@ from rkpart.progress import Reporter
 @quiet_option
 @json_option(help="Print the table as JSON.")
 @user_errors
-def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: int, toolkit: str, target: str,
+def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: int, shift: float, toolkit: str,
+          target: str,
           rknn_config: dict[str, Any], toolkits_dir: str | None, show_blocks: bool, sim_memory_mib: int | None,
           accuracy_out: Path | None, quiet: bool, as_json: bool) -> None:
     """Measure how far PLANS (split, fused, auto's choice, int8 / hybrid builds of one plan...)
@@ -65,12 +68,13 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: 
     backend = RknnSimBackend(toolkit, target=target, config=rknn_config, toolkits_dir=toolkits_dir,
                              memory_budget=None if sim_memory_mib is None else sim_memory_mib << 20)
     with Reporter(quiet=quiet) as say:
-        rows = run_drift(loaded, backend, steps=steps, cfg=cfg, guidance=guidance, seed=seed, progress=say)
+        rows = run_drift(loaded, backend, steps=steps, cfg=cfg, guidance=guidance, seed=seed, progress=say,
+                         shift=shift)
     if accuracy_out is not None:
         from rkpart.cost_model.drift_accuracy import accuracy_from_drift, family_of
         from rkpart.io import atomic_write_bytes
 
         acc = accuracy_from_drift(rows, {label: family_of(plan) for label, plan, _ in loaded})
         atomic_write_bytes(accuracy_out, (json.dumps(acc, indent=2, sort_keys=True) + "\n").encode())
-    emit(as_json, lambda: {"steps": steps, "cfg": cfg, "guidance": guidance, "seed": seed,
+    emit(as_json, lambda: {"steps": steps, "cfg": cfg, "guidance": guidance, "seed": seed, "shift": shift,
                            "rows": [r.to_json() for r in rows]}, lambda: render(rows, blocks=show_blocks))

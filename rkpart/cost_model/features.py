@@ -42,7 +42,7 @@ from typing import Any
 
 import onnx
 
-from rkpart.cost_model.device_model import view_memory_features
+from rkpart.cost_model.device_model import peak16, view_memory_features
 from rkpart.ir import ModelGraph, Subgraph, TensorType, graph_of, nbytes
 from rkpart.ir.liveness import peak_bytes
 from rkpart.ir.ops import MAC_OPS, MATMUL_OPS, REDUCE_OPS, RELABEL_OPS
@@ -51,8 +51,10 @@ from rkpart.partitioner.plan import Artifact, Stage
 from rkpart.partitioner.verify import stage_onnx
 
 #: derived terms a model may use besides :data:`NUMERIC`: ``const`` (1 per stage),
-#: ``all_macs`` (weighted + activation MACs), ``io_bytes`` (boundary in + out)
+#: ``all_macs`` (weighted + activation MACs), ``io_bytes`` (boundary in + out), and
+#: ``npu_peak16:R`` (:func:`rkpart.cost_model.device_model.peak16` with ``R`` heads of workspace)
 DERIVED = ("const", "all_macs", "io_bytes")
+PEAK_TERM = "npu_peak16:"
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,7 @@ class Features:
     score16: int = 0
     head16: int = 0
     io16: int = 0
+    att16: int = 0
     rknn_bytes: int | None = None
     op_counts: tuple[tuple[str, int], ...] = field(default_factory=tuple)
     #: the compiler's own plan when the stage was compiled (``artifacts[].compiler``): weight +
@@ -101,6 +104,8 @@ class Features:
             return float(self.macs + self.act_macs)
         if name == "io_bytes":
             return float(self.in_bytes + self.out_bytes)
+        if name.startswith(PEAK_TERM):  # npu_peak16:R, the NPU's activation peak with R heads of workspace
+            return peak16(self.act16, self.att16, self.head16, float(name[len(PEAK_TERM):]))
         return float(getattr(self, name))
 
     def to_json(self) -> dict[str, Any]:
@@ -252,6 +257,7 @@ def view_features(mg: ModelGraph, sub: Subgraph, *, device: str, artifact: Artif
     mem = view_memory_features(mg, sub)
     cp = artifact.compiler if artifact is not None else None
     return _replace(f, weight16=mem.weight16, act16=mem.act16, score16=mem.score16, head16=mem.head16, io16=mem.io16,
+                    att16=mem.att16,
                     compiled_mem_bytes=None if cp is None else cp.device_mem_bytes,
                     compiled_cycles=None if cp is None else cp.cycles_total,
                     compiled_rw_bytes=None if cp is None else cp.rw_bytes)
@@ -271,7 +277,7 @@ def combine(parts: Sequence[Features], device: str | None = None) -> Features:
     for p in parts:
         counts.update(dict(p.op_counts))
     kw: dict[str, Any] = {k: sum(getattr(p, k) for p in parts) for k in NUMERIC}
-    for k in ("peak_bytes", "act16", "score16", "head16"):  # a peak of one stage at a time, not a sum
+    for k in ("peak_bytes", "act16", "att16", "score16", "head16"):  # a peak of one stage at a time, not a sum
         kw[k] = max(getattr(p, k) for p in parts)
     for k in _COMPILED:
         vals = [getattr(p, k) for p in parts]

@@ -62,42 +62,57 @@ def test_fp16_features_leave_the_score_matrices_out() -> None:
     # the fp32 liveness peak holds the scores; the NPU one does not: it is a few token x hidden tensors
     assert f.peak_bytes >= 2 * 4 * 32 * 32 * 4
     assert f.act16 < f.score16 and f.act16 <= 6 * 32 * 16 * 2
+    # while the scores would be alive: the projections' heads (q, k, v) at least, never more than the peak
+    assert 3 * 32 * 16 * 2 <= f.att16 <= f.act16
     # 4x the tokens: scores grow 16x, the activations only 4x
     g = model_features(_attention(heads=4, tokens=128, dim=16), device="npu")
     assert g.score16 == 16 * f.score16 and g.act16 <= 4 * f.act16
 
 
-def _row(w16: int, act: int, head: int, weight: int, internal: int, fit: bool = True) -> MemoryRow:
-    return MemoryRow(family="t", shape="s", strategy="split", stage="x", toolkit="9.9", fit=fit,
-                     features=MemoryFeatures(weight16=w16, act16=act, score16=8 * head, head16=head, io16=act // 4),
+def _row(w16: int, act: int, att: int, head: int, weight: int, internal: int, fit: bool = True,
+         shape: str = "s") -> MemoryRow:
+    return MemoryRow(family="t", shape=shape, strategy="split", stage="x", toolkit="9.9", fit=fit,
+                     features=MemoryFeatures(weight16=w16, act16=act, att16=att, score16=8 * head, head16=head,
+                                             io16=act // 4),
                      weight_bytes=weight, internal_bytes=internal)
 
 
-def test_fit_recovers_a_linear_compiler_and_reports_held_out_error() -> None:
+def _compiler(act: int, att: int, head: int) -> int:
+    """A compiler whose buffers peak at the FFN or at the attention with 4 heads of workspace."""
+    return int(1.4 * max(act, att + 4 * head)) + 65536
+
+
+def test_fit_recovers_the_workspace_and_reports_held_out_error() -> None:
     rng = np.random.default_rng(0)
     rows = []
-    for _ in range(12):
+    for k in range(16):
         w16, act, head = (int(x) for x in rng.integers(1 << 20, 1 << 26, size=3))
-        rows.append(_row(w16, act, head, weight=w16 + 4096, internal=int(1.4 * act + 4.4 * head)))
+        att = act // 2
+        rows.append(_row(w16, act, att, head, weight=w16 + 4096, internal=_compiler(act, att, head), shape=f"s{k}"))
     model = fit_memory_model(rows, "9.9")
-    assert within(model, rows, 0.01) == 1.0 and model.samples == 12
-    again = MemoryModel.from_json(json.loads(json.dumps(model.to_json())))
-    assert again == model
-    held = [_row(1 << 27, 1 << 27, 1 << 27, weight=(1 << 27) + 4096, internal=int(5.8 * (1 << 27)), fit=False)]
+    assert model.workspace_heads == 4.0  # chosen by leave-one-shape-out cross-validation
+    assert within(model, rows, 0.01) == 1.0 and model.samples == 16
+    assert model.fit_error["cross_validation"]["4"]["within_10"] == 1.0
+    assert MemoryModel.from_json(json.loads(json.dumps(model.to_json()))) == model
+    big = 1 << 28
+    held = [_row(big, big, big // 2, big // 4, weight=big + 4096, internal=_compiler(big, big // 2, big // 4),
+                 fit=False)]
     ship = held_out_summary(model, held, fitted_on="synthetic", held_out="one bigger row")
     assert ship["fit_error"]["held_out"]["within_10"] == 1.0 and ship["fit_error"]["held_out"]["n"] == 1
+    # the shipped form is a cost-model component over Features, predicting the same bytes
     comp = Component.from_json("device_mem", ship)
+    assert set(comp.terms) == {"const", "weight16", "npu_peak16:4", "io16"}
     f = held[0].features
-    assert comp.predict(Features(device="npu", **{k: getattr(f, k) for k in ("weight16", "act16", "score16",
-                                                                            "head16", "io16")})) == pytest.approx(
-        model.predict(f), rel=1e-5)
-    assert set(comp.terms) == {"const", "weight16", *INTERNAL_TERMS} - {"const"} | {"const"}
+    feats = Features(device="npu", **{k: getattr(f, k) for k in ("weight16", "act16", "att16", "score16", "head16",
+                                                                 "io16")})
+    assert comp.predict(feats) == pytest.approx(model.predict(f), rel=1e-5)
+    assert INTERNAL_TERMS == ("const", "peak16", "io16")
 
 
 def test_a_damaged_memory_model_is_refused() -> None:
-    good = fit_memory_model([_row(1 << 20, 1 << 20, 1 << 10, 1 << 20, 1 << 21)], "9.9").to_json()
-    for bad in ({**good, "version": 2}, {**good, "internal": {**good["internal"], "act16": float("nan")}},
-                {**good, "weight": {"const": 1.0}}):
+    good = fit_memory_model([_row(1 << 20, 1 << 20, 0, 1 << 10, 1 << 20, 1 << 21)], "9.9").to_json()
+    for bad in ({**good, "version": 2}, {**good, "internal": {**good["internal"], "peak16": float("nan")}},
+                {**good, "weight": {"const": 1.0}}, {**good, "workspace_heads": -1}):
         with pytest.raises(ValueError):
             MemoryModel.from_json(bad)
     doc = CostModel.load(default_model_path()).to_json()
