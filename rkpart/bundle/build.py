@@ -215,6 +215,8 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
             if extra is not None:
                 cm = extra["core_masks"][s.id]
                 entry.update(core_mask=cm.mask, core_mask_reason=cm.reason, device_bytes=extra["device_bytes"][s.id])
+            if art.precision != "fp16":  # issue 27: the runner feeds such a stage float32 (runtime/int8_io.py)
+                entry["precision"] = art.precision
         else:
             src = stage_onnx(folder, s)  # confined, regular, sha256 as partition recorded it
             rel = s.file

@@ -47,12 +47,14 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: 
           target: str,
           rknn_config: dict[str, Any], toolkits_dir: str | None, show_blocks: bool, sim_memory_mib: int | None,
           accuracy_out: Path | None, quiet: bool, as_json: bool) -> None:
-    """Measure how far PLANS (split, fused, auto's choice...) drift from ONNX Runtime over a
-    flow-matching denoising loop in the rknn-toolkit2 simulator: cosine, max-abs and MSE of
-    the latent per step and of each block's output.
+    """Measure how far PLANS (split, fused, auto's choice, int8 / hybrid builds of one plan...)
+    drift from ONNX Runtime over a flow-matching denoising loop in the rknn-toolkit2 simulator:
+    cosine, max-abs and MSE of the latent per step and of each block's output.  A plan compiled
+    int8 or hybrid is labelled so (split[int8]:DIR) and is its own accuracy family.
 
     The NPU stages share one simulator worker per toolkit (bounded by --sim-memory); CFG's two
     passes run stage by stage, so a stage evicted to fit is rebuilt once per step."""
+    from rkpart.compile.precision import plan_precision
     from rkpart.partitioner.plan import load_plan
     from rkpart.profile.drift import drift as run_drift
     from rkpart.profile.drift import render
@@ -61,7 +63,8 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: 
     loaded = []
     for p in plans:
         plan, folder = load_plan(p)
-        loaded.append((f"{plan.strategy['name']}:{folder.name}", plan, folder))
+        prec = plan_precision(plan)  # precision variants of one plan side by side (issue 27)
+        loaded.append((f"{plan.strategy['name']}{'' if prec == 'fp16' else f'[{prec}]'}:{folder.name}", plan, folder))
     backend = RknnSimBackend(toolkit, target=target, config=rknn_config, toolkits_dir=toolkits_dir,
                              memory_budget=None if sim_memory_mib is None else sim_memory_mib << 20)
     with Reporter(quiet=quiet) as say:
