@@ -63,7 +63,7 @@ def test_partition_auto_json_explanation(tmp_path: Path) -> None:
 
 def test_infeasible_budget_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
     out = tmp_path / "none"
-    r = CliRunner().invoke(main, ["partition", "-o", str(out), "-s", "auto", "--budget-mib", "1", "-q"])
+    r = CliRunner().invoke(main, ["partition", "-o", str(out), "-s", "auto", "--budget-mib", "0.01", "-q"])
     assert r.exit_code == 9
     assert r.stderr.count("\n") == 1 and "smallest feasible budget is" in r.stderr
     assert not out.exists()

@@ -143,7 +143,8 @@ def test_base_of_another_backend_needs_mix_backends_and_is_recorded(ort_profiles
     with pytest.raises(SpecError, match="measured on rknnlite and the profiles on ort: its device_mem"):
         fit_profiles(ort_profiles, base=default_model_path())
     model, _ = fit_profiles(ort_profiles, base=default_model_path(), mix_backends=True)
-    assert model.provenance["mixed_backends"]["kept_from_base"] == ["device_mem"]
+    # the board's memory and the compiler-table NPU time stay from the base
+    assert model.provenance["mixed_backends"]["kept_from_base"] == ["device_mem", "npu_infer"]
     assert model.provenance["mixed_backends"]["profile_backends"] == ["ort"]
 
 
@@ -153,15 +154,18 @@ def test_process_memory_is_never_predicted_below_device_memory(shipped: CostMode
     for opts in sel.options.values():
         for o in opts:
             assert o.pss_bytes is not None and o.pss_bytes >= o.device_bytes
-            for f in o.candidate.npu:  # activations counted: weights + live activations at least
-                assert shipped.components["device_mem"].predict(f) >= f.weight_bytes + f.peak_bytes
+            for f in o.candidate.npu:
+                # device memory as the NPU holds it: never below the fp16 weights (no fp32 activation peak:
+                # the compiler never materialises the attention scores)
+                assert shipped.components["device_mem"].predict(f) >= f.weight16
 
 
 # -- uncertainty and --explain ------------------------------------------------------------------
 
 
 def test_shipped_calibration_declares_zero_degrees_of_freedom_in_explain(shipped: CostModel, tmp_path: Path) -> None:
-    assert shipped.provenance["coefficients"] == 13 and shipped.provenance["data_points"] == 13
+    # device memory is fitted on compiler tables, not solved from the write-up: 11 coefficients from 11 numbers
+    assert shipped.provenance["coefficients"] == 11 and shipped.provenance["data_points"] == 11
     r = CliRunner().invoke(main, ["partition", "-o", str(tmp_path / "a"), "-s", "auto", "--explain", "-q",
                                   "--no-budget"])
     assert r.exit_code == 0, r.output

@@ -41,9 +41,11 @@ def test_coefficients_are_never_negative() -> None:
 
 def test_update_keeps_components_the_samples_do_not_measure() -> None:
     shipped = CostModel.load(default_model_path())
+    before = shipped.components["device_mem"]
     shipped.update(_samples())
     assert shipped.components["infer"].source == "fit"
-    assert shipped.components["device_mem"].source == "calibration"
+    assert shipped.components["device_mem"] == before and before.source == "compiler tables"
+    assert shipped.components["load"].source == "calibration"
 
 
 def test_save_load_round_trip_is_byte_identical(tmp_path: Path) -> None:
