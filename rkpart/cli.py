@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -342,16 +343,14 @@ def example(dest: str, force: bool) -> None:
     anima_tiny.onnx; prints the path written.  The example is a 2-block DiT with the
     Anima / Cosmos-Predict2 block anatomy, for trying every command without a real model.
     """
-    from rkpart.partitioner.extract import copy_file
+    from rkpart.output import output_file
 
     path = Path(dest)
-    if dest.endswith(("/", os.sep)) or path.is_dir():
+    if dest.endswith(("/", os.sep)) or (path.is_dir() and not path.is_symlink()):
         path = path / "anima_tiny.onnx"
-    if path.exists() and not force:
-        raise UserError(f"{path} exists; use --force to overwrite it")
-    if path.is_dir():
-        raise UserError(f"{path} is a folder")
-    copy_file(bundled_example(), path)
+    # a regular file or nothing: never a device node, FIFO, socket, folder or symlink (rkpart.output)
+    with output_file(path, force=force, what="example destination") as tmp:
+        shutil.copyfile(bundled_example(), tmp)
     click.echo(str(path))
 
 

@@ -65,9 +65,10 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: 
         rows = run_drift(loaded, backend, steps=steps, cfg=cfg, guidance=guidance, seed=seed, progress=say)
     if accuracy_out is not None:
         from rkpart.cost_model.drift_accuracy import accuracy_from_drift, family_of
-        from rkpart.io import atomic_write_bytes
+        from rkpart.output import write_output_file
 
         acc = accuracy_from_drift(rows, {label: family_of(plan) for label, plan, _ in loaded})
-        atomic_write_bytes(accuracy_out, (json.dumps(acc, indent=2, sort_keys=True) + "\n").encode())
+        write_output_file(accuracy_out, (json.dumps(acc, indent=2, sort_keys=True) + "\n").encode(), force=True,
+                          what="accuracy table")
     emit(as_json, lambda: {"steps": steps, "cfg": cfg, "guidance": guidance, "seed": seed,
                            "rows": [r.to_json() for r in rows]}, lambda: render(rows, blocks=show_blocks))
