@@ -19,6 +19,7 @@ import click
 
 from rkpart import __version__
 from rkpart.cli_args import (
+    POSITIVE_MIB,
     device_option,
     emit,
     force_option,
@@ -126,7 +127,7 @@ def lowering_note(opset: int) -> str | None:
               help="fused: consecutive blocks per NPU stage [default: 1].")
 @click.option("--spec", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="custom: YAML/JSON spec naming the stages (docs/custom-spec.md).")
-@click.option("--budget-mib", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--budget-mib", type=POSITIVE_MIB, default=None,
               help="generic: memory budget per NPU stage, weights + peak activations, in MiB [default: 1024]. "
                    "auto: memory budget of the whole pipeline (device memory; process memory for a model "
                    "fitted on ONNX Runtime) [default: the target's, 4096 MiB for rk3588].")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rkpart.cli_args import json_option, quiet_option, residency_option, user_errors
+from rkpart.cli_args import SEED, json_option, quiet_option, residency_option, user_errors
 from rkpart.runtime.board_runner import CORE_MASKS
 
 
@@ -24,7 +24,7 @@ from rkpart.runtime.board_runner import CORE_MASKS
               help="Whole model for the reference outputs [default: the plan's source model].")
 @click.option("--inputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help=".npz of reference inputs [default: seeded random inputs].")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random reference inputs.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the random reference inputs.")
 @click.option("--min-cosine", type=click.FloatRange(-1, 1), default=0.999, show_default=True,
               help="The runner's default gate: minimum cosine against the reference outputs.")
 @click.option("--max-abs-rel", type=click.FloatRange(min=0), default=None,

@@ -267,6 +267,9 @@ class CostModel:
         if d.get("format") != MODEL_FORMAT or d.get("version") != MODEL_VERSION:
             raise SpecError(f"{where}: not an rkpart cost model (expected format {MODEL_FORMAT!r} "
                             f"version {MODEL_VERSION})")
+        from rkpart.cost_model.checks import check_model_document
+
+        check_model_document(d, where=where)  # the whole file, before any field is used
         comps = d.get("components", {})
         unknown = sorted(set(comps) - set(COMPONENTS))
         if unknown:
