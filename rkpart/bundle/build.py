@@ -40,6 +40,8 @@ RUNNER_FILE = "runner.py"
 BUNDLE_KIND = "bundle"
 #: default gate of a bundle run on the NPU (fp16), as for the toolkit simulator
 DEFAULT_MIN_COSINE = 0.999
+#: and its bound on max |error| / max |reference| (the runner's own default when a manifest has none)
+DEFAULT_MAX_ABS_REL = runner_mod.DEFAULT_MAX_ABS_REL
 
 Progress = Callable[[str], None]
 
@@ -93,7 +95,7 @@ def bundle_plan(
     inputs: Mapping[str, np.ndarray] | None = None,
     seed: int = 0,
     min_cosine: float = DEFAULT_MIN_COSINE,
-    max_abs_rel: float | None = None,
+    max_abs_rel: float | None = DEFAULT_MAX_ABS_REL,
     force: bool = False,
     progress: Progress = lambda _m: None,
 ) -> BundleResult:
