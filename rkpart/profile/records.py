@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -510,10 +511,27 @@ def read_jsonl(path: str | os.PathLike[str], *, validate: bool = True) -> list[d
         obj = loads_json(line, what=f"{p} line {i}", error=SpecError)
         if validate:
             validate_record(obj, where=f"{p} line {i}")
+            bad = _nonfinite_field(obj)
+            if bad is not None:
+                raise SpecError(f"{p} line {i}: {bad} is not a finite number (a profile holds measurements)")
         out.append(obj)
     if not out:
         raise SpecError(f"{p} holds no profile records")
     return out
+
+
+def _nonfinite_field(obj: Any) -> str | None:
+    """The dotted path of the first NaN/Inf number in ``obj`` (JSON accepts ``NaN``), else ``None``."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        where, x = stack.pop()
+        if isinstance(x, float) and not math.isfinite(x):
+            return where or "the record"
+        if isinstance(x, dict):
+            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in x.items())
+        elif isinstance(x, list):
+            stack.extend((f"{where}[{j}]", v) for j, v in enumerate(x))
+    return None
 
 
 def single_run(records: Sequence[Mapping[str, Any]], *, where: str, run_id: str | None = None) -> list[dict[str, Any]]:
