@@ -360,6 +360,8 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
             tname = _name(_obj(t, f"{key}[{i}]").get("name"), f"{key}[{i}].name")
             if tname not in tensors:
                 raise BundleError(f"manifest: {key[:-1]} {tname!r} has no entry in 'tensors'")
+    if not m["outputs"]:
+        raise BundleError("manifest: 'outputs' is empty (nothing to run for)")
     stages = _list(m.get("stages"), "'stages'")
     if not stages:
         raise BundleError("manifest: 'stages' is empty")
@@ -382,6 +384,17 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
             _relpath(_name(s["source"], f"stage {sid} source"), "source")
         if s.get("source_sha256") is not None and not isinstance(s["source_sha256"], str):
             raise BundleError(f"manifest: stage {sid}: source_sha256 must be a string")
+    # data flow: every stage reads only model inputs and earlier stages' outputs
+    have = {t["name"] for t in m["inputs"]}
+    for s in stages:
+        missing = [t for t in s["inputs"] if t not in have]
+        if missing:
+            raise BundleError(f"manifest: stage {s['id']} reads {missing[0]!r}, which no model input or earlier "
+                              "stage gives")
+        have.update(s["outputs"])
+    for t in m["outputs"]:
+        if t["name"] not in have:
+            raise BundleError(f"manifest: model output {t['name']!r} is given by no stage")
     gate = _obj(m.get("gate") or {}, "'gate'")
     for k in ("min_cosine", "max_abs_rel"):
         v = gate.get(k)
