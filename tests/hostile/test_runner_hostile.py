@@ -585,8 +585,8 @@ _SCRIPT_FAST = {"drop-files", "file:data-unlisted", "npz:huge-header"}
 
 @pytest.mark.parametrize("case", [
     c if c in _SCRIPT_FAST else pytest.param(c, marks=pytest.mark.slow)
-    for c in SCRIPT_CASES + ["raw:digits", "raw:deep", "file:data-unlisted", "file:ort-refuses-stage",
-                             "npz:huge-header"]])
+    for c in [*SCRIPT_CASES, "raw:digits", "raw:deep", "file:data-unlisted", "file:ort-refuses-stage",
+              "npz:huge-header"]])
 def test_runner_script_exits_2_with_one_line(case: str, host_bundle: Path, tmp_path: Path) -> None:
     d = _copy(host_bundle, tmp_path)
     extra: list[str] = []
