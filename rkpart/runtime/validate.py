@@ -129,11 +129,9 @@ def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
     e2e = {k: compare(outs[k], ref[k]) for k in plan.outputs}
     against: dict[str, Metrics] = {}
     if reference is not None:
-        try:
-            with np.load(reference, allow_pickle=False) as z:
-                refd = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as e:
-            raise UserError(f"cannot read reference {reference}: {e}") from None
+        from rkpart.io import read_npz
+
+        refd = read_npz(reference, what="reference", names=plan.outputs)
         for k in plan.outputs:
             if k not in refd:
                 raise UserError(f"reference {reference} has no array {k!r}")
