@@ -69,7 +69,7 @@ def _mutated_profile(profile: Path, tmp: Path, field: str | None, value: float) 
 
 
 @pytest.mark.parametrize("value", [v[0] for v in BAD_TIMINGS])
-@pytest.mark.parametrize("field", [*TIMING_FIELDS, "all"])
+@pytest.mark.parametrize("field", ["all", *(pytest.param(f, marks=pytest.mark.slow) for f in TIMING_FIELDS)])
 def test_fit_refuses_timings_that_are_not_measurements(field: str, value: str, profile: Path,
                                                        tmp_path: Path) -> None:
     v = dict(BAD_TIMINGS)[value]
@@ -157,7 +157,12 @@ def _model_file(tmp: Path, case: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize("case", [c[0] for c in MODEL_CASES])
+#: every third file-level case and every prediction case in the fast tier, the rest with the slow ones
+_FAST_MODEL_CASES = {c[0] for i, c in enumerate(MODEL_CASES) if i % 3 == 0 or i >= len(MODEL_CASES) - 4}
+
+
+@pytest.mark.parametrize("case", [c[0] if c[0] in _FAST_MODEL_CASES else pytest.param(c[0], marks=pytest.mark.slow)
+                                  for c in MODEL_CASES])
 def test_partition_auto_refuses_a_bad_cost_model_in_one_line(case: str, example_model: Path,
                                                               tmp_path: Path) -> None:
     model = _model_file(tmp_path, case)
@@ -174,7 +179,8 @@ READER_CASES = ["term-to_json", "coef-str", "provenance-list", "accuracy-list", 
                 "components-list"]
 
 
-@pytest.mark.parametrize("case", READER_CASES)
+@pytest.mark.parametrize("case", [READER_CASES[0], *(pytest.param(c, marks=pytest.mark.slow)
+                                                      for c in READER_CASES[1:])])
 def test_report_and_profile_against_refuse_a_bad_cost_model(case: str, split_plan: Path, profile: Path,
                                                             tmp_path: Path) -> None:
     model = _model_file(tmp_path, case)
