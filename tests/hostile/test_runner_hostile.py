@@ -14,6 +14,7 @@ import importlib.util
 import io
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -615,3 +616,10 @@ def test_every_case_id_is_distinct() -> None:
         ids = [c[0] for c in cases]
         assert len(ids) == len(set(ids)), ids
     assert set(SCRIPT_CASES) <= {c[0] for c in MANIFEST_CASES}
+
+
+def test_docs_errors_lists_the_runner_s_exit_codes(runner_mod: ModuleType) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "errors.md").read_text()
+    section = doc.split("## The bundle runner", 1)[1].split("\n## ", 1)[0]
+    codes = {int(c) for c in re.findall(r"^\|\s*(\d+)\s*\|", section, re.M)}
+    assert codes == {0, runner_mod.EXIT_USER, runner_mod.EXIT_RUNTIME, runner_mod.EXIT_GATE, 130}
