@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rkpart.errors import SpecError
-from rkpart.io import atomic_write_bytes, loads_json, read_limited
+from rkpart.io import loads_json, read_limited
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.runtime.base import Backend
 from rkpart.types import HOST, LIFECYCLE, NPU, TIME_COMPONENTS, Device, Residency, seconds_key
@@ -491,8 +491,11 @@ def dumps_jsonl(records: Iterable[Mapping[str, Any]]) -> str:
 
 def write_jsonl(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any]]) -> Path:
     """Validate and atomically write ``records`` to ``path``."""
+    from rkpart.output import write_output_file
+
     validate_records(records, where=str(path))
-    atomic_write_bytes(path, dumps_jsonl(records).encode())
+    # onto a missing or regular file only: never through a symlink, onto a FIFO or a device
+    write_output_file(path, dumps_jsonl(records).encode(), force=True, what="profile output")
     return Path(path)
 
 

@@ -463,3 +463,56 @@ def test_cache_prune_never_follows_a_symlinked_objects_folder(tmp_path: Path) ->
         assert_user_error(r, 2, "symlink")
     assert snapshot(victim) == before
     FUZZ_STATS["cases:writes-cache"] += 2
+
+
+@pytest.mark.parametrize("command", ["profile", "run"])
+@pytest.mark.parametrize("attack", [a[0] for a in FILE_DEST_ATTACKS])
+def test_profile_and_run_outputs_are_regular_files_only(command: str, attack: str, host_plan: Path,
+                                                        tmp_path: Path) -> None:
+    """Checked before anything runs (``profile -o``, ``run --save-outputs``)."""
+    victim = _victim(tmp_path)
+    dest = tmp_path / "out.bin"
+    dict(FILE_DEST_ATTACKS)[attack](dest, victim)
+    mode = os.lstat(dest).st_mode
+    before = snapshot(victim)
+    args = (["profile", host_plan, "--rounds", "1", "-o", dest, "-q"] if command == "profile"
+            else ["run", host_plan, "--save-outputs", dest, "-q"])
+    r = cli(args)
+    assert_user_error(r, 6)
+    assert snapshot(victim) == before and os.lstat(dest).st_mode == mode
+    FUZZ_STATS[f"cases:writes-{command}"] += 1
+
+
+@pytest.mark.parametrize("fault", ["interrupt", "disk-full"])
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_a_failed_write_leaves_the_previous_output_and_nothing_else(command: str, fault: str, host_plan: Path,
+                                                                   made: dict[str, Path], tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """FAKE (fault injection only): Ctrl-C or ENOSPC just before the staging folder is swapped in."""
+    import errno
+
+    import rkpart.output as output
+
+    kind, argv, name = COMMANDS[command]
+    out = tmp_path / name
+    shutil.copytree(made[kind], out, symlinks=True)
+    if command == "report":
+        shutil.copyfile(made["report"], tmp_path / "page.html")
+    before = snapshot(tmp_path)
+    real = output.write_marker
+
+    def failing(folder: Path, k: str, *, complete: bool = True) -> None:
+        if complete:
+            if fault == "interrupt":
+                raise KeyboardInterrupt
+            raise OSError(errno.ENOSPC, "No space left on device", str(folder))
+        real(folder, k, complete=complete)
+
+    monkeypatch.setattr(output, "write_marker", failing)
+    r = cli([*argv(host_plan, out), "--force"])
+    if fault == "interrupt":
+        assert r.exit_code == 130 and "Traceback" not in r.output
+    else:
+        assert_user_error(r, 10, "no space left")
+    assert snapshot(tmp_path) == before  # the previous output, byte for byte; no staging folder
+    FUZZ_STATS[f"cases:writes-{command}"] += 1
