@@ -52,7 +52,8 @@ def _check_component(where: str, name: str, d: Any) -> None:
         raise SpecError(f"{where}: component {name}: 'samples' must be an integer >= 0, got {d['samples']!r}")
 
 
-def _check_accuracy(where: str, acc: Any) -> None:
+def check_accuracy(where: str, acc: Any) -> None:
+    """Refuse an accuracy term (a cost model's, or ``drift --accuracy``'s file) of the wrong shape or with NaN."""
     if not isinstance(acc, Mapping):
         raise SpecError(f"{where}: 'accuracy' must be an object, got {type(acc).__name__}")
     if "default_max_ratio" in acc and not (_number(acc["default_max_ratio"]) and acc["default_max_ratio"] > 0):
@@ -99,7 +100,7 @@ def check_model_document(d: Mapping[str, Any], *, where: str) -> None:
         _check_component(where, str(name), c)
     if not isinstance(d.get("provenance", {}), Mapping):
         raise SpecError(f"{where}: 'provenance' must be an object, got {type(d['provenance']).__name__}")
-    _check_accuracy(where, d.get("accuracy", {}))
+    check_accuracy(where, d.get("accuracy", {}))
     _check_known_issues(where, d.get("known_issues", []))
 
 
@@ -149,5 +150,5 @@ def check_prediction(candidate: str, residency: str, parts: Mapping[str, float])
                             "refit the model or use the shipped calibration")
 
 
-__all__ = ["MAX_BYTES", "MAX_SECONDS", "TERMS", "check_model_document", "check_own_predictions", "check_prediction",
-           "check_samples"]
+__all__ = ["MAX_BYTES", "MAX_SECONDS", "TERMS", "check_accuracy", "check_model_document", "check_own_predictions",
+           "check_prediction", "check_samples"]

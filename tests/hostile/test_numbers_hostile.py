@@ -301,3 +301,18 @@ def test_memory_plot_summarises_many_rounds(rounds: int) -> None:
     assert png is not None and png.startswith(b"\x89PNG")
     assert time.monotonic() - t0 < 30
     FUZZ_STATS["cases:numbers-report"] += 1
+
+
+@pytest.mark.parametrize(("key", "value"), [("final_cosine", math.nan), ("final_mse", math.inf),
+                                            ("final_max_abs", -math.inf), ("ratio", math.nan)])
+def test_partition_refuses_an_accuracy_table_from_a_nan_run(key: str, value: float, example_model: Path,
+                                                           tmp_path: Path) -> None:
+    acc = json.loads((default_model_path().parent / "drift_anima_full.json").read_text())
+    fam = sorted(acc["families"])[0]
+    acc["families"][fam][key] = value
+    f = tmp_path / "acc.json"
+    f.write_text(json.dumps(acc))
+    r = cli(["partition", example_model, "-s", "auto", "--accuracy", f, "-o", tmp_path / "auto", "-q"])
+    assert_user_error(r, 2, "accuracy term")
+    assert not (tmp_path / "auto").exists()
+    FUZZ_STATS["cases:numbers-drift"] += 1
