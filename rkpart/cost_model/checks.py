@@ -13,15 +13,33 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
-from rkpart.cost_model.features import NUMERIC
+from rkpart.cost_model import features as _features
 from rkpart.cost_model.rounds import GLUE_TERMS
 from rkpart.errors import SpecError
 
 #: the terms a stage component may use (:meth:`rkpart.cost_model.features.Features.value`);
 #: ``glue`` uses :data:`rkpart.cost_model.rounds.GLUE_TERMS`
-TERMS = frozenset({"const", "all_macs", "io_bytes", *NUMERIC})
+TERMS = frozenset({"const", "all_macs", "io_bytes",
+                   *(f.name for f in fields(_features.Features)
+                     if str(f.type).replace(" ", "") in ("int", "float", "int|None", "float|None"))})
+#: a parametrised term (``npu_peak16:R``), where the features define one
+_PREFIX: str | None = getattr(_features, "PEAK_TERM", None)
+
+
+def _valid_term(name: str, t: str) -> bool:
+    if name == "glue":
+        return t in GLUE_TERMS
+    if t in TERMS:
+        return True
+    if _PREFIX and t.startswith(_PREFIX):
+        try:
+            return math.isfinite(float(t[len(_PREFIX):])) and float(t[len(_PREFIX):]) >= 0
+        except ValueError:
+            return False
+    return False
 #: a measured stage time or size beyond these is not a measurement (11.6 days; 1 PiB)
 MAX_SECONDS = 1e6
 MAX_BYTES = float(2**50)
@@ -38,9 +56,11 @@ def _check_component(where: str, name: str, d: Any) -> None:
     if not isinstance(terms, Mapping) or not terms:
         raise SpecError(f"{where}: component {name}: 'terms' must be a non-empty object of term -> coefficient")
     for t, c in terms.items():
-        valid = GLUE_TERMS if name == "glue" else TERMS
-        if t not in valid:
-            raise SpecError(f"{where}: component {name}: unknown term {t!r} (valid: {', '.join(sorted(valid))})")
+        if not isinstance(t, str) or not _valid_term(name, t):
+            valid = sorted(GLUE_TERMS if name == "glue" else TERMS)
+            if _PREFIX and name != "glue":
+                valid.append(f"{_PREFIX}R")
+            raise SpecError(f"{where}: component {name}: unknown term {t!r} (valid: {', '.join(valid)})")
         if not _number(c) or c < 0:
             raise SpecError(f"{where}: component {name}: coefficient of {t} must be a number >= 0 (finite), got {c!r}")
     for key, types, what in (("source", (str,), "a string"), ("note", (str,), "a string"),
