@@ -141,6 +141,10 @@ def lowering_note(opset: int) -> str | None:
                 help="auto: rknn-toolkit2 version whose known crashes exclude candidates [default: the model's].")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="auto: denoising steps [default: 1].")
 @click.option("--cfg/--no-cfg", default=None, help="auto: two passes per step (CFG) or one [default: --cfg].")
+@click.option("--compile-candidates/--no-compile-candidates", "compile_candidates", default=None,
+              help="auto: compile one block per anatomy of every candidate with --toolkit (or take it from the "
+                   "build cache), so device memory and NPU time come from the compiler's own tables [default: on "
+                   "with --toolkit].")
 @click.option("--explain", is_flag=True, help="auto: print every candidate's predictions and the choice per block.")
 @click.option("--option", "options", multiple=True, callback=parse_key_values, metavar="KEY=VALUE",
               help="Extra strategy option (repeatable), e.g. for plugins.")
@@ -160,7 +164,7 @@ def lowering_note(opset: int) -> str | None:
 def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, residual: str | None,
               modulation: str | None, blocks_per_stage: int | None, spec: Path | None, budget_mib: float | None,
               no_budget: bool, cost_model: Path | None, accuracy: Path | None, auto_toolkit: str | None,
-              steps: int | None, cfg: bool | None, explain: bool,
+              steps: int | None, cfg: bool | None, compile_candidates: bool | None, explain: bool,
               options: dict[str, Any],
               shapes: dict[str, tuple[int, ...]], simplify: bool, external_threshold: int, weights: str, force: bool,
               quiet: bool, as_json: bool) -> None:
@@ -183,9 +187,14 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if explain and strategy != "auto":
         raise click.UsageError("--explain applies to --strategy auto only")
     selections: list[Any] = []  # the auto strategy reports its Selection here (for --explain)
+    if compile_candidates is not None and (strategy != "auto" or auto_toolkit is None):
+        raise click.UsageError("--compile-candidates/--no-compile-candidates apply to --strategy auto with --toolkit")
+    say = Reporter(quiet=quiet)
     if strategy == "auto":
         opts["report"] = selections.append
-    say = Reporter(quiet=quiet)
+        if auto_toolkit is not None and compile_candidates is not False:
+            opts["compile"] = True
+            opts["progress"] = say
     if model is None:
         model = bundled_example()
         say(f"no model given: using the bundled example {model.name}")
@@ -369,6 +378,7 @@ def _register_optional() -> None:
         ("rkpart.commands.bundle", ("bundle",)),
         ("rkpart.commands.report", ("report",)),
         ("rkpart.commands.drift", ("drift",)),
+        ("rkpart.commands.estimate", ("estimate",)),
     ):
         try:
             module = importlib.import_module(mod)

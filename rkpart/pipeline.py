@@ -24,6 +24,7 @@ layers to its left, never back, not even inside a function)::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -33,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rkpart import strategies
-from rkpart.cost_model.candidates import OWN_STRATEGIES, Candidate, Variant, candidates_from
+from rkpart.cost_model.candidates import OWN_STRATEGIES, Candidate, Variant, block_anatomy, candidates_from
 from rkpart.cost_model.model import CostModel, load_model_or_default
 from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, choose
 from rkpart.errors import UserError
@@ -349,7 +350,8 @@ def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionC
     config = config or SelectionConfig()
     notes: list[str] = []
     cands = enumerate_candidates(mg, disc, max_run=config.max_run, plugins_too=config.plugins, notes=notes)
-    return choose(cands, model, config, notes=notes)
+    anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks} if config.share_anatomy else None
+    return choose(cands, model, config, notes=notes, anatomy=anatomy)
 
 
 def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
@@ -371,6 +373,61 @@ def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
     if not mib > 0:
         raise UserError(f"budget_mib must be > 0, got {mib:g}")
     return mib, "given"
+
+
+#: the single-strategy candidate families ``auto`` compiles representatives of: (candidate id,
+#: strategy, options); a run of K fused blocks is ``fused`` with ``blocks_per_stage=K``
+GROUNDED: tuple[tuple[str, str, Mapping[str, Any]], ...] = (
+    ("split", "split", {}),
+    ("split-adaln-npu", "split", {"adaln": "npu"}),
+    ("fused", "fused", {}),
+)
+
+
+def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path, *, max_run: int = 2,
+                      toolkits_dir: str | None = None, progress: Progress = _noop) -> tuple[list[Path], list[str]]:
+    """Compile one block per distinct anatomy of every candidate family with ``toolkit``, or take
+    the builds from the user's build cache, so that ``auto`` chooses from the compiler's own tables.
+
+    Each family's plan is written under ``work`` (weights linked, not copied); of its NPU stages
+    only those of the first block of each anatomy (:func:`~rkpart.cost_model.candidates.block_anatomy`)
+    are built.  Returns the compiled plan folders (``SelectionConfig.compiled``) and notes for the
+    explanation.  A toolkit that is not installed gives no folders and a note saying so.
+    """
+    from rkpart.compile.compile import compile_plan_report
+    from rkpart.compile.toolkits import find_toolkit
+    from rkpart.errors import ToolkitError
+
+    try:
+        tk = find_toolkit(toolkit, toolkits_dir)
+    except ToolkitError as e:
+        return [], [f"candidates not compiled: {e}; device memory is predicted (rkpart toolkit install {toolkit})"]
+    anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks}
+    families = [*GROUNDED, *((f"fused-x{k}", "fused", {"blocks_per_stage": k}) for k in range(2, max_run + 1)
+                             if k <= len(disc.blocks))]
+    folders: list[Path] = []
+    notes: list[str] = []
+    for cid, strategy, opts in families:
+        out = work / cid
+        progress(f"auto: {cid}: partitioning to compile one block per anatomy")
+        plan = partition(mg.path, out, strategy, force=True, weights="link", **opts)
+        seen: set[tuple[tuple[str, ...], str]] = set()
+        reps = []
+        for st in plan.npu_stages:
+            k = (tuple(anatomy.get(b, str(b)) for b in st.blocks), st.region)
+            if st.blocks and k not in seen:
+                seen.add(k)
+                reps.append(st.id)
+        if not reps:
+            continue
+        progress(f"auto: {cid}: compiling {len(reps)} representative stage(s) with rknn-toolkit2 {tk.version}")
+        rep = compile_plan_report(plan, out, tk, stages=reps, progress=progress)
+        failed = [o.stage_id for o in rep.failed]
+        notes.append(f"{cid}: {len(reps)} stage(s) of {len({a for a in anatomy.values()})} block anatomy(ies) compiled "
+                     f"with rknn-toolkit2 {tk.version} ({len(rep.cached)} from the build cache"
+                     + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
+        folders.append(out)
+    return folders, notes
 
 
 def _as_list(v: Any) -> tuple[str, ...]:
@@ -424,14 +481,22 @@ class AutoStrategy(Strategy):
     ``max_error_ratio``  accuracy floor (default: the cost model's)
     ``max_run``          longest run of blocks fused into one stage (default 2)
     ``compiled``         plan folders compiled by ``rkpart compile``: their failures exclude
-                         candidates, their ``.rknn`` sizes replace estimates
+                         candidates, their ``.rknn`` sizes, compiler memory and cycles replace estimates
+    ``compile``          compile one block per anatomy of every candidate family with ``toolkit``
+                         (:func:`ground_candidates`; the build cache makes a rerun free), so that device
+                         memory and NPU time come from the compiler's own tables (default False;
+                         ``rkpart partition --toolkit V`` turns it on)
+    ``toolkits_dir``     where toolkit environments live (for ``compile``)
+    ``compile_dir``      where ``compile`` writes the candidate plans and keeps them (default: a
+                         temporary folder, removed afterwards)
     ``report``           callable receiving the :class:`~rkpart.cost_model.select.Selection`
                          (the CLI's ``--explain``); not recorded in the plan
+    ``progress``         callable receiving progress lines while candidates compile; not recorded
     """
 
     name = "auto"
     accepts = ("cost_model", "accuracy", "budget_mib", "toolkit", "steps", "cfg", "residency", "max_error_ratio",
-               "max_run", "compiled", "report")
+               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "report", "progress")
     summary = "per block, the cheapest candidate predicted by a cost model within a memory budget"
 
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
@@ -456,7 +521,26 @@ class AutoStrategy(Strategy):
             )
         except (TypeError, ValueError) as e:
             raise UserError(f"auto strategy: bad option: {e}") from None
-        sel = select(mg, disc, model, cfg)
+        grounding: list[str] = []
+        with contextlib.ExitStack() as stack:
+            if options.get("compile") and cfg.toolkit is not None:
+                import tempfile
+
+                from rkpart.compile.user_cache import default_cache_dir
+
+                if options.get("compile_dir") is not None:
+                    work = Path(str(options["compile_dir"]))
+                else:
+                    root = default_cache_dir()
+                    root.mkdir(parents=True, exist_ok=True)
+                    work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="auto-", dir=root)))
+                say: Progress = options.get("progress") or _noop
+                folders, grounding = ground_candidates(mg, disc, cfg.toolkit, work, max_run=cfg.max_run,
+                                                       toolkits_dir=options.get("toolkits_dir"), progress=say)
+                cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *map(str, folders)), share_anatomy=True)
+            sel = select(mg, disc, model, cfg)
+        plan_notes = tuple(sel.notes)
+        sel.notes.extend(grounding)  # for --explain only: whether a build came from the cache is not the plan's
         report: Callable[[Any], None] | None = options.get("report")
         if report is not None:
             report(sel)
@@ -483,9 +567,10 @@ class AutoStrategy(Strategy):
                         for o in sel.chosen],
             "predicted_latency_s": round(sel.latency, 6),
             "predicted_device_mib": round(sel.device_bytes / 2**20, 2),
+            "device_memory_source": sorted({src for o in sel.chosen for src in o.device_source.split("+")}),
         }
         notes = tuple(f"block {','.join(map(str, o.candidate.blocks))}: {o.candidate.id} ({o.residency})"
-                      for o in sel.chosen) + tuple(sel.notes)
+                      for o in sel.chosen) + plan_notes
         return gb.build(self.name, recorded, notes=notes)
 
 

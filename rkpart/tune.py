@@ -296,6 +296,10 @@ def choose_auto(model_path: str | Path, work: Path, model_file: Path, plans: Map
     auto_dir = work / "plans" / "auto"
     progress("choosing with the fitted model")
     opts: dict[str, Any] = {"cost_model": str(model_file), "steps": config.steps, "cfg": config.cfg}
+    if config.backend != "ort" and config.toolkit is not None:
+        # on the toolkit's backends, device memory and NPU time come from the compiler's tables: the
+        # profiled plans' builds, and one build per anatomy of every candidate (from the build cache)
+        opts.update(toolkit=config.toolkit, compile=True, compiled=[str(p) for p in plans.values()], progress=progress)
     if config.budget_mib is not None:
         opts["budget_mib"] = config.budget_mib
     auto_plan = partition(model_path, auto_dir, "auto", force=True, **opts)

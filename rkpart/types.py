@@ -109,3 +109,89 @@ class BuildFailure:
             log=None if d.get("log") is None else str(d["log"]),
             signature=None if d.get("signature") is None else str(d["signature"]),
         )
+
+
+# -- the compiler's own plan of a built stage -------------------------------------------------
+#: version of :class:`CompilerPlan`'s JSON form (``artifacts[].compiler`` in plan.json)
+COMPILER_PLAN_VERSION: Final = 1
+#: layer types that the RK3588 NPU splits across its cores (rknn-toolkit2 2.3.2 operator list:
+#: "only Conv, Add, Mul and their fused forms"); every other layer runs on core 0
+MULTICORE_OPS: Final = frozenset({"Conv", "ConvAdd", "ConvExGelu", "ConvRelu", "ConvSigmoid", "ConvClip",
+                                  "ConvSwish", "ConvMul", "Add", "Mul"})
+
+
+@dataclass(frozen=True)
+class CompilerPlan:
+    """What the toolkit's verbose build log says it planned for one stage.
+
+    Read from the log's "Network Layer Information Table" (per-layer ``Cycles(DDR/NPU/Total)``
+    and ``RW(KB)``) and its memory statistics ("Total Weight Memory Size", "Total Internal
+    Memory Size"); published: those two equal what ``eval_memory()`` reports on a board.
+    A figure the log does not print is ``None``, never 0.  Counts are sorted tuples so that
+    equal tables give equal objects and byte-identical JSON.
+    """
+
+    weight_bytes: int | None
+    internal_bytes: int | None
+    layers: int  # rows of the layer table, input/output operators included
+    cycles_ddr: int | None
+    cycles_npu: int | None
+    cycles_total: int | None  # per row max(DDR, NPU), summed
+    rw_bytes: int | None
+    by_op: tuple[tuple[str, int], ...] = ()
+    by_dtype: tuple[tuple[str, int], ...] = ()
+    by_target: tuple[tuple[str, int], ...] = ()
+    #: layer types whose every row shows 0/0/0 cycles (the compiler gives them no estimate)
+    uncycled_ops: tuple[str, ...] = ()
+    #: Σ Total cycles of the layers the NPU splits across cores (:data:`MULTICORE_OPS`)
+    multicore_cycles: int | None = None
+    #: the per-layer rows, relative to the plan folder (``None``: not kept)
+    layers_file: str | None = None
+    version: int = COMPILER_PLAN_VERSION
+
+    @property
+    def device_mem_bytes(self) -> int | None:
+        """Weight + internal memory, the two figures the build counts (``None`` if either is missing)."""
+        if self.weight_bytes is None or self.internal_bytes is None:
+            return None
+        return self.weight_bytes + self.internal_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "weight_bytes": self.weight_bytes, "internal_bytes": self.internal_bytes,
+                "layers": self.layers, "cycles_ddr": self.cycles_ddr, "cycles_npu": self.cycles_npu,
+                "cycles_total": self.cycles_total, "rw_bytes": self.rw_bytes, "by_op": dict(self.by_op),
+                "by_dtype": dict(self.by_dtype), "by_target": dict(self.by_target),
+                "uncycled_ops": list(self.uncycled_ops), "multicore_cycles": self.multicore_cycles,
+                "layers_file": self.layers_file}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CompilerPlan:
+        """Read ``artifacts[].compiler``; a version this reader does not know is a ``ValueError``."""
+        if d.get("version") != COMPILER_PLAN_VERSION:
+            raise ValueError(f"compiler plan version {d.get('version')!r} is not {COMPILER_PLAN_VERSION}")
+
+        def opt(k: str) -> int | None:
+            v = d.get(k)
+            if v is None:
+                return None
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"compiler plan {k} must be a non-negative integer or null, not {v!r}")
+            return v
+
+        def counts(k: str) -> tuple[tuple[str, int], ...]:
+            m = d.get(k) or {}
+            if not isinstance(m, Mapping) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                     for v in m.values()):
+                raise ValueError(f"compiler plan {k} must map names to counts")
+            return tuple(sorted((str(a), int(b)) for a, b in m.items()))
+
+        layers = opt("layers")
+        unc = d.get("uncycled_ops") or []
+        if not isinstance(unc, list):
+            raise ValueError("compiler plan uncycled_ops must be a list")
+        lf = d.get("layers_file")
+        return cls(weight_bytes=opt("weight_bytes"), internal_bytes=opt("internal_bytes"), layers=layers or 0,
+                   cycles_ddr=opt("cycles_ddr"), cycles_npu=opt("cycles_npu"), cycles_total=opt("cycles_total"),
+                   rw_bytes=opt("rw_bytes"), by_op=counts("by_op"), by_dtype=counts("by_dtype"),
+                   by_target=counts("by_target"), uncycled_ops=tuple(sorted(str(x) for x in unc)),
+                   multicore_cycles=opt("multicore_cycles"), layers_file=None if lf is None else str(lf))

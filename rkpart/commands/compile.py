@@ -26,7 +26,7 @@ from rkpart.cli_args import (
 )
 from rkpart.errors import ResourceError, ToolkitError
 from rkpart.progress import Reporter
-from rkpart.units import human_bytes
+from rkpart.units import MIB, human_bytes
 
 
 @click.group("toolkit")
@@ -134,7 +134,8 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
 
 def format_summary(report: Any) -> str:
     """The summary table printed after a compile."""
-    rows = [("stage", "status", "toolkit", "time s", "peak RSS", ".rknn", "CPU ops")]
+    rows = [("stage", "status", "toolkit", "time s", "peak RSS", ".rknn", "weight MiB", "internal MiB", "cycles",
+             "CPU ops")]
     for o in report.outcomes:
         a = o.artifact
         status = o.status + (" (fallback)" if a is not None and a.fallback_reason else "")
@@ -145,6 +146,7 @@ def format_summary(report: Any) -> str:
             f"{o.wall_s:.1f}" if o.status == "built" else "-",
             human_bytes(o.peak_rss_bytes) if o.peak_rss_bytes else "-",
             human_bytes(a.size_bytes) if a else "-",
+            *_compiler_columns(a.compiler if a else None),
             (", ".join(a.cpu_ops) or "none") if a else "-",
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
@@ -159,10 +161,28 @@ def format_summary(report: Any) -> str:
         left = sum(len(v) for v in per_block.values())
         counts = ", ".join(f"{k} {len(v)}" for k, v in per_block.items())
         lines.append(f"CPU-fallback ops left in NPU stages: {left} ({counts})")
+    plans = [o.artifact.compiler for o in report.outcomes if o.artifact is not None and o.artifact.compiler]
+    mems = [p.device_mem_bytes for p in plans if p.device_mem_bytes is not None]
+    if mems:
+        lines.append(f"compiler's plan (weight + internal memory): largest stage {max(mems) / MIB:.1f} MiB, "
+                     f"all stages resident {sum(mems) / MIB:.1f} MiB ({len(mems)} of {len(report.outcomes)} "
+                     "stage(s) report it)")
     n = len(report.outcomes)
     lines.append(f"{n} NPU stage(s): {len(report.built)} built, {len(report.cached)} cached, "
                  f"{len(report.failed)} failed in {report.wall_s:.1f} s")
     return "\n".join(lines)
+
+
+def _compiler_columns(plan: Any) -> tuple[str, str, str]:
+    """Weight MiB, internal MiB and Σ Total cycles of a build's compiler plan ("-" where the log had none)."""
+    if plan is None:
+        return ("-", "-", "-")
+
+    def m(v: int | None) -> str:
+        return "-" if v is None else f"{v / MIB:.1f}"
+
+    cycles = "-" if plan.cycles_total is None else f"{plan.cycles_total:.3g}"
+    return (m(plan.weight_bytes), m(plan.internal_bytes), cycles)
 
 
 @click.group("cache")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.compile.cache import ArtifactCache, build_key, config_hash, measured_stage_bytes, normalise_config
+from rkpart.compile.compiler_plan import artifact_compiler_plan, compiler_meta
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
 from rkpart.compile.preflight import check_config, check_target
 from rkpart.compile.prepare import prepare_stage
@@ -556,6 +557,7 @@ class _Context:
             "sha256": file_sha256(rknn),
             "size_bytes": rknn.stat().st_size,
             "cpu_ops": list(parse_cpu_ops(text)),
+            **compiler_meta(text),
             "stage_sha256": p.stage.sha256,
             "wall_s": round(res.wall_s, 2),
             "peak_rss_bytes": res.peak_rss_bytes,
@@ -572,5 +574,6 @@ class _Context:
         return Artifact(kind="rknn", file=f"{RKNN_DIR}/objects/{key}.rknn", toolkit=str(meta["toolkit"]),
                         target=str(meta["target"]), config_hash=str(meta["config_hash"]),
                         sha256=str(meta["sha256"]), size_bytes=int(meta["size_bytes"]),
-                        cpu_ops=tuple(meta.get("cpu_ops", ())), fallback_reason=reason)
+                        cpu_ops=tuple(meta.get("cpu_ops", ())), fallback_reason=reason,
+                        compiler=artifact_compiler_plan(self.folder, key, meta))
 

@@ -162,6 +162,43 @@ def _fit_max(
     return tuple(coef[t] for t in terms)
 
 
+#: the shipped device-memory predictors (``bench/device_memory.py --ship``)
+DEVICE_MEMORY_FILE = "device_memory.json"
+
+
+def shipped_device_memory() -> dict[str, Any] | None:
+    """``rkpart/data/device_memory.json``: per toolkit a ``device_mem`` predictor fitted on compiler
+    tables, and the write-up block's compiled features (``None`` when it is not shipped)."""
+    from importlib import resources
+
+    f = resources.files("rkpart") / "data" / DEVICE_MEMORY_FILE
+    if not f.is_file():
+        return None
+    return dict(json.loads(f.read_text()))
+
+
+def _compiled_block(doc: Mapping[str, Any], which: str) -> list[Features]:
+    return [Features.from_json(d) for d in doc["writeup_block"][which]]
+
+
+def npu_time_check(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """The NPU-time calibration from the write-up block's compiled tables, and the leave-fused-out
+    check: fitted on split alone, the predicted fused inference against the board's +5.8 %."""
+    from rkpart.cost_model.npu_time import calibrate, leave_fused_out, predict
+
+    split, fused = _compiled_block(doc, "split"), _compiled_block(doc, "fused")
+    sp, fu = (WRITEUP[k]["infer_s"] / WRITEUP_PASSES for k in ("split", "fused"))
+    full = calibrate(split, sp, fused, fu)
+    loo = leave_fused_out(split, sp)
+    pred = predict(loo.component, fused)
+    return {"component": full.component, "leave_fused_out": {
+        "coefficients": dict(zip(loo.component.terms, loo.component.coef, strict=True)),
+        "predicted_fused_s": round(pred, 4), "measured_fused_s": round(fu, 4),
+        "predicted_ratio": round(pred / sp, 4), "measured_ratio": round(fu / sp, 4),
+        "error_pct": round((pred / fu - 1) * 100, 2), "note": loo.note},
+        "note": full.note}
+
+
 def calibrate_writeup(split: Candidate, fused: Candidate) -> CostModel:
     """The RK3588 model from the write-up's two configurations of one block.
 
@@ -201,12 +238,21 @@ def calibrate_writeup(split: Candidate, fused: Candidate) -> CostModel:
     coef = _fit_sum([(split.host, sp["host_s"] / passes)], host_terms)
     comps["host"] = Component("host", host_terms, coef, source="calibration", samples=1,
                               note="per pass: elements touched by host AdaLN/residual ops; per-call overhead assumed 0")
-    dev_terms = ("const", "weight_bytes", "peak_bytes")
-    coef = _fit_max([(split.npu, sp["device_pss_kib"] * KIB), (fused.npu, fu["device_pss_kib"] * KIB)], dev_terms,
-                    fixed={"weight_bytes": 1.0})
-    comps["device_mem"] = Component("device_mem", dev_terms, coef, source="calibration", samples=2,
-                                    note="weights resident once (prior, coefficient fixed at 1) + activation peak "
-                                         "+ per-context overhead; max over stages loaded one at a time")
+    shipped_mem = shipped_device_memory()
+    device_memory: dict[str, Component] = {}
+    if shipped_mem is not None:
+        # device memory: the compiler's weight + internal memory, predicted before compiling by the
+        # model fitted on compiled stages (bench/device_memory.py); the write-up's board figures check it
+        device_memory = {tk: Component.from_json("device_mem", c) for tk, c in shipped_mem["toolkits"].items()}
+        tk = str(WRITEUP_PROVENANCE["toolkit"])
+        comps["device_mem"] = device_memory[tk]
+    else:
+        dev_terms = ("const", "weight_bytes", "peak_bytes")
+        coef = _fit_max([(split.npu, sp["device_pss_kib"] * KIB), (fused.npu, fu["device_pss_kib"] * KIB)],
+                        dev_terms, fixed={"weight_bytes": 1.0})
+        comps["device_mem"] = Component("device_mem", dev_terms, coef, source="calibration", samples=2,
+                                        note="weights resident once (prior, coefficient fixed at 1) + activation "
+                                             "peak + per-context overhead; max over stages loaded one at a time")
     pss_terms = ("const", "file_bytes", "peak_bytes")
     coef = _fit_max([(split.npu, sp["pss_peak_kib"] * KIB), (fused.npu, fu["pss_peak_kib"] * KIB)], pss_terms,
                     fixed={"peak_bytes": 1.0})
@@ -214,19 +260,47 @@ def calibrate_writeup(split: Candidate, fused: Candidate) -> CostModel:
                                   note="process baseline + share of the loaded model file + the activation peak "
                                        "(prior, coefficient fixed at 1: activations live in the process too); max "
                                        "over stages")
-    # 2 numbers per component from the two configurations, 1 for the host (split only)
-    data_points = 2 * (len(comps) - 1) + 1
-    free = sum(len(c.terms) for c in comps.values()) - 2  # device_mem weight_bytes and pss_peak peak_bytes fixed
+    # 2 numbers per component from the two configurations, 1 for the host (split only); device memory
+    # fitted on compiler tables is not solved from the write-up (its board figures check it instead)
+    solved = {k: c for k, c in comps.items() if c.source == "calibration"}
+    data_points = 2 * (len(solved) - 1) + 1
+    fixed = 1 + (0 if shipped_mem is not None else 1)  # pss_peak's peak_bytes (and device_mem's weight_bytes) fixed
+    free = sum(len(c.terms) for c in solved.values()) - fixed
     provenance = {**WRITEUP_PROVENANCE, "coefficients": free, "data_points": data_points,
                   "degrees_of_freedom": data_points - free, "latency_resolution": writeup_resolution()}
+    if shipped_mem is not None:
+        check = npu_time_check(shipped_mem)
+        comps["npu_infer"] = check["component"]
+        provenance["npu_infer"] = {"degrees_of_freedom": 0, "note": check["note"],
+                                   "leave_fused_out": check["leave_fused_out"]}
+        provenance["device_memory"] = writeup_memory_check(shipped_mem, comps["device_mem"], split, fused)
     model = CostModel(components=comps, provenance=provenance, accuracy=accuracy_table(),
-                      known_issues=[p.to_json() for p in crash_patterns()])
+                      known_issues=[p.to_json() for p in crash_patterns()], device_memory=device_memory)
     # in-sample error of every component, recorded as provenance
     for name, comp in comps.items():
+        if comp.source != "calibration" or name == "npu_infer":
+            continue  # fitted on compiler tables: its own (held-out) error stays
         comps[name] = Component(comp.name, comp.terms, tuple(float(f"{c:.6g}") for c in comp.coef), comp.source,
                                 comp.samples, _writeup_error(model, name, split, fused), comp.note)
     model.components = comps
     return model
+
+
+def writeup_memory_check(doc: Mapping[str, Any], comp: Component, split: Candidate, fused: Candidate
+                         ) -> dict[str, Any]:
+    """The write-up's board device memory (split's peak, fused) against the compiler's own figure of
+    the same block (2.3.0 builds) and against the prediction before compiling."""
+    out: dict[str, Any] = {"source": "board: write-up section 6 (device-mapped PSS); compiler: rknn-toolkit2 "
+                                     f"{doc['writeup_block']['toolkit']} builds of the same block"}
+    for which, cand in (("split", split), ("fused", fused)):
+        board = WRITEUP[which]["device_pss_kib"] * KIB
+        compiled = max(f.compiled_mem_bytes or 0 for f in _compiled_block(doc, which))
+        predicted = max(comp.predict(f) for f in cand.npu)
+        out[which] = {"board_mib": round(board / 2**20, 2), "compiler_mib": round(compiled / 2**20, 2),
+                      "predicted_mib": round(predicted / 2**20, 2),
+                      "compiler_error_pct": round((compiled / board - 1) * 100, 2),
+                      "predicted_error_pct": round((predicted / board - 1) * 100, 2)}
+    return out
 
 
 def _writeup_error(model: CostModel, name: str, split: Candidate, fused: Candidate) -> dict[str, Any]:

@@ -171,28 +171,63 @@ def _matches(when: Mapping[str, Any], traits: Mapping[str, Any]) -> bool:
     return all(traits.get(k) == v for k, v in when.items())
 
 
+def block_anatomy(mg: ModelGraph, block: Block) -> str:
+    """What decides a block's compiled tables, whatever its weights: its ops in model order with
+    their types, attributes and tensor types (names left out).  Blocks with equal anatomy compile to
+    equal layer tables and memory statistics, so one build stands for all of them."""
+    import hashlib
+
+    import onnx
+
+    h = hashlib.sha256()
+    local: dict[str, int] = {}
+
+    def ref(t: str) -> str:
+        tt = mg.tensor_types.get(t)
+        ty = "?" if tt is None else f"{tt[0]}{list(tt[1])}"
+        if mg.is_const_tensor(t):
+            return f"c:{ty}"
+        return f"{local.setdefault(t, len(local))}:{ty}"
+
+    for i in sorted(block.ops):
+        n = mg.nodes[i]
+        attrs = []
+        for a in n.attribute:
+            v = onnx.helper.get_attribute_value(a)
+            attrs.append(f"{a.name}={v.SerializeToString().hex() if isinstance(v, onnx.TensorProto) else v!r}")
+        h.update(f"{n.domain}:{n.op_type}({','.join(ref(t) for t in n.input if t)})->"
+                 f"({','.join(ref(t) for t in n.output if t)})[{';'.join(attrs)}]\n".encode())
+    return h.hexdigest()[:16]
+
+
 def mark_exclusions(
     cands: Mapping[int, Sequence[Candidate]],
     *,
     toolkit: str | None,
     known_issues: Sequence[Mapping[str, Any]] | None = None,
     compiled: Sequence[str | Path] = (),
+    anatomy: Mapping[int, str] | None = None,
 ) -> dict[int, list[Candidate]]:
     """New candidate lists with ``excluded`` set for known crashes and recorded compile failures.
 
     ``compiled`` are plan folders that ``rkpart compile`` has written: a stage whose build
     failed (crash or error) with ``toolkit`` excludes the matching candidate for the blocks
     that stage covers; a successful ``.rknn`` artifact replaces the candidate stage's
-    ``file_bytes`` / CPU-placed op counts with the real ones.  ``known_issues`` are crash
-    pattern rows (``{"toolkit", "when", "what"}``, as cost-model files carry them); default:
-    the target's table, :func:`rkpart.targets.known_issues.crash_patterns`.
+    ``file_bytes`` / CPU-placed op counts with the real ones, and gives it the compiler's own
+    memory and cycles (``compiled_*`` features).  With ``anatomy`` (block index ->
+    :func:`block_anatomy`), a build of one block stands for every block of the same anatomy.
+    ``known_issues`` are crash pattern rows (``{"toolkit", "when", "what"}``, as cost-model files
+    carry them); default: the target's table, :func:`rkpart.targets.known_issues.crash_patterns`.
     """
     if known_issues is None:
         known_issues = [p.to_json() for p in crash_patterns()]
     from rkpart.partitioner.plan import load_plan
 
-    failures: dict[tuple[str, int], str] = {}
-    artifacts: dict[tuple[str, tuple[int, ...], str], Any] = {}
+    def key(blocks: Sequence[int]) -> tuple[Any, ...]:
+        return tuple(anatomy.get(b, f"block{b}") for b in blocks) if anatomy is not None else tuple(blocks)
+
+    failures: dict[tuple[str, Any], str] = {}
+    artifacts: dict[tuple[str, tuple[Any, ...], str], Any] = {}
     for folder in compiled:
         plan, _ = load_plan(folder)
         cid = candidate_id_for(str(plan.strategy.get("name")), dict(plan.strategy.get("options", {})))
@@ -202,16 +237,16 @@ def mark_exclusions(
             for f in s.failures:
                 if (toolkit is None or f.toolkit == toolkit) and f.deterministic:
                     for b in s.blocks:
-                        failures[(cid, b)] = (f"compile failed with rknn-toolkit2 {f.toolkit}: {f.message} "
-                                              f"(plan {folder})")
+                        failures[(cid, key([b])[0])] = (f"compile failed with rknn-toolkit2 {f.toolkit}: "
+                                                        f"{f.message} (plan {folder})")
             art = s.artifact("rknn")
             if art is not None and (toolkit is None or art.toolkit == toolkit):
-                artifacts[(cid, tuple(s.blocks), s.region)] = art
+                artifacts.setdefault((cid, key(s.blocks), s.region), art)
     out: dict[int, list[Candidate]] = {}
     for start, lst in cands.items():
         new: list[Candidate] = []
         for c in lst:
-            reason = next((failures[(c.id, b)] for b in c.blocks if (c.id, b) in failures), None)
+            reason = next((failures[(c.id, k)] for k in key(c.blocks) if (c.id, k) in failures), None)
             if reason is None and toolkit is not None:
                 for row in known_issues:
                     if str(row.get("toolkit")) == toolkit and _matches(row.get("when", {}), c.traits()):
@@ -222,14 +257,19 @@ def mark_exclusions(
                 npu_groups = [g for g in c.groups if g.device == "npu"]
                 fs = list(npu)
                 for i, g in enumerate(npu_groups):
-                    art = artifacts.get((c.id, tuple(g.blocks) or c.blocks, g.region))
+                    art = artifacts.get((c.id, key(tuple(g.blocks) or c.blocks), g.region))
                     if art is not None:
-                        fs[i] = dataclasses.replace(fs[i], file_bytes=art.size_bytes, rknn_bytes=art.size_bytes,
-                                                    cpu_ops=len(art.cpu_ops))
+                        cp = art.compiler
+                        fs[i] = dataclasses.replace(
+                            fs[i], file_bytes=art.size_bytes, rknn_bytes=art.size_bytes, cpu_ops=len(art.cpu_ops),
+                            compiled_mem_bytes=None if cp is None else cp.device_mem_bytes,
+                            compiled_cycles=None if cp is None else cp.cycles_total,
+                            compiled_rw_bytes=None if cp is None else cp.rw_bytes)
                 npu = tuple(fs)
             new.append(dataclasses.replace(c, excluded=reason, npu=npu))
         out[start] = new
     return out
 
 
-__all__ = ["OWN_STRATEGIES", "Candidate", "Variant", "candidate_id_for", "candidates_from", "mark_exclusions"]
+__all__ = ["OWN_STRATEGIES", "Candidate", "Variant", "block_anatomy", "candidate_id_for", "candidates_from",
+           "mark_exclusions"]

@@ -42,6 +42,7 @@ from typing import Any
 
 import onnx
 
+from rkpart.cost_model.device_model import peak16, view_memory_features
 from rkpart.ir import ModelGraph, Subgraph, TensorType, graph_of, nbytes
 from rkpart.ir.liveness import peak_bytes
 from rkpart.ir.ops import MAC_OPS, MATMUL_OPS, REDUCE_OPS, RELABEL_OPS
@@ -50,8 +51,10 @@ from rkpart.partitioner.plan import Artifact, Stage
 from rkpart.partitioner.verify import stage_onnx
 
 #: derived terms a model may use besides :data:`NUMERIC`: ``const`` (1 per stage),
-#: ``all_macs`` (weighted + activation MACs), ``io_bytes`` (boundary in + out)
+#: ``all_macs`` (weighted + activation MACs), ``io_bytes`` (boundary in + out), and
+#: ``npu_peak16:R`` (:func:`rkpart.cost_model.device_model.peak16` with ``R`` heads of workspace)
 DERIVED = ("const", "all_macs", "io_bytes")
+PEAK_TERM = "npu_peak16:"
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,21 @@ class Features:
     cpu_ops: int = 0
     cpu_elems: int = 0
     stages: int = 1
+    #: memory as the NPU holds it (:mod:`rkpart.cost_model.device_model`): fp16 weights, the live
+    #: activation peak without attention score matrices, the largest score matrix, the boundary
+    weight16: int = 0
+    act16: int = 0
+    score16: int = 0
+    head16: int = 0
+    io16: int = 0
+    att16: int = 0
     rknn_bytes: int | None = None
     op_counts: tuple[tuple[str, int], ...] = field(default_factory=tuple)
+    #: the compiler's own plan when the stage was compiled (``artifacts[].compiler``): weight +
+    #: internal memory, Σ Total cycles, Σ RW bytes; ``None``: not compiled (or the log had none)
+    compiled_mem_bytes: int | None = None
+    compiled_cycles: int | None = None
+    compiled_rw_bytes: int | None = None
 
     def value(self, name: str) -> float:
         """A numeric feature by name; ``"const"`` is 1 per stage (fixed per-call overhead)."""
@@ -88,6 +104,8 @@ class Features:
             return float(self.macs + self.act_macs)
         if name == "io_bytes":
             return float(self.in_bytes + self.out_bytes)
+        if name.startswith(PEAK_TERM):  # npu_peak16:R, the NPU's activation peak with R heads of workspace
+            return peak16(self.act16, self.att16, self.head16, float(name[len(PEAK_TERM):]))
         return float(getattr(self, name))
 
     def to_json(self) -> dict[str, Any]:
@@ -96,17 +114,24 @@ class Features:
             d[k] = getattr(self, k)
         d["rknn_bytes"] = self.rknn_bytes
         d["op_counts"] = dict(self.op_counts)
+        for k in _COMPILED:
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
         return d
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Features:
         kw: dict[str, Any] = {k: int(d.get(k, 0)) for k in NUMERIC}
+        for k in _COMPILED:
+            kw[k] = None if d.get(k) is None else int(d[k])
         return cls(device=str(d["device"]), rknn_bytes=None if d.get("rknn_bytes") is None else int(d["rknn_bytes"]),
                    op_counts=tuple(sorted((str(k), int(v)) for k, v in dict(d.get("op_counts", {})).items())), **kw)
 
 
 #: numeric features (the ``int`` fields of :class:`Features`), in the order the JSON and the tables show them
 NUMERIC: tuple[str, ...] = tuple(f.name for f in fields(Features) if f.type == "int")
+#: the compiler's figures (optional: only a compiled stage has them)
+_COMPILED = ("compiled_mem_bytes", "compiled_cycles", "compiled_rw_bytes")
 
 
 def _nbytes(tt: TensorType | None) -> int:
@@ -226,9 +251,16 @@ def group_features(mg: ModelGraph, ops: Iterable[int], *, device: str) -> Featur
 
 def view_features(mg: ModelGraph, sub: Subgraph, *, device: str, artifact: Artifact | None = None) -> Features:
     """Features of the :class:`~rkpart.ir.Subgraph` ``sub`` of ``mg``: the one place both front ends meet."""
-    return subgraph_features([mg.nodes[i] for i in sub.ops], mg.tensor_types, device=device, inputs=sub.inputs,
-                             outputs=sub.outputs, weight_bytes=sub.weight_bytes, peak_bytes=peak_bytes(mg, sub),
-                             const_tensors=sub.const_tensors, artifact=artifact)
+    f = subgraph_features([mg.nodes[i] for i in sub.ops], mg.tensor_types, device=device, inputs=sub.inputs,
+                          outputs=sub.outputs, weight_bytes=sub.weight_bytes, peak_bytes=peak_bytes(mg, sub),
+                          const_tensors=sub.const_tensors, artifact=artifact)
+    mem = view_memory_features(mg, sub)
+    cp = artifact.compiler if artifact is not None else None
+    return _replace(f, weight16=mem.weight16, act16=mem.act16, score16=mem.score16, head16=mem.head16, io16=mem.io16,
+                    att16=mem.att16,
+                    compiled_mem_bytes=None if cp is None else cp.device_mem_bytes,
+                    compiled_cycles=None if cp is None else cp.cycles_total,
+                    compiled_rw_bytes=None if cp is None else cp.rw_bytes)
 
 
 def _replace(f: Features, **changes: Any) -> Features:
@@ -245,7 +277,11 @@ def combine(parts: Sequence[Features], device: str | None = None) -> Features:
     for p in parts:
         counts.update(dict(p.op_counts))
     kw: dict[str, Any] = {k: sum(getattr(p, k) for p in parts) for k in NUMERIC}
-    kw["peak_bytes"] = max(p.peak_bytes for p in parts)
+    for k in ("peak_bytes", "act16", "att16", "score16", "head16"):  # a peak of one stage at a time, not a sum
+        kw[k] = max(getattr(p, k) for p in parts)
+    for k in _COMPILED:
+        vals = [getattr(p, k) for p in parts]
+        kw[k] = None if any(v is None for v in vals) else sum(vals)
     rk = [p.rknn_bytes for p in parts]
     return Features(device=device or parts[0].device, rknn_bytes=None if any(r is None for r in rk) else sum(
         r for r in rk if r is not None), op_counts=tuple(sorted(counts.items())), **kw)

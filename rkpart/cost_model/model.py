@@ -63,6 +63,8 @@ COMPONENTS: dict[str, tuple[str, str]] = {
     "pss_peak": ("any", "bytes"),
     "glue": ("any", "s"),
     "setup": ("host", "s"),
+    # NPU inference per pass of a *compiled* stage, from its compiler plan (rkpart.cost_model.npu_time)
+    "npu_infer": ("npu", "s"),
 }
 
 #: terms fitted from profiles when nothing else is asked for
@@ -194,13 +196,24 @@ class CostModel:
     accuracy: dict[str, Any] = field(default_factory=dict)
     #: toolkit versions known to crash on some candidate families
     known_issues: list[dict[str, Any]] = field(default_factory=list)
+    #: per toolkit version, a ``device_mem`` predictor fitted on the compiler's own weight + internal
+    #: memory of compiled stages (:mod:`rkpart.cost_model.device_model`); used before a stage is compiled
+    device_memory: dict[str, Component] = field(default_factory=dict)
+
+    def memory_component(self, toolkit: str | None) -> Component | None:
+        """The device-memory predictor for ``toolkit``: its compiler-fitted model when the cost model
+        has one, else the model's own ``device_mem`` component (``None``: neither)."""
+        if toolkit is not None and toolkit in self.device_memory:
+            return self.device_memory[toolkit]
+        return self.components.get("device_mem")
 
     # -- prediction ----------------------------------------------------------------------
     def predict_stage(self, f: Features) -> dict[str, float | None]:
         """Every component that applies to ``f``'s device (``None``: no predictor for it)."""
         out: dict[str, float | None] = {}
         for name in COMPONENTS:
-            if not _applies(name, f) or name == "glue":  # glue is a round's, not a stage's (rounds.overhead)
+            # glue is a round's, not a stage's (rounds.overhead); npu_infer needs a compiled stage (npu_time)
+            if not _applies(name, f) or name in ("glue", "npu_infer"):
                 continue
             comp = self.components.get(name)
             out[name] = None if comp is None else comp.predict(f)
@@ -246,6 +259,8 @@ class CostModel:
             "components": {k: self.components[k].to_json() for k in COMPONENTS if k in self.components},
             "accuracy": self.accuracy,
             "known_issues": self.known_issues,
+            **({"device_memory": {k: self.device_memory[k].to_json() for k in sorted(self.device_memory)}}
+               if self.device_memory else {}),
         }
 
     def dumps(self) -> str:
@@ -278,8 +293,16 @@ class CostModel:
             components = {k: Component.from_json(k, v) for k, v in comps.items()}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise SpecError(f"{where}: malformed component: {e}") from None
+        dm = d.get("device_memory", {})
+        if not isinstance(dm, Mapping):
+            raise SpecError(f"{where}: device_memory must map toolkit versions to device_mem predictors")
+        try:
+            device_memory = {str(k): Component.from_json("device_mem", v) for k, v in dm.items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise SpecError(f"{where}: malformed device_memory predictor: {e}") from None
         return cls(components=components, provenance=dict(d.get("provenance", {})),
-                   accuracy=dict(d.get("accuracy", {})), known_issues=list(d.get("known_issues", [])))
+                   accuracy=dict(d.get("accuracy", {})), known_issues=list(d.get("known_issues", [])),
+                   device_memory=device_memory)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostModel:

@@ -26,7 +26,9 @@ import numpy as np
 
 from rkpart.cost_model.candidates import Candidate, mark_exclusions
 from rkpart.cost_model.checks import check_prediction
+from rkpart.cost_model.device_model import OTHER_BYTES
 from rkpart.cost_model.model import CostModel
+from rkpart.cost_model.npu_time import compiled_infer_seconds
 from rkpart.cost_model.rounds import outside_range, overhead
 from rkpart.errors import BudgetError, UserError
 from rkpart.targets.known_issues import crash_patterns
@@ -48,6 +50,9 @@ class SelectionConfig:
     max_error_ratio: float | None = None  # None: the cost model's default floor
     max_run: int = 2  # longest run of fused blocks among the candidates (the pipeline builds them)
     compiled: tuple[str, ...] = ()
+    #: a build in ``compiled`` stands for every block of the same anatomy (``auto``'s own
+    #: representative builds); off, a build speaks for the blocks it covers only
+    share_anatomy: bool = False
     plugins: bool = True  # plugin strategies' partitions are candidates too
     #: where ``budget_mib`` came from ("--budget-mib", or the target's documented default)
     budget_source: str = "given"
@@ -74,6 +79,8 @@ class Option:
     error_ratio: float | None
     excluded: str | None
     glue: float = 0.0  # what the pipeline pays between stages and for host session setup
+    #: where ``device_bytes`` comes from: ``compiler`` (the compiled stages' own plan), ``predicted``
+    device_source: str = "predicted"
 
     @property
     def key(self) -> str:
@@ -85,7 +92,7 @@ class Option:
             "npu_stages": len(self.candidate.npu),
             "load_s": _r(self.load), "init_s": _r(self.init), "infer_s": _r(self.infer), "release_s": _r(self.release),
             "host_s": _r(self.host), "glue_s": _r(self.glue), "latency_s": _r(self.latency),
-            "device_mib": round(self.device_bytes / MIB, 2),
+            "device_mib": round(self.device_bytes / MIB, 2), "device_source": self.device_source,
             "pss_peak_mib": None if self.pss_bytes is None else round(self.pss_bytes / MIB, 2),
             "error_ratio": self.error_ratio, "excluded": self.excluded,
         }
@@ -113,7 +120,7 @@ class MemoryTerm:
 
 def memory_term(model: CostModel) -> MemoryTerm | None:
     """The model's memory predictor for budgets, or ``None`` if it has none."""
-    if "device_mem" in model.components:
+    if "device_mem" in model.components or model.device_memory:
         return MemoryTerm("device_mem", 0.0, "NPU device-mapped memory")
     comp = model.components.get("pss_peak")
     if comp is None:
@@ -124,26 +131,34 @@ def memory_term(model: CostModel) -> MemoryTerm | None:
     return MemoryTerm("pss_peak", float(base), f"process memory (peak PSS{where})")
 
 
-def stage_memory(model: CostModel, f: Any, term: MemoryTerm | None) -> tuple[float, float | None]:
-    """(budgeted memory of one NPU stage without the process baseline, its process PSS).
+def stage_memory(model: CostModel, f: Any, term: MemoryTerm | None,
+                 toolkit: str | None = None) -> tuple[float, float | None, str]:
+    """(budgeted memory of one NPU stage without the process baseline, its process PSS, the source
+    of the first figure).
 
-    Activations are part of both: a stage never needs less than its weights plus its peak of
-    live activations (tokens x hidden x bytes), and process memory never less than device memory.
+    Device memory is the compiler's own weight + internal memory when the stage was compiled
+    (``compiler``), else the compiler-fitted predictor of ``toolkit`` or the model's ``device_mem``
+    (``predicted``).  A stage never needs less than its weights; process memory never less than
+    the weights plus the live activations (tokens x hidden x bytes) and never less than device memory.
     """
     pred = model.predict_stage(f)
-    floor = float(f.weight_bytes + f.peak_bytes)
-    dev = pred.get("device_mem")
+    comp = model.memory_component(toolkit)
+    dev: float | None = None
+    source = "predicted"
+    if f.compiled_mem_bytes is not None:
+        dev, source = float(f.compiled_mem_bytes + OTHER_BYTES), "compiler"
+    elif comp is not None:
+        floor = float(f.weight16) if "weight16" in comp.terms else float(f.weight_bytes + f.peak_bytes)
+        dev = max(comp.predict(f), floor)
     pss = pred.get("pss_peak")
-    if dev is not None:
-        dev = max(float(dev), floor)
     if pss is not None:
-        pss = max(float(pss), floor + (term.baseline_bytes if term and term.component == "pss_peak" else 0.0),
-                  dev or 0.0)
+        pss = max(float(pss), float(f.weight_bytes + f.peak_bytes)
+                  + (term.baseline_bytes if term and term.component == "pss_peak" else 0.0), dev or 0.0)
     if term is None:
-        return 0.0, pss
+        return 0.0, pss, source
     if term.component == "device_mem":
-        return float(dev or 0.0), pss
-    return float(pss or 0.0) - term.baseline_bytes, pss
+        return float(dev or 0.0), pss, source
+    return float(pss or 0.0) - term.baseline_bytes, pss, "predicted"
 
 
 def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfig, max_ratio: float) -> Option:
@@ -160,7 +175,12 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
 
     calls = p if residency == "per-stage" else 1
     load, init, release = (total(n) * calls for n in LIFE)
-    infer = total("infer") * p
+    # a compiled stage's inference from its compiler plan, when the model is calibrated for that
+    compiled = [compiled_infer_seconds(model, f) for f in c.npu]
+    if c.npu and all(v is not None for v in compiled):
+        infer = sum(v for v in compiled if v is not None) * p
+    else:
+        infer = total("infer") * p
     host = 0.0
     if c.host is not None:
         hp = model.predict_stage(c.host).get("host")
@@ -169,10 +189,12 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
         host = hp * p
     stages = [(f, residency) for f in c.npu] + ([(c.host, "resident")] if c.host is not None else [])
     glue = overhead(model, stages, p)
-    mems = [stage_memory(model, f, term) for f in c.npu]
-    dev = [m for m, _ in mems]
+    toolkit = cfg.toolkit or model.provenance.get("toolkit")
+    mems = [stage_memory(model, f, term, toolkit) for f in c.npu]
+    dev = [m for m, _, _ in mems]
     device = (max(dev, default=0.0) if residency == "per-stage" else sum(dev))
-    pss_vals = [v for _, v in mems]
+    sources = {src for _, _, src in mems}
+    pss_vals = [v for _, v, _ in mems]
     pss_max = None if any(v is None for v in pss_vals) or not pss_vals else max(v for v in pss_vals if v is not None)
     if pss_max is not None and not math.isfinite(pss_max):
         check_prediction(c.id, residency, {"process memory": pss_max})
@@ -187,7 +209,9 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
         excluded = f"accuracy: predicted error {ratio:g}x the most accurate partition's > floor {max_ratio:g}x"
     return Option(candidate=c, residency=residency, load=load, init=init, infer=infer, release=release, host=host,
                   latency=load + init + infer + release + host + glue, device_bytes=math.ceil(device), pss_bytes=pss,
-                  error_ratio=ratio, excluded=excluded, glue=glue)
+                  error_ratio=ratio, excluded=excluded, glue=glue,
+                  device_source="+".join(sorted(sources)) if term is not None and term.component == "device_mem"
+                  else "predicted")
 
 
 @dataclass
@@ -211,6 +235,8 @@ class Selection:
     #: block -> keys of the options whose predicted latency is within the error of the choice
     ties: dict[int, list[str]] = field(default_factory=dict)
     degrees_of_freedom: int | None = None
+    #: where device-memory figures come from, in words (``compiler`` / ``predicted`` sources)
+    memory_source: str = ""
 
     @property
     def baseline_bytes(self) -> int:
@@ -280,6 +306,8 @@ class Selection:
         if self.memory is not None:
             extra = f", plus a process baseline of {self.baseline_bytes / MIB:.1f} MiB" if self.baseline_bytes else ""
             lines.append(f"memory: {self.memory.label} per candidate{extra}")
+        if self.memory is not None and self.memory.component == "device_mem":
+            lines.append(f"memory figures: {self.memory_source}")
         if self.latency_error is not None:
             lines.append(f"error bars: predicted latencies are +-{self.latency_error * 100:.1f} % "
                          f"({self.latency_error_source}); "
@@ -291,7 +319,8 @@ class Selection:
             lines.append("warning: the calibration has zero degrees of freedom (as many coefficients as measured "
                          "numbers): it reproduces its own data exactly and its error on anything else is unknown")
         hdr = (f"  {'candidate':<18} {'residency':<9} {'load s':>8} {'init s':>8} {'infer s':>8} {'release s':>9} "
-               f"{'host s':>7} {'glue s':>7} {'total s':>8} {'/block s':>8} {'dev MiB':>8} {'err x':>6}  reason")
+               f"{'host s':>7} {'glue s':>7} {'total s':>8} {'/block s':>8} {'dev MiB':>8} {'mem from':>9} "
+               f"{'err x':>6}  reason")
         for start in sorted(self.options):
             if blocks is not None and start not in blocks:
                 continue
@@ -305,7 +334,7 @@ class Selection:
                     f"{mark} {o.candidate.id:<18} {o.residency:<9} {o.load:>8.4f} {o.init:>8.4f} {o.infer:>8.4f} "
                     f"{o.release:>9.4f} {o.host:>7.4f} {o.glue:>7.4f} {o.latency:>8.4f} "
                     f"{o.latency / len(o.candidate.blocks):>8.4f} "
-                    f"{o.device_bytes / MIB:>8.1f} {err:>6}  "
+                    f"{o.device_bytes / MIB:>8.1f} {o.device_source:>9} {err:>6}  "
                     f"{self.reason(o)}")
             base = _find(self.options[start], "split", "per-stage")
             for o in self.options[start]:
@@ -447,6 +476,7 @@ def choose(
     config: SelectionConfig = SelectionConfig(),
     *,
     notes: Sequence[str] = (),
+    anatomy: Mapping[int, str] | None = None,
 ) -> Selection:
     """Choose a candidate and residency for every block among ``candidates``.
 
@@ -475,7 +505,7 @@ def choose(
     known = [p.to_json() for p in crash_patterns()]
     known += [dict(r) for r in model.known_issues or () if dict(r) not in known]
     cands = mark_exclusions(candidates, toolkit=toolkit, known_issues=known,
-                            compiled=[str(Path(c)) for c in config.compiled])
+                            compiled=[str(Path(c)) for c in config.compiled], anatomy=anatomy)
     options = {start: [evaluate(c, r, model, config, max_ratio) for c in lst for r in config.residencies]
                for start, lst in cands.items()}
     seen: set[str] = set()
@@ -524,7 +554,31 @@ def choose(
                      model_provenance={k: model.provenance.get(k) for k in ("source", "device", "runtime", "toolkit")},
                      toolkit=toolkit, max_error_ratio=max_ratio, notes=notes, memory=term, latency_error=err,
                      latency_error_source=err_source, ties=ties,
-                     degrees_of_freedom=model.provenance.get("degrees_of_freedom"))
+                     degrees_of_freedom=model.provenance.get("degrees_of_freedom"),
+                     memory_source=describe_memory_source(model, toolkit, options))
+
+
+def describe_memory_source(model: CostModel, toolkit: str | None, options: Mapping[int, Sequence[Option]]) -> str:
+    """Where the device-memory figures of a selection come from, in one line for ``--explain``."""
+    srcs = {src for lst in options.values() for o in lst for src in o.device_source.split("+")}
+    parts = []
+    if "compiler" in srcs:
+        parts.append("'compiler' = the compiler's own weight + internal memory of the compiled stages "
+                     f"(rknn-toolkit2 {toolkit or 'of the build'} verbose build tables)")
+    if "predicted" in srcs:
+        comp = model.memory_component(toolkit)
+        if comp is not None and toolkit in model.device_memory:
+            held = (comp.fit_error or {}).get("held_out") or {}
+            err = (f", held-out: {held['within_10'] * 100:.0f} % of {held['n']} stages within +-10 %"
+                   if held.get("within_10") is not None else "")
+            parts.append(f"'predicted' = the device-memory model fitted on rknn-toolkit2 {toolkit} compiler tables "
+                         f"({comp.samples} stages{err}), before compiling")
+        elif comp is not None:
+            parts.append(f"'predicted' = the cost model's device_mem component ({comp.source}, {comp.samples} "
+                         "samples)")
+        else:
+            parts.append("'predicted' = no device-memory predictor")
+    return "; ".join(parts) or "none"
 
 
 def latency_error(model: CostModel) -> float | None:

@@ -122,7 +122,9 @@ def order_groups(mg: ModelGraph, part: Partition, *, merge_host: bool = True) ->
 def _quotient(mg: ModelGraph, owner: Mapping[int, Hashable]) -> nx.DiGraph:
     """The stage graph: one node per group, an edge where a tensor crosses from one to another."""
     q = nx.DiGraph()
-    q.add_nodes_from(set(owner.values()))
+    # sorted, not a set's order: which cycle find_cycle reports (and so the message) must not
+    # depend on the process's string hash seed
+    q.add_nodes_from(sorted(set(owner.values()), key=str))
     for a, b in mg.ops.edges:
         ga, gb = owner[a], owner[b]
         if ga != gb:

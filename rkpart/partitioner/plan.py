@@ -17,7 +17,7 @@ from typing import Any
 
 from rkpart.errors import SpecError
 from rkpart.io import atomic_write_bytes, confined_path, loads_json, read_limited
-from rkpart.types import DEVICES, HOST, NPU, BuildFailure, Device
+from rkpart.types import DEVICES, HOST, NPU, BuildFailure, CompilerPlan, Device
 from rkpart.units import mib
 
 PLAN_FORMAT = "rkpart-plan"
@@ -65,10 +65,13 @@ class Artifact:
     size_bytes: int
     cpu_ops: tuple[str, ...] = ()
     fallback_reason: str | None = None  # set when a fallback toolkit built it
+    #: the compiler's own plan of the build (memory, cycles, layer counts; ``None``: not read)
+    compiler: CompilerPlan | None = None
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["cpu_ops"] = list(self.cpu_ops)
+        d["compiler"] = None if self.compiler is None else self.compiler.to_json()
         return d
 
     @classmethod
@@ -83,6 +86,7 @@ class Artifact:
             size_bytes=int(d["size_bytes"]),
             cpu_ops=tuple(str(x) for x in d.get("cpu_ops", ())),
             fallback_reason=d.get("fallback_reason"),
+            compiler=None if d.get("compiler") is None else CompilerPlan.from_json(d["compiler"]),
         )
 
 

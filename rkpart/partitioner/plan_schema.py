@@ -40,6 +40,36 @@ _TENSOR = {
                   "description": "Static shape; every dimension is known."},
     },
 }
+_COUNT_OR_NULL = {"type": ["integer", "null"], "minimum": 0}
+_COUNTS = {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}}
+_COMPILER_PLAN = {
+    "type": "object",
+    "description": "What the toolkit's verbose build log says it planned: memory statistics and the layer table "
+                   "summarised. A figure the log does not print is null, never 0.",
+    "required": ["version", "weight_bytes", "internal_bytes", "layers", "cycles_ddr", "cycles_npu", "cycles_total",
+                 "rw_bytes"],
+    "additionalProperties": False,
+    "properties": {
+        "version": {"const": 1, "description": "Version of this record."},
+        "weight_bytes": {**_COUNT_OR_NULL, "description": "'Total Weight Memory Size' in bytes."},
+        "internal_bytes": {**_COUNT_OR_NULL, "description": "'Total Internal Memory Size' in bytes."},
+        "layers": {"type": "integer", "minimum": 0, "description": "Rows of the layer table (I/O operators included)."},
+        "cycles_ddr": {**_COUNT_OR_NULL, "description": "Sum of the DDR cycles column."},
+        "cycles_npu": {**_COUNT_OR_NULL, "description": "Sum of the NPU cycles column."},
+        "cycles_total": {**_COUNT_OR_NULL, "description": "Sum of the Total cycles column (per row max(DDR, NPU))."},
+        "rw_bytes": {**_COUNT_OR_NULL, "description": "Sum of the RW(KB) column, in bytes."},
+        "by_op": {**_COUNTS, "description": "Layers per op type."},
+        "by_dtype": {**_COUNTS, "description": "Layers per data type."},
+        "by_target": {**_COUNTS, "description": "Layers per target (NPU, CPU), input/output operators excluded."},
+        "uncycled_ops": {"type": "array", "items": {"type": "string"},
+                         "description": "Op types whose every layer shows 0/0/0 cycles (no estimate)."},
+        "multicore_cycles": {**_COUNT_OR_NULL,
+                             "description": "Total cycles of the layers the NPU splits across cores (Conv, Add, Mul "
+                                            "and their fused forms)."},
+        "layers_file": {"oneOf": [{"type": "null"}, _REL_PATH],
+                        "description": "The per-layer rows, relative to the plan folder."},
+    },
+}
 _ARTIFACT = {
     "type": "object",
     "description": "A compiled form of the stage, added by 'rkpart compile'.",
@@ -56,6 +86,9 @@ _ARTIFACT = {
                     "description": "Ops the toolkit placed on the CPU instead of the NPU."},
         "fallback_reason": {"type": ["string", "null"],
                             "description": "Set when a fallback toolkit built it: why the first one failed."},
+        "compiler": {"oneOf": [{"type": "null"}, _COMPILER_PLAN],
+                     "description": "The compiler's own plan of the build, read from its verbose log "
+                                    "(docs/compile.md); null when the log was not read."},
     },
 }
 _STAGE = {

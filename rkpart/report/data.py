@@ -15,7 +15,7 @@ from rkpart.errors import SpecError
 from rkpart.io import load_json_file
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.profile import records as rec
-from rkpart.types import LIFECYCLE, NPU, seconds_key
+from rkpart.types import LIFECYCLE, NPU, CompilerPlan, seconds_key
 
 Table = list[dict[str, Any]]
 #: stacked-bar components, bottom to top
@@ -132,6 +132,17 @@ def coverage_table(plan: Plan) -> Table:
 
 
 # -- compile outcomes ----------------------------------------------------------------------------
+def _compiler_columns(cp: CompilerPlan | None) -> dict[str, Any]:
+    """The compiler's own plan of a build (empty cells where the log had no figure: never 0)."""
+    def v(x: int | None) -> Any:
+        return "" if x is None else x
+
+    if cp is None:
+        return {k: "" for k in ("weight_bytes", "internal_bytes", "cycles_total", "rw_bytes", "uncycled_ops")}
+    return {"weight_bytes": v(cp.weight_bytes), "internal_bytes": v(cp.internal_bytes),
+            "cycles_total": v(cp.cycles_total), "rw_bytes": v(cp.rw_bytes), "uncycled_ops": " ".join(cp.uncycled_ops)}
+
+
 def compile_table(plan: Plan) -> Table:
     rows = []
     for s in plan.npu_stages:
@@ -141,6 +152,7 @@ def compile_table(plan: Plan) -> Table:
         rows.append({
             "stage": s.id, "status": status, "toolkit": art.toolkit if art else "",
             "target": art.target if art else "", "rknn_bytes": art.size_bytes if art else "",
+            **_compiler_columns(art.compiler if art else None),
             "cpu_ops": " ".join(art.cpu_ops) if art else "",
             "fallback_reason": (art.fallback_reason or "") if art else "",
             "failures": " | ".join(f"{f.toolkit}: {f.message}" for f in s.failures),

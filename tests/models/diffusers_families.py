@@ -86,29 +86,30 @@ def missing_dependencies() -> list[str]:
     return [d for d in ("torch", "diffusers", "onnxscript") if importlib.util.find_spec(d) is None]
 
 
-def _dit() -> tuple[Any, dict[str, Any]]:
+def _dit(heads: int = 2, head_dim: int = 16, sample: int = 8) -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import DiTTransformer2DModel
 
-    m = DiTTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, num_layers=2,
-                              sample_size=8, patch_size=2, num_embeds_ada_norm=10, norm_num_groups=4)
+    m = DiTTransformer2DModel(num_attention_heads=heads, attention_head_dim=head_dim, in_channels=4, num_layers=2,
+                              sample_size=sample, patch_size=2, num_embeds_ada_norm=10, norm_num_groups=4)
     return m, {
-        "hidden_states": torch.randn(1, 4, 8, 8),
+        "hidden_states": torch.randn(1, 4, sample, sample),
         "timestep": torch.tensor([7], dtype=torch.int64),
         "class_labels": torch.tensor([3], dtype=torch.int64),
     }
 
 
-def _pixart() -> tuple[Any, dict[str, Any]]:
+def _pixart(heads: int = 2, head_dim: int = 16, sample: int = 8, text: int = 6) -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import PixArtTransformer2DModel
 
-    m = PixArtTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=8,
-                                 num_layers=2, sample_size=8, patch_size=2, cross_attention_dim=32,
-                                 caption_channels=24, norm_num_groups=4, use_additional_conditions=False)
+    m = PixArtTransformer2DModel(num_attention_heads=heads, attention_head_dim=head_dim, in_channels=4,
+                                 out_channels=8, num_layers=2, sample_size=sample, patch_size=2,
+                                 cross_attention_dim=heads * head_dim, caption_channels=24, norm_num_groups=4,
+                                 use_additional_conditions=False)
     return m, {
-        "hidden_states": torch.randn(1, 4, 8, 8),
-        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "hidden_states": torch.randn(1, 4, sample, sample),
+        "encoder_hidden_states": torch.randn(1, text, 24),
         "timestep": torch.tensor([7], dtype=torch.int64),
     }
 
@@ -117,16 +118,18 @@ def _pixart_fixed() -> dict[str, Any]:
     return {"added_cond_kwargs": {"resolution": None, "aspect_ratio": None}}
 
 
-def _sd3(**extra: Any) -> tuple[Any, dict[str, Any]]:
+def _sd3(heads: int = 2, head_dim: int = 16, sample: int = 8, text: int = 6,
+         **extra: Any) -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import SD3Transformer2DModel
 
-    m = SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=3, attention_head_dim=16,
-                              num_attention_heads=2, joint_attention_dim=24, caption_projection_dim=32,
-                              pooled_projection_dim=16, out_channels=4, pos_embed_max_size=16, **extra)
+    m = SD3Transformer2DModel(sample_size=sample, patch_size=2, in_channels=4, num_layers=3,
+                              attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=24,
+                              caption_projection_dim=heads * head_dim, pooled_projection_dim=16, out_channels=4,
+                              pos_embed_max_size=max(16, sample), **extra)
     return m, {
-        "hidden_states": torch.randn(1, 4, 8, 8),
-        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "hidden_states": torch.randn(1, 4, sample, sample),
+        "encoder_hidden_states": torch.randn(1, text, 24),
         "pooled_projections": torch.randn(1, 16),
         "timestep": torch.tensor([7.0]),
     }
@@ -492,8 +495,16 @@ VARIANTS: dict[str, Family] = {f.name: f for f in (
     Family("allegro", _allegro),
     Family("ltx", _ltx, _ltx_fixed),
 )}
+#: families at a size where memory is megabytes, not kilobytes (hidden 512, 256 image tokens, 1024 for
+#: ``*_1k``): the device-memory bench predicts them (``bench/device_memory.py``); not in the family sweep
+SIZED: dict[str, Family] = {f.name: f for f in (
+    Family("dit_m", lambda: _dit(heads=8, head_dim=64, sample=32)),
+    Family("dit_m1k", lambda: _dit(heads=8, head_dim=64, sample=64)),
+    Family("pixart_m", lambda: _pixart(heads=8, head_dim=64, sample=32, text=64), _pixart_fixed),
+    Family("sd3_m", lambda: _sd3(heads=8, head_dim=64, sample=32, text=64), blocks=3),
+)}
 #: every family and variant by name
-ALL: dict[str, Family] = {**FAMILIES, **VARIANTS}
+ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **SIZED}
 
 
 def _decompose_rms_norm(model: Any) -> None:

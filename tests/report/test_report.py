@@ -88,6 +88,8 @@ def test_plots_and_tables_are_files_too(report: Path, plans: dict[str, tuple[Pla
     assert {r["profile"] for r in mem} == {"split", "fused"} and all(int(r["pss_peak_kib"]) > 0 for r in mem)
     comp = read_csv(assets / "compile.csv")
     assert [r["status"] for r in comp] == ["not compiled"] * 6
+    # no build, no compiler figures: empty, never 0
+    assert all(r["weight_bytes"] == r["internal_bytes"] == r["cycles_total"] == "" for r in comp)
     cost = read_csv(assets / "cost_model.csv")
     assert {"infer", "init"} <= {r["component"] for r in cost} and all(float(r["predicted"]) > 0 for r in cost)
 

@@ -1,0 +1,370 @@
+"""Device memory of an NPU stage: the compiler's figure, and a model that predicts it before a build.
+
+On rk3588 a compiled stage needs, while its context is alive, the compiler's **weight memory**
+plus its **internal memory** (the feature buffers it allocated), the two figures every verbose
+build prints ("Total Weight Memory Size", "Total Internal Memory Size";
+:mod:`rkpart.compile.compiler_plan`).  Published: ``eval_memory()`` on a board reports those two
+and adds a small ``other`` term (command buffers); :data:`OTHER_BYTES` stands for it.
+
+Before anything is compiled, :class:`MemoryModel` predicts weight + internal from the IR,
+counted as the NPU runs it (fp16, 2 bytes an element):
+
+* ``weight16``: float weights at 2 bytes an element, other constants as stored;
+* ``act16``: the largest sum of live activations in model order, at 2 bytes an element,
+  **without the attention score tensors** -- the compiler fuses MatMul -> Softmax -> MatMul into
+  ``exSDPAttention`` and never materialises the ``heads x tokens x tokens`` matrices the ONNX
+  graph holds (the old calibration counted them: 2.2-3.4x the compiler's figure at 1024 px);
+* ``att16``: the live activations while an attention core runs (the same count, at the
+  positions where a score tensor would be alive);
+* ``head16``: the largest score matrix of *one* head (its last two dimensions) and
+  ``score16`` all heads': the fused attention streams over heads a few at a time, so its
+  workspace follows one head's ``tokens x keys`` matrix, not the whole tensor;
+* ``io16``: the stage's boundary tensors.
+
+The compiler's internal memory is the peak of its buffers over the schedule: at the attention
+(live activations plus the workspace of ``R`` heads' score matrices) or elsewhere (the FFN's
+hidden activations), whichever is larger::
+
+    weight   = a0 + a1 * weight16
+    internal = b0 + b1 * max(act16, att16 + R * head16) + b2 * io16
+
+``R`` (:data:`WORKSPACE_HEADS`) is chosen per toolkit by leave-one-shape-out cross-validation on
+the fit set alone (``bench/device_memory.py``; 4 on 2.5.0), the coefficients are non-negative and
+minimise the relative error.  The fit records its in-sample error, the bench its held-out error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from rkpart.ir import ModelGraph, Subgraph, graph_of
+from rkpart.ir.liveness import lifetimes
+from rkpart.partitioner.plan import Plan
+from rkpart.partitioner.verify import stage_onnx
+
+#: what ``eval_memory()`` adds to weight + internal on a board (command buffers): not counted by
+#: the build, not measured here (no board); the write-up's board figures bracket it: split's
+#: peak is 3 % *below* the compiler's figure, fused's 11 % above (docs/cost-model.md)
+OTHER_BYTES = 0
+#: the held-out error a budget is about: stages of at least this much compiler memory
+MIN_STAGE_BYTES = 1 << 20
+#: the features of :class:`MemoryFeatures`, in the order the JSON and the fit use them
+FEATURES = ("weight16", "act16", "att16", "score16", "head16", "io16")
+WEIGHT_TERMS = ("const", "weight16")
+#: ``peak16`` is ``max(act16, att16 + R * head16)`` (:func:`peak16`)
+INTERNAL_TERMS = ("const", "peak16", "io16")
+#: the workspace sizes tried, in heads' score matrices (``R`` of the module docstring)
+WORKSPACE_HEADS = (0, 1, 2, 3, 4, 5, 6, 8)
+_SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
+#: ops a score tensor may pass through between the scores MatMul and the Softmax (scale, mask, cast)
+_SCORE_PATH = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Reshape", "Softmax", "LogSoftmax"})
+
+
+@dataclass(frozen=True)
+class MemoryFeatures:
+    """A stage's memory as the NPU would hold it, in bytes (see the module docstring)."""
+
+    weight16: int
+    act16: int
+    score16: int
+    head16: int
+    io16: int
+    #: the live activations (scores left out) while an attention core runs (0: no attention)
+    att16: int = 0
+
+    def value(self, name: str, heads: float = 0.0) -> float:
+        if name == "const":
+            return 1.0
+        if name == "peak16":
+            return peak16(self.act16, self.att16, self.head16, heads)
+        return float(getattr(self, name))
+
+    def to_json(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in FEATURES}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> MemoryFeatures:
+        return cls(**{k: int(d.get(k, 0)) for k in FEATURES})
+
+
+def peak16(act16: float, att16: float, head16: float, heads: float) -> float:
+    """The NPU's activation peak: elsewhere, or at the attention with ``heads`` score matrices of workspace."""
+    return float(max(act16, att16 + heads * head16))
+
+
+def _bytes16(mg: ModelGraph, name: str) -> int:
+    t = mg.tensor_types.get(name)
+    if t is None:
+        return 0
+    if mg.is_float(name):
+        return 2 * math.prod(t[1])
+    return mg.nbytes(name)
+
+
+def score_tensors(mg: ModelGraph, ops: Iterable[int]) -> set[str]:
+    """Attention score tensors among the outputs of ``ops``: from a MatMul of two activations
+    through scale/mask ops to a Softmax, and the Softmax's output up to the MatMul that reads it."""
+    opset = set(ops)
+    scores: set[str] = set()
+    for i in opset:
+        n = mg.nodes[i]
+        if n.op_type != "MatMul" or any(mg.is_const_tensor(t) for t in n.input if t):
+            continue
+        path: list[str] = []
+        t = n.output[0]
+        for _ in range(8):  # scale, mask, cast, softmax: a short chain
+            path.append(t)
+            readers = [c for c in mg.consumers.get(t, []) if c in opset]
+            if len(readers) != 1 or mg.nodes[readers[0]].op_type not in _SCORE_PATH:
+                break
+            r = mg.nodes[readers[0]]
+            t = r.output[0]
+            if r.op_type in _SOFTMAX:
+                path.append(t)
+                scores.update(path)
+                break
+    return scores
+
+
+def view_memory_features(mg: ModelGraph, sub: Subgraph) -> MemoryFeatures:
+    """:class:`MemoryFeatures` of the ops of ``sub`` as one NPU stage."""
+    weight16 = sum(_bytes16(mg, t) for t in sub.weights)
+    io16 = sum(_bytes16(mg, t) for t in (*sub.inputs, *sub.outputs))
+    if not sub.ops:
+        return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16, att16=0)
+    scores = score_tensors(mg, sub.ops)
+    life = lifetimes(mg, sub.ops, inputs=sub.inputs, outputs=sub.outputs, unread_alive=False)
+    b16 = np.array([0 if t in scores else _bytes16(mg, t) for t in life.names], dtype=np.int64)
+    start = np.maximum(life.born, 0)
+    alive = life.last >= start
+    diff = np.zeros(life.n + 1, dtype=np.int64)
+    np.add.at(diff, start[alive], b16[alive])
+    np.add.at(diff, life.last[alive] + 1, -b16[alive])
+    live = np.cumsum(diff[: life.n])
+    act16 = int(live.max())
+    # live activations while an attention core runs: positions where a score tensor is alive
+    during = np.zeros(life.n, dtype=bool)
+    for k, t in enumerate(life.names):
+        if t in scores and life.last[k] >= start[k]:
+            during[start[k]: life.last[k] + 1] = True
+    att16 = int(live[during].max()) if during.any() else 0
+    score16 = max((_bytes16(mg, t) for t in scores), default=0)
+    head16 = max((2 * math.prod(sh[-2:]) for t in scores if (sh := mg.shape(t)) and len(sh) >= 2), default=0)
+    return MemoryFeatures(weight16=int(weight16), act16=act16, score16=int(score16), head16=int(head16),
+                          io16=int(io16), att16=att16)
+
+
+def stage_memory_features(folder: str | Path, stage: Any) -> MemoryFeatures:
+    """:class:`MemoryFeatures` of one stage file of a plan folder (weights not loaded)."""
+    path = stage_onnx(Path(folder), stage)
+    model = onnx.load_model(str(path), format="protobuf", load_external_data=False)
+    mg = graph_of(model, path)
+    return view_memory_features(mg, mg.subgraph(mg.ops.nodes))
+
+
+def memory_features(plan: Plan, folder: str | Path) -> dict[str, MemoryFeatures]:
+    """:class:`MemoryFeatures` of every NPU stage of ``plan``, by stage id."""
+    return {s.id: stage_memory_features(folder, s) for s in plan.npu_stages}
+
+
+@dataclass(frozen=True)
+class MemoryRow:
+    """One compiled stage: its IR features and the compiler's memory (a sample of the fit)."""
+
+    family: str
+    shape: str
+    strategy: str
+    stage: str
+    toolkit: str
+    fit: bool
+    features: MemoryFeatures
+    weight_bytes: int
+    internal_bytes: int
+    #: the stage's cost-model features (compiled figures included), for the NPU-time calibration
+    stage_features: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def device_bytes(self) -> int:
+        return self.weight_bytes + self.internal_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {"family": self.family, "shape": self.shape, "strategy": self.strategy, "stage": self.stage,
+                "toolkit": self.toolkit, "fit": self.fit, "features": self.features.to_json(),
+                "weight_bytes": self.weight_bytes, "internal_bytes": self.internal_bytes,
+                "stage_features": dict(self.stage_features)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> MemoryRow:
+        return cls(family=str(d["family"]), shape=str(d["shape"]), strategy=str(d["strategy"]),
+                   stage=str(d["stage"]), toolkit=str(d["toolkit"]), fit=bool(d["fit"]),
+                   features=MemoryFeatures.from_json(d["features"]), weight_bytes=int(d["weight_bytes"]),
+                   internal_bytes=int(d["internal_bytes"]), stage_features=dict(d.get("stage_features") or {}))
+
+
+@dataclass(frozen=True)
+class MemoryModel:
+    """Predicted compiler weight + internal memory of a stage, for one toolkit."""
+
+    toolkit: str
+    weight: tuple[float, ...]  # coefficients of WEIGHT_TERMS
+    internal: tuple[float, ...]  # coefficients of INTERNAL_TERMS
+    #: ``R``: the attention workspace in heads' score matrices
+    workspace_heads: float = 0.0
+    samples: int = 0
+    #: share of the fit's own samples within +-10 % / +-20 % and the median |% error|
+    fit_error: Mapping[str, Any] = field(default_factory=dict)
+    #: the held-out error, when a bench measured it (``bench/device_memory.py``)
+    held_out: Mapping[str, Any] = field(default_factory=dict)
+
+    def predict_parts(self, f: MemoryFeatures) -> tuple[float, float]:
+        w = sum(c * f.value(t) for t, c in zip(WEIGHT_TERMS, self.weight, strict=True))
+        i = sum(c * f.value(t, self.workspace_heads) for t, c in zip(INTERNAL_TERMS, self.internal, strict=True))
+        return float(w), float(i)
+
+    def predict(self, f: MemoryFeatures) -> float:
+        """Predicted weight + internal bytes (what the compiler would report) of a stage."""
+        w, i = self.predict_parts(f)
+        return w + i
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": "rkpart-device-memory-model", "version": 1, "toolkit": self.toolkit,
+                "weight": dict(zip(WEIGHT_TERMS, self.weight, strict=True)),
+                "internal": dict(zip(INTERNAL_TERMS, self.internal, strict=True)),
+                "workspace_heads": self.workspace_heads, "samples": self.samples,
+                "fit_error": dict(self.fit_error), "held_out": dict(self.held_out)}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> MemoryModel:
+        if d.get("format") != "rkpart-device-memory-model" or d.get("version") != 1:
+            raise ValueError("not an rkpart device-memory model (version 1)")
+
+        def coefs(key: str, terms: Sequence[str]) -> tuple[float, ...]:
+            m = d.get(key)
+            if not isinstance(m, Mapping) or set(m) != set(terms):
+                raise ValueError(f"device-memory model {key}: expected the terms {', '.join(terms)}")
+            vals = tuple(float(m[t]) for t in terms)
+            if not all(math.isfinite(v) and v >= 0 for v in vals):
+                raise ValueError(f"device-memory model {key}: coefficients must be finite and >= 0")
+            return vals
+
+        heads = d.get("workspace_heads", 0.0)
+        if isinstance(heads, bool) or not isinstance(heads, (int, float)) or not 0 <= heads <= 64:
+            raise ValueError("device-memory model workspace_heads must be a number in 0..64")
+        return cls(toolkit=str(d["toolkit"]), weight=coefs("weight", WEIGHT_TERMS),
+                   internal=coefs("internal", INTERNAL_TERMS), workspace_heads=float(heads),
+                   samples=int(d.get("samples", 0)),
+                   fit_error=dict(d.get("fit_error") or {}), held_out=dict(d.get("held_out") or {}))
+
+
+def _solve(rows: Sequence[MemoryRow], heads: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    from rkpart.cost_model.model import nnls_relative
+
+    xw = np.array([[r.features.value(t) for t in WEIGHT_TERMS] for r in rows])
+    xi = np.array([[r.features.value(t, heads) for t in INTERNAL_TERMS] for r in rows])
+    cw = nnls_relative(xw, np.array([float(r.weight_bytes) for r in rows]))
+    ci = nnls_relative(xi, np.array([float(r.internal_bytes) for r in rows]))
+    return tuple(float(f"{c:.6g}") for c in cw), tuple(float(f"{c:.6g}") for c in ci)
+
+
+def cross_validate_heads(rows: Sequence[MemoryRow], toolkit: str) -> dict[float, tuple[float, float]]:
+    """Per candidate ``R``: (share within +-10 %, median |error|) leaving one shape out at a time."""
+    shapes = sorted({(r.family, r.shape) for r in rows})
+    out: dict[float, tuple[float, float]] = {}
+    for heads in WORKSPACE_HEADS:
+        errs = []
+        for sh in shapes:
+            train = [r for r in rows if (r.family, r.shape) != sh]
+            if not train:
+                continue
+            w, i = _solve(train, heads)
+            m = MemoryModel(toolkit=toolkit, weight=w, internal=i, workspace_heads=float(heads))
+            errs += [abs(m.predict(r.features) / r.device_bytes - 1) for r in rows if (r.family, r.shape) == sh]
+        out[float(heads)] = (float(np.mean(np.array(errs) <= 0.10)) if errs else 0.0,
+                             float(np.median(errs)) if errs else math.inf)
+    return out
+
+
+def fit_memory_model(rows: Sequence[MemoryRow], toolkit: str) -> MemoryModel:
+    """Fit weight and internal memory on ``rows`` (non-negative, relative error), with the attention
+    workspace ``R`` chosen by leave-one-shape-out cross-validation on these rows alone."""
+    from rkpart.cost_model.model import error_summary
+
+    if not rows:
+        raise ValueError(f"no compiled stages to fit a device-memory model for rknn-toolkit2 {toolkit}")
+    cv = cross_validate_heads(rows, toolkit) if len({(r.family, r.shape) for r in rows}) > 1 else {0.0: (0, 0)}
+    heads = max(cv, key=lambda h: (cv[h][0], -cv[h][1], -h))
+    w, i = _solve(rows, heads)
+    model = MemoryModel(toolkit=toolkit, weight=w, internal=i, workspace_heads=heads, samples=len(rows))
+    err = error_summary([model.predict(r.features) for r in rows], [r.device_bytes for r in rows])
+    err["cross_validation"] = {f"{h:g}": {"within_10": round(a, 4), "median_ape": round(b * 100, 3)}
+                               for h, (a, b) in sorted(cv.items())}
+    return dataclasses.replace(model, fit_error=err)
+
+
+def held_out_summary(model: MemoryModel, held: Sequence[MemoryRow], *, fitted_on: str, held_out: str) -> dict[str, Any]:
+    """The shipped form of a fitted model: one ``device_mem`` component (weight and internal terms
+    summed) with its in-sample and held-out error and what it was fitted and checked on."""
+    from rkpart.cost_model.model import error_summary
+
+    def summary(rows: Sequence[MemoryRow]) -> dict[str, Any]:
+        apes = sorted(abs(model.predict(r.features) / r.device_bytes - 1) * 100 for r in rows)
+        out = error_summary([model.predict(r.features) for r in rows], [r.device_bytes for r in rows])
+        if apes:
+            out["p90_ape"] = round(float(np.percentile(apes, 90)), 3)
+            out["max_ape"] = round(apes[-1], 3)
+        return out
+
+    # what a budget is about: stages of a megabyte and more (kilobyte stages are mostly alignment)
+    err = summary([r for r in held if r.device_bytes >= MIN_STAGE_BYTES])
+    err["min_stage_bytes"] = MIN_STAGE_BYTES
+    err["all_sizes"] = summary(held)
+    w = dict(zip(WEIGHT_TERMS, model.weight, strict=True))
+    i = dict(zip(INTERNAL_TERMS, model.internal, strict=True))
+    terms = {"const": float(f"{w['const'] + i['const'] + OTHER_BYTES:.6g}"), "weight16": w["weight16"],
+             peak_term(model.workspace_heads): i["peak16"], "io16": i["io16"]}
+    return {"terms": terms, "unit": "bytes", "applies_to": "npu", "source": "compiler tables", "samples": model.samples,
+            "fit_error": {"in_sample": dict(model.fit_error), "held_out": err, "fitted_on": fitted_on,
+                          "held_out_on": held_out},
+            "note": "the compiler's weight + internal memory of a stage, predicted from the IR before compiling: "
+                    "fp16 weights, the activation peak without attention score matrices, the largest score "
+                    "matrix, the boundary tensors (rkpart.cost_model.device_model)"}
+
+
+def peak_term(heads: float) -> str:
+    """The cost-model term of :func:`peak16` with ``heads`` of workspace: ``npu_peak16:<heads>``."""
+    return f"npu_peak16:{heads:g}"
+
+
+def within(model: MemoryModel, rows: Sequence[MemoryRow], tol: float) -> float:
+    """Share of ``rows`` whose predicted device memory is within ``tol`` (relative) of the compiler's."""
+    if not rows:
+        return float("nan")
+    return sum(abs(model.predict(r.features) / r.device_bytes - 1) <= tol for r in rows) / len(rows)
+
+
+__all__ = [
+    "FEATURES",
+    "OTHER_BYTES",
+    "WORKSPACE_HEADS",
+    "MemoryFeatures",
+    "MemoryModel",
+    "MemoryRow",
+    "cross_validate_heads",
+    "fit_memory_model",
+    "held_out_summary",
+    "memory_features",
+    "peak16",
+    "peak_term",
+    "score_tensors",
+    "stage_memory_features",
+    "view_memory_features",
+    "within",
+]

@@ -1,0 +1,241 @@
+"""What a plan costs on the board for a whole image: device memory and seconds, each figure with
+its source (``rkpart estimate``).
+
+Per NPU stage:
+
+* **device memory**: the compiler's own weight + internal memory when the stage is compiled
+  (``compiler``: ``artifacts[].compiler``, read from the build log), else the cost model's
+  device-memory predictor for the toolkit (``predicted``: fitted on compiler tables of compiled
+  stages, :mod:`rkpart.cost_model.device_model`), plus :data:`~rkpart.cost_model.device_model.OTHER_BYTES`;
+* **latency per call**: load, init, infer and release from the cost model; inference from the
+  compiler's cycles and RW bytes when the stage is compiled and the model has an ``npu_time``
+  calibration (:mod:`rkpart.cost_model.npu_time`), else from the cost model's ``infer``.
+
+For the pipeline: the device-memory peak under the plan's residency (resident stages add up,
+per-stage ones count their largest), and seconds per image: ``steps x CFG passes`` of every
+stage, lifecycle included, with error bars.  With CFG, the same figures for running the two
+passes of a step on two NPU cores at once (``--cfg-parallel`` of the bundle runner): both
+contexts of every NPU stage resident at once, and the NPU inference sped up by a published,
+unmeasured prior (:data:`CFG_PARALLEL_SPEEDUP`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rkpart.cost_model.device_model import OTHER_BYTES
+from rkpart.cost_model.features import Features, stage_features
+from rkpart.cost_model.model import CostModel
+from rkpart.cost_model.npu_time import COMPILER_ERROR, compiled_infer_seconds
+from rkpart.cost_model.rounds import overhead
+from rkpart.cost_model.select import latency_error
+from rkpart.errors import UserError
+from rkpart.partitioner.plan import Plan
+from rkpart.types import HOST, LIFECYCLE, Residency
+
+#: throughput of two sessions on two NPU cores against one (a Stable Diffusion UNet ported to
+#: RK3588 with RKNNLite, published by its author; not measured by rkpart: no board here)
+CFG_PARALLEL_SPEEDUP = 1.78
+CFG_PARALLEL_SOURCE = ("prior: 1.78x throughput of two RKNNLite sessions on two cores (published LCM/UNet port on "
+                       "RK3588), unmeasured here; `rkpart tune --backend rknnlite` on a board replaces it")
+ESTIMATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class StageEstimate:
+    """One stage's predicted figures (``None`` where they do not apply)."""
+
+    id: str
+    device: str
+    residency: str
+    device_mem_bytes: int | None
+    device_mem_source: str | None
+    #: relative error of ``device_mem_bytes`` (against the board)
+    device_mem_error: float | None
+    load_s: float | None
+    init_s: float | None
+    infer_s: float | None  # per pass (the host stage's whole time for a host stage)
+    release_s: float | None
+    infer_source: str
+    compiled: bool
+
+    @property
+    def source(self) -> str:
+        """``compiler`` when the stage's figures come from its build, else ``predicted``."""
+        return "compiler" if self.compiled else "predicted"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "device": self.device, "residency": self.residency,
+                "device_mem_bytes": self.device_mem_bytes, "device_mem_source": self.device_mem_source,
+                "device_mem_error": _r(self.device_mem_error), "load_s": _r(self.load_s), "init_s": _r(self.init_s),
+                "infer_s": _r(self.infer_s), "release_s": _r(self.release_s), "infer_source": self.infer_source,
+                "source": self.source}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A plan's predicted device memory and time per image."""
+
+    stages: tuple[StageEstimate, ...]
+    toolkit: str | None
+    steps: int
+    cfg: bool
+    device_mem_bytes: int
+    device_mem_error: float | None
+    seconds_per_image: float
+    seconds_error: float | None
+    seconds_source: str
+    lifecycle_s: float
+    npu_infer_s: float
+    host_s: float
+    cfg_parallel: Mapping[str, Any] | None
+    model: str
+
+    @property
+    def passes(self) -> int:
+        return self.steps * (2 if self.cfg else 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "rkpart-estimate", "version": ESTIMATE_VERSION, "toolkit": self.toolkit, "cost_model": self.model,
+            "stages": [s.to_json() for s in self.stages],
+            "pipeline": {
+                "steps": self.steps, "cfg": self.cfg, "passes": self.passes,
+                "device_mem_bytes": self.device_mem_bytes, "device_mem_error": _r(self.device_mem_error),
+                "seconds_per_image": _r(self.seconds_per_image), "seconds_error": _r(self.seconds_error),
+                "seconds_source": self.seconds_source, "lifecycle_s": _r(self.lifecycle_s),
+                "npu_infer_s": _r(self.npu_infer_s), "host_s": _r(self.host_s),
+                "cfg_parallel": None if self.cfg_parallel is None else dict(self.cfg_parallel),
+            },
+        }
+
+    def render(self) -> str:
+        mib = float(1 << 20)
+        rows: list[tuple[str, ...]] = [("stage", "device", "residency", "dev MiB", "mem from", "load s", "init s",
+                                        "infer s", "release s", "infer from")]
+        for s in self.stages:
+            rows.append((s.id, s.device, s.residency,
+                         "-" if s.device_mem_bytes is None else f"{s.device_mem_bytes / mib:.1f}",
+                         s.device_mem_source or "-", *(_f(v) for v in (s.load_s, s.init_s, s.infer_s, s.release_s)),
+                         s.infer_source))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        pm = "" if self.device_mem_error is None else f" (+-{self.device_mem_error * 100:.0f} %)"
+        ps = "" if self.seconds_error is None else f" +- {self.seconds_per_image * self.seconds_error:.1f}"
+        lines.append(f"device memory peak under the plan's residency: {self.device_mem_bytes / mib:.1f} MiB{pm}")
+        lines.append(f"seconds per image ({self.steps} steps x {2 if self.cfg else 1} CFG = {self.passes} passes): "
+                     f"{self.seconds_per_image:.2f}{ps} s (lifecycle {self.lifecycle_s:.2f} s, NPU inference "
+                     f"{self.npu_infer_s:.2f} s, host {self.host_s:.2f} s; {self.seconds_source})")
+        if self.cfg_parallel is not None:
+            cp = self.cfg_parallel
+            lines.append(f"with --cfg-parallel (two NPU cores): {cp['seconds_per_image']:.2f} s per image, "
+                         f"device memory {cp['device_mem_bytes'] / mib:.1f} MiB (both contexts); {cp['source']}")
+        lines.append(f"cost model: {self.model}; toolkit: {self.toolkit or 'none named'}")
+        return "\n".join(lines) + "\n"
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else float(f"{v:.6g}")
+
+
+def _f(v: float | None) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+def _residencies(plan: Plan) -> dict[str, str]:
+    from rkpart.runtime.executor import plan_residency
+
+    return {k: str(v) for k, v in plan_residency(plan, default=Residency.PER_STAGE).items()}
+
+
+def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: str | None = None, steps: int = 30,
+                  cfg: bool = True, model_label: str = "cost model",
+                  residency: Mapping[str, str] | None = None) -> Estimate:
+    """The :class:`Estimate` of ``plan`` (its stage files in ``folder``) under ``model``.
+
+    ``residency`` maps stage ids to ``per-stage``/``resident`` (default: what the plan chose,
+    per-stage elsewhere, as the bundle runs it).
+    """
+    if steps < 1:
+        raise UserError(f"--steps must be >= 1, got {steps}")
+    folder = Path(folder)
+    tk = toolkit or (plan.extra.get("compile") or {}).get("toolkit") or model.provenance.get("toolkit")
+    res = dict(residency) if residency is not None else _residencies(plan)
+    passes = steps * (2 if cfg else 1)
+    mem_comp = model.memory_component(tk)
+    held = ((mem_comp.fit_error or {}).get("held_out") or {}) if mem_comp is not None else {}
+    pred_err = held.get("p90_ape")
+    out: list[StageEstimate] = []
+    feats: list[tuple[Features, str]] = []
+    for s in plan.stages:
+        f = stage_features(folder, s)
+        r = Residency.RESIDENT.value if s.device == HOST else res.get(s.id, Residency.PER_STAGE.value)
+        feats.append((f, r))
+        pred = model.predict_stage(f)
+        if s.device == HOST:
+            host = pred.get("host")
+            if host is None:
+                raise UserError("the cost model has no 'host' predictor; use the shipped calibration or refit it")
+            out.append(StageEstimate(id=s.id, device=s.device, residency=r, device_mem_bytes=None,
+                                     device_mem_source=None, device_mem_error=None, load_s=None, init_s=None,
+                                     infer_s=host, release_s=None, infer_source="predicted", compiled=False))
+            continue
+        missing = [c for c in LIFECYCLE if pred.get(c) is None]
+        if missing:
+            raise UserError(f"the cost model has no {missing[0]!r} predictor for NPU stages; use the shipped "
+                            "calibration or refit it")
+        art = s.artifact("rknn")
+        compiled = art is not None and art.compiler is not None and art.compiler.device_mem_bytes is not None
+        mem: float
+        merr: float | None
+        if compiled:
+            mem, msrc, merr = float((f.compiled_mem_bytes or 0) + OTHER_BYTES), "compiler", COMPILER_ERROR
+        elif mem_comp is not None:
+            mem = max(mem_comp.predict(f), float(f.weight16))
+            msrc = "predicted"
+            merr = None if pred_err is None else math.hypot(float(pred_err) / 100.0, COMPILER_ERROR)
+        else:
+            mem, msrc, merr = 0.0, "none", None
+        infer = pred["infer"]
+        isrc = "predicted"
+        from_compiler = compiled_infer_seconds(model, f, tk)
+        if from_compiler is not None:
+            infer, isrc = from_compiler, "compiler"
+        out.append(StageEstimate(id=s.id, device=s.device, residency=r, device_mem_bytes=math.ceil(mem),
+                                 device_mem_source=msrc, device_mem_error=merr, load_s=pred["load"],
+                                 init_s=pred["init"], infer_s=infer, release_s=pred["release"], infer_source=isrc,
+                                 compiled=bool(compiled)))
+    npu = [e for e in out if e.device != HOST]
+    resident = [e.device_mem_bytes or 0 for e in npu if e.residency == Residency.RESIDENT.value]
+    per_stage = [e.device_mem_bytes or 0 for e in npu if e.residency != Residency.RESIDENT.value]
+    peak = sum(resident) + max(per_stage, default=0)
+    errs = [e.device_mem_error for e in npu if e.device_mem_error is not None]
+    mem_err = max(errs) if errs and len(errs) == len(npu) else None
+    life = infer_total = host_total = 0.0
+    for e in out:
+        if e.device == HOST:
+            host_total += (e.infer_s or 0.0) * passes
+            continue
+        calls = passes if e.residency != Residency.RESIDENT.value else 1
+        life += ((e.load_s or 0.0) + (e.init_s or 0.0) + (e.release_s or 0.0)) * calls
+        infer_total += (e.infer_s or 0.0) * passes
+    glue = overhead(model, feats, passes, whole_round=True)
+    seconds = life + infer_total + host_total + glue
+    err = latency_error(model)
+    srcs = sorted({e.infer_source for e in npu})
+    sec_src = f"NPU inference from {' and '.join(srcs) or 'nothing'}; lifecycle and host from the cost model"
+    cp = None
+    if cfg:
+        # both passes of a step at once: one context per pass and core, so every NPU stage twice
+        cp = {"seconds_per_image": _r(life + infer_total / CFG_PARALLEL_SPEEDUP + host_total + glue),
+              "device_mem_bytes": 2 * peak, "speedup": CFG_PARALLEL_SPEEDUP, "source": CFG_PARALLEL_SOURCE}
+    return Estimate(stages=tuple(out), toolkit=tk, steps=steps, cfg=cfg, device_mem_bytes=int(peak),
+                    device_mem_error=mem_err, seconds_per_image=seconds, seconds_error=err, seconds_source=sec_src,
+                    lifecycle_s=life, npu_infer_s=infer_total, host_s=host_total, cfg_parallel=cp, model=model_label)
+
+
+__all__ = ["CFG_PARALLEL_SPEEDUP", "Estimate", "StageEstimate", "estimate_plan"]

@@ -1,0 +1,139 @@
+"""Device memory as the NPU holds it (issue 26): fp16 features, score matrices left out, the fitted
+predictor, and selection taking the compiler's figure over a prediction."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rkpart.cost_model.device_model import (
+    INTERNAL_TERMS,
+    MemoryFeatures,
+    MemoryModel,
+    MemoryRow,
+    fit_memory_model,
+    held_out_summary,
+    within,
+)
+from rkpart.cost_model.features import Features, model_features
+from rkpart.cost_model.model import Component, CostModel, default_model_path
+from rkpart.cost_model.select import memory_term, stage_memory
+from rkpart.errors import SpecError
+
+
+def _attention(heads: int = 4, tokens: int = 32, dim: int = 16) -> onnx.ModelProto:
+    """
+    ::
+
+        x[1,T,D] -MatMul(Wq)-> q -Reshape/Transpose-> qh[1,H,T,d] -\\
+        x        -MatMul(Wk)-> k -Reshape/Transpose-> kt[1,H,d,T] --MatMul-> s[1,H,T,T] -Mul(scale)-> ss
+                                                      --Softmax-> p -MatMul(p, vh)-> o[1,H,T,d] -> y[1,T,D]
+        x        -MatMul(Wv)-> v -Reshape/Transpose-> vh[1,H,T,d] -/
+    """
+    d = dim // heads
+    inits = [numpy_helper.from_array(np.ones((dim, dim), np.float32), n) for n in ("Wq", "Wk", "Wv")]
+    inits += [numpy_helper.from_array(np.array([1, tokens, heads, d], np.int64), "shp"),
+              numpy_helper.from_array(np.array([1, tokens, dim], np.int64), "out_shp"),
+              numpy_helper.from_array(np.array(0.5, np.float32), "scale")]
+    nodes = []
+    for n, w, perm in (("q", "Wq", [0, 2, 1, 3]), ("k", "Wk", [0, 2, 3, 1]), ("v", "Wv", [0, 2, 1, 3])):
+        nodes += [helper.make_node("MatMul", ["x", w], [n]), helper.make_node("Reshape", [n, "shp"], [f"{n}r"]),
+                  helper.make_node("Transpose", [f"{n}r"], [f"{n}h"], perm=perm)]
+    nodes += [helper.make_node("MatMul", ["qh", "kh"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"]),
+              helper.make_node("Softmax", ["ss"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "vh"], ["o"]),
+              helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "out_shp"], ["y"])]
+    g = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, dim])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_fp16_features_leave_the_score_matrices_out() -> None:
+    f = model_features(_attention(heads=4, tokens=32, dim=16), device="npu")
+    assert f.weight16 == 3 * 16 * 16 * 2 + (4 + 3) * 8 + 2  # float weights at 2 bytes, int64 shapes as stored
+    assert f.score16 == 4 * 32 * 32 * 2  # s, ss, p: every head's tokens x tokens matrix
+    assert f.head16 == 32 * 32 * 2  # one head's
+    assert f.io16 == 2 * 32 * 16 * 2
+    # the fp32 liveness peak holds the scores; the NPU one does not: it is a few token x hidden tensors
+    assert f.peak_bytes >= 2 * 4 * 32 * 32 * 4
+    assert f.act16 < f.score16 and f.act16 <= 6 * 32 * 16 * 2
+    # while the scores would be alive: the projections' heads (q, k, v) at least, never more than the peak
+    assert 3 * 32 * 16 * 2 <= f.att16 <= f.act16
+    # 4x the tokens: scores grow 16x, the activations only 4x
+    g = model_features(_attention(heads=4, tokens=128, dim=16), device="npu")
+    assert g.score16 == 16 * f.score16 and g.act16 <= 4 * f.act16
+
+
+def _row(w16: int, act: int, att: int, head: int, weight: int, internal: int, fit: bool = True,
+         shape: str = "s") -> MemoryRow:
+    return MemoryRow(family="t", shape=shape, strategy="split", stage="x", toolkit="9.9", fit=fit,
+                     features=MemoryFeatures(weight16=w16, act16=act, att16=att, score16=8 * head, head16=head,
+                                             io16=act // 4),
+                     weight_bytes=weight, internal_bytes=internal)
+
+
+def _compiler(act: int, att: int, head: int) -> int:
+    """A compiler whose buffers peak at the FFN or at the attention with 4 heads of workspace."""
+    return int(1.4 * max(act, att + 4 * head)) + 65536
+
+
+def test_fit_recovers_the_workspace_and_reports_held_out_error() -> None:
+    rng = np.random.default_rng(0)
+    rows = []
+    for k in range(16):
+        w16, act, head = (int(x) for x in rng.integers(1 << 20, 1 << 26, size=3))
+        att = act // 2
+        rows.append(_row(w16, act, att, head, weight=w16 + 4096, internal=_compiler(act, att, head), shape=f"s{k}"))
+    model = fit_memory_model(rows, "9.9")
+    assert model.workspace_heads == 4.0  # chosen by leave-one-shape-out cross-validation
+    assert within(model, rows, 0.01) == 1.0 and model.samples == 16
+    assert model.fit_error["cross_validation"]["4"]["within_10"] == 1.0
+    assert MemoryModel.from_json(json.loads(json.dumps(model.to_json()))) == model
+    big = 1 << 28
+    held = [_row(big, big, big // 2, big // 4, weight=big + 4096, internal=_compiler(big, big // 2, big // 4),
+                 fit=False)]
+    ship = held_out_summary(model, held, fitted_on="synthetic", held_out="one bigger row")
+    assert ship["fit_error"]["held_out"]["within_10"] == 1.0 and ship["fit_error"]["held_out"]["n"] == 1
+    # the shipped form is a cost-model component over Features, predicting the same bytes
+    comp = Component.from_json("device_mem", ship)
+    assert set(comp.terms) == {"const", "weight16", "npu_peak16:4", "io16"}
+    f = held[0].features
+    feats = Features(device="npu", **{k: getattr(f, k) for k in ("weight16", "act16", "att16", "score16", "head16",
+                                                                 "io16")})
+    assert comp.predict(feats) == pytest.approx(model.predict(f), rel=1e-5)
+    assert INTERNAL_TERMS == ("const", "peak16", "io16")
+
+
+def test_a_damaged_memory_model_is_refused() -> None:
+    good = fit_memory_model([_row(1 << 20, 1 << 20, 0, 1 << 10, 1 << 20, 1 << 21)], "9.9").to_json()
+    for bad in ({**good, "version": 2}, {**good, "internal": {**good["internal"], "peak16": float("nan")}},
+                {**good, "weight": {"const": 1.0}}, {**good, "workspace_heads": -1}):
+        with pytest.raises(ValueError):
+            MemoryModel.from_json(bad)
+    doc = CostModel.load(default_model_path()).to_json()
+    doc["device_memory"] = {"2.5.0": {"terms": {"act16": -1.0}}}
+    with pytest.raises(SpecError, match="device_mem: coefficient of act16 must be a number >= 0"):
+        CostModel.from_json(doc)
+
+
+def test_selection_takes_the_compilers_figure_over_a_prediction() -> None:
+    model = CostModel.load(default_model_path())
+    comp = Component("device_mem", ("const", "weight16", "act16"), (1.0, 1.0, 1.0), source="compiler tables")
+    model = dataclasses.replace(model, device_memory={"9.9": comp})
+    term = memory_term(model)
+    assert term is not None and term.component == "device_mem"
+    f = Features(device="npu", weight_bytes=4000, peak_bytes=10_000, weight16=2000, act16=500)
+    dev, _, src = stage_memory(model, f, term, "9.9")
+    assert (dev, src) == (2501.0, "predicted")  # the toolkit's own predictor, fp16 features
+    compiled = dataclasses.replace(f, compiled_mem_bytes=7777)
+    dev, _, src = stage_memory(model, compiled, term, "9.9")
+    assert (dev, src) == (7777.0, "compiler")
+    # never below the weights the stage must hold
+    low = Component("device_mem", ("const", "weight16"), (0.0, 0.1), source="compiler tables")
+    dev, _, _ = stage_memory(dataclasses.replace(model, device_memory={"9.9": low}), f, term, "9.9")
+    assert dev == 2000.0
