@@ -49,8 +49,8 @@ def table(model: Path, toolkit: str, work: Path, steps: int) -> tuple[list[dict[
     comp = cost.memory_component(toolkit)
     rows: list[dict[str, object]] = []
     for folder in folders:
-        plan, _ = load_plan(folder)
-        for s in plan.npu_stages:
+        cand, _ = load_plan(folder)
+        for s in cand.npu_stages:
             art = s.artifact("rknn")
             if art is None or art.compiler is None:
                 continue

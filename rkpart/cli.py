@@ -379,6 +379,7 @@ def _register_optional() -> None:
         ("rkpart.commands.report", ("report",)),
         ("rkpart.commands.drift", ("drift",)),
         ("rkpart.commands.estimate", ("estimate",)),
+        ("rkpart.commands.calibrate", ("calibrate",)),
     ):
         try:
             module = importlib.import_module(mod)

@@ -120,6 +120,7 @@ def build(
     toolkit: str = "2.3.0",
     budget_mib: float | None = None,
     do_quantization: bool = False,
+    dataset: str | os.PathLike[str] | None = None,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     force: bool = False,
     jobs: int = 1,
@@ -149,8 +150,12 @@ def build(
         rknn-toolkit2 version, installed with ``rkpart toolkit install VERSION``.
     budget_mib
         Memory budget per stage for ``generic`` (and ``auto``) in MiB.
-    do_quantization
-        Only ``False`` is supported: quantising parts needs per-stage calibration data.
+    do_quantization, dataset
+        As for ``RKNN.build``: ``True`` builds every NPU stage as int8 (w8a8; ``quantized_algorithm``
+        from ``config``), calibrated on ``dataset``, the model's own dataset file (one line per
+        sample, the model inputs' ``.npy`` paths, relative to the file).  rkpart runs those samples
+        through the plan (``rkpart calibrate --inputs``) to get each stage's own inputs; the
+        calibration folder is ``out/rknn/calibration/source``.
     input_shapes
         Static shapes for inputs with symbolic dimensions (``input_size_list``).
     jobs, timeout, fallback_toolkit, toolkits_dir
@@ -185,9 +190,13 @@ def build(
 
     say = progress or (lambda _m: None)
     cfg = dict(config or {})
-    if do_quantization:
-        raise UserError("do_quantization=True is not supported by rkpart.build yet: each stage would need "
-                        "calibration data for its own (intermediate) inputs")
+    algorithm = str(cfg.pop("quantized_algorithm", "normal"))
+    qdtype = cfg.pop("quantized_dtype", "w8a8")
+    if do_quantization and dataset is None:
+        raise UserError("do_quantization=True needs dataset= (the model's calibration dataset file, as for "
+                        "RKNN.build)")
+    if qdtype != "w8a8":
+        raise UserError(f"quantized_dtype {qdtype!r}: rkpart builds w8a8 only (the one quantized type of rk3588)")
     _check_config(cfg)
     target = str(cfg.pop("target_platform", None) or DEFAULT_TARGET)
     out = Path(out)
@@ -210,9 +219,17 @@ def build(
 
     how = PartitionConfig(options=options, force=force, target=target, toolkit=toolkit, progress=say)
     plan = write_plan(loaded, propose(loaded, strat, how), out, how)
+    quant: dict[str, Any] = {}
+    if do_quantization and dataset is not None:
+        from rkpart.profile.calibrate import dataset_feeds, write_calibration
+
+        calib = out / "rknn" / "calibration" / "source"
+        write_calibration(plan, out, calib, samples_feeds=dataset_feeds(Path(dataset), plan), force=True,
+                          progress=say)
+        quant = {"precision": "int8", "calibration": calib, "quantized_algorithm": algorithm}
     say(f"building {len(plan.npu_stages)} NPU stage(s) with rknn-toolkit2 {toolkit} for {target}")
     plan = compile_plan(plan, out, toolkit, target, config=cfg, jobs=jobs, timeout=timeout,
-                        fallback_toolkit=fallback_toolkit, progress=say, toolkits_dir=toolkits_dir)
+                        fallback_toolkit=fallback_toolkit, progress=say, toolkits_dir=toolkits_dir, **quant)
 
     artifacts: dict[str, Path] = {}
     failed: dict[str, str] = {}

@@ -430,6 +430,15 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
     return folders, notes
 
 
+def _as_bool(v: Any, name: str) -> bool:
+    """A boolean option, also as the CLI's ``--option KEY=true|false`` string."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return v.lower() in ("true", "1", "yes")
+    raise UserError(f"auto strategy: option {name} must be true or false, not {v!r}")
+
+
 def _as_list(v: Any) -> tuple[str, ...]:
     if v is None:
         return ()
@@ -480,6 +489,9 @@ class AutoStrategy(Strategy):
     ``residency``        ``any`` (choose per block), ``per-stage`` or ``resident``
     ``max_error_ratio``  accuracy floor (default: the cost model's)
     ``max_run``          longest run of blocks fused into one stage (default 2)
+    ``cfg_parallel``     plan for the bundle runner's ``--cfg-parallel`` (both CFG passes of a step at
+                         once on two NPU cores): twice the device memory of every stage, NPU
+                         inference at a published, unmeasured speed-up (default False)
     ``compiled``         plan folders compiled by ``rkpart compile``: their failures exclude
                          candidates, their ``.rknn`` sizes, compiler memory and cycles replace estimates
     ``compile``          compile one block per anatomy of every candidate family with ``toolkit``
@@ -496,7 +508,7 @@ class AutoStrategy(Strategy):
 
     name = "auto"
     accepts = ("cost_model", "accuracy", "budget_mib", "toolkit", "steps", "cfg", "residency", "max_error_ratio",
-               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "report", "progress")
+               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "cfg_parallel", "report", "progress")
     summary = "per block, the cheapest candidate predicted by a cost model within a memory budget"
 
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
@@ -518,6 +530,7 @@ class AutoStrategy(Strategy):
                 max_error_ratio=None if options.get("max_error_ratio") is None else float(options["max_error_ratio"]),
                 max_run=int(option(options, "max_run", 2)),
                 compiled=_as_list(options.get("compiled")),
+                cfg_parallel=_as_bool(options.get("cfg_parallel", False), "cfg_parallel"),
             )
         except (TypeError, ValueError) as e:
             raise UserError(f"auto strategy: bad option: {e}") from None
@@ -563,6 +576,7 @@ class AutoStrategy(Strategy):
             "residency": residency,
             "max_error_ratio": sel.max_error_ratio,
             "max_run": cfg.max_run,
+            **({"cfg_parallel": True} if cfg.cfg_parallel else {}),
             "choices": [{"blocks": list(o.candidate.blocks), "candidate": o.candidate.id, "residency": o.residency}
                         for o in sel.chosen],
             "predicted_latency_s": round(sel.latency, 6),

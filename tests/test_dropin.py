@@ -29,7 +29,7 @@ def test_default_strategy_is_split_for_dit_and_generic_otherwise(example_model: 
 @pytest.mark.parametrize(("config", "kwargs", "message"), [
     ({"mean_values": [[0, 0, 0]], "std_values": [[255, 255, 255]]}, {},
      "config std_values=[[255, 255, 255]] normalises the model inputs"),
-    ({}, {"do_quantization": True}, "do_quantization=True is not supported"),
+    ({}, {"do_quantization": True}, "do_quantization=True needs dataset="),
     ({}, {"toolkit": "9.9.9"}, "rknn-toolkit2 9.9.9 is not installed"),
 ])
 def test_refusals_are_one_line_user_errors(vit_onnx: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,7 +90,7 @@ def bundle_plan(
     out: str | os.PathLike[str],
     *,
     residency: str | None = None,
-    core_mask: str = "auto",
+    core_mask: str | None = None,
     model: str | os.PathLike[str] | None = None,
     inputs: Mapping[str, np.ndarray] | None = None,
     seed: int = 0,
@@ -98,23 +98,59 @@ def bundle_plan(
     max_abs_rel: float | None = DEFAULT_MAX_ABS_REL,
     force: bool = False,
     progress: Progress = lambda _m: None,
+    latent_input: str | None = None,
+    timestep_input: str | None = None,
+    context_inputs: Sequence[str] = (),
+    guidance: float = 4.0,
+    shift: float = 1.0,
+    cfg_parallel: bool = False,
+    budget_bytes: int | None = None,
 ) -> BundleResult:
     """Write the board folder ``out`` for the compiled plan at ``plan_path``.
 
     Every NPU stage needs an ``.rknn`` artifact (``rkpart compile``).  ``inputs`` (default:
     seeded random inputs, ``seed``) are run through the whole model with ONNX Runtime to
     give ``ref_outputs.npz``; the runner's gate defaults to ``min_cosine``/``max_abs_rel``.
+
+    ``core_mask`` is a mask for every NPU stage or a per-stage spec
+    (:func:`rkpart.bundle.cores.parse_spec`); stages it does not name get the compile log's
+    default (:mod:`rkpart.bundle.cores`).  The loop's inputs (``runner.py --steps``) are
+    recognised as ``rkpart drift`` does, or named by ``latent_input`` / ``timestep_input`` /
+    ``context_inputs`` (:mod:`rkpart.bundle.loop`).  ``cfg_parallel`` makes the runner's loop
+    run both CFG passes at once by default; it is refused (:class:`~rkpart.errors.BudgetError`)
+    when the two contexts per NPU stage exceed ``budget_bytes`` (default: the target's pipeline
+    budget; :mod:`rkpart.bundle.device`).
     """
+    from rkpart.bundle.cores import core_masks
+    from rkpart.bundle.device import check_cfg_parallel, run_bytes, stage_memory
+    from rkpart.bundle.loop import loop_record
     from rkpart.runtime.executor import find_model, random_inputs, run_model
+    from rkpart.targets import get_target
 
     plan, folder = load_plan(plan_path)
-    if core_mask not in runner_mod.CORE_MASKS:
-        raise UserError(f"core mask {core_mask!r} is not one of {', '.join(runner_mod.CORE_MASKS)}")
     missing = [s.id for s in plan.npu_stages if s.artifact("rknn") is None]
     if missing:
         raise SpecError(f"NPU stage {missing[0]} has no .rknn artifact ({len(missing)} of {len(plan.npu_stages)} "
                         "uncompiled); run `rkpart compile` first")
     res = stage_residency(plan, residency)
+    masks = core_masks(plan, folder, core_mask)
+    for sid, why in sorted({(sid, m.reason) for sid, m in masks.items() if m.reason.startswith("no layer table")}):
+        progress(f"core mask of {sid}: {why}")
+    loop = loop_record(plan, latent=latent_input, timestep=timestep_input, context=context_inputs,
+                       guidance=guidance, shift=shift, cfg_parallel=cfg_parallel)
+    if "error" in loop:
+        progress(f"no denoising loop in this bundle (runner.py --steps): {loop['error']}")
+    mem = {s.id: stage_memory(folder, s) for s in plan.npu_stages}
+    compiled_target = plan.extra.get("compile", {}).get("target")
+    budget = budget_bytes if budget_bytes is not None else get_target(compiled_target).pipeline_budget_bytes()
+    per_bytes = {sid: m.bytes for sid, m in mem.items()}
+    if cfg_parallel:
+        check_cfg_parallel(plan, per_bytes, res, budget)
+    device = {"budget_bytes": budget, "source": sorted({m.source for m in mem.values()}),
+              "run_bytes": run_bytes(per_bytes, res, cfg_parallel=False),
+              "cfg_parallel_run_bytes": run_bytes(per_bytes, res, cfg_parallel=True)}
+    extra = {"core_masks": masks, "device_bytes": per_bytes, "loop": loop, "device": device,
+             "core_mask": core_mask if core_mask in runner_mod.CORE_MASKS else "auto"}
     whole = find_model(plan, folder, None if model is None else Path(model))
     out = Path(os.path.abspath(out))
     _prepare_out(out, force, folder)
@@ -124,8 +160,8 @@ def bundle_plan(
     ref = run_model(whole, feeds, plan.outputs)
 
     with staged_folder(out, kind=BUNDLE_KIND, force=force) as staging:
-        manifest = _write(plan, folder, staging, res, core_mask, feeds, ref, seed if inputs is None else None,
-                          min_cosine, max_abs_rel, progress)
+        manifest = _write(plan, folder, staging, res, str(extra["core_mask"]), feeds, ref,
+                          seed if inputs is None else None, min_cosine, max_abs_rel, progress, extra)
     progress(f"wrote bundle {out}: {len(plan.npu_stages)} NPU + {len(plan.host_stages)} host stages")
     return BundleResult(folder=out, manifest=manifest)
 
@@ -148,7 +184,8 @@ def _savez(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
 
 def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str], core_mask: str,
            feeds: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], seed: int | None,
-           min_cosine: float, max_abs_rel: float | None, progress: Progress) -> dict[str, Any]:
+           min_cosine: float, max_abs_rel: float | None, progress: Progress,
+           extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     stages: list[dict[str, Any]] = []
     for i, s in enumerate(plan.stages):
         entry: dict[str, Any] = {"id": s.id, "device": s.device, "inputs": list(s.inputs),
@@ -161,6 +198,11 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
             _copy(src, staging / rel)
             entry.update(file=rel, residency=residency[s.id], source=s.file, source_sha256=s.sha256,
                          toolkit=art.toolkit, target=art.target, cpu_ops=list(art.cpu_ops))
+            if extra is not None:
+                cm = extra["core_masks"][s.id]
+                entry.update(core_mask=cm.mask, core_mask_reason=cm.reason, device_bytes=extra["device_bytes"][s.id])
+            if art.precision != "fp16":  # issue 27: the runner feeds such a stage float32 (runtime/int8_io.py)
+                entry["precision"] = art.precision
         else:
             src = stage_onnx(folder, s)  # confined, regular, sha256 as partition recorded it
             rel = s.file
@@ -203,6 +245,9 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
         "requires": ["numpy", "onnxruntime", "rknn-toolkit-lite2"],
         "files": files,
     }
+    if extra is not None:
+        manifest["denoise"] = extra["loop"]
+        manifest["device_memory"] = extra["device"]
     atomic_write_bytes(staging / runner_mod.MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     return manifest
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rkpart.cli_args import SEED, FiniteFloat, json_option, quiet_option, residency_option, user_errors
+from rkpart.cli_args import POSITIVE_MIB, SEED, FiniteFloat, json_option, quiet_option, residency_option, user_errors
 from rkpart.runtime.board_runner import CORE_MASKS, DEFAULT_MAX_ABS_REL
 
 
@@ -18,8 +18,12 @@ from rkpart.runtime.board_runner import CORE_MASKS, DEFAULT_MAX_ABS_REL
 @residency_option(help="NPU stage sessions on the board: released after each use (per-stage), kept for the whole "
                       "loop (resident), or as the plan chose per block (auto strategy; per-stage where it chose "
                       "nothing).")
-@click.option("--core-mask", type=click.Choice(tuple(CORE_MASKS)), default="auto", show_default=True,
-              help="NPU cores for RKNNLite.init_runtime.")
+@click.option("--core-mask", default=None, metavar="SPEC",
+              help=f"NPU cores for RKNNLite.init_runtime: one mask for every NPU stage ({', '.join(CORE_MASKS)}) "
+                   "or per stage, comma-separated STAGE=MASK items (shell wildcards: '*.ffn=0_1_2,auto'; a bare "
+                   "mask for the stages no item names) [default: 0_1_2 for stages whose NPU compute layers all "
+                   "split across cores (Conv/Add/Mul and fused forms, from the compiler's layer table), auto for "
+                   "the rest and for stages without one].")
 @click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Whole model for the reference outputs [default: the plan's source model].")
 @click.option("--inputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -30,17 +34,35 @@ from rkpart.runtime.board_runner import CORE_MASKS, DEFAULT_MAX_ABS_REL
 @click.option("--max-abs-rel", type=FiniteFloat(min=0), default=DEFAULT_MAX_ABS_REL, show_default=True,
               help="The runner's default gate: max abs error / max |reference| (fp16 on the NPU: ~6e-4 on the "
                    "example; weights off by 1 % fail it).")
+@click.option("--latent-input", default=None, metavar="NAME",
+              help="The loop's latent input (runner.py --steps) [default: the input shaped like the output].")
+@click.option("--timestep-input", default=None, metavar="NAME",
+              help="The loop's timestep input [default: the smallest other input].")
+@click.option("--context-input", "context_inputs", multiple=True, metavar="NAME",
+              help="A conditioning input of the loop (repeat for several) [default: every other input].")
+@click.option("--guidance", type=FiniteFloat(), default=4.0, show_default=True, help="The loop's default CFG scale.")
+@click.option("--shift", type=FiniteFloat(min=0, min_open=True), default=1.0, show_default=True,
+              help="The loop's default sigma shift (flow-matching Euler, as rkpart drift).")
+@click.option("--cfg-parallel", is_flag=True,
+              help="The loop runs the cond and uncond pass of each step at once on NPU cores 0 and 1 (two "
+                   "contexts of every NPU stage); refused when those exceed --budget-mib.")
+@click.option("--budget-mib", type=POSITIVE_MIB, default=None,
+              help="Device memory budget of the run on the board [default: the target's pipeline budget, "
+                   "4096 MiB on rk3588].")
 @click.option("--force", is_flag=True, help="Replace an existing bundle folder.")
 @quiet_option
 @json_option(help="Print the manifest summary as JSON.")
 @user_errors
-def bundle(plan: Path, out: Path, residency: str, core_mask: str, model: Path | None, inputs: Path | None,
-           seed: int, min_cosine: float, max_abs_rel: float | None, force: bool, quiet: bool, as_json: bool) -> None:
+def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: Path | None, inputs: Path | None,
+           seed: int, min_cosine: float, max_abs_rel: float | None, latent_input: str | None,
+           timestep_input: str | None, context_inputs: tuple[str, ...], guidance: float, shift: float,
+           cfg_parallel: bool, budget_mib: float | None, force: bool, quiet: bool, as_json: bool) -> None:
     """Write a self-contained board folder for the compiled PLAN.
 
     \b
     On the board (numpy, onnxruntime and rknn-toolkit-lite2 installed):
       python OUT/runner.py                 # runs ref_inputs.npz, gates against ref_outputs.npz
+      python OUT/runner.py --steps 30 --guidance 4.5 [--cfg-parallel]   # a whole denoising loop
     """
     from rkpart.bundle.build import bundle_plan
     from rkpart.partitioner.plan import load_plan
@@ -51,15 +73,33 @@ def bundle(plan: Path, out: Path, residency: str, core_mask: str, model: Path | 
     with Reporter(quiet=quiet) as say:
         res = bundle_plan(plan, out, residency=None if residency == "plan" else residency, core_mask=core_mask,
                           model=model, inputs=feeds, seed=seed,
-                          min_cosine=min_cosine, max_abs_rel=max_abs_rel, force=force, progress=say)
+                          min_cosine=min_cosine, max_abs_rel=max_abs_rel, force=force, progress=say,
+                          latent_input=latent_input, timestep_input=timestep_input, context_inputs=context_inputs,
+                          guidance=guidance, shift=shift, cfg_parallel=cfg_parallel,
+                          budget_bytes=None if budget_mib is None else int(budget_mib * 2**20))
     m = res.manifest
     summary = {"bundle": str(out), "files": len(m["files"]), "size_bytes": res.size_bytes,
                "npu_stages": m["plan"]["npu_stages"], "host_stages": m["plan"]["host_stages"],
-               "residency": m["residency"], "core_mask": m["core_mask"], "toolkit": m["toolkit"]}
+               "residency": m["residency"], "core_mask": m["core_mask"], "toolkit": m["toolkit"],
+               "core_masks": {s["id"]: s["core_mask"] for s in m["stages"] if s["device"] == "npu"},
+               "denoise": m["denoise"], "device_memory": m["device_memory"]}
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
     click.echo(f"bundle: {out}  {summary['npu_stages']} NPU + {summary['host_stages']} host stages, "
                f"{summary['files']} files, {res.size_bytes / 2**20:.1f} MiB, residency {'/'.join(m['residency'])}, "
-               f"core mask {core_mask}, toolkit {m['toolkit']}")
+               f"toolkit {m['toolkit']}")
+    by_mask: dict[str, list[str]] = {}
+    for sid, mask in summary["core_masks"].items():
+        by_mask.setdefault(mask, []).append(sid)
+    click.echo("core masks: " + "; ".join(f"{mask}: {', '.join(ids)}" for mask, ids in sorted(by_mask.items())))
+    d, dm = m["denoise"], m["device_memory"]
+    if "error" in d:
+        click.echo(f"denoising loop: not available ({d['error']})")
+    else:
+        click.echo(f"denoising loop: latent {d['latent']}, timestep {d['timestep']}, conditioning "
+                   f"{', '.join(d['context']) or 'none'} ({d['mapped_by']}); cfg-parallel "
+                   f"{'on' if d['cfg_parallel'] else 'off'}")
+    click.echo(f"device memory: {dm['run_bytes'] / 2**20:.1f} MiB, {dm['cfg_parallel_run_bytes'] / 2**20:.1f} MiB "
+               f"with --cfg-parallel (budget {dm['budget_bytes'] / 2**20:.1f} MiB; from {', '.join(dm['source'])})")
     click.echo(f"on the board: python {out / 'runner.py'}")

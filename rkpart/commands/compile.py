@@ -101,6 +101,18 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 @click.option("--address", default=None, metavar="ADDR",
               help="ray: cluster address (auto, HOST:6379, ray://HOST:10001) [default: $RAY_ADDRESS, else a "
                    "local one-node Ray].")
+@click.option("--precision", type=click.Choice(["fp16", "int8", "hybrid"]), default="fp16", show_default=True,
+              help="fp16, int8 (w8a8: int8 weights and activations, from --calibration) or hybrid (int8 with "
+                   "the layers accuracy_analysis measures worst kept in float16) for every NPU stage "
+                   "--precision-spec does not name.")
+@click.option("--calibration", type=click.Path(file_okay=False), default=None, metavar="CALIB",
+              help="Calibration folder from `rkpart calibrate` (needed by int8 and hybrid; with fp16 it only "
+                   "runs the fp16 range check).")
+@click.option("--quantized-algorithm", type=click.Choice(["normal", "mmse", "kl_divergence"]), default="normal",
+              show_default=True, help="rknn-toolkit2's quantized_algorithm for int8 and hybrid stages.")
+@click.option("--precision-spec", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="YAML/JSON choosing the precision per stage id, region or kind "
+                   "(stages: {b00.ffn: int8}, regions: {attn: fp16}, kinds: {...}, default: ...).")
 @toolkits_dir_option
 @quiet_option
 @json_option(help="Print a machine-readable summary on stdout.")
@@ -108,7 +120,8 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, Any], jobs: int,
                 timeout: float | None, fallback_toolkit: str | None, cache_dir: str | None, no_cache: bool,
                 stage_ids: tuple[str, ...], retry_failed: bool, rewrites: bool, strict_npu: bool,
-                executor: str, address: str | None, toolkits_dir: str | None, quiet: bool,
+                executor: str, address: str | None, precision: str, calibration: str | None,
+                quantized_algorithm: str, precision_spec: str | None, toolkits_dir: str | None, quiet: bool,
                 as_json: bool) -> None:
     """Build every NPU stage of PLAN into an .rknn file with rknn-toolkit2."""
     from rkpart.compile.compile import CompileOptions, compile_folder
@@ -120,7 +133,9 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
     opts = CompileOptions(toolkit=toolkit_v, target=target, config=rknn_config, jobs=jobs, timeout=timeout,
                           fallback_toolkit=fallback_toolkit, toolkits_dir=toolkits_dir, shared_cache=cache_dir,
                           retry_failed=retry_failed, cache=not no_cache, stages=stage_ids,
-                          rewrites=rewrites, strict_npu=strict_npu, executor=executor, address=address)
+                          rewrites=rewrites, strict_npu=strict_npu, executor=executor, address=address,
+                          precision=precision, calibration=calibration, quantized_algorithm=quantized_algorithm,
+                          precision_spec=precision_spec)
     with Reporter(quiet=quiet) as progress:
         report = compile_folder(plan, opts, progress)
     emit(as_json, report.to_json, lambda: format_summary(report))
@@ -134,8 +149,8 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
 
 def format_summary(report: Any) -> str:
     """The summary table printed after a compile."""
-    rows = [("stage", "status", "toolkit", "time s", "peak RSS", ".rknn", "weight MiB", "internal MiB", "cycles",
-             "CPU ops")]
+    rows = [("stage", "status", "toolkit", "precision", "time s", "peak RSS", ".rknn", "weight MiB", "internal MiB",
+             "cycles", "CPU ops")]
     for o in report.outcomes:
         a = o.artifact
         status = o.status + (" (fallback)" if a is not None and a.fallback_reason else "")
@@ -143,6 +158,7 @@ def format_summary(report: Any) -> str:
             o.stage_id,
             status,
             a.toolkit if a else o.toolkit,
+            a.precision if a else "-",
             f"{o.wall_s:.1f}" if o.status == "built" else "-",
             human_bytes(o.peak_rss_bytes) if o.peak_rss_bytes else "-",
             human_bytes(a.size_bytes) if a else "-",
@@ -156,6 +172,10 @@ def format_summary(report: Any) -> str:
             lines.append(f"{o.stage_id}: {f.message} (log: {f.log})")
         for name, why in getattr(o, "dropped_rewrites", {}).items():
             lines.append(f"{o.stage_id}: NPU rewrite {name} dropped: {why}")
+        if o.artifact is not None and o.artifact.float16_layers:
+            lines.append(f"{o.stage_id}: hybrid kept {len(o.artifact.float16_layers)} layer(s) in float16: "
+                         + ", ".join(o.artifact.float16_layers))
+    lines += range_check_lines(report.settings)
     per_block = report.cpu_ops_per_block()
     if per_block:
         left = sum(len(v) for v in per_block.values())
@@ -183,6 +203,19 @@ def _compiler_columns(plan: Any) -> tuple[str, str, str]:
 
     cycles = "-" if plan.cycles_total is None else f"{plan.cycles_total:.3g}"
     return (m(plan.weight_bytes), m(plan.internal_bytes), cycles)
+
+
+def range_check_lines(settings: Any) -> list[str]:
+    """The fp16 range check of a compile given --calibration (nothing without one)."""
+    if "fp16_range" not in settings:
+        return []
+    from rkpart.compile.calibration import RangeFinding
+
+    found = [RangeFinding.from_json(f) for f in settings["fp16_range"]]
+    if not found:
+        return [f"fp16 range: ok ({settings.get('fp16_range_checked', 0)} activation tensors of the calibration "
+                "loop, none near fp16's limits)"]
+    return [f.describe() for f in found]
 
 
 @click.group("cache")

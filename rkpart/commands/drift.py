@@ -30,6 +30,8 @@ from rkpart.progress import Reporter
               help="Classifier-free guidance: a conditional and an unconditional pass per step.")
 @click.option("--guidance", type=FiniteFloat(), default=4.0, show_default=True, help="CFG scale.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the latent and the conditioning.")
+@click.option("--shift", type=FiniteFloat(min=0, min_open=True), default=1.0, show_default=True,
+              help="Sigma shift of the flow-matching schedule: shift*s/(1+(shift-1)*s) (1: equal steps).")
 @toolkit_option(required=True, help="rknn-toolkit2 version whose simulator runs the NPU stages (e.g. 2.5.0).")
 @build_options
 @toolkits_dir_option
@@ -43,15 +45,18 @@ from rkpart.progress import Reporter
 @quiet_option
 @json_option(help="Print the table as JSON.")
 @user_errors
-def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: int, toolkit: str, target: str,
+def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: int, shift: float, toolkit: str,
+          target: str,
           rknn_config: dict[str, Any], toolkits_dir: str | None, show_blocks: bool, sim_memory_mib: int | None,
           accuracy_out: Path | None, quiet: bool, as_json: bool) -> None:
-    """Measure how far PLANS (split, fused, auto's choice...) drift from ONNX Runtime over a
-    flow-matching denoising loop in the rknn-toolkit2 simulator: cosine, max-abs and MSE of
-    the latent per step and of each block's output.
+    """Measure how far PLANS (split, fused, auto's choice, int8 / hybrid builds of one plan...)
+    drift from ONNX Runtime over a flow-matching denoising loop in the rknn-toolkit2 simulator:
+    cosine, max-abs and MSE of the latent per step and of each block's output.  A plan compiled
+    int8 or hybrid is labelled so (split[int8]:DIR) and is its own accuracy family.
 
     The NPU stages share one simulator worker per toolkit (bounded by --sim-memory); CFG's two
     passes run stage by stage, so a stage evicted to fit is rebuilt once per step."""
+    from rkpart.compile.precision import plan_precision
     from rkpart.errors import GateError
     from rkpart.partitioner.plan import load_plan
     from rkpart.profile.drift import drift as run_drift
@@ -65,12 +70,14 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: 
     loaded = []
     for p in plans:
         plan, folder = load_plan(p)
-        loaded.append((f"{plan.strategy['name']}:{folder.name}", plan, folder))
+        prec = plan_precision(plan)  # precision variants of one plan side by side (issue 27)
+        loaded.append((f"{plan.strategy['name']}{'' if prec == 'fp16' else f'[{prec}]'}:{folder.name}", plan, folder))
     backend = RknnSimBackend(toolkit, target=target, config=rknn_config, toolkits_dir=toolkits_dir,
                              memory_budget=None if sim_memory_mib is None else sim_memory_mib << 20)
     with Reporter(quiet=quiet) as say:
-        rows = run_drift(loaded, backend, steps=steps, cfg=cfg, guidance=guidance, seed=seed, progress=say)
-    emit(as_json, lambda: {"steps": steps, "cfg": cfg, "guidance": guidance, "seed": seed,
+        rows = run_drift(loaded, backend, steps=steps, cfg=cfg, guidance=guidance, seed=seed, progress=say,
+                         shift=shift)
+    emit(as_json, lambda: {"steps": steps, "cfg": cfg, "guidance": guidance, "seed": seed, "shift": shift,
                            "rows": [r.to_json() for r in rows]}, lambda: render(rows, blocks=show_blocks))
     bad = nonfinite_rows(rows)
     if bad:  # printed above, but a NaN run is a failure, never zero drift

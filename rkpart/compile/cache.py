@@ -86,8 +86,13 @@ def measured_stage_bytes(onnx_path: Path) -> int:
     return sum(p.stat().st_size for p in [onnx_path, *external_data_files(onnx_path)])
 
 
-def build_key(onnx_path: Path, toolkit_version: str, target: str, config: Mapping[str, Any]) -> str:
-    """The cache key of building ``onnx_path`` (sha256 hex)."""
+def build_key(onnx_path: Path, toolkit_version: str, target: str, config: Mapping[str, Any],
+              extra: Mapping[str, Any] | None = None) -> str:
+    """The cache key of building ``onnx_path`` (sha256 hex).
+
+    ``extra``: what else decides the build (a quantized stage's precision and calibration
+    digest, :meth:`rkpart.compile.precision.StagePrecision.key_extra`); empty keeps the key
+    of an fp16 build as it always was."""
     h = hashlib.sha256()
     h.update(f"rkpart-rknn-cache-v{CACHE_VERSION}\0".encode())
     hash_file(h, onnx_path)
@@ -102,6 +107,8 @@ def build_key(onnx_path: Path, toolkit_version: str, target: str, config: Mappin
         h.update(f"\0ext:{ext.name}:{ext.stat().st_size}\0".encode())
         hash_file(h, ext)
     meta = {"toolkit": toolkit_version, "target": target, "config": normalise_config(config)}
+    if extra:
+        meta["quantization"] = dict(extra)
     h.update(b"\0" + json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
     return h.hexdigest()
 

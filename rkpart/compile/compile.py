@@ -20,6 +20,7 @@ from typing import Any
 from rkpart.compile.cache import ArtifactCache, build_key, config_hash, measured_stage_bytes, normalise_config
 from rkpart.compile.compiler_plan import artifact_compiler_plan, compiler_meta
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
+from rkpart.compile.precision import StagePrecision, link_dataset
 from rkpart.compile.preflight import check_config, check_target
 from rkpart.compile.prepare import prepare_stage
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult
@@ -155,6 +156,10 @@ class CompileOptions:
     strict_npu: bool = False  # a stage with ops left on the CPU fails
     executor: str = "local"  # "local" (subprocesses here) or "ray" (Ray tasks, rkpart.compile.ray_executor)
     address: str | None = None  # Ray cluster address for executor "ray"
+    precision: str = "fp16"  # fp16, int8 (w8a8) or hybrid: every NPU stage not named by precision_spec
+    calibration: str | None = None  # calibration folder (rkpart calibrate); needed by int8 / hybrid
+    quantized_algorithm: str = "normal"  # normal, mmse, kl_divergence
+    precision_spec: str | None = None  # YAML/JSON: stage ids / regions / kinds -> precision
 
 
 def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
@@ -166,7 +171,8 @@ def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
                                progress, toolkits_dir=o.toolkits_dir, shared_cache=o.shared_cache,
                                retry_failed=o.retry_failed, cache=o.cache, stages=o.stages or None,
                                rewrites=o.rewrites, strict_npu=o.strict_npu, executor=o.executor,
-                               address=o.address)
+                               address=o.address, precision=o.precision, calibration=o.calibration,
+                               quantized_algorithm=o.quantized_algorithm, precision_spec=o.precision_spec)
 
 
 @dataclass
@@ -226,7 +232,10 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
                         cache: bool = True, stages: Sequence[str] | None = None,
                         rewrites: bool = True, strict_npu: bool = False,
                         memory_margin: int = DEFAULT_MARGIN, available: Callable[[], int] = available_memory,
-                        worker: Path = WORKER, executor: str = "local", address: str | None = None) -> CompileReport:
+                        worker: Path = WORKER, executor: str = "local", address: str | None = None,
+                        precision: str = "fp16", calibration: str | os.PathLike[str] | None = None,
+                        quantized_algorithm: str = "normal",
+                        precision_spec: str | os.PathLike[str] | None = None) -> CompileReport:
     """:func:`compile_plan`, returning the per-stage outcomes as well (keyword options as documented there).
 
     ``shared_cache`` is a cache dir shared between plans (default: the user-level build cache,
@@ -235,6 +244,9 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
     whose crash is remembered by the cache; ``worker`` is replaced only by test fakes.
     ``executor="ray"`` runs the builds as Ray tasks on the cluster at ``address``
     (:mod:`rkpart.compile.ray_executor`); results land in the plan exactly as local builds.
+    ``precision`` / ``precision_spec`` / ``calibration`` / ``quantized_algorithm``: int8 and
+    hybrid builds (:mod:`rkpart.compile.precision`); a ``calibration`` also runs the fp16 range
+    check, whose findings land in ``settings["fp16_range"]``.
     """
     say = progress or (lambda _m: None)
     folder = Path(folder)
@@ -251,6 +263,12 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
     settings = {"toolkit": tk.version, "target": target, "config": normalise_config(full_config),
                 "config_hash": chash, "fallback_toolkit": fb.version if fb else None, "rewrites": rewrites,
                 "strict_npu": strict_npu}
+    precisions = _precisions(plan, chosen, precision, precision_spec, calibration, quantized_algorithm, target,
+                             full_config, [t for t in (tk, fb) if t is not None], worker, settings)
+    if executor == "ray" and any(sp.quantized for sp in precisions.values()):
+        # a Ray node gets the stage's files, not its calibration dataset: it would build fp16
+        raise UserError("--precision int8 / hybrid builds run with --executor local only (Ray tasks do not "
+                        "carry the calibration data yet)")
     with folder_lock(folder):
         # build dirs of a compile that was killed (SIGKILL skips its cleanup); the lock
         # guarantees no live compile is using them
@@ -266,7 +284,7 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
         ctx = _Context(folder=folder, target=target, config=full_config, chash=chash, cache=local,
                        shared=shared, model=model, timeout=timeout, jobs=jobs, retry_failed=retry_failed,
                        margin=memory_margin, available=available, worker=worker, say=say, t0=t0,
-                       rewrites=rewrites)
+                       rewrites=rewrites, precisions=precisions)
         if executor == "ray":
             from rkpart.compile.ray_executor import RayRunner
 
@@ -303,6 +321,36 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
                                                               .get("dropped_rewrites", {})))
                     for s in chosen)
     return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings)
+
+
+def _precisions(plan: Plan, chosen: tuple[Stage, ...], precision: str, spec_path: str | os.PathLike[str] | None,
+                calibration: str | os.PathLike[str] | None, algorithm: str, target: str,
+                config: Mapping[str, Any], toolkits: list[Toolkit], worker: Path,
+                settings: dict[str, Any]) -> dict[str, StagePrecision]:
+    """Each chosen stage's precision, checked before any build (one-line errors: no or stale
+    calibration, a target or toolkit that cannot quantize); records them in ``settings``."""
+    from rkpart.compile.precision import load_precision_spec, resolve
+
+    spec = load_precision_spec(spec_path, plan) if spec_path is not None else None
+    out = resolve(plan, chosen, precision=precision, spec=spec, calibration=calibration, algorithm=algorithm,
+                  target=target)
+    quantized = {sid: sp for sid, sp in out.items() if sp.quantized}
+    if quantized:
+        sp0 = next(iter(quantized.values()))
+        # the toolkit must take the quantization options (a toolkit without them cannot quantize)
+        check_config(sp0.config(config, target), toolkits, worker)
+        settings["precision"] = {"default": precision, "quantized_algorithm": algorithm,
+                                 "calibration_sha256": sp0.calibration_sha256,
+                                 "stages": {sid: sp.precision for sid, sp in out.items()}}
+    if calibration is not None:
+        from rkpart.compile.calibration import load_calibration
+
+        cal = load_calibration(calibration)
+        cal.check_plan(plan)
+        ids = {s.id for s in chosen}
+        settings["fp16_range"] = [f.to_json() for f in cal.findings if f.stage in ids]
+        settings["fp16_range_checked"] = sum(sc.activations for sid, sc in cal.stages.items() if sid in ids)
+    return out
 
 
 def _check_writable(folder: Path) -> None:
@@ -390,6 +438,10 @@ class _Context:
     prepared: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     #: runs one build (Ray's RayRunner); None: local subprocesses under the memory scheduler
     runner: Callable[..., BuildResult] | None = None
+    #: stage id -> how it is built (fp16 when missing)
+    precisions: dict[str, StagePrecision] = field(default_factory=dict)
+    #: stage id -> its calibration dataset linked into the plan folder (relative; int8 / hybrid)
+    datasets: dict[str, str] = field(default_factory=dict)
 
     def compile_round(self, stages: Sequence[Stage], tk: Toolkit,
                       fallback_reason: Mapping[str, str] | None) -> dict[str, StageOutcome]:
@@ -468,7 +520,15 @@ class _Context:
             if prep.record is not None:
                 self.say(f"[prepared] {s.id}: {_describe_prep(prep.record)}")
             onnx = prep.onnx
-            key = build_key(onnx, tk.version, self.target, self.config)
+            sp = self.precisions.get(s.id) or StagePrecision("fp16")
+            config = sp.config(self.config, self.target)
+            quantize = None
+            if sp.quantized:
+                assert sp.dataset is not None and sp.calibration_sha256 is not None
+                linked = link_dataset(sp.dataset, self.folder / RKNN_DIR, sp.calibration_sha256)
+                self.datasets[s.id] = linked.relative_to(self.folder).as_posix()
+                quantize = sp.request(linked)
+            key = build_key(onnx, tk.version, self.target, config, sp.key_extra())
             meta = self.cache.get(key)
             if meta is None and self.shared is not None:
                 meta = self.cache.import_from(self.shared, key)
@@ -476,7 +536,8 @@ class _Context:
                     touch(self.shared.meta_path(key))  # last use, for `rkpart cache prune --max-size`
             if meta is not None:
                 outcomes[s.id] = StageOutcome(stage_id=s.id, status="cached", toolkit=tk.version,
-                                              artifact=self._artifact(key, meta, reason), log=meta.get("log"))
+                                              artifact=self._artifact(key, meta, reason, self.datasets.get(s.id)),
+                                              log=meta.get("log"))
                 self.say(f"[cached] {s.id}  rknn-toolkit2 {tk.version}")
                 continue
             fail = None if self.retry_failed else self.cache.get_failure(key)
@@ -491,9 +552,9 @@ class _Context:
             without = "".join(f".without-{n}" for n in sorted(drops.get(s.id, ())))  # keeps the first log
             log = self.folder / RKNN_DIR / LOG_DIR / f"{s.id}.{tk.version}{without}.log"
             job = BuildJob(stage_id=s.id, onnx=onnx, output=self.cache.rknn_path(key), log=log,
-                           config=self.config, toolkit=tk, timeout=self.timeout,
+                           config=config, toolkit=tk, timeout=self.timeout,
                            est_peak_rss=self.model.estimate(tk.version, size), size_bytes=size,
-                           worker=self.worker)
+                           worker=self.worker, quantize=quantize)
             todo.append(_Pending(stage=s, onnx=onnx, key=key, job=job))
         if not todo:
             return outcomes
@@ -563,17 +624,31 @@ class _Context:
             "peak_rss_bytes": res.peak_rss_bytes,
             "log": rel_log,
         }
+        sp = self.precisions.get(p.stage.id)
+        if sp is not None and sp.quantized and p.job is not None:
+            meta.update(config=normalise_config(p.job.config), config_hash=config_hash(p.job.config),
+                        precision=sp.precision, quantized_algorithm=sp.algorithm,
+                        calibration_sha256=sp.calibration_sha256,
+                        float16_layers=[str(x) for x in res.extra.get("float16_layers") or ()])
         self.cache.put_meta(p.key, meta)
         if self.shared is not None:
             self.cache.export_to(self.shared, p.key)
         return StageOutcome(stage_id=p.stage.id, status="built", toolkit=tk.version,
-                            artifact=self._artifact(p.key, meta, reason), wall_s=res.wall_s,
+                            artifact=self._artifact(p.key, meta, reason, self.datasets.get(p.stage.id)),
+                            wall_s=res.wall_s,
                             peak_rss_bytes=res.peak_rss_bytes, log=rel_log)
 
-    def _artifact(self, key: str, meta: Mapping[str, Any], reason: str | None) -> Artifact:
+    def _artifact(self, key: str, meta: Mapping[str, Any], reason: str | None,
+                  dataset: str | None = None) -> Artifact:
+        quantized = meta.get("precision", "fp16") != "fp16"
         return Artifact(kind="rknn", file=f"{RKNN_DIR}/objects/{key}.rknn", toolkit=str(meta["toolkit"]),
                         target=str(meta["target"]), config_hash=str(meta["config_hash"]),
                         sha256=str(meta["sha256"]), size_bytes=int(meta["size_bytes"]),
                         cpu_ops=tuple(meta.get("cpu_ops", ())), fallback_reason=reason,
+                        precision=str(meta.get("precision", "fp16")),
+                        quantized_algorithm=meta.get("quantized_algorithm") if quantized else None,
+                        calibration_sha256=meta.get("calibration_sha256") if quantized else None,
+                        calibration_dataset=dataset if quantized else None,
+                        float16_layers=tuple(str(x) for x in meta.get("float16_layers") or ()),
                         compiler=artifact_compiler_plan(self.folder, key, meta))
 

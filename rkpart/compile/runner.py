@@ -67,6 +67,8 @@ class BuildJob:
     est_peak_rss: int = 0  # bytes, filled in by the scheduler's memory model
     size_bytes: int = 0  # stage weights + I/O, for the memory model
     worker: Path = WORKER  # replaced only by fault-injection fakes in tests
+    #: int8 / hybrid: {"dataset": abs path, "hybrid": bool, ...} (rkpart.compile.precision); None: fp16
+    quantize: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -180,6 +182,8 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
     result_path = work / "result.json"
     req = {"onnx": str(job.onnx.absolute()), "output": str(out), "config": dict(job.config),
            "result": str(result_path)}
+    if job.quantize:
+        req["quantize"] = dict(job.quantize)
     (work / "request.json").write_text(json.dumps(req, indent=2, sort_keys=True))
     argv = [str(job.toolkit.python), str(job.worker), "build", str(work / "request.json")]
     t0 = time.monotonic()

@@ -7,8 +7,10 @@ Modes
 -----
 ``build REQUEST.json``
     REQUEST = {"onnx": path, "output": path.rknn, "config": {...RKNN.config kwargs},
-    "result": path.json}.  Loads, builds fp16 (``do_quantization=False``) and exports
-    atomically; writes RESULT = {"ok": bool, "step": ..., "error": ..., "toolkit": version}.
+    "result": path.json, "quantize": optional}.  Loads, builds fp16 (``do_quantization=False``),
+    or with ``quantize`` = {"dataset": dataset.txt, "hybrid": bool} int8 (``do_quantization=True``;
+    the config carries ``quantized_dtype``/``quantized_algorithm``), and exports atomically;
+    writes RESULT = {"ok": bool, "step": ..., "error": ..., "toolkit": version, "float16_layers"}.
     Exit status 0 on success, 3 when a toolkit call returned an error, 4 on MemoryError.
     All toolkit output (including the native "Network Layer Information Table", which the
     toolkit's ``verbose_file`` does not receive) goes to this process's stdout/stderr, which
@@ -25,8 +27,9 @@ Modes
     them.  Tensors travel in .npz files (``allow_pickle=False``).  Operations:
     ``{"op": "load", "key": k, "onnx": path, "config": {...}}`` -> a new RKNN + load_onnx
     (replacing any model under ``k``);
-    ``{"op": "init", "key": k}`` -> build + init_runtime() (the simulator: a loaded .rknn
-    cannot run there, so every model is built from ONNX);
+    ``{"op": "init", "key": k, "quantize": optional}`` -> build + init_runtime() (the simulator:
+    a loaded .rknn cannot run there, so every model is built from ONNX; ``quantize`` as for
+    ``build``, so an int8 stage is simulated as it was compiled);
     ``{"op": "infer", "key": k, "inputs": in.npz, "names": [...], "outputs": out.npz,
     "output_names": [...]}`` -> inference;
     ``{"op": "drop", "key": k}`` -> release that model and hand its memory back to the system
@@ -114,7 +117,12 @@ def build(request_path: str) -> int:
         result["step"] = "load_onnx"
         _check("load_onnx", rknn.load_onnx(model=req["onnx"]))
         result["step"] = "build"
-        _check("build", rknn.build(do_quantization=False))
+        quantize = req.get("quantize")
+        if quantize:
+            rknn, kept = _build_quantized(rknn, req, quantize)
+            result["float16_layers"] = kept
+        else:
+            _check("build", rknn.build(do_quantization=False))
         result["step"] = "export_rknn"
         out = req["output"]
         tmp = f"{out}.{os.getpid()}.part"
@@ -150,6 +158,83 @@ def build(request_path: str) -> int:
             return EXIT_DISK
         raise
     return code
+
+
+def _build_quantized(rknn: Any, req: dict[str, Any], q: dict[str, Any]) -> tuple[Any, list[str]]:
+    """int8 (w8a8) build from ``q["dataset"]``; returns the RKNN object that holds the built
+    model and the layers kept in float16 (hybrid only; empty for int8)."""
+    dataset = q["dataset"]
+    if not q.get("hybrid"):
+        _check("build", rknn.build(do_quantization=True, dataset=dataset))
+        return rknn, []
+    return _build_hybrid(rknn, req, q)
+
+
+def _worst_layers(report: str, cosine: float, most: int) -> list[str]:
+    """Layers of ``accuracy_analysis``'s ``error_analysis.txt`` to keep in float16: those whose
+    *single*-layer cosine (its own error, not the accumulated one) is below ``cosine``, worst
+    first, at most ``most``; at least the worst one (else hybrid would equal int8)."""
+    rows = []
+    for line in report.splitlines():
+        parts = line.split()
+        if len(parts) < 8 or not line.startswith("[") or parts[0] in ("[Input]", "[exDataConvert]"):
+            continue
+        try:
+            single = float(parts[5])
+        except ValueError:
+            continue
+        rows.append((single, parts[1]))
+    rows.sort()
+    kept = [name for cos, name in rows if cos < cosine][:most]
+    return kept or [name for _cos, name in rows[:1]]
+
+
+def _build_hybrid(rknn: Any, req: dict[str, Any], q: dict[str, Any]) -> tuple[Any, list[str]]:
+    """hybrid_quantization_step1 -> mark layers float16 in its .quantization.cfg -> step2.
+
+    The layers are ``q["float16_layers"]`` when given (the simulator repeating a compile's
+    choice), else measured: an int8 build's ``accuracy_analysis`` on the dataset's first
+    sample (:func:`_worst_layers`)."""
+    from rknn.api import RKNN
+
+    dataset = q["dataset"]
+    base = os.path.dirname(os.path.abspath(dataset))
+    with open(dataset) as f:
+        first = [os.path.join(base, t) for t in f.readline().split()]
+    work = os.path.abspath(f"hybrid-{os.getpid()}-{len(os.listdir('.'))}")
+    os.makedirs(work)
+    old = os.getcwd()
+    os.chdir(work)  # step1 writes <model>.model/.data/.quantization.cfg into the cwd
+    try:
+        kept = [str(x) for x in q.get("float16_layers") or []]
+        if not kept:
+            _check("build", rknn.build(do_quantization=True, dataset=dataset))
+            _check("accuracy_analysis", rknn.accuracy_analysis(inputs=first, output_dir="snapshot"))
+            with open(os.path.join("snapshot", "error_analysis.txt")) as f:
+                kept = _worst_layers(f.read(), float(q.get("hybrid_cosine", 0.999)),
+                                     int(q.get("hybrid_max_layers", 8)))
+            print(f"rkpart hybrid: keeping in float16: {kept}", flush=True)
+        rknn.release()
+        rknn = _make_rknn(req.get("config", {}))
+        _check("load_onnx", rknn.load_onnx(model=req["onnx"]))
+        _check("hybrid_quantization_step1", rknn.hybrid_quantization_step1(dataset=dataset, proposal=False))
+        name = os.path.splitext(os.path.basename(req["onnx"]))[0]
+        cfg = f"{name}.quantization.cfg"
+        with open(cfg) as f:
+            text = f.read()
+        layers = "".join(f"    {json.dumps(k)}: float16\n" for k in kept)
+        head = "custom_quantize_layers: {}\n"
+        if not text.startswith(head):
+            raise StepError("hybrid_quantization_step1", f"unexpected {cfg}: no empty custom_quantize_layers")
+        with open(cfg, "w") as f:
+            f.write("custom_quantize_layers:\n" + layers + text[len(head):])
+        rknn.release()
+        rknn = RKNN(verbose=True)
+        _check("hybrid_quantization_step2", rknn.hybrid_quantization_step2(
+            model_input=f"{name}.model", data_input=f"{name}.data", model_quantization_cfg=cfg))
+        return rknn, kept
+    finally:
+        os.chdir(old)
 
 
 def _rss() -> int:
@@ -189,6 +274,7 @@ def simulate() -> int:
         proto.flush()
 
     models: dict[str, Any] = {}
+    loads: dict[str, dict[str, Any]] = {}  # key -> its load request (onnx, config): a hybrid build reloads
 
     def model(req: dict[str, Any]) -> Any:
         key = req.get("key", "")
@@ -213,11 +299,16 @@ def simulate() -> int:
                 drop(key)
                 rknn = _make_rknn(req.get("config", {}))
                 models[key] = rknn
+                loads[key] = req
                 _check("load_onnx", rknn.load_onnx(model=req["onnx"]))
                 reply(ok=True, toolkit=_toolkit_version())
             elif op == "init":
                 rknn = model(req)
-                _check("build", rknn.build(do_quantization=False))
+                if req.get("quantize"):  # int8 / hybrid: built as compile built it, from the same dataset
+                    rknn, _kept = _build_quantized(rknn, loads[req.get("key", "")], req["quantize"])
+                    models[req.get("key", "")] = rknn
+                else:
+                    _check("build", rknn.build(do_quantization=False))
                 _check("init_runtime", rknn.init_runtime())
                 reply(ok=True)
             elif op == "infer":

@@ -30,18 +30,18 @@ from typing import Any
 from rkpart.cost_model.device_model import OTHER_BYTES
 from rkpart.cost_model.features import Features, stage_features
 from rkpart.cost_model.model import CostModel
-from rkpart.cost_model.npu_time import COMPILER_ERROR, compiled_infer_seconds
+from rkpart.cost_model.npu_time import (
+    CFG_PARALLEL_SOURCE,
+    CFG_PARALLEL_SPEEDUP,
+    COMPILER_ERROR,
+    compiled_infer_seconds,
+)
 from rkpart.cost_model.rounds import overhead
 from rkpart.cost_model.select import latency_error
 from rkpart.errors import UserError
 from rkpart.partitioner.plan import Plan
 from rkpart.types import HOST, LIFECYCLE, Residency
 
-#: throughput of two sessions on two NPU cores against one (a Stable Diffusion UNet ported to
-#: RK3588 with RKNNLite, published by its author; not measured by rkpart: no board here)
-CFG_PARALLEL_SPEEDUP = 1.78
-CFG_PARALLEL_SOURCE = ("prior: 1.78x throughput of two RKNNLite sessions on two cores (published LCM/UNet port on "
-                       "RK3588), unmeasured here; `rkpart tune --backend rknnlite` on a board replaces it")
 ESTIMATE_VERSION = 1
 
 

@@ -35,6 +35,12 @@ NPU_HZ = 1e9
 #: prior: attention-core MACs per second, at the conv layers' fp16 rate (512 MACs / cycle / core)
 ATT_MAC_RATE = 512 * NPU_HZ
 TERMS = ("compiled_cycles", "act_macs", "compiled_rw_bytes")
+#: throughput of two sessions on two NPU cores against one (a Stable Diffusion UNet ported to
+#: RK3588 with RKNNLite, published by its author; not measured by rkpart: no board here): the
+#: speed-up of running a step's two CFG passes at once (the bundle runner's ``--cfg-parallel``)
+CFG_PARALLEL_SPEEDUP = 1.78
+CFG_PARALLEL_SOURCE = ("prior: 1.78x throughput of two RKNNLite sessions on two cores (published LCM/UNet port on "
+                       "RK3588), unmeasured here; `rkpart tune --backend rknnlite` on a board replaces it")
 #: the write-up's board device memory against the compiler's weight + internal memory of the same
 #: builds (2.3.0): split's peak 3 % below it, fused 11 % above: the error bar of a compiler figure
 COMPILER_ERROR = 0.111
@@ -96,5 +102,5 @@ def compiled_infer_seconds(model: CostModel, f: Features, toolkit: str | None = 
     return predict(comp, [f])
 
 
-__all__ = ["ATT_MAC_RATE", "COMPILER_ERROR", "NPU_HZ", "TERMS", "Calibration", "calibrate", "compiled_infer_seconds",
-           "leave_fused_out", "predict"]
+__all__ = ["ATT_MAC_RATE", "CFG_PARALLEL_SOURCE", "CFG_PARALLEL_SPEEDUP", "COMPILER_ERROR", "NPU_HZ", "TERMS",
+           "Calibration", "calibrate", "compiled_infer_seconds", "leave_fused_out", "predict"]

@@ -28,7 +28,7 @@ from rkpart.cost_model.candidates import Candidate, mark_exclusions
 from rkpart.cost_model.checks import check_prediction
 from rkpart.cost_model.device_model import OTHER_BYTES
 from rkpart.cost_model.model import CostModel
-from rkpart.cost_model.npu_time import compiled_infer_seconds
+from rkpart.cost_model.npu_time import CFG_PARALLEL_SOURCE, CFG_PARALLEL_SPEEDUP, compiled_infer_seconds
 from rkpart.cost_model.rounds import outside_range, overhead
 from rkpart.errors import BudgetError, UserError
 from rkpart.targets.known_issues import crash_patterns
@@ -56,6 +56,9 @@ class SelectionConfig:
     plugins: bool = True  # plugin strategies' partitions are candidates too
     #: where ``budget_mib`` came from ("--budget-mib", or the target's documented default)
     budget_source: str = "given"
+    #: plan for the two CFG passes of a step running at once on two NPU cores (the bundle runner's
+    #: ``--cfg-parallel``): two contexts of every stage, NPU inference at the prior speed-up
+    cfg_parallel: bool = False
 
     @property
     def passes(self) -> int:
@@ -181,6 +184,8 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
         infer = sum(v for v in compiled if v is not None) * p
     else:
         infer = total("infer") * p
+    if cfg.cfg_parallel and cfg.cfg:
+        infer /= CFG_PARALLEL_SPEEDUP
     host = 0.0
     if c.host is not None:
         hp = model.predict_stage(c.host).get("host")
@@ -191,7 +196,8 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
     glue = overhead(model, stages, p)
     toolkit = cfg.toolkit or model.provenance.get("toolkit")
     mems = [stage_memory(model, f, term, toolkit) for f in c.npu]
-    dev = [m for m, _, _ in mems]
+    contexts = 2 if cfg.cfg_parallel and cfg.cfg else 1  # one context per pass and core
+    dev = [m * contexts for m, _, _ in mems]
     device = (max(dev, default=0.0) if residency == "per-stage" else sum(dev))
     sources = {src for _, _, src in mems}
     pss_vals = [v for _, v, _ in mems]
@@ -303,6 +309,9 @@ class Selection:
         lines = [f"auto: {self.config.passes} passes ({self.config.steps} steps x "
                  f"{2 if self.config.cfg else 1} CFG), toolkit {self.toolkit or 'any'}, "
                  f"budget {budget}, accuracy floor {self.max_error_ratio:g}x"]
+        if self.config.cfg_parallel and self.config.cfg:
+            lines.append("cfg-parallel: both CFG passes of a step at once on two NPU cores: every stage's device "
+                         f"memory counted twice, NPU inference / {CFG_PARALLEL_SPEEDUP:g} ({CFG_PARALLEL_SOURCE})")
         if self.memory is not None:
             extra = f", plus a process baseline of {self.baseline_bytes / MIB:.1f} MiB" if self.baseline_bytes else ""
             lines.append(f"memory: {self.memory.label} per candidate{extra}")

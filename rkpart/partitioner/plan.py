@@ -67,11 +67,24 @@ class Artifact:
     fallback_reason: str | None = None  # set when a fallback toolkit built it
     #: the compiler's own plan of the build (memory, cycles, layer counts; ``None``: not read)
     compiler: CompilerPlan | None = None
+    #: issue 27: "fp16", "int8" (w8a8) or "hybrid"; the rest only for int8 / hybrid
+    precision: str = "fp16"
+    quantized_algorithm: str | None = None
+    calibration_sha256: str | None = None  # the calibration manifest's sha256
+    calibration_dataset: str | None = None  # the stage's dataset.txt, relative to the plan folder
+    float16_layers: tuple[str, ...] = ()  # hybrid: the layers kept in float16
 
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["cpu_ops"] = list(self.cpu_ops)
         d["compiler"] = None if self.compiler is None else self.compiler.to_json()
+        # an fp16 artifact's record stays as it was before precisions existed (byte-identical plans)
+        if self.precision == "fp16":
+            for k in ("precision", "quantized_algorithm", "calibration_sha256", "calibration_dataset",
+                      "float16_layers"):
+                d.pop(k)
+        else:
+            d["float16_layers"] = list(self.float16_layers)
         return d
 
     @classmethod
@@ -87,6 +100,11 @@ class Artifact:
             cpu_ops=tuple(str(x) for x in d.get("cpu_ops", ())),
             fallback_reason=d.get("fallback_reason"),
             compiler=None if d.get("compiler") is None else CompilerPlan.from_json(d["compiler"]),
+            precision=str(d.get("precision", "fp16")),
+            quantized_algorithm=d.get("quantized_algorithm"),
+            calibration_sha256=d.get("calibration_sha256"),
+            calibration_dataset=d.get("calibration_dataset"),
+            float16_layers=tuple(str(x) for x in d.get("float16_layers", ())),
         )
 
 

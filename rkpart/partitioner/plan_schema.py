@@ -89,6 +89,17 @@ _ARTIFACT = {
         "compiler": {"oneOf": [{"type": "null"}, _COMPILER_PLAN],
                      "description": "The compiler's own plan of the build, read from its verbose log "
                                     "(docs/compile.md); null when the log was not read."},
+        "precision": {"enum": ["fp16", "int8", "hybrid"],
+                      "description": "How it was built (absent: fp16); int8 is w8a8, hybrid int8 with some "
+                                     "layers in float16."},
+        "quantized_algorithm": {"type": ["string", "null"], "description": "int8 / hybrid: quantized_algorithm."},
+        "calibration_sha256": {"type": ["string", "null"],
+                               "description": "int8 / hybrid: sha256 of the calibration manifest it was built from."},
+        "calibration_dataset": {"type": ["string", "null"],
+                                "description": "int8 / hybrid: the stage's dataset.txt, relative to the plan folder "
+                                               "(rknn/calibration/...)."},
+        "float16_layers": {"type": "array", "items": {"type": "string"},
+                           "description": "hybrid: the layers (tensor names) kept in float16."},
     },
 }
 _STAGE = {

@@ -1,7 +1,7 @@
 """Drift through the whole model: a denoising loop on ONNX Runtime vs on the NPU backend.
 
 ``rkpart drift PLAN [PLAN ...] --steps N --cfg`` runs a simple flow-matching sampler (Euler,
-``sigma`` from 1 to 0 in ``N`` equal steps, fixed seed) through each plan twice: once with every
+``sigma`` from 1 to 0 in ``N`` equal steps, optionally shifted, fixed seed) through each plan twice: once with every
 stage on ONNX Runtime (the reference, in the model's own precision) and once with the NPU
 stages on the backend (the rknn-toolkit2 simulator).  Each run follows its *own* trajectory,
 so errors accumulate over blocks and steps the way they would on the board.  Per step it
@@ -26,6 +26,7 @@ import numpy as np
 from rkpart.errors import SpecError
 from rkpart.partitioner.plan import Plan
 from rkpart.runtime.base import Backend
+from rkpart.runtime.board_runner import flow_sigmas
 from rkpart.runtime.executor import PlanExecutor
 from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.validation.metrics import compare
@@ -96,10 +97,13 @@ StepResult = tuple[np.ndarray, dict[tuple[str, int], dict[str, np.ndarray]]]
 
 
 def denoise_steps(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cfg: bool,
-                  guidance: float = 4.0, seed: int = 0,
-                  timestep_scale: float = 1000.0) -> Generator[StepResult, None, None]:
+                  guidance: float = 4.0, seed: int = 0, timestep_scale: float = 1000.0,
+                  shift: float = 1.0) -> Generator[StepResult, None, None]:
     """The flow-matching Euler loop through ``plan`` (``backend`` for NPU stages; ``None``: ORT),
-    one step at a time: only the current step's block outputs are held."""
+    one step at a time: only the current step's block outputs are held.
+
+    The bundle runner's ``Runner.denoise`` is the same loop (same sigmas, seeding and CFG
+    combine; ``rkpart bundle`` records the roles of :func:`roles` in its manifest)."""
     r = roles(plan)
     rng = np.random.default_rng(seed)
     lat = plan.tensors[r.latent]
@@ -108,7 +112,7 @@ def denoise_steps(plan: Plan, folder: Path, *, backend: Backend | None, steps: i
     uncond = {t: np.zeros_like(v) for t, v in cond.items()}
     ts = plan.tensors[r.timestep]
     ends = block_outputs(plan)
-    sigmas = np.linspace(1.0, 0.0, steps + 1)
+    sigmas = flow_sigmas(steps, shift)
     # the ORT reference loads one NPU stage at a time (each serves every pass of a step back to
     # back): resident, a full-size plan's sessions hold several times its weights (OOM at 24 GiB
     # with 28 blocks).  The simulator's pool bounds its own memory.
@@ -137,11 +141,12 @@ def denoise_steps(plan: Plan, folder: Path, *, backend: Backend | None, steps: i
 
 
 def denoise(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cfg: bool, guidance: float = 4.0,
-            seed: int = 0, timestep_scale: float = 1000.0) -> Trajectory:
+            seed: int = 0, timestep_scale: float = 1000.0, shift: float = 1.0) -> Trajectory:
     """:func:`denoise_steps` run to the end, every step kept."""
     traj = Trajectory([], {})
     for step, (x, blocks) in enumerate(denoise_steps(plan, folder, backend=backend, steps=steps, cfg=cfg,
-                                                     guidance=guidance, seed=seed, timestep_scale=timestep_scale)):
+                                                     guidance=guidance, seed=seed, timestep_scale=timestep_scale,
+                                                     shift=shift)):
         traj.latents.append(x)
         traj.blocks.update({(step, kind, block): outs for (kind, block), outs in blocks.items()})
     return traj
@@ -180,7 +185,8 @@ def compare_trajectories(label: str, ref: Trajectory, got: Trajectory) -> list[D
 
 
 def drift(plans: Sequence[tuple[str, Plan, Path]], backend: Backend, *, steps: int, cfg: bool,
-          guidance: float = 4.0, seed: int = 0, progress: Callable[[str], None] | None = None) -> list[DriftRow]:
+          guidance: float = 4.0, seed: int = 0, progress: Callable[[str], None] | None = None,
+          shift: float = 1.0) -> list[DriftRow]:
     """Reference (ORT) vs ``backend`` trajectories of every ``(label, plan, folder)``.
 
     The two runs of a plan go in lockstep, step by step, and each step is compared and dropped:
@@ -195,7 +201,7 @@ def drift(plans: Sequence[tuple[str, Plan, Path]], backend: Backend, *, steps: i
         pool = backend.pool if isinstance(backend, RknnSimBackend) else None
         if pool is not None:
             pool.reset_stats()
-        kw: dict[str, Any] = {"steps": steps, "cfg": cfg, "guidance": guidance, "seed": seed}
+        kw: dict[str, Any] = {"steps": steps, "cfg": cfg, "guidance": guidance, "seed": seed, "shift": shift}
         ref_run = denoise_steps(plan, folder, backend=None, **kw)
         got_run = denoise_steps(plan, folder, backend=backend, **kw)
         try:

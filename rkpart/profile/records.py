@@ -171,6 +171,8 @@ def stage_identity(stage: Stage, strategy: str, executor: str, host_name: str) -
             "target": art.target,
             "sha256": art.sha256,
             "size_bytes": art.size_bytes,
+            # issue 27: an int8 / hybrid measurement is not an fp16 one (absent for fp16: records unchanged)
+            **({"precision": art.precision} if art.precision != "fp16" else {}),
         },
     }
 

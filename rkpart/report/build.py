@@ -183,9 +183,9 @@ def build_report(
                  "nodes and of weight bytes.", pngs["stage_map"], coverage, "coverage"),
         f"<details><summary>All stages</summary>{_table_html(stages)}<p class='meta'>CSV: <code>stages.csv</code>"
         "</p></details>",
-        _section("Compile outcomes", "Per NPU stage: toolkit, size, the compiler's own plan (weight and internal "
-                 "memory, cycles, RW bytes, the op types it gives no cycles), ops the toolkit placed on the CPU, "
-                 "fallbacks and failures.", None, compiled, "compile"),
+        _section("Compile outcomes", "Per NPU stage: toolkit, precision, size, the compiler's own plan (weight and "
+                 "internal memory, cycles, RW bytes, the op types it gives no cycles), ops the toolkit placed on the "
+                 "CPU, fallbacks and failures. " + html.escape(D.fp16_range_summary(plan)), None, compiled, "compile"),
         _section("Lifecycle latency per block", "Median per round over measured rounds: load, init, inference and "
                  "release of NPU stages, and host stages, per profile side by side." + hint_prof, pngs["lifecycle"],
                  life, "lifecycle"),

@@ -141,9 +141,25 @@ def _compiler_columns(cp: CompilerPlan | None) -> dict[str, Any]:
         return {k: "" for k in ("weight_bytes", "internal_bytes", "cycles_total", "rw_bytes", "uncycled_ops")}
     return {"weight_bytes": v(cp.weight_bytes), "internal_bytes": v(cp.internal_bytes),
             "cycles_total": v(cp.cycles_total), "rw_bytes": v(cp.rw_bytes), "uncycled_ops": " ".join(cp.uncycled_ops)}
+def fp16_range_summary(plan: Plan) -> str:
+    """The fp16 range check of the plan's last compile (``--calibration``), in words; empty without one."""
+    settings = (plan.extra or {}).get("compile") or {}
+    if "fp16_range" not in settings:
+        return ""
+    from rkpart.compile.calibration import RangeFinding
+
+    found = [RangeFinding.from_json(f) for f in settings["fp16_range"]]
+    if not found:
+        return (f"fp16 range: ok ({settings.get('fp16_range_checked', 0)} activation tensors of the calibration "
+                "loop, none near fp16's limits).")
+    return " ".join(f.describe() + "." for f in found)
 
 
 def compile_table(plan: Plan) -> Table:
+    settings = (plan.extra or {}).get("compile") or {}
+    ranges: dict[str, list[str]] = {}
+    for f in settings.get("fp16_range") or ():
+        ranges.setdefault(str(f.get("stage")), []).append(f"{f.get('kind')} {f.get('tensor')} ({f.get('margin'):.3g})")
     rows = []
     for s in plan.npu_stages:
         art = s.artifact("rknn")
@@ -154,6 +170,9 @@ def compile_table(plan: Plan) -> Table:
             "target": art.target if art else "", "rknn_bytes": art.size_bytes if art else "",
             **_compiler_columns(art.compiler if art else None),
             "cpu_ops": " ".join(art.cpu_ops) if art else "",
+            "precision": art.precision if art else "",
+            "float16_layers": " ".join(art.float16_layers) if art else "",
+            "fp16_range": "; ".join(ranges.get(s.id, ())) if "fp16_range" in settings else "not checked",
             "fallback_reason": (art.fallback_reason or "") if art else "",
             "failures": " | ".join(f"{f.toolkit}: {f.message}" for f in s.failures),
         })

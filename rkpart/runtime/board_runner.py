@@ -20,6 +20,17 @@ or from the shell, gated against the reference outputs the bundle was written wi
 
     python runner.py --inputs ref_inputs.npz --reference ref_outputs.npz
 
+A whole denoising loop (``rkpart drift``'s sampler: seeded latent, CFG, flow-matching Euler;
+the manifest's ``denoise`` record names the latent, timestep and conditioning inputs)::
+
+    python runner.py --steps 30 --guidance 4.5 --cond prompt.npz --latent-out latent.npy [--cfg-parallel]
+    x = Runner("bundle/").denoise(30, guidance=4.5, cond={"encoder_hidden_states": ctx})
+
+``cfg_parallel`` (``--cfg-parallel``) runs the two passes of each step at the same time, each
+in its own thread on its own context of every NPU stage (core masks 0 and 1): twice the
+device memory, the same bytes out.  Otherwise every NPU stage has its own core mask
+(``manifest.json``, set by ``rkpart bundle --core-mask``; ``--core-mask`` overrides all).
+
 Residency (``manifest.json`` ``residency`` per stage, ``--residency`` overrides all):
 ``per-stage`` stages are loaded, initialised, run and released around every use (one NPU
 context alive at a time, the policy for boards with little memory); ``resident`` stages
@@ -31,8 +42,9 @@ ONNX Runtime stand-in: with ``RKPART_RUNNER_NPU_STANDIN=DIR`` in the environment
 under ``DIR`` at each stage's ``source`` path (the plan folder the bundle was made from).
 That is for checking a bundle on a machine without an NPU; it is never the NPU.
 
-Exit codes of the command line: 0 gate passed, 2 bad input (one-line message), 7 the NPU
-runtime failed, 8 the numerical gate failed.
+Exit codes of the command line: 0 gate passed (or the loop ran), 2 bad input (one-line
+message; also a bundle without a loop record, or a run over the manifest's device budget),
+7 the NPU runtime failed, 8 the numerical gate failed.
 """
 
 from __future__ import annotations
@@ -42,8 +54,10 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -77,6 +91,13 @@ EXIT_USER, EXIT_RUNTIME, EXIT_GATE = 2, 7, 8
 #: the gate's max |error| / max |reference| when the manifest names none: fp16 on the NPU (the
 #: simulator) gives ~6e-4 on the example, host weights scaled by 1.01 give ~2e-2
 DEFAULT_MAX_ABS_REL = 0.01
+
+#: the denoising loop's schedulers (``rkpart drift``'s: flow-matching Euler, with shift)
+SCHEDULERS = ("flow-euler",)
+#: core masks of the two passes' contexts under ``--cfg-parallel``
+CFG_LANE_MASKS = ("0", "1")
+#: the flags of ``rkpart bundle`` that name the loop's inputs
+LOOP_FLAGS = "--latent-input NAME --timestep-input NAME [--context-input NAME ...]"
 
 
 class BundleError(Exception):
@@ -475,7 +496,7 @@ class Runner:
 
     def __init__(self, folder: str | os.PathLike[str] = ".", *, residency: str | None = None,
                  core_mask: str | None = None, npu_standin: str | os.PathLike[str] | None = None,
-                 verify: bool = True, rknnlite_api: Any = None) -> None:
+                 verify: bool = True, rknnlite_api: Any = None, cfg_parallel: bool = False) -> None:
         self.folder = Path(folder)
         self.manifest = read_manifest(self.folder)
         if verify:
@@ -508,6 +529,17 @@ class Runner:
         }
         self._api = rknnlite_api
         self._open: dict[str, Any] = {}  # stage id -> initialised session (resident stages)
+        #: two contexts of every NPU stage, one per CFG pass, on NPU cores 0 and 1 (:meth:`run_passes`)
+        self.cfg_parallel = bool(cfg_parallel)
+        self._open_lane1: dict[str, Any] = {}  # the second pass's resident sessions under cfg_parallel
+        self._core_mask_override = core_mask
+        self._host_lock = threading.Lock()
+        for s in self.stages:
+            mask = self.stage_core_mask(s)
+            if mask not in CORE_MASKS:
+                raise BundleError(f"stage {s['id']}: core mask {mask!r} is not one of {', '.join(CORE_MASKS)}")
+        #: per denoising step of the last :meth:`denoise`: wall seconds and the lifecycle split
+        self.step_timings: list[dict[str, float]] = []
         self._opened = False
         #: seconds per (stage id, phase) of the last :meth:`run`, phases load/init/infer/release
         self.timings: list[tuple[str, str, float]] = []
@@ -517,7 +549,14 @@ class Runner:
         self._sink = self.timings
 
     # -- sessions ---------------------------------------------------------------------------
-    def _session(self, s: Mapping[str, Any]) -> Any:
+    def stage_core_mask(self, s: Mapping[str, Any], lane: int = 0) -> str:
+        """The core mask a stage's context is initialised with: under ``cfg_parallel`` core 0 for
+        the first pass and core 1 for the second; else ``--core-mask``, the stage's, the manifest's."""
+        if self.cfg_parallel:
+            return CFG_LANE_MASKS[lane]
+        return self._core_mask_override or str(s.get("core_mask") or self.core_mask)
+
+    def _session(self, s: Mapping[str, Any], lane: int = 0) -> Any:
         ins, outs = tuple(s["inputs"]), tuple(s["outputs"])
         if s["device"] != "npu":
             return OrtSession(inside(self.folder, s["file"]), ins, outs)
@@ -525,7 +564,8 @@ class Runner:
             return OrtSession(standin_file(self.npu_standin, s["source"], s.get("source_sha256")), ins, outs)
         if self._api is None:
             self._api = import_rknnlite()
-        return RknnLiteSession(inside(self.folder, s["file"]), CORE_MASKS[self.core_mask], self._api, s["id"])
+        return RknnLiteSession(inside(self.folder, s["file"]), CORE_MASKS[self.stage_core_mask(s, lane)], self._api,
+                               s["id"])
 
     def _timed(self, sid: str, phase: str, fn: Any, *args: Any) -> Any:
         t0 = time.perf_counter()
@@ -533,8 +573,8 @@ class Runner:
         self._sink.append((sid, phase, time.perf_counter() - t0))
         return out
 
-    def _start(self, s: Mapping[str, Any]) -> Any:
-        sess = self._session(s)
+    def _start(self, s: Mapping[str, Any], lane: int = 0) -> Any:
+        sess = self._session(s, lane)
         self._timed(s["id"], "load", sess.load)
         self._timed(s["id"], "init", sess.init)
         return sess
@@ -547,14 +587,17 @@ class Runner:
             for s in self.stages:
                 if s["device"] == "npu" and self.residency[s["id"]] == "resident":
                     self._open[s["id"]] = self._start(s)
+                    if self.cfg_parallel:
+                        self._open_lane1[s["id"]] = self._start(s, 1)
         return self
 
     def close(self) -> None:
         """Release every resident session."""
         self.close_timings = self._sink = []
-        for sid, sess in list(self._open.items()):
+        for sid, sess in [*self._open.items(), *self._open_lane1.items()]:
             self._timed(sid, "release", sess.release)
         self._open.clear()
+        self._open_lane1.clear()
         self._opened = False
 
     def __enter__(self) -> Runner:
@@ -593,17 +636,25 @@ class Runner:
                 if resident:
                     self._open[sid] = sess
             try:
-                outs = self._timed(sid, "infer", sess.infer, [env[n] for n in s["inputs"]])
+                self._call_stage(s, sess, env)
             finally:
                 if not resident:
                     self._timed(sid, "release", sess.release)
-            if len(outs) != len(s["outputs"]):
-                raise RuntimeFailure(f"stage {sid}: {len(outs)} outputs, expected {len(s['outputs'])}")
-            for name, a in zip(s["outputs"], outs, strict=True):
-                env[name] = self._conform(name, np.asarray(a))
             for name in self._drop[k]:
                 env.pop(name, None)
         return {n: env[n] for n in self.outputs}
+
+    def _call_stage(self, s: Mapping[str, Any], sess: Any, env: dict[str, np.ndarray]) -> None:
+        """One stage on one pass: its inputs from ``env``, its outputs (as the plan recorded them) into it.
+
+        Every pass of every mode (:meth:`run`, :meth:`run_passes`, CFG in parallel) calls a
+        stage through here, so conversions of stage I/O belong here and nowhere else.
+        """
+        outs = self._timed(s["id"], "infer", sess.infer, [env[n] for n in s["inputs"]])
+        if len(outs) != len(s["outputs"]):
+            raise RuntimeFailure(f"stage {s['id']}: {len(outs)} outputs, expected {len(s['outputs'])}")
+        for name, a in zip(s["outputs"], outs, strict=True):
+            env[name] = self._conform(name, np.asarray(a))
 
     def _conform(self, name: str, a: np.ndarray) -> np.ndarray:
         """The runtime's output in the dtype and shape the plan recorded (RKNN returns float32, flat shapes)."""
@@ -614,6 +665,199 @@ class Runner:
         if a.shape != shape and a.size == int(np.prod(shape, dtype=np.int64)):
             a = a.reshape(shape)
         return a.astype(dtype, copy=False)
+
+
+    # -- several passes at once, and the denoising loop --------------------------------------
+    def run_passes(self, passes: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray]]:
+        """Independent passes (CFG's conditional and unconditional one) through every stage, stage-major.
+
+        Sequentially (the default), each stage serves every pass back to back, so a
+        ``per-stage`` stage is loaded, initialised and released once for all of them: one NPU
+        context alive at a time.  With ``cfg_parallel`` (two passes) the two passes of a stage
+        run at the same time in two threads, each on its own context of the stage (core mask 0
+        and 1): two NPU contexts alive at once, doubling the device memory a stage holds.  The
+        results equal :meth:`run` on each pass either way.
+        """
+        if self.cfg_parallel and len(passes) != 2:
+            raise BundleError(f"cfg_parallel runs two passes (cond and uncond) at once, not {len(passes)}")
+        self.open()
+        self.timings = self._sink = []
+        envs = [self.check_inputs(p) for p in passes]
+        # one thread per pass, so a pass's contexts always live in the same thread
+        lanes = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"cfg-{name}")
+                 for name in ("cond", "uncond")] if self.cfg_parallel else []
+        try:
+            for k, s in enumerate(self.stages):
+                if not lanes:
+                    self._stage_passes(s, envs)
+                else:
+                    ready = threading.Barrier(2)
+                    futures = [pool.submit(self._stage_lane, s, lane, envs[lane], ready)
+                               for lane, pool in enumerate(lanes)]
+                    errors = [f.exception() for f in futures]  # waits for both: both contexts are released
+                    real = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
+                    first = next(iter(real or [e for e in errors if e is not None]), None)
+                    if first is not None:
+                        raise first
+                for env in envs:
+                    for name in self._drop[k]:
+                        env.pop(name, None)
+        finally:
+            for pool in lanes:
+                pool.shutdown(wait=True)
+        return [{n: env[n] for n in self.outputs} for env in envs]
+
+    def _stage_passes(self, s: Mapping[str, Any], envs: list[dict[str, np.ndarray]]) -> None:
+        sid = s["id"]
+        resident = self.residency[sid] == "resident"
+        sess = self._open.get(sid)
+        if sess is None:
+            sess = self._start(s)
+            if resident:
+                self._open[sid] = sess
+        try:
+            for env in envs:
+                self._call_stage(s, sess, env)
+        finally:
+            if not resident:
+                self._timed(sid, "release", sess.release)
+
+    def _stage_lane(self, s: Mapping[str, Any], lane: int, env: dict[str, np.ndarray],
+                    ready: threading.Barrier) -> None:
+        """One pass of a stage in its lane's thread, on the lane's own NPU context (host stages share one session).
+
+        Both lanes initialise their context before either infers (``ready``): the two passes
+        then run on the two cores at the same time, rather than one after the other by chance.
+        """
+        sid = s["id"]
+        if s["device"] != "npu":
+            with self._host_lock:  # the first use starts the session; ORT runs one session in two threads
+                sess = self._open.get(sid)
+                if sess is None:
+                    sess = self._open[sid] = self._start(s)
+            self._call_stage(s, sess, env)
+            return
+        held = self._open if lane == 0 else self._open_lane1
+        resident = self.residency[sid] == "resident"
+        sess = held.get(sid)
+        if sess is None:
+            try:
+                sess = self._start(s, lane)
+            except BaseException:
+                ready.abort()  # the other lane must not wait for this one
+                raise
+            if resident:
+                held[sid] = sess
+        try:
+            ready.wait()
+            self._call_stage(s, sess, env)
+        finally:
+            if not resident:
+                self._timed(sid, "release", sess.release)
+
+    @property
+    def loop(self) -> dict[str, Any]:
+        """The manifest's ``denoise`` record: which inputs are latent, timestep and conditioning.
+
+        Raises :class:`BundleError` (one line, naming ``rkpart bundle``'s flags) when the bundle
+        does not say.
+        """
+        d = self.manifest.get("denoise")
+        if not isinstance(d, dict) or "error" in d or not all(k in d for k in ("latent", "timestep", "context")):
+            why = d.get("error") if isinstance(d, dict) and d.get("error") else "the manifest has no denoise record"
+            raise BundleError(f"this bundle cannot run a denoising loop: {why}; name the inputs with "
+                              f"`rkpart bundle {LOOP_FLAGS}`")
+        return d
+
+    def denoise(self, steps: int, *, guidance: float | None = None, seed: int = 0, shift: float | None = None,
+                scheduler: str = "flow-euler", cond: Mapping[str, Any] | None = None,
+                uncond: Mapping[str, Any] | None = None, cfg: bool = True,
+                on_step: Callable[[int, dict[str, float]], None] | None = None) -> np.ndarray:
+        """A whole denoising loop; returns the final latent.
+
+        ``rkpart drift``'s sampler, as the manifest's ``denoise`` record gives it: the initial
+        latent and the conditioning from ``numpy.random.default_rng(seed)`` (the latent first,
+        then each conditioning input in the record's order, standard normal); the unconditional
+        pass gets zeros unless ``uncond`` is given; every step a conditional and an
+        unconditional pass (``cfg``), ``v = v_u + guidance * (v_c - v_u)``, and a
+        flow-matching Euler step from sigma 1 to 0 (:func:`flow_sigmas` with ``shift``) with
+        timestep ``sigma * timestep_scale``.  ``cond`` replaces the drawn conditioning (the
+        latent is drawn all the same).  ``on_step(step, timing)`` follows every step;
+        :attr:`step_timings` keeps them.
+        """
+        d = self.loop
+        if scheduler not in SCHEDULERS:
+            raise BundleError(f"scheduler {scheduler!r} is not one of {', '.join(SCHEDULERS)}")
+        if steps < 1:
+            raise BundleError("steps must be at least 1")
+        if self.cfg_parallel and not cfg:
+            raise BundleError("--cfg-parallel runs the two CFG passes at once; it cannot go with --no-cfg")
+        sched = dict(d.get("scheduler") or {})
+        shift = float(sched.get("shift", 1.0)) if shift is None else float(shift)
+        if not shift > 0:
+            raise BundleError(f"shift must be positive, got {shift:g}")
+        guidance = float(d.get("guidance", 4.0)) if guidance is None else float(guidance)
+        scale = float(sched.get("timestep_scale", 1000.0))
+        lat_name, ts_name, out_name = d["latent"], d["timestep"], d.get("output") or self.outputs[0]
+        context = list(d["context"])
+        lat, ts = self.tensors[lat_name], self.tensors[ts_name]
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal(tuple(lat["shape"])).astype(np.dtype(lat["dtype"]))
+        drawn = {t: rng.standard_normal(tuple(self.tensors[t]["shape"])).astype(np.dtype(self.tensors[t]["dtype"]))
+                 for t in context}
+        c = self._conditioning(cond, "cond") if cond is not None else drawn
+        u = self._conditioning(uncond, "uncond") if uncond is not None else {t: np.zeros_like(v) for t, v in c.items()}
+        sigmas = flow_sigmas(steps, shift)
+        self.step_timings = []
+        self.open()
+        for i in range(steps):
+            t0 = time.perf_counter()
+            t = np.full(tuple(ts["shape"]), sigmas[i] * scale, dtype=np.dtype(ts["dtype"]))
+            feeds = [{lat_name: x, ts_name: t, **c}] + ([{lat_name: x, ts_name: t, **u}] if cfg else [])
+            outs = self.run_passes(feeds)
+            # the same expressions as rkpart drift (float32 CFG combine, Euler step in the latent's dtype)
+            v = np.asarray(outs[0][out_name], dtype=np.float32)
+            if cfg:
+                vu = np.asarray(outs[1][out_name], dtype=np.float32)
+                v = vu + guidance * (v - vu)
+            x = (x.astype(np.float32) + (sigmas[i + 1] - sigmas[i]) * v).astype(x.dtype)
+            timing = summed(self.timings, time.perf_counter() - t0)
+            self.step_timings.append(timing)
+            if on_step is not None:
+                on_step(i, timing)
+        return x
+
+    def _conditioning(self, arrays: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:
+        context = list(self.loop["context"])
+        missing = [t for t in context if t not in arrays]
+        if missing:
+            raise BundleError(f"{what} conditioning lacks {missing[0]!r} (the loop's conditioning inputs: "
+                              f"{', '.join(context) or 'none'})")
+        out = {}
+        for t in context:
+            a, info = np.asarray(arrays[t]), self.tensors[t]
+            if tuple(a.shape) != tuple(info["shape"]) or a.dtype.kind not in "biuf":
+                raise BundleError(f"{what} conditioning {t!r}: {a.dtype} {tuple(a.shape)}, the model wants "
+                                  f"{info['dtype']} {tuple(info['shape'])}")
+            out[t] = a.astype(np.dtype(info["dtype"]), copy=False)
+        return out
+
+
+def flow_sigmas(steps: int, shift: float = 1.0) -> np.ndarray:
+    """Flow-matching sigmas from 1 to 0 in ``steps`` equal steps, shifted as SD3 / Cosmos do:
+    ``shift * s / (1 + (shift - 1) * s)`` (``shift`` 1: the equal steps of ``rkpart drift``)."""
+    s = np.linspace(1.0, 0.0, steps + 1)
+    if shift != 1.0:
+        s = shift * s / (1.0 + (shift - 1.0) * s)
+    return s
+
+
+def summed(timings: Sequence[tuple[str, str, float]], wall: float) -> dict[str, float]:
+    """Wall seconds and the seconds of each lifecycle phase (load/init/infer/release, summed over stages)."""
+    phases = {p: 0.0 for p in ("load", "init", "infer", "release")}
+    for _sid, p, t in timings:
+        phases[p] += t
+    return {"wall_s": wall, **{f"{p}_s": t for p, t in phases.items()}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -711,7 +955,8 @@ def save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="runner.py", description="Run an rkpart bundle and gate it against reference outputs.")
+        prog="runner.py", description="Run an rkpart bundle and gate it against reference outputs, or (--steps) "
+                                      "run a whole denoising loop with classifier-free guidance.")
     ap.add_argument("--bundle", default=str(Path(__file__).resolve().parent),
                     help="bundle folder [default: the folder of this file]")
     ap.add_argument("--inputs", default=None, help=".npz of model inputs [default: the bundle's ref_inputs.npz]")
@@ -726,8 +971,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save-outputs", default=None, help="write the outputs of the last pass to this .npz")
     ap.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle's files")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
+    loop = ap.add_argument_group("denoising loop (rkpart drift's sampler; the manifest names the inputs)")
+    loop.add_argument("--steps", type=int, default=None, help="run a denoising loop of this many steps "
+                      "(instead of gating one pass)")
+    loop.add_argument("--guidance", type=float, default=None, help="CFG scale [default: the manifest's, 4.0]")
+    loop.add_argument("--no-cfg", action="store_true", help="conditional pass only (no CFG)")
+    loop.add_argument("--scheduler", choices=SCHEDULERS, default="flow-euler",
+                      help="flow-matching Euler, sigma 1 -> 0 [default: flow-euler]")
+    loop.add_argument("--shift", type=float, default=None, help="sigma shift: shift*s/(1+(shift-1)*s) "
+                      "[default: the manifest's, 1.0]")
+    loop.add_argument("--seed", type=int, default=0, help="seed of the initial latent (and of the drawn "
+                      "conditioning when --cond is not given) [default: 0]")
+    loop.add_argument("--cond", default=None, help=".npz of the conditioning inputs [default: drawn from --seed]")
+    loop.add_argument("--uncond", default=None, help=".npz of the unconditional pass's conditioning "
+                      "[default: zeros]")
+    loop.add_argument("--cfg-parallel", action="store_true", default=None,
+                      help="run the cond and uncond pass of each step at once: two contexts of every NPU stage, "
+                           "on NPU cores 0 and 1, in two threads (twice the device memory) [default: the manifest's]")
+    loop.add_argument("--no-cfg-parallel", action="store_false", dest="cfg_parallel", help="one pass at a time")
+    loop.add_argument("--latent-out", default="latent.npy", help="write the final latent here [default: latent.npy]")
     args = ap.parse_args(argv)
     try:
+        if args.steps is not None:
+            return _denoise_main(args)
         return _main(args)
     except BundleError as e:
         print(f"runner: error: {e}", file=sys.stderr)
@@ -812,6 +1078,85 @@ def _main(args: argparse.Namespace) -> int:
         else:
             print("gate: PASS" if not failures else "gate: FAIL (" + "; ".join(failures) + ")")
     return EXIT_GATE if failures else 0
+
+
+
+def _denoise_main(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        raise BundleError("--steps must be at least 1")
+    folder = Path(args.bundle)
+    m = read_manifest(folder)
+    cfg_parallel = bool((m.get("denoise") or {}).get("cfg_parallel")) if args.cfg_parallel is None \
+        else args.cfg_parallel
+    runner = Runner(folder, residency=args.residency, core_mask=args.core_mask, verify=not args.no_verify,
+                    cfg_parallel=cfg_parallel)
+    runner.loop  # noqa: B018 - refuses a bundle without a denoise record before any work
+    check_device_budget(runner)
+    if runner.npu_standin is not None:
+        print(f"runner: NPU stages run on an ONNX Runtime stand-in ({STANDIN_ENV}={runner.npu_standin}), "
+              "not on the NPU", file=sys.stderr)
+    cond = load_npz(args.cond, "cond") if args.cond else None
+    uncond = load_npz(args.uncond, "uncond") if args.uncond else None
+    passes = 1 if args.no_cfg else 2
+    mode = "one pass" if args.no_cfg else ("cond and uncond in parallel (cores 0 and 1)" if cfg_parallel
+                                           else "cond then uncond")
+
+    def on_step(i: int, t: dict[str, float]) -> None:
+        if not args.json:
+            print(f"step {i + 1}/{args.steps}: {t['wall_s']:.3f} s (load {t['load_s']:.3f}, init {t['init_s']:.3f}, "
+                  f"infer {t['infer_s']:.3f}, release {t['release_s']:.3f}; {mode})", flush=True)
+
+    t0 = time.perf_counter()
+    with runner:
+        opened = time.perf_counter() - t0
+        x = runner.denoise(args.steps, guidance=args.guidance, seed=args.seed, shift=args.shift,
+                           scheduler=args.scheduler, cond=cond, uncond=uncond, cfg=not args.no_cfg, on_step=on_step)
+        t1 = time.perf_counter()
+    setup = summed(runner.open_timings + runner.close_timings, opened + time.perf_counter() - t1)
+    out = Path(args.latent_out)
+    tmp = out.with_name(f".{out.name}.partial")
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, x, allow_pickle=False)
+        os.replace(tmp, out)
+    except OSError as e:
+        raise BundleError(f"cannot write the latent to {out}: {e}") from None
+    total = sum(t["wall_s"] for t in runner.step_timings) + setup["wall_s"]
+    report = {"bundle": str(folder), "steps": args.steps, "passes_per_step": passes, "cfg_parallel": cfg_parallel,
+              "seed": args.seed, "scheduler": args.scheduler, "latent": str(out), "latent_shape": list(x.shape),
+              "latent_dtype": str(x.dtype), "open_close": setup, "per_step": runner.step_timings, "total_s": total,
+              "npu_standin": str(runner.npu_standin) if runner.npu_standin else None,
+              "core_masks": {s["id"]: runner.stage_core_mask(s) for s in runner.stages if s["device"] == "npu"}}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"open+close: {setup['wall_s']:.3f} s (load {setup['load_s']:.3f}, init {setup['init_s']:.3f}, "
+              f"release {setup['release_s']:.3f})")
+        print(f"latent: {out} {x.dtype} {tuple(x.shape)}; {args.steps} steps in {total:.3f} s")
+    return 0
+
+
+def device_need(runner: Runner) -> tuple[int, int] | None:
+    """Device bytes the run holds at most (resident stages + the largest per-stage one; twice that
+    under ``cfg_parallel``) and the manifest's budget; ``None`` when the manifest has no figures."""
+    dm = runner.manifest.get("device_memory")
+    if not isinstance(dm, dict) or "budget_bytes" not in dm:
+        return None
+    per = {s["id"]: int(s.get("device_bytes") or 0) for s in runner.stages if s["device"] == "npu"}
+    resident = sum(b for sid, b in per.items() if runner.residency[sid] == "resident")
+    peak = max((b for sid, b in per.items() if runner.residency[sid] != "resident"), default=0)
+    return (resident + peak) * (2 if runner.cfg_parallel else 1), int(dm["budget_bytes"])
+
+
+def check_device_budget(runner: Runner) -> None:
+    """Refuse a run whose device memory (both contexts under ``cfg_parallel``) exceeds the bundle's budget."""
+    got = device_need(runner)
+    if got is not None and got[0] > got[1]:
+        need, budget = got
+        raise BundleError(f"this run holds {need / 2**20:.1f} MiB of device memory"
+                          f"{' (two contexts per NPU stage: --cfg-parallel)' if runner.cfg_parallel else ''}, over "
+                          f"the bundle's budget of {budget / 2**20:.1f} MiB; use --residency per-stage"
+                          f"{' or --no-cfg-parallel' if runner.cfg_parallel else ''}")
 
 
 if __name__ == "__main__":

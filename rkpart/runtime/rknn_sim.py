@@ -44,7 +44,7 @@ import numpy as np
 
 from rkpart.compile.runner import WORKER, kill_group, worker_env
 from rkpart.compile.toolkits import Toolkit, find_toolkit
-from rkpart.errors import ToolkitError, UserError
+from rkpart.errors import SpecError, ToolkitError, UserError
 from rkpart.io import load_json_file
 from rkpart.ir import graph_io
 from rkpart.partitioner.plan import Stage
@@ -214,7 +214,8 @@ class SimPool:
             h.grown = 0
 
     def build(self, h: _Hosted) -> None:
-        self._call(h, op="init", timeout=INIT_TIMEOUT_S)
+        extra: dict[str, Any] = {"quantize": h.runner.quantize} if h.runner.quantize else {}
+        self._call(h, op="init", timeout=INIT_TIMEOUT_S, **extra)
         h.built = True
         self.stats["builds"] += 1
 
@@ -335,6 +336,8 @@ class RknnSimRunner(StageRunner):
         self._inputs: list[str] = []
         self._outputs: list[tuple[str, np.dtype[Any]]] = []
         self._n = 0
+        #: int8 / hybrid artifacts: the worker's ``quantize`` request (built from the same dataset)
+        self.quantize: dict[str, Any] | None = None
 
     def _build_settings(self) -> tuple[Toolkit, dict[str, Any]]:
         """Toolkit and config of the stage's artifact, so the simulation matches the compiled model."""
@@ -352,6 +355,7 @@ class RknnSimRunner(StageRunner):
             # The artifact's toolkit, even if the backend names another: that is the model
             # that would run on the board (a fallback may have built some stages).
             version = art.toolkit
+            self.quantize = _quantize_request(self.folder, self.stage, art)
         if not version:
             raise ToolkitError(f"stage {self.stage.id} has no rknn artifact; compile the plan or pass "
                                "a toolkit to the rknn-sim backend")
@@ -390,6 +394,24 @@ class RknnSimRunner(StageRunner):
         if self._hosted is not None:
             h, self._hosted = self._hosted, None
             self.backend.pool.release(h)
+
+
+def _quantize_request(folder: Path, stage: Stage, art: Any) -> dict[str, Any] | None:
+    """An int8 / hybrid artifact's build, for the simulator to repeat: its dataset (linked into
+    the plan folder by compile) and, for hybrid, the layers it kept in float16.
+
+    The simulator takes and returns floats for such a stage: the toolkit quantizes the inputs
+    and dequantizes the outputs whose dtype its build turned into int8."""
+    if art.precision == "fp16":
+        return None
+    if not art.calibration_dataset:
+        raise SpecError(f"stage {stage.id}: its {art.precision} artifact names no calibration dataset; "
+                        "rerun rkpart compile with --calibration")
+    from rkpart.io import confined_file
+
+    ds = confined_file(folder, art.calibration_dataset, what=f"stage {stage.id} calibration dataset")
+    return {"dataset": str(Path(ds).absolute()), "hybrid": art.precision == "hybrid",
+            "float16_layers": list(art.float16_layers)}
 
 
 class RknnSimBackend(Backend):

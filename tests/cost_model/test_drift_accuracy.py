@@ -68,3 +68,26 @@ def test_the_shipped_calibration_selects_with_the_shipped_full_size_drift_table(
     # figure is kept for reference only
     assert shipped["families"]["adaln=npu,residual=host"]["ratio"] == fused
     assert shipped["writeup_block_mse_ratio"] == WRITEUP_BLOCK_MSE_RATIO != fused
+
+
+def test_an_int8_plan_is_its_own_family_and_does_not_widen_the_bound(plans: dict[str, tuple[Plan, Path]]) -> None:
+    """Issue 27: ``rkpart drift fp16/ int8/`` compares precision variants of one plan."""
+    import dataclasses
+
+    from rkpart.partitioner.plan import Artifact
+
+    plan, _ = plans["split"]
+
+    def compiled(precision: str) -> Plan:
+        art = Artifact(kind="rknn", file="rknn/objects/x.rknn", toolkit="2.5.0", target="rk3588", config_hash="0",
+                       sha256="0", size_bytes=1, precision=precision)
+        return dataclasses.replace(plan, stages=tuple(dataclasses.replace(s, artifacts=(art,)) if s.device == "npu"
+                                                      else s for s in plan.stages))
+
+    assert family_of(compiled("fp16")) == "adaln=host,residual=host"
+    assert family_of(compiled("int8")) == "adaln=host,residual=host,precision=int8"
+    rows = [DriftRow("fp16", 0, LATENT, None, 0.99999, 1e-3, 1e-6),
+            DriftRow("int8", 0, LATENT, None, 0.9995, 0.2, 3e-3)]
+    acc = accuracy_from_drift(rows, {"fp16": family_of(compiled("fp16")), "int8": family_of(compiled("int8"))})
+    assert acc["families"]["adaln=host,residual=host,precision=int8"]["ratio"] == 3000.0
+    assert acc["default_max_ratio"] == 1.0  # measured, but auto does not choose precision yet

@@ -114,3 +114,29 @@ def test_auto_with_a_toolkit_chooses_from_compiled_tables(tmp_path: Path, tk250:
                                    "--explain", "-q", "--out", str(tmp_path / "pred")])
     assert r3.exit_code == 0, r3.output
     assert "'predicted' =" in r3.output and "'compiler' =" not in r3.output
+
+
+def test_auto_for_cfg_parallel_doubles_memory_and_refuses_a_budget_it_cannot_fit(tmp_path: Path) -> None:
+    def auto(*extra: str) -> tuple[int, str, Path]:
+        out = tmp_path / f"auto{len(list(tmp_path.iterdir()))}"
+        r = CliRunner().invoke(main, ["partition", "-s", "auto", "-q", "--explain", "--out", str(out),
+                                      "--option", "residency=per-stage", "--option", "max_run=1",
+                                      "--option", "max_error_ratio=1", *extra])
+        return r.exit_code, r.output, out
+
+    code, text, out = auto()
+    assert code == 0, text
+    one = load_plan(out)[0].strategy["options"]
+    code, text, out = auto("--option", "cfg_parallel=true")
+    assert code == 0, text
+    two = load_plan(out)[0].strategy["options"]
+    assert "cfg-parallel: both CFG passes of a step at once" in text
+    assert two["cfg_parallel"] is True and "cfg_parallel" not in one
+    assert two["predicted_device_mib"] == pytest.approx(2 * one["predicted_device_mib"], abs=0.02)
+    assert two["predicted_latency_s"] < one["predicted_latency_s"]
+    # a budget that holds one context of the largest stage but not two is refused, naming what would fit
+    budget = 1.5 * one["predicted_device_mib"]
+    code, text, _ = auto("--option", "cfg_parallel=true", "--budget-mib", f"{budget:.3f}")
+    assert code == 9 and "smallest feasible budget" in text and "Traceback" not in text
+    code, text, _ = auto("--option", "cfg_parallel=maybe")
+    assert code == 2 and "cfg_parallel must be true or false" in text

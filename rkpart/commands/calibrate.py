@@ -1,0 +1,51 @@
+"""Click command ``rkpart calibrate``: calibration data for quantized builds, made by running
+the plan's own denoising loop on ONNX Runtime (:mod:`rkpart.profile.calibrate`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from rkpart.cli_args import emit, force_option, json_option, quiet_option, user_errors
+from rkpart.progress import Reporter
+
+
+@click.command("calibrate")
+@click.argument("plan", type=click.Path(exists=True))
+@click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=Path), required=True,
+              help="Calibration folder to write (dataset.txt per NPU stage, samples/, calibration.json).")
+@click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True,
+              help="Denoising steps per run of the loop.")
+@click.option("--cfg/--no-cfg", default=True, show_default=True,
+              help="Classifier-free guidance: sample the conditional and the unconditional pass.")
+@click.option("--samples", type=click.IntRange(1, 1000), default=20, show_default=True,
+              help="Samples per NPU stage, spread evenly over the steps and passes (rknn-toolkit2 advises "
+                   "20-100); only distinct samples count: more seeded runs of the loop are made until every stage "
+                   "has them (at most 2 x samples / steps runs).")
+@click.option("--inputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help=".npz with one array per model input (or K samples stacked on a leading axis): calibrate "
+                   "on these instead of the denoising loop (a plan without one needs this).")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the loop's latent and conditioning (run r uses seed + r).")
+@force_option(help="Replace an existing calibration folder.")
+@quiet_option
+@json_option(help="Print the manifest summary as JSON.")
+@user_errors
+def calibrate(plan: str, out: Path, steps: int, cfg: bool, samples: int, inputs: Path | None, seed: int,
+              force: bool, quiet: bool, as_json: bool) -> None:
+    """Record calibration samples of every NPU stage of PLAN for `rkpart compile --precision int8`,
+    and check every stage's activations against fp16's range (the "fp16 range" lines).
+
+    The same plan and inputs give byte-identical files."""
+    from rkpart.compile.calibration import render
+    from rkpart.partitioner.plan import load_plan
+    from rkpart.profile.calibrate import write_calibration
+
+    p, folder = load_plan(plan)
+    with Reporter(quiet=quiet) as say:
+        cal = write_calibration(p, folder, out, steps=steps, cfg=cfg, samples=samples, seed=seed, inputs=inputs,
+                                force=force, progress=say)
+    emit(as_json, lambda: {"folder": str(cal.folder), "sha256": cal.sha256, "plan_sha256": cal.plan_sha256,
+                           "source": cal.source, "stages": [s.to_json() for s in cal.stages.values()],
+                           "fp16_range": [f.to_json() for f in cal.findings]}, lambda: render(cal))

@@ -1,0 +1,279 @@
+"""The calibration folder's manifest and the fp16 range check (issue 27): records only.
+
+``rkpart calibrate`` (:mod:`rkpart.profile.calibrate`) writes a calibration folder; compile
+(``--calibration``), the simulator and ``report`` read it through :func:`load_calibration`.
+See :mod:`rkpart.profile.calibrate` for the layout.  It lives here, below ``runtime`` and
+``profile``, because compile reads it.
+
+The manifest's ``plan_sha256`` is :func:`plan_digest`: the plan as ``partition`` wrote it,
+without what ``compile`` adds, so compiling the plan does not make its calibration stale.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rkpart.errors import SpecError, UserError
+from rkpart.io import load_json_file, regular_file
+from rkpart.partitioner.plan import Plan
+
+MANIFEST = "calibration.json"
+FORMAT = "rkpart-calibration"
+VERSION = 1
+#: rknn-toolkit2 advises 20-100 calibration samples for the ``normal`` algorithm
+DEFAULT_SAMPLES = 20
+#: fp16's largest finite value and smallest normal
+FP16_MAX = 65504.0
+FP16_TINY = 2.0 ** -14
+#: flagged when |x| exceeds this share of FP16_MAX (an intermediate sum or square of such a
+#: value already overflows)
+OVERFLOW_SHARE = 0.5
+#: flagged when at least this share of a tensor's non-zero values lies below fp16's smallest
+#: normal (there fp16 keeps fewer than 10 bits, and below 2**-24 the value becomes 0); samples
+#: in which the tensor is constant are not counted
+UNDERFLOW_SHARE = 0.25
+
+
+# -- the plan's identity ---------------------------------------------------------------------------
+def plan_digest(plan: Plan) -> str:
+    """sha256 of the plan without compile's records (artifacts, failures, prepared copies,
+    ``extra.compile``): what a calibration was made from."""
+    d = plan.to_json()
+    for s in d.get("stages", []):
+        for k in ("artifacts", "failures", "prepared"):
+            s.pop(k, None)
+    extra = dict(d.get("extra") or {})
+    extra.pop("compile", None)
+    d["extra"] = extra
+    return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+# -- records ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TensorRange:
+    """min / max / max |x| of one tensor over every sample seen."""
+
+    name: str
+    min: float
+    max: float
+    absmax: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "min": self.min, "max": self.max, "absmax": self.absmax}
+
+
+@dataclass(frozen=True)
+class RangeFinding:
+    """One tensor of a stage whose values come near fp16's limits.
+
+    ``kind`` is ``overflow`` (``margin`` = 65504 / max |x|: below 2 the headroom is gone; below
+    1 it overflows) or ``underflow`` (``margin`` = the share of non-zero values below fp16's
+    smallest normal 2**-14), or ``nonfinite`` (inf/NaN already in fp32)."""
+
+    stage: str
+    tensor: str
+    kind: str
+    absmax: float
+    margin: float
+
+    def describe(self) -> str:
+        if self.kind == "overflow":
+            return (f"fp16 range: stage {self.stage} tensor {self.tensor!r} reaches |x| = {self.absmax:.4g}, "
+                    f"{self.margin:.2f}x below fp16's max 65504 (overflow risk on the board)")
+        if self.kind == "underflow":
+            return (f"fp16 range: stage {self.stage} tensor {self.tensor!r}: {self.margin:.0%} of its non-zero "
+                    f"values are below fp16's smallest normal 6.1e-05 (max |x| {self.absmax:.3g}; underflow)")
+        return f"fp16 range: stage {self.stage} tensor {self.tensor!r} is not finite already in fp32"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "tensor": self.tensor, "kind": self.kind, "absmax": self.absmax,
+                "margin": self.margin}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RangeFinding:
+        return cls(str(d["stage"]), str(d["tensor"]), str(d["kind"]), float(d["absmax"]), float(d["margin"]))
+
+
+@dataclass
+class RangeStats:
+    """Running range of one tensor."""
+
+    min: float = math.inf
+    max: float = -math.inf
+    absmax: float = 0.0
+    nonzero: int = 0
+    tiny: int = 0
+    nonfinite: bool = False
+
+    def add(self, a: np.ndarray) -> None:
+        if a.size == 0 or a.dtype.kind != "f":
+            return
+        x = a.astype(np.float32, copy=False)
+        finite = np.isfinite(x)
+        if not finite.all():
+            self.nonfinite = True
+            x = x[finite]
+            if x.size == 0:
+                return
+        self.min = min(self.min, float(x.min()))
+        self.max = max(self.max, float(x.max()))
+        ax = np.abs(x)
+        self.absmax = max(self.absmax, float(ax.max()))
+        if x.min() == x.max():
+            # a constant tensor carries nothing fp16 could lose but its one value: the uncond
+            # pass's zero context gives RMSNorm's ``0 + eps`` (1e-6, fp16-subnormal) everywhere
+            return
+        nz = ax > 0
+        self.nonzero += int(nz.sum())
+        self.tiny += int((nz & (ax < FP16_TINY)).sum())
+
+    def range(self, name: str) -> TensorRange:
+        lo = 0.0 if self.min == math.inf else self.min
+        hi = 0.0 if self.max == -math.inf else self.max
+        return TensorRange(name, lo, hi, self.absmax)
+
+
+def fp16_findings(stage: str, stats: Mapping[str, RangeStats]) -> list[RangeFinding]:
+    """The tensors of ``stage`` near fp16's limits (see :class:`RangeFinding`), worst first."""
+    out: list[RangeFinding] = []
+    for name, st in stats.items():
+        if st.nonfinite:
+            out.append(RangeFinding(stage, name, "nonfinite", st.absmax, 0.0))
+        elif st.absmax > OVERFLOW_SHARE * FP16_MAX:
+            out.append(RangeFinding(stage, name, "overflow", st.absmax, FP16_MAX / st.absmax))
+        elif st.nonzero and st.tiny / st.nonzero >= UNDERFLOW_SHARE:
+            out.append(RangeFinding(stage, name, "underflow", st.absmax, st.tiny / st.nonzero))
+    order = {"nonfinite": 0, "overflow": 1, "underflow": 2}
+    return sorted(out, key=lambda f: (order[f.kind], f.margin if f.kind != "underflow" else -f.margin, f.tensor))
+
+
+@dataclass(frozen=True)
+class StageCalibration:
+    """One NPU stage's calibration set."""
+
+    stage: str
+    dataset: str  # relative to the calibration folder
+    inputs: tuple[str, ...]
+    samples: int
+    ranges: tuple[TensorRange, ...]  # of the stage's inputs
+    activations: int  # intermediate tensors whose range was recorded
+    absmax: float  # the largest |x| of any of them
+    absmax_tensor: str
+    findings: tuple[RangeFinding, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "dataset": self.dataset, "inputs": list(self.inputs), "samples": self.samples,
+                "ranges": [r.to_json() for r in self.ranges],
+                "fp16_range": {"activations": self.activations, "absmax": self.absmax,
+                               "absmax_tensor": self.absmax_tensor,
+                               "findings": [f.to_json() for f in self.findings]}}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> StageCalibration:
+        fr = d.get("fp16_range") or {}
+        return cls(stage=str(d["stage"]), dataset=str(d["dataset"]), inputs=tuple(str(x) for x in d["inputs"]),
+                   samples=int(d["samples"]),
+                   ranges=tuple(TensorRange(str(r["name"]), float(r["min"]), float(r["max"]), float(r["absmax"]))
+                                for r in d.get("ranges", ())),
+                   activations=int(fr.get("activations", 0)), absmax=float(fr.get("absmax", 0.0)),
+                   absmax_tensor=str(fr.get("absmax_tensor", "")),
+                   findings=tuple(RangeFinding.from_json(f) for f in fr.get("findings", ())))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A calibration folder's manifest (:data:`MANIFEST`)."""
+
+    folder: Path
+    sha256: str  # of the manifest's bytes: the digest recorded in artifacts and build keys
+    plan_sha256: str
+    model_sha256: str
+    source: str  # "denoise" or "inputs"
+    steps: int
+    cfg: bool
+    seed: int
+    samples: int
+    stages: Mapping[str, StageCalibration] = field(default_factory=dict)
+
+    def dataset(self, stage_id: str) -> Path:
+        """Absolute path of ``stage_id``'s ``dataset.txt`` (:class:`SpecError` if it has none)."""
+        sc = self.stages.get(stage_id)
+        if sc is None:
+            raise SpecError(f"calibration {self.folder} has no samples for stage {stage_id!r}; "
+                            "rerun rkpart calibrate on this plan")
+        return (self.folder / sc.dataset).absolute()
+
+    @property
+    def findings(self) -> list[RangeFinding]:
+        return [f for s in self.stages.values() for f in s.findings]
+
+    def check_plan(self, plan: Plan) -> None:
+        """:class:`SpecError` (one line) if this calibration was made from another plan."""
+        got = plan_digest(plan)
+        if got != self.plan_sha256:
+            raise SpecError(f"calibration {self.folder} is stale: made from plan sha256 {self.plan_sha256[:12]}, "
+                            f"this plan is {got[:12]}; rerun rkpart calibrate")
+
+
+def load_calibration(path: str | os.PathLike[str]) -> Calibration:
+    """Read a calibration folder (or its manifest); one-line :class:`UserError` if unusable."""
+    p = Path(path)
+    manifest = p if p.name == MANIFEST and not p.is_dir() else p / MANIFEST
+    if not manifest.exists():
+        raise UserError(f"{p} is not a calibration folder (no {MANIFEST}); make one with rkpart calibrate")
+    regular_file(manifest, what="calibration manifest")
+    data = load_json_file(manifest, what="calibration manifest", max_bytes=64 << 20)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UserError(f"{manifest} is not an rkpart calibration manifest")
+    if data.get("version") != VERSION:
+        raise UserError(f"{manifest}: calibration format version {data.get('version')!r}, this rkpart reads "
+                        f"{VERSION}; rerun rkpart calibrate")
+    try:
+        stages = {s["stage"]: StageCalibration.from_json(s) for s in data["stages"]}
+        cal = Calibration(folder=manifest.parent, sha256=hashlib.sha256(manifest.read_bytes()).hexdigest(),
+                          plan_sha256=str(data["plan_sha256"]), model_sha256=str(data["model_sha256"]),
+                          source=str(data["source"]), steps=int(data["steps"]), cfg=bool(data["cfg"]),
+                          seed=int(data["seed"]), samples=int(data["samples"]), stages=stages)
+    except (KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{manifest}: malformed calibration manifest ({type(e).__name__}: {e})") from None
+    for sc in stages.values():
+        ds = (cal.folder / sc.dataset).resolve()
+        if cal.folder.resolve() not in ds.parents or not ds.is_file():
+            raise UserError(f"{manifest}: stage {sc.stage}'s dataset {sc.dataset} is missing or outside the folder")
+    return cal
+
+
+def render(cal: Calibration) -> str:
+    """What ``rkpart calibrate`` prints: per stage its samples and the fp16 range check."""
+    lines = [f"calibration: {cal.folder}  ({len(cal.stages)} NPU stage(s), {cal.source}"
+             + (f", {cal.steps} step(s){' with CFG' if cal.cfg else ''}" if cal.source == "denoise" else "")
+             + f", sha256 {cal.sha256[:12]})"]
+    for sc in cal.stages.values():
+        lines.append(f"  {sc.stage}: {sc.samples} sample(s), inputs "
+                     + ", ".join(f"{r.name} [{r.min:.3g}, {r.max:.3g}]" for r in sc.ranges)
+                     + f"; max |activation| {sc.absmax:.3g} ({sc.activations} tensors)")
+    lines.append(render_range_check(cal))
+    return "\n".join(lines)
+
+
+def render_range_check(cal: Calibration) -> str:
+    """One line per finding, or one line saying the check passed."""
+    found = cal.findings
+    if not found:
+        worst = max(cal.stages.values(), key=lambda s: s.absmax, default=None)
+        top = f"; largest |x| {worst.absmax:.3g} in {worst.stage}" if worst else ""
+        return f"fp16 range: ok ({sum(s.activations for s in cal.stages.values())} activation tensors{top})"
+    return "\n".join(f.describe() for f in found)
+
+
+__all__ = ["DEFAULT_SAMPLES", "MANIFEST", "Calibration", "RangeFinding", "RangeStats", "StageCalibration",
+           "TensorRange", "fp16_findings", "load_calibration", "plan_digest", "render", "render_range_check"]

@@ -1,0 +1,202 @@
+"""Precision per NPU stage: fp16, int8 (w8a8) or hybrid (issue 27).
+
+``rkpart compile --precision int8 --calibration CALIB`` builds stages with
+``RKNN.config(quantized_dtype='w8a8', quantized_algorithm=...)`` and
+``build(do_quantization=True, dataset=<the stage's dataset.txt>)``; ``hybrid`` additionally
+keeps in float16 the layers the toolkit's ``accuracy_analysis`` measures worst
+(``hybrid_quantization_step1/step2``).  ``--precision-spec FILE`` chooses per stage id,
+region or kind (the most specific match wins: id, then region, then kind, then ``--precision``).
+
+What goes into the build-cache key: the precision, the algorithm and the calibration's digest
+(the sha256 of its manifest, which names every sample by content).  An fp16 stage's key is
+the one rkpart always computed, so existing caches keep serving fp16 builds.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rkpart.errors import SpecError, UserError
+from rkpart.io import load_json_file, loads_yaml, read_limited
+from rkpart.partitioner.plan import Plan, Stage
+
+PRECISIONS = ("fp16", "int8", "hybrid")
+ALGORITHMS = ("normal", "mmse", "kl_divergence")
+#: the quantized dtype of each target (rknn-toolkit2 2.3.2 API reference: w8a16 is RK3562
+#: only, w4a16 RK3576 / RV1126B only; RK3588 has w8a8 alone)
+QUANTIZED_DTYPE = {"rk3588": "w8a8"}
+#: hybrid: layers whose single-layer cosine in ``accuracy_analysis`` is below this stay in float16
+HYBRID_COSINE = 0.999
+#: ... and at most this many of them (the worst first)
+HYBRID_MAX_LAYERS = 8
+CALIB_DIR = "calibration"  # under the plan's rknn/: the datasets its quantized builds used
+
+
+@dataclass(frozen=True)
+class StagePrecision:
+    """How one stage is built."""
+
+    precision: str  # one of PRECISIONS
+    algorithm: str | None = None  # quantized_algorithm (int8 / hybrid)
+    dataset: Path | None = None  # the stage's dataset.txt in the calibration folder
+    calibration_sha256: str | None = None
+
+    @property
+    def quantized(self) -> bool:
+        return self.precision != "fp16"
+
+    def config(self, base: Mapping[str, Any], target: str) -> dict[str, Any]:
+        """``RKNN.config`` options for this stage (``base`` plus the quantization options)."""
+        if not self.quantized:
+            return dict(base)
+        return {**base, "quantized_dtype": QUANTIZED_DTYPE[target], "quantized_algorithm": self.algorithm}
+
+    def key_extra(self) -> dict[str, Any]:
+        """What besides the config makes a quantized build different (empty for fp16)."""
+        if not self.quantized:
+            return {}
+        return {"precision": self.precision, "calibration": self.calibration_sha256}
+
+    def request(self, dataset: Path) -> dict[str, Any]:
+        """The worker request's ``quantize`` entry."""
+        return {"dataset": str(dataset.absolute()), "hybrid": self.precision == "hybrid",
+                "hybrid_cosine": HYBRID_COSINE, "hybrid_max_layers": HYBRID_MAX_LAYERS}
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    """``--precision-spec``: precision by stage id, region or kind (each optional)."""
+
+    stages: Mapping[str, str]
+    regions: Mapping[str, str]
+    kinds: Mapping[str, str]
+    default: str | None = None
+
+    def choose(self, stage: Stage, fallback: str) -> str:
+        for table, key in ((self.stages, stage.id), (self.regions, stage.region), (self.kinds, stage.kind)):
+            if key in table:
+                return table[key]
+        return self.default or fallback
+
+
+def load_precision_spec(path: str | os.PathLike[str], plan: Plan | None = None) -> PrecisionSpec:
+    """Read a precision spec (YAML or JSON)::
+
+        default: fp16          # optional, else --precision
+        stages: {b00.ffn: int8}
+        regions: {ffn: int8, attn: hybrid}
+        kinds: {ffn: int8}
+
+    Unknown keys, precisions and (with ``plan``) stage ids are refused in one line.
+    """
+    p = Path(path)
+    if p.suffix == ".json":
+        data = load_json_file(p, what="precision spec", max_bytes=1 << 20)
+    else:
+        data = loads_yaml(read_limited(p, what="precision spec", max_bytes=1 << 20).decode(errors="replace"),
+                          what="precision spec")
+    if not isinstance(data, dict):
+        raise SpecError(f"precision spec {p}: expected a mapping with stages / regions / kinds / default")
+    bad = sorted(set(data) - {"stages", "regions", "kinds", "default"})
+    if bad:
+        raise SpecError(f"precision spec {p}: unknown key {bad[0]!r} (valid: default, stages, regions, kinds)")
+    tables: dict[str, dict[str, str]] = {}
+    for k in ("stages", "regions", "kinds"):
+        t = data.get(k) or {}
+        if not isinstance(t, dict):
+            raise SpecError(f"precision spec {p}: {k} must map names to a precision")
+        for name, prec in t.items():
+            _check_precision(prec, f"precision spec {p}: {k}.{name}")
+        tables[k] = {str(n): str(v) for n, v in t.items()}
+    default = data.get("default")
+    if default is not None:
+        _check_precision(default, f"precision spec {p}: default")
+    if plan is not None:
+        npu = {s.id for s in plan.npu_stages}
+        unknown = sorted(set(tables["stages"]) - npu)
+        if unknown:
+            raise SpecError(f"precision spec {p}: {unknown[0]!r} is not an NPU stage of the plan "
+                            f"(NPU stages: {', '.join(sorted(npu))})")
+    return PrecisionSpec(tables["stages"], tables["regions"], tables["kinds"],
+                         None if default is None else str(default))
+
+
+def _check_precision(value: Any, where: str) -> None:
+    if value not in PRECISIONS:
+        raise SpecError(f"{where}: precision {value!r} is not one of {', '.join(PRECISIONS)}")
+
+
+def resolve(plan: Plan, stages: tuple[Stage, ...], *, precision: str = "fp16", spec: PrecisionSpec | None = None,
+            calibration: str | os.PathLike[str] | None = None, algorithm: str = "normal",
+            target: str = "rk3588") -> dict[str, StagePrecision]:
+    """Each of ``stages``' precision; one-line :class:`UserError` for what cannot be built:
+    a quantized stage without calibration, a stale calibration (made from another plan), a
+    target without a quantized type, an unknown precision or algorithm."""
+    _check_precision(precision, "--precision")
+    if algorithm not in ALGORITHMS:
+        raise UserError(f"--quantized-algorithm {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+    chosen = {s.id: (spec.choose(s, precision) if spec else precision) for s in stages}
+    quantized = [sid for sid, p in chosen.items() if p != "fp16"]
+    if not quantized:
+        return {sid: StagePrecision("fp16") for sid in chosen}
+    if target not in QUANTIZED_DTYPE:
+        raise UserError(f"target {target} has no quantized type rkpart can build (quantizing targets: "
+                        f"{', '.join(QUANTIZED_DTYPE)}); use --precision fp16")
+    if calibration is None:
+        raise UserError(f"--precision {chosen[quantized[0]]} (stage {quantized[0]}) needs calibration data: "
+                        "run `rkpart calibrate PLAN -o CALIB` and pass --calibration CALIB")
+    from rkpart.compile.calibration import load_calibration
+
+    cal = load_calibration(calibration)
+    cal.check_plan(plan)
+    out = {}
+    for sid, p in chosen.items():
+        if p == "fp16":
+            out[sid] = StagePrecision("fp16")
+        else:
+            out[sid] = StagePrecision(p, algorithm, cal.dataset(sid), cal.sha256)
+    return out
+
+
+def link_dataset(dataset: Path, plan_rknn: Path, calibration_sha256: str) -> Path:
+    """Hard-link (else copy) a stage's dataset and the samples it names into
+    ``<plan>/rknn/calibration/<sha256[:16]>/``, keeping their relative layout, so the plan
+    carries what its quantized artifacts were built from (the simulator rebuilds them).
+    Returns the linked ``dataset.txt``."""
+    src_root = dataset.parent.parent.parent  # <calib>/stages/<id>/dataset.txt
+    dst_root = plan_rknn / CALIB_DIR / calibration_sha256[:16]
+    rel = dataset.relative_to(src_root)
+    files = [rel]
+    for line in dataset.read_text().splitlines():
+        for tok in line.split():
+            files.append(Path(os.path.normpath(rel.parent / tok)))
+    for f in files:
+        dst = dst_root / f
+        if dst.is_file() and dst.stat().st_size == (src_root / f).stat().st_size:
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
+        try:
+            os.link(src_root / f, tmp)
+        except OSError:
+            shutil.copyfile(src_root / f, tmp)
+        os.replace(tmp, dst)
+    return dst_root / rel
+
+
+def plan_precision(plan: Plan) -> str:
+    """The precision a compiled plan's NPU stages were built in: ``fp16`` (also when not compiled),
+    the one quantized precision they share, or ``mixed``."""
+    found = {a.precision for s in plan.npu_stages if (a := s.artifact("rknn")) is not None}
+    if not found or found == {"fp16"}:
+        return "fp16"
+    return found.pop() if len(found) == 1 else "mixed"
+
+
+__all__ = ["ALGORITHMS", "PRECISIONS", "QUANTIZED_DTYPE", "PrecisionSpec", "StagePrecision", "link_dataset",
+           "load_precision_spec", "plan_precision", "resolve"]
