@@ -1003,6 +1003,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed < 2**32:
+        raise BundleError(f"--seed must be in [0, 2**32), got {seed}")
     if args.passes < 1:
         raise BundleError("--passes must be at least 1")
     for flag, v in (("--min-cosine", args.min_cosine), ("--max-abs-rel", args.max_abs_rel)):
