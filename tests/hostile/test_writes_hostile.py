@@ -516,3 +516,25 @@ def test_a_failed_write_leaves_the_previous_output_and_nothing_else(command: str
         assert_user_error(r, 10, "no space left")
     assert snapshot(tmp_path) == before  # the previous output, byte for byte; no staging folder
     FUZZ_STATS[f"cases:writes-{command}"] += 1
+
+
+@pytest.fixture(scope="module")
+def npu_plan(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> Path:
+    out = tmp_path_factory.mktemp("calib-plan") / "split"
+    partition(example_model, out, "split")
+    return out
+
+
+@pytest.mark.parametrize("attack", ["staging-foreign", "staging-symlink", "out-is-foreign", "other-kind"])
+def test_calibrate_writes_only_its_own_folder(attack: str, npu_plan: Path, made: dict[str, Path],
+                                              tmp_path: Path) -> None:
+    victim = _victim(tmp_path)
+    out = tmp_path / "calib"
+    fn = {"staging-foreign": _staging_foreign, "staging-symlink": _staging_symlink,
+          "out-is-foreign": _out_is_victim, "other-kind": _other_kind}[attack]
+    extra = fn(out, victim, made, "bundle")
+    before = snapshot(tmp_path)
+    r = cli(["calibrate", npu_plan, "-o", out, "--steps", "1", "--samples", "2", "-q", *extra])
+    assert_user_error(r, 6)
+    assert snapshot(tmp_path) == before  # the victim, the planted folders: untouched
+    FUZZ_STATS["cases:writes-calibrate"] += 1
