@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import click
 
 from rkpart import __version__
 from rkpart.cli_args import (
+    POSITIVE_MIB,
     device_option,
     emit,
     force_option,
@@ -125,7 +127,7 @@ def lowering_note(opset: int) -> str | None:
               help="fused: consecutive blocks per NPU stage [default: 1].")
 @click.option("--spec", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="custom: YAML/JSON spec naming the stages (docs/custom-spec.md).")
-@click.option("--budget-mib", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--budget-mib", type=POSITIVE_MIB, default=None,
               help="generic: memory budget per NPU stage, weights + peak activations, in MiB [default: 1024]. "
                    "auto: memory budget of the whole pipeline (device memory; process memory for a model "
                    "fitted on ONNX Runtime) [default: the target's, 4096 MiB for rk3588].")
@@ -351,16 +353,14 @@ def example(dest: str, force: bool) -> None:
     anima_tiny.onnx; prints the path written.  The example is a 2-block DiT with the
     Anima / Cosmos-Predict2 block anatomy, for trying every command without a real model.
     """
-    from rkpart.partitioner.extract import copy_file
+    from rkpart.output import output_file
 
     path = Path(dest)
-    if dest.endswith(("/", os.sep)) or path.is_dir():
+    if dest.endswith(("/", os.sep)) or (path.is_dir() and not path.is_symlink()):
         path = path / "anima_tiny.onnx"
-    if path.exists() and not force:
-        raise UserError(f"{path} exists; use --force to overwrite it")
-    if path.is_dir():
-        raise UserError(f"{path} is a folder")
-    copy_file(bundled_example(), path)
+    # a regular file or nothing: never a device node, FIFO, socket, folder or symlink (rkpart.output)
+    with output_file(path, force=force, what="example destination") as tmp:
+        shutil.copyfile(bundled_example(), tmp)
     click.echo(str(path))
 
 

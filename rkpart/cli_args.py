@@ -7,7 +7,9 @@ parsing, to every command that takes them (as Polygraphy's ``tools/args`` does):
 :func:`model_argument`      ``MODEL`` (an ONNX file; optional where the bundled example stands in)
 :func:`shape_option`        ``--shape NAME=D0,D1,..`` -> ``shapes: dict[str, tuple[int, ...]]``
 :func:`inputs_options`      ``--inputs X.npz`` and ``--seed`` (the seeded random inputs otherwise)
-:func:`seed_option`         ``--seed`` alone
+:func:`seed_option`         ``--seed`` alone (:data:`SEED`: 0 .. 2**32-1)
+:class:`FiniteFloat`        a float range that refuses NaN and infinities (:data:`POSITIVE_MIB`: budgets)
+:func:`threads_type`        ``--threads``: 0 .. 4 per core
 :func:`tolerance_options`   ``--reference``, ``--min-cosine``, ``--max-abs-rel``
 :func:`device_option`       ``--adaln npu|host`` and the like
 :func:`residency_option`    ``--residency plan|per-stage|resident``
@@ -29,6 +31,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -131,10 +135,39 @@ shape_option: Decorator[Any] = click.option(
     help="Static shape for a model input with symbolic dimensions (repeatable).")
 
 
+# -- bounded numbers ---------------------------------------------------------------------------
+class FiniteFloat(click.FloatRange):
+    """A ``click.FloatRange`` that also refuses NaN and infinities (``nan`` compares false with
+    every bound, so a plain range lets it through)."""
+
+    name = "finite float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        v = super().convert(value, param, ctx)
+        if not math.isfinite(v):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return v
+
+
+#: ``--seed``: what NumPy's generators accept, and what a user could mean
+SEED = click.IntRange(min=0, max=2**32 - 1)
+#: ``--budget-mib`` and other sizes in MiB: positive and finite
+POSITIVE_MIB = FiniteFloat(min=0, min_open=True)
+
+
+def max_threads() -> int:
+    """The most threads an option may ask for: 4 per core (more only queue on the same cores)."""
+    return 4 * (os.cpu_count() or 1)
+
+
+def threads_type() -> click.IntRange:
+    return click.IntRange(min=0, max=max_threads())
+
+
 # -- inputs and seed -------------------------------------------------------------------------
 def seed_option(f: F) -> F:
     """``--seed``: the seed of the random plan inputs (:func:`rkpart.runtime.executor.random_feeds`)."""
-    return click.option("--seed", type=int, default=0, show_default=True,
+    return click.option("--seed", type=SEED, default=0, show_default=True,
                         help="Seed of the random plan inputs (floats ~ N(0,1), integers in [0,4)).")(f)
 
 
@@ -239,8 +272,30 @@ def emit(as_json: bool, data: Callable[[], Any], text: Callable[[], str], *, sor
 
 
 __all__ = [
-    "PLAN_RESIDENCY", "build_options", "device_option", "emit", "force_option", "inputs_options", "json_option",
-    "model_argument", "out_folder_option", "output_file_option", "parse_key_values", "parse_shapes", "quiet_option",
-    "report_user_error", "residency_option", "seed_option", "shape_option", "tolerance_options", "toolkit_option",
-    "toolkits_dir_option", "user_errors",
+    "PLAN_RESIDENCY",
+    "POSITIVE_MIB",
+    "SEED",
+    "FiniteFloat",
+    "build_options",
+    "device_option",
+    "emit",
+    "force_option",
+    "inputs_options",
+    "json_option",
+    "max_threads",
+    "model_argument",
+    "out_folder_option",
+    "output_file_option",
+    "parse_key_values",
+    "parse_shapes",
+    "quiet_option",
+    "report_user_error",
+    "residency_option",
+    "seed_option",
+    "shape_option",
+    "threads_type",
+    "tolerance_options",
+    "toolkit_option",
+    "toolkits_dir_option",
+    "user_errors",
 ]

@@ -430,3 +430,58 @@ def content_sha256(files: list[Path]) -> str:
         h.update(f"\0{i}:{f.name}:{f.stat().st_size}\0".encode())
         hash_file(h, f)
     return h.hexdigest()
+
+
+# -- .npz files the user gives --------------------------------------------------------------------
+
+#: elements of one array in an ``.npz`` rkpart reads (2^34: 64 GiB of float32)
+MAX_NPZ_ELEMENTS = 1 << 34
+
+
+def read_npz(path: str | os.PathLike[str], *, what: str, names: Any = None,
+             error: type[UserError] = UserError) -> dict[str, Any]:
+    """The arrays ``names`` (default: all) of the ``.npz`` at ``path``, other members never decoded.
+
+    Only a regular file; each member's header is read first, and an object or non-numeric
+    dtype, or a shape needing more bytes than the member holds (a 2^40-element header on a few
+    bytes would otherwise be allocated), is refused before anything is allocated.
+    """
+    import zipfile
+    import zlib
+
+    import numpy as np
+
+    p = Path(path)
+    regular_file(p, what=what, error=error)
+    with open(p, "rb") as f:
+        if f.read(6) == b"\x93NUMPY":
+            raise error(f"{what} {p} is a single .npy array, not an .npz with one array per name")
+    fmt = np.lib.format
+    out: dict[str, Any] = {}
+    try:
+        with zipfile.ZipFile(p) as zf:
+            members = {n[: -len(".npy")]: n for n in zf.namelist() if n.endswith(".npy")}
+            if not members:
+                raise error(f"{what} {p} holds no .npy arrays")
+            for k in (sorted(members) if names is None else [n for n in names if n in members]):
+                info = zf.getinfo(members[k])
+                with zf.open(info) as f:
+                    version = fmt.read_magic(f)
+                    shape, _fortran, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
+                                              else fmt.read_array_header_2_0(f))
+                if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biuf":
+                    raise error(f"{what} {p}: array {k!r} has dtype {dtype}, not a numeric one")
+                n = 1
+                for d in shape:
+                    n *= int(d)
+                if n > MAX_NPZ_ELEMENTS or n * dtype.itemsize > info.file_size:
+                    raise error(f"{what} {p}: array {k!r} claims shape {tuple(shape)}, more than its "
+                                f"{info.file_size} bytes hold")
+                with zf.open(info) as f:
+                    out[k] = fmt.read_array(f, allow_pickle=False)
+    except UserError:
+        raise
+    except (OSError, ValueError, EOFError, KeyError, RuntimeError, zipfile.BadZipFile, zlib.error) as e:
+        why = "it holds pickled (object) arrays" if "pickle" in str(e) else first_line(e)
+        raise error(f"cannot read {what} {p}: not a usable .npz ({why})") from None
+    return out

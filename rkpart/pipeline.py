@@ -462,6 +462,13 @@ def load_accuracy(path: str | os.PathLike[str]) -> dict[str, Any]:
                        for f in fams.values())):
         raise UserError(f"accuracy term {path}: not an accuracy term written by `rkpart drift --accuracy` "
                         "(needs families with a finite ratio >= 0 and default_max_ratio >= 1)")
+    from rkpart.cost_model.checks import check_accuracy
+    from rkpart.errors import SpecError
+
+    try:  # the rest of the table too: a NaN drift run's final cosine or MSE is no measurement
+        check_accuracy(f"accuracy term {path}", acc)
+    except SpecError as e:
+        raise UserError(str(e)) from None
     return acc
 
 

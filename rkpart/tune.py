@@ -35,6 +35,7 @@ from rkpart.cost_model.features import stage_features
 from rkpart.cost_model.model import CostModel
 from rkpart.cost_model.rounds import predict_round, round_time
 from rkpart.io import atomic_write_bytes
+from rkpart.output import claim_work_folder
 from rkpart.partitioner.plan import Plan, load_plan
 from rkpart.pipeline import load, partition
 from rkpart.types import HOST
@@ -329,8 +330,7 @@ def verify_round(rows: Sequence[VerifyRow], folders: Mapping[str, Path], work: P
 def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneConfig(),
          progress: Callable[[str], None] = lambda _: None) -> TuneResult:
     """Run the loop on ``model_path`` in ``workdir`` (plans, profiles, model, auto plan, report)."""
-    work = Path(workdir)
-    work.mkdir(parents=True, exist_ok=True)
+    work = claim_work_folder(workdir, kind="tune")  # rkpart.output: never a symlink or someone else's folder
     plans, nblocks, reps = single_plans(model_path, work)
     progress(f"{nblocks} blocks; profiling " + ("whole plans" if reps is None else
                                                  f"blocks {', '.join(map(str, reps))} (one per anatomy)"))

@@ -25,5 +25,5 @@ def test_example_goes_to_a_file_or_into_a_folder(tmp_path: Path, monkeypatch: py
     assert os.path.normpath(r.output.strip()) == os.path.normpath(written)
     assert (tmp_path / written).read_bytes() == bundled_example().read_bytes()
     again = CliRunner().invoke(main, ["example", *([dest] if dest else [])])
-    assert again.exit_code == 2 and "exists; use --force" in again.output
+    assert again.exit_code == 6 and "exists; use --force" in again.output
     assert CliRunner().invoke(main, ["example", *([dest] if dest else []), "--force"]).exit_code == 0

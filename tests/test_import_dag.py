@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1] / "rkpart"
 #: lowest first; a package may import from its own layer and the layers before it
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "types"),
-    ("io", "units", "progress"),
+    ("io", "output", "units", "progress"),
     ("ir",),
     ("targets",),
     ("partitioner",),

@@ -4,7 +4,7 @@ The folder holds the ``.rknn`` files of the NPU stages, the ``.onnx`` files (and
 data) of the host stages, reference inputs/outputs computed by ONNX Runtime on the whole
 model, ``manifest.json`` (versioned, with the sha256 of every file) and ``runner.py``, a
 copy of :mod:`rkpart.runtime.board_runner` that needs only NumPy, ONNX Runtime and
-rknn-toolkit-lite2.  Written like a plan: into ``.<out>.partial`` and swapped in at the end.
+rknn-toolkit-lite2.  Written like a plan (:mod:`rkpart.output`): into ``.<out>.partial`` and swapped in at the end.
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ from rkpart.io import (
     atomic_write_bytes,
     atomic_writer,
     file_sha256,
-    folder_lock,
     onnx_with_data,
-    recover_folder,
-    replace_folder,
 )
+from rkpart.output import MARKER, check_folder_target, staged_folder
 from rkpart.partitioner.plan import Plan, Stage, load_plan
 from rkpart.partitioner.verify import artifact_file, stage_onnx
 from rkpart.progress import advance
@@ -38,8 +36,12 @@ from rkpart.types import NPU, RESIDENCIES, Residency
 REF_INPUTS = "ref_inputs.npz"
 REF_OUTPUTS = "ref_outputs.npz"
 RUNNER_FILE = "runner.py"
+#: the output kind in the folder's rkpart marker (rkpart.output)
+BUNDLE_KIND = "bundle"
 #: default gate of a bundle run on the NPU (fp16), as for the toolkit simulator
 DEFAULT_MIN_COSINE = 0.999
+#: and its bound on max |error| / max |reference| (the runner's own default when a manifest has none)
+DEFAULT_MAX_ABS_REL = runner_mod.DEFAULT_MAX_ABS_REL
 
 Progress = Callable[[str], None]
 
@@ -73,15 +75,9 @@ def stage_residency(plan: Plan, override: str | None = None) -> dict[str, str]:
 
 
 def _prepare_out(out: Path, force: bool, plan_folder: Path) -> None:
-    if out.exists() and not out.is_dir():
-        raise OutputExistsError(f"output {out} exists and is not a folder")
     if out.resolve() == plan_folder.resolve() or out.resolve() in plan_folder.resolve().parents:
         raise OutputExistsError(f"output folder {out} contains the plan; choose another folder")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise OutputExistsError(f"output folder {out} is not empty; use --force to replace it")
-        if not (out / runner_mod.MANIFEST).is_file():
-            raise OutputExistsError(f"refusing to replace {out}: it is not an rkpart bundle (no manifest.json)")
+    check_folder_target(out, kind=BUNDLE_KIND, force=force)
 
 
 def _stage_name(stage: Stage) -> str:
@@ -99,7 +95,7 @@ def bundle_plan(
     inputs: Mapping[str, np.ndarray] | None = None,
     seed: int = 0,
     min_cosine: float = DEFAULT_MIN_COSINE,
-    max_abs_rel: float | None = None,
+    max_abs_rel: float | None = DEFAULT_MAX_ABS_REL,
     force: bool = False,
     progress: Progress = lambda _m: None,
     latent_input: str | None = None,
@@ -163,19 +159,9 @@ def bundle_plan(
     progress(f"reference: whole model {whole} on ONNX Runtime")
     ref = run_model(whole, feeds, plan.outputs)
 
-    staging = out.with_name(f".{out.name}.partial")
-    with folder_lock(staging, what=f"output folder {out}"):
-        try:
-            recover_folder(out)
-            _prepare_out(out, force, folder)
-            shutil.rmtree(staging / "stages", ignore_errors=True)
-            shutil.rmtree(staging / "rknn", ignore_errors=True)
-            manifest = _write(plan, folder, staging, res, str(extra["core_mask"]), feeds, ref,
-                              seed if inputs is None else None, min_cosine, max_abs_rel, progress, extra)
-            replace_folder(staging, out)
-        except UserError:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+    with staged_folder(out, kind=BUNDLE_KIND, force=force) as staging:
+        manifest = _write(plan, folder, staging, res, str(extra["core_mask"]), feeds, ref,
+                          seed if inputs is None else None, min_cosine, max_abs_rel, progress, extra)
     progress(f"wrote bundle {out}: {len(plan.npu_stages)} NPU + {len(plan.host_stages)} host stages")
     return BundleResult(folder=out, manifest=manifest)
 
@@ -235,7 +221,7 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
     _copy(Path(runner_mod.__file__), staging / RUNNER_FILE)
     files = {}
     for p in sorted(staging.rglob("*")):
-        if p.is_file() and p.name != runner_mod.MANIFEST:
+        if p.is_file() and p.name not in (runner_mod.MANIFEST, MARKER):
             rel = p.relative_to(staging).as_posix()
             files[rel] = {"sha256": file_sha256(p), "size": p.stat().st_size}
     compiled = plan.extra.get("compile", {})

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rkpart.cli_args import emit, force_option, json_option, quiet_option, user_errors
+from rkpart.cli_args import SEED, emit, force_option, json_option, quiet_option, user_errors
 from rkpart.progress import Reporter
 
 
@@ -26,7 +26,7 @@ from rkpart.progress import Reporter
 @click.option("--inputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help=".npz with one array per model input (or K samples stacked on a leading axis): calibrate "
                    "on these instead of the denoising loop (a plan without one needs this).")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seed of the loop's latent and conditioning (run r uses seed + r).")
 @force_option(help="Replace an existing calibration folder.")
 @quiet_option

@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from rkpart.cli_args import (
+    FiniteFloat,
     build_options,
     emit,
     json_option,
@@ -78,7 +79,7 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 @build_options
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Upper bound on parallel builds (memory is checked before each start).")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--timeout", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Seconds per build before it is killed.")
 @click.option("--fallback-toolkit", default=None, help="Retry failed stages with this toolkit version.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
@@ -255,7 +256,7 @@ def cache_info(cache_dir: str | None, as_json: bool) -> None:
 @_cache_dir
 @click.option("--max-size", default=None, metavar="SIZE",
               help="Keep the most recently used builds that fit in SIZE (e.g. 20G, 500M).")
-@click.option("--older-than", type=click.FloatRange(min=0), default=None, metavar="DAYS",
+@click.option("--older-than", type=FiniteFloat(min=0), default=None, metavar="DAYS",
               help="Remove builds not used for DAYS days.")
 @click.option("--toolkit", "toolkits", multiple=True, metavar="VERSION", help="Remove the builds of VERSION.")
 @click.option("--failures", is_flag=True, help="Forget remembered build failures (crashes are retried next time).")

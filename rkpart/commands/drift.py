@@ -10,6 +10,8 @@ from typing import Any
 import click
 
 from rkpart.cli_args import (
+    SEED,
+    FiniteFloat,
     build_options,
     emit,
     json_option,
@@ -26,9 +28,9 @@ from rkpart.progress import Reporter
 @click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True, help="Denoising steps.")
 @click.option("--cfg/--no-cfg", default=True, show_default=True,
               help="Classifier-free guidance: a conditional and an unconditional pass per step.")
-@click.option("--guidance", type=float, default=4.0, show_default=True, help="CFG scale.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the latent and the conditioning.")
-@click.option("--shift", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("--guidance", type=FiniteFloat(), default=4.0, show_default=True, help="CFG scale.")
+@click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the latent and the conditioning.")
+@click.option("--shift", type=FiniteFloat(min=0, min_open=True), default=1.0, show_default=True,
               help="Sigma shift of the flow-matching schedule: shift*s/(1+(shift-1)*s) (1: equal steps).")
 @toolkit_option(required=True, help="rknn-toolkit2 version whose simulator runs the NPU stages (e.g. 2.5.0).")
 @build_options
@@ -55,11 +57,16 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: 
     The NPU stages share one simulator worker per toolkit (bounded by --sim-memory); CFG's two
     passes run stage by stage, so a stage evicted to fit is rebuilt once per step."""
     from rkpart.compile.precision import plan_precision
+    from rkpart.errors import GateError
     from rkpart.partitioner.plan import load_plan
     from rkpart.profile.drift import drift as run_drift
-    from rkpart.profile.drift import render
+    from rkpart.profile.drift import nonfinite_rows, render
     from rkpart.runtime.rknn_sim import RknnSimBackend
 
+    if accuracy_out is not None:  # before the run: minutes of simulation must not end in "cannot write"
+        from rkpart.output import check_file_target
+
+        check_file_target(accuracy_out, force=True, what="accuracy table")
     loaded = []
     for p in plans:
         plan, folder = load_plan(p)
@@ -70,11 +77,17 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: 
     with Reporter(quiet=quiet) as say:
         rows = run_drift(loaded, backend, steps=steps, cfg=cfg, guidance=guidance, seed=seed, progress=say,
                          shift=shift)
-    if accuracy_out is not None:
-        from rkpart.cost_model.drift_accuracy import accuracy_from_drift, family_of
-        from rkpart.io import atomic_write_bytes
-
-        acc = accuracy_from_drift(rows, {label: family_of(plan) for label, plan, _ in loaded})
-        atomic_write_bytes(accuracy_out, (json.dumps(acc, indent=2, sort_keys=True) + "\n").encode())
     emit(as_json, lambda: {"steps": steps, "cfg": cfg, "guidance": guidance, "seed": seed, "shift": shift,
                            "rows": [r.to_json() for r in rows]}, lambda: render(rows, blocks=show_blocks))
+    bad = nonfinite_rows(rows)
+    if bad:  # printed above, but a NaN run is a failure, never zero drift
+        r = bad[0]
+        raise GateError(f"{len(bad)} drift row(s) hold NaN/Inf values (first: plan {r.plan}, step {r.step}, {r.kind}"
+                        + (f", block {r.block}" if r.block is not None else "") + ")")
+    if accuracy_out is not None:
+        from rkpart.cost_model.drift_accuracy import accuracy_from_drift, family_of
+        from rkpart.output import write_output_file
+
+        acc = accuracy_from_drift(rows, {label: family_of(plan) for label, plan, _ in loaded})
+        write_output_file(accuracy_out, (json.dumps(acc, indent=2, sort_keys=True) + "\n").encode(), force=True,
+                          what="accuracy table")

@@ -18,6 +18,7 @@ from rkpart.cli_args import (
     quiet_option,
     residency_option,
     seed_option,
+    threads_type,
     toolkit_option,
     user_errors,
 )
@@ -62,9 +63,9 @@ def _check_regex(_ctx: click.Context, _param: click.Parameter, value: str | None
 @click.option("--infer-repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="Inference calls per stage and pass; infer_s is their median, every call is recorded "
                    "(for a machine busy with other jobs).")
-@click.option("--threads", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--threads", type=threads_type(), default=0, show_default=True,
               help="ONNX Runtime intra-op threads for ort and host stages (0: ORT default, one per core; "
-                   "1: a stage's own cost on a shared machine).")
+                   "1: a stage's own cost on a shared machine; at most 4 per core).")
 @output_file_option(help="Where to write the JSON Lines records (required with PLAN).")
 @click.option("--compare", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None,
               metavar="A.jsonl B.jsonl", help="Print the write-up's tables for two profiles side by side.")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from rkpart.cli_args import quiet_option, user_errors
+from rkpart.cli_args import POSITIVE_MIB, quiet_option, user_errors
 
 
 @click.command("report")
@@ -18,7 +18,7 @@ from rkpart.cli_args import quiet_option, user_errors
               help="`rkpart run --per-stage --json` output with per-stage errors (repeatable).")
 @click.option("--cost-model", default=None, metavar="FILE|shipped",
               help="Compare this cost model's predictions with the profiles ('shipped': the RK3588 calibration).")
-@click.option("--budget-mib", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--budget-mib", type=POSITIVE_MIB, default=None,
               help="Memory budget line in the memory timeline [default: the plan's --budget-mib, if any].")
 @click.option("--force", is_flag=True, help="Replace an existing report.")
 @quiet_option

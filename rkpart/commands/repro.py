@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from rkpart.cli_args import (
+    FiniteFloat,
     build_options,
     emit,
     force_option,
@@ -37,9 +38,9 @@ def _parse_versions(_ctx: click.Context, _param: click.Parameter, value: str) ->
 @build_options
 @click.option("--fail-regex", default=None,
               help="A build fails iff this regex matches its log (default: same signal / exit code).")
-@click.option("--max-time", type=click.FloatRange(min=0, min_open=True), default=1800.0, show_default=True,
+@click.option("--max-time", type=FiniteFloat(min=0, min_open=True), default=1800.0, show_default=True,
               help="Seconds the whole run may take (checked before each reduction build).")
-@click.option("--timeout", "build_timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--timeout", "build_timeout", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Seconds per build before it is killed [default: none for the matrix, "
                    "5x the reference build (at least 60) for reduction candidates].")
 @click.option("--reduce-with", default=None, help="Failing version to reduce against [default: the first failing].")

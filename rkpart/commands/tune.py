@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from rkpart.cli_args import emit, json_option, quiet_option, toolkit_option, user_errors
+from rkpart.cli_args import POSITIVE_MIB, emit, json_option, quiet_option, threads_type, toolkit_option, user_errors
 from rkpart.progress import Reporter
 from rkpart.runtime import BACKENDS
 
@@ -20,14 +20,14 @@ from rkpart.runtime import BACKENDS
               show_default=True, help="Folder for the plans, profiles, fitted model and report.")
 @click.option("--steps", type=click.IntRange(min=1), default=1, show_default=True, help="Denoising steps per round.")
 @click.option("--cfg/--no-cfg", default=True, show_default=True, help="Two passes per step (CFG) or one.")
-@click.option("--budget-mib", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--budget-mib", type=POSITIVE_MIB, default=None,
               help="Memory budget of the whole pipeline [default: the target's, 4096 MiB for rk3588].")
 @click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
               help="Measured rounds per profile of the fit.")
 @click.option("--verify-rounds", type=click.IntRange(min=1), default=5, show_default=True,
               help="Interleaved rounds of every plan in the verification.")
-@click.option("--threads", type=click.IntRange(min=0), default=1, show_default=True,
-              help="ONNX Runtime intra-op threads (0: its default).")
+@click.option("--threads", type=threads_type(), default=1, show_default=True,
+              help="ONNX Runtime intra-op threads (0: its default; at most 4 per core).")
 @quiet_option
 @json_option(help="Print the report as JSON.")
 @user_errors

@@ -14,17 +14,20 @@ what it holds and ``rkpart cache prune`` removes entries (least recently used fi
 from __future__ import annotations
 
 import contextlib
-import json
+import math
 import os
+import re
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rkpart.compile.cache import OBJECTS
+from rkpart.compile.cache import MAX_ENTRY_BYTES, OBJECTS
 from rkpart.compile.scheduler import default_cache_dir
 from rkpart.errors import UserError
+from rkpart.io import load_json_file
 
 BUILD_CACHE = "rknn"
 
@@ -56,28 +59,86 @@ class Entry:
         return [objects / f"{self.key}.json", objects / f"{self.key}.rknn"]
 
 
-def entries(root: Path) -> list[Entry]:
-    """Complete entries and remembered failures under ``root``, oldest use first."""
+#: an entry's key: the sha256 of :func:`rkpart.compile.cache.build_key`, lowercase hex
+_KEY = re.compile(r"[0-9a-f]{64}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _objects(root: Path) -> Path | None:
+    """``root/objects`` if it is a real folder; a symlinked one is refused (prune would delete through it)."""
     objects = root / OBJECTS
+    if objects.is_symlink() or (root.is_symlink() and not root.is_dir()):
+        raise UserError(f"cache folder {objects} is a symlink; rkpart does not read or prune through one")
+    try:
+        if not stat.S_ISDIR(os.lstat(objects).st_mode):
+            return None
+    except OSError:
+        return None
+    return objects
+
+
+def _regular(p: Path, max_bytes: int | None = None) -> os.stat_result | None:
+    """``lstat`` of ``p`` if it is a regular file (not a symlink, FIFO or device) within ``max_bytes``."""
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode) or (max_bytes is not None and st.st_size > max_bytes):
+        return None
+    return st
+
+
+def _sidecar(p: Path, *, failure: bool) -> dict[str, Any] | None:
+    """The sidecar at ``p`` if it matches the schema rkpart writes, else ``None`` (not ours: left alone)."""
+    if _regular(p, MAX_ENTRY_BYTES) is None:
+        return None
+    try:
+        meta = load_json_file(p, what="cache entry", max_bytes=MAX_ENTRY_BYTES)
+    except UserError:
+        return None
+    if not isinstance(meta, dict) or not isinstance(meta.get("toolkit", ""), str) \
+            or not isinstance(meta.get("target", ""), str):
+        return None
+    if failure:
+        return meta if isinstance(meta.get("kind"), str) else None
+    size, sha = meta.get("size_bytes"), meta.get("sha256")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0 \
+            or not isinstance(sha, str) or not _SHA256.fullmatch(sha):
+        return None
+    return meta
+
+
+def entries(root: Path) -> list[Entry]:
+    """Complete entries and remembered failures under ``root``, oldest use first.
+
+    Only what the cache itself writes counts: a name ``<sha256 hex>.json`` (+ ``.rknn``) or
+    ``<sha256 hex>.fail.json``, regular files (never a symlink, FIFO or device: ``cache
+    info`` must not block on a FIFO or read ``/dev/zero``), a sidecar of the cache's schema
+    and an ``.rknn`` of the size it records.  Anything else is not an entry, so ``prune``
+    never deletes it.
+    """
+    objects = _objects(root)
     out: list[Entry] = []
-    if not objects.is_dir():
+    if objects is None:
         return out
-    for p in objects.iterdir():
+    for p in sorted(objects.iterdir()):
         name = p.name
         failure = name.endswith(".fail.json")
         if not failure and not name.endswith(".json"):
             continue
         key = name[: -len(".fail.json")] if failure else name[: -len(".json")]
-        try:
-            meta = json.loads(p.read_text())
-            st = p.stat()
-            size = st.st_size
-            if not failure:
-                size += (objects / f"{key}.rknn").stat().st_size
-        except (OSError, ValueError):
+        if not _KEY.fullmatch(key):
             continue
-        if not isinstance(meta, dict):
+        meta = _sidecar(p, failure=failure)
+        st = _regular(p)
+        if meta is None or st is None:
             continue
+        size = st.st_size
+        if not failure:
+            rk = _regular(objects / f"{key}.rknn")
+            if rk is None or rk.st_size != meta["size_bytes"]:
+                continue
+            size += rk.st_size
         out.append(Entry(key=key, toolkit=str(meta.get("toolkit", "?")), target=str(meta.get("target", "?")),
                          size_bytes=size, used=st.st_mtime, failure=failure))
     out.sort(key=lambda e: (e.used, e.key))
@@ -154,6 +215,10 @@ def parse_size(text: str) -> int:
         v = float(t)
     except ValueError:
         raise UserError(f"size {text!r}: expected a number with an optional K/M/G/T unit, e.g. 10G") from None
+    if not math.isfinite(v):
+        raise UserError(f"size {text!r} is not a finite number")
     if v < 0:
         raise UserError(f"size {text!r} is negative")
+    if v * mult > 2**62:
+        raise UserError(f"size {text!r} is beyond any disk (at most 4 EiB)")
     return int(v * mult)

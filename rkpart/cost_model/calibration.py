@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from rkpart.cost_model.candidates import Candidate
+from rkpart.cost_model.checks import check_own_predictions, check_samples
 from rkpart.cost_model.features import Features, combine, stage_features
 from rkpart.cost_model.model import Component, CostModel, Sample, error_summary, nnls_relative
 from rkpart.cost_model.rounds import RoundSample, fit_overhead, fitted_range, round_seconds, whole_plan_cv
@@ -561,6 +562,8 @@ def fit_profiles(
     samples = samples_from_records(records, statistic=statistic, resolver=resolver, clock=clock)
     if not samples:
         raise SpecError("the profiles hold no measured stage records to fit")
+    units = {k: u for k, (_, u) in COMPONENTS.items()}
+    check_samples(samples, units)  # NaN, zero or absurd timings: not measurements (cost_model.checks)
     rounds = round_samples(raw, records, resolver=resolver)
     model = CostModel.load(base) if base is not None else CostModel()
     base_model = CostModel.load(base) if base is not None else None
@@ -584,6 +587,7 @@ def fit_profiles(
         model.components.pop("setup", None)
     model.update(samples)
     model.components.update(fit_overhead(model, rounds))
+    check_own_predictions(model, samples, units)
     whole = whole_plan_cv(samples, rounds, base_model)
     model.provenance = {
         **({"base": dict(model.provenance)} if base is not None else {}),

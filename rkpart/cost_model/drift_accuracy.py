@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rkpart.cost_model.model import CostModel
-from rkpart.errors import UserError
+from rkpart.errors import GateError, UserError
 from rkpart.partitioner.plan import Plan
-from rkpart.profile.drift import LATENT, DriftRow
+from rkpart.profile.drift import LATENT, DriftRow, nonfinite_rows
 
 BASELINE = "adaln=host,residual=host"
 #: final-latent cosine a partition family must keep to be selectable
@@ -47,7 +47,17 @@ def family_of(plan: Plan) -> str:
 
 def accuracy_from_drift(rows: Sequence[DriftRow], families: Mapping[str, str], *, baseline: str = BASELINE,
                         min_cosine: float = DEFAULT_MIN_COSINE) -> dict[str, Any]:
-    """The ``accuracy`` term from ``rows`` (``families``: plan label -> accuracy family)."""
+    """The ``accuracy`` term from ``rows`` (``families``: plan label -> accuracy family).
+
+    Refused (:class:`~rkpart.errors.GateError`) when any row holds NaN/Inf: a NaN run would
+    otherwise enter the cost model as a measured accuracy.
+    """
+    bad = nonfinite_rows(rows)
+    if bad:
+        r = bad[0]
+        raise GateError(f"refusing to build an accuracy table from a drift run with NaN/Inf values: {len(bad)} "
+                        f"row(s), first plan {r.plan} step {r.step} {r.kind}"
+                        + (f" block {r.block}" if r.block is not None else ""))
     final: dict[str, DriftRow] = {}
     for r in rows:
         if r.kind == LATENT and r.plan in families and (r.plan not in final or r.step > final[r.plan].step):

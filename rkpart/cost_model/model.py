@@ -47,7 +47,7 @@ import numpy as np
 
 from rkpart.cost_model.features import Features
 from rkpart.errors import SpecError
-from rkpart.io import atomic_write_bytes, load_json_file
+from rkpart.io import load_json_file
 
 MODEL_FORMAT = "rkpart-cost-model"
 MODEL_VERSION = 1
@@ -267,8 +267,10 @@ class CostModel:
         return json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n"
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the model as JSON, atomically."""
-        atomic_write_bytes(path, self.dumps().encode())
+        """Write the model as JSON, atomically, onto a missing or regular file only (:mod:`rkpart.output`)."""
+        from rkpart.output import write_output_file
+
+        write_output_file(path, self.dumps().encode(), force=True, what="cost model")
         return Path(path)
 
     @property
@@ -280,6 +282,9 @@ class CostModel:
         if d.get("format") != MODEL_FORMAT or d.get("version") != MODEL_VERSION:
             raise SpecError(f"{where}: not an rkpart cost model (expected format {MODEL_FORMAT!r} "
                             f"version {MODEL_VERSION})")
+        from rkpart.cost_model.checks import check_model_document
+
+        check_model_document(d, where=where)  # the whole file, before any field is used
         comps = d.get("components", {})
         unknown = sorted(set(comps) - set(COMPONENTS))
         if unknown:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from rkpart.cost_model.candidates import Candidate, mark_exclusions
+from rkpart.cost_model.checks import check_prediction
 from rkpart.cost_model.device_model import OTHER_BYTES
 from rkpart.cost_model.model import CostModel
 from rkpart.cost_model.npu_time import CFG_PARALLEL_SOURCE, CFG_PARALLEL_SPEEDUP, compiled_infer_seconds
@@ -200,9 +201,15 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
     device = (max(dev, default=0.0) if residency == "per-stage" else sum(dev))
     sources = {src for _, _, src in mems}
     pss_vals = [v for _, v, _ in mems]
-    pss = None if any(v is None for v in pss_vals) or not pss_vals else int(max(v for v in pss_vals if v is not None))
+    pss_max = None if any(v is None for v in pss_vals) or not pss_vals else max(v for v in pss_vals if v is not None)
+    if pss_max is not None and not math.isfinite(pss_max):
+        check_prediction(c.id, residency, {"process memory": pss_max})
+    pss = None if pss_max is None else int(pss_max)
     fam = model.accuracy.get("families", {}).get(c.accuracy_key)
     ratio = None if fam is None else float(fam["ratio"])
+    check_prediction(c.id, residency, {"latency": load + init + infer + release + host + glue, "load": load,
+                                       "init": init, "infer": infer, "release": release, "host": host,
+                                       "glue": glue, "device memory": device, "process memory": float(pss or 0)})
     excluded = c.excluded
     if excluded is None and ratio is not None and ratio > max_ratio:
         excluded = f"accuracy: predicted error {ratio:g}x the most accurate partition's > floor {max_ratio:g}x"

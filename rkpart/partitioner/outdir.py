@@ -25,9 +25,14 @@ from typing import Any, Protocol
 
 from rkpart.errors import OutputExistsError, SpecError, UserError
 from rkpart.io import external_locations, file_sha256, locations_in
+from rkpart.output import MARKER, check_staging_path, owned_problem, read_marker
 
-#: what rkpart writes into a plan folder (partition: plan.json, stages/; compile: rknn/)
-PLAN_FOLDER_ENTRIES = frozenset({"plan.json", "stages", "rknn"})
+#: what rkpart writes into a plan folder (partition: plan.json, stages/, the output marker of
+#: :mod:`rkpart.output`; compile: rknn/)
+PLAN_FOLDER_ENTRIES = frozenset({"plan.json", "stages", "rknn", MARKER})
+#: the output kind in a plan folder's marker; ``compile`` adds ``rknn/`` to such a folder later
+PLAN_KIND = "plan"
+PLAN_GROWS = ("rknn",)
 RUN_KEY_FILE = "run.json"
 
 
@@ -90,9 +95,18 @@ def _is_real_dir(p: Path) -> bool:
 
 
 def plan_folder_problem(folder: Path) -> str | None:
-    """Why ``folder`` is not a folder ``--force`` may replace, or ``None`` if it is one."""
+    """Why ``folder`` is not a folder ``--force`` may replace, or ``None`` if it is one.
+
+    A folder with rkpart's output marker is judged by it (:func:`rkpart.output.owned_problem`:
+    nothing but the files partition wrote and compile's ``rknn/``); one written before the
+    marker existed, by its valid ``plan.json`` and entry names.
+    """
     from rkpart.partitioner.plan import load_plan
 
+    if read_marker(folder) is not None:
+        why = owned_problem(folder, PLAN_KIND, grows=PLAN_GROWS)
+        if why is not None:
+            return why
     try:
         load_plan(folder)
     except SpecError as e:
@@ -132,9 +146,7 @@ def check_staging(staging: Path, *, contents: bool = True) -> None:
     folder's contents can be judged only once the lock is ours, since a concurrent run
     holding it may be half-way through writing them.
     """
-    if staging.is_symlink():
-        raise OutputExistsError(f"staging path {staging} is a symlink (rkpart never writes through one); "
-                                "remove it")
+    check_staging_path(staging)
     if not staging.exists():
         return
     if not _is_real_dir(staging):

@@ -32,6 +32,7 @@ from rkpart.io import (
 )
 from rkpart.ir import ModelGraph
 from rkpart.ir.ops import CONTROL_FLOW_OPS
+from rkpart.output import write_marker
 from rkpart.partitioner.coverage import npu_coverage
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import (
@@ -43,7 +44,7 @@ from rkpart.partitioner.extract import (
     source_sha256,
     stage_sha256,
 )
-from rkpart.partitioner.outdir import check_out, check_staging, resume_key
+from rkpart.partitioner.outdir import PLAN_KIND, check_out, check_staging, resume_key
 from rkpart.partitioner.partition import OrderedGroup, Partition, order_groups
 from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 from rkpart.partitioner.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
@@ -123,6 +124,7 @@ def write_partition(
                 prepare_out(out, force, model_path)  # again: another run may have finished meanwhile
                 plan = _write_stages(mg, disc, part, groups, staging, run_key, model_path, model_sha,
                                      external_threshold, simplify, progress, weights)
+                write_marker(staging, PLAN_KIND)  # what --force may replace later (rkpart.output)
                 replace_folder(staging, out)
         except UserError:
             # a user error is deterministic (a rerun hits it again): the staging folder is

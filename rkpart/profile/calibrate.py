@@ -34,7 +34,6 @@ import io
 import json
 import math
 import re
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -54,7 +53,8 @@ from rkpart.compile.calibration import (
     plan_digest,
 )
 from rkpart.errors import OutputExistsError, SpecError, UserError
-from rkpart.io import folder_lock, recover_folder, regular_file, replace_folder
+from rkpart.io import regular_file
+from rkpart.output import owned_problem, read_marker, staged_folder
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
@@ -314,18 +314,26 @@ def write_calibration(plan: Plan, folder: Path, out: Path, *, steps: int = 4, cf
     feeds = _load_samples(inputs, plan) if inputs is not None else samples_feeds
     rec, source, _runs = collect(plan, folder, steps=steps, cfg=cfg, samples=samples, seed=seed,
                                  inputs=feeds, progress=progress)
-    staging = out.with_name(f".{out.name}.partial")
-    if staging.is_symlink() or (staging.exists() and not staging.is_dir()):
-        raise OutputExistsError(f"staging path {staging} is not a folder rkpart left; remove it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with folder_lock(staging, what=f"calibration staging folder {staging}", nofollow=True):
-        for p in list(staging.iterdir()):
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    # rkpart.output: a staging folder of someone else's files is refused, never emptied
+    with staged_folder(out, kind=CALIBRATION_KIND, force=force, problem=_calibration_problem) as staging:
         entries = _write_tree(plan, staging, rec, source, steps, cfg, seed, samples)
-        recover_folder(out)
-        replace_folder(staging, out)
     assert entries  # the plan has NPU stages, so every one of them was recorded
     return load_calibration(out)
+
+
+#: the output kind in a calibration folder's rkpart marker (rkpart.output)
+CALIBRATION_KIND = "calibration"
+
+
+def _calibration_problem(folder: Path) -> str | None:
+    """Why ``--force`` may not replace ``folder``: judged by rkpart's marker, or (a folder written
+    before the marker existed) by its manifest and entry names."""
+    if read_marker(folder) is not None:
+        return owned_problem(folder, CALIBRATION_KIND)
+    if not (folder / MANIFEST).is_file() or any(p.name not in (MANIFEST, "samples", "stages")
+                                               for p in folder.iterdir()):
+        return "it is not an rkpart calibration folder"
+    return None
 
 
 def _check_out(out: Path, force: bool) -> None:
@@ -336,9 +344,9 @@ def _check_out(out: Path, force: bool) -> None:
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise OutputExistsError(f"output folder {out} is not empty; use --force to replace it")
-        if not (out / MANIFEST).is_file() or any(p.name not in (MANIFEST, "samples", "stages")
-                                                 for p in out.iterdir()):
-            raise OutputExistsError(f"refusing to replace {out}: it is not an rkpart calibration folder")
+        why = _calibration_problem(out)
+        if why is not None:
+            raise OutputExistsError(f"refusing to replace {out}: {why}")
 
 
 def _write_tree(plan: Plan, root: Path, rec: _Recorder, source: str, steps: int, cfg: bool, seed: int,

@@ -45,10 +45,12 @@ class DriftRow:
     cosine: float
     max_abs: float
     mse: float
+    #: NaN/Inf values on either side; when non-zero the metrics above are NaN (rkpart.validation.metrics)
+    nonfinite: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"plan": self.plan, "step": self.step, "kind": self.kind, "block": self.block,
-                "cosine": self.cosine, "max_abs": self.max_abs, "mse": self.mse}
+                "cosine": self.cosine, "max_abs": self.max_abs, "mse": self.mse, "nonfinite": self.nonfinite}
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,16 @@ def denoise(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cf
     return traj
 
 
+def _nonfinite(m: Any) -> int:
+    return int(m.nan + m.inf + m.ref_nonfinite)
+
+
+def nonfinite_rows(rows: Sequence[DriftRow]) -> list[DriftRow]:
+    """The rows that hold NaN/Inf values (a drift run with any is a failed run, not zero drift)."""
+    return [r for r in rows if r.nonfinite or not (math.isfinite(r.cosine) and math.isfinite(r.mse)
+                                                   and math.isfinite(r.max_abs))]
+
+
 def compare_step(label: str, step: int, ref: StepResult, got: StepResult) -> list[DriftRow]:
     """One step: per pass and block the block outputs (all tensors concatenated), then the latent."""
     rows = []
@@ -157,9 +169,9 @@ def compare_step(label: str, step: int, ref: StepResult, got: StepResult) -> lis
         ga, ra = got[1][(kind, block)], ref[1][(kind, block)]
         m = compare(np.concatenate([ga[n].ravel() for n in sorted(ra)]),
                     np.concatenate([ra[n].ravel() for n in sorted(ra)]))
-        rows.append(DriftRow(label, step, kind, block, m.cosine, m.max_abs, m.mse))
+        rows.append(DriftRow(label, step, kind, block, m.cosine, m.max_abs, m.mse, _nonfinite(m)))
     m = compare(got[0], ref[0])
-    rows.append(DriftRow(label, step, LATENT, None, m.cosine, m.max_abs, m.mse))
+    rows.append(DriftRow(label, step, LATENT, None, m.cosine, m.max_abs, m.mse, _nonfinite(m)))
     return rows
 
 
@@ -214,15 +226,16 @@ def drift(plans: Sequence[tuple[str, Plan, Path]], backend: Backend, *, steps: i
 
 def render(rows: Sequence[DriftRow], *, blocks: bool = True) -> str:
     """The drift table: one line per row (block rows only with ``blocks``)."""
-    lines = [f"{'plan':<24} {'step':>4} {'pass':<7} {'block':>5} {'cosine':>10} {'max abs':>10} {'MSE':>10}"]
+    lines = [f"{'plan':<24} {'step':>4} {'pass':<7} {'block':>5} {'cosine':>10} {'max abs':>10} {'MSE':>10} "
+             f"{'NaN/Inf':>8}"]
     for r in rows:
         if r.kind != LATENT and not blocks:
             continue
         b = "" if r.block is None else str(r.block)
         lines.append(f"{r.plan[:24]:<24} {r.step:>4} {r.kind:<7} {b:>5} {r.cosine:>10.6f} {r.max_abs:>10.3g} "
-                     f"{r.mse:>10.3g}")
+                     f"{r.mse:>10.3g} {r.nonfinite:>8}")
     return "\n".join(lines)
 
 
 __all__ = ["LATENT", "DriftRow", "Roles", "Trajectory", "block_outputs", "compare_trajectories", "denoise", "drift",
-           "render", "roles"]
+           "nonfinite_rows", "render", "roles"]

@@ -64,10 +64,12 @@ def run_profile(opts: ProfileOptions, progress: Progress | None = None,
     ``warn`` receives what the user should know before the numbers are trusted (artifacts
     built by another toolkit than the board runtime); default: ``progress``.
     """
+    from rkpart.output import check_file_target
     from rkpart.partitioner.plan import load_plan
     from rkpart.profile.lifecycle import profile_plan
     from rkpart.profile.records import write_jsonl
 
+    check_file_target(opts.output, force=True, what="profile output")  # before minutes of profiling
     plan, folder = load_plan(opts.plan)
     backend = get_backend(opts.backend, toolkit=opts.toolkit, core_mask=opts.core_mask, threads=opts.threads)
     from rkpart.runtime.ort import OrtBackend

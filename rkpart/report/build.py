@@ -13,7 +13,6 @@ import csv
 import html
 import io
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,12 +20,26 @@ from typing import Any
 
 from rkpart import __version__
 from rkpart.errors import OutputExistsError, UserError
-from rkpart.io import atomic_write_bytes, folder_lock, recover_folder, replace_folder
+from rkpart.io import atomic_write_bytes
+from rkpart.output import check_file_target, check_folder_target, staged_folder, write_output_file
 from rkpart.partitioner.plan import load_plan
 from rkpart.report import data as D
 from rkpart.report import plots
 
 Progress = Callable[[str], None]
+#: what marks a page rkpart wrote (``--force`` replaces only such a page); the assets folder
+#: carries the output marker of :mod:`rkpart.output`
+GENERATOR = "<meta name='generator' content='rkpart report'>"
+ASSETS_KIND = "report assets"
+
+
+def _is_rkpart_page(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return False
+    return GENERATOR.encode() in head
 
 
 @dataclass(frozen=True)
@@ -112,10 +125,10 @@ def build_report(
     if out.is_dir():
         raise OutputExistsError(f"report output {out} is a folder")
     assets = out.with_name(out.stem + "_files")
-    if not force and (out.exists() or (assets.exists() and any(assets.iterdir()))):
-        raise OutputExistsError(f"{out} exists; use --force to replace it")
-    if assets.exists() and not assets.is_dir():
-        raise OutputExistsError(f"{assets} exists and is not a folder")
+    # checked before any work: the page only onto a regular file rkpart wrote, the assets
+    # only into a folder rkpart wrote (rkpart.output); again when they are written
+    check_file_target(out, force=force, what="report output", owned=_is_rkpart_page)
+    check_folder_target(assets, kind=ASSETS_KIND, force=force, what="report folder")
     plan, folder = load_plan(plan_path)
     profs = [D.load_profile(Path(p)) for p in profiles]
     names = [p.name for p in profs]
@@ -160,7 +173,7 @@ def build_report(
     hint_cost = "" if cost else "<p class='none'>Give <code>--cost-model FILE</code> (or <code>shipped</code>) " \
                                 "with profiles to compare predictions with measurements.</p>"
     parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>{GENERATOR}",
         f"<title>rkpart report: {model_name} ({html.escape(str(plan.strategy.get('name')))})</title>",
         f"<style>{CSS}</style></head><body>",
         f"<h1>rkpart report: {model_name}, strategy {html.escape(str(plan.strategy.get('name')))}</h1>",
@@ -188,13 +201,8 @@ def build_report(
     page = "\n".join(parts).encode()
 
     progress(f"writing {out} and {assets.name}/")
-    staging = assets.with_name(f".{assets.name}.partial")
     files: list[str] = []
-    with folder_lock(staging, what=f"report folder {assets}"):
-        recover_folder(assets)
-        for f in staging.iterdir():
-            if f.is_file():
-                f.unlink()
+    with staged_folder(assets, kind=ASSETS_KIND, force=force, what="report folder") as staging:
         for name, png in pngs.items():
             if png is not None:
                 atomic_write_bytes(staging / f"{name}.png", png)
@@ -202,10 +210,5 @@ def build_report(
         for name, rows in tables.items():
             atomic_write_bytes(staging / f"{name}.csv", _csv(rows))
             files.append(f"{name}.csv")
-        try:
-            replace_folder(staging, assets)
-        except OSError:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-    atomic_write_bytes(out, page)
+    write_output_file(out, page, force=force, what="report output", owned=_is_rkpart_page)
     return ReportResult(html=out, assets=assets, files=tuple(sorted(files)))

@@ -6,13 +6,13 @@ the same numbers.  Nothing here imports matplotlib.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rkpart.errors import SpecError, UserError
+from rkpart.errors import SpecError
+from rkpart.io import load_json_file
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.profile import records as rec
 from rkpart.types import LIFECYCLE, NPU, CompilerPlan, seconds_key
@@ -64,13 +64,28 @@ def load_profile(path: Path, name: str | None = None) -> Profile:
     return Profile(name=name or path.stem, path=path, records=recs)
 
 
+#: a run report is a few KiB per stage; one larger than this is not one
+MAX_RUN_BYTES = 64 << 20
+
+
 def load_run(path: Path) -> RunResult:
-    try:
-        d = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read run report {path}: {e}") from None
+    """A ``rkpart run --per-stage --json`` output, read whole and bounded (a regular file, size,
+    depth and integer limits) and checked against the shape the report uses."""
+    d = load_json_file(path, what="run report", max_bytes=MAX_RUN_BYTES, error=SpecError)
     if not isinstance(d, dict) or "end_to_end" not in d or "per_stage" not in d:
         raise SpecError(f"{path} is not the output of `rkpart run --per-stage --json`")
+    for key in ("end_to_end", "per_stage"):
+        if not isinstance(d[key], dict):
+            raise SpecError(f"{path}: {key!r} must be an object")
+    if not all(isinstance(m, dict) for m in d["end_to_end"].values()):
+        raise SpecError(f"{path}: end_to_end must map tensor names to metrics")
+    for sid, tensors in d["per_stage"].items():
+        if not isinstance(tensors, dict) or not all(isinstance(m, dict) for m in tensors.values()):
+            raise SpecError(f"{path}: per_stage[{sid!r}] must map tensor names to metrics")
+        for t, m in tensors.items():
+            for k, v in m.items():
+                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                    raise SpecError(f"{path}: per_stage[{sid!r}][{t!r}].{k} must be a number, got {type(v).__name__}")
     return RunResult(name=path.stem, data=d)
 
 

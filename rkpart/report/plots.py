@@ -24,8 +24,10 @@ def _plt() -> Any:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # text.parse_math off: tensor, region and file names are the user's and may hold "$...$",
+    # which matplotlib would otherwise parse as mathtext (and raise on)
     plt.rcParams.update({"font.size": 9, "axes.spines.top": False, "axes.spines.right": False,
-                         "svg.hashsalt": "rkpart", "path.simplify": True})
+                         "svg.hashsalt": "rkpart", "path.simplify": True, "text.parse_math": False})
     return plt
 
 
@@ -107,16 +109,41 @@ def lifecycle(rows: Table) -> bytes | None:
     return _png(fig)
 
 
+#: measured rounds drawn per profile before the memory plot summarises (first, middle, last)
+MAX_ROUNDS_DRAWN = 6
+
+
+def _summarised_rounds(keys: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], dict[Any, str]]:
+    """The (profile, round) panels to draw: every round of a profile with up to
+    :data:`MAX_ROUNDS_DRAWN`, else its first, middle and last (a 110 000-record profile must not
+    become thousands of subplots); per summarised profile the note its titles carry."""
+    per: dict[Any, list[Any]] = {}
+    for p, rnd in keys:
+        per.setdefault(p, []).append(rnd)
+    out: list[tuple[Any, Any]] = []
+    notes: dict[Any, str] = {}
+    for p, rounds in per.items():
+        if len(rounds) > MAX_ROUNDS_DRAWN:
+            picked = list(dict.fromkeys([rounds[0], rounds[len(rounds) // 2], rounds[-1]]))
+            notes[p] = f" (first, middle and last of {len(rounds)} measured rounds)"
+            rounds = picked
+        out += [(p, r) for r in rounds]
+    return out, notes
+
+
 def memory(rows: Table, budget_mib: float | None) -> bytes | None:
     """Per profile and measured round: process PSS and device memory over the round's time, and the budget."""
     measured = [r for r in rows if not r["warmup"]]
     if not measured:
         return None
     plt = _plt()
-    keys = list(dict.fromkeys((r["profile"], r["round"]) for r in measured))
+    by_key: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for r in measured:
+        by_key.setdefault((r["profile"], r["round"]), []).append(r)
+    keys, shown_of = _summarised_rounds(list(by_key))
     fig, axes = plt.subplots(len(keys), 1, figsize=(8, 1.9 * len(keys) + 0.4), squeeze=False, sharex=False)
     for ax, (p, rnd) in zip(axes[:, 0], keys, strict=True):
-        rs = [r for r in measured if r["profile"] == p and r["round"] == rnd]
+        rs = by_key[(p, rnd)]
         xs, pss, dev = [], [], []
         for r in rs:
             xs += [r["t_start_s"], r["t_end_s"]]
@@ -127,7 +154,7 @@ def memory(rows: Table, budget_mib: float | None) -> bytes | None:
         ax.plot(xs, dev, color=NPU_COLOR, lw=1.2)
         if budget_mib is not None:
             ax.axhline(budget_mib, color="#d62728", ls="--", lw=1, label=f"budget {budget_mib:g} MiB")
-        ax.set_title(f"{p}, round {rnd}", loc="left", fontsize=8)
+        ax.set_title(f"{p}, round {rnd}{shown_of.get(p, '')}", loc="left", fontsize=8)
         ax.set_ylabel("MiB")
     axes[-1, 0].set_xlabel("seconds into the round")
     axes[0, 0].legend(fontsize=7, frameon=False, loc="upper right")

@@ -88,6 +88,9 @@ CORE_MASKS = {
 }
 
 EXIT_USER, EXIT_RUNTIME, EXIT_GATE = 2, 7, 8
+#: the gate's max |error| / max |reference| when the manifest names none: fp16 on the NPU (the
+#: simulator) gives ~6e-4 on the example, host weights scaled by 1.01 give ~2e-2
+DEFAULT_MAX_ABS_REL = 0.01
 
 #: the denoising loop's schedulers (``rkpart drift``'s: flow-matching Euler, with shift)
 SCHEDULERS = ("flow-euler",)
@@ -141,10 +144,20 @@ class OrtSession:
             raise BundleError(f"stage file {self.path} is missing")
 
     def init(self) -> None:
-        self._sess = ort_session(str(self.path))
+        try:
+            self._sess = ort_session(str(self.path))
+        except BundleError:
+            raise
+        except Exception as e:  # noqa: BLE001 - ONNX Runtime's types (Fail, InvalidGraph...) derive from Exception
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise BundleError(f"ONNX Runtime cannot load stage file {self.path}: {first[:300]}") from None
 
     def infer(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        return list(self._sess.run(list(self.outputs), dict(zip(self.inputs, arrays, strict=True))))
+        try:
+            return list(self._sess.run(list(self.outputs), dict(zip(self.inputs, arrays, strict=True))))
+        except Exception as e:  # noqa: BLE001 - as in init: ONNX Runtime's error types
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise RuntimeFailure(f"ONNX Runtime failed on stage file {self.path}: {first[:300]}") from None
 
     def release(self) -> None:
         self._sess = None
@@ -223,27 +236,235 @@ def inside(root: Path, rel: str) -> Path:
 
 def read_manifest(folder: Path) -> dict[str, Any]:
     path = folder / MANIFEST
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise BundleError(f"no {MANIFEST} in {folder}: not an rkpart bundle")
-    try:
-        m = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise BundleError(f"{path} is not readable JSON: {e}") from None
+    m = load_json(path, "manifest")
     if not isinstance(m, dict) or m.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"{path} is not an rkpart bundle manifest")
     if m.get("version") != BUNDLE_VERSION:
-        raise BundleError(f"{path} has bundle version {m.get('version')!r}; this runner reads {BUNDLE_VERSION}")
+        raise BundleError(f"{path} has bundle version {repr(m.get('version'))[:40]}; this runner reads "
+                          f"{BUNDLE_VERSION}")
+    validate_manifest(m)
     return m
+
+
+# -- validating what the runner reads (issue 31): whole files, up front, one-line errors ---------
+# The runner cannot import rkpart, so its checks live here: only regular files, size limits,
+# integer, depth and string limits, and the manifest's schema, before any field is used.
+
+#: limits of what a bundle may hold
+MAX_MANIFEST_BYTES = 64 << 20
+MAX_JSON_DEPTH = 32
+MAX_INT_DIGITS = 20
+MAX_NAME_CHARS = 4096
+MAX_FILE_BYTES = 1 << 46  # 64 TiB: more than any board holds
+MAX_TENSOR_ELEMENTS = 1 << 34
+#: tensor dtypes the runner accepts (numerical only: no object arrays, strings or structures)
+DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+          "uint64", "bool")
+#: bundle files the runner itself does not open (besides those ``files`` lists)
+UNLISTED_OK = (MANIFEST, ".rkpart-output.json")
+
+
+def regular_file(path: Path, what: str) -> os.stat_result:
+    """``os.stat`` of ``path`` if it is a regular file (a FIFO would block, /dev/zero never ends)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise BundleError(f"{what} {path} does not exist") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        raise BundleError(f"cannot read {what} {path!r}: {e}") from None
+    import stat as _stat
+
+    if not _stat.S_ISREG(st.st_mode):
+        raise BundleError(f"{what} {path} is not a regular file")
+    return st
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer with {len(text.lstrip('-'))} digits")
+    return int(text)
+
+
+def _check_depth(doc: Any, what: str) -> None:
+    stack: list[tuple[Any, int]] = [(doc, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, (dict, list)):
+            if d > MAX_JSON_DEPTH:
+                raise BundleError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
+            stack.extend((y, d + 1) for y in (x.values() if isinstance(x, dict) else x))
+
+
+def load_json(path: Path, what: str, max_bytes: int = MAX_MANIFEST_BYTES) -> Any:
+    """A JSON file, whole and bounded: regular file, size, integer digits, nesting depth."""
+    st = regular_file(path, what)
+    if st.st_size > max_bytes:
+        raise BundleError(f"{what} {path} is too large ({st.st_size} bytes; the limit is {max_bytes})")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(max_bytes + 1)
+        doc = json.loads(raw.decode("utf-8"), parse_int=_parse_int)
+    except RecursionError:
+        raise BundleError(f"{what} {path} is nested too deeply") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise BundleError(f"{path} is not readable JSON: {str(e).splitlines()[0] if str(e) else e!r}") from None
+    _check_depth(doc, f"{what} {path}")
+    return doc
+
+
+def _name(x: Any, what: str) -> str:
+    if not isinstance(x, str) or not x or len(x) > MAX_NAME_CHARS or "\0" in x:
+        shown = repr(x)[:80]
+        raise BundleError(f"manifest: {what} must be a non-empty string without NUL bytes (at most "
+                          f"{MAX_NAME_CHARS} characters), got {shown}")
+    return x
+
+
+def _int(x: Any, what: str, lo: int = 0, hi: int = MAX_FILE_BYTES) -> int:
+    if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
+        raise BundleError(f"manifest: {what} must be an integer in [{lo}, {hi}], got {repr(x)[:80]}")
+    return x
+
+
+def _obj(x: Any, what: str) -> dict[str, Any]:
+    if not isinstance(x, dict):
+        raise BundleError(f"manifest: {what} must be an object, got {type(x).__name__}")
+    return x
+
+
+def _list(x: Any, what: str) -> list[Any]:
+    if not isinstance(x, list):
+        raise BundleError(f"manifest: {what} must be a list, got {type(x).__name__}")
+    return x
+
+
+def _relpath(rel: str, what: str) -> str:
+    pp = PurePosixPath(rel)
+    if pp.is_absolute() or os.path.isabs(rel) or ".." in pp.parts or "\\" in rel:
+        raise BundleError(f"manifest names {rel!r}, which leaves the bundle")
+    return rel
+
+
+def validate_manifest(m: Mapping[str, Any]) -> None:
+    """Refuse a manifest any later step would trip over: the schema of every field the runner uses.
+
+    Every stage file must be listed in ``files`` (with its sha256), so nothing the runner opens
+    escapes the check.
+    """
+    files = _obj(m.get("files"), "'files'")
+    for rel, info in files.items():
+        _relpath(_name(rel, "a file name"), "file")
+        info = _obj(info, f"files[{rel!r}]")
+        sha = info.get("sha256")
+        if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+            raise BundleError(f"manifest: files[{rel!r}].sha256 must be 64 lowercase hex digits")
+        _int(info.get("size"), f"files[{rel!r}].size")
+    tensors = _obj(m.get("tensors"), "'tensors'")
+    for name, t in tensors.items():
+        _name(name, "a tensor name")
+        t = _obj(t, f"tensors[{name!r}]")
+        shape = _list(t.get("shape"), f"tensors[{name!r}].shape")
+        if len(shape) > 16:
+            raise BundleError(f"manifest: tensors[{name!r}].shape has {len(shape)} dimensions (at most 16)")
+        n = 1
+        for d in shape:
+            n *= _int(d, f"tensors[{name!r}].shape", 0, MAX_TENSOR_ELEMENTS)
+        if n > MAX_TENSOR_ELEMENTS:
+            raise BundleError(f"manifest: tensors[{name!r}] has {n} elements (at most {MAX_TENSOR_ELEMENTS})")
+        if t.get("dtype") not in DTYPES:
+            raise BundleError(f"manifest: tensors[{name!r}].dtype {repr(t.get('dtype'))[:40]} is not one of "
+                              f"{', '.join(DTYPES)}")
+    for key in ("inputs", "outputs"):
+        for i, t in enumerate(_list(m.get(key), f"'{key}'")):
+            tname = _name(_obj(t, f"{key}[{i}]").get("name"), f"{key}[{i}].name")
+            if tname not in tensors:
+                raise BundleError(f"manifest: {key[:-1]} {tname!r} has no entry in 'tensors'")
+    if not m["outputs"]:
+        raise BundleError("manifest: 'outputs' is empty (nothing to run for)")
+    stages = _list(m.get("stages"), "'stages'")
+    if not stages:
+        raise BundleError("manifest: 'stages' is empty")
+    for i, s in enumerate(stages):
+        s = _obj(s, f"stages[{i}]")
+        sid = _name(s.get("id"), f"stages[{i}].id")
+        if s.get("device") not in ("npu", "host"):
+            raise BundleError(f"manifest: stage {sid}: device {repr(s.get('device'))[:40]} is not npu or host")
+        f = _relpath(_name(s.get("file"), f"stage {sid} file"), "file")
+        if f not in files:
+            raise BundleError(f"manifest: stage {sid} file {f!r} is not listed in 'files' (no sha256 to check it by)")
+        for key in ("inputs", "outputs"):
+            for t in _list(s.get(key), f"stage {sid} {key}"):
+                if _name(t, f"stage {sid} {key[:-1]}") not in tensors:
+                    raise BundleError(f"manifest: stage {sid} {key[:-1]} {t!r} has no entry in 'tensors'")
+        if "residency" in s and s["residency"] not in RESIDENCIES:
+            raise BundleError(f"manifest: stage {sid}: residency {repr(s['residency'])[:40]} is not one of "
+                              f"{', '.join(RESIDENCIES)}")
+        if s["device"] == "npu" and "source" in s:
+            _relpath(_name(s["source"], f"stage {sid} source"), "source")
+        if s.get("source_sha256") is not None and not isinstance(s["source_sha256"], str):
+            raise BundleError(f"manifest: stage {sid}: source_sha256 must be a string")
+    # data flow: every stage reads only model inputs and earlier stages' outputs
+    have = {t["name"] for t in m["inputs"]}
+    for s in stages:
+        missing = [t for t in s["inputs"] if t not in have]
+        if missing:
+            raise BundleError(f"manifest: stage {s['id']} reads {missing[0]!r}, which no model input or earlier "
+                              "stage gives")
+        have.update(s["outputs"])
+    for t in m["outputs"]:
+        if t["name"] not in have:
+            raise BundleError(f"manifest: model output {t['name']!r} is given by no stage")
+    gate = _obj(m.get("gate") or {}, "'gate'")
+    for k in ("min_cosine", "max_abs_rel"):
+        v = gate.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v != v
+                              or v in (float("inf"), float("-inf"))):
+            raise BundleError(f"manifest: gate.{k} must be a finite number or null, got {repr(v)[:40]}")
+    ref = _obj(m.get("reference") or {}, "'reference'")
+    for k in ("inputs", "outputs"):
+        if ref.get(k) is not None:
+            rel = _relpath(_name(ref[k], f"reference.{k}"), "reference")
+            if rel not in files:
+                raise BundleError(f"manifest: reference {k} {rel!r} is not listed in 'files'")
+    if "core_mask" in m and m["core_mask"] not in CORE_MASKS:
+        raise BundleError(f"manifest: core_mask {repr(m['core_mask'])[:40]} is not one of {', '.join(CORE_MASKS)}")
+
+
+def unlisted_files(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
+    """Files in the folders of the stage files (``stages/``, ``rknn/``...) that ``files`` does not
+    list: ONNX Runtime would open an unlisted ``.data`` file next to a stage without any check."""
+    listed = set(manifest["files"])
+    tops = sorted({PurePosixPath(s["file"]).parts[0] for s in manifest["stages"]
+                   if len(PurePosixPath(s["file"]).parts) > 1})
+    out = []
+    for top in tops:
+        base = folder / top
+        if not base.is_dir() or base.is_symlink():
+            continue
+        for root, dirs, names in os.walk(base, followlinks=False):
+            dirs.sort()
+            for n in sorted(names) + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+                rel = (Path(root) / n).relative_to(folder).as_posix()
+                if rel not in listed and n not in UNLISTED_OK:
+                    out.append(rel)
+    return out
 
 
 def verify_files(folder: Path, manifest: Mapping[str, Any]) -> None:
     """Check every file the manifest lists: present, same size, same sha256."""
     for rel, info in sorted(manifest["files"].items()):
         p = inside(folder, rel)
-        if not p.is_file():
+        if not os.path.lexists(p):
             raise BundleError(f"bundle file {rel} is missing")
+        regular_file(p, "bundle file")
         if p.stat().st_size != int(info["size"]) or sha256_file(p) != info["sha256"]:
             raise BundleError(f"bundle file {rel} differs from the manifest (sha256); copy the bundle again")
+    extra = unlisted_files(folder, manifest)
+    if extra:
+        raise BundleError(f"bundle file {extra[0]} is not listed in the manifest (no sha256 to check it by"
+                          f"{f'; {len(extra)} such files' if len(extra) > 1 else ''}); copy the bundle again")
 
 
 def standin_file(folder: Path, rel: str, sha256: str | None) -> Path:
@@ -656,16 +877,80 @@ def compare(actual: np.ndarray, ref: np.ndarray) -> dict[str, float]:
             "nonfinite": int(np.count_nonzero(~np.isfinite(a)))}
 
 
-def load_npz(path: str | os.PathLike[str], what: str) -> dict[str, np.ndarray]:
+def load_npz(path: str | os.PathLike[str], what: str,
+             names: tuple[str, ...] | list[str] | None = None) -> dict[str, np.ndarray]:
+    """The arrays ``names`` (default: all) of the ``.npz`` at ``path``; other members are never decoded.
+
+    Each member's header is read first: an object dtype, or a shape needing more bytes than the
+    member holds (a 2^40-element header on a few bytes), is refused before anything is allocated.
+    """
+    import zipfile
+
     p = Path(path)
-    if not p.is_file():
+    if not os.path.lexists(p):
         raise BundleError(f"{what} file {p} does not exist")
+    regular_file(p, f"{what} file")
+    fmt = np.lib.format
+    out: dict[str, np.ndarray] = {}
     try:
-        with np.load(p, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, AttributeError) as e:
+        with zipfile.ZipFile(p) as zf:
+            members = {n[: -len(".npy")]: n for n in zf.namelist() if n.endswith(".npy")}
+            for k in (sorted(members) if names is None else [n for n in names if n in members]):
+                info = zf.getinfo(members[k])
+                with zf.open(info) as f:
+                    version = fmt.read_magic(f)
+                    shape, _fortran, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
+                                              else fmt.read_array_header_2_0(f))
+                    if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biuf":
+                        raise BundleError(f"{what} {p}: array {k!r} has dtype {dtype}, not a numeric one")
+                    n = 1
+                    for d in shape:
+                        n *= int(d)
+                    if n * dtype.itemsize > info.file_size or n > MAX_TENSOR_ELEMENTS:
+                        raise BundleError(f"{what} {p}: array {k!r} claims shape {tuple(shape)}, more than its "
+                                          f"{info.file_size} bytes hold")
+                with zf.open(info) as f:
+                    out[k] = fmt.read_array(f, allow_pickle=False)
+    except BundleError:
+        raise
+    except (OSError, ValueError, EOFError, AttributeError, KeyError, zipfile.BadZipFile, RuntimeError) as e:
         raise BundleError(f"cannot read {what} {p}: not a usable .npz ({str(e).splitlines()[0] if str(e) else e!r})"
                           ) from None
+    return out
+
+
+def check_save_target(path: str) -> Path:
+    """``--save-outputs``: a new or regular file in an existing folder, never a folder, symlink or device."""
+    if not path or "\0" in path:
+        raise BundleError(f"--save-outputs {path!r} is not a usable file name")
+    p = Path(path)
+    if p.is_symlink():
+        raise BundleError(f"--save-outputs {p} is a symlink; the runner does not write through one")
+    if p.exists():
+        regular_file(p, "--save-outputs")
+    if not p.parent.is_dir():
+        raise BundleError(f"--save-outputs {p}: folder {p.parent} does not exist")
+    return p
+
+
+def save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write ``arrays`` to ``path`` atomically (temp file in the same folder, then rename)."""
+    import tempfile
+
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise BundleError(f"cannot write --save-outputs {path}: {e.strerror or e}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)  # type: ignore[arg-type]
+        check_save_target(str(path))  # again: not replaced if it became a symlink or a device meanwhile
+        os.replace(tmp, path)
+    except OSError as e:
+        raise BundleError(f"cannot write --save-outputs {path}: {e.strerror or e}") from None
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -718,8 +1003,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed < 2**32:
+        raise BundleError(f"--seed must be in [0, 2**32), got {seed}")
     if args.passes < 1:
         raise BundleError("--passes must be at least 1")
+    for flag, v in (("--min-cosine", args.min_cosine), ("--max-abs-rel", args.max_abs_rel)):
+        if v is not None and not (v == v and abs(v) != float("inf")):
+            raise BundleError(f"{flag} must be a finite number, got {v}")
+    save_to = check_save_target(args.save_outputs) if args.save_outputs is not None else None
     folder = Path(args.bundle)
     m = read_manifest(folder)
     ref_files = m.get("reference") or {}
@@ -733,7 +1025,7 @@ def _main(args: argparse.Namespace) -> int:
     if runner.npu_standin is not None:
         print(f"runner: NPU stages run on an ONNX Runtime stand-in ({STANDIN_ENV}={runner.npu_standin}), "
               "not on the NPU", file=sys.stderr)
-    feeds = load_npz(inputs_path, "inputs")
+    feeds = load_npz(inputs_path, "inputs", names=runner.inputs)
     passes: list[dict[str, float]] = []
 
     def summed(timings: list[tuple[str, str, float]], wall: float) -> dict[str, float]:
@@ -752,17 +1044,15 @@ def _main(args: argparse.Namespace) -> int:
         t0 = time.perf_counter()
     closed = time.perf_counter() - t0
     setup = summed(runner.open_timings + runner.close_timings, opened + closed)
-    if args.save_outputs:
-        tmp = Path(f"{args.save_outputs}.partial.npz")
-        np.savez(tmp, **outs)  # type: ignore[arg-type]
-        os.replace(tmp, args.save_outputs)
+    if save_to is not None:
+        save_npz(save_to, outs)
     gate = dict(m.get("gate") or {})
     min_cos = args.min_cosine if args.min_cosine is not None else gate.get("min_cosine")
-    max_rel = args.max_abs_rel if args.max_abs_rel is not None else gate.get("max_abs_rel")
+    max_rel = args.max_abs_rel if args.max_abs_rel is not None else gate.get("max_abs_rel", DEFAULT_MAX_ABS_REL)
     results: dict[str, dict[str, float]] = {}
     failures: list[str] = []
     if reference is not None:
-        ref = load_npz(reference, "reference")
+        ref = load_npz(reference, "reference", names=runner.outputs)
         for n in runner.outputs:
             if n not in ref:
                 raise BundleError(f"reference {reference} has no array {n!r}")

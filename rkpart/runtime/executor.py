@@ -10,8 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from rkpart.errors import InvalidModelError, SpecError, UserError, first_line
-from rkpart.io import confined_file, external_locations, hash_file, regular_file
+from rkpart.errors import InvalidModelError, SpecError, UserError
+from rkpart.io import confined_file, external_locations, hash_file, read_npz, regular_file
 from rkpart.partitioner.plan import Plan, Stage, TensorInfo, stage_order_ok
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.ort import OrtBackend, make_session
@@ -50,20 +50,9 @@ def load_inputs(path: str | Path, plan: Plan) -> Feeds:
     Arrays are cast to the model's dtype only when that is value-preserving in kind
     (numbers to numbers); shapes must match exactly.  Pickled (object) arrays are refused.
     """
-    import zipfile
-    import zlib
-
     p = Path(path)
-    regular_file(p, what="inputs file")  # a FIFO would block np.load
-    try:
-        z = np.load(p, allow_pickle=False)
-        if not isinstance(z, np.lib.npyio.NpzFile):
-            raise UserError(f"inputs {p} is a single .npy array, not an .npz with one array per model input")
-        with z:
-            feeds = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
-        why = "it holds pickled (object) arrays" if "pickle" in str(e) else first_line(e)
-        raise UserError(f"cannot read inputs {p}: not a usable .npz ({why})") from None
+    # only the model's inputs are decoded, each header checked first (rkpart.io.read_npz)
+    feeds = read_npz(p, what="inputs file", names=plan.inputs)
     for n in plan.inputs:
         if n not in feeds:
             raise UserError(f"inputs file {p} has no array {n!r} (model inputs: {', '.join(plan.inputs)})")

@@ -88,6 +88,10 @@ def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
     min_cosine, max_abs_rel = opts.min_cosine, opts.max_abs_rel
     if opts.core_mask is not None and backend != "rknnlite":
         raise UserError(f"--core-mask applies to --backend rknnlite only, not {backend}")
+    if save_outputs:
+        from rkpart.output import check_file_target
+
+        check_file_target(save_outputs, force=True, what="--save-outputs")  # before the run
     plan, folder = load_plan(plan_path)
     for p, what in ((inputs, "inputs"), (reference, "reference")):
         if p is not None:
@@ -122,18 +126,16 @@ def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
     finally:
         be.close()
     if save_outputs:
-        from rkpart.io import atomic_writer
+        from rkpart.output import output_file
 
-        with atomic_writer(save_outputs) as tmp, open(tmp, "wb") as f:
+        with output_file(save_outputs, force=True, what="--save-outputs") as tmp, open(tmp, "wb") as f:
             np.savez(f, **outs)  # type: ignore[arg-type]
     e2e = {k: compare(outs[k], ref[k]) for k in plan.outputs}
     against: dict[str, Metrics] = {}
     if reference is not None:
-        try:
-            with np.load(reference, allow_pickle=False) as z:
-                refd = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as e:
-            raise UserError(f"cannot read reference {reference}: {e}") from None
+        from rkpart.io import read_npz
+
+        refd = read_npz(reference, what="reference", names=plan.outputs)
         for k in plan.outputs:
             if k not in refd:
                 raise UserError(f"reference {reference} has no array {k!r}")

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from rkpart.bundle.build import bundle_plan
 from rkpart.cli import main
 from rkpart.compile.compile import compile_plan_report
+from rkpart.output import MARKER
 from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
 from rkpart.runtime.executor import run_plan
@@ -86,7 +87,8 @@ def test_bundle_holds_what_the_board_needs_with_sha256(bundle: Path, compiled: t
     m = json.loads((bundle / "manifest.json").read_text())
     assert (m["format"], m["version"]) == ("rkpart-bundle", 1)
     files = set(m["files"])
-    on_disk = {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()} - {"manifest.json"}
+    # the manifest, and rkpart's output marker (rkpart.output), are the two files it does not list
+    on_disk = {p.relative_to(bundle).as_posix() for p in bundle.rglob("*") if p.is_file()} - {"manifest.json", MARKER}
     assert files == on_disk
     assert {"runner.py", "ref_inputs.npz", "ref_outputs.npz"} <= files
     assert sum(f.endswith(".rknn") for f in files) == len(plan.npu_stages) == 6

@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from rkpart.cli import main
+from rkpart.output import MARKER
 from rkpart.partitioner.plan import Plan
 from rkpart.profile import records as rec
 from rkpart.profile.lifecycle import profile_plan
@@ -71,7 +72,7 @@ def test_page_is_self_contained_with_every_section(report: Path) -> None:
 
 def test_plots_and_tables_are_files_too(report: Path, plans: dict[str, tuple[Plan, Path]]) -> None:
     assets = report.with_name("report_files")
-    assert {p.name for p in assets.iterdir()} == PNGS | CSVS
+    assert {p.name for p in assets.iterdir()} == PNGS | CSVS | {MARKER}  # the marker: rkpart wrote the folder
     assert all((assets / p).read_bytes().startswith(b"\x89PNG") for p in PNGS)
     plan = plans["split"][0]
     cov = {r["row"]: r for r in read_csv(assets / "coverage.csv")}

@@ -48,20 +48,27 @@ def test_zero_tensors() -> None:
     assert compare(z, np.ones(4, np.float32)).cosine == 0.0  # no direction vs a direction
 
 
-def test_non_finite_values_are_counted_excluded_and_gated() -> None:
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("side", ["actual", "reference", "both"])
+def test_a_non_finite_value_is_never_a_perfect_score(bad: float, side: str) -> None:
     ref = np.array([1.0, 2.0, 3.0, 4.0], np.float32)
-    got = np.array([1.0, np.nan, np.inf, 4.0], np.float32)
+    got = ref.copy()
+    if side in ("actual", "both"):
+        got[1] = bad
+    if side in ("reference", "both"):
+        ref[1] = bad
     m = compare(got, ref)
-    assert (m.nan, m.inf) == (1, 1)
-    assert m.cosine == pytest.approx(1.0) and m.max_abs == 0.0  # the finite pairs agree
-    assert Gate().failures(m) == ["1 NaN / 1 Inf"]
-    assert Gate(allow_nonfinite=True).failures(m) == []
+    assert not m.finite
+    assert np.isnan(m.cosine) and np.isnan(m.max_abs) and np.isnan(m.mse)  # no score over the finite rest
+    assert (m.nan, m.inf) == ((int(np.isnan(bad)), int(np.isinf(bad))) if side != "reference" else (0, 0))
+    assert m.ref_nonfinite == (1 if side != "actual" else 0)
+    fails = Gate(min_cosine=-1.0, max_abs=1e30, max_abs_rel=1e30).failures(m)
+    assert fails and all("NaN" in f for f in fails)
 
 
 def test_all_nan_is_gated_as_non_finite() -> None:
     m = compare(np.array([np.nan], np.float32), np.array([np.nan], np.float32))
-    assert Gate(allow_nonfinite=True).failures(m) == []  # both empty after excluding: cosine 1
-    assert Gate().failures(m) == ["1 NaN / 0 Inf"]
+    assert Gate().failures(m) == ["1 NaN / 0 Inf", "the reference holds 1 NaN/Inf values"]
 
 
 def test_shape_mismatch_is_a_gate_error() -> None:
@@ -72,4 +79,4 @@ def test_shape_mismatch_is_a_gate_error() -> None:
 def test_metrics_serialise_to_plain_json() -> None:
     m = compare(np.ones(4), np.ones(4))
     assert m.to_json() == {"cosine": 1.0, "max_abs": 0.0, "mean_abs": 0.0, "mse": 0.0, "nan": 0, "inf": 0,
-                           "ref_max_abs": 1.0}
+                           "ref_max_abs": 1.0, "ref_nonfinite": 0}

@@ -1,0 +1,174 @@
+"""What a cost model must satisfy before anything uses it (issue 31).
+
+A cost-model file is validated whole when it is read (:func:`check_model_document`): every
+field that ``partition``, ``report`` and ``profile --against`` later use has the type they
+expect, every coefficient is finite and non-negative, and every term is a feature that exists
+(a term named ``to_json`` would otherwise be looked up as a method).  A fit is refused when its
+samples hold a timing that is not a measurement (NaN, infinite, zero, negative, or beyond any
+real run) and when the fitted model predicts zero or a non-finite value for its own samples:
+such a model would make ``auto`` choose from predictions of 0 s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from typing import Any
+
+from rkpart.cost_model import features as _features
+from rkpart.cost_model.rounds import GLUE_TERMS
+from rkpart.errors import SpecError
+
+#: the terms a stage component may use (:meth:`rkpart.cost_model.features.Features.value`);
+#: ``glue`` uses :data:`rkpart.cost_model.rounds.GLUE_TERMS`
+TERMS = frozenset({"const", "all_macs", "io_bytes",
+                   *(f.name for f in fields(_features.Features)
+                     if str(f.type).replace(" ", "") in ("int", "float", "int|None", "float|None"))})
+#: a parametrised term (``npu_peak16:R``), where the features define one
+_PREFIX: str | None = getattr(_features, "PEAK_TERM", None)
+
+
+def _valid_term(name: str, t: str) -> bool:
+    if name == "glue":
+        return t in GLUE_TERMS
+    if t in TERMS:
+        return True
+    if _PREFIX and t.startswith(_PREFIX):
+        try:
+            return math.isfinite(float(t[len(_PREFIX):])) and float(t[len(_PREFIX):]) >= 0
+        except ValueError:
+            return False
+    return False
+#: a measured stage time or size beyond these is not a measurement (11.6 days; 1 PiB)
+MAX_SECONDS = 1e6
+MAX_BYTES = float(2**50)
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_component(where: str, name: str, d: Any) -> None:
+    if not isinstance(d, Mapping):
+        raise SpecError(f"{where}: component {name} must be an object, got {type(d).__name__}")
+    terms = d.get("terms")
+    if not isinstance(terms, Mapping) or not terms:
+        raise SpecError(f"{where}: component {name}: 'terms' must be a non-empty object of term -> coefficient")
+    for t, c in terms.items():
+        if not isinstance(t, str) or not _valid_term(name, t):
+            valid = sorted(GLUE_TERMS if name == "glue" else TERMS)
+            if _PREFIX and name != "glue":
+                valid.append(f"{_PREFIX}R")
+            raise SpecError(f"{where}: component {name}: unknown term {t!r} (valid: {', '.join(valid)})")
+        if not _number(c) or c < 0:
+            raise SpecError(f"{where}: component {name}: coefficient of {t} must be a number >= 0 (finite), got {c!r}")
+    for key, types, what in (("source", (str,), "a string"), ("note", (str,), "a string"),
+                             ("fit_error", (dict, type(None)), "an object or null"),
+                             ("unit", (str,), "a string"), ("applies_to", (str,), "a string")):
+        if key in d and not isinstance(d[key], types):
+            raise SpecError(f"{where}: component {name}: {key!r} must be {what}, got {type(d[key]).__name__}")
+    if "samples" in d and (isinstance(d["samples"], bool) or not isinstance(d["samples"], int) or d["samples"] < 0):
+        raise SpecError(f"{where}: component {name}: 'samples' must be an integer >= 0, got {d['samples']!r}")
+
+
+def check_accuracy(where: str, acc: Any) -> None:
+    """Refuse an accuracy term (a cost model's, or ``drift --accuracy``'s file) of the wrong shape or with NaN."""
+    if not isinstance(acc, Mapping):
+        raise SpecError(f"{where}: 'accuracy' must be an object, got {type(acc).__name__}")
+    if "default_max_ratio" in acc and not (_number(acc["default_max_ratio"]) and acc["default_max_ratio"] > 0):
+        raise SpecError(f"{where}: accuracy.default_max_ratio must be a finite number > 0, "
+                        f"got {acc['default_max_ratio']!r}")
+    if "min_cosine" in acc and not (_number(acc["min_cosine"]) and -1 <= acc["min_cosine"] <= 1):
+        raise SpecError(f"{where}: accuracy.min_cosine must be a number in [-1, 1], got {acc['min_cosine']!r}")
+    fams = acc.get("families", {})
+    if not isinstance(fams, Mapping):
+        raise SpecError(f"{where}: accuracy.families must be an object, got {type(fams).__name__}")
+    for fam, row in fams.items():
+        if not isinstance(row, Mapping):
+            raise SpecError(f"{where}: accuracy family {fam!r} must be an object")
+        if not (_number(row.get("ratio")) and row["ratio"] > 0):
+            raise SpecError(f"{where}: accuracy family {fam!r}: 'ratio' must be a finite number > 0, "
+                            f"got {row.get('ratio')!r}")
+        for k in ("final_cosine", "final_mse", "final_max_abs"):
+            if k in row and not _number(row[k]):
+                raise SpecError(f"{where}: accuracy family {fam!r}: {k!r} must be a finite number (a NaN drift run "
+                                f"is not a measurement), got {row[k]!r}")
+
+
+def _check_known_issues(where: str, issues: Any) -> None:
+    if not isinstance(issues, list):
+        raise SpecError(f"{where}: 'known_issues' must be a list, got {type(issues).__name__}")
+    for i, row in enumerate(issues):
+        if not isinstance(row, Mapping):
+            raise SpecError(f"{where}: known_issues[{i}] must be an object, got {type(row).__name__}")
+        if "toolkit" in row and not isinstance(row["toolkit"], str):
+            raise SpecError(f"{where}: known_issues[{i}].toolkit must be a string")
+        if "when" in row and not isinstance(row["when"], Mapping):
+            raise SpecError(f"{where}: known_issues[{i}].when must be an object")
+        for k in ("what", "source", "signature"):
+            if k in row and not isinstance(row[k], str):
+                raise SpecError(f"{where}: known_issues[{i}].{k} must be a string")
+
+
+def check_model_document(d: Mapping[str, Any], *, where: str) -> None:
+    """Refuse (one-line :class:`SpecError`) a cost-model document any later use would trip over."""
+    comps = d.get("components", {})
+    if not isinstance(comps, Mapping):
+        raise SpecError(f"{where}: 'components' must be an object, got {type(comps).__name__}")
+    for name, c in comps.items():
+        _check_component(where, str(name), c)
+    if not isinstance(d.get("provenance", {}), Mapping):
+        raise SpecError(f"{where}: 'provenance' must be an object, got {type(d['provenance']).__name__}")
+    check_accuracy(where, d.get("accuracy", {}))
+    _check_known_issues(where, d.get("known_issues", []))
+
+
+def check_samples(samples: Sequence[Any], units: Mapping[str, str]) -> None:
+    """Refuse measured values that are no measurement: NaN, infinite, negative, a zero time, or
+    beyond :data:`MAX_SECONDS` / :data:`MAX_BYTES` (``units``: component -> ``"s"`` or ``"bytes"``)."""
+    for s in samples:
+        for name, v in s.targets.items():
+            unit = units.get(name, "s")
+            limit = MAX_SECONDS if unit == "s" else MAX_BYTES
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise SpecError(f"profile sample {s.label or s.group}: {name} is {v!r}, not a finite number; "
+                                "refusing to fit from it")
+            if v < 0 or (unit == "s" and v == 0):
+                raise SpecError(f"profile sample {s.label or s.group}: {name} is {v:g} {unit}; a measured "
+                                f"{'time' if unit == 's' else 'size'} is > 0; refusing to fit from it")
+            if v > limit:
+                raise SpecError(f"profile sample {s.label or s.group}: {name} is {v:g} {unit}, beyond any real "
+                                f"run (limit {limit:g}); refusing to fit from it")
+
+
+def check_own_predictions(model: Any, samples: Sequence[Any], units: Mapping[str, str]) -> None:
+    """Refuse a fitted model whose prediction of one of its own samples is non-finite, or zero
+    for a time (``auto`` would take it for a free stage)."""
+    for s in samples:
+        for name in s.targets:
+            comp = model.components.get(name)
+            if comp is None or comp.source != "fit":
+                continue
+            try:
+                p = comp.predict(s.features)
+            except OverflowError:
+                p = math.inf
+            if not math.isfinite(p) or (units.get(name) == "s" and p <= 0):
+                raise SpecError(f"the fitted {name} predicts {p:g} {units.get(name, 's')} for its own sample "
+                                f"{s.label or s.group} (measured {s.targets[name]:g}); refusing to write such a "
+                                "model: profile more plans or rounds")
+
+
+def check_prediction(candidate: str, residency: str, parts: Mapping[str, float]) -> None:
+    """Refuse predictions ``auto`` cannot choose from: a latency that is not finite and > 0, or a
+    component or memory that is not finite and >= 0 (e.g. from a 1e308 coefficient)."""
+    for k, v in parts.items():
+        if not math.isfinite(v) or v < 0 or (k == "latency" and v <= 0):
+            need = "a latency must be finite and > 0" if k == "latency" else "a prediction must be finite and >= 0"
+            raise SpecError(f"the cost model predicts {k} = {v:g} for candidate {candidate} ({residency}); {need}: "
+                            "refit the model or use the shipped calibration")
+
+
+__all__ = ["MAX_BYTES", "MAX_SECONDS", "TERMS", "check_accuracy", "check_model_document", "check_own_predictions",
+           "check_prediction", "check_samples"]

@@ -1,0 +1,320 @@
+"""One output protocol for every command that writes (issue 31).
+
+``partition`` learned it first (:mod:`rkpart.partitioner.outdir`); every other command that
+writes a folder or a file goes through the same rules here:
+
+- **Folders** are written into a sibling staging folder ``.<out>.partial``, locked with
+  :func:`~rkpart.io.folder_lock` and never followed through a symlink, then swapped onto
+  ``out`` atomically (:func:`~rkpart.io.replace_folder`).  A staging folder is reused only
+  when it is empty or holds this module's marker (a run killed before it could clean up);
+  anything else is refused, never removed.  On any error or Ctrl-C the staging folder is
+  removed while it is still ours, so nothing is left behind.
+- **Ownership** is judged by a marker file rkpart writes itself, :data:`MARKER`, listing the
+  command that wrote the folder and every file it wrote, not by a file name such as
+  ``manifest.json``: ``--force`` replaces a folder only if the marker names the same kind of
+  output and the folder holds nothing else (a note a user added is reason to refuse).
+- **Files** are written only onto a path that is missing or a regular file: never through a
+  symlink, never onto a device node, FIFO, socket or folder (``rkpart example /dev/null``
+  as root would otherwise replace the machine's ``/dev/null``).  The kind is checked again
+  just before the rename, so a path swapped meanwhile is not replaced either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from rkpart.errors import OutputExistsError, UserError, os_error
+from rkpart.io import (
+    _fsync_dir,
+    _kind,
+    _umask_mode,
+    folder_lock,
+    loads_json,
+    read_limited,
+    recover_folder,
+    replace_folder,
+)
+
+#: the file rkpart writes into every output folder: who wrote it and which files it wrote
+MARKER = ".rkpart-output.json"
+MARKER_FORMAT = "rkpart-output"
+MARKER_VERSION = 1
+#: a marker larger than this is not one rkpart wrote
+_MARKER_MAX_BYTES = 16 << 20
+
+Problem = Callable[[Path], "str | None"]
+
+
+def staging_path(out: Path) -> Path:
+    return out.with_name(f".{out.name}.partial")
+
+
+def _is_tmp(rel: str) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def folder_entries(folder: Path) -> list[str]:
+    """Every file and symlink under ``folder`` (relative POSIX paths, sorted), symlinks never followed."""
+    out: list[str] = []
+    for root, dirs, files in os.walk(folder, followlinks=False):
+        base = Path(root).relative_to(folder)
+        for d in list(dirs):
+            if os.path.islink(os.path.join(root, d)):
+                out.append((base / d).as_posix())
+        out.extend((base / f).as_posix() for f in files)
+    return sorted(out)
+
+
+def write_marker(folder: Path, kind: str, *, complete: bool = True) -> None:
+    """Write :data:`MARKER` into ``folder``: ``kind`` and (``complete``) every file it holds now.
+
+    Deterministic (sorted names, no times), so identical runs give identical folders.
+    """
+    from rkpart.io import atomic_write_bytes
+
+    files = [r for r in folder_entries(folder) if r != MARKER and not _is_tmp(r)] if complete else []
+    doc = {"format": MARKER_FORMAT, "version": MARKER_VERSION, "kind": kind, "complete": complete, "files": files}
+    atomic_write_bytes(folder / MARKER, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    """The marker of ``folder`` if it holds a valid one (a regular file, not a symlink), else ``None``."""
+    p = folder / MARKER
+    try:
+        if not stat.S_ISREG(os.lstat(p).st_mode):
+            return None
+        doc = loads_json(read_limited(p, what="output marker", max_bytes=_MARKER_MAX_BYTES), what="output marker")
+    except (OSError, UserError):
+        return None
+    if not (isinstance(doc, dict) and doc.get("format") == MARKER_FORMAT and isinstance(doc.get("kind"), str)
+            and isinstance(doc.get("files"), list) and all(isinstance(f, str) for f in doc["files"])):
+        return None
+    return doc
+
+
+def owned_problem(folder: Path, kind: str, *, grows: tuple[str, ...] = ()) -> str | None:
+    """Why ``folder`` is not an rkpart ``kind`` output that ``--force`` may replace, or ``None``.
+
+    ``grows``: top-level folders later commands add to (``compile`` adds ``rknn/`` to a plan).
+    """
+    doc = read_marker(folder)
+    if doc is None:
+        return f"it has no rkpart output marker ({MARKER})"
+    if doc["kind"] != kind:
+        return f"it is an rkpart {doc['kind']} output, not a {kind}"
+    listed = set(doc["files"])
+    for rel in folder_entries(folder):
+        if rel == MARKER or _is_tmp(rel) or rel in listed or rel.split("/", 1)[0] in grows:
+            continue
+        return f"it holds {rel!r}, which rkpart did not write"
+    return None
+
+
+def check_folder_target(out: Path, *, kind: str, force: bool, what: str = "output folder",
+                        problem: Problem | None = None) -> None:
+    """Refuse an output folder rkpart must not write into or replace (``problem``: ownership
+    test, default :func:`owned_problem` for ``kind``)."""
+    if out.is_symlink():
+        raise OutputExistsError(f"{what} {out} is a symlink; give the folder it points to "
+                                f"({os.path.realpath(out)}) or another path")
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"{what} {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not force:
+            raise OutputExistsError(f"{what} {out} is not empty; use --force to replace it")
+        why = (problem or (lambda f: owned_problem(f, kind)))(out)
+        if why is not None:
+            raise OutputExistsError(f"refusing to replace {out}: it is not an rkpart {kind}: {why}")
+
+
+def check_staging_path(staging: Path) -> None:
+    """Refuse a staging path that is a symlink or not a folder (before locking it)."""
+    if staging.is_symlink():
+        raise OutputExistsError(f"staging path {staging} is a symlink (rkpart never writes through one); remove it")
+    if os.path.lexists(staging) and not staging.is_dir():
+        raise OutputExistsError(f"staging path {staging} exists and is not a folder; remove it")
+
+
+def _claim_staging(staging: Path, kind: str) -> None:
+    """Empty the locked staging folder if a killed rkpart run of ``kind`` left it; refuse anything else."""
+    entries = list(staging.iterdir())
+    if not entries:
+        return
+    doc = read_marker(staging)
+    if doc is None or doc["kind"] != kind:
+        raise OutputExistsError(f"staging path {staging} holds files rkpart did not write; move them away")
+    for p in entries:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+@contextlib.contextmanager
+def _lock_existing(out: Path, what: str) -> Iterator[None]:
+    if out.is_dir() and not out.is_symlink():
+        with folder_lock(out, what=what, nofollow=True):
+            yield
+    else:
+        yield
+
+
+@contextlib.contextmanager
+def staged_folder(out: str | os.PathLike[str], *, kind: str, force: bool, what: str = "output folder",
+                  problem: Problem | None = None) -> Iterator[Path]:
+    """Yield the staging folder for the output folder ``out``; on success swap it onto ``out``.
+
+    The folder is checked before (``--force``, ownership), locked, checked again under the
+    lock, and :data:`MARKER` (``kind``, the files written) is added last.  On any exception
+    (including ``KeyboardInterrupt``) the staging folder is removed and ``out`` is untouched;
+    a disk-full or read-only ``OSError`` becomes the matching one-line user error.
+    """
+    final = Path(os.path.abspath(out))
+    check_folder_target(final, kind=kind, force=force, what=what, problem=problem)
+    staging = staging_path(final)
+    check_staging_path(staging)
+    with folder_lock(staging, what=f"{what} {final}", nofollow=True):
+        _claim_staging(staging, kind)  # outside the try: a staging folder not ours is never removed
+        try:
+            with _lock_existing(final, f"{what} {final}"):
+                recover_folder(final)
+                check_folder_target(final, kind=kind, force=force, what=what, problem=problem)
+                write_marker(staging, kind, complete=False)  # a killed run's leftovers are recognisable
+                yield staging
+                write_marker(staging, kind)
+                replace_folder(staging, final)
+        except OSError as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            err = os_error(e, f"writing {final}")
+            if err is None:
+                raise
+            raise err from None
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+
+# -- single files ------------------------------------------------------------------------------
+
+
+def check_file_target(path: str | os.PathLike[str], *, force: bool, what: str = "output",
+                      owned: Callable[[Path], bool] | None = None) -> None:
+    """Refuse a destination file that is a symlink or not a regular file, or exists without ``force``.
+
+    ``owned``: with ``force``, an existing file is replaced only if ``owned(path)`` says rkpart wrote it.
+    """
+    p = Path(path)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise OutputExistsError(f"cannot write {what} {p}: {e.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise OutputExistsError(f"{what} {p} is a symlink; rkpart does not write through one")
+    if not stat.S_ISREG(st.st_mode):
+        raise OutputExistsError(f"{what} {p} is {_kind(st.st_mode)}; rkpart writes only regular files")
+    if not force:
+        raise OutputExistsError(f"{what} {p} exists; use --force to replace it")
+    if owned is not None and not owned(p):
+        raise OutputExistsError(f"refusing to replace {what} {p}: rkpart did not write it")
+
+
+def _still_regular_or_missing(p: Path, what: str) -> None:
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a symlink" if stat.S_ISLNK(st.st_mode) else _kind(st.st_mode)
+        raise OutputExistsError(f"{what} {p} became {kind} while rkpart was writing; not replaced")
+
+
+@contextlib.contextmanager
+def output_file(path: str | os.PathLike[str], *, force: bool, what: str = "output",
+                owned: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+    """Yield a temp path next to ``path``; on success it is fsynced and renamed onto ``path``.
+
+    ``path`` is checked first (:func:`check_file_target`) and again before the rename; the
+    temp file is removed on any error or Ctrl-C.
+    """
+    p = Path(os.path.abspath(path))
+    check_file_target(p, force=force, what=what, owned=owned)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as e:
+        err = os_error(e, f"writing {what} {p}")
+        if err is None:
+            raise
+        raise err from None
+    os.fchmod(fd, _umask_mode())
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        with open(tmp_path, "rb+") as f:
+            os.fsync(f.fileno())
+        _still_regular_or_missing(p, what)
+        os.replace(tmp_path, p)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp_path.unlink()
+        err = os_error(e, f"writing {what} {p}")
+        if err is None:
+            raise
+        raise err from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp_path.unlink()
+        raise
+    _fsync_dir(p.parent)
+
+
+def write_output_file(path: str | os.PathLike[str], data: bytes, *, force: bool, what: str = "output",
+                      owned: Callable[[Path], bool] | None = None) -> None:
+    """:func:`output_file` for bytes already in memory."""
+    with output_file(path, force=force, what=what, owned=owned) as tmp:
+        tmp.write_bytes(data)
+
+
+# -- work folders ------------------------------------------------------------------------------
+
+
+def claim_work_folder(work: str | os.PathLike[str], *, kind: str) -> Path:
+    """Make ``work`` a folder rkpart may keep writing into across runs (``tune``'s work folder).
+
+    It must be missing, empty, or already carry a ``kind`` marker: never a symlink, a file, or
+    a folder of someone else's files.  The marker is written before anything else.
+    """
+    w = Path(os.path.abspath(work))
+    if w.is_symlink():
+        raise OutputExistsError(f"work folder {w} is a symlink; give the folder it points to "
+                                f"({os.path.realpath(w)}) or another path")
+    if os.path.lexists(w) and not w.is_dir():
+        raise OutputExistsError(f"work folder {w} exists and is not a folder")
+    if w.is_dir() and any(w.iterdir()):
+        doc = read_marker(w)
+        if doc is None or doc["kind"] != kind:
+            raise OutputExistsError(f"refusing to write into {w}: it is not an rkpart {kind} folder "
+                                    f"({'no ' + MARKER if doc is None else 'an rkpart ' + doc['kind'] + ' output'}); "
+                                    "choose an empty or new folder")
+        return w
+    try:
+        w.mkdir(parents=True, exist_ok=True)
+        write_marker(w, kind, complete=False)
+    except OSError as e:
+        err = os_error(e, f"writing {w}")
+        if err is None:
+            raise
+        raise err from None
+    return w
