@@ -16,7 +16,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -75,10 +75,13 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 @contextlib.contextmanager
-def atomic_writer(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_writer(path: str | os.PathLike[str], *,
+                  before_replace: Callable[[], None] | None = None) -> Iterator[Path]:
     """Yield a temp path next to ``path``; on success it is fsynced and renamed onto ``path``.
 
-    For writers that need a file name (``onnx.save``, ``rknn.export_rknn``).
+    For writers that need a file name (``onnx.save``, ``rknn.export_rknn``).  ``before_replace``
+    runs between the fsync and the rename (a last check of the destination); if it raises, the
+    temp file is removed and ``path`` is left as it was.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,6 +93,8 @@ def atomic_writer(path: str | os.PathLike[str]) -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb+") as f:
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(OSError):

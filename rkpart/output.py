@@ -26,16 +26,14 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from rkpart.errors import OutputExistsError, UserError, os_error
 from rkpart.io import (
-    _fsync_dir,
     _kind,
-    _umask_mode,
+    atomic_writer,
     folder_lock,
     loads_json,
     read_limited,
@@ -250,34 +248,13 @@ def output_file(path: str | os.PathLike[str], *, force: bool, what: str = "outpu
     p = Path(os.path.abspath(path))
     check_file_target(p, force=force, what=what, owned=owned)
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        with atomic_writer(p, before_replace=lambda: _still_regular_or_missing(p, what)) as tmp_path:
+            yield tmp_path
     except OSError as e:
         err = os_error(e, f"writing {what} {p}")
         if err is None:
             raise
         raise err from None
-    os.fchmod(fd, _umask_mode())
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        with open(tmp_path, "rb+") as f:
-            os.fsync(f.fileno())
-        _still_regular_or_missing(p, what)
-        os.replace(tmp_path, p)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp_path.unlink()
-        err = os_error(e, f"writing {what} {p}")
-        if err is None:
-            raise
-        raise err from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp_path.unlink()
-        raise
-    _fsync_dir(p.parent)
 
 
 def write_output_file(path: str | os.PathLike[str], data: bytes, *, force: bool, what: str = "output",

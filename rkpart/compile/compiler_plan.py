@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rkpart.compile.placement import _IO_OPS, _strip
+from rkpart.compile.placement import _IO_OPS, layer_tables
 from rkpart.io import atomic_write_bytes
 from rkpart.types import MULTICORE_OPS, CompilerPlan
 
@@ -72,35 +72,16 @@ LAYER_COLUMNS = ("id", "op_type", "dtype", "target", "inputs", "outputs", "cycle
 
 def parse_layer_rows(text: str) -> list[LayerRow] | None:
     """Rows of the last layer table with a cycles column (``None``: the log has no such table)."""
-    tables: list[list[LayerRow]] = []
-    rows: list[LayerRow] | None = None
-    in_header = False
-    for raw in text.splitlines():
-        line = _strip(raw)
-        if "Network Layer Information Table" in line:
-            rows, in_header = [], True
-            continue
-        if rows is None:
-            continue
-        toks = line.split()
-        if in_header:
-            if toks and toks[0] == "ID":
-                in_header = False
-                if not any(t.startswith("Cycles") for t in toks):
-                    rows = None  # an older table without cycles: nothing to read
-                else:
-                    tables.append(rows)
-            continue
-        if not toks or set(line.strip()) <= {"-", "+"}:
-            if rows:
-                rows = None
-            continue
+    tables = [rows for header, rows in layer_tables(text) if any(t.startswith("Cycles") for t in header)]
+    if not tables:
+        return None
+    out: list[LayerRow] = []
+    for toks in tables[-1]:
         row = _row(toks)
         if row is None:
-            rows = None
-            continue
-        rows.append(row)
-    return tables[-1] if tables else None
+            break
+        out.append(row)
+    return out
 
 
 def _row(toks: list[str]) -> LayerRow | None:

@@ -35,37 +35,51 @@ def _strip(line: str) -> str:
     return _PREFIX.sub("", line.rstrip("\n"), count=1)
 
 
-def parse_layer_table(text: str) -> list[PlacedOp]:
-    """Rows of the last "Network Layer Information Table" in ``text`` (empty if none)."""
-    tables: list[list[PlacedOp]] = []
-    rows: list[PlacedOp] | None = None
-    in_header = False
+def layer_tables(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """Every "Network Layer Information Table" of ``text``: its header's tokens and its rows' tokens.
+
+    A table's rows run from the header (the line starting ``ID``) to its closing rule; a row that
+    does not start with a layer id also ends it.  The shape columns never contain spaces, so a
+    row splits into one token per column (the full name last).
+    """
+    tables: list[tuple[list[str], list[list[str]]]] = []
+    rows: list[list[str]] | None = None
+    header: list[str] | None = None
     for raw in text.splitlines():
         line = _strip(raw)
         if "Network Layer Information Table" in line:
-            rows = []
-            tables.append(rows)
-            in_header = True
+            rows, header = [], None
             continue
         if rows is None:
             continue
         toks = line.split()
-        if in_header:
+        if header is None:
             if toks and toks[0] == "ID":
-                in_header = False
+                header = toks
+                tables.append((header, rows))
             continue
         if not toks or set(line.strip()) <= {"-", "+"}:
             if rows:  # closing rule of the table
                 rows = None
             continue
-        if not toks[0].isdigit() or len(toks) < 4:
+        if not toks[0].isdigit():
             rows = None
             continue
-        # The shape columns never contain spaces, so the target is the first of CPU/NPU/GPU
-        # after the data type; the full name is the last column.
+        rows.append(toks)
+    return tables
+
+
+def parse_layer_table(text: str) -> list[PlacedOp]:
+    """Rows of the last "Network Layer Information Table" in ``text`` (empty if none)."""
+    tables = layer_tables(text)
+    out: list[PlacedOp] = []
+    for toks in tables[-1][1] if tables else []:
+        if len(toks) < 4:
+            break
+        # the target is the first of CPU/NPU/GPU after the data type; the full name is the last column
         target = next((t for t in toks[2:5] if t in _TARGETS), "")
-        rows.append(PlacedOp(id=int(toks[0]), op_type=toks[1], dtype=toks[2], target=target, name=toks[-1]))
-    return tables[-1] if tables else []
+        out.append(PlacedOp(id=int(toks[0]), op_type=toks[1], dtype=toks[2], target=target, name=toks[-1]))
+    return out
 
 
 def cpu_ops(text: str) -> tuple[str, ...]:
