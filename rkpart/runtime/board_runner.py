@@ -628,18 +628,7 @@ class Runner:
         self.timings = self._sink = []
         env = self.check_inputs(inputs)
         for k, s in enumerate(self.stages):
-            sid = s["id"]
-            resident = self.residency[sid] == "resident"
-            sess = self._open.get(sid)
-            if sess is None:
-                sess = self._start(s)
-                if resident:
-                    self._open[sid] = sess
-            try:
-                self._call_stage(s, sess, env)
-            finally:
-                if not resident:
-                    self._timed(sid, "release", sess.release)
+            self._stage_passes(s, [env])
             for name in self._drop[k]:
                 env.pop(name, None)
         return {n: env[n] for n in self.outputs}
