@@ -202,7 +202,7 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
             mem, msrc, merr = 0.0, "none", None
         infer = pred["infer"]
         isrc = "predicted"
-        from_compiler = compiled_infer_seconds(model, f, tk)
+        from_compiler = compiled_infer_seconds(model, f)
         if from_compiler is not None:
             infer, isrc = from_compiler, "compiler"
         out.append(StageEstimate(id=s.id, device=s.device, residency=r, device_mem_bytes=math.ceil(mem),

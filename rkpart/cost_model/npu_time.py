@@ -93,7 +93,7 @@ def predict(comp: Component, stages: Sequence[Features]) -> float:
     return float(sum(c * v for c, v in zip(comp.coef, _sum(stages), strict=True)))
 
 
-def compiled_infer_seconds(model: CostModel, f: Features, toolkit: str | None = None) -> float | None:
+def compiled_infer_seconds(model: CostModel, f: Features) -> float | None:
     """Inference per pass of a compiled stage from its compiler features (``None``: not compiled, or
     the model has no ``npu_infer`` calibration)."""
     comp = model.components.get("npu_infer")
