@@ -46,7 +46,7 @@ import numpy as np
 import onnx
 
 from rkpart.ir import ModelGraph, Subgraph, graph_of
-from rkpart.ir.liveness import lifetimes
+from rkpart.ir.liveness import Lifetimes, stage_lifetimes
 from rkpart.partitioner.plan import Plan
 from rkpart.partitioner.verify import stage_onnx
 
@@ -134,22 +134,18 @@ def score_tensors(mg: ModelGraph, ops: Iterable[int]) -> set[str]:
     return scores
 
 
-def view_memory_features(mg: ModelGraph, sub: Subgraph) -> MemoryFeatures:
-    """:class:`MemoryFeatures` of the ops of ``sub`` as one NPU stage."""
+def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None = None) -> MemoryFeatures:
+    """:class:`MemoryFeatures` of the ops of ``sub`` as one NPU stage (``life``: its
+    :func:`~rkpart.ir.liveness.stage_lifetimes`, when the caller has them already)."""
     weight16 = sum(_bytes16(mg, t) for t in sub.weights)
     io16 = sum(_bytes16(mg, t) for t in (*sub.inputs, *sub.outputs))
-    if not sub.ops:
+    life = life if life is not None else stage_lifetimes(mg, sub)
+    if life is None:
         return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16, att16=0)
     scores = score_tensors(mg, sub.ops)
-    life = lifetimes(mg, sub.ops, inputs=sub.inputs, outputs=sub.outputs, unread_alive=False)
-    b16 = np.array([0 if t in scores else _bytes16(mg, t) for t in life.names], dtype=np.int64)
-    start = np.maximum(life.born, 0)
-    alive = life.last >= start
-    diff = np.zeros(life.n + 1, dtype=np.int64)
-    np.add.at(diff, start[alive], b16[alive])
-    np.add.at(diff, life.last[alive] + 1, -b16[alive])
-    live = np.cumsum(diff[: life.n])
+    live = life.live_bytes(np.array([0 if t in scores else _bytes16(mg, t) for t in life.names], dtype=np.int64))
     act16 = int(live.max())
+    start = np.maximum(life.born, 0)
     # live activations while an attention core runs: positions where a score tensor is alive
     during = np.zeros(life.n, dtype=bool)
     for k, t in enumerate(life.names):

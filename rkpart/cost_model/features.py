@@ -44,7 +44,7 @@ import onnx
 
 from rkpart.cost_model.device_model import peak16, view_memory_features
 from rkpart.ir import ModelGraph, Subgraph, TensorType, graph_of, nbytes
-from rkpart.ir.liveness import peak_bytes
+from rkpart.ir.liveness import peak_bytes, stage_lifetimes
 from rkpart.ir.ops import MAC_OPS, MATMUL_OPS, REDUCE_OPS, RELABEL_OPS
 from rkpart.ir.work import node_macs, numel
 from rkpart.partitioner.plan import Artifact, Stage
@@ -251,10 +251,11 @@ def group_features(mg: ModelGraph, ops: Iterable[int], *, device: str) -> Featur
 
 def view_features(mg: ModelGraph, sub: Subgraph, *, device: str, artifact: Artifact | None = None) -> Features:
     """Features of the :class:`~rkpart.ir.Subgraph` ``sub`` of ``mg``: the one place both front ends meet."""
+    life = stage_lifetimes(mg, sub)  # once: the fp32 peak and the NPU's fp16 counts both read it
     f = subgraph_features([mg.nodes[i] for i in sub.ops], mg.tensor_types, device=device, inputs=sub.inputs,
-                          outputs=sub.outputs, weight_bytes=sub.weight_bytes, peak_bytes=peak_bytes(mg, sub),
+                          outputs=sub.outputs, weight_bytes=sub.weight_bytes, peak_bytes=peak_bytes(mg, sub, life),
                           const_tensors=sub.const_tensors, artifact=artifact)
-    mem = view_memory_features(mg, sub)
+    mem = view_memory_features(mg, sub, life)
     cp = artifact.compiler if artifact is not None else None
     return _replace(f, weight16=mem.weight16, act16=mem.act16, score16=mem.score16, head16=mem.head16, io16=mem.io16,
                     att16=mem.att16,

@@ -38,13 +38,18 @@ class Lifetimes:
     def n(self) -> int:
         return len(self.order)
 
-    def live_bytes(self) -> np.ndarray:
-        """Bytes alive at each position of the schedule (int64, length ``n``)."""
+    def live_bytes(self, nbytes: np.ndarray | None = None) -> np.ndarray:
+        """Bytes alive at each position of the schedule (int64, length ``n``).
+
+        ``nbytes``: each tensor's size counted another way (indexed like :attr:`names`, e.g. at
+        2 bytes an element, or 0 for tensors a device never holds); default :attr:`nbytes`.
+        """
+        size = self.nbytes if nbytes is None else nbytes
         start = np.maximum(self.born, 0)
         alive = self.last >= start  # a tensor alive never (see ``unread_alive``) adds nothing
         diff = np.zeros(self.n + 1, dtype=np.int64)
-        np.add.at(diff, start[alive], self.nbytes[alive])
-        np.add.at(diff, self.last[alive] + 1, -self.nbytes[alive])
+        np.add.at(diff, start[alive], size[alive])
+        np.add.at(diff, self.last[alive] + 1, -size[alive])
         return np.cumsum(diff[: self.n])
 
 
@@ -93,16 +98,22 @@ def lifetimes(
     )
 
 
-def peak_bytes(mg: ModelGraph, sub: Subgraph) -> int:
-    """Largest activation bytes alive at once while the ops of ``sub`` run in model order, as one stage.
+def stage_lifetimes(mg: ModelGraph, sub: Subgraph) -> Lifetimes | None:
+    """The :class:`Lifetimes` of the ops of ``sub`` run in model order as one stage (``None``: no ops).
 
     Its boundary inputs are alive from the start, its boundary outputs to the end; a tensor
     no op of the stage reads and that leaves nowhere is not counted.
     """
     if not sub.ops:
-        return 0
-    life = lifetimes(mg, sub.ops, inputs=sub.inputs, outputs=sub.outputs, unread_alive=False)
-    return int(life.live_bytes().max())
+        return None
+    return lifetimes(mg, sub.ops, inputs=sub.inputs, outputs=sub.outputs, unread_alive=False)
 
 
-__all__ = ["Lifetimes", "lifetimes", "peak_bytes"]
+def peak_bytes(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None = None) -> int:
+    """Largest activation bytes alive at once while the ops of ``sub`` run as one stage
+    (:func:`stage_lifetimes`; ``life``: those lifetimes, when the caller has them already)."""
+    life = life if life is not None else stage_lifetimes(mg, sub)
+    return 0 if life is None else int(life.live_bytes().max())
+
+
+__all__ = ["Lifetimes", "lifetimes", "peak_bytes", "stage_lifetimes"]
