@@ -40,7 +40,7 @@ from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, ch
 from rkpart.errors import UserError
 from rkpart.io import file_sha256, load_json_file
 from rkpart.ir import ModelGraph, load_model
-from rkpart.partitioner.capability import flag_ops, place_by_capability
+from rkpart.partitioner.capability import cut_before, flag_ops, place_by_capability
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD
@@ -147,6 +147,8 @@ class PartitionConfig:
     learned: bool = True
     rewrites: bool = True
     force_host: Mapping[str, str] = field(default_factory=dict)
+    #: op names an NPU stage is cut in front of, with why (a build crashed after fusing them)
+    cut_before: Mapping[str, str] = field(default_factory=dict)
 
 
 def capability_for(config: PartitionConfig) -> Capability | None:
@@ -177,6 +179,11 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
     cap = capability_for(config)
     if cap is not None:
         part = apply_capability(model.graph, part, cap, config.force_host, config.progress)
+    if config.cut_before:
+        part, cuts = cut_before(model.graph, part, config.cut_before)
+        if cuts:
+            rec = dict(part.extra.get("capability") or {})
+            part = dataclasses.replace(part, extra={**part.extra, "capability": {**rec, "cuts": cuts}})
     notes = capability_notes(model.graph, part, config.target, config.toolkit)
     if disc is not None:
         low = coverage_note(model.graph, npu_coverage(model.graph, disc, part.groups))
@@ -656,34 +663,71 @@ __all__ = ["BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "Partiti
 
 @dataclass(frozen=True)
 class RepartitionRound:
-    """One round of ``rkpart compile --repartition``: the ops moved to the host, the CPU layers left."""
+    """One round of ``rkpart compile --repartition``: what moved or was cut, and what was left."""
 
     round: int
     moved: tuple[str, ...]  # op names the last build put on the CPU, now on the host
     cpu_layers_before: int
     cpu_layers_after: int
     stages_built: int
+    cut_before: tuple[str, ...] = ()  # op names a crashed build fused, now the first op of a new stage
+    failed_before: int = 0
+    failed_after: int = 0
 
     def describe(self) -> str:
+        cut = (f"; {len(self.cut_before)} cut(s) in front of ops a crashed build fused, failed stages "
+               f"{self.failed_before} -> {self.failed_after}") if self.cut_before else ""
         return (f"repartition round {self.round}: {len(self.moved)} op(s) the build put on the CPU moved to the "
-                f"host; CPU layers in NPU stages {self.cpu_layers_before} -> {self.cpu_layers_after}; "
+                f"host; CPU layers in NPU stages {self.cpu_layers_before} -> {self.cpu_layers_after}{cut}; "
                 f"{self.stages_built} stage(s) rebuilt")
 
 
 #: rounds ``--repartition`` runs at most (each moves every op the last build put on the CPU)
 MAX_REPARTITION_ROUNDS = 4
+#: failures a cut can work around (the graph's fault); timeouts, OOM, disk and resource limits are the machine's
+_CUTTABLE = ("crash", "error")
+
+
+def crash_cuts(report: Any, folder: Path) -> dict[str, str]:
+    """Op name -> why, for the ops the crashed builds of ``report`` fused just before they died.
+
+    The crash's known issue names the optimiser rules that lead to it
+    (:attr:`~rkpart.targets.known_issues.KnownIssue.fusion_rules`); an unknown crash suspects the
+    last fusion rule its log shows.
+    """
+    from rkpart.targets.known_issues import fused_nodes, match_log
+
+    out: dict[str, str] = {}
+    for o in report.outcomes:
+        if o.status != "failed" or not o.failures or o.failures[-1].kind not in _CUTTABLE:
+            continue
+        for f in o.failures:
+            if f.kind not in _CUTTABLE or not f.log:
+                continue
+            try:
+                text = (folder / f.log).read_text(errors="replace")
+            except OSError:
+                continue
+            issue = match_log(text, signal=f.signal, toolkit=f.toolkit, kind=f.kind, exit_code=f.exit_code)
+            for rule, name in fused_nodes(text, issue.fusion_rules if issue and issue.fusion_rules else None):
+                what = f"known issue {issue.id}" if issue else f"{f.kind}, no known issue"
+                out.setdefault(name, f"the build of stage {o.stage_id} failed ({what}) after {rule} fused it: "
+                                     "a new NPU stage starts here so the rule cannot fire")
+    return dict(sorted(out.items()))
 
 
 def compile_repartition(plan_path: str | os.PathLike[str], opts: Any, progress: Progress = _noop,
                         max_rounds: int = MAX_REPARTITION_ROUNDS) -> tuple[Any, list[RepartitionRound], list[str]]:
-    """Compile the plan, then re-partition it with what the build placed on the CPU, until none is left.
+    """Compile the plan, then re-partition it from what the builds did, until nothing is left to fix.
 
-    Each round moves every op a build put on the CPU inside an NPU stage to the host (the
-    build already applied the rewrites: such an op is not rescued by one), writes the plan
-    again into its folder with the same strategy and options, and compiles it.  Stages that
-    did not change are the same builds, taken from the build cache.  Stops when no NPU stage
-    has a CPU layer, or the CPU layers left cannot be traced to an op that can move (layers the
-    toolkit inserted itself), or after ``max_rounds``.
+    Each round (1) moves every op a build put on the CPU inside an NPU stage to the host (the
+    build already applied the rewrites: such an op is not rescued by one), and (2) cuts every
+    stage whose build crashed in front of the ops the optimiser fused before the crash (the
+    workaround that matches the crash's signature, for any spelling of the pattern); then it
+    writes the plan again into its folder with the same strategy and options and compiles it.
+    Stages that did not change are the same builds, taken from the build cache.  Stops when no
+    NPU stage has a CPU layer or failed, when nothing more can move or be cut, or after
+    ``max_rounds``.
 
     Returns the last compile report, the rounds, and the CPU layers that could not move.
 
@@ -700,30 +744,37 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: Any, progress: 
     _, folder = load_plan(plan_path)
     folder = Path(folder)
     forced: dict[str, str] = {}
+    cuts: dict[str, str] = {}
     rounds: list[RepartitionRound] = []
     stuck: list[str] = []
     for r in range(1, max_rounds + 1):
         before = sum(len(o.cpu_ops) for o in report.outcomes)
-        if not before:
+        failed = len(report.failed)
+        if not before and not failed:
             break
         layers = traced_layers(report, folder)
         stuck = sorted(f"{x.stage}: {x.layer}" for x in layers if x.op is None)
         new = {k: v for k, v in forced_host(layers).items() if k not in forced}
-        if not new:
+        new_cuts = {k: v for k, v in crash_cuts(report, folder).items() if k not in cuts}
+        if not new and not new_cuts:
             break
         forced.update(new)
-        progress(f"repartition round {r}: moving {len(new)} op(s) the build put on the CPU to the host")
-        _write_again(report.plan, folder, opts, forced, progress)
+        cuts.update(new_cuts)
+        progress(f"repartition round {r}: moving {len(new)} op(s) the build put on the CPU to the host, cutting "
+                 f"in front of {len(new_cuts)} op(s) a failed build fused")
+        _write_again(report.plan, folder, opts, forced, cuts, progress)
         report = compile_folder(folder, opts, progress)
         after = sum(len(o.cpu_ops) for o in report.outcomes)
-        rounds.append(RepartitionRound(r, tuple(sorted(new)), before, after, len(report.built)))
+        rounds.append(RepartitionRound(r, tuple(sorted(new)), before, after, len(report.built),
+                                       tuple(sorted(new_cuts)), failed, len(report.failed)))
         stuck = []
     if sum(len(o.cpu_ops) for o in report.outcomes) and not stuck:
         stuck = sorted(f"{o.stage_id}: {c}" for o in report.outcomes for c in o.cpu_ops)
     return report, rounds, stuck
 
 
-def _write_again(plan: Plan, folder: Path, opts: Any, forced: Mapping[str, str], progress: Progress) -> None:
+def _write_again(plan: Plan, folder: Path, opts: Any, forced: Mapping[str, str], cuts: Mapping[str, str],
+                 progress: Progress) -> None:
     """Partition the plan's model again into ``folder`` with its strategy, ``forced`` ops on the host."""
     model = Path(str(plan.model.get("path") or ""))
     if not model.is_file():
@@ -743,7 +794,7 @@ def _write_again(plan: Plan, folder: Path, opts: Any, forced: Mapping[str, str],
     shapes = {t: tuple(plan.tensors[t].shape) for t in head if t in plan.tensors and head[t]}
     loaded = load(model, shapes or None, progress)
     config = PartitionConfig(options=options, force=True, target=opts.target, toolkit=opts.toolkit,
-                             rewrites=opts.rewrites, force_host=forced, progress=progress,
+                             rewrites=opts.rewrites, force_host=forced, cut_before=cuts, progress=progress,
                              weights="link" if "weights" in plan.extra else "copy")
     write_plan(loaded, propose(loaded, strat, config), folder, config)
 

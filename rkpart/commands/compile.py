@@ -94,10 +94,11 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
                    "exact under ONNX Runtime; a stage whose build fails with them is rebuilt without the one "
                    "at fault). Opset lowering happens either way.")
 @click.option("--repartition", is_flag=True,
-              help="After the build, move every op it put on the CPU inside an NPU stage to the host: partition "
+              help="After the build, move every op it put on the CPU inside an NPU stage to the host and cut every "
+                   "stage whose build crashed in front of the ops the optimiser fused before the crash: partition "
                    "the plan's model again (same strategy and options) into PLAN and build again, only the stages "
                    "that changed (the rest come from the build cache); repeat until no NPU stage has a CPU layer "
-                   "or nothing more can move.")
+                   "or failed, or nothing more can move.")
 @click.option("--strict-npu", is_flag=True,
               help="Fail a stage that still has layers placed on the CPU (exit status 7, like any failed stage).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
@@ -166,7 +167,9 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
 
 def _rounds_json(rounds: list[Any], stuck: list[str]) -> dict[str, Any]:
     return {"rounds": [{"round": r.round, "moved": list(r.moved), "cpu_layers_before": r.cpu_layers_before,
-                        "cpu_layers_after": r.cpu_layers_after, "stages_built": r.stages_built} for r in rounds],
+                        "cpu_layers_after": r.cpu_layers_after, "cut_before": list(r.cut_before),
+                        "failed_before": r.failed_before, "failed_after": r.failed_after,
+                        "stages_built": r.stages_built} for r in rounds],
             "unmovable_cpu_layers": stuck}
 
 
@@ -191,8 +194,10 @@ def format_summary(report: Any) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
     for o in report.outcomes:
-        for f in o.failures:
-            lines.append(f"{o.stage_id}: {f.message} (log: {f.log})")
+        if o.failures:  # one line per stage: its last failure, and how many builds failed before it
+            f = o.failures[-1]
+            more = f" ({len(o.failures)} failed builds; all in plan.json)" if len(o.failures) > 1 else ""
+            lines.append(f"{o.stage_id}: {f.message}{more} (log: {f.log})")
         for name, why in getattr(o, "dropped_rewrites", {}).items():
             lines.append(f"{o.stage_id}: NPU rewrite {name} dropped: {why}")
         if o.artifact is not None and o.artifact.float16_layers:

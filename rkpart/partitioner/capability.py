@@ -201,7 +201,46 @@ def place_by_capability(mg: ModelGraph, part: Partition,
         moved += [HostOp(i, mg.nodes[i].name or str(i), mg.nodes[i].op_type, g.id, why[i]) for i in sorted(host)]
     note = (f"capability: {len(moved)} op(s) moved out of NPU stages to the host "
             f"({', '.join(sorted({h.op_type for h in moved}))}); plan.json extra.capability says why")
-    return Partition(part.strategy, part.options, tuple(groups), (*part.notes, note)), tuple(moved)
+    return Partition(part.strategy, part.options, tuple(groups), (*part.notes, note), part.extra), tuple(moved)
+
+
+def cut_before(mg: ModelGraph, part: Partition, names: Mapping[str, str]) -> tuple[Partition, list[dict[str, str]]]:
+    """``part`` with every NPU group that holds an op named in ``names`` cut in front of that op.
+
+    The workaround for a build that crashed after an optimiser fusion (``rkpart compile
+    --repartition``): an op the fusion folded into its producer starts a new NPU stage, so the
+    rule cannot fire, whatever the spelling of the pattern.  Only ops with two or more data
+    inputs are cut before (the fused operand was computed, not a constant); an op whose data
+    predecessor is itself a cut op joins that op's piece (``Mul`` then ``Add`` of one AdaLN
+    modulation make one cut).  Pieces are ordered by how many cuts lie upstream of them inside
+    the group, so the result is acyclic for the same reason as :func:`place_by_capability`'s.
+    Returns the partition and one record per cut (``before``, ``stage``, ``why``).
+    """
+    groups: list[Group] = []
+    cuts: list[dict[str, str]] = []
+    for g in part.groups:
+        here = {i for i in g.ops if mg.nodes[i].name in names and len(mg.dyn_inputs(i)) >= 2}
+        if g.device != "npu" or not here:
+            groups.append(g)
+            continue
+        level: dict[int, int] = {}
+        for i in sorted(g.ops):
+            best = 0
+            for q in mg.ops.predecessors(i):
+                if q in level:
+                    best = max(best, level[q] + (1 if i in here and q not in here else 0))
+            level[i] = best
+        pieces: dict[int, set[int]] = {}
+        for i, lvl in level.items():
+            pieces.setdefault(lvl, set()).add(i)
+        for k, lvl in enumerate(sorted(pieces)):
+            groups.append(replace(g, id=g.id if k == 0 else f"{g.id}.{k}", ops=frozenset(pieces[lvl])))
+        cuts += [{"before": mg.nodes[i].name, "stage": g.id, "why": names[mg.nodes[i].name]} for i in sorted(here)]
+    if not cuts:
+        return part, []
+    note = f"capability: {len(cuts)} NPU stage cut(s) in front of ops a crashing build fused; plan.json " \
+           "extra.capability says why"
+    return Partition(part.strategy, part.options, tuple(groups), (*part.notes, note), part.extra), cuts
 
 
 def _crossing(mg: ModelGraph, ops: frozenset[int], host: set[int]) -> str:
@@ -297,4 +336,4 @@ def _levels(mg: ModelGraph, ops: frozenset[int], host: set[int]) -> tuple[dict[i
     return npu, hst
 
 
-__all__ = ["HostOp", "flag_ops", "pattern_of", "place_by_capability"]
+__all__ = ["HostOp", "cut_before", "flag_ops", "pattern_of", "place_by_capability"]

@@ -111,3 +111,31 @@ def test_moe_routing_on_the_host_builds_with_no_cpu_layer(tmp_path: Path, export
     for name in plan.outputs:
         m = compare(out[name], ref[name])
         assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)
+
+
+def test_a_crashing_stage_is_cut_where_the_crash_fused_and_then_builds(tmp_path: Path, example_model: Path) -> None:
+    """The bundled example's fused blocks crash rknn-toolkit2 2.3.2 (known issue exnorm-fusion-segv,
+    after fuse_exnorm_mul/add folded the AdaLN modulation into LayerNorm).  ``--repartition`` cuts
+    each block in front of the ops those rules fused: every stage builds and the gate passes."""
+    tk = get_toolkit("2.3.2")
+    folder = tmp_path / "plan"
+    cli = CliRunner()
+    assert cli.invoke(main, ["partition", str(example_model), "-s", "fused", "-o", str(folder), "-q"]).exit_code == 0
+    r = cli.invoke(main, ["compile", str(folder), "--toolkit", str(tk.python), "--repartition", "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    rounds = rep["repartition"]["rounds"]
+    assert rounds[0]["failed_before"] == 2 and rounds[-1]["failed_after"] == 0 and rep["failed"] == 0
+    plan, _ = load_plan(folder)
+    cuts = plan.extra["capability"]["cuts"]
+    assert cuts and all("exnorm-fusion-segv" in c["why"] for c in cuts)
+    assert {c["before"] for c in cuts} <= set(rounds[0]["cut_before"])
+    # cut only in front of the AdaLN modulations (computed operands), not the constant qk-norm scales
+    assert all("/norm" in c["before"] for c in cuts)
+    assert len(plan.npu_stages) > 2
+    feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
+    ref = run_model(example_model, feeds, plan.outputs)
+    out = run_plan(plan, folder, feeds, backend=RknnSimBackend("2.3.2"))
+    for name in plan.outputs:
+        m = compare(out[name], ref[name])
+        assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)

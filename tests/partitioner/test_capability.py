@@ -169,3 +169,46 @@ def test_capability_reason_sources() -> None:
     assert PlacementPattern.from_json(pat.to_json()) == pat
     assert pat.key() == "Relu/float32/3"
     assert PlacementPattern("Gather", "float32", (2, 1), consts=(True, False)).key() == "Gather/float32/c2,1"
+
+
+def test_cut_before_fused_ops_splits_the_stage_acyclically(tmp_path: Path) -> None:
+    """   x ─ MatMul ─ h ─ LayerNorm ─ n ─ Mul(scale) ─ Add(shift) ─ MatMul ─ y
+              └─ MatMul ─ scale, MatMul ─ shift (the modulation, computed)
+
+    A build that crashed after fusing Mul/Add into the LayerNorm: the stage is cut in front of
+    the Mul (the Add, right after it, joins the Mul's piece); a constant-operand Mul is not cut."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
+        helper.make_node("MatMul", ["x", "Ws"], ["scale"], name="mm_scale"),
+        helper.make_node("MatMul", ["x", "Wb"], ["shift"], name="mm_shift"),
+        helper.make_node("LayerNormalization", ["h", "g", "b"], ["n"], name="ln", axis=-1),
+        helper.make_node("Mul", ["n", "scale"], ["m"], name="mod_mul"),
+        helper.make_node("Add", ["m", "shift"], ["a"], name="mod_add"),
+        helper.make_node("Mul", ["a", "half"], ["c"], name="const_mul"),
+        helper.make_node("MatMul", ["c", "W2"], ["y"], name="mm2"),
+    ]
+    inits = [_w("W1", 16, 16, 1), _w("Ws", 16, 16, 2), _w("Wb", 16, 16, 3), _w("W2", 16, 16, 4),
+             numpy_helper.from_array(np.ones(16, np.float32), "g"), numpy_helper.from_array(np.zeros(16, np.float32), "b"),
+             numpy_helper.from_array(np.float32(0.5), "half")]
+    model = _save(tmp_path, "adaln", nodes, inits)
+    m = load(model)
+    why = "the build crashed after fusing it"
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0", cut_before={n: why for n in
+                                                 ("mod_mul", "mod_add", "const_mul", "no_such_op")}))
+    assert _devices(model, part) == [("npu", ["ln", "mm1", "mm_scale", "mm_shift"]),
+                                     ("npu", ["const_mul", "mm2", "mod_add", "mod_mul"])]
+    assert [c["before"] for c in part.extra["capability"]["cuts"]] == ["mod_mul", "mod_add"]
+    plan = write_plan(m, part, tmp_path / "plan")
+    assert_reproduces(plan, tmp_path / "plan", model)
+
+
+def test_fused_nodes_reads_the_rules_of_the_log() -> None:
+    from rkpart.targets.known_issues import EXNORM_FUSION_SEGV, fused_nodes
+
+    log = ("D     fuse_exnorm_mul: remove node = ['/b0/norm1/Mul_3'], add node = ['/b0/norm1/ln']\n"
+           "D     fuse_exmatmul_add: remove node = ['/b0/attn/Add', '/b0/attn/MatMul#1']\n"
+           "D     fuse_exnorm_add: remove node = ['/b0/norm1/Add_3']\n")
+    assert fused_nodes(log, EXNORM_FUSION_SEGV.fusion_rules) == [("fuse_exnorm_mul", "/b0/norm1/Mul_3"),
+                                                                 ("fuse_exnorm_add", "/b0/norm1/Add_3")]
+    assert fused_nodes(log) == [("fuse_exnorm_add", "/b0/norm1/Add_3")]  # no known issue: the last fusion
+    assert fused_nodes("no rules here") == []
