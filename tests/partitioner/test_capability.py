@@ -188,7 +188,8 @@ def test_cut_before_fused_ops_splits_the_stage_acyclically(tmp_path: Path) -> No
         helper.make_node("MatMul", ["c", "W2"], ["y"], name="mm2"),
     ]
     inits = [_w("W1", 16, 16, 1), _w("Ws", 16, 16, 2), _w("Wb", 16, 16, 3), _w("W2", 16, 16, 4),
-             numpy_helper.from_array(np.ones(16, np.float32), "g"), numpy_helper.from_array(np.zeros(16, np.float32), "b"),
+             numpy_helper.from_array(np.ones(16, np.float32), "g"),
+             numpy_helper.from_array(np.zeros(16, np.float32), "b"),
              numpy_helper.from_array(np.float32(0.5), "half")]
     model = _save(tmp_path, "adaln", nodes, inits)
     m = load(model)
