@@ -46,11 +46,13 @@ def test_op_support_follows_the_operator_list_and_the_measured_builds() -> None:
     assert caps.op("LayerNormalization").support is Support.FUSED  # NPU only as exNorm
     assert caps.op("Neg").support is Support.NPU  # "Not Supported" in the list, folded into a Conv when built
     assert caps.op("Ceil").support is Support.CPU  # measured
-    assert caps.op("TopK").support is Support.UNLISTED  # "Not Supported", not measured
+    assert caps.op("TopK").support is Support.CPU  # measured (scripts/measure_ops.py)
+    assert caps.op("Equal").support is Support.CPU  # listed, but measured on the CPU: the measurement wins
+    assert caps.op("Trilu").support is Support.UNLISTED  # "Not Supported", not measured
     assert caps.op("Relu", domain="com.microsoft").support is Support.NONE
     nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Sign", ["y"], ["z"], name="sg"),
-             helper.make_node("TopK", ["z", "k"], ["v", "i"], name="tk")]
-    assert [(n.name, str(r.support)) for n, r in caps.off_npu(nodes)] == [("sg", "cpu"), ("tk", "unlisted")]
+             helper.make_node("Trilu", ["z"], ["v"], name="tr")]
+    assert [(n.name, str(r.support)) for n, r in caps.off_npu(nodes)] == [("sg", "cpu"), ("tr", "unlisted")]
 
 
 @pytest.mark.parametrize(("mode", "listed"), [(None, True), ("linear", True), ("cubic", False)])
