@@ -24,6 +24,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import load_external_data_for_tensor
 
+from rkpart.ir.consts import evaluate, opsets_of
 from rkpart.ir.tensors import TensorType, nbytes, tensor_nbytes
 
 if TYPE_CHECKING:
@@ -220,17 +221,11 @@ class ModelGraph:
             return out
         if not self.is_const_tensor(name):
             raise ValueError(f"{name!r} is not a constant of {self.path.name}")
-        from onnx.reference import ReferenceEvaluator
-
         nodes = [self.const_node(i) for i in self.const_closure([name])]
         produced = {o for n in nodes for o in n.output}
         needed = sorted({x for n in nodes for x in n.input if x and x not in produced})
-        graph = helper.make_graph(nodes, "const", [], [self.value_info(name)],
-                                  initializer=[self.constant(x) for x in needed])
-        model = helper.make_model(graph, opset_imports=list(self.model.opset_import))
-        model.ir_version = self.model.ir_version
-        res: Any = ReferenceEvaluator(model).run(None, {})
-        return numpy_helper.from_array(np.asarray(res[0]), name=name)
+        (value,) = evaluate(nodes, [name], opsets_of(self.model), initializers=[self.constant(x) for x in needed])
+        return numpy_helper.from_array(value, name=name)
 
     def subgraph(self, ops: Iterable[int], *, sinks: bool = False) -> Subgraph:
         """The frozen view of the data ops ``ops`` as one standalone graph (see :mod:`rkpart.ir.subgraph`)."""

@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +47,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.errors import InvalidModelError, first_line
 from rkpart.io import confined_file
+from rkpart.ir.consts import evaluate, opsets_of
 from rkpart.ir.graph import ModelGraph, OpNode, shape_as_constant
 from rkpart.ir.ops import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, GENERATIVE_OPS, RANDOM_OPS, SUPPORTED_DOMAINS
 from rkpart.ir.tensors import (
@@ -582,6 +582,7 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
     computations (e.g. transposed weights) are left as ops and copied into each stage.
     """
     g = model.graph
+    opsets = opsets_of(model)
     values: dict[str, np.ndarray] = {}
     for init in g.initializer:
         if init.data_location != TensorProto.EXTERNAL and init.ByteSize() <= FOLD_LIMIT:
@@ -617,16 +618,14 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
             elif all(t in values for t in ins) and (ins or n.op_type == "Constant"):
                 if not _small_result(n, shapes, values):
                     continue
-                from onnx.reference import ReferenceEvaluator  # imported only if needed: slow to load
-
                 again = True
+                named = [t for t in n.output if t]
                 try:
-                    # a hostile model may divide by zero here: that is its result, not news for stderr
-                    with np.errstate(all="ignore"), warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        res = [np.asarray(r) for r in ReferenceEvaluator(n).run(None, {t: values[t] for t in ins})]
+                    vals = dict(zip(named, evaluate([n], named, opsets, feeds={t: values[t] for t in ins}),
+                                    strict=True))
                 except Exception:  # noqa: BLE001 - an op we cannot evaluate simply stays an op
                     continue
+                res = [vals[t] if t else np.zeros(0) for t in n.output]
             else:
                 continue
             if sum(np.asarray(r).nbytes for r in res) > FOLD_LIMIT:

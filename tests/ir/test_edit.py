@@ -1,0 +1,74 @@
+"""The editing view rewrites are written on: one type inference per stage, declared needs, one evaluator."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rkpart.ir.edit import GraphEdit
+from rkpart.targets.rewrites import REWRITES, apply_rewrites, rewrites_for
+
+F = TensorProto.FLOAT
+vi = helper.make_tensor_value_info
+
+
+def _model(opset: int = 17) -> onnx.ModelProto:
+    """Relu(x) and a Split of x whose sizes are computed from constants (Add of two initializers)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Add", ["a", "b"], ["sizes"]),
+             helper.make_node("Split", ["r", "sizes"], ["p", "q"], axis=1)]
+    inits = [numpy_helper.from_array(np.array([1, 2], np.int64), "a"),
+             numpy_helper.from_array(np.array([1, 4], np.int64), "b")]
+    g = helper.make_graph(nodes, "g", [vi("x", F, [2, 8])], [vi("p", F, None), vi("q", F, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_types_are_inferred_once_per_stage_until_a_row_matches() -> None:
+    m = _model()
+    view = GraphEdit(m)
+    view.declare(("types", "shapes"))
+    assert view.elem("q") == F and view.static_shapes()["r"] == [2, 8]
+    for _ in range(3):  # more rows reading types: no new inference
+        view.declare(("types", "shapes"))
+        assert view.elem("p") == F
+    assert view.inferences == 1
+    view.retype()
+    view.declare(("types",))
+    assert view.elem("r") == F and view.inferences == 2
+
+
+def test_reading_what_a_row_did_not_declare_raises() -> None:
+    view = GraphEdit(_model())
+    view.declare(())
+    with pytest.raises(RuntimeError, match="without declaring"):
+        view.elem("x")
+    with pytest.raises(RuntimeError, match="without declaring"):
+        view.static_shapes()
+
+
+def test_every_row_declares_only_known_needs_and_the_table_is_stable() -> None:
+    names = [r.name for r in REWRITES]
+    assert len(names) == len(set(names))
+    assert all(r.kind in ("lower", "npu") and r.op_type and r.toolkits for r in REWRITES)
+
+
+def test_constant_values_evaluate_at_the_models_opset() -> None:
+    """Split sizes computed by an Add: the one evaluator folds them (opset 17 and 13 alike)."""
+    for opset in (13, 17):
+        view = GraphEdit(_model(opset))
+        assert view.value("sizes").tolist() == [2, 6]  # type: ignore[union-attr]
+        assert view.value("x") is None  # a graph input is no constant
+
+
+def test_fresh_names_avoid_every_name_in_use() -> None:
+    view = GraphEdit(_model())
+    assert view.fresh("r") == "r_1" and view.fresh("r") == "r_2" and view.fresh("new") == "new"
+
+
+def test_a_stage_with_no_match_is_left_byte_identical() -> None:
+    m = _model()
+    before = m.SerializeToString(deterministic=True)
+    assert apply_rewrites(m, rewrites_for("2.5.0", "npu")) == {}
+    assert m.SerializeToString(deterministic=True) == before
