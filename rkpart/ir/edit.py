@@ -243,6 +243,12 @@ class GraphEdit:
             g.initializer.remove(t)
 
 
+def inferred_value_infos(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The value infos ONNX shape inference gives ``model``'s intermediate tensors (a stage read
+    back from disk; the loaded model's types are :attr:`rkpart.ir.graph.ModelGraph.tensor_types`)."""
+    return list(onnx.shape_inference.infer_shapes(model).graph.value_info)
+
+
 def attr(node: onnx.NodeProto, name: str, default: object) -> object:
     """The value of attribute ``name`` of ``node`` (``default`` when it has none)."""
     for a in node.attribute:
@@ -251,4 +257,4 @@ def attr(node: onnx.NodeProto, name: str, default: object) -> object:
     return default
 
 
-__all__ = ["NEEDS", "GraphEdit", "attr"]
+__all__ = ["NEEDS", "GraphEdit", "attr", "inferred_value_infos"]

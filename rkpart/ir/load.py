@@ -152,21 +152,21 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
         index = _index(model, path)  # same order: nodes were only replaced or dropped
     const_ops = frozenset(_const_ops(index.nodes, index.initializers, types))
     _check_outputs(index, const_ops, path)
-    scopes = [_scope_of(n) for n in index.nodes]
+    op_nodes = tuple(OpNode.of(i, n, _scope_of(n)) for i, n in enumerate(index.nodes))
     return ModelGraph(
         path=path,
         model=model,
-        nodes=index.nodes,
+        nodes=tuple(index.nodes),
         tensor_types=types,
         initializers=index.initializers,
         producer=index.producer,
         consumers=index.consumers,
         const_ops=const_ops,
-        ops=_op_graph(index, const_ops, scopes),
+        ops=_op_graph(index, const_ops, op_nodes),
         inputs=index.inputs,
         outputs=index.outputs,
         opset=opset,
-        scopes=scopes,
+        op_nodes=op_nodes,
     )
 
 
@@ -257,13 +257,12 @@ def _check_outputs(index: _Index, const_ops: frozenset[int], path: Path) -> None
             )
 
 
-def _op_graph(index: _Index, const_ops: frozenset[int], scopes: list[str]) -> nx.DiGraph:
+def _op_graph(index: _Index, const_ops: frozenset[int], op_nodes: tuple[OpNode, ...]) -> nx.DiGraph:
     """The op-level DAG over data ops: an edge ``p -> i`` when ``i`` reads a tensor ``p`` produces."""
     ops = nx.DiGraph()
-    for i, n in enumerate(index.nodes):
+    for i in range(len(index.nodes)):
         if i not in const_ops:
-            ops.add_node(i, op=OpNode(index=i, op_type=n.op_type, name=n.name, domain=n.domain,
-                                      inputs=tuple(n.input), outputs=tuple(n.output), scope=scopes[i]))
+            ops.add_node(i, op=op_nodes[i])
     for i, n in enumerate(index.nodes):
         if i in const_ops:
             continue
