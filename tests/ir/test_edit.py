@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkpart.ir.edit import GraphEdit
+from rkpart.ir.edit import NEEDS, GraphEdit
 from rkpart.targets.rewrites import REWRITES, apply_rewrites, rewrites_for
 
 F = TensorProto.FLOAT
@@ -52,6 +54,11 @@ def test_every_row_declares_only_known_needs_and_the_table_is_stable() -> None:
     names = [r.name for r in REWRITES]
     assert len(names) == len(set(names))
     assert all(r.kind in ("lower", "npu") and r.op_type and r.toolkits for r in REWRITES)
+    assert all(set(r.needs) <= NEEDS for r in REWRITES)
+    # a row reading what it did not declare raises (test_reading_what_a_row_did_not_declare_raises), and
+    # the golden test runs every row on a graph it matches: so the declarations are complete
+    with pytest.raises(ValueError, match="unknown needs"):
+        dataclasses.replace(REWRITES[0], needs=("weights",))
 
 
 def test_constant_values_evaluate_at_the_models_opset() -> None:
