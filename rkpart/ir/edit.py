@@ -113,9 +113,11 @@ class GraphEdit:
         g = self.graph
         out: dict[str, list[int]] = {t.name: list(t.dims) for t in g.initializer}
         for vi in (*g.input, *g.value_info, *g.output):
-            dims = vi.type.tensor_type.shape.dim
-            if vi.type.HasField("tensor_type") and all(d.HasField("dim_value") for d in dims):
-                out.setdefault(vi.name, [d.dim_value for d in dims])
+            tt = vi.type.tensor_type
+            # no shape field: the rank is unknown (not a scalar)
+            if vi.type.HasField("tensor_type") and tt.HasField("shape") \
+                    and all(d.HasField("dim_value") for d in tt.shape.dim):
+                out.setdefault(vi.name, [d.dim_value for d in tt.shape.dim])
         return out
 
     # -- wiring (derived from the graph as it is now: a rewrite keeps what it looked up) --------

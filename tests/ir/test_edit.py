@@ -79,3 +79,22 @@ def test_a_stage_with_no_match_is_left_byte_identical() -> None:
     before = m.SerializeToString(deterministic=True)
     assert apply_rewrites(m, rewrites_for("2.5.0", "npu")) == {}
     assert m.SerializeToString(deterministic=True) == before
+
+
+def test_a_tensor_of_unknown_rank_is_not_a_scalar() -> None:
+    """A graph output declared without a shape (rank unknown) has no static shape.  It used to
+    read as a 0-d one, and ``strided-slices-concat`` divided by its rank 0 (the tiny Flux
+    TorchScript export, 2.5.0: ZeroDivisionError)."""
+    c = numpy_helper.from_array
+    inits = [c(np.array([6], np.int64), "s0"), c(np.array([12], np.int64), "e0"),
+             c(np.array([18], np.int64), "s1"), c(np.array([24], np.int64), "e1"), c(np.array([1], np.int64), "ax")]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Slice", ["r", "s0", "e0", "ax"], ["p0"]),
+             helper.make_node("Slice", ["r", "s1", "e1", "ax"], ["p1"]),
+             helper.make_node("Concat", ["p0", "p1"], ["y"], axis=1)]
+    g = helper.make_graph(nodes, "g", [vi("x", F, [1, 32])], [vi("y", F, [1, 12]), vi("r", F, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    view = GraphEdit(m)
+    view.declare(("shapes",))
+    assert "r" not in view.static_shapes() and view.static_shapes()["x"] == [1, 32]
+    assert apply_rewrites(m, rewrites_for("2.5.0", "npu")) == {}

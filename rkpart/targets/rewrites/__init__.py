@@ -176,7 +176,6 @@ REWRITES: tuple[Rewrite, ...] = (
 )
 
 
-
 def rewrites_for(toolkit: str, kind: str) -> tuple[Rewrite, ...]:
     """The table's rows of ``kind`` ("lower" or "npu") that apply to ``toolkit``."""
     return tuple(r for r in REWRITES if r.kind == kind and r.applies_to(toolkit))

@@ -55,7 +55,6 @@ def layernorm_scale_fold(view: GraphEdit) -> int:
     return count
 
 
-
 def strided_slices_concat(view: GraphEdit) -> int:
     """``Concat(x[.., s:s+L], x[.., s+P:s+P+L], ..., axis)``: k >= 2 constant Slices of one tensor
     along the Concat's axis, equal length ``L``, equally spaced (period ``P >= L``), in order ->
@@ -130,6 +129,5 @@ def strided_slices_concat(view: GraphEdit) -> int:
                     graph.node.remove(s)
             count += 1
     return count
-
 
 

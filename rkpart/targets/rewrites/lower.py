@@ -65,7 +65,6 @@ def _gelu_nodes(view: GraphEdit, n: onnx.NodeProto, elem: int,
     ]
 
 
-
 def grid_sample(view: GraphEdit) -> int:
     """GridSample-20 -> GridSample-16: the modes were renamed (linear -> bilinear, cubic -> bicubic)."""
     graph = view.graph
@@ -76,7 +75,6 @@ def grid_sample(view: GraphEdit) -> int:
                 a.s = {b"linear": b"bilinear", b"cubic": b"bicubic"}[a.s]
         count += 1
     return count
-
 
 
 #: ops whose opset-20 version only widened the type list (float8 / bfloat16 / bool): the same

@@ -29,7 +29,6 @@ def reciprocal(view: GraphEdit) -> int:
     return count
 
 
-
 _SQRT2 = 1.4142135623730951
 
 
@@ -322,7 +321,6 @@ def nan_guard(view: GraphEdit, broadcast_fill: bool = True) -> int:
     return len(replace)
 
 
-
 def interleave(view: GraphEdit) -> int:
     """A chain of ScatterND that fills a tensor with k updates interleaved along one axis
     (``out[..., 0::2] = a; out[..., 1::2] = b``: RoPE in Wan and others) ->
@@ -465,7 +463,6 @@ def _interleave_plan(shape: list[int], idxs: list[np.ndarray]) -> tuple[int, lis
     return None
 
 
-
 def pad_concat(view: GraphEdit) -> int:
     """Constant-mode Pad with constant pads and value -> Concat with constant blocks, axis by axis.
 
@@ -514,7 +511,6 @@ def pad_concat(view: GraphEdit) -> int:
         view.replace(i, new)
         count += 1
     return count
-
 
 
 #: ops an RMSNorm's scale passes through between its ReduceMean and the weight Mul
