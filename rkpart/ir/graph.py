@@ -102,7 +102,8 @@ class ModelGraph:
         """The typed record of op ``i`` (a data op or a constant one)."""
         return self.op_nodes[i]
 
-    def __len__(self) -> int:
+    @property
+    def num_ops(self) -> int:
         """How many ops the model has (constant ones included)."""
         return len(self.op_nodes)
 

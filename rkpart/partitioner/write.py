@@ -308,7 +308,7 @@ def _write_stages(
     plan = Plan(
         model={"file": model_path.name, "sha256": model_sha, "opset": mg.opset,
                "path": str(model_path.resolve()),
-               "nodes": len(mg)},
+               "nodes": mg.num_ops},
         strategy={"name": part.strategy, "options": _jsonable(part.options)},
         inputs=mg.inputs,
         outputs=mg.outputs,
