@@ -66,8 +66,7 @@ def erf_sqrt2_f32(view: GraphEdit) -> int:
             if k in casts:
                 nodes.append(casts[k])
             nodes.append(n)
-        del graph.node[:]
-        graph.node.extend(nodes)
+        view.set_nodes(nodes)
     return len(casts)
 
 
@@ -135,12 +134,8 @@ def split_chunked_linear(view: GraphEdit) -> int:
             nodes.extend(edits[k])
         elif k not in drop:
             nodes.append(n)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-    unused = [t for t in graph.initializer if t.name not in read]
-    for t in unused:  # the whole weights and biases, now read by nobody
-        graph.initializer.remove(t)
+    view.set_nodes(nodes)
+    view.drop_unread_initializers()  # the whole weights and biases, now read by nobody
     return len(edits)
 
 
@@ -316,8 +311,7 @@ def nan_guard(view: GraphEdit, broadcast_fill: bool = True) -> int:
             nodes.append(replace[k])
         elif k not in drop:
             nodes.append(n)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    view.set_nodes(nodes)
     return len(replace)
 
 
@@ -428,8 +422,7 @@ def _interleave_once(view: GraphEdit) -> bool:
                 kept.extend(at[n.output[0]])  # where the replaced node was: its inputs exist by then
             elif not (n.output and n.output[0] in drop):
                 kept.append(n)
-        del graph.node[:]
-        graph.node.extend(kept)
+        view.set_nodes(kept)
         return True
     return False
 
