@@ -874,7 +874,7 @@ def _group_by_names(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[li
         votes: Counter[tuple[str, int]] = Counter()
         for b in r.branches:
             for i in b.core | b.pre:
-                ks = _scope_keys(mg.scopes[i])
+                ks = _scope_keys(mg.op(i).scope)
                 if ks:
                     votes[ks[0]] += 1
         keys.append(votes.most_common(1)[0][0] if votes else None)

@@ -24,6 +24,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from rkpart.ir import OpNode
 from rkpart.partitioner.capability import pattern_of
 from rkpart.partitioner.partition import order_groups
 from rkpart.pipeline import PartitionConfig, load, propose, write_plan
@@ -76,7 +77,7 @@ def fanin_model(tmp_path: Path) -> Path:
 
 def _devices(model: Path, part: object) -> list[tuple[str, list[str]]]:
     m = load(model)
-    return [(g.device, sorted(m.graph.nodes[i].name for i in g.ops)) for g in order_groups(m.graph, part)]  # type: ignore[arg-type]
+    return [(g.device, sorted(m.graph.op(i).name for i in g.ops)) for g in order_groups(m.graph, part)]  # type: ignore[arg-type]
 
 
 def test_measured_cpu_op_leaves_the_npu_stage_and_the_plan_reproduces(ceil_model: Path, tmp_path: Path) -> None:
@@ -106,7 +107,7 @@ def test_default_toolkit_is_the_targets(ceil_model: Path) -> None:
 def test_learned_pattern_moves_the_op_with_the_neighbours_of_the_cheapest_cut(
         fanin_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     m = load(fanin_model)
-    i_max = next(i for i, n in enumerate(m.graph.nodes) if n.name == "max")
+    i_max = next(i for i in range(m.graph.num_ops) if m.graph.op(i).name == "max")
     pat = pattern_of(m.graph, i_max)
     assert pat == PlacementPattern("Max", "float32", (3, 3), consts=(False, False))
     # nothing learned: everything on the NPU
@@ -161,9 +162,9 @@ def test_capability_reason_sources() -> None:
     caps = get_target("rk3588").caps("2.5.0")
     pat = PlacementPattern("Relu", "float32", (3,))
     cap = Capability("rk3588", caps, frozenset({pat}))
-    custom = helper.make_node("Foo", ["a"], ["b"], domain="com.example")
+    custom = OpNode.of(0, helper.make_node("Foo", ["a"], ["b"], domain="com.example"), "")
     assert "cannot load" in (cap.reason(custom, PlacementPattern("Foo", "float32", (3,), "com.example")) or "")
-    relu = helper.make_node("Relu", ["a"], ["b"])
+    relu = OpNode.of(1, helper.make_node("Relu", ["a"], ["b"]), "")
     assert "learned" in (cap.reason(relu, pat) or "")
     assert cap.reason(relu, PlacementPattern("Relu", "float32", (4,))) is None  # another shape class
     assert PlacementPattern.from_json(pat.to_json()) == pat

@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from rkpart.errors import UserError
+from rkpart.ir.graph import OpNode
 from rkpart.targets import get_target
 from rkpart.targets.base import Support
 from rkpart.targets.known_issues import EXNORM_FUSION_SEGV, crash_patterns
@@ -52,14 +53,15 @@ def test_op_support_follows_the_operator_list_and_the_measured_builds() -> None:
     assert caps.op("Relu", domain="com.microsoft").support is Support.NONE
     nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Sign", ["y"], ["z"], name="sg"),
              helper.make_node("Trilu", ["z"], ["v"], name="tr")]
-    assert [(n.name, str(r.support)) for n, r in caps.off_npu(nodes)] == [("sg", "cpu"), ("tr", "unlisted")]
+    ops = [OpNode.of(i, n, "") for i, n in enumerate(nodes)]
+    assert [(n.name, str(r.support)) for n, r in caps.off_npu(ops)] == [("sg", "cpu"), ("tr", "unlisted")]
 
 
 @pytest.mark.parametrize(("mode", "listed"), [(None, True), ("linear", True), ("cubic", False)])
 def test_resize_lists_nearest_and_linear_only(mode: str | None, listed: bool) -> None:
     attrs = {} if mode is None else {"mode": mode}
     node = helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)
-    rule = get_target().caps("2.3.2").node(node)
+    rule = get_target().caps("2.3.2").node(OpNode.of(0, node, ""))
     assert (rule.support is Support.NPU) == listed
     if not listed:
         assert rule.note == "mode='cubic' (listed: 'nearest', 'linear')"
