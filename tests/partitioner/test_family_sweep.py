@@ -64,11 +64,9 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "allegro": [CROSS] * 2,
     "ltx": [CROSS] * 2,
 }
-#: anonymised copies whose blocks structure alone numbers differently from the names: Lumina2's caption
-#: and noise refiners read independent streams and run side by side, so without names they are one block
-ANON_EXPECTED: dict[str, list[tuple[str, ...]]] = {
-    "lumina2": [(ATTN_TXT, FFN_TXT_ONLY, ATTN, FFN), DIT, DIT],
-}
+#: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
+#: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
+ANON_EXPECTED: dict[str, list[tuple[str, ...]]] = {}
 EXPORTERS = ("torchscript", "dynamo")
 #: (family, exporter) -> why the exporter cannot make it (diffusers 0.36 / torch 2.13)
 EXPORT_FAILS: dict[tuple[str, str], str] = {}
