@@ -25,13 +25,14 @@ pytestmark = pytest.mark.export
 
 EXPORTERS = ("torchscript", "dynamo")
 #: layout -> region names per block, as the module names number them
+DIT: tuple[str, ...] = ("attn", "ffn")
 EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "dual_single": [("jattn", "ffn", "ffn_txt")] * 3 + [("attn_mlp",)] * 5,
-    "spatial_temporal": [("attn", "xattn", "ffn"), ("attn", "ffn")] * 3,
+    "spatial_temporal": [("attn", "xattn", "ffn"), DIT] * 3,
     # the visual blocks' cross-attention reads the text stream's last tensor: joint by structure
     "text_first": [("attn_txt", "ffn_txt")] * 2 + [("attn", "jattn", "ffn")] * 3,
-    "perceiver": [("attn", "ffn"), ("attn", "ffn"), ("xattn",)] * 2,
-    "side_refiners": [("attn_txt", "ffn_txt")] * 2 + [("attn", "ffn")] * 5,
+    "perceiver": [DIT, DIT, ("xattn",)] * 2,
+    "side_refiners": [("attn_txt", "ffn_txt")] * 2 + [DIT] * 5,
 }
 
 

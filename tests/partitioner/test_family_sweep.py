@@ -63,13 +63,23 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     # not in the issue's list: checks of generality
     "allegro": [CROSS] * 2,
     "ltx": [CROSS] * 2,
+    # issue 28's sweep (tests.models.diffusers_families.NEWER)
+    "latte": [CROSS, DIT] * 2,  # spatial and temporal blocks alternating
+    # the token refiner's text blocks all run before the visual ones; then Flux-like dual and single blocks
+    "hunyuanvideo": [(ATTN_TXT, FFN_TXT_ONLY)] * 2 + [MMDIT] * 2 + [(PAR,)] * 2,
+    "skyreels_v2": [CROSS] * 2,
+    # the last block's text half is dead (its text output is unused): the exporters drop it
+    "cogview4": [MMDIT, DIT],
+    "flux2": [MMDIT] * 2 + [(ATTN,)] * 2,  # single blocks: one fused qkv+mlp projection, no parallel weighted op
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
 ANON_EXPECTED: dict[str, list[tuple[str, ...]]] = {}
 EXPORTERS = ("torchscript", "dynamo")
 #: (family, exporter) -> why the exporter cannot make it (diffusers 0.36 / torch 2.13)
-EXPORT_FAILS: dict[tuple[str, str], str] = {}
+EXPORT_FAILS: dict[tuple[str, str], str] = {
+    ("hunyuanvideo", "torchscript"): "aten::masked_fill with a bool value: TorchScript alias analysis asserts",
+}
 #: exports rkpart cannot load: their shapes stay dynamic after shape inference (exit 3, ``--shape`` does not help)
 LOAD_FAILS = {
     ("ltx", "torchscript"): "the timestep embedding's Cast has no inferred rank",
@@ -79,6 +89,7 @@ ORT_REFUSES = {
     ("pixart", "dynamo"): "a Squeeze of a dim of 16 (shape inference fails on the whole model)",
     ("pixart_sigma", "dynamo"): "a Squeeze of a dim of 16 (shape inference fails on the whole model)",
     ("allegro", "dynamo"): "a Squeeze of a dim of 16 (PixArt's adaln_single, as above)",
+    ("hunyuanvideo", "dynamo"): "a Where over booleans (the token refiner's masked_fill): no ORT kernel",
 }
 
 CASES = [(f, e, anon) for f in EXPECTED for e in EXPORTERS for anon in (False, True)]
