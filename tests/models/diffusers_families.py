@@ -60,6 +60,15 @@ cogview4       ``CogView4Transformer2DModel``      joint attention over concaten
                                                    per-stream FFNs; last block's text half dead
 flux2          ``Flux2Transformer2DModel``         Flux anatomy with a fused qkv+MLP projection in
                                                    the single blocks, shared modulation
+wan_vace       ``WanVACETransformer3DModel``       VACE blocks (a control stream) whose hints are
+                                                   added to the main blocks' outputs
+kandinsky5     ``Kandinsky5Transformer3DModel``    text blocks that all run before the visual ones
+chronoedit     ``ChronoEditTransformer3DModel``    Wan anatomy, two frames (temporal RoPE)
+sana_video     ``SanaVideoTransformer3DModel``     Sana's linear attention over video, 3-D RoPE
+cogview3plus   ``CogView3PlusTransformer2DModel``  joint attention, one FFN over text + image
+longcat_image  ``LongCatImageTransformer2DModel``  Flux anatomy (double + single blocks)
+ovis_image     ``OvisImageTransformer2DModel``     Flux anatomy without pooled projections
+bria           ``BriaTransformer2DModel``          Flux anatomy
 =============  ==================================  ================================================
 
 :func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
@@ -475,6 +484,133 @@ def _flux2() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _wan_vace() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import WanVACETransformer3DModel
+
+    m = WanVACETransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                                  out_channels=4, text_dim=24, freq_dim=32, ffn_dim=64, num_layers=4,
+                                  rope_max_seq_len=32, vace_layers=[0, 2], vace_in_channels=8)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 1, 8, 8),
+        "timestep": torch.tensor([7.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "control_hidden_states": torch.randn(1, 8, 1, 8, 8),
+    }
+
+
+def _chronoedit() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import ChronoEditTransformer3DModel
+
+    m = ChronoEditTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
+                                     in_channels=4, out_channels=4, text_dim=24, freq_dim=32, ffn_dim=64,
+                                     num_layers=2, rope_max_seq_len=32)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 2, 8, 8),
+        "timestep": torch.tensor([7.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+    }
+
+
+def _sana_video() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import SanaVideoTransformer3DModel
+
+    m = SanaVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+                                    num_layers=2, num_cross_attention_heads=2, cross_attention_head_dim=16,
+                                    cross_attention_dim=32, caption_channels=24, sample_size=8, patch_size=(1, 2, 2),
+                                    rope_max_seq_len=32)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 2, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7.0]),
+    }
+
+
+def _kandinsky5() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import Kandinsky5Transformer3DModel
+
+    m = Kandinsky5Transformer3DModel(in_visual_dim=4, in_text_dim=24, in_text_dim2=16, time_dim=32, out_visual_dim=4,
+                                     patch_size=(1, 2, 2), model_dim=32, ff_dim=64, num_text_blocks=2,
+                                     num_visual_blocks=2, axes_dims=(4, 6, 6))
+    return m, {
+        "hidden_states": torch.randn(1, 1, 8, 8, 4),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7.0]),
+        "pooled_projections": torch.randn(1, 16),
+    }
+
+
+def _kandinsky5_fixed() -> dict[str, Any]:
+    import torch
+
+    return {"visual_rope_pos": [torch.arange(1), torch.arange(4), torch.arange(4)],
+            "text_rope_pos": torch.arange(6), "scale_factor": (1.0, 1.0, 1.0)}
+
+
+def _cogview3plus() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import CogView3PlusTransformer2DModel
+
+    m = CogView3PlusTransformer2DModel(patch_size=2, in_channels=4, num_layers=2, attention_head_dim=16,
+                                       num_attention_heads=2, out_channels=4, text_embed_dim=24, time_embed_dim=32,
+                                       condition_dim=8, pos_embed_max_size=16, sample_size=8)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7], dtype=torch.int64),
+        "original_size": torch.tensor([[64.0, 64.0]]),
+        "target_size": torch.tensor([[64.0, 64.0]]),
+        "crop_coords": torch.tensor([[0.0, 0.0]]),
+    }
+
+
+def _flux_ids() -> tuple[Any, Any]:
+    import torch
+
+    img_ids = torch.zeros(16, 3)
+    img_ids[:, 1] = torch.arange(16) // 4
+    img_ids[:, 2] = torch.arange(16) % 4
+    return img_ids, torch.zeros(6, 3)
+
+
+def _longcat_image() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import LongCatImageTransformer2DModel
+
+    m = LongCatImageTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                                       attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                       pooled_projection_dim=24, axes_dims_rope=[4, 6, 6])
+    img_ids, txt_ids = _flux_ids()
+    return m, {"hidden_states": torch.randn(1, 16, 16), "encoder_hidden_states": torch.randn(1, 6, 24),
+               "timestep": torch.tensor([0.7]), "img_ids": img_ids, "txt_ids": txt_ids}
+
+
+def _ovis_image() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import OvisImageTransformer2DModel
+
+    m = OvisImageTransformer2DModel(patch_size=1, in_channels=16, out_channels=16, num_layers=2, num_single_layers=2,
+                                    attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                    axes_dims_rope=(4, 6, 6))
+    img_ids, txt_ids = _flux_ids()
+    return m, {"hidden_states": torch.randn(1, 16, 16), "encoder_hidden_states": torch.randn(1, 6, 24),
+               "timestep": torch.tensor([0.7]), "img_ids": img_ids, "txt_ids": txt_ids}
+
+
+def _bria() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import BriaTransformer2DModel
+
+    m = BriaTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2, attention_head_dim=16,
+                               num_attention_heads=2, joint_attention_dim=24, axes_dims_rope=[4, 6, 6])
+    img_ids, txt_ids = _flux_ids()
+    return m, {"hidden_states": torch.randn(1, 16, 16), "encoder_hidden_states": torch.randn(1, 6, 24),
+               "timestep": torch.tensor([0.7]), "img_ids": img_ids, "txt_ids": txt_ids}
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -618,10 +754,19 @@ NEWER: dict[str, Family] = {f.name: f for f in (
     Family("skyreels_v2", _skyreels_v2),
     Family("cogview4", _cogview4),
     Family("flux2", _flux2, blocks=4),
+    Family("wan_vace", _wan_vace, blocks=6),  # 4 blocks + 2 VACE blocks (vace_layers) whose hints join them
+    Family("kandinsky5", _kandinsky5, _kandinsky5_fixed, blocks=4),  # 2 text blocks run before 2 visual
+    Family("chronoedit", _chronoedit),
+    Family("sana_video", _sana_video),
+    Family("cogview3plus", _cogview3plus),
+    Family("longcat_image", _longcat_image, blocks=4),
+    Family("ovis_image", _ovis_image, blocks=4),
+    Family("bria", _bria, blocks=4),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
     "MochiTransformer3DModel": "exports, but the masked text pooling leaves shapes dynamic (rkpart exit 3)",
+    "ZImageTransformer2DModel": "forward takes lists of per-sample tensors (x, cap_feats): not wrapped yet",
     "QwenImageTransformer2DModel": "complex RoPE: TorchScript has no aten::view_as_complex, dynamo fails to "
                                    "convert the complex product (config kept: _qwenimage)",
 }

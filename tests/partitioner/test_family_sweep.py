@@ -71,10 +71,30 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     # the last block's text half is dead (its text output is unused): the exporters drop it
     "cogview4": [MMDIT, DIT],
     "flux2": [MMDIT] * 2 + [(ATTN,)] * 2,  # single blocks: one fused qkv+mlp projection, no parallel weighted op
+    "wan_vace": [CROSS] * 6,  # the VACE blocks are blocks of their own, as their module names make them
+    # the visual blocks' cross-attention reads the text stream's last tensor: joint by structure
+    "kandinsky5": [(ATTN_TXT, FFN_TXT_ONLY)] * 2 + [(ATTN, JATTN, FFN)] * 2,
+    "chronoedit": [CROSS] * 2,
+    "sana_video": [CROSS] * 2,
+    "cogview3plus": [(JATTN, FFN)] * 2,
+    "longcat_image": [MMDIT] * 2 + [(PAR,)] * 2,
+    "ovis_image": [MMDIT] * 2 + [(PAR,)] * 2,
+    "bria": [MMDIT] * 2 + [(PAR,)] * 2,
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
 ANON_EXPECTED: dict[str, list[tuple[str, ...]]] = {}
+#: (family, exporter) -> region ``name:kind`` per block where the two exporters' graphs differ: dynamo's
+#: WanVACE adds each VACE hint to the stream through a projection read as a long skip of the next block
+EXPORTER_EXPECTED: dict[tuple[str, str], list[tuple[str, ...]]] = {
+    ("wan_vace", "dynamo"): [CROSS] * 3 + [(SKIP, *CROSS), CROSS, (SKIP, *CROSS)],
+}
+#: (family, exporter, strategy) -> why less than MIN_SHARE of the blocks' matmul work is on the NPU (known
+#: shortfalls, checked to stay below: when one is fixed, the test says so and the entry goes)
+COVERAGE_SHORT: dict[tuple[str, str, str], str] = {
+    ("wan_vace", "torchscript", "split"): "the control patch embedding and the VACE hint projections are taken "
+                                          "for the next block's AdaLN (pre / modulation): on the host",
+}
 EXPORTERS = ("torchscript", "dynamo")
 #: (family, exporter) -> why the exporter cannot make it (diffusers 0.36 / torch 2.13)
 EXPORT_FAILS: dict[tuple[str, str], str] = {
@@ -137,7 +157,8 @@ def test_family(case: tuple[str, str, bool], anon_dir: Path, tmp_path: Path) -> 
             load_model(model)
         return
     d = discover(load_model(model))
-    expected = ANON_EXPECTED.get(family, EXPECTED[family]) if anon else EXPECTED[family]
+    named = EXPORTER_EXPECTED.get((family, exporter), EXPECTED[family])
+    expected = ANON_EXPECTED.get(family, named) if anon else named
     assert len(d.blocks) == (len(expected) if anon and family in ANON_EXPECTED else block_count(family))
     assert d.method == ("structure" if anon else "names")
     assert _regions(d) == expected
@@ -147,6 +168,10 @@ def test_family(case: tuple[str, str, bool], anon_dir: Path, tmp_path: Path) -> 
         plan = partition_and_check(model, out, strategy) if run else partition(model, out, strategy)
         cov = plan.extra["npu_coverage"]
         assert cov["block_macs"] > 0
+        if (family, exporter, strategy) in COVERAGE_SHORT:
+            assert cov["share"] < MIN_SHARE, f"fixed, remove from COVERAGE_SHORT: {family} {exporter} {strategy}"
+            assert any("matmul work" in n for n in plan.extra["notes"])
+            continue
         assert cov["share"] >= MIN_SHARE, f"{strategy}: {cov}"
         assert not any("matmul work" in n for n in plan.extra["notes"])
     (partition_and_check if run else partition)(model, tmp_path / "generic", "generic")
