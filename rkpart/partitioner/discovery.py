@@ -755,6 +755,12 @@ class _RegionInfo:
     first_add: int
     signature: tuple[object, ...]
     phase: int
+    #: the unit holds the block's MLP (an FFN, or attention with an MLP beside it): it closes a block
+    closes: bool = False
+
+    @property
+    def streams(self) -> frozenset[int]:
+        return frozenset(b.stream for b in self.branches)
 
 
 def _score_matmuls(mg: ModelGraph, core: frozenset[int]) -> list[int]:
@@ -846,9 +852,11 @@ def _name_regions(
             name += "_txt"
         pre = frozenset().union(*(b.pre for b in brs))
         sig = (name, tuple(sorted(Counter(mg.op(i).op_type for i in core).items())))
+        closes = kind in ("ffn", "parallel_attention") or (
+            kind == "joint_attention" and _has_parallel_ffn(mg, reach, core))
         out.append(_RegionInfo(name=name, kind=kind, branches=brs, adaln=_adaln_kind(mg, pre, dep),
                                first_add=min(b.add for b in brs), signature=sig,
-                               phase=min(phases[s] for s in streams)))
+                               phase=min(phases[s] for s in streams), closes=closes))
     out.sort(key=lambda r: r.first_add)
     return out
 
@@ -933,35 +941,43 @@ def _group_by_structure(regions: list[_RegionInfo]) -> list[list[int]]:
 def _segment(regions: list[_RegionInfo], members: list[int]) -> list[list[int]]:
     """Cut one stream system's residual units (in order) into blocks.
 
-    1. A transformer block's last residual update is its FFN: a block closes after each run
-       of FFN units (the image and text FFNs of a dual-stream block are one run).  This
-       finds blocks of different kinds side by side -- spatial and temporal blocks
-       alternating, cross-attention blocks after self-attention ones -- because it does not
+    1. A transformer block's last residual update on each of its streams is its MLP: an
+       FFN unit, or an attention unit with the MLP beside it (Flux single-stream blocks).
+       A block closes after such a unit, unless the next one is the MLP of another stream
+       that a unit of this block joined (the text FFN after the image FFN of a dual-stream
+       block).  This finds blocks of different kinds side by side -- spatial and temporal
+       blocks alternating, text-only blocks before the visual ones -- because it does not
        ask the blocks to repeat.
     2. A piece that ends with the whole layout of another piece starts with a unit of its
-       own: a module between blocks that has no FFN (a perceiver cross-attention after
+       own: a module between blocks that has no MLP (a perceiver cross-attention after
        every few blocks) is a block of its own, as its module name would make it.
-    3. Units without any FFN (Flux single-stream blocks, the FFN-less units of step 2) are
-       cut at the period of their names (:func:`_by_period`); so is a system whose first
-       unit is an FFN, where step 1 has no block start to go by.
+    3. Units without any MLP are cut at the period of their names (:func:`_by_period`);
+       so is a system whose first unit is an FFN, where step 1 has no block start to go by.
     """
-    ffn = [regions[k].kind == "ffn" for k in members]
-    if not any(ffn) or ffn[0]:
+    first = regions[members[0]]
+    if first.kind == "ffn" or not any(regions[k].closes for k in members):
         return _by_period(regions, members)
     pieces: list[list[int]] = [[]]
-    for pos, k in enumerate(members):
-        pieces[-1].append(k)
-        if ffn[pos] and (pos + 1 == len(members) or not ffn[pos + 1]):
+    closed: frozenset[int] = frozenset()  # streams whose MLP the current piece has had
+    joined: frozenset[int] = frozenset()  # streams a multi-stream unit of the current piece spans
+    for k in members:
+        r = regions[k]
+        if closed and not (r.closes and not r.streams & closed and r.streams <= joined):
             pieces.append([])
-    pieces = [p for p in pieces if p]
+            closed = joined = frozenset()
+        pieces[-1].append(k)
+        if len(r.streams) > 1:
+            joined |= r.streams
+        if r.closes:
+            closed |= r.streams
     layouts = {tuple(regions[k].name for k in p) for p in pieces}
     out: list[list[int]] = []
     for p in pieces:
-        names = tuple(regions[k].name for k in p)
-        cut = next((c for c in range(1, len(p)) if names[c:] in layouts), 0)
-        if not any(regions[k].kind == "ffn" for k in p):  # the trailing units after the last FFN
+        if not any(regions[k].closes for k in p):  # the trailing units after the last MLP
             out.extend(_by_period(regions, p))
             continue
+        names = tuple(regions[k].name for k in p)
+        cut = next((c for c in range(1, len(p)) if names[c:] in layouts), 0)
         if cut:
             out.extend(_by_period(regions, p[:cut]))
         out.append(p[cut:])

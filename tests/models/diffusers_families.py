@@ -69,6 +69,10 @@ cogview3plus   ``CogView3PlusTransformer2DModel``  joint attention, one FFN over
 longcat_image  ``LongCatImageTransformer2DModel``  Flux anatomy (double + single blocks)
 ovis_image     ``OvisImageTransformer2DModel``     Flux anatomy without pooled projections
 bria           ``BriaTransformer2DModel``          Flux anatomy
+flux3          ``Flux3Transformer2DModel``         per-modality parallel blocks (text, then image),
+                                                   then single blocks that keep two streams
+stable_audio   ``StableAudioDiTModel``             1-D audio DiT, GQA cross-attention
+prx            ``PRXTransformer2DModel``           single-stream DiT over text + image tokens
 =============  ==================================  ================================================
 
 :func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
@@ -611,6 +615,60 @@ def _bria() -> tuple[Any, dict[str, Any]]:
                "timestep": torch.tensor([0.7]), "img_ids": img_ids, "txt_ids": txt_ids}
 
 
+def _stable_audio() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import StableAudioDiTModel
+
+    m = StableAudioDiTModel(sample_size=16, in_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+                            num_key_value_attention_heads=1, out_channels=4, cross_attention_dim=24,
+                            time_proj_dim=16, global_states_input_dim=24, cross_attention_input_dim=24)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 16),
+        "timestep": torch.tensor([7.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "global_hidden_states": torch.randn(1, 1, 24),
+    }
+
+
+def _stable_audio_fixed() -> dict[str, Any]:
+    from diffusers.models.embeddings import get_1d_rotary_pos_embed
+
+    cos, sin = get_1d_rotary_pos_embed(8, 17, use_real=True, repeat_interleave_real=False)
+    return {"rotary_embedding": (cos.float(), sin.float())}
+
+
+def _prx() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import PRXTransformer2DModel
+
+    m = PRXTransformer2DModel(in_channels=4, patch_size=2, context_in_dim=24, hidden_size=32, mlp_ratio=2.0,
+                              num_heads=2, depth=2, axes_dim=[8, 8])
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([0.7]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+    }
+
+
+def _flux3() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import Flux3Transformer2DModel
+
+    m = Flux3Transformer2DModel(in_channels=16, cond_in_channels=16, num_layers=2, num_single_layers=2,
+                                attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                timestep_channels=32, axes_dims_rope=(4, 4, 4, 4))
+    img_ids = torch.zeros(16, 4)
+    img_ids[..., 1] = torch.arange(16) // 4
+    img_ids[..., 2] = torch.arange(16) % 4
+    return m, {
+        "hidden_states": torch.randn(1, 16, 16),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([0.7]),
+        "img_ids": img_ids,
+        "txt_ids": torch.zeros(6, 4),
+    }
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -762,11 +820,17 @@ NEWER: dict[str, Family] = {f.name: f for f in (
     Family("longcat_image", _longcat_image, blocks=4),
     Family("ovis_image", _ovis_image, blocks=4),
     Family("bria", _bria, blocks=4),
+    # per-modality blocks (text, then image: parallel attn + MLP) run apart, then two-stream single blocks
+    Family("flux3", _flux3, blocks=6),
+    Family("stable_audio", _stable_audio, _stable_audio_fixed),
+    Family("prx", _prx),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
     "MochiTransformer3DModel": "exports, but the masked text pooling leaves shapes dynamic (rkpart exit 3)",
     "ZImageTransformer2DModel": "forward takes lists of per-sample tensors (x, cap_feats): not wrapped yet",
+    "EasyAnimateTransformer3DModel": "TorchScript: int(round(tensor)) in the RoPE grid crop (not tried with dynamo)",
+    "LuminaNextDiT2DModel": "the tiny config's eager forward fails (TypeError in attn1 with the given RoPE)",
     "QwenImageTransformer2DModel": "complex RoPE: TorchScript has no aten::view_as_complex, dynamo fails to "
                                    "convert the complex product (config kept: _qwenimage)",
 }

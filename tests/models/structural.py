@@ -20,6 +20,7 @@ perceiver            4 transformer blocks with a perceiver cross-attention unit 
                      own, ``perceiver_blocks.k``) after every second one
 side_refiners        two independent refiners (2 blocks over the text, 2 over the image) side
                      by side, then 3 joint blocks over their concatenation (Lumina2-like)
+interleaved          the same, with the two refiners' blocks alternating in op order
 ===================  ===========================================================================
 """
 
@@ -239,8 +240,9 @@ def _modules() -> dict[str, Any]:  # one namespace of small modules, built lazil
             return self.proj_out(x)
 
     class SideRefiners(Embed):
-        def __init__(self, refiners: int = 2, joint: int = 3) -> None:
+        def __init__(self, refiners: int = 2, joint: int = 3, interleaved: bool = False) -> None:
             super().__init__()
+            self.interleaved = interleaved
             self.context_refiner = nn.ModuleList(Block(modulated=False) for _ in range(refiners))
             self.noise_refiner = nn.ModuleList(Block() for _ in range(refiners))
             self.layers = nn.ModuleList(Block() for _ in range(joint))
@@ -249,17 +251,22 @@ def _modules() -> dict[str, Any]:  # one namespace of small modules, built lazil
                     timestep: torch.Tensor) -> torch.Tensor:
             c, x = self.context_embedder(encoder_hidden_states), self.x_embedder(hidden_states)
             temb = self.time_embedder(timestep)
-            for blk in self.context_refiner:
-                c = blk(c)
-            for blk in self.noise_refiner:
-                x = blk(x, temb)
+            if self.interleaved:  # one loop over both lists: their blocks alternate in op order
+                for ctx_blk, noise_blk in zip(self.context_refiner, self.noise_refiner, strict=True):
+                    c, x = ctx_blk(c), noise_blk(x, temb)
+            else:
+                for blk in self.context_refiner:
+                    c = blk(c)
+                for blk in self.noise_refiner:
+                    x = blk(x, temb)
             s = torch.cat([c, x], dim=1)
             for blk in self.layers:
                 s = blk(s, temb)
             return self.proj_out(s[:, c.shape[1]:])
 
     return {"dual_single": DualSingle, "spatial_temporal": SpatialTemporal, "text_first": TextFirst,
-            "perceiver": PerceiverLayout, "side_refiners": SideRefiners}
+            "perceiver": PerceiverLayout, "side_refiners": SideRefiners,
+            "interleaved": lambda: SideRefiners(interleaved=True)}
 
 
 def _inputs(layout: str) -> dict[str, Any]:
@@ -272,7 +279,7 @@ def _inputs(layout: str) -> dict[str, Any]:
 
 #: layout -> transformer blocks the module has (perceiver units and refiners count: each is a module of its own)
 LAYOUTS: dict[str, int] = {"dual_single": 8, "spatial_temporal": 6, "text_first": 5, "perceiver": 6,
-                           "side_refiners": 7}
+                           "side_refiners": 7, "interleaved": 7}
 
 
 def build(layout: str, seed: int = 0) -> tuple[Any, dict[str, Any]]:

@@ -33,6 +33,7 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "text_first": [("attn_txt", "ffn_txt")] * 2 + [("attn", "jattn", "ffn")] * 3,
     "perceiver": [DIT, DIT, ("xattn",)] * 2,
     "side_refiners": [("attn_txt", "ffn_txt")] * 2 + [DIT] * 5,
+    "interleaved": [("attn_txt", "ffn_txt"), DIT] * 2 + [DIT] * 3,
 }
 
 

@@ -80,6 +80,11 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "longcat_image": [MMDIT] * 2 + [(PAR,)] * 2,
     "ovis_image": [MMDIT] * 2 + [(PAR,)] * 2,
     "bria": [MMDIT] * 2 + [(PAR,)] * 2,
+    # text-mode then image-mode parallel blocks, then single blocks over both streams (the last one's text
+    # half is dead: its text output is unused)
+    "flux3": [("attn_mlp_txt:parallel_attention",)] * 2 + [(PAR,)] * 2 + [(JATTN,), (PAR,)],
+    "stable_audio": [CROSS] * 2,
+    "prx": [DIT] * 2,
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
@@ -94,6 +99,12 @@ EXPORTER_EXPECTED: dict[tuple[str, str], list[tuple[str, ...]]] = {
 COVERAGE_SHORT: dict[tuple[str, str, str], str] = {
     ("wan_vace", "torchscript", "split"): "the control patch embedding and the VACE hint projections are taken "
                                           "for the next block's AdaLN (pre / modulation): on the host",
+}
+#: (family, exporter) -> why discovery still gets the regions wrong (known, checked to stay wrong: when one is
+#: fixed, the test says so and the entry goes)
+DISCOVERY_WRONG: dict[tuple[str, str], str] = {
+    ("flux3", "dynamo"): "the image-mode blocks' attention + MLP is read as a joint attention beside a text "
+                         "'branch' (named: 6 blocks, wrong regions; anonymised: 10 blocks)",
 }
 EXPORTERS = ("torchscript", "dynamo")
 #: (family, exporter) -> why the exporter cannot make it (diffusers 0.36 / torch 2.13)
@@ -157,6 +168,9 @@ def test_family(case: tuple[str, str, bool], anon_dir: Path, tmp_path: Path) -> 
             load_model(model)
         return
     d = discover(load_model(model))
+    if (family, exporter) in DISCOVERY_WRONG:
+        assert _regions(d) != EXPECTED[family], f"fixed, remove from DISCOVERY_WRONG: {family} {exporter}"
+        return
     named = EXPORTER_EXPECTED.get((family, exporter), EXPECTED[family])
     expected = ANON_EXPECTED.get(family, named) if anon else named
     assert len(d.blocks) == (len(expected) if anon and family in ANON_EXPECTED else block_count(family))
