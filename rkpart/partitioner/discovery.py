@@ -23,9 +23,10 @@ The algorithm works on graph structure; exporter names only number the blocks.
 5. **Blocks.**  Regions are grouped into blocks by the exporter's module scopes
    (``/transformer_blocks.3/...`` or dynamo ``name_scopes`` / ``namespace`` metadata) when
    those number the regions consistently, else by structure: in each stream system (the
-   streams of a phase that share residual units), a block closes after each run of FFN
-   units, a piece ending with another piece's layout starts with a block of its own, and
-   FFN-less units are cut at the period of their names (:func:`_segment`).
+   streams of a phase that share residual units), a block closes after its MLP unit (an
+   FFN, or attention with an MLP beside it), a piece ending with another piece's layout
+   starts with a block of its own, and MLP-less units are cut at the period of their names
+   (:func:`_segment`).
 6. **Inside a branch.**  ``pre`` (normalisation + modulation, i.e. AdaLN) is what lies
    between the skip tensor and the first weighted ops; ``gate`` is a trailing ``Mul`` by a
    side value; ``core`` is the rest.  A core with a MatMul of two activations is attention
