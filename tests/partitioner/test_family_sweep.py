@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.export, pytest.mark.slow]
 ATTN, XATTN, FFN = "attn:self_attention", "xattn:cross_attention", "ffn:ffn"
 JATTN, FFN_TXT, PAR = "jattn:joint_attention", "ffn_txt:ffn", "attn_mlp:parallel_attention"
 SKIP = "skip:long_skip"
+PAR_TXT_BLOCK: tuple[str, ...] = ("attn_mlp_txt:parallel_attention",)
 ATTN_TXT, FFN_TXT_ONLY = "attn_txt:self_attention", "ffn_txt:ffn"
 
 DIT = (ATTN, FFN)
@@ -82,7 +83,7 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "bria": [MMDIT] * 2 + [(PAR,)] * 2,
     # text-mode then image-mode parallel blocks, then single blocks over both streams (the last one's text
     # half is dead: its text output is unused)
-    "flux3": [("attn_mlp_txt:parallel_attention",)] * 2 + [(PAR,)] * 2 + [(JATTN,), (PAR,)],
+    "flux3": [PAR_TXT_BLOCK] * 2 + [(PAR,)] * 2 + [(JATTN,), (PAR,)],
     "stable_audio": [CROSS] * 2,
     "prx": [DIT] * 2,
 }
