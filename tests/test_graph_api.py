@@ -22,11 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "rkpart"
 
 #: module -> why it may still read the loaded model's protos
-ALLOWED: dict[str, str] = {
-    # TODO(discovery helper, issue 29 item 1): partitioner/discovery.py is being converted to
-    # mg.op(i) on its own branch; drop this entry when that lands.
-    "partitioner/discovery.py": "converted separately (issue 29)",
-}
+ALLOWED: dict[str, str] = {}
 
 FORBIDDEN = {"nodes", "scopes"}
 
