@@ -173,6 +173,7 @@ def place_by_capability(mg: ModelGraph, part: Partition,
         return part, ()
     groups: list[Group] = []
     moved: list[HostOp] = []
+    used = {g.id for g in part.groups}
     for g in part.groups:
         mine = {i: w for i, w in flagged.items() if i in g.ops}
         if g.device != "npu" or not mine:
@@ -194,10 +195,11 @@ def place_by_capability(mg: ModelGraph, part: Partition,
                              "would only add a round trip)"
                 host |= npu_levels[lvl]
         for k, lvl in enumerate(sorted(npu_levels)):
-            groups.append(replace(g, id=g.id if k == 0 else f"{g.id}.{k}", ops=frozenset(npu_levels[lvl])))
+            groups.append(replace(g, id=g.id if k == 0 else _fresh(f"{g.id}.{k}", used),
+                                  ops=frozenset(npu_levels[lvl])))
         for lvl in sorted(host_levels):
-            groups.append(replace(g, id=f"{g.id}.host{lvl}", device="host", ops=frozenset(host_levels[lvl]),
-                                  kind="cpu-op"))
+            groups.append(replace(g, id=_fresh(f"{g.id}.host{lvl}", used), device="host",
+                                  ops=frozenset(host_levels[lvl]), kind="cpu-op"))
         moved += [HostOp(i, mg.op(i).name or str(i), mg.op(i).op_type, g.id, why[i]) for i in sorted(host)]
     note = (f"capability: {len(moved)} op(s) moved out of NPU stages to the host "
             f"({', '.join(sorted({h.op_type for h in moved}))}); plan.json extra.capability says why")
@@ -218,6 +220,7 @@ def cut_before(mg: ModelGraph, part: Partition, names: Mapping[str, str]) -> tup
     """
     groups: list[Group] = []
     cuts: list[dict[str, str]] = []
+    used = {g.id for g in part.groups}
     for g in part.groups:
         here = {i for i in g.ops if mg.op(i).name in names and len(mg.dyn_inputs(i)) >= 2}
         if g.device != "npu" or not here:
@@ -234,13 +237,25 @@ def cut_before(mg: ModelGraph, part: Partition, names: Mapping[str, str]) -> tup
         for i, lvl in level.items():
             pieces.setdefault(lvl, set()).add(i)
         for k, lvl in enumerate(sorted(pieces)):
-            groups.append(replace(g, id=g.id if k == 0 else f"{g.id}.{k}", ops=frozenset(pieces[lvl])))
+            groups.append(replace(g, id=g.id if k == 0 else _fresh(f"{g.id}.{k}", used), ops=frozenset(pieces[lvl])))
         cuts += [{"before": mg.op(i).name, "stage": g.id, "why": names[mg.op(i).name]} for i in sorted(here)]
     if not cuts:
         return part, []
     note = f"capability: {len(cuts)} NPU stage cut(s) in front of ops a crashing build fused; plan.json " \
            "extra.capability says why"
     return Partition(part.strategy, part.options, tuple(groups), (*part.notes, note), part.extra), cuts
+
+
+def _fresh(gid: str, used: set[str]) -> str:
+    """``gid``, or ``gid`` with a letter appended, not in ``used`` (which it joins): group ids stay
+    unique when a piece of a cut group is cut again (``b05.block.1`` from the capability, then
+    from a crash cut)."""
+    out, n = gid, 0
+    while out in used:
+        n += 1
+        out = f"{gid}{chr(ord('a') + n - 1)}" if n <= 26 else f"{gid}_{n}"
+    used.add(out)
+    return out
 
 
 def _crossing(mg: ModelGraph, ops: frozenset[int], host: set[int]) -> str:

@@ -214,3 +214,31 @@ def test_fused_nodes_reads_the_rules_of_the_log() -> None:
                                                                  ("fuse_exnorm_add", "/b0/norm1/Add_3")]
     assert fused_nodes(log) == [("fuse_exnorm_add", "/b0/norm1/Add_3")]  # no known issue: the last fusion
     assert fused_nodes("no rules here") == []
+
+
+def test_a_cut_of_a_piece_the_capability_made_gets_ids_of_its_own(tmp_path: Path) -> None:
+    """   x ─ MatMul ─┬─ Add ─ Ceil ─ Mul ─ MatMul ─ y
+        x ─ MatMul ─┘
+
+    The capability cuts ``seg00`` into ``seg00`` / host (Ceil) / ``seg00.1``; a crash cut in front of
+    the Add then splits ``seg00`` again and must not reuse ``seg00.1`` (two groups of one id read
+    as one stage: a false cycle)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
+        helper.make_node("MatMul", ["x", "Wb"], ["hb"], name="mmb"),
+        helper.make_node("Add", ["h1", "hb"], ["s"], name="add"),
+        helper.make_node("Ceil", ["s"], ["c"], name="ceil"),
+        helper.make_node("Mul", ["c", "half"], ["m"], name="mul"),
+        helper.make_node("MatMul", ["m", "W2"], ["y"], name="mm2"),
+    ]
+    inits = [_w("W1", 16, 16, 1), _w("Wb", 16, 16, 3), _w("W2", 16, 16, 2),
+             numpy_helper.from_array(np.float32(0.5), "half")]
+    model = _save(tmp_path, "cutcut", nodes, inits)
+    m = load(model)
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0", cut_before={"add": "crashed after fusing it"}))
+    ids = [g.id for g in part.groups]
+    assert len(ids) == len(set(ids)), ids
+    assert _devices(model, part) == [("npu", ["mm1", "mmb"]), ("npu", ["add"]), ("host", ["ceil"]),
+                                     ("npu", ["mm2", "mul"])]
+    plan = write_plan(m, part, tmp_path / "plan")
+    assert_reproduces(plan, tmp_path / "plan", model)
