@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from rkpart.bundle.build import bundle_plan
-    from rkpart.compile.compile import compile_plan_report
+    from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.pipeline import partition
     from rkpart.profile.drift import denoise
 
@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = partition(model, work / "split", "split", force=True)
         print(f"model + split plan: {time.perf_counter() - t0:.0f} s", flush=True)
         t0 = time.perf_counter()
-        rep = compile_plan_report(plan, work / "split", args.toolkit, "rk3588", {}, jobs=args.jobs, cache=False)
+        rep = compile_plan_report(plan, work / "split", CompileOptions(args.toolkit, "rk3588", {}, jobs=args.jobs,
+                                                                       cache=False))
         if rep.failed:
             print(f"compile failed: {rep.failed}", file=sys.stderr)
             return 1

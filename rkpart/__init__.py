@@ -31,6 +31,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "compile_plan": ("rkpart.compile.compile:compile_plan",),
     "run_plan": ("rkpart.runtime.executor:run_plan",),
     "profile_plan": ("rkpart.profile.lifecycle:profile_plan",),
+    "ProfileOptions": ("rkpart.profile.lifecycle:ProfileOptions",),
     "fit": ("rkpart.cost_model:fit", "rkpart.cost_model.calibration:fit_profiles"),
     "select": ("rkpart.pipeline:select",),
     "build": ("rkpart.dropin:build",),
@@ -63,6 +64,7 @@ __all__ = [
     "ModelGraph",
     "Partition",
     "Plan",
+    "ProfileOptions",
     "Recognizer",
     "RkpartError",
     "ScopeRecognizer",
@@ -92,7 +94,7 @@ if TYPE_CHECKING:  # static types for what __getattr__ returns
     from rkpart.partitioner.partition import Group, Partition
     from rkpart.partitioner.plan import Plan, Stage, load_plan
     from rkpart.pipeline import partition, select
-    from rkpart.profile.lifecycle import profile_plan
+    from rkpart.profile.lifecycle import ProfileOptions, profile_plan
     from rkpart.recognizers import Recognizer, ScopeRecognizer, discover
     from rkpart.runtime import get_backend
     from rkpart.runtime.executor import run_plan

@@ -394,7 +394,7 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
     are built.  Returns the compiled plan folders (``SelectionConfig.compiled``) and notes for the
     explanation.  A toolkit that is not installed gives no folders and a note saying so.
     """
-    from rkpart.compile.compile import compile_plan_report
+    from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.compile.toolkits import find_toolkit
     from rkpart.errors import ToolkitError
 
@@ -421,7 +421,7 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
         if not reps:
             continue
         progress(f"auto: {cid}: compiling {len(reps)} representative stage(s) with rknn-toolkit2 {tk.version}")
-        rep = compile_plan_report(plan, out, tk, stages=reps, progress=progress)
+        rep = compile_plan_report(plan, out, CompileOptions(tk, stages=reps), progress=progress)
         failed = [o.stage_id for o in rep.failed]
         notes.append(f"{cid}: {len(reps)} stage(s) of {len({a for a in anatomy.values()})} block anatomy(ies) compiled "
                      f"with rknn-toolkit2 {tk.version} ({len(rep.cached)} from the build cache"

@@ -23,7 +23,7 @@ from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.discovery import Discovery, discover
 from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import enumerate_candidates, partition, select
-from rkpart.profile.lifecycle import profile_plan
+from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.records import write_jsonl
 from rkpart.runtime.ort import OrtBackend
 from rkpart.strategies.base import GroupBuilder
@@ -46,8 +46,10 @@ def ort_profiles(tmp_path_factory: pytest.TempPathFactory, example_model: Path) 
         folder = root / name
         plan = partition(example_model, folder, strategy, **opts)
         for residency in ("per-stage", "resident"):
-            recs = profile_plan(plan, folder, OrtBackend(threads=1), rounds=2, warmup=1, cfg=True, device_pattern=None,
-                                sample_interval=0.01, residency=residency, plan_file=str(folder / "plan.json"))
+            recs = profile_plan(plan, folder, ProfileOptions(rounds=2, warmup=1, cfg=True, device_pattern=None,
+                                                             sample_interval=0.01, residency=residency,
+                                                             plan=str(folder / "plan.json")),
+                                                             backend=OrtBackend(threads=1))
             out.append(write_jsonl(root / f"{name}.{residency}.jsonl", recs))
     return out
 
