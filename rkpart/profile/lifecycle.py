@@ -157,7 +157,7 @@ class ProfileOptions:
     threads: int = 0
     block: int | None = None
     baseline: bool = False
-    model: str | os.PathLike[str] | None = None
+    model: str | Path | None = None
     snapshots: bool = True
 
 
