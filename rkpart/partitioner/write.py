@@ -17,6 +17,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -122,8 +123,8 @@ def write_partition(
             with _lock_existing(out):
                 recover_folder(out)
                 prepare_out(out, force, model_path)  # again: another run may have finished meanwhile
-                plan = _write_stages(mg, disc, part, groups, staging, run_key, model_path, model_sha,
-                                     external_threshold, simplify, progress, weights)
+                run = _Run(run_key, model_sha, external_threshold, simplify, weights)
+                plan = _write_stages(mg, disc, part, groups, staging, run, progress)
                 write_marker(staging, PLAN_KIND)  # what --force may replace later (rkpart.output)
                 replace_folder(staging, out)
         except UserError:
@@ -208,20 +209,19 @@ def _stage_done(stages_dir: Path, fname: str, journal: Mapping[str, Stage]) -> S
     return stage if stage_sha256(stages_dir / fname) == stage.sha256 else None
 
 
-def _write_stages(
-    mg: ModelGraph,
-    disc: Discovery | None,
-    part: Partition,
-    groups: list[OrderedGroup],
-    staging: Path,
-    run_key: str,
-    model_path: Path,
-    model_sha: str,
-    external_threshold: int,
-    simplify: StageSimplifier | None,
-    progress: Progress,
-    weights: WeightsMode = "copy",
-) -> Plan:
+@dataclass(frozen=True)
+class _Run:
+    """One write of a plan folder: its resume key, the model's sha256 and how stages are written."""
+
+    key: str
+    model_sha: str
+    external_threshold: int
+    simplify: StageSimplifier | None
+    weights: WeightsMode
+
+
+def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, groups: list[OrderedGroup],
+                  staging: Path, run: _Run, progress: Progress) -> Plan:
     """Write every stage and ``plan.json`` into ``staging`` (locked), resuming finished stages.
 
     Order matters for crash safety: a stage's journal line is appended after its files are
@@ -230,6 +230,8 @@ def _write_stages(
     journal and ``run.json`` are removed, so a run killed anywhere either resumes or starts
     over, never trusts half a file.
     """
+    model_path, run_key, model_sha = mg.path, run.key, run.model_sha
+    external_threshold, simplify, weights = run.external_threshold, run.simplify, run.weights
     key_file = staging / "run.json"
     old = None
     if key_file.is_file():

@@ -292,8 +292,8 @@ def profile_plan(
             for r in range(total):
                 is_warm = r < warmup
                 label = f"round {r + 1}/{total}" + (" (warm-up)" if is_warm else "")
-                runner = _RoundRunner(plan, folder, backend, host_backend, sampler, per_stage, say, label,
-                                      infer_repeat, stages=stages, snapshots=snapshots)
+                runner = _RoundRunner(plan, folder, backend, host_backend, sampler, per_stage, say, label, opts,
+                                      stages=stages)
                 ops, round_info = runner.run(steps, passes)
                 for op in ops:
                     records.append(_stage_record(header, op, r, is_warm, sampler))
@@ -426,11 +426,11 @@ class _RoundRunner:
         residency: str | Mapping[str, Residency],
         say: Progress,
         label: str,
-        infer_repeat: int = 1,
+        opts: ProfileOptions = ProfileOptions(),
         *,
         stages: tuple[Stage, ...] | None = None,
-        snapshots: bool = True,
     ) -> None:
+        """``opts``: its ``infer_repeat`` and ``snapshots`` are read."""
         self.plan = plan
         self.folder = folder
         self.backend = backend
@@ -440,8 +440,8 @@ class _RoundRunner:
         self.residency = (plan_residency(plan, residency) if isinstance(residency, str) else dict(residency))
         self.say = say
         self.label = label
-        self.infer_repeat = infer_repeat
-        self.snapshots = snapshots
+        self.infer_repeat = opts.infer_repeat
+        self.snapshots = opts.snapshots
         self.last: MemorySample | None = None
         self.live: dict[str, StageRunner] = {}
 

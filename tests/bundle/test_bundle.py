@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from rkpart.bundle.build import bundle_plan
+from rkpart.bundle.build import BundleOptions, bundle_plan
 from rkpart.cli import main
 from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.output import MARKER
@@ -271,7 +271,7 @@ def test_cli_bundle_refuses_non_empty_folder(compiled: tuple[Plan, Path], bundle
     assert r.exit_code == 0, r.output
     m = json.loads((bundle / "manifest.json").read_text())
     assert m["core_mask"] == "0_1_2" and {s["residency"] for s in m["stages"]} == {"resident"}
-    bundle_plan(compiled[1], bundle, force=True)  # back to the module's default for other tests
+    bundle_plan(compiled[1], bundle, BundleOptions(force=True))  # back to the module's default for other tests
 
 
 def test_runner_in_a_venv_with_only_numpy_and_onnxruntime(bundle: Path, compiled: tuple[Plan, Path],
