@@ -32,7 +32,7 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "run_plan": ("rkpart.runtime.executor:run_plan",),
     "profile_plan": ("rkpart.profile.lifecycle:profile_plan",),
     "ProfileOptions": ("rkpart.profile.lifecycle:ProfileOptions",),
-    "fit": ("rkpart.cost_model:fit", "rkpart.cost_model.calibration:fit_profiles"),
+    "fit": ("rkpart.cost_model.calibration:fit_profiles",),
     "select": ("rkpart.pipeline:select",),
     "build": ("rkpart.dropin:build",),
     # values

@@ -47,6 +47,7 @@ from rkpart.partitioner.partition import Partition
 from rkpart.partitioner.plan import Plan
 from rkpart.partitioner.weights import WeightsMode
 from rkpart.partitioner.write import prepare_out, write_partition
+from rkpart.progress import Progress
 from rkpart.recognizers import discover
 from rkpart.strategies.base import GroupBuilder, Strategy, check_strategy_options, option
 from rkpart.strategies.fused import FusedStrategy
@@ -54,8 +55,6 @@ from rkpart.strategies.split import SplitStrategy
 from rkpart.targets import DEFAULT_TARGET, TARGETS, get_target
 from rkpart.targets.opset import lowering_note
 from rkpart.targets.rewrites import rewrites_for
-
-Progress = Callable[[str], None]
 
 
 def _noop(_: str) -> None:
@@ -357,14 +356,15 @@ def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionC
 def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
     """``auto``'s memory budget in MiB and where it came from.
 
-    ``budget_mib`` given: that; ``"none"``: no budget (``--no-budget``); absent: the target's
-    documented pipeline default (:meth:`rkpart.targets.base.Target.pipeline_budget_bytes`).
+    ``budget_mib`` given: that; ``"none"``: no budget (``--no-budget``); absent: the default
+    target's documented pipeline default (:meth:`rkpart.targets.base.Target.pipeline_budget_bytes`;
+    ``auto`` takes no ``target`` option).
     """
     raw = options.get("budget_mib")
     if isinstance(raw, str) and raw.strip().lower() == "none":
         return None, "none"
     if raw is None:
-        target = get_target(options.get("target"))
+        target = get_target()
         return target.pipeline_budget_bytes() / float(1 << 20), target.describe_pipeline_budget()
     try:
         mib = float(raw)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from rkpart.io import (
 from rkpart.output import MARKER, check_folder_target, staged_folder
 from rkpart.partitioner.plan import Plan, Stage, load_plan
 from rkpart.partitioner.verify import artifact_file, stage_onnx
-from rkpart.progress import advance
+from rkpart.progress import Progress, advance
 from rkpart.runtime import board_runner as runner_mod
 from rkpart.types import NPU, RESIDENCIES, Residency
 
@@ -43,7 +43,6 @@ DEFAULT_MIN_COSINE = 0.999
 #: and its bound on max |error| / max |reference| (the runner's own default when a manifest has none)
 DEFAULT_MAX_ABS_REL = runner_mod.DEFAULT_MAX_ABS_REL
 
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)

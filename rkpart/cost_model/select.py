@@ -32,8 +32,8 @@ from rkpart.cost_model.npu_time import CFG_PARALLEL_SOURCE, CFG_PARALLEL_SPEEDUP
 from rkpart.cost_model.rounds import outside_range, overhead
 from rkpart.errors import BudgetError, UserError
 from rkpart.targets.known_issues import crash_patterns
+from rkpart.units import MIB
 
-MIB = float(1 << 20)
 RESIDENCIES = ("per-stage", "resident")
 LIFE = ("load", "init", "release")
 

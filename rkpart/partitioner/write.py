@@ -46,11 +46,11 @@ from rkpart.partitioner.extract import (
     stage_sha256,
 )
 from rkpart.partitioner.outdir import PLAN_KIND, check_out, check_staging, resume_key
-from rkpart.partitioner.partition import OrderedGroup, Partition, order_groups
+from rkpart.partitioner.partition import Group, Partition, order_groups
 from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 from rkpart.partitioner.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
+from rkpart.progress import Progress
 
-Progress = Callable[[str], None]
 #: stages whose weights may be in flight at once, and the threads moving them
 _IN_FLIGHT = 3
 _WORKERS = 2
@@ -153,7 +153,7 @@ def _lock_existing(out: Path) -> Iterator[None]:
         yield
 
 
-def _check_control_flow(mg: ModelGraph, groups: list[OrderedGroup]) -> None:
+def _check_control_flow(mg: ModelGraph, groups: list[Group]) -> None:
     """Refuse control-flow ops before anything is written.
 
     Their subgraphs read outer-scope tensors implicitly (not through ``node.input``), so a
@@ -220,7 +220,7 @@ class _Run:
     weights: WeightsMode
 
 
-def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, groups: list[OrderedGroup],
+def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, groups: list[Group],
                   staging: Path, run: _Run, progress: Progress) -> Plan:
     """Write every stage and ``plan.json`` into ``staging`` (locked), resuming finished stages.
 
@@ -256,7 +256,7 @@ def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, group
         progress(f"linked {len(linked)} weights file(s) into {stages_dir.name}/{LINK_DIR}")
     stages: list[Stage | None] = []
     tensors: dict[str, TensorInfo] = {}
-    pending: dict[int, tuple[PendingStage, OrderedGroup, str]] = {}
+    pending: dict[int, tuple[PendingStage, Group, str]] = {}
     infos: dict[str, Any] = {}  # value infos, shared by the stages a tensor crosses
 
     def finish(i: int) -> None:

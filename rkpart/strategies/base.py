@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from rkpart.errors import InternalError, UserError
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery, Region, is_noop
+from rkpart.partitioner.discovery import Discovery, is_noop
 from rkpart.partitioner.partition import Group, Partition, block_id, convex_hull, stage_cycle
 from rkpart.types import Device
 
@@ -184,8 +184,4 @@ class GroupBuilder:
         return Partition(strategy=strategy, options=dict(options), groups=groups, notes=(*notes, *self._notes))
 
 
-def region_parts(r: Region) -> dict[str, frozenset[int]]:
-    return {"mod": r.mod, "adaln": r.pre, "core": r.core, "gate": r.gate | r.adds}
-
-
-__all__ = ["Group", "GroupBuilder", "Partition", "Strategy", "block_id", "option", "region_parts"]
+__all__ = ["Group", "GroupBuilder", "Partition", "Strategy", "block_id", "option"]

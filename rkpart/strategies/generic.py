@@ -33,8 +33,8 @@ from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
 from rkpart.targets import get_target
+from rkpart.units import MIB
 
-MIB = 1 << 20
 #: used when neither ``budget_mib`` nor ``budget_bytes`` is given: the default target's stage
 #: budget (RK3588: a quarter of the NPU's 4 GiB window, leaving room for the runtime and the
 #: next stage's weights; :meth:`rkpart.targets.base.Target.default_budget_bytes`)

@@ -17,9 +17,7 @@ import onnx
 
 from rkpart.errors import UserError
 from rkpart.targets.known_issues import CrashPattern, crash_patterns
-
-GIB = 1 << 30
-MIB = 1 << 20
+from rkpart.units import GIB, MIB
 
 
 class Support(str, enum.Enum):

@@ -27,7 +27,7 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,10 +42,9 @@ from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes
 from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.extract import subgraph_model
+from rkpart.progress import Progress
 from rkpart.targets.known_issues import match_signature
 from rkpart.triage.matrix import BuildSettings, MatrixRow, build_once, describe_outcome
-
-Progress = Callable[[str], None]
 
 #: seed of the ONNX Runtime run that gives frozen (non-float) cut tensors their values
 FREEZE_SEED = 0
