@@ -158,6 +158,27 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
     return part
 
 
+def inspect_report(mg: ModelGraph, disc: Discovery) -> dict[str, Any]:
+    """``rkpart inspect --json`` from the graph's facts: :func:`rkpart.ir.describe`, the discovery,
+    and per block and region the tensor names to cut at (a custom spec's ``cut``): the residual
+    stream into and out of every region, and what enters its core after the AdaLN."""
+    from rkpart.ir import describe
+
+    blocks = disc.summary()
+    for b, summary in zip(disc.blocks, blocks, strict=True):
+        regions: list[dict[str, Any]] = summary["regions"]  # type: ignore[assignment]
+        for r, rs in zip(b.regions, regions, strict=True):
+            rs["input"] = [br.skip for br in r.branches]
+            rs["core_inputs"] = sorted({t for br in r.branches for t in br.core_in})
+            rs["output"] = [mg.nodes[br.add].output[0] for br in r.branches]
+        summary["input"] = regions[0]["input"] if regions else []
+        summary["output"] = regions[-1]["output"] if regions else []
+    coverage = {name: c.to_json() for name, c in strategy_coverage(mg, disc).items()}
+    return {**describe(mg), "streams": disc.streams, "method": disc.method,
+            "prologue_ops": len(disc.prologue), "epilogue_ops": len(disc.epilogue),
+            "glue_ops": len(disc.glue), "blocks": blocks, "npu_coverage": coverage}
+
+
 def strategy_coverage(mg: ModelGraph, disc: Discovery) -> dict[str, Coverage]:
     """NPU coverage of the ``split`` and ``fused`` proposals (``rkpart inspect``)."""
     return {name: npu_coverage(mg, disc, cls().propose(mg, disc).groups)
@@ -594,5 +615,5 @@ BUILTIN: tuple[type[Strategy], ...] = (*strategies.BUILTIN, AutoStrategy)
 
 __all__ = ["BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "PartitionOptions", "auto_budget",
            "available", "candidate_variants", "capability_notes", "check_options", "enumerate_candidates",
-           "get_strategy", "inspect_model", "load", "partition", "propose", "run_partition", "select",
+           "get_strategy", "inspect_model", "inspect_report", "load", "partition", "propose", "run_partition", "select",
            "strategy_coverage", "write_plan"]

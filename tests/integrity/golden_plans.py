@@ -46,7 +46,7 @@ def digest(folder: Path, model: Path) -> dict[str, str]:
 
 def compute(root: Path) -> dict[str, dict[str, str]]:
     """Partition every case under ``root`` and digest each plan folder."""
-    from rkpart.cli import bundled_example
+    from rkpart.cli_args import bundled_example
     from rkpart.pipeline import partition
 
     model = bundled_example()
