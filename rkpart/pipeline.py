@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from rkpart import strategies
-from rkpart.cost_model.candidates import OWN_STRATEGIES, Candidate, Variant, block_anatomy, candidates_from
+from rkpart.cost_model.candidates import Candidate, Variant, block_anatomy, candidates_from
 from rkpart.cost_model.model import CostModel, load_model_or_default
 from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, choose
 from rkpart.errors import UserError
@@ -50,6 +50,7 @@ from rkpart.partitioner.write import prepare_out, write_partition
 from rkpart.progress import Progress
 from rkpart.recognizers import discover
 from rkpart.strategies.base import GroupBuilder, Strategy, check_strategy_options, option
+from rkpart.strategies.families import OWN_STRATEGIES, families
 from rkpart.strategies.fused import FusedStrategy
 from rkpart.strategies.split import SplitStrategy
 from rkpart.targets import DEFAULT_TARGET, TARGETS, get_target
@@ -323,21 +324,22 @@ def check_options(strategy: str | Strategy, options: Mapping[str, Any]) -> None:
 
 # -- auto -----------------------------------------------------------------------------------
 
-def candidate_variants(mg: ModelGraph, disc: Discovery, *, plugins_too: bool = True,
+def candidate_variants(mg: ModelGraph, disc: Discovery, *, max_run: int = 1, plugins_too: bool = True,
                        notes: list[str] | None = None) -> list[Variant]:
     """The whole-model partitions ``auto`` chooses from, as the strategies propose them.
 
-    ``split`` (AdaLN on the host, or on the NPU), ``fused`` one block per stage, and every
-    registered plugin strategy whose stages stay inside one block (``notes`` collects the
-    plugins that were skipped and why).
+    The families of :mod:`rkpart.strategies.families`: ``split`` (AdaLN on the host, or on the
+    NPU), ``fused`` one block per stage, then every registered plugin strategy whose stages
+    stay inside one block (``notes`` collects the plugins that were skipped and why), then
+    the runs of K = 2 .. ``max_run`` fused blocks (one partition per start offset).
     """
-    out: list[Variant] = [
-        ("split", SplitStrategy().propose(mg, disc), {"strategy": "split", "adaln": "host"}),
-        ("split-adaln-npu", SplitStrategy().propose(mg, disc, adaln="npu"), {"strategy": "split", "adaln": "npu"}),
-        ("fused", FusedStrategy().propose(mg, disc), {"strategy": "fused", "blocks_per_stage": 1}),
-    ]
+    fams = families(max_run, len(disc.blocks))
+    out: list[Variant] = [(f.id, part, f.recorded) for f in fams if f.blocks_per_stage == 1
+                          for part in f.propose(mg, disc)]
+    runs: list[Variant] = [(f.id, part, f.recorded) for f in fams if f.blocks_per_stage > 1
+                           for part in f.propose(mg, disc)]
     if not plugins_too:
-        return out
+        return out + runs
     sink = notes if notes is not None else []
     for name, cls in available().items():
         if name in OWN_STRATEGIES:
@@ -351,14 +353,14 @@ def candidate_variants(mg: ModelGraph, disc: Discovery, *, plugins_too: bool = T
             sink.append(f"strategy {name} not considered: its stages span several blocks")
             continue
         out.append((name, part, {"strategy": name}))
-    return out
+    return out + runs
 
 
 def enumerate_candidates(mg: ModelGraph, disc: Discovery, *, max_run: int = 2, plugins_too: bool = True,
                          notes: list[str] | None = None) -> dict[int, list[Candidate]]:
-    """Candidates per first block: :func:`candidate_variants` sliced per block, plus fused runs."""
-    variants = candidate_variants(mg, disc, plugins_too=plugins_too, notes=notes)
-    return candidates_from(mg, disc, variants, max_run=max_run)
+    """Candidates per first block: :func:`candidate_variants` sliced per block and per run."""
+    variants = candidate_variants(mg, disc, max_run=max_run, plugins_too=plugins_too, notes=notes)
+    return candidates_from(mg, disc, variants)
 
 
 def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionConfig | None = None) -> Selection:
@@ -396,15 +398,6 @@ def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
     return mib, "given"
 
 
-#: the single-strategy candidate families ``auto`` compiles representatives of: (candidate id,
-#: strategy, options); a run of K fused blocks is ``fused`` with ``blocks_per_stage=K``
-GROUNDED: tuple[tuple[str, str, Mapping[str, Any]], ...] = (
-    ("split", "split", {}),
-    ("split-adaln-npu", "split", {"adaln": "npu"}),
-    ("fused", "fused", {}),
-)
-
-
 def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path, *, max_run: int = 2,
                       toolkits_dir: str | None = None, progress: Progress = _noop) -> tuple[list[Path], list[str]]:
     """Compile one block per distinct anatomy of every candidate family with ``toolkit``, or take
@@ -424,14 +417,13 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
     except ToolkitError as e:
         return [], [f"candidates not compiled: {e}; device memory is predicted (rkpart toolkit install {toolkit})"]
     anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks}
-    families = [*GROUNDED, *((f"fused-x{k}", "fused", {"blocks_per_stage": k}) for k in range(2, max_run + 1)
-                             if k <= len(disc.blocks))]
     folders: list[Path] = []
     notes: list[str] = []
-    for cid, strategy, opts in families:
+    for fam in families(max_run, len(disc.blocks)):
+        cid = fam.id
         out = work / cid
         progress(f"auto: {cid}: partitioning to compile one block per anatomy")
-        plan = partition(mg.path, out, strategy, force=True, weights="link", **opts)
+        plan = partition(mg.path, out, fam.strategy, force=True, weights="link", **fam.options)
         seen: set[tuple[tuple[str, ...], str]] = set()
         reps = []
         for st in plan.npu_stages:

@@ -20,6 +20,12 @@ class FusedStrategy(Strategy):
     accepts = ("blocks_per_stage", "modulation")
     summary = "one NPU stage per block (or per run of N blocks), AdaLN and residuals inside"
 
+    def __init__(self, first_run: int = 0) -> None:
+        """``first_run``: the block index where runs of ``blocks_per_stage`` start; blocks before it
+        are each their own stage (the candidate registry proposes runs from every offset,
+        :mod:`rkpart.strategies.families`)."""
+        self.first_run = first_run
+
     def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
         assert disc is not None
         n = int(option(options, "blocks_per_stage", 1))
@@ -28,8 +34,9 @@ class FusedStrategy(Strategy):
         modulation = option(options, "modulation", "npu", ("host", "npu"))
         gb = GroupBuilder()
         blocks = list(disc.blocks)
-        for start in range(0, len(blocks), n):
-            run = blocks[start:start + n]
+        head = min(self.first_run, len(blocks))
+        runs = [blocks[i:i + 1] for i in range(head)] + [blocks[s:s + n] for s in range(head, len(blocks), n)]
+        for run in runs:
             ids = tuple(b.index for b in run)
             gid = block_id(run[0]) if len(run) == 1 else f"{block_id(run[0])}-{block_id(run[-1])}"
             for b in run:

@@ -225,7 +225,7 @@ def test_host_rest_a_plugin_leaves_is_attributed_to_its_block(shipped: CostModel
         gb.add(f"b{b.index}.core", set(core), device="npu", region=b.regions[0].name, kind="core", block=b.index)
     gb.add_host_rest(mg, disc)
     part = gb.build("coreonly", {})
-    cands = candidates_from(mg, disc, [("coreonly", part, {"strategy": "coreonly"})], max_run=1)
+    cands = candidates_from(mg, disc, [("coreonly", part, {"strategy": "coreonly"})])
     c = cands[0][0]
     assert c.host is not None
     rest = disc.blocks[0].ops - disc.blocks[0].regions[0].core
