@@ -49,7 +49,7 @@ from rkpart.partitioner.weights import WeightsMode
 from rkpart.partitioner.write import prepare_out, write_partition
 from rkpart.progress import Progress
 from rkpart.recognizers import discover
-from rkpart.strategies.base import GroupBuilder, Strategy, check_strategy_options, option
+from rkpart.strategies.base import GroupBuilder, Strategy, check_strategy_options, option, propose_with
 from rkpart.strategies.families import OWN_STRATEGIES, families
 from rkpart.strategies.fused import FusedStrategy
 from rkpart.strategies.split import SplitStrategy
@@ -137,13 +137,20 @@ class PartitionConfig:
     toolkit: str | None = None
     progress: Progress = field(default=_noop, compare=False)
 
+    def __post_init__(self) -> None:
+        # options are values a plan records; a callback goes to the strategy (AutoStrategy(report=...))
+        called = sorted(k for k, v in self.options.items() if callable(v))
+        if called:
+            raise TypeError(f"strategy option {called[0]!r} is a callable; pass callbacks to the strategy "
+                            "instance (e.g. AutoStrategy(report=...)), not as options")
+
 
 def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfig = PartitionConfig()) -> Partition:
     """The partition ``strategy`` proposes for ``model``, checked against the target's capabilities."""
     strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
-    check_options(strat, config.options)
+    opts = check_options(strat, config.options)
     disc = model.discovery(config.progress) if strat.needs_blocks else None
-    part = strat.propose(model.graph, disc, **config.options)
+    part = propose_with(strat, model.graph, disc, built=opts)
     notes = capability_notes(model.graph, part, config.target, config.toolkit)
     if disc is not None:
         low = coverage_note(model.graph, npu_coverage(model.graph, disc, part.groups))
@@ -182,7 +189,7 @@ def inspect_report(mg: ModelGraph, disc: Discovery) -> dict[str, Any]:
 
 def strategy_coverage(mg: ModelGraph, disc: Discovery) -> dict[str, Coverage]:
     """NPU coverage of the ``split`` and ``fused`` proposals (``rkpart inspect``)."""
-    return {name: npu_coverage(mg, disc, cls().propose(mg, disc).groups)
+    return {name: npu_coverage(mg, disc, propose_with(cls(), mg, disc).groups)
             for name, cls in (("split", SplitStrategy), ("fused", FusedStrategy))}
 
 
@@ -308,18 +315,20 @@ def partition(
     return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes))
 
 
-def check_options(strategy: str | Strategy, options: Mapping[str, Any]) -> None:
+def check_options(strategy: str | Strategy, options: Mapping[str, Any]) -> Any:
     """Refuse options that do not fit ``strategy`` (the CLI's flags), before anything is loaded:
     :func:`~rkpart.strategies.base.check_strategy_options` with every registered strategy's
-    options known, so that an option of another strategy is named as such.
+    options known, so that an option of another strategy is named as such; then the strategy's
+    own checks.  Returns the options built (:meth:`~rkpart.strategies.base.Strategy.options_from`).
 
     Raises
     ------
     UserError
-        an option ``strategy`` does not read, or a missing one it requires.
+        an option ``strategy`` does not read, a missing one it requires, or a bad value.
     """
     strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
     check_strategy_options(strat, options, known={n: c.accepts or () for n, c in available().items()})
+    return strat.options_from(options)
 
 
 # -- auto -----------------------------------------------------------------------------------
@@ -345,7 +354,7 @@ def candidate_variants(mg: ModelGraph, disc: Discovery, *, max_run: int = 1, plu
         if name in OWN_STRATEGIES:
             continue
         try:
-            part = cls().propose(mg, disc)
+            part = propose_with(cls(), mg, disc)
         except Exception as e:  # noqa: BLE001 - a plugin that needs options it was not given is skipped, with a note
             sink.append(f"strategy {name} not considered: {type(e).__name__}: {e}")
             continue
@@ -485,6 +494,51 @@ def load_accuracy(path: str | os.PathLike[str]) -> dict[str, Any]:
     return acc
 
 
+@dataclass(frozen=True)
+class AutoOptions:
+    """``auto``'s options, converted and checked once (see :class:`AutoStrategy` for each)."""
+
+    cost_model: str | None = None
+    accuracy: str | None = None
+    budget_mib: float | None = None  # None: no budget (``budget_mib="none"``)
+    budget_source: str = "given"
+    toolkit: str | None = None
+    steps: int = 1
+    cfg: bool = True
+    residency: str = "any"
+    max_error_ratio: float | None = None
+    max_run: int = 2
+    compiled: tuple[str, ...] = ()
+    cfg_parallel: bool = False
+    compile: bool = False
+    toolkits_dir: str | None = None
+    compile_dir: str | None = None
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> AutoOptions:
+        residency = option(options, "residency", "any", ("any", *RESIDENCIES))
+        budget, budget_source = auto_budget(options)
+        try:
+            return cls(
+                cost_model=None if options.get("cost_model") is None else str(options["cost_model"]),
+                accuracy=None if options.get("accuracy") is None else str(options["accuracy"]),
+                budget_mib=budget, budget_source=budget_source,
+                toolkit=None if options.get("toolkit") is None else str(options["toolkit"]),
+                steps=int(option(options, "steps", 1)),
+                cfg=bool(option(options, "cfg", True)),
+                residency=residency,
+                max_error_ratio=None if options.get("max_error_ratio") is None else float(options["max_error_ratio"]),
+                max_run=int(option(options, "max_run", 2)),
+                compiled=_as_list(options.get("compiled")),
+                cfg_parallel=_as_bool(options.get("cfg_parallel", False), "cfg_parallel"),
+                compile=bool(options.get("compile")),
+                toolkits_dir=None if options.get("toolkits_dir") is None else str(options["toolkits_dir"]),
+                compile_dir=None if options.get("compile_dir") is None else str(options["compile_dir"]),
+            )
+        except (TypeError, ValueError) as e:
+            raise UserError(f"auto strategy: bad option: {e}") from None
+
+
 class AutoStrategy(Strategy):
     """``auto``: per block, the candidate partition a cost model predicts to be fastest within budget.
 
@@ -514,62 +568,57 @@ class AutoStrategy(Strategy):
     ``toolkits_dir``     where toolkit environments live (for ``compile``)
     ``compile_dir``      where ``compile`` writes the candidate plans and keeps them (default: a
                          temporary folder, removed afterwards)
-    ``report``           callable receiving the :class:`~rkpart.cost_model.select.Selection`
-                         (the CLI's ``--explain``); not recorded in the plan
-    ``progress``         callable receiving progress lines while candidates compile; not recorded
+
+    Not options (nothing a plan records), but arguments of the strategy itself: ``report``,
+    a callable receiving the :class:`~rkpart.cost_model.select.Selection` (the CLI's
+    ``--explain``), and ``progress``, receiving progress lines while candidates compile.
     """
 
     name = "auto"
     accepts = ("cost_model", "accuracy", "budget_mib", "toolkit", "steps", "cfg", "residency", "max_error_ratio",
-               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "cfg_parallel", "report", "progress")
+               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "cfg_parallel")
     summary = "per block, the cheapest candidate predicted by a cost model within a memory budget"
+    Options = AutoOptions
 
-    def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
+    def __init__(self, report: Callable[[Selection], None] | None = None, progress: Progress = _noop) -> None:
+        self.report = report
+        self.progress = progress
+
+    def propose(self, mg: ModelGraph, disc: Discovery | None, opts: AutoOptions) -> Partition:
         assert disc is not None
-        model_path = options.get("cost_model")
+        model_path = opts.cost_model
         model = load_model_or_default(model_path)
-        acc_path = options.get("accuracy")
+        acc_path = opts.accuracy
         if acc_path is not None:
             model = dataclasses.replace(model, accuracy=load_accuracy(acc_path))
-        residency = option(options, "residency", "any", ("any", *RESIDENCIES))
-        budget, budget_source = auto_budget(options)
-        try:
-            cfg = SelectionConfig(
-                budget_mib=budget, budget_source=budget_source,
-                toolkit=None if options.get("toolkit") is None else str(options["toolkit"]),
-                steps=int(option(options, "steps", 1)),
-                cfg=bool(option(options, "cfg", True)),
-                residencies=RESIDENCIES if residency == "any" else (residency,),
-                max_error_ratio=None if options.get("max_error_ratio") is None else float(options["max_error_ratio"]),
-                max_run=int(option(options, "max_run", 2)),
-                compiled=_as_list(options.get("compiled")),
-                cfg_parallel=_as_bool(options.get("cfg_parallel", False), "cfg_parallel"),
-            )
-        except (TypeError, ValueError) as e:
-            raise UserError(f"auto strategy: bad option: {e}") from None
+        residency = opts.residency
+        cfg = SelectionConfig(
+            budget_mib=opts.budget_mib, budget_source=opts.budget_source, toolkit=opts.toolkit, steps=opts.steps,
+            cfg=opts.cfg, residencies=RESIDENCIES if residency == "any" else (residency,),
+            max_error_ratio=opts.max_error_ratio, max_run=opts.max_run, compiled=opts.compiled,
+            cfg_parallel=opts.cfg_parallel,
+        )
         grounding: list[str] = []
         with contextlib.ExitStack() as stack:
-            if options.get("compile") and cfg.toolkit is not None:
+            if opts.compile and cfg.toolkit is not None:
                 import tempfile
 
                 from rkpart.compile.user_cache import default_cache_dir
 
-                if options.get("compile_dir") is not None:
-                    work = Path(str(options["compile_dir"]))
+                if opts.compile_dir is not None:
+                    work = Path(opts.compile_dir)
                 else:
                     root = default_cache_dir()
                     root.mkdir(parents=True, exist_ok=True)
                     work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="auto-", dir=root)))
-                say: Progress = options.get("progress") or _noop
                 folders, grounding = ground_candidates(mg, disc, cfg.toolkit, work, max_run=cfg.max_run,
-                                                       toolkits_dir=options.get("toolkits_dir"), progress=say)
+                                                       toolkits_dir=opts.toolkits_dir, progress=self.progress)
                 cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *map(str, folders)), share_anatomy=True)
             sel = select(mg, disc, model, cfg)
         plan_notes = tuple(sel.notes)
         sel.notes.extend(grounding)  # for --explain only: whether a build came from the cache is not the plan's
-        report: Callable[[Any], None] | None = options.get("report")
-        if report is not None:
-            report(sel)
+        if self.report is not None:
+            self.report(sel)
         gb = GroupBuilder()
         for o in sel.chosen:
             for g in o.candidate.groups:
@@ -605,7 +654,7 @@ class AutoStrategy(Strategy):
 BUILTIN: tuple[type[Strategy], ...] = (*strategies.BUILTIN, AutoStrategy)
 
 
-__all__ = ["BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "PartitionOptions", "auto_budget",
-           "available", "candidate_variants", "capability_notes", "check_options", "enumerate_candidates",
-           "get_strategy", "inspect_model", "inspect_report", "load", "partition", "propose", "run_partition", "select",
-           "strategy_coverage", "write_plan"]
+__all__ = ["BUILTIN", "AutoOptions", "AutoStrategy", "LoadedModel", "PartitionConfig", "PartitionOptions",
+           "auto_budget", "available", "candidate_variants", "capability_notes", "check_options",
+           "enumerate_candidates", "get_strategy", "inspect_model", "inspect_report", "load", "partition", "propose",
+           "run_partition", "select", "strategy_coverage", "write_plan"]

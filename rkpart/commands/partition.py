@@ -88,7 +88,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
 
     Without MODEL, the bundled tiny Anima-style example is used.
     """
-    from rkpart.pipeline import PartitionConfig, PartitionOptions, check_options, run_partition
+    from rkpart.pipeline import AutoStrategy, PartitionConfig, PartitionOptions, check_options, run_partition
+    from rkpart.strategies.base import Strategy
 
     flags = {"adaln": adaln, "residual": residual, "modulation": modulation, "blocks_per_stage": blocks_per_stage,
              "spec": spec, "budget_mib": budget_mib, "cost_model": cost_model, "accuracy": accuracy,
@@ -106,18 +107,18 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if compile_candidates is not None and (strategy != "auto" or auto_toolkit is None):
         raise click.UsageError("--compile-candidates/--no-compile-candidates apply to --strategy auto with --toolkit")
     say = Reporter(quiet=quiet)
+    chosen: str | Strategy = strategy
     if strategy == "auto":
-        opts["report"] = selections.append
+        chosen = AutoStrategy(report=selections.append, progress=say)
         if auto_toolkit is not None and compile_candidates is not False:
             opts["compile"] = True
-            opts["progress"] = say
     if model is None:
         model = bundled_example()
         say(f"no model given: using the bundled example {model.name}")
     config = PartitionConfig(options=opts, force=force, external_threshold=external_threshold, simplify=simplify,
                              progress=say, weights="link" if weights == "link" else "copy")
     with say:
-        plan = run_partition(PartitionOptions(model, out, strategy, config, shapes or None))
+        plan = run_partition(PartitionOptions(model, out, chosen, config, shapes or None))
     if not plan.npu_stages:  # even with --quiet: a plan for the NPU that uses no NPU is rarely what was meant
         click.echo(f"rkpart: warning: the plan has no NPU stage; strategy {strategy} put the whole model on the host",
                    err=True)

@@ -25,6 +25,7 @@ from typing import Any
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.partition import Partition
+from rkpart.strategies.base import propose_with
 from rkpart.strategies.fused import FusedStrategy
 from rkpart.strategies.split import SplitStrategy
 
@@ -52,13 +53,11 @@ class Family:
         ``0 .. K-1`` (blocks before the offset each their own stage), so that a run of K blocks may
         start at any block."""
         if self.strategy == "split":
-            return [SplitStrategy().propose(mg, disc, **self.options)]
+            return [propose_with(SplitStrategy(), mg, disc, self.options)]
         if self.strategy == "fused":
             k = self.blocks_per_stage
-            if k == 1:
-                return [FusedStrategy().propose(mg, disc, **self.options)]
-            return [FusedStrategy(first_run=offset).propose(mg, disc, **self.options) for offset in range(k)
-                    if offset + k <= len(disc.blocks)]
+            offsets = [o for o in range(k) if o + k <= len(disc.blocks)] if k > 1 else [0]
+            return [propose_with(FusedStrategy(first_run=o), mg, disc, self.options) for o in offsets]
         raise ValueError(f"family {self.id}: strategy {self.strategy} is proposed by the pipeline")
 
 

@@ -7,18 +7,37 @@ prologue/epilogue run on the host.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
+from rkpart.types import Device
 
 
-class FusedStrategy(Strategy):
+@dataclass(frozen=True)
+class FusedOptions:
+    """``blocks_per_stage`` consecutive blocks per NPU stage; ``modulation`` inside (``npu``) or not."""
+
+    blocks_per_stage: int = 1
+    modulation: Device = "npu"
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> FusedOptions:
+        n = int(option(options, "blocks_per_stage", 1))
+        if n < 1:
+            raise UserError(f"blocks_per_stage must be >= 1, got {n}")
+        return cls(n, option(options, "modulation", "npu", ("host", "npu")))
+
+
+class FusedStrategy(Strategy[FusedOptions]):
     name = "fused"
     accepts = ("blocks_per_stage", "modulation")
     summary = "one NPU stage per block (or per run of N blocks), AdaLN and residuals inside"
+    Options = FusedOptions
 
     def __init__(self, first_run: int = 0) -> None:
         """``first_run``: the block index where runs of ``blocks_per_stage`` start; blocks before it
@@ -26,12 +45,9 @@ class FusedStrategy(Strategy):
         :mod:`rkpart.strategies.families`)."""
         self.first_run = first_run
 
-    def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
+    def propose(self, mg: ModelGraph, disc: Discovery | None, opts: FusedOptions = FusedOptions()) -> Partition:
         assert disc is not None
-        n = int(option(options, "blocks_per_stage", 1))
-        if n < 1:
-            raise UserError(f"blocks_per_stage must be >= 1, got {n}")
-        modulation = option(options, "modulation", "npu", ("host", "npu"))
+        n, modulation = opts.blocks_per_stage, opts.modulation
         gb = GroupBuilder()
         blocks = list(disc.blocks)
         head = min(self.first_run, len(blocks))

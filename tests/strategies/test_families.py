@@ -10,7 +10,7 @@ import pytest
 from rkpart.cost_model.candidates import candidates_from
 from rkpart.pipeline import candidate_variants, load
 from rkpart.strategies.families import FUSED, SPLIT, SPLIT_ADALN_NPU, candidate_id_for, families, fused_run
-from rkpart.strategies.fused import FusedStrategy
+from rkpart.strategies.fused import FusedOptions, FusedStrategy
 from tests.models.anima import AnimaConfig, build_anima_onnx
 
 ROOT = Path(__file__).resolve().parents[2] / "rkpart"
@@ -41,7 +41,7 @@ def test_fused_runs_are_the_fused_strategys_stages_from_every_start(tmp_path: Pa
     runs = {c.blocks: c for lst in cands.values() for c in lst if c.id == fused_run(k).id}
     assert sorted(runs) == [tuple(range(b, b + k)) for b in range(n - k + 1)]  # every start, not every k-th
     for start in (0, 1):
-        whole = FusedStrategy(first_run=start).propose(mg, disc, blocks_per_stage=k)
+        whole = FusedStrategy(first_run=start).propose(mg, disc, FusedOptions(blocks_per_stage=k))
         (stage,) = [g for g in whole.groups if g.blocks == tuple(range(start, start + k))]
         npu = [g for g in runs[stage.blocks].groups if g.device == "npu"]
         assert [(g.id, g.ops) for g in npu] == [(stage.id, stage.ops)]
