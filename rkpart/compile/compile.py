@@ -22,7 +22,7 @@ from rkpart.compile.compiler_plan import artifact_compiler_plan, compiler_meta
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
 from rkpart.compile.precision import StagePrecision, link_dataset
 from rkpart.compile.preflight import check_config, check_target
-from rkpart.compile.prepare import prepare_stage
+from rkpart.compile.prepare import PreparedRecord, prepare_stage
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult
 from rkpart.compile.scheduler import (
     DEFAULT_MARGIN,
@@ -309,8 +309,7 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
         new_plan.save(folder)
     ordered = tuple(dataclasses.replace(outcomes[s.id], blocks=s.blocks or ((s.block,) if s.block is not None
                                                                             else ()),
-                                        dropped_rewrites=dict((ctx.prepared.get(s.id) or {})
-                                                              .get("dropped_rewrites", {})))
+                                        dropped_rewrites=dict(_dropped(ctx.prepared.get(s.id))))
                     for s in chosen)
     return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings)
 
@@ -384,16 +383,12 @@ def _resolve(spec: str | Toolkit | None, toolkits_dir: str | os.PathLike[str] | 
     return find_toolkit(spec, toolkits_dir)
 
 
-def _describe_prep(rec: Mapping[str, Any]) -> str:
-    parts = []
-    if rec["from_opset"] != rec["to_opset"]:
-        parts.append(f"lowered from opset {rec['from_opset']} to {rec['to_opset']} for rknn-toolkit2 {rec['toolkit']}")
-    parts += [f"{k} x{v}" for k, v in sorted(rec["rewrites"].items())]
-    return ", ".join(parts)
+def _dropped(rec: PreparedRecord | None) -> Mapping[str, str]:
+    return {} if rec is None else rec.dropped_rewrites
 
 
 def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: Mapping[str, Any],
-           prepared: Mapping[str, dict[str, Any] | None] | None = None) -> Plan:
+           prepared: Mapping[str, PreparedRecord | None] | None = None) -> Plan:
     stages = []
     for s in plan.stages:
         o = outcomes.get(s.id)
@@ -404,7 +399,8 @@ def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: Mapping[s
         kept = tuple(a for a in s.artifacts if a.kind != "rknn")
         arts = (*kept, o.artifact) if o.artifact else kept
         prep = (prepared or {}).get(s.id)
-        stages.append(dataclasses.replace(s, artifacts=arts, failures=o.failures, prepared=prep))
+        stages.append(dataclasses.replace(s, artifacts=arts, failures=o.failures,
+                                          prepared=None if prep is None else prep.to_json()))
     extra = {**plan.extra, "compile": dict(settings)}
     return dataclasses.replace(plan, stages=tuple(stages), extra=extra)
 
@@ -428,7 +424,7 @@ class _Context:
     t0: float
     rewrites: bool = True
     #: stage id -> what prepare_stage did for the last toolkit that saw it (None: nothing)
-    prepared: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    prepared: dict[str, PreparedRecord | None] = field(default_factory=dict)
     #: runs one build (Ray's RayRunner); None: local subprocesses under the memory scheduler
     runner: Callable[..., BuildResult] | None = None
     #: stage id -> how it is built (fp16 when missing)
@@ -455,7 +451,7 @@ class _Context:
         npu_rows = {r.name for r in rewrite_table.REWRITES if r.kind == "npu"}
         for s in stages:
             o, rec = outcomes[s.id], self.prepared.get(s.id)
-            applied = [n for n in (rec or {}).get("rewrites", {}) if n in npu_rows]
+            applied = [n for n in (rec.rewrites if rec else {}) if n in npu_rows]
             if o.status == "failed" and applied and o.failures and o.failures[-1].last_step != "prepare":
                 first[s.id] = (applied, o.failures[-1].message)
         if not first:
@@ -469,7 +465,7 @@ class _Context:
                  + "; ".join(f"{sid} ({', '.join(a)})" for sid, (a, _) in first.items()))
         drops = {sid: {n: why(sid) for n in applied} for sid, (applied, _) in first.items()}
         second = self._build_round([by_id[sid] for sid in first], tk, fallback_reason, drops)
-        best: dict[str, tuple[StageOutcome, dict[str, Any] | None]] = {}
+        best: dict[str, tuple[StageOutcome, PreparedRecord | None]] = {}
         for sid, o2 in second.items():
             if o2.status == "failed":  # not the rewrites: the stage fails either way
                 outcomes[sid] = dataclasses.replace(o2, failures=outcomes[sid].failures + o2.failures)
@@ -490,7 +486,7 @@ class _Context:
         for sid, (o_best, rec) in best.items():
             self.prepared[sid] = rec
             outcomes[sid] = o_best
-            for name, reason in (rec or {}).get("dropped_rewrites", {}).items():
+            for name, reason in _dropped(rec).items():
                 self.say(f"[rewrite dropped] {sid}: {name}: {reason}")
 
     def _build_round(self, stages: Sequence[Stage], tk: Toolkit, fallback_reason: Mapping[str, str] | None,
@@ -511,7 +507,7 @@ class _Context:
                 continue
             self.prepared[s.id] = prep.record
             if prep.record is not None:
-                self.say(f"[prepared] {s.id}: {_describe_prep(prep.record)}")
+                self.say(f"[prepared] {s.id}: {prep.record.describe()}")
             onnx = prep.onnx
             sp = self.precisions.get(s.id) or StagePrecision("fp16")
             config = sp.config(self.config, self.target)
