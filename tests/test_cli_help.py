@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import ast
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -43,7 +45,12 @@ def help_texts() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def texts() -> dict[str, str]:
-    return help_texts()
+    # a fresh process: click caches a command's help option once built, so a test that invoked a
+    # command outside the group (no ``-h``) earlier in this process would change its --help
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT.parent), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "tests.test_cli_help", "--print"], cwd=ROOT.parent, env=env,
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    return dict(json.loads(out))
 
 
 def test_every_command_is_recorded(texts: dict[str, str]) -> None:
@@ -83,6 +90,8 @@ def test_every_command_module_is_registered() -> None:
 
 
 if __name__ == "__main__":
-    RECORD.write_text(json.dumps(help_texts(), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {RECORD}")
-    sys.exit(0)
+    if sys.argv[1:] == ["--print"]:
+        print(json.dumps(help_texts()))
+    else:
+        RECORD.write_text(json.dumps(help_texts(), indent=1, sort_keys=True) + "\n")
+        print(f"wrote {RECORD}")
