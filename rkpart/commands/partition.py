@@ -88,7 +88,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
 
     Without MODEL, the bundled tiny Anima-style example is used.
     """
-    from rkpart.pipeline import AutoStrategy, PartitionConfig, PartitionOptions, check_options, run_partition
+    from rkpart.auto import AutoStrategy
+    from rkpart.pipeline import PartitionConfig, PartitionOptions, check_options, run_partition
     from rkpart.strategies.base import Strategy
 
     flags = {"adaln": adaln, "residual": residual, "modulation": modulation, "blocks_per_stage": blocks_per_stage,

@@ -109,7 +109,7 @@ def candidates_from(mg: ModelGraph, disc: Discovery, variants: Sequence[Variant]
     """Candidates starting at each block index (runs are listed at their first block).
 
     ``variants`` are whole-model partitions (``(candidate id, partition, options)``, as
-    :func:`rkpart.pipeline.candidate_variants` proposes them with the strategies of
+    :func:`rkpart.auto.candidate_variants` proposes them with the strategies of
     :mod:`rkpart.strategies.families`): each is sliced into runs of
     ``options["blocks_per_stage"]`` consecutive blocks (default 1); runs of another length (a
     stage that spans several blocks where one was expected, a short tail) and runs sharing a

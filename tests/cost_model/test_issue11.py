@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from rkpart.auto import enumerate_candidates, select
 from rkpart.cli import main
 from rkpart.cost_model.calibration import fit_profiles
 from rkpart.cost_model.candidates import Candidate, candidates_from
@@ -22,7 +23,7 @@ from rkpart.errors import BudgetError, SpecError, UserError
 from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.discovery import Discovery, discover
 from rkpart.partitioner.plan import load_plan
-from rkpart.pipeline import enumerate_candidates, partition, select
+from rkpart.pipeline import partition
 from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.records import write_jsonl
 from rkpart.runtime.ort import OrtBackend

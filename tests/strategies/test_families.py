@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from rkpart.auto import candidate_variants
 from rkpart.cost_model.candidates import candidates_from
-from rkpart.pipeline import candidate_variants, load
+from rkpart.pipeline import load
 from rkpart.strategies.families import FUSED, SPLIT, SPLIT_ADALN_NPU, candidate_id_for, families, fused_run
 from rkpart.strategies.fused import FusedOptions, FusedStrategy
 from tests.models.anima import AnimaConfig, build_anima_onnx
