@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args(argv)
 
-    from rkpart.bundle.build import bundle_plan
-    from rkpart.compile.compile import compile_plan_report
+    from rkpart.bundle.build import BundleOptions, bundle_plan
+    from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.pipeline import partition
     from rkpart.profile.drift import denoise
 
@@ -52,14 +52,15 @@ def main(argv: list[str] | None = None) -> int:
         plan = partition(model, work / "split", "split", force=True)
         print(f"model + split plan: {time.perf_counter() - t0:.0f} s", flush=True)
         t0 = time.perf_counter()
-        rep = compile_plan_report(plan, work / "split", args.toolkit, "rk3588", {}, jobs=args.jobs, cache=False)
+        rep = compile_plan_report(plan, work / "split", CompileOptions(args.toolkit, "rk3588", {}, jobs=args.jobs,
+                                                                       cache=False))
         if rep.failed:
             print(f"compile failed: {rep.failed}", file=sys.stderr)
             return 1
         print(f"compile ({len(plan.npu_stages)} NPU stages, {args.toolkit}): {time.perf_counter() - t0:.0f} s",
               flush=True)
         t0 = time.perf_counter()
-        m = bundle_plan(work / "split", work / "board", force=True).manifest
+        m = bundle_plan(work / "split", work / "board", BundleOptions(force=True)).manifest
         dm = m["device_memory"]
         print(f"bundle: {time.perf_counter() - t0:.0f} s; device memory {dm['run_bytes'] / 2**20:.1f} MiB, "
               f"{dm['cfg_parallel_run_bytes'] / 2**20:.1f} MiB with --cfg-parallel (from {', '.join(dm['source'])})")

@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true")
     args = parser.parse_args(argv)
 
-    from rkpart.compile.compile import compile_plan_report
+    from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.pipeline import partition
 
     work = args.workdir
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             plan = partition(model, folder, strategy, force=True)
             for version in args.toolkits.split(","):
                 t0 = time.perf_counter()
-                rep = compile_plan_report(plan, folder, version, "rk3588", {}, jobs=args.jobs, timeout=args.timeout)
+                rep = compile_plan_report(plan, folder, CompileOptions(version, "rk3588", {}, jobs=args.jobs,
+                                                                       timeout=args.timeout))
                 wall = time.perf_counter() - t0
                 ok = sum(o.artifact is not None for o in rep.outcomes)
                 failed += len(rep.outcomes) - ok

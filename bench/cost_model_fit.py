@@ -27,7 +27,7 @@ from click.testing import CliRunner
 from rkpart.cli import main as rkpart_main
 from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
-from rkpart.profile.lifecycle import profile_plan
+from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.records import write_jsonl
 from rkpart.runtime.ort import OrtBackend
 
@@ -101,10 +101,11 @@ def make_profiles(work: Path, plans: list[tuple[str, Plan, Path]], *, reps: int,
             if not prof.exists():
                 # resident: inference runs on warm sessions (per-stage would time only first calls
                 # of fresh sessions); 1 step x CFG = 2 passes, infer_repeat calls per pass
-                recs = profile_plan(plan, folder, backend, rounds=1, warmup=0, cfg=True, steps=1,
-                                    residency="resident", host_backend=backend, device_pattern=None,
-                                    sample_interval=0.0, plan_file=str(folder / "plan.json"),
-                                    infer_repeat=infer_repeat)
+                recs = profile_plan(plan, folder, ProfileOptions(rounds=1, warmup=0, cfg=True, steps=1,
+                                                                 residency="resident", device_pattern=None,
+                                                                 sample_interval=0.0, plan=str(folder / "plan.json"),
+                                                                 infer_repeat=infer_repeat), backend=backend,
+                                                                 host_backend=backend)
                 write_jsonl(prof, recs)
             out.append(prof)
         print(f"repetition {rep + 1}/{reps}: {len(plans)} plans in {time.perf_counter() - t0:.1f} s "

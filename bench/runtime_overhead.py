@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 from click.testing import CliRunner
 
-from rkpart.cli import bundled_example
 from rkpart.cli import main as rkpart_main
+from rkpart.cli_args import bundled_example
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.pipeline import partition
 from rkpart.runtime.executor import PlanExecutor, random_inputs

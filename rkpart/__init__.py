@@ -31,8 +31,9 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "compile_plan": ("rkpart.compile.compile:compile_plan",),
     "run_plan": ("rkpart.runtime.executor:run_plan",),
     "profile_plan": ("rkpart.profile.lifecycle:profile_plan",),
-    "fit": ("rkpart.cost_model:fit", "rkpart.cost_model.calibration:fit_profiles"),
-    "select": ("rkpart.pipeline:select",),
+    "ProfileOptions": ("rkpart.profile.lifecycle:ProfileOptions",),
+    "fit": ("rkpart.cost_model.calibration:fit_profiles",),
+    "select": ("rkpart.auto:select",),
     "build": ("rkpart.dropin:build",),
     # values
     "load_plan": ("rkpart.partitioner.plan:load_plan",),
@@ -63,6 +64,7 @@ __all__ = [
     "ModelGraph",
     "Partition",
     "Plan",
+    "ProfileOptions",
     "Recognizer",
     "RkpartError",
     "ScopeRecognizer",
@@ -84,6 +86,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # static types for what __getattr__ returns
+    from rkpart.auto import select
     from rkpart.compile.compile import compile_plan
     from rkpart.dropin import BuildResult, build
     from rkpart.errors import RkpartError, UserError
@@ -91,8 +94,8 @@ if TYPE_CHECKING:  # static types for what __getattr__ returns
     from rkpart.partitioner.discovery import Discovery
     from rkpart.partitioner.partition import Group, Partition
     from rkpart.partitioner.plan import Plan, Stage, load_plan
-    from rkpart.pipeline import partition, select
-    from rkpart.profile.lifecycle import profile_plan
+    from rkpart.pipeline import partition
+    from rkpart.profile.lifecycle import ProfileOptions, profile_plan
     from rkpart.recognizers import Recognizer, ScopeRecognizer, discover
     from rkpart.runtime import get_backend
     from rkpart.runtime.executor import run_plan

@@ -51,6 +51,28 @@ PLAN_RESIDENCY = "plan"
 
 
 # -- errors ----------------------------------------------------------------------------------
+def bundled_example() -> Path:
+    """Path of the bundled tiny Anima-style example model."""
+    from importlib import resources
+
+    p = Path(str(resources.files("rkpart") / "data" / "anima_tiny.onnx"))
+    if not p.is_file():
+        raise UserError(f"the bundled example model is missing from the installation ({p})")
+    return p
+
+
+def lowering_note(opset: int) -> str | None:
+    """"stages will be lowered from opset 20 to 19 for rknn-toolkit2 ..." for the target's documented
+    and the installed toolkits, or ``None`` when every one of them loads ``opset``."""
+    from rkpart.compile.toolkits import list_toolkits
+    from rkpart.targets import get_target
+    from rkpart.targets.opset import lowering_note as note
+
+    target = get_target()
+    versions = set(target.toolkits) | {t.version for t in list_toolkits(None)}
+    return note(opset, {v: target.caps(v).max_opset for v in versions})
+
+
 def report_user_error(e: UserError) -> None:
     click.echo(f"rkpart: error: {e}", err=True)
 

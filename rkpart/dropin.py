@@ -224,7 +224,7 @@ def build(
         from rkpart.profile.calibrate import dataset_feeds, write_calibration
 
         calib = out / "rknn" / "calibration" / "source"
-        write_calibration(plan, out, calib, samples_feeds=dataset_feeds(Path(dataset), plan), force=True,
+        write_calibration(plan, out, calib, inputs=dataset_feeds(Path(dataset), plan), force=True,
                           progress=say)
         quant = {"precision": "int8", "calibration": calib, "quantized_algorithm": algorithm}
     say(f"building {len(plan.npu_stages)} NPU stage(s) with rknn-toolkit2 {toolkit} for {target}")

@@ -46,13 +46,19 @@ def _umask_mode() -> int:
     return 0o666 & ~mask
 
 
+def fsync_path(path: str | os.PathLike[str]) -> None:
+    """``fsync`` the file or folder at ``path`` (a folder's entries name its files)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_dir(folder: Path) -> None:
+    """:func:`fsync_path` of a folder, best effort: a file system that cannot sync folders is no error."""
     with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(folder)
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

@@ -8,37 +8,34 @@ on::
     part = propose(model, "auto", PartitionConfig(options={"budget_mib": 512}))
     plan = write_plan(model, part, "build/")           # crash-safe, resumable
 
-:func:`partition` is those three calls.  ``auto`` lives here rather than in
+:func:`partition` is those three calls.  ``auto`` (:mod:`rkpart.auto`) is not in
 :mod:`rkpart.strategies`: it asks the strategies for whole-model partitions, hands them to
 the cost model as candidates (:mod:`rkpart.cost_model.candidates`) and assembles the
-cost model's choice (:func:`rkpart.cost_model.select.choose`), so it sits above both.
+cost model's choice (:func:`rkpart.cost_model.select.choose`), so it sits above both, and
+below this module, which lists it among the built-in strategies.
 
 Package layers (``tests/test_import_dag.py`` enforces them; a package imports only from
 layers to its left, never back, not even inside a function)::
 
-    errors, types <- io, units, progress
+    errors, types <- io, output, units, progress
       <- ir <- targets <- partitioner <- plugins <- recognizers <- strategies
       <- validation <- compile <- runtime <- triage <- profile <- cost_model <- bundle, report
-      <- pipeline <- tune <- dropin <- cli_args <- commands <- cli
+      <- auto <- pipeline <- tune <- dropin <- cli_args <- commands <- cli
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rkpart import strategies
-from rkpart.cost_model.candidates import OWN_STRATEGIES, Candidate, Variant, block_anatomy, candidates_from
-from rkpart.cost_model.model import CostModel, load_model_or_default
-from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, choose
+from rkpart.auto import AutoStrategy
 from rkpart.errors import UserError
-from rkpart.io import file_sha256, load_json_file
+from rkpart.io import file_sha256
 from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.capability import cut_before, flag_ops, place_by_capability
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
@@ -48,16 +45,15 @@ from rkpart.partitioner.partition import Partition
 from rkpart.partitioner.plan import Plan
 from rkpart.partitioner.weights import WeightsMode
 from rkpart.partitioner.write import prepare_out, write_partition
+from rkpart.progress import Progress
 from rkpart.recognizers import discover
-from rkpart.strategies.base import GroupBuilder, Strategy, check_strategy_options, option
+from rkpart.strategies.base import Strategy, check_strategy_options, propose_with
 from rkpart.strategies.fused import FusedStrategy
 from rkpart.strategies.split import SplitStrategy
 from rkpart.targets import DEFAULT_TARGET, TARGETS, get_target
 from rkpart.targets.capability import Capability
 from rkpart.targets.opset import lowering_note
 from rkpart.targets.rewrites import rewrites_for
-
-Progress = Callable[[str], None]
 
 
 def _noop(_: str) -> None:
@@ -150,6 +146,13 @@ class PartitionConfig:
     #: op names an NPU stage is cut in front of, with why (a build crashed after fusing them)
     cut_before: Mapping[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # options are values a plan records; a callback goes to the strategy (AutoStrategy(report=...))
+        called = sorted(k for k, v in self.options.items() if callable(v))
+        if called:
+            raise TypeError(f"strategy option {called[0]!r} is a callable; pass callbacks to the strategy "
+                            "instance (e.g. AutoStrategy(report=...)), not as options")
+
 
 def capability_for(config: PartitionConfig) -> Capability | None:
     """The capability ``config`` partitions with (``None``: off, or a target without a table)."""
@@ -173,9 +176,9 @@ def capability_for(config: PartitionConfig) -> Capability | None:
 def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfig = PartitionConfig()) -> Partition:
     """The partition ``strategy`` proposes for ``model``, checked against the target's capabilities."""
     strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
-    check_options(strat, config.options)
+    opts = check_options(strat, config.options)
     disc = model.discovery(config.progress) if strat.needs_blocks else None
-    part = strat.propose(model.graph, disc, **config.options)
+    part = propose_with(strat, model.graph, disc, built=opts)
     cap = capability_for(config)
     if cap is not None:
         part = apply_capability(model.graph, part, cap, config.force_host, config.progress)
@@ -213,9 +216,30 @@ def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_hos
         **cap.to_json(), "host_ops": [h.to_json() for h in moved]}})
 
 
+def inspect_report(mg: ModelGraph, disc: Discovery) -> dict[str, Any]:
+    """``rkpart inspect --json`` from the graph's facts: :func:`rkpart.ir.describe`, the discovery,
+    and per block and region the tensor names to cut at (a custom spec's ``cut``): the residual
+    stream into and out of every region, and what enters its core after the AdaLN."""
+    from rkpart.ir import describe
+
+    blocks = disc.summary()
+    for b, summary in zip(disc.blocks, blocks, strict=True):
+        regions: list[dict[str, Any]] = summary["regions"]  # type: ignore[assignment]
+        for r, rs in zip(b.regions, regions, strict=True):
+            rs["input"] = [br.skip for br in r.branches]
+            rs["core_inputs"] = sorted({t for br in r.branches for t in br.core_in})
+            rs["output"] = [mg.op(br.add).outputs[0] for br in r.branches]
+        summary["input"] = regions[0]["input"] if regions else []
+        summary["output"] = regions[-1]["output"] if regions else []
+    coverage = {name: c.to_json() for name, c in strategy_coverage(mg, disc).items()}
+    return {**describe(mg), "streams": disc.streams, "method": disc.method,
+            "prologue_ops": len(disc.prologue), "epilogue_ops": len(disc.epilogue),
+            "glue_ops": len(disc.glue), "blocks": blocks, "npu_coverage": coverage}
+
+
 def strategy_coverage(mg: ModelGraph, disc: Discovery) -> dict[str, Coverage]:
     """NPU coverage of the ``split`` and ``fused`` proposals (``rkpart inspect``)."""
-    return {name: npu_coverage(mg, disc, cls().propose(mg, disc).groups)
+    return {name: npu_coverage(mg, disc, propose_with(cls(), mg, disc).groups)
             for name, cls in (("split", SplitStrategy), ("fused", FusedStrategy))}
 
 
@@ -299,7 +323,6 @@ def partition(
     simplify: bool = False,
     progress: Progress = _noop,
     weights: WeightsMode = "copy",
-    toolkit: str | None = None,
     **options: Any,
 ) -> Plan:
     """Partition ``model`` with ``strategy`` and write the plan folder ``out``.
@@ -323,11 +346,11 @@ def partition(
     weights:
         ``copy`` (each stage gets its own data file) or ``link`` (no weights copied: stages
         reference the source's external data, linked into the plan folder).
-    toolkit:
-        The rknn-toolkit2 version whose capability decides the grouping (default: the target's
-        default toolkit); for ``auto`` also the toolkit whose known crashes exclude candidates.
     **options:
         Strategy options (``adaln="npu"``, ``blocks_per_stage=2``, ``spec="spec.yaml"`` ...).
+        ``toolkit="2.5.0"`` is taken by every strategy: the rknn-toolkit2 version whose capability
+        decides the grouping (default: the target's default toolkit); for ``auto`` also the
+        toolkit whose known crashes exclude candidates.
 
     Returns
     -------
@@ -340,322 +363,36 @@ def partition(
     >>> len(plan.npu_stages)  # doctest: +SKIP
     84
     """
-    if toolkit is not None and strategy == "auto":
-        options.setdefault("toolkit", toolkit)
+    toolkit = options.get("toolkit") if strategy == "auto" else options.pop("toolkit", None)
     config = PartitionConfig(options=options, force=force, external_threshold=external_threshold,
                              simplify=simplify, progress=progress, weights=weights, toolkit=toolkit)
     return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes))
 
 
-def check_options(strategy: str | Strategy, options: Mapping[str, Any]) -> None:
+def check_options(strategy: str | Strategy, options: Mapping[str, Any]) -> Any:
     """Refuse options that do not fit ``strategy`` (the CLI's flags), before anything is loaded:
     :func:`~rkpart.strategies.base.check_strategy_options` with every registered strategy's
-    options known, so that an option of another strategy is named as such.
+    options known, so that an option of another strategy is named as such; then the strategy's
+    own checks.  Returns the options built (:meth:`~rkpart.strategies.base.Strategy.options_from`).
 
     Raises
     ------
     UserError
-        an option ``strategy`` does not read, or a missing one it requires.
+        an option ``strategy`` does not read, a missing one it requires, or a bad value.
     """
     strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
     check_strategy_options(strat, options, known={n: c.accepts or () for n, c in available().items()})
+    return strat.options_from(options)
 
 
-# -- auto -----------------------------------------------------------------------------------
-
-def candidate_variants(mg: ModelGraph, disc: Discovery, *, plugins_too: bool = True,
-                       notes: list[str] | None = None) -> list[Variant]:
-    """The whole-model partitions ``auto`` chooses from, as the strategies propose them.
-
-    ``split`` (AdaLN on the host, or on the NPU), ``fused`` one block per stage, and every
-    registered plugin strategy whose stages stay inside one block (``notes`` collects the
-    plugins that were skipped and why).
-    """
-    out: list[Variant] = [
-        ("split", SplitStrategy().propose(mg, disc), {"strategy": "split", "adaln": "host"}),
-        ("split-adaln-npu", SplitStrategy().propose(mg, disc, adaln="npu"), {"strategy": "split", "adaln": "npu"}),
-        ("fused", FusedStrategy().propose(mg, disc), {"strategy": "fused", "blocks_per_stage": 1}),
-    ]
-    if not plugins_too:
-        return out
-    sink = notes if notes is not None else []
-    for name, cls in available().items():
-        if name in OWN_STRATEGIES:
-            continue
-        try:
-            part = cls().propose(mg, disc)
-        except Exception as e:  # noqa: BLE001 - a plugin that needs options it was not given is skipped, with a note
-            sink.append(f"strategy {name} not considered: {type(e).__name__}: {e}")
-            continue
-        if any(len(g.blocks) > 1 for g in part.groups):
-            sink.append(f"strategy {name} not considered: its stages span several blocks")
-            continue
-        out.append((name, part, {"strategy": name}))
-    return out
-
-
-def enumerate_candidates(mg: ModelGraph, disc: Discovery, *, max_run: int = 2, plugins_too: bool = True,
-                         notes: list[str] | None = None) -> dict[int, list[Candidate]]:
-    """Candidates per first block: :func:`candidate_variants` sliced per block, plus fused runs."""
-    variants = candidate_variants(mg, disc, plugins_too=plugins_too, notes=notes)
-    return candidates_from(mg, disc, variants, max_run=max_run)
-
-
-def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionConfig | None = None) -> Selection:
-    """Choose a candidate partition and a residency per block of ``mg`` (``--strategy auto``).
-
-    The candidates are :func:`candidate_variants` sliced per block plus runs of up to
-    ``config.max_run`` fused blocks.
-    """
-    config = config or SelectionConfig()
-    notes: list[str] = []
-    cands = enumerate_candidates(mg, disc, max_run=config.max_run, plugins_too=config.plugins, notes=notes)
-    anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks} if config.share_anatomy else None
-    return choose(cands, model, config, notes=notes, anatomy=anatomy)
-
-
-def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
-    """``auto``'s memory budget in MiB and where it came from.
-
-    ``budget_mib`` given: that; ``"none"``: no budget (``--no-budget``); absent: the target's
-    documented pipeline default (:meth:`rkpart.targets.base.Target.pipeline_budget_bytes`).
-    """
-    raw = options.get("budget_mib")
-    if isinstance(raw, str) and raw.strip().lower() == "none":
-        return None, "none"
-    if raw is None:
-        target = get_target(options.get("target"))
-        return target.pipeline_budget_bytes() / float(1 << 20), target.describe_pipeline_budget()
-    try:
-        mib = float(raw)
-    except (TypeError, ValueError):
-        raise UserError(f"budget_mib must be a number of MiB or 'none', got {raw!r}") from None
-    if not mib > 0:
-        raise UserError(f"budget_mib must be > 0, got {mib:g}")
-    return mib, "given"
-
-
-#: the single-strategy candidate families ``auto`` compiles representatives of: (candidate id,
-#: strategy, options); a run of K fused blocks is ``fused`` with ``blocks_per_stage=K``
-GROUNDED: tuple[tuple[str, str, Mapping[str, Any]], ...] = (
-    ("split", "split", {}),
-    ("split-adaln-npu", "split", {"adaln": "npu"}),
-    ("fused", "fused", {}),
-)
-
-
-def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path, *, max_run: int = 2,
-                      toolkits_dir: str | None = None, progress: Progress = _noop) -> tuple[list[Path], list[str]]:
-    """Compile one block per distinct anatomy of every candidate family with ``toolkit``, or take
-    the builds from the user's build cache, so that ``auto`` chooses from the compiler's own tables.
-
-    Each family's plan is written under ``work`` (weights linked, not copied); of its NPU stages
-    only those of the first block of each anatomy (:func:`~rkpart.cost_model.candidates.block_anatomy`)
-    are built.  Returns the compiled plan folders (``SelectionConfig.compiled``) and notes for the
-    explanation.  A toolkit that is not installed gives no folders and a note saying so.
-    """
-    from rkpart.compile.compile import compile_plan_report
-    from rkpart.compile.toolkits import find_toolkit
-    from rkpart.errors import ToolkitError
-
-    try:
-        tk = find_toolkit(toolkit, toolkits_dir)
-    except ToolkitError as e:
-        return [], [f"candidates not compiled: {e}; device memory is predicted (rkpart toolkit install {toolkit})"]
-    anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks}
-    families = [*GROUNDED, *((f"fused-x{k}", "fused", {"blocks_per_stage": k}) for k in range(2, max_run + 1)
-                             if k <= len(disc.blocks))]
-    folders: list[Path] = []
-    notes: list[str] = []
-    for cid, strategy, opts in families:
-        out = work / cid
-        progress(f"auto: {cid}: partitioning to compile one block per anatomy")
-        plan = partition(mg.path, out, strategy, force=True, weights="link", **opts)
-        seen: set[tuple[tuple[str, ...], str]] = set()
-        reps = []
-        for st in plan.npu_stages:
-            k = (tuple(anatomy.get(b, str(b)) for b in st.blocks), st.region)
-            if st.blocks and k not in seen:
-                seen.add(k)
-                reps.append(st.id)
-        if not reps:
-            continue
-        progress(f"auto: {cid}: compiling {len(reps)} representative stage(s) with rknn-toolkit2 {tk.version}")
-        rep = compile_plan_report(plan, out, tk, stages=reps, progress=progress)
-        failed = [o.stage_id for o in rep.failed]
-        notes.append(f"{cid}: {len(reps)} stage(s) of {len({a for a in anatomy.values()})} block anatomy(ies) compiled "
-                     f"with rknn-toolkit2 {tk.version} ({len(rep.cached)} from the build cache"
-                     + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
-        folders.append(out)
-    return folders, notes
-
-
-def _as_bool(v: Any, name: str) -> bool:
-    """A boolean option, also as the CLI's ``--option KEY=true|false`` string."""
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, str) and v.lower() in ("true", "1", "yes", "false", "0", "no"):
-        return v.lower() in ("true", "1", "yes")
-    raise UserError(f"auto strategy: option {name} must be true or false, not {v!r}")
-
-
-def _as_list(v: Any) -> tuple[str, ...]:
-    if v is None:
-        return ()
-    if isinstance(v, (list, tuple)):
-        return tuple(str(x) for x in v)
-    return tuple(x for x in str(v).split(",") if x)
-
-
-def load_accuracy(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """An accuracy term written by ``rkpart drift --accuracy FILE``, checked for the keys selection reads.
-
-    Raises :class:`UserError` naming the file and what is wrong.
-    """
-    acc = load_json_file(path, what="accuracy term", max_bytes=1 << 20)
-    fams = acc.get("families") if isinstance(acc, dict) else None
-    floor = acc.get("default_max_ratio") if isinstance(acc, dict) else None
-    if (not isinstance(fams, dict) or not fams or not isinstance(floor, (int, float)) or isinstance(floor, bool)
-            or not math.isfinite(floor) or floor < 1
-            or not all(isinstance(f, dict) and isinstance(f.get("ratio"), (int, float))
-                       and not isinstance(f.get("ratio"), bool) and math.isfinite(f["ratio"]) and f["ratio"] >= 0
-                       for f in fams.values())):
-        raise UserError(f"accuracy term {path}: not an accuracy term written by `rkpart drift --accuracy` "
-                        "(needs families with a finite ratio >= 0 and default_max_ratio >= 1)")
-    from rkpart.cost_model.checks import check_accuracy
-    from rkpart.errors import SpecError
-
-    try:  # the rest of the table too: a NaN drift run's final cosine or MSE is no measurement
-        check_accuracy(f"accuracy term {path}", acc)
-    except SpecError as e:
-        raise UserError(str(e)) from None
-    return acc
-
-
-class AutoStrategy(Strategy):
-    """``auto``: per block, the candidate partition a cost model predicts to be fastest within budget.
-
-    Options:
-
-    ``cost_model``       path of a model JSON (default: the shipped RK3588 calibration)
-    ``accuracy``         path of an accuracy term measured by ``rkpart drift --accuracy FILE``;
-                         it replaces the cost model's (its per-family error ratios and floor)
-    ``budget_mib``       memory budget of the whole pipeline in MiB: NPU device memory, or process
-                         memory for a model fitted on ONNX Runtime; ``"none"``: no budget
-                         (default: the target's, 4096 MiB for rk3588)
-    ``toolkit``          rknn-toolkit2 version whose known crashes exclude candidates
-                         (default: the cost model's)
-    ``steps``, ``cfg``   pipeline shape: passes = steps x (2 if cfg else 1) (default 1, True)
-    ``residency``        ``any`` (choose per block), ``per-stage`` or ``resident``
-    ``max_error_ratio``  accuracy floor (default: the cost model's)
-    ``max_run``          longest run of blocks fused into one stage (default 2)
-    ``cfg_parallel``     plan for the bundle runner's ``--cfg-parallel`` (both CFG passes of a step at
-                         once on two NPU cores): twice the device memory of every stage, NPU
-                         inference at a published, unmeasured speed-up (default False)
-    ``compiled``         plan folders compiled by ``rkpart compile``: their failures exclude
-                         candidates, their ``.rknn`` sizes, compiler memory and cycles replace estimates
-    ``compile``          compile one block per anatomy of every candidate family with ``toolkit``
-                         (:func:`ground_candidates`; the build cache makes a rerun free), so that device
-                         memory and NPU time come from the compiler's own tables (default False;
-                         ``rkpart partition --toolkit V`` turns it on)
-    ``toolkits_dir``     where toolkit environments live (for ``compile``)
-    ``compile_dir``      where ``compile`` writes the candidate plans and keeps them (default: a
-                         temporary folder, removed afterwards)
-    ``report``           callable receiving the :class:`~rkpart.cost_model.select.Selection`
-                         (the CLI's ``--explain``); not recorded in the plan
-    ``progress``         callable receiving progress lines while candidates compile; not recorded
-    """
-
-    name = "auto"
-    accepts = ("cost_model", "accuracy", "budget_mib", "toolkit", "steps", "cfg", "residency", "max_error_ratio",
-               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "cfg_parallel", "report", "progress")
-    summary = "per block, the cheapest candidate predicted by a cost model within a memory budget"
-
-    def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
-        assert disc is not None
-        model_path = options.get("cost_model")
-        model = load_model_or_default(model_path)
-        acc_path = options.get("accuracy")
-        if acc_path is not None:
-            model = dataclasses.replace(model, accuracy=load_accuracy(acc_path))
-        residency = option(options, "residency", "any", ("any", *RESIDENCIES))
-        budget, budget_source = auto_budget(options)
-        try:
-            cfg = SelectionConfig(
-                budget_mib=budget, budget_source=budget_source,
-                toolkit=None if options.get("toolkit") is None else str(options["toolkit"]),
-                steps=int(option(options, "steps", 1)),
-                cfg=bool(option(options, "cfg", True)),
-                residencies=RESIDENCIES if residency == "any" else (residency,),
-                max_error_ratio=None if options.get("max_error_ratio") is None else float(options["max_error_ratio"]),
-                max_run=int(option(options, "max_run", 2)),
-                compiled=_as_list(options.get("compiled")),
-                cfg_parallel=_as_bool(options.get("cfg_parallel", False), "cfg_parallel"),
-            )
-        except (TypeError, ValueError) as e:
-            raise UserError(f"auto strategy: bad option: {e}") from None
-        grounding: list[str] = []
-        with contextlib.ExitStack() as stack:
-            if options.get("compile") and cfg.toolkit is not None:
-                import tempfile
-
-                from rkpart.compile.user_cache import default_cache_dir
-
-                if options.get("compile_dir") is not None:
-                    work = Path(str(options["compile_dir"]))
-                else:
-                    root = default_cache_dir()
-                    root.mkdir(parents=True, exist_ok=True)
-                    work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="auto-", dir=root)))
-                say: Progress = options.get("progress") or _noop
-                folders, grounding = ground_candidates(mg, disc, cfg.toolkit, work, max_run=cfg.max_run,
-                                                       toolkits_dir=options.get("toolkits_dir"), progress=say)
-                cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *map(str, folders)), share_anatomy=True)
-            sel = select(mg, disc, model, cfg)
-        plan_notes = tuple(sel.notes)
-        sel.notes.extend(grounding)  # for --explain only: whether a build came from the cache is not the plan's
-        report: Callable[[Any], None] | None = options.get("report")
-        if report is not None:
-            report(sel)
-        gb = GroupBuilder()
-        for o in sel.chosen:
-            for g in o.candidate.groups:
-                gb.add(g.id, set(g.ops), device=g.device, region=g.region, kind=g.kind, block=g.block,
-                       blocks=g.blocks)
-        gb.add_host_rest(mg, disc)
-        recorded = {
-            "cost_model": "shipped:rk3588_calibration" if model_path is None else str(model_path),
-            "cost_model_sha256": model.sha256,
-            **({} if acc_path is None else {"accuracy": str(acc_path),
-                                            "accuracy_sha256": file_sha256(Path(acc_path))}),
-            "budget_mib": cfg.budget_mib,
-            "budget_source": cfg.budget_source,
-            "toolkit": sel.toolkit,
-            "steps": cfg.steps,
-            "cfg": cfg.cfg,
-            "residency": residency,
-            "max_error_ratio": sel.max_error_ratio,
-            "max_run": cfg.max_run,
-            **({"cfg_parallel": True} if cfg.cfg_parallel else {}),
-            "choices": [{"blocks": list(o.candidate.blocks), "candidate": o.candidate.id, "residency": o.residency}
-                        for o in sel.chosen],
-            "predicted_latency_s": round(sel.latency, 6),
-            "predicted_device_mib": round(sel.device_bytes / 2**20, 2),
-            "device_memory_source": sorted({src for o in sel.chosen for src in o.device_source.split("+")}),
-        }
-        notes = tuple(f"block {','.join(map(str, o.candidate.blocks))}: {o.candidate.id} ({o.residency})"
-                      for o in sel.chosen) + plan_notes
-        return gb.build(self.name, recorded, notes=notes)
-
-
-#: every built-in strategy, in the order ``rkpart strategies`` lists them
+#: every built-in strategy, in the order ``rkpart strategies`` lists them (``auto``: :mod:`rkpart.auto`)
 BUILTIN: tuple[type[Strategy], ...] = (*strategies.BUILTIN, AutoStrategy)
 
 
-__all__ = ["BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "PartitionOptions", "auto_budget",
-           "available", "candidate_variants", "capability_notes", "check_options", "enumerate_candidates",
-           "get_strategy", "inspect_model", "load", "partition", "propose", "run_partition", "select",
-           "strategy_coverage", "write_plan"]
+__all__ = ["BUILTIN", "LoadedModel", "PartitionConfig", "PartitionOptions", "RepartitionRound", "apply_capability",
+           "available", "capability_for", "capability_notes", "check_options", "compile_repartition", "get_strategy",
+           "inspect_model", "inspect_report", "load", "partition", "propose", "run_partition", "strategy_coverage",
+           "write_plan"]
 
 
 # -- compile --repartition: placement learned from the plan's own builds -----------------------------

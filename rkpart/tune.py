@@ -1,7 +1,7 @@
 """``rkpart tune``: measure, fit, choose, verify: the closed loop behind ``--strategy auto``.
 
 1. **Partition** the model with every single-strategy candidate ``auto`` chooses from
-   (``split``, ``split-adaln-npu``, ``fused`` and, with two blocks or more, ``fused-x2``).
+   (:data:`SINGLE`: the families of :mod:`rkpart.strategies.families` with runs of up to two blocks).
 2. **Profile** each plan on the backend, per-stage and resident, rounds interleaved across the
    plans (:func:`profile_for_fit`).  Blocks of one anatomy
    (:meth:`rkpart.partitioner.discovery.Block.signature`) are identical, so on models with more
@@ -38,17 +38,13 @@ from rkpart.io import atomic_write_bytes
 from rkpart.output import claim_work_folder
 from rkpart.partitioner.plan import Plan, load_plan
 from rkpart.pipeline import load, partition
+from rkpart.strategies.families import Family, families
 from rkpart.types import HOST
 
 #: models with at most this many blocks are profiled whole; larger ones one block per anatomy
 WHOLE_PLAN_BLOCKS = 4
-#: (name, strategy, options) of every single-strategy plan ``auto`` chooses among
-SINGLE: tuple[tuple[str, str, Mapping[str, Any]], ...] = (
-    ("split", "split", {}),
-    ("split-adaln-npu", "split", {"adaln": "npu"}),
-    ("fused", "fused", {}),
-    ("fused-x2", "fused", {"blocks_per_stage": 2}),
-)
+#: every single-strategy plan ``auto`` chooses among (:mod:`rkpart.strategies.families`)
+SINGLE: tuple[Family, ...] = families(max_run=2)
 
 
 @dataclass(frozen=True)
@@ -227,12 +223,12 @@ def single_plans(model_path: str | Path, work: Path) -> tuple[dict[str, Path], i
         anatomies.setdefault(tuple(b.signature), []).append(b.index)
     reps = None if len(blocks) <= WHOLE_PLAN_BLOCKS else [ids[0] for ids in anatomies.values()]
     plans: dict[str, Path] = {}
-    for name, strategy, sopts in SINGLE:
-        if sopts.get("blocks_per_stage", 1) > len(blocks):
+    for fam in SINGLE:
+        if fam.blocks_per_stage > len(blocks):
             continue
-        out = work / "plans" / name
-        partition(model_path, out, strategy, force=True, **sopts)
-        plans[name] = out
+        out = work / "plans" / fam.id
+        partition(model_path, out, fam.strategy, force=True, **fam.options)
+        plans[fam.id] = out
     return plans, len(blocks), reps
 
 
@@ -255,8 +251,9 @@ def profile_for_fit(plans: Mapping[str, Path], nblocks: int, reps: Sequence[int]
         f = work / "profiles" / (f"{tag}.memory.jsonl" if memory else f"{tag}.r{i}.jsonl")
         progress(f"profiling {name} ({residency}{'' if block is None else f', block {block}'}"
                  f"{', memory' if memory else f', round {i + 1}/{config.rounds}'})")
-        # fused-x2's representative block starts a pair; a pair cannot start at the last block
-        at = block if block is None or block + 1 < nblocks or name != "fused-x2" else block - 1
+        # a run's representative block starts the run; a run cannot start in the last blocks
+        span = next((f.blocks_per_stage for f in SINGLE if f.id == name), 1)
+        at = block if block is None or block + span <= nblocks else nblocks - span
         # one warm-up round before a plan's first measured round only: later rounds run warm
         _profile(folder, f, config, residency=residency, rounds=1, warmup=0 if memory or i else 1, block=at,
                  memory=memory)

@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--pivot"]:
         sys.stdout.write(pivot([Path(a) for a in argv[1:]]))
         return 0
-    from rkpart.compile.compile import compile_plan_report
+    from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.compile.toolkits import find_toolkit
     try:
         from rkpart.pipeline import partition
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
                         for rw in (False, True):
                             t0 = time.monotonic()
                             try:
-                                rep = compile_plan_report(plan, folder, tk, "rk3588", {}, jobs=1, rewrites=rw)
+                                rep = compile_plan_report(plan, folder, CompileOptions(tk, "rk3588", {}, jobs=1,
+                                                                                       rewrites=rw))
                             except Exception:  # noqa: BLE001
                                 traceback.print_exc()
                                 cells += ["error", "-"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.cli import bundled_example
+from rkpart.cli_args import bundled_example
 from rkpart.compile.toolkits import Toolkit
 from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition

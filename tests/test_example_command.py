@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from rkpart.cli import bundled_example, main
+from rkpart.cli import main
+from rkpart.cli_args import bundled_example
 
 
 @pytest.mark.parametrize("dest,written", [

@@ -39,6 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("profile",),
     ("cost_model",),
     ("bundle", "report"),
+    ("auto",),
     ("pipeline",),
     ("tune",),
     ("dropin",),

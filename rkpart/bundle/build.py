@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from rkpart.io import (
 from rkpart.output import MARKER, check_folder_target, staged_folder
 from rkpart.partitioner.plan import Plan, Stage, load_plan
 from rkpart.partitioner.verify import artifact_file, stage_onnx
-from rkpart.progress import advance
+from rkpart.progress import Progress, advance
 from rkpart.runtime import board_runner as runner_mod
 from rkpart.types import NPU, RESIDENCIES, Residency
 
@@ -43,7 +43,6 @@ DEFAULT_MIN_COSINE = 0.999
 #: and its bound on max |error| / max |reference| (the runner's own default when a manifest has none)
 DEFAULT_MAX_ABS_REL = runner_mod.DEFAULT_MAX_ABS_REL
 
-Progress = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -85,31 +84,38 @@ def _stage_name(stage: Stage) -> str:
     return name[: -len(".onnx")] if name.endswith(".onnx") else name
 
 
+@dataclass(frozen=True)
+class BundleOptions:
+    """How :func:`bundle_plan` writes a board folder (``rkpart bundle``'s options; see there)."""
+
+    residency: str | None = None
+    core_mask: str | None = None
+    model: str | os.PathLike[str] | None = None
+    seed: int = 0
+    min_cosine: float = DEFAULT_MIN_COSINE
+    max_abs_rel: float | None = DEFAULT_MAX_ABS_REL
+    force: bool = False
+    latent_input: str | None = None
+    timestep_input: str | None = None
+    context_inputs: Sequence[str] = ()
+    guidance: float = 4.0
+    shift: float = 1.0
+    cfg_parallel: bool = False
+    budget_bytes: int | None = None
+
+
 def bundle_plan(
     plan_path: str | os.PathLike[str],
     out: str | os.PathLike[str],
+    opts: BundleOptions = BundleOptions(),
     *,
-    residency: str | None = None,
-    core_mask: str | None = None,
-    model: str | os.PathLike[str] | None = None,
     inputs: Mapping[str, np.ndarray] | None = None,
-    seed: int = 0,
-    min_cosine: float = DEFAULT_MIN_COSINE,
-    max_abs_rel: float | None = DEFAULT_MAX_ABS_REL,
-    force: bool = False,
     progress: Progress = lambda _m: None,
-    latent_input: str | None = None,
-    timestep_input: str | None = None,
-    context_inputs: Sequence[str] = (),
-    guidance: float = 4.0,
-    shift: float = 1.0,
-    cfg_parallel: bool = False,
-    budget_bytes: int | None = None,
 ) -> BundleResult:
     """Write the board folder ``out`` for the compiled plan at ``plan_path``.
 
     Every NPU stage needs an ``.rknn`` artifact (``rkpart compile``).  ``inputs`` (default:
-    seeded random inputs, ``seed``) are run through the whole model with ONNX Runtime to
+    seeded random inputs, ``opts.seed``) are run through the whole model with ONNX Runtime to
     give ``ref_outputs.npz``; the runner's gate defaults to ``min_cosine``/``max_abs_rel``.
 
     ``core_mask`` is a mask for every NPU stage or a per-stage spec
@@ -127,41 +133,41 @@ def bundle_plan(
     from rkpart.runtime.executor import find_model, random_inputs, run_model
     from rkpart.targets import get_target
 
+    o = opts
     plan, folder = load_plan(plan_path)
     missing = [s.id for s in plan.npu_stages if s.artifact("rknn") is None]
     if missing:
         raise SpecError(f"NPU stage {missing[0]} has no .rknn artifact ({len(missing)} of {len(plan.npu_stages)} "
                         "uncompiled); run `rkpart compile` first")
-    res = stage_residency(plan, residency)
-    masks = core_masks(plan, folder, core_mask)
+    res = stage_residency(plan, o.residency)
+    masks = core_masks(plan, folder, o.core_mask)
     for sid, why in sorted({(sid, m.reason) for sid, m in masks.items() if m.reason.startswith("no layer table")}):
         progress(f"core mask of {sid}: {why}")
-    loop = loop_record(plan, latent=latent_input, timestep=timestep_input, context=context_inputs,
-                       guidance=guidance, shift=shift, cfg_parallel=cfg_parallel)
+    loop = loop_record(plan, latent=o.latent_input, timestep=o.timestep_input, context=o.context_inputs,
+                       guidance=o.guidance, shift=o.shift, cfg_parallel=o.cfg_parallel)
     if "error" in loop:
         progress(f"no denoising loop in this bundle (runner.py --steps): {loop['error']}")
     mem = {s.id: stage_memory(folder, s) for s in plan.npu_stages}
     compiled_target = plan.extra.get("compile", {}).get("target")
-    budget = budget_bytes if budget_bytes is not None else get_target(compiled_target).pipeline_budget_bytes()
+    budget = o.budget_bytes if o.budget_bytes is not None else get_target(compiled_target).pipeline_budget_bytes()
     per_bytes = {sid: m.bytes for sid, m in mem.items()}
-    if cfg_parallel:
+    if o.cfg_parallel:
         check_cfg_parallel(plan, per_bytes, res, budget)
     device = {"budget_bytes": budget, "source": sorted({m.source for m in mem.values()}),
               "run_bytes": run_bytes(per_bytes, res, cfg_parallel=False),
               "cfg_parallel_run_bytes": run_bytes(per_bytes, res, cfg_parallel=True)}
     extra = {"core_masks": masks, "device_bytes": per_bytes, "loop": loop, "device": device,
-             "core_mask": core_mask if core_mask in runner_mod.CORE_MASKS else "auto"}
-    whole = find_model(plan, folder, None if model is None else Path(model))
+             "core_mask": o.core_mask if o.core_mask in runner_mod.CORE_MASKS else "auto"}
+    whole = find_model(plan, folder, None if o.model is None else Path(o.model))
     out = Path(os.path.abspath(out))
-    _prepare_out(out, force, folder)
+    _prepare_out(out, o.force, folder)
 
-    feeds = dict(inputs) if inputs is not None else random_inputs(plan.tensors, plan.inputs, seed)
+    feeds = dict(inputs) if inputs is not None else random_inputs(plan.tensors, plan.inputs, o.seed)
     progress(f"reference: whole model {whole} on ONNX Runtime")
     ref = run_model(whole, feeds, plan.outputs)
 
-    with staged_folder(out, kind=BUNDLE_KIND, force=force) as staging:
-        manifest = _write(plan, folder, staging, res, str(extra["core_mask"]), feeds, ref,
-                          seed if inputs is None else None, min_cosine, max_abs_rel, progress, extra)
+    with staged_folder(out, kind=BUNDLE_KIND, force=o.force) as staging:
+        manifest = _write(plan, folder, staging, res, feeds, ref, o, inputs is None, progress, extra)
     progress(f"wrote bundle {out}: {len(plan.npu_stages)} NPU + {len(plan.host_stages)} host stages")
     return BundleResult(folder=out, manifest=manifest)
 
@@ -182,10 +188,12 @@ def _savez(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
                 np.lib.format.write_array(f, np.asarray(arrays[k]), allow_pickle=False)
 
 
-def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str], core_mask: str,
-           feeds: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], seed: int | None,
-           min_cosine: float, max_abs_rel: float | None, progress: Progress,
-           extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str],
+           feeds: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], opts: BundleOptions, seeded: bool,
+           progress: Progress, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The bundle's files in ``staging`` and its manifest; ``seeded``: ``feeds`` are ``opts.seed``'s
+    random inputs (recorded), not given ones."""
+    core_mask = str(extra["core_mask"])
     stages: list[dict[str, Any]] = []
     for i, s in enumerate(plan.stages):
         entry: dict[str, Any] = {"id": s.id, "device": s.device, "inputs": list(s.inputs),
@@ -198,9 +206,8 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
             _copy(src, staging / rel)
             entry.update(file=rel, residency=residency[s.id], source=s.file, source_sha256=s.sha256,
                          toolkit=art.toolkit, target=art.target, cpu_ops=list(art.cpu_ops))
-            if extra is not None:
-                cm = extra["core_masks"][s.id]
-                entry.update(core_mask=cm.mask, core_mask_reason=cm.reason, device_bytes=extra["device_bytes"][s.id])
+            cm = extra["core_masks"][s.id]
+            entry.update(core_mask=cm.mask, core_mask_reason=cm.reason, device_bytes=extra["device_bytes"][s.id])
             if art.precision != "fp16":  # issue 27: the runner feeds such a stage float32 (runtime/int8_io.py)
                 entry["precision"] = art.precision
         else:
@@ -239,17 +246,16 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
         "outputs": [plan.tensors[n].to_json() for n in plan.outputs],
         "tensors": {k: {"dtype": t.dtype, "shape": list(t.shape)} for k, t in sorted(plan.tensors.items())},
         "stages": stages,
-        "reference": {"inputs": REF_INPUTS, "outputs": REF_OUTPUTS, "seed": seed,
+        "reference": {"inputs": REF_INPUTS, "outputs": REF_OUTPUTS, "seed": opts.seed if seeded else None,
                       "computed_by": "onnxruntime (CPU), whole model"},
-        "gate": {"min_cosine": min_cosine, "max_abs_rel": max_abs_rel},
+        "gate": {"min_cosine": opts.min_cosine, "max_abs_rel": opts.max_abs_rel},
         "requires": ["numpy", "onnxruntime", "rknn-toolkit-lite2"],
         "files": files,
     }
-    if extra is not None:
-        manifest["denoise"] = extra["loop"]
-        manifest["device_memory"] = extra["device"]
+    manifest["denoise"] = extra["loop"]
+    manifest["device_memory"] = extra["device"]
     atomic_write_bytes(staging / runner_mod.MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     return manifest
 
 
-__all__ = ["BundleResult", "bundle_plan", "stage_residency"]
+__all__ = ["BundleOptions", "BundleResult", "bundle_plan", "stage_residency"]

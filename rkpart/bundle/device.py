@@ -19,8 +19,7 @@ from rkpart.bundle.cores import build_log
 from rkpart.compile.compiler_plan import parse_memory
 from rkpart.errors import BudgetError
 from rkpart.partitioner.plan import Plan, Stage
-
-MIB = 1 << 20
+from rkpart.units import MIB
 
 
 @dataclass(frozen=True)

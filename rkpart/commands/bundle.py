@@ -64,19 +64,19 @@ def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: 
       python OUT/runner.py                 # runs ref_inputs.npz, gates against ref_outputs.npz
       python OUT/runner.py --steps 30 --guidance 4.5 [--cfg-parallel]   # a whole denoising loop
     """
-    from rkpart.bundle.build import bundle_plan
+    from rkpart.bundle.build import BundleOptions, bundle_plan
     from rkpart.partitioner.plan import load_plan
     from rkpart.progress import Reporter
     from rkpart.runtime.executor import load_inputs
 
     feeds = load_inputs(inputs, load_plan(plan)[0]) if inputs is not None else None
     with Reporter(quiet=quiet) as say:
-        res = bundle_plan(plan, out, residency=None if residency == "plan" else residency, core_mask=core_mask,
-                          model=model, inputs=feeds, seed=seed,
-                          min_cosine=min_cosine, max_abs_rel=max_abs_rel, force=force, progress=say,
-                          latent_input=latent_input, timestep_input=timestep_input, context_inputs=context_inputs,
-                          guidance=guidance, shift=shift, cfg_parallel=cfg_parallel,
-                          budget_bytes=None if budget_mib is None else int(budget_mib * 2**20))
+        opts = BundleOptions(residency=None if residency == "plan" else residency, core_mask=core_mask, model=model,
+                             seed=seed, min_cosine=min_cosine, max_abs_rel=max_abs_rel, force=force,
+                             latent_input=latent_input, timestep_input=timestep_input,
+                             context_inputs=context_inputs, guidance=guidance, shift=shift, cfg_parallel=cfg_parallel,
+                             budget_bytes=None if budget_mib is None else int(budget_mib * 2**20))
+        res = bundle_plan(plan, out, opts, inputs=feeds, progress=say)
     m = res.manifest
     summary = {"bundle": str(out), "files": len(m["files"]), "size_bytes": res.size_bytes,
                "npu_stages": m["plan"]["npu_stages"], "host_stages": m["plan"]["host_stages"],

@@ -1,5 +1,5 @@
 """Click command ``rkpart repro``: options become one :class:`rkpart.triage.repro.ReproOptions`
-for :func:`rkpart.triage.repro.run_repro`."""
+for :func:`rkpart.triage.repro.reproduce`."""
 
 from __future__ import annotations
 
@@ -65,13 +65,13 @@ def repro(model: str, versions: tuple[str, ...], target: str, rknn_config: dict[
     Exit status: 0 when a reproducer was written (or with --no-reduce, the matrix), 1 when
     no version fails.
     """
-    from rkpart.triage.repro import ReproOptions, run_repro
+    from rkpart.triage.repro import ReproOptions, reproduce
 
     opts = ReproOptions(versions=versions, target=target, config=rknn_config, fail_regex=fail_regex,
                         max_time=max_time, build_timeout=build_timeout, reduce_with=reduce_with,
                         reduce=not no_reduce, toolkits_dir=toolkits_dir, force=force)
     with Reporter(quiet=quiet) as progress:
-        report = run_repro(model, out, opts, progress)
+        report = reproduce(model, out, opts, progress)
     emit(as_json, report.to_json, report.summary, sort_keys=True)
     if not report.original.failing:
         sys.exit(1)

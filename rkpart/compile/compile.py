@@ -22,7 +22,7 @@ from rkpart.compile.compiler_plan import artifact_compiler_plan, compiler_meta
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
 from rkpart.compile.precision import StagePrecision, link_dataset
 from rkpart.compile.preflight import check_config, check_target
-from rkpart.compile.prepare import prepare_stage
+from rkpart.compile.prepare import PreparedRecord, prepare_stage
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult
 from rkpart.compile.scheduler import (
     DEFAULT_MARGIN,
@@ -139,43 +139,43 @@ class CompileReport:
 
 @dataclass(frozen=True)
 class CompileOptions:
-    """Everything ``rkpart compile PLAN`` was asked to do (see :func:`compile_plan` for each field)."""
+    """How to build a plan's NPU stages: ``rkpart compile PLAN``'s options, and what
+    :func:`compile_plan_report` reads (see :func:`compile_plan` for the first six fields)."""
 
-    toolkit: str
+    toolkit: str | Toolkit  # version installed with `rkpart toolkit install`, a python path, or a Toolkit
     target: str = "rk3588"
     config: Mapping[str, Any] = field(default_factory=dict)  # RKNN.config options besides target_platform
     jobs: int = 1
     timeout: float | None = None
-    fallback_toolkit: str | None = None
-    toolkits_dir: str | None = None
-    shared_cache: str | None = None  # cache dir shared between plans [default: the user's build cache]
+    fallback_toolkit: str | Toolkit | None = None
+    toolkits_dir: str | os.PathLike[str] | None = None
+    shared_cache: str | os.PathLike[str] | None = None  # cache dir shared between plans [default: the user's]
     retry_failed: bool = False
     cache: bool = True  # False: neither read nor fill the user-level build cache
-    stages: tuple[str, ...] = ()  # build only these NPU stages (ids); others keep their artifacts
+    stages: Sequence[str] = ()  # build only these NPU stages (ids); others keep their artifacts
     rewrites: bool = True  # apply the NPU rewrites of rkpart.targets.rewrites (opset lowering always happens)
     strict_npu: bool = False  # a stage with ops left on the CPU fails
     executor: str = "local"  # "local" (subprocesses here) or "ray" (Ray tasks, rkpart.compile.ray_executor)
     address: str | None = None  # Ray cluster address for executor "ray"
     precision: str = "fp16"  # fp16, int8 (w8a8) or hybrid: every NPU stage not named by precision_spec
-    calibration: str | None = None  # calibration folder (rkpart calibrate); needed by int8 / hybrid
+    calibration: str | os.PathLike[str] | None = None  # calibration folder (rkpart calibrate); int8 / hybrid
     quantized_algorithm: str = "normal"  # normal, mmse, kl_divergence
-    precision_spec: str | None = None  # YAML/JSON: stage ids / regions / kinds -> precision
+    precision_spec: str | os.PathLike[str] | None = None  # YAML/JSON: stage ids / regions / kinds -> precision
+    memory_margin: int = DEFAULT_MARGIN  # bytes of RAM the scheduler keeps free
+    worker: Path = WORKER  # the build worker script; replaced only by test fakes
     learn: bool = True  # record CPU layers in the learned-placement store (rkpart.compile.learned)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stages", tuple(self.stages))
 
 
 def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
                    progress: Progress | None = None) -> CompileReport:
     """Load the plan at ``plan_path`` (folder or ``plan.json``) and build it as ``options`` say."""
     plan, folder = load_plan(plan_path)
-    o = options
-    report = compile_plan_report(plan, folder, o.toolkit, o.target, o.config, o.jobs, o.timeout, o.fallback_toolkit,
-                                 progress, toolkits_dir=o.toolkits_dir, shared_cache=o.shared_cache,
-                                 retry_failed=o.retry_failed, cache=o.cache, stages=o.stages or None,
-                                 rewrites=o.rewrites, strict_npu=o.strict_npu, executor=o.executor,
-                                 address=o.address, precision=o.precision, calibration=o.calibration,
-                                 quantized_algorithm=o.quantized_algorithm, precision_spec=o.precision_spec)
-    if o.learn:
-        learn_placements(report, Path(folder), o.target, progress)
+    report = compile_plan_report(plan, folder, options, progress)
+    if options.learn:
+        learn_placements(report, Path(folder), options.target, progress)
     return report
 
 
@@ -244,29 +244,20 @@ def compile_plan(plan: Plan, folder: str | os.PathLike[str], toolkit: str | Tool
     OutputExistsError
         Another rkpart run holds the folder.
     """
-    return compile_plan_report(plan, folder, toolkit, target, config, jobs, timeout, fallback_toolkit,
-                               progress, **options).plan
+    opts = CompileOptions(toolkit, target, dict(config or {}), jobs, timeout, fallback_toolkit, **options)
+    return compile_plan_report(plan, folder, opts, progress).plan
 
 
-def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str | Toolkit, target: str = "rk3588",
-                        config: Mapping[str, Any] | None = None, jobs: int = 1,
-                        timeout: float | None = None, fallback_toolkit: str | Toolkit | None = None,
+def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: CompileOptions,
                         progress: Progress | None = None, *,
-                        toolkits_dir: str | os.PathLike[str] | None = None,
-                        shared_cache: str | os.PathLike[str] | None = None, retry_failed: bool = False,
-                        cache: bool = True, stages: Sequence[str] | None = None,
-                        rewrites: bool = True, strict_npu: bool = False,
-                        memory_margin: int = DEFAULT_MARGIN, available: Callable[[], int] = available_memory,
-                        worker: Path = WORKER, executor: str = "local", address: str | None = None,
-                        precision: str = "fp16", calibration: str | os.PathLike[str] | None = None,
-                        quantized_algorithm: str = "normal",
-                        precision_spec: str | os.PathLike[str] | None = None) -> CompileReport:
-    """:func:`compile_plan`, returning the per-stage outcomes as well (keyword options as documented there).
+                        available: Callable[[], int] = available_memory) -> CompileReport:
+    """:func:`compile_plan`, returning the per-stage outcomes as well; ``opts`` says how.
 
-    ``shared_cache`` is a cache dir shared between plans (default: the user-level build cache,
+    ``opts.shared_cache`` is a cache dir shared between plans (default: the user-level build cache,
     :mod:`rkpart.compile.user_cache`; ``cache=False`` uses none); ``stages`` limits the build
     to those NPU stage ids (the others keep their artifacts); ``retry_failed`` rebuilds stages
-    whose crash is remembered by the cache; ``worker`` is replaced only by test fakes.
+    whose crash is remembered by the cache; ``opts.worker`` and ``available`` (free memory in bytes,
+    read by the scheduler) are replaced only by test fakes.
     ``executor="ray"`` runs the builds as Ray tasks on the cluster at ``address``
     (:mod:`rkpart.compile.ray_executor`); results land in the plan exactly as local builds.
     ``precision`` / ``precision_spec`` / ``calibration`` / ``quantized_algorithm``: int8 and
@@ -276,21 +267,21 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
     say = progress or (lambda _m: None)
     folder = Path(folder)
     t0 = time.monotonic()
-    chosen = _select_stages(plan, stages)
-    tk = _resolve(toolkit, toolkits_dir)
+    chosen = _select_stages(plan, opts.stages or None)
+    target, toolkits_dir, shared_cache = opts.target, opts.toolkits_dir, opts.shared_cache
+    tk = _resolve(opts.toolkit, toolkits_dir)
     assert tk is not None
-    fb = _resolve(fallback_toolkit, toolkits_dir)
-    full_config = {**dict(config or {}), "target_platform": target}
+    fb = _resolve(opts.fallback_toolkit, toolkits_dir)
+    full_config = {**dict(opts.config or {}), "target_platform": target}
     # once, before any build: a bad target or option would otherwise fail every stage
     check_target(target)
-    check_config(full_config, [t for t in (tk, fb) if t is not None], worker)
+    check_config(full_config, [t for t in (tk, fb) if t is not None], opts.worker)
     chash = config_hash(full_config)
     settings = {"toolkit": tk.version, "target": target, "config": normalise_config(full_config),
-                "config_hash": chash, "fallback_toolkit": fb.version if fb else None, "rewrites": rewrites,
-                "strict_npu": strict_npu}
-    precisions = _precisions(plan, chosen, precision, precision_spec, calibration, quantized_algorithm, target,
-                             full_config, [t for t in (tk, fb) if t is not None], worker, settings)
-    if executor == "ray" and any(sp.quantized for sp in precisions.values()):
+                "config_hash": chash, "fallback_toolkit": fb.version if fb else None, "rewrites": opts.rewrites,
+                "strict_npu": opts.strict_npu}
+    precisions = _precisions(plan, chosen, opts, full_config, [t for t in (tk, fb) if t is not None], settings)
+    if opts.executor == "ray" and any(sp.quantized for sp in precisions.values()):
         # a Ray node gets the stage's files, not its calibration dataset: it would build fp16
         raise UserError("--precision int8 / hybrid builds run with --executor local only (Ray tasks do not "
                         "carry the calibration data yet)")
@@ -302,20 +293,21 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
         shutil.rmtree(folder / RKNN_DIR / ".tmp", ignore_errors=True)
         _check_writable(folder / RKNN_DIR)
         local = ArtifactCache(folder / RKNN_DIR)
-        shared_root = Path(shared_cache) if shared_cache else user_cache_dir() if cache else None
+        shared_root = Path(shared_cache) if shared_cache else user_cache_dir() if opts.cache else None
         shared = ArtifactCache(shared_root) if shared_root is not None else None
         mem_path = (Path(shared_cache) if shared_cache else default_cache_dir()) / MEMORY_FILE
         model = MemoryModel(mem_path)
         ctx = _Context(folder=folder, target=target, config=full_config, chash=chash, cache=local,
-                       shared=shared, model=model, timeout=timeout, jobs=jobs, retry_failed=retry_failed,
-                       margin=memory_margin, available=available, worker=worker, say=say, t0=t0,
-                       rewrites=rewrites, precisions=precisions)
-        if executor == "ray":
+                       shared=shared, model=model, timeout=opts.timeout, jobs=opts.jobs,
+                       retry_failed=opts.retry_failed, margin=opts.memory_margin, available=available,
+                       worker=opts.worker, say=say, t0=t0,
+                       rewrites=opts.rewrites, precisions=precisions)
+        if opts.executor == "ray":
             from rkpart.compile.ray_executor import RayRunner
 
-            ctx.runner = RayRunner(address, toolkits_dir=toolkits_dir, say=say)
-        elif executor != "local":
-            raise UserError(f"unknown executor {executor!r}: choose local or ray")
+            ctx.runner = RayRunner(opts.address, toolkits_dir=toolkits_dir, say=say)
+        elif opts.executor != "local":
+            raise UserError(f"unknown executor {opts.executor!r}: choose local or ray")
         outcomes = ctx.compile_round(chosen, tk, fallback_reason=None)
         if fb is not None:
             retry = [s for s in chosen if outcomes[s.id].status == "failed"]
@@ -326,7 +318,7 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
                 for s in retry:
                     o2 = second[s.id]
                     outcomes[s.id] = dataclasses.replace(o2, failures=outcomes[s.id].failures + o2.failures)
-        if strict_npu:
+        if opts.strict_npu:
             for s in chosen:
                 o = outcomes[s.id]
                 if o.artifact is not None and o.artifact.cpu_ops:
@@ -342,19 +334,19 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], toolkit: str
         new_plan.save(folder)
     ordered = tuple(dataclasses.replace(outcomes[s.id], blocks=s.blocks or ((s.block,) if s.block is not None
                                                                             else ()),
-                                        dropped_rewrites=dict((ctx.prepared.get(s.id) or {})
-                                                              .get("dropped_rewrites", {})))
+                                        dropped_rewrites=dict(_dropped(ctx.prepared.get(s.id))))
                     for s in chosen)
     return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings)
 
 
-def _precisions(plan: Plan, chosen: tuple[Stage, ...], precision: str, spec_path: str | os.PathLike[str] | None,
-                calibration: str | os.PathLike[str] | None, algorithm: str, target: str,
-                config: Mapping[str, Any], toolkits: list[Toolkit], worker: Path,
-                settings: dict[str, Any]) -> dict[str, StagePrecision]:
+def _precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions, config: Mapping[str, Any],
+                toolkits: list[Toolkit], settings: dict[str, Any]) -> dict[str, StagePrecision]:
     """Each chosen stage's precision, checked before any build (one-line errors: no or stale
     calibration, a target or toolkit that cannot quantize); records them in ``settings``."""
     from rkpart.compile.precision import load_precision_spec, resolve
+
+    precision, spec_path, calibration = opts.precision, opts.precision_spec, opts.calibration
+    algorithm, target, worker = opts.quantized_algorithm, opts.target, opts.worker
 
     spec = load_precision_spec(spec_path, plan) if spec_path is not None else None
     out = resolve(plan, chosen, precision=precision, spec=spec, calibration=calibration, algorithm=algorithm,
@@ -416,16 +408,12 @@ def _resolve(spec: str | Toolkit | None, toolkits_dir: str | os.PathLike[str] | 
     return find_toolkit(spec, toolkits_dir)
 
 
-def _describe_prep(rec: Mapping[str, Any]) -> str:
-    parts = []
-    if rec["from_opset"] != rec["to_opset"]:
-        parts.append(f"lowered from opset {rec['from_opset']} to {rec['to_opset']} for rknn-toolkit2 {rec['toolkit']}")
-    parts += [f"{k} x{v}" for k, v in sorted(rec["rewrites"].items())]
-    return ", ".join(parts)
+def _dropped(rec: PreparedRecord | None) -> Mapping[str, str]:
+    return {} if rec is None else rec.dropped_rewrites
 
 
 def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: Mapping[str, Any],
-           prepared: Mapping[str, dict[str, Any] | None] | None = None) -> Plan:
+           prepared: Mapping[str, PreparedRecord | None] | None = None) -> Plan:
     stages = []
     for s in plan.stages:
         o = outcomes.get(s.id)
@@ -436,7 +424,8 @@ def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: Mapping[s
         kept = tuple(a for a in s.artifacts if a.kind != "rknn")
         arts = (*kept, o.artifact) if o.artifact else kept
         prep = (prepared or {}).get(s.id)
-        stages.append(dataclasses.replace(s, artifacts=arts, failures=o.failures, prepared=prep))
+        stages.append(dataclasses.replace(s, artifacts=arts, failures=o.failures,
+                                          prepared=None if prep is None else prep.to_json()))
     extra = {**plan.extra, "compile": dict(settings)}
     return dataclasses.replace(plan, stages=tuple(stages), extra=extra)
 
@@ -460,7 +449,7 @@ class _Context:
     t0: float
     rewrites: bool = True
     #: stage id -> what prepare_stage did for the last toolkit that saw it (None: nothing)
-    prepared: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    prepared: dict[str, PreparedRecord | None] = field(default_factory=dict)
     #: runs one build (Ray's RayRunner); None: local subprocesses under the memory scheduler
     runner: Callable[..., BuildResult] | None = None
     #: stage id -> how it is built (fp16 when missing)
@@ -487,7 +476,7 @@ class _Context:
         npu_rows = {r.name for r in rewrite_table.REWRITES if r.kind == "npu"}
         for s in stages:
             o, rec = outcomes[s.id], self.prepared.get(s.id)
-            applied = [n for n in (rec or {}).get("rewrites", {}) if n in npu_rows]
+            applied = [n for n in (rec.rewrites if rec else {}) if n in npu_rows]
             if o.status == "failed" and applied and o.failures and o.failures[-1].last_step != "prepare":
                 first[s.id] = (applied, o.failures[-1].message)
         if not first:
@@ -501,7 +490,7 @@ class _Context:
                  + "; ".join(f"{sid} ({', '.join(a)})" for sid, (a, _) in first.items()))
         drops = {sid: {n: why(sid) for n in applied} for sid, (applied, _) in first.items()}
         second = self._build_round([by_id[sid] for sid in first], tk, fallback_reason, drops)
-        best: dict[str, tuple[StageOutcome, dict[str, Any] | None]] = {}
+        best: dict[str, tuple[StageOutcome, PreparedRecord | None]] = {}
         for sid, o2 in second.items():
             if o2.status == "failed":  # not the rewrites: the stage fails either way
                 outcomes[sid] = dataclasses.replace(o2, failures=outcomes[sid].failures + o2.failures)
@@ -522,7 +511,7 @@ class _Context:
         for sid, (o_best, rec) in best.items():
             self.prepared[sid] = rec
             outcomes[sid] = o_best
-            for name, reason in (rec or {}).get("dropped_rewrites", {}).items():
+            for name, reason in _dropped(rec).items():
                 self.say(f"[rewrite dropped] {sid}: {name}: {reason}")
 
     def _build_round(self, stages: Sequence[Stage], tk: Toolkit, fallback_reason: Mapping[str, str] | None,
@@ -543,7 +532,7 @@ class _Context:
                 continue
             self.prepared[s.id] = prep.record
             if prep.record is not None:
-                self.say(f"[prepared] {s.id}: {_describe_prep(prep.record)}")
+                self.say(f"[prepared] {s.id}: {prep.record.describe()}")
             onnx = prep.onnx
             sp = self.precisions.get(s.id) or StagePrecision("fp16")
             config = sp.config(self.config, self.target)

@@ -24,7 +24,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +49,45 @@ REWRITE_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-6)
 
 
 @dataclass(frozen=True)
+class PreparedRecord:
+    """What was done to a stage before its build: the stage's ``prepared`` entry in plan.json
+    (:meth:`to_json`, the schema's ``prepared``) and the prepared copy's cache metadata."""
+
+    toolkit: str
+    from_opset: int
+    to_opset: int
+    rewrites: Mapping[str, int]  # rewrite name -> how many ops it rewrote
+    file: str  # the file built, relative to the plan folder
+    sha256: str
+    dropped_rewrites: Mapping[str, str] = field(default_factory=dict)  # rewrite name -> why it was left out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"toolkit": self.toolkit, "from_opset": self.from_opset, "to_opset": self.to_opset,
+                "rewrites": dict(self.rewrites),
+                **({"dropped_rewrites": dict(self.dropped_rewrites)} if self.dropped_rewrites else {}),
+                "file": self.file, "sha256": self.sha256}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PreparedRecord:
+        return cls(toolkit=str(d["toolkit"]), from_opset=int(d["from_opset"]), to_opset=int(d["to_opset"]),
+                   rewrites=dict(d["rewrites"]), file=str(d["file"]), sha256=str(d["sha256"]),
+                   dropped_rewrites=dict(d.get("dropped_rewrites", {})))
+
+    def describe(self) -> str:
+        """``lowered from opset 20 to 19 for rknn-toolkit2 2.3.0, gelu20-decompose x1`` (progress lines)."""
+        parts = []
+        if self.from_opset != self.to_opset:
+            parts.append(f"lowered from opset {self.from_opset} to {self.to_opset} for rknn-toolkit2 {self.toolkit}")
+        parts += [f"{k} x{v}" for k, v in sorted(self.rewrites.items())]
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
 class Prepared:
     """The file to build for one stage and what was done to make it."""
 
     onnx: Path
-    record: dict[str, Any] | None  # None: the stage file itself is built
+    record: PreparedRecord | None  # None: the stage file itself is built
 
 
 def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str, target: str,
@@ -89,11 +123,11 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
             meta = json.loads(meta_path.read_text())
             if meta.get("version") == PREPARE_VERSION and meta.get("stage_sha256") == stage_sha \
                     and meta.get("rules") == _rules() and meta.get("drop", {}) == drop:
-                rec = meta["record"]
-                if not rec:
+                if not meta["record"]:
                     return Prepared(onnx_path, None)
-                built = rknn_dir.parent / rec["file"]
-                if built.is_file() and rec.get("sha256") == stage_sha256(built):  # an edited copy is made again
+                rec = PreparedRecord.from_json(meta["record"])
+                built = rknn_dir.parent / rec.file
+                if built.is_file() and rec.sha256 == stage_sha256(built):  # an edited copy is made again
                     return Prepared(built, rec)
         except (OSError, ValueError, KeyError, TypeError):
             pass
@@ -115,19 +149,19 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
         dropped.update(failed)
     if dropped:
         record["dropped_rewrites"] = dropped
+    record_out: PreparedRecord | None = None
     if current is not model:
         out_dir.mkdir(parents=True, exist_ok=True)
         _save(current, dest)
-        record_out: dict[str, Any] | None = {**record, "file": os.path.relpath(dest, rknn_dir.parent),
-                                             "sha256": stage_sha256(dest)}
+        record_out = PreparedRecord.from_json({**record, "file": os.path.relpath(dest, rknn_dir.parent),
+                                               "sha256": stage_sha256(dest)})
     elif dropped:  # nothing changed, but say what was left out and why: the stage file is built
-        record_out = {**record, "file": os.path.relpath(onnx_path, rknn_dir.parent), "sha256": stage_sha}
-    else:
-        record_out = None
+        record_out = PreparedRecord.from_json({**record, "file": os.path.relpath(onnx_path, rknn_dir.parent),
+                                               "sha256": stage_sha})
     tmp = meta_path.with_suffix(f".{os.getpid()}.tmp")
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp.write_text(json.dumps({"version": PREPARE_VERSION, "stage_sha256": stage_sha, "rules": _rules(),
-                               "drop": drop, "record": record_out},
+                               "drop": drop, "record": None if record_out is None else record_out.to_json()},
                               indent=2, sort_keys=True))
     os.replace(tmp, meta_path)
     if record_out is None:

@@ -28,9 +28,8 @@ import psutil
 from rkpart.compile.runner import BuildJob, BuildResult, run_build
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes, load_json_file
+from rkpart.units import GIB, MIB
 
-MIB = 2**20
-GIB = 2**30
 #: what importing the toolkit and building a tiny graph costs (measured ~0.5-0.7 GB)
 DEFAULT_BASE = 1 * GIB
 #: peak RSS per byte of stage (weights + I/O); the reference builds peaked at 25-50x
@@ -101,7 +100,8 @@ class _Running:
     rss: int = 0
 
 
-Progress = Callable[[dict[str, Any]], None]
+#: what :meth:`Scheduler.run` calls with each build event (a dict), not a line of text
+Events = Callable[[dict[str, Any]], None]
 
 
 class Scheduler:
@@ -143,7 +143,7 @@ class Scheduler:
         budget = self.available() + sum(r.rss for r in running) - self.margin
         return sum(r.job.est_peak_rss for r in running) + job.est_peak_rss <= budget
 
-    def run(self, jobs: Sequence[BuildJob], progress: Progress | None = None) -> list[BuildResult]:
+    def run(self, jobs: Sequence[BuildJob], progress: Events | None = None) -> list[BuildResult]:
         """Run every job; results come back in the order of ``jobs``."""
         say = progress or (lambda _e: None)
         # Largest first: a big build can then start on an empty machine, and small ones

@@ -33,8 +33,8 @@ from rkpart.partitioner.plan import Plan, load_plan
 from rkpart.profile.records import StageRecord, read_jsonl, stage_records
 from rkpart.targets.known_issues import crash_patterns
 from rkpart.types import HOST, LIFECYCLE, seconds_key
+from rkpart.units import KIB
 
-KIB = 1024
 #: the lifecycle calls that are not inference (a host stage's setup is their sum per round)
 LIFE_CALLS = ("load", "init", "release")
 

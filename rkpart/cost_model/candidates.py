@@ -1,17 +1,10 @@
 """Candidate partitions of each block, with their features and what rules them out.
 
-Per block (or run of consecutive blocks) the candidates are:
-
-``split``            one NPU stage per branch, AdaLN + gates + residuals on the host
-``split-adaln-npu``  one NPU stage per branch with its AdaLN inside; residuals on the host
-``fused``            the whole block (AdaLN, residuals, modulation) in one NPU stage
-``fused-xK``         K consecutive blocks in one NPU stage (K = 2 .. ``max_run``)
-``<plugin>``         any registered strategy whose stages each stay inside one block
-
-Groups come from the strategies themselves (``SplitStrategy.propose`` sliced per block; the
-pipeline proposes the whole-model partitions and hands them over, so this module never
-calls a strategy), and a chosen candidate is exactly the stage that strategy would have
-written.  Residency
+Per block (or run of consecutive blocks) the candidates are the candidate families of
+:mod:`rkpart.strategies.families` (the split and fused variants, runs of fused blocks,
+plugin strategies), each sliced out of a whole-model partition its strategy proposed: the
+pipeline proposes them and hands them over, so this module never calls a strategy, and a
+chosen candidate is exactly the stage that strategy would have written.  Residency
 (per-stage vs resident) is not part of a candidate: :mod:`rkpart.cost_model.select`
 evaluates every candidate under each residency.
 
@@ -32,12 +25,13 @@ from rkpart.cost_model.features import Features, group_features
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Block, Discovery
 from rkpart.partitioner.partition import Group, Partition, block_id
-from rkpart.targets.known_issues import crash_patterns
+from rkpart.strategies.families import candidate_id_for
+from rkpart.targets.known_issues import CrashPattern, crash_patterns
 
-#: strategies the auto strategy builds candidates from itself (or must not recurse into)
-OWN_STRATEGIES = frozenset({"split", "fused", "custom", "auto", "generic"})
-#: one candidate family: (candidate id, a partition of the whole model, options recorded for it)
+#: one candidate family's whole-model partition: (candidate id, the partition, options recorded for
+#: it); its candidates are runs of ``options["blocks_per_stage"]`` blocks (default 1)
 Variant = tuple[str, Partition, Mapping[str, Any]]
+
 
 @dataclass(frozen=True)
 class Candidate:
@@ -91,84 +85,53 @@ def _make(mg: ModelGraph, disc: Discovery, cid: str, run: Sequence[Block], group
                      layernorm="decomposed" if "decomposed" in forms else "op", options=dict(options))
 
 
-def _per_block(part: Partition, blocks: Sequence[Block]) -> dict[int, list[Group]]:
-    """The groups of each block; a block's ops no group of that block holds (what
-    ``GroupBuilder.add_host_rest`` leaves on the host without a block) become one host group
-    of the block, so that every candidate is costed for the whole block."""
-    out: dict[int, list[Group]] = {}
+def _per_run(part: Partition, blocks: Mapping[int, Block]) -> dict[tuple[int, ...], list[Group]]:
+    """The groups of each run of blocks (one block, or the blocks a group spans); a run's ops no
+    group of it holds (what ``GroupBuilder.add_host_rest`` leaves on the host without a block)
+    become one host group of the run, so that every candidate is costed for its whole run."""
+    out: dict[tuple[int, ...], list[Group]] = {}
     for g in part.groups:
         if g.block is None:
             continue
-        out.setdefault(g.block, []).append(g)
-    for b in blocks:
-        gs = out.get(b.index)
-        if not gs:
-            continue
-        rest = b.ops - frozenset().union(*(g.ops for g in gs))
+        out.setdefault(tuple(g.blocks) or (g.block,), []).append(g)
+    for run, gs in out.items():
+        rest = frozenset().union(*(blocks[b].ops for b in run if b in blocks)) - frozenset().union(
+            *(g.ops for g in gs))
         if rest:
-            gs.append(Group(id=f"{block_id(b)}.host-rest", device="host", ops=frozenset(rest), region="host",
-                            kind="host", block=b.index, blocks=(b.index,)))
+            first, last = blocks[run[0]], blocks[run[-1]]
+            gid = block_id(first) if len(run) == 1 else f"{block_id(first)}-{block_id(last)}.block"
+            gs.append(Group(id=f"{gid}.host-rest", device="host", ops=frozenset(rest), region="host",
+                            kind="host", block=run[0], blocks=run))
     return out
 
 
-def candidates_from(
-    mg: ModelGraph,
-    disc: Discovery,
-    variants: Sequence[Variant],
-    *,
-    max_run: int = 2,
-) -> dict[int, list[Candidate]]:
+def candidates_from(mg: ModelGraph, disc: Discovery, variants: Sequence[Variant]) -> dict[int, list[Candidate]]:
     """Candidates starting at each block index (runs are listed at their first block).
 
     ``variants`` are whole-model partitions (``(candidate id, partition, options)``, as
-    :func:`rkpart.pipeline.candidate_variants` proposes them with the strategies): each is
-    sliced per block, skipping blocks whose stages span several blocks.  Runs of
-    ``2 .. max_run`` fused blocks are added as ``fused-xK``.
+    :func:`rkpart.auto.candidate_variants` proposes them with the strategies of
+    :mod:`rkpart.strategies.families`): each is sliced into runs of
+    ``options["blocks_per_stage"]`` consecutive blocks (default 1); runs of another length (a
+    stage that spans several blocks where one was expected, a short tail) and runs sharing a
+    block with another run are skipped.
     """
-    blocks = list(disc.blocks)
-    out: dict[int, list[Candidate]] = {b.index: [] for b in blocks}
+    blocks = {b.index: b for b in disc.blocks}
+    out: dict[int, list[Candidate]] = {b: [] for b in blocks}
     for cid, part, opts in variants:
-        per = _per_block(part, blocks)
-        for b in blocks:
-            gs = per.get(b.index, [])
-            if any(len(g.blocks) > 1 for g in gs):
+        k = int(opts.get("blocks_per_stage", 1))
+        runs = _per_run(part, blocks)
+        touched: dict[int, int] = {}  # block -> how many runs have a group in it
+        for run in runs:
+            for b in run:
+                touched[b] = touched.get(b, 0) + 1
+        for run, gs in sorted(runs.items()):
+            if len(run) != k or any(b not in blocks or touched[b] > 1 for b in run):
                 continue
-            if gs:
-                out[b.index].append(_make(mg, disc, cid, [b], gs, opts))
-    # what the fused strategy does to its stages: index work on integer model inputs runs on the host
-    index = frozenset(mg.input_index_ops()) if max_run >= 2 else frozenset()
-    for k in range(2, max_run + 1):
-        for start in range(0, len(blocks) - k + 1):
-            run = blocks[start:start + k]
-            ids = tuple(b.index for b in run)
-            gid = f"{block_id(run[0])}-{block_id(run[-1])}.block"
-            ops = frozenset().union(*(b.ops for b in run))
-            groups = [Group(id=gid, device="npu", ops=ops - index, region="block", kind="block",
-                            block=run[0].index, blocks=ids)]
-            if ops & index:  # costed as the run's host work, as a single fused block's is
-                groups.append(Group(id=f"{gid}.host-rest", device="host", ops=ops & index, region="host",
-                                    kind="host", block=run[0].index, blocks=ids))
-            out[run[0].index].append(_make(mg, disc, f"fused-x{k}", run, groups,
-                                           {"strategy": "fused", "blocks_per_stage": k}))
+            out[run[0]].append(_make(mg, disc, cid, [blocks[b] for b in run], gs, opts))
     return out
 
 
 # -- exclusions ----------------------------------------------------------------------------
-
-
-def candidate_id_for(strategy: str, options: Mapping[str, Any]) -> str | None:
-    """The candidate id a plan made with ``strategy``/``options`` corresponds to (or ``None``)."""
-    if strategy == "split":
-        return "split-adaln-npu" if options.get("adaln") == "npu" else (
-            "split" if options.get("residual", "host") == "host" else None)
-    if strategy == "fused":
-        k = int(options.get("blocks_per_stage", 1))
-        return "fused" if k == 1 else f"fused-x{k}"
-    return strategy if strategy not in OWN_STRATEGIES else None
-
-
-def _matches(when: Mapping[str, Any], traits: Mapping[str, Any]) -> bool:
-    return all(traits.get(k) == v for k, v in when.items())
 
 
 def block_anatomy(mg: ModelGraph, block: Block) -> str:
@@ -202,7 +165,7 @@ def mark_exclusions(
     cands: Mapping[int, Sequence[Candidate]],
     *,
     toolkit: str | None,
-    known_issues: Sequence[Mapping[str, Any]] | None = None,
+    known_issues: Sequence[CrashPattern] | None = None,
     compiled: Sequence[str | Path] = (),
     anatomy: Mapping[int, str] | None = None,
 ) -> dict[int, list[Candidate]]:
@@ -214,11 +177,11 @@ def mark_exclusions(
     ``file_bytes`` / CPU-placed op counts with the real ones, and gives it the compiler's own
     memory and cycles (``compiled_*`` features).  With ``anatomy`` (block index ->
     :func:`block_anatomy`), a build of one block stands for every block of the same anatomy.
-    ``known_issues`` are crash pattern rows (``{"toolkit", "when", "what"}``, as cost-model files
-    carry them); default: the target's table, :func:`rkpart.targets.known_issues.crash_patterns`.
+    ``known_issues`` are crash patterns; default: the target's table,
+    :func:`rkpart.targets.known_issues.crash_patterns`.
     """
     if known_issues is None:
-        known_issues = [p.to_json() for p in crash_patterns()]
+        known_issues = crash_patterns()
     from rkpart.partitioner.plan import load_plan
 
     def key(blocks: Sequence[int]) -> tuple[Any, ...]:
@@ -246,10 +209,9 @@ def mark_exclusions(
         for c in lst:
             reason = next((failures[(c.id, k)] for k in key(c.blocks) if (c.id, k) in failures), None)
             if reason is None and toolkit is not None:
-                for row in known_issues:
-                    if str(row.get("toolkit")) == toolkit and _matches(row.get("when", {}), c.traits()):
-                        reason = f"known issue: {row.get('what')}"
-                        break
+                hit = next((p for p in known_issues if p.matches(toolkit, c.traits())), None)
+                if hit is not None:
+                    reason = f"known issue: {hit.what}"
             npu = c.npu
             if artifacts:
                 npu_groups = [g for g in c.groups if g.device == "npu"]
@@ -269,5 +231,4 @@ def mark_exclusions(
     return out
 
 
-__all__ = ["OWN_STRATEGIES", "Candidate", "Variant", "block_anatomy", "candidate_id_for", "candidates_from",
-           "mark_exclusions"]
+__all__ = ["Candidate", "Variant", "block_anatomy", "candidates_from", "mark_exclusions"]

@@ -31,9 +31,9 @@ from rkpart.cost_model.model import CostModel
 from rkpart.cost_model.npu_time import CFG_PARALLEL_SOURCE, CFG_PARALLEL_SPEEDUP, compiled_infer_seconds
 from rkpart.cost_model.rounds import outside_range, overhead
 from rkpart.errors import BudgetError, UserError
-from rkpart.targets.known_issues import crash_patterns
+from rkpart.targets.known_issues import CrashPattern, crash_patterns
+from rkpart.units import MIB
 
-MIB = float(1 << 20)
 RESIDENCIES = ("per-stage", "resident")
 LIFE = ("load", "init", "release")
 
@@ -511,8 +511,8 @@ def choose(
         model.accuracy.get("default_max_ratio", math.inf))
     notes = list(notes)
     # the target's table first; rows a cost-model file carries beyond it are honoured too
-    known = [p.to_json() for p in crash_patterns()]
-    known += [dict(r) for r in model.known_issues or () if dict(r) not in known]
+    known = list(crash_patterns())
+    known += [p for p in map(CrashPattern.from_json, model.known_issues or ()) if p not in known]
     cands = mark_exclusions(candidates, toolkit=toolkit, known_issues=known,
                             compiled=[str(Path(c)) for c in config.compiled], anatomy=anatomy)
     options = {start: [evaluate(c, r, model, config, max_ratio) for c in lst for r in config.residencies]

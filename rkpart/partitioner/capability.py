@@ -34,7 +34,7 @@ from onnx import TensorProto
 
 from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
-from rkpart.ir.macs import op_macs
+from rkpart.ir.work import op_macs
 from rkpart.partitioner.extract import subgraph_model
 from rkpart.partitioner.partition import Group, Partition
 from rkpart.targets.capability import Capability, PlacementPattern

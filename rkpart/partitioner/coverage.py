@@ -1,7 +1,7 @@
 """NPU coverage: the share of the blocks' matrix work a partition places in NPU stages.
 
 The blocks' work is the multiply-accumulates of their MatMul / Gemm / Conv ops that compute
-more than :data:`rkpart.ir.macs.GEMV_ROWS` rows (token-wise layers and attention products);
+more than :data:`rkpart.ir.work.GEMV_ROWS` rows (token-wise layers and attention products);
 the per-step modulation GEMVs, which belong on the host, do not count.  A partition that
 leaves a block's projection on the host loses that work to the CPU: ``partition`` warns
 below :data:`MIN_SHARE`.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rkpart.ir import ModelGraph
-from rkpart.ir.macs import token_macs
+from rkpart.ir.work import token_macs
 from rkpart.partitioner.discovery import Discovery
 
 #: ``partition`` warns when less than this share of the blocks' MACs is on the NPU

@@ -49,18 +49,7 @@ def block_id(b: Block) -> str:
     return f"b{b.index:02d}"
 
 
-@dataclass(frozen=True)
-class OrderedGroup:
-    id: str
-    device: Device
-    ops: frozenset[int]
-    region: str
-    kind: str
-    block: int | None
-    blocks: tuple[int, ...]
-
-
-def order_groups(mg: ModelGraph, part: Partition, *, merge_host: bool = True) -> list[OrderedGroup]:
+def order_groups(mg: ModelGraph, part: Partition, *, merge_host: bool = True) -> list[Group]:
     """Execution order of the partition's groups; adjacent host groups merged.
 
     Raises :class:`SpecError` if the grouping is cyclic (two stages need each other's
@@ -84,14 +73,14 @@ def order_groups(mg: ModelGraph, part: Partition, *, merge_host: bool = True) ->
     q = _quotient(mg, owner)
     first = {gi: min(grp.ops) for gi, grp in enumerate(part.groups)}
     order = list(nx.lexicographical_topological_sort(q, key=lambda gi: first[gi]))
-    out: list[OrderedGroup] = []
+    out: list[Group] = []
     for gi in order:
-        g: Group | OrderedGroup = part.groups[gi]
+        g: Group = part.groups[gi]
         if merge_host and out and g.device == "host" and out[-1].device == "host":
             prev = out[-1]
             kinds = prev.kind.split("+")
             kinds += [k for k in g.kind.split("+") if k not in kinds]
-            out[-1] = OrderedGroup(
+            out[-1] = Group(
                 id=prev.id, device="host", ops=prev.ops | g.ops, region=prev.region if prev.region == g.region
                 else "host", kind="+".join(kinds),
                 # named after the NPU stage it prepares: attribute it to that one's block
@@ -99,23 +88,23 @@ def order_groups(mg: ModelGraph, part: Partition, *, merge_host: bool = True) ->
                 blocks=tuple(sorted(set(prev.blocks) | set(g.blocks))),
             )
         else:
-            out.append(OrderedGroup(g.id, g.device, g.ops, g.region, g.kind, g.block, g.blocks))
+            out.append(Group(g.id, g.device, g.ops, g.region, g.kind, g.block, g.blocks))
     # host ids get readable, unique names
-    final: list[OrderedGroup] = []
+    final: list[Group] = []
     for idx, og in enumerate(out):
         gid = og.id
         if og.device == "host":
             nxt = next((h.id for h in out[idx + 1:] if h.device == "npu"), None)
             gid = "prologue" if idx == 0 else (f"{nxt}.pre" if nxt else "epilogue")
-        final.append(OrderedGroup(gid, og.device, og.ops, og.region, og.kind, og.block, og.blocks))
+        final.append(Group(gid, og.device, og.ops, og.region, og.kind, og.block, og.blocks))
     ids = [g.id for g in final]
     if len(set(ids)) != len(ids):
         seen: dict[str, int] = {}
-        renamed: list[OrderedGroup] = []
+        renamed: list[Group] = []
         for og in final:
             n = seen.get(og.id, 0)
             seen[og.id] = n + 1
-            renamed.append(og if n == 0 else OrderedGroup(f"{og.id}.{n}", og.device, og.ops, og.region, og.kind,
+            renamed.append(og if n == 0 else Group(f"{og.id}.{n}", og.device, og.ops, og.region, og.kind,
                                                           og.block, og.blocks))
         final = renamed
     return final
@@ -178,4 +167,4 @@ def convex_hull(mg: ModelGraph, ops: Iterable[int]) -> set[int]:
     return (below & above) - members
 
 
-__all__ = ["Group", "OrderedGroup", "Partition", "block_id", "convex_hull", "order_groups", "stage_cycle"]
+__all__ = ["Group", "Partition", "block_id", "convex_hull", "order_groups", "stage_cycle"]

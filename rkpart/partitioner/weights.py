@@ -39,6 +39,7 @@ from typing import Any, Literal
 from onnx import TensorProto
 
 from rkpart.errors import InvalidModelError, SpecError
+from rkpart.io import fsync_path
 from rkpart.ir import ModelGraph
 
 WeightsMode = Literal["copy", "link"]
@@ -295,16 +296,8 @@ def sync_tree(folder: Path) -> None:
         files += (os.path.join(dirpath, n) for n in names)
         dirs.append(dirpath)
     with ThreadPoolExecutor(max_workers=_SYNC_THREADS, thread_name_prefix="rkpart-sync") as pool:
-        list(pool.map(_fsync, files))
-        list(pool.map(_fsync, dirs))
-
-
-def _fsync(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        list(pool.map(fsync_path, files))
+        list(pool.map(fsync_path, dirs))
 
 
 __all__ = ["LINK_DIR", "WEIGHTS_MODES", "Piece", "WeightsMode", "check_links", "fast_writer", "link_files",

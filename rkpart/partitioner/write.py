@@ -17,6 +17,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -45,11 +46,11 @@ from rkpart.partitioner.extract import (
     stage_sha256,
 )
 from rkpart.partitioner.outdir import PLAN_KIND, check_out, check_staging, resume_key
-from rkpart.partitioner.partition import OrderedGroup, Partition, order_groups
+from rkpart.partitioner.partition import Group, Partition, order_groups
 from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 from rkpart.partitioner.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
+from rkpart.progress import Progress
 
-Progress = Callable[[str], None]
 #: stages whose weights may be in flight at once, and the threads moving them
 _IN_FLIGHT = 3
 _WORKERS = 2
@@ -122,8 +123,8 @@ def write_partition(
             with _lock_existing(out):
                 recover_folder(out)
                 prepare_out(out, force, model_path)  # again: another run may have finished meanwhile
-                plan = _write_stages(mg, disc, part, groups, staging, run_key, model_path, model_sha,
-                                     external_threshold, simplify, progress, weights)
+                run = _Run(run_key, model_sha, external_threshold, simplify, weights)
+                plan = _write_stages(mg, disc, part, groups, staging, run, progress)
                 write_marker(staging, PLAN_KIND)  # what --force may replace later (rkpart.output)
                 replace_folder(staging, out)
         except UserError:
@@ -152,7 +153,7 @@ def _lock_existing(out: Path) -> Iterator[None]:
         yield
 
 
-def _check_control_flow(mg: ModelGraph, groups: list[OrderedGroup]) -> None:
+def _check_control_flow(mg: ModelGraph, groups: list[Group]) -> None:
     """Refuse control-flow ops before anything is written.
 
     Their subgraphs read outer-scope tensors implicitly (not through ``node.input``), so a
@@ -208,20 +209,19 @@ def _stage_done(stages_dir: Path, fname: str, journal: Mapping[str, Stage]) -> S
     return stage if stage_sha256(stages_dir / fname) == stage.sha256 else None
 
 
-def _write_stages(
-    mg: ModelGraph,
-    disc: Discovery | None,
-    part: Partition,
-    groups: list[OrderedGroup],
-    staging: Path,
-    run_key: str,
-    model_path: Path,
-    model_sha: str,
-    external_threshold: int,
-    simplify: StageSimplifier | None,
-    progress: Progress,
-    weights: WeightsMode = "copy",
-) -> Plan:
+@dataclass(frozen=True)
+class _Run:
+    """One write of a plan folder: its resume key, the model's sha256 and how stages are written."""
+
+    key: str
+    model_sha: str
+    external_threshold: int
+    simplify: StageSimplifier | None
+    weights: WeightsMode
+
+
+def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, groups: list[Group],
+                  staging: Path, run: _Run, progress: Progress) -> Plan:
     """Write every stage and ``plan.json`` into ``staging`` (locked), resuming finished stages.
 
     Order matters for crash safety: a stage's journal line is appended after its files are
@@ -230,6 +230,8 @@ def _write_stages(
     journal and ``run.json`` are removed, so a run killed anywhere either resumes or starts
     over, never trusts half a file.
     """
+    model_path, run_key, model_sha = mg.path, run.key, run.model_sha
+    external_threshold, simplify, weights = run.external_threshold, run.simplify, run.weights
     key_file = staging / "run.json"
     old = None
     if key_file.is_file():
@@ -254,7 +256,7 @@ def _write_stages(
         progress(f"linked {len(linked)} weights file(s) into {stages_dir.name}/{LINK_DIR}")
     stages: list[Stage | None] = []
     tensors: dict[str, TensorInfo] = {}
-    pending: dict[int, tuple[PendingStage, OrderedGroup, str]] = {}
+    pending: dict[int, tuple[PendingStage, Group, str]] = {}
     infos: dict[str, Any] = {}  # value infos, shared by the stages a tensor crosses
 
     def finish(i: int) -> None:

@@ -33,6 +33,7 @@ import hashlib
 import io
 import json
 import math
+import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -297,13 +298,13 @@ def _stage_dir(index: int, stage_id: str) -> str:
 
 
 def write_calibration(plan: Plan, folder: Path, out: Path, *, steps: int = 4, cfg: bool = True,
-                      samples: int = DEFAULT_SAMPLES, seed: int = 0, inputs: Path | None = None,
-                      samples_feeds: Sequence[Feeds] | None = None,
-                      force: bool = False, progress: Callable[[str], None] | None = None) -> Calibration:
+                      samples: int = DEFAULT_SAMPLES, seed: int = 0,
+                      inputs: str | os.PathLike[str] | Sequence[Feeds] | None = None, force: bool = False,
+                      progress: Callable[[str], None] | None = None) -> Calibration:
     """``rkpart calibrate``: collect, then write ``out`` through a staging folder and an atomic swap.
 
-    ``inputs`` (an .npz, see :func:`_load_samples`) or ``samples_feeds`` (model inputs, one dict
-    per sample) replace the denoising loop.  ``out`` may be replaced (``force``) only if it is a
+    ``inputs``, an .npz file (see :func:`_load_samples`) or model inputs (one dict per sample),
+    replace the denoising loop.  ``out`` may be replaced (``force``) only if it is a
     calibration folder itself.
     """
     if not MIN_SAMPLES <= samples <= MAX_SAMPLES:
@@ -312,7 +313,7 @@ def write_calibration(plan: Plan, folder: Path, out: Path, *, steps: int = 4, cf
         raise SpecError("the plan has no NPU stages: nothing to calibrate")
     out = Path(out)
     _check_out(out, force)
-    feeds = _load_samples(inputs, plan) if inputs is not None else samples_feeds
+    feeds = _load_samples(Path(inputs), plan) if isinstance(inputs, (str, os.PathLike)) else inputs
     rec, source, _runs = collect(plan, folder, steps=steps, cfg=cfg, samples=samples, seed=seed,
                                  inputs=feeds, progress=progress)
     # rkpart.output: a staging folder of someone else's files is refused, never emptied

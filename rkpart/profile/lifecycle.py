@@ -130,28 +130,46 @@ def unconditional_inputs(inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np
     return out, names
 
 
+@dataclass(frozen=True)
+class ProfileOptions:
+    """What to measure and how: ``rkpart profile PLAN``'s options, and what :func:`profile_plan` reads.
+
+    ``plan`` is the plan's path (:func:`rkpart.profile.run.run_profile` loads it; recorded as the
+    plan's file), ``output`` where ``run_profile`` writes the records; ``backend``, ``toolkit``,
+    ``core_mask`` and ``threads`` choose the backend when ``profile_plan`` is given none.  The rest
+    is documented on :func:`profile_plan`.
+    """
+
+    plan: str = ""
+    backend: str = "ort"
+    output: Path | None = None
+    toolkit: str | None = None
+    rounds: int = 3
+    warmup: int = 1
+    cfg: bool = True
+    steps: int = 1
+    residency: str = "per-stage"
+    device_pattern: str | None = DEFAULT_DEVICE_PATTERN
+    core_mask: str = "auto"
+    sample_interval: float = 0.05
+    seed: int = 0
+    infer_repeat: int = 1
+    threads: int = 0
+    block: int | None = None
+    baseline: bool = False
+    model: str | Path | None = None
+    snapshots: bool = True
+
+
 def profile_plan(
     plan: Plan,
     folder: str | os.PathLike[str],
-    backend: Backend | str,
-    rounds: int = 3,
-    warmup: int = 1,
-    cfg: bool = True,
-    steps: int = 1,
-    residency: str = "per-stage",
-    inputs: Mapping[str, np.ndarray] | None = None,
-    seed: int = 0,
+    opts: ProfileOptions = ProfileOptions(),
+    backend: Backend | None = None,
     *,
-    device_pattern: str | None = DEFAULT_DEVICE_PATTERN,
-    sample_interval: float = 0.05,
+    inputs: Mapping[str, np.ndarray] | None = None,
     host_backend: Backend | None = None,
     progress: Progress | None = None,
-    plan_file: str | None = None,
-    infer_repeat: int = 1,
-    block: int | None = None,
-    baseline: bool = False,
-    model: str | Path | None = None,
-    snapshots: bool = True,
 ) -> list[dict[str, Any]]:
     """Profile ``plan`` and return its records (stage records, round records, one summary).
 
@@ -159,38 +177,31 @@ def profile_plan(
     ----------
     plan, folder
         The plan and the folder its stage files are relative to.
+    opts
+        What to measure (:class:`ProfileOptions`; ``opts.plan`` is recorded as the plan's file):
+
+        ``rounds``, ``warmup``: measured rounds, and rounds run before them whose records carry
+        ``"warmup": true`` and are left out of the summary.  ``cfg``, ``steps``: two passes per
+        step (conditional, unconditional) or one; number of steps.  ``residency``:
+        ``"per-stage"``, ``"resident"`` (see the module docstring) or ``"plan"``: what the plan
+        chose per block (``auto`` strategy), ``per-stage`` where it chose nothing.  ``seed``:
+        of the random inputs.  ``device_pattern``: regex of NPU device mapping pathnames, or
+        ``None`` to skip device PSS.  ``sample_interval``: seconds between background memory
+        samples (``0``: snapshots only).  ``infer_repeat``: inference calls per stage and pass;
+        ``infer_s`` is their median and ``infer_calls_s`` lists them (see the module
+        docstring).  ``block``: run and record only this block's stages.  ``baseline``,
+        ``model``: also time the whole model every round (``model``: its path; default the
+        plan's source model, found like ``rkpart run`` does); not with ``block``.
+        ``snapshots``: take synchronous memory snapshots around every call (their cost is
+        reported apart).
     backend
-        A :class:`Backend`, or its name for :func:`rkpart.runtime.get_backend` (``"ort"``).
-        Runs every non-host stage; stages with ``device == "host"`` run on
-        ``host_backend`` (default: ONNX Runtime).
-    rounds, warmup
-        Measured rounds, and rounds run before them whose records carry ``"warmup": true``
-        and are left out of the summary.
-    cfg, steps
-        Two passes per step (conditional, unconditional) or one; number of steps.
-    residency
-        ``"per-stage"``, ``"resident"`` (see the module docstring) or ``"plan"``: what the
-        plan chose per block (``auto`` strategy), ``per-stage`` where it chose nothing.
-    inputs, seed
-        Plan inputs of the conditional pass; default :func:`make_inputs` with ``seed``.
-    device_pattern
-        Regex of NPU device mapping pathnames, or ``None`` to skip device PSS.
-    sample_interval
-        Seconds between background memory samples (``0``: snapshots only).
+        Runs every non-host stage; default :func:`rkpart.runtime.get_backend` of
+        ``opts.backend``.  Stages with ``device == "host"`` run on ``host_backend`` (default:
+        ONNX Runtime).
+    inputs
+        Plan inputs of the conditional pass; default :func:`make_inputs` with ``opts.seed``.
     progress
         Called with one line of text per stage and pass.
-    plan_file
-        Path recorded as the plan's file (informative).
-    infer_repeat
-        Inference calls per stage and pass; ``infer_s`` is their median and
-        ``infer_calls_s`` lists them (see the module docstring).  1: one call, as before.
-    block
-        Run and record only this block's stages (see the module docstring).
-    baseline, model
-        Also time the whole model every round (``model``: its path; default the plan's
-        source model, found like ``rkpart run`` does).  Not with ``block``.
-    snapshots
-        Take synchronous memory snapshots around every call (their cost is reported apart).
 
     Returns
     -------
@@ -207,6 +218,9 @@ def profile_plan(
     UserError
         When ``baseline`` is asked and the whole model cannot be found.
     """
+    rounds, warmup, cfg, steps, residency = opts.rounds, opts.warmup, opts.cfg, opts.steps, opts.residency
+    infer_repeat, block, baseline, snapshots = opts.infer_repeat, opts.block, opts.baseline, opts.snapshots
+    device_pattern, sample_interval = opts.device_pattern, opts.sample_interval
     if residency not in (*RESIDENCIES, "plan"):
         raise ValueError(f"residency must be one of {', '.join(RESIDENCIES)} or plan; got {residency!r}")
     if rounds < 1 or warmup < 0 or steps < 1 or infer_repeat < 1:
@@ -218,19 +232,19 @@ def profile_plan(
     if problem:
         raise SpecError(f"plan cannot run in order: {problem}")
     folder = Path(folder)
-    if isinstance(backend, str):
+    if backend is None:
         from rkpart.runtime import get_backend
 
-        backend = get_backend(backend)
+        backend = get_backend(opts.backend, toolkit=opts.toolkit, core_mask=opts.core_mask, threads=opts.threads)
     if host_backend is None:
         from rkpart.runtime.ort import OrtBackend
 
         host_backend = OrtBackend()
     say = progress or (lambda _msg: None)
     per_stage = plan_residency(plan, Residency.PER_STAGE if residency == "plan" else residency)
-    whole = _Baseline(find_model(plan, folder, model), host_backend, infer_repeat) if baseline else None
+    whole = _Baseline(find_model(plan, folder, opts.model), host_backend, infer_repeat) if baseline else None
 
-    cond = dict(inputs) if inputs is not None else make_inputs(plan, seed)
+    cond = dict(inputs) if inputs is not None else make_inputs(plan, opts.seed)
     missing = [n for n in plan.inputs if n not in cond]
     if missing:
         raise SpecError(f"no value for plan input {missing[0]!r}")
@@ -252,7 +266,7 @@ def profile_plan(
         "steps": steps,
         "residency": (Residency.PER_STAGE if Residency.PER_STAGE in npu_policies else Residency.RESIDENT).value,
         "residency_source": "plan" if residency == "plan" else "option",
-        "seed": seed,
+        "seed": opts.seed,
         "inputs": "given" if inputs is not None else "random",
         "uncond_inputs": uncond_names,
         "device_pattern": device_pattern,
@@ -265,7 +279,7 @@ def profile_plan(
     header = rec.record_header(
         env=rec.collect_environment(backend, host_backend),
         settings=settings,
-        plan=rec.plan_identity(plan, plan_file),
+        plan=rec.plan_identity(plan, opts.plan or None),
     )
 
     records: list[dict[str, Any]] = []
@@ -278,8 +292,8 @@ def profile_plan(
             for r in range(total):
                 is_warm = r < warmup
                 label = f"round {r + 1}/{total}" + (" (warm-up)" if is_warm else "")
-                runner = _RoundRunner(plan, folder, backend, host_backend, sampler, per_stage, say, label,
-                                      infer_repeat, stages=stages, snapshots=snapshots)
+                runner = _RoundRunner(plan, folder, backend, host_backend, sampler, per_stage, say, label, opts,
+                                      stages=stages)
                 ops, round_info = runner.run(steps, passes)
                 for op in ops:
                     records.append(_stage_record(header, op, r, is_warm, sampler))
@@ -412,11 +426,11 @@ class _RoundRunner:
         residency: str | Mapping[str, Residency],
         say: Progress,
         label: str,
-        infer_repeat: int = 1,
+        opts: ProfileOptions = ProfileOptions(),
         *,
         stages: tuple[Stage, ...] | None = None,
-        snapshots: bool = True,
     ) -> None:
+        """``opts``: its ``infer_repeat`` and ``snapshots`` are read."""
         self.plan = plan
         self.folder = folder
         self.backend = backend
@@ -426,8 +440,8 @@ class _RoundRunner:
         self.residency = (plan_residency(plan, residency) if isinstance(residency, str) else dict(residency))
         self.say = say
         self.label = label
-        self.infer_repeat = infer_repeat
-        self.snapshots = snapshots
+        self.infer_repeat = opts.infer_repeat
+        self.snapshots = opts.snapshots
         self.last: MemorySample | None = None
         self.live: dict[str, StageRunner] = {}
 

@@ -9,38 +9,11 @@ atomically.  The click command (:mod:`rkpart.commands.profile`) only parses opti
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
+from rkpart.profile.lifecycle import ProfileOptions
 from rkpart.progress import Progress, silent
 from rkpart.runtime import get_backend
-
-
-@dataclass(frozen=True)
-class ProfileOptions:
-    """Everything ``rkpart profile PLAN`` was asked to do."""
-
-    plan: str
-    backend: str
-    output: Path
-    toolkit: str | None = None
-    rounds: int = 3
-    warmup: int = 1
-    cfg: bool = True
-    steps: int = 1
-    residency: str = "plan"
-    device_pattern: str | None = DEFAULT_DEVICE_PATTERN
-    core_mask: str = "auto"
-    sample_interval: float = 0.05
-    seed: int = 0
-    infer_repeat: int = 1
-    threads: int = 0
-    block: int | None = None
-    baseline: bool = False
-    model: str | None = None
-    snapshots: bool = True
 
 
 def runtime_warnings(plan: Any, env: dict[str, Any]) -> list[str]:
@@ -69,6 +42,8 @@ def run_profile(opts: ProfileOptions, progress: Progress | None = None,
     from rkpart.profile.lifecycle import profile_plan
     from rkpart.profile.records import write_jsonl
 
+    if opts.output is None:
+        raise ValueError("run_profile needs ProfileOptions.output: where the records go")
     check_file_target(opts.output, force=True, what="profile output")  # before minutes of profiling
     plan, folder = load_plan(opts.plan)
     backend = get_backend(opts.backend, toolkit=opts.toolkit, core_mask=opts.core_mask, threads=opts.threads)
@@ -79,27 +54,7 @@ def run_profile(opts: ProfileOptions, progress: Progress | None = None,
     for warning in runtime_warnings(plan, backend.describe()):
         (warn or progress or silent)(warning)
     try:
-        records = profile_plan(
-            plan,
-            folder,
-            backend,
-            rounds=opts.rounds,
-            warmup=opts.warmup,
-            cfg=opts.cfg,
-            steps=opts.steps,
-            residency=opts.residency,
-            seed=opts.seed,
-            device_pattern=opts.device_pattern,
-            sample_interval=opts.sample_interval,
-            progress=progress,
-            plan_file=str(opts.plan),
-            infer_repeat=opts.infer_repeat,
-            host_backend=host_backend,
-            block=opts.block,
-            baseline=opts.baseline,
-            model=opts.model,
-            snapshots=opts.snapshots,
-        )
+        records = profile_plan(plan, folder, opts, backend, host_backend=host_backend, progress=progress)
     finally:
         backend.close()
     write_jsonl(opts.output, records)

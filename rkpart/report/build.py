@@ -13,7 +13,7 @@ import csv
 import html
 import io
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,10 +23,10 @@ from rkpart.errors import OutputExistsError, UserError
 from rkpart.io import atomic_write_bytes
 from rkpart.output import check_file_target, check_folder_target, staged_folder, write_output_file
 from rkpart.partitioner.plan import load_plan
+from rkpart.progress import Progress
 from rkpart.report import data as D
 from rkpart.report import plots
 
-Progress = Callable[[str], None]
 #: what marks a page rkpart wrote (``--force`` replaces only such a page); the assets folder
 #: carries the output marker of :mod:`rkpart.output`
 GENERATOR = "<meta name='generator' content='rkpart report'>"

@@ -10,17 +10,28 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from types import MappingProxyType
+from typing import Any, ClassVar, Generic, TypeVar
 
 from rkpart.errors import InternalError, UserError
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery, Region, is_noop
+from rkpart.partitioner.discovery import Discovery, is_noop
 from rkpart.partitioner.partition import Group, Partition, block_id, convex_hull, stage_cycle
 from rkpart.types import Device
 
+#: a strategy's options type
+OptionsT = TypeVar("OptionsT")
 
-class Strategy(abc.ABC):
-    """Base class of partition strategies (built-in and plugins)."""
+
+class Strategy(abc.ABC, Generic[OptionsT]):
+    """Base class of partition strategies (built-in and plugins).
+
+    A strategy declares its options as a frozen dataclass, ``Options``, with a classmethod
+    ``from_mapping(options) -> Options`` that converts and checks the mapping the CLI's
+    ``--option KEY=VALUE`` and the API's keywords give; :meth:`options_from` builds it once and
+    :meth:`propose` receives it.  A plugin that declares no ``Options`` keeps the keyword
+    protocol: :func:`propose_with` calls its ``propose(mg, disc, **options)``.
+    """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
@@ -32,9 +43,30 @@ class Strategy(abc.ABC):
     #: the options :meth:`propose` cannot do without (refused when missing, before loading)
     requires: ClassVar[tuple[str, ...]] = ()
 
+    #: the frozen options dataclass :meth:`propose` takes (``None``: the keyword protocol, above)
+    Options: ClassVar[Any] = None
+
+    def options_from(self, options: Mapping[str, Any]) -> Any:
+        """``options`` as this strategy's :attr:`Options`, converted and checked (a plugin without
+        ``Options``: the mapping, read-only).  Raises :class:`~rkpart.errors.UserError`."""
+        if self.Options is None:
+            return MappingProxyType(dict(options))
+        return self.Options.from_mapping(options)
+
     @abc.abstractmethod
-    def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
+    def propose(self, mg: ModelGraph, disc: Discovery | None, opts: OptionsT) -> Partition:
         """Return a new partition of every non-constant op of ``mg``."""
+
+
+def propose_with(strategy: Strategy[Any], mg: ModelGraph, disc: Discovery | None,
+                 options: Mapping[str, Any] | None = None, *, built: Any = None) -> Partition:
+    """``strategy``'s partition with ``options`` (a mapping, built into its ``Options`` here) or
+    with options ``built`` by :meth:`Strategy.options_from`; the one way rkpart calls a strategy.
+    A plugin without ``Options`` is called the keyword way, ``propose(mg, disc, **options)``."""
+    opts = built if built is not None else strategy.options_from(options or {})
+    if strategy.Options is None:
+        return strategy.propose(mg, disc, **opts)  # the keyword protocol
+    return strategy.propose(mg, disc, opts)
 
 
 def option(options: Mapping[str, Any], key: str, default: Any, choices: tuple[Any, ...] | None = None) -> Any:
@@ -184,8 +216,4 @@ class GroupBuilder:
         return Partition(strategy=strategy, options=dict(options), groups=groups, notes=(*notes, *self._notes))
 
 
-def region_parts(r: Region) -> dict[str, frozenset[int]]:
-    return {"mod": r.mod, "adaln": r.pre, "core": r.core, "gate": r.gate | r.adds}
-
-
-__all__ = ["Group", "GroupBuilder", "Partition", "Strategy", "block_id", "option", "region_parts"]
+__all__ = ["Group", "GroupBuilder", "Partition", "Strategy", "block_id", "option", "propose_with"]

@@ -22,6 +22,8 @@ Schema (documented in ``docs/custom-spec.md``)::
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +33,7 @@ from rkpart.errors import SpecError, UserError
 from rkpart.io import loads_json, loads_yaml, read_limited
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
-from rkpart.strategies.base import GroupBuilder, Partition, Strategy, check_strategy_options, option
+from rkpart.strategies.base import GroupBuilder, Partition, Strategy, check_strategy_options, option, propose_with
 
 _STAGE_ID = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
              "description": "Unique stage id (letters, digits, '_', '.', '-'; at most 64 characters)."}
@@ -159,17 +161,30 @@ def spec_schema_json() -> str:
     return json.dumps(SPEC_SCHEMA, indent=2, sort_keys=True) + "\n"
 
 
-class CustomStrategy(Strategy):
+@dataclass(frozen=True)
+class CustomOptions:
+    """``spec``: a spec file (YAML/JSON), or the spec itself as a mapping (validated when used)."""
+
+    spec: str | Path | Mapping[str, Any]
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> CustomOptions:
+        spec = options.get("spec")
+        if spec is None:
+            raise SpecError("strategy custom needs --spec FILE")
+        return cls(spec)
+
+
+class CustomStrategy(Strategy[CustomOptions]):
     name = "custom"
     accepts = ("spec",)
     requires = ("spec",)
     summary = "stages named in a YAML/JSON spec (blocks, regions or cut tensors); the rest by another strategy"
+    Options = CustomOptions
 
-    def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
-        spec = options.get("spec")
-        if spec is None:
-            raise SpecError("strategy custom needs --spec FILE")
-        data = load_spec(spec) if isinstance(spec, (str, Path)) else spec
+    def propose(self, mg: ModelGraph, disc: Discovery | None, opts: CustomOptions) -> Partition:
+        spec = opts.spec
+        data: Any = load_spec(spec) if isinstance(spec, (str, Path)) else spec
         if not isinstance(spec, (str, Path)):
             validate_spec(data)
         rest = option(data, "rest", "split", ("split", "fused", "host"))
@@ -223,7 +238,7 @@ class CustomStrategy(Strategy):
                 rest_strategy = get_strategy(rest)
                 rest_options = dict(data.get("rest_options", {}))
                 check_strategy_options(rest_strategy, rest_options)
-                part = rest_strategy.propose(mg, disc, **rest_options)
+                part = propose_with(rest_strategy, mg, disc, rest_options)
             except SpecError:
                 raise
             except UserError as e:

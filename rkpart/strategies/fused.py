@@ -7,29 +7,52 @@ prologue/epilogue run on the host.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
+from rkpart.types import Device
 
 
-class FusedStrategy(Strategy):
-    name = "fused"
-    accepts = ("blocks_per_stage", "modulation")
-    summary = "one NPU stage per block (or per run of N blocks), AdaLN and residuals inside"
+@dataclass(frozen=True)
+class FusedOptions:
+    """``blocks_per_stage`` consecutive blocks per NPU stage; ``modulation`` inside (``npu``) or not."""
 
-    def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
-        assert disc is not None
+    blocks_per_stage: int = 1
+    modulation: Device = "npu"
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> FusedOptions:
         n = int(option(options, "blocks_per_stage", 1))
         if n < 1:
             raise UserError(f"blocks_per_stage must be >= 1, got {n}")
-        modulation = option(options, "modulation", "npu", ("host", "npu"))
+        return cls(n, option(options, "modulation", "npu", ("host", "npu")))
+
+
+class FusedStrategy(Strategy[FusedOptions]):
+    name = "fused"
+    accepts = ("blocks_per_stage", "modulation")
+    summary = "one NPU stage per block (or per run of N blocks), AdaLN and residuals inside"
+    Options = FusedOptions
+
+    def __init__(self, first_run: int = 0) -> None:
+        """``first_run``: the block index where runs of ``blocks_per_stage`` start; blocks before it
+        are each their own stage (the candidate registry proposes runs from every offset,
+        :mod:`rkpart.strategies.families`)."""
+        self.first_run = first_run
+
+    def propose(self, mg: ModelGraph, disc: Discovery | None, opts: FusedOptions = FusedOptions()) -> Partition:
+        assert disc is not None
+        n, modulation = opts.blocks_per_stage, opts.modulation
         gb = GroupBuilder()
         blocks = list(disc.blocks)
-        for start in range(0, len(blocks), n):
-            run = blocks[start:start + n]
+        head = min(self.first_run, len(blocks))
+        runs = [blocks[i:i + 1] for i in range(head)] + [blocks[s:s + n] for s in range(head, len(blocks), n)]
+        for run in runs:
             ids = tuple(b.index for b in run)
             gid = block_id(run[0]) if len(run) == 1 else f"{block_id(run[0])}-{block_id(run[-1])}"
             for b in run:

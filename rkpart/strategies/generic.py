@@ -23,6 +23,7 @@ import bisect
 import itertools
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,8 +34,9 @@ from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
 from rkpart.targets import get_target
+from rkpart.types import Device
+from rkpart.units import MIB
 
-MIB = 1 << 20
 #: used when neither ``budget_mib`` nor ``budget_bytes`` is given: the default target's stage
 #: budget (RK3588: a quarter of the NPU's 4 GiB window, leaving room for the runtime and the
 #: next stage's weights; :meth:`rkpart.targets.base.Target.default_budget_bytes`)
@@ -226,7 +228,7 @@ def segment(mg: ModelGraph, budget_bytes: int) -> tuple[Schedule, list[Segment]]
     return sch, segs
 
 
-def budget_from_options(options: dict[str, Any]) -> int:
+def budget_from_options(options: Mapping[str, Any]) -> int:
     """The budget in bytes: ``budget_mib`` or ``budget_bytes``, else the target's default stage
     budget (``target``, default rk3588), optionally for a board with ``board_ram_mib`` of RAM
     and a ``ram_share`` other than the target's."""
@@ -252,7 +254,19 @@ def budget_from_options(options: dict[str, Any]) -> int:
     return b
 
 
-class GenericStrategy(Strategy):
+@dataclass(frozen=True)
+class GenericOptions:
+    """The budget per segment in bytes (:func:`budget_from_options`) and the segments' device."""
+
+    budget_bytes: int
+    device: Device = "npu"
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> GenericOptions:
+        return cls(budget_from_options(options), option(options, "device", "npu", ("npu", "host")))
+
+
+class GenericStrategy(Strategy[GenericOptions]):
     """Consecutive NPU segments under a memory budget, cut where few and small tensors cross.
 
     Options: ``budget_mib`` (float) or ``budget_bytes`` (int), default the target's stage
@@ -272,10 +286,11 @@ class GenericStrategy(Strategy):
     accepts = ("budget_mib", "budget_bytes", "board_ram_mib", "ram_share", "target", "device")
     summary = "consecutive segments whose weights + peak activations fit --budget-mib; any model"
     needs_blocks = False
+    Options = GenericOptions
 
-    def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
-        budget = budget_from_options(options)
-        device = option(options, "device", "npu", ("npu", "host"))
+    def propose(self, mg: ModelGraph, disc: Discovery | None, opts: GenericOptions | None = None) -> Partition:
+        opts = opts or GenericOptions.from_mapping({})
+        budget, device = opts.budget_bytes, opts.device
         sch, segs = segment(mg, budget)
         width = max(2, len(str(len(segs) - 1)))
         gb = GroupBuilder()
@@ -300,4 +315,5 @@ def _mib_up(n: int) -> str:
     return f"{math.ceil(n / MIB * 100) / 100:.2f}"
 
 
-__all__ = ["DEFAULT_BUDGET_MIB", "GenericStrategy", "Schedule", "Segment", "budget_from_options", "segment"]
+__all__ = ["DEFAULT_BUDGET_MIB", "GenericOptions", "GenericStrategy", "Schedule", "Segment", "budget_from_options",
+           "segment"]

@@ -11,23 +11,38 @@ whatever remains (or all of it, with AdaLN on the host) becomes one NPU stage pe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
+from rkpart.types import Device
 
 
-class SplitStrategy(Strategy):
+@dataclass(frozen=True)
+class SplitOptions:
+    """Where each part of a block runs: ``host`` or ``npu``."""
+
+    adaln: Device = "host"
+    residual: Device = "host"
+    modulation: Device = "host"
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> SplitOptions:
+        return cls(*(option(options, k, "host", ("host", "npu")) for k in ("adaln", "residual", "modulation")))
+
+
+class SplitStrategy(Strategy[SplitOptions]):
     name = "split"
     accepts = ("adaln", "residual", "modulation")
     summary = "one NPU stage per residual branch; AdaLN/gates/residuals on the host by default"
+    Options = SplitOptions
 
-    def propose(self, mg: ModelGraph, disc: Discovery | None, **options: Any) -> Partition:
+    def propose(self, mg: ModelGraph, disc: Discovery | None, opts: SplitOptions = SplitOptions()) -> Partition:
         assert disc is not None
-        adaln = option(options, "adaln", "host", ("host", "npu"))
-        residual = option(options, "residual", "host", ("host", "npu"))
-        modulation = option(options, "modulation", "host", ("host", "npu"))
+        adaln, residual, modulation = opts.adaln, opts.residual, opts.modulation
         gb = GroupBuilder()
         for b in disc.blocks:
             bid = block_id(b)

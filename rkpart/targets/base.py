@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 from rkpart.errors import UserError
 from rkpart.ir.graph import OpNode
 from rkpart.targets.known_issues import CrashPattern, crash_patterns
-
-GIB = 1 << 30
-MIB = 1 << 20
+from rkpart.units import GIB, MIB
 
 
 class Support(str, enum.Enum):

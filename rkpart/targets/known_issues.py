@@ -71,6 +71,12 @@ class CrashPattern:
         """The row format cost-model JSON files carry (``known_issues``)."""
         return {"toolkit": self.toolkit, "when": dict(self.when), "what": self.what, "source": self.source}
 
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> CrashPattern:
+        """A row of a cost-model file's ``known_issues`` (checked by :mod:`rkpart.cost_model.checks`)."""
+        return cls(toolkit=str(row.get("toolkit")), when=dict(row.get("when", {})), what=str(row.get("what")),
+                   source=str(row.get("source", "")))
+
 
 @dataclass(frozen=True)
 class KnownIssue:

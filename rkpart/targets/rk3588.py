@@ -29,7 +29,8 @@ Sources
 
 from __future__ import annotations
 
-from rkpart.targets.base import GIB, AttrLimit, OpRule, Support, Target, ToolkitCaps, rules
+from rkpart.targets.base import AttrLimit, OpRule, Support, Target, ToolkitCaps, rules
+from rkpart.units import GIB
 
 #: ONNX op -> the operator list's remark, for every op the 2.3.x lists do not mark "Not Supported"
 ONNX_OPS: dict[str, str] = {

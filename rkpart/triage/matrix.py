@@ -12,7 +12,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -185,11 +185,21 @@ def row_from_result(version: str, res: BuildResult, *, fail_regex: re.Pattern[st
                      message=res.message, log=log_rel)
 
 
-def build_matrix(model: str | Path, toolkits: Sequence[Toolkit], *, target: str = "rk3588",
-                 config: Mapping[str, Any] | None = None, timeout: float | None = None,
+@dataclass(frozen=True)
+class BuildSettings:
+    """How each triage build runs: ``target_platform``, further ``RKNN.config`` options, seconds per
+    build (``None``: no limit) and the build worker (replaced only by fault-injection fakes)."""
+
+    target: str = "rk3588"
+    config: Mapping[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
+    worker: Path = WORKER
+
+
+def build_matrix(model: str | Path, toolkits: Sequence[Toolkit], build: BuildSettings = BuildSettings(), *,
                  fail_regex: re.Pattern[str] | None = None, folder: Path, log_prefix: str = "logs/model",
-                 num_nodes: int = 0, progress: Progress | None = None, worker: Path = WORKER) -> Matrix:
-    """Build ``model`` once per toolkit, sequentially, and return the matrix.
+                 num_nodes: int = 0, progress: Progress | None = None) -> Matrix:
+    """Build ``model`` once per toolkit, sequentially, as ``build`` says, and return the matrix.
 
     Parameters
     ----------
@@ -208,12 +218,12 @@ def build_matrix(model: str | Path, toolkits: Sequence[Toolkit], *, target: str 
     for n, tk in enumerate(ordered, start=1):
         rel = f"{log_prefix}.{tk.version}.log"
         say(f"[matrix {n}/{len(ordered)}] building {Path(model).name} with rknn-toolkit2 {tk.version}")
-        res = build_once(Path(model), tk, target=target, config=config, log=folder / rel, timeout=timeout,
-                         label=f"matrix-{tk.version}", worker=worker)
+        res = build_once(Path(model), tk, target=build.target, config=build.config, log=folder / rel,
+                         timeout=build.timeout, label=f"matrix-{tk.version}", worker=build.worker)
         row = row_from_result(tk.version, res, fail_regex=fail_regex, log_rel=rel)
         say(f"[matrix {n}/{len(ordered)}] {tk.version}: {row.outcome}, last step {row.last_step or '-'}, "
             f"{row.wall_s:.1f} s, peak {human_bytes(row.peak_rss_bytes)}"
             + (f", {row.signature}" if row.signature else ""))
         advance(say, n, len(ordered))
         rows.append(row)
-    return Matrix(model=Path(model).name, num_nodes=num_nodes, target=target, rows=tuple(rows))
+    return Matrix(model=Path(model).name, num_nodes=num_nodes, target=build.target, rows=tuple(rows))

@@ -27,7 +27,7 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,16 +36,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from rkpart.compile.runner import WORKER, BuildResult
+from rkpart.compile.runner import BuildResult
 from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes
 from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.extract import subgraph_model
+from rkpart.progress import Progress
 from rkpart.targets.known_issues import match_signature
-from rkpart.triage.matrix import MatrixRow, build_once, describe_outcome
-
-Progress = Callable[[str], None]
+from rkpart.triage.matrix import BuildSettings, MatrixRow, build_once, describe_outcome
 
 #: seed of the ONNX Runtime run that gives frozen (non-float) cut tensors their values
 FREEZE_SEED = 0
@@ -242,12 +241,11 @@ class Reduction:
 class _Oracle:
     """Builds candidates and answers "does it fail the same way?", with a cache by graph hash."""
 
-    def __init__(self, toolkit: Toolkit, *, target: str, config: dict[str, Any], spec: FailureSpec, work: Path,
-                 build_timeout: float | None, deadline: float, say: Progress, t0: float,
-                 max_time: float, worker: Path) -> None:
-        self.toolkit, self.target, self.config, self.spec = toolkit, target, config, spec
-        self.work, self.build_timeout, self.deadline, self.say = work, build_timeout, deadline, say
-        self.t0, self.max_time, self.worker = t0, max_time, worker
+    def __init__(self, toolkit: Toolkit, build: BuildSettings, *, spec: FailureSpec, work: Path, deadline: float,
+                 say: Progress, t0: float, max_time: float) -> None:
+        self.toolkit, self.build, self.spec = toolkit, build, spec
+        self.work, self.deadline, self.say = work, deadline, say
+        self.t0, self.max_time = t0, max_time
         self.cache_path = work / "outcomes.json"
         self.cache: dict[str, dict[str, Any]] = {}
         with contextlib.suppress(OSError, ValueError):
@@ -259,7 +257,7 @@ class _Oracle:
         self.hits = 0
         self.best: Candidate | None = None
         self.best_log = work / "best.log"
-        self._context = json.dumps({"toolkit": toolkit.version, "target": target, "config": config,
+        self._context = json.dumps({"toolkit": toolkit.version, "target": build.target, "config": dict(build.config),
                                     "spec": spec.to_json()}, sort_keys=True)
 
     def _key(self, digest: str) -> str:
@@ -282,8 +280,9 @@ class _Oracle:
         onnx_path = self.work / "candidate.onnx"
         atomic_write_bytes(onnx_path, cand.model.SerializeToString(deterministic=True))
         log = self.work / "candidate.log"
-        res = build_once(onnx_path, self.toolkit, target=self.target, config=self.config, log=log,
-                         timeout=self.build_timeout, label="reduce", tmp_parent=self.work, worker=self.worker)
+        b = self.build
+        res = build_once(onnx_path, self.toolkit, target=b.target, config=dict(b.config), log=log,
+                         timeout=b.timeout, label="reduce", tmp_parent=self.work, worker=b.worker)
         self.builds += 1
         text = log.read_text(errors="replace") if log.is_file() else ""
         sig = match_signature(res)
@@ -314,10 +313,9 @@ class _Oracle:
                  f"best {best} nodes  elapsed {time.monotonic() - self.t0:.0f}/{self.max_time:.0f} s")
 
 
-def reduce_graph(model: str | Path, toolkit: Toolkit, spec: FailureSpec, *, work: Path, target: str = "rk3588",
-                 config: dict[str, Any] | None = None, max_time: float = 1800.0,
-                 build_timeout: float | None = None, max_linear_passes: int = 3,
-                 progress: Progress | None = None, worker: Path = WORKER) -> Reduction:
+def reduce_graph(model: str | Path, toolkit: Toolkit, spec: FailureSpec, build: BuildSettings, *,
+                 work: Path, max_time: float = 1800.0, max_linear_passes: int = 3,
+                 progress: Progress | None = None) -> Reduction:
     """Shrink ``model`` to a minimal subgraph that fails ``toolkit``'s build the way ``spec`` says.
 
     Parameters
@@ -333,10 +331,9 @@ def reduce_graph(model: str | Path, toolkit: Toolkit, spec: FailureSpec, *, work
         Folder for candidates, their logs and the outcome cache (``outcomes.json``).
     max_time
         Seconds; checked before each build.  The best graph so far is returned when it runs out.
-    build_timeout
-        Seconds per candidate build (a timed-out candidate counts as "does not fail").
-    worker
-        Replaced only by fault-injection fakes in tests.
+    build
+        Target, config, seconds per candidate build (a timed-out candidate counts as "does not
+        fail") and the worker (replaced only by fault-injection fakes in tests).
 
     Raises
     ------
@@ -348,9 +345,8 @@ def reduce_graph(model: str | Path, toolkit: Toolkit, spec: FailureSpec, *, work
     work.mkdir(parents=True, exist_ok=True)
     sub = Cutter(model)
     ops = sub.ops
-    oracle = _Oracle(toolkit, target=target, config=dict(config or {}), spec=spec, work=work,
-                     build_timeout=build_timeout, deadline=t0 + max_time, say=say, t0=t0, max_time=max_time,
-                     worker=worker)
+    oracle = _Oracle(toolkit, build, spec=spec, work=work, deadline=t0 + max_time, say=say, t0=t0,
+                     max_time=max_time)
     say(f"reducing {Path(model).name} ({len(ops)} ops) against rknn-toolkit2 {toolkit.version}: "
         f"looking for {spec.describe()}")
     complete = False

@@ -38,7 +38,7 @@ from rkpart.io import atomic_write_bytes, folder_lock, load_json_file
 from rkpart.ir import load_model, value_type
 from rkpart.progress import Progress
 from rkpart.targets.known_issues import KnownIssue, find_signature
-from rkpart.triage.matrix import Matrix, MatrixRow, build_matrix, version_key
+from rkpart.triage.matrix import BuildSettings, Matrix, MatrixRow, build_matrix, version_key
 from rkpart.triage.reduce import FailureSpec, Reduction, ReductionError, reduce_graph
 from rkpart.triage.script import SCRIPT_NAME, render_script
 
@@ -101,47 +101,34 @@ class ReproOptions:
     build_timeout: float | None = None
     reduce_with: str | None = None
     reduce: bool = True
-    toolkits_dir: str | None = None
+    toolkits_dir: str | os.PathLike[str] | None = None
     force: bool = False
+    worker: Path = WORKER  # replaced only by fault-injection fakes in tests
 
 
-def run_repro(model: str | os.PathLike[str], out: str | os.PathLike[str], options: ReproOptions,
+def reproduce(model: str | os.PathLike[str], out: str | os.PathLike[str], opts: ReproOptions,
               progress: Progress | None = None) -> ReproReport:
-    """:func:`reproduce` as ``options`` say."""
-    o = options
-    return reproduce(model, out, o.versions, target=o.target, config=o.config, fail_regex=o.fail_regex,
-                     max_time=o.max_time, build_timeout=o.build_timeout, reduce_with=o.reduce_with,
-                     reduce=o.reduce, toolkits_dir=o.toolkits_dir, force=o.force, progress=progress)
-
-
-def reproduce(model: str | os.PathLike[str], out: str | os.PathLike[str], versions: Sequence[str], *,
-              target: str = "rk3588", config: Mapping[str, Any] | None = None, fail_regex: str | None = None,
-              max_time: float = 1800.0, build_timeout: float | None = None, reduce_with: str | None = None,
-              reduce: bool = True, toolkits_dir: str | os.PathLike[str] | None = None, force: bool = False,
-              progress: Progress | None = None, worker: Path = WORKER) -> ReproReport:
-    """Build ``model`` with each toolkit version, reduce the failure, write the artifact folder.
+    """Build ``model`` with each toolkit version, reduce the failure, write the artifact folder
+    (``rkpart repro``); ``opts`` says how.
 
     Parameters
     ----------
     model
         An ONNX model or plan stage with static shapes.
     out
-        Artifact folder; must be empty or absent unless ``force`` (which keeps the outcome cache).
-    versions
+        Artifact folder; must be empty or absent unless ``opts.force`` (which keeps the outcome cache).
+    opts.versions
         Toolkit versions (installed with ``rkpart toolkit install``) or python paths.
-    fail_regex
+    opts.fail_regex
         A build "fails" iff this regex matches its log; default: a failed build, and for the
         reduction the same signal/exit code (and known signature) as the reference build.
-    max_time
+    opts.max_time
         Time budget of the reduction in seconds.
-    build_timeout
+    opts.build_timeout
         Seconds per build (matrix and candidates); default: none for the matrix, and
         ``max(60, 5 x the reference build)`` for candidates.
-    reduce_with
+    opts.reduce_with
         The failing version to reduce against (default: the first failing one in ``versions``).
-    worker
-        Replaced only by fault-injection fakes in tests.
-
     Raises
     ------
     ToolkitError, InvalidModelError, OutputExistsError, UserError, ReductionError
@@ -149,29 +136,30 @@ def reproduce(model: str | os.PathLike[str], out: str | os.PathLike[str], versio
     say = progress or (lambda _m: None)
     model = Path(model)
     out = Path(out)
-    regex = _compile_regex(fail_regex)
+    versions, target, config, reduce_with = opts.versions, opts.target, opts.config, opts.reduce_with
+    regex = _compile_regex(opts.fail_regex)
     if not versions:
         raise UserError("no toolkit versions given; pass e.g. --toolkits 2.3.0,2.3.2,2.5.0")
     if len(set(versions)) != len(versions):
         raise UserError(f"toolkit versions repeat: {', '.join(versions)}")
-    toolkits = [find_toolkit(v, toolkits_dir) for v in versions]
+    toolkits = [find_toolkit(v, opts.toolkits_dir) for v in versions]
     by_spec = dict(zip(versions, toolkits, strict=True))
     if reduce_with is not None and reduce_with not in by_spec:
         raise UserError(f"--reduce-with {reduce_with} is not one of --toolkits ({', '.join(versions)})")
     mg = load_model(model)  # validates the model (static shapes, references) before any build
     check_target(target)  # and the settings, once, before any build
-    check_config({**dict(config or {}), "target_platform": target}, toolkits, worker)
+    check_config({**dict(config), "target_platform": target}, toolkits, opts.worker)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise OutputExistsError(f"{out} exists and is not a folder (or is a symlink)")
     with folder_lock(out, what=f"repro folder {out}", nofollow=True):
         # the lock first: a second repro must not delete a running one's files
-        _prepare_folder(out, force)
+        _prepare_folder(out, opts.force)
         t0 = time.monotonic()
         say(f"building {model.name} ({len(mg.ops)} ops) with rknn-toolkit2 "
             f"{', '.join(t.version for t in toolkits)}, one at a time")
-        original = build_matrix(model, toolkits, target=target, config=config, timeout=build_timeout,
-                                fail_regex=regex, folder=out, log_prefix=f"{LOG_DIR}/original",
-                                num_nodes=mg.num_ops, progress=say, worker=worker)
+        build = BuildSettings(target, config, opts.build_timeout, opts.worker)
+        original = build_matrix(model, toolkits, build, fail_regex=regex, folder=out,
+                                log_prefix=f"{LOG_DIR}/original", num_nodes=mg.num_ops, progress=say)
         say(f"verdict: {original.verdict()}")
         failing = [v for v in versions if by_spec[v].version in original.failing]
         reduce_spec = reduce_with or (failing[0] if failing else None)
@@ -186,12 +174,10 @@ def reproduce(model: str | os.PathLike[str], out: str | os.PathLike[str], versio
                     raise ReductionError(f"rknn-toolkit2 {row.version} builds {model.name} ({row.outcome}); "
                                          f"nothing to reduce against it")
                 signature = find_signature(row.signature) if row.signature else None
-                if reduce:
-                    remaining = max(0.0, max_time - (time.monotonic() - t0))
-                    reduction, reduced = _reduce_and_write(
-                        model, out, by_spec[reduce_spec], row, toolkits, target=target, config=config,
-                        fail_regex=fail_regex, regex=regex, max_time=remaining, build_timeout=build_timeout,
-                        say=say, worker=worker)
+                if opts.reduce:
+                    remaining = max(0.0, opts.max_time - (time.monotonic() - t0))
+                    reduction, reduced = _reduce_and_write(model, out, by_spec[reduce_spec], row, toolkits, opts,
+                                                           regex=regex, max_time=remaining, say=say)
         except ReductionError as e:
             problem = e  # the matrix is still worth writing down
         report = ReproReport(folder=out, original=original, reduced=reduced, reduction=reduction,
@@ -200,34 +186,33 @@ def reproduce(model: str | os.PathLike[str], out: str | os.PathLike[str], versio
         matrix_json = json.dumps(report.to_json(), indent=2, sort_keys=True) + "\n"
         atomic_write_bytes(out / "matrix.json", matrix_json.encode())
         atomic_write_bytes(out / "README.md", render_readme(report, toolkits, target=target, config=config,
-                                                            fail_regex=fail_regex).encode())
+                                                            fail_regex=opts.fail_regex).encode())
     if problem is not None:
         raise problem
     return report
 
 
-def _reduce_and_write(model: Path, out: Path, tk: Toolkit, row: MatrixRow, toolkits: Sequence[Toolkit], *,
-                      target: str, config: Mapping[str, Any] | None, fail_regex: str | None,
-                      regex: re.Pattern[str] | None, max_time: float, build_timeout: float | None, say: Progress,
-                      worker: Path) -> tuple[Reduction, Matrix]:
+def _reduce_and_write(model: Path, out: Path, tk: Toolkit, row: MatrixRow, toolkits: Sequence[Toolkit],
+                      opts: ReproOptions, *, regex: re.Pattern[str] | None, max_time: float,
+                      say: Progress) -> tuple[Reduction, Matrix]:
     """Reduce against ``tk``, then write reduced.onnx, its matrix's logs and repro.py."""
-    timeout = build_timeout or max(60.0, 5 * row.wall_s)
-    reduction = reduce_graph(model, tk, FailureSpec.from_row(row, fail_regex), work=out / WORK_DIR,
-                             target=target, config=dict(config or {}), max_time=max_time,
-                             build_timeout=timeout, progress=say, worker=worker)
+    target, config = opts.target, opts.config
+    timeout = opts.build_timeout or max(60.0, 5 * row.wall_s)
+    reduction = reduce_graph(model, tk, FailureSpec.from_row(row, opts.fail_regex),
+                             BuildSettings(target, config, timeout, opts.worker), work=out / WORK_DIR,
+                             max_time=max_time, progress=say)
     data = reduction.model.SerializeToString(deterministic=True)
     atomic_write_bytes(out / REDUCED_NAME, data)
-    reduced = build_matrix(out / REDUCED_NAME, toolkits, target=target, config=config,
-                           timeout=build_timeout, fail_regex=regex, folder=out,
-                           log_prefix=f"{LOG_DIR}/reduced", num_nodes=reduction.candidate.num_nodes,
-                           progress=say, worker=worker)
+    reduced = build_matrix(out / REDUCED_NAME, toolkits, BuildSettings(target, config, opts.build_timeout, opts.worker),
+                           fail_regex=regex, folder=out, log_prefix=f"{LOG_DIR}/reduced",
+                           num_nodes=reduction.candidate.num_nodes, progress=say)
     say(f"reduced graph verdict: {reduced.verdict()}")
     row_r = reduced.row(tk.version)
     script = render_script(
         data, model_file=REDUCED_NAME, num_nodes=reduction.candidate.num_nodes,
         headline=f"rknn-toolkit2 {tk.version}: {row_r.outcome} in RKNN.build() on a "
                  f"{reduction.candidate.num_nodes}-node graph",
-        config={**dict(config or {}), "target_platform": target},
+        config={**dict(config), "target_platform": target},
         expected=[(r.version, r.outcome) for r in reduced.rows],
         expect_status=_expect_status(row_r.exit_code, row_r.signal, tk.version))
     atomic_write_bytes(out / SCRIPT_NAME, script.encode())

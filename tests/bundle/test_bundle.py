@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from rkpart.bundle.build import bundle_plan
+from rkpart.bundle.build import BundleOptions, bundle_plan
 from rkpart.cli import main
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.output import MARKER
 from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
@@ -40,7 +40,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> t
     tk = get_toolkit("2.3.0")
     folder = tmp_path_factory.mktemp("bundle-plan") / "split"
     plan = partition(example_model, folder, "split")
-    rep = compile_plan_report(plan, folder, tk, "rk3588", {}, jobs=2)
+    rep = compile_plan_report(plan, folder, CompileOptions(tk, "rk3588", {}, jobs=2))
     assert not rep.failed
     return rep.plan, folder
 
@@ -271,7 +271,7 @@ def test_cli_bundle_refuses_non_empty_folder(compiled: tuple[Plan, Path], bundle
     assert r.exit_code == 0, r.output
     m = json.loads((bundle / "manifest.json").read_text())
     assert m["core_mask"] == "0_1_2" and {s["residency"] for s in m["stages"]} == {"resident"}
-    bundle_plan(compiled[1], bundle, force=True)  # back to the module's default for other tests
+    bundle_plan(compiled[1], bundle, BundleOptions(force=True))  # back to the module's default for other tests
 
 
 def test_runner_in_a_venv_with_only_numpy_and_onnxruntime(bundle: Path, compiled: tuple[Plan, Path],
@@ -323,7 +323,7 @@ def test_bundle_of_a_weights_link_plan_carries_the_shared_weights(tmp_path: Path
                              external_data=True)
     folder = tmp_path / "link"
     plan = partition(model, folder, "split", weights="link")
-    rep = compile_plan_report(plan, folder, get_toolkit("2.3.0"), "rk3588", {}, jobs=2)
+    rep = compile_plan_report(plan, folder, CompileOptions(get_toolkit("2.3.0"), "rk3588", {}, jobs=2))
     assert not rep.failed
     out = tmp_path / "board"
     bundle_plan(folder, out)

@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from rkpart.bundle.build import bundle_plan
 from rkpart.cli import main
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
 from rkpart.profile.drift import denoise as drift_denoise
@@ -35,7 +35,7 @@ pytestmark = [pytest.mark.toolkit, pytest.mark.slow]
 def compiled(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> tuple[Plan, Path]:
     folder = tmp_path_factory.mktemp("loop-plan") / "split"
     plan = partition(example_model, folder, "split")
-    rep = compile_plan_report(plan, folder, get_toolkit("2.3.0"), "rk3588", {}, jobs=2, cache=False)
+    rep = compile_plan_report(plan, folder, CompileOptions(get_toolkit("2.3.0"), "rk3588", {}, jobs=2, cache=False))
     assert not rep.failed
     return rep.plan, folder
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rkpart.compile.compile import CompileReport, compile_plan, compile_plan_report
+from rkpart.compile.compile import CompileOptions, CompileReport, compile_plan, compile_plan_report
 from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import OutputExistsError, SpecError
 from rkpart.io import folder_lock
@@ -17,7 +17,8 @@ from tests.compile.plans import tiny_plan
 
 
 def _compile(folder: Path, tk: Toolkit, config: dict[str, Any] | None = None, **kw: Any) -> CompileReport:
-    return compile_plan_report(tiny_plan(folder), folder, tk, "rk3588", config or {}, worker=FAKE_WORKER, **kw)
+    return compile_plan_report(tiny_plan(folder), folder, CompileOptions(tk, "rk3588", config or {},
+                                                                         worker=FAKE_WORKER, **kw))
 
 
 def test_crash_in_one_stage_does_not_stop_the_others(tmp_path: Path, fake_toolkit: Toolkit) -> None:
@@ -36,7 +37,7 @@ def test_crash_in_one_stage_does_not_stop_the_others(tmp_path: Path, fake_toolki
 def test_rerun_builds_nothing_and_rewrites_the_same_plan(tmp_path: Path, fake_toolkit: Toolkit) -> None:
     first = _compile(tmp_path, fake_toolkit)
     bytes1 = (tmp_path / "plan.json").read_bytes()
-    second = compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", {}, worker=FAKE_WORKER)
+    second = compile_plan_report(first.plan, tmp_path, CompileOptions(fake_toolkit, "rk3588", {}, worker=FAKE_WORKER))
     assert [o.status for o in second.outcomes] == ["cached"] * 3
     assert (tmp_path / "plan.json").read_bytes() == bytes1
 
@@ -49,14 +50,14 @@ def test_changing_one_stage_rebuilds_only_that_stage(tmp_path: Path, fake_toolki
     _save(ffn_graph(seed=7), tmp_path / "stages" / "ffn.onnx")
     # an edited stage no longer matches plan.json: refused until the plan records it
     with pytest.raises(SpecError, match="sha256"):
-        compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", {}, worker=FAKE_WORKER)
+        compile_plan_report(first.plan, tmp_path, CompileOptions(fake_toolkit, "rk3588", {}, worker=FAKE_WORKER))
     import dataclasses
 
     from rkpart.partitioner.extract import stage_sha256
 
     edited = dataclasses.replace(first.plan.stage("ffn"), sha256=stage_sha256(tmp_path / "stages" / "ffn.onnx"))
-    second = compile_plan_report(first.plan.replace_stage(edited), tmp_path, fake_toolkit, "rk3588", {},
-                                 worker=FAKE_WORKER)
+    second = compile_plan_report(first.plan.replace_stage(edited), tmp_path, CompileOptions(fake_toolkit, "rk3588", {},
+                                                                                            worker=FAKE_WORKER))
     assert {o.stage_id: o.status for o in second.outcomes} == {"ffn": "built", "erf": "cached", "conv": "cached"}
     new = second.plan.stage("ffn").artifact()
     assert old is not None and new is not None and new.file != old.file
@@ -64,8 +65,8 @@ def test_changing_one_stage_rebuilds_only_that_stage(tmp_path: Path, fake_toolki
 
 def test_changing_config_rebuilds_everything(tmp_path: Path, fake_toolkit: Toolkit) -> None:
     first = _compile(tmp_path, fake_toolkit)
-    second = compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", {"optimization_level": 1},
-                                 worker=FAKE_WORKER)
+    second = compile_plan_report(first.plan, tmp_path, CompileOptions(fake_toolkit, "rk3588",
+                                                                      {"optimization_level": 1}, worker=FAKE_WORKER))
     assert [o.status for o in second.outcomes] == ["built"] * 3
     assert second.plan.extra["compile"]["config"] == {"optimization_level": 1}
 
@@ -75,11 +76,11 @@ def test_crash_is_remembered_until_retry_failed(tmp_path: Path, fake_toolkit: To
     first = _compile(tmp_path, fake_toolkit, config=cfg)
     log = tmp_path / first.plan.stage("erf").failures[0].log
     log.write_text("stale")
-    second = compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", cfg, worker=FAKE_WORKER)
+    second = compile_plan_report(first.plan, tmp_path, CompileOptions(fake_toolkit, "rk3588", cfg, worker=FAKE_WORKER))
     assert second.failed[0].stage_id == "erf" and log.read_text() == "stale"  # not rebuilt
     assert second.plan.stage("erf").failures == first.plan.stage("erf").failures
-    third = compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", cfg, worker=FAKE_WORKER,
-                                retry_failed=True)
+    third = compile_plan_report(first.plan, tmp_path, CompileOptions(fake_toolkit, "rk3588", cfg, worker=FAKE_WORKER,
+                                                                     retry_failed=True))
     assert third.failed[0].stage_id == "erf" and log.read_text() != "stale"  # rebuilt
 
 
@@ -156,8 +157,8 @@ def test_a_stage_is_rebuilt_without_the_rewrite_the_toolkit_crashes_on(tmp_path:
     config = {"fake_crash_node": "IsNaN/count"}
     for run in range(2):
         said: list[str] = []
-        rep = compile_plan_report(plan, tmp_path, fake_toolkit, "rk3588", config, worker=FAKE_WORKER, cache=False,
-                                  progress=said.append)
+        rep = compile_plan_report(plan, tmp_path, CompileOptions(fake_toolkit, "rk3588", config, worker=FAKE_WORKER,
+                                                                 cache=False), progress=said.append)
         (o,) = rep.outcomes
         assert o.status == ("built" if run == 0 else "cached") and o.failures == ()
         assert list(o.dropped_rewrites) == ["nan-guard"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import UserError
 from tests.compile.plans import _save, adaln_crash_plan, ffn_graph, only, tiny_plan
@@ -18,7 +18,8 @@ pytestmark = pytest.mark.toolkit
 
 def test_230_builds_every_npu_stage_and_reports_placement(tmp_path: Path, tk230: Toolkit) -> None:
     lines: list[str] = []
-    rep = compile_plan_report(tiny_plan(tmp_path), tmp_path, tk230, "rk3588", {}, jobs=2, progress=lines.append)
+    rep = compile_plan_report(tiny_plan(tmp_path), tmp_path, CompileOptions(tk230, "rk3588", {}, jobs=2),
+                                                                            progress=lines.append)
     assert [o.status for o in rep.outcomes] == ["built"] * 3
     for o in rep.outcomes:
         a = o.artifact
@@ -34,12 +35,12 @@ def test_230_builds_every_npu_stage_and_reports_placement(tmp_path: Path, tk230:
     assert any(ln.startswith("[1/3] building") and "memory in use" in ln for ln in lines)
 
     # a second run builds nothing; changing one stage rebuilds that one only
-    again = compile_plan_report(rep.plan, tmp_path, tk230, "rk3588", {})
+    again = compile_plan_report(rep.plan, tmp_path, CompileOptions(tk230, "rk3588", {}))
     assert [o.status for o in again.outcomes] == ["cached"] * 3
     sha = _save(ffn_graph(seed=11), tmp_path / "stages" / "ffn.onnx")
     # the plan must say so (an edited stage file alone is refused: issue 13)
     edited = rep.plan.replace_stage(dataclasses.replace(rep.plan.stage("ffn"), sha256=sha))
-    third = compile_plan_report(edited, tmp_path, tk230, "rk3588", {})
+    third = compile_plan_report(edited, tmp_path, CompileOptions(tk230, "rk3588", {}))
     assert [o.status for o in third.outcomes] == ["built", "cached", "cached"]
 
 
@@ -47,14 +48,14 @@ def test_unknown_config_option_is_a_clear_failure(tmp_path: Path, tk230: Toolkit
     """Refused once, before any build (issue 13), not as a failure of every stage."""
     plan = only(tiny_plan(tmp_path), "ffn")
     with pytest.raises(UserError, match=r"config option 'optimisation_level' is not accepted by RKNN\.config"):
-        compile_plan_report(plan, tmp_path, tk230, "rk3588", {"optimisation_level": 2})
+        compile_plan_report(plan, tmp_path, CompileOptions(tk230, "rk3588", {"optimisation_level": 2}))
     assert not (tmp_path / "rknn" / "objects").exists()
 
 
 def test_config_options_reach_the_toolkit(tmp_path: Path, tk230: Toolkit) -> None:
     plan = only(tiny_plan(tmp_path), "ffn")
-    rep = compile_plan_report(plan, tmp_path, tk230, "rk3588",
-                              {"optimization_level": 1, "single_core_mode": True})
+    rep = compile_plan_report(plan, tmp_path, CompileOptions(tk230, "rk3588",
+                                                             {"optimization_level": 1, "single_core_mode": True}))
     assert [o.status for o in rep.outcomes] == ["built"]
     log = (tmp_path / rep.outcomes[0].log).read_text()  # type: ignore[operator]
     # the native compiler echoes its mode: 7 (all three cores) by default, 1 in single-core mode
@@ -63,8 +64,8 @@ def test_config_options_reach_the_toolkit(tmp_path: Path, tk230: Toolkit) -> Non
 
 def test_real_build_timeout(tmp_path: Path, tk230: Toolkit) -> None:
     # importing the toolkit alone takes ~2 s, so 0.5 s always times out
-    rep = compile_plan_report(only(tiny_plan(tmp_path), "ffn", "erf"), tmp_path, tk230, "rk3588", {},
-                              timeout=0.5, jobs=2)
+    rep = compile_plan_report(only(tiny_plan(tmp_path), "ffn", "erf"), tmp_path, CompileOptions(tk230, "rk3588", {},
+                                                                                                timeout=0.5, jobs=2))
     for o in rep.outcomes:
         assert o.status == "failed"
         assert o.failures[0].kind == "timeout"
@@ -74,8 +75,8 @@ def test_real_build_timeout(tmp_path: Path, tk230: Toolkit) -> None:
 
 
 def test_232_segfault_is_isolated_and_250_falls_back(tmp_path: Path, tk232: Toolkit, tk250: Toolkit) -> None:
-    rep = compile_plan_report(adaln_crash_plan(tmp_path), tmp_path, tk232, "rk3588", {}, jobs=2,
-                              fallback_toolkit=tk250)
+    rep = compile_plan_report(adaln_crash_plan(tmp_path), tmp_path, CompileOptions(tk232, "rk3588", {}, jobs=2,
+                                                                                   fallback_toolkit=tk250))
     adaln, ffn = rep.plan.stage("adaln"), rep.plan.stage("ffn")
     first = adaln.failures[0]
     assert first.kind == "crash" and first.signal == "SIGSEGV" and first.exit_code == 139

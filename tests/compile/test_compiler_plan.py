@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.compile.compiler_plan import LAYER_COLUMNS, artifact_compiler_plan, read_compiler_plan, read_layers
 from rkpart.compile.toolkits import Toolkit
 from rkpart.cost_model.device_model import stage_memory_features
@@ -46,7 +46,8 @@ def test_every_built_artifact_carries_the_compilers_plan(tmp_path: Path, split_p
     folder = tmp_path / "plan"
     shutil.copytree(split_plan, folder)
     plan, _ = load_plan(folder)
-    rep = compile_plan_report(plan, folder, tk, "rk3588", {}, stages=["b00.attn", "b00.ffn"], cache=False)
+    rep = compile_plan_report(plan, folder, CompileOptions(tk, "rk3588", {}, stages=["b00.attn", "b00.ffn"],
+                                                           cache=False))
     assert [o.status for o in rep.outcomes] == ["built", "built"]
     on_disk = json.loads((folder / "plan.json").read_text())
     for o in rep.outcomes:
@@ -85,7 +86,7 @@ def test_every_built_artifact_carries_the_compilers_plan(tmp_path: Path, split_p
             assert int(rows[o.stage_id]["weight_bytes"]) == cp.weight_bytes  # type: ignore[union-attr]
             assert int(rows[o.stage_id]["cycles_total"]) == cp.cycles_total  # type: ignore[union-attr]
     # a cached build gives the same figures with no log at hand
-    again = compile_plan_report(rep.plan, folder, tk, "rk3588", {}, stages=["b00.attn", "b00.ffn"])
+    again = compile_plan_report(rep.plan, folder, CompileOptions(tk, "rk3588", {}, stages=["b00.attn", "b00.ffn"]))
     assert [o.status for o in again.outcomes] == ["cached", "cached"]
     assert [o.artifact.compiler for o in again.outcomes] == [o.artifact.compiler for o in rep.outcomes]  # type: ignore[union-attr]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.compile.toolkits import Toolkit
 from rkpart.partitioner.plan import Plan
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
@@ -40,7 +40,7 @@ def test_plan_compiles_and_matches_onnxruntime_in_the_simulator(tmp_path: Path, 
                                                                  version: str) -> None:
     tk: Toolkit = get_toolkit(version)
     plan = _partition(tmp_path / "plan", strategy)
-    rep = compile_plan_report(plan, tmp_path / "plan", tk, "rk3588", {}, jobs=2)
+    rep = compile_plan_report(plan, tmp_path / "plan", CompileOptions(tk, "rk3588", {}, jobs=2))
     assert not rep.failed, [f.message for o in rep.failed for f in o.failures]
     assert all(s.artifact() is not None for s in rep.plan.npu_stages)
     feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
@@ -55,10 +55,10 @@ def test_plan_compiles_and_matches_onnxruntime_in_the_simulator(tmp_path: Path, 
 def test_232_segfaults_on_fused_blocks_but_compiles_split(tmp_path: Path) -> None:
     tk = get_toolkit("2.3.2")
     fused = _partition(tmp_path / "fused", "fused")
-    rep = compile_plan_report(fused, tmp_path / "fused", tk, "rk3588", {}, jobs=2)
+    rep = compile_plan_report(fused, tmp_path / "fused", CompileOptions(tk, "rk3588", {}, jobs=2))
     assert rep.failed and len(rep.failed) == len(fused.npu_stages)
     for o in rep.failed:
         assert o.failures[0].message.startswith("compiler crashed: SIGSEGV (exit 139) in rknn-toolkit2 2.3.2")
     split = _partition(tmp_path / "split", "split")
-    rep = compile_plan_report(split, tmp_path / "split", tk, "rk3588", {}, jobs=2)
+    rep = compile_plan_report(split, tmp_path / "split", CompileOptions(tk, "rk3588", {}, jobs=2))
     assert not rep.failed and len(rep.built) == len(split.npu_stages)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from rkpart.cli import bundled_example, main
+from rkpart.cli import main
+from rkpart.cli_args import bundled_example
 from tests.models.diffusers_families import cached_export, missing_dependencies
 
 pytestmark = [pytest.mark.export,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
@@ -87,7 +87,7 @@ def test_every_npu_stage_builds_with_no_cpu_layer(tmp_path: Path, family: str, e
     model = cached_export(family, exporter)
     folder = tmp_path / "plan"
     plan = partition(model, folder, strategy)
-    rep = compile_plan_report(plan, folder, tk, "rk3588", {}, jobs=1)
+    rep = compile_plan_report(plan, folder, CompileOptions(tk, "rk3588", {}, jobs=1))
     assert not rep.failed, [f.message for o in rep.failed for f in o.failures]
     if exporter == "dynamo":  # opset 20: every stage was lowered
         assert all(s.prepared and s.prepared["to_opset"] == 19 for s in rep.plan.npu_stages)
@@ -137,7 +137,7 @@ def test_strict_npu_fails_stages_left_with_cpu_layers(tmp_path: Path) -> None:
     rope = {s.id for s in plan.npu_stages if any(
         n.op_type == "ScatterND" for n in onnx.load(str(folder / s.file), load_external_data=False).graph.node)}
     assert rope  # the attention stages of both blocks
-    rep = compile_plan_report(plan, folder, tk, "rk3588", {}, rewrites=False, strict_npu=True)
+    rep = compile_plan_report(plan, folder, CompileOptions(tk, "rk3588", {}, rewrites=False, strict_npu=True))
     assert {o.stage_id for o in rep.failed} == rope
     for o in rep.failed:
         assert o.failures[-1].message.startswith("--strict-npu: ")

@@ -189,14 +189,15 @@ def test_prepare_stage_writes_lowered_copy_and_record(tmp_path: Path) -> None:
     before = src.read_bytes()
     p = prepare_stage(src, "ab" * 32, tmp_path / "rknn", "2.5.0", "rk3588")
     assert p.record is not None and p.onnx != src
-    assert p.record == {"toolkit": "2.5.0", "from_opset": 20, "to_opset": 19, "rewrites": {"gelu20-decompose": 1},
-                        "file": f"rknn/prepared/{'ab' * 8}.2.5.0.onnx", "sha256": stage_sha256(p.onnx)}
+    assert p.record.to_json() == {"toolkit": "2.5.0", "from_opset": 20, "to_opset": 19,
+                                  "rewrites": {"gelu20-decompose": 1},
+                                  "file": f"rknn/prepared/{'ab' * 8}.2.5.0.onnx", "sha256": stage_sha256(p.onnx)}
     assert model_opset(onnx.load(str(p.onnx))) == 19
     assert src.read_bytes() == before  # the plan's stage file is never changed
     again = prepare_stage(src, "ab" * 32, tmp_path / "rknn", "2.5.0", "rk3588")
     assert again == p
     meta = json.loads(p.onnx.with_suffix(".json").read_text())
-    assert meta["record"] == p.record
+    assert p.record is not None and meta["record"] == p.record.to_json()
 
 
 def _prepared_plan_stage(tmp_path: Path) -> tuple[Stage, Path]:
@@ -207,7 +208,7 @@ def _prepared_plan_stage(tmp_path: Path) -> tuple[Stage, Path]:
     sha = stage_sha256(src)
     p = prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588")
     stage = Stage(id="s", device="npu", file="stages/s.onnx", inputs=(), outputs=(), block=0, region="block",
-                  kind="block", weight_bytes=0, io_bytes=0, sha256=sha, num_nodes=1, prepared=p.record)
+                  kind="block", weight_bytes=0, io_bytes=0, sha256=sha, num_nodes=1, prepared=p.record.to_json())
     return stage, p.onnx
 
 
@@ -301,9 +302,9 @@ def test_prepare_drops_only_the_rewrite_that_fails_the_ort_check(tmp_path: Path,
     src.parent.mkdir()
     onnx.save(m, str(src))
     p = prepare_stage(src, stage_sha256(src), tmp_path / "rknn", "2.5.0", "rk3588")
-    assert p.record is not None and p.record["rewrites"] == {"reciprocal-to-div": 1}
-    assert set(p.record["dropped_rewrites"]) == {"fake-inexact"}
-    assert p.record["dropped_rewrites"]["fake-inexact"].startswith("differs under ONNX Runtime")
+    assert p.record is not None and p.record.rewrites == {"reciprocal-to-div": 1}
+    assert set(p.record.dropped_rewrites) == {"fake-inexact"}
+    assert p.record.dropped_rewrites["fake-inexact"].startswith("differs under ONNX Runtime")
     ops = [n.op_type for n in onnx.load(str(p.onnx)).graph.node]
     assert ops == ["Div", "Relu"]
 
@@ -317,11 +318,12 @@ def test_prepare_leaves_out_the_rewrites_compile_drops(tmp_path: Path) -> None:
     onnx.save(m, str(src))
     sha = stage_sha256(src)
     full = prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588")
-    assert full.record is not None and full.record["rewrites"] == {"reciprocal-to-div": 1}
+    assert full.record is not None and full.record.rewrites == {"reciprocal-to-div": 1}
     why = {"reciprocal-to-div": "the rknn-toolkit2 2.5.0 build with it failed: SIGSEGV"}
     p = prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588", drop=why)
     assert p.onnx == src
-    assert p.record == {"toolkit": "2.5.0", "from_opset": 17, "to_opset": 17, "rewrites": {},
-                        "dropped_rewrites": why, "file": "stages/s.onnx", "sha256": sha}
+    assert p.record is not None
+    assert p.record.to_json() == {"toolkit": "2.5.0", "from_opset": 17, "to_opset": 17, "rewrites": {},
+                                  "dropped_rewrites": why, "file": "stages/s.onnx", "sha256": sha}
     assert prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588", drop=why) == p  # from its record
     assert prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588") == full  # the full copy is kept apart

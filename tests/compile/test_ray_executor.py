@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.compile.toolkits import Toolkit
 from tests.compile.plans import tiny_plan
 from tests.toolkits import toolkits_dir
@@ -64,7 +64,8 @@ def _entries(folder: Path) -> list[dict[str, Any]]:
 
 def _compile(folder: Path, tk: Toolkit, **kw: Any) -> Any:
     kw.setdefault("cache", False)  # these tests are about builds: the user-level build cache would serve the second
-    return compile_plan_report(tiny_plan(folder), folder, tk, "rk3588", {}, toolkits_dir=toolkits_dir(), **kw)
+    return compile_plan_report(tiny_plan(folder), folder, CompileOptions(tk, "rk3588", {}, toolkits_dir=toolkits_dir(),
+                                                                         **kw))
 
 
 def test_ray_build_equals_local_build(tmp_path: Path, tk250: Toolkit, cluster: Any) -> None:

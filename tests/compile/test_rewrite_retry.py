@@ -21,7 +21,7 @@ import pytest
 
 import rkpart.targets.rewrites as rw
 from rkpart.commands.compile import format_summary
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
 from rkpart.targets.rewrites.npu import nan_guard
@@ -51,8 +51,8 @@ def test_a_rewrite_the_toolkit_crashes_on_is_dropped_and_the_stage_builds(tmp_pa
     folder, sid = _caption_plan(tmp_path)
     plan, _ = load_plan(folder)
     said: list[str] = []
-    rep = compile_plan_report(plan, folder, get_toolkit("2.5.0"), "rk3588", {}, cache=False, stages=[sid],
-                              progress=said.append)
+    rep = compile_plan_report(plan, folder, CompileOptions(get_toolkit("2.5.0"), "rk3588", {}, cache=False,
+                                                           stages=[sid]), progress=said.append)
     (o,) = rep.outcomes
     assert o.status == "built" and o.artifact is not None
     assert "IsNaN:" in " ".join(o.cpu_ops)  # built without the guard's rewrite: the IsNaN is back on the CPU
@@ -77,7 +77,8 @@ def test_nan_guard_builds_the_caption_refiner_with_the_guard_on_the_npu(tmp_path
     on the CPU (the mask's int64 Reshape and Cast are the partitioner's to move)."""
     folder, sid = _caption_plan(tmp_path)
     plan, _ = load_plan(folder)
-    rep = compile_plan_report(plan, folder, get_toolkit(version), "rk3588", {}, cache=False, stages=[sid])
+    rep = compile_plan_report(plan, folder, CompileOptions(get_toolkit(version), "rk3588", {}, cache=False,
+                                                           stages=[sid]))
     (o,) = rep.outcomes
     assert o.status == "built" and not o.dropped_rewrites, o.failures
     assert not any(op.startswith("IsNaN:") for op in o.cpu_ops), o.cpu_ops

@@ -18,7 +18,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.partitioner.plan import Plan, TensorInfo
 from rkpart.runtime.ort import make_session
 from rkpart.targets.rewrites import apply_rewrites, rewrites_for
@@ -282,7 +282,8 @@ def _cpu_layers(tmp_path: Path, graph: onnx.GraphProto, version: str, opset: int
                 inputs=tuple(i.name for i in graph.input), outputs=tuple(o.name for o in graph.output),
                 tensors=tensors, stages=(stage,))
     plan.save(folder)
-    rep = compile_plan_report(plan, folder, get_toolkit(version), "rk3588", {}, rewrites=rewrites, cache=False)
+    rep = compile_plan_report(plan, folder, CompileOptions(get_toolkit(version), "rk3588", {}, rewrites=rewrites,
+                                                           cache=False))
     assert not rep.failed, [f.message for o in rep.failed for f in o.failures]
     prepared = rep.plan.stage("s").prepared
     return rep.outcomes[0].cpu_ops, dict(prepared["rewrites"]) if prepared else {}

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.compile.runner import BuildJob, BuildResult
-from rkpart.compile.scheduler import DEFAULT_BASE, DEFAULT_RATIO, GIB, MemoryModel, Scheduler
+from rkpart.compile.scheduler import DEFAULT_BASE, DEFAULT_RATIO, MemoryModel, Scheduler
 from rkpart.compile.toolkits import Toolkit
+from rkpart.units import GIB
 
 TK = Toolkit(version="fake", python=Path("/bin/false"), managed=False)
 

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from rkpart.cli import main
-from rkpart.compile.compile import CompileReport, compile_plan_report
+from rkpart.compile.compile import CompileOptions, CompileReport, compile_plan_report
 from rkpart.compile.toolkits import Toolkit
 from rkpart.compile.user_cache import entries, user_cache_dir
 from rkpart.errors import UserError
@@ -25,7 +25,7 @@ from tests.compile.plans import tiny_plan
 
 
 def _compile(folder: Path, tk: Toolkit, **kw: Any) -> CompileReport:
-    return compile_plan_report(tiny_plan(folder), folder, tk, "rk3588", {}, worker=FAKE_WORKER, **kw)
+    return compile_plan_report(tiny_plan(folder), folder, CompileOptions(tk, "rk3588", {}, worker=FAKE_WORKER, **kw))
 
 
 def _statuses(rep: CompileReport) -> dict[str, str]:
@@ -64,8 +64,8 @@ def test_compile_one_stage_keeps_the_others(tmp_path: Path, fake_toolkit: Toolki
     first = _compile(tmp_path, fake_toolkit, stages=["erf"])
     assert _statuses(first) == {"erf": "built"}
     assert first.plan.stage("ffn").artifact() is None and first.plan.stage("erf").artifact() is not None
-    second = compile_plan_report(first.plan, tmp_path, fake_toolkit, "rk3588", {}, worker=FAKE_WORKER,
-                                 stages=["ffn"])
+    second = compile_plan_report(first.plan, tmp_path, CompileOptions(fake_toolkit, "rk3588", {}, worker=FAKE_WORKER,
+                                                                      stages=["ffn"]))
     assert _statuses(second) == {"ffn": "built"}
     assert second.plan.stage("erf").artifact() == first.plan.stage("erf").artifact()
 

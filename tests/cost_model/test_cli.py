@@ -13,7 +13,7 @@ from rkpart.cost_model.calibration import compare_with_model, render_comparison,
 from rkpart.cost_model.model import CostModel
 from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
-from rkpart.profile.lifecycle import profile_plan
+from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.records import write_jsonl
 from rkpart.runtime.ort import OrtBackend
 
@@ -83,8 +83,9 @@ def test_fit_on_real_ort_profiles_prints_held_out_error(tmp_path: Path, example_
     for name, strategy, opts in (("split", "split", {}), ("npu", "split", {"adaln": "npu"}), ("fused", "fused", {})):
         folder = tmp_path / name
         plan = partition(example_model, folder, strategy, **opts)
-        recs = profile_plan(plan, folder, OrtBackend(), rounds=2, warmup=1, cfg=True, device_pattern=None,
-                            sample_interval=0.0, plan_file=str(folder / "plan.json"))
+        recs = profile_plan(plan, folder, ProfileOptions(rounds=2, warmup=1, cfg=True, device_pattern=None,
+                                                         sample_interval=0.0, plan=str(folder / "plan.json")),
+                                                         backend=OrtBackend())
         profiles.append(write_jsonl(tmp_path / f"{name}.jsonl", recs))
     out = tmp_path / "model.json"
     r = CliRunner().invoke(main, ["fit", *map(str, profiles), "-o", str(out)])

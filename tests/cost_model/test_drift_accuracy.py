@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rkpart.auto import select
 from rkpart.cost_model.drift_accuracy import accuracy_from_drift, family_of, with_drift
 from rkpart.cost_model.model import CostModel, default_model_path
 from rkpart.cost_model.select import SelectionConfig
 from rkpart.partitioner.plan import Plan
-from rkpart.pipeline import load, select
+from rkpart.pipeline import load
 from rkpart.profile.drift import LATENT, DriftRow
 
 FAMILIES = {"split": "adaln=host,residual=host", "fused": "adaln=npu,residual=npu"}
@@ -53,8 +54,8 @@ def test_family_of_split_and_fused_plans(plans: dict[str, tuple[Plan, Path]]) ->
 
 def test_the_shipped_calibration_selects_with_the_shipped_full_size_drift_table() -> None:
     """The RK3588 calibration's accuracy term is the 28-block drift table in rkpart/data, not a set factor."""
+    from rkpart.auto import load_accuracy
     from rkpart.cost_model.calibration import WRITEUP_BLOCK_MSE_RATIO, shipped_drift
-    from rkpart.pipeline import load_accuracy
 
     measured = shipped_drift()
     assert load_accuracy(default_model_path().with_name("drift_anima_full.json")) == measured  # a valid term

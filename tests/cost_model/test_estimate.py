@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from rkpart.cli import main
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.compile.toolkits import Toolkit
 from rkpart.cost_model.estimate import CFG_PARALLEL_SPEEDUP
 from rkpart.partitioner.plan import Plan, load_plan
@@ -80,7 +80,7 @@ def test_compiled_plan_uses_the_compilers_memory(plans: dict[str, tuple[Plan, Pa
     folder = tmp_path / "split"
     shutil.copytree(plans["split"][1], folder)
     plan, _ = load_plan(folder)
-    rep = compile_plan_report(plan, folder, tk250, "rk3588", {})
+    rep = compile_plan_report(plan, folder, CompileOptions(tk250, "rk3588", {}))
     est = _estimate(str(folder), "--steps", "2")
     assert est["toolkit"] == "2.5.0"
     by_id = {s["id"]: s for s in est["stages"]}

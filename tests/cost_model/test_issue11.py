@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from rkpart.auto import enumerate_candidates, select
 from rkpart.cli import main
 from rkpart.cost_model.calibration import fit_profiles
 from rkpart.cost_model.candidates import Candidate, candidates_from
@@ -22,8 +23,8 @@ from rkpart.errors import BudgetError, SpecError, UserError
 from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.discovery import Discovery, discover
 from rkpart.partitioner.plan import load_plan
-from rkpart.pipeline import enumerate_candidates, partition, select
-from rkpart.profile.lifecycle import profile_plan
+from rkpart.pipeline import partition
+from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.records import write_jsonl
 from rkpart.runtime.ort import OrtBackend
 from rkpart.strategies.base import GroupBuilder
@@ -46,8 +47,10 @@ def ort_profiles(tmp_path_factory: pytest.TempPathFactory, example_model: Path) 
         folder = root / name
         plan = partition(example_model, folder, strategy, **opts)
         for residency in ("per-stage", "resident"):
-            recs = profile_plan(plan, folder, OrtBackend(threads=1), rounds=2, warmup=1, cfg=True, device_pattern=None,
-                                sample_interval=0.01, residency=residency, plan_file=str(folder / "plan.json"))
+            recs = profile_plan(plan, folder, ProfileOptions(rounds=2, warmup=1, cfg=True, device_pattern=None,
+                                                             sample_interval=0.01, residency=residency,
+                                                             plan=str(folder / "plan.json")),
+                                                             backend=OrtBackend(threads=1))
             out.append(write_jsonl(root / f"{name}.{residency}.jsonl", recs))
     return out
 
@@ -223,7 +226,7 @@ def test_host_rest_a_plugin_leaves_is_attributed_to_its_block(shipped: CostModel
         gb.add(f"b{b.index}.core", set(core), device="npu", region=b.regions[0].name, kind="core", block=b.index)
     gb.add_host_rest(mg, disc)
     part = gb.build("coreonly", {})
-    cands = candidates_from(mg, disc, [("coreonly", part, {"strategy": "coreonly"})], max_run=1)
+    cands = candidates_from(mg, disc, [("coreonly", part, {"strategy": "coreonly"})])
     c = cands[0][0]
     assert c.host is not None
     rest = disc.blocks[0].ops - disc.blocks[0].regions[0].core

@@ -13,7 +13,7 @@ import pytest
 from rkpart.cost_model.calibration import fit_profiles, samples_from_records
 from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
-from rkpart.profile.lifecycle import profile_plan
+from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.records import StageRecord, read_jsonl, stage_records, write_jsonl
 from rkpart.runtime.ort import OrtBackend, make_session
 from rkpart.tune import TuneConfig, profile_for_fit, single_plans
@@ -27,9 +27,10 @@ def split_plan(tmp_path_factory: pytest.TempPathFactory, example_model: Path) ->
 
 
 def _profile(plan: Plan, folder: Path, out: Path, *, residency: str, memory: bool, rounds: int = 2) -> Path:
-    recs = profile_plan(plan, folder, OrtBackend(threads=1), rounds=rounds, warmup=1, cfg=True, device_pattern=None,
-                        sample_interval=0.01 if memory else 0.0, snapshots=memory, residency=residency,
-                        plan_file=str(folder / "plan.json"))
+    recs = profile_plan(plan, folder, ProfileOptions(rounds=rounds, warmup=1, cfg=True, device_pattern=None,
+                                                     sample_interval=0.01 if memory else 0.0, snapshots=memory,
+                                                     residency=residency, plan=str(folder / "plan.json")),
+                                                     backend=OrtBackend(threads=1))
     return write_jsonl(out, recs)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rkpart.cost_model.calibration import fit_profiles, samples_from_records
 from rkpart.pipeline import partition
-from rkpart.profile.lifecycle import profile_plan
+from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.records import read_jsonl, stage_records, write_jsonl
 from rkpart.runtime.ort import OrtBackend
 
@@ -16,9 +16,10 @@ def test_runs_of_one_plan_are_pooled_and_every_repeated_call_counts(tmp_path: Pa
     plan = partition(example_model, folder, "fused")
     files = []
     for i in range(2):  # two runs of the same plan, as the interleaving bench writes them
-        recs = profile_plan(plan, folder, OrtBackend(threads=1), rounds=1, warmup=0, cfg=False, residency="resident",
-                            device_pattern=None, sample_interval=0.0, plan_file=str(folder / "plan.json"),
-                            infer_repeat=3)
+        recs = profile_plan(plan, folder, ProfileOptions(rounds=1, warmup=0, cfg=False, residency="resident",
+                                                         device_pattern=None, sample_interval=0.0,
+                                                         plan=str(folder / "plan.json"), infer_repeat=3),
+                                                         backend=OrtBackend(threads=1))
         files.append(write_jsonl(tmp_path / f"run{i}.jsonl", recs))
     records = [r for f in files for r in read_jsonl(f)]
     samples = samples_from_records(stage_records(records), statistic="min")

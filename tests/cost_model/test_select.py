@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from rkpart.auto import enumerate_candidates, select
 from rkpart.cost_model.calibration import calibrate_writeup
 from rkpart.cost_model.model import CostModel, default_model_path
 from rkpart.cost_model.select import MIB, SelectionConfig, deltas
 from rkpart.errors import BudgetError
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
-from rkpart.pipeline import enumerate_candidates, select
 
 Anima = tuple[ModelGraph, Discovery]
 

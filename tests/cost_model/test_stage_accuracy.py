@@ -95,11 +95,11 @@ def test_autos_plan_is_byte_identical_to_the_single_strategy_plan_it_chose(tmp_p
     assert len(pairs) == 1, pairs  # the shipped calibration chooses one candidate for every block
     (cand, res), = pairs
     folders: dict[str, Path] = {"auto": tmp_path / "auto"}
-    other = next(name for name, _, _ in SINGLE if name != cand)
-    for name, strategy, opts in SINGLE:
-        if name in (cand, other):
-            partition(example_model, tmp_path / name, strategy, **opts)
-            folders[name] = tmp_path / name
+    other = next(f.id for f in SINGLE if f.id != cand)
+    for f in SINGLE:
+        if f.id in (cand, other):
+            partition(example_model, tmp_path / f.id, f.strategy, **f.options)
+            folders[f.id] = tmp_path / f.id
     assert identical_twin(choices, folders) == (cand, res)
     # another candidate's plan is not auto's twin, nor is a mix of candidates
     fake = [{"candidate": other, "residency": res, "blocks": c["blocks"]} for c in choices]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.cli import bundled_example
+from rkpart.cli_args import bundled_example
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

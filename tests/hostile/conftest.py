@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.cli import bundled_example
+from rkpart.cli_args import bundled_example
 from tests.hostile.models import FUZZ_STATS, cli, mini_dit
 
 

@@ -31,7 +31,7 @@ import onnx
 import psutil
 import pytest
 
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.compile.toolkits import Toolkit
 from rkpart.partitioner.extract import stage_sha256
 from rkpart.partitioner.plan import load_plan
@@ -113,7 +113,7 @@ def test_hostile_stage_file_name_is_data_not_shell(tmp_path: Path, mini_model: P
     (folder / "plan.json").write_text(json.dumps(doc))
     plan, _ = load_plan(folder)
     before = set(os.listdir(tmp_path))
-    rep = compile_plan_report(plan, folder, tk)
+    rep = compile_plan_report(plan, folder, CompileOptions(tk))
     assert [o.status for o in rep.outcomes] == ["built"], [o.to_json() for o in rep.outcomes]
     leftovers = [p for p in tmp_path.rglob("PWNED*")] + [p for p in Path.cwd().glob("PWNED*")]
     assert leftovers == []
@@ -135,8 +135,8 @@ def test_hung_worker_is_killed_and_its_files_cleaned(tmp_path: Path, mini_model:
     record = tmp_path / "record.json"
     tk = Toolkit(version="fake", python=Path(sys.executable), managed=False)
     t0 = time.monotonic()
-    rep = compile_plan_report(plan, folder, tk, config={"fake_record": str(record)}, timeout=1.5,
-                              worker=HUNG_WORKER)
+    rep = compile_plan_report(plan, folder, CompileOptions(tk, config={"fake_record": str(record)}, timeout=1.5,
+                                                           worker=HUNG_WORKER))
     took = time.monotonic() - t0
     assert took < 20, f"compile took {took:.1f}s: the hung worker was not killed at its timeout"
     (o,) = rep.outcomes

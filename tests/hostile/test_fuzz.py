@@ -146,7 +146,7 @@ _PRISTINE: dict[str, Any] = {}
 def pristine(tmp_path_factory: pytest.TempPathFactory, mini_model: Path) -> None:
     """A split plan of the mini DiT (stages with external data), its compiled form (fake
     builds), fixed model inputs and the plan's outputs on them."""
-    from rkpart.compile.compile import compile_plan_report
+    from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.runtime.executor import random_inputs, run_plan
 
     root = tmp_path_factory.mktemp("fuzz-plan")
@@ -158,8 +158,8 @@ def pristine(tmp_path_factory: pytest.TempPathFactory, mini_model: Path) -> None
     np.savez(root / "feeds.npz", **feeds)  # type: ignore[arg-type]
     compiled = root / "compiled"
     shutil.copytree(plan_dir, compiled)
-    rep = compile_plan_report(plan, compiled, _fake_toolkit(), "rk3588", {}, worker=_fake_worker(),
-                              shared_cache=root / "cache-unused")
+    rep = compile_plan_report(plan, compiled, CompileOptions(_fake_toolkit(), "rk3588", {}, worker=_fake_worker(),
+                                                             shared_cache=root / "cache-unused"))
     assert not rep.failed
     _PRISTINE.update(plan=plan_dir, compiled=compiled, feeds=root / "feeds.npz",
                      outputs=run_plan(plan, folder, feeds))
@@ -257,12 +257,12 @@ def test_fuzz_plan_folder_run(data: st.DataObject) -> None:
 
 
 def _compile_case(plan: Path, what: str) -> None:
-    from rkpart.compile.compile import compile_plan_report
+    from rkpart.compile.compile import CompileOptions, compile_plan_report
 
     with _bounded(CASE_TIMEOUT_S * 2, what):
         p, folder = load_plan(plan)
-        compile_plan_report(p, folder, _fake_toolkit(), "rk3588", {}, worker=_fake_worker(),
-                            shared_cache=plan.parent / "cache")
+        compile_plan_report(p, folder, CompileOptions(_fake_toolkit(), "rk3588", {}, worker=_fake_worker(),
+                                                      shared_cache=plan.parent / "cache"))
 
 
 @settings(FUZZ, max_examples=150)

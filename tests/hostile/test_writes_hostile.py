@@ -309,7 +309,7 @@ def test_example_force_replaces_a_regular_file(tmp_path: Path) -> None:
     dest.write_text("old")
     r = cli(["example", dest, "--force"])
     assert r.exit_code == 0, r.output
-    from rkpart.cli import bundled_example
+    from rkpart.cli_args import bundled_example
 
     assert dest.read_bytes() == bundled_example().read_bytes()
 

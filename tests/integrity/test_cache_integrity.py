@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from rkpart.compile.cache import measured_stage_bytes
-from rkpart.compile.compile import CompileReport, compile_plan_report
+from rkpart.compile.compile import CompileOptions, CompileReport, compile_plan_report
 from rkpart.compile.scheduler import MEMORY_FILE, MemoryModel
 from rkpart.compile.toolkits import Toolkit
 from rkpart.partitioner.plan import Plan, load_plan
@@ -34,7 +34,7 @@ def fake_toolkit() -> Toolkit:
 
 
 def _compile(plan: Plan, folder: Path, tk: Toolkit, config: dict[str, Any] | None = None, **kw: Any) -> CompileReport:
-    return compile_plan_report(plan, folder, tk, "rk3588", config or {}, worker=FAKE_WORKER, **kw)
+    return compile_plan_report(plan, folder, CompileOptions(tk, "rk3588", config or {}, worker=FAKE_WORKER, **kw))
 
 
 def _status(rep: CompileReport) -> dict[str, str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import ToolkitError, UserError
 from tests.compile.conftest import FAKE_WORKER
@@ -27,7 +27,7 @@ def test_unknown_target_is_refused_before_any_build(tmp_path: Path) -> None:
 
     fake = Toolkit(version="fake", python=Path(sys.executable), managed=False)  # FAKE: never started
     with pytest.raises(UserError, match="unknown target 'rk9999'"):
-        compile_plan_report(tiny_plan(tmp_path), tmp_path, fake, "rk9999", {}, worker=FAKE_WORKER)
+        compile_plan_report(tiny_plan(tmp_path), tmp_path, CompileOptions(fake, "rk9999", {}, worker=FAKE_WORKER))
     assert not (tmp_path / "rknn").exists()
 
 

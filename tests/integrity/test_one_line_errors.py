@@ -219,7 +219,7 @@ def test_read_only_folders(ro_tmpfs: Path, fused_mini_plan: Path, mini_model: Pa
     """partition into, and compile a plan on, a read-only file system: exit 6, one line."""
     import sys
 
-    from rkpart.compile.compile import compile_plan_report
+    from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.compile.toolkits import Toolkit
     from rkpart.errors import OutputExistsError
     from rkpart.partitioner.plan import load_plan
@@ -233,7 +233,7 @@ def test_read_only_folders(ro_tmpfs: Path, fused_mini_plan: Path, mini_model: Pa
     fake = Toolkit(version="fake", python=Path(sys.executable), managed=False)  # FAKE: never reached
     p, folder = load_plan(plan)
     with pytest.raises(OutputExistsError, match=r"(?i)read-only"):
-        compile_plan_report(p, folder, fake, "rk3588", {}, worker=FAKE_WORKER)
+        compile_plan_report(p, folder, CompileOptions(fake, "rk3588", {}, worker=FAKE_WORKER))
     assert snapshot(plan) == before
 
 

@@ -13,6 +13,7 @@ from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
+from rkpart.strategies.base import propose_with
 from rkpart.validation.metrics import compare
 
 MIN_COSINE = 0.999999
@@ -64,6 +65,6 @@ def host_adaln_ops(mg: ModelGraph, disc: Discovery, **options: Any) -> list[int]
     from rkpart.partitioner.partition import order_groups
     from rkpart.strategies import get_strategy
 
-    groups = order_groups(mg, get_strategy("split").propose(mg, disc, **options))
+    groups = order_groups(mg, propose_with(get_strategy("split"), mg, disc, options))
     on_npu = {i for g in groups if g.device == "npu" for i in g.ops}
     return sorted(i for b in disc.blocks for r in b.regions for i in r.pre if i not in on_npu)

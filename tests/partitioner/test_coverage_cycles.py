@@ -9,7 +9,7 @@ import pytest
 
 from rkpart.errors import InternalError, SpecError
 from rkpart.ir import ModelGraph, load_model
-from rkpart.ir.macs import GEMV_ROWS, output_rows, token_macs
+from rkpart.ir.work import GEMV_ROWS, output_rows, token_macs
 from rkpart.partitioner.coverage import MIN_SHARE
 from rkpart.partitioner.partition import Group, Partition, convex_hull, order_groups
 from rkpart.pipeline import partition, strategy_coverage

@@ -22,9 +22,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from rkpart.auto import candidate_variants
 from rkpart.ir import load_model
 from rkpart.partitioner.plan import Plan
-from rkpart.pipeline import candidate_variants, load, partition, propose
+from rkpart.pipeline import load, partition, propose
 from rkpart.runtime.executor import run_model
 from tests.partitioner.checks import assert_reproduces
 
@@ -187,12 +188,13 @@ def test_dit_class_label_gather_runs_on_the_host_and_is_costed(tmp_path: Path, s
     from rkpart.cost_model.candidates import candidates_from
 
     variants = [v for v in candidate_variants(mg, disc, plugins_too=False) if v[0] == strategy]
-    (cand,) = candidates_from(mg, disc, variants, max_run=1)[1]
+    (cand,) = candidates_from(mg, disc, variants)[1]
     host = frozenset().union(*(g.ops for g in cand.groups if g.device == "host"))
     npu = frozenset().union(*(g.ops for g in cand.groups if g.device == "npu"))
     assert own <= host and not own & npu and cand.host is not None
     if strategy == "fused":  # a run of fused blocks is costed like the fused strategy's stages
-        run = next(c for c in candidates_from(mg, disc, variants, max_run=2)[0] if c.id == "fused-x2")
+        variants = candidate_variants(mg, disc, max_run=2, plugins_too=False)
+        run = next(c for c in candidates_from(mg, disc, variants)[0] if c.id == "fused-x2")
         host = frozenset().union(*(g.ops for g in run.groups if g.device == "host"))
         npu = frozenset().union(*(g.ops for g in run.groups if g.device == "npu"))
         assert own <= host and not own & npu and run.host is not None

@@ -16,7 +16,7 @@ from rkpart.cli import main
 from rkpart.errors import SpecError
 from rkpart.partitioner.plan import Plan
 from rkpart.profile import records as rec
-from rkpart.profile.lifecycle import profile_plan
+from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from tests.runtime.counting import CountingOrt
 
 ROUNDS, WARMUP = 2, 1
@@ -30,8 +30,8 @@ def _block_ids(plan: Plan, block: int) -> set[str]:
 def test_block_runs_only_that_blocks_stages_from_one_cached_run(plans: dict[str, tuple[Plan, Path]]) -> None:
     plan, folder = plans["split"]
     npu, host = CountingOrt("npu-ort", ("npu",)), CountingOrt()
-    recs = profile_plan(plan, folder, npu, rounds=ROUNDS, warmup=WARMUP, cfg=True, block=1, host_backend=host,
-                        sample_interval=0)
+    recs = profile_plan(plan, folder, ProfileOptions(rounds=ROUNDS, warmup=WARMUP, cfg=True, block=1,
+                                                     sample_interval=0), backend=npu, host_backend=host)
     rec.validate_records(recs)
     want = _block_ids(plan, 1)
     first = min(i for i, s in enumerate(plan.stages) if s.id in want)
@@ -53,14 +53,14 @@ def test_block_runs_only_that_blocks_stages_from_one_cached_run(plans: dict[str,
 def test_block_that_the_plan_does_not_have_is_a_spec_error(plans: dict[str, tuple[Plan, Path]]) -> None:
     plan, folder = plans["split"]
     with pytest.raises(SpecError, match=r"no stage of block 7 \(blocks: 0, 1\)"):
-        profile_plan(plan, folder, CountingOrt(), rounds=1, warmup=0, block=7)
+        profile_plan(plan, folder, ProfileOptions(rounds=1, warmup=0, block=7), backend=CountingOrt())
 
 
 def test_baseline_reports_the_plans_overhead_against_the_whole_model(plans: dict[str, tuple[Plan, Path]],
                                                                      example_model: Path) -> None:
     plan, folder = plans["fused"]
-    recs = profile_plan(plan, folder, CountingOrt(), rounds=ROUNDS, warmup=WARMUP, residency="resident",
-                        baseline=True, model=example_model, sample_interval=0)
+    recs = profile_plan(plan, folder, ProfileOptions(rounds=ROUNDS, warmup=WARMUP, residency="resident", baseline=True,
+                                                     model=example_model, sample_interval=0), backend=CountingOrt())
     rec.validate_records(recs)
     b = recs[-1]["baseline"]
     assert b["model"] == str(example_model) and b["session_s"] > 0
@@ -76,7 +76,7 @@ def test_baseline_reports_the_plans_overhead_against_the_whole_model(plans: dict
 def test_baseline_and_block_do_not_combine(plans: dict[str, tuple[Plan, Path]], tmp_path: Path) -> None:
     plan, folder = plans["split"]
     with pytest.raises(ValueError, match="whole model"):
-        profile_plan(plan, folder, CountingOrt(), block=0, baseline=True)
+        profile_plan(plan, folder, ProfileOptions(block=0, baseline=True), backend=CountingOrt())
     res = CliRunner().invoke(main, ["profile", str(folder), "--block", "0", "--baseline", "-o",
                                     str(tmp_path / "p.jsonl")])
     assert res.exit_code == 2 and "without --block" in res.output
@@ -85,7 +85,8 @@ def test_baseline_and_block_do_not_combine(plans: dict[str, tuple[Plan, Path]], 
 
 def test_snapshots_can_be_switched_off(plans: dict[str, tuple[Plan, Path]]) -> None:
     plan, folder = plans["split"]
-    recs = profile_plan(plan, folder, CountingOrt(), rounds=1, warmup=0, snapshots=False, sample_interval=0)
+    recs = profile_plan(plan, folder, ProfileOptions(rounds=1, warmup=0, snapshots=False, sample_interval=0),
+                                                     backend=CountingOrt())
     rec.validate_records(recs)
     for r in recs:
         if r["record"] in ("stage", "round"):
@@ -100,7 +101,8 @@ def test_residency_follows_the_plans_choice(plans: dict[str, tuple[Plan, Path]])
         {"blocks": [0], "candidate": "split", "residency": "resident"},
         {"blocks": [1], "candidate": "split", "residency": "per-stage"}]}})
     npu = CountingOrt("npu-ort", ("npu",))
-    recs = profile_plan(chosen, folder, npu, rounds=1, warmup=0, residency="plan", sample_interval=0)
+    recs = profile_plan(chosen, folder, ProfileOptions(rounds=1, warmup=0, residency="plan", sample_interval=0),
+                                                       backend=npu)
     rec.validate_records(recs)
     for r in (r for r in recs if r["record"] == "stage" and r["stage"]["device"] == "npu"):
         want = "resident" if r["stage"]["block"] == 0 else "per-stage"
@@ -139,8 +141,8 @@ def _profile_block_of_a_wide_model(folder: str) -> tuple[list[str], list[str], l
     model = build_anima_onnx(cfg, tmp / "wide.onnx")
     plan = partition(model, tmp / "plan", "split")
     npu, host = CountingOrt("npu-ort", ("npu",)), CountingOrt()
-    recs = profile_plan(plan, tmp / "plan", npu, rounds=1, warmup=0, block=0, host_backend=host,
-                        sample_interval=0)
+    recs = profile_plan(plan, tmp / "plan", ProfileOptions(rounds=1, warmup=0, block=0, sample_interval=0),
+                                                           backend=npu, host_backend=host)
     recorded = sorted({r["stage"]["id"] for r in recs if r["record"] == "stage"})
     ran = sorted(set(npu.counts.infer) | set(host.counts.infer))
     return recorded, ran, sorted(_block_ids(plan, 0)), [s.id for s in plan.stages]

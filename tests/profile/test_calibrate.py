@@ -206,16 +206,15 @@ def test_bad_arguments_are_one_line_errors(plans: dict[str, tuple[Plan, Path]], 
 
 def test_compile_settings_and_report_name_the_overflowing_tensor(tmp_path: Path) -> None:
     """What compile records with --calibration (fp16 stages need no toolkit for it) reaches the report."""
-    from rkpart.compile.compile import _precisions
-    from rkpart.compile.runner import WORKER
+    from rkpart.compile.compile import CompileOptions, _precisions
     from rkpart.report.build import build_report
 
     plan = overflow_plan(tmp_path / "plan")
     np.savez(tmp_path / "in.npz", x=np.ones((1, 4, 8), np.float32))
     write_calibration(plan, tmp_path / "plan", tmp_path / "c", inputs=tmp_path / "in.npz")
     settings: dict[str, object] = {}
-    out = _precisions(plan, plan.npu_stages, "fp16", None, tmp_path / "c", "normal", "rk3588", {}, [], WORKER,
-                      settings)
+    opts = CompileOptions("unused", "rk3588", calibration=tmp_path / "c")
+    out = _precisions(plan, plan.npu_stages, opts, {}, [], settings)
     assert {sp.precision for sp in out.values()} == {"fp16"} and "precision" not in settings
     [finding] = settings["fp16_range"]  # type: ignore[misc]
     assert finding["tensor"] == "s" and finding["kind"] == "overflow"

@@ -10,7 +10,7 @@ import pytest
 from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
 from rkpart.profile import records as rec
-from rkpart.profile.lifecycle import profile_plan
+from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.report import compare_rows, render_compare
 from rkpart.runtime.ort import OrtBackend
 
@@ -26,8 +26,8 @@ def profiles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
         d = tmp_path_factory.mktemp(strategy) / "plan"
         partition(EXAMPLE, d, strategy)
         plan, folder = load_plan(d)
-        out[strategy] = profile_plan(plan, folder, OrtBackend(), rounds=3, warmup=1, cfg=True,
-                                     sample_interval=0.02, plan_file=str(d / "plan.json"))
+        out[strategy] = profile_plan(plan, folder, ProfileOptions(rounds=3, warmup=1, cfg=True, sample_interval=0.02,
+                                                                  plan=str(d / "plan.json")), backend=OrtBackend())
     return out
 
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.compile.compile import compile_plan_report
+from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.pipeline import partition
 from rkpart.profile import records as rec
-from rkpart.profile.lifecycle import profile_plan
+from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.report import render_compare
 from rkpart.runtime.rknn_sim import RknnSimBackend
 from tests.toolkits import get_toolkit
@@ -26,13 +26,14 @@ def sim_profiles(tmp_path_factory: pytest.TempPathFactory, example_model: Path) 
     for strategy in ("split", "fused"):
         d = tmp_path_factory.mktemp(f"sim-{strategy}") / "plan"
         plan = partition(example_model, d, strategy)
-        rep = compile_plan_report(plan, d, tk, "rk3588", {}, jobs=2)
+        rep = compile_plan_report(plan, d, CompileOptions(tk, "rk3588", {}, jobs=2))
         assert not rep.failed
         backend = RknnSimBackend(VERSION)
         try:
             # resident: each stage is built into the simulator once per round, then serves both CFG passes
-            out[strategy] = profile_plan(rep.plan, d, backend, rounds=3, warmup=0, cfg=True, residency="resident",
-                                         sample_interval=0.05, plan_file=str(d / "plan.json"))
+            out[strategy] = profile_plan(rep.plan, d, ProfileOptions(rounds=3, warmup=0, cfg=True,
+                                                                     residency="resident", sample_interval=0.05,
+                                                                     plan=str(d / "plan.json")), backend=backend)
         finally:
             backend.close()
     return out

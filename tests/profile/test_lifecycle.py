@@ -10,7 +10,7 @@ import pytest
 
 from rkpart.errors import SpecError
 from rkpart.profile import records as rec
-from rkpart.profile.lifecycle import make_inputs, profile_plan, unconditional_inputs
+from rkpart.profile.lifecycle import ProfileOptions, make_inputs, profile_plan, unconditional_inputs
 from rkpart.runtime.base import Backend, StageRunner
 from rkpart.runtime.ort import OrtBackend, OrtRunner
 from tests.profile.plans import mini_block_plan
@@ -23,7 +23,8 @@ def split_profile(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     d = tmp_path_factory.mktemp("split")
     plan = mini_block_plan(d)
     lines: list[str] = []
-    recs = profile_plan(plan, d, OrtBackend(), rounds=3, warmup=1, cfg=True, progress=lines.append)
+    recs = profile_plan(plan, d, ProfileOptions(rounds=3, warmup=1, cfg=True), backend=OrtBackend(),
+                                                progress=lines.append)
     assert len(lines) == 4 * 2 * 4  # rounds x passes x stages
     return recs
 
@@ -117,7 +118,7 @@ class _OutputSpy(Backend):
 def test_outputs_flow_between_stages_and_passes_differ(tmp_path: Path) -> None:
     plan = mini_block_plan(tmp_path)
     spy = _OutputSpy()
-    profile_plan(plan, tmp_path, spy, rounds=1, warmup=0, cfg=True, steps=2)
+    profile_plan(plan, tmp_path, ProfileOptions(rounds=1, warmup=0, cfg=True, steps=2), backend=spy)
     assert len(spy.outputs) == 4  # 2 steps x 2 passes
     cond, uncond = spy.outputs[0], spy.outputs[1]
     assert not np.allclose(cond, uncond)  # zero context -> different cross-attention output
@@ -127,8 +128,8 @@ def test_outputs_flow_between_stages_and_passes_differ(tmp_path: Path) -> None:
 
 def test_resident_loads_once_per_round_and_releases_at_the_end(tmp_path: Path) -> None:
     plan = mini_block_plan(tmp_path)
-    recs = profile_plan(plan, tmp_path, OrtBackend(), rounds=2, warmup=0, cfg=True, steps=2,
-                        residency="resident", sample_interval=0)
+    recs = profile_plan(plan, tmp_path, ProfileOptions(rounds=2, warmup=0, cfg=True, steps=2, residency="resident",
+                                                       sample_interval=0), backend=OrtBackend())
     rec.validate_records(recs)
     npu = [r for r in recs if r["record"] == "stage" and r["stage"]["device"] == "npu"]
     assert len(npu) == 2 * 2 * 2 * 2  # stages x rounds x steps x passes
@@ -160,7 +161,8 @@ def test_every_runner_is_released_in_both_residencies(tmp_path: Path) -> None:
     plan = mini_block_plan(tmp_path)
     for residency in ("per-stage", "resident"):
         b = _CountingBackend()
-        profile_plan(plan, tmp_path, b, rounds=1, warmup=0, residency=residency, sample_interval=0)
+        profile_plan(plan, tmp_path, ProfileOptions(rounds=1, warmup=0, residency=residency, sample_interval=0),
+                                                    backend=b)
         assert b.made and all(r._state == "released" for r in b.made)
         npu_runners = [r for r in b.made if r.stage.device == "npu"]
         assert len(npu_runners) == (4 if residency == "per-stage" else 2)
@@ -169,16 +171,17 @@ def test_every_runner_is_released_in_both_residencies(tmp_path: Path) -> None:
 def test_bad_plan_and_arguments_are_refused(tmp_path: Path) -> None:
     plan = mini_block_plan(tmp_path)
     with pytest.raises(ValueError, match="residency"):
-        profile_plan(plan, tmp_path, OrtBackend(), residency="sometimes")
+        profile_plan(plan, tmp_path, ProfileOptions(residency="sometimes"), backend=OrtBackend())
     with pytest.raises(ValueError, match="rounds"):
-        profile_plan(plan, tmp_path, OrtBackend(), rounds=0)
+        profile_plan(plan, tmp_path, ProfileOptions(rounds=0), backend=OrtBackend())
     import dataclasses
 
     reordered = dataclasses.replace(plan, stages=plan.stages[::-1])
     with pytest.raises(SpecError, match="reads"):
-        profile_plan(reordered, tmp_path, OrtBackend())
+        profile_plan(reordered, tmp_path, ProfileOptions(), backend=OrtBackend())
     with pytest.raises(SpecError, match="no value for plan input"):
-        profile_plan(plan, tmp_path, OrtBackend(), inputs={"x": np.zeros((1, 16, 32), np.float32)})
+        profile_plan(plan, tmp_path, ProfileOptions(), backend=OrtBackend(),
+                                                    inputs={"x": np.zeros((1, 16, 32), np.float32)})
 
 
 def test_make_inputs_is_seeded_and_typed(tmp_path: Path) -> None:
@@ -192,8 +195,9 @@ def test_make_inputs_is_seeded_and_typed(tmp_path: Path) -> None:
 
 def test_infer_repeat_records_every_call_and_their_median(tmp_path: Path) -> None:
     plan = mini_block_plan(tmp_path)
-    recs = profile_plan(plan, tmp_path, OrtBackend(threads=1), rounds=1, warmup=0, cfg=True,
-                        residency="resident", device_pattern=None, sample_interval=0.0, infer_repeat=3)
+    recs = profile_plan(plan, tmp_path, ProfileOptions(rounds=1, warmup=0, cfg=True, residency="resident",
+                                                       device_pattern=None, sample_interval=0.0, infer_repeat=3),
+                                                       backend=OrtBackend(threads=1))
     rec.validate_records(recs)
     stages = [r for r in recs if r["record"] == "stage"]
     assert stages and all(r["settings"]["infer_repeat"] == 3 for r in recs)
@@ -212,4 +216,4 @@ def test_one_inference_call_keeps_the_old_record_shape(split_profile: list[dict]
     stages = [r for r in split_profile if r["record"] == "stage"]
     assert all("infer_calls_s" not in r["timings"] and r["settings"]["infer_repeat"] == 1 for r in stages)
     with pytest.raises(ValueError, match="infer_repeat"):
-        profile_plan(mini_block_plan(tmp_path), tmp_path, OrtBackend(), infer_repeat=0)
+        profile_plan(mini_block_plan(tmp_path), tmp_path, ProfileOptions(infer_repeat=0), backend=OrtBackend())

@@ -17,7 +17,7 @@ from rkpart.cli import main
 from rkpart.output import MARKER
 from rkpart.partitioner.plan import Plan
 from rkpart.profile import records as rec
-from rkpart.profile.lifecycle import profile_plan
+from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.report.build import build_report
 from rkpart.runtime.ort import OrtBackend
 from rkpart.runtime.validate import validate_plan_run
@@ -35,8 +35,8 @@ def inputs(plans: dict[str, tuple[Plan, Path]], tmp_path_factory: pytest.TempPat
     out: dict[str, Path] = {}
     for name in ("split", "fused"):
         plan, folder = plans[name]
-        records = profile_plan(plan, folder, OrtBackend(threads=1), rounds=2, warmup=1, cfg=True,
-                               sample_interval=0.05, plan_file=str(folder))
+        records = profile_plan(plan, folder, ProfileOptions(rounds=2, warmup=1, cfg=True, sample_interval=0.05,
+                                                            plan=str(folder)), backend=OrtBackend(threads=1))
         out[name] = rec.write_jsonl(d / f"{name}.jsonl", records)
     run = validate_plan_run(plans["split"][1], per_stage=True)
     out["run"] = d / "run.json"

@@ -135,7 +135,7 @@ def test_a_failing_stage_leaves_no_session_behind(plans: dict[str, tuple[Plan, P
 
 def test_sessions_do_not_spin() -> None:
     """Spinning intra-op pools of idle stage sessions cost a resident plan 2.3x (see ort.py)."""
-    from rkpart.cli import bundled_example
+    from rkpart.cli_args import bundled_example
 
     sess = make_session(str(bundled_example()))
     assert sess.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"

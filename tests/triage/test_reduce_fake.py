@@ -12,12 +12,14 @@ import pytest
 from click.testing import CliRunner
 
 from rkpart.compile.toolkits import find_toolkit
+from rkpart.triage.matrix import BuildSettings
 from rkpart.triage.reduce import FailureSpec, ReductionError, reduce_graph
-from rkpart.triage.repro import reproduce
+from rkpart.triage.repro import ReproOptions, reproduce
 from tests.triage.conftest import CHAIN_CRASH_EDGES, CHAIN_MINIMAL, FAKE_WORKER
 
 SEGV = FailureSpec(kind="crash", signal="SIGSEGV", exit_code=139, signature="exnorm-fusion-segv")
 CRASH_CONFIG = {"fake_crash_edges": CHAIN_CRASH_EDGES}
+CRASH_BUILD = BuildSettings(config=CRASH_CONFIG, worker=FAKE_WORKER)
 
 
 @pytest.mark.slow
@@ -25,8 +27,8 @@ def test_bisect_then_linear_finds_the_exact_minimal_graph_and_caches_outcomes(
         adaln_chain: Path, fake_toolkits_dir: Path, tmp_path: Path) -> None:
     tk = find_toolkit("2.3.2", fake_toolkits_dir)
     lines: list[str] = []
-    red = reduce_graph(adaln_chain, tk, SEGV, work=tmp_path / "work", config=CRASH_CONFIG, max_time=120,
-                       worker=FAKE_WORKER, progress=lines.append)
+    red = reduce_graph(adaln_chain, tk, SEGV, CRASH_BUILD, work=tmp_path / "work", max_time=120,
+                       progress=lines.append)
     assert sorted(n.name for n in red.model.graph.node) == sorted(CHAIN_MINIMAL)
     assert red.complete
     assert red.original_nodes == 13
@@ -40,8 +42,7 @@ def test_bisect_then_linear_finds_the_exact_minimal_graph_and_caches_outcomes(
 
     # Outcomes are cached by graph hash: a rerun (e.g. after an interruption) builds nothing.
     assert red.builds + red.cache_hits == len(red.attempts)
-    again = reduce_graph(adaln_chain, tk, SEGV, work=tmp_path / "work", config=CRASH_CONFIG, max_time=120,
-                         worker=FAKE_WORKER)
+    again = reduce_graph(adaln_chain, tk, SEGV, CRASH_BUILD, work=tmp_path / "work", max_time=120)
     assert again.builds == 0 and again.cache_hits == len(again.attempts)
     assert again.candidate.digest == red.candidate.digest
     assert len(json.loads((tmp_path / "work" / "outcomes.json").read_text())) == red.builds
@@ -50,8 +51,7 @@ def test_bisect_then_linear_finds_the_exact_minimal_graph_and_caches_outcomes(
 def test_time_budget_returns_the_smallest_failing_graph_so_far(adaln_chain: Path, fake_toolkits_dir: Path,
                                                                tmp_path: Path) -> None:
     tk = find_toolkit("2.3.2", fake_toolkits_dir)
-    red = reduce_graph(adaln_chain, tk, SEGV, work=tmp_path / "work", config=CRASH_CONFIG, max_time=1e-3,
-                       worker=FAKE_WORKER)
+    red = reduce_graph(adaln_chain, tk, SEGV, CRASH_BUILD, work=tmp_path / "work", max_time=1e-3)
     # Only the reference build started before the budget ran out: the best graph is the full one.
     assert not red.complete
     assert red.builds == 1
@@ -63,8 +63,7 @@ def test_a_different_failure_is_not_the_same_failure(adaln_chain: Path, fake_too
     tk = find_toolkit("2.3.2", fake_toolkits_dir)
     abort = FailureSpec(kind="crash", signal="SIGABRT", exit_code=134, signature=None)
     with pytest.raises(ReductionError, match="not SIGABRT"):
-        reduce_graph(adaln_chain, tk, abort, work=tmp_path / "work", config=CRASH_CONFIG, max_time=60,
-                     worker=FAKE_WORKER)
+        reduce_graph(adaln_chain, tk, abort, CRASH_BUILD, work=tmp_path / "work", max_time=60)
 
 
 @pytest.mark.slow
@@ -72,15 +71,16 @@ def test_fail_regex_decides_by_the_build_log(adaln_chain: Path, fake_toolkits_di
     # The FAKE prints "<n> nodes" for every build; reduce "to a graph of at most 3 nodes that mentions 3 nodes".
     tk = find_toolkit("2.3.0", fake_toolkits_dir)
     spec = FailureSpec(kind="ok", signal=None, exit_code=0, signature=None, fail_regex=r"fake toolkit \S+: \d+ nodes")
-    red = reduce_graph(adaln_chain, tk, spec, work=tmp_path / "work", max_time=60, worker=FAKE_WORKER)
+    red = reduce_graph(adaln_chain, tk, spec, BuildSettings(worker=FAKE_WORKER), work=tmp_path / "work", max_time=60)
     assert red.candidate.num_nodes == 1  # every graph "fails": the regex always matches
 
 
 @pytest.mark.slow
 def test_repro_writes_a_deterministic_artifact(adaln_chain: Path, fake_toolkits_dir: Path, tmp_path: Path) -> None:
     cfg = {**CRASH_CONFIG, "fake_crash_versions": ["2.3.2"]}
-    kw = dict(config=cfg, toolkits_dir=fake_toolkits_dir, worker=FAKE_WORKER, max_time=120)
-    rep = reproduce(adaln_chain, tmp_path / "a", ["2.3.0", "2.3.2", "2.5.0"], **kw)  # type: ignore[arg-type]
+    opts = ReproOptions(("2.3.0", "2.3.2", "2.5.0"), config=cfg, toolkits_dir=fake_toolkits_dir, worker=FAKE_WORKER,
+                        max_time=120)
+    rep = reproduce(adaln_chain, tmp_path / "a", opts)
     assert rep.reproduced and rep.reduce_version == "2.3.2"
     assert rep.original.failing == ("2.3.2",)
     assert rep.reduced is not None and rep.reduced.failing == ("2.3.2",)
@@ -98,7 +98,7 @@ def test_repro_writes_a_deterministic_artifact(adaln_chain: Path, fake_toolkits_
     # Same input, fresh folder (with the first run's outcome cache): byte-identical model and script.
     (tmp_path / "b" / "work").mkdir(parents=True)
     shutil.copy(tmp_path / "a" / "work" / "outcomes.json", tmp_path / "b" / "work" / "outcomes.json")
-    rep2 = reproduce(adaln_chain, tmp_path / "b", ["2.3.0", "2.3.2", "2.5.0"], **kw)  # type: ignore[arg-type]
+    rep2 = reproduce(adaln_chain, tmp_path / "b", opts)
     assert rep2.reduction is not None and rep2.reduction.builds == 0
     for name in ("reduced.onnx", "repro.py"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()

@@ -1,0 +1,358 @@
+"""``--strategy auto``: per block, the candidate partition a cost model predicts to be fastest.
+
+The families of :mod:`rkpart.strategies.families` propose whole-model partitions
+(:func:`candidate_variants`); :mod:`rkpart.cost_model.candidates` slices them into
+candidates per block and run, :func:`rkpart.cost_model.select.choose` chooses, and
+:class:`AutoStrategy` assembles the choice.  With a toolkit, :func:`ground_candidates`
+compiles one block per anatomy of every family first, so that the choice reads the
+compiler's own tables.  It sits above the strategies and the cost model, below
+:mod:`rkpart.pipeline` (which lists ``auto`` among the built-in strategies).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rkpart import strategies
+from rkpart.cost_model.candidates import Candidate, Variant, block_anatomy, candidates_from
+from rkpart.cost_model.model import CostModel, load_model_or_default
+from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, choose
+from rkpart.errors import UserError
+from rkpart.io import file_sha256, load_json_file
+from rkpart.ir import ModelGraph
+from rkpart.partitioner.discovery import Discovery
+from rkpart.partitioner.partition import Partition
+from rkpart.partitioner.write import write_partition
+from rkpart.progress import Progress, silent
+from rkpart.strategies.base import GroupBuilder, Strategy, option, propose_with
+from rkpart.strategies.families import OWN_STRATEGIES, families
+from rkpart.targets import get_target
+
+
+def candidate_variants(mg: ModelGraph, disc: Discovery, *, max_run: int = 1, plugins_too: bool = True,
+                       notes: list[str] | None = None) -> list[Variant]:
+    """The whole-model partitions ``auto`` chooses from, as the strategies propose them.
+
+    The families of :mod:`rkpart.strategies.families`: ``split`` (AdaLN on the host, or on the
+    NPU), ``fused`` one block per stage, then every registered plugin strategy whose stages
+    stay inside one block (``notes`` collects the plugins that were skipped and why), then
+    the runs of K = 2 .. ``max_run`` fused blocks (one partition per start offset).
+    """
+    fams = families(max_run, len(disc.blocks))
+    out: list[Variant] = [(f.id, part, f.recorded) for f in fams if f.blocks_per_stage == 1
+                          for part in f.propose(mg, disc)]
+    runs: list[Variant] = [(f.id, part, f.recorded) for f in fams if f.blocks_per_stage > 1
+                           for part in f.propose(mg, disc)]
+    if not plugins_too:
+        return out + runs
+    sink = notes if notes is not None else []
+    for name, cls in strategies.available().items():
+        if name in OWN_STRATEGIES:
+            continue
+        try:
+            part = propose_with(cls(), mg, disc)
+        except Exception as e:  # noqa: BLE001 - a plugin that needs options it was not given is skipped, with a note
+            sink.append(f"strategy {name} not considered: {type(e).__name__}: {e}")
+            continue
+        if any(len(g.blocks) > 1 for g in part.groups):
+            sink.append(f"strategy {name} not considered: its stages span several blocks")
+            continue
+        out.append((name, part, {"strategy": name}))
+    return out + runs
+
+
+def enumerate_candidates(mg: ModelGraph, disc: Discovery, *, max_run: int = 2, plugins_too: bool = True,
+                         notes: list[str] | None = None) -> dict[int, list[Candidate]]:
+    """Candidates per first block: :func:`candidate_variants` sliced per block and per run."""
+    variants = candidate_variants(mg, disc, max_run=max_run, plugins_too=plugins_too, notes=notes)
+    return candidates_from(mg, disc, variants)
+
+
+def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionConfig | None = None) -> Selection:
+    """Choose a candidate partition and a residency per block of ``mg`` (``--strategy auto``).
+
+    The candidates are :func:`candidate_variants` sliced per block plus runs of up to
+    ``config.max_run`` fused blocks.
+    """
+    config = config or SelectionConfig()
+    notes: list[str] = []
+    cands = enumerate_candidates(mg, disc, max_run=config.max_run, plugins_too=config.plugins, notes=notes)
+    anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks} if config.share_anatomy else None
+    return choose(cands, model, config, notes=notes, anatomy=anatomy)
+
+
+def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
+    """``auto``'s memory budget in MiB and where it came from.
+
+    ``budget_mib`` given: that; ``"none"``: no budget (``--no-budget``); absent: the default
+    target's documented pipeline default (:meth:`rkpart.targets.base.Target.pipeline_budget_bytes`;
+    ``auto`` takes no ``target`` option).
+    """
+    raw = options.get("budget_mib")
+    if isinstance(raw, str) and raw.strip().lower() == "none":
+        return None, "none"
+    if raw is None:
+        target = get_target()
+        return target.pipeline_budget_bytes() / float(1 << 20), target.describe_pipeline_budget()
+    try:
+        mib = float(raw)
+    except (TypeError, ValueError):
+        raise UserError(f"budget_mib must be a number of MiB or 'none', got {raw!r}") from None
+    if not mib > 0:
+        raise UserError(f"budget_mib must be > 0, got {mib:g}")
+    return mib, "given"
+
+
+def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path, *, max_run: int = 2,
+                      toolkits_dir: str | None = None, progress: Progress = silent) -> tuple[list[Path], list[str]]:
+    """Compile one block per distinct anatomy of every candidate family with ``toolkit``, or take
+    the builds from the user's build cache, so that ``auto`` chooses from the compiler's own tables.
+
+    Each family's plan is written under ``work`` (weights linked, not copied); of its NPU stages
+    only those of the first block of each anatomy (:func:`~rkpart.cost_model.candidates.block_anatomy`)
+    are built.  Returns the compiled plan folders (``SelectionConfig.compiled``) and notes for the
+    explanation.  A toolkit that is not installed gives no folders and a note saying so.
+    """
+    from rkpart.compile.compile import CompileOptions, compile_plan_report
+    from rkpart.compile.toolkits import find_toolkit
+    from rkpart.errors import ToolkitError
+
+    try:
+        tk = find_toolkit(toolkit, toolkits_dir)
+    except ToolkitError as e:
+        return [], [f"candidates not compiled: {e}; device memory is predicted (rkpart toolkit install {toolkit})"]
+    anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks}
+    folders: list[Path] = []
+    notes: list[str] = []
+    for fam in families(max_run, len(disc.blocks)):
+        cid = fam.id
+        out = work / cid
+        progress(f"auto: {cid}: partitioning to compile one block per anatomy")
+        part = propose_with(strategies.get_strategy(fam.strategy), mg, disc, fam.options)
+        plan = write_partition(mg, disc, part, out, force=True, weights="link")
+        seen: set[tuple[tuple[str, ...], str]] = set()
+        reps = []
+        for st in plan.npu_stages:
+            k = (tuple(anatomy.get(b, str(b)) for b in st.blocks), st.region)
+            if st.blocks and k not in seen:
+                seen.add(k)
+                reps.append(st.id)
+        if not reps:
+            continue
+        progress(f"auto: {cid}: compiling {len(reps)} representative stage(s) with rknn-toolkit2 {tk.version}")
+        rep = compile_plan_report(plan, out, CompileOptions(tk, stages=reps), progress=progress)
+        failed = [o.stage_id for o in rep.failed]
+        notes.append(f"{cid}: {len(reps)} stage(s) of {len({a for a in anatomy.values()})} block anatomy(ies) compiled "
+                     f"with rknn-toolkit2 {tk.version} ({len(rep.cached)} from the build cache"
+                     + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
+        folders.append(out)
+    return folders, notes
+
+
+def _as_bool(v: Any, name: str) -> bool:
+    """A boolean option, also as the CLI's ``--option KEY=true|false`` string."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, str) and v.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return v.lower() in ("true", "1", "yes")
+    raise UserError(f"auto strategy: option {name} must be true or false, not {v!r}")
+
+
+def _as_list(v: Any) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if isinstance(v, (list, tuple)):
+        return tuple(str(x) for x in v)
+    return tuple(x for x in str(v).split(",") if x)
+
+
+def load_accuracy(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """An accuracy term written by ``rkpart drift --accuracy FILE``, checked for the keys selection reads.
+
+    Raises :class:`UserError` naming the file and what is wrong.
+    """
+    acc = load_json_file(path, what="accuracy term", max_bytes=1 << 20)
+    fams = acc.get("families") if isinstance(acc, dict) else None
+    floor = acc.get("default_max_ratio") if isinstance(acc, dict) else None
+    if (not isinstance(fams, dict) or not fams or not isinstance(floor, (int, float)) or isinstance(floor, bool)
+            or not math.isfinite(floor) or floor < 1
+            or not all(isinstance(f, dict) and isinstance(f.get("ratio"), (int, float))
+                       and not isinstance(f.get("ratio"), bool) and math.isfinite(f["ratio"]) and f["ratio"] >= 0
+                       for f in fams.values())):
+        raise UserError(f"accuracy term {path}: not an accuracy term written by `rkpart drift --accuracy` "
+                        "(needs families with a finite ratio >= 0 and default_max_ratio >= 1)")
+    from rkpart.cost_model.checks import check_accuracy
+    from rkpart.errors import SpecError
+
+    try:  # the rest of the table too: a NaN drift run's final cosine or MSE is no measurement
+        check_accuracy(f"accuracy term {path}", acc)
+    except SpecError as e:
+        raise UserError(str(e)) from None
+    return acc
+
+
+@dataclass(frozen=True)
+class AutoOptions:
+    """``auto``'s options, converted and checked once (see :class:`AutoStrategy` for each)."""
+
+    cost_model: str | None = None
+    accuracy: str | None = None
+    budget_mib: float | None = None  # None: no budget (``budget_mib="none"``)
+    budget_source: str = "given"
+    toolkit: str | None = None
+    steps: int = 1
+    cfg: bool = True
+    residency: str = "any"
+    max_error_ratio: float | None = None
+    max_run: int = 2
+    compiled: tuple[str, ...] = ()
+    cfg_parallel: bool = False
+    compile: bool = False
+    toolkits_dir: str | None = None
+    compile_dir: str | None = None
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> AutoOptions:
+        residency = option(options, "residency", "any", ("any", *RESIDENCIES))
+        budget, budget_source = auto_budget(options)
+        try:
+            return cls(
+                cost_model=None if options.get("cost_model") is None else str(options["cost_model"]),
+                accuracy=None if options.get("accuracy") is None else str(options["accuracy"]),
+                budget_mib=budget, budget_source=budget_source,
+                toolkit=None if options.get("toolkit") is None else str(options["toolkit"]),
+                steps=int(option(options, "steps", 1)),
+                cfg=bool(option(options, "cfg", True)),
+                residency=residency,
+                max_error_ratio=None if options.get("max_error_ratio") is None else float(options["max_error_ratio"]),
+                max_run=int(option(options, "max_run", 2)),
+                compiled=_as_list(options.get("compiled")),
+                cfg_parallel=_as_bool(options.get("cfg_parallel", False), "cfg_parallel"),
+                compile=bool(options.get("compile")),
+                toolkits_dir=None if options.get("toolkits_dir") is None else str(options["toolkits_dir"]),
+                compile_dir=None if options.get("compile_dir") is None else str(options["compile_dir"]),
+            )
+        except (TypeError, ValueError) as e:
+            raise UserError(f"auto strategy: bad option: {e}") from None
+
+
+class AutoStrategy(Strategy):
+    """``auto``: per block, the candidate partition a cost model predicts to be fastest within budget.
+
+    Options:
+
+    ``cost_model``       path of a model JSON (default: the shipped RK3588 calibration)
+    ``accuracy``         path of an accuracy term measured by ``rkpart drift --accuracy FILE``;
+                         it replaces the cost model's (its per-family error ratios and floor)
+    ``budget_mib``       memory budget of the whole pipeline in MiB: NPU device memory, or process
+                         memory for a model fitted on ONNX Runtime; ``"none"``: no budget
+                         (default: the target's, 4096 MiB for rk3588)
+    ``toolkit``          rknn-toolkit2 version whose known crashes exclude candidates
+                         (default: the cost model's)
+    ``steps``, ``cfg``   pipeline shape: passes = steps x (2 if cfg else 1) (default 1, True)
+    ``residency``        ``any`` (choose per block), ``per-stage`` or ``resident``
+    ``max_error_ratio``  accuracy floor (default: the cost model's)
+    ``max_run``          longest run of blocks fused into one stage (default 2)
+    ``cfg_parallel``     plan for the bundle runner's ``--cfg-parallel`` (both CFG passes of a step at
+                         once on two NPU cores): twice the device memory of every stage, NPU
+                         inference at a published, unmeasured speed-up (default False)
+    ``compiled``         plan folders compiled by ``rkpart compile``: their failures exclude
+                         candidates, their ``.rknn`` sizes, compiler memory and cycles replace estimates
+    ``compile``          compile one block per anatomy of every candidate family with ``toolkit``
+                         (:func:`ground_candidates`; the build cache makes a rerun free), so that device
+                         memory and NPU time come from the compiler's own tables (default False;
+                         ``rkpart partition --toolkit V`` turns it on)
+    ``toolkits_dir``     where toolkit environments live (for ``compile``)
+    ``compile_dir``      where ``compile`` writes the candidate plans and keeps them (default: a
+                         temporary folder, removed afterwards)
+
+    Not options (nothing a plan records), but arguments of the strategy itself: ``report``,
+    a callable receiving the :class:`~rkpart.cost_model.select.Selection` (the CLI's
+    ``--explain``), and ``progress``, receiving progress lines while candidates compile.
+    """
+
+    name = "auto"
+    accepts = ("cost_model", "accuracy", "budget_mib", "toolkit", "steps", "cfg", "residency", "max_error_ratio",
+               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "cfg_parallel")
+    summary = "per block, the cheapest candidate predicted by a cost model within a memory budget"
+    Options = AutoOptions
+
+    def __init__(self, report: Callable[[Selection], None] | None = None, progress: Progress = silent) -> None:
+        self.report = report
+        self.progress = progress
+
+    def propose(self, mg: ModelGraph, disc: Discovery | None, opts: AutoOptions) -> Partition:
+        assert disc is not None
+        model_path = opts.cost_model
+        model = load_model_or_default(model_path)
+        acc_path = opts.accuracy
+        if acc_path is not None:
+            model = dataclasses.replace(model, accuracy=load_accuracy(acc_path))
+        residency = opts.residency
+        cfg = SelectionConfig(
+            budget_mib=opts.budget_mib, budget_source=opts.budget_source, toolkit=opts.toolkit, steps=opts.steps,
+            cfg=opts.cfg, residencies=RESIDENCIES if residency == "any" else (residency,),
+            max_error_ratio=opts.max_error_ratio, max_run=opts.max_run, compiled=opts.compiled,
+            cfg_parallel=opts.cfg_parallel,
+        )
+        grounding: list[str] = []
+        with contextlib.ExitStack() as stack:
+            if opts.compile and cfg.toolkit is not None:
+                import tempfile
+
+                from rkpart.compile.user_cache import default_cache_dir
+
+                if opts.compile_dir is not None:
+                    work = Path(opts.compile_dir)
+                else:
+                    root = default_cache_dir()
+                    root.mkdir(parents=True, exist_ok=True)
+                    work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="auto-", dir=root)))
+                folders, grounding = ground_candidates(mg, disc, cfg.toolkit, work, max_run=cfg.max_run,
+                                                       toolkits_dir=opts.toolkits_dir, progress=self.progress)
+                cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *map(str, folders)), share_anatomy=True)
+            sel = select(mg, disc, model, cfg)
+        plan_notes = tuple(sel.notes)
+        sel.notes.extend(grounding)  # for --explain only: whether a build came from the cache is not the plan's
+        if self.report is not None:
+            self.report(sel)
+        gb = GroupBuilder()
+        for o in sel.chosen:
+            for g in o.candidate.groups:
+                gb.add(g.id, set(g.ops), device=g.device, region=g.region, kind=g.kind, block=g.block,
+                       blocks=g.blocks)
+        gb.add_host_rest(mg, disc)
+        recorded = {
+            "cost_model": "shipped:rk3588_calibration" if model_path is None else str(model_path),
+            "cost_model_sha256": model.sha256,
+            **({} if acc_path is None else {"accuracy": str(acc_path),
+                                            "accuracy_sha256": file_sha256(Path(acc_path))}),
+            "budget_mib": cfg.budget_mib,
+            "budget_source": cfg.budget_source,
+            "toolkit": sel.toolkit,
+            "steps": cfg.steps,
+            "cfg": cfg.cfg,
+            "residency": residency,
+            "max_error_ratio": sel.max_error_ratio,
+            "max_run": cfg.max_run,
+            **({"cfg_parallel": True} if cfg.cfg_parallel else {}),
+            "choices": [{"blocks": list(o.candidate.blocks), "candidate": o.candidate.id, "residency": o.residency}
+                        for o in sel.chosen],
+            "predicted_latency_s": round(sel.latency, 6),
+            "predicted_device_mib": round(sel.device_bytes / 2**20, 2),
+            "device_memory_source": sorted({src for o in sel.chosen for src in o.device_source.split("+")}),
+        }
+        notes = tuple(f"block {','.join(map(str, o.candidate.blocks))}: {o.candidate.id} ({o.residency})"
+                      for o in sel.chosen) + plan_notes
+        return gb.build(self.name, recorded, notes=notes)
+
+
+__all__ = ["AutoOptions", "AutoStrategy", "auto_budget", "candidate_variants", "enumerate_candidates",
+           "ground_candidates", "load_accuracy", "select"]

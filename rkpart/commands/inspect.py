@@ -1,0 +1,54 @@
+"""``rkpart inspect``: the blocks and regions found in a model (nothing is written)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from rkpart.cli_args import bundled_example, json_option, lowering_note, model_argument, shape_option
+from rkpart.units import mib
+
+
+@click.command("inspect")
+@model_argument()
+@shape_option
+@json_option()
+def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: bool) -> None:
+    """Show the blocks and regions found in MODEL (nothing is written)."""
+    from rkpart.ir import describe
+    from rkpart.pipeline import inspect_model, inspect_report, strategy_coverage
+
+    if model is None:
+        model = bundled_example()
+    mg, disc = inspect_model(model, shapes or None)
+    if as_json:
+        report = inspect_report(mg, disc)
+        click.echo(json.dumps({**report, "lowering": lowering_note(int(report["opset"] or 0))}, indent=2))
+        return
+    info = describe(mg)
+    coverage = {name: c.to_json() for name, c in strategy_coverage(mg, disc).items()}
+    click.echo(f"{info['file']}: opset {info['opset']}, {info['nodes']} nodes ({info['const_nodes']} constant), "
+               f"weights {mib(info['weight_bytes'])} MiB")
+    for kind in ("inputs", "outputs"):
+        for t in info[kind]:
+            click.echo(f"  {kind[:-1]:<6} {t['name']} {t['dtype']} {t['shape']}")
+    click.echo(f"{len(disc.blocks)} blocks, {disc.streams} residual stream(s), numbered by {disc.method}; "
+               f"prologue {len(disc.prologue)} ops, glue {len(disc.glue)}, epilogue {len(disc.epilogue)}")
+    for b in disc.blocks:
+        regs = ", ".join(
+            f"{r.name}[{r.kind}; adaln={r.adaln}{'; gated' if r.gate else ''}; "
+            f"{len(r.pre)}+{len(r.core)}+{len(r.gate) + len(r.adds)} ops]"
+            for r in b.regions
+        )
+        scope = f" ({b.scope})" if b.scope else ""
+        n_mod = len(b.mod) + sum(len(r.mod) for r in b.regions)
+        click.echo(f"  block {b.index:>2}{scope}: {regs}; modulation {n_mod} ops")
+    click.echo("block matmul work on the NPU: " + ", ".join(
+        f"{name} {c['share']:.1%}" for name, c in coverage.items()))
+    for n in disc.notes:
+        click.echo(f"note: {n}")
+    note = lowering_note(int(info["opset"] or 0))
+    if note:
+        click.echo(f"note: {note} (when compiled)")

@@ -1,0 +1,94 @@
+"""The candidate families: the one module that names them.
+
+A *family* is a way of partitioning every block the same way, proposed by a strategy with
+fixed options; ``auto`` (:mod:`rkpart.auto`) slices each family's whole-model partition
+per block into candidates for the cost model (:mod:`rkpart.cost_model.candidates`), ``auto
+--toolkit`` compiles one block per anatomy of each (``auto.ground_candidates``), and
+``rkpart tune`` profiles each (:mod:`rkpart.tune`).  The families:
+
+``split``            one NPU stage per branch, AdaLN + gates + residuals on the host
+``split-adaln-npu``  one NPU stage per branch with its AdaLN inside; residuals on the host
+``fused``            the whole block (AdaLN, residuals, modulation) in one NPU stage
+``fused-xK``         K consecutive blocks in one NPU stage (``FusedStrategy``, ``blocks_per_stage=K``),
+                     K = 2 .. ``max_run``; every start block, not only multiples of K
+``<plugin>``         any registered strategy whose stages each stay inside one block
+
+:func:`candidate_id_for` maps a plan's strategy and options back to its family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rkpart.ir import ModelGraph
+from rkpart.partitioner.discovery import Discovery
+from rkpart.partitioner.partition import Partition
+from rkpart.strategies.base import propose_with
+from rkpart.strategies.fused import FusedStrategy
+from rkpart.strategies.split import SplitStrategy
+
+#: strategies that are not families of their own: built into the families below, or (``custom``,
+#: ``auto``, ``generic``) not a per-block grouping that ``auto`` could choose from
+OWN_STRATEGIES = frozenset({"split", "fused", "custom", "auto", "generic"})
+
+
+@dataclass(frozen=True)
+class Family:
+    """One candidate family: its id, the strategy and options that propose it, and the options
+    its candidates record (``Candidate.options``)."""
+
+    id: str
+    strategy: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    recorded: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def blocks_per_stage(self) -> int:
+        return int(self.options.get("blocks_per_stage", 1))
+
+    def propose(self, mg: ModelGraph, disc: Discovery) -> list[Partition]:
+        """The whole-model partitions of this family: one, or for ``fused-xK`` one per start offset
+        ``0 .. K-1`` (blocks before the offset each their own stage), so that a run of K blocks may
+        start at any block."""
+        if self.strategy == "split":
+            return [propose_with(SplitStrategy(), mg, disc, self.options)]
+        if self.strategy == "fused":
+            k = self.blocks_per_stage
+            offsets = [o for o in range(k) if o + k <= len(disc.blocks)] if k > 1 else [0]
+            return [propose_with(FusedStrategy(first_run=o), mg, disc, self.options) for o in offsets]
+        raise ValueError(f"family {self.id}: strategy {self.strategy} is proposed by the pipeline")
+
+
+SPLIT = Family("split", "split", {}, {"strategy": "split", "adaln": "host"})
+SPLIT_ADALN_NPU = Family("split-adaln-npu", "split", {"adaln": "npu"}, {"strategy": "split", "adaln": "npu"})
+FUSED = Family("fused", "fused", {}, {"strategy": "fused", "blocks_per_stage": 1})
+
+
+def fused_run(k: int) -> Family:
+    """``fused-xK``: runs of ``k`` >= 2 consecutive blocks in one NPU stage."""
+    return Family(f"fused-x{k}", "fused", {"blocks_per_stage": k}, {"strategy": "fused", "blocks_per_stage": k})
+
+
+def families(max_run: int = 2, blocks: int | None = None) -> tuple[Family, ...]:
+    """The built-in families in order: ``split``, ``split-adaln-npu``, ``fused``, then ``fused-xK``
+    for K = 2 .. ``max_run`` (at most ``blocks``, when given)."""
+    top = max_run if blocks is None else min(max_run, blocks)
+    return (SPLIT, SPLIT_ADALN_NPU, FUSED, *(fused_run(k) for k in range(2, top + 1)))
+
+
+def candidate_id_for(strategy: str, options: Mapping[str, Any]) -> str | None:
+    """The family a plan made with ``strategy``/``options`` belongs to (or ``None``)."""
+    if strategy == "split":
+        if options.get("adaln") == "npu":
+            return SPLIT_ADALN_NPU.id
+        return SPLIT.id if options.get("residual", "host") == "host" else None
+    if strategy == "fused":
+        k = int(options.get("blocks_per_stage", 1))
+        return FUSED.id if k == 1 else fused_run(k).id
+    return strategy if strategy not in OWN_STRATEGIES else None
+
+
+__all__ = ["FUSED", "OWN_STRATEGIES", "SPLIT", "SPLIT_ADALN_NPU", "Family", "candidate_id_for", "families",
+           "fused_run"]
