@@ -27,6 +27,7 @@ from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, ch
 from rkpart.errors import UserError
 from rkpart.io import file_sha256, load_json_file
 from rkpart.ir import ModelGraph
+from rkpart.partitioner.capability import apply_capability
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.partition import Partition
 from rkpart.partitioner.write import write_partition
@@ -34,21 +35,28 @@ from rkpart.progress import Progress, silent
 from rkpart.strategies.base import GroupBuilder, Strategy, option, propose_with
 from rkpart.strategies.families import OWN_STRATEGIES, families
 from rkpart.targets import get_target
+from rkpart.targets.capability import Capability
 
 
 def candidate_variants(mg: ModelGraph, disc: Discovery, *, max_run: int = 1, plugins_too: bool = True,
-                       notes: list[str] | None = None) -> list[Variant]:
+                       notes: list[str] | None = None, capability: Capability | None = None) -> list[Variant]:
     """The whole-model partitions ``auto`` chooses from, as the strategies propose them.
 
     The families of :mod:`rkpart.strategies.families`: ``split`` (AdaLN on the host, or on the
     NPU), ``fused`` one block per stage, then every registered plugin strategy whose stages
     stay inside one block (``notes`` collects the plugins that were skipped and why), then
-    the runs of K = 2 .. ``max_run`` fused blocks (one partition per start offset).
+    the runs of K = 2 .. ``max_run`` fused blocks (one partition per start offset).  With a
+    ``capability``, every partition has the ops that toolkit does not run on the NPU moved to
+    the host first (:func:`~rkpart.partitioner.capability.apply_capability`), so the cost model
+    scores the stages that will be built.
     """
+    def capable(part: Partition) -> Partition:
+        return part if capability is None else apply_capability(mg, part, capability)
+
     fams = families(max_run, len(disc.blocks))
-    out: list[Variant] = [(f.id, part, f.recorded) for f in fams if f.blocks_per_stage == 1
+    out: list[Variant] = [(f.id, capable(part), f.recorded) for f in fams if f.blocks_per_stage == 1
                           for part in f.propose(mg, disc)]
-    runs: list[Variant] = [(f.id, part, f.recorded) for f in fams if f.blocks_per_stage > 1
+    runs: list[Variant] = [(f.id, capable(part), f.recorded) for f in fams if f.blocks_per_stage > 1
                            for part in f.propose(mg, disc)]
     if not plugins_too:
         return out + runs
@@ -64,18 +72,21 @@ def candidate_variants(mg: ModelGraph, disc: Discovery, *, max_run: int = 1, plu
         if any(len(g.blocks) > 1 for g in part.groups):
             sink.append(f"strategy {name} not considered: its stages span several blocks")
             continue
-        out.append((name, part, {"strategy": name}))
+        out.append((name, capable(part), {"strategy": name}))
     return out + runs
 
 
 def enumerate_candidates(mg: ModelGraph, disc: Discovery, *, max_run: int = 2, plugins_too: bool = True,
-                         notes: list[str] | None = None) -> dict[int, list[Candidate]]:
+                         notes: list[str] | None = None,
+                         capability: Capability | None = None) -> dict[int, list[Candidate]]:
     """Candidates per first block: :func:`candidate_variants` sliced per block and per run."""
-    variants = candidate_variants(mg, disc, max_run=max_run, plugins_too=plugins_too, notes=notes)
+    variants = candidate_variants(mg, disc, max_run=max_run, plugins_too=plugins_too, notes=notes,
+                                  capability=capability)
     return candidates_from(mg, disc, variants)
 
 
-def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionConfig | None = None) -> Selection:
+def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionConfig | None = None,
+           capability: Capability | None = None) -> Selection:
     """Choose a candidate partition and a residency per block of ``mg`` (``--strategy auto``).
 
     The candidates are :func:`candidate_variants` sliced per block plus runs of up to
@@ -83,7 +94,8 @@ def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionC
     """
     config = config or SelectionConfig()
     notes: list[str] = []
-    cands = enumerate_candidates(mg, disc, max_run=config.max_run, plugins_too=config.plugins, notes=notes)
+    cands = enumerate_candidates(mg, disc, max_run=config.max_run, plugins_too=config.plugins, notes=notes,
+                                 capability=capability)
     anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks} if config.share_anatomy else None
     return choose(cands, model, config, notes=notes, anatomy=anatomy)
 
@@ -111,7 +123,8 @@ def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
 
 
 def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path, *, max_run: int = 2,
-                      toolkits_dir: str | None = None, progress: Progress = silent) -> tuple[list[Path], list[str]]:
+                      toolkits_dir: str | None = None, progress: Progress = silent,
+                      capability: Capability | None = None) -> tuple[list[Path], list[str]]:
     """Compile one block per distinct anatomy of every candidate family with ``toolkit``, or take
     the builds from the user's build cache, so that ``auto`` chooses from the compiler's own tables.
 
@@ -136,6 +149,8 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
         out = work / cid
         progress(f"auto: {cid}: partitioning to compile one block per anatomy")
         part = propose_with(strategies.get_strategy(fam.strategy), mg, disc, fam.options)
+        if capability is not None:
+            part = apply_capability(mg, part, capability)
         plan = write_partition(mg, disc, part, out, force=True, weights="link")
         seen: set[tuple[tuple[str, ...], str]] = set()
         reps = []
@@ -217,6 +232,7 @@ class AutoOptions:
     compile: bool = False
     toolkits_dir: str | None = None
     compile_dir: str | None = None
+    capability: bool = True
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> AutoOptions:
@@ -234,6 +250,7 @@ class AutoOptions:
                 max_error_ratio=None if options.get("max_error_ratio") is None else float(options["max_error_ratio"]),
                 max_run=int(option(options, "max_run", 2)),
                 compiled=_as_list(options.get("compiled")),
+                capability=_as_bool(options.get("capability", True), "capability"),
                 cfg_parallel=_as_bool(options.get("cfg_parallel", False), "cfg_parallel"),
                 compile=bool(options.get("compile")),
                 toolkits_dir=None if options.get("toolkits_dir") is None else str(options["toolkits_dir"]),
@@ -270,6 +287,8 @@ class AutoStrategy(Strategy):
                          memory and NPU time come from the compiler's own tables (default False;
                          ``rkpart partition --toolkit V`` turns it on)
     ``toolkits_dir``     where toolkit environments live (for ``compile``)
+    ``capability``       score every candidate with the ops the toolkit (default: the target's)
+                         does not run on the NPU already on the host (default true)
     ``compile_dir``      where ``compile`` writes the candidate plans and keeps them (default: a
                          temporary folder, removed afterwards)
 
@@ -280,7 +299,7 @@ class AutoStrategy(Strategy):
 
     name = "auto"
     accepts = ("cost_model", "accuracy", "budget_mib", "toolkit", "steps", "cfg", "residency", "max_error_ratio",
-               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "cfg_parallel")
+               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "cfg_parallel", "capability")
     summary = "per block, the cheapest candidate predicted by a cost model within a memory budget"
     Options = AutoOptions
 
@@ -303,6 +322,10 @@ class AutoStrategy(Strategy):
             cfg_parallel=opts.cfg_parallel,
         )
         grounding: list[str] = []
+        # the candidates are scored as they will be built: ops the toolkit runs on the CPU on the host
+        from rkpart.compile.learned import target_capability
+
+        cap = target_capability(get_target().name, opts.toolkit) if opts.capability else None
         with contextlib.ExitStack() as stack:
             if opts.compile and cfg.toolkit is not None:
                 import tempfile
@@ -316,9 +339,10 @@ class AutoStrategy(Strategy):
                     root.mkdir(parents=True, exist_ok=True)
                     work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="auto-", dir=root)))
                 folders, grounding = ground_candidates(mg, disc, cfg.toolkit, work, max_run=cfg.max_run,
-                                                       toolkits_dir=opts.toolkits_dir, progress=self.progress)
+                                                       toolkits_dir=opts.toolkits_dir, progress=self.progress,
+                                                       capability=cap)
                 cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *map(str, folders)), share_anatomy=True)
-            sel = select(mg, disc, model, cfg)
+            sel = select(mg, disc, model, cfg, capability=cap)
         plan_notes = tuple(sel.notes)
         sel.notes.extend(grounding)  # for --explain only: whether a build came from the cache is not the plan's
         if self.report is not None:

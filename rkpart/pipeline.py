@@ -37,7 +37,8 @@ from rkpart.auto import AutoStrategy
 from rkpart.errors import UserError
 from rkpart.io import file_sha256
 from rkpart.ir import ModelGraph, load_model
-from rkpart.partitioner.capability import cut_before, flag_ops, place_by_capability
+from rkpart.partitioner.capability import apply_capability as _apply_capability
+from rkpart.partitioner.capability import cut_before
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD
@@ -156,21 +157,13 @@ class PartitionConfig:
 
 def capability_for(config: PartitionConfig) -> Capability | None:
     """The capability ``config`` partitions with (``None``: off, or a target without a table)."""
-    if not config.capability or config.target.lower() not in TARGETS:
+    if not config.capability:
         return None
-    tgt = get_target(config.target)
-    version = config.toolkit
-    if version is not None and not version.replace(".", "").isdigit():
-        from rkpart.compile.toolkits import find_toolkit
+    from rkpart.compile.learned import target_capability
 
-        version = find_toolkit(version).version  # a python path: the toolkit it runs
-    caps = tgt.caps(version)
-    learned: frozenset[Any] = frozenset()
-    if config.learned:
-        from rkpart.compile.learned import load_learned
-
-        learned = load_learned(tgt.name, caps.version)
-    return Capability(tgt.name, caps, learned, config.rewrites)
+    cap: Capability | None = target_capability(config.target, config.toolkit, learned=config.learned,
+                                               rewrites=config.rewrites)
+    return cap
 
 
 def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfig = PartitionConfig()) -> Partition:
@@ -206,14 +199,7 @@ def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_hos
                      progress: Progress = _noop) -> Partition:
     """``part`` with every op ``cap`` does not run on the NPU moved to the host (see
     :mod:`rkpart.partitioner.capability`), the moves recorded in ``extra.capability``."""
-    flagged = flag_ops(mg, part, cap, force_host)
-    if not flagged:
-        return part
-    out, moved = place_by_capability(mg, part, flagged)
-    for h in moved:
-        progress(f"capability: {h.op_type} {h.name} ({h.stage}) -> host: {h.why}")
-    return dataclasses.replace(out, extra={**out.extra, "capability": {
-        **cap.to_json(), "host_ops": [h.to_json() for h in moved]}})
+    return _apply_capability(mg, part, cap, force_host, progress)
 
 
 def inspect_report(mg: ModelGraph, disc: Discovery) -> dict[str, Any]:

@@ -113,6 +113,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
         raise click.UsageError("--compile-candidates/--no-compile-candidates apply to --strategy auto with --toolkit")
     say = Reporter(quiet=quiet)
     chosen: str | Strategy = strategy
+    if strategy == "auto" and not capability:
+        opts["capability"] = False
     if strategy == "auto":
         chosen = AutoStrategy(report=selections.append, progress=say)
         if auto_toolkit is not None and compile_candidates is not False:

@@ -125,6 +125,27 @@ def _locked(folder: Path) -> Any:
         os.close(fd)
 
 
+def target_capability(target: str, toolkit: str | None, *, learned: bool = True, rewrites: bool = True,
+                      root: Path | None = None) -> Any:
+    """The :class:`~rkpart.targets.capability.Capability` of ``toolkit`` (a version, or a python
+    path: the version it runs; ``None``: the target's default) with the placements learned so far,
+    or ``None`` for a target rkpart has no table for."""
+    from rkpart.targets import TARGETS, get_target
+    from rkpart.targets.capability import Capability
+
+    if target.lower() not in TARGETS:
+        return None
+    tgt = get_target(target)
+    version = toolkit
+    if version is not None and not version.replace(".", "").isdigit():
+        from rkpart.compile.toolkits import find_toolkit
+
+        version = find_toolkit(version).version
+    caps = tgt.caps(version)
+    known = load_learned(tgt.name, caps.version, root) if learned else frozenset()
+    return Capability(tgt.name, caps, known, rewrites)
+
+
 def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) -> list[CpuLayer]:
     """The CPU layers ``cpu_ops`` (the table's FullNames) of the build of ``stage_onnx``, traced to ops.
 
@@ -199,4 +220,5 @@ def forced_host(layers: Iterable[CpuLayer]) -> Mapping[str, str]:
     return dict(sorted(out.items()))
 
 
-__all__ = ["CpuLayer", "forced_host", "learn", "load_learned", "store_path", "trace_cpu_layers", "traced_layers"]
+__all__ = ["CpuLayer", "forced_host", "learn", "load_learned", "store_path", "target_capability", "trace_cpu_layers",
+           "traced_layers"]

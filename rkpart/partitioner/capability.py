@@ -351,4 +351,18 @@ def _levels(mg: ModelGraph, ops: frozenset[int], host: set[int]) -> tuple[dict[i
     return npu, hst
 
 
-__all__ = ["HostOp", "cut_before", "flag_ops", "pattern_of", "place_by_capability"]
+def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_host: Mapping[str, str] | None = None,
+                     progress: Any = None) -> Partition:
+    """``part`` with every op ``cap`` does not run on the NPU moved to the host (with the
+    neighbours of the cheapest cut), the moves recorded in ``extra.capability``."""
+    flagged = flag_ops(mg, part, cap, force_host)
+    if not flagged:
+        return part
+    out, moved = place_by_capability(mg, part, flagged)
+    if progress is not None:
+        for h in moved:
+            progress(f"capability: {h.op_type} {h.name} ({h.stage}) -> host: {h.why}")
+    return replace(out, extra={**out.extra, "capability": {**cap.to_json(), "host_ops": [h.to_json() for h in moved]}})
+
+
+__all__ = ["HostOp", "apply_capability", "cut_before", "flag_ops", "pattern_of", "place_by_capability"]

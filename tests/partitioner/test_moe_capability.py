@@ -57,3 +57,25 @@ def test_routing_on_the_host_experts_on_the_npu(tmp_path: Path, exporter: str, n
         npu = {s.id for s in plan.npu_stages}
         expert_mats = [k for k, v in owner.items() if v[0] in npu]
         assert len(expert_mats) >= BLOCKS * EXPERTS * 2
+
+
+def test_auto_scores_candidates_with_the_routing_on_the_host(tmp_path: Path) -> None:
+    """``auto`` applies the capability to every candidate before the cost model scores it: the plan
+    it assembles has no routing op in an NPU stage (the final pass has nothing left to move)."""
+    from rkpart.auto import AutoStrategy
+
+    model = cached_export("torchscript")
+    m = load(model)
+    part = propose(m, AutoStrategy(), PartitionConfig(toolkit="2.5.0", options={"toolkit": "2.5.0"}))
+    out = tmp_path / "auto"
+    plan = write_plan(m, part, out)
+    assert_reproduces(plan, out, model)
+    for s in plan.npu_stages:
+        ops = {n.op_type for n in onnx.load(str(out / s.file), load_external_data=False).graph.node}
+        assert not ops & ROUTING, (s.id, ops & ROUTING)
+    assert plan.extra["npu_coverage"]["share"] >= 0.99
+    # without the capability the candidates keep the routing inside the FFN / block stages
+    off = propose(m, AutoStrategy(), PartitionConfig(options={"toolkit": "2.5.0", "capability": False},
+                                                     capability=False))
+    held = {m.graph.op(i).op_type for g in off.groups if g.device == "npu" for i in g.ops}
+    assert held & ROUTING
