@@ -43,7 +43,7 @@ from rkpart.ir import ModelGraph, load_model
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD
-from rkpart.partitioner.partition import Partition
+from rkpart.partitioner.partition import Partition, acyclic
 from rkpart.partitioner.plan import Plan
 from rkpart.partitioner.weights import WeightsMode
 from rkpart.partitioner.write import prepare_out, write_partition
@@ -143,7 +143,11 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
     strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
     check_options(strat, config.options)
     disc = model.discovery(config.progress) if strat.needs_blocks else None
-    part = strat.propose(model.graph, disc, **config.options)
+    # any strategy, plugins too: stages that feed each other are re-cut or merged (and noted)
+    part = acyclic(model.graph, strat.propose(model.graph, disc, **config.options))
+    for note in part.notes:
+        if " cycle " in note:
+            config.progress(note)
     notes = capability_notes(model.graph, part, config.target, config.toolkit)
     if disc is not None:
         low = coverage_note(model.graph, npu_coverage(model.graph, disc, part.groups))
