@@ -63,6 +63,10 @@ class ModelGraph:
     opset: int
     #: per-op "scope" string from exporter names or metadata, used for block numbering
     scopes: list[str] = field(default_factory=list)
+    #: shapes the data decided, specialised by a run on representative inputs
+    #: (:func:`rkpart.runtime.specialise.load_specialised`): ``{"op", "node", "tensor", "shape",
+    #: "inputs": {model input: sha256 of the array it was given}}`` per data-dependent op
+    specialised: tuple[dict[str, Any], ...] = ()
     _index_ops: frozenset[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     # -- ops -------------------------------------------------------------------------------
