@@ -720,7 +720,8 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
         g.node.extend(keep)
         g.initializer.extend(new_inits)
         # drop folded tensors nobody reads any more
-        used = {t for n in g.node for t in n.input} | {o.name for o in g.output}
+        # (a Loop/If body's reads of outer tensors included: they name no input)
+        used = {t for n in g.node for t in _reads(n)} | {o.name for o in g.output}
         live = [init for init in g.initializer if init.name in used]
         if len(live) != len(g.initializer):
             del g.initializer[:]
@@ -986,12 +987,15 @@ def _check_element_counts(
 
 
 def _toposort(nodes: list[onnx.NodeProto], producer: dict[str, int], path: Path) -> list[int]:
-    if all(producer.get(t, -1) < i for i, n in enumerate(nodes) for t in n.input):
+    # a Loop/If body reads outer tensors without naming them as inputs: those count too (the
+    # TorchScript exporter puts such a tensor's Constant after the Loop that reads it)
+    reads = [_reads(n) if n.op_type in CONTROL_FLOW_OPS else {t for t in n.input if t} for n in nodes]
+    if all(producer.get(t, -1) < i for i, r in enumerate(reads) for t in r):
         return list(range(len(nodes)))  # already sorted (as exporters write): the order below would keep it
     dag = nx.DiGraph()
     dag.add_nodes_from(range(len(nodes)))
-    for i, n in enumerate(nodes):
-        for t in n.input:
+    for i, _n in enumerate(nodes):
+        for t in reads[i]:
             p = producer.get(t)
             if p is not None:
                 dag.add_edge(p, i)

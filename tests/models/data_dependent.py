@@ -11,7 +11,8 @@ kind           text context                                                     
                valid, else only the valid ones (an ``If`` whose branches differ in
                shape)
 ``sequence``   expert-choice gathering of image tokens, scripted: a ``Loop`` of            torchscript
-               ``SequenceInsert`` then ``ConcatFromSequence``
+               ``SequenceInsert`` then ``ConcatFromSequence`` (refused even with
+               ``--inputs``: rkpart's graph has no sequence types)
 =============  ======================================================================  ==========
 
 :func:`cached_export` makes each export once per torch version, exporter and source of this

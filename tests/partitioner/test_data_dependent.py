@@ -25,6 +25,9 @@ from rkpart.runtime.executor import run_plan
 from tests.partitioner.checks import assert_reproduces
 
 CASES = [("nonzero", "torchscript", "NonZero"), ("nonzero", "dynamo", "NonZero"), ("if", "dynamo", "If")]
+#: expert-choice gathering in a scripted loop: named without --inputs; with them still refused, in one
+#: line, since rkpart's graph has no sequence types (``SequenceEmpty``) and cuts no ``Loop``
+SEQUENCE = ("sequence", "torchscript", "ConcatFromSequence")
 
 
 def _export(kind: str, exporter: str) -> Path:
@@ -41,7 +44,7 @@ def _npz(path: Path, feeds: dict[str, np.ndarray]) -> Path:
 
 
 @pytest.mark.export
-@pytest.mark.parametrize(("kind", "exporter", "op"), CASES)
+@pytest.mark.parametrize(("kind", "exporter", "op"), [*CASES, SEQUENCE])
 def test_without_inputs_the_error_names_the_op_and_the_flag(tmp_path: Path, kind: str, exporter: str,
                                                             op: str) -> None:
     model = _export(kind, exporter)
@@ -78,6 +81,18 @@ def test_inputs_specialise_the_plan_and_it_reproduces(tmp_path: Path, kind: str,
     other = {**feeds, "mask": np.array([[1, 0, 0, 1, 0, 1, 1]], dtype=bool)}
     with pytest.raises(UserError, match=r"^input 'mask' differs from the one this plan was specialised to \("):
         run_plan(plan, tmp_path / "p", other)
+
+
+@pytest.mark.export
+def test_sequences_are_refused_in_one_line_even_with_inputs(tmp_path: Path) -> None:
+    from tests.models.data_dependent import example_inputs
+
+    model = _export(*SEQUENCE[:2])
+    npz = _npz(tmp_path / "in.npz", example_inputs())
+    r = CliRunner().invoke(main, ["partition", str(model), "-o", str(tmp_path / "p"), "--inputs", str(npz)])
+    assert r.exit_code == InvalidModelError.exit_code, r.output
+    assert "Traceback" not in r.output and "SequenceEmpty" in r.output.strip().splitlines()[-1]
+    assert not (tmp_path / "p").exists()
 
 
 @pytest.mark.export
