@@ -233,9 +233,10 @@ def break_cycles(mg: ModelGraph, groups: Sequence[Group], *,
 
     def cycle_text(cyc: list[int]) -> str:
         steps = [slots[cyc[0]].id]
+        src, dst = owner[edges[:, 0]], owner[edges[:, 1]]
         for a, b in zip(cyc, [*cyc[1:], cyc[0]], strict=True):
-            t = next((t for x, y in edges.tolist() if owner[x] == a and owner[y] == b
-                      for t in mg.nodes[x].output if t in mg.nodes[y].input), "?")
+            hits = edges[(src == a) & (dst == b)].tolist()
+            t = next((t for x, y in hits for t in mg.nodes[x].output if t in mg.nodes[y].input), "?")
             steps.append(f"-({t})-> {slots[b].id}")
         return " ".join(steps)
 
