@@ -150,3 +150,43 @@ def test_board_runner_digest_is_rkparts() -> None:
               np.arange(6, dtype=np.int64).reshape(3, 2).T):
         assert board_runner.input_digest(a) == input_digest(a)
     assert input_digest(np.zeros((2, 3), np.float32)) != input_digest(np.zeros((3, 2), np.float32))
+
+
+@pytest.mark.export
+@pytest.mark.toolkit
+@pytest.mark.slow
+def test_bundle_runner_refuses_changed_inputs(tmp_path: Path) -> None:
+    """A real 2.3.0 build of the specialised plan, bundled; the board runner (NPU stages on its
+    ONNX Runtime stand-in) passes on the inputs the plan was made on and refuses another mask."""
+    import os
+    import subprocess
+    import sys
+
+    from rkpart.bundle.build import bundle_plan
+    from rkpart.compile.compile import compile_plan_report
+    from tests.models.data_dependent import example_inputs
+    from tests.toolkits import get_toolkit
+
+    model = _export("nonzero", "torchscript")
+    feeds = example_inputs()
+    folder = tmp_path / "plan"
+    plan = partition(model, folder, "fused", inputs=_npz(tmp_path / "in.npz", feeds))
+    rep = compile_plan_report(plan, folder, get_toolkit("2.3.0"), "rk3588", {}, jobs=1)
+    assert not rep.failed
+    with pytest.raises(UserError, match="pass those with --inputs"):
+        bundle_plan(folder, tmp_path / "nobundle")
+    assert not (tmp_path / "nobundle").exists()
+    out = tmp_path / "board"
+    bundle_plan(folder, out, inputs=feeds)
+    other = _npz(tmp_path / "other.npz", {**feeds, "mask": np.ones((1, 7), dtype=bool)})
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"RKPART_RUNNER_NPU_STANDIN": str(folder)}
+
+    def runner(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(out / "runner.py"), *args], cwd=out, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    ok = runner("--inputs", "ref_inputs.npz", "--reference", "ref_outputs.npz")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    bad = runner("--inputs", str(other))
+    assert bad.returncode == 2, bad.stderr[-2000:]
+    assert bad.stderr.strip().splitlines()[-1].startswith("runner: error: input 'mask' differs")
