@@ -539,12 +539,18 @@ class DataDependentShapeError(InvalidModelError):
         self.sources = sources
 
 
-def data_dependent_sources(nodes: list[onnx.NodeProto], unresolved: set[str]) -> list[tuple[str, str, str]]:
-    """``(op_type, name, tensor)`` of the ops that make an unresolved shape from resolved inputs."""
+def data_dependent_sources(nodes: list[onnx.NodeProto], unresolved: set[str],
+                           known: set[str] | None = None) -> list[tuple[str, str, str]]:
+    """``(op_type, name, tensor)`` of the ops that make an unresolved shape from resolved inputs.
+
+    ``known``: the tensors whose static type is known; an input outside it (no type inferred
+    at all) is not resolved either.  Without ``known`` only ``unresolved`` counts.
+    """
     out = []
     for n in nodes:
         hit = [t for t in n.output if t in unresolved]
-        if hit and not any(t in unresolved for t in n.input if t):
+        ins = [t for t in n.input if t]
+        if hit and not any(t in unresolved or (known is not None and t not in known) for t in ins):
             out.append((n.op_type, n.name, hit[0]))
     return out
 
@@ -617,11 +623,11 @@ def _infer_types(
         names = {vi.name for vi in [*g.input, *g.value_info, *g.output]
                  if (t := _value_info_type(vi)) is not None and not all(isinstance(d, int) for d in t[1])}
         static_inputs = not any(n in names for n in _real_inputs(model))
-        sources = data_dependent_sources(list(model.graph.node), names)
+        sources = data_dependent_sources(list(model.graph.node), names, set(types))
         if static_inputs and sources:
             op, node, tensor = sources[0]
             raise DataDependentShapeError(
-                f"{path}: the shape of {tensor!r} depends on the data, not on the input shapes: {op} node "
+                f"{path}: the shape of {tensor!r} depends on values, not only on the input shapes: {op} node "
                 f"{node or '(unnamed)'!r} computes it; give representative inputs with --inputs FILE.npz "
                 "to specialise the plan to them",
                 tuple(sorted(names)), tuple(sources))
