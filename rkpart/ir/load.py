@@ -623,7 +623,10 @@ def _infer_types(
         names = {vi.name for vi in [*g.input, *g.value_info, *g.output]
                  if (t := _value_info_type(vi)) is not None and not all(isinstance(d, int) for d in t[1])}
         static_inputs = not any(n in names for n in _real_inputs(model))
-        sources = data_dependent_sources(list(model.graph.node), names, set(types))
+        # typed but not tensors (a Loop's sequence): known, if not as a tensor type
+        other = {vi.name for vi in [*g.input, *g.value_info, *g.output] if not vi.type.HasField("tensor_type")
+                 and vi.type.WhichOneof("value") is not None}
+        sources = data_dependent_sources(list(model.graph.node), names, set(types) | other)
         if static_inputs and sources:
             op, node, tensor = sources[0]
             raise DataDependentShapeError(
