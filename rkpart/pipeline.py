@@ -351,7 +351,7 @@ def candidate_variants(mg: ModelGraph, disc: Discovery, *, plugins_too: bool = T
         if name in OWN_STRATEGIES:
             continue
         try:
-            part = cls().propose(mg, disc)
+            part = acyclic(mg, cls().propose(mg, disc))  # as propose() makes every strategy's
         except Exception as e:  # noqa: BLE001 - a plugin that needs options it was not given is skipped, with a note
             sink.append(f"strategy {name} not considered: {type(e).__name__}: {e}")
             continue
