@@ -171,6 +171,15 @@ def test_acyclic_on_random_groupings(tmp_path_factory: pytest.TempPathFactory,
         assert out is part
     else:
         assert out.notes and acyclic(mg, part) == out
+    # a pinned group (a custom spec's stage) comes out as it went in, or the cycle is the spec's error
+    pin = groups[0]
+    try:
+        kept = acyclic(mg, part, pinned=(pin.id,))
+    except SpecError as e:
+        assert "cycle" in str(e)
+    else:
+        assert pin in kept.groups
+        assert stage_cycle(mg, {i: g.id for g in kept.groups for i in g.ops}) is None
 
 
 def test_acyclic_partition_is_returned_as_is(example_model: Path) -> None:
