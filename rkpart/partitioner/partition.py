@@ -187,7 +187,7 @@ def acyclic(mg: ModelGraph, part: Partition, *, pinned: Iterable[str] = ()) -> P
     groups, notes = break_cycles(mg, part.groups, pinned=pinned)
     if not notes:
         return part
-    return Partition(part.strategy, part.options, groups, (*part.notes, *notes))
+    return replace(part, groups=groups, notes=(*part.notes, *notes))
 
 
 def break_cycles(mg: ModelGraph, groups: Sequence[Group], *,
