@@ -138,7 +138,11 @@ def lowering_note(opset: int) -> str | None:
               help="auto: accuracy term measured by `rkpart drift --accuracy FILE` (error ratio per partition "
                    "family and the floor); replaces the cost model's.")
 @toolkit_option(dest="auto_toolkit",
-                help="auto: rknn-toolkit2 version whose known crashes exclude candidates [default: the model's].")
+                help="rknn-toolkit2 version the plan is for: ops it does not run on the NPU (its operator table, "
+                     "placements learned from earlier builds) leave NPU stages unless a rewrite removes them; auto: "
+                     "its known crashes exclude candidates [default: the target's default toolkit, 2.3.0 for rk3588].")
+@click.option("--capability/--no-capability", default=True, show_default=True,
+              help="Move ops the toolkit runs on the CPU out of NPU stages (plan.json extra.capability says why).")
 @click.option("--steps", type=click.IntRange(min=1), default=None, help="auto: denoising steps [default: 1].")
 @click.option("--cfg/--no-cfg", default=None, help="auto: two passes per step (CFG) or one [default: --cfg].")
 @click.option("--compile-candidates/--no-compile-candidates", "compile_candidates", default=None,
@@ -167,7 +171,7 @@ def lowering_note(opset: int) -> str | None:
 def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, residual: str | None,
               modulation: str | None, blocks_per_stage: int | None, spec: Path | None, budget_mib: float | None,
               no_budget: bool, cost_model: Path | None, accuracy: Path | None, auto_toolkit: str | None,
-              steps: int | None, cfg: bool | None, compile_candidates: bool | None, explain: bool,
+              capability: bool, steps: int | None, cfg: bool | None, compile_candidates: bool | None, explain: bool,
               options: dict[str, Any],
               shapes: dict[str, tuple[int, ...]], inputs_file: Path | None, simplify: bool, external_threshold: int,
               weights: str, force: bool, quiet: bool, as_json: bool) -> None:
@@ -179,7 +183,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
 
     flags = {"adaln": adaln, "residual": residual, "modulation": modulation, "blocks_per_stage": blocks_per_stage,
              "spec": spec, "budget_mib": budget_mib, "cost_model": cost_model, "accuracy": accuracy,
-             "toolkit": auto_toolkit,
+             "toolkit": auto_toolkit if strategy == "auto" else None,
              "steps": steps, "cfg": cfg}
     opts: dict[str, Any] = {**options, **{k: v for k, v in flags.items() if v is not None}}
     check_options(strategy, opts)  # the pipeline's one rule for strategy options (UserError, exit 2)
@@ -202,7 +206,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
         model = bundled_example()
         say(f"no model given: using the bundled example {model.name}")
     config = PartitionConfig(options=opts, force=force, external_threshold=external_threshold, simplify=simplify,
-                             progress=say, weights="link" if weights == "link" else "copy")
+                             progress=say, weights="link" if weights == "link" else "copy", toolkit=auto_toolkit,
+                             capability=capability)
     with say:
         plan = run_partition(PartitionOptions(model, out, strategy, config, shapes or None, inputs_file))
     if not plan.npu_stages:  # even with --quiet: a plan for the NPU that uses no NPU is rarely what was meant
@@ -226,10 +231,25 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     click.echo(plan.render_summary(out / "plan.json"))
     if "npu_coverage" in plan.extra:
         click.echo(f"block matmul work on the NPU: {plan.extra['npu_coverage']['share']:.1%}")
+    for line in capability_lines(plan.extra.get("capability")):
+        click.echo(line)
     note = lowering_note(int(plan.model.get("opset") or 0))
     if note:
         click.echo(f"note: {note} (when compiled)")
     click.echo(f"peak RSS: {peak_rss_mib():.1f} MiB")
+
+
+def capability_lines(cap: Any, limit: int = 12) -> list[str]:
+    """What ``rkpart partition`` says of the ops its capability moved to the host (plan ``extra.capability``)."""
+    if not cap or not cap.get("host_ops"):
+        return []
+    ops = cap["host_ops"]
+    lines = [f"capability (rknn-toolkit2 {cap['toolkit']}): {len(ops)} op(s) moved out of NPU stages to the host:"]
+    for h in ops[:limit]:
+        lines.append(f"  {h['op_type']} {h['op']} (from {h['from_stage']}): {h['why']}")
+    if len(ops) > limit:
+        lines.append(f"  ... and {len(ops) - limit} more (plan.json extra.capability)")
+    return lines
 
 
 @main.command()

@@ -266,9 +266,23 @@ def json_option(*, help: str = "Machine-readable output on stdout.") -> Decorato
     return click.option("--json", "as_json", is_flag=True, help=help)
 
 
+def strict_json(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by ``null``: ``--json`` output is strict
+    JSON (RFC 8259 has no NaN; ``jq`` and most parsers reject Python's bare ``NaN``)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def emit(as_json: bool, data: Callable[[], Any], text: Callable[[], str], *, sort_keys: bool = False) -> None:
-    """Print a command's result on stdout: ``data()`` as indented JSON with ``--json``, else ``text()``."""
-    click.echo(json.dumps(data(), indent=2, sort_keys=sort_keys) if as_json else text())
+    """Print a command's result on stdout: ``data()`` as indented, strict JSON with ``--json`` (a NaN
+    or infinite number is ``null``), else ``text()``."""
+    click.echo(json.dumps(strict_json(data()), indent=2, sort_keys=sort_keys, allow_nan=False) if as_json
+               else text())
 
 
 __all__ = [

@@ -40,6 +40,7 @@ from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, ch
 from rkpart.errors import UserError
 from rkpart.io import file_sha256, load_json_file
 from rkpart.ir import ModelGraph, load_model
+from rkpart.partitioner.capability import cut_before, flag_ops, place_by_capability
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD
@@ -52,6 +53,7 @@ from rkpart.strategies.base import GroupBuilder, Strategy, check_strategy_option
 from rkpart.strategies.fused import FusedStrategy
 from rkpart.strategies.split import SplitStrategy
 from rkpart.targets import DEFAULT_TARGET, TARGETS, get_target
+from rkpart.targets.capability import Capability
 from rkpart.targets.opset import lowering_note
 from rkpart.targets.rewrites import rewrites_for
 
@@ -139,9 +141,14 @@ def get_strategy(name: str) -> Strategy:
 class PartitionConfig:
     """How to propose and write a partition (everything but the model and the strategy).
 
-    ``target`` / ``toolkit``: whose capabilities the proposal is checked against; with a
-    ``toolkit`` the partition's notes name NPU stages holding ops that toolkit cannot
-    convert, and a model opset it cannot load.
+    ``target`` / ``toolkit``: whose capability decides the grouping (default: the target's
+    default toolkit).  Ops that toolkit does not run on the NPU -- not loadable, measured on
+    the CPU, or placed there by an earlier build (``learned``: the placements of
+    :mod:`rkpart.compile.learned`) -- leave NPU stages unless one of its rewrites removes them
+    (``rewrites=False``: the build will apply none).  ``force_host`` names ops (by node name)
+    that leave NPU stages whatever the rewrites do, with why: ``rkpart compile --repartition``
+    passes the layers the last build of the plan put on the CPU.  ``capability=False`` turns
+    all of it off (the strategy's grouping is written as proposed).
     """
 
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -152,6 +159,31 @@ class PartitionConfig:
     target: str = DEFAULT_TARGET
     toolkit: str | None = None
     progress: Progress = field(default=_noop, compare=False)
+    capability: bool = True
+    learned: bool = True
+    rewrites: bool = True
+    force_host: Mapping[str, str] = field(default_factory=dict)
+    #: op names an NPU stage is cut in front of, with why (a build crashed after fusing them)
+    cut_before: Mapping[str, str] = field(default_factory=dict)
+
+
+def capability_for(config: PartitionConfig) -> Capability | None:
+    """The capability ``config`` partitions with (``None``: off, or a target without a table)."""
+    if not config.capability or config.target.lower() not in TARGETS:
+        return None
+    tgt = get_target(config.target)
+    version = config.toolkit
+    if version is not None and not version.replace(".", "").isdigit():
+        from rkpart.compile.toolkits import find_toolkit
+
+        version = find_toolkit(version).version  # a python path: the toolkit it runs
+    caps = tgt.caps(version)
+    learned: frozenset[Any] = frozenset()
+    if config.learned:
+        from rkpart.compile.learned import load_learned
+
+        learned = load_learned(tgt.name, caps.version)
+    return Capability(tgt.name, caps, learned, config.rewrites)
 
 
 def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfig = PartitionConfig()) -> Partition:
@@ -159,11 +191,20 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
     strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
     check_options(strat, config.options)
     disc = model.discovery(config.progress) if strat.needs_blocks else None
-    # any strategy, plugins too: stages that feed each other are re-cut or merged (and noted)
+    # any strategy, plugins too: stages that feed each other are re-cut or merged (and noted),
+    # before the capability pass, which relies on convex groups
     part = acyclic(model.graph, strat.propose(model.graph, disc, **config.options))
     for note in part.notes:
         if " cycle " in note:
             config.progress(note)
+    cap = capability_for(config)
+    if cap is not None:
+        part = apply_capability(model.graph, part, cap, config.force_host, config.progress)
+    if config.cut_before:
+        part, cuts = cut_before(model.graph, part, config.cut_before)
+        if cuts:
+            rec = dict(part.extra.get("capability") or {})
+            part = dataclasses.replace(part, extra={**part.extra, "capability": {**rec, "cuts": cuts}})
     notes = capability_notes(model.graph, part, config.target, config.toolkit)
     if disc is not None:
         low = coverage_note(model.graph, npu_coverage(model.graph, disc, part.groups))
@@ -175,8 +216,22 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
         # recorded in the plan's notes; the CLI warns on stderr even with --quiet
         notes.append(f"strategy {part.strategy} put no stage on the NPU: the whole model runs on the host")
     if notes:
-        part = Partition(part.strategy, part.options, part.groups, (*part.notes, *notes))
+        part = dataclasses.replace(part, notes=(*part.notes, *notes))
     return part
+
+
+def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_host: Mapping[str, str] | None = None,
+                     progress: Progress = _noop) -> Partition:
+    """``part`` with every op ``cap`` does not run on the NPU moved to the host (see
+    :mod:`rkpart.partitioner.capability`), the moves recorded in ``extra.capability``."""
+    flagged = flag_ops(mg, part, cap, force_host)
+    if not flagged:
+        return part
+    out, moved = place_by_capability(mg, part, flagged)
+    for h in moved:
+        progress(f"capability: {h.op_type} {h.name} ({h.stage}) -> host: {h.why}")
+    return dataclasses.replace(out, extra={**out.extra, "capability": {
+        **cap.to_json(), "host_ops": [h.to_json() for h in moved]}})
 
 
 def strategy_coverage(mg: ModelGraph, disc: Discovery) -> dict[str, Coverage]:
@@ -267,6 +322,7 @@ def partition(
     simplify: bool = False,
     progress: Progress = _noop,
     weights: WeightsMode = "copy",
+    toolkit: str | None = None,
     inputs: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Plan:
@@ -291,6 +347,9 @@ def partition(
     weights:
         ``copy`` (each stage gets its own data file) or ``link`` (no weights copied: stages
         reference the source's external data, linked into the plan folder).
+    toolkit:
+        The rknn-toolkit2 version whose capability decides the grouping (default: the target's
+        default toolkit); for ``auto`` also the toolkit whose known crashes exclude candidates.
     inputs:
         An ``.npz`` of representative model inputs: shapes that depend on the data are
         observed in one ONNX Runtime run on them and the plan is specialised to them
@@ -309,8 +368,10 @@ def partition(
     >>> len(plan.npu_stages)  # doctest: +SKIP
     84
     """
+    if toolkit is not None and strategy == "auto":
+        options.setdefault("toolkit", toolkit)
     config = PartitionConfig(options=options, force=force, external_threshold=external_threshold,
-                             simplify=simplify, progress=progress, weights=weights)
+                             simplify=simplify, progress=progress, weights=weights, toolkit=toolkit)
     return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes,
                                           Path(inputs) if inputs is not None else None))
 
@@ -624,3 +685,151 @@ __all__ = ["BUILTIN", "AutoStrategy", "LoadedModel", "PartitionConfig", "Partiti
            "available", "candidate_variants", "capability_notes", "check_options", "enumerate_candidates",
            "get_strategy", "inspect_model", "load", "partition", "propose", "run_partition", "select",
            "strategy_coverage", "write_plan"]
+
+
+# -- compile --repartition: placement learned from the plan's own builds -----------------------------
+
+
+@dataclass(frozen=True)
+class RepartitionRound:
+    """One round of ``rkpart compile --repartition``: what moved or was cut, and what was left."""
+
+    round: int
+    moved: tuple[str, ...]  # op names the last build put on the CPU, now on the host
+    cpu_layers_before: int
+    cpu_layers_after: int
+    stages_built: int
+    cut_before: tuple[str, ...] = ()  # op names a crashed build fused, now the first op of a new stage
+    failed_before: int = 0
+    failed_after: int = 0
+
+    def describe(self) -> str:
+        cut = (f"; {len(self.cut_before)} cut(s) in front of ops a crashed build fused, failed stages "
+               f"{self.failed_before} -> {self.failed_after}") if self.cut_before else ""
+        return (f"repartition round {self.round}: {len(self.moved)} op(s) the build put on the CPU moved to the "
+                f"host; CPU layers in NPU stages {self.cpu_layers_before} -> {self.cpu_layers_after}{cut}; "
+                f"{self.stages_built} stage(s) rebuilt")
+
+
+#: rounds ``--repartition`` runs at most (each moves every op the last build put on the CPU)
+MAX_REPARTITION_ROUNDS = 4
+#: failures a cut can work around (the graph's fault); timeouts, OOM, disk and resource limits are the machine's
+_CUTTABLE = ("crash", "error")
+
+
+def crash_cuts(report: Any, folder: Path) -> dict[str, str]:
+    """Op name -> why, for the ops the crashed builds of ``report`` fused just before they died.
+
+    The crash's known issue names the optimiser rules that lead to it
+    (:attr:`~rkpart.targets.known_issues.KnownIssue.fusion_rules`); an unknown crash suspects the
+    last fusion rule its log shows.
+    """
+    from rkpart.targets.known_issues import fused_nodes, match_log
+
+    out: dict[str, str] = {}
+    for o in report.outcomes:
+        if o.status != "failed" or not o.failures or o.failures[-1].kind not in _CUTTABLE:
+            continue
+        for f in o.failures:
+            if f.kind not in _CUTTABLE or not f.log:
+                continue
+            try:
+                text = (folder / f.log).read_text(errors="replace")
+            except OSError:
+                continue
+            issue = match_log(text, signal=f.signal, toolkit=f.toolkit, kind=f.kind, exit_code=f.exit_code)
+            for rule, name in fused_nodes(text, issue.fusion_rules if issue and issue.fusion_rules else None):
+                what = f"known issue {issue.id}" if issue else f"{f.kind}, no known issue"
+                out.setdefault(name, f"the build of stage {o.stage_id} failed ({what}) after {rule} fused it: "
+                                     "a new NPU stage starts here so the rule cannot fire")
+    return dict(sorted(out.items()))
+
+
+def compile_repartition(plan_path: str | os.PathLike[str], opts: Any, progress: Progress = _noop,
+                        max_rounds: int = MAX_REPARTITION_ROUNDS) -> tuple[Any, list[RepartitionRound], list[str]]:
+    """Compile the plan, then re-partition it from what the builds did, until nothing is left to fix.
+
+    Each round (1) moves every op a build put on the CPU inside an NPU stage to the host (the
+    build already applied the rewrites: such an op is not rescued by one), and (2) cuts every
+    stage whose build crashed in front of the ops the optimiser fused before the crash (the
+    workaround that matches the crash's signature, for any spelling of the pattern); then it
+    writes the plan again into its folder with the same strategy and options and compiles it.
+    Stages that did not change are the same builds, taken from the build cache.  Stops when no
+    NPU stage has a CPU layer or failed, when nothing more can move or be cut, or after
+    ``max_rounds``.
+
+    Returns the last compile report, the rounds, and the CPU layers that could not move.
+
+    Raises
+    ------
+    UserError
+        The plan's model is gone or changed, or the plan's strategy cannot be re-run.
+    """
+    from rkpart.compile.compile import compile_folder
+    from rkpart.compile.learned import forced_host, traced_layers
+    from rkpart.partitioner.plan import load_plan
+
+    report = compile_folder(plan_path, opts, progress)
+    _, folder = load_plan(plan_path)
+    folder = Path(folder)
+    forced: dict[str, str] = {}
+    cuts: dict[str, str] = {}
+    rounds: list[RepartitionRound] = []
+    stuck: list[str] = []
+    for r in range(1, max_rounds + 1):
+        before = sum(len(o.cpu_ops) for o in report.outcomes)
+        failed = len(report.failed)
+        if not before and not failed:
+            break
+        layers = traced_layers(report, folder)
+        stuck = sorted(f"{x.stage}: {x.layer}" for x in layers if x.op is None)
+        new = {k: v for k, v in forced_host(layers).items() if k not in forced}
+        new_cuts = {k: v for k, v in crash_cuts(report, folder).items() if k not in cuts}
+        if not new and not new_cuts:
+            break
+        forced.update(new)
+        cuts.update(new_cuts)
+        progress(f"repartition round {r}: moving {len(new)} op(s) the build put on the CPU to the host, cutting "
+                 f"in front of {len(new_cuts)} op(s) a failed build fused")
+        _write_again(report.plan, folder, opts, forced, cuts, progress)
+        report = compile_folder(folder, opts, progress)
+        after = sum(len(o.cpu_ops) for o in report.outcomes)
+        rounds.append(RepartitionRound(r, tuple(sorted(new)), before, after, len(report.built),
+                                       tuple(sorted(new_cuts)), failed, len(report.failed)))
+        stuck = []
+    if sum(len(o.cpu_ops) for o in report.outcomes) and not stuck:
+        stuck = sorted(f"{o.stage_id}: {c}" for o in report.outcomes for c in o.cpu_ops)
+    return report, rounds, stuck
+
+
+def _write_again(plan: Plan, folder: Path, opts: Any, forced: Mapping[str, str], cuts: Mapping[str, str],
+                 progress: Progress) -> None:
+    """Partition the plan's model again into ``folder`` with its strategy, ``forced`` ops on the host."""
+    model = Path(str(plan.model.get("path") or ""))
+    if not model.is_file():
+        raise UserError(f"--repartition needs the plan's model {plan.model.get('path') or plan.model.get('file')}, "
+                        "which is gone; partition it again with rkpart partition")
+    if file_sha256(model) != plan.model.get("sha256"):
+        raise UserError(f"--repartition: the plan's model {model} changed since it was partitioned; partition it "
+                        "again with rkpart partition")
+    name = str(plan.strategy.get("name"))
+    if name not in available():
+        raise UserError(f"--repartition: the plan's strategy {name!r} is not available here")
+    strat = get_strategy(name)
+    options = dict(plan.strategy.get("options") or {})
+    if strat.accepts is not None:  # what the strategy recorded of its choice is not an option
+        options = {k: v for k, v in options.items() if k in strat.accepts}
+    head = graph_io_of(model)
+    shapes = {t: tuple(plan.tensors[t].shape) for t in head if t in plan.tensors and head[t]}
+    loaded = load(model, shapes or None, progress)
+    config = PartitionConfig(options=options, force=True, target=opts.target, toolkit=opts.toolkit,
+                             rewrites=opts.rewrites, force_host=forced, cut_before=cuts, progress=progress,
+                             weights="link" if "weights" in plan.extra else "copy")
+    write_plan(loaded, propose(loaded, strat, config), folder, config)
+
+
+def graph_io_of(model: Path) -> dict[str, bool]:
+    """Model input -> whether its shape has a symbolic dimension (what ``--shape`` had to fix)."""
+    from rkpart.ir import graph_io
+
+    return {t: any(d <= 0 for d in vt[1]) for t, vt in graph_io(model).inputs.items()}  # symbolic reads as 0

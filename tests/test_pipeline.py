@@ -64,11 +64,19 @@ def test_toolkit_capabilities_are_noted_before_anything_is_built(tmp_path: Path)
     onnx.save(m, tmp_path / "ceil.onnx")
     model = load(tmp_path / "ceil.onnx")
     said: list[str] = []
+    # capability first: Ceil leaves the NPU stage (said as it happens, recorded with why)
     part = propose(model, "generic", PartitionConfig(toolkit="2.3.0", progress=said.append))
+    assert any(n.startswith("capability: 1 op(s) moved out of NPU stages to the host (Ceil)") for n in part.notes)
+    assert any(line.startswith("capability: Ceil ceil (seg00) -> host: rknn-toolkit2 2.3.0 runs Ceil on the CPU")
+               for line in said)
+    assert [(h["op"], h["from_stage"]) for h in part.extra["capability"]["host_ops"]] == [("ceil", "seg00")]
+    assert propose(model, "generic").extra == part.extra  # no toolkit: the target's default, 2.3.0
+    # with the capability off, the grouping is the strategy's and the note says what the toolkit will do
+    said.clear()
+    kept = propose(model, "generic", PartitionConfig(toolkit="2.3.0", progress=said.append, capability=False))
     note = "target rk3588: NPU stage seg00 holds op(s) rknn-toolkit2 2.3.0 does not run on the NPU: Ceil (cpu)"
-    assert part.notes[-1] == note
+    assert kept.notes[-1] == note
     assert f"warning: {note}" in said
-    assert propose(model, "generic").notes == part.notes[:-1]  # no toolkit, nothing checked
 
 
 def test_options_that_do_not_fit_the_strategy_are_refused() -> None:

@@ -93,6 +93,12 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
               help="Apply rkpart's NPU rewrites (patterns the toolkit would put on the CPU; each kept only if "
                    "exact under ONNX Runtime; a stage whose build fails with them is rebuilt without the one "
                    "at fault). Opset lowering happens either way.")
+@click.option("--repartition", is_flag=True,
+              help="After the build, move every op it put on the CPU inside an NPU stage to the host and cut every "
+                   "stage whose build crashed in front of the ops the optimiser fused before the crash: partition "
+                   "the plan's model again (same strategy and options) into PLAN and build again, only the stages "
+                   "that changed (the rest come from the build cache); repeat until no NPU stage has a CPU layer "
+                   "or failed, or nothing more can move.")
 @click.option("--strict-npu", is_flag=True,
               help="Fail a stage that still has layers placed on the CPU (exit status 7, like any failed stage).")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
@@ -119,7 +125,7 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 @user_errors
 def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, Any], jobs: int,
                 timeout: float | None, fallback_toolkit: str | None, cache_dir: str | None, no_cache: bool,
-                stage_ids: tuple[str, ...], retry_failed: bool, rewrites: bool, strict_npu: bool,
+                stage_ids: tuple[str, ...], retry_failed: bool, rewrites: bool, repartition: bool, strict_npu: bool,
                 executor: str, address: str | None, precision: str, calibration: str | None,
                 quantized_algorithm: str, precision_spec: str | None, toolkits_dir: str | None, quiet: bool,
                 as_json: bool) -> None:
@@ -130,21 +136,41 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
         raise click.UsageError("--no-cache and --cache-dir contradict each other")
     if address and executor != "ray":
         raise click.UsageError("--address applies to --executor ray only")
+    if repartition and (no_cache or stage_ids):
+        raise click.UsageError("--repartition rebuilds the stages that change and takes the others from the build "
+                               "cache: it cannot be combined with --no-cache or --stage")
     opts = CompileOptions(toolkit=toolkit_v, target=target, config=rknn_config, jobs=jobs, timeout=timeout,
                           fallback_toolkit=fallback_toolkit, toolkits_dir=toolkits_dir, shared_cache=cache_dir,
                           retry_failed=retry_failed, cache=not no_cache, stages=stage_ids,
                           rewrites=rewrites, strict_npu=strict_npu, executor=executor, address=address,
                           precision=precision, calibration=calibration, quantized_algorithm=quantized_algorithm,
                           precision_spec=precision_spec)
+    rounds: list[Any] = []
+    stuck: list[str] = []
     with Reporter(quiet=quiet) as progress:
-        report = compile_folder(plan, opts, progress)
-    emit(as_json, report.to_json, lambda: format_summary(report))
+        if repartition:
+            from rkpart.pipeline import compile_repartition
+
+            report, rounds, stuck = compile_repartition(plan, opts, progress)
+        else:
+            report = compile_folder(plan, opts, progress)
+    emit(as_json, lambda: {**report.to_json(), **({"repartition": _rounds_json(rounds, stuck)} if repartition else {})},
+         lambda: "\n".join([format_summary(report), *(r.describe() for r in rounds),
+                            *([f"CPU layers no repartition can move: {', '.join(stuck)}"] if stuck else [])]))
     if report.failed:
         disk = [o for o in report.failed if o.failures and "no space left on device" in o.failures[-1].message]
         if disk:  # the machine, not the graph: its own exit code (and nothing was cached)
             raise ResourceError(f"stage {disk[0].stage_id}: no space left on device while building; "
                                 "free some space and rerun")
         sys.exit(ToolkitError.exit_code)
+
+
+def _rounds_json(rounds: list[Any], stuck: list[str]) -> dict[str, Any]:
+    return {"rounds": [{"round": r.round, "moved": list(r.moved), "cpu_layers_before": r.cpu_layers_before,
+                        "cpu_layers_after": r.cpu_layers_after, "cut_before": list(r.cut_before),
+                        "failed_before": r.failed_before, "failed_after": r.failed_after,
+                        "stages_built": r.stages_built} for r in rounds],
+            "unmovable_cpu_layers": stuck}
 
 
 def format_summary(report: Any) -> str:
@@ -168,8 +194,10 @@ def format_summary(report: Any) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1] for r in rows]
     for o in report.outcomes:
-        for f in o.failures:
-            lines.append(f"{o.stage_id}: {f.message} (log: {f.log})")
+        if o.failures:  # one line per stage: its last failure, and how many builds failed before it
+            f = o.failures[-1]
+            more = f" ({len(o.failures)} failed builds; all in plan.json)" if len(o.failures) > 1 else ""
+            lines.append(f"{o.stage_id}: {f.message}{more} (log: {f.log})")
         for name, why in getattr(o, "dropped_rewrites", {}).items():
             lines.append(f"{o.stage_id}: NPU rewrite {name} dropped: {why}")
         if o.artifact is not None and o.artifact.float16_layers:

@@ -95,8 +95,8 @@ def build_key(onnx_path: Path, toolkit_version: str, target: str, config: Mappin
     of an fp16 build as it always was."""
     h = hashlib.sha256()
     h.update(f"rkpart-rknn-cache-v{CACHE_VERSION}\0".encode())
-    hash_file(h, onnx_path)
     own = onnx_path.name + ".data"
+    h.update(_position_free(onnx_path, own))
     for ext in external_data_files(onnx_path):
         if ext.name != own and ext.relative_to(onnx_path.parent).parts[0] == LINK_DIR:
             # a --weights link plan's shared file: only the slices this stage reads (its .onnx,
@@ -104,13 +104,36 @@ def build_key(onnx_path: Path, toolkit_version: str, target: str, config: Mappin
             _hash_slices(h, onnx_path, ext)
             continue
         # Name and length first, so that moving bytes from one file to another changes the key.
-        h.update(f"\0ext:{ext.name}:{ext.stat().st_size}\0".encode())
+        name = "<stage>.data" if ext.name == own else ext.name
+        h.update(f"\0ext:{name}:{ext.stat().st_size}\0".encode())
         hash_file(h, ext)
     meta = {"toolkit": toolkit_version, "target": target, "config": normalise_config(config)}
     if extra:
         meta["quantization"] = dict(extra)
     h.update(b"\0" + json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
     return h.hexdigest()
+
+
+def _position_free(onnx_path: Path, own: str) -> bytes:
+    """The ``.onnx`` bytes with the name of its own data file replaced by a fixed token.
+
+    A stage's file name carries its position in the plan (``003_b00.xattn.onnx``), and so does
+    the location its weights are read from; a stage that moved (another stage was cut in two
+    before it, ``rkpart compile --repartition``) is the same build.  Its weights' bytes are
+    hashed below, under a position-free name too.
+    """
+    data = onnx_path.read_bytes()
+    if own.encode() not in data:
+        return data
+    import onnx
+
+    model = onnx.ModelProto()
+    model.ParseFromString(data)
+    for t in model.graph.initializer:
+        for e in t.external_data:
+            if e.key == "location" and e.value == own:
+                e.value = "<stage>.data"
+    return model.SerializeToString(deterministic=True)
 
 
 def _hash_slices(h: Any, onnx_path: Path, ext: Path) -> None:

@@ -160,6 +160,7 @@ class CompileOptions:
     calibration: str | None = None  # calibration folder (rkpart calibrate); needed by int8 / hybrid
     quantized_algorithm: str = "normal"  # normal, mmse, kl_divergence
     precision_spec: str | None = None  # YAML/JSON: stage ids / regions / kinds -> precision
+    learn: bool = True  # record CPU layers in the learned-placement store (rkpart.compile.learned)
 
 
 def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
@@ -167,12 +168,36 @@ def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
     """Load the plan at ``plan_path`` (folder or ``plan.json``) and build it as ``options`` say."""
     plan, folder = load_plan(plan_path)
     o = options
-    return compile_plan_report(plan, folder, o.toolkit, o.target, o.config, o.jobs, o.timeout, o.fallback_toolkit,
-                               progress, toolkits_dir=o.toolkits_dir, shared_cache=o.shared_cache,
-                               retry_failed=o.retry_failed, cache=o.cache, stages=o.stages or None,
-                               rewrites=o.rewrites, strict_npu=o.strict_npu, executor=o.executor,
-                               address=o.address, precision=o.precision, calibration=o.calibration,
-                               quantized_algorithm=o.quantized_algorithm, precision_spec=o.precision_spec)
+    report = compile_plan_report(plan, folder, o.toolkit, o.target, o.config, o.jobs, o.timeout, o.fallback_toolkit,
+                                 progress, toolkits_dir=o.toolkits_dir, shared_cache=o.shared_cache,
+                                 retry_failed=o.retry_failed, cache=o.cache, stages=o.stages or None,
+                                 rewrites=o.rewrites, strict_npu=o.strict_npu, executor=o.executor,
+                                 address=o.address, precision=o.precision, calibration=o.calibration,
+                                 quantized_algorithm=o.quantized_algorithm, precision_spec=o.precision_spec)
+    if o.learn:
+        learn_placements(report, Path(folder), o.target, progress)
+    return report
+
+
+def learn_placements(report: CompileReport, folder: Path, target: str, progress: Progress | None = None) -> list[Any]:
+    """Record the CPU layers of ``report``'s NPU stages in the learned-placement store
+    (:mod:`rkpart.compile.learned`); returns the patterns it did not know before."""
+    from rkpart.compile.learned import learn, traced_layers
+
+    layers = traced_layers(report, folder)
+    new: list[Any] = []
+    by_toolkit: dict[str, list[Any]] = {}
+    toolkit_of = {o.stage_id: o.artifact.toolkit for o in report.outcomes if o.artifact is not None}
+    for x in layers:
+        by_toolkit.setdefault(toolkit_of[x.stage], []).append(x)
+    for version, rows in sorted(by_toolkit.items()):
+        got = learn(target, version, rows)
+        for p in got:
+            if progress is not None:
+                progress(f"learned: rknn-toolkit2 {version} places {p.describe()} on the CPU (the next partition "
+                         "for it moves such ops to the host unless a rewrite removes them)")
+        new += got
+    return new
 
 
 @dataclass

@@ -41,6 +41,8 @@ class Partition:
     options: Mapping[str, Any]
     groups: tuple[Group, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: facts the plan records under ``extra`` (e.g. ``capability``: the ops moved to the host, why)
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def block_id(b: Block) -> str:

@@ -317,7 +317,7 @@ def _write_stages(
         stages=tuple(done),
         blocks=tuple(disc.summary()) if disc else (),
         specialised=mg.specialised,
-        extra={"discovery": disc.method if disc else None, "notes": list(part.notes),
+        extra={"discovery": disc.method if disc else None, "notes": list(part.notes), **dict(part.extra),
                **({"npu_coverage": npu_coverage(mg, disc, groups).to_json()} if disc else {}),
                **({"weights": weights_record} if weights_record else {})},
     )

@@ -74,6 +74,9 @@ class ToolkitCaps:
     ops: Mapping[str, OpRule]
     source: str
     attrs: Mapping[str, tuple[AttrLimit, ...]] = field(default_factory=dict)
+    #: op type -> (which inputs are constants, note): placed on the CPU in that form only
+    #: (``Gather`` of a constant table by data indices; a ``Gather`` by constant indices is NPU)
+    cpu_forms: Mapping[str, tuple[tuple[bool, ...], str]] = field(default_factory=dict)
 
     def op(self, op_type: str, domain: str = "") -> OpRule:
         """The rule for ``op_type`` (custom domains are never loadable)."""
@@ -153,7 +156,7 @@ class Target:
         below = [v for v in known if _version_key(v) <= _version_key(version)]
         base = self.toolkits[below[-1] if below else known[0]]
         return ToolkitCaps(version=version, max_opset=base.max_opset, ops=base.ops, attrs=base.attrs,
-                           source=f"{base.source} (as documented for {base.version})")
+                           source=f"{base.source} (as documented for {base.version})", cpu_forms=base.cpu_forms)
 
     def default_budget_bytes(self, board_ram_bytes: int | None = None, share: float | None = None) -> int:
         """Default memory budget of one NPU stage: ``share`` of the NPU window or the board RAM.
@@ -215,13 +218,15 @@ def rules(supported: Mapping[str, str], *, fused: Mapping[str, str],
           measured: Mapping[str, OpRule]) -> dict[str, OpRule]:
     """Op rules from a toolkit's operator list (``supported``: op -> remark), placement facts
     (``fused``: op -> the patterns that keep it on the NPU) and measured builds of ops the list
-    marks "Not Supported" (``measured``)."""
-    out: dict[str, OpRule] = dict(measured)
+    marks "Not Supported" or that were placed elsewhere than documented (``measured``: a
+    measurement wins over the document)."""
+    out: dict[str, OpRule] = {}
     for op, remark in supported.items():
         if op in fused:
             out[op] = OpRule(op, Support.FUSED, fused[op])
         else:
             out[op] = OpRule(op, Support.NPU, remark)
+    out.update(measured)
     return out
 
 

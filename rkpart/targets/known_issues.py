@@ -85,6 +85,9 @@ class KnownIssue:
     details: str
     patterns: tuple[CrashPattern, ...]
     matcher: Callable[[BuildFacts], bool] = field(default=lambda _f: False, repr=False, compare=False)
+    #: the optimiser rules whose fusions lead to the crash: cutting the stage before the nodes they
+    #: removed (so the rule cannot fire) is a workaround for any spelling of the pattern
+    fusion_rules: tuple[str, ...] = ()
 
     def matches(self, facts: BuildFacts) -> bool:
         return self.matcher(facts)
@@ -146,6 +149,7 @@ EXNORM_FUSION_SEGV = KnownIssue(
         ),
     ),
     matcher=_exnorm_fusion_segv,
+    fusion_rules=("fuse_exnorm_mul", "fuse_exnorm_add"),
 )
 
 
@@ -172,6 +176,7 @@ EXNORM_SCALE_SEGV_250 = KnownIssue(
              "by a 2.5.0 SIGSEGV in the native build after fuse_exnorm_mul."),
     patterns=(),
     matcher=_exnorm_scale_segv_250,
+    fusion_rules=("fuse_exnorm_mul",),
 )
 
 _SLICE_CONCAT_RULE = re.compile(r"^D\s{2,}fuse_slice_slice_concat_to_conv:\s+remove node", re.MULTILINE)
@@ -197,6 +202,7 @@ SLICE_CONCAT_SEGV_250 = KnownIssue(
              "verbose log shows that rule."),
     patterns=(),
     matcher=_slice_concat_segv_250,
+    fusion_rules=("fuse_slice_slice_concat_to_conv",),
 )
 
 #: every known issue, most specific first
@@ -235,10 +241,37 @@ def match_signature(build_result: _ResultLike) -> KnownIssue | None:
                      exit_code=build_result.exit_code)
 
 
+_REMOVED = re.compile(r"^D\s{2,}([A-Za-z_]\w*):\s+remove node = \[([^\]]*)\]", re.MULTILINE)
+
+
+def fused_nodes(log_text: str, rules: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
+    """(rule, node name) for every node the optimiser's fusion ``rules`` removed, in log order.
+
+    ``rules=None``: the nodes of the last fusion rule the log shows (the step before a crash no
+    known issue names).  Only nodes of the model are returned (the optimiser's own inserted nodes
+    are named ``<op>_<n>_<suffix>`` and never reach the ONNX graph; callers filter by name).
+    """
+    found = [(m.group(1), m.group(2)) for m in _REMOVED.finditer(log_text)]
+    if rules is None:
+        fuse = [f for f in found if f[0].startswith("fuse_")]
+        if not fuse:
+            return []
+        rules = (fuse[-1][0],)
+    out: list[tuple[str, str]] = []
+    for rule, names in found:
+        if rule not in rules:
+            continue
+        for n in re.findall(r"'([^']*)'", names):
+            if (rule, n) not in out:
+                out.append((rule, n))
+    return out
+
+
 def find_signature(issue_id: str) -> KnownIssue | None:
     """The known issue with this id (as stored in plans and reports), or ``None``."""
     return next((s for s in KNOWN_ISSUES if s.id == issue_id), None)
 
 
 __all__ = ["EXNORM_FUSION_SEGV", "EXNORM_SCALE_SEGV_250", "KNOWN_ISSUES", "SLICE_CONCAT_SEGV_250", "BuildFacts",
-           "CrashPattern", "KnownIssue", "crash_patterns", "find_signature", "match_log", "match_signature"]
+           "CrashPattern", "KnownIssue", "crash_patterns", "find_signature", "fused_nodes", "match_log",
+           "match_signature"]

@@ -150,17 +150,30 @@ _MEASURED = {
     "Not": OpRule("Not", Support.CPU, "runs on the CPU (measured, 2.3.0)"),
 }
 
+#: listed or not, built between two matmuls (16 tokens x 64, fp16; ``scripts/measure_ops.py``) and
+#: placed on the CPU by both 2.3.0 and 2.5.0: routing (TopK, ArgMax, OneHot, ScatterElements),
+#: guards and comparisons (IsNaN, IsInf, Equal), Mod, a standalone ReduceMax and ScatterND.  Measured
+#: on the NPU and not listed here: GatherElements with constant indices (a matmul), Expand, Einsum;
+#: Tile is context-dependent (CPU there, NPU in Lumina2's GQA repeat on 2.3.0): learned, not listed.
+_MEASURED_BOTH = "runs on the CPU (measured, 2.3.0 and 2.5.0, scripts/measure_ops.py)"
+_MEASURED.update({op: OpRule(op, Support.CPU, _MEASURED_BOTH) for op in (
+    "TopK", "ArgMax", "OneHot", "ScatterElements", "IsNaN", "IsInf", "Equal", "Mod", "ReduceMax", "ScatterND")})
+
 _OPS = rules(ONNX_OPS, fused=_FUSED, measured=_MEASURED)
 #: attribute ranges the operator list states ("Resize: mode: nearest2d/bilinear")
 _ATTRS = {"Resize": (AttrLimit("mode", ("nearest", "linear"), "nearest"),)}
 _DOC = "airockchip/rknn-toolkit2 doc/RKNNToolKit2_OP_Support-{v}.md"
+_FORMS = {"Gather": ((True, False), "a Gather of a constant table by data indices runs on the CPU (measured, "
+                                    "2.3.0 and 2.5.0, scripts/measure_ops.py)")}
 
 RK3588 = Target(
     name="rk3588",
     npu_window_bytes=4 * GIB,
     toolkits={
-        "2.3.0": ToolkitCaps(version="2.3.0", max_opset=19, ops=_OPS, source=_DOC.format(v="2.3.0"), attrs=_ATTRS),
-        "2.3.2": ToolkitCaps(version="2.3.2", max_opset=19, ops=_OPS, source=_DOC.format(v="2.3.2"), attrs=_ATTRS),
+        "2.3.0": ToolkitCaps(version="2.3.0", max_opset=19, ops=_OPS, source=_DOC.format(v="2.3.0"), attrs=_ATTRS,
+                             cpu_forms=_FORMS),
+        "2.3.2": ToolkitCaps(version="2.3.2", max_opset=19, ops=_OPS, source=_DOC.format(v="2.3.2"), attrs=_ATTRS,
+                             cpu_forms=_FORMS),
     },
     default_toolkit="2.3.0",
     board_ram_bytes=8 * GIB,

@@ -322,3 +322,31 @@ def test_partition_refuses_an_accuracy_table_from_a_nan_run(key: str, value: flo
     assert_user_error(r, 2, "accuracy term")
     assert not (tmp_path / "auto").exists()
     FUZZ_STATS["cases:numbers-drift"] += 1
+
+
+def test_run_json_is_strict_json_when_the_outputs_are_nan(tmp_path: Path) -> None:
+    """A model whose outputs are NaN (Log of negative values): the gate fails with its documented
+    exit code, and ``--json`` is still strict JSON (NaN metrics are ``null``, never a bare NaN)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"), helper.make_node("Log", ["h"], ["y"], name="log")],
+        "nan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8])],
+        initializer=[numpy_helper.from_array(np.eye(8, dtype=np.float32), "W")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, tmp_path / "nan.onnx")
+    plan = tmp_path / "plan"
+    assert cli(["partition", tmp_path / "nan.onnx", "-s", "generic", "-o", plan, "-q"]).exit_code == 0
+    r = cli(["run", plan, "--json"])
+    assert r.exit_code == GateError.exit_code, r.output
+    out = r.stdout
+
+    def refuse(token: str) -> None:
+        raise AssertionError(f"bare {token} in --json output")
+
+    d = json.loads(out, parse_constant=refuse)
+    assert ": NaN" not in out and "Infinity," not in out
+    assert None in [v for r in d.get("tensors", d.get("rows", [])) for v in (r.get("metrics") or r).values()] \
+        or "null" in out  # the metrics that are not numbers are null

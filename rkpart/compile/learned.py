@@ -1,0 +1,202 @@
+"""Placements learned from builds: which op patterns a toolkit put on the CPU inside NPU stages.
+
+After every ``rkpart compile``, each layer the toolkit's layer table places on the CPU inside an
+NPU stage is traced back to the ONNX op of the stage it came from (the table's ``FullName`` is
+``OpType:node name``) and recorded per target and toolkit as a
+:class:`~rkpart.targets.capability.PlacementPattern` (op type, element type, input ranks).
+Every later ``rkpart partition`` for that toolkit reads the store
+(:func:`rkpart.pipeline.capability_for`) and keeps such ops out of NPU stages unless a rewrite
+removes them, for any model: what one family's build taught holds for the next family.
+
+Location: ``$RKPART_CACHE_DIR/placement/<target>-<toolkit>.json`` (else ``~/.cache/rkpart``),
+next to the build cache.  Writes are whole-file and atomic, under a lock on the folder, so
+concurrent compiles merge instead of losing each other's rows; a damaged store is read as
+empty (it is knowledge, re-learned by the next build) and replaced by the next write.
+
+A CPU layer the table names after no op of the stage (a layer the toolkit inserted, such as
+the Transposes 2.3.0 adds around AdaLN chunk slices) cannot be moved by the partitioner and is
+not learned; ``rkpart compile`` still reports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rkpart.compile.scheduler import default_cache_dir
+from rkpart.errors import UserError
+from rkpart.io import atomic_write_bytes
+
+PLACEMENT_DIR = "placement"
+FORMAT = "rkpart-learned-placement"
+VERSION = 1
+#: a store larger than this is not a store rkpart wrote (patterns are few)
+_MAX_BYTES = 4 << 20
+#: layers kept per pattern as examples (where it was learned)
+_EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class CpuLayer:
+    """One CPU layer of a build, traced back to its ONNX op (``op`` is ``None`` when it cannot be)."""
+
+    stage: str
+    layer: str  # the layer table's FullName
+    op: str | None  # the ONNX node name in the stage
+    pattern: Any  # PlacementPattern | None: None for a layer that is not the op itself
+    #: the layer is a conversion the toolkit inserted for a stage output the op produces
+    #: (``Reshape:<tensor>-rs``): moving the op moves the boundary, but the op's pattern is not
+    #: learned (the same op elsewhere runs on the NPU)
+    boundary: bool = False
+
+
+def store_path(target: str, toolkit: str, root: Path | None = None) -> Path:
+    """The store of one target and toolkit (``root``: the cache folder, default ``$RKPART_CACHE_DIR``)."""
+    safe = "".join(c if c.isalnum() or c in ".-_" else "_" for c in f"{target.lower()}-{toolkit}")
+    return (root or default_cache_dir()) / PLACEMENT_DIR / f"{safe}.json"
+
+
+def load_learned(target: str, toolkit: str, root: Path | None = None) -> frozenset[Any]:
+    """The patterns learned so far for ``target``/``toolkit`` (empty when none, or the store is damaged)."""
+    return frozenset(_read(store_path(target, toolkit, root)))
+
+
+def _read(path: Path) -> dict[Any, list[str]]:
+    from rkpart.targets.capability import PlacementPattern
+
+    try:
+        if path.stat().st_size > _MAX_BYTES:
+            return {}
+        d = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(d, dict) or d.get("format") != FORMAT or not isinstance(d.get("patterns"), list):
+        return {}
+    out: dict[Any, list[str]] = {}
+    for row in d["patterns"]:
+        try:
+            p = PlacementPattern.from_json(row)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue  # a damaged row is skipped, the rest still counts
+        ex = row.get("examples")
+        out[p] = sorted({str(e)[:300] for e in ex} if isinstance(ex, list) else set())[:_EXAMPLES]
+    return out
+
+
+def learn(target: str, toolkit: str, layers: Iterable[CpuLayer], root: Path | None = None) -> list[Any]:
+    """Add the patterns of ``layers`` to the store; returns the patterns it did not hold before.
+
+    Layers without a pattern (not traced to an op) are skipped.  Each pattern keeps up to five
+    example layers (``stage: FullName``); nothing is written when nothing changes.
+    """
+    rows = [x for x in layers if x.pattern is not None]
+    if not rows:
+        return []
+    path = store_path(target, toolkit, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.parent):
+        known = _read(path)
+        before = {p: list(v) for p, v in known.items()}
+        new = [x.pattern for x in rows if x.pattern not in known]
+        for x in rows:
+            known[x.pattern] = sorted({*known.get(x.pattern, []), f"{x.stage}: {x.layer}"[:300]})[:_EXAMPLES]
+        if known != before or not path.is_file():
+            doc = {"format": FORMAT, "version": VERSION, "target": target.lower(), "toolkit": toolkit,
+                   "patterns": [{**p.to_json(), "examples": known[p]} for p in sorted(known)]}
+            atomic_write_bytes(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+    return sorted(set(new))
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Any:
+    """A blocking exclusive lock on ``folder`` (concurrent compiles wait for each other's write)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) -> list[CpuLayer]:
+    """The CPU layers ``cpu_ops`` (the table's FullNames) of the build of ``stage_onnx``, traced to ops.
+
+    The stage is loaded as a graph (weights not read) so each op's pattern has the same input
+    ranks and types as in the model it was cut from.
+    """
+    from rkpart.ir import load_model
+    from rkpart.partitioner.capability import pattern_of
+
+    names = [n for n in cpu_ops]
+    if not names:
+        return []
+    mg = load_model(stage_onnx)
+    by_name: dict[str, int] = {}
+    for k, n in enumerate(mg.nodes):
+        if n.name:
+            by_name.setdefault(n.name, k)
+    out = []
+    for full in names:
+        _, _, node = full.partition(":")
+        i = by_name.get(node) if node else None
+        if i is not None and i in mg.ops.nodes:
+            out.append(CpuLayer(stage_id, full, mg.nodes[i].name, pattern_of(mg, i)))
+            continue
+        # a conversion the toolkit inserted for a tensor: "<tensor>-rs"; the stage output's producer
+        base: str = node
+        p: int | None = None
+        for _ in range(4):  # "<tensor>_mm_tp_rs": a chain of conversions
+            base = re.sub(r"[-_][A-Za-z0-9]+$", "", base)
+            if base in mg.outputs:
+                p = mg.producer.get(base)
+                break
+        if p is not None and p in mg.ops.nodes and mg.nodes[p].name:
+            out.append(CpuLayer(stage_id, full, mg.nodes[p].name, None, boundary=True))
+            continue
+        out.append(CpuLayer(stage_id, full, None, None))
+    return out
+
+
+def traced_layers(report: Any, folder: Path) -> list[CpuLayer]:
+    """The CPU layers of every NPU stage ``report`` (a :class:`~rkpart.compile.compile.CompileReport`)
+    built or took from the cache, traced to the ops of the file the toolkit built (the prepared
+    copy when rkpart lowered or rewrote the stage: its surviving ops keep their names)."""
+    stages = {s.id: s for s in report.plan.stages}
+    out: list[CpuLayer] = []
+    for o in report.outcomes:
+        a = o.artifact
+        if a is None or not a.cpu_ops or o.stage_id not in stages:
+            continue
+        st = stages[o.stage_id]
+        rel = (st.prepared or {}).get("file") or st.file
+        path = folder / rel
+        if not path.is_file():
+            continue
+        try:
+            out += trace_cpu_layers(o.stage_id, path, a.cpu_ops)
+        except UserError:  # a stage file that no longer loads teaches nothing
+            continue
+    return out
+
+
+def forced_host(layers: Iterable[CpuLayer]) -> Mapping[str, str]:
+    """Op name -> why, for the traced layers of one plan's build (``rkpart compile --repartition``)."""
+    out: dict[str, str] = {}
+    for x in layers:
+        if x.op is not None and x.boundary:
+            out.setdefault(x.op, f"the last build of stage {x.stage} converted its output on the CPU (layer "
+                                 f"{x.layer}): the stage boundary moves before it")
+        elif x.op is not None:
+            out.setdefault(x.op, f"placed on the CPU by the last build of stage {x.stage} (layer {x.layer}), "
+                                 "after rkpart's rewrites")
+    return dict(sorted(out.items()))
+
+
+__all__ = ["CpuLayer", "forced_host", "learn", "load_learned", "store_path", "trace_cpu_layers", "traced_layers"]

@@ -1,0 +1,339 @@
+"""Capability decides the grouping: an op the target runs on the CPU never stays inside an NPU stage.
+
+Every strategy's partition goes through :func:`place_by_capability` before it is written
+(:func:`rkpart.pipeline.propose`), so the rule holds for the built-in strategies, ``auto`` and
+plugins alike, for families no rewrite was written for.  For each NPU group:
+
+1. **Ask the capability** (:class:`rkpart.targets.capability.Capability`) why each op may not
+   be there: not loadable, measured on the CPU, or a pattern an earlier build put on the CPU.
+2. **Let the rewrites rescue it**: the ``npu`` rewrites the build would apply (and the opset
+   lowering) are applied to the group as one model; an op they remove stays, one they leave
+   goes.  So a rewrite that does not match an exporter's spelling costs nothing but a host op.
+3. **Choose its neighbours**: of the group's ops without matmul work, those are taken along
+   that make the fewest, smallest tensors cross between NPU and host (a minimum cut: RoPE's
+   slices and products go with its ``ScatterND`` when one tensor then crosses each way
+   instead of three).
+4. **Cut the rest acyclically**: the group's remaining ops are split by how many host ops lie
+   upstream of them inside the group (level ``k``), so the pieces run ``npu 0, host 0, npu 1,
+   host 1 ...``; the group was convex, so no path leaves it and comes back, and the new
+   pieces cannot form a cycle with any other stage.  A piece with no matmul work left between
+   host ops joins the host (an NPU stage of its own would only add a round trip).
+
+Every op moved is recorded with why (:class:`HostOp`, the plan's ``extra.capability``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import networkx as nx
+import onnx
+from onnx import TensorProto
+
+from rkpart.errors import UserError
+from rkpart.ir import ModelGraph
+from rkpart.ir.macs import op_macs
+from rkpart.partitioner.extract import subgraph_model
+from rkpart.partitioner.partition import Group, Partition
+from rkpart.targets.capability import Capability, PlacementPattern
+
+#: a computed constant above this many bytes is given to the rewrite probe as a placeholder
+#: (no rewrite pattern reads a weight's values; the probe must not load gigabytes)
+_PROBE_CONST_BYTES = 1 << 16
+
+
+@dataclass(frozen=True)
+class HostOp:
+    """One op the capability moved out of an NPU stage, and why."""
+
+    op: int
+    name: str
+    op_type: str
+    stage: str  # the NPU group it left
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.name, "op_type": self.op_type, "from_stage": self.stage, "why": self.why}
+
+
+def pattern_of(mg: ModelGraph, i: int) -> PlacementPattern:
+    """The shape class of op ``i`` a placement is learned and matched by."""
+    n = mg.nodes[i]
+    ranks = []
+    for t in n.input:
+        s = mg.shape(t) if t else None
+        ranks.append(-1 if s is None else len(s))
+    first = next((t for t in n.input if t), "")
+    dtype = (mg.dtype(first) or "") if first else ""
+    consts = tuple(bool(t) and mg.is_const_tensor(t) for t in n.input)
+    return PlacementPattern(op_type=n.op_type, dtype=dtype, ranks=tuple(ranks), domain=n.domain or "",
+                            consts=consts)
+
+
+def flag_ops(mg: ModelGraph, part: Partition, cap: Capability,
+             force: Mapping[str, str] | None = None) -> dict[int, str]:
+    """Op index -> why it must leave its NPU group, after the rewrites had their chance.
+
+    ``force`` maps op names to a reason that holds whatever the rewrites do: the layers the last
+    build of this very plan put on the CPU (``rkpart compile --repartition``), where the
+    rewrites were already applied and did not remove them.
+    """
+    force = dict(force or {})
+    out: dict[int, str] = {}
+    for g in part.groups:
+        if g.device != "npu":
+            continue
+        flagged: dict[int, str] = {}
+        forced: dict[int, str] = {}
+        for i in sorted(g.ops):
+            n = mg.nodes[i]
+            if n.name and n.name in force:
+                forced[i] = force[n.name]
+                continue
+            why = cap.reason(n, pattern_of(mg, i))
+            if why is not None:
+                flagged[i] = why
+        if flagged:
+            kept = _survive_rewrites(mg, g, flagged, cap)
+            flagged = {i: w for i, w in flagged.items() if i in kept}
+        out.update(flagged)
+        out.update(forced)
+    return out
+
+
+def _survive_rewrites(mg: ModelGraph, g: Group, flagged: Mapping[int, str], cap: Capability) -> set[int]:
+    """The ``flagged`` ops of ``g`` the build's lowering and ``npu`` rewrites would leave in place.
+
+    The group is made one in-memory model (weights referenced, not read) and the rewrites are
+    applied to it as ``rkpart compile`` applies them to the stage.  A probe that cannot be made
+    (a lowering the converter refuses) rescues nothing: every flagged op leaves.
+    """
+    from rkpart.targets.opset import lower_model, model_opset
+    from rkpart.targets.rewrites import apply_rewrites, rewrites_for
+
+    rows = rewrites_for(cap.toolkit, "npu") if cap.rewrites else ()
+    types = {mg.nodes[i].op_type for i in flagged}
+    needs_lowering = mg.opset > cap.caps.max_opset
+    if not needs_lowering and not any(r.op_type in {mg.nodes[i].op_type for i in g.ops} for r in rows):
+        return set(flagged)
+    sub = mg.subgraph(g.ops)
+    try:
+        model = subgraph_model(mg, sub, {t: _probe_value(mg, t) for t in sorted(sub.const_tensors)},
+                               name="capability-probe")
+        if needs_lowering:
+            model, _ = lower_model(model, cap.caps.max_opset, cap.toolkit)
+        if model_opset(model) <= cap.caps.max_opset:
+            apply_rewrites(model, rows)
+    except (UserError, ValueError, onnx.checker.ValidationError):
+        return set(flagged)
+    named = {(n.name, n.op_type) for n in model.graph.node if n.name}
+    count = {t: sum(1 for n in model.graph.node if n.op_type == t) for t in types}
+    kept = set()
+    for i in flagged:
+        n = mg.nodes[i]
+        # an unnamed op cannot be followed through the rewrite: it stays flagged unless its op
+        # type is gone altogether
+        if (n.name and (n.name, n.op_type) in named) or (not n.name and count[n.op_type]):
+            kept.add(i)
+    return kept
+
+
+def _probe_value(mg: ModelGraph, t: str) -> TensorProto:
+    """Constant ``t`` for the rewrite probe: an initializer as it is (external data not read), a
+    small computed constant evaluated, a large one a placeholder of the right type and shape."""
+    init = mg.initializers.get(t)
+    if init is not None:
+        return init
+    shape, dtype = mg.shape(t), mg.dtype(t)
+    if mg.nbytes(t) <= _PROBE_CONST_BYTES or shape is None or dtype is None:
+        return mg.constant(t)
+    out = TensorProto(name=t, dims=list(shape), data_type=onnx.helper.np_dtype_to_tensor_dtype(_np(dtype)))
+    out.data_location = TensorProto.EXTERNAL
+    entry = out.external_data.add()
+    entry.key, entry.value = "location", "rkpart-capability-probe-placeholder"
+    return out
+
+
+def _np(dtype: str) -> Any:
+    import numpy as np
+
+    return np.dtype(dtype)
+
+
+def place_by_capability(mg: ModelGraph, part: Partition,
+                        flagged: Mapping[int, str]) -> tuple[Partition, tuple[HostOp, ...]]:
+    """``part`` with the ``flagged`` ops (and the neighbours worth taking along) out of NPU groups.
+
+    Returns the new partition (groups without flagged ops unchanged, in place) and every op that
+    moved, with why.  ``part`` itself is not changed.
+    """
+    if not flagged:
+        return part, ()
+    groups: list[Group] = []
+    moved: list[HostOp] = []
+    for g in part.groups:
+        mine = {i: w for i, w in flagged.items() if i in g.ops}
+        if g.device != "npu" or not mine:
+            groups.append(g)
+            continue
+        why = dict(mine)
+        # a group without matmul work (``generic`` over elementwise ops) has nothing to anchor a cut
+        # to the NPU: only the flagged ops leave, and its pieces stay
+        has_work = any(op_macs(mg, i) for i in g.ops)
+        host = _absorb(mg, g.ops, set(mine), why) if has_work else set(mine)
+        while True:
+            npu_levels, host_levels = _levels(mg, g.ops, host)
+            idle = [lvl for lvl, ops in npu_levels.items() if has_work and not any(op_macs(mg, i) for i in ops)]
+            if not idle:
+                break
+            for lvl in idle:
+                for i in npu_levels[lvl]:
+                    why[i] = "no matmul work left between the host ops around it (an NPU stage of its own " \
+                             "would only add a round trip)"
+                host |= npu_levels[lvl]
+        for k, lvl in enumerate(sorted(npu_levels)):
+            groups.append(replace(g, id=g.id if k == 0 else f"{g.id}.{k}", ops=frozenset(npu_levels[lvl])))
+        for lvl in sorted(host_levels):
+            groups.append(replace(g, id=f"{g.id}.host{lvl}", device="host", ops=frozenset(host_levels[lvl]),
+                                  kind="cpu-op"))
+        moved += [HostOp(i, mg.nodes[i].name or str(i), mg.nodes[i].op_type, g.id, why[i]) for i in sorted(host)]
+    note = (f"capability: {len(moved)} op(s) moved out of NPU stages to the host "
+            f"({', '.join(sorted({h.op_type for h in moved}))}); plan.json extra.capability says why")
+    return Partition(part.strategy, part.options, tuple(groups), (*part.notes, note), part.extra), tuple(moved)
+
+
+def cut_before(mg: ModelGraph, part: Partition, names: Mapping[str, str]) -> tuple[Partition, list[dict[str, str]]]:
+    """``part`` with every NPU group that holds an op named in ``names`` cut in front of that op.
+
+    The workaround for a build that crashed after an optimiser fusion (``rkpart compile
+    --repartition``): an op the fusion folded into its producer starts a new NPU stage, so the
+    rule cannot fire, whatever the spelling of the pattern.  Only ops with two or more data
+    inputs are cut before (the fused operand was computed, not a constant); an op whose data
+    predecessor is itself a cut op joins that op's piece (``Mul`` then ``Add`` of one AdaLN
+    modulation make one cut).  Pieces are ordered by how many cuts lie upstream of them inside
+    the group, so the result is acyclic for the same reason as :func:`place_by_capability`'s.
+    Returns the partition and one record per cut (``before``, ``stage``, ``why``).
+    """
+    groups: list[Group] = []
+    cuts: list[dict[str, str]] = []
+    for g in part.groups:
+        here = {i for i in g.ops if mg.nodes[i].name in names and len(mg.dyn_inputs(i)) >= 2}
+        if g.device != "npu" or not here:
+            groups.append(g)
+            continue
+        level: dict[int, int] = {}
+        for i in sorted(g.ops):
+            best = 0
+            for q in mg.ops.predecessors(i):
+                if q in level:
+                    best = max(best, level[q] + (1 if i in here and q not in here else 0))
+            level[i] = best
+        pieces: dict[int, set[int]] = {}
+        for i, lvl in level.items():
+            pieces.setdefault(lvl, set()).add(i)
+        for k, lvl in enumerate(sorted(pieces)):
+            groups.append(replace(g, id=g.id if k == 0 else f"{g.id}.{k}", ops=frozenset(pieces[lvl])))
+        cuts += [{"before": mg.nodes[i].name, "stage": g.id, "why": names[mg.nodes[i].name]} for i in sorted(here)]
+    if not cuts:
+        return part, []
+    note = f"capability: {len(cuts)} NPU stage cut(s) in front of ops a crashing build fused; plan.json " \
+           "extra.capability says why"
+    return Partition(part.strategy, part.options, tuple(groups), (*part.notes, note), part.extra), cuts
+
+
+def _crossing(mg: ModelGraph, ops: frozenset[int], host: set[int]) -> str:
+    """The tensors that cross between ``host`` and the rest of ``ops`` (each once), for messages."""
+    total = n = 0
+    for i in ops:
+        for t in mg.nodes[i].output:
+            if not t:
+                continue
+            readers = {c for c in mg.consumers.get(t, ()) if c in ops}
+            if any((c in host) != (i in host) for c in readers):
+                total += mg.nbytes(t)
+                n += 1
+    return f"{n} tensor(s), {total} bytes"
+
+
+def _absorb(mg: ModelGraph, ops: frozenset[int], host: set[int], why: dict[int, str]) -> set[int]:
+    """``host`` and the ops without matmul work that cross the fewest, smallest tensors with it.
+
+    A minimum cut of the group: ops with matmul work are tied to the NPU side, the ops that
+    must leave to the host side, and each tensor is a hyperedge of capacity ``bytes + 1`` (the
+    ``+ 1``: of two cuts with the same bytes, the one with fewer tensors).  Of the minimum
+    cuts, the one with the smallest host side is taken: an op that could run on either side
+    stays on the NPU.  Deterministic (ops and tensors are added in model order).
+    """
+    free = sorted(i for i in ops if i not in host and not op_macs(mg, i))
+    if not free:
+        return set(host)
+    big = float("inf")
+    g = nx.DiGraph()
+    src, dst = ("side", "npu"), ("side", "host")
+    g.add_node(src)
+    g.add_node(dst)
+    for i in sorted(ops):
+        if i in host:
+            g.add_edge(("op", i), dst, capacity=big)
+        elif op_macs(mg, i):
+            g.add_edge(src, ("op", i), capacity=big)
+    for i in sorted(ops):
+        for t in mg.nodes[i].output:
+            readers = sorted({c for c in mg.consumers.get(t, ()) if c in ops}) if t else []
+            if not readers:
+                continue
+            # one node per direction: the tensor costs its bytes once if its producer is on the
+            # NPU side and any reader on the host side ("out"), or the other way round ("in")
+            cap = mg.nbytes(t) + 1
+            g.add_edge(("op", i), ("out", t), capacity=cap)
+            g.add_edge(("in", t), ("op", i), capacity=cap)
+            for c in readers:
+                g.add_edge(("out", t), ("op", c), capacity=big)
+                g.add_edge(("op", c), ("in", t), capacity=big)
+    before = _crossing(mg, ops, host)
+    residual = nx.algorithms.flow.edmonds_karp(g, src, dst)
+    # the smallest host side of the minimum cuts: what can still reach the sink in the residual graph
+    reach: set[tuple[str, Any]] = {dst}
+    stack = [dst]
+    while stack:
+        v = stack.pop()
+        for u in residual.predecessors(v):
+            e = residual[u][v]
+            if u not in reach and e["capacity"] - e["flow"] > 0:
+                reach.add(u)
+                stack.append(u)
+    taken: set[int] = {int(n[1]) for n in reach if n[0] == "op"} - host
+    if not taken:
+        return set(host)
+    after = _crossing(mg, ops, host | taken)
+    label = ", ".join(mg.op_label(i) for i in sorted(host)[:3]) + (" ..." if len(host) > 3 else "")
+    for j in sorted(taken):
+        why[j] = (f"taken along with {label}: the cut that crosses the fewest bytes between NPU and host "
+                  f"({after} instead of {before})")
+    return set(host) | taken
+
+
+def _levels(mg: ModelGraph, ops: frozenset[int], host: set[int]) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+    """The group's ops by the number of host ops upstream of them inside the group.
+
+    NPU op at level ``k``: ``k`` host ops on the longest in-group path to it.  Host op at level
+    ``k``: ``k`` host ops strictly upstream.  Executing ``npu 0, host 0, npu 1, host 1 ...``
+    respects every edge (an edge never goes to a lower level; from host ``k`` only to ``k+1``).
+    """
+    level: dict[int, int] = {}
+    for i in sorted(ops):  # model order is topological
+        best = 0
+        for p in mg.ops.predecessors(i):
+            if p in level:
+                best = max(best, level[p] + (1 if p in host else 0))
+        level[i] = best
+    npu: dict[int, set[int]] = {}
+    hst: dict[int, set[int]] = {}
+    for i, lvl in level.items():
+        (hst if i in host else npu).setdefault(lvl, set()).add(i)
+    return npu, hst
+
+
+__all__ = ["HostOp", "cut_before", "flag_ops", "pattern_of", "place_by_capability"]

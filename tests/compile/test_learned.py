@@ -1,0 +1,123 @@
+"""The learned-placement store (rkpart.compile.learned) and the position-free build key.
+
+Real files in a private cache folder (the autouse fixture sets ``RKPART_CACHE_DIR``); the
+toolkit builds that fill the store for real are in ``test_repartition.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from rkpart.compile.cache import build_key
+from rkpart.compile.learned import CpuLayer, learn, load_learned, store_path, trace_cpu_layers
+from rkpart.targets.capability import PlacementPattern
+
+P1 = PlacementPattern("ScatterND", "float32", (4, 5, 4))
+P2 = PlacementPattern("IsNaN", "float32", (4,))
+
+
+def test_learn_and_load_round_trip_sorted_and_stable() -> None:
+    assert load_learned("rk3588", "2.5.0") == frozenset()
+    assert learn("rk3588", "2.5.0", [CpuLayer("b00.attn", "IsNaN:n1", "n1", P2),
+                                      CpuLayer("b00.attn", "ScatterND:s1", "s1", P1)]) == sorted([P1, P2])
+    path = store_path("rk3588", "2.5.0")
+    first = path.read_bytes()
+    assert load_learned("rk3588", "2.5.0") == {P1, P2}
+    assert load_learned("rk3588", "2.3.0") == frozenset()
+    # nothing new: nothing returned, the file is not rewritten
+    assert learn("rk3588", "2.5.0", [CpuLayer("b00.attn", "IsNaN:n1", "n1", P2)]) == []
+    assert path.read_bytes() == first
+    d = json.loads(first)
+    assert [p["op_type"] for p in d["patterns"]] == ["IsNaN", "ScatterND"]
+    assert d["patterns"][0]["examples"] == ["b00.attn: IsNaN:n1"]
+    # untraced layers teach nothing
+    assert learn("rk3588", "2.5.0", [CpuLayer("b00.attn", "Transpose:tp_inserted", None, None)]) == []
+
+
+def test_a_damaged_store_reads_as_what_it_still_holds() -> None:
+    path = store_path("rk3588", "2.5.0")
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    assert load_learned("rk3588", "2.5.0") == frozenset()
+    path.write_text(json.dumps({"format": "rkpart-learned-placement", "version": 1, "patterns": [
+        P1.to_json(), {"op_type": 3, "dtype": "float32", "ranks": [1]}, {"op_type": "X", "ranks": "12"},
+        {**P2.to_json(), "ranks": [True]}]}))
+    assert load_learned("rk3588", "2.5.0") == {P1}
+    assert learn("rk3588", "2.5.0", [CpuLayer("s", "IsNaN:n", "n", P2)]) == [P2]
+    assert load_learned("rk3588", "2.5.0") == {P1, P2}  # the damaged rows are dropped by the rewrite
+
+
+def test_concurrent_learners_lose_nothing() -> None:
+    pats = [PlacementPattern(f"Op{i}", "float32", (i,)) for i in range(16)]
+    threads = [threading.Thread(target=learn, args=("rk3588", "2.5.0", [CpuLayer("s", f"Op{i}:n", "n", p)]))
+               for i, p in enumerate(pats)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert load_learned("rk3588", "2.5.0") == set(pats)
+
+
+def test_odd_target_and_toolkit_names_stay_inside_the_store_folder(tmp_path: Path) -> None:
+    p = store_path("../../etc", "/usr/bin/python", tmp_path)
+    assert p.parent == tmp_path / "placement" and "/" not in p.name
+
+
+def _stage(path: Path, data_name: str) -> Path:
+    w = numpy_helper.from_array(np.arange(4096, dtype=np.float32).reshape(64, 64), "W")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+                           helper.make_node("ScatterND", ["h", "idx", "h"], ["y"], name="scatter")], "s",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64]),
+                           helper.make_tensor_value_info("idx", TensorProto.INT64, [64, 64, 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 64])], initializer=[w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, path, save_as_external_data=True, location=data_name, size_threshold=0)
+    return path
+
+
+def test_build_key_does_not_depend_on_the_stages_position(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = _stage(tmp_path / "a" / "003_b00.xattn.onnx", "003_b00.xattn.onnx.data")
+    b = _stage(tmp_path / "b" / "005_b00.xattn.onnx", "005_b00.xattn.onnx.data")
+    assert a.read_bytes() != b.read_bytes()
+    assert build_key(a, "2.5.0", "rk3588", {}) == build_key(b, "2.5.0", "rk3588", {})
+    # the weights still count
+    raw = bytearray((tmp_path / "b" / "005_b00.xattn.onnx.data").read_bytes())
+    raw[0] ^= 1
+    (tmp_path / "b" / "005_b00.xattn.onnx.data").write_bytes(bytes(raw))
+    assert build_key(a, "2.5.0", "rk3588", {}) != build_key(b, "2.5.0", "rk3588", {})
+
+
+def test_trace_cpu_layers_maps_full_names_to_ops_and_patterns(tmp_path: Path) -> None:
+    s = _stage(tmp_path / "001_b00.attn.onnx", "001_b00.attn.onnx.data")
+    got = trace_cpu_layers("b00.attn", s, ["ScatterND:scatter", "Transpose:inserted_by_the_toolkit"])
+    assert [(x.op, x.pattern) for x in got] == [
+        ("scatter", PlacementPattern("ScatterND", "float32", (2, 3, 2), consts=(False, False, False))), (None, None)]
+
+
+def test_repartition_refuses_no_cache_and_stage(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from rkpart.cli import main
+
+    for extra in (["--no-cache"], ["--stage", "b00.attn"]):
+        r = CliRunner().invoke(main, ["compile", str(tmp_path), "--toolkit", "2.5.0", "--repartition", *extra])
+        assert r.exit_code == 2 and "--repartition" in r.output, r.output
+
+
+def test_a_conversion_of_a_stage_output_traces_to_its_producer_and_is_not_learned(tmp_path: Path) -> None:
+    s = _stage(tmp_path / "001_b00.ffn.onnx", "001_b00.ffn.onnx.data")
+    got = trace_cpu_layers("b00.ffn", s, ["Reshape:y_mm_tp_rs", "Reshape:h-rs"])
+    # y is the stage output (ScatterND makes it); h is internal: a conversion of it is not a boundary
+    assert [(x.op, x.boundary, x.pattern) for x in got] == [("scatter", True, None), (None, False, None)]
+    from rkpart.compile.learned import forced_host
+
+    assert "converted its output on the CPU" in forced_host(got)["scatter"]
+    assert learn("rk3588", "2.5.0", got) == []

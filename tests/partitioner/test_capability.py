@@ -1,0 +1,215 @@
+"""Capability decides the grouping: ops the toolkit runs on the CPU leave NPU stages.
+
+Hand-built graphs (real ONNX Runtime runs the plans):
+
+    x ─ MatMul(W1) ─ h1 ─ Ceil ─ c ─ Mul(0.5) ─ m ─ MatMul(W2) ─ h2 ─ Add ─ y
+                     └──────────────────────────────────────────────┘
+
+``Ceil`` is measured on the CPU (rk3588 table): the NPU group is cut into NPU / host / NPU.
+
+    h1 ─ Expand(x2) ─ r ─┬──────────── Max ─ ReduceMean ─ u ─ MatMul(W2) ...
+                         └─ Sigmoid ─ s ─┘
+
+with ``Max`` learned as a CPU placement: the minimum cut takes Expand, Sigmoid and ReduceMean
+along (one small tensor crosses each way instead of three large ones).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rkpart.partitioner.capability import pattern_of
+from rkpart.partitioner.partition import order_groups
+from rkpart.pipeline import PartitionConfig, load, propose, write_plan
+from rkpart.targets import get_target
+from rkpart.targets.capability import Capability, PlacementPattern
+from tests.partitioner.checks import assert_reproduces
+
+
+def _w(name: str, rows: int, cols: int, seed: int) -> TensorProto:
+    return numpy_helper.from_array(np.random.default_rng(seed).normal(size=(rows, cols)).astype(np.float32), name)
+
+
+def _save(tmp: Path, name: str, nodes: list[onnx.NodeProto], inits: list[TensorProto]) -> Path:
+    g = helper.make_graph(nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    p = tmp / f"{name}.onnx"
+    onnx.save(m, p)
+    return p
+
+
+@pytest.fixture
+def ceil_model(tmp_path: Path) -> Path:
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
+        helper.make_node("Ceil", ["h1"], ["c"], name="ceil"),
+        helper.make_node("Mul", ["c", "half"], ["m"], name="mul"),
+        helper.make_node("MatMul", ["m", "W2"], ["h2"], name="mm2"),
+        helper.make_node("Add", ["h1", "h2"], ["y"], name="add"),
+    ]
+    inits = [_w("W1", 16, 16, 1), _w("W2", 16, 16, 2), numpy_helper.from_array(np.float32(0.5), "half")]
+    return _save(tmp_path, "ceil", nodes, inits)
+
+
+@pytest.fixture
+def fanin_model(tmp_path: Path) -> Path:
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
+        helper.make_node("Expand", ["h1", "shape2"], ["r"], name="expand"),
+        helper.make_node("Sigmoid", ["r"], ["s"], name="sigmoid"),
+        helper.make_node("Max", ["r", "s"], ["mx"], name="max"),
+        helper.make_node("ReduceMean", ["mx"], ["u"], name="mean", axes=[0], keepdims=1),
+        helper.make_node("MatMul", ["u", "W2"], ["h2"], name="mm2"),
+        helper.make_node("Add", ["h1", "h2"], ["y"], name="add"),
+    ]
+    inits = [_w("W1", 16, 16, 1), _w("W2", 16, 16, 2),
+             numpy_helper.from_array(np.array([4, 8, 16], dtype=np.int64), "shape2")]
+    return _save(tmp_path, "fanin", nodes, inits)
+
+
+def _devices(model: Path, part: object) -> list[tuple[str, list[str]]]:
+    m = load(model)
+    return [(g.device, sorted(m.graph.nodes[i].name for i in g.ops)) for g in order_groups(m.graph, part)]  # type: ignore[arg-type]
+
+
+def test_measured_cpu_op_leaves_the_npu_stage_and_the_plan_reproduces(ceil_model: Path, tmp_path: Path) -> None:
+    m = load(ceil_model)
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
+    assert _devices(ceil_model, part) == [("npu", ["mm1"]), ("host", ["ceil"]), ("npu", ["add", "mm2", "mul"])]
+    plan = write_plan(m, part, tmp_path / "plan")
+    assert_reproduces(plan, tmp_path / "plan", ceil_model)
+    rec = json.loads((tmp_path / "plan" / "plan.json").read_text())["extra"]["capability"]
+    assert rec["toolkit"] == "2.5.0" and rec["target"] == "rk3588"
+    assert [(h["op"], h["from_stage"]) for h in rec["host_ops"]] == [("ceil", part.groups[0].id)]
+    assert "on the CPU" in rec["host_ops"][0]["why"] and "measured" in rec["host_ops"][0]["why"]
+
+
+def test_capability_off_keeps_the_strategys_grouping(ceil_model: Path) -> None:
+    m = load(ceil_model)
+    part = propose(m, "generic", PartitionConfig(capability=False))
+    assert _devices(ceil_model, part) == [("npu", ["add", "ceil", "mm1", "mm2", "mul"])]
+    assert "capability" not in part.extra
+
+
+def test_default_toolkit_is_the_targets(ceil_model: Path) -> None:
+    part = propose(load(ceil_model), "generic", PartitionConfig())
+    assert part.extra["capability"]["toolkit"] == get_target("rk3588").default_toolkit
+
+
+def test_learned_pattern_moves_the_op_with_the_neighbours_of_the_cheapest_cut(
+        fanin_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    m = load(fanin_model)
+    i_max = next(i for i, n in enumerate(m.graph.nodes) if n.name == "max")
+    pat = pattern_of(m.graph, i_max)
+    assert pat == PlacementPattern("Max", "float32", (3, 3), consts=(False, False))
+    # nothing learned: everything on the NPU
+    assert [d for d, _ in _devices(fanin_model, propose(m, "generic", PartitionConfig(toolkit="2.5.0")))] == ["npu"]
+    # learned: the store is read through the user cache (tests have a private one)
+    from rkpart.compile.learned import CpuLayer, learn
+
+    assert learn("rk3588", "2.5.0", [CpuLayer("s", "Max:max", "max", pat)]) == [pat]
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
+    assert _devices(fanin_model, part) == [("npu", ["mm1"]), ("host", ["expand", "max", "mean", "sigmoid"]),
+                                           ("npu", ["add", "mm2"])]
+    why = {h["op"]: h["why"] for h in part.extra["capability"]["host_ops"]}
+    assert "learned placement" in why["max"]
+    assert "fewest bytes" in why["sigmoid"] and "instead of 3 tensor(s)" in why["sigmoid"]
+    plan = write_plan(m, part, tmp_path / "plan")
+    assert_reproduces(plan, tmp_path / "plan", fanin_model)
+    # another toolkit learned nothing
+    assert "capability" not in propose(m, "generic", PartitionConfig(toolkit="2.3.0")).extra
+    # learned=False ignores the store
+    assert "capability" not in propose(m, "generic", PartitionConfig(toolkit="2.5.0", learned=False)).extra
+
+
+def test_forced_ops_leave_whatever_the_rewrites_say(ceil_model: Path) -> None:
+    m = load(ceil_model)
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0", force_host={"mul": "the last build put it there"}))
+    devs = _devices(ceil_model, part)
+    assert ("host", ["ceil", "mul"]) in devs and all("mul" not in ops for d, ops in devs if d == "npu")
+    why = {h["op"]: h["why"] for h in part.extra["capability"]["host_ops"]}
+    assert why["mul"] == "the last build put it there"
+
+
+def test_an_op_a_rewrite_removes_stays_on_the_npu(tmp_path: Path) -> None:
+    """``Reciprocal`` runs on the CPU, but ``reciprocal-to-div`` rewrites it: it stays, unless the
+    build applies no rewrite (``rewrites=False``, i.e. ``rkpart compile --no-rewrites``)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
+        helper.make_node("Abs", ["h1"], ["a"], name="abs"),
+        helper.make_node("Add", ["a", "one"], ["a1"], name="add1"),
+        helper.make_node("Reciprocal", ["a1"], ["r"], name="recip"),
+        helper.make_node("MatMul", ["r", "W2"], ["y"], name="mm2"),
+    ]
+    inits = [_w("W1", 16, 16, 1), _w("W2", 16, 16, 2), numpy_helper.from_array(np.float32(1.0), "one")]
+    model = _save(tmp_path, "recip", nodes, inits)
+    m = load(model)
+    kept = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
+    assert [d for d, _ in _devices(model, kept)] == ["npu"]
+    moved = propose(m, "generic", PartitionConfig(toolkit="2.5.0", rewrites=False))
+    assert ("host", ["recip"]) in _devices(model, moved)
+
+
+def test_capability_reason_sources() -> None:
+    caps = get_target("rk3588").caps("2.5.0")
+    pat = PlacementPattern("Relu", "float32", (3,))
+    cap = Capability("rk3588", caps, frozenset({pat}))
+    custom = helper.make_node("Foo", ["a"], ["b"], domain="com.example")
+    assert "cannot load" in (cap.reason(custom, PlacementPattern("Foo", "float32", (3,), "com.example")) or "")
+    relu = helper.make_node("Relu", ["a"], ["b"])
+    assert "learned" in (cap.reason(relu, pat) or "")
+    assert cap.reason(relu, PlacementPattern("Relu", "float32", (4,))) is None  # another shape class
+    assert PlacementPattern.from_json(pat.to_json()) == pat
+    assert pat.key() == "Relu/float32/3"
+    assert PlacementPattern("Gather", "float32", (2, 1), consts=(True, False)).key() == "Gather/float32/c2,1"
+
+
+def test_cut_before_fused_ops_splits_the_stage_acyclically(tmp_path: Path) -> None:
+    """   x ─ MatMul ─ h ─ LayerNorm ─ n ─ Mul(scale) ─ Add(shift) ─ MatMul ─ y
+              └─ MatMul ─ scale, MatMul ─ shift (the modulation, computed)
+
+    A build that crashed after fusing Mul/Add into the LayerNorm: the stage is cut in front of
+    the Mul (the Add, right after it, joins the Mul's piece); a constant-operand Mul is not cut."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
+        helper.make_node("MatMul", ["x", "Ws"], ["scale"], name="mm_scale"),
+        helper.make_node("MatMul", ["x", "Wb"], ["shift"], name="mm_shift"),
+        helper.make_node("LayerNormalization", ["h", "g", "b"], ["n"], name="ln", axis=-1),
+        helper.make_node("Mul", ["n", "scale"], ["m"], name="mod_mul"),
+        helper.make_node("Add", ["m", "shift"], ["a"], name="mod_add"),
+        helper.make_node("Mul", ["a", "half"], ["c"], name="const_mul"),
+        helper.make_node("MatMul", ["c", "W2"], ["y"], name="mm2"),
+    ]
+    inits = [_w("W1", 16, 16, 1), _w("Ws", 16, 16, 2), _w("Wb", 16, 16, 3), _w("W2", 16, 16, 4),
+             numpy_helper.from_array(np.ones(16, np.float32), "g"),
+             numpy_helper.from_array(np.zeros(16, np.float32), "b"),
+             numpy_helper.from_array(np.float32(0.5), "half")]
+    model = _save(tmp_path, "adaln", nodes, inits)
+    m = load(model)
+    why = "the build crashed after fusing it"
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0", cut_before={n: why for n in
+                                                 ("mod_mul", "mod_add", "const_mul", "no_such_op")}))
+    assert _devices(model, part) == [("npu", ["ln", "mm1", "mm_scale", "mm_shift"]),
+                                     ("npu", ["const_mul", "mm2", "mod_add", "mod_mul"])]
+    assert [c["before"] for c in part.extra["capability"]["cuts"]] == ["mod_mul", "mod_add"]
+    plan = write_plan(m, part, tmp_path / "plan")
+    assert_reproduces(plan, tmp_path / "plan", model)
+
+
+def test_fused_nodes_reads_the_rules_of_the_log() -> None:
+    from rkpart.targets.known_issues import EXNORM_FUSION_SEGV, fused_nodes
+
+    log = ("D     fuse_exnorm_mul: remove node = ['/b0/norm1/Mul_3'], add node = ['/b0/norm1/ln']\n"
+           "D     fuse_exmatmul_add: remove node = ['/b0/attn/Add', '/b0/attn/MatMul#1']\n"
+           "D     fuse_exnorm_add: remove node = ['/b0/norm1/Add_3']\n")
+    assert fused_nodes(log, EXNORM_FUSION_SEGV.fusion_rules) == [("fuse_exnorm_mul", "/b0/norm1/Mul_3"),
+                                                                 ("fuse_exnorm_add", "/b0/norm1/Add_3")]
+    assert fused_nodes(log) == [("fuse_exnorm_add", "/b0/norm1/Add_3")]  # no known issue: the last fusion
+    assert fused_nodes("no rules here") == []

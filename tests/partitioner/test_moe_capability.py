@@ -1,0 +1,59 @@
+"""MoE routing goes to the host, the experts' matmuls stay on the NPU (issue 28, capability first).
+
+A tiny top-2 token-choice MoE DiT (:mod:`tests.models.moe`), exported by both torch exporters,
+named and anonymised.  No rewrite exists for ``TopK`` or ``ScatterElements``; the capability
+(rknn-toolkit2 2.5.0's measured placement) moves them, with the ops worth taking along, out of
+the FFN stages.  Every plan reproduces the model under ONNX Runtime, all block matmul work is
+on the NPU, and each expert's weights are in one stage only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+
+from rkpart.partitioner.anonymize import anonymize_file
+from rkpart.pipeline import PartitionConfig, load, propose, write_plan
+from tests.models.diffusers_families import missing_dependencies
+from tests.models.moe import BLOCKS, EXPERTS, cached_export
+from tests.partitioner.checks import assert_reproduces
+
+pytestmark = [pytest.mark.export, pytest.mark.skipif(bool(missing_dependencies()),
+                                                     reason=f"not installed: {missing_dependencies()}")]
+ROUTING = {"TopK", "ScatterElements"}
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["named", "anonymised"])
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_routing_on_the_host_experts_on_the_npu(tmp_path: Path, exporter: str, named: bool) -> None:
+    model = cached_export(exporter)
+    if not named:
+        model = anonymize_file(model, tmp_path / "anon.onnx")
+    m = load(model)
+    assert len(m.discovery().blocks) == BLOCKS
+    for strategy in ("split", "fused"):
+        part = propose(m, strategy, PartitionConfig(toolkit="2.5.0"))
+        moved = part.extra["capability"]["host_ops"]
+        assert {h["op_type"] for h in moved} >= ROUTING
+        assert sum(h["op_type"] == "TopK" for h in moved) == BLOCKS
+        assert all("measured" in h["why"] for h in moved if h["op_type"] in ROUTING)
+        out = tmp_path / strategy
+        plan = write_plan(m, part, out)
+        assert_reproduces(plan, out, model)
+        assert plan.extra["npu_coverage"]["share"] >= 0.99
+        owner: dict[str, list[str]] = {}
+        for s in plan.stages:
+            g = onnx.load(str(out / s.file), load_external_data=False).graph
+            ops = {n.op_type for n in g.node}
+            if s.device == "npu":
+                assert not ops & ROUTING, (s.id, ops & ROUTING)
+            for init in g.initializer:
+                if len(init.dims) == 2 and min(init.dims) > 4:  # the experts' (and attention's) weight matrices
+                    owner.setdefault(init.name, []).append(s.id)
+        assert owner and all(len(v) == 1 for v in owner.values()), {k: v for k, v in owner.items() if len(v) > 1}
+        # every expert's up and down projection of every block sits in an NPU stage
+        npu = {s.id for s in plan.npu_stages}
+        expert_mats = [k for k, v in owner.items() if v[0] in npu]
+        assert len(expert_mats) >= BLOCKS * EXPERTS * 2
