@@ -278,7 +278,7 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], inputs_file:
             for r, rs in zip(b.regions, regions, strict=True):
                 rs["input"] = [br.skip for br in r.branches]
                 rs["core_inputs"] = sorted({t for br in r.branches for t in br.core_in})
-                rs["output"] = [mg.nodes[br.add].output[0] for br in r.branches]
+                rs["output"] = [mg.op(br.add).outputs[0] for br in r.branches]
             summary["input"] = regions[0]["input"] if regions else []
             summary["output"] = regions[-1]["output"] if regions else []
         click.echo(json.dumps({**info, "streams": disc.streams, "method": disc.method,

@@ -166,7 +166,7 @@ def threads_type() -> click.IntRange:
 
 # -- inputs and seed -------------------------------------------------------------------------
 def seed_option(f: F) -> F:
-    """``--seed``: the seed of the random plan inputs (:func:`rkpart.runtime.executor.random_feeds`)."""
+    """``--seed``: the seed of the random plan inputs (:func:`rkpart.ir.tensors.random_feeds`)."""
     return click.option("--seed", type=SEED, default=0, show_default=True,
                         help="Seed of the random plan inputs (floats ~ N(0,1), integers in [0,4)).")(f)
 

@@ -258,7 +258,7 @@ def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str 
     for g in part.groups:
         if g.device != "npu":
             continue
-        off = caps.off_npu(mg.nodes[i] for i in sorted(g.ops) if mg.nodes[i].op_type not in rewritten)
+        off = caps.off_npu(mg.op(i) for i in sorted(g.ops) if mg.op(i).op_type not in rewritten)
         if off:
             ops = ", ".join(sorted({f"{n.op_type} ({rule.support})" for n, rule in off}))
             notes.append(f"target {target}: NPU stage {g.id} holds op(s) rknn-toolkit2 {caps.version} does not "

@@ -72,7 +72,7 @@ def discovery_from_blocks(
     Parameters
     ----------
     mg
-        The model the op indices refer to (``mg.nodes``).
+        The model the op indices refer to (``mg.op(i)``).
     blocks
         One mapping per block, in execution order: region name -> op indices.  Regions
         become NPU stages under ``split``; whole blocks under ``fused``.
@@ -165,7 +165,7 @@ def check_discovery(mg: ModelGraph, disc: Discovery, who: str) -> None:
             if i not in valid:
                 raise DiscoveryError(f"{who}: {label} names op {i}, which is not a non-constant op of the model")
             if i in owner and owner[i] != label:
-                raise DiscoveryError(f"{who}: op {i} ({mg.nodes[i].name}) is in both {owner[i]} and {label}")
+                raise DiscoveryError(f"{who}: op {i} ({mg.op(i).name}) is in both {owner[i]} and {label}")
             owner[i] = label
 
 
@@ -183,7 +183,7 @@ class ScopeRecognizer:
     name
         The recogniser's name.
     block_pattern
-        Regex searched in each op's scope (:attr:`ModelGraph.scopes`) whose first group is
+        Regex searched in each op's scope (:attr:`OpNode.scope`) whose first group is
         the block number.  Default: the numbered scope (``<prefix>/<name>.<N>``) with at
         least two numbers that covers the most ops.
     region_pattern
@@ -218,18 +218,18 @@ class ScopeRecognizer:
         out: dict[int, tuple[int, str, str]] = {}
         if self.block_pattern is not None:
             for i in mg.ops.nodes:
-                m = self.block_pattern.search(mg.scopes[i])
+                m = self.block_pattern.search(mg.op(i).scope)
                 if m:
-                    out[i] = (int(m.group(1)), m.group(0).strip("/"), mg.scopes[i][m.end():])
+                    out[i] = (int(m.group(1)), m.group(0).strip("/"), mg.op(i).scope[m.end():])
             return out
         # auto: (prefix, name) keys of numbered scope components, the best-covering one wins
         found: dict[int, tuple[tuple[str, str], int, str, str]] = {}
         votes: Counter[tuple[str, str]] = Counter()
         numbers: dict[tuple[str, str], set[int]] = {}
         for i in mg.ops.nodes:
-            for m in _NUMBERED.finditer(mg.scopes[i]):
-                key = (mg.scopes[i][:m.start()], m.group(1))
-                found.setdefault(i, (key, int(m.group(2)), m.group(0), mg.scopes[i][m.end():]))
+            for m in _NUMBERED.finditer(mg.op(i).scope):
+                key = (mg.op(i).scope[:m.start()], m.group(1))
+                found.setdefault(i, (key, int(m.group(2)), m.group(0), mg.op(i).scope[m.end():]))
                 votes[key] += 1
                 numbers.setdefault(key, set()).add(int(m.group(2)))
                 break

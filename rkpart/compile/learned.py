@@ -139,15 +139,15 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
         return []
     mg = load_model(stage_onnx)
     by_name: dict[str, int] = {}
-    for k, n in enumerate(mg.nodes):
-        if n.name:
-            by_name.setdefault(n.name, k)
+    for k in range(mg.num_ops):
+        if mg.op(k).name:
+            by_name.setdefault(mg.op(k).name, k)
     out = []
     for full in names:
         _, _, node = full.partition(":")
         i = by_name.get(node) if node else None
         if i is not None and i in mg.ops.nodes:
-            out.append(CpuLayer(stage_id, full, mg.nodes[i].name, pattern_of(mg, i)))
+            out.append(CpuLayer(stage_id, full, mg.op(i).name, pattern_of(mg, i)))
             continue
         # a conversion the toolkit inserted for a tensor: "<tensor>-rs"; the stage output's producer
         base: str = node
@@ -157,8 +157,8 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
             if base in mg.outputs:
                 p = mg.producer.get(base)
                 break
-        if p is not None and p in mg.ops.nodes and mg.nodes[p].name:
-            out.append(CpuLayer(stage_id, full, mg.nodes[p].name, None, boundary=True))
+        if p is not None and p in mg.ops.nodes and mg.op(p).name:
+            out.append(CpuLayer(stage_id, full, mg.op(p).name, None, boundary=True))
             continue
         out.append(CpuLayer(stage_id, full, None, None))
     return out

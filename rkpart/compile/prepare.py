@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from rkpart.errors import ToolkitError
+from rkpart.errors import ToolkitError, UserError
+from rkpart.ir.tensors import random_feeds
 from rkpart.partitioner.extract import stage_sha256
 from rkpart.targets import get_target
 from rkpart.targets.opset import lower_model, model_opset
@@ -190,25 +191,21 @@ def _save(model: onnx.ModelProto, dest: Path) -> None:
 
 
 def _feeds(model: onnx.ModelProto, seed: int) -> dict[str, np.ndarray]:
-    """Seeded inputs like rkpart.runtime.executor.random_feeds (compile sits below runtime)."""
-    rng = np.random.default_rng(seed)
+    """Seeded inputs for the stage's graph inputs (:func:`rkpart.ir.tensors.random_feeds`; a symbolic
+    dimension taken as 1)."""
     inits = {t.name for t in model.graph.initializer}
-    feeds: dict[str, np.ndarray] = {}
+    specs = []
     for vi in model.graph.input:
         if vi.name in inits:
             continue
         tt = vi.type.tensor_type
         dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
-        shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim)
-        if dt.kind == "f":
-            feeds[vi.name] = rng.standard_normal(shape).astype(dt)
-        elif dt.kind in "iu":
-            feeds[vi.name] = rng.integers(0, 4, size=shape).astype(dt)
-        elif dt.kind == "b":
-            feeds[vi.name] = rng.integers(0, 2, size=shape).astype(bool)
-        else:
-            raise ToolkitError(f"cannot make inputs of type {dt} to check the prepared stage")
-    return feeds
+        specs.append((vi.name, dt, tuple(d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim)))
+    try:
+        return random_feeds(specs, seed)
+    except UserError:
+        dt = next(d for _, d, _ in specs if d.kind not in "fiub")
+        raise ToolkitError(f"cannot make inputs of type {dt} to check the prepared stage") from None
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:

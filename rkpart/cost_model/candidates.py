@@ -68,7 +68,7 @@ class Candidate:
 
 
 def _layernorm_form(mg: ModelGraph, b: Block) -> str:
-    ops = {mg.nodes[i].op_type for r in b.regions for i in r.pre}
+    ops = {mg.op(i).op_type for r in b.regions for i in r.pre}
     return "decomposed" if "ReduceMean" in ops and "LayerNormalization" not in ops else "op"
 
 
@@ -190,13 +190,11 @@ def block_anatomy(mg: ModelGraph, block: Block) -> str:
         return f"{local.setdefault(t, len(local))}:{ty}"
 
     for i in sorted(block.ops):
-        n = mg.nodes[i]
-        attrs = []
-        for a in n.attribute:
-            v = onnx.helper.get_attribute_value(a)
-            attrs.append(f"{a.name}={v.SerializeToString().hex() if isinstance(v, onnx.TensorProto) else v!r}")
-        h.update(f"{n.domain}:{n.op_type}({','.join(ref(t) for t in n.input if t)})->"
-                 f"({','.join(ref(t) for t in n.output if t)})[{';'.join(attrs)}]\n".encode())
+        n = mg.op(i)
+        attrs = [f"{k}={v.SerializeToString().hex() if isinstance(v, onnx.TensorProto) else v!r}"
+                 for k, v in n.attrs.items()]
+        h.update(f"{n.domain}:{n.op_type}({','.join(ref(t) for t in n.inputs if t)})->"
+                 f"({','.join(ref(t) for t in n.outputs if t)})[{';'.join(attrs)}]\n".encode())
     return h.hexdigest()[:16]
 
 

@@ -115,18 +115,18 @@ def score_tensors(mg: ModelGraph, ops: Iterable[int]) -> set[str]:
     opset = set(ops)
     scores: set[str] = set()
     for i in opset:
-        n = mg.nodes[i]
-        if n.op_type != "MatMul" or any(mg.is_const_tensor(t) for t in n.input if t):
+        n = mg.op(i)
+        if n.op_type != "MatMul" or any(mg.is_const_tensor(t) for t in n.inputs if t):
             continue
         path: list[str] = []
-        t = n.output[0]
+        t = n.outputs[0]
         for _ in range(8):  # scale, mask, cast, softmax: a short chain
             path.append(t)
             readers = [c for c in mg.consumers.get(t, []) if c in opset]
-            if len(readers) != 1 or mg.nodes[readers[0]].op_type not in _SCORE_PATH:
+            if len(readers) != 1 or mg.op(readers[0]).op_type not in _SCORE_PATH:
                 break
-            r = mg.nodes[readers[0]]
-            t = r.output[0]
+            r = mg.op(readers[0])
+            t = r.outputs[0]
             if r.op_type in _SOFTMAX:
                 path.append(t)
                 scores.update(path)

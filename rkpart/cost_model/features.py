@@ -43,7 +43,7 @@ from typing import Any
 import onnx
 
 from rkpart.cost_model.device_model import peak16, view_memory_features
-from rkpart.ir import ModelGraph, Subgraph, TensorType, graph_of, nbytes
+from rkpart.ir import ModelGraph, OpNode, Subgraph, TensorType, graph_of, nbytes
 from rkpart.ir.liveness import peak_bytes, stage_lifetimes
 from rkpart.ir.ops import MAC_OPS, MATMUL_OPS, REDUCE_OPS, RELABEL_OPS
 from rkpart.ir.work import node_macs, numel
@@ -139,7 +139,7 @@ def _nbytes(tt: TensorType | None) -> int:
 
 
 def subgraph_features(
-    nodes: Sequence[onnx.NodeProto],
+    nodes: Sequence[OpNode],
     types: Mapping[str, TensorType],
     *,
     device: str,
@@ -164,22 +164,22 @@ def subgraph_features(
 
     for n in nodes:
         counts[n.op_type] += 1
-        outs = [t for t in n.output if t]
+        outs = [t for t in n.outputs if t]
         out_elems = sum(numel(types[t][1]) for t in outs if t in types)
-        dyn_in = [t for t in n.input if t and not is_const(t)]
+        dyn_in = [t for t in n.inputs if t and not is_const(t)]
         in_bytes = sum(_nbytes(types.get(t)) for t in dyn_in)
         out_bytes = sum(_nbytes(types.get(t)) for t in outs)
         if n.op_type in MAC_OPS:
             m = node_macs(n, types)
             if n.op_type in MATMUL_OPS:
-                weighted = any(is_const(t) for t in n.input if t)
+                weighted = any(is_const(t) for t in n.inputs if t)
             else:
-                weighted = len(n.input) > 1 and is_const(n.input[1])
+                weighted = len(n.inputs) > 1 and is_const(n.inputs[1])
             if weighted:
                 macs += m
             else:
                 act_macs += m
-            mac_bytes += sum(_nbytes(types.get(t)) for t in n.input if t) + out_bytes
+            mac_bytes += sum(_nbytes(types.get(t)) for t in n.inputs if t) + out_bytes
         elif n.op_type not in RELABEL_OPS:
             ew_bytes += in_bytes + out_bytes
             if n.op_type in REDUCE_OPS and dyn_in:
@@ -190,7 +190,7 @@ def subgraph_features(
         if n.op_type not in RELABEL_OPS:
             moved += in_bytes + out_bytes
     cpu_names = _cpu_node_names(artifact)
-    cpu_elems = sum(numel(types[t][1]) for n in nodes if n.name in cpu_names for t in n.output if t in types)
+    cpu_elems = sum(numel(types[t][1]) for n in nodes if n.name in cpu_names for t in n.outputs if t in types)
     rknn = artifact.size_bytes if artifact is not None else None
     return Features(
         device=device,
@@ -252,7 +252,7 @@ def group_features(mg: ModelGraph, ops: Iterable[int], *, device: str) -> Featur
 def view_features(mg: ModelGraph, sub: Subgraph, *, device: str, artifact: Artifact | None = None) -> Features:
     """Features of the :class:`~rkpart.ir.Subgraph` ``sub`` of ``mg``: the one place both front ends meet."""
     life = stage_lifetimes(mg, sub)  # once: the fp32 peak and the NPU's fp16 counts both read it
-    f = subgraph_features([mg.nodes[i] for i in sub.ops], mg.tensor_types, device=device, inputs=sub.inputs,
+    f = subgraph_features([mg.op(i) for i in sub.ops], mg.tensor_types, device=device, inputs=sub.inputs,
                           outputs=sub.outputs, weight_bytes=sub.weight_bytes, peak_bytes=peak_bytes(mg, sub, life),
                           const_tensors=sub.const_tensors, artifact=artifact)
     mem = view_memory_features(mg, sub, life)

@@ -1,7 +1,9 @@
 """The IR every stage of the flow shares: a loaded ONNX model as a graph of typed ops.
 
-``load_model(path) -> ModelGraph``; ``ModelGraph.subgraph(ops) -> Subgraph``; one op
-taxonomy (:mod:`rkpart.ir.ops`); one byte counter (:mod:`rkpart.ir.tensors`).  A leaf
+``load_model(path) -> ModelGraph`` (frozen; ops read as ``mg.op(i)``, an :class:`OpNode`);
+``ModelGraph.subgraph(ops) -> Subgraph``; one op taxonomy (:mod:`rkpart.ir.ops`); one byte
+counter (:mod:`rkpart.ir.tensors`); one constant evaluator (:mod:`rkpart.ir.consts`); the
+editing view rewrites are written on (:class:`rkpart.ir.edit.GraphEdit`).  A leaf
 package: it imports only :mod:`rkpart.errors`, :mod:`rkpart.io` and :mod:`rkpart.types`.
 """
 

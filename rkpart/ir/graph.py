@@ -13,9 +13,11 @@ here (and in :mod:`rkpart.ir.subgraph`), never re-derived by the packages above.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
@@ -24,6 +26,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import load_external_data_for_tensor
 
+from rkpart.ir.consts import evaluate, opsets_of
 from rkpart.ir.tensors import TensorType, nbytes, tensor_nbytes
 
 if TYPE_CHECKING:
@@ -33,7 +36,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class OpNode:
-    """What the graph knows about one op (the typed data of a node of ``ModelGraph.ops``)."""
+    """What the graph knows about one op: how every package above :mod:`rkpart.ir` reads an op.
+
+    Its attributes are decoded when first asked for (:attr:`attrs`); the ``NodeProto`` it was
+    read from stays inside :mod:`rkpart.ir` (a stage gets a copy: :meth:`ModelGraph.node_proto`).
+    """
 
     index: int
     op_type: str
@@ -43,15 +50,40 @@ class OpNode:
     outputs: tuple[str, ...]
     #: module path from exporter names or metadata (``/transformer_blocks.3/attn``), for block numbering
     scope: str
+    _proto: onnx.NodeProto = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, index: int, node: onnx.NodeProto, scope: str) -> OpNode:
+        return cls(index=index, op_type=node.op_type, name=node.name, domain=node.domain,
+                   inputs=tuple(node.input), outputs=tuple(node.output), scope=scope, _proto=node)
+
+    @cached_property
+    def attrs(self) -> Mapping[str, Any]:
+        """Attribute name -> decoded value (``onnx.helper.get_attribute_value``: ints, floats, bytes,
+        ``TensorProto`` ...), in the node's order."""
+        return MappingProxyType({a.name: helper.get_attribute_value(a) for a in self._proto.attribute})
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        return self.attrs.get(name, default)
+
+    @property
+    def label(self) -> str:
+        """``OpType name`` (its index when it has no name), for messages and reports."""
+        return f"{self.op_type} {self.name or self.index}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelGraph:
-    """A parsed model, its tensors' static types and the op graph built over it."""
+    """A parsed model, its tensors' static types and the op graph built over it (frozen after load).
+
+    Packages above :mod:`rkpart.ir` read ops through :meth:`op` (an :class:`OpNode`), never
+    through ``nodes`` (the raw protos, for :mod:`rkpart.ir` itself); ``tests/test_graph_api.py``
+    enforces it.
+    """
 
     path: Path
     model: onnx.ModelProto
-    nodes: list[onnx.NodeProto]
+    nodes: tuple[onnx.NodeProto, ...]
     tensor_types: dict[str, TensorType]  # name -> (numpy dtype name, shape)
     initializers: dict[str, TensorProto]
     producer: dict[str, int]
@@ -61,8 +93,8 @@ class ModelGraph:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     opset: int
-    #: per-op "scope" string from exporter names or metadata, used for block numbering
-    scopes: list[str] = field(default_factory=list)
+    #: the typed record of every op, constant ones included (``op_nodes[i]`` is op ``i``)
+    op_nodes: tuple[OpNode, ...] = ()
     #: shapes the data decided, specialised by a run on representative inputs
     #: (:func:`rkpart.runtime.specialise.load_specialised`): ``{"op", "node", "tensor", "shape",
     #: "inputs": {model input: sha256 of the array it was given}}`` per data-dependent op
@@ -71,14 +103,41 @@ class ModelGraph:
 
     # -- ops -------------------------------------------------------------------------------
     def op(self, i: int) -> OpNode:
-        """The typed record of data op ``i``."""
-        rec: OpNode = self.ops.nodes[i]["op"]
-        return rec
+        """The typed record of op ``i`` (a data op or a constant one)."""
+        return self.op_nodes[i]
+
+    @property
+    def num_ops(self) -> int:
+        """How many ops the model has (constant ones included)."""
+        return len(self.op_nodes)
 
     def op_label(self, i: int) -> str:
         """``OpType name`` of op ``i`` (its index when it has no name), for messages and reports."""
-        n = self.nodes[i]
-        return f"{n.op_type} {n.name or i}"
+        return self.op_nodes[i].label
+
+    @property
+    def ir_version(self) -> int:
+        return int(self.model.ir_version)
+
+    @property
+    def opset_imports(self) -> list[onnx.OperatorSetIdProto]:
+        """The model's opset imports (copies), for a stage written from it."""
+        out = []
+        for o in self.model.opset_import:
+            c = onnx.OperatorSetIdProto()
+            c.CopyFrom(o)
+            out.append(c)
+        return out
+
+    @property
+    def graph_name(self) -> str:
+        return str(self.model.graph.name)
+
+    def node_proto(self, i: int) -> onnx.NodeProto:
+        """A copy of op ``i``'s ``NodeProto``, to write into a stage."""
+        n = onnx.NodeProto()
+        n.CopyFrom(self.nodes[i])
+        return n
 
     def descendants(self, ops: Iterable[int]) -> set[int]:
         """Data ops downstream of any of ``ops`` (``ops`` excluded unless downstream of another)."""
@@ -132,8 +191,8 @@ class ModelGraph:
             if all(self.is_index(t) for t in outs) or any(self.dtype(t) != "bool" for t in dyn):
                 out.add(i)
                 index_tensors.update(t for t in outs if self.is_index(t))
-        self._index_ops = frozenset(out)
-        return self._index_ops
+        object.__setattr__(self, "_index_ops", frozenset(out))  # a cache of a frozen graph
+        return frozenset(out)
 
     def lifetimes(self, order: Sequence[int] | None = None) -> Lifetimes:
         """When each activation is born, read and last alive over ``order`` (see :mod:`rkpart.ir.liveness`)."""
@@ -224,17 +283,11 @@ class ModelGraph:
             return out
         if not self.is_const_tensor(name):
             raise ValueError(f"{name!r} is not a constant of {self.path.name}")
-        from onnx.reference import ReferenceEvaluator
-
         nodes = [self.const_node(i) for i in self.const_closure([name])]
         produced = {o for n in nodes for o in n.output}
         needed = sorted({x for n in nodes for x in n.input if x and x not in produced})
-        graph = helper.make_graph(nodes, "const", [], [self.value_info(name)],
-                                  initializer=[self.constant(x) for x in needed])
-        model = helper.make_model(graph, opset_imports=list(self.model.opset_import))
-        model.ir_version = self.model.ir_version
-        res: Any = ReferenceEvaluator(model).run(None, {})
-        return numpy_helper.from_array(np.asarray(res[0]), name=name)
+        (value,) = evaluate(nodes, [name], opsets_of(self.model), initializers=[self.constant(x) for x in needed])
+        return numpy_helper.from_array(value, name=name)
 
     def subgraph(self, ops: Iterable[int], *, sinks: bool = False) -> Subgraph:
         """The frozen view of the data ops ``ops`` as one standalone graph (see :mod:`rkpart.ir.subgraph`)."""
@@ -257,7 +310,7 @@ def shape_as_constant(node: onnx.NodeProto, types: dict[str, TensorType]) -> onn
 def describe(mg: ModelGraph) -> dict[str, Any]:
     """A small summary used by ``rkpart inspect``."""
     counts: dict[str, int] = {}
-    for n in mg.nodes:
+    for n in mg.op_nodes:
         counts[n.op_type] = counts.get(n.op_type, 0) + 1
     return {
         "file": str(mg.path),

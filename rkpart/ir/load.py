@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +47,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.errors import InvalidModelError, first_line
 from rkpart.io import confined_file
+from rkpart.ir.consts import evaluate, opsets_of
 from rkpart.ir.graph import ModelGraph, OpNode, shape_as_constant
 from rkpart.ir.ops import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, GENERATIVE_OPS, RANDOM_OPS, SUPPORTED_DOMAINS
 from rkpart.ir.tensors import (
@@ -162,21 +162,21 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
         index = _index(model, path)  # same order: nodes were only replaced or dropped
     const_ops = frozenset(_const_ops(index.nodes, index.initializers, types))
     _check_outputs(index, const_ops, path)
-    scopes = [_scope_of(n) for n in index.nodes]
+    op_nodes = tuple(OpNode.of(i, n, _scope_of(n)) for i, n in enumerate(index.nodes))
     return ModelGraph(
         path=path,
         model=model,
-        nodes=index.nodes,
+        nodes=tuple(index.nodes),
         tensor_types=types,
         initializers=index.initializers,
         producer=index.producer,
         consumers=index.consumers,
         const_ops=const_ops,
-        ops=_op_graph(index, const_ops, scopes),
+        ops=_op_graph(index, const_ops, op_nodes),
         inputs=index.inputs,
         outputs=index.outputs,
         opset=opset,
-        scopes=scopes,
+        op_nodes=op_nodes,
     )
 
 
@@ -267,13 +267,12 @@ def _check_outputs(index: _Index, const_ops: frozenset[int], path: Path) -> None
             )
 
 
-def _op_graph(index: _Index, const_ops: frozenset[int], scopes: list[str]) -> nx.DiGraph:
+def _op_graph(index: _Index, const_ops: frozenset[int], op_nodes: tuple[OpNode, ...]) -> nx.DiGraph:
     """The op-level DAG over data ops: an edge ``p -> i`` when ``i`` reads a tensor ``p`` produces."""
     ops = nx.DiGraph()
-    for i, n in enumerate(index.nodes):
+    for i in range(len(index.nodes)):
         if i not in const_ops:
-            ops.add_node(i, op=OpNode(index=i, op_type=n.op_type, name=n.name, domain=n.domain,
-                                      inputs=tuple(n.input), outputs=tuple(n.output), scope=scopes[i]))
+            ops.add_node(i, op=op_nodes[i])
     for i, n in enumerate(index.nodes):
         if i in const_ops:
             continue
@@ -659,6 +658,7 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
     computations (e.g. transposed weights) are left as ops and copied into each stage.
     """
     g = model.graph
+    opsets = opsets_of(model)
     values: dict[str, np.ndarray] = {}
     for init in g.initializer:
         if init.data_location != TensorProto.EXTERNAL and init.ByteSize() <= FOLD_LIMIT:
@@ -694,16 +694,14 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
             elif all(t in values for t in ins) and (ins or n.op_type == "Constant"):
                 if not _small_result(n, shapes, values):
                     continue
-                from onnx.reference import ReferenceEvaluator  # imported only if needed: slow to load
-
                 again = True
+                named = [t for t in n.output if t]
                 try:
-                    # a hostile model may divide by zero here: that is its result, not news for stderr
-                    with np.errstate(all="ignore"), warnings.catch_warnings():
-                        warnings.simplefilter("ignore")
-                        res = [np.asarray(r) for r in ReferenceEvaluator(n).run(None, {t: values[t] for t in ins})]
+                    vals = dict(zip(named, evaluate([n], named, opsets, feeds={t: values[t] for t in ins}),
+                                    strict=True))
                 except Exception:  # noqa: BLE001 - an op we cannot evaluate simply stays an op
                     continue
+                res = [vals[t] if t else np.zeros(0) for t in n.output]
             else:
                 continue
             if sum(np.asarray(r).nbytes for r in res) > FOLD_LIMIT:

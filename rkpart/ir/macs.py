@@ -11,9 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import onnx
-
-from rkpart.ir.graph import ModelGraph
+from rkpart.ir.graph import ModelGraph, OpNode
 from rkpart.ir.ops import CONV_OPS, MAC_OPS
 from rkpart.ir.tensors import TensorType
 from rkpart.ir.work import node_macs, numel
@@ -22,9 +20,9 @@ from rkpart.ir.work import node_macs, numel
 GEMV_ROWS = 2
 
 
-def node_rows(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> int:
+def node_rows(node: OpNode, types: Mapping[str, TensorType]) -> int:
     """Output rows of a weighted op (0 when its output shape is unknown)."""
-    out = types.get(node.output[0]) if node.output else None
+    out = types.get(node.outputs[0]) if node.outputs else None
     if out is None or not out[1]:
         return 0
     shape = out[1]
@@ -36,20 +34,20 @@ def node_rows(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> int:
 
 def op_macs(mg: ModelGraph, i: int) -> int:
     """MACs of op ``i`` of ``mg`` (0 for ops that are not MatMul / Gemm / Conv / Einsum-like)."""
-    n = mg.nodes[i]
+    n = mg.op(i)
     return node_macs(n, mg.tensor_types) if n.op_type in MAC_OPS else 0
 
 
 def output_rows(mg: ModelGraph, i: int) -> int:
     """Output rows of op ``i`` (see the module docstring)."""
-    return node_rows(mg.nodes[i], mg.tensor_types)
+    return node_rows(mg.op(i), mg.tensor_types)
 
 
 def token_macs(mg: ModelGraph, ops: Sequence[int] | frozenset[int] | set[int]) -> dict[int, int]:
     """``op -> MACs`` for the weighted ops among ``ops`` with more than :data:`GEMV_ROWS` output rows."""
     out: dict[int, int] = {}
     for i in ops:
-        if mg.nodes[i].op_type not in MAC_OPS:
+        if mg.op(i).op_type not in MAC_OPS:
             continue
         m = op_macs(mg, i)
         if m and output_rows(mg, i) > GEMV_ROWS:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from rkpart.errors import InvalidModelError
+from rkpart.errors import InvalidModelError, UserError
 
 #: element types of tensors flowing through a partitioned model (what ONNX Runtime and
 #: rknn-toolkit2 both handle); float8/int4/complex/string tensors are refused at load time
@@ -93,5 +93,36 @@ def tensor_nbytes(data_type: int, dims: Iterable[int], what: str = "tensor") -> 
     return n * int(np_dt.itemsize)
 
 
-__all__ = ["MAX_ELEMENTS", "SUB_BYTE_BITS", "SUPPORTED_DTYPES", "TensorType", "itemsize", "nbytes",
-           "np_dtype_name", "onnx_dtype_name", "tensor_nbytes", "value_type"]
+def random_feeds(specs: Iterable[tuple[str, str | np.dtype, Sequence[int]]], seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded arrays for ``(name, dtype, shape)``: floats ~ N(0, 1); integers in [0, 4); bools random.
+
+    Small non-negative integers keep index-like inputs (labels, positions) in range.
+    """
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for n, dtype, shape in specs:
+        dt = np.dtype(dtype)
+        if dt.kind == "f":
+            feeds[n] = rng.standard_normal(tuple(shape)).astype(dt)
+        elif dt.kind in "iu":
+            feeds[n] = rng.integers(0, 4, size=tuple(shape)).astype(dt)
+        elif dt.kind == "b":
+            feeds[n] = rng.integers(0, 2, size=tuple(shape)).astype(bool)
+        else:
+            raise UserError(f"cannot make random input for {n!r} of type {dt}; pass --inputs")
+    return feeds
+
+
+__all__ = [
+    "MAX_ELEMENTS",
+    "SUB_BYTE_BITS",
+    "SUPPORTED_DTYPES",
+    "TensorType",
+    "itemsize",
+    "nbytes",
+    "np_dtype_name",
+    "onnx_dtype_name",
+    "random_feeds",
+    "tensor_nbytes",
+    "value_type",
+]

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-
-import onnx
+from typing import TYPE_CHECKING
 
 from rkpart.ir.ops import CONV_OPS, MATMUL_OPS
 from rkpart.ir.tensors import TensorType
+
+if TYPE_CHECKING:
+    from rkpart.ir.graph import OpNode
 
 
 def numel(shape: Iterable[int]) -> int:
@@ -20,16 +22,16 @@ def numel(shape: Iterable[int]) -> int:
     return int(math.prod(int(d) for d in shape))
 
 
-def node_macs(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> int:
+def node_macs(node: OpNode, types: Mapping[str, TensorType]) -> int:
     """Multiply-accumulates of one MatMul / Gemm / Conv / ConvTranspose from its input/output
     shapes (0 for other ops, or when shapes are unknown)."""
     def shape(i: int) -> tuple[int, ...] | None:
-        if i >= len(node.input) or not node.input[i]:
+        if i >= len(node.inputs) or not node.inputs[i]:
             return None
-        t = types.get(node.input[i])
+        t = types.get(node.inputs[i])
         return None if t is None else t[1]
 
-    out = types.get(node.output[0]) if node.output else None
+    out = types.get(node.outputs[0]) if node.outputs else None
     if out is None:
         return 0
     op = node.op_type
@@ -43,7 +45,7 @@ def node_macs(node: onnx.NodeProto, types: Mapping[str, TensorType]) -> int:
         a = shape(0)
         if a is None or len(a) != 2:
             return 0
-        trans_a = next((int(x.i) for x in node.attribute if x.name == "transA"), 0)
+        trans_a = int(node.attr("transA", 0))
         k = int(a[0] if trans_a else a[1])
         return numel(out[1]) * k
     if op in CONV_OPS:

@@ -60,14 +60,14 @@ class HostOp:
 
 def pattern_of(mg: ModelGraph, i: int) -> PlacementPattern:
     """The shape class of op ``i`` a placement is learned and matched by."""
-    n = mg.nodes[i]
+    n = mg.op(i)
     ranks = []
-    for t in n.input:
+    for t in n.inputs:
         s = mg.shape(t) if t else None
         ranks.append(-1 if s is None else len(s))
-    first = next((t for t in n.input if t), "")
+    first = next((t for t in n.inputs if t), "")
     dtype = (mg.dtype(first) or "") if first else ""
-    consts = tuple(bool(t) and mg.is_const_tensor(t) for t in n.input)
+    consts = tuple(bool(t) and mg.is_const_tensor(t) for t in n.inputs)
     return PlacementPattern(op_type=n.op_type, dtype=dtype, ranks=tuple(ranks), domain=n.domain or "",
                             consts=consts)
 
@@ -88,7 +88,7 @@ def flag_ops(mg: ModelGraph, part: Partition, cap: Capability,
         flagged: dict[int, str] = {}
         forced: dict[int, str] = {}
         for i in sorted(g.ops):
-            n = mg.nodes[i]
+            n = mg.op(i)
             if n.name and n.name in force:
                 forced[i] = force[n.name]
                 continue
@@ -114,9 +114,9 @@ def _survive_rewrites(mg: ModelGraph, g: Group, flagged: Mapping[int, str], cap:
     from rkpart.targets.rewrites import apply_rewrites, rewrites_for
 
     rows = rewrites_for(cap.toolkit, "npu") if cap.rewrites else ()
-    types = {mg.nodes[i].op_type for i in flagged}
+    types = {mg.op(i).op_type for i in flagged}
     needs_lowering = mg.opset > cap.caps.max_opset
-    if not needs_lowering and not any(r.op_type in {mg.nodes[i].op_type for i in g.ops} for r in rows):
+    if not needs_lowering and not any(r.op_type in {mg.op(i).op_type for i in g.ops} for r in rows):
         return set(flagged)
     sub = mg.subgraph(g.ops)
     try:
@@ -132,7 +132,7 @@ def _survive_rewrites(mg: ModelGraph, g: Group, flagged: Mapping[int, str], cap:
     count = {t: sum(1 for n in model.graph.node if n.op_type == t) for t in types}
     kept = set()
     for i in flagged:
-        n = mg.nodes[i]
+        n = mg.op(i)
         # an unnamed op cannot be followed through the rewrite: it stays flagged unless its op
         # type is gone altogether
         if (n.name and (n.name, n.op_type) in named) or (not n.name and count[n.op_type]):
@@ -173,6 +173,7 @@ def place_by_capability(mg: ModelGraph, part: Partition,
         return part, ()
     groups: list[Group] = []
     moved: list[HostOp] = []
+    used = {g.id for g in part.groups}
     for g in part.groups:
         mine = {i: w for i, w in flagged.items() if i in g.ops}
         if g.device != "npu" or not mine:
@@ -194,11 +195,12 @@ def place_by_capability(mg: ModelGraph, part: Partition,
                              "would only add a round trip)"
                 host |= npu_levels[lvl]
         for k, lvl in enumerate(sorted(npu_levels)):
-            groups.append(replace(g, id=g.id if k == 0 else f"{g.id}.{k}", ops=frozenset(npu_levels[lvl])))
+            groups.append(replace(g, id=g.id if k == 0 else _fresh(f"{g.id}.{k}", used),
+                                  ops=frozenset(npu_levels[lvl])))
         for lvl in sorted(host_levels):
-            groups.append(replace(g, id=f"{g.id}.host{lvl}", device="host", ops=frozenset(host_levels[lvl]),
-                                  kind="cpu-op"))
-        moved += [HostOp(i, mg.nodes[i].name or str(i), mg.nodes[i].op_type, g.id, why[i]) for i in sorted(host)]
+            groups.append(replace(g, id=_fresh(f"{g.id}.host{lvl}", used), device="host",
+                                  ops=frozenset(host_levels[lvl]), kind="cpu-op"))
+        moved += [HostOp(i, mg.op(i).name or str(i), mg.op(i).op_type, g.id, why[i]) for i in sorted(host)]
     note = (f"capability: {len(moved)} op(s) moved out of NPU stages to the host "
             f"({', '.join(sorted({h.op_type for h in moved}))}); plan.json extra.capability says why")
     return Partition(part.strategy, part.options, tuple(groups), (*part.notes, note), part.extra), tuple(moved)
@@ -218,8 +220,9 @@ def cut_before(mg: ModelGraph, part: Partition, names: Mapping[str, str]) -> tup
     """
     groups: list[Group] = []
     cuts: list[dict[str, str]] = []
+    used = {g.id for g in part.groups}
     for g in part.groups:
-        here = {i for i in g.ops if mg.nodes[i].name in names and len(mg.dyn_inputs(i)) >= 2}
+        here = {i for i in g.ops if mg.op(i).name in names and len(mg.dyn_inputs(i)) >= 2}
         if g.device != "npu" or not here:
             groups.append(g)
             continue
@@ -234,8 +237,8 @@ def cut_before(mg: ModelGraph, part: Partition, names: Mapping[str, str]) -> tup
         for i, lvl in level.items():
             pieces.setdefault(lvl, set()).add(i)
         for k, lvl in enumerate(sorted(pieces)):
-            groups.append(replace(g, id=g.id if k == 0 else f"{g.id}.{k}", ops=frozenset(pieces[lvl])))
-        cuts += [{"before": mg.nodes[i].name, "stage": g.id, "why": names[mg.nodes[i].name]} for i in sorted(here)]
+            groups.append(replace(g, id=g.id if k == 0 else _fresh(f"{g.id}.{k}", used), ops=frozenset(pieces[lvl])))
+        cuts += [{"before": mg.op(i).name, "stage": g.id, "why": names[mg.op(i).name]} for i in sorted(here)]
     if not cuts:
         return part, []
     note = f"capability: {len(cuts)} NPU stage cut(s) in front of ops a crashing build fused; plan.json " \
@@ -243,11 +246,23 @@ def cut_before(mg: ModelGraph, part: Partition, names: Mapping[str, str]) -> tup
     return Partition(part.strategy, part.options, tuple(groups), (*part.notes, note), part.extra), cuts
 
 
+def _fresh(gid: str, used: set[str]) -> str:
+    """``gid``, or ``gid`` with a letter appended, not in ``used`` (which it joins): group ids stay
+    unique when a piece of a cut group is cut again (``b05.block.1`` from the capability, then
+    from a crash cut)."""
+    out, n = gid, 0
+    while out in used:
+        n += 1
+        out = f"{gid}{chr(ord('a') + n - 1)}" if n <= 26 else f"{gid}_{n}"
+    used.add(out)
+    return out
+
+
 def _crossing(mg: ModelGraph, ops: frozenset[int], host: set[int]) -> str:
     """The tensors that cross between ``host`` and the rest of ``ops`` (each once), for messages."""
     total = n = 0
     for i in ops:
-        for t in mg.nodes[i].output:
+        for t in mg.op(i).outputs:
             if not t:
                 continue
             readers = {c for c in mg.consumers.get(t, ()) if c in ops}
@@ -280,7 +295,7 @@ def _absorb(mg: ModelGraph, ops: frozenset[int], host: set[int], why: dict[int, 
         elif op_macs(mg, i):
             g.add_edge(src, ("op", i), capacity=big)
     for i in sorted(ops):
-        for t in mg.nodes[i].output:
+        for t in mg.op(i).outputs:
             readers = sorted({c for c in mg.consumers.get(t, ()) if c in ops}) if t else []
             if not readers:
                 continue

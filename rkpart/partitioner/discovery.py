@@ -22,8 +22,11 @@ The algorithm works on graph structure; exporter names only number the blocks.
    embedding, context embedder) is prologue too.
 5. **Blocks.**  Regions are grouped into blocks by the exporter's module scopes
    (``/transformer_blocks.3/...`` or dynamo ``name_scopes`` / ``namespace`` metadata) when
-   those number the regions consistently, else by the period of the region names in each
-   phase (a last block that is cut short, like SD3's ``context_pre_only``, still counts).
+   those number the regions consistently, else by structure: in each stream system (the
+   streams of a phase that share residual units), a block closes after its MLP unit (an
+   FFN, or attention with an MLP beside it), a piece ending with another piece's layout
+   starts with a block of its own, and MLP-less units are cut at the period of their names
+   (:func:`_segment`).
 6. **Inside a branch.**  ``pre`` (normalisation + modulation, i.e. AdaLN) is what lies
    between the skip tensor and the first weighted ops; ``gate`` is a trailing ``Mul`` by a
    side value; ``core`` is the rest.  A core with a MatMul of two activations is attention
@@ -236,14 +239,14 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
     for c in chains:
         for a, b in pairwise(c):
             if skip_of[a] == adds[b]:  # post-norm: b's branch starts from a's output
-                entry_of[b] = mg.nodes[a].output[0]
-            elif adds[b] == mg.nodes[a].output[0] and not reach.is_ancestor(a, _other_operand(mg, b, adds[b])):
+                entry_of[b] = mg.op(a).outputs[0]
+            elif adds[b] == mg.op(a).outputs[0] and not reach.is_ancestor(a, _other_operand(mg, b, adds[b])):
                 # parallel: b's branch reads what a's did (SD3.5's attn2 beside the joint attention)
                 entry_of[b] = entry_of.get(a, skip_of[a])
     stream_tensors: dict[str, int] = {}
     for a in stream_of:
         stream_tensors[skip_of[a]] = stream_of[a]
-        stream_tensors[mg.nodes[a].output[0]] = stream_of[a]
+        stream_tensors[mg.op(a).outputs[0]] = stream_of[a]
     return _Streams(
         chains=chains, stream_of=stream_of, skip_of=skip_of, stream_tensors=stream_tensors,
         stream_producers={mg.producer[t] for t in stream_tensors if t in mg.producer},
@@ -265,7 +268,7 @@ def _adopt_skip_projections(mg: ModelGraph, blocks: list[Block], glue: set[int])
     block_of = {i: bi for bi, b in enumerate(blocks) for i in b.ops}
     adopt: dict[int, set[int]] = {}
     for piece in pieces:
-        if not any(mg.nodes[i].op_type in WEIGHTED_OPS for i in piece):
+        if not any(mg.op(i).op_type in WEIGHTED_OPS for i in piece):
             continue
         readers: set[int] = set()
         stack = [c for i in piece for c in mg.ops.successors(i) if c not in piece]
@@ -296,8 +299,8 @@ def _adopt_skip_projections(mg: ModelGraph, blocks: list[Block], glue: set[int])
 
 def _other_operand(mg: ModelGraph, add: int, skip: str) -> int:
     """The producer of ``add``'s non-skip operand."""
-    n = mg.nodes[add]
-    return mg.producer[n.input[1] if n.input[0] == skip else n.input[0]]
+    n = mg.op(add)
+    return mg.producer[n.inputs[1] if n.inputs[0] == skip else n.inputs[0]]
 
 
 def _attends(mg: ModelGraph, reach: Reach, chain: list[int], adds: dict[int, str]) -> bool:
@@ -308,7 +311,7 @@ def _attends(mg: ModelGraph, reach: Reach, chain: list[int], adds: dict[int, str
     for a in chain:
         ops |= reach.anc[a]
     for i in unbits(ops & ~before):
-        t = mg.nodes[i].op_type
+        t = mg.op(i).op_type
         if t in ATTENTION_OPS or (t in ("MatMul", "Einsum") and len(mg.dyn_inputs(i)) >= 2):
             return True
     return False
@@ -359,7 +362,7 @@ def _side_feeds(
     model_outputs = set(mg.outputs)
     for i in reversed(side):
         f: set[tuple[int, str]] = set()
-        for t in mg.nodes[i].output:
+        for t in mg.op(i).outputs:
             if t in model_outputs:
                 f.add((-1, "out"))
             for c in mg.consumers.get(t, []):
@@ -492,13 +495,13 @@ def _residual_adds(mg: ModelGraph, reach: Reach) -> dict[int, str]:
     """Residual ``Add`` ops -> their skip tensor."""
     out: dict[int, str] = {}
     for i in reach.order:
-        n = mg.nodes[i]
-        if n.op_type != "Add" or len(n.input) != 2:
+        n = mg.op(i)
+        if n.op_type != "Add" or len(n.inputs) != 2:
             continue
-        a, b = n.input
+        a, b = n.inputs
         if mg.is_const_tensor(a) or mg.is_const_tensor(b):
             continue
-        sa, sb, so = mg.shape(a), mg.shape(b), mg.shape(n.output[0])
+        sa, sb, so = mg.shape(a), mg.shape(b), mg.shape(n.outputs[0])
         if sa is None or sa != sb or sa != so:
             continue
         for skip, other in ((a, b), (b, a)):
@@ -535,12 +538,12 @@ def _residual_adds(mg: ModelGraph, reach: Reach) -> dict[int, str]:
 
 def is_noop(mg: ModelGraph, i: int) -> bool:
     """``Identity``, or a ``Cast`` to the dtype its input already has (float32 -> float32)."""
-    n = mg.nodes[i]
+    n = mg.op(i)
     if n.op_type == "Identity":
         return True
-    if n.op_type != "Cast" or not n.input:
+    if n.op_type != "Cast" or not n.inputs:
         return False
-    return mg.dtype(n.input[0]) is not None and mg.dtype(n.input[0]) == mg.dtype(n.output[0])
+    return mg.dtype(n.inputs[0]) is not None and mg.dtype(n.inputs[0]) == mg.dtype(n.outputs[0])
 
 
 def _noop_root(mg: ModelGraph, t: str) -> str:
@@ -549,7 +552,7 @@ def _noop_root(mg: ModelGraph, t: str) -> str:
         p = mg.producer.get(t)
         if p is None or p in mg.const_ops or not is_noop(mg, p):
             return t
-        t = mg.nodes[p].input[0]
+        t = mg.op(p).inputs[0]
     return t
 
 
@@ -567,7 +570,7 @@ def _real_consumers(mg: ModelGraph, t: str) -> list[int]:
             if c in mg.const_ops:
                 continue
             if is_noop(mg, c):
-                stack.extend(o for o in mg.nodes[c].output if o)
+                stack.extend(o for o in mg.op(c).outputs if o)
             elif c not in out:
                 out.append(c)
     return out
@@ -586,15 +589,15 @@ def _links(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> dict[int, set[
         same_skip.setdefault(adds[a], []).append(a)
     for group in same_skip.values():
         for a, b in pairwise(group):
-            n = mg.nodes[b]
-            other = n.input[1] if n.input[0] == adds[b] else n.input[0]
+            n = mg.op(b)
+            other = n.inputs[1] if n.inputs[0] == adds[b] else n.inputs[0]
             po = mg.producer.get(other)
             if po is not None and (po == a or reach.is_ancestor(a, po)):
                 succ[a].add(b)
     for a in adds:
         if succ[a]:
             continue
-        frontier = [mg.nodes[a].output[0]]
+        frontier = [mg.op(a).outputs[0]]
         seen: set[str] = set()
         while frontier and len(seen) < 16:
             t = frontier.pop()
@@ -605,8 +608,8 @@ def _links(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> dict[int, set[
                 succ[a].add(by_skip[t])
                 continue  # the stream goes on from b; what follows is b's business
             for c in mg.consumers.get(t, []):
-                if mg.nodes[c].op_type in LINK_OPS and c not in mg.const_ops:
-                    frontier.extend(o for o in mg.nodes[c].output if o)
+                if c not in mg.const_ops and mg.op(c).op_type in LINK_OPS:
+                    frontier.extend(o for o in mg.op(c).outputs if o)
     return succ
 
 
@@ -647,8 +650,8 @@ def _branch(
     mg: ModelGraph, reach: Reach, add: int, skip: str, stream: int, dep: int, stream_producers: set[int],
     entry_tensor: str | None = None,
 ) -> Branch:
-    n = mg.nodes[add]
-    b = n.input[1] if n.input[0] == skip else n.input[0]
+    n = mg.op(add)
+    b = n.inputs[1] if n.inputs[0] == skip else n.inputs[0]
     pb = mg.producer[b]
     # ops in the branch: stream-dependent ancestors of b (and b's producer), stopping at stream
     # tensors (their producers and everything above them belong to earlier branches)
@@ -665,7 +668,7 @@ def _branch(
     gate: set[int] = set()
     cur = pb
     while True:
-        node = mg.nodes[cur]
+        node = mg.op(cur)
         if node.op_type in PASS_THROUGH_OPS:
             dyn = mg.dyn_inputs(cur)
             if len(dyn) == 1 and dyn[0] in mg.producer and mg.producer[dyn[0]] in ops:
@@ -680,12 +683,12 @@ def _branch(
             if len(side_in) == 1 and len(stream_in) == 1:
                 gate.add(cur)
         break
-    if not any(mg.nodes[g].op_type == "Mul" for g in gate):
+    if not any(mg.op(g).op_type == "Mul" for g in gate):
         gate = set()
 
     rest = ops - gate
     # pre: common stream-dependent ancestors of the first weighted ops
-    weighted = [i for i in rest if mg.nodes[i].op_type in WEIGHTED_OPS or mg.nodes[i].op_type in ATTENTION_OPS]
+    weighted = [i for i in rest if mg.op(i).op_type in WEIGHTED_OPS or mg.op(i).op_type in ATTENTION_OPS]
     # only this branch's own stream: in joint attention the other stream's projections are
     # weighted ops of this branch too, but its AdaLN is not ours
     entry = [c for c in mg.consumers.get(entry_tensor or _noop_root(mg, skip), []) if c in ops]
@@ -702,7 +705,7 @@ def _branch(
         pre = set(unbits(pre_bits))
         # the pre part must be entered from the skip tensor only, and leave through one tensor
         outs = sorted({
-            t for i in pre for t in mg.nodes[i].output
+            t for i in pre for t in mg.op(i).outputs
             if any(c in rest and c not in pre for c in mg.consumers.get(t, []))
         })
         if pre and len(outs) == 1:
@@ -753,11 +756,17 @@ class _RegionInfo:
     first_add: int
     signature: tuple[object, ...]
     phase: int
+    #: the unit holds the block's MLP (an FFN, or attention with an MLP beside it): it closes a block
+    closes: bool = False
+
+    @property
+    def streams(self) -> frozenset[int]:
+        return frozenset(b.stream for b in self.branches)
 
 
 def _score_matmuls(mg: ModelGraph, core: frozenset[int]) -> list[int]:
     """MatMuls of two activations: attention scores / values (softmax or linear attention)."""
-    return [i for i in sorted(core) if mg.nodes[i].op_type in ("MatMul", "Einsum") and len(mg.dyn_inputs(i)) >= 2]
+    return [i for i in sorted(core) if mg.op(i).op_type in ("MatMul", "Einsum") and len(mg.dyn_inputs(i)) >= 2]
 
 
 def _attention_kind(mg: ModelGraph, core: frozenset[int], dep: int) -> str | None:
@@ -768,7 +777,7 @@ def _attention_kind(mg: ModelGraph, core: frozenset[int], dep: int) -> str | Non
     comes from outside the streams (the text context).
     """
     for i in sorted(core):
-        if mg.nodes[i].op_type in ATTENTION_OPS:
+        if mg.op(i).op_type in ATTENTION_OPS:
             return "self_attention"
     found = None
     for i in _score_matmuls(mg, core):
@@ -785,7 +794,7 @@ def _has_parallel_ffn(mg: ModelGraph, reach: Reach | None, core: frozenset[int])
     if not scores or reach is None:
         return False
     for w in sorted(core):
-        if mg.nodes[w].op_type not in WEIGHTED_OPS or w in scores:
+        if mg.op(w).op_type not in WEIGHTED_OPS or w in scores:
             continue
         if not any(reach.is_ancestor(w, s) or reach.is_ancestor(s, w) for s in scores):
             return True
@@ -795,10 +804,10 @@ def _has_parallel_ffn(mg: ModelGraph, reach: Reach | None, core: frozenset[int])
 def _adaln_kind(mg: ModelGraph, pre: frozenset[int], dep: int) -> str:
     if not pre:
         return "none"
-    types = {mg.nodes[i].op_type for i in pre}
+    types = {mg.op(i).op_type for i in pre}
     has_norm = bool(types & NORM_OPS) or {"Pow", "Sqrt"} <= types or "Div" in types
     modulated = any(
-        mg.nodes[i].op_type in ("Mul", "Add")
+        mg.op(i).op_type in ("Mul", "Add")
         and any(mg.producer.get(t) is not None and not dep >> mg.producer[t] & 1 for t in mg.dyn_inputs(i))
         for i in pre
     )
@@ -824,7 +833,7 @@ def _name_regions(
         # text stream is context_pre_only, has no text residual but still joint attention)
         touched = set(streams)
         for i in core:
-            for t in mg.nodes[i].input:
+            for t in mg.op(i).inputs:
                 if t in stream_tensors:
                     touched.add(stream_tensors[t])
         att = _attention_kind(mg, core, dep)
@@ -836,17 +845,19 @@ def _name_regions(
             kind, name = "parallel_attention", "attn_mlp"
         elif att:
             kind, name = "self_attention", "attn"
-        elif sum(mg.nodes[i].op_type in WEIGHTED_OPS for i in core) >= 2:
+        elif sum(mg.op(i).op_type in WEIGHTED_OPS for i in core) >= 2:
             kind, name = "ffn", "ffn"
         else:
             kind, name = "other", "branch"
         if kind != "joint_attention" and streams and streams <= txt:
             name += "_txt"
         pre = frozenset().union(*(b.pre for b in brs))
-        sig = (name, tuple(sorted(Counter(mg.nodes[i].op_type for i in core).items())))
+        sig = (name, tuple(sorted(Counter(mg.op(i).op_type for i in core).items())))
+        closes = kind in ("ffn", "parallel_attention") or (
+            kind == "joint_attention" and _has_parallel_ffn(mg, reach, core))
         out.append(_RegionInfo(name=name, kind=kind, branches=brs, adaln=_adaln_kind(mg, pre, dep),
                                first_add=min(b.add for b in brs), signature=sig,
-                               phase=min(phases[s] for s in streams)))
+                               phase=min(phases[s] for s in streams), closes=closes))
     out.sort(key=lambda r: r.first_add)
     return out
 
@@ -874,7 +885,7 @@ def _group_by_names(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[li
         votes: Counter[tuple[str, int]] = Counter()
         for b in r.branches:
             for i in b.core | b.pre:
-                ks = _scope_keys(mg.scopes[i])
+                ks = _scope_keys(mg.op(i).scope)
                 if ks:
                     votes[ks[0]] += 1
         keys.append(votes.most_common(1)[0][0] if votes else None)
@@ -901,29 +912,93 @@ def _group_by_names(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[li
 
 
 def _group_by_structure(regions: list[_RegionInfo]) -> list[list[int]]:
-    """Blocks from the period of the region names, separately in each phase.
+    """Blocks from the residual units alone, in each *stream system* apart.
+
+    A stream system is a set of streams of one phase that share residual units (the image
+    and text streams of joint attention); streams that share none (Lumina2's caption and
+    noise refiners, text blocks that run before the visual ones) are separate systems even
+    when their units interleave in op order.  In each system the units, in order, are cut
+    into blocks by :func:`_segment`; the blocks of all systems are then ordered by their
+    first unit, as the names would number them.
+    """
+    parent: dict[int, int] = {}
+
+    def find(s: int) -> int:
+        while parent.setdefault(s, s) != s:
+            s = parent[s]
+        return s
+
+    for r in regions:
+        first, *rest = sorted({b.stream for b in r.branches})
+        for s in rest:
+            parent[find(s)] = find(first)
+    systems: dict[tuple[int, int], list[int]] = {}
+    for ri, r in enumerate(regions):
+        systems.setdefault((r.phase, find(min(b.stream for b in r.branches))), []).append(ri)
+    groups = [g for members in systems.values() for g in _segment(regions, members)]
+    return sorted(groups, key=lambda g: g[0])
+
+
+def _segment(regions: list[_RegionInfo], members: list[int]) -> list[list[int]]:
+    """Cut one stream system's residual units (in order) into blocks.
+
+    1. A transformer block's last residual update on each of its streams is its MLP: an
+       FFN unit, or an attention unit with the MLP beside it (Flux single-stream blocks).
+       A block closes after such a unit, unless the next one is the MLP of another stream
+       that a unit of this block joined (the text FFN after the image FFN of a dual-stream
+       block).  This finds blocks of different kinds side by side -- spatial and temporal
+       blocks alternating, text-only blocks before the visual ones -- because it does not
+       ask the blocks to repeat.
+    2. A piece that ends with the whole layout of another piece starts with a unit of its
+       own: a module between blocks that has no MLP (a perceiver cross-attention after
+       every few blocks) is a block of its own, as its module name would make it.
+    3. Units without any MLP are cut at the period of their names (:func:`_by_period`);
+       so is a system whose first unit is an FFN, where step 1 has no block start to go by.
+    """
+    first = regions[members[0]]
+    if first.kind == "ffn" or not any(regions[k].closes for k in members):
+        return _by_period(regions, members)
+    pieces: list[list[int]] = [[]]
+    closed: frozenset[int] = frozenset()  # streams whose MLP the current piece has had
+    joined: frozenset[int] = frozenset()  # streams a multi-stream unit of the current piece spans
+    for k in members:
+        r = regions[k]
+        if closed and not (r.closes and not r.streams & closed and r.streams <= joined):
+            pieces.append([])
+            closed = joined = frozenset()
+        pieces[-1].append(k)
+        if len(r.streams) > 1:
+            joined |= r.streams
+        if r.closes:
+            closed |= r.streams
+    layouts = {tuple(regions[k].name for k in p) for p in pieces}
+    out: list[list[int]] = []
+    for p in pieces:
+        if not any(regions[k].closes for k in p):  # the trailing units after the last MLP
+            out.extend(_by_period(regions, p))
+            continue
+        names = tuple(regions[k].name for k in p)
+        cut = next((c for c in range(1, len(p)) if names[c:] in layouts), 0)
+        if cut:
+            out.extend(_by_period(regions, p[:cut]))
+        out.append(p[cut:])
+    return out
+
+
+def _by_period(regions: list[_RegionInfo], members: list[int]) -> list[list[int]]:
+    """Blocks from the period of the unit names.
 
     Names, not full signatures: SD3's last block (text stream ``context_pre_only``) has a
     different attention core and no text FFN, yet starts a period like the others.
     """
-    groups: list[list[int]] = []
-    i = 0
-    while i < len(regions):
-        j = i
-        while j < len(regions) and regions[j].phase == regions[i].phase:
-            j += 1
-        idx = list(range(i, j))
-        names = [regions[k].name for k in idx]
-        p = _period(names)
-        if p == len(names) and names.count(names[0]) > 1:
-            # no period (SD3.5: block 0 alone has a second attention): a block starts at
-            # each region named like the first one
-            starts = [k for k, nm in enumerate(names) if nm == names[0]] + [len(names)]
-            groups.extend(idx[a:b] for a, b in pairwise(starts))
-        else:
-            groups.extend(idx[k:k + p] for k in range(0, len(idx), p))
-        i = j
-    return groups
+    names = [regions[k].name for k in members]
+    p = _period(names)
+    if p == len(names) and names.count(names[0]) > 1:
+        # no period (SD3.5: block 0 alone has a second attention): a block starts at
+        # each unit named like the first one
+        starts = [k for k, nm in enumerate(names) if nm == names[0]] + [len(names)]
+        return [members[a:b] for a, b in pairwise(starts)]
+    return [members[k:k + p] for k in range(0, len(members), p)]
 
 
 def _period(names: list[str]) -> int:

@@ -49,13 +49,13 @@ def _collect_nodes(mg: ModelGraph, sub: Subgraph) -> list[onnx.NodeProto]:
     """The stage's nodes: its data ops and their constant closure, in model order."""
     nodes = []
     for i in sub.all_ops:
-        n = mg.nodes[i]
-        if n.op_type in CONTROL_FLOW_OPS:
+        op = mg.op(i)
+        if op.op_type in CONTROL_FLOW_OPS:
             raise InvalidModelError(
-                f"control-flow op {n.op_type} ({n.name or i}) cannot be partitioned; "
+                f"control-flow op {op.op_type} ({op.name or i}) cannot be partitioned; "
                 "inline it (e.g. onnxsim) or keep it in a single custom stage"
             )
-        nodes.append(mg.const_node(i) if i in mg.const_ops else n)
+        nodes.append(mg.const_node(i) if i in mg.const_ops else mg.node_proto(i))
     return nodes
 
 
@@ -328,20 +328,16 @@ def subgraph_model(
     ``values`` holds those initializers (:meth:`ModelGraph.constant`) and, for boundary inputs
     that must not be graph inputs (frozen cut tensors), their fixed values.
     """
-    produced = {t for i in sub.ops for t in mg.nodes[i].output if t}
+    produced = {t for i in sub.ops for t in mg.op(i).outputs if t}
     fixed: list[str] = []
     for i in sub.ops:
-        for t in mg.nodes[i].input:
+        for t in mg.op(i).inputs:
             if t and t not in produced and t in values and t not in fixed:
                 fixed.append(t)
     missing = [t for t in sub.const_tensors if t not in values]
     if missing:
         raise ValueError(f"no value for constant {missing[0]!r}")
-    nodes = []
-    for i in sub.ops:
-        n = onnx.NodeProto()
-        n.CopyFrom(mg.nodes[i])
-        nodes.append(n)
+    nodes = [mg.node_proto(i) for i in sub.ops]
     inputs = tuple(t for t in sub.inputs if t not in values)
     return _model(mg, replace(sub, inputs=inputs), nodes, [values[t] for t in fixed], name=name, doc="",
                   producer_name=producer_name, value_info=False)
@@ -383,9 +379,9 @@ def _model(
     )
     return helper.make_model(
         graph,
-        opset_imports=list(mg.model.opset_import),
+        opset_imports=mg.opset_imports,
         producer_name=producer_name,
-        ir_version=mg.model.ir_version,
+        ir_version=mg.ir_version,
     )
 
 

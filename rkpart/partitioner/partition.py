@@ -151,7 +151,7 @@ def stage_cycle(mg: ModelGraph, owner: Mapping[int, Hashable]) -> str | None:
     steps = [str(cyc[0][0])]
     for ga, gb in cyc:
         tensor = next((t for a, b in mg.ops.edges if owner[a] == ga and owner[b] == gb
-                       for t in mg.nodes[a].output if t in mg.nodes[b].input), "?")
+                       for t in mg.op(a).outputs if t in mg.op(b).inputs), "?")
         steps.append(f"-({tensor})-> {gb}")
     return " ".join(steps)
 

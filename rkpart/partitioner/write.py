@@ -161,7 +161,7 @@ def _check_control_flow(mg: ModelGraph, groups: list[OrderedGroup]) -> None:
     """
     for g in groups:
         for i in sorted(g.ops):
-            n = mg.nodes[i]
+            n = mg.op(i)
             if n.op_type in CONTROL_FLOW_OPS:
                 raise InvalidModelError(
                     f"{mg.path.name}: control-flow op {n.op_type} {n.name or i!r} would be cut into stage "
@@ -309,7 +309,7 @@ def _write_stages(
     plan = Plan(
         model={"file": model_path.name, "sha256": model_sha, "opset": mg.opset,
                "path": str(model_path.resolve()),
-               "nodes": len(mg.nodes)},
+               "nodes": mg.num_ops},
         strategy={"name": part.strategy, "options": _jsonable(part.options)},
         inputs=mg.inputs,
         outputs=mg.outputs,

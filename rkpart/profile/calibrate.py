@@ -126,16 +126,17 @@ class _RecordingRunner(StageRunner):
     def _load_impl(self) -> None:
         import onnx
 
+        from rkpart.ir.edit import inferred_value_infos
         from rkpart.partitioner.verify import stage_onnx
 
         model = onnx.load(str(stage_onnx(self.folder, self.stage)))
         self.rec.order[self.stage.id] = tuple(i.name for i in model.graph.input)
         self._fp16 = _to_fp32(model)
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = inferred_value_infos(model)
         declared = {o.name for o in model.graph.output}
         floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                   onnx.TensorProto.BFLOAT16}
-        for vi in inferred.graph.value_info:
+        for vi in inferred:
             if vi.name not in declared and vi.type.tensor_type.elem_type in floats:
                 model.graph.output.append(vi)
         self._names = [o.name for o in model.graph.output]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,31 +12,12 @@ import numpy as np
 
 from rkpart.errors import InvalidModelError, SpecError, UserError
 from rkpart.io import confined_file, external_locations, hash_file, read_npz, regular_file
+from rkpart.ir.tensors import random_feeds
 from rkpart.partitioner.plan import Plan, Stage, TensorInfo, stage_order_ok
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.ort import OrtBackend, make_session
 from rkpart.types import HOST, NPU, RESIDENCIES, Residency
 from rkpart.validation.metrics import Metrics, compare
-
-
-def random_feeds(specs: Iterable[tuple[str, str | np.dtype, Sequence[int]]], seed: int = 0) -> Feeds:
-    """Seeded arrays for ``(name, dtype, shape)``: floats ~ N(0, 1); integers in [0, 4); bools random.
-
-    Small non-negative integers keep index-like inputs (labels, positions) in range.
-    """
-    rng = np.random.default_rng(seed)
-    feeds: Feeds = {}
-    for n, dtype, shape in specs:
-        dt = np.dtype(dtype)
-        if dt.kind == "f":
-            feeds[n] = rng.standard_normal(tuple(shape)).astype(dt)
-        elif dt.kind in "iu":
-            feeds[n] = rng.integers(0, 4, size=tuple(shape)).astype(dt)
-        elif dt.kind == "b":
-            feeds[n] = rng.integers(0, 2, size=tuple(shape)).astype(bool)
-        else:
-            raise UserError(f"cannot make random input for {n!r} of type {dt}; pass --inputs")
-    return feeds
 
 
 def random_inputs(infos: Mapping[str, TensorInfo], names: tuple[str, ...], seed: int = 0) -> Feeds:

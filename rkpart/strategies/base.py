@@ -148,7 +148,7 @@ class GroupBuilder:
                 del self._groups[gid]
         if moved:
             self.add("prologue", moved, device="host", region="prologue", kind="prologue")
-            types = sorted({mg.nodes[i].op_type for i in moved})
+            types = sorted({mg.op(i).op_type for i in moved})
             self._notes.append(f"{len(moved)} op(s) computing on integer model inputs ({', '.join(types)}) "
                                "moved from NPU stages to the host prologue")
 

@@ -183,7 +183,7 @@ def segment(mg: ModelGraph, budget_bytes: int) -> tuple[Schedule, list[Segment]]
             e += 1
         maxend.append(e)
     if worst[0] > budget_bytes:
-        op = mg.nodes[sch.order[worst[1]]]
+        op = mg.op(sch.order[worst[1]])
         w_b = int(sch.op_weights[worst[1]])
         raise BudgetError(
             f"op {op.name or sch.order[worst[1]]!r} ({op.op_type}) alone needs {_mib(worst[0])} MiB "

@@ -12,10 +12,11 @@ Layout (one module per target, as TVM's ``relay/op/contrib/<target>.py``):
 ``known_issues.py``  the ONE table of toolkit bugs: crash patterns and log signatures
 ``rk3588.py``        RK3588 facts, with their sources
 ``opset.py``         lowering: bring a stage to a toolkit's ``max_opset`` (version_converter + rewrites)
-``rewrites.py``      the ONE table of graph rewrites (opset lowering, NPU placement), with evidence
+``rewrites/``        the ONE table of graph rewrites (opset lowering, NPU placement, crash
+                     workarounds), with evidence; written on :class:`rkpart.ir.edit.GraphEdit`
 
 Layer: above :mod:`rkpart.ir`, below the partitioner; imports nothing else of rkpart but
-:mod:`rkpart.errors` and :mod:`rkpart.types`.
+:mod:`rkpart.errors`, :mod:`rkpart.types` and :mod:`rkpart.ir`.
 """
 
 from __future__ import annotations

@@ -13,9 +13,8 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-import onnx
-
 from rkpart.errors import UserError
+from rkpart.ir.graph import OpNode
 from rkpart.targets.known_issues import CrashPattern, crash_patterns
 
 GIB = 1 << 30
@@ -84,19 +83,20 @@ class ToolkitCaps:
             return OpRule(op_type, Support.NONE, f"custom domain {domain!r}")
         return self.ops.get(op_type) or OpRule(op_type, Support.UNLISTED, "\"Not Supported\" in the operator list")
 
-    def node(self, node: onnx.NodeProto) -> OpRule:
+    def node(self, node: OpNode) -> OpRule:
         """The rule for one node: its op type's, unless an attribute is outside the listed range."""
         rule = self.op(node.op_type, node.domain)
         if rule.support not in (Support.NPU, Support.FUSED):
             return rule
         for lim in self.attrs.get(node.op_type, ()):
-            value = _attribute(node, lim.attr, lim.default)
+            value = node.attr(lim.attr, lim.default)
+            value = value.decode() if isinstance(value, bytes) else value
             if value not in lim.allowed:
                 return OpRule(node.op_type, Support.UNLISTED,
                               f"{lim.attr}={value!r} (listed: {', '.join(map(repr, lim.allowed))})")
         return rule
 
-    def off_npu(self, nodes: Iterable[onnx.NodeProto]) -> list[tuple[onnx.NodeProto, OpRule]]:
+    def off_npu(self, nodes: Iterable[OpNode]) -> list[tuple[OpNode, OpRule]]:
         """The nodes among ``nodes`` not expected on the NPU (CPU, unlisted, not loadable), with their rules."""
         out = []
         for n in nodes:
@@ -200,14 +200,6 @@ class Target:
         ram = "" if self.board_ram_bytes is None else (
             f" and {self.board_share:g} of the board's {self.board_ram_bytes / GIB:g} GiB RAM")
         return f"target {self.name} default: the NPU's {self.npu_window_bytes / GIB:g} GiB window{ram}"
-
-
-def _attribute(node: onnx.NodeProto, name: str, default: str | int) -> str | int:
-    for a in node.attribute:
-        if a.name == name:
-            v = onnx.helper.get_attribute_value(a)
-            return v.decode() if isinstance(v, bytes) else v
-    return default
 
 
 def _version_key(v: str) -> tuple[int, ...]:

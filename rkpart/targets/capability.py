@@ -25,8 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import onnx
-
+from rkpart.ir.graph import OpNode
 from rkpart.targets.base import Support, ToolkitCaps
 
 
@@ -98,7 +97,7 @@ class Capability:
     def with_learned(self, patterns: Iterable[PlacementPattern]) -> Capability:
         return Capability(self.target, self.caps, self.learned | frozenset(patterns), self.rewrites)
 
-    def reason(self, node: onnx.NodeProto, pattern: PlacementPattern) -> str | None:
+    def reason(self, node: OpNode, pattern: PlacementPattern) -> str | None:
         """Why ``node`` (of shape class ``pattern``) must leave NPU stages, or ``None`` if it may stay.
 
         Only facts: an op that cannot be loaded, an op measured on the CPU, or a pattern a build

@@ -58,7 +58,7 @@ def graph_hash(model: onnx.ModelProto) -> str:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One cut-down graph: the ops it keeps (indices into ``Cutter.mg.nodes``) and its model."""
+    """One cut-down graph: the ops it keeps (op indices of ``Cutter.mg``) and its model."""
 
     ops: tuple[int, ...]
     model: onnx.ModelProto
@@ -105,7 +105,7 @@ class Cutter:
         if len(frozen) == len(sub.inputs) or not sub.outputs:
             return None
         values = {t: self._value(t) for t in [*sorted(sub.const_tensors), *frozen]}
-        model = subgraph_model(self.mg, sub, values, name=self.mg.model.graph.name or "reduced",
+        model = subgraph_model(self.mg, sub, values, name=self.mg.graph_name or "reduced",
                                producer_name="rkpart-triage")
         return Candidate(ops=sub.ops, model=model, digest=graph_hash(model))
 
@@ -121,7 +121,7 @@ class Cutter:
         def used(t: str) -> bool:
             return bool(t) and (t in outputs or bool(self.mg.consumers.get(t)))
 
-        return [i for i in kept if any(used(t) for t in self.mg.nodes[i].output)]
+        return [i for i in kept if any(used(t) for t in self.mg.op(i).outputs)]
 
     def _value(self, t: str) -> TensorProto:
         if t not in self._values:

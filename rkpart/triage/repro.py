@@ -171,7 +171,7 @@ def reproduce(model: str | os.PathLike[str], out: str | os.PathLike[str], versio
             f"{', '.join(t.version for t in toolkits)}, one at a time")
         original = build_matrix(model, toolkits, target=target, config=config, timeout=build_timeout,
                                 fail_regex=regex, folder=out, log_prefix=f"{LOG_DIR}/original",
-                                num_nodes=len(mg.nodes), progress=say, worker=worker)
+                                num_nodes=mg.num_ops, progress=say, worker=worker)
         say(f"verdict: {original.verdict()}")
         failing = [v for v in versions if by_spec[v].version in original.failing]
         reduce_spec = reduce_with or (failing[0] if failing else None)

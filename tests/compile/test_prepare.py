@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 
 from rkpart.compile.prepare import prepare_stage
 from rkpart.errors import SpecError, ToolkitError
+from rkpart.ir.edit import GraphEdit
 from rkpart.partitioner.extract import stage_sha256
 from rkpart.partitioner.plan import Stage
 from rkpart.partitioner.verify import prepared_onnx
@@ -275,10 +276,10 @@ def test_pad_to_concat_rewrite_exact() -> None:
     _same(m, r, {"x": np.random.default_rng(4).standard_normal((1, 2, 16, 8)).astype(np.float32)}, rel=0.0)
 
 
-def _fake_inexact(graph: onnx.GraphProto, types: object) -> int:
+def _fake_inexact(view: GraphEdit) -> int:
     """FAKE rewrite (fault injection: every real row is exact): Relu -> LeakyRelu, wrong for x < 0."""
     count = 0
-    for n in graph.node:
+    for n in view.graph.node:
         if n.op_type == "Relu":
             n.op_type = "LeakyRelu"
             n.attribute.append(helper.make_attribute("alpha", 0.5))

@@ -24,6 +24,7 @@ from rkpart.commands.compile import format_summary
 from rkpart.compile.compile import compile_plan_report
 from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
+from rkpart.targets.rewrites.npu import nan_guard
 from tests.models.diffusers_families import cached_export, missing_dependencies
 from tests.toolkits import get_toolkit
 
@@ -44,7 +45,7 @@ def _caption_plan(tmp_path: Path) -> tuple[Path, str]:
 
 def test_a_rewrite_the_toolkit_crashes_on_is_dropped_and_the_stage_builds(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    table = tuple(dataclasses.replace(r, name=CRASH_FORM, apply=functools.partial(rw._nan_guard, broadcast_fill=False))
+    table = tuple(dataclasses.replace(r, name=CRASH_FORM, apply=functools.partial(nan_guard, broadcast_fill=False))
                   if r.name == "nan-guard" else r for r in rw.REWRITES)
     monkeypatch.setattr(rw, "REWRITES", table)
     folder, sid = _caption_plan(tmp_path)

@@ -24,6 +24,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from rkpart.ir import OpNode
 from rkpart.partitioner.capability import pattern_of
 from rkpart.partitioner.partition import order_groups
 from rkpart.pipeline import PartitionConfig, load, propose, write_plan
@@ -76,7 +77,7 @@ def fanin_model(tmp_path: Path) -> Path:
 
 def _devices(model: Path, part: object) -> list[tuple[str, list[str]]]:
     m = load(model)
-    return [(g.device, sorted(m.graph.nodes[i].name for i in g.ops)) for g in order_groups(m.graph, part)]  # type: ignore[arg-type]
+    return [(g.device, sorted(m.graph.op(i).name for i in g.ops)) for g in order_groups(m.graph, part)]  # type: ignore[arg-type]
 
 
 def test_measured_cpu_op_leaves_the_npu_stage_and_the_plan_reproduces(ceil_model: Path, tmp_path: Path) -> None:
@@ -106,7 +107,7 @@ def test_default_toolkit_is_the_targets(ceil_model: Path) -> None:
 def test_learned_pattern_moves_the_op_with_the_neighbours_of_the_cheapest_cut(
         fanin_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     m = load(fanin_model)
-    i_max = next(i for i, n in enumerate(m.graph.nodes) if n.name == "max")
+    i_max = next(i for i in range(m.graph.num_ops) if m.graph.op(i).name == "max")
     pat = pattern_of(m.graph, i_max)
     assert pat == PlacementPattern("Max", "float32", (3, 3), consts=(False, False))
     # nothing learned: everything on the NPU
@@ -161,9 +162,9 @@ def test_capability_reason_sources() -> None:
     caps = get_target("rk3588").caps("2.5.0")
     pat = PlacementPattern("Relu", "float32", (3,))
     cap = Capability("rk3588", caps, frozenset({pat}))
-    custom = helper.make_node("Foo", ["a"], ["b"], domain="com.example")
+    custom = OpNode.of(0, helper.make_node("Foo", ["a"], ["b"], domain="com.example"), "")
     assert "cannot load" in (cap.reason(custom, PlacementPattern("Foo", "float32", (3,), "com.example")) or "")
-    relu = helper.make_node("Relu", ["a"], ["b"])
+    relu = OpNode.of(1, helper.make_node("Relu", ["a"], ["b"]), "")
     assert "learned" in (cap.reason(relu, pat) or "")
     assert cap.reason(relu, PlacementPattern("Relu", "float32", (4,))) is None  # another shape class
     assert PlacementPattern.from_json(pat.to_json()) == pat
@@ -213,3 +214,31 @@ def test_fused_nodes_reads_the_rules_of_the_log() -> None:
                                                                  ("fuse_exnorm_add", "/b0/norm1/Add_3")]
     assert fused_nodes(log) == [("fuse_exnorm_add", "/b0/norm1/Add_3")]  # no known issue: the last fusion
     assert fused_nodes("no rules here") == []
+
+
+def test_a_cut_of_a_piece_the_capability_made_gets_ids_of_its_own(tmp_path: Path) -> None:
+    """   x ─ MatMul ─┬─ Add ─ Ceil ─ Mul ─ MatMul ─ y
+        x ─ MatMul ─┘
+
+    The capability cuts ``seg00`` into ``seg00`` / host (Ceil) / ``seg00.1``; a crash cut in front of
+    the Add then splits ``seg00`` again and must not reuse ``seg00.1`` (two groups of one id read
+    as one stage: a false cycle)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
+        helper.make_node("MatMul", ["x", "Wb"], ["hb"], name="mmb"),
+        helper.make_node("Add", ["h1", "hb"], ["s"], name="add"),
+        helper.make_node("Ceil", ["s"], ["c"], name="ceil"),
+        helper.make_node("Mul", ["c", "half"], ["m"], name="mul"),
+        helper.make_node("MatMul", ["m", "W2"], ["y"], name="mm2"),
+    ]
+    inits = [_w("W1", 16, 16, 1), _w("Wb", 16, 16, 3), _w("W2", 16, 16, 2),
+             numpy_helper.from_array(np.float32(0.5), "half")]
+    model = _save(tmp_path, "cutcut", nodes, inits)
+    m = load(model)
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0", cut_before={"add": "crashed after fusing it"}))
+    ids = [g.id for g in part.groups]
+    assert len(ids) == len(set(ids)), ids
+    assert _devices(model, part) == [("npu", ["mm1", "mmb"]), ("npu", ["add"]), ("host", ["ceil"]),
+                                     ("npu", ["mm2", "mul"])]
+    plan = write_plan(m, part, tmp_path / "plan")
+    assert_reproduces(plan, tmp_path / "plan", model)

@@ -54,8 +54,8 @@ def test_blocks_numbered_by_names(anima_exports: dict[str, Path], exporter: str)
                                     "ffn:ffn:adaln")] * 2
     # the shared SiLU(embedded_timestep) is named after block 0 but read by every block
     # and by norm_out: it must be in the prologue, never in block 0
-    shared = [i for i in range(len(mg.nodes)) if "transformer_blocks.0" in mg.scopes[i]
-              and "norm1" in mg.scopes[i] and mg.nodes[i].op_type == "Sigmoid"]
+    shared = [i for i in range(len(mg.nodes)) if "transformer_blocks.0" in mg.op(i).scope
+              and "norm1" in mg.op(i).scope and mg.nodes[i].op_type == "Sigmoid"]
     assert shared and all(i in d.prologue for i in shared)
     # block 0 and block 1 have the same op counts per part (nothing leaked into block 0)
     sizes = [[(len(r.pre), len(r.core), len(r.gate), len(r.mod), len(r.side)) for r in b.regions]

@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.export, pytest.mark.slow]
 ATTN, XATTN, FFN = "attn:self_attention", "xattn:cross_attention", "ffn:ffn"
 JATTN, FFN_TXT, PAR = "jattn:joint_attention", "ffn_txt:ffn", "attn_mlp:parallel_attention"
 SKIP = "skip:long_skip"
+PAR_TXT_BLOCK: tuple[str, ...] = ("attn_mlp_txt:parallel_attention",)
 ATTN_TXT, FFN_TXT_ONLY = "attn_txt:self_attention", "ffn_txt:ffn"
 
 DIT = (ATTN, FFN)
@@ -63,15 +64,54 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     # not in the issue's list: checks of generality
     "allegro": [CROSS] * 2,
     "ltx": [CROSS] * 2,
+    # issue 28's sweep (tests.models.diffusers_families.NEWER)
+    "latte": [CROSS, DIT] * 2,  # spatial and temporal blocks alternating
+    # the token refiner's text blocks all run before the visual ones; then Flux-like dual and single blocks
+    "hunyuanvideo": [(ATTN_TXT, FFN_TXT_ONLY)] * 2 + [MMDIT] * 2 + [(PAR,)] * 2,
+    "skyreels_v2": [CROSS] * 2,
+    # the last block's text half is dead (its text output is unused): the exporters drop it
+    "cogview4": [MMDIT, DIT],
+    "flux2": [MMDIT] * 2 + [(ATTN,)] * 2,  # single blocks: one fused qkv+mlp projection, no parallel weighted op
+    "wan_vace": [CROSS] * 6,  # the VACE blocks are blocks of their own, as their module names make them
+    # the visual blocks' cross-attention reads the text stream's last tensor: joint by structure
+    "kandinsky5": [(ATTN_TXT, FFN_TXT_ONLY)] * 2 + [(ATTN, JATTN, FFN)] * 2,
+    "chronoedit": [CROSS] * 2,
+    "sana_video": [CROSS] * 2,
+    "cogview3plus": [(JATTN, FFN)] * 2,
+    "longcat_image": [MMDIT] * 2 + [(PAR,)] * 2,
+    "ovis_image": [MMDIT] * 2 + [(PAR,)] * 2,
+    "bria": [MMDIT] * 2 + [(PAR,)] * 2,
+    # text-mode then image-mode parallel blocks, then single blocks over both streams (the last one's text
+    # half is dead: its text output is unused)
+    "flux3": [PAR_TXT_BLOCK] * 2 + [(PAR,)] * 2 + [(JATTN,), (PAR,)],
+    "stable_audio": [CROSS] * 2,
+    "prx": [DIT] * 2,
 }
-#: anonymised copies whose blocks structure alone numbers differently from the names: Lumina2's caption
-#: and noise refiners read independent streams and run side by side, so without names they are one block
-ANON_EXPECTED: dict[str, list[tuple[str, ...]]] = {
-    "lumina2": [(ATTN_TXT, FFN_TXT_ONLY, ATTN, FFN), DIT, DIT],
+#: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
+#: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
+ANON_EXPECTED: dict[str, list[tuple[str, ...]]] = {}
+#: (family, exporter) -> region ``name:kind`` per block where the two exporters' graphs differ: dynamo's
+#: WanVACE adds each VACE hint to the stream through a projection read as a long skip of the next block
+EXPORTER_EXPECTED: dict[tuple[str, str], list[tuple[str, ...]]] = {
+    ("wan_vace", "dynamo"): [CROSS] * 3 + [(SKIP, *CROSS), CROSS, (SKIP, *CROSS)],
+}
+#: (family, exporter, strategy) -> why less than MIN_SHARE of the blocks' matmul work is on the NPU (known
+#: shortfalls, checked to stay below: when one is fixed, the test says so and the entry goes)
+COVERAGE_SHORT: dict[tuple[str, str, str], str] = {
+    ("wan_vace", "torchscript", "split"): "the control patch embedding and the VACE hint projections are taken "
+                                          "for the next block's AdaLN (pre / modulation): on the host",
+}
+#: (family, exporter) -> why discovery still gets the regions wrong (known, checked to stay wrong: when one is
+#: fixed, the test says so and the entry goes)
+DISCOVERY_WRONG: dict[tuple[str, str], str] = {
+    ("flux3", "dynamo"): "the image-mode blocks' attention + MLP is read as a joint attention beside a text "
+                         "'branch' (named: 6 blocks, wrong regions; anonymised: 10 blocks)",
 }
 EXPORTERS = ("torchscript", "dynamo")
 #: (family, exporter) -> why the exporter cannot make it (diffusers 0.36 / torch 2.13)
-EXPORT_FAILS: dict[tuple[str, str], str] = {}
+EXPORT_FAILS: dict[tuple[str, str], str] = {
+    ("hunyuanvideo", "torchscript"): "aten::masked_fill with a bool value: TorchScript alias analysis asserts",
+}
 #: exports rkpart cannot load: their shapes stay dynamic after shape inference (exit 3, ``--shape`` does not help)
 LOAD_FAILS = {
     ("ltx", "torchscript"): "the timestep embedding's Cast has no inferred rank",
@@ -81,6 +121,7 @@ ORT_REFUSES = {
     ("pixart", "dynamo"): "a Squeeze of a dim of 16 (shape inference fails on the whole model)",
     ("pixart_sigma", "dynamo"): "a Squeeze of a dim of 16 (shape inference fails on the whole model)",
     ("allegro", "dynamo"): "a Squeeze of a dim of 16 (PixArt's adaln_single, as above)",
+    ("hunyuanvideo", "dynamo"): "a Where over booleans (the token refiner's masked_fill): no ORT kernel",
 }
 
 CASES = [(f, e, anon) for f in EXPECTED for e in EXPORTERS for anon in (False, True)]
@@ -128,7 +169,11 @@ def test_family(case: tuple[str, str, bool], anon_dir: Path, tmp_path: Path) -> 
             load_model(model)
         return
     d = discover(load_model(model))
-    expected = ANON_EXPECTED.get(family, EXPECTED[family]) if anon else EXPECTED[family]
+    if (family, exporter) in DISCOVERY_WRONG:
+        assert _regions(d) != EXPECTED[family], f"fixed, remove from DISCOVERY_WRONG: {family} {exporter}"
+        return
+    named = EXPORTER_EXPECTED.get((family, exporter), EXPECTED[family])
+    expected = ANON_EXPECTED.get(family, named) if anon else named
     assert len(d.blocks) == (len(expected) if anon and family in ANON_EXPECTED else block_count(family))
     assert d.method == ("structure" if anon else "names")
     assert _regions(d) == expected
@@ -138,6 +183,10 @@ def test_family(case: tuple[str, str, bool], anon_dir: Path, tmp_path: Path) -> 
         plan = partition_and_check(model, out, strategy) if run else partition(model, out, strategy)
         cov = plan.extra["npu_coverage"]
         assert cov["block_macs"] > 0
+        if (family, exporter, strategy) in COVERAGE_SHORT:
+            assert cov["share"] < MIN_SHARE, f"fixed, remove from COVERAGE_SHORT: {family} {exporter} {strategy}"
+            assert any("matmul work" in n for n in plan.extra["notes"])
+            continue
         assert cov["share"] >= MIN_SHARE, f"{strategy}: {cov}"
         assert not any("matmul work" in n for n in plan.extra["notes"])
     (partition_and_check if run else partition)(model, tmp_path / "generic", "generic")

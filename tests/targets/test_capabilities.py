@@ -10,6 +10,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from rkpart.errors import UserError
+from rkpart.ir.graph import OpNode
 from rkpart.targets import get_target
 from rkpart.targets.base import Support
 from rkpart.targets.known_issues import EXNORM_FUSION_SEGV, crash_patterns
@@ -46,18 +47,21 @@ def test_op_support_follows_the_operator_list_and_the_measured_builds() -> None:
     assert caps.op("LayerNormalization").support is Support.FUSED  # NPU only as exNorm
     assert caps.op("Neg").support is Support.NPU  # "Not Supported" in the list, folded into a Conv when built
     assert caps.op("Ceil").support is Support.CPU  # measured
-    assert caps.op("TopK").support is Support.UNLISTED  # "Not Supported", not measured
+    assert caps.op("TopK").support is Support.CPU  # measured (scripts/measure_ops.py)
+    assert caps.op("Equal").support is Support.CPU  # listed, but measured on the CPU: the measurement wins
+    assert caps.op("Trilu").support is Support.UNLISTED  # "Not Supported", not measured
     assert caps.op("Relu", domain="com.microsoft").support is Support.NONE
     nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Sign", ["y"], ["z"], name="sg"),
-             helper.make_node("TopK", ["z", "k"], ["v", "i"], name="tk")]
-    assert [(n.name, str(r.support)) for n, r in caps.off_npu(nodes)] == [("sg", "cpu"), ("tk", "unlisted")]
+             helper.make_node("Trilu", ["z"], ["v"], name="tr")]
+    ops = [OpNode.of(i, n, "") for i, n in enumerate(nodes)]
+    assert [(n.name, str(r.support)) for n, r in caps.off_npu(ops)] == [("sg", "cpu"), ("tr", "unlisted")]
 
 
 @pytest.mark.parametrize(("mode", "listed"), [(None, True), ("linear", True), ("cubic", False)])
 def test_resize_lists_nearest_and_linear_only(mode: str | None, listed: bool) -> None:
     attrs = {} if mode is None else {"mode": mode}
     node = helper.make_node("Resize", ["x", "", "scales"], ["y"], **attrs)
-    rule = get_target().caps("2.3.2").node(node)
+    rule = get_target().caps("2.3.2").node(OpNode.of(0, node, ""))
     assert (rule.support is Support.NPU) == listed
     if not listed:
         assert rule.note == "mode='cubic' (listed: 'nearest', 'linear')"

@@ -1,0 +1,203 @@
+"""Graph rewrites rkpart applies before a toolkit sees a stage: one table, one entry per pattern.
+
+Two kinds of entry:
+
+``lower``
+    The op has no ``onnx.version_converter`` adapter down to the toolkit's opset (Gelu and
+    AffineGrid did not exist before opset 20; ConstantOfShape-20 and GridSample-20 have no
+    down-adapter).  The rewrite replaces it by ops that exist at the lower opset, in the form
+    the TorchScript exporter writes (so the toolkit's own fusion rules recognise it).
+``npu``
+    The op converts but the toolkit places it on the CPU inside an NPU stage (one
+    NPU -> CPU -> NPU round trip on the board).  The rewrite is an exactly equivalent form
+    the toolkit places on the NPU; each entry cites the measured placement that justifies it
+    (``evidence``: the verbose "Network Layer Information Table" Target column of real builds).
+
+The IsNaN guard after a masked Softmax (``nan-guard``): ``IsNaN`` and its direct exact
+replacements ``Equal(p, p)`` / ``Greater(p, -1)`` are all placed on the CPU by 2.3.0 and 2.5.0
+(as are Exp, Log, ReduceMax, Min, Less, Not, Or and a Div by a tensor); the row-validity form
+kept here uses only Where, MatMul, Clip, Mul and Add, which both place on the NPU.
+
+Every rewrite is checked by its caller: the rewritten stage must match the original under
+ONNX Runtime before it is kept (:mod:`rkpart.compile.prepare`).
+
+The table (:data:`REWRITES`) is the public face of this package: one :class:`Rewrite` per
+pattern, with its name, the op it starts from (``op_type``), the toolkits it applies to and
+what it reads (``needs``).  The rewrites themselves are written on the editing view
+:class:`rkpart.ir.edit.GraphEdit`: :mod:`.lower` (opset lowering), :mod:`.npu` (placements),
+:mod:`.crashes` (toolkit crashes avoided).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import onnx
+
+from rkpart.ir.edit import NEEDS, GraphEdit
+from rkpart.targets.rewrites.crashes import layernorm_scale_fold, strided_slices_concat
+from rkpart.targets.rewrites.lower import NO_LOWERING, TYPE_ONLY_CHANGES, gelu, grid_sample
+from rkpart.targets.rewrites.npu import (
+    erf_sqrt2_f32,
+    interleave,
+    nan_guard,
+    norm_residual_sub,
+    pad_concat,
+    reciprocal,
+    split_chunked_linear,
+    tile_broadcast,
+)
+
+#: a rewrite: edits the view's graph in place and returns how many matches it rewrote
+Apply = Callable[[GraphEdit], int]
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One row of :data:`REWRITES`."""
+
+    name: str
+    op_type: str  # the op the pattern starts from
+    kind: str  # "lower" or "npu"
+    toolkits: tuple[str, ...]  # versions it applies to; ("*",) = every version
+    evidence: str  # why: the missing adapter, or the measured placement before/after
+    apply: Apply
+    every_node: bool = False  # rewrites every node of ``op_type`` (not only a pattern around it)
+    #: what ``apply`` reads from the view beyond the graph (:data:`rkpart.ir.edit.NEEDS`):
+    #: "types" (element types), "shapes" (static shapes; writes the inferred value infos)
+    needs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not set(self.needs) <= NEEDS:
+            raise ValueError(f"rewrite {self.name}: unknown needs {sorted(set(self.needs) - NEEDS)}")
+
+    def applies_to(self, toolkit: str) -> bool:
+        return "*" in self.toolkits or toolkit in self.toolkits
+
+
+REWRITES: tuple[Rewrite, ...] = (
+    Rewrite("gelu20-decompose", "Gelu", "lower", ("*",),
+            "Gelu exists only from opset 20 (version_converter: 'No Previous Version of Gelu exists'); "
+            "written as the TorchScript exporter's decomposition, which the toolkits fuse into exGelu",
+            gelu, needs=("types",)),
+    Rewrite("gridsample20-modes", "GridSample", "lower", ("*",),
+            "version_converter has no adapter from GridSample-20; only the mode names changed", grid_sample),
+    Rewrite("reciprocal-to-div", "Reciprocal", "npu", ("*",),
+            "RMSNorm's rsqrt as Reciprocal(Sqrt(mean(x^2)+eps)) (dynamo exports): the toolkit turns the "
+            "Reciprocal into a Div placed on the CPU ('Div:node_rsqrt#1', CPU). As Div(1, Sqrt(...)) its "
+            "replace_rms_norm fusion takes the whole norm onto the NPU. Measured on a tiny Flux, dynamo "
+            "opset 20, split plan: 12 CPU layers -> 0 with 2.3.0 and with 2.5.0", reciprocal, every_node=True,
+            needs=("types",)),
+    Rewrite("scatternd-interleave", "ScatterND", "npu", ("*",),
+            "RoPE written as out[..., 0::2] = a; out[..., 1::2] = b (Wan): the second ScatterND of each "
+            "chain runs on the CPU ('ScatterND:/model/blocks.0/attn1/ScatterND_1', CPU; dynamo: "
+            "'ScatterND:node_ScatterND_321'; 2.3.0 puts both of each chain there). As Unsqueeze/Concat/Reshape "
+            "it stays on the NPU. Measured on a tiny Wan, split plan, ScatterND layers on the CPU: "
+            "TorchScript 4 -> 0 (2.5.0), 8 -> 0 (2.3.0); dynamo 4 -> 0 (2.5.0) and all 16 CPU layers "
+            "-> 0 with reciprocal-to-div (2.3.0)",
+            interleave, needs=("shapes",)),
+    Rewrite("gelu-f16-sqrt2", "Erf", "npu", ("*",),
+            "Erf-GELU of a float16 model (Anima's FFN; any fp16 TorchScript export of nn.GELU): the "
+            "exporter's Div(x, sqrt 2) carries float16(sqrt 2) = 1.4140625, and the toolkits' "
+            "replace_torch_gelu fusion matches only the float32 sqrt 2 (1.41421 already fails), so the "
+            "Erf runs on the CPU ('Erf:/transformer_blocks.0/ff/net.0/Erf', CPU). With the constant made "
+            "by Cast(float32 sqrt 2 -> float16) (the same float16 value under ONNX Runtime) the toolkit "
+            "fuses MatMul+GELU into ConvExGelu on the NPU. Measured: tiny fp16 MatMul-GELU-MatMul 1 CPU "
+            "layer -> 0 on 2.3.0, 2.3.2, 2.5.0; Anima (1 block, hidden 256, 256 px, fp16) split and fused "
+            "plans 1 -> 0 on 2.3.0 and 2.5.0",
+            erf_sqrt2_f32),
+    Rewrite("adaln-chunk-gemm", "Gemm", "npu", ("2.3.0", "2.3.2"),
+            "AdaLN modulation Gemm read as chunks (emb.chunk(6, -1): Slices, or a Split from dynamo): 2.3.0's "
+            "merge_parallel_op_after_split merges the two '+1' Adds on the scale chunks into one Add on a "
+            "Concat and inserts a Transpose it places on the CPU ('Transpose:/model/transformer_blocks.0/"
+            "norm1/Slice_1_output_0-rs_concat-rs_tp', (1,32,2,1) -> (2,32,1,1)). One Gemm per chunk (the "
+            "chunk's rows of the weight and bias) leaves no Split to merge after. Measured on fused plans, "
+            "2.3.0: Flux (TorchScript, dynamo) 4 CPU layers -> 0, DiT 1 Transpose per block -> 0; 2.5.0 "
+            "has no such Transpose (not applied). 2.3.2 crashes on these blocks either way (same "
+            "operator list as 2.3.0)",
+            split_chunked_linear, needs=("shapes",)),
+    Rewrite("nan-guard", "IsNaN", "npu", ("*",),
+            "The guard Where(IsNaN(p), 0, p) after Softmax(s + Where(mask, 0, -inf)) (scaled_dot_product_attention "
+            "with a bool mask, TorchScript): 'IsNaN:/IsNaN' on the CPU with 2.3.0 and 2.5.0 (Equal(p, p), "
+            "Greater(p, -1), Exp, Log, ReduceMax: CPU too). Rewritten with a per-row 'has a key' factor from "
+            "Where/MatMul/Clip and a fill that is -inf only in such rows (so a hidden row's Softmax is finite, "
+            "times 0): bit-exact under ORT for finite scores, all NPU. Dynamo writes float32's lowest instead of "
+            "-inf: no row can be NaN (scores above -2e31), the guard is dropped (float32 only). Measured on a "
+            "tiny SDPA with a bool mask, both exporters: 1 CPU layer -> 0 on 2.3.0 and 2.5.0; under rknn-sim "
+            "(2.3.0) the original gives 0.69 instead of 0 on a fully masked row (the NPU saturates -inf, no "
+            "NaN), the rewrite gives 0. The fill is broadcast to the mask's shape (times ones[.., K]) before "
+            "its Where: without that 2.5.0 SIGSEGVs in convert_exmatmul_to_conv on Lumina2's caption-refiner "
+            "attention (a Where whose computed branch [1,1,1,1] broadcasts against the [1,1,1,6] mask; the "
+            "MatMul, ReduceSum instead of it, the final Mul and a finite fill all crash the same, only the "
+            "broadcast builds). Measured on a tiny Lumina2, TorchScript, split, caption-refiner stage: "
+            "'IsNaN:/model/context_refiner.0/attn/IsNaN' on the CPU -> gone, on 2.5.0 and 2.3.0 (the mask's "
+            "Reshape and Cast stay: int64 ops, the partitioner's side)",
+            nan_guard, needs=("shapes", "types")),
+    Rewrite("pad-to-concat", "Pad", "npu", ("2.3.0", "2.3.2"),
+            "Sana's linear attention pads V with a row of ones (pads computed from constants): 2.3.0 places "
+            "the Pad on the CPU ('Pad:/model/transformer_blocks.0/attn1/Pad', CPU), 2.5.0 on the NPU. As a "
+            "Concat with a constant block it stays on the NPU. Measured on a tiny Sana, split plan, 2.3.0: "
+            "TorchScript and dynamo 2 CPU layers -> 0. 2.3.2 (same operator list as 2.3.0) not measured",
+            pad_concat, needs=("shapes", "types")),
+    Rewrite("norm-residual-sub", "Add", "npu", ("2.3.0", "2.3.2"),
+            "A residual added straight to an RMSNorm's output (x + norm2(attn(x)), Lumina2's context refiner, "
+            "no modulation in between): 2.3.0's fuse_exnorm_add folds the Add into the exNorm's beta as a "
+            "computed (1,32,1,6) tensor and places that exNorm on the CPU ('exNorm:/model/context_refiner.0/"
+            "norm2/ReduceMean_2rmsn', CPU; ffn_norm2 the same). As Sub(x, Mul(r, -w)) (bit-exact) nothing is "
+            "folded. Measured on a tiny Lumina2, fused plan, 2.3.0, block 0: 2 exNorm CPU layers -> 0 "
+            "(TorchScript and dynamo); 2.5.0 keeps that exNorm on the NPU (not applied). 2.3.2 not measured",
+            norm_residual_sub),
+    # --- crash avoidance (issue 18) ---
+    Rewrite("layernorm-scale-fold", "LayerNormalization", "npu", ("2.5.0",),
+            "SIGSEGV avoided, not a placement: 2.5.0 crashes in its native compiler (last step "
+            "convert_exmatmul_to_conv, after fuse_exnorm_mul folded the Mul) on LayerNorm -> Reshape -> "
+            "Transpose -> Reshape -> Mul(constant scalar), the key side of a dynamo SDPA after a LayerNorm "
+            "qk-norm (tiny HunyuanDiT, dynamo, split: both cross-attention stages; `rkpart repro` reduces "
+            "them to those 5 nodes plus the query's RoPE Add and scale Mul). With the scalar folded into "
+            "the LayerNorm's weight and bias both stages build, 0 CPU layers; 2.3.0 builds either form",
+            layernorm_scale_fold),
+    Rewrite("strided-slices-concat", "Concat", "npu", ("2.5.0",),
+            "SIGSEGV avoided, not a placement: 2.5.0 crashes in fuse_slice_slice_concat_to_conv on a Concat of "
+            "two equally spaced constant Slices of one tensor (Chroma's modulation pieces mod[:, 6:12] and "
+            "mod[:, 18:24]; tiny Chroma, fused plan, both double blocks, both exporters; the log stops at "
+            "replace_torch_tanh_gelu, `rkpart repro` reduces the stage to those 3 nodes). As one Slice of "
+            "the span, a Reshape into periods, one Slice and a Reshape back the stage builds; 2.3.0 builds "
+            "either form",
+            strided_slices_concat, needs=("shapes",)),
+    Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
+            "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
+            "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "
+            "keeps it on the NPU. As Mul(x, ones) it stays on the NPU. Measured on a tiny Lumina2, "
+            "TorchScript, split plan, 2.5.0: 11 CPU layers -> 3 (the 8 Expand; the caption mask's "
+            "Reshape, Cast and IsNaN stay). A Concat of copies instead fails both toolkits' optimiser "
+            "(KeyError in remove_node after swap_reshape_mul)",
+            tile_broadcast, needs=("shapes", "types")),
+)
+
+
+def rewrites_for(toolkit: str, kind: str) -> tuple[Rewrite, ...]:
+    """The table's rows of ``kind`` ("lower" or "npu") that apply to ``toolkit``."""
+    return tuple(r for r in REWRITES if r.kind == kind and r.applies_to(toolkit))
+
+
+def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[str, int]:
+    """Apply ``rows`` to ``model`` in place; returns rewrite name -> matches rewritten (hits only).
+
+    One :class:`~rkpart.ir.edit.GraphEdit` serves every row: types are inferred once, and again
+    only after a row that matched.
+    """
+    view = GraphEdit(model)
+    done: dict[str, int] = {}
+    for r in rows:
+        if not any(n.op_type == r.op_type for n in model.graph.node):
+            continue
+        view.declare(r.needs)
+        k = r.apply(view)
+        if k:
+            done[r.name] = k
+            view.retype()
+    return done
+
+
+__all__ = ["NO_LOWERING", "REWRITES", "TYPE_ONLY_CHANGES", "Apply", "Rewrite", "apply_rewrites", "rewrites_for"]

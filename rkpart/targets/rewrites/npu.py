@@ -1,0 +1,581 @@
+"""NPU rewrites: exactly equivalent forms of patterns a toolkit would place on the CPU.
+
+Each row of :data:`rkpart.targets.rewrites.REWRITES` naming one of these cites the measured
+placement that justifies it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from rkpart.ir.edit import GraphEdit, attr
+
+
+def reciprocal(view: GraphEdit) -> int:
+    """``Reciprocal(v)`` -> ``Div(1, v)``."""
+    graph = view.graph
+    view.new_names()
+    count = 0
+    for i in list(view.matches("Reciprocal")):
+        n = graph.node[i]
+        one = view.add_constant(f"{n.name or n.output[0]}/one",
+                               np.array(1.0, dtype=helper.tensor_dtype_to_np_dtype(view.elem(n.input[0]))))
+        view.replace(i, [helper.make_node("Div", [one, n.input[0]], [n.output[0]], name=n.name or None)])
+        count += 1
+    return count
+
+
+_SQRT2 = 1.4142135623730951
+
+
+def _is_half_sqrt2(view: GraphEdit, name: str) -> bool:
+    """``name`` is a one-element float16 constant holding float16(sqrt 2) = 1.4140625."""
+    v = view.const_array(name)
+    return v is not None and v.dtype == np.float16 and v.size == 1 and v.reshape(()) == np.float16(_SQRT2)
+
+
+def erf_sqrt2_f32(view: GraphEdit) -> int:
+    """Erf-GELU in float16: ``Erf(Div(x, c))`` with ``c`` = float16(sqrt 2) -> ``c`` made by
+    ``Cast(float32 sqrt 2 -> float16)`` (the same float16 value under ONNX Runtime, bit for bit)."""
+    graph = view.graph
+    index = view.producer_indices()
+    view.new_names()
+    casts: dict[int, onnx.NodeProto] = {}  # Div index -> the Cast to insert before it
+    for n in graph.node:
+        if n.op_type != "Erf" or n.domain not in ("", "ai.onnx"):
+            continue
+        j = index.get(n.input[0])
+        if j is None or j in casts:
+            continue
+        div = graph.node[j]
+        if div.op_type != "Div" or len(div.input) != 2 or not _is_half_sqrt2(view, div.input[1]):
+            continue
+        base = div.name or div.output[0]
+        f32 = view.fresh(f"{base}/sqrt2_f32")
+        graph.initializer.append(numpy_helper.from_array(np.array(_SQRT2, dtype=np.float32), f32))
+        half = view.fresh(f"{base}/sqrt2")
+        casts[j] = helper.make_node("Cast", [f32], [half], to=onnx.TensorProto.FLOAT16, name=f"{base}/Cast_sqrt2")
+        div.input[1] = half
+    if casts:
+        nodes: list[onnx.NodeProto] = []
+        for k, n in enumerate(graph.node):
+            if k in casts:
+                nodes.append(casts[k])
+            nodes.append(n)
+        view.set_nodes(nodes)
+    return len(casts)
+
+
+def split_chunked_linear(view: GraphEdit) -> int:
+    """A ``Gemm`` whose output is only read as column chunks (``emb.chunk(k, -1)`` of an AdaLN
+    modulation: Slices of the last axis with constant bounds, or one Split of the last axis)
+    -> one Gemm per chunk, on the chunk's rows of B (columns when ``transB`` = 0) and of C.
+
+    Each output element is the same dot product and bias add as before.  Matches ``transA`` = 0
+    with a 2-D constant B and a constant (or no) C.
+    """
+    graph = view.graph
+    shapes = view.static_shapes()
+    outputs = view.outputs
+    readers = view.reader_indices()  # tensor -> indices of the nodes that read it
+    view.new_names()
+    edits: dict[int, list[onnx.NodeProto]] = {}  # linear's index -> its replacement
+    drop: set[int] = set()  # indices of the Slices / Splits the new Gemms replace
+    for k, lin in enumerate(graph.node):
+        if lin.op_type != "Gemm" or lin.domain not in ("", "ai.onnx") or lin.output[0] in outputs \
+                or attr(lin, "transA", 0):
+            continue
+        w = view.const_array(lin.input[1])
+        if w is None or w.ndim != 2:
+            continue
+        trans_b = bool(attr(lin, "transB", 0))
+        n_out = w.shape[0] if trans_b else w.shape[1]
+        bias = None
+        if len(lin.input) > 2 and lin.input[2]:
+            bias = view.const_array(lin.input[2])
+            if bias is None or bias.size not in (1, n_out) or bias.ndim > 1:
+                continue
+        out_shape = shapes.get(lin.output[0])
+        if out_shape is None or out_shape[-1] != n_out:
+            continue
+        slices = [graph.node[j] for j in readers.get(lin.output[0], [])]
+        chunks = _split_ranges(view, slices[0], len(out_shape), n_out) if len(slices) == 1 else None
+        if chunks is None and len(slices) >= 2:
+            ranges = [_slice_range(view, sl, len(out_shape), n_out) for sl in slices]
+            chunks = [(sl.output[0], *r) for sl, r in zip(slices, ranges, strict=True) if r is not None]
+            if len(chunks) != len(slices):
+                chunks = None
+        if chunks:
+            base = lin.name or lin.output[0]
+            new = []
+            for c, (out, a, b) in enumerate(chunks):
+                wc = w[a:b] if trans_b else w[:, a:b]
+                wn = view.fresh(f"{base}/chunk{c}_weight")
+                graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(wc), wn))
+                ins = [lin.input[0], wn]
+                if bias is not None:
+                    bn = view.fresh(f"{base}/chunk{c}_bias")
+                    bc = bias if bias.size == 1 else bias[a:b]
+                    graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(bc), bn))
+                    ins.append(bn)
+                attrs = {a_.name: helper.get_attribute_value(a_) for a_ in lin.attribute}
+                new.append(helper.make_node(lin.op_type, ins, [out], name=f"{base}_chunk{c}", **attrs))
+            drop.update(readers[lin.output[0]])
+            edits[k] = new
+    if not edits:
+        return 0
+    nodes: list[onnx.NodeProto] = []
+    for k, n in enumerate(graph.node):
+        if k in edits:
+            nodes.extend(edits[k])
+        elif k not in drop:
+            nodes.append(n)
+    view.set_nodes(nodes)
+    view.drop_unread_initializers()  # the whole weights and biases, now read by nobody
+    return len(edits)
+
+
+def _split_ranges(view: GraphEdit, sp: onnx.NodeProto, rank: int,
+                  n: int) -> list[tuple[str, int, int]] | None:
+    """[(output, start, end)] of a Split of the last axis into static parts (unused outputs left out)."""
+    if sp.op_type != "Split" or sp.domain not in ("", "ai.onnx"):
+        return None
+    if int(attr(sp, "axis", 0)) not in (-1, rank - 1):  # type: ignore[call-overload]
+        return None
+    k = len(sp.output)
+    sizes: object = attr(sp, "split", None)
+    if len(sp.input) > 1 and sp.input[1]:
+        sizes = view.value(sp.input[1])
+        if sizes is None:
+            return None
+    if sizes is None:
+        step = -(-n // k)
+        sizes = [step] * (k - 1) + [n - step * (k - 1)]
+    bounds = [int(v) for v in np.asarray(sizes).reshape(-1)]
+    if len(bounds) != k or sum(bounds) != n or min(bounds) <= 0:
+        return None
+    out, a = [], 0
+    for name, size in zip(sp.output, bounds, strict=True):
+        if name:
+            out.append((name, a, a + size))
+        a += size
+    return out or None
+
+
+def _slice_range(view: GraphEdit, sl: onnx.NodeProto, rank: int, n: int) -> tuple[int, int] | None:
+    """(start, end) of a Slice of the last axis with constant bounds and step 1, else None."""
+    if sl.op_type != "Slice" or sl.domain not in ("", "ai.onnx") or len(sl.input) < 3:
+        return None
+    vals = [view.value(sl.input[j]) if len(sl.input) > j and sl.input[j] else None for j in range(1, 5)]
+    starts, ends, axes, steps = vals
+    if starts is None or ends is None or starts.size != 1 or ends.size != 1:
+        return None
+    if axes is not None and (axes.size != 1 or int(axes.reshape(())) not in (-1, rank - 1)):
+        return None
+    if axes is None and rank != 1:
+        return None
+    if steps is not None and (steps.size != 1 or int(steps.reshape(())) != 1):
+        return None
+    a, b = int(starts.reshape(())), int(ends.reshape(()))
+    a = max(0, min(n, a + n if a < 0 else a))
+    b = max(0, min(n, b + n if b < 0 else b))
+    return (a, b) if a < b else None
+
+
+def _scalar(view: GraphEdit, name: str) -> float | None:
+    v = view.const_array(name)
+    return float(v.reshape(())) if v is not None and v.size == 1 and v.dtype.kind == "f" else None
+
+
+def nan_guard(view: GraphEdit, broadcast_fill: bool = True) -> int:
+    """The exporters' guard after a bool-masked Softmax (scaled_dot_product_attention with a bool
+    mask)::
+
+        p = Softmax(s + Where(mask, 0, -inf));  out = Where(IsNaN(p), 0, p)
+
+    A row the mask hides entirely is all -inf, so Softmax gives NaN there and the guard makes it
+    0.  Rewritten without IsNaN::
+
+        valid = Clip(MatMul(Where(mask, 1, 0), ones[K, 1]), 0, 1)      # 1: row has a key, else 0
+        fill  = -((valid * 65504) ^ 16) * ones[1, .., 1, K]             # -inf if valid, else 0
+        p     = Softmax(s + Where(mask, 0, fill));  out = p * valid
+
+    (``^ 16`` is four squarings: 65504^16 overflows float32 and float16 to inf, 0 stays 0.)
+    Rows with a key get the same Softmax input, so the same bits (times 1); hidden rows get a
+    finite Softmax, times 0.  Exact for finite scores.  ``broadcast_fill=False`` leaves out the
+    ``* ones`` (the first form, which 2.5.0 segfaults on; kept to test compile's retry with a
+    real crash).
+    """
+    graph = view.graph
+    if view.opset < 13:  # Softmax and Clip changed meaning at 13 / 11
+        return 0
+    shapes = view.static_shapes()
+    index = view.producer_indices()
+    readers = view.reader_indices()
+    outputs = view.outputs
+    view.new_names()
+    before: dict[int, list[onnx.NodeProto]] = {}  # index of the Add -> nodes to insert before it
+    replace: dict[int, onnx.NodeProto] = {}  # index of the guard's Where -> its replacement
+    drop: set[int] = set()
+    for ki, isnan in enumerate(graph.node):
+        if isnan.op_type != "IsNaN" or isnan.domain not in ("", "ai.onnx"):
+            continue
+        p = isnan.input[0]
+        ks = index.get(p)
+        r_nan = readers.get(isnan.output[0], [])
+        if ks is None or len(r_nan) != 1 or isnan.output[0] in outputs or p in outputs:
+            continue
+        sm, kw = graph.node[ks], r_nan[0]
+        w = graph.node[kw]
+        if sm.op_type != "Softmax" or w.op_type != "Where" or w.input[0] != isnan.output[0] or w.input[2] != p \
+                or _scalar(view, w.input[1]) != 0.0 or sorted(readers.get(p, [])) != sorted([ki, kw]):
+            continue
+        x = sm.input[0]
+        rank = len(shapes.get(x, []))
+        ka = index.get(x)
+        axis = attr(sm, "axis", -1)
+        if ka is None or not rank or not isinstance(axis, int) or axis not in (-1, rank - 1) \
+                or readers.get(x) != [ks] or x in outputs:
+            continue
+        add = graph.node[ka]
+        if add.op_type != "Add" or ka in before:
+            continue
+        for slot in (0, 1):
+            km = index.get(add.input[slot])
+            m = graph.node[km] if km is not None else None
+            if m is None or m.op_type != "Where":
+                continue
+            a, b = _scalar(view, m.input[1]), _scalar(view, m.input[2])
+            if a is not None and b is not None and 0.0 in (a, b) and min(a, b) < 0 \
+                    and len(shapes.get(m.input[0], [])) >= 1:
+                break
+        else:
+            continue
+        if math.isfinite(min(a, b)):
+            # a finite fill (dynamo writes float32's lowest): no row is all -inf, Softmax gives no NaN
+            # (float32 scores above -2e31), the guard does nothing.  Not in float16: s - 65504
+            # overflows to -inf once s < -16.
+            if view.elem(x) == onnx.TensorProto.FLOAT:
+                replace[kw] = helper.make_node("Identity", [p], [w.output[0]], name=w.name or None)
+                drop.add(ki)
+            continue
+        cond, zero_first = m.input[0], a == 0.0
+        k_keys = shapes[cond][-1]
+        elem = view.elem(x)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        base = isnan.name or isnan.output[0]
+
+        def c(tag: str, v: float | np.ndarray, base: str = base, dtype: np.dtype = dtype) -> str:
+            name = view.fresh(f"{base}/{tag}")
+            graph.initializer.append(numpy_helper.from_array(np.asarray(v, dtype=dtype), name))
+            return name
+
+        def t(tag: str, base: str = base) -> str:
+            return view.fresh(f"{base}/{tag}")
+
+        mk = helper.make_node
+        one, zero = c("one", 1.0), c("zero", 0.0)
+        mf, cnt, valid, fill, m2 = t("keys"), t("count"), t("valid"), t("fill"), t("mask_add")
+        new = [mk("Where", [cond, one, zero] if zero_first else [cond, zero, one], [mf], name=f"{base}/keys"),
+               mk("MatMul", [mf, c("ones", np.ones((k_keys, 1)))], [cnt], name=f"{base}/count"),
+               mk("Clip", [cnt, zero, one], [valid], name=f"{base}/valid")]
+        cur = t("big")
+        new.append(mk("Mul", [valid, c("fp16_max", 65504.0)], [cur], name=f"{base}/big"))
+        for q in range(4):
+            nxt = t(f"square{q}")
+            new.append(mk("Mul", [cur, cur], [nxt], name=f"{base}/square{q}"))
+            cur = nxt
+        new.append(mk("Mul", [cur, c("minus_one", -1.0)], [fill], name=f"{base}/fill"))
+        # the fill broadcast to the mask's shape before the Where (times 1: the same values): 2.5.0
+        # segfaults (convert_exmatmul_to_conv) on a Where whose computed branch broadcasts
+        if broadcast_fill:
+            full, ones_k = t("fill_full"), c("mask_ones", np.ones([1] * (len(shapes[cond]) - 1) + [k_keys]))
+            new.append(mk("Mul", [fill, ones_k], [full], name=f"{base}/fill_full"))
+            fill = full
+        keep = m.input[1] if zero_first else m.input[2]
+        new.append(mk("Where", [cond, keep, fill] if zero_first else [cond, fill, keep], [m2], name=f"{base}/mask"))
+        add.input[slot] = m2
+        before[ka] = new
+        replace[kw] = mk("Mul", [p, valid], [w.output[0]], name=w.name or None)
+        drop.add(ki)
+    if not replace:
+        return 0
+    nodes: list[onnx.NodeProto] = []
+    for k, n in enumerate(graph.node):
+        nodes.extend(before.get(k, ()))
+        if k in replace:
+            nodes.append(replace[k])
+        elif k not in drop:
+            nodes.append(n)
+    view.set_nodes(nodes)
+    return len(replace)
+
+
+def interleave(view: GraphEdit) -> int:
+    """A chain of ScatterND that fills a tensor with k updates interleaved along one axis
+    (``out[..., 0::2] = a; out[..., 1::2] = b``: RoPE in Wan and others) ->
+    ``Reshape(Concat(Unsqueeze(a, ax+1), Unsqueeze(b, ax+1), axis=ax+1), shape)``.
+
+    Only chains whose indices are constants and cover every element exactly once are rewritten;
+    the data tensor they start from is then irrelevant (its shape is the result's shape).
+    Intermediate results that something else reads stay computed.
+    """
+    count = 0
+    while True:
+        done = _interleave_once(view)
+        if not done:
+            return count
+        count += 1
+
+
+def _interleave_once(view: GraphEdit) -> bool:
+    graph = view.graph
+    prod, uses, outputs = view.wiring()
+    shapes = view.static_shapes()
+    for last in graph.node:
+        if last.op_type != "ScatterND" or attr(last, "reduction", b"none") not in (b"none", "none"):
+            continue
+        # walk back through the data inputs: ScatterND (through Identity) producing it
+        chain = [last]
+        seq = [last]  # every node from the head of the chain to ``last``, Identities included
+        data = last.input[0]
+        while True:
+            p = prod.get(data)
+            hops = []
+            while p is not None and p.op_type == "Identity":
+                hops.append(p)
+                data = p.input[0]
+                p = prod.get(data)
+            if p is None or p.op_type != "ScatterND" or attr(p, "reduction", b"none") not in (b"none", "none"):
+                break
+            seq[0:0] = [p, *reversed(hops)]
+            chain.insert(0, p)
+            data = p.input[0]
+        if len(chain) < 2:
+            continue
+        shape = shapes.get(chain[0].input[0])
+        idxs = [view.const_array(n.input[1]) for n in chain]
+        if shape is None or any(a is None for a in idxs):
+            continue
+        plan = _interleave_plan(shape, [a for a in idxs if a is not None])
+        if plan is None:
+            continue
+        axis, order = plan
+        view.new_names()
+        base = last.name or last.output[0]
+        new: list[onnx.NodeProto] = []
+        ax_name = view.fresh(f"{base}/unsq_axis")
+        graph.initializer.append(numpy_helper.from_array(np.array([axis + 1], dtype=np.int64), ax_name))
+        parts = []
+        for c in order:
+            upd = chain[c].input[2]
+            u = view.fresh(f"{base}/unsq{c}")
+            new.append(helper.make_node("Unsqueeze", [upd, ax_name], [u], name=f"{base}/Unsqueeze_{c}"))
+            parts.append(u)
+        cat = view.fresh(f"{base}/interleaved")
+        new.append(helper.make_node("Concat", parts, [cat], axis=axis + 1, name=f"{base}/Concat"))
+        shp = view.fresh(f"{base}/shape")
+        graph.initializer.append(numpy_helper.from_array(np.array(shape, dtype=np.int64), shp))
+        new.append(helper.make_node("Reshape", [cat, shp], [last.output[0]], name=f"{base}/Reshape"))
+        # intermediate results read by something else (TorchScript slices them; a fused stage
+        # may output them): written the same way with the data's constant values in the offsets
+        # not filled yet, else they stay computed by the original chain
+        direct = [n for n in seq[:-1] if uses.get(n.output[0], 0) > 1 or n.output[0] in outputs]
+        fill = view.value(chain[0].input[0]) if direct else None
+        at: dict[str, list[onnx.NodeProto]] = {last.output[0]: new}  # node output -> its replacement
+        if direct and fill is not None and fill.shape == tuple(shape) \
+                and all(n.op_type == "ScatterND" for n in direct):
+            blocks = fill.reshape([*shape[:axis], shape[axis] // len(order), len(order), *shape[axis + 1:]])
+            for n in direct:
+                t = next(i for i, m in enumerate(chain) if m.output[0] == n.output[0])
+                ib = n.name or n.output[0]
+                parts = []
+                for off, c in enumerate(order):
+                    if c <= t:
+                        u = view.fresh(f"{ib}/unsq{c}")
+                        at.setdefault(n.output[0], []).append(helper.make_node(
+                            "Unsqueeze", [chain[c].input[2], ax_name], [u], name=f"{ib}/Unsqueeze_{c}"))
+                    else:
+                        u = view.fresh(f"{ib}/data{off}")
+                        graph.initializer.append(numpy_helper.from_array(
+                            np.ascontiguousarray(np.take(blocks, [off], axis=axis + 1)), u))
+                    parts.append(u)
+                cat_t = view.fresh(f"{ib}/interleaved")
+                at.setdefault(n.output[0], []).extend([
+                    helper.make_node("Concat", parts, [cat_t], axis=axis + 1, name=f"{ib}/Concat"),
+                    helper.make_node("Reshape", [cat_t, shp], [n.output[0]], name=f"{ib}/Reshape")])
+            drop = {n.output[0] for n in seq}
+        else:
+            drop = {last.output[0]}
+            needed = False
+            for n in reversed(seq[:-1]):
+                needed = needed or uses.get(n.output[0], 0) > 1 or n.output[0] in outputs
+                if not needed:
+                    drop.add(n.output[0])
+        kept = []
+        for n in graph.node:
+            if n.output and n.output[0] in at:
+                kept.extend(at[n.output[0]])  # where the replaced node was: its inputs exist by then
+            elif not (n.output and n.output[0] in drop):
+                kept.append(n)
+        view.set_nodes(kept)
+        return True
+    return False
+
+
+def _interleave_plan(shape: list[int], idxs: list[np.ndarray]) -> tuple[int, list[int]] | None:
+    """(axis, order of the chain's updates by offset) when ``idxs`` interleave along one axis."""
+    k = len(idxs)
+    q = int(idxs[0].shape[-1])
+    if any(int(a.shape[-1]) != q for a in idxs) or q > len(shape):
+        return None
+    lead = shape[:q]
+    for axis in range(q):
+        if lead[axis] % k:
+            continue
+        grid = list(lead)
+        grid[axis] //= k
+        order: dict[int, int] = {}
+        for i, a in enumerate(idxs):
+            if list(a.shape[:-1]) != grid:
+                break
+            coords = np.stack(np.meshgrid(*[np.arange(n) for n in grid], indexing="ij"), axis=-1)
+            off = int(a[(0,) * len(grid)][axis]) if a.size else -1
+            if not 0 <= off < k or off in order:
+                break
+            coords[..., axis] = coords[..., axis] * k + off
+            if not np.array_equal(a.astype(np.int64), coords):
+                break
+            order[off] = i
+        else:
+            return axis, [order[c] for c in range(k)]
+    return None
+
+
+def pad_concat(view: GraphEdit) -> int:
+    """Constant-mode Pad with constant pads and value -> Concat with constant blocks, axis by axis.
+
+    Sana's linear attention pads V with a row of ones (``F.pad(v, (0, 0, 0, 1), value=1.0)``).
+    """
+    graph = view.graph
+    shapes = view.static_shapes()
+    view.new_names()
+    count = 0
+    for i in list(view.matches("Pad")):
+        n = graph.node[i]
+        mode = attr(n, "mode", b"constant")
+        if mode not in (b"constant", "constant") or (len(n.input) > 3 and n.input[3]):
+            continue
+        shape = shapes.get(n.input[0])
+        pads = view.value(n.input[1]) if len(n.input) > 1 and n.input[1] else None
+        if shape is None or pads is None or pads.size != 2 * len(shape) or (pads < 0).any():
+            continue
+        value = view.value(n.input[2]) if len(n.input) > 2 and n.input[2] else np.zeros(())
+        if value is None or value.size != 1:
+            continue
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(view.elem(n.input[0]))
+        rank = len(shape)
+        base = n.name or n.output[0]
+        cur, dims = n.input[0], list(shape)
+        new: list[onnx.NodeProto] = []
+        axes = [a for a in range(rank) if pads[a] or pads[a + rank]]
+        for k, a in enumerate(axes):
+            parts = []
+            for side, width in (("begin", int(pads[a])), ("end", int(pads[a + rank]))):
+                if side == "end":
+                    parts.append(cur)
+                if width:
+                    block = list(dims)
+                    block[a] = width
+                    c = view.fresh(f"{base}/{side}{a}")
+                    graph.initializer.append(numpy_helper.from_array(
+                        np.full(block, value.reshape(()), dtype=dtype), c))
+                    parts.append(c)
+            out = n.output[0] if k == len(axes) - 1 else view.fresh(f"{base}/axis{a}")
+            new.append(helper.make_node("Concat", parts, [out], axis=a, name=f"{base}/Concat_{a}"))
+            cur = out
+            dims[a] += int(pads[a]) + int(pads[a + rank])
+        if not new:
+            new = [helper.make_node("Identity", [n.input[0]], [n.output[0]], name=base)]
+        view.replace(i, new)
+        count += 1
+    return count
+
+
+#: ops an RMSNorm's scale passes through between its ReduceMean and the weight Mul
+_RMS_PATH = ("Mul", "Div", "Sqrt", "Add", "Reciprocal", "Cast", "Pow")
+
+
+def _rms_normed(prod: dict[str, onnx.NodeProto], name: str, depth: int = 6) -> bool:
+    """``name`` is computed from a ReduceMean through at most ``depth`` RMSNorm ops (Mul, Div, Sqrt ...)."""
+    n = prod.get(name)
+    if n is None or depth == 0:
+        return False
+    if n.op_type == "ReduceMean":
+        return True
+    return n.op_type in _RMS_PATH and any(_rms_normed(prod, i, depth - 1) for i in n.input if i)
+
+
+def norm_residual_sub(view: GraphEdit) -> int:
+    """``Add(x, Mul(r, w))``, ``r`` an RMSNorm's normalised value and ``w`` its constant weight (a
+    residual added to a norm's output with no modulation in between: Lumina2's context refiner,
+    ``x + norm2(attn(x))``) -> ``Sub(x, Mul(r, -w))``: the same bits (negation is exact)."""
+    graph = view.graph
+    prod, uses, outputs = view.wiring()
+    view.new_names()
+    count = 0
+    for add in graph.node:
+        if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+            continue
+        for k in (1, 0):
+            mul = prod.get(add.input[k])
+            if mul is None or mul.op_type != "Mul" or uses.get(mul.output[0]) != 1 or mul.output[0] in outputs:
+                continue
+            j = next((j for j in (1, 0) if view.const_array(mul.input[j]) is not None), None)
+            if j is None or not _rms_normed(prod, mul.input[1 - j]):
+                continue
+            w = view.const_array(mul.input[j])
+            if w is None or w.dtype.kind != "f" or w.ndim != 1:  # a norm's weight, not RoPE's cos table
+                continue
+            neg = view.fresh(f"{mul.input[j]}_neg")
+            graph.initializer.append(numpy_helper.from_array(-w, neg))
+            mul.input[j] = neg
+            x = add.input[1 - k]
+            add.op_type = "Sub"
+            del add.input[:]
+            add.input.extend([x, mul.output[0]])
+            count += 1
+            break
+    return count
+
+
+def tile_broadcast(view: GraphEdit) -> int:
+    """``Tile(x, r)``, ``r`` constant, ``x`` of size 1 on every axis ``r`` repeats ->
+    ``Mul(x, ones(r))``: the broadcast of a multiplication by one (bit-exact).  GQA's
+    ``k.unsqueeze(3).repeat(1, 1, 1, n_rep, 1)`` (Lumina2)."""
+    graph = view.graph
+    shapes = view.static_shapes()
+    view.new_names()
+    count = 0
+    for i in list(view.matches("Tile")):
+        n = graph.node[i]
+        reps = view.const_array(n.input[1])
+        shape = shapes.get(n.input[0])
+        elem = view.elem(n.input[0])
+        if (reps is None or shape is None or reps.ndim != 1 or reps.size != len(shape)
+                or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+                or any(r > 1 and d != 1 for r, d in zip(reps.tolist(), shape, strict=True))):
+            continue
+        base = n.name or n.output[0]
+        ones = view.fresh(f"{base}/ones")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        graph.initializer.append(numpy_helper.from_array(np.ones(reps.astype(np.int64), dtype=dtype), ones))
+        view.replace(i, [helper.make_node("Mul", [n.input[0], ones], [n.output[0]], name=f"{base}/Mul_ones")])
+        count += 1
+    return count
+
+

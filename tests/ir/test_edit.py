@@ -1,0 +1,100 @@
+"""The editing view rewrites are written on: one type inference per stage, declared needs, one evaluator."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from rkpart.ir.edit import NEEDS, GraphEdit
+from rkpart.targets.rewrites import REWRITES, apply_rewrites, rewrites_for
+
+F = TensorProto.FLOAT
+vi = helper.make_tensor_value_info
+
+
+def _model(opset: int = 17) -> onnx.ModelProto:
+    """Relu(x) and a Split of x whose sizes are computed from constants (Add of two initializers)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Add", ["a", "b"], ["sizes"]),
+             helper.make_node("Split", ["r", "sizes"], ["p", "q"], axis=1)]
+    inits = [numpy_helper.from_array(np.array([1, 2], np.int64), "a"),
+             numpy_helper.from_array(np.array([1, 4], np.int64), "b")]
+    g = helper.make_graph(nodes, "g", [vi("x", F, [2, 8])], [vi("p", F, None), vi("q", F, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def test_types_are_inferred_once_per_stage_until_a_row_matches() -> None:
+    m = _model()
+    view = GraphEdit(m)
+    view.declare(("types", "shapes"))
+    assert view.elem("q") == F and view.static_shapes()["r"] == [2, 8]
+    for _ in range(3):  # more rows reading types: no new inference
+        view.declare(("types", "shapes"))
+        assert view.elem("p") == F
+    assert view.inferences == 1
+    view.retype()
+    view.declare(("types",))
+    assert view.elem("r") == F and view.inferences == 2
+
+
+def test_reading_what_a_row_did_not_declare_raises() -> None:
+    view = GraphEdit(_model())
+    view.declare(())
+    with pytest.raises(RuntimeError, match="without declaring"):
+        view.elem("x")
+    with pytest.raises(RuntimeError, match="without declaring"):
+        view.static_shapes()
+
+
+def test_every_row_declares_only_known_needs_and_the_table_is_stable() -> None:
+    names = [r.name for r in REWRITES]
+    assert len(names) == len(set(names))
+    assert all(r.kind in ("lower", "npu") and r.op_type and r.toolkits for r in REWRITES)
+    assert all(set(r.needs) <= NEEDS for r in REWRITES)
+    # a row reading what it did not declare raises (test_reading_what_a_row_did_not_declare_raises), and
+    # the golden test runs every row on a graph it matches: so the declarations are complete
+    with pytest.raises(ValueError, match="unknown needs"):
+        dataclasses.replace(REWRITES[0], needs=("weights",))
+
+
+def test_constant_values_evaluate_at_the_models_opset() -> None:
+    """Split sizes computed by an Add: the one evaluator folds them (opset 17 and 13 alike)."""
+    for opset in (13, 17):
+        view = GraphEdit(_model(opset))
+        assert view.value("sizes").tolist() == [2, 6]  # type: ignore[union-attr]
+        assert view.value("x") is None  # a graph input is no constant
+
+
+def test_fresh_names_avoid_every_name_in_use() -> None:
+    view = GraphEdit(_model())
+    assert view.fresh("r") == "r_1" and view.fresh("r") == "r_2" and view.fresh("new") == "new"
+
+
+def test_a_stage_with_no_match_is_left_byte_identical() -> None:
+    m = _model()
+    before = m.SerializeToString(deterministic=True)
+    assert apply_rewrites(m, rewrites_for("2.5.0", "npu")) == {}
+    assert m.SerializeToString(deterministic=True) == before
+
+
+def test_a_tensor_of_unknown_rank_is_not_a_scalar() -> None:
+    """A graph output declared without a shape (rank unknown) has no static shape.  It used to
+    read as a 0-d one, and ``strided-slices-concat`` divided by its rank 0 (the tiny Flux
+    TorchScript export, 2.5.0: ZeroDivisionError)."""
+    c = numpy_helper.from_array
+    inits = [c(np.array([6], np.int64), "s0"), c(np.array([12], np.int64), "e0"),
+             c(np.array([18], np.int64), "s1"), c(np.array([24], np.int64), "e1"), c(np.array([1], np.int64), "ax")]
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Slice", ["r", "s0", "e0", "ax"], ["p0"]),
+             helper.make_node("Slice", ["r", "s1", "e1", "ax"], ["p1"]),
+             helper.make_node("Concat", ["p0", "p1"], ["y"], axis=1)]
+    g = helper.make_graph(nodes, "g", [vi("x", F, [1, 32])], [vi("y", F, [1, 12]), vi("r", F, None)], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    view = GraphEdit(m)
+    view.declare(("shapes",))
+    assert "r" not in view.static_shapes() and view.static_shapes()["x"] == [1, 32]
+    assert apply_rewrites(m, rewrites_for("2.5.0", "npu")) == {}
