@@ -238,7 +238,7 @@ def break_cycles(mg: ModelGraph, groups: Sequence[Group], *,
         src, dst = owner[edges[:, 0]], owner[edges[:, 1]]
         for a, b in zip(cyc, [*cyc[1:], cyc[0]], strict=True):
             hits = edges[(src == a) & (dst == b)].tolist()
-            t = next((t for x, y in hits for t in mg.nodes[x].output if t in mg.nodes[y].input), "?")
+            t = next((t for x, y in hits for t in mg.op(x).outputs if t in mg.op(y).inputs), "?")
             steps.append(f"-({t})-> {slots[b].id}")
         return " ".join(steps)
 

@@ -185,7 +185,9 @@ def _input_deps(mg: ModelGraph, tensor: str) -> list[str]:
     if p is None:
         return list(mg.inputs)
     ops = (mg.ancestors([p]) | {p}) if p in mg.ops else {p}
-    read = set().union(*(_reads(mg.nodes[i]) for i in ops))
+    # an If/Loop body's reads of outer tensors too (the op's own proto, copied)
+    read = set().union(*(_reads(mg.node_proto(i)) if mg.op(i).op_type in ("If", "Loop", "Scan")
+                         else set(mg.op(i).inputs) for i in ops))
     return [n for n in mg.inputs if n in read]
 
 
