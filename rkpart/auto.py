@@ -29,7 +29,7 @@ from rkpart.io import file_sha256, load_json_file
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.capability import apply_capability
 from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.partition import Partition
+from rkpart.partitioner.partition import Partition, acyclic
 from rkpart.partitioner.write import write_partition
 from rkpart.progress import Progress, silent
 from rkpart.strategies.base import GroupBuilder, Strategy, option, propose_with
@@ -65,7 +65,7 @@ def candidate_variants(mg: ModelGraph, disc: Discovery, *, max_run: int = 1, plu
         if name in OWN_STRATEGIES:
             continue
         try:
-            part = propose_with(cls(), mg, disc)
+            part = acyclic(mg, propose_with(cls(), mg, disc))  # as propose() makes every strategy's
         except Exception as e:  # noqa: BLE001 - a plugin that needs options it was not given is skipped, with a note
             sink.append(f"strategy {name} not considered: {type(e).__name__}: {e}")
             continue

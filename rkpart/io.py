@@ -449,6 +449,19 @@ def content_sha256(files: list[Path]) -> str:
 MAX_NPZ_ELEMENTS = 1 << 34
 
 
+def input_digest(a: Any) -> str:
+    """sha256 of an array's dtype, shape and bytes: the inputs a specialised plan was made on.
+
+    ``rkpart/runtime/board_runner.py`` computes the same (a test keeps the two equal).
+    """
+    import numpy as np
+
+    arr = np.ascontiguousarray(a)
+    h = hashlib.sha256(f"{arr.dtype.str}{list(arr.shape)}".encode())
+    h.update(arr.tobytes())
+    return h.hexdigest()
+
+
 def read_npz(path: str | os.PathLike[str], *, what: str, names: Any = None,
              error: type[UserError] = UserError) -> dict[str, Any]:
     """The arrays ``names`` (default: all) of the ``.npz`` at ``path``, other members never decoded.

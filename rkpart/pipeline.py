@@ -42,7 +42,7 @@ from rkpart.partitioner.capability import cut_before
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD
-from rkpart.partitioner.partition import Partition
+from rkpart.partitioner.partition import Partition, acyclic
 from rkpart.partitioner.plan import Plan
 from rkpart.partitioner.weights import WeightsMode
 from rkpart.partitioner.write import prepare_out, write_partition
@@ -91,17 +91,33 @@ def load(
     model: str | os.PathLike[str],
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     progress: Progress = _noop,
+    inputs: str | os.PathLike[str] | None = None,
 ) -> LoadedModel:
-    """Load and validate ``model`` (any size; inline or external weights)."""
+    """Load and validate ``model`` (any size; inline or external weights).
+
+    ``inputs``: an ``.npz`` of representative model inputs; shapes that depend on the data
+    (``NonZero`` on a mask, an ``If``) are resolved by one ONNX Runtime run on them and the
+    graph is specialised to them (:func:`rkpart.runtime.specialise.load_specialised`).
+    """
     progress(f"loading {model}")
-    return LoadedModel(load_model(model, input_shapes=input_shapes), input_shapes)
+    if inputs is None:
+        return LoadedModel(load_model(model, input_shapes=input_shapes), input_shapes)
+    from rkpart.io import read_npz
+    from rkpart.runtime.specialise import load_specialised
+
+    feeds = read_npz(inputs, what="--inputs file")
+    mg = load_specialised(model, feeds, input_shapes=input_shapes)
+    for rec in mg.specialised:
+        progress(f"specialised to --inputs: {rec['op']} {rec['node']!r} gives {rec['tensor']!r} shape {rec['shape']}")
+    return LoadedModel(mg, input_shapes)
 
 
 def inspect_model(
-    model: str | os.PathLike[str], input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    model: str | os.PathLike[str], input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    inputs: str | os.PathLike[str] | None = None,
 ) -> tuple[ModelGraph, Discovery]:
     """Load and discover without writing anything (``rkpart inspect``)."""
-    loaded = load(model, input_shapes)
+    loaded = load(model, input_shapes, inputs=inputs)
     return loaded.graph, loaded.discovery()
 
 
@@ -171,7 +187,12 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
     strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
     opts = check_options(strat, config.options)
     disc = model.discovery(config.progress) if strat.needs_blocks else None
-    part = propose_with(strat, model.graph, disc, built=opts)
+    # any strategy, plugins too: stages that feed each other are re-cut or merged (and noted),
+    # before the capability pass, which relies on convex groups
+    part = acyclic(model.graph, propose_with(strat, model.graph, disc, built=opts))
+    for note in part.notes:
+        if " cycle " in note:
+            config.progress(note)
     cap = capability_for(config)
     if cap is not None:
         part = apply_capability(model.graph, part, cap, config.force_host, config.progress)
@@ -282,6 +303,8 @@ class PartitionOptions:
     strategy: str | Strategy = "split"  # a name, or a Strategy instance
     config: PartitionConfig = PartitionConfig()
     input_shapes: Mapping[str, tuple[int, ...]] | None = None
+    #: representative inputs (``.npz``) resolving shapes that depend on data (``--inputs``)
+    inputs: Path | None = None
 
 
 def run_partition(opts: PartitionOptions) -> Plan:
@@ -294,7 +317,7 @@ def run_partition(opts: PartitionOptions) -> Plan:
     # before loading: a model of any size is not read for options that cannot be used
     check_options(strat, opts.config.options)
     prepare_out(Path(os.path.abspath(opts.out)), opts.config.force, Path(opts.model))
-    loaded = load(opts.model, opts.input_shapes, opts.config.progress)
+    loaded = load(opts.model, opts.input_shapes, opts.config.progress, inputs=opts.inputs)
     return write_plan(loaded, propose(loaded, strat, opts.config), opts.out, opts.config)
 
 
@@ -309,6 +332,7 @@ def partition(
     simplify: bool = False,
     progress: Progress = _noop,
     weights: WeightsMode = "copy",
+    inputs: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Plan:
     """Partition ``model`` with ``strategy`` and write the plan folder ``out``.
@@ -332,6 +356,10 @@ def partition(
     weights:
         ``copy`` (each stage gets its own data file) or ``link`` (no weights copied: stages
         reference the source's external data, linked into the plan folder).
+    inputs:
+        An ``.npz`` of representative model inputs: shapes that depend on the data are
+        observed in one ONNX Runtime run on them and the plan is specialised to them
+        (``plan.specialised``; ``docs/plan.md``).
     **options:
         Strategy options (``adaln="npu"``, ``blocks_per_stage=2``, ``spec="spec.yaml"`` ...).
         ``toolkit="2.5.0"`` is taken by every strategy: the rknn-toolkit2 version whose capability
@@ -352,7 +380,8 @@ def partition(
     toolkit = options.get("toolkit") if strategy == "auto" else options.pop("toolkit", None)
     config = PartitionConfig(options=options, force=force, external_threshold=external_threshold,
                              simplify=simplify, progress=progress, weights=weights, toolkit=toolkit)
-    return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes))
+    return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes,
+                                          Path(inputs) if inputs is not None else None))
 
 
 def check_options(strategy: str | Strategy, options: Mapping[str, Any]) -> Any:

@@ -158,6 +158,12 @@ def bundle_plan(
               "cfg_parallel_run_bytes": run_bytes(per_bytes, res, cfg_parallel=True)}
     extra = {"core_masks": masks, "device_bytes": per_bytes, "loop": loop, "device": device,
              "core_mask": o.core_mask if o.core_mask in runner_mod.CORE_MASKS else "auto"}
+    if plan.specialised:  # its reference inputs must be ones the board runner will accept
+        if inputs is None:
+            rec = plan.specialised[0]
+            raise UserError(f"the plan is specialised to the inputs it was partitioned on ({rec['op']} node "
+                            f"{rec['node']!r}); pass those with --inputs")
+        plan.check_specialised(inputs)
     whole = find_model(plan, folder, None if o.model is None else Path(o.model))
     out = Path(os.path.abspath(out))
     _prepare_out(out, o.force, folder)
@@ -246,6 +252,7 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
         "outputs": [plan.tensors[n].to_json() for n in plan.outputs],
         "tensors": {k: {"dtype": t.dtype, "shape": list(t.shape)} for k, t in sorted(plan.tensors.items())},
         "stages": stages,
+        **({"specialised": [dict(r) for r in plan.specialised]} if plan.specialised else {}),
         "reference": {"inputs": REF_INPUTS, "outputs": REF_OUTPUTS, "seed": opts.seed if seeded else None,
                       "computed_by": "onnxruntime (CPU), whole model"},
         "gate": {"min_cosine": opts.min_cosine, "max_abs_rel": opts.max_abs_rel},

@@ -14,15 +14,19 @@ from rkpart.units import mib
 @click.command("inspect")
 @model_argument()
 @shape_option
+@click.option("--inputs", "inputs_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Representative model inputs (.npz): shapes that depend on the data (NonZero on a mask, an If) "
+                   "are resolved by one ONNX Runtime run on them and the graph is specialised to them.")
 @json_option()
-def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], as_json: bool) -> None:
+def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], inputs_file: Path | None,
+            as_json: bool) -> None:
     """Show the blocks and regions found in MODEL (nothing is written)."""
     from rkpart.ir import describe
     from rkpart.pipeline import inspect_model, inspect_report, strategy_coverage
 
     if model is None:
         model = bundled_example()
-    mg, disc = inspect_model(model, shapes or None)
+    mg, disc = inspect_model(model, shapes or None, inputs=inputs_file)
     if as_json:
         report = inspect_report(mg, disc)
         click.echo(json.dumps({**report, "lowering": lowering_note(int(report["opset"] or 0))}, indent=2))

@@ -69,6 +69,9 @@ def peak_rss_mib() -> float:
 @click.option("--option", "options", multiple=True, callback=parse_key_values, metavar="KEY=VALUE",
               help="Extra strategy option (repeatable), e.g. for plugins.")
 @shape_option
+@click.option("--inputs", "inputs_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Representative model inputs (.npz): shapes that depend on the data (NonZero on a mask, an If) "
+                   "are resolved by one ONNX Runtime run on them and the plan is specialised to them.")
 @click.option("--simplify/--no-simplify", default=False, show_default=True,
               help="Run onnxsim on NPU stages (kept only if outputs stay equal under ONNX Runtime).")
 @click.option("--external-threshold", type=click.IntRange(min=0), default=1024, show_default=True,
@@ -86,7 +89,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
               no_budget: bool, cost_model: Path | None, accuracy: Path | None, auto_toolkit: str | None,
               capability: bool, steps: int | None, cfg: bool | None, compile_candidates: bool | None, explain: bool,
               options: dict[str, Any],
-              shapes: dict[str, tuple[int, ...]], simplify: bool, external_threshold: int, weights: str, force: bool,
+              shapes: dict[str, tuple[int, ...]], inputs_file: Path | None, simplify: bool, external_threshold: int,
+              weights: str, force: bool,
               quiet: bool, as_json: bool) -> None:
     """Cut MODEL into NPU and host stages and write a plan folder.
 
@@ -126,7 +130,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
                              progress=say, weights="link" if weights == "link" else "copy", toolkit=auto_toolkit,
                              capability=capability)
     with say:
-        plan = run_partition(PartitionOptions(model, out, chosen, config, shapes or None))
+        plan = run_partition(PartitionOptions(model, out, chosen, config, shapes or None, inputs_file))
     if not plan.npu_stages:  # even with --quiet: a plan for the NPU that uses no NPU is rarely what was meant
         click.echo(f"rkpart: warning: the plan has no NPU stage; strategy {strategy} put the whole model on the host",
                    err=True)

@@ -95,6 +95,10 @@ class ModelGraph:
     opset: int
     #: the typed record of every op, constant ones included (``op_nodes[i]`` is op ``i``)
     op_nodes: tuple[OpNode, ...] = ()
+    #: shapes the data decided, specialised by a run on representative inputs
+    #: (:func:`rkpart.runtime.specialise.load_specialised`): ``{"op", "node", "tensor", "shape",
+    #: "inputs": {model input: sha256 of the array it was given}}`` per data-dependent op
+    specialised: tuple[dict[str, Any], ...] = ()
     _index_ops: frozenset[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     # -- ops -------------------------------------------------------------------------------

@@ -72,6 +72,7 @@ def load_model(
     path: str | os.PathLike[str],
     *,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    data_shapes: Mapping[str, TensorType] | None = None,
 ) -> ModelGraph:
     """Parse, validate and index an ONNX model.
 
@@ -81,17 +82,24 @@ def load_model(
         The ``.onnx`` file; external data is resolved relative to its folder but not read.
     input_shapes:
         Static shapes for model inputs with symbolic dimensions.
+    data_shapes:
+        Types (dtype, shape) of tensors whose shapes depend on data, observed in a run on
+        representative inputs (:mod:`rkpart.runtime.specialise`): the graph is specialised
+        to them, as if shape inference had found them.
 
     Raises
     ------
     InvalidModelError
         Not ONNX, truncated, invalid references, cycles, unsupported opset, escaping or short
         external data, unresolved dynamic shapes.
+    DataDependentShapeError
+        Static inputs, yet a shape depends on data (``NonZero``, an ``If``, a sequence op) and
+        ``data_shapes`` does not give it.
     """
     path = Path(path)
     if not path.is_file():
         raise InvalidModelError(f"no such model file: {path}")
-    return _build(_parse(path), path, input_shapes)
+    return _build(_parse(path), path, input_shapes, data_shapes)
 
 
 def graph_of(
@@ -99,6 +107,7 @@ def graph_of(
     path: str | os.PathLike[str],
     *,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    data_shapes: Mapping[str, TensorType] | None = None,
 ) -> ModelGraph:
     """:func:`load_model` for a model already parsed (e.g. a stage read without its weights).
 
@@ -109,7 +118,7 @@ def graph_of(
     own.CopyFrom(model)
     path = Path(path)
     _check_parsed(own, path)
-    return _build(own, path, input_shapes)
+    return _build(own, path, input_shapes, data_shapes)
 
 
 @dataclass(frozen=True)
@@ -133,7 +142,8 @@ def graph_io(model: onnx.ModelProto | str | os.PathLike[str]) -> GraphIO:
                    outputs={v.name: value_type(v) for v in g.output})
 
 
-def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[int, ...]] | None) -> ModelGraph:
+def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[int, ...]] | None,
+           data_shapes: Mapping[str, TensorType] | None = None) -> ModelGraph:
     """Steps 2-8 of the module docstring on a parsed ``model`` (changed in place: folded, sorted)."""
     opset = _opset(model, path)
     _check_initializers(model, path)
@@ -145,7 +155,7 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
     # after our own checks (clearer messages) and the topological re-sort (the checker
     # insists on sorted nodes; rkpart accepts any order)
     _check_schema(model, path)
-    types = _infer_types(model, path, input_shapes)
+    types = _infer_types(model, path, input_shapes, data_shapes)
     _check_types(index, types, path)
     if _static_shapes_as_constants(model, types):
         _prune_dead(model)
@@ -288,6 +298,11 @@ def _value_info_type(vi: onnx.ValueInfoProto) -> tuple[str, tuple[int | str, ...
     else:
         return np_dtype_name(tt.elem_type), ("<unranked>",)
     return np_dtype_name(tt.elem_type), tuple(dims)
+
+
+def parse_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """The checked ``ModelProto`` of ``path``, its external data not read (what :func:`load_model` parses)."""
+    return _parse(Path(path))
 
 
 def _parse(path: Path) -> onnx.ModelProto:
@@ -510,8 +525,54 @@ def _real_inputs(model: onnx.ModelProto) -> list[str]:
     return [i.name for i in model.graph.input if i.name not in inits]
 
 
+class DataDependentShapeError(InvalidModelError):
+    """Static inputs, yet some shapes depend on the data: ``rkpart partition --inputs`` resolves them.
+
+    ``tensors`` are every tensor whose shape is unresolved (sorted); ``sources`` the ops whose
+    outputs are the first of them, as ``(op_type, node name, tensor)`` in graph order.
+    """
+
+    def __init__(self, message: str, tensors: tuple[str, ...], sources: tuple[tuple[str, str, str], ...]) -> None:
+        super().__init__(message)
+        self.tensors = tensors
+        self.sources = sources
+
+
+def data_dependent_sources(nodes: list[onnx.NodeProto], unresolved: set[str],
+                           known: set[str] | None = None) -> list[tuple[str, str, str]]:
+    """``(op_type, name, tensor)`` of the ops that make an unresolved shape from resolved inputs.
+
+    ``known``: the tensors whose static type is known; an input outside it (no type inferred
+    at all) is not resolved either.  Without ``known`` only ``unresolved`` counts.
+    """
+    out = []
+    for n in nodes:
+        hit = [t for t in n.output if t in unresolved]
+        ins = [t for t in n.input if t]
+        if hit and not any(t in unresolved or (known is not None and t not in known) for t in ins):
+            out.append((n.op_type, n.name, hit[0]))
+    return out
+
+
+def _set_types(model: onnx.ModelProto, data_shapes: Mapping[str, TensorType]) -> None:
+    """Record ``data_shapes`` as the value_info of those tensors (replacing what was there)."""
+    g = model.graph
+    keep = [vi for vi in g.value_info if vi.name not in data_shapes]
+    del g.value_info[:]
+    g.value_info.extend(keep)
+    for name, (dtype, shape) in sorted(data_shapes.items()):
+        elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+        for vi in g.output:
+            if vi.name == name:
+                vi.CopyFrom(helper.make_tensor_value_info(name, elem, list(shape)))
+                break
+        else:
+            g.value_info.append(helper.make_tensor_value_info(name, elem, list(shape)))
+
+
 def _infer_types(
-    model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[int, ...]] | None
+    model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[int, ...]] | None,
+    data_shapes: Mapping[str, TensorType] | None = None,
 ) -> dict[str, tuple[str, tuple[int, ...]]]:
     if input_shapes:
         names = {i.name for i in model.graph.input}
@@ -530,6 +591,8 @@ def _infer_types(
                     for d, v in zip(dims, shape, strict=True):
                         d.ClearField("dim_param")
                         d.dim_value = int(v)
+    if data_shapes:
+        _set_types(model, data_shapes)
     light = _light_copy(model)
     try:
         inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=False, data_prop=True)
@@ -556,6 +619,20 @@ def _infer_types(
     for init in g.initializer:
         types[init.name] = (np_dtype_name(init.data_type), tuple(int(d) for d in init.dims))
     if unresolved:
+        names = {vi.name for vi in [*g.input, *g.value_info, *g.output]
+                 if (t := _value_info_type(vi)) is not None and not all(isinstance(d, int) for d in t[1])}
+        static_inputs = not any(n in names for n in _real_inputs(model))
+        # typed but not tensors (a Loop's sequence): known, if not as a tensor type
+        other = {vi.name for vi in [*g.input, *g.value_info, *g.output] if not vi.type.HasField("tensor_type")
+                 and vi.type.WhichOneof("value") is not None}
+        sources = data_dependent_sources(list(model.graph.node), names, set(types) | other)
+        if static_inputs and sources:
+            op, node, tensor = sources[0]
+            raise DataDependentShapeError(
+                f"{path}: the shape of {tensor!r} depends on values, not only on the input shapes: {op} node "
+                f"{node or '(unnamed)'!r} computes it; give representative inputs with --inputs FILE.npz "
+                "to specialise the plan to them",
+                tuple(sorted(names)), tuple(sources))
         raise InvalidModelError(
             f"{path}: unresolved dynamic shape of {unresolved[0]}; give the model inputs static shapes "
             f"with --shape NAME=D0,D1,... (inputs: {', '.join(_real_inputs(model))})"
@@ -650,7 +727,8 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
         g.node.extend(keep)
         g.initializer.extend(new_inits)
         # drop folded tensors nobody reads any more
-        used = {t for n in g.node for t in n.input} | {o.name for o in g.output}
+        # (a Loop/If body's reads of outer tensors included: they name no input)
+        used = {t for n in g.node for t in _reads(n)} | {o.name for o in g.output}
         live = [init for init in g.initializer if init.name in used]
         if len(live) != len(g.initializer):
             del g.initializer[:]
@@ -916,12 +994,15 @@ def _check_element_counts(
 
 
 def _toposort(nodes: list[onnx.NodeProto], producer: dict[str, int], path: Path) -> list[int]:
-    if all(producer.get(t, -1) < i for i, n in enumerate(nodes) for t in n.input):
+    # a Loop/If body reads outer tensors without naming them as inputs: those count too (the
+    # TorchScript exporter puts such a tensor's Constant after the Loop that reads it)
+    reads = [_reads(n) if n.op_type in CONTROL_FLOW_OPS else {t for t in n.input if t} for n in nodes]
+    if all(producer.get(t, -1) < i for i, r in enumerate(reads) for t in r):
         return list(range(len(nodes)))  # already sorted (as exporters write): the order below would keep it
     dag = nx.DiGraph()
     dag.add_nodes_from(range(len(nodes)))
-    for i, n in enumerate(nodes):
-        for t in n.input:
+    for i, _n in enumerate(nodes):
+        for t in reads[i]:
             p = producer.get(t)
             if p is not None:
                 dag.add_edge(p, i)

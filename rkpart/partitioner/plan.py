@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rkpart.errors import SpecError
+from rkpart.errors import SpecError, UserError
 from rkpart.io import atomic_write_bytes, confined_path, loads_json, read_limited
 from rkpart.types import DEVICES, HOST, NPU, BuildFailure, CompilerPlan, Device
 from rkpart.units import mib
@@ -199,6 +199,9 @@ class Plan:
     blocks: tuple[dict[str, Any], ...] = ()  # discovery summary: [{"index", "regions": [...]}]
     version: int = PLAN_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    #: shapes the data decided (``rkpart partition --inputs``): per data-dependent op its
+    #: ``op``, ``node``, ``tensor``, ``shape`` and the sha256 of each model input it depends on
+    specialised: tuple[dict[str, Any], ...] = ()
 
     # -- queries ---------------------------------------------------------------------------
     def stage(self, stage_id: str) -> Stage:
@@ -266,8 +269,26 @@ class Plan:
             "tensors": {k: self.tensors[k].to_json() for k in sorted(self.tensors)},
             "blocks": list(self.blocks),
             "stages": [s.to_json() for s in self.stages],
+            **({"specialised": [dict(r) for r in self.specialised]} if self.specialised else {}),
             "extra": self.extra,
         }
+
+    def check_specialised(self, feeds: Mapping[str, Any]) -> None:
+        """Refuse ``feeds`` that could change a shape the plan was specialised to.
+
+        The rule (``docs/plan.md``, "specialised"): each model input a data-dependent op
+        depends on must be the array the plan was partitioned on (same dtype, shape and bytes),
+        so every specialised shape is what it was.  Raises a one-line :class:`UserError`.
+        """
+        from rkpart.io import input_digest
+
+        for rec in self.specialised:
+            for name, digest in sorted(rec["inputs"].items()):
+                if name in feeds and input_digest(feeds[name]) != digest:
+                    raise UserError(
+                        f"input {name!r} differs from the one this plan was specialised to ({rec['op']} node "
+                        f"{rec['node']!r} gave {rec['tensor']!r} the shape {rec['shape']}); partition again "
+                        f"with --inputs holding these inputs")
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2, sort_keys=False) + "\n"
@@ -294,6 +315,7 @@ class Plan:
             blocks=tuple(dict(b) for b in d.get("blocks", ())),
             version=int(d["version"]),
             extra=dict(d.get("extra", {})),
+            specialised=tuple(dict(r) for r in d.get("specialised", ())),
         )
 
 

@@ -211,6 +211,32 @@ PLAN_SCHEMA: dict[str, Any] = {
         },
         "stages": {"type": "array", "items": _STAGE, "minItems": 1,
                    "description": "Stages in execution order."},
+        "specialised": {
+            "type": "array",
+            "description": "Shapes the data decided, observed by one ONNX Runtime run on 'rkpart partition --inputs': "
+                           "one record per data-dependent op (NonZero, If, a sequence op). 'rkpart run' and the "
+                           "bundle runner refuse inputs that differ, at the model inputs listed, from the ones the "
+                           "plan was made on.",
+            "items": {
+                "type": "object",
+                "required": ["op", "node", "tensor", "shape", "inputs"],
+                "additionalProperties": False,
+                "properties": {
+                    "op": {"type": "string", "minLength": 1, "description": "Op type of the data-dependent op."},
+                    "node": {"type": "string", "description": "Its node name (may be empty)."},
+                    "tensor": {"type": "string", "minLength": 1, "description": "Its output whose shape the data "
+                                                                               "decided."},
+                    "shape": {"type": "array", "items": {"type": "integer", "minimum": 0},
+                              "description": "That shape in the run on --inputs."},
+                    "branch": {"enum": ["then_branch", "else_branch"],
+                               "description": "If only: the branch its condition took on --inputs, which replaced "
+                                              "the If in the plan."},
+                    "inputs": {"type": "object", "additionalProperties": _HEX64,
+                               "description": "Model input -> sha256 of its dtype, shape and bytes in --inputs "
+                                              "(the inputs the op depends on)."},
+                },
+            },
+        },
         "extra": {"type": "object", "description": "Free-form notes (discovery method, strategy notes and warnings, "
                                                   "npu_coverage: the blocks' token-wise matmul work in NPU stages)."},
     },
@@ -268,3 +294,7 @@ def validate_plan_json(data: Any) -> None:
     for t in data["outputs"]:
         if t not in have:
             raise SpecError(f"invalid plan: model output {t!r} is produced by no stage")
+    for k, rec in enumerate(data.get("specialised", ())):
+        for t in rec["inputs"]:
+            if t not in data["inputs"]:
+                raise SpecError(f"invalid plan: specialised/{k} names {t!r}, which is not a model input")

@@ -111,7 +111,8 @@ def write_partition(
     # edited spec or cost model), options, rkpart version (rkpart.partitioner.outdir)
     run_key = resume_key(model_path, mg.model, part.strategy, _jsonable(part.options), groups,
                          external_threshold=external_threshold, simplify=simplify is not None,
-                         input_shapes=input_shapes, weights=weights, model_sha256=model_sha)
+                         input_shapes=input_shapes, weights=weights, model_sha256=model_sha,
+                         specialised=mg.specialised)
 
     staging = out.with_name(f".{out.name}.partial")
     check_staging(staging, contents=False)  # its contents are judged under the lock, below
@@ -317,6 +318,7 @@ def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, group
         tensors=tensors,
         stages=tuple(done),
         blocks=tuple(disc.summary()) if disc else (),
+        specialised=mg.specialised,
         extra={"discovery": disc.method if disc else None, "notes": list(part.notes), **dict(part.extra),
                **({"npu_coverage": npu_coverage(mg, disc, groups).to_json()} if disc else {}),
                **({"weights": weights_record} if weights_record else {})},

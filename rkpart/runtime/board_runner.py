@@ -100,6 +100,15 @@ CFG_LANE_MASKS = ("0", "1")
 LOOP_FLAGS = "--latent-input NAME --timestep-input NAME [--context-input NAME ...]"
 
 
+def input_digest(a: Any) -> str:
+    """sha256 of an array's dtype, shape and bytes: :func:`rkpart.io.input_digest`, which this
+    leaf module cannot import (a test keeps the two equal)."""
+    arr = np.ascontiguousarray(a)
+    h = hashlib.sha256(f"{arr.dtype.str}{list(arr.shape)}".encode())
+    h.update(arr.tobytes())
+    return h.hexdigest()
+
+
 class BundleError(Exception):
     """A problem with the bundle, the inputs or the options; reported as one line (exit 2)."""
 
@@ -620,6 +629,14 @@ class Runner:
             if a.dtype.kind not in "biuf" or want.kind not in "biuf":
                 raise BundleError(f"input {n!r}: dtype {a.dtype} cannot be used as {want}")
             feeds[n] = a.astype(want, copy=False)
+        # a plan specialised to data-dependent shapes (rkpart partition --inputs) runs only on
+        # the model inputs those shapes came from (docs/plan.md, "specialised")
+        for rec in self.manifest.get("specialised", ()):
+            for n, digest in sorted(rec["inputs"].items()):
+                if n in feeds and input_digest(feeds[n]) != digest:
+                    raise BundleError(f"input {n!r} differs from the one this plan was specialised to ({rec['op']} "
+                                      f"node {rec['node']!r} gave {rec['tensor']!r} the shape {rec['shape']}); "
+                                      "partition again with --inputs holding these inputs")
         return feeds
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -242,6 +242,8 @@ class PlanExecutor:
         stage (or one a backend must rebuild) is loaded once for all of them.  Results equal
         :meth:`run` on each; ``on_stage(pass, index, stage id, outputs)``.
         """
+        for f in feeds:  # inputs that could change a shape the plan was specialised to: refused up front
+            self.plan.check_specialised(f)
         envs: list[dict[str, np.ndarray]] = [dict(f) for f in feeds]
         live = self._live
         for k, u in enumerate(self.units):

@@ -45,7 +45,8 @@ def stage_threads(stage: Stage, threads: int) -> int:
     return 1 if stage.io_bytes + stage.weight_bytes < SMALL_HOST_BYTES else 0
 
 
-def make_session(model: bytes | str, *, threads: int = 0, spinning: bool = False) -> Any:
+def make_session(model: bytes | str, *, threads: int = 0, spinning: bool = False,
+                 external_folder: Path | None = None) -> Any:
     """An ORT CPU session with deterministic settings (sequential execution, no spinning, no
     memory pattern; no CPU arena while freed memory is kept).
 
@@ -65,6 +66,9 @@ def make_session(model: bytes | str, *, threads: int = 0, spinning: bool = False
     arena, 32-33 ms and 16 faults without (later calls of one session 32-34 ms either way;
     ``bench/fresh_session.py``).  Without the arena ORT mallocs each buffer, below the
     threshold, from the heap glibc now keeps.
+
+    ``external_folder``: where a model given as bytes has its external data (ORT reads it from
+    there itself, so the weights are not copied into the bytes).
     """
     import onnxruntime as ort
 
@@ -78,6 +82,8 @@ def make_session(model: bytes | str, *, threads: int = 0, spinning: bool = False
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
+    if external_folder is not None:
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(external_folder))
     if not spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.add_session_config_entry("session.inter_op.allow_spinning", "0")

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar
 
-from rkpart.errors import InternalError, UserError
+from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery, is_noop
-from rkpart.partitioner.partition import Group, Partition, block_id, convex_hull, stage_cycle
+from rkpart.partitioner.partition import Group, Partition, acyclic, block_id, convex_hull
 from rkpart.types import Device
 
 #: a strategy's options type
@@ -135,8 +135,9 @@ class GroupBuilder:
         one NPU group -- a no-op ``Cast`` or ``Identity`` on the residual stream inside a
         block, a skip projection -- join that group, and a trailing no-op joins the group
         that produces its input: host work in the middle of an NPU stage would make the
-        stages depend on each other in a cycle.  :meth:`build` then checks that the stage
-        graph is acyclic, so a strategy never hands on a cyclic partition.  With ``close``,
+        stages depend on each other in a cycle.  :meth:`build` then makes the stage graph
+        acyclic (:func:`~rkpart.partitioner.partition.acyclic`), so a strategy never hands on a
+        cyclic partition.  With ``close``,
         input index work leaves the NPU groups first (:meth:`hoist_index_work`).
         """
         if close:
@@ -201,19 +202,21 @@ class GroupBuilder:
                 if g["device"] == "npu":
                     self.add(gid, {i}, device="npu", region=g["region"], kind=g["kinds"][0])
 
-    def build(self, strategy: str, options: Mapping[str, Any], notes: tuple[str, ...] = ()) -> Partition:
-        mg: ModelGraph | None = getattr(self, "_mg", None)
-        if mg is not None:
-            cycle = stage_cycle(mg, {i: gid for i, gid in self._owner.items()})
-            if cycle is not None:
-                raise InternalError(f"strategy {strategy} made stages that depend on each other in a cycle: "
-                                    f"{cycle}")
+    def build(self, strategy: str, options: Mapping[str, Any], notes: tuple[str, ...] = (), *,
+              mg: ModelGraph | None = None, pinned: tuple[str, ...] = ()) -> Partition:
+        """The partition of the groups added so far, made acyclic when the graph is known.
+
+        Groups that feed each other are re-cut or merged (:func:`acyclic`, which notes what it
+        did); ``pinned`` groups never change, and a cycle through them is a ``SpecError``.
+        """
+        mg = mg if mg is not None else getattr(self, "_mg", None)
         groups = tuple(
             Group(id=gid, device=g["device"], ops=frozenset(g["ops"]), region=g["region"],
                   kind="+".join(g["kinds"]), block=g["block"], blocks=tuple(g["blocks"]))
             for gid, g in self._groups.items()
         )
-        return Partition(strategy=strategy, options=dict(options), groups=groups, notes=(*notes, *self._notes))
+        part = Partition(strategy=strategy, options=dict(options), groups=groups, notes=(*notes, *self._notes))
+        return acyclic(mg, part, pinned=pinned) if mg is not None else part
 
 
 __all__ = ["Group", "GroupBuilder", "Partition", "Strategy", "block_id", "option", "propose_with"]

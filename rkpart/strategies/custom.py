@@ -249,7 +249,9 @@ class CustomStrategy(Strategy[CustomOptions]):
                 if g.id in taken:
                     raise SpecError(f"custom stage id {g.id!r} collides with a {rest} stage; rename it")
                 gb.add(g.id, g.ops, device=g.device, region=g.region, kind=g.kind, block=g.block, blocks=g.blocks)
-        return gb.build(self.name, {"rest": rest, "stages": [s["id"] for s in data["stages"]]})
+        # the spec's own stages are the user's: a cycle through one of them is the spec's to fix
+        ids = tuple(s["id"] for s in data["stages"])
+        return gb.build(self.name, {"rest": rest, "stages": list(ids)}, mg=mg, pinned=ids)
 
 
 def _cut(mg: ModelGraph, sid: str, inputs: list[str], outputs: list[str]) -> set[int]:
