@@ -332,7 +332,6 @@ def partition(
     simplify: bool = False,
     progress: Progress = _noop,
     weights: WeightsMode = "copy",
-    inputs: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Plan:
     """Partition ``model`` with ``strategy`` and write the plan folder ``out``.
@@ -356,15 +355,13 @@ def partition(
     weights:
         ``copy`` (each stage gets its own data file) or ``link`` (no weights copied: stages
         reference the source's external data, linked into the plan folder).
-    inputs:
-        An ``.npz`` of representative model inputs: shapes that depend on the data are
-        observed in one ONNX Runtime run on them and the plan is specialised to them
-        (``plan.specialised``; ``docs/plan.md``).
     **options:
         Strategy options (``adaln="npu"``, ``blocks_per_stage=2``, ``spec="spec.yaml"`` ...).
         ``toolkit="2.5.0"`` is taken by every strategy: the rknn-toolkit2 version whose capability
         decides the grouping (default: the target's default toolkit); for ``auto`` also the
-        toolkit whose known crashes exclude candidates.
+        toolkit whose known crashes exclude candidates.  ``inputs="inputs.npz"`` is not a strategy
+        option either: representative model inputs, whose ONNX Runtime run resolves shapes that
+        depend on the data; the plan is specialised to them (``plan.specialised``; ``docs/plan.md``).
 
     Returns
     -------
@@ -378,6 +375,7 @@ def partition(
     84
     """
     toolkit = options.get("toolkit") if strategy == "auto" else options.pop("toolkit", None)
+    inputs = options.pop("inputs", None)
     config = PartitionConfig(options=options, force=force, external_threshold=external_threshold,
                              simplify=simplify, progress=progress, weights=weights, toolkit=toolkit)
     return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes,

@@ -64,11 +64,13 @@ def file_identity(path: Path) -> list[Any]:
 
 def resume_key(model: Path, proto: Any, strategy: str, options: Any, groups: Sequence[_Group], *,
                external_threshold: int, simplify: bool, input_shapes: Mapping[str, Any] | None,
-               weights: str = "copy", model_sha256: str | None = None,
-               specialised: Sequence[Mapping[str, Any]] = ()) -> str:
+               model_sha256: str | None = None, variant: Mapping[str, Any] | None = None) -> str:
     """The identity of a partition run: a staging folder written under another key is not reused.
 
     ``model_sha256``: the model file's sha256 when the caller has it (it is not hashed twice).
+    ``variant``: what makes other stages of the same grouping, only where it differs from the
+    default (``weights="link"``: a link run's stages are not a copy run's; ``specialised``: stages
+    made for other ``--inputs``).
     """
     from rkpart import __version__
 
@@ -83,8 +85,7 @@ def resume_key(model: Path, proto: Any, strategy: str, options: Any, groups: Seq
         "threshold": external_threshold,
         "simplify": simplify,
         "shapes": {str(k): list(v) for k, v in sorted((input_shapes or {}).items())},
-        **({"weights": weights} if weights != "copy" else {}),  # a link run's stages are not a copy run's
-        **({"specialised": list(specialised)} if specialised else {}),  # stages made for other --inputs
+        **dict(variant or {}),
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
 

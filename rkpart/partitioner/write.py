@@ -111,8 +111,9 @@ def write_partition(
     # edited spec or cost model), options, rkpart version (rkpart.partitioner.outdir)
     run_key = resume_key(model_path, mg.model, part.strategy, _jsonable(part.options), groups,
                          external_threshold=external_threshold, simplify=simplify is not None,
-                         input_shapes=input_shapes, weights=weights, model_sha256=model_sha,
-                         specialised=mg.specialised)
+                         input_shapes=input_shapes, model_sha256=model_sha,
+                         variant={**({"weights": weights} if weights != "copy" else {}),
+                                  **({"specialised": list(mg.specialised)} if mg.specialised else {})})
 
     staging = out.with_name(f".{out.name}.partial")
     check_staging(staging, contents=False)  # its contents are judged under the lock, below

@@ -164,7 +164,7 @@ def test_bundle_runner_refuses_changed_inputs(tmp_path: Path) -> None:
     import sys
 
     from rkpart.bundle.build import bundle_plan
-    from rkpart.compile.compile import compile_plan_report
+    from rkpart.compile.compile import CompileOptions, compile_plan_report
     from tests.models.data_dependent import example_inputs
     from tests.toolkits import get_toolkit
 
@@ -172,7 +172,7 @@ def test_bundle_runner_refuses_changed_inputs(tmp_path: Path) -> None:
     feeds = example_inputs()
     folder = tmp_path / "plan"
     plan = partition(model, folder, "fused", inputs=_npz(tmp_path / "in.npz", feeds))
-    rep = compile_plan_report(plan, folder, get_toolkit("2.3.0"), "rk3588", {}, jobs=1)
+    rep = compile_plan_report(plan, folder, CompileOptions(get_toolkit("2.3.0")))
     assert not rep.failed
     with pytest.raises(UserError, match="pass those with --inputs"):
         bundle_plan(folder, tmp_path / "nobundle")
