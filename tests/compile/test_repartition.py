@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -29,6 +30,16 @@ from tests.toolkits import get_toolkit
 
 pytestmark = [pytest.mark.toolkit, pytest.mark.slow, pytest.mark.export,
               pytest.mark.skipif(bool(missing_dependencies()), reason=f"not installed: {missing_dependencies()}")]
+
+
+def _sim_gate(plan: Any, folder: Path, model: Path, version: str) -> None:
+    """The rknn-sim gate: the plan with every NPU stage in the simulator reproduces the model under ORT."""
+    feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
+    ref = run_model(model, feeds, plan.outputs)
+    out = run_plan(plan, folder, feeds, backend=RknnSimBackend(version))
+    for name in plan.outputs:
+        m = compare(out[name], ref[name])
+        assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)
 
 
 def _ops(folder: Path, file: str) -> list[str]:
@@ -63,12 +74,7 @@ def test_repartition_reaches_zero_cpu_layers_with_every_rewrite_off(tmp_path: Pa
     assert {h["op_type"] for h in moved} >= {"ScatterND"}
     assert any("last build" in h["why"] for h in moved)
     # the rknn-sim gate: the re-partitioned plan with every NPU stage in the simulator reproduces the model
-    feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
-    ref = run_model(model, feeds, plan.outputs)
-    out = run_plan(plan, folder, feeds, backend=RknnSimBackend("2.5.0"))
-    for name in plan.outputs:
-        m = compare(out[name], ref[name])
-        assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)
+    _sim_gate(plan, folder, model, "2.5.0")
 
     # learned for the toolkit: a new partition without rewrites starts with ScatterND on the host
     learned = load_learned("rk3588", "2.5.0")
@@ -105,12 +111,7 @@ def test_moe_routing_on_the_host_builds_with_no_cpu_layer(tmp_path: Path, export
     assert rep["repartition"]["unmovable_cpu_layers"] == []
     plan, _ = load_plan(folder)
     assert plan.extra["npu_coverage"]["share"] >= 0.99
-    feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
-    ref = run_model(model, feeds, plan.outputs)
-    out = run_plan(plan, folder, feeds, backend=RknnSimBackend(version))
-    for name in plan.outputs:
-        m = compare(out[name], ref[name])
-        assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)
+    _sim_gate(plan, folder, model, version)
 
 
 def test_a_crashing_stage_is_cut_where_the_crash_fused_and_then_builds(tmp_path: Path, example_model: Path) -> None:
@@ -133,9 +134,4 @@ def test_a_crashing_stage_is_cut_where_the_crash_fused_and_then_builds(tmp_path:
     # cut only in front of the AdaLN modulations (computed operands), not the constant qk-norm scales
     assert all("/norm" in c["before"] for c in cuts)
     assert len(plan.npu_stages) > 2
-    feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
-    ref = run_model(example_model, feeds, plan.outputs)
-    out = run_plan(plan, folder, feeds, backend=RknnSimBackend("2.3.2"))
-    for name in plan.outputs:
-        m = compare(out[name], ref[name])
-        assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)
+    _sim_gate(plan, folder, example_model, "2.3.2")
