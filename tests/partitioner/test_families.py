@@ -62,7 +62,7 @@ def export(families: ModuleType, family_cache: dict[tuple[str, bool], Path], exp
 
 
 def _scoped(mg: ModelGraph, needle: str) -> set[int]:
-    return {i for i in mg.ops.nodes if needle in mg.scopes[i]}
+    return {i for i in mg.ops.nodes if needle in mg.op(i).scope}
 
 
 def _owner(d: Discovery, i: int) -> str:
@@ -122,7 +122,7 @@ def test_pixart_shared_adaln_single(export: Export) -> None:
     assert shared and all(i in d.prologue for i in shared)
     for b in d.blocks:
         # the per-block scale_shift_table + chunk is that block's modulation
-        assert b.mod and all(f"transformer_blocks.{b.index}" in mg.scopes[i] for i in b.mod)
+        assert b.mod and all(f"transformer_blocks.{b.index}" in mg.op(i).scope for i in b.mod)
 
 
 def test_sana_linear_attention_has_no_softmax(export: Export) -> None:
