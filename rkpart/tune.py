@@ -28,7 +28,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rkpart.cost_model.calibration import fit_profiles
 from rkpart.cost_model.features import stage_features
@@ -40,6 +40,9 @@ from rkpart.partitioner.plan import Plan, load_plan
 from rkpart.pipeline import load, partition
 from rkpart.strategies.families import Family, families
 from rkpart.types import HOST
+
+if TYPE_CHECKING:
+    from rkpart.profile.records import ProfileRun, StageRecord
 
 #: models with at most this many blocks are profiled whole; larger ones one block per anatomy
 WHOLE_PLAN_BLOCKS = 4
@@ -67,7 +70,7 @@ class VerifyRow:
     residency: str
     measured_s: list[float] = field(default_factory=list)
     predicted_s: float | None = None
-    records: list[dict[str, Any]] = field(default_factory=list)  # measured stage records
+    records: list[StageRecord] = field(default_factory=list)  # measured stage records
 
     @property
     def median_s(self) -> float:
@@ -175,7 +178,7 @@ class TuneResult:
 
 
 def _profile(plan_dir: Path, out: Path, cfg: TuneConfig, *, residency: str, rounds: int, warmup: int,
-             block: int | None, memory: bool) -> list[dict[str, Any]]:
+             block: int | None, memory: bool) -> ProfileRun:
     """Profile one plan; ``memory``: sample process (and device) memory, else time only."""
     from rkpart.profile.run import ProfileOptions, run_profile
 
@@ -187,11 +190,11 @@ def _profile(plan_dir: Path, out: Path, cfg: TuneConfig, *, residency: str, roun
     return run_profile(opts)
 
 
-def _round_seconds(records: Sequence[Mapping[str, Any]]) -> list[float]:
+def _round_seconds(run: ProfileRun) -> list[float]:
     out = []
-    for r in records:
-        if r.get("record") == "round" and not r.get("warmup"):
-            t = round_time(r)
+    for r in run.rounds:
+        if not r.warmup:
+            t = round_time(r.to_json())
             if t is not None:
                 out.append(t)
     return out
@@ -318,10 +321,10 @@ def verify_round(rows: Sequence[VerifyRow], folders: Mapping[str, Path], work: P
     k = i % len(rows)
     for row in [*rows[k:], *rows[:k]]:
         progress(f"verify round {i + 1}/{config.verify_rounds}: {row.plan} ({row.residency})")
-        recs = _profile(folders[row.plan], work / "verify" / f"{row.plan}.{row.residency}.{i}.jsonl", config,
-                        residency=row.residency, rounds=1, warmup=1, block=None, memory=False)
-        row.measured_s += _round_seconds(recs)
-        row.records += [r for r in recs if r.get("record") == "stage" and not r.get("warmup")]
+        run = _profile(folders[row.plan], work / "verify" / f"{row.plan}.{row.residency}.{i}.jsonl", config,
+                       residency=row.residency, rounds=1, warmup=1, block=None, memory=False)
+        row.measured_s += _round_seconds(run)
+        row.records += run.stage_records(warmup=False)
 
 
 def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneConfig(),

@@ -85,7 +85,7 @@ def test_fit_on_real_ort_profiles_prints_held_out_error(tmp_path: Path, example_
         plan = partition(example_model, folder, strategy, **opts)
         recs = profile_plan(plan, folder, ProfileOptions(rounds=2, warmup=1, cfg=True, device_pattern=None,
                                                          sample_interval=0.0, plan=str(folder / "plan.json")),
-                                                         backend=OrtBackend())
+                                                         backend=OrtBackend()).to_json()
         profiles.append(write_jsonl(tmp_path / f"{name}.jsonl", recs))
     out = tmp_path / "model.json"
     r = CliRunner().invoke(main, ["fit", *map(str, profiles), "-o", str(out)])

@@ -50,7 +50,7 @@ def ort_profiles(tmp_path_factory: pytest.TempPathFactory, example_model: Path) 
             recs = profile_plan(plan, folder, ProfileOptions(rounds=2, warmup=1, cfg=True, device_pattern=None,
                                                              sample_interval=0.01, residency=residency,
                                                              plan=str(folder / "plan.json")),
-                                                             backend=OrtBackend(threads=1))
+                                                             backend=OrtBackend(threads=1)).to_json()
             out.append(write_jsonl(root / f"{name}.{residency}.jsonl", recs))
     return out
 

@@ -30,7 +30,7 @@ def _profile(plan: Plan, folder: Path, out: Path, *, residency: str, memory: boo
     recs = profile_plan(plan, folder, ProfileOptions(rounds=rounds, warmup=1, cfg=True, device_pattern=None,
                                                      sample_interval=0.01 if memory else 0.0, snapshots=memory,
                                                      residency=residency, plan=str(folder / "plan.json")),
-                                                     backend=OrtBackend(threads=1))
+                                                     backend=OrtBackend(threads=1)).to_json()
     return write_jsonl(out, recs)
 
 

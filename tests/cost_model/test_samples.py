@@ -19,7 +19,7 @@ def test_runs_of_one_plan_are_pooled_and_every_repeated_call_counts(tmp_path: Pa
         recs = profile_plan(plan, folder, ProfileOptions(rounds=1, warmup=0, cfg=False, residency="resident",
                                                          device_pattern=None, sample_interval=0.0,
                                                          plan=str(folder / "plan.json"), infer_repeat=3),
-                                                         backend=OrtBackend(threads=1))
+                                                         backend=OrtBackend(threads=1)).to_json()
         files.append(write_jsonl(tmp_path / f"run{i}.jsonl", recs))
     records = [r for f in files for r in read_jsonl(f)]
     samples = samples_from_records(stage_records(records), statistic="min")
