@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rkpart.cost_model.calibration import fit_profiles
+from rkpart.cost_model.calibration import FitReport, fit_profiles
 from rkpart.cost_model.features import stage_features
 from rkpart.cost_model.model import CostModel
 from rkpart.cost_model.rounds import predict_round, round_time
@@ -124,7 +124,7 @@ class TuneResult:
     model_file: Path
     auto_plan: Path
     choices: list[dict[str, Any]]
-    fit_report: dict[str, Any]
+    fit_report: FitReport
     rows: list[VerifyRow]
     #: the single-strategy plan and residency auto's plan is byte-identical to, if any
     twin: tuple[str, str] | None = None
@@ -149,7 +149,7 @@ class TuneResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"cost_model": str(self.model_file), "auto_plan": str(self.auto_plan), "choices": self.choices,
-                "whole_plan_error": self.fit_report.get("whole_plan"), "verify": [r.to_json() for r in self.rows],
+                "whole_plan_error": self.fit_report.whole_plan.to_json(), "verify": [r.to_json() for r in self.rows],
                 "identical_to": None if self.twin is None else "/".join(self.twin),
                 "best": pooled_regret(self.rows, self.twin)[1], "regret_pct": round(self.regret * 100.0, 2),
                 "regret_unpooled_pct": round(self.regret_unpooled * 100.0, 2)}
@@ -158,10 +158,10 @@ class TuneResult:
         lines = [f"cost model: {self.model_file}", f"auto plan: {self.auto_plan}",
                  "choices: " + "; ".join(f"blocks {','.join(map(str, c['blocks']))}: {c['candidate']} "
                                          f"({c['residency']})" for c in self.choices)]
-        w = self.fit_report.get("whole_plan") or {}
-        if w.get("n"):
-            lines.append(f"fit: whole-plan held-out error: median {w['median_ape']:.1f} %, "
-                         f"{w['within_10'] * 100:.0f} % within +-10 % ({w['n']} plans)")
+        w = self.fit_report.whole_plan.error
+        if w.n and w.median_ape is not None and w.within_10 is not None:
+            lines.append(f"fit: whole-plan held-out error: median {w.median_ape:.1f} %, "
+                         f"{w.within_10 * 100:.0f} % within +-10 % ({w.n} plans)")
         lines.append(f"  {'plan':<18} {'residency':<9} {'measured s':>11} {'predicted s':>12} {'error':>8}")
         for r in sorted(self.rows, key=lambda r: r.median_s):
             j = r.to_json()
@@ -338,7 +338,7 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
     model, report = fit_profiles(profiles, statistic=config.statistic, clock="cpu")
     model_file = work / "cost_model.json"
     model.save(model_file)
-    atomic_write_bytes(work / "fit_report.json", (json.dumps(report, indent=2) + "\n").encode())
+    atomic_write_bytes(work / "fit_report.json", (json.dumps(report.to_json(), indent=2) + "\n").encode())
     auto_dir, choices, rows = choose_and_verify(model_path, work, model_file, plans, config, progress)
     twin = identical_twin(choices, {**plans, "auto": auto_dir})
     result = TuneResult(model_file=model_file, auto_plan=auto_dir, choices=choices, fit_report=report, rows=rows,

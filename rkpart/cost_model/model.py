@@ -174,6 +174,27 @@ def error_summary(pred: Sequence[float], meas: Sequence[float]) -> dict[str, Any
     }
 
 
+@dataclass(frozen=True)
+class ErrorSummary:
+    """:func:`error_summary` of predictions against measurements, typed; ``method`` says how
+    samples were held out (``None``: in-sample error)."""
+
+    n: int
+    within_10: float | None  # share of predictions within +-10 %
+    within_20: float | None
+    median_ape: float | None  # median |% error|
+    method: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**({} if self.method is None else {"method": self.method}), "n": self.n,
+                "within_10": self.within_10, "within_20": self.within_20, "median_ape": self.median_ape}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ErrorSummary:
+        return cls(n=int(d["n"]), within_10=d["within_10"], within_20=d["within_20"], median_ape=d["median_ape"],
+                   method=None if d.get("method") is None else str(d["method"]))
+
+
 def _applies(component: str, f: Features) -> bool:
     dev = COMPONENTS[component][0]
     return dev == "any" or f.device == dev
@@ -363,5 +384,5 @@ def load_model_or_default(path: str | os.PathLike[str] | None) -> CostModel:
     return CostModel.load(default_model_path() if path is None else path)
 
 
-__all__ = ["COMPONENTS", "DEFAULT_TERMS", "Component", "CostModel", "Sample", "cross_validate",
+__all__ = ["COMPONENTS", "DEFAULT_TERMS", "Component", "CostModel", "ErrorSummary", "Sample", "cross_validate",
            "default_model_path", "error_summary", "load_model_or_default", "nnls_relative"]

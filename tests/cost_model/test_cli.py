@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from rkpart.cli import main
-from rkpart.cost_model.calibration import compare_with_model, render_comparison, shipped_drift
+from rkpart.cost_model.calibration import compare_with_model, fit_profiles, render_comparison, shipped_drift
 from rkpart.cost_model.model import CostModel
 from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
@@ -99,6 +99,11 @@ def test_fit_on_real_ort_profiles_prints_held_out_error(tmp_path: Path, example_
     report = json.loads(rj.stdout)
     cv = report["components"]["infer"]["cross_validation"]
     assert cv["n"] == 6 + 6 + 2 and 0.0 <= cv["within_10"] <= cv["within_20"] <= 1.0
+    # `fit --json` prints the typed FitReport's JSON (the fit is deterministic)
+    _, typed = fit_profiles(profiles)
+    assert typed.components["infer"].cross_validation is not None
+    assert typed.components["infer"].cross_validation.n == cv["n"]
+    assert json.loads(json.dumps(typed.to_json())) == report
 
     from rkpart.profile.records import read_jsonl, stage_records
 
