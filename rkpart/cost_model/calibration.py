@@ -26,7 +26,16 @@ import numpy as np
 from rkpart.cost_model.candidates import Candidate
 from rkpart.cost_model.checks import check_own_predictions, check_samples
 from rkpart.cost_model.features import Features, combine, stage_features
-from rkpart.cost_model.model import Component, CostModel, ErrorSummary, Sample, error_summary, nnls_relative
+from rkpart.cost_model.model import (
+    Accuracy,
+    Component,
+    CostModel,
+    ErrorSummary,
+    Provenance,
+    Sample,
+    error_summary,
+    nnls_relative,
+)
 from rkpart.cost_model.rounds import RoundSample, fit_overhead, fitted_range, round_seconds, whole_plan_cv
 from rkpart.errors import SpecError
 from rkpart.partitioner.plan import Plan, load_plan
@@ -274,7 +283,7 @@ def calibrate_writeup(split: Candidate, fused: Candidate) -> CostModel:
         provenance["npu_infer"] = {"degrees_of_freedom": 0, "note": check["note"],
                                    "leave_fused_out": check["leave_fused_out"]}
         provenance["device_memory"] = writeup_memory_check(shipped_mem, comps["device_mem"], split, fused)
-    model = CostModel(components=comps, provenance=provenance, accuracy=accuracy_table(),
+    model = CostModel(components=comps, provenance=Provenance(provenance), accuracy=Accuracy(accuracy_table()),
                       known_issues=[p.to_json() for p in crash_patterns()], device_memory=device_memory)
     # in-sample error of every component, recorded as provenance
     for name, comp in comps.items():
@@ -589,8 +598,8 @@ def fit_profiles(
     model.components.update(fit_overhead(model, rounds))
     check_own_predictions(model, samples, units)
     whole = whole_plan_cv(samples, rounds, base_model)
-    model.provenance = {
-        **({"base": dict(model.provenance)} if base is not None else {}),
+    model.provenance = Provenance({
+        **({"base": model.provenance.to_json()} if base is not None else {}),
         "source": "rkpart fit",
         "profiles": [Path(p).name for p in paths],
         "device": ", ".join(env["devices"]),
@@ -600,11 +609,11 @@ def fit_profiles(
         "samples": len(samples),
         "statistic": statistic,
         "clock": clock,
-        "toolkit": model.provenance.get("toolkit") if base is not None else None,
+        "toolkit": model.provenance.toolkit if base is not None else None,
         **({"mixed_backends": mixed} if mixed else {}),
         "fitted_range": fitted_range(samples),
         "whole_plan_error": {k: whole[k] for k in ("method", "n", "within_10", "within_20", "median_ape")},
-    }
+    })
     comps: dict[str, ComponentFit] = {}
     for name in COMPONENTS:
         c = model.components.get(name)
@@ -622,7 +631,7 @@ def fit_profiles(
     report = FitReport(samples=len(samples), runs=int(env["runs"]), plans=len({s.group for s in samples}),
                        backends=tuple(env["backends"]), statistic=statistic, method=method, components=comps,
                        whole_plan=WholePlanFit.from_json(whole),
-                       fitted_range={k: (int(lo), int(hi)) for k, (lo, hi) in model.provenance["fitted_range"].items()})
+                       fitted_range=model.provenance.fitted_range)
     return model, report
 
 
@@ -702,9 +711,9 @@ def run_fit(opts: FitOptions) -> tuple[CostModel, FitReport]:
 def model_backends(model: CostModel) -> set[str]:
     """The backends a model's numbers were measured on (the shipped calibration: the board)."""
     prov = model.provenance
-    if prov.get("backends"):
-        return {str(b) for b in prov["backends"]}
-    return {"rknnlite"} if "rk3588" in str(prov.get("device", "")).lower() else set()
+    if prov.backends:
+        return set(prov.backends)
+    return {"rknnlite"} if "rk3588" in (prov.device or "").lower() else set()
 
 
 def compare_with_model(

@@ -94,7 +94,7 @@ def test_fit_on_real_ort_profiles_prints_held_out_error(tmp_path: Path, example_
     for comp in ("load", "init", "infer", "release", "host"):
         assert f"  {comp} " in r.output
     model = CostModel.load(out)
-    assert model.provenance["backends"] == ["ort"] and model.provenance["runs"] == 3
+    assert model.provenance.backends == ("ort",) and model.provenance.doc["runs"] == 3
     rj = CliRunner().invoke(main, ["fit", *map(str, profiles), "-o", str(out), "--json"])
     report = json.loads(rj.stdout)
     cv = report["components"]["infer"]["cross_validation"]
