@@ -105,7 +105,7 @@ def make_profiles(work: Path, plans: list[tuple[str, Plan, Path]], *, reps: int,
                                                                  residency="resident", device_pattern=None,
                                                                  sample_interval=0.0, plan=str(folder / "plan.json"),
                                                                  infer_repeat=infer_repeat), backend=backend,
-                                                                 host_backend=backend)
+                                                                 host_backend=backend).to_json()
                 write_jsonl(prof, recs)
             out.append(prof)
         print(f"repetition {rep + 1}/{reps}: {len(plans)} plans in {time.perf_counter() - t0:.1f} s "

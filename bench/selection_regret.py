@@ -155,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fit: profiled round {i + 1}/{cfg.rounds}", file=sys.stderr)
     model, report = fit_profiles(profiles, statistic=args.statistic, clock="cpu")
     model_file = model.save(work / "cost_model.json")
-    whole = report["whole_plan"]
-    print(f"fit on {len(profiles)} profiles: held-out whole-plan error median {whole['median_ape']} %, "
-          f"{(whole['within_10'] or 0) * 100:.0f} % within +-10 %; fitted range {report['fitted_range']}")
+    whole = report.whole_plan.error
+    print(f"fit on {len(profiles)} profiles: held-out whole-plan error median {whole.median_ape} %, "
+          f"{(whole.within_10 or 0) * 100:.0f} % within +-10 %; fitted range {report.to_json()['fitted_range']}")
     regrets: list[float] = []
     raw_regrets: list[float] = []
     plan_errors: list[float] = []

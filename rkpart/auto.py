@@ -22,7 +22,7 @@ from typing import Any
 
 from rkpart import strategies
 from rkpart.cost_model.candidates import Candidate, Variant, block_anatomy, candidates_from
-from rkpart.cost_model.model import CostModel, load_model_or_default
+from rkpart.cost_model.model import Accuracy, CostModel, load_model_or_default
 from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, choose
 from rkpart.errors import UserError
 from rkpart.io import file_sha256, load_json_file
@@ -313,7 +313,7 @@ class AutoStrategy(Strategy):
         model = load_model_or_default(model_path)
         acc_path = opts.accuracy
         if acc_path is not None:
-            model = dataclasses.replace(model, accuracy=load_accuracy(acc_path))
+            model = dataclasses.replace(model, accuracy=Accuracy(load_accuracy(acc_path)))
         residency = opts.residency
         cfg = SelectionConfig(
             budget_mib=opts.budget_mib, budget_source=opts.budget_source, toolkit=opts.toolkit, steps=opts.steps,

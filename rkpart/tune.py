@@ -28,9 +28,9 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rkpart.cost_model.calibration import fit_profiles
+from rkpart.cost_model.calibration import FitReport, fit_profiles
 from rkpart.cost_model.features import stage_features
 from rkpart.cost_model.model import CostModel
 from rkpart.cost_model.rounds import predict_round, round_time
@@ -40,6 +40,9 @@ from rkpart.partitioner.plan import Plan, load_plan
 from rkpart.pipeline import load, partition
 from rkpart.strategies.families import Family, families
 from rkpart.types import HOST
+
+if TYPE_CHECKING:
+    from rkpart.profile.records import ProfileRun, StageRecord
 
 #: models with at most this many blocks are profiled whole; larger ones one block per anatomy
 WHOLE_PLAN_BLOCKS = 4
@@ -67,7 +70,7 @@ class VerifyRow:
     residency: str
     measured_s: list[float] = field(default_factory=list)
     predicted_s: float | None = None
-    records: list[dict[str, Any]] = field(default_factory=list)  # measured stage records
+    records: list[StageRecord] = field(default_factory=list)  # measured stage records
 
     @property
     def median_s(self) -> float:
@@ -121,7 +124,7 @@ class TuneResult:
     model_file: Path
     auto_plan: Path
     choices: list[dict[str, Any]]
-    fit_report: dict[str, Any]
+    fit_report: FitReport
     rows: list[VerifyRow]
     #: the single-strategy plan and residency auto's plan is byte-identical to, if any
     twin: tuple[str, str] | None = None
@@ -146,7 +149,7 @@ class TuneResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"cost_model": str(self.model_file), "auto_plan": str(self.auto_plan), "choices": self.choices,
-                "whole_plan_error": self.fit_report.get("whole_plan"), "verify": [r.to_json() for r in self.rows],
+                "whole_plan_error": self.fit_report.whole_plan.to_json(), "verify": [r.to_json() for r in self.rows],
                 "identical_to": None if self.twin is None else "/".join(self.twin),
                 "best": pooled_regret(self.rows, self.twin)[1], "regret_pct": round(self.regret * 100.0, 2),
                 "regret_unpooled_pct": round(self.regret_unpooled * 100.0, 2)}
@@ -155,10 +158,10 @@ class TuneResult:
         lines = [f"cost model: {self.model_file}", f"auto plan: {self.auto_plan}",
                  "choices: " + "; ".join(f"blocks {','.join(map(str, c['blocks']))}: {c['candidate']} "
                                          f"({c['residency']})" for c in self.choices)]
-        w = self.fit_report.get("whole_plan") or {}
-        if w.get("n"):
-            lines.append(f"fit: whole-plan held-out error: median {w['median_ape']:.1f} %, "
-                         f"{w['within_10'] * 100:.0f} % within +-10 % ({w['n']} plans)")
+        w = self.fit_report.whole_plan.error
+        if w.n and w.median_ape is not None and w.within_10 is not None:
+            lines.append(f"fit: whole-plan held-out error: median {w.median_ape:.1f} %, "
+                         f"{w.within_10 * 100:.0f} % within +-10 % ({w.n} plans)")
         lines.append(f"  {'plan':<18} {'residency':<9} {'measured s':>11} {'predicted s':>12} {'error':>8}")
         for r in sorted(self.rows, key=lambda r: r.median_s):
             j = r.to_json()
@@ -175,7 +178,7 @@ class TuneResult:
 
 
 def _profile(plan_dir: Path, out: Path, cfg: TuneConfig, *, residency: str, rounds: int, warmup: int,
-             block: int | None, memory: bool) -> list[dict[str, Any]]:
+             block: int | None, memory: bool) -> ProfileRun:
     """Profile one plan; ``memory``: sample process (and device) memory, else time only."""
     from rkpart.profile.run import ProfileOptions, run_profile
 
@@ -187,11 +190,11 @@ def _profile(plan_dir: Path, out: Path, cfg: TuneConfig, *, residency: str, roun
     return run_profile(opts)
 
 
-def _round_seconds(records: Sequence[Mapping[str, Any]]) -> list[float]:
+def _round_seconds(run: ProfileRun) -> list[float]:
     out = []
-    for r in records:
-        if r.get("record") == "round" and not r.get("warmup"):
-            t = round_time(r)
+    for r in run.rounds:
+        if not r.warmup:
+            t = round_time(r.to_json())
             if t is not None:
                 out.append(t)
     return out
@@ -318,10 +321,10 @@ def verify_round(rows: Sequence[VerifyRow], folders: Mapping[str, Path], work: P
     k = i % len(rows)
     for row in [*rows[k:], *rows[:k]]:
         progress(f"verify round {i + 1}/{config.verify_rounds}: {row.plan} ({row.residency})")
-        recs = _profile(folders[row.plan], work / "verify" / f"{row.plan}.{row.residency}.{i}.jsonl", config,
-                        residency=row.residency, rounds=1, warmup=1, block=None, memory=False)
-        row.measured_s += _round_seconds(recs)
-        row.records += [r for r in recs if r.get("record") == "stage" and not r.get("warmup")]
+        run = _profile(folders[row.plan], work / "verify" / f"{row.plan}.{row.residency}.{i}.jsonl", config,
+                       residency=row.residency, rounds=1, warmup=1, block=None, memory=False)
+        row.measured_s += _round_seconds(run)
+        row.records += run.stage_records(warmup=False)
 
 
 def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneConfig(),
@@ -335,7 +338,7 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
     model, report = fit_profiles(profiles, statistic=config.statistic, clock="cpu")
     model_file = work / "cost_model.json"
     model.save(model_file)
-    atomic_write_bytes(work / "fit_report.json", (json.dumps(report, indent=2) + "\n").encode())
+    atomic_write_bytes(work / "fit_report.json", (json.dumps(report.to_json(), indent=2) + "\n").encode())
     auto_dir, choices, rows = choose_and_verify(model_path, work, model_file, plans, config, progress)
     twin = identical_twin(choices, {**plans, "auto": auto_dir})
     result = TuneResult(model_file=model_file, auto_plan=auto_dir, choices=choices, fit_report=report, rows=rows,

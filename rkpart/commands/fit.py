@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
 from rkpart.cli_args import emit, json_option, output_file_option
 from rkpart.cost_model.model import COMPONENTS
+
+if TYPE_CHECKING:
+    from rkpart.cost_model.calibration import FitReport
+    from rkpart.cost_model.model import ErrorSummary
 
 
 @click.command("fit")
@@ -41,37 +45,35 @@ def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, mix_backend
 
     _, report = run_fit(FitOptions(profiles, output, base=base, folds=folds, statistic=statistic,
                                    mix_backends=mix_backends, clock=clock))
-    emit(as_json, lambda: report, lambda: render_report(report))
+    emit(as_json, report.to_json, lambda: render_report(report))
     click.echo(f"wrote {output}", err=True)
 
 
-def render_report(report: dict[str, object]) -> str:
-    comps = report["components"]
-    assert isinstance(comps, dict)
-    lines = [f"{report['samples']} stage samples from {report['runs']} profile runs of {report['plans']} plans "
-             f"({', '.join(report['backends'])}, statistic {report['statistic']}); "  # type: ignore[arg-type]
-             f"held-out error ({report['method']}):",
+def render_report(report: FitReport) -> str:
+    """``rkpart fit``'s table: held-out error per component, the whole plan, the fitted range."""
+    lines = [f"{report.samples} stage samples from {report.runs} profile runs of {report.plans} plans "
+             f"({', '.join(report.backends)}, statistic {report.statistic}); "
+             f"held-out error ({report.method}):",
              f"  {'component':<11} {'n':>4} {'within 10%':>10} {'within 20%':>10} {'median |err|':>12}  terms"]
-    def row(name: str, cv: dict[str, Any], terms: object) -> str:
-        w10 = "-" if cv["within_10"] is None else f"{cv['within_10'] * 100:.0f} %"
-        w20 = "-" if cv["within_20"] is None else f"{cv['within_20'] * 100:.0f} %"
-        med = "-" if cv["median_ape"] is None else f"{cv['median_ape']:.1f} %"
-        return f"  {name:<11} {cv['n']:>4} {w10:>10} {w20:>10} {med:>12}  {terms}"
+
+    def row(name: str, cv: ErrorSummary, terms: object) -> str:
+        w10 = "-" if cv.within_10 is None else f"{cv.within_10 * 100:.0f} %"
+        w20 = "-" if cv.within_20 is None else f"{cv.within_20 * 100:.0f} %"
+        med = "-" if cv.median_ape is None else f"{cv.median_ape:.1f} %"
+        return f"  {name:<11} {cv.n:>4} {w10:>10} {w20:>10} {med:>12}  {terms}"
 
     for name in COMPONENTS:
-        c = comps.get(name)
+        c = report.components.get(name)
         if c is None:
             continue
-        cv = c["cross_validation"]
-        if cv is None:
-            lines.append(f"  {name:<11} {'':>4} {'':>10} {'':>10} {'':>12}  {c['terms']} (fitted on whole rounds)")
+        terms = dict(c.terms)
+        if c.cross_validation is None:
+            lines.append(f"  {name:<11} {'':>4} {'':>10} {'':>10} {'':>12}  {terms} (fitted on whole rounds)")
             continue
-        lines.append(row(name, cv, c["terms"]))
-    whole = report.get("whole_plan")
-    if isinstance(whole, dict):
-        lines.append(row("whole plan", whole, f"({whole['method']}: predicted rounds vs measured)"))
-    rng = report.get("fitted_range")
-    if isinstance(rng, dict) and rng:
+        lines.append(row(name, c.cross_validation, terms))
+    whole = report.whole_plan.error
+    lines.append(row("whole plan", whole, f"({whole.method}: predicted rounds vs measured)"))
+    if report.fitted_range:
         lines.append("fitted range (predictions outside it are extrapolations): " + ", ".join(
-            f"{k} {lo:.3g}..{hi:.3g}" for k, (lo, hi) in sorted(rng.items())))
+            f"{k} {lo:.3g}..{hi:.3g}" for k, (lo, hi) in sorted(report.fitted_range.items())))
     return "\n".join(lines)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -22,6 +21,7 @@ from rkpart.cli_args import (
     toolkit_option,
     user_errors,
 )
+from rkpart.profile.records import StageRecord
 from rkpart.profile.run import ProfileOptions, run_profile
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
 from rkpart.progress import Reporter
@@ -134,7 +134,7 @@ def profile(
     if show is not None:
         recs = rec.single_run(rec.read_jsonl(show), where=show)
         click.echo(render_single(recs, name=show, block=block), nl=False)
-        _against(against, recs, Path(show).parent)
+        _against(against, rec.stage_records(recs), Path(show).parent)
         return
     assert plan is not None
     if baseline and block is not None:
@@ -148,20 +148,19 @@ def profile(
         threads=threads, block=block, baseline=baseline, model=model, snapshots=not no_snapshots,
     )
     with Reporter(quiet=quiet) as say:
-        records = run_profile(opts, progress=say, warn=lambda w: click.echo(f"rkpart: warning: {w}", err=True))
-    click.echo(render_single(records, name=str(output), block=block), nl=False)
-    click.echo(f"wrote {len(records)} records to {output}", err=True)
-    _against(against, records, Path(output).parent)
+        run = run_profile(opts, progress=say, warn=lambda w: click.echo(f"rkpart: warning: {w}", err=True))
+    click.echo(render_single(run.to_json(), name=str(output), block=block), nl=False)
+    click.echo(f"wrote {len(run.lines)} records to {output}", err=True)
+    _against(against, run.stage_records(), Path(output).parent)
 
 
-def _against(model_path: str | None, records: list[dict[str, Any]], near: Path) -> None:
+def _against(model_path: str | None, stages: list[StageRecord], near: Path) -> None:
     """Predicted vs measured per component (``--against``)."""
     if model_path is None:
         return
     from rkpart.cost_model import CostModel
     from rkpart.cost_model.calibration import compare_with_model, render_comparison
-    from rkpart.profile import records as rec
 
-    rows = compare_with_model(rec.stage_records(records), CostModel.load(model_path), near=near)
+    rows = compare_with_model(stages, CostModel.load(model_path), near=near)
     click.echo(f"predicted by {model_path} vs measured:")
     click.echo(render_comparison(rows), nl=False)

@@ -26,7 +26,16 @@ import numpy as np
 from rkpart.cost_model.candidates import Candidate
 from rkpart.cost_model.checks import check_own_predictions, check_samples
 from rkpart.cost_model.features import Features, combine, stage_features
-from rkpart.cost_model.model import Component, CostModel, Sample, error_summary, nnls_relative
+from rkpart.cost_model.model import (
+    Accuracy,
+    Component,
+    CostModel,
+    ErrorSummary,
+    Provenance,
+    Sample,
+    error_summary,
+    nnls_relative,
+)
 from rkpart.cost_model.rounds import RoundSample, fit_overhead, fitted_range, round_seconds, whole_plan_cv
 from rkpart.errors import SpecError
 from rkpart.partitioner.plan import Plan, load_plan
@@ -274,7 +283,7 @@ def calibrate_writeup(split: Candidate, fused: Candidate) -> CostModel:
         provenance["npu_infer"] = {"degrees_of_freedom": 0, "note": check["note"],
                                    "leave_fused_out": check["leave_fused_out"]}
         provenance["device_memory"] = writeup_memory_check(shipped_mem, comps["device_mem"], split, fused)
-    model = CostModel(components=comps, provenance=provenance, accuracy=accuracy_table(),
+    model = CostModel(components=comps, provenance=Provenance(provenance), accuracy=Accuracy(accuracy_table()),
                       known_issues=[p.to_json() for p in crash_patterns()], device_memory=device_memory)
     # in-sample error of every component, recorded as provenance
     for name, comp in comps.items():
@@ -538,7 +547,7 @@ def fit_profiles(
     statistic: str = "median",
     mix_backends: bool = False,
     clock: str = "wall",
-) -> tuple[CostModel, dict[str, Any]]:
+) -> tuple[CostModel, FitReport]:
     """Fit a model from profile files; returns it and the error report ``rkpart fit`` prints.
 
     With ``base``, the components the profiles measure are refitted and the rest (e.g. NPU
@@ -589,8 +598,8 @@ def fit_profiles(
     model.components.update(fit_overhead(model, rounds))
     check_own_predictions(model, samples, units)
     whole = whole_plan_cv(samples, rounds, base_model)
-    model.provenance = {
-        **({"base": dict(model.provenance)} if base is not None else {}),
+    model.provenance = Provenance({
+        **({"base": model.provenance.to_json()} if base is not None else {}),
         "source": "rkpart fit",
         "profiles": [Path(p).name for p in paths],
         "device": ", ".join(env["devices"]),
@@ -600,12 +609,12 @@ def fit_profiles(
         "samples": len(samples),
         "statistic": statistic,
         "clock": clock,
-        "toolkit": model.provenance.get("toolkit") if base is not None else None,
+        "toolkit": model.provenance.toolkit if base is not None else None,
         **({"mixed_backends": mixed} if mixed else {}),
         "fitted_range": fitted_range(samples),
         "whole_plan_error": {k: whole[k] for k in ("method", "n", "within_10", "within_20", "median_ape")},
-    }
-    comps: dict[str, Any] = {}
+    })
+    comps: dict[str, ComponentFit] = {}
     for name in COMPONENTS:
         c = model.components.get(name)
         if c is None or c.source != "fit":
@@ -614,13 +623,68 @@ def fit_profiles(
         if folds:
             rows = [s for s in samples if name in s.targets]
             cv = cross_validate(rows, name, DEFAULT_TERMS[name], folds=folds)
-        comps[name] = {"terms": dict(zip(c.terms, c.coef, strict=True)), "cross_validation": cv,
-                       "in_sample": c.fit_error["in_sample"] if c.fit_error else None}
-    method = next((v["cross_validation"]["method"] for v in comps.values() if v["cross_validation"]), "none")
-    report = {"samples": len(samples), "runs": env["runs"], "plans": len({s.group for s in samples}),
-              "backends": env["backends"], "statistic": statistic, "method": method, "components": comps,
-              "whole_plan": whole, "fitted_range": model.provenance["fitted_range"]}
+        ins = c.fit_error["in_sample"] if c.fit_error else None
+        comps[name] = ComponentFit(terms=dict(zip(c.terms, c.coef, strict=True)),
+                                   cross_validation=None if cv is None else ErrorSummary.from_json(cv),
+                                   in_sample=None if ins is None else ErrorSummary.from_json(ins))
+    method = next((str(v.cross_validation.method) for v in comps.values() if v.cross_validation), "none")
+    report = FitReport(samples=len(samples), runs=int(env["runs"]), plans=len({s.group for s in samples}),
+                       backends=tuple(env["backends"]), statistic=statistic, method=method, components=comps,
+                       whole_plan=WholePlanFit.from_json(whole),
+                       fitted_range=model.provenance.fitted_range)
     return model, report
+
+
+@dataclass(frozen=True)
+class ComponentFit:
+    """One fitted component in a :class:`FitReport`: its coefficients and errors."""
+
+    terms: Mapping[str, float]  # term -> coefficient
+    cross_validation: ErrorSummary | None  # held-out error (None: fitted on whole rounds)
+    in_sample: ErrorSummary | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"terms": dict(self.terms),
+                "cross_validation": None if self.cross_validation is None else self.cross_validation.to_json(),
+                "in_sample": None if self.in_sample is None else self.in_sample.to_json()}
+
+
+@dataclass(frozen=True)
+class WholePlanFit:
+    """Predicted whole rounds against measured ones (:func:`~rkpart.cost_model.rounds.whole_plan_cv`)."""
+
+    error: ErrorSummary
+    plans: tuple[Mapping[str, Any], ...]  # per held-out plan: plan, measured_s, predicted_s ...
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.error.to_json(), "plans": [dict(p) for p in self.plans]}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> WholePlanFit:
+        return cls(error=ErrorSummary.from_json(d), plans=tuple(dict(p) for p in d.get("plans", ())))
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """What :func:`fit_profiles` reports beside the model: ``rkpart fit``'s table, ``--json`` and
+    ``rkpart tune``'s ``fit_report.json`` (:meth:`to_json`)."""
+
+    samples: int  # stage samples fitted
+    runs: int  # profile runs they came from
+    plans: int  # profiled plans (runs of one plan pooled)
+    backends: tuple[str, ...]
+    statistic: str  # "median" or "min" of each stage's calls
+    method: str  # how samples were held out ("leave-one-plan-out", "k-fold by plan", "none")
+    components: Mapping[str, ComponentFit]  # in COMPONENTS order
+    whole_plan: WholePlanFit
+    fitted_range: Mapping[str, tuple[int, int]]  # feature -> (lowest, highest) the fit saw
+
+    def to_json(self) -> dict[str, Any]:
+        return {"samples": self.samples, "runs": self.runs, "plans": self.plans, "backends": list(self.backends),
+                "statistic": self.statistic, "method": self.method,
+                "components": {k: v.to_json() for k, v in self.components.items()},
+                "whole_plan": self.whole_plan.to_json(),
+                "fitted_range": {k: list(v) for k, v in self.fitted_range.items()}}
 
 
 @dataclass(frozen=True)
@@ -636,7 +700,7 @@ class FitOptions:
     clock: str = "wall"
 
 
-def run_fit(opts: FitOptions) -> tuple[CostModel, dict[str, Any]]:
+def run_fit(opts: FitOptions) -> tuple[CostModel, FitReport]:
     """Fit a model from ``opts.profiles``, write it atomically to ``opts.output``; the model and its error report."""
     model, report = fit_profiles(opts.profiles, base=opts.base, folds=opts.folds, statistic=opts.statistic,
                                  mix_backends=opts.mix_backends, clock=opts.clock)
@@ -647,9 +711,9 @@ def run_fit(opts: FitOptions) -> tuple[CostModel, dict[str, Any]]:
 def model_backends(model: CostModel) -> set[str]:
     """The backends a model's numbers were measured on (the shipped calibration: the board)."""
     prov = model.provenance
-    if prov.get("backends"):
-        return {str(b) for b in prov["backends"]}
-    return {"rknnlite"} if "rk3588" in str(prov.get("device", "")).lower() else set()
+    if prov.backends:
+        return set(prov.backends)
+    return {"rknnlite"} if "rk3588" in (prov.device or "").lower() else set()
 
 
 def compare_with_model(
@@ -699,6 +763,7 @@ def render_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(out) + "\n"
 
 
-__all__ = ["DRIFT_FILE", "WRITEUP", "WRITEUP_BLOCK_MSE_RATIO", "WRITEUP_PROVENANCE", "FitOptions", "accuracy_table",
+__all__ = ["DRIFT_FILE", "WRITEUP", "WRITEUP_BLOCK_MSE_RATIO", "WRITEUP_PROVENANCE", "ComponentFit", "FitOptions",
+           "FitReport", "WholePlanFit", "accuracy_table",
            "calibrate_writeup", "compare_with_model", "environment_of", "fit_profiles", "model_backends",
            "render_comparison", "resolve_plan", "round_samples", "run_fit", "samples_from_records", "shipped_drift"]

@@ -26,7 +26,7 @@ from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Block, Discovery
 from rkpart.partitioner.partition import Group, Partition, block_id
 from rkpart.strategies.families import candidate_id_for
-from rkpart.targets.known_issues import CrashPattern, crash_patterns
+from rkpart.targets.known_issues import CrashPattern, Traits, crash_patterns
 
 #: one candidate family's whole-model partition: (candidate id, the partition, options recorded for
 #: it); its candidates are runs of ``options["blocks_per_stage"]`` blocks (default 1)
@@ -52,9 +52,10 @@ class Candidate:
     def start(self) -> int:
         return self.blocks[0]
 
-    def traits(self) -> dict[str, Any]:
-        return {"adaln_on_npu": self.adaln_on_npu, "residual_on_npu": self.residual_on_npu,
-                "layernorm": self.layernorm, "candidate": self.id}
+    def traits(self) -> Traits:
+        """What crash patterns match against (:class:`~rkpart.targets.known_issues.CrashPattern`)."""
+        return Traits(adaln_on_npu=self.adaln_on_npu, residual_on_npu=self.residual_on_npu,
+                      layernorm=self.layernorm, candidate=self.id)
 
     @property
     def accuracy_key(self) -> str:

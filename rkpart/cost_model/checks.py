@@ -19,6 +19,7 @@ from typing import Any
 from rkpart.cost_model import features as _features
 from rkpart.cost_model.rounds import GLUE_TERMS
 from rkpart.errors import SpecError
+from rkpart.targets.known_issues import TRAIT_NAMES
 
 #: the terms a stage component may use (:meth:`rkpart.cost_model.features.Features.value`);
 #: ``glue`` uses :data:`rkpart.cost_model.rounds.GLUE_TERMS`
@@ -106,6 +107,10 @@ def _check_known_issues(where: str, issues: Any) -> None:
             raise SpecError(f"{where}: known_issues[{i}].toolkit must be a string")
         if "when" in row and not isinstance(row["when"], Mapping):
             raise SpecError(f"{where}: known_issues[{i}].when must be an object")
+        unknown = sorted(set(row.get("when", {})) - TRAIT_NAMES)
+        if unknown:
+            raise SpecError(f"{where}: known_issues[{i}].when names {unknown[0]!r}, which is no candidate trait "
+                            f"(traits: {', '.join(sorted(TRAIT_NAMES))})")
         for k in ("what", "source", "signature"):
             if k in row and not isinstance(row[k], str):
                 raise SpecError(f"{where}: known_issues[{i}].{k} must be a string")

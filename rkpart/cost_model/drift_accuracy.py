@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rkpart.cost_model.model import CostModel
+from rkpart.cost_model.model import Accuracy, CostModel
 from rkpart.errors import GateError, UserError
 from rkpart.partitioner.plan import Plan
 from rkpart.profile.drift import LATENT, DriftRow, nonfinite_rows
@@ -84,7 +84,7 @@ def accuracy_from_drift(rows: Sequence[DriftRow], families: Mapping[str, str], *
 
 def with_drift(model: CostModel, rows: Sequence[DriftRow], families: Mapping[str, str], **kw: Any) -> CostModel:
     """``model`` with its accuracy term measured by ``rows`` (see :func:`accuracy_from_drift`)."""
-    return dataclasses.replace(model, accuracy=accuracy_from_drift(rows, families, **kw))
+    return dataclasses.replace(model, accuracy=Accuracy(accuracy_from_drift(rows, families, **kw)))
 
 
 __all__ = ["BASELINE", "DEFAULT_MIN_COSINE", "accuracy_from_drift", "family_of", "with_drift"]

@@ -163,7 +163,7 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
     if steps < 1:
         raise UserError(f"--steps must be >= 1, got {steps}")
     folder = Path(folder)
-    tk = toolkit or (plan.extra.get("compile") or {}).get("toolkit") or model.provenance.get("toolkit")
+    tk = toolkit or (plan.extra.get("compile") or {}).get("toolkit") or model.provenance.toolkit
     res = dict(residency) if residency is not None else _residencies(plan)
     passes = steps * (2 if cfg else 1)
     mem_comp = model.memory_component(tk)

@@ -174,6 +174,162 @@ def error_summary(pred: Sequence[float], meas: Sequence[float]) -> dict[str, Any
     }
 
 
+@dataclass(frozen=True)
+class ErrorSummary:
+    """:func:`error_summary` of predictions against measurements, typed; ``method`` says how
+    samples were held out (``None``: in-sample error)."""
+
+    n: int
+    within_10: float | None  # share of predictions within +-10 %
+    within_20: float | None
+    median_ape: float | None  # median |% error|
+    method: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {**({} if self.method is None else {"method": self.method}), "n": self.n,
+                "within_10": self.within_10, "within_20": self.within_20, "median_ape": self.median_ape}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> ErrorSummary:
+        return cls(n=int(d.get("n") or 0), within_10=d.get("within_10"), within_20=d.get("within_20"),
+                   median_ape=d.get("median_ape"),
+                   method=None if d.get("method") is None else str(d["method"]))
+
+
+def _num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+@dataclass(frozen=True)
+class FamilyAccuracy:
+    """One partition family's row of :class:`Accuracy` (``adaln=npu,residual=npu`` ...)."""
+
+    ratio: float  # predicted error relative to the most accurate family
+    source: str = ""
+    final_cosine: float | None = None  # from a drift run, when one measured the family
+    final_mse: float | None = None
+    final_max_abs: float | None = None
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """:attr:`CostModel.accuracy`: the predicted numerical error of each partition family.
+
+    A typed view of the cost-model file's ``accuracy`` object (written by ``rkpart drift
+    --accuracy`` or the calibration): the document is kept as written, so :meth:`to_json`
+    gives it back unchanged (a cost-model file loads and dumps byte-identical); the
+    properties are what selection reads.  Checked on load (:mod:`rkpart.cost_model.checks`).
+    """
+
+    doc: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def families(self) -> dict[str, FamilyAccuracy]:
+        out = {}
+        for k, f in (self.doc.get("families") or {}).items():
+            ratio = _num(f.get("ratio"))
+            if ratio is None:
+                continue
+            out[str(k)] = FamilyAccuracy(ratio=ratio, source=str(f.get("source", "")),
+                                         final_cosine=_num(f.get("final_cosine")), final_mse=_num(f.get("final_mse")),
+                                         final_max_abs=_num(f.get("final_max_abs")))
+        return out
+
+    def family(self, key: str) -> FamilyAccuracy | None:
+        """The row of family ``key`` (:attr:`rkpart.cost_model.candidates.Candidate.accuracy_key`)."""
+        return self.families.get(key)
+
+    @property
+    def default_max_ratio(self) -> float | None:
+        """The accuracy floor selection applies unless asked for another (``None``: none)."""
+        return _num(self.doc.get("default_max_ratio"))
+
+    @property
+    def min_cosine(self) -> float | None:
+        return _num(self.doc.get("min_cosine"))
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.doc)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Accuracy:
+        return cls(dict(d))
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """:attr:`CostModel.provenance`: where a model's numbers come from.
+
+    An open record (the calibration, ``rkpart fit`` and the device model each write their own
+    fields), kept as written so that :meth:`to_json` gives the file's object back unchanged;
+    the properties are the fields the rest of rkpart reads, typed.  :meth:`replace` gives a
+    copy with fields set (``None`` as a value removes the field).
+    """
+
+    doc: Mapping[str, Any] = field(default_factory=dict)
+
+    def _text(self, key: str) -> str | None:
+        v = self.doc.get(key)
+        return None if v is None else str(v)
+
+    @property
+    def device(self) -> str | None:
+        return self._text("device")
+
+    @property
+    def toolkit(self) -> str | None:
+        """The rknn-toolkit2 version the numbers were measured with (``None``: not recorded)."""
+        return self._text("toolkit")
+
+    @property
+    def backends(self) -> tuple[str, ...]:
+        """The backends the profiles were measured on (``rkpart fit``; empty: not recorded)."""
+        return tuple(str(b) for b in self.doc.get("backends") or ())
+
+    @property
+    def clock(self) -> str | None:
+        return self._text("clock")
+
+    @property
+    def degrees_of_freedom(self) -> int | None:
+        v = self.doc.get("degrees_of_freedom")
+        return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+    @property
+    def whole_plan_error(self) -> ErrorSummary | None:
+        """The held-out error of predicted whole rounds (``rkpart fit``)."""
+        v = self.doc.get("whole_plan_error")
+        return ErrorSummary.from_json(v) if isinstance(v, Mapping) else None
+
+    @property
+    def latency_resolution(self) -> float | None:
+        """The smallest relative latency difference the calibration's measurements resolve."""
+        v = self.doc.get("latency_resolution")
+        r = _num(v.get("relative")) if isinstance(v, Mapping) else None
+        return r if r is not None and r > 0 else None
+
+    @property
+    def fitted_range(self) -> dict[str, tuple[int, int]]:
+        """Per stage-size feature, the (lowest, highest) value the fit saw (``rkpart fit``)."""
+        return {str(k): (int(lo), int(hi)) for k, (lo, hi) in (self.doc.get("fitted_range") or {}).items()}
+
+    def replace(self, **fields: Any) -> Provenance:
+        doc = {**self.doc, **fields}
+        return Provenance({k: v for k, v in doc.items() if not (k in fields and v is None)})
+
+    def with_fit(self, samples: int, groups: Sequence[str]) -> Provenance:
+        """One more ``fits`` entry (:meth:`CostModel.update`)."""
+        return Provenance({**self.doc, "fits": [*self.doc.get("fits", []), {"samples": samples,
+                                                                          "groups": list(groups)}]})
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.doc)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Provenance:
+        return cls(dict(d))
+
+
 def _applies(component: str, f: Features) -> bool:
     dev = COMPONENTS[component][0]
     return dev == "any" or f.device == dev
@@ -191,9 +347,9 @@ class CostModel:
     """
 
     components: dict[str, Component] = field(default_factory=dict)
-    provenance: dict[str, Any] = field(default_factory=dict)
+    provenance: Provenance = field(default_factory=Provenance)
     #: predicted numerical error of a partition family relative to the most accurate one
-    accuracy: dict[str, Any] = field(default_factory=dict)
+    accuracy: Accuracy = field(default_factory=Accuracy)
     #: toolkit versions known to crash on some candidate families
     known_issues: list[dict[str, Any]] = field(default_factory=list)
     #: per toolkit version, a ``device_mem`` predictor fitted on the compiler's own weight + internal
@@ -247,7 +403,7 @@ class CostModel:
                                         "cross_validation": cv})
             self.components[name] = comp
         groups = sorted({s.group for s in samples})
-        self.provenance.setdefault("fits", []).append({"samples": len(samples), "groups": groups})
+        self.provenance = self.provenance.with_fit(len(samples), groups)
         return self
 
     # -- (de)serialisation ---------------------------------------------------------------
@@ -255,9 +411,9 @@ class CostModel:
         return {
             "format": MODEL_FORMAT,
             "version": MODEL_VERSION,
-            "provenance": self.provenance,
+            "provenance": self.provenance.to_json(),
             "components": {k: self.components[k].to_json() for k in COMPONENTS if k in self.components},
-            "accuracy": self.accuracy,
+            "accuracy": self.accuracy.to_json(),
             "known_issues": self.known_issues,
             **({"device_memory": {k: self.device_memory[k].to_json() for k in sorted(self.device_memory)}}
                if self.device_memory else {}),
@@ -300,8 +456,8 @@ class CostModel:
             device_memory = {str(k): Component.from_json("device_mem", v) for k, v in dm.items()}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise SpecError(f"{where}: malformed device_memory predictor: {e}") from None
-        return cls(components=components, provenance=dict(d.get("provenance", {})),
-                   accuracy=dict(d.get("accuracy", {})), known_issues=list(d.get("known_issues", [])),
+        return cls(components=components, provenance=Provenance.from_json(d.get("provenance", {})),
+                   accuracy=Accuracy.from_json(d.get("accuracy", {})), known_issues=list(d.get("known_issues", [])),
                    device_memory=device_memory)
 
     @classmethod
@@ -363,5 +519,6 @@ def load_model_or_default(path: str | os.PathLike[str] | None) -> CostModel:
     return CostModel.load(default_model_path() if path is None else path)
 
 
-__all__ = ["COMPONENTS", "DEFAULT_TERMS", "Component", "CostModel", "Sample", "cross_validate",
+__all__ = ["COMPONENTS", "DEFAULT_TERMS", "Accuracy", "Component", "CostModel", "ErrorSummary", "FamilyAccuracy",
+           "Provenance", "Sample", "cross_validate",
            "default_model_path", "error_summary", "load_model_or_default", "nnls_relative"]

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from rkpart.cost_model.features import Features
-from rkpart.cost_model.model import Component, CostModel, Sample, error_summary
+from rkpart.cost_model.model import Accuracy, Component, CostModel, Provenance, Sample, error_summary
 from rkpart.types import HOST
 
 #: ``const``: per stage and pass (feeding one stage's outputs to the next); ``cycle``: per
@@ -149,8 +149,8 @@ def refit_with_rounds(samples: Sequence[Sample], rounds: Sequence[RoundSample],
                       base: CostModel | None = None) -> CostModel:
     """Per-stage components from ``samples``, then glue and setup from ``rounds``."""
     model = CostModel(components=dict(base.components) if base else {},
-                      provenance=dict(base.provenance) if base else {},
-                      accuracy=dict(base.accuracy) if base else {},
+                      provenance=base.provenance if base else Provenance(),
+                      accuracy=base.accuracy if base else Accuracy(),
                       known_issues=list(base.known_issues) if base else [])
     model.components.pop("glue", None)
     if any("setup" in s.targets for s in samples):
@@ -201,7 +201,7 @@ def fitted_range(samples: Iterable[Sample]) -> dict[str, list[int]]:
 
 def outside_range(model: CostModel, features: Iterable[Features], slack: float = 0.0) -> list[str]:
     """Which of a candidate's stage sizes lie outside the model's fitted range (plain words)."""
-    rng = model.provenance.get("fitted_range") or {}
+    rng = model.provenance.fitted_range
     words = {"in_bytes": "boundary activations (tokens x hidden)", "weight_bytes": "weights", "macs": "MACs"}
     out = []
     for k, (lo, hi) in rng.items():

@@ -129,7 +129,7 @@ def memory_term(model: CostModel) -> MemoryTerm | None:
     if comp is None:
         return None
     base = sum(c for t, c in zip(comp.terms, comp.coef, strict=True) if t == "const")
-    backends = model.provenance.get("backends") or []
+    backends = model.provenance.backends
     where = f" on {', '.join(map(str, backends))}" if backends else ""
     return MemoryTerm("pss_peak", float(base), f"process memory (peak PSS{where})")
 
@@ -194,7 +194,7 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
         host = hp * p
     stages = [(f, residency) for f in c.npu] + ([(c.host, "resident")] if c.host is not None else [])
     glue = overhead(model, stages, p)
-    toolkit = cfg.toolkit or model.provenance.get("toolkit")
+    toolkit = cfg.toolkit or model.provenance.toolkit
     mems = [stage_memory(model, f, term, toolkit) for f in c.npu]
     contexts = 2 if cfg.cfg_parallel and cfg.cfg else 1  # one context per pass and core
     dev = [m * contexts for m, _, _ in mems]
@@ -205,8 +205,8 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
     if pss_max is not None and not math.isfinite(pss_max):
         check_prediction(c.id, residency, {"process memory": pss_max})
     pss = None if pss_max is None else int(pss_max)
-    fam = model.accuracy.get("families", {}).get(c.accuracy_key)
-    ratio = None if fam is None else float(fam["ratio"])
+    fam = model.accuracy.family(c.accuracy_key)
+    ratio = None if fam is None else fam.ratio
     check_prediction(c.id, residency, {"latency": load + init + infer + release + host + glue, "load": load,
                                        "init": init, "infer": infer, "release": release, "host": host,
                                        "glue": glue, "device memory": device, "process memory": float(pss or 0)})
@@ -506,9 +506,10 @@ def choose(
     bad = [r for r in config.residencies if r not in RESIDENCIES]
     if bad or not config.residencies:
         raise UserError(f"residency must be among {', '.join(RESIDENCIES)}, got {bad or 'nothing'}")
-    toolkit = config.toolkit or model.provenance.get("toolkit")
-    max_ratio = config.max_error_ratio if config.max_error_ratio is not None else float(
-        model.accuracy.get("default_max_ratio", math.inf))
+    toolkit = config.toolkit or model.provenance.toolkit
+    floor = model.accuracy.default_max_ratio
+    max_ratio = config.max_error_ratio if config.max_error_ratio is not None else (
+        math.inf if floor is None else floor)
     notes = list(notes)
     # the target's table first; rows a cost-model file carries beyond it are honoured too
     known = list(crash_patterns())
@@ -560,10 +561,11 @@ def choose(
     used = _memory(chosen)
     lat = sum(o.latency for o in chosen)
     return Selection(config=config, options=options, chosen=chosen, device_bytes=used + baseline, latency=lat,
-                     model_provenance={k: model.provenance.get(k) for k in ("source", "device", "runtime", "toolkit")},
+                     model_provenance={k: model.provenance.doc.get(k)
+                                       for k in ("source", "device", "runtime", "toolkit")},
                      toolkit=toolkit, max_error_ratio=max_ratio, notes=notes, memory=term, latency_error=err,
                      latency_error_source=err_source, ties=ties,
-                     degrees_of_freedom=model.provenance.get("degrees_of_freedom"),
+                     degrees_of_freedom=model.provenance.degrees_of_freedom,
                      memory_source=describe_memory_source(model, toolkit, options))
 
 
@@ -601,9 +603,9 @@ def latency_error(model: CostModel) -> float | None:
 
 def _latency_error(model: CostModel) -> tuple[float | None, str]:
     """:func:`latency_error` and what it is (for the explanation)."""
-    whole = model.provenance.get("whole_plan_error")
-    if isinstance(whole, dict) and whole.get("median_ape") is not None:
-        return float(whole["median_ape"]) / 100.0, "held-out"
+    whole = model.provenance.whole_plan_error
+    if whole is not None and whole.median_ape is not None:
+        return float(whole.median_ape) / 100.0, "held-out"
     errs = []
     for name in ("load", "init", "infer", "release", "host"):
         c = model.components.get(name)
@@ -612,9 +614,9 @@ def _latency_error(model: CostModel) -> tuple[float | None, str]:
             errs.append(float(cv["median_ape"]) / 100.0)
     if errs:
         return max(errs), "held-out"
-    res = model.provenance.get("latency_resolution")
-    if isinstance(res, dict) and isinstance(res.get("relative"), (int, float)) and res["relative"] > 0:
-        return float(res["relative"]), "the resolution of the calibration's measurements"
+    res = model.provenance.latency_resolution
+    if res is not None:
+        return res, "the resolution of the calibration's measurements"
     return None, ""
 
 

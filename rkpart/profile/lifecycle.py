@@ -170,8 +170,8 @@ def profile_plan(
     inputs: Mapping[str, np.ndarray] | None = None,
     host_backend: Backend | None = None,
     progress: Progress | None = None,
-) -> list[dict[str, Any]]:
-    """Profile ``plan`` and return its records (stage records, round records, one summary).
+) -> rec.ProfileRun:
+    """Profile ``plan`` and return its records (stage lines, round lines, one summary line).
 
     Parameters
     ----------
@@ -205,8 +205,9 @@ def profile_plan(
 
     Returns
     -------
-    list[dict]
-        JSON-ready records in run order, valid against ``profile_record.schema.json``.
+    rkpart.profile.records.ProfileRun
+        The run's lines in run order; ``.to_json()`` gives the records of the JSON Lines file,
+        valid against ``profile_record.schema.json``; ``.stage_records()`` what the cost model reads.
 
     Raises
     ------
@@ -310,7 +311,7 @@ def profile_plan(
     if whole is not None:
         summary["baseline"] = whole.summary(records, whole_s)
     records.append(summary)
-    return records
+    return rec.ProfileRun.from_json(records)
 
 
 class _Baseline:

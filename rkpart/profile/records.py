@@ -230,6 +230,176 @@ def round_record(
     }
 
 
+# -- the records a run writes, typed ---------------------------------------------------------
+@dataclass(frozen=True)
+class RunHeader:
+    """The fields every record of one run repeats (:func:`record_header`)."""
+
+    run_id: str
+    env: Mapping[str, Any]  # collect_environment
+    settings: Mapping[str, Any]  # what was measured and how (rounds, cfg, residency ...)
+    plan: Mapping[str, Any]  # plan_identity
+    format: str = RECORD_FORMAT
+    version: int = RECORD_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {"format": self.format, "version": self.version, "run_id": self.run_id, "env": dict(self.env),
+                "settings": dict(self.settings), "plan": dict(self.plan)}
+
+    @classmethod
+    def from_json(cls, r: Mapping[str, Any]) -> RunHeader:
+        return cls(run_id=str(r["run_id"]), env=dict(r["env"]), settings=dict(r["settings"]), plan=dict(r["plan"]),
+                   format=str(r["format"]), version=int(r["version"]))
+
+
+@dataclass(frozen=True)
+class StageLine:
+    """A ``"record": "stage"`` line as the profiler writes it (:func:`stage_record`); the cost
+    model reads it as a :class:`StageRecord` (:meth:`typed`).  ``timings``, ``memory`` and
+    ``measurement`` keep the schema's keys (``load_s``, ``pss_peak_kib`` ...)."""
+
+    header: RunHeader
+    stage: Mapping[str, Any]  # stage_identity
+    round: int
+    warmup: bool
+    step: int
+    pass_name: str
+    residency: Residency
+    timings: Mapping[str, Any]
+    memory: Mapping[str, int | None]
+    measurement: Mapping[str, float | int]
+
+    @property
+    def stage_id(self) -> str:
+        return str(self.stage["id"])
+
+    @property
+    def device(self) -> Device:
+        return HOST if self.stage["device"] == HOST else NPU
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.header.to_json(), "record": "stage", "stage": dict(self.stage), "round": self.round,
+                "warmup": self.warmup, "step": self.step, "pass": self.pass_name, "residency": self.residency.value,
+                "timings": dict(self.timings), "memory": dict(self.memory), "measurement": dict(self.measurement)}
+
+    @classmethod
+    def from_json(cls, r: Mapping[str, Any]) -> StageLine:
+        return cls(header=RunHeader.from_json(r), stage=dict(r["stage"]), round=int(r["round"]),
+                   warmup=bool(r["warmup"]), step=int(r["step"]), pass_name=str(r["pass"]),
+                   residency=Residency(r["residency"]), timings=dict(r["timings"]), memory=dict(r["memory"]),
+                   measurement=dict(r["measurement"]))
+
+    def typed(self) -> StageRecord:
+        return StageRecord.from_json(self.to_json())
+
+
+@dataclass(frozen=True)
+class RoundLine:
+    """A ``"record": "round"`` line (:func:`round_record`): one round's wall time, memory and
+    the measurement's own cost."""
+
+    header: RunHeader
+    round: int
+    warmup: bool
+    wall_s: float
+    memory: Mapping[str, int | None]
+    measurement: Mapping[str, float | int]
+    cpu_s: float | None = None  # process CPU time of the round (every thread), when recorded
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.header.to_json(), "record": "round", "round": self.round, "warmup": self.warmup,
+                "timings": {"wall_s": self.wall_s, **({} if self.cpu_s is None else {"cpu_s": self.cpu_s})},
+                "memory": dict(self.memory), "measurement": dict(self.measurement)}
+
+    @classmethod
+    def from_json(cls, r: Mapping[str, Any]) -> RoundLine:
+        tim = r["timings"]
+        return cls(header=RunHeader.from_json(r), round=int(r["round"]), warmup=bool(r["warmup"]),
+                   wall_s=float(tim["wall_s"]), memory=dict(r["memory"]), measurement=dict(r["measurement"]),
+                   cpu_s=None if tim.get("cpu_s") is None else float(tim["cpu_s"]))
+
+
+@dataclass(frozen=True)
+class SummaryLine:
+    """The closing ``"record": "summary"`` line (:func:`summary_record`)."""
+
+    header: RunHeader
+    rounds_measured: tuple[int, ...]
+    warmup_rounds: tuple[int, ...]
+    passes_per_round: int
+    totals: Mapping[str, Mapping[str, Any]]  # table key -> spread (median, min, max, spread, n)
+    stages: tuple[Mapping[str, Any], ...]  # per stage: id and the spread of every lifecycle key
+    baseline: Mapping[str, Any] | None = None  # the whole model's time next to the plan's (``baseline=True``)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.header.to_json(), "record": "summary", "rounds_measured": list(self.rounds_measured),
+                "warmup_rounds": list(self.warmup_rounds), "passes_per_round": self.passes_per_round,
+                "totals": {k: dict(v) for k, v in self.totals.items()}, "stages": [dict(s) for s in self.stages],
+                **({} if self.baseline is None else {"baseline": dict(self.baseline)})}
+
+    @classmethod
+    def from_json(cls, r: Mapping[str, Any]) -> SummaryLine:
+        return cls(header=RunHeader.from_json(r), rounds_measured=tuple(int(x) for x in r["rounds_measured"]),
+                   warmup_rounds=tuple(int(x) for x in r["warmup_rounds"]),
+                   passes_per_round=int(r["passes_per_round"]), totals=dict(r["totals"]),
+                   stages=tuple(dict(s) for s in r["stages"]),
+                   baseline=None if r.get("baseline") is None else dict(r["baseline"]))
+
+
+ProfileLine = StageLine | RoundLine | SummaryLine
+_LINES: dict[str, type[StageLine] | type[RoundLine] | type[SummaryLine]] = {
+    "stage": StageLine, "round": RoundLine, "summary": SummaryLine}
+
+
+@dataclass(frozen=True)
+class ProfileRun:
+    """One profile run, what :func:`rkpart.profile_plan` returns: its lines in run order (stage
+    lines, a round line after each round's, one summary line last).
+
+    :meth:`to_json` gives the JSON Lines file's objects (:func:`write_jsonl`), :meth:`from_json`
+    reads them back (``ProfileRun.from_json(read_jsonl(path))``, one run: :func:`single_run`).
+    """
+
+    lines: tuple[ProfileLine, ...]
+
+    def __post_init__(self) -> None:
+        if not self.lines or not isinstance(self.lines[-1], SummaryLine):
+            raise ValueError("a profile run ends with its summary line")
+
+    @property
+    def header(self) -> RunHeader:
+        return self.lines[0].header
+
+    @property
+    def run_id(self) -> str:
+        return self.header.run_id
+
+    @property
+    def stages(self) -> tuple[StageLine, ...]:
+        return tuple(x for x in self.lines if isinstance(x, StageLine))
+
+    @property
+    def rounds(self) -> tuple[RoundLine, ...]:
+        return tuple(x for x in self.lines if isinstance(x, RoundLine))
+
+    @property
+    def summary(self) -> SummaryLine:
+        last = self.lines[-1]
+        assert isinstance(last, SummaryLine)
+        return last
+
+    def stage_records(self, *, warmup: bool = True) -> list[StageRecord]:
+        """The stage lines as the cost model reads them (``warmup=False``: measured rounds only)."""
+        return [x.typed() for x in self.stages if warmup or not x.warmup]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [x.to_json() for x in self.lines]
+
+    @classmethod
+    def from_json(cls, records: Iterable[Mapping[str, Any]]) -> ProfileRun:
+        return cls(tuple(_LINES[str(r["record"])].from_json(r) for r in records))
+
+
 # -- typed view ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StageRecord:

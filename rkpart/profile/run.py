@@ -1,4 +1,4 @@
-"""``rkpart profile PLAN`` as a library call: one frozen :class:`ProfileOptions` in, records out.
+"""``rkpart profile PLAN`` as a library call: one frozen :class:`ProfileOptions` in, a ``ProfileRun`` out.
 
 :func:`run_profile` loads the plan, picks the backends, warns about runtime mismatches,
 calls :func:`rkpart.profile.lifecycle.profile_plan` and writes the JSON Lines file
@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rkpart.profile.lifecycle import ProfileOptions
+from rkpart.profile.records import ProfileRun
 from rkpart.progress import Progress, silent
 from rkpart.runtime import get_backend
 
@@ -31,7 +32,7 @@ def runtime_warnings(plan: Any, env: dict[str, Any]) -> list[str]:
 
 
 def run_profile(opts: ProfileOptions, progress: Progress | None = None,
-                warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+                warn: Callable[[str], None] | None = None) -> ProfileRun:
     """Load the plan, profile it and write the records atomically to ``opts.output``.
 
     ``warn`` receives what the user should know before the numbers are trusted (artifacts
@@ -54,11 +55,11 @@ def run_profile(opts: ProfileOptions, progress: Progress | None = None,
     for warning in runtime_warnings(plan, backend.describe()):
         (warn or progress or silent)(warning)
     try:
-        records = profile_plan(plan, folder, opts, backend, host_backend=host_backend, progress=progress)
+        run = profile_plan(plan, folder, opts, backend, host_backend=host_backend, progress=progress)
     finally:
         backend.close()
-    write_jsonl(opts.output, records)
-    return records
+    write_jsonl(opts.output, run.to_json())
+    return run
 
 
 __all__ = ["ProfileOptions", "run_profile", "runtime_warnings"]

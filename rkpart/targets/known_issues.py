@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -52,11 +52,31 @@ class BuildFacts:
 
 
 @dataclass(frozen=True)
+class Traits:
+    """What a crash pattern can ask of a candidate partition
+    (:meth:`rkpart.cost_model.candidates.Candidate.traits`).
+
+    A :class:`CrashPattern`'s ``when`` names these attributes; a cost-model file's
+    ``known_issues`` rows may name no other (:data:`TRAIT_NAMES`, checked on load).
+    """
+
+    adaln_on_npu: bool
+    residual_on_npu: bool
+    layernorm: str  # "op" (LayerNormalization) or "decomposed"
+    candidate: str  # the candidate family's id (rkpart.strategies.families)
+
+
+#: the attribute names a crash pattern's ``when`` may use
+TRAIT_NAMES = frozenset(f.name for f in fields(Traits))
+
+
+@dataclass(frozen=True)
 class CrashPattern:
     """A graph pattern one toolkit version is known to crash on.
 
-    ``when`` is matched against a candidate partition's traits
-    (:meth:`rkpart.cost_model.candidates.Candidate.traits`): every key must be equal.
+    ``when`` (a mapping, as in cost-model JSON files) is matched against a candidate
+    partition's :class:`Traits` by attribute name: every named trait must be equal; a name
+    that is no trait never matches.
     """
 
     toolkit: str
@@ -64,8 +84,9 @@ class CrashPattern:
     what: str  # one line for "excluded: known issue: ..."
     source: str
 
-    def matches(self, toolkit: str | None, traits: Mapping[str, Any]) -> bool:
-        return toolkit == self.toolkit and all(traits.get(k) == v for k, v in self.when.items())
+    def matches(self, toolkit: str | None, traits: Traits) -> bool:
+        return toolkit == self.toolkit and all(
+            k in TRAIT_NAMES and getattr(traits, k) == v for k, v in self.when.items())
 
     def to_json(self) -> dict[str, Any]:
         """The row format cost-model JSON files carry (``known_issues``)."""
@@ -278,6 +299,19 @@ def find_signature(issue_id: str) -> KnownIssue | None:
     return next((s for s in KNOWN_ISSUES if s.id == issue_id), None)
 
 
-__all__ = ["EXNORM_FUSION_SEGV", "EXNORM_SCALE_SEGV_250", "KNOWN_ISSUES", "SLICE_CONCAT_SEGV_250", "BuildFacts",
-           "CrashPattern", "KnownIssue", "crash_patterns", "find_signature", "fused_nodes", "match_log",
-           "match_signature"]
+__all__ = [
+    "EXNORM_FUSION_SEGV",
+    "EXNORM_SCALE_SEGV_250",
+    "KNOWN_ISSUES",
+    "SLICE_CONCAT_SEGV_250",
+    "TRAIT_NAMES",
+    "BuildFacts",
+    "CrashPattern",
+    "KnownIssue",
+    "Traits",
+    "crash_patterns",
+    "find_signature",
+    "fused_nodes",
+    "match_log",
+    "match_signature",
+]

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from rkpart.cli import main
-from rkpart.cost_model.calibration import compare_with_model, render_comparison, shipped_drift
+from rkpart.cost_model.calibration import compare_with_model, fit_profiles, render_comparison, shipped_drift
 from rkpart.cost_model.model import CostModel
 from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
@@ -85,7 +85,7 @@ def test_fit_on_real_ort_profiles_prints_held_out_error(tmp_path: Path, example_
         plan = partition(example_model, folder, strategy, **opts)
         recs = profile_plan(plan, folder, ProfileOptions(rounds=2, warmup=1, cfg=True, device_pattern=None,
                                                          sample_interval=0.0, plan=str(folder / "plan.json")),
-                                                         backend=OrtBackend())
+                                                         backend=OrtBackend()).to_json()
         profiles.append(write_jsonl(tmp_path / f"{name}.jsonl", recs))
     out = tmp_path / "model.json"
     r = CliRunner().invoke(main, ["fit", *map(str, profiles), "-o", str(out)])
@@ -94,11 +94,16 @@ def test_fit_on_real_ort_profiles_prints_held_out_error(tmp_path: Path, example_
     for comp in ("load", "init", "infer", "release", "host"):
         assert f"  {comp} " in r.output
     model = CostModel.load(out)
-    assert model.provenance["backends"] == ["ort"] and model.provenance["runs"] == 3
+    assert model.provenance.backends == ("ort",) and model.provenance.doc["runs"] == 3
     rj = CliRunner().invoke(main, ["fit", *map(str, profiles), "-o", str(out), "--json"])
     report = json.loads(rj.stdout)
     cv = report["components"]["infer"]["cross_validation"]
     assert cv["n"] == 6 + 6 + 2 and 0.0 <= cv["within_10"] <= cv["within_20"] <= 1.0
+    # `fit --json` prints the typed FitReport's JSON (the fit is deterministic)
+    _, typed = fit_profiles(profiles)
+    assert typed.components["infer"].cross_validation is not None
+    assert typed.components["infer"].cross_validation.n == cv["n"]
+    assert json.loads(json.dumps(typed.to_json())) == report
 
     from rkpart.profile.records import read_jsonl, stage_records
 

@@ -59,7 +59,7 @@ def test_the_shipped_calibration_selects_with_the_shipped_full_size_drift_table(
 
     measured = shipped_drift()
     assert load_accuracy(default_model_path().with_name("drift_anima_full.json")) == measured  # a valid term
-    shipped = CostModel.load(default_model_path()).accuracy
+    shipped = CostModel.load(default_model_path()).accuracy.to_json()
     assert measured["measured"]["model"].startswith("full-size Anima DiT (28 blocks")
     assert shipped["default_max_ratio"] == measured["default_max_ratio"]
     for key, fam in measured["families"].items():

@@ -50,7 +50,7 @@ def ort_profiles(tmp_path_factory: pytest.TempPathFactory, example_model: Path) 
             recs = profile_plan(plan, folder, ProfileOptions(rounds=2, warmup=1, cfg=True, device_pattern=None,
                                                              sample_interval=0.01, residency=residency,
                                                              plan=str(folder / "plan.json")),
-                                                             backend=OrtBackend(threads=1))
+                                                             backend=OrtBackend(threads=1)).to_json()
             out.append(write_jsonl(root / f"{name}.{residency}.jsonl", recs))
     return out
 
@@ -147,8 +147,8 @@ def test_base_of_another_backend_needs_mix_backends_and_is_recorded(ort_profiles
         fit_profiles(ort_profiles, base=default_model_path())
     model, _ = fit_profiles(ort_profiles, base=default_model_path(), mix_backends=True)
     # the board's memory and the compiler-table NPU time stay from the base
-    assert model.provenance["mixed_backends"]["kept_from_base"] == ["device_mem", "npu_infer"]
-    assert model.provenance["mixed_backends"]["profile_backends"] == ["ort"]
+    assert model.provenance.doc["mixed_backends"]["kept_from_base"] == ["device_mem", "npu_infer"]
+    assert model.provenance.doc["mixed_backends"]["profile_backends"] == ["ort"]
 
 
 def test_process_memory_is_never_predicted_below_device_memory(shipped: CostModel, example_model: Path) -> None:
@@ -168,7 +168,7 @@ def test_process_memory_is_never_predicted_below_device_memory(shipped: CostMode
 
 def test_shipped_calibration_declares_zero_degrees_of_freedom_in_explain(shipped: CostModel, tmp_path: Path) -> None:
     # device memory is fitted on compiler tables, not solved from the write-up: 11 coefficients from 11 numbers
-    assert shipped.provenance["coefficients"] == 11 and shipped.provenance["data_points"] == 11
+    assert shipped.provenance.doc["coefficients"] == 11 and shipped.provenance.doc["data_points"] == 11
     r = CliRunner().invoke(main, ["partition", "-o", str(tmp_path / "a"), "-s", "auto", "--explain", "-q",
                                   "--no-budget"])
     assert r.exit_code == 0, r.output
@@ -186,9 +186,10 @@ def test_candidates_within_the_held_out_error_tie_and_least_memory_wins(ort_mode
     mg = load_model(example_model)
     disc = discover(mg)
     cfg = SelectionConfig(max_error_ratio=1000, residencies=("resident",), max_run=1)
-    sharp = select(mg, disc, dataclasses.replace(model, provenance={**model.provenance, "whole_plan_error": {
-        "median_ape": 0.0}}), cfg)
-    blunt_model = dataclasses.replace(model, provenance={**model.provenance, "whole_plan_error": {"median_ape": 500.0}})
+    sharp = select(mg, disc, dataclasses.replace(model, provenance=model.provenance.replace(whole_plan_error={
+        "n": 6, "within_10": 1.0, "within_20": 1.0, "median_ape": 0.0})), cfg)
+    blunt_model = dataclasses.replace(model, provenance=model.provenance.replace(whole_plan_error={
+        "n": 6, "within_10": 0.0, "within_20": 0.0, "median_ape": 500.0}))
     blunt = select(mg, disc, blunt_model, cfg)
     # everything ties under a 500 % error: the least memory wins (then accuracy)
     for ch in blunt.chosen:
@@ -249,16 +250,16 @@ def test_fit_reports_whole_plan_error_glue_and_fitted_range(ort_profiles: list[P
     assert set(report["fitted_range"]) == {"in_bytes", "weight_bytes", "macs"}
     model = CostModel.load(out)
     assert {"glue", "setup"} <= set(model.components)
-    assert model.provenance["whole_plan_error"]["n"] == 6
+    assert model.provenance.whole_plan_error is not None and model.provenance.whole_plan_error.n == 6
     text = CliRunner().invoke(main, ["fit", *map(str, ort_profiles), "-o", str(out)]).output
     assert "whole plan" in text and "fitted range" in text
 
 
 def test_predictions_outside_the_fitted_range_are_flagged(ort_model: Path, example_model: Path) -> None:
     model = CostModel.load(ort_model)
-    rng = model.provenance["fitted_range"]
-    narrowed = dataclasses.replace(model, provenance={**model.provenance, "fitted_range": {
-        k: [lo, max(lo, hi // 4)] for k, (lo, hi) in rng.items()}})
+    rng = model.provenance.fitted_range
+    narrowed = dataclasses.replace(model, provenance=model.provenance.replace(fitted_range={
+        k: [lo, max(lo, hi // 4)] for k, (lo, hi) in rng.items()}))
     mg = load_model(example_model)
     sel = select(mg, discover(mg), narrowed, SelectionConfig(budget_mib=None, max_error_ratio=1000))
     assert any("extrapolate beyond the fitted range" in n for n in sel.notes)
@@ -322,5 +323,5 @@ def test_profiles_record_cpu_time_and_fit_can_use_it(ort_profiles: list[Path]) -
     assert all(r["timings"]["infer_cpu_s"] >= 0 for r in stages)
     cpu, _ = fit_profiles(ort_profiles, statistic="min", clock="cpu")
     wall, _ = fit_profiles(ort_profiles, statistic="min", clock="wall")
-    assert cpu.provenance["clock"] == "cpu" and wall.provenance["clock"] == "wall"
+    assert cpu.provenance.clock == "cpu" and wall.provenance.clock == "wall"
     assert cpu.components["infer"].coef != wall.components["infer"].coef  # different targets, different fit

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from rkpart.cost_model.features import Features
-from rkpart.cost_model.model import CostModel, Sample, default_model_path
+from rkpart.cost_model.model import Accuracy, CostModel, FamilyAccuracy, Provenance, Sample, default_model_path
 from rkpart.errors import SpecError
 
 
@@ -65,3 +65,25 @@ def test_load_rejects_what_is_not_a_model(tmp_path: Path) -> None:
         CostModel.load(bad)
     with pytest.raises(SpecError, match="does not exist"):
         CostModel.load(tmp_path / "missing.json")
+
+
+def test_the_shipped_calibration_loads_typed_and_dumps_byte_identical(tmp_path: Path) -> None:
+    path = default_model_path()
+    model = CostModel.load(path)
+    assert model.dumps().encode() == path.read_bytes()
+    assert CostModel.load(model.save(tmp_path / "again.json")).dumps() == model.dumps()
+    acc, prov = model.accuracy, model.provenance
+    assert isinstance(acc, Accuracy) and isinstance(prov, Provenance)
+    # what selection reads, typed
+    assert acc.default_max_ratio is not None and acc.default_max_ratio >= 1.0
+    fused = acc.family("adaln=npu,residual=npu")
+    assert isinstance(fused, FamilyAccuracy) and fused.ratio == acc.default_max_ratio
+    assert fused.final_cosine is not None and 0.99 < fused.final_cosine <= 1.0
+    assert acc.family("no such family") is None
+    assert prov.toolkit == "2.3.0" and prov.degrees_of_freedom == 0
+    assert prov.latency_resolution is not None and 0 < prov.latency_resolution < 1
+    assert prov.whole_plan_error is None and prov.backends == () and prov.fitted_range == {}
+    # replace(): a copy with fields set or removed; the original is untouched
+    blunt = prov.replace(latency_resolution=None, clock="cpu")
+    assert blunt.latency_resolution is None and blunt.clock == "cpu" and "latency_resolution" not in blunt.to_json()
+    assert prov.latency_resolution is not None and prov.clock is None

@@ -30,7 +30,7 @@ def _profile(plan: Plan, folder: Path, out: Path, *, residency: str, memory: boo
     recs = profile_plan(plan, folder, ProfileOptions(rounds=rounds, warmup=1, cfg=True, device_pattern=None,
                                                      sample_interval=0.01 if memory else 0.0, snapshots=memory,
                                                      residency=residency, plan=str(folder / "plan.json")),
-                                                     backend=OrtBackend(threads=1))
+                                                     backend=OrtBackend(threads=1)).to_json()
     return write_jsonl(out, recs)
 
 
@@ -113,5 +113,5 @@ def test_fit_profiling_interleaves_rounds_across_plans(example_model: Path, tmp_
             for f in names}
     assert all(warm[f] == 1 for f in names if ".r0." in f) and all(warm[f] == 0 for f in names if ".r1." in f)
     model, report = fit_profiles(files, clock="cpu")
-    assert report["plans"] == 2 * len(plans)  # the rounds of one plan and residency are pooled
+    assert report.plans == 2 * len(plans)  # the rounds of one plan and residency are pooled
     assert {"glue", "setup", "infer", "pss_peak"} <= set(model.components)

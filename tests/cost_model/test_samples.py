@@ -19,7 +19,7 @@ def test_runs_of_one_plan_are_pooled_and_every_repeated_call_counts(tmp_path: Pa
         recs = profile_plan(plan, folder, ProfileOptions(rounds=1, warmup=0, cfg=False, residency="resident",
                                                          device_pattern=None, sample_interval=0.0,
                                                          plan=str(folder / "plan.json"), infer_repeat=3),
-                                                         backend=OrtBackend(threads=1))
+                                                         backend=OrtBackend(threads=1)).to_json()
         files.append(write_jsonl(tmp_path / f"run{i}.jsonl", recs))
     records = [r for f in files for r in read_jsonl(f)]
     samples = samples_from_records(stage_records(records), statistic="min")
@@ -33,4 +33,12 @@ def test_runs_of_one_plan_are_pooled_and_every_repeated_call_counts(tmp_path: Pa
         comp = "host" if s.features.device == "host" else "infer"
         assert s.targets[comp] == min(calls)
     _, report = fit_profiles(files, statistic="min")
-    assert report["runs"] == 2 and report["plans"] == 1 and report["statistic"] == "min"
+    assert report.runs == 2 and report.plans == 1 and report.statistic == "min"
+    # typed report: one plan, so nothing is held out; the JSON tune and `fit --json` write mirrors it
+    assert report.backends == ("ort",) and report.samples == len(samples)
+    assert set(report.components) >= {"infer", "host"} and report.components["infer"].terms
+    j = report.to_json()
+    assert list(j) == ["samples", "runs", "plans", "backends", "statistic", "method", "components", "whole_plan",
+                       "fitted_range"]
+    assert j["whole_plan"]["method"] == report.whole_plan.error.method and j["whole_plan"]["plans"] == []
+    assert all(lo <= hi for lo, hi in report.fitted_range.values())

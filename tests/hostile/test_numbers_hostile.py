@@ -146,7 +146,8 @@ MODEL_CASES: list[tuple[str, Callable[[dict[str, Any]], None]]] = [
     ("accuracy-min-cosine-2", lambda d: _at(d, ("accuracy", "min_cosine"), 2)),
     *((f"known-issues-{n}", lambda d, v=v: _at(d, ("known_issues",), v))
       for n, v in (("dict", {}), ("str", "x"), ("ints", [5]), ("toolkit-int", [{"toolkit": 5}]),
-                   ("when-str", [{"toolkit": "2.3.2", "when": "x"}]), ("what-list", [{"what": []}]))),
+                   ("when-str", [{"toolkit": "2.3.2", "when": "x"}]), ("what-list", [{"what": []}]),
+                   ("when-no-trait", [{"toolkit": "2.3.2", "when": {"adaln_on_gpu": True}}]))),
     # numbers that parse but predict nonsense: refused when auto evaluates the candidates
     ("coef-1e308-infer", lambda d: _at(d, ("components", "infer", "terms", "all_macs"), 1e308)),
     ("coef-1e308-load", lambda d: _at(d, ("components", "load", "terms", "const"), 1e308)),

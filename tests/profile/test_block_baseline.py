@@ -31,7 +31,7 @@ def test_block_runs_only_that_blocks_stages_from_one_cached_run(plans: dict[str,
     plan, folder = plans["split"]
     npu, host = CountingOrt("npu-ort", ("npu",)), CountingOrt()
     recs = profile_plan(plan, folder, ProfileOptions(rounds=ROUNDS, warmup=WARMUP, cfg=True, block=1,
-                                                     sample_interval=0), backend=npu, host_backend=host)
+                                                     sample_interval=0), backend=npu, host_backend=host).to_json()
     rec.validate_records(recs)
     want = _block_ids(plan, 1)
     first = min(i for i, s in enumerate(plan.stages) if s.id in want)
@@ -60,8 +60,10 @@ def test_baseline_reports_the_plans_overhead_against_the_whole_model(plans: dict
                                                                      example_model: Path) -> None:
     plan, folder = plans["fused"]
     recs = profile_plan(plan, folder, ProfileOptions(rounds=ROUNDS, warmup=WARMUP, residency="resident", baseline=True,
-                                                     model=example_model, sample_interval=0), backend=CountingOrt())
+                                                     model=example_model, sample_interval=0),
+                        backend=CountingOrt()).to_json()
     rec.validate_records(recs)
+    assert rec.ProfileRun.from_json(recs).to_json() == recs  # the typed summary keeps its baseline
     b = recs[-1]["baseline"]
     assert b["model"] == str(example_model) and b["session_s"] > 0
     assert b["whole_s"]["n"] == ROUNDS and b["whole_s"]["median"] > 0
@@ -86,7 +88,7 @@ def test_baseline_and_block_do_not_combine(plans: dict[str, tuple[Plan, Path]], 
 def test_snapshots_can_be_switched_off(plans: dict[str, tuple[Plan, Path]]) -> None:
     plan, folder = plans["split"]
     recs = profile_plan(plan, folder, ProfileOptions(rounds=1, warmup=0, snapshots=False, sample_interval=0),
-                                                     backend=CountingOrt())
+                                                     backend=CountingOrt()).to_json()
     rec.validate_records(recs)
     for r in recs:
         if r["record"] in ("stage", "round"):
@@ -102,7 +104,7 @@ def test_residency_follows_the_plans_choice(plans: dict[str, tuple[Plan, Path]])
         {"blocks": [1], "candidate": "split", "residency": "per-stage"}]}})
     npu = CountingOrt("npu-ort", ("npu",))
     recs = profile_plan(chosen, folder, ProfileOptions(rounds=1, warmup=0, residency="plan", sample_interval=0),
-                                                       backend=npu)
+                                                       backend=npu).to_json()
     rec.validate_records(recs)
     for r in (r for r in recs if r["record"] == "stage" and r["stage"]["device"] == "npu"):
         want = "resident" if r["stage"]["block"] == 0 else "per-stage"
@@ -142,7 +144,7 @@ def _profile_block_of_a_wide_model(folder: str) -> tuple[list[str], list[str], l
     plan = partition(model, tmp / "plan", "split")
     npu, host = CountingOrt("npu-ort", ("npu",)), CountingOrt()
     recs = profile_plan(plan, tmp / "plan", ProfileOptions(rounds=1, warmup=0, block=0, sample_interval=0),
-                                                           backend=npu, host_backend=host)
+                                                           backend=npu, host_backend=host).to_json()
     recorded = sorted({r["stage"]["id"] for r in recs if r["record"] == "stage"})
     ran = sorted(set(npu.counts.infer) | set(host.counts.infer))
     return recorded, ran, sorted(_block_ids(plan, 0)), [s.id for s in plan.stages]

@@ -27,7 +27,8 @@ def profiles(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict]]:
         partition(EXAMPLE, d, strategy)
         plan, folder = load_plan(d)
         out[strategy] = profile_plan(plan, folder, ProfileOptions(rounds=3, warmup=1, cfg=True, sample_interval=0.02,
-                                                                  plan=str(d / "plan.json")), backend=OrtBackend())
+                                                                  plan=str(d / "plan.json")),
+                                     backend=OrtBackend()).to_json()
     return out
 
 

@@ -33,7 +33,8 @@ def sim_profiles(tmp_path_factory: pytest.TempPathFactory, example_model: Path) 
             # resident: each stage is built into the simulator once per round, then serves both CFG passes
             out[strategy] = profile_plan(rep.plan, d, ProfileOptions(rounds=3, warmup=0, cfg=True,
                                                                      residency="resident", sample_interval=0.05,
-                                                                     plan=str(d / "plan.json")), backend=backend)
+                                                                     plan=str(d / "plan.json")),
+                                         backend=backend).to_json()
         finally:
             backend.close()
     return out

@@ -24,7 +24,7 @@ def split_profile(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
     plan = mini_block_plan(d)
     lines: list[str] = []
     recs = profile_plan(plan, d, ProfileOptions(rounds=3, warmup=1, cfg=True), backend=OrtBackend(),
-                                                progress=lines.append)
+                                                progress=lines.append).to_json()
     assert len(lines) == 4 * 2 * 4  # rounds x passes x stages
     return recs
 
@@ -129,7 +129,7 @@ def test_outputs_flow_between_stages_and_passes_differ(tmp_path: Path) -> None:
 def test_resident_loads_once_per_round_and_releases_at_the_end(tmp_path: Path) -> None:
     plan = mini_block_plan(tmp_path)
     recs = profile_plan(plan, tmp_path, ProfileOptions(rounds=2, warmup=0, cfg=True, steps=2, residency="resident",
-                                                       sample_interval=0), backend=OrtBackend())
+                                                       sample_interval=0), backend=OrtBackend()).to_json()
     rec.validate_records(recs)
     npu = [r for r in recs if r["record"] == "stage" and r["stage"]["device"] == "npu"]
     assert len(npu) == 2 * 2 * 2 * 2  # stages x rounds x steps x passes
@@ -197,7 +197,7 @@ def test_infer_repeat_records_every_call_and_their_median(tmp_path: Path) -> Non
     plan = mini_block_plan(tmp_path)
     recs = profile_plan(plan, tmp_path, ProfileOptions(rounds=1, warmup=0, cfg=True, residency="resident",
                                                        device_pattern=None, sample_interval=0.0, infer_repeat=3),
-                                                       backend=OrtBackend(threads=1))
+                                                       backend=OrtBackend(threads=1)).to_json()
     rec.validate_records(recs)
     stages = [r for r in recs if r["record"] == "stage"]
     assert stages and all(r["settings"]["infer_repeat"] == 3 for r in recs)
@@ -217,3 +217,27 @@ def test_one_inference_call_keeps_the_old_record_shape(split_profile: list[dict]
     assert all("infer_calls_s" not in r["timings"] and r["settings"]["infer_repeat"] == 1 for r in stages)
     with pytest.raises(ValueError, match="infer_repeat"):
         profile_plan(mini_block_plan(tmp_path), tmp_path, ProfileOptions(infer_repeat=0), backend=OrtBackend())
+
+
+def test_profile_plan_returns_typed_lines_that_write_the_same_file(tmp_path: Path) -> None:
+    plan = mini_block_plan(tmp_path)
+    run = profile_plan(plan, tmp_path, ProfileOptions(rounds=1, warmup=1, cfg=True, device_pattern=None,
+                                                      sample_interval=0.0, snapshots=False),
+                       backend=OrtBackend(threads=1))
+    assert isinstance(run, rec.ProfileRun)
+    n_stages = len(plan.stages)
+    assert len(run.stages) == 2 * 2 * n_stages and len(run.rounds) == 2  # (warm-up + 1 round) x 2 passes
+    assert [r.warmup for r in run.rounds] == [True, False] and run.summary.rounds_measured == (1,)
+    assert {x.stage_id for x in run.stages} == {s.id for s in plan.stages}
+    assert {x.header.run_id for x in run.lines} == {run.run_id}
+    assert all(x.device == next(s.device for s in plan.stages if s.id == x.stage_id) for x in run.stages)
+    # the cost model's view: measured rounds only on request
+    assert len(run.stage_records()) == len(run.stages) and len(run.stage_records(warmup=False)) == 2 * n_stages
+    assert all(isinstance(t, rec.StageRecord) and not t.warmup for t in run.stage_records(warmup=False))
+    # the file: what the typed lines write, read back into equal lines, byte for byte
+    path = rec.write_jsonl(tmp_path / "p.jsonl", run.to_json())
+    back = rec.ProfileRun.from_json(rec.read_jsonl(path))
+    assert back == run
+    assert rec.dumps_jsonl(back.to_json()).encode() == path.read_bytes()
+    with pytest.raises(ValueError, match="ends with its summary"):
+        rec.ProfileRun(run.lines[:-1])

@@ -36,7 +36,7 @@ def inputs(plans: dict[str, tuple[Plan, Path]], tmp_path_factory: pytest.TempPat
     for name in ("split", "fused"):
         plan, folder = plans[name]
         records = profile_plan(plan, folder, ProfileOptions(rounds=2, warmup=1, cfg=True, sample_interval=0.05,
-                                                            plan=str(folder)), backend=OrtBackend(threads=1))
+                                                            plan=str(folder)), backend=OrtBackend(threads=1)).to_json()
         out[name] = rec.write_jsonl(d / f"{name}.jsonl", records)
     run = validate_plan_run(plans["split"][1], per_stage=True)
     out["run"] = d / "run.json"

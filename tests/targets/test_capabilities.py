@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 from pathlib import Path
 
@@ -9,11 +11,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from rkpart.errors import UserError
+from rkpart.errors import SpecError, UserError
 from rkpart.ir.graph import OpNode
 from rkpart.targets import get_target
 from rkpart.targets.base import Support
-from rkpart.targets.known_issues import EXNORM_FUSION_SEGV, crash_patterns
+from rkpart.targets.known_issues import EXNORM_FUSION_SEGV, CrashPattern, Traits, crash_patterns
 
 MIB = 1 << 20
 
@@ -74,8 +76,24 @@ def test_one_crash_table_serves_selection_and_log_matching() -> None:
     # the patterns belong to the issue the build-log matcher names
     assert crash_patterns() == EXNORM_FUSION_SEGV.patterns
     p = crash_patterns("2.3.2")[0]
-    assert p.matches("2.3.2", {"adaln_on_npu": True, "layernorm": "op"})
-    assert not p.matches("2.3.0", {"adaln_on_npu": True, "layernorm": "op"})
+    t = Traits(adaln_on_npu=True, residual_on_npu=False, layernorm="op", candidate="split")
+    assert p.matches("2.3.2", t)
+    assert not p.matches("2.3.0", t)
+    assert not p.matches("2.3.2", dataclasses.replace(t, adaln_on_npu=False))
+    # matched by attribute name; a name that is no trait never matches (and a cost-model file is refused)
+    assert not CrashPattern("2.3.2", {"adaln_on_npu": True, "no_such_trait": None}, "x", "").matches("2.3.2", t)
+
+
+def test_a_cost_model_naming_no_trait_in_a_crash_pattern_is_refused() -> None:
+    from importlib import resources
+
+    from rkpart.cost_model.checks import check_model_document
+
+    d = json.loads(resources.files("rkpart").joinpath("data/rk3588_calibration.json").read_text())
+    check_model_document(d, where="shipped")
+    d["known_issues"][0]["when"] = {"adaln_on_gpu": True}
+    with pytest.raises(SpecError, match="'adaln_on_gpu', which is no candidate trait"):
+        check_model_document(d, where="edited")
 
 
 def _relu(path: Path, opset: int) -> Path:
