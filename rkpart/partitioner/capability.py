@@ -24,7 +24,7 @@ Every op moved is recorded with why (:class:`HostOp`, the plan's ``extra.capabil
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -116,7 +116,8 @@ def _survive_rewrites(mg: ModelGraph, g: Group, flagged: Mapping[int, str], cap:
     rows = rewrites_for(cap.toolkit, "npu") if cap.rewrites else ()
     types = {mg.op(i).op_type for i in flagged}
     needs_lowering = mg.opset > cap.caps.max_opset
-    if not needs_lowering and not any(r.op_type in {mg.op(i).op_type for i in g.ops} for r in rows):
+    in_group = {mg.op(i).op_type for i in g.ops}
+    if not needs_lowering and not any(r.op_type in in_group for r in rows):
         return set(flagged)
     sub = mg.subgraph(g.ops)
     try:
@@ -149,17 +150,11 @@ def _probe_value(mg: ModelGraph, t: str) -> TensorProto:
     shape, dtype = mg.shape(t), mg.dtype(t)
     if mg.nbytes(t) <= _PROBE_CONST_BYTES or shape is None or dtype is None:
         return mg.constant(t)
-    out = TensorProto(name=t, dims=list(shape), data_type=onnx.helper.np_dtype_to_tensor_dtype(_np(dtype)))
+    out = TensorProto(name=t, dims=list(shape), data_type=mg.value_info(t).type.tensor_type.elem_type)
     out.data_location = TensorProto.EXTERNAL
     entry = out.external_data.add()
     entry.key, entry.value = "location", "rkpart-capability-probe-placeholder"
     return out
-
-
-def _np(dtype: str) -> Any:
-    import numpy as np
-
-    return np.dtype(dtype)
 
 
 def place_by_capability(mg: ModelGraph, part: Partition,
@@ -226,15 +221,11 @@ def cut_before(mg: ModelGraph, part: Partition, names: Mapping[str, str]) -> tup
         if g.device != "npu" or not here:
             groups.append(g)
             continue
-        level: dict[int, int] = {}
-        for i in sorted(g.ops):
-            best = 0
-            for q in mg.ops.predecessors(i):
-                if q in level:
-                    best = max(best, level[q] + (1 if i in here and q not in here else 0))
-            level[i] = best
+        def into_cut(q: int, i: int, cut: set[int] = here) -> bool:
+            return i in cut and q not in cut
+
         pieces: dict[int, set[int]] = {}
-        for i, lvl in level.items():
+        for i, lvl in _level(mg, g.ops, into_cut).items():
             pieces.setdefault(lvl, set()).add(i)
         for k, lvl in enumerate(sorted(pieces)):
             groups.append(replace(g, id=g.id if k == 0 else _fresh(f"{g.id}.{k}", used), ops=frozenset(pieces[lvl])))
@@ -337,18 +328,24 @@ def _levels(mg: ModelGraph, ops: frozenset[int], host: set[int]) -> tuple[dict[i
     ``k``: ``k`` host ops strictly upstream.  Executing ``npu 0, host 0, npu 1, host 1 ...``
     respects every edge (an edge never goes to a lower level; from host ``k`` only to ``k+1``).
     """
-    level: dict[int, int] = {}
-    for i in sorted(ops):  # model order is topological
-        best = 0
-        for p in mg.ops.predecessors(i):
-            if p in level:
-                best = max(best, level[p] + (1 if p in host else 0))
-        level[i] = best
     npu: dict[int, set[int]] = {}
     hst: dict[int, set[int]] = {}
-    for i, lvl in level.items():
+    for i, lvl in _level(mg, ops, lambda p, _i: p in host).items():
         (hst if i in host else npu).setdefault(lvl, set()).add(i)
     return npu, hst
+
+
+def _level(mg: ModelGraph, ops: frozenset[int], step: Callable[[int, int], bool]) -> dict[int, int]:
+    """Op -> the largest number of ``step``-ing edges on an in-group path to it.
+
+    ``step(p, i)``: whether the edge ``p -> i`` goes one level up.  Levels never fall along an
+    edge, so running the group's pieces level by level respects every edge; the group is convex,
+    so no path leaves it and comes back, and the pieces cannot form a cycle with other stages.
+    """
+    level: dict[int, int] = {}
+    for i in sorted(ops):  # model order is topological
+        level[i] = max((level[p] + step(p, i) for p in mg.ops.predecessors(i) if p in level), default=0)
+    return level
 
 
 def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_host: Mapping[str, str] | None = None,

@@ -48,7 +48,7 @@ class PlacementPattern:
     consts: tuple[bool, ...] = ()
 
     def key(self) -> str:
-        """``ScatterND/float32/4,c2,4`` (``c``: a constant input; stable: the store is keyed by it)."""
+        """``ScatterND/float32/4,c2,4`` (``c``: a constant input): the pattern as one short, stable name."""
         dom = f"{self.domain}." if self.domain else ""
         ranks = ",".join(("c" if k < len(self.consts) and self.consts[k] else "") + str(r)
                          for k, r in enumerate(self.ranks))
