@@ -486,24 +486,28 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: Any, progress: 
     UserError
         The plan's model is gone or changed, or the plan's strategy cannot be re-run.
     """
-    from rkpart.compile.compile import compile_folder
+    from rkpart.compile.compile import compile_folder, learn_placements
     from rkpart.compile.learned import forced_host, traced_layers
     from rkpart.partitioner.plan import load_plan
 
-    report = compile_folder(plan_path, opts, progress)
     _, folder = load_plan(plan_path)
     folder = Path(folder)
+    quiet = dataclasses.replace(opts, learn=False)  # learned below, from the layers this loop traces once
+
+    def build() -> tuple[Any, list[Any]]:
+        rep = compile_folder(folder, quiet, progress)
+        return rep, (learn_placements(rep, folder, opts.target, progress) if opts.learn
+                     else traced_layers(rep, folder))
+
+    report, layers = build()
     forced: dict[str, str] = {}
     cuts: dict[str, str] = {}
     rounds: list[RepartitionRound] = []
-    stuck: list[str] = []
     for r in range(1, max_rounds + 1):
         before = sum(len(o.cpu_ops) for o in report.outcomes)
         failed = len(report.failed)
         if not before and not failed:
             break
-        layers = traced_layers(report, folder)
-        stuck = sorted(f"{x.stage}: {x.layer}" for x in layers if x.op is None)
         new = {k: v for k, v in forced_host(layers).items() if k not in forced}
         new_cuts = {k: v for k, v in crash_cuts(report, folder).items() if k not in cuts}
         if not new and not new_cuts:
@@ -513,13 +517,12 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: Any, progress: 
         progress(f"repartition round {r}: moving {len(new)} op(s) the build put on the CPU to the host, cutting "
                  f"in front of {len(new_cuts)} op(s) a failed build fused")
         _write_again(report.plan, folder, opts, forced, cuts, progress)
-        report = compile_folder(folder, opts, progress)
+        report, layers = build()
         after = sum(len(o.cpu_ops) for o in report.outcomes)
         rounds.append(RepartitionRound(r, tuple(sorted(new)), before, after, len(report.built),
                                        tuple(sorted(new_cuts)), failed, len(report.failed)))
-        stuck = []
-    if sum(len(o.cpu_ops) for o in report.outcomes) and not stuck:
-        stuck = sorted(f"{o.stage_id}: {c}" for o in report.outcomes for c in o.cpu_ops)
+    # what is left when no round can move or cut anything more (or the rounds ran out)
+    stuck = sorted(f"{o.stage_id}: {c}" for o in report.outcomes for c in o.cpu_ops)
     return report, rounds, stuck
 
 

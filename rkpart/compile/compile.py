@@ -181,23 +181,21 @@ def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
 
 def learn_placements(report: CompileReport, folder: Path, target: str, progress: Progress | None = None) -> list[Any]:
     """Record the CPU layers of ``report``'s NPU stages in the learned-placement store
-    (:mod:`rkpart.compile.learned`); returns the patterns it did not know before."""
+    (:mod:`rkpart.compile.learned`); returns them, traced to their ops (``CpuLayer``), for a
+    caller that acts on them too (``rkpart compile --repartition``)."""
     from rkpart.compile.learned import learn, traced_layers
 
     layers = traced_layers(report, folder)
-    new: list[Any] = []
     by_toolkit: dict[str, list[Any]] = {}
     toolkit_of = {o.stage_id: o.artifact.toolkit for o in report.outcomes if o.artifact is not None}
     for x in layers:
         by_toolkit.setdefault(toolkit_of[x.stage], []).append(x)
     for version, rows in sorted(by_toolkit.items()):
-        got = learn(target, version, rows)
-        for p in got:
+        for p in learn(target, version, rows):
             if progress is not None:
                 progress(f"learned: rknn-toolkit2 {version} places {p.describe()} on the CPU (the next partition "
                          "for it moves such ops to the host unless a rewrite removes them)")
-        new += got
-    return new
+    return layers
 
 
 @dataclass
