@@ -375,7 +375,14 @@ class AutoStrategy(Strategy):
         }
         notes = tuple(f"block {','.join(map(str, o.candidate.blocks))}: {o.candidate.id} ({o.residency})"
                       for o in sel.chosen) + plan_notes
-        return gb.build(self.name, recorded, notes=notes)
+        part = gb.build(self.name, recorded, notes=notes)
+        moved = [h for o in sel.chosen for h in o.candidate.host_ops]
+        if cap is not None and moved:
+            # the moves were made in the candidates it was assembled from: the plan records them
+            # as any strategy's plan does (``extra.capability``)
+            part = dataclasses.replace(part, extra={**part.extra,
+                                                    "capability": {**cap.to_json(), "host_ops": moved}})
+        return part
 
 
 __all__ = ["AutoOptions", "AutoStrategy", "auto_budget", "candidate_variants", "enumerate_candidates",

@@ -47,6 +47,9 @@ class Candidate:
     layernorm: str  # "op" (LayerNormalization) or "decomposed"
     options: Mapping[str, Any] = field(default_factory=dict)
     excluded: str | None = None  # why it must not be chosen (toolkit crash ...)
+    #: the capability's moves inside these blocks (``extra.capability.host_ops`` records of the
+    #: variant it was sliced from): what a plan made of this candidate records
+    host_ops: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def start(self) -> int:
@@ -68,8 +71,11 @@ def _layernorm_form(mg: ModelGraph, b: Block) -> str:
 
 
 def _make(mg: ModelGraph, disc: Discovery, cid: str, run: Sequence[Block], groups: Iterable[Group],
-          options: Mapping[str, Any]) -> Candidate:
+          options: Mapping[str, Any], moved: Sequence[Mapping[str, Any]] = ()) -> Candidate:
     groups = tuple(groups)
+    if moved:
+        names = {mg.op(i).name for g in groups if g.device == "host" for i in g.ops}
+        moved = tuple(h for h in moved if h.get("op") in names)
     npu_ops = frozenset().union(*(g.ops for g in groups if g.device == "npu"))
     host_ops = frozenset().union(*(g.ops for g in groups if g.device == "host"))
     npu = tuple(group_features(mg, g.ops, device="npu") for g in groups if g.device == "npu")
@@ -83,7 +89,8 @@ def _make(mg: ModelGraph, disc: Discovery, cid: str, run: Sequence[Block], group
     forms = {_layernorm_form(mg, b) for b in run}
     return Candidate(id=cid, blocks=tuple(b.index for b in run), groups=groups, npu=npu, host=host,
                      adaln_on_npu=bool(pre & npu_ops), residual_on_npu=bool(adds & npu_ops),
-                     layernorm="decomposed" if "decomposed" in forms else "op", options=dict(options))
+                     layernorm="decomposed" if "decomposed" in forms else "op", options=dict(options),
+                     host_ops=tuple(moved))
 
 
 def _per_run(part: Partition, blocks: Mapping[int, Block]) -> dict[tuple[int, ...], list[Group]]:
@@ -121,6 +128,7 @@ def candidates_from(mg: ModelGraph, disc: Discovery, variants: Sequence[Variant]
     for cid, part, opts in variants:
         k = int(opts.get("blocks_per_stage", 1))
         runs = _per_run(part, blocks)
+        moved = (part.extra.get("capability") or {}).get("host_ops") or ()
         touched: dict[int, int] = {}  # block -> how many runs have a group in it
         for run in runs:
             for b in run:
@@ -128,7 +136,7 @@ def candidates_from(mg: ModelGraph, disc: Discovery, variants: Sequence[Variant]
         for run, gs in sorted(runs.items()):
             if len(run) != k or any(b not in blocks or touched[b] > 1 for b in run):
                 continue
-            out[run[0]].append(_make(mg, disc, cid, [blocks[b] for b in run], gs, opts))
+            out[run[0]].append(_make(mg, disc, cid, [blocks[b] for b in run], gs, opts, moved))
     return out
 
 

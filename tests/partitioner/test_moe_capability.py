@@ -74,8 +74,15 @@ def test_auto_scores_candidates_with_the_routing_on_the_host(tmp_path: Path) -> 
         ops = {n.op_type for n in onnx.load(str(out / s.file), load_external_data=False).graph.node}
         assert not ops & ROUTING, (s.id, ops & ROUTING)
     assert plan.extra["npu_coverage"]["share"] >= 0.99
+    # the moves made in the chosen candidates are recorded as for any strategy, one TopK per block
+    moved = plan.extra["capability"]["host_ops"]
+    assert sum(h["op_type"] == "TopK" for h in moved) == BLOCKS
+    assert all(h["from_stage"] and h["why"] for h in moved)
+    host_names = {m.graph.op(i).name for g in part.groups if g.device == "host" for i in g.ops}
+    assert {h["op"] for h in moved} <= host_names
     # without the capability the candidates keep the routing inside the FFN / block stages
     off = propose(m, AutoStrategy(), PartitionConfig(options={"toolkit": "2.5.0", "capability": False},
                                                      capability=False))
     held = {m.graph.op(i).op_type for g in off.groups if g.device == "npu" for i in g.ops}
     assert held & ROUTING
+    assert "capability" not in off.extra
