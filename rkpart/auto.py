@@ -23,11 +23,12 @@ from typing import Any
 from rkpart import strategies
 from rkpart.cost_model.candidates import Candidate, Variant, block_anatomy, candidates_from
 from rkpart.cost_model.model import Accuracy, CostModel, load_model_or_default
-from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, choose
+from rkpart.cost_model.features import group_features
+from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, Trade, choose, evaluate
 from rkpart.errors import UserError
 from rkpart.io import file_sha256, load_json_file
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.capability import apply_capability
+from rkpart.partitioner.capability import apply_capability, flag_ops
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.partition import Partition, acyclic
 from rkpart.partitioner.write import write_partition
@@ -97,7 +98,34 @@ def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionC
     cands = enumerate_candidates(mg, disc, max_run=config.max_run, plugins_too=config.plugins, notes=notes,
                                  capability=capability)
     anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks} if config.share_anatomy else None
-    return choose(cands, model, config, notes=notes, anatomy=anatomy)
+    sel = choose(cands, model, config, notes=notes, anatomy=anatomy)
+    if capability is not None and any(o.candidate.host_ops for o in sel.chosen):
+        sel.trades = capability_trades(mg, disc, model, config, sel, capability)
+    return sel
+
+
+def capability_trades(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionConfig, sel: Selection,
+                      capability: Capability) -> dict[int, Trade]:
+    """Per chosen candidate that had ops moved to the host: the same candidate without the move,
+    its CPU ops (as the capability flags them) left to the runtime's fallback, costed by ``model``
+    under the same residency (:class:`~rkpart.cost_model.select.Trade`)."""
+    kept = enumerate_candidates(mg, disc, max_run=config.max_run, plugins_too=config.plugins)
+    out: dict[int, Trade] = {}
+    for o in sel.chosen:
+        if not o.candidate.host_ops:
+            continue
+        same = next((c for c in kept.get(o.candidate.start, ()) if c.id == o.candidate.id
+                     and c.blocks == o.candidate.blocks), None)
+        if same is None:
+            continue
+        flagged = flag_ops(mg, Partition(o.candidate.id, {}, same.groups), capability)
+        if not flagged:
+            continue
+        fb = evaluate(same, o.residency, model, config, sel.max_error_ratio)
+        cpu = model.predict_stage(group_features(mg, set(flagged), device="host")).get("host") or 0.0
+        out[o.candidate.start] = Trade(ops=tuple(mg.op(i).op_type for i in sorted(flagged)), moved=o, fallback=fb,
+                                       fallback_cpu_s=float(cpu) * config.passes)
+    return out
 
 
 def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:

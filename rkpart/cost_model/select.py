@@ -220,6 +220,50 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
                   else "predicted")
 
 
+@dataclass(frozen=True)
+class Trade:
+    """The capability's move of a chosen candidate's CPU ops to the host, weighed against leaving
+    them in the NPU stage for the runtime's own CPU fallback (issue 28).
+
+    Both round-trip: a moved op's tensors cross between host and NPU stages, a fallback layer's
+    cross inside the runtime.  ``moved`` is the chosen option; ``fallback`` the same candidate
+    proposed without the capability, under the same residency, its CPU ops' time
+    (``fallback_cpu_s``, at the cost model's host rate) added.  What the runtime's switch per
+    fallback layer costs is not in either figure: it is not measured here (no board).
+    """
+
+    ops: tuple[str, ...]  # op types the runtime would run on the CPU inside the stage
+    moved: Option
+    fallback: Option
+    fallback_cpu_s: float
+
+    @property
+    def fallback_latency(self) -> float:
+        return self.fallback.latency + self.fallback_cpu_s
+
+    def line(self) -> str:
+        d = self.moved.latency - self.fallback_latency
+        kinds = ", ".join(f"{t} x{n}" for t, n in sorted(_counts(self.ops).items()))
+        verdict = ("the fallback is predicted cheaper, but" if d > 0 else "moving is predicted no slower, and")
+        return (f"  capability: {len(self.ops)} CPU op(s) ({kinds}) on the host: {self.moved.latency * 1e3:.3f} ms; "
+                f"left in the NPU stage to the runtime's CPU fallback: {self.fallback_latency * 1e3:.3f} ms "
+                f"({self.fallback.latency * 1e3:.3f} ms + {self.fallback_cpu_s * 1e3:.3f} ms of CPU work, plus a "
+                f"per-layer switch not measured here); {verdict} an NPU stage keeps no CPU layer "
+                f"(moved: {d * 1e3:+.3f} ms)")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ops": list(self.ops), "moved_s": _r(self.moved.latency), "fallback_s": _r(self.fallback_latency),
+                "fallback_cpu_s": _r(self.fallback_cpu_s), "fallback_device_mib": round(self.fallback.device_bytes / MIB, 2),
+                "moved_device_mib": round(self.moved.device_bytes / MIB, 2)}
+
+
+def _counts(items: Sequence[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for x in items:
+        out[x] = out.get(x, 0) + 1
+    return out
+
+
 @dataclass
 class Selection:
     """The choice per block and everything considered, for ``--explain`` / ``--json``."""
@@ -243,6 +287,8 @@ class Selection:
     degrees_of_freedom: int | None = None
     #: where device-memory figures come from, in words (``compiler`` / ``predicted`` sources)
     memory_source: str = ""
+    #: block -> the capability's move weighed against the runtime's CPU fallback (:class:`Trade`)
+    trades: dict[int, Trade] = field(default_factory=dict)
 
     @property
     def baseline_bytes(self) -> int:
@@ -286,6 +332,7 @@ class Selection:
                 "block": start,
                 "chosen": self.choice_for(start).key,
                 "candidates": [{**o.to_json(), "reason": self.reason(o)} for o in self.options[start]],
+                **({"capability_trade": self.trades[start].to_json()} if start in self.trades else {}),
             })
         return {
             "budget_mib": self.config.budget_mib, "toolkit": self.toolkit, "steps": self.config.steps,
@@ -352,6 +399,8 @@ class Selection:
                     lines.append("  " + delta_line(base, o))
             if self.ties.get(start):
                 lines.append(f"  tie within the model's error: {', '.join([ch.key, *self.ties[start]])}")
+            if start in self.trades:
+                lines.append(self.trades[start].line())
         err_bar = "" if self.latency_error is None else f" +- {self.latency * self.latency_error:.4f}"
         what = "device memory" if self.memory is None else self.memory.label
         lines.append(f"predicted pipeline: {self.latency:.4f}{err_bar} s of block time, {what} "
@@ -680,5 +729,5 @@ def _break_ties(chosen: list[Option], options: Mapping[int, Sequence[Option]], e
     return out, {k: v for k, v in ties.items() if v}
 
 
-__all__ = ["MemoryTerm", "Option", "Selection", "SelectionConfig", "choose", "delta_line", "deltas", "evaluate",
+__all__ = ["Trade", "MemoryTerm", "Option", "Selection", "SelectionConfig", "choose", "delta_line", "deltas", "evaluate",
            "latency_error", "memory_term", "stage_memory"]

@@ -86,3 +86,30 @@ def test_auto_scores_candidates_with_the_routing_on_the_host(tmp_path: Path) -> 
     held = {m.graph.op(i).op_type for g in off.groups if g.device == "npu" for i in g.ops}
     assert held & ROUTING
     assert "capability" not in off.extra
+
+
+def test_auto_weighs_the_move_against_the_runtime_fallback(tmp_path: Path) -> None:
+    """``auto --explain`` shows, per block whose choice had ops moved, the move's predicted time
+    against the same candidate with the routing left to the runtime's CPU fallback inside the stage."""
+    from rkpart.auto import AutoStrategy
+
+    model = cached_export("torchscript")
+    m = load(model)
+    seen = []
+    strat = AutoStrategy(report=seen.append)
+    propose(m, strat, PartitionConfig(toolkit="2.5.0", options={"toolkit": "2.5.0"}))
+    sel = seen[0]
+    assert sorted(sel.trades) == [b.index for b in m.discovery().blocks]
+    for start, t in sel.trades.items():
+        assert t.moved is sel.choice_for(start)
+        assert {"TopK", "ScatterElements"} <= set(t.ops)
+        assert t.fallback.candidate.id == t.moved.candidate.id and t.fallback.residency == t.moved.residency
+        assert t.fallback_cpu_s > 0 and t.fallback_latency > t.fallback.latency
+        # the fallback candidate holds the routing in an NPU stage, the moved one does not
+        held = {m.graph.op(i).op_type for g in t.fallback.candidate.groups if g.device == "npu" for i in g.ops}
+        assert "TopK" in held
+    text = sel.render()
+    assert text.count("capability:") == len(sel.trades) and "runtime's CPU fallback" in text
+    js = sel.to_json()
+    trades = [b["capability_trade"] for b in js["blocks"] if "capability_trade" in b]
+    assert len(trades) == len(sel.trades) and all(t["fallback_s"] > 0 for t in trades)
