@@ -22,8 +22,8 @@ from typing import Any
 
 from rkpart import strategies
 from rkpart.cost_model.candidates import Candidate, Variant, block_anatomy, candidates_from
-from rkpart.cost_model.model import Accuracy, CostModel, load_model_or_default
 from rkpart.cost_model.features import group_features
+from rkpart.cost_model.model import Accuracy, CostModel, load_model_or_default
 from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, Trade, choose, evaluate
 from rkpart.errors import UserError
 from rkpart.io import file_sha256, load_json_file

@@ -253,7 +253,8 @@ class Trade:
 
     def to_json(self) -> dict[str, Any]:
         return {"ops": list(self.ops), "moved_s": _r(self.moved.latency), "fallback_s": _r(self.fallback_latency),
-                "fallback_cpu_s": _r(self.fallback_cpu_s), "fallback_device_mib": round(self.fallback.device_bytes / MIB, 2),
+                "fallback_cpu_s": _r(self.fallback_cpu_s),
+                "fallback_device_mib": round(self.fallback.device_bytes / MIB, 2),
                 "moved_device_mib": round(self.moved.device_bytes / MIB, 2)}
 
 
@@ -729,5 +730,17 @@ def _break_ties(chosen: list[Option], options: Mapping[int, Sequence[Option]], e
     return out, {k: v for k, v in ties.items() if v}
 
 
-__all__ = ["Trade", "MemoryTerm", "Option", "Selection", "SelectionConfig", "choose", "delta_line", "deltas", "evaluate",
-           "latency_error", "memory_term", "stage_memory"]
+__all__ = [
+    "MemoryTerm",
+    "Option",
+    "Selection",
+    "SelectionConfig",
+    "Trade",
+    "choose",
+    "delta_line",
+    "deltas",
+    "evaluate",
+    "latency_error",
+    "memory_term",
+    "stage_memory",
+]
