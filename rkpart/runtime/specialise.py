@@ -32,6 +32,7 @@ from rkpart.io import input_digest
 from rkpart.ir import ModelGraph, load_model
 from rkpart.ir.load import DataDependentShapeError, _reads, graph_of, parse_model
 from rkpart.ir.tensors import TensorType
+from rkpart.ir.unroll import SEQUENCE_OPS, UnrollError, has_sequences, sequence_loops, unroll_sequences
 
 #: runs in all: each one resolves what the last one's specialised graph still left symbolic
 #: (an inlined ``If`` branch may hold a ``NonZero`` of its own)
@@ -64,7 +65,23 @@ def load_specialised(model: str | os.PathLike[str], feeds: Mapping[str, np.ndarr
     shapes: dict[str, TensorType] = {}
     seen: dict[str, tuple[str, str, str]] = {}  # tensor -> (op, node, tensor), first seen first
     branches: dict[str, str] = {}  # If output -> branch taken
-    for _ in range(_MAX_ROUNDS):
+    trips: dict[str, int] = {}  # sequence Loop -> the trip count the inputs gave it
+    trip_deps: set[str] = set()
+    mg: ModelGraph | None = None
+    if has_sequences(proto):
+        for src in err.sources:
+            seen.setdefault(src[2], src)
+        trips, trip_deps = _unroll(proto, path, feeds, original)
+        try:
+            mg = graph_of(proto, path, input_shapes=input_shapes)
+        except DataDependentShapeError as again:
+            err = again
+    rounds = 0
+    while mg is None:
+        if rounds == _MAX_ROUNDS:
+            raise InvalidModelError(f"{path}: shapes still depend on the data after {_MAX_ROUNDS} runs on --inputs: "
+                                    f"{err}")
+        rounds += 1
         for src in err.sources:
             seen.setdefault(src[2], src)
         ifs = [n for n in proto.graph.node if n.op_type == "If" and any(o in err.tensors for o in n.output)]
@@ -77,18 +94,22 @@ def load_specialised(model: str | os.PathLike[str], feeds: Mapping[str, np.ndarr
             _inline(proto, n, branch)
         try:
             mg = graph_of(proto, path, input_shapes=input_shapes, data_shapes=shapes)
-            break
         except DataDependentShapeError as again:
             err = again
-    else:
-        raise InvalidModelError(f"{path}: shapes still depend on the data after {_MAX_ROUNDS} runs on --inputs: "
-                                f"{err}")
+    unrolled_outputs = {o for k, n in enumerate(original.graph.node)
+                        if n.op_type == "Loop" and (n.name or f"Loop_{k}") in trips for o in n.output}
     records = []
     for op, node, tensor in seen.values():
         shape = mg.tensor_types[tensor][1] if tensor in mg.tensor_types else shapes[tensor][1]
         rec: dict[str, object] = {"op": op, "node": node, "tensor": tensor, "shape": list(shape)}
         if tensor in branches:
             rec["branch"] = branches[tensor]
+        if op in SEQUENCE_OPS or tensor in unrolled_outputs:
+            # unrolled: the shapes follow from the trip counts alone, and they from these inputs
+            rec["trips"] = dict(sorted(trips.items()))
+            rec["inputs"] = {n: input_digest(feeds[n]) for n in mg.inputs if n in trip_deps}
+            records.append(rec)
+            continue
         deps = set(_input_deps(mg, tensor))
         if tensor in branches:  # the branch is what the condition chose: its inputs count too
             deps |= _proto_deps(original, tensor)
@@ -97,16 +118,43 @@ def load_specialised(model: str | os.PathLike[str], feeds: Mapping[str, np.ndarr
     return dataclasses.replace(mg, specialised=tuple(records))
 
 
+def _unroll(proto: onnx.ModelProto, path: Path, feeds: Mapping[str, np.ndarray],
+            original: onnx.ModelProto) -> tuple[dict[str, int], set[str]]:
+    """Unroll ``proto``'s sequence loops (:mod:`rkpart.ir.unroll`) for the trip counts a run on
+    ``feeds`` gives them; returns the trip counts and the model inputs they depend on."""
+    loops = sequence_loops(proto)
+    for lp in loops:
+        if not lp.trip_count:
+            raise InvalidModelError(f"{path}: Loop node {lp.node!r} builds a sequence without a trip count; "
+                                    "rkpart unrolls only loops that run a counted number of times")
+    names = [t for lp in loops for t in (lp.trip_count, lp.cond) if t]
+    got = observe(proto, path.parent, feeds, names, values=names) if names else {}
+    trips: dict[str, int] = {}
+    deps: set[str] = set()
+    for lp in loops:
+        m = int(np.asarray(got[lp.trip_count + _VALUE]).reshape(-1)[0])
+        go = True if not lp.cond else bool(np.asarray(got[lp.cond + _VALUE]).reshape(-1)[0])
+        trips[lp.node] = max(0, m) if go else 0
+        for t in (lp.trip_count, lp.cond):
+            if t:
+                deps |= _proto_deps(original, t)
+    try:
+        unroll_sequences(proto, trips)
+    except UnrollError as e:
+        raise InvalidModelError(f"{path}: {e}") from None
+    return trips, deps
+
+
 #: suffix of the observed *value* of an ``If`` condition in :func:`observe`'s result
 _VALUE = "\0value"
 
 
 def observe(proto: onnx.ModelProto, folder: Path, feeds: Mapping[str, np.ndarray],
-            tensors: Sequence[str]) -> dict[str, TensorType | np.ndarray]:
+            tensors: Sequence[str], values: Sequence[str] = ()) -> dict[str, TensorType | np.ndarray]:
     """Run ``proto`` (its external data in ``folder``) on ``feeds`` with ``tensors`` as extra outputs.
 
-    Returns each tensor's (dtype, shape); a tensor that is an ``If`` condition also gives its
-    value under ``name + _VALUE``.
+    Returns each tensor's (dtype, shape); a tensor that is an ``If`` condition, or one of
+    ``values``, also gives its value under ``name + _VALUE``.
     """
     from rkpart.runtime.ort import make_session, ort_errors
 
@@ -124,7 +172,7 @@ def observe(proto: onnx.ModelProto, folder: Path, feeds: Mapping[str, np.ndarray
         sess = make_session(m.SerializeToString(), external_folder=folder)
         out = sess.run(names, feed)
     res: dict[str, TensorType | np.ndarray] = {}
-    conds = {n.input[0] for n in g.node if n.op_type == "If"}
+    conds = {n.input[0] for n in g.node if n.op_type == "If"} | set(values)
     for n, a in zip(names, out, strict=True):
         arr = np.asarray(a)
         res[n] = (arr.dtype.name, tuple(int(d) for d in arr.shape))

@@ -25,8 +25,7 @@ from rkpart.runtime.executor import run_plan
 from tests.partitioner.checks import assert_reproduces
 
 CASES = [("nonzero", "torchscript", "NonZero"), ("nonzero", "dynamo", "NonZero"), ("if", "dynamo", "If")]
-#: expert-choice gathering in a scripted loop: named without --inputs; with them still refused, in one
-#: line, since rkpart's graph has no sequence types (``SequenceEmpty``) and cuts no ``Loop``
+#: expert-choice gathering in a scripted loop: named without --inputs; with them unrolled
 SEQUENCE = ("sequence", "torchscript", "ConcatFromSequence")
 
 
@@ -85,15 +84,28 @@ def test_inputs_specialise_the_plan_and_it_reproduces(tmp_path: Path, kind: str,
 
 
 @pytest.mark.export
-def test_sequences_are_refused_in_one_line_even_with_inputs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["split", "fused"])
+def test_sequence_loops_are_unrolled_for_the_trip_count_the_inputs_give(tmp_path: Path, strategy: str) -> None:
+    """Expert-choice gathering in a scripted ``Loop`` of ``SequenceInsert`` then
+    ``ConcatFromSequence``: with ``--inputs`` the loop is unrolled for its trip count, the plan
+    records it, holds no sequence op or Loop, and reproduces the model on other image tokens too
+    (the trip count is a constant: no input decides it, so none is pinned)."""
     from tests.models.data_dependent import example_inputs
 
     model = _export(*SEQUENCE[:2])
-    npz = _npz(tmp_path / "in.npz", example_inputs())
-    r = CliRunner().invoke(main, ["partition", str(model), "-o", str(tmp_path / "p"), "--inputs", str(npz)])
-    assert r.exit_code == InvalidModelError.exit_code, r.output
-    assert "Traceback" not in r.output and "SequenceEmpty" in r.output.strip().splitlines()[-1]
-    assert not (tmp_path / "p").exists()
+    names = {i.name for i in onnx.load(str(model), load_external_data=False).graph.input}
+    feeds = {k: v for k, v in example_inputs().items() if k in names}
+    plan = partition(model, tmp_path / "p", strategy, inputs=_npz(tmp_path / "in.npz", feeds))
+    rec = plan.specialised[0]
+    assert rec["op"] == "ConcatFromSequence" and list(rec["trips"].values()) == [2]
+    assert rec["inputs"] == {} and rec["shape"][0] == 2 * 2  # two experts' two tokens each
+    stages = [onnx.load(str(tmp_path / "p" / s.file), load_external_data=False) for s in plan.stages]
+    ops = {n.op_type for m in stages for n in m.graph.node}
+    assert not ops & {"Loop", "SequenceEmpty", "SequenceInsert", "ConcatFromSequence"}
+    assert_reproduces(plan, tmp_path / "p", model, feeds)
+    for seed in (3, 9):
+        other = {k: v for k, v in example_inputs(seed=seed).items() if k in names}
+        assert_reproduces(plan, tmp_path / "p", model, other)
 
 
 @pytest.mark.export
