@@ -7,6 +7,10 @@ residual add there too.  The modulation *vectors* (``SiLU -> Linear`` of the tim
 embedding) depend only on the timestep and stay on the host unless ``modulation="npu"``:
 then each branch's own modulation layers join its NPU stage when its AdaLN is there, and
 whatever remains (or all of it, with AdaLN on the host) becomes one NPU stage per block.
+Token-wise matmul work that discovery reads as a branch's AdaLN (ahead of its norm: WanVACE's
+hint projections, added to the stream before the next block) is not a modulation: with AdaLN
+on the host it becomes an NPU stage of its own (``<block>.<region>.pre``), and so does
+token-wise work read as modulation (its patch embedding, ``<block>.mod.tokens``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rkpart.ir import ModelGraph
+from rkpart.ir.work import token_macs
 from rkpart.partitioner.discovery import Discovery
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
 from rkpart.types import Device
@@ -61,10 +66,24 @@ class SplitStrategy(Strategy[SplitOptions]):
                        blocks=(b.index,))
             # the rest of the modulation: its own stage, on the device asked for
             mod = set(b.mod) | {i for r in b.regions for i in r.mod}
+            if modulation == "host":
+                # token-wise matmul work read as modulation (a control stream's patch embedding) is not
+                tok = set(token_macs(mg, mod))
+                mod -= tok
+                gb.add(f"{bid}.mod.tokens", tok, device="npu", region="mod", kind="token-matmul", block=b.index,
+                       blocks=(b.index,))
             gb.add(f"{bid}.mod", mod, device=modulation, region="mod", kind="modulation", block=b.index,
                    blocks=(b.index,))
             for r in b.regions:
-                gb.add(f"{bid}.{r.name}.adaln", set(r.pre), device="host", region="adaln", kind="adaln",
+                pre = set(r.pre)
+                if adaln == "host":
+                    # token-wise matmul work read as this branch's AdaLN (a control stream's hint
+                    # projection added to the stream ahead of the norm): not a modulation, so on the NPU
+                    tok = set(token_macs(mg, r.pre))
+                    pre -= tok
+                    gb.add(f"{bid}.{r.name}.pre", tok, device="npu", region=r.name, kind="token-matmul",
+                           block=b.index, blocks=(b.index,))
+                gb.add(f"{bid}.{r.name}.adaln", pre, device="host", region="adaln", kind="adaln",
                        block=b.index, blocks=(b.index,))
                 gb.add(f"{bid}.{r.name}.residual", set(r.gate | r.adds), device="host", region="residual",
                        kind="gate+residual" if r.gate else "residual", block=b.index, blocks=(b.index,))

@@ -97,10 +97,7 @@ EXPORTER_EXPECTED: dict[tuple[str, str], list[tuple[str, ...]]] = {
 }
 #: (family, exporter, strategy) -> why less than MIN_SHARE of the blocks' matmul work is on the NPU (known
 #: shortfalls, checked to stay below: when one is fixed, the test says so and the entry goes)
-COVERAGE_SHORT: dict[tuple[str, str, str], str] = {
-    ("wan_vace", "torchscript", "split"): "the control patch embedding and the VACE hint projections are taken "
-                                          "for the next block's AdaLN (pre / modulation): on the host",
-}
+COVERAGE_SHORT: dict[tuple[str, str, str], str] = {}
 #: (family, exporter) -> why discovery still gets the regions wrong (known, checked to stay wrong: when one is
 #: fixed, the test says so and the entry goes)
 DISCOVERY_WRONG: dict[tuple[str, str], str] = {
