@@ -25,6 +25,7 @@ from rkpart.partitioner.verify import prepared_onnx
 from rkpart.runtime.ort import make_session
 from rkpart.targets.opset import lower_model, lowering_note, model_opset
 from rkpart.targets.rewrites import NO_LOWERING, REWRITES, TYPE_ONLY_CHANGES, apply_rewrites, rewrites_for
+from tests.targets.test_rewrite_golden import interleave_indices
 
 F = TensorProto.FLOAT
 vi = helper.make_tensor_value_info
@@ -142,16 +143,7 @@ def test_reciprocal_rewrite_exact() -> None:
 def test_scatternd_interleave_rewrite_exact(depth: str) -> None:
     """out[..., 0::2] = a; out[..., 1::2] = b as the TorchScript (full index) and dynamo (index
     depth 1 along axis 0, through an Identity) exporters write it."""
-    if depth == "full":
-        shape, half = [1, 4, 2, 16], [1, 4, 2, 8]
-        grid = np.stack(np.meshgrid(*[np.arange(n) for n in half], indexing="ij"), axis=-1)
-        i0, i1 = grid.copy(), grid.copy()
-        i0[..., 3] *= 2
-        i1[..., 3] = i1[..., 3] * 2 + 1
-    else:
-        shape, half = [16, 4, 2, 1], [8, 4, 2, 1]
-        i0 = (np.arange(8) * 2)[:, None]
-        i1 = (np.arange(8) * 2 + 1)[:, None]
+    shape, half, i0, i1 = interleave_indices(depth == "full")
     inits = [numpy_helper.from_array(np.zeros(shape, np.float32), "d"),
              numpy_helper.from_array(i0.astype(np.int64), "i0"), numpy_helper.from_array(i1.astype(np.int64), "i1")]
     nodes = [

@@ -39,7 +39,9 @@ def _g(nodes: list[onnx.NodeProto], ins: list[onnx.ValueInfoProto], outs: list[o
     return helper.make_graph(nodes, "g", ins, outs, initializer=inits)
 
 
-def _scatternd(full: bool) -> onnx.GraphProto:
+def interleave_indices(full: bool) -> tuple[list[int], list[int], np.ndarray, np.ndarray]:
+    """(shape, half shape, even indices, odd indices) of ``out[..., 0::2] = a; out[..., 1::2] = b``
+    as the TorchScript exporter (``full`` index) and dynamo (index depth 1 along axis 0) write it."""
     if full:
         shape, half = [1, 4, 2, 16], [1, 4, 2, 8]
         grid = np.stack(np.meshgrid(*[np.arange(n) for n in half], indexing="ij"), axis=-1)
@@ -50,6 +52,11 @@ def _scatternd(full: bool) -> onnx.GraphProto:
         shape, half = [16, 4, 2, 1], [8, 4, 2, 1]
         i0 = (np.arange(8) * 2)[:, None]
         i1 = (np.arange(8) * 2 + 1)[:, None]
+    return shape, half, i0, i1
+
+
+def _scatternd(full: bool) -> onnx.GraphProto:
+    shape, half, i0, i1 = interleave_indices(full)
     inits = [numpy_helper.from_array(np.arange(math.prod(shape), dtype=np.float32).reshape(shape), "d"),
              numpy_helper.from_array(i0.astype(np.int64), "i0"), numpy_helper.from_array(i1.astype(np.int64), "i1")]
     nodes = [helper.make_node("ScatterND", ["d", "i0", "a"], ["s0"]),
