@@ -67,7 +67,8 @@ def _scatternd(full: bool) -> onnx.GraphProto:
     return _g(nodes, [vi("a", F, half), vi("b", F, half)], [vi("y", F, shape), vi("z", F, shape)], inits)
 
 
-def _pad() -> onnx.GraphProto:
+def pad_graph() -> onnx.GraphProto:
+    """Sana's ``F.pad(v, (0, 0, 0, 1), value=1.0)``, pads computed from constants (folded), and a two-axis pad."""
     nodes = [
         helper.make_node("Constant", [], ["p64"], value=numpy_helper.from_array(
             np.array([0, 0, 0, 0, 0, 0, 1, 0], dtype=np.int64))),
@@ -134,7 +135,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "rms_reciprocal": lambda: _model(_rms_reciprocal(), 18),
         "scatternd_full": lambda: _model(_scatternd(True), 18),
         "scatternd_partial": lambda: _model(_scatternd(False), 18),
-        "pad": lambda: _model(_pad(), 19),
+        "pad": lambda: _model(pad_graph(), 19),
         "gelu_grid20": lambda: _model(_gelu_grid(), 20),
         "tile_2": lambda: _model(_tile(2, 1), 17),
         "tile_no": lambda: _model(_tile(2, 2), 17),
