@@ -12,7 +12,10 @@ printed with their ratio.
 * ``dep bitsets`` / ``dep networkx``: descendants of the stream starts, by bitset propagation
   in topological order vs. ``nx.bfs_layers`` from all starts at once.
 
-Usage: ``.venv/bin/python bench/graph_algorithms.py [--blocks 28] [--rounds 5]``
+``--only NAME`` (repeatable) runs only those variants (``--only discover``: discovery's own time,
+e.g. side by side with another tree, without the minutes ``reach networkx`` takes at full depth).
+
+Usage: ``.venv/bin/python bench/graph_algorithms.py [--blocks 28] [--rounds 5] [--only NAME ...]``
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--blocks", type=int, default=28)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", action="append", metavar="NAME", help="run only this variant (repeatable)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         path = build_anima_onnx(AnimaConfig.tiny(num_blocks=args.blocks), Path(tmp) / "m.onnx")
@@ -77,7 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         "dep bitsets": dep_bits,
         "dep networkx": dep_nx,
     }
-    assert {i for i in order if dep_bits() >> i & 1} == dep_nx()
+    if args.only:
+        unknown = sorted(set(args.only) - set(variants))
+        if unknown:
+            ap.error(f"unknown variant(s) {unknown}; known: {sorted(variants)}")
+        variants = {k: v for k, v in variants.items() if k in args.only}
+    else:
+        assert {i for i in order if dep_bits() >> i & 1} == dep_nx()
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(args.rounds):
         for k, fn in variants.items():  # interleaved: every round runs every variant once
@@ -87,8 +97,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{mg.ops.number_of_edges()} edges; load {load_s:.2f} s CPU; {len(d.blocks)} blocks found")
     for k, v in med.items():
         print(f"{k:>16}: median {v * 1000:8.1f} ms CPU over {args.rounds} rounds")
-    print(f"reach: networkx / bitsets = {med['reach networkx'] / med['reach bitsets']:.1f}x")
-    print(f"dep:   networkx / bitsets = {med['dep networkx'] / med['dep bitsets']:.2f}x")
+    if {"reach networkx", "reach bitsets"} <= set(med):
+        print(f"reach: networkx / bitsets = {med['reach networkx'] / med['reach bitsets']:.1f}x")
+    if {"dep networkx", "dep bitsets"} <= set(med):
+        print(f"dep:   networkx / bitsets = {med['dep networkx'] / med['dep bitsets']:.2f}x")
     return 0
 
 

@@ -14,6 +14,10 @@ a fresh interpreter (peak RSS is per process), the variants interleaved, ``--rep
     load, then twice ``gs.import_onnx`` -> ``gs.export_onnx`` with no edit at all (the
     least a rewrite on graphsurgeon costs), serialised.
 
+With ``--baseline DIR`` (another rkpart source tree, e.g. ``git worktree add DIR REV``) its rewrite
+table runs too, as ``view@base``, interleaved in the same rounds, and the ratio view / view@base
+is printed (``apply_rewrites`` and ``rewrites_for`` have the same signatures before the view).
+
 Printed: medians of CPU seconds and peak RSS above ``load``, the ratios gs / view, and whether
 each variant's output is byte-identical to its input when nothing matched (``gs``: import ->
 export of an unedited graph; ``view``: a graph with no match is left as it was).
@@ -21,7 +25,7 @@ export of an unedited graph; ``view``: a graph with no match is left as it was).
 Models: the full-width one-block Anima (hidden 2048, fp16, external data, ~130 MB; written
 once to ``--dir`` by ``bench/_full_model.py``'s builder) and a tiny Anima (hidden 256).
 
-Usage: ``PYTHONPATH=$PWD .venv/bin/python bench/graph_edit_vs_graphsurgeon.py --gs-path DIR``
+Usage: ``PYTHONPATH=$PWD .venv/bin/python bench/graph_edit_vs_graphsurgeon.py --gs-path DIR [--baseline TREE]``
 (``DIR``: where ``pip install --target DIR onnx-graphsurgeon`` put it; not a dependency of rkpart).
 """
 
@@ -38,7 +42,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def _child(variant: str, model: str, gs_path: str) -> None:
@@ -84,17 +87,22 @@ def _child(variant: str, model: str, gs_path: str) -> None:
     else:
         out = m
     identical = out.SerializeToString(deterministic=True) == before
-    print(json.dumps({"cpu": cpu, "rss_kib": peak, "rss_load_kib": rss_load, "identical": identical, "hits": hits}))
+    tree = str(Path(sys.modules["rkpart"].__file__ or "").parents[1]) if "rkpart" in sys.modules else None
+    print(json.dumps({"cpu": cpu, "rss_kib": peak, "rss_load_kib": rss_load, "identical": identical, "hits": hits,
+                      "tree": tree}))
 
 
-def _run(variant: str, model: Path, gs_path: str) -> dict[str, object]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def _run(variant: str, model: Path, gs_path: str, baseline: Path | None) -> dict[str, object]:
+    """One child process; ``view@base`` is the view variant with ``baseline``'s rkpart first on the path."""
+    variant, _, base = variant.partition("@")
+    env = {**os.environ, "PYTHONPATH": str(baseline.resolve() if base and baseline else ROOT)}
     out = subprocess.run([sys.executable, __file__, "--child", variant, str(model), "--gs-path", gs_path],
                          capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def _models(folder: Path) -> list[tuple[str, Path]]:
+    sys.path.insert(0, str(ROOT))  # the example models: tests/models/ (not in a child: its tree is PYTHONPATH's)
     from tests.models.anima import AnimaConfig, build_anima_onnx
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -113,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gs-path", required=True, help="folder holding onnx_graphsurgeon (pip install --target)")
     ap.add_argument("--dir", type=Path, default=Path("/tmp/rkpart-bench-gs"))
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--baseline", type=Path, help="another rkpart source tree: its rewrite table as view@base")
     ap.add_argument("--child", nargs=2, metavar=("VARIANT", "MODEL"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -121,9 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     for label, path in _models(args.dir):
         size = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
         runs: dict[str, list[dict[str, object]]] = {"load": [], "view": [], "gs": []}
+        if args.baseline:
+            runs["view@base"] = []
         for _ in range(args.reps):  # interleaved
             for v in runs:
-                runs[v].append(_run(v, path, args.gs_path))
+                runs[v].append(_run(v, path, args.gs_path, args.baseline))
         base = statistics.median(float(r["rss_load_kib"]) for r in runs["load"])  # type: ignore[arg-type]
         # peak above the process's own peak right after loading (the load itself is the same for all)
         med = {v: (statistics.median(float(r["cpu"]) for r in rs),  # type: ignore[arg-type]
@@ -132,12 +143,16 @@ def main(argv: list[str] | None = None) -> int:
                for v, rs in runs.items()}
         print(f"{label}: {size / 2**20:.0f} MiB on disk, load {base / 1024:.0f} MiB peak RSS, "
               f"{args.reps} interleaved runs, medians")
-        for v in ("view", "gs"):
+        for v in [k for k in runs if k != "load"]:
             cpu, rss = med[v]
-            print(f"  {v:4s}: {cpu:7.3f} s CPU, +{rss / 1024:6.0f} MiB peak RSS over load, "
+            tree = f" ({runs[v][0]['tree']})" if runs[v][0]["tree"] else ""
+            print(f"  {v:9s}{tree}: {cpu:7.3f} s CPU, +{rss / 1024:6.0f} MiB peak RSS over load, "
                   f"byte-identical when unedited: {runs[v][0]['identical']}, rewrites matched: {runs[v][0]['hits']}")
         print(f"  ratio gs / view: CPU {med['gs'][0] / max(med['view'][0], 1e-9):.2f}x, "
               f"extra RSS {med['gs'][1] / max(med['view'][1], 1.0):.2f}x")
+        if args.baseline:
+            print(f"  ratio view / view@base: CPU {med['view'][0] / max(med['view@base'][0], 1e-9):.2f}x, "
+                  f"extra RSS {med['view'][1] / max(med['view@base'][1], 1.0):.2f}x")
     return 0
 
 

@@ -20,7 +20,7 @@ own opsets.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import onnx
@@ -225,6 +225,20 @@ class GraphEdit:
         return value
 
     # -- edits -----------------------------------------------------------------------------
+    def replace_each(self, op_type: str,
+                     rewrite: Callable[[onnx.NodeProto], list[onnx.NodeProto] | None]) -> int:
+        """Each default-domain ``op_type`` node, last first, becomes the nodes ``rewrite(node)``
+        returns (``None``: it stays); the count replaced.  Fresh names start from the graph as it
+        is now (:meth:`new_names`)."""
+        self.new_names()
+        count = 0
+        for i in list(self.matches(op_type)):
+            new = rewrite(self.graph.node[i])
+            if new is not None:
+                self.replace(i, new)
+                count += 1
+        return count
+
     def replace(self, index: int, new: list[onnx.NodeProto]) -> None:
         """Node ``index`` becomes the nodes ``new`` (in its place)."""
         nodes = list(self.graph.node)

@@ -25,6 +25,7 @@ from rkpart.partitioner.verify import prepared_onnx
 from rkpart.runtime.ort import make_session
 from rkpart.targets.opset import lower_model, lowering_note, model_opset
 from rkpart.targets.rewrites import NO_LOWERING, REWRITES, TYPE_ONLY_CHANGES, apply_rewrites, rewrites_for
+from tests.targets.test_rewrite_golden import interleave_indices, pad_graph
 
 F = TensorProto.FLOAT
 vi = helper.make_tensor_value_info
@@ -142,16 +143,7 @@ def test_reciprocal_rewrite_exact() -> None:
 def test_scatternd_interleave_rewrite_exact(depth: str) -> None:
     """out[..., 0::2] = a; out[..., 1::2] = b as the TorchScript (full index) and dynamo (index
     depth 1 along axis 0, through an Identity) exporters write it."""
-    if depth == "full":
-        shape, half = [1, 4, 2, 16], [1, 4, 2, 8]
-        grid = np.stack(np.meshgrid(*[np.arange(n) for n in half], indexing="ij"), axis=-1)
-        i0, i1 = grid.copy(), grid.copy()
-        i0[..., 3] *= 2
-        i1[..., 3] = i1[..., 3] * 2 + 1
-    else:
-        shape, half = [16, 4, 2, 1], [8, 4, 2, 1]
-        i0 = (np.arange(8) * 2)[:, None]
-        i1 = (np.arange(8) * 2 + 1)[:, None]
+    shape, half, i0, i1 = interleave_indices(depth == "full")
     inits = [numpy_helper.from_array(np.zeros(shape, np.float32), "d"),
              numpy_helper.from_array(i0.astype(np.int64), "i0"), numpy_helper.from_array(i1.astype(np.int64), "i1")]
     nodes = [
@@ -258,18 +250,9 @@ def test_gridsample20_lowered_matches_under_ort(mode: str) -> None:
 
 
 def test_pad_to_concat_rewrite_exact() -> None:
-    """Sana's ``F.pad(v, (0, 0, 0, 1), value=1.0)``, pads computed from constants (folded), and a two-axis pad."""
-    nodes = [
-        helper.make_node("Constant", [], ["p64"], value=numpy_helper.from_array(
-            np.array([0, 0, 0, 0, 0, 0, 1, 0], dtype=np.int64))),
-        helper.make_node("Cast", ["p64"], ["pads"], to=TensorProto.INT64),
-        helper.make_node("Pad", ["x", "pads", "one"], ["y"], mode="constant"),
-        helper.make_node("Pad", ["x", "pads2"], ["z"]),
-    ]
-    inits = [numpy_helper.from_array(np.array(1.0, dtype=np.float32), "one"),
-             numpy_helper.from_array(np.array([0, 1, 0, 2, 0, 0, 3, 0], dtype=np.int64), "pads2")]
-    m = _model(nodes, [vi("x", F, [1, 2, 16, 8])], [vi("y", F, [1, 2, 17, 8]), vi("z", F, [1, 3, 19, 10])],
-               inits, opset=19)
+    """The rewrite golden's pad graph (:func:`tests.targets.test_rewrite_golden.pad_graph`) is exact."""
+    g = pad_graph()
+    m = _model(list(g.node), list(g.input), list(g.output), list(g.initializer), opset=19)
     r = onnx.ModelProto()
     r.CopyFrom(m)
     assert apply_rewrites(r, rewrites_for("2.3.0", "npu")) == {"pad-to-concat": 2}

@@ -5,31 +5,176 @@ that changes what rkpart writes fails.  Regenerating the record is a deliberate 
 
     PYTHONPATH=. python -m tests.integrity.golden_plans      # rewrites golden_plans.json
 
-The model's absolute path (``model.path`` in plan.json) depends on where the tree is checked
-out; it is replaced by ``<MODEL>`` before plan.json is hashed.  Every other byte counts.
+The set (:data:`CASES`): the bundled example (every built-in strategy), and a fixed part of the
+family sweep -- the onnx-built Anima at float16, tiny diffusers exports
+(:mod:`tests.models.diffusers_families`) of both exporters and the hand-written families
+(:mod:`tests.models.structural`, ``moe``, ``av_dit``), named and anonymised
+(:func:`rkpart.partitioner.anonymize.anonymize_file`), ``split`` and ``fused``.  A model that
+needs a torch export (:attr:`Model.export`) comes from the sweep's export cache and is copied
+under a fixed name without the exporter's stack traces (:func:`_copy`), so neither the cache's
+file name nor the checkout the export was made from reaches a plan.
+
+The model's absolute path (``model.path`` in plan.json) depends on where the tree and the work
+folder are; it is replaced by ``<MODEL>`` before plan.json is hashed.  Every other byte counts.
+Each case also records the sha256 of the model it partitions (:data:`INPUT`): an export depends
+on the torch and diffusers versions, and a record made from other inputs says nothing.
+Placements learned by earlier builds change plans (``rkpart.compile.learned``), so every plan is
+made with an empty private ``$RKPART_CACHE_DIR``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 RECORD = Path(__file__).with_name("golden_plans.json")
+#: a case's record entry for the sha256 of the model it partitions
+INPUT = "<input model>"
 
-#: (case name, strategy, strategy options) over the bundled example
-CASES: tuple[tuple[str, str, Mapping[str, Any]], ...] = (
-    ("split", "split", {}),
-    ("split-adaln-npu", "split", {"adaln": "npu"}),
-    ("fused", "fused", {}),
-    ("fused-x2", "fused", {"blocks_per_stage": 2}),
-    ("generic", "generic", {}),
-    ("auto", "auto", {}),
+
+@dataclass(frozen=True)
+class Model:
+    """A model of the fixed set: ``make(work)`` returns its file (writing it under ``work`` if need be)."""
+
+    name: str
+    make: Callable[[Path], Path]
+    export: bool = False  # needs a torch export (the test's ``export`` tier)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    model: str
+    strategy: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _example(work: Path) -> Path:
+    from rkpart.cli_args import bundled_example
+
+    return bundled_example()
+
+
+def _anima_fp16(work: Path) -> Path:
+    from tests.models.anima import AnimaConfig, build_anima_onnx
+
+    return build_anima_onnx(AnimaConfig.tiny(num_blocks=3, dtype="float16"), work / "anima-fp16.onnx")
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    """The export ``src`` as ``dst``, inline, without the exporter's stack traces.
+
+    The cache's file name stays out of plan.json, and dynamo's ``pkg.torch.onnx.stack_trace``
+    (the absolute path and line of the test module and the venv that exported it, copied into
+    stage nodes) out of the bytes: the same export made from another checkout hashes the same.
+    """
+    import onnx
+
+    model = onnx.load(str(src))  # external data (dynamo) read in: written inline below
+    graphs = [model.graph]
+    while graphs:
+        g = graphs.pop()
+        for node in g.node:
+            keep = [p for p in node.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
+            del node.metadata_props[:]
+            node.metadata_props.extend(keep)
+            graphs += [a.g for a in node.attribute if a.HasField("g")] + [x for a in node.attribute for x in a.graphs]
+    dst.write_bytes(model.SerializeToString(deterministic=True))
+    return dst
+
+
+def _family(name: str, exporter: str) -> Callable[[Path], Path]:
+    def make(work: Path) -> Path:
+        from tests.models.diffusers_families import cached_export
+
+        return _copy(cached_export(name, exporter), work / f"{name}-{exporter[:2]}.onnx")
+    return make
+
+
+def _layout(layout: str, exporter: str) -> Callable[[Path], Path]:
+    def make(work: Path) -> Path:
+        from tests.models.structural import cached_export
+
+        return _copy(cached_export(layout, exporter), work / f"{layout}-{exporter[:2]}.onnx")
+    return make
+
+
+def _moe(work: Path) -> Path:
+    from tests.models.moe import cached_export
+
+    return _copy(cached_export("dynamo"), work / "moe-dy.onnx")
+
+
+def _av_dit(work: Path) -> Path:
+    from tests.models.av_dit import cached_export
+
+    return _copy(cached_export("torchscript"), work / "av_dit-to.onnx")
+
+
+_NAMED = (
+    Model("example", _example),
+    Model("anima-fp16", _anima_fp16),
+    Model("flux-to", _family("flux", "torchscript"), export=True),  # MMDiT dual blocks, then parallel single ones
+    Model("flux-dy", _family("flux", "dynamo"), export=True),  # the same at dynamo's default opset 20
+    Model("wan-dy", _family("wan", "dynamo"), export=True),  # cross-attention, RoPE by ScatterND
+    Model("lumina2-to", _family("lumina2", "torchscript"), export=True),  # caption refiner, then joint blocks
+    Model("hunyuanvideo-dy", _family("hunyuanvideo", "dynamo"), export=True),  # text blocks first
+    Model("interleaved-to", _layout("interleaved", "torchscript"), export=True),  # refiners alternating in op order
+    Model("moe-dy", _moe, export=True),  # routing ops the capability keeps on the host
+    Model("av_dit-to", _av_dit, export=True),  # two streams attending each other
 )
+#: anonymised copies (every node and tensor name opaque, no metadata): blocks from structure alone
+_ANON = ("example", "anima-fp16", "flux-to", "wan-dy", "lumina2-to", "interleaved-to")
+
+
+def _anonymised(base: Model) -> Model:
+    def make(work: Path) -> Path:
+        from rkpart.partitioner.anonymize import anonymize_file
+
+        return anonymize_file(base.make(work), work / f"{base.name}-anon.onnx")
+    return Model(f"{base.name}-anon", make, base.export)
+
+
+MODELS: dict[str, Model] = {m.name: m for m in _NAMED}
+MODELS.update({f"{n}-anon": _anonymised(MODELS[n]) for n in _ANON})
+
+#: the bundled example's cases keep the names of the first record
+CASES: tuple[Case, ...] = (
+    Case("split", "example", "split"),
+    Case("split-adaln-npu", "example", "split", {"adaln": "npu"}),
+    Case("fused", "example", "fused"),
+    Case("fused-x2", "example", "fused", {"blocks_per_stage": 2}),
+    Case("generic", "example", "generic"),
+    Case("auto", "example", "auto"),
+    Case("anima-fp16/generic", "anima-fp16", "generic"),
+    Case("anima-fp16/fused-x2", "anima-fp16", "fused", {"blocks_per_stage": 2}),
+    Case("flux-to/split-adaln-npu", "flux-to", "split", {"adaln": "npu"}),
+    Case("flux-to/auto", "flux-to", "auto"),
+    *(Case(f"{m}/{s}", m, s) for m in MODELS if m != "example" for s in ("split", "fused")),
+)
+
+
+@contextmanager
+def _private_cache() -> Iterator[None]:
+    """An empty ``$RKPART_CACHE_DIR`` while plans are made: no placement learned by a build reaches them."""
+    old = os.environ.get("RKPART_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="rkpart-golden-cache-") as tmp:
+        os.environ["RKPART_CACHE_DIR"] = tmp
+        try:
+            yield
+        finally:
+            if old is None:
+                del os.environ["RKPART_CACHE_DIR"]
+            else:
+                os.environ["RKPART_CACHE_DIR"] = old
 
 
 def digest(folder: Path, model: Path) -> dict[str, str]:
@@ -44,25 +189,45 @@ def digest(folder: Path, model: Path) -> dict[str, str]:
     return out
 
 
-def compute(root: Path) -> dict[str, dict[str, str]]:
+class Golden:
+    """Makes each model of :data:`MODELS` once under ``root`` and digests the plans of cases over them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.models: dict[str, Path] = {}
+
+    def model(self, name: str) -> Path:
+        if name not in self.models:
+            work = self.root / "models"
+            work.mkdir(parents=True, exist_ok=True)
+            self.models[name] = MODELS[name].make(work)
+        return self.models[name]
+
+    def case(self, case: Case, model: Path | None = None) -> dict[str, str]:
+        """The digest of ``case``'s plan (of ``model``, by default the case's own), with :data:`INPUT`."""
+        from rkpart.pipeline import partition
+
+        model = model or self.model(case.model)
+        folder = self.root / "plans" / case.name
+        with _private_cache():
+            partition(model, folder, case.strategy, **case.options)
+        return {INPUT: hashlib.sha256(model.read_bytes()).hexdigest(), **digest(folder, model)}
+
+
+def compute(root: Path, cases: tuple[Case, ...] = CASES) -> dict[str, dict[str, str]]:
     """Partition every case under ``root`` and digest each plan folder."""
-    from rkpart.cli_args import bundled_example
-    from rkpart.pipeline import partition
-
-    model = bundled_example()
-    out = {}
-    for name, strategy, opts in CASES:
-        folder = root / name
-        partition(model, folder, strategy, **opts)
-        out[name] = digest(folder, model)
-    return out
+    golden = Golden(root)
+    return {c.name: golden.case(c) for c in cases}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Rewrite the record; ``--out FILE`` writes it there instead (to compare trees: run from each)."""
+    args = sys.argv[1:] if argv is None else argv
+    out = Path(args[1]) if args[:1] == ["--out"] and len(args) == 2 else RECORD
     with tempfile.TemporaryDirectory() as tmp:
         record = compute(Path(tmp))
-    RECORD.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {RECORD} ({sum(map(len, record.values()))} files in {len(record)} plans)")
+    out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {out} ({sum(map(len, record.values()))} files in {len(record)} plans)")
     return 0
 
 

@@ -1,22 +1,44 @@
-"""Plans stay byte-identical: the fixed set of :mod:`tests.integrity.golden_plans` hashes as recorded."""
+"""Plans stay byte-identical: the fixed set of :mod:`tests.integrity.golden_plans` hashes as recorded.
+
+Cases over a torch export are in the ``export`` tier; they read the export the family sweep caches.
+"""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.integrity.golden_plans import CASES, RECORD, compute
+from tests.integrity.golden_plans import CASES, INPUT, MODELS, RECORD, Case, Golden
 
 
 @pytest.fixture(scope="module")
-def computed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
-    return compute(tmp_path_factory.mktemp("golden"))
+def recorded() -> dict[str, dict[str, str]]:
+    record: dict[str, dict[str, str]] = json.loads(RECORD.read_text())
+    assert set(record) == {c.name for c in CASES}, "golden_plans.json is stale: regenerate it deliberately"
+    return record
 
 
-@pytest.mark.parametrize("case", [c[0] for c in CASES])
-def test_plan_bytes_match_the_record(case: str, computed: dict[str, dict[str, str]]) -> None:
-    recorded = json.loads(Path(RECORD).read_text())
-    assert set(recorded) == {c[0] for c in CASES}, "golden_plans.json is stale: regenerate it deliberately"
-    assert computed[case] == recorded[case]
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory: pytest.TempPathFactory) -> Golden:
+    return Golden(tmp_path_factory.mktemp("golden"))
+
+
+def _param(case: Case) -> object:
+    if not MODELS[case.model].export:
+        return pytest.param(case, id=case.name)
+    return pytest.param(case, id=case.name, marks=pytest.mark.export)
+
+
+@pytest.mark.parametrize("case", [_param(c) for c in CASES])
+def test_plan_bytes_match_the_record(case: Case, golden: Golden, recorded: dict[str, dict[str, str]]) -> None:
+    if MODELS[case.model].export:
+        from tests.models.diffusers_families import missing_dependencies
+
+        if missing_dependencies():
+            pytest.skip(f"cannot export: {', '.join(missing_dependencies())} missing")
+    computed = golden.case(case)
+    assert computed[INPUT] == recorded[case.name][INPUT], (
+        f"{case.model}: the model is not the one recorded (an export changes with torch/diffusers): "
+        "the record does not apply; regenerate it deliberately")
+    assert computed == recorded[case.name]

@@ -21,10 +21,8 @@ exporter and source of this module, under ``$RKPART_TEST_EXPORTS`` (as
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import math
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -179,18 +177,7 @@ def cached_export(exporter: str) -> Path:
     """The export by ``exporter``, made once per (torch version, exporter, this module's source)."""
     import torch
 
-    from tests.models.diffusers_families import export_root
+    from tests.models.diffusers_families import cached_file
 
-    key = hashlib.sha256("\0".join([torch.__version__, exporter,
-                                    inspect.getsource(sys.modules[__name__])]).encode()).hexdigest()[:16]
-    root = export_root()
-    path = root / f"av_dit-{exporter}-{key}.onnx"
-    if not path.is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-        try:
-            export(tmp, exporter)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-    return path
+    return cached_file(f"av_dit-{exporter}", [torch.__version__, exporter, inspect.getsource(sys.modules[__name__])],
+                       lambda tmp: export(tmp, exporter))

@@ -21,10 +21,8 @@ module under ``$RKPART_TEST_EXPORTS`` (as :mod:`tests.models.diffusers_families`
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import math
-import os
 import sys
 import warnings
 from pathlib import Path
@@ -150,21 +148,8 @@ def export(kind: str, exporter: str, path: str | Path, seed: int = 0) -> None:
 
 def cached_export(kind: str, exporter: str) -> Path:
     """The export of ``kind`` by ``exporter``, made once per (torch version, exporter, this module's source)."""
-    from tests.models.diffusers_families import export_root
+    from tests.models.diffusers_families import cached_file
 
-    key = hashlib.sha256("\0".join([torch.__version__, kind, exporter,
-                                    inspect.getsource(sys.modules[__name__])]).encode()).hexdigest()[:16]
-    root = export_root()
-    path = root / f"datadep-{kind}-{exporter}-{key}.onnx"
-    if not path.is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-        try:
-            export(kind, exporter, tmp)
-            os.replace(tmp, path)
-            data = tmp.with_name(tmp.name + ".data")
-            if data.exists():  # dynamo's external data file: its name is in the model, keep it
-                os.replace(data, path.with_name(tmp.name + ".data"))
-        finally:
-            tmp.unlink(missing_ok=True)
-    return path
+    return cached_file(f"datadep-{kind}-{exporter}", [torch.__version__, kind, exporter,
+                                                      inspect.getsource(sys.modules[__name__])],
+                       lambda tmp: export(kind, exporter, tmp))

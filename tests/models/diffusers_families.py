@@ -944,10 +944,8 @@ def export_root() -> Path:
 
 def cached_export(name: str, exporter: str) -> Path:
     """The export of family or variant ``name`` by ``exporter`` (a key of :data:`EXPORTERS`), made
-    once per (diffusers and torch versions, exporter, source of every function the export runs).
-
-    Written to a private temporary name and renamed, so a failed or concurrent export never
-    leaves a half-written file under the final name.
+    once per (diffusers and torch versions, exporter, source of every function the export runs)
+    by :func:`cached_file`.
     """
     import diffusers
     import torch
@@ -960,17 +958,28 @@ def cached_export(name: str, exporter: str) -> Path:
     base = {_chroma_guidance: _chroma, _sd35: _sd3}.get(fam.build)
     if base is not None:
         funcs.append(base)  # the variant only calls it
-    key = hashlib.sha256("\0".join([diffusers.__version__, torch.__version__, exporter,
-                                    *(inspect.getsource(f) for f in funcs)]).encode())
+    return cached_file(f"{name}-{exporter}", [diffusers.__version__, torch.__version__, exporter,
+                                               *(inspect.getsource(f) for f in funcs)],
+                       lambda tmp: export_family(name, tmp, dynamo=exporter == "dynamo", opset=EXPORTERS[exporter]))
+
+
+def cached_file(stem: str, key: list[str], make: Callable[[Path], object]) -> Path:
+    """``<export root>/<stem>-<16 hex digits of sha256(key)>.onnx``, written by ``make(path)`` when absent.
+
+    ``make`` writes to a private temporary name that is then renamed, so a failed or concurrent
+    export never leaves a half-written file under the final name.  An external data file the
+    exporter writes beside it keeps the name the model gives it.  Every test-model module
+    (:mod:`tests.models.av_dit`, ``moe``, ``data_dependent``, ``structural``) caches through this.
+    """
     root = export_root()
-    path = root / f"{name}-{exporter}-{key.hexdigest()[:16]}.onnx"
+    path = root / f"{stem}-{hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:16]}.onnx"
     if not path.is_file():
         root.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                export_family(name, tmp, dynamo=exporter == "dynamo", opset=EXPORTERS[exporter])
+                make(tmp)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)

@@ -14,9 +14,7 @@ norm2, MoE FFN, gated residuals), as in diffusers' DiT family.
 
 from __future__ import annotations
 
-import hashlib
 import inspect
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -136,17 +134,8 @@ def cached_export(exporter: str) -> Path:
     """The export by ``exporter`` ("torchscript" or "dynamo"), made once per torch version and source."""
     import torch
 
-    from tests.models.diffusers_families import export_root
+    from tests.models.diffusers_families import cached_file
 
-    key = hashlib.sha256("\0".join([torch.__version__, exporter, inspect.getsource(build),
-                                    inspect.getsource(export)]).encode()).hexdigest()[:16]
-    path = export_root() / f"moe-{exporter}-{key}.onnx"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-        try:
-            export(tmp, dynamo=exporter == "dynamo")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
-    return path
+    return cached_file(f"moe-{exporter}", [torch.__version__, exporter, inspect.getsource(build),
+                                           inspect.getsource(export)],
+                       lambda tmp: export(tmp, dynamo=exporter == "dynamo"))

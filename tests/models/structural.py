@@ -26,6 +26,8 @@ interleaved          the same, with the two refiners' blocks alternating in op o
 
 from __future__ import annotations
 
+import inspect
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -313,4 +315,16 @@ def export(layout: str, path: Path, *, dynamo: bool = False) -> dict[str, Any]:
     return {k: v.numpy() for k, v in inputs.items()}
 
 
-__all__ = ["LAYOUTS", "build", "export"]
+def cached_export(layout: str, exporter: str) -> Path:
+    """The export of ``layout`` by ``exporter`` ("torchscript" or "dynamo"), made once per (torch version,
+    exporter, this module's source)."""
+    import torch
+
+    from tests.models.diffusers_families import cached_file
+
+    return cached_file(f"structural-{layout}-{exporter}", [torch.__version__, layout, exporter,
+                                                            inspect.getsource(sys.modules[__name__])],
+                       lambda tmp: export(layout, tmp, dynamo=exporter == "dynamo"))
+
+
+__all__ = ["LAYOUTS", "build", "cached_export", "export"]

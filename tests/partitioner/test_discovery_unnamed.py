@@ -18,7 +18,7 @@ from rkpart.ir import load_model
 from rkpart.partitioner.anonymize import anonymize_file
 from rkpart.partitioner.coverage import MIN_SHARE
 from rkpart.partitioner.discovery import Discovery, discover
-from tests.models.structural import LAYOUTS, export
+from tests.models.structural import LAYOUTS, cached_export
 from tests.partitioner.checks import npu_per_block, partition_and_check
 
 pytestmark = pytest.mark.export
@@ -39,7 +39,7 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[Path, Path]]:
-    """(layout, exporter) -> (named export, anonymised copy), made on first use."""
+    """(layout, exporter) -> (named export, anonymised copy), made on first use (the export cached)."""
     pytest.importorskip("torch")
     root = tmp_path_factory.mktemp("layouts")
     made: dict[tuple[str, str], tuple[Path, Path]] = {}
@@ -47,8 +47,7 @@ def exports(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], t
     class Lazy(dict[tuple[str, str], tuple[Path, Path]]):
         def __missing__(self, key: tuple[str, str]) -> tuple[Path, Path]:
             layout, exporter = key
-            named = root / f"{layout}-{exporter}.onnx"
-            export(layout, named, dynamo=exporter == "dynamo")
+            named = cached_export(layout, exporter)
             made[key] = (named, anonymize_file(named, root / f"{layout}-{exporter}-anon.onnx"))
             return made[key]
 

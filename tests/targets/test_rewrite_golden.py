@@ -39,7 +39,9 @@ def _g(nodes: list[onnx.NodeProto], ins: list[onnx.ValueInfoProto], outs: list[o
     return helper.make_graph(nodes, "g", ins, outs, initializer=inits)
 
 
-def _scatternd(full: bool) -> onnx.GraphProto:
+def interleave_indices(full: bool) -> tuple[list[int], list[int], np.ndarray, np.ndarray]:
+    """(shape, half shape, even indices, odd indices) of ``out[..., 0::2] = a; out[..., 1::2] = b``
+    as the TorchScript exporter (``full`` index) and dynamo (index depth 1 along axis 0) write it."""
     if full:
         shape, half = [1, 4, 2, 16], [1, 4, 2, 8]
         grid = np.stack(np.meshgrid(*[np.arange(n) for n in half], indexing="ij"), axis=-1)
@@ -50,6 +52,11 @@ def _scatternd(full: bool) -> onnx.GraphProto:
         shape, half = [16, 4, 2, 1], [8, 4, 2, 1]
         i0 = (np.arange(8) * 2)[:, None]
         i1 = (np.arange(8) * 2 + 1)[:, None]
+    return shape, half, i0, i1
+
+
+def _scatternd(full: bool) -> onnx.GraphProto:
+    shape, half, i0, i1 = interleave_indices(full)
     inits = [numpy_helper.from_array(np.arange(math.prod(shape), dtype=np.float32).reshape(shape), "d"),
              numpy_helper.from_array(i0.astype(np.int64), "i0"), numpy_helper.from_array(i1.astype(np.int64), "i1")]
     nodes = [helper.make_node("ScatterND", ["d", "i0", "a"], ["s0"]),
@@ -60,7 +67,8 @@ def _scatternd(full: bool) -> onnx.GraphProto:
     return _g(nodes, [vi("a", F, half), vi("b", F, half)], [vi("y", F, shape), vi("z", F, shape)], inits)
 
 
-def _pad() -> onnx.GraphProto:
+def pad_graph() -> onnx.GraphProto:
+    """Sana's ``F.pad(v, (0, 0, 0, 1), value=1.0)``, pads computed from constants (folded), and a two-axis pad."""
     nodes = [
         helper.make_node("Constant", [], ["p64"], value=numpy_helper.from_array(
             np.array([0, 0, 0, 0, 0, 0, 1, 0], dtype=np.int64))),
@@ -127,7 +135,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "rms_reciprocal": lambda: _model(_rms_reciprocal(), 18),
         "scatternd_full": lambda: _model(_scatternd(True), 18),
         "scatternd_partial": lambda: _model(_scatternd(False), 18),
-        "pad": lambda: _model(_pad(), 19),
+        "pad": lambda: _model(pad_graph(), 19),
         "gelu_grid20": lambda: _model(_gelu_grid(), 20),
         "tile_2": lambda: _model(_tile(2, 1), 17),
         "tile_no": lambda: _model(_tile(2, 2), 17),

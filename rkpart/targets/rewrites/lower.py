@@ -17,16 +17,11 @@ from rkpart.ir.edit import GraphEdit, attr
 
 def gelu(view: GraphEdit) -> int:
     """Gelu-20 -> the TorchScript exporter's decomposition (exact: Div/Erf/Add/Mul/Mul; tanh form)."""
-    graph = view.graph
-    view.new_names()
-    count = 0
-    for i in list(view.matches("Gelu")):
-        n = graph.node[i]
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto]:
         approx = attr(n, "approximate", b"none")
         approx = approx.decode() if isinstance(approx, bytes) else str(approx)
-        view.replace(i, _gelu_nodes(view, n, view.elem(n.input[0]), approx == "tanh"))
-        count += 1
-    return count
+        return _gelu_nodes(view, n, view.elem(n.input[0]), approx == "tanh")
+    return view.replace_each("Gelu", one)
 
 
 def _gelu_nodes(view: GraphEdit, n: onnx.NodeProto, elem: int,

@@ -17,16 +17,11 @@ from rkpart.ir.edit import GraphEdit, attr
 
 def reciprocal(view: GraphEdit) -> int:
     """``Reciprocal(v)`` -> ``Div(1, v)``."""
-    graph = view.graph
-    view.new_names()
-    count = 0
-    for i in list(view.matches("Reciprocal")):
-        n = graph.node[i]
-        one = view.add_constant(f"{n.name or n.output[0]}/one",
-                               np.array(1.0, dtype=helper.tensor_dtype_to_np_dtype(view.elem(n.input[0]))))
-        view.replace(i, [helper.make_node("Div", [one, n.input[0]], [n.output[0]], name=n.name or None)])
-        count += 1
-    return count
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto]:
+        c = view.add_constant(f"{n.name or n.output[0]}/one",
+                              np.array(1.0, dtype=helper.tensor_dtype_to_np_dtype(view.elem(n.input[0]))))
+        return [helper.make_node("Div", [c, n.input[0]], [n.output[0]], name=n.name or None)]
+    return view.replace_each("Reciprocal", one)
 
 
 _SQRT2 = 1.4142135623730951
@@ -463,20 +458,18 @@ def pad_concat(view: GraphEdit) -> int:
     """
     graph = view.graph
     shapes = view.static_shapes()
-    view.new_names()
-    count = 0
-    for i in list(view.matches("Pad")):
-        n = graph.node[i]
+
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
         mode = attr(n, "mode", b"constant")
         if mode not in (b"constant", "constant") or (len(n.input) > 3 and n.input[3]):
-            continue
+            return None
         shape = shapes.get(n.input[0])
         pads = view.value(n.input[1]) if len(n.input) > 1 and n.input[1] else None
         if shape is None or pads is None or pads.size != 2 * len(shape) or (pads < 0).any():
-            continue
+            return None
         value = view.value(n.input[2]) if len(n.input) > 2 and n.input[2] else np.zeros(())
         if value is None or value.size != 1:
-            continue
+            return None
         dtype = onnx.helper.tensor_dtype_to_np_dtype(view.elem(n.input[0]))
         rank = len(shape)
         base = n.name or n.output[0]
@@ -499,11 +492,8 @@ def pad_concat(view: GraphEdit) -> int:
             new.append(helper.make_node("Concat", parts, [out], axis=a, name=f"{base}/Concat_{a}"))
             cur = out
             dims[a] += int(pads[a]) + int(pads[a + rank])
-        if not new:
-            new = [helper.make_node("Identity", [n.input[0]], [n.output[0]], name=base)]
-        view.replace(i, new)
-        count += 1
-    return count
+        return new or [helper.make_node("Identity", [n.input[0]], [n.output[0]], name=base)]
+    return view.replace_each("Pad", one)
 
 
 #: ops an RMSNorm's scale passes through between its ReduceMean and the weight Mul
@@ -559,23 +549,20 @@ def tile_broadcast(view: GraphEdit) -> int:
     ``k.unsqueeze(3).repeat(1, 1, 1, n_rep, 1)`` (Lumina2)."""
     graph = view.graph
     shapes = view.static_shapes()
-    view.new_names()
-    count = 0
-    for i in list(view.matches("Tile")):
-        n = graph.node[i]
+
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
         reps = view.const_array(n.input[1])
         shape = shapes.get(n.input[0])
         elem = view.elem(n.input[0])
         if (reps is None or shape is None or reps.ndim != 1 or reps.size != len(shape)
                 or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
                 or any(r > 1 and d != 1 for r, d in zip(reps.tolist(), shape, strict=True))):
-            continue
+            return None
         base = n.name or n.output[0]
         ones = view.fresh(f"{base}/ones")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
         graph.initializer.append(numpy_helper.from_array(np.ones(reps.astype(np.int64), dtype=dtype), ones))
-        view.replace(i, [helper.make_node("Mul", [n.input[0], ones], [n.output[0]], name=f"{base}/Mul_ones")])
-        count += 1
-    return count
+        return [helper.make_node("Mul", [n.input[0], ones], [n.output[0]], name=f"{base}/Mul_ones")]
+    return view.replace_each("Tile", one)
 
 
