@@ -859,12 +859,23 @@ def _check_record(obj: Any, *, where: str, shared: dict[Any, Any]) -> None:
         for k in SHARED_FIELDS:
             v = obj.get(k)
             if isinstance(v, dict):
+                # the last value seen for this field (and stage id) first: its repr (which, unlike
+                # ==, tells 1, 1.0 and True apart) is far cheaper than the canonical text
+                hint = (k, v.get("id") if k == "stage" else None)
+                text = repr(v)
+                last = shared.get(hint)
+                if last is not None and last[0] == text:
+                    obj[k] = last[1]
+                    known.append(k)
+                    continue
                 key = k + json.dumps(v, sort_keys=True)
                 if key in shared:
                     obj[k] = shared[key]
+                    shared[hint] = (text, shared[key])
                     known.append(k)
                 else:
                     fresh.append((key, v))
+                    fresh.append((hint, (text, v)))
     rest = {k: v for k, v in obj.items() if k not in known} if known else obj
     th = _thresholds()
     sig = ("\0sig", tuple(known), _signature(rest, th or (), where=where))

@@ -39,7 +39,8 @@ def test_a_model_without_a_measurement_uses_the_prior_and_the_shipped_file_is_un
 
 def test_a_measured_speedup_round_trips_and_replaces_the_prior_in_estimate(tmp_path: Path,
                                                                           plans: dict) -> None:
-    measured = CfgParallel(speedup=1.41, source="measured: test", measured={"sequential_s": [2.0], "parallel_s": [1.42]})
+    measured = CfgParallel(speedup=1.41, source="measured: test",
+                           measured={"sequential_s": [2.0], "parallel_s": [1.42]})
     m = CostModel.load(default_model_path())
     m.cfg_parallel = measured
     p = tmp_path / "m.json"
