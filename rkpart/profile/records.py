@@ -854,14 +854,15 @@ def _check_record(obj: Any, *, where: str, shared: dict[Any, Any]) -> None:
     whole record passed.  A record that looks, to the schema, like one validated before
     (:func:`_signature`) is not validated again."""
     known: list[str] = []
-    fresh: list[tuple[str, Any]] = []
+    fresh: list[tuple[Any, Any]] = []
     if isinstance(obj, dict):
         for k in SHARED_FIELDS:
             v = obj.get(k)
             if isinstance(v, dict):
                 # the last value seen for this field (and stage id) first: its repr (which, unlike
                 # ==, tells 1, 1.0 and True apart) is far cheaper than the canonical text
-                hint = (k, v.get("id") if k == "stage" else None)
+                sid = v.get("id") if k == "stage" else None
+                hint = (k, sid if isinstance(sid, str) else None)
                 text = repr(v)
                 last = shared.get(hint)
                 if last is not None and last[0] == text:
@@ -878,9 +879,8 @@ def _check_record(obj: Any, *, where: str, shared: dict[Any, Any]) -> None:
                     fresh.append((hint, (text, v)))
     rest = {k: v for k, v in obj.items() if k not in known} if known else obj
     th = _thresholds()
-    sig = ("\0sig", tuple(known), _signature(rest, th or (), where=where))
-    if th is None or not isinstance(obj, dict):
-        sig = None
+    walked = _signature(rest, th or (), where=where)
+    sig = None if th is None or not isinstance(obj, dict) else ("\0sig", tuple(known), walked)
     if sig is None or sig not in shared:
         validate_record(obj, where=where,
                         shared_checked=bool(known) and all(k in known for k in SHARED_FIELDS if k in obj))

@@ -89,6 +89,7 @@ LATE_BAD_LINES = [
     ("inf", _set("timings.init_s", float("inf"))),
     ("deep", _set("timings.deep", json.loads("[" * 70 + "]" * 70))),
     ("huge-int", _set("round", 10 ** 80)),
+    ("stage-id-a-list", _set("stage.id", [1])),
 ]
 
 
