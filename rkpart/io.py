@@ -471,6 +471,18 @@ def input_digest(a: Any) -> str:
     return h.hexdigest()
 
 
+def check_finite_arrays(arrays: Any, *, what: str, error: type[UserError] = UserError) -> None:
+    """Refuse (one line) a mapping of arrays in which a float array holds NaN or Inf: inputs
+    that are meant to be representative (``partition --inputs``, calibration samples) cannot be."""
+    import numpy as np
+
+    for name in sorted(arrays):
+        a = np.asarray(arrays[name])
+        if a.dtype.kind in "fc" and a.size and not bool(np.isfinite(a).all()):
+            bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+            raise error(f"{what}: array {name!r} holds {bad} NaN/Inf value(s); representative inputs must be finite")
+
+
 def read_npz(path: str | os.PathLike[str], *, what: str, names: Any = None,
              error: type[UserError] = UserError) -> dict[str, Any]:
     """The arrays ``names`` (default: all) of the ``.npz`` at ``path``, other members never decoded.
