@@ -32,6 +32,7 @@ With ``--backend ort`` it runs anywhere; with ``rknnlite`` it is what a board us
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +54,9 @@ from rkpart.types import HOST
 if TYPE_CHECKING:
     from rkpart.profile.records import ProfileRun, StageRecord
 
+#: the two CFG-parallel latents may differ by this much relative to the largest value (the
+#: bundle runner's default ``--max-abs-rel``)
+CFG_PARALLEL_MAX_ABS_REL = 0.01
 #: models with at most this many blocks are profiled whole; larger ones one block per anatomy
 WHOLE_PLAN_BLOCKS = 4
 #: every single-strategy plan ``auto`` chooses among (:mod:`rkpart.strategies.families`)
@@ -358,7 +362,8 @@ def measure_cfg_parallel(bundle: str | Path, *, steps: int, rounds: int, seed: i
 
     A round is ``denoise(steps)`` and the release of what it kept: what a board user waits for.
     ``rknnlite_api``: the ``RKNNLite`` class (default: rknn-toolkit-lite2's, on the board).  Both
-    ways must give the same latent (:func:`numpy.array_equal`) and a speed-up in
+    ways must give the same latent (max abs difference within :data:`CFG_PARALLEL_MAX_ABS_REL`
+    of the largest value, the runner's default gate; exactly equal on the stand-ins) and a speed-up in
     (0, :data:`~rkpart.cost_model.model.MAX_CFG_PARALLEL_SPEEDUP`], else
     :class:`~rkpart.errors.GateError` (exit 8) and nothing is recorded; a runner failure is a
     :class:`~rkpart.errors.UserError`.
@@ -383,10 +388,15 @@ def measure_cfg_parallel(bundle: str | Path, *, steps: int, rounds: int, seed: i
             except BundleError as e:
                 raise UserError(f"cfg-parallel measurement on {bundle}: {e}") from None
             latents.setdefault(par, x)
-    diff = float(np.max(np.abs(latents[True].astype(np.float64) - latents[False].astype(np.float64))))
-    if not np.array_equal(latents[True], latents[False]):
+    seq_x, par_x = (latents[k].astype(np.float64) for k in (False, True))
+    diff = float(np.max(np.abs(par_x - seq_x)))
+    scale = float(np.max(np.abs(seq_x)))
+    # not bit for bit on the NPU: a sequential 0_1_2 stage splits its convolutions over the
+    # cores, each parallel context runs on one; beyond the runner's default gate it is wrong
+    if not (math.isfinite(diff) and math.isfinite(scale)) or diff > CFG_PARALLEL_MAX_ABS_REL * scale:
         raise GateError(f"cfg-parallel measurement on {bundle}: the two cores' latent differs from the sequential "
-                        f"one (max abs {diff:g}); the speed-up of a wrong result is not recorded")
+                        f"one (max abs {diff:g}, {CFG_PARALLEL_MAX_ABS_REL:g} x max |latent| {scale:g} allowed); "
+                        "the speed-up of a wrong result is not recorded")
     seq, par_ = statistics.median(times[False]), statistics.median(times[True])
     speedup = seq / par_
     if not 0 < speedup <= MAX_CFG_PARALLEL_SPEEDUP:
