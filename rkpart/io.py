@@ -18,7 +18,7 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from rkpart.errors import OutputExistsError, SpecError, UserError, first_line
 
@@ -252,9 +252,11 @@ def regular_file(path: str | os.PathLike[str], *, what: str, error: type[UserErr
     return st
 
 
-def read_limited(path: str | os.PathLike[str], *, what: str, max_bytes: int,
-                 error: type[UserError] = UserError) -> bytes:
-    """The bytes of the regular file ``path``, refusing FIFOs, devices, folders and files over ``max_bytes``.
+@contextlib.contextmanager
+def open_limited(path: str | os.PathLike[str], *, what: str, max_bytes: int,
+                 error: type[UserError] = UserError) -> Iterator[BinaryIO]:
+    """The regular file ``path`` opened for reading, refusing FIFOs, devices, folders and files
+    over ``max_bytes`` (its size when opened; a reader that streams counts what it reads too).
 
     The file is opened non-blocking and checked again through its descriptor, so a path
     swapped for a FIFO between the check and the open cannot hang the read.
@@ -270,6 +272,13 @@ def read_limited(path: str | os.PathLike[str], *, what: str, max_bytes: int,
             raise error(f"{what} {path} is {_kind(st.st_mode)}, not a regular file")
         if st.st_size > max_bytes:
             raise error(f"{what} {path} is too large ({st.st_size} bytes; the limit is {max_bytes})")
+        yield f
+
+
+def read_limited(path: str | os.PathLike[str], *, what: str, max_bytes: int,
+                 error: type[UserError] = UserError) -> bytes:
+    """The bytes of the regular file ``path`` (:func:`open_limited`), at most ``max_bytes``."""
+    with open_limited(path, what=what, max_bytes=max_bytes, error=error) as f:
         try:
             data = f.read(max_bytes + 1)
         except OSError as e:
@@ -460,6 +469,18 @@ def input_digest(a: Any) -> str:
     h = hashlib.sha256(f"{arr.dtype.str}{list(arr.shape)}".encode())
     h.update(arr.tobytes())
     return h.hexdigest()
+
+
+def check_finite_arrays(arrays: Any, *, what: str, error: type[UserError] = UserError) -> None:
+    """Refuse (one line) a mapping of arrays in which a float array holds NaN or Inf: inputs
+    that are meant to be representative (``partition --inputs``, calibration samples) cannot be."""
+    import numpy as np
+
+    for name in sorted(arrays):
+        a = np.asarray(arrays[name])
+        if a.dtype.kind in "fc" and a.size and not bool(np.isfinite(a).all()):
+            bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+            raise error(f"{what}: array {name!r} holds {bad} NaN/Inf value(s); representative inputs must be finite")
 
 
 def read_npz(path: str | os.PathLike[str], *, what: str, names: Any = None,

@@ -13,6 +13,12 @@ writes a folder or a file goes through the same rules here:
   command that wrote the folder and every file it wrote, not by a file name such as
   ``manifest.json``: ``--force`` replaces a folder only if the marker names the same kind of
   output and the folder holds nothing else (a note a user added is reason to refuse).
+- **Outputs older than the marker** (written by an rkpart before it had one) are recognised
+  by their own document instead: a ``legacy`` :data:`Listing` reads it (a plan's
+  ``plan.json``, a bundle's ``manifest.json``, ...) and gives every file that document says
+  rkpart wrote there (:func:`legacy_problem`).  ``--force`` replaces such a folder only if the
+  document is valid and the folder holds nothing else, no symlink among them: a file the
+  document does not list is a user's, and the folder is refused.
 - **Files** are written only onto a path that is missing or a regular file: never through a
   symlink, never onto a device node, FIFO, socket or folder (``rkpart example /dev/null``
   as root would otherwise replace the machine's ``/dev/null``).  The kind is checked again
@@ -49,6 +55,9 @@ MARKER_VERSION = 1
 _MARKER_MAX_BYTES = 16 << 20
 
 Problem = Callable[[Path], "str | None"]
+#: a folder written before :data:`MARKER` existed -> every file (relative POSIX path) its own
+#: document says rkpart wrote there, or why it is not such a folder (a one-line reason)
+Listing = Callable[[Path], "set[str] | str"]
 
 
 def staging_path(out: Path) -> Path:
@@ -99,13 +108,40 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
     return doc
 
 
-def owned_problem(folder: Path, kind: str, *, grows: tuple[str, ...] = ()) -> str | None:
+def legacy_problem(folder: Path, listing: Listing, *, grows: tuple[str, ...] = ()) -> str | None:
+    """Why ``folder``, which has no :data:`MARKER`, is not an output an older rkpart wrote, or ``None``.
+
+    ``listing`` reads the folder's own document (:data:`Listing`); every entry of the folder
+    must be one it lists (or under a ``grows`` folder), and none may be a symlink.
+    """
+    try:
+        listed = listing(folder)
+    except UserError as e:
+        listed = str(e)
+    if isinstance(listed, str):
+        return f"it has no rkpart output marker ({MARKER}) and {listed}"
+    for rel in folder_entries(folder):
+        if _is_tmp(rel):
+            continue
+        top = rel.split("/", 1)[0]
+        if os.path.islink(folder / rel) or os.path.islink(folder / top):
+            return f"it has no rkpart output marker ({MARKER}) and {rel!r} is a symlink"
+        if rel not in listed and top not in grows:
+            return f"it has no rkpart output marker ({MARKER}) and holds {rel!r}, which its own record does not list"
+    return None
+
+
+def owned_problem(folder: Path, kind: str, *, grows: tuple[str, ...] = (), legacy: Listing | None = None) -> str | None:
     """Why ``folder`` is not an rkpart ``kind`` output that ``--force`` may replace, or ``None``.
 
     ``grows``: top-level folders later commands add to (``compile`` adds ``rknn/`` to a plan).
+    ``legacy``: how a ``kind`` folder written before the marker existed lists its files
+    (:func:`legacy_problem`); without it such a folder is refused.
     """
     doc = read_marker(folder)
     if doc is None:
+        if legacy is not None:
+            return legacy_problem(folder, legacy, grows=grows)
         return f"it has no rkpart output marker ({MARKER})"
     if doc["kind"] != kind:
         return f"it is an rkpart {doc['kind']} output, not a {kind}"
@@ -118,9 +154,9 @@ def owned_problem(folder: Path, kind: str, *, grows: tuple[str, ...] = ()) -> st
 
 
 def check_folder_target(out: Path, *, kind: str, force: bool, what: str = "output folder",
-                        problem: Problem | None = None) -> None:
+                        problem: Problem | None = None, legacy: Listing | None = None) -> None:
     """Refuse an output folder rkpart must not write into or replace (``problem``: ownership
-    test, default :func:`owned_problem` for ``kind``)."""
+    test, default :func:`owned_problem` for ``kind`` with ``legacy``)."""
     if out.is_symlink():
         raise OutputExistsError(f"{what} {out} is a symlink; give the folder it points to "
                                 f"({os.path.realpath(out)}) or another path")
@@ -129,7 +165,7 @@ def check_folder_target(out: Path, *, kind: str, force: bool, what: str = "outpu
     if out.is_dir() and any(out.iterdir()):
         if not force:
             raise OutputExistsError(f"{what} {out} is not empty; use --force to replace it")
-        why = (problem or (lambda f: owned_problem(f, kind)))(out)
+        why = (problem or (lambda f: owned_problem(f, kind, legacy=legacy)))(out)
         if why is not None:
             raise OutputExistsError(f"refusing to replace {out}: it is not an rkpart {kind}: {why}")
 
@@ -168,16 +204,17 @@ def _lock_existing(out: Path, what: str) -> Iterator[None]:
 
 @contextlib.contextmanager
 def staged_folder(out: str | os.PathLike[str], *, kind: str, force: bool, what: str = "output folder",
-                  problem: Problem | None = None) -> Iterator[Path]:
+                  problem: Problem | None = None, legacy: Listing | None = None) -> Iterator[Path]:
     """Yield the staging folder for the output folder ``out``; on success swap it onto ``out``.
 
+    ``legacy``: how a ``kind`` folder older than the marker lists its files (:func:`legacy_problem`).
     The folder is checked before (``--force``, ownership), locked, checked again under the
     lock, and :data:`MARKER` (``kind``, the files written) is added last.  On any exception
     (including ``KeyboardInterrupt``) the staging folder is removed and ``out`` is untouched;
     a disk-full or read-only ``OSError`` becomes the matching one-line user error.
     """
     final = Path(os.path.abspath(out))
-    check_folder_target(final, kind=kind, force=force, what=what, problem=problem)
+    check_folder_target(final, kind=kind, force=force, what=what, problem=problem, legacy=legacy)
     staging = staging_path(final)
     check_staging_path(staging)
     with folder_lock(staging, what=f"{what} {final}", nofollow=True):
@@ -185,7 +222,7 @@ def staged_folder(out: str | os.PathLike[str], *, kind: str, force: bool, what: 
         try:
             with _lock_existing(final, f"{what} {final}"):
                 recover_folder(final)
-                check_folder_target(final, kind=kind, force=force, what=what, problem=problem)
+                check_folder_target(final, kind=kind, force=force, what=what, problem=problem, legacy=legacy)
                 write_marker(staging, kind, complete=False)  # a killed run's leftovers are recognisable
                 yield staging
                 write_marker(staging, kind)
@@ -267,11 +304,14 @@ def write_output_file(path: str | os.PathLike[str], data: bytes, *, force: bool,
 # -- work folders ------------------------------------------------------------------------------
 
 
-def claim_work_folder(work: str | os.PathLike[str], *, kind: str) -> Path:
+def claim_work_folder(work: str | os.PathLike[str], *, kind: str, legacy: Listing | None = None,
+                      grows: tuple[str, ...] = ()) -> Path:
     """Make ``work`` a folder rkpart may keep writing into across runs (``tune``'s work folder).
 
-    It must be missing, empty, or already carry a ``kind`` marker: never a symlink, a file, or
-    a folder of someone else's files.  The marker is written before anything else.
+    It must be missing, empty, or already carry a ``kind`` marker, or (``legacy``) be a ``kind``
+    folder written before the marker existed (:func:`legacy_problem`, ``grows``: its folders of
+    runs); never a symlink, a file, or a folder of someone else's files.  The marker is written
+    before anything else.
     """
     w = Path(os.path.abspath(work))
     if w.is_symlink():
@@ -281,11 +321,13 @@ def claim_work_folder(work: str | os.PathLike[str], *, kind: str) -> Path:
         raise OutputExistsError(f"work folder {w} exists and is not a folder")
     if w.is_dir() and any(w.iterdir()):
         doc = read_marker(w)
-        if doc is None or doc["kind"] != kind:
+        if doc is not None and doc["kind"] == kind:
+            return w
+        why = (f"an rkpart {doc['kind']} output" if doc is not None else
+               None if legacy is None else legacy_problem(w, legacy, grows=grows))
+        if why is not None or legacy is None:
             raise OutputExistsError(f"refusing to write into {w}: it is not an rkpart {kind} folder "
-                                    f"({'no ' + MARKER if doc is None else 'an rkpart ' + doc['kind'] + ' output'}); "
-                                    "choose an empty or new folder")
-        return w
+                                    f"({why or 'no ' + MARKER}); choose an empty or new folder")
     try:
         w.mkdir(parents=True, exist_ok=True)
         write_marker(w, kind, complete=False)

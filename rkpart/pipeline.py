@@ -102,10 +102,11 @@ def load(
     progress(f"loading {model}")
     if inputs is None:
         return LoadedModel(load_model(model, input_shapes=input_shapes), input_shapes)
-    from rkpart.io import read_npz
+    from rkpart.io import check_finite_arrays, read_npz
     from rkpart.runtime.specialise import load_specialised
 
     feeds = read_npz(inputs, what="--inputs file")
+    check_finite_arrays(feeds, what=f"--inputs file {inputs}")
     mg = load_specialised(model, feeds, input_shapes=input_shapes)
     for rec in mg.specialised:
         progress(f"specialised to --inputs: {rec['op']} {rec['node']!r} gives {rec['tensor']!r} shape {rec['shape']}")

@@ -19,11 +19,20 @@
 
 With ``--backend ort`` it runs anywhere; with ``rknnlite`` it is what a board user runs
 (after ``rkpart compile``: the backends load the compiled ``.rknn`` artifacts).
+
+6. **CFG-parallel** (``--cfg-parallel``, ``rknnlite`` only): bundle auto's plan and time its
+   whole denoising loop (:meth:`rkpart.runtime.board_runner.Runner.denoise`) both ways, the two
+   CFG passes one after the other and at once on NPU cores 0 and 1, rounds interleaved
+   (:func:`measure_cfg_parallel`).  The ratio of the medians replaces the documented prior
+   (:data:`rkpart.cost_model.npu_time.CFG_PARALLEL_SPEEDUP`) in the fitted cost model
+   (:class:`rkpart.cost_model.model.CfgParallel`), which ``auto --cfg-parallel`` and
+   ``rkpart estimate`` then use.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,8 +41,9 @@ from typing import TYPE_CHECKING, Any
 
 from rkpart.cost_model.calibration import FitReport, fit_profiles
 from rkpart.cost_model.features import stage_features
-from rkpart.cost_model.model import CostModel
+from rkpart.cost_model.model import MAX_CFG_PARALLEL_SPEEDUP, CfgParallel, CostModel
 from rkpart.cost_model.rounds import predict_round, round_time
+from rkpart.errors import GateError, UserError
 from rkpart.io import atomic_write_bytes
 from rkpart.output import claim_work_folder
 from rkpart.partitioner.plan import Plan, load_plan
@@ -44,6 +54,9 @@ from rkpart.types import HOST
 if TYPE_CHECKING:
     from rkpart.profile.records import ProfileRun, StageRecord
 
+#: the two CFG-parallel latents may differ by this much relative to the largest value (the
+#: bundle runner's default ``--max-abs-rel``)
+CFG_PARALLEL_MAX_ABS_REL = 0.01
 #: models with at most this many blocks are profiled whole; larger ones one block per anatomy
 WHOLE_PLAN_BLOCKS = 4
 #: every single-strategy plan ``auto`` chooses among (:mod:`rkpart.strategies.families`)
@@ -62,6 +75,14 @@ class TuneConfig:
     threads: int = 1
     statistic: str = "median"
     seed: int = 0
+    #: time the bundle's denoising loop with and without ``--cfg-parallel`` (``rknnlite`` only)
+    cfg_parallel: bool = False
+
+    def __post_init__(self) -> None:
+        if self.cfg_parallel and self.backend != "rknnlite":
+            raise UserError("--cfg-parallel measures two NPU cores at once: it needs --backend rknnlite (a board)")
+        if self.cfg_parallel and not self.cfg:
+            raise UserError("--cfg-parallel runs a step's two CFG passes at once; it cannot go with --no-cfg")
 
 
 @dataclass
@@ -128,6 +149,8 @@ class TuneResult:
     rows: list[VerifyRow]
     #: the single-strategy plan and residency auto's plan is byte-identical to, if any
     twin: tuple[str, str] | None = None
+    #: the CFG-parallel speed-up measured on the board (``--cfg-parallel``), recorded in the model
+    cfg_parallel: CfgParallel | None = None
 
     @property
     def best(self) -> VerifyRow:
@@ -152,7 +175,8 @@ class TuneResult:
                 "whole_plan_error": self.fit_report.whole_plan.to_json(), "verify": [r.to_json() for r in self.rows],
                 "identical_to": None if self.twin is None else "/".join(self.twin),
                 "best": pooled_regret(self.rows, self.twin)[1], "regret_pct": round(self.regret * 100.0, 2),
-                "regret_unpooled_pct": round(self.regret_unpooled * 100.0, 2)}
+                "regret_unpooled_pct": round(self.regret_unpooled * 100.0, 2),
+                **({"cfg_parallel": self.cfg_parallel.to_json()} if self.cfg_parallel is not None else {})}
 
     def render(self) -> str:
         lines = [f"cost model: {self.model_file}", f"auto plan: {self.auto_plan}",
@@ -174,6 +198,9 @@ class TuneResult:
             lines.append(f"auto's plan is byte-identical to {self.twin[0]} ({self.twin[1]}): one plan, its rounds "
                          f"pooled (apart: {self.regret_unpooled * 100:+.2f} %)")
         lines.append(f"regret of auto's choice vs the measured best ({best}): {self.regret * 100:+.2f} %")
+        if self.cfg_parallel is not None:
+            lines.append(f"cfg-parallel speed-up: {self.cfg_parallel.speedup:.3f}x ({self.cfg_parallel.source}); "
+                         f"recorded in {self.model_file}")
         return "\n".join(lines) + "\n"
 
 
@@ -327,10 +354,109 @@ def verify_round(rows: Sequence[VerifyRow], folders: Mapping[str, Path], work: P
         row.records += run.stage_records(warmup=False)
 
 
+def measure_cfg_parallel(bundle: str | Path, *, steps: int, rounds: int, seed: int = 0, rknnlite_api: Any = None,
+                         progress: Callable[[str], None] = lambda _: None) -> CfgParallel:
+    """Time the whole denoising loop of ``bundle`` with the two CFG passes one after the other and
+    at once on two NPU cores (:class:`~rkpart.runtime.board_runner.Runner`, ``cfg_parallel``),
+    ``rounds`` times each, the order alternating; the speed-up is the ratio of the medians.
+
+    A round is ``denoise(steps)`` and the release of what it kept: what a board user waits for.
+    ``rknnlite_api``: the ``RKNNLite`` class (default: rknn-toolkit-lite2's, on the board).  Both
+    ways must give the same latent (max abs difference within :data:`CFG_PARALLEL_MAX_ABS_REL`
+    of the largest value, the runner's default gate; exactly equal on the stand-ins) and a speed-up in
+    (0, :data:`~rkpart.cost_model.model.MAX_CFG_PARALLEL_SPEEDUP`], else
+    :class:`~rkpart.errors.GateError` (exit 8) and nothing is recorded; a runner failure is a
+    :class:`~rkpart.errors.UserError`.
+    """
+    import time
+
+    import numpy as np
+
+    from rkpart.runtime.board_runner import BundleError, Runner
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    latents: dict[bool, Any] = {}
+    for i in range(rounds):
+        for par in (False, True) if i % 2 == 0 else (True, False):
+            progress(f"cfg-parallel round {i + 1}/{rounds}: {'both passes at once' if par else 'one after the other'}")
+            try:
+                with Runner(bundle, rknnlite_api=rknnlite_api, cfg_parallel=par) as r:
+                    t0 = time.perf_counter()
+                    x = r.denoise(steps, seed=seed)
+                    r.close()
+                    times[par].append(time.perf_counter() - t0)
+            except BundleError as e:
+                raise UserError(f"cfg-parallel measurement on {bundle}: {e}") from None
+            latents.setdefault(par, x)
+    seq_x, par_x = (latents[k].astype(np.float64) for k in (False, True))
+    diff = float(np.max(np.abs(par_x - seq_x)))
+    scale = float(np.max(np.abs(seq_x)))
+    # not bit for bit on the NPU: a sequential 0_1_2 stage splits its convolutions over the
+    # cores, each parallel context runs on one; beyond the runner's default gate it is wrong
+    if not (math.isfinite(diff) and math.isfinite(scale)) or diff > CFG_PARALLEL_MAX_ABS_REL * scale:
+        raise GateError(f"cfg-parallel measurement on {bundle}: the two cores' latent differs from the sequential "
+                        f"one (max abs {diff:g}, {CFG_PARALLEL_MAX_ABS_REL:g} x max |latent| {scale:g} allowed); "
+                        "the speed-up of a wrong result is not recorded")
+    seq, par_ = statistics.median(times[False]), statistics.median(times[True])
+    speedup = seq / par_
+    if not 0 < speedup <= MAX_CFG_PARALLEL_SPEEDUP:
+        raise GateError(f"cfg-parallel measurement on {bundle}: speed-up {speedup:g} is outside "
+                        f"(0, {MAX_CFG_PARALLEL_SPEEDUP:g}]; not recorded")
+    return CfgParallel(
+        speedup=round(speedup, 4),
+        source=(f"measured: `rkpart tune --backend rknnlite --cfg-parallel`, {rounds} interleaved rounds of a "
+                f"{steps}-step loop each way, median {seq:.4g} s one pass after the other / {par_:.4g} s both at "
+                "once on NPU cores 0 and 1"),
+        measured={"sequential_s": [round(t, 6) for t in times[False]], "parallel_s": [round(t, 6) for t in times[True]],
+                  "steps": steps, "rounds": rounds, "max_abs_diff": diff})
+
+
+def record_cfg_parallel(model_file: str | Path, measured: CfgParallel) -> CostModel:
+    """Put ``measured`` into the cost model at ``model_file`` (in place of the prior) and save it."""
+    model = CostModel.load(model_file)
+    model.cfg_parallel = measured
+    model.save(model_file)
+    return model
+
+
+def _cfg_parallel(work: Path, auto_dir: Path, model_file: Path, config: TuneConfig,
+                  progress: Callable[[str], None]) -> CfgParallel:
+    from rkpart.bundle.build import BundleOptions, bundle_plan
+
+    bundle = work / "bundle"
+    progress(f"bundling auto's plan into {bundle} to time the denoising loop with and without --cfg-parallel")
+    bundle_plan(auto_dir, bundle, BundleOptions(force=True, seed=config.seed), progress=progress)
+    measured = measure_cfg_parallel(bundle, steps=max(config.steps, 2), rounds=config.verify_rounds,
+                                    seed=config.seed, progress=progress)
+    record_cfg_parallel(model_file, measured)
+    return measured
+
+
+#: the folders of a tune work folder, one file per plan, profile, verify round (and the bundle)
+TUNE_GROWS = ("plans", "profiles", "verify", "bundle")
+_TUNE_FILES = ("cost_model.json", "fit_report.json", "tune_report.json")
+
+
+def tune_listing(folder: Path) -> set[str] | str:
+    """What a tune work folder written before rkpart's output marker holds
+    (:data:`~rkpart.output.Listing`): a tune report rkpart wrote and its model and fit report
+    (the folders of :data:`TUNE_GROWS` aside)."""
+    from rkpart.io import load_json_file
+
+    try:
+        rep = load_json_file(folder / "tune_report.json", what="tune report", max_bytes=64 << 20)
+    except UserError as e:
+        return f"it has no readable tune report ({e})"
+    if not isinstance(rep, dict) or not {"cost_model", "auto_plan", "verify"} <= set(rep):
+        return "its tune_report.json is not one rkpart tune wrote"
+    return set(_TUNE_FILES)
+
+
 def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneConfig(),
          progress: Callable[[str], None] = lambda _: None) -> TuneResult:
     """Run the loop on ``model_path`` in ``workdir`` (plans, profiles, model, auto plan, report)."""
-    work = claim_work_folder(workdir, kind="tune")  # rkpart.output: never a symlink or someone else's folder
+    # rkpart.output: never a symlink or someone else's folder
+    work = claim_work_folder(workdir, kind="tune", legacy=tune_listing, grows=TUNE_GROWS)
     plans, nblocks, reps = single_plans(model_path, work)
     progress(f"{nblocks} blocks; profiling " + ("whole plans" if reps is None else
                                                  f"blocks {', '.join(map(str, reps))} (one per anatomy)"))
@@ -341,11 +467,13 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
     atomic_write_bytes(work / "fit_report.json", (json.dumps(report.to_json(), indent=2) + "\n").encode())
     auto_dir, choices, rows = choose_and_verify(model_path, work, model_file, plans, config, progress)
     twin = identical_twin(choices, {**plans, "auto": auto_dir})
+    cp = _cfg_parallel(work, auto_dir, model_file, config, progress) if config.cfg_parallel else None
     result = TuneResult(model_file=model_file, auto_plan=auto_dir, choices=choices, fit_report=report, rows=rows,
-                        twin=twin)
+                        twin=twin, cfg_parallel=cp)
     atomic_write_bytes(work / "tune_report.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
     return result
 
 
 __all__ = ["SINGLE", "WHOLE_PLAN_BLOCKS", "TuneConfig", "TuneResult", "VerifyRow", "choose_and_verify",
-           "identical_twin", "pooled_regret", "predicted_round", "profile_for_fit", "single_plans", "tune"]
+           "identical_twin", "measure_cfg_parallel", "pooled_regret", "predicted_round", "profile_for_fit",
+           "record_cfg_parallel", "single_plans", "tune"]

@@ -73,10 +73,26 @@ def stage_residency(plan: Plan, override: str | None = None) -> dict[str, str]:
     return {s.id: override or chosen[s.id].value for s in plan.npu_stages}
 
 
+def bundle_listing(folder: Path) -> set[str] | str:
+    """What a bundle written before rkpart's output marker holds (:data:`~rkpart.output.Listing`):
+    its ``manifest.json``, valid for the runner, and the files it lists, each still of the size
+    and sha256 recorded (a runner.py or a stage a user edited is theirs now)."""
+    try:
+        m = runner_mod.read_manifest(folder)
+    except runner_mod.BundleError as e:
+        return f"its {runner_mod.MANIFEST} is not a valid bundle manifest ({e})"
+    for rel, rec in sorted(m["files"].items()):
+        p = folder / rel
+        if p.is_file() and not p.is_symlink() and (
+                p.stat().st_size != rec["size"] or file_sha256(p) != rec["sha256"]):
+            return f"{rel} changed since rkpart wrote it (its size or sha256 is not the manifest's)"
+    return {runner_mod.MANIFEST, *m["files"]}
+
+
 def _prepare_out(out: Path, force: bool, plan_folder: Path) -> None:
     if out.resolve() == plan_folder.resolve() or out.resolve() in plan_folder.resolve().parents:
         raise OutputExistsError(f"output folder {out} contains the plan; choose another folder")
-    check_folder_target(out, kind=BUNDLE_KIND, force=force)
+    check_folder_target(out, kind=BUNDLE_KIND, force=force, legacy=bundle_listing)
 
 
 def _stage_name(stage: Stage) -> str:
@@ -172,7 +188,7 @@ def bundle_plan(
     progress(f"reference: whole model {whole} on ONNX Runtime")
     ref = run_model(whole, feeds, plan.outputs)
 
-    with staged_folder(out, kind=BUNDLE_KIND, force=o.force) as staging:
+    with staged_folder(out, kind=BUNDLE_KIND, force=o.force, legacy=bundle_listing) as staging:
         manifest = _write(plan, folder, staging, res, feeds, ref, o, inputs is None, progress, extra)
     progress(f"wrote bundle {out}: {len(plan.npu_stages)} NPU + {len(plan.host_stages)} host stages")
     return BundleResult(folder=out, manifest=manifest)

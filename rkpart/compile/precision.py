@@ -96,10 +96,10 @@ def load_precision_spec(path: str | os.PathLike[str], plan: Plan | None = None) 
     """
     p = Path(path)
     if p.suffix == ".json":
-        data = load_json_file(p, what="precision spec", max_bytes=1 << 20)
+        data = load_json_file(p, what="precision spec", max_bytes=1 << 20, error=SpecError)
     else:
-        data = loads_yaml(read_limited(p, what="precision spec", max_bytes=1 << 20).decode(errors="replace"),
-                          what="precision spec")
+        data = loads_yaml(read_limited(p, what="precision spec", max_bytes=1 << 20, error=SpecError)
+                          .decode(errors="replace"), what=f"precision spec {p}", error=SpecError)
     if not isinstance(data, dict):
         raise SpecError(f"precision spec {p}: expected a mapping with stages / regions / kinds / default")
     bad = sorted(set(data) - {"stages", "regions", "kinds", "default"})

@@ -15,7 +15,8 @@ For the pipeline: the device-memory peak under the plan's residency (resident st
 per-stage ones count their largest), and seconds per image: ``steps x CFG passes`` of every
 stage, lifecycle included, with error bars.  With CFG, the same figures for running the two
 passes of a step on two NPU cores at once (``--cfg-parallel`` of the bundle runner): both
-contexts of every NPU stage resident at once, and the NPU inference sped up by a published,
+contexts of every NPU stage resident at once, and the NPU inference sped up by the model's
+measured speed-up (``rkpart tune --backend rknnlite --cfg-parallel``) or else the published,
 unmeasured prior (:data:`CFG_PARALLEL_SPEEDUP`).
 """
 
@@ -31,9 +32,9 @@ from rkpart.cost_model.device_model import OTHER_BYTES
 from rkpart.cost_model.features import Features, stage_features
 from rkpart.cost_model.model import CostModel
 from rkpart.cost_model.npu_time import (
-    CFG_PARALLEL_SOURCE,
     CFG_PARALLEL_SPEEDUP,
     COMPILER_ERROR,
+    cfg_parallel_speedup,
     compiled_infer_seconds,
 )
 from rkpart.cost_model.rounds import overhead
@@ -231,8 +232,9 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
     cp = None
     if cfg:
         # both passes of a step at once: one context per pass and core, so every NPU stage twice
-        cp = {"seconds_per_image": _r(life + infer_total / CFG_PARALLEL_SPEEDUP + host_total + glue),
-              "device_mem_bytes": 2 * peak, "speedup": CFG_PARALLEL_SPEEDUP, "source": CFG_PARALLEL_SOURCE}
+        speedup, source = cfg_parallel_speedup(model)  # measured on a board (tune) or the prior
+        cp = {"seconds_per_image": _r(life + infer_total / speedup + host_total + glue),
+              "device_mem_bytes": 2 * peak, "speedup": speedup, "source": source}
     return Estimate(stages=tuple(out), toolkit=tk, steps=steps, cfg=cfg, device_mem_bytes=int(peak),
                     device_mem_error=mem_err, seconds_per_image=seconds, seconds_error=err, seconds_source=sec_src,
                     lifecycle_s=life, npu_infer_s=infer_total, host_s=host_total, cfg_parallel=cp, model=model_label)

@@ -330,6 +330,40 @@ class Provenance:
         return cls(dict(d))
 
 
+#: a measured CFG-parallel speed-up outside (0, this] is no measurement of two cores against one
+MAX_CFG_PARALLEL_SPEEDUP = 3.0
+
+
+@dataclass(frozen=True)
+class CfgParallel:
+    """The measured throughput of a step's two CFG passes on two NPU cores at once against one
+    after the other (``rkpart tune --backend rknnlite --cfg-parallel``), replacing the prior
+    :data:`rkpart.cost_model.npu_time.CFG_PARALLEL_SPEEDUP`."""
+
+    speedup: float
+    source: str
+    #: what was timed: ``sequential_s`` / ``parallel_s`` (seconds per loop, each round), ``steps``, ...
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"speedup": self.speedup, "source": self.source, "measured": self.measured}
+
+    @classmethod
+    def from_json(cls, d: Any, *, where: str) -> CfgParallel:
+        if not isinstance(d, Mapping):
+            raise SpecError(f"{where}: 'cfg_parallel' must be an object, got {type(d).__name__}")
+        x, src, meas = d.get("speedup"), d.get("source"), d.get("measured", {})
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not (
+                math.isfinite(x) and 0 < x <= MAX_CFG_PARALLEL_SPEEDUP):
+            raise SpecError(f"{where}: cfg_parallel.speedup must be a number in (0, {MAX_CFG_PARALLEL_SPEEDUP:g}], "
+                            f"got {x!r}")
+        if not isinstance(src, str):
+            raise SpecError(f"{where}: cfg_parallel.source must be a string")
+        if not isinstance(meas, Mapping):
+            raise SpecError(f"{where}: cfg_parallel.measured must be an object")
+        return cls(speedup=float(x), source=src, measured=dict(meas))
+
+
 def _applies(component: str, f: Features) -> bool:
     dev = COMPONENTS[component][0]
     return dev == "any" or f.device == dev
@@ -355,6 +389,9 @@ class CostModel:
     #: per toolkit version, a ``device_mem`` predictor fitted on the compiler's own weight + internal
     #: memory of compiled stages (:mod:`rkpart.cost_model.device_model`); used before a stage is compiled
     device_memory: dict[str, Component] = field(default_factory=dict)
+    #: the CFG-parallel speed-up measured on a board (``None``: the documented prior applies;
+    #: :func:`rkpart.cost_model.npu_time.cfg_parallel_speedup`)
+    cfg_parallel: CfgParallel | None = None
 
     def memory_component(self, toolkit: str | None) -> Component | None:
         """The device-memory predictor for ``toolkit``: its compiler-fitted model when the cost model
@@ -417,6 +454,7 @@ class CostModel:
             "known_issues": self.known_issues,
             **({"device_memory": {k: self.device_memory[k].to_json() for k in sorted(self.device_memory)}}
                if self.device_memory else {}),
+            **({"cfg_parallel": self.cfg_parallel.to_json()} if self.cfg_parallel is not None else {}),
         }
 
     def dumps(self) -> str:
@@ -456,9 +494,10 @@ class CostModel:
             device_memory = {str(k): Component.from_json("device_mem", v) for k, v in dm.items()}
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise SpecError(f"{where}: malformed device_memory predictor: {e}") from None
+        cp = None if d.get("cfg_parallel") is None else CfgParallel.from_json(d["cfg_parallel"], where=where)
         return cls(components=components, provenance=Provenance.from_json(d.get("provenance", {})),
                    accuracy=Accuracy.from_json(d.get("accuracy", {})), known_issues=list(d.get("known_issues", [])),
-                   device_memory=device_memory)
+                   device_memory=device_memory, cfg_parallel=cp)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostModel:

@@ -46,6 +46,15 @@ CFG_PARALLEL_SOURCE = ("prior: 1.78x throughput of two RKNNLite sessions on two 
 COMPILER_ERROR = 0.111
 
 
+def cfg_parallel_speedup(model: CostModel | None) -> tuple[float, str]:
+    """The CFG-parallel speed-up ``model`` predicts with and where it comes from: the one measured
+    on a board (:attr:`CostModel.cfg_parallel`, written by ``rkpart tune --backend rknnlite
+    --cfg-parallel``) if the model carries one, else the unmeasured prior."""
+    if model is not None and model.cfg_parallel is not None:
+        return model.cfg_parallel.speedup, model.cfg_parallel.source
+    return CFG_PARALLEL_SPEEDUP, CFG_PARALLEL_SOURCE
+
+
 def _row(f: Features) -> list[float]:
     if f.compiled_cycles is None or f.compiled_rw_bytes is None:
         raise ValueError("stage is not compiled (no compiler cycles/RW)")
@@ -102,5 +111,17 @@ def compiled_infer_seconds(model: CostModel, f: Features) -> float | None:
     return predict(comp, [f])
 
 
-__all__ = ["ATT_MAC_RATE", "CFG_PARALLEL_SOURCE", "CFG_PARALLEL_SPEEDUP", "COMPILER_ERROR", "NPU_HZ", "TERMS",
-           "Calibration", "calibrate", "compiled_infer_seconds", "leave_fused_out", "predict"]
+__all__ = [
+    "ATT_MAC_RATE",
+    "CFG_PARALLEL_SOURCE",
+    "CFG_PARALLEL_SPEEDUP",
+    "COMPILER_ERROR",
+    "NPU_HZ",
+    "TERMS",
+    "Calibration",
+    "calibrate",
+    "cfg_parallel_speedup",
+    "compiled_infer_seconds",
+    "leave_fused_out",
+    "predict",
+]

@@ -28,7 +28,12 @@ from rkpart.cost_model.candidates import Candidate, mark_exclusions
 from rkpart.cost_model.checks import check_prediction
 from rkpart.cost_model.device_model import OTHER_BYTES
 from rkpart.cost_model.model import CostModel
-from rkpart.cost_model.npu_time import CFG_PARALLEL_SOURCE, CFG_PARALLEL_SPEEDUP, compiled_infer_seconds
+from rkpart.cost_model.npu_time import (
+    CFG_PARALLEL_SOURCE,
+    CFG_PARALLEL_SPEEDUP,
+    cfg_parallel_speedup,
+    compiled_infer_seconds,
+)
 from rkpart.cost_model.rounds import outside_range, overhead
 from rkpart.errors import BudgetError, UserError
 from rkpart.targets.known_issues import CrashPattern, crash_patterns
@@ -185,7 +190,7 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
     else:
         infer = total("infer") * p
     if cfg.cfg_parallel and cfg.cfg:
-        infer /= CFG_PARALLEL_SPEEDUP
+        infer /= cfg_parallel_speedup(model)[0]  # measured on a board (tune) or the prior
     host = 0.0
     if c.host is not None:
         hp = model.predict_stage(c.host).get("host")
@@ -290,6 +295,8 @@ class Selection:
     memory_source: str = ""
     #: block -> the capability's move weighed against the runtime's CPU fallback (:class:`Trade`)
     trades: dict[int, Trade] = field(default_factory=dict)
+    #: the CFG-parallel speed-up used and its source (:func:`~rkpart.cost_model.npu_time.cfg_parallel_speedup`)
+    cfg_parallel_speedup: tuple[float, str] = (CFG_PARALLEL_SPEEDUP, CFG_PARALLEL_SOURCE)
 
     @property
     def baseline_bytes(self) -> int:
@@ -359,7 +366,8 @@ class Selection:
                  f"budget {budget}, accuracy floor {self.max_error_ratio:g}x"]
         if self.config.cfg_parallel and self.config.cfg:
             lines.append("cfg-parallel: both CFG passes of a step at once on two NPU cores: every stage's device "
-                         f"memory counted twice, NPU inference / {CFG_PARALLEL_SPEEDUP:g} ({CFG_PARALLEL_SOURCE})")
+                         f"memory counted twice, NPU inference / {self.cfg_parallel_speedup[0]:g} "
+                         f"({self.cfg_parallel_speedup[1]})")
         if self.memory is not None:
             extra = f", plus a process baseline of {self.baseline_bytes / MIB:.1f} MiB" if self.baseline_bytes else ""
             lines.append(f"memory: {self.memory.label} per candidate{extra}")
@@ -616,7 +624,8 @@ def choose(
                      toolkit=toolkit, max_error_ratio=max_ratio, notes=notes, memory=term, latency_error=err,
                      latency_error_source=err_source, ties=ties,
                      degrees_of_freedom=model.provenance.degrees_of_freedom,
-                     memory_source=describe_memory_source(model, toolkit, options))
+                     memory_source=describe_memory_source(model, toolkit, options),
+                     cfg_parallel_speedup=cfg_parallel_speedup(model))
 
 
 def describe_memory_source(model: CostModel, toolkit: str | None, options: Mapping[int, Sequence[Option]]) -> str:

@@ -7,8 +7,9 @@
   same), the options and the rkpart version.  The weights' *content* is checked per stage:
   a finished stage is resumed only if its files still hash to the sha256 its source slices
   give now (:mod:`rkpart.partitioner.write`), so no stale weight byte is ever reused.
-- ``--force`` replaces only a folder that validates as an rkpart plan folder: a valid
-  ``plan.json`` and nothing but what rkpart writes next to it.
+- ``--force`` replaces only a folder that validates as an rkpart plan folder: its output
+  marker lists every file in it, or (a folder written before the marker existed) a valid
+  ``plan.json`` lists every file in it (:func:`plan_listing`); compile's ``rknn/`` aside.
 - The staging folder ``.<out>.partial`` is used only if it is a real folder (never through a
   symlink) that an rkpart run left: it has the run key file or a valid plan.
 """
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 
 from rkpart.errors import OutputExistsError, SpecError, UserError
 from rkpart.io import external_locations, file_sha256, locations_in
-from rkpart.output import MARKER, check_staging_path, owned_problem, read_marker
+from rkpart.output import MARKER, check_staging_path, legacy_problem, owned_problem, read_marker
 
 #: what rkpart writes into a plan folder (partition: plan.json, stages/, the output marker of
 #: :mod:`rkpart.output`; compile: rknn/)
@@ -97,30 +98,35 @@ def _is_real_dir(p: Path) -> bool:
         return False
 
 
+def plan_listing(folder: Path) -> set[str] | str:
+    """The files a plan folder's ``plan.json`` says partition wrote: itself, every stage file and
+    its ``.data`` weights (:data:`~rkpart.output.Listing`; compile's ``rknn/`` is judged apart)."""
+    from rkpart.partitioner.plan import load_plan
+
+    try:
+        plan, _ = load_plan(folder)
+    except SpecError as e:
+        return f"its plan.json is not a valid rkpart plan ({e})"
+    files = {"plan.json"}
+    for s in plan.stages:
+        files.update((s.file, f"{s.file}.data"))
+    return files
+
+
 def plan_folder_problem(folder: Path) -> str | None:
     """Why ``folder`` is not a folder ``--force`` may replace, or ``None`` if it is one.
 
     A folder with rkpart's output marker is judged by it (:func:`rkpart.output.owned_problem`:
     nothing but the files partition wrote and compile's ``rknn/``); one written before the
-    marker existed, by its valid ``plan.json`` and entry names.
+    marker existed, by what its valid ``plan.json`` lists (:func:`plan_listing`).
     """
-    from rkpart.partitioner.plan import load_plan
-
     if read_marker(folder) is not None:
         why = owned_problem(folder, PLAN_KIND, grows=PLAN_GROWS)
-        if why is not None:
-            return why
-    try:
-        load_plan(folder)
-    except SpecError as e:
-        return f"its plan.json is not a valid rkpart plan ({e})"
-    for p in folder.iterdir():
-        if p.name in PLAN_FOLDER_ENTRIES or (p.name.startswith(".") and p.name.endswith(".tmp")):
-            if p.is_symlink():
-                return f"{p.name} is a symlink"
-            continue
-        return f"it holds {p.name!r}, which rkpart did not write"
-    return None
+        listed = plan_listing(folder)
+        return why if why is not None else (listed if isinstance(listed, str) else None)
+    if os.path.islink(folder / "rknn"):
+        return "rknn is a symlink"
+    return legacy_problem(folder, plan_listing, grows=PLAN_GROWS)
 
 
 def check_out(out: Path, force: bool, model: Path | None = None) -> None:

@@ -54,8 +54,8 @@ from rkpart.compile.calibration import (
     plan_digest,
 )
 from rkpart.errors import OutputExistsError, SpecError, UserError
-from rkpart.io import regular_file
-from rkpart.output import owned_problem, read_marker, staged_folder
+from rkpart.io import check_finite_arrays, read_limited, read_npz, regular_file
+from rkpart.output import owned_problem, staged_folder
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
@@ -189,12 +189,10 @@ def _load_samples(path: Path, plan: Plan) -> list[Feeds]:
     (one sample) or with one more leading axis (that many samples)."""
     from rkpart.runtime.executor import load_inputs
 
-    regular_file(path, what="inputs file")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            raw = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError) as e:
-        raise UserError(f"cannot read inputs {path}: not a usable .npz ({e})") from None
+    # only the model's inputs are decoded, each header checked first (a 2^40-element header on a
+    # few bytes is refused, not allocated); samples with NaN/Inf would make every range NaN
+    raw = read_npz(path, what="inputs file", names=plan.inputs)
+    check_finite_arrays(raw, what=f"inputs file {path}")
     counts = set()
     for n in plan.inputs:
         a, shape = raw.get(n), plan.tensors[n].shape
@@ -327,15 +325,30 @@ def write_calibration(plan: Plan, folder: Path, out: Path, *, steps: int = 4, cf
 CALIBRATION_KIND = "calibration"
 
 
+def calibration_listing(folder: Path) -> set[str] | str:
+    """What a calibration folder written before rkpart's output marker holds
+    (:data:`~rkpart.output.Listing`): its valid manifest, each stage's ``dataset.txt`` and the
+    sample files those name."""
+    try:
+        cal = load_calibration(folder)
+    except UserError as e:
+        return f"it is not an rkpart calibration folder ({e})"
+    files = {MANIFEST}
+    root = folder.resolve()
+    for sc in cal.stages.values():
+        files.add(sc.dataset)
+        ds = folder / sc.dataset
+        for line in read_limited(ds, what="calibration dataset", max_bytes=64 << 20).decode(errors="replace").split():
+            sample = (ds.parent / line).resolve()
+            if root in sample.parents:
+                files.add(sample.relative_to(root).as_posix())
+    return files
+
+
 def _calibration_problem(folder: Path) -> str | None:
     """Why ``--force`` may not replace ``folder``: judged by rkpart's marker, or (a folder written
-    before the marker existed) by its manifest and entry names."""
-    if read_marker(folder) is not None:
-        return owned_problem(folder, CALIBRATION_KIND)
-    if not (folder / MANIFEST).is_file() or any(p.name not in (MANIFEST, "samples", "stages")
-                                               for p in folder.iterdir()):
-        return "it is not an rkpart calibration folder"
-    return None
+    before the marker existed) by what its manifest lists (:func:`calibration_listing`)."""
+    return owned_problem(folder, CALIBRATION_KIND, legacy=calibration_listing)
 
 
 def _check_out(out: Path, force: bool) -> None:

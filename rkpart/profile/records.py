@@ -19,7 +19,7 @@ import math
 import os
 import platform
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -28,13 +28,19 @@ from types import MappingProxyType
 from typing import Any
 
 from rkpart.errors import SpecError
-from rkpart.io import loads_json, read_limited
+from rkpart.io import MAX_DEPTH, MAX_INT_DIGITS, MAX_ITEMS, open_limited
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.runtime.base import Backend
 from rkpart.types import HOST, LIFECYCLE, NPU, TIME_COMPONENTS, Device, Residency, seconds_key
 
-#: profile files (JSON Lines) are read only up to this size
+#: profile files (JSON Lines) are read only up to this size (a 110 000-record profile is ~210 MiB)
 MAX_PROFILE_BYTES = 256 << 20
+#: one line of a profile longer than this is not a record rkpart wrote (the summary of a
+#: 1000-stage plan is well under 1 MiB)
+MAX_LINE_BYTES = 16 << 20
+#: record fields that repeat unchanged from line to line (the run's header, a stage's identity):
+#: each distinct value is validated once and shared by every record that holds it
+SHARED_FIELDS = ("env", "settings", "plan", "stage")
 
 RECORD_FORMAT = "rkpart-profile"
 RECORD_VERSION = 1
@@ -659,9 +665,35 @@ def _validator() -> Any:
     return cls(flat)
 
 
-def validate_record(record: Mapping[str, Any], *, where: str = "record") -> None:
-    """Raise :class:`SpecError` (one line) if ``record`` does not match the schema."""
-    err = next(iter(sorted(_validator().iter_errors(record), key=lambda e: list(e.path))), None)
+def _without_shared(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """The (inlined) record schema with :data:`SHARED_FIELDS` accepted as they are, still
+    required: for records whose shared fields were validated on an earlier line.  Only the
+    record level is loosened (the top and each record kind's ``then``), nothing nested."""
+    def loosen(node: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(node)
+        if isinstance(out.get("properties"), dict):
+            out["properties"] = {k: (True if k in SHARED_FIELDS else v) for k, v in out["properties"].items()}
+        return out
+
+    out = loosen(schema)
+    out["allOf"] = [{**c, "then": loosen(c["then"])} if isinstance(c, dict) and isinstance(c.get("then"), dict)
+                    else c for c in schema.get("allOf", [])]
+    return out
+
+
+@cache
+def _light_validator() -> Any:
+    full = _validator()
+    return type(full)(_without_shared(full.schema))
+
+
+def validate_record(record: Mapping[str, Any], *, where: str = "record", shared_checked: bool = False) -> None:
+    """Raise :class:`SpecError` (one line) if ``record`` does not match the schema.
+
+    ``shared_checked``: its :data:`SHARED_FIELDS` were validated already (:func:`iter_jsonl`).
+    """
+    v = _light_validator() if shared_checked else _validator()
+    err = next(iter(sorted(v.iter_errors(record), key=lambda e: list(e.path))), None)
     if err is not None:
         path = "/".join(str(p) for p in err.absolute_path) or "(top)"
         raise SpecError(f"{where}: invalid profile record at {path}: {err.message}")
@@ -689,27 +721,172 @@ def write_jsonl(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any
 
 
 def read_jsonl(path: str | os.PathLike[str], *, validate: bool = True) -> list[dict[str, Any]]:
-    """Read a profile file; :class:`SpecError` if it is missing, not JSON Lines or invalid."""
+    """Read a profile file whole (:func:`iter_jsonl`); :class:`SpecError` if it is missing,
+    not JSON Lines or invalid."""
+    return list(iter_jsonl(path, validate=validate))
+
+
+def iter_jsonl(path: str | os.PathLike[str], *, validate: bool = True,
+               max_bytes: int = MAX_PROFILE_BYTES) -> Iterator[dict[str, Any]]:
+    """The records of a profile file, one line at a time, each checked before it is yielded.
+
+    Bounded: a regular file only (never a FIFO or device), at most ``max_bytes`` read in all
+    and :data:`MAX_LINE_BYTES` per line, JSON depth and integer limits, the record schema and
+    finite numbers.  Each distinct value of a :data:`SHARED_FIELDS` field (the run's header, a
+    stage's identity) is validated once and then shared by the records that repeat it: on a
+    110 000-record profile that is what keeps reading to seconds and the records to a fraction
+    of their size as separate objects.  Yielded records must be treated as read-only.
+    """
     p = Path(path)
-    raw = read_limited(p, what="profile", max_bytes=MAX_PROFILE_BYTES, error=SpecError)
-    try:
-        lines = raw.decode().splitlines()
-    except UnicodeDecodeError as e:
-        raise SpecError(f"cannot read profile {p}: {e}") from None
-    out: list[dict[str, Any]] = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        obj = loads_json(line, what=f"{p} line {i}", error=SpecError)
-        if validate:
-            validate_record(obj, where=f"{p} line {i}")
-            bad = _nonfinite_field(obj)
-            if bad is not None:
-                raise SpecError(f"{p} line {i}: {bad} is not a finite number (a profile holds measurements)")
-        out.append(obj)
-    if not out:
+    shared: dict[str, Any] = {}
+    n = read = 0
+    with open_limited(p, what="profile", max_bytes=max_bytes, error=SpecError) as f:
+        for i, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+            read += len(raw)
+            if read > max_bytes:
+                raise SpecError(f"profile {p} is too large (over {max_bytes} bytes)")
+            if len(raw) > MAX_LINE_BYTES:
+                raise SpecError(f"{p} line {i} is longer than {MAX_LINE_BYTES} bytes; not a profile record")
+            if not raw.strip():
+                continue
+            obj = _parse_line(raw, where=f"{p} line {i}")
+            if validate:
+                _check_record(obj, where=f"{p} line {i}", shared=shared)
+            n += 1
+            yield obj
+    if not n:
         raise SpecError(f"{p} holds no profile records")
-    return out
+
+
+def _parse_line(raw: bytes, *, where: str) -> Any:
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as e:
+        raise SpecError(f"cannot read {where}: {e}") from None
+    try:
+        return json.loads(text, parse_int=_parse_int)
+    except RecursionError:
+        raise SpecError(f"{where} is not valid JSON: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError and the integer limit
+        raise SpecError(f"{where} is not valid JSON: {str(e).splitlines()[0]}") from None
+
+
+def _parse_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"integer with {len(text.lstrip('-'))} digits (more than {MAX_INT_DIGITS})")
+    return int(text)
+
+
+#: schema keywords :func:`_signature` stands for (anything else: every record is validated)
+_SCHEMA_WORDS = frozenset({"$schema", "$id", "$defs", "$ref", "$comment", "title", "description", "default",
+                           "examples", "type", "properties", "required", "additionalProperties", "items",
+                           "prefixItems", "allOf", "anyOf", "oneOf", "not", "if", "then", "else", "const",
+                           "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "pattern",
+                           "minLength", "maxLength", "minItems", "maxItems", "dependentRequired"})
+
+
+@cache
+def _thresholds() -> tuple[float, ...] | None:
+    """Every number the record schema compares with (``minimum``, ``const``, ...), or ``None``
+    if it uses a keyword a record's :func:`_signature` does not stand for."""
+    found: set[float] = set()
+    stack: list[Any] = [record_schema()]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        for k, v in node.items():
+            if k not in _SCHEMA_WORDS:
+                return None
+            if k in ("properties", "$defs"):
+                stack.extend(v.values())
+            elif k in ("allOf", "anyOf", "oneOf", "prefixItems"):
+                stack.extend(v)
+            elif k in ("items", "additionalProperties", "not", "if", "then", "else"):
+                stack.append(v)
+            elif k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+                found.add(float(v))
+            elif k in ("const", "enum"):
+                found.update(float(x) for x in (v if k == "enum" else [v])
+                             if isinstance(x, (int, float)) and not isinstance(x, bool))
+    return tuple(sorted(found))
+
+
+def _signature(rec: Mapping[str, Any], th: tuple[float, ...], *, where: str) -> tuple[Any, ...]:
+    """What the record schema can tell apart in ``rec``: its keys, list lengths, strings and
+    booleans verbatim, and for each number its type, whether it is whole and which side of
+    every schema threshold (``th``) it lies on.  Two records with one signature are both valid
+    or both invalid, so a profile's 100 000 look-alike lines are validated once.
+
+    The same walk refuses what JSON allows but a profile must not hold: nesting deeper than
+    :data:`~rkpart.io.MAX_DEPTH`, more than :data:`~rkpart.io.MAX_ITEMS` values, NaN or Inf.
+    """
+    out: list[Any] = []
+    stack: list[tuple[Any, int]] = [(rec, 1)]
+    while stack:
+        x, d = stack.pop()
+        if isinstance(x, dict):
+            out.append(("d", *x))
+            if d > MAX_DEPTH:
+                raise SpecError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+            stack.extend((v, d + 1) for v in reversed(list(x.values())))
+        elif isinstance(x, list):
+            out.append(("l", len(x)))
+            if d > MAX_DEPTH:
+                raise SpecError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+            stack.extend((v, d + 1) for v in reversed(x))
+        elif isinstance(x, bool) or x is None or isinstance(x, str):
+            out.append(x)
+        elif isinstance(x, float) and not math.isfinite(x):
+            raise SpecError(f"{where}: {_nonfinite_field(rec)} is not a finite number (a profile holds measurements)")
+        elif isinstance(x, (int, float)):
+            out.append((type(x).__name__, float(x).is_integer(), *((x > t) - (x < t) for t in th)))
+        else:
+            out.append(("?", type(x).__name__))
+        if len(out) > MAX_ITEMS:
+            raise SpecError(f"{where}: more than {MAX_ITEMS} values; refusing it")
+    return tuple(out)
+
+
+def _check_record(obj: Any, *, where: str, shared: dict[Any, Any]) -> None:
+    """Validate one parsed line.  A shared field equal to one validated on an earlier line is
+    swapped for that line's object and not walked again; new ones are remembered once the
+    whole record passed.  A record that looks, to the schema, like one validated before
+    (:func:`_signature`) is not validated again."""
+    known: list[str] = []
+    fresh: list[tuple[Any, Any]] = []
+    if isinstance(obj, dict):
+        for k in SHARED_FIELDS:
+            v = obj.get(k)
+            if isinstance(v, dict):
+                # the last value seen for this field (and stage id) first: its repr (which, unlike
+                # ==, tells 1, 1.0 and True apart) is far cheaper than the canonical text
+                sid = v.get("id") if k == "stage" else None
+                hint = (k, sid if isinstance(sid, str) else None)
+                text = repr(v)
+                last = shared.get(hint)
+                if last is not None and last[0] == text:
+                    obj[k] = last[1]
+                    known.append(k)
+                    continue
+                key = k + json.dumps(v, sort_keys=True)
+                if key in shared:
+                    obj[k] = shared[key]
+                    shared[hint] = (text, shared[key])
+                    known.append(k)
+                else:
+                    fresh.append((key, v))
+                    fresh.append((hint, (text, v)))
+    rest = {k: v for k, v in obj.items() if k not in known} if known else obj
+    th = _thresholds()
+    walked = _signature(rest, th or (), where=where)
+    sig = None if th is None or not isinstance(obj, dict) else ("\0sig", tuple(known), walked)
+    if sig is None or sig not in shared:
+        validate_record(obj, where=where,
+                        shared_checked=bool(known) and all(k in known for k in SHARED_FIELDS if k in obj))
+    if sig is not None:
+        shared[sig] = True
+    shared.update(fresh)
 
 
 def _nonfinite_field(obj: Any) -> str | None:

@@ -31,6 +31,18 @@ from rkpart.report import plots
 #: carries the output marker of :mod:`rkpart.output`
 GENERATOR = "<meta name='generator' content='rkpart report'>"
 ASSETS_KIND = "report assets"
+#: the plots (PNG, drawn when their inputs are given) and tables (CSV, always) of a report folder
+PLOTS = ("stage_map", "lifecycle", "memory", "accuracy", "cost_model")
+TABLES = ("stages", "coverage", "compile", "lifecycle", "memory", "accuracy", "cost_model")
+
+
+def assets_listing(folder: Path) -> set[str] | str:
+    """What a report folder written before rkpart's output marker holds: every table (CSV) and
+    no more than the plots (:data:`~rkpart.output.Listing`)."""
+    missing = [f"{t}.csv" for t in TABLES if not (folder / f"{t}.csv").is_file()]
+    if missing:
+        return f"it lacks {missing[0]}, which every rkpart report folder has"
+    return {f"{n}.png" for n in PLOTS} | {f"{t}.csv" for t in TABLES}
 
 
 def _is_rkpart_page(path: Path) -> bool:
@@ -128,7 +140,7 @@ def build_report(
     # checked before any work: the page only onto a regular file rkpart wrote, the assets
     # only into a folder rkpart wrote (rkpart.output); again when they are written
     check_file_target(out, force=force, what="report output", owned=_is_rkpart_page)
-    check_folder_target(assets, kind=ASSETS_KIND, force=force, what="report folder")
+    check_folder_target(assets, kind=ASSETS_KIND, force=force, what="report folder", legacy=assets_listing)
     plan, folder = load_plan(plan_path)
     profs = [D.load_profile(Path(p)) for p in profiles]
     names = [p.name for p in profs]
@@ -150,7 +162,7 @@ def build_report(
     cost = D.cost_model_rows(profs, cost_model) if cost_model is not None else []
 
     progress("plots")
-    pngs = {
+    pngs = {  # PLOTS, in order
         "stage_map": plots.stage_map(stages, coverage),
         "lifecycle": plots.lifecycle(life),
         "memory": plots.memory(mem, budget),
@@ -202,7 +214,7 @@ def build_report(
 
     progress(f"writing {out} and {assets.name}/")
     files: list[str] = []
-    with staged_folder(assets, kind=ASSETS_KIND, force=force, what="report folder") as staging:
+    with staged_folder(assets, kind=ASSETS_KIND, force=force, what="report folder", legacy=assets_listing) as staging:
         for name, png in pngs.items():
             if png is not None:
                 atomic_write_bytes(staging / f"{name}.png", png)

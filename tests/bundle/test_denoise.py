@@ -279,3 +279,68 @@ def test_a_context_failing_under_cfg_parallel_is_one_error_and_the_other_is_rele
     rec = fake.recorder
     assert not rec.alive  # core 0's context of b00.xattn was released, not left waiting for its partner
     assert [c.kwargs["file"] for c in rec.of("inference")] == ["001_b00.attn.rknn"] * 2
+
+
+class _TimedCores:
+    """The FAKE board's clock: every inference takes ``seconds`` on the NPU core its context was
+    initialised on, one inference per core at a time (a stand-in for the board's timing)."""
+
+    def __init__(self, seconds: float) -> None:
+        import threading
+
+        self.seconds = seconds
+        self.locks: dict[int, Any] = {}
+        self.guard = threading.Lock()
+
+    def fake(self, base: type) -> type:
+        import time
+
+        cores = self
+        real = base.inference
+
+        def inference(self, inputs, data_type=None, data_format=None, inputs_pass_through=None,  # type: ignore[no-untyped-def]
+                      get_frame_id=False):
+            with cores.guard:
+                lock = cores.locks.setdefault(getattr(self, "core_mask", 0), __import__("threading").Lock())
+            with lock:
+                time.sleep(cores.seconds)
+            return real(self, inputs, data_type, data_format, inputs_pass_through, get_frame_id)
+
+        return type("TimedFakeRKNNLite", (base,), {"inference": inference})
+
+
+def test_tune_measures_cfg_parallel_both_ways_on_the_fake_board_and_replaces_the_prior(
+        bundle: Path, compiled: tuple[Plan, Path], tmp_path: Path) -> None:
+    from rkpart.cost_model.estimate import estimate_plan
+    from rkpart.cost_model.model import CostModel, default_model_path
+    from rkpart.cost_model.npu_time import CFG_PARALLEL_SPEEDUP, cfg_parallel_speedup
+    from rkpart.runtime import board_runner
+    from rkpart.tune import measure_cfg_parallel, record_cfg_parallel
+
+    fake = fake_for(bundle, compiled[1], board_runner.ort_session)
+    timed = _TimedCores(0.02).fake(fake)
+    got = measure_cfg_parallel(bundle, steps=2, rounds=3, rknnlite_api=timed)
+    rec = fake.recorder
+    m = got.measured
+    assert len(m["sequential_s"]) == 3 and len(m["parallel_s"]) == 3 and m["max_abs_diff"] == 0.0
+    # both ways ran: the manifest's masks one after the other, cores 0 and 1 (masks 1, 2) at once
+    masks = {c.kwargs["core_mask"] for c in rec.of("init_runtime")}
+    assert {1, 2} <= masks and masks - {1, 2}
+    assert rec.max_alive == 2 and not rec.alive
+    assert len(rec.of("inference")) == 2 * 3 * (6 * 2 * 2)  # both ways x rounds x (stages x steps x passes)
+    import statistics
+    want = statistics.median(m["sequential_s"]) / statistics.median(m["parallel_s"])
+    assert got.speedup == pytest.approx(want, rel=1e-3)
+    assert got.speedup > 1.2  # two fake cores at once: the inference half of the loop halves
+    assert got.source.startswith("measured")
+
+    model_file = tmp_path / "model.json"
+    shutil.copyfile(default_model_path(), model_file)
+    assert cfg_parallel_speedup(CostModel.load(model_file))[0] == CFG_PARALLEL_SPEEDUP
+    record_cfg_parallel(model_file, got)
+    model = CostModel.load(model_file)
+    assert model.cfg_parallel == got
+    assert cfg_parallel_speedup(model) == (got.speedup, got.source)
+    est = estimate_plan(compiled[0], compiled[1], model, steps=4)
+    assert est.cfg_parallel is not None and est.cfg_parallel["speedup"] == got.speedup
+    assert est.cfg_parallel["source"] == got.source
