@@ -330,7 +330,7 @@ class Selection:
             twins = [x for x in self.options.get(ch.candidate.start, ()) if x.candidate.precision != "fp16"
                      and x.candidate.family == ch.candidate.family and x.candidate.blocks == ch.candidate.blocks
                      and x.residency == ch.residency]
-            why = (f"{twins[0].key} {twins[0].excluded}" if twins and twins[0].excluded
+            why = (f"{twins[0].key} excluded: {twins[0].excluded}" if twins and twins[0].excluded
                    else f"{twins[0].key}: {self.reason(twins[0])}" if twins else "no int8 twin")
             out.append(f"precision: block {blocks}: fp16 ({ch.key}): {why}")
         return out

@@ -112,9 +112,8 @@ def test_the_int8_prior_halves_weights_and_weighted_macs() -> None:
                  compiled_mem_bytes=5000, compiled_cycles=80)
     g = int8_prior(f)
     assert g.weight16 == 2000 * INT8_WEIGHT_RATIO and g.macs == 500 and g.act_macs == 300
-    assert g.file_bytes == 1000 and g.compiled_mem_bytes == 4000 and g.compiled_cycles == 40
-    compiled = dataclasses.replace(f, file_bytes=2500, rknn_bytes=2500)  # an fp16 .rknn holds weight16
-    assert int8_prior(compiled).file_bytes == 1500
+    assert g.compiled_mem_bytes == 4000 and g.compiled_cycles == 40
+    assert g.file_bytes == f.file_bytes  # an int8 .rknn is not smaller (measured: 1.1-2.0x fp16's on the example)
 
 
 def test_candidate_ids_round_trip() -> None:
