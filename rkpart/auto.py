@@ -191,6 +191,23 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
     return folders, notes
 
 
+def _reusable_calibration(calib: Path, plan: Any) -> bool:
+    """Whether ``calib`` (kept in ``compile_dir`` by an earlier run) is this plan's calibration with
+    calibrate's defaults: the same plan gives the same samples, so it is not made again."""
+    from rkpart.compile.calibration import load_calibration
+    from rkpart.errors import RkpartError
+    from rkpart.profile.calibrate import DEFAULT_SAMPLES
+
+    if not (calib / "calibration.json").is_file():
+        return False
+    try:
+        cal = load_calibration(calib)
+        cal.check_plan(plan)
+    except RkpartError:
+        return False
+    return (cal.source, cal.steps, cal.cfg, cal.seed, cal.samples) == ("denoise", 4, True, 0, DEFAULT_SAMPLES)
+
+
 def _ground_int8(mg: ModelGraph, disc: Discovery, part: Partition, plan: Any, fp16_dir: Path, reps: list[str],
                  tk: Any, progress: Progress) -> tuple[Path, Any] | str:
     """Calibrate a family's fp16 plan and build its representative stages int8 in a second plan
@@ -202,8 +219,9 @@ def _ground_int8(mg: ModelGraph, disc: Discovery, part: Partition, plan: Any, fp
     calib = fp16_dir.with_name(fp16_dir.name + ".calib")
     out = fp16_dir.with_name(fp16_dir.name + ".int8")
     try:
-        progress(f"auto: {fp16_dir.name}: calibrating the plan for int8 builds (rkpart calibrate, 4 steps, CFG)")
-        write_calibration(plan, fp16_dir, calib, force=True, progress=progress)
+        if not _reusable_calibration(calib, plan):
+            progress(f"auto: {fp16_dir.name}: calibrating the plan for int8 builds (rkpart calibrate, 4 steps, CFG)")
+            write_calibration(plan, fp16_dir, calib, force=True, progress=progress)
         plan8 = write_partition(mg, disc, part, out, force=True, weights="link")
         progress(f"auto: {fp16_dir.name}: compiling {len(reps)} representative stage(s) int8 with rknn-toolkit2 "
                  f"{tk.version}")
