@@ -152,7 +152,8 @@ def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
 
 def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path, *, max_run: int = 2,
                       toolkits_dir: str | None = None, progress: Progress = silent,
-                      capability: Capability | None = None) -> tuple[list[Path], list[str]]:
+                      capability: Capability | None = None,
+                      precisions: tuple[str, ...] = ("fp16",)) -> tuple[list[Path], list[str]]:
     """Compile one block per distinct anatomy of every candidate family with ``toolkit``, or take
     the builds from the user's build cache, so that ``auto`` chooses from the compiler's own tables.
 
@@ -160,6 +161,13 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
     only those of the first block of each anatomy (:func:`~rkpart.cost_model.candidates.block_anatomy`)
     are built.  Returns the compiled plan folders (``SelectionConfig.compiled``) and notes for the
     explanation.  A toolkit that is not installed gives no folders and a note saying so.
+
+    With ``int8`` in ``precisions``, each family's plan is also calibrated (``rkpart calibrate``'s
+    :func:`~rkpart.profile.calibrate.write_calibration`, its defaults: 4 denoising steps with CFG on
+    ONNX Runtime, 20 samples per stage, seed 0; into ``work/<family>.calib``), written again as
+    ``work/<family>.int8`` and its representative stages built int8 from that calibration, so
+    that int8 candidates read an int8 build's own tables.  A plan that cannot be calibrated (no
+    denoising loop) leaves its int8 candidates on the prior, with a note.
     """
     from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.compile.toolkits import find_toolkit
@@ -196,7 +204,60 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
                      f"with rknn-toolkit2 {tk.version} ({len(rep.cached)} from the build cache"
                      + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
         folders.append(out)
+        if "int8" in precisions:
+            int8 = _ground_int8(mg, disc, part, plan, out, reps, tk, progress)
+            if isinstance(int8, str):
+                notes.append(f"{cid}: int8 not compiled: {int8}; its int8 candidates use the int8 prior")
+            else:
+                folder, rep8 = int8
+                failed = [o.stage_id for o in rep8.failed]
+                notes.append(f"{cid}: {len(reps)} stage(s) compiled int8 (w8a8) from auto's own calibration "
+                             f"({folder.name[:-len('.int8')]}.calib) with rknn-toolkit2 {tk.version} "
+                             f"({len(rep8.cached)} from the build cache"
+                             + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
+                folders.append(folder)
     return folders, notes
+
+
+def _reusable_calibration(calib: Path, plan: Any) -> bool:
+    """Whether ``calib`` (kept in ``compile_dir`` by an earlier run) is this plan's calibration with
+    calibrate's defaults: the same plan gives the same samples, so it is not made again."""
+    from rkpart.compile.calibration import load_calibration
+    from rkpart.errors import RkpartError
+    from rkpart.profile.calibrate import DEFAULT_SAMPLES
+
+    if not (calib / "calibration.json").is_file():
+        return False
+    try:
+        cal = load_calibration(calib)
+        cal.check_plan(plan)
+    except RkpartError:
+        return False
+    return (cal.source, cal.steps, cal.cfg, cal.seed, cal.samples) == ("denoise", 4, True, 0, DEFAULT_SAMPLES)
+
+
+def _ground_int8(mg: ModelGraph, disc: Discovery, part: Partition, plan: Any, fp16_dir: Path, reps: list[str],
+                 tk: Any, progress: Progress) -> tuple[Path, Any] | str:
+    """Calibrate a family's fp16 plan and build its representative stages int8 in a second plan
+    folder (``<family>.int8``); the reason as a string when that cannot be done."""
+    from rkpart.compile.compile import CompileOptions, compile_plan_report
+    from rkpart.errors import RkpartError
+    from rkpart.profile.calibrate import write_calibration
+
+    calib = fp16_dir.with_name(fp16_dir.name + ".calib")
+    out = fp16_dir.with_name(fp16_dir.name + ".int8")
+    try:
+        if not _reusable_calibration(calib, plan):
+            progress(f"auto: {fp16_dir.name}: calibrating the plan for int8 builds (rkpart calibrate, 4 steps, CFG)")
+            write_calibration(plan, fp16_dir, calib, force=True, progress=progress)
+        plan8 = write_partition(mg, disc, part, out, force=True, weights="link")
+        progress(f"auto: {fp16_dir.name}: compiling {len(reps)} representative stage(s) int8 with rknn-toolkit2 "
+                 f"{tk.version}")
+        rep = compile_plan_report(plan8, out, CompileOptions(tk, stages=tuple(reps), precision="int8",
+                                                             calibration=str(calib)), progress=progress)
+    except RkpartError as e:
+        return str(e)
+    return out, rep
 
 
 def _as_bool(v: Any, name: str) -> bool:
@@ -214,6 +275,18 @@ def _as_list(v: Any) -> tuple[str, ...]:
     if isinstance(v, (list, tuple)):
         return tuple(str(x) for x in v)
     return tuple(x for x in str(v).split(",") if x)
+
+
+def _precisions(v: Any) -> tuple[str, ...]:
+    """``precisions`` (``fp16``, ``int8`` or ``fp16,int8``), in that order; default fp16 only."""
+    from rkpart.strategies.families import CANDIDATE_PRECISIONS
+
+    got = _as_list(v) or ("fp16",)
+    bad = [p for p in got if p not in CANDIDATE_PRECISIONS]
+    if bad:
+        raise UserError(f"auto strategy: option precisions: {bad[0]!r} is not one of "
+                        f"{', '.join(CANDIDATE_PRECISIONS)} (hybrid is built by `rkpart compile`, not chosen by auto)")
+    return tuple(p for p in CANDIDATE_PRECISIONS if p in got)
 
 
 def load_accuracy(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -261,6 +334,7 @@ class AutoOptions:
     toolkits_dir: str | None = None
     compile_dir: str | None = None
     capability: bool = True
+    precisions: tuple[str, ...] = ("fp16",)
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> AutoOptions:
@@ -283,6 +357,7 @@ class AutoOptions:
                 compile=bool(options.get("compile")),
                 toolkits_dir=None if options.get("toolkits_dir") is None else str(options["toolkits_dir"]),
                 compile_dir=None if options.get("compile_dir") is None else str(options["compile_dir"]),
+                precisions=_precisions(options.get("precisions")),
             )
         except (TypeError, ValueError) as e:
             raise UserError(f"auto strategy: bad option: {e}") from None
@@ -303,7 +378,12 @@ class AutoStrategy(Strategy):
                          (default: the cost model's)
     ``steps``, ``cfg``   pipeline shape: passes = steps x (2 if cfg else 1) (default 1, True)
     ``residency``        ``any`` (choose per block), ``per-stage`` or ``resident``
-    ``max_error_ratio``  accuracy floor (default: the cost model's)
+    ``max_error_ratio``  accuracy floor, also the drift bound of int8 candidates: their measured final
+                         latent MSE over the fp16 baseline's (default: the cost model's floor, which
+                         int8 rows never widen)
+    ``precisions``       ``fp16`` (default), ``int8`` or ``fp16,int8``: the precisions every candidate with
+                         NPU stages is considered in, per block; int8 only where the accuracy term has
+                         its measured drift (``rkpart drift --accuracy``) within ``max_error_ratio``
     ``max_run``          longest run of blocks fused into one stage (default 2)
     ``cfg_parallel``     plan for the bundle runner's ``--cfg-parallel`` (both CFG passes of a step at
                          once on two NPU cores): twice the device memory of every stage, NPU
@@ -327,7 +407,8 @@ class AutoStrategy(Strategy):
 
     name = "auto"
     accepts = ("cost_model", "accuracy", "budget_mib", "toolkit", "steps", "cfg", "residency", "max_error_ratio",
-               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "cfg_parallel", "capability")
+               "max_run", "compiled", "compile", "toolkits_dir", "compile_dir", "cfg_parallel", "capability",
+               "precisions")
     summary = "per block, the cheapest candidate predicted by a cost model within a memory budget"
     Options = AutoOptions
 
@@ -347,7 +428,7 @@ class AutoStrategy(Strategy):
             budget_mib=opts.budget_mib, budget_source=opts.budget_source, toolkit=opts.toolkit, steps=opts.steps,
             cfg=opts.cfg, residencies=RESIDENCIES if residency == "any" else (residency,),
             max_error_ratio=opts.max_error_ratio, max_run=opts.max_run, compiled=opts.compiled,
-            cfg_parallel=opts.cfg_parallel,
+            cfg_parallel=opts.cfg_parallel, precisions=opts.precisions,
         )
         grounding: list[str] = []
         # the candidates are scored as they will be built: ops the toolkit runs on the CPU on the host
@@ -368,7 +449,7 @@ class AutoStrategy(Strategy):
                     work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="auto-", dir=root)))
                 folders, grounding = ground_candidates(mg, disc, cfg.toolkit, work, max_run=cfg.max_run,
                                                        toolkits_dir=opts.toolkits_dir, progress=self.progress,
-                                                       capability=cap)
+                                                       capability=cap, precisions=cfg.precisions)
                 cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *map(str, folders)), share_anatomy=True)
             sel = select(mg, disc, model, cfg, capability=cap)
         plan_notes = tuple(sel.notes)
@@ -400,6 +481,8 @@ class AutoStrategy(Strategy):
             "predicted_latency_s": round(sel.latency, 6),
             "predicted_device_mib": round(sel.device_bytes / 2**20, 2),
             "device_memory_source": sorted({src for o in sel.chosen for src in o.device_source.split("+")}),
+            **({} if cfg.precisions == ("fp16",) else {"precisions": list(cfg.precisions),
+                                                        "precision": precision_spec(sel)}),
         }
         notes = tuple(f"block {','.join(map(str, o.candidate.blocks))}: {o.candidate.id} ({o.residency})"
                       for o in sel.chosen) + plan_notes
@@ -413,5 +496,12 @@ class AutoStrategy(Strategy):
         return part
 
 
+def precision_spec(sel: Selection) -> dict[str, Any]:
+    """The chosen precision as a ``--precision-spec`` (``stages: {id: int8}``; stages not named are
+    fp16), recorded in plan.json so that ``rkpart compile PLAN --calibration CALIB`` builds it."""
+    return {"stages": {g.id: o.candidate.precision for o in sel.chosen if o.candidate.precision != "fp16"
+                       for g in o.candidate.groups if g.device == "npu"}}
+
+
 __all__ = ["AutoOptions", "AutoStrategy", "auto_budget", "candidate_variants", "enumerate_candidates",
-           "ground_candidates", "load_accuracy", "select"]
+           "ground_candidates", "load_accuracy", "precision_spec", "select"]

@@ -155,7 +155,7 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
         else:
             report = compile_folder(plan, opts, progress)
     emit(as_json, lambda: {**report.to_json(), **({"repartition": _rounds_json(rounds, stuck)} if repartition else {})},
-         lambda: "\n".join([format_summary(report), *(r.describe() for r in rounds),
+         lambda: "\n".join([format_summary(report), *_plan_precision_line(report), *(r.describe() for r in rounds),
                             *([f"CPU layers no repartition can move: {', '.join(stuck)}"] if stuck else [])]))
     if report.failed:
         disk = [o for o in report.failed if o.failures and "no space left on device" in o.failures[-1].message]
@@ -163,6 +163,15 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
             raise ResourceError(f"stage {disk[0].stage_id}: no space left on device while building; "
                                 "free some space and rerun")
         sys.exit(ToolkitError.exit_code)
+
+
+def _plan_precision_line(report: Any) -> list[str]:
+    """A line saying the precisions came from the spec ``--strategy auto`` recorded in the plan."""
+    prec = report.settings.get("precision") or {}
+    if not prec.get("spec"):
+        return []
+    quantized = sorted(f"{sid} {p}" for sid, p in (prec.get("stages") or {}).items() if p != "fp16")
+    return [f"precision: as --strategy auto chose it (plan.json strategy.options.precision): {', '.join(quantized)}"]
 
 
 def _rounds_json(rounds: list[Any], stuck: list[str]) -> dict[str, Any]:

@@ -341,12 +341,13 @@ def _precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions, con
                 toolkits: list[Toolkit], settings: dict[str, Any]) -> dict[str, StagePrecision]:
     """Each chosen stage's precision, checked before any build (one-line errors: no or stale
     calibration, a target or toolkit that cannot quantize); records them in ``settings``."""
-    from rkpart.compile.precision import load_precision_spec, resolve
+    from rkpart.compile.precision import load_precision_spec, plan_precision_spec, resolve
 
     precision, spec_path, calibration = opts.precision, opts.precision_spec, opts.calibration
     algorithm, target, worker = opts.quantized_algorithm, opts.target, opts.worker
 
-    spec = load_precision_spec(spec_path, plan) if spec_path is not None else None
+    # --precision-spec, else the one `--strategy auto` recorded in the plan (the stages it chose int8 for)
+    spec = load_precision_spec(spec_path, plan) if spec_path is not None else plan_precision_spec(plan)
     out = resolve(plan, chosen, precision=precision, spec=spec, calibration=calibration, algorithm=algorithm,
                   target=target)
     quantized = {sid: sp for sid, sp in out.items() if sp.quantized}
@@ -355,6 +356,7 @@ def _precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions, con
         # the toolkit must take the quantization options (a toolkit without them cannot quantize)
         check_config(sp0.config(config, target), toolkits, worker)
         settings["precision"] = {"default": precision, "quantized_algorithm": algorithm,
+                                 **({"spec": "plan (strategy auto)"} if spec_path is None and spec else {}),
                                  "calibration_sha256": sp0.calibration_sha256,
                                  "stages": {sid: sp.precision for sid, sp in out.items()}}
     if calibration is not None:

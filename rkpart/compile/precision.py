@@ -126,6 +126,22 @@ def load_precision_spec(path: str | os.PathLike[str], plan: Plan | None = None) 
                          None if default is None else str(default))
 
 
+def plan_precision_spec(plan: Plan) -> PrecisionSpec | None:
+    """The precision spec ``--strategy auto`` recorded in the plan (``strategy.options.precision``:
+    the stages it chose int8 for), or ``None``.  ``rkpart compile`` uses it when no
+    ``--precision-spec`` is given, so ``compile PLAN --calibration CALIB`` builds what auto chose."""
+    rec = (plan.strategy.get("options") or {}).get("precision")
+    if not isinstance(rec, dict):
+        return None
+    stages = rec.get("stages") or {}
+    where = "plan.json strategy.options.precision"
+    if not isinstance(stages, dict):
+        raise SpecError(f"{where}: stages must map stage ids to a precision")
+    for sid, prec in stages.items():
+        _check_precision(prec, f"{where}: stages.{sid}")
+    return PrecisionSpec({str(k): str(v) for k, v in stages.items()}, {}, {})
+
+
 def _check_precision(value: Any, where: str) -> None:
     if value not in PRECISIONS:
         raise SpecError(f"{where}: precision {value!r} is not one of {', '.join(PRECISIONS)}")
@@ -199,4 +215,4 @@ def plan_precision(plan: Plan) -> str:
 
 
 __all__ = ["ALGORITHMS", "PRECISIONS", "QUANTIZED_DTYPE", "PrecisionSpec", "StagePrecision", "link_dataset",
-           "load_precision_spec", "plan_precision", "resolve"]
+           "load_precision_spec", "plan_precision", "plan_precision_spec", "resolve"]

@@ -11,6 +11,12 @@ evaluates every candidate under each residency.
 A candidate is *excluded*, never silently chosen, when the toolkit is known to crash on it
 (a failure recorded by ``rkpart compile`` in a plan, or a crash pattern of the target's
 known-issue table, :mod:`rkpart.targets.known_issues`).
+
+Precision (issue 27): :func:`with_precisions` adds, per fp16 candidate with NPU stages, its
+int8 (w8a8) twin ``F@int8`` (the same stages built quantized).  :func:`mark_exclusions` gives
+the twin the compiler's tables of an int8 build when one is among the compiled plans, else
+the stated prior of :func:`int8_prior` over the fp16 figures (the compiled fp16 ones when there
+are): weights at half, weighted MACs (conv-type layers) at twice the rate.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from rkpart.cost_model.features import Features, group_features
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Block, Discovery
 from rkpart.partitioner.partition import Group, Partition, block_id
-from rkpart.strategies.families import candidate_id_for
+from rkpart.strategies.families import candidate_id_for, precision_id, split_precision
 from rkpart.targets.known_issues import CrashPattern, Traits, crash_patterns
 
 #: one candidate family's whole-model partition: (candidate id, the partition, options recorded for
@@ -50,19 +56,32 @@ class Candidate:
     #: the capability's moves inside these blocks (``extra.capability.host_ops`` records of the
     #: variant it was sliced from): what a plan made of this candidate records
     host_ops: tuple[Mapping[str, Any], ...] = ()
+    #: what the NPU stages are built in: ``fp16`` or ``int8`` (w8a8)
+    precision: str = "fp16"
+    #: where an int8 candidate's figures come from: ``compiler`` (an int8 build's tables) or
+    #: ``prior`` (:func:`int8_prior`); ``None`` for fp16
+    precision_source: str | None = None
 
     @property
     def start(self) -> int:
         return self.blocks[0]
 
+    @property
+    def family(self) -> str:
+        """The candidate family (``split``, ``fused``, ...) whatever the precision."""
+        return split_precision(self.id)[0]
+
     def traits(self) -> Traits:
         """What crash patterns match against (:class:`~rkpart.targets.known_issues.CrashPattern`)."""
         return Traits(adaln_on_npu=self.adaln_on_npu, residual_on_npu=self.residual_on_npu,
-                      layernorm=self.layernorm, candidate=self.id)
+                      layernorm=self.layernorm, candidate=self.family)
 
     @property
     def accuracy_key(self) -> str:
-        return f"adaln={'npu' if self.adaln_on_npu else 'host'},residual={'npu' if self.residual_on_npu else 'host'}"
+        """The row of the accuracy term (``rkpart drift --accuracy``) this candidate reads; an int8
+        candidate's is its own (``...,precision=int8``), measured on an int8 plan."""
+        key = f"adaln={'npu' if self.adaln_on_npu else 'host'},residual={'npu' if self.residual_on_npu else 'host'}"
+        return key if self.precision == "fp16" else f"{key},precision={self.precision}"
 
 
 def _layernorm_form(mg: ModelGraph, b: Block) -> str:
@@ -140,6 +159,51 @@ def candidates_from(mg: ModelGraph, disc: Discovery, variants: Sequence[Variant]
     return out
 
 
+def with_precisions(cands: Mapping[int, Sequence[Candidate]],
+                    precisions: Sequence[str] = ("fp16",)) -> dict[int, list[Candidate]]:
+    """``cands`` with, for every precision of ``precisions`` besides fp16, a twin of each
+    candidate that has NPU stages (``F@int8``: its NPU stages built in that precision), listed
+    after the fp16 candidates of the same block.  Without fp16 in ``precisions`` only the twins remain."""
+    out: dict[int, list[Candidate]] = {}
+    for start, lst in cands.items():
+        new = [c for c in lst if "fp16" in precisions or not c.npu]
+        for p in precisions:
+            if p != "fp16":
+                new += [dataclasses.replace(c, id=precision_id(c.id, p), precision=p) for c in lst
+                        if c.precision == "fp16" and c.npu]
+        out[start] = new
+    return out
+
+
+#: the int8 prior's ratios (w8a8 on RK3588): int8 weights take 1 byte an element where fp16 takes 2;
+#: the compiler's cycle tables give int8 convolutions 1024 MACs per cycle per core against fp16's 512
+INT8_WEIGHT_RATIO = 0.5
+INT8_MAC_SPEEDUP = 2.0
+INT8_PRIOR = ("int8 prior: weights at half (w8a8, 1 byte an element), weighted MACs and compiler cycles at "
+              "1024 MACs/cycle vs fp16's 512 (rknn-toolkit2 cycle tables); activations, RW and the .rknn size "
+              "as fp16")
+
+
+def int8_prior(f: Features) -> Features:
+    """An fp16 stage's features as its int8 (w8a8) build is predicted to have them (:data:`INT8_PRIOR`).
+
+    Weights: ``weight16`` (the NPU's fp16 weight bytes) halves, and so does the weight share of
+    the compiler's memory when ``f`` was compiled in fp16 (internal memory stays).  Compute:
+    weighted MACs (what the fp16 ``infer`` fit reads) and the compiler's Total cycles (only
+    conv-type layers carry them) halve; the attention core, elementwise work and RW stay.  The
+    ``.rknn`` size (``file_bytes``: load / init / release) stays: an int8 build's file is not
+    smaller on the bundled example (1.1-2.0x fp16's, 2.5.0).  Measured there per stage, int8 over
+    fp16 (docs/cost-model.md): cycles 0.52-0.54x, weight memory 0.53-0.81x (RoPE tables stay
+    16-bit), internal memory 0.19-1.33x, RW 0.51-0.85x.
+    """
+    saved = f.weight16 - int(f.weight16 * INT8_WEIGHT_RATIO)
+    return dataclasses.replace(
+        f, weight16=f.weight16 - saved,
+        macs=int(f.macs / INT8_MAC_SPEEDUP),
+        compiled_mem_bytes=None if f.compiled_mem_bytes is None else max(0, f.compiled_mem_bytes - saved),
+        compiled_cycles=None if f.compiled_cycles is None else int(f.compiled_cycles / INT8_MAC_SPEEDUP))
+
+
 # -- exclusions ----------------------------------------------------------------------------
 
 
@@ -187,7 +251,9 @@ def mark_exclusions(
     memory and cycles (``compiled_*`` features).  With ``anatomy`` (block index ->
     :func:`block_anatomy`), a build of one block stands for every block of the same anatomy.
     ``known_issues`` are crash patterns; default: the target's table,
-    :func:`rkpart.targets.known_issues.crash_patterns`.
+    :func:`rkpart.targets.known_issues.crash_patterns`.  An int8 candidate reads int8 builds only
+    (failures and tables); without one its stages get :func:`int8_prior` of the fp16 figures
+    (``precision_source="prior"``).
     """
     if known_issues is None:
         known_issues = crash_patterns()
@@ -197,21 +263,23 @@ def mark_exclusions(
         return tuple(anatomy.get(b, f"block{b}") for b in blocks) if anatomy is not None else tuple(blocks)
 
     failures: dict[tuple[str, Any], str] = {}
-    artifacts: dict[tuple[str, tuple[Any, ...], str], Any] = {}
+    artifacts: dict[tuple[str, tuple[Any, ...], str, str], Any] = {}
     for folder in compiled:
         plan, _ = load_plan(folder)
         cid = candidate_id_for(str(plan.strategy.get("name")), dict(plan.strategy.get("options", {})))
         if cid is None:
             continue
+        stage_prec = dict((plan.extra.get("compile") or {}).get("precision", {}).get("stages", {}))
         for s in plan.npu_stages:
             for f in s.failures:
                 if (toolkit is None or f.toolkit == toolkit) and f.deterministic:
+                    fid = precision_id(cid, stage_prec.get(s.id, "fp16"))
                     for b in s.blocks:
-                        failures[(cid, key([b])[0])] = (f"compile failed with rknn-toolkit2 {f.toolkit}: "
+                        failures[(fid, key([b])[0])] = (f"compile failed with rknn-toolkit2 {f.toolkit}: "
                                                         f"{f.message} (plan {folder})")
             art = s.artifact("rknn")
             if art is not None and (toolkit is None or art.toolkit == toolkit):
-                artifacts.setdefault((cid, key(s.blocks), s.region), art)
+                artifacts.setdefault((cid, key(s.blocks), s.region, art.precision), art)
     out: dict[int, list[Candidate]] = {}
     for start, lst in cands.items():
         new: list[Candidate] = []
@@ -222,11 +290,17 @@ def mark_exclusions(
                 if hit is not None:
                     reason = f"known issue: {hit.what}"
             npu = c.npu
-            if artifacts:
+            source = c.precision_source
+            if artifacts or c.precision != "fp16":
                 npu_groups = [g for g in c.groups if g.device == "npu"]
                 fs = list(npu)
+                own = [artifacts.get((c.family, key(tuple(g.blocks) or c.blocks), g.region, c.precision))
+                       for g in npu_groups]
+                # an int8 candidate without int8 builds of every stage: the prior over the fp16 figures
+                prior = c.precision != "fp16" and any(a is None for a in own)
                 for i, g in enumerate(npu_groups):
-                    art = artifacts.get((c.id, key(tuple(g.blocks) or c.blocks), g.region))
+                    art = own[i] if not prior else artifacts.get((c.family, key(tuple(g.blocks) or c.blocks),
+                                                                   g.region, "fp16"))
                     if art is not None:
                         cp = art.compiler
                         fs[i] = dataclasses.replace(
@@ -234,10 +308,15 @@ def mark_exclusions(
                             compiled_mem_bytes=None if cp is None else cp.device_mem_bytes,
                             compiled_cycles=None if cp is None else cp.cycles_total,
                             compiled_rw_bytes=None if cp is None else cp.rw_bytes)
+                    if prior:
+                        fs[i] = int8_prior(fs[i])
                 npu = tuple(fs)
-            new.append(dataclasses.replace(c, excluded=reason, npu=npu))
+                if c.precision != "fp16":
+                    source = "prior" if prior else "compiler"
+            new.append(dataclasses.replace(c, excluded=reason, npu=npu, precision_source=source))
         out[start] = new
     return out
 
 
-__all__ = ["Candidate", "Variant", "block_anatomy", "candidates_from", "mark_exclusions"]
+__all__ = ["INT8_PRIOR", "Candidate", "Variant", "block_anatomy", "candidates_from", "int8_prior", "mark_exclusions",
+           "with_precisions"]

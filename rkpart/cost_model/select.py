@@ -11,6 +11,12 @@ Device memory of the pipeline = the sum over resident blocks + the largest per-s
 stage.  The choice minimises total latency subject to that memory ``<= budget`` and to
 the accuracy floor (predicted error ratio ``<= max_error_ratio``), by dynamic programming
 over blocks (runs of fused blocks are segments) for every possible per-stage peak.
+
+Precision (``SelectionConfig.precisions``): every candidate with NPU stages also stands as its
+int8 twin (:func:`rkpart.cost_model.candidates.with_precisions`), costed from an int8 build's
+compiler tables or the stated int8 prior.  Its error ratio is the *measured* drift of its own
+accuracy family (``...,precision=int8``, written by ``rkpart drift --accuracy``) and the floor
+applies to it like to any candidate; a twin whose precision has no measured drift is excluded.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from rkpart.cost_model.candidates import Candidate, mark_exclusions
+from rkpart.cost_model.candidates import INT8_PRIOR, Candidate, mark_exclusions, with_precisions
 from rkpart.cost_model.checks import check_prediction
 from rkpart.cost_model.device_model import OTHER_BYTES
 from rkpart.cost_model.model import CostModel
@@ -64,6 +70,8 @@ class SelectionConfig:
     #: plan for the two CFG passes of a step running at once on two NPU cores (the bundle runner's
     #: ``--cfg-parallel``): two contexts of every stage, NPU inference at the prior speed-up
     cfg_parallel: bool = False
+    #: the precisions every candidate is considered in (``fp16``, ``int8``; issue 27)
+    precisions: tuple[str, ...] = ("fp16",)
 
     @property
     def passes(self) -> int:
@@ -103,6 +111,8 @@ class Option:
             "device_mib": round(self.device_bytes / MIB, 2), "device_source": self.device_source,
             "pss_peak_mib": None if self.pss_bytes is None else round(self.pss_bytes / MIB, 2),
             "error_ratio": self.error_ratio, "excluded": self.excluded,
+            **({} if self.candidate.precision == "fp16" else {"precision": self.candidate.precision,
+                                                              "precision_source": self.candidate.precision_source}),
         }
 
 
@@ -212,11 +222,19 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
     pss = None if pss_max is None else int(pss_max)
     fam = model.accuracy.family(c.accuracy_key)
     ratio = None if fam is None else fam.ratio
+    if c.precision != "fp16" and c.precision_source == "prior":
+        sources = {f"{c.precision}-prior"}
     check_prediction(c.id, residency, {"latency": load + init + infer + release + host + glue, "load": load,
                                        "init": init, "infer": infer, "release": release, "host": host,
                                        "glue": glue, "device memory": device, "process memory": float(pss or 0)})
     excluded = c.excluded
-    if excluded is None and ratio is not None and ratio > max_ratio:
+    if excluded is None and ratio is None and c.precision != "fp16":
+        excluded = (f"accuracy: no measured drift for {c.precision} ({c.accuracy_key}); auto never picks an "
+                    f"unmeasured precision: `rkpart drift` an {c.precision} plan of this family with --accuracy")
+    elif excluded is None and ratio is not None and ratio > max_ratio and c.precision != "fp16":
+        excluded = (f"accuracy: measured {c.precision} drift {ratio:g}x the baseline's latent MSE > bound "
+                    f"{max_ratio:g}x (--option max_error_ratio)")
+    elif excluded is None and ratio is not None and ratio > max_ratio:
         excluded = f"accuracy: predicted error {ratio:g}x the most accurate partition's > floor {max_ratio:g}x"
     return Option(candidate=c, residency=residency, load=load, init=init, infer=infer, release=release, host=host,
                   latency=load + init + infer + release + host + glue, device_bytes=math.ceil(device), pss_bytes=pss,
@@ -313,6 +331,8 @@ class Selection:
             return f"excluded: {o.excluded}"
         ch = self.choice_for(o.candidate.start)
         tie = o.key in self.ties.get(ch.candidate.start, [])
+        if o is ch and o.candidate.precision != "fp16":
+            return self._precision_reason(o)
         if o is ch:
             if self.ties.get(ch.candidate.start):
                 return "chosen: within the model's error of the fastest; least memory, then most accurate"
@@ -332,6 +352,42 @@ class Selection:
         if budget is None:
             return f"faster{per}, but its run of blocks does not cover the blocks as cheaply as the choice"
         return f"faster{per}, but does not fit the {budget:g} MiB budget together with the other blocks' choices"
+
+    def fp16_twin(self, o: Option) -> Option | None:
+        """The fp16 option of the same family, blocks and residency as int8 option ``o``."""
+        return next((x for x in self.options.get(o.candidate.start, ()) if x.candidate.precision == "fp16"
+                     and x.candidate.family == o.candidate.family and x.candidate.blocks == o.candidate.blocks
+                     and x.residency == o.residency), None)
+
+    def _precision_reason(self, o: Option) -> str:
+        base = self.fp16_twin(o)
+        vs = "" if base is None else (
+            f" vs {base.key}: device memory {(o.device_bytes - base.device_bytes) / MIB:+.2f} MiB "
+            f"({_pct(base.device_bytes, o.device_bytes)}), latency {o.latency - base.latency:+.4g} s "
+            f"({_pct(base.latency, o.latency)})")
+        src = "int8 prior" if o.candidate.precision_source == "prior" else "int8 build's compiler tables"
+        ratio = "-" if o.error_ratio is None else f"{o.error_ratio:g}x"
+        return (f"chosen: {o.candidate.precision}{vs} ({src}); measured drift {ratio} <= bound "
+                f"{self.max_error_ratio:g}x")
+
+    def precision_lines(self) -> list[str]:
+        """Per block: the precision chosen and why (for ``--explain``; empty when only fp16 was considered)."""
+        if tuple(self.config.precisions) == ("fp16",):
+            return []
+        out = []
+        for ch in self.chosen:
+            blocks = ",".join(map(str, ch.candidate.blocks))
+            if ch.candidate.precision != "fp16":
+                out.append(f"precision: block {blocks}: {ch.candidate.precision} ({ch.key}): "
+                           f"{self._precision_reason(ch)[len('chosen: '):]}")
+                continue
+            twins = [x for x in self.options.get(ch.candidate.start, ()) if x.candidate.precision != "fp16"
+                     and x.candidate.family == ch.candidate.family and x.candidate.blocks == ch.candidate.blocks
+                     and x.residency == ch.residency]
+            why = (f"{twins[0].key} excluded: {twins[0].excluded}" if twins and twins[0].excluded
+                   else f"{twins[0].key}: {self.reason(twins[0])}" if twins else "no int8 twin")
+            out.append(f"precision: block {blocks}: fp16 ({ch.key}): {why}")
+        return out
 
     def to_json(self) -> dict[str, Any]:
         blocks = []
@@ -353,6 +409,8 @@ class Selection:
             "predicted_latency_s": _r(self.latency), "predicted_device_mib": round(self.device_bytes / MIB, 2),
             "choices": [{"blocks": list(o.candidate.blocks), "candidate": o.candidate.id, "residency": o.residency}
                         for o in self.chosen],
+            **({} if tuple(self.config.precisions) == ("fp16",) else {
+                "precisions": list(self.config.precisions), "precision": self.precision_lines()}),
             "blocks": blocks, "cost_model": self.model_provenance, "notes": list(self.notes),
         }
 
@@ -383,7 +441,8 @@ class Selection:
         if self.degrees_of_freedom == 0:
             lines.append("warning: the calibration has zero degrees of freedom (as many coefficients as measured "
                          "numbers): it reproduces its own data exactly and its error on anything else is unknown")
-        hdr = (f"  {'candidate':<18} {'residency':<9} {'load s':>8} {'init s':>8} {'infer s':>8} {'release s':>9} "
+        w = max([18, *(len(o.candidate.id) for lst in self.options.values() for o in lst)])
+        hdr = (f"  {'candidate':<{w}} {'residency':<9} {'load s':>8} {'init s':>8} {'infer s':>8} {'release s':>9} "
                f"{'host s':>7} {'glue s':>7} {'total s':>8} {'/block s':>8} {'dev MiB':>8} {'mem from':>9} "
                f"{'err x':>6}  reason")
         for start in sorted(self.options):
@@ -396,7 +455,7 @@ class Selection:
                 mark = "*" if o is ch else " "
                 err = "-" if o.error_ratio is None else f"{o.error_ratio:.3g}"
                 lines.append(
-                    f"{mark} {o.candidate.id:<18} {o.residency:<9} {o.load:>8.4f} {o.init:>8.4f} {o.infer:>8.4f} "
+                    f"{mark} {o.candidate.id:<{w}} {o.residency:<9} {o.load:>8.4f} {o.init:>8.4f} {o.infer:>8.4f} "
                     f"{o.release:>9.4f} {o.host:>7.4f} {o.glue:>7.4f} {o.latency:>8.4f} "
                     f"{o.latency / len(o.candidate.blocks):>8.4f} "
                     f"{o.device_bytes / MIB:>8.1f} {o.device_source:>9} {err:>6}  "
@@ -414,6 +473,7 @@ class Selection:
         what = "device memory" if self.memory is None else self.memory.label
         lines.append(f"predicted pipeline: {self.latency:.4f}{err_bar} s of block time, {what} "
                      f"{self.device_bytes / MIB:.1f} MiB")
+        lines += self.precision_lines()
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
 
@@ -572,6 +632,10 @@ def choose(
     # the target's table first; rows a cost-model file carries beyond it are honoured too
     known = list(crash_patterns())
     known += [p for p in map(CrashPattern.from_json, model.known_issues or ()) if p not in known]
+    bad = [p for p in config.precisions if p not in ("fp16", "int8")]
+    if bad or not config.precisions:
+        raise UserError(f"precisions must be among fp16, int8, got {bad or 'nothing'}")
+    candidates = with_precisions(candidates, config.precisions)
     cands = mark_exclusions(candidates, toolkit=toolkit, known_issues=known,
                             compiled=[str(Path(c)) for c in config.compiled], anatomy=anatomy)
     options = {start: [evaluate(c, r, model, config, max_ratio) for c in lst for r in config.residencies]
@@ -635,6 +699,9 @@ def describe_memory_source(model: CostModel, toolkit: str | None, options: Mappi
     if "compiler" in srcs:
         parts.append("'compiler' = the compiler's own weight + internal memory of the compiled stages "
                      f"(rknn-toolkit2 {toolkit or 'of the build'} verbose build tables)")
+    if "int8-prior" in srcs:
+        parts.append(f"'int8-prior' = the fp16 figure of the same stages ('compiler' when compiled in fp16, else "
+                     f"'predicted') under the {INT8_PRIOR}")
     if "predicted" in srcs:
         comp = model.memory_component(toolkit)
         if comp is not None and toolkit in model.device_memory:

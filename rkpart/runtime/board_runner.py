@@ -182,11 +182,29 @@ def import_rknnlite() -> Any:
     return RKNNLite
 
 
+#: precisions whose build turned the stage's inputs and outputs into int8 (issue 27)
+QUANTIZED = ("int8", "hybrid")
+
+
+def npu_inputs(arrays: Sequence[np.ndarray], precision: str) -> list[np.ndarray]:
+    """What to pass to ``inference`` for a stage built at ``precision`` (the manifest's stage entry).
+
+    An int8 (w8a8) or hybrid build has int8 inputs; RKNNLite's ``inference`` (``inputs_pass_through``
+    off, its default) quantizes float inputs with the model's scale and zero point, a conversion
+    defined from float32: float inputs of such a stage go as float32, not as the fp16 arrays an fp16
+    plan passes between stages.  Its outputs come back float32 (``Runner._conform`` casts them)."""
+    if precision not in QUANTIZED:
+        return [np.ascontiguousarray(a) for a in arrays]
+    return [np.ascontiguousarray(a, dtype=np.float32) if a.dtype.kind == "f" else np.ascontiguousarray(a)
+            for a in arrays]
+
+
 class RknnLiteSession:
     """A compiled ``.rknn`` stage on the NPU: each lifecycle method is one RKNNLite call."""
 
-    def __init__(self, path: Path, core_mask: int, api: Any = None, name: str = "") -> None:
+    def __init__(self, path: Path, core_mask: int, api: Any = None, name: str = "", precision: str = "fp16") -> None:
         self.path, self.core_mask, self.name = path, core_mask, name or path.name
+        self.precision = precision
         self._api = api
         self._rknn: Any = None
 
@@ -206,7 +224,7 @@ class RknnLiteSession:
             )
 
     def infer(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        arrays = [np.ascontiguousarray(a) for a in arrays]
+        arrays = npu_inputs(arrays, self.precision)
         # 4-D inputs are given as NCHW like the ONNX graph; the runtime converts them itself.
         fmt = ["nchw" if a.ndim == 4 else None for a in arrays]
         outs = self._rknn.inference(inputs=arrays, data_format=fmt if any(fmt) else None)
@@ -400,6 +418,9 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
         sid = _name(s.get("id"), f"stages[{i}].id")
         if s.get("device") not in ("npu", "host"):
             raise BundleError(f"manifest: stage {sid}: device {repr(s.get('device'))[:40]} is not npu or host")
+        if s.get("precision", "fp16") not in ("fp16", *QUANTIZED):
+            raise BundleError(f"manifest: stage {sid}: precision {repr(s.get('precision'))[:40]} is not one of "
+                              f"fp16, {', '.join(QUANTIZED)}")
         f = _relpath(_name(s.get("file"), f"stage {sid} file"), "file")
         if f not in files:
             raise BundleError(f"manifest: stage {sid} file {f!r} is not listed in 'files' (no sha256 to check it by)")
@@ -574,7 +595,7 @@ class Runner:
         if self._api is None:
             self._api = import_rknnlite()
         return RknnLiteSession(inside(self.folder, s["file"]), CORE_MASKS[self.stage_core_mask(s, lane)], self._api,
-                               s["id"])
+                               s["id"], str(s.get("precision", "fp16")))
 
     def _timed(self, sid: str, phase: str, fn: Any, *args: Any) -> Any:
         t0 = time.perf_counter()

@@ -1,6 +1,7 @@
 """Float I/O of int8 (w8a8) and hybrid stages on the RKNN runtimes (issue 27), for the bundle
-runner (``board_runner.py``, which runs on the board with numpy alone: these functions use
-nothing else and are meant to be merged into it).
+runner (``board_runner.py``, which runs on the board with numpy alone and holds
+:func:`npu_inputs`, used by its ``RknnLiteSession`` for a manifest stage whose ``precision`` is
+int8 or hybrid, and by ``rkpart run/profile --backend rknnlite``).
 
 An int8 build turns the stage's inputs and outputs into int8 ("The default input dtype of ...
 is changed from 'float32' to 'int8'").  The Python runtimes convert at the boundary
@@ -15,20 +16,10 @@ pass-through) are dequantized with :func:`dequantize`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
-QUANTIZED = ("int8", "hybrid")
-
-
-def npu_inputs(arrays: Sequence[np.ndarray], precision: str) -> list[np.ndarray]:
-    """What to pass to ``inference`` for a stage built at ``precision`` (the artifact's, in the
-    bundle manifest's stage entry): float inputs of a quantized stage as float32."""
-    if precision not in QUANTIZED:
-        return [np.ascontiguousarray(a) for a in arrays]
-    return [np.ascontiguousarray(a, dtype=np.float32) if a.dtype.kind == "f" else np.ascontiguousarray(a)
-            for a in arrays]
+# the bundle runner's own (board_runner.py runs on the board with numpy alone, so it holds them)
+from rkpart.runtime.board_runner import QUANTIZED, npu_inputs
 
 
 def dequantize(q: np.ndarray, scale: float, zero_point: int) -> np.ndarray:

@@ -50,7 +50,8 @@ class RknnLiteRunner(StageRunner):
         if art is None:
             raise SpecError(f"stage {stage.id} has no compiled .rknn artifact; run `rkpart compile` first")
         path = artifact_file(folder, stage, art)  # confined, regular, sha256 as recorded
-        self._session = board.RknnLiteSession(path, core_mask, api, stage.id)
+        # an int8 / hybrid build takes float32 where the plan passes fp16 (board.npu_inputs)
+        self._session = board.RknnLiteSession(path, core_mask, api, stage.id, art.precision)
 
     def _call(self, fn: Any, *args: Any) -> Any:
         try:

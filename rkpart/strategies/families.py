@@ -13,6 +13,10 @@ per block into candidates for the cost model (:mod:`rkpart.cost_model.candidates
                      K = 2 .. ``max_run``; every start block, not only multiples of K
 ``<plugin>``         any registered strategy whose stages each stay inside one block
 
+Precision is a dimension on top of every family (``auto --option precisions=fp16,int8``): the
+int8 (w8a8) variant of family ``F`` is the candidate ``F@int8`` (:func:`precision_id`), the
+same stages built quantized; :func:`split_precision` gives the family and precision back.
+
 :func:`candidate_id_for` maps a plan's strategy and options back to its family.
 """
 
@@ -90,5 +94,22 @@ def candidate_id_for(strategy: str, options: Mapping[str, Any]) -> str | None:
     return strategy if strategy not in OWN_STRATEGIES else None
 
 
-__all__ = ["FUSED", "OWN_STRATEGIES", "SPLIT", "SPLIT_ADALN_NPU", "Family", "candidate_id_for", "families",
-           "fused_run"]
+#: the precisions ``auto`` can choose per block: fp16 (every family) and int8 (w8a8, RK3588's one
+#: quantized type; hybrid is not a candidate: which layers it keeps in float16 is known only after a build)
+CANDIDATE_PRECISIONS = ("fp16", "int8")
+_PRECISION_SEP = "@"
+
+
+def precision_id(family_id: str, precision: str) -> str:
+    """The candidate id of ``family_id`` built in ``precision`` (fp16: the family id itself)."""
+    return family_id if precision == "fp16" else f"{family_id}{_PRECISION_SEP}{precision}"
+
+
+def split_precision(candidate_id: str) -> tuple[str, str]:
+    """(family id, precision) of a candidate id made by :func:`precision_id`."""
+    fam, sep, prec = candidate_id.rpartition(_PRECISION_SEP)
+    return (fam, prec) if sep and prec in CANDIDATE_PRECISIONS else (candidate_id, "fp16")
+
+
+__all__ = ["CANDIDATE_PRECISIONS", "FUSED", "OWN_STRATEGIES", "SPLIT", "SPLIT_ADALN_NPU", "Family", "candidate_id_for",
+           "families", "fused_run", "precision_id", "split_precision"]

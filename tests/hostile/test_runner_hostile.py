@@ -157,6 +157,7 @@ MANIFEST_CASES: list[tuple[str, Mutation]] = [
     *((f"stage-id-{n}", _set((*STAGE0, "id"), v)) for n, v in (("none", None), ("empty", ""), ("long", "a" * 5000),
                                                               ("nul", "a\0b"), ("list", ["a"]))),
     ("stage-residency-bogus", _set((*STAGE0, "residency"), "sometimes")),
+    *((f"stage-precision-{v!r}", _set((*STAGE0, "precision"), v)) for v in ("int4", None, 8, "INT8")),
     ("stage-entry-str", _set(STAGE0, "stage")),
     ("stages-empty", _set(("stages",), [])),
     ("input-name-int", _set(("inputs", 0, "name"), 3)),
