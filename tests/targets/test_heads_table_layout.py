@@ -187,3 +187,50 @@ def test_left_alone_when_no_table_would_move(kw: dict[str, bool]) -> None:
     r, done = _rewrite(m)
     assert done == {}  # ("shapes" rows write the inferred value infos; prepare keeps an unmatched stage as it is)
     assert list(r.graph.node) == list(m.graph.node) and list(r.graph.initializer) == list(m.graph.initializer)
+
+
+# -- real builds ---------------------------------------------------------------------------------
+
+def _compile(folder: Path, version: str, *extra: str) -> dict:  # type: ignore[type-arg]
+    import json
+
+    from click.testing import CliRunner
+
+    from rkpart.cli import main
+
+    res = CliRunner().invoke(main, ["compile", str(folder), "--toolkit", version, "-j", "1", "-q", "--json", *extra])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)  # type: ignore[no-any-return]
+
+
+@pytest.mark.toolkit
+@pytest.mark.slow
+def test_bundled_attention_stage_stores_its_tables_unpadded(plans: dict, tmp_path: Path, tk250: object) -> None:  # type: ignore[type-arg]
+    """2.5.0, fp16: the self-attention stage's weight memory loses the padding of its four
+    tables (24 KB each -> 3 KB), nothing goes to the CPU, and the plan passes the simulator gate."""
+    import json
+    import shutil
+
+    from click.testing import CliRunner
+
+    from rkpart.cli import main
+    from rkpart.partitioner.plan import load_plan
+
+    plain, rw = tmp_path / "plain", tmp_path / "rw"
+    shutil.copytree(plans["split"][1], plain)
+    shutil.copytree(plans["split"][1], rw)
+    _compile(plain, "2.5.0", "--no-rewrites", "--stage", "b00.attn")
+    _compile(rw, "2.5.0")
+    before = load_plan(plain)[0].stage("b00.attn")
+    after = load_plan(rw)[0].stage("b00.attn")
+    a0, a1 = before.artifact(), after.artifact()
+    assert a0 is not None and a1 is not None and a0.compiler is not None and a1.compiler is not None
+    assert after.prepared is not None and dict(after.prepared["rewrites"]) == {"heads-table-layout": 2}
+    assert a0.cpu_ops == a1.cpu_ops == ()
+    w0, w1 = a0.compiler.weight_bytes, a1.compiler.weight_bytes
+    assert w0 is not None and w1 is not None and w1 <= w0 - 4 * (24576 - 3072), (w0, w1)  # measured 177152 -> 89216
+    log = (rw / "rknn" / "logs" / "b00.attn.2.5.0.log").read_text(errors="replace")
+    assert "(1,1,64,24)" not in log[log.rindex("Const Tensor Information Table"):]
+    res = CliRunner().invoke(main, ["run", str(rw), "--backend", "rknn-sim", "--toolkit", "2.5.0", "-q", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["passed"]
