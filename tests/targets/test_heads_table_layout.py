@@ -189,6 +189,30 @@ def test_left_alone_when_no_table_would_move(kw: dict[str, bool]) -> None:
     assert list(r.graph.node) == list(m.graph.node) and list(r.graph.initializer) == list(m.graph.initializer)
 
 
+@pytest.mark.export
+@pytest.mark.slow
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_cosmos_export_both_exporters(exporter: str, tmp_path: Path) -> None:
+    """diffusers' CosmosTransformer3DModel (the sweep's tiny export): each self-attention stage's
+    q and k RoPE rewritten, its tables [1, T, 1, D], the same bits; the other stages untouched."""
+    from rkpart.partitioner.plan import load_plan
+    from tests.models.diffusers_families import cached_export, missing_dependencies
+
+    if missing_dependencies():
+        pytest.skip(f"not installed: {missing_dependencies()}")
+    folder = tmp_path / "split"
+    partition(cached_export("cosmos", exporter), folder, "split")
+    hits = {}
+    for s in load_plan(folder)[0].npu_stages:
+        m = onnx.load(str(folder / s.file))
+        r, done = _rewrite(m)
+        hits[s.id] = done.get("heads-table-layout", 0)
+        if done:
+            assert _tables(m) and _tables(r) == []
+            _same_bits(m, r, (folder / s.file).parent)
+    assert hits == {"b00.attn": 2, "b00.xattn": 0, "b00.ffn": 0, "b01.attn": 2, "b01.xattn": 0, "b01.ffn": 0}
+
+
 # -- real builds ---------------------------------------------------------------------------------
 
 def _compile(folder: Path, version: str, *extra: str) -> dict:  # type: ignore[type-arg]
