@@ -11,9 +11,10 @@ the view derives is cached and dropped again when the graph changes:
   without the large weights), run again only after a rewrite changed the graph
   (:meth:`GraphEdit.retype`), not once per rewrite tried.
 
-A rewrite declares what it reads (:data:`NEEDS`): ``"types"`` (element types) or ``"shapes"``
+A rewrite declares what it reads (:data:`NEEDS`): ``"types"`` (element types), ``"shapes"``
 (static shapes, which also writes the inferred value infos into the model, as a toolkit
-then sees them); asking the view for what the current rewrite did not declare is a bug and
+then sees them) or ``"inferred_shapes"`` (the same static shapes, read from the inference
+without writing them: a model the rewrite does not match keeps its bytes); asking the view for what the current rewrite did not declare is a bug and
 raises.  Constant values are evaluated by :func:`rkpart.ir.consts.evaluate` at the model's
 own opsets.
 """
@@ -30,7 +31,7 @@ from rkpart.ir.consts import evaluate, opsets_of, tensor_value
 from rkpart.ir.ops import DEFAULT_DOMAINS
 
 #: what a rewrite may declare it reads beyond the graph itself
-NEEDS = frozenset({"types", "shapes"})
+NEEDS = frozenset({"types", "shapes", "inferred_shapes"})
 
 #: a constant value is evaluated from at most this many producing ops
 _FOLD_OPS = 64
@@ -109,10 +110,12 @@ class GraphEdit:
 
     def static_shapes(self) -> dict[str, list[int]]:
         """Tensor -> its shape, for initializers and value infos whose every dimension is a number."""
-        self._need("shapes")
+        if "inferred_shapes" not in self.needs:
+            self._need("shapes")
         g = self.graph
         out: dict[str, list[int]] = {t.name: list(t.dims) for t in g.initializer}
-        for vi in (*g.input, *g.value_info, *g.output):
+        infos = self._infer().value_info if "inferred_shapes" in self.needs else g.value_info
+        for vi in (*g.input, *infos, *g.output):
             tt = vi.type.tensor_type
             # no shape field: the rank is unknown (not a scalar)
             if vi.type.HasField("tensor_type") and tt.HasField("shape") \

@@ -79,11 +79,16 @@ def test_int8_builds_run_in_the_simulator_at_half_the_weight_memory(
         assert by_dtype.get("INT8", 0) > 0 and by_dtype.get("FLOAT16", 0) == 0  # every layer int8
     total8 = sum(weight_memory(int8 / "rknn" / "logs" / f"{s.id}.{version}.log") for s in plan8.npu_stages)
     total16 = sum(weight_memory(fp16 / "rknn" / "logs" / f"{s.id}.{version}.log") for s in plan16.npu_stages)
-    # the FFN (two projections, nothing else) halves; attention keeps its RoPE tables, which the
-    # compiler pads to 16 bytes per element in int8 as in fp16 (24 KB each, in both builds)
+    # the FFN (two projections, nothing else) halves.  Attention's RoPE tables [1,1,T,D] are padded
+    # by the compiler to 16 bytes per element in int8 as in fp16 (24 KB each); on 2.5.0 the
+    # heads-table-layout rewrite lays them out [1,T,1,D], unpadded (3 KB fp16, 1.5 KB int8)
     assert ratios["b00.ffn"] <= 0.55 and ratios["b01.ffn"] <= 0.55
-    assert all(r < 0.85 for r in ratios.values())
-    assert total8 / total16 < 0.7
+    if version == "2.5.0":
+        assert all(r < 0.6 for r in ratios.values()), ratios
+        assert total8 / total16 <= 0.55  # issue 27's criterion (measured 0.547)
+    else:
+        assert all(r < 0.85 for r in ratios.values()), ratios
+        assert total8 / total16 < 0.7  # measured 0.665: the tables stay padded
 
     # the simulator builds the stage as compile did (same dataset) and takes and gives floats
     res = CliRunner().invoke(main, ["run", str(int8), "--backend", "rknn-sim", "--toolkit", version, "-q", "--json"])

@@ -98,3 +98,19 @@ def test_a_tensor_of_unknown_rank_is_not_a_scalar() -> None:
     view.declare(("shapes",))
     assert "r" not in view.static_shapes() and view.static_shapes()["x"] == [1, 32]
     assert apply_rewrites(m, rewrites_for("2.5.0", "npu")) == {}
+
+
+def test_inferred_shapes_leave_the_value_infos_as_they_are() -> None:
+    """``"inferred_shapes"``: the same static shapes as ``"shapes"``, read from the one inference
+    without writing it into the model (``"shapes"`` writes it: a toolkit then sees it)."""
+    m = _model()
+    before = m.SerializeToString(deterministic=True)
+    view = GraphEdit(m)
+    view.declare(("inferred_shapes",))
+    assert view.static_shapes()["r"] == [2, 8] and view.inferences == 1
+    assert m.SerializeToString(deterministic=True) == before
+    with pytest.raises(RuntimeError, match="without declaring"):
+        view.elem("x")
+    view.declare(("shapes",))
+    assert view.static_shapes()["r"] == [2, 8] and view.inferences == 1  # the same inference
+    assert m.SerializeToString(deterministic=True) != before  # now written

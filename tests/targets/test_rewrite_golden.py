@@ -122,6 +122,7 @@ def _slices_concat(starts: list[int], length: int, n: int = 32) -> onnx.GraphPro
 def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
     """name -> a builder of a fresh model (every row of the table matches in at least one)."""
     from tests.compile.test_rewrites_npu import adaln_block, ffn_f16, rms_residual, sdpa_bool_mask
+    from tests.targets.test_heads_table_layout import _flux_rope
 
     out: dict[str, Callable[[], onnx.ModelProto]] = {
         "ffn_f16": lambda: _model(ffn_f16(), 17),
@@ -141,6 +142,8 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "tile_no": lambda: _model(_tile(2, 2), 17),
         "slices_concat": lambda: _model(_slices_concat([6, 18], 6), 17),
         "slices_concat_off": lambda: _model(_slices_concat([20, 26], 4), 17),
+        "rope_heads_table": _flux_rope,
+        "rope_per_head_table": lambda: _flux_rope(per_head=True),
     }
     for f in sorted(DATA.glob("segv_*.onnx")):
         out[f.stem] = lambda f=f: onnx.load(str(f))

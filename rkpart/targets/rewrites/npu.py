@@ -566,3 +566,208 @@ def tile_broadcast(view: GraphEdit) -> int:
     return view.replace_each("Tile", one)
 
 
+
+
+#: elementwise ops: every input is data, broadcast right-aligned; the output has the inputs' rank
+_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where", "Cast", "Neg", "Sqrt",
+                          "Reciprocal", "Exp", "Abs", "Relu", "Sigmoid", "Tanh", "Erf", "Identity", "Sin",
+                          "Cos", "Softplus", "Sign"})
+#: ops whose first input is the data and whose other inputs are constant parameters
+_AXIS_OPS = frozenset({"Reshape", "Slice", "Split", "Squeeze", "Unsqueeze", "Gather", "Softmax", "ReduceMean",
+                       "ReduceSum", "ReduceMax", "ReduceMin", "Concat"})
+
+
+def _swap12(shape: list[int] | tuple[int, ...]) -> list[int]:
+    s = list(shape)
+    s[1], s[2] = s[2], s[1]
+    return s
+
+
+def _axes_beyond_heads(view: GraphEdit, n: onnx.NodeProto, rank_in: int, rank_out: int) -> bool:
+    """The axes ``n`` (an op of :data:`_AXIS_OPS` but Reshape) works on are all >= 3 (so the batch,
+    heads and tokens axes pass through it unchanged); its parameter inputs are constants."""
+    op = n.op_type
+    for p in n.input[1:] if op != "Concat" else ():
+        if p and view.value(p) is None:
+            return False
+    if op in ("Split", "Gather", "Softmax", "Concat"):
+        axes = [int(attr(n, "axis", -1 if op == "Softmax" else 0))]  # type: ignore[call-overload]
+        rank = rank_in
+    elif op == "Slice":
+        if len(n.input) < 4 or not n.input[3]:
+            return False  # every axis, in order
+        axes, rank = [int(a) for a in np.asarray(view.value(n.input[3])).reshape(-1)], rank_in
+    else:  # Squeeze / Unsqueeze / Reduce*: axes as an attribute (older opsets) or the second input
+        raw: object = attr(n, "axes", None)
+        if len(n.input) > 1 and n.input[1]:
+            raw = view.value(n.input[1])
+        if raw is None:
+            return False  # every axis (a full reduce, a squeeze of every 1)
+        axes = [int(a) for a in np.asarray(raw).reshape(-1)]
+        rank = rank_out if op == "Unsqueeze" else rank_in
+        if op.startswith("Reduce") and not axes:
+            return False
+    return all((a + rank if a < 0 else a) >= 3 for a in axes)
+
+
+def heads_table_layout(view: GraphEdit) -> int:
+    """Elementwise work on attention heads ``x[B, H, T, D]`` with a constant broadcast over the heads
+    (RoPE's cos / sin tables ``[1, 1, T, D]``) -> the same work on ``x[B, T, H, D]``, so that the
+    table is ``[1, T, 1, D]``.
+
+    The compiler lays a 4-D tensor out as NC1HWC2 with C = axis 1 padded to C2 (8 in float16, 16
+    in int8): a ``[1, 1, T, D]`` table is stored at 16 bytes per element in both precisions, a
+    ``[1, T, 1, D]`` one at 2 (float16) or 1 (int8).  Rewritten: the heads ``Transpose(perm 0,2,1,3)``
+    is moved down through every op after it that leaves the batch, heads and tokens axes alone
+    (elementwise ops with constants, Cast, RMSNorm's ReduceMean over D, Reshape / Split / Slice /
+    Squeeze / Unsqueeze / Gather / Concat / Softmax of the axes from 3 on), swapping axes 1 and 2
+    of the constants on the way; the first op that needs the heads layout (the attention MatMul,
+    another Transpose) reads a Transpose of the result.  A permutation moved across ops that act
+    on each (b, h, t) row alike: the same values, bit for bit.  Applied only where it moves such a
+    table (a constant whose axis 1 is 1 and axis 2 is not).
+    """
+    graph = view.graph
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
+        return 0  # a subgraph may read a tensor of the region by name
+    shapes = view.static_shapes()
+    count = 0
+    made: dict[tuple[str, int], str] = {}  # (constant, rank) -> its copy with axes 1 and 2 swapped
+    view.new_names()
+    seeds = [n.output[0] for n in graph.node if n.op_type == "Transpose" and n.domain in ("", "ai.onnx")
+             and _is_swap12([int(p) for p in attr(n, "perm", [])])]  # type: ignore[union-attr]
+    for out in seeds:
+        # the node itself: an earlier region's edit copied the graph's nodes
+        seed = next((n for n in graph.node if n.op_type == "Transpose" and list(n.output) == [out]), None)
+        if seed is not None and _sink_transpose(view, seed, shapes, made):
+            count += 1
+            shapes = view.static_shapes()
+    return count
+
+
+def _is_swap12(perm: list[int]) -> bool:
+    return len(perm) >= 3 and perm == _swap12(list(range(len(perm))))
+
+
+def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, list[int]],
+                    made: dict[tuple[str, int], str]) -> bool:
+    """Move ``seed`` (a Transpose swapping axes 1 and 2) down as far as the ops after it allow;
+    False (nothing changed) when that would move no table."""
+    graph = view.graph
+    outputs = view.outputs
+    nodes = list(graph.node)
+    start = next(k for k, n in enumerate(nodes) if n is seed)
+    # region tensor (original name) -> its rank; the region's nodes in graph order
+    region: dict[str, int] = {seed.output[0]: len(shapes.get(seed.output[0], []))}
+    if region[seed.output[0]] < 3:
+        return False
+    members: list[int] = []
+    moved_table = False
+    plans: dict[int, set[str]] = {}  # member index -> its constant inputs to transpose
+    op_rank: dict[int, int] = {}  # member index -> the rank of its region inputs
+    for k in range(start + 1, len(nodes)):
+        n = nodes[k]
+        if n.domain not in ("", "ai.onnx") or not any(i in region for i in n.input):
+            continue
+        op = n.op_type
+        if op not in _ELEMENTWISE and op not in _AXIS_OPS:
+            continue
+        data = list(n.input) if op in _ELEMENTWISE or op == "Concat" else list(n.input[:1])
+        if data[0] not in region and op not in _ELEMENTWISE and op != "Concat":
+            continue  # the region feeds a parameter (a shape, an index): not layout work
+        if any(i in region for i in n.input if i not in data):
+            continue
+        out_rank = len(shapes.get(n.output[0], []))
+        ranks = {region[i] for i in data if i in region}
+        if len(ranks) != 1 or out_rank < 3 or any(o not in shapes for o in n.output):
+            continue
+        rank = ranks.pop()
+        consts: set[str] = set()
+        ok = True
+        for i in data:
+            if i in region or not i:
+                continue
+            v = view.const_array(i)  # an initializer or a Constant (what the compiler stores as weight)
+            if v is None or v.ndim > rank or (op == "Concat" and v.ndim != rank):
+                ok = False
+                break
+            full = v.reshape((1,) * (rank - v.ndim) + v.shape)
+            if full.shape[1] != 1 or full.shape[2] != 1:
+                consts.add(i)  # a transposed copy is made once the region is accepted
+                moved_table = moved_table or (full.shape[1] == 1 and full.shape[2] > 1)
+        if not ok:
+            continue
+        if op == "Reshape":
+            s_in, s_out = shapes.get(n.input[0]), shapes.get(n.output[0])
+            if s_in is None or s_out is None or len(s_out) < 3 or s_in[:3] != s_out[:3]:
+                continue
+        elif op in _AXIS_OPS and not _axes_beyond_heads(view, n, rank, out_rank):
+            continue
+        members.append(k)
+        plans[k] = consts
+        op_rank[k] = rank
+        for o in n.output:
+            if o:
+                region[o] = len(shapes[o])
+    if not moved_table:
+        return False
+    member_set = set(members)
+    # the region's tensors get fresh names (they now hold the swapped layout); an original name
+    # read outside the region (or a graph output) is made again by a Transpose back
+    renamed = {seed.output[0]: seed.input[0]}
+    for k in members:
+        for o in nodes[k].output:
+            if o:
+                renamed[o] = view.fresh(f"{o}_tokens_heads")
+    read_outside = set(outputs)
+    for k, n in enumerate(nodes):
+        if k not in member_set and k != start:
+            read_outside.update(n.input)
+    keep_seed = seed.output[0] in read_outside
+    old_shapes: set[str] = set()
+    new_nodes: list[onnx.NodeProto] = []
+    for k, n in enumerate(nodes):
+        if k == start:
+            if keep_seed:
+                new_nodes.append(n)
+            continue
+        if k not in member_set:
+            new_nodes.append(n)
+            continue
+        rank = len(shapes[n.output[0]]) if n.op_type == "Reshape" else None
+        for slot, i in enumerate(list(n.input)):
+            if i in renamed:
+                n.input[slot] = renamed[i]
+            elif i in plans[k]:
+                r = op_rank[k]
+                key = (i, r)
+                if key not in made:
+                    v = view.const_array(i)
+                    assert v is not None
+                    full = v.reshape((1,) * (r - v.ndim) + v.shape)
+                    made[key] = view.add_constant(f"{i}_tokens_heads", np.ascontiguousarray(np.swapaxes(full, 1, 2)))
+                n.input[slot] = made[key]
+        if n.op_type == "Reshape" and rank is not None:
+            old_shapes.add(n.input[1])
+            n.input[1] = view.add_constant(f"{n.output[0]}_shape_tokens_heads",
+                                           np.array(_swap12(shapes[n.output[0]]), dtype=np.int64))
+            for a in [a for a in n.attribute if a.name == "allowzero"]:
+                n.attribute.remove(a)
+        originals = list(n.output)
+        for slot, o in enumerate(originals):
+            if o:
+                n.output[slot] = renamed[o]
+        new_nodes.append(n)
+        for o in originals:
+            if o and o in read_outside:
+                r = len(shapes[o])
+                new_nodes.append(helper.make_node("Transpose", [renamed[o]], [o], perm=_swap12(list(range(r))),
+                                                  name=f"{n.name or o}/to_heads"))
+    view.set_nodes(new_nodes)
+    gone = set(renamed) - {o for n in new_nodes for o in n.output}
+    for vi in [vi for vi in graph.value_info if vi.name in gone]:
+        graph.value_info.remove(vi)
+    read = {i for n in new_nodes for i in n.input} | outputs
+    replaced = ({i for c in plans.values() for i in c} | old_shapes) - read
+    for t in [t for t in graph.initializer if t.name in replaced]:
+        graph.initializer.remove(t)
+    return True
