@@ -83,8 +83,8 @@ _MAC = frozenset({"MatMul", "Gemm", "Conv"})
 #: the NPU's fused GELU (``ConvExGelu``: the producing MatMul, its bias and the GELU as one layer,
 #: whatever form the ONNX graph wrote the GELU in) allocates its output at this many times the
 #: tensor's fp16 size.  Measured in the compiler's Feature Tensor Information Table of every FFN the
-#: bench built: 3.00 on rknn-toolkit2 2.3.0 and 2.5.0, the exact (Erf) and tanh forms alike, 64 to
-#: 4096 tokens, hidden 96 to 2048 (docs/cost-model.md, "Device memory from the compiler")
+#: bench built (68 builds): 3.00 on rknn-toolkit2 2.3.0 and 2.5.0, the exact (Erf) and tanh forms
+#: alike, 64 to 2304 tokens, hidden 96 to 2048 (docs/cost-model.md, "Device memory from the compiler")
 GELU_BUFFER = 3
 
 
