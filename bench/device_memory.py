@@ -16,7 +16,8 @@
    stage's memory is mostly the compiler's alignment, which bytes-linear features do not see.
 
 Usage: ``.venv/bin/python bench/device_memory.py [--work DIR] [--toolkits 2.3.0,2.5.0] [--quick]
-[--families dit,pixart,...] [--rows FILE.jsonl] [--model-out FILE.json]``.
+[--families dit,pixart,...] [--anima anima-h512-256,...] [--families-first] [--rows FILE.jsonl]
+[--model-out FILE.json]``.
 ``--rows`` skips collection and reads rows written by an earlier run (``DIR/rows.jsonl``).
 Exit code 0 when the target is met for every toolkit, 1 otherwise.
 """
@@ -120,6 +121,10 @@ def main() -> int:
     ap.add_argument("--toolkits", default="2.3.0,2.5.0")
     ap.add_argument("--quick", action="store_true", help="small Anima shapes only (a few minutes)")
     ap.add_argument("--families", default=",".join(FAMILIES), help="tiny diffusers families to predict ('' for none)")
+    ap.add_argument("--anima", default=None,
+                    help="Anima shapes to build, in this order (default: all of ANIMA; '' for none)")
+    ap.add_argument("--families-first", action="store_true",
+                    help="build the families before the Anima shapes (the held-out families' rows come early)")
     ap.add_argument("--rows", type=Path, default=None, help="read rows from this JSONL instead of building")
     ap.add_argument("--model-out", type=Path, default=None, help="write the fitted model (JSON) here")
     ap.add_argument("--ship", type=Path, default=None,
@@ -134,14 +139,25 @@ def main() -> int:
         rows = [MemoryRow.from_json(json.loads(line)) for line in args.rows.read_text().splitlines() if line.strip()]
     else:
         out_rows = work / "rows.jsonl"
-        for tk in toolkits:
-            for name, over, res, fit in ANIMA:
+        by_name = {a[0]: a for a in ANIMA}
+        names = [a[0] for a in ANIMA] if args.anima is None else [n for n in args.anima.split(",") if n]
+        unknown = [n for n in names if n not in by_name]
+        if unknown:
+            ap.error(f"--anima: unknown shape {unknown[0]!r} (known: {', '.join(by_name)})")
+
+        def save() -> None:
+            out_rows.write_text("".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in rows))
+
+        def anima(tk: str) -> None:
+            for name in names:
+                _, over, res, fit = by_name[name]
                 if args.quick and name not in QUICK:
                     continue
                 _say(f"{tk} {name}")
-                model = _anima(work, name, over, res)
-                rows += _collect(model, "anima", name, fit, tk, work)
-                out_rows.write_text("".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in rows))
+                rows.extend(_collect(_anima(work, name, over, res), "anima", name, fit, tk, work))
+                save()
+
+        def families(tk: str) -> None:
             for fam in (f for f in args.families.split(",") if f):
                 from tests.models.diffusers_families import cached_export
 
@@ -151,8 +167,12 @@ def main() -> int:
                 except Exception as e:  # noqa: BLE001 -- an export failure is reported, the bench goes on
                     _say(f"  export failed: {type(e).__name__}: {e}")
                     continue
-                rows += _collect(model, fam, "medium" if "_m" in fam else "tiny", False, tk, work)
-                out_rows.write_text("".join(json.dumps(r.to_json(), sort_keys=True) + "\n" for r in rows))
+                rows.extend(_collect(model, fam, "medium" if "_m" in fam else "tiny", False, tk, work))
+                save()
+
+        for tk in toolkits:
+            for step in ((families, anima) if args.families_first else (anima, families)):
+                step(tk)
         _say(f"rows: {out_rows}")
     ok = True
     shipped: dict[str, object] = {}

@@ -13,7 +13,13 @@ counted as the NPU runs it (fp16, 2 bytes an element):
 * ``act16``: the largest sum of live activations in model order, at 2 bytes an element,
   **without the attention score tensors** -- the compiler fuses MatMul -> Softmax -> MatMul into
   ``exSDPAttention`` and never materialises the ``heads x tokens x tokens`` matrices the ONNX
-  graph holds (the old calibration counted them: 2.2-3.4x the compiler's figure at 1024 px);
+  graph holds (the old calibration counted them: 2.2-3.4x the compiler's figure at 1024 px) --
+  and with **every GELU counted as the NPU's fused layer holds it**, whatever form the export
+  wrote it in (:func:`gelu_regions`): the compiler fuses the MatMul, its bias and the GELU into one
+  ``ConvExGelu`` whose output buffer is :data:`GELU_BUFFER` (3) times the tensor, and nothing in
+  between.  Counted op by op instead, the same FFN gave 3 hidden-sized tensors in TorchScript's
+  Erf form and 2 for the opset-20 ``Gelu`` op (DiT, PixArt, SD3 exports), while the compiler's
+  table is identical for both: the families' FFNs were under-predicted by 15-25 %;
 * ``att16``: the live activations while an attention core runs (the same count, at the
   positions where a score tensor would be alive);
 * ``head16``: the largest score matrix of *one* head (its last two dimensions) and
@@ -66,6 +72,20 @@ WORKSPACE_HEADS = (0, 1, 2, 3, 4, 5, 6, 8)
 _SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
 #: ops a score tensor may pass through between the scores MatMul and the Softmax (scale, mask, cast)
 _SCORE_PATH = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Reshape", "Softmax", "LogSoftmax"})
+#: the op a GELU is computed around, in any form: the Gelu op (opset 20), or the Erf / Tanh of the
+#: exporters' decompositions (TorchScript's exact Div/Erf/Add/Mul/Mul, the tanh form's Mul/Pow chain)
+_GELU_CORE = frozenset({"Gelu", "Erf", "Tanh"})
+#: the elementwise ops such a decomposition is written with
+_GELU_PARTS = frozenset({"Gelu", "Erf", "Tanh", "Mul", "Div", "Add", "Sub", "Pow", "Sqrt"})
+#: a decomposed GELU is a handful of ops (the tanh form lowered for opset 19 is 9, with the bias Add 10)
+_GELU_MAX_OPS = 12
+_MAC = frozenset({"MatMul", "Gemm", "Conv"})
+#: the NPU's fused GELU (``ConvExGelu``: the producing MatMul, its bias and the GELU as one layer,
+#: whatever form the ONNX graph wrote the GELU in) allocates its output at this many times the
+#: tensor's fp16 size.  Measured in the compiler's Feature Tensor Information Table of every FFN the
+#: bench built (68 builds): 3.00 on rknn-toolkit2 2.3.0 and 2.5.0, the exact (Erf) and tanh forms
+#: alike, 64 to 2304 tokens, hidden 96 to 2048 (docs/cost-model.md, "Device memory from the compiler")
+GELU_BUFFER = 3
 
 
 @dataclass(frozen=True)
@@ -134,6 +154,126 @@ def score_tensors(mg: ModelGraph, ops: Iterable[int]) -> set[str]:
     return scores
 
 
+@dataclass(frozen=True)
+class GeluRegion:
+    """A GELU of the graph as the NPU runs it: one fused layer (see :data:`GELU_BUFFER`)."""
+
+    #: the ops of the GELU (its bias Add included when only the GELU reads the sum)
+    ops: frozenset[int]
+    #: the one activation it reads, and the one it leaves
+    source: str
+    output: str
+    #: the weighted MatMul / Gemm / Conv that produced ``source`` and that the NPU fuses the GELU into
+    #: (``None``: ``source`` comes from elsewhere and is held as it is)
+    fused_into: int | None
+
+
+def _dyn(mg: ModelGraph, i: int) -> list[str]:
+    return [t for t in mg.op(i).inputs if t and not mg.is_const_tensor(t)]
+
+
+def _closed(mg: ModelGraph, region: set[int]) -> tuple[str, str] | None:
+    """(source, output) when ``region`` reads exactly one activation and leaves exactly one."""
+    made = {t for i in region for t in mg.op(i).outputs if t}
+    ext = {t for i in region for t in _dyn(mg, i) if t not in made}
+    outs = set(mg.outputs)
+    leaving = {t for t in made if t in outs or any(q not in region for q in mg.consumers.get(t, []))}
+    if len(ext) != 1 or len(leaving) != 1:
+        return None
+    return next(iter(ext)), next(iter(leaving))
+
+
+def _grow(mg: ModelGraph, opset: set[int], core: int, parts: frozenset[str], max_ops: int
+          ) -> tuple[set[int], str, str] | None:
+    """The largest connected set of ``parts`` ops grown around ``core`` that reads one activation (and
+    constants) and leaves one, every tensor in between read only inside it: (ops, source, output),
+    or ``None``.  It grows backward through producers only it reads and forward through readers of
+    nothing but it and its input; a state that reads or leaves more than one tensor is passed through
+    (a decomposition is closed only at its end), the last closed one kept."""
+    region = {core}
+    best: tuple[set[int], str, str] | None = None
+    for _ in range(2 * max_ops):
+        ends = _closed(mg, region)
+        if ends is not None:
+            best = (set(region), *ends)
+        made = {t for i in region for t in mg.op(i).outputs if t}
+        ext = {t for i in region for t in _dyn(mg, i) if t not in made}
+        grown = set(region)
+        for u in ext:  # backward: a producer whose result only the region reads
+            p = mg.producer.get(u)
+            if (p is not None and p in opset and mg.op(p).op_type in parts
+                    and all(q in region for q in mg.consumers.get(u, []))):
+                grown.add(p)
+        for t in made:  # forward: a reader of nothing but the region and its input
+            for q in mg.consumers.get(t, []):
+                if q in opset and mg.op(q).op_type in parts and all(x in made or x in ext for x in _dyn(mg, q)):
+                    grown.add(q)
+        if grown == region or len(grown) > max_ops:
+            break
+        region = grown
+    return best
+
+
+def gelu_regions(mg: ModelGraph, ops: Iterable[int]) -> list[GeluRegion]:
+    """The GELUs among ``ops``, in any form: a connected set of elementwise ops around one Gelu, Erf or
+    Tanh, reading exactly one activation (and constants) and leaving exactly one; every tensor in
+    between is read only inside the set and has the output's element count."""
+    opset = set(ops)
+    taken: set[int] = set()
+    out: list[GeluRegion] = []
+    for c in sorted(opset):
+        if mg.op(c).op_type not in _GELU_CORE or c in taken:
+            continue
+        grown = _grow(mg, opset, c, _GELU_PARTS, _GELU_MAX_OPS)
+        if grown is None:
+            continue
+        region, source, output = grown
+        if sum(mg.op(i).op_type in _GELU_CORE for i in region) != 1:
+            continue
+        if not any(mg.op(i).op_type == "Gelu" for i in region):
+            # x * f(x): the GELU's input (the source, or the source plus its bias) is read twice inside,
+            # by the Erf/Tanh path and by the product; a lone Tanh is an activation of its own
+            xs = {source} | {mg.op(i).outputs[0] for i in region
+                             if mg.op(i).op_type == "Add" and _dyn(mg, i) == [source]}
+            if max(sum(q in region for q in mg.consumers.get(t, [])) for t in xs) < 2:
+                continue
+        made = {t for i in region for t in mg.op(i).outputs if t}
+        sizes = {math.prod(sh) for t in (*made, source) if (sh := mg.shape(t)) is not None}
+        if len(sizes) != 1:
+            continue  # broadcasting or a reduction inside: not a GELU
+        p = mg.producer.get(source)
+        fused = (p if p is not None and p in opset and mg.op(p).op_type in _MAC
+                 and any(mg.is_const_tensor(t) for t in mg.op(p).inputs[1:] if t)
+                 and all(q in region for q in mg.consumers.get(source, [])) else None)
+        taken |= region
+        out.append(GeluRegion(ops=frozenset(region), source=source, output=output, fused_into=fused))
+    return out
+
+
+def _npu_sizes(mg: ModelGraph, sub: Subgraph, life: Lifetimes) -> tuple[np.ndarray, Lifetimes, set[str]]:
+    """Each tensor of ``life`` at the size the NPU holds it (the attention score tensors 0, a GELU as
+    its fused layer holds it), the lifetimes with a fused GELU's output born at its MatMul, and the
+    score tensors."""
+    scores = score_tensors(mg, sub.ops)
+    size = {t: 0 if t in scores else _bytes16(mg, t) for t in life.names}
+    born = life.born.copy()
+    index = {t: k for k, t in enumerate(life.names)}
+    pos = {op: k for k, op in enumerate(life.order)}
+    for g in gelu_regions(mg, sub.ops):
+        for i in g.ops:  # the decomposition's intermediates live inside the fused layer
+            for t in mg.op(i).outputs:
+                if t in size and t != g.output:
+                    size[t] = 0
+        if g.output in size:
+            size[g.output] = GELU_BUFFER * _bytes16(mg, g.output)
+        if g.fused_into is not None and g.source in size:
+            size[g.source] = 0  # never materialised: the MatMul writes the GELU's output
+            if g.output in index:
+                born[index[g.output]] = pos[g.fused_into]
+    life = dataclasses.replace(life, born=born)
+    return np.array([size[t] for t in life.names], dtype=np.int64), life, scores
+
+
 def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None = None) -> MemoryFeatures:
     """:class:`MemoryFeatures` of the ops of ``sub`` as one NPU stage (``life``: its
     :func:`~rkpart.ir.liveness.stage_lifetimes`, when the caller has them already)."""
@@ -142,8 +282,8 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
     life = life if life is not None else stage_lifetimes(mg, sub)
     if life is None:
         return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16, att16=0)
-    scores = score_tensors(mg, sub.ops)
-    live = life.live_bytes(np.array([0 if t in scores else _bytes16(mg, t) for t in life.names], dtype=np.int64))
+    sizes, life, scores = _npu_sizes(mg, sub, life)
+    live = life.live_bytes(sizes)
     act16 = int(live.max())
     start = np.maximum(life.born, 0)
     # live activations while an attention core runs: positions where a score tensor is alive
@@ -348,13 +488,16 @@ def within(model: MemoryModel, rows: Sequence[MemoryRow], tol: float) -> float:
 
 __all__ = [
     "FEATURES",
+    "GELU_BUFFER",
     "OTHER_BYTES",
     "WORKSPACE_HEADS",
+    "GeluRegion",
     "MemoryFeatures",
     "MemoryModel",
     "MemoryRow",
     "cross_validate_heads",
     "fit_memory_model",
+    "gelu_regions",
     "held_out_summary",
     "memory_features",
     "peak16",

@@ -12,11 +12,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.cost_model.device_model import (
+    GELU_BUFFER,
     INTERNAL_TERMS,
     MemoryFeatures,
     MemoryModel,
     MemoryRow,
     fit_memory_model,
+    gelu_regions,
     held_out_summary,
     within,
 )
@@ -24,6 +26,7 @@ from rkpart.cost_model.features import Features, model_features
 from rkpart.cost_model.model import Component, CostModel, default_model_path
 from rkpart.cost_model.select import memory_term, stage_memory
 from rkpart.errors import SpecError
+from rkpart.ir import graph_of
 
 
 def _attention(heads: int = 4, tokens: int = 32, dim: int = 16) -> onnx.ModelProto:
@@ -67,6 +70,64 @@ def test_fp16_features_leave_the_score_matrices_out() -> None:
     # 4x the tokens: scores grow 16x, the activations only 4x
     g = model_features(_attention(heads=4, tokens=128, dim=16), device="npu")
     assert g.score16 == 16 * f.score16 and g.act16 <= 4 * f.act16
+
+
+def _ffn(act: str, tokens: int = 32, dim: int = 16, hidden: int = 64) -> onnx.ModelProto:
+    """``x -MatMul-> +bias -> act -> MatMul -> +bias -> y`` with the activation written as ``act``:
+    ``gelu`` (the Gelu op, opset 20, tanh approximation), ``erf`` (TorchScript's exact form),
+    ``tanh`` (the tanh form as rkpart lowers it to opset 19), ``silu`` (Sigmoid, Mul: no GELU) or
+    ``gate`` (a Tanh that mixes in a second activation: no GELU either)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n)
+             for n, s in (("W1", (dim, hidden)), ("b1", (hidden,)), ("W2", (hidden, dim)), ("b2", (dim,)))]
+
+    def c(name: str, v: float) -> str:
+        inits.append(numpy_helper.from_array(np.array(v, np.float32), name))
+        return name
+
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h0"]), helper.make_node("Add", ["h0", "b1"], ["h"])]
+    if act == "gelu":
+        nodes.append(helper.make_node("Gelu", ["h"], ["g"], approximate="tanh"))
+    elif act == "erf":
+        nodes += [helper.make_node("Div", ["h", c("s2", 1.4142135)], ["e0"]), helper.make_node("Erf", ["e0"], ["e1"]),
+                  helper.make_node("Add", ["e1", c("one", 1.0)], ["e2"]), helper.make_node("Mul", ["h", "e2"], ["e3"]),
+                  helper.make_node("Mul", ["e3", c("half", 0.5)], ["g"])]
+    elif act == "tanh":
+        nodes += [helper.make_node("Mul", ["h", "h"], ["x2"]), helper.make_node("Mul", ["h", "x2"], ["x3"]),
+                  helper.make_node("Mul", [c("k", 0.044715), "x3"], ["kx3"]), helper.make_node("Add", ["h", "kx3"], ["i"]),
+                  helper.make_node("Mul", [c("b", 0.79788456), "i"], ["bi"]), helper.make_node("Tanh", ["bi"], ["t"]),
+                  helper.make_node("Add", [c("one", 1.0), "t"], ["t1"]), helper.make_node("Mul", ["h", "t1"], ["m"]),
+                  helper.make_node("Mul", [c("half", 0.5), "m"], ["g"])]
+    elif act == "silu":
+        nodes += [helper.make_node("Sigmoid", ["h"], ["sg"]), helper.make_node("Mul", ["h", "sg"], ["g"])]
+    else:  # gate: tanh of the hidden times the boundary input's projection (two activations in)
+        nodes += [helper.make_node("Tanh", ["h"], ["t"]), helper.make_node("MatMul", ["x", "W1"], ["xg"]),
+                  helper.make_node("Mul", ["t", "xg"], ["g"])]
+    nodes += [helper.make_node("MatMul", ["g", "W2"], ["y0"]), helper.make_node("Add", ["y0", "b2"], ["y"])]
+    g = helper.make_graph(nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, dim])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 20 if act == "gelu" else 17)])
+
+
+def test_a_gelu_counts_as_the_npus_fused_layer_whatever_form_the_export_wrote() -> None:
+    x16, h16 = 32 * 16 * 2, 32 * 64 * 2
+    act = {}
+    for form in ("gelu", "erf", "tanh"):
+        model = _ffn(form)
+        mg = graph_of(model, "<ffn>")
+        (region,) = gelu_regions(mg, mg.ops.nodes)
+        assert region.output == "g" and region.source == "h0"  # the bias Add is inside: only the GELU reads it
+        assert region.fused_into is not None and mg.op(region.fused_into).op_type == "MatMul"
+        act[form] = model_features(model, device="npu").act16
+    # ConvExGelu: the MatMul's input, then the GELU's output at GELU_BUFFER times; nothing in between
+    assert act == {f: x16 + GELU_BUFFER * h16 for f in act}
+    # not a GELU: counted tensor by tensor (SiLU: input, sigmoid, product; the gate reads a second activation)
+    for form in ("silu", "gate"):
+        model = _ffn(form)
+        mg = graph_of(model, "<ffn>")
+        assert gelu_regions(mg, mg.ops.nodes) == []
+        assert model_features(model, device="npu").act16 < x16 + GELU_BUFFER * h16
+    assert model_features(_ffn("silu"), device="npu").act16 == 3 * h16  # h0 dead after the bias Add
 
 
 def _row(w16: int, act: int, att: int, head: int, weight: int, internal: int, fit: bool = True,

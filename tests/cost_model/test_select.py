@@ -84,11 +84,11 @@ def test_budget_is_respected_and_trades_residency_for_memory(anima512: Anima, sh
 @pytest.mark.slow
 def test_infeasible_budget_names_the_smallest_feasible_one(anima512: Anima, shipped: CostModel) -> None:
     mg, disc = anima512
-    # split's largest stage, predicted before compiling: 125.1 MiB (the board measured 124.2)
-    with pytest.raises(BudgetError, match=r"smallest feasible budget is 125\.1 MiB \(split/per-stage\)"):
+    # split's largest stage, predicted before compiling: 128.5 MiB, named rounded up: 128.6 (the board measured 124.2)
+    with pytest.raises(BudgetError, match=r"smallest feasible budget is 128\.6 MiB \(split/per-stage\)"):
         select(mg, disc, shipped, SelectionConfig(budget_mib=100))
-    ok = select(mg, disc, shipped, SelectionConfig(budget_mib=125.1))
-    assert ok.device_bytes <= 125.1 * MIB
+    ok = select(mg, disc, shipped, SelectionConfig(budget_mib=128.6))
+    assert ok.device_bytes <= 128.6 * MIB
 
 
 @pytest.mark.slow
