@@ -14,9 +14,9 @@ the view derives is cached and dropped again when the graph changes:
 A rewrite declares what it reads (:data:`NEEDS`): ``"types"`` (element types), ``"shapes"``
 (static shapes, which also writes the inferred value infos into the model, as a toolkit
 then sees them) or ``"inferred_shapes"`` (the same static shapes, read from the inference
-without writing them: a model the rewrite does not match keeps its bytes); asking the view for what the current rewrite did not declare is a bug and
-raises.  Constant values are evaluated by :func:`rkpart.ir.consts.evaluate` at the model's
-own opsets.
+without writing them: a model the rewrite does not match keeps its bytes); asking the view for
+what the current rewrite did not declare is a bug and raises.  Constant values are evaluated by
+:func:`rkpart.ir.consts.evaluate` at the model's own opsets.
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ def _ffn(act: str, tokens: int = 32, dim: int = 16, hidden: int = 64) -> onnx.Mo
                   helper.make_node("Mul", ["e3", c("half", 0.5)], ["g"])]
     elif act == "tanh":
         nodes += [helper.make_node("Mul", ["h", "h"], ["x2"]), helper.make_node("Mul", ["h", "x2"], ["x3"]),
-                  helper.make_node("Mul", [c("k", 0.044715), "x3"], ["kx3"]), helper.make_node("Add", ["h", "kx3"], ["i"]),
+                  helper.make_node("Mul", [c("k", 0.044715), "x3"], ["kx3"]),
+                  helper.make_node("Add", ["h", "kx3"], ["i"]),
                   helper.make_node("Mul", [c("b", 0.79788456), "i"], ["bi"]), helper.make_node("Tanh", ["bi"], ["t"]),
                   helper.make_node("Add", [c("one", 1.0), "t"], ["t1"]), helper.make_node("Mul", ["h", "t1"], ["m"]),
                   helper.make_node("Mul", [c("half", 0.5), "m"], ["g"])]

@@ -7,6 +7,7 @@ placement that justifies it.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 import onnx
@@ -634,7 +635,7 @@ def heads_table_layout(view: GraphEdit) -> int:
     made: dict[tuple[str, int], str] = {}  # (constant, rank) -> its copy with axes 1 and 2 swapped
     view.new_names()
     seeds = [n.output[0] for n in graph.node if n.op_type == "Transpose" and n.domain in ("", "ai.onnx")
-             and _is_swap12([int(p) for p in attr(n, "perm", [])])]  # type: ignore[union-attr]
+             and _is_swap12([int(p) for p in cast("list[int]", attr(n, "perm", []))])]
     for out in seeds:
         # the node itself: an earlier region's edit copied the graph's nodes
         seed = next((n for n in graph.node if n.op_type == "Transpose" and list(n.output) == [out]), None)
@@ -733,7 +734,7 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
         if k not in member_set:
             new_nodes.append(n)
             continue
-        rank = len(shapes[n.output[0]]) if n.op_type == "Reshape" else None
+        out_len: int | None = len(shapes[n.output[0]]) if n.op_type == "Reshape" else None
         for slot, i in enumerate(list(n.input)):
             if i in renamed:
                 n.input[slot] = renamed[i]
@@ -746,7 +747,7 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
                     full = v.reshape((1,) * (r - v.ndim) + v.shape)
                     made[key] = view.add_constant(f"{i}_tokens_heads", np.ascontiguousarray(np.swapaxes(full, 1, 2)))
                 n.input[slot] = made[key]
-        if n.op_type == "Reshape" and rank is not None:
+        if n.op_type == "Reshape" and out_len is not None:
             old_shapes.add(n.input[1])
             n.input[1] = view.add_constant(f"{n.output[0]}_shape_tokens_heads",
                                            np.array(_swap12(shapes[n.output[0]]), dtype=np.int64))
