@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -100,7 +101,8 @@ def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionC
     anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks} if config.share_anatomy else None
     sel = choose(cands, model, config, notes=notes, anatomy=anatomy)
     if capability is not None and any(o.candidate.host_ops for o in sel.chosen):
-        sel.trades = capability_trades(mg, disc, model, config, sel, capability)
+        # proposing every family again and probing the moved ops is for --explain only: on demand
+        sel.trade_source = functools.partial(capability_trades, mg, disc, model, config, sel, capability)
     return sel
 
 

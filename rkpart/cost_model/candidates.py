@@ -29,6 +29,7 @@ from typing import Any
 
 from rkpart.cost_model.features import Features, group_features
 from rkpart.ir import ModelGraph
+from rkpart.partitioner.capability import host_op_key
 from rkpart.partitioner.discovery import Block, Discovery
 from rkpart.partitioner.partition import Group, Partition, block_id
 from rkpart.strategies.families import candidate_id_for, precision_id, split_precision
@@ -93,7 +94,7 @@ def _make(mg: ModelGraph, disc: Discovery, cid: str, run: Sequence[Block], group
           options: Mapping[str, Any], moved: Sequence[Mapping[str, Any]] = ()) -> Candidate:
     groups = tuple(groups)
     if moved:
-        names = {mg.op(i).name for g in groups if g.device == "host" for i in g.ops}
+        names = {host_op_key(mg, i) for g in groups if g.device == "host" for i in g.ops}
         moved = tuple(h for h in moved if h.get("op") in names)
     npu_ops = frozenset().union(*(g.ops for g in groups if g.device == "npu"))
     host_ops = frozenset().union(*(g.ops for g in groups if g.device == "host"))

@@ -42,9 +42,15 @@ class UnrollError(ValueError):
 class LoopTrips:
     """A ``Loop`` that carries a sequence: what its trip count is read from."""
 
-    node: str  # the Loop's node name
+    node: str  # the Loop's key (:func:`node_key`): what ``unroll_sequences``' ``trips`` is keyed by
     trip_count: str  # the tensor holding M ('' when absent)
     cond: str  # the tensor holding the initial condition ('' when absent)
+    outputs: tuple[str, ...] = ()  # the Loop's outputs
+
+
+def node_key(n: onnx.NodeProto, k: int) -> str:
+    """A top-level node's name, else ``<op type>_<position>`` (a name nothing else gives it)."""
+    return n.name or f"{n.op_type}_{k}"
 
 
 def sequence_loops(model: onnx.ModelProto) -> list[LoopTrips]:
@@ -56,8 +62,8 @@ def sequence_loops(model: onnx.ModelProto) -> list[LoopTrips]:
         body = _body(n)
         if any(b.op_type in SEQUENCE_OPS for b in body.node) or any(
                 vi.type.HasField("sequence_type") for vi in [*body.input, *body.output]):
-            out.append(LoopTrips(node=n.name or f"Loop_{k}", trip_count=n.input[0] if n.input else "",
-                                 cond=n.input[1] if len(n.input) > 1 else ""))
+            out.append(LoopTrips(node=node_key(n, k), trip_count=n.input[0] if n.input else "",
+                                 cond=n.input[1] if len(n.input) > 1 else "", outputs=tuple(n.output)))
     return out
 
 
@@ -73,7 +79,7 @@ def unroll_sequences(model: onnx.ModelProto, trips: Mapping[str, int]) -> None:
     out_nodes: list[onnx.NodeProto] = []
     consts: list[onnx.TensorProto] = []
     for k, n in enumerate(g.node):
-        name = n.name or f"{n.op_type}_{k}"
+        name = node_key(n, k)
         if n.op_type == "Loop" and name in trips:
             out_nodes += _unroll_loop(n, name, int(trips[name]), seqs, opset, consts, g)
         elif n.op_type in SEQUENCE_OPS:
@@ -234,4 +240,5 @@ def _unroll_loop(n: onnx.NodeProto, name: str, trips: int, seqs: dict[str, list[
     return nodes
 
 
-__all__ = ["SEQUENCE_OPS", "LoopTrips", "UnrollError", "has_sequences", "sequence_loops", "unroll_sequences"]
+__all__ = ["SEQUENCE_OPS", "LoopTrips", "UnrollError", "has_sequences", "node_key", "sequence_loops",
+           "unroll_sequences"]

@@ -58,6 +58,11 @@ class HostOp:
         return {"op": self.name, "op_type": self.op_type, "from_stage": self.stage, "why": self.why}
 
 
+def host_op_key(mg: ModelGraph, i: int) -> str:
+    """How a :class:`HostOp` record names op ``i`` (``op``): its node name, else its index."""
+    return mg.op(i).name or str(i)
+
+
 def pattern_of(mg: ModelGraph, i: int) -> PlacementPattern:
     """The shape class of op ``i`` a placement is learned and matched by."""
     n = mg.op(i)
@@ -195,7 +200,7 @@ def place_by_capability(mg: ModelGraph, part: Partition,
         for lvl in sorted(host_levels):
             groups.append(replace(g, id=_fresh(f"{g.id}.host{lvl}", used), device="host",
                                   ops=frozenset(host_levels[lvl]), kind="cpu-op"))
-        moved += [HostOp(i, mg.op(i).name or str(i), mg.op(i).op_type, g.id, why[i]) for i in sorted(host)]
+        moved += [HostOp(i, host_op_key(mg, i), mg.op(i).op_type, g.id, why[i]) for i in sorted(host)]
     note = (f"capability: {len(moved)} op(s) moved out of NPU stages to the host "
             f"({', '.join(sorted({h.op_type for h in moved}))}); plan.json extra.capability says why")
     return Partition(part.strategy, part.options, tuple(groups), (*part.notes, note), part.extra), tuple(moved)
@@ -362,4 +367,4 @@ def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_hos
     return replace(out, extra={**out.extra, "capability": {**cap.to_json(), "host_ops": [h.to_json() for h in moved]}})
 
 
-__all__ = ["HostOp", "apply_capability", "cut_before", "flag_ops", "pattern_of", "place_by_capability"]
+__all__ = ["HostOp", "apply_capability", "cut_before", "flag_ops", "host_op_key", "pattern_of", "place_by_capability"]

@@ -96,8 +96,7 @@ def load_specialised(model: str | os.PathLike[str], feeds: Mapping[str, np.ndarr
             mg = graph_of(proto, path, input_shapes=input_shapes, data_shapes=shapes)
         except DataDependentShapeError as again:
             err = again
-    unrolled_outputs = {o for k, n in enumerate(original.graph.node)
-                        if n.op_type == "Loop" and (n.name or f"Loop_{k}") in trips for o in n.output}
+    unrolled_outputs = {o for lp in sequence_loops(original) for o in lp.outputs}
     records = []
     for op, node, tensor in seen.values():
         shape = mg.tensor_types[tensor][1] if tensor in mg.tensor_types else shapes[tensor][1]
