@@ -203,7 +203,7 @@ def build_report(
                  life, "lifecycle"),
         _section("Memory timeline", "Per measured round: the process's peak PSS and the device-mapped (NPU) memory of "
                  "each stage as it ran" + (f", with the budget of {budget:g} MiB." if budget is not None else ".")
-                 + hint_prof, pngs["memory"], mem, "memory"),
+                 + html.escape(plots.memory_rounds_note(mem)) + hint_prof, pngs["memory"], mem, "memory"),
         _section("Per-stage accuracy", "Cosine similarity and max-abs error of each stage against ONNX Runtime on "
                  "the same inputs, and end to end." + hint_run, pngs["accuracy"], acc, "accuracy"),
         _section("Cost model", "Predicted against measured, per stage and component." + hint_cost,

@@ -131,6 +131,15 @@ def _summarised_rounds(keys: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any
     return out, notes
 
 
+def memory_rounds_note(rows: Table) -> str:
+    """What the memory plot leaves out, in words for the page (its panel titles are inside the
+    image): per profile whose rounds :func:`_summarised_rounds` summarises, which ones are drawn."""
+    keys = dict.fromkeys((r["profile"], r["round"]) for r in rows if not r["warmup"])
+    _, notes = _summarised_rounds(list(keys))
+    return "".join(f" Profile {p}: the plot shows the{n.rstrip(')').replace(' (', ' ', 1)}."
+                   for p, n in notes.items())
+
+
 def memory(rows: Table, budget_mib: float | None) -> bytes | None:
     """Per profile and measured round: process PSS and device memory over the round's time, and the budget."""
     measured = [r for r in rows if not r["warmup"]]
