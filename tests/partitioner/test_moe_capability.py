@@ -113,3 +113,26 @@ def test_auto_weighs_the_move_against_the_runtime_fallback(tmp_path: Path) -> No
     js = sel.to_json()
     trades = [b["capability_trade"] for b in js["blocks"] if "capability_trade" in b]
     assert len(trades) == len(sel.trades) and all(t["fallback_s"] > 0 for t in trades)
+
+
+def test_auto_records_the_moves_of_ops_without_names(tmp_path: Path) -> None:
+    """An export whose nodes carry no names at all: a move is recorded by the op's index (what
+    :func:`~rkpart.partitioner.capability.host_op_key` names it), and ``auto``'s candidates match
+    their host groups by that same key, so the routing moved out of every block is still in the plan."""
+    from rkpart.auto import AutoStrategy
+
+    proto = onnx.load(str(cached_export("torchscript")))
+    for n in proto.graph.node:
+        n.name = ""
+    model = tmp_path / "unnamed.onnx"
+    onnx.save(proto, str(model))
+    m = load(model)
+    part = propose(m, AutoStrategy(), PartitionConfig(toolkit="2.5.0", options={"toolkit": "2.5.0"}))
+    moved = part.extra["capability"]["host_ops"]
+    assert sum(h["op_type"] == "TopK" for h in moved) == BLOCKS
+    host = {i for g in part.groups if g.device == "host" for i in g.ops}
+    for h in moved:
+        assert h["op"].isdigit() and int(h["op"]) in host, h
+        assert m.graph.op(int(h["op"])).op_type == h["op_type"]
+    out = tmp_path / "auto"
+    assert_reproduces(write_plan(m, part, out), out, model)
