@@ -25,14 +25,20 @@ counted as the NPU runs it (fp16, 2 bytes an element):
 * ``head16``: the largest score matrix of *one* head (its last two dimensions) and
   ``score16`` all heads': the fused attention streams over heads a few at a time, so its
   workspace follows one head's ``tokens x keys`` matrix, not the whole tensor;
-* ``io16``: the stage's boundary tensors.
+* ``io16``: the stage's boundary tensors;
+* ``hnorm16``: the activations normalised **per attention head** (q/k RMSNorm or LayerNorm over the
+  last axis of a ``[batch, tokens, heads, head_dim]``-like tensor, :func:`head_norm_inputs`).  The
+  compiler's ``exNorm`` lays such a tensor out with the heads in its H axis and holds an output
+  buffer of 2x and a secondary of 2.25x the tensor (Feature Tensor Information Table, 2.3.0, Anima
+  attention at 256-1024 tokens); at 256 tokens its buffers are the stage's peak.  A stage without
+  q/k norms (DiT, PixArt) has none of it, which the attention workspace ``R`` alone cannot tell apart.
 
 The compiler's internal memory is the peak of its buffers over the schedule: at the attention
 (live activations plus the workspace of ``R`` heads' score matrices) or elsewhere (the FFN's
 hidden activations), whichever is larger::
 
     weight   = a0 + a1 * weight16
-    internal = b0 + b1 * max(act16, att16 + R * head16) + b2 * io16
+    internal = b0 + b1 * max(act16, att16 + R * head16) + b2 * io16 + b3 * hnorm16
 
 ``R`` (:data:`WORKSPACE_HEADS`) is chosen per toolkit by leave-one-shape-out cross-validation on
 the fit set alone (``bench/device_memory.py``; 4 on 2.5.0), the coefficients are non-negative and
@@ -63,10 +69,10 @@ OTHER_BYTES = 0
 #: the held-out error a budget is about: stages of at least this much compiler memory
 MIN_STAGE_BYTES = 1 << 20
 #: the features of :class:`MemoryFeatures`, in the order the JSON and the fit use them
-FEATURES = ("weight16", "act16", "att16", "score16", "head16", "io16")
+FEATURES = ("weight16", "act16", "att16", "score16", "head16", "io16", "hnorm16")
 WEIGHT_TERMS = ("const", "weight16")
 #: ``peak16`` is ``max(act16, att16 + R * head16)`` (:func:`peak16`)
-INTERNAL_TERMS = ("const", "peak16", "io16")
+INTERNAL_TERMS = ("const", "peak16", "io16", "hnorm16")
 #: the workspace sizes tried, in heads' score matrices (``R`` of the module docstring)
 WORKSPACE_HEADS = (0, 1, 2, 3, 4, 5, 6, 8)
 _SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
@@ -99,6 +105,8 @@ class MemoryFeatures:
     io16: int
     #: the live activations (scores left out) while an attention core runs (0: no attention)
     att16: int = 0
+    #: the activations normalised per attention head (:func:`head_norm_inputs`)
+    hnorm16: int = 0
 
     def value(self, name: str, heads: float = 0.0) -> float:
         if name == "const":
@@ -250,6 +258,57 @@ def gelu_regions(mg: ModelGraph, ops: Iterable[int]) -> list[GeluRegion]:
     return out
 
 
+#: normalisation ops read whole (a hand-written RMSNorm / LayerNorm is found by its ReduceMean)
+_NORM_OPS = frozenset({"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization"})
+#: the ops between a hand-written LayerNorm's input and its variance's ReduceMean (x - mean, squared)
+_NORM_PATH = frozenset({"Sub", "Pow", "Mul", "Cast"})
+
+
+def _per_head(shape: tuple[int, ...] | None) -> bool:
+    """A tensor normalised over its last axis per attention head: rank 4 or more, with tokens and
+    heads (two axes of more than one) in front of the normalised one."""
+    return shape is not None and len(shape) >= 4 and sum(d > 1 for d in shape[:-1]) >= 2
+
+
+def head_norm_inputs(mg: ModelGraph, ops: Iterable[int]) -> list[str]:
+    """The tensors ``ops`` normalise per attention head, once each: the input of a normalisation op,
+    or of a ``ReduceMean`` over the last axis (the mean of a hand-written RMSNorm / LayerNorm), of a
+    :func:`_per_head` shape.  A LayerNorm's second ``ReduceMean`` (its variance, of ``x - mean``) is
+    the same normalisation and is not counted again."""
+    opset = set(ops)
+    cands: dict[int, str] = {}
+    for i in sorted(opset):
+        n = mg.op(i)
+        if (n.op_type not in _NORM_OPS and n.op_type != "ReduceMean") or not n.inputs or not n.inputs[0]:
+            continue
+        x = n.inputs[0]
+        sh = mg.shape(x)
+        if not _per_head(sh):
+            continue
+        if n.op_type == "ReduceMean":  # over the last axis only: (..., D) -> (..., 1) or (...)
+            out = mg.shape(n.outputs[0])
+            if sh is None or out is None or tuple(out) not in ((*sh[:-1], 1), tuple(sh[:-1])):
+                continue
+        cands[i] = x
+    normalised = set(cands.values())
+    found: list[str] = []
+    for x in cands.values():
+        seen: set[str] = set()
+        frontier = [x]
+        for _ in range(3):  # x - mean, its square, a cast: a short way back to the normalised tensor
+            nxt = []
+            for t in frontier:
+                p = mg.producer.get(t)
+                if p is None or p not in opset or mg.op(p).op_type not in _NORM_PATH:
+                    continue
+                nxt += [u for u in mg.op(p).inputs if u and u not in seen]
+            seen.update(nxt)
+            frontier = nxt
+        if not (seen & normalised) and x not in found:
+            found.append(x)
+    return found
+
+
 def _npu_sizes(mg: ModelGraph, sub: Subgraph, life: Lifetimes) -> tuple[np.ndarray, Lifetimes, set[str]]:
     """Each tensor of ``life`` at the size the NPU holds it (the attention score tensors 0, a GELU as
     its fused layer holds it), the lifetimes with a fused GELU's output born at its MatMul, and the
@@ -281,7 +340,8 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
     io16 = sum(_bytes16(mg, t) for t in (*sub.inputs, *sub.outputs))
     life = life if life is not None else stage_lifetimes(mg, sub)
     if life is None:
-        return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16, att16=0)
+        return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16, att16=0,
+                              hnorm16=sum(_bytes16(mg, t) for t in head_norm_inputs(mg, sub.ops)))
     sizes, life, scores = _npu_sizes(mg, sub, life)
     live = life.live_bytes(sizes)
     act16 = int(live.max())
@@ -294,8 +354,9 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
     att16 = int(live[during].max()) if during.any() else 0
     score16 = max((_bytes16(mg, t) for t in scores), default=0)
     head16 = max((2 * math.prod(sh[-2:]) for t in scores if (sh := mg.shape(t)) and len(sh) >= 2), default=0)
+    hnorm16 = sum(_bytes16(mg, t) for t in head_norm_inputs(mg, sub.ops))
     return MemoryFeatures(weight16=int(weight16), act16=act16, score16=int(score16), head16=int(head16),
-                          io16=int(io16), att16=att16)
+                          io16=int(io16), att16=att16, hnorm16=int(hnorm16))
 
 
 def stage_memory_features(folder: str | Path, stage: Any) -> MemoryFeatures:
@@ -465,7 +526,7 @@ def held_out_summary(model: MemoryModel, held: Sequence[MemoryRow], *, fitted_on
     w = dict(zip(WEIGHT_TERMS, model.weight, strict=True))
     i = dict(zip(INTERNAL_TERMS, model.internal, strict=True))
     terms = {"const": float(f"{w['const'] + i['const'] + OTHER_BYTES:.6g}"), "weight16": w["weight16"],
-             peak_term(model.workspace_heads): i["peak16"], "io16": i["io16"]}
+             peak_term(model.workspace_heads): i["peak16"], "io16": i["io16"], "hnorm16": i["hnorm16"]}
     return {"terms": terms, "unit": "bytes", "applies_to": "npu", "source": "compiler tables", "samples": model.samples,
             "fit_error": {"in_sample": dict(model.fit_error), "held_out": err, "fitted_on": fitted_on,
                           "held_out_on": held_out},
@@ -498,6 +559,7 @@ __all__ = [
     "cross_validate_heads",
     "fit_memory_model",
     "gelu_regions",
+    "head_norm_inputs",
     "held_out_summary",
     "memory_features",
     "peak16",

@@ -88,6 +88,8 @@ class Features:
     head16: int = 0
     io16: int = 0
     att16: int = 0
+    #: the activations normalised per attention head (q/k norms; the compiler's exNorm buffers)
+    hnorm16: int = 0
     rknn_bytes: int | None = None
     op_counts: tuple[tuple[str, int], ...] = field(default_factory=tuple)
     #: the compiler's own plan when the stage was compiled (``artifacts[].compiler``): weight +
@@ -258,7 +260,7 @@ def view_features(mg: ModelGraph, sub: Subgraph, *, device: str, artifact: Artif
     mem = view_memory_features(mg, sub, life)
     cp = artifact.compiler if artifact is not None else None
     return _replace(f, weight16=mem.weight16, act16=mem.act16, score16=mem.score16, head16=mem.head16, io16=mem.io16,
-                    att16=mem.att16,
+                    att16=mem.att16, hnorm16=mem.hnorm16,
                     compiled_mem_bytes=None if cp is None else cp.device_mem_bytes,
                     compiled_cycles=None if cp is None else cp.cycles_total,
                     compiled_rw_bytes=None if cp is None else cp.rw_bytes)

@@ -19,6 +19,7 @@ from rkpart.cost_model.device_model import (
     MemoryRow,
     fit_memory_model,
     gelu_regions,
+    head_norm_inputs,
     held_out_summary,
     within,
 )
@@ -132,16 +133,17 @@ def test_a_gelu_counts_as_the_npus_fused_layer_whatever_form_the_export_wrote() 
 
 
 def _row(w16: int, act: int, att: int, head: int, weight: int, internal: int, fit: bool = True,
-         shape: str = "s") -> MemoryRow:
+         shape: str = "s", hnorm: int = 0) -> MemoryRow:
     return MemoryRow(family="t", shape=shape, strategy="split", stage="x", toolkit="9.9", fit=fit,
                      features=MemoryFeatures(weight16=w16, act16=act, att16=att, score16=8 * head, head16=head,
-                                             io16=act // 4),
+                                             io16=act // 4, hnorm16=hnorm),
                      weight_bytes=weight, internal_bytes=internal)
 
 
-def _compiler(act: int, att: int, head: int) -> int:
-    """A compiler whose buffers peak at the FFN or at the attention with 4 heads of workspace."""
-    return int(1.4 * max(act, att + 4 * head)) + 65536
+def _compiler(act: int, att: int, head: int, hnorm: int = 0) -> int:
+    """A compiler whose buffers peak at the FFN or at the attention with 4 heads of workspace, and
+    whose per-head norms add half their tensor."""
+    return int(1.4 * max(act, att + 4 * head) + 0.5 * hnorm) + 65536
 
 
 def test_fit_recovers_the_workspace_and_reports_held_out_error() -> None:
@@ -150,25 +152,28 @@ def test_fit_recovers_the_workspace_and_reports_held_out_error() -> None:
     for k in range(16):
         w16, act, head = (int(x) for x in rng.integers(1 << 20, 1 << 26, size=3))
         att = act // 2
-        rows.append(_row(w16, act, att, head, weight=w16 + 4096, internal=_compiler(act, att, head), shape=f"s{k}"))
+        hnorm = 0 if k % 2 else int(rng.integers(1 << 20, 1 << 24))  # half the stages have q/k norms
+        rows.append(_row(w16, act, att, head, weight=w16 + 4096, internal=_compiler(act, att, head, hnorm),
+                         shape=f"s{k}", hnorm=hnorm))
     model = fit_memory_model(rows, "9.9")
+    assert model.internal[INTERNAL_TERMS.index("hnorm16")] == pytest.approx(0.5, rel=0.02)
     assert model.workspace_heads == 4.0  # chosen by leave-one-shape-out cross-validation
     assert within(model, rows, 0.01) == 1.0 and model.samples == 16
     assert model.fit_error["cross_validation"]["4"]["within_10"] == 1.0
     assert MemoryModel.from_json(json.loads(json.dumps(model.to_json()))) == model
     big = 1 << 28
-    held = [_row(big, big, big // 2, big // 4, weight=big + 4096, internal=_compiler(big, big // 2, big // 4),
-                 fit=False)]
+    held = [_row(big, big, big // 2, big // 4, weight=big + 4096,
+                 internal=_compiler(big, big // 2, big // 4, big // 8), fit=False, hnorm=big // 8)]
     ship = held_out_summary(model, held, fitted_on="synthetic", held_out="one bigger row")
     assert ship["fit_error"]["held_out"]["within_10"] == 1.0 and ship["fit_error"]["held_out"]["n"] == 1
     # the shipped form is a cost-model component over Features, predicting the same bytes
     comp = Component.from_json("device_mem", ship)
-    assert set(comp.terms) == {"const", "weight16", "npu_peak16:4", "io16"}
+    assert set(comp.terms) == {"const", "weight16", "npu_peak16:4", "io16", "hnorm16"}
     f = held[0].features
     feats = Features(device="npu", **{k: getattr(f, k) for k in ("weight16", "act16", "att16", "score16", "head16",
-                                                                 "io16")})
+                                                                 "io16", "hnorm16")})
     assert comp.predict(feats) == pytest.approx(model.predict(f), rel=1e-5)
-    assert INTERNAL_TERMS == ("const", "peak16", "io16")
+    assert INTERNAL_TERMS == ("const", "peak16", "io16", "hnorm16")
 
 
 def test_a_damaged_memory_model_is_refused() -> None:
@@ -199,3 +204,54 @@ def test_selection_takes_the_compilers_figure_over_a_prediction() -> None:
     low = Component("device_mem", ("const", "weight16"), (0.0, 0.1), source="compiler tables")
     dev, _, _ = stage_memory(dataclasses.replace(model, device_memory={"9.9": low}), f, term, "9.9")
     assert dev == 2000.0
+
+
+def _norms(tokens: int = 8, heads: int = 4, d: int = 16) -> onnx.ModelProto:
+    """Per-head q/k norms in the spellings exporters write, and norms that are not per head::
+
+        q[1,T,H,d] -Pow-ReduceMean(-1)-Add-Sqrt-Div-Mul-> qn           (RMSNorm, hand-written)
+        k[1,T,H,d] -ReduceMean(-1)-Sub-Pow-ReduceMean(-1)-...-> kn     (LayerNorm, hand-written: 2 means)
+        v[1,H,T,d] -LayerNormalization-> vn                            (the op, heads in front)
+        x[1,T,D]   -LayerNormalization-> xn                            (the hidden: not per head)
+        q          -ReduceMean(axis 1)-> qm                            (not over the last axis)
+    """
+    f = TensorProto.FLOAT
+    inits = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("two", 2.0), ("eps", 1e-6))]
+    inits += [numpy_helper.from_array(np.ones(d, np.float32), "g"),
+              numpy_helper.from_array(np.zeros(d, np.float32), "b"),
+              numpy_helper.from_array(np.ones(heads * d, np.float32), "gx"),
+              numpy_helper.from_array(np.zeros(heads * d, np.float32), "bx")]
+    nodes = [helper.make_node("Pow", ["q", "two"], ["q2"]),
+             helper.make_node("ReduceMean", ["q2"], ["qms"], axes=[-1]),
+             helper.make_node("Add", ["qms", "eps"], ["qe"]), helper.make_node("Sqrt", ["qe"], ["qs"]),
+             helper.make_node("Div", ["q", "qs"], ["qd"]), helper.make_node("Mul", ["qd", "g"], ["qn"]),
+             helper.make_node("ReduceMean", ["k"], ["km"], axes=[-1]), helper.make_node("Sub", ["k", "km"], ["kc"]),
+             helper.make_node("Pow", ["kc", "two"], ["kc2"]),
+             helper.make_node("ReduceMean", ["kc2"], ["kv"], axes=[-1]),
+             helper.make_node("Add", ["kv", "eps"], ["kve"]), helper.make_node("Sqrt", ["kve"], ["ks"]),
+             helper.make_node("Div", ["kc", "ks"], ["kn"]),
+             helper.make_node("LayerNormalization", ["v", "g", "b"], ["vn"], axis=-1),
+             helper.make_node("LayerNormalization", ["x", "gx", "bx"], ["xn"], axis=-1),
+             helper.make_node("ReduceMean", ["q"], ["qm"], axes=[1])]
+    ins = [helper.make_tensor_value_info("q", f, [1, tokens, heads, d]),
+           helper.make_tensor_value_info("k", f, [1, tokens, heads, d]),
+           helper.make_tensor_value_info("v", f, [1, heads, tokens, d]),
+           helper.make_tensor_value_info("x", f, [1, tokens, heads * d])]
+    outs = [helper.make_tensor_value_info(n, f, sh) for n, sh in (
+        ("qn", [1, tokens, heads, d]), ("kn", [1, tokens, heads, d]), ("vn", [1, heads, tokens, d]),
+        ("xn", [1, tokens, heads * d]), ("qm", [1, 1, heads, d]))]
+    g = helper.make_graph(nodes, "norms", ins, outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_per_head_norms_are_counted_once_each_whatever_their_spelling() -> None:
+    model = _norms(tokens=8, heads=4, d=16)
+    mg = graph_of(model, "<norms>")
+    # the RMSNorm by the tensor its mean reads (q squared: q's size), the LayerNorm once (k), the op
+    # (v); not the hidden-size norm, not a mean over another axis
+    assert head_norm_inputs(mg, mg.ops.nodes) == ["q2", "k", "v"]
+    per_tensor = 2 * 8 * 4 * 16
+    assert model_features(model, device="npu").hnorm16 == 3 * per_tensor
+    # a stage without the norms has none
+    ffn = model_features(_ffn("gelu"), device="npu")
+    assert ffn.hnorm16 == 0

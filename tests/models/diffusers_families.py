@@ -184,6 +184,29 @@ def _flux() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _flux_sized(heads: int, head_dim: int, side: int, text: int) -> tuple[Any, dict[str, Any]]:
+    """Flux at a size where memory is megabytes (``side`` x ``side`` image tokens): per-head q/k RMSNorm."""
+    import torch
+    from diffusers import FluxTransformer2DModel
+
+    rope = (head_dim // 4, 3 * head_dim // 8, 3 * head_dim // 8)
+    m = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                               attention_head_dim=head_dim, num_attention_heads=heads, joint_attention_dim=64,
+                               pooled_projection_dim=16, axes_dims_rope=rope)
+    n = side * side
+    img_ids = torch.zeros(n, 3)
+    img_ids[:, 1] = torch.arange(n) // side
+    img_ids[:, 2] = torch.arange(n) % side
+    return m, {
+        "hidden_states": torch.randn(1, n, 16),
+        "encoder_hidden_states": torch.randn(1, text, 64),
+        "pooled_projections": torch.randn(1, 16),
+        "timestep": torch.tensor([0.7]),
+        "img_ids": img_ids,
+        "txt_ids": torch.zeros(text, 3),
+    }
+
+
 def _sana() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import SanaTransformer2DModel
@@ -835,12 +858,15 @@ NOT_EXPORTED: dict[str, str] = {
                                    "convert the complex product (config kept: _qwenimage)",
 }
 #: families at a size where memory is megabytes, not kilobytes (hidden 512, 256 image tokens, 1024 for
-#: ``*_1k``): the device-memory bench predicts them (``bench/device_memory.py``); not in the family sweep
+#: ``*_1k``): the device-memory bench predicts them (``bench/device_memory.py``); not in the family sweep.
+#: ``sd35_m`` and ``flux_m`` normalise q and k per head (RMSNorm), the others have no q/k norms
 SIZED: dict[str, Family] = {f.name: f for f in (
     Family("dit_m", lambda: _dit(heads=8, head_dim=64, sample=32)),
     Family("dit_m1k", lambda: _dit(heads=8, head_dim=64, sample=64)),
     Family("pixart_m", lambda: _pixart(heads=8, head_dim=64, sample=32, text=64), _pixart_fixed),
     Family("sd3_m", lambda: _sd3(heads=8, head_dim=64, sample=32, text=64), blocks=3),
+    Family("sd35_m", lambda: _sd3(heads=8, head_dim=64, sample=32, text=64, qk_norm="rms_norm"), blocks=3),
+    Family("flux_m", lambda: _flux_sized(heads=8, head_dim=64, side=16, text=64)),
 )}
 #: every family and variant by name
 ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **SIZED}
