@@ -5,7 +5,9 @@ The algorithm works on graph structure; exporter names only number the blocks.
 1. **Residual adds.**  ``Add(s, b)`` with ``s``, ``b`` and the output of one shape, where
    ``s`` is an ancestor of ``b`` and ``s`` has another consumer: the skip connection of
    ``x = x + f(x)``.  (RoPE's ``q*cos + rot(q)*sin`` and AdaLN's ``+ shift`` are not: neither
-   operand is an ancestor of the other.)
+   operand is an ancestor of the other.)  Ancestry is the tensor's, not its producer's: one
+   ``Split`` that makes AdaLN's shift and scale is an ancestor of ``norm(x) * (1 + scale)``,
+   the shift tensor is not.
 2. **Streams.**  Residual adds link when one's output reaches the next one's skip through
    data-movement ops only (reshapes, and the concat / slice with which Flux single blocks
    join and split the image and text streams).  Runs of one-to-one links are the residual
@@ -514,11 +516,12 @@ def _residual_adds(mg: ModelGraph, reach: Reach) -> dict[int, str]:
             ps = mg.producer.get(root)
             readers = _real_consumers(mg, root)
             if ps is None:
-                ok = root in mg.inputs and any(
-                    reach.is_ancestor(c, pb) or c == pb for c in readers if c != i
-                )
+                ok = root in mg.inputs and _tensor_feeds(mg, reach, root, pb, i)
             else:
-                ok = ps not in mg.const_ops and reach.is_ancestor(ps, pb)
+                # the skip *tensor* must feed the branch, not just the op making it: one Split
+                # makes AdaLN's shift and scale, and ``norm(x) * (1 + scale) + shift`` is no
+                # residual (dynamo's one Split of a modulation that several blocks read)
+                ok = ps not in mg.const_ops and _tensor_feeds(mg, reach, root, pb, i)
             if ok and len(readers) >= 2:
                 out[i] = skip
                 break
@@ -529,11 +532,22 @@ def _residual_adds(mg: ModelGraph, reach: Reach) -> dict[int, str]:
                 pa, pb = mg.producer.get(skip), mg.producer.get(other)
                 if pa is None or pb is None or pa not in out or reach.is_ancestor(pa, pb):
                     continue
-                x = mg.producer.get(_noop_root(mg, out[pa]))
-                if x is not None and x not in mg.const_ops and reach.is_ancestor(x, pb):
+                x_t = _noop_root(mg, out[pa])
+                x = mg.producer.get(x_t)
+                if x is not None and x not in mg.const_ops and _tensor_feeds(mg, reach, x_t, pb, pa):
                     out[i] = skip
                     break
     return out
+
+
+def _tensor_feeds(mg: ModelGraph, reach: Reach, t: str, op: int, not_via: int) -> bool:
+    """Whether tensor ``t`` is an input of ``op`` or of one of its ancestors, other than ``not_via``.
+
+    Asked of the tensor, not of its producer: an op with several outputs (``Split``) is an
+    ancestor of everything any one of its outputs feeds.
+    """
+    return any(c == op or reach.is_ancestor(c, op) for c in mg.consumers.get(t, [])
+               if c != not_via and c not in mg.const_ops)
 
 
 def is_noop(mg: ModelGraph, i: int) -> bool:

@@ -82,19 +82,31 @@ def _norm(g: _G, s: str, x: str, kind: str) -> str:
 
 
 def build_dit(path: Path, *, norm: str = "layernorm", attention: str = "softmax", ffn: str = "plain",
-              blocks: int = 2) -> Path:
+              blocks: int = 2, mod: str = "per_block") -> Path:
+    """``mod="shared_split"``: one per-token modulation ``[1, T, 6D]`` that every block reads, cut by
+    one ``Split`` into each branch's shift, scale and gate (dynamo's one Split of a modulation that
+    several blocks read: the shift has the stream's shape and several readers)."""
     g = _G()
     c = g.op("/transformer_blocks.0/norm1/emb", "MatMul", ["t", g.w("emb.w", (D, D))])
     c = g.op("/transformer_blocks.0/norm1/emb", "Mul", [c, g.op("/transformer_blocks.0/norm1/emb", "Sigmoid", [c])])
     x = g.op("/proj_in", "MatMul", ["x", g.w("proj_in.w", (D, D))])
     one = g.c("one", 1.0)
+    shared: dict[str, list[str]] = {}
+    if mod == "shared_split":
+        m = g.op("/mod", "MatMul", [c, g.w("mod.w", (D, 6 * D))])
+        m = g.op("/mod", "Expand", [g.op("/mod", "Unsqueeze", [m, g.c("mod.ax", [1], np.int64)]),
+                                    g.c("mod.shape", [1, T, 6 * D], np.int64)])
+        outs = [f"/mod/Split_{k}" for k in range(6)]
+        g.nodes.append(helper.make_node("Split", [m], outs, name="/mod/Split", axis=-1))
+        shared = {"attn": outs[:3], "ffn": outs[3:]}
     for k in range(blocks):
         b = f"/transformer_blocks.{k}"
 
         def modulated(branch: str, x: str, b: str = b) -> tuple[str, str]:
             s = f"{b}/norm_{branch}"
-            mods = [g.op(s, "Unsqueeze", [g.op(s, "MatMul", [c, g.w(f"{s}.{m}", (D, D))]),
-                                          g.c(f"{s}.{m}.ax", [1], np.int64)]) for m in ("shift", "scale", "gate")]
+            mods = shared.get(branch) or [
+                g.op(s, "Unsqueeze", [g.op(s, "MatMul", [c, g.w(f"{s}.{m}", (D, D))]),
+                                      g.c(f"{s}.{m}.ax", [1], np.int64)]) for m in ("shift", "scale", "gate")]
             h = g.op(s, "Add", [g.op(s, "Mul", [_norm(g, s, x, norm), g.op(s, "Add", [mods[1], one])]), mods[0]])
             return h, mods[2]
 
@@ -211,3 +223,20 @@ def test_traps_anonymized_same_regions(tmp_path: Path, knob: dict[str, str]) -> 
     assert region_table(mg, d) == region_table(mg2, d2)
     assert [b.ops for b in d.blocks] == [b.ops for b in d2.blocks]
     assert d.prologue == d2.prologue
+
+
+def test_adaln_shift_from_a_shared_split_is_no_residual(tmp_path: Path) -> None:
+    """``norm(x) * (1 + scale) + shift`` with shift and scale outputs of one Split: the Split is an
+    ancestor of the Mul, the shift tensor is not -- no residual add (was: each AdaLN read as a
+    residual of its own stream, the blocks cut into 'branch' regions)."""
+    from rkpart.partitioner.anonymize import anonymize_file
+
+    model = build_dit(tmp_path / "m.onnx", mod="shared_split")
+    mg, d = _discover(model)
+    assert region_table(mg, d) == [("attn:self_attention:adaln", "ffn:ffn:adaln")] * 2
+    assert d.streams == 1
+    split = next(i for i in mg.ops.nodes if mg.nodes[i].op_type == "Split")
+    assert split in d.prologue  # every block reads it
+    mg2, d2 = _discover(anonymize_file(model, tmp_path / "anon.onnx"))
+    assert d2.method == "structure" and region_table(mg2, d2) == region_table(mg, d)
+    partition_and_check(model, tmp_path / "plan", "split")

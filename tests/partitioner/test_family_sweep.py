@@ -100,10 +100,7 @@ EXPORTER_EXPECTED: dict[tuple[str, str], list[tuple[str, ...]]] = {
 COVERAGE_SHORT: dict[tuple[str, str, str], str] = {}
 #: (family, exporter) -> why discovery still gets the regions wrong (known, checked to stay wrong: when one is
 #: fixed, the test says so and the entry goes)
-DISCOVERY_WRONG: dict[tuple[str, str], str] = {
-    ("flux3", "dynamo"): "the image-mode blocks' attention + MLP is read as a joint attention beside a text "
-                         "'branch' (named: 6 blocks, wrong regions; anonymised: 10 blocks)",
-}
+DISCOVERY_WRONG: dict[tuple[str, str], str] = {}
 EXPORTERS = ("torchscript", "dynamo")
 #: (family, exporter) -> why the exporter cannot make it (diffusers 0.36 / torch 2.13)
 EXPORT_FAILS: dict[tuple[str, str], str] = {
