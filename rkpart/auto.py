@@ -159,9 +159,12 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
     """Compile one block per distinct anatomy of every candidate family with ``toolkit``, or take
     the builds from the user's build cache, so that ``auto`` chooses from the compiler's own tables.
 
-    Each family's plan is written under ``work`` (weights linked, not copied); of its NPU stages
-    only those of the first block of each anatomy (:func:`~rkpart.cost_model.candidates.block_anatomy`)
-    are built.  Returns the compiled plan folders (``SelectionConfig.compiled``) and notes for the
+    Each family's plan is written under ``work`` (weights linked: a reflink where the file system has
+    them, else a copy of the source's data); of its NPU stages only those of the first block of each
+    anatomy (:func:`~rkpart.cost_model.candidates.block_anatomy`) are built.  Once a family is built
+    (and calibrated), its linked weights are removed: its plan.json, stage graphs and builds stay,
+    which is all the selection reads, and disk holds at most two copies of the weights at a time.
+    Returns the compiled plan folders (``SelectionConfig.compiled``) and notes for the
     explanation.  A toolkit that is not installed gives no folders and a note saying so.
 
     With ``int8`` in ``precisions``, each family's plan is also calibrated (``rkpart calibrate``'s
@@ -174,6 +177,8 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
     from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.compile.toolkits import find_toolkit
     from rkpart.errors import ToolkitError
+    from rkpart.partitioner.plan import load_plan
+    from rkpart.partitioner.weights import drop_links
 
     try:
         tk = find_toolkit(toolkit, toolkits_dir)
@@ -198,6 +203,7 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
                 seen.add(k)
                 reps.append(st.id)
         if not reps:
+            drop_links(out, plan.extra.get("weights"))
             continue
         progress(f"auto: {cid}: compiling {len(reps)} representative stage(s) with rknn-toolkit2 {tk.version}")
         rep = compile_plan_report(plan, out, CompileOptions(tk, stages=reps), progress=progress)
@@ -218,6 +224,10 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
                              f"({len(rep8.cached)} from the build cache"
                              + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
                 folders.append(folder)
+                drop_links(folder, load_plan(folder)[0].extra.get("weights"))
+        # built (and calibrated): the family's copy of the weights is not read again (its tables are in
+        # plan.json), so at most two copies exist at a time, not one per candidate family
+        drop_links(out, plan.extra.get("weights"))
     return folders, notes
 
 
@@ -399,8 +409,8 @@ class AutoStrategy(Strategy):
     ``toolkits_dir``     where toolkit environments live (for ``compile``)
     ``capability``       score every candidate with the ops the toolkit (default: the target's)
                          does not run on the NPU already on the host (default true)
-    ``compile_dir``      where ``compile`` writes the candidate plans and keeps them (default: a
-                         temporary folder, removed afterwards)
+    ``compile_dir``      where ``compile`` writes the candidate plans and keeps them, builds and tables,
+                         without their linked weights (default: a temporary folder, removed afterwards)
 
     Not options (nothing a plan records), but arguments of the strategy itself: ``report``,
     a callable receiving the :class:`~rkpart.cost_model.select.Selection` (the CLI's

@@ -259,6 +259,19 @@ def check_links(folder: Path, record: Mapping[str, Any] | None) -> None:
                             "place; rerun rkpart partition")
 
 
+def drop_links(folder: Path, record: Mapping[str, Any] | None) -> int:
+    """Remove the linked weights files of the plan in ``folder`` (``extra.weights``); returns the bytes
+    freed.  For plans written only to be built once (``auto``'s candidates, whose builds and tables
+    stay): without reflinks each linked file is a whole copy of the source's data."""
+    freed = 0
+    for rel in linked_file_names(record):
+        p = folder / "stages" / rel
+        if p.is_file() and not p.is_symlink():
+            freed += p.stat().st_size
+            p.unlink()
+    return freed
+
+
 @contextlib.contextmanager
 def fast_writer(path: Path) -> Iterator[Path]:
     """Like :func:`rkpart.io.atomic_writer` (temp file, rename) but without ``fsync``: for files
@@ -300,5 +313,6 @@ def sync_tree(folder: Path) -> None:
         list(pool.map(fsync_path, dirs))
 
 
-__all__ = ["LINK_DIR", "WEIGHTS_MODES", "Piece", "WeightsMode", "check_links", "fast_writer", "link_files",
+__all__ = ["LINK_DIR", "WEIGHTS_MODES", "Piece", "WeightsMode", "check_links", "drop_links", "fast_writer",
+           "link_files",
            "link_one", "linked_file_names", "open_new", "put_bytes", "source_locations", "sync_tree", "write_pieces"]
