@@ -155,15 +155,19 @@ def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
 def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path, *, max_run: int = 2,
                       toolkits_dir: str | None = None, progress: Progress = silent,
                       capability: Capability | None = None,
-                      precisions: tuple[str, ...] = ("fp16",)) -> tuple[list[Path], list[str]]:
+                      precisions: tuple[str, ...] = ("fp16",), keep_weights: bool = True
+                      ) -> tuple[list[Path], list[str]]:
     """Compile one block per distinct anatomy of every candidate family with ``toolkit``, or take
     the builds from the user's build cache, so that ``auto`` chooses from the compiler's own tables.
 
     Each family's plan is written under ``work`` (weights linked: a reflink where the file system has
     them, else a copy of the source's data); of its NPU stages only those of the first block of each
-    anatomy (:func:`~rkpart.cost_model.candidates.block_anatomy`) are built.  Once a family is built
-    (and calibrated), its linked weights are removed: its plan.json, stage graphs and builds stay,
-    which is all the selection reads, and disk holds at most two copies of the weights at a time.
+    anatomy (:func:`~rkpart.cost_model.candidates.block_anatomy`) are built.  Without
+    ``keep_weights`` (``auto``'s own temporary folder) a family's linked weights are removed once it
+    is built (and calibrated): the selection reads only its plan.json and builds, and disk holds at
+    most two copies of the weights at a time instead of one per family.  The folders are then not
+    plans any command can read again (their stages' data is gone), which is why a ``compile_dir``
+    the user gives keeps them.
     Returns the compiled plan folders (``SelectionConfig.compiled``) and notes for the
     explanation.  A toolkit that is not installed gives no folders and a note saying so.
 
@@ -203,7 +207,8 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
                 seen.add(k)
                 reps.append(st.id)
         if not reps:
-            drop_links(out, plan.extra.get("weights"))
+            if not keep_weights:
+                drop_links(out, plan.extra.get("weights"))
             continue
         progress(f"auto: {cid}: compiling {len(reps)} representative stage(s) with rknn-toolkit2 {tk.version}")
         rep = compile_plan_report(plan, out, CompileOptions(tk, stages=reps), progress=progress)
@@ -224,10 +229,10 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
                              f"({len(rep8.cached)} from the build cache"
                              + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
                 folders.append(folder)
-                drop_links(folder, load_plan(folder)[0].extra.get("weights"))
-        # built (and calibrated): the family's copy of the weights is not read again (its tables are in
-        # plan.json), so at most two copies exist at a time, not one per candidate family
-        drop_links(out, plan.extra.get("weights"))
+                if not keep_weights:
+                    drop_links(folder, load_plan(folder)[0].extra.get("weights"))
+        if not keep_weights:  # built (and calibrated): the selection reads plan.json and the builds only
+            drop_links(out, plan.extra.get("weights"))
     return folders, notes
 
 
@@ -409,8 +414,9 @@ class AutoStrategy(Strategy):
     ``toolkits_dir``     where toolkit environments live (for ``compile``)
     ``capability``       score every candidate with the ops the toolkit (default: the target's)
                          does not run on the NPU already on the host (default true)
-    ``compile_dir``      where ``compile`` writes the candidate plans and keeps them, builds and tables,
-                         without their linked weights (default: a temporary folder, removed afterwards)
+    ``compile_dir``      where ``compile`` writes the candidate plans and keeps them (default: a
+                         temporary folder under the user cache, removed afterwards; there each family's
+                         linked weights go as soon as it is built)
 
     Not options (nothing a plan records), but arguments of the strategy itself: ``report``,
     a callable receiving the :class:`~rkpart.cost_model.select.Selection` (the CLI's
@@ -461,7 +467,8 @@ class AutoStrategy(Strategy):
                     work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="auto-", dir=root)))
                 folders, grounding = ground_candidates(mg, disc, cfg.toolkit, work, max_run=cfg.max_run,
                                                        toolkits_dir=opts.toolkits_dir, progress=self.progress,
-                                                       capability=cap, precisions=cfg.precisions)
+                                                       capability=cap, precisions=cfg.precisions,
+                                                       keep_weights=opts.compile_dir is not None)
                 cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *map(str, folders)), share_anatomy=True)
             sel = select(mg, disc, model, cfg, capability=cap)
         plan_notes = tuple(sel.notes)
