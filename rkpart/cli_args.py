@@ -9,6 +9,8 @@ parsing, to every command that takes them (as Polygraphy's ``tools/args`` does):
 :func:`inputs_options`      ``--inputs X.npz`` and ``--seed`` (the seeded random inputs otherwise)
 :func:`seed_option`         ``--seed`` alone (:data:`SEED`: 0 .. 2**32-1)
 :class:`FiniteFloat`        a float range that refuses NaN and infinities (:data:`POSITIVE_MIB`: budgets)
+:data:`STEPS`, :data:`ROUNDS` bounded counts (1 .. 10 000): denoising steps, measured rounds, repeats
+:data:`SAMPLE_INTERVAL`     ``--interval``: finite seconds, 0 .. 60
 :func:`threads_type`        ``--threads``: 0 .. 4 per core
 :func:`tolerance_options`   ``--reference``, ``--min-cosine``, ``--max-abs-rel``
 :func:`device_option`       ``--adaln npu|host`` and the like
@@ -175,6 +177,17 @@ class FiniteFloat(click.FloatRange):
 SEED = click.IntRange(min=0, max=2**32 - 1)
 #: ``--budget-mib`` and other sizes in MiB: positive and finite
 POSITIVE_MIB = FiniteFloat(min=0, min_open=True)
+#: the most denoising steps, rounds or repeats a command accepts: more is no run that finishes
+#: (and 10**30 steps overflowed NumPy's schedule with a traceback)
+MAX_COUNT = 10_000
+#: ``--steps`` of every command that runs or predicts a denoising loop
+STEPS = click.IntRange(min=1, max=MAX_COUNT)
+#: ``--rounds``, ``--verify-rounds``, ``--infer-repeat``: measured repetitions
+ROUNDS = click.IntRange(min=1, max=MAX_COUNT)
+#: ``--warmup``: rounds run before the measured ones (0: none)
+WARMUP = click.IntRange(min=0, max=MAX_COUNT)
+#: ``profile --interval``: seconds between memory samples; NaN/inf (or 1e10 s) crashed the sampler
+SAMPLE_INTERVAL = FiniteFloat(min=0, max=60)
 
 
 def max_threads() -> int:
@@ -308,9 +321,14 @@ def emit(as_json: bool, data: Callable[[], Any], text: Callable[[], str], *, sor
 
 
 __all__ = [
+    "MAX_COUNT",
     "PLAN_RESIDENCY",
     "POSITIVE_MIB",
+    "ROUNDS",
+    "SAMPLE_INTERVAL",
     "SEED",
+    "STEPS",
+    "WARMUP",
     "FiniteFloat",
     "build_options",
     "device_option",

@@ -223,6 +223,24 @@ def replace_folder(staging: Path, final: Path) -> None:
 MAX_DEPTH = 64
 MAX_INT_DIGITS = 64
 MAX_ITEMS = 5_000_000
+#: the largest integer a schema-checked file (plan.json, profile records) may hold: 2**53, the
+#: largest every JSON reader keeps exact (8 PiB as a byte count); a plan claiming 1e308 weight
+#: bytes was estimated and reported as it said
+MAX_JSON_INT = 2**53
+
+
+def bounded_integers(schema: Any) -> Any:
+    """A copy of the JSON Schema ``schema`` in which every integer without a ``maximum`` of its own
+    has ``maximum`` :data:`MAX_JSON_INT` (``type`` ``"integer"`` or a list holding it)."""
+    if isinstance(schema, list):
+        return [bounded_integers(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bounded_integers(v) for k, v in schema.items()}
+    t = schema.get("type")
+    if (t == "integer" or (isinstance(t, list) and "integer" in t)) and "maximum" not in schema:
+        out["maximum"] = MAX_JSON_INT
+    return out
 
 
 def _kind(mode: int) -> str:

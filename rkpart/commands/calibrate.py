@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rkpart.cli_args import SEED, emit, force_option, json_option, quiet_option, user_errors
+from rkpart.cli_args import SEED, STEPS, emit, force_option, json_option, quiet_option, user_errors
 from rkpart.progress import Reporter
 
 
@@ -15,7 +15,7 @@ from rkpart.progress import Reporter
 @click.argument("plan", type=click.Path(exists=True))
 @click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=Path), required=True,
               help="Calibration folder to write (dataset.txt per NPU stage, samples/, calibration.json).")
-@click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True,
+@click.option("--steps", type=STEPS, default=4, show_default=True,
               help="Denoising steps per run of the loop.")
 @click.option("--cfg/--no-cfg", default=True, show_default=True,
               help="Classifier-free guidance: sample the conditional and the unconditional pass.")

@@ -11,6 +11,7 @@ import click
 
 from rkpart.cli_args import (
     SEED,
+    STEPS,
     FiniteFloat,
     build_options,
     emit,
@@ -25,7 +26,7 @@ from rkpart.progress import Reporter
 
 @click.command("drift")
 @click.argument("plans", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("--steps", type=click.IntRange(min=1), default=4, show_default=True, help="Denoising steps.")
+@click.option("--steps", type=STEPS, default=4, show_default=True, help="Denoising steps.")
 @click.option("--cfg/--no-cfg", default=True, show_default=True,
               help="Classifier-free guidance: a conditional and an unconditional pass per step.")
 @click.option("--guidance", type=FiniteFloat(), default=4.0, show_default=True, help="CFG scale.")

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import click
 
-from rkpart.cli_args import emit, json_option, toolkit_option, user_errors
+from rkpart.cli_args import STEPS, emit, json_option, toolkit_option, user_errors
 
 
 @click.command("estimate")
 @click.argument("plan", type=click.Path(exists=True, path_type=Path))
 @toolkit_option(help="Toolkit whose device-memory model predicts uncompiled stages [default: the plan's compile "
                      "toolkit, else the cost model's].")
-@click.option("--steps", type=click.IntRange(min=1, max=10_000), default=30, show_default=True,
+@click.option("--steps", type=STEPS, default=30, show_default=True,
               help="Denoising steps per image.")
 @click.option("--cfg/--no-cfg", default=True, show_default=True,
               help="Two passes per step (classifier-free guidance) or one.")

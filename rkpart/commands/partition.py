@@ -11,6 +11,7 @@ import click
 
 from rkpart.cli_args import (
     POSITIVE_MIB,
+    STEPS,
     bundled_example,
     device_option,
     force_option,
@@ -59,7 +60,7 @@ def peak_rss_mib() -> float:
                      "its known crashes exclude candidates [default: the target's default toolkit, 2.3.0 for rk3588].")
 @click.option("--capability/--no-capability", default=True, show_default=True,
               help="Move ops the toolkit runs on the CPU out of NPU stages (plan.json extra.capability says why).")
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="auto: denoising steps [default: 1].")
+@click.option("--steps", type=STEPS, default=None, help="auto: denoising steps [default: 1].")
 @click.option("--cfg/--no-cfg", default=None, help="auto: two passes per step (CFG) or one [default: --cfg].")
 @click.option("--compile-candidates/--no-compile-candidates", "compile_candidates", default=None,
               help="auto: compile one block per anatomy of every candidate with --toolkit (or take it from the "

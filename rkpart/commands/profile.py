@@ -13,6 +13,10 @@ from pathlib import Path
 import click
 
 from rkpart.cli_args import (
+    ROUNDS,
+    SAMPLE_INTERVAL,
+    STEPS,
+    WARMUP,
     output_file_option,
     quiet_option,
     residency_option,
@@ -44,12 +48,12 @@ def _check_regex(_ctx: click.Context, _param: click.Parameter, value: str | None
               help="ort: ONNX Runtime anywhere; rknn-sim: toolkit simulator (x86); rknnlite: the board.")
 @toolkit_option(help="rknn-toolkit2 version (rknn-sim: simulator to use; "
                      "rknnlite: refuse artifacts built by another version).")
-@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True, help="Measured rounds.")
-@click.option("--warmup", type=click.IntRange(min=0), default=1, show_default=True,
+@click.option("--rounds", type=ROUNDS, default=3, show_default=True, help="Measured rounds.")
+@click.option("--warmup", type=WARMUP, default=1, show_default=True,
               help="Rounds run first and excluded from the summary (recorded with warmup=true).")
 @click.option("--cfg/--no-cfg", default=True, show_default=True,
               help="Two passes per step (conditional + unconditional) or one.")
-@click.option("--steps", type=click.IntRange(min=1), default=1, show_default=True, help="Denoising steps per round.")
+@click.option("--steps", type=STEPS, default=1, show_default=True, help="Denoising steps per round.")
 @residency_option(help="per-stage: load/init/infer/release every stage each pass; resident: load once per round; "
                       "plan: as the plan chose per block (auto strategy), per-stage where it chose nothing.")
 @click.option("--device-pattern", default=DEFAULT_DEVICE_PATTERN, callback=_check_regex, show_default=True,
@@ -57,10 +61,10 @@ def _check_regex(_ctx: click.Context, _param: click.Parameter, value: str | None
 @click.option("--no-device-pss", is_flag=True, help="Do not read device PSS (reads smaps_rollup only).")
 @click.option("--core-mask", type=click.Choice(CORE_MASK_CHOICES), default="auto", show_default=True,
               help="NPU cores for rknnlite (RKNNLite.NPU_CORE_*).")
-@click.option("--interval", "sample_interval", type=click.FloatRange(min=0), default=0.05, show_default=True,
+@click.option("--interval", "sample_interval", type=SAMPLE_INTERVAL, default=0.05, show_default=True,
               help="Seconds between background memory samples (0: snapshots only).")
 @seed_option
-@click.option("--infer-repeat", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--infer-repeat", type=ROUNDS, default=1, show_default=True,
               help="Inference calls per stage and pass; infer_s is their median, every call is recorded "
                    "(for a machine busy with other jobs).")
 @click.option("--threads", type=threads_type(), default=0, show_default=True,

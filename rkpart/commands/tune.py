@@ -6,7 +6,17 @@ from pathlib import Path
 
 import click
 
-from rkpart.cli_args import POSITIVE_MIB, emit, json_option, quiet_option, threads_type, toolkit_option, user_errors
+from rkpart.cli_args import (
+    POSITIVE_MIB,
+    ROUNDS,
+    STEPS,
+    emit,
+    json_option,
+    quiet_option,
+    threads_type,
+    toolkit_option,
+    user_errors,
+)
 from rkpart.progress import Reporter
 from rkpart.runtime import BACKENDS
 
@@ -18,13 +28,13 @@ from rkpart.runtime import BACKENDS
 @toolkit_option(help="rknn-toolkit2 version (rknn-sim / rknnlite).")
 @click.option("-o", "--out", "workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("tune"),
               show_default=True, help="Folder for the plans, profiles, fitted model and report.")
-@click.option("--steps", type=click.IntRange(min=1), default=1, show_default=True, help="Denoising steps per round.")
+@click.option("--steps", type=STEPS, default=1, show_default=True, help="Denoising steps per round.")
 @click.option("--cfg/--no-cfg", default=True, show_default=True, help="Two passes per step (CFG) or one.")
 @click.option("--budget-mib", type=POSITIVE_MIB, default=None,
               help="Memory budget of the whole pipeline [default: the target's, 4096 MiB for rk3588].")
-@click.option("--rounds", type=click.IntRange(min=1), default=3, show_default=True,
+@click.option("--rounds", type=ROUNDS, default=3, show_default=True,
               help="Measured rounds per profile of the fit.")
-@click.option("--verify-rounds", type=click.IntRange(min=1), default=5, show_default=True,
+@click.option("--verify-rounds", type=ROUNDS, default=5, show_default=True,
               help="Interleaved rounds of every plan in the verification.")
 @click.option("--threads", type=threads_type(), default=1, show_default=True,
               help="ONNX Runtime intra-op threads (0: its default; at most 4 per core).")

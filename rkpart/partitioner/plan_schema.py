@@ -17,6 +17,7 @@ import jsonschema
 import numpy as np
 
 from rkpart.errors import SpecError
+from rkpart.io import bounded_integers
 from rkpart.types import DEVICES
 
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
@@ -157,7 +158,8 @@ _STAGE = {
         },
     },
 }
-PLAN_SCHEMA: dict[str, Any] = {
+#: every integer bounded by :data:`rkpart.io.MAX_JSON_INT` (:func:`rkpart.io.bounded_integers`)
+PLAN_SCHEMA: dict[str, Any] = bounded_integers({
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://rkpart.invalid/plan.schema.json",
     "title": "rkpart plan",
@@ -240,7 +242,7 @@ PLAN_SCHEMA: dict[str, Any] = {
         "extra": {"type": "object", "description": "Free-form notes (discovery method, strategy notes and warnings, "
                                                   "npu_coverage: the blocks' token-wise matmul work in NPU stages)."},
     },
-}
+})
 
 
 def schema_json() -> str:

@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rkpart.errors import SpecError
-from rkpart.io import MAX_DEPTH, MAX_INT_DIGITS, MAX_ITEMS, open_limited
+from rkpart.io import MAX_DEPTH, MAX_INT_DIGITS, MAX_ITEMS, bounded_integers, open_limited
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.runtime.base import Backend
 from rkpart.types import HOST, LIFECYCLE, NPU, TIME_COMPONENTS, Device, Residency, seconds_key
@@ -661,7 +661,8 @@ def _validator() -> Any:
     schema = record_schema()
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
-    flat = _inline_refs(schema, schema.get("$defs", {}))
+    # every integer (a KiB figure, a round, a byte count) at most MAX_JSON_INT: 1e308 KiB is no measurement
+    flat = bounded_integers(_inline_refs(schema, schema.get("$defs", {})))
     return cls(flat)
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import sys
 import threading
@@ -825,6 +826,11 @@ class Runner:
             raise BundleError(f"shift must be positive, got {shift:g}")
         guidance = float(d.get("guidance", 4.0)) if guidance is None else float(guidance)
         scale = float(sched.get("timestep_scale", 1000.0))
+        if steps > MAX_COUNT:
+            raise BundleError(f"steps must be at most {MAX_COUNT}, got {steps}")
+        for what, v in (("shift", shift), ("guidance", guidance), ("timestep_scale", scale)):
+            if not math.isfinite(v):
+                raise BundleError(f"{what} must be a finite number, got {v}")
         lat_name, ts_name, out_name = d["latent"], d["timestep"], d.get("output") or self.outputs[0]
         context = list(d["context"])
         lat, ts = self.tensors[lat_name], self.tensors[ts_name]
@@ -844,10 +850,12 @@ class Runner:
             outs = self.run_passes(feeds)
             # the same expressions as rkpart drift (float32 CFG combine, Euler step in the latent's dtype)
             v = np.asarray(outs[0][out_name], dtype=np.float32)
-            if cfg:
-                vu = np.asarray(outs[1][out_name], dtype=np.float32)
-                v = vu + guidance * (v - vu)
-            x = (x.astype(np.float32) + (sigmas[i + 1] - sigmas[i]) * v).astype(x.dtype)
+            # an overflow is no warning on stderr: a NaN/Inf latent is refused at the end (exit 8)
+            with np.errstate(over="ignore", invalid="ignore"):
+                if cfg:
+                    vu = np.asarray(outs[1][out_name], dtype=np.float32)
+                    v = vu + guidance * (v - vu)
+                x = (x.astype(np.float32) + (sigmas[i + 1] - sigmas[i]) * v).astype(x.dtype)
             timing = summed(self.timings, time.perf_counter() - t0)
             self.step_timings.append(timing)
             if on_step is not None:
@@ -946,38 +954,65 @@ def load_npz(path: str | os.PathLike[str], what: str,
     return out
 
 
-def check_save_target(path: str) -> Path:
-    """``--save-outputs``: a new or regular file in an existing folder, never a folder, symlink or device."""
+def check_save_target(path: str, flag: str = "--save-outputs") -> Path:
+    """``--save-outputs`` / ``--latent-out``: a new or regular file in an existing folder, never a
+    folder, symlink or device (``os.replace`` would put a regular file in place of ``/dev/null``)."""
     if not path or "\0" in path:
-        raise BundleError(f"--save-outputs {path!r} is not a usable file name")
+        raise BundleError(f"{flag} {path!r} is not a usable file name")
     p = Path(path)
     if p.is_symlink():
-        raise BundleError(f"--save-outputs {p} is a symlink; the runner does not write through one")
+        raise BundleError(f"{flag} {p} is a symlink; the runner does not write through one")
     if p.exists():
-        regular_file(p, "--save-outputs")
+        regular_file(p, flag)
     if not p.parent.is_dir():
-        raise BundleError(f"--save-outputs {p}: folder {p.parent} does not exist")
+        raise BundleError(f"{flag} {p}: folder {p.parent} does not exist")
     return p
 
 
-def save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write ``arrays`` to ``path`` atomically (temp file in the same folder, then rename)."""
+def save_atomic(path: Path, write: Callable[[Any], None], flag: str) -> None:
+    """Write ``path`` atomically with ``write(file)``: a fresh temp file of its own in the same folder
+    (``mkstemp``: never an existing name or a symlink planted there), then a rename, after
+    :func:`check_save_target` again (not replaced if it became a symlink or a device meanwhile)."""
     import tempfile
 
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
-        raise BundleError(f"cannot write --save-outputs {path}: {e.strerror or e}") from None
+        raise BundleError(f"cannot write {flag} {path}: {e.strerror or e}") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)  # type: ignore[arg-type]
-        check_save_target(str(path))  # again: not replaced if it became a symlink or a device meanwhile
+            write(f)
+        check_save_target(str(path), flag)
         os.replace(tmp, path)
     except OSError as e:
-        raise BundleError(f"cannot write --save-outputs {path}: {e.strerror or e}") from None
+        raise BundleError(f"cannot write {flag} {path}: {e.strerror or e}") from None
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)
+
+
+def save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write ``arrays`` to ``path`` atomically (:func:`save_atomic`)."""
+    save_atomic(path, lambda f: np.savez(f, **arrays), "--save-outputs")  # type: ignore[arg-type]
+
+
+#: the most ``--steps`` / ``--passes`` the runner accepts (rkpart's own bound, cli_args.MAX_COUNT)
+MAX_COUNT = 10_000
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Every number option, before any work: counts in range, a seed NumPy takes, floats finite
+    (a NaN ``--guidance`` made a NaN latent that exited 0)."""
+    for flag, v in (("--steps", getattr(args, "steps", None)), ("--passes", getattr(args, "passes", None))):
+        if v is not None and not 1 <= v <= MAX_COUNT:
+            raise BundleError(f"{flag} must be in [1, {MAX_COUNT}], got {v}")
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed < 2**32:
+        raise BundleError(f"--seed must be in [0, 2**32), got {seed}")
+    for flag in ("min_cosine", "max_abs_rel", "guidance", "shift"):
+        v = getattr(args, flag, None)
+        if v is not None and not math.isfinite(v):
+            raise BundleError(f"--{flag.replace('_', '-')} must be a finite number, got {v}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1030,14 +1065,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    seed = getattr(args, "seed", None)
-    if seed is not None and not 0 <= seed < 2**32:
-        raise BundleError(f"--seed must be in [0, 2**32), got {seed}")
-    if args.passes < 1:
-        raise BundleError("--passes must be at least 1")
-    for flag, v in (("--min-cosine", args.min_cosine), ("--max-abs-rel", args.max_abs_rel)):
-        if v is not None and not (v == v and abs(v) != float("inf")):
-            raise BundleError(f"{flag} must be a finite number, got {v}")
+    check_numbers(args)
     save_to = check_save_target(args.save_outputs) if args.save_outputs is not None else None
     folder = Path(args.bundle)
     m = read_manifest(folder)
@@ -1112,8 +1140,8 @@ def _main(args: argparse.Namespace) -> int:
 
 
 def _denoise_main(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        raise BundleError("--steps must be at least 1")
+    check_numbers(args)
+    out = check_save_target(args.latent_out, "--latent-out")
     folder = Path(args.bundle)
     m = read_manifest(folder)
     cfg_parallel = bool((m.get("denoise") or {}).get("cfg_parallel")) if args.cfg_parallel is None \
@@ -1143,14 +1171,13 @@ def _denoise_main(args: argparse.Namespace) -> int:
                            scheduler=args.scheduler, cond=cond, uncond=uncond, cfg=not args.no_cfg, on_step=on_step)
         t1 = time.perf_counter()
     setup = summed(runner.open_timings + runner.close_timings, opened + time.perf_counter() - t1)
-    out = Path(args.latent_out)
-    tmp = out.with_name(f".{out.name}.partial")
-    try:
-        with open(tmp, "wb") as f:
-            np.save(f, x, allow_pickle=False)
-        os.replace(tmp, out)
-    except OSError as e:
-        raise BundleError(f"cannot write the latent to {out}: {e}") from None
+    bad = int(np.count_nonzero(~np.isfinite(x))) if x.dtype.kind in "fc" else 0
+    if bad:
+        # never a pass: a NaN/Inf latent is not written and exits with the gate's code
+        print(f"runner: error: the final latent holds {bad} NaN/Inf values of {x.size}; not written to {out}",
+              file=sys.stderr)
+        return EXIT_GATE
+    save_atomic(out, lambda f: np.save(f, x, allow_pickle=False), "--latent-out")
     total = sum(t["wall_s"] for t in runner.step_timings) + setup["wall_s"]
     report = {"bundle": str(folder), "steps": args.steps, "passes_per_step": passes, "cfg_parallel": cfg_parallel,
               "seed": args.seed, "scheduler": args.scheduler, "latent": str(out), "latent_shape": list(x.shape),
