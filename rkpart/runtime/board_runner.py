@@ -828,9 +828,9 @@ class Runner:
         scale = float(sched.get("timestep_scale", 1000.0))
         if steps > MAX_COUNT:
             raise BundleError(f"steps must be at most {MAX_COUNT}, got {steps}")
-        for what, v in (("shift", shift), ("guidance", guidance), ("timestep_scale", scale)):
-            if not math.isfinite(v):
-                raise BundleError(f"{what} must be a finite number, got {v}")
+        for what, num in (("shift", shift), ("guidance", guidance), ("timestep_scale", scale)):
+            if not math.isfinite(num):
+                raise BundleError(f"{what} must be a finite number, got {num}")
         lat_name, ts_name, out_name = d["latent"], d["timestep"], d.get("output") or self.outputs[0]
         context = list(d["context"])
         lat, ts = self.tensors[lat_name], self.tensors[ts_name]
