@@ -172,6 +172,10 @@ class FiniteFloat(click.FloatRange):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return v
 
+    def _describe_range(self) -> str:
+        # unbounded: click's own text would read "x<=None"
+        return "finite" if self.min is None and self.max is None else str(super()._describe_range())
+
 
 #: ``--seed``: what NumPy's generators accept, and what a user could mean
 SEED = click.IntRange(min=0, max=2**32 - 1)
