@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from rkpart.cli_args import bundled_example
-from tests.hostile.models import FUZZ_STATS, cli, mini_dit
+from tests.hostile.models import FUZZ_STATS, HOST_SPEC, cli, mini_dit
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +40,26 @@ def fused_mini_plan(tmp_path_factory: pytest.TempPathFactory, mini_model: Path) 
     r = cli(["partition", mini_model, "-o", out, "-s", "fused", "-q"])
     assert r.exit_code == 0, r.output
     return out
+
+
+@pytest.fixture(scope="module")
+def host_bundle(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> Path:
+    """A real bundle of the example (host stages only, a denoise record); read-only: cases copy it."""
+    from rkpart.bundle.build import bundle_plan
+    from rkpart.pipeline import partition
+
+    root = tmp_path_factory.mktemp("host-bundle")
+    (root / "spec.yaml").write_text(HOST_SPEC)
+    partition(example_model, root / "plan", "custom", spec=root / "spec.yaml")
+    bundle_plan(root / "plan", root / "board")
+    return root / "board"
+
+
+@pytest.fixture(scope="module")
+def runner_mod(host_bundle: Path) -> ModuleType:
+    """The bundle's own copy of runner.py, imported as a plain file (as on the board)."""
+    spec = importlib.util.spec_from_file_location("hostile_bundle_runner", host_bundle / "runner.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

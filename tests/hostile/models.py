@@ -124,3 +124,20 @@ def siblings(folder: Path) -> list[str]:
 #: fuzz bookkeeping, printed by tests/hostile/conftest.py at the end of the session:
 #: ``cases:<test>`` -> cases run, ``exit:<code>`` -> how often each exit code was seen
 FUZZ_STATS: Counter[str] = Counter()
+
+
+#: a custom spec that keeps every op of the example on the host: a bundle without any .rknn
+HOST_SPEC = "version: 1\nrest: host\nstages:\n  - id: b00\n    device: host\n    blocks: [0]\n"
+
+
+def assert_option_refused(args: list[str], out: Path) -> None:
+    """``rkpart ARGS`` refuses an option value before any work: click's exit 2 with its one
+    "Invalid value" error, no traceback, within seconds, and nothing written in ``out``."""
+    import time
+
+    t0 = time.monotonic()
+    r = cli(args)
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and "Invalid value" in r.stderr
+    assert time.monotonic() - t0 < 30
+    assert sorted(p.name for p in out.iterdir()) == []  # nothing written

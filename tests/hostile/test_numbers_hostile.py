@@ -23,7 +23,7 @@ from rkpart.errors import GateError
 from rkpart.pipeline import partition
 from rkpart.profile.drift import LATENT, compare_step, nonfinite_rows, render
 from rkpart.report import plots
-from tests.hostile.models import FUZZ_STATS, assert_user_error, cli
+from tests.hostile.models import FUZZ_STATS, assert_option_refused, assert_user_error, cli
 
 
 @pytest.fixture(scope="module")
@@ -255,12 +255,7 @@ SIZE_CASES = ["nanG", "infG", "-1G", "1e30T", "inf", "nan", "12X", ""]
 def test_absurd_numbers_are_refused_before_any_work(case: str, split_plan: Path, example_model: Path,
                                                     tmp_path: Path) -> None:
     args = [a.format(plan=split_plan, tmp=tmp_path, model=example_model) for a in dict(OPTION_CASES)[case]]
-    t0 = time.monotonic()
-    r = cli(args)
-    assert r.exit_code == 2, r.output
-    assert "Traceback" not in r.output and "Invalid value" in r.stderr
-    assert time.monotonic() - t0 < 30
-    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written
+    assert_option_refused(args, tmp_path)
     FUZZ_STATS["cases:numbers-options"] += 1
 
 

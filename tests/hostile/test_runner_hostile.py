@@ -10,7 +10,6 @@ no toolkit needed) and written by ``rkpart bundle``.  The runner is the bundle's
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
 import json
 import os
@@ -28,35 +27,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rkpart.bundle.build import bundle_plan
-from rkpart.pipeline import partition
 from tests.hostile.models import FUZZ_STATS
-
-#: a spec that keeps every op of the example on the host: a bundle without any .rknn
-HOST_SPEC = "version: 1\nrest: host\nstages:\n  - id: b00\n    device: host\n    blocks: [0]\n"
 
 Manifest = dict[str, Any]
 Mutation = Callable[[Manifest], Any]
-
-
-@pytest.fixture(scope="module")
-def host_bundle(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> Path:
-    """A real bundle of the example (host stages only); read-only: cases copy it."""
-    root = tmp_path_factory.mktemp("host-bundle")
-    (root / "spec.yaml").write_text(HOST_SPEC)
-    partition(example_model, root / "plan", "custom", spec=root / "spec.yaml")
-    bundle_plan(root / "plan", root / "board")
-    return root / "board"
-
-
-@pytest.fixture(scope="module")
-def runner_mod(host_bundle: Path) -> ModuleType:
-    """The bundle's own copy of runner.py, imported as a plain file (as on the board)."""
-    spec = importlib.util.spec_from_file_location("hostile_bundle_runner", host_bundle / "runner.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.fixture(autouse=True)
