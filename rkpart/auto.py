@@ -181,7 +181,6 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
     from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.compile.toolkits import find_toolkit
     from rkpart.errors import ToolkitError
-    from rkpart.partitioner.plan import load_plan
     from rkpart.partitioner.weights import drop_links
 
     try:
@@ -230,7 +229,7 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
                              + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
                 folders.append(folder)
                 if not keep_weights:
-                    drop_links(folder, load_plan(folder)[0].extra.get("weights"))
+                    drop_links(folder, rep8.plan.extra.get("weights"))
         if not keep_weights:  # built (and calibrated): the selection reads plan.json and the builds only
             drop_links(out, plan.extra.get("weights"))
     return folders, notes

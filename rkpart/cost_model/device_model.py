@@ -338,10 +338,10 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
     :func:`~rkpart.ir.liveness.stage_lifetimes`, when the caller has them already)."""
     weight16 = sum(_bytes16(mg, t) for t in sub.weights)
     io16 = sum(_bytes16(mg, t) for t in (*sub.inputs, *sub.outputs))
+    hnorm16 = sum(_bytes16(mg, t) for t in head_norm_inputs(mg, sub.ops))
     life = life if life is not None else stage_lifetimes(mg, sub)
     if life is None:
-        return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16, att16=0,
-                              hnorm16=sum(_bytes16(mg, t) for t in head_norm_inputs(mg, sub.ops)))
+        return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16, att16=0, hnorm16=hnorm16)
     sizes, life, scores = _npu_sizes(mg, sub, life)
     live = life.live_bytes(sizes)
     act16 = int(live.max())
@@ -354,7 +354,6 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
     att16 = int(live[during].max()) if during.any() else 0
     score16 = max((_bytes16(mg, t) for t in scores), default=0)
     head16 = max((2 * math.prod(sh[-2:]) for t in scores if (sh := mg.shape(t)) and len(sh) >= 2), default=0)
-    hnorm16 = sum(_bytes16(mg, t) for t in head_norm_inputs(mg, sub.ops))
     return MemoryFeatures(weight16=int(weight16), act16=act16, score16=int(score16), head16=int(head16),
                           io16=int(io16), att16=att16, hnorm16=int(hnorm16))
 
