@@ -63,3 +63,22 @@ def runner_mod(host_bundle: Path) -> ModuleType:
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def split_plan(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> Path:
+    """A split plan of the bundled example; read-only: cases copy it."""
+    from rkpart.pipeline import partition
+
+    out = tmp_path_factory.mktemp("split") / "split"
+    partition(example_model, out, "split")
+    return out
+
+
+@pytest.fixture(scope="module")
+def profile(split_plan: Path) -> Path:
+    """One ONNX Runtime profile round of ``split_plan`` (JSON Lines); read-only."""
+    out = split_plan.parent / "split.jsonl"
+    r = cli(["profile", split_plan, "--rounds", "1", "--threads", "1", "-o", out, "-q"])
+    assert r.exit_code == 0, r.output
+    return out

@@ -26,19 +26,11 @@ from typing import Any
 
 import pytest
 
-from rkpart.pipeline import partition
 from tests.hostile.models import FUZZ_STATS, assert_option_refused, assert_user_error, cli, snapshot
 
 HUGE = str(10**30)
 #: the bound rkpart.io.MAX_JSON_INT documents (docs/plan.md)
 MAX_JSON_INT = 2**53
-
-
-@pytest.fixture(scope="module")
-def split_plan(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> Path:
-    out = tmp_path_factory.mktemp("bounds-split") / "split"
-    partition(example_model, out, "split")
-    return out
 
 
 # -- options: counts and seconds ---------------------------------------------------------------
@@ -110,14 +102,6 @@ def test_the_largest_figure_a_plan_may_hold_is_still_read(split_plan: Path, tmp_
     doc["model"]["nodes"] = MAX_JSON_INT
     (folder / "plan.json").write_text(json.dumps(doc))
     assert cli(["estimate", folder]).exit_code == 0
-
-
-@pytest.fixture(scope="module")
-def profile(split_plan: Path) -> Path:
-    out = split_plan.parent / "split.jsonl"
-    r = cli(["profile", split_plan, "--rounds", "1", "--threads", "1", "-o", out, "-q"])
-    assert r.exit_code == 0, r.output
-    return out
 
 
 PROFILE_FIELDS: dict[str, tuple[str, ...]] = {

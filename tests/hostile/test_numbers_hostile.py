@@ -20,25 +20,9 @@ import pytest
 from rkpart.cost_model.drift_accuracy import accuracy_from_drift
 from rkpart.cost_model.model import default_model_path
 from rkpart.errors import GateError
-from rkpart.pipeline import partition
 from rkpart.profile.drift import LATENT, compare_step, nonfinite_rows, render
 from rkpart.report import plots
 from tests.hostile.models import FUZZ_STATS, assert_option_refused, assert_user_error, cli
-
-
-@pytest.fixture(scope="module")
-def split_plan(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> Path:
-    out = tmp_path_factory.mktemp("num-split") / "split"
-    partition(example_model, out, "split")
-    return out
-
-
-@pytest.fixture(scope="module")
-def profile(split_plan: Path) -> Path:
-    out = split_plan.parent / "split.jsonl"
-    r = cli(["profile", split_plan, "--rounds", "1", "--threads", "1", "-o", out, "-q"])
-    assert r.exit_code == 0, r.output
-    return out
 
 
 def _records(p: Path) -> list[dict[str, Any]]:
