@@ -59,6 +59,9 @@ def test_stage_with_64_mib_intermediate_shows_it_in_its_record(tmp_path: Path) -
     for r in stage_recs:
         mem = r["memory"]
         assert mem["pss_peak_kib"] - mem["pss_before_kib"] >= 64 * MIB
-        assert mem["pss_after_infer_kib"] - mem["pss_before_kib"] >= 64 * MIB
+        # The snapshot after inference may come after the allocator handed a few pages of the
+        # stage's own inputs back (CI once saw 63.95 MiB): the arena block must still be there,
+        # so most of the 64 MiB, and far more than a run without it (under 1 MiB).
+        assert mem["pss_after_infer_kib"] - mem["pss_before_kib"] >= 60 * MIB
     for r in (r for r in recs if r["record"] == "round"):
         assert r["memory"]["pss_peak_kib"] >= stage_recs[0]["memory"]["pss_before_kib"] + 64 * MIB
