@@ -22,6 +22,9 @@ from click.testing import CliRunner
 
 from rkpart.cli import main
 
+# outside the fast tier: every command's help in a fresh process (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 RECORD = Path(__file__).parent / "data" / "cli_help.json"
 ROOT = Path(__file__).resolve().parents[1] / "rkpart"
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1] / "rkpart"
 
 #: module -> why it may still read the loaded model's protos
@@ -72,6 +74,7 @@ def _modules() -> list[Path]:
     return sorted(p for p in ROOT.rglob("*.py") if p.relative_to(ROOT).parts[0] != "ir")
 
 
+@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
 def test_no_module_above_ir_reads_the_loaded_models_protos() -> None:
     bad = {}
     for p in _modules():

@@ -19,6 +19,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import networkx as nx
+import pytest
+
+# outside the fast tier: parses every module of the package (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1] / "rkpart"
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1] / "rkpart"
 MAX_PARAMETERS = 10
 EXEMPT = {("dropin.py", "build")}
@@ -47,6 +49,7 @@ def offenders() -> list[str]:
     return out
 
 
+@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
 def test_no_library_function_takes_more_than_ten_parameters() -> None:
     assert offenders() == []
 

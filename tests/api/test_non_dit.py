@@ -11,13 +11,14 @@ import rkpart
 from rkpart.partitioner.plan import Plan
 from rkpart.runtime.executor import random_inputs, run_model
 from rkpart.validation.metrics import compare
-from tests.api.vit import example_input
 from tests.strategies.footprint import footprint
 
 pytestmark = pytest.mark.export
 
 
 def _reproduces(plan: Plan, folder: Path, model: Path) -> float:
+    from tests.api.vit import example_input  # torch: imported by the test, not at collection
+
     feeds = example_input()
     got = rkpart.run_plan(plan, folder, feeds)
     return compare(got["logits"], run_model(model, feeds)["logits"]).cosine

@@ -15,6 +15,9 @@ from rkpart.io import folder_lock
 from tests.compile.conftest import FAKE_WORKER
 from tests.compile.plans import tiny_plan
 
+# outside the fast tier: compiles through the fake-toolkit runner process (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 
 def _compile(folder: Path, tk: Toolkit, config: dict[str, Any] | None = None, **kw: Any) -> CompileReport:
     return compile_plan_report(tiny_plan(folder), folder, CompileOptions(tk, "rk3588", config or {},

@@ -15,6 +15,9 @@ from rkpart.compile.runner import BuildJob, BuildResult, run_build
 from rkpart.compile.toolkits import Toolkit
 from tests.compile.conftest import FAKE_WORKER
 
+# outside the fast tier: runner subprocesses with injected faults (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 RECORDED_STEPS = [
     "D fuse_ops ...",
     "D fuse_ops results:",

@@ -30,6 +30,9 @@ from rkpart.runtime.ort import OrtBackend
 from rkpart.strategies.base import GroupBuilder
 from rkpart.targets import get_target
 
+# outside the fast tier: profiles and fits on the example plan (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 Anima = tuple[ModelGraph, Discovery]
 
 

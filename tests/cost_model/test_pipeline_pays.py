@@ -19,6 +19,9 @@ from rkpart.runtime.ort import OrtBackend, make_session
 from rkpart.tune import TuneConfig, profile_for_fit, single_plans
 from rkpart.types import HOST
 
+# outside the fast tier: profiles the example plan (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def split_plan(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> tuple[Plan, Path]:

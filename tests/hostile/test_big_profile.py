@@ -25,6 +25,9 @@ from rkpart.profile import records as rec
 from tests.hostile.bigprofile import grow_profile
 from tests.hostile.models import FUZZ_STATS, assert_user_error, cli
 
+# outside the fast tier: every case reads a profile grown to tens of MiB (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def real_profile(tmp_path_factory: pytest.TempPathFactory, plans: dict) -> Path:

@@ -110,6 +110,7 @@ PROFILE_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
+@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
 @pytest.mark.parametrize("value", ["1e308", "10**30"])
 @pytest.mark.parametrize("field", list(PROFILE_FIELDS))
 def test_a_profile_claiming_absurd_figures_is_refused(field: str, value: str, split_plan: Path, profile: Path,

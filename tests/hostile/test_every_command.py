@@ -14,6 +14,9 @@ import pytest
 
 from tests.hostile.models import snapshot
 
+# outside the fast tier: every command in a fresh process (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 RKPART = [sys.executable, "-m", "rkpart.cli"]
 
 

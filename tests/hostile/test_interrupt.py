@@ -21,6 +21,9 @@ from rkpart.io import folder_lock
 from rkpart.pipeline import partition
 from tests.hostile.models import assert_user_error, cli, siblings, snapshot
 
+# outside the fast tier: signals to CLI processes (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 RKPART = [sys.executable, "-m", "rkpart.cli"]
 
 

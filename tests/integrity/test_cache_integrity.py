@@ -24,6 +24,9 @@ from rkpart.partitioner.plan import Plan, load_plan
 from tests.compile.conftest import FAKE_WORKER
 from tests.compile.plans import tiny_plan
 
+# outside the fast tier: compiles through the fake-toolkit runner process (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def fake_toolkit() -> Toolkit:

@@ -21,6 +21,9 @@ import pytest
 
 from tests.hostile.models import snapshot
 
+# outside the fast tier: each case runs the CLI in a fresh process (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 RKPART = [sys.executable, "-m", "rkpart.cli"]
 TIMEOUT = 120
 

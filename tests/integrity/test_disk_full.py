@@ -20,8 +20,8 @@ import pytest
 from tests.hostile.models import siblings
 from tests.integrity.test_confinement import one_line_error, rkpart
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"),
-                                reason="mounting a tmpfs needs root")
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("mount"), reason="mounting a tmpfs needs root"),
+              pytest.mark.slow]  # a tmpfs mount and CLI processes: outside the fast tier
 
 
 @pytest.fixture

@@ -21,6 +21,9 @@ import pytest
 from tests.hostile.models import snapshot
 from tests.integrity.test_confinement import one_line_error, rkpart
 
+# outside the fast tier: each case runs the CLI in a fresh process (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 DEEP = "[" * 2000 + "]" * 2000
 BIG_INT = "1" * 5000
 

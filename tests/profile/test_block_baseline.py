@@ -19,6 +19,9 @@ from rkpart.profile import records as rec
 from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from tests.runtime.counting import CountingOrt
 
+# outside the fast tier: profiles plans in ONNX Runtime (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 ROUNDS, WARMUP = 2, 1
 
 

@@ -27,6 +27,9 @@ from rkpart.errors import SpecError, UserError
 from rkpart.partitioner.plan import Plan, Stage, TensorInfo, load_plan
 from rkpart.profile.calibrate import write_calibration
 
+# outside the fast tier: runs the example plan in ONNX Runtime (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 F = TensorProto.FLOAT
 
 

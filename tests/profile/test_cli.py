@@ -12,6 +12,9 @@ from rkpart.profile import records as rec
 from tests.profile.plans import mini_block_plan
 from tests.profile.writeup import writeup_records
 
+# outside the fast tier: runs the profile command in a fresh process (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 
 def test_profile_writes_valid_records_and_prints_the_tables(tmp_path: Path) -> None:
     mini_block_plan(tmp_path / "plan")

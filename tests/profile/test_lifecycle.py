@@ -15,6 +15,9 @@ from rkpart.runtime.base import Backend, StageRunner
 from rkpart.runtime.ort import OrtBackend, OrtRunner
 from tests.profile.plans import mini_block_plan
 
+# outside the fast tier: profiles plans in ONNX Runtime (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 LIFE = ("load_s", "init_s", "infer_s", "release_s")
 
 

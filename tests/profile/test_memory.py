@@ -8,10 +8,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rkpart.profile import records as rec
 from rkpart.profile.memory import Sampler
 from tests.profile.plans import big_intermediate_plan
+
+# outside the fast tier: measures a 64 MiB allocation in a fresh process (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
 
 MIB = 1024  # KiB
 

@@ -22,6 +22,9 @@ from rkpart.report.build import build_report
 from rkpart.runtime.ort import OrtBackend
 from rkpart.runtime.validate import validate_plan_run
 
+# outside the fast tier: builds whole report pages (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("matplotlib")
 
 PNGS = {"stage_map.png", "lifecycle.png", "memory.png", "accuracy.png", "cost_model.png"}

@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# outside the fast tier: fresh processes measuring page faults (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 
 #: T x H float32 intermediates, three live at once (72 MiB with H = 3072, T = 1024): ORT's arena

@@ -10,6 +10,9 @@ from click.testing import CliRunner
 
 from rkpart.cli import main
 
+# outside the fast tier: the triage command in a fresh process (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 
 def _invoke(*args: str) -> tuple[int, str]:
     res = CliRunner().invoke(main, ["repro", *args])

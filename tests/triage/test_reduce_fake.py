@@ -17,6 +17,9 @@ from rkpart.triage.reduce import FailureSpec, ReductionError, reduce_graph
 from rkpart.triage.repro import ReproOptions, reproduce
 from tests.triage.conftest import CHAIN_CRASH_EDGES, CHAIN_MINIMAL, FAKE_WORKER
 
+# outside the fast tier: reduces graphs through runner processes (the fast tier stays under a minute of CPU)
+pytestmark = pytest.mark.slow
+
 SEGV = FailureSpec(kind="crash", signal="SIGSEGV", exit_code=139, signature="exnorm-fusion-segv")
 CRASH_CONFIG = {"fake_crash_edges": CHAIN_CRASH_EDGES}
 CRASH_BUILD = BuildSettings(config=CRASH_CONFIG, worker=FAKE_WORKER)
