@@ -75,8 +75,9 @@ def peak_rss_mib() -> float:
                    "are resolved by one ONNX Runtime run on them and the plan is specialised to them.")
 @click.option("--simplify/--no-simplify", default=False, show_default=True,
               help="Run onnxsim on NPU stages (kept only if outputs stay equal under ONNX Runtime).")
-@click.option("--external-threshold", type=click.IntRange(min=0), default=1024, show_default=True,
-              help="Weights of at least this many bytes go to each stage's external data file.")
+@click.option("--external-threshold", type=click.IntRange(min=0, max=2**31), default=1024, show_default=True,
+              help="Weights of at least this many bytes go to each stage's external data file (up to 2 GiB, "
+                   "the largest tensor an ONNX file can hold inline).")
 @click.option("--weights", type=click.Choice(["copy", "link"]), default="copy", show_default=True,
               help="copy: each stage gets its own weights file. link: no per-stage weights; stages reference the "
                    "model's external data file, reflinked into the plan folder (copied whole where the "

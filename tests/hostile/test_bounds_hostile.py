@@ -48,6 +48,9 @@ OPTION_CASES: list[tuple[str, list[str]]] = [
       for o in ("--rounds", "--warmup", "--infer-repeat")),
     *((f"profile-interval-{v}", ["profile", "{plan}", "--interval", v, "-o", "{tmp}/p.jsonl"])
       for v in ("nan", "inf", "1e10", "-1")),
+    ("fit-folds-10001", ["fit", "{plan}/plan.json", "--folds", "10001", "-o", "{tmp}/m.json"]),
+    ("drift-sim-memory-huge", ["drift", "{plan}", "--toolkit", "2.5.0", "--sim-memory", HUGE]),
+    ("partition-external-threshold-huge", ["partition", "{model}", "--external-threshold", HUGE, "-o", "{tmp}/s"]),
 ]
 
 
