@@ -190,6 +190,12 @@ STEPS = click.IntRange(min=1, max=MAX_COUNT)
 ROUNDS = click.IntRange(min=1, max=MAX_COUNT)
 #: ``--warmup``: rounds run before the measured ones (0: none)
 WARMUP = click.IntRange(min=0, max=MAX_COUNT)
+#: ``fit --folds``: 0 (leave one plan out) or k folds over the profiled plans
+FOLDS = click.IntRange(min=0, max=MAX_COUNT)
+#: ``drift --sim-memory``: MiB the simulator's workers may hold together, up to 16 TiB
+SIM_MEMORY_MIB = click.IntRange(min=1, max=2**24)
+#: ``partition --external-threshold``: bytes, up to 2 GiB (the largest tensor an ONNX file can hold inline)
+EXTERNAL_THRESHOLD = click.IntRange(min=0, max=2**31)
 #: ``profile --interval``: seconds between memory samples; NaN/inf (or 1e10 s) crashed the sampler
 SAMPLE_INTERVAL = FiniteFloat(min=0, max=60)
 
@@ -325,12 +331,15 @@ def emit(as_json: bool, data: Callable[[], Any], text: Callable[[], str], *, sor
 
 
 __all__ = [
+    "EXTERNAL_THRESHOLD",
+    "FOLDS",
     "MAX_COUNT",
     "PLAN_RESIDENCY",
     "POSITIVE_MIB",
     "ROUNDS",
     "SAMPLE_INTERVAL",
     "SEED",
+    "SIM_MEMORY_MIB",
     "STEPS",
     "WARMUP",
     "FiniteFloat",

@@ -49,7 +49,7 @@ def offenders() -> list[str]:
     return out
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # parses every module of the package (about 1 s)
 def test_no_library_function_takes_more_than_ten_parameters() -> None:
     assert offenders() == []
 

@@ -11,6 +11,7 @@ import click
 
 from rkpart.cli_args import (
     SEED,
+    SIM_MEMORY_MIB,
     STEPS,
     FiniteFloat,
     build_options,
@@ -38,7 +39,7 @@ from rkpart.progress import Reporter
 @toolkits_dir_option
 @click.option("--blocks/--no-blocks", "show_blocks", default=True, show_default=True,
               help="Print per-block rows too (the latent rows are always printed).")
-@click.option("--sim-memory", "sim_memory_mib", type=click.IntRange(min=1, max=2**24), default=None, metavar="MIB",
+@click.option("--sim-memory", "sim_memory_mib", type=SIM_MEMORY_MIB, default=None, metavar="MIB",
               help="Memory the simulator's workers may hold together, in MiB; over it, idle stages are "
                    "evicted and rebuilt when next used, up to 16 TiB [default: 70% of the available memory].")
 @click.option("--accuracy", "accuracy_out", type=click.Path(dir_okay=False, path_type=Path), default=None,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from rkpart.cli_args import MAX_COUNT, emit, json_option, output_file_option
+from rkpart.cli_args import FOLDS, emit, json_option, output_file_option
 from rkpart.cost_model.model import COMPONENTS
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 @click.option("--mix-backends", is_flag=True,
               help="Allow --base measured on another backend than the profiles (e.g. RK3588 memory with ONNX "
                    "Runtime timings); recorded in the model's provenance.")
-@click.option("--folds", type=click.IntRange(min=0, max=MAX_COUNT), default=0, show_default=True,
+@click.option("--folds", type=FOLDS, default=0, show_default=True,
               help="k-fold over profiled plans instead of leave-one-plan-out (0).")
 @click.option("--statistic", type=click.Choice(["median", "min"]), default="median", show_default=True,
               help="Per stage, the median of the measured calls, or the fastest (for a machine busy with "

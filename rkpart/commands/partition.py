@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from rkpart.cli_args import (
+    EXTERNAL_THRESHOLD,
     POSITIVE_MIB,
     STEPS,
     bundled_example,
@@ -75,7 +76,7 @@ def peak_rss_mib() -> float:
                    "are resolved by one ONNX Runtime run on them and the plan is specialised to them.")
 @click.option("--simplify/--no-simplify", default=False, show_default=True,
               help="Run onnxsim on NPU stages (kept only if outputs stay equal under ONNX Runtime).")
-@click.option("--external-threshold", type=click.IntRange(min=0, max=2**31), default=1024, show_default=True,
+@click.option("--external-threshold", type=EXTERNAL_THRESHOLD, default=1024, show_default=True,
               help="Weights of at least this many bytes go to each stage's external data file (up to 2 GiB, "
                    "the largest tensor an ONNX file can hold inline).")
 @click.option("--weights", type=click.Choice(["copy", "link"]), default="copy", show_default=True,

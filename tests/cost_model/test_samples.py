@@ -13,7 +13,7 @@ from rkpart.profile.records import read_jsonl, stage_records, write_jsonl
 from rkpart.runtime.ort import OrtBackend
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # profiles the example plan in ONNX Runtime
 def test_runs_of_one_plan_are_pooled_and_every_repeated_call_counts(tmp_path: Path, example_model: Path) -> None:
     folder = tmp_path / "fused"
     plan = partition(example_model, folder, "fused")

@@ -113,7 +113,7 @@ PROFILE_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize("value", ["1e308", "10**30"])
 @pytest.mark.parametrize("field", list(PROFILE_FIELDS))
 def test_a_profile_claiming_absurd_figures_is_refused(field: str, value: str, split_plan: Path, profile: Path,

@@ -111,7 +111,7 @@ def _victim(tmp: Path) -> Path:
 KINDS = ["plan", "bundle", "assets", "calibration"]
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize("kind", KINDS)
 def test_force_replaces_an_output_written_before_the_marker(kind: str, made: dict[str, Path], tmp_path: Path,
                                                            example_model: Path) -> None:

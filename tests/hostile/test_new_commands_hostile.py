@@ -130,7 +130,7 @@ def _spec_path(case: str, tmp: Path, suffix: str) -> Path:
     return p
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize("case", list(SPEC_FILES))
 def test_compile_precision_spec_file_is_validated_whole_before_any_build(case: str, split: Path,
                                                                          tmp_path: Path) -> None:
@@ -181,7 +181,7 @@ STAGING_ATTACKS: dict[str, Callable[[Path, Path], None]] = {
 }
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize("attack", list(STAGING_ATTACKS))
 def test_calibrate_never_writes_outside_its_output(attack: str, split: Path, tmp_path: Path) -> None:
     victim = _victim(tmp_path)

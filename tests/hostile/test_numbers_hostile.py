@@ -52,7 +52,7 @@ def _mutated_profile(profile: Path, tmp: Path, field: str | None, value: float) 
     return _write_records(tmp / "bad.jsonl", recs)
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize("value", [v[0] for v in BAD_TIMINGS])
 @pytest.mark.parametrize("field", ["all", *(pytest.param(f, marks=pytest.mark.slow) for f in TIMING_FIELDS)])
 def test_fit_refuses_timings_that_are_not_measurements(field: str, value: str, profile: Path,
@@ -153,7 +153,7 @@ def _model_file(tmp: Path, case: str) -> Path:
 _FAST_MODEL_CASES = {c[0] for i, c in enumerate(MODEL_CASES) if i % 3 == 0 or i >= len(MODEL_CASES) - 4}
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize("case", [c[0] if c[0] in _FAST_MODEL_CASES else pytest.param(c[0], marks=pytest.mark.slow)
                                   for c in MODEL_CASES])
 def test_partition_auto_refuses_a_bad_cost_model_in_one_line(case: str, example_model: Path,
@@ -259,7 +259,7 @@ MATHTEXT_NAMES = ["$\\undefinedmacro{x}$", *(pytest.param(n, marks=pytest.mark.s
                                              for n in ("p$x^2$", "$\\frac{a}{$", "a$b"))]
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize("name", MATHTEXT_NAMES)
 def test_report_draws_names_with_dollar_signs_literally(name: str, split_plan: Path, profile: Path,
                                                         tmp_path: Path) -> None:
@@ -271,7 +271,7 @@ def test_report_draws_names_with_dollar_signs_literally(name: str, split_plan: P
     FUZZ_STATS["cases:numbers-report"] += 1
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # draws memory plots of many rounds
 @pytest.mark.parametrize("rounds", [1, 5000, *(pytest.param(n, marks=pytest.mark.slow)
                                              for n in (plots.MAX_ROUNDS_DRAWN, plots.MAX_ROUNDS_DRAWN + 1))])
 def test_memory_plot_summarises_many_rounds(rounds: int) -> None:

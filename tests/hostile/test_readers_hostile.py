@@ -126,7 +126,7 @@ def _invoke(args: list[str]) -> Result:
     return done[0]
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize(("reader", "kind"), CASES)
 def test_every_reader_refuses_every_broken_file_in_one_line(reader: str, kind: str, plan: Path,
                                                             good_profile: Path, tmp_path: Path) -> None:

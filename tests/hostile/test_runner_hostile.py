@@ -207,7 +207,7 @@ def _main(mod: ModuleType, capsys: pytest.CaptureFixture[str], *args: str) -> tu
     return rc, out.out, out.err
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize("case", [c[0] for c in MANIFEST_CASES])
 def test_bad_manifest_is_one_line_exit_2(case: str, host_bundle: Path, runner_mod: ModuleType, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -316,7 +316,7 @@ NPZ_CASES = ["not-zip", "truncated", "pickled-object", "huge-header", "missing-m
              "string-dtype", "complex-dtype", "structured-dtype", "fifo", "devzero", "folder", "missing"]
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize("which", ["inputs", "reference"])
 @pytest.mark.parametrize("kind", NPZ_CASES)
 def test_bad_npz_is_one_line_exit_2(which: str, kind: str, host_bundle: Path, runner_mod: ModuleType,

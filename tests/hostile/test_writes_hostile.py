@@ -186,7 +186,7 @@ def _all_hashes(*folders: Path) -> dict[str, object]:
     return {str(f): snapshot(f) for f in folders}
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize("attack", [a[0] for a in FOLDER_ATTACKS])
 @pytest.mark.parametrize("command", list(COMMANDS))
 def test_folder_outputs_never_write_outside_their_target(command: str, attack: str, host_plan: Path,
@@ -357,7 +357,7 @@ def profile_file(tmp_path_factory: pytest.TempPathFactory, host_plan: Path) -> P
     return out
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize("attack", [a[0] for a in FILE_DEST_ATTACKS])
 def test_fit_output_is_a_regular_file_only(attack: str, profile_file: Path, tmp_path: Path) -> None:
     victim = _victim(tmp_path)
@@ -527,7 +527,7 @@ def npu_plan(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> P
     return out
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize("attack", ["staging-foreign", "staging-symlink", "out-is-foreign", "other-kind"])
 def test_calibrate_writes_only_its_own_folder(attack: str, npu_plan: Path, made: dict[str, Path],
                                               tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ def _param(case: Case) -> object:
     return pytest.param(case, id=case.name, marks=pytest.mark.export)
 
 
-@pytest.mark.slow  # a fresh CLI process per case or a shared profile to build
+@pytest.mark.slow  # partitions every recorded golden case
 @pytest.mark.parametrize("case", [_param(c) for c in CASES])
 def test_plan_bytes_match_the_record(case: Case, golden: Golden, recorded: dict[str, dict[str, str]]) -> None:
     if MODELS[case.model].export:

@@ -12,7 +12,7 @@ from rkpart.profile import records as rec
 from tests.profile.plans import mini_block_plan
 from tests.profile.writeup import writeup_records
 
-# outside the fast tier: runs the profile command in a fresh process (the fast tier stays under a minute of CPU)
+# outside the fast tier: runs the profile command on plans in ONNX Runtime (the fast tier stays under a minute of CPU)
 pytestmark = pytest.mark.slow
 
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from rkpart.cli import main
 
-# outside the fast tier: the triage command in a fresh process (the fast tier stays under a minute of CPU)
+# outside the fast tier: the triage command runs its version matrix and reductions (fast tier: under 1 min of CPU)
 pytestmark = pytest.mark.slow
 
 
