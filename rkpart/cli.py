@@ -2,7 +2,9 @@
 
 Options become typed values in callbacks (``click.BadParameter`` on bad input); commands
 call one library function; the group turns :class:`rkpart.errors.UserError` into one line
-on stderr and the error's exit code.  Internal errors keep their traceback.
+on stderr and the error's exit code; click's own usage errors (unknown option, a value out of
+range) become one line too, with the command's help hint, exit 2.  Internal errors keep their
+traceback.
 """
 
 from __future__ import annotations
@@ -17,10 +19,49 @@ from rkpart.cli_args import report_user_error
 from rkpart.errors import INTERRUPTED_EXIT, RkpartError, UserError, os_error
 
 
+#: click's "no arguments: show the help" error (click >= 8.2) is help, not an error line
+_NO_ARGS_IS_HELP: tuple[type[BaseException], ...] = tuple(
+    c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c is not None)
+
+
+class OneLineClickError(click.ClickException):
+    """A click error shown the way rkpart shows every error: one ``rkpart: error:`` line.
+
+    Click prints a usage error as three lines (usage, a hint, the error); docs/errors.md
+    promises one line and exit 2 for every usage error.
+    """
+
+    def __init__(self, e: click.ClickException, ctx: click.Context | None = None) -> None:
+        msg = " ".join(e.format_message().split())  # a multi-line message (a BadParameter's) joined
+        ectx = getattr(e, "ctx", None) or ctx
+        if isinstance(e, click.UsageError) and ectx is not None:
+            msg += f" (see '{ectx.command_path} {ectx.help_option_names[0]}')" if ectx.help_option_names else ""
+        super().__init__(msg)
+        self.exit_code = e.exit_code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"rkpart: error: {self.message}", err=True)
+
+
+def _one_line(e: click.ClickException, ctx: click.Context | None = None) -> click.ClickException:
+    if isinstance(e, (OneLineClickError, *_NO_ARGS_IS_HELP)):
+        return e
+    return OneLineClickError(e, ctx)
+
+
 class RkpartGroup(click.Group):
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as e:  # the group's own options: `rkpart --bogus`
+            raise _one_line(e) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.ClickException as e:  # a command's options and arguments, and its UsageErrors
+            raise _one_line(e, ctx) from None
         except UserError as e:
             report_user_error(e)
             ctx.exit(e.exit_code)

@@ -229,17 +229,24 @@ MAX_ITEMS = 5_000_000
 MAX_JSON_INT = 2**53
 
 
-def bounded_integers(schema: Any) -> Any:
+def bounded_integers(schema: Any, *, numbers: bool = False) -> Any:
     """A copy of the JSON Schema ``schema`` in which every integer without a ``maximum`` of its own
-    has ``maximum`` :data:`MAX_JSON_INT` (``type`` ``"integer"`` or a list holding it)."""
+    has ``maximum`` :data:`MAX_JSON_INT` (``type`` ``"integer"`` or a list holding it).
+
+    ``numbers``: every ``"number"`` too, and on both sides (``minimum`` ``-MAX_JSON_INT`` where
+    it has none): a measurement file's 1e300 is no measurement, and sums of such overflow.
+    """
     if isinstance(schema, list):
-        return [bounded_integers(v) for v in schema]
+        return [bounded_integers(v, numbers=numbers) for v in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: bounded_integers(v) for k, v in schema.items()}
+    out = {k: bounded_integers(v, numbers=numbers) for k, v in schema.items()}
     t = schema.get("type")
-    if (t == "integer" or (isinstance(t, list) and "integer" in t)) and "maximum" not in schema:
-        out["maximum"] = MAX_JSON_INT
+    types = set(t) if isinstance(t, list) else {t}
+    if "integer" in types or (numbers and "number" in types):
+        out.setdefault("maximum", MAX_JSON_INT)
+        if numbers:
+            out.setdefault("minimum", -MAX_JSON_INT)
     return out
 
 

@@ -661,9 +661,16 @@ def _validator() -> Any:
     schema = record_schema()
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
-    # every integer (a KiB figure, a round, a byte count) at most MAX_JSON_INT: 1e308 KiB is no measurement
-    flat = bounded_integers(_inline_refs(schema, schema.get("$defs", {})))
-    return cls(flat)
+    return cls(_checked_schema())
+
+
+@cache
+def _checked_schema() -> dict[str, Any]:
+    """The schema records are validated against: :func:`record_schema` inlined, every number
+    (a KiB figure, a round, a ratio) at most :data:`~rkpart.io.MAX_JSON_INT` in size (1e308 KiB
+    is no measurement); seconds are bounded by the schema itself (10^6 s, as ``fit``)."""
+    schema = record_schema()
+    return dict(bounded_integers(_inline_refs(schema, schema.get("$defs", {})), numbers=True))
 
 
 def _without_shared(schema: Mapping[str, Any]) -> dict[str, Any]:
@@ -788,10 +795,13 @@ _SCHEMA_WORDS = frozenset({"$schema", "$id", "$defs", "$ref", "$comment", "title
 
 @cache
 def _thresholds() -> tuple[float, ...] | None:
-    """Every number the record schema compares with (``minimum``, ``const``, ...), or ``None``
-    if it uses a keyword a record's :func:`_signature` does not stand for."""
+    """Every number the checked schema compares with (``minimum``, ``const``, ...), or ``None``
+    if it uses a keyword a record's :func:`_signature` does not stand for.
+
+    Read from :func:`_checked_schema`, the bounds :func:`~rkpart.io.bounded_integers` added
+    included: a record whose integer is over 2^53 does not look like one whose integer is 5."""
     found: set[float] = set()
-    stack: list[Any] = [record_schema()]
+    stack: list[Any] = [_checked_schema()]
     while stack:
         node = stack.pop()
         if not isinstance(node, dict):

@@ -60,7 +60,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 try:
     import numpy as np
@@ -1015,8 +1015,16 @@ def check_numbers(args: argparse.Namespace) -> None:
             raise BundleError(f"--{flag.replace('_', '-')} must be a finite number, got {v}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as the runner reports every error: one line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"runner: error: {' '.join(message.split())} (see '{self.prog} -h')", file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+    ap = _Parser(
         prog="runner.py", description="Run an rkpart bundle and gate it against reference outputs, or (--steps) "
                                       "run a whole denoising loop with classifier-free guidance.")
     ap.add_argument("--bundle", default=str(Path(__file__).resolve().parent),

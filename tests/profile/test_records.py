@@ -33,6 +33,10 @@ def test_schema_is_a_valid_draft_2020_12_schema() -> None:
         (lambda r: r["stage"].__setitem__("device", "gpu"), "stage/device"),
         (lambda r: r.__setitem__("version", 2), "version"),
         (lambda r: r["memory"].__setitem__("pss_peak_kib", 1.5), "memory/pss_peak_kib"),
+        (lambda r: r["timings"].__setitem__("infer_s", 1e300), "timings/infer_s"),
+        (lambda r: r["timings"].__setitem__("wall_s", 1.5e6), "timings/wall_s"),
+        (lambda r: r["settings"].__setitem__("sample_interval_s", 61.0), "settings/sample_interval_s"),
+        (lambda r: r["memory"].__setitem__("pss_before_kib", 2**53 + 1), "memory/pss_before_kib"),
     ],
 )
 def test_invalid_stage_records_are_rejected_in_one_line(records: list[dict], mutate, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -43,6 +47,22 @@ def test_invalid_stage_records_are_rejected_in_one_line(records: list[dict], mut
         rec.validate_record(r, where="x.jsonl line 3")
     assert "x.jsonl line 3" in str(e.value) and "\n" not in str(e.value)
     assert message.split("/")[-1] in str(e.value)
+
+
+@pytest.mark.parametrize(("section", "field", "value"), [
+    ("memory", "pss_before_kib", 2**60), ("timings", "infer_s", 1e300), ("timings", "load_s", 2e6),
+])
+def test_an_out_of_range_number_is_refused_on_a_line_that_looks_like_a_valid_one(
+        records: list[dict], tmp_path: Path, section: str, field: str, value: float) -> None:
+    """Look-alike lines are validated once (their signature): a bound the loader adds to the
+    schema (2^53 for every number) must be one of the thresholds a signature tells apart, or
+    the 35th stage record's 2^60 KiB passes because the 34th's 1000 KiB did."""
+    bad = copy.deepcopy(records)
+    last = max(i for i, r in enumerate(bad) if r["record"] == "stage")
+    bad[last][section][field] = value
+    (tmp_path / "p.jsonl").write_text(rec.dumps_jsonl(bad))
+    with pytest.raises(SpecError, match=rf"line {last + 1}: invalid profile record at {section}/{field}"):
+        rec.read_jsonl(tmp_path / "p.jsonl")
 
 
 def test_jsonl_round_trip_is_byte_stable(records: list[dict], tmp_path: Path) -> None:
