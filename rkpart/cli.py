@@ -18,7 +18,6 @@ from rkpart import __version__
 from rkpart.cli_args import report_user_error
 from rkpart.errors import INTERRUPTED_EXIT, RkpartError, UserError, os_error
 
-
 #: click's "no arguments: show the help" error (click >= 8.2) is help, not an error line
 _NO_ARGS_IS_HELP: tuple[type[BaseException], ...] = tuple(
     c for c in (getattr(click.exceptions, "NoArgsIsHelpError", None),) if c is not None)

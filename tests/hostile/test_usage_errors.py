@@ -88,7 +88,8 @@ def test_a_group_without_a_command_still_shows_its_help() -> None:
     assert r.exit_code in (0, 2) and "Commands:" in r.output and "info" in r.output
 
 
-@pytest.mark.parametrize(("path", "option", "value"), BAD_VALUES, ids=[f"{' '.join(p)} {o}={v}" for p, o, v in BAD_VALUES])
+@pytest.mark.parametrize(("path", "option", "value"), BAD_VALUES,
+                         ids=[f"{' '.join(p)} {o}={v}" for p, o, v in BAD_VALUES])
 def test_a_value_the_option_refuses_is_one_line_naming_the_option(path: tuple[str, ...], option: str,
                                                                    value: str) -> None:
     r = cli([*path, option, value])

@@ -20,6 +20,18 @@ Each case also records the sha256 of the model it partitions (:data:`INPUT`): an
 on the torch and diffusers versions, and a record made from other inputs says nothing.
 Placements learned by earlier builds change plans (``rkpart.compile.learned``), so every plan is
 made with an empty private ``$RKPART_CACHE_DIR``.
+
+An export's bytes also depend on the machine: the TorchScript exports of flux and lumina2 made
+here differ from those of the machine the record was first made on, with the same torch 2.13.0,
+diffusers 0.42.1 and onnx 1.23.2 (not the CPU kernels, ``ATEN_CPU_CAPABILITY`` avx2/avx512 give
+the same bytes; not the thread count; not ml_dtypes 0.6 / 0.7).  Of each plan's 33 files only
+the host prologue (where the exporter folded the position embedding) and plan.json (its sha256)
+differ; every block stage is the same.  So an export case may hold
+variants, ``<case>@<16 hex digits of its input's sha256>``, each the exact record of the plans
+of that export, added by a tree whose plans of the first export matched (``--add-variants``
+never replaces an entry)::
+
+    PYTHONPATH=. python -m tests.integrity.golden_plans --add-variants
 """
 
 from __future__ import annotations
@@ -220,9 +232,44 @@ def compute(root: Path, cases: tuple[Case, ...] = CASES) -> dict[str, dict[str, 
     return {c.name: golden.case(c) for c in cases}
 
 
+def variant_key(case: str, input_sha256: str) -> str:
+    """The record key of ``case``'s plans of the export whose sha256 is ``input_sha256``."""
+    return f"{case}@{input_sha256[:16]}"
+
+
+def entry_for(record: Mapping[str, Mapping[str, str]], case: str, input_sha256: str) -> Mapping[str, str] | None:
+    """The recorded digest of ``case`` over the model ``input_sha256``: its entry or a variant's."""
+    for e in (record.get(case), record.get(variant_key(case, input_sha256))):
+        if e is not None and e.get(INPUT) == input_sha256:
+            return e
+    return None
+
+
+def add_variants(root: Path, record: dict[str, dict[str, str]]) -> list[str]:
+    """Record this machine's export cases whose input no entry has; returns the keys added."""
+    golden = Golden(root)
+    added = []
+    for c in CASES:
+        if not MODELS[c.model].export:
+            continue
+        got = golden.case(c)
+        if entry_for(record, c.name, got[INPUT]) is None:
+            record[variant_key(c.name, got[INPUT])] = got
+            added.append(variant_key(c.name, got[INPUT]))
+    return added
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Rewrite the record; ``--out FILE`` writes it there instead (to compare trees: run from each)."""
+    """Rewrite the record; ``--out FILE`` writes it there instead (to compare trees: run from each);
+    ``--add-variants`` adds this machine's exports' plans to it (see the module docstring)."""
     args = sys.argv[1:] if argv is None else argv
+    if args == ["--add-variants"]:
+        record = json.loads(RECORD.read_text())
+        with tempfile.TemporaryDirectory() as tmp:
+            added = add_variants(Path(tmp), record)
+        RECORD.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        print(f"added {len(added)} variants to {RECORD}: {', '.join(added) or 'none'}")
+        return 0
     out = Path(args[1]) if args[:1] == ["--out"] and len(args) == 2 else RECORD
     with tempfile.TemporaryDirectory() as tmp:
         record = compute(Path(tmp))
