@@ -36,7 +36,7 @@ class OneLineClickError(click.ClickException):
         if isinstance(e, click.UsageError) and ectx is not None:
             msg += f" (see '{ectx.command_path} {ectx.help_option_names[0]}')" if ectx.help_option_names else ""
         super().__init__(msg)
-        self.exit_code = e.exit_code
+        self.__dict__["exit_code"] = e.exit_code  # the wrapped error's code (click types it a ClassVar)
 
     def show(self, file: Any = None) -> None:
         click.echo(f"rkpart: error: {self.message}", err=True)
