@@ -90,9 +90,10 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
               help="Build only this NPU stage (repeatable); the others keep their artifacts.")
 @click.option("--retry-failed", is_flag=True, help="Rebuild stages whose crash the cache remembers.")
 @click.option("--rewrites/--no-rewrites", default=True, show_default=True,
-              help="Apply rkpart's NPU rewrites (patterns the toolkit would put on the CPU; each kept only if "
-                   "exact under ONNX Runtime; a stage whose build fails with them is rebuilt without the one "
-                   "at fault). Opset lowering happens either way.")
+              help="Apply rkpart's NPU rewrites (patterns the toolkit would put on the CPU or store padded, and "
+                   "constants a stage holds twice stored once; each kept only if exact under ONNX Runtime; a "
+                   "stage whose build fails with them is rebuilt without the one at fault). Opset lowering "
+                   "happens either way.")
 @click.option("--repartition", is_flag=True,
               help="After the build, move every op it put on the CPU inside an NPU stage to the host and cut every "
                    "stage whose build crashed in front of the ops the optimiser fused before the crash: partition "

@@ -36,7 +36,7 @@ from rkpart.ir.tensors import random_feeds
 from rkpart.partitioner.extract import stage_sha256
 from rkpart.targets import get_target
 from rkpart.targets.opset import lower_model, model_opset
-from rkpart.targets.rewrites import REWRITES, Rewrite, apply_rewrites, rewrites_for
+from rkpart.targets.rewrites import DEDUPE, REWRITES, Rewrite, apply_rewrites, rewrites_for
 from rkpart.validation.metrics import Gate, compare
 
 PREPARED_DIR = "prepared"
@@ -108,9 +108,9 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
     opset = model_opset(head)
     needs_lowering = opset > caps.max_opset
     drop = dict(drop or {})
-    npu_rows = tuple(r for r in rewrites_for(toolkit, "npu") if r.name not in drop) if rewrites else ()
+    npu_rows = tuple(r for r in (*rewrites_for(toolkit, "npu"), DEDUPE) if r.name not in drop) if rewrites else ()
     ops = {n.op_type for n in head.graph.node}
-    if not needs_lowering and not drop and not any(r.op_type in ops for r in npu_rows):
+    if not needs_lowering and not drop and not any(r.may_match(head, ops) for r in npu_rows):
         return Prepared(onnx_path, None)
     out_dir = rknn_dir / PREPARED_DIR
     tag = "" if rewrites else ".norewrite"
@@ -208,7 +208,7 @@ def _apply_checked(model: onnx.ModelProto, rows: tuple[Rewrite, ...], ref: list[
 
 def _rules() -> list[str]:
     """The rewrite table's rows by name: a prepared copy made under another table is made again."""
-    return [r.name for r in REWRITES]
+    return [r.name for r in (*REWRITES, DEDUPE)]
 
 
 def _save(model: onnx.ModelProto, dest: Path) -> None:

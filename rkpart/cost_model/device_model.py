@@ -336,7 +336,8 @@ def _npu_sizes(mg: ModelGraph, sub: Subgraph, life: Lifetimes) -> tuple[np.ndarr
 def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None = None) -> MemoryFeatures:
     """:class:`MemoryFeatures` of the ops of ``sub`` as one NPU stage (``life``: its
     :func:`~rkpart.ir.liveness.stage_lifetimes`, when the caller has them already)."""
-    weight16 = sum(_bytes16(mg, t) for t in sub.weights)
+    # a table the stage holds twice (q's and k's RoPE) is stored once: compile merges the copies
+    weight16 = sum(_bytes16(mg, t) for t in mg.distinct_constants(sub.weights))
     io16 = sum(_bytes16(mg, t) for t in (*sub.inputs, *sub.outputs))
     hnorm16 = sum(_bytes16(mg, t) for t in head_norm_inputs(mg, sub.ops))
     life = life if life is not None else stage_lifetimes(mg, sub)

@@ -100,6 +100,9 @@ class ModelGraph:
     #: "inputs": {model input: sha256 of the array it was given}}`` per data-dependent op
     specialised: tuple[dict[str, Any], ...] = ()
     _index_ops: frozenset[int] | None = field(default=None, init=False, repr=False, compare=False)
+    #: constant name -> (sample, sha256) of its bytes: caches of a frozen graph
+    _samples: dict[str, bytes | None] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _digests: dict[str, str | None] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- ops -------------------------------------------------------------------------------
     def op(self, i: int) -> OpNode:
@@ -244,6 +247,74 @@ class ModelGraph:
         return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(np.dtype(dt)), list(shape))
 
     # -- constants -------------------------------------------------------------------------
+    def _stored_constant(self, name: str) -> TensorProto | None:
+        """The proto that stores constant ``name``: its initializer or its ``Constant`` op's value."""
+        init = self.initializers.get(name)
+        if init is not None:
+            return init
+        p = self.producer.get(name)
+        if p is None or p not in self.const_ops:
+            return None
+        n = self.nodes[p]
+        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
+            return n.attribute[0].t
+        return None  # computed from other constants
+
+    def _constant_bytes(self, name: str, limit: int | None = None) -> bytes | None:
+        t = self._stored_constant(name)
+        if t is None:
+            return None
+        if t.data_location == TensorProto.EXTERNAL:
+            info = {e.key: e.value for e in t.external_data}
+            offset, length = int(info.get("offset", 0)), int(info.get("length", -1))
+            want = length if limit is None or length < 0 else min(length, limit)
+            with open(self.path.parent / info["location"], "rb") as f:
+                f.seek(offset)
+                return f.read(want) if want >= 0 else f.read()
+        data = t.raw_data if t.raw_data else numpy_helper.to_array(t).tobytes()
+        return data if limit is None else data[:limit]
+
+    def constant_digest(self, name: str) -> str | None:
+        """sha256 of the bytes of stored constant ``name`` (``None``: not a stored constant)."""
+        if name not in self._digests:
+            import hashlib
+
+            data = self._constant_bytes(name)
+            self._digests[name] = None if data is None else hashlib.sha256(data).hexdigest()
+        return self._digests[name]
+
+    def distinct_constants(self, names: Iterable[str]) -> list[str]:
+        """``names`` without the constants that hold exactly what an earlier one holds (element
+        type, shape and bytes): what a stage stores once its copies of one table are merged
+        (``rkpart compile``'s ``dedupe-constants`` rewrite).  Bytes are read only for constants that
+        share type and shape with another, and hashed whole only when their first 4 KiB agree."""
+        names = list(names)
+        by_type: dict[object, list[str]] = {}
+        for n in names:
+            by_type.setdefault(self.tensor_types.get(n), []).append(n)
+        dropped: set[str] = set()
+        for key, group in by_type.items():
+            if key is None or len(group) < 2:
+                continue
+            by_sample: dict[bytes, list[str]] = {}
+            for n in group:
+                if n not in self._samples:
+                    self._samples[n] = self._constant_bytes(n, 4096)
+                sample = self._samples[n]
+                if sample is not None:
+                    by_sample.setdefault(sample, []).append(n)
+            for same in by_sample.values():
+                if len(same) < 2:
+                    continue
+                seen: set[str] = set()
+                for n in same:
+                    d = self.constant_digest(n)
+                    if d is not None and d in seen:
+                        dropped.add(n)
+                    elif d is not None:
+                        seen.add(d)
+        return [n for n in names if n not in dropped]
+
     def const_closure(self, tensors: Iterable[str]) -> list[int]:
         """Constant ops needed to compute ``tensors``, in model order."""
         need: set[int] = set()

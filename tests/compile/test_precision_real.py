@@ -88,7 +88,9 @@ def test_int8_builds_run_in_the_simulator_at_half_the_weight_memory(
         assert total8 / total16 <= 0.55  # issue 27's criterion (measured 0.547)
     else:
         assert all(r < 0.85 for r in ratios.values()), ratios
-        assert total8 / total16 < 0.7  # measured 0.665: the tables stay padded
+        # measured 0.616 (0.665 before dedupe-constants merged k's copies of q's tables): the two left
+        # stay padded in both precisions
+        assert total8 / total16 < 0.65
 
     # the simulator builds the stage as compile did (same dataset) and takes and gives floats
     res = CliRunner().invoke(main, ["run", str(int8), "--backend", "rknn-sim", "--toolkit", version, "-q", "--json"])

@@ -40,7 +40,8 @@ def _attention(heads: int = 4, tokens: int = 32, dim: int = 16) -> onnx.ModelPro
         x        -MatMul(Wv)-> v -Reshape/Transpose-> vh[1,H,T,d] -/
     """
     d = dim // heads
-    inits = [numpy_helper.from_array(np.ones((dim, dim), np.float32), n) for n in ("Wq", "Wk", "Wv")]
+    inits = [numpy_helper.from_array(np.full((dim, dim), k + 1.0, np.float32), n)
+             for k, n in enumerate(("Wq", "Wk", "Wv"))]
     inits += [numpy_helper.from_array(np.array([1, tokens, heads, d], np.int64), "shp"),
               numpy_helper.from_array(np.array([1, tokens, dim], np.int64), "out_shp"),
               numpy_helper.from_array(np.array(0.5, np.float32), "scale")]
@@ -71,6 +72,23 @@ def test_fp16_features_leave_the_score_matrices_out() -> None:
     # 4x the tokens: scores grow 16x, the activations only 4x
     g = model_features(_attention(heads=4, tokens=128, dim=16), device="npu")
     assert g.score16 == 16 * f.score16 and g.act16 <= 4 * f.act16
+
+
+def test_a_constant_held_twice_counts_once_as_the_compile_stores_it() -> None:
+    """RoPE's tables folded once for q and again for k: ``rkpart compile`` merges the copies
+    (dedupe-constants), so the weight feature counts each distinct constant once."""
+    m = _attention(heads=4, tokens=32, dim=16)
+    base = model_features(m, device="npu").weight16
+    for t in m.graph.initializer:
+        if t.name == "Wk":
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(
+                next(x for x in m.graph.initializer if x.name == "Wq")), "Wk"))
+    assert model_features(m, device="npu").weight16 == base - 16 * 16 * 2
+    # one element apart: two constants
+    wq = numpy_helper.to_array(next(x for x in m.graph.initializer if x.name == "Wq")).copy()
+    wq[15, 15] += 1.0
+    next(x for x in m.graph.initializer if x.name == "Wk").CopyFrom(numpy_helper.from_array(wq, "Wk"))
+    assert model_features(m, device="npu").weight16 == base
 
 
 def _ffn(act: str, tokens: int = 32, dim: int = 16, hidden: int = 64) -> onnx.ModelProto:

@@ -44,7 +44,9 @@ def test_plan_bytes_match_the_record(case: Case, golden: Golden, recorded: dict[
             pytest.skip(f"cannot export: {', '.join(missing_dependencies())} missing")
     computed = golden.case(case)
     entry = entry_for(recorded, case.name, computed[INPUT])
-    assert entry is not None, (
-        f"{case.model}: the model is not one recorded (an export changes with torch/diffusers and the "
-        "machine): the record does not apply; regenerate it deliberately (tests/integrity/golden_plans.py)")
+    if entry is None and MODELS[case.model].export:
+        # an export's bytes depend on the machine (golden_plans.py): a record of other exports says nothing
+        pytest.skip(f"{case.model}: this machine's export is none of those recorded for {case.name}; "
+                    "record it from a tree whose other plans match: golden_plans.py --add-variants")
+    assert entry is not None, f"{case.model}: the model is not the one recorded; regenerate it deliberately"
     assert computed == entry

@@ -39,9 +39,11 @@ from rkpart.ir.edit import NEEDS, GraphEdit
 from rkpart.targets.rewrites.crashes import layernorm_scale_fold, strided_slices_concat
 from rkpart.targets.rewrites.lower import NO_LOWERING, TYPE_ONLY_CHANGES, gelu, grid_sample
 from rkpart.targets.rewrites.npu import (
+    dedupe_constants,
     erf_sqrt2_f32,
     heads_table_layout,
     interleave,
+    may_hold_duplicate_constants,
     nan_guard,
     norm_residual_sub,
     pad_concat,
@@ -69,13 +71,24 @@ class Rewrite:
     #: "types" (element types), "shapes" (static shapes; writes the inferred value infos),
     #: "inferred_shapes" (static shapes, the model's value infos left as they are)
     needs: tuple[str, ...] = ()
+    #: a pattern not found from one op (``op_type`` ""): whether it may match a model, read
+    #: without its external data
+    probe: Callable[[onnx.ModelProto], bool] | None = None
 
     def __post_init__(self) -> None:
         if not set(self.needs) <= NEEDS:
             raise ValueError(f"rewrite {self.name}: unknown needs {sorted(set(self.needs) - NEEDS)}")
+        if (self.probe is None) == (self.op_type == ""):
+            raise ValueError(f"rewrite {self.name}: a probe exactly when there is no op_type")
 
     def applies_to(self, toolkit: str) -> bool:
         return "*" in self.toolkits or toolkit in self.toolkits
+
+    def may_match(self, model: onnx.ModelProto, ops: set[str] | None = None) -> bool:
+        """Whether the rewrite may change ``model`` (``ops``: its op types, when known already)."""
+        if self.probe is not None:
+            return self.probe(model)
+        return self.op_type in (ops if ops is not None else {n.op_type for n in model.graph.node})
 
 
 REWRITES: tuple[Rewrite, ...] = (
@@ -190,6 +203,20 @@ REWRITES: tuple[Rewrite, ...] = (
 )
 
 
+#: not a row of the table: graph-wide (no op it starts from) and about memory, not placement;
+#: ``rkpart compile`` applies it after the table's rows (its copies of a table merged too), on
+#: every toolkit, with the rewrites
+DEDUPE = Rewrite("dedupe-constants", "", "npu", ("*",),
+                 "Not a placement: weight memory. The TorchScript export of diffusers' Cosmos/Anima folds RoPE's "
+                 "cos and sin tables once for q and again for k; the compiler stores every copy (its "
+                 "RKNNDuplicateWeightPass leaves them), four (1,1,64,24) tables of 0x6000 bytes in the bundled "
+                 "example's self-attention. One name per distinct constant (type, shape, bytes): weight memory of "
+                 "that stage fp16 173 -> 124.9 KB and int8 140.25 -> 92.06 KB, on 2.3.0 and on 2.5.0 alike (built "
+                 "from the stage file, no other rewrite); the same values, bit for bit. Run last: other rewrites' "
+                 "copies of a table are merged too",
+                 dedupe_constants, probe=may_hold_duplicate_constants)
+
+
 def rewrites_for(toolkit: str, kind: str) -> tuple[Rewrite, ...]:
     """The table's rows of ``kind`` ("lower" or "npu") that apply to ``toolkit``."""
     return tuple(r for r in REWRITES if r.kind == kind and r.applies_to(toolkit))
@@ -204,7 +231,7 @@ def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[st
     view = GraphEdit(model)
     done: dict[str, int] = {}
     for r in rows:
-        if not any(n.op_type == r.op_type for n in model.graph.node):
+        if not r.may_match(model):
             continue
         view.declare(r.needs)
         k = r.apply(view)
@@ -214,4 +241,5 @@ def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[st
     return done
 
 
-__all__ = ["NO_LOWERING", "REWRITES", "TYPE_ONLY_CHANGES", "Apply", "Rewrite", "apply_rewrites", "rewrites_for"]
+__all__ = ["DEDUPE", "NO_LOWERING", "REWRITES", "TYPE_ONLY_CHANGES", "Apply", "Rewrite", "apply_rewrites",
+           "rewrites_for"]

@@ -772,3 +772,92 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
     for t in [t for t in graph.initializer if t.name in replaced]:
         graph.initializer.remove(t)
     return True
+
+
+def _content_key(t: onnx.TensorProto) -> tuple[int, tuple[int, ...], str]:
+    """What makes two inline tensors interchangeable: element type, shape and bytes (sha256)."""
+    import hashlib
+
+    data = t.raw_data if t.raw_data else numpy_helper.to_array(t).tobytes()
+    return t.data_type, tuple(t.dims), hashlib.sha256(data).hexdigest()
+
+
+def _inline_size(t: onnx.TensorProto) -> int:
+    return len(t.raw_data) if t.raw_data else t.ByteSize()
+
+
+def duplicate_constants(graph: onnx.GraphProto) -> dict[str, str]:
+    """Constants of ``graph`` that hold exactly what an earlier one holds: name -> the earlier name.
+
+    Initializers and ``Constant`` ops' ``value`` tensors, by element type, shape and bytes (only
+    tensors sharing type, shape and size with another are hashed).  Graph inputs and outputs,
+    and a graph with subgraphs (which read tensors by name), are left alone.
+    """
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
+        return {}
+    fixed = {i.name for i in graph.input} | {o.name for o in graph.output}
+    tensors: list[tuple[str, onnx.TensorProto]] = [(t.name, t) for t in graph.initializer if t.name not in fixed]
+    for n in graph.node:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.attribute) == 1 \
+                and n.attribute[0].name == "value" and n.output[0] not in fixed:
+            tensors.append((n.output[0], n.attribute[0].t))
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for _, t in tensors):
+        return {}  # not loaded: bytes unknown (the caller loads external data first)
+    by_size: dict[tuple[int, tuple[int, ...], int], list[tuple[str, onnx.TensorProto]]] = {}
+    for name, t in tensors:
+        by_size.setdefault((t.data_type, tuple(t.dims), _inline_size(t)), []).append((name, t))
+    out: dict[str, str] = {}
+    for group in by_size.values():
+        if len(group) < 2:
+            continue
+        first: dict[tuple[int, tuple[int, ...], str], str] = {}
+        for name, t in group:
+            kept = first.setdefault(_content_key(t), name)
+            if kept != name:
+                out[name] = kept
+    return out
+
+
+def dedupe_constants(view: GraphEdit) -> int:
+    """Every use of a constant that duplicates an earlier one reads the earlier one; the copy goes.
+
+    Exporters fold the same table once per use: the TorchScript export of diffusers' Cosmos / Anima
+    holds RoPE's cos and sin once for q and again for k.  The compiler stores each copy (its
+    duplicate-weight pass does not merge them), padded at 16 bytes an element when it broadcasts
+    over the heads.  The same values read under one name: bit for bit the same result.
+    """
+    graph = view.graph
+    dup = duplicate_constants(graph)
+    if not dup:
+        return 0
+    for n in graph.node:
+        for k, x in enumerate(n.input):
+            if x in dup:
+                n.input[k] = dup[x]
+    keep_nodes = [n for n in graph.node if not (n.op_type == "Constant" and n.output and n.output[0] in dup)]
+    if len(keep_nodes) != len(graph.node):
+        view.set_nodes(keep_nodes)
+    for t in [t for t in graph.initializer if t.name in dup]:
+        graph.initializer.remove(t)
+    for v in [v for v in graph.value_info if v.name in dup]:
+        graph.value_info.remove(v)
+    return len(dup)
+
+
+def may_hold_duplicate_constants(head: onnx.ModelProto) -> bool:
+    """Whether :func:`dedupe_constants` may find something in ``head`` (external data not loaded):
+    two constants of one element type, shape and stored size (external ones by their length)."""
+    seen: set[tuple[int, tuple[int, ...], int]] = set()
+    g = head.graph
+    tensors = [t for t in g.initializer] + [n.attribute[0].t for n in g.node if n.op_type == "Constant"
+                                            and len(n.attribute) == 1 and n.attribute[0].name == "value"]
+    for t in tensors:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            length = next((int(e.value) for e in t.external_data if e.key == "length"), -1)
+        else:
+            length = _inline_size(t)
+        key = (t.data_type, tuple(t.dims), length)
+        if key in seen:
+            return True
+        seen.add(key)
+    return False
