@@ -704,6 +704,10 @@ def run_fit(opts: FitOptions) -> tuple[CostModel, FitReport]:
     """Fit a model from ``opts.profiles``, write it atomically to ``opts.output``; the model and its error report."""
     model, report = fit_profiles(opts.profiles, base=opts.base, folds=opts.folds, statistic=opts.statistic,
                                  mix_backends=opts.mix_backends, clock=opts.clock)
+    from rkpart.cost_model.checks import check_model_document
+
+    # what `estimate`, `auto` and `report` would refuse to read is not written (a 1e300 coefficient)
+    check_model_document(json.loads(model.dumps()), where=f"the model fitted for {opts.output}")
     model.save(opts.output)
     return model, report
 

@@ -200,6 +200,30 @@ def test_a_cosine_rounded_past_one_is_still_an_accuracy_term(example_model: Path
     assert r.exit_code == 0, r.output
 
 
+@pytest.mark.parametrize(("base_mse", "other_mse"), [(0.0, 1.0), (1e-30, 1e-12), (1.0, 1e-9)])
+def test_drift_writes_no_accuracy_table_auto_would_refuse(base_mse: float, other_mse: float) -> None:
+    """A baseline MSE of 0 (floored at 1e-30) made ratios of 10^30 that ``--accuracy`` then refused;
+    a ratio under 5e-5 was rounded to 0.0, no ratio > 0."""
+    from rkpart.cost_model.checks import check_accuracy, check_numbers
+    from rkpart.cost_model.drift_accuracy import BASELINE, accuracy_from_drift
+    from rkpart.errors import UserError
+    from rkpart.profile.drift import LATENT, DriftRow
+
+    rows = [DriftRow("split:a", 0, LATENT, None, 0.9999, 0.1, base_mse),
+            DriftRow("fused:b", 0, LATENT, None, 0.9999, 0.1, other_mse)]
+    fams = {"split:a": BASELINE, "fused:b": "adaln=npu,residual=npu"}
+    ratio = max(other_mse, 1e-30) / max(base_mse, 1e-30)
+    if ratio > 2**53:
+        with pytest.raises(UserError, match="over 2\\^53"):
+            accuracy_from_drift(rows, fams)
+    else:
+        acc = accuracy_from_drift(rows, fams)
+        check_numbers("t", acc)
+        check_accuracy("t", acc)
+        assert acc["families"]["adaln=npu,residual=npu"]["ratio"] == pytest.approx(ratio, rel=1e-3)
+    FUZZ_STATS["cases:numbers-files-accuracy"] += 1
+
+
 # -- run reports (`report --run`) -------------------------------------------------------------------
 
 
