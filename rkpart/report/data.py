@@ -300,5 +300,12 @@ def cost_model_rows(profiles: Sequence[Profile], model_path: str | None) -> Tabl
 
 
 def budget_of(plan: Plan) -> float | None:
+    """The plan's ``--budget-mib`` (``None``: it had none), what ``partition`` accepts: a finite
+    number > 0, at most 2^53 MiB (a plan claiming 1e300 or inf drew "the budget of inf MiB")."""
     b = (plan.strategy.get("options") or {}).get("budget_mib")
-    return float(b) if isinstance(b, (int, float)) else None
+    if b is None:
+        return None
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or not 0 < b <= MAX_JSON_INT:
+        raise SpecError(f"plan.json: strategy.options.budget_mib must be a finite number of MiB in (0, 2^53], "
+                        f"got {repr(b)[:40]}")
+    return float(b)

@@ -304,6 +304,21 @@ def test_report_takes_a_run_report_whose_outputs_were_nan(split_plan: Path, run_
     assert r.stderr.strip() == ""
 
 
+@pytest.mark.parametrize("budget", [1e300, math.inf, -1.0, 0, "x", True])
+def test_report_refuses_a_plan_recording_an_absurd_budget(budget: Any, split_plan: Path, profile: Path,
+                                                          tmp_path: Path) -> None:
+    """The memory timeline drew the plan's budget line and the page said "the budget of inf MiB"."""
+    plan = tmp_path / "plan"
+    shutil.copytree(split_plan, plan)
+    doc = json.loads((plan / "plan.json").read_text())
+    doc["strategy"].setdefault("options", {})["budget_mib"] = budget
+    (plan / "plan.json").write_text(json.dumps(doc))
+    r = cli(["report", plan, profile, "-o", tmp_path / "r.html", "-q"])
+    assert_user_error(r, 5, "budget_mib")
+    assert not (tmp_path / "r.html").exists() and not (tmp_path / "r_files").exists()
+    FUZZ_STATS["cases:numbers-files-plan"] += 1
+
+
 # -- the bundle's runner: manifest gate and denoise record ------------------------------------------
 
 
