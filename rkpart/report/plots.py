@@ -172,6 +172,18 @@ def memory(rows: Table, budget_mib: float | None) -> bytes | None:
     return _png(fig)
 
 
+def _log(ax: Any, which: str) -> None:
+    """A log scale on ``ax``'s ``which`` axis (``"x"`` / ``"y"``) whose tick labels are plain text
+    (``1e-06``): with ``text.parse_math`` off, matplotlib's default ``$\\mathdefault{10^{-6}}$``
+    labels were drawn literally."""
+    from matplotlib.ticker import LogFormatter, NullFormatter
+
+    getattr(ax, f"set_{which}scale")("log")
+    axis = getattr(ax, f"{which}axis")
+    axis.set_major_formatter(LogFormatter(labelOnlyBase=True))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def _nan(v: Any) -> bool:
     """A metric ``rkpart run`` could not compute: ``null`` in its strict JSON (outputs holding
     NaN/Inf), or a NaN / infinity a hand-written report holds."""
@@ -223,8 +235,8 @@ def accuracy(rows: Table) -> bytes | None:
             if b:
                 a1.text(v1, y, " NaN/Inf", color="#c0392b", fontsize=7, va="center")
                 a2.text(v2, y, " NaN/Inf", color="#c0392b", fontsize=7, va="center")
-    a1.set_xscale("log")
-    a2.set_xscale("log")
+    _log(a1, "x")
+    _log(a2, "x")
     a1.set_yticks(y0, labels, fontsize=7)
     a1.invert_yaxis()
     a1.set_xlabel("1 - cosine")
@@ -251,8 +263,8 @@ def cost_model(rows: Table) -> bytes | None:
     lo = min(min(r["measured"], r["predicted"]) for r in pts) * 1000 * 0.8
     hi = max(max(r["measured"], r["predicted"]) for r in pts) * 1000 * 1.25
     ax.plot([lo, hi], [lo, hi], color="#999999", lw=0.8, ls="--")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    _log(ax, "x")
+    _log(ax, "y")
     ax.set_xlabel("measured ms")
     ax.set_ylabel("predicted ms")
     ax.set_title("Cost model: predicted vs measured", loc="left")
