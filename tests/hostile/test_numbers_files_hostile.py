@@ -121,6 +121,20 @@ def test_auto_refuses_a_cost_model_with_absurd_numbers(case: str, example_model:
     FUZZ_STATS["cases:numbers-files-cost-model"] += 1
 
 
+@pytest.mark.slow  # builds a shared profile (ONNX Runtime) and a report with its plots
+@pytest.mark.parametrize("case", ["coef-1e15-infer", "coef-1e15-host", "coef-1e300"])
+def test_profile_against_and_report_refuse_predictions_beyond_any_run(case: str, split_plan: Path, profile: Path,
+                                                                      tmp_path: Path) -> None:
+    """``profile --against`` printed "3145728000000000000000.0000 s +1046211561961731859421331456.0 %"."""
+    model = _model_file(tmp_path, case)
+    r = cli(["profile", "--show", profile, "--against", model])
+    _sane(assert_user_error(r, 5))
+    r = cli(["report", split_plan, profile, "--cost-model", model, "-o", tmp_path / "r.html", "-q"])
+    _sane(assert_user_error(r, 5))
+    assert not (tmp_path / "r.html").exists() and not (tmp_path / "r_files").exists()
+    FUZZ_STATS["cases:numbers-files-cost-model"] += 2
+
+
 def test_tiny_finite_coefficients_still_estimate(split_plan: Path, tmp_path: Path) -> None:
     """1e-320 (a subnormal) is a number >= 0 like any other: the model predicts, nothing overflows."""
     d = _shipped()
@@ -304,6 +318,7 @@ def test_report_takes_a_run_report_whose_outputs_were_nan(split_plan: Path, run_
     assert r.stderr.strip() == ""
 
 
+@pytest.mark.slow  # builds a shared profile (ONNX Runtime)
 @pytest.mark.parametrize("budget", [1e300, math.inf, -1.0, 0, "x", True])
 def test_report_refuses_a_plan_recording_an_absurd_budget(budget: Any, split_plan: Path, profile: Path,
                                                           tmp_path: Path) -> None:
