@@ -311,6 +311,13 @@ def load_accuracy(path: str | os.PathLike[str]) -> dict[str, Any]:
     Raises :class:`UserError` naming the file and what is wrong.
     """
     acc = load_json_file(path, what="accuracy term", max_bytes=1 << 20)
+    from rkpart.cost_model.checks import check_numbers
+    from rkpart.errors import SpecError
+
+    try:  # every number finite and at most 2^53 in size (a 1e300 ratio is no measured drift)
+        check_numbers(f"accuracy term {path}", acc)
+    except SpecError as e:
+        raise UserError(str(e)) from None
     fams = acc.get("families") if isinstance(acc, dict) else None
     floor = acc.get("default_max_ratio") if isinstance(acc, dict) else None
     if (not isinstance(fams, dict) or not fams or not isinstance(floor, (int, float)) or isinstance(floor, bool)
@@ -321,7 +328,6 @@ def load_accuracy(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise UserError(f"accuracy term {path}: not an accuracy term written by `rkpart drift --accuracy` "
                         "(needs families with a finite ratio >= 0 and default_max_ratio >= 1)")
     from rkpart.cost_model.checks import check_accuracy
-    from rkpart.errors import SpecError
 
     try:  # the rest of the table too: a NaN drift run's final cosine or MSE is no measurement
         check_accuracy(f"accuracy term {path}", acc)

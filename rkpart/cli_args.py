@@ -198,6 +198,11 @@ SIM_MEMORY_MIB = click.IntRange(min=1, max=2**24)
 EXTERNAL_THRESHOLD = click.IntRange(min=0, max=2**31)
 #: ``profile --interval``: seconds between memory samples; NaN/inf (or 1e10 s) crashed the sampler
 SAMPLE_INTERVAL = FiniteFloat(min=0, max=60)
+#: ``--guidance`` (drift, bundle): the CFG scale, the range the bundle's runner accepts
+#: (rkpart.runtime.board_runner.NUMBER_RANGES); 1e300 overflowed every latent to inf
+GUIDANCE = FiniteFloat(min=-1000, max=1000)
+#: ``--shift`` (drift, bundle): the sigma shift, as the runner; 1e-320 divided by zero in the schedule
+SHIFT = FiniteFloat(min=1e-3, max=1e3)
 
 
 def max_threads() -> int:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from rkpart.cost_model.calibration import FitReport, fit_profiles
 from rkpart.cost_model.features import stage_features
-from rkpart.cost_model.model import MAX_CFG_PARALLEL_SPEEDUP, CfgParallel, CostModel
+from rkpart.cost_model.model import MAX_CFG_PARALLEL_SPEEDUP, MIN_CFG_PARALLEL_SPEEDUP, CfgParallel, CostModel
 from rkpart.cost_model.rounds import predict_round, round_time
 from rkpart.errors import GateError, UserError
 from rkpart.io import atomic_write_bytes
@@ -364,7 +364,8 @@ def measure_cfg_parallel(bundle: str | Path, *, steps: int, rounds: int, seed: i
     ``rknnlite_api``: the ``RKNNLite`` class (default: rknn-toolkit-lite2's, on the board).  Both
     ways must give the same latent (max abs difference within :data:`CFG_PARALLEL_MAX_ABS_REL`
     of the largest value, the runner's default gate; exactly equal on the stand-ins) and a speed-up in
-    (0, :data:`~rkpart.cost_model.model.MAX_CFG_PARALLEL_SPEEDUP`], else
+    [:data:`~rkpart.cost_model.model.MIN_CFG_PARALLEL_SPEEDUP`,
+    :data:`~rkpart.cost_model.model.MAX_CFG_PARALLEL_SPEEDUP`] (what a cost model may hold), else
     :class:`~rkpart.errors.GateError` (exit 8) and nothing is recorded; a runner failure is a
     :class:`~rkpart.errors.UserError`.
     """
@@ -399,9 +400,9 @@ def measure_cfg_parallel(bundle: str | Path, *, steps: int, rounds: int, seed: i
                         "the speed-up of a wrong result is not recorded")
     seq, par_ = statistics.median(times[False]), statistics.median(times[True])
     speedup = seq / par_
-    if not 0 < speedup <= MAX_CFG_PARALLEL_SPEEDUP:
+    if not MIN_CFG_PARALLEL_SPEEDUP <= speedup <= MAX_CFG_PARALLEL_SPEEDUP:
         raise GateError(f"cfg-parallel measurement on {bundle}: speed-up {speedup:g} is outside "
-                        f"(0, {MAX_CFG_PARALLEL_SPEEDUP:g}]; not recorded")
+                        f"[{MIN_CFG_PARALLEL_SPEEDUP:g}, {MAX_CFG_PARALLEL_SPEEDUP:g}]; not recorded")
     return CfgParallel(
         speedup=round(speedup, 4),
         source=(f"measured: `rkpart tune --backend rknnlite --cfg-parallel`, {rounds} interleaved rounds of a "

@@ -10,10 +10,11 @@ from typing import Any
 import click
 
 from rkpart.cli_args import (
+    GUIDANCE,
     SEED,
+    SHIFT,
     SIM_MEMORY_MIB,
     STEPS,
-    FiniteFloat,
     build_options,
     emit,
     json_option,
@@ -30,9 +31,9 @@ from rkpart.progress import Reporter
 @click.option("--steps", type=STEPS, default=4, show_default=True, help="Denoising steps.")
 @click.option("--cfg/--no-cfg", default=True, show_default=True,
               help="Classifier-free guidance: a conditional and an unconditional pass per step.")
-@click.option("--guidance", type=FiniteFloat(), default=4.0, show_default=True, help="CFG scale.")
+@click.option("--guidance", type=GUIDANCE, default=4.0, show_default=True, help="CFG scale.")
 @click.option("--seed", type=SEED, default=0, show_default=True, help="Seed of the latent and the conditioning.")
-@click.option("--shift", type=FiniteFloat(min=0, min_open=True), default=1.0, show_default=True,
+@click.option("--shift", type=SHIFT, default=1.0, show_default=True,
               help="Sigma shift of the flow-matching schedule: shift*s/(1+(shift-1)*s) (1: equal steps).")
 @toolkit_option(required=True, help="rknn-toolkit2 version whose simulator runs the NPU stages (e.g. 2.5.0).")
 @build_options

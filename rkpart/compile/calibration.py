@@ -224,6 +224,83 @@ class Calibration:
                             f"this plan is {got[:12]}; rerun rkpart calibrate")
 
 
+#: float32's largest finite value: every range a calibration records is of float32 values
+FLOAT32_MAX = 3.4028234663852886e38
+#: ``calibrate --samples`` and ``--steps`` bounds (rkpart.profile.calibrate, rkpart.cli_args)
+MAX_SAMPLES = 1000
+MAX_STEPS = 10_000
+FINDING_KINDS = ("nonfinite", "overflow", "underflow")
+
+
+def _bad_int(v: Any, lo: int, hi: int) -> bool:
+    return isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi
+
+
+def _bad_value(v: Any, lo: float = -FLOAT32_MAX) -> bool:
+    """Not a float32 value (a finite number within float32's range, at least ``lo``)."""
+    return isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+        or not lo <= v <= FLOAT32_MAX
+
+
+def _check_numbers(manifest: Path, data: Mapping[str, Any]) -> None:
+    """Every number of a calibration manifest is one ``rkpart calibrate`` writes (issue 31): counts
+    within calibrate's bounds, ranges finite float32 values with min <= max, and a range check that
+    agrees with its own max |x| (a 1e300 absmax with no finding read "fp16 range: ok")."""
+    def bad(what: str, v: Any, need: str) -> UserError:
+        return UserError(f"{manifest}: {what} must be {need}, got {repr(v)[:40]}")
+
+    for k, lo, hi in (("steps", 0, MAX_STEPS), ("samples", 1, MAX_SAMPLES), ("seed", 0, 2**32 - 1)):
+        if _bad_int(data.get(k), lo, hi):
+            raise bad(k, data.get(k), f"an integer in [{lo}, {hi}]")
+    if not isinstance(data.get("cfg"), bool):
+        raise bad("cfg", data.get("cfg"), "true or false")
+    if not isinstance(data.get("stages"), list):
+        raise bad("stages", data.get("stages"), "a list")
+    for i, st in enumerate(data["stages"]):
+        if not isinstance(st, Mapping):
+            raise bad(f"stages[{i}]", st, "an object")
+        sid = repr(st.get("stage"))[:40]
+        if _bad_int(st.get("samples"), 0, MAX_SAMPLES):
+            raise bad(f"stage {sid} samples", st.get("samples"), f"an integer in [0, {MAX_SAMPLES}]")
+        for r in st.get("ranges", ()) if isinstance(st.get("ranges", ()), list) else [None]:
+            if not isinstance(r, Mapping):
+                raise bad(f"stage {sid} ranges", r, "a list of objects")
+            for k in ("min", "max", "absmax"):
+                if _bad_value(r.get(k), 0.0 if k == "absmax" else -FLOAT32_MAX):
+                    raise bad(f"stage {sid} range {k}", r.get(k), "a finite float32 value")
+            if r["min"] > r["max"] or not math.isclose(r["absmax"], max(-r["min"], r["max"]), rel_tol=1e-6):
+                raise UserError(f"{manifest}: stage {sid} range of {repr(r.get('name'))[:40]} is not a range "
+                                f"(min {r['min']:g}, max {r['max']:g}, max |x| {r['absmax']:g})")
+        fr = st.get("fp16_range") or {}
+        if not isinstance(fr, Mapping):
+            raise bad(f"stage {sid} fp16_range", fr, "an object")
+        if _bad_int(fr.get("activations", 0), 0, 2**53):
+            raise bad(f"stage {sid} fp16_range.activations", fr.get("activations"), "a count")
+        if _bad_value(fr.get("absmax", 0.0), 0.0):
+            raise bad(f"stage {sid} fp16_range.absmax", fr.get("absmax"), "a finite float32 value >= 0")
+        findings = fr.get("findings", [])
+        if not isinstance(findings, list) or not all(isinstance(f, Mapping) for f in findings):
+            raise bad(f"stage {sid} fp16_range.findings", findings, "a list of objects")
+        for f in findings:
+            if f.get("kind") not in FINDING_KINDS:
+                raise bad(f"stage {sid} finding kind", f.get("kind"), f"one of {', '.join(FINDING_KINDS)}")
+            for k in ("absmax", "margin"):
+                if _bad_value(f.get(k), 0.0):
+                    raise bad(f"stage {sid} finding {k}", f.get(k), "a finite number >= 0")
+            # what fp16_findings computes: an overflow's margin is 65504 / max |x| (past half of
+            # fp16's range), an underflow's the share of tiny values
+            if f["kind"] == "overflow" and not (f["absmax"] > OVERFLOW_SHARE * FP16_MAX and math.isclose(
+                    f["margin"], FP16_MAX / f["absmax"], rel_tol=1e-6)):
+                raise UserError(f"{manifest}: stage {sid} overflow finding (max |x| {f['absmax']:g}, margin "
+                                f"{f['margin']:g}) contradicts itself: its margin is 65504 / max |x|, past 32752")
+            if f["kind"] == "underflow" and not f["margin"] <= 1:
+                raise bad(f"stage {sid} underflow finding margin", f["margin"], "a share in [0, 1]")
+        if fr.get("absmax", 0.0) > OVERFLOW_SHARE * FP16_MAX and not any(
+                f.get("kind") in ("overflow", "nonfinite") for f in findings):
+            raise UserError(f"{manifest}: stage {sid} records max |x| {fr['absmax']:g} past fp16's range but no "
+                            "overflow finding; not a manifest rkpart calibrate wrote")
+
+
 def load_calibration(path: str | os.PathLike[str]) -> Calibration:
     """Read a calibration folder (or its manifest); one-line :class:`UserError` if unusable."""
     p = Path(path)
@@ -237,6 +314,7 @@ def load_calibration(path: str | os.PathLike[str]) -> Calibration:
     if data.get("version") != VERSION:
         raise UserError(f"{manifest}: calibration format version {data.get('version')!r}, this rkpart reads "
                         f"{VERSION}; rerun rkpart calibrate")
+    _check_numbers(manifest, data)
     try:
         stages = {s["stage"]: StageCalibration.from_json(s) for s in data["stages"]}
         cal = Calibration(folder=manifest.parent, sha256=hashlib.sha256(manifest.read_bytes()).hexdigest(),

@@ -704,6 +704,10 @@ def run_fit(opts: FitOptions) -> tuple[CostModel, FitReport]:
     """Fit a model from ``opts.profiles``, write it atomically to ``opts.output``; the model and its error report."""
     model, report = fit_profiles(opts.profiles, base=opts.base, folds=opts.folds, statistic=opts.statistic,
                                  mix_backends=opts.mix_backends, clock=opts.clock)
+    from rkpart.cost_model.checks import check_model_document
+
+    # what `estimate`, `auto` and `report` would refuse to read is not written (a 1e300 coefficient)
+    check_model_document(json.loads(model.dumps()), where=f"the model fitted for {opts.output}")
     model.save(opts.output)
     return model, report
 
@@ -730,15 +734,20 @@ def compare_with_model(
     component summing the stages (per call / per pass, as in :func:`samples_from_records`).
     Render with :func:`render_comparison`.
     """
+    from rkpart.cost_model.checks import check_stage_estimate
+
     samples = samples_from_records(records, near=near, resolver=resolver)
     rows: list[dict[str, Any]] = []
     totals: dict[str, list[float]] = {}
+    memory = {"device_mem": "device memory", "pss_peak": "process memory"}
     for s in samples:
         pred = model.predict_stage(s.features)
         for comp, meas in s.targets.items():
             p = pred.get(comp)
             if p is None:
                 continue
+            # as estimate and auto: 10^21 s a pass is no prediction to print next to a measurement
+            check_stage_estimate(s.label.partition(":")[2] or s.label, {memory.get(comp, comp): p})
             rows.append({"stage": s.label.partition(":")[2], "component": comp, "measured": meas, "predicted": p,
                          "error_pct": None if not meas else (p - meas) / meas * 100.0})
             if comp not in ("device_mem", "pss_peak"):

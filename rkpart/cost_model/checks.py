@@ -19,6 +19,7 @@ from typing import Any
 from rkpart.cost_model import features as _features
 from rkpart.cost_model.rounds import GLUE_TERMS
 from rkpart.errors import SpecError
+from rkpart.io import MAX_JSON_INT
 from rkpart.targets.known_issues import TRAIT_NAMES
 
 #: the terms a stage component may use (:meth:`rkpart.cost_model.features.Features.value`);
@@ -44,10 +45,85 @@ def _valid_term(name: str, t: str) -> bool:
 #: a measured stage time or size beyond these is not a measurement (11.6 days; 1 PiB)
 MAX_SECONDS = 1e6
 MAX_BYTES = float(2**50)
+#: a percentage error (``median_ape``, ``p90_ape``, ``max_ape``) beyond this (10^4 x) is no error bar
+MAX_APE = 1e6
 
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_numbers(where: str, doc: Any) -> None:
+    """Refuse any number in ``doc`` (a parsed JSON document) that is NaN, infinite or over
+    :data:`~rkpart.io.MAX_JSON_INT` in size, naming where it is: a 1e300 coefficient or error
+    summary overflows to inf in the sums made of it (as profile records, issue 31)."""
+    stack: list[tuple[Any, str]] = [(doc, "")]
+    while stack:
+        x, path = stack.pop()
+        if isinstance(x, Mapping):
+            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in x.items())
+        elif isinstance(x, list):
+            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(x))
+        elif isinstance(x, (int, float)) and not isinstance(x, bool):
+            if isinstance(x, float) and not math.isfinite(x):
+                raise SpecError(f"{where}: {path or 'the document'} is {x!r}, not a finite number")
+            if abs(x) > MAX_JSON_INT:
+                raise SpecError(f"{where}: {path or 'the document'} is {x:g}, over 2^53 in size: beyond any "
+                                "figure rkpart writes there")
+
+
+def _check_summary(where: str, what: str, d: Any) -> None:
+    """An error summary (:func:`rkpart.cost_model.model.error_summary`): shares in [0, 1], counts
+    integers >= 0, percentage errors in [0, :data:`MAX_APE`], each when present."""
+    if d is None:
+        return
+    if not isinstance(d, Mapping):
+        raise SpecError(f"{where}: {what} must be an object or null, got {type(d).__name__}")
+    for k in ("within_10", "within_20"):
+        v = d.get(k)
+        if v is not None and not (_number(v) and 0 <= v <= 1):
+            raise SpecError(f"{where}: {what}.{k} must be a share in [0, 1] or null, got {v!r}")
+    for k in ("median_ape", "p90_ape", "max_ape"):
+        v = d.get(k)
+        if v is not None and not (_number(v) and 0 <= v <= MAX_APE):
+            raise SpecError(f"{where}: {what}.{k} must be a percentage in [0, {MAX_APE:g}] or null, got {v!r}")
+    n = d.get("n")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        raise SpecError(f"{where}: {what}.n must be an integer >= 0, got {n!r}")
+
+
+def _check_fit_error(where: str, name: str, fe: Any) -> None:
+    if not isinstance(fe, Mapping):
+        return  # null; a wrong type is refused by _check_component
+    for k in ("held_out", "in_sample", "cross_validation"):
+        _check_summary(where, f"component {name}: fit_error.{k}", fe.get(k))
+
+
+def _check_provenance(where: str, prov: Mapping[str, Any]) -> None:
+    """The provenance fields selection and ``estimate`` read, typed and in range."""
+    dof = prov.get("degrees_of_freedom")
+    if dof is not None and (isinstance(dof, bool) or not isinstance(dof, int)):
+        raise SpecError(f"{where}: provenance.degrees_of_freedom must be an integer or null, got {dof!r}")
+    _check_summary(where, "provenance.whole_plan_error", prov.get("whole_plan_error"))
+    res = prov.get("latency_resolution")
+    if res is not None:
+        rel = res.get("relative") if isinstance(res, Mapping) else None
+        if not isinstance(res, Mapping) or (rel is not None and not (_number(rel) and 0 < rel <= 1)):
+            got = repr(rel if isinstance(res, Mapping) else res)[:60]
+            raise SpecError(f"{where}: provenance.latency_resolution must be an object whose 'relative' is a "
+                            f"number in (0, 1], got {got}")
+    backends = prov.get("backends")
+    if backends is not None and not (isinstance(backends, list) and all(isinstance(b, str) for b in backends)):
+        raise SpecError(f"{where}: provenance.backends must be a list of strings or null")
+    rng = prov.get("fitted_range")
+    if rng is None:
+        return
+    if not isinstance(rng, Mapping):
+        raise SpecError(f"{where}: provenance.fitted_range must be an object of feature -> [lowest, highest]")
+    for k, v in rng.items():
+        if not (isinstance(v, list) and len(v) == 2 and all(_number(x) and x >= 0 for x in v) and v[0] <= v[1]):
+            raise SpecError(f"{where}: provenance.fitted_range.{k} must be [lowest, highest], two numbers with "
+                            f"0 <= lowest <= highest, got {v!r}"[:300])
 
 
 def _check_component(where: str, name: str, d: Any) -> None:
@@ -71,6 +147,7 @@ def _check_component(where: str, name: str, d: Any) -> None:
             raise SpecError(f"{where}: component {name}: {key!r} must be {what}, got {type(d[key]).__name__}")
     if "samples" in d and (isinstance(d["samples"], bool) or not isinstance(d["samples"], int) or d["samples"] < 0):
         raise SpecError(f"{where}: component {name}: 'samples' must be an integer >= 0, got {d['samples']!r}")
+    _check_fit_error(where, name, d.get("fit_error"))
 
 
 def check_accuracy(where: str, acc: Any) -> None:
@@ -95,6 +172,12 @@ def check_accuracy(where: str, acc: Any) -> None:
             if k in row and not _number(row[k]):
                 raise SpecError(f"{where}: accuracy family {fam!r}: {k!r} must be a finite number (a NaN drift run "
                                 f"is not a measurement), got {row[k]!r}")
+        if "final_cosine" in row and not -1 - 1e-6 <= row["final_cosine"] <= 1 + 1e-6:  # up to rounding
+            raise SpecError(f"{where}: accuracy family {fam!r}: 'final_cosine' must be a cosine in [-1, 1], "
+                            f"got {row['final_cosine']!r}")
+        for k in ("final_mse", "final_max_abs"):
+            if k in row and row[k] < 0:
+                raise SpecError(f"{where}: accuracy family {fam!r}: {k!r} must be >= 0, got {row[k]!r}")
 
 
 def _check_known_issues(where: str, issues: Any) -> None:
@@ -118,13 +201,19 @@ def _check_known_issues(where: str, issues: Any) -> None:
 
 def check_model_document(d: Mapping[str, Any], *, where: str) -> None:
     """Refuse (one-line :class:`SpecError`) a cost-model document any later use would trip over."""
+    check_numbers(where, d)
     comps = d.get("components", {})
     if not isinstance(comps, Mapping):
         raise SpecError(f"{where}: 'components' must be an object, got {type(comps).__name__}")
     for name, c in comps.items():
         _check_component(where, str(name), c)
+    dm = d.get("device_memory", {})
+    if isinstance(dm, Mapping):  # another type is refused by CostModel.from_json
+        for tk, c in dm.items():
+            _check_component(f"{where}: device_memory[{tk}]", "device_mem", c)
     if not isinstance(d.get("provenance", {}), Mapping):
         raise SpecError(f"{where}: 'provenance' must be an object, got {type(d['provenance']).__name__}")
+    _check_provenance(where, d.get("provenance", {}))
     check_accuracy(where, d.get("accuracy", {}))
     _check_known_issues(where, d.get("known_issues", []))
 
@@ -165,15 +254,41 @@ def check_own_predictions(model: Any, samples: Sequence[Any], units: Mapping[str
                                 "model: profile more plans or rounds")
 
 
-def check_prediction(candidate: str, residency: str, parts: Mapping[str, float]) -> None:
-    """Refuse predictions ``auto`` cannot choose from: a latency that is not finite and > 0, or a
-    component or memory that is not finite and >= 0 (e.g. from a 1e308 coefficient)."""
+def _beyond(k: str, v: float, passes: int) -> str | None:
+    """Why the predicted ``k`` (over ``passes`` passes) is beyond any real run, or ``None``."""
+    if "memory" in k or k.endswith("_bytes"):
+        return f"over {MAX_BYTES:g} bytes (1 PiB): no device holds that" if v > MAX_BYTES else None
+    limit = MAX_SECONDS * max(passes, 1)
+    return f"over {MAX_SECONDS:g} s a pass: beyond any real run" if v > limit else None
+
+
+def check_prediction(candidate: str, residency: str, parts: Mapping[str, float], passes: int = 1) -> None:
+    """Refuse predictions ``auto`` cannot choose from: a latency that is not finite and > 0, a
+    component or memory that is not finite and >= 0, or one beyond any real run (over
+    :data:`MAX_SECONDS` a pass, over :data:`MAX_BYTES`), e.g. from a huge coefficient; ``parts``
+    are totals over ``passes`` passes."""
     for k, v in parts.items():
         if not math.isfinite(v) or v < 0 or (k == "latency" and v <= 0):
             need = "a latency must be finite and > 0" if k == "latency" else "a prediction must be finite and >= 0"
             raise SpecError(f"the cost model predicts {k} = {v:g} for candidate {candidate} ({residency}); {need}: "
                             "refit the model or use the shipped calibration")
+        why = _beyond(k, v, passes)
+        if why is not None:
+            raise SpecError(f"the cost model predicts {k} = {v:g} for candidate {candidate} ({residency}), {why}: "
+                            "refit the model or use the shipped calibration")
 
 
-__all__ = ["MAX_BYTES", "MAX_SECONDS", "TERMS", "check_accuracy", "check_model_document", "check_own_predictions",
-           "check_prediction", "check_samples"]
+def check_stage_estimate(stage: str, parts: Mapping[str, float | None]) -> None:
+    """``rkpart estimate``'s refusal of one stage's predictions (per call): not finite, negative,
+    or beyond any real run (:data:`MAX_SECONDS`, :data:`MAX_BYTES`)."""
+    for k, v in parts.items():
+        if v is None:
+            continue
+        why = "not a finite number >= 0" if not math.isfinite(v) or v < 0 else _beyond(k, v, 1)
+        if why is not None:
+            raise SpecError(f"the cost model predicts {k} = {v:g} for stage {stage}, {why}: refit the model or use "
+                            "the shipped calibration")
+
+
+__all__ = ["MAX_APE", "MAX_BYTES", "MAX_SECONDS", "TERMS", "check_accuracy", "check_model_document", "check_numbers",
+           "check_own_predictions", "check_prediction", "check_samples", "check_stage_estimate"]

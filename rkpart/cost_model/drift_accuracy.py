@@ -45,6 +45,10 @@ def family_of(plan: Plan) -> str:
     raise UserError(f"no accuracy family for a {name!r} plan: measure split and fused plans")
 
 
+def _round_ratio(v: float) -> float:
+    return round(v, 4) if v >= 1e-3 else float(f"{v:.4g}")
+
+
 def accuracy_from_drift(rows: Sequence[DriftRow], families: Mapping[str, str], *, baseline: str = BASELINE,
                         min_cosine: float = DEFAULT_MIN_COSINE) -> dict[str, Any]:
     """The ``accuracy`` term from ``rows`` (``families``: plan label -> accuracy family).
@@ -67,7 +71,8 @@ def accuracy_from_drift(rows: Sequence[DriftRow], families: Mapping[str, str], *
         raise UserError(f"the drift table has no plan of the baseline family {baseline} (a default split plan)")
     base = max(by_family[baseline].mse, _EPS)
     steps = by_family[baseline].step + 1
-    ratios = {f: round(max(r.mse, _EPS) / base, 4) if f != baseline else 1.0 for f, r in by_family.items()}
+    # 4 decimals, or 4 significant digits below 0.001 (rounded to 0.0 the ratio was no ratio > 0)
+    ratios = {f: _round_ratio(max(r.mse, _EPS) / base) if f != baseline else 1.0 for f, r in by_family.items()}
     fams = {f: {"ratio": ratios[f], "final_cosine": r.cosine, "final_mse": r.mse, "final_max_abs": r.max_abs,
                 "source": f"drift: latent after {r.step + 1} step(s), plan {r.plan}"}
             for f, r in sorted(by_family.items())}
@@ -75,12 +80,21 @@ def accuracy_from_drift(rows: Sequence[DriftRow], families: Mapping[str, str], *
     # their rows, but their ratios (int8: ~2000x fp16's latent MSE on the bundled example) must not
     # widen the default bound: int8 is chosen only under a bound the user sets (max_error_ratio)
     ok = [ratios[f] for f, r in by_family.items() if r.cosine >= min_cosine and ",precision=" not in f]
-    return {
+    acc = {
         "metric": f"latent MSE after {steps} denoising step(s) relative to {baseline} (rkpart drift)",
         "default_max_ratio": max([1.0, *ok]),
         "min_cosine": min_cosine,
         "families": fams,
     }
+    from rkpart.cost_model.checks import check_accuracy, check_numbers
+    from rkpart.errors import SpecError
+
+    try:  # what `partition --accuracy` refuses to read is not written (a ratio over 2^53: a baseline MSE of 0)
+        check_numbers("the accuracy table", acc)
+        check_accuracy("the accuracy table", acc)
+    except SpecError as e:
+        raise UserError(f"{e}; this drift run measures no accuracy ratio (is the baseline's latent MSE 0?)") from None
+    return acc
 
 
 def with_drift(model: CostModel, rows: Sequence[DriftRow], families: Mapping[str, str], **kw: Any) -> CostModel:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rkpart.cost_model.checks import check_stage_estimate
 from rkpart.cost_model.device_model import OTHER_BYTES
 from rkpart.cost_model.features import Features, stage_features
 from rkpart.cost_model.model import CostModel
@@ -181,6 +182,7 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
             host = pred.get("host")
             if host is None:
                 raise UserError("the cost model has no 'host' predictor; use the shipped calibration or refit it")
+            check_stage_estimate(s.id, {"host": host})
             out.append(StageEstimate(id=s.id, device=s.device, residency=r, device_mem_bytes=None,
                                      device_mem_source=None, device_mem_error=None, load_s=None, init_s=None,
                                      infer_s=host, release_s=None, infer_source="predicted", compiled=False))
@@ -206,6 +208,8 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
         from_compiler = compiled_infer_seconds(model, f)
         if from_compiler is not None:
             infer, isrc = from_compiler, "compiler"
+        check_stage_estimate(s.id, {"load": pred["load"], "init": pred["init"], "infer": infer,
+                                    "release": pred["release"], "device memory": mem})
         out.append(StageEstimate(id=s.id, device=s.device, residency=r, device_mem_bytes=math.ceil(mem),
                                  device_mem_source=msrc, device_mem_error=merr, load_s=pred["load"],
                                  init_s=pred["init"], infer_s=infer, release_s=pred["release"], infer_source=isrc,

@@ -330,7 +330,10 @@ class Provenance:
         return cls(dict(d))
 
 
-#: a measured CFG-parallel speed-up outside (0, this] is no measurement of two cores against one
+#: a measured CFG-parallel speed-up outside [MIN, MAX] is no measurement of two cores against one
+#: (below 0.1 the two passes at once would be ten times slower than one after the other; a
+#: 1e-320 speed-up predicted an infinite time per image)
+MIN_CFG_PARALLEL_SPEEDUP = 0.1
 MAX_CFG_PARALLEL_SPEEDUP = 3.0
 
 
@@ -354,9 +357,9 @@ class CfgParallel:
             raise SpecError(f"{where}: 'cfg_parallel' must be an object, got {type(d).__name__}")
         x, src, meas = d.get("speedup"), d.get("source"), d.get("measured", {})
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not (
-                math.isfinite(x) and 0 < x <= MAX_CFG_PARALLEL_SPEEDUP):
-            raise SpecError(f"{where}: cfg_parallel.speedup must be a number in (0, {MAX_CFG_PARALLEL_SPEEDUP:g}], "
-                            f"got {x!r}")
+                math.isfinite(x) and MIN_CFG_PARALLEL_SPEEDUP <= x <= MAX_CFG_PARALLEL_SPEEDUP):
+            raise SpecError(f"{where}: cfg_parallel.speedup must be a number in [{MIN_CFG_PARALLEL_SPEEDUP:g}, "
+                            f"{MAX_CFG_PARALLEL_SPEEDUP:g}], got {x!r}")
         if not isinstance(src, str):
             raise SpecError(f"{where}: cfg_parallel.source must be a string")
         if not isinstance(meas, Mapping):
@@ -558,6 +561,6 @@ def load_model_or_default(path: str | os.PathLike[str] | None) -> CostModel:
     return CostModel.load(default_model_path() if path is None else path)
 
 
-__all__ = ["COMPONENTS", "DEFAULT_TERMS", "Accuracy", "Component", "CostModel", "ErrorSummary", "FamilyAccuracy",
-           "Provenance", "Sample", "cross_validate",
+__all__ = ["COMPONENTS", "DEFAULT_TERMS", "MAX_CFG_PARALLEL_SPEEDUP", "MIN_CFG_PARALLEL_SPEEDUP", "Accuracy",
+           "Component", "CostModel", "ErrorSummary", "FamilyAccuracy", "Provenance", "Sample", "cross_validate",
            "default_model_path", "error_summary", "load_model_or_default", "nnls_relative"]

@@ -209,7 +209,7 @@ def outside_range(model: CostModel, features: Iterable[Features], slack: float =
         if not vals:
             continue
         if max(vals) > hi * (1 + slack) or min(vals) < lo * (1 - slack):
-            ratio = max(vals) / hi if max(vals) > hi else min(vals) / max(lo, 1)
+            ratio = max(vals) / max(hi, 1) if max(vals) > hi else min(vals) / max(lo, 1)
             out.append(f"{words.get(k, k)} {ratio:.2g}x the fitted range")
     return out
 

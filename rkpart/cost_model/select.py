@@ -218,7 +218,7 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
     pss_vals = [v for _, v, _ in mems]
     pss_max = None if any(v is None for v in pss_vals) or not pss_vals else max(v for v in pss_vals if v is not None)
     if pss_max is not None and not math.isfinite(pss_max):
-        check_prediction(c.id, residency, {"process memory": pss_max})
+        check_prediction(c.id, residency, {"process memory": pss_max}, p)
     pss = None if pss_max is None else int(pss_max)
     fam = model.accuracy.family(c.accuracy_key)
     ratio = None if fam is None else fam.ratio
@@ -226,7 +226,8 @@ def evaluate(c: Candidate, residency: str, model: CostModel, cfg: SelectionConfi
         sources = {f"{c.precision}-prior"}
     check_prediction(c.id, residency, {"latency": load + init + infer + release + host + glue, "load": load,
                                        "init": init, "infer": infer, "release": release, "host": host,
-                                       "glue": glue, "device memory": device, "process memory": float(pss or 0)})
+                                       "glue": glue, "device memory": device, "process memory": float(pss or 0)},
+                     p)
     excluded = c.excluded
     if excluded is None and ratio is None and c.precision != "fp16":
         excluded = (f"accuracy: no measured drift for {c.precision} ({c.accuracy_key}); auto never picks an "

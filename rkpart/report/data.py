@@ -6,13 +6,14 @@ the same numbers.  Nothing here imports matplotlib.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rkpart.errors import SpecError
-from rkpart.io import load_json_file
+from rkpart.io import MAX_JSON_INT, load_json_file
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.profile import records as rec
 from rkpart.types import LIFECYCLE, NPU, CompilerPlan, seconds_key
@@ -66,26 +67,69 @@ def load_profile(path: Path, name: str | None = None) -> Profile:
 
 #: a run report is a few KiB per stage; one larger than this is not one
 MAX_RUN_BYTES = 64 << 20
+#: a metric of a run report beyond these is not one ``rkpart run`` computes: an error or a
+#: value of outputs within float32's range (the NPU stages compute in fp16 / fp32) is under
+#: 2^129, a mean square error under 2^258; a cosine is within [-1, 1] up to rounding
+MAX_ABS_METRIC = 2.0**129
+MAX_MSE = 2.0**258
+_COSINE_SLACK = 1e-6
+_ABS_METRICS = ("max_abs", "mean_abs", "ref_max_abs", "max_abs_rel")
+_COUNTS = ("nan", "inf", "ref_nonfinite", "nonfinite")
+
+
+def _metric_problem(k: str, v: Any) -> str | None:
+    """Why ``v`` is no value of the run-report metric ``k`` (``None``: it is one).
+
+    NaN is kept where ``rkpart run`` writes it (the metrics of outputs holding NaN/Inf): the
+    report shows it as a failure, never as agreement; infinity and absurd sizes are refused."""
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return f"must be a number, got {type(v).__name__}"
+    if k in _COUNTS:
+        ok = isinstance(v, int) and 0 <= v <= MAX_JSON_INT
+        return None if ok else f"must be a count (an integer in [0, 2^53]), got {v!r}"
+    if v != v:  # NaN
+        return None
+    if not math.isfinite(v):
+        return f"must be a finite number or NaN, got {v!r}"
+    if k == "cosine" and not -1 - _COSINE_SLACK <= v <= 1 + _COSINE_SLACK:
+        return f"must be a cosine in [-1, 1], got {v!r}"
+    if k in _ABS_METRICS and not 0 <= v <= MAX_ABS_METRIC:
+        return f"must be a number in [0, 2^129], got {v!r}"
+    if k == "mse" and not 0 <= v <= MAX_MSE:
+        return f"must be a number in [0, 2^258], got {v!r}"
+    if abs(v) > MAX_MSE:
+        return f"is {v!r}, beyond any metric of a run"
+    return None
+
+
+def _check_metrics(path: Path, where: str, tensors: Any) -> None:
+    if not isinstance(tensors, dict) or not all(isinstance(m, dict) for m in tensors.values()):
+        raise SpecError(f"{path}: {where} must map tensor names to metrics")
+    for t, m in tensors.items():
+        for k, v in m.items():
+            why = _metric_problem(str(k), v)
+            if why is not None:
+                raise SpecError(f"{path}: {where}[{t!r}].{k} {why}")
 
 
 def load_run(path: Path) -> RunResult:
     """A ``rkpart run --per-stage --json`` output, read whole and bounded (a regular file, size,
-    depth and integer limits) and checked against the shape the report uses."""
+    depth and integer limits) and checked against the shape the report uses: every metric a
+    number in its range (a cosine in [-1, 1], an error >= 0, a count an integer), or NaN where
+    the run met NaN/Inf."""
     d = load_json_file(path, what="run report", max_bytes=MAX_RUN_BYTES, error=SpecError)
     if not isinstance(d, dict) or "end_to_end" not in d or "per_stage" not in d:
         raise SpecError(f"{path} is not the output of `rkpart run --per-stage --json`")
     for key in ("end_to_end", "per_stage"):
         if not isinstance(d[key], dict):
             raise SpecError(f"{path}: {key!r} must be an object")
-    if not all(isinstance(m, dict) for m in d["end_to_end"].values()):
-        raise SpecError(f"{path}: end_to_end must map tensor names to metrics")
+    _check_metrics(path, "end_to_end", d["end_to_end"])
     for sid, tensors in d["per_stage"].items():
-        if not isinstance(tensors, dict) or not all(isinstance(m, dict) for m in tensors.values()):
-            raise SpecError(f"{path}: per_stage[{sid!r}] must map tensor names to metrics")
-        for t, m in tensors.items():
-            for k, v in m.items():
-                if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                    raise SpecError(f"{path}: per_stage[{sid!r}][{t!r}].{k} must be a number, got {type(v).__name__}")
+        _check_metrics(path, f"per_stage[{sid!r}]", tensors)
+    if "backend" in d and not isinstance(d["backend"], str):
+        raise SpecError(f"{path}: 'backend' must be a string, got {type(d['backend']).__name__}")
     return RunResult(name=path.stem, data=d)
 
 
@@ -256,5 +300,12 @@ def cost_model_rows(profiles: Sequence[Profile], model_path: str | None) -> Tabl
 
 
 def budget_of(plan: Plan) -> float | None:
+    """The plan's ``--budget-mib`` (``None``: it had none), what ``partition`` accepts: a finite
+    number > 0, at most 2^53 MiB (a plan claiming 1e300 or inf drew "the budget of inf MiB")."""
     b = (plan.strategy.get("options") or {}).get("budget_mib")
-    return float(b) if isinstance(b, (int, float)) else None
+    if b is None:
+        return None
+    if isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b) or not 0 < b <= MAX_JSON_INT:
+        raise SpecError(f"plan.json: strategy.options.budget_mib must be a finite number of MiB in (0, 2^53], "
+                        f"got {repr(b)[:40]}")
+    return float(b)

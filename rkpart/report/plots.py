@@ -8,6 +8,7 @@ tables give equal files.
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 from rkpart.report.data import COMPONENTS, Table
@@ -171,28 +172,71 @@ def memory(rows: Table, budget_mib: float | None) -> bytes | None:
     return _png(fig)
 
 
+def _log(ax: Any, which: str) -> None:
+    """A log scale on ``ax``'s ``which`` axis (``"x"`` / ``"y"``) whose tick labels are plain text
+    (``1e-06``): with ``text.parse_math`` off, matplotlib's default ``$\\mathdefault{10^{-6}}$``
+    labels were drawn literally."""
+    from matplotlib.ticker import LogFormatter, NullFormatter
+
+    getattr(ax, f"set_{which}scale")("log")
+    axis = getattr(ax, f"{which}axis")
+    axis.set_major_formatter(LogFormatter(labelOnlyBase=True))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _nan(v: Any) -> bool:
+    """A metric ``rkpart run`` could not compute: ``null`` in its strict JSON (outputs holding
+    NaN/Inf), or a NaN / infinity a hand-written report holds."""
+    return v is None or (isinstance(v, float) and not math.isfinite(v))
+
+
+def accuracy_bars(rows: Table) -> dict[str, tuple[list[float], list[float], list[bool]]]:
+    """Per run of :func:`accuracy`'s rows, in label order: the ``1 - cosine`` bars, the max-abs
+    bars and which of them are NaN (outputs holding NaN/Inf).
+
+    A NaN metric (``null`` in the run's JSON) is the worst error, never a perfect one: its bar
+    reaches the axis' end (``1 - cosine`` = 2, the largest there is; max abs ten times past every
+    finite one).  Before, a ``null`` cosine was read as 1 and ``max(1e-12, 1 - nan)`` as 1e-12:
+    both drawn as the smallest error of the page."""
+    runs = list(dict.fromkeys(r["run"] for r in rows))
+    labels = list(dict.fromkeys(f"{r['stage']}:{r['tensor']}"[:40] for r in rows))
+    finite_mx = [float(r["max_abs"]) for r in rows if isinstance(r.get("max_abs"), (int, float))
+                 and not _nan(r["max_abs"])]
+    worst_mx = max([1.0, *finite_mx]) * 10
+    out = {}
+    for run in runs:
+        by = {f"{r['stage']}:{r['tensor']}"[:40]: r for r in rows if r["run"] == run}
+        bad = [k in by and (_nan(by[k]["cosine"]) or _nan(by[k]["max_abs"])) for k in labels]
+        one_minus = [2.0 if b else max(1e-12, 1.0 - by[k]["cosine"]) if k in by else 1e-12
+                     for k, b in zip(labels, bad, strict=True)]
+        mx = [worst_mx if b else max(1e-12, by[k]["max_abs"] or 0.0) if k in by else 1e-12
+              for k, b in zip(labels, bad, strict=True)]
+        out[run] = (one_minus, mx, bad)
+    return out
+
+
 def accuracy(rows: Table) -> bytes | None:
-    """Per stage: 1 - cosine (log) and max-abs error, per run report."""
+    """Per stage: 1 - cosine (log) and max-abs error, per run report (:func:`accuracy_bars`)."""
     if not rows:
         return None
     plt = _plt()
     import numpy as np
 
-    runs = list(dict.fromkeys(r["run"] for r in rows))
     labels = list(dict.fromkeys(f"{r['stage']}:{r['tensor']}"[:40] for r in rows))
+    bars = accuracy_bars(rows)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 0.6 + 0.28 * len(labels)), sharey=True)
-    h = 0.8 / len(runs)
+    h = 0.8 / len(bars)
     y0 = np.arange(len(labels))
-    for i, run in enumerate(runs):
-        by = {f"{r['stage']}:{r['tensor']}"[:40]: r for r in rows if r["run"] == run}
+    for i, (run, (one_minus, mx, bad)) in enumerate(bars.items()):
         ys = y0 - 0.4 + h * (i + 0.5)
-        one_minus = [max(1e-12, 1.0 - (by[k]["cosine"] if k in by and by[k]["cosine"] is not None else 1.0))
-                     for k in labels]
-        mx = [max(1e-12, by[k]["max_abs"] or 0.0) if k in by else 1e-12 for k in labels]
         a1.barh(ys, one_minus, h * 0.9, label=run)
         a2.barh(ys, mx, h * 0.9, label=run)
-    a1.set_xscale("log")
-    a2.set_xscale("log")
+        for y, b, v1, v2 in zip(ys, bad, one_minus, mx, strict=True):
+            if b:
+                a1.text(v1, y, " NaN/Inf", color="#c0392b", fontsize=7, va="center")
+                a2.text(v2, y, " NaN/Inf", color="#c0392b", fontsize=7, va="center")
+    _log(a1, "x")
+    _log(a2, "x")
     a1.set_yticks(y0, labels, fontsize=7)
     a1.invert_yaxis()
     a1.set_xlabel("1 - cosine")
@@ -219,8 +263,8 @@ def cost_model(rows: Table) -> bytes | None:
     lo = min(min(r["measured"], r["predicted"]) for r in pts) * 1000 * 0.8
     hi = max(max(r["measured"], r["predicted"]) for r in pts) * 1000 * 1.25
     ax.plot([lo, hi], [lo, hi], color="#999999", lw=0.8, ls="--")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+    _log(ax, "x")
+    _log(ax, "y")
     ax.set_xlabel("measured ms")
     ax.set_ylabel("predicted ms")
     ax.set_title("Cost model: predicted vs measured", loc="left")
@@ -228,4 +272,4 @@ def cost_model(rows: Table) -> bytes | None:
     return _png(fig)
 
 
-__all__ = ["accuracy", "cost_model", "lifecycle", "memory", "stage_map"]
+__all__ = ["accuracy", "accuracy_bars", "cost_model", "lifecycle", "memory", "stage_map"]

@@ -95,6 +95,21 @@ DEFAULT_MAX_ABS_REL = 0.01
 
 #: the denoising loop's schedulers (``rkpart drift``'s: flow-matching Euler, with shift)
 SCHEDULERS = ("flow-euler",)
+#: the range of each number a gate or the loop reads, from the manifest or as an option: beyond
+#: them a gate passes everything (``min_cosine`` -1e300, ``max_abs_rel`` 1e300) or nothing, and a
+#: loop overflows (a shift of 1e-320 divides by zero, a timestep scale of 1e300 is inf in float32)
+NUMBER_RANGES: dict[str, tuple[float, float]] = {
+    "min_cosine": (-1.0, 1.0), "max_abs_rel": (0.0, 1000.0), "guidance": (-1000.0, 1000.0),
+    "shift": (1e-3, 1e3), "timestep_scale": (1e-3, 1e6),
+}
+
+
+def check_number(v: Any, key: str, what: str) -> float:
+    """``v`` as a float if it is a finite number within ``NUMBER_RANGES[key]``, else :class:`BundleError`."""
+    lo, hi = NUMBER_RANGES[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+        raise BundleError(f"{what} must be a finite number in [{lo:g}, {hi:g}], got {repr(v)[:40]}")
+    return float(v)
 #: core masks of the two passes' contexts under ``--cfg-parallel``
 CFG_LANE_MASKS = ("0", "1")
 #: the flags of ``rkpart bundle`` that name the loop's inputs
@@ -449,10 +464,9 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
             raise BundleError(f"manifest: model output {t['name']!r} is given by no stage")
     gate = _obj(m.get("gate") or {}, "'gate'")
     for k in ("min_cosine", "max_abs_rel"):
-        v = gate.get(k)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v != v
-                              or v in (float("inf"), float("-inf"))):
-            raise BundleError(f"manifest: gate.{k} must be a finite number or null, got {repr(v)[:40]}")
+        if gate.get(k) is not None:
+            check_number(gate[k], k, f"manifest: gate.{k}")
+    _validate_loop(m.get("denoise"), tensors)
     ref = _obj(m.get("reference") or {}, "'reference'")
     for k in ("inputs", "outputs"):
         if ref.get(k) is not None:
@@ -461,6 +475,25 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
                 raise BundleError(f"manifest: reference {k} {rel!r} is not listed in 'files'")
     if "core_mask" in m and m["core_mask"] not in CORE_MASKS:
         raise BundleError(f"manifest: core_mask {repr(m['core_mask'])[:40]} is not one of {', '.join(CORE_MASKS)}")
+
+
+def _validate_loop(d: Any, tensors: Mapping[str, Any]) -> None:
+    """The manifest's ``denoise`` record, when it describes a loop (not absent, not an ``error``):
+    tensor names the manifest lists and every number in its range (:data:`NUMBER_RANGES`)."""
+    if not isinstance(d, dict) or "error" in d or not all(k in d for k in ("latent", "timestep", "context")):
+        return  # Runner.loop refuses it, naming rkpart bundle's flags, when a loop is asked for
+    for k in ("latent", "timestep", *(("output",) if d.get("output") is not None else ())):
+        if _name(d[k], f"denoise.{k}") not in tensors:
+            raise BundleError(f"manifest: denoise.{k} {d[k]!r} has no entry in 'tensors'")
+    for t in _list(d["context"], "denoise.context"):
+        if _name(t, "a denoise.context name") not in tensors:
+            raise BundleError(f"manifest: denoise.context {t!r} has no entry in 'tensors'")
+    if "guidance" in d:
+        check_number(d["guidance"], "guidance", "manifest: denoise.guidance")
+    sched = {} if d.get("scheduler") is None else _obj(d["scheduler"], "denoise.scheduler")
+    for k in ("shift", "timestep_scale"):
+        if k in sched:
+            check_number(sched[k], k, f"manifest: denoise.scheduler.{k}")
 
 
 def unlisted_files(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
@@ -821,16 +854,11 @@ class Runner:
         if self.cfg_parallel and not cfg:
             raise BundleError("--cfg-parallel runs the two CFG passes at once; it cannot go with --no-cfg")
         sched = dict(d.get("scheduler") or {})
-        shift = float(sched.get("shift", 1.0)) if shift is None else float(shift)
-        if not shift > 0:
-            raise BundleError(f"shift must be positive, got {shift:g}")
-        guidance = float(d.get("guidance", 4.0)) if guidance is None else float(guidance)
-        scale = float(sched.get("timestep_scale", 1000.0))
+        shift = check_number(sched.get("shift", 1.0) if shift is None else shift, "shift", "shift")
+        guidance = check_number(d.get("guidance", 4.0) if guidance is None else guidance, "guidance", "guidance")
+        scale = check_number(sched.get("timestep_scale", 1000.0), "timestep_scale", "timestep_scale")
         if steps > MAX_COUNT:
             raise BundleError(f"steps must be at most {MAX_COUNT}, got {steps}")
-        for what, num in (("shift", shift), ("guidance", guidance), ("timestep_scale", scale)):
-            if not math.isfinite(num):
-                raise BundleError(f"{what} must be a finite number, got {num}")
         lat_name, ts_name, out_name = d["latent"], d["timestep"], d.get("output") or self.outputs[0]
         context = list(d["context"])
         lat, ts = self.tensors[lat_name], self.tensors[ts_name]
@@ -1011,8 +1039,8 @@ def check_numbers(args: argparse.Namespace) -> None:
         raise BundleError(f"--seed must be in [0, 2**32), got {seed}")
     for flag in ("min_cosine", "max_abs_rel", "guidance", "shift"):
         v = getattr(args, flag, None)
-        if v is not None and not math.isfinite(v):
-            raise BundleError(f"--{flag.replace('_', '-')} must be a finite number, got {v}")
+        if v is not None:
+            check_number(v, flag, f"--{flag.replace('_', '-')}")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -173,11 +173,21 @@ def test_runner_refuses_absurd_numbers_in_one_line(case: str, host_bundle: Path,
 
 def test_runner_never_writes_a_nan_latent_as_a_pass(host_bundle: Path, runner_mod: ModuleType, tmp_path: Path,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import numpy as np
+
+    # conditioning at float32's largest value overflows the stages (a 1e308 --guidance did that
+    # before the runner bounded it to [-1000, 1000])
+    m = json.loads((host_bundle / "manifest.json").read_text())
+    ctx = {t: np.full(m["tensors"][t]["shape"], np.finfo(np.float32).max, dtype=np.float32)
+           for t in m["denoise"]["context"]}
+    cond = tmp_path / "cond" / "cond.npz"
+    cond.parent.mkdir()
+    np.savez(cond, **ctx)
     latent = tmp_path / "latent.npy"
-    rc, msg = _runner(runner_mod, capsys, "--bundle", str(host_bundle), "--steps", "2", "--guidance", "1e308",
+    rc, msg = _runner(runner_mod, capsys, "--bundle", str(host_bundle), "--steps", "2", "--cond", str(cond),
                       "--latent-out", str(latent))
     assert rc == 8 and "NaN/Inf" in msg
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cond"]
 
 
 def _planted_partial(tmp: Path, victim: Path) -> Path:
