@@ -26,6 +26,7 @@ from rkpart.cli_args import (
 )
 from rkpart.errors import ResourceError, ToolkitError
 from rkpart.progress import Reporter
+from rkpart.targets.rewrites import SKIPPABLE_REWRITES
 from rkpart.units import MIB, human_bytes
 
 
@@ -94,6 +95,10 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
                    "constants a stage holds twice stored once; each kept only if exact under ONNX Runtime; a "
                    "stage whose build fails with them is rebuilt without the one at fault). Opset lowering "
                    "happens either way.")
+@click.option("--skip-rewrite", "skip_rewrites", multiple=True, metavar="NAME",
+              type=click.Choice(SKIPPABLE_REWRITES),
+              help="Leave out this NPU rewrite and apply the others (repeatable): to weigh what one rewrite costs "
+                   "or saves, e.g. device memory. Names: docs/compile.md's rewrite table.")
 @click.option("--repartition", is_flag=True,
               help="After the build, move every op it put on the CPU inside an NPU stage to the host and cut every "
                    "stage whose build crashed in front of the ops the optimiser fused before the crash: partition "
@@ -126,7 +131,8 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 @user_errors
 def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, Any], jobs: int,
                 timeout: float | None, fallback_toolkit: str | None, cache_dir: str | None, no_cache: bool,
-                stage_ids: tuple[str, ...], retry_failed: bool, rewrites: bool, repartition: bool, strict_npu: bool,
+                stage_ids: tuple[str, ...], retry_failed: bool, rewrites: bool, skip_rewrites: tuple[str, ...],
+                repartition: bool, strict_npu: bool,
                 executor: str, address: str | None, precision: str, calibration: str | None,
                 quantized_algorithm: str, precision_spec: str | None, toolkits_dir: str | None, quiet: bool,
                 as_json: bool) -> None:
@@ -135,6 +141,8 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
 
     if no_cache and cache_dir:
         raise click.UsageError("--no-cache and --cache-dir contradict each other")
+    if skip_rewrites and not rewrites:
+        raise click.UsageError("--skip-rewrite leaves one rewrite out of the others: it cannot go with --no-rewrites")
     if address and executor != "ray":
         raise click.UsageError("--address applies to --executor ray only")
     if repartition and (no_cache or stage_ids):
@@ -143,7 +151,8 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
     opts = CompileOptions(toolkit=toolkit_v, target=target, config=rknn_config, jobs=jobs, timeout=timeout,
                           fallback_toolkit=fallback_toolkit, toolkits_dir=toolkits_dir, shared_cache=cache_dir,
                           retry_failed=retry_failed, cache=not no_cache, stages=stage_ids,
-                          rewrites=rewrites, strict_npu=strict_npu, executor=executor, address=address,
+                          rewrites=rewrites, skip_rewrites=frozenset(skip_rewrites), strict_npu=strict_npu,
+                          executor=executor, address=address,
                           precision=precision, calibration=calibration, quantized_algorithm=quantized_algorithm,
                           precision_spec=precision_spec)
     rounds: list[Any] = []

@@ -154,6 +154,7 @@ class CompileOptions:
     cache: bool = True  # False: neither read nor fill the user-level build cache
     stages: Sequence[str] = ()  # build only these NPU stages (ids); others keep their artifacts
     rewrites: bool = True  # apply the NPU rewrites of rkpart.targets.rewrites (opset lowering always happens)
+    skip_rewrites: frozenset[str] = frozenset()  # NPU rewrites left out (by name), the others applied
     strict_npu: bool = False  # a stage with ops left on the CPU fails
     executor: str = "local"  # "local" (subprocesses here) or "ray" (Ray tasks, rkpart.compile.ray_executor)
     address: str | None = None  # Ray cluster address for executor "ray"
@@ -275,9 +276,11 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
     check_target(target)
     check_config(full_config, [t for t in (tk, fb) if t is not None], opts.worker)
     chash = config_hash(full_config)
-    settings = {"toolkit": tk.version, "target": target, "config": normalise_config(full_config),
+    settings: dict[str, Any] = {"toolkit": tk.version, "target": target, "config": normalise_config(full_config),
                 "config_hash": chash, "fallback_toolkit": fb.version if fb else None, "rewrites": opts.rewrites,
                 "strict_npu": opts.strict_npu}
+    if opts.skip_rewrites:
+        settings["skip_rewrites"] = sorted(opts.skip_rewrites)
     precisions = _precisions(plan, chosen, opts, full_config, [t for t in (tk, fb) if t is not None], settings)
     if opts.executor == "ray" and any(sp.quantized for sp in precisions.values()):
         # a Ray node gets the stage's files, not its calibration dataset: it would build fp16
@@ -299,7 +302,7 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
                        shared=shared, model=model, timeout=opts.timeout, jobs=opts.jobs,
                        retry_failed=opts.retry_failed, margin=opts.memory_margin, available=available,
                        worker=opts.worker, say=say, t0=t0,
-                       rewrites=opts.rewrites, precisions=precisions)
+                       rewrites=opts.rewrites, skip_rewrites=frozenset(opts.skip_rewrites), precisions=precisions)
         if opts.executor == "ray":
             from rkpart.compile.ray_executor import RayRunner
 
@@ -448,6 +451,7 @@ class _Context:
     say: Progress
     t0: float
     rewrites: bool = True
+    skip_rewrites: frozenset[str] = frozenset()
     #: stage id -> what prepare_stage did for the last toolkit that saw it (None: nothing)
     prepared: dict[str, PreparedRecord | None] = field(default_factory=dict)
     #: runs one build (Ray's RayRunner); None: local subprocesses under the memory scheduler
@@ -473,7 +477,7 @@ class _Context:
         keep the others (the first single drop that builds wins).  The dropped rewrites and why
         land in the stage's ``prepared`` record (plan.json) and in the report."""
         first: dict[str, tuple[list[str], str]] = {}  # stage id -> (NPU rewrites applied, failure message)
-        npu_rows = {r.name for r in rewrite_table.REWRITES if r.kind == "npu"}
+        npu_rows = {r.name for r in (*rewrite_table.REWRITES, rewrite_table.DEDUPE) if r.kind == "npu"}
         for s in stages:
             o, rec = outcomes[s.id], self.prepared.get(s.id)
             applied = [n for n in (rec.rewrites if rec else {}) if n in npu_rows]
@@ -523,7 +527,7 @@ class _Context:
             reason = fallback_reason.get(s.id) if fallback_reason else None
             try:
                 prep = prepare_stage(onnx, s.sha256, self.folder / RKNN_DIR, tk.version, self.target,
-                                     rewrites=self.rewrites, drop=drops.get(s.id))
+                                     rewrites=self.rewrites, drop=drops.get(s.id), skip=self.skip_rewrites)
             except ToolkitError as e:
                 pfail = BuildFailure(toolkit=tk.version, kind="error", message=str(e), last_step="prepare")
                 outcomes[s.id] = StageOutcome(stage_id=s.id, status="failed", toolkit=tk.version, artifact=None,

@@ -91,12 +91,14 @@ class Prepared:
 
 
 def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str, target: str,
-                  seed: int = 0, rewrites: bool = True, drop: Mapping[str, str] | None = None) -> Prepared:
+                  seed: int = 0, rewrites: bool = True, drop: Mapping[str, str] | None = None,
+                  skip: frozenset[str] = frozenset()) -> Prepared:
     """The file ``toolkit`` should build for the stage at ``onnx_path`` (see the module doc).
 
     ``rewrites=False`` applies no ``npu`` rewrite (opset lowering still happens).  ``drop``
     leaves out the ``npu`` rewrites it names and records them as dropped with its reason (the
     record then exists even when nothing else changed: its file is the stage file itself).
+    ``skip``: ``npu`` rewrites the user left out (``--skip-rewrite``): not applied, not recorded.
 
     Raises
     ------
@@ -108,7 +110,8 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
     opset = model_opset(head)
     needs_lowering = opset > caps.max_opset
     drop = dict(drop or {})
-    npu_rows = tuple(r for r in (*rewrites_for(toolkit, "npu"), DEDUPE) if r.name not in drop) if rewrites else ()
+    npu_rows = tuple(r for r in (*rewrites_for(toolkit, "npu"), DEDUPE)
+                     if r.name not in drop and r.name not in skip) if rewrites else ()
     ops = {n.op_type for n in head.graph.node}
     if not needs_lowering and not drop and not any(r.may_match(head, ops) for r in npu_rows):
         return Prepared(onnx_path, None)
@@ -116,6 +119,8 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
     tag = "" if rewrites else ".norewrite"
     if drop and rewrites:
         tag = ".without-" + hashlib.sha256("\n".join(sorted(drop)).encode()).hexdigest()[:8]
+    if skip and rewrites:
+        tag += ".skip-" + hashlib.sha256("\n".join(sorted(skip)).encode()).hexdigest()[:8]
     dest = out_dir / f"{stage_sha[:16]}.{toolkit}{tag}.onnx"
     meta_path = dest.with_suffix(".json")
     if meta_path.is_file():

@@ -175,3 +175,33 @@ def test_a_stage_is_rebuilt_without_the_rewrite_the_toolkit_crashes_on(tmp_path:
         assert len(built) == (4 if run == 0 else 0)
         assert any(m.startswith("[rewrite dropped] attn: nan-guard: ") for m in said)
     plan = rep.plan
+
+
+def test_skip_rewrite_leaves_one_rewrite_out_and_keeps_the_others(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    """``--skip-rewrite NAME``: the bundled self-attention is built without dedupe-constants (its four
+    RoPE tables as exported) and still with heads-table-layout (2.5.0 only: the fake toolkit gets
+    the rows of every toolkit); the build differs, and the other way round is cached apart."""
+    from rkpart.cli_args import bundled_example
+    from rkpart.pipeline import partition
+
+    folder = tmp_path / "plan"
+    partition(bundled_example(), folder, "split")
+
+    def build(skip: frozenset[str]) -> tuple[dict[str, int], bytes]:
+        from rkpart.partitioner.plan import load_plan
+
+        plan, _ = load_plan(folder)
+        rep = compile_plan_report(plan, folder, CompileOptions(fake_toolkit, "rk3588", {}, worker=FAKE_WORKER,
+                                                               cache=False, stages=["b00.attn"], skip_rewrites=skip))
+        (o,) = rep.outcomes
+        assert o.status in ("built", "cached") and o.artifact is not None
+        rec = rep.plan.stage("b00.attn").prepared
+        assert rep.settings.get("skip_rewrites", []) == sorted(skip)
+        return dict(rec["rewrites"]) if rec else {}, (folder / o.artifact.file).read_bytes()
+
+    every, built_every = build(frozenset())
+    assert every.get("dedupe-constants", 0) >= 2
+    without, built_without = build(frozenset({"dedupe-constants"}))
+    assert "dedupe-constants" not in without and {k: v for k, v in every.items() if k != "dedupe-constants"} == without
+    assert built_without != built_every  # the fake build is the file it was given: the tables are back
+    assert build(frozenset())[1] == built_every

@@ -113,3 +113,8 @@ def test_the_board_runners_usage_errors_are_one_line_exit_2(argv: list[str],
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1 and err[0].startswith("runner: error: ") and err[0].endswith("(see 'runner.py -h')"), err
     FUZZ_STATS["cases:usage"] += 1
+
+
+def test_skip_rewrite_without_the_rewrites_is_one_line(tmp_path: object) -> None:
+    r = cli(["compile", tmp_path, "--toolkit", "2.5.0", "--no-rewrites", "--skip-rewrite", "nan-guard"])
+    assert_user_error(r, 2, "--skip-rewrite", "--no-rewrites")

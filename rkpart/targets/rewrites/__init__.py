@@ -217,6 +217,10 @@ DEDUPE = Rewrite("dedupe-constants", "", "npu", ("*",),
                  dedupe_constants, probe=may_hold_duplicate_constants)
 
 
+#: the NPU rewrites a user may leave out by name (``rkpart compile --skip-rewrite``)
+SKIPPABLE_REWRITES: tuple[str, ...] = tuple(sorted({r.name for r in REWRITES if r.kind == "npu"} | {DEDUPE.name}))
+
+
 def rewrites_for(toolkit: str, kind: str) -> tuple[Rewrite, ...]:
     """The table's rows of ``kind`` ("lower" or "npu") that apply to ``toolkit``."""
     return tuple(r for r in REWRITES if r.kind == kind and r.applies_to(toolkit))
@@ -241,5 +245,5 @@ def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[st
     return done
 
 
-__all__ = ["DEDUPE", "NO_LOWERING", "REWRITES", "TYPE_ONLY_CHANGES", "Apply", "Rewrite", "apply_rewrites",
-           "rewrites_for"]
+__all__ = ["DEDUPE", "NO_LOWERING", "REWRITES", "SKIPPABLE_REWRITES", "TYPE_ONLY_CHANGES", "Apply", "Rewrite",
+           "apply_rewrites", "rewrites_for"]
