@@ -477,10 +477,12 @@ class _Context:
         keep the others (the first single drop that builds wins).  The dropped rewrites and why
         land in the stage's ``prepared`` record (plan.json) and in the report."""
         first: dict[str, tuple[list[str], str]] = {}  # stage id -> (NPU rewrites applied, failure message)
-        npu_rows = {r.name for r in (*rewrite_table.REWRITES, rewrite_table.DEDUPE) if r.kind == "npu"}
+        # in table order, not the record's: a record read back from the prepare cache lists them sorted, and
+        # the bisection below must try the same drops in the same order on every run (a rerun builds nothing)
+        npu_rows = [r.name for r in (*rewrite_table.REWRITES, rewrite_table.DEDUPE) if r.kind == "npu"]
         for s in stages:
             o, rec = outcomes[s.id], self.prepared.get(s.id)
-            applied = [n for n in (rec.rewrites if rec else {}) if n in npu_rows]
+            applied = [n for n in npu_rows if n in (rec.rewrites if rec else {})]
             if o.status == "failed" and applied and o.failures and o.failures[-1].last_step != "prepare":
                 first[s.id] = (applied, o.failures[-1].message)
         if not first:
