@@ -36,7 +36,7 @@ from rkpart.ir.tensors import random_feeds
 from rkpart.partitioner.extract import stage_sha256
 from rkpart.targets import get_target
 from rkpart.targets.opset import lower_model, model_opset
-from rkpart.targets.rewrites import DEDUPE, REWRITES, Rewrite, apply_rewrites, rewrites_for
+from rkpart.targets.rewrites import DEDUPE, REWRITES, Rewrite, apply_rewrites, compile_rewrites_for
 from rkpart.validation.metrics import Gate, compare
 
 PREPARED_DIR = "prepared"
@@ -110,7 +110,7 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
     opset = model_opset(head)
     needs_lowering = opset > caps.max_opset
     drop = dict(drop or {})
-    npu_rows = tuple(r for r in (*rewrites_for(toolkit, "npu"), DEDUPE)
+    npu_rows = tuple(r for r in compile_rewrites_for(toolkit)
                      if r.name not in drop and r.name not in skip) if rewrites else ()
     ops = {n.op_type for n in head.graph.node}
     if not needs_lowering and not drop and not any(r.may_match(head, ops) for r in npu_rows):

@@ -54,4 +54,18 @@ def tensor_value(t: TensorProto) -> np.ndarray:
     return np.asarray(numpy_helper.to_array(t))
 
 
-__all__ = ["evaluate", "opsets_of", "tensor_value"]
+def inline_bytes(t: TensorProto) -> bytes:
+    """The bytes of an inline tensor's values (``raw_data``, or its typed fields packed as such)."""
+    return t.raw_data if t.raw_data else tensor_value(t).tobytes()
+
+
+def constant_tensor(n: onnx.NodeProto) -> TensorProto | None:
+    """The tensor a ``Constant`` op holds in its ``value`` attribute (``None``: another op, or
+    another form of Constant)."""
+    if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.attribute) == 1 \
+            and n.attribute[0].name == "value":
+        return n.attribute[0].t
+    return None
+
+
+__all__ = ["constant_tensor", "evaluate", "inline_bytes", "opsets_of", "tensor_value"]

@@ -26,7 +26,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import load_external_data_for_tensor
 
-from rkpart.ir.consts import evaluate, opsets_of
+from rkpart.ir.consts import constant_tensor, evaluate, inline_bytes, opsets_of
 from rkpart.ir.tensors import TensorType, nbytes, tensor_nbytes
 
 if TYPE_CHECKING:
@@ -255,23 +255,22 @@ class ModelGraph:
         p = self.producer.get(name)
         if p is None or p not in self.const_ops:
             return None
-        n = self.nodes[p]
-        if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value":
-            return n.attribute[0].t
-        return None  # computed from other constants
+        return constant_tensor(self.nodes[p])  # None: computed from other constants
 
     def _constant_bytes(self, name: str, limit: int | None = None) -> bytes | None:
+        """The stored bytes of constant ``name`` (at most ``limit``; external data read from its file)."""
         t = self._stored_constant(name)
         if t is None:
             return None
         if t.data_location == TensorProto.EXTERNAL:
             info = {e.key: e.value for e in t.external_data}
-            offset, length = int(info.get("offset", 0)), int(info.get("length", -1))
-            want = length if limit is None or length < 0 else min(length, limit)
+            offset, length = int(info.get("offset", 0)), int(info.get("length", -1))  # no length: to the end
+            if limit is not None:
+                length = limit if length < 0 else min(length, limit)
             with open(self.path.parent / info["location"], "rb") as f:
                 f.seek(offset)
-                return f.read(want) if want >= 0 else f.read()
-        data = t.raw_data if t.raw_data else numpy_helper.to_array(t).tobytes()
+                return f.read(length)
+        data = inline_bytes(t)
         return data if limit is None else data[:limit]
 
     def constant_digest(self, name: str) -> str | None:

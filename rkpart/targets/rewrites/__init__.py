@@ -226,6 +226,13 @@ def rewrites_for(toolkit: str, kind: str) -> tuple[Rewrite, ...]:
     return tuple(r for r in REWRITES if r.kind == kind and r.applies_to(toolkit))
 
 
+def compile_rewrites_for(toolkit: str | None = None) -> tuple[Rewrite, ...]:
+    """The ``npu`` rewrites ``rkpart compile`` applies to ``toolkit`` (``None``: to any), in the
+    order it applies and drops them: the table's rows, then :data:`DEDUPE`."""
+    rows = (*(r for r in REWRITES if r.kind == "npu"), DEDUPE)
+    return tuple(r for r in rows if toolkit is None or r.applies_to(toolkit))
+
+
 def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[str, int]:
     """Apply ``rows`` to ``model`` in place; returns rewrite name -> matches rewritten (hits only).
 
@@ -245,5 +252,5 @@ def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[st
     return done
 
 
-__all__ = ["DEDUPE", "NO_LOWERING", "REWRITES", "SKIPPABLE_REWRITES", "TYPE_ONLY_CHANGES", "Apply", "Rewrite",
-           "apply_rewrites", "rewrites_for"]
+__all__ = ["DEDUPE", "NO_LOWERING", "REWRITES", "SKIPPABLE_REWRITES", "TYPE_ONLY_CHANGES",
+           "Apply", "Rewrite", "apply_rewrites", "compile_rewrites_for", "rewrites_for"]

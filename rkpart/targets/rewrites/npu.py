@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from rkpart.ir.consts import constant_tensor, inline_bytes
 from rkpart.ir.edit import GraphEdit, attr
 
 
@@ -778,8 +779,7 @@ def _content_key(t: onnx.TensorProto) -> tuple[int, tuple[int, ...], str]:
     """What makes two inline tensors interchangeable: element type, shape and bytes (sha256)."""
     import hashlib
 
-    data = t.raw_data if t.raw_data else numpy_helper.to_array(t).tobytes()
-    return t.data_type, tuple(t.dims), hashlib.sha256(data).hexdigest()
+    return t.data_type, tuple(t.dims), hashlib.sha256(inline_bytes(t)).hexdigest()
 
 
 def _inline_size(t: onnx.TensorProto) -> int:
@@ -798,9 +798,9 @@ def duplicate_constants(graph: onnx.GraphProto) -> dict[str, str]:
     fixed = {i.name for i in graph.input} | {o.name for o in graph.output}
     tensors: list[tuple[str, onnx.TensorProto]] = [(t.name, t) for t in graph.initializer if t.name not in fixed]
     for n in graph.node:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx") and len(n.attribute) == 1 \
-                and n.attribute[0].name == "value" and n.output[0] not in fixed:
-            tensors.append((n.output[0], n.attribute[0].t))
+        value = constant_tensor(n)
+        if value is not None and n.output[0] not in fixed:
+            tensors.append((n.output[0], value))
     if any(t.data_location == onnx.TensorProto.EXTERNAL for _, t in tensors):
         return {}  # not loaded: bytes unknown (the caller loads external data first)
     by_size: dict[tuple[int, tuple[int, ...], int], list[tuple[str, onnx.TensorProto]]] = {}
@@ -849,8 +849,8 @@ def may_hold_duplicate_constants(head: onnx.ModelProto) -> bool:
     two constants of one element type, shape and stored size (external ones by their length)."""
     seen: set[tuple[int, tuple[int, ...], int]] = set()
     g = head.graph
-    tensors = [t for t in g.initializer] + [n.attribute[0].t for n in g.node if n.op_type == "Constant"
-                                            and len(n.attribute) == 1 and n.attribute[0].name == "value"]
+    values = (constant_tensor(n) for n in g.node)
+    tensors = [*g.initializer, *(v for v in values if v is not None)]
     for t in tensors:
         if t.data_location == onnx.TensorProto.EXTERNAL:
             length = next((int(e.value) for e in t.external_data if e.key == "length"), -1)
