@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
 from rkpart.cli_args import bundled_example
+from tests.bundle.test_bundle import load_runner
 from tests.hostile.models import FUZZ_STATS, HOST_SPEC, cli, mini_dit
 
 
@@ -58,11 +58,7 @@ def host_bundle(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -
 @pytest.fixture(scope="module")
 def runner_mod(host_bundle: Path) -> ModuleType:
     """The bundle's own copy of runner.py, imported as a plain file (as on the board)."""
-    spec = importlib.util.spec_from_file_location("hostile_bundle_runner", host_bundle / "runner.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_runner(host_bundle)
 
 
 @pytest.fixture(scope="module")

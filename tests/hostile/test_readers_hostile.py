@@ -19,23 +19,7 @@ import pytest
 from click.testing import Result
 
 from rkpart.cost_model.model import default_model_path
-from rkpart.pipeline import partition
 from tests.hostile.models import FUZZ_STATS, assert_user_error, cli
-
-
-@pytest.fixture(scope="module")
-def plan(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> Path:
-    out = tmp_path_factory.mktemp("readers") / "split"
-    partition(example_model, out, "split")
-    return out
-
-
-@pytest.fixture(scope="module")
-def good_profile(plan: Path) -> Path:
-    out = plan.parent / "p.jsonl"
-    r = cli(["profile", plan, "--rounds", "1", "--threads", "1", "-o", out, "-q"])
-    assert r.exit_code == 0, r.output
-    return out
 
 
 def _fifo(p: Path) -> None:
@@ -128,12 +112,12 @@ def _invoke(args: list[str]) -> Result:
 
 @pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
 @pytest.mark.parametrize(("reader", "kind"), CASES)
-def test_every_reader_refuses_every_broken_file_in_one_line(reader: str, kind: str, plan: Path,
-                                                            good_profile: Path, tmp_path: Path) -> None:
+def test_every_reader_refuses_every_broken_file_in_one_line(reader: str, kind: str, split_plan: Path,
+                                                            profile: Path, tmp_path: Path) -> None:
     argv, kinds, code = READERS[reader]
     bad = tmp_path / ("bad.npz" if kinds is NPZ_KINDS else "bad.json")
     dict(kinds)[kind](bad)
-    args = [a.format(f=bad, tmp=tmp_path, plan=plan, profile=good_profile) for a in argv]
+    args = [a.format(f=bad, tmp=tmp_path, plan=split_plan, profile=profile) for a in argv]
     r = _invoke(args)
     if reader == "bundle-inputs" and code == 2 and r.exit_code == 5:
         pytest.fail(f"bundle --inputs gave 5: {r.output}")
@@ -143,19 +127,19 @@ def test_every_reader_refuses_every_broken_file_in_one_line(reader: str, kind: s
     FUZZ_STATS[f"cases:readers-{reader.split('-')[0]}"] += 1
 
 
-def test_the_good_files_pass_the_same_readers(plan: Path, good_profile: Path, tmp_path: Path) -> None:
+def test_the_good_files_pass_the_same_readers(split_plan: Path, profile: Path, tmp_path: Path) -> None:
     """The control: with a real profile, cost model and inputs every reader above succeeds."""
-    r = cli(["profile", "--show", good_profile, "--against", default_model_path()])
+    r = cli(["profile", "--show", profile, "--against", default_model_path()])
     assert r.exit_code == 0, r.output
     inputs = tmp_path / "in.npz"
-    r = cli(["run", plan, "--save-outputs", tmp_path / "out.npz", "-q"])
+    r = cli(["run", split_plan, "--save-outputs", tmp_path / "out.npz", "-q"])
     assert r.exit_code == 0, r.output
     with np.load(tmp_path / "out.npz") as z:
         assert z.files
     from rkpart.partitioner.plan import load_plan
     from rkpart.runtime.executor import random_inputs
 
-    p, _ = load_plan(plan)
+    p, _ = load_plan(split_plan)
     np.savez(inputs, **random_inputs(p.tensors, p.inputs, 0))
-    r = cli(["run", plan, "--inputs", inputs, "-q"])
+    r = cli(["run", split_plan, "--inputs", inputs, "-q"])
     assert r.exit_code == 0, r.output
