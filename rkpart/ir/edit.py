@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from rkpart.ir.consts import evaluate, opsets_of, tensor_value
+from rkpart.ir.consts import constant_tensor, evaluate, opsets_of, tensor_value
 from rkpart.ir.ops import DEFAULT_DOMAINS
 
 #: what a rewrite may declare it reads beyond the graph itself
@@ -189,10 +189,8 @@ class GraphEdit:
             if t.name == name:
                 return tensor_value(t)
         for n in self.graph.node:
-            if n.op_type == "Constant" and n.output[0] == name:
-                for a in n.attribute:
-                    if a.name == "value":
-                        return tensor_value(a.t)
+            if n.output and n.output[0] == name and (t := constant_tensor(n)) is not None:
+                return tensor_value(t)
         return None
 
     def value(self, name: str) -> np.ndarray | None:
