@@ -12,11 +12,12 @@ import errno
 import fcntl
 import hashlib
 import json
+import math
 import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO
 
@@ -248,6 +249,23 @@ def bounded_integers(schema: Any, *, numbers: bool = False) -> Any:
         if numbers:
             out.setdefault("minimum", -MAX_JSON_INT)
     return out
+
+
+def bad_number(doc: Any, *, limit: float | None = None) -> tuple[str, float] | None:
+    """The dotted path (``""``: ``doc`` itself) and value of a number in the parsed JSON ``doc``
+    that is NaN or infinite (JSON readers accept ``NaN``), or, with ``limit``, over ``limit`` in
+    size; ``None`` when there is none. Booleans are not numbers here."""
+    stack: list[tuple[str, Any]] = [("", doc)]
+    while stack:
+        path, x = stack.pop()
+        if isinstance(x, Mapping):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in x.items())
+        elif isinstance(x, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(x))
+        elif isinstance(x, (int, float)) and not isinstance(x, bool) and (
+                (isinstance(x, float) and not math.isfinite(x)) or (limit is not None and abs(x) > limit)):
+            return path, x
+    return None
 
 
 def _kind(mode: int) -> str:

@@ -88,3 +88,20 @@ def test_recover_folder_restores_the_old_folder_after_a_half_done_replace(tmp_pa
     old.mkdir()
     recover_folder(final)  # both exist: the old one is garbage
     assert final.exists() and not old.exists()
+
+
+@pytest.mark.parametrize(("doc", "limit", "found"), [
+    ({"a": [1, 2.5, {"b": float("nan")}]}, None, "a[2].b"),
+    ({"a": float("-inf")}, None, "a"),
+    (float("inf"), None, ""),
+    ({"a": 2**60}, None, None),             # no limit: a big integer is a number
+    ({"a": 2**60}, 2**53, "a"),
+    ({"a": [-1e300]}, 2**53, "a[0]"),
+    ({"a": True, "b": "NaN", "c": None}, 1, None),  # booleans and strings are not numbers
+])
+def test_bad_number_names_the_path_of_the_first_bad_number(doc: object, limit: float | None,
+                                                           found: str | None) -> None:
+    from rkpart.io import bad_number
+
+    bad = bad_number(doc, limit=limit)
+    assert (bad[0] if bad is not None else None) == found

@@ -19,7 +19,7 @@ from typing import Any
 from rkpart.cost_model import features as _features
 from rkpart.cost_model.rounds import GLUE_TERMS
 from rkpart.errors import SpecError
-from rkpart.io import MAX_JSON_INT
+from rkpart.io import MAX_JSON_INT, bad_number
 from rkpart.targets.known_issues import TRAIT_NAMES
 
 #: the terms a stage component may use (:meth:`rkpart.cost_model.features.Features.value`);
@@ -57,19 +57,14 @@ def check_numbers(where: str, doc: Any) -> None:
     """Refuse any number in ``doc`` (a parsed JSON document) that is NaN, infinite or over
     :data:`~rkpart.io.MAX_JSON_INT` in size, naming where it is: a 1e300 coefficient or error
     summary overflows to inf in the sums made of it (as profile records, issue 31)."""
-    stack: list[tuple[Any, str]] = [(doc, "")]
-    while stack:
-        x, path = stack.pop()
-        if isinstance(x, Mapping):
-            stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in x.items())
-        elif isinstance(x, list):
-            stack.extend((v, f"{path}[{i}]") for i, v in enumerate(x))
-        elif isinstance(x, (int, float)) and not isinstance(x, bool):
-            if isinstance(x, float) and not math.isfinite(x):
-                raise SpecError(f"{where}: {path or 'the document'} is {x!r}, not a finite number")
-            if abs(x) > MAX_JSON_INT:
-                raise SpecError(f"{where}: {path or 'the document'} is {x:g}, over 2^53 in size: beyond any "
-                                "figure rkpart writes there")
+    bad = bad_number(doc, limit=MAX_JSON_INT)
+    if bad is None:
+        return
+    path, x = bad
+    if isinstance(x, float) and not math.isfinite(x):
+        raise SpecError(f"{where}: {path or 'the document'} is {x!r}, not a finite number")
+    raise SpecError(f"{where}: {path or 'the document'} is {x:g}, over 2^53 in size: beyond any "
+                    "figure rkpart writes there")
 
 
 def _check_summary(where: str, what: str, d: Any) -> None:

@@ -28,7 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rkpart.errors import SpecError
-from rkpart.io import MAX_DEPTH, MAX_INT_DIGITS, MAX_ITEMS, bounded_integers, open_limited
+from rkpart.io import MAX_DEPTH, MAX_INT_DIGITS, MAX_ITEMS, bad_number, bounded_integers, open_limited
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.runtime.base import Backend
 from rkpart.types import HOST, LIFECYCLE, NPU, TIME_COMPONENTS, Device, Residency, seconds_key
@@ -902,16 +902,8 @@ def _check_record(obj: Any, *, where: str, shared: dict[Any, Any]) -> None:
 
 def _nonfinite_field(obj: Any) -> str | None:
     """The dotted path of the first NaN/Inf number in ``obj`` (JSON accepts ``NaN``), else ``None``."""
-    stack: list[tuple[str, Any]] = [("", obj)]
-    while stack:
-        where, x = stack.pop()
-        if isinstance(x, float) and not math.isfinite(x):
-            return where or "the record"
-        if isinstance(x, dict):
-            stack.extend((f"{where}.{k}" if where else str(k), v) for k, v in x.items())
-        elif isinstance(x, list):
-            stack.extend((f"{where}[{j}]", v) for j, v in enumerate(x))
-    return None
+    bad = bad_number(obj)
+    return (bad[0] or "the record") if bad is not None else None
 
 
 def single_run(records: Sequence[Mapping[str, Any]], *, where: str, run_id: str | None = None) -> list[dict[str, Any]]:
