@@ -6,7 +6,10 @@ partition, compile with ``--no-rewrites`` (opset lowering only), then with the r
 count built stages and CPU layers from the placement report.  Exports are cached as the tests
 cache them (:func:`tests.models.diffusers_families.cached_export`).  Builds run one at a time.
 
-Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--toolkit V ...] [--strategy S ...]``
+Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--toolkit V ...] [--strategy S ...] [--rewrites-only]``
+
+``--family`` takes any name of ``ALL`` there (default: the 12 ``FAMILIES``); ``--newer`` runs the
+``NEWER`` ones instead (after any ``--family`` given); ``--rewrites-only`` skips the ``--no-rewrites`` build (its cells read ``not run``).
 
 ``python scripts/npu_table.py --pivot OUT.md [OUT2.md ...]`` prints the rows of such tables as the
 README's per-family table (one row per family, exporter and toolkit; split and fused side by side).
@@ -71,16 +74,18 @@ def main(argv: list[str] | None = None) -> int:
         from rkpart.pipeline import partition
     except ImportError:  # before the pipeline module existed
         from rkpart.partitioner.api import partition  # type: ignore[no-redef]
-    from tests.models.diffusers_families import FAMILIES, cached_export
+    from tests.models.diffusers_families import ALL, FAMILIES, NEWER, cached_export
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
-    ap.add_argument("--family", action="append", choices=sorted(FAMILIES))
+    ap.add_argument("--family", action="append", choices=sorted(ALL))
+    ap.add_argument("--newer", action="store_true", help="the NEWER families instead of the 12 (after any --family)")
+    ap.add_argument("--rewrites-only", action="store_true", help="skip the --no-rewrites build")
     ap.add_argument("--exporter", action="append", choices=["torchscript", "dynamo"])
     ap.add_argument("--toolkit", action="append")
     ap.add_argument("--strategy", action="append")
     a = ap.parse_args(argv)
-    fams = a.family or list(FAMILIES)
+    fams = (a.family or ([] if a.newer else list(FAMILIES))) + (list(NEWER) if a.newer else [])
     rows = ["| family | exporter | strategy | toolkit | NPU stages | built (no rewrites) | CPU layers (no rewrites) "
             "| built (rewrites) | CPU layers (rewrites) | rewrites applied |",
             "|---|---|---|---|---|---|---|---|---|---|"]
@@ -108,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                         cells = []
                         applied: dict[str, int] = {}
                         for rw in (False, True):
+                            if a.rewrites_only and not rw:
+                                cells += ["not run", "not run"]
+                                continue
                             t0 = time.monotonic()
                             try:
                                 rep = compile_plan_report(plan, folder, CompileOptions(tk, "rk3588", {}, jobs=1,
