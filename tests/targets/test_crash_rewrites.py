@@ -5,6 +5,9 @@ plan, cross-attention stage) and a tiny Chroma (fused plan, double block) crashe
 2.5.0 with SIGSEGV; ``rkpart repro --toolkits 2.5.0`` reduced them to
 ``segv_layernorm_scale_2.5.0.onnx`` (8 nodes) and ``segv_slice_slice_concat_2.5.0.onnx``
 (3 nodes); the ``.log`` files are the verbose build logs of the reduced and the original stages.
+A tiny HunyuanVideo exported by dynamo (split plan, single-stream block's ``attn_mlp.1`` stage,
+lowered with ``--no-rewrites``) crashed 2.5.0 in the same fusion on ``Concat(x[:, :-6], x[:, -6:])``;
+``rkpart repro`` reduced it to ``segv_contiguous_slices_concat_2.5.0.onnx`` (5 nodes).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from rkpart.targets.rewrites import apply_rewrites, rewrites_for
 DATA = Path(__file__).parent / "data"
 LN_SCALE = DATA / "segv_layernorm_scale_2.5.0.onnx"
 SLICE_CONCAT = DATA / "segv_slice_slice_concat_2.5.0.onnx"
+CONTIGUOUS = DATA / "segv_contiguous_slices_concat_2.5.0.onnx"
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -46,7 +50,8 @@ def _rewritten(path: Path, toolkit: str) -> tuple[onnx.ModelProto, onnx.ModelPro
 
 
 @pytest.mark.parametrize(("path", "rule", "gone"), [(LN_SCALE, "layernorm-scale-fold", "Mul"),
-                                                    (SLICE_CONCAT, "strided-slices-concat", "Concat")])
+                                                    (SLICE_CONCAT, "strided-slices-concat", "Concat"),
+                                                    (CONTIGUOUS, "strided-slices-concat", "Concat")])
 def test_reproducer_is_rewritten_exactly_for_250_only(path: Path, rule: str, gone: str) -> None:
     before, after, done = _rewritten(path, "2.5.0")
     assert done == {rule: 1}
@@ -92,6 +97,41 @@ def test_strided_slices_concat_only_where_exact(starts: list[int], length: int, 
     np.testing.assert_array_equal(_run(after, feeds)[0], _run(before, feeds)[0])
 
 
+BIG = 2**63 - 1  # what exporters write for x[:, a:]
+
+
+def _pieces_concat(spans: list[tuple[int, int]], n: int = 22) -> onnx.ModelProto:
+    """``Concat(x[:, a0:b0], x[:, a1:b1], ...)`` over ``x`` (1, n, 8), bounds as written (negative, INT64_MAX)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    inits, nodes = [], []
+    for j, (a, b) in enumerate(spans):
+        for tag, v in (("s", a), ("e", b), ("a", 1)):
+            inits.append(numpy_helper.from_array(np.array([v], dtype=np.int64), f"{tag}{j}"))
+        nodes.append(helper.make_node("Slice", ["x", f"s{j}", f"e{j}", f"a{j}"], [f"p{j}"]))
+    nodes.append(helper.make_node("Concat", [f"p{j}" for j in range(len(spans))], ["y"], axis=1))
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [y], inits),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("spans", "op"), [
+    ([(0, -6), (-6, BIG)], "Identity"),  # HunyuanVideo's image and text tokens, joined again
+    ([(0, 10), (10, 16), (16, 22)], "Identity"),
+    ([(2, 10), (10, -1)], "Slice"),  # adjacent but not all of x: one Slice
+    ([(-20, -10), (-10, 30)], "Slice"),  # bounds past the end are clamped, as ONNX Runtime does
+    ([(10, BIG), (0, 10)], None),  # the halves swapped: a roll, not a span
+    ([(0, 10), (11, 22)], None),  # a gap and unequal lengths: neither form
+])
+def test_adjacent_slices_concat_becomes_one_span(spans: list[tuple[int, int]], op: str | None) -> None:
+    before, after = _pieces_concat(spans), _pieces_concat(spans)
+    done = apply_rewrites(after, rewrites_for("2.5.0", "npu"))
+    assert done == ({"strided-slices-concat": 1} if op else {})
+    if op:
+        assert [n.op_type for n in after.graph.node] == [op]
+    feeds = _feeds(before)
+    np.testing.assert_array_equal(_run(after, feeds)[0], _run(before, feeds)[0])
+
+
 def test_layernorm_scale_fold_leaves_a_norm_read_elsewhere() -> None:
     """The LayerNorm's result also read by another node: folding would change that reader, so no rewrite."""
     model = onnx.load(str(LN_SCALE))
@@ -107,7 +147,8 @@ def test_250_crashes_are_recognised_and_not_mislabelled() -> None:
                      toolkit="2.5.0") is EXNORM_SCALE_SEGV_250
     # the same log from a 2.3.2 build is the AdaLN exnorm bug's signature, as before
     assert match_log(hy, signal="SIGSEGV", toolkit="2.3.2") is EXNORM_FUSION_SEGV
-    for name in ("segv_chroma_block_2.5.0.log", "segv_slice_slice_concat_2.5.0.log"):
+    for name in ("segv_chroma_block_2.5.0.log", "segv_slice_slice_concat_2.5.0.log",
+                 "segv_contiguous_slices_concat_2.5.0.log"):
         text = (DATA / name).read_text()
         assert match_log(text, signal="SIGSEGV", toolkit="2.5.0") is SLICE_CONCAT_SEGV_250
         assert match_log(text, signal="SIGSEGV", toolkit="2.3.0") is None
@@ -116,7 +157,8 @@ def test_250_crashes_are_recognised_and_not_mislabelled() -> None:
 
 
 @pytest.mark.toolkit
-@pytest.mark.parametrize("path", [LN_SCALE, SLICE_CONCAT], ids=["layernorm-scale", "slice-concat"])
+@pytest.mark.parametrize("path", [LN_SCALE, SLICE_CONCAT, CONTIGUOUS],
+                         ids=["layernorm-scale", "slice-concat", "contiguous-slices"])
 def test_reproducer_crashes_250_and_builds_once_rewritten(path: Path, tmp_path: Path) -> None:
     from rkpart.targets.known_issues import match_signature
     from rkpart.triage.matrix import build_once

@@ -5,7 +5,10 @@ Not placements: each avoids a SIGSEGV recorded in :mod:`rkpart.targets.known_iss
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 import numpy as np
+import onnx
 from onnx import helper, numpy_helper
 
 from rkpart.ir.edit import GraphEdit, attr
@@ -70,28 +73,35 @@ def strided_slices_concat(view: GraphEdit) -> int:
     count = 0
     for i in list(view.matches("Concat")):
         cat = graph.node[i]
-        slices = [prod.get(x) for x in cat.input]
-        if len(slices) < 2 or any(s is None or s.op_type != "Slice" or len(s.input) < 4 for s in slices):
+        found = [prod.get(x) for x in cat.input]
+        slices = [s for s in found if s is not None and s.op_type == "Slice" and len(s.input) >= 4]
+        if len(slices) < 2 or len(slices) != len(found):
             continue
-        src = slices[0].input[0]  # type: ignore[union-attr]
+        src = slices[0].input[0]
         shape = shapes.get(src)
-        if shape is None or any(s.input[0] != src for s in slices):  # type: ignore[union-attr]
+        if shape is None or any(s.input[0] != src for s in slices):
             continue
         rank = len(shape)
         axis = int(attr(cat, "axis", 0)) % rank  # type: ignore[call-overload]
         spans = []
         for s in slices:
-            assert s is not None
             st, en, ax = (view.const_array(s.input[j]) for j in (1, 2, 3))
             step = view.const_array(s.input[4]) if len(s.input) > 4 and s.input[4] else np.array([1])
             if any(a is None or a.size != 1 for a in (st, en, ax, step)):
                 break
             assert st is not None and en is not None and ax is not None and step is not None
-            b, e = int(st.ravel()[0]), int(en.ravel()[0])
-            if int(ax.ravel()[0]) % rank != axis or int(step.ravel()[0]) != 1 or not 0 <= b < e <= shape[axis]:
+            dim = shape[axis]
+            # ONNX Slice bounds (step 1): negative from the end, clamped to [0, dim] (x[:, -6:] is INT64_MAX)
+            b, e = (min(max(v + dim if v < 0 else v, 0), dim) for v in (int(st.ravel()[0]), int(en.ravel()[0])))
+            if int(ax.ravel()[0]) % rank != axis or int(step.ravel()[0]) != 1 or not b < e:
                 break
             spans.append((b, e))
         else:
+            if all(spans[j][0] == spans[j - 1][1] for j in range(1, len(spans))):
+                _contiguous(view, i, slices, (spans[0][0], spans[-1][1]), axis)
+                _drop_unread(graph, slices, uses, outputs)
+                count += 1
+                continue
             k, length = len(spans), spans[0][1] - spans[0][0]
             period = spans[1][0] - spans[0][0]
             # the k periods are read from a window [start - off, start - off + k*P) inside the axis
@@ -122,12 +132,34 @@ def strided_slices_concat(view: GraphEdit) -> int:
                                  [cat.output[0]], name=f"{base}/Reshape_out"),
             ]
             view.replace(i, new)
-            # the Slices nothing else reads go (they precede the Concat: indices >= i are untouched)
-            for s in slices:
-                assert s is not None
-                if uses.get(s.output[0], 0) == 1 and s.output[0] not in outputs and s in graph.node:
-                    graph.node.remove(s)
+            _drop_unread(graph, slices, uses, outputs)
             count += 1
     return count
+
+
+def _contiguous(view: GraphEdit, i: int, slices: list[onnx.NodeProto], span: tuple[int, int], axis: int) -> None:
+    """``Concat(x[.., a:b], x[.., b:c], ...)`` (pieces adjacent, in order) -> ``x[.., a:c]``, or
+    ``Identity(x)`` when that is all of ``x`` (HunyuanVideo's single-stream blocks split the joint
+    sequence into image and text tokens, ``x[:, :-T]`` and ``x[:, -T:]``, and concatenate them again)."""
+    cat, src = view.graph.node[i], slices[0].input[0]
+    base = cat.name or cat.output[0]
+    dim = view.static_shapes()[src][axis]
+    if span == (0, dim):
+        new = [helper.make_node("Identity", [src], [cat.output[0]], name=f"{base}/Identity")]
+    else:
+        names = []
+        for tag, v in (("start", span[0]), ("end", span[1]), ("axis", axis)):
+            names.append(view.fresh(f"{base}/span_{tag}"))
+            view.graph.initializer.append(numpy_helper.from_array(np.array([v], dtype=np.int64), names[-1]))
+        new = [helper.make_node("Slice", [src, *names], [cat.output[0]], name=f"{base}/Slice_span")]
+    view.replace(i, new)
+
+
+def _drop_unread(graph: onnx.GraphProto, slices: list[onnx.NodeProto], uses: Mapping[str, int],
+                 outputs: Collection[str]) -> None:
+    """The Slices nothing but the replaced Concat read go (they precede it: indices >= its own are untouched)."""
+    for s in slices:
+        if uses.get(s.output[0], 0) == 1 and s.output[0] not in outputs and s in graph.node:
+            graph.node.remove(s)
 
 
