@@ -97,7 +97,8 @@ def flag_ops(mg: ModelGraph, part: Partition, cap: Capability,
             if n.name and n.name in force:
                 forced[i] = force[n.name]
                 continue
-            why = cap.reason(n, pattern_of(mg, i))
+            dtypes = {d for d in (mg.dtype(t) for t in (*n.inputs, *n.outputs) if t) if d is not None}
+            why = cap.reason(n, pattern_of(mg, i), dtypes)
             if why is not None:
                 flagged[i] = why
         if flagged:

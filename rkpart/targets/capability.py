@@ -15,18 +15,29 @@ stage?* -- from three sources:
   them to the stage it would propose and keeps on the NPU only what they remove (a rewrite
   written for one exporter's spelling that misses another's leaves the op to the host).
 
+An op that reads or writes an element type the toolkit has no type for (bfloat16, float8, int4,
+complex, string) cannot be built at all, whatever its op type: it leaves NPU stages too.
+
 Ops the table marks "Not Supported" (``Support.UNLISTED``) are not moved: the toolkit builds
 most of them on the NPU (rewritten), and the ones it does not are learned by the first build.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from rkpart.ir.graph import OpNode
 from rkpart.targets.base import Support, ToolkitCaps
+
+#: the element types (numpy names, :func:`rkpart.ir.tensors`) an RKNN build can hold: the toolkit
+#: converts every tensor through numpy's own types. Measured: a stage with a bfloat16 tensor
+#: (Kandinsky 5's attention casts q/k to bfloat16 and back; TorchScript and dynamo) fails to build
+#: on 2.5.0 in ``fold_constant`` ("RuntimeError: No corresponding Numpy type for Tensor Type");
+#: float8, int4, complex and string tensors are outside the same set (not measured)
+TOOLKIT_DTYPES = frozenset({"bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",
+                            "float16", "float32", "float64"})
 
 
 @dataclass(frozen=True, order=True)
@@ -97,13 +108,18 @@ class Capability:
     def with_learned(self, patterns: Iterable[PlacementPattern]) -> Capability:
         return Capability(self.target, self.caps, self.learned | frozenset(patterns), self.rewrites)
 
-    def reason(self, node: OpNode, pattern: PlacementPattern) -> str | None:
+    def reason(self, node: OpNode, pattern: PlacementPattern, dtypes: Collection[str] = ()) -> str | None:
         """Why ``node`` (of shape class ``pattern``) must leave NPU stages, or ``None`` if it may stay.
 
-        Only facts: an op that cannot be loaded, an op measured on the CPU, or a pattern a build
-        put on the CPU.  Whether a rewrite rescues it is the partitioner's question (it applies
-        the rewrites to the stage it proposes).
+        ``dtypes``: the element types of its inputs and outputs (numpy names; unknown ones left out).
+        Only facts: an element type no build can hold, an op that cannot be loaded, an op measured
+        on the CPU, or a pattern a build put on the CPU.  Whether a rewrite rescues it is the
+        partitioner's question (it applies the rewrites to the stage it proposes).
         """
+        foreign = sorted(set(dtypes) - TOOLKIT_DTYPES)
+        if foreign:
+            return (f"rknn-toolkit2 {self.toolkit} has no {'/'.join(foreign)} type (a build with such a tensor "
+                    "fails: 'No corresponding Numpy type for Tensor Type')")
         rule = self.caps.node(node)
         if rule.support is Support.NONE:
             return f"rknn-toolkit2 {self.toolkit} cannot load it ({rule.note})"
@@ -123,4 +139,4 @@ class Capability:
                 "learned_patterns": len(self.learned)}
 
 
-__all__ = ["Capability", "PlacementPattern"]
+__all__ = ["TOOLKIT_DTYPES", "Capability", "PlacementPattern"]

@@ -242,3 +242,47 @@ def test_a_cut_of_a_piece_the_capability_made_gets_ids_of_its_own(tmp_path: Path
                                      ("npu", ["mm2", "mul"])]
     plan = write_plan(m, part, tmp_path / "plan")
     assert_reproduces(plan, tmp_path / "plan", model)
+
+
+@pytest.fixture
+def bf16_model(tmp_path: Path) -> Path:
+    """Kandinsky 5's attention spelling: q cast to bfloat16 and back between two projections."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
+        helper.make_node("Cast", ["h1"], ["b"], name="to_bf16", to=TensorProto.BFLOAT16),
+        helper.make_node("Cast", ["b"], ["f"], name="to_f32", to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["f", "W2"], ["h2"], name="mm2"),
+        helper.make_node("Add", ["h1", "h2"], ["y"], name="add"),
+    ]
+    return _save(tmp_path, "bf16", nodes, [_w("W1", 16, 16, 1), _w("W2", 16, 16, 2)])
+
+
+def test_an_element_type_no_build_holds_leaves_the_npu_stage(bf16_model: Path, tmp_path: Path) -> None:
+    m = load(bf16_model)
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
+    assert _devices(bf16_model, part) == [("npu", ["mm1"]), ("host", ["to_bf16", "to_f32"]), ("npu", ["add", "mm2"])]
+    plan = write_plan(m, part, tmp_path / "plan")
+    assert_reproduces(plan, tmp_path / "plan", bf16_model)
+    rec = json.loads((tmp_path / "plan" / "plan.json").read_text())["extra"]["capability"]
+    assert {h["op"] for h in rec["host_ops"]} == {"to_bf16", "to_f32"}
+    assert all("no bfloat16 type" in h["why"] for h in rec["host_ops"])
+    caps = get_target("rk3588").caps("2.5.0")
+    relu = OpNode.of(0, helper.make_node("Relu", ["a"], ["b"]), "")
+    assert Capability("rk3588", caps).reason(relu, PlacementPattern("Relu", "float32", (3,)), {"float32"}) is None
+
+
+@pytest.mark.toolkit
+@pytest.mark.slow
+def test_bf16_stage_fails_to_build_and_the_capabilitys_plan_builds(bf16_model: Path, tmp_path: Path) -> None:
+    """The fact the rule states, measured: with the casts in the NPU stage the 2.5.0 build fails;
+    with the capability's plan every NPU stage builds."""
+    from rkpart.compile.compile import CompileOptions, compile_plan_report
+    from tests.toolkits import get_toolkit
+
+    tk = get_toolkit("2.5.0")
+    m = load(bf16_model)
+    for capability, failed in ((False, 1), (True, 0)):
+        folder = tmp_path / f"cap-{capability}"
+        plan = write_plan(m, propose(m, "generic", PartitionConfig(toolkit="2.5.0", capability=capability)), folder)
+        rep = compile_plan_report(plan, folder, CompileOptions(tk, "rk3588", {}, jobs=1, cache=False))
+        assert len(rep.failed) == failed, [f.message for o in rep.failed for f in o.failures]
