@@ -6,10 +6,12 @@ partition, compile with ``--no-rewrites`` (opset lowering only), then with the r
 count built stages and CPU layers from the placement report.  Exports are cached as the tests
 cache them (:func:`tests.models.diffusers_families.cached_export`).  Builds run one at a time.
 
-Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--toolkit V ...] [--strategy S ...] [--rewrites-only]``
+Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--newer] [--toolkit V ...] [--strategy S ...]
+[--rewrites-only]``
 
 ``--family`` takes any name of ``ALL`` there (default: the 12 ``FAMILIES``); ``--newer`` runs the
-``NEWER`` ones instead (after any ``--family`` given); ``--rewrites-only`` skips the ``--no-rewrites`` build (its cells read ``not run``).
+``NEWER`` ones instead (after any ``--family`` given); ``--rewrites-only`` skips the
+``--no-rewrites`` build (its cells read ``not run``).
 
 ``python scripts/npu_table.py --pivot OUT.md [OUT2.md ...]`` prints the rows of such tables as the
 README's per-family table (one row per family, exporter and toolkit; split and fused side by side).

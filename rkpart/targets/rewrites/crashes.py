@@ -98,7 +98,7 @@ def strided_slices_concat(view: GraphEdit) -> int:
             spans.append((b, e))
         else:
             if all(spans[j][0] == spans[j - 1][1] for j in range(1, len(spans))):
-                _contiguous(view, i, slices, (spans[0][0], spans[-1][1]), axis)
+                _contiguous(view, i, slices, (spans[0][0], spans[-1][1]), axis, shape[axis])
                 _drop_unread(graph, slices, uses, outputs)
                 count += 1
                 continue
@@ -113,9 +113,7 @@ def strided_slices_concat(view: GraphEdit) -> int:
             base = cat.name or cat.output[0]
 
             def ints(tag: str, v: list[int], base: str = base) -> str:
-                name = view.fresh(f"{base}/{tag}")
-                graph.initializer.append(numpy_helper.from_array(np.array(v, dtype=np.int64), name))
-                return name
+                return _ints(view, f"{base}/{tag}", v)
 
             span, periods, picked = (view.fresh(f"{base}/{t}") for t in ("span", "periods", "picked"))
             start = spans[0][0] - off
@@ -137,22 +135,27 @@ def strided_slices_concat(view: GraphEdit) -> int:
     return count
 
 
-def _contiguous(view: GraphEdit, i: int, slices: list[onnx.NodeProto], span: tuple[int, int], axis: int) -> None:
+def _contiguous(view: GraphEdit, i: int, slices: list[onnx.NodeProto], span: tuple[int, int], axis: int,
+                dim: int) -> None:
     """``Concat(x[.., a:b], x[.., b:c], ...)`` (pieces adjacent, in order) -> ``x[.., a:c]``, or
     ``Identity(x)`` when that is all of ``x`` (HunyuanVideo's single-stream blocks split the joint
     sequence into image and text tokens, ``x[:, :-T]`` and ``x[:, -T:]``, and concatenate them again)."""
     cat, src = view.graph.node[i], slices[0].input[0]
     base = cat.name or cat.output[0]
-    dim = view.static_shapes()[src][axis]
     if span == (0, dim):
         new = [helper.make_node("Identity", [src], [cat.output[0]], name=f"{base}/Identity")]
     else:
-        names = []
-        for tag, v in (("start", span[0]), ("end", span[1]), ("axis", axis)):
-            names.append(view.fresh(f"{base}/span_{tag}"))
-            view.graph.initializer.append(numpy_helper.from_array(np.array([v], dtype=np.int64), names[-1]))
-        new = [helper.make_node("Slice", [src, *names], [cat.output[0]], name=f"{base}/Slice_span")]
+        bounds = [_ints(view, f"{base}/span_{tag}", [v]) for tag, v in (("start", span[0]), ("end", span[1]),
+                                                                         ("axis", axis))]
+        new = [helper.make_node("Slice", [src, *bounds], [cat.output[0]], name=f"{base}/Slice_span")]
     view.replace(i, new)
+
+
+def _ints(view: GraphEdit, name: str, v: list[int]) -> str:
+    """A fresh int64 initializer named after ``name`` holding ``v``; its name."""
+    fresh = view.fresh(name)
+    view.graph.initializer.append(numpy_helper.from_array(np.array(v, dtype=np.int64), fresh))
+    return fresh
 
 
 def _drop_unread(graph: onnx.GraphProto, slices: list[onnx.NodeProto], uses: Mapping[str, int],
