@@ -64,7 +64,9 @@ def staging_path(out: Path) -> Path:
     return out.with_name(f".{out.name}.partial")
 
 
-def _is_tmp(rel: str) -> bool:
+def is_temp_name(rel: str) -> bool:
+    """Whether ``rel`` names a temp file of rkpart's atomic writes (``.<name>.<random>.tmp``),
+    which a killed run may leave anywhere it was writing."""
     name = rel.rsplit("/", 1)[-1]
     return name.startswith(".") and name.endswith(".tmp")
 
@@ -88,7 +90,7 @@ def write_marker(folder: Path, kind: str, *, complete: bool = True) -> None:
     """
     from rkpart.io import atomic_write_bytes
 
-    files = [r for r in folder_entries(folder) if r != MARKER and not _is_tmp(r)] if complete else []
+    files = [r for r in folder_entries(folder) if r != MARKER and not is_temp_name(r)] if complete else []
     doc = {"format": MARKER_FORMAT, "version": MARKER_VERSION, "kind": kind, "complete": complete, "files": files}
     atomic_write_bytes(folder / MARKER, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
@@ -121,7 +123,7 @@ def legacy_problem(folder: Path, listing: Listing, *, grows: tuple[str, ...] = (
     if isinstance(listed, str):
         return f"it has no rkpart output marker ({MARKER}) and {listed}"
     for rel in folder_entries(folder):
-        if _is_tmp(rel):
+        if is_temp_name(rel):
             continue
         top = rel.split("/", 1)[0]
         if os.path.islink(folder / rel) or os.path.islink(folder / top):
@@ -147,7 +149,7 @@ def owned_problem(folder: Path, kind: str, *, grows: tuple[str, ...] = (), legac
         return f"it is an rkpart {doc['kind']} output, not a {kind}"
     listed = set(doc["files"])
     for rel in folder_entries(folder):
-        if rel == MARKER or _is_tmp(rel) or rel in listed or rel.split("/", 1)[0] in grows:
+        if rel == MARKER or is_temp_name(rel) or rel in listed or rel.split("/", 1)[0] in grows:
             continue
         return f"it holds {rel!r}, which rkpart did not write"
     return None
@@ -181,12 +183,16 @@ def check_staging_path(staging: Path) -> None:
 def _claim_staging(staging: Path, kind: str) -> None:
     """Empty the locked staging folder if a killed rkpart run of ``kind`` left it; refuse anything else."""
     entries = list(staging.iterdir())
-    if not entries:
+    # a run killed before its marker's rename leaves only the marker's temp file
+    if all(is_temp_name(p.name) and p.is_file() and not p.is_symlink() for p in entries):
+        for p in entries:
+            p.unlink()
         return
     doc = read_marker(staging)
     if doc is None or doc["kind"] != kind:
         raise OutputExistsError(f"staging path {staging} holds files rkpart did not write; move them away")
-    for p in entries:
+    # the marker last: a run killed half-way leaves a folder still marked as a staging folder
+    for p in sorted(entries, key=lambda p: p.name == MARKER):
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:

@@ -105,3 +105,67 @@ def test_bad_number_names_the_path_of_the_first_bad_number(doc: object, limit: f
 
     bad = bad_number(doc, limit=limit)
     assert (bad[0] if bad is not None else None) == found
+
+
+# -- staged_folder: what a SIGKILL can leave in the staging folder --------------------------------
+
+
+def _staged(out: Path) -> None:
+    from rkpart.output import staged_folder
+
+    with staged_folder(out, kind="report", force=False) as st:
+        (st / "index.html").write_text("report")
+
+
+def test_staging_holding_only_the_markers_temp_file_is_a_killed_runs(tmp_path: Path) -> None:
+    """Killed between the staging folder's mkdir and its marker's rename: only the marker's temp
+    file is there, and the next run takes the folder as its own."""
+    staging = tmp_path / ".out.partial"
+    staging.mkdir()
+    (staging / ".rkpart-output.json.q81zb3.tmp").write_bytes(b'{"form')
+    _staged(tmp_path / "out")
+    assert (tmp_path / "out" / "index.html").read_text() == "report" and not staging.exists()
+
+
+def test_staging_with_a_foreign_file_beside_a_temp_file_is_refused(tmp_path: Path) -> None:
+    staging = tmp_path / ".out.partial"
+    staging.mkdir()
+    (staging / ".rkpart-output.json.q81zb3.tmp").write_bytes(b"")
+    (staging / "notes.txt").write_text("mine")
+    with pytest.raises(OutputExistsError, match="did not write"):
+        _staged(tmp_path / "out")
+    assert sorted(p.name for p in staging.iterdir()) == [".rkpart-output.json.q81zb3.tmp", "notes.txt"]
+
+
+def test_claiming_a_killed_runs_staging_removes_its_marker_last(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A killed run's staging folder is emptied by the next; killed at the last removal (the
+    fault is injected), what is left is the marker, so the run after that claims it again."""
+    import shutil
+
+    from rkpart import output
+
+    staging = tmp_path / ".out.partial"
+    staging.mkdir()
+    output.write_marker(staging, "report", complete=False)
+    for i in range(16):  # enough entries that no listing order puts the marker last by chance
+        (staging / f"page{i}.html").write_text("half")
+    (staging / "assets").mkdir()
+    n = len(list(staging.iterdir()))
+    removed: list[str] = []
+    rmtree, unlink = shutil.rmtree, Path.unlink
+
+    def removing(p: Path, real: object) -> None:
+        if len(removed) == n - 1:
+            raise KeyboardInterrupt  # the kill, at the last removal
+        removed.append(p.name)
+        real(p)  # type: ignore[operator]
+
+    monkeypatch.setattr(output.shutil, "rmtree", lambda p, *a, **k: removing(Path(p), rmtree))
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: removing(self, unlink))
+    with pytest.raises(KeyboardInterrupt):
+        _staged(tmp_path / "out")
+    monkeypatch.undo()
+    assert [p.name for p in staging.iterdir()] == [output.MARKER]
+    _staged(tmp_path / "out")
+    assert (tmp_path / "out" / "index.html").is_file() and not staging.exists()

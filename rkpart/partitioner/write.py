@@ -356,7 +356,9 @@ def _open_journal(path: Path) -> int:
 
 
 def _clear(folder: Path) -> None:
-    for p in folder.iterdir():
+    """Empty a staging folder, its run key last: a run killed half-way through leaves a folder
+    that still says it is a staging folder (:func:`~rkpart.partitioner.outdir.check_staging`)."""
+    for p in sorted(folder.iterdir(), key=lambda p: p.name == "run.json"):
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:

@@ -154,3 +154,61 @@ def test_out_symlink_is_a_clear_error_and_force_keeps_working(tmp_path: Path, mi
     assert link.is_symlink()
     r = cli(["partition", mini_model, "-o", real, "-s", "split", "--force", "-q"])
     assert r.exit_code == 0, r.output
+
+
+def test_run_killed_before_its_run_key_landed_is_its_own_leftover(tmp_path: Path, mini_model: Path) -> None:
+    """A kill between the staging folder's mkdir and its run key's rename leaves only the key's
+    temp file (CI, test_sigkill_during_force_replace_keeps_old_or_new): the next run takes the
+    folder as its own, and a foreign file beside such a temp file is still refused."""
+    staging = tmp_path / ".out.partial"
+    staging.mkdir()
+    (staging / ".run.json.k2j4x9.tmp").write_bytes(b'{"ke')
+    r = cli(["partition", mini_model, "-o", tmp_path / "out", "-s", "fused", "-q"])
+    assert r.exit_code == 0, r.output
+    assert not staging.exists() and (tmp_path / "out" / "plan.json").is_file()
+    staging = tmp_path / ".out2.partial"
+    staging.mkdir()
+    (staging / ".run.json.k2j4x9.tmp").write_bytes(b"")
+    (staging / "mine.txt").write_text("not rkpart's")
+    before = snapshot(staging)
+    r = cli(["partition", mini_model, "-o", tmp_path / "out2", "-s", "fused", "-q"])
+    assert_user_error(r, 6, "did not write")
+    assert snapshot(staging) == before
+
+
+def test_clearing_another_runs_staging_removes_its_run_key_last(tmp_path: Path, mini_model: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that finds another run's staging folder empties it; killed half-way (the fault is
+    injected) the folder still holds that run's key, so the next run
+    clears it again instead of refusing it as foreign.  The kill lands at the last removal, so
+    whatever order the folder lists its entries in, the one left must be the key."""
+    import shutil
+
+    from rkpart.partitioner import write
+
+    out = tmp_path / "out"
+    with pytest.raises(_Interrupt):
+        partition(mini_model, out, "split", progress=_interrupt_after(2))
+    staging = tmp_path / ".out.partial"
+    assert (staging / "run.json").is_file() and (staging / "stages").is_dir()
+    (staging / "a_leftover.bin").write_bytes(b"x")
+    (staging / "z_leftover.bin").write_bytes(b"x")
+    entries = list(staging.iterdir())
+    removed: list[str] = []
+    rmtree, unlink = shutil.rmtree, Path.unlink
+
+    def removing(p: Path, real: object) -> None:
+        if len(removed) == len(entries) - 1:
+            raise _Interrupt  # the kill, at the last removal
+        removed.append(p.name)
+        real(p)  # type: ignore[operator]
+
+    monkeypatch.setattr(write.shutil, "rmtree", lambda p, *a, **k: removing(Path(p), rmtree))
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: removing(self, unlink))
+    with pytest.raises(_Interrupt):
+        partition(mini_model, out, "fused")  # another run key: it empties the folder first
+    monkeypatch.undo()
+    assert len(removed) == len(entries) - 1 and "run.json" not in removed
+    assert [p.name for p in staging.iterdir()] == ["run.json"]
+    plan = partition(mini_model, out, "fused")
+    assert plan.strategy["name"] == "fused" and not staging.exists()
