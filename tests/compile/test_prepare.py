@@ -130,13 +130,26 @@ def _rms(reciprocal: bool) -> onnx.ModelProto:
     return _model(nodes, ins, [vi("y", F, [1, 2, 6, 16])], inits, opset=18)
 
 
-def test_reciprocal_rewrite_exact() -> None:
+def test_rms_norm_reciprocal_rewrite_exact() -> None:
+    """dynamo's RMSNorm, ``x * Reciprocal(Sqrt(...))``: ``Div(1, Sqrt(...))`` (the product is
+    left: reciprocal-mul-div does not take an inverse of a Sqrt)."""
     m = _rms(True)
     r = onnx.ModelProto()
     r.CopyFrom(m)
     assert apply_rewrites(r, rewrites_for("2.5.0", "npu")) == {"reciprocal-to-div": 1}
-    assert "Reciprocal" not in {n.op_type for n in r.graph.node}
+    assert [n.op_type for n in r.graph.node] == ["Mul", "ReduceMean", "Add", "Sqrt", "Div", "Mul"]
     _same(m, r, {"x": np.random.default_rng(1).standard_normal((1, 2, 6, 16)).astype(np.float32)})
+
+
+def test_reciprocal_rewrite_exact() -> None:
+    """A Reciprocal no Mul reads: ``Div(1, v)``, bit for bit."""
+    m = _model([helper.make_node("Reciprocal", ["x"], ["r"]), helper.make_node("Relu", ["r"], ["y"])],
+               [vi("x", F, [2, 8])], [vi("y", F, [2, 8])], opset=17)
+    r = onnx.ModelProto()
+    r.CopyFrom(m)
+    assert apply_rewrites(r, rewrites_for("2.5.0", "npu")) == {"reciprocal-to-div": 1}
+    assert "Reciprocal" not in {n.op_type for n in r.graph.node}
+    _same(m, r, {"x": np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)}, rel=0.0)
 
 
 @pytest.mark.parametrize("depth", ["full", "partial"])

@@ -93,6 +93,15 @@ def _rms_reciprocal() -> onnx.GraphProto:
     return _g(nodes, [vi("x", F, [1, 2, 6, 16])], [vi("y", F, [1, 2, 6, 16])], inits)
 
 
+def _normaliser_product() -> onnx.GraphProto:
+    """Sana-Video's linear attention: a (1,2,16,32) times Reciprocal(s + eps), s (1,2,1,32)."""
+    nodes = [helper.make_node("Add", ["s", "eps"], ["d"]),
+             helper.make_node("Reciprocal", ["d"], ["inv"]),
+             helper.make_node("Mul", ["a", "inv"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(1e-15, dtype=np.float32), "eps")]
+    return _g(nodes, [vi("a", F, [1, 2, 16, 32]), vi("s", F, [1, 2, 1, 32])], [vi("y", F, [1, 2, 16, 32])], inits)
+
+
 def _gelu_grid() -> onnx.GraphProto:
     return _g([helper.make_node("Gelu", ["x"], ["g"], approximate="none"),
                helper.make_node("Gelu", ["g"], ["y"], approximate="tanh"),
@@ -134,6 +143,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "sdpa_f16_pad_mask": lambda: _model(sdpa_bool_mask(dtype=TensorProto.FLOAT16, mask_rows=1), 17),
         "rms_residual": lambda: _model(rms_residual(), 17),
         "rms_reciprocal": lambda: _model(_rms_reciprocal(), 18),
+        "normaliser_product": lambda: _model(_normaliser_product(), 17),
         "scatternd_full": lambda: _model(_scatternd(True), 18),
         "scatternd_partial": lambda: _model(_scatternd(False), 18),
         "pad": lambda: _model(pad_graph(), 19),

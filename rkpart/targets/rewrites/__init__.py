@@ -48,6 +48,7 @@ from rkpart.targets.rewrites.npu import (
     norm_residual_sub,
     pad_concat,
     reciprocal,
+    reciprocal_mul,
     split_chunked_linear,
     tile_broadcast,
 )
@@ -98,6 +99,15 @@ REWRITES: tuple[Rewrite, ...] = (
             gelu, needs=("types",)),
     Rewrite("gridsample20-modes", "GridSample", "lower", ("*",),
             "version_converter has no adapter from GridSample-20; only the mode names changed", grid_sample),
+    Rewrite("reciprocal-mul-div", "Mul", "npu", ("*",),
+            "A product with an inverse, Mul(a, Reciprocal(v)) or Mul(a, Div(1, v)) (Sana's linear attention "
+            "divides by its normaliser so): both toolkits place the Div(1, v) they make of the inverse on the "
+            "CPU ('Div:/model/transformer_blocks.0/attn1/Reciprocal', CPU), while Div(a, v) runs on the NPU, "
+            "broadcasting v. Not bit-exact: one rounding fewer (float32/float64 only; the prepared-stage check "
+            "bounds the difference). An inverse of a Sqrt (RMSNorm) is left to reciprocal-to-div. Measured on "
+            "2.3.0 and 2.5.0: Reciprocal or Div(1, v) then Mul, v (1,2,1,32) into (1,2,16,32), 1 CPU layer "
+            "-> 0; tiny Sana-Video, split and fused, both exporters, 2 CPU layers -> 0 (2.5.0)",
+            reciprocal_mul, needs=("types",)),
     Rewrite("reciprocal-to-div", "Reciprocal", "npu", ("*",),
             "RMSNorm's rsqrt as Reciprocal(Sqrt(mean(x^2)+eps)) (dynamo exports): the toolkit turns the "
             "Reciprocal into a Div placed on the CPU ('Div:node_rsqrt#1', CPU). As Div(1, Sqrt(...)) its "

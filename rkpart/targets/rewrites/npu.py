@@ -26,6 +26,56 @@ def reciprocal(view: GraphEdit) -> int:
     return view.replace_each("Reciprocal", one)
 
 
+#: element types the quotient form is checked in: the product and the quotient differ by one
+#: rounding, within the prepared-stage check's 1e-6 relative bound in float32, not in float16
+_QUOTIENT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)
+
+
+def _inverse_of(view: GraphEdit, node: onnx.NodeProto) -> str | None:
+    """``v`` when ``node`` is ``Reciprocal(v)`` or ``Div(1, v)`` with a scalar constant 1, else ``None``."""
+    if node.domain not in ("", "ai.onnx"):
+        return None
+    if node.op_type == "Reciprocal" and len(node.input) == 1:
+        return node.input[0]
+    if node.op_type == "Div" and len(node.input) == 2:
+        one = view.const_array(node.input[0])
+        if one is not None and one.ndim == 0 and one.dtype.kind == "f" and float(one) == 1.0:
+            return node.input[1]
+    return None
+
+
+def reciprocal_mul(view: GraphEdit) -> int:
+    """``Mul(a, Reciprocal(v))`` (or ``Mul(a, Div(1, v))``, either operand order) -> ``Div(a, v)``,
+    in float32/float64; the inverse stays while anything else reads it.
+
+    Not where ``v`` is a ``Sqrt``: an RMSNorm's ``x * rsqrt(...)`` keeps the form the toolkits'
+    norm fusions were measured on (reciprocal-to-div, norm-residual-sub)."""
+    graph = view.graph
+    prod = view.producer_indices()
+    count = 0
+    for n in graph.node:
+        if n.op_type != "Mul" or n.domain not in ("", "ai.onnx") or len(n.input) != 2:
+            continue
+        if view.elem(n.output[0]) not in _QUOTIENT_TYPES:
+            continue
+        for k in (1, 0):
+            j = prod.get(n.input[k])
+            v = None if j is None else _inverse_of(view, graph.node[j])
+            src = prod.get(v) if v is not None else None
+            if v is not None and (src is None or graph.node[src].op_type != "Sqrt"):
+                a = n.input[1 - k]
+                n.op_type = "Div"
+                del n.input[:]
+                n.input.extend([a, v])
+                count += 1
+                break
+    if count:
+        read = {i for m in graph.node for i in m.input} | view.outputs
+        view.set_nodes(m for m in graph.node if any(o in read for o in m.output) or _inverse_of(view, m) is None)
+        view.drop_unread_initializers()
+    return count
+
+
 _SQRT2 = 1.4142135623730951
 
 
