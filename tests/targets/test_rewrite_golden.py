@@ -102,6 +102,17 @@ def _normaliser_product() -> onnx.GraphProto:
     return _g(nodes, [vi("a", F, [1, 2, 16, 32]), vi("s", F, [1, 2, 1, 32])], [vi("y", F, [1, 2, 16, 32])], inits)
 
 
+def _gqa_expand() -> onnx.GraphProto:
+    """dynamo's GQA repeat (Stable Audio): k (1,1,6,16) -> Unsqueeze(2) -> Expand (1,1,2,1,1) -> Reshape."""
+    nodes = [helper.make_node("Unsqueeze", ["k", "ax"], ["u"]),
+             helper.make_node("Expand", ["u", "sh"], ["e"]),
+             helper.make_node("Reshape", ["e", "rs"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([2], dtype=np.int64), "ax"),
+             numpy_helper.from_array(np.array([1, 1, 2, 1, 1], dtype=np.int64), "sh"),
+             numpy_helper.from_array(np.array([1, 2, 6, 16], dtype=np.int64), "rs")]
+    return _g(nodes, [vi("k", F, [1, 1, 6, 16])], [vi("y", F, [1, 2, 6, 16])], inits)
+
+
 def _gelu_grid() -> onnx.GraphProto:
     return _g([helper.make_node("Gelu", ["x"], ["g"], approximate="none"),
                helper.make_node("Gelu", ["g"], ["y"], approximate="tanh"),
@@ -144,6 +155,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "rms_residual": lambda: _model(rms_residual(), 17),
         "rms_reciprocal": lambda: _model(_rms_reciprocal(), 18),
         "normaliser_product": lambda: _model(_normaliser_product(), 17),
+        "gqa_expand": lambda: _model(_gqa_expand(), 18),
         "scatternd_full": lambda: _model(_scatternd(True), 18),
         "scatternd_partial": lambda: _model(_scatternd(False), 18),
         "pad": lambda: _model(pad_graph(), 19),

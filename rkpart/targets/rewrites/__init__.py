@@ -41,6 +41,7 @@ from rkpart.targets.rewrites.lower import NO_LOWERING, TYPE_ONLY_CHANGES, gelu, 
 from rkpart.targets.rewrites.npu import (
     dedupe_constants,
     erf_sqrt2_f32,
+    expand_broadcast,
     heads_table_layout,
     interleave,
     may_hold_duplicate_constants,
@@ -204,6 +205,14 @@ REWRITES: tuple[Rewrite, ...] = (
             "(KeyError in remove_node after swap_reshape_mul)",
             tile_broadcast, needs=("shapes", "types")),
     # --- weight memory (issue 27) ---
+    Rewrite("expand-broadcast", "Expand", "npu", ("2.5.0",),
+            "GQA's key/value repeat as dynamo exports it (Unsqueeze, Expand [1,1,n_rep,1,1], Reshape; Stable "
+            "Audio's cross-attention, one key/value head): 2.5.0 lays the Expand out as (1,16,1,6) -> "
+            "(2,16,1,6), a broadcast of axis 0, and places it on the CPU ('Expand:node_Expand_173', CPU); "
+            "2.3.0 keeps it on the NPU. As Mul(x, ones) (the ones only as large as the broadcast axes, at most "
+            "64 Ki elements) it stays on the NPU. Measured on a tiny Stable Audio, dynamo, split plan, 2.5.0: "
+            "4 CPU layers -> 0 (the cross-attention stage alone: 2 -> 0)",
+            expand_broadcast, needs=("shapes", "types")),
     Rewrite("heads-table-layout", "Transpose", "npu", ("2.5.0",),
             "Not a placement: weight memory. RoPE's cos/sin tables broadcast over the heads ([1,1,T,D] "
             "against q/k [1,H,T,D]; the TorchScript export of diffusers' Cosmos/Anima) are stored by the "

@@ -618,6 +618,43 @@ def tile_broadcast(view: GraphEdit) -> int:
     return view.replace_each("Tile", one)
 
 
+#: the largest ``ones`` constant expand-broadcast adds (elements): a broadcast over a few heads
+#: costs a few bytes; an attention mask expanded to [B, H, T, T] would cost megabytes of weights
+_MAX_ONES = 1 << 16
+
+
+def expand_broadcast(view: GraphEdit) -> int:
+    """``Expand(x, s)``, ``s`` constant, ``x`` float with a static shape -> ``Mul(x, ones(o))``,
+    ``o`` the output shape with 1 wherever ``x`` already has the size: the same broadcast
+    (bidirectional, as Expand's), multiplied by one (bit-exact).  GQA's head repeat in dynamo
+    exports, ``k[:, :, None].expand(b, h, n_rep, t, d)`` (Stable Audio)."""
+    graph = view.graph
+    shapes = view.static_shapes()
+
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+        target = view.const_array(n.input[1])
+        shape = shapes.get(n.input[0])
+        elem = view.elem(n.input[0])
+        if (target is None or shape is None or target.ndim != 1 or target.dtype.kind not in "iu"
+                or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+                or any(t < 1 for t in target.tolist()) or any(d < 1 for d in shape)):
+            return None
+        rank = max(len(shape), target.size)
+        x = [1] * (rank - len(shape)) + list(shape)
+        t = [1] * (rank - target.size) + [int(v) for v in target.tolist()]
+        if any(a != b and 1 not in (a, b) for a, b in zip(x, t, strict=True)):
+            return None  # not broadcastable: the model is wrong, leave it to the toolkit's error
+        ones_shape = [b if a == 1 else 1 for a, b in zip(x, t, strict=True)]
+        if (ones_shape == [1] * rank and rank == len(shape)) or math.prod(ones_shape) > _MAX_ONES:
+            return None  # expands nothing, or the constant would cost more than the CPU layer
+        base = n.name or n.output[0]
+        ones = view.fresh(f"{base}/ones")
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        graph.initializer.append(numpy_helper.from_array(np.ones(ones_shape, dtype=dtype), ones))
+        return [helper.make_node("Mul", [n.input[0], ones], [n.output[0]], name=f"{base}/Mul_ones")]
+    return view.replace_each("Expand", one)
+
+
 
 
 #: elementwise ops: every input is data, broadcast right-aligned; the output has the inputs' rank
