@@ -555,6 +555,24 @@ def _sana_video() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _trained_like(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """Small seeded weights for the parameters diffusers initialises to all zeros (adaLN-Zero
+    modulation and output layers), as a trained checkpoint has them.
+
+    Kandinsky 5 and PRX zero both the weight and the bias of their modulation ``Linear``: the
+    export then holds a ``Gemm`` computing constant zeros, and rknn-toolkit2 2.3.0 and 2.5.0 fail
+    in ``fold_constant`` on it (``TypeError: argument of type 'NoneType' is not iterable`` in
+    ``check_inputs``; ``rkpart repro``: the one Gemm), a failure of untrained models only.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _, prm in sorted(model.named_parameters()):
+            if prm.dtype.is_floating_point and prm.numel() > 1 and not prm.any():
+                prm.copy_(torch.randn(prm.shape, generator=gen) * 0.02)
+
+
 def _kandinsky5() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import Kandinsky5Transformer3DModel
@@ -836,7 +854,8 @@ NEWER: dict[str, Family] = {f.name: f for f in (
     Family("cogview4", _cogview4),
     Family("flux2", _flux2, blocks=4),
     Family("wan_vace", _wan_vace, blocks=6),  # 4 blocks + 2 VACE blocks (vace_layers) whose hints join them
-    Family("kandinsky5", _kandinsky5, _kandinsky5_fixed, blocks=4),  # 2 text blocks run before 2 visual
+    # 2 text blocks run before 2 visual; zero-initialised modulation: _trained_like
+    Family("kandinsky5", _kandinsky5, _kandinsky5_fixed, blocks=4, prepare=_trained_like),
     Family("chronoedit", _chronoedit),
     Family("sana_video", _sana_video),
     Family("cogview3plus", _cogview3plus),
@@ -846,7 +865,7 @@ NEWER: dict[str, Family] = {f.name: f for f in (
     # per-modality blocks (text, then image: parallel attn + MLP) run apart, then two-stream single blocks
     Family("flux3", _flux3, blocks=6),
     Family("stable_audio", _stable_audio, _stable_audio_fixed),
-    Family("prx", _prx),
+    Family("prx", _prx, prepare=_trained_like),  # zero-initialised modulation: _trained_like
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {

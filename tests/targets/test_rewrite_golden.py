@@ -113,6 +113,12 @@ def _gqa_expand() -> onnx.GraphProto:
     return _g(nodes, [vi("k", F, [1, 1, 6, 16])], [vi("y", F, [1, 2, 6, 16])], inits)
 
 
+def _rope_pair_matrix() -> onnx.ModelProto:
+    from tests.targets.test_rope_pair_matrix import _rope
+
+    return _rope()
+
+
 def _gelu_grid() -> onnx.GraphProto:
     return _g([helper.make_node("Gelu", ["x"], ["g"], approximate="none"),
                helper.make_node("Gelu", ["g"], ["y"], approximate="tanh"),
@@ -156,6 +162,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "rms_reciprocal": lambda: _model(_rms_reciprocal(), 18),
         "normaliser_product": lambda: _model(_normaliser_product(), 17),
         "gqa_expand": lambda: _model(_gqa_expand(), 18),
+        "rope_pair_matrix": _rope_pair_matrix,
         "scatternd_full": lambda: _model(_scatternd(True), 18),
         "scatternd_partial": lambda: _model(_scatternd(False), 18),
         "pad": lambda: _model(pad_graph(), 19),

@@ -50,6 +50,7 @@ from rkpart.targets.rewrites.npu import (
     pad_concat,
     reciprocal,
     reciprocal_mul,
+    rope_pair_matrix,
     split_chunked_linear,
     tile_broadcast,
 )
@@ -213,6 +214,15 @@ REWRITES: tuple[Rewrite, ...] = (
             "64 Ki elements) it stays on the NPU. Measured on a tiny Stable Audio, dynamo, split plan, 2.5.0: "
             "4 CPU layers -> 0 (the cross-attention stage alone: 2 -> 0)",
             expand_broadcast, needs=("shapes", "types")),
+    Rewrite("rope-pair-matrix", "ReduceSum", "npu", ("*",),
+            "RoPE applied as a 2x2 matrix per pair of values, (rope * x.view(..., -1, 1, 2)).sum(-1) (Kandinsky "
+            "5): a 6-D broadcasting Mul [1,6,1,8,2,2] x [1,6,2,8,1,2] and a ReduceSum. 2.5.0 fails in its own "
+            "constant folding (ONNX Runtime refuses the Reshape it inserts, '..self_attention/Mul_output_0_rs', "
+            "{1,6,2,8,2,2} -> {6,2,4,2}); 2.3.0 builds it with 8 CPU layers per attention (the Mul, Reshapes). "
+            "As x * diag + swap(x) * offdiag (Slices and a Concat, Flux's form; the same products and sum, "
+            "bit-exact) it builds with 0 CPU layers on both. Measured on a tiny Kandinsky 5 text block "
+            "(TorchScript, fused, nonzero modulation weights)",
+            rope_pair_matrix, needs=("shapes", "types")),
     Rewrite("heads-table-layout", "Transpose", "npu", ("2.5.0",),
             "Not a placement: weight memory. RoPE's cos/sin tables broadcast over the heads ([1,1,T,D] "
             "against q/k [1,H,T,D]; the TorchScript export of diffusers' Cosmos/Anima) are stored by the "

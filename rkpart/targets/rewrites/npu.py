@@ -618,6 +618,76 @@ def tile_broadcast(view: GraphEdit) -> int:
     return view.replace_each("Tile", one)
 
 
+def _reduce_last_axis(view: GraphEdit, n: onnx.NodeProto, rank: int) -> bool:
+    """``n`` (a ReduceSum) sums its input's last axis (of ``rank``) and drops it (keepdims=0)."""
+    if attr(n, "keepdims", 1) != 0 or attr(n, "noop_with_empty_axes", 0) != 0:
+        return False
+    if len(n.input) > 1 and n.input[1]:
+        axes = view.const_array(n.input[1])
+        got = None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+    else:
+        a = attr(n, "axes", None)
+        got = None if a is None else [int(v) for v in cast("list[int]", a)]
+    return got is not None and len(got) == 1 and got[0] in (-1, rank - 1)
+
+
+def rope_pair_matrix(view: GraphEdit) -> int:
+    """RoPE as a 2x2 matrix per pair, ``ReduceSum(Mul(C, X), -1)`` with ``C`` constant ``[..., 2, 2]``
+    and ``X`` the pairs ``[..., 1, 2]`` (Kandinsky 5: ``(rope * x.view(..., -1, 1, 2)).sum(-1)``) ->
+    ``x * A + swap(x) * B``, ``x`` the pairs ``[..., 2]``, ``swap`` exchanging each pair's two
+    values (Slices and a Concat, Flux's form), ``A`` the matrices' diagonals and ``B`` their other
+    entries: the same two products and one sum per value (bit-exact)."""
+    graph = view.graph
+    shapes = view.static_shapes()
+    prod, _, outputs = view.wiring()
+    view.new_names()
+    products: set[str] = set()
+    count = 0
+    for k in list(view.matches("ReduceSum")):
+        n = graph.node[k]
+        mul = prod.get(n.input[0])
+        if mul is None or mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or len(mul.input) != 2:
+            continue
+        j = next((j for j in (0, 1) if view.const_array(mul.input[j]) is not None), None)
+        if j is None:
+            continue
+        c = view.const_array(mul.input[j])
+        x_name = mul.input[1 - j]
+        xs = shapes.get(x_name)
+        elem = view.elem(x_name)
+        if (c is None or xs is None or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+                or c.dtype != onnx.helper.tensor_dtype_to_np_dtype(elem) or c.ndim < 2 or len(xs) < 2
+                or c.shape[-2:] != (2, 2) or list(xs[-2:]) != [1, 2]
+                or not _reduce_last_axis(view, n, max(c.ndim, len(xs)))):
+            continue
+        base = n.name or n.output[0]
+        lead = list(xs[:-2])
+        a = np.stack([c[..., 0, 0], c[..., 1, 1]], -1)
+        b = np.stack([c[..., 0, 1], c[..., 1, 0]], -1)
+        axis = len(lead)
+        pairs, first, second, swapped, xa, sb = (view.fresh(f"{base}/{t}") for t in
+                                                 ("pairs", "first", "second", "swapped", "diag", "cross"))
+        shape = view.add_constant(f"{base}/pairs_shape", np.array([*lead, 2], np.int64))
+        zero, one, two, ax = (view.add_constant(f"{base}/{t}", np.array([v], np.int64))
+                              for t, v in (("zero", 0), ("one", 1), ("two", 2), ("axis", axis)))
+        ca, cb = view.add_constant(f"{base}/diag_c", a), view.add_constant(f"{base}/cross_c", b)
+        new = [helper.make_node("Reshape", [x_name, shape], [pairs], name=f"{base}/pairs"),
+               helper.make_node("Slice", [pairs, zero, one, ax], [first], name=f"{base}/first"),
+               helper.make_node("Slice", [pairs, one, two, ax], [second], name=f"{base}/second"),
+               helper.make_node("Concat", [second, first], [swapped], axis=axis, name=f"{base}/swap"),
+               helper.make_node("Mul", [pairs, ca], [xa], name=f"{base}/Mul_diag"),
+               helper.make_node("Mul", [swapped, cb], [sb], name=f"{base}/Mul_cross"),
+               helper.make_node("Add", [xa, sb], [n.output[0]], name=f"{base}/Add")]
+        view.replace(k, new)
+        products.add(mul.output[0])
+        count += 1
+    if count:  # a product the ReduceSum alone read goes with it
+        read = {i for m in graph.node for i in m.input} | outputs
+        view.set_nodes(m for m in graph.node if not (m.output and m.output[0] in products - read))
+        view.drop_unread_initializers()
+    return count
+
+
 #: the largest ``ones`` constant expand-broadcast adds (elements): a broadcast over a few heads
 #: costs a few bytes; an attention mask expanded to [B, H, T, T] would cost megabytes of weights
 _MAX_ONES = 1 << 16
