@@ -141,9 +141,8 @@ def test_claiming_a_killed_runs_staging_removes_its_marker_last(tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """A killed run's staging folder is emptied by the next; killed at the last removal (the
     fault is injected), what is left is the marker, so the run after that claims it again."""
-    import shutil
-
     from rkpart import output
+    from tests.hostile.models import kill_at_last_removal
 
     staging = tmp_path / ".out.partial"
     staging.mkdir()
@@ -152,20 +151,10 @@ def test_claiming_a_killed_runs_staging_removes_its_marker_last(tmp_path: Path,
         (staging / f"page{i}.html").write_text("half")
     (staging / "assets").mkdir()
     n = len(list(staging.iterdir()))
-    removed: list[str] = []
-    rmtree, unlink = shutil.rmtree, Path.unlink
-
-    def removing(p: Path, real: object) -> None:
-        if len(removed) == n - 1:
-            raise KeyboardInterrupt  # the kill, at the last removal
-        removed.append(p.name)
-        real(p)  # type: ignore[operator]
-
-    monkeypatch.setattr(output.shutil, "rmtree", lambda p, *a, **k: removing(Path(p), rmtree))
-    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: removing(self, unlink))
+    removed = kill_at_last_removal(monkeypatch, output, n)
     with pytest.raises(KeyboardInterrupt):
         _staged(tmp_path / "out")
     monkeypatch.undo()
-    assert [p.name for p in staging.iterdir()] == [output.MARKER]
+    assert len(removed) == n - 1 and [p.name for p in staging.iterdir()] == [output.MARKER]
     _staged(tmp_path / "out")
     assert (tmp_path / "out" / "index.html").is_file() and not staging.exists()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from click.testing import CliRunner, Result
 from onnx import TensorProto, helper, numpy_helper
 
@@ -141,3 +142,24 @@ def assert_option_refused(args: list[str], out: Path) -> None:
     assert "Traceback" not in r.output and "Invalid value" in r.stderr
     assert time.monotonic() - t0 < 30
     assert sorted(p.name for p in out.iterdir()) == []  # nothing written
+
+
+def kill_at_last_removal(monkeypatch: pytest.MonkeyPatch, module: object, n: int,
+                         kill: type[BaseException] = KeyboardInterrupt) -> list[str]:
+    """FAULT INJECTION: ``module``'s ``shutil.rmtree`` and every ``Path.unlink`` remove as usual,
+    until the ``n``-th removal, where ``kill`` is raised instead (a SIGKILL half-way through
+    emptying a folder of ``n`` entries).  Returns the names removed, in order."""
+    import shutil
+
+    removed: list[str] = []
+    rmtree, unlink = shutil.rmtree, Path.unlink
+
+    def removing(p: Path, real: object) -> None:
+        if len(removed) == n - 1:
+            raise kill
+        removed.append(p.name)
+        real(p)  # type: ignore[operator]
+
+    monkeypatch.setattr(module.shutil, "rmtree", lambda p, *a, **k: removing(Path(p), rmtree))  # type: ignore[attr-defined]
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: removing(self, unlink))
+    return removed

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rkpart.pipeline import partition
-from tests.hostile.models import assert_user_error, cli, siblings, snapshot
+from tests.hostile.models import assert_user_error, cli, kill_at_last_removal, siblings, snapshot
 
 
 class _Interrupt(KeyboardInterrupt):
@@ -182,8 +182,6 @@ def test_clearing_another_runs_staging_removes_its_run_key_last(tmp_path: Path, 
     injected) the folder still holds that run's key, so the next run
     clears it again instead of refusing it as foreign.  The kill lands at the last removal, so
     whatever order the folder lists its entries in, the one left must be the key."""
-    import shutil
-
     from rkpart.partitioner import write
 
     out = tmp_path / "out"
@@ -194,17 +192,7 @@ def test_clearing_another_runs_staging_removes_its_run_key_last(tmp_path: Path, 
     (staging / "a_leftover.bin").write_bytes(b"x")
     (staging / "z_leftover.bin").write_bytes(b"x")
     entries = list(staging.iterdir())
-    removed: list[str] = []
-    rmtree, unlink = shutil.rmtree, Path.unlink
-
-    def removing(p: Path, real: object) -> None:
-        if len(removed) == len(entries) - 1:
-            raise _Interrupt  # the kill, at the last removal
-        removed.append(p.name)
-        real(p)  # type: ignore[operator]
-
-    monkeypatch.setattr(write.shutil, "rmtree", lambda p, *a, **k: removing(Path(p), rmtree))
-    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: removing(self, unlink))
+    removed = kill_at_last_removal(monkeypatch, write, len(entries), _Interrupt)
     with pytest.raises(_Interrupt):
         partition(mini_model, out, "fused")  # another run key: it empties the folder first
     monkeypatch.undo()

@@ -599,7 +599,6 @@ def tile_broadcast(view: GraphEdit) -> int:
     """``Tile(x, r)``, ``r`` constant, ``x`` of size 1 on every axis ``r`` repeats ->
     ``Mul(x, ones(r))``: the broadcast of a multiplication by one (bit-exact).  GQA's
     ``k.unsqueeze(3).repeat(1, 1, 1, n_rep, 1)`` (Lumina2)."""
-    graph = view.graph
     shapes = view.static_shapes()
 
     def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
@@ -610,12 +609,15 @@ def tile_broadcast(view: GraphEdit) -> int:
                 or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
                 or any(r > 1 and d != 1 for r, d in zip(reps.tolist(), shape, strict=True))):
             return None
-        base = n.name or n.output[0]
-        ones = view.fresh(f"{base}/ones")
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
-        graph.initializer.append(numpy_helper.from_array(np.ones(reps.astype(np.int64), dtype=dtype), ones))
-        return [helper.make_node("Mul", [n.input[0], ones], [n.output[0]], name=f"{base}/Mul_ones")]
+        return _times_ones(view, n, elem, [int(r) for r in reps.tolist()])
     return view.replace_each("Tile", one)
+
+
+def _times_ones(view: GraphEdit, n: onnx.NodeProto, elem: int, shape: list[int]) -> list[onnx.NodeProto]:
+    """``Mul(n's data input, ones(shape))`` computing ``n``'s output (a broadcast written as a product)."""
+    base = n.name or n.output[0]
+    ones = view.add_constant(f"{base}/ones", np.ones(shape, dtype=onnx.helper.tensor_dtype_to_np_dtype(elem)))
+    return [helper.make_node("Mul", [n.input[0], ones], [n.output[0]], name=f"{base}/Mul_ones")]
 
 
 def _reduce_last_axis(view: GraphEdit, n: onnx.NodeProto, rank: int) -> bool:
@@ -698,7 +700,6 @@ def expand_broadcast(view: GraphEdit) -> int:
     ``o`` the output shape with 1 wherever ``x`` already has the size: the same broadcast
     (bidirectional, as Expand's), multiplied by one (bit-exact).  GQA's head repeat in dynamo
     exports, ``k[:, :, None].expand(b, h, n_rep, t, d)`` (Stable Audio)."""
-    graph = view.graph
     shapes = view.static_shapes()
 
     def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
@@ -717,11 +718,7 @@ def expand_broadcast(view: GraphEdit) -> int:
         ones_shape = [b if a == 1 else 1 for a, b in zip(x, t, strict=True)]
         if (ones_shape == [1] * rank and rank == len(shape)) or math.prod(ones_shape) > _MAX_ONES:
             return None  # expands nothing, or the constant would cost more than the CPU layer
-        base = n.name or n.output[0]
-        ones = view.fresh(f"{base}/ones")
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
-        graph.initializer.append(numpy_helper.from_array(np.ones(ones_shape, dtype=dtype), ones))
-        return [helper.make_node("Mul", [n.input[0], ones], [n.output[0]], name=f"{base}/Mul_ones")]
+        return _times_ones(view, n, elem, ones_shape)
     return view.replace_each("Expand", one)
 
 
