@@ -9,9 +9,10 @@ end-to-end gate must pass (the plan run with every NPU stage in the toolkit's si
 reproduces the whole model under ONNX Runtime).
 
 By default (CI) :func:`ci_cases` runs: every family with both plans, both exporters and both
-toolkits spread over its two cases (24 cases).  ``RKPART_FULL_NPU_MATRIX=1`` runs every
-(family, exporter, plan, toolkit) case (96).  Measured gaps are strict xfails: a gap that closes
-fails the test until its entry is removed.
+toolkits spread over its two cases (24 cases), and :func:`newer_cases` one plan of each of the
+16 newer families on 2.5.0 (exporters and plans alternating).  ``RKPART_FULL_NPU_MATRIX=1`` runs
+every (family, exporter, plan, toolkit) case (96, and the newer families' 2.5.0 cases: 62).
+Measured gaps are strict xfails: a gap that closes fails the test until its entry is removed.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.validation.metrics import compare
 from tests.models import diffusers_families
 from tests.models.diffusers_families import EXPORTERS, cached_export, missing_dependencies
+from tests.partitioner.test_family_sweep import EXPORT_FAILS
 from tests.toolkits import get_toolkit
 
 pytestmark = [pytest.mark.toolkit, pytest.mark.slow, pytest.mark.export,
@@ -37,12 +39,14 @@ pytestmark = [pytest.mark.toolkit, pytest.mark.slow, pytest.mark.export,
 
 #: every family of tests/models/diffusers_families.py (Lumina2 with its RoPE in the real form)
 FAMILIES = tuple(diffusers_families.FAMILIES)
+#: the newer families (``NEWER``), swept on 2.5.0 (scripts/npu_table.py --newer); 2.3.0 is not measured
+NEWER = tuple(diffusers_families.NEWER)
 TOOLKITS = ("2.5.0", "2.3.0")
 STRATEGIES = ("split", "fused")
 #: measured gaps no rewrite closes yet (scripts/npu_table.py runs; see README "NPU stages per family")
 #: exports ONNX Runtime refuses as a whole (an exporter bug: a Squeeze of a dim of 16, also in the plan's
 #: host epilogue; tests/partitioner/test_family_sweep.py): the gate checks their NPU stages one by one
-ORT_REFUSES = {("pixart", "dynamo")}
+ORT_REFUSES = {("pixart", "dynamo"), ("hunyuanvideo", "dynamo")}
 #: gaps measured before the adaln-chunk-gemm, nan-guard and scatternd-interleave (stage outputs) rewrites
 #: that may close them; not re-measured since, so not strict (any other failure still fails the case)
 UNSURE: set[tuple[str, str, str, str]] = set()
@@ -65,19 +69,33 @@ def ci_cases() -> set[tuple[str, str, str, str]]:
     return out
 
 
+def newer_cases() -> set[tuple[str, str, str, str]]:
+    """One 2.5.0 plan of each newer family: family ``i`` exports with exporter ``(i + 1) % 2`` (the
+    other where only that one exports it) and builds its split plan for ``i // 2`` even, else fused."""
+    exporters = tuple(EXPORTERS)
+    out = set()
+    for i, f in enumerate(NEWER):
+        e = exporters[(i + 1) % 2]
+        if (f, e) in EXPORT_FAILS:
+            e = exporters[i % 2]
+        out.add((f, e, STRATEGIES[(i // 2) % 2], "2.5.0"))
+    return out
+
+
 class CpuLayersLeft(AssertionError):
     """NPU stages built and passed the gate, but the toolkit put layers on the CPU (a KNOWN_GAPS case)."""
 
 
 FULL_MATRIX = os.environ.get("RKPART_FULL_NPU_MATRIX") == "1"
-SELECTED = ci_cases()
+SELECTED = ci_cases() | newer_cases()
 
 CASES = [pytest.param(f, e, s, v, id=f"{f}-{e}-{s}-{v}",
                       marks=[pytest.mark.xfail(reason=KNOWN_GAPS[(f, e, s, v)], raises=CpuLayersLeft,
                                                 strict=(f, e, s, v) not in UNSURE)]
                       if (f, e, s, v) in KNOWN_GAPS else [])
-         for f in FAMILIES for e in EXPORTERS for s in STRATEGIES for v in TOOLKITS
-         if FULL_MATRIX or (f, e, s, v) in SELECTED]
+         for f, v in [*((f, v) for f in FAMILIES for v in TOOLKITS), *((f, "2.5.0") for f in NEWER)]
+         for e in EXPORTERS for s in STRATEGIES
+         if (f, e) not in EXPORT_FAILS and (FULL_MATRIX or (f, e, s, v) in SELECTED)]
 
 
 @pytest.mark.parametrize(("family", "exporter", "strategy", "version"), CASES)
