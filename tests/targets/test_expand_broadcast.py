@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkpart.targets.rewrites import REWRITES, apply_rewrites, rewrites_for
+from rkpart.targets.rewrites import REWRITES, rewrites_for
+from tests.targets.rewrite_check import rewritten, run_unoptimised
 
 ROW = tuple(r for r in REWRITES if r.name == "expand-broadcast")
 vi = helper.make_tensor_value_info
@@ -39,18 +39,6 @@ def _gqa(x_shape: list[int], target: list[int], elem: int = TensorProto.FLOAT, *
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _run(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return np.asarray(ort.InferenceSession(m.SerializeToString(), so).run(None, feeds)[0])
-
-
-def _rewritten(m: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
-    r = onnx.ModelProto()
-    r.CopyFrom(m)
-    return r, apply_rewrites(r, ROW)
-
-
 @pytest.mark.parametrize(("x_shape", "target", "ones"), [
     ([1, 1, 6, 16], [1, 1, 2, 1, 1], [1, 1, 2, 1, 1]),  # Stable Audio: one kv head, n_rep 2
     ([1, 2, 6, 16], [1, 2, 4, 6, 16], [1, 1, 4, 1, 1]),  # the full target spelled out: ones only on the repeat
@@ -60,7 +48,7 @@ def _rewritten(m: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
 def test_expand_is_a_product_with_ones_bit_for_bit(x_shape: list[int], target: list[int], ones: list[int],
                                                    elem: int) -> None:
     m = _gqa(x_shape, target, elem)
-    r, done = _rewritten(m)
+    r, done = rewritten(m, ROW)
     assert done == {"expand-broadcast": 1}
     mul = r.graph.node[-1]
     assert mul.op_type == "Mul" and mul.output[0] == "y"
@@ -69,7 +57,7 @@ def test_expand_is_a_product_with_ones_bit_for_bit(x_shape: list[int], target: l
     onnx.checker.check_model(r)
     k = np.random.default_rng(4).standard_normal(x_shape).astype(helper.tensor_dtype_to_np_dtype(elem))
     k.flat[:3] = [np.inf, -0.0, np.nan]
-    want, got = _run(m, {"k": k}), _run(r, {"k": k})
+    want, got = run_unoptimised(m, {"k": k})[0], run_unoptimised(r, {"k": k})[0]
     assert got.shape == want.shape and got.dtype == want.dtype
     np.testing.assert_array_equal(got, want)
     assert np.array_equal(np.signbit(got), np.signbit(want))
@@ -88,7 +76,7 @@ def test_left_alone(case: str) -> None:
         m = {"int64": lambda: _gqa([1, 1, 6, 16], [1, 1, 2, 1, 1], TensorProto.INT64),
              "no-op": lambda: _gqa([1, 2, 6, 16], [1, 2, 6, 16], unsqueeze=False),
              "huge": lambda: _gqa([1, 1, 1, 1], [1, 8, 512, 512], unsqueeze=False)}[case]()
-    r, done = _rewritten(m)
+    r, done = rewritten(m, ROW)
     assert done == {}
     assert list(r.graph.node) == list(m.graph.node) and list(r.graph.initializer) == list(m.graph.initializer)
 

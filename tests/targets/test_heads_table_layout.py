@@ -14,27 +14,17 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart import partition
-from rkpart.targets.rewrites import REWRITES, apply_rewrites
+from rkpart.targets.rewrites import REWRITES
 from tests.models.anima import AnimaConfig, build_anima_onnx
+from tests.targets.rewrite_check import rewritten, run_unoptimised
 
 ROW = tuple(r for r in REWRITES if r.name == "heads-table-layout")
 F = TensorProto.FLOAT
 vi = helper.make_tensor_value_info
-
-
-def _run(m: onnx.ModelProto, feeds: dict[str, np.ndarray], folder: Path | None = None) -> list[np.ndarray]:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if folder is not None:  # a stage with external data: ORT reads it relative to the file
-        path = folder / ".check.onnx"
-        onnx.save(m, str(path))
-        return [np.asarray(x) for x in ort.InferenceSession(str(path), so).run(None, feeds)]
-    return [np.asarray(x) for x in ort.InferenceSession(m.SerializeToString(), so).run(None, feeds)]
 
 
 def _feeds(m: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
@@ -64,16 +54,14 @@ def _ops(m: onnx.ModelProto, op: str) -> int:
 
 
 def _rewrite(m: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
-    r = onnx.ModelProto()
-    r.CopyFrom(m)
-    done = apply_rewrites(r, ROW)
+    r, done = rewritten(m, ROW)
     onnx.checker.check_model(r)
     return r, done
 
 
 def _same_bits(a: onnx.ModelProto, b: onnx.ModelProto, folder: Path | None = None) -> None:
     feeds = _feeds(a)
-    for x, y in zip(_run(a, feeds, folder), _run(b, feeds, folder), strict=True):
+    for x, y in zip(run_unoptimised(a, feeds, folder), run_unoptimised(b, feeds, folder), strict=True):
         assert x.dtype == y.dtype and x.shape == y.shape
         assert np.array_equal(x, y), float(np.abs(x.astype(np.float64) - y).max())
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.targets.rewrites import REWRITES, apply_rewrites, compile_rewrites_for
+from tests.targets.rewrite_check import rewritten, run_unoptimised
 
 ROW = tuple(r for r in REWRITES if r.name == "reciprocal-mul-div")
 vi = helper.make_tensor_value_info
@@ -44,12 +44,6 @@ def _model(inverse: str, *, order: str = "ai", elem: int = TensorProto.FLOAT, al
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def _run(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return [np.asarray(x) for x in ort.InferenceSession(m.SerializeToString(), so).run(None, feeds)]
-
-
 def _feeds(elem: int = TensorProto.FLOAT) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(3)
     dt = helper.tensor_dtype_to_np_dtype(elem)
@@ -57,18 +51,12 @@ def _feeds(elem: int = TensorProto.FLOAT) -> dict[str, np.ndarray]:
             "v": rng.standard_normal((1, 2, 1, 32)).astype(dt)}
 
 
-def _rewritten(m: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
-    r = onnx.ModelProto()
-    r.CopyFrom(m)
-    return r, apply_rewrites(r, ROW)
-
-
 @pytest.mark.parametrize("inverse", ["Reciprocal", "Div"])
 @pytest.mark.parametrize("order", ["ai", "ia"])
 @pytest.mark.parametrize("elem", [TensorProto.FLOAT, TensorProto.DOUBLE], ids=["f32", "f64"])
 def test_product_with_an_inverse_becomes_a_quotient(inverse: str, order: str, elem: int) -> None:
     m = _model(inverse, order=order, elem=elem)
-    r, done = _rewritten(m)
+    r, done = rewritten(m, ROW)
     assert done == {"reciprocal-mul-div": 1}
     assert [n.op_type for n in r.graph.node] == ["Abs", "Add", "Div"]
     div = r.graph.node[-1]
@@ -76,7 +64,7 @@ def test_product_with_an_inverse_becomes_a_quotient(inverse: str, order: str, el
     assert {t.name for t in r.graph.initializer} == {"eps"}  # the 1 no node reads is gone
     onnx.checker.check_model(r, full_check=True)
     feeds = _feeds(elem)
-    (want,), (got,) = _run(m, feeds), _run(r, feeds)
+    (want,), (got,) = run_unoptimised(m, feeds), run_unoptimised(r, feeds)
     assert got.shape == want.shape
     assert np.abs(got - want).max() <= 1e-6 * np.abs(want).max()
     np.testing.assert_array_equal(got, feeds["a"] / (np.abs(feeds["v"]) + feeds["a"].dtype.type(1e-3)))
@@ -84,11 +72,11 @@ def test_product_with_an_inverse_becomes_a_quotient(inverse: str, order: str, el
 
 def test_an_inverse_read_elsewhere_stays_for_that_reader() -> None:
     m = _model("Reciprocal", also=True)
-    r, done = _rewritten(m)
+    r, done = rewritten(m, ROW)
     assert done == {"reciprocal-mul-div": 1}
     assert [n.op_type for n in r.graph.node] == ["Abs", "Add", "Reciprocal", "Div", "Neg"]
     feeds = _feeds()
-    want, got = _run(m, feeds), _run(r, feeds)
+    want, got = run_unoptimised(m, feeds), run_unoptimised(r, feeds)
     np.testing.assert_array_equal(got[1], want[1])
     assert np.abs(got[0] - want[0]).max() <= 1e-6 * np.abs(want[0]).max()
 
@@ -101,7 +89,7 @@ def test_left_alone(case: str) -> None:
          "one-is-two": lambda: _model("Div", one=np.array(2.0)),
          "one-not-scalar": lambda: _model("Div", one=np.ones((1, 1, 1, 1, 1))),
          "rms-norm": lambda: _model("Reciprocal", sqrt=True)}[case]()
-    r, done = _rewritten(m)
+    r, done = rewritten(m, ROW)
     assert done == {}
     assert r.SerializeToString() == m.SerializeToString()
 
@@ -124,7 +112,7 @@ def test_real_build_places_the_quotient_on_the_npu(version: str, tmp_path: Path)
 
     tk = get_toolkit(version)
     cpu = {}
-    for what, m in (("before", _model("Div")), ("after", _rewritten(_model("Div"))[0])):
+    for what, m in (("before", _model("Div")), ("after", rewritten(_model("Div"), ROW)[0])):
         path = tmp_path / f"{what}.onnx"
         onnx.save(m, str(path))
         log = tmp_path / f"{what}.log"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.targets.rewrites import REWRITES, apply_rewrites, compile_rewrites_for
+from tests.targets.rewrite_check import rewritten, run_unoptimised
 
 ROW = tuple(r for r in REWRITES if r.name == "rope-pair-matrix")
 vi = helper.make_tensor_value_info
@@ -52,24 +52,12 @@ def _rope(*, opset: int = 17, elem: int = TensorProto.FLOAT, keepdims: int = 0, 
     return onnx.shape_inference.infer_shapes(m)
 
 
-def _run(m: onnx.ModelProto, q: np.ndarray) -> np.ndarray:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return np.asarray(ort.InferenceSession(m.SerializeToString(), so).run(None, {"q": q})[0])
-
-
-def _rewritten(m: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
-    r = onnx.ModelProto()
-    r.CopyFrom(m)
-    return r, apply_rewrites(r, ROW)
-
-
 @pytest.mark.parametrize("opset", [11, 17])
 @pytest.mark.parametrize("elem", [TensorProto.FLOAT, TensorProto.FLOAT16], ids=["f32", "f16"])
 @pytest.mark.parametrize("axis", [-1, 5])
 def test_pair_matrix_is_the_slice_concat_form_bit_for_bit(opset: int, elem: int, axis: int) -> None:
     m = _rope(opset=opset, elem=elem, axis=axis)
-    r, done = _rewritten(m)
+    r, done = rewritten(m, ROW)
     assert done == {"rope-pair-matrix": 1}
     ops = [n.op_type for n in r.graph.node]
     assert "ReduceSum" not in ops and ops.count("Mul") == 2 and ops.count("Slice") == 2 and "Concat" in ops
@@ -77,7 +65,7 @@ def test_pair_matrix_is_the_slice_concat_form_bit_for_bit(opset: int, elem: int,
     onnx.checker.check_model(r)
     q = np.random.default_rng(2).standard_normal((1, 6, 2, 16)).astype(helper.tensor_dtype_to_np_dtype(elem))
     q.flat[:4] = [np.inf, -np.inf, np.nan, -0.0]
-    want, got = _run(m, q), _run(r, q)
+    want, got = run_unoptimised(m, {"q": q})[0], run_unoptimised(r, {"q": q})[0]
     assert got.shape == want.shape == (1, 6, 2, 16)
     np.testing.assert_array_equal(got, want)
 
@@ -85,11 +73,11 @@ def test_pair_matrix_is_the_slice_concat_form_bit_for_bit(opset: int, elem: int,
 def test_the_product_stays_when_something_else_reads_it() -> None:
     m = _rope()
     m.graph.output.append(vi("prod", TensorProto.FLOAT, None))
-    r, done = _rewritten(m)
+    r, done = rewritten(m, ROW)
     assert done == {"rope-pair-matrix": 1}
     assert next(n.name for n in r.graph.node if n.op_type == "Mul") == "rope/Mul"
     q = np.random.default_rng(3).standard_normal((1, 6, 2, 16)).astype(np.float32)
-    np.testing.assert_array_equal(_run(r, q), _run(m, q))
+    np.testing.assert_array_equal(run_unoptimised(r, {"q": q})[0], run_unoptimised(m, {"q": q})[0])
 
 
 @pytest.mark.parametrize("case", ["keepdims", "other-axis", "not-2x2", "not-pairs"])
@@ -99,7 +87,7 @@ def test_left_alone(case: str) -> None:
          "other-axis": lambda: _rope(axis=-2),
          "not-2x2": lambda: _rope(c_tail=(2, 1)),
          "not-pairs": lambda: _rope(x_tail=(2, 2), c_tail=(1, 2))}[case]()
-    r, done = _rewritten(m)
+    r, done = rewritten(m, ROW)
     assert done == {}
     assert list(r.graph.node) == list(m.graph.node)
 
