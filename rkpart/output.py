@@ -71,6 +71,11 @@ def is_temp_name(rel: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
+def is_leftover_temp(p: Path) -> bool:
+    """``p`` is a regular file (not a symlink) named as an atomic write's temp file (:func:`is_temp_name`)."""
+    return is_temp_name(p.name) and p.is_file() and not p.is_symlink()
+
+
 def folder_entries(folder: Path) -> list[str]:
     """Every file and symlink under ``folder`` (relative POSIX paths, sorted), symlinks never followed."""
     out: list[str] = []
@@ -184,7 +189,7 @@ def _claim_staging(staging: Path, kind: str) -> None:
     """Empty the locked staging folder if a killed rkpart run of ``kind`` left it; refuse anything else."""
     entries = list(staging.iterdir())
     # a run killed before its marker's rename leaves only the marker's temp file
-    if all(is_temp_name(p.name) and p.is_file() and not p.is_symlink() for p in entries):
+    if all(is_leftover_temp(p) for p in entries):
         for p in entries:
             p.unlink()
         return

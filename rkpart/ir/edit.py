@@ -252,6 +252,15 @@ class GraphEdit:
         del self.graph.node[:]
         self.graph.node.extend(nodes)
 
+    def drop_unread_nodes(self, tensors: set[str]) -> None:
+        """Remove the nodes computing one of ``tensors`` (the pieces a rewrite replaced) that no node
+        and no graph output reads any more, then the initializers nothing reads."""
+        g = self.graph
+        read = {i for n in g.node for i in n.input} | self.outputs
+        gone = tensors - read
+        self.set_nodes(n for n in g.node if not (n.output and n.output[0] in gone))
+        self.drop_unread_initializers()
+
     def drop_unread_initializers(self) -> None:
         """Remove the initializers no node and no output reads."""
         g = self.graph

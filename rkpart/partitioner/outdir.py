@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from rkpart.errors import OutputExistsError, SpecError, UserError
 from rkpart.io import external_locations, file_sha256, locations_in
-from rkpart.output import MARKER, check_staging_path, is_temp_name, legacy_problem, owned_problem, read_marker
+from rkpart.output import MARKER, check_staging_path, is_leftover_temp, legacy_problem, owned_problem, read_marker
 
 #: what rkpart writes into a plan folder (partition: plan.json, stages/, the output marker of
 #: :mod:`rkpart.output`; compile: rknn/)
@@ -163,7 +163,7 @@ def check_staging(staging: Path, *, contents: bool = True) -> None:
     if not contents:
         return
     # a run killed before its first rename leaves only a temp file of its run key
-    entries = [p for p in staging.iterdir() if not (is_temp_name(p.name) and p.is_file() and not p.is_symlink())]
+    entries = [p for p in staging.iterdir() if not is_leftover_temp(p)]
     if not entries or (staging / RUN_KEY_FILE).is_file():
         return
     if plan_folder_problem(staging) is None:

@@ -45,7 +45,7 @@ from rkpart.partitioner.extract import (
     source_sha256,
     stage_sha256,
 )
-from rkpart.partitioner.outdir import PLAN_KIND, check_out, check_staging, resume_key
+from rkpart.partitioner.outdir import PLAN_KIND, RUN_KEY_FILE, check_out, check_staging, resume_key
 from rkpart.partitioner.partition import Group, Partition, order_groups
 from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 from rkpart.partitioner.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
@@ -234,7 +234,7 @@ def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, group
     """
     model_path, run_key, model_sha = mg.path, run.key, run.model_sha
     external_threshold, simplify, weights = run.external_threshold, run.simplify, run.weights
-    key_file = staging / "run.json"
+    key_file = staging / RUN_KEY_FILE
     old = None
     if key_file.is_file():
         try:
@@ -358,7 +358,7 @@ def _open_journal(path: Path) -> int:
 def _clear(folder: Path) -> None:
     """Empty a staging folder, its run key last: a run killed half-way through leaves a folder
     that still says it is a staging folder (:func:`~rkpart.partitioner.outdir.check_staging`)."""
-    for p in sorted(folder.iterdir(), key=lambda p: p.name == "run.json"):
+    for p in sorted(folder.iterdir(), key=lambda p: p.name == RUN_KEY_FILE):
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)
         else:

@@ -52,6 +52,7 @@ def reciprocal_mul(view: GraphEdit) -> int:
     norm fusions were measured on (reciprocal-to-div, norm-residual-sub)."""
     graph = view.graph
     prod = view.producer_indices()
+    inverses: set[str] = set()  # the inverses read by a rewritten product
     count = 0
     for n in graph.node:
         if n.op_type != "Mul" or n.domain not in ("", "ai.onnx") or len(n.input) != 2:
@@ -63,6 +64,7 @@ def reciprocal_mul(view: GraphEdit) -> int:
             v = None if j is None else _inverse_of(view, graph.node[j])
             src = prod.get(v) if v is not None else None
             if v is not None and (src is None or graph.node[src].op_type != "Sqrt"):
+                inverses.add(n.input[k])
                 a = n.input[1 - k]
                 n.op_type = "Div"
                 del n.input[:]
@@ -70,9 +72,7 @@ def reciprocal_mul(view: GraphEdit) -> int:
                 count += 1
                 break
     if count:
-        read = {i for m in graph.node for i in m.input} | view.outputs
-        view.set_nodes(m for m in graph.node if any(o in read for o in m.output) or _inverse_of(view, m) is None)
-        view.drop_unread_initializers()
+        view.drop_unread_nodes(inverses)
     return count
 
 
@@ -641,7 +641,7 @@ def rope_pair_matrix(view: GraphEdit) -> int:
     entries: the same two products and one sum per value (bit-exact)."""
     graph = view.graph
     shapes = view.static_shapes()
-    prod, _, outputs = view.wiring()
+    prod, _, _ = view.wiring()
     view.new_names()
     products: set[str] = set()
     count = 0
@@ -650,14 +650,14 @@ def rope_pair_matrix(view: GraphEdit) -> int:
         mul = prod.get(n.input[0])
         if mul is None or mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or len(mul.input) != 2:
             continue
-        j = next((j for j in (0, 1) if view.const_array(mul.input[j]) is not None), None)
-        if j is None:
+        found = next(((j, c) for j in (0, 1) if (c := view.const_array(mul.input[j])) is not None), None)
+        if found is None:
             continue
-        c = view.const_array(mul.input[j])
+        j, c = found
         x_name = mul.input[1 - j]
         xs = shapes.get(x_name)
         elem = view.elem(x_name)
-        if (c is None or xs is None or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+        if (xs is None or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
                 or c.dtype != onnx.helper.tensor_dtype_to_np_dtype(elem) or c.ndim < 2 or len(xs) < 2
                 or c.shape[-2:] != (2, 2) or list(xs[-2:]) != [1, 2]
                 or not _reduce_last_axis(view, n, max(c.ndim, len(xs)))):
@@ -684,9 +684,7 @@ def rope_pair_matrix(view: GraphEdit) -> int:
         products.add(mul.output[0])
         count += 1
     if count:  # a product the ReduceSum alone read goes with it
-        read = {i for m in graph.node for i in m.input} | outputs
-        view.set_nodes(m for m in graph.node if not (m.output and m.output[0] in products - read))
-        view.drop_unread_initializers()
+        view.drop_unread_nodes(products)
     return count
 
 
