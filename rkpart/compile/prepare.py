@@ -44,7 +44,8 @@ PREPARED_DIR = "prepared"
 # 2: the record carries the prepared sha256; 3: scatternd-interleave writes intermediates; 4: nan-guard 2.3.x
 # 5: rewrites failing the gate dropped one by one, dropped_rewrites recorded; nan-guard on every toolkit
 # 6: strided-slices-concat reads negative / past-the-end Slice bounds and joins adjacent pieces
-PREPARE_VERSION = 6
+# 7: adaln-chunk-gemm sees through unit-axis reshapes between the Gemm and its chunks (PRX)
+PREPARE_VERSION = 7
 LOWER_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-5)
 REWRITE_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-6)
 

@@ -212,8 +212,9 @@ def cut_before(mg: ModelGraph, part: Partition, names: Mapping[str, str]) -> tup
 
     The workaround for a build that crashed after an optimiser fusion (``rkpart compile
     --repartition``): an op the fusion folded into its producer starts a new NPU stage, so the
-    rule cannot fire, whatever the spelling of the pattern.  Only ops with two or more data
-    inputs are cut before (the fused operand was computed, not a constant); an op whose data
+    rule cannot fire, whatever the spelling of the pattern.  Only ops whose fused operand varies
+    over the tokens are cut before (:func:`_fused_operand_varies`: computed, or a constant that is
+    not one value per channel); an op whose data
     predecessor is itself a cut op joins that op's piece (``Mul`` then ``Add`` of one AdaLN
     modulation make one cut).  Pieces are ordered by how many cuts lie upstream of them inside
     the group, so the result is acyclic for the same reason as :func:`place_by_capability`'s.
@@ -223,7 +224,7 @@ def cut_before(mg: ModelGraph, part: Partition, names: Mapping[str, str]) -> tup
     cuts: list[dict[str, str]] = []
     used = {g.id for g in part.groups}
     for g in part.groups:
-        here = {i for i in g.ops if mg.op(i).name in names and len(mg.dyn_inputs(i)) >= 2}
+        here = {i for i in g.ops if mg.op(i).name in names and _fused_operand_varies(mg, i)}
         if g.device != "npu" or not here:
             groups.append(g)
             continue
@@ -241,6 +242,21 @@ def cut_before(mg: ModelGraph, part: Partition, names: Mapping[str, str]) -> tup
     note = f"capability: {len(cuts)} NPU stage cut(s) in front of ops a crashing build fused; plan.json " \
            "extra.capability says why"
     return Partition(part.strategy, part.options, tuple(groups), (*part.notes, note), part.extra), cuts
+
+
+def _fused_operand_varies(mg: ModelGraph, i: int) -> bool:
+    """Op ``i`` has a data input besides the one the fusion folds it onto (an AdaLN modulation
+    computed from the conditioning), or a constant operand that is not a per-channel vector: one
+    with more than one element along an axis before the last, such as Flux.3's context modulation
+    that the model computes from its weights alone, folded at load to a (1, 6, 32) constant.  A
+    norm's gamma/beta is per channel; fusing either of the others is what crashes (exnorm-fusion-segv).
+    A per-channel constant (a qk-norm scale) is an ordinary norm affine and is not cut before."""
+    dyn = mg.dyn_inputs(i)
+    if len(dyn) >= 2:
+        return True
+    if not dyn:
+        return False
+    return any(any(d != 1 for d in (mg.shape(t) or ())[:-1]) for t in mg.nodes[i].input if t and t not in dyn)
 
 
 def _fresh(gid: str, used: set[str]) -> str:

@@ -148,13 +148,15 @@ EXNORM_FUSION_SEGV = KnownIssue(
     id="exnorm-fusion-segv",
     title="rknn-toolkit2 segfaults after fusing an AdaLN modulation into LayerNorm (exNorm)",
     summary=("SIGSEGV in the native compiler after the optimiser's fuse_exnorm_mul/fuse_exnorm_add folded "
-             "an AdaLN scale/shift computed by a node into a LayerNorm's gamma/beta"),
+             "an AdaLN scale/shift computed by a node (or a constant with a row per token) into a LayerNorm's "
+             "gamma/beta"),
     affected=("2.3.2 (LayerNormalization, opset 17, followed by attention/FFN)",
               "2.3.0 (decomposed LayerNorm, opset 13; and Flux.3's dynamo export, fused blocks, "
               "LayerNormalization lowered from opset 20)"),
     unaffected=("2.3.0 (Anima's LayerNormalization, opset 17)", "2.5.0"),
     # 2.5.0 only: a crash seen on 2.3.0 must not be answered with "use 2.3.0"
-    workaround=("build this stage with rknn-toolkit2 2.5.0 (`rkpart compile --fallback-toolkit 2.5.0`), "
+    workaround=("`rkpart compile --repartition` (cuts the stage in front of the ops the crash fused), build this "
+                "stage with rknn-toolkit2 2.5.0 (`rkpart compile --fallback-toolkit 2.5.0`), "
                 "or keep AdaLN on the host (`rkpart partition -s split --adaln host`)"),
     details=("Every crash follows the graph optimiser's fuse_exnorm_mul / fuse_exnorm_add steps, which fold "
              "the modulation (x * (1 + scale) + shift) into the exNorm's gamma/beta; when that gamma/beta is "

@@ -136,3 +136,25 @@ def test_a_crashing_stage_is_cut_where_the_crash_fused_and_then_builds(tmp_path:
     assert all("/norm" in c["before"] for c in cuts)
     assert len(plan.npu_stages) > 2
     _sim_gate(plan, folder, example_model, "2.3.2")
+
+
+def test_a_crash_on_a_per_token_constant_modulation_is_cut_and_then_builds(tmp_path: Path) -> None:
+    """Flux.3 (dynamo export), ``fused``, rknn-toolkit2 2.3.0: 4 of its 6 block stages crash
+    (exnorm-fusion-segv) after fuse_exnorm_mul/add folded the context stream's modulation into a
+    LayerNorm.  That modulation depends on weights alone, so loading folds it to a (1, 6, 32)
+    constant: the ops have one data input.  ``--repartition`` still cuts in front of them (the
+    operand varies over the tokens), every stage builds with 0 CPU layers, and the gate passes."""
+    tk = get_toolkit("2.3.0")
+    model = cached_export("flux3", "dynamo")
+    folder = tmp_path / "plan"
+    cli = CliRunner()
+    assert cli.invoke(main, ["partition", str(model), "-s", "fused", "-o", str(folder), "-q"]).exit_code == 0
+    r = cli.invoke(main, ["compile", str(folder), "--toolkit", str(tk.python), "--repartition", "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    rounds = rep["repartition"]["rounds"]
+    assert rounds[0]["failed_before"] >= 2 and rounds[-1]["failed_after"] == 0 and rep["failed"] == 0
+    assert all(not s["artifact"]["cpu_ops"] for s in rep["stages"]), [s["artifact"]["cpu_ops"] for s in rep["stages"]]
+    plan, _ = load_plan(folder)
+    assert all("exnorm-fusion-segv" in c["why"] for c in plan.extra["capability"]["cuts"])
+    _sim_gate(plan, folder, model, "2.3.0")

@@ -76,10 +76,11 @@ def ffn_f16(sqrt2: float = math.sqrt(2), h: type = np.float16) -> onnx.GraphProt
          c(np.array(1.0, h), "one"), c(np.array(0.5, h), "half")])
 
 
-def adaln_block(split: bool = False, d: int = 32) -> onnx.GraphProto:
+def adaln_block(split: bool = False, d: int = 32, unsqueezed: bool = False) -> onnx.GraphProto:
     """DiT-style AdaLN-Zero: Gemm(SiLU(t)) chunked in 6 (Slices with bounds computed from constants,
     as TorchScript writes ``chunk``; ``split``: one Split, as dynamo writes it), two modulated
-    LayerNorms, each ``norm(x) * (1 + scale) + shift``, gated residual branches."""
+    LayerNorms, each ``norm(x) * (1 + scale) + shift``, gated residual branches.  ``unsqueezed``:
+    the Gemm's output is unsqueezed to [1, 1, 6d] before the chunks (PRX), not each chunk after."""
     rng = np.random.default_rng(1)
     nodes = [helper.make_node("Sigmoid", ["t"], ["ts"]), helper.make_node("Mul", ["t", "ts"], ["silu"]),
              helper.make_node("Gemm", ["silu", "w_ada", "b_ada"], ["emb"], transB=1)]
@@ -89,6 +90,9 @@ def adaln_block(split: bool = False, d: int = 32) -> onnx.GraphProto:
              c(np.array(1.0, np.float32), "one"), c(np.array([1], np.int64), "ax1"),
              c(np.array([-1], np.int64), "axm1"), c(np.array([d], np.int64), "size")]
     chunks = [f"chunk{i}" for i in range(6)]
+    if unsqueezed:
+        nodes[-1].output[0] = "emb2"
+        nodes.append(helper.make_node("Unsqueeze", ["emb2", "ax1"], ["emb"]))
     if split:
         nodes.append(helper.make_node("Split", ["emb"], chunks, axis=-1, num_outputs=6))
     else:
@@ -101,19 +105,24 @@ def adaln_block(split: bool = False, d: int = 32) -> onnx.GraphProto:
     for j, (shift, scale, gate) in enumerate([chunks[0:3], chunks[3:6]]):
         inits.append(c((rng.standard_normal((d, d)) * 0.2).astype(np.float32), f"w{j}"))
         nodes += [helper.make_node("LayerNormalization", [x, "ln_s", "ln_b"], [f"n{j}"], axis=-1, epsilon=1e-6),
-                  helper.make_node("Unsqueeze", [scale, "ax1"], [f"sc{j}"]),
+                  _unsqueeze(unsqueezed, scale, f"sc{j}"),
                   helper.make_node("Add", [f"sc{j}", "one"], [f"sc1{j}"]),
                   helper.make_node("Mul", [f"n{j}", f"sc1{j}"], [f"m{j}"]),
-                  helper.make_node("Unsqueeze", [shift, "ax1"], [f"sh{j}"]),
+                  _unsqueeze(unsqueezed, shift, f"sh{j}"),
                   helper.make_node("Add", [f"m{j}", f"sh{j}"], [f"mod{j}"]),
                   helper.make_node("MatMul", [f"mod{j}", f"w{j}"], [f"f{j}"]),
-                  helper.make_node("Unsqueeze", [gate, "ax1"], [f"g{j}"]),
+                  _unsqueeze(unsqueezed, gate, f"g{j}"),
                   helper.make_node("Mul", [f"g{j}", f"f{j}"], [f"gf{j}"]),
                   helper.make_node("Add", [x, f"gf{j}"], [f"x{j}"])]
         x = f"x{j}"
     nodes.append(helper.make_node("Identity", [x], ["y"]))
     return helper.make_graph(nodes, "adaln", [vi("x", F, [1, 16, d]), vi("t", F, [1, d])],
                              [vi("y", F, [1, 16, d])], inits)
+
+
+def _unsqueeze(done: bool, x: str, y: str) -> onnx.NodeProto:
+    """``y = x.unsqueeze(1)``, or ``y = x`` where the chunk already has the axis."""
+    return helper.make_node("Identity", [x], [y]) if done else helper.make_node("Unsqueeze", [x, "ax1"], [y])
 
 
 def sdpa_bool_mask(fill: float = -math.inf, dtype: int = F, mask_rows: int = 8) -> onnx.GraphProto:
@@ -189,13 +198,15 @@ def test_gelu_f16_sqrt2_leaves_other_divisors_and_float32() -> None:
     assert _rewritten(_model(ffn_f16(h=np.float32)))[1] == {}  # float32 sqrt 2: the toolkits fuse it as it is
 
 
+@pytest.mark.parametrize("unsqueezed", [False, True], ids=["", "unsqueezed"])
 @pytest.mark.parametrize("split", [False, True], ids=["slices", "split"])
-def test_adaln_chunk_gemm_is_bit_exact(split: bool) -> None:
-    m = _model(adaln_block(split), opset=18)
+def test_adaln_chunk_gemm_is_bit_exact(split: bool, unsqueezed: bool) -> None:
+    m = _model(adaln_block(split, unsqueezed=unsqueezed), opset=18)
     r, done = _rewritten(m, "2.3.0")
     assert done == {"adaln-chunk-gemm": 1}
     ops = [n.op_type for n in r.graph.node]
     assert ops.count("Gemm") == 6 and "Slice" not in ops and "Split" not in ops
+    assert ops.count("Reshape") == (6 if unsqueezed else 0)  # each chunk gets the unit axis back
     assert {"w_ada", "b_ada"}.isdisjoint(t.name for t in r.graph.initializer)  # the whole weight is gone
     rng = np.random.default_rng(3)
     _bits_equal(m, r, {"x": rng.standard_normal((1, 16, 32)).astype(np.float32),
@@ -293,6 +304,8 @@ CASES = [
     pytest.param("gelu-f16-sqrt2", ffn_f16, 17, "Erf:he", v, id=f"gelu-f16-sqrt2-{v}") for v in ("2.5.0", "2.3.0")
 ] + [
     pytest.param("adaln-chunk-gemm", adaln_block, 17, "Transpose:", "2.3.0", id="adaln-chunk-gemm-2.3.0"),
+    pytest.param("adaln-chunk-gemm", lambda: adaln_block(unsqueezed=True), 17, "Transpose:", "2.3.0",
+                 id="adaln-chunk-gemm-unsqueezed-2.3.0"),
 ] + [
     pytest.param("nan-guard", sdpa_bool_mask, 17, "IsNaN:IsNaN", v, id=f"nan-guard-{v}") for v in ("2.3.0", "2.5.0")
 ] + [

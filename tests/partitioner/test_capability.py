@@ -204,6 +204,38 @@ def test_cut_before_fused_ops_splits_the_stage_acyclically(tmp_path: Path) -> No
     assert_reproduces(plan, tmp_path / "plan", model)
 
 
+def test_cut_before_a_per_token_constant_but_not_a_per_channel_one(tmp_path: Path) -> None:
+    """   x ─ MatMul ─ LayerNorm ─ Mul(C[1, 8, 16]) ─ Add(B[1, 8, 16]) ─ Mul(g[16]) ─ MatMul ─ y
+
+    Flux.3's context modulation is computed from weights alone and folded at load into a constant
+    with a row per token: a norm's gamma cannot hold it, and 2.3.0 crashes after fusing it
+    (exnorm-fusion-segv).  Such a Mul is cut before (its Add joins it); a per-channel scale is not."""
+    rng = np.random.default_rng(5)
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),
+        helper.make_node("LayerNormalization", ["h", "g", "b"], ["n"], name="ln", axis=-1),
+        helper.make_node("Mul", ["n", "C"], ["m"], name="tok_mul"),
+        helper.make_node("Add", ["m", "B"], ["a"], name="tok_add"),
+        helper.make_node("Mul", ["a", "gc"], ["c"], name="chan_mul"),
+        helper.make_node("MatMul", ["c", "W2"], ["y"], name="mm2"),
+    ]
+    inits = [_w("W1", 16, 16, 1), _w("W2", 16, 16, 4),
+             numpy_helper.from_array(np.ones(16, np.float32), "g"),
+             numpy_helper.from_array(np.zeros(16, np.float32), "b"),
+             numpy_helper.from_array(rng.normal(size=(1, 8, 16)).astype(np.float32), "C"),
+             numpy_helper.from_array(rng.normal(size=(1, 8, 16)).astype(np.float32), "B"),
+             numpy_helper.from_array(rng.normal(size=(1, 1, 16)).astype(np.float32), "gc")]
+    model = _save(tmp_path, "tokmod", nodes, inits)
+    m = load(model)
+    why = "the build crashed after fusing it"
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0", cut_before={n: why for n in
+                                                 ("tok_mul", "tok_add", "chan_mul")}))
+    assert _devices(model, part) == [("npu", ["ln", "mm1"]), ("npu", ["chan_mul", "mm2", "tok_add", "tok_mul"])]
+    assert [c["before"] for c in part.extra["capability"]["cuts"]] == ["tok_mul", "tok_add"]
+    plan = write_plan(m, part, tmp_path / "plan")
+    assert_reproduces(plan, tmp_path / "plan", model)
+
+
 def test_fused_nodes_reads_the_rules_of_the_log() -> None:
     from rkpart.targets.known_issues import EXNORM_FUSION_SEGV, fused_nodes
 

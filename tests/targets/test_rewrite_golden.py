@@ -155,6 +155,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "ffn_f32": lambda: _model(ffn_f16(h=np.float32), 17),
         "adaln_slices": lambda: _model(adaln_block(False), 17),
         "adaln_split": lambda: _model(adaln_block(True), 18),
+        "adaln_unsqueezed": lambda: _model(adaln_block(False, unsqueezed=True), 17),
         "sdpa_inf": lambda: _model(sdpa_bool_mask(), 17),
         "sdpa_lowest": lambda: _model(sdpa_bool_mask(float(np.finfo(np.float32).min)), 17),
         "sdpa_f16_pad_mask": lambda: _model(sdpa_bool_mask(dtype=TensorProto.FLOAT16, mask_rows=1), 17),

@@ -139,8 +139,10 @@ REWRITES: tuple[Rewrite, ...] = (
             "merge_parallel_op_after_split merges the two '+1' Adds on the scale chunks into one Add on a "
             "Concat and inserts a Transpose it places on the CPU ('Transpose:/model/transformer_blocks.0/"
             "norm1/Slice_1_output_0-rs_concat-rs_tp', (1,32,2,1) -> (2,32,1,1)). One Gemm per chunk (the "
-            "chunk's rows of the weight and bias) leaves no Split to merge after. Measured on fused plans, "
-            "2.3.0: Flux (TorchScript, dynamo) 4 CPU layers -> 0, DiT 1 Transpose per block -> 0; 2.5.0 "
+            "chunk's rows of the weight and bias) leaves no Split to merge after; reshapes that only add or drop "
+            "unit axes between the Gemm and the chunks (PRX: emb.unsqueeze(1).chunk(6, -1)) are applied to each "
+            "chunk. Measured on fused plans, 2.3.0: Flux (TorchScript, dynamo) 4 CPU layers -> 0, DiT 1 "
+            "Transpose per block -> 0, PRX (both exporters) 2 -> 0; 2.5.0 "
             "has no such Transpose (not applied). 2.3.2 crashes on these blocks either way (same "
             "operator list as 2.3.0)",
             split_chunked_linear, needs=("shapes",)),

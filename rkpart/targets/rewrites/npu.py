@@ -149,7 +149,13 @@ def split_chunked_linear(view: GraphEdit) -> int:
         out_shape = shapes.get(lin.output[0])
         if out_shape is None or out_shape[-1] != n_out:
             continue
-        slices = [graph.node[j] for j in readers.get(lin.output[0], [])]
+        head, mids = lin.output[0], []  # mids: unit-axis reshapes between the Gemm and its chunks
+        while len(readers.get(head, [])) == 1 and _keeps_rows(graph.node[readers[head][0]], shapes, n_out) \
+                and graph.node[readers[head][0]].output[0] not in outputs:
+            mids.append(readers[head][0])
+            head = graph.node[mids[-1]].output[0]
+        out_shape = shapes[head]
+        slices = [graph.node[j] for j in readers.get(head, [])]
         chunks = _split_ranges(view, slices[0], len(out_shape), n_out) if len(slices) == 1 else None
         if chunks is None and len(slices) >= 2:
             ranges = [_slice_range(view, sl, len(out_shape), n_out) for sl in slices]
@@ -170,8 +176,17 @@ def split_chunked_linear(view: GraphEdit) -> int:
                     graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(bc), bn))
                     ins.append(bn)
                 attrs = {a_.name: helper.get_attribute_value(a_) for a_ in lin.attribute}
-                new.append(helper.make_node(lin.op_type, ins, [out], name=f"{base}_chunk{c}", **attrs))
-            drop.update(readers[lin.output[0]])
+                y = view.fresh(f"{base}/chunk{c}") if mids else out
+                new.append(helper.make_node(lin.op_type, ins, [y], name=f"{base}_chunk{c}", **attrs))
+                for i, j in enumerate(mids):  # the same unit axes, on the chunk's columns
+                    sn = view.fresh(f"{base}/chunk{c}_shape{i}")
+                    dims = [*shapes[graph.node[j].output[0]][:-1], b - a]
+                    graph.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), sn))
+                    z = out if i == len(mids) - 1 else view.fresh(f"{base}/chunk{c}_rs{i}")
+                    new.append(helper.make_node("Reshape", [y, sn], [z], name=f"{base}_chunk{c}_rs{i}"))
+                    y = z
+            drop.update(mids)
+            drop.update(readers[head])
             edits[k] = new
     if not edits:
         return 0
@@ -184,6 +199,18 @@ def split_chunked_linear(view: GraphEdit) -> int:
     view.set_nodes(nodes)
     view.drop_unread_initializers()  # the whole weights and biases, now read by nobody
     return len(edits)
+
+
+def _keeps_rows(n: onnx.NodeProto, shapes: dict[str, list[int]], n_out: int) -> bool:
+    """``n`` only inserts or removes unit axes before the last one (of size ``n_out``): an Unsqueeze,
+    Squeeze or Reshape such as PRX's ``emb.unsqueeze(1)`` before ``chunk``, which commutes with
+    slicing the last axis."""
+    if n.op_type not in ("Unsqueeze", "Squeeze", "Reshape") or n.domain not in ("", "ai.onnx"):
+        return False
+    si, so = shapes.get(n.input[0]), shapes.get(n.output[0])
+    if not si or not so or si[-1] != n_out or so[-1] != n_out:
+        return False
+    return [d for d in si[:-1] if d != 1] == [d for d in so[:-1] if d != 1]
 
 
 def _split_ranges(view: GraphEdit, sp: onnx.NodeProto, rank: int,
