@@ -37,6 +37,7 @@ from rkpart.auto import AutoStrategy
 from rkpart.errors import UserError
 from rkpart.io import file_sha256
 from rkpart.ir import ModelGraph, load_model
+from rkpart.ir.load import rank4_view, with_rank4_inputs
 from rkpart.partitioner.capability import apply_capability as _apply_capability
 from rkpart.partitioner.capability import cut_before
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
@@ -191,6 +192,12 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
     # any strategy, plugins too: stages that feed each other are re-cut or merged (and noted),
     # before the capability pass, which relies on convex groups
     part = acyclic(model.graph, propose_with(strat, model.graph, disc, built=opts))
+    if _reads_wide_inputs(model.graph, part):
+        # an NPU stage would take a model input of rank > 4 (a CPU Reshape on 2.3.0): read such
+        # inputs through a rank-4 view (the strategies hand the view to the stage) and propose again
+        model.graph, model._discovery = with_rank4_inputs(model.graph), None
+        disc = model.discovery(config.progress) if strat.needs_blocks else None
+        part = acyclic(model.graph, propose_with(strat, model.graph, disc, built=opts))
     for note in part.notes:
         if " cycle " in note:
             config.progress(note)
@@ -215,6 +222,13 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
     if notes:
         part = dataclasses.replace(part, notes=(*part.notes, *notes))
     return part
+
+
+def _reads_wide_inputs(mg: ModelGraph, part: Partition) -> bool:
+    """Whether an NPU group of ``part`` reads a float model input of rank > 4 directly."""
+    wide = {t for t in mg.inputs if mg.is_float(t) and rank4_view(mg.shape(t) or ()) is not None}
+    return bool(wide) and any(t in wide for g in part.groups if g.device == "npu" for i in g.ops
+                              for t in mg.op(i).inputs)
 
 
 def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_host: Mapping[str, str] | None = None,

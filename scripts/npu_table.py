@@ -31,11 +31,14 @@ sys.path.insert(0, str(ROOT))
 
 
 def _cell(row: dict[str, str]) -> str:
-    """``built before -> after; CPU before -> after`` for one plan (before/after: without/with rewrites)."""
+    """``built before -> after; CPU before -> after`` for one plan (before/after: without/with rewrites);
+    ``built; CPU`` when only the build with rewrites ran (``--rewrites-only``)."""
     if not row:
         return "not run"
     if not row["built (rewrites)"]:
         return row["NPU stages"]  # a failed export or partition: its message
+    if row["built (no rewrites)"] == "not run":  # --rewrites-only: the default build alone
+        return f"{row['built (rewrites)']}; {row['CPU layers (rewrites)']}"
     built = row["built (no rewrites)"]
     built += "" if row["built (rewrites)"] == built else f" -> {row['built (rewrites)']}"
     return f"{built}; {row['CPU layers (no rewrites)']} -> {row['CPU layers (rewrites)']}"

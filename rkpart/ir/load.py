@@ -160,6 +160,12 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
     if _static_shapes_as_constants(model, types):
         _prune_dead(model)
         index = _index(model, path)  # same order: nodes were only replaced or dropped
+    return _graph(model, path, index, types, opset)
+
+
+def _graph(model: onnx.ModelProto, path: Path, index: _Index, types: dict[str, TensorType], opset: int,
+           specialised: tuple[dict[str, Any], ...] = ()) -> ModelGraph:
+    """Steps 7-8: classify constants and build the :class:`ModelGraph` of an indexed, typed model."""
     const_ops = frozenset(_const_ops(index.nodes, index.initializers, types))
     _check_outputs(index, const_ops, path)
     op_nodes = tuple(OpNode.of(i, n, _scope_of(n)) for i, n in enumerate(index.nodes))
@@ -177,7 +183,80 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
         outputs=index.outputs,
         opset=opset,
         op_nodes=op_nodes,
+        specialised=specialised,
     )
+
+
+#: the widest tensor an NPU stage takes as an input without a CPU layer: rknn-toolkit2 2.3.0 reshapes a
+#: rank-5 input on the CPU ('Reshape:control_hidden_states_rs', WanVACE's control video), and builds the
+#: same graph fed a rank-4 view and reshaped back inside on the NPU (measured with 2.3.0 and 2.5.0)
+NPU_INPUT_RANK = 4
+#: name prefix of the Reshape pairs :func:`with_rank4_inputs` inserts
+RANK4_PREFIX = "rkpart/rank4/"
+
+
+def rank4_view(shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The rank-4 shape a wider tensor is handed over as (the same elements in the same order), or
+    None for rank 4 or less: unit axes after the first dropped, then the first axis if it is a unit
+    one, then the axes between the second and the last merged into one."""
+    if len(shape) <= NPU_INPUT_RANK:
+        return None
+    out = list(shape)
+    while len(out) > NPU_INPUT_RANK and 1 in out[1:]:
+        del out[out.index(1, 1)]
+    if len(out) > NPU_INPUT_RANK and out[0] == 1:
+        del out[0]
+    if len(out) > NPU_INPUT_RANK:
+        out = [out[0], out[1], math.prod(out[2:-1]), out[-1]]
+    return tuple(out)
+
+
+def with_rank4_inputs(mg: ModelGraph) -> ModelGraph:
+    """``mg`` with each float model input of rank > 4 read through a rank-4 view and back.
+
+    ``x`` becomes ``Reshape(Reshape(x, rank4_view), x's shape)`` for its readers (two ops named
+    ``rkpart/rank4/<x>``): the partition can run the first on the host and hand an NPU stage the
+    rank-4 view, which it reshapes back on the NPU (:data:`NPU_INPUT_RANK`).  Exact.  Works in
+    place on ``mg.model`` (the graph ``mg`` was built from is not used afterwards); a model with
+    no such input, or with control flow, is returned as it is.
+    """
+    g = mg.model.graph
+    if any(n.op_type in CONTROL_FLOW_OPS for n in g.node):
+        return mg
+    wide = [(t, view) for t in mg.inputs if mg.is_float(t) and mg.consumers.get(t)
+            and (view := rank4_view(mg.tensor_types[t][1])) is not None]
+    if not wide:
+        return mg
+    used = set(mg.tensor_types) | set(mg.initializers) | {n.name for n in g.node}
+    types = dict(mg.tensor_types)
+
+    def fresh(name: str) -> str:
+        out, k = name, 0
+        while out in used:
+            k += 1
+            out = f"{name}_{k}"
+        used.add(out)
+        return out
+
+    front: list[onnx.NodeProto] = []
+    for t, view in wide:
+        dtype, shape = mg.tensor_types[t]
+        r4, r5 = fresh(f"{RANK4_PREFIX}{t}"), fresh(f"{RANK4_PREFIX}{t}/back")
+        s4, s5 = fresh(f"{RANK4_PREFIX}{t}/shape4"), fresh(f"{RANK4_PREFIX}{t}/shape")
+        for name, dims in ((s4, view), (s5, shape)):
+            g.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), name))
+            types[name] = ("int64", (len(dims),))
+        front += [helper.make_node("Reshape", [t, s4], [r4], name=r4),
+                  helper.make_node("Reshape", [r4, s5], [r5], name=r5)]
+        types[r4], types[r5] = (dtype, view), (dtype, shape)
+        for n in g.node:
+            for k, x in enumerate(n.input):
+                if x == t:
+                    n.input[k] = r5
+    nodes = [*front, *g.node]
+    del g.node[:]
+    g.node.extend(nodes)
+    return _graph(mg.model, mg.path, _index(mg.model, mg.path), types, mg.opset, mg.specialised)
 
 
 @dataclass

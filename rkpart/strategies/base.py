@@ -107,6 +107,23 @@ def check_strategy_options(strategy: Strategy, options: Mapping[str, Any], *,
         raise UserError(f"unknown option {key!r} for strategy {strategy.name}{hint} {takes}")
 
 
+def _rank4_views(mg: ModelGraph) -> list[tuple[int, int]]:
+    """(first, back) op pairs of :func:`~rkpart.ir.load.with_rank4_inputs`: ``Reshape`` of a model
+    input of rank > 4 to rank 4, read only by a ``Reshape`` back to the input's shape."""
+    out = []
+    for t in mg.inputs:
+        shape = mg.shape(t)
+        for first in mg.consumers.get(t, []):
+            op = mg.op(first)
+            if op.op_type != "Reshape" or not shape or len(shape) <= 4 or len(mg.shape(op.outputs[0]) or ()) > 4:
+                continue
+            backs = mg.consumers.get(op.outputs[0], [])
+            if len(backs) == 1 and mg.op(backs[0]).op_type == "Reshape" \
+                    and mg.shape(mg.op(backs[0]).outputs[0]) == shape and first in mg.ops and backs[0] in mg.ops:
+                out.append((first, backs[0]))
+    return out
+
+
 class GroupBuilder:
     """Collects ops into named groups; later assignments of an op never override earlier ones."""
 
@@ -183,6 +200,32 @@ class GroupBuilder:
             types = sorted({mg.op(i).op_type for i in moved})
             self._notes.append(f"{len(moved)} op(s) computing on integer model inputs ({', '.join(types)}) "
                                "moved from NPU stages to the host prologue")
+        self.hand_over_rank4_views(mg)
+
+    def hand_over_rank4_views(self, mg: ModelGraph) -> None:
+        """A model input of rank > 4 read by one NPU group is handed to it as a rank-4 view.
+
+        Loading reads such an input through ``Reshape(Reshape(x, rank 4), x's shape)``
+        (:func:`rkpart.ir.load.with_rank4_inputs`): the first Reshape goes to the host
+        prologue and the one back joins the NPU group that reads it, so the stage's input has
+        rank 4 (rknn-toolkit2 2.3.0 puts a Reshape of a rank-5 stage input on the CPU; fed the
+        view, the same graph builds on the NPU).  Where the readers are in several groups, or
+        on the host, both Reshapes stay on the host.
+        """
+        for first, back in _rank4_views(mg):
+            owners = {self._owner.get(j) for j in mg.ops.successors(back)}
+            gid = next(iter(owners)) if len(owners) == 1 else None
+            if gid is None or self._groups[gid]["device"] != "npu":
+                continue
+            g = self._groups[gid]
+            for i in (first, back):
+                old = self._owner.pop(i, None)
+                if old is not None:
+                    self._groups[old]["ops"].discard(i)
+                    if not self._groups[old]["ops"]:
+                        del self._groups[old]
+            self.add(gid, {back}, device="npu", region=g["region"], kind=g["kinds"][0])
+            self.add("prologue", {first}, device="host", region="prologue", kind="prologue")
 
     def _close_npu_groups(self, mg: ModelGraph) -> None:
         for gid, g in list(self._groups.items()):
