@@ -12,4 +12,4 @@ done
 .venv/bin/ruff check rkpart tests
 .venv/bin/mypy
 # tests spread over one worker per CPU (at most 4), each module whole on one worker (tests/conftest.py)
-exec .venv/bin/python -m pytest -rs -n "${RKPART_TEST_WORKERS:-logical}" --maxprocesses 4 --dist loadscope "$@"
+exec .venv/bin/python -m pytest -rs --durations=25 -n "${RKPART_TEST_WORKERS:-logical}" --maxprocesses 4 --dist loadscope "$@"
