@@ -149,6 +149,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
     """name -> a builder of a fresh model (every row of the table matches in at least one)."""
     from tests.compile.test_rewrites_npu import adaln_block, ffn_f16, rms_residual, sdpa_bool_mask
     from tests.targets.test_heads_table_layout import _flux_rope
+    from tests.targets.test_rope_halves import _rope
 
     out: dict[str, Callable[[], onnx.ModelProto]] = {
         "ffn_f16": lambda: _model(ffn_f16(), 17),
@@ -174,6 +175,8 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "slices_concat_off": lambda: _model(_slices_concat([20, 26], 4), 17),
         "rope_heads_table": _flux_rope,
         "rope_per_head_table": lambda: _flux_rope(per_head=True),
+        "rope_halves_unbind": lambda: _rope("unbind"),
+        "rope_halves_slice": lambda: _rope("slice"),
     }
     for f in sorted(DATA.glob("segv_*.onnx")):
         out[f.stem] = lambda f=f: onnx.load(str(f))

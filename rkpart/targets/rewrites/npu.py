@@ -954,6 +954,221 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
     return True
 
 
+def _through_casts(prod: dict[str, onnx.NodeProto], name: str) -> tuple[str, list[onnx.NodeProto]]:
+    """``name`` followed up through Casts: the tensor they convert and the Casts on the way (last first)."""
+    passed: list[onnx.NodeProto] = []
+    while (p := prod.get(name)) is not None and p.op_type == "Cast" and p.domain in ("", "ai.onnx"):
+        passed.append(p)
+        name = p.input[0]
+    return name, passed
+
+
+def _half_slice(view: GraphEdit, n: onnx.NodeProto, d: int) -> int | None:
+    """0 / 1 when ``n`` is a Slice of the first / second half of the last axis (of size ``d``), else None."""
+    if n.op_type != "Slice" or len(n.input) < 4 or not n.input[3]:
+        return None
+    vals = [view.value(i) for i in n.input[1:4]]
+    steps = view.value(n.input[4]) if len(n.input) > 4 and n.input[4] else np.array([1])
+    if any(v is None or np.asarray(v).size != 1 for v in (*vals, steps)) or int(np.asarray(steps).item()) != 1:
+        return None
+    start, end, axis = (int(np.asarray(v).item()) for v in vals)
+    if axis not in (-1, 3):
+        return None
+    start, end = (v + d if v < 0 else v for v in (start, end))
+    end = min(end, d)
+    return {(0, d // 2): 0, (d // 2, d): 1}.get((start, end))
+
+
+def _rotate_half_source(view: GraphEdit, prod: dict[str, onnx.NodeProto], shapes: dict[str, list[int]],
+                        name: str, xs: list[int]) -> str | None:
+    """The tensor ``x`` (of shape ``xs``, rank 4) when ``name`` is rotate-half of it,
+    ``Concat(-x[..., D/2:], x[..., :D/2], axis=-1)``, its halves written as Slices, as one Split
+    of the last axis, or as the TorchScript export of ``x.unflatten(-1, (2, -1)).unbind(-2)``
+    (Reshape to ``[.., 2, D/2]``, Split of axis -2, Squeezes); else None."""
+    d = xs[3]
+    cat = prod.get(name)
+    if (cat is None or cat.op_type != "Concat" or len(cat.input) != 2
+            or int(attr(cat, "axis", 0)) not in (-1, 3)):  # type: ignore[call-overload]
+        return None
+    neg = prod.get(cat.input[0])
+    if neg is None or neg.op_type != "Neg":
+        return None
+    halves: list[tuple[str, int]] = []  # (source, which half) of the second and the first part
+    for part in (neg.input[0], cat.input[1]):
+        p = prod.get(part)
+        if p is None:
+            return None
+        if p.op_type == "Slice":
+            h = _half_slice(view, p, d)
+            if h is None:
+                return None
+            halves.append((p.input[0], h))
+            continue
+        split_axes: tuple[int, ...] = (-1, 3)
+        if p.op_type == "Squeeze":  # Squeeze(Split(Reshape(x, [.., 2, D/2]), axis -2), axis -2)
+            axes = view.value(p.input[1]) if len(p.input) > 1 and p.input[1] else attr(p, "axes", None)
+            if axes is None or [int(a) for a in np.asarray(axes).reshape(-1)] not in ([-2], [3]):
+                return None
+            part = p.input[0]
+            p = prod.get(part)
+            split_axes = (-2, 3)
+        if p is None or p.op_type != "Split" or len(p.output) != 2 or \
+                int(attr(p, "axis", 0)) not in split_axes:  # type: ignore[call-overload]
+            return None
+        sizes = view.value(p.input[1]) if len(p.input) > 1 and p.input[1] else attr(p, "split", None)
+        if sizes is not None and len({int(v) for v in np.asarray(sizes).reshape(-1)}) != 1:
+            return None  # equal halves: a sizes input, an attribute, or none
+        src = p.input[0]
+        if split_axes == (-2, 3):
+            rs = prod.get(src)
+            if rs is None or rs.op_type != "Reshape" or shapes.get(src) != [*xs[:3], 2, d // 2]:
+                return None
+            src = rs.input[0]
+        elif shapes.get(src) != xs:
+            return None
+        halves.append((src, list(p.output).index(part)))
+    (src2, h2), (src1, h1) = halves
+    return src1 if src1 == src2 and (h1, h2) == (0, 1) else None
+
+
+def _tokens_halves(view: GraphEdit, new: list[onnx.NodeProto], src: str, chain: list[onnx.NodeProto], tag: str,
+                   params: list[str]) -> tuple[str, str]:
+    """Append to ``new``: Transpose(src) to the tokens layout, ``chain``'s Casts (last first) made
+    again on it, its two halves of the last axis (``params``: the constants 0, D/2, D and axis 3)."""
+    zero, half, end, axis = params
+    mk = helper.make_node
+    out = view.fresh(tag)
+    new.append(mk("Transpose", [src], [out], perm=[0, 2, 1, 3], name=out))
+    for c in reversed(chain):
+        src, out = out, view.fresh(f"{tag}_cast")
+        new.append(mk("Cast", [src], [out], name=out, to=int(attr(c, "to", 0))))  # type: ignore[call-overload]
+    h1, h2 = view.fresh(f"{tag}1"), view.fresh(f"{tag}2")
+    new.extend([mk("Slice", [out, zero, half, axis], [h1], name=h1),
+                mk("Slice", [out, half, end, axis], [h2], name=h2)])
+    return h1, h2
+
+
+def rope_halves(view: GraphEdit) -> int:
+    """Rotate-half RoPE on attention heads with tables broadcast over the heads,
+    ``x * cos + rotate_half(x) * sin`` (``x[B, H, T, D]``, ``cos`` / ``sin`` ``[1, 1, T, D]``) ->
+    the same on the tokens layout and on the halves of D: ``Transpose(x)`` to ``[B, T, H, D]``,
+    ``x1, x2`` its halves, ``Concat(x1 * cos1 - x2 * sin1, x2 * cos2 + x1 * sin2)``, Transposed
+    back; the four half tables ``[1, T, 1, D/2]``.
+
+    For 2.3.0, where heads-table-layout's whole-region move is no help: the compiler stores a
+    table ``[1, 1, T, D]`` padded to 16 bytes per element (NC1HWC2, C = 1 padded), and a
+    rotate-half as its TorchScript export spells it (Reshape to 5-D) lays the sin product out as
+    ``(T, 1, 1, D)``, padded again; the RMSNorm before it stays in the heads layout (2.3.0's int8
+    build puts its Reshapes on the CPU in the tokens layout).  The same products and one sum or
+    difference per value (``a + (-b) * s`` is ``a - b * s`` exactly): bit for bit the same result.
+    A half table equal to the other half (``cat(freqs, freqs)``) is merged by dedupe-constants.
+    """
+    graph = view.graph
+    shapes = view.static_shapes()
+    prod, _, _ = view.wiring()
+    view.new_names()
+    replaced: set[str] = set()
+    keep: set[str] = set()  # the data the rewritten RoPEs read
+    count = 0
+    for k in list(view.matches("Add")):
+        n = graph.node[k]
+        muls = [prod.get(i) for i in n.input]
+        if len(muls) != 2 or any(m is None or m.op_type != "Mul" or len(m.input) != 2 for m in muls):
+            continue
+        found = None
+        for order in ((0, 1), (1, 0)):  # which product is x * cos
+            terms = []
+            for m in (muls[order[0]], muls[order[1]]):
+                assert m is not None
+                j = next((j for j in (0, 1) if view.const_array(m.input[j]) is not None), None)
+                if j is None:
+                    break
+                terms.append((m.input[1 - j], view.const_array(m.input[j])))
+            if len(terms) != 2:
+                break
+            (xa, cos), (rb, sin) = terms
+            xs = shapes.get(xa)
+            if xs is None or len(xs) != 4 or xs[3] % 2 or shapes.get(rb) != xs or xs[1] < 2:
+                continue
+            x, casts = _through_casts(prod, xa)
+            rot, rcasts = _through_casts(prod, rb)
+            if _rotate_half_source(view, prod, shapes, rot, xs) != x:
+                continue
+            found = (xa, rb, cos, sin, xs, x, casts, rcasts)
+            break
+        if found is None:
+            continue
+        xa, rb, cos, sin, xs, x, casts, rcasts = found
+        assert cos is not None and sin is not None
+        elem = view.elem(xa)
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem)
+        if view.elem(rb) != elem or cos.dtype != dtype or sin.dtype != dtype or cos.ndim > 4 or sin.ndim > 4:
+            continue
+        full = [tab.reshape((1,) * (4 - tab.ndim) + tab.shape) for tab in (cos, sin)]
+        if any(tab.shape[0] != 1 or tab.shape[1] != 1 or tab.shape[2] < 2 or tab.shape[3] != xs[3] for tab in full):
+            continue  # not a table broadcast over the heads (nothing to gain)
+        d = xs[3] // 2
+        base = n.name or n.output[0]
+        halves = [np.ascontiguousarray(np.swapaxes(tab[..., part], 1, 2))
+                  for tab in full for part in (slice(0, d), slice(d, 2 * d))]
+        c1, c2, s1, s2 = (view.add_constant(f"{base}/{tag}", h)
+                          for tag, h in zip(("cos1", "cos2", "sin1", "sin2"), halves, strict=True))
+        params = [view.add_constant(f"{base}/{tag}", np.array([v], np.int64))
+                  for tag, v in (("zero", 0), ("half", d), ("end", 2 * d), ("axis", 3))]
+        mk = helper.make_node
+        new: list[onnx.NodeProto] = []
+
+        x_elem = view.elem(x)
+        if all(int(attr(c, "to", 0)) == x_elem for c in (*casts, *rcasts)):  # type: ignore[call-overload]
+            x1, x2 = r1, r2 = _tokens_halves(view, new, x, [], f"{base}/x", params)  # Casts to x's own type: none made
+        else:
+            # the products with cos read x's Casts as they are, the products with sin x's halves Cast as
+            # the rotate-half was (the same values; ONNX Runtime drops a float32 -> float16 -> float32
+            # Cast pair when nothing else reads the float16 value, so the two stay apart as they were)
+            x1, x2 = _tokens_halves(view, new, xa, [], f"{base}/x", params)
+            r1, r2 = _tokens_halves(view, new, x, rcasts, f"{base}/r", params)
+        nm = {tag: view.fresh(f"{base}/{tag}") for tag in ("x1c", "x2s", "x2c", "x1s", "first", "second", "both")}
+        new += [mk("Mul", [x1, c1], [nm["x1c"]], name=f"{base}/x1_cos"),
+                mk("Mul", [r2, s1], [nm["x2s"]], name=f"{base}/x2_sin"),
+                mk("Sub", [nm["x1c"], nm["x2s"]], [nm["first"]], name=f"{base}/first"),
+                mk("Mul", [x2, c2], [nm["x2c"]], name=f"{base}/x2_cos"),
+                mk("Mul", [r1, s2], [nm["x1s"]], name=f"{base}/x1_sin"),
+                mk("Add", [nm["x2c"], nm["x1s"]], [nm["second"]], name=f"{base}/second"),
+                mk("Concat", [nm["first"], nm["second"]], [nm["both"]], axis=3, name=f"{base}/halves"),
+                mk("Transpose", [nm["both"]], [n.output[0]], perm=[0, 2, 1, 3], name=f"{base}/to_heads")]
+        view.replace(k, new)
+        replaced.update((*n.input, rb, xa))
+        keep.add(x)
+        count += 1
+    if count:  # the products, the rotate-half and its Casts go (chains: until nothing more is unread)
+        dead = _upstream(prod, replaced, stop=keep)
+        while True:
+            before = len(graph.node)
+            view.drop_unread_nodes(dead)
+            if len(graph.node) == before:
+                break
+        made = {o for m in graph.node for o in m.output}
+        for vi in [vi for vi in graph.value_info if vi.name in dead and vi.name not in made]:
+            graph.value_info.remove(vi)
+    return count
+
+
+def _upstream(prod: dict[str, onnx.NodeProto], names: set[str], stop: set[str]) -> set[str]:
+    """``names`` and every tensor they are computed from, up to the tensors ``stop`` (left out)."""
+    out: set[str] = set()
+    todo = list(names)
+    while todo:
+        t = todo.pop()
+        if t in out or t in stop:
+            continue
+        out.add(t)
+        p = prod.get(t)
+        if p is not None:
+            todo.extend(p.input)
+            out.update(o for o in p.output if o)
+    return out
+
+
 def _content_key(t: onnx.TensorProto) -> tuple[int, tuple[int, ...], str]:
     """What makes two inline tensors interchangeable: element type, shape and bytes (sha256)."""
     import hashlib
