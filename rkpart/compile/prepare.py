@@ -45,7 +45,8 @@ PREPARED_DIR = "prepared"
 # 5: rewrites failing the gate dropped one by one, dropped_rewrites recorded; nan-guard on every toolkit
 # 6: strided-slices-concat reads negative / past-the-end Slice bounds and joins adjacent pieces
 # 7: adaln-chunk-gemm sees through unit-axis reshapes between the Gemm and its chunks (PRX)
-PREPARE_VERSION = 7
+# 8: rope-halves (2.3.x)
+PREPARE_VERSION = 8
 LOWER_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-5)
 REWRITE_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-6)
 
