@@ -256,7 +256,7 @@ def _fused_operand_varies(mg: ModelGraph, i: int) -> bool:
         return True
     if not dyn:
         return False
-    return any(any(d != 1 for d in (mg.shape(t) or ())[:-1]) for t in mg.nodes[i].input if t and t not in dyn)
+    return any(any(d != 1 for d in (mg.shape(t) or ())[:-1]) for t in mg.op(i).inputs if t and t not in dyn)
 
 
 def _fresh(gid: str, used: set[str]) -> str:

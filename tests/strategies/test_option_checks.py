@@ -77,7 +77,9 @@ class Halves(rkpart.Strategy):
 def test_strategy_instance_with_the_public_authoring_api(example_model: Path, tmp_path: Path) -> None:
     plan = rkpart.partition(example_model, str(tmp_path / "h"), strategy=Halves(), share=0.25)
     assert plan.strategy == {"name": "halves", "options": {"share": 0.25}}
-    assert plan.stages[0].device == "npu" and plan.host_stages
+    # the front quarter reads the rank-5 latent: the host prologue hands it over as a rank-4 view
+    assert [(s.id, s.device) for s in plan.stages] == [("prologue", "host"), ("front", "npu"), ("epilogue", "host")]
+    assert any(t.startswith("rkpart/rank4/") for t in plan.stage("front").inputs)
     with pytest.raises(UserError, match="did you mean 'share'"):
         rkpart.partition(example_model, tmp_path / "h2", strategy=Halves(), shares=0.25)
     assert isinstance(plan, rkpart.Plan) and rkpart.Group.__name__ == "Group"
