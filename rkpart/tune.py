@@ -20,6 +20,16 @@
 With ``--backend ort`` it runs anywhere; with ``rknnlite`` it is what a board user runs
 (after ``rkpart compile``: the backends load the compiled ``.rknn`` artifacts).
 
+7. **Precision** (``--precisions fp16,int8``, ``rknn-sim`` only): before choosing, every
+   single-strategy plan also gets its int8 (w8a8) twin: calibrated from the plan's own
+   denoising loop (``rkpart calibrate``'s defaults), built with ``--precision int8``, and the
+   fp16 plans and the twins run through ``rkpart drift`` in the simulator
+   (:func:`measure_precisions`).  The accuracy term it writes (``accuracy.json``: each family's
+   final-latent error over the fp16 split plan's) and the twins' compiler tables go to
+   ``auto --option precisions=fp16,int8``, which takes int8 for a block only where the measured
+   drift is within ``--max-error-ratio``; an int8 choice is calibrated and built before it is
+   verified in the simulator.
+
 6. **CFG-parallel** (``--cfg-parallel``, ``rknnlite`` only): bundle auto's plan and time its
    whole denoising loop (:meth:`rkpart.runtime.board_runner.Runner.denoise`) both ways, the two
    CFG passes one after the other and at once on NPU cores 0 and 1, rounds interleaved
@@ -77,8 +87,22 @@ class TuneConfig:
     seed: int = 0
     #: time the bundle's denoising loop with and without ``--cfg-parallel`` (``rknnlite`` only)
     cfg_parallel: bool = False
+    #: the precisions auto chooses among; with int8 every candidate's int8 twin is built and its
+    #: drift measured in the simulator (``rknn-sim`` only)
+    precisions: tuple[str, ...] = ("fp16",)
+    #: auto's accuracy floor and int8 drift bound (``--option max_error_ratio``); None: auto's default
+    max_error_ratio: float | None = None
 
     def __post_init__(self) -> None:
+        if set(self.precisions) - {"fp16", "int8"} or "fp16" not in self.precisions:
+            raise UserError(f"--precisions {','.join(self.precisions)}: give fp16 or fp16,int8")
+        if "int8" in self.precisions and self.backend != "rknn-sim":
+            raise UserError("--precisions int8 measures each candidate's int8 drift in the toolkit's simulator: it "
+                            "needs --backend rknn-sim")
+        if self.max_error_ratio is not None and not (math.isfinite(self.max_error_ratio)
+                                                     and self.max_error_ratio >= 1.0):
+            raise UserError(f"--max-error-ratio {self.max_error_ratio:g}: must be a number >= 1 (the fp16 split "
+                            "plan's drift is 1)")
         if self.cfg_parallel and self.backend != "rknnlite":
             raise UserError("--cfg-parallel measures two NPU cores at once: it needs --backend rknnlite (a board)")
         if self.cfg_parallel and not self.cfg:
@@ -151,6 +175,10 @@ class TuneResult:
     twin: tuple[str, str] | None = None
     #: the CFG-parallel speed-up measured on the board (``--cfg-parallel``), recorded in the model
     cfg_parallel: CfgParallel | None = None
+    #: the accuracy term measured with ``--precisions fp16,int8`` (:func:`measure_precisions`)
+    accuracy: Path | None = None
+    #: accuracy family -> its measured drift (ratio, final cosine) from that term
+    drift: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def best(self) -> VerifyRow:
@@ -176,12 +204,17 @@ class TuneResult:
                 "identical_to": None if self.twin is None else "/".join(self.twin),
                 "best": pooled_regret(self.rows, self.twin)[1], "regret_pct": round(self.regret * 100.0, 2),
                 "regret_unpooled_pct": round(self.regret_unpooled * 100.0, 2),
-                **({"cfg_parallel": self.cfg_parallel.to_json()} if self.cfg_parallel is not None else {})}
+                **({"cfg_parallel": self.cfg_parallel.to_json()} if self.cfg_parallel is not None else {}),
+                **({"accuracy": str(self.accuracy), "drift": self.drift} if self.accuracy is not None else {})}
 
     def render(self) -> str:
         lines = [f"cost model: {self.model_file}", f"auto plan: {self.auto_plan}",
                  "choices: " + "; ".join(f"blocks {','.join(map(str, c['blocks']))}: {c['candidate']} "
                                          f"({c['residency']})" for c in self.choices)]
+        if self.accuracy is not None:
+            lines.append(f"measured drift ({self.accuracy}; final latent MSE over the fp16 split plan's): "
+                         + "; ".join(f"{f}: {d['ratio']:g}x (cosine {d['final_cosine']:.6f})"
+                                     for f, d in sorted(self.drift.items())))
         w = self.fit_report.whole_plan.error
         if w.n and w.median_ape is not None and w.within_10 is not None:
             lines.append(f"fit: whole-plan held-out error: median {w.median_ape:.1f} %, "
@@ -329,7 +362,16 @@ def choose_auto(model_path: str | Path, work: Path, model_file: Path, plans: Map
         opts.update(toolkit=config.toolkit, compile=True, compiled=[str(p) for p in plans.values()], progress=progress)
     if config.budget_mib is not None:
         opts["budget_mib"] = config.budget_mib
+    if "int8" in config.precisions:
+        # the int8 twins' builds give their compiler tables; the measured drift bounds the choice
+        opts.update(precisions=",".join(config.precisions), accuracy=str(work / ACCURACY_FILE))
+        if "compiled" in opts:
+            opts["compiled"] += [str(p) for p in sorted((work / "precision").glob("*@int8"))]
+    if config.max_error_ratio is not None:
+        opts["max_error_ratio"] = config.max_error_ratio
     auto_plan = partition(model_path, auto_dir, "auto", force=True, **opts)
+    if "int8" in ((auto_plan.strategy.get("options") or {}).get("precision") or {}).get("stages", {}).values():
+        _build_quantized(auto_dir, work / "precision" / "auto.calib", config, progress)
     choices = list((auto_plan.strategy.get("options") or {}).get("choices", []))
     passes = config.steps * (2 if config.cfg else 1)
     rows = [VerifyRow("auto", "plan")] + [VerifyRow(n, r) for n in plans for r in ("per-stage", "resident")]
@@ -433,9 +475,79 @@ def _cfg_parallel(work: Path, auto_dir: Path, model_file: Path, config: TuneConf
     return measured
 
 
-#: the folders of a tune work folder, one file per plan, profile, verify round (and the bundle)
-TUNE_GROWS = ("plans", "profiles", "verify", "bundle")
-_TUNE_FILES = ("cost_model.json", "fit_report.json", "tune_report.json")
+#: the accuracy term ``--precisions fp16,int8`` measures, in the work folder
+ACCURACY_FILE = "accuracy.json"
+
+
+def _toolkit(config: TuneConfig) -> str:
+    from rkpart.targets import get_target
+
+    return config.toolkit or get_target("rk3588").default_toolkit
+
+
+def _build_quantized(folder: Path, calib: Path, config: TuneConfig, progress: Callable[[str], None]) -> None:
+    """Calibrate the plan in ``folder`` from its own denoising loop into ``calib`` (``rkpart
+    calibrate``'s defaults) and build it with that calibration: int8 where the plan's precision
+    (``auto``'s spec) or ``int8`` as the default of a twin says so."""
+    from rkpart.compile.compile import CompileOptions, compile_folder
+    from rkpart.errors import ToolkitError
+    from rkpart.profile.calibrate import write_calibration
+
+    plan, _ = load_plan(folder)
+    progress(f"calibrating {folder.name} from its denoising loop")
+    write_calibration(plan, folder, calib, force=True, progress=progress)
+    spec = (plan.strategy.get("options") or {}).get("precision")
+    opts = CompileOptions(toolkit=_toolkit(config), precision="fp16" if spec else "int8", calibration=str(calib))
+    report = compile_folder(folder, opts, progress)
+    if report.failed:
+        raise ToolkitError(f"tune: {len(report.failed)} NPU stage(s) of {folder.name} failed to build quantized "
+                           f"(first: {report.failed[0].stage_id}); `rkpart compile {folder} --precision int8 "
+                           f"--calibration {calib}` shows why")
+
+
+def measure_precisions(plans: Mapping[str, Path], work: Path, config: TuneConfig,
+                       progress: Callable[[str], None] = lambda _: None) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """The int8 twin of every plan of ``plans`` (``work/precision/<name>@int8``: calibrated and
+    built), then ``rkpart drift`` of the plans and the twins in the simulator; writes the
+    accuracy term to ``work/accuracy.json`` and returns it with each family's ratio and cosine.
+
+    A drift row with NaN/Inf is refused (:class:`~rkpart.errors.GateError`): a NaN run never
+    enters the cost model as a measured accuracy."""
+    import shutil
+
+    from rkpart.cost_model.drift_accuracy import accuracy_from_drift, family_of
+    from rkpart.profile.drift import drift
+    from rkpart.runtime.rknn_sim import RknnSimBackend
+
+    root = work / "precision"
+    root.mkdir(exist_ok=True)
+    loaded: list[tuple[str, Plan, Path]] = []
+    families: dict[str, str] = {}
+    for name, folder in plans.items():
+        if load_plan(folder)[0].strategy.get("name") not in ("split", "fused"):
+            continue
+        twin = root / f"{name}@int8"
+        if twin.exists():
+            shutil.rmtree(twin)
+        shutil.copytree(folder, twin)
+        _build_quantized(twin, root / f"{name}.calib", config, progress)
+        for label, f in ((f"{name}:{folder.name}", folder), (f"{name}[int8]:{twin.name}", twin)):
+            plan, _ = load_plan(f)
+            loaded.append((label, plan, f))
+            families[label] = family_of(plan)
+    backend = RknnSimBackend(_toolkit(config))
+    rows = drift(loaded, backend, steps=config.steps, cfg=config.cfg, seed=config.seed, progress=progress)
+    acc = accuracy_from_drift(rows, families)
+    out = work / ACCURACY_FILE
+    atomic_write_bytes(out, (json.dumps(acc, indent=2, sort_keys=True) + "\n").encode())
+    measured = {f: {"ratio": v["ratio"], "final_cosine": v["final_cosine"]} for f, v in acc["families"].items()}
+    return out, measured
+
+
+#: the folders of a tune work folder, one file per plan, profile, verify round (and the bundle, the
+#: int8 twins and their calibrations)
+TUNE_GROWS = ("plans", "profiles", "verify", "bundle", "precision")
+_TUNE_FILES = ("cost_model.json", "fit_report.json", "tune_report.json", ACCURACY_FILE)
 
 
 def tune_listing(folder: Path) -> set[str] | str:
@@ -466,15 +578,18 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
     model_file = work / "cost_model.json"
     model.save(model_file)
     atomic_write_bytes(work / "fit_report.json", (json.dumps(report.to_json(), indent=2) + "\n").encode())
+    accuracy, measured = (measure_precisions(plans, work, config, progress) if "int8" in config.precisions
+                          else (None, {}))
     auto_dir, choices, rows = choose_and_verify(model_path, work, model_file, plans, config, progress)
     twin = identical_twin(choices, {**plans, "auto": auto_dir})
     cp = _cfg_parallel(work, auto_dir, model_file, config, progress) if config.cfg_parallel else None
     result = TuneResult(model_file=model_file, auto_plan=auto_dir, choices=choices, fit_report=report, rows=rows,
-                        twin=twin, cfg_parallel=cp)
+                        twin=twin, cfg_parallel=cp, accuracy=accuracy, drift=measured)
     atomic_write_bytes(work / "tune_report.json", (json.dumps(result.to_json(), indent=2) + "\n").encode())
     return result
 
 
-__all__ = ["SINGLE", "WHOLE_PLAN_BLOCKS", "TuneConfig", "TuneResult", "VerifyRow", "choose_and_verify",
-           "identical_twin", "measure_cfg_parallel", "pooled_regret", "predicted_round", "profile_for_fit",
+__all__ = ["ACCURACY_FILE", "SINGLE", "WHOLE_PLAN_BLOCKS", "TuneConfig", "TuneResult", "VerifyRow",
+           "choose_and_verify", "identical_twin", "measure_cfg_parallel", "measure_precisions", "pooled_regret",
+           "predicted_round", "profile_for_fit",
            "record_cfg_parallel", "single_plans", "tune"]

@@ -10,6 +10,7 @@ from rkpart.cli_args import (
     POSITIVE_MIB,
     ROUNDS,
     STEPS,
+    FiniteFloat,
     emit,
     json_option,
     quiet_option,
@@ -42,12 +43,19 @@ from rkpart.runtime import BACKENDS
               help="rknnlite: also bundle auto's plan and time its denoising loop with the CFG passes one after "
                    "the other and at once on NPU cores 0 and 1; the measured speed-up replaces the 1.78x prior "
                    "in the fitted cost model.")
+@click.option("--precisions", type=click.Choice(["fp16", "fp16,int8"]), default="fp16", show_default=True,
+              help="fp16,int8 (--backend rknn-sim): also calibrate and build every candidate plan in int8 (w8a8), "
+                   "measure each one's drift in the simulator (accuracy.json in the work folder) and let auto take "
+                   "int8 for a block where that drift is within --max-error-ratio.")
+@click.option("--max-error-ratio", type=FiniteFloat(min=1), default=None, metavar="R",
+              help="auto's accuracy bound: a plan's final-latent error over the fp16 split plan's (1 = split's "
+                   "own drift) [default: auto's floor, the largest fp16 ratio that keeps cosine >= 0.999].")
 @quiet_option
 @json_option(help="Print the report as JSON.")
 @user_errors
 def tune(model: Path, backend: str, toolkit: str | None, workdir: Path, steps: int, cfg: bool,
-         budget_mib: float | None, rounds: int, verify_rounds: int, threads: int, cfg_parallel: bool, quiet: bool,
-         as_json: bool) -> None:
+         budget_mib: float | None, rounds: int, verify_rounds: int, threads: int, cfg_parallel: bool,
+         precisions: str, max_error_ratio: float | None, quiet: bool, as_json: bool) -> None:
     """Partition MODEL every way auto chooses from, profile, fit, choose, and verify the choice.
 
     Prints every plan's measured and predicted round and the regret of auto's choice against
@@ -58,7 +66,8 @@ def tune(model: Path, backend: str, toolkit: str | None, workdir: Path, steps: i
 
     say = Reporter(quiet=quiet)
     config = TuneConfig(backend=backend, toolkit=toolkit, steps=steps, cfg=cfg, budget_mib=budget_mib,
-                        rounds=rounds, verify_rounds=verify_rounds, threads=threads, cfg_parallel=cfg_parallel)
+                        rounds=rounds, verify_rounds=verify_rounds, threads=threads, cfg_parallel=cfg_parallel,
+                        precisions=tuple(precisions.split(",")), max_error_ratio=max_error_ratio)
     with say:
         result = run_tune(model, workdir, config, progress=say)
     emit(as_json, result.to_json, result.render)

@@ -66,7 +66,12 @@ def accuracy_from_drift(rows: Sequence[DriftRow], families: Mapping[str, str], *
     for r in rows:
         if r.kind == LATENT and r.plan in families and (r.plan not in final or r.step > final[r.plan].step):
             final[r.plan] = r
-    by_family = {families[label]: r for label, r in final.items()}
+    # two plans of one family (fused and fused-x2, both ``adaln=npu,residual=npu``): the family
+    # stands for either, so it takes the one that drifted more, never the luck of the order
+    by_family: dict[str, DriftRow] = {}
+    for label, r in final.items():
+        if families[label] not in by_family or r.mse > by_family[families[label]].mse:
+            by_family[families[label]] = r
     if baseline not in by_family:
         raise UserError(f"the drift table has no plan of the baseline family {baseline} (a default split plan)")
     base = max(by_family[baseline].mse, _EPS)

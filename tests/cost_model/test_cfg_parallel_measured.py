@@ -81,3 +81,16 @@ def test_tune_cfg_parallel_needs_the_board_and_cfg(argv: list[str], tmp_path: Pa
     r = cli(["tune", model, "-o", tmp_path / "work", "-q", *argv])
     assert_user_error(r, 2, "--cfg-parallel")
     assert not (tmp_path / "work").exists()  # refused before anything is written
+
+
+@pytest.mark.parametrize("argv", [["--precisions", "fp16,int8"],
+                                  ["--precisions", "fp16,int8", "--backend", "rknnlite"]])
+def test_tune_int8_needs_the_simulator(argv: list[str], tmp_path: Path) -> None:
+    """int8's cost is its drift, measured in the toolkit's simulator: refused elsewhere before any work."""
+    from rkpart.cli_args import bundled_example
+
+    model = tmp_path / "m.onnx"
+    shutil.copyfile(bundled_example(), model)
+    r = cli(["tune", model, "-o", tmp_path / "work", "-q", *argv])
+    assert_user_error(r, 2, "--precisions int8")
+    assert not (tmp_path / "work").exists()

@@ -34,6 +34,16 @@ def test_ratios_are_final_latent_mse_over_the_baseline_and_the_floor_is_measured
     assert ok["default_max_ratio"] == 100.0  # fused keeps the latent: its measured ratio is allowed
 
 
+def test_two_plans_of_one_family_give_it_the_larger_drift() -> None:
+    """fused and fused-x2 are both ``adaln=npu,residual=npu``: the family takes the worse, in either order."""
+    rows = _table(fused_mse=8e-6, fused_cos=0.9995)
+    worse = [DriftRow("fused-x2", 3, LATENT, None, 0.999, 1e-2, 2e-5)]
+    for table in (rows + worse, worse + rows):
+        fam = accuracy_from_drift(table, {**FAMILIES, "fused-x2": FAMILIES["fused"]})["families"]
+        assert fam["adaln=npu,residual=npu"]["ratio"] == 250.0  # 2e-5 / 8e-8, not fused's 100
+        assert fam["adaln=npu,residual=npu"]["source"].endswith("plan fused-x2")
+
+
 def test_selection_uses_the_measured_term(example_model: Path) -> None:
     loaded = load(example_model)
     mg, disc = loaded.graph, loaded.discovery()

@@ -229,6 +229,8 @@ OPTION_CASES: list[tuple[str, list[str]]] = [
       for v in ("inf", "nan")),
     *((f"tune-budget{v}", ["tune", "{model}", "--budget-mib", v, "-o", "{tmp}/t"]) for v in ("inf", "nan")),
     *((f"tune-threads{v}", ["tune", "{model}", "--threads", v, "-o", "{tmp}/t"]) for v in ("10000",)),
+    *((f"tune-max-error-ratio{v}", ["tune", "{model}", "--max-error-ratio", v, "-o", "{tmp}/t"])
+      for v in ("nan", "inf", "0.5", "-1")),
     *((f"report-budget{v}", ["report", "{plan}", "--budget-mib", v, "-o", "{tmp}/r.html"]) for v in ("inf", "nan")),
     *((f"compile-timeout{v}", ["compile", "{plan}", "--toolkit", "2.3.0", "--timeout", v]) for v in ("nan", "inf")),
     *((f"prune-older{v}", ["cache", "prune", "--older-than", v, "--cache-dir", "{tmp}/c"]) for v in ("nan", "inf")),
