@@ -772,10 +772,18 @@ class _RegionInfo:
     phase: int
     #: the unit holds the block's MLP (an FFN, or attention with an MLP beside it): it closes a block
     closes: bool = False
+    #: the streams the unit's attention reads besides its own (joint by structure: a video stream's
+    #: cross-attention to the audio stream beside it, LTX-2 / Kandinsky 6)
+    reads: frozenset[int] = frozenset()
 
     @property
     def streams(self) -> frozenset[int]:
         return frozenset(b.stream for b in self.branches)
+
+    @property
+    def spans(self) -> frozenset[int]:
+        """The streams the unit writes or attends over."""
+        return self.streams | self.reads
 
 
 def _score_matmuls(mg: ModelGraph, core: frozenset[int]) -> list[int]:
@@ -803,16 +811,33 @@ def _attention_kind(mg: ModelGraph, core: frozenset[int], dep: int) -> str | Non
 
 
 def _has_parallel_ffn(mg: ModelGraph, reach: Reach | None, core: frozenset[int]) -> bool:
-    """A weighted op neither feeding nor fed by the attention: an MLP in parallel (Flux single)."""
+    """A weighted op neither feeding nor fed by the attention: an MLP in parallel (Flux single).
+
+    Not an output gate: a projection whose product first meets the attention in an elementwise
+    ``Mul`` (``attn * sigmoid(x W_g)``, Krea 2's ``to_gate``) scales the attention, it is no MLP
+    beside it; a parallel MLP joins it through a ``Concat`` (Flux) or a sum.
+    """
     scores = _score_matmuls(mg, core)
     if not scores or reach is None:
         return False
     for w in sorted(core):
         if mg.op(w).op_type not in WEIGHTED_OPS or w in scores:
             continue
-        if not any(reach.is_ancestor(w, s) or reach.is_ancestor(s, w) for s in scores):
+        if not any(reach.is_ancestor(w, s) or reach.is_ancestor(s, w) for s in scores) \
+                and not _gates_attention(mg, reach, core, w, scores):
             return True
     return False
+
+
+def _gates_attention(mg: ModelGraph, reach: Reach, core: frozenset[int], w: int, scores: list[int]) -> bool:
+    """The ops of ``core`` where ``w``'s product and the attention (``scores``) first meet are all
+    elementwise ``Mul``: ``w`` computes a gate of the attention's output."""
+    sb = 0
+    for s in scores:
+        sb |= 1 << s
+    both = {m for m in core if reach.anc[m] >> w & 1 and reach.anc[m] & sb}
+    first = [m for m in both if not any(p in both for p in mg.ops.predecessors(m))]
+    return bool(first) and all(mg.op(m).op_type == "Mul" for m in first)
 
 
 def _adaln_kind(mg: ModelGraph, pre: frozenset[int], dep: int) -> str:
@@ -871,7 +896,8 @@ def _name_regions(
             kind == "joint_attention" and _has_parallel_ffn(mg, reach, core))
         out.append(_RegionInfo(name=name, kind=kind, branches=brs, adaln=_adaln_kind(mg, pre, dep),
                                first_add=min(b.add for b in brs), signature=sig,
-                               phase=min(phases[s] for s in streams), closes=closes))
+                               phase=min(phases[s] for s in streams), closes=closes,
+                               reads=frozenset(touched - streams) if att else frozenset()))
     out.sort(key=lambda r: r.first_add)
     return out
 
@@ -929,7 +955,8 @@ def _group_by_structure(regions: list[_RegionInfo]) -> list[list[int]]:
     """Blocks from the residual units alone, in each *stream system* apart.
 
     A stream system is a set of streams of one phase that share residual units (the image
-    and text streams of joint attention); streams that share none (Lumina2's caption and
+    and text streams of joint attention), or whose units attend over each other (a video and
+    an audio stream that cross-attend in every block); streams that share none (Lumina2's caption and
     noise refiners, text blocks that run before the visual ones) are separate systems even
     when their units interleave in op order.  In each system the units, in order, are cut
     into blocks by :func:`_segment`; the blocks of all systems are then ordered by their
@@ -943,7 +970,7 @@ def _group_by_structure(regions: list[_RegionInfo]) -> list[list[int]]:
         return s
 
     for r in regions:
-        first, *rest = sorted({b.stream for b in r.branches})
+        first, *rest = sorted(r.spans)
         for s in rest:
             parent[find(s)] = find(first)
     systems: dict[tuple[int, int], list[int]] = {}
@@ -981,8 +1008,8 @@ def _segment(regions: list[_RegionInfo], members: list[int]) -> list[list[int]]:
             pieces.append([])
             closed = joined = frozenset()
         pieces[-1].append(k)
-        if len(r.streams) > 1:
-            joined |= r.streams
+        if len(r.spans) > 1:
+            joined |= r.spans
         if r.closes:
             closed |= r.streams
     layouts = {tuple(regions[k].name for k in p) for p in pieces}
