@@ -905,8 +905,13 @@ def _name_regions(
 _SCOPE_RE = re.compile(r"(?:^|[/.])([A-Za-z_][A-Za-z0-9_]*)[./](\d+)(?=[/.]|$)")
 
 
-def _scope_keys(scope: str) -> list[tuple[str, int]]:
-    return [(m.group(1), int(m.group(2))) for m in _SCOPE_RE.finditer(scope)]
+def _scope_keys(scope: str) -> list[tuple[str, int, str]]:
+    """Each numbered module of ``scope``, outermost first: ``(list name, index, path before it)``.
+
+    The path keeps two lists of one name apart (Bria-Fibo 2's ``perceiver.layers.0`` and
+    ``layers.0``: the same name and index, other modules)."""
+    return [(m.group(1), int(m.group(2)), re.sub(r"[/.]+", ".", scope[:m.start(1)]).strip("."))
+            for m in _SCOPE_RE.finditer(scope)]
 
 
 def _group_blocks(
@@ -920,9 +925,9 @@ def _group_blocks(
 
 
 def _group_by_names(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[list[int]], list[str]] | None:
-    keys: list[tuple[str, int] | None] = []
+    keys: list[tuple[str, int, str] | None] = []
     for r in regions:
-        votes: Counter[tuple[str, int]] = Counter()
+        votes: Counter[tuple[str, int, str]] = Counter()
         for b in r.branches:
             for i in b.core | b.pre:
                 ks = _scope_keys(mg.op(i).scope)
@@ -934,7 +939,7 @@ def _group_by_names(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[li
     # consecutive regions with the same key form a block; keys must not come back later
     groups: list[list[int]] = []
     labels: list[str] = []
-    seen: set[tuple[str, int]] = set()
+    seen: set[tuple[str, int, str]] = set()
     prev = None
     for ri, k in enumerate(keys):
         assert k is not None
@@ -946,6 +951,12 @@ def _group_by_names(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[li
             labels.append(f"{k[0]}.{k[1]}")
             prev = k
         groups[-1].append(ri)
+    # one label per block: lists of one name under other modules are told apart by their path
+    firsts = [keys[g[0]] for g in groups]
+    for gi, k in enumerate(firsts):
+        assert k is not None
+        if k[2] and sum(labels[gi] == lab for lab in labels) > 1:
+            labels[gi] = f"{k[2]}.{k[0]}.{k[1]}"
     if len(groups) < 2 and len(regions) > 2:
         return None
     return groups, labels
