@@ -710,6 +710,37 @@ def _flux3() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _bria_fibo() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import BriaFiboTransformer2DModel
+
+    m = BriaFiboTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                   axes_dims_rope=[4, 6, 6], text_encoder_dim=24)
+    img_ids, txt_ids = _flux_ids()
+    return m, {"hidden_states": torch.randn(1, 16, 16), "encoder_hidden_states": torch.randn(1, 6, 24),
+               # one text-encoder layer per block (2 dual + 2 single), each projected by its caption_projection
+               "text_encoder_layers": [torch.randn(1, 6, 24) for _ in range(4)],
+               "timestep": torch.tensor([0.7]), "img_ids": img_ids, "txt_ids": txt_ids}
+
+
+def _list_inputs(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """Every list-of-tensors input ``x`` becomes graph inputs ``x_0``, ``x_1``, ... that ``forward``
+    gathers back into the list (an instance-level ``forward``: module names and computation unchanged)."""
+    lists = {k: len(v) for k, v in inputs.items() if isinstance(v, list)}
+    for k, n in lists.items():
+        for i, t in enumerate(inputs.pop(k)):
+            inputs[f"{k}_{i}"] = t
+    forward = model.forward
+
+    def gathered(**kwargs: Any) -> Any:
+        for k, n in lists.items():
+            kwargs[k] = [kwargs.pop(f"{k}_{i}") for i in range(n)]
+        return forward(**kwargs)
+
+    model.forward = gathered
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -867,6 +898,12 @@ NEWER: dict[str, Family] = {f.name: f for f in (
     Family("stable_audio", _stable_audio, _stable_audio_fixed),
     Family("prx", _prx, prepare=_trained_like),  # zero-initialised modulation: _trained_like
 )}
+#: diffusers 0.42 classes added by the h1 sweep: BriaFibo, BriaFibo2, DreamLite, ErnieImage, GlmImage, HiDreamImage,
+#: HunyuanImage
+LATEST_H1: dict[str, Family] = {f.name: f for f in (
+    # per-block text-encoder layers (a list input, flattened by _list_inputs) projected by caption_projection.i
+    Family("bria_fibo", _bria_fibo, blocks=4, prepare=_list_inputs),
+)}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
     "MochiTransformer3DModel": "exports, but the masked text pooling leaves shapes dynamic (rkpart exit 3)",
@@ -888,7 +925,7 @@ SIZED: dict[str, Family] = {f.name: f for f in (
     Family("flux_m", lambda: _flux_sized(heads=8, head_dim=64, side=16, text=64)),
 )}
 #: every family and variant by name
-ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **SIZED}
+ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **LATEST_H1, **SIZED}
 
 
 def _decompose_rms_norm(model: Any) -> None:

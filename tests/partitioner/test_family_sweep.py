@@ -86,6 +86,9 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "flux3": [PAR_TXT_BLOCK] * 2 + [(PAR,)] * 2 + [(JATTN,), (PAR,)],
     "stable_audio": [CROSS] * 2,
     "prx": [DIT] * 2,
+    # LATEST_H1 (tests.models.diffusers_families.LATEST_H1)
+    # Flux anatomy; each block's text half is re-made from a per-block text-encoder layer (caption_projection.i)
+    "bria_fibo": [MMDIT] * 2 + [(PAR,)] * 2,
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
