@@ -741,6 +741,87 @@ def _list_inputs(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> N
     model.forward = gathered
 
 
+def _ernie_image() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import ErnieImageTransformer2DModel
+
+    m = ErnieImageTransformer2DModel(hidden_size=32, num_attention_heads=2, num_layers=2, ffn_hidden_size=64,
+                                     in_channels=4, out_channels=4, patch_size=2, text_in_dim=24,
+                                     rope_axes_dim=(4, 6, 6))
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([7.0]),
+        "text_bth": torch.randn(1, 6, 24),
+        "text_lens": torch.tensor([6], dtype=torch.int64),  # the caption's length: text RoPE offset and mask
+    }
+
+
+def _glm_image() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import GlmImageTransformer2DModel
+
+    m = GlmImageTransformer2DModel(patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=16,
+                                   num_attention_heads=2, text_embed_dim=24, time_embed_dim=32, condition_dim=8,
+                                   prior_vq_quantizer_codebook_size=64)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        # the AR prior's VQ codes, one per image token, and the (classifier-free) drop mask the pipeline passes
+        "prior_token_id": torch.randint(0, 64, (1, 16)),
+        "prior_token_drop": torch.zeros(1, 16, dtype=torch.bool),
+        "timestep": torch.tensor([7.0]),
+        "target_size": torch.tensor([[64.0, 64.0]]),
+        "crop_coords": torch.tensor([[0.0, 0.0]]),
+    }
+
+
+def _hidream_image() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import HiDreamImageTransformer2DModel
+
+    m = HiDreamImageTransformer2DModel(patch_size=2, in_channels=4, out_channels=4, num_layers=2, num_single_layers=2,
+                                       attention_head_dim=16, num_attention_heads=2, caption_channels=[24, 20],
+                                       text_emb_dim=16, num_routed_experts=4, num_activated_experts=2,
+                                       axes_dims_rope=(8, 4, 4), max_resolution=(8, 8), llama_layers=[0, 1, 2, 3])
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timesteps": torch.tensor([7.0]),
+        "encoder_hidden_states_t5": torch.randn(1, 6, 24),
+        # the Llama layers the blocks read, one per block (llama_layers), stacked
+        "encoder_hidden_states_llama3": torch.randn(4, 1, 5, 20),
+        "pooled_embeds": torch.randn(1, 16),
+    }
+
+
+def _dense_moe(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """HiDream's MoE FFNs in the dense form, asserted equal to diffusers' own.
+
+    ``MOEFeedForwardSwiGLU.moe_infer`` groups tokens by expert with ``bincount().cpu().numpy()``
+    (data-dependent: dynamo cannot export it, TorchScript would bake one input's grouping in).  The
+    same sum is every expert on every token weighed by its gate, 0 where the router did not pick it
+    (the top-k weights scattered into a dense ``[tokens, experts]`` matrix, as :mod:`tests.models.moe`).
+    """
+    import torch
+    from diffusers.models.transformers.transformer_hidream_image import MOEFeedForwardSwiGLU
+
+    def dense(self: Any, x: torch.Tensor) -> torch.Tensor:
+        topk_idx, topk_weight, _ = self.gate(x)
+        flat = x.view(-1, x.shape[-1])
+        gates = torch.zeros(flat.shape[0], len(self.experts), dtype=x.dtype).scatter(1, topk_idx, topk_weight)
+        y = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            y = y + gates[:, e:e + 1] * expert(flat)
+        return y.view(*x.shape) + self.shared_experts(x)
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+        for module in model.modules():
+            if isinstance(module, MOEFeedForwardSwiGLU):
+                module.forward = dense.__get__(module)
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -903,6 +984,13 @@ NEWER: dict[str, Family] = {f.name: f for f in (
 LATEST_H1: dict[str, Family] = {f.name: f for f in (
     # per-block text-encoder layers (a list input, flattened by _list_inputs) projected by caption_projection.i
     Family("bria_fibo", _bria_fibo, blocks=4, prepare=_list_inputs),
+    # sequence-first single-stream blocks sharing one adaLN modulation; zero-initialised: _trained_like
+    Family("ernie_image", _ernie_image, prepare=_trained_like),
+    # CogView4 anatomy (joint attention over text + image, one FFN applied to each stream); AR prior codes
+    Family("glm_image", _glm_image),
+    # dual-stream then single-stream blocks, each reading its own Llama layer; top-2 MoE FFNs on the image
+    # stream (dense form: _dense_moe)
+    Family("hidream_image", _hidream_image, blocks=4, prepare=_dense_moe),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
