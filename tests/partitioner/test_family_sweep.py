@@ -89,6 +89,7 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     # LATEST_H1 (tests.models.diffusers_families.LATEST_H1)
     # Flux anatomy; each block's text half is re-made from a per-block text-encoder layer (caption_projection.i)
     "bria_fibo": [MMDIT] * 2 + [(PAR,)] * 2,
+    "ernie_image": [DIT] * 2,  # text + image in one sequence-first stream, one shared adaLN modulation
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
