@@ -775,6 +775,55 @@ def _glm_image() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _glm_image_fixed() -> dict[str, Any]:
+    """The model's own RoPE tables for the 4 x 4 grid: TorchScript exports ``GlmImageRotaryPosEmbed``'s
+    ``torch.outer(int64 positions, float frequencies)`` as an int64 product, so ``Cos`` gets an int64
+    input (ONNX shape inference rejects the model)."""
+    import torch
+    from diffusers.models.transformers.transformer_glm_image import GlmImageRotaryPosEmbed
+
+    return {"image_rotary_emb": GlmImageRotaryPosEmbed(16, 2, theta=10000.0)(torch.zeros(1, 4, 8, 8))}
+
+
+def _glm_prior_where(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """GLM-Image's prior-code dropping as a ``where``, asserted equal to diffusers' own (both masks).
+
+    ``prior_embedding[prior_token_drop] *= 0.0`` (boolean-mask indexing) exports a ``NonZero``
+    whose output shape depends on the mask's values (rkpart: exit 3).  ``where(drop, 0 * e, e)`` is
+    the same tensor.  ``forward`` is diffusers' with that one line changed (no KV cache: text-to-image).
+    """
+    import torch
+
+    def forward(hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, prior_token_id: torch.Tensor,
+                prior_token_drop: torch.Tensor, timestep: torch.Tensor, target_size: torch.Tensor,
+                crop_coords: torch.Tensor, image_rotary_emb: Any = None, return_dict: bool = True) -> Any:
+        self = model
+        batch_size, _, height, width = hidden_states.shape
+        if image_rotary_emb is None:
+            image_rotary_emb = self.rope(hidden_states)
+        p = self.config.patch_size
+        hidden_states = self.image_projector(hidden_states)
+        encoder_hidden_states = self.glyph_projector(encoder_hidden_states)
+        prior_embedding = self.prior_token_embedding(prior_token_id)
+        prior_embedding = torch.where(prior_token_drop[..., None], prior_embedding * 0.0, prior_embedding)  # the change
+        hidden_states = hidden_states + self.prior_projector(prior_embedding)
+        temb = self.time_condition_embed(timestep, target_size, crop_coords, hidden_states.dtype)
+        for block in self.transformer_blocks:
+            hidden_states, encoder_hidden_states = block(hidden_states, encoder_hidden_states, temb,
+                                                         image_rotary_emb, None, None, kv_cache=None)
+        hidden_states = self.proj_out(self.norm_out(hidden_states, temb))
+        hidden_states = hidden_states.reshape(batch_size, height // p, width // p, -1, p, p)
+        return (hidden_states.permute(0, 3, 1, 4, 2, 5).flatten(4, 5).flatten(2, 3),)
+
+    with torch.no_grad():
+        for drop in (False, True):
+            args = {**inputs, **fixed, "prior_token_drop": torch.full_like(inputs["prior_token_drop"], drop)}
+            torch.testing.assert_close(forward(**args, return_dict=False)[0], model(**args, return_dict=False)[0],
+                                       rtol=0, atol=0)
+    model.forward = forward
+
+
+
 def _hidream_image() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import HiDreamImageTransformer2DModel
@@ -987,7 +1036,7 @@ LATEST_H1: dict[str, Family] = {f.name: f for f in (
     # sequence-first single-stream blocks sharing one adaLN modulation; zero-initialised: _trained_like
     Family("ernie_image", _ernie_image, prepare=_trained_like),
     # CogView4 anatomy (joint attention over text + image, one FFN applied to each stream); AR prior codes
-    Family("glm_image", _glm_image),
+    Family("glm_image", _glm_image, _glm_image_fixed, prepare=_glm_prior_where),
     # dual-stream then single-stream blocks, each reading its own Llama layer; top-2 MoE FFNs on the image
     # stream (dense form: _dense_moe)
     Family("hidream_image", _hidream_image, blocks=4, prepare=_dense_moe),

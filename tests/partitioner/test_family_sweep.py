@@ -90,6 +90,8 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     # Flux anatomy; each block's text half is re-made from a per-block text-encoder layer (caption_projection.i)
     "bria_fibo": [MMDIT] * 2 + [(PAR,)] * 2,
     "ernie_image": [DIT] * 2,  # text + image in one sequence-first stream, one shared adaLN modulation
+    # CogView4 anatomy: the last block's text half is dead (its text output is unused), the exporters drop it
+    "glm_image": [MMDIT, DIT],
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
