@@ -92,6 +92,8 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "ernie_image": [DIT] * 2,  # text + image in one sequence-first stream, one shared adaLN modulation
     # CogView4 anatomy: the last block's text half is dead (its text output is unused), the exporters drop it
     "glm_image": [MMDIT, DIT],
+    # dual-stream blocks (image FFN a top-2 MoE, dense form), then single-stream blocks with sequential attn and FFN
+    "hidream_image": [MMDIT] * 2 + [DIT] * 2,
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
@@ -122,6 +124,8 @@ ORT_REFUSES = {
     ("pixart_sigma", "dynamo"): "a Squeeze of a dim of 16 (shape inference fails on the whole model)",
     ("allegro", "dynamo"): "a Squeeze of a dim of 16 (PixArt's adaln_single, as above)",
     ("hunyuanvideo", "dynamo"): "a Where over booleans (the token refiner's masked_fill): no ORT kernel",
+    ("hidream_image", "torchscript"): "the RoPE's Einsum of float32 positions by float64 frequencies (no Cast): "
+                                      "type error on load",
 }
 
 CASES = [(f, e, anon) for f in EXPECTED for e in EXPORTERS for anon in (False, True)]
