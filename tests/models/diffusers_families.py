@@ -871,6 +871,21 @@ def _dense_moe(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> Non
     torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
+def _hunyuanimage() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import HunyuanImageTransformer2DModel
+
+    m = HunyuanImageTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+                                       num_layers=2, num_single_layers=2, num_refiner_layers=2, patch_size=(2, 2),
+                                       text_embed_dim=24, rope_axes_dim=(8, 8))
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([7.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "encoder_attention_mask": torch.ones(1, 6, dtype=torch.int64),
+    }
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -1040,6 +1055,9 @@ LATEST_H1: dict[str, Family] = {f.name: f for f in (
     # dual-stream then single-stream blocks, each reading its own Llama layer; top-2 MoE FFNs on the image
     # stream (dense form: _dense_moe)
     Family("hidream_image", _hidream_image, blocks=4, prepare=_dense_moe),
+    # HunyuanVideo anatomy over images: 2 token-refiner text blocks, then dual- and single-stream blocks; no
+    # ByT5 glyph stream (text_embed_2_dim): its valid-tokens-first reordering is boolean-mask indexing
+    Family("hunyuanimage", _hunyuanimage, blocks=6),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {

@@ -94,6 +94,8 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "glm_image": [MMDIT, DIT],
     # dual-stream blocks (image FFN a top-2 MoE, dense form), then single-stream blocks with sequential attn and FFN
     "hidream_image": [MMDIT] * 2 + [DIT] * 2,
+    # HunyuanVideo anatomy: the token refiner's text blocks, then dual- and single-stream blocks
+    "hunyuanimage": [(ATTN_TXT, FFN_TXT_ONLY)] * 2 + [MMDIT] * 2 + [(PAR,)] * 2,
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
