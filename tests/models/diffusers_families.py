@@ -886,6 +886,28 @@ def _hunyuanimage() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _dreamlite() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import DreamLiteTransformer2DModel
+
+    # the DreamLite U-Net's defaults: RMS qk-norm, one KV head (GQA), ff_mult 6, conv proj_in/proj_out
+    m = DreamLiteTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=32, num_layers=2,
+                                    cross_attention_dim=24, norm_num_groups=8, qk_norm="rms_norm", ff_mult=6,
+                                    num_kv_heads=1)
+    return m, {"hidden_states": torch.randn(1, 32, 4, 4), "encoder_hidden_states": torch.randn(1, 6, 24)}
+
+
+def _dreamlite_gqa(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """The GQA-aware processor ``DreamLiteUNetModel.__init__`` installs on every ``Attention`` (the stock
+    ``AttnProcessor2_0`` cannot reshape one KV head to two query heads)."""
+    from diffusers.models.attention_processor import Attention
+    from diffusers.models.unets.unet_dreamlite import DreamLiteAttnProcessor2_0
+
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.set_processor(DreamLiteAttnProcessor2_0())
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -1058,6 +1080,9 @@ LATEST_H1: dict[str, Family] = {f.name: f for f in (
     # HunyuanVideo anatomy over images: 2 token-refiner text blocks, then dual- and single-stream blocks; no
     # ByT5 glyph stream (text_embed_2_dim): its valid-tokens-first reordering is boolean-mask indexing
     Family("hunyuanimage", _hunyuanimage, blocks=6),
+    # the DreamLite U-Net's spatial transformer (GroupNorm, conv proj_in/out around self-attn, cross-attn, GEGLU FFN
+    # blocks; GQA with qk RMSNorm through the U-Net's processor: _dreamlite_gqa)
+    Family("dreamlite", _dreamlite, prepare=_dreamlite_gqa),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {

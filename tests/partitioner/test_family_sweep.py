@@ -96,6 +96,7 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "hidream_image": [MMDIT] * 2 + [DIT] * 2,
     # HunyuanVideo anatomy: the token refiner's text blocks, then dual- and single-stream blocks
     "hunyuanimage": [(ATTN_TXT, FFN_TXT_ONLY)] * 2 + [MMDIT] * 2 + [(PAR,)] * 2,
+    "dreamlite": [CROSS] * 2,  # a U-Net's spatial transformer: pre-LayerNorm blocks, no timestep modulation
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
