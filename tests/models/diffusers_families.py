@@ -908,6 +908,84 @@ def _dreamlite_gqa(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) ->
             module.set_processor(DreamLiteAttnProcessor2_0())
 
 
+def _bria_fibo2() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import BriaFibo2Transformer2DModel
+
+    # 2 noise-refiner blocks, a 2-layer Perceiver squeezing the text into 4 gist tokens, then 3 blocks of which the
+    # middle one is an injection block (cross-attention to its own text bundle)
+    m = BriaFibo2Transformer2DModel(in_channels=4, patch_size=2, dim=32, n_layers=3, n_refiner_layers=2, n_heads=2,
+                                    cap_feat_dim=24, injection_layer_ids=(1,), perceiver_num_layers=2,
+                                    min_num_gist_tokens=4, max_num_gist_tokens=4, gist_step=4, gist_min_text_len=2,
+                                    gist_max_text_len=16, axes_dims=(4, 6, 6), axes_lens=(8, 8, 8))
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([0.7]),
+        # the Perceiver's text bundle, then one per injection block
+        "encoder_hidden_states": torch.randn(1, 2, 6, 24),
+    }
+
+
+def _real_rope_fibo2(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """Fibo 2's complex RoPE in the real form, asserted equal to diffusers' own.
+
+    diffusers multiplies q/k viewed as complex pairs (``view_as_complex``) by complex tables
+    (``torch.polar``) that the (non-module) ``RopeEmbedder`` gathers by position: TorchScript has no
+    ``aten::view_as_complex`` and dynamo cannot convert the complex product (as QwenImage).  The same
+    product of interleaved pairs is ``(a c - b s, a s + b c)``: the embedder here gathers the same
+    tables viewed as real ``[..., 2]`` (cos, sin) pairs, and the processor (diffusers' with only its
+    ``apply_rotary_emb`` changed) rotates with them.
+    """
+    import torch
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.transformers.transformer_bria_fibo2 import BriaFibo2Attention, BriaFibo2AttnProcessor
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+    rope = model.rope_embedder
+    tables = [torch.view_as_real(t) for t in rope.precompute_freqs_cis(rope.axes_dims, rope.axes_lens, rope.theta)]
+
+    class RealRopeEmbedder:
+        def __call__(self, ids: torch.Tensor) -> torch.Tensor:  # [S, axes] -> [S, D/2, 2] (cos, sin)
+            return torch.cat([tables[i][ids[:, i]] for i in range(len(tables))], dim=-2)
+
+    class RealRopeFibo2Processor(BriaFibo2AttnProcessor):
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                     attention_mask: torch.Tensor | None = None, freqs_cis: torch.Tensor | None = None) -> torch.Tensor:
+            query = attn.to_q(hidden_states)
+            if encoder_hidden_states is None:
+                encoder_hidden_states = hidden_states
+            key = attn.to_k(encoder_hidden_states)
+            value = attn.to_v(encoder_hidden_states)
+            query = attn.norm_q(query.unflatten(-1, (attn.heads, -1)))
+            key = attn.norm_k(key.unflatten(-1, (attn.heads, -1)))
+            value = value.unflatten(-1, (attn.heads, -1))
+
+            def apply_rotary_emb(x_in: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:  # the one change
+                x = x_in.float().reshape(*x_in.shape[:-1], -1, 2)
+                a, b = x[..., 0], x[..., 1]
+                c, s = freqs[..., 0].unsqueeze(2), freqs[..., 1].unsqueeze(2)
+                return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(3).type_as(x_in)
+
+            if freqs_cis is not None:
+                query = apply_rotary_emb(query, freqs_cis)
+                key = apply_rotary_emb(key, freqs_cis)
+            if attention_mask is not None and attention_mask.ndim == 2:
+                attention_mask = attention_mask[:, None, None, :]
+            hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                                  is_causal=False, backend=self._attention_backend,
+                                                  parallel_config=self._parallel_config)
+            return attn.to_out[0](hidden_states.flatten(2, 3))
+
+    model.rope_embedder = RealRopeEmbedder()
+    for module in model.modules():
+        if isinstance(module, BriaFibo2Attention):
+            module.set_processor(RealRopeFibo2Processor())
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -1070,6 +1148,9 @@ NEWER: dict[str, Family] = {f.name: f for f in (
 LATEST_H1: dict[str, Family] = {f.name: f for f in (
     # per-block text-encoder layers (a list input, flattened by _list_inputs) projected by caption_projection.i
     Family("bria_fibo", _bria_fibo, blocks=4, prepare=_list_inputs),
+    # Z-Image-like: 2 noise-refiner blocks, a 2-layer Perceiver (gist tokens read the text), 3 blocks over gist +
+    # image tokens, the middle one an injection block (cross-attention); complex RoPE made real: _real_rope_fibo2
+    Family("bria_fibo2", _bria_fibo2, blocks=7, prepare=_real_rope_fibo2),
     # sequence-first single-stream blocks sharing one adaLN modulation; zero-initialised: _trained_like
     Family("ernie_image", _ernie_image, prepare=_trained_like),
     # CogView4 anatomy (joint attention over text + image, one FFN applied to each stream); AR prior codes
