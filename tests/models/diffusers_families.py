@@ -75,6 +75,32 @@ stable_audio   ``StableAudioDiTModel``             1-D audio DiT, GQA cross-atte
 prx            ``PRXTransformer2DModel``           single-stream DiT over text + image tokens
 =============  ==================================  ================================================
 
+:data:`LATEST_H1` -- diffusers 0.42 classes of the h1 sweep (every one exports with both exporters):
+
+=============  ==================================  ================================================
+family         diffusers class                     what it exercises
+=============  ==================================  ================================================
+bria_fibo      ``BriaFiboTransformer2DModel``      Flux anatomy; each block's text half re-made from
+                                                   its own text-encoder layer (a list input,
+                                                   flattened by :func:`_list_inputs`)
+bria_fibo2     ``BriaFibo2Transformer2DModel``     noise refiner, a Perceiver whose gist tokens
+                                                   (a constant-rooted stream) read the text, then
+                                                   blocks with one injection cross-attention;
+                                                   complex RoPE made real (:func:`_real_rope_fibo2`)
+ernie_image    ``ErnieImageTransformer2DModel``    sequence-first single stream, one adaLN
+                                                   modulation shared by every block, text lengths
+                                                   as an input (RoPE offset, mask)
+glm_image      ``GlmImageTransformer2DModel``      CogView4 anatomy with AR prior codes
+                                                   (embedding + drop mask, :func:`_glm_prior_where`)
+hidream_image  ``HiDreamImageTransformer2DModel``  dual- then single-stream blocks each reading its
+                                                   own Llama layer; top-2 MoE image FFNs (dense
+                                                   form, :func:`_dense_moe`)
+hunyuanimage   ``HunyuanImageTransformer2DModel``  token-refiner text blocks, then dual- and
+                                                   single-stream blocks (no ByT5 glyph stream)
+dreamlite      ``DreamLiteTransformer2DModel``     a U-Net's spatial transformer: GroupNorm + conv
+                                                   projections around pre-LN blocks, GQA + qk-norm
+=============  ==================================  ================================================
+
 :func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
 torch versions, exporter, source of every function the export runs) under
 ``$RKPART_TEST_EXPORTS`` (default ``~/.cache/rkpart/test-exports``), so a rerun skips the
@@ -728,7 +754,7 @@ def _list_inputs(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> N
     """Every list-of-tensors input ``x`` becomes graph inputs ``x_0``, ``x_1``, ... that ``forward``
     gathers back into the list (an instance-level ``forward``: module names and computation unchanged)."""
     lists = {k: len(v) for k, v in inputs.items() if isinstance(v, list)}
-    for k, n in lists.items():
+    for k in lists:
         for i, t in enumerate(inputs.pop(k)):
             inputs[f"{k}_{i}"] = t
     forward = model.forward
