@@ -75,6 +75,32 @@ stable_audio   ``StableAudioDiTModel``             1-D audio DiT, GQA cross-atte
 prx            ``PRXTransformer2DModel``           single-stream DiT over text + image tokens
 =============  ==================================  ================================================
 
+:data:`LATEST_H1` -- diffusers 0.42 classes of the h1 sweep (every one exports with both exporters):
+
+=============  ==================================  ================================================
+family         diffusers class                     what it exercises
+=============  ==================================  ================================================
+bria_fibo      ``BriaFiboTransformer2DModel``      Flux anatomy; each block's text half re-made from
+                                                   its own text-encoder layer (a list input,
+                                                   flattened by :func:`_list_inputs`)
+bria_fibo2     ``BriaFibo2Transformer2DModel``     noise refiner, a Perceiver whose gist tokens
+                                                   (a constant-rooted stream) read the text, then
+                                                   blocks with one injection cross-attention;
+                                                   complex RoPE made real (:func:`_real_rope_fibo2`)
+ernie_image    ``ErnieImageTransformer2DModel``    sequence-first single stream, one adaLN
+                                                   modulation shared by every block, text lengths
+                                                   as an input (RoPE offset, mask)
+glm_image      ``GlmImageTransformer2DModel``      CogView4 anatomy with AR prior codes
+                                                   (embedding + drop mask, :func:`_glm_prior_where`)
+hidream_image  ``HiDreamImageTransformer2DModel``  dual- then single-stream blocks each reading its
+                                                   own Llama layer; top-2 MoE image FFNs (dense
+                                                   form, :func:`_dense_moe`)
+hunyuanimage   ``HunyuanImageTransformer2DModel``  token-refiner text blocks, then dual- and
+                                                   single-stream blocks (no ByT5 glyph stream)
+dreamlite      ``DreamLiteTransformer2DModel``     a U-Net's spatial transformer: GroupNorm + conv
+                                                   projections around pre-LN blocks, GQA + qk-norm
+=============  ==================================  ================================================
+
 :func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
 torch versions, exporter, source of every function the export runs) under
 ``$RKPART_TEST_EXPORTS`` (default ``~/.cache/rkpart/test-exports``), so a rerun skips the
@@ -710,6 +736,286 @@ def _flux3() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _bria_fibo() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import BriaFiboTransformer2DModel
+
+    m = BriaFiboTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=2,
+                                   attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                   axes_dims_rope=[4, 6, 6], text_encoder_dim=24)
+    img_ids, txt_ids = _flux_ids()
+    return m, {"hidden_states": torch.randn(1, 16, 16), "encoder_hidden_states": torch.randn(1, 6, 24),
+               # one text-encoder layer per block (2 dual + 2 single), each projected by its caption_projection
+               "text_encoder_layers": [torch.randn(1, 6, 24) for _ in range(4)],
+               "timestep": torch.tensor([0.7]), "img_ids": img_ids, "txt_ids": txt_ids}
+
+
+def _list_inputs(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """Every list-of-tensors input ``x`` becomes graph inputs ``x_0``, ``x_1``, ... that ``forward``
+    gathers back into the list (an instance-level ``forward``: module names and computation unchanged)."""
+    lists = {k: len(v) for k, v in inputs.items() if isinstance(v, list)}
+    for k in lists:
+        for i, t in enumerate(inputs.pop(k)):
+            inputs[f"{k}_{i}"] = t
+    forward = model.forward
+
+    def gathered(**kwargs: Any) -> Any:
+        for k, n in lists.items():
+            kwargs[k] = [kwargs.pop(f"{k}_{i}") for i in range(n)]
+        return forward(**kwargs)
+
+    model.forward = gathered
+
+
+def _ernie_image() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import ErnieImageTransformer2DModel
+
+    m = ErnieImageTransformer2DModel(hidden_size=32, num_attention_heads=2, num_layers=2, ffn_hidden_size=64,
+                                     in_channels=4, out_channels=4, patch_size=2, text_in_dim=24,
+                                     rope_axes_dim=(4, 6, 6))
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([7.0]),
+        "text_bth": torch.randn(1, 6, 24),
+        "text_lens": torch.tensor([6], dtype=torch.int64),  # the caption's length: text RoPE offset and mask
+    }
+
+
+def _glm_image() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import GlmImageTransformer2DModel
+
+    m = GlmImageTransformer2DModel(patch_size=2, in_channels=4, out_channels=4, num_layers=2, attention_head_dim=16,
+                                   num_attention_heads=2, text_embed_dim=24, time_embed_dim=32, condition_dim=8,
+                                   prior_vq_quantizer_codebook_size=64)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        # the AR prior's VQ codes, one per image token, and the (classifier-free) drop mask the pipeline passes
+        "prior_token_id": torch.randint(0, 64, (1, 16)),
+        "prior_token_drop": torch.zeros(1, 16, dtype=torch.bool),
+        "timestep": torch.tensor([7.0]),
+        "target_size": torch.tensor([[64.0, 64.0]]),
+        "crop_coords": torch.tensor([[0.0, 0.0]]),
+    }
+
+
+def _glm_image_fixed() -> dict[str, Any]:
+    """The model's own RoPE tables for the 4 x 4 grid: TorchScript exports ``GlmImageRotaryPosEmbed``'s
+    ``torch.outer(int64 positions, float frequencies)`` as an int64 product, so ``Cos`` gets an int64
+    input (ONNX shape inference rejects the model)."""
+    import torch
+    from diffusers.models.transformers.transformer_glm_image import GlmImageRotaryPosEmbed
+
+    return {"image_rotary_emb": GlmImageRotaryPosEmbed(16, 2, theta=10000.0)(torch.zeros(1, 4, 8, 8))}
+
+
+def _glm_prior_where(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """GLM-Image's prior-code dropping as a ``where``, asserted equal to diffusers' own (both masks).
+
+    ``prior_embedding[prior_token_drop] *= 0.0`` (boolean-mask indexing) exports a ``NonZero``
+    whose output shape depends on the mask's values (rkpart: exit 3).  ``where(drop, 0 * e, e)`` is
+    the same tensor.  ``forward`` is diffusers' with that one line changed (no KV cache: text-to-image).
+    """
+    import torch
+
+    def forward(hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, prior_token_id: torch.Tensor,
+                prior_token_drop: torch.Tensor, timestep: torch.Tensor, target_size: torch.Tensor,
+                crop_coords: torch.Tensor, image_rotary_emb: Any = None, return_dict: bool = True) -> Any:
+        self = model
+        batch_size, _, height, width = hidden_states.shape
+        if image_rotary_emb is None:
+            image_rotary_emb = self.rope(hidden_states)
+        p = self.config.patch_size
+        hidden_states = self.image_projector(hidden_states)
+        encoder_hidden_states = self.glyph_projector(encoder_hidden_states)
+        prior_embedding = self.prior_token_embedding(prior_token_id)
+        prior_embedding = torch.where(prior_token_drop[..., None], prior_embedding * 0.0, prior_embedding)  # the change
+        hidden_states = hidden_states + self.prior_projector(prior_embedding)
+        temb = self.time_condition_embed(timestep, target_size, crop_coords, hidden_states.dtype)
+        for block in self.transformer_blocks:
+            hidden_states, encoder_hidden_states = block(hidden_states, encoder_hidden_states, temb,
+                                                         image_rotary_emb, None, None, kv_cache=None)
+        hidden_states = self.proj_out(self.norm_out(hidden_states, temb))
+        hidden_states = hidden_states.reshape(batch_size, height // p, width // p, -1, p, p)
+        return (hidden_states.permute(0, 3, 1, 4, 2, 5).flatten(4, 5).flatten(2, 3),)
+
+    with torch.no_grad():
+        for drop in (False, True):
+            args = {**inputs, **fixed, "prior_token_drop": torch.full_like(inputs["prior_token_drop"], drop)}
+            torch.testing.assert_close(forward(**args, return_dict=False)[0], model(**args, return_dict=False)[0],
+                                       rtol=0, atol=0)
+    model.forward = forward
+
+
+
+def _hidream_image() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import HiDreamImageTransformer2DModel
+
+    m = HiDreamImageTransformer2DModel(patch_size=2, in_channels=4, out_channels=4, num_layers=2, num_single_layers=2,
+                                       attention_head_dim=16, num_attention_heads=2, caption_channels=[24, 20],
+                                       text_emb_dim=16, num_routed_experts=4, num_activated_experts=2,
+                                       axes_dims_rope=(8, 4, 4), max_resolution=(8, 8), llama_layers=[0, 1, 2, 3])
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timesteps": torch.tensor([7.0]),
+        "encoder_hidden_states_t5": torch.randn(1, 6, 24),
+        # the Llama layers the blocks read, one per block (llama_layers), stacked
+        "encoder_hidden_states_llama3": torch.randn(4, 1, 5, 20),
+        "pooled_embeds": torch.randn(1, 16),
+    }
+
+
+def _dense_moe(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """HiDream's MoE FFNs in the dense form, asserted equal to diffusers' own.
+
+    ``MOEFeedForwardSwiGLU.moe_infer`` groups tokens by expert with ``bincount().cpu().numpy()``
+    (data-dependent: dynamo cannot export it, TorchScript would bake one input's grouping in).  The
+    same sum is every expert on every token weighed by its gate, 0 where the router did not pick it
+    (the top-k weights scattered into a dense ``[tokens, experts]`` matrix, as :mod:`tests.models.moe`).
+    """
+    import torch
+    from diffusers.models.transformers.transformer_hidream_image import MOEFeedForwardSwiGLU
+
+    def dense(self: Any, x: torch.Tensor) -> torch.Tensor:
+        topk_idx, topk_weight, _ = self.gate(x)
+        flat = x.view(-1, x.shape[-1])
+        gates = torch.zeros(flat.shape[0], len(self.experts), dtype=x.dtype).scatter(1, topk_idx, topk_weight)
+        y = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            y = y + gates[:, e:e + 1] * expert(flat)
+        return y.view(*x.shape) + self.shared_experts(x)
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+        for module in model.modules():
+            if isinstance(module, MOEFeedForwardSwiGLU):
+                module.forward = dense.__get__(module)
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
+def _hunyuanimage() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import HunyuanImageTransformer2DModel
+
+    m = HunyuanImageTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+                                       num_layers=2, num_single_layers=2, num_refiner_layers=2, patch_size=(2, 2),
+                                       text_embed_dim=24, rope_axes_dim=(8, 8))
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([7.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "encoder_attention_mask": torch.ones(1, 6, dtype=torch.int64),
+    }
+
+
+def _dreamlite() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import DreamLiteTransformer2DModel
+
+    # the DreamLite U-Net's defaults: RMS qk-norm, one KV head (GQA), ff_mult 6, conv proj_in/proj_out
+    m = DreamLiteTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=32, num_layers=2,
+                                    cross_attention_dim=24, norm_num_groups=8, qk_norm="rms_norm", ff_mult=6,
+                                    num_kv_heads=1)
+    return m, {"hidden_states": torch.randn(1, 32, 4, 4), "encoder_hidden_states": torch.randn(1, 6, 24)}
+
+
+def _dreamlite_gqa(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """The GQA-aware processor ``DreamLiteUNetModel.__init__`` installs on every ``Attention`` (the stock
+    ``AttnProcessor2_0`` cannot reshape one KV head to two query heads)."""
+    from diffusers.models.attention_processor import Attention
+    from diffusers.models.unets.unet_dreamlite import DreamLiteAttnProcessor2_0
+
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.set_processor(DreamLiteAttnProcessor2_0())
+
+
+def _bria_fibo2() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import BriaFibo2Transformer2DModel
+
+    # 2 noise-refiner blocks, a 2-layer Perceiver squeezing the text into 4 gist tokens, then 3 blocks of which the
+    # middle one is an injection block (cross-attention to its own text bundle)
+    m = BriaFibo2Transformer2DModel(in_channels=4, patch_size=2, dim=32, n_layers=3, n_refiner_layers=2, n_heads=2,
+                                    cap_feat_dim=24, injection_layer_ids=(1,), perceiver_num_layers=2,
+                                    min_num_gist_tokens=4, max_num_gist_tokens=4, gist_step=4, gist_min_text_len=2,
+                                    gist_max_text_len=16, axes_dims=(4, 6, 6), axes_lens=(8, 8, 8))
+    with torch.no_grad():  # the injection gate is zero-initialised (tanh(0) * x: a constant-zero stage output that
+        for block in m.layers:  # rknn-toolkit2 2.5.0's fold_constant refuses); a trained checkpoint's is not
+            if block.cross_attention is not None:
+                block.cross_attn_gate.fill_(0.5)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([0.7]),
+        # the Perceiver's text bundle, then one per injection block
+        "encoder_hidden_states": torch.randn(1, 2, 6, 24),
+    }
+
+
+def _real_rope_fibo2(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """Fibo 2's complex RoPE in the real form, asserted equal to diffusers' own.
+
+    diffusers multiplies q/k viewed as complex pairs (``view_as_complex``) by complex tables
+    (``torch.polar``) that the (non-module) ``RopeEmbedder`` gathers by position: TorchScript has no
+    ``aten::view_as_complex`` and dynamo cannot convert the complex product (as QwenImage).  The same
+    product of interleaved pairs is ``(a c - b s, a s + b c)``: the embedder here gathers the same
+    tables viewed as real ``[..., 2]`` (cos, sin) pairs, and the processor (diffusers' with only its
+    ``apply_rotary_emb`` changed) rotates with them.
+    """
+    import torch
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.transformers.transformer_bria_fibo2 import BriaFibo2Attention, BriaFibo2AttnProcessor
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+    rope = model.rope_embedder
+    tables = [torch.view_as_real(t) for t in rope.precompute_freqs_cis(rope.axes_dims, rope.axes_lens, rope.theta)]
+
+    class RealRopeEmbedder:
+        def __call__(self, ids: torch.Tensor) -> torch.Tensor:  # [S, axes] -> [S, D/2, 2] (cos, sin)
+            return torch.cat([tables[i][ids[:, i]] for i in range(len(tables))], dim=-2)
+
+    class RealRopeFibo2Processor(BriaFibo2AttnProcessor):
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                     attention_mask: torch.Tensor | None = None, freqs_cis: torch.Tensor | None = None) -> torch.Tensor:
+            query = attn.to_q(hidden_states)
+            if encoder_hidden_states is None:
+                encoder_hidden_states = hidden_states
+            key = attn.to_k(encoder_hidden_states)
+            value = attn.to_v(encoder_hidden_states)
+            query = attn.norm_q(query.unflatten(-1, (attn.heads, -1)))
+            key = attn.norm_k(key.unflatten(-1, (attn.heads, -1)))
+            value = value.unflatten(-1, (attn.heads, -1))
+
+            def apply_rotary_emb(x_in: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:  # the one change
+                x = x_in.float().reshape(*x_in.shape[:-1], -1, 2)
+                a, b = x[..., 0], x[..., 1]
+                c, s = freqs[..., 0].unsqueeze(2), freqs[..., 1].unsqueeze(2)
+                return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(3).type_as(x_in)
+
+            if freqs_cis is not None:
+                query = apply_rotary_emb(query, freqs_cis)
+                key = apply_rotary_emb(key, freqs_cis)
+            if attention_mask is not None and attention_mask.ndim == 2:
+                attention_mask = attention_mask[:, None, None, :]
+            hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                                  is_causal=False, backend=self._attention_backend,
+                                                  parallel_config=self._parallel_config)
+            return attn.to_out[0](hidden_states.flatten(2, 3))
+
+    model.rope_embedder = RealRopeEmbedder()
+    for module in model.modules():
+        if isinstance(module, BriaFibo2Attention):
+            module.set_processor(RealRopeFibo2Processor())
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -867,6 +1173,28 @@ NEWER: dict[str, Family] = {f.name: f for f in (
     Family("stable_audio", _stable_audio, _stable_audio_fixed),
     Family("prx", _prx, prepare=_trained_like),  # zero-initialised modulation: _trained_like
 )}
+#: diffusers 0.42 classes added by the h1 sweep: BriaFibo, BriaFibo2, DreamLite, ErnieImage, GlmImage, HiDreamImage,
+#: HunyuanImage
+LATEST_H1: dict[str, Family] = {f.name: f for f in (
+    # per-block text-encoder layers (a list input, flattened by _list_inputs) projected by caption_projection.i
+    Family("bria_fibo", _bria_fibo, blocks=4, prepare=_list_inputs),
+    # Z-Image-like: 2 noise-refiner blocks, a 2-layer Perceiver (gist tokens read the text), 3 blocks over gist +
+    # image tokens, the middle one an injection block (cross-attention); complex RoPE made real: _real_rope_fibo2
+    Family("bria_fibo2", _bria_fibo2, blocks=7, prepare=_real_rope_fibo2),
+    # sequence-first single-stream blocks sharing one adaLN modulation; zero-initialised: _trained_like
+    Family("ernie_image", _ernie_image, prepare=_trained_like),
+    # CogView4 anatomy (joint attention over text + image, one FFN applied to each stream); AR prior codes
+    Family("glm_image", _glm_image, _glm_image_fixed, prepare=_glm_prior_where),
+    # dual-stream then single-stream blocks, each reading its own Llama layer; top-2 MoE FFNs on the image
+    # stream (dense form: _dense_moe)
+    Family("hidream_image", _hidream_image, blocks=4, prepare=_dense_moe),
+    # HunyuanVideo anatomy over images: 2 token-refiner text blocks, then dual- and single-stream blocks; no
+    # ByT5 glyph stream (text_embed_2_dim): its valid-tokens-first reordering is boolean-mask indexing
+    Family("hunyuanimage", _hunyuanimage, blocks=6),
+    # the DreamLite U-Net's spatial transformer (GroupNorm, conv proj_in/out around self-attn, cross-attn, GEGLU FFN
+    # blocks; GQA with qk RMSNorm through the U-Net's processor: _dreamlite_gqa)
+    Family("dreamlite", _dreamlite, prepare=_dreamlite_gqa),
+)}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
     "MochiTransformer3DModel": "exports, but the masked text pooling leaves shapes dynamic (rkpart exit 3)",
@@ -888,7 +1216,7 @@ SIZED: dict[str, Family] = {f.name: f for f in (
     Family("flux_m", lambda: _flux_sized(heads=8, head_dim=64, side=16, text=64)),
 )}
 #: every family and variant by name
-ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **SIZED}
+ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **LATEST_H1, **SIZED}
 
 
 def _decompose_rms_norm(model: Any) -> None:
