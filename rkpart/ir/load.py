@@ -988,6 +988,11 @@ def _small_result(node: onnx.NodeProto, shapes: Mapping[str, tuple[int | str, ..
     if all(k is not None and all(isinstance(d, int) and d >= 0 for d in k) for k in known):
         n = sum(math.prod(int(d) for d in k) for k in known if k is not None)
         return n * 8 <= FOLD_LIMIT
+    if node.op_type == "NonZero" and node.input and node.input[0] in values:
+        # one int64 index per element and axis at most: a constant mask's indices (a boolean index
+        # into a constant, TorchScript's NonZero of a Constant) fold to a static shape
+        x = values[node.input[0]]
+        return int(x.size) * max(x.ndim, 1) * 8 <= FOLD_LIMIT
     if node.op_type in GENERATIVE_OPS:
         return False
     # other ops produce at most about what their inputs hold

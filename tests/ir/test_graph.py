@@ -109,3 +109,29 @@ def test_one_byte_counter() -> None:
         tensor_nbytes(TensorProto.STRING, [1], "tensor 's'")
     with pytest.raises(InvalidModelError, match="negative dimension"):
         tensor_nbytes(TensorProto.FLOAT, [2, -1])
+
+
+def test_nonzero_of_a_constant_mask_folds_to_a_static_shape(tmp_path: Path) -> None:
+    """``x[:, mask]`` with ``mask`` a Constant (TorchScript: ``NonZero(Constant)`` -> ``Gather``)::
+
+        mask (Constant, bool[6]) ─ NonZero ─ Transpose ─ Squeeze ─┐
+        x [1, 6, 4] ──────────────────────────────────────────────── Gather(axis 1) ─ y [1, 3, 4]
+
+    The indices depend on the constant's values only: loading folds them, so every shape is
+    static (before: exit 3, "the shape ... depends on values")."""
+    mask = np.array([True, False, True, False, False, True])
+    nodes = [
+        helper.make_node("Constant", [], ["mask"], value=numpy_helper.from_array(mask)),
+        helper.make_node("NonZero", ["mask"], ["nz"]),
+        helper.make_node("Transpose", ["nz"], ["nzt"], perm=[1, 0]),
+        helper.make_node("Squeeze", ["nzt", "one"], ["idx"]),
+        helper.make_node("Gather", ["x", "idx"], ["y"], axis=1),
+    ]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 6, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "n", 4])],
+                          [numpy_helper.from_array(np.array([1], dtype=np.int64), "one")])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    mg = load_model(path)
+    assert mg.shape("y") == (1, 3, 4)
+    assert np.array_equal(numpy_helper.to_array(mg.constant("idx")), [0, 2, 5])
