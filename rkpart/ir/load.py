@@ -64,6 +64,8 @@ from rkpart.ir.tensors import (
 MIN_OPSET, MAX_OPSET = 7, 23
 #: constant results up to this size are folded into initializers at load time
 FOLD_LIMIT = 1 << 16
+#: at most this many folding rounds (each runs shape inference once)
+FOLD_ROUNDS = 64
 #: never folded nor treated as constants: random ops differ per run, control flow is opaque
 _NO_FOLD = RANDOM_OPS | CONTROL_FLOW_OPS
 
@@ -742,7 +744,10 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
     for init in g.initializer:
         if init.data_location != TensorProto.EXTERNAL and init.ByteSize() <= FOLD_LIMIT:
             values[init.name] = numpy_helper.to_array(init)
-    for _ in range(6):
+    # a round folds what the shapes known at its start resolve; each chunk() of a tensor whose shape
+    # an earlier chunk's fold made known takes a round more (TorchScript: Shape -> Gather -> Add ->
+    # Div -> Mul per chunk, block after block), so rounds go on while they fold something
+    for _ in range(FOLD_ROUNDS):
         # shape inference runs when a fold first needs a shape: a Constant's is its value's
         shapes = _Shapes(model)
         folded: dict[int, list[np.ndarray]] = {}

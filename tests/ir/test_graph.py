@@ -135,3 +135,28 @@ def test_nonzero_of_a_constant_mask_folds_to_a_static_shape(tmp_path: Path) -> N
     mg = load_model(path)
     assert mg.shape("y") == (1, 3, 4)
     assert np.array_equal(numpy_helper.to_array(mg.constant("idx")), [0, 2, 5])
+
+
+def test_chained_chunks_fold_however_deep(tmp_path: Path) -> None:
+    """Ten ``x[:, : x.shape[1] // 2]`` in a row, as TorchScript writes ``chunk()``::
+
+        x ─ Shape ─ Gather(1) ─ Div(2) ─ Unsqueeze ─┐
+        x ──────────────────────────────────────── Slice(axis 1) ─ x' ─ (again, 10 times)
+
+    ONNX shape inference does not carry values through ``Div``, so each level's bounds fold
+    only once the level before is folded: a round each.  Loading folds until nothing is left
+    (it stopped after 6 rounds, and the model was refused as value-dependent)."""
+    nodes, inits, t = [], [numpy_helper.from_array(np.array(v, dtype=np.int64), n)
+                           for n, v in (("one", 1), ("two", 2), ("zero1", [0]), ("ax1", [1]), ("ax0", [0]))], "x"
+    for k in range(10):
+        nodes += [helper.make_node("Shape", [t], [f"s{k}"]),
+                  helper.make_node("Gather", [f"s{k}", "one"], [f"g{k}"], axis=0),
+                  helper.make_node("Div", [f"g{k}", "two"], [f"d{k}"]),
+                  helper.make_node("Unsqueeze", [f"d{k}", "ax0"], [f"e{k}"]),
+                  helper.make_node("Slice", [t, "zero1", f"e{k}", "ax1"], [f"x{k}"])]
+        t = f"x{k}"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1024])],
+                          [helper.make_tensor_value_info(t, TensorProto.FLOAT, [1, "n"])], inits)
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    assert load_model(path).shape(t) == (1, 1)

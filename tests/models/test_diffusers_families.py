@@ -35,3 +35,20 @@ def test_lumina2_patch_refuses_a_partial_caption() -> None:
     inputs["encoder_attention_mask"][0, -2:] = 0
     with pytest.raises(AssertionError, match="full captions"):
         real_rope_lumina2(model.eval(), inputs, {})
+
+
+def test_every_transformer_class_is_swept_or_says_why() -> None:
+    """Issue 28's sweep: each model class of ``diffusers.models.transformers`` has a family (with the class it
+    builds) or a reason in ``NOT_EXPORTED``; a class a new diffusers adds fails here until it has one."""
+    import inspect
+
+    import diffusers.models.transformers as transformers
+    from diffusers.models.modeling_utils import ModelMixin
+
+    from tests.models.diffusers_families import ALL, CLASS_OF, NOT_EXPORTED, SIZED
+
+    classes = {n for n, c in vars(transformers).items() if inspect.isclass(c) and issubclass(c, ModelMixin)}
+    assert set(CLASS_OF) == set(ALL) - set(SIZED)  # every family names its class
+    swept = set(CLASS_OF.values())
+    assert classes <= swept | set(NOT_EXPORTED), sorted(classes - swept - set(NOT_EXPORTED))
+    assert not swept & set(NOT_EXPORTED)
