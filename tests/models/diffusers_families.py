@@ -710,6 +710,72 @@ def _flux3() -> tuple[Any, dict[str, Any]]:
     }
 
 
+# --- LATEST_H2 builders (diffusers 0.42) ---
+
+
+def _ideogram4() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import Ideogram4Transformer2DModel
+
+    m = Ideogram4Transformer2DModel(in_channels=16, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+                                    intermediate_size=64, adaln_dim=32, llm_features_dim=24, rope_theta=10000,
+                                    mrope_section=(4, 2, 2))
+    # the pipeline's packed [text][image] sequence: 6 text tokens (positions i, i, i), 4 x 4 image tokens
+    # (t, h, w) + 65536, one segment; the image slots of hidden_states and the text slots of the features
+    # are masked inside the model by the indicator
+    text, side = 6, 4
+    h = torch.arange(side).repeat_interleave(side)
+    w = torch.arange(side).repeat(side)
+    image_pos = torch.stack([torch.zeros_like(h), h, w], dim=1) + 65536
+    text_pos = torch.arange(text).unsqueeze(1).expand(text, 3)
+    indicator = torch.cat([torch.full((text,), 3), torch.full((side * side,), 2)])
+    n = text + side * side
+    return m, {
+        "hidden_states": torch.randn(1, n, 16),
+        "timestep": torch.tensor([0.3]),
+        "encoder_hidden_states": torch.randn(1, n, 24),
+        "position_ids": torch.cat([text_pos, image_pos]).unsqueeze(0).long(),
+        "segment_ids": torch.ones(1, n, dtype=torch.int64),
+        "indicator": indicator.unsqueeze(0).long(),
+    }
+
+
+def _ideogram4_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """Ideogram4's MRoPE interleave as two ``torch.where`` with constant masks, asserted equal to diffusers'.
+
+    diffusers writes the h and w frequencies into every third slot in place
+    (``freqs_t[..., idx] = freqs[axis][..., idx]``); TorchScript exports that index_put as a
+    ScatterND whose constant-folded data leaves an ``Expand`` with an empty input name (ONNX
+    checker and ONNX Runtime: "input 0 is marked single but has an empty string").  Selecting
+    each slot from its axis with ``torch.where`` is the same function (no arithmetic).
+    """
+    import torch
+
+    rope = model.rotary_emb
+    masks = []
+    for axis, offset in ((1, 1), (2, 2)):
+        mask = torch.zeros(rope.inv_freq.numel(), dtype=torch.bool)
+        mask[offset:rope.mrope_section[axis] * 3:3] = True
+        masks.append(mask)
+
+    def forward(position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        batch_size = position_ids.shape[0]
+        pos = position_ids.permute(2, 0, 1).to(dtype=torch.float32)
+        inv_freq = rope.inv_freq.to(dtype=torch.float32)[None, None, :, None].expand(3, batch_size, -1, 1)
+        freqs = (inv_freq @ pos.unsqueeze(2)).transpose(2, 3)  # (3, B, L, F)
+        freqs_t = torch.where(masks[0], freqs[1], freqs[0])
+        freqs_t = torch.where(masks[1], freqs[2], freqs_t)
+        emb = torch.cat((freqs_t, freqs_t), dim=-1)
+        return emb.cos().float(), emb.sin().float()
+
+    with torch.no_grad():
+        reference = rope(inputs["position_ids"])
+        patched = forward(inputs["position_ids"])
+    for a, b in zip(reference, patched, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    rope.forward = forward
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -867,6 +933,10 @@ NEWER: dict[str, Family] = {f.name: f for f in (
     Family("stable_audio", _stable_audio, _stable_audio_fixed),
     Family("prx", _prx, prepare=_trained_like),  # zero-initialised modulation: _trained_like
 )}
+#: issue 28's sweep, continued: newer classes of diffusers 0.42 (Ideogram4, ...)
+LATEST_H2: dict[str, Family] = {f.name: f for f in (
+    Family("ideogram4", _ideogram4, prepare=_ideogram4_rope),  # packed text + image sequence, DiT blocks
+)}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
     "MochiTransformer3DModel": "exports, but the masked text pooling leaves shapes dynamic (rkpart exit 3)",
@@ -888,7 +958,7 @@ SIZED: dict[str, Family] = {f.name: f for f in (
     Family("flux_m", lambda: _flux_sized(heads=8, head_dim=64, side=16, text=64)),
 )}
 #: every family and variant by name
-ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **SIZED}
+ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **LATEST_H2, **SIZED}
 
 
 def _decompose_rms_norm(model: Any) -> None:

@@ -86,6 +86,8 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "flux3": [PAR_TXT_BLOCK] * 2 + [(PAR,)] * 2 + [(JATTN,), (PAR,)],
     "stable_audio": [CROSS] * 2,
     "prx": [DIT] * 2,
+    # LATEST_H2 (tests.models.diffusers_families.LATEST_H2, diffusers 0.42)
+    "ideogram4": [DIT] * 2,  # one packed text + image sequence
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
