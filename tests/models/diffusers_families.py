@@ -776,6 +776,54 @@ def _ideogram4_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -
     rope.forward = forward
 
 
+def _krea2() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import Krea2Transformer2DModel
+
+    m = Krea2Transformer2DModel(in_channels=16, num_layers=2, attention_head_dim=16, num_attention_heads=2,
+                                num_key_value_heads=1, intermediate_size=64, timestep_embed_dim=32,
+                                text_hidden_dim=32, num_text_layers=3, text_num_attention_heads=2,
+                                text_num_key_value_heads=2, text_intermediate_size=64, num_layerwise_text_blocks=2,
+                                num_refiner_text_blocks=2, axes_dims_rope=(4, 6, 6))
+    # the pipeline's rotary ids: text rows at the origin, image rows (0, h, w); a bool text mask (2 padded tokens)
+    text, side = 6, 4
+    image_ids = torch.zeros(side * side, 3)
+    image_ids[:, 1] = torch.arange(side * side) // side
+    image_ids[:, 2] = torch.arange(side * side) % side
+    return m, {
+        "hidden_states": torch.randn(1, side * side, 16),
+        "encoder_hidden_states": torch.randn(1, text, 3, 32),
+        "timestep": torch.tensor([0.7]),
+        "position_ids": torch.cat([torch.zeros(text, 3), image_ids]),
+        "encoder_attention_mask": torch.tensor([[True] * (text - 2) + [False] * 2]),
+    }
+
+
+def _krea2_rms_norm(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """Krea2's RMSNorms (``F.rms_norm`` with weight ``1 + w``: ``aten::rms_norm``, no TorchScript symbolic
+    below opset 23) in the decomposed form :func:`_decompose_rms_norm` gives ``torch.nn.RMSNorm``; the
+    output is asserted equal to diffusers' own (within 1e-5)."""
+    import torch
+    from diffusers.models.transformers.transformer_krea2 import Krea2RMSNorm
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+
+    def decomposed(norm: Krea2RMSNorm) -> Callable[[torch.Tensor], torch.Tensor]:
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            y = x.float()
+            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + norm.eps)
+            return (y * (norm.weight + 1.0)).to(x.dtype)
+        return forward
+
+    for module in model.modules():
+        if isinstance(module, Krea2RMSNorm):
+            module.forward = decomposed(module)
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -936,6 +984,9 @@ NEWER: dict[str, Family] = {f.name: f for f in (
 #: issue 28's sweep, continued: newer classes of diffusers 0.42 (Ideogram4, ...)
 LATEST_H2: dict[str, Family] = {f.name: f for f in (
     Family("ideogram4", _ideogram4, prepare=_ideogram4_rope),  # packed text + image sequence, DiT blocks
+    # text fusion: 2 layer-wise blocks (attention across tapped encoder layers, per token), 2 token refiners;
+    # then 2 single-stream blocks over text + image
+    Family("krea2", _krea2, blocks=6, prepare=_krea2_rms_norm),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
