@@ -824,6 +824,121 @@ def _krea2_rms_norm(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -
     torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
+def _nucleus_moe() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import NucleusMoEImageTransformer2DModel
+
+    # block 0 dense (SwiGLU, mlp_ratio 6: inner 128), blocks 1-2 expert-choice MoE (4 experts, capacity 4 of 16
+    # tokens, a shared expert); GQA 2 query heads over 1 kv head
+    m = NucleusMoEImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=3,
+                                          attention_head_dim=16, num_attention_heads=2, num_key_value_heads=1,
+                                          joint_attention_dim=24, axes_dims_rope=(4, 6, 6), mlp_ratio=6.0,
+                                          moe_enabled=True, dense_moe_strategy="leave_first_block_dense",
+                                          num_experts=4, moe_intermediate_dim=32, capacity_factors=1.0)
+    with torch.no_grad():  # the packed expert weights are torch.empty (a checkpoint fills them)
+        for name, prm in m.named_parameters():
+            if name.endswith(("gate_up_proj", "down_proj")):
+                prm.copy_(torch.randn(prm.shape) * 0.1)
+    return m, {
+        "hidden_states": torch.randn(1, 16, 16),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "encoder_hidden_states_mask": torch.tensor([[True] * 4 + [False] * 2]),
+        "timestep": torch.tensor([0.7]),
+    }
+
+
+def _nucleus_moe_fixed() -> dict[str, Any]:
+    return {"img_shapes": [(1, 4, 4)]}
+
+
+def _nucleus_moe_prepare(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """NucleusMoE's complex RoPE in the real (cos/sin) form and its experts split statically, asserted
+    equal to diffusers' own.
+
+    diffusers rotates q/k viewed as complex pairs (``view_as_complex``) by complex tables
+    (``torch.polar``): TorchScript has no ``aten::view_as_complex`` and the dynamo exporter
+    cannot convert the complex product (as for QwenImage, whose RoPE this is).  The tables depend
+    only on ``img_shapes`` and the text length, so they become constants; the same rotation of
+    interleaved pairs is ``x * cos + rot(x) * sin`` with each frequency repeated per pair.
+
+    The experts' loop splits the routed tokens by ``num_tokens_per_expert.tolist()``: TorchScript
+    makes a SplitToSequence / ConcatFromSequence whose shapes depend on values (rkpart exit 3) and
+    the dynamo exporter fails on the unbacked sizes ("should have been constant, but got u0 + u1 +
+    u2 + u3").  Expert-choice routing gives every expert the same count (``bs * capacity``), so
+    the split is by that static size.
+    """
+    import torch
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    import torch.nn.functional as F
+    from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEAttnProcessor2_0, SwiGLUExperts
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+        text = inputs["encoder_hidden_states"].shape[1]
+        img, txt = model.pos_embed(fixed["img_shapes"], max_txt_seq_len=text)
+
+    def real(freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [S, D/2] complex -> [S, D] cos, sin
+        return (freqs.real.repeat_interleave(2, dim=-1).float().contiguous(),
+                freqs.imag.repeat_interleave(2, dim=-1).float().contiguous())
+
+    tables = (real(img), real(txt))
+
+    def rotate(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:  # x: [B, S, H, D]
+        cos, sin = (t[None, :, None, :] for t in cos_sin)
+        x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
+        rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+        return (x.float() * cos + rotated * sin).type_as(x)
+
+    class RealRopeProcessor(NucleusMoEAttnProcessor2_0):
+        """diffusers' processor (no cached text keys) with the rotation in the real form."""
+
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
+                     attention_mask: torch.Tensor | None = None, image_rotary_emb: Any = None,
+                     **_: Any) -> torch.Tensor:
+            head_dim = attn.inner_dim // attn.heads
+            num_kv_heads = attn.inner_kv_dim // head_dim
+            num_kv_groups = attn.heads // num_kv_heads
+            img_query = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))
+            img_key = attn.to_k(hidden_states).unflatten(-1, (num_kv_heads, -1))
+            img_value = attn.to_v(hidden_states).unflatten(-1, (num_kv_heads, -1))
+            img_query = attn.norm_q(img_query)
+            img_key = attn.norm_k(img_key)
+            img_query, img_key = rotate(img_query, tables[0]), rotate(img_key, tables[0])
+            txt_key = attn.add_k_proj(encoder_hidden_states).unflatten(-1, (num_kv_heads, -1))
+            txt_value = attn.add_v_proj(encoder_hidden_states).unflatten(-1, (num_kv_heads, -1))
+            txt_key = rotate(attn.norm_added_k(txt_key), tables[1])
+            joint_key = torch.cat([img_key, txt_key], dim=1)
+            joint_value = torch.cat([img_value, txt_value], dim=1)
+            if num_kv_groups > 1:
+                joint_key = joint_key.repeat_interleave(num_kv_groups, dim=2)
+                joint_value = joint_value.repeat_interleave(num_kv_groups, dim=2)
+            out = dispatch_attention_fn(img_query, joint_key, joint_value, attn_mask=attention_mask, dropout_p=0.0,
+                                        is_causal=False)
+            out = out.flatten(2, 3).to(img_query.dtype)
+            return attn.to_out[0](out)
+
+    def static_experts(experts: SwiGLUExperts) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        def forward(x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
+            # expert-choice routing gives every expert the same count (torch.full(bs * capacity)), no padding
+            outs = []
+            for e, x_e in enumerate(x.split(x.shape[0] // experts.num_experts)):
+                gate, up = torch.matmul(x_e, experts.gate_up_proj[e]).chunk(2, dim=-1)
+                outs.append(torch.matmul(F.silu(gate) * up, experts.down_proj[e]))
+            return torch.cat(outs, dim=0)
+        return forward
+
+    model.pos_embed.forward = lambda *args, **kwargs: None
+    for module in model.modules():
+        if isinstance(module, SwiGLUExperts):
+            module.forward = static_experts(module)
+    for module in model.modules():
+        if type(getattr(module, "processor", None)) is NucleusMoEAttnProcessor2_0:
+            module.set_processor(RealRopeProcessor())
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -987,6 +1102,8 @@ LATEST_H2: dict[str, Family] = {f.name: f for f in (
     # text fusion: 2 layer-wise blocks (attention across tapped encoder layers, per token), 2 token refiners;
     # then 2 single-stream blocks over text + image
     Family("krea2", _krea2, blocks=6, prepare=_krea2_rms_norm),
+    # one dense block, then 2 expert-choice MoE blocks; image queries attend to image + text keys
+    Family("nucleus_moe", _nucleus_moe, _nucleus_moe_fixed, blocks=3, prepare=_nucleus_moe_prepare),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {

@@ -92,6 +92,9 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     # blocks over text + image; attention has a sigmoid output gate (to_gate); the fusion projector and txt_in
     # between the stages are conditioning, not long skips
     "krea2": [(ATTN_TXT, FFN_TXT_ONLY)] * 4 + [DIT] * 2,
+    # image queries over image + per-block projected text keys (no text stream); blocks 1-2 MoE (router, top-k,
+    # gather, per-expert SwiGLU, scatter-add beside a shared expert): one FFN region
+    "nucleus_moe": [DIT] * 3,
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
