@@ -939,6 +939,70 @@ def _nucleus_moe_prepare(model: Any, inputs: dict[str, Any], fixed: dict[str, An
     torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
+def _omnigen() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import OmniGenTransformer2DModel
+
+    m = OmniGenTransformer2DModel(in_channels=4, patch_size=2, hidden_size=32, num_attention_heads=2,
+                                  num_key_value_heads=2, intermediate_size=64, num_layers=2, pad_token_id=0,
+                                  vocab_size=64, rope_scaling={"short_factor": [1.0] * 8, "long_factor": [2.0] * 8},
+                                  pos_embed_max_size=16, time_step_dim=32)
+    # text-to-image: [6 text tokens, the time token, 16 image tokens]; the processor's mask (causal over text
+    # and time token, image rows see everything) and positions 0..22
+    text, image = 6, 16
+    n = text + 1 + image
+    mask = torch.zeros(n, n)
+    mask[: text + 1, : text + 1] = torch.tril(torch.ones(text + 1, text + 1))
+    mask[text + 1:] = 1.0
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([0.7]),
+        "input_ids": torch.randint(1, 64, (1, text)),
+        "attention_mask": mask.unsqueeze(0),
+        "position_ids": torch.arange(n).unsqueeze(0),
+    }
+
+
+def _omnigen_fixed() -> dict[str, Any]:
+    return {"input_img_latents": [], "input_image_sizes": {}}
+
+
+def _omnigen_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """OmniGen's SuScaled RoPE with its short/long factor choice made once, asserted equal to diffusers'.
+
+    diffusers picks the factors by ``torch.max(position_ids) + 1 > original_max_position_embeddings``,
+    a branch on input values: the dynamo exporter fails ("Could not guard on data-dependent
+    expression"), TorchScript bakes the traced branch in.  The processor's positions run 0 .. the
+    sequence length - 1, so the choice follows from the static length; it is made here from the
+    example positions (as TorchScript's trace does) and the rest is diffusers' computation.
+    """
+    import math
+
+    import torch
+
+    rope = model.rope
+    long = int(inputs["position_ids"].max()) + 1 > rope.original_max_position_embeddings
+    factors = torch.tensor(rope.long_factor if long else rope.short_factor, dtype=torch.float32)
+    scale = rope.max_position_embeddings / rope.original_max_position_embeddings
+    scaling = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(rope.original_max_position_embeddings))
+
+    with torch.no_grad():
+        reference = rope(inputs["hidden_states"], inputs["position_ids"])
+
+    def forward(hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq = 1.0 / (factors * rope.base ** (torch.arange(0, rope.dim, 2, dtype=torch.int64).float() / rope.dim))
+        inv_freq_expanded = inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1)
+        freqs = (inv_freq_expanded @ position_ids[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)[0]
+        return emb.cos() * scaling, emb.sin() * scaling
+
+    with torch.no_grad():
+        patched = forward(inputs["hidden_states"], inputs["position_ids"])
+    for a, b in zip(reference, patched, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    rope.forward = forward
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -1104,6 +1168,8 @@ LATEST_H2: dict[str, Family] = {f.name: f for f in (
     Family("krea2", _krea2, blocks=6, prepare=_krea2_rms_norm),
     # one dense block, then 2 expert-choice MoE blocks; image queries attend to image + text keys
     Family("nucleus_moe", _nucleus_moe, _nucleus_moe_fixed, blocks=3, prepare=_nucleus_moe_prepare),
+    # a Phi-3 decoder over [text tokens, time token, image tokens] (causal text, bidirectional image)
+    Family("omnigen", _omnigen, _omnigen_fixed, prepare=_omnigen_rope),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
