@@ -947,24 +947,25 @@ def _omnigen() -> tuple[Any, dict[str, Any]]:
                                   num_key_value_heads=2, intermediate_size=64, num_layers=2, pad_token_id=0,
                                   vocab_size=64, rope_scaling={"short_factor": [1.0] * 8, "long_factor": [2.0] * 8},
                                   pos_embed_max_size=16, time_step_dim=32)
-    # text-to-image: [6 text tokens, the time token, 16 image tokens]; the processor's mask (causal over text
-    # and time token, image rows see everything) and positions 0..22
-    text, image = 6, 16
-    n = text + 1 + image
-    mask = torch.zeros(n, n)
-    mask[: text + 1, : text + 1] = torch.tril(torch.ones(text + 1, text + 1))
-    mask[text + 1:] = 1.0
+    # text-to-image: [6 text tokens, the time token, 16 image tokens] at positions 0..22
     return m, {
         "hidden_states": torch.randn(1, 4, 8, 8),
         "timestep": torch.tensor([0.7]),
-        "input_ids": torch.randint(1, 64, (1, text)),
-        "attention_mask": mask.unsqueeze(0),
-        "position_ids": torch.arange(n).unsqueeze(0),
+        "input_ids": torch.randint(1, 64, (1, 6)),
+        "position_ids": torch.arange(23).unsqueeze(0),
     }
 
 
 def _omnigen_fixed() -> dict[str, Any]:
-    return {"input_img_latents": [], "input_image_sizes": {}}
+    import torch
+
+    # no input images; the processor's 0/1 mask (causal over text and time token, image rows see everything) is
+    # the static layout's, a constant (as a graph input, random values overflow (1 - mask) * finfo.min to NaN)
+    text, n = 6, 23
+    mask = torch.zeros(n, n)
+    mask[: text + 1, : text + 1] = torch.tril(torch.ones(text + 1, text + 1))
+    mask[text + 1:] = 1.0
+    return {"input_img_latents": [], "input_image_sizes": {}, "attention_mask": mask.unsqueeze(0)}
 
 
 def _omnigen_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
@@ -1001,6 +1002,71 @@ def _omnigen_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> 
     for a, b in zip(reference, patched, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     rope.forward = forward
+
+
+def _qwenimage21() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import QwenImage21Transformer2DModel
+
+    m = QwenImage21Transformer2DModel(patch_size=1, in_channels=16, out_channels=16, num_layers=2,
+                                      attention_head_dim=16, num_attention_heads=2, context_in_dim=24, mlp_ratio=2,
+                                      axes_dims_rope=(4, 6, 6))
+    return m, {
+        "hidden_states": torch.randn(1, 16, 16),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([0.7]),
+        "encoder_hidden_states_mask": torch.tensor([[True] * 4 + [False] * 2]),
+    }
+
+
+def _qwenimage21_fixed() -> dict[str, Any]:
+    import torch
+
+    # text-to-image: 6 text slots, then one slot per 2 x 2 group of the 4 x 4 target latents (the pipeline's
+    # append_target_slots); the layout is static, as img_shapes
+    return {"img_shapes": [[(1, 4, 4)]], "img_mask": torch.tensor([[False] * 6 + [True] * 4])}
+
+
+def _qwenimage21_real_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """Qwen-Image 2.1's complex RoPE in the real (cos/sin) form, asserted equal to diffusers' own.
+
+    diffusers rotates q/k right after their RMSNorms as complex pairs (``view_as_complex``) by a
+    complex table (``torch.polar``): TorchScript has no ``aten::view_as_complex`` (as for
+    QwenImage).  The table depends only on the static layout (``img_shapes``, ``img_mask``), so it
+    is computed once; each attention's ``norm_q`` / ``norm_k`` becomes the norm followed by the same
+    rotation in the real form, and the processor gets no complex table.
+    """
+    import torch
+    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21Attention
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+        img_mask = fixed["img_mask"]
+        pad_mask = torch.repeat_interleave(img_mask[0], torch.where(img_mask, 4, 1)[0])
+        freqs = model.pos_embed(fixed["img_shapes"][0], pad_mask, device=torch.device("cpu"))  # [S, D/2] complex
+    cos = freqs.real.repeat_interleave(2, dim=-1).float()[None, :, None, :].contiguous()
+    sin = freqs.imag.repeat_interleave(2, dim=-1).float()[None, :, None, :].contiguous()
+
+    class NormThenRope(torch.nn.Module):
+        def __init__(self, norm: torch.nn.Module) -> None:
+            super().__init__()
+            self.norm = norm
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, S, H, D]
+            x = self.norm(x)
+            x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
+            rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+            return (x.float() * self.cos + rotated * self.sin).type_as(x)
+
+    model.pos_embed.forward = lambda *args, **kwargs: None
+    for module in model.modules():
+        if isinstance(module, QwenImage21Attention):
+            module.norm_q, module.norm_k = NormThenRope(module.norm_q), NormThenRope(module.norm_k)
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
 def _lumina2_processor() -> Any:
@@ -1170,6 +1236,9 @@ LATEST_H2: dict[str, Family] = {f.name: f for f in (
     Family("nucleus_moe", _nucleus_moe, _nucleus_moe_fixed, blocks=3, prepare=_nucleus_moe_prepare),
     # a Phi-3 decoder over [text tokens, time token, image tokens] (causal text, bidirectional image)
     Family("omnigen", _omnigen, _omnigen_fixed, prepare=_omnigen_rope),
+    # single-stream blocks over [text, target image] with one shared modulation; block-causal attention (a causal
+    # text segment, then the image over everything); text tokens modulated from t = 0
+    Family("qwenimage21", _qwenimage21, _qwenimage21_fixed, prepare=_qwenimage21_real_rope),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
