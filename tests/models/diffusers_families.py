@@ -1034,10 +1034,17 @@ def _qwenimage21_real_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, 
     complex table (``torch.polar``): TorchScript has no ``aten::view_as_complex`` (as for
     QwenImage).  The table depends only on the static layout (``img_shapes``, ``img_mask``), so it
     is computed once; each attention's ``norm_q`` / ``norm_k`` becomes the norm followed by the same
-    rotation in the real form, and the processor gets no complex table.
+    rotation in the real form, and the processor gets no complex table.  The layout's token
+    metadata is made constant too (see below): the forward is diffusers' for the static layout.
     """
+    import math
+
     import torch
-    from diffusers.models.transformers.transformer_qwenimage21 import QwenImage21Attention
+    from diffusers.models.transformers.transformer_qwenimage21 import (
+        QwenImage21Attention,
+        QwenImage21AttnProcessor,
+        _qwenimage21_prefix_segments,
+    )
 
     with torch.no_grad():
         reference = model(**inputs, **fixed, return_dict=False)[0]
@@ -1060,10 +1067,55 @@ def _qwenimage21_real_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, 
             rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
             return (x.float() * self.cos + rotated * self.sin).type_as(x)
 
-    model.pos_embed.forward = lambda *args, **kwargs: None
+    # the layout metadata diffusers derives from img_mask in every forward (repeat_interleave by mask-dependent
+    # repeats, boolean-mask scatter, nonzero, tolist): TorchScript leaves a NonZero whose shape depends on values
+    # (rkpart exit 3), torch.export fails ("Could not guard on data-dependent expression", build_token_metadata);
+    # computed once here as constant indices, the forward below is diffusers' without KV cache or flex attention
+    repeats = torch.where(img_mask, 4, 1)[0]
+    gather = torch.repeat_interleave(torch.arange(repeats.numel()), repeats)  # repeat_interleave as a gather
+    image_pos = pad_mask.nonzero(as_tuple=True)[0]
+    image_ids, target_mask = model.build_token_metadata(pad_mask, fixed["img_shapes"][0])
+    text_pos = (~pad_mask).nonzero(as_tuple=True)[0]
+    prefix_len = int((~target_mask).sum())
+    segments = _qwenimage21_prefix_segments(image_ids, prefix_len)
+    target_tokens = math.prod(fixed["img_shapes"][0][-1])
+    # the text slots of the encoder sequence as indices (a bool index leaves a NonZero of a constant in the
+    # TorchScript export, which rkpart does not fold: exit 3)
+    vlm_text = (~img_mask[0][: inputs["encoder_hidden_states"].shape[1]]).nonzero(as_tuple=True)[0]
+
+    def forward(hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, timestep: torch.Tensor,
+                encoder_hidden_states_mask: torch.Tensor | None = None, return_dict: bool = False,
+                **_: Any) -> tuple[torch.Tensor]:
+        batch_size = hidden_states.shape[0]
+        hidden_states = model.img_in(hidden_states)
+        encoder_hidden_states = model.txt_in(encoder_hidden_states)
+        joint = torch.cat([encoder_hidden_states,
+                           encoder_hidden_states.new_zeros(batch_size, target_tokens // 4,
+                                                           encoder_hidden_states.shape[2])], dim=1)
+        joint = joint[:, gather]
+        joint[:, image_pos] = hidden_states
+        timestep = timestep.to(hidden_states.dtype)
+        modulation_mask = None
+        if model.config.causal_condition:
+            timestep = torch.cat([timestep, timestep.new_zeros(1)], dim=0)
+            modulation_mask = target_mask
+        temb = model.time_text_embed(timestep, hidden_states)
+        modulation = model.modulation(temb)
+        key_valid = None
+        if encoder_hidden_states_mask is not None:
+            key_valid = torch.ones(batch_size, pad_mask.shape[0], dtype=torch.bool)
+            key_valid[:, text_pos] = encoder_hidden_states_mask.bool()[:, vlm_text]
+        for block in model.transformer_blocks:
+            joint = block(hidden_states=joint, modulation=modulation, rotary_emb=None, attention_mask=None,
+                          target_token_mask=modulation_mask, segments=segments, key_valid=key_valid)
+        joint = model.norm_out(joint, temb, modulation_mask)
+        return (model.proj_out(joint),)
+
     for module in model.modules():
         if isinstance(module, QwenImage21Attention):
+            assert type(module.processor) is QwenImage21AttnProcessor
             module.norm_q, module.norm_k = NormThenRope(module.norm_q), NormThenRope(module.norm_k)
+    model.forward = forward
     with torch.no_grad():
         patched = model(**inputs, **fixed, return_dict=False)[0]
     torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)

@@ -95,6 +95,8 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     # image queries over image + per-block projected text keys (no text stream); blocks 1-2 MoE (router, top-k,
     # gather, per-expert SwiGLU, scatter-add beside a shared expert): one FFN region
     "nucleus_moe": [DIT] * 3,
+    # single-stream blocks over [text, image], one shared modulation; block-causal attention (one SDPA per segment)
+    "qwenimage21": [DIT] * 2,
     "omnigen": [DIT] * 2,  # a Phi-3 decoder over text, time token and image (no modulation in the blocks)
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
