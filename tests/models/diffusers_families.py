@@ -1121,6 +1121,107 @@ def _qwenimage21_real_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, 
     torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
+def _zimage() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import ZImageTransformer2DModel
+
+    m = ZImageTransformer2DModel(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2,
+                                 n_refiner_layers=2, n_heads=2, n_kv_heads=2, cap_feat_dim=24, axes_dims=[4, 6, 6],
+                                 axes_lens=[64, 16, 16])
+    # batch-1 tensors; _zimage_lists hands the forward its per-sample lists (the pipeline's unbind(0)): 6 caption
+    # tokens and 16 image tokens, each padded to 32 by the model (SEQ_MULTI_OF)
+    return m, {
+        "x": torch.randn(1, 16, 1, 8, 8),
+        "t": torch.tensor([0.3]),
+        "cap_feats": torch.randn(1, 6, 24),
+    }
+
+
+def _zimage_lists(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """Z-Image's forward on batch-1 tensors (lists of per-sample tensors built inside), with its complex
+    RoPE in the real (cos/sin) form; asserted equal to diffusers' own.
+
+    The forward takes ``x`` and ``cap_feats`` as lists of per-sample tensors and returns a list: the
+    pipeline passes ``list(latents.unbind(0))``; here the forward unbinds the batch-1 inputs and
+    stacks the one output.  The RoPE table is complex (``torch.polar``) and q/k are rotated as
+    complex pairs (``view_as_complex``: no TorchScript symbolic); the table, a function of the
+    static positions, is carried as real ``[..., D/2, 2]`` (real, imaginary) pairs through the
+    same splits, pads and concatenations, and the processor rotates in the real form.
+    """
+    import torch
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    import torch.nn.functional as F
+    from diffusers.models.transformers import transformer_z_image as zimage
+    from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
+
+    original = model.forward
+    with torch.no_grad():
+        reference = torch.stack(original([inputs["x"][0]], inputs["t"], [inputs["cap_feats"][0]], **fixed,
+                                         return_dict=False)[0])
+
+    rope = model.rope_embedder
+    tables = [torch.stack([f.real, f.imag], dim=-1).float()  # per axis [len, d/2, 2]: no complex op is traced
+              for f in rope.precompute_freqs_cis(rope.axes_dims, rope.axes_lens, theta=rope.theta)]
+
+    def real_rope(ids: torch.Tensor) -> torch.Tensor:
+        return torch.cat([table[ids[:, i]] for i, table in enumerate(tables)], dim=-2)
+
+    class RealRopeProcessor(ZSingleStreamAttnProcessor):
+        """diffusers' processor with the rotation by real (cos, sin) pairs ``[B, S, D/2, 2]``."""
+
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
+                     attention_mask: torch.Tensor | None = None, freqs_cis: torch.Tensor | None = None
+                     ) -> torch.Tensor:
+            query = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))
+            key = attn.to_k(hidden_states).unflatten(-1, (attn.heads, -1))
+            value = attn.to_v(hidden_states).unflatten(-1, (attn.heads, -1))
+            if attn.norm_q is not None:
+                query = attn.norm_q(query)
+            if attn.norm_k is not None:
+                key = attn.norm_k(key)
+
+            def rotate(x: torch.Tensor) -> torch.Tensor:
+                cos = freqs_cis[..., 0].repeat_interleave(2, dim=-1).unsqueeze(2)
+                sin = freqs_cis[..., 1].repeat_interleave(2, dim=-1).unsqueeze(2)
+                x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
+                rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+                return (x.float() * cos + rotated * sin).type_as(x)
+
+            if freqs_cis is not None:
+                query, key = rotate(query), rotate(key)
+            if attention_mask is not None and attention_mask.ndim == 2:
+                attention_mask = attention_mask[:, None, None, :]
+            out = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False)
+            out = out.flatten(2, 3).to(query.dtype)
+            return attn.to_out[0](out)
+
+    def pad_sequence(seqs: list[torch.Tensor], batch_first: bool = False, padding_value: float = 0.0,
+                     **_: Any) -> torch.Tensor:
+        assert batch_first
+        longest = max(len(q) for q in seqs)
+        return torch.stack([F.pad(q, (0, 0) * (q.dim() - 1) + (0, longest - len(q)), value=padding_value)
+                            for q in seqs])
+
+    def forward(x: torch.Tensor, t: torch.Tensor, cap_feats: torch.Tensor, return_dict: bool = False,
+                **kwargs: Any) -> tuple[torch.Tensor]:
+        # torch's pad_sequence (aten::pad_sequence: no TorchScript symbolic) as F.pad + stack while the forward runs
+        saved, zimage.pad_sequence = zimage.pad_sequence, pad_sequence
+        try:
+            out = original(list(x.unbind(0)), t, list(cap_feats.unbind(0)), return_dict=False, **kwargs)[0]
+        finally:
+            zimage.pad_sequence = saved
+        return (torch.stack(out),)
+
+    model.rope_embedder = real_rope
+    for module in model.modules():
+        if type(getattr(module, "processor", None)) is ZSingleStreamAttnProcessor:
+            module.set_processor(RealRopeProcessor())
+    model.forward = forward
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -1291,11 +1392,12 @@ LATEST_H2: dict[str, Family] = {f.name: f for f in (
     # single-stream blocks over [text, target image] with one shared modulation; block-causal attention (a causal
     # text segment, then the image over everything); text tokens modulated from t = 0
     Family("qwenimage21", _qwenimage21, _qwenimage21_fixed, prepare=_qwenimage21_real_rope),
+    # 2 noise-refiner blocks (image, modulated), 2 context-refiner blocks (caption, unmodulated), then 2 joint blocks
+    Family("zimage", _zimage, blocks=6, prepare=_zimage_lists),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
     "MochiTransformer3DModel": "exports, but the masked text pooling leaves shapes dynamic (rkpart exit 3)",
-    "ZImageTransformer2DModel": "forward takes lists of per-sample tensors (x, cap_feats): not wrapped yet",
     "EasyAnimateTransformer3DModel": "TorchScript: int(round(tensor)) in the RoPE grid crop (not tried with dynamo)",
     "LuminaNextDiT2DModel": "the tiny config's eager forward fails (TypeError in attn1 with the given RoPE)",
     "QwenImageTransformer2DModel": "complex RoPE: TorchScript has no aten::view_as_complex, dynamo fails to "

@@ -97,7 +97,9 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "nucleus_moe": [DIT] * 3,
     # single-stream blocks over [text, image], one shared modulation; block-causal attention (one SDPA per segment)
     "qwenimage21": [DIT] * 2,
-    "omnigen": [DIT] * 2,  # a Phi-3 decoder over text, time token and image (no modulation in the blocks)
+    "omnigen": [DIT] * 2,
+    # the noise refiner (image, modulated), the context refiner (caption, unmodulated), then joint blocks
+    "zimage": [DIT] * 2 + [(ATTN_TXT, FFN_TXT_ONLY)] * 2 + [DIT] * 2,  # a Phi-3 decoder over text, time token and image (no modulation in the blocks)
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
@@ -123,6 +125,7 @@ EXPORTERS = ("torchscript", "dynamo")
 #: (family, exporter) -> why the exporter cannot make it (diffusers 0.36 / torch 2.13)
 EXPORT_FAILS: dict[tuple[str, str], str] = {
     ("hunyuanvideo", "torchscript"): "aten::masked_fill with a bool value: TorchScript alias analysis asserts",
+    ("zimage", "torchscript"): "the ONNX peephole pass asserts (t1.size() == t2.size(), peephole.cpp:58)",
 }
 #: exports rkpart cannot load: their shapes stay dynamic after shape inference (exit 3, ``--shape`` does not help)
 LOAD_FAILS = {
