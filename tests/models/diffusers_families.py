@@ -1222,6 +1222,40 @@ def _zimage_lists(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> 
     torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
+def _joyimage_edit() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import JoyImageEditTransformer3DModel
+
+    m = JoyImageEditTransformer3DModel(patch_size=[1, 2, 2], in_channels=16, hidden_size=32, num_attention_heads=2,
+                                       text_dim=24, mlp_width_ratio=2.0, num_layers=2, rope_dim_list=[4, 6, 6])
+    # reference-image editing: (B, num_items = 2, C, T, H, W), the reference latents then the noisy target
+    return m, {
+        "hidden_states": torch.randn(1, 2, 16, 1, 8, 8),
+        "timestep": torch.tensor([700.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+    }
+
+
+def _joyimage_edit_plus() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import JoyImageEditPlusTransformer3DModel
+
+    m = JoyImageEditPlusTransformer3DModel(patch_size=[1, 2, 2], in_channels=16, hidden_size=32, num_attention_heads=2,
+                                           text_dim=24, mlp_width_ratio=2.0, num_layers=2, rope_dim_list=[4, 6, 6])
+    # [B, max_patches, C, pt, ph, pw]: the 4 x 4-patch target and a 2 x 2-patch reference (_joyimage_edit_plus_fixed),
+    # padded to 24 patches; the tokenizer's text mask
+    return m, {
+        "hidden_states": torch.randn(1, 24, 16, 1, 2, 2),
+        "timestep": torch.tensor([700.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "encoder_hidden_states_mask": torch.tensor([[1, 1, 1, 1, 0, 0]]),
+    }
+
+
+def _joyimage_edit_plus_fixed() -> dict[str, Any]:
+    return {"shape_list": [[(1, 4, 4), (1, 2, 2)]]}
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -1394,6 +1428,9 @@ LATEST_H2: dict[str, Family] = {f.name: f for f in (
     Family("qwenimage21", _qwenimage21, _qwenimage21_fixed, prepare=_qwenimage21_real_rope),
     # 2 noise-refiner blocks (image, modulated), 2 context-refiner blocks (caption, unmodulated), then 2 joint blocks
     Family("zimage", _zimage, blocks=6, prepare=_zimage_lists),
+    Family("joyimage_edit", _joyimage_edit),  # dual-stream (MMDiT) blocks, reference + target items
+    # the same blocks over padded patch sequences (several images), a text + padding key mask
+    Family("joyimage_edit_plus", _joyimage_edit_plus, _joyimage_edit_plus_fixed),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
