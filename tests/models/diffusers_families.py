@@ -868,8 +868,8 @@ def _nucleus_moe_prepare(model: Any, inputs: dict[str, Any], fixed: dict[str, An
     the split is by that static size.
     """
     import torch
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
     import torch.nn.functional as F
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEAttnProcessor2_0, SwiGLUExperts
 
     with torch.no_grad():
@@ -1149,8 +1149,8 @@ def _zimage_lists(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> 
     same splits, pads and concatenations, and the processor rotates in the real form.
     """
     import torch
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
     import torch.nn.functional as F
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
     from diffusers.models.transformers import transformer_z_image as zimage
     from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
 

@@ -97,12 +97,12 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "nucleus_moe": [DIT] * 3,
     # single-stream blocks over [text, image], one shared modulation; block-causal attention (one SDPA per segment)
     "qwenimage21": [DIT] * 2,
-    "omnigen": [DIT] * 2,
+    "omnigen": [DIT] * 2,  # a Phi-3 decoder over text, time token and image (no modulation in the blocks)
     # the noise refiner (image, modulated), the context refiner (caption, unmodulated), then joint blocks
     "zimage": [DIT] * 2 + [(ATTN_TXT, FFN_TXT_ONLY)] * 2 + [DIT] * 2,
     # dual-stream blocks; the last block's text FFN is dead (its text output is unused): the exporters drop it
     "joyimage_edit": [MMDIT, (JATTN, FFN)],
-    "joyimage_edit_plus": [MMDIT, (JATTN, FFN)],  # a Phi-3 decoder over text, time token and image (no modulation in the blocks)
+    "joyimage_edit_plus": [MMDIT, (JATTN, FFN)],
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
