@@ -75,6 +75,38 @@ stable_audio   ``StableAudioDiTModel``             1-D audio DiT, GQA cross-atte
 prx            ``PRXTransformer2DModel``           single-stream DiT over text + image tokens
 =============  ==================================  ================================================
 
+:data:`LATEST_H2` -- the sweep continued with classes of diffusers 0.42 (each ``prepare`` asserts the patched
+model equal to diffusers' own on the example inputs):
+
+==================  =======================================  ==========================================
+family              diffusers class                          what it exercises
+==================  =======================================  ==========================================
+ideogram4           ``Ideogram4Transformer2DModel``          one packed text + image sequence with a
+                                                             role indicator, interleaved 3-axis MRoPE
+                                                             (written as ``torch.where`` for
+                                                             TorchScript), segment mask
+krea2               ``Krea2Transformer2DModel``              text fusion (layer-wise blocks across the
+                                                             tapped encoder layers, token refiners),
+                                                             then single-stream blocks; sigmoid-gated
+                                                             GQA attention
+nucleus_moe         ``NucleusMoEImageTransformer2DModel``    a dense block, then expert-choice MoE
+                                                             blocks (router, top-k, gather, experts,
+                                                             scatter-add, shared expert); image
+                                                             queries over image + text keys
+omnigen             ``OmniGenTransformer2DModel``            a Phi-3 decoder over text, time token and
+                                                             image (causal text, bidirectional image)
+qwenimage21         ``QwenImage21Transformer2DModel``        single-stream blocks, one shared
+                                                             modulation, block-causal attention as one
+                                                             SDPA per segment (static layout)
+zimage              ``ZImageTransformer2DModel``             list inputs (built from batch-1 tensors),
+                                                             noise and context refiners, then joint
+                                                             blocks
+joyimage_edit       ``JoyImageEditTransformer3DModel``       dual-stream blocks over reference +
+                                                             target items; last text FFN dead
+joyimage_edit_plus  ``JoyImageEditPlusTransformer3DModel``   the same over padded patch sequences of
+                                                             several images, a key-padding mask
+==================  =======================================  ==========================================
+
 :func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
 torch versions, exporter, source of every function the export runs) under
 ``$RKPART_TEST_EXPORTS`` (default ``~/.cache/rkpart/test-exports``), so a rerun skips the
@@ -1413,7 +1445,8 @@ NEWER: dict[str, Family] = {f.name: f for f in (
     Family("stable_audio", _stable_audio, _stable_audio_fixed),
     Family("prx", _prx, prepare=_trained_like),  # zero-initialised modulation: _trained_like
 )}
-#: issue 28's sweep, continued: newer classes of diffusers 0.42 (Ideogram4, ...)
+#: issue 28's sweep, continued (diffusers 0.42): Ideogram4, Krea2, NucleusMoEImage, OmniGen, QwenImage21, ZImage,
+#: JoyImageEdit and JoyImageEditPlus
 LATEST_H2: dict[str, Family] = {f.name: f for f in (
     Family("ideogram4", _ideogram4, prepare=_ideogram4_rope),  # packed text + image sequence, DiT blocks
     # text fusion: 2 layer-wise blocks (attention across tapped encoder layers, per token), 2 token refiners;
