@@ -1213,8 +1213,11 @@ def _zimage_lists(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> 
                 key = attn.norm_k(key)
 
             def rotate(x: torch.Tensor) -> torch.Tensor:
-                cos = freqs_cis[..., 0].repeat_interleave(2, dim=-1).unsqueeze(2)
-                sin = freqs_cis[..., 1].repeat_interleave(2, dim=-1).unsqueeze(2)
+                # each frequency's cos / sin repeated per pair: [B, S, D/2, 2] -> [B, S, 1, D] (a repeat_interleave
+                # here gets ranks from uninitialised memory in TorchScript's shape inference: SDPA's key Transpose
+                # then has 6 axes and the ONNX peephole pass asserts or segfaults)
+                cos = freqs_cis[..., :1].expand(*freqs_cis.shape).flatten(-2).unsqueeze(2)
+                sin = freqs_cis[..., 1:].expand(*freqs_cis.shape).flatten(-2).unsqueeze(2)
                 x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
                 rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
                 return (x.float() * cos + rotated * sin).type_as(x)

@@ -128,7 +128,6 @@ EXPORTERS = ("torchscript", "dynamo")
 #: (family, exporter) -> why the exporter cannot make it (diffusers 0.36 / torch 2.13)
 EXPORT_FAILS: dict[tuple[str, str], str] = {
     ("hunyuanvideo", "torchscript"): "aten::masked_fill with a bool value: TorchScript alias analysis asserts",
-    ("zimage", "torchscript"): "the ONNX peephole pass asserts (t1.size() == t2.size(), peephole.cpp:58)",
 }
 #: exports rkpart cannot load: their shapes stay dynamic after shape inference (exit 3, ``--shape`` does not help)
 LOAD_FAILS = {
