@@ -555,6 +555,146 @@ def _sana_video() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _consisid() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import ConsisIDTransformer3DModel
+
+    # is_train_face: the identity branch the ConsisID checkpoint has (a perceiver resampler over face features,
+    # then a perceiver cross-attention after every cross_attn_interval-th block)
+    m = ConsisIDTransformer3DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                                   time_embed_dim=32, text_embed_dim=24, num_layers=4, sample_width=8,
+                                   sample_height=8, sample_frames=1, patch_size=2, max_text_seq_length=6,
+                                   is_train_face=True, cross_attn_interval=2, cross_attn_dim_head=16,
+                                   cross_attn_num_heads=2, LFE_id_dim=24, LFE_vit_dim=16, LFE_depth=2,
+                                   LFE_dim_head=8, LFE_num_heads=2, LFE_num_id_token=2, LFE_num_querie=4,
+                                   LFE_output_dim=21, LFE_ff_mult=2, LFE_num_scale=2)
+    return m, {
+        "hidden_states": torch.randn(1, 1, 4, 8, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([7], dtype=torch.int64),
+        "id_cond": torch.randn(1, 24),
+        # the per-scale ViT features stacked: the forward iterates over its first dim (a list in the pipeline)
+        "id_vit_hidden": torch.randn(2, 1, 5, 16),
+    }
+
+
+def _hunyuanvideo_framepack() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import HunyuanVideoFramepackTransformer3DModel
+
+    m = HunyuanVideoFramepackTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2,
+                                                attention_head_dim=16, num_layers=2, num_single_layers=2,
+                                                num_refiner_layers=2, patch_size=2, patch_size_t=1,
+                                                guidance_embeds=True, text_embed_dim=24, pooled_projection_dim=16,
+                                                rope_axes_dim=(4, 6, 6), has_image_proj=True, image_proj_dim=16,
+                                                has_clean_x_embedder=True)
+    # the pipeline's vanilla sampling: prefix, 4x / 2x / 1x history, then the window (frame indices 0..8)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 2, 8, 8),
+        "timestep": torch.tensor([700], dtype=torch.int64),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "encoder_attention_mask": torch.ones(1, 6, dtype=torch.int64),
+        "pooled_projections": torch.randn(1, 16),
+        "image_embeds": torch.randn(1, 4, 16),
+        "indices_latents": torch.tensor([7, 8]),
+        "guidance": torch.tensor([6000.0]),
+        "latents_clean": torch.randn(1, 4, 2, 8, 8),
+        "indices_latents_clean": torch.tensor([0, 6]),
+        "latents_history_2x": torch.randn(1, 4, 2, 8, 8),
+        "indices_latents_history_2x": torch.tensor([4, 5]),
+        "latents_history_4x": torch.randn(1, 4, 3, 8, 8),
+        "indices_latents_history_4x": torch.tensor([1, 2, 3]),
+    }
+
+
+def _hunyuanvideo15() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    m = HunyuanVideo15Transformer3DModel(in_channels=9, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+                                         num_layers=2, num_refiner_layers=2, patch_size=1, patch_size_t=1,
+                                         text_embed_dim=24, text_embed_2_dim=16, image_embed_dim=16,
+                                         rope_axes_dim=(4, 6, 6))
+    return m, {
+        "hidden_states": torch.randn(1, 9, 1, 4, 4),
+        "timestep": torch.tensor([700.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "encoder_attention_mask": torch.ones(1, 6, dtype=torch.int64),
+        "encoder_hidden_states_2": torch.randn(1, 4, 16),
+        "encoder_attention_mask_2": torch.ones(1, 4, dtype=torch.int64),
+        "image_embeds": torch.randn(1, 3, 16),
+    }
+
+
+def _helios() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import HeliosTransformer3DModel
+
+    m = HeliosTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                                 out_channels=4, text_dim=24, freq_dim=32, ffn_dim=64, num_layers=2,
+                                 rope_dim=(4, 6, 6))
+    # the pipeline's frame indices ([1, T] each): long / mid / short history, then the chunk being denoised
+    return m, {
+        "hidden_states": torch.randn(1, 4, 2, 8, 8),
+        "timestep": torch.tensor([700.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "indices_hidden_states": torch.tensor([[7, 8]]),
+        "indices_latents_history_short": torch.tensor([[5, 6]]),
+        "indices_latents_history_mid": torch.tensor([[3, 4]]),
+        "indices_latents_history_long": torch.tensor([[0, 1, 2, 2]]),
+        "latents_history_short": torch.randn(1, 4, 2, 8, 8),
+        "latents_history_mid": torch.randn(1, 4, 2, 8, 8),
+        "latents_history_long": torch.randn(1, 4, 4, 8, 8),
+    }
+
+
+def _kandinsky6() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import Kandinsky6Transformer3DModel
+
+    # the released checkpoints' flags (ca_rope, cross_gates, fix_modulation); video and audio denoised together
+    m = Kandinsky6Transformer3DModel(in_visual_dim=4, out_visual_dim=4, in_text_dim=24, in_text_dim2=16, time_dim=32,
+                                     patch_size=(1, 2, 2), model_dim=32, ff_dim=64, num_text_blocks=2,
+                                     num_visual_blocks=2, axes_dims=(4, 6, 6), in_audio_dim=8, out_audio_dim=8,
+                                     text_token_padding=True, ca_rope=True, cross_gates=True, fix_modulation=True)
+    return m, {
+        "hidden_states": torch.randn(1, 1, 8, 8, 9),  # noisy latent, conditioning latent, conditioning mask
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "pooled_projections": torch.randn(1, 16),
+        "timestep": torch.tensor([700.0]),
+        "audio_hidden_states": torch.randn(1, 5, 8),
+    }
+
+
+def _kandinsky6_sr() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import Kandinsky6SRTransformer3DModel
+
+    # NABLA attention needs a token grid divisible by 8: two 8x8 frames, one 64-token tile each
+    m = Kandinsky6SRTransformer3DModel(in_visual_dim=4, out_visual_dim=4, time_dim=32, patch_size=(1, 1, 1),
+                                       model_dim=32, ff_dim=64, num_visual_blocks=2, axes_dims=(4, 6, 6))
+    return m, {
+        "hidden_states": torch.randn(1, 2, 8, 8, 9),
+        "timestep": torch.tensor([700.0]),
+    }
+
+
+def _anyflow() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import AnyFlowTransformer3DModel
+
+    m = AnyFlowTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
+                                  out_channels=4, text_dim=24, freq_dim=32, ffn_dim=64, num_layers=2,
+                                  rope_max_seq_len=32)
+    # (B, F, C, H, W) latents; per-frame source and target timesteps t and r
+    return m, {
+        "hidden_states": torch.randn(1, 2, 4, 8, 8),
+        "timestep": torch.tensor([[700.0, 700.0]]),
+        "r_timestep": torch.tensor([[500.0, 500.0]]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+    }
+
+
 def _trained_like(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
     """Small seeded weights for the parameters diffusers initialises to all zeros (adaLN-Zero
     modulation and output layers), as a trained checkpoint has them.
@@ -867,6 +1007,16 @@ NEWER: dict[str, Family] = {f.name: f for f in (
     Family("stable_audio", _stable_audio, _stable_audio_fixed),
     Family("prx", _prx, prepare=_trained_like),  # zero-initialised modulation: _trained_like
 )}
+#: helper h3's classes of the sweep (diffusers 0.42): ConsisID, HunyuanVideo FramePack and 1.5, Helios, ...
+LATEST_H3: dict[str, Family] = {f.name: f for f in (
+    Family("consisid", _consisid, blocks=8),
+    Family("hunyuanvideo_framepack", _hunyuanvideo_framepack, blocks=6),
+    Family("hunyuanvideo15", _hunyuanvideo15, blocks=4),
+    Family("helios", _helios),
+    Family("kandinsky6", _kandinsky6, blocks=6),
+    Family("kandinsky6_sr", _kandinsky6_sr),
+    Family("anyflow", _anyflow),
+)}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
     "MochiTransformer3DModel": "exports, but the masked text pooling leaves shapes dynamic (rkpart exit 3)",
@@ -888,7 +1038,7 @@ SIZED: dict[str, Family] = {f.name: f for f in (
     Family("flux_m", lambda: _flux_sized(heads=8, head_dim=64, side=16, text=64)),
 )}
 #: every family and variant by name
-ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **SIZED}
+ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **LATEST_H3, **SIZED}
 
 
 def _decompose_rms_norm(model: Any) -> None:
@@ -967,6 +1117,18 @@ def export_family(name: str, path: str | Path, *, dynamo: bool = False, seed: in
         else:
             torch.onnx.export(wrapped, args, str(path), input_names=names, output_names=["sample"],
                               dynamo=False, do_constant_folding=True, opset_version=_opset(opset, 17))
+    return {k: v.numpy() for k, v in inputs.items()}
+
+
+def example_inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """The example inputs :func:`export_family` exports family ``name`` with (same seed, same prepare)."""
+    import torch
+
+    fam = ALL[name]
+    torch.manual_seed(seed)
+    model, inputs = fam.build()
+    if fam.prepare is not None:
+        fam.prepare(model.eval(), inputs, fam.fixed())
     return {k: v.numpy() for k, v in inputs.items()}
 
 
