@@ -130,6 +130,8 @@ DISCOVERY_WRONG: dict[tuple[str, str], str] = {
 ANON_WRONG: dict[str, str] = {
     "helios": "5 blocks for 2: each block splits the stream into history and current tokens around its "
               "cross-attention (Split, Add, Concat), and structure cuts a block at each cross-attention and FFN",
+    "kandinsky6": "8 blocks for 6: each fused block is cut in two, its video half and its audio half (self-attention, "
+                  "text cross-attention, cross-attention to the other modality, FFN each), as if independent streams",
 }
 EXPORTERS = ("torchscript", "dynamo")
 #: (family, exporter) -> why the exporter cannot make it (diffusers 0.36 / torch 2.13)
