@@ -695,6 +695,118 @@ def _anyflow() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _cosmos3() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import Cosmos3OmniTransformer
+
+    # a packed sequence (no batch dim): 4 causal text tokens (the "understanding" stream), then one video of 2
+    # latent frames of 2x2 patches (the "generation" stream), frame 0 the image condition, frame 1 noisy
+    m = Cosmos3OmniTransformer(head_dim=16, hidden_size=32, intermediate_size=64, latent_channel=4,
+                               latent_patch_size=2, num_attention_heads=2, num_hidden_layers=2, num_key_value_heads=1,
+                               patch_latent_dim=16, vocab_size=64, rope_axes_dim=(2, 3, 3))
+    text = torch.arange(4, dtype=torch.float32)
+    t, hw = torch.arange(2).repeat_interleave(4).float() + 20.0, torch.arange(4)
+    vision = torch.stack([t, (hw // 2).repeat(2).float(), (hw % 2).repeat(2).float()])
+    return m, {
+        "input_ids": torch.tensor([5, 17, 33, 2]),
+        "text_indexes": torch.arange(4),
+        "position_ids": torch.cat([text.expand(3, 4), vision], dim=1),
+        "vision_tokens": torch.randn(1, 4, 2, 4, 4),
+        "vision_sequence_indexes": torch.arange(4, 12),
+        "vision_mse_loss_indexes": torch.arange(8, 12),
+        "vision_timesteps": torch.full((4,), 700.0),
+    }
+
+
+def _cosmos3_fixed() -> dict[str, Any]:
+    import torch
+
+    return {"und_len": 4, "sequence_length": 12, "vision_token_shapes": [(2, 2, 2)],
+            "vision_noisy_frame_indexes": [torch.tensor([1])]}
+
+
+def _cosmos3_one_video(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """The forward takes a list of videos and returns lists of predictions: one video in, its prediction out."""
+    forward = model.forward
+
+    def one_video(*, vision_tokens: Any, **kwargs: Any) -> tuple[Any]:
+        return (forward(vision_tokens=[vision_tokens], **kwargs)[0][0],)
+
+    model.forward = one_video
+
+
+def real_rope_anyflow(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """AnyFlow's RoPE rewritten to the real (cos/sin) form, asserted equal to diffusers' own.
+
+    diffusers rotates q/k viewed as complex pairs by complex frequencies (``view_as_complex``,
+    complex128): TorchScript cannot export complex tensors ("ScalarType ComplexDouble") and the
+    dynamo exporter fails to convert the complex frequency table (``split_with_sizes`` of complex).
+    The same rotation of interleaved pairs is ``x * cos + rot(x) * sin`` with each frequency's
+    cos/sin repeated per pair.  The positions depend only on the static latent shape, so the
+    tables are computed once from the model's own frequencies and become constants.  The patched
+    model's output on the example inputs must equal the unpatched model's (within 1e-5).
+    """
+    import torch
+    from diffusers.models.transformers.transformer_anyflow import AnyFlowAttnProcessor
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+    _, frames, _, height, width = inputs["hidden_states"].shape
+    p = model.config.patch_size
+    layout = {"total_frames": frames, "full_frame_shape": (height // p[1], width // p[2])}
+    freqs = model.rope(layout_cfg=layout, device=torch.device("cpu"))["query"]  # [1, 1, S, D/2] complex
+    cos = freqs.real.repeat_interleave(2, dim=-1).float().contiguous()
+    sin = freqs.imag.repeat_interleave(2, dim=-1).float().contiguous()
+
+    class StaticRealRope(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cos", cos, persistent=False)
+            self.register_buffer("sin", sin, persistent=False)
+
+        def forward(self, layout_cfg: Any, device: Any) -> dict[str, Any]:
+            return {"query": (self.cos, self.sin), "key": (self.cos, self.sin)}
+
+    def rotate(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+        rot = torch.stack((-x2, x1), dim=-1).flatten(-2)
+        return (x.float() * table[0] + rot.float() * table[1]).type_as(x)
+
+    class RealRopeAnyFlowProcessor(AnyFlowAttnProcessor):
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: Any = None,
+                     attention_mask: Any = None, rotary_emb: Any = None) -> torch.Tensor:
+            from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+            if encoder_hidden_states is None:
+                encoder_hidden_states = hidden_states
+            query = attn.to_q(hidden_states)
+            key = attn.to_k(encoder_hidden_states)
+            value = attn.to_v(encoder_hidden_states)
+            if attn.norm_q is not None:
+                query = attn.norm_q(query)
+            if attn.norm_k is not None:
+                key = attn.norm_k(key)
+            query = query.unflatten(2, (attn.heads, -1)).transpose(1, 2)
+            key = key.unflatten(2, (attn.heads, -1)).transpose(1, 2)
+            value = value.unflatten(2, (attn.heads, -1)).transpose(1, 2)
+            if rotary_emb is not None:  # the one change: real cos/sin instead of complex products
+                query = rotate(query, rotary_emb["query"])
+                key = rotate(key, rotary_emb["key"])
+            hidden_states = dispatch_attention_fn(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                                                  attn_mask=attention_mask, dropout_p=0.0, is_causal=False)
+            hidden_states = hidden_states.flatten(2, 3).type_as(query)
+            hidden_states = attn.to_out[0](hidden_states)
+            return attn.to_out[1](hidden_states)
+
+    model.rope = StaticRealRope()
+    for module in model.modules():
+        if type(getattr(module, "processor", None)) is AnyFlowAttnProcessor:
+            module.set_processor(RealRopeAnyFlowProcessor())
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
 def _trained_like(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
     """Small seeded weights for the parameters diffusers initialises to all zeros (adaLN-Zero
     modulation and output layers), as a trained checkpoint has them.
@@ -1015,7 +1127,9 @@ LATEST_H3: dict[str, Family] = {f.name: f for f in (
     Family("helios", _helios),
     Family("kandinsky6", _kandinsky6, blocks=6),
     Family("kandinsky6_sr", _kandinsky6_sr),
-    Family("anyflow", _anyflow),
+    Family("anyflow", _anyflow, prepare=real_rope_anyflow),  # complex RoPE rewritten to the real form
+    # text (causal) and video streams in one packed sequence; the forward's lists adapted to one video
+    Family("cosmos3", _cosmos3, _cosmos3_fixed, prepare=_cosmos3_one_video),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {

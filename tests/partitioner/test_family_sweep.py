@@ -103,6 +103,10 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     # cross-attentions, two FFNs; the last block's audio half is dead (the family's output is the video)
     "kandinsky6": [(ATTN_TXT, FFN_TXT_ONLY)] * 4 + [(ATTN, ATTN_TXT, JATTN, JATTN, JATTN, JATTN, FFN, FFN_TXT),
                                                     (ATTN, ATTN_TXT, JATTN, JATTN, FFN)],
+    "anyflow": [CROSS] * 2,  # Wan anatomy; RoPE rewritten to the real form before export
+    # mixture of transformers: the causal text ("understanding") and the video ("generation") streams are slices
+    # of one packed sequence, with their own projections; the video queries attend over both; two MLPs
+    "cosmos3": [(JATTN, FFN, FFN)] * 2,
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
@@ -137,6 +141,8 @@ EXPORTERS = ("torchscript", "dynamo")
 #: (family, exporter) -> why the exporter cannot make it (diffusers 0.36 / torch 2.13)
 EXPORT_FAILS: dict[tuple[str, str], str] = {
     ("hunyuanvideo", "torchscript"): "aten::masked_fill with a bool value: TorchScript alias analysis asserts",
+    ("cosmos3", "torchscript"): "scaled_dot_product_attention(enable_gqa=True): no TorchScript conversion "
+                                "(AssertionError)",
     ("hunyuanvideo15", "dynamo"): "torch.export: data-dependent guard (the t2v test torch.all(image_embeds == 0) "
                                   "and the masked text packing image[image_mask])",
 }
