@@ -670,13 +670,72 @@ def _kandinsky6_sr() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import Kandinsky6SRTransformer3DModel
 
-    # NABLA attention needs a token grid divisible by 8: two 8x8 frames, one 64-token tile each
+    # NABLA attention needs a token grid divisible by 8: three 8x8 frames, one 64-token tile each; a sliding-tile
+    # prior of the tile itself only (the default window would cover every tile of so small a grid), so that the
+    # data-dependent block selection decides
     m = Kandinsky6SRTransformer3DModel(in_visual_dim=4, out_visual_dim=4, time_dim=32, patch_size=(1, 1, 1),
-                                       model_dim=32, ff_dim=64, num_visual_blocks=2, axes_dims=(4, 6, 6))
+                                       model_dim=32, ff_dim=64, num_visual_blocks=2, axes_dims=(4, 6, 6),
+                                       nabla_window=(1, 1, 1))
     return m, {
-        "hidden_states": torch.randn(1, 2, 8, 8, 9),
+        "hidden_states": torch.randn(1, 3, 8, 8, 9),
         "timestep": torch.tensor([700.0]),
     }
+
+
+def dense_nabla_kandinsky6_sr(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """Kandinsky 6 SR's NABLA attention in dense form, asserted equal to diffusers' own.
+
+    diffusers runs the self-attention through flex attention with a ``BlockMask`` it builds from
+    the queries' and keys' block means (``nabla_block_mask``: softmax of the block means, the
+    blocks whose sorted cumulative share passes the threshold, or'ed with the sliding-tile prior):
+    TorchScript fails in flex attention's vmap ("Unsupported value kind: Tensor") and the dynamo
+    exporter cannot convert the ``BlockMask``'s ``argsort`` (``aten::sort.stable``).  Flex
+    attention over a block mask of full blocks is ordinary attention with that block mask
+    expanded to tokens: the same selection (sort, cumsum, threshold, put back in block order) is
+    computed here and the dense boolean mask goes to ``scaled_dot_product_attention``.  The
+    patched model's output on the example inputs must equal the unpatched model's (within 1e-5).
+    """
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    from diffusers.models.transformers.transformer_kandinsky6_sr import (
+        Kandinsky6SRAttnProcessor,
+        apply_rotary,
+    )
+
+    block = 64  # nabla_block_mask's default block_size, as the processor calls it
+
+    class DenseNablaProcessor(Kandinsky6SRAttnProcessor):
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, rotary_emb: torch.Tensor,
+                     sparse_params: dict[str, Any]) -> torch.Tensor:
+            query = attn.to_query(hidden_states).unflatten(-1, (attn.num_heads, -1))
+            key = attn.to_key(hidden_states).unflatten(-1, (attn.num_heads, -1))
+            value = attn.to_value(hidden_states).unflatten(-1, (attn.num_heads, -1))
+            query = attn.query_norm(query.float()).type_as(query)
+            key = attn.key_norm(key.float()).type_as(key)
+            q, k, v = (t.transpose(1, 2) for t in (apply_rotary(query, rotary_emb), apply_rotary(key, rotary_emb),
+                                                   value))
+            b, h, s, d = q.shape
+            qa = q.reshape(b, h, s // block, block, d).mean(-2)
+            ka = k.reshape(b, h, s // block, block, d).mean(-2).transpose(-2, -1)
+            attn_map = torch.softmax((qa @ ka) / math.sqrt(d), dim=-1)
+            vals, inds = attn_map.sort(-1)
+            picked = (vals.cumsum(-1) >= 1 - sparse_params["threshold"]).int()
+            mask = torch.zeros_like(picked).scatter(-1, inds, picked)  # back to block order
+            mask = torch.logical_or(mask, sparse_params["sta_mask"])
+            dense = mask.repeat_interleave(block, dim=-1).repeat_interleave(block, dim=-2)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
+            return attn.out_layer(out.transpose(1, 2).flatten(2, 3))
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+    for module in model.modules():
+        if type(getattr(module, "processor", None)) is Kandinsky6SRAttnProcessor:
+            module.set_processor(DenseNablaProcessor())
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
 def _anyflow() -> tuple[Any, dict[str, Any]]:
@@ -1126,7 +1185,7 @@ LATEST_H3: dict[str, Family] = {f.name: f for f in (
     Family("hunyuanvideo15", _hunyuanvideo15, blocks=4),
     Family("helios", _helios),
     Family("kandinsky6", _kandinsky6, blocks=6),
-    Family("kandinsky6_sr", _kandinsky6_sr),
+    Family("kandinsky6_sr", _kandinsky6_sr, prepare=dense_nabla_kandinsky6_sr),  # NABLA flex attention, dense
     Family("anyflow", _anyflow, prepare=real_rope_anyflow),  # complex RoPE rewritten to the real form
     # text (causal) and video streams in one packed sequence; the forward's lists adapted to one video
     Family("cosmos3", _cosmos3, _cosmos3_fixed, prepare=_cosmos3_one_video),

@@ -103,6 +103,8 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     # cross-attentions, two FFNs; the last block's audio half is dead (the family's output is the video)
     "kandinsky6": [(ATTN_TXT, FFN_TXT_ONLY)] * 4 + [(ATTN, ATTN_TXT, JATTN, JATTN, JATTN, JATTN, FFN, FFN_TXT),
                                                     (ATTN, ATTN_TXT, JATTN, JATTN, FFN)],
+    # text-free SR blocks; the NABLA block-sparse attention in dense form (its block mask computed in the region)
+    "kandinsky6_sr": [DIT] * 2,
     "anyflow": [CROSS] * 2,  # Wan anatomy; RoPE rewritten to the real form before export
     # mixture of transformers: the causal text ("understanding") and the video ("generation") streams are slices
     # of one packed sequence, with their own projections; the video queries attend over both; two MLPs
@@ -153,6 +155,9 @@ LOAD_FAILS = {
     ("hunyuanvideo_framepack", "torchscript"): "invalid export: a Slice (the text cut to the mask's length) with "
                                                "int64 starts and int32 ends (sum(dtype=torch.int)): shape inference "
                                                "fails",
+    ("kandinsky6_sr", "torchscript"): "the attention's unflatten(-1, (heads, -1)): a Reshape to Concat(Slice(Shape), "
+                                      "...) whose slice bounds are Mod / Add of Constants; shape inference "
+                                      "(data_prop) does not fold them, so the Cast after it is unranked",
 }
 LOAD_ERRORS = r"unresolved dynamic shape|shape inference failed"
 #: exports whose shapes depend on values (rkpart exit 3 without ``--inputs``): loaded, discovered and partitioned
