@@ -754,6 +754,127 @@ def _anyflow() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _anyflow_far() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import AnyFlowFARTransformer3DModel
+
+    # an autoregressive step of the pipeline: chunks of 1 frame, 2 already denoised and cached (the older one in
+    # the FAR-compressed cache: full_chunk_limit=2), the third being denoised; 8x8 latents: 16 full tokens and 4
+    # compressed tokens a frame
+    m = AnyFlowFARTransformer3DModel(patch_size=(1, 2, 2), compressed_patch_size=(1, 4, 4), full_chunk_limit=2,
+                                     num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                                     text_dim=24, freq_dim=32, ffn_dim=64, num_layers=2, rope_max_seq_len=32,
+                                     chunk_partition=(1, 1, 1))
+    return m, {
+        "hidden_states": torch.randn(1, 1, 4, 8, 8),
+        "timestep": torch.tensor([[700.0]]),
+        "r_timestep": torch.tensor([[500.0]]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        # the pipeline's per-layer KV caches, stacked over layers: [layer, k/v, batch, heads, tokens, head_dim]
+        "full_cache": torch.randn(2, 2, 1, 2, 32, 16),
+        "compressed_cache": torch.randn(2, 2, 1, 2, 8, 16),
+    }
+
+
+def dense_far_step(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """AnyFlow FAR's cached autoregressive step in an exportable form, asserted equal to diffusers' own.
+
+    Three rewrites of the same function: (1) the forward takes the KV caches (a dict of dicts of
+    tensors per layer, and a ``kv_cache_flag`` dict the forward mutates) as two stacked tensors and
+    returns the prediction only; (2) the complex RoPE (``view_as_complex``, complex128: neither
+    exporter converts it) becomes the real ``x * cos + rot(x) * sin`` with tables computed once
+    from the model's own frequencies for this step's static layout; (3) the causal self-attention
+    the processor runs through flex attention without a mask (the step reads the caches; queries,
+    keys and values zero-padded to a multiple of 128 tokens, the padding keys taking part in the
+    softmax, as diffusers computes it) runs through ``scaled_dot_product_attention`` on the same
+    padded tensors.  The patched model's output must equal the unpatched model's (within 1e-5).
+    """
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    from diffusers.models.transformers.transformer_anyflow_far import AnyFlowCausalAttnProcessor
+
+    partition, cached = [1, 1, 1], 2
+    forward = model.forward
+
+    def step(*, full_cache: torch.Tensor, compressed_cache: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor]:
+        kv_cache = [{"full_cache": full_cache[i], "compressed_cache": compressed_cache[i]}
+                    for i in range(full_cache.shape[0])]
+        out = forward(chunk_partition=partition, kv_cache=kv_cache,
+                      kv_cache_flag={"num_cached_chunks": cached, "is_cache_step": False}, **kwargs)
+        return (out[0],)
+
+    model.forward = step
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+
+    # the step's RoPE tables: the layout _forward_inference gives the rope module
+    _, _, _, height, width = inputs["hidden_states"].shape
+    cfg = model.config
+    limit = cfg.full_chunk_limit
+    compressed = sum(partition[:len(partition) - limit]) if len(partition) >= limit else 0
+    full, small = cfg.patch_size, cfg.compressed_patch_size
+    far_cfg = {"total_frames": sum(partition), "num_compressed_frames": compressed,
+               "full_frame_shape": (height // full[1], width // full[2]),
+               "compressed_frame_shape": (height // small[1], width // small[2])}
+    freqs = model.rope(far_cfg=far_cfg, device=torch.device("cpu"))["key"]  # [1, 1, S, D/2] complex
+    table = torch.stack([freqs.real.repeat_interleave(2, dim=-1), freqs.imag.repeat_interleave(2, dim=-1)],
+                        dim=-1).float().contiguous()  # [1, 1, S, D, 2]: cos, sin
+
+    class StaticRealRope(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("table", table, persistent=False)
+
+        def forward(self, far_cfg: Any, device: Any, clean_hidden_states: Any = None) -> dict[str, torch.Tensor]:
+            return {"query": self.table, "key": self.table}
+
+    def rotate(x: torch.Tensor, tab: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+        rot = torch.stack((-x2, x1), dim=-1).flatten(-2)
+        return (x.float() * tab[..., 0] + rot.float() * tab[..., 1]).type_as(x)
+
+    class DenseCausalProcessor(AnyFlowCausalAttnProcessor):
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: Any = None,
+                     attention_mask: Any = None, rotary_emb: Any = None, kv_cache: Any = None,
+                     kv_cache_flag: Any = None) -> torch.Tensor:
+            query = attn.to_q(hidden_states)
+            key = attn.to_k(hidden_states)
+            value = attn.to_v(hidden_states)
+            if attn.norm_q is not None:
+                query = attn.norm_q(query)
+            if attn.norm_k is not None:
+                key = attn.norm_k(key)
+            query = query.unflatten(2, (attn.heads, -1)).transpose(1, 2)
+            key = key.unflatten(2, (attn.heads, -1)).transpose(1, 2)
+            value = value.unflatten(2, (attn.heads, -1)).transpose(1, 2)
+            nc, nf = kv_cache_flag["num_cached_compressed_tokens"], kv_cache_flag["num_cached_full_tokens"]
+            key = torch.cat([kv_cache["compressed_cache"][0, :, :, :nc], kv_cache["full_cache"][0, :, :, :nf], key],
+                            dim=2)
+            value = torch.cat([kv_cache["compressed_cache"][1, :, :, :nc], kv_cache["full_cache"][1, :, :, :nf],
+                               value], dim=2)
+            query = rotate(query, rotary_emb["query"])
+            key = rotate(key, rotary_emb["key"])
+            seq_len, head_dim = query.shape[2], query.shape[3]
+            pad = int(math.ceil(seq_len / 128.0) * 128.0 - seq_len)
+            if pad > 0:
+                query, key, value = (torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], pad, head_dim)], dim=2)
+                                     for t in (query, key, value))
+            assert head_dim >= 16, "the processor's head padding to 16 is not reproduced"
+            out = F.scaled_dot_product_attention(query, key, value)[:, :, :seq_len]
+            out = out.transpose(1, 2).flatten(2, 3).type_as(query)
+            return attn.to_out[1](attn.to_out[0](out))
+
+    model.rope = StaticRealRope()
+    for module in model.modules():
+        if type(getattr(module, "processor", None)) is AnyFlowCausalAttnProcessor:
+            module.set_processor(DenseCausalProcessor())
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
 def _cosmos3() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import Cosmos3OmniTransformer
@@ -1187,6 +1308,8 @@ LATEST_H3: dict[str, Family] = {f.name: f for f in (
     Family("kandinsky6", _kandinsky6, blocks=6),
     Family("kandinsky6_sr", _kandinsky6_sr, prepare=dense_nabla_kandinsky6_sr),  # NABLA flex attention, dense
     Family("anyflow", _anyflow, prepare=real_rope_anyflow),  # complex RoPE rewritten to the real form
+    # one cached autoregressive step: KV caches as inputs, real-form RoPE, flex attention (no mask) as SDPA
+    Family("anyflow_far", _anyflow_far, prepare=dense_far_step),
     # text (causal) and video streams in one packed sequence; the forward's lists adapted to one video
     Family("cosmos3", _cosmos3, _cosmos3_fixed, prepare=_cosmos3_one_video),
 )}

@@ -106,6 +106,8 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     # text-free SR blocks; the NABLA block-sparse attention in dense form (its block mask computed in the region)
     "kandinsky6_sr": [DIT] * 2,
     "anyflow": [CROSS] * 2,  # Wan anatomy; RoPE rewritten to the real form before export
+    # a cached autoregressive step: the self-attention's keys and values are the caches (inputs) and the chunk's own
+    "anyflow_far": [CROSS] * 2,
     # mixture of transformers: the causal text ("understanding") and the video ("generation") streams are slices
     # of one packed sequence, with their own projections; the video queries attend over both; two MLPs
     "cosmos3": [(JATTN, FFN, FFN)] * 2,
@@ -158,6 +160,9 @@ LOAD_FAILS = {
     ("kandinsky6_sr", "torchscript"): "the attention's unflatten(-1, (heads, -1)): a Reshape to Concat(Slice(Shape), "
                                       "...) whose slice bounds are Mod / Add of Constants; shape inference "
                                       "(data_prop) does not fold them, so the Cast after it is unranked",
+    ("anyflow_far", "torchscript"): "the condition embedder's Slices of Shape (unflatten(0, (batch, frames)) of "
+                                    "the timestep embeddings, one over 0 compressed frames) get bounds from Reshapes "
+                                    "of computed values: unresolved, every block's input unranked",
 }
 LOAD_ERRORS = r"unresolved dynamic shape|shape inference failed"
 #: exports whose shapes depend on values (rkpart exit 3 without ``--inputs``): loaded, discovered and partitioned
