@@ -75,6 +75,38 @@ stable_audio   ``StableAudioDiTModel``             1-D audio DiT, GQA cross-atte
 prx            ``PRXTransformer2DModel``           single-stream DiT over text + image tokens
 =============  ==================================  ================================================
 
+:data:`LATEST_H3` -- diffusers 0.42 classes of helper h3's share of the sweep:
+
+======================  ==========================================  ==========================================
+family                  diffusers class                             what it exercises
+======================  ==========================================  ==========================================
+consisid                ``ConsisIDTransformer3DModel``              CogVideoX blocks + the identity branch: a
+                                                                    perceiver resampler over face features,
+                                                                    perceiver cross-attention after every
+                                                                    second block
+hunyuanvideo_framepack  ``HunyuanVideoFramepackTransformer3DModel`` HunyuanVideo with 1x / 2x / 4x history
+                                                                    latents and an image projection in the
+                                                                    stream; the text cut to the mask's length
+hunyuanvideo15          ``HunyuanVideo15Transformer3DModel``        token refiner, then dual-stream blocks over
+                                                                    masked-packed image + ByT5 + MLLM tokens
+helios                  ``HeliosTransformer3DModel``                Wan anatomy with short / mid / long history
+                                                                    tokens; cross-attention of the current
+                                                                    chunk only (split and concat per block)
+kandinsky6              ``Kandinsky6Transformer3DModel``            per-modality text blocks, then fused video
+                                                                    + audio blocks with cross-modal attention
+kandinsky6_sr           ``Kandinsky6SRTransformer3DModel``          NABLA block-sparse attention (data-dependent
+                                                                    block mask) in dense form
+                                                                    (:func:`dense_nabla_kandinsky6_sr`)
+anyflow                 ``AnyFlowTransformer3DModel``               Wan anatomy, two timesteps (t, r); complex
+                                                                    RoPE in real form (:func:`real_rope_anyflow`)
+anyflow_far             ``AnyFlowFARTransformer3DModel``            a cached autoregressive step: KV caches as
+                                                                    inputs, flex attention as SDPA, real RoPE
+                                                                    (:func:`dense_far_step`)
+cosmos3                 ``Cosmos3OmniTransformer``                  mixture of transformers over one packed
+                                                                    sequence: causal text stream, video stream
+                                                                    attending over both, per-stream MLPs, GQA
+======================  ==========================================  ==========================================
+
 :func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
 torch versions, exporter, source of every function the export runs) under
 ``$RKPART_TEST_EXPORTS`` (default ``~/.cache/rkpart/test-exports``), so a rerun skips the
