@@ -938,14 +938,58 @@ def _cosmos3_fixed() -> dict[str, Any]:
 
 
 def _cosmos3_one_video(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """The forward takes a list of videos and returns lists of predictions: one video in, its prediction out."""
+    """The forward takes a list of videos and returns lists of predictions: one video in, its prediction out.
+
+    And grouped-query attention with its key/value heads repeated (``scaled_dot_product_attention(
+    enable_gqa=True)`` has no TorchScript conversion): the processor's own computation otherwise,
+    asserted equal to diffusers' (within 1e-5).
+    """
+    import torch
+    import torch.nn.functional as F
+    from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor, _rotate_half
+
+    def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+        rep = q.shape[1] // k.shape[1]  # [tokens, heads, head_dim] -> [1, heads, tokens, head_dim]
+        q, k, v = (t.transpose(0, 1).unsqueeze(0)
+                   for t in (q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)))
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)[0].transpose(0, 1).flatten(-2, -1)
+
+    class RepeatedKVProcessor(Cosmos3AttnProcessor):
+        def __call__(self, attn: Any, und_seq: torch.Tensor, gen_seq: torch.Tensor,
+                     rotary_emb: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+            q_und = attn.to_q(und_seq).view(-1, attn.num_attention_heads, attn.head_dim)
+            k_und = attn.to_k(und_seq).view(-1, attn.num_key_value_heads, attn.head_dim)
+            v_und = attn.to_v(und_seq).view(-1, attn.num_key_value_heads, attn.head_dim)
+            q_gen = attn.add_q_proj(gen_seq).view(-1, attn.num_attention_heads, attn.head_dim)
+            k_gen = attn.add_k_proj(gen_seq).view(-1, attn.num_key_value_heads, attn.head_dim)
+            v_gen = attn.add_v_proj(gen_seq).view(-1, attn.num_key_value_heads, attn.head_dim)
+            q_und, k_und = attn.norm_q(q_und), attn.norm_k(k_und)
+            k_und_for_gen = attn.k_norm_und_for_gen(k_und) if attn.k_norm_und_for_gen is not None else k_und
+            q_gen, k_gen = attn.norm_added_q(q_gen), attn.norm_added_k(k_gen)
+            cos_und, sin_und, cos_gen, sin_gen = (t.unsqueeze(1) for t in rotary_emb)
+            q_und = q_und * cos_und + _rotate_half(q_und) * sin_und
+            k_und = k_und * cos_und + _rotate_half(k_und) * sin_und
+            k_und_for_gen = k_und_for_gen * cos_und + _rotate_half(k_und_for_gen) * sin_und
+            q_gen = q_gen * cos_gen + _rotate_half(q_gen) * sin_gen
+            k_gen = k_gen * cos_gen + _rotate_half(k_gen) * sin_gen
+            causal_out = sdpa(q_und, k_und, v_und, True)
+            full_out = sdpa(q_gen, torch.cat([k_und_for_gen, k_gen], dim=0), torch.cat([v_und, v_gen], dim=0), False)
+            return attn.to_out(causal_out), attn.to_add_out(full_out)
+
     forward = model.forward
 
     def one_video(*, vision_tokens: Any, **kwargs: Any) -> tuple[Any]:
         return (forward(vision_tokens=[vision_tokens], **kwargs)[0][0],)
 
     model.forward = one_video
-
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+    for module in model.modules():
+        if type(getattr(module, "processor", None)) is Cosmos3AttnProcessor:
+            module.set_processor(RepeatedKVProcessor())
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 def real_rope_anyflow(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
     """AnyFlow's RoPE rewritten to the real (cos/sin) form, asserted equal to diffusers' own.
@@ -1342,7 +1386,7 @@ LATEST_H3: dict[str, Family] = {f.name: f for f in (
     Family("anyflow", _anyflow, prepare=real_rope_anyflow),  # complex RoPE rewritten to the real form
     # one cached autoregressive step: KV caches as inputs, real-form RoPE, flex attention (no mask) as SDPA
     Family("anyflow_far", _anyflow_far, prepare=dense_far_step),
-    # text (causal) and video streams in one packed sequence; the forward's lists adapted to one video
+    # text (causal) and video streams in one packed sequence; lists adapted to one video, GQA's K/V repeated
     Family("cosmos3", _cosmos3, _cosmos3_fixed, prepare=_cosmos3_one_video),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)

@@ -145,10 +145,8 @@ EXPORTERS = ("torchscript", "dynamo")
 #: (family, exporter) -> why the exporter cannot make it (diffusers 0.36 / torch 2.13)
 EXPORT_FAILS: dict[tuple[str, str], str] = {
     ("hunyuanvideo", "torchscript"): "aten::masked_fill with a bool value: TorchScript alias analysis asserts",
-    ("cosmos3", "torchscript"): "scaled_dot_product_attention(enable_gqa=True): no TorchScript conversion "
-                                "(AssertionError)",
-    ("hunyuanvideo15", "dynamo"): "torch.export: data-dependent guard (the t2v test torch.all(image_embeds == 0) "
-                                  "and the masked text packing image[image_mask])",
+    ("hunyuanvideo15", "dynamo"): "torch.export: GuardOnDataDependentSymNode, Eq(u0, 1), on the t2v test "
+                                  "`if torch.all(image_embeds == 0)` (the masked token packing follows)",
 }
 #: exports rkpart cannot load: their shapes stay dynamic after shape inference (exit 3, ``--shape`` does not help)
 #: or shape inference rejects them
