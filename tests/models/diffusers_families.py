@@ -710,6 +710,120 @@ def _flux3() -> tuple[Any, dict[str, Any]]:
     }
 
 
+# --- LATEST_H4: diffusers 0.42 classes (LTX-2, MiniMax-H3, Motif-Video, Wan-Animate, Stable Audio 3) ---
+
+
+def _ltx2() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import LTX2VideoTransformer3DModel
+
+    m = LTX2VideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16,
+                                    cross_attention_dim=32, audio_in_channels=8, audio_out_channels=8,
+                                    audio_num_attention_heads=2, audio_attention_head_dim=16,
+                                    audio_cross_attention_dim=32, num_layers=2, caption_channels=24)
+    # the pipeline precomputes the RoPE coordinates once (rope.prepare_video_coords / prepare_audio_coords)
+    video_coords = m.rope.prepare_video_coords(1, 1, 4, 4, torch.device("cpu"), fps=24.0)
+    audio_coords = m.audio_rope.prepare_audio_coords(1, 6, torch.device("cpu"))
+    return m, {
+        "hidden_states": torch.randn(1, 16, 8),
+        "audio_hidden_states": torch.randn(1, 6, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "audio_encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([700.0]),
+        "encoder_attention_mask": torch.ones(1, 6, dtype=torch.int64),
+        "audio_encoder_attention_mask": torch.ones(1, 6, dtype=torch.int64),
+        "video_coords": video_coords.float(),
+        "audio_coords": audio_coords.float(),
+    }
+
+
+def _ltx2_fixed() -> dict[str, Any]:
+    return {"num_frames": 1, "height": 4, "width": 4, "fps": 24.0, "audio_num_frames": 6}
+
+
+def _minimax_h3() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    m = MiniMaxH3Transformer3DModel(num_attention_heads=2, attention_head_dim=16, hidden_size=32, num_layers=2,
+                                    num_refiner_layers=2, ffn_dim=64, in_channels=4, audio_in_channels=8,
+                                    patch_size=(1, 2, 2), text_dim=24, freq_dim=32, time_embed_hidden_dim=32,
+                                    time_embed_dim=32, rope_freq_dim=2)
+    # one packed sequence: 6 text rows, 16 video rows (one 4 x 4 latent frame), 4 audio rows
+    text, video, audio = 6, 16, 4
+    seq = text + video + audio
+    pos = torch.zeros(seq, 3, dtype=torch.int64)
+    pos[text:text + video, 1] = torch.arange(video) // 4
+    pos[text:text + video, 2] = torch.arange(video) % 4
+    pos[text + video:, 0] = torch.arange(audio)
+    tags = torch.tensor([1] * text + [0] * video + [2] * audio)
+    return m, {
+        "hidden_states": torch.randn(1, video, 16),
+        "audio_hidden_states": torch.randn(1, audio, 8),
+        "encoder_hidden_states": torch.randn(1, text, 24),
+        "timestep": torch.tensor([0.7]),
+        "timestep_indices": torch.zeros(seq, dtype=torch.int64),
+        "token_tags": tags,
+        "position_ids": pos,
+        "video_indices": torch.arange(text, text + video),
+        "audio_indices": torch.arange(text + video, seq),
+        "text_indices": torch.arange(text),
+    }
+
+
+def _motif_video() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import MotifVideoTransformer3DModel
+
+    m = MotifVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=16,
+                                     num_layers=2, num_single_layers=4, num_decoder_layers=2, mlp_ratio=2.0,
+                                     patch_size=2, patch_size_t=1, text_embed_dim=24, rope_axes_dim=(4, 6, 6),
+                                     enable_text_cross_attention_dual=True, enable_text_cross_attention_single=True)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 2, 8, 8),
+        "timestep": torch.tensor([700.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "encoder_attention_mask": torch.ones(1, 6, dtype=torch.int64),
+    }
+
+
+def _wan_animate() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import WanAnimateTransformer3DModel
+
+    m = WanAnimateTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16,
+                                     in_channels=12, latent_channels=4, out_channels=4, text_dim=24, freq_dim=32,
+                                     ffn_dim=64, num_layers=4, image_dim=16, added_kv_proj_dim=32,
+                                     rope_max_seq_len=32, motion_encoder_channel_sizes={"8": 8, "4": 8},
+                                     motion_encoder_size=8, motion_style_dim=16, motion_dim=4, motion_encoder_dim=16,
+                                     face_encoder_hidden_dim=16, face_encoder_num_heads=2,
+                                     inject_face_latents_blocks=2)
+    return m, {
+        "hidden_states": torch.randn(1, 12, 3, 8, 8),
+        "timestep": torch.tensor([7.0]),
+        # the I2V cross-attention splits text from image tokens at a hard-coded text length of 512
+        "encoder_hidden_states": torch.randn(1, 512, 24),
+        "encoder_hidden_states_image": torch.randn(1, 4, 16),
+        "pose_hidden_states": torch.randn(1, 4, 2, 8, 8),
+        "face_pixel_values": torch.randn(1, 3, 5, 8, 8),
+    }
+
+
+def _stable_audio3() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import StableAudio3DiTModel
+
+    m = StableAudio3DiTModel(io_channels=4, embed_dim=32, depth=2, num_heads=2, cond_token_dim=24, global_cond_dim=24,
+                             local_add_cond_dim=8, timestep_features_dim=16, ff_mult=2.0, num_memory_tokens=4)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 16),
+        "timestep": torch.tensor([0.7]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "global_hidden_states": torch.randn(1, 24),
+        "encoder_attention_mask": torch.ones(1, 6, dtype=torch.int64),
+    }
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -867,6 +981,19 @@ NEWER: dict[str, Family] = {f.name: f for f in (
     Family("stable_audio", _stable_audio, _stable_audio_fixed),
     Family("prx", _prx, prepare=_trained_like),  # zero-initialised modulation: _trained_like
 )}
+#: issue 28's sweep, diffusers 0.42 classes: LTX2VideoTransformer3DModel, MiniMaxH3Transformer3DModel,
+#: MotifVideoTransformer3DModel, WanAnimateTransformer3DModel, StableAudio3DiTModel (SanaWMTransformer3DModel,
+#: SanaWMLTX2RefinerTransformer3DModel and WanAnimate2Transformer3DModel: :data:`NOT_EXPORTED`)
+LATEST_H4: dict[str, Family] = {f.name: f for f in (
+    Family("ltx2", _ltx2, _ltx2_fixed),  # video + audio streams in every block, a2v / v2a cross-attention
+    # 2 token-refiner text blocks run before the 2 blocks over the packed text + video + audio sequence
+    Family("minimax_h3", _minimax_h3, blocks=4),
+    # 2 dual-stream blocks, 2 single-stream encoder blocks, 2 single-stream decoder blocks (all but the decoder
+    # with text cross-attention)
+    Family("motif_video", _motif_video, blocks=6),
+    Family("wan_animate", _wan_animate, blocks=4),  # face-adapter cross-attention after blocks 0 and 2
+    Family("stable_audio3", _stable_audio3, prepare=_trained_like),  # zero-initialised in/out convs
+)}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
     "MochiTransformer3DModel": "exports, but the masked text pooling leaves shapes dynamic (rkpart exit 3)",
@@ -888,7 +1015,7 @@ SIZED: dict[str, Family] = {f.name: f for f in (
     Family("flux_m", lambda: _flux_sized(heads=8, head_dim=64, side=16, text=64)),
 )}
 #: every family and variant by name
-ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **SIZED}
+ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **LATEST_H4, **SIZED}
 
 
 def _decompose_rms_norm(model: Any) -> None:
