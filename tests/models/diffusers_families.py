@@ -809,6 +809,43 @@ def _wan_animate() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _static_motion_qr(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """Wan-Animate's motion encoder with the QR factor of its weight computed once (asserted equal).
+
+    ``WanAnimateMotionEncoder`` orthogonalises a parameter on every call (``torch.linalg.qr(weight)``):
+    neither exporter converts ``aten::linalg_qr`` (TorchScript: "not supported", dynamo: a
+    ConversionError on the node).  The factor depends only on the weights, so it is computed here and
+    held as a buffer; every other step of the forward is diffusers' own.
+    """
+    import types
+
+    import torch
+
+    enc = model.motion_encoder
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+        q = torch.linalg.qr((enc.motion_synthesis_weight + 1e-8).to(torch.float32))[0]
+    enc.register_buffer("motion_q", q.contiguous(), persistent=False)
+
+    def forward(self: Any, face_image: torch.Tensor, channel_dim: int = 1) -> torch.Tensor:
+        face_image = self.conv_in(face_image, channel_dim)
+        for block in self.res_blocks:
+            face_image = block(face_image, channel_dim)
+        face_image = self.conv_out(face_image, channel_dim)
+        motion_feat = face_image.squeeze(-1).squeeze(-1)
+        for linear_layer in self.motion_network:
+            motion_feat = linear_layer(motion_feat, channel_dim=channel_dim)
+        original_motion_dtype = motion_feat.dtype
+        motion_feat = motion_feat.to(torch.float32)
+        motion_decomposition = torch.matmul(torch.diag_embed(motion_feat), self.motion_q.T)
+        return torch.sum(motion_decomposition, dim=1).to(dtype=original_motion_dtype)
+
+    enc.forward = types.MethodType(forward, enc)
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
 def _stable_audio3() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import StableAudio3DiTModel
@@ -991,7 +1028,8 @@ LATEST_H4: dict[str, Family] = {f.name: f for f in (
     # 2 dual-stream blocks, 2 single-stream encoder blocks, 2 single-stream decoder blocks (all but the decoder
     # with text cross-attention)
     Family("motif_video", _motif_video, blocks=6),
-    Family("wan_animate", _wan_animate, blocks=4),  # face-adapter cross-attention after blocks 0 and 2
+    # face-adapter cross-attention after blocks 0 and 2; the motion encoder's QR factor computed once
+    Family("wan_animate", _wan_animate, blocks=4, prepare=_static_motion_qr),
     Family("stable_audio3", _stable_audio3, prepare=_trained_like),  # zero-initialised in/out convs
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
