@@ -190,7 +190,7 @@ def test_family(case: tuple[str, str, bool], anon_dir: Path, tmp_path: Path) -> 
     family, exporter, anon = case
     model = _model(family, exporter, anon, anon_dir)
     if (family, exporter) in LOAD_FAILS:
-        with pytest.raises(InvalidModelError, match="unresolved dynamic shape|depends on values"):
+        with pytest.raises(InvalidModelError, match=r"unresolved dynamic shape|depends on values"):
             load_model(model)
         return
     d = discover(load_model(model))
