@@ -75,6 +75,28 @@ stable_audio   ``StableAudioDiTModel``             1-D audio DiT, GQA cross-atte
 prx            ``PRXTransformer2DModel``           single-stream DiT over text + image tokens
 =============  ==================================  ================================================
 
+:data:`LATEST_H4` -- issue 28's sweep, diffusers 0.42 classes (``SanaWMTransformer3DModel``,
+``SanaWMLTX2RefinerTransformer3DModel`` and ``WanAnimate2Transformer3DModel``: :data:`NOT_EXPORTED`):
+
+=============  ==================================  ================================================
+family         diffusers class                     what it exercises
+=============  ==================================  ================================================
+ltx2           ``LTX2VideoTransformer3DModel``     video and audio streams in every block: self- and
+                                                   text cross-attention each, audio-to-video and
+                                                   video-to-audio cross-attention, FFN each
+minimax_h3     ``MiniMaxH3Transformer3DModel``     token-refiner text blocks, then blocks over one
+                                                   packed text + video + audio sequence (index_copy,
+                                                   per-row AdaLN rows by index_select)
+motif_video    ``MotifVideoTransformer3DModel``    dual-stream blocks with a text cross-attention
+                                                   off the joint attention, single-stream encoder
+                                                   blocks (cross-attention inside), decoder blocks
+wan_animate    ``WanAnimateTransformer3DModel``    Wan I2V blocks, pose latents, a face motion
+                                                   encoder and face-adapter cross-attention blocks
+                                                   between the blocks (QR factor precomputed)
+stable_audio3  ``StableAudio3DiTModel``            differential self- and cross-attention, memory
+                                                   tokens, partial RoPE
+=============  ==================================  ================================================
+
 :func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
 torch versions, exporter, source of every function the export runs) under
 ``$RKPART_TEST_EXPORTS`` (default ``~/.cache/rkpart/test-exports``), so a rerun skips the
@@ -815,7 +837,9 @@ def _static_motion_qr(model: Any, inputs: dict[str, Any], fixed: dict[str, Any])
     ``WanAnimateMotionEncoder`` orthogonalises a parameter on every call (``torch.linalg.qr(weight)``):
     neither exporter converts ``aten::linalg_qr`` (TorchScript: "not supported", dynamo: a
     ConversionError on the node).  The factor depends only on the weights, so it is computed here and
-    held as a buffer; every other step of the forward is diffusers' own.
+    held as a buffer.  TorchScript has no ``aten::diag_embed`` either: ``diag_embed(f) @ Q.T`` (row ``j``
+    of ``Q.T`` scaled by ``f[j]``) is written as the broadcast product ``f[..., None] * Q.T``, summed
+    over ``j`` as diffusers sums it.  Every other step of the forward is diffusers' own.
     """
     import types
 
@@ -837,13 +861,97 @@ def _static_motion_qr(model: Any, inputs: dict[str, Any], fixed: dict[str, Any])
             motion_feat = linear_layer(motion_feat, channel_dim=channel_dim)
         original_motion_dtype = motion_feat.dtype
         motion_feat = motion_feat.to(torch.float32)
-        motion_decomposition = torch.matmul(torch.diag_embed(motion_feat), self.motion_q.T)
+        # diag_embed(feat) @ Q.T scales row j of Q.T by feat[j]: the same products, broadcast
+        motion_decomposition = motion_feat.unsqueeze(-1) * self.motion_q.T
         return torch.sum(motion_decomposition, dim=1).to(dtype=original_motion_dtype)
 
     enc.forward = types.MethodType(forward, enc)
     with torch.no_grad():
         patched = model(**inputs, **fixed, return_dict=False)[0]
     torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
+def _sana_wm() -> tuple[Any, dict[str, Any]]:
+    import numpy as np
+    import torch
+    from diffusers import SanaWMTransformer3DModel
+    from diffusers.pipelines.sana_wm.cam_utils import prepare_camera
+
+    # 4 blocks: gated-delta-net linear attention and softmax attention alternating (softmax_every_n=2)
+    m = SanaWMTransformer3DModel(in_channels=4, num_layers=4, hidden_size=32, num_attention_heads=2,
+                                 softmax_every_n=2, linear_head_dim=16, caption_channels=24,
+                                 chunk_plucker_post_attn_blocks=4, mlp_ratio=2.0)
+    # the pipeline's camera inputs for 9 pixel frames (2 latent frames of 4 x 4) moving along x
+    c2w = np.tile(np.eye(4, dtype=np.float32), (9, 1, 1))
+    c2w[:, 0, 3] = np.linspace(0.0, 1.0, 9)
+    cam = prepare_camera(c2w, np.tile(np.array([[50.0, 50.0, 32.0, 32.0]], dtype=np.float32), (9, 1)),
+                         target_size=(64, 64), vae_stride=(8, 16, 16))
+    return m, {
+        "hidden_states": torch.randn(1, 4, 2, 4, 4),
+        "timestep": torch.full((1, 1, 2), 700.0),
+        "encoder_hidden_states": torch.randn(1, 1, 6, 24),
+        "mask": torch.ones(1, 6, dtype=torch.int64),
+        "camera_conditions": cam["raymap"].unsqueeze(0),
+        "chunk_plucker": cam["chunk_plucker"].unsqueeze(0),
+    }
+
+
+def _sana_wm_refiner() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import SanaWMLTX2RefinerTransformer3DModel
+
+    m = SanaWMLTX2RefinerTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16,
+                                            cross_attention_dim=32, audio_in_channels=8, audio_out_channels=8,
+                                            audio_num_attention_heads=2, audio_attention_head_dim=16,
+                                            audio_cross_attention_dim=32, num_layers=2, caption_channels=24)
+    # a denoising step of one AR block (2 latent frames of 4 x 4) against the KV cache of 1 sink frame and
+    # 1 frame of refined history, per layer (layers, batch, tokens, inner dim): the cache is state the
+    # previous forwards wrote, so it enters as graph inputs (_refiner_kv_cache)
+    return m, {
+        "hidden_states": torch.randn(1, 32, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.full((1, 32), 700.0),
+        "encoder_attention_mask": torch.ones(1, 6, dtype=torch.int64),
+        "sink_k_pre": torch.randn(2, 1, 16, 32),
+        "sink_v": torch.randn(2, 1, 16, 32),
+        "history_k": torch.randn(2, 1, 16, 32),
+        "history_v": torch.randn(2, 1, 16, 32),
+    }
+
+
+def _refiner_kv_cache(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """The SANA-WM refiner's ``kv_cache_mode="inject"`` step with its cache as tensors.
+
+    The refiner reads the sink and history K/V of every layer from a ``SanaWMRefinerKVCache`` object
+    and takes the active block's RoPE as a ``(cos, sin)`` tuple.  ``forward`` is wrapped to build the
+    cache from stacked ``(layers, batch, tokens, inner)`` inputs; the RoPE tables (the active block at
+    frames 2-3, the sink shifted to sit just before the one history frame, as the pipeline places it)
+    depend only on static positions and become constants, made by the model's own
+    ``build_rotary_emb_for_absolute_positions``.
+    """
+    import types
+
+    from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMRefinerKVCache
+
+    rope = model.build_rotary_emb_for_absolute_positions
+    fixed["video_rotary_emb"] = rope(batch_size=1, frame_positions=[2, 3], height=4, width=4, device="cpu",
+                                     fps=24.0)
+    sink_pe = rope(batch_size=1, frame_positions=[0], height=4, width=4, device="cpu", fps=24.0)
+    forward = model.forward
+
+    def forward_with_cache(self: Any, hidden_states: Any, encoder_hidden_states: Any, timestep: Any,
+                           encoder_attention_mask: Any, sink_k_pre: Any, sink_v: Any, history_k: Any, history_v: Any,
+                           video_rotary_emb: Any, return_dict: bool = True) -> Any:
+        cache = SanaWMRefinerKVCache(len(self.transformer_blocks))
+        cache.sink_pe = sink_pe
+        for i in range(len(self.transformer_blocks)):
+            cache.get(i).store_sink(sink_k_pre[i], sink_v[i])
+            cache.get(i).store_history(history_k[i], history_v[i])
+        return forward(hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states, timestep=timestep,
+                       video_rotary_emb=video_rotary_emb, encoder_attention_mask=encoder_attention_mask,
+                       kv_cache=cache, kv_cache_mode="inject", return_dict=return_dict)
+
+    model.forward = types.MethodType(forward_with_cache, model)
 
 
 def _stable_audio3() -> tuple[Any, dict[str, Any]]:
@@ -1028,8 +1136,9 @@ LATEST_H4: dict[str, Family] = {f.name: f for f in (
     # 2 dual-stream blocks, 2 single-stream encoder blocks, 2 single-stream decoder blocks (all but the decoder
     # with text cross-attention)
     Family("motif_video", _motif_video, blocks=6),
-    # face-adapter cross-attention after blocks 0 and 2; the motion encoder's QR factor computed once
-    Family("wan_animate", _wan_animate, blocks=4, prepare=_static_motion_qr),
+    # 4 blocks and the face adapter's cross-attention after blocks 0 and 2 (face_adapter.N: blocks of their own,
+    # as their module names make them); the motion encoder's QR factor computed once
+    Family("wan_animate", _wan_animate, blocks=6, prepare=_static_motion_qr),
     Family("stable_audio3", _stable_audio3, prepare=_trained_like),  # zero-initialised in/out convs
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)

@@ -100,6 +100,9 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     # query the joint attention's output); single blocks (2 encoder ones with the cross-attention nested
     # inside the parallel branch, before proj_out; 2 decoder ones over the decoder + encoder streams)
     "motif_video": [(JATTN, XATTN, FFN, FFN_TXT)] * 2 + [(PAR,)] * 4,
+    # Wan blocks (I2V: image and text cross-attention in one attn2); the face adapter's cross-attention to the
+    # motion tokens (face_adapter.N, after blocks 0 and 2) is a block of its own, as its module names make it
+    "wan_animate": [CROSS, (XATTN,), CROSS, CROSS, (XATTN,), CROSS],
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
