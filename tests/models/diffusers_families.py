@@ -771,21 +771,28 @@ def _minimax_h3() -> tuple[Any, dict[str, Any]]:
                                     num_refiner_layers=2, ffn_dim=64, in_channels=4, audio_in_channels=8,
                                     patch_size=(1, 2, 2), text_dim=24, freq_dim=32, time_embed_hidden_dim=32,
                                     time_embed_dim=32, rope_freq_dim=2)
-    # one packed sequence: 6 text rows, 16 video rows (one 4 x 4 latent frame), 4 audio rows
+    return m, {
+        "hidden_states": torch.randn(1, 16, 16),  # one 4 x 4 latent frame, patchified
+        "audio_hidden_states": torch.randn(1, 4, 8),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "timestep": torch.tensor([0.7]),
+    }
+
+
+def _minimax_h3_fixed() -> dict[str, Any]:
+    """The packed layout (6 text rows, 16 video rows, 4 audio rows): the caller builds it from the static
+    shapes once per resolution, so its index tensors are constants, not graph inputs."""
+    import torch
+
     text, video, audio = 6, 16, 4
     seq = text + video + audio
     pos = torch.zeros(seq, 3, dtype=torch.int64)
     pos[text:text + video, 1] = torch.arange(video) // 4
     pos[text:text + video, 2] = torch.arange(video) % 4
     pos[text + video:, 0] = torch.arange(audio)
-    tags = torch.tensor([1] * text + [0] * video + [2] * audio)
-    return m, {
-        "hidden_states": torch.randn(1, video, 16),
-        "audio_hidden_states": torch.randn(1, audio, 8),
-        "encoder_hidden_states": torch.randn(1, text, 24),
-        "timestep": torch.tensor([0.7]),
+    return {
         "timestep_indices": torch.zeros(seq, dtype=torch.int64),
-        "token_tags": tags,
+        "token_tags": torch.tensor([1] * text + [0] * video + [2] * audio),
         "position_ids": pos,
         "video_indices": torch.arange(text, text + video),
         "audio_indices": torch.arange(text + video, seq),
@@ -1132,7 +1139,7 @@ NEWER: dict[str, Family] = {f.name: f for f in (
 LATEST_H4: dict[str, Family] = {f.name: f for f in (
     Family("ltx2", _ltx2, _ltx2_fixed),  # video + audio streams in every block, a2v / v2a cross-attention
     # 2 token-refiner text blocks run before the 2 blocks over the packed text + video + audio sequence
-    Family("minimax_h3", _minimax_h3, blocks=4),
+    Family("minimax_h3", _minimax_h3, _minimax_h3_fixed, blocks=4),
     # 2 dual-stream blocks, 2 single-stream encoder blocks, 2 single-stream decoder blocks (all but the decoder
     # with text cross-attention)
     Family("motif_video", _motif_video, blocks=6),

@@ -150,6 +150,7 @@ ORT_REFUSES = {
     ("pixart_sigma", "dynamo"): "a Squeeze of a dim of 16 (shape inference fails on the whole model)",
     ("allegro", "dynamo"): "a Squeeze of a dim of 16 (PixArt's adaln_single, as above)",
     ("hunyuanvideo", "dynamo"): "a Where over booleans (the token refiner's masked_fill): no ORT kernel",
+    ("ltx2", "dynamo"): "a Squeeze of a dim of 32 (the a2v / v2a modulation's squeeze(2), a no-op in torch)",
 }
 
 CASES = [(f, e, anon) for f in EXPECTED for e in EXPORTERS for anon in (False, True)]
