@@ -1147,6 +1147,8 @@ LATEST_H4: dict[str, Family] = {f.name: f for f in (
     # as their module names make them); the motion encoder's QR factor computed once
     Family("wan_animate", _wan_animate, blocks=6, prepare=_static_motion_qr),
     Family("stable_audio3", _stable_audio3, prepare=_trained_like),  # zero-initialised in/out convs
+    # LTX-2 blocks run video-only over one AR block, self-attention over [sink, history, block] K/V
+    Family("sana_wm_refiner", _sana_wm_refiner, prepare=_refiner_kv_cache),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {

@@ -103,6 +103,8 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     # Wan blocks (I2V: image and text cross-attention in one attn2); the face adapter's cross-attention to the
     # motion tokens (face_adapter.N, after blocks 0 and 2) is a block of its own, as its module names make it
     "wan_animate": [CROSS, (XATTN,), CROSS, CROSS, (XATTN,), CROSS],
+    # video-only LTX-2 blocks; the self-attention's K/V is [sink, history] from the cache (inputs) + the block's own
+    "sana_wm_refiner": [CROSS] * 2,
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
