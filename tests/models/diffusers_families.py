@@ -1158,6 +1158,13 @@ NOT_EXPORTED: dict[str, str] = {
     "LuminaNextDiT2DModel": "the tiny config's eager forward fails (TypeError in attn1 with the given RoPE)",
     "QwenImageTransformer2DModel": "complex RoPE: TorchScript has no aten::view_as_complex, dynamo fails to "
                                    "convert the complex product (config kept: _qwenimage)",
+    "SanaWMTransformer3DModel": "TorchScript: aten::rad2deg (the UCPE camera geometry) not supported; dynamo: complex "
+                                "RoPE table, aten.split_with_sizes has no decomposition for complex inputs (config "
+                                "kept: _sana_wm)",
+    "WanAnimate2Transformer3DModel": "the denoising pass (kv_cache_mode='cached') is flex attention over a compiled "
+                                     "BlockMask: TorchScript refuses to jit.trace a dynamo-optimized function, "
+                                     "torch.export fails with 'unhashable type: non-nested SymInt'; lists, a KV-cache "
+                                     "object and complex float64 RoPE in the forward besides",
 }
 #: families at a size where memory is megabytes, not kilobytes (hidden 512, 256 image tokens, 1024 for
 #: ``*_1k``): the device-memory bench predicts them (``bench/device_memory.py``); not in the family sweep.
