@@ -75,8 +75,8 @@ stable_audio   ``StableAudioDiTModel``             1-D audio DiT, GQA cross-atte
 prx            ``PRXTransformer2DModel``           single-stream DiT over text + image tokens
 =============  ==================================  ================================================
 
-:data:`LATEST_H4` -- issue 28's sweep, diffusers 0.42 classes (``SanaWMTransformer3DModel``,
-``SanaWMLTX2RefinerTransformer3DModel`` and ``WanAnimate2Transformer3DModel``: :data:`NOT_EXPORTED`):
+:data:`LATEST_H4` -- issue 28's sweep, diffusers 0.42 classes (``WanAnimate2Transformer3DModel``:
+:data:`NOT_EXPORTED`):
 
 =============  ==================================  ================================================
 family         diffusers class                     what it exercises
@@ -95,6 +95,12 @@ wan_animate    ``WanAnimateTransformer3DModel``    Wan I2V blocks, pose latents,
                                                    between the blocks (QR factor precomputed)
 stable_audio3  ``StableAudio3DiTModel``            differential self- and cross-attention, memory
                                                    tokens, partial RoPE
+sana_wm        ``SanaWMTransformer3DModel``        camera-conditioned (UCPE) self-attention, gated
+                                                   delta-net linear and softmax alternating, Plucker
+                                                   embedding added per block; camera transforms as
+                                                   inputs, real-form RoPE (:func:`_sana_wm_real_rope`)
+sana_wm_refiner ``SanaWMLTX2RefinerTransformer3DModel`` video-only LTX-2 blocks over one AR block,
+                                                   self-attention over KV-cache inputs (sink, history)
 =============  ==================================  ================================================
 
 :func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
@@ -903,6 +909,75 @@ def _sana_wm() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _sana_wm_real_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """SANA-WM with its camera transforms and RoPE precomputed, the RoPE in the real form (asserted equal).
+
+    The forward derives UCPE ray matrices from the raw camera conditions (``torch.rad2deg``, no
+    TorchScript symbolic) and rotates by complex RoPE frequencies (``view_as_complex``; dynamo cannot
+    convert the complex table).  The forward also takes them precomputed (``cam_pos_embeds`` with
+    ``absmap``, ``P``, ``P_inv``; ``pos_embeds``), as a pipeline reusing them across steps passes them:
+    ``P`` and ``P_inv`` (per video) become graph inputs, the RoPE table (static shapes) a constant
+    held as stacked ``(cos, sin)``.  diffusers' ``_apply_rotary_emb`` and ``_apply_ucpe_transform``
+    are wrapped to apply a stacked table in the real form (``re*c - im*s, re*s + im*c`` per pair; the
+    inverse rotation negates ``s``) and to call the originals on complex tables, so other models are
+    unaffected.
+    """
+    import types
+
+    import torch
+    from diffusers.models.transformers import transformer_sana_wm as tsw
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+    cam = inputs.pop("camera_conditions")
+    _, _, f, h, w = inputs["hidden_states"].shape
+    raymats, absmap = tsw._process_camera_conditions_ucpe(cam, cam.shape[0], (f, h, w), model.patch_size)
+    p = raymats.reshape(cam.shape[0], -1, 4, 4)
+    inputs["cam_p"], inputs["cam_p_inv"] = p, tsw._invert_SE3(p)
+    freqs = model.rope((f, h, w), device=torch.device("cpu"))
+    fixed["pos_embeds"] = torch.stack([freqs.real, freqs.imag]).float().unsqueeze(1)  # (2, 1, 1, N, D/2)
+    fixed["camera_conditions"] = cam  # only tested for None and for its batch size once P is given
+    fixed["cam_absmap"] = absmap.permute(0, 4, 1, 2, 3)
+    rotary, ucpe = tsw._apply_rotary_emb, tsw._apply_ucpe_transform
+
+    def pairs(x: torch.Tensor, table: torch.Tensor, inverse: bool = False) -> torch.Tensor:
+        cos, sin = table[0], -table[1] if inverse else table[1]
+        x = x.to(torch.float32).unflatten(-1, (-1, 2))
+        re, im = x[..., 0], x[..., 1]
+        return torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1).flatten(-2, -1)
+
+    def real_rotary(hidden_states: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+        if freqs.is_complex():
+            return rotary(hidden_states, freqs)
+        return pairs(hidden_states.permute(0, 1, 3, 2), freqs).permute(0, 1, 3, 2).type_as(hidden_states)
+
+    def real_ucpe(feats: torch.Tensor, matrix: torch.Tensor, rotary_emb: Any = None,
+                  inverse_rope: bool = False) -> torch.Tensor:
+        if rotary_emb is None or rotary_emb.is_complex():
+            return ucpe(feats, matrix, rotary_emb, inverse_rope)
+        batch, num_heads, seq_len, head_dim = feats.shape
+        projected, rotated = feats.split(head_dim // 2, dim=-1)
+        projected = torch.einsum("bnij,bhnkj->bhnki", matrix,
+                                 projected.reshape(batch, num_heads, seq_len, -1, matrix.shape[-1]))
+        projected = projected.reshape(batch, num_heads, seq_len, head_dim // 2)
+        return torch.cat([projected, pairs(rotated, rotary_emb, inverse_rope).type_as(rotated)], dim=-1)
+
+    tsw._apply_rotary_emb, tsw._apply_ucpe_transform = real_rotary, real_ucpe
+    forward = model.forward
+
+    def forward_precomputed(self: Any, hidden_states: Any, timestep: Any, encoder_hidden_states: Any, mask: Any,
+                            chunk_plucker: Any, cam_p: Any, cam_p_inv: Any, pos_embeds: Any, camera_conditions: Any,
+                            cam_absmap: Any, return_dict: bool = True) -> Any:
+        return forward(hidden_states, timestep, encoder_hidden_states, mask=mask, chunk_plucker=chunk_plucker,
+                       camera_conditions=camera_conditions, pos_embeds=pos_embeds, return_dict=return_dict,
+                       cam_pos_embeds={"absmap": cam_absmap, "P": cam_p, "P_inv": cam_p_inv})
+
+    model.forward = types.MethodType(forward_precomputed, model)
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-4, atol=1e-5)
+
+
 def _sana_wm_refiner() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import SanaWMLTX2RefinerTransformer3DModel
@@ -1134,8 +1209,8 @@ NEWER: dict[str, Family] = {f.name: f for f in (
     Family("prx", _prx, prepare=_trained_like),  # zero-initialised modulation: _trained_like
 )}
 #: issue 28's sweep, diffusers 0.42 classes: LTX2VideoTransformer3DModel, MiniMaxH3Transformer3DModel,
-#: MotifVideoTransformer3DModel, WanAnimateTransformer3DModel, StableAudio3DiTModel (SanaWMTransformer3DModel,
-#: SanaWMLTX2RefinerTransformer3DModel and WanAnimate2Transformer3DModel: :data:`NOT_EXPORTED`)
+#: MotifVideoTransformer3DModel, WanAnimateTransformer3DModel, StableAudio3DiTModel, SanaWMTransformer3DModel,
+#: SanaWMLTX2RefinerTransformer3DModel (WanAnimate2Transformer3DModel: :data:`NOT_EXPORTED`)
 LATEST_H4: dict[str, Family] = {f.name: f for f in (
     Family("ltx2", _ltx2, _ltx2_fixed),  # video + audio streams in every block, a2v / v2a cross-attention
     # 2 token-refiner text blocks run before the 2 blocks over the packed text + video + audio sequence
@@ -1147,6 +1222,9 @@ LATEST_H4: dict[str, Family] = {f.name: f for f in (
     # as their module names make them); the motion encoder's QR factor computed once
     Family("wan_animate", _wan_animate, blocks=6, prepare=_static_motion_qr),
     Family("stable_audio3", _stable_audio3, prepare=_trained_like),  # zero-initialised in/out convs
+    # 4 blocks: gated-delta-net linear and softmax camera (UCPE) self-attention alternating; camera transforms and
+    # RoPE precomputed, RoPE in the real form (_sana_wm_real_rope)
+    Family("sana_wm", _sana_wm, blocks=4, prepare=_sana_wm_real_rope),
     # LTX-2 blocks run video-only over one AR block, self-attention over [sink, history, block] K/V
     Family("sana_wm_refiner", _sana_wm_refiner, prepare=_refiner_kv_cache),
 )}
@@ -1158,9 +1236,6 @@ NOT_EXPORTED: dict[str, str] = {
     "LuminaNextDiT2DModel": "the tiny config's eager forward fails (TypeError in attn1 with the given RoPE)",
     "QwenImageTransformer2DModel": "complex RoPE: TorchScript has no aten::view_as_complex, dynamo fails to "
                                    "convert the complex product (config kept: _qwenimage)",
-    "SanaWMTransformer3DModel": "TorchScript: aten::rad2deg (the UCPE camera geometry) not supported; dynamo: complex "
-                                "RoPE table, aten.split_with_sizes has no decomposition for complex inputs (config "
-                                "kept: _sana_wm)",
     "WanAnimate2Transformer3DModel": "the denoising pass (kv_cache_mode='cached') is flex attention over a compiled "
                                      "BlockMask: TorchScript refuses to jit.trace a dynamo-optimized function, "
                                      "torch.export fails with 'unhashable type: non-nested SymInt'; lists, a KV-cache "

@@ -105,6 +105,9 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "wan_animate": [CROSS, (XATTN,), CROSS, CROSS, (XATTN,), CROSS],
     # video-only LTX-2 blocks; the self-attention's K/V is [sink, history] from the cache (inputs) + the block's own
     "sana_wm_refiner": [CROSS] * 2,
+    # camera (UCPE) self-attention (blocks 0, 2: gated delta-net recurrence; 1, 3: softmax), text cross-attention,
+    # GLU conv FFN; the Plucker embedding's projection (plucker_proj) is added between attn and cross_attn
+    "sana_wm": [CROSS] * 4,
 }
 #: anonymised copies whose blocks structure alone numbers differently from the names (none: independent
 #: streams side by side, like Lumina2's caption and noise refiners, are cut into blocks apart)
@@ -123,6 +126,10 @@ DISCOVERY_WRONG: dict[tuple[str, str], str] = {
     ("motif_video", "dynamo"): "the dual blocks' text cross_attn (its query is the joint attention's to_out output, "
                                "its output a second residual add) is folded into the jattn region: no xattn region",
 }
+_SANA_WM_WRONG = ("block 0's gated delta-net camera self-attention is left in the prologue (block 0: xattn, ffn "
+                  "only); blocks 1-3 read their camera self-attention as cross_attention (xattn) and the text "
+                  "cross-attention as xattn2")
+DISCOVERY_WRONG.update({("sana_wm", "torchscript"): _SANA_WM_WRONG, ("sana_wm", "dynamo"): _SANA_WM_WRONG})
 #: (family, exporter) -> why discovery on the anonymised copy (structure alone) gets the blocks wrong where the
 #: names get them right (known, checked to stay wrong: when one is fixed, the test says so and the entry goes)
 ANON_WRONG: dict[tuple[str, str], str] = {
