@@ -78,30 +78,30 @@ prx            ``PRXTransformer2DModel``           single-stream DiT over text +
 :data:`LATEST_H4` -- issue 28's sweep, diffusers 0.42 classes (``WanAnimate2Transformer3DModel``:
 :data:`NOT_EXPORTED`):
 
-=============  ==================================  ================================================
-family         diffusers class                     what it exercises
-=============  ==================================  ================================================
-ltx2           ``LTX2VideoTransformer3DModel``     video and audio streams in every block: self- and
-                                                   text cross-attention each, audio-to-video and
-                                                   video-to-audio cross-attention, FFN each
-minimax_h3     ``MiniMaxH3Transformer3DModel``     token-refiner text blocks, then blocks over one
-                                                   packed text + video + audio sequence (index_copy,
-                                                   per-row AdaLN rows by index_select)
-motif_video    ``MotifVideoTransformer3DModel``    dual-stream blocks with a text cross-attention
-                                                   off the joint attention, single-stream encoder
-                                                   blocks (cross-attention inside), decoder blocks
-wan_animate    ``WanAnimateTransformer3DModel``    Wan I2V blocks, pose latents, a face motion
-                                                   encoder and face-adapter cross-attention blocks
-                                                   between the blocks (QR factor precomputed)
-stable_audio3  ``StableAudio3DiTModel``            differential self- and cross-attention, memory
-                                                   tokens, partial RoPE
-sana_wm        ``SanaWMTransformer3DModel``        camera-conditioned (UCPE) self-attention, gated
-                                                   delta-net linear and softmax alternating, Plucker
-                                                   embedding added per block; camera transforms as
-                                                   inputs, real-form RoPE (:func:`_sana_wm_real_rope`)
-sana_wm_refiner ``SanaWMLTX2RefinerTransformer3DModel`` video-only LTX-2 blocks over one AR block,
-                                                   self-attention over KV-cache inputs (sink, history)
-=============  ==================================  ================================================
+===============  =========================================  ===================================================
+family           diffusers class                            what it exercises
+===============  =========================================  ===================================================
+ltx2             ``LTX2VideoTransformer3DModel``            video and audio streams in every block: self- and
+                                                            text cross-attention each, audio-to-video and
+                                                            video-to-audio cross-attention, FFN each
+minimax_h3       ``MiniMaxH3Transformer3DModel``            token-refiner text blocks, then blocks over one
+                                                            packed text + video + audio sequence (index_copy,
+                                                            per-row AdaLN rows by index_select)
+motif_video      ``MotifVideoTransformer3DModel``           dual-stream blocks with a text cross-attention
+                                                            off the joint attention, single-stream encoder
+                                                            blocks (cross-attention inside), decoder blocks
+wan_animate      ``WanAnimateTransformer3DModel``           Wan I2V blocks, pose latents, a face motion
+                                                            encoder and face-adapter cross-attention blocks
+                                                            between the blocks (QR factor precomputed)
+stable_audio3    ``StableAudio3DiTModel``                   differential self- and cross-attention, memory
+                                                            tokens, partial RoPE
+sana_wm          ``SanaWMTransformer3DModel``               camera-conditioned (UCPE) self-attention, gated
+                                                            delta-net linear and softmax alternating, Plucker
+                                                            embedding added per block; camera transforms as
+                                                            inputs, real-form RoPE (:func:`_sana_wm_real_rope`)
+sana_wm_refiner  ``SanaWMLTX2RefinerTransformer3DModel``    video-only LTX-2 blocks over one AR block,
+                                                            self-attention over KV-cache inputs (sink, history)
+===============  =========================================  ===================================================
 
 :func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
 torch versions, exporter, source of every function the export runs) under
