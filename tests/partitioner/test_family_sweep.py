@@ -160,6 +160,9 @@ ORT_REFUSES = {
     ("allegro", "dynamo"): "a Squeeze of a dim of 16 (PixArt's adaln_single, as above)",
     ("hunyuanvideo", "dynamo"): "a Where over booleans (the token refiner's masked_fill): no ORT kernel",
     ("ltx2", "dynamo"): "a Squeeze of a dim of 32 (the a2v / v2a modulation's squeeze(2), a no-op in torch)",
+    # (behind DISCOVERY_WRONG today) diffusers casts the fp32 softmax attention's q/k/v to bfloat16 for SDPA
+    ("sana_wm", "torchscript"): "a bfloat16 Sqrt (SDPA's scale on the bf16 q/k/v): no ORT CPU kernel",
+    ("sana_wm", "dynamo"): "a Squeeze of a dim of 6 (the text mask's squeeze(1).squeeze(1), a no-op in torch)",
 }
 
 CASES = [(f, e, anon) for f in EXPECTED for e in EXPORTERS for anon in (False, True)]
