@@ -86,6 +86,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
+import math
 import os
 import warnings
 from collections.abc import Callable
@@ -710,6 +711,358 @@ def _flux3() -> tuple[Any, dict[str, Any]]:
     }
 
 
+def _tuple_out(model: Any, call: Callable[..., Any]) -> Any:
+    """``model`` behind a ``forward(**tensors, return_dict=False) -> (sample,)`` adapter: for classes whose
+    forward returns a bare tensor or takes a list of (tensor, mask) pairs (``call(model, **tensors)`` makes the
+    one call the pipeline makes); the computation is the model's own, its modules keep their names under ``model.``."""
+    import torch
+
+    class TupleOut(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, return_dict: bool = False, **tensors: torch.Tensor) -> tuple[torch.Tensor]:
+            return (call(self.model, **tensors),)
+
+    return TupleOut()
+
+
+def _ace_step() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import AceStepTransformer1DModel
+
+    # 8 frames of 4 latent channels after patchify (16 before); sliding-window self-attention in block 0
+    # (window 2: a banded mask), full self-attention in block 1; GQA (2 query heads, 1 key/value head)
+    m = AceStepTransformer1DModel(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                  num_key_value_heads=1, head_dim=16, in_channels=12, audio_acoustic_hidden_dim=4,
+                                  patch_size=2, sliding_window=2, encoder_hidden_size=24)
+    return m, {
+        "hidden_states": torch.randn(1, 16, 4),
+        "timestep": torch.tensor([0.7]),
+        "timestep_r": torch.tensor([0.7]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "context_latents": torch.randn(1, 16, 8),
+    }
+
+
+def _longcat_audio() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import LongCatAudioDiTTransformer
+
+    m = LongCatAudioDiTTransformer(dit_dim=32, dit_depth=2, dit_heads=2, dit_text_dim=24, latent_dim=4, ff_mult=2.0)
+    return m, {
+        "hidden_states": torch.randn(1, 16, 4),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "encoder_attention_mask": torch.ones(1, 6, dtype=torch.bool),
+        "timestep": torch.tensor([0.7]),
+        "attention_mask": torch.ones(1, 16, dtype=torch.bool),
+        "latent_cond": torch.randn(1, 16, 4),
+    }
+
+
+def _minimax_music3() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import MiniMaxMusic3Transformer1DModel
+
+    m = MiniMaxMusic3Transformer1DModel(in_channels=4, condition_dim=24, num_layers=2, num_attention_heads=2,
+                                        attention_head_dim=16, ff_inner_dim=64, rotary_dim=8,
+                                        fourier_embedding_dim=32)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 16),
+        "timestep": torch.tensor([0.7]),
+        "encoder_hidden_states": torch.randn(1, 16, 24),
+    }
+
+
+def _minimax_rvq() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import MiniMaxMusic3RVQDepthDecoder
+
+    m = MiniMaxMusic3RVQDepthDecoder(hidden_size=32, num_layers=2, num_attention_heads=2, intermediate_size=64,
+                                     audio_vocab_size=16, num_codebooks=8, max_position_embeddings=16)
+    # forward returns the hidden states bare: the adapter makes them the usual 1-tuple; 8 depth steps (the global
+    # hidden state and 7 codes), causal self-attention
+    return _tuple_out(m, lambda model, **t: model(**t)), {"inputs_embeds": torch.randn(1, 8, 32)}
+
+
+def _prior() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import PriorTransformer
+
+    m = PriorTransformer(num_attention_heads=2, attention_head_dim=16, num_layers=2, embedding_dim=24,
+                         num_embeddings=6, additional_embeddings=4)
+    return m, {
+        "hidden_states": torch.randn(1, 24),
+        "timestep": torch.tensor([7], dtype=torch.int64),
+        "proj_embedding": torch.randn(1, 24),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "attention_mask": torch.ones(1, 6, dtype=torch.bool),
+    }
+
+
+def _t5film() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import T5FilmDecoder
+
+    m = T5FilmDecoder(input_dims=8, targets_length=16, d_model=32, num_layers=2, num_heads=2, d_kv=16, d_ff=64)
+
+    def call(model: Any, decoder_input_tokens: Any, decoder_noise_time: Any, notes_encoding: Any, notes_mask: Any,
+             continuous_encoding: Any, continuous_mask: Any) -> Any:
+        # the spectrogram-diffusion pipeline's decode: [(notes encoder out, mask), (continuous encoder out, mask)]
+        return model(encodings_and_masks=[(notes_encoding, notes_mask), (continuous_encoding, continuous_mask)],
+                     decoder_input_tokens=decoder_input_tokens, decoder_noise_time=decoder_noise_time)
+
+    return _tuple_out(m, call), {
+        "decoder_input_tokens": torch.randn(1, 16, 8),
+        "decoder_noise_time": torch.tensor([0.7]),
+        "notes_encoding": torch.randn(1, 6, 32),
+        "notes_mask": torch.ones(1, 6, dtype=torch.bool),
+        "continuous_encoding": torch.randn(1, 16, 32),
+        "continuous_mask": torch.ones(1, 16, dtype=torch.bool),
+    }
+
+
+def _dual_transformer() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers.models.transformers.dual_transformer_2d import DualTransformer2DModel
+
+    m = DualTransformer2DModel(num_attention_heads=2, attention_head_dim=16, in_channels=8, num_layers=2,
+                               norm_num_groups=4, cross_attention_dim=24)
+    m.condition_lengths = [6, 8]  # Versatile Diffusion sets [77, 257] (text, image); the tiny text and image lengths
+    return m, {
+        "hidden_states": torch.randn(1, 8, 4, 4),
+        "encoder_hidden_states": torch.randn(1, 14, 24),
+    }
+
+
+def _transformer_temporal() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers.models.transformers.transformer_temporal import TransformerTemporalModel
+
+    # as UNet3DConditionModel's temp_attentions: frames of a video as the batch, attention over 4 frames at each of
+    # the 4 x 4 positions, two self-attentions per block (double_self_attention), no text
+    m = TransformerTemporalModel(num_attention_heads=2, attention_head_dim=16, in_channels=8, num_layers=2,
+                                 norm_num_groups=4)
+    return m, {"hidden_states": torch.randn(4, 8, 4, 4)}
+
+
+def _transformer_temporal_fixed() -> dict[str, Any]:
+    return {"num_frames": 4}
+
+
+def _rfd4() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import RFD4ProteinaTransformer
+
+    m = RFD4ProteinaTransformer(nlayers=2, token_dim=32, nheads=2, dim_cond=16, pair_repr_dim=16, latent_dim=4,
+                                token_type_emb_dim=8, cath_emb_dim=4, t_emb_dim=16, seq_sep_dim=8, xt_pair_dist_dim=8,
+                                tri_mult_c=16, feats_seq=("xt_bb_ca", "xt_local_latents", "token_type"),
+                                feats_cond_seq=("time_emb_bb_ca", "time_emb_local_latents"),
+                                feats_pair_repr=("xt_bb_ca_pair_dists",))
+    # the features that need no annotations the pipeline's preprocessor makes (hbond, rasa, ...): the trunk is the same
+    return m, {
+        "bb_ca": torch.randn(1, 8, 3),
+        "local_latents": torch.randn(1, 8, 4),
+        "bb_ca_time": torch.tensor([0.7]),
+        "local_latents_time": torch.tensor([0.7]),
+        "padding_mask": torch.ones(1, 8, dtype=torch.bool),
+        "token_type": torch.zeros(1, 8, dtype=torch.int64),
+    }
+
+
+def _rfd4_fixed() -> dict[str, Any]:
+    import torch
+
+    return {"conditioning": {"is_in_context_conditioning": torch.zeros(1, 8, dtype=torch.bool),
+                             "supports_local_latent": torch.ones(1, 8, dtype=torch.bool)}}
+
+
+def _easyanimate() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import EasyAnimateTransformer3DModel
+
+    # EasyAnimate V5.1: every block MMDiT (mmdit_layers >= num_layers), one text encoder
+    m = EasyAnimateTransformer3DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, out_channels=4,
+                                      patch_size=2, sample_width=8, sample_height=8, num_layers=2, mmdit_layers=2,
+                                      time_embed_dim=32, text_embed_dim=24)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 1, 8, 8),
+        "timestep": torch.tensor([7.0]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+    }
+
+
+def _lumina_next() -> tuple[Any, dict[str, Any]]:
+    import torch
+    from diffusers import LuminaNextDiT2DModel
+
+    m = LuminaNextDiT2DModel(sample_size=8, patch_size=2, in_channels=4, hidden_size=32, num_layers=2,
+                             num_attention_heads=2, num_kv_heads=1, multiple_of=16, cross_attention_dim=24)
+    return m, {
+        "hidden_states": torch.randn(1, 4, 8, 8),
+        "timestep": torch.tensor([0.7]),
+        "encoder_hidden_states": torch.randn(1, 6, 24),
+        "encoder_mask": torch.ones(1, 6, dtype=torch.int64),
+    }
+
+
+def _lumina_next_fixed() -> dict[str, Any]:
+    from diffusers.models.embeddings import get_2d_rotary_pos_embed_lumina
+
+    # the pipeline's table (head_dim, 384, 384) cut to the tiny grid: complex64 [8, 8, head_dim / 2]
+    return {"image_rotary_emb": get_2d_rotary_pos_embed_lumina(16, 8, 8), "cross_attention_kwargs": {}}
+
+
+def real_rope_lumina_next(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """LuminaNext's complex RoPE rewritten to the real (cos/sin) form, asserted equal to diffusers' own.
+
+    The pipeline passes a complex64 table (``get_2d_rotary_pos_embed_lumina``) that
+    ``LuminaAttnProcessor2_0`` multiplies with q/k viewed as complex pairs: TorchScript cannot
+    export complex tensors ("ScalarType ComplexFloat") and dynamo fails to convert the complex
+    product (``aten.unsqueeze`` of the complex view).  The same rotation of interleaved pairs is
+    ``x * cos + rot(x) * sin`` with each frequency's cos/sin repeated per pair (diffusers'
+    ``apply_rotary_emb(use_real=True)``).  The table is a fixed argument: it is replaced by the
+    real ``[H, W, head_dim, 2]`` (cos, sin) table, which the patch embedder crops and flattens as
+    it did the complex one, and every attention gets a processor (a subclass: same projections,
+    qk norms, GQA, masks and scales) that applies it.  The patched model's output on the example
+    inputs must equal the unpatched model's.
+    """
+    import torch
+    import torch.nn.functional as F
+    from diffusers.models.attention_processor import LuminaAttnProcessor2_0
+    from diffusers.models.embeddings import apply_rotary_emb
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+    table = fixed["image_rotary_emb"]
+    fixed["image_rotary_emb"] = torch.stack((table.real.repeat_interleave(2, dim=-1),
+                                             table.imag.repeat_interleave(2, dim=-1)), dim=-1).float()
+
+    class RealRopeLuminaProcessor(LuminaAttnProcessor2_0):
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                     attention_mask: torch.Tensor | None = None, query_rotary_emb: Any = None,
+                     key_rotary_emb: Any = None, base_sequence_length: int | None = None) -> torch.Tensor:
+            batch_size, sequence_length, _ = hidden_states.shape
+            query = attn.to_q(hidden_states)
+            key = attn.to_k(encoder_hidden_states)
+            value = attn.to_v(encoder_hidden_states)
+            head_dim = query.shape[-1] // attn.heads
+            dtype = query.dtype
+            kv_heads = key.shape[-1] // head_dim
+            if attn.norm_q is not None:
+                query = attn.norm_q(query)
+            if attn.norm_k is not None:
+                key = attn.norm_k(key)
+            query = query.view(batch_size, -1, attn.heads, head_dim)
+            key = key.view(batch_size, -1, kv_heads, head_dim)
+            value = value.view(batch_size, -1, kv_heads, head_dim)
+            if query_rotary_emb is not None:  # the one change: [1, S, D, 2] real (cos, sin) instead of complex
+                query = apply_rotary_emb(query, (query_rotary_emb[0, ..., 0], query_rotary_emb[0, ..., 1]),
+                                         use_real=True, sequence_dim=1)
+            if key_rotary_emb is not None:
+                key = apply_rotary_emb(key, (key_rotary_emb[0, ..., 0], key_rotary_emb[0, ..., 1]),
+                                       use_real=True, sequence_dim=1)
+            query, key = query.to(dtype), key.to(dtype)
+            if key_rotary_emb is None:
+                softmax_scale = None
+            elif base_sequence_length is not None:
+                softmax_scale = math.sqrt(math.log(sequence_length, base_sequence_length)) * attn.scale
+            else:
+                softmax_scale = attn.scale
+            n_rep = attn.heads // kv_heads
+            if n_rep >= 1:
+                key = key.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
+                value = value.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
+            attention_mask = attention_mask.bool().view(batch_size, 1, 1, -1)
+            attention_mask = attention_mask.expand(-1, attn.heads, sequence_length, -1)
+            query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+            hidden_states = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
+                                                           scale=softmax_scale)
+            return hidden_states.transpose(1, 2).to(dtype)
+
+    for module in model.modules():
+        if type(getattr(module, "processor", None)) is LuminaAttnProcessor2_0:
+            module.set_processor(RealRopeLuminaProcessor())
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
+def _static_rope_easyanimate(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """EasyAnimate's RoPE tables made once for the static example shape (same tables, now constants).
+
+    ``EasyAnimateRotaryPosEmbed`` crops its position grid with ``int(round(th / h * w))`` of the
+    latent's sizes, which TorchScript traces as tensors ("type Tensor doesn't define __round__").
+    The tables depend only on the shape, so they are computed here from the embedder itself and
+    returned as they are; the output must equal the unpatched model's.
+    """
+    import torch
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+        cos, sin = model.rope_embedding(inputs["hidden_states"])
+
+    class StaticRope(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.register_buffer("cos", cos.float().contiguous(), persistent=False)
+            self.register_buffer("sin", sin.float().contiguous(), persistent=False)
+
+        def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.cos, self.sin
+
+    model.rope_embedding = StaticRope()
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=0, atol=0)
+
+
+def _repeat_kv_ace_step(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """ACE-Step's grouped-query attention with the key/value heads repeated before attention.
+
+    ``AceStepAttnProcessor2_0`` calls ``scaled_dot_product_attention(enable_gqa=True)``, which the
+    TorchScript exporter refuses ("conversion of scaled_dot_product_attention not implemented if
+    enable_gqa is True").  GQA is the same attention with each key/value head repeated for its
+    ``heads // kv_heads`` query heads (``repeat_interleave`` on the head axis, as SDPA does), so
+    every attention gets a processor (a subclass: same projections, qk RMSNorm, RoPE on
+    self-attention, masks and scale; the native, non-flash path) doing that; the output must equal
+    the unpatched model's.
+    """
+    import torch
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+    from diffusers.models.embeddings import apply_rotary_emb
+    from diffusers.models.transformers.ace_step_transformer import AceStepAttnProcessor2_0
+
+    class RepeatKVProcessor(AceStepAttnProcessor2_0):
+        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: Any = None,
+                     attention_mask: Any = None, image_rotary_emb: Any = None) -> torch.Tensor:
+            is_cross = attn.is_cross_attention and encoder_hidden_states is not None
+            kv_input = encoder_hidden_states if is_cross else hidden_states
+            query = attn.norm_q(attn.to_q(hidden_states).unflatten(-1, (attn.heads, attn.head_dim)))
+            key = attn.norm_k(attn.to_k(kv_input).unflatten(-1, (attn.kv_heads, attn.head_dim)))
+            value = attn.to_v(kv_input).unflatten(-1, (attn.kv_heads, attn.head_dim))
+            if not is_cross and image_rotary_emb is not None:
+                query = apply_rotary_emb(query, image_rotary_emb, use_real=True, use_real_unbind_dim=-2,
+                                         sequence_dim=1)
+                key = apply_rotary_emb(key, image_rotary_emb, use_real=True, use_real_unbind_dim=-2, sequence_dim=1)
+            n_rep = attn.heads // attn.kv_heads  # the one change: GQA's key/value heads repeated here
+            key, value = key.repeat_interleave(n_rep, dim=2), value.repeat_interleave(n_rep, dim=2)
+            hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                                  scale=attn.scaling, backend=self._attention_backend)
+            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+            return attn.to_out[1](attn.to_out[0](hidden_states))
+
+    with torch.no_grad():
+        reference = model(**inputs, **fixed, return_dict=False)[0]
+    for module in model.modules():
+        if type(getattr(module, "processor", None)) is AceStepAttnProcessor2_0:
+            module.set_processor(RepeatKVProcessor())
+    with torch.no_grad():
+        patched = model(**inputs, **fixed, return_dict=False)[0]
+    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -867,6 +1220,21 @@ NEWER: dict[str, Family] = {f.name: f for f in (
     Family("stable_audio", _stable_audio, _stable_audio_fixed),
     Family("prx", _prx, prepare=_trained_like),  # zero-initialised modulation: _trained_like
 )}
+#: issue 28's sweep, diffusers 0.42: the audio DiTs (ACE-Step, LongCat-AudioDiT, MiniMax Music 3 and its RVQ depth
+#: decoder), the older non-DiT transformers (Prior, T5 FiLM decoder, dual and temporal transformers), RFD4 Proteina
+LATEST_H5: dict[str, Family] = {f.name: f for f in (
+    Family("ace_step", _ace_step, prepare=_repeat_kv_ace_step),  # block 0 sliding-window self-attention, block 1 full
+    Family("longcat_audio", _longcat_audio, prepare=_trained_like),  # zero-initialised modulation
+    Family("minimax_music3", _minimax_music3),
+    Family("minimax_rvq", _minimax_rvq),
+    Family("prior", _prior),
+    Family("t5film", _t5film),
+    Family("dual_transformer", _dual_transformer, blocks=4),  # two Transformer2DModels of 2 blocks side by side
+    Family("transformer_temporal", _transformer_temporal, _transformer_temporal_fixed),
+    Family("rfd4", _rfd4, _rfd4_fixed, blocks=3),  # 2 trunk layers + the pair update between them
+    Family("easyanimate", _easyanimate, prepare=_static_rope_easyanimate),
+    Family("lumina_next", _lumina_next, _lumina_next_fixed, prepare=real_rope_lumina_next),
+)}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
     "MochiTransformer3DModel": "exports, but the masked text pooling leaves shapes dynamic (rkpart exit 3)",
@@ -888,7 +1256,7 @@ SIZED: dict[str, Family] = {f.name: f for f in (
     Family("flux_m", lambda: _flux_sized(heads=8, head_dim=64, side=16, text=64)),
 )}
 #: every family and variant by name
-ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **SIZED}
+ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **LATEST_H5, **SIZED}
 
 
 def _decompose_rms_norm(model: Any) -> None:
@@ -1000,6 +1368,8 @@ def cached_export(name: str, exporter: str) -> Path:
     funcs += [f for f in (fam.fixed, fam.prepare) if inspect.isfunction(f)]
     if fam.prepare is real_rope_lumina2:
         funcs.append(_lumina2_processor)
+    if fam.build in (_minimax_rvq, _t5film):
+        funcs.append(_tuple_out)
     base = {_chroma_guidance: _chroma, _sd35: _sd3}.get(fam.build)
     if base is not None:
         funcs.append(base)  # the variant only calls it
