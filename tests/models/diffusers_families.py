@@ -75,6 +75,39 @@ stable_audio   ``StableAudioDiTModel``             1-D audio DiT, GQA cross-atte
 prx            ``PRXTransformer2DModel``           single-stream DiT over text + image tokens
 =============  ==================================  ================================================
 
+:data:`LATEST_H5` -- the sweep's audio DiTs, the older non-DiT transformers, a protein denoiser, and two classes
+once left out (EasyAnimate, LuminaNext), diffusers 0.42:
+
+====================  ===================================  ==========================================================
+family                diffusers class                      what it exercises
+====================  ===================================  ==========================================================
+ace_step              ``AceStepTransformer1DModel``        1-D music DiT: sliding-window (banded mask) and full
+                                                           self-attention alternating, GQA (repeated before export:
+                                                           :func:`_repeat_kv_ace_step`), cross-attention, two
+                                                           timestep embeddings
+longcat_audio         ``LongCatAudioDiTTransformer``       audio DiT: ConvNeXt text blocks (conditioning), global
+                                                           AdaLN, masked self- and cross-attention, a long skip over
+                                                           all the blocks
+minimax_music3        ``MiniMaxMusic3Transformer1DModel``  the timestep as a prepended token, partial RoPE
+minimax_rvq           ``MiniMaxMusic3RVQDepthDecoder``     a causal LM decoder (RMSNorm, SwiGLU) over depth steps
+prior                 ``PriorTransformer``                 unCLIP prior: one token each for text, projection, time,
+                                                           latent; causal + text mask; output one token
+t5film                ``T5FilmDecoder``                    spectrogram decoder: FiLM modulation, cross-attention
+                                                           over two encoders' outputs (list of pairs: an adapter)
+dual_transformer      ``DualTransformer2DModel``           two ``Transformer2DModel`` models side by side over
+                                                           one latent, their outputs mixed
+transformer_temporal  ``TransformerTemporalModel``         UNet3D's temporal attention: frames as the sequence,
+                                                           positions as the batch, two self-attentions per block
+rfd4                  ``RFD4ProteinaTransformer``          protein denoiser: attention with a pair-stream bias, a
+                                                           pair update (triangle multiplications) between the trunk
+                                                           layers, the stream re-masked after every residual add
+easyanimate           ``EasyAnimateTransformer3DModel``    MMDiT blocks; RoPE tables made once for the static shape
+                                                           (:func:`_static_rope_easyanimate`)
+lumina_next           ``LuminaNextDiT2DModel``             self- and cross-attention summed before one output
+                                                           projection; complex RoPE rewritten to the real form
+                                                           (:func:`real_rope_lumina_next`)
+====================  ===================================  ==========================================================
+
 :func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
 torch versions, exporter, source of every function the export runs) under
 ``$RKPART_TEST_EXPORTS`` (default ``~/.cache/rkpart/test-exports``), so a rerun skips the
@@ -1239,8 +1272,6 @@ LATEST_H5: dict[str, Family] = {f.name: f for f in (
 NOT_EXPORTED: dict[str, str] = {
     "MochiTransformer3DModel": "exports, but the masked text pooling leaves shapes dynamic (rkpart exit 3)",
     "ZImageTransformer2DModel": "forward takes lists of per-sample tensors (x, cap_feats): not wrapped yet",
-    "EasyAnimateTransformer3DModel": "TorchScript: int(round(tensor)) in the RoPE grid crop (not tried with dynamo)",
-    "LuminaNextDiT2DModel": "the tiny config's eager forward fails (TypeError in attn1 with the given RoPE)",
     "QwenImageTransformer2DModel": "complex RoPE: TorchScript has no aten::view_as_complex, dynamo fails to "
                                    "convert the complex product (config kept: _qwenimage)",
 }
