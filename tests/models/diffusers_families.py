@@ -105,7 +105,8 @@ easyanimate           ``EasyAnimateTransformer3DModel``    MMDiT blocks; RoPE ta
                                                            (:func:`_static_rope_easyanimate`)
 lumina_next           ``LuminaNextDiT2DModel``             self- and cross-attention summed before one output
                                                            projection; complex RoPE rewritten to the real form
-                                                           (:func:`real_rope_lumina_next`)
+                                                           (:func:`real_rope_lumina_next`); zero-initialised
+                                                           gates: :func:`_trained_like`
 ====================  ===================================  ==========================================================
 
 :func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
@@ -1096,6 +1097,14 @@ def _repeat_kv_ace_step(model: Any, inputs: dict[str, Any], fixed: dict[str, Any
     torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
+def _trained_like_lumina_next(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
+    """:func:`_trained_like` (LuminaNext's zero-initialised cross-attention ``gate``: ``tanh(0)`` would
+    multiply every cross-attention by exactly 0, a constant subgraph rknn-toolkit2 2.5.0's
+    ``fold_constant`` fails on), then :func:`real_rope_lumina_next`."""
+    _trained_like(model, inputs, fixed)
+    real_rope_lumina_next(model, inputs, fixed)
+
+
 def _lumina2_processor() -> Any:
     """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
     projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
@@ -1266,7 +1275,7 @@ LATEST_H5: dict[str, Family] = {f.name: f for f in (
     Family("transformer_temporal", _transformer_temporal, _transformer_temporal_fixed),
     Family("rfd4", _rfd4, _rfd4_fixed, blocks=3),  # 2 trunk layers + the pair update between them
     Family("easyanimate", _easyanimate, prepare=_static_rope_easyanimate),
-    Family("lumina_next", _lumina_next, _lumina_next_fixed, prepare=real_rope_lumina_next),
+    Family("lumina_next", _lumina_next, _lumina_next_fixed, prepare=_trained_like_lumina_next),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
@@ -1401,6 +1410,8 @@ def cached_export(name: str, exporter: str) -> Path:
         funcs.append(_lumina2_processor)
     if fam.build in (_minimax_rvq, _t5film):
         funcs.append(_tuple_out)
+    if fam.prepare is _trained_like_lumina_next:
+        funcs += [_trained_like, real_rope_lumina_next]
     base = {_chroma_guidance: _chroma, _sd35: _sd3}.get(fam.build)
     if base is not None:
         funcs.append(base)  # the variant only calls it
