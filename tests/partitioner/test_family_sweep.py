@@ -120,9 +120,11 @@ COVERAGE_SHORT: dict[tuple[str, str, str], str] = {}
 #: (family, exporter) -> why discovery still gets the regions wrong (known, checked to stay wrong: when one is
 #: fixed, the test says so and the entry goes)
 DISCOVERY_WRONG: dict[tuple[str, str], str] = {
-    ("longcat_audio", "dynamo"): "the long skip (blocks' output + the embedded input) is taken for a residual unit "
-                                 "with an empty branch and no block scope (/model/add_49): names give up, structure "
-                                 "cuts 4 blocks (each self-attention apart from its cross-attention + FFN)",
+    # TorchScript's block 0 reads the stream through a no-op Cast (layer_norm(x.float())): its skip differs there
+    ("longcat_audio", "dynamo"): "the long skip (node_add_49: blocks' output + the embedded input) and block 0's "
+                                 "self-attention add share one skip tensor, so _links' post-norm rule (AuraFlow: "
+                                 "both adds skip from x) links them: 2 streams, a branch:other unit with no block "
+                                 "scope (names give up), structure cuts 4 blocks",
     ("dual_transformer", "torchscript"): "names give up (a region's first numbered scope is transformers.N, the "
                                          "ModuleList of the two models); each Transformer2DModel's own residual "
                                          "(proj_out(...) + input) becomes a long_skip region (its GroupNorm) in the "
