@@ -125,10 +125,11 @@ DISCOVERY_WRONG: dict[tuple[str, str], str] = {
                                  "self-attention add share one skip tensor, so _links' post-norm rule (AuraFlow: "
                                  "both adds skip from x) links them: 2 streams, a branch:other unit with no block "
                                  "scope (names give up), structure cuts 4 blocks",
-    ("dual_transformer", "torchscript"): "names give up (a region's first numbered scope is transformers.N, the "
-                                         "ModuleList of the two models); each Transformer2DModel's own residual "
-                                         "(proj_out(...) + input) becomes a long_skip region (its GroupNorm) in the "
-                                         "first block and a branch:other block (proj_out): 6 blocks",
+    ("dual_transformer", "torchscript"): "each Transformer2DModel's own residual (proj_out(blocks(proj_in(norm(x)))) "
+                                         "+ x) is a residual unit: its GroupNorm + proj_in a long_skip region in its "
+                                         "first block, its proj_out a branch:other block (6 blocks); names give up "
+                                         "(regions are keyed by their first numbered scope, transformers.N, and "
+                                         "transformers.1 comes back for its proj_out)",
     ("dual_transformer", "dynamo"): "as TorchScript: 6 blocks, a long_skip region in block 0 and 2 branch:other blocks",
     ("rfd4", "torchscript"): "the stream is multiplied by the padding mask after every residual add, which links no "
                              "add to the next: no stream; the scopes recogniser finds 2 trunk blocks as one "
