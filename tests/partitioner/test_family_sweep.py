@@ -133,7 +133,7 @@ DISCOVERY_WRONG: dict[tuple[str, str], str] = {
     ("dual_transformer", "dynamo"): "as TorchScript: 6 blocks, a long_skip region in block 0 and 2 branch:other blocks",
     ("rfd4", "torchscript"): "the stream is multiplied by the padding mask after every residual add, which links no "
                              "add to the next: no stream; the scopes recogniser finds 2 trunk blocks as one "
-                             "block:other region each and no pair update",
+                             "block:other region each; the pair update (triangle multiplications) is glue",
     ("rfd4", "dynamo"): "as TorchScript: 2 block:other blocks (transformer_layers.N scopes), no pair update",
 }
 #: (family, exporter) -> why discovery raises on the anonymised copy (no names to fall back on)
