@@ -66,7 +66,7 @@ def accuracy_from_drift(rows: Sequence[DriftRow], families: Mapping[str, str], *
     for r in rows:
         if r.kind == LATENT and r.plan in families and (r.plan not in final or r.step > final[r.plan].step):
             final[r.plan] = r
-    # two plans of one family (fused and fused-x2, both ``adaln=npu,residual=npu``): the family
+    # two plans of one family (fused one and two blocks per stage, both ``adaln=npu,residual=npu``): the family
     # stands for either, so it takes the one that drifted more, never the luck of the order
     by_family: dict[str, DriftRow] = {}
     for label, r in final.items():

@@ -810,6 +810,26 @@ def _attention_kind(mg: ModelGraph, core: frozenset[int], dep: int) -> str | Non
     return found
 
 
+def _streams_behind(mg: ModelGraph, t: str, via: frozenset[int], stream_tensors: dict[str, int],
+                    limit: int = 4096) -> set[int]:
+    """The streams whose tensors ``t`` is computed from through ``via`` (other units' cores) and
+    no-op ops alone, each path stopping at the first stream tensor it meets (at most ``limit`` ops)."""
+    found: set[int] = set()
+    seen: set[int] = set()
+    stack = [t]
+    while stack and len(seen) < limit:
+        x = stack.pop()
+        if x in stream_tensors:
+            found.add(stream_tensors[x])
+            continue
+        p = mg.producer.get(x)
+        if p is None or p in seen or not (p in via or is_noop(mg, p)):
+            continue
+        seen.add(p)
+        stack.extend(u for u in mg.op(p).inputs if u)
+    return found
+
+
 def _has_parallel_ffn(mg: ModelGraph, reach: Reach | None, core: frozenset[int]) -> bool:
     """A weighted op neither feeding nor fed by the attention: an MLP in parallel (Flux single).
 
@@ -865,17 +885,23 @@ def _name_regions(
     reach: Reach | None = None,
 ) -> list[_RegionInfo]:
     out = []
+    owned = frozenset().union(*(b.core for brs, _ops in regions for b in brs))
     for brs, _ops in regions:
         core = frozenset().union(*(b.core for b in brs))
         streams = {b.stream for b in brs}
         # a core reading another stream's tensor attends over both (SD3's last block, whose
         # text stream is context_pre_only, has no text residual but still joint attention)
         touched = set(streams)
+        att = _attention_kind(mg, core, dep)
         for i in core:
             for t in mg.op(i).inputs:
                 if t in stream_tensors:
                     touched.add(stream_tensors[t])
-        att = _attention_kind(mg, core, dep)
+                elif att:
+                    # or through ops another unit owns: the K/V projection of another stream that an
+                    # earlier unit reading the same tensor took into its core (ConsisID's two perceiver
+                    # cross-attentions to the face tokens), or no-op casts (Kandinsky 6)
+                    touched |= _streams_behind(mg, t, owned - core, stream_tensors)
         if len(touched) > 1 and att:
             kind, name = "joint_attention", "jattn"
         elif att == "cross_attention":

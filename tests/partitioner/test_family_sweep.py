@@ -208,18 +208,9 @@ _FIBO2_WRONG = ("the Perceiver's gist stream starts at a constant (latent_querie
 _SANA_WM_WRONG = ("block 0's gated delta-net camera self-attention is left in the prologue (block 0: xattn, ffn "
                   "only); blocks 1-3 read their camera self-attention as cross_attention (xattn) and the text "
                   "cross-attention as xattn2")
-_CONSISID_WRONG = ("the second perceiver cross-attention (perceiver_cross_attention.1, the same module as .0) is read "
-                   "as self-attention, the first as joint attention: the first region that reads the shared ops "
-                   "between the stream's last add and the K/V projections owns them, the next reads a non-stream "
-                   "tensor")
 DISCOVERY_WRONG: dict[tuple[str, str], str] = {
     ("bria_fibo2", "torchscript"): _FIBO2_WRONG,
     ("bria_fibo2", "dynamo"): _FIBO2_WRONG,
-    ("consisid", "torchscript"): _CONSISID_WRONG,
-    ("consisid", "dynamo"): _CONSISID_WRONG,
-    ("kandinsky6", "torchscript"): "the last fused block's video cross-attention to its text stream is read as "
-                                   "self-attention (attn2), joint in the block before and in the dynamo export (a "
-                                   "no-op Cast of apply_gate_sum between the stream and the K/V projections)",
     **dict.fromkeys((("motif_video", e) for e in ("torchscript", "dynamo")),
                     "the dual blocks' text cross_attn (its query is the joint attention's to_out output, its output "
                     "a second residual add) is folded into the jattn region: no xattn region"),
