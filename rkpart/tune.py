@@ -370,7 +370,7 @@ def choose_auto(model_path: str | Path, work: Path, model_file: Path, plans: Map
     if config.max_error_ratio is not None:
         opts["max_error_ratio"] = config.max_error_ratio
     auto_plan = partition(model_path, auto_dir, "auto", force=True, **opts)
-    if "int8" in ((auto_plan.strategy.get("options") or {}).get("precision") or {}).get("stages", {}).values():
+    if _int8_stages(auto_plan):
         _build_quantized(auto_dir, work / "precision" / "auto.calib", config, progress)
     choices = list((auto_plan.strategy.get("options") or {}).get("choices", []))
     passes = config.steps * (2 if config.cfg else 1)
@@ -480,9 +480,18 @@ ACCURACY_FILE = "accuracy.json"
 
 
 def _toolkit(config: TuneConfig) -> str:
+    """The toolkit the int8 twins are built with: ``--toolkit``, else the target's default."""
     from rkpart.targets import get_target
 
-    return config.toolkit or get_target("rk3588").default_toolkit
+    return config.toolkit or get_target().default_toolkit
+
+
+def _int8_stages(plan: Plan) -> bool:
+    """Whether ``auto``'s precision spec recorded in ``plan`` builds any stage int8."""
+    from rkpart.compile.precision import plan_precision_spec
+
+    spec = plan_precision_spec(plan)
+    return spec is not None and "int8" in spec.stages.values()
 
 
 def _build_quantized(folder: Path, calib: Path, config: TuneConfig, progress: Callable[[str], None]) -> None:
@@ -490,14 +499,17 @@ def _build_quantized(folder: Path, calib: Path, config: TuneConfig, progress: Ca
     calibrate``'s defaults) and build it with that calibration: int8 where the plan's precision
     (``auto``'s spec) or ``int8`` as the default of a twin says so."""
     from rkpart.compile.compile import CompileOptions, compile_folder
+    from rkpart.compile.precision import plan_precision_spec
     from rkpart.errors import ToolkitError
     from rkpart.profile.calibrate import write_calibration
 
     plan, _ = load_plan(folder)
     progress(f"calibrating {folder.name} from its denoising loop")
     write_calibration(plan, folder, calib, force=True, progress=progress)
-    spec = (plan.strategy.get("options") or {}).get("precision")
-    opts = CompileOptions(toolkit=_toolkit(config), precision="fp16" if spec else "int8", calibration=str(calib))
+    # auto's plan: its recorded spec says which stages are int8 (compile reads it); a twin: all of them
+    spec = plan_precision_spec(plan)
+    opts = CompileOptions(toolkit=_toolkit(config), precision="int8" if spec is None else "fp16",
+                          calibration=str(calib))
     report = compile_folder(folder, opts, progress)
     if report.failed:
         raise ToolkitError(f"tune: {len(report.failed)} NPU stage(s) of {folder.name} failed to build quantized "
@@ -517,7 +529,7 @@ def measure_precisions(plans: Mapping[str, Path], work: Path, config: TuneConfig
 
     from rkpart.cost_model.drift_accuracy import accuracy_from_drift, family_of
     from rkpart.profile.drift import drift
-    from rkpart.runtime.rknn_sim import RknnSimBackend
+    from rkpart.runtime import get_backend
 
     root = work / "precision"
     root.mkdir(exist_ok=True)
@@ -535,7 +547,7 @@ def measure_precisions(plans: Mapping[str, Path], work: Path, config: TuneConfig
             plan, _ = load_plan(f)
             loaded.append((label, plan, f))
             families[label] = family_of(plan)
-    backend = RknnSimBackend(_toolkit(config))
+    backend = get_backend("rknn-sim", toolkit=_toolkit(config))
     rows = drift(loaded, backend, steps=config.steps, cfg=config.cfg, seed=config.seed, progress=progress)
     acc = accuracy_from_drift(rows, families)
     out = work / ACCURACY_FILE

@@ -840,22 +840,20 @@ def _has_parallel_ffn(mg: ModelGraph, reach: Reach | None, core: frozenset[int])
     scores = _score_matmuls(mg, core)
     if not scores or reach is None:
         return False
+    score_bits = bits(scores)
     for w in sorted(core):
         if mg.op(w).op_type not in WEIGHTED_OPS or w in scores:
             continue
         if not any(reach.is_ancestor(w, s) or reach.is_ancestor(s, w) for s in scores) \
-                and not _gates_attention(mg, reach, core, w, scores):
+                and not _gates_attention(mg, reach, core, w, score_bits):
             return True
     return False
 
 
-def _gates_attention(mg: ModelGraph, reach: Reach, core: frozenset[int], w: int, scores: list[int]) -> bool:
-    """The ops of ``core`` where ``w``'s product and the attention (``scores``) first meet are all
-    elementwise ``Mul``: ``w`` computes a gate of the attention's output."""
-    sb = 0
-    for s in scores:
-        sb |= 1 << s
-    both = {m for m in core if reach.anc[m] >> w & 1 and reach.anc[m] & sb}
+def _gates_attention(mg: ModelGraph, reach: Reach, core: frozenset[int], w: int, score_bits: int) -> bool:
+    """The ops of ``core`` where ``w``'s product and the attention (the score MatMuls, a bitset)
+    first meet are all elementwise ``Mul``: ``w`` computes a gate of the attention's output."""
+    both = {m for m in core if reach.anc[m] >> w & 1 and reach.anc[m] & score_bits}
     first = [m for m in both if not any(p in both for p in mg.ops.predecessors(m))]
     return bool(first) and all(mg.op(m).op_type == "Mul" for m in first)
 
@@ -964,27 +962,24 @@ def _group_by_names(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[li
         return None
     # consecutive regions with the same key form a block; keys must not come back later
     groups: list[list[int]] = []
-    labels: list[str] = []
-    seen: set[tuple[str, int, str]] = set()
+    group_keys: list[tuple[str, int, str]] = []
     prev = None
     for ri, k in enumerate(keys):
         assert k is not None
         if k != prev:
-            if k in seen:
+            if k in group_keys:
                 return None
-            seen.add(k)
             groups.append([])
-            labels.append(f"{k[0]}.{k[1]}")
+            group_keys.append(k)
             prev = k
         groups[-1].append(ri)
-    # one label per block: lists of one name under other modules are told apart by their path
-    firsts = [keys[g[0]] for g in groups]
-    for gi, k in enumerate(firsts):
-        assert k is not None
-        if k[2] and sum(labels[gi] == lab for lab in labels) > 1:
-            labels[gi] = f"{k[2]}.{k[0]}.{k[1]}"
     if len(groups) < 2 and len(regions) > 2:
         return None
+    # one label per block: lists of one name under other modules are told apart by their path
+    labels = [f"{name}.{n}" for name, n, _path in group_keys]
+    for gi, (name, n, path) in enumerate(group_keys):
+        if path and labels.count(labels[gi]) > 1:
+            labels[gi] = f"{path}.{name}.{n}"
     return groups, labels
 
 

@@ -71,26 +71,18 @@ def test_a_speedup_that_is_no_measurement_is_refused_in_one_line(bad: object, tm
     assert_user_error(r, 5, "cfg_parallel")
 
 
-@pytest.mark.parametrize("argv", [["--cfg-parallel"], ["--cfg-parallel", "--backend", "rknn-sim"],
-                                  ["--cfg-parallel", "--backend", "rknnlite", "--no-cfg"]])
-def test_tune_cfg_parallel_needs_the_board_and_cfg(argv: list[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--cfg-parallel"], "--cfg-parallel"), (["--cfg-parallel", "--backend", "rknn-sim"], "--cfg-parallel"),
+    (["--cfg-parallel", "--backend", "rknnlite", "--no-cfg"], "--cfg-parallel"),
+    # int8's cost is its drift, measured in the toolkit's simulator: refused on the other backends
+    (["--precisions", "fp16,int8"], "--precisions int8"),
+    (["--precisions", "fp16,int8", "--backend", "rknnlite"], "--precisions int8"),
+])
+def test_tune_refuses_a_measurement_its_backend_cannot_make(argv: list[str], named: str, tmp_path: Path) -> None:
     from rkpart.cli_args import bundled_example
 
     model = tmp_path / "m.onnx"
     shutil.copyfile(bundled_example(), model)
     r = cli(["tune", model, "-o", tmp_path / "work", "-q", *argv])
-    assert_user_error(r, 2, "--cfg-parallel")
+    assert_user_error(r, 2, named)
     assert not (tmp_path / "work").exists()  # refused before anything is written
-
-
-@pytest.mark.parametrize("argv", [["--precisions", "fp16,int8"],
-                                  ["--precisions", "fp16,int8", "--backend", "rknnlite"]])
-def test_tune_int8_needs_the_simulator(argv: list[str], tmp_path: Path) -> None:
-    """int8's cost is its drift, measured in the toolkit's simulator: refused elsewhere before any work."""
-    from rkpart.cli_args import bundled_example
-
-    model = tmp_path / "m.onnx"
-    shutil.copyfile(bundled_example(), model)
-    r = cli(["tune", model, "-o", tmp_path / "work", "-q", *argv])
-    assert_user_error(r, 2, "--precisions int8")
-    assert not (tmp_path / "work").exists()
