@@ -517,32 +517,30 @@ def _build_quantized(folder: Path, calib: Path, config: TuneConfig, progress: Ca
                            f"--calibration {calib}` shows why")
 
 
-def measure_precisions(plans: Mapping[str, Path], work: Path, config: TuneConfig,
+def measure_precisions(model_path: str | Path, plans: Mapping[str, Path], work: Path, config: TuneConfig,
                        progress: Callable[[str], None] = lambda _: None) -> tuple[Path, dict[str, dict[str, Any]]]:
-    """The int8 twin of every plan of ``plans`` (``work/precision/<name>@int8``: calibrated and
-    built), then ``rkpart drift`` of the plans and the twins in the simulator; writes the
-    accuracy term to ``work/accuracy.json`` and returns it with each family's ratio and cosine.
+    """The int8 twin of every split / fused plan of ``plans`` (by :data:`SINGLE` id): the same
+    partition of ``model_path`` written again to ``work/precision/<id>@int8`` (through
+    :func:`~rkpart.pipeline.partition`, like every plan tune writes), calibrated and built int8;
+    then ``rkpart drift`` of the plans and the twins in the simulator.  Writes the accuracy term
+    to ``work/accuracy.json`` and returns it with each family's ratio and cosine.
 
     A drift row with NaN/Inf is refused (:class:`~rkpart.errors.GateError`): a NaN run never
     enters the cost model as a measured accuracy."""
-    import shutil
-
     from rkpart.cost_model.drift_accuracy import accuracy_from_drift, family_of
     from rkpart.profile.drift import drift
     from rkpart.runtime import get_backend
 
-    root = work / "precision"
-    root.mkdir(exist_ok=True)
+    single = {f.id: f for f in SINGLE}
     loaded: list[tuple[str, Plan, Path]] = []
     families: dict[str, str] = {}
     for name, folder in plans.items():
-        if load_plan(folder)[0].strategy.get("name") not in ("split", "fused"):
+        fam = single[name]
+        if fam.strategy not in ("split", "fused"):  # the accuracy families drift measures
             continue
-        twin = root / f"{name}@int8"
-        if twin.exists():
-            shutil.rmtree(twin)
-        shutil.copytree(folder, twin)
-        _build_quantized(twin, root / f"{name}.calib", config, progress)
+        twin = work / "precision" / f"{name}@int8"
+        partition(model_path, twin, fam.strategy, force=True, **fam.options)
+        _build_quantized(twin, work / "precision" / f"{name}.calib", config, progress)
         for label, f in ((f"{name}:{folder.name}", folder), (f"{name}[int8]:{twin.name}", twin)):
             plan, _ = load_plan(f)
             loaded.append((label, plan, f))
@@ -590,7 +588,7 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
     model_file = work / "cost_model.json"
     model.save(model_file)
     atomic_write_bytes(work / "fit_report.json", (json.dumps(report.to_json(), indent=2) + "\n").encode())
-    accuracy, measured = (measure_precisions(plans, work, config, progress) if "int8" in config.precisions
+    accuracy, measured = (measure_precisions(model_path, plans, work, config, progress) if "int8" in config.precisions
                           else (None, {}))
     auto_dir, choices, rows = choose_and_verify(model_path, work, model_file, plans, config, progress)
     twin = identical_twin(choices, {**plans, "auto": auto_dir})

@@ -86,3 +86,22 @@ def test_tune_refuses_a_measurement_its_backend_cannot_make(argv: list[str], nam
     r = cli(["tune", model, "-o", tmp_path / "work", "-q", *argv])
     assert_user_error(r, 2, named)
     assert not (tmp_path / "work").exists()  # refused before anything is written
+
+
+def test_tune_int8_twin_never_writes_through_a_planted_symlink(tmp_path: Path) -> None:
+    """``work/precision/split@int8`` planted as a symlink to a folder of the user's: the twin is
+    written like every plan tune writes (``partition``), so it is refused and the folder untouched."""
+    from rkpart.cli_args import bundled_example
+    from rkpart.errors import OutputExistsError
+    from rkpart.tune import TuneConfig, measure_precisions
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("mine")
+    work = tmp_path / "work"
+    (work / "precision").mkdir(parents=True)
+    (work / "precision" / "split@int8").symlink_to(theirs)
+    config = TuneConfig(backend="rknn-sim", precisions=("fp16", "int8"))
+    with pytest.raises(OutputExistsError, match="symlink"):
+        measure_precisions(bundled_example(), {"split": tmp_path / "unused"}, work, config)
+    assert [p.name for p in theirs.iterdir()] == ["keep.txt"] and (theirs / "keep.txt").read_text() == "mine"

@@ -36,7 +36,9 @@ def measured(plans: dict[str, tuple[Plan, Path]], tmp_path_factory: pytest.TempP
         singles[name] = work / "plans" / name
         shutil.copytree(plans[name][1], singles[name])
     config = TuneConfig(backend="rknn-sim", steps=1, precisions=("fp16", "int8"))
-    _acc_file, drift = measure_precisions(singles, work, config)
+    from rkpart.cli_args import bundled_example
+
+    _acc_file, drift = measure_precisions(bundled_example(), singles, work, config)
     return work, singles, drift
 
 
