@@ -330,6 +330,12 @@ def claim_work_folder(work: str | os.PathLike[str], *, kind: str, legacy: Listin
                                 f"({os.path.realpath(w)}) or another path")
     if os.path.lexists(w) and not w.is_dir():
         raise OutputExistsError(f"work folder {w} exists and is not a folder")
+    # the folders runs add to are written through (plans, profiles...): one planted as a symlink
+    # would send those writes outside the work folder
+    linked = next((g for g in grows if (w / g).is_symlink()), None)
+    if linked is not None:
+        raise OutputExistsError(f"refusing to write into {w}: its {linked}/ is a symlink "
+                                f"(to {os.path.realpath(w / linked)}); remove it or choose another folder")
     if w.is_dir() and any(w.iterdir()):
         doc = read_marker(w)
         if doc is not None and doc["kind"] == kind:

@@ -180,3 +180,20 @@ def test_legacy_tune_folder_is_claimed_and_a_foreign_one_refused(tmp_path: Path)
             claim_work_folder(d, kind="tune", legacy=tune_listing, grows=TUNE_GROWS)
         assert snapshot(d) == before
         FUZZ_STATS["cases:writes-legacy"] += 1
+
+
+@pytest.mark.parametrize("grown", TUNE_GROWS)
+def test_tune_folder_with_a_symlinked_run_folder_is_refused(tmp_path: Path, grown: str) -> None:
+    """A tune folder rkpart wrote, whose ``plans/`` (or any folder runs add to) was replaced by a
+    symlink to a folder of the user's: refused in one line, nothing written there."""
+    work = tmp_path / "tune"
+    assert claim_work_folder(work, kind="tune", legacy=tune_listing, grows=TUNE_GROWS) == work
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("mine")
+    (work / grown).symlink_to(theirs)
+    before = snapshot(theirs)
+    with pytest.raises(OutputExistsError, match=f"its {grown}/ is a symlink"):
+        claim_work_folder(work, kind="tune", legacy=tune_listing, grows=TUNE_GROWS)
+    assert snapshot(theirs) == before
+    FUZZ_STATS["cases:writes-legacy"] += 1
