@@ -561,7 +561,9 @@ def _write_again(plan: Plan, folder: Path, opts: Any, forced: Mapping[str, str],
     head = graph_io_of(model)
     shapes = {t: tuple(plan.tensors[t].shape) for t in head if t in plan.tensors and head[t]}
     loaded = load(model, shapes or None, progress)
-    config = PartitionConfig(options=options, force=True, target=opts.target, toolkit=opts.toolkit,
+    # CompileOptions takes a Toolkit too; the partition is asked by the version it runs
+    config = PartitionConfig(options=options, force=True, target=opts.target,
+                             toolkit=getattr(opts.toolkit, "version", opts.toolkit),
                              rewrites=opts.rewrites, force_host=forced, cut_before=cuts, progress=progress,
                              weights="link" if "weights" in plan.extra else "copy")
     write_plan(loaded, propose(loaded, strat, config), folder, config)

@@ -6,12 +6,18 @@ partition, compile with ``--no-rewrites`` (opset lowering only), then with the r
 count built stages and CPU layers from the placement report.  Exports are cached as the tests
 cache them (:func:`tests.models.diffusers_families.cached_export`).  Builds run one at a time.
 
-Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--newer] [--toolkit V ...] [--strategy S ...]
-[--rewrites-only]``
+Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--newer] [--latest] [--toolkit V ...]
+[--strategy S ...] [--exporter E ...] [--rewrites-only] [--repartition]``
 
 ``--family`` takes any name of ``ALL`` there (default: the 12 ``FAMILIES``); ``--newer`` runs the
-``NEWER`` ones instead (after any ``--family`` given); ``--rewrites-only`` skips the
-``--no-rewrites`` build (its cells read ``not run``).
+``NEWER`` ones instead (after any ``--family`` given), ``--latest`` the ``LATEST`` ones;
+``--rewrites-only`` skips the ``--no-rewrites`` build (its cells read ``not run``);
+``--repartition`` compiles the build with rewrites as ``rkpart compile --repartition`` does
+(placement learned from the plan's own builds, crashed stages cut) and reports what it left.
+Exports whose shapes depend on data (``SPECIALISE`` of the sweep) are partitioned with their
+example inputs (``--inputs``).  Each run reads and fills the placement store of
+``$RKPART_CACHE_DIR``: give every run an empty one for a table that does not depend on what
+earlier runs learned.
 
 ``python scripts/npu_table.py --pivot OUT.md [OUT2.md ...]`` prints the rows of such tables as the
 README's per-family table (one row per family, exporter and toolkit; split and fused side by side).
@@ -80,18 +86,25 @@ def main(argv: list[str] | None = None) -> int:
         from rkpart.pipeline import partition
     except ImportError:  # before the pipeline module existed
         from rkpart.partitioner.api import partition  # type: ignore[no-redef]
-    from tests.models.diffusers_families import ALL, FAMILIES, NEWER, cached_export
+    import numpy as np
+
+    from rkpart.pipeline import compile_repartition
+    from tests.models.diffusers_families import ALL, FAMILIES, LATEST, NEWER, cached_export, example_inputs
+    from tests.partitioner.test_family_sweep import SPECIALISE
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("--family", action="append", choices=sorted(ALL))
     ap.add_argument("--newer", action="store_true", help="the NEWER families instead of the 12 (after any --family)")
+    ap.add_argument("--latest", action="store_true", help="the LATEST families too (after any --family, --newer)")
     ap.add_argument("--rewrites-only", action="store_true", help="skip the --no-rewrites build")
+    ap.add_argument("--repartition", action="store_true", help="the build with rewrites as compile --repartition")
     ap.add_argument("--exporter", action="append", choices=["torchscript", "dynamo"])
     ap.add_argument("--toolkit", action="append")
     ap.add_argument("--strategy", action="append")
     a = ap.parse_args(argv)
-    fams = (a.family or ([] if a.newer else list(FAMILIES))) + (list(NEWER) if a.newer else [])
+    fams = ((a.family or ([] if a.newer or a.latest else list(FAMILIES))) + (list(NEWER) if a.newer else [])
+            + (list(LATEST) if a.latest else []))
     rows = ["| family | exporter | strategy | toolkit | NPU stages | built (no rewrites) | CPU layers (no rewrites) "
             "| built (rewrites) | CPU layers (rewrites) | rewrites applied |",
             "|---|---|---|---|---|---|---|---|---|---|"]
@@ -108,8 +121,12 @@ def main(argv: list[str] | None = None) -> int:
             for strat in a.strategy or ["split", "fused"]:
                 with tempfile.TemporaryDirectory() as td:
                     folder = Path(td) / "plan"
+                    opts = {}
+                    if (fam, exp) in SPECIALISE:  # shapes resolved by one run on the family's example inputs
+                        np.savez(Path(td) / "inputs.npz", **example_inputs(fam))
+                        opts["inputs"] = str(Path(td) / "inputs.npz")
                     try:
-                        plan = partition(model, folder, strat)
+                        plan = partition(model, folder, strat, **opts)
                     except Exception as e:  # noqa: BLE001 - reported in the table
                         rows.append(f"| {fam} | {exp} | {strat} | - | partition failed: {str(e)[:80]} | | | | | |")
                         a.out.write_text("\n".join(rows) + "\n")
@@ -123,17 +140,27 @@ def main(argv: list[str] | None = None) -> int:
                                 cells += ["not run", "not run"]
                                 continue
                             t0 = time.monotonic()
+                            copts = CompileOptions(tk, "rk3588", {}, jobs=1, rewrites=rw)
+                            rounds: list = []
                             try:
-                                rep = compile_plan_report(plan, folder, CompileOptions(tk, "rk3588", {}, jobs=1,
-                                                                                       rewrites=rw))
+                                if rw and a.repartition:
+                                    rep, rounds, _ = compile_repartition(folder, copts)
+                                else:
+                                    rep = compile_plan_report(plan, folder, copts)
                             except Exception:  # noqa: BLE001
                                 traceback.print_exc()
                                 cells += ["error", "-"]
                                 continue
                             n_cpu = sum(len(x) for x in rep.cpu_ops_per_block().values())
                             ops = sorted({op.split(":")[0] for x in rep.cpu_ops_per_block().values() for op in x})
-                            cells += [f"{len(rep.outcomes) - len(rep.failed)}/{len(rep.outcomes)}",
-                                      f"{n_cpu}" + (f" ({', '.join(ops)})" if ops else "")]
+                            built = f"{len(rep.outcomes) - len(rep.failed)}/{len(rep.outcomes)}"
+                            cpu = f"{n_cpu}" + (f" ({', '.join(ops)})" if ops else "")
+                            if rounds:  # what the first build left, and how many rounds closed it
+                                first = rounds[0]
+                                built += f" ({first.failed_before} failed before --repartition)" \
+                                    if first.failed_before else ""
+                                cpu += f" ({first.cpu_layers_before} before --repartition, {len(rounds)} round(s))"
+                            cells += [built, cpu]
                             if rw:
                                 for s in rep.plan.npu_stages:
                                     for k, c in ((s.prepared or {}).get("rewrites") or {}).items():

@@ -3,7 +3,8 @@
 After every ``rkpart compile``, each layer the toolkit's layer table places on the CPU inside an
 NPU stage is traced back to the ONNX op of the stage it came from (the table's ``FullName`` is
 ``OpType:node name``) and recorded per target and toolkit as a
-:class:`~rkpart.targets.capability.PlacementPattern` (op type, element type, input ranks).
+:class:`~rkpart.targets.capability.PlacementPattern` (op type, element type, input ranks,
+which input and output dims are 1).
 Every later ``rkpart partition`` for that toolkit reads the store
 (:func:`rkpart.pipeline.capability_for`) and keeps such ops out of NPU stages unless a rewrite
 removes them, for any model: what one family's build taught holds for the next family.
@@ -36,7 +37,7 @@ from rkpart.io import atomic_write_bytes
 
 PLACEMENT_DIR = "placement"
 FORMAT = "rkpart-learned-placement"
-VERSION = 1
+VERSION = 2  # 2: patterns carry which dims are 1 (a store of version 1 is re-learned)
 #: a store larger than this is not a store rkpart wrote (patterns are few)
 _MAX_BYTES = 4 << 20
 #: layers kept per pattern as examples (where it was learned)
@@ -78,6 +79,8 @@ def _read(path: Path) -> dict[Any, list[str]]:
     except (OSError, ValueError):
         return {}
     if not isinstance(d, dict) or d.get("format") != FORMAT or not isinstance(d.get("patterns"), list):
+        return {}
+    if d.get("version") != VERSION:  # an older store's classes are coarser: re-learned by the next builds
         return {}
     out: dict[Any, list[str]] = {}
     for row in d["patterns"]:
@@ -125,18 +128,19 @@ def _locked(folder: Path) -> Any:
         os.close(fd)
 
 
-def target_capability(target: str, toolkit: str | None, *, learned: bool = True, rewrites: bool = True,
+def target_capability(target: str, toolkit: Any, *, learned: bool = True, rewrites: bool = True,
                       root: Path | None = None) -> Any:
-    """The :class:`~rkpart.targets.capability.Capability` of ``toolkit`` (a version, or a python
-    path: the version it runs; ``None``: the target's default) with the placements learned so far,
-    or ``None`` for a target rkpart has no table for."""
+    """The :class:`~rkpart.targets.capability.Capability` of ``toolkit`` (a version, a python path
+    or a :class:`~rkpart.compile.toolkits.Toolkit`, as :class:`~rkpart.compile.compile.CompileOptions`
+    takes it: the version it runs; ``None``: the target's default) with the placements learned so
+    far, or ``None`` for a target rkpart has no table for."""
     from rkpart.targets import TARGETS, get_target
     from rkpart.targets.capability import Capability
 
     if target.lower() not in TARGETS:
         return None
     tgt = get_target(target)
-    version = toolkit
+    version = getattr(toolkit, "version", toolkit)
     if version is not None and not version.replace(".", "").isdigit():
         from rkpart.compile.toolkits import find_toolkit
 

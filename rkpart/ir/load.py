@@ -151,6 +151,8 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
     _check_initializers(model, path)
     check_external_data(model, path.parent)
     _check_declared_sizes(model, path)  # before anything runs ONNX shape inference
+    # --shape first: what folds (chunk() arithmetic, a squeeze's If) is computed from the shapes
+    _apply_input_shapes(model, input_shapes)
     _fold_constants(model, path)
     _prune_dead(model)
     index = _sort(model, _index(model, path), path)
@@ -651,27 +653,33 @@ def _set_types(model: onnx.ModelProto, data_shapes: Mapping[str, TensorType]) ->
             g.value_info.append(helper.make_tensor_value_info(name, elem, list(shape)))
 
 
+def _apply_input_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[int, ...]] | None) -> None:
+    """Give the model inputs the static shapes of ``--shape`` (in place; checked against the inputs)."""
+    if not input_shapes:
+        return
+    names = {i.name for i in model.graph.input}
+    for name, shape in input_shapes.items():
+        if name not in names:
+            raise InvalidModelError(
+                f"--shape names {name!r}, which is not a model input (inputs: {', '.join(sorted(names))})"
+            )
+        for vi in model.graph.input:
+            if vi.name == name:
+                dims = vi.type.tensor_type.shape.dim
+                if len(dims) != len(shape):
+                    raise InvalidModelError(
+                        f"--shape {name}: rank {len(shape)} given, model input has rank {len(dims)}"
+                    )
+                for d, v in zip(dims, shape, strict=True):
+                    d.ClearField("dim_param")
+                    d.dim_value = int(v)
+
+
 def _infer_types(
     model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[int, ...]] | None,
     data_shapes: Mapping[str, TensorType] | None = None,
 ) -> dict[str, tuple[str, tuple[int, ...]]]:
-    if input_shapes:
-        names = {i.name for i in model.graph.input}
-        for name, shape in input_shapes.items():
-            if name not in names:
-                raise InvalidModelError(
-                    f"--shape names {name!r}, which is not a model input (inputs: {', '.join(sorted(names))})"
-                )
-            for vi in model.graph.input:
-                if vi.name == name:
-                    dims = vi.type.tensor_type.shape.dim
-                    if len(dims) != len(shape):
-                        raise InvalidModelError(
-                            f"--shape {name}: rank {len(shape)} given, model input has rank {len(dims)}"
-                        )
-                    for d, v in zip(dims, shape, strict=True):
-                        d.ClearField("dim_param")
-                        d.dim_value = int(v)
+    _apply_input_shapes(model, input_shapes)
     if data_shapes:
         _set_types(model, data_shapes)
     light = _light_copy(model)
@@ -794,8 +802,10 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
                 if t:
                     values[t] = np.asarray(r)
             folded[i] = [np.asarray(r) for r in res]
-        if not folded or shapes.failed():
-            return  # nothing to fold, or inference failed (reported by _infer_types later)
+        if shapes.failed():
+            return  # inference failed (reported by _infer_types later)
+        if not folded and not any(_decided_branch(n, values) for n in g.node):
+            return  # nothing to fold
         again = again or any(
             i not in folded and n.op_type not in _NO_FOLD and n.domain in DEFAULT_DOMAINS
             and (ins := [t for t in n.input if t]) and all(t in values for t in ins)
@@ -810,6 +820,7 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
         del g.node[:]
         g.node.extend(keep)
         g.initializer.extend(new_inits)
+        again = _inline_decided_ifs(g, values) or again
         # drop folded tensors nobody reads any more
         # (a Loop/If body's reads of outer tensors included: they name no input)
         used = {t for n in g.node for t in _reads(n)} | {o.name for o in g.output}
@@ -819,6 +830,49 @@ def _fold_constants(model: onnx.ModelProto, path: Path) -> None:
             g.initializer.extend(live)
         if not again:
             return
+
+
+def _decided_branch(n: onnx.NodeProto, values: Mapping[str, np.ndarray]) -> onnx.GraphProto | None:
+    """The branch an ``If`` takes when its condition is a known value (and the branch fits), else ``None``."""
+    if n.op_type != "If" or n.domain not in DEFAULT_DOMAINS or not n.input or n.input[0] not in values:
+        return None
+    cond = np.asarray(values[n.input[0]])
+    if cond.size != 1:
+        return None
+    which = "then_branch" if bool(cond.reshape(-1)[0]) else "else_branch"
+    branch = next((a.g for a in n.attribute if a.name == which), None)
+    return branch if branch is not None and len(branch.output) == len(n.output) else None
+
+
+def _inline_decided_ifs(g: onnx.GraphProto, values: Mapping[str, np.ndarray]) -> bool:
+    """Replace every ``If`` whose condition folded to a value by the branch it takes; True if any was.
+
+    TorchScript exports ``x.squeeze(d)`` of a dim it cannot prove is 1 as ``If(Shape(x)[d] == 1,
+    Squeeze, Identity)``: with static shapes the condition folds, but the ``If`` stayed, and its
+    output's shape (the two branches disagree on the rank) read as value-dependent (Helios was
+    refused without ``--inputs``).  The branch's nodes and initializers move into the graph where
+    the ``If`` was (a branch reads outer tensors by name, and ONNX forbids a branch to shadow
+    them, so its names are free in the graph); its outputs reach the ``If``'s names through
+    ``Identity`` nodes (dropped later with every no-op).
+    """
+    out: list[onnx.NodeProto] = []
+    inits: list[onnx.TensorProto] = []
+    done = False
+    for n in g.node:
+        branch = _decided_branch(n, values)
+        if branch is None:
+            out.append(n)
+            continue
+        out.extend(branch.node)
+        inits.extend(branch.initializer)
+        out.extend(helper.make_node("Identity", [o_br.name], [o_if], name=f"{n.name or o_if}/inlined")
+                   for o_if, o_br in zip(n.output, branch.output, strict=True) if o_if)
+        done = True
+    if done:
+        del g.node[:]
+        g.node.extend(out)
+        g.initializer.extend(inits)
+    return done
 
 
 #: element types whose ``numpy_helper.to_array`` is exactly what the reference evaluator returns

@@ -37,7 +37,7 @@ from rkpart.ir import ModelGraph
 from rkpart.ir.work import op_macs
 from rkpart.partitioner.extract import subgraph_model
 from rkpart.partitioner.partition import Group, Partition
-from rkpart.targets.capability import Capability, PlacementPattern
+from rkpart.targets.capability import Capability, PlacementPattern, dims_class
 
 #: a computed constant above this many bytes is given to the rewrite probe as a placeholder
 #: (no rewrite pattern reads a weight's values; the probe must not load gigabytes)
@@ -66,15 +66,14 @@ def host_op_key(mg: ModelGraph, i: int) -> str:
 def pattern_of(mg: ModelGraph, i: int) -> PlacementPattern:
     """The shape class of op ``i`` a placement is learned and matched by."""
     n = mg.op(i)
-    ranks = []
-    for t in n.inputs:
-        s = mg.shape(t) if t else None
-        ranks.append(-1 if s is None else len(s))
+    shapes = [mg.shape(t) if t else None for t in n.inputs]
+    ranks = [-1 if s is None else len(s) for s in shapes]
     first = next((t for t in n.inputs if t), "")
     dtype = (mg.dtype(first) or "") if first else ""
     consts = tuple(bool(t) and mg.is_const_tensor(t) for t in n.inputs)
+    dims = dims_class(shapes, (mg.shape(t) if t else None for t in n.outputs))
     return PlacementPattern(op_type=n.op_type, dtype=dtype, ranks=tuple(ranks), domain=n.domain or "",
-                            consts=consts)
+                            consts=consts, dims=dims)
 
 
 def flag_ops(mg: ModelGraph, part: Partition, cap: Capability,

@@ -9,7 +9,7 @@ stage?* -- from three sources:
   cannot be loaded at all, and the ops measured on the CPU (``Support.CPU``) stay there;
 * the placements **learned from builds**: every layer a toolkit put on the CPU inside an NPU
   stage is recorded per toolkit as a :class:`PlacementPattern` (op type, element type, input
-  ranks), next to the build cache (:mod:`rkpart.compile.learned`), and asked here for every
+  ranks, which dims are 1), next to the build cache (:mod:`rkpart.compile.learned`), and asked here for every
   later partition of any model;
 * the ``npu`` rewrites of :mod:`rkpart.targets.rewrites` rescue an op: the partitioner applies
   them to the stage it would propose and keeps on the NPU only what they remove (a rewrite
@@ -48,8 +48,14 @@ class PlacementPattern:
     the toolkit builds in float16 either way); ``ranks``: the rank of every input, ``-1`` for
     an absent optional input or an unknown rank; ``consts``: which inputs are constants (a
     ``Gather`` of a constant table by data indices runs on the CPU, a ``Gather`` of data by
-    constant indices on the NPU: measured, ``scripts/measure_ops.py``).  Sizes are left out on
-    purpose: a placement learned on a tiny export must hold for the full-size model.
+    constant indices on the NPU: measured, ``scripts/measure_ops.py``); ``dims``: the unit-dim
+    mask of every input, then ``>``, then of every output (:func:`unit_mask`: ``1`` a dim of
+    size 1, ``n`` a larger one, ``?`` unknown; ``-`` an unknown rank).  Sizes are left out on
+    purpose, so a placement learned on a tiny export holds for the full-size model; which dims
+    are 1 is kept, because the toolkit's layout decisions turn on it: PriorTransformer's
+    attention-mask ``Reshape`` ``[H, 1, S] -> [1, H, 1, S]`` runs on the CPU on 2.5.0 while the
+    head split ``[1, S, C] -> [1, S, H, D]`` of the same rank and types runs on the NPU, and a
+    class of ranks alone took every head split of every later model off the NPU.
     """
 
     op_type: str
@@ -57,22 +63,25 @@ class PlacementPattern:
     ranks: tuple[int, ...]
     domain: str = ""
     consts: tuple[bool, ...] = ()
+    dims: str = ""
 
     def key(self) -> str:
-        """``ScatterND/float32/4,c2,4`` (``c``: a constant input): the pattern as one short, stable name."""
+        """``ScatterND/float32/4,c2,4`` (``c``: a constant input), then ``/`` and :attr:`dims` when known:
+        the pattern as one short, stable name."""
         dom = f"{self.domain}." if self.domain else ""
         ranks = ",".join(("c" if k < len(self.consts) and self.consts[k] else "") + str(r)
                          for k, r in enumerate(self.ranks))
-        return f"{dom}{self.op_type}/{self.dtype or '?'}/{ranks}"
+        return f"{dom}{self.op_type}/{self.dtype or '?'}/{ranks}" + (f"/{self.dims}" if self.dims else "")
 
     def describe(self) -> str:
         ranks = ", ".join(("-" if r < 0 else str(r)) + (" const" if k < len(self.consts) and self.consts[k] else "")
                           for k, r in enumerate(self.ranks))
-        return f"{self.op_type} ({self.dtype or 'unknown type'}, input ranks {ranks})"
+        dims = f"; unit dims {self.dims}" if self.dims else ""
+        return f"{self.op_type} ({self.dtype or 'unknown type'}, input ranks {ranks}{dims})"
 
     def to_json(self) -> dict[str, Any]:
         return {"op_type": self.op_type, "domain": self.domain, "dtype": self.dtype, "ranks": list(self.ranks),
-                "consts": list(self.consts)}
+                "consts": list(self.consts), "dims": self.dims}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PlacementPattern:
@@ -82,10 +91,25 @@ class PlacementPattern:
             raise ValueError("ranks must be a list of integers")
         if not isinstance(consts, list) or not all(isinstance(c, bool) for c in consts) or len(consts) > len(ranks):
             raise ValueError("consts must be a list of booleans, one per input")
-        op_type, dtype, domain = d["op_type"], d["dtype"], d.get("domain", "")
-        if not all(isinstance(x, str) for x in (op_type, dtype, domain)) or not op_type:
-            raise ValueError("op_type, dtype and domain must be strings")
-        return cls(op_type=op_type, dtype=dtype, ranks=tuple(ranks), domain=domain, consts=tuple(consts))
+        op_type, dtype, domain, dims = d["op_type"], d["dtype"], d.get("domain", ""), d["dims"]
+        if not all(isinstance(x, str) for x in (op_type, dtype, domain, dims)) or not op_type:
+            raise ValueError("op_type, dtype, domain and dims must be strings")
+        if len(dims) > 512 or set(dims) - set("1n?-0;>"):
+            raise ValueError("dims must be unit-dim masks")
+        return cls(op_type=op_type, dtype=dtype, ranks=tuple(ranks), domain=domain, consts=tuple(consts), dims=dims)
+
+
+def unit_mask(shape: tuple[Any, ...] | None) -> str:
+    """``(1, 77, 2048) -> "1nn"``: which dims of a shape are 1 (``1``), 0 (``0``), larger (``n``) or
+    unknown (``?``); ``-`` for an unknown rank, ``""`` for a scalar."""
+    if shape is None:
+        return "-"
+    return "".join("1" if d == 1 else "0" if d == 0 else "n" if isinstance(d, int) and d > 1 else "?" for d in shape)
+
+
+def dims_class(in_shapes: Iterable[tuple[Any, ...] | None], out_shapes: Iterable[tuple[Any, ...] | None]) -> str:
+    """:attr:`PlacementPattern.dims` of an op with these input and output shapes (``None``: unknown)."""
+    return ";".join(unit_mask(s) for s in in_shapes) + ">" + ";".join(unit_mask(s) for s in out_shapes)
 
 
 @dataclass(frozen=True)
@@ -139,4 +163,4 @@ class Capability:
                 "learned_patterns": len(self.learned)}
 
 
-__all__ = ["TOOLKIT_DTYPES", "Capability", "PlacementPattern"]
+__all__ = ["TOOLKIT_DTYPES", "Capability", "PlacementPattern", "dims_class", "unit_mask"]

@@ -18,8 +18,8 @@ from rkpart.compile.cache import build_key
 from rkpart.compile.learned import CpuLayer, learn, load_learned, store_path, trace_cpu_layers
 from rkpart.targets.capability import PlacementPattern
 
-P1 = PlacementPattern("ScatterND", "float32", (4, 5, 4))
-P2 = PlacementPattern("IsNaN", "float32", (4,))
+P1 = PlacementPattern("ScatterND", "float32", (4, 5, 4), dims="1nnn;nnnnn;1nnn>1nnn")
+P2 = PlacementPattern("IsNaN", "float32", (4,), dims="1nnn>1nnn")
 
 
 def test_learn_and_load_round_trip_sorted_and_stable() -> None:
@@ -45,16 +45,16 @@ def test_a_damaged_store_reads_as_what_it_still_holds() -> None:
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     assert load_learned("rk3588", "2.5.0") == frozenset()
-    path.write_text(json.dumps({"format": "rkpart-learned-placement", "version": 1, "patterns": [
+    path.write_text(json.dumps({"format": "rkpart-learned-placement", "version": 2, "patterns": [
         P1.to_json(), {"op_type": 3, "dtype": "float32", "ranks": [1]}, {"op_type": "X", "ranks": "12"},
-        {**P2.to_json(), "ranks": [True]}]}))
+        {**P2.to_json(), "ranks": [True]}, {**P2.to_json(), "dims": "1x>1"}, {**P2.to_json(), "dims": None}]}))
     assert load_learned("rk3588", "2.5.0") == {P1}
     assert learn("rk3588", "2.5.0", [CpuLayer("s", "IsNaN:n", "n", P2)]) == [P2]
     assert load_learned("rk3588", "2.5.0") == {P1, P2}  # the damaged rows are dropped by the rewrite
 
 
 def test_concurrent_learners_lose_nothing() -> None:
-    pats = [PlacementPattern(f"Op{i}", "float32", (i,)) for i in range(16)]
+    pats = [PlacementPattern(f"Op{i}", "float32", (i,), dims="n" * i + ">" + "n" * i) for i in range(16)]
     threads = [threading.Thread(target=learn, args=("rk3588", "2.5.0", [CpuLayer("s", f"Op{i}:n", "n", p)]))
                for i, p in enumerate(pats)]
     for t in threads:
@@ -99,7 +99,20 @@ def test_trace_cpu_layers_maps_full_names_to_ops_and_patterns(tmp_path: Path) ->
     s = _stage(tmp_path / "001_b00.attn.onnx", "001_b00.attn.onnx.data")
     got = trace_cpu_layers("b00.attn", s, ["ScatterND:scatter", "Transpose:inserted_by_the_toolkit"])
     assert [(x.op, x.pattern) for x in got] == [
-        ("scatter", PlacementPattern("ScatterND", "float32", (2, 3, 2), consts=(False, False, False))), (None, None)]
+        ("scatter", PlacementPattern("ScatterND", "float32", (2, 3, 2), consts=(False, False, False),
+                                     dims="nn;nnn;nn>nn")), (None, None)]
+
+
+def test_a_store_of_the_coarser_version_1_classes_is_relearned() -> None:
+    """Version 1 keyed a pattern by op, type and input ranks alone: a ``Reshape`` of an attention mask
+    learned there took every head split of every later model off the NPU. Such a store reads empty."""
+    path = store_path("rk3588", "2.5.0")
+    path.parent.mkdir(parents=True)
+    row = {k: v for k, v in P1.to_json().items() if k != "dims"}
+    path.write_text(json.dumps({"format": "rkpart-learned-placement", "version": 1, "patterns": [row]}))
+    assert load_learned("rk3588", "2.5.0") == frozenset()
+    assert learn("rk3588", "2.5.0", [CpuLayer("s", "ScatterND:n", "n", P1)]) == [P1]
+    assert json.loads(path.read_text())["version"] == 2 and load_learned("rk3588", "2.5.0") == {P1}
 
 
 def test_repartition_refuses_no_cache_and_stage(tmp_path: Path) -> None:
@@ -121,3 +134,16 @@ def test_a_conversion_of_a_stage_output_traces_to_its_producer_and_is_not_learne
 
     assert "converted its output on the CPU" in forced_host(got)["scatter"]
     assert learn("rk3588", "2.5.0", got) == []
+
+
+def test_capability_takes_the_toolkit_as_compile_options_do(tmp_path: Path) -> None:
+    """``compile_repartition(plan, CompileOptions(Toolkit(...)))`` re-partitions with the toolkit's
+    capability: a Toolkit object is asked by its version (it raised AttributeError: the API form
+    of ``--repartition`` crashed on every plan with a CPU layer)."""
+    from rkpart.compile.learned import target_capability
+    from rkpart.compile.toolkits import Toolkit
+
+    learn("rk3588", "2.5.0", [CpuLayer("s", "IsNaN:n", "n", P2)])
+    tk = Toolkit("2.5.0", tmp_path / "python", managed=False)
+    by_object, by_version = target_capability("rk3588", tk), target_capability("rk3588", "2.5.0")
+    assert by_object == by_version and by_object.toolkit == "2.5.0" and P2 in by_object.learned

@@ -217,12 +217,15 @@ def _dit_with_if(src: Path) -> onnx.ModelProto:
         inner.output[0] = branch_out
         return helper.make_graph([inner], name, [], [helper.make_tensor_value_info(branch_out, 0, None)])
 
-    cond = numpy_helper.from_array(np.array(True), "always")
-    g.initializer.append(cond)
-    wrapped = helper.make_node("If", ["always"], [node.output[0]], name="/ff/If",
-                               then_branch=branch("then"), else_branch=branch("else"))
+    # a condition computed from the input's values (a constant one is folded: the If is its branch)
+    g.initializer.append(numpy_helper.from_array(np.array(-1e30, dtype=np.float32), "floor"))
+    wrapped = [helper.make_node("ReduceMax", [g.input[0].name], ["/ff/max"], keepdims=0, name="/ff/ReduceMax"),
+               helper.make_node("Greater", ["/ff/max", "floor"], ["/ff/cond"], name="/ff/Greater"),
+               helper.make_node("If", ["/ff/cond"], [node.output[0]], name="/ff/If",
+                                then_branch=branch("then"), else_branch=branch("else"))]
     g.node.remove(node)
-    g.node.insert(idx, wrapped)
+    for k, n in enumerate(wrapped):
+        g.node.insert(idx + k, n)
     return m
 
 

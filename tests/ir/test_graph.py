@@ -160,3 +160,43 @@ def test_chained_chunks_fold_however_deep(tmp_path: Path) -> None:
     path = tmp_path / "m.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
     assert load_model(path).shape(t) == (1, 1)
+
+
+@pytest.mark.parametrize(("dim", "expect"), [(1, (2, 4)), (3, (2, 3, 4))])
+def test_an_if_whose_condition_folds_is_its_branch(tmp_path: Path, dim: int, expect: tuple[int, ...]) -> None:
+    """``x.squeeze(1)`` of a dim TorchScript cannot prove is 1 (Helios)::
+
+        x[2, n, 4] ─ Shape ─ Gather(1) ─ Equal(1) ─ If ─ then: Squeeze(x, 1) ─ y
+                                                          else: Identity(x)
+
+    The condition depends on shapes only: loading takes the branch it chooses, so ``y`` has a
+    static shape (before: exit 3, "depends on values ... If node", and ``--inputs`` asked for);
+    the loaded graph computes what the model does under ONNX Runtime."""
+    import onnxruntime as ort
+
+    then = helper.make_graph([helper.make_node("Squeeze", ["x", "ax1"], ["sq"])], "then", [],
+                             [helper.make_tensor_value_info("sq", TensorProto.FLOAT, ["a", "b"])],
+                             [numpy_helper.from_array(np.array([1], dtype=np.int64), "ax1")])
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["same"])], "else", [],
+                              [helper.make_tensor_value_info("same", TensorProto.FLOAT, ["a", "b", "c"])])
+    nodes = [helper.make_node("Shape", ["x"], ["s"]),
+             helper.make_node("Gather", ["s", "one"], ["d"], axis=0),
+             helper.make_node("Equal", ["d", "one"], ["c"]),
+             helper.make_node("If", ["c"], ["y0"], then_branch=then, else_branch=other),
+             helper.make_node("Relu", ["y0"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, "n", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [f"d{k}" for k in expect])],
+                          [numpy_helper.from_array(np.array(1, dtype=np.int64), "one")])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    mg = load_model(path, input_shapes={"x": (2, dim, 4)})  # the exporter's dynamic axis, made static
+    assert mg.shape("y") == expect
+    assert "If" not in {mg.op(i).op_type for i in range(mg.num_ops)}
+    from rkpart.pipeline import partition
+    from rkpart.runtime.executor import run_plan
+
+    x = np.random.default_rng(0).standard_normal((2, dim, 4)).astype(np.float32)
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["y"], {"x": x})[0]
+    assert ref.shape == expect
+    plan = partition(path, tmp_path / "plan", "generic", input_shapes={"x": (2, dim, 4)})
+    assert np.array_equal(run_plan(plan, tmp_path / "plan", {"x": x})["y"], ref)

@@ -109,7 +109,7 @@ def test_learned_pattern_moves_the_op_with_the_neighbours_of_the_cheapest_cut(
     m = load(fanin_model)
     i_max = next(i for i in range(m.graph.num_ops) if m.graph.op(i).name == "max")
     pat = pattern_of(m.graph, i_max)
-    assert pat == PlacementPattern("Max", "float32", (3, 3), consts=(False, False))
+    assert pat == PlacementPattern("Max", "float32", (3, 3), consts=(False, False), dims="nnn;nnn>nnn")
     # nothing learned: everything on the NPU
     assert [d for d, _ in _devices(fanin_model, propose(m, "generic", PartitionConfig(toolkit="2.5.0")))] == ["npu"]
     # learned: the store is read through the user cache (tests have a private one)
@@ -170,6 +170,46 @@ def test_capability_reason_sources() -> None:
     assert PlacementPattern.from_json(pat.to_json()) == pat
     assert pat.key() == "Relu/float32/3"
     assert PlacementPattern("Gather", "float32", (2, 1), consts=(True, False)).key() == "Gather/float32/c2,1"
+    assert PlacementPattern("Relu", "float32", (3,), dims="1nn>1nn").key() == "Relu/float32/3/1nn>1nn"
+
+
+def test_a_learned_reshape_moves_its_own_layout_not_every_reshape_of_its_ranks(tmp_path: Path) -> None:
+    """PriorTransformer's attention-mask Reshape ``[H, 1, S] -> [1, H, 1, S]`` runs on the CPU on 2.5.0;
+    the head split ``[1, S, C] -> [1, S, H, D]`` has the same op, type and ranks and runs on the NPU.
+    What one build learns of the first must not take the second off the NPU (it did, for every model)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),  # [1, 8, 16]
+        helper.make_node("Reshape", ["h", "heads"], ["q"], name="head_split"),  # [1, 8, 2, 8]
+        helper.make_node("Reshape", ["q", "flat"], ["q2"], name="head_merge"),  # [1, 8, 16]
+        helper.make_node("MatMul", ["q2", "W2"], ["h2"], name="mm2"),
+        helper.make_node("Reshape", ["mask", "mshape"], ["m4"], name="mask_view"),  # [2, 1, 8] -> [1, 2, 1, 8]
+        helper.make_node("ReduceSum", ["m4", "raxes"], ["ms"], name="msum", keepdims=0),  # [1]
+        helper.make_node("Add", ["h2", "ms"], ["y"], name="add"),
+    ]
+    inits = [_w("W1", 16, 16, 1), _w("W2", 16, 16, 2),
+             numpy_helper.from_array(np.array([1, 8, 2, 8], dtype=np.int64), "heads"),
+             numpy_helper.from_array(np.array([1, 8, 16], dtype=np.int64), "flat"),
+             numpy_helper.from_array(np.array([1, 2, 1, 8], dtype=np.int64), "mshape"),
+             numpy_helper.from_array(np.array([1, 2, 3], dtype=np.int64), "raxes")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16]),
+                                       helper.make_tensor_value_info("mask", TensorProto.FLOAT, [2, 1, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16])], initializer=inits)
+    path = tmp_path / "masked.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    m = load(path)
+    ix = {m.graph.op(i).name: i for i in range(m.graph.num_ops)}
+    mask_pat, split_pat = pattern_of(m.graph, ix["mask_view"]), pattern_of(m.graph, ix["head_split"])
+    assert (mask_pat.op_type, mask_pat.dtype, mask_pat.ranks, mask_pat.consts) == \
+        (split_pat.op_type, split_pat.dtype, split_pat.ranks, split_pat.consts)
+    assert (mask_pat.dims, split_pat.dims) == ("n1n;n>1n1n", "1nn;n>1nnn")
+    from rkpart.compile.learned import CpuLayer, learn
+
+    learn("rk3588", "2.5.0", [CpuLayer("s", "Reshape:mask_view", "mask_view", mask_pat)])
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
+    host = {h["op"] for h in part.extra["capability"]["host_ops"]}
+    assert "mask_view" in host and not host & {"head_split", "head_merge"}
+    npu = [ops for d, ops in _devices(path, part) if d == "npu"]
+    assert any({"head_split", "head_merge", "mm1", "mm2"} <= set(ops) for ops in npu)
 
 
 def test_cut_before_fused_ops_splits_the_stage_acyclically(tmp_path: Path) -> None:

@@ -274,8 +274,6 @@ LOAD_ERRORS = r"unresolved dynamic shape|shape inference failed|depends on value
 SPECIALISE = {
     ("hunyuanvideo_framepack", "dynamo"): "the text cut to the mask's length (batch 1: a Slice to mask.sum())",
     ("hunyuanvideo15", "torchscript"): "the masked packing of image / ByT5 / MLLM tokens (NonZero of the masks)",
-    ("helios", "torchscript"): "TorchScript's squeeze of a dim of unknown size is an If; its condition is computed "
-                               "from shapes only, yet rkpart reports it as data-dependent",
 }
 #: exports ONNX Runtime refuses as a whole (an exporter bug): plans are made, not run
 ORT_REFUSES = {
