@@ -109,6 +109,9 @@ def load(
     feeds = read_npz(inputs, what="--inputs file")
     check_finite_arrays(feeds, what=f"--inputs file {inputs}")
     mg = load_specialised(model, feeds, input_shapes=input_shapes)
+    if mg.specialised:  # where the inputs came from: ``compile --repartition`` partitions again with them
+        where = str(Path(inputs).resolve())
+        mg = dataclasses.replace(mg, specialised=tuple({**r, "inputs_file": where} for r in mg.specialised))
     for rec in mg.specialised:
         progress(f"specialised to --inputs: {rec['op']} {rec['node']!r} gives {rec['tensor']!r} shape {rec['shape']}")
     return LoadedModel(mg, input_shapes)
@@ -438,8 +441,14 @@ class RepartitionRound:
     cut_before: tuple[str, ...] = ()  # op names a crashed build fused, now the first op of a new stage
     failed_before: int = 0
     failed_after: int = 0
+    #: this round wrote the plan of an earlier, better round again (the rounds after it made it worse)
+    kept_best: bool = False
 
     def describe(self) -> str:
+        if self.kept_best:
+            return (f"repartition round {self.round}: the rounds before made it worse; the best round's plan "
+                    f"written again: CPU layers in NPU stages {self.cpu_layers_before} -> {self.cpu_layers_after}, "
+                    f"failed stages {self.failed_before} -> {self.failed_after}; {self.stages_built} stage(s) rebuilt")
         cut = (f"; {len(self.cut_before)} cut(s) in front of ops a crashed build fused, failed stages "
                f"{self.failed_before} -> {self.failed_after}") if self.cut_before else ""
         return (f"repartition round {self.round}: {len(self.moved)} op(s) the build put on the CPU moved to the "
@@ -453,12 +462,15 @@ MAX_REPARTITION_ROUNDS = 4
 _CUTTABLE = ("crash", "error")
 
 
-def crash_cuts(report: Any, folder: Path) -> dict[str, str]:
+def crash_cuts(report: Any, folder: Path, stages: set[str] | None = None) -> dict[str, str]:
     """Op name -> why, for the ops the crashed builds of ``report`` fused just before they died.
 
     The crash's known issue names the optimiser rules that lead to it
     (:attr:`~rkpart.targets.known_issues.KnownIssue.fusion_rules`); an unknown crash suspects the
-    last fusion rule its log shows.
+    last fusion rule its log shows.  An unknown *error* (an exception the toolkit raised, not a
+    signal) is no evidence against a fusion: it is left to :func:`rkpart.triage.isolate.failing_ops` (Kandinsky 6's
+    ``swap_reshape`` ValueError got 60 useless cuts).  The ids of the stages cut are added to
+    ``stages``.
     """
     from rkpart.targets.known_issues import fused_nodes, match_log
 
@@ -474,7 +486,11 @@ def crash_cuts(report: Any, folder: Path) -> dict[str, str]:
             except OSError:
                 continue
             issue = match_log(text, signal=f.signal, toolkit=f.toolkit, kind=f.kind, exit_code=f.exit_code)
+            if issue is None and f.kind == "error":
+                continue
             for rule, name in fused_nodes(text, issue.fusion_rules if issue and issue.fusion_rules else None):
+                if stages is not None:
+                    stages.add(o.stage_id)
                 what = f"known issue {issue.id}" if issue else f"{f.kind}, no known issue"
                 out.setdefault(name, f"the build of stage {o.stage_id} failed ({what}) after {rule} fused it: "
                                      "a new NPU stage starts here so the rule cannot fire")
@@ -504,6 +520,7 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: Any, progress: 
     from rkpart.compile.compile import compile_folder, learn_placements
     from rkpart.compile.learned import forced_host, traced_layers
     from rkpart.partitioner.plan import load_plan
+    from rkpart.triage import isolate
 
     _, folder = load_plan(plan_path)
     folder = Path(folder)
@@ -518,13 +535,24 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: Any, progress: 
     forced: dict[str, str] = {}
     cuts: dict[str, str] = {}
     rounds: list[RepartitionRound] = []
+
+    def badness(rep: Any) -> tuple[int, int, int]:  # failed stages, then CPU layers, then stages
+        return len(rep.failed), sum(len(o.cpu_ops) for o in rep.outcomes), len(rep.outcomes)
+
+    best = (badness(report), dict(forced), dict(cuts))
+    isolated = isolate.Isolated()  # stage files reduced, and the subgraphs found failing, over the rounds
     for r in range(1, max_rounds + 1):
         before = sum(len(o.cpu_ops) for o in report.outcomes)
         failed = len(report.failed)
         if not before and not failed:
             break
         new = {k: v for k, v in forced_host(layers).items() if k not in forced}
-        new_cuts = {k: v for k, v in crash_cuts(report, folder).items() if k not in cuts}
+        cut_stages: set[str] = set()
+        new_cuts = {k: v for k, v in crash_cuts(report, folder, cut_stages).items() if k not in cuts}
+        if failed:  # a failed stage no new cut can help: the ops that fail the build alone go to the host
+            skip = cut_stages if new_cuts else set()
+            new.update({k: v for k, v in isolate.failing_ops(report, folder, opts, isolated, progress,
+                                                             skip=skip).items() if k not in forced})
         if not new and not new_cuts:
             break
         forced.update(new)
@@ -536,6 +564,18 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: Any, progress: 
         after = sum(len(o.cpu_ops) for o in report.outcomes)
         rounds.append(RepartitionRound(r, tuple(sorted(new)), before, after, len(report.built),
                                        tuple(sorted(new_cuts)), failed, len(report.failed)))
+        if badness(report) < best[0]:
+            best = (badness(report), dict(forced), dict(cuts))
+    if badness(report) > best[0]:
+        # a move can make it worse (a stage input the toolkit converts on the CPU moves one op on per
+        # round): the plan of the best round is written again, its stages taken from the build cache
+        progress(f"repartition: keeping the plan of the best round ({best[0][1]} CPU layer(s), {best[0][0]} "
+                 f"failed stage(s)); the last round left {badness(report)[1]} and {badness(report)[0]}")
+        _write_again(report.plan, folder, opts, best[1], best[2], progress)
+        report, layers = build()
+        rounds.append(RepartitionRound(len(rounds) + 1, (), rounds[-1].cpu_layers_after,
+                                       sum(len(o.cpu_ops) for o in report.outcomes), len(report.built),
+                                       (), rounds[-1].failed_after, len(report.failed), kept_best=True))
     # what is left when no round can move or cut anything more (or the rounds ran out)
     stuck = sorted(f"{o.stage_id}: {c}" for o in report.outcomes for c in o.cpu_ops)
     return report, rounds, stuck
@@ -560,13 +600,32 @@ def _write_again(plan: Plan, folder: Path, opts: Any, forced: Mapping[str, str],
         options = {k: v for k, v in options.items() if k in strat.accepts}
     head = graph_io_of(model)
     shapes = {t: tuple(plan.tensors[t].shape) for t in head if t in plan.tensors and head[t]}
-    loaded = load(model, shapes or None, progress)
+    inputs = _specialised_inputs(plan)
+    loaded = load(model, shapes or None, progress, inputs=inputs)
     # CompileOptions takes a Toolkit too; the partition is asked by the version it runs
     config = PartitionConfig(options=options, force=True, target=opts.target,
                              toolkit=getattr(opts.toolkit, "version", opts.toolkit),
                              rewrites=opts.rewrites, force_host=forced, cut_before=cuts, progress=progress,
                              weights="link" if "weights" in plan.extra else "copy")
     write_plan(loaded, propose(loaded, strat, config), folder, config)
+
+
+def _specialised_inputs(plan: Plan) -> Path | None:
+    """The ``--inputs`` file a specialised plan was partitioned with, checked to give the same shapes."""
+    files = sorted({str(r.get("inputs_file")) for r in plan.specialised if r.get("inputs_file")})
+    if not plan.specialised:
+        return None
+    if not files:
+        raise UserError("--repartition: the plan was specialised to --inputs by an rkpart that did not record the "
+                        "file; partition it again with rkpart partition --inputs")
+    path = Path(files[0])
+    if not path.is_file():
+        raise UserError(f"--repartition: the plan was specialised to --inputs {path}, which is gone; partition it "
+                        "again with rkpart partition --inputs")
+    from rkpart.io import read_npz
+
+    plan.check_specialised(read_npz(path, what="--inputs file"))  # a changed file would change a shape
+    return path
 
 
 def graph_io_of(model: Path) -> dict[str, bool]:

@@ -81,7 +81,7 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 @click.option("--jobs", "-j", default=1, show_default=True, type=click.IntRange(1, 64),
               help="Upper bound on parallel builds (memory is checked before each start).")
 @click.option("--timeout", type=FiniteFloat(min=0, min_open=True), default=None,
-              help="Seconds per build before it is killed.")
+              help="Seconds per build before it is killed [default: 900 + 2 per MiB of the stage's weights].")
 @click.option("--fallback-toolkit", default=None, help="Retry failed stages with this toolkit version.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Build cache shared between plans, in addition to the plan's rknn/ folder "
@@ -188,7 +188,7 @@ def _rounds_json(rounds: list[Any], stuck: list[str]) -> dict[str, Any]:
     return {"rounds": [{"round": r.round, "moved": list(r.moved), "cpu_layers_before": r.cpu_layers_before,
                         "cpu_layers_after": r.cpu_layers_after, "cut_before": list(r.cut_before),
                         "failed_before": r.failed_before, "failed_after": r.failed_after,
-                        "stages_built": r.stages_built} for r in rounds],
+                        "stages_built": r.stages_built, "kept_best": r.kept_best} for r in rounds],
             "unmovable_cpu_layers": stuck}
 
 

@@ -137,6 +137,24 @@ class CompileReport:
                                                                else 0))}
 
 
+
+#: seconds every build may take whatever its size, when ``--timeout`` is not given
+BUILD_TIMEOUT_BASE = 900.0
+#: and per MiB of the stage's weights (full-size Anima stages of 100-200 MiB build in ~2.3 min)
+BUILD_TIMEOUT_PER_MIB = 2.0
+
+
+def default_build_timeout(size_bytes: int) -> float:
+    """Seconds a build of a stage of ``size_bytes`` may take when ``--timeout`` is not given.
+
+    A toolkit can loop forever in its optimiser (2.5.0 in ``swap_reshape_branch_elements`` on a
+    rank-6 RoPE after ``rope-pair-matrix``; RFD4's whole-block stages): with no limit, ``rkpart
+    compile`` never returned.  The default is several times what the measured builds take
+    (``BUILD_TIMEOUT_BASE`` + ``BUILD_TIMEOUT_PER_MIB`` per MiB); a build killed by it is a
+    ``timeout`` failure, retried without the NPU rewrites like any failure with them.
+    """
+    return BUILD_TIMEOUT_BASE + BUILD_TIMEOUT_PER_MIB * max(0, int(size_bytes)) / (1 << 20)
+
 @dataclass(frozen=True)
 class CompileOptions:
     """How to build a plan's NPU stages: ``rkpart compile PLAN``'s options, and what
@@ -230,7 +248,8 @@ def compile_plan(plan: Plan, folder: str | os.PathLike[str], toolkit: str | Tool
     jobs
         Upper bound on parallel builds; memory is the real limit (see ``scheduler``).
     timeout
-        Seconds per build before its process group is killed.
+        Seconds per build before its process group is killed [default: :func:`default_build_timeout`
+        of the stage's size].
     fallback_toolkit
         Version that retries the stages the first toolkit failed on.
     progress
@@ -572,7 +591,8 @@ class _Context:
             without = "".join(f".without-{n}" for n in sorted(drops.get(s.id, ())))  # keeps the first log
             log = self.folder / RKNN_DIR / LOG_DIR / f"{s.id}.{tk.version}{without}.log"
             job = BuildJob(stage_id=s.id, onnx=onnx, output=self.cache.rknn_path(key), log=log,
-                           config=config, toolkit=tk, timeout=self.timeout,
+                           config=config, toolkit=tk,
+                           timeout=self.timeout if self.timeout is not None else default_build_timeout(size),
                            est_peak_rss=self.model.estimate(tk.version, size), size_bytes=size,
                            worker=self.worker, quantize=quantize)
             todo.append(_Pending(stage=s, onnx=onnx, key=key, job=job))

@@ -53,9 +53,12 @@ class CpuLayer:
     op: str | None  # the ONNX node name in the stage
     pattern: Any  # PlacementPattern | None: None for a layer that is not the op itself
     #: the layer is a conversion the toolkit inserted for a stage output the op produces
-    #: (``Reshape:<tensor>-rs``): moving the op moves the boundary, but the op's pattern is not
-    #: learned (the same op elsewhere runs on the NPU)
+    #: (``Reshape:<tensor>-rs``), or for a stage input the op reads (``side="input"``: NucleusMoE's
+    #: routed-token ``GatherND`` became ``Reshape:<indices>_rs`` and ``Gather:<tokens>_gather`` on
+    #: the CPU): moving the op moves the boundary, but the op's pattern is not learned (the same
+    #: op elsewhere runs on the NPU)
     boundary: bool = False
+    side: str = "output"
 
 
 def store_path(target: str, toolkit: str, root: Path | None = None) -> Path:
@@ -174,16 +177,24 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
         if i is not None and i in mg.ops.nodes:
             out.append(CpuLayer(stage_id, full, mg.op(i).name, pattern_of(mg, i)))
             continue
-        # a conversion the toolkit inserted for a tensor: "<tensor>-rs"; the stage output's producer
+        # a conversion the toolkit inserted for a tensor: "<tensor>-rs"; the stage output's producer,
+        # or the ops reading a stage input
         base: str = node
         p: int | None = None
+        readers: list[int] = []
         for _ in range(4):  # "<tensor>_mm_tp_rs": a chain of conversions
             base = re.sub(r"[-_][A-Za-z0-9]+$", "", base)
             if base in mg.outputs:
                 p = mg.producer.get(base)
                 break
+            if base in mg.inputs:
+                readers = [c for c in mg.consumers.get(base, []) if c in mg.ops.nodes and mg.op(c).name]
+                break
         if p is not None and p in mg.ops.nodes and mg.op(p).name:
             out.append(CpuLayer(stage_id, full, mg.op(p).name, None, boundary=True))
+            continue
+        if readers:  # the input converted on the CPU for the ops that read it: they move, the input with them
+            out += [CpuLayer(stage_id, full, mg.op(c).name, None, boundary=True, side="input") for c in readers]
             continue
         out.append(CpuLayer(stage_id, full, None, None))
     return out
@@ -215,7 +226,10 @@ def forced_host(layers: Iterable[CpuLayer]) -> Mapping[str, str]:
     """Op name -> why, for the traced layers of one plan's build (``rkpart compile --repartition``)."""
     out: dict[str, str] = {}
     for x in layers:
-        if x.op is not None and x.boundary:
+        if x.op is not None and x.boundary and x.side == "input":
+            out.setdefault(x.op, f"the last build of stage {x.stage} converted an input it reads on the CPU "
+                                 f"(layer {x.layer}): the stage boundary moves after it")
+        elif x.op is not None and x.boundary:
             out.setdefault(x.op, f"the last build of stage {x.stage} converted its output on the CPU (layer "
                                  f"{x.layer}): the stage boundary moves before it")
         elif x.op is not None:

@@ -236,6 +236,12 @@ PLAN_SCHEMA: dict[str, Any] = bounded_integers({
                     "inputs": {"type": "object", "additionalProperties": _HEX64,
                                "description": "Model input -> sha256 of its dtype, shape and bytes in --inputs "
                                               "(the inputs the op depends on)."},
+                    "trips": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0},
+                              "description": "A sequence Loop's ops only: loop node -> the trip count it was "
+                                             "unrolled for."},
+                    "inputs_file": {"type": "string", "minLength": 1,
+                                    "description": "Absolute path of the --inputs file (compile --repartition "
+                                                   "partitions again specialised to it)."},
                 },
             },
         },

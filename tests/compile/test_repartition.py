@@ -158,3 +158,70 @@ def test_a_crash_on_a_per_token_constant_modulation_is_cut_and_then_builds(tmp_p
     plan, _ = load_plan(folder)
     assert all("exnorm-fusion-segv" in c["why"] for c in plan.extra["capability"]["cuts"])
     _sim_gate(plan, folder, model, "2.3.0")
+
+
+def _rope6(path: Path) -> Path:
+    """An attention whose q and k RoPE rotate pairs as Kandinsky 6's 1-D RoPE does: a Reshape to
+    rank 6, a Mul by the per-position 2x2 rotations, a ReduceSum over the last axis, a Reshape back.
+    rknn-toolkit2 2.5.0 raises in ``swap_reshape`` (``ValueError: Can not reshape from [16, 2, 4,
+    1] to [1, 16, 2, 16]``), a failure no cut fixes."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    s, h, d = 16, 2, 16
+
+    def w(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+    inits = [w("Wq", 32, 32), w("Wk", 32, 32), w("Wo", 32, 32),
+             w("fq", s, 1, d // 2, 2, 2), w("fk", s, 1, d // 2, 2, 2),
+             *(numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+               (("s6", [1, s, h, d // 2, 1, 2]), ("s4", [1, s, h, d]), ("ax", [-1]), ("s3", [1, s, h * d])))]
+    nodes = []
+    for t in ("q", "k"):
+        nodes += [helper.make_node("MatMul", ["x", f"W{t}"], [f"{t}0"], name=f"{t}_proj"),
+                  helper.make_node("Reshape", [f"{t}0", "s6"], [f"{t}6"], name=f"{t}_view6"),
+                  helper.make_node("Mul", [f"{t}6", f"f{t}"], [f"{t}m"], name=f"{t}_rot"),
+                  helper.make_node("ReduceSum", [f"{t}m", "ax"], [f"{t}s"], name=f"{t}_sum", keepdims=0),
+                  helper.make_node("Reshape", [f"{t}s", "s4"], [f"{t}4"], name=f"{t}_view4"),
+                  helper.make_node("Transpose", [f"{t}4"], [f"{t}h"], name=f"{t}_heads", perm=[0, 2, 1, 3])]
+    nodes += [helper.make_node("Transpose", ["kh"], ["kt"], name="k_t", perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["qh", "kt"], ["sc"], name="scores"),
+              helper.make_node("Softmax", ["sc"], ["p"], name="softmax", axis=-1),
+              helper.make_node("MatMul", ["p", "qh"], ["o4"], name="attend"),
+              helper.make_node("Transpose", ["o4"], ["o5"], name="o_t", perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["o5", "s3"], ["o3"], name="o_view"),
+              helper.make_node("MatMul", ["o3", "Wo"], ["y"], name="o_proj")]
+    g = helper.make_graph(nodes, "rope6", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, s, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, s, 32])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_failure_no_cut_fixes_is_reduced_and_its_ops_go_to_the_host(tmp_path: Path) -> None:
+    """The rank-6 RoPE fails every 2.5.0 build of its stage with a ValueError in a rule that fuses
+    nothing.  ``--repartition`` reduces the stage as ``rkpart repro`` does (the same exception
+    line, shapes generalised), finds the failing subgraph on q's side, finds its copy on k's side
+    by shape classes without another reduction, moves both to the host in one round: every
+    stage builds, no CPU layer, the gate passes."""
+    tk = get_toolkit("2.5.0")
+    model = _rope6(tmp_path / "rope6.onnx")
+    folder = tmp_path / "plan"
+    cli = CliRunner()
+    assert cli.invoke(main, ["partition", str(model), "-s", "generic", "-o", str(folder), "-q"]).exit_code == 0
+    r = cli.invoke(main, ["compile", str(folder), "--toolkit", str(tk.python), "--no-rewrites", "--repartition",
+                          "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    rounds = rep["repartition"]["rounds"]
+    assert rounds[0]["failed_before"] == 1 and rounds[0]["cut_before"] == [] and rep["failed"] == 0
+    moved = set(rounds[0]["moved"])
+    # the stage is reduced once, to one side's 3 ops: k's copy moved in the same round was found by its classes
+    assert {"q_sum", "k_sum"} <= moved and not moved & {"q_proj", "k_proj", "scores", "attend", "o_proj"}
+    assert all(not s["artifact"]["cpu_ops"] for s in rep["stages"])
+    plan, _ = load_plan(folder)
+    why = {h["op"]: h["why"] for h in plan.extra["capability"]["host_ops"]}
+    assert "fails the build the same way alone" in why["q_sum"] and "Can not reshape" in why["k_sum"]
+    assert not (folder / "rknn" / ".tmp").exists()  # the reduction's scratch folder is gone
+    _sim_gate(plan, folder, model, "2.5.0")

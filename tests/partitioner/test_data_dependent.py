@@ -99,6 +99,9 @@ def test_sequence_loops_are_unrolled_for_the_trip_count_the_inputs_give(tmp_path
     rec = plan.specialised[0]
     assert rec["op"] == "ConcatFromSequence" and list(rec["trips"].values()) == [2]
     assert rec["inputs"] == {} and rec["shape"][0] == 2 * 2  # two experts' two tokens each
+    from rkpart.partitioner.outdir import plan_folder_problem
+
+    assert plan_folder_problem(tmp_path / "p") is None  # the schema knows "trips" (it refused the plan)
     stages = [onnx.load(str(tmp_path / "p" / s.file), load_external_data=False) for s in plan.stages]
     ops = {n.op_type for m in stages for n in m.graph.node}
     assert not ops & {"Loop", "SequenceEmpty", "SequenceInsert", "ConcatFromSequence"}
@@ -203,3 +206,38 @@ def test_bundle_runner_refuses_changed_inputs(tmp_path: Path) -> None:
     bad = runner("--inputs", str(other))
     assert bad.returncode == 2, bad.stderr[-2000:]
     assert bad.stderr.strip().splitlines()[-1].startswith("runner: error: input 'mask' differs")
+
+
+@pytest.mark.export
+def test_repartition_partitions_a_specialised_plan_again_with_its_inputs(tmp_path: Path) -> None:
+    """``rkpart compile --repartition`` writes the plan again from its model: a plan specialised to
+    ``--inputs`` is loaded with the same file (recorded in the plan), so the model loads and the
+    plan still reproduces it (it failed: "depends on values ... give --inputs").  A file that is
+    gone, or no longer gives the same shapes, is refused in one line."""
+    from rkpart.compile.compile import CompileOptions
+    from rkpart.partitioner.plan import load_plan
+    from rkpart.pipeline import _write_again
+    from tests.models.data_dependent import example_inputs
+
+    model = _export("nonzero", "dynamo")
+    feeds = example_inputs(seed=2)
+    npz = _npz(tmp_path / "in.npz", feeds)
+    folder = tmp_path / "p"
+    plan = partition(model, folder, "split", inputs=npz)
+    assert {r["inputs_file"] for r in plan.specialised} == {str(npz.resolve())}
+    host = {o for s in plan.stages if s.device == "host" for o in [s.id]}
+    moved = next(n.name for n in onnx.load(str(folder / plan.npu_stages[0].file), load_external_data=False).graph.node
+                 if n.op_type in ("Add", "Mul") and n.name)
+    opts = CompileOptions("2.5.0")
+    _write_again(plan, folder, opts, {moved: "a test moves it"}, {}, lambda _m: None)
+    again, _ = load_plan(folder)
+    assert again.specialised == plan.specialised
+    assert {h["op"] for h in again.extra["capability"]["host_ops"]} >= {moved}
+    assert {s.id for s in again.stages if s.device == "host"} != host
+    assert_reproduces(again, folder, model, feeds)
+    np.savez(npz, **{**feeds, "mask": np.array([[1, 0, 0, 1, 0, 1, 1]], dtype=bool)})
+    with pytest.raises(UserError, match=r"^input 'mask' differs from the one this plan was specialised to"):
+        _write_again(again, folder, opts, {}, {}, lambda _m: None)
+    npz.unlink()
+    with pytest.raises(UserError, match=r"^--repartition: the plan was specialised to --inputs .*, which is gone"):
+        _write_again(again, folder, opts, {}, {}, lambda _m: None)
