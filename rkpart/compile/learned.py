@@ -182,14 +182,22 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
         base: str = node
         p: int | None = None
         readers: list[int] = []
+        converted: int | None = None
         for _ in range(4):  # "<tensor>_mm_tp_rs": a chain of conversions
             base = re.sub(r"[-_][A-Za-z0-9]+$", "", base)
+            if base in by_name and by_name[base] in mg.ops.nodes:
+                # the op itself, turned into another by the toolkit: "Slice:<op>_2sl" for a Gather of one index
+                converted = by_name[base]
+                break
             if base in mg.outputs:
                 p = mg.producer.get(base)
                 break
             if base in mg.inputs:
                 readers = [c for c in mg.consumers.get(base, []) if c in mg.ops.nodes and mg.op(c).name]
                 break
+        if converted is not None:
+            out.append(CpuLayer(stage_id, full, mg.op(converted).name, pattern_of(mg, converted)))
+            continue
         if p is not None and p in mg.ops.nodes and mg.op(p).name:
             out.append(CpuLayer(stage_id, full, mg.op(p).name, None, boundary=True))
             continue

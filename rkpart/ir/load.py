@@ -161,7 +161,7 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
     _check_schema(model, path)
     types = _infer_types(model, path, input_shapes, data_shapes)
     _check_types(index, types, path)
-    if _static_shapes_as_constants(model, types):
+    if _static_shapes_as_constants(model, types) | _squeezes_as_torch_meant(model, types):
         _prune_dead(model)
         index = _index(model, path)  # same order: nodes were only replaced or dropped
     return _graph(model, path, index, types, opset)
@@ -983,6 +983,52 @@ def _static_shapes_as_constants(model: onnx.ModelProto, types: Mapping[str, Tens
                 and all(isinstance(d, int) for d in types[n.input[0]][1]):
             n.CopyFrom(shape_as_constant(n, dict(types)))
             changed = True
+    return changed
+
+
+def _squeezes_as_torch_meant(model: onnx.ModelProto, types: Mapping[str, TensorType]) -> bool:
+    """Drop the axes of a ``Squeeze`` whose dims are not 1 (in place): ``x.squeeze(d)`` of such a dim
+    is a no-op in torch, and the dynamo exporter writes it as a Squeeze all the same.
+
+    ONNX calls that graph invalid: ONNX Runtime refuses the whole model or any stage holding it
+    ("Dimension of input 2 must be 1 instead of 32": LTX-2's audio attention, PixArt's
+    ``adaln_single``, Allegro), while shape inference (non-strict) types the output as the input,
+    which is what torch computed and what rkpart's graph already says.  The node becomes an
+    ``Identity`` (no axis left) or squeezes the axes that are 1.
+    """
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    changed = False
+    for n in g.node:
+        if n.op_type != "Squeeze" or n.domain not in DEFAULT_DOMAINS or not n.input or n.input[0] not in types:
+            continue
+        shape = types[n.input[0]][1]
+        attr = next((a for a in n.attribute if a.name == "axes"), None)
+        if attr is not None:
+            axes = list(attr.ints)
+        elif len(n.input) > 1 and n.input[1] in inits:
+            axes = [int(a) for a in numpy_helper.to_array(inits[n.input[1]]).reshape(-1)]
+        else:
+            continue  # no axes: every dim of 1 (always valid), or axes computed at run time
+        rank = len(shape)
+        if not all(-rank <= a < rank for a in axes):
+            continue
+        keep = [a for a in axes if shape[a % rank] == 1]
+        if len(keep) == len(axes):
+            continue
+        changed = True
+        if not keep:
+            ident = helper.make_node("Identity", [n.input[0]], list(n.output), name=n.name)
+            n.CopyFrom(ident)
+        elif attr is not None:
+            del attr.ints[:]
+            attr.ints.extend(keep)
+        else:
+            name = f"{n.input[1]}__squeezable"
+            if name not in inits:
+                inits[name] = numpy_helper.from_array(np.array(keep, dtype=np.int64), name)
+                g.initializer.append(inits[name])
+            n.input[1] = name
     return changed
 
 

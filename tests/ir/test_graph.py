@@ -200,3 +200,32 @@ def test_an_if_whose_condition_folds_is_its_branch(tmp_path: Path, dim: int, exp
     assert ref.shape == expect
     plan = partition(path, tmp_path / "plan", "generic", input_shapes={"x": (2, dim, 4)})
     assert np.array_equal(run_plan(plan, tmp_path / "plan", {"x": x})["y"], ref)
+
+
+def test_a_squeeze_of_a_dim_that_is_not_1_loads_as_torch_meant_it(tmp_path: Path) -> None:
+    """``x.squeeze(1)`` of a dim of 16 is a no-op in torch; the dynamo exporter still writes a Squeeze,
+    which ONNX Runtime refuses (PixArt's adaln_single, LTX-2).  Loading drops the axes that are not 1
+    (an Identity when none is left), so the plan runs and computes what torch does."""
+    nodes = [helper.make_node("Squeeze", ["x", "ax"], ["s"], name="no_op_squeeze"),  # [1, 16, 4]: axis 1 is 16
+             helper.make_node("Squeeze", ["s", "ax0"], ["t"], name="half_squeeze"),  # axes 0 (is 1) and 1 (16)
+             helper.make_node("Relu", ["t"], ["y"], name="relu")]
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "ax"),
+             numpy_helper.from_array(np.array([0, 1], np.int64), "ax0")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [16, 4])], inits,
+                          # the exporter types the outputs as torch computed them
+                          value_info=[helper.make_tensor_value_info("s", TensorProto.FLOAT, [1, 16, 4]),
+                                      helper.make_tensor_value_info("t", TensorProto.FLOAT, [16, 4])])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    mg = load_model(path)
+    ops = {mg.op(i).name: mg.op(i) for i in range(mg.num_ops)}
+    assert ops["no_op_squeeze"].op_type == "Identity" and mg.shape("s") == (1, 16, 4)
+    assert ops["half_squeeze"].op_type == "Squeeze" and mg.shape("t") == (16, 4)
+    assert numpy_helper.to_array(mg.constant(ops["half_squeeze"].inputs[1])).tolist() == [0]
+    from rkpart.pipeline import partition
+    from rkpart.runtime.executor import run_plan
+
+    x = np.random.default_rng(0).standard_normal((1, 16, 4)).astype(np.float32)
+    plan = partition(path, tmp_path / "plan", "generic")
+    assert np.array_equal(run_plan(plan, tmp_path / "plan", {"x": x})["y"], np.maximum(x[0], 0))

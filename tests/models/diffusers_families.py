@@ -3290,6 +3290,25 @@ def example_inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
     return {k: v.numpy() for k, v in inputs.items()}
 
 
+def torch_outputs(name: str, feeds: dict[str, np.ndarray], seed: int = 0) -> np.ndarray:
+    """What the torch model family ``name`` (as :func:`export_family` exports it: same seed, same
+    prepare, and TorchScript's RMSNorm decomposition left out) computes on ``feeds``: the reference for
+    exports ONNX Runtime refuses as a whole."""
+    import torch
+
+    fam = ALL[name]
+    torch.manual_seed(seed)
+    model, inputs = fam.build()
+    model = model.eval()
+    fixed = fam.fixed()
+    if fam.prepare is not None:
+        fam.prepare(model, inputs, fixed)
+    wrapped = _Wrapper.make(model, list(inputs), fixed)
+    with torch.no_grad():
+        out = wrapped(*(torch.from_numpy(np.asarray(feeds[k])) for k in inputs))
+    return np.asarray(out.float().numpy())
+
+
 def _opset(opset: int | None, default: int) -> int | None:
     """``opset``, ``default`` when it is None, None (the exporter's default) when it is 0."""
     if opset == 0:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -275,15 +276,21 @@ SPECIALISE = {
     ("hunyuanvideo_framepack", "dynamo"): "the text cut to the mask's length (batch 1: a Slice to mask.sum())",
     ("hunyuanvideo15", "torchscript"): "the masked packing of image / ByT5 / MLLM tokens (NonZero of the masks)",
 }
+#: exports ONNX Runtime refuses as a whole, for a Squeeze of a dim that is not 1 (torch's ``squeeze(d)`` of
+#: such a dim is a no-op, the dynamo exporter writes a Squeeze all the same): rkpart loads the Squeeze as
+#: torch meant it, so the plans run; they are checked against torch's own output (``torch_outputs``)
+TORCH_REFERENCE = {
+    ("pixart", "dynamo"): "a Squeeze of a dim of 16 (adaln_single)",
+    ("pixart_sigma", "dynamo"): "a Squeeze of a dim of 16 (adaln_single)",
+    ("allegro", "dynamo"): "a Squeeze of a dim of 16 (PixArt's adaln_single, as above)",
+    ("ltx2", "dynamo"): "a Squeeze of a dim of 32 (the a2v / v2a modulation's squeeze(2))",
+}
 #: exports ONNX Runtime refuses as a whole (an exporter bug): plans are made, not run
 ORT_REFUSES = {
-    ("pixart", "dynamo"): "a Squeeze of a dim of 16 (shape inference fails on the whole model)",
-    ("pixart_sigma", "dynamo"): "a Squeeze of a dim of 16 (shape inference fails on the whole model)",
-    ("allegro", "dynamo"): "a Squeeze of a dim of 16 (PixArt's adaln_single, as above)",
+    **TORCH_REFERENCE,
     ("hunyuanvideo", "dynamo"): "a Where over booleans (the token refiner's masked_fill): no ORT kernel",
     ("hidream_image", "torchscript"): "the RoPE's Einsum of float32 positions by float64 frequencies (no Cast): "
                                       "type error on load",
-    ("ltx2", "dynamo"): "a Squeeze of a dim of 32 (the a2v / v2a modulation's squeeze(2), a no-op in torch)",
     # (behind DISCOVERY_WRONG today) diffusers casts the fp32 softmax attention's q/k/v to bfloat16 for SDPA
     ("sana_wm", "torchscript"): "a bfloat16 Sqrt (SDPA's scale on the bf16 q/k/v): no ORT CPU kernel",
     ("sana_wm", "dynamo"): "a Squeeze of a dim of 6 (the text mask's squeeze(1).squeeze(1), a no-op in torch)",
@@ -336,6 +343,17 @@ def _regions(d: Discovery) -> list[tuple[str, ...]]:
     return [tuple(f"{r.name.rstrip('0123456789') or r.name}:{r.kind}" for r in b.regions) for b in d.blocks]
 
 
+def _matches_torch(plan: Any, folder: Path, family: str) -> None:
+    """The plan, run stage by stage under ONNX Runtime, computes what the torch model does."""
+    from rkpart.runtime.executor import run_plan
+    from rkpart.validation.metrics import compare
+    from tests.models.diffusers_families import example_inputs, torch_outputs
+
+    feeds = example_inputs(family)
+    m = compare(run_plan(plan, folder, feeds)["sample"], torch_outputs(family, feeds))
+    assert m.nan == 0 and m.cosine >= 0.99999 and m.max_abs <= 1e-4 * m.ref_max_abs, m
+
+
 @pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
 def test_family(case: tuple[str, str, bool], anon_dir: Path, tmp_path: Path) -> None:
     from tests.models.diffusers_families import block_count
@@ -378,6 +396,8 @@ def test_family(case: tuple[str, str, bool], anon_dir: Path, tmp_path: Path) -> 
         out = tmp_path / strategy
         plan = (partition_and_check(model, out, strategy, feeds=feeds, **opts) if run
                 else partition(model, out, strategy, **opts))
+        if (family, exporter) in TORCH_REFERENCE:
+            _matches_torch(plan, out, family)
         cov = plan.extra["npu_coverage"]
         assert cov["block_macs"] > 0
         if (family, exporter, strategy) in COVERAGE_SHORT:
