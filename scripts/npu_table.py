@@ -7,7 +7,7 @@ count built stages and CPU layers from the placement report.  Exports are cached
 cache them (:func:`tests.models.diffusers_families.cached_export`).  Builds run one at a time.
 
 Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--newer] [--latest] [--toolkit V ...]
-[--strategy S ...] [--exporter E ...] [--rewrites-only] [--repartition]``
+[--strategy S ...] [--exporter E ...] [--rewrites-only] [--repartition] [--timeout S]``
 
 ``--family`` takes any name of ``ALL`` there (default: the 12 ``FAMILIES``); ``--newer`` runs the
 ``NEWER`` ones instead (after any ``--family`` given), ``--latest`` the ``LATEST`` ones;
@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--latest", action="store_true", help="the LATEST families too (after any --family, --newer)")
     ap.add_argument("--rewrites-only", action="store_true", help="skip the --no-rewrites build")
     ap.add_argument("--repartition", action="store_true", help="the build with rewrites as compile --repartition")
+    ap.add_argument("--timeout", type=float, default=None, help="seconds per build (default: compile's)")
     ap.add_argument("--exporter", action="append", choices=["torchscript", "dynamo"])
     ap.add_argument("--toolkit", action="append")
     ap.add_argument("--strategy", action="append")
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
                                 cells += ["not run", "not run"]
                                 continue
                             t0 = time.monotonic()
-                            copts = CompileOptions(tk, "rk3588", {}, jobs=1, rewrites=rw)
+                            copts = CompileOptions(tk, "rk3588", {}, jobs=1, rewrites=rw, timeout=a.timeout)
                             rounds: list = []
                             try:
                                 if rw and a.repartition:

@@ -183,7 +183,7 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
         p: int | None = None
         readers: list[int] = []
         converted: int | None = None
-        for _ in range(4):  # "<tensor>_mm_tp_rs": a chain of conversions
+        for _ in range(8):  # "<tensor>_tp_rs_mm_rs_rs": a chain of conversions
             base = re.sub(r"[-_][A-Za-z0-9]+$", "", base)
             if base in by_name and by_name[base] in mg.ops.nodes:
                 # the op itself, turned into another by the toolkit: "Slice:<op>_2sl" for a Gather of one index
@@ -194,6 +194,12 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
                 break
             if base in mg.inputs:
                 readers = [c for c in mg.consumers.get(base, []) if c in mg.ops.nodes and mg.op(c).name]
+                break
+            users = [c for c in mg.consumers.get(base, []) if c in mg.ops.nodes]
+            if base in mg.producer and len(users) == 1 and mg.op(users[0]).name:
+                # an inner tensor converted for the one op that reads it: the toolkit decomposed that op
+                # (Sana-WM's camera Einsum became "Reshape:view_119_tp_rs" and a chain after a MatMul)
+                converted = users[0]
                 break
         if converted is not None:
             out.append(CpuLayer(stage_id, full, mg.op(converted).name, pattern_of(mg, converted)))

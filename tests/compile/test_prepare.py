@@ -323,3 +323,28 @@ def test_prepare_leaves_out_the_rewrites_compile_drops(tmp_path: Path) -> None:
                                   "dropped_rewrites": why, "file": "stages/s.onnx", "sha256": sha}
     assert prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588", drop=why) == p  # from its record
     assert prepare_stage(src, sha, tmp_path / "rknn", "2.5.0", "rk3588") == full  # the full copy is kept apart
+
+
+def test_a_stage_that_makes_nan_of_random_inputs_is_checked_on_inputs_it_can_take(tmp_path: Path) -> None:
+    """Sana-WM's camera attention normalises by a square root: on the first random draw the stage
+    computes NaN, and every lowered or rewritten copy failed the check ("the reference holds 1024
+    NaN/Inf values"), so the stage failed to build.  The check draws inputs the stage can take."""
+    from rkpart.compile.prepare import _check, _finite_reference, _run
+    from rkpart.errors import ToolkitError
+    from rkpart.validation.metrics import Gate
+
+    g = helper.make_graph([helper.make_node("Sqrt", ["x"], ["r"]), helper.make_node("Log", ["r"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 64])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    feeds, ref = _finite_reference(model, 0)
+    assert np.isfinite(ref[0]).all() and (feeds["x"] > 0).all()
+    # a stage whose outputs are NaN on any input: the same NaN in the same places passes, others do not
+    nan = np.full((2, 3), np.nan, np.float32)
+    nan[0, 0] = 1.0
+    _check([nan], [nan.copy()], Gate(), "differs")
+    moved = nan.copy()
+    moved[0, 0], moved[0, 1] = np.nan, 1.0
+    with pytest.raises(ToolkitError, match="NaN/Inf in other places"):
+        _check([nan], [moved], Gate(), "differs")
+    assert _run(model, feeds)[0].shape == (4, 64)
