@@ -44,7 +44,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import chain, pairwise
+from itertools import chain, pairwise, permutations
 
 import networkx as nx
 
@@ -639,6 +639,17 @@ def _chains(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> tuple[list[li
     for a, bs in succ.items():
         for b in bs:
             pred[b].add(a)
+    # a stream split into token ranges, one range updated, the ranges joined again (Helios: the
+    # cross-attention reads the current chunk only, the history tokens go around it): a -> {b, c},
+    # b -> c, nothing else reaching b or c.  The stream runs a -> b -> c, one chain, not three.
+    for a in sorted(adds):
+        if len(succ[a]) != 2:
+            continue
+        for b, c in permutations(sorted(succ[a])):
+            if succ[b] == {c} and pred[b] == {a} and pred[c] == {a, b}:
+                succ[a].discard(c)
+                pred[c].discard(a)
+                break
 
     def one_to_one(a: int) -> int | None:
         if len(succ[a]) == 1:

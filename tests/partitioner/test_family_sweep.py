@@ -235,11 +235,7 @@ DISCOVERY_WRONG: dict[tuple[str, str], str] = {
 }
 #: (family, exporter) -> why discovery on the anonymised copy (structure alone) gets the blocks wrong where the
 #: names get them right (known, checked to stay wrong: when one is fixed, the test says so and the entry goes)
-ANON_WRONG: dict[tuple[str, str], str] = {
-    **dict.fromkeys((("helios", e) for e in ("torchscript", "dynamo")),
-                    "5 blocks for 2: each block splits the stream into history and current tokens around its "
-                    "cross-attention (Split, Add, Concat), and structure cuts a block at each cross-attention and FFN"),
-}
+ANON_WRONG: dict[tuple[str, str], str] = {}
 #: (family, exporter) -> why discovery raises on the anonymised copy (no names to fall back on)
 DISCOVERY_FAILS: dict[tuple[str, str], str] = {
     ("rfd4", "torchscript"): "no chain of residual adds: the padding-mask Mul after each add breaks every link",
