@@ -225,3 +225,26 @@ def test_a_failure_no_cut_fixes_is_reduced_and_its_ops_go_to_the_host(tmp_path: 
     assert "fails the build the same way alone" in why["q_sum"] and "Can not reshape" in why["k_sum"]
     assert not (folder / "rknn" / ".tmp").exists()  # the reduction's scratch folder is gone
     _sim_gate(plan, folder, model, "2.5.0")
+
+
+def test_a_round_that_makes_the_plan_worse_is_undone(tmp_path: Path) -> None:
+    """T5FiLM (TorchScript, ``split``, 2.5.0): its encoder-decoder mask, ``[2, 16, 22]``, is converted
+    on the CPU at every stage boundary it crosses (a rank-3 tensor whose last dim is not a multiple
+    of 8).  Each round moves the op reading it to the host and the conversion follows the boundary:
+    more stages, no fewer CPU layers.  The best round's plan (the first) is written again at the
+    end, its stages taken from the build cache, and the layers that stay are reported."""
+    tk = get_toolkit("2.5.0")
+    model = cached_export("t5film", "torchscript")
+    folder = tmp_path / "plan"
+    cli = CliRunner()
+    assert cli.invoke(main, ["partition", str(model), "-s", "split", "-o", str(folder), "-q"]).exit_code == 0
+    first, _ = load_plan(folder)
+    r = cli.invoke(main, ["compile", str(folder), "--toolkit", str(tk.python), "--repartition", "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    rounds = rep["repartition"]["rounds"]
+    assert rounds[0]["cpu_layers_before"] == 2 and any(x["cpu_layers_after"] > 2 for x in rounds[:-1])
+    assert rounds[-1]["kept_best"] and rounds[-1]["stages_built"] == 0 and rounds[-1]["cpu_layers_after"] == 2
+    plan, _ = load_plan(folder)
+    assert [s.id for s in plan.stages] == [s.id for s in first.stages]
+    assert len(rep["repartition"]["unmovable_cpu_layers"]) == 2
