@@ -179,7 +179,7 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
             continue
         # a conversion the toolkit inserted for a tensor: "<tensor>-rs"; the stage output's producer,
         # or the ops reading a stage input
-        base: str = node
+        base: str = re.sub(r"#\d+$", "", node)  # "Reshape:select_1_rs#1": the toolkit's second such layer
         p: int | None = None
         readers: list[int] = []
         converted: int | None = None
@@ -195,11 +195,16 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
             if base in mg.inputs:
                 readers = [c for c in mg.consumers.get(base, []) if c in mg.ops.nodes and mg.op(c).name]
                 break
-            users = [c for c in mg.consumers.get(base, []) if c in mg.ops.nodes]
+            users = sorted({c for c in mg.consumers.get(base, []) if c in mg.ops.nodes})
             if base in mg.producer and len(users) == 1 and mg.op(users[0]).name:
                 # an inner tensor converted for the one op that reads it: the toolkit decomposed that op
                 # (Sana-WM's camera Einsum became "Reshape:view_119_tp_rs" and a chain after a MatMul)
                 converted = users[0]
+                break
+            if base in mg.producer and len(users) > 1:
+                # an inner tensor converted for all its readers (AnyFlow-FAR's rank-5 KV-cache slice on
+                # 2.3.0): its producer moves, the tensor becomes a stage input (then its readers follow)
+                p = mg.producer[base]
                 break
         if converted is not None:
             out.append(CpuLayer(stage_id, full, mg.op(converted).name, pattern_of(mg, converted)))

@@ -131,12 +131,13 @@ def test_repartition_refuses_no_cache_and_stage(tmp_path: Path) -> None:
 def test_a_conversion_of_a_stage_output_traces_to_its_producer_and_is_not_learned(tmp_path: Path) -> None:
     s = _stage(tmp_path / "001_b00.ffn.onnx", "001_b00.ffn.onnx.data")
     got = trace_cpu_layers("b00.ffn", s, ["Reshape:y_mm_tp_rs", "Reshape:h-rs"])
-    # y is the stage output (ScatterND makes it); h is internal: a conversion of it is not a boundary
-    assert [(x.op, x.boundary, x.pattern) for x in got] == [("scatter", True, None), (None, False, None)]
+    # y is the stage output (ScatterND makes it): a boundary, not learned; h is internal, read by the
+    # ScatterND alone: the toolkit decomposed that op, whose pattern is learned
+    assert [(x.op, x.boundary, x.pattern is None) for x in got] == [("scatter", True, True), ("scatter", False, False)]
     from rkpart.compile.learned import forced_host
 
     assert "converted its output on the CPU" in forced_host(got)["scatter"]
-    assert learn("rk3588", "2.5.0", got) == []
+    assert learn("rk3588", "2.5.0", got[:1]) == []
 
 
 def test_capability_takes_the_toolkit_as_compile_options_do(tmp_path: Path) -> None:
@@ -150,3 +151,22 @@ def test_capability_takes_the_toolkit_as_compile_options_do(tmp_path: Path) -> N
     tk = Toolkit("2.5.0", tmp_path / "python", managed=False)
     by_object, by_version = target_capability("rk3588", tk), target_capability("rk3588", "2.5.0")
     assert by_object == by_version and by_object.toolkit == "2.5.0" and P2 in by_object.learned
+
+
+def test_conversions_of_inner_tensors_trace_to_their_reader_or_producer(tmp_path: Path) -> None:
+    """A conversion of an inner tensor with one reader is that reader, decomposed by the toolkit
+    (Sana-WM's camera Einsum); with several readers, the producer moves and the tensor becomes a stage
+    input (AnyFlow-FAR's rank-5 KV-cache slice on 2.3.0: ``Reshape:select_rs`` and ``Reshape:select_rs#1``,
+    the toolkit's second layer of that name)."""
+    w = numpy_helper.from_array(np.eye(8, dtype=np.float32), "W")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+                           helper.make_node("Relu", ["h"], ["a"], name="relu"),
+                           helper.make_node("Sigmoid", ["h"], ["b"], name="sig"),
+                           helper.make_node("Add", ["a", "b"], ["y"], name="add")], "s",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], initializer=[w])
+    path = tmp_path / "001_b00.attn.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    got = trace_cpu_layers("b00.attn", path, ["Reshape:h_rs#1", "Reshape:a_tp_rs"])
+    assert [(x.op, x.boundary, x.pattern is not None) for x in got] == [("mm", True, False), ("add", False, True)]
+    assert got[1].pattern.op_type == "Add"
