@@ -50,6 +50,7 @@ from rkpart.io import confined_file
 from rkpart.ir.consts import evaluate, opsets_of
 from rkpart.ir.graph import ModelGraph, OpNode, shape_as_constant
 from rkpart.ir.ops import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, GENERATIVE_OPS, RANDOM_OPS, SUPPORTED_DOMAINS
+from rkpart.ir.shape_deps import shape_varying
 from rkpart.ir.tensors import (
     MAX_ELEMENTS,
     SUB_BYTE_BITS,
@@ -159,7 +160,13 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
     # after our own checks (clearer messages) and the topological re-sort (the checker
     # insists on sorted nodes; rkpart accepts any order)
     _check_schema(model, path)
-    types = _infer_types(model, path, input_shapes, data_shapes)
+    try:
+        types = _infer_types(model, path, input_shapes, data_shapes)
+    except _ShapesFollowInputs as e:
+        # every shape follows from the static input shapes, inference just cannot follow it:
+        # one run on inputs of those shapes shows them (any inputs: the values decide none)
+        seen = _observe_types(model, path, e.tensors, e.first)
+        types = _infer_types(model, path, input_shapes, {**seen, **(data_shapes or {})})
     _check_types(index, types, path)
     if _static_shapes_as_constants(model, types) | _squeezes_as_torch_meant(model, types):
         _prune_dead(model)
@@ -637,6 +644,68 @@ def data_dependent_sources(nodes: list[onnx.NodeProto], unresolved: set[str],
     return out
 
 
+class _ShapesFollowInputs(Exception):
+    """Shape inference left ``tensors`` unresolved, but their shapes follow from the static input
+    shapes (:func:`rkpart.ir.shape_deps.shape_varying`); ``first`` is the first as reported."""
+
+    def __init__(self, tensors: tuple[str, ...], first: str) -> None:
+        super().__init__(first)
+        self.tensors = tensors
+        self.first = first
+
+
+def _observe_types(model: onnx.ModelProto, path: Path, tensors: tuple[str, ...], first: str) -> dict[str, TensorType]:
+    """The dtype and shape of each of ``tensors`` in one ONNX Runtime run of ``model`` on zeros.
+
+    Only each tensor's ``Shape`` is fetched (and the tensor itself where inference did not even
+    give its element type), so the run holds no more memory than a plain inference.  A model
+    ONNX Runtime cannot run is refused with the unresolved shape as shape inference left it.
+    """
+    import onnxruntime as ort  # the IR layer runs a model only here (rkpart.runtime sits above it)
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    g = m.graph
+    inferred = onnx.shape_inference.infer_shapes(_light_copy(m), strict_mode=False)
+    elem = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.output]
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
+    del g.output[:]
+    fetch: list[tuple[str, str, str]] = []  # (tensor, fetched name, "shape" | "value")
+    for k, t in enumerate(tensors):
+        name = f"rkpart_observe_shape_{k}"
+        g.node.append(helper.make_node("Shape", [t], [name], name=name))
+        fetch.append((t, name, "shape"))
+        if t not in elem:
+            fetch.append((t, t, "value"))
+    g.output.extend(onnx.ValueInfoProto(name=f) for _, f, _ in fetch)
+    inits = {i.name for i in g.initializer}
+    feeds = {}
+    for vi in g.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        feeds[vi.name] = np.zeros([d.dim_value for d in tt.shape.dim], helper.tensor_dtype_to_np_dtype(tt.elem_type))
+    try:
+        so = ort.SessionOptions()
+        so.log_severity_level = 3
+        so.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
+        sess = ort.InferenceSession(m.SerializeToString(), sess_options=so, providers=["CPUExecutionProvider"])
+        got = dict(zip([f for _, f, _ in fetch], sess.run([f for _, f, _ in fetch], feeds), strict=True))
+    except Exception as e:  # noqa: BLE001 - any ORT failure: the model stays unresolved, as inference left it
+        raise InvalidModelError(
+            f"{path}: unresolved dynamic shape of {first} (shape inference gives up; every shape follows from "
+            f"the input shapes, but ONNX Runtime cannot run the model to show them: {first_line(e)})"
+        ) from None
+    out: dict[str, TensorType] = {}
+    for t, f, kind in fetch:
+        if kind == "shape":
+            dtype = np_dtype_name(elem[t]) if t in elem else None
+            out[t] = (dtype or "", tuple(int(d) for d in np.asarray(got[f]).reshape(-1)))
+        else:
+            out[t] = (np.asarray(got[f]).dtype.name, out[t][1])
+    return out
+
+
 def _set_types(model: onnx.ModelProto, data_shapes: Mapping[str, TensorType]) -> None:
     """Record ``data_shapes`` as the value_info of those tensors (replacing what was there)."""
     g = model.graph
@@ -715,6 +784,20 @@ def _infer_types(
         other = {vi.name for vi in [*g.input, *g.value_info, *g.output] if not vi.type.HasField("tensor_type")
                  and vi.type.WhichOneof("value") is not None}
         sources = data_dependent_sources(list(model.graph.node), names, set(types) | other)
+        if static_inputs:
+            # tensors inference typed without a static shape, and those it could not type at all
+            pending = names | {t for n in model.graph.node for t in n.output
+                               if t and t not in types and t not in other}
+            _, varying = shape_varying(model.graph.node, _real_inputs(model))
+            if not pending & varying:
+                raise _ShapesFollowInputs(tuple(sorted(pending)), unresolved[0])
+            # the ops by which the data decides a shape, not one inference merely gave up on
+            # (an ONNX Runtime contrib op types nothing after it, but decides nothing)
+            origins = [(n.op_type, n.name, hit[0]) for n in model.graph.node
+                       if (hit := [o for o in n.output if o in varying and o in pending])
+                       and not _reads(n) & varying]
+            sources = origins + [s for s in sources if s[2] in varying and s not in origins]
+            names = pending
         if static_inputs and sources:
             op, node, tensor = sources[0]
             raise DataDependentShapeError(

@@ -248,22 +248,20 @@ EXPORT_FAILS: dict[tuple[str, str], str] = {
     ("hunyuanvideo15", "dynamo"): "torch.export: GuardOnDataDependentSymNode, Eq(u0, 1), on the t2v test "
                                   "`if torch.all(image_embeds == 0)` (the masked token packing follows)",
 }
-#: exports rkpart cannot load: their shapes stay dynamic after shape inference (exit 3, ``--shape`` does not
-#: help), or shape inference rejects them
+#: exports rkpart cannot load: invalid ONNX that ONNX Runtime refuses too, at session creation (so a
+#: run cannot show the shapes inference gives up on, as it does for a model whose shapes inference
+#: cannot follow: rkpart.ir.shape_deps); measured with onnxruntime.InferenceSession on the raw export
 LOAD_FAILS = {
-    ("ltx", "torchscript"): "the timestep embedding's Cast has no inferred rank",
-    ("hunyuanvideo_framepack", "torchscript"): "invalid export: a Slice (the text cut to the mask's length) with "
-                                               "int64 starts and int32 ends (sum(dtype=torch.int)): shape inference "
-                                               "fails",
-    ("kandinsky6_sr", "torchscript"): "the attention's unflatten(-1, (heads, -1)): a Reshape to Concat(Slice(Shape), "
-                                      "...) whose slice bounds are Mod / Add of Constants; shape inference "
-                                      "(data_prop) does not fold them, so the Cast after it is unranked",
-    ("anyflow_far", "torchscript"): "the condition embedder's Slices of Shape (unflatten(0, (batch, frames)) of "
-                                    "the timestep embeddings, one over 0 compressed frames) get bounds from Reshapes "
-                                    "of computed values: unresolved, every block's input unranked",
-    # reported as a value-dependent shape (exit 3) although every shape follows from the static input shapes
-    ("ltx2", "torchscript"): "shape inference leaves the timestep projection's Concat of Sin and Cos (1, 128) "
-                             "untyped, and then a Reshape in block 1 looks value-dependent",
+    ("ltx", "torchscript"): "the timestep embedding's cat(dim=-1) written as Concat(axis=2) of rank-2 tensors: "
+                            "ORT 'axis must be in [-rank, rank-1]'",
+    ("ltx2", "torchscript"): "as LTX: the timestep projection's Concat(axis=2) of rank-2 Sin and Cos",
+    ("hunyuanvideo_framepack", "torchscript"): "a Slice (the text cut to the mask's length) with int64 starts and "
+                                               "int32 ends (sum(dtype=torch.int)): shape inference fails",
+    ("kandinsky6_sr", "torchscript"): "the attention's unflatten(-1, (heads, -1)): ORT 'Reshape_5 ... Dimension "
+                                      "could not be inferred: incompatible shapes'",
+    ("anyflow_far", "torchscript"): "the condition embedder's unflatten(0, (batch, frames)) of the timestep "
+                                    "embeddings, one over 0 compressed frames: ORT 'blocks.0/Mul_6 ... "
+                                    "Incompatible dimensions'",
 }
 LOAD_ERRORS = r"unresolved dynamic shape|shape inference failed|depends on values"
 #: exports whose shapes depend on values (rkpart exit 3 without ``--inputs``): loaded, discovered and partitioned
