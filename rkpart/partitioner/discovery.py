@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain, pairwise, permutations
 
@@ -222,6 +223,7 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
     # a lone residual-looking add is noise unless it is part of a stream system (a Flux
     # single block is one add between a concat and a slice)
     chains = [c for c in all_chains if len(c) >= 2 or (any(a in linked for a in c) and len(all_chains) > 1)]
+    chains = _without_long_skips(mg, reach, adds, chains)
     if any(_attends(mg, reach, c, adds) for c in chains):
         # a residual MLP stack that is no part of the streams (Chroma's distilled guidance
         # approximator) computes conditioning, not tokens: prologue, not blocks
@@ -254,6 +256,34 @@ def _streams(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> _Streams:
         stream_producers={mg.producer[t] for t in stream_tensors if t in mg.producer},
         txt=_text_streams(mg, reach, chains, skip_of), phases=_phases(chains, reach), entry_of=entry_of,
     )
+
+
+def _without_long_skips(mg: ModelGraph, reach: Reach, adds: dict[int, str],
+                        chains: list[list[int]]) -> list[list[int]]:
+    """``chains`` without those made only of long skips: adds ``x + g(x)`` whose ``g`` holds a whole
+    other chain that starts from ``x``.
+
+    A model nested in a model (DualTransformer2D: each ``Transformer2DModel`` is
+    ``proj_out(blocks(proj_in(norm(x)))) + x``, and the two outputs mixed are added to ``x``
+    again) chains its outer adds into a "stream" of their own, whose units would be the
+    models' input and output projections.  They are glue around the blocks, not blocks.
+    """
+    def encloses(a: int, c: list[int]) -> bool:
+        skip = _noop_root(mg, adds[a])
+        po = mg.producer.get(_other_operand_tensor(mg, a, adds[a]))
+        return po is not None and all(b == po or reach.is_ancestor(b, po) for b in c) and \
+            _tensor_feeds(mg, reach, skip, c[0], a)
+
+    def long_skip(a: int, own: list[int]) -> bool:
+        return any(c is not own and encloses(a, c) for c in chains)
+
+    kept = [c for c in chains if not all(long_skip(a, c) for a in c)]
+    return kept or chains
+
+
+def _other_operand_tensor(mg: ModelGraph, add: int, skip: str) -> str:
+    n = mg.op(add)
+    return n.inputs[1] if n.inputs[0] == skip else n.inputs[0]
 
 
 def _adopt_skip_projections(mg: ModelGraph, blocks: list[Block], glue: set[int]) -> tuple[list[Block], set[int]]:
@@ -301,8 +331,7 @@ def _adopt_skip_projections(mg: ModelGraph, blocks: list[Block], glue: set[int])
 
 def _other_operand(mg: ModelGraph, add: int, skip: str) -> int:
     """The producer of ``add``'s non-skip operand."""
-    n = mg.op(add)
-    return mg.producer[n.inputs[1] if n.inputs[0] == skip else n.inputs[0]]
+    return mg.producer[_other_operand_tensor(mg, add, skip)]
 
 
 def _attends(mg: ModelGraph, reach: Reach, chain: list[int], adds: dict[int, str]) -> bool:
@@ -597,7 +626,9 @@ def _links(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> dict[int, set[
         by_skip.setdefault(s, a)
     succ: dict[int, set[int]] = {a: set() for a in adds}
     # post-norm residuals (AuraFlow): ``x + ffn(norm(x + attn(x)))`` -- both adds skip from
-    # ``x``; the first add's output feeds the second one's branch: the stream goes on from it
+    # ``x``; the first add's output feeds the second one's branch: the stream goes on from it.
+    # Not through other residual adds: a long skip over all the blocks (LongCat-Audio:
+    # ``blocks(x) + x``) shares block 0's skip, and its branch is every block
     same_skip: dict[str, list[int]] = {}
     for a in sorted(adds):
         same_skip.setdefault(adds[a], []).append(a)
@@ -606,7 +637,9 @@ def _links(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> dict[int, set[
             n = mg.op(b)
             other = n.inputs[1] if n.inputs[0] == adds[b] else n.inputs[0]
             po = mg.producer.get(other)
-            if po is not None and (po == a or reach.is_ancestor(a, po)):
+            if po is not None and (po == a or reach.is_ancestor(a, po)) and not any(
+                    c not in (a, b) and reach.is_ancestor(a, c) and (c == po or reach.is_ancestor(c, po))
+                    for c in adds):
                 succ[a].add(b)
     for a in adds:
         if succ[a]:
@@ -622,9 +655,23 @@ def _links(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> dict[int, set[
                 succ[a].add(by_skip[t])
                 continue  # the stream goes on from b; what follows is b's business
             for c in mg.consumers.get(t, []):
-                if c not in mg.const_ops and mg.op(c).op_type in LINK_OPS:
+                if c not in mg.const_ops and (mg.op(c).op_type in LINK_OPS or _injects(mg, reach, c, t, a, adds)):
                     frontier.extend(o for o in mg.op(c).outputs if o)
     return succ
+
+
+def _injects(mg: ModelGraph, reach: Reach, c: int, t: str, a: int, adds: dict[int, str]) -> bool:
+    """Whether ``c`` adds to or scales the stream tensor ``t`` by something the stream did not make
+    (Sana-WM's ``x + plucker_proj(plucker_emb)`` between the attention and the cross-attention, a
+    padding mask re-applied after an add): the stream goes on through it, same shape."""
+    n = mg.op(c)
+    if n.op_type not in ("Add", "Mul") or c in adds or len(n.inputs) != 2 or n.inputs[0] == n.inputs[1]:
+        return False
+    other = n.inputs[1] if n.inputs[0] == t else n.inputs[0]
+    if mg.shape(n.outputs[0]) != mg.shape(t):
+        return False
+    p = mg.producer.get(other)
+    return p is None or p in mg.const_ops or not (p == a or reach.is_ancestor(a, p))
 
 
 def _chains(mg: ModelGraph, reach: Reach, adds: dict[int, str]) -> tuple[list[list[int]], dict[int, set[int]]]:
@@ -679,12 +726,15 @@ def _branch(
     b = n.inputs[1] if n.inputs[0] == skip else n.inputs[0]
     pb = mg.producer[b]
     # ops in the branch: stream-dependent ancestors of b (and b's producer), stopping at stream
-    # tensors (their producers and everything above them belong to earlier branches)
+    # tensors (their producers and everything above them belong to earlier branches), and at what
+    # an earlier residual add of the chain computed: a unit that reads a tensor inside the unit
+    # before it (Motif-Video's text cross-attention queries the joint attention's output) does
+    # not take that unit in
     stop = 0
     for sp in stream_producers:
         if sp == add:
             continue
-        if reach.is_ancestor(sp, pb) or sp == pb:
+        if reach.is_ancestor(sp, add) or sp == pb:
             stop |= reach.anc[sp] | (1 << sp)
     ops_bits = (reach.anc[pb] | (1 << pb)) & dep & ~stop
     ops = unbits(ops_bits)
@@ -802,20 +852,32 @@ def _score_matmuls(mg: ModelGraph, core: frozenset[int]) -> list[int]:
     return [i for i in sorted(core) if mg.op(i).op_type in ("MatMul", "Einsum") and len(mg.dyn_inputs(i)) >= 2]
 
 
-def _attention_kind(mg: ModelGraph, core: frozenset[int], dep: int) -> str | None:
+def _attention_kind(mg: ModelGraph, core: frozenset[int], dep: int, reach: Reach | None = None) -> str | None:
     """``self_attention``, ``cross_attention`` or ``None``.
 
     Attention is a MatMul of two activations (Softmax is neither necessary -- linear
     attention -- nor sufficient -- a softmax gate); it is cross-attention when one operand
-    comes from outside the streams (the text context).
+    comes from outside the streams (the text context).  With ``reach``, only a *projected*
+    outside operand is a context: keys and values are a learned projection of the text, while a
+    transform applied to the queries and keys from a model input through no weights (Sana-WM's
+    per-token camera matrices, a rotation built from positions) is no second sequence.
     """
     for i in sorted(core):
         if mg.op(i).op_type in ATTENTION_OPS:
             return "self_attention"
+    weighted = 0
+    if reach is not None:
+        weighted = bits(j for j in range(len(mg.ops)) if mg.op(j).op_type in WEIGHTED_OPS
+                        and any(mg.is_const_tensor(t) for t in mg.op(j).inputs if t))
+
+    def context(p: int | None) -> bool:
+        if p is not None and dep >> p & 1:
+            return False
+        return reach is None or (p is not None and bool((reach.anc[p] | 1 << p) & weighted))
+
     found = None
     for i in _score_matmuls(mg, core):
-        srcs = [mg.producer.get(t) for t in mg.dyn_inputs(i)]
-        if any(s is None or not dep >> s & 1 for s in srcs):
+        if any(context(mg.producer.get(t)) for t in mg.dyn_inputs(i)):
             return "cross_attention"
         found = "self_attention"
     return found
@@ -901,7 +963,7 @@ def _name_regions(
         # a core reading another stream's tensor attends over both (SD3's last block, whose
         # text stream is context_pre_only, has no text residual but still joint attention)
         touched = set(streams)
-        att = _attention_kind(mg, core, dep)
+        att = _attention_kind(mg, core, dep, reach)
         for i in core:
             for t in mg.op(i).inputs:
                 if t in stream_tensors:
@@ -949,6 +1011,18 @@ def _scope_keys(scope: str) -> list[tuple[str, int, str]]:
             for m in _SCOPE_RE.finditer(scope)]
 
 
+def _module_chain(scope: str) -> list[tuple[str, int, str]]:
+    """:func:`_scope_keys` with each numbered module once: dynamo writes the path again at every
+    level (``model.transformer_blocks.0.model.transformer_blocks.0.ff.model...``)."""
+    out: list[tuple[str, int, str]] = []
+    seen: set[tuple[str, int]] = set()
+    for k in _scope_keys(scope):
+        if k[:2] not in seen:
+            seen.add(k[:2])
+            out.append(k)
+    return out
+
+
 def _group_blocks(
     mg: ModelGraph, regions: list[_RegionInfo], phases: list[int]
 ) -> tuple[list[list[int]], str, list[str]]:
@@ -960,30 +1034,29 @@ def _group_blocks(
 
 
 def _group_by_names(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[list[int]], list[str]] | None:
-    keys: list[tuple[str, int, str] | None] = []
+    # each region's numbered modules: the outermost one most of its ops are in, and the deeper
+    # ones all of those ops share (a FeedForward's net.0 and net.2 share none)
+    paths: list[list[tuple[str, int, str]]] = []
     for r in regions:
-        votes: Counter[tuple[str, int, str]] = Counter()
-        for b in r.branches:
-            for i in b.core | b.pre:
-                ks = _scope_keys(mg.op(i).scope)
-                if ks:
-                    votes[ks[0]] += 1
-        keys.append(votes.most_common(1)[0][0] if votes else None)
-    if any(k is None for k in keys):
-        return None
-    # consecutive regions with the same key form a block; keys must not come back later
+        chains = [ks for b in r.branches for i in sorted(b.core | b.pre) if (ks := _module_chain(mg.op(i).scope))]
+        if not chains:
+            return None
+        top = Counter(ks[0] for ks in chains).most_common(1)[0][0]
+        inside = [ks for ks in chains if ks[0] == top]
+        depth = min(len(ks) for ks in inside)
+        while depth > 1 and any(ks[:depth] != inside[0][:depth] for ks in inside):
+            depth -= 1
+        paths.append(inside[0][:depth])
+    # consecutive regions in the same outermost module form a block, split further where that module
+    # holds a list of blocks of its own (_nested_blocks); keys must not come back later
     groups: list[list[int]] = []
     group_keys: list[tuple[str, int, str]] = []
-    prev = None
-    for ri, k in enumerate(keys):
-        assert k is not None
-        if k != prev:
-            if k in group_keys:
+    for run in _runs(list(range(len(regions))), lambda r: paths[r][0]):
+        for sub, key in _nested_blocks(run, paths, 0):
+            if key in group_keys:
                 return None
-            groups.append([])
-            group_keys.append(k)
-            prev = k
-        groups[-1].append(ri)
+            groups.append(sub)
+            group_keys.append(key)
     if len(groups) < 2 and len(regions) > 2:
         return None
     # one label per block: lists of one name under other modules are told apart by their path
@@ -992,6 +1065,36 @@ def _group_by_names(mg: ModelGraph, regions: list[_RegionInfo]) -> tuple[list[li
         if path and labels.count(labels[gi]) > 1:
             labels[gi] = f"{path}.{name}.{n}"
     return groups, labels
+
+
+def _runs(items: list[int], key: Callable[[int], object]) -> list[list[int]]:
+    """``items`` cut into runs of consecutive equal ``key(item)``."""
+    out: list[list[int]] = []
+    for it in items:
+        if out and key(out[-1][-1]) == key(it):
+            out[-1].append(it)
+        else:
+            out.append([it])
+    return out
+
+
+def _nested_blocks(group: list[int], paths: list[list[tuple[str, int, str]]],
+                   level: int) -> list[tuple[list[int], tuple[str, int, str]]]:
+    """``group`` (regions sharing their module at ``level``) as blocks, with each block's module.
+
+    A module whose regions fall into runs of two or more per numbered module one level down is a
+    model nested in the model (DualTransformer2D: ``transformers.1.transformer_blocks.0``): those
+    are its blocks.  A list of single units inside a block (T5's ``layer.0`` self-attention,
+    ``layer.1`` cross-attention, ``layer.2`` FFN) is not.
+    """
+    key = paths[group[0]][level]
+    if any(len(paths[r]) <= level + 1 for r in group):
+        return [(group, key)]
+    runs = _runs(group, lambda r: paths[r][level + 1])
+    distinct = len({paths[run[0]][level + 1] for run in runs}) == len(runs)  # none comes back
+    if len(runs) < 2 or any(len(run) < 2 for run in runs) or not distinct:
+        return [(group, key)]
+    return [b for run in runs for b in _nested_blocks(run, paths, level + 1)]
 
 
 def _group_by_structure(regions: list[_RegionInfo]) -> list[list[int]]:
