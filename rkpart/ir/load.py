@@ -776,6 +776,15 @@ def _infer_types(
         types[vi.name] = (dt, tuple(int(d) for d in dims))
     for init in g.initializer:
         types[init.name] = (np_dtype_name(init.data_type), tuple(int(d) for d in init.dims))
+    # before anything runs the model to resolve the rest (_observe_types)
+    for name, (_, shape) in types.items():
+        n = 1
+        for d in shape:
+            if d < 0:
+                raise InvalidModelError(f"{path}: tensor {name!r} has a negative dimension {d} (shape {list(shape)})")
+            n *= d
+        if n > MAX_ELEMENTS:
+            raise InvalidModelError(f"{path}: tensor {name!r} has an absurd shape {list(shape)} ({n} elements)")
     if unresolved:
         names = {vi.name for vi in [*g.input, *g.value_info, *g.output]
                  if (t := _value_info_type(vi)) is not None and not all(isinstance(d, int) for d in t[1])}
@@ -809,14 +818,6 @@ def _infer_types(
             f"{path}: unresolved dynamic shape of {unresolved[0]}; give the model inputs static shapes "
             f"with --shape NAME=D0,D1,... (inputs: {', '.join(_real_inputs(model))})"
         )
-    for name, (_, shape) in types.items():
-        n = 1
-        for d in shape:
-            if d < 0:
-                raise InvalidModelError(f"{path}: tensor {name!r} has a negative dimension {d} (shape {list(shape)})")
-            n *= d
-        if n > MAX_ELEMENTS:
-            raise InvalidModelError(f"{path}: tensor {name!r} has an absurd shape {list(shape)} ({n} elements)")
     return types
 
 

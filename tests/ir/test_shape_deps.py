@@ -186,3 +186,20 @@ def test_an_if_varies_only_when_its_condition_or_a_branch_does(cond_from: str, v
            if cond_from == "x_shape" else _nodes(("ReduceMax", ["x"], ["m"]), ("Greater", ["m", "zero"], ["c"])))
     _, shapes = shape_varying([*pre, _if("c")], ["x"])
     assert ("r" in shapes) is varies
+
+
+def test_an_absurd_static_shape_is_refused_before_any_run(tmp_path: Path) -> None:
+    """Inference left the contrib op untyped, but a tensor it did type is absurd: refused as such,
+    before the run that would resolve the rest allocates it."""
+    model = onnx.load(_model(tmp_path / "m.onnx"))
+    g = model.graph
+    g.node.extend([
+        _const("huge/shape", [1 << 20, 1 << 20]),
+        helper.make_node("ConstantOfShape", ["huge/shape"], ["huge"], name="/huge"),
+        helper.make_node("ReduceSum", ["huge"], ["huge/sum"], keepdims=0, name="/huge/sum"),
+        helper.make_node("Add", ["y", "huge/sum"], ["y2"], name="/out2"),
+    ])
+    g.output[0].name = "y2"
+    onnx.save(model, tmp_path / "h.onnx")
+    with pytest.raises(InvalidModelError, match="absurd shape"):
+        load_model(tmp_path / "h.onnx")
