@@ -37,7 +37,14 @@ from rkpart.auto import AutoStrategy
 from rkpart.errors import UserError
 from rkpart.io import file_sha256
 from rkpart.ir import ModelGraph, load_model
-from rkpart.ir.load import rank4_view, with_rank4_inputs
+from rkpart.ir.load import (
+    NARROW_INPUT_RANK,
+    NPU_ALIGN,
+    RANK4_PREFIX,
+    rank4_view,
+    with_rank4_inputs,
+    with_rank4_views,
+)
 from rkpart.partitioner.capability import apply_capability as _apply_capability
 from rkpart.partitioner.capability import cut_before
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
@@ -201,6 +208,13 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
         model.graph, model._discovery = with_rank4_inputs(model.graph), None
         disc = model.discovery(config.progress) if strat.needs_blocks else None
         part = acyclic(model.graph, propose_with(strat, model.graph, disc, built=opts))
+    narrow = _narrow_npu_inputs(model.graph, part)
+    if narrow:
+        # an NPU stage would take a rank-3 tensor with an unaligned last dim from the host (the
+        # toolkit converts it on the CPU): hand it a rank-4 view, reshaped back inside the stage
+        model.graph, model._discovery = with_rank4_views(model.graph, narrow), None
+        disc = model.discovery(config.progress) if strat.needs_blocks else None
+        part = acyclic(model.graph, propose_with(strat, model.graph, disc, built=opts))
     for note in part.notes:
         if " cycle " in note:
             config.progress(note)
@@ -225,6 +239,22 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
     if notes:
         part = dataclasses.replace(part, notes=(*part.notes, *notes))
     return part
+
+
+def _narrow_npu_inputs(mg: ModelGraph, part: Partition) -> list[str]:
+    """Tensors of rank :data:`~rkpart.ir.load.NARROW_INPUT_RANK` whose last dim is not a multiple of
+    :data:`~rkpart.ir.load.NPU_ALIGN` that an NPU group of ``part`` reads from the host or as a
+    model input (:func:`rkpart.ir.load.with_rank4_views`)."""
+    npu = {i for g in part.groups if g.device == "npu" for i in g.ops}
+    out: list[str] = []
+    for i in sorted(npu):
+        for t in mg.op(i).inputs:
+            shape = mg.shape(t) if t else None
+            if not t or t in out or shape is None or len(shape) != NARROW_INPUT_RANK or shape[-1] % NPU_ALIGN == 0 \
+                    or mg.is_const_tensor(t) or mg.producer.get(t) in npu or t.startswith(RANK4_PREFIX):
+                continue
+            out.append(t)
+    return out
 
 
 def _reads_wide_inputs(mg: ModelGraph, part: Partition) -> bool:

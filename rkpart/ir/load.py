@@ -270,6 +270,73 @@ def with_rank4_inputs(mg: ModelGraph) -> ModelGraph:
     return _graph(mg.model, mg.path, _index(mg.model, mg.path), types, mg.opset, mg.specialised)
 
 
+#: a stage input of this rank whose last dim is not a multiple of :data:`NPU_ALIGN` is converted on
+#: the CPU by rknn-toolkit2 (:func:`with_rank4_views`)
+NARROW_INPUT_RANK = 3
+NPU_ALIGN = 8
+
+
+def with_rank4_views(mg: ModelGraph, tensors: list[str]) -> ModelGraph:
+    """``mg`` with each of ``tensors`` read through a rank-4 view and back, one way back per reader.
+
+    ``t`` becomes ``Reshape(t, [1, ..., *shape])`` (``rkpart/rank4/<t>``), and each op that read
+    ``t`` reads its own ``Reshape(view, shape)`` (``rkpart/rank4/<t>/back<k>``): the partition
+    computes the view on the host and gives each NPU stage that reads ``t`` the view, reshaped
+    back inside the stage (:meth:`rkpart.strategies.base.GroupBuilder.hand_over_rank4_views`).
+    Exact.  Measured: rknn-toolkit2 converts a rank-3 stage input whose last dim is not a
+    multiple of 8 on the CPU, in every stage that reads it (T5FiLM's cross-attention mask
+    ``[2, 16, 22]``: a ``Reshape`` CPU layer per cross-attention stage, 2.3.0 and 2.5.0, which
+    moving ops cannot remove: the conversion moves along); fed ``[1, 2, 16, 22]`` it is not.
+    Works in place on ``mg.model``.
+    """
+    g = mg.model.graph
+    types = dict(mg.tensor_types)
+    used = set(types) | set(mg.initializers) | {n.name for n in g.node}
+
+    def fresh(name: str) -> str:
+        out, k = name, 0
+        while out in used:
+            k += 1
+            out = f"{name}_{k}"
+        used.add(out)
+        return out
+
+    nodes = list(g.node)
+    producer = {t: k for k, n in enumerate(nodes) for t in n.output if t}
+    after: dict[int, list[onnx.NodeProto]] = {}
+    for t in tensors:
+        dtype, shape = types[t]
+        view = (1,) * (NPU_INPUT_RANK - len(shape)) + tuple(shape) if len(shape) < NPU_INPUT_RANK \
+            else rank4_view(tuple(shape))
+        if view is None:
+            continue
+        r4, s4, s0 = fresh(f"{RANK4_PREFIX}{t}"), fresh(f"{RANK4_PREFIX}{t}/shape4"), fresh(f"{RANK4_PREFIX}{t}/shape")
+        for name, dims in ((s4, view), (s0, shape)):
+            g.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), name))
+            types[name] = ("int64", (len(dims),))
+        types[r4] = (dtype, view)
+        new = [helper.make_node("Reshape", [t, s4], [r4], name=r4)]
+        k = 0
+        for n in nodes:
+            if t not in n.input:
+                continue
+            back = fresh(f"{RANK4_PREFIX}{t}/back{k}")
+            k += 1
+            new.append(helper.make_node("Reshape", [r4, s0], [back], name=back))
+            types[back] = (dtype, tuple(shape))
+            for j, x in enumerate(n.input):
+                if x == t:
+                    n.input[j] = back
+        after.setdefault(producer.get(t, -1), []).extend(new)
+    out = list(after.get(-1, []))
+    for k, n in enumerate(nodes):
+        out.append(n)
+        out.extend(after.get(k, []))
+    del g.node[:]
+    g.node.extend(out)
+    return _graph(mg.model, mg.path, _index(mg.model, mg.path), types, mg.opset, mg.specialised)
+
+
 @dataclass
 class _Index:
     """Who produces and who reads each tensor (step 4)."""

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
+from rkpart.ir.load import RANK4_PREFIX
 from rkpart.partitioner.discovery import Discovery, is_noop
 from rkpart.partitioner.partition import Group, Partition, acyclic, block_id, convex_hull
 from rkpart.types import Device
@@ -107,20 +108,22 @@ def check_strategy_options(strategy: Strategy, options: Mapping[str, Any], *,
         raise UserError(f"unknown option {key!r} for strategy {strategy.name}{hint} {takes}")
 
 
-def _rank4_views(mg: ModelGraph) -> list[tuple[int, int]]:
-    """(first, back) op pairs of :func:`~rkpart.ir.load.with_rank4_inputs`: ``Reshape`` of a model
-    input of rank > 4 to rank 4, read only by a ``Reshape`` back to the input's shape."""
+def _rank4_views(mg: ModelGraph) -> list[tuple[int, tuple[int, ...]]]:
+    """(first, backs) of :func:`~rkpart.ir.load.with_rank4_inputs` and
+    :func:`~rkpart.ir.load.with_rank4_views`: a ``Reshape`` of a tensor to rank 4 (named
+    ``rkpart/rank4/...``), read only by ``Reshape`` ops back to the tensor's shape."""
     out = []
-    for t in mg.inputs:
-        shape = mg.shape(t)
-        for first in mg.consumers.get(t, []):
-            op = mg.op(first)
-            if op.op_type != "Reshape" or not shape or len(shape) <= 4 or len(mg.shape(op.outputs[0]) or ()) > 4:
-                continue
-            backs = mg.consumers.get(op.outputs[0], [])
-            if len(backs) == 1 and mg.op(backs[0]).op_type == "Reshape" \
-                    and mg.shape(mg.op(backs[0]).outputs[0]) == shape and first in mg.ops and backs[0] in mg.ops:
-                out.append((first, backs[0]))
+    for first in sorted(mg.ops):
+        op = mg.op(first)
+        if op.op_type != "Reshape" or not op.name.startswith(RANK4_PREFIX) or not op.inputs:
+            continue
+        shape = mg.shape(op.inputs[0])
+        if not shape or len(mg.shape(op.outputs[0]) or ()) != 4:
+            continue
+        backs = mg.consumers.get(op.outputs[0], [])
+        if backs and all(mg.op(b).op_type == "Reshape" and mg.shape(mg.op(b).outputs[0]) == shape and b in mg.ops
+                         for b in backs):
+            out.append((first, tuple(backs)))
     return out
 
 
@@ -203,29 +206,42 @@ class GroupBuilder:
         self.hand_over_rank4_views(mg)
 
     def hand_over_rank4_views(self, mg: ModelGraph) -> None:
-        """A model input of rank > 4 read by one NPU group is handed to it as a rank-4 view.
+        """A tensor read through a rank-4 view is handed to the NPU groups that read it as the view.
 
-        Loading reads such an input through ``Reshape(Reshape(x, rank 4), x's shape)``
-        (:func:`rkpart.ir.load.with_rank4_inputs`): the first Reshape goes to the host
-        prologue and the one back joins the NPU group that reads it, so the stage's input has
-        rank 4 (rknn-toolkit2 2.3.0 puts a Reshape of a rank-5 stage input on the CPU; fed the
-        view, the same graph builds on the NPU).  Where the readers are in several groups, or
-        on the host, both Reshapes stay on the host.
+        Loading reads a model input of rank > 4 through ``Reshape(Reshape(x, rank 4), x's
+        shape)`` (:func:`rkpart.ir.load.with_rank4_inputs`), and the partition reads a rank-3
+        tensor with an unaligned last dim that NPU stages take from the host the same way, one
+        Reshape back per reader (:func:`rkpart.ir.load.with_rank4_views`).  Each Reshape back
+        joins the NPU group that reads it, and the first one is computed on the host (in the
+        prologue for a model input, else beside what produces the tensor), so the stage's input
+        has rank 4 (rknn-toolkit2 2.3.0 puts a Reshape of a rank-5 stage input on the CPU, and
+        converts a rank-3 one whose last dim is not a multiple of 8; fed the view, the same
+        graph builds on the NPU).  A Reshape back read on the host stays there.
         """
-        for first, back in _rank4_views(mg):
-            owners = {self._owner.get(j) for j in mg.ops.successors(back)}
-            gid = next(iter(owners)) if len(owners) == 1 else None
-            if gid is None or self._groups[gid]["device"] != "npu":
+        for first, backs in _rank4_views(mg):
+            handed = False
+            for back in backs:
+                owners = {self._owner.get(j) for j in mg.ops.successors(back)}
+                gid = next(iter(owners)) if len(owners) == 1 else None
+                if gid is None or self._groups[gid]["device"] != "npu":
+                    continue
+                g = self._groups[gid]
+                self._drop(back)
+                self.add(gid, {back}, device="npu", region=g["region"], kind=g["kinds"][0])
+                handed = True
+            if not handed:
                 continue
-            g = self._groups[gid]
-            for i in (first, back):
-                old = self._owner.pop(i, None)
-                if old is not None:
-                    self._groups[old]["ops"].discard(i)
-                    if not self._groups[old]["ops"]:
-                        del self._groups[old]
-            self.add(gid, {back}, device="npu", region=g["region"], kind=g["kinds"][0])
-            self.add("prologue", {first}, device="host", region="prologue", kind="prologue")
+            self._drop(first)
+            if mg.op(first).inputs[0] in mg.inputs:
+                self.add("prologue", {first}, device="host", region="prologue", kind="prologue")
+
+    def _drop(self, i: int) -> None:
+        """Take op ``i`` out of the group that holds it (the group goes when it is left empty)."""
+        old = self._owner.pop(i, None)
+        if old is not None:
+            self._groups[old]["ops"].discard(i)
+            if not self._groups[old]["ops"]:
+                del self._groups[old]
 
     def _close_npu_groups(self, mg: ModelGraph) -> None:
         for gid, g in list(self._groups.items()):

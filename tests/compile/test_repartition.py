@@ -227,12 +227,17 @@ def test_a_failure_no_cut_fixes_is_reduced_and_its_ops_go_to_the_host(tmp_path: 
     _sim_gate(plan, folder, model, "2.5.0")
 
 
-def test_a_round_that_makes_the_plan_worse_is_undone(tmp_path: Path) -> None:
-    """T5FiLM (TorchScript, ``split``, 2.5.0): its encoder-decoder mask, ``[2, 16, 22]``, is converted
-    on the CPU at every stage boundary it crosses (a rank-3 tensor whose last dim is not a multiple
-    of 8).  Each round moves the op reading it to the host and the conversion follows the boundary:
-    more stages, no fewer CPU layers.  The best round's plan (the first) is written again at the
-    end, its stages taken from the build cache, and the layers that stay are reported."""
+def test_a_round_that_makes_the_plan_worse_is_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """T5FiLM (TorchScript, ``split``, 2.5.0) as the partition made it before stage inputs got rank-4
+    views (fault injected: no view, ``_narrow_npu_inputs`` finds nothing): its encoder-decoder mask,
+    ``[2, 16, 22]``, is converted on the CPU at every stage boundary it crosses (a rank-3 tensor
+    whose last dim is not a multiple of 8).  Each round moves the op reading it to the host and
+    the conversion follows the boundary: more stages, no fewer CPU layers.  The best round's plan
+    (the first) is written again at the end, its stages taken from the build cache, and the
+    layers that stay are reported."""
+    import rkpart.pipeline
+
+    monkeypatch.setattr(rkpart.pipeline, "_narrow_npu_inputs", lambda mg, part: [])
     tk = get_toolkit("2.5.0")
     model = cached_export("t5film", "torchscript")
     folder = tmp_path / "plan"
@@ -248,3 +253,24 @@ def test_a_round_that_makes_the_plan_worse_is_undone(tmp_path: Path) -> None:
     plan, _ = load_plan(folder)
     assert [s.id for s in plan.stages] == [s.id for s in first.stages]
     assert len(rep["repartition"]["unmovable_cpu_layers"]) == 2
+
+
+def test_a_narrow_host_tensor_reaches_the_npu_as_a_rank4_view(tmp_path: Path) -> None:
+    """The same T5FiLM plan as partitioned now: the mask reaches each cross-attention stage as
+    ``[1, 2, 16, 22]`` and is reshaped back inside it; every stage builds on 2.5.0 with no CPU
+    layer from the first build on (no round), and the simulator gate passes."""
+    tk = get_toolkit("2.5.0")
+    model = cached_export("t5film", "torchscript")
+    folder = tmp_path / "plan"
+    cli = CliRunner()
+    assert cli.invoke(main, ["partition", str(model), "-s", "split", "-o", str(folder), "-q"]).exit_code == 0
+    r = cli.invoke(main, ["compile", str(folder), "--toolkit", str(tk.python), "--repartition", "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["repartition"]["rounds"] == [] and rep["failed"] == 0, rep["repartition"]
+    assert not any(rep["cpu_ops_per_block"].values()), rep["cpu_ops_per_block"]
+    plan, _ = load_plan(folder)
+    xattn = [s for s in plan.npu_stages if s.region == "xattn"]
+    assert len(xattn) == 2 and all(
+        any(plan.tensors[t].shape == (1, 2, 16, 22) for t in s.inputs) for s in xattn), [s.inputs for s in xattn]
+    _sim_gate(plan, folder, model, "2.5.0")
