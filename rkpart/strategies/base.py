@@ -234,6 +234,8 @@ class GroupBuilder:
             self._drop(first)
             if mg.op(first).inputs[0] in mg.inputs:
                 self.add("prologue", {first}, device="host", region="prologue", kind="prologue")
+            else:  # a host group of its own, merged with the host work around it when the plan is ordered
+                self.add(f"host.{first:06d}", {first}, device="host", region="host", kind="host")
 
     def _drop(self, i: int) -> None:
         """Take op ``i`` out of the group that holds it (the group goes when it is left empty)."""
