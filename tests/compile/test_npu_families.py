@@ -187,8 +187,13 @@ LATEST_CI: tuple[tuple[str, str, str, str], ...] = (
     ("nucleus_moe", "dynamo", "split", "2.5.0"),  # the routed tokens' GatherND, converted as a stage input
     ("anyflow_far", "dynamo", "split", "2.5.0"),  # a KV-cache Gather the toolkit ran as a CPU Slice
     ("ltx2", "dynamo", "split", "2.5.0"),  # a Squeeze of a dim of 32 (torch's no-op) ORT refused
-    ("prior", "torchscript", "split", "2.5.0"),  # the attention mask's Reshape [H, 1, S] -> [1, H, 1, S]
+    # the attention mask [H, S, S] (S = 10, unaligned): it reaches the stage as a rank-4 view (with_rank4_views),
+    # so its Reshape the toolkit ran on the CPU (learned in a round before) is not there to begin with
+    ("prior", "torchscript", "split", "2.5.0"),
 )
+#: families whose first build already has no CPU layer: fixed before any round
+NO_ROUND = {"ltx2": "a Squeeze of a dim of 32 (torch's no-op): fixed by loading",
+            "prior": "the attention mask handed over as a rank-4 view"}
 LATEST_CASES = [pytest.param(*c, id="-".join(c)) for c in LATEST_CI]
 
 
@@ -207,8 +212,8 @@ def test_latest_families_reach_zero_cpu_layers_with_repartition(tmp_path: Path, 
     rep, rounds, stuck = compile_repartition(folder, CompileOptions(tk, "rk3588", {}, jobs=1))
     assert not rep.failed, [f.message for o in rep.failed for f in o.failures]
     assert not stuck and not any(rep.cpu_ops_per_block().values()), stuck
-    # the first build left something to fix (LTX-2's Squeeze is fixed by loading: it builds at once)
-    assert bool(rounds) == (family != "ltx2"), [r.describe() for r in rounds]
+    # the first build left something to fix, but where the partition fixed it before (NO_ROUND)
+    assert bool(rounds) == (family not in NO_ROUND), [r.describe() for r in rounds]
     plan = rep.plan
     if (family, exporter) in TORCH_REFERENCE:  # ORT refuses the export; torch's own output is the reference
         feeds = example_inputs(family)
