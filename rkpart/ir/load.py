@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ from rkpart.io import confined_file
 from rkpart.ir.consts import evaluate, opsets_of
 from rkpart.ir.graph import ModelGraph, OpNode, shape_as_constant
 from rkpart.ir.ops import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, GENERATIVE_OPS, RANDOM_OPS, SUPPORTED_DOMAINS
-from rkpart.ir.shape_deps import shape_varying
+from rkpart.ir.shape_deps import node_reads, shape_varying
 from rkpart.ir.tensors import (
     MAX_ELEMENTS,
     SUB_BYTE_BITS,
@@ -222,6 +222,18 @@ def rank4_view(shape: tuple[int, ...]) -> tuple[int, ...] | None:
     return tuple(out)
 
 
+def _fresh_names(used: set[str]) -> Callable[[str], str]:
+    """``fresh(name)``: ``name``, or ``name_K`` for the first K that is free, marked used."""
+    def fresh(name: str) -> str:
+        out, k = name, 0
+        while out in used:
+            k += 1
+            out = f"{name}_{k}"
+        used.add(out)
+        return out
+    return fresh
+
+
 def with_rank4_inputs(mg: ModelGraph) -> ModelGraph:
     """``mg`` with each float model input of rank > 4 read through a rank-4 view and back.
 
@@ -241,13 +253,7 @@ def with_rank4_inputs(mg: ModelGraph) -> ModelGraph:
     used = set(mg.tensor_types) | set(mg.initializers) | {n.name for n in g.node}
     types = dict(mg.tensor_types)
 
-    def fresh(name: str) -> str:
-        out, k = name, 0
-        while out in used:
-            k += 1
-            out = f"{name}_{k}"
-        used.add(out)
-        return out
+    fresh = _fresh_names(used)
 
     front: list[onnx.NodeProto] = []
     for t, view in wide:
@@ -293,13 +299,7 @@ def with_rank4_views(mg: ModelGraph, tensors: list[str]) -> ModelGraph:
     types = dict(mg.tensor_types)
     used = set(types) | set(mg.initializers) | {n.name for n in g.node}
 
-    def fresh(name: str) -> str:
-        out, k = name, 0
-        while out in used:
-            k += 1
-            out = f"{name}_{k}"
-        used.add(out)
-        return out
+    fresh = _fresh_names(used)
 
     nodes = list(g.node)
     producer = {t: k for k, n in enumerate(nodes) for t in n.output if t}
@@ -1220,16 +1220,8 @@ def _prune_dead(model: onnx.ModelProto) -> bool:
     return True
 
 
-def _reads(node: onnx.NodeProto) -> set[str]:
-    """Tensors ``node`` reads: its inputs and what its subgraphs (``If``/``Loop`` bodies) read
-    from the enclosing scopes."""
-    out = {t for t in node.input if t}
-    for a in node.attribute:
-        for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
-                    list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
-            for inner in sub.node:
-                out |= _reads(inner)
-    return out
+#: tensors a node reads, its subgraphs' reads of outer tensors included
+_reads = node_reads
 
 
 def _small_result(node: onnx.NodeProto, shapes: Mapping[str, tuple[int | str, ...]],

@@ -75,13 +75,15 @@ SHAPE_FROM_VALUES: dict[str, tuple[int, ...]] = {
 SHAPE_READERS = frozenset({"Shape", "Size"})
 
 
-def _reads(node: onnx.NodeProto) -> set[str]:
+def node_reads(node: onnx.NodeProto) -> set[str]:
+    """Tensors ``node`` reads: its inputs and what its subgraphs (``If``/``Loop`` bodies) read
+    from the enclosing scopes."""
     out = {t for t in node.input if t}
     for a in node.attribute:
         for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else
                     list(a.graphs) if a.type == onnx.AttributeProto.GRAPHS else []):
             for inner in sub.node:
-                out |= _reads(inner)
+                out |= node_reads(inner)
     return out
 
 
@@ -125,10 +127,10 @@ def shape_varying(nodes: Iterable[onnx.NodeProto], inputs: Iterable[str], *, val
                 i < len(ins) and ins[i] in values for i in at)
         elif default and n.op_type == "If":
             # TorchScript's squeeze of a dim it cannot prove is 1: If(Shape(x)[d] == 1, ...)
-            vary_value = any(t in values or t in shapes for t in _reads(n))
+            vary_value = any(t in values or t in shapes for t in node_reads(n))
             vary_shape = _if_varies(n, values, shapes)
         else:
-            vary_value = vary_shape = any(t in values or t in shapes for t in _reads(n))
+            vary_value = vary_shape = any(t in values or t in shapes for t in node_reads(n))
         if vary_value:
             values.update(outs)
         if vary_shape:
@@ -136,4 +138,5 @@ def shape_varying(nodes: Iterable[onnx.NodeProto], inputs: Iterable[str], *, val
     return values, shapes
 
 
-__all__ = ["CONTRIB_SHAPE_FROM_SHAPES", "SHAPE_FROM_SHAPES", "SHAPE_FROM_VALUES", "SHAPE_READERS", "shape_varying"]
+__all__ = ["CONTRIB_SHAPE_FROM_SHAPES", "SHAPE_FROM_SHAPES", "SHAPE_FROM_VALUES", "SHAPE_READERS", "node_reads",
+           "shape_varying"]
