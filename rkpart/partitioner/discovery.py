@@ -172,7 +172,7 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
     reach = Reach(mg)
     adds = _residual_adds(mg, reach)  # 1
     st = _streams(mg, reach, adds)  # 2
-    dep = _stream_dependent(mg, st)
+    dep = _stream_dependent(mg, reach, st)
     before = _stream_ancestry(mg, reach, st, dep)
     branches = [_branch(mg, reach, a, st.skip_of[a], st.stream_of[a], dep, st.stream_producers,  # 3
                         st.entry_of.get(a))
@@ -348,10 +348,15 @@ def _attends(mg: ModelGraph, reach: Reach, chain: list[int], adds: dict[int, str
     return False
 
 
-def _stream_dependent(mg: ModelGraph, st: _Streams) -> int:
+def _stream_dependent(mg: ModelGraph, reach: Reach, st: _Streams) -> int:
     """Bitset of stream-dependent ops: the stream starts' readers and their descendants."""
     readers = [c for t in (_noop_root(mg, st.skip_of[c[0]]) for c in st.chains) for c in mg.consumers.get(t, [])
                if c not in mg.const_ops]
+    # a stream that starts at learned queries: its first unit depends on them from its score product on
+    for ch in st.chains:
+        a = ch[0]
+        if mg.is_const_tensor(st.skip_of[a]):
+            readers += _learned_query_scores(mg, reach, a, _other_operand_tensor(mg, a, st.skip_of[a]))
     return bits(chain.from_iterable(nx.bfs_layers(mg.ops, readers)))
 
 
@@ -530,7 +535,15 @@ def _residual_adds(mg: ModelGraph, reach: Reach) -> dict[int, str]:
         if n.op_type != "Add" or len(n.inputs) != 2:
             continue
         a, b = n.inputs
-        if mg.is_const_tensor(a) or mg.is_const_tensor(b):
+        if mg.is_const_tensor(a) != mg.is_const_tensor(b):
+            # a stream that starts at learned queries (a Perceiver's latents, folded to a constant
+            # with their norm): ``q + xattn(norm(q), text)`` is its first residual unit
+            skip, other = (a, b) if mg.is_const_tensor(a) else (b, a)
+            if mg.shape(skip) == mg.shape(other) == mg.shape(n.outputs[0]) is not None \
+                    and len(_real_consumers(mg, n.outputs[0])) >= 2 and _learned_query_scores(mg, reach, i, other):
+                out[i] = skip
+            continue
+        if mg.is_const_tensor(a):
             continue
         sa, sb, so = mg.shape(a), mg.shape(b), mg.shape(n.outputs[0])
         if sa is None or sa != sb or sa != so:
@@ -567,6 +580,53 @@ def _residual_adds(mg: ModelGraph, reach: Reach) -> dict[int, str]:
                     out[i] = skip
                     break
     return out
+
+
+def _learned_query_scores(mg: ModelGraph, reach: Reach, add: int, other: str, limit: int = 256) -> list[int]:
+    """The score MatMuls of an attention from learned queries that feeds only ``add``'s ``other``
+    operand: one operand constant and laid out in heads (rank 3 or more; a weight is 2-D), a
+    ``Softmax`` reading the product, and everything the product reaches on its way an ancestor of
+    ``add``.  A constant added to a projection (a position embedding) has no such product."""
+    p = mg.producer.get(other)
+    if p is None or p in mg.const_ops:
+        return []
+    out = []
+    for i in sorted(unbits(reach.anc[p] | 1 << p)):
+        n = mg.op(i)
+        if n.op_type not in ("MatMul", "Einsum") or len(n.inputs) != 2:
+            continue
+        consts = [t for t in n.inputs if mg.is_const_tensor(t)]
+        shape = mg.shape(consts[0]) if len(consts) == 1 else None
+        if shape is None or len(shape) < 3:
+            continue
+        if not _softmax_reads(mg, n.outputs[0]):
+            continue
+        seen, todo, inside = {i}, [i], True
+        while todo and inside and len(seen) < limit:
+            for t in mg.op(todo.pop()).outputs:
+                for c in mg.consumers.get(t, []):
+                    if c in seen or c == add or c in mg.const_ops:
+                        continue
+                    if not reach.is_ancestor(c, add):
+                        inside = False
+                    seen.add(c)
+                    todo.append(c)
+        if inside and not todo:
+            out.append(i)
+    return out
+
+
+def _softmax_reads(mg: ModelGraph, t: str, depth: int = 3) -> bool:
+    """Whether a ``Softmax`` reads ``t``, directly or through up to ``depth`` scaling, masking and
+    reshaping ops (``softmax(q k^T * scale + mask)``)."""
+    for c in _real_consumers(mg, t):
+        op = mg.op(c).op_type
+        if op == "Softmax":
+            return True
+        if depth and (op in ("Mul", "Div", "Add", "Sub", "Where") or op in PASS_THROUGH_OPS) \
+                and any(_softmax_reads(mg, o, depth - 1) for o in mg.op(c).outputs if o):
+            return True
+    return False
 
 
 def _tensor_feeds(mg: ModelGraph, reach: Reach, t: str, op: int, not_via: int) -> bool:
