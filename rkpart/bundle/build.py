@@ -210,6 +210,25 @@ def _savez(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
                 np.lib.format.write_array(f, np.asarray(arrays[k]), allow_pickle=False)
 
 
+def _emulate_bfloat16(src: Path, dst: Path) -> bool:
+    """Write ``src`` (a host stage) to ``dst`` with its bfloat16 islands emulated in float32, when it
+    has any; whether it did.  The board's ONNX Runtime has no CPU kernel for bfloat16 ``Mul``,
+    ``MatMul``, ``Softmax`` or ``Sqrt`` (Sana-WM's camera attention on the host): the copy computes
+    each such op in float32 and rounds its result to bfloat16, as ``rkpart run`` does
+    (:func:`rkpart.targets.rewrites.precision.emulate_bfloat16`).  Its external data stays where
+    it was copied: a bfloat16 weight stored there is cast where it is read."""
+    import onnx
+
+    from rkpart.targets.rewrites.precision import emulate_bfloat16, may_hold_bfloat16
+
+    m = onnx.load(str(src), load_external_data=False)
+    if not may_hold_bfloat16(m) or not emulate_bfloat16(m):
+        return False
+    with atomic_writer(dst) as tmp:
+        tmp.write_bytes(m.SerializeToString(deterministic=True))
+    return True
+
+
 def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str],
            feeds: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], opts: BundleOptions, seeded: bool,
            progress: Progress, extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -241,6 +260,8 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
                 frel = f.resolve().relative_to(folder.resolve()).as_posix()
                 if not (staging / frel).exists():
                     _copy(f, staging / frel)
+            if _emulate_bfloat16(src, staging / rel):
+                entry["bfloat16"] = "emulated"
             entry.update(file=rel, residency=Residency.RESIDENT.value)
         progress(f"[{i + 1}/{len(plan.stages)}] {s.id} ({s.device}) -> {rel}")
         advance(progress, i + 1, len(plan.stages))

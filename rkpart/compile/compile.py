@@ -498,7 +498,8 @@ class _Context:
         first: dict[str, tuple[list[str], str]] = {}  # stage id -> (NPU rewrites applied, failure message)
         # in table order, not the record's: a record read back from the prepare cache lists them sorted, and
         # the bisection below must try the same drops in the same order on every run (a rerun builds nothing)
-        npu_rows = [r.name for r in rewrite_table.compile_rewrites_for()]
+        # a rewrite the stage cannot build without (bfloat16-widen) is kept: only the others are tried out
+        npu_rows = [r.name for r in rewrite_table.compile_rewrites_for() if not r.needed]
         for s in stages:
             o, rec = outcomes[s.id], self.prepared.get(s.id)
             applied = [n for n in npu_rows if n in (rec.rewrites if rec else {})]

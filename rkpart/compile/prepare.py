@@ -7,7 +7,10 @@ loads (:attr:`rkpart.targets.base.ToolkitCaps.max_opset`), or a ``npu`` row of
 ONNX Runtime gives the same outputs for it and for the original on seeded random inputs:
 
 * opset lowering: the ``rkpart run`` ORT gate (cosine >= 0.999999, max abs <= 1e-5 x max|ref|);
-* NPU rewrites: max abs <= 1e-6 x max|ref| (they are exact rewrites).
+* NPU rewrites: max abs <= 1e-6 x max|ref| (they are exact rewrites);
+* an approximate rewrite (a row with a ``gate``: bfloat16-widen) is applied and checked alone
+  first, against the original at its own gate; the exact rewrites are then checked against the
+  outputs of the stage it made.
 
 A lowering that cannot be done or does not pass becomes the stage's build failure (the
 toolkit would refuse the original anyway).  An NPU rewrite that does not pass is dropped, only
@@ -37,6 +40,7 @@ from rkpart.partitioner.extract import stage_sha256
 from rkpart.targets import get_target
 from rkpart.targets.opset import lower_model, model_opset
 from rkpart.targets.rewrites import DEDUPE, REWRITES, Rewrite, apply_rewrites, compile_rewrites_for
+from rkpart.targets.rewrites.precision import emulate_bfloat16, may_hold_bfloat16
 from rkpart.validation.metrics import Gate, compare
 
 PREPARED_DIR = "prepared"
@@ -46,7 +50,8 @@ PREPARED_DIR = "prepared"
 # 6: strided-slices-concat reads negative / past-the-end Slice bounds and joins adjacent pieces
 # 7: adaln-chunk-gemm sees through unit-axis reshapes between the Gemm and its chunks (PRX)
 # 8: rope-halves (2.3.x); 9: the check draws inputs whose reference is finite (or asks for NaN in the same places)
-PREPARE_VERSION = 9
+# 10: bfloat16-widen, approximate rows checked first at their own gate
+PREPARE_VERSION = 10
 LOWER_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-5)
 REWRITE_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-6)
 
@@ -142,16 +147,29 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
     model = onnx.load(str(onnx_path))
     record: dict[str, Any] = {"toolkit": toolkit, "from_opset": opset, "to_opset": opset, "rewrites": {}}
     current = model
-    feeds, ref = _finite_reference(model, seed)
+    # ONNX Runtime has no CPU kernel for most bfloat16 ops: the reference of a stage holding them is
+    # computed as bfloat16 would be, op by op in float32 rounded to bfloat16 (emulate_bfloat16)
+    feeds, ref = _finite_reference(_bfloat16_emulated(model) or model, seed)
     if needs_lowering:
         lowered, low = lower_model(model, caps.max_opset, toolkit)
-        _check(ref, _run(lowered, feeds), LOWER_GATE,
+        _check(ref, _run(_bfloat16_emulated(lowered) or lowered, feeds), LOWER_GATE,
                f"the stage lowered from opset {opset} to {caps.max_opset} differs under ONNX Runtime")
         current = lowered
         record.update(to_opset=caps.max_opset, rewrites=dict(low.rewrites))
     dropped = dict(drop)
-    if npu_rows:
-        current, done, failed = _apply_checked(current, npu_rows, ref, feeds)
+    # approximate rows (bfloat16-widen) first, each alone against the original at its own gate; the
+    # exact rows are then checked against what the stage computes after them
+    for r in npu_rows:
+        if r.gate is None:
+            continue
+        current, done, failed = _apply_checked(current, (r,), ref, feeds, Gate(*r.gate))
+        record["rewrites"].update(done)
+        dropped.update(failed)
+        if done:
+            ref = _run(current, feeds)
+    exact = tuple(r for r in npu_rows if r.gate is None)
+    if exact:
+        current, done, failed = _apply_checked(current, exact, ref, feeds)
         record["rewrites"].update(done)
         dropped.update(failed)
     if dropped:
@@ -177,7 +195,8 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
 
 
 def _apply_checked(model: onnx.ModelProto, rows: tuple[Rewrite, ...], ref: list[np.ndarray],
-                   feeds: dict[str, np.ndarray]) -> tuple[onnx.ModelProto, dict[str, int], dict[str, str]]:
+                   feeds: dict[str, np.ndarray], gate: Gate = REWRITE_GATE,
+                   ) -> tuple[onnx.ModelProto, dict[str, int], dict[str, str]]:
     """``rows`` applied to a copy of ``model``, only those that keep it equal to ``ref`` under ORT.
 
     Returns (the model, rewrite name -> matches, dropped rewrite name -> why).  One ORT run when
@@ -189,7 +208,7 @@ def _apply_checked(model: onnx.ModelProto, rows: tuple[Rewrite, ...], ref: list[
     if not done:
         return model, {}, {}
     try:
-        _check(ref, _run(cand, feeds), REWRITE_GATE, "differs under ONNX Runtime")
+        _check(ref, _run(cand, feeds), gate, "differs under ONNX Runtime")
         return cand, done, {}
     except ToolkitError as e:
         if len(done) == 1:
@@ -204,13 +223,22 @@ def _apply_checked(model: onnx.ModelProto, rows: tuple[Rewrite, ...], ref: list[
         if not one:
             continue
         try:
-            _check(ref, _run(cand, feeds), REWRITE_GATE, "differs under ONNX Runtime")
+            _check(ref, _run(cand, feeds), gate, "differs under ONNX Runtime")
         except ToolkitError as e:
             failed[r.name] = str(e)
             continue
         current = cand
         kept.update(one)
     return current, kept, failed
+
+
+def _bfloat16_emulated(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of ``model`` with its bfloat16 islands emulated in float32, or ``None`` when it has none."""
+    if not may_hold_bfloat16(model):
+        return None
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out if emulate_bfloat16(out) else None
 
 
 def _rules() -> list[str]:

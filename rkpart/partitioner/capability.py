@@ -34,11 +34,14 @@ from onnx import TensorProto
 
 from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
+from rkpart.ir.tensors import np_dtype_name
 from rkpart.ir.work import op_macs
 from rkpart.partitioner.extract import subgraph_model
 from rkpart.partitioner.partition import Group, Partition
-from rkpart.targets.capability import Capability, PlacementPattern, dims_class
+from rkpart.targets.capability import TOOLKIT_DTYPES, Capability, PlacementPattern, dims_class
 
+#: capability passes over the groups the previous pass left (each one only moves ops to the host)
+_MAX_PASSES = 8
 #: a computed constant above this many bytes is given to the rewrite probe as a placeholder
 #: (no rewrite pattern reads a weight's values; the probe must not load gigabytes)
 _PROBE_CONST_BYTES = 1 << 16
@@ -143,7 +146,36 @@ def _survive_rewrites(mg: ModelGraph, g: Group, flagged: Mapping[int, str], cap:
         # type is gone altogether
         if (n.name and (n.name, n.op_type) in named) or (not n.name and count[n.op_type]):
             kept.add(i)
-    return kept
+    return kept - _retyped(mg, model, kept, cap)
+
+
+def _retyped(mg: ModelGraph, model: onnx.ModelProto, kept: set[int], cap: Capability) -> set[int]:
+    """The ops of ``kept`` flagged for an element type the toolkit has none of that the rewrites gave
+    one it has (bfloat16-widen), and that the capability then lets stay (asked again, with the new
+    types)."""
+    foreign = {i for i in kept if mg.op(i).name
+               and {mg.dtype(t) for t in (*mg.op(i).inputs, *mg.op(i).outputs) if t} - TOOLKIT_DTYPES - {None}}
+    if not foreign:
+        return set()
+    try:
+        g = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+    except Exception:  # noqa: BLE001 - no types after the rewrite: nothing is known to be rescued
+        return set()
+    elem = {vi.name: vi.type.tensor_type.elem_type for vi in (*g.input, *g.output, *g.value_info)}
+    elem.update({t.name: t.data_type for t in g.initializer})
+    by_name = {n.name: n for n in g.node if n.name}
+    out = set()
+    for i in foreign:
+        node = by_name[mg.op(i).name]
+        tensors = [t for t in (*node.input, *node.output) if t]
+        if any(t not in elem for t in tensors):
+            continue
+        dtypes = {np_dtype_name(elem[t]) for t in tensors}
+        first = next((t for t in node.input if t), "")
+        pattern = replace(pattern_of(mg, i), dtype=np_dtype_name(elem[first]) if first else "")
+        if cap.reason(mg.op(i), pattern, dtypes) is None:
+            out.add(i)
+    return out
 
 
 def _probe_value(mg: ModelGraph, t: str) -> TensorProto:
@@ -373,10 +405,19 @@ def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_hos
                      progress: Any = None) -> Partition:
     """``part`` with every op ``cap`` does not run on the NPU moved to the host (with the
     neighbours of the cheapest cut), the moves recorded in ``extra.capability``."""
-    flagged = flag_ops(mg, part, cap, force_host)
-    if not flagged:
+    out, moved = part, list[HostOp]()
+    # again on the groups the moves left: a rewrite that rescued an op in the whole group (the
+    # bfloat16 island widened) may no longer apply to a piece of it (the island cut by a move)
+    for _ in range(_MAX_PASSES):
+        flagged = flag_ops(mg, out, cap, force_host)
+        if not flagged:
+            break
+        out, more = place_by_capability(mg, out, flagged)
+        if not more:
+            break
+        moved += more
+    if not moved:
         return part
-    out, moved = place_by_capability(mg, part, flagged)
     if progress is not None:
         for h in moved:
             progress(f"capability: {h.op_type} {h.name} ({h.stage}) -> host: {h.why}")

@@ -69,6 +69,10 @@ def make_session(model: bytes | str, *, threads: int = 0, spinning: bool = False
 
     ``external_folder``: where a model given as bytes has its external data (ORT reads it from
     there itself, so the weights are not copied into the bytes).
+
+    A model ORT refuses for a bfloat16 op its CPU provider has no kernel for (``Mul``,
+    ``MatMul``, ``Softmax``, ``Sqrt``: Sana-WM's camera attention) is run with its bfloat16
+    islands emulated: each op in float32, its result rounded to bfloat16.
     """
     import onnxruntime as ort
 
@@ -87,7 +91,33 @@ def make_session(model: bytes | str, *, threads: int = 0, spinning: bool = False
     if not spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
+    try:
+        return ort.InferenceSession(model, sess_options=so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        if "NOT_IMPLEMENTED" not in str(e):
+            raise
+        emulated = _bfloat16_emulated(model)
+        if emulated is None:
+            raise
+        if isinstance(model, str) and external_folder is None:
+            so.add_session_config_entry("session.model_external_initializers_file_folder_path",
+                                        str(Path(model).parent))
+        return ort.InferenceSession(emulated, sess_options=so, providers=["CPUExecutionProvider"])
+
+
+def _bfloat16_emulated(model: bytes | str) -> bytes | None:
+    """``model`` with its bfloat16 islands run as float32 rounded to bfloat16 after each op
+    (:func:`rkpart.targets.rewrites.precision.emulate_bfloat16`: the CPU provider has no bfloat16
+    ``Mul``, ``MatMul``, ``Softmax``, ``Sqrt``), or ``None`` when it holds none.  External data is
+    not read: a bfloat16 weight stored outside is cast where it is read."""
+    import onnx
+
+    from rkpart.targets.rewrites.precision import emulate_bfloat16, may_hold_bfloat16
+
+    m = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model, load_external_data=False)
+    if not may_hold_bfloat16(m) or not emulate_bfloat16(m):
+        return None
+    return m.SerializeToString()
 
 
 @contextlib.contextmanager

@@ -330,8 +330,13 @@ def bf16_model(tmp_path: Path) -> Path:
 
 
 def test_an_element_type_no_build_holds_leaves_the_npu_stage(bf16_model: Path, tmp_path: Path) -> None:
+    """Without the rewrites (``--no-rewrites``) the bfloat16 casts go to the host; with them
+    bfloat16-widen computes the island in float32, so the group stays whole."""
     m = load(bf16_model)
-    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
+    whole = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
+    assert _devices(bf16_model, whole) == [("npu", ["add", "mm1", "mm2", "to_bf16", "to_f32"])]
+    assert_reproduces(write_plan(m, whole, tmp_path / "whole"), tmp_path / "whole", bf16_model)
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0", rewrites=False))
     assert _devices(bf16_model, part) == [("npu", ["mm1"]), ("host", ["to_bf16", "to_f32"]), ("npu", ["add", "mm2"])]
     plan = write_plan(m, part, tmp_path / "plan")
     assert_reproduces(plan, tmp_path / "plan", bf16_model)
@@ -353,8 +358,39 @@ def test_bf16_stage_fails_to_build_and_the_capabilitys_plan_builds(bf16_model: P
 
     tk = get_toolkit("2.5.0")
     m = load(bf16_model)
-    for capability, failed in ((False, 1), (True, 0)):
-        folder = tmp_path / f"cap-{capability}"
-        plan = write_plan(m, propose(m, "generic", PartitionConfig(toolkit="2.5.0", capability=capability)), folder)
-        rep = compile_plan_report(plan, folder, CompileOptions(tk, "rk3588", {}, jobs=1, cache=False))
+    # without the rewrites: the casts in the NPU stage fail the build, the capability's plan builds;
+    # with them (bfloat16-widen) the one NPU stage holding the casts builds
+    for capability, rewrites, failed in ((False, False, 1), (True, False, 0), (True, True, 0)):
+        folder = tmp_path / f"cap-{capability}-{rewrites}"
+        cfg = PartitionConfig(toolkit="2.5.0", capability=capability, rewrites=rewrites)
+        plan = write_plan(m, propose(m, "generic", cfg), folder)
+        rep = compile_plan_report(plan, folder, CompileOptions(tk, "rk3588", {}, jobs=1, cache=False,
+                                                               rewrites=rewrites))
         assert len(rep.failed) == failed, [f.message for o in rep.failed for f in o.failures]
+
+
+def test_an_island_a_move_cuts_is_asked_again(tmp_path: Path) -> None:
+    """A bfloat16 island whose inside op runs on the CPU (``Ceil``): bfloat16-widen rescues its
+    casts in the whole group, the ``Ceil`` leaves, and the cheapest cut sends the bfloat16 tensor
+    (half the bytes of float32) across, so the casts end up alone in NPU groups with a bfloat16
+    tensor at the boundary, where no widening applies.  The capability is asked again on the groups
+    the move left: the casts follow the ``Ceil`` and no NPU stage holds a bfloat16 tensor."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
+        helper.make_node("Cast", ["h1"], ["b"], name="to_bf16", to=TensorProto.BFLOAT16),
+        helper.make_node("Ceil", ["b"], ["c"], name="ceil"),
+        helper.make_node("Cast", ["c"], ["f"], name="to_f32", to=TensorProto.FLOAT),
+        helper.make_node("MatMul", ["f", "W2"], ["h2"], name="mm2"),
+        helper.make_node("Add", ["h1", "h2"], ["y"], name="add"),
+    ]
+    model = _save(tmp_path, "island", nodes, [_w("W1", 16, 16, 1), _w("W2", 16, 16, 2)])
+    m = load(model)
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
+    devices = _devices(model, part)
+    npu = {op for dev, ops in devices if dev == "npu" for op in ops}
+    assert {"to_bf16", "ceil", "to_f32"}.isdisjoint(npu) and {"mm1", "mm2"} <= npu, devices
+    plan = write_plan(m, part, tmp_path / "plan")
+    assert_reproduces(plan, tmp_path / "plan", model)
+    moved = {h["op"] for h in json.loads((tmp_path / "plan" / "plan.json").read_text())["extra"]["capability"]
+             ["host_ops"]}
+    assert {"to_bf16", "ceil", "to_f32"} <= moved

@@ -203,22 +203,10 @@ EXPORTER_EXPECTED: dict[tuple[str, str], list[tuple[str, ...]]] = {
 }
 #: (family, exporter, strategy) -> why less than MIN_SHARE of the blocks' matmul work is on the NPU (known
 #: shortfalls, checked to stay below: when one is fixed, the test says so and the entry goes)
-COVERAGE_SHORT: dict[tuple[str, str, str], str] = {
-    **dict.fromkeys((("sana_wm", e, s) for e in ("torchscript", "dynamo") for s in ("split", "fused")),
-                    "blocks 1 and 3's softmax camera attention runs in bfloat16 (diffusers casts q, k, v to "
-                    "bfloat16 for SDPA), a type no toolkit builds: its score and value matmuls go to the host "
-                    "with their casts (75.1 % of the blocks' matmul work on the NPU)"),
-}
+COVERAGE_SHORT: dict[tuple[str, str, str], str] = {}
 #: (family, exporter) -> why discovery still gets the regions wrong (known, checked to stay wrong: when one is
 #: fixed, the test says so and the entry goes)
-_FIBO2_WRONG = ("the Perceiver's gist stream starts at a constant (latent_queries, normed: folded at load), so "
-                "layer 0's cross-attention, its query side all constant, is no residual unit: it lands in the "
-                "prologue and that block has no xattn_txt (7 blocks by names; by structure 8, layer 1's "
-                "cross-attention cut off as a block of its own)")
-DISCOVERY_WRONG: dict[tuple[str, str], str] = {
-    ("bria_fibo2", "torchscript"): _FIBO2_WRONG,
-    ("bria_fibo2", "dynamo"): _FIBO2_WRONG,
-}
+DISCOVERY_WRONG: dict[tuple[str, str], str] = {}
 #: (family, exporter) -> why discovery on the anonymised copy (structure alone) gets the blocks wrong where the
 #: names get them right (known, checked to stay wrong: when one is fixed, the test says so and the entry goes)
 ANON_WRONG: dict[tuple[str, str], str] = {}
@@ -268,8 +256,6 @@ ORT_REFUSES = {
     ("hunyuanvideo", "dynamo"): "a Where over booleans (the token refiner's masked_fill): no ORT kernel",
     ("hidream_image", "torchscript"): "the RoPE's Einsum of float32 positions by float64 frequencies (no Cast): "
                                       "type error on load",
-    # diffusers casts the fp32 softmax attention's q/k/v to bfloat16 for SDPA
-    ("sana_wm", "torchscript"): "a bfloat16 Sqrt (SDPA's scale on the bf16 q/k/v): no ORT CPU kernel",
     ("sana_wm", "dynamo"): "a Squeeze of a dim of 6 (the text mask's squeeze(1).squeeze(1), a no-op in torch)",
 }
 

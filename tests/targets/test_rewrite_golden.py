@@ -148,6 +148,7 @@ def _slices_concat(starts: list[int], length: int, n: int = 32) -> onnx.GraphPro
 def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
     """name -> a builder of a fresh model (every row of the table matches in at least one)."""
     from tests.compile.test_rewrites_npu import adaln_block, ffn_f16, rms_residual, sdpa_bool_mask
+    from tests.targets.test_bfloat16_widen import attention
     from tests.targets.test_heads_table_layout import _flux_rope
     from tests.targets.test_rope_halves import _rope
 
@@ -177,6 +178,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "rope_per_head_table": lambda: _flux_rope(per_head=True),
         "rope_halves_unbind": lambda: _rope("unbind"),
         "rope_halves_slice": lambda: _rope("slice"),
+        "bf16_attention": lambda: attention(weights=True),
     }
     for f in sorted(DATA.glob("segv_*.onnx")):
         out[f.stem] = lambda f=f: onnx.load(str(f))
