@@ -42,6 +42,9 @@ from rkpart.targets.capability import TOOLKIT_DTYPES, Capability, PlacementPatte
 
 #: capability passes over the groups the previous pass left (each one only moves ops to the host)
 _MAX_PASSES = 8
+#: the cut capacity of a tensor no NPU stage can take or give (finite: when every cut crosses one,
+#: the next capability pass moves what it leaves behind)
+_NO_CROSS = 1 << 50
 #: a computed constant above this many bytes is given to the rewrite probe as a placeholder
 #: (no rewrite pattern reads a weight's values; the probe must not load gigabytes)
 _PROBE_CONST_BYTES = 1 << 16
@@ -216,11 +219,14 @@ def place_by_capability(mg: ModelGraph, part: Partition,
         # to the NPU: only the flagged ops leave, and its pieces stay
         has_work = any(op_macs(mg, i) for i in g.ops)
         host = _absorb(mg, g.ops, set(mine), why) if has_work else set(mine)
+        sunk: dict[int, int] = {}
         while True:
-            npu_levels, host_levels = _levels(mg, g.ops, host)
+            npu_levels, host_levels = _levels(mg, g.ops, host, sunk)
             idle = [lvl for lvl, ops in npu_levels.items() if has_work and not any(op_macs(mg, i) for i in ops)]
             if not idle:
                 break
+            if _sink(mg, g.ops, npu_levels, host_levels, idle, sunk):
+                continue
             for lvl in idle:
                 for i in npu_levels[lvl]:
                     why[i] = "no matmul work left between the host ops around it (an NPU stage of its own " \
@@ -345,7 +351,10 @@ def _absorb(mg: ModelGraph, ops: frozenset[int], host: set[int], why: dict[int, 
                 continue
             # one node per direction: the tensor costs its bytes once if its producer is on the
             # NPU side and any reader on the host side ("out"), or the other way round ("in")
-            cap = mg.nbytes(t) + 1
+            # a tensor of a type no build holds (bfloat16) cannot be a stage's input or output: the
+            # cut goes elsewhere when it can (the island stays whole, and widened, on one side)
+            dt = mg.dtype(t)
+            cap = mg.nbytes(t) + 1 if dt is None or dt in TOOLKIT_DTYPES else _NO_CROSS
             g.add_edge(("op", i), ("out", t), capacity=cap)
             g.add_edge(("in", t), ("op", i), capacity=cap)
             for c in readers:
@@ -374,18 +383,49 @@ def _absorb(mg: ModelGraph, ops: frozenset[int], host: set[int], why: dict[int, 
     return set(host) | taken
 
 
-def _levels(mg: ModelGraph, ops: frozenset[int], host: set[int]) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
+def _levels(mg: ModelGraph, ops: frozenset[int], host: set[int], sunk: Mapping[int, int] | None = None,
+            ) -> tuple[dict[int, set[int]], dict[int, set[int]]]:
     """The group's ops by the number of host ops upstream of them inside the group.
 
     NPU op at level ``k``: ``k`` host ops on the longest in-group path to it.  Host op at level
     ``k``: ``k`` host ops strictly upstream.  Executing ``npu 0, host 0, npu 1, host 1 ...``
     respects every edge (an edge never goes to a lower level; from host ``k`` only to ``k+1``).
+    ``sunk``: NPU ops run at a later level than their earliest (:func:`_sink`).
     """
     npu: dict[int, set[int]] = {}
     hst: dict[int, set[int]] = {}
     for i, lvl in _level(mg, ops, lambda p, _i: p in host).items():
+        if i not in host and sunk and i in sunk:
+            lvl = max(lvl, sunk[i])
         (hst if i in host else npu).setdefault(lvl, set()).add(i)
     return npu, hst
+
+
+def _sink(mg: ModelGraph, ops: frozenset[int], npu_levels: Mapping[int, set[int]],
+          host_levels: Mapping[int, set[int]], idle: list[int], sunk: dict[int, int]) -> bool:
+    """Run the ops of the ``idle`` NPU levels (no matmul work) as late as their readers in the
+    group allow, when that is a level with work; whether any moved.
+
+    An op is at its earliest level; one that only feeds a later NPU piece can run there instead
+    (Sana-WM's camera attention: the casts and pads of the queries wait behind one host ``Einsum``,
+    the keys' behind two, so the queries' piece had no matmul and went to the host, cutting the
+    bfloat16 island it began).  It stays no later than any NPU reader's level and no later than
+    any host reader's (host ``k`` runs after NPU ``k``): no edge goes to a lower level.
+    """
+    level = {i: k for k, s in npu_levels.items() for i in s}
+    hlevel = {i: k for k, s in host_levels.items() for i in s}
+    work = {k for k, s in npu_levels.items() if any(op_macs(mg, i) for i in s)}
+    moved = False
+    for lvl in sorted(idle, reverse=True):
+        for i in sorted(npu_levels[lvl], reverse=True):  # readers first (model order is topological)
+            latest = min((level[c] if c in level else hlevel[c]
+                          for t in mg.op(i).outputs if t for c in mg.consumers.get(t, ()) if c in ops),
+                         default=None)
+            if latest is None or latest <= level[i] or latest not in work:
+                continue
+            level[i] = sunk[i] = latest
+            moved = True
+    return moved
 
 
 def _level(mg: ModelGraph, ops: frozenset[int], step: Callable[[int, int], bool]) -> dict[int, int]:

@@ -369,28 +369,84 @@ def test_bf16_stage_fails_to_build_and_the_capabilitys_plan_builds(bf16_model: P
         assert len(rep.failed) == failed, [f.message for o in rep.failed for f in o.failures]
 
 
-def test_an_island_a_move_cuts_is_asked_again(tmp_path: Path) -> None:
-    """A bfloat16 island whose inside op runs on the CPU (``Ceil``): bfloat16-widen rescues its
-    casts in the whole group, the ``Ceil`` leaves, and the cheapest cut sends the bfloat16 tensor
-    (half the bytes of float32) across, so the casts end up alone in NPU groups with a bfloat16
-    tensor at the boundary, where no widening applies.  The capability is asked again on the groups
-    the move left: the casts follow the ``Ceil`` and no NPU stage holds a bfloat16 tensor."""
-    nodes = [
-        helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
-        helper.make_node("Cast", ["h1"], ["b"], name="to_bf16", to=TensorProto.BFLOAT16),
-        helper.make_node("Ceil", ["b"], ["c"], name="ceil"),
-        helper.make_node("Cast", ["c"], ["f"], name="to_f32", to=TensorProto.FLOAT),
-        helper.make_node("MatMul", ["f", "W2"], ["h2"], name="mm2"),
-        helper.make_node("Add", ["h1", "h2"], ["y"], name="add"),
-    ]
-    model = _save(tmp_path, "island", nodes, [_w("W1", 16, 16, 1), _w("W2", 16, 16, 2)])
+@pytest.mark.parametrize("inside", ["casts", "bf16-matmul"])
+def test_a_bfloat16_tensor_never_crosses_into_an_npu_stage(inside: str, tmp_path: Path) -> None:
+    """A bfloat16 island whose inside op runs on the CPU (``Ceil``): bfloat16-widen rescues the rest
+    of the island in the whole group, the ``Ceil`` leaves.  ``casts``: the cheapest cut would send
+    the bfloat16 tensor across (half the bytes of float32), but no stage can take one, so the cut
+    takes the casts along instead.  ``bf16-matmul``: a bfloat16 MatMul (matmul work: tied to the
+    NPU) makes the ``Ceil``'s input, every cut crosses a bfloat16 tensor, and the capability, asked
+    again on the groups the move left, sends the MatMul after it (no widening applies to a piece
+    whose bfloat16 tensor crosses)."""
+    bf = TensorProto.BFLOAT16
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
+             helper.make_node("Cast", ["h1"], ["b"], name="to_bf16", to=bf)]
+    inits = [_w("W1", 16, 16, 1), _w("W2", 16, 16, 2)]
+    if inside == "bf16-matmul":
+        wb = helper.make_tensor("Wb", bf, [16, 16], np.ones((16, 16), np.uint16).tobytes(), raw=True)
+        inits.append(wb)
+        nodes.append(helper.make_node("MatMul", ["b", "Wb"], ["b2"], name="mm_bf16"))
+    nodes += [helper.make_node("Ceil", ["b2" if inside == "bf16-matmul" else "b"], ["c"], name="ceil"),
+              helper.make_node("Cast", ["c"], ["f"], name="to_f32", to=TensorProto.FLOAT),
+              helper.make_node("MatMul", ["f", "W2"], ["h2"], name="mm2"),
+              helper.make_node("Add", ["h1", "h2"], ["y"], name="add")]
+    model = _save(tmp_path, "island", nodes, inits)
     m = load(model)
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
     devices = _devices(model, part)
     npu = {op for dev, ops in devices if dev == "npu" for op in ops}
-    assert {"to_bf16", "ceil", "to_f32"}.isdisjoint(npu) and {"mm1", "mm2"} <= npu, devices
+    island = {"to_bf16", "ceil", "to_f32"} | ({"mm_bf16"} if inside == "bf16-matmul" else set())
+    assert island.isdisjoint(npu) and {"mm1", "mm2"} <= npu, devices
     plan = write_plan(m, part, tmp_path / "plan")
     assert_reproduces(plan, tmp_path / "plan", model)
     moved = {h["op"] for h in json.loads((tmp_path / "plan" / "plan.json").read_text())["extra"]["capability"]
              ["host_ops"]}
-    assert {"to_bf16", "ceil", "to_f32"} <= moved
+    assert island <= moved
+
+
+def test_the_cut_keeps_a_widened_island_whole_on_the_npu(tmp_path: Path) -> None:
+    """``Ceil`` (on the CPU) in float32 right before a bfloat16 island with matmul work: crossing the
+    island's bfloat16 input would be cheaper (half the bytes), but would leave its MatMul in a piece
+    whose bfloat16 tensor crosses, where no widening applies, and send it to the host.  The cut
+    crosses the float32 tensor: the island stays on the NPU, whole, and widened."""
+    bf = TensorProto.BFLOAT16
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
+             helper.make_node("Ceil", ["h1"], ["c"], name="ceil"),
+             helper.make_node("Cast", ["c"], ["b"], name="to_bf16", to=bf),
+             helper.make_node("MatMul", ["b", "Wb"], ["b2"], name="mm_bf16"),
+             helper.make_node("Cast", ["b2"], ["f"], name="to_f32", to=TensorProto.FLOAT),
+             helper.make_node("MatMul", ["f", "W2"], ["h2"], name="mm2"),
+             helper.make_node("Add", ["h1", "h2"], ["y"], name="add")]
+    wb = helper.make_tensor("Wb", bf, [16, 16], np.full((16, 16), 0x3C00, np.uint16).tobytes(), raw=True)
+    model = _save(tmp_path, "island", nodes, [_w("W1", 16, 16, 1), _w("W2", 16, 16, 2), wb])
+    m = load(model)
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
+    devices = _devices(model, part)
+    host = {op for dev, ops in devices if dev == "host" for op in ops}
+    assert host == {"ceil"}, devices
+    plan = write_plan(m, part, tmp_path / "plan")
+    assert_reproduces(plan, tmp_path / "plan", model)
+
+
+def test_an_op_that_only_feeds_a_later_piece_waits_for_it_instead_of_leaving(tmp_path: Path) -> None:
+    """The query side waits behind one host op, the key side behind two: the query's ``Relu`` is
+    at level 1 and the score MatMul at level 2, so level 1 holds no matmul work.  The ``Relu`` only
+    feeds level 2, so it runs there, with the MatMul, instead of going to the host (Sana-WM's
+    camera attention: the queries' casts waited behind one CPU ``Einsum``, the keys' behind two)."""
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h1"], name="mm1"),
+             helper.make_node("Ceil", ["h1"], ["a"], name="ceil1"),
+             helper.make_node("Ceil", ["a"], ["b"], name="ceil2"),
+             helper.make_node("Relu", ["a"], ["q"], name="relu"),
+             helper.make_node("Transpose", ["b"], ["bt"], name="kt", perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "bt"], ["s"], name="scores"),
+             helper.make_node("MatMul", ["s", "W2"], ["h2"], name="mm2"),
+             helper.make_node("Add", ["h1", "h2"], ["y"], name="add")]
+    model = _save(tmp_path, "late", nodes, [_w("W1", 16, 16, 1), _w("W2", 8, 16, 2)])
+    m = load(model)
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
+    devices = _devices(model, part)
+    host = {op for dev, ops in devices if dev == "host" for op in ops}
+    assert host == {"ceil1", "ceil2"}, devices
+    assert any({"relu", "scores"} <= set(ops) for dev, ops in devices if dev == "npu"), devices
+    plan = write_plan(m, part, tmp_path / "plan")
+    assert_reproduces(plan, tmp_path / "plan", model)
