@@ -37,7 +37,8 @@ from rkpart.io import atomic_write_bytes
 
 PLACEMENT_DIR = "placement"
 FORMAT = "rkpart-learned-placement"
-VERSION = 2  # 2: patterns carry which dims are 1 (a store of version 1 is re-learned)
+# 2: patterns carry which dims are 1 (a store of version 1 is re-learned); 3: a reversing Slice is a form of its own
+VERSION = 3
 #: a store larger than this is not a store rkpart wrote (patterns are few)
 _MAX_BYTES = 4 << 20
 #: layers kept per pattern as examples (where it was learned)

@@ -29,8 +29,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import networkx as nx
+import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
@@ -79,7 +80,17 @@ def pattern_of(mg: ModelGraph, i: int) -> PlacementPattern:
     consts = tuple(bool(t) and mg.is_const_tensor(t) for t in n.inputs)
     dims = dims_class(shapes, (mg.shape(t) if t else None for t in n.outputs))
     return PlacementPattern(op_type=n.op_type, dtype=dtype, ranks=tuple(ranks), domain=n.domain or "",
-                            consts=consts, dims=dims)
+                            consts=consts, dims=dims, form=_form(mg, i))
+
+
+def _form(mg: ModelGraph, i: int) -> str:
+    """:attr:`PlacementPattern.form` of op ``i``: ``reverse`` for a ``Slice`` with a negative constant step."""
+    n = mg.op(i)
+    if n.op_type == "Slice" and len(n.inputs) > 4 and n.inputs[4] and mg.is_const_tensor(n.inputs[4]):
+        steps = numpy_helper.to_array(mg.constant(n.inputs[4]))
+        if bool((np.asarray(steps) < 0).any()):
+            return "reverse"
+    return ""
 
 
 def flag_ops(mg: ModelGraph, part: Partition, cap: Capability,

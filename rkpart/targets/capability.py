@@ -40,6 +40,10 @@ TOOLKIT_DTYPES = frozenset({"bool", "int8", "uint8", "int16", "uint16", "int32",
                             "float16", "float32", "float64"})
 
 
+#: the forms a :class:`PlacementPattern` may carry ("" : none)
+FORMS = frozenset({"", "reverse"})
+
+
 @dataclass(frozen=True, order=True)
 class PlacementPattern:
     """The shape class of an op as a toolkit's placement decision depends on it.
@@ -64,6 +68,11 @@ class PlacementPattern:
     domain: str = ""
     consts: tuple[bool, ...] = ()
     dims: str = ""
+    #: a form the op's constant inputs give it that the placement turns on (:data:`FORMS`):
+    #: ``reverse``, a ``Slice`` with a negative step (``torch.flip``), which 2.5.0 runs on the
+    #: CPU while a forward ``Slice`` of the same ranks and dims runs on the NPU (Sana-WM: a class
+    #: learned from its flips took the camera attention's forward Slice off the NPU)
+    form: str = ""
 
     def key(self) -> str:
         """``ScatterND/float32/4,c2,4`` (``c``: a constant input), then ``/`` and :attr:`dims` when known:
@@ -71,17 +80,19 @@ class PlacementPattern:
         dom = f"{self.domain}." if self.domain else ""
         ranks = ",".join(("c" if k < len(self.consts) and self.consts[k] else "") + str(r)
                          for k, r in enumerate(self.ranks))
-        return f"{dom}{self.op_type}/{self.dtype or '?'}/{ranks}" + (f"/{self.dims}" if self.dims else "")
+        return (f"{dom}{self.op_type}/{self.dtype or '?'}/{ranks}" + (f"/{self.dims}" if self.dims else "")
+                + (f"/{self.form}" if self.form else ""))
 
     def describe(self) -> str:
         ranks = ", ".join(("-" if r < 0 else str(r)) + (" const" if k < len(self.consts) and self.consts[k] else "")
                           for k, r in enumerate(self.ranks))
         dims = f"; unit dims {self.dims}" if self.dims else ""
-        return f"{self.op_type} ({self.dtype or 'unknown type'}, input ranks {ranks}{dims})"
+        form = f"; {self.form}" if self.form else ""
+        return f"{self.op_type} ({self.dtype or 'unknown type'}, input ranks {ranks}{dims}{form})"
 
     def to_json(self) -> dict[str, Any]:
         return {"op_type": self.op_type, "domain": self.domain, "dtype": self.dtype, "ranks": list(self.ranks),
-                "consts": list(self.consts), "dims": self.dims}
+                "consts": list(self.consts), "dims": self.dims, "form": self.form}
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> PlacementPattern:
@@ -96,7 +107,11 @@ class PlacementPattern:
             raise ValueError("op_type, dtype, domain and dims must be strings")
         if len(dims) > 512 or set(dims) - set("1n?-0;>"):
             raise ValueError("dims must be unit-dim masks")
-        return cls(op_type=op_type, dtype=dtype, ranks=tuple(ranks), domain=domain, consts=tuple(consts), dims=dims)
+        form = d.get("form", "")
+        if form not in FORMS:
+            raise ValueError(f"form must be one of {sorted(FORMS)}")
+        return cls(op_type=op_type, dtype=dtype, ranks=tuple(ranks), domain=domain, consts=tuple(consts), dims=dims,
+                   form=form)
 
 
 def unit_mask(shape: tuple[Any, ...] | None) -> str:
@@ -163,4 +178,4 @@ class Capability:
                 "learned_patterns": len(self.learned)}
 
 
-__all__ = ["TOOLKIT_DTYPES", "Capability", "PlacementPattern", "dims_class", "unit_mask"]
+__all__ = ["FORMS", "TOOLKIT_DTYPES", "Capability", "PlacementPattern", "dims_class", "unit_mask"]

@@ -15,7 +15,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.compile.cache import build_key
-from rkpart.compile.learned import CpuLayer, learn, load_learned, store_path, trace_cpu_layers
+from rkpart.compile.learned import VERSION, CpuLayer, learn, load_learned, store_path, trace_cpu_layers
 from rkpart.targets.capability import PlacementPattern
 
 P1 = PlacementPattern("ScatterND", "float32", (4, 5, 4), dims="1nnn;nnnnn;1nnn>1nnn")
@@ -45,9 +45,10 @@ def test_a_damaged_store_reads_as_what_it_still_holds() -> None:
     path.parent.mkdir(parents=True)
     path.write_text("{not json")
     assert load_learned("rk3588", "2.5.0") == frozenset()
-    path.write_text(json.dumps({"format": "rkpart-learned-placement", "version": 2, "patterns": [
+    path.write_text(json.dumps({"format": "rkpart-learned-placement", "version": VERSION, "patterns": [
         P1.to_json(), {"op_type": 3, "dtype": "float32", "ranks": [1]}, {"op_type": "X", "ranks": "12"},
-        {**P2.to_json(), "ranks": [True]}, {**P2.to_json(), "dims": "1x>1"}, {**P2.to_json(), "dims": None}]}))
+        {**P2.to_json(), "ranks": [True]}, {**P2.to_json(), "dims": "1x>1"}, {**P2.to_json(), "dims": None},
+        {**P2.to_json(), "form": "sideways"}]}))
     assert load_learned("rk3588", "2.5.0") == {P1}
     assert learn("rk3588", "2.5.0", [CpuLayer("s", "IsNaN:n", "n", P2)]) == [P2]
     assert load_learned("rk3588", "2.5.0") == {P1, P2}  # the damaged rows are dropped by the rewrite
@@ -115,7 +116,7 @@ def test_a_store_of_the_coarser_version_1_classes_is_relearned() -> None:
     path.write_text(json.dumps({"format": "rkpart-learned-placement", "version": 1, "patterns": [row]}))
     assert load_learned("rk3588", "2.5.0") == frozenset()
     assert learn("rk3588", "2.5.0", [CpuLayer("s", "ScatterND:n", "n", P1)]) == [P1]
-    assert json.loads(path.read_text())["version"] == 2 and load_learned("rk3588", "2.5.0") == {P1}
+    assert json.loads(path.read_text())["version"] == VERSION and load_learned("rk3588", "2.5.0") == {P1}
 
 
 def test_repartition_refuses_no_cache_and_stage(tmp_path: Path) -> None:

@@ -450,3 +450,38 @@ def test_an_op_that_only_feeds_a_later_piece_waits_for_it_instead_of_leaving(tmp
     assert any({"relu", "scores"} <= set(ops) for dev, ops in devices if dev == "npu"), devices
     plan = write_plan(m, part, tmp_path / "plan")
     assert_reproduces(plan, tmp_path / "plan", model)
+
+
+def test_a_learned_reversing_slice_does_not_take_forward_slices_off_the_npu(tmp_path: Path) -> None:
+    """``torch.flip`` exports as a Slice with step -1, which 2.5.0 runs on the CPU (Sana-WM's camera
+    maths); a forward Slice of the same ranks, types and unit dims runs on the NPU.  A class learned
+    from the flip took Sana-WM's attention's forward Slice off the NPU, cutting its bfloat16 island:
+    the reversal is a form of the class of its own."""
+    def c(name: str, v: list[int]) -> TensorProto:
+        return numpy_helper.from_array(np.array(v, dtype=np.int64), name)
+
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),  # [1, 8, 16]
+        helper.make_node("Slice", ["h", "s0", "e0", "ax", "back"], ["r"], name="flip"),
+        helper.make_node("Slice", ["h", "s1", "e1", "ax", "fwd"], ["f"], name="forward"),
+        helper.make_node("Add", ["r", "f"], ["rf"], name="mix"),
+        helper.make_node("MatMul", ["rf", "W2"], ["y"], name="mm2"),
+    ]
+    inits = [_w("W1", 16, 16, 1), _w("W2", 16, 16, 2), c("s0", [-1]), c("e0", [-(2 ** 62)]), c("ax", [2]),
+             c("back", [-1]), c("s1", [0]), c("e1", [16]), c("fwd", [1])]
+    path = _save(tmp_path, "flip", nodes, inits)
+    m = load(path)
+    ix = {m.graph.op(i).name: i for i in range(m.graph.num_ops)}
+    flip, fwd = pattern_of(m.graph, ix["flip"]), pattern_of(m.graph, ix["forward"])
+    assert (flip.form, fwd.form) == ("reverse", "")
+    assert (flip.op_type, flip.dtype, flip.ranks, flip.consts, flip.dims) == \
+        (fwd.op_type, fwd.dtype, fwd.ranks, fwd.consts, fwd.dims)
+    from rkpart.compile.learned import CpuLayer, learn, load_learned
+
+    learn("rk3588", "2.5.0", [CpuLayer("s", "Slice:flip", "flip", flip)])
+    assert load_learned("rk3588", "2.5.0") == {flip}  # the form survives the store
+    part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
+    host = {h["op"] for h in part.extra["capability"]["host_ops"]}
+    assert "flip" in host and "forward" not in host
+    plan = write_plan(m, part, tmp_path / "plan")
+    assert_reproduces(plan, tmp_path / "plan", path)
