@@ -35,6 +35,7 @@ from onnx import TensorProto, numpy_helper
 
 from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
+from rkpart.ir.edit import inferred_value_infos
 from rkpart.ir.tensors import np_dtype_name
 from rkpart.ir.work import op_macs
 from rkpart.partitioner.extract import subgraph_model
@@ -172,10 +173,11 @@ def _retyped(mg: ModelGraph, model: onnx.ModelProto, kept: set[int], cap: Capabi
     if not foreign:
         return set()
     try:
-        g = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+        infos = inferred_value_infos(model)
     except Exception:  # noqa: BLE001 - no types after the rewrite: nothing is known to be rescued
         return set()
-    elem = {vi.name: vi.type.tensor_type.elem_type for vi in (*g.input, *g.output, *g.value_info)}
+    g = model.graph
+    elem = {vi.name: vi.type.tensor_type.elem_type for vi in (*g.input, *g.output, *infos)}
     elem.update({t.name: t.data_type for t in g.initializer})
     by_name = {n.name: n for n in g.node if n.name}
     out = set()
