@@ -219,10 +219,10 @@ def _emulate_bfloat16(src: Path, dst: Path) -> bool:
     it was copied: a bfloat16 weight stored there is cast where it is read."""
     import onnx
 
-    from rkpart.targets.rewrites.precision import emulate_bfloat16, may_hold_bfloat16
+    from rkpart.targets.rewrites.precision import emulate_bfloat16
 
     m = onnx.load(str(src), load_external_data=False)
-    if not may_hold_bfloat16(m) or not emulate_bfloat16(m):
+    if not emulate_bfloat16(m):
         return False
     with atomic_writer(dst) as tmp:
         tmp.write_bytes(m.SerializeToString(deterministic=True))

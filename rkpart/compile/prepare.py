@@ -40,7 +40,7 @@ from rkpart.partitioner.extract import stage_sha256
 from rkpart.targets import get_target
 from rkpart.targets.opset import lower_model, model_opset
 from rkpart.targets.rewrites import DEDUPE, REWRITES, Rewrite, apply_rewrites, compile_rewrites_for
-from rkpart.targets.rewrites.precision import emulate_bfloat16, may_hold_bfloat16
+from rkpart.targets.rewrites.precision import emulated_copy
 from rkpart.validation.metrics import Gate, compare
 
 PREPARED_DIR = "prepared"
@@ -149,10 +149,10 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
     current = model
     # ONNX Runtime has no CPU kernel for most bfloat16 ops: the reference of a stage holding them is
     # computed as bfloat16 would be, op by op in float32 rounded to bfloat16 (emulate_bfloat16)
-    feeds, ref = _finite_reference(_bfloat16_emulated(model) or model, seed)
+    feeds, ref = _finite_reference(emulated_copy(model) or model, seed)
     if needs_lowering:
         lowered, low = lower_model(model, caps.max_opset, toolkit)
-        _check(ref, _run(_bfloat16_emulated(lowered) or lowered, feeds), LOWER_GATE,
+        _check(ref, _run(emulated_copy(lowered) or lowered, feeds), LOWER_GATE,
                f"the stage lowered from opset {opset} to {caps.max_opset} differs under ONNX Runtime")
         current = lowered
         record.update(to_opset=caps.max_opset, rewrites=dict(low.rewrites))
@@ -230,15 +230,6 @@ def _apply_checked(model: onnx.ModelProto, rows: tuple[Rewrite, ...], ref: list[
         current = cand
         kept.update(one)
     return current, kept, failed
-
-
-def _bfloat16_emulated(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """A copy of ``model`` with its bfloat16 islands emulated in float32, or ``None`` when it has none."""
-    if not may_hold_bfloat16(model):
-        return None
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    return out if emulate_bfloat16(out) else None
 
 
 def _rules() -> list[str]:

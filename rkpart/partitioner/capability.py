@@ -29,12 +29,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import networkx as nx
-import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
+from rkpart.ir.consts import tensor_value
 from rkpart.ir.edit import inferred_value_infos
 from rkpart.ir.tensors import np_dtype_name
 from rkpart.ir.work import op_macs
@@ -87,11 +87,9 @@ def pattern_of(mg: ModelGraph, i: int) -> PlacementPattern:
 def _form(mg: ModelGraph, i: int) -> str:
     """:attr:`PlacementPattern.form` of op ``i``: ``reverse`` for a ``Slice`` with a negative constant step."""
     n = mg.op(i)
-    if n.op_type == "Slice" and len(n.inputs) > 4 and n.inputs[4] and mg.is_const_tensor(n.inputs[4]):
-        steps = numpy_helper.to_array(mg.constant(n.inputs[4]))
-        if bool((np.asarray(steps) < 0).any()):
-            return "reverse"
-    return ""
+    reverse = n.op_type == "Slice" and len(n.inputs) > 4 and bool(n.inputs[4]) and mg.is_const_tensor(n.inputs[4]) \
+        and bool((tensor_value(mg.constant(n.inputs[4])) < 0).any())
+    return "reverse" if reverse else ""
 
 
 def flag_ops(mg: ModelGraph, part: Partition, cap: Capability,

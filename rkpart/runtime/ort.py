@@ -112,10 +112,10 @@ def _bfloat16_emulated(model: bytes | str) -> bytes | None:
     not read: a bfloat16 weight stored outside is cast where it is read."""
     import onnx
 
-    from rkpart.targets.rewrites.precision import emulate_bfloat16, may_hold_bfloat16
+    from rkpart.targets.rewrites.precision import emulate_bfloat16
 
     m = onnx.load_from_string(model) if isinstance(model, bytes) else onnx.load(model, load_external_data=False)
-    if not may_hold_bfloat16(m) or not emulate_bfloat16(m):
+    if not emulate_bfloat16(m):
         return None
     return m.SerializeToString()
 

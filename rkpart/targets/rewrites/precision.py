@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from rkpart.ir.consts import tensor_value
 from rkpart.ir.edit import GraphEdit, attr
 from rkpart.ir.ops import DEFAULT_DOMAINS
 
@@ -35,12 +36,7 @@ _FOLLOWS = frozenset({
 
 def _bf16_to_f32(t: TensorProto) -> TensorProto:
     """A bfloat16 constant as float32, value for value (bfloat16 is float32's upper half)."""
-    if t.raw_data:
-        bits = np.frombuffer(t.raw_data, dtype="<u2")
-    else:
-        bits = np.asarray(t.int32_data, dtype=np.uint32).astype("<u2")
-    wide = (bits.astype(np.uint32) << 16).view(np.float32).reshape(tuple(t.dims))
-    return numpy_helper.from_array(wide, t.name)
+    return numpy_helper.from_array(tensor_value(t).astype(np.float32), t.name)
 
 
 def may_hold_bfloat16(model: onnx.ModelProto) -> bool:
@@ -56,6 +52,16 @@ def may_hold_bfloat16(model: onnx.ModelProto) -> bool:
             if (a.name == "to" and a.i == BF16) or (a.name == "value" and a.HasField("t") and a.t.data_type == BF16):
                 return True
     return False
+
+
+def emulated_copy(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of ``model`` with its bfloat16 islands emulated (:func:`emulate_bfloat16`), or ``None``
+    when it has none (and nothing is copied)."""
+    if not may_hold_bfloat16(model):
+        return None
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out if emulate_bfloat16(out) else None
 
 
 def emulate_bfloat16(model: onnx.ModelProto) -> int:
@@ -81,6 +87,8 @@ def widen_bfloat16(view: GraphEdit, rounding: bool = False) -> int:
     its bfloat16 tensors is an input or output of the graph, or when one of its ops is not known to
     follow its inputs' type (a ``Cast`` or a ``RandomNormal`` inside it, a custom-domain op).
     """
+    if not may_hold_bfloat16(view.model):
+        return 0  # read from the graph alone: no type inference for the stages without bfloat16
     g = view.graph
     nodes = list(g.node)
     io = {v.name for v in (*g.input, *g.output)} | _read_in_subgraphs(g)
@@ -160,10 +168,7 @@ def _widens(view: GraphEdit, n: onnx.NodeProto, bf: set[str]) -> bool:
         return False
     if n.op_type == "Cast":
         return True  # in (to bfloat16), out (from bfloat16), or bfloat16 to bfloat16
-    if n.op_type == "Constant":
-        t = attr(n, "value", None)
-        return isinstance(t, TensorProto) and t.data_type == BF16
-    if n.op_type == "ConstantOfShape":
+    if n.op_type in ("Constant", "ConstantOfShape"):
         t = attr(n, "value", None)
         return isinstance(t, TensorProto) and t.data_type == BF16
     if n.op_type == "CastLike":
@@ -205,4 +210,4 @@ def _widened(view: GraphEdit, n: onnx.NodeProto, bf: set[str]) -> onnx.NodeProto
     return out
 
 
-__all__ = ["emulate_bfloat16", "may_hold_bfloat16", "widen_bfloat16"]
+__all__ = ["emulate_bfloat16", "emulated_copy", "may_hold_bfloat16", "widen_bfloat16"]
