@@ -12,9 +12,10 @@ still refused, that the limits hold, and (slow) that ``report``, ``fit`` and
 from __future__ import annotations
 
 import json
-import resource
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -128,16 +129,26 @@ def test_readers_stream_and_stop_at_their_limits(grown: Path, tmp_path: Path, mo
     FUZZ_STATS["cases:readers-big-profile"] += 3
 
 
-def _bounded(argv: list[str]) -> tuple[subprocess.CompletedProcess, float, int]:
-    """Run ``rkpart ARGV`` in a child; its wall seconds and peak RSS (bytes)."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+def _bounded(argv: list[str], tmp: Path) -> tuple[subprocess.CompletedProcess, float, int]:
+    """Run ``rkpart ARGV`` in a child; its wall seconds and its own peak RSS (bytes).
+
+    ``os.wait4`` on the child's pid, not ``RUSAGE_CHILDREN``: the latter is the largest child this
+    worker ever waited for, a toolkit build of an earlier test included (CI: 1791 MiB "for" report)."""
+    out, err = tmp / "bounded.out", tmp / "bounded.err"
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", "from rkpart.cli import main; main()", *argv],
-                       capture_output=True, text=True, timeout=900)
+    with out.open("wb") as fo, err.open("wb") as fe:
+        proc = subprocess.Popen([sys.executable, "-c", "from rkpart.cli import main; main()", *argv],
+                                stdout=fo, stderr=fe)
+        timer = threading.Timer(900, proc.kill)  # a hang fails the wall-time bound, not the suite
+        timer.start()
+        try:
+            _, status, ru = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    assert peak >= before
-    return p, wall, peak * 1024
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
+    return done, wall, ru.ru_maxrss * 1024  # kB on Linux
 
 
 @pytest.mark.slow
@@ -155,9 +166,10 @@ def test_report_fit_and_against_on_a_big_profile_stay_bounded(real_profile: Path
         "against": ["profile", "--show", str(big), "--against", str(cm)],
     }
     for name, argv in runs.items():
-        p, wall, peak = _bounded(argv)
+        p, wall, peak = _bounded(argv, tmp_path)
         assert p.returncode == 0, (name, p.stderr[-2000:])
-        assert peak < 1.5 * 2 ** 30, f"{name}: peak RSS {peak / 2 ** 20:.0f} MiB"
+        print(f"{name}: peak RSS {peak / 2 ** 20:.0f} MiB, {wall:.1f} s")
+        assert peak < 768 * 2 ** 20, f"{name}: peak RSS {peak / 2 ** 20:.0f} MiB"
         assert wall < 600, f"{name}: {wall:.0f} s"
     page = (tmp_path / "r.html").read_text()
     assert "first, middle and last of" in page  # the memory timeline summarises the rounds
