@@ -56,7 +56,7 @@ from rkpart.partitioner.weights import WeightsMode
 from rkpart.partitioner.write import prepare_out, write_partition
 from rkpart.progress import Progress
 from rkpart.recognizers import discover
-from rkpart.strategies.base import Strategy, check_strategy_options, propose_with
+from rkpart.strategies.base import Strategy, check_strategy_options, propose_with, settle_rank4_views
 from rkpart.strategies.fused import FusedStrategy
 from rkpart.strategies.split import SplitStrategy
 from rkpart.targets import DEFAULT_TARGET, TARGETS, get_target
@@ -219,8 +219,22 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
         if " cycle " in note:
             config.progress(note)
     cap = capability_for(config)
+    said: list[str] = []
     if cap is not None:
-        part = apply_capability(model.graph, part, cap, config.force_host, config.progress)
+        part = apply_capability(model.graph, part, cap, config.force_host, said.append)
+    narrow = _narrow_crossings(model.graph, part)
+    if narrow:
+        # the moves left a rank-3 tensor with an unaligned last dim crossing into or out of an NPU
+        # stage (converted on the CPU either way): it crosses as a rank-4 view, on the same groups
+        model.graph, model._discovery = with_rank4_views(model.graph, narrow), None
+        disc = model.discovery(config.progress) if strat.needs_blocks else None
+        part = acyclic(model.graph, propose_with(strat, model.graph, disc, built=opts))
+        said = []
+        if cap is not None:
+            part = apply_capability(model.graph, part, cap, config.force_host, said.append)
+        part = settle_rank4_views(model.graph, part)
+    for line in said:
+        config.progress(line)
     if config.cut_before:
         part, cuts = cut_before(model.graph, part, config.cut_before)
         if cuts:
@@ -254,6 +268,40 @@ def _narrow_npu_inputs(mg: ModelGraph, part: Partition) -> list[str]:
                     or mg.is_const_tensor(t) or mg.producer.get(t) in npu or t.startswith(RANK4_PREFIX):
                 continue
             out.append(t)
+    return out
+
+
+def _narrow_crossings(mg: ModelGraph, part: Partition) -> list[str]:
+    """Tensors the toolkit converts on the CPU at a stage boundary that cross into or out of an NPU
+    group of ``part``: read from another group or as a model input, or read by another group (not
+    model outputs: the plan gives those as the model does).
+
+    Measured (``build_once``, rk3588): a tensor of rank :data:`~rkpart.ir.load.NARROW_INPUT_RANK`
+    whose last dim is not a multiple of :data:`~rkpart.ir.load.NPU_ALIGN`, as a stage input or
+    output, 2.3.0 and 2.5.0; a tensor of rank > 4, as a stage input (``Reshape:<t>_rs``) or output
+    (the op producing it runs on the CPU), 2.3.0 (2.5.0 runs both on the NPU; the view costs it
+    nothing)."""
+    owner = {i: k for k, g in enumerate(part.groups) for i in g.ops}
+    npu = {k for k, g in enumerate(part.groups) if g.device == "npu"}
+    outputs = set(mg.outputs)
+    out: list[str] = []
+    for k in sorted(npu):
+        for i in sorted(part.groups[k].ops):
+            op = mg.op(i)
+            for t in (*op.inputs, *op.outputs):
+                shape = mg.shape(t) if t else None
+                if not t or t in out or t in outputs or shape is None or mg.is_const_tensor(t) \
+                        or t.startswith(RANK4_PREFIX):
+                    continue
+                narrow = len(shape) == NARROW_INPUT_RANK and shape[-1] % NPU_ALIGN != 0
+                if not narrow and rank4_view(shape) is None:
+                    continue
+                p = mg.producer.get(t)
+                comes_in = p is None or owner.get(p) != k  # a model input, or another group's
+                goes_out = p is not None and owner.get(p) == k and any(owner.get(c) != k
+                                                                        for c in mg.consumers.get(t, ()))
+                if comes_in or goes_out:
+                    out.append(t)
     return out
 
 

@@ -37,12 +37,15 @@ from rkpart.io import atomic_write_bytes
 
 PLACEMENT_DIR = "placement"
 FORMAT = "rkpart-learned-placement"
-# 2: patterns carry which dims are 1 (a store of version 1 is re-learned); 3: a reversing Slice is a form of its own
-VERSION = 3
+# 2: patterns carry which dims are 1 (a store of version 1 is re-learned); 3: a reversing Slice is a form of its own;
+# 4: the op giving a stage output of rank > 4 is the boundary's, not learned (a version-3 store may hold such rows)
+VERSION = 4
 #: a store larger than this is not a store rkpart wrote (patterns are few)
 _MAX_BYTES = 4 << 20
 #: layers kept per pattern as examples (where it was learned)
 _EXAMPLES = 5
+#: a stage output of higher rank is produced on the CPU by rknn-toolkit2 2.3.0 (see trace_cpu_layers)
+_BOUNDARY_RANK = 4
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,13 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
         _, _, node = full.partition(":")
         i = by_name.get(node) if node else None
         if i is not None and i in mg.ops.nodes:
+            if any(len(mg.shape(t) or ()) > _BOUNDARY_RANK for t in mg.op(i).outputs if t in mg.outputs):
+                # measured, 2.3.0: the op that gives a stage output of rank > 4 runs on the CPU, whatever it
+                # is (a Reshape to rank 5 and back inside a stage builds with no CPU layer): the boundary's
+                # doing, not the op's, so it moves and is not learned (Sana-WM's rank-5 views had taught
+                # "every rank 4 -> 5 Reshape", and the rounds then emptied its linear attention onto the host)
+                out.append(CpuLayer(stage_id, full, mg.op(i).name, None, boundary=True))
+                continue
             out.append(CpuLayer(stage_id, full, mg.op(i).name, pattern_of(mg, i)))
             continue
         # a conversion the toolkit inserted for a tensor: "<tensor>-rs"; the stage output's producer,

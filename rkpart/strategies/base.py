@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -125,6 +126,40 @@ def _rank4_views(mg: ModelGraph) -> list[tuple[int, tuple[int, ...]]]:
                          for b in backs):
             out.append((first, tuple(backs)))
     return out
+
+
+def settle_rank4_views(mg: ModelGraph, part: Partition) -> Partition:
+    """``part`` with each rank-4 view beside the stages that exchange it, wherever the groups ended up.
+
+    The view (:func:`rkpart.ir.load.with_rank4_views`) joins the group that produces the tensor,
+    so an NPU stage gives the view rather than the narrow tensor (measured: rknn-toolkit2 2.3.0
+    and 2.5.0 convert a rank-3 stage *output* whose last dim is not a multiple of 8 on the CPU,
+    ``Reshape:<t>-rs``, and not the same values given as ``[1, 1, ...]``), and a host stage gives
+    the view to the NPU stage that reads it; each Reshape back joins the group of the op that
+    reads it, host or NPU.  For the groups after the capability
+    moved ops (:meth:`GroupBuilder.hand_over_rank4_views` places them at proposal time, before).
+    No group dependency is added that a path did not already imply, so the plan stays acyclic.
+    """
+    owner = {i: k for k, g in enumerate(part.groups) for i in g.ops}
+    move: dict[int, int] = {}
+    for first, backs in _rank4_views(mg):
+        p = mg.producer.get(mg.op(first).inputs[0])
+        if p is not None and p in owner:
+            move[first] = owner[p]
+        for b in backs:
+            readers = {owner[c] for c in mg.ops.successors(b) if c in owner}
+            if len(readers) == 1:
+                move[b] = readers.pop()
+    move = {i: k for i, k in move.items() if owner.get(i) != k}
+    if not move:
+        return part
+    ops = [set(g.ops) for g in part.groups]
+    for i, k in move.items():
+        if i in owner:
+            ops[owner[i]].discard(i)
+        ops[k].add(i)
+    groups = tuple(replace(g, ops=frozenset(o)) for g, o in zip(part.groups, ops, strict=True) if o)
+    return replace(part, groups=groups)
 
 
 class GroupBuilder:
@@ -280,4 +315,4 @@ class GroupBuilder:
         return acyclic(mg, part, pinned=pinned) if mg is not None else part
 
 
-__all__ = ["Group", "GroupBuilder", "Partition", "Strategy", "block_id", "option", "propose_with"]
+__all__ = ["Group", "GroupBuilder", "Partition", "Strategy", "block_id", "option", "propose_with", "settle_rank4_views"]

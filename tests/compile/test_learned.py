@@ -171,3 +171,29 @@ def test_conversions_of_inner_tensors_trace_to_their_reader_or_producer(tmp_path
     got = trace_cpu_layers("b00.attn", path, ["Reshape:h_rs#1", "Reshape:a_tp_rs"])
     assert [(x.op, x.boundary, x.pattern is not None) for x in got] == [("mm", True, False), ("add", False, True)]
     assert got[1].pattern.op_type == "Add"
+
+
+def test_the_op_giving_a_rank5_stage_output_is_the_boundary_not_a_class(tmp_path: Path) -> None:
+    """rknn-toolkit2 2.3.0 runs the op giving a stage output of rank > 4 on the CPU (measured: a
+    ``Reshape`` to ``[1, 16, 2, 4, 8]`` as the output, ``Reshape:view`` on the CPU; the same Reshape and
+    back inside a stage, none).  It moves as a boundary and its pattern is not learned: learned, every
+    rank 4 -> 5 Reshape of every later model would leave the NPU.  The same op as an inner one is learned."""
+    w = numpy_helper.from_array(np.eye(64, dtype=np.float32), "W")
+    s5 = numpy_helper.from_array(np.array([1, 16, 2, 4, 8], np.int64), "s5")
+    s3 = numpy_helper.from_array(np.array([1, 16, 64], np.int64), "s3")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+                           helper.make_node("Reshape", ["h", "s5"], ["y"], name="view"),
+                           helper.make_node("Reshape", ["h", "s5"], ["i"], name="inner"),
+                           helper.make_node("Reshape", ["i", "s3"], ["z"], name="back")], "s",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 2, 4, 8]),
+                           helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 16, 64])],
+                          initializer=[w, s5, s3])
+    path = tmp_path / "003_b00.attn.2.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    got = trace_cpu_layers("b00.attn.2", path, ["Reshape:view", "Reshape:inner"])
+    assert [(x.op, x.boundary, x.pattern is None) for x in got] == [("view", True, True), ("inner", False, False)]
+    assert learn("rk3588", "2.3.0", got[:1]) == []
+    from rkpart.compile.learned import forced_host
+
+    assert "converted its output on the CPU" in forced_host(got)["view"]

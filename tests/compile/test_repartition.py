@@ -95,8 +95,10 @@ def test_moe_routing_on_the_host_builds_with_no_cpu_layer(tmp_path: Path, export
                                                           version: str) -> None:
     """The MoE family no rewrite was written for: capability and ``--repartition`` leave 0 CPU layers.
 
-    The first build converts the router softmax's narrow output (4 experts) on the CPU
-    (``Reshape:<tensor>-rs``); the re-partition moves the stage boundary before it."""
+    The router softmax's narrow output (4 experts) leaves its stage as a rank-4 view
+    (:func:`rkpart.strategies.base.settle_rank4_views`), so the first build has no CPU layer and
+    no round runs (before, the build converted it on the CPU, ``Reshape:<tensor>-rs``, and a round
+    moved the stage boundary before it)."""
     from rkpart.pipeline import partition
     from tests.models.moe import cached_export as moe_export
 
@@ -110,8 +112,10 @@ def test_moe_routing_on_the_host_builds_with_no_cpu_layer(tmp_path: Path, export
     rep = json.loads(r.output)
     assert all(not s["artifact"]["cpu_ops"] for s in rep["stages"]), [s["artifact"]["cpu_ops"] for s in rep["stages"]]
     assert rep["repartition"]["unmovable_cpu_layers"] == []
+    assert rep["repartition"]["rounds"] == []
     plan, _ = load_plan(folder)
     assert plan.extra["npu_coverage"]["share"] >= 0.99
+    assert any(t.startswith("rkpart/rank4/") for s in plan.npu_stages for t in s.outputs)
     _sim_gate(plan, folder, model, version)
 
 
