@@ -222,10 +222,13 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
     said: list[str] = []
     if cap is not None:
         part = apply_capability(model.graph, part, cap, config.force_host, said.append)
-    narrow = _narrow_crossings(model.graph, part)
-    if narrow:
-        # the moves left a rank-3 tensor with an unaligned last dim crossing into or out of an NPU
-        # stage (converted on the CPU either way): it crosses as a rank-4 view, on the same groups
+    for _ in range(_VIEW_PASSES):
+        narrow = _narrow_crossings(model.graph, part)
+        if not narrow:
+            break
+        # the moves left a tensor the toolkit converts on the CPU (rank 3 with an unaligned last dim,
+        # rank > 4) crossing into or out of an NPU stage: it crosses as a rank-4 view, and the model
+        # is proposed again (the moves on the new graph can leave another such crossing: again)
         model.graph, model._discovery = with_rank4_views(model.graph, narrow), None
         disc = model.discovery(config.progress) if strat.needs_blocks else None
         part = acyclic(model.graph, propose_with(strat, model.graph, disc, built=opts))
@@ -269,6 +272,10 @@ def _narrow_npu_inputs(mg: ModelGraph, part: Partition) -> list[str]:
                 continue
             out.append(t)
     return out
+
+
+#: proposals with rank-4 views at most (each pass views every crossing the last one left)
+_VIEW_PASSES = 3
 
 
 def _narrow_crossings(mg: ModelGraph, part: Partition) -> list[str]:

@@ -144,6 +144,24 @@ def tree_rss(proc: psutil.Process) -> int:
     return total
 
 
+def peak_of(pid: int) -> int:
+    """The high-water resident memory of process ``pid``'s own image, in bytes (0 if unknown).
+
+    ``VmHWM`` of ``/proc/<pid>/status``: the mm the process made at ``exec``.  Not ``ru_maxrss``
+    (``os.wait4``, ``getrusage``): Linux folds the pre-``exec`` mm into it, which for a child of
+    ``fork`` is a copy of the parent, so every build "peaked" at least at rkpart's own size
+    (measured: a child whose VmHWM is 11 MB reports 1036 MB from a 1 GiB parent; in CI the
+    pytest worker's 1 GB stood for a report's peak)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def kill_group(pgid: int) -> None:
     """SIGTERM the process group, then SIGKILL whatever is left after a grace period."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -190,7 +208,7 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
     peak = 0
     timed_out = False
     status = 0
-    ru_maxrss = 0
+    own = 0  # the worker's own high water (peak_of), sampled while it runs and reported by it at the end
     with open(job.log, "wb") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 cwd=work, env=worker_env(work / "home", work / "tmp"),
@@ -199,12 +217,11 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
         try:
             ps = psutil.Process(proc.pid)
             while True:
-                # wait4 rather than Popen.wait: it also returns the child's own peak RSS.
-                pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+                own = max(own, peak_of(proc.pid))
+                pid, status = os.waitpid(proc.pid, os.WNOHANG)
                 if pid:
                     reaped = True
                     proc.returncode = os.waitstatus_to_exitcode(status)
-                    ru_maxrss = ru.ru_maxrss * 1024  # kB on Linux
                     break
                 rss = tree_rss(ps)
                 peak = max(peak, rss)
@@ -215,22 +232,20 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
                 if job.timeout is not None and time.monotonic() - t0 > job.timeout:
                     timed_out = True
                     kill_group(proc.pid)
-                    _, status, ru = os.wait4(proc.pid, 0)
+                    _, status = os.waitpid(proc.pid, 0)
                     reaped = True
                     proc.returncode = os.waitstatus_to_exitcode(status)
-                    ru_maxrss = ru.ru_maxrss * 1024
                     break
                 time.sleep(SAMPLE_S)
         finally:
             if not reaped:  # interrupted (Ctrl-C): leave no compiler running
                 kill_group(proc.pid)
                 with contextlib.suppress(ChildProcessError):
-                    os.wait4(proc.pid, 0)
+                    os.waitpid(proc.pid, 0)
             # Anything the worker left behind in its group (adb servers, helpers).
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
     wall = time.monotonic() - t0
-    peak = max(peak, ru_maxrss)
     if on_sample is not None:
         on_sample(0)
     rc = proc.returncode
@@ -240,6 +255,8 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
     result: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         result = json.loads(result_path.read_text())
+    reported = result.get("vm_hwm_bytes") if isinstance(result, dict) else None
+    peak = max(peak, own, reported if isinstance(reported, int) and not isinstance(reported, bool) else 0)
 
     def done(ok: bool, kind: str, message: str, size: int = 0) -> BuildResult:
         code = rc if rc >= 0 else 128 - rc

@@ -96,6 +96,19 @@ def _make_rknn(config: dict[str, Any]) -> Any:
     return rknn
 
 
+def _vm_hwm() -> int:
+    """This process's own high-water resident memory, bytes (``VmHWM``: not ``ru_maxrss``, which
+    counts the parent's memory copied by ``fork`` before ``exec``); 0 where /proc has none."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def _write_json(path: str, data: dict[str, Any]) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
@@ -151,6 +164,7 @@ def build(request_path: str) -> int:
     with contextlib.suppress(OSError):
         sys.stdout.flush()
         sys.stderr.flush()
+    result["vm_hwm_bytes"] = _vm_hwm()
     try:
         _write_json(req["result"], result)
     except OSError as e:
