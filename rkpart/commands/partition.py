@@ -115,7 +115,9 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
         opts["budget_mib"] = "none"
     if explain and strategy != "auto":
         raise click.UsageError("--explain applies to --strategy auto only")
-    selections: list[Any] = []  # the auto strategy reports its Selection here (for --explain)
+    # the auto strategy reports its Selection here (for --explain); the last is the plan's: a proposal made again
+    # (rank-4 views) works on the new graph, and the graph of the first is changed in place
+    selections: list[Any] = []
     if compile_candidates is not None and (strategy != "auto" or auto_toolkit is None):
         raise click.UsageError("--compile-candidates/--no-compile-candidates apply to --strategy auto with --toolkit")
     say = Reporter(quiet=quiet)
@@ -140,7 +142,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if as_json:
         summary = plan.summary_json()
         click.echo(json.dumps({
-            **({"auto": selections[0].to_json()} if explain and selections else {}),
+            **({"auto": selections[-1].to_json()} if explain and selections else {}),
             "plan": str(out / "plan.json"),
             **{k: summary[k] for k in ("strategy", "blocks", "npu_stages", "host_stages")},
             **({"npu_coverage": plan.extra["npu_coverage"]} if "npu_coverage" in plan.extra else {}),
@@ -149,7 +151,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
         }, indent=2))
         return
     if explain and selections:
-        click.echo(selections[0].render(), nl=False)
+        click.echo(selections[-1].render(), nl=False)
     if not quiet:
         click.echo(plan.render_stages())
     click.echo(plan.render_summary(out / "plan.json"))

@@ -98,7 +98,7 @@ def test_auto_weighs_the_move_against_the_runtime_fallback(tmp_path: Path) -> No
     seen = []
     strat = AutoStrategy(report=seen.append)
     propose(m, strat, PartitionConfig(toolkit="2.5.0", options={"toolkit": "2.5.0"}))
-    sel = seen[0]
+    sel = seen[-1]  # the proposal the plan is made of (the views made it again on a new graph)
     assert sorted(sel.trades) == [b.index for b in m.discovery().blocks]
     for start, t in sel.trades.items():
         assert t.moved is sel.choice_for(start)
@@ -136,3 +136,17 @@ def test_auto_records_the_moves_of_ops_without_names(tmp_path: Path) -> None:
         assert m.graph.op(int(h["op"])).op_type == h["op_type"]
     out = tmp_path / "auto"
     assert_reproduces(write_plan(m, part, out), out, model)
+
+
+def test_auto_explain_on_the_command_line_reads_the_plans_proposal(tmp_path: Path) -> None:
+    """The router softmax's narrow output makes the proposal run again on a graph with rank-4 views;
+    ``--explain`` renders the last proposal's selection (the first one's graph is changed in place:
+    rendering it raised KeyError on a view's tensor)."""
+    from click.testing import CliRunner
+
+    from rkpart.cli import main
+
+    r = CliRunner().invoke(main, ["partition", str(cached_export("torchscript")), "-s", "auto", "--explain",
+                                  "--toolkit", "2.5.0", "--no-compile-candidates", "-o", str(tmp_path / "p"), "-q"])
+    assert r.exit_code == 0, r.output
+    assert r.output.count("capability:") == 2 and "runtime's CPU fallback" in r.output
