@@ -233,12 +233,12 @@ def test_a_failure_no_cut_fixes_is_reduced_and_its_ops_go_to_the_host(tmp_path: 
 
 def test_a_round_that_makes_the_plan_worse_is_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """T5FiLM (TorchScript, ``split``, 2.5.0) as the partition made it before stage inputs got rank-4
-    views (fault injected: no view, neither ``_narrow_npu_inputs`` nor ``_narrow_crossings`` finds anything): its encoder-decoder mask,
-    ``[2, 16, 22]``, is converted on the CPU at every stage boundary it crosses (a rank-3 tensor
-    whose last dim is not a multiple of 8).  Each round moves the op reading it to the host and
-    the conversion follows the boundary: more stages, no fewer CPU layers.  The best round's plan
-    (the first) is written again at the end, its stages taken from the build cache, and the
-    layers that stay are reported."""
+    views (fault injected: no view, neither ``_narrow_npu_inputs`` nor ``_narrow_crossings`` finds
+    anything): its encoder-decoder mask, ``[2, 16, 22]``, is converted on the CPU at every stage
+    boundary it crosses (a rank-3 tensor whose last dim is not a multiple of 8).  Each round moves
+    the op reading it to the host and the conversion follows the boundary: more stages, no fewer
+    CPU layers.  The best round's plan (the first) is written again at the end, its stages taken
+    from the build cache, and the layers that stay are reported."""
     import rkpart.pipeline
 
     monkeypatch.setattr(rkpart.pipeline, "_narrow_npu_inputs", lambda mg, part: [])
