@@ -44,8 +44,6 @@ VERSION = 4
 _MAX_BYTES = 4 << 20
 #: layers kept per pattern as examples (where it was learned)
 _EXAMPLES = 5
-#: a stage output of higher rank is produced on the CPU by rknn-toolkit2 2.3.0 (see trace_cpu_layers)
-_BOUNDARY_RANK = 4
 
 
 @dataclass(frozen=True)
@@ -164,6 +162,7 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
     ranks and types as in the model it was cut from.
     """
     from rkpart.ir import load_model
+    from rkpart.ir.load import NPU_INPUT_RANK
     from rkpart.partitioner.capability import pattern_of
 
     names = [n for n in cpu_ops]
@@ -179,7 +178,7 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
         _, _, node = full.partition(":")
         i = by_name.get(node) if node else None
         if i is not None and i in mg.ops.nodes:
-            if any(len(mg.shape(t) or ()) > _BOUNDARY_RANK for t in mg.op(i).outputs if t in mg.outputs):
+            if any(len(mg.shape(t) or ()) > NPU_INPUT_RANK for t in mg.op(i).outputs if t in mg.outputs):
                 # measured, 2.3.0: the op that gives a stage output of rank > 4 runs on the CPU, whatever it
                 # is (a Reshape to rank 5 and back inside a stage builds with no CPU layer): the boundary's
                 # doing, not the op's, so it moves and is not learned (Sana-WM's rank-5 views had taught

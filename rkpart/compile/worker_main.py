@@ -98,7 +98,10 @@ def _make_rknn(config: dict[str, Any]) -> Any:
 
 def _vm_hwm() -> int:
     """This process's own high-water resident memory, bytes (``VmHWM``: not ``ru_maxrss``, which
-    counts the parent's memory copied by ``fork`` before ``exec``); 0 where /proc has none."""
+    counts the parent's memory copied by ``fork`` before ``exec``); 0 where /proc has none.
+
+    :func:`rkpart.compile.runner.peak_of` for this process: written again because the worker runs in
+    the toolkit's interpreter, which has no rkpart to import."""
     try:
         with open("/proc/self/status", "rb") as f:
             for line in f:

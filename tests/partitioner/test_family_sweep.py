@@ -317,15 +317,13 @@ def _regions(d: Discovery) -> list[tuple[str, ...]]:
     return [tuple(f"{r.name.rstrip('0123456789') or r.name}:{r.kind}" for r in b.regions) for b in d.blocks]
 
 
-def _matches_loaded(plan: Any, folder: Path, model: Path, family: str) -> np.ndarray:
-    """The plan computes what the model as rkpart loads it (Squeezes as torch meant them) computes under
-    ONNX Runtime: NaN exactly where the model has NaN, the finite rest within the sweep's bounds."""
+def _loaded_reference(model: Path, family: str) -> np.ndarray:
+    """``sample`` of the model as rkpart loads it (Squeezes as torch meant them), under ONNX Runtime, on the
+    family's example inputs: computed once per case, for every strategy's plan."""
     import onnx
     from onnx.external_data_helper import load_external_data_for_model
 
-    from rkpart.runtime.executor import run_plan
     from rkpart.runtime.ort import make_session
-    from rkpart.validation.metrics import compare
     from tests.models.diffusers_families import example_inputs
 
     proto = onnx.ModelProto()
@@ -333,13 +331,21 @@ def _matches_loaded(plan: Any, folder: Path, model: Path, family: str) -> np.nda
     load_external_data_for_model(proto, str(model.parent))
     feeds = example_inputs(family)
     sess = make_session(proto.SerializeToString())
-    ref = sess.run(["sample"], {i.name: feeds[i.name] for i in sess.get_inputs()})[0]
-    got = run_plan(plan, folder, feeds)["sample"]
+    return sess.run(["sample"], {i.name: feeds[i.name] for i in sess.get_inputs()})[0]
+
+
+def _matches_loaded(plan: Any, folder: Path, ref: np.ndarray, family: str) -> None:
+    """The plan computes ``ref`` (:func:`_loaded_reference`): NaN exactly where the model has NaN, the finite
+    rest within the sweep's bounds."""
+    from rkpart.runtime.executor import run_plan
+    from rkpart.validation.metrics import compare
+    from tests.models.diffusers_families import example_inputs
+
+    got = run_plan(plan, folder, example_inputs(family))["sample"]
     assert np.array_equal(np.isnan(got), np.isnan(ref)), (int(np.isnan(got).sum()), int(np.isnan(ref).sum()))
     fin = np.isfinite(ref)
     m = compare(got[fin], ref[fin])
     assert m.nan == 0 and m.cosine >= 0.99999 and m.max_abs <= 1e-4 * m.ref_max_abs, m
-    return ref
 
 
 def _matches_torch(plan: Any, folder: Path, family: str) -> None:
@@ -391,19 +397,21 @@ def test_family(case: tuple[str, str, bool], anon_dir: Path, tmp_path: Path) -> 
     assert d.method == ("structure" if anon else "names")
     assert _regions(d) == expected
     run = (family, exporter) not in ORT_REFUSES
+    loaded = _loaded_reference(model, family) if (family, exporter) in LOADED_REFERENCE else None
+    if (family, exporter) in EXPORT_DIFFERS:
+        from tests.models.diffusers_families import example_inputs, torch_outputs
+
+        torch_ref = torch_outputs(family, example_inputs(family))
+        assert loaded is not None and np.isnan(loaded).any() and np.isfinite(torch_ref).all(), \
+            "fixed upstream: move to TORCH_REFERENCE"
     for strategy in ("split", "fused"):
         out = tmp_path / strategy
         plan = (partition_and_check(model, out, strategy, feeds=feeds, **opts) if run
                 else partition(model, out, strategy, **opts))
-        if (family, exporter) in LOADED_REFERENCE:
-            ref = _matches_loaded(plan, out, model, family)
+        if loaded is not None:
+            _matches_loaded(plan, out, loaded, family)
         if (family, exporter) in TORCH_REFERENCE:
             _matches_torch(plan, out, family)
-        elif (family, exporter) in EXPORT_DIFFERS:
-            from tests.models.diffusers_families import example_inputs, torch_outputs
-
-            torch_ref = torch_outputs(family, example_inputs(family))
-            assert np.isnan(ref).any() and np.isfinite(torch_ref).all(), "fixed upstream: move to TORCH_REFERENCE"
         cov = plan.extra["npu_coverage"]
         assert cov["block_macs"] > 0
         if (family, exporter, strategy) in COVERAGE_SHORT:
