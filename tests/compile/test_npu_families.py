@@ -229,3 +229,33 @@ def test_latest_families_reach_zero_cpu_layers_with_repartition(tmp_path: Path, 
         for name in plan.outputs:
             m = compare(out[name], ref[name])
             assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)
+
+
+def test_sana_wm_linear_attention_builds_whole_on_23x(tmp_path: Path) -> None:
+    """Sana-WM's chunked linear attention (dynamo) failed 2.3.0's optimiser twice (a Split into one
+    piece read by Gathers; one constant state read by several MatMuls): ``--repartition`` then sent
+    the failing pieces to the host, 96.5 % of the blocks' matmul work left on the NPU.  With the
+    ``single-split`` and ``matmul-constant-per-reader`` rewrites the stages build whole, both rewrites
+    kept (compile keeps a rewrite only when the rewritten stage equals the original under ONNX
+    Runtime).  No simulator gate here: this export computes NaN in these stages on any input (onnxscript
+    drops the ``+ 1e-15`` of the first chunk's 0 / 0, tests/partitioner/test_family_sweep.py
+    ``EXPORT_DIFFERS``), so there is no finite output to compare."""
+    import onnx
+
+    tk = get_toolkit("2.3.0")
+    folder = tmp_path / "plan"
+    plan = partition(cached_export("sana_wm", "dynamo"), folder, "split", toolkit="2.3.0")
+    linear = [s.id for s in plan.npu_stages if any(
+        n.op_type == "Split" and len(n.output) == 1
+        for n in onnx.load(str(folder / s.file), load_external_data=False).graph.node)]
+    assert len(linear) == 2  # blocks 0 and 2 (the config's linear-attention blocks)
+    rep = compile_plan_report(plan, folder, CompileOptions(tk, "rk3588", {}, jobs=1, stages=linear, learn=False))
+    built = {o.stage_id: o for o in rep.outcomes if o.stage_id in linear}
+    assert sorted(built) == sorted(linear)
+    assert not [o for o in built.values() if o.status == "failed"], [
+        f.message for o in built.values() for f in o.failures]
+    for s in rep.plan.npu_stages:
+        if s.id in linear:
+            assert s.prepared is not None
+            assert {"single-split", "matmul-constant-per-reader"} <= set(s.prepared["rewrites"]), s.prepared
+            assert not s.prepared.get("dropped_rewrites"), s.prepared

@@ -8,6 +8,11 @@ plan, cross-attention stage) and a tiny Chroma (fused plan, double block) crashe
 A tiny HunyuanVideo exported by dynamo (split plan, single-stream block's ``attn_mlp.1`` stage,
 lowered with ``--no-rewrites``) crashed 2.5.0 in the same fusion on ``Concat(x[:, :-6], x[:, -6:])``;
 ``rkpart repro`` reduced it to ``segv_contiguous_slices_concat_2.5.0.onnx`` (5 nodes).
+A tiny Sana-WM exported by dynamo (split plan, a linear-attention stage, 478 nodes) fails 2.3.0's
+optimiser: ``rkpart repro --toolkits 2.3.0 --fail-regex "KeyError: '[^']*-rs'"`` reduced it to
+``fail_single_split_2.3.0.onnx`` (a Split into one piece, two Gathers, a MatMul); with that Split
+gone the stage fails again, and ``--fail-regex "Can not reshape from"`` reduced that to
+``fail_shared_matmul_constant_2.3.0.onnx`` (3 MatMuls, two reading one constant).
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from rkpart.targets.rewrites import apply_rewrites, rewrites_for
 
 DATA = Path(__file__).parent / "data"
 LN_SCALE = DATA / "segv_layernorm_scale_2.5.0.onnx"
+SINGLE_SPLIT = DATA / "fail_single_split_2.3.0.onnx"
+SHARED_CONSTANT = DATA / "fail_shared_matmul_constant_2.3.0.onnx"
 SLICE_CONCAT = DATA / "segv_slice_slice_concat_2.5.0.onnx"
 CONTIGUOUS = DATA / "segv_contiguous_slices_concat_2.5.0.onnx"
 
@@ -192,3 +199,89 @@ def test_tile_broadcast_only_on_size_one_axes(n_rep: int, head: int, rewritten: 
     feeds = _feeds(before)
     np.testing.assert_array_equal(_run(after, feeds)[0], _run(before, feeds)[0])
     assert apply_rewrites(_gqa_tile(n_rep, head), rewrites_for("2.3.0", "npu")) == {}
+
+
+@pytest.mark.parametrize(("path", "rule", "added"), [(SINGLE_SPLIT, "single-split", 0),
+                                                     (SHARED_CONSTANT, "matmul-constant-per-reader", 1)])
+def test_23x_failure_reproducer_is_rewritten_exactly_for_23x_only(path: Path, rule: str, added: int) -> None:
+    for tk in ("2.3.0", "2.3.2"):
+        before, after, done = _rewritten(path, tk)
+        assert done == {rule: 1}
+        assert len(after.graph.node) == len(before.graph.node) + added
+        assert "Split" not in {n.op_type for n in after.graph.node}
+        feeds = _feeds(before)
+        for x, y in zip(_run(before, feeds), _run(after, feeds), strict=True):
+            np.testing.assert_array_equal(y, x)
+    assert apply_rewrites(onnx.load(str(path)), rewrites_for("2.5.0", "npu")) == {}
+
+
+def _splits(outputs: int) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 4, 8])
+    ys = [helper.make_tensor_value_info(f"y{j}", TensorProto.FLOAT, None) for j in range(outputs)]
+    size = numpy_helper.from_array(np.array([4 // outputs] * outputs, dtype=np.int64), "size")
+    split = helper.make_node("Split", ["x", "size"], [f"s{j}" for j in range(outputs)], axis=2)
+    negs = [helper.make_node("Neg", [f"s{j}"], [f"y{j}"]) for j in range(outputs)]
+    return helper.make_model(helper.make_graph([split, *negs], "g", [x], ys, [size]),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("outputs", [1, 2])
+def test_single_split_only_for_one_piece(outputs: int) -> None:
+    before, after = _splits(outputs), _splits(outputs)
+    done = apply_rewrites(after, rewrites_for("2.3.0", "npu"))
+    assert done == ({"single-split": 1} if outputs == 1 else {})
+    assert after.graph.node[0].op_type == ("Identity" if outputs == 1 else "Split")
+    feeds = _feeds(before)
+    for x, y in zip(_run(before, feeds), _run(after, feeds), strict=True):
+        np.testing.assert_array_equal(y, x)
+
+
+def _matmuls(shape: list[int], copies: bool) -> onnx.ModelProto:
+    """Three MatMuls reading a constant ``c`` (``copies``: the third reads an equal copy ``c2``)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    ys = [helper.make_tensor_value_info(f"y{j}", TensorProto.FLOAT, None) for j in range(3)]
+    c = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    inits = [numpy_helper.from_array(c, "c"), numpy_helper.from_array(c.copy(), "c2")]
+    nodes = [helper.make_node("MatMul", ["c", "x"], ["y0"]), helper.make_node("MatMul", ["x", "c"], ["y1"]),
+             helper.make_node("MatMul", ["c2" if copies else "c", "x"], ["y2"])]
+    return helper.make_model(helper.make_graph(nodes, "g", [x], ys, inits if copies else inits[:1]),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("shape", "copies", "identities"), [
+    ([1, 2, 8, 8], False, 2),  # one batched constant, three readers: the second and third get their own
+    ([1, 2, 8, 8], True, 2),  # an equal copy: dedupe-constants merges it first, then it is kept apart again
+    ([8, 8], False, 0),  # a linear layer's weight (rank 2) stays shared
+])
+def test_matmul_constant_per_reader_after_dedupe(shape: list[int], copies: bool, identities: int) -> None:
+    from rkpart.targets.rewrites import compile_rewrites_for
+
+    before, after = _matmuls(shape, copies), _matmuls(shape, copies)
+    done = apply_rewrites(after, compile_rewrites_for("2.3.0"))
+    assert done.get("matmul-constant-per-reader", 0) == identities
+    assert sum(n.op_type == "Identity" for n in after.graph.node) == identities
+    readers = [n.input[k] for n in after.graph.node if n.op_type == "MatMul" for k in (0, 1) if n.input[k] != "x"]
+    assert len(set(readers)) == (3 if identities else 1)
+    feeds = _feeds(before)
+    for x, y in zip(_run(before, feeds), _run(after, feeds), strict=True):
+        np.testing.assert_array_equal(y, x)
+    assert apply_rewrites(_matmuls(shape, copies), compile_rewrites_for("2.5.0")).get(
+        "matmul-constant-per-reader") is None
+
+
+@pytest.mark.toolkit
+@pytest.mark.parametrize("version", ["2.3.0", "2.3.2"])
+@pytest.mark.parametrize("path", [SINGLE_SPLIT, SHARED_CONSTANT], ids=["single-split", "shared-constant"])
+def test_23x_reproducer_fails_and_builds_once_rewritten(path: Path, version: str, tmp_path: Path) -> None:
+    from rkpart.triage.matrix import build_once
+    from tests.toolkits import get_toolkit
+
+    tk = get_toolkit(version)
+    _, after, _ = _rewritten(path, version)
+    fixed = tmp_path / "rewritten.onnx"
+    onnx.save(after, str(fixed))
+    failed = build_once(path, tk, target="rk3588", log=tmp_path / "before.log")
+    assert not failed.ok and failed.kind == "error"
+    assert "KeyError" in (text := (tmp_path / "before.log").read_text(errors="replace")) or "Can not reshape" in text
+    built = build_once(fixed, tk, target="rk3588", log=tmp_path / "after.log")
+    assert built.ok, built.message

@@ -5,7 +5,7 @@ model (deterministic serialisation) and the hits :func:`apply_rewrites` reports.
 generated from main before the rewrites moved onto :class:`rkpart.ir.edit.GraphEdit`
 (``python -m tests.targets.test_rewrite_golden`` rewrites it; only do that for an intended change).
 The graphs are the rewrite tests' own (every row of the table matches at least one) and the
-two reduced 2.5.0 crash reproducers.
+reduced crash reproducers (``segv_*``: 2.5.0; ``fail_*``: 2.3.0 optimiser failures).
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "rope_halves_slice": lambda: _rope("slice"),
         "bf16_attention": lambda: attention(weights=True),
     }
-    for f in sorted(DATA.glob("segv_*.onnx")):
+    for f in sorted([*DATA.glob("segv_*.onnx"), *DATA.glob("fail_*.onnx")]):
         out[f.stem] = lambda f=f: onnx.load(str(f))
     return out
 

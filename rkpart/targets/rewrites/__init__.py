@@ -36,7 +36,12 @@ from dataclasses import dataclass
 import onnx
 
 from rkpart.ir.edit import NEEDS, GraphEdit
-from rkpart.targets.rewrites.crashes import layernorm_scale_fold, strided_slices_concat
+from rkpart.targets.rewrites.crashes import (
+    layernorm_scale_fold,
+    matmul_constant_per_reader,
+    single_output_split,
+    strided_slices_concat,
+)
 from rkpart.targets.rewrites.lower import NO_LOWERING, TYPE_ONLY_CHANGES, gelu, grid_sample
 from rkpart.targets.rewrites.npu import (
     dedupe_constants,
@@ -86,6 +91,8 @@ class Rewrite:
     #: where it matched the stage cannot build without it (an element type no toolkit has): a
     #: failed build is retried without the other rewrites, never without this one
     needed: bool = False
+    #: applied after :data:`DEDUPE` (which would merge what the rewrite keeps apart)
+    after_dedupe: bool = False
 
     def __post_init__(self) -> None:
         if not set(self.needs) <= NEEDS:
@@ -220,6 +227,24 @@ REWRITES: tuple[Rewrite, ...] = (
             "Measured on a tiny HunyuanVideo, dynamo, 2.5.0: split 14/18 -> 18/18 stages built, fused 8/12 -> "
             "12/12, 0 CPU layers, no --repartition",
             strided_slices_concat, needs=("shapes",)),
+    Rewrite("single-split", "Split", "npu", ("2.3.0", "2.3.2"),
+            "Failure avoided, not a placement: a Split into one piece (dynamo's split_with_sizes of one chunk the "
+            "size of the axis; Sana-WM's chunked linear attention, rank 5) read by a Gather of one index: 2.3.0's "
+            "optimiser fails on the reshape it inserts for the Gather (KeyError: 'select_10-rs', after "
+            "convert_reshape_to_transpose), 2.3.2 in the same step ('Can not reshape from [1, 2, 16, 16] to "
+            "[2, 2, 16, 16]'). As an Identity both build; 2.5.0 builds either form. Measured with `rkpart repro` "
+            "on tiny Sana-WM's linear-attention stage (dynamo, split, 2.3.0: 478 nodes -> Split, 2 Gathers, "
+            "a MatMul)",
+            single_output_split),
+    Rewrite("matmul-constant-per-reader", "MatMul", "npu", ("2.3.0", "2.3.2"),
+            "Failure avoided, not a placement: one constant batched operand (rank >= 3) read by several MatMuls "
+            "(Sana-WM's chunked linear attention starts its state from one zeros tensor that 4 MatMuls read): "
+            "2.3.0 and 2.3.2 fail in _p_replace_inner_dim_shuffle_to_gather ('Can not reshape from [2, 16, 16] "
+            "to [2, 16]'; `rkpart repro` reduces the stage, with single-split, to 3 MatMuls, two reading the "
+            "same constant). Each MatMul after the first reads it through an Identity of its own: both build. "
+            "Applied after dedupe-constants. With single-split, tiny Sana-WM's linear-attention stage (2.3.0, "
+            "dynamo, split) builds whole instead of failing",
+            matmul_constant_per_reader, after_dedupe=True),
     Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
             "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
             "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "
@@ -300,8 +325,10 @@ def rewrites_for(toolkit: str, kind: str) -> tuple[Rewrite, ...]:
 
 def compile_rewrites_for(toolkit: str | None = None) -> tuple[Rewrite, ...]:
     """The ``npu`` rewrites ``rkpart compile`` applies to ``toolkit`` (``None``: to any), in the
-    order it applies and drops them: the table's rows, then :data:`DEDUPE`."""
-    rows = (*(r for r in REWRITES if r.kind == "npu"), DEDUPE)
+    order it applies and drops them: the table's rows, then :data:`DEDUPE`, then the rows that must
+    come after it (``after_dedupe``)."""
+    npu = [r for r in REWRITES if r.kind == "npu"]
+    rows = (*(r for r in npu if not r.after_dedupe), DEDUPE, *(r for r in npu if r.after_dedupe))
     return tuple(r for r in rows if toolkit is None or r.applies_to(toolkit))
 
 

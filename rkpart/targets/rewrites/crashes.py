@@ -12,6 +12,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from rkpart.ir.edit import GraphEdit, attr
+from rkpart.ir.ops import DEFAULT_DOMAINS
 
 
 def layernorm_scale_fold(view: GraphEdit) -> int:
@@ -166,3 +167,49 @@ def _drop_unread(graph: onnx.GraphProto, slices: list[onnx.NodeProto], uses: Map
             graph.node.remove(s)
 
 
+
+
+def single_output_split(view: GraphEdit) -> int:
+    """``Split(x)`` with one output (dynamo's ``split_with_sizes`` of one piece the size of the
+    axis) -> ``Identity(x)``: a Split into one piece is the whole tensor.
+
+    Sana-WM's chunked linear attention splits a rank-5 tensor so and gathers one index of it; 2.3.0
+    fails on the Gather's inserted reshape (``KeyError: 'select_10-rs'``) and 2.3.2 in
+    ``convert_reshape_to_transpose``; with the Identity both build."""
+    return view.replace_each("Split", lambda n: [helper.make_node("Identity", [n.input[0]], [n.output[0]],
+                                                                  name=n.name)]
+                             if len(n.output) == 1 and n.input and n.output[0] else None)
+
+
+def matmul_constant_per_reader(view: GraphEdit) -> int:
+    """A constant batched operand (rank >= 3) that several MatMuls read: every MatMul after the
+    first reads it through an Identity of its own.  The same values, no copy in the graph.
+
+    Sana-WM's chunked linear attention starts its state from one ``zeros`` tensor that four
+    MatMuls read; 2.3.0 and 2.3.2 fail in ``_p_replace_inner_dim_shuffle_to_gather`` ("Can not
+    reshape from [2, 16, 16] to [2, 16]").  Run after ``dedupe-constants``, which would merge
+    copies again.  2-D operands (a linear layer's weight) are left shared."""
+    graph = view.graph
+    readers: dict[str, list[tuple[int, int]]] = {}
+    for k, n in enumerate(graph.node):
+        if n.op_type == "MatMul" and n.domain in DEFAULT_DOMAINS:
+            for slot, x in enumerate(n.input[:2]):
+                readers.setdefault(x, []).append((k, slot))
+    view.new_names()
+    before: dict[int, list[onnx.NodeProto]] = {}
+    count = 0
+    for x, where in readers.items():
+        if len(where) < 2:
+            continue
+        c = view.const_array(x)
+        if c is None or c.ndim < 3:
+            continue
+        for k, slot in where[1:]:
+            mm = graph.node[k]
+            own = view.fresh(f"{x}/for_{mm.name or mm.output[0]}")
+            before.setdefault(k, []).append(helper.make_node("Identity", [x], [own], name=own))
+            mm.input[slot] = own
+            count += 1
+    if count:
+        view.set_nodes([m for k, n in enumerate(graph.node) for m in (*before.get(k, []), n)])
+    return count
