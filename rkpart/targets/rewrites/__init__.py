@@ -39,6 +39,7 @@ from rkpart.ir.edit import NEEDS, GraphEdit
 from rkpart.targets.rewrites.crashes import (
     layernorm_scale_fold,
     matmul_constant_per_reader,
+    may_share_matmul_constants,
     single_output_split,
     strided_slices_concat,
 )
@@ -236,7 +237,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "on tiny Sana-WM's linear-attention stage (dynamo, split, 2.3.0: 478 nodes -> Split, 2 Gathers, "
             "a MatMul)",
             single_output_split),
-    Rewrite("matmul-constant-per-reader", "MatMul", "npu", ("2.3.0", "2.3.2"),
+    Rewrite("matmul-constant-per-reader", "", "npu", ("2.3.0", "2.3.2"),
             "Failure avoided, not a placement: one constant batched operand (rank >= 3) read by several MatMuls "
             "(Sana-WM's chunked linear attention starts its state from one zeros tensor that 4 MatMuls read): "
             "2.3.0 and 2.3.2 fail in _p_replace_inner_dim_shuffle_to_gather ('Can not reshape from [2, 16, 16] "
@@ -244,7 +245,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "same constant). Each MatMul after the first reads it through an Identity of its own: both build. "
             "Applied after dedupe-constants. With single-split, tiny Sana-WM's linear-attention stage (2.3.0, "
             "dynamo, split) builds whole instead of failing",
-            matmul_constant_per_reader, after_dedupe=True),
+            matmul_constant_per_reader, probe=may_share_matmul_constants, after_dedupe=True),
     Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
             "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
             "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from rkpart.ir.consts import constant_tensor
 from rkpart.ir.edit import GraphEdit, attr
 from rkpart.ir.ops import DEFAULT_DOMAINS
 
@@ -181,6 +182,35 @@ def single_output_split(view: GraphEdit) -> int:
                              if len(n.output) == 1 and n.input and n.output[0] else None)
 
 
+def _batched_constants(graph: onnx.GraphProto) -> set[str]:
+    """Names of the graph's constants of rank >= 3 (initializers and ``Constant`` outputs)."""
+    out = {t.name for t in graph.initializer if len(t.dims) >= 3}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.domain in DEFAULT_DOMAINS and n.output:
+            t = constant_tensor(n)
+            if t is not None and len(t.dims) >= 3:
+                out.add(n.output[0])
+    return out
+
+
+def _shared_matmul_operands(graph: onnx.GraphProto) -> dict[str, list[tuple[int, int]]]:
+    """Constant batched operand -> (node index, input slot) of each MatMul reading it, for those read by
+    two or more."""
+    batched = _batched_constants(graph)
+    readers: dict[str, list[tuple[int, int]]] = {}
+    for k, n in enumerate(graph.node):
+        if n.op_type == "MatMul" and n.domain in DEFAULT_DOMAINS:
+            for slot, x in enumerate(n.input[:2]):
+                if x in batched:
+                    readers.setdefault(x, []).append((k, slot))
+    return {x: w for x, w in readers.items() if len(w) > 1}
+
+
+def may_share_matmul_constants(head: onnx.ModelProto) -> bool:
+    """Whether :func:`matmul_constant_per_reader` may change ``head`` (read without external data)."""
+    return bool(_shared_matmul_operands(head.graph))
+
+
 def matmul_constant_per_reader(view: GraphEdit) -> int:
     """A constant batched operand (rank >= 3) that several MatMuls read: every MatMul after the
     first reads it through an Identity of its own.  The same values, no copy in the graph.
@@ -190,26 +220,18 @@ def matmul_constant_per_reader(view: GraphEdit) -> int:
     reshape from [2, 16, 16] to [2, 16]").  Run after ``dedupe-constants``, which would merge
     copies again.  2-D operands (a linear layer's weight) are left shared."""
     graph = view.graph
-    readers: dict[str, list[tuple[int, int]]] = {}
-    for k, n in enumerate(graph.node):
-        if n.op_type == "MatMul" and n.domain in DEFAULT_DOMAINS:
-            for slot, x in enumerate(n.input[:2]):
-                readers.setdefault(x, []).append((k, slot))
+    shared = _shared_matmul_operands(graph)
+    if not shared:
+        return 0
     view.new_names()
     before: dict[int, list[onnx.NodeProto]] = {}
     count = 0
-    for x, where in readers.items():
-        if len(where) < 2:
-            continue
-        c = view.const_array(x)
-        if c is None or c.ndim < 3:
-            continue
+    for x, where in shared.items():
         for k, slot in where[1:]:
             mm = graph.node[k]
             own = view.fresh(f"{x}/for_{mm.name or mm.output[0]}")
             before.setdefault(k, []).append(helper.make_node("Identity", [x], [own], name=own))
             mm.input[slot] = own
             count += 1
-    if count:
-        view.set_nodes([m for k, n in enumerate(graph.node) for m in (*before.get(k, []), n)])
+    view.set_nodes([m for k, n in enumerate(graph.node) for m in (*before.get(k, []), n)])
     return count
