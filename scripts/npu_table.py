@@ -19,6 +19,8 @@ example inputs (``--inputs``).  Each run reads and fills the placement store of
 ``$RKPART_CACHE_DIR``: give every run an empty one for a table that does not depend on what
 earlier runs learned.
 
+``python scripts/npu_table.py --merge ALL.md OUT.md [OUT2.md ...]`` writes the rows of such tables as one
+(later files win for a repeated row; newest toolkit first, then by family).
 ``python scripts/npu_table.py --pivot OUT.md [OUT2.md ...]`` prints the rows of such tables as the
 README's per-family table (one row per family, exporter and toolkit; split and fused side by side).
 """
@@ -74,11 +76,31 @@ def pivot(tables: list[Path]) -> str:
     return "\n".join(out) + "\n"
 
 
+def merge(tables: list[Path]) -> str:
+    """One table of the rows of ``tables`` (later files win for a repeated row), sorted by toolkit
+    (newest first) then family, exporter and strategy: what ``--pivot`` of the runs of one sweep reads."""
+    head: list[str] = []
+    rows: dict[tuple[str, ...], str] = {}
+    for t in tables:
+        lines = [ln for ln in t.read_text().splitlines() if ln.startswith("|")]
+        head = head or lines[:2]
+        for ln in lines[2:]:
+            c = [x.strip() for x in ln.strip("|").split("|")]
+            rows[(c[0], c[1], c[2], c[3])] = ln
+
+    def order(k: tuple[str, ...]) -> tuple[object, ...]:
+        return (tuple(-int(p) for p in k[3].split(".") if p.isdigit()), k[0], k[1], k[2])
+    return "\n".join([*head, *(rows[k] for k in sorted(rows, key=order))]) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["--pivot"]:
         sys.stdout.write(pivot([Path(a) for a in argv[1:]]))
+        return 0
+    if argv[:1] == ["--merge"] and len(argv) >= 3:
+        Path(argv[1]).write_text(merge([Path(a) for a in argv[2:]]))
         return 0
     from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.compile.toolkits import find_toolkit

@@ -12,7 +12,10 @@ A tiny Sana-WM exported by dynamo (split plan, a linear-attention stage, 478 nod
 optimiser: ``rkpart repro --toolkits 2.3.0 --fail-regex "KeyError: '[^']*-rs'"`` reduced it to
 ``fail_single_split_2.3.0.onnx`` (a Split into one piece, two Gathers, a MatMul); with that Split
 gone the stage fails again, and ``--fail-regex "Can not reshape from"`` reduced that to
-``fail_shared_matmul_constant_2.3.0.onnx`` (3 MatMuls, two reading one constant).
+``fail_shared_matmul_constant_2.3.0.onnx`` (3 MatMuls, two reading one constant).  A tiny
+Sana-WM-refiner exported by TorchScript (split plan, attention stage, 91 nodes) fails 2.3.0's
+constant folding: ``--fail-regex "Can't merge shape info"`` reduced it to
+``fail_gather_input_concat_2.3.0.onnx`` (2 Gathers of one index of KV-cache inputs, 2 Casts, a Concat).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ DATA = Path(__file__).parent / "data"
 LN_SCALE = DATA / "segv_layernorm_scale_2.5.0.onnx"
 SINGLE_SPLIT = DATA / "fail_single_split_2.3.0.onnx"
 SHARED_CONSTANT = DATA / "fail_shared_matmul_constant_2.3.0.onnx"
+GATHER_INPUT = DATA / "fail_gather_input_concat_2.3.0.onnx"
 SLICE_CONCAT = DATA / "segv_slice_slice_concat_2.5.0.onnx"
 CONTIGUOUS = DATA / "segv_contiguous_slices_concat_2.5.0.onnx"
 
@@ -201,12 +205,17 @@ def test_tile_broadcast_only_on_size_one_axes(n_rep: int, head: int, rewritten: 
     assert apply_rewrites(_gqa_tile(n_rep, head), rewrites_for("2.3.0", "npu")) == {}
 
 
-@pytest.mark.parametrize(("path", "rule", "added"), [(SINGLE_SPLIT, "single-split", 0),
-                                                     (SHARED_CONSTANT, "matmul-constant-per-reader", 1)])
-def test_23x_failure_reproducer_is_rewritten_exactly_for_23x_only(path: Path, rule: str, added: int) -> None:
-    for tk in ("2.3.0", "2.3.2"):
+@pytest.mark.parametrize(("path", "hits", "added", "versions"), [
+    (SINGLE_SPLIT, {"single-split": 1}, 0, ("2.3.0", "2.3.2")),  # its Gathers read the Split's piece
+    (SHARED_CONSTANT, {"matmul-constant-per-reader": 1}, 1, ("2.3.0", "2.3.2")),
+    (GATHER_INPUT, {"scalar-gather-slice": 2}, 2, ("2.3.0",))])  # 2.3.2 builds it as it is
+def test_23x_failure_reproducer_is_rewritten_exactly_for_23x_only(path: Path, hits: dict[str, int], added: int,
+                                                                   versions: tuple[str, ...]) -> None:
+    for other in {"2.3.0", "2.3.2"} - set(versions):
+        assert apply_rewrites(onnx.load(str(path)), rewrites_for(other, "npu")) == {}
+    for tk in versions:
         before, after, done = _rewritten(path, tk)
-        assert done == {rule: 1}
+        assert done == hits
         assert len(after.graph.node) == len(before.graph.node) + added
         assert "Split" not in {n.op_type for n in after.graph.node}
         feeds = _feeds(before)
@@ -270,8 +279,11 @@ def test_matmul_constant_per_reader_after_dedupe(shape: list[int], copies: bool,
 
 
 @pytest.mark.toolkit
-@pytest.mark.parametrize("version", ["2.3.0", "2.3.2"])
-@pytest.mark.parametrize("path", [SINGLE_SPLIT, SHARED_CONSTANT], ids=["single-split", "shared-constant"])
+@pytest.mark.parametrize(("path", "version"), [(SINGLE_SPLIT, "2.3.0"), (SINGLE_SPLIT, "2.3.2"),
+                                               (SHARED_CONSTANT, "2.3.0"), (SHARED_CONSTANT, "2.3.2"),
+                                               (GATHER_INPUT, "2.3.0")],
+                         ids=["single-split-2.3.0", "single-split-2.3.2", "shared-constant-2.3.0",
+                              "shared-constant-2.3.2", "gather-input-2.3.0"])
 def test_23x_reproducer_fails_and_builds_once_rewritten(path: Path, version: str, tmp_path: Path) -> None:
     from rkpart.triage.matrix import build_once
     from tests.toolkits import get_toolkit
@@ -282,6 +294,47 @@ def test_23x_reproducer_fails_and_builds_once_rewritten(path: Path, version: str
     onnx.save(after, str(fixed))
     failed = build_once(path, tk, target="rk3588", log=tmp_path / "before.log")
     assert not failed.ok and failed.kind == "error"
-    assert "KeyError" in (text := (tmp_path / "before.log").read_text(errors="replace")) or "Can not reshape" in text
+    text = (tmp_path / "before.log").read_text(errors="replace")
+    assert "KeyError" in text or "Can not reshape" in text or "Can't merge shape info" in text
     built = build_once(fixed, tk, target="rk3588", log=tmp_path / "after.log")
     assert built.ok, built.message
+
+
+def _gather(index: object, axis: int, shape: list[int] | None = None, computed: bool = False) -> onnx.ModelProto:
+    """``y = Gather(x, index, axis)`` over the stage input ``x`` (2, 3, 4, 8) (``index`` an initializer;
+    ``None``: an input; ``computed``: over ``Neg(x)``, not the input itself)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape or [2, 3, 4, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    ins, inits = [x], []
+    if index is None:
+        ins.append(helper.make_tensor_value_info("i", TensorProto.INT64, []))
+    else:
+        inits.append(numpy_helper.from_array(np.array(index, dtype=np.int64), "i"))
+    nodes = [helper.make_node("Neg", ["x"], ["nx"])] if computed else []
+    nodes.append(helper.make_node("Gather", ["nx" if computed else "x", "i"], ["y"], axis=axis))
+    return helper.make_model(helper.make_graph(nodes, "g", ins, [y], inits),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("index", "axis", "shape", "computed", "rewritten"), [
+    (0, 0, None, False, True),  # Sana-WM-refiner's layer of the KV cache
+    (1, 0, None, False, True),
+    (-1, 2, None, False, True),  # negative: counted from the end, as ONNX does
+    (2, -1, None, False, True),
+    ([1], 0, None, False, False),  # a 1-D index keeps the axis: not this pattern
+    (None, 0, None, False, False),  # an index given at run time
+    (0, 0, [2, 1, 2, 4, 8], False, False),  # rank 5: 2.3.0 would run the Reshape back on the CPU
+    (0, 0, None, True, False),  # not a stage input
+])
+def test_scalar_gather_slice_only_for_one_constant_index_of_an_input(index: object, axis: int, shape: list[int] | None,
+                                                                     computed: bool, rewritten: bool) -> None:
+    before, after = _gather(index, axis, shape, computed), _gather(index, axis, shape, computed)
+    done = apply_rewrites(after, rewrites_for("2.3.0", "npu"))
+    assert done == ({"scalar-gather-slice": 1} if rewritten else {})
+    ops = [n.op_type for n in after.graph.node if n.op_type != "Neg"]
+    assert ops == (["Slice", "Reshape"] if rewritten else ["Gather"])
+    feeds = _feeds(before)
+    if index is None:
+        feeds["i"] = np.array(1, dtype=np.int64)
+    np.testing.assert_array_equal(_run(after, feeds)[0], _run(before, feeds)[0])
+    assert apply_rewrites(_gather(index, axis, shape, computed), rewrites_for("2.5.0", "npu")) == {}

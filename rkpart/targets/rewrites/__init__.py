@@ -40,6 +40,7 @@ from rkpart.targets.rewrites.crashes import (
     layernorm_scale_fold,
     matmul_constant_per_reader,
     may_share_matmul_constants,
+    scalar_gather_slice,
     single_output_split,
     strided_slices_concat,
 )
@@ -237,6 +238,18 @@ REWRITES: tuple[Rewrite, ...] = (
             "on tiny Sana-WM's linear-attention stage (dynamo, split, 2.3.0: 478 nodes -> Split, 2 Gathers, "
             "a MatMul)",
             single_output_split),
+    Rewrite("scalar-gather-slice", "Gather", "npu", ("2.3.0",),
+            "Failure avoided, not a placement: a Gather of one constant index (x[i], dropping the axis) of a stage "
+            "input of rank <= 4 (Sana-WM-refiner's attention picks its layer of the KV cache inputs, sink_v[0] of "
+            "[2, 1, 16, 32], and concatenates it with the new values): 2.3.0's constant folding fails (ONNX "
+            "Runtime in the toolkit: \"Can't merge shape info ... Inferred=1 Declared=2\" on that Concat), "
+            "so --repartition had to cut both attention stages. As Slice(x, i, i+1) and a Reshape that drops "
+            "the axis (exact) the stage builds with 0 CPU layers (tiny Sana-WM-refiner, TorchScript, split, "
+            "2.3.0: 8 stages after a round -> 6 from the first build). Not for rank > 4: 2.3.0 runs the Reshape "
+            "back from rank 6 on the CPU (AnyFlow-FAR's KV cache: 4 CPU layers no round can move), and not for "
+            "a computed x (not measured). 2.3.2 builds the reduced reproducer (2 Gathers, 2 Casts, the Concat) "
+            "as it is: not applied there",
+            scalar_gather_slice, needs=("inferred_shapes",)),
     Rewrite("matmul-constant-per-reader", "", "npu", ("2.3.0", "2.3.2"),
             "Failure avoided, not a placement: one constant batched operand (rank >= 3) read by several MatMuls "
             "(Sana-WM's chunked linear attention starts its state from one zeros tensor that 4 MatMuls read): "

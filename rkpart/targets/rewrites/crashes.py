@@ -235,3 +235,36 @@ def matmul_constant_per_reader(view: GraphEdit) -> int:
             count += 1
     view.set_nodes([m for k, n in enumerate(graph.node) for m in (*before.get(k, []), n)])
     return count
+
+
+def scalar_gather_slice(view: GraphEdit) -> int:
+    """``Gather(x, i, axis)`` with ``x`` an input of the stage of rank <= 4 and ``i`` a constant
+    scalar -> ``Reshape(Slice(x, i, i + 1, axis), shape)``, the shape ``x``'s without ``axis``
+    (exact: one index picked, its axis dropped).
+
+    Sana-WM-refiner's attention picks its layer of the KV cache inputs (``sink_v[0]`` of
+    ``[2, 1, 16, 32]``) and concatenates it with the new values: 2.3.0's constant folding then
+    fails (ONNX Runtime: "Can't merge shape info ... Inferred=1 Declared=2" on that Concat).  Not
+    for rank > 4: 2.3.0 runs the Reshape back from rank 6 to rank 5 on the CPU (measured on tiny
+    AnyFlow-FAR's KV cache, 4 CPU layers the rounds cannot move: no op of the model is behind them)."""
+    shapes = view.static_shapes()
+    inputs = {i.name for i in view.graph.input} - {t.name for t in view.graph.initializer}
+
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+        if len(n.input) != 2 or not n.output[0] or n.input[0] not in inputs:
+            return None
+        idx, shape = view.const_array(n.input[1]), shapes.get(n.input[0])
+        if idx is None or idx.ndim != 0 or not shape or len(shape) > 4 or idx.dtype.kind not in "iu":
+            return None
+        axis = int(attr(n, "axis", 0)) % len(shape)  # type: ignore[call-overload]
+        i = int(idx) + (shape[axis] if int(idx) < 0 else 0)
+        if not 0 <= i < shape[axis]:
+            return None
+        base = n.name or n.output[0]
+        picked = view.fresh(f"{base}/picked")
+        start, end, ax = (_ints(view, f"{base}/{t}", [v]) for t, v in (("start", i), ("end", i + 1), ("axis", axis)))
+        out_shape = _ints(view, f"{base}/shape", [*shape[:axis], *shape[axis + 1:]])
+        return [helper.make_node("Slice", [n.input[0], start, end, ax], [picked], name=f"{base}/Slice"),
+                helper.make_node("Reshape", [picked, out_shape], [n.output[0]], name=f"{base}/Reshape")]
+
+    return view.replace_each("Gather", one)

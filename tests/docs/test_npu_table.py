@@ -1,0 +1,59 @@
+"""The README's table of the whole diffusers sweep is what ``scripts/npu_table.py --pivot`` makes of the
+recorded runs, and those runs cover every family of the sweep with 0 CPU layers.
+
+``docs/npu-table/latest.md`` holds the rows ``scripts/npu_table.py`` wrote (one run per family and
+toolkit, each on an empty ``$RKPART_CACHE_DIR``; README "The 42 families of the whole sweep" says
+how).  A README edit by hand, a run left out or a row left with a CPU layer fails here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+from tests.models.diffusers_families import LATEST
+from tests.partitioner.test_family_sweep import CI_LATEST
+
+ROOT = Path(__file__).resolve().parents[2]
+RAW = ROOT / "docs" / "npu-table" / "latest.md"
+#: the plans of each family: split on both toolkits, fused on 2.5.0
+PLANS = (("split", "2.5.0"), ("fused", "2.5.0"), ("split", "2.3.0"))
+
+
+def _npu_table():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("npu_table", ROOT / "scripts" / "npu_table.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _rows() -> list[dict[str, str]]:
+    lines = [ln for ln in RAW.read_text().splitlines() if ln.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(head, (c.strip() for c in ln.strip("|").split("|")), strict=True)) for ln in lines[2:]]
+
+
+def _readme_table(first_line: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(first_line)
+    end = text.index("\n\n", start)
+    return text[start:end + 1]
+
+
+def test_readme_sweep_table_is_the_pivot_of_the_recorded_runs() -> None:
+    table = _npu_table().pivot([RAW])
+    assert _readme_table(table.splitlines()[0] + "\n" + table.splitlines()[1] + "\n") == table
+
+
+def test_recorded_runs_cover_every_family_with_every_stage_built_and_no_cpu_layer() -> None:
+    rows = _rows()
+    got = {(r["family"], r["exporter"], r["strategy"], r["toolkit"]) for r in rows}
+    want = {(f, e, s, v) for f, e in CI_LATEST for s, v in PLANS}
+    assert len(CI_LATEST) == len(LATEST)
+    assert got == want, (sorted(want - got), sorted(got - want))
+    for r in rows:
+        built = re.match(r"(\d+)/(\d+)", r["built (rewrites)"])
+        assert built and built.group(1) == built.group(2), r
+        assert re.fullmatch(r"0( \(.*\))?", r["CPU layers (rewrites)"]), r
