@@ -232,9 +232,9 @@ REWRITES: tuple[Rewrite, ...] = (
     Rewrite("single-split", "Split", "npu", ("2.3.0", "2.3.2"),
             "Failure avoided, not a placement: a Split into one piece (dynamo's split_with_sizes of one chunk the "
             "size of the axis; Sana-WM's chunked linear attention, rank 5) read by a Gather of one index: 2.3.0's "
-            "optimiser fails on the reshape it inserts for the Gather (KeyError: 'select_10-rs', after "
-            "convert_reshape_to_transpose), 2.3.2 in the same step ('Can not reshape from [1, 2, 16, 16] to "
-            "[2, 2, 16, 16]'). As an Identity both build; 2.5.0 builds either form. Measured with `rkpart repro` "
+            "optimiser fails on the reshape it inserts for the Gather (KeyError: 'select_10-rs'), 2.3.2 in its "
+            "swap_reshape_gather rule ('Can not reshape from [1, 2, 16, 16] to [2, 2, 16, 16]'). As an Identity "
+            "both build; 2.5.0 builds either form. Measured with `rkpart repro` "
             "on tiny Sana-WM's linear-attention stage (dynamo, split, 2.3.0: 478 nodes -> Split, 2 Gathers, "
             "a MatMul)",
             single_output_split),

@@ -175,8 +175,8 @@ def single_output_split(view: GraphEdit) -> int:
     axis) -> ``Identity(x)``: a Split into one piece is the whole tensor.
 
     Sana-WM's chunked linear attention splits a rank-5 tensor so and gathers one index of it; 2.3.0
-    fails on the Gather's inserted reshape (``KeyError: 'select_10-rs'``) and 2.3.2 in
-    ``convert_reshape_to_transpose``; with the Identity both build."""
+    fails on the Gather's inserted reshape (``KeyError: 'select_10-rs'``) and 2.3.2 in its
+    ``swap_reshape_gather`` rule ("Can not reshape"); with the Identity both build."""
     return view.replace_each("Split", lambda n: [helper.make_node("Identity", [n.input[0]], [n.output[0]],
                                                                   name=n.name)]
                              if len(n.output) == 1 and n.input and n.output[0] else None)
