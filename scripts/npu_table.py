@@ -52,14 +52,20 @@ def _cell(row: dict[str, str]) -> str:
     return f"{built}; {row['CPU layers (no rewrites)']} -> {row['CPU layers (rewrites)']}"
 
 
+def read_table(path: Path, strict: bool = False) -> tuple[list[str], list[tuple[dict[str, str], str]]]:
+    """One of :func:`main`'s output tables: its header lines, and per data row (column -> cell, the
+    line as written).  ``strict``: a row with more or fewer cells than the header raises."""
+    lines = [ln for ln in path.read_text().splitlines() if ln.startswith("|")]
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    return lines[:2], [(dict(zip(head, (c.strip() for c in ln.strip("|").split("|")), strict=strict)), ln)
+                       for ln in lines[2:]]
+
+
 def pivot(tables: list[Path]) -> str:
     """The README table from :func:`main`'s output files (later files win for a repeated row)."""
     rows: dict[tuple[str, str, str, str], dict[str, str]] = {}
     for t in tables:
-        lines = [ln for ln in t.read_text().splitlines() if ln.startswith("|")]
-        head = [c.strip() for c in lines[0].strip("|").split("|")]
-        for ln in lines[2:]:
-            r = dict(zip(head, (c.strip() for c in ln.strip("|").split("|")), strict=False))
+        for r, _ in read_table(t)[1]:
             rows[(r["family"], r["exporter"], r["strategy"], r["toolkit"])] = r
     only = all(r.get("built (no rewrites)") in ("not run", "") for r in rows.values())  # --rewrites-only runs
     cell = "stages built; CPU layers" if only else "stages built; CPU layers before -> after rewrites"
@@ -82,11 +88,10 @@ def merge(tables: list[Path]) -> str:
     head: list[str] = []
     rows: dict[tuple[str, ...], str] = {}
     for t in tables:
-        lines = [ln for ln in t.read_text().splitlines() if ln.startswith("|")]
-        head = head or lines[:2]
-        for ln in lines[2:]:
-            c = [x.strip() for x in ln.strip("|").split("|")]
-            rows[(c[0], c[1], c[2], c[3])] = ln
+        lines, table = read_table(t)
+        head = head or lines
+        for r, ln in table:
+            rows[(r["family"], r["exporter"], r["strategy"], r["toolkit"])] = ln
 
     def order(k: tuple[str, ...]) -> tuple[object, ...]:
         return (tuple(-int(p) for p in k[3].split(".") if p.isdigit()), k[0], k[1], k[2])

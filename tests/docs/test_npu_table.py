@@ -36,9 +36,7 @@ def _npu_table():  # type: ignore[no-untyped-def]
 
 
 def _rows() -> list[dict[str, str]]:
-    lines = [ln for ln in RAW.read_text().splitlines() if ln.startswith("|")]
-    head = [c.strip() for c in lines[0].strip("|").split("|")]
-    return [dict(zip(head, (c.strip() for c in ln.strip("|").split("|")), strict=True)) for ln in lines[2:]]
+    return [r for r, _ in _npu_table().read_table(RAW, strict=True)[1]]
 
 
 #: the README paragraph the table follows (the newer families' table above it has the same header)

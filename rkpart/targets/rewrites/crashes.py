@@ -168,8 +168,6 @@ def _drop_unread(graph: onnx.GraphProto, slices: list[onnx.NodeProto], uses: Map
             graph.node.remove(s)
 
 
-
-
 def single_output_split(view: GraphEdit) -> int:
     """``Split(x)`` with one output (dynamo's ``split_with_sizes`` of one piece the size of the
     axis) -> ``Identity(x)``: a Split into one piece is the whole tensor.
