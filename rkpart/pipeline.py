@@ -42,9 +42,11 @@ from rkpart.ir.load import (
     NPU_ALIGN,
     RANK4_PREFIX,
     rank4_view,
+    with_merged_tensors,
     with_rank4_inputs,
     with_rank4_views,
 )
+from rkpart.ir.values import same_values
 from rkpart.partitioner.capability import apply_capability as _apply_capability
 from rkpart.partitioner.capability import cut_before
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
@@ -194,10 +196,54 @@ def capability_for(config: PartitionConfig) -> Capability | None:
     return cap
 
 
+#: proposals at most that merge value-equal outputs of an NPU stage (each pass merges what the last left)
+_MERGE_PASSES = 3
+
+
 def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfig = PartitionConfig()) -> Partition:
-    """The partition ``strategy`` proposes for ``model``, checked against the target's capabilities."""
+    """The partition ``strategy`` proposes for ``model``, checked against the target's capabilities.
+
+    An NPU stage never hands the host a tensor and an alias of it (a Cast to the type it has): the
+    toolkit removes the no-op and builds one output for both (:mod:`rkpart.ir.values`), so the
+    model's readers of the alias read the tensor and the model is proposed again."""
     strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
     opts = check_options(strat, config.options)
+    merged: dict[str, str] = {}
+    for _ in range(_MERGE_PASSES):
+        part, lines = _propose_once(model, strat, opts, config)
+        same = same_values(model.graph, _npu_outputs(model.graph, part), ops=False)
+        if not same:
+            break
+        merged.update(same)
+        config.progress(f"merging {len(same)} output(s) of NPU stages that alias another output of the stage "
+                        "(the toolkit would build one output for both): proposing again")
+        model.graph, model._discovery = with_merged_tensors(model.graph, same), None
+    for line in lines:
+        config.progress(line)
+    if merged:
+        note = (f"{len(merged)} tensor(s) read as the tensor they alias (an NPU stage would have handed both "
+                "to the host; the toolkit builds one output for both): "
+                + ", ".join(f"{a} -> {b}" for a, b in sorted(merged.items())[:8])
+                + (" ..." if len(merged) > 8 else ""))
+        part = dataclasses.replace(part, notes=(*part.notes, note))
+    return part
+
+
+def _npu_outputs(mg: ModelGraph, part: Partition) -> list[list[str]]:
+    """Per NPU group of ``part``, the tensors it computes that another group reads or the model
+    outputs, in op order."""
+    owner = {i: k for k, g in enumerate(part.groups) for i in g.ops}
+    outputs = set(mg.outputs)
+    return [[t for i in sorted(g.ops) for t in mg.op(i).outputs
+             if t and (t in outputs or any(owner.get(c) != k for c in mg.consumers.get(t, ())))]
+            for k, g in enumerate(part.groups) if g.device == "npu"]
+
+
+def _propose_once(model: LoadedModel, strat: Strategy, opts: Mapping[str, Any],
+                  config: PartitionConfig) -> tuple[Partition, list[str]]:
+    """One proposal of :func:`propose` and the progress lines it has for the user (said once, for the
+    proposal kept)."""
+    lines: list[str] = []
     disc = model.discovery(config.progress) if strat.needs_blocks else None
     # any strategy, plugins too: stages that feed each other are re-cut or merged (and noted),
     # before the capability pass, which relies on convex groups
@@ -217,7 +263,7 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
         part = acyclic(model.graph, propose_with(strat, model.graph, disc, built=opts))
     for note in part.notes:
         if " cycle " in note:
-            config.progress(note)
+            lines.append(note)
     cap = capability_for(config)
     said: list[str] = []
     if cap is not None:
@@ -236,8 +282,7 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
         if cap is not None:
             part = apply_capability(model.graph, part, cap, config.force_host, said.append)
         part = settle_rank4_views(model.graph, part)
-    for line in said:
-        config.progress(line)
+    lines += said
     if config.cut_before:
         part, cuts = cut_before(model.graph, part, config.cut_before)
         if cuts:
@@ -248,14 +293,13 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
         low = coverage_note(model.graph, npu_coverage(model.graph, disc, part.groups))
         if low is not None:
             notes.append(f"{part.strategy}: {low}")
-    for note in notes:
-        config.progress(f"warning: {note}")
+    lines += [f"warning: {note}" for note in notes]
     if not any(g.device == "npu" for g in part.groups):
         # recorded in the plan's notes; the CLI warns on stderr even with --quiet
         notes.append(f"strategy {part.strategy} put no stage on the NPU: the whole model runs on the host")
     if notes:
         part = dataclasses.replace(part, notes=(*part.notes, *notes))
-    return part
+    return part, lines
 
 
 def _narrow_npu_inputs(mg: ModelGraph, part: Partition) -> list[str]:

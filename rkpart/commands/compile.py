@@ -194,6 +194,7 @@ def _rounds_json(rounds: list[Any], stuck: list[str]) -> dict[str, Any]:
 
 def format_summary(report: Any) -> str:
     """The summary table printed after a compile."""
+    from rkpart.compile.runner import one_line
     rows = [("stage", "status", "toolkit", "precision", "time s", "peak RSS", ".rknn", "weight MiB", "internal MiB",
              "cycles", "CPU ops")]
     for o in report.outcomes:
@@ -216,9 +217,12 @@ def format_summary(report: Any) -> str:
         if o.failures:  # one line per stage: its last failure, and how many builds failed before it
             f = o.failures[-1]
             more = f" ({len(o.failures)} failed builds; all in plan.json)" if len(o.failures) > 1 else ""
-            lines.append(f"{o.stage_id}: {f.message}{more} (log: {f.log})")
+            lines.append(f"{o.stage_id}: {one_line(f.message)}{more} (log: {f.log})")
+        dropped: dict[str, list[str]] = {}  # rewrites dropped for one reason share a line
         for name, why in getattr(o, "dropped_rewrites", {}).items():
-            lines.append(f"{o.stage_id}: NPU rewrite {name} dropped: {why}")
+            dropped.setdefault(one_line(why), []).append(name)
+        for why, names in dropped.items():
+            lines.append(f"{o.stage_id}: NPU rewrite{'s' if len(names) > 1 else ''} {', '.join(names)} dropped: {why}")
         if o.artifact is not None and o.artifact.float16_layers:
             lines.append(f"{o.stage_id}: hybrid kept {len(o.artifact.float16_layers)} layer(s) in float16: "
                          + ", ".join(o.artifact.float16_layers))

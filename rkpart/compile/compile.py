@@ -19,11 +19,12 @@ from typing import Any
 
 from rkpart.compile.cache import ArtifactCache, build_key, config_hash, measured_stage_bytes, normalise_config
 from rkpart.compile.compiler_plan import artifact_compiler_plan, compiler_meta
+from rkpart.compile.placement import CONSTANT_OUTPUTS, missing_outputs
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
 from rkpart.compile.precision import StagePrecision, link_dataset
 from rkpart.compile.preflight import check_config, check_target
 from rkpart.compile.prepare import PreparedRecord, prepare_stage
-from rkpart.compile.runner import WORKER, BuildJob, BuildResult
+from rkpart.compile.runner import WORKER, BuildJob, BuildResult, one_line
 from rkpart.compile.scheduler import (
     DEFAULT_MARGIN,
     MEMORY_FILE,
@@ -574,6 +575,8 @@ class _Context:
                 meta = self.cache.import_from(self.shared, key)
                 if meta is not None:
                     touch(self.shared.meta_path(key))  # last use, for `rkpart cache prune --max-size`
+            if meta is not None and _fewer_outputs(meta, len(s.outputs)):
+                meta = None  # an earlier rkpart kept an .rknn with merged outputs: build it again (and fail)
             if meta is not None:
                 outcomes[s.id] = StageOutcome(stage_id=s.id, status="cached", toolkit=tk.version,
                                               artifact=self._artifact(key, meta, reason, self.datasets.get(s.id)),
@@ -584,7 +587,7 @@ class _Context:
             if fail is not None:
                 outcomes[s.id] = StageOutcome(stage_id=s.id, status="failed", toolkit=tk.version,
                                               artifact=None, failures=(fail,), log=fail.log)
-                self.say(f"[cached failure] {s.id}: {fail.message} (--retry-failed rebuilds it)")
+                self.say(f"[cached failure] {s.id}: {one_line(fail.message)} (--retry-failed rebuilds it)")
                 continue
             # measured, never read from plan.json: the memory model learns from this figure,
             # and a tampered weight_bytes must not lower every later estimate
@@ -651,6 +654,22 @@ class _Context:
                                 log=rel_log)
         rknn = self.cache.rknn_path(p.key)
         text = res.log.read_text(errors="replace")
+        lost = missing_outputs(text, list(p.stage.outputs))
+        if lost is not None:
+            # an .rknn that returns fewer tensors than the stage declares breaks every runner: a failure
+            names = f"{', '.join(lost[:3])}{' ...' if len(lost) > 3 else ''}"
+            why = (f"rknn-toolkit2 {tk.version} computed {names} as constants and removed them (a product "
+                   "with all-zero weights, as an untrained model has)" if CONSTANT_OUTPUTS in text else
+                   f"rknn-toolkit2 {tk.version} built one output for tensors that alias each other ({names}; "
+                   "rkpart partition reads such an alias as the tensor: partition the model again)")
+            fail = BuildFailure(toolkit=tk.version, kind="error", last_step=res.last_step, log=rel_log,
+                                message=f"build failed: the .rknn has {len(p.stage.outputs) - len(lost)} outputs, "
+                                        f"the stage declares {len(p.stage.outputs)}: {why}")
+            self.cache.put_failure(p.key, fail)
+            rknn.unlink(missing_ok=True)
+            return StageOutcome(stage_id=p.stage.id, status="failed", toolkit=tk.version, artifact=None,
+                                failures=(fail,), wall_s=res.wall_s, peak_rss_bytes=res.peak_rss_bytes,
+                                log=rel_log)
         meta = {
             "toolkit": tk.version,
             "target": self.target,
@@ -693,3 +712,11 @@ class _Context:
                         float16_layers=tuple(str(x) for x in meta.get("float16_layers") or ()),
                         compiler=artifact_compiler_plan(self.folder, key, meta))
 
+
+def _fewer_outputs(meta: Mapping[str, Any], declared: int) -> bool:
+    """Whether a cache entry's compiler plan counts fewer ``OutputOperator`` layers than the stage's
+    ``declared`` outputs (:func:`rkpart.compile.placement.missing_outputs`)."""
+    raw = meta.get("compiler")
+    by_op = raw.get("by_op") if isinstance(raw, Mapping) else None
+    n = by_op.get("OutputOperator") if isinstance(by_op, Mapping) else None
+    return isinstance(n, int) and not isinstance(n, bool) and 0 < n < declared

@@ -94,6 +94,23 @@ _NATIVE_START = re.compile(r">>>>>> start: (\S+)")
 _NATIVE_END = re.compile(r"<<<<<<<< end: (\S+)")
 
 
+#: rknn-toolkit2's warning (2.3.0, 2.5.0) when it drops outputs its constant folding computed
+CONSTANT_OUTPUTS = "of model are constants, remove it from RKNN model"
+
+
+def missing_outputs(text: str, outputs: list[str]) -> list[str] | None:
+    """The stage ``outputs`` a build's layer table has no ``OutputOperator`` for, when it has fewer
+    of those than ``outputs`` (``None``: as many, or no table).  rknn-toolkit2 builds one output for
+    tensors that alias each other (:mod:`rkpart.ir.values`) and drops outputs its constant folding
+    computed (:data:`CONSTANT_OUTPUTS`): such an ``.rknn`` returns fewer tensors than the stage
+    declares."""
+    rows = [r for r in parse_layer_table(text) if r.op_type == "OutputOperator"]
+    if not rows or len(rows) >= len(outputs):
+        return None
+    named = {r.name.split(":", 1)[-1] for r in rows}
+    return [t for t in outputs if t not in named] or list(outputs[len(rows):])
+
+
 def last_step(text: str) -> str | None:
     """The last graph-optimiser step the log shows, for failure messages.
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -288,13 +289,28 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
     if rc == _EXIT_MEMORY or (rc != 0 and any(m in text for m in _OOM_MARKERS)):
         return done(False, "oom", f"out of memory: MemoryError at {human_bytes(peak)} peak RSS {at}")
     if rc != 0 or not result.get("ok"):
-        why = result.get("error") or f"exit {rc} without a result"
+        why = one_line(str(result.get("error") or f"exit {rc} without a result"))
         return done(False, "error", f"build failed: {why} (exit {rc}) {at}")
     if not out.is_file():
         return done(False, "error", f"build failed: the worker reported success but wrote no .rknn {at}")
     size = out.stat().st_size
     _move_atomic(out, job.output)
     return done(True, "ok", f"built in {wall:.1f} s", size)
+
+
+def one_line(error: str) -> str:
+    """A toolkit error as one line: a Python traceback the toolkit folded into its message
+    (``ValueError: Traceback (most recent call last): File ... ValueError: 'x' is not in list``)
+    becomes its last exception line and the innermost function (``ValueError: 'x' is not in list
+    (in _p_remove_parallel_node)``); the whole traceback stays in the build log."""
+    lines = [ln.strip() for ln in error.splitlines() if ln.strip()]
+    if len(lines) <= 1:
+        return lines[0] if lines else error
+    exc = [ln for ln in lines if re.match(r"[A-Za-z_][\w.]*(?:Error|Exception|Warning|Interrupt|Exit)\b", ln)
+           and not ln.endswith("Traceback (most recent call last):")]
+    frames = re.findall(r'File "[^"]*", line \d+, in (\S+)', error)
+    head = exc[-1] if exc else lines[-1]
+    return head + (f" (in {frames[-1]})" if frames else "")
 
 
 def _disk_full(*folders: Path) -> bool:

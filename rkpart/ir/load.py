@@ -337,6 +337,21 @@ def with_rank4_views(mg: ModelGraph, tensors: list[str]) -> ModelGraph:
     return _graph(mg.model, mg.path, _index(mg.model, mg.path), types, mg.opset, mg.specialised)
 
 
+def with_merged_tensors(mg: ModelGraph, same: Mapping[str, str]) -> ModelGraph:
+    """``mg`` with each tensor ``t`` of ``same`` read as ``same[t]``, which holds the same values
+    (:func:`rkpart.ir.values.same_values`), and the ops nothing reads any more dropped.  Exact.
+    Works in place on ``mg.model``."""
+    if not same:
+        return mg
+    g = mg.model.graph
+    for n in g.node:
+        for k, x in enumerate(n.input):
+            if x in same:
+                n.input[k] = same[x]
+    _prune_dead(mg.model)
+    return _graph(mg.model, mg.path, _index(mg.model, mg.path), dict(mg.tensor_types), mg.opset, mg.specialised)
+
+
 @dataclass
 class _Index:
     """Who produces and who reads each tensor (step 4)."""

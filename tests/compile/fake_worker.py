@@ -5,7 +5,7 @@ stand-in does what the request's ``config`` asks:
 ``fake_log`` (lines to print first, e.g. recorded optimiser steps), ``fake_alloc_mb`` (touch
 that much memory), ``fake_sleep`` (seconds), ``fake_child`` (spawn a sleeping child and write
 its pid to this file), ``fake_signal`` (kill itself with SIGSEGV/SIGKILL/...),
-``fake_memoryerror`` (raise MemoryError), ``fake_fail`` (report a toolkit error),
+``fake_memoryerror`` (raise MemoryError), ``fake_fail`` (report a toolkit error; a string is its text),
 ``fake_crash_stage`` (SIGSEGV only for the stage file ``<name>.onnx``), ``fake_crash_node``
 (SIGSEGV when a node's name contains this text: a rewrite the "toolkit" crashes on).
 Otherwise it "builds" by copying the ONNX bytes to the output.
@@ -51,7 +51,8 @@ def main() -> int:
         result = {"ok": False, "error": "MemoryError", "step": "build"}
         code = 4
     elif cfg.get("fake_fail"):
-        result = {"ok": False, "error": "build returned -1", "step": "build"}
+        error = cfg["fake_fail"] if isinstance(cfg["fake_fail"], str) else "build returned -1"
+        result = {"ok": False, "error": error, "step": "build"}
         code = 3
     else:
         with open(req["onnx"], "rb") as src, open(req["output"], "wb") as dst:

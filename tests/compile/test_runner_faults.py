@@ -71,6 +71,20 @@ def test_toolkit_error_is_reported_with_its_message(tmp_path: Path, fake_toolkit
                          "last step fuse_exnorm_mul")
 
 
+#: how rknn-toolkit2 2.3.0 reports an exception inside an optimiser rule: the traceback folded into the message
+FOLDED = ("ValueError: Traceback (most recent call last):\n"
+          '  File "rknn/api/rknn_log.py", line 344, in rknn.api.rknn_log.error_catch_decorator.error_catch_wrapper\n'
+          '  File "rknn/api/rules/reduce.py", line 1332, in rknn.api.rules.reduce._p_remove_parallel_node\n'
+          "ValueError: 'x_rs#2' is not in list\n")
+
+
+def test_a_traceback_in_the_toolkit_error_is_reported_as_one_line(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    r = _build(tmp_path, fake_toolkit, fake_fail=FOLDED, fake_log=RECORDED_STEPS)
+    assert r.message == ("build failed: ValueError: 'x_rs#2' is not in list (in "
+                         "rknn.api.rules.reduce._p_remove_parallel_node) (exit 3) in rknn-toolkit2 fake, "
+                         "last step fuse_exnorm_mul")
+
+
 def test_peak_rss_covers_the_allocation(tmp_path: Path, fake_toolkit: Toolkit) -> None:
     r = _build(tmp_path, fake_toolkit, fake_alloc_mb=200, fake_sleep=0.6)
     assert r.ok

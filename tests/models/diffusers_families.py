@@ -2351,12 +2351,19 @@ def _sana_wm_real_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]
     are wrapped to apply a stacked table in the real form (``re*c - im*s, re*s + im*c`` per pair; the
     inverse rotation negates ``s``) and to call the originals on complex tables, so other models are
     unaffected.
+
+    Its zero-initialised parameters (the linear attention's causal key convolution ``conv_k``, the
+    Plucker embedding's projection) get small seeded values first (:func:`_trained_like`): with
+    ``conv_k`` all zeros the keys are constants, and rknn-toolkit2's constant folding removed stage
+    outputs computed from them (2.3.0 and 2.5.0: "These outputs ... of model are constants, remove
+    it from RKNN model"; an ``.rknn`` with 12 of the stage's 18 outputs), as no trained model has it.
     """
     import types
 
     import torch
     from diffusers.models.transformers import transformer_sana_wm as tsw
 
+    _trained_like(model, inputs, fixed)
     with torch.no_grad():
         reference = model(**inputs, **fixed, return_dict=False)[0]
     cam = inputs.pop("camera_conditions")
@@ -3343,6 +3350,8 @@ def cached_export(name: str, exporter: str) -> Path:
         funcs.append(_tuple_out)
     if fam.prepare is _trained_like_lumina_next:
         funcs += [_trained_like, real_rope_lumina_next]
+    if fam.prepare is _sana_wm_real_rope:
+        funcs.append(_trained_like)
     base = {_chroma_guidance: _chroma, _sd35: _sd3}.get(fam.build)
     if base is not None:
         funcs.append(base)  # the variant only calls it

@@ -16,6 +16,9 @@ gone the stage fails again, and ``--fail-regex "Can not reshape from"`` reduced 
 Sana-WM-refiner exported by TorchScript (split plan, attention stage, 91 nodes) fails 2.3.0's
 constant folding: ``--fail-regex "Can't merge shape info"`` reduced it to
 ``fail_gather_input_concat_2.3.0.onnx`` (2 Gathers of one index of KV-cache inputs, 2 Casts, a Concat).
+A tiny Sana-WM exported by TorchScript (split plan, a linear-attention stage, 563 nodes) fails 2.3.0's
+``_p_remove_parallel_node``: ``--fail-regex "_p_remove_parallel_node"`` reduced it to
+``fail_wide_tensor_readers_2.3.0.onnx`` (38 nodes; a rank-5 gate read by three Muls).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ LN_SCALE = DATA / "segv_layernorm_scale_2.5.0.onnx"
 SINGLE_SPLIT = DATA / "fail_single_split_2.3.0.onnx"
 SHARED_CONSTANT = DATA / "fail_shared_matmul_constant_2.3.0.onnx"
 GATHER_INPUT = DATA / "fail_gather_input_concat_2.3.0.onnx"
+WIDE_READERS = DATA / "fail_wide_tensor_readers_2.3.0.onnx"
 SLICE_CONCAT = DATA / "segv_slice_slice_concat_2.5.0.onnx"
 CONTIGUOUS = DATA / "segv_contiguous_slices_concat_2.5.0.onnx"
 
@@ -208,7 +212,8 @@ def test_tile_broadcast_only_on_size_one_axes(n_rep: int, head: int, rewritten: 
 @pytest.mark.parametrize(("path", "hits", "added", "versions"), [
     (SINGLE_SPLIT, {"single-split": 1}, 0, ("2.3.0", "2.3.2")),  # its Gathers read the Split's piece
     (SHARED_CONSTANT, {"matmul-constant-per-reader": 1}, 1, ("2.3.0", "2.3.2")),
-    (GATHER_INPUT, {"scalar-gather-slice": 2}, 2, ("2.3.0",))])  # 2.3.2 builds it as it is
+    (GATHER_INPUT, {"scalar-gather-slice": 2}, 2, ("2.3.0",)),  # 2.3.2 builds it as it is
+    (WIDE_READERS, {"wide-tensor-per-reader": 2}, 2, ("2.3.0",))])  # 2.3.2 builds it as it is
 def test_23x_failure_reproducer_is_rewritten_exactly_for_23x_only(path: Path, hits: dict[str, int], added: int,
                                                                    versions: tuple[str, ...]) -> None:
     for other in {"2.3.0", "2.3.2"} - set(versions):
@@ -281,9 +286,9 @@ def test_matmul_constant_per_reader_after_dedupe(shape: list[int], copies: bool,
 @pytest.mark.toolkit
 @pytest.mark.parametrize(("path", "version"), [(SINGLE_SPLIT, "2.3.0"), (SINGLE_SPLIT, "2.3.2"),
                                                (SHARED_CONSTANT, "2.3.0"), (SHARED_CONSTANT, "2.3.2"),
-                                               (GATHER_INPUT, "2.3.0")],
+                                               (GATHER_INPUT, "2.3.0"), (WIDE_READERS, "2.3.0")],
                          ids=["single-split-2.3.0", "single-split-2.3.2", "shared-constant-2.3.0",
-                              "shared-constant-2.3.2", "gather-input-2.3.0"])
+                              "shared-constant-2.3.2", "gather-input-2.3.0", "wide-readers-2.3.0"])
 def test_23x_reproducer_fails_and_builds_once_rewritten(path: Path, version: str, tmp_path: Path) -> None:
     from rkpart.triage.matrix import build_once
     from tests.toolkits import get_toolkit
@@ -295,9 +300,53 @@ def test_23x_reproducer_fails_and_builds_once_rewritten(path: Path, version: str
     failed = build_once(path, tk, target="rk3588", log=tmp_path / "before.log")
     assert not failed.ok and failed.kind == "error"
     text = (tmp_path / "before.log").read_text(errors="replace")
-    assert "KeyError" in text or "Can not reshape" in text or "Can't merge shape info" in text
+    assert any(m in text for m in ("KeyError", "Can not reshape", "Can't merge shape info", "is not in list"))
     built = build_once(fixed, tk, target="rk3588", log=tmp_path / "after.log")
     assert built.ok, built.message
+
+
+def _wide_readers(shape: list[int], readers: int, constant: bool = False) -> onnx.ModelProto:
+    """``g = Sigmoid(x)`` (``constant``: an initializer) of ``shape`` broadcast over ``readers`` products
+    ``y_j = g * a_j`` of shape ``[*shape[:-2], 4, shape[-1]]``."""
+    wide = [*shape[:-2], 4, shape[-1]]
+    ins = [helper.make_tensor_value_info(f"a{j}", TensorProto.FLOAT, wide) for j in range(readers)]
+    ys = [helper.make_tensor_value_info(f"y{j}", TensorProto.FLOAT, wide) for j in range(readers)]
+    inits = []
+    if constant:
+        inits.append(numpy_helper.from_array(np.random.default_rng(2).standard_normal(shape).astype(np.float32), "g"))
+        nodes = []
+    else:
+        ins.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, shape))
+        nodes = [helper.make_node("Sigmoid", ["x"], ["g"])]
+    nodes += [helper.make_node("Mul", ["g", f"a{j}"], [f"y{j}"]) for j in range(readers)]
+    return helper.make_model(helper.make_graph(nodes, "g", ins, ys, inits), opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("shape", "readers", "constant", "identities"), [
+    ([1, 2, 2, 1, 16], 3, False, 2),  # Sana-WM's gate: the second and third reader get their own
+    ([1, 2, 2, 1, 16], 5, False, 4),
+    ([1, 2, 1, 2, 1, 8], 3, False, 2),  # rank 6
+    ([1, 2, 2, 1, 16], 2, False, 0),  # two readers build as they are
+    ([2, 2, 1, 16], 3, False, 0),  # rank 4: not lowered per reader
+    ([1, 2, 2, 1, 16], 3, True, 0),  # a constant (matmul-constant-per-reader's, for MatMuls)
+])
+def test_wide_tensor_per_reader_only_for_three_readers_of_rank_above_4(shape: list[int], readers: int,
+                                                                      constant: bool, identities: int) -> None:
+    from rkpart.targets.rewrites import compile_rewrites_for
+
+    before, after = _wide_readers(shape, readers, constant), _wide_readers(shape, readers, constant)
+    done = apply_rewrites(after, compile_rewrites_for("2.3.0"))
+    onnx.checker.check_model(after)
+    assert done.get("wide-tensor-per-reader", 0) == identities
+    assert [n.op_type for n in after.graph.node].count("Identity") == identities
+    muls = [n for n in after.graph.node if n.op_type == "Mul"]
+    assert len({n.input[0] for n in muls}) == (1 + identities if identities else 1)
+    feeds = _feeds(before)
+    for x, y in zip(_run(before, feeds), _run(after, feeds), strict=True):
+        np.testing.assert_array_equal(y, x)
+    for other in ("2.3.2", "2.5.0"):
+        assert "wide-tensor-per-reader" not in apply_rewrites(_wide_readers(shape, readers, constant),
+                                                              compile_rewrites_for(other))
 
 
 def _gather(index: object, axis: int, shape: list[int] | None = None, computed: bool = False) -> onnx.ModelProto:

@@ -39,10 +39,12 @@ from rkpart.ir.edit import NEEDS, GraphEdit
 from rkpart.targets.rewrites.crashes import (
     layernorm_scale_fold,
     matmul_constant_per_reader,
+    may_read_wide_tensors,
     may_share_matmul_constants,
     scalar_gather_slice,
     single_output_split,
     strided_slices_concat,
+    wide_tensor_per_reader,
 )
 from rkpart.targets.rewrites.lower import NO_LOWERING, TYPE_ONLY_CHANGES, gelu, grid_sample
 from rkpart.targets.rewrites.npu import (
@@ -259,6 +261,16 @@ REWRITES: tuple[Rewrite, ...] = (
             "Applied after dedupe-constants. With single-split, tiny Sana-WM's linear-attention stage (2.3.0, "
             "dynamo, split) builds whole instead of failing",
             matmul_constant_per_reader, probe=may_share_matmul_constants, after_dedupe=True),
+    Rewrite("wide-tensor-per-reader", "", "npu", ("2.3.0",),
+            "Failure avoided, not a placement: a computed tensor of rank > 4 read by three ops or more (Sana-WM's "
+            "TorchScript linear attention broadcasts its gate [1, 2, 2, 1, 16] over three rank-5 products): 2.3.0 "
+            "reshapes it to rank 4 once per reader and its _p_remove_parallel_node rule fails on the third "
+            "(ValueError: 'x_rs#2' is not in list). Each reader after the first reads it through an Identity of "
+            "its own: `rkpart repro`'s 41-op reduction and the whole stage build (tiny Sana-WM, TorchScript, "
+            "split, 2.3.0: both linear-attention stages, which --repartition had cut to the host with 41 ops "
+            "each, a MatMul and two Convs among them). Two readers build as they are; a Reshape per reader fails "
+            "the same way; 2.3.2 and 2.5.0 build the reduction as it is: not applied there",
+            wide_tensor_per_reader, probe=may_read_wide_tensors, after_dedupe=True, needs=("inferred_shapes",)),
     Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
             "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
             "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "

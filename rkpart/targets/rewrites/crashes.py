@@ -235,6 +235,67 @@ def matmul_constant_per_reader(view: GraphEdit) -> int:
     return count
 
 
+#: readers of one rank > 4 tensor from which 2.3.0's parallel-node rule fails (two build)
+WIDE_READERS = 3
+
+
+def _widely_read(view: GraphEdit) -> dict[str, list[int]]:
+    """Computed tensors (and stage inputs) of rank > 4 -> indices of the nodes reading them, for those
+    read by :data:`WIDE_READERS` nodes or more."""
+    shapes = view.static_shapes()
+    consts = {t.name for t in view.graph.initializer} | {
+        n.output[0] for n in view.graph.node if n.op_type == "Constant" and n.output}
+    out: dict[str, list[int]] = {}
+    for t, ks in view.reader_indices().items():
+        nodes = sorted(set(ks))
+        if t and t not in consts and len(shapes.get(t, ())) > 4 and len(nodes) >= WIDE_READERS:
+            out[t] = nodes
+    return out
+
+
+def may_read_wide_tensors(head: onnx.ModelProto) -> bool:
+    """Whether :func:`wide_tensor_per_reader` may change ``head``: some tensor is read by
+    :data:`WIDE_READERS` nodes or more (its rank is only known after shape inference)."""
+    uses: dict[str, int] = {}
+    for n in head.graph.node:
+        for t in set(n.input):
+            uses[t] = uses.get(t, 0) + 1
+    return any(v >= WIDE_READERS for t, v in uses.items() if t)
+
+
+def wide_tensor_per_reader(view: GraphEdit) -> int:
+    """A computed tensor of rank > 4 read by three nodes or more: every reader after the first reads
+    it through an Identity of its own, placed right after the tensor's producer.  The same values,
+    no copy.
+
+    2.3.0 lowers a rank-5 operand to rank 4 with a reshape per reader (``x_rs``, ``x_rs#1``, ...)
+    and its ``_p_remove_parallel_node`` rule then fails on the third (``ValueError: 'x_rs#2' is not
+    in list``).  Sana-WM's TorchScript linear attention broadcasts its gate ``[1, 2, 2, 1, 16]``
+    over three rank-5 products; ``rkpart repro`` reduces the stage to 41 ops that fail so; with the
+    Identities the reduction and the stage build (two readers build as they are; a Reshape per reader
+    fails the same way; 2.3.2 and 2.5.0 build the reduction as it is).  Where the Identities stand
+    matters to 2.3.0: placed each before its reader, the reduction still fails."""
+    wide = _widely_read(view)
+    if not wide:
+        return 0
+    view.new_names()
+    graph = view.graph
+    made = view.producer_indices()
+    after: dict[int, list[onnx.NodeProto]] = {}  # -1: before every node (x is an input of the stage)
+    count = 0
+    for x, ks in wide.items():
+        for k in ks[1:]:
+            reader = graph.node[k]
+            own = view.fresh(f"{x}/for_{reader.name or reader.output[0]}")
+            after.setdefault(made.get(x, -1), []).append(helper.make_node("Identity", [x], [own], name=own))
+            for slot, t in enumerate(reader.input):
+                if t == x:
+                    reader.input[slot] = own
+            count += 1
+    view.set_nodes([*after.get(-1, []), *(m for k, n in enumerate(graph.node) for m in (n, *after.get(k, [])))])
+    return count
+
+
 def scalar_gather_slice(view: GraphEdit) -> int:
     """``Gather(x, i, axis)`` with ``x`` an input of the stage of rank <= 4 and ``i`` a constant
     scalar -> ``Reshape(Slice(x, i, i + 1, axis), shape)``, the shape ``x``'s without ``axis``

@@ -1,0 +1,121 @@
+"""Which tensors of a model hold the same values by construction: value numbering, as a compiler's
+common-subexpression elimination finds them, and the narrower aliases (a tensor handed on by an op
+that changes nothing: a Cast to the type it has, a Reshape to its shape).
+
+rknn-toolkit2 removes such no-op ops, and a stage that hands the host both a tensor and its alias
+then builds into an ``.rknn`` with one output fewer than the stage declares (measured with
+``build_once``, rk3588, 2.3.0 and 2.5.0: ``Cast(h)`` and ``Cast(Cast(h))`` to float32 as outputs
+-> one ``OutputOperator``; Kandinsky 5's TorchScript blocks, ``fused`` on 2.5.0).  Two equal
+computations (``Slice(h, 0, 32)`` twice) stay two outputs.  The partition therefore reads an
+alias among an NPU stage's outputs as the tensor it aliases before it writes the plan
+(:func:`rkpart.pipeline.propose`, :func:`rkpart.ir.load.with_merged_tensors`).  Exact.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Hashable
+
+from onnx import AttributeProto, NodeProto, TensorProto
+
+from rkpart.ir.graph import ModelGraph
+from rkpart.ir.ops import DEFAULT_DOMAINS
+
+#: ops whose result is not a function of their inputs: never the same value twice by construction
+NONDETERMINISTIC = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
+                              "Multinomial", "Bernoulli", "Dropout"})
+#: constants up to this size are compared by value (larger ones, the weights, by name)
+VALUE_BYTES = 1 << 16
+#: ops that hand on their first input's values unchanged when their output has its type (dtype and
+#: shape): a Cast to the type it has (Kandinsky 5's TorchScript blocks cast float32 to float32 twice,
+#: and 2.5.0 built a stage declaring both casts' results with one output), a Reshape to its shape
+PASS_THROUGH = frozenset({"Identity", "Cast", "CastLike", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Expand"})
+
+
+def _constant_key(t: TensorProto) -> Hashable:
+    if t.data_location == TensorProto.EXTERNAL or t.ByteSize() > VALUE_BYTES:
+        return ("tensor", t.name)
+    from onnx import numpy_helper
+
+    a = numpy_helper.to_array(t)
+    return ("const", t.data_type, tuple(t.dims), hashlib.sha256(a.tobytes()).hexdigest())
+
+
+def value_numbers(mg: ModelGraph, *, ops: bool = True) -> dict[str, int]:
+    """Tensor -> a number equal for two tensors exactly when the graph computes them the same way
+    from the same values (model inputs by name, constants by value, ops by type, domain,
+    attributes and the numbers of their inputs; an op of :data:`PASS_THROUGH` that changes no type
+    hands its input's number on).  An op whose result depends on more than its inputs (random,
+    control flow with a body, another domain's) numbers its outputs apart.  ``ops=False``: every
+    op but the pass-through ones numbers its outputs apart (only aliases are equal)."""
+    table: dict[Hashable, int] = {}
+
+    def number(key: Hashable) -> int:
+        return table.setdefault(key, len(table))
+
+    nums: dict[str, int] = {name: number(_constant_key(t)) for name, t in mg.initializers.items()}
+    for t in mg.inputs:
+        nums.setdefault(t, number(("tensor", t)))
+    for n in mg.nodes:
+        if (n.op_type in NONDETERMINISTIC or n.domain not in DEFAULT_DOMAINS
+                or any(a.type in (AttributeProto.GRAPH, AttributeProto.GRAPHS) for a in n.attribute)):
+            for o in n.output:
+                nums[o] = number(("tensor", o))
+            continue
+        if n.input and n.input[0] in nums and len(n.output) == 1 and n.domain in DEFAULT_DOMAINS \
+                and _passes_through(mg, n):
+            nums[n.output[0]] = nums[n.input[0]]
+            continue
+        if n.op_type == "Constant" and n.output:
+            value = next((a.t for a in n.attribute if a.type == AttributeProto.TENSOR), None)
+            if value is not None:
+                nums[n.output[0]] = number(_constant_key(_named(value, n.output[0])))
+                continue
+        if not ops:
+            for o in n.output:
+                nums[o] = number(("tensor", o))
+            continue
+        attrs = tuple(sorted(a.SerializeToString() for a in n.attribute))
+        ins = tuple(nums[t] if t in nums else number(("tensor", t)) if t else -1 for t in n.input)
+        for k, o in enumerate(n.output):
+            if o:
+                nums[o] = number(("op", n.op_type, n.domain or "", attrs, ins, k))
+    return nums
+
+
+def _passes_through(mg: ModelGraph, n: NodeProto) -> bool:
+    """Whether ``n`` hands on its first input's values unchanged (:data:`PASS_THROUGH`; a Transpose
+    whose permutation is the identity)."""
+    src, out = mg.tensor_types.get(n.input[0]), mg.tensor_types.get(n.output[0])
+    if src is None or src != out:
+        return False
+    if n.op_type == "Transpose":
+        perm = next((list(a.ints) for a in n.attribute if a.name == "perm"), None)
+        return perm == list(range(len(src[1])))
+    return n.op_type in PASS_THROUGH
+
+
+def _named(t: TensorProto, name: str) -> TensorProto:
+    out = TensorProto()
+    out.CopyFrom(t)
+    out.name = name
+    return out
+
+
+def same_values(mg: ModelGraph, groups: list[list[str]], *, ops: bool = True) -> dict[str, str]:
+    """Of the tensors of each of ``groups`` (in order), each one whose values an earlier one of the
+    same group already holds (:func:`value_numbers`, ``ops`` as there) -> that one.  A model output
+    is never mapped (its name is the model's); it may be what others map to."""
+    nums = value_numbers(mg, ops=ops) if any(len(g) > 1 for g in groups) else {}
+    outputs = set(mg.outputs)
+    out: dict[str, str] = {}
+    for tensors in groups:
+        first: dict[int, str] = {}
+        # model outputs first, so that an output is the one kept
+        for t in sorted(tensors, key=lambda x: x not in outputs):
+            k = nums.get(t, -1 - len(first))  # a tensor without a number is nobody's duplicate
+            if k in first and t not in outputs:
+                out[t] = first[k]
+            else:
+                first.setdefault(k, t)
+    return out
