@@ -203,26 +203,27 @@ _MERGE_PASSES = 3
 def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfig = PartitionConfig()) -> Partition:
     """The partition ``strategy`` proposes for ``model``, checked against the target's capabilities.
 
-    An NPU stage never hands the host a tensor and an alias of it (a Cast to the type it has): the
-    toolkit removes the no-op and builds one output for both (:mod:`rkpart.ir.values`), so the
-    model's readers of the alias read the tensor and the model is proposed again."""
+    An NPU stage never hands the host two tensors that hold the same values by construction (a
+    tensor and its alias, or two equal computations): the toolkit may build one output for both
+    (:mod:`rkpart.ir.values`), so the model's readers of the second read the first and the model
+    is proposed again."""
     strat = get_strategy(strategy) if isinstance(strategy, str) else strategy
     opts = check_options(strat, config.options)
     merged: dict[str, str] = {}
     for _ in range(_MERGE_PASSES):
         part, lines = _propose_once(model, strat, opts, config)
-        same = same_values(model.graph, _npu_outputs(model.graph, part), ops=False)
+        same = same_values(model.graph, _npu_outputs(model.graph, part))
         if not same:
             break
         merged.update(same)
-        config.progress(f"merging {len(same)} output(s) of NPU stages that alias another output of the stage "
-                        "(the toolkit would build one output for both): proposing again")
+        config.progress(f"merging {len(same)} output(s) of NPU stages that hold the same values as another "
+                        "output of the stage (the toolkit may build one output for both): proposing again")
         model.graph, model._discovery = with_merged_tensors(model.graph, same), None
     for line in lines:
         config.progress(line)
     if merged:
-        note = (f"{len(merged)} tensor(s) read as the tensor they alias (an NPU stage would have handed both "
-                "to the host; the toolkit builds one output for both): "
+        note = (f"{len(merged)} tensor(s) read as another that holds the same values (an NPU stage would have "
+                "handed both to the host; the toolkit may build one output for both): "
                 + ", ".join(f"{a} -> {b}" for a, b in sorted(merged.items())[:8])
                 + (" ..." if len(merged) > 8 else ""))
         part = dataclasses.replace(part, notes=(*part.notes, note))

@@ -660,8 +660,8 @@ class _Context:
             names = f"{', '.join(lost[:3])}{' ...' if len(lost) > 3 else ''}"
             why = (f"rknn-toolkit2 {tk.version} computed {names} as constants and removed them (a product "
                    "with all-zero weights, as an untrained model has)" if CONSTANT_OUTPUTS in text else
-                   f"rknn-toolkit2 {tk.version} built one output for tensors that alias each other ({names}; "
-                   "rkpart partition reads such an alias as the tensor: partition the model again)")
+                   f"rknn-toolkit2 {tk.version} built one output for tensors it found equal ({names}; "
+                   "rkpart partition merges outputs of equal value first: partition the model again)")
             fail = BuildFailure(toolkit=tk.version, kind="error", last_step=res.last_step, log=rel_log,
                                 message=f"build failed: the .rknn has {len(p.stage.outputs) - len(lost)} outputs, "
                                         f"the stage declares {len(p.stage.outputs)}: {why}")

@@ -101,9 +101,8 @@ CONSTANT_OUTPUTS = "of model are constants, remove it from RKNN model"
 def missing_outputs(text: str, outputs: list[str]) -> list[str] | None:
     """The stage ``outputs`` a build's layer table has no ``OutputOperator`` for, when it has fewer
     of those than ``outputs`` (``None``: as many, or no table).  rknn-toolkit2 builds one output for
-    tensors that alias each other (:mod:`rkpart.ir.values`) and drops outputs its constant folding
-    computed (:data:`CONSTANT_OUTPUTS`): such an ``.rknn`` returns fewer tensors than the stage
-    declares."""
+    tensors it finds equal (:mod:`rkpart.ir.values`) and drops outputs its constant folding computed
+    (:data:`CONSTANT_OUTPUTS`): such an ``.rknn`` returns fewer tensors than the stage declares."""
     rows = [r for r in parse_layer_table(text) if r.op_type == "OutputOperator"]
     if not rows or len(rows) >= len(outputs):
         return None

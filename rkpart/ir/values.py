@@ -1,14 +1,18 @@
 """Which tensors of a model hold the same values by construction: value numbering, as a compiler's
-common-subexpression elimination finds them, and the narrower aliases (a tensor handed on by an op
-that changes nothing: a Cast to the type it has, a Reshape to its shape).
+common-subexpression elimination finds them (constants compared by value; an op that changes
+nothing, such as a Cast to the type it has or a Reshape to its shape, hands its input's number on).
 
-rknn-toolkit2 removes such no-op ops, and a stage that hands the host both a tensor and its alias
-then builds into an ``.rknn`` with one output fewer than the stage declares (measured with
-``build_once``, rk3588, 2.3.0 and 2.5.0: ``Cast(h)`` and ``Cast(Cast(h))`` to float32 as outputs
--> one ``OutputOperator``; Kandinsky 5's TorchScript blocks, ``fused`` on 2.5.0).  Two equal
-computations (``Slice(h, 0, 32)`` twice) stay two outputs.  The partition therefore reads an
-alias among an NPU stage's outputs as the tensor it aliases before it writes the plan
-(:func:`rkpart.pipeline.propose`, :func:`rkpart.ir.load.with_merged_tensors`).  Exact.
+rknn-toolkit2 builds one output for tensors it finds equal, and a stage declaring both then builds
+into an ``.rknn`` with fewer outputs than the stage declares, which every runner refuses.
+Measured (rk3588): ``Cast(h)`` and ``Cast(Cast(h))`` to float32 as outputs -> one
+``OutputOperator`` (``build_once``, 2.3.0 and 2.5.0; Kandinsky 5's TorchScript blocks end so);
+Sana-WM's TorchScript linear attention computes two rank-5 Transposes twice, and its stage handing
+the host all four (as rank-4 views) built 19 of its 21 outputs on 2.5.0.  Two equal Slices, or two
+equal Transposes, of a tiny stage stay two outputs: which equal computations the toolkit merges
+depends on its fusions, so the partition reads every second tensor of equal value among an NPU
+stage's outputs as the first before it writes the plan (:func:`rkpart.pipeline.propose`,
+:func:`rkpart.ir.load.with_merged_tensors`).  Exact: a deterministic op on the same values
+computes the same values; the host receives one tensor fewer.
 """
 
 from __future__ import annotations

