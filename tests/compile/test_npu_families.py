@@ -195,6 +195,10 @@ LATEST_CI: tuple[tuple[str, str, str, str], ...] = (
     ("sana_wm_refiner", "torchscript", "split", "2.3.0"),
     # scatternd-interleave's rank-5 Reshape ran on the CPU; the round moves the RoPE ScatterND it replaced
     ("helios", "dynamo", "split", "2.3.0"),
+    # trained-like weights (the fixture's all-zero key convolution had made the keys constants): the stage
+    # handing the host its linear attention's twice-computed Transposes built 19 of 21 outputs until the
+    # partition merged outputs of equal value
+    ("sana_wm", "torchscript", "split", "2.5.0"),
 )
 #: families whose first build already has no CPU layer: fixed before any round
 NO_ROUND = {"ltx2": "a Squeeze of a dim of 32 (torch's no-op): fixed by loading",
