@@ -46,6 +46,7 @@ from rkpart.ir.load import (
     with_rank4_inputs,
     with_rank4_views,
 )
+from rkpart.ir.subgraph import outputs_of
 from rkpart.ir.values import same_values
 from rkpart.partitioner.capability import apply_capability as _apply_capability
 from rkpart.partitioner.capability import cut_before
@@ -231,13 +232,8 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
 
 
 def _npu_outputs(mg: ModelGraph, part: Partition) -> list[list[str]]:
-    """Per NPU group of ``part``, the tensors it computes that another group reads or the model
-    outputs, in op order."""
-    owner = {i: k for k, g in enumerate(part.groups) for i in g.ops}
-    outputs = set(mg.outputs)
-    return [[t for i in sorted(g.ops) for t in mg.op(i).outputs
-             if t and (t in outputs or any(owner.get(c) != k for c in mg.consumers.get(t, ())))]
-            for k, g in enumerate(part.groups) if g.device == "npu"]
+    """Per NPU group of ``part``, the outputs its stage will have (:func:`rkpart.ir.subgraph.outputs_of`)."""
+    return [list(outputs_of(mg, g.ops)) for g in part.groups if g.device == "npu"]
 
 
 def _propose_once(model: LoadedModel, strat: Strategy, opts: Mapping[str, Any],

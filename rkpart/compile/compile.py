@@ -636,9 +636,9 @@ class _Context:
                 (self.folder / RKNN_DIR / ".tmp").rmdir()
         return outcomes
 
-    def _finish(self, p: _Pending, res: BuildResult, tk: Toolkit, reason: str | None) -> StageOutcome:
-        rel_log = os.path.relpath(res.log, self.folder)
-        self.model.observe(tk.version, p.job.size_bytes if p.job else 0, res.peak_rss_bytes)
+    @staticmethod
+    def _failure(p: _Pending, res: BuildResult, tk: Toolkit, rel_log: str, text: str) -> BuildFailure | None:
+        """Why the build ``res`` of ``p`` gives no artifact (``text``: its log, read when it built), or ``None``."""
         if not res.ok:
             fail = res.failure(rel_log)
             from rkpart.targets.known_issues import match_signature
@@ -647,26 +647,31 @@ class _Context:
             if sig is not None:
                 # name the known toolkit bug, so the report says what it is and what to do
                 fail = dataclasses.replace(fail, signature=sig.id, message=f"{fail.message} ({sig.describe()})")
+            return fail
+        lost = missing_outputs(text, list(p.stage.outputs))
+        if lost is None:
+            return None
+        # an .rknn that returns fewer tensors than the stage declares breaks every runner: a failure
+        names = f"{', '.join(lost[:3])}{' ...' if len(lost) > 3 else ''}"
+        why = (f"rknn-toolkit2 {tk.version} computed {names} as constants and removed them (a product "
+               "with all-zero weights, as an untrained model has)" if CONSTANT_OUTPUTS in text else
+               f"rknn-toolkit2 {tk.version} built one output for tensors it found equal ({names}; "
+               "rkpart partition merges outputs of equal value first: partition the model again)")
+        return BuildFailure(toolkit=tk.version, kind="error", last_step=res.last_step, log=rel_log,
+                            message=f"build failed: the .rknn has {len(p.stage.outputs) - len(lost)} outputs, "
+                                    f"the stage declares {len(p.stage.outputs)}: {why}")
+
+    def _finish(self, p: _Pending, res: BuildResult, tk: Toolkit, reason: str | None) -> StageOutcome:
+        rel_log = os.path.relpath(res.log, self.folder)
+        self.model.observe(tk.version, p.job.size_bytes if p.job else 0, res.peak_rss_bytes)
+        rknn = self.cache.rknn_path(p.key)
+        text = res.log.read_text(errors="replace") if res.ok else ""
+        fail = self._failure(p, res, tk, rel_log, text)
+        if fail is not None:
             if fail.deterministic:
                 self.cache.put_failure(p.key, fail)
-            return StageOutcome(stage_id=p.stage.id, status="failed", toolkit=tk.version, artifact=None,
-                                failures=(fail,), wall_s=res.wall_s, peak_rss_bytes=res.peak_rss_bytes,
-                                log=rel_log)
-        rknn = self.cache.rknn_path(p.key)
-        text = res.log.read_text(errors="replace")
-        lost = missing_outputs(text, list(p.stage.outputs))
-        if lost is not None:
-            # an .rknn that returns fewer tensors than the stage declares breaks every runner: a failure
-            names = f"{', '.join(lost[:3])}{' ...' if len(lost) > 3 else ''}"
-            why = (f"rknn-toolkit2 {tk.version} computed {names} as constants and removed them (a product "
-                   "with all-zero weights, as an untrained model has)" if CONSTANT_OUTPUTS in text else
-                   f"rknn-toolkit2 {tk.version} built one output for tensors it found equal ({names}; "
-                   "rkpart partition merges outputs of equal value first: partition the model again)")
-            fail = BuildFailure(toolkit=tk.version, kind="error", last_step=res.last_step, log=rel_log,
-                                message=f"build failed: the .rknn has {len(p.stage.outputs) - len(lost)} outputs, "
-                                        f"the stage declares {len(p.stage.outputs)}: {why}")
-            self.cache.put_failure(p.key, fail)
-            rknn.unlink(missing_ok=True)
+            if res.ok:  # it built, with too few outputs: no artifact
+                rknn.unlink(missing_ok=True)
             return StageOutcome(stage_id=p.stage.id, status="failed", toolkit=tk.version, artifact=None,
                                 failures=(fail,), wall_s=res.wall_s, peak_rss_bytes=res.peak_rss_bytes,
                                 log=rel_log)

@@ -72,6 +72,13 @@ def subgraph(mg: ModelGraph, ops: Iterable[int], *, sinks: bool = False) -> Subg
     )
 
 
+def outputs_of(mg: ModelGraph, ops: Iterable[int]) -> tuple[str, ...]:
+    """The tensors the data ops ``ops`` hand on (read by another op, or model outputs), in model
+    order: :attr:`Subgraph.outputs` alone, without the rest of :func:`subgraph`'s work."""
+    order = tuple(sorted(set(ops)))
+    return _outputs(mg, order, set(order))
+
+
 def _inputs(mg: ModelGraph, order: tuple[int, ...], opset: set[int]) -> tuple[str, ...]:
     inputs: list[str] = []
     seen: set[str] = set()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Hashable
 
-from onnx import AttributeProto, NodeProto, TensorProto
+from onnx import AttributeProto, NodeProto, TensorProto, numpy_helper
 
 from rkpart.ir.graph import ModelGraph
 from rkpart.ir.ops import DEFAULT_DOMAINS
@@ -39,19 +39,16 @@ PASS_THROUGH = frozenset({"Identity", "Cast", "CastLike", "Reshape", "Flatten", 
 def _constant_key(t: TensorProto) -> Hashable:
     if t.data_location == TensorProto.EXTERNAL or t.ByteSize() > VALUE_BYTES:
         return ("tensor", t.name)
-    from onnx import numpy_helper
-
     a = numpy_helper.to_array(t)
     return ("const", t.data_type, tuple(t.dims), hashlib.sha256(a.tobytes()).hexdigest())
 
 
-def value_numbers(mg: ModelGraph, *, ops: bool = True) -> dict[str, int]:
+def value_numbers(mg: ModelGraph) -> dict[str, int]:
     """Tensor -> a number equal for two tensors exactly when the graph computes them the same way
     from the same values (model inputs by name, constants by value, ops by type, domain,
     attributes and the numbers of their inputs; an op of :data:`PASS_THROUGH` that changes no type
     hands its input's number on).  An op whose result depends on more than its inputs (random,
-    control flow with a body, another domain's) numbers its outputs apart.  ``ops=False``: every
-    op but the pass-through ones numbers its outputs apart (only aliases are equal)."""
+    control flow with a body, another domain's) numbers its outputs apart."""
     table: dict[Hashable, int] = {}
 
     def number(key: Hashable) -> int:
@@ -66,8 +63,7 @@ def value_numbers(mg: ModelGraph, *, ops: bool = True) -> dict[str, int]:
             for o in n.output:
                 nums[o] = number(("tensor", o))
             continue
-        if n.input and n.input[0] in nums and len(n.output) == 1 and n.domain in DEFAULT_DOMAINS \
-                and _passes_through(mg, n):
+        if n.input and n.input[0] in nums and len(n.output) == 1 and _passes_through(mg, n):
             nums[n.output[0]] = nums[n.input[0]]
             continue
         if n.op_type == "Constant" and n.output:
@@ -75,10 +71,6 @@ def value_numbers(mg: ModelGraph, *, ops: bool = True) -> dict[str, int]:
             if value is not None:
                 nums[n.output[0]] = number(_constant_key(_named(value, n.output[0])))
                 continue
-        if not ops:
-            for o in n.output:
-                nums[o] = number(("tensor", o))
-            continue
         attrs = tuple(sorted(a.SerializeToString() for a in n.attribute))
         ins = tuple(nums[t] if t in nums else number(("tensor", t)) if t else -1 for t in n.input)
         for k, o in enumerate(n.output):
@@ -106,18 +98,20 @@ def _named(t: TensorProto, name: str) -> TensorProto:
     return out
 
 
-def same_values(mg: ModelGraph, groups: list[list[str]], *, ops: bool = True) -> dict[str, str]:
-    """Of the tensors of each of ``groups`` (in order), each one whose values an earlier one of the
-    same group already holds (:func:`value_numbers`, ``ops`` as there) -> that one.  A model output
-    is never mapped (its name is the model's); it may be what others map to."""
-    nums = value_numbers(mg, ops=ops) if any(len(g) > 1 for g in groups) else {}
+def same_values(mg: ModelGraph, groups: list[list[str]]) -> dict[str, str]:
+    """Of the tensors of each of ``groups`` (in order; tensors the graph computes or takes in),
+    each one whose values an earlier one of the same group already holds (:func:`value_numbers`)
+    -> that one.  A model output is never mapped (its name is the model's); it may be what others
+    map to."""
+    groups = [g for g in groups if len(g) > 1]
+    nums = value_numbers(mg) if groups else {}
     outputs = set(mg.outputs)
     out: dict[str, str] = {}
     for tensors in groups:
         first: dict[int, str] = {}
         # model outputs first, so that an output is the one kept
         for t in sorted(tensors, key=lambda x: x not in outputs):
-            k = nums.get(t, -1 - len(first))  # a tensor without a number is nobody's duplicate
+            k = nums[t]
             if k in first and t not in outputs:
                 out[t] = first[k]
             else:
