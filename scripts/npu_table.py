@@ -7,13 +7,16 @@ count built stages and CPU layers from the placement report.  Exports are cached
 cache them (:func:`tests.models.diffusers_families.cached_export`).  Builds run one at a time.
 
 Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--newer] [--latest] [--toolkit V ...]
-[--strategy S ...] [--exporter E ...] [--rewrites-only] [--repartition] [--timeout S]``
+[--strategy S ...] [--exporter E ...] [--rewrites-only] [--repartition] [--gate GATE.md] [--timeout S]``
 
 ``--family`` takes any name of ``ALL`` there (default: the 12 ``FAMILIES``); ``--newer`` runs the
 ``NEWER`` ones instead (after any ``--family`` given), ``--latest`` the ``LATEST`` ones;
 ``--rewrites-only`` skips the ``--no-rewrites`` build (its cells read ``not run``);
 ``--repartition`` compiles the build with rewrites as ``rkpart compile --repartition`` does
 (placement learned from the plan's own builds, crashed stages cut) and reports what it left.
+``--gate GATE.md`` then runs the rknn-sim gate on that build (:mod:`tests.compile.sim_gate`: the plan
+with every NPU stage in the toolkit's simulator against ONNX Runtime, or torch, or stage by stage) and
+writes one row per plan there: the reference, how many tensors were compared, the lowest cosine.
 Exports whose shapes depend on data (``SPECIALISE`` of the sweep) are partitioned with their
 example inputs (``--inputs``).  Each run reads and fills the placement store of
 ``$RKPART_CACHE_DIR``: give every run an empty one for a table that does not depend on what
@@ -98,6 +101,33 @@ def merge(tables: list[Path]) -> str:
     return "\n".join([*head, *(rows[k] for k in sorted(rows, key=order))]) + "\n"
 
 
+GATE_HEAD = "| family | exporter | strategy | toolkit | stages built | reference | compared | lowest cosine |"
+
+
+def _gate_row(fam: str, exp: str, strat: str, v: str, model: Path, rep: object, folder: Path) -> str:
+    """One row of the ``--gate`` table: the rknn-sim gate of the build ``rep`` (a compile report)."""
+    from tests.compile.sim_gate import sim_gate
+
+    plan = rep.plan  # type: ignore[attr-defined]
+    failed = len(rep.failed)  # type: ignore[attr-defined]
+    built = f"{len(plan.npu_stages) - failed}/{len(plan.npu_stages)}"
+    if failed:
+        return f"| {fam} | {exp} | {strat} | {v} | {built} | not run: a stage failed | | |"
+    t0 = time.monotonic()
+    try:
+        kind, got = sim_gate(fam, exp, model, plan, folder, v)
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        traceback.print_exc()
+        msg = str(e).splitlines()[0][:100] if str(e) else ""
+        return f"| {fam} | {exp} | {strat} | {v} | {built} | error: {type(e).__name__}: {msg} | | |"
+    bad = [r for r in got if not r.ok]
+    low = min((r.cosine for r in got), default=float("nan"))
+    verdict = "pass" if got and not bad else f"FAIL ({len(bad)}: " + ", ".join(
+        f"{r.stage}:{r.name} cos {r.cosine:.6f} nan {r.nan} inf {r.inf}" for r in bad[:3]) + ")"
+    print(f"{fam} {exp} {strat} {v} gate: {verdict} ({time.monotonic() - t0:.0f} s)", flush=True)
+    return f"| {fam} | {exp} | {strat} | {v} | {built} | {kind}: {verdict} | {len(got)} | {low:.6f} |"
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
@@ -130,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exporter", action="append", choices=["torchscript", "dynamo"])
     ap.add_argument("--toolkit", action="append")
     ap.add_argument("--strategy", action="append")
+    ap.add_argument("--gate", type=Path, help="run the rknn-sim gate on the build with rewrites; its rows go here")
     a = ap.parse_args(argv)
     fams = ((a.family or ([] if a.newer or a.latest else list(FAMILIES))) + (list(NEWER) if a.newer else [])
             + (list(LATEST) if a.latest else []))
@@ -137,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
             "| built (rewrites) | CPU layers (rewrites) | rewrites applied |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     a.out.write_text("\n".join(rows) + "\n")
+    gates = [GATE_HEAD, "|---|---|---|---|---|---|---|---|"]
+    if a.gate:
+        a.gate.write_text("\n".join(gates) + "\n")
     for fam in fams:
         for exp in a.exporter or ["torchscript", "dynamo"]:
             try:
@@ -189,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
                                     if first.failed_before else ""
                                 cpu += f" ({first.cpu_layers_before} before --repartition, {len(rounds)} round(s))"
                             cells += [built, cpu]
+                            if rw and a.gate:
+                                gates.append(_gate_row(fam, exp, strat, v, model, rep, folder))
+                                a.gate.write_text("\n".join(gates) + "\n")
                             if rw:
                                 for s in rep.plan.npu_stages:
                                     for k, c in ((s.prepared or {}).get("rewrites") or {}).items():

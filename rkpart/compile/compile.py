@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +50,21 @@ RKNN_DIR = "rknn"
 LOG_DIR = "logs"
 #: a stage whose build fails with up to this many NPU rewrites is rebuilt dropping one at a time
 BISECT_MAX = 4
+#: how many times a stage is rebuilt with the optimiser rules its failed build named turned off
+RULE_RETRIES = 4
+#: rknn-toolkit2's hint after an optimiser rule failed: "You can add disable_rules=['fuse_x'] in rknn.config()"
+_RULE_HINT = re.compile(r"disable_rules=\[([^\]]*)\]")
+
+
+def named_rules(log_text: str) -> tuple[str, ...]:
+    """The optimiser rules a failed build's log suggests turning off (``disable_rules=[...]`` hints),
+    in the order named."""
+    out: list[str] = []
+    for m in _RULE_HINT.finditer(log_text):
+        for name in re.findall(r"['\"]([A-Za-z0-9_]+)['\"]", m.group(1)):
+            if name not in out:
+                out.append(name)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -480,14 +496,46 @@ class _Context:
     precisions: dict[str, StagePrecision] = field(default_factory=dict)
     #: stage id -> its calibration dataset linked into the plan folder (relative; int8 / hybrid)
     datasets: dict[str, str] = field(default_factory=dict)
+    #: stage id -> the optimiser rules its builds turn off (``disable_rules``): named by a failed build
+    disabled_rules: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def compile_round(self, stages: Sequence[Stage], tk: Toolkit,
                       fallback_reason: Mapping[str, str] | None) -> dict[str, StageOutcome]:
         """Build ``stages`` with ``tk``; a stage whose build fails with NPU rewrites is rebuilt without them."""
         outcomes = self._build_round(stages, tk, fallback_reason, {})
+        self._retry_without_named_rules(stages, tk, fallback_reason, outcomes)
         if self.rewrites:
             self._retry_without_rewrites(stages, tk, fallback_reason, outcomes)
         return outcomes
+
+    def _retry_without_named_rules(self, stages: Sequence[Stage], tk: Toolkit,
+                                   fallback_reason: Mapping[str, str] | None,
+                                   outcomes: dict[str, StageOutcome]) -> None:
+        """A build that failed in an optimiser rule its log names ("You can add disable_rules=[...] in
+        rknn.config()") is rebuilt with that rule off, and again while each new failure names another
+        (at most :data:`RULE_RETRIES` times).  Measured: BRIA-FIBO 2's perceiver cross-attention, whose
+        query is a constant, fails 2.5.0's two SDPA fusion rules in turn and builds, 0 CPU layers,
+        with both off (before, a ``--repartition`` round cut the stage)."""
+        by_id = {s.id: s for s in stages}
+        for _ in range(RULE_RETRIES):
+            again = []
+            for sid, o in outcomes.items():
+                if o.status != "failed" or sid not in by_id or not o.failures or not o.failures[-1].log:
+                    continue
+                path = self.folder / str(o.failures[-1].log)
+                text = path.read_text(errors="replace") if path.is_file() else ""
+                new = [r for r in named_rules(text) if r not in self.disabled_rules.get(sid, ())]
+                if new:
+                    self.disabled_rules[sid] = (*self.disabled_rules.get(sid, ()), *new)
+                    self.say(f"[rules disabled] {sid}: {', '.join(self.disabled_rules[sid])} (the rknn-toolkit2 "
+                             f"{tk.version} build failed in {', '.join(new)} and named it): rebuilding")
+                    again.append(by_id[sid])
+            if not again:
+                return
+            got = self._build_round(again, tk, fallback_reason, {})
+            for sid, o2 in got.items():
+                outcomes[sid] = o2 if o2.status != "failed" else dataclasses.replace(
+                    o2, failures=outcomes[sid].failures + o2.failures)
 
     def _retry_without_rewrites(self, stages: Sequence[Stage], tk: Toolkit,
                                 fallback_reason: Mapping[str, str] | None,
@@ -563,6 +611,8 @@ class _Context:
             onnx = prep.onnx
             sp = self.precisions.get(s.id) or StagePrecision("fp16")
             config = sp.config(self.config, self.target)
+            if self.disabled_rules.get(s.id):
+                config = {**config, "disable_rules": list(self.disabled_rules[s.id])}
             quantize = None
             if sp.quantized:
                 assert sp.dataset is not None and sp.calibration_sha256 is not None
@@ -593,6 +643,7 @@ class _Context:
             # and a tampered weight_bytes must not lower every later estimate
             size = measured_stage_bytes(onnx)
             without = "".join(f".without-{n}" for n in sorted(drops.get(s.id, ())))  # keeps the first log
+            without += f".rules-off-{len(self.disabled_rules[s.id])}" if self.disabled_rules.get(s.id) else ""
             log = self.folder / RKNN_DIR / LOG_DIR / f"{s.id}.{tk.version}{without}.log"
             job = BuildJob(stage_id=s.id, onnx=onnx, output=self.cache.rknn_path(key), log=log,
                            config=config, toolkit=tk,
@@ -689,6 +740,8 @@ class _Context:
             "peak_rss_bytes": res.peak_rss_bytes,
             "log": rel_log,
         }
+        if self.disabled_rules.get(p.stage.id) and p.job is not None:  # the settings it was built with
+            meta.update(config=normalise_config(p.job.config), config_hash=config_hash(p.job.config))
         sp = self.precisions.get(p.stage.id)
         if sp is not None and sp.quantized and p.job is not None:
             meta.update(config=normalise_config(p.job.config), config_hash=config_hash(p.job.config),

@@ -81,6 +81,10 @@ def _config_kwargs(rknn: Any, config: dict[str, Any]) -> dict[str, Any]:
     # RKNN.config takes **kwargs and silently ignores misspelt options; refuse them instead.
     params = inspect.signature(rknn.config).parameters
     known = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        # read from **kwargs: the option the toolkit's own errors name ("You can add
+        # disable_rules=['fuse_...'] in rknn.config()"), which rkpart compile retries with
+        known.add("disable_rules")
     unknown = sorted(set(config) - known)
     if unknown:
         raise StepError("config", f"config option {unknown[0]!r} is not accepted by RKNN.config "

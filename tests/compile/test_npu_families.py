@@ -26,7 +26,6 @@ from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
-from rkpart.runtime.ort import OrtBackend
 from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.validation.metrics import compare
 from tests.models import diffusers_families
@@ -141,22 +140,10 @@ def test_every_npu_stage_builds_with_no_cpu_layer(tmp_path: Path, family: str, e
 
 def _gate_each_npu_stage(plan: Plan, folder: Path, version: str) -> None:
     """The gate stage by stage: each NPU stage in the simulator against the same stage under ORT."""
-    ort, sim = OrtBackend(), RknnSimBackend(version)
-    try:
-        for stage in plan.npu_stages:
-            feeds = random_inputs(plan.tensors, stage.inputs, seed=0)
-            outs = []
-            for backend in (ort, sim):
-                runner = backend.runner(stage, folder)
-                runner.load()
-                runner.init()
-                outs.append(runner.infer(feeds))
-                runner.release()
-            for name in stage.outputs:
-                m = compare(outs[1][name], outs[0][name])
-                assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (stage.id, name, m)
-    finally:
-        sim.close()
+    from tests.compile.sim_gate import _each_npu_stage
+
+    rows = _each_npu_stage(plan, folder, version)
+    assert rows and all(r.ok for r in rows), [r for r in rows if not r.ok]
 
 
 def test_strict_npu_fails_stages_left_with_cpu_layers(tmp_path: Path) -> None:
@@ -199,6 +186,9 @@ LATEST_CI: tuple[tuple[str, str, str, str], ...] = (
     # handing the host its linear attention's twice-computed Transposes built 19 of 21 outputs until the
     # partition merged outputs of equal value
     ("sana_wm", "torchscript", "split", "2.5.0"),
+    # 2.3.0's last gap of the sweep: a last-axis ReduceSum whose conversion's Reshape ran on the CPU
+    # (reduce-sum-matmul), flips (slice-reverse), a rank-5 state five Concats read (concat-constant-per-reader)
+    ("sana_wm", "dynamo", "split", "2.3.0"),
 )
 #: families whose first build already has no CPU layer: fixed before any round
 NO_ROUND = {"ltx2": "a Squeeze of a dim of 32 (torch's no-op): fixed by loading",
@@ -211,9 +201,7 @@ LATEST_CASES = [pytest.param(*c, id="-".join(c)) for c in LATEST_CI]
 def test_latest_families_reach_zero_cpu_layers_with_repartition(tmp_path: Path, family: str, exporter: str,
                                                                 strategy: str, version: str) -> None:
     from rkpart.pipeline import compile_repartition
-    from tests.models.diffusers_families import example_inputs, torch_outputs
-    from tests.partitioner.test_family_sweep import ORT_REFUSES as SWEEP_ORT_REFUSES
-    from tests.partitioner.test_family_sweep import TORCH_REFERENCE
+    from tests.compile.sim_gate import sim_gate
 
     tk = get_toolkit(version)
     model = cached_export(family, exporter)
@@ -224,36 +212,19 @@ def test_latest_families_reach_zero_cpu_layers_with_repartition(tmp_path: Path, 
     assert not stuck and not any(rep.cpu_ops_per_block().values()), stuck
     # the first build left something to fix, but where the partition fixed it before (NO_ROUND)
     assert bool(rounds) == (family not in NO_ROUND), [r.describe() for r in rounds]
-    plan = rep.plan
-    if (family, exporter) in TORCH_REFERENCE:  # ORT refuses the export; torch's own output is the reference
-        feeds = example_inputs(family)
-        out = run_plan(plan, folder, feeds, backend=RknnSimBackend(version))
-        m = compare(out["sample"], torch_outputs(family, feeds))
-        assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, m
-    elif (family, exporter) in SWEEP_ORT_REFUSES:
-        _gate_each_npu_stage(plan, folder, version)
-    else:
-        feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
-        ref = run_model(model, feeds, plan.outputs)
-        out = run_plan(plan, folder, feeds, backend=RknnSimBackend(version))
-        for name in plan.outputs:
-            m = compare(out[name], ref[name])
-            assert m.cosine >= 0.999 and m.nan == 0 and m.inf == 0, (name, m)
+    _, rows = sim_gate(family, exporter, model, rep.plan, folder, version)
+    assert rows and all(r.ok for r in rows), [r for r in rows if not r.ok]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "with trained-like weights (the fixture's key convolution was all zeros, its keys constants) the linear "
-    "attention's first 2.3.0 build fails again: ONNX Runtime inside the toolkit, 'Can't merge shape info' on "
-    "a Concat of a constant and a Slice of a reversed Slice (Concat(full_3, slice_11)); --repartition cuts it"))
 def test_sana_wm_linear_attention_builds_whole_on_23x(tmp_path: Path) -> None:
-    """Sana-WM's chunked linear attention (dynamo) failed 2.3.0's optimiser twice (a Split into one
-    piece read by Gathers; one constant state read by several MatMuls): ``--repartition`` then sent
-    the failing pieces to the host, 96.5 % of the blocks' matmul work left on the NPU.  With the
-    ``single-split`` and ``matmul-constant-per-reader`` rewrites the stages build whole, both rewrites
-    kept (compile keeps a rewrite only when the rewritten stage equals the original under ONNX
-    Runtime).  Measured on the untrained fixture, whose all-zero key convolution made the keys
-    constants (and the export compute 0 / 0); with trained-like weights the first build fails again
-    (the xfail's reason), a known gap."""
+    """Sana-WM's chunked linear attention (dynamo) failed 2.3.0's optimiser three times: a Split into
+    one piece read by Gathers (``single-split``); one constant state read by several MatMuls
+    (``matmul-constant-per-reader``); with trained-like weights, one rank-5 zeros state read by five
+    Concats, which failed the toolkit's constant folding ("Can't merge shape info" on a Concat;
+    ``concat-constant-per-reader``).  ``--repartition`` had sent the failing pieces to the host
+    (96.5 % of the blocks' matmul work left on the NPU).  With the rewrites both linear-attention
+    stages build whole from the first build, every rewrite kept (compile keeps a rewrite only when
+    the rewritten stage equals the original under ONNX Runtime)."""
     import onnx
 
     tk = get_toolkit("2.3.0")
@@ -271,5 +242,6 @@ def test_sana_wm_linear_attention_builds_whole_on_23x(tmp_path: Path) -> None:
     for s in rep.plan.npu_stages:
         if s.id in linear:
             assert s.prepared is not None
-            assert {"single-split", "matmul-constant-per-reader"} <= set(s.prepared["rewrites"]), s.prepared
+            assert {"single-split", "matmul-constant-per-reader", "concat-constant-per-reader"} <= set(
+                s.prepared["rewrites"]), s.prepared
             assert not s.prepared.get("dropped_rewrites"), s.prepared

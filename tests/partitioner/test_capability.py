@@ -30,6 +30,7 @@ from rkpart.partitioner.partition import order_groups
 from rkpart.pipeline import PartitionConfig, load, propose, write_plan
 from rkpart.targets import get_target
 from rkpart.targets.capability import Capability, PlacementPattern
+from rkpart.targets.rewrites.npu import MAX_REVERSED
 from tests.partitioner.checks import assert_reproduces
 
 
@@ -452,23 +453,25 @@ def test_an_op_that_only_feeds_a_later_piece_waits_for_it_instead_of_leaving(tmp
     assert_reproduces(plan, tmp_path / "plan", model)
 
 
-def test_a_learned_reversing_slice_does_not_take_forward_slices_off_the_npu(tmp_path: Path) -> None:
+@pytest.mark.parametrize("width", [16, MAX_REVERSED + 8])
+def test_a_learned_reversing_slice_does_not_take_forward_slices_off_the_npu(tmp_path: Path, width: int) -> None:
     """``torch.flip`` exports as a Slice with step -1, which 2.5.0 runs on the CPU (Sana-WM's camera
     maths); a forward Slice of the same ranks, types and unit dims runs on the NPU.  A class learned
     from the flip took Sana-WM's attention's forward Slice off the NPU, cutting its bfloat16 island:
-    the reversal is a form of the class of its own."""
+    the reversal is a form of the class of its own.  A flip ``slice-reverse`` rewrites (at most
+    MAX_REVERSED pieces) stays on the NPU, learned or not; a longer one goes to the host."""
     def c(name: str, v: list[int]) -> TensorProto:
         return numpy_helper.from_array(np.array(v, dtype=np.int64), name)
 
     nodes = [
-        helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),  # [1, 8, 16]
+        helper.make_node("MatMul", ["x", "W1"], ["h"], name="mm1"),  # [1, 8, width]
         helper.make_node("Slice", ["h", "s0", "e0", "ax", "back"], ["r"], name="flip"),
         helper.make_node("Slice", ["h", "s1", "e1", "ax", "fwd"], ["f"], name="forward"),
         helper.make_node("Add", ["r", "f"], ["rf"], name="mix"),
         helper.make_node("MatMul", ["rf", "W2"], ["y"], name="mm2"),
     ]
-    inits = [_w("W1", 16, 16, 1), _w("W2", 16, 16, 2), c("s0", [-1]), c("e0", [-(2 ** 62)]), c("ax", [2]),
-             c("back", [-1]), c("s1", [0]), c("e1", [16]), c("fwd", [1])]
+    inits = [_w("W1", 16, width, 1), _w("W2", width, 16, 2), c("s0", [-1]), c("e0", [-(2 ** 62)]), c("ax", [2]),
+             c("back", [-1]), c("s1", [0]), c("e1", [width]), c("fwd", [1])]
     path = _save(tmp_path, "flip", nodes, inits)
     m = load(path)
     ix = {m.graph.op(i).name: i for i in range(m.graph.num_ops)}
@@ -481,7 +484,8 @@ def test_a_learned_reversing_slice_does_not_take_forward_slices_off_the_npu(tmp_
     learn("rk3588", "2.5.0", [CpuLayer("s", "Slice:flip", "flip", flip)])
     assert load_learned("rk3588", "2.5.0") == {flip}  # the form survives the store
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
-    host = {h["op"] for h in part.extra["capability"]["host_ops"]}
-    assert "flip" in host and "forward" not in host
+    host = {h["op"] for h in part.extra.get("capability", {}).get("host_ops", [])}
+    assert "forward" not in host
+    assert ("flip" in host) == (width > MAX_REVERSED)
     plan = write_plan(m, part, tmp_path / "plan")
     assert_reproduces(plan, tmp_path / "plan", path)

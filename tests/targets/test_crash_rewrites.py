@@ -209,24 +209,29 @@ def test_tile_broadcast_only_on_size_one_axes(n_rep: int, head: int, rewritten: 
     assert apply_rewrites(_gqa_tile(n_rep, head), rewrites_for("2.3.0", "npu")) == {}
 
 
-@pytest.mark.parametrize(("path", "hits", "added", "versions"), [
-    (SINGLE_SPLIT, {"single-split": 1}, 0, ("2.3.0", "2.3.2")),  # its Gathers read the Split's piece
-    (SHARED_CONSTANT, {"matmul-constant-per-reader": 1}, 1, ("2.3.0", "2.3.2")),
-    (GATHER_INPUT, {"scalar-gather-slice": 2}, 2, ("2.3.0",)),  # 2.3.2 builds it as it is
-    (WIDE_READERS, {"wide-tensor-per-reader": 2}, 2, ("2.3.0",))])  # 2.3.2 builds it as it is
+#: rows every toolkit applies that match a reproducer too: the flip in the wide-tensor reduction (2 ops more)
+EVERYWHERE = {"slice-reverse": 1}
+
+
+@pytest.mark.parametrize(("path", "hits", "added", "versions", "everywhere"), [
+    (SINGLE_SPLIT, {"single-split": 1}, 0, ("2.3.0", "2.3.2"), {}),  # its Gathers read the Split's piece
+    (SHARED_CONSTANT, {"matmul-constant-per-reader": 1}, 1, ("2.3.0", "2.3.2"), {}),
+    (GATHER_INPUT, {"scalar-gather-slice": 2}, 2, ("2.3.0",), {}),  # 2.3.2 builds it as it is
+    (WIDE_READERS, {"wide-tensor-per-reader": 2}, 2 + 2, ("2.3.0",), EVERYWHERE)])  # 2.3.2 builds it as it is
 def test_23x_failure_reproducer_is_rewritten_exactly_for_23x_only(path: Path, hits: dict[str, int], added: int,
-                                                                   versions: tuple[str, ...]) -> None:
+                                                                   versions: tuple[str, ...],
+                                                                   everywhere: dict[str, int]) -> None:
     for other in {"2.3.0", "2.3.2"} - set(versions):
-        assert apply_rewrites(onnx.load(str(path)), rewrites_for(other, "npu")) == {}
+        assert apply_rewrites(onnx.load(str(path)), rewrites_for(other, "npu")) == everywhere
     for tk in versions:
         before, after, done = _rewritten(path, tk)
-        assert done == hits
+        assert done == {**hits, **everywhere}
         assert len(after.graph.node) == len(before.graph.node) + added
         assert "Split" not in {n.op_type for n in after.graph.node}
         feeds = _feeds(before)
         for x, y in zip(_run(before, feeds), _run(after, feeds), strict=True):
             np.testing.assert_array_equal(y, x)
-    assert apply_rewrites(onnx.load(str(path)), rewrites_for("2.5.0", "npu")) == {}
+    assert apply_rewrites(onnx.load(str(path)), rewrites_for("2.5.0", "npu")) == everywhere
 
 
 def _splits(outputs: int) -> onnx.ModelProto:
@@ -281,6 +286,51 @@ def test_matmul_constant_per_reader_after_dedupe(shape: list[int], copies: bool,
         np.testing.assert_array_equal(y, x)
     assert apply_rewrites(_matmuls(shape, copies), compile_rewrites_for("2.5.0")).get(
         "matmul-constant-per-reader") is None
+
+
+def concats_of_a_state(rank: int, readers: int, twice: bool = False) -> onnx.ModelProto:
+    """``readers`` Concats of one zeros constant of ``rank`` with a computed tensor (Sana-WM's dynamo
+    chunk stacks); ``twice``: the first Concat reads the constant in two of its slots."""
+    shape = [1, 2, 1, 16, 16][5 - rank:] if rank <= 5 else [1] * (rank - 5) + [1, 2, 1, 16, 16]
+    axis = len(shape) - 3
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)
+    ys = [helper.make_tensor_value_info(f"y{j}", TensorProto.FLOAT, None) for j in range(readers)]
+    nodes = []
+    for j in range(readers):
+        nodes.append(helper.make_node("Relu" if j % 2 else "Neg", ["x"], [f"h{j}"]))
+        ins = ["state", f"h{j}"] + (["state"] if twice and j == 0 else [])
+        nodes.append(helper.make_node("Concat", ins, [f"y{j}"], axis=axis, name=f"stack{j}"))
+    state = numpy_helper.from_array(np.zeros(shape, np.float32), "state")
+    return helper.make_model(helper.make_graph(nodes, "g", [x], ys, [state]),
+                             opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("rank", "readers", "twice", "identities"), [
+    (5, 5, False, 4),  # Sana-WM: five stacks of one rank-5 state, the last four through their own
+    (5, 2, True, 1),  # the first reader's two slots read the constant itself; one Identity for the second
+    (6, 3, False, 2),
+    (4, 3, False, 0),  # rank 4: shared as it is (a rank-4 state alone did not fail the measured stage)
+    (5, 1, True, 0),  # one reader, twice: nothing shared between Concats
+])
+def test_concat_constant_per_reader(rank: int, readers: int, twice: bool, identities: int) -> None:
+    from rkpart.targets.rewrites import compile_rewrites_for
+
+    before, after = concats_of_a_state(rank, readers, twice), concats_of_a_state(rank, readers, twice)
+    done = apply_rewrites(after, compile_rewrites_for("2.3.0"))
+    assert done.get("concat-constant-per-reader", 0) == identities
+    copies = {n.output[0] for n in after.graph.node if n.op_type == "Identity" and n.input[0] == "state"}
+    assert len(copies) == identities
+    read = {n.name: {i for i in n.input if i == "state" or i in copies} for n in after.graph.node
+            if n.op_type == "Concat"}
+    assert read["stack0"] == {"state"}
+    if identities:  # every other Concat reads a copy of its own
+        others = [read[f"stack{j}"] for j in range(1, readers)]
+        assert all(len(r) == 1 and r <= copies for r in others) and len(set().union(*others)) == readers - 1
+    feeds = _feeds(before)
+    for x, y in zip(_run(before, feeds), _run(after, feeds), strict=True):
+        np.testing.assert_array_equal(y, x)
+    assert "concat-constant-per-reader" not in apply_rewrites(concats_of_a_state(rank, readers, twice),
+                                                              compile_rewrites_for("2.5.0"))
 
 
 @pytest.mark.toolkit

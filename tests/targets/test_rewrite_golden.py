@@ -149,8 +149,11 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
     """name -> a builder of a fresh model (every row of the table matches in at least one)."""
     from tests.compile.test_rewrites_npu import adaln_block, ffn_f16, rms_residual, sdpa_bool_mask
     from tests.targets.test_bfloat16_widen import attention
+    from tests.targets.test_crash_rewrites import concats_of_a_state
     from tests.targets.test_heads_table_layout import _flux_rope
+    from tests.targets.test_reduce_sum_matmul import _linear_attention_sum
     from tests.targets.test_rope_halves import _rope
+    from tests.targets.test_slice_reverse import _slice
 
     out: dict[str, Callable[[], onnx.ModelProto]] = {
         "ffn_f16": lambda: _model(ffn_f16(), 17),
@@ -179,6 +182,11 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "rope_halves_unbind": lambda: _rope("unbind"),
         "rope_halves_slice": lambda: _rope("slice"),
         "bf16_attention": lambda: attention(weights=True),
+        "reduce_sum_dropped": lambda: _linear_attention_sum(0),
+        "reduce_sum_kept": lambda: _linear_attention_sum(1),
+        "concat_state": lambda: concats_of_a_state(5, 3),
+        "flip_chunks": lambda: _slice([1, 2, 2, 16, 16], [-1], [-(2**63) + 1], [2], [-1]),
+        "flip_partial": lambda: _slice([1, 4, 6, 8], [0, -1], [3, -(2**63) + 1], [1, 3], [1, -2]),
     }
     for f in sorted([*DATA.glob("segv_*.onnx"), *DATA.glob("fail_*.onnx")]):
         out[f.stem] = lambda f=f: onnx.load(str(f))

@@ -37,9 +37,11 @@ import onnx
 
 from rkpart.ir.edit import NEEDS, GraphEdit
 from rkpart.targets.rewrites.crashes import (
+    concat_constant_per_reader,
     layernorm_scale_fold,
     matmul_constant_per_reader,
     may_read_wide_tensors,
+    may_share_concat_constants,
     may_share_matmul_constants,
     scalar_gather_slice,
     single_output_split,
@@ -59,8 +61,10 @@ from rkpart.targets.rewrites.npu import (
     pad_concat,
     reciprocal,
     reciprocal_mul,
+    reduce_sum_matmul,
     rope_halves,
     rope_pair_matrix,
+    slice_reverse,
     split_chunked_linear,
     tile_broadcast,
 )
@@ -156,6 +160,15 @@ REWRITES: tuple[Rewrite, ...] = (
             "TorchScript 4 -> 0 (2.5.0), 8 -> 0 (2.3.0); dynamo 4 -> 0 (2.5.0) and all 16 CPU layers "
             "-> 0 with reciprocal-to-div (2.3.0)",
             interleave, needs=("shapes",)),
+    Rewrite("slice-reverse", "Slice", "npu", ("*",),
+            "A Slice with a negative step, torch.flip or x[::-1] (Sana-WM's chunked linear attention flips its "
+            "chunks, rank 3 to 5, 10 per block in its TorchScript export): 2.3.0 and 2.5.0 place it on the CPU "
+            "('Slice:/model/blocks.0/attn/attn/Slice_10', CPU), except a reversal of the last axis of a rank-4 "
+            "tensor. As a Concat of one-element Slices in the visited order (at most 32 per axis; a positive-step "
+            "Slice first for the entry's other axes) it stays on the NPU: the same elements copied, bit-exact. "
+            "Measured on hand-made stages, 2.3.0 and 2.5.0: a flip of axis 1 of rank 3 and 4, of axis 2 of rank "
+            "4 (16 pieces), 1 CPU layer -> 0",
+            slice_reverse, needs=("inferred_shapes",)),
     Rewrite("gelu-f16-sqrt2", "Erf", "npu", ("*",),
             "Erf-GELU of a float16 model (Anima's FFN; any fp16 TorchScript export of nn.GELU): the "
             "exporter's Div(x, sqrt 2) carries float16(sqrt 2) = 1.4140625, and the toolkits' "
@@ -261,6 +274,17 @@ REWRITES: tuple[Rewrite, ...] = (
             "Applied after dedupe-constants. With single-split, tiny Sana-WM's linear-attention stage (2.3.0, "
             "dynamo, split) builds whole instead of failing",
             matmul_constant_per_reader, probe=may_share_matmul_constants, after_dedupe=True),
+    Rewrite("concat-constant-per-reader", "", "npu", ("2.3.0", "2.3.2"),
+            "Failure avoided, not a placement: one constant of rank > 4 read by several Concats (Sana-WM's dynamo "
+            "chunked linear attention prepends one zeros state [1, 2, 1, 16, 16] to five chunk stacks): 2.3.0's "
+            "and 2.3.2's constant folding fail (ONNX Runtime in the toolkit: \"Can't merge shape info ... "
+            "Inferred=1 Declared=2\" on a Concat of that block; 2.5.0 builds it). Each Concat after the first "
+            "reads it through an Identity of its own: the stage builds (tiny Sana-WM, dynamo, split, 2.3.0: both "
+            "linear-attention stages, which --repartition had to cut, build whole from the first build; an "
+            "Identity for the other shared constant, rank 4, alone does not help). A hand-made stage of the "
+            "same shape (2 to 5 Concats of a rank-5 zeros constant) builds either way: the measured stage is "
+            "the test. Applied after dedupe-constants",
+            concat_constant_per_reader, probe=may_share_concat_constants, after_dedupe=True),
     Rewrite("wide-tensor-per-reader", "", "npu", ("2.3.0",),
             "Failure avoided, not a placement: a computed tensor of rank > 4 read by three ops or more (Sana-WM's "
             "TorchScript linear attention broadcasts its gate [1, 2, 2, 1, 16] over three rank-5 products): 2.3.0 "
@@ -297,6 +321,18 @@ REWRITES: tuple[Rewrite, ...] = (
             "bit-exact) it builds with 0 CPU layers on both. Measured on a tiny Kandinsky 5 text block "
             "(TorchScript, fused, nonzero modulation weights)",
             rope_pair_matrix, needs=("shapes", "types")),
+    Rewrite("reduce-sum-matmul", "ReduceSum", "npu", ("2.3.0",),
+            "A sum over the last axis, ReduceSum(x, -1): 2.3.0 converts it to a MatMul and, where the summed axis "
+            "is dropped (keepdims=0, or keepdims=1 and a Reshape that drops it: Sana-WM's TorchScript linear "
+            "attention, (k * gate).sum(-1) on [1,2,2,16,16]), runs that conversion's Reshape on the CPU "
+            "('Reshape:/model/blocks.2/attn/attn/Mul_14_output_0_rs#1_mm_tp_rs', CPU; `rkpart compile "
+            "--repartition` cannot move it: the tensor it converts has two readers). As MatMul(x, ones[D, 1]) "
+            "(and a Reshape dropping the axis for keepdims=0) it stays on the NPU. Measured on hand-made stages, "
+            "2.3.0: ReduceSum keepdims=0 of rank 3, 4 and 5, one or two readers of x: 1 CPU Reshape -> 0; "
+            "keepdims=1 0 -> 0; tiny Sana-WM, TorchScript, split, 2.3.0: 2 CPU layers -> 0. 2.3.2 and 2.5.0 "
+            "keep those ReduceSums on the NPU (not applied). Applied after rope-pair-matrix, which reads "
+            "Kandinsky 5's RoPE ReduceSums",
+            reduce_sum_matmul, needs=("inferred_shapes", "types")),
     Rewrite("heads-table-layout", "Transpose", "npu", ("2.5.0",),
             "Not a placement: weight memory. RoPE's cos/sin tables broadcast over the heads ([1,1,T,D] "
             "against q/k [1,H,T,D]; the TorchScript export of diffusers' Cosmos/Anima) are stored by the "

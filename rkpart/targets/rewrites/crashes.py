@@ -180,33 +180,65 @@ def single_output_split(view: GraphEdit) -> int:
                              if len(n.output) == 1 and n.input and n.output[0] else None)
 
 
-def _batched_constants(graph: onnx.GraphProto) -> set[str]:
-    """Names of the graph's constants of rank >= 3 (initializers and ``Constant`` outputs)."""
-    out = {t.name for t in graph.initializer if len(t.dims) >= 3}
+def _batched_constants(graph: onnx.GraphProto, min_rank: int = 3) -> set[str]:
+    """Names of the graph's constants of rank >= ``min_rank`` (initializers and ``Constant`` outputs)."""
+    out = {t.name for t in graph.initializer if len(t.dims) >= min_rank}
     for n in graph.node:
         if n.op_type == "Constant" and n.domain in DEFAULT_DOMAINS and n.output:
             t = constant_tensor(n)
-            if t is not None and len(t.dims) >= 3:
+            if t is not None and len(t.dims) >= min_rank:
                 out.add(n.output[0])
     return out
+
+
+def _shared_constants(graph: onnx.GraphProto, op_type: str, min_rank: int,
+                      slots: int | None = None) -> dict[str, list[tuple[int, int]]]:
+    """Constant of rank >= ``min_rank`` -> (node index, input slot) of each ``op_type`` node reading it
+    (in its first ``slots`` inputs), for those read by two or more such nodes."""
+    batched = _batched_constants(graph, min_rank)
+    readers: dict[str, list[tuple[int, int]]] = {}
+    for k, n in enumerate(graph.node):
+        if n.op_type == op_type and n.domain in DEFAULT_DOMAINS:
+            for slot, x in enumerate(n.input[:slots]):
+                if x in batched:
+                    readers.setdefault(x, []).append((k, slot))
+    return {x: w for x, w in readers.items() if len({k for k, _ in w}) > 1}
 
 
 def _shared_matmul_operands(graph: onnx.GraphProto) -> dict[str, list[tuple[int, int]]]:
     """Constant batched operand -> (node index, input slot) of each MatMul reading it, for those read by
     two or more."""
-    batched = _batched_constants(graph)
-    readers: dict[str, list[tuple[int, int]]] = {}
-    for k, n in enumerate(graph.node):
-        if n.op_type == "MatMul" and n.domain in DEFAULT_DOMAINS:
-            for slot, x in enumerate(n.input[:2]):
-                if x in batched:
-                    readers.setdefault(x, []).append((k, slot))
-    return {x: w for x, w in readers.items() if len(w) > 1}
+    return _shared_constants(graph, "MatMul", 3, slots=2)
 
 
 def may_share_matmul_constants(head: onnx.ModelProto) -> bool:
     """Whether :func:`matmul_constant_per_reader` may change ``head`` (read without external data)."""
     return bool(_shared_matmul_operands(head.graph))
+
+
+def _own_identity_per_reader(view: GraphEdit, shared: dict[str, list[tuple[int, int]]]) -> int:
+    """Every reader of each shared constant after the first reads it through an Identity of its own,
+    placed right before that reader (all of the reader's slots reading it)."""
+    if not shared:
+        return 0
+    graph = view.graph
+    view.new_names()
+    before: dict[int, list[onnx.NodeProto]] = {}
+    count = 0
+    for x, where in shared.items():
+        first = where[0][0]
+        own_of: dict[int, str] = {}
+        for k, slot in where:
+            if k == first:
+                continue
+            node = graph.node[k]
+            if k not in own_of:
+                own_of[k] = view.fresh(f"{x}/for_{node.name or node.output[0]}")
+                before.setdefault(k, []).append(helper.make_node("Identity", [x], [own_of[k]], name=own_of[k]))
+                count += 1
+            node.input[slot] = own_of[k]
+    view.set_nodes([m for k, n in enumerate(graph.node) for m in (*before.get(k, []), n)])
+    return count
 
 
 def matmul_constant_per_reader(view: GraphEdit) -> int:
@@ -217,22 +249,31 @@ def matmul_constant_per_reader(view: GraphEdit) -> int:
     MatMuls read; 2.3.0 and 2.3.2 fail in ``_p_replace_inner_dim_shuffle_to_gather`` ("Can not
     reshape from [2, 16, 16] to [2, 16]").  Run after ``dedupe-constants``, which would merge
     copies again.  2-D operands (a linear layer's weight) are left shared."""
-    graph = view.graph
-    shared = _shared_matmul_operands(graph)
-    if not shared:
-        return 0
-    view.new_names()
-    before: dict[int, list[onnx.NodeProto]] = {}
-    count = 0
-    for x, where in shared.items():
-        for k, slot in where[1:]:
-            mm = graph.node[k]
-            own = view.fresh(f"{x}/for_{mm.name or mm.output[0]}")
-            before.setdefault(k, []).append(helper.make_node("Identity", [x], [own], name=own))
-            mm.input[slot] = own
-            count += 1
-    view.set_nodes([m for k, n in enumerate(graph.node) for m in (*before.get(k, []), n)])
-    return count
+    return _own_identity_per_reader(view, _shared_matmul_operands(view.graph))
+
+
+#: the rank from which a constant several Concats read fails 2.3.x (Sana-WM's rank-5 zeros state)
+WIDE_CONCAT_CONSTANT = 5
+
+
+def _shared_concat_constants(graph: onnx.GraphProto) -> dict[str, list[tuple[int, int]]]:
+    return _shared_constants(graph, "Concat", WIDE_CONCAT_CONSTANT)
+
+
+def may_share_concat_constants(head: onnx.ModelProto) -> bool:
+    """Whether :func:`concat_constant_per_reader` may change ``head`` (read without external data)."""
+    return bool(_shared_concat_constants(head.graph))
+
+
+def concat_constant_per_reader(view: GraphEdit) -> int:
+    """A constant of rank > 4 that several Concats read: every Concat after the first reads it
+    through an Identity of its own (the same values, no copy in the graph).
+
+    Sana-WM's dynamo linear attention prepends one ``zeros`` state ``[1, 2, 1, 16, 16]`` to five
+    chunk stacks: 2.3.0's and 2.3.2's constant folding then fail (ONNX Runtime in the toolkit:
+    "Can't merge shape info" on a Concat of that block); with an Identity per Concat the stage
+    builds, and the other shared constants need nothing.  Run after ``dedupe-constants``."""
+    return _own_identity_per_reader(view, _shared_concat_constants(view.graph))
 
 
 #: readers of one rank > 4 tensor from which 2.3.0's parallel-node rule fails (two build)

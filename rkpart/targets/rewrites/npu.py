@@ -575,6 +575,69 @@ def pad_concat(view: GraphEdit) -> int:
     return view.replace_each("Pad", one)
 
 
+#: the most pieces slice-reverse writes for one axis (a Slice each): a flip of a few chunks or heads,
+#: not of a sequence
+MAX_REVERSED = 32
+
+
+def slice_reverse(view: GraphEdit) -> int:
+    """A Slice with a negative step (``torch.flip``, ``x[::-1]``; the TorchScript export writes a flip
+    so) on an axis of static size -> one positive-step Slice for its other axes, then per reversed
+    axis a Concat of one-element Slices in the order the step visits them (at most
+    :data:`MAX_REVERSED`): the same elements copied (bit-exact, any type).  Bounds read as ONNX
+    does (negative from the end, clamped): Python's ``slice.indices``."""
+    shapes = view.static_shapes()
+
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+        shape = shapes.get(n.input[0])
+        if shape is None or len(n.input) < 5 or not n.input[4]:
+            return None
+        given = [view.const_array(n.input[k]) for k in (1, 2, 4)]
+        given.append(view.const_array(n.input[3]) if n.input[3] else np.arange(len(shape)))
+        if any(v is None for v in given):
+            return None
+        starts, ends, steps, axes = ([int(x) for x in np.asarray(v).reshape(-1)] for v in given)
+        if not len(starts) == len(ends) == len(steps) == len(axes) or not any(st < 0 for st in steps):
+            return None
+        rank = len(shape)
+        entries = [(a % rank, b, e, st) for a, b, e, st in zip(axes, starts, ends, steps, strict=True)]
+        if len({a for a, *_ in entries}) != len(entries):
+            return None
+        reversed_ = []
+        for a, b, e, st in entries:
+            if st < 0:
+                idx = list(range(*slice(b, e, st).indices(shape[a])))
+                if not idx or len(idx) > MAX_REVERSED:
+                    return None
+                reversed_.append((a, idx))
+        base = n.name or n.output[0]
+        new: list[onnx.NodeProto] = []
+        cur = n.input[0]
+        forward = [(a, b, e, st) for a, b, e, st in entries if st > 0]
+        if forward:
+            cur_out = view.fresh(f"{base}/forward")
+            ins = [view.add_constant(f"{base}/forward_{t}", np.array([x[k] for x in forward], np.int64))
+                   for k, t in ((1, "starts"), (2, "ends"), (0, "axes"), (3, "steps"))]
+            new.append(helper.make_node("Slice", [cur, *ins], [cur_out], name=f"{base}/forward"))
+            cur = cur_out
+        for j, (a, idx) in enumerate(reversed_):
+            # names that extend no other name by "_<k>": 2.3.0 read a piece "flip/axis1_1" as a copy of the
+            # axis constant "flip/axis1" (ONNX Runtime in its constant folding: Concat of int64 and float)
+            ax = view.add_constant(f"{base}/reverse{a}_axis", np.array([a], np.int64))
+            parts = []
+            for i in idx:
+                lo = view.add_constant(f"{base}/reverse{a}_from{i}", np.array([i], np.int64))
+                hi = view.add_constant(f"{base}/reverse{a}_to{i + 1}", np.array([i + 1], np.int64))
+                part = view.fresh(f"{base}/reverse{a}_piece{i}")
+                new.append(helper.make_node("Slice", [cur, lo, hi, ax], [part], name=part))
+                parts.append(part)
+            out = n.output[0] if j == len(reversed_) - 1 else view.fresh(f"{base}/reversed{a}")
+            new.append(helper.make_node("Concat", parts, [out], axis=a, name=f"{base}/reversed{a}"))
+            cur = out
+        return new
+    return view.replace_each("Slice", one)
+
+
 #: ops an RMSNorm's scale passes through between its ReduceMean and the weight Mul
 _RMS_PATH = ("Mul", "Div", "Sqrt", "Add", "Reciprocal", "Cast", "Pow")
 
@@ -647,9 +710,10 @@ def _times_ones(view: GraphEdit, n: onnx.NodeProto, elem: int, shape: list[int])
     return [helper.make_node("Mul", [n.input[0], ones], [n.output[0]], name=f"{base}/Mul_ones")]
 
 
-def _reduce_last_axis(view: GraphEdit, n: onnx.NodeProto, rank: int) -> bool:
-    """``n`` (a ReduceSum) sums its input's last axis (of ``rank``) and drops it (keepdims=0)."""
-    if attr(n, "keepdims", 1) != 0 or attr(n, "noop_with_empty_axes", 0) != 0:
+def _reduce_last_axis(view: GraphEdit, n: onnx.NodeProto, rank: int, keepdims: int | None = 0) -> bool:
+    """``n`` (a ReduceSum) sums its input's last axis (of ``rank``) alone, keeping it as ``keepdims``
+    says (``None``: either way)."""
+    if (keepdims is not None and attr(n, "keepdims", 1) != keepdims) or attr(n, "noop_with_empty_axes", 0) != 0:
         return False
     if len(n.input) > 1 and n.input[1]:
         axes = view.const_array(n.input[1])
@@ -658,6 +722,32 @@ def _reduce_last_axis(view: GraphEdit, n: onnx.NodeProto, rank: int) -> bool:
         a = attr(n, "axes", None)
         got = None if a is None else [int(v) for v in cast("list[int]", a)]
     return got is not None and len(got) == 1 and got[0] in (-1, rank - 1)
+
+
+def reduce_sum_matmul(view: GraphEdit) -> int:
+    """``ReduceSum(x, last axis)``, ``x`` float ``[..., D]`` with a static shape ->
+    ``MatMul(x, ones[D, 1])`` (keepdims=1), then a Reshape dropping that axis (keepdims=0): the
+    same D products by one and sum per row (the summation order is the MatMul's; checked by
+    the prepared-stage gate).  Sana-WM's linear attention ``(k * gate).sum(-1)`` (TorchScript)."""
+    shapes = view.static_shapes()
+
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+        shape = shapes.get(n.input[0])
+        elem = view.elem(n.input[0])
+        if (shape is None or len(shape) < 2 or shape[-1] < 1
+                or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+                or not _reduce_last_axis(view, n, len(shape), keepdims=None)):
+            return None
+        base = n.name or n.output[0]
+        ones = view.add_constant(f"{base}/ones",
+                                 np.ones((shape[-1], 1), dtype=onnx.helper.tensor_dtype_to_np_dtype(elem)))
+        if attr(n, "keepdims", 1):
+            return [helper.make_node("MatMul", [n.input[0], ones], [n.output[0]], name=f"{base}/MatMul_ones")]
+        summed = view.fresh(f"{base}/summed")
+        drop = view.add_constant(f"{base}/shape", np.array(shape[:-1], np.int64))
+        return [helper.make_node("MatMul", [n.input[0], ones], [summed], name=f"{base}/MatMul_ones"),
+                helper.make_node("Reshape", [summed, drop], [n.output[0]], name=f"{base}/drop_axis")]
+    return view.replace_each("ReduceSum", one)
 
 
 def rope_pair_matrix(view: GraphEdit) -> int:
