@@ -26,11 +26,9 @@ OTHER = {(f, x) for f, e in CI_LATEST for x in EXPORTERS
 NOT_RUN = {("rfd4", "torchscript", "fused", "2.5.0"): "hangs 2.5.0's optimiser on its whole-block stages: every build "
                                                        "runs to --timeout (300 s) and each round again"}
 #: rows recorded with a stage unbuilt or CPU layers left, with why (README says so too); a row listed here that
-#: reaches every stage built and 0 CPU layers fails the test, so the list shrinks as gaps close
-_SANA_WM = ("Sana-WM with trained-like weights (its fixture's key convolution was all zeros: the keys were "
-            "constants, folded away with the stage outputs computed from them): on 2.3.0 its linear attention's "
-            "real data flow leaves 2 CPU Reshapes no round removes yet")
-GAPS = {("sana_wm", "torchscript", "split", "2.3.0"): _SANA_WM, ("sana_wm", "dynamo", "split", "2.3.0"): _SANA_WM}
+#: reaches every stage built and 0 CPU layers fails the test, so the list shrinks as gaps close (Sana-WM's two
+#: 2.3.0 split rows closed on 2026-12-06: reduce-sum-matmul, slice-reverse, concat-constant-per-reader)
+GAPS: dict[tuple[str, str, str, str], str] = {}
 
 
 def _npu_table():  # type: ignore[no-untyped-def]
@@ -76,3 +74,20 @@ def test_recorded_runs_cover_every_family_with_every_stage_built_and_no_cpu_laye
         if not clean:
             gaps.add(key)
     assert gaps == {k for k in GAPS if k in got}, (sorted(gaps - set(GAPS)), sorted(set(GAPS) - gaps))
+
+
+GATES = ROOT / "docs" / "npu-table" / "gate.md"
+
+
+def test_recorded_gates_pass_on_the_recorded_builds() -> None:
+    """``scripts/npu_table.py --gate`` rows (docs/npu-table/gate.md): each plan run in the simulator passed
+    against its reference, on the build the table records (the same stages built)."""
+    _, gates = _npu_table().read_table(GATES, strict=True)
+    assert gates
+    table = {(r["family"], r["exporter"], r["strategy"], r["toolkit"]): r for r in _rows()}
+    for g, line in gates:
+        assert re.fullmatch(r"(onnxruntime|torch|stages): pass", g["reference"]), line
+        assert float(g["lowest cosine"]) >= 0.999 and int(g["compared"]) >= 1, line
+        r = table.get((g["family"], g["exporter"], g["strategy"], g["toolkit"]))
+        if r is not None:  # a plan of the 42-family sweep (the others are the README's earlier tables)
+            assert r["built (rewrites)"].split()[0] == g["stages built"], (line, r)
