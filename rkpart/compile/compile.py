@@ -517,6 +517,7 @@ class _Context:
         query is a constant, fails 2.5.0's two SDPA fusion rules in turn and builds, 0 CPU layers,
         with both off (before, a ``--repartition`` round cut the stage)."""
         by_id = {s.id: s for s in stages}
+        first = {sid: o for sid, o in outcomes.items() if o.status == "failed"}
         for _ in range(RULE_RETRIES):
             again = []
             for sid, o in outcomes.items():
@@ -531,11 +532,17 @@ class _Context:
                              f"{tk.version} build failed in {', '.join(new)} and named it): rebuilding")
                     again.append(by_id[sid])
             if not again:
-                return
+                break
             got = self._build_round(again, tk, fallback_reason, {})
             for sid, o2 in got.items():
                 outcomes[sid] = o2 if o2.status != "failed" else dataclasses.replace(
                     o2, failures=outcomes[sid].failures + o2.failures)
+        for sid in [sid for sid in first if sid in self.disabled_rules and outcomes[sid].status == "failed"]:
+            # turning the named rules off did not make it build: the stage stays as its first build left
+            # it (that failure is what the rewrites' retry and --repartition's reduction then work on)
+            self.say(f"[rules disabled] {sid}: still fails with {', '.join(self.disabled_rules.pop(sid))} off: "
+                     f"{one_line(outcomes[sid].failures[-1].message)}")
+            outcomes[sid] = first[sid]
 
     def _retry_without_rewrites(self, stages: Sequence[Stage], tk: Toolkit,
                                 fallback_reason: Mapping[str, str] | None,
