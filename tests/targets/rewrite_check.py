@@ -29,3 +29,21 @@ def rewritten(m: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> tuple[onnx.Model
     r = onnx.ModelProto()
     r.CopyFrom(m)
     return r, apply_rewrites(r, rows)
+
+
+def cpu_layers_before_after(before: onnx.ModelProto, after: onnx.ModelProto, toolkit: object, folder: Path
+                            ) -> dict[str, tuple[str, ...]]:
+    """The CPU layers of a real rk3588 build of ``before`` and of ``after`` (``toolkit``: a
+    :class:`rkpart.compile.toolkits.Toolkit`); each build must succeed (its log tail is the message)."""
+    from rkpart.compile.placement import cpu_ops
+    from rkpart.triage.matrix import build_once
+
+    cpu = {}
+    for tag, model in (("before", before), ("after", after)):
+        path = folder / f"{tag}.onnx"
+        onnx.save(model, str(path))
+        log = folder / f"{tag}.log"
+        res = build_once(path, toolkit, target="rk3588", log=log)  # type: ignore[arg-type]
+        assert res.kind == "ok", log.read_text(errors="replace")[-2000:]
+        cpu[tag] = cpu_ops(log.read_text(errors="replace"))
+    return cpu

@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.targets.rewrites import REWRITES, rewrites_for
-from tests.targets.rewrite_check import rewritten, run_unoptimised
+from tests.targets.rewrite_check import cpu_layers_before_after, rewritten, run_unoptimised
 
 ROW = tuple(r for r in REWRITES if r.name == "reduce-sum-matmul")
 vi = helper.make_tensor_value_info
@@ -148,8 +148,6 @@ def _linear_attention_sum(keepdims: int) -> onnx.ModelProto:
 def test_230_runs_the_sum_on_the_npu_once_rewritten(keepdims: int, tmp_path: Path) -> None:
     """2.3.0 puts the Reshape of its own conversion of the sum on the CPU; rewritten, no CPU layer;
     the rewritten stage equals the original under ONNX Runtime."""
-    from rkpart.compile.placement import cpu_ops
-    from rkpart.triage.matrix import build_once
     from tests.toolkits import get_toolkit
 
     tk = get_toolkit("2.3.0")
@@ -161,14 +159,7 @@ def test_230_runs_the_sum_on_the_npu_once_rewritten(keepdims: int, tmp_path: Pat
              "g": rng.standard_normal((1, 4, 1, 16)).astype(np.float32)}
     for a, b in zip(run_unoptimised(m, feeds), run_unoptimised(r, feeds), strict=True):
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-5)
-    cpu = {}
-    for tag, model in (("before", m), ("after", r)):
-        path = tmp_path / f"{tag}.onnx"
-        onnx.save(model, str(path))
-        log = tmp_path / f"{tag}.log"
-        res = build_once(path, tk, target="rk3588", log=log)
-        assert res.kind == "ok", log.read_text(errors="replace")[-2000:]
-        cpu[tag] = cpu_ops(log.read_text(errors="replace"))
+    cpu = cpu_layers_before_after(m, r, tk, tmp_path)
     assert cpu["after"] == ()
     assert [c for c in cpu["before"] if c.startswith("Reshape:") and c.endswith("_mm_tp_rs")], cpu["before"]
 

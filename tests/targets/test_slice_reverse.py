@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.targets.rewrites import REWRITES, rewrites_for
 from rkpart.targets.rewrites.npu import MAX_REVERSED
-from tests.targets.rewrite_check import rewritten, run_unoptimised
+from tests.targets.rewrite_check import cpu_layers_before_after, rewritten, run_unoptimised
 
 ROW = tuple(r for r in REWRITES if r.name == "slice-reverse")
 INT64_MIN1 = -(2**63) + 1  # torch's "to the start" end of a flip
@@ -128,8 +128,6 @@ BUILDS = [([1, 2, 32], 1), ([1, 2, 16, 16], 1), ([1, 2, 16, 16], 2), ([1, 2, 2, 
 def test_flip_runs_on_the_npu_once_rewritten(version: str, tmp_path: Path) -> None:
     """A flip inside a stage (a computed tensor in, a computed tensor out): the toolkit puts the
     Slice on the CPU; the Concat of pieces builds with no CPU layer."""
-    from rkpart.compile.placement import cpu_ops
-    from rkpart.triage.matrix import build_once
     from tests.toolkits import get_toolkit
 
     tk = get_toolkit(version)
@@ -157,12 +155,5 @@ def test_flip_runs_on_the_npu_once_rewritten(version: str, tmp_path: Path) -> No
         m.ir_version = 8
         r, done = rewritten(m, ROW)
         assert done == {"slice-reverse": 1}
-        cpu = {}
-        for tag, model in (("before", m), ("after", r)):
-            path = tmp_path / f"{tag}.onnx"
-            onnx.save(model, str(path))
-            log = tmp_path / f"{tag}.log"
-            res = build_once(path, tk, target="rk3588", log=log)
-            assert res.kind == "ok", log.read_text(errors="replace")[-2000:]
-            cpu[tag] = cpu_ops(log.read_text(errors="replace"))
+        cpu = cpu_layers_before_after(m, r, tk, tmp_path)
         assert cpu == {"before": ("Slice:flip",), "after": ()}, (shape, axis, cpu)
