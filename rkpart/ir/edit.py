@@ -37,6 +37,22 @@ NEEDS = frozenset({"types", "shapes", "inferred_shapes"})
 _FOLD_OPS = 64
 
 
+
+def free_name(base: str, used: set[str]) -> str:
+    """``base``, else ``base_rk1``, ``base_rk2``, ...: the first name not in ``used``, added to it.
+
+    Not ``base_1``: rknn-toolkit2 2.3.0 fails to build a graph where a float tensor is named
+    ``<c>_1`` for an int64 constant ``<c>`` (its optimiser binds the two, "Concat" of int64 and
+    float; measured with ``build_once``: ``k_1`` fails, ``k_2``, ``k.1`` and ``k_rk1`` build, and
+    2.5.0 builds all four).
+    """
+    name, k = base, 0
+    while name in used:
+        k += 1
+        name = f"{base}_rk{k}"
+    used.add(name)
+    return name
+
 class GraphEdit:
     """An editing view of ``model`` (edited in place)."""
 
@@ -166,16 +182,11 @@ class GraphEdit:
         self._used |= {i.name for i in g.input}
 
     def fresh(self, base: str) -> str:
-        """A tensor name no output, initializer or input uses (``base``, else ``base_1``, ...)."""
+        """A tensor name no output, initializer or input uses (:func:`free_name`)."""
         if self._used is None:
             self.new_names()
         assert self._used is not None
-        name, k = base, 0
-        while name in self._used:
-            k += 1
-            name = f"{base}_{k}"
-        self._used.add(name)
-        return name
+        return free_name(base, self._used)
 
     def add_constant(self, base: str, value: np.ndarray) -> str:
         """A new initializer holding ``value`` under a fresh name derived from ``base``."""

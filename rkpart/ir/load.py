@@ -48,6 +48,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rkpart.errors import InvalidModelError, first_line
 from rkpart.io import confined_file
 from rkpart.ir.consts import evaluate, opsets_of
+from rkpart.ir.edit import free_name
 from rkpart.ir.graph import ModelGraph, OpNode, shape_as_constant
 from rkpart.ir.ops import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, GENERATIVE_OPS, RANDOM_OPS, SUPPORTED_DOMAINS
 from rkpart.ir.shape_deps import node_reads, shape_varying
@@ -223,15 +224,8 @@ def rank4_view(shape: tuple[int, ...]) -> tuple[int, ...] | None:
 
 
 def _fresh_names(used: set[str]) -> Callable[[str], str]:
-    """``fresh(name)``: ``name``, or ``name_K`` for the first K that is free, marked used."""
-    def fresh(name: str) -> str:
-        out, k = name, 0
-        while out in used:
-            k += 1
-            out = f"{name}_{k}"
-        used.add(out)
-        return out
-    return fresh
+    """``fresh(name)``: :func:`rkpart.ir.edit.free_name` over ``used``."""
+    return lambda name: free_name(name, used)
 
 
 def with_rank4_inputs(mg: ModelGraph) -> ModelGraph:

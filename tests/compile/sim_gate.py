@@ -50,7 +50,7 @@ def sim_gate(family: str, exporter: str, model: Path, plan: Plan, folder: Path,
         m = compare(out["sample"], torch_outputs(family, feeds))
         return "torch", [GateRow("plan", "sample", m.cosine, m.nan, m.inf)]
     if (family, exporter) in ORT_REFUSES:
-        return "stages", _each_npu_stage(plan, folder, version)
+        return "stages", each_npu_stage(plan, folder, version)
     if (family, exporter) in SPECIALISE:
         ex = example_inputs(family)
         feeds = {k: v for k, v in ex.items() if k in plan.inputs}
@@ -65,7 +65,7 @@ def sim_gate(family: str, exporter: str, model: Path, plan: Plan, folder: Path,
     return "onnxruntime", rows
 
 
-def _each_npu_stage(plan: Plan, folder: Path, version: str) -> list[GateRow]:
+def each_npu_stage(plan: Plan, folder: Path, version: str) -> list[GateRow]:
     """Each NPU stage in the simulator against the same stage under ORT."""
     ort, sim = OrtBackend(), RknnSimBackend(version)
     rows = []

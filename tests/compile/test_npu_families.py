@@ -140,9 +140,9 @@ def test_every_npu_stage_builds_with_no_cpu_layer(tmp_path: Path, family: str, e
 
 def _gate_each_npu_stage(plan: Plan, folder: Path, version: str) -> None:
     """The gate stage by stage: each NPU stage in the simulator against the same stage under ORT."""
-    from tests.compile.sim_gate import _each_npu_stage
+    from tests.compile.sim_gate import each_npu_stage
 
-    rows = _each_npu_stage(plan, folder, version)
+    rows = each_npu_stage(plan, folder, version)
     assert rows and all(r.ok for r in rows), [r for r in rows if not r.ok]
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkpart.ir.edit import NEEDS, GraphEdit
+from rkpart.ir.edit import NEEDS, GraphEdit, free_name
 from rkpart.targets.rewrites import REWRITES, apply_rewrites, rewrites_for
 
 F = TensorProto.FLOAT
@@ -71,7 +72,46 @@ def test_constant_values_evaluate_at_the_models_opset() -> None:
 
 def test_fresh_names_avoid_every_name_in_use() -> None:
     view = GraphEdit(_model())
-    assert view.fresh("r") == "r_1" and view.fresh("r") == "r_2" and view.fresh("new") == "new"
+    assert view.fresh("r") == "r_rk1" and view.fresh("r") == "r_rk2" and view.fresh("new") == "new"
+    used = {"a", "a_rk1"}
+    assert free_name("a", used) == "a_rk2" and "a_rk2" in used  # the one rule load.py's views use too
+
+
+def _sliced_pieces(piece: str) -> onnx.ModelProto:
+    """Two Slices of a computed tensor sharing the int64 axis constant ``k``, concatenated; the first
+    piece is named ``piece``."""
+    inits = [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("k", [1]), ("a0", [0]), ("a1", [1]),
+                                                                           ("a2", [2]))]
+    inits.append(numpy_helper.from_array(np.ones([1, 2, 32], np.float32), "w"))
+    nodes = [helper.make_node("Mul", ["x", "w"], ["xw"]),
+             helper.make_node("Slice", ["xw", "a1", "a2", "k"], [piece], name="n"),
+             helper.make_node("Slice", ["xw", "a0", "a1", "k"], ["q"], name="q"),
+             helper.make_node("Concat", [piece, "q"], ["y"], axis=1, name="cat")]
+    vi = helper.make_tensor_value_info
+    m = helper.make_model(helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, [1, 2, 32])],
+                                            [vi("y", TensorProto.FLOAT, [1, 2, 32])], inits),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.toolkit
+def test_a_fresh_name_from_a_constants_name_builds_on_230(tmp_path: Path) -> None:
+    """2.3.0 fails a build where a float tensor is named ``<int64 constant>_1`` (its ONNX Runtime
+    constant folding binds the two: "Concat bound to different types"); the name ``fresh`` gives
+    instead builds."""
+    from rkpart.triage.matrix import build_once
+    from tests.toolkits import get_toolkit
+
+    tk = get_toolkit("2.3.0")
+    ours = GraphEdit(_sliced_pieces("p")).fresh("k")
+    kinds = {}
+    for name in ("k_1", ours):
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(_sliced_pieces(name), str(path))
+        kinds[name] = build_once(path, tk, target="rk3588", log=tmp_path / f"{name}.log").kind
+    assert kinds == {"k_1": "error", ours: "ok"}, kinds
+    assert "bound to different types" in (tmp_path / "k_1.log").read_text(errors="replace")
 
 
 def test_a_stage_with_no_match_is_left_byte_identical() -> None:
