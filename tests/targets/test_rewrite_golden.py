@@ -152,6 +152,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
     from tests.targets.test_crash_rewrites import concats_of_a_state
     from tests.targets.test_heads_table_layout import _flux_rope
     from tests.targets.test_reduce_sum_matmul import _linear_attention_sum
+    from tests.targets.test_rms_norm_contiguous import listed_weight
     from tests.targets.test_rope_halves import _rope
     from tests.targets.test_slice_reverse import _slice
 
@@ -187,6 +188,8 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "concat_state": lambda: concats_of_a_state(5, 3),
         "flip_chunks": lambda: _slice([1, 2, 2, 16, 16], [-1], [-(2**63) + 1], [2], [-1]),
         "flip_partial": lambda: _slice([1, 4, 6, 8], [0, -1], [3, -(2**63) + 1], [1, 3], [1, -2]),
+        "rms_listed_weight": listed_weight,
+        "rms_listed_weight_reciprocal": lambda: listed_weight("reciprocal"),
     }
     for f in sorted([*DATA.glob("segv_*.onnx"), *DATA.glob("fail_*.onnx")]):
         out[f.stem] = lambda f=f: onnx.load(str(f))

@@ -43,6 +43,7 @@ from rkpart.targets.rewrites.crashes import (
     may_read_wide_tensors,
     may_share_concat_constants,
     may_share_matmul_constants,
+    rms_norm_contiguous,
     scalar_gather_slice,
     single_output_split,
     strided_slices_concat,
@@ -359,6 +360,21 @@ REWRITES: tuple[Rewrite, ...] = (
             "0.616 -> 0.546); pure-ONNX Anima's stage (already unpadded on 2.3.0) 83.6 -> 78.7 / 47.6 -> 43.75 KB. "
             "Not on 2.5.0 (heads-table-layout: 0.547 already; this form measured 82.6 / 45.6 KB without it)",
             rope_halves, needs=("inferred_shapes", "types")),
+    # --- last: sees the order every other row left ---
+    Rewrite("rms-norm-contiguous", "ReduceMean", "npu", ("*",),
+            "Hang and failure avoided, not a placement: the toolkits' replace_rms_norm takes an RMSNorm's weight "
+            "product from the node listed after the norm, not from the norm's readers. RFD4's TorchScript export "
+            "lists its conditioning norm's weight Mul right after the stream's weightless RMSNorm (adaptive "
+            "LayerNorm): 2.5.0 folds that unrelated Mul into the norm and its optimiser never returns (a 117-op "
+            "block stage still running after 900 s; its other stages build in 4 s; `rkpart repro` with a 40 s "
+            "timeout reduces it to the norm, the gate Mul that reads it and the unrelated Mul, 8 nodes); 2.3.0 "
+            "and 2.3.2 fail ('Can not reshape from [8, 32] to [8, 16]'). The same 8 nodes with the unrelated Mul "
+            "listed first or last build on all three. Rewritten: the norm's nodes (Pow or Mul(x, x), ReduceMean, "
+            "Add, Sqrt, Div(1, .) or Reciprocal, Mul; or Div(x, Sqrt)) listed together, right before their first "
+            "reader: the same graph, reordered. Measured: tiny RFD4, TorchScript, fused, 2.5.0: the 2 block stages "
+            "that never finished build, 3/3 stages with 0 CPU layers, rknn-sim gate passed; of the split and "
+            "fused plans of 161 tiny exports (322 plans) it matches those two stages alone",
+            rms_norm_contiguous, after_dedupe=True),
 )
 
 

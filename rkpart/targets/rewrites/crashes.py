@@ -368,3 +368,91 @@ def scalar_gather_slice(view: GraphEdit) -> int:
                 helper.make_node("Reshape", [picked, out_shape], [n.output[0]], name=f"{base}/Reshape")]
 
     return view.replace_each("Gather", one)
+
+
+def _is_const(view: GraphEdit, name: str, value: float) -> bool:
+    c = view.const_array(name)
+    return c is not None and c.size == 1 and np.issubdtype(c.dtype, np.floating) and float(c.reshape(())) == value
+
+
+def _rms_chain(view: GraphEdit, end: onnx.NodeProto, prod: Mapping[str, onnx.NodeProto]) -> list[onnx.NodeProto] | None:
+    """The nodes of an RMSNorm ending at ``end``, in data order, as the toolkits' ``replace_rms_norm``
+    matches it: ``Pow(x, 2)`` (or ``Mul(x, x)``), ``ReduceMean``, ``Add`` of a constant, ``Sqrt``, then
+    ``Mul(x, Div(1, .))``, ``Mul(x, Reciprocal(.))`` or ``Div(x, .)``; else None."""
+    def made(t: str, op: str) -> onnx.NodeProto | None:
+        n = prod.get(t)
+        return n if n is not None and n.op_type == op and n.domain in DEFAULT_DOMAINS else None
+
+    for k in (0, 1) if end.op_type == "Mul" else (0,):
+        x, inv = end.input[k], end.input[1 - k]
+        if end.op_type == "Div":
+            sq, scale = made(inv, "Sqrt"), []
+        elif (d := made(inv, "Div")) is not None and _is_const(view, d.input[0], 1.0):
+            sq, scale = made(d.input[1], "Sqrt"), [d]
+        elif (r := made(inv, "Reciprocal")) is not None:
+            sq, scale = made(r.input[0], "Sqrt"), [r]
+        else:
+            continue
+        add = made(sq.input[0], "Add") if sq is not None else None
+        if sq is None or add is None:
+            continue
+        for j in (0, 1):
+            mean = made(add.input[j], "ReduceMean")
+            if mean is None or view.const_array(add.input[1 - j]) is None:
+                continue
+            sqr = made(mean.input[0], "Pow") or made(mean.input[0], "Mul")
+            if sqr is None or sqr.input[0] != x or not (
+                    (sqr.op_type == "Pow" and _is_const(view, sqr.input[1], 2.0))
+                    or (sqr.op_type == "Mul" and sqr.input[1] == x)):
+                continue
+            return [sqr, mean, add, sq, *scale, end]
+    return None
+
+
+def _scales_by_constant(view: GraphEdit, n: onnx.NodeProto) -> bool:
+    """``n`` is a ``Mul`` with a constant operand (what ``replace_rms_norm`` takes for a norm's weight)."""
+    return n.op_type == "Mul" and n.domain in DEFAULT_DOMAINS and any(
+        view.const_array(t) is not None for t in n.input)
+
+
+def rms_norm_contiguous(view: GraphEdit) -> int:
+    """Each RMSNorm's nodes (:func:`_rms_chain`) listed one after the other and right before the first
+    node that reads the norm, where they were not.  A reordering only: the same nodes and tensors.
+
+    The toolkits' ``replace_rms_norm`` takes the norm's weight from the nodes *listed* after the norm,
+    not from its readers: with an unrelated ``Mul`` by a constant listed right after it (RFD4's
+    weightless norm of the stream, then the conditioning norm's weight product), 2.5.0 takes that
+    Mul into the norm and then loops for ever; 2.3.0 and 2.3.2 fail ("Can not reshape from [8, 32]
+    to [8, 16]").  Only a norm with such a Mul (:func:`_scales_by_constant`, not one of the norm's)
+    listed between its first node and its first reader is moved; one whose intermediate tensors
+    something else reads is left alone; each norm moves at most once."""
+    done: set[str] = set()
+    count = 0
+    while True:
+        nodes = list(view.graph.node)
+        prod = {o: n for n in nodes for o in n.output}
+        readers = view.reader_indices()
+        pos = {id(n): i for i, n in enumerate(nodes)}
+        for end in nodes:
+            if end.op_type not in ("Mul", "Div") or end.domain not in DEFAULT_DOMAINS or not end.output \
+                    or end.output[0] in done:
+                continue
+            chain = _rms_chain(view, end, prod)
+            if chain is None:
+                continue
+            at = [pos[id(n)] for n in chain]
+            inner = {o for n in chain[:-1] for o in n.output}
+            if any(r not in at for t in inner for r in readers.get(t, [])) or inner & view.outputs:
+                continue
+            after = readers.get(end.output[0], [])
+            first = min(after, default=len(nodes))
+            if not any(_scales_by_constant(view, nodes[i]) for i in range(at[0], first) if i not in at):
+                continue
+            done.add(end.output[0])
+            ids = {id(n) for n in chain}
+            rest = [n for n in nodes[:first] if id(n) not in ids]
+            view.set_nodes([*rest, *chain, *nodes[first:]])
+            count += 1
+            break
+        else:
+            return count
