@@ -584,7 +584,8 @@ class RepartitionRound:
 
 #: rounds ``--repartition`` runs at most (each moves every op the last build put on the CPU)
 MAX_REPARTITION_ROUNDS = 4
-#: failures a cut can work around (the graph's fault); timeouts, OOM, disk and resource limits are the machine's
+#: failures a cut in front of fused ops can work around (the graph's fault); OOM, disk and resource limits are the
+#: machine's, and a timeout names no fusion (it is reduced instead: :func:`rkpart.triage.isolate.failing_ops`)
 _CUTTABLE = ("crash", "error")
 
 

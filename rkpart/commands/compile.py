@@ -101,7 +101,9 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
                    "or saves, e.g. device memory. Names: docs/compile.md's rewrite table.")
 @click.option("--repartition", is_flag=True,
               help="After the build, move every op it put on the CPU inside an NPU stage to the host and cut every "
-                   "stage whose build crashed in front of the ops the optimiser fused before the crash: partition "
+                   "stage whose build crashed in front of the ops the optimiser fused before the crash (a failure no "
+                   "cut fixes, or a build that never returns, is reduced to the ops that cause it, which move to "
+                   "the host): partition "
                    "the plan's model again (same strategy and options) into PLAN and build again, only the stages "
                    "that changed (the rest come from the build cache); repeat until no NPU stage has a CPU layer "
                    "or failed, or nothing more can move.")

@@ -12,7 +12,10 @@ raises in a rule that fuses nothing, or a crash the cuts did not avoid -- is iso
 2. **Else reduce.**  The stage's built file is delta-debugged as ``rkpart repro`` does
    (:func:`rkpart.triage.reduce.reduce_graph`): "fails the same way" is the log's exception line
    with its numbers and shapes generalised (a smaller graph names smaller shapes), or the same
-   signal or exit code for a crash.  The smallest failing graph's ops are the new motif.
+   signal or exit code for a crash, or a build that does not return for a timeout (within
+   :func:`hang_limit`, a few times the plan's slowest successful build).  The smallest failing
+   graph's ops are the new motif.  A timeout may be the machine's (a large stage on a slow
+   machine): then no smaller graph hangs, nothing is found and nothing moves.
 
 A reduction is bounded (:data:`REDUCE_SECONDS`); the smallest failing graph found by then counts.
 Each stage file (by content) is reduced once.
@@ -36,8 +39,15 @@ from rkpart.progress import Progress
 
 #: seconds one failed stage's reduction may take
 REDUCE_SECONDS = 600.0
-#: failures a move can work around (the graph's fault); timeouts, OOM, disk and resource limits are the machine's
-_ISOLATABLE = ("crash", "error")
+#: failures a move can work around (the graph's fault); OOM, disk and resource limits are the machine's.  A
+#: timeout may be either: the reduction decides (a smaller graph that still does not return is the graph's)
+_ISOLATABLE = ("crash", "error", "timeout")
+#: a reduction candidate of a stage whose build timed out "does not return" after this many times the
+#: plan's slowest successful build (at least :data:`HANG_MIN_S`, at most ``--timeout``)
+HANG_FACTOR = 3.0
+HANG_MIN_S = 30.0
+#: failing candidates of such a reduction the time budget allows (RFD4's hang: 12 of 25 builds failed)
+HANG_FAILED_BUILDS = 15
 
 
 def exception_line(log_text: str) -> str | None:
@@ -106,6 +116,7 @@ def failing_ops(report: Any, folder: Path, opts: Any, state: Isolated, progress:
 
     say = progress or (lambda _m: None)
     stages = {s.id: s for s in report.plan.stages}
+    slowest = max((o.wall_s for o in report.outcomes if o.status == "built"), default=0.0)
     out: dict[str, str] = {}
     for o in report.outcomes:
         if o.status != "failed" or not o.failures or o.stage_id in skip or o.stage_id not in stages:
@@ -125,7 +136,7 @@ def failing_ops(report: Any, folder: Path, opts: Any, state: Isolated, progress:
         digest = file_sha256(built)
         if not known and digest not in state.reduced:
             state.reduced.add(digest)
-            ops = _reduce(mg, built, o, f, text, opts, max_time, say, folder)
+            ops = _reduce(mg, built, o, f, text, opts, max_time, say, folder, slowest)
             if not ops:
                 continue
             state.motifs.append(_typed_ops(mg, ops))
@@ -140,20 +151,35 @@ def failing_ops(report: Any, folder: Path, opts: Any, state: Isolated, progress:
     return dict(sorted(out.items()))
 
 
+def hang_limit(slowest_s: float, timeout: float | None) -> float:
+    """Seconds after which a reduction candidate of a stage whose build timed out counts as not returning:
+    :data:`HANG_FACTOR` times the plan's slowest successful build (``slowest_s``), at least
+    :data:`HANG_MIN_S`, at most ``timeout``."""
+    limit = max(HANG_MIN_S, HANG_FACTOR * slowest_s)
+    return min(limit, timeout) if timeout is not None else limit
+
+
 def _reduce(mg: Any, built: Path, o: Any, f: Any, text: str, opts: Any, max_time: float, say: Progress,
-            folder: Path) -> set[int]:
-    """The ops of ``mg`` (the stage file ``built``) in the smallest graph that fails its build as ``f`` did."""
+            folder: Path, slowest_s: float = 0.0) -> set[int]:
+    """The ops of ``mg`` (the stage file ``built``) in the smallest graph that fails its build as ``f`` did.
+
+    A timeout is looked for with :func:`hang_limit` per candidate (not the stage's own limit, which
+    every failing candidate would cost) and a budget of :data:`HANG_FAILED_BUILDS` such builds."""
     from rkpart.compile.toolkits import Toolkit, find_toolkit
     from rkpart.triage.matrix import BuildSettings
     from rkpart.triage.reduce import FailureSpec, ReductionError, reduce_graph
 
     tk = opts.toolkit if isinstance(opts.toolkit, Toolkit) else find_toolkit(str(opts.toolkit), opts.toolkits_dir)
-    spec = FailureSpec(kind=f.kind, signal=f.signal, exit_code=f.exit_code, signature=f.signature,
+    spec = FailureSpec(kind=f.kind, signal=f.signal, exit_code=f.exit_code,
+                       signature=None if f.kind == "timeout" else f.signature,
                        fail_regex=failure_regex(text) if f.kind == "error" else None)
     say(f"stage {o.stage_id} failed in a way no cut fixes: reducing it to the ops that fail "
         f"({spec.describe()}; at most {max_time:.0f} s)")
-    # a candidate may hang the toolkit as a stage can: never longer than 5 failed builds
-    limit = opts.timeout if opts.timeout is not None else max(60.0, 5 * o.wall_s)
+    if f.kind == "timeout":
+        limit = hang_limit(slowest_s, opts.timeout)
+        max_time = max(max_time, HANG_FAILED_BUILDS * limit)
+    else:  # a candidate may hang the toolkit as a stage can: never longer than 5 failed builds
+        limit = opts.timeout if opts.timeout is not None else max(60.0, 5 * o.wall_s)
     scratch = folder / "rknn" / ".tmp"
     scratch.mkdir(parents=True, exist_ok=True)
     try:
@@ -174,4 +200,5 @@ def _reduce(mg: Any, built: Path, o: Any, f: Any, text: str, opts: Any, max_time
     return ops
 
 
-__all__ = ["REDUCE_SECONDS", "Isolated", "exception_line", "failing_ops", "failure_regex", "occurrences"]
+__all__ = ["HANG_FACTOR", "HANG_FAILED_BUILDS", "HANG_MIN_S", "REDUCE_SECONDS", "Isolated", "exception_line",
+           "failing_ops", "failure_regex", "hang_limit", "occurrences"]

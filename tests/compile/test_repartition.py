@@ -231,6 +231,64 @@ def test_a_failure_no_cut_fixes_is_reduced_and_its_ops_go_to_the_host(tmp_path: 
     _sim_gate(plan, folder, model, "2.5.0")
 
 
+def _listed_weight_norm(path: Path) -> Path:
+    """A projection, a weightless RMSNorm of it gated by a projection of ``c * w`` (``w`` a constant),
+    with that ``c * w`` listed right after the norm: 2.5.0's ``replace_rms_norm`` takes the unrelated
+    Mul for the norm's weight and its optimiser never returns (RFD4's hang; ``rms-norm-contiguous``
+    avoids it, here turned off with every other rewrite)."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+
+    def w(name: str, *shape: int) -> onnx.TensorProto:
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+    inits = [w("W1", 32, 32), w("Wg", 16, 32), w("W2", 32, 32),
+             numpy_helper.from_array((np.arange(16) % 5 + 1).astype(np.float32) / 2, "w16"),
+             *(numpy_helper.from_array(np.array(v, np.float32), k) for k, v in (("two", 2.0), ("eps", 1e-5),
+                                                                                 ("one", 1.0)))]
+    mk = helper.make_node
+    nodes = [mk("MatMul", ["x", "W1"], ["h"], name="proj"), mk("Pow", ["h", "two"], ["p"], name="norm_sq"),
+             mk("ReduceMean", ["p"], ["m"], axes=[-1], keepdims=1, name="norm_mean"),
+             mk("Add", ["m", "eps"], ["a"], name="norm_eps"), mk("Sqrt", ["a"], ["s"], name="norm_sqrt"),
+             mk("Div", ["one", "s"], ["r"], name="norm_inv"), mk("Mul", ["h", "r"], ["n"], name="norm"),
+             mk("Mul", ["c", "w16"], ["cw"], name="cond_weight"), mk("MatMul", ["cw", "Wg"], ["gl"], name="gate_proj"),
+             mk("Sigmoid", ["gl"], ["g"], name="gate_act"), mk("Mul", ["n", "g"], ["y0"], name="gate"),
+             mk("MatMul", ["y0", "W2"], ["y"], name="out_proj")]
+    vi = helper.make_tensor_value_info
+    f = TensorProto.FLOAT
+    g = helper.make_graph(nodes, "hang", [vi("x", f, [1, 8, 32]), vi("c", f, [1, 8, 16])], [vi("y", f, [1, 8, 32])],
+                          inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_stage_whose_build_never_returns_is_reduced_and_its_ops_go_to_the_host(tmp_path: Path) -> None:
+    """A timeout can be the graph's fault: the stage above hangs 2.5.0 (killed at 30 s; its pieces
+    build in ~4 s).  ``--repartition`` reduces it as for an error, a candidate "failing" when it does
+    not return within ``hang_limit`` (30 s here), finds the norm, the unrelated Mul and the gate
+    (8 ops) and moves them to the host: every stage builds, no CPU layer, the gate passes."""
+    tk = get_toolkit("2.5.0")
+    model = _listed_weight_norm(tmp_path / "hang.onnx")
+    folder = tmp_path / "plan"
+    cli = CliRunner()
+    assert cli.invoke(main, ["partition", str(model), "-s", "generic", "-o", str(folder), "-q"]).exit_code == 0
+    r = cli.invoke(main, ["compile", str(folder), "--toolkit", str(tk.python), "--no-rewrites", "--repartition",
+                          "--timeout", "30", "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    rounds = rep["repartition"]["rounds"]
+    assert rounds[0]["failed_before"] == 1 and rep["failed"] == 0
+    moved = set(rounds[0]["moved"])
+    assert {"norm", "cond_weight"} <= moved and not moved & {"proj", "gate_proj", "out_proj"}, moved
+    assert all(not s["artifact"]["cpu_ops"] for s in rep["stages"])
+    plan, _ = load_plan(folder)
+    why = {h["op"]: h["why"] for h in plan.extra["capability"]["host_ops"]}
+    assert "timed out" in why["norm"] and "fails the build the same way alone" in why["norm"]
+    _sim_gate(plan, folder, model, "2.5.0")
+
+
 def test_a_round_that_makes_the_plan_worse_is_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """T5FiLM (TorchScript, ``split``, 2.5.0) as the partition made it before stage inputs got rank-4
     views (fault injected: no view, neither ``_narrow_npu_inputs`` nor ``_narrow_crossings`` finds
