@@ -575,11 +575,12 @@ class RepartitionRound:
             return (f"repartition round {self.round}: the rounds before made it worse; the best round's plan "
                     f"written again: CPU layers in NPU stages {self.cpu_layers_before} -> {self.cpu_layers_after}, "
                     f"failed stages {self.failed_before} -> {self.failed_after}; {self.stages_built} stage(s) rebuilt")
-        cut = (f"; {len(self.cut_before)} cut(s) in front of ops a crashed build fused, failed stages "
-               f"{self.failed_before} -> {self.failed_after}") if self.cut_before else ""
-        return (f"repartition round {self.round}: {len(self.moved)} op(s) the build put on the CPU moved to the "
-                f"host; CPU layers in NPU stages {self.cpu_layers_before} -> {self.cpu_layers_after}{cut}; "
-                f"{self.stages_built} stage(s) rebuilt")
+        cut = f"; {len(self.cut_before)} cut(s) in front of ops a crashed build fused" if self.cut_before else ""
+        failed = (f", failed stages {self.failed_before} -> {self.failed_after}"
+                  if self.cut_before or self.failed_before else "")
+        return (f"repartition round {self.round}: {len(self.moved)} op(s) the build put on the CPU (or that fail it) "
+                f"moved to the host; CPU layers in NPU stages {self.cpu_layers_before} -> {self.cpu_layers_after}"
+                f"{cut}{failed}; {self.stages_built} stage(s) rebuilt")
 
 
 #: rounds ``--repartition`` runs at most (each moves every op the last build put on the CPU)
@@ -684,8 +685,8 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: Any, progress: 
             break
         forced.update(new)
         cuts.update(new_cuts)
-        progress(f"repartition round {r}: moving {len(new)} op(s) the build put on the CPU to the host, cutting "
-                 f"in front of {len(new_cuts)} op(s) a failed build fused")
+        progress(f"repartition round {r}: moving {len(new)} op(s) the build put on the CPU (or that fail it) to the "
+                 f"host, cutting in front of {len(new_cuts)} op(s) a failed build fused")
         _write_again(report.plan, folder, opts, forced, cuts, progress)
         report, layers = build()
         after = sum(len(o.cpu_ops) for o in report.outcomes)

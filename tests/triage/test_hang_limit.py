@@ -1,4 +1,5 @@
-"""How long a reduction candidate of a stage whose build timed out may take (rkpart.triage.isolate.hang_limit).
+"""Builds that never return, in ``--repartition``: how long a reduction candidate of such a stage may take
+(rkpart.triage.isolate.hang_limit), and what the round reports.
 
 The toolkit test that reduces a real hang is ``tests/compile/test_repartition.py``
 (``test_a_stage_whose_build_never_returns_is_reduced_and_its_ops_go_to_the_host``).
@@ -19,3 +20,13 @@ def test_a_few_times_the_slowest_build_within_the_users_timeout() -> None:
 
 def test_timeouts_are_reduced_like_crashes_and_errors() -> None:
     assert set(_ISOLATABLE) == {"crash", "error", "timeout"}
+
+
+def test_a_round_that_moved_failing_ops_says_how_many_stages_still_fail() -> None:
+    """A round that moved the ops of a failed (or hung) stage, with no cut, reports the failed stages too."""
+    from rkpart.pipeline import RepartitionRound
+
+    text = RepartitionRound(1, ("norm", "gate"), 0, 0, 3, failed_before=1, failed_after=0).describe()
+    assert "2 op(s) the build put on the CPU (or that fail it) moved to the host" in text
+    assert "failed stages 1 -> 0" in text and "cut(s)" not in text
+    assert "failed stages" not in RepartitionRound(1, ("x",), 4, 0, 2).describe()  # nothing failed: not said
