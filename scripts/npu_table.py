@@ -193,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
                         rows.append(f"| {fam} | {exp} | {strat} | - | partition failed: {str(e)[:80]} | | | | | |")
                         a.out.write_text("\n".join(rows) + "\n")
                         continue
-                    for v in a.toolkit or ["2.5.0", "2.3.0"]:
+                    for k, v in enumerate(a.toolkit or ["2.5.0", "2.3.0"]):
+                        if k and a.repartition:  # each toolkit's rounds start from the partition, not the last's
+                            folder = Path(td) / f"plan-{v}"
+                            plan = partition(model, folder, strat, **opts)
                         tk = find_toolkit(v)
                         cells = []
                         applied: dict[str, int] = {}
