@@ -37,7 +37,6 @@ NEEDS = frozenset({"types", "shapes", "inferred_shapes"})
 _FOLD_OPS = 64
 
 
-
 def free_name(base: str, used: set[str]) -> str:
     """``base``, else ``base_rk1``, ``base_rk2``, ...: the first name not in ``used``, added to it.
 
@@ -52,6 +51,7 @@ def free_name(base: str, used: set[str]) -> str:
         name = f"{base}_rk{k}"
     used.add(name)
     return name
+
 
 class GraphEdit:
     """An editing view of ``model`` (edited in place)."""
@@ -203,6 +203,11 @@ class GraphEdit:
             if n.output and n.output[0] == name and (t := constant_tensor(n)) is not None:
                 return tensor_value(t)
         return None
+
+    def scalar(self, name: str) -> float | None:
+        """The value of a one-element float constant ``name`` (:meth:`const_array`), else ``None``."""
+        v = self.const_array(name)
+        return float(v.reshape(())) if v is not None and v.size == 1 and v.dtype.kind == "f" else None
 
     def value(self, name: str) -> np.ndarray | None:
         """The value of ``name`` when it depends on constants only (evaluated at the model's opsets), else None."""

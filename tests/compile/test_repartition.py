@@ -164,6 +164,18 @@ def test_a_crash_on_a_per_token_constant_modulation_is_cut_and_then_builds(tmp_p
     _sim_gate(plan, folder, model, "2.3.0")
 
 
+def _generic_repartition(model: Path, folder: Path, version: str, *compile_args: str) -> dict[str, Any]:
+    """``rkpart partition -s generic`` of ``model`` into ``folder``, then ``rkpart compile --no-rewrites
+    --repartition`` with ``version`` (and ``compile_args``); both must succeed: the compile's JSON report."""
+    tk = get_toolkit(version)
+    cli = CliRunner()
+    assert cli.invoke(main, ["partition", str(model), "-s", "generic", "-o", str(folder), "-q"]).exit_code == 0
+    r = cli.invoke(main, ["compile", str(folder), "--toolkit", str(tk.python), "--no-rewrites", "--repartition",
+                          *compile_args, "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    return dict(json.loads(r.output))
+
+
 def _rope6(path: Path) -> Path:
     """An attention whose q and k RoPE rotate pairs as Kandinsky 6's 1-D RoPE does: a Reshape to
     rank 6, a Mul by the per-position 2x2 rotations, a ReduceSum over the last axis, a Reshape back.
@@ -209,15 +221,9 @@ def test_a_failure_no_cut_fixes_is_reduced_and_its_ops_go_to_the_host(tmp_path: 
     line, shapes generalised), finds the failing subgraph on q's side, finds its copy on k's side
     by shape classes without another reduction, moves both to the host in one round: every
     stage builds, no CPU layer, the gate passes."""
-    tk = get_toolkit("2.5.0")
     model = _rope6(tmp_path / "rope6.onnx")
     folder = tmp_path / "plan"
-    cli = CliRunner()
-    assert cli.invoke(main, ["partition", str(model), "-s", "generic", "-o", str(folder), "-q"]).exit_code == 0
-    r = cli.invoke(main, ["compile", str(folder), "--toolkit", str(tk.python), "--no-rewrites", "--repartition",
-                          "--json", "--quiet"])
-    assert r.exit_code == 0, r.output
-    rep = json.loads(r.output)
+    rep = _generic_repartition(model, folder, "2.5.0")
     rounds = rep["repartition"]["rounds"]
     assert rounds[0]["failed_before"] == 1 and rounds[0]["cut_before"] == [] and rep["failed"] == 0
     moved = set(rounds[0]["moved"])
@@ -269,15 +275,9 @@ def test_a_stage_whose_build_never_returns_is_reduced_and_its_ops_go_to_the_host
     build in ~4 s).  ``--repartition`` reduces it as for an error, a candidate "failing" when it does
     not return within ``hang_limit`` (30 s here), finds the norm, the unrelated Mul and the gate
     (8 ops) and moves them to the host: every stage builds, no CPU layer, the gate passes."""
-    tk = get_toolkit("2.5.0")
     model = _listed_weight_norm(tmp_path / "hang.onnx")
     folder = tmp_path / "plan"
-    cli = CliRunner()
-    assert cli.invoke(main, ["partition", str(model), "-s", "generic", "-o", str(folder), "-q"]).exit_code == 0
-    r = cli.invoke(main, ["compile", str(folder), "--toolkit", str(tk.python), "--no-rewrites", "--repartition",
-                          "--timeout", "30", "--json", "--quiet"])
-    assert r.exit_code == 0, r.output
-    rep = json.loads(r.output)
+    rep = _generic_repartition(model, folder, "2.5.0", "--timeout", "30")
     rounds = rep["repartition"]["rounds"]
     assert rounds[0]["failed_before"] == 1 and rep["failed"] == 0
     moved = set(rounds[0]["moved"])

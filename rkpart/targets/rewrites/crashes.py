@@ -370,11 +370,6 @@ def scalar_gather_slice(view: GraphEdit) -> int:
     return view.replace_each("Gather", one)
 
 
-def _is_const(view: GraphEdit, name: str, value: float) -> bool:
-    c = view.const_array(name)
-    return c is not None and c.size == 1 and np.issubdtype(c.dtype, np.floating) and float(c.reshape(())) == value
-
-
 def _rms_chain(view: GraphEdit, end: onnx.NodeProto, prod: Mapping[str, onnx.NodeProto]) -> list[onnx.NodeProto] | None:
     """The nodes of an RMSNorm ending at ``end``, in data order, as the toolkits' ``replace_rms_norm``
     matches it: ``Pow(x, 2)`` (or ``Mul(x, x)``), ``ReduceMean``, ``Add`` of a constant, ``Sqrt``, then
@@ -387,7 +382,7 @@ def _rms_chain(view: GraphEdit, end: onnx.NodeProto, prod: Mapping[str, onnx.Nod
         x, inv = end.input[k], end.input[1 - k]
         if end.op_type == "Div":
             sq, scale = made(inv, "Sqrt"), []
-        elif (d := made(inv, "Div")) is not None and _is_const(view, d.input[0], 1.0):
+        elif (d := made(inv, "Div")) is not None and view.scalar(d.input[0]) == 1.0:
             sq, scale = made(d.input[1], "Sqrt"), [d]
         elif (r := made(inv, "Reciprocal")) is not None:
             sq, scale = made(r.input[0], "Sqrt"), [r]
@@ -402,7 +397,7 @@ def _rms_chain(view: GraphEdit, end: onnx.NodeProto, prod: Mapping[str, onnx.Nod
                 continue
             sqr = made(mean.input[0], "Pow") or made(mean.input[0], "Mul")
             if sqr is None or sqr.input[0] != x or not (
-                    (sqr.op_type == "Pow" and _is_const(view, sqr.input[1], 2.0))
+                    (sqr.op_type == "Pow" and view.scalar(sqr.input[1]) == 2.0)
                     or (sqr.op_type == "Mul" and sqr.input[1] == x)):
                 continue
             return [sqr, mean, add, sq, *scale, end]

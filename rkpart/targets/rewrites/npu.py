@@ -260,11 +260,6 @@ def _slice_range(view: GraphEdit, sl: onnx.NodeProto, rank: int, n: int) -> tupl
     return (a, b) if a < b else None
 
 
-def _scalar(view: GraphEdit, name: str) -> float | None:
-    v = view.const_array(name)
-    return float(v.reshape(())) if v is not None and v.size == 1 and v.dtype.kind == "f" else None
-
-
 def nan_guard(view: GraphEdit, broadcast_fill: bool = True) -> int:
     """The exporters' guard after a bool-masked Softmax (scaled_dot_product_attention with a bool
     mask)::
@@ -306,7 +301,7 @@ def nan_guard(view: GraphEdit, broadcast_fill: bool = True) -> int:
         sm, kw = graph.node[ks], r_nan[0]
         w = graph.node[kw]
         if sm.op_type != "Softmax" or w.op_type != "Where" or w.input[0] != isnan.output[0] or w.input[2] != p \
-                or _scalar(view, w.input[1]) != 0.0 or sorted(readers.get(p, [])) != sorted([ki, kw]):
+                or view.scalar(w.input[1]) != 0.0 or sorted(readers.get(p, [])) != sorted([ki, kw]):
             continue
         x = sm.input[0]
         rank = len(shapes.get(x, []))
@@ -323,7 +318,7 @@ def nan_guard(view: GraphEdit, broadcast_fill: bool = True) -> int:
             m = graph.node[km] if km is not None else None
             if m is None or m.op_type != "Where":
                 continue
-            a, b = _scalar(view, m.input[1]), _scalar(view, m.input[2])
+            a, b = view.scalar(m.input[1]), view.scalar(m.input[2])
             if a is not None and b is not None and 0.0 in (a, b) and min(a, b) < 0 \
                     and len(shapes.get(m.input[0], [])) >= 1:
                 break
