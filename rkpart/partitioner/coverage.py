@@ -1,8 +1,10 @@
 """NPU coverage: the share of the blocks' matrix work a partition places in NPU stages.
 
 The blocks' work is the multiply-accumulates of their MatMul / Gemm / Conv ops that compute
-more than :data:`rkpart.ir.work.GEMV_ROWS` rows (token-wise layers and attention products);
-the per-step modulation GEMVs, which belong on the host, do not count.  A partition that
+more than :data:`rkpart.ir.work.GEMV_ROWS` rows (token-wise layers and attention products),
+and of such ops in the glue between blocks (WanVACE's hint projections, added to the stream
+between blocks); the per-step modulation GEMVs, which belong on the host, do not count, nor
+do the prologue's and epilogue's (patch embedding, final projection).  A partition that
 leaves a block's projection on the host loses that work to the CPU: ``partition`` warns
 below :data:`MIN_SHARE`.
 """
@@ -44,8 +46,8 @@ class Coverage:
 
 
 def npu_coverage(mg: ModelGraph, disc: Discovery, groups: Iterable[_Placed]) -> Coverage:
-    """How much of the blocks' token-wise MAC work ``groups`` put on the NPU."""
-    macs = token_macs(mg, frozenset().union(*(b.ops for b in disc.blocks)))
+    """How much of the token-wise MAC work of the blocks and the glue between them ``groups`` put on the NPU."""
+    macs = token_macs(mg, frozenset().union(disc.glue, *(b.ops for b in disc.blocks)))
     on_npu = {i for g in groups if g.device == "npu" for i in g.ops}
     npu = sum(m for i, m in macs.items() if i in on_npu)
     host = sorted((i for i in macs if i not in on_npu), key=lambda i: (-macs[i], i))

@@ -14,9 +14,12 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar
 
+import networkx as nx
+
 from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
 from rkpart.ir.load import RANK4_PREFIX
+from rkpart.ir.work import token_macs
 from rkpart.partitioner.discovery import Discovery, is_noop
 from rkpart.partitioner.partition import Group, Partition, acyclic, block_id, convex_hull
 from rkpart.types import Device
@@ -186,7 +189,8 @@ class GroupBuilder:
     def add_host_rest(self, mg: ModelGraph, disc: Discovery | None, *, close: bool = True) -> None:
         """Prologue, glue and epilogue on the host, each glue op its own group (merged later).
 
-        With ``close`` (the built-in strategies), unassigned ops that lie between two ops of
+        With ``close`` (the built-in strategies), token-wise matmul work in the glue becomes NPU
+        stages first (:meth:`add_token_glue`), and unassigned ops that lie between two ops of
         one NPU group -- a no-op ``Cast`` or ``Identity`` on the residual stream inside a
         block, a skip projection -- join that group, and a trailing no-op joins the group
         that produces its input: host work in the middle of an NPU stage would make the
@@ -198,6 +202,8 @@ class GroupBuilder:
         if close:
             self._mg = mg
             self.hoist_index_work(mg)
+            if disc is not None:
+                self.add_token_glue(mg, disc)
             self._close_npu_groups(mg)
         if disc is not None:
             self.add("prologue", set(disc.prologue), device="host", region="prologue", kind="prologue")
@@ -207,6 +213,49 @@ class GroupBuilder:
         rest = {i for i in mg.ops.nodes if i not in self._owner}
         for i in sorted(rest):
             self.add(f"host.{i:06d}", {i}, device="host", region="host", kind="host")
+
+    def add_token_glue(self, mg: ModelGraph, disc: Discovery) -> None:
+        """Token-wise matmul work in the glue becomes an NPU stage, one per connected piece of glue.
+
+        Glue is what lies between blocks and belongs to none: a concat, a cast, an injected
+        add.  Some of it is matrix work over every token: WanVACE's hint projections
+        (``vace_blocks.N.proj_out``, added to the stream after block N) read as glue since
+        streams go on through an injected add.  Such work is not conditioning; on the host it
+        would be a full-width matmul per block on the CPU.  Each connected piece of glue (no-op
+        casts do not connect pieces) that holds any (:func:`~rkpart.ir.work.token_macs`) gets an
+        NPU group ``glue.<first op>.tokens`` of those ops, or joins the one NPU group that
+        computes all they read (``fused``: the VACE block whose output it projects), so it is
+        not a stage of one matmul; :meth:`_close_npu_groups` adds what lies between them, and
+        the rest of the piece stays on the host.
+        """
+        free = [i for i in disc.glue if i not in self._owner and not is_noop(mg, i)]
+        for piece in sorted(nx.weakly_connected_components(mg.ops.subgraph(free)), key=min):
+            tok = set(token_macs(mg, piece))
+            if not tok:
+                continue
+            feeders = {self._owner.get(p) for p in self._producers_through_noops(mg, tok)} - {None}
+            gid = feeders.pop() if len(feeders) == 1 else None
+            if gid is not None and self._groups[gid]["device"] == "npu" and not (
+                    self._producers_through_noops(mg, tok) - self._groups[gid]["ops"]):
+                g = self._groups[gid]
+                self.add(gid, tok, device="npu", region=g["region"], kind=g["kinds"][0])
+            else:
+                self.add(f"glue.{min(piece):06d}.tokens", tok, device="npu", region="glue", kind="token-matmul")
+
+    @staticmethod
+    def _producers_through_noops(mg: ModelGraph, ops: set[int]) -> set[int]:
+        """The ops outside ``ops`` that produce what ``ops`` read, seen through no-op casts."""
+        out: set[int] = set()
+        stack = [p for i in ops for p in mg.ops.predecessors(i) if p not in ops]
+        while stack:
+            p = stack.pop()
+            if p in out or p in ops:
+                continue
+            if is_noop(mg, p):
+                stack.extend(mg.ops.predecessors(p))
+            else:
+                out.add(p)
+        return out
 
     def hoist_index_work(self, mg: ModelGraph) -> None:
         """Move input index work (:meth:`ModelGraph.input_index_ops`) out of NPU groups into the prologue.

@@ -21,6 +21,10 @@ perceiver            4 transformer blocks with a perceiver cross-attention unit 
 side_refiners        two independent refiners (2 blocks over the text, 2 over the image) side
                      by side, then 3 joint blocks over their concatenation (Lumina2-like)
 interleaved          the same, with the two refiners' blocks alternating in op order
+hinted               2 control blocks over a control stream, each followed by a hint projection
+                     (``control_blocks.k.proj_hint``, outside its residual unit), then 3 blocks;
+                     the hints are added to the stream after the first two (WanVACE-like): the
+                     projections are glue between blocks, token-wise matmul work
 ===================  ===========================================================================
 """
 
@@ -266,9 +270,37 @@ def _modules() -> dict[str, Any]:  # one namespace of small modules, built lazil
                 s = blk(s, temb)
             return self.proj_out(s[:, c.shape[1]:])
 
+    class ControlBlock(Block):
+        """A block over the control stream, and the projection of its output into a hint."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj_hint = nn.Linear(D, D)
+
+    class Hinted(Embed):
+        def __init__(self, control: int = 2, blocks: int = 3) -> None:
+            super().__init__()
+            self.control_embedder = nn.Linear(D // 2, D)
+            self.control_blocks = nn.ModuleList(ControlBlock() for _ in range(control))
+            self.transformer_blocks = nn.ModuleList(Block() for _ in range(blocks))
+
+        def forward(self, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                    timestep: torch.Tensor) -> torch.Tensor:
+            x, temb = self.x_embedder(hidden_states), self.time_embedder(timestep)
+            c = self.control_embedder(hidden_states) + x
+            hints = []
+            for blk in self.control_blocks:
+                c = blk(c, temb)
+                hints.append(blk.proj_hint(c))
+            for i, blk in enumerate(self.transformer_blocks):
+                x = blk(x, temb)
+                if i < len(hints):  # as WanVACE adds its hints (TorchScript exports the .to as a Cast)
+                    x = x + hints[i].to(x.device) * 0.5
+            return self.proj_out(x)
+
     return {"dual_single": DualSingle, "spatial_temporal": SpatialTemporal, "text_first": TextFirst,
             "perceiver": PerceiverLayout, "side_refiners": SideRefiners,
-            "interleaved": lambda: SideRefiners(interleaved=True)}
+            "interleaved": lambda: SideRefiners(interleaved=True), "hinted": Hinted}
 
 
 def _inputs(layout: str) -> dict[str, Any]:
@@ -281,7 +313,7 @@ def _inputs(layout: str) -> dict[str, Any]:
 
 #: layout -> transformer blocks the module has (perceiver units and refiners count: each is a module of its own)
 LAYOUTS: dict[str, int] = {"dual_single": 8, "spatial_temporal": 6, "text_first": 5, "perceiver": 6,
-                           "side_refiners": 7, "interleaved": 7}
+                           "side_refiners": 7, "interleaved": 7, "hinted": 5}
 
 
 def build(layout: str, seed: int = 0) -> tuple[Any, dict[str, Any]]:
