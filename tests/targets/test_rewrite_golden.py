@@ -119,6 +119,12 @@ def _rope_pair_matrix() -> onnx.ModelProto:
     return _rope()
 
 
+def _rope_pair_matrix_computed() -> onnx.ModelProto:
+    from tests.targets.test_rope_pair_matrix import _rope
+
+    return _rope(computed=True)
+
+
 def _gelu_grid() -> onnx.GraphProto:
     return _g([helper.make_node("Gelu", ["x"], ["g"], approximate="none"),
                helper.make_node("Gelu", ["g"], ["y"], approximate="tanh"),
@@ -170,6 +176,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "normaliser_product": lambda: _model(_normaliser_product(), 17),
         "gqa_expand": lambda: _model(_gqa_expand(), 18),
         "rope_pair_matrix": _rope_pair_matrix,
+        "rope_pair_matrix_computed": _rope_pair_matrix_computed,
         "scatternd_full": lambda: _model(_scatternd(True), 18),
         "scatternd_partial": lambda: _model(_scatternd(False), 18),
         "pad": lambda: _model(pad_graph(), 19),

@@ -320,7 +320,10 @@ REWRITES: tuple[Rewrite, ...] = (
             "{1,6,2,8,2,2} -> {6,2,4,2}); 2.3.0 builds it with 8 CPU layers per attention (the Mul, Reshapes). "
             "As x * diag + swap(x) * offdiag (Slices and a Concat, Flux's form; the same products and sum, "
             "bit-exact) it builds with 0 CPU layers on both. Measured on a tiny Kandinsky 5 text block "
-            "(TorchScript, fused, nonzero modulation weights)",
+            "(TorchScript, fused, nonzero modulation weights). Matrices computed in the stage (Kandinsky 6 "
+            "dynamo: Cos/Sin/Neg of gathered constant tables, stacked) are read out with Slices: its split "
+            "plan, 8 of 18 stages failed on 2.5.0 ('Can not reshape from [6, 2, 4, 1] to [1, 6, 2, 16]', the "
+            "sum, its Reshape and a Transpose) -> 18/18, 0 CPU layers; 2.3.0 60 CPU layers -> 0",
             rope_pair_matrix, needs=("shapes", "types")),
     Rewrite("reduce-sum-matmul", "ReduceSum", "npu", ("2.3.0",),
             "A sum over the last axis, ReduceSum(x, -1): 2.3.0 converts it to a MatMul and, where the summed axis "

@@ -7,6 +7,7 @@ placement that justifies it.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import cast
 
 import numpy as np
@@ -746,11 +747,19 @@ def reduce_sum_matmul(view: GraphEdit) -> int:
 
 
 def rope_pair_matrix(view: GraphEdit) -> int:
-    """RoPE as a 2x2 matrix per pair, ``ReduceSum(Mul(C, X), -1)`` with ``C`` constant ``[..., 2, 2]``
-    and ``X`` the pairs ``[..., 1, 2]`` (Kandinsky 5: ``(rope * x.view(..., -1, 1, 2)).sum(-1)``) ->
+    """RoPE as a 2x2 matrix per pair, ``ReduceSum(Mul(C, X), -1)`` with ``C`` ``[..., 2, 2]`` and
+    ``X`` the pairs ``[..., 1, 2]`` (Kandinsky 5: ``(rope * x.view(..., -1, 1, 2)).sum(-1)``) ->
     ``x * A + swap(x) * B``, ``x`` the pairs ``[..., 2]``, ``swap`` exchanging each pair's two
     values (Slices and a Concat, Flux's form), ``A`` the matrices' diagonals and ``B`` their other
-    entries: the same two products and one sum per value (bit-exact)."""
+    entries: the same two products and one sum per value (bit-exact).
+
+    ``C`` a constant: ``A`` and ``B`` are constants.  ``C`` computed in the stage (Kandinsky 6's
+    dynamo export builds it from the positions there: ``Cos``/``Sin``/``Neg`` stacked and
+    reshaped), with a static shape: ``A`` and ``B`` are read out of it, ``C`` viewed as
+    ``[..., 4]`` (``B`` is its middle two entries, ``A`` the first and last), so the sum 2.5.0
+    cannot build (``ReduceSum`` -> ``Reshape`` -> ``Transpose``: "Can not reshape", ``rkpart
+    repro``) goes all the same.
+    """
     graph = view.graph
     shapes = view.static_shapes()
     prod, _, _ = view.wiring()
@@ -762,42 +771,73 @@ def rope_pair_matrix(view: GraphEdit) -> int:
         mul = prod.get(n.input[0])
         if mul is None or mul.op_type != "Mul" or mul.domain not in ("", "ai.onnx") or len(mul.input) != 2:
             continue
-        found = next(((j, c) for j in (0, 1) if (c := view.const_array(mul.input[j])) is not None), None)
+        found = _pair_matrix_operands(view, shapes, mul)
         if found is None:
             continue
-        j, c = found
+        j, c, cs = found
         x_name = mul.input[1 - j]
-        xs = shapes.get(x_name)
-        elem = view.elem(x_name)
-        if (xs is None or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
-                or c.dtype != onnx.helper.tensor_dtype_to_np_dtype(elem) or c.ndim < 2 or len(xs) < 2
-                or c.shape[-2:] != (2, 2) or list(xs[-2:]) != [1, 2]
-                or not _reduce_last_axis(view, n, max(c.ndim, len(xs)))):
+        xs = shapes[x_name]
+        if not _reduce_last_axis(view, n, max(len(cs), len(xs))):
             continue
         base = n.name or n.output[0]
         lead = list(xs[:-2])
-        a = np.stack([c[..., 0, 0], c[..., 1, 1]], -1)
-        b = np.stack([c[..., 0, 1], c[..., 1, 0]], -1)
         axis = len(lead)
         pairs, first, second, swapped, xa, sb = (view.fresh(f"{base}/{t}") for t in
                                                  ("pairs", "first", "second", "swapped", "diag", "cross"))
         shape = view.add_constant(f"{base}/pairs_shape", np.array([*lead, 2], np.int64))
         zero, one, two, ax = (view.add_constant(f"{base}/{t}", np.array([v], np.int64))
                               for t, v in (("zero", 0), ("one", 1), ("two", 2), ("axis", axis)))
-        ca, cb = view.add_constant(f"{base}/diag_c", a), view.add_constant(f"{base}/cross_c", b)
-        new = [helper.make_node("Reshape", [x_name, shape], [pairs], name=f"{base}/pairs"),
-               helper.make_node("Slice", [pairs, zero, one, ax], [first], name=f"{base}/first"),
-               helper.make_node("Slice", [pairs, one, two, ax], [second], name=f"{base}/second"),
-               helper.make_node("Concat", [second, first], [swapped], axis=axis, name=f"{base}/swap"),
-               helper.make_node("Mul", [pairs, ca], [xa], name=f"{base}/Mul_diag"),
-               helper.make_node("Mul", [swapped, cb], [sb], name=f"{base}/Mul_cross"),
-               helper.make_node("Add", [xa, sb], [n.output[0]], name=f"{base}/Add")]
+        new: list[onnx.NodeProto] = []
+        if c is not None:
+            ca = view.add_constant(f"{base}/diag_c", np.stack([c[..., 0, 0], c[..., 1, 1]], -1))
+            cb = view.add_constant(f"{base}/cross_c", np.stack([c[..., 0, 1], c[..., 1, 0]], -1))
+        else:  # read out of the computed matrices, viewed as [..., 4]: [c00, c01, c10, c11]
+            c4, c00, c11, ca, cb = (view.fresh(f"{base}/{t}") for t in ("c4", "c00", "c11", "diag_c", "cross_c"))
+            c4_shape = view.add_constant(f"{base}/c4_shape", np.array([*cs[:-2], 4], np.int64))
+            last = view.add_constant(f"{base}/last", np.array([-1], np.int64))
+            at = {v: view.add_constant(f"{base}/at{v}", np.array([v], np.int64)) for v in (0, 1, 3, 4)}
+            new += [helper.make_node("Reshape", [mul.input[j], c4_shape], [c4], name=f"{base}/c4"),
+                    helper.make_node("Slice", [c4, at[0], at[1], last], [c00], name=f"{base}/c00"),
+                    helper.make_node("Slice", [c4, at[3], at[4], last], [c11], name=f"{base}/c11"),
+                    helper.make_node("Concat", [c00, c11], [ca], axis=-1, name=f"{base}/diag"),
+                    helper.make_node("Slice", [c4, at[1], at[3], last], [cb], name=f"{base}/cross")]
+        new += [helper.make_node("Reshape", [x_name, shape], [pairs], name=f"{base}/pairs"),
+                helper.make_node("Slice", [pairs, zero, one, ax], [first], name=f"{base}/first"),
+                helper.make_node("Slice", [pairs, one, two, ax], [second], name=f"{base}/second"),
+                helper.make_node("Concat", [second, first], [swapped], axis=axis, name=f"{base}/swap"),
+                helper.make_node("Mul", [pairs, ca], [xa], name=f"{base}/Mul_diag"),
+                helper.make_node("Mul", [swapped, cb], [sb], name=f"{base}/Mul_cross"),
+                helper.make_node("Add", [xa, sb], [n.output[0]], name=f"{base}/Add")]
         view.replace(k, new)
         products.add(mul.output[0])
         count += 1
     if count:  # a product the ReduceSum alone read goes with it
         view.drop_unread_nodes(products)
     return count
+
+
+def _pair_matrix_operands(view: GraphEdit, shapes: Mapping[str, list[int]], mul: onnx.NodeProto
+                          ) -> tuple[int, np.ndarray | None, tuple[int, ...]] | None:
+    """``(j, C, C's shape)`` when ``mul.input[j]`` is the matrices ``[..., 2, 2]`` (``C`` its value when
+    constant, else ``None``) and the other operand the pairs ``[..., 1, 2]``, both of one float type
+    with static shapes; else ``None``.  A constant operand must be the matrices (a constant table of
+    pairs times computed matrices is no RoPE measured)."""
+    consts = [j for j in (0, 1) if view.const_array(mul.input[j]) is not None]
+    for j in consts[:1] or [0, 1]:
+        c = view.const_array(mul.input[j])
+        x_name = mul.input[1 - j]
+        xs = shapes.get(x_name)
+        elem = view.elem(x_name)
+        cs = tuple(c.shape) if c is not None else shapes.get(mul.input[j])
+        if (xs is None or cs is None or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+                or len(cs) < 2 or len(xs) < 2 or tuple(cs[-2:]) != (2, 2) or list(xs[-2:]) != [1, 2]):
+            continue
+        if c is not None and c.dtype != onnx.helper.tensor_dtype_to_np_dtype(elem):
+            continue
+        if c is None and view.elem(mul.input[j]) != elem:
+            continue
+        return j, c, tuple(int(d) for d in cs)
+    return None
 
 
 #: the largest ``ones`` constant expand-broadcast adds (elements): a broadcast over a few heads
