@@ -7,7 +7,8 @@ count built stages and CPU layers from the placement report.  Exports are cached
 cache them (:func:`tests.models.diffusers_families.cached_export`).  Builds run one at a time.
 
 Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--newer] [--latest] [--toolkit V ...]
-[--strategy S ...] [--exporter E ...] [--rewrites-only] [--repartition] [--gate GATE.md] [--timeout S]``
+[--strategy S ...] [--exporter E ...] [--rewrites-only] [--repartition] [--gate GATE.md] [--timeout S]
+[--anonymised]``
 
 ``--family`` takes any name of ``ALL`` there (default: the 12 ``FAMILIES``); ``--newer`` runs the
 ``NEWER`` ones instead (after any ``--family`` given), ``--latest`` the ``LATEST`` ones;
@@ -18,9 +19,11 @@ Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--newer] [--latest
 with every NPU stage in the toolkit's simulator against ONNX Runtime, or torch, or stage by stage) and
 writes one row per plan there: the reference, how many tensors were compared, the lowest cosine.
 Exports whose shapes depend on data (``SPECIALISE`` of the sweep) are partitioned with their
-example inputs (``--inputs``).  Each run reads and fills the placement store of
-``$RKPART_CACHE_DIR``: give every run an empty one for a table that does not depend on what
-earlier runs learned.
+example inputs (``--inputs``).  ``--anonymised`` runs each export's anonymised copy instead
+(:func:`rkpart.partitioner.anonymize.anonymize_file`: every node and tensor renamed, metadata dropped, so
+discovery finds the blocks from structure alone); its rows read ``<exporter> (anonymised)``.  Each run
+reads and fills the placement store of ``$RKPART_CACHE_DIR``: give every run an empty one for a table
+that does not depend on what earlier runs learned (``--empty-cache``: each family on its own temporary one).
 
 ``python scripts/npu_table.py --merge ALL.md OUT.md [OUT2.md ...]`` writes the rows of such tables as one
 (later files win for a repeated row; newest toolkit first, then by family).
@@ -31,6 +34,8 @@ README's per-family table (one row per family, exporter and toolkit; split and f
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 import tempfile
 import time
@@ -104,8 +109,10 @@ def merge(tables: list[Path]) -> str:
 GATE_HEAD = "| family | exporter | strategy | toolkit | stages built | reference | compared | lowest cosine |"
 
 
-def _gate_row(fam: str, exp: str, strat: str, v: str, model: Path, rep: object, folder: Path) -> str:
-    """One row of the ``--gate`` table: the rknn-sim gate of the build ``rep`` (a compile report)."""
+def _gate_row(fam: str, exporter: str, strat: str, v: str, model: Path, rep: object, folder: Path,
+              exp: str) -> str:
+    """One row of the ``--gate`` table: the rknn-sim gate of the build ``rep`` (a compile report);
+    ``exp`` is the row's exporter cell (``exporter``, or ``exporter (anonymised)``)."""
     from tests.compile.sim_gate import sim_gate
 
     plan = rep.plan  # type: ignore[attr-defined]
@@ -115,7 +122,7 @@ def _gate_row(fam: str, exp: str, strat: str, v: str, model: Path, rep: object, 
         return f"| {fam} | {exp} | {strat} | {v} | {built} | not run: a stage failed | | |"
     t0 = time.monotonic()
     try:
-        kind, got = sim_gate(fam, exp, model, plan, folder, v)
+        kind, got = sim_gate(fam, exporter, model, plan, folder, v)
     except Exception as e:  # noqa: BLE001 - reported in the table
         traceback.print_exc()
         msg = str(e).splitlines()[0][:100] if str(e) else ""
@@ -161,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--toolkit", action="append")
     ap.add_argument("--strategy", action="append")
     ap.add_argument("--gate", type=Path, help="run the rknn-sim gate on the build with rewrites; its rows go here")
+    ap.add_argument("--anonymised", action="store_true", help="each export's anonymised copy instead")
+    ap.add_argument("--empty-cache", action="store_true",
+                    help="each family on an empty $RKPART_CACHE_DIR (a temporary one), learning from no other family")
     a = ap.parse_args(argv)
     fams = ((a.family or ([] if a.newer or a.latest else list(FAMILIES))) + (list(NEWER) if a.newer else [])
             + (list(LATEST) if a.latest else []))
@@ -171,26 +181,38 @@ def main(argv: list[str] | None = None) -> int:
     gates = [GATE_HEAD, "|---|---|---|---|---|---|---|---|"]
     if a.gate:
         a.gate.write_text("\n".join(gates) + "\n")
+    anon_dir = tempfile.TemporaryDirectory() if a.anonymised else None
+    family_cache: tempfile.TemporaryDirectory[str] | None = None
     for fam in fams:
-        for exp in a.exporter or ["torchscript", "dynamo"]:
+        if a.empty_cache:  # the placement store (and build cache) of this family alone
+            if family_cache:
+                family_cache.cleanup()
+            family_cache = tempfile.TemporaryDirectory(prefix=f"rkpart-cache-{fam}-")
+            os.environ["RKPART_CACHE_DIR"] = family_cache.name
+        for exporter in a.exporter or ["torchscript", "dynamo"]:
+            exp = f"{exporter} (anonymised)" if anon_dir else exporter
             try:
-                model = cached_export(fam, exp)
+                model = cached_export(fam, exporter)
             except BaseException as e:  # noqa: BLE001 - a family the exporter cannot export is a table row
-                rows.append(f"| {fam} | {exp} | - | - | export failed: {type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:80] if str(e) else ''} | | | | | |")
+                msg = re.sub(r"\x1b\[[0-9;]*m", "", str(e).splitlines()[0]) if str(e) else ""  # no colours
+                rows.append(f"| {fam} | {exp} | - | - | export failed: {type(e).__name__}: {msg[:80]} | | | | | |")
                 a.out.write_text("\n".join(rows) + "\n")
                 continue
+            if anon_dir:
+                from rkpart.partitioner.anonymize import anonymize_file
+                model = anonymize_file(model, Path(anon_dir.name) / f"{fam}-{exporter}.onnx")
             for strat in a.strategy or ["split", "fused"]:
                 with tempfile.TemporaryDirectory() as td:
                     folder = Path(td) / "plan"
                     opts = {}
-                    if (fam, exp) in SPECIALISE:  # shapes resolved by one run on the family's example inputs
+                    if (fam, exporter) in SPECIALISE:  # shapes resolved by one run on the family's example inputs
                         np.savez(Path(td) / "inputs.npz", **example_inputs(fam))
                         opts["inputs"] = str(Path(td) / "inputs.npz")
                     try:
                         plan = partition(model, folder, strat, **opts)
                     except Exception as e:  # noqa: BLE001 - reported in the table
-                        rows.append(f"| {fam} | {exp} | {strat} | - | partition failed: {str(e)[:80]} | | | | | |")
+                        msg = str(e).replace(str(model.parent) + "/", "")  # no temporary folder in the table
+                        rows.append(f"| {fam} | {exp} | {strat} | - | partition failed: {msg[:80]} | | | | | |")
                         a.out.write_text("\n".join(rows) + "\n")
                         continue
                     for k, v in enumerate(a.toolkit or ["2.5.0", "2.3.0"]):
@@ -227,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                                 cpu += f" ({first.cpu_layers_before} before --repartition, {len(rounds)} round(s))"
                             cells += [built, cpu]
                             if rw and a.gate:
-                                gates.append(_gate_row(fam, exp, strat, v, model, rep, folder))
+                                gates.append(_gate_row(fam, exporter, strat, v, model, rep, folder, exp))
                                 a.gate.write_text("\n".join(gates) + "\n")
                             if rw:
                                 for s in rep.plan.npu_stages:

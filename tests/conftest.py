@@ -93,7 +93,8 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 #: ``pytest -n N --dist loadscope`` (scripts/test.sh) their tests are spread over the workers one by
 #: one.  Every other module runs whole on one worker, so its module- and session-scoped fixtures are
 #: built once.
-_SPREAD = frozenset({"tests/compile/test_npu_families.py", "tests/docs/test_docs_run.py"})
+_SPREAD = frozenset({"tests/compile/test_npu_families.py", "tests/compile/test_repartition.py",
+                     "tests/docs/test_docs_run.py"})
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, on the controller

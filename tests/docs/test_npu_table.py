@@ -96,6 +96,41 @@ def test_recorded_gates_pass_on_the_recorded_builds() -> None:
             assert r["built (rewrites)"].split()[0] == g["stages built"], (line, r)
 
 
+ANON = ROOT / "docs" / "npu-table" / "anonymised.md"
+ANON_TAG = " (anonymised)"
+#: the toolkits every plan's anonymised copy was compiled on (scripts/npu_table.py --anonymised); rows of
+#: another toolkit (2.3.0: the plans run so far) are checked the same way
+ANON_TOOLKITS = ("2.5.0",)
+
+
+def test_anonymised_copies_build_every_stage_with_no_cpu_layer_and_pass_the_gate() -> None:
+    """``docs/npu-table/anonymised.md``: every plan of the README's three NPU tables on :data:`ANON_TOOLKITS`
+    (and some on other toolkits) made again from the export's anonymised copy (every node and tensor
+    renamed, no metadata: the blocks found from structure alone; ``scripts/npu_table.py --anonymised``):
+    every NPU stage built with 0 CPU layers, and the rknn-sim gate passed on as many stages as the named
+    export's plan (gate.md)."""
+    _, gates = _npu_table().read_table(GATES, strict=True)
+    named = {(g["family"], g["exporter"], g["strategy"], g["toolkit"]): g for g, _ in gates
+             if not g["exporter"].endswith(ANON_TAG)}
+    anon_gates = {(g["family"], g["exporter"].removesuffix(ANON_TAG), g["strategy"], g["toolkit"]): g
+                  for g, _ in gates if g["exporter"].endswith(ANON_TAG)}
+    _, table = _npu_table().read_table(ANON, strict=True)
+    assert all(r["exporter"].endswith(ANON_TAG) for r, _ in table)
+    anon = {(r["family"], r["exporter"].removesuffix(ANON_TAG), r["strategy"], r["toolkit"]): r for r, _ in table}
+    unmade = {(f, e) for f, e, _, v in anon if v == "-"}  # rows of exports that cannot be made or loaded
+    assert unmade <= set(EXPORT_FAILS) | set(LOAD_FAILS), sorted(unmade)
+    anon = {k: r for k, r in anon.items() if k[3] != "-"}
+    want = {k for k in named if k[3] in ANON_TOOLKITS}
+    got = {k for k in anon if k[3] in ANON_TOOLKITS}
+    assert got == want, (sorted(want - got), sorted(got - want))
+    assert set(anon) <= set(named), sorted(set(anon) - set(named))  # other toolkits: the plans run so far
+    for key, r in anon.items():
+        assert re.fullmatch(r"(\d+)/\1", r["built (rewrites)"].split()[0]), (key, r)
+        assert re.fullmatch(r"0( \(.*\))?", r["CPU layers (rewrites)"]), (key, r)
+        g = anon_gates.get(key)
+        assert g is not None and g["stages built"] == named[key]["stages built"], (key, g, named[key])
+
+
 def _earlier_tables() -> dict[tuple[str, str, str, str], str]:
     """(family, exporter, strategy, toolkit) -> README cell, for the README's two NPU tables before the
     42-family one (the 12 first families, and the 16 newer ones): "stages built; CPU layers", or
