@@ -98,8 +98,9 @@ def test_recorded_gates_pass_on_the_recorded_builds() -> None:
 
 ANON = ROOT / "docs" / "npu-table" / "anonymised.md"
 ANON_TAG = " (anonymised)"
-#: the toolkits every plan's anonymised copy was compiled on (scripts/npu_table.py --anonymised); rows of
-#: another toolkit (2.3.0: the plans run so far) are checked the same way
+#: the toolkits every plan's anonymised copy was compiled on (scripts/npu_table.py --anonymised), with as many
+#: stages built as the named plan; rows of another toolkit (2.3.0: the 42 families' plans) are checked for
+#: every stage built, 0 CPU layers and a passed gate
 ANON_TOOLKITS = ("2.5.0",)
 
 
@@ -107,8 +108,8 @@ def test_anonymised_copies_build_every_stage_with_no_cpu_layer_and_pass_the_gate
     """``docs/npu-table/anonymised.md``: every plan of the README's three NPU tables on :data:`ANON_TOOLKITS`
     (and some on other toolkits) made again from the export's anonymised copy (every node and tensor
     renamed, no metadata: the blocks found from structure alone; ``scripts/npu_table.py --anonymised``):
-    every NPU stage built with 0 CPU layers, and the rknn-sim gate passed on as many stages as the named
-    export's plan (gate.md)."""
+    every NPU stage built with 0 CPU layers, and the rknn-sim gate passed (gate.md), on :data:`ANON_TOOLKITS`
+    with as many stages as the named export's plan."""
     _, gates = _npu_table().read_table(GATES, strict=True)
     named = {(g["family"], g["exporter"], g["strategy"], g["toolkit"]): g for g, _ in gates
              if not g["exporter"].endswith(ANON_TAG)}
@@ -124,11 +125,15 @@ def test_anonymised_copies_build_every_stage_with_no_cpu_layer_and_pass_the_gate
     got = {k for k in anon if k[3] in ANON_TOOLKITS}
     assert got == want, (sorted(want - got), sorted(got - want))
     assert set(anon) <= set(named), sorted(set(anon) - set(named))  # other toolkits: the plans run so far
+    sweep_230 = {(r["family"], r["exporter"], r["strategy"], r["toolkit"]) for r in _rows() if r["toolkit"] == "2.3.0"}
+    assert sweep_230 <= set(anon), sorted(sweep_230 - set(anon))  # the 42 families on 2.3.0 too
     for key, r in anon.items():
         assert re.fullmatch(r"(\d+)/\1", r["built (rewrites)"].split()[0]), (key, r)
         assert re.fullmatch(r"0( \(.*\))?", r["CPU layers (rewrites)"]), (key, r)
         g = anon_gates.get(key)
-        assert g is not None and g["stages built"] == named[key]["stages built"], (key, g, named[key])
+        assert g is not None and g["stages built"] == r["built (rewrites)"].split()[0], (key, g, r)
+        if key[3] in ANON_TOOLKITS:  # as many stages as the named plan (on 2.3.0 the rounds differ: README)
+            assert g["stages built"] == named[key]["stages built"], (key, g, named[key])
 
 
 def _earlier_tables() -> dict[tuple[str, str, str, str], str]:
