@@ -8,7 +8,7 @@ cache them (:func:`tests.models.diffusers_families.cached_export`).  Builds run 
 
 Usage: ``python scripts/npu_table.py OUT.md [--family F ...] [--newer] [--latest] [--toolkit V ...]
 [--strategy S ...] [--exporter E ...] [--rewrites-only] [--repartition] [--gate GATE.md] [--timeout S]
-[--anonymised]``
+[--anonymised] [--empty-cache]``
 
 ``--family`` takes any name of ``ALL`` there (default: the 12 ``FAMILIES``); ``--newer`` runs the
 ``NEWER`` ones instead (after any ``--family`` given), ``--latest`` the ``LATEST`` ones;

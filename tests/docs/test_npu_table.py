@@ -43,6 +43,18 @@ def _rows() -> list[dict[str, str]]:
     return [r for r, _ in _npu_table().read_table(RAW, strict=True)[1]]
 
 
+def _plan(r: dict[str, str]) -> tuple[str, str, str, str]:
+    """The plan a table or gate row is of: (family, exporter, strategy, toolkit)."""
+    return r["family"], r["exporter"], r["strategy"], r["toolkit"]
+
+
+def _clean(r: dict[str, str]) -> bool:
+    """A table row with every NPU stage built and 0 CPU layers left (after any ``--repartition`` rounds)."""
+    built = re.match(r"(\d+)/(\d+)", r["built (rewrites)"])
+    assert built, r
+    return built.group(1) == built.group(2) and re.fullmatch(r"0( \(.*\))?", r["CPU layers (rewrites)"]) is not None
+
+
 #: the README paragraph the table follows (the newer families' table above it has the same header)
 SECTION = "**The 42 families of the whole sweep**"
 
@@ -61,18 +73,11 @@ def test_readme_sweep_table_is_the_pivot_of_the_recorded_runs() -> None:
 
 def test_recorded_runs_cover_every_family_with_every_stage_built_and_no_cpu_layer() -> None:
     rows = _rows()
-    got = {(r["family"], r["exporter"], r["strategy"], r["toolkit"]) for r in rows}
+    got = {_plan(r) for r in rows}
     want = {(f, e, s, v) for f, e in CI_LATEST | OTHER for s, v in PLANS} - set(NOT_RUN)
     assert len(CI_LATEST) == len(LATEST)
     assert got == want, (sorted(want - got), sorted(got - want))
-    gaps = set()
-    for r in rows:
-        built = re.match(r"(\d+)/(\d+)", r["built (rewrites)"])
-        assert built, r
-        clean = built.group(1) == built.group(2) and re.fullmatch(r"0( \(.*\))?", r["CPU layers (rewrites)"])
-        key = (r["family"], r["exporter"], r["strategy"], r["toolkit"])
-        if not clean:
-            gaps.add(key)
+    gaps = {_plan(r) for r in rows if not _clean(r)}
     assert gaps == {k for k in GAPS if k in got}, (sorted(gaps - set(GAPS)), sorted(set(GAPS) - gaps))
 
 
@@ -85,13 +90,13 @@ def test_recorded_gates_pass_on_the_recorded_builds() -> None:
     same stages built)."""
     _, gates = _npu_table().read_table(GATES, strict=True)
     assert gates
-    table = {(r["family"], r["exporter"], r["strategy"], r["toolkit"]): r for r in _rows()}
-    gated = {(g["family"], g["exporter"], g["strategy"], g["toolkit"]) for g, _ in gates}
+    table = {_plan(r): r for r in _rows()}
+    gated = {_plan(g) for g, _ in gates}
     assert set(table) <= gated, sorted(set(table) - gated)  # every plan of the table went through the gate
     for g, line in gates:
         assert re.fullmatch(r"(onnxruntime|torch|stages): pass", g["reference"]), line
         assert float(g["lowest cosine"]) >= 0.999 and int(g["compared"]) >= 1, line
-        r = table.get((g["family"], g["exporter"], g["strategy"], g["toolkit"]))
+        r = table.get(_plan(g))
         if r is not None:  # a plan of the 42-family sweep (the others are the README's earlier tables)
             assert r["built (rewrites)"].split()[0] == g["stages built"], (line, r)
 
@@ -104,6 +109,12 @@ ANON_TAG = " (anonymised)"
 ANON_TOOLKITS = ("2.5.0",)
 
 
+def _named(r: dict[str, str]) -> tuple[str, str, str, str]:
+    """The named plan an anonymised row (exporter ``<exporter> (anonymised)``) was made again from."""
+    family, exporter, strategy, toolkit = _plan(r)
+    return family, exporter.removesuffix(ANON_TAG), strategy, toolkit
+
+
 def test_anonymised_copies_build_every_stage_with_no_cpu_layer_and_pass_the_gate() -> None:
     """``docs/npu-table/anonymised.md``: every plan of the README's three NPU tables on :data:`ANON_TOOLKITS`
     (and some on other toolkits) made again from the export's anonymised copy (every node and tensor
@@ -111,13 +122,11 @@ def test_anonymised_copies_build_every_stage_with_no_cpu_layer_and_pass_the_gate
     every NPU stage built with 0 CPU layers, and the rknn-sim gate passed (gate.md), on :data:`ANON_TOOLKITS`
     with as many stages as the named export's plan."""
     _, gates = _npu_table().read_table(GATES, strict=True)
-    named = {(g["family"], g["exporter"], g["strategy"], g["toolkit"]): g for g, _ in gates
-             if not g["exporter"].endswith(ANON_TAG)}
-    anon_gates = {(g["family"], g["exporter"].removesuffix(ANON_TAG), g["strategy"], g["toolkit"]): g
-                  for g, _ in gates if g["exporter"].endswith(ANON_TAG)}
+    named = {_plan(g): g for g, _ in gates if not g["exporter"].endswith(ANON_TAG)}
+    anon_gates = {_named(g): g for g, _ in gates if g["exporter"].endswith(ANON_TAG)}
     _, table = _npu_table().read_table(ANON, strict=True)
     assert all(r["exporter"].endswith(ANON_TAG) for r, _ in table)
-    anon = {(r["family"], r["exporter"].removesuffix(ANON_TAG), r["strategy"], r["toolkit"]): r for r, _ in table}
+    anon = {_named(r): r for r, _ in table}
     unmade = {(f, e) for f, e, _, v in anon if v == "-"}  # rows of exports that cannot be made or loaded
     assert unmade <= set(EXPORT_FAILS) | set(LOAD_FAILS), sorted(unmade)
     anon = {k: r for k, r in anon.items() if k[3] != "-"}
@@ -125,11 +134,10 @@ def test_anonymised_copies_build_every_stage_with_no_cpu_layer_and_pass_the_gate
     got = {k for k in anon if k[3] in ANON_TOOLKITS}
     assert got == want, (sorted(want - got), sorted(got - want))
     assert set(anon) <= set(named), sorted(set(anon) - set(named))  # other toolkits: the plans run so far
-    sweep_230 = {(r["family"], r["exporter"], r["strategy"], r["toolkit"]) for r in _rows() if r["toolkit"] == "2.3.0"}
+    sweep_230 = {_plan(r) for r in _rows() if r["toolkit"] == "2.3.0"}
     assert sweep_230 <= set(anon), sorted(sweep_230 - set(anon))  # the 42 families on 2.3.0 too
     for key, r in anon.items():
-        assert re.fullmatch(r"(\d+)/\1", r["built (rewrites)"].split()[0]), (key, r)
-        assert re.fullmatch(r"0( \(.*\))?", r["CPU layers (rewrites)"]), (key, r)
+        assert _clean(r), (key, r)
         g = anon_gates.get(key)
         assert g is not None and g["stages built"] == r["built (rewrites)"].split()[0], (key, g, r)
         if key[3] in ANON_TOOLKITS:  # as many stages as the named plan (on 2.3.0 the rounds differ: README)
@@ -160,7 +168,7 @@ def test_every_plan_of_the_earlier_tables_passed_the_gate() -> None:
     cells = _earlier_tables()
     assert len(cells) == 96 + 124, len(cells)
     _, gates = _npu_table().read_table(GATES, strict=True)
-    by_plan = {(g["family"], g["exporter"], g["strategy"], g["toolkit"]): g for g, _ in gates}
+    by_plan = {_plan(g): g for g, _ in gates}
     assert set(cells) <= set(by_plan), sorted(set(cells) - set(by_plan))
     for key, cell in cells.items():
         after = re.findall(r"(\d+)/(\d+)", cell.split(";")[0])[-1]
