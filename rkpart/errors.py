@@ -75,6 +75,11 @@ class ResourceError(UserError, exit_code=10):
     """The machine ran out of disk space (or quota) while rkpart was writing."""
 
 
+class ExportError(UserError, exit_code=11):
+    """``rkpart export`` cannot export the pipeline: a class it does not reproduce, a recorded call the
+    description does not match, or the exporter failing."""
+
+
 #: exit status of a run interrupted with Ctrl-C (SIGINT), as shells report it (128 + 2)
 INTERRUPTED_EXIT = 130
 

@@ -1,0 +1,517 @@
+"""``rkpart export``: a diffusers pipeline folder -> ``transformer.onnx``, ``vae_decoder.onnx``, ``pipeline.json``.
+
+The steps, each checked before the next:
+
+1. load the pipeline (``DiffusionPipeline.from_pretrained``, components saved as ``null`` passed as
+   ``None``: no text encoder is needed);
+2. make the call arguments from the pipeline's own ``__call__`` signature: ``prompt_embeds`` (and
+   every ``*prompt_embeds`` / ``*prompt_attention_mask`` it takes) of ``--text-len`` tokens, seeded
+   ``latents=`` of the shape the pipeline makes (:func:`~rkpart.export.record.probe_loop_latent`);
+3. record two calls (:mod:`rkpart.export.record`): 2 steps, ``output_type="latent"``; 3 steps,
+   ``output_type="np"``; other seeds and another guidance scale;
+4. derive the description (:func:`rkpart.export.describe.derive`) and replay both calls from it
+   (:func:`~rkpart.export.describe.replay`);
+5. find the post-loop path (:mod:`rkpart.export.vae`) and check it against the recorded image;
+6. export the transformer (inputs: the recorded call's arguments at the export batch) and the
+   post-loop module, each checked under ONNX Runtime, the transformer on every recorded call (the
+   conditional and unconditional masks, every timestep);
+7. write the four files into a staging folder swapped onto ``OUT`` (:func:`rkpart.output.staged_folder`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rkpart.errors import ExportError, InvalidModelError, UserError, first_line
+from rkpart.export.describe import DescribeError, Facts, derive, replay
+from rkpart.progress import Progress, silent
+
+if TYPE_CHECKING:
+    import torch
+
+    from rkpart.export.record import Recording
+    from rkpart.export.vae import PostLoop
+
+FORMAT = "rkpart-pipeline"
+VERSION = 1
+#: the output kind the folder's marker records (``--force`` replaces only an export)
+KIND = "export"
+TRANSFORMER_FILE = "transformer.onnx"
+VAE_FILE = "vae_decoder.onnx"
+DESCRIPTION_FILE = "pipeline.json"
+VALUES_FILE = "inputs.npz"
+EXPORTERS = ("torchscript", "dynamo")
+DTYPES = ("float32", "float16")
+
+#: pipeline classes whose export ``tests/export`` checks end to end (the error for another class names them)
+VERIFIED = ("FluxPipeline", "PixArtSigmaPipeline", "StableDiffusion3Pipeline")
+
+#: the last dimension of an embedding argument, by the transformer config keys that give it (first present wins)
+EMBED_WIDTH_KEYS: dict[str, tuple[str, ...]] = {
+    "pooled_prompt_embeds": ("pooled_projection_dim",),
+    "prompt_embeds": ("caption_channels", "joint_attention_dim", "text_embed_dim", "text_dim",
+                      "cross_attention_dim", "caption_dim", "context_in_dim"),
+}
+#: the text prompt arguments (``prompt``, ``negative_prompt_2``, ...)
+_PROMPT = re.compile(r"^(negative_)?prompt(_\d+)?$")
+#: the two recordings: (seed, steps, guidance scale, output_type)
+RECORDINGS = ((1, 2, 3.0, "latent"), (2, 3, 5.5, "np"))
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    height: int | None = None
+    width: int | None = None
+    text_len: int | None = None
+    #: what one transformer call takes (``None``: as the pipeline calls it)
+    batch: int | None = None
+    dtype: str = "float32"
+    exporter: str = "torchscript"
+    force: bool = False
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    description: dict[str, Any]
+    #: max |error| / max |torch| of each exported ONNX model under ONNX Runtime
+    errors: dict[str, float]
+
+
+def missing_extra() -> list[str]:
+    """The modules of the ``export`` extra that are not installed."""
+    return [m for m in ("torch", "diffusers", "transformers", "onnxscript") if importlib.util.find_spec(m) is None]
+
+
+def _require_extra() -> None:
+    missing = missing_extra()
+    if missing:
+        raise UserError(f"rkpart export needs {', '.join(missing)}: pip install 'rkpart[export]'")
+
+
+def _quiet_libraries() -> None:
+    import diffusers
+    import transformers
+
+    diffusers.utils.logging.set_verbosity_error()
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.set_verbosity_error()
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    from rkpart.io import load_json_file
+
+    doc = load_json_file(path, what=what, max_bytes=16 << 20, error=InvalidModelError)
+    if not isinstance(doc, dict):
+        raise InvalidModelError(f"{path} is not a JSON object")
+    return doc
+
+
+def load_pipeline(src: Path) -> Any:
+    """The diffusers pipeline saved in ``src`` (components saved as ``null`` loaded as ``None``)."""
+    import diffusers
+
+    index_path = src / "model_index.json"
+    if not src.is_dir():
+        raise InvalidModelError(f"{src} is not a folder (a diffusers pipeline folder holds model_index.json)")
+    if not index_path.is_file():
+        if (src / "config.json").is_file():
+            raise InvalidModelError(f"{src} is a model folder, not a pipeline: rkpart export records the "
+                                    "pipeline's call; give the folder holding model_index.json")
+        raise InvalidModelError(f"{src} is not a diffusers pipeline folder (no model_index.json)")
+    index = _read_json(index_path, "model_index.json")
+    cls_name = index.get("_class_name")
+    if not isinstance(cls_name, str):
+        raise InvalidModelError(f"{index_path} names no pipeline class (_class_name)")
+    cls = getattr(diffusers, cls_name, None)
+    if cls is None:
+        raise InvalidModelError(f"{index_path}: diffusers {diffusers.__version__} has no pipeline class {cls_name}")
+    components = {k: v for k, v in index.items() if not k.startswith("_")}
+    if "transformer" not in components or not isinstance(components["transformer"], list) \
+            or components["transformer"][0] is None:
+        raise ExportError(f"{cls_name} has no transformer; rkpart exports diffusion-transformer pipelines "
+                          f"({', '.join(VERIFIED)} are verified)")
+    nulls = {k: None for k, v in components.items() if isinstance(v, list) and v and v[0] is None}
+    try:
+        pipe = cls.from_pretrained(str(src), **nulls)
+    except Exception as e:  # noqa: BLE001 - a folder diffusers cannot load is the user's input
+        raise InvalidModelError(f"{src}: diffusers cannot load {cls_name}: {first_line(e)}") from None
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _call_params(pipe: Any) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(pipe.__call__).parameters)
+
+
+def _width(pipe: Any, arg: str) -> int:
+    base = arg.removeprefix("negative_")
+    keys = EMBED_WIDTH_KEYS.get(base, ())
+    cfg = pipe.transformer.config
+    for k in keys:
+        v = cfg.get(k) if hasattr(cfg, "get") else getattr(cfg, k, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    raise ExportError(f"{type(pipe).__name__}: cannot tell the width of its {arg} argument from "
+                      f"{type(pipe.transformer).__name__}'s config ({', '.join(keys) or 'no key known'})")
+
+
+def conditioning_args(pipe: Any, text_len: int, seed: int) -> dict[str, Any]:
+    """Seeded embeddings and masks for every ``*prompt_embeds`` / ``*prompt_attention_mask`` the call takes.
+
+    Each argument gets its own values (the derivation tells arguments apart by value); the masks
+    have some invalid tokens at the end (fewer for the conditional pass), so both exported masks
+    differ from all-ones and from each other.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    dtype = pipe.transformer.dtype
+    out: dict[str, Any] = {}
+    for name in _call_params(pipe):
+        base = name.removeprefix("negative_")
+        if base in EMBED_WIDTH_KEYS:
+            width = _width(pipe, name)
+            shape = (1, width) if base.startswith("pooled") else (1, text_len, width)
+            out[name] = torch.randn(shape, generator=gen).to(dtype)
+        elif base == "prompt_attention_mask":
+            mask = torch.ones(1, text_len, dtype=torch.int64)
+            cut = max(1, text_len // (3 if name.startswith("negative_") else 6)) if text_len > 1 else 0
+            cut += seed % 2 if text_len > cut + 1 else 0
+            if cut:
+                mask[:, text_len - cut:] = 0
+            out[name] = mask
+    if "prompt_embeds" not in out:
+        raise ExportError(f"{type(pipe).__name__}.__call__ takes no prompt_embeds; rkpart export gives the text "
+                          "conditioning as embeddings")
+    # a text prompt argument with a default ("" for negative_prompt) would conflict with the embeddings
+    for name, p in _call_params(pipe).items():
+        if _PROMPT.match(name) and p.default not in (None, inspect.Parameter.empty):
+            out[name] = None
+    return out
+
+
+def base_args(pipe: Any, opts: ExportOptions, text_len: int, seed: int, steps: int, guidance: float,
+              output_type: str) -> dict[str, Any]:
+    import torch
+
+    params = _call_params(pipe)
+    args: dict[str, Any] = conditioning_args(pipe, text_len, seed)
+    args.update(num_inference_steps=steps, output_type=output_type, generator=torch.Generator().manual_seed(seed))
+    if opts.height is not None:
+        args["height"] = opts.height
+    if opts.width is not None:
+        args["width"] = opts.width
+    if "guidance_scale" in params:
+        args["guidance_scale"] = guidance
+    if "use_resolution_binning" in params:
+        args["use_resolution_binning"] = False  # the export size is the size the transformer sees
+    if "return_dict" in params:
+        args["return_dict"] = True
+    return args
+
+
+def default_text_len(pipe: Any) -> int:
+    """The pipeline's ``max_sequence_length`` default, else 77 (a CLIP text length)."""
+    p = _call_params(pipe).get("max_sequence_length")
+    return p.default if p is not None and isinstance(p.default, int) and p.default > 0 else 77
+
+
+def _call(pipe: Any, fn: Any, args: dict[str, Any], opts: ExportOptions, text_len: int) -> Any:
+    try:
+        return fn(pipe, args)
+    except (DescribeError, KeyboardInterrupt, MemoryError):
+        raise
+    except Exception as e:  # noqa: BLE001 - the pipeline refusing the call is a problem of the export's size
+        size = f"height={opts.height or 'default'}, width={opts.width or 'default'}, text length {text_len}"
+        raise UserError(f"{type(pipe).__name__} cannot run at {size}: {first_line(e)}") from None
+
+
+def record(pipe: Any, opts: ExportOptions, text_len: int, progress: Progress) -> list[Recording]:
+    """The probe and the two recorded calls of :data:`RECORDINGS`."""
+    import torch
+
+    from rkpart.export.record import probe_loop_latent, record_call
+
+    progress(f"probing {type(pipe).__name__}'s loop latent")
+    probe = _call(pipe, probe_loop_latent, base_args(pipe, opts, text_len, 0, 1, RECORDINGS[0][2], "latent"),
+                  opts, text_len)
+    recs = []
+    for seed, steps, guidance, output_type in RECORDINGS:
+        progress(f"recording the pipeline's call: {steps} steps, output_type={output_type!r}")
+        args = base_args(pipe, opts, text_len, seed, steps, guidance, output_type)
+        args["latents"] = torch.randn(probe.shape, generator=torch.Generator().manual_seed(100 + seed)).to(probe.dtype)
+        recs.append(_call(pipe, record_call, args, opts, text_len))
+    return recs
+
+
+def _export_dtypes(facts: Facts, first: dict[str, Any], dtype: str) -> dict[str, torch.dtype]:
+    import torch
+
+    out = {}
+    for name in facts.inputs:
+        d = first[name].dtype
+        if dtype == "float16" and d.is_floating_point:
+            d = torch.float16
+        out[name] = d
+    return out
+
+
+def _example(facts: Facts, rec: Recording, batch: int) -> dict[str, torch.Tensor]:
+    """The first recorded call's inputs at the export batch (the conditional row when halving a batched pair)."""
+    kwargs = rec.steps[0].calls[0].kwargs
+    out = {}
+    for name in facts.inputs:
+        v = kwargs[name]
+        if batch != facts.pipeline_batch and _batched(facts, name, v):
+            v = v[1:2]
+        out[name] = v
+    return out
+
+
+def _batched(facts: Facts, name: str, v: Any) -> bool:
+    """Whether input ``name`` carries the CFG pair along its first axis (batched mode)."""
+    f, n = facts.inputs[name], facts.pipeline_batch
+    if f.value is not None:
+        return bool(v.dim() and v.shape[0] == n and n == 2 and (v[0] == v[1]).all())
+    return bool(v.dim() and v.shape[0] == n)
+
+
+def halve(facts: Facts, transformer: Any, recs: list[Recording]) -> Facts:
+    """The facts for a batch-1 export of a pipeline that batches its CFG pair: two passes of one row each.
+
+    Checked on torch: each row of every recorded batched call, run alone, gives that row of the
+    batched output (a transformer that mixes its batch rows cannot be halved).
+    """
+    import dataclasses
+
+    import torch
+
+    from rkpart.export.describe import same
+    from rkpart.export.record import first_output
+
+    for r in recs:
+        for s in r.steps:
+            c = s.calls[0]
+            for row in (0, 1):
+                feeds = {k: (v[row:row + 1] if isinstance(v, torch.Tensor) and _batched(facts, k, v) else v)
+                         for k, v in c.kwargs.items() if k in facts.inputs}
+                with torch.no_grad():
+                    out = first_output(transformer(**feeds, **facts.fixed))
+                if not same(out, c.output[row:row + 1], rtol=1e-4):
+                    raise ExportError("--batch 1: the transformer's output for one row of the CFG pair differs from "
+                                      "that row of the batched call; export with --batch 2")
+    inputs = {}
+    for name, f in facts.inputs.items():
+        v = f.value
+        if v is not None and v.ndim and v.shape[0] == 2 and (v[0] == v[1]).all():
+            v = v[1:2]
+        inputs[name] = dataclasses.replace(f, value=v)
+    return dataclasses.replace(facts, inputs=inputs, cfg_mode="two-pass", cond_call=0, call_batch=1)
+
+
+def _prediction(config: dict[str, Any], cls_name: str) -> str:
+    pred = config.get("prediction_type")
+    if "FlowMatch" in cls_name or pred == "flow_prediction":
+        return "flow"
+    return pred if pred in ("epsilon", "v_prediction", "sample") else "epsilon"
+
+
+def _onnx_io(path: Path) -> tuple[dict[str, tuple[list[int], str]], list[str]]:
+    """Inputs (shape, numpy dtype name) and output names of an ONNX model."""
+    import onnx
+
+    m = onnx.load(str(path), load_external_data=False)
+    inits = {i.name for i in m.graph.initializer}
+    ins = {}
+    for i in m.graph.input:
+        if i.name in inits:
+            continue
+        t = i.type.tensor_type
+        ins[i.name] = ([d.dim_value for d in t.shape.dim],
+                       str(np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.elem_type))))
+    return ins, [o.name for o in m.graph.output]
+
+
+def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: list[Recording], opts: ExportOptions,
+             text_len: int, batch: int, onnx_inputs: dict[str, tuple[list[int], str]], output: str,
+             values: dict[str, np.ndarray]) -> dict[str, Any]:
+    """``pipeline.json`` (docs/pipeline-json.md, version 1)."""
+    import diffusers
+
+    sched_cfg = _read_json(src / "scheduler" / "scheduler_config.json", "scheduler_config.json")
+    sched_cls = type(pipe.scheduler).__name__
+    image = np.asarray(recs[1].result)
+    latent = recs[0].args["latents"]
+    inputs: dict[str, Any] = {}
+    for name, (shape, dtype) in onnx_inputs.items():
+        f = facts.inputs[name]
+        inputs[name] = {"role": f.role, "shape": shape, "dtype": dtype, "argument": f.argument,
+                        "negative_argument": f.negative_argument, "value": name if name in values else None}
+    vae_cfg = pipe.vae.config if getattr(pipe, "vae", None) is not None else None
+    vae = None if post is None or vae_cfg is None else {
+        "class": type(pipe.vae).__name__, "file": VAE_FILE, "dtype": "float32",
+        "scaling_factor": _number(vae_cfg.get("scaling_factor")), "shift_factor": _number(vae_cfg.get("shift_factor")),
+        "latent_channels": int(vae_cfg.get("latent_channels") or post.decode_shape[1]),
+        "image_shape": list(post.image_shape),
+    }
+    from rkpart.export.vae import PACKING
+
+    packing = PACKING[post.unpack] if post is not None else None
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "pipeline": {"class": type(pipe).__name__, "diffusers": diffusers.__version__},
+        "transformer": {"class": type(pipe.transformer).__name__, "file": TRANSFORMER_FILE, "dtype": opts.dtype,
+                        "exporter": opts.exporter, "patches": list(_patches())},
+        "image": {"height": int(image.shape[1]), "width": int(image.shape[2]), "text_len": text_len, "batch": batch},
+        "inputs": inputs,
+        "output": {"name": output, "prediction": _prediction(sched_cfg, sched_cls),
+                   "learned_sigma": facts.learned_sigma, "sign": facts.sign, "channels_axis": facts.channels_axis},
+        "timestep": {"scale": facts.timestep_scale, "offset": facts.timestep_offset,
+                     "reverse": _reverse(facts, sched_cfg)},
+        "scheduler": {"class": sched_cls, "config": sched_cfg,
+                      "set_timesteps": {"sigmas": facts.sigmas_rule, "mu": facts.mu}},
+        "cfg": {"mode": facts.cfg_mode, "guidance_scale": facts.guidance_scale,
+                "guidance_input": facts.guidance_input, "guidance_input_scale": facts.guidance_input_scale,
+                "scale_argument": facts.scale_argument,
+                "combine": "uncond + g * (cond - uncond)" if facts.cfg_mode in ("batched", "two-pass") else None},
+        "latent": {"shape": list(latent.shape), "dtype": str(latent.numpy().dtype), "init": facts.latent_init,
+                   "packing": packing,
+                   "channels": int(latent.shape[-1] if packing else latent.shape[1])},
+        "vae": vae,
+        "values": VALUES_FILE if values else None,
+    }
+
+
+def _reverse(facts: Facts, sched_cfg: dict[str, Any]) -> bool:
+    """Whether the timestep runs the other way: ``offset == -scale * num_train_timesteps`` with ``scale < 0``."""
+    n = float(sched_cfg.get("num_train_timesteps") or 1000)
+    return facts.timestep_scale < 0 and abs(facts.timestep_offset + facts.timestep_scale * n) <= 1e-6 * abs(
+        facts.timestep_offset)
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _patches() -> tuple[str, ...]:
+    from rkpart.export.interim import PATCHES
+
+    return PATCHES
+
+
+def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
+                    progress: Progress | None = None) -> ExportResult:
+    """Export the pipeline in ``src`` into the folder ``out`` (see the module docstring)."""
+    say = progress or silent
+    _require_extra()
+    if opts.exporter not in EXPORTERS:
+        raise UserError(f"unknown exporter {opts.exporter!r}; choose one of {', '.join(EXPORTERS)}")
+    if opts.dtype not in DTYPES:
+        raise UserError(f"unknown dtype {opts.dtype!r}; choose one of {', '.join(DTYPES)}")
+    from rkpart.output import check_folder_target, staged_folder
+
+    src, out = Path(src), Path(out)
+    check_folder_target(Path(out).absolute(), kind=KIND, force=opts.force)
+    import torch
+
+    _quiet_libraries()
+    torch.manual_seed(0)
+    say(f"loading {src}")
+    pipe = load_pipeline(src)
+    text_len = opts.text_len or default_text_len(pipe)
+    recs = record(pipe, opts, text_len, say)
+    say("deriving the description from the recorded calls")
+    defaults = {k: p.default for k, p in _call_params(pipe).items() if p.default is not inspect.Parameter.empty}
+    facts = derive(recs, defaults)
+    _check_latent_output(recs[0])
+    batch = opts.batch or facts.call_batch
+    if batch != facts.call_batch:
+        if facts.cfg_mode != "batched" or batch != 1:
+            raise UserError(f"--batch {batch}: {type(pipe).__name__} calls its transformer on batch "
+                            f"{facts.call_batch} ({facts.cfg_mode} CFG); only a batched CFG pair can be exported "
+                            "as batch 1")
+        facts = halve(facts, pipe.transformer, recs)
+    first = _example(facts, recs[0], batch)
+    dtypes = {k: v.dtype for k, v in first.items()}
+    say(f"replaying both calls from the description ({facts.cfg_mode} CFG)")
+    sched_cfg = dict(pipe.scheduler.config)
+    for rec in recs:
+        shapes = {k: tuple(v.shape) for k, v in _example(facts, rec, batch).items()}
+        replay(facts, rec, pipe.transformer, type(pipe.scheduler), sched_cfg, dtypes, shapes)
+    post = None
+    vae_module = None
+    if getattr(pipe, "vae", None) is not None:
+        from rkpart.export.vae import check_module, decode_module, find_post_loop
+
+        say("checking the post-loop path (unpack, scale, vae.decode, postprocess) against the recorded image")
+        post = find_post_loop(recs[1], pipe.vae.config)
+        vae_module = decode_module(pipe.vae, post)
+        check_module(vae_module, recs[1])
+    values = {n: f.value for n, f in facts.inputs.items() if f.value is not None}
+    errors: dict[str, float] = {}
+    with staged_folder(out, kind=KIND, force=opts.force) as staging:
+        from rkpart.export.interim import export_module
+
+        say(f"exporting {type(pipe.transformer).__name__} ({opts.exporter}, {opts.dtype}, batch {batch})")
+        errors[TRANSFORMER_FILE] = export_module(pipe.transformer, first, staging / TRANSFORMER_FILE,
+                                                 fixed=facts.fixed, exporter=opts.exporter, dtype=opts.dtype)
+        onnx_inputs, outputs = _onnx_io(staging / TRANSFORMER_FILE)
+        say("checking transformer.onnx on every recorded call under ONNX Runtime")
+        errors[TRANSFORMER_FILE] = max(errors[TRANSFORMER_FILE],
+                                       _check_calls(staging / TRANSFORMER_FILE, facts, recs, batch, opts.dtype))
+        if vae_module is not None:
+            say(f"exporting the post-loop path of {type(pipe.vae).__name__} ({opts.exporter})")
+            latent = recs[1].steps[-1].prev_sample.float()
+            errors[VAE_FILE] = export_module(vae_module, {"latent": latent}, staging / VAE_FILE, fixed={},
+                                             exporter=opts.exporter, dtype="float32", output="image")
+        doc = describe(pipe, src, facts, post, recs, opts, text_len, batch, onnx_inputs, outputs[0],
+                       {k: v for k, v in values.items() if k in onnx_inputs})
+        if doc["values"]:
+            from rkpart.io import write_npz
+
+            write_npz(staging / VALUES_FILE, {k: v for k, v in values.items() if k in onnx_inputs})
+        (staging / DESCRIPTION_FILE).write_text(json.dumps(doc, indent=1) + "\n")
+    return ExportResult(out, doc, errors)
+
+
+def _check_latent_output(rec: Recording) -> None:
+    from rkpart.export.describe import same
+
+    result = rec.result
+    if not (hasattr(result, "shape") and same(result, rec.steps[-1].prev_sample, rtol=1e-6)):
+        raise DescribeError("the pipeline's output_type='latent' result is not its final loop latent; rkpart "
+                            "cannot say what --latent-out should hold")
+
+
+def _check_calls(path: Path, facts: Facts, recs: list[Recording], batch: int, dtype: str) -> float:
+    """ONNX Runtime on every recorded transformer call (each row alone for a halved pair) vs torch's outputs."""
+    from rkpart.export.interim import check_close, run_onnx
+
+    worst = 0.0
+    np_dtype = {"float16": np.float16, "float32": np.float32}[dtype]
+    for r in recs:
+        for k, s in enumerate(r.steps):
+            for c in s.calls:
+                rows = [slice(None)] if batch == facts.pipeline_batch else [slice(0, 1), slice(1, 2)]
+                for row in rows:
+                    feeds = {}
+                    for name in facts.inputs:
+                        v = c.kwargs[name]
+                        if row != slice(None) and _batched(facts, name, v):
+                            v = v[row]
+                        a = v.numpy()
+                        feeds[name] = a.astype(np_dtype) if a.dtype.kind == "f" else a
+                    got = run_onnx(path, feeds)[0]
+                    worst = max(worst, check_close(got, c.output[row].float().numpy(), dtype=dtype,
+                                                   what=f"{path.name} on step {k + 1} of the {len(r.steps)}-step call"))
+    return worst
