@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,13 @@ class ExportResult:
 
 def missing_extra() -> list[str]:
     """The modules of the ``export`` extra that are not installed."""
-    return [m for m in ("torch", "diffusers", "transformers", "onnxscript") if importlib.util.find_spec(m) is None]
+    def absent(m: str) -> bool:
+        try:
+            return importlib.util.find_spec(m) is None
+        except (ImportError, ValueError):  # a module blocked in sys.modules (None) has no spec
+            return True
+
+    return [m for m in ("torch", "diffusers", "transformers", "onnxscript") if absent(m)]
 
 
 def _require_extra() -> None:
@@ -347,7 +354,7 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
     """``pipeline.json`` (docs/pipeline-json.md, version 1)."""
     import diffusers
 
-    sched_cfg = _read_json(src / "scheduler" / "scheduler_config.json", "scheduler_config.json")
+    sched_cfg = json_safe(_read_json(src / "scheduler" / "scheduler_config.json", "scheduler_config.json"))
     sched_cls = type(pipe.scheduler).__name__
     image = np.asarray(recs[1].result)
     latent = recs[0].args["latents"]
@@ -380,10 +387,7 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
                      "reverse": _reverse(facts, sched_cfg)},
         "scheduler": {"class": sched_cls, "config": sched_cfg,
                       "set_timesteps": {"sigmas": facts.sigmas_rule, "mu": facts.mu}},
-        "cfg": {"mode": facts.cfg_mode, "guidance_scale": facts.guidance_scale,
-                "guidance_input": facts.guidance_input, "guidance_input_scale": facts.guidance_input_scale,
-                "scale_argument": facts.scale_argument,
-                "combine": "uncond + g * (cond - uncond)" if facts.cfg_mode in ("batched", "two-pass") else None},
+        "cfg": _cfg(facts),
         "latent": {"shape": list(latent.shape), "dtype": str(latent.numpy().dtype), "init": facts.latent_init,
                    "packing": packing,
                    "channels": int(latent.shape[-1] if packing else latent.shape[1])},
@@ -392,11 +396,49 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
     }
 
 
+def _cfg(facts: Facts) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "mode": facts.cfg_mode, "guidance_scale": facts.guidance_scale, "guidance_input": facts.guidance_input,
+        "combine": "uncond + g * (cond - uncond)" if facts.cfg_mode in ("batched", "two-pass") else None,
+        "scale_argument": facts.scale_argument,
+    }
+    if facts.guidance_input_scale is not None:
+        cfg["guidance_input_scale"] = facts.guidance_input_scale
+    return cfg
+
+
 def _reverse(facts: Facts, sched_cfg: dict[str, Any]) -> bool:
     """Whether the timestep runs the other way: ``offset == -scale * num_train_timesteps`` with ``scale < 0``."""
     n = float(sched_cfg.get("num_train_timesteps") or 1000)
     return facts.timestep_scale < 0 and abs(facts.timestep_offset + facts.timestep_scale * n) <= 1e-6 * abs(
         facts.timestep_offset)
+
+
+def json_safe(v: Any) -> Any:
+    """``v`` with every NaN or infinite float spelled as a string (``"-Infinity"``, ``"Infinity"``, ``"NaN"``).
+
+    A scheduler config may hold one (DPMSolverMultistepScheduler's ``lambda_min_clipped`` is ``-inf``
+    by default); pipeline.json holds only finite numbers, and ``float()`` / NumPy read these strings
+    back (:func:`from_json_safe`).
+    """
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if math.isnan(v) else "Infinity" if v > 0 else "-Infinity"
+    if isinstance(v, dict):
+        return {k: json_safe(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [json_safe(x) for x in v]
+    return v
+
+
+def from_json_safe(v: Any) -> Any:
+    """The inverse of :func:`json_safe`: the three strings back to floats."""
+    if v in ("NaN", "Infinity", "-Infinity"):
+        return float(v)
+    if isinstance(v, dict):
+        return {k: from_json_safe(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [from_json_safe(x) for x in v]
+    return v
 
 
 def _number(v: Any) -> float | None:
@@ -421,7 +463,7 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
     from rkpart.output import check_folder_target, staged_folder
 
     src, out = Path(src), Path(out)
-    check_folder_target(Path(out).absolute(), kind=KIND, force=opts.force)
+    check_folder_target(out.absolute(), kind=KIND, force=opts.force)  # before minutes of work, not after
     import torch
 
     _quiet_libraries()
@@ -442,12 +484,14 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
                             "as batch 1")
         facts = halve(facts, pipe.transformer, recs)
     first = _example(facts, recs[0], batch)
-    dtypes = {k: v.dtype for k, v in first.items()}
+    # the scheduler config as pipeline.json gives it to the board (non-finite numbers as strings and back)
+    sched_cfg = from_json_safe(json.loads(json.dumps(json_safe(
+        _read_json(src / "scheduler" / "scheduler_config.json", "scheduler_config.json")))))
     say(f"replaying both calls from the description ({facts.cfg_mode} CFG)")
-    sched_cfg = dict(pipe.scheduler.config)
     for rec in recs:
         shapes = {k: tuple(v.shape) for k, v in _example(facts, rec, batch).items()}
-        replay(facts, rec, pipe.transformer, type(pipe.scheduler), sched_cfg, dtypes, shapes)
+        replay(facts, rec, pipe.transformer, type(pipe.scheduler), sched_cfg, {k: v.dtype for k, v in first.items()},
+               shapes)
     post = None
     vae_module = None
     if getattr(pipe, "vae", None) is not None:
@@ -457,7 +501,6 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
         post = find_post_loop(recs[1], pipe.vae.config)
         vae_module = decode_module(pipe.vae, post)
         check_module(vae_module, recs[1])
-    values = {n: f.value for n, f in facts.inputs.items() if f.value is not None}
     errors: dict[str, float] = {}
     with staged_folder(out, kind=KIND, force=opts.force) as staging:
         from rkpart.export.interim import export_module
@@ -474,14 +517,29 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
             latent = recs[1].steps[-1].prev_sample.float()
             errors[VAE_FILE] = export_module(vae_module, {"latent": latent}, staging / VAE_FILE, fixed={},
                                              exporter=opts.exporter, dtype="float32", output="image")
-        doc = describe(pipe, src, facts, post, recs, opts, text_len, batch, onnx_inputs, outputs[0],
-                       {k: v for k, v in values.items() if k in onnx_inputs})
-        if doc["values"]:
+        # a constant is fed as the graph takes it (float16 ids in a float16 export)
+        values = {n: f.value.astype(onnx_inputs[n][1]) for n, f in facts.inputs.items()
+                  if f.value is not None and n in onnx_inputs}
+        doc = describe(pipe, src, facts, post, recs, opts, text_len, batch, onnx_inputs, outputs[0], values)
+        if values:
             from rkpart.io import write_npz
 
-            write_npz(staging / VALUES_FILE, {k: v for k, v in values.items() if k in onnx_inputs})
+            write_npz(staging / VALUES_FILE, values)
         (staging / DESCRIPTION_FILE).write_text(json.dumps(doc, indent=1) + "\n")
+        _validate(staging, onnx_inputs, outputs)
     return ExportResult(out, doc, errors)
+
+
+def _validate(folder: Path, onnx_inputs: dict[str, tuple[list[int], str]], outputs: list[str]) -> None:
+    """The written pipeline.json loads (schema, values) and describes transformer.onnx: a bug here is rkpart's."""
+    from rkpart.description import check_against, load_description
+    from rkpart.errors import InternalError, SpecError
+
+    try:
+        d = load_description(folder / DESCRIPTION_FILE)
+        check_against(d, {n: (dt, shape) for n, (shape, dt) in onnx_inputs.items()}, outputs=outputs)
+    except SpecError as e:
+        raise InternalError(f"rkpart export wrote a description that does not validate: {e}") from None
 
 
 def _check_latent_output(rec: Recording) -> None:

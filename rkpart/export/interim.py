@@ -58,6 +58,31 @@ def _quiet_exporter() -> Iterator[None]:
         log.setLevel(level)
 
 
+@contextlib.contextmanager
+def _positive_movedim() -> Iterator[None]:
+    """``movedim`` with its dimensions made non-negative while TorchScript traces.
+
+    TorchScript's symbolic writes ``x.movedim(-1, 1)`` as a ``Transpose`` whose ``perm`` holds -1,
+    which ONNX refuses (AutoencoderDC's norms and Sana's attention use it); the same dimensions
+    counted from the front give the same function and a valid ``perm``.
+    """
+    import torch
+
+    original = torch.Tensor.movedim
+
+    def positive(d: Any, n: int) -> Any:
+        return tuple(x % n for x in d) if isinstance(d, (tuple, list)) else d % n
+
+    def movedim(self: torch.Tensor, source: Any, destination: Any) -> torch.Tensor:
+        return original(self, positive(source, self.dim()), positive(destination, self.dim()))
+
+    torch.Tensor.movedim = movedim  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        torch.Tensor.movedim = original  # type: ignore[method-assign]
+
+
 def wrap(model: Any, names: list[str], fixed: dict[str, Any]) -> Any:
     """``model`` with a positional signature over ``names`` returning its first output."""
     import torch
@@ -107,8 +132,9 @@ def export_module(model: Any, inputs: dict[str, Any], path: str | Path, *, fixed
                     raise ExportError("the dynamo exporter returned no program")
                 prog.save(str(path))
             else:
-                torch.onnx.export(wrapped, args, str(path), input_names=names, output_names=[output], dynamo=False,
-                                  do_constant_folding=True, opset_version=opset)
+                with _positive_movedim():
+                    torch.onnx.export(wrapped, args, str(path), input_names=names, output_names=[output],
+                                      dynamo=False, do_constant_folding=True, opset_version=opset)
     except ExportError:
         raise
     except Exception as e:  # noqa: BLE001 - any exporter failure is reported as the export's reason
