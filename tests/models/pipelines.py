@@ -59,6 +59,9 @@ class TinyPipeline:
     call: dict[str, Any] = field(default_factory=dict)
     height: int = SIZE
     width: int = SIZE
+    #: -> tiny real text encoders and tokenizers (built offline) replacing the ``None`` ones:
+    #: ``cached_pipeline(family, text_encoders=True)``; None: this family has no such folder
+    text_encoders: Callable[[], dict[str, Any]] | None = None
 
 
 # ---- shared builders -------------------------------------------------------------------------------------------
@@ -115,6 +118,42 @@ def _vae_dc(latent_channels: int = 4, **published: Any) -> Any:
                          decoder_norm_types="rms_norm", decoder_act_fns="silu", **published)
 
 
+def _t5_tokenizer(max_length: int) -> Any:
+    """A T5 tokenizer built offline: a sentencepiece-style Unigram model (``tokenizers``) over a small vocabulary
+    (T5's ids for ``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2; a few words, then every letter, digit and punctuation
+    mark alone and after "▁", so that any ASCII prompt tokenizes), the metaspace pre-tokenizer and decoder, and
+    ``</s>`` appended as T5 does.  It round-trips through ``save_pretrained`` / ``from_pretrained``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import T5TokenizerFast
+
+    words = ["a", "an", "the", "of", "on", "in", "at", "with", "and", "cat", "dog", "photo", "red", "blue", "green",
+             "small", "big", "house", "tree", "sky"]
+    chars = list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'-")
+    pieces = ["▁" + w for w in words] + ["▁" + c for c in chars if c not in words] + chars
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    vocab += [(p, -3.0 - 0.01 * i) for i, p in enumerate(pieces)]
+    tok = Tokenizer(models.Unigram(vocab, unk_id=2, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.post_processor = processors.TemplateProcessing(single="$A </s>", pair="$A </s> $B </s>",
+                                                       special_tokens=[("</s>", 1)])
+    return T5TokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>", pad_token="<pad>",
+                           extra_ids=0, model_max_length=max_length)
+
+
+def _t5_encoder(vocab_size: int, d_model: int) -> Any:
+    """A tiny ``T5EncoderModel`` (T5 v1.1's gated-GELU FFN, relative attention), seeded weights."""
+    import torch
+    from transformers import T5Config, T5EncoderModel
+
+    torch.manual_seed(0)
+    cfg = T5Config(vocab_size=vocab_size, d_model=d_model, d_kv=8, d_ff=2 * d_model, num_layers=2, num_heads=3,
+                   relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+                   feed_forward_proj="gated-gelu", is_encoder_decoder=False, use_cache=False, pad_token_id=0,
+                   eos_token_id=1, decoder_start_token_id=0)
+    return T5EncoderModel(cfg).eval()
+
+
 def _normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
@@ -159,6 +198,12 @@ def _pixart_sigma() -> dict[str, Any]:
         "scheduler": DPMSolverMultistepScheduler(),
         "tokenizer": None, "text_encoder": None,
     }
+
+
+def _pixart_sigma_text() -> dict[str, Any]:
+    # PixArt-Σ's T5-XXL (4096 wide, max_sequence_length 300) as a 2-layer T5 of the transformer's caption width
+    tokenizer = _t5_tokenizer(300)
+    return {"tokenizer": tokenizer, "text_encoder": _t5_encoder(len(tokenizer), TEXT_DIM)}
 
 
 def _flux() -> dict[str, Any]:
@@ -221,7 +266,7 @@ _L = SIZE // 8  # latent side
 PIPELINES: dict[str, TinyPipeline] = {p.family: p for p in (
     TinyPipeline("pixart_sigma", "PixArtSigmaPipeline", _pixart_sigma,
                  lambda rng: _text(rng, masks=True), (1, 4, _L, _L), (1, SIZE, SIZE, 3), "batched", 4.5,
-                 {"use_resolution_binning": False, "negative_prompt": None}),
+                 {"use_resolution_binning": False, "negative_prompt": None}, text_encoders=_pixart_sigma_text),
     TinyPipeline("flux", "FluxPipeline", _flux, lambda rng: _text(rng, negative=False, pooled=POOLED_DIM),
                  (1, (_L // 2) ** 2, 16), (1, SIZE, SIZE, 3), "distilled", 3.5),
     TinyPipeline("sd3", "StableDiffusion3Pipeline", _sd3, lambda rng: _text(rng, pooled=POOLED_DIM),
@@ -262,7 +307,7 @@ def _sources(start: Callable[..., Any]) -> list[str]:
     return [seen[k] for k in sorted(seen)]
 
 
-def _key(spec: TinyPipeline) -> str:
+def _key(spec: TinyPipeline, text_encoders: bool) -> str:
     import diffusers
     import torch
     import transformers
@@ -270,13 +315,20 @@ def _key(spec: TinyPipeline) -> str:
     parts = [diffusers.__version__, torch.__version__, transformers.__version__, spec.pipeline,
              *_sources(spec.components), inspect.getsource(df.ALL[spec.family].build),
              inspect.getsource(_build)]
+    if text_encoders:
+        assert spec.text_encoders is not None
+        parts += ["text encoders", *_sources(spec.text_encoders)]
     return hashlib.sha256(chr(0).join(parts).encode()).hexdigest()[:16]
 
 
-def _build(spec: TinyPipeline, out: Path) -> None:
+def _build(spec: TinyPipeline, out: Path, text_encoders: bool = False) -> None:
     import diffusers
 
-    pipe = getattr(diffusers, spec.pipeline)(**spec.components())
+    components = spec.components()
+    if text_encoders:
+        assert spec.text_encoders is not None
+        components.update(spec.text_encoders())
+    pipe = getattr(diffusers, spec.pipeline)(**components)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pipe.save_pretrained(out, safe_serialization=True)
@@ -287,20 +339,26 @@ def pipeline_root() -> Path:
     return df.export_root() / "pipelines"
 
 
-def cached_pipeline(family: str) -> Path:
+def cached_pipeline(family: str, *, text_encoders: bool = False) -> Path:
     """The ``save_pretrained`` folder of family ``family``'s tiny pipeline (:data:`PIPELINES`), made once per
     source of its builder functions and library versions.  Built in a private temporary folder then renamed:
-    a failed or concurrent build never leaves a half-written folder under the final name."""
+    a failed or concurrent build never leaves a half-written folder under the final name.
+
+    ``text_encoders``: the folder with tiny real text encoders and tokenizers (``<family>-te-<hash>``; only
+    the families in :data:`WITH_TEXT_ENCODERS`), for ``rkpart encode``; same transformer, VAE and scheduler.
+    """
     spec = PIPELINES[family]
+    if text_encoders and spec.text_encoders is None:
+        raise KeyError(f"{family}: no tiny text encoders (families with them: {', '.join(WITH_TEXT_ENCODERS)})")
     root = pipeline_root()
-    path = root / f"{family}-{_key(spec)}"
+    path = root / f"{family}{'-te' if text_encoders else ''}-{_key(spec, text_encoders)}"
     if (path / "model_index.json").is_file():
         return path
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{path.name}.{os.getpid()}.part"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        _build(spec, tmp)
+        _build(spec, tmp, text_encoders)
         try:
             os.replace(tmp, path)
         except OSError:
@@ -327,7 +385,7 @@ def call_inputs(family: str, seed: int = 0) -> tuple[dict[str, np.ndarray], np.n
 
 def _family_of(folder: Path) -> TinyPipeline:
     """The spec of a cached folder: by its name (``<family>-<hash>``), else the only family of its class."""
-    name = folder.name.rsplit("-", 1)[0]
+    name = folder.name.rsplit("-", 1)[0].removesuffix("-te")
     if name in PIPELINES:
         return PIPELINES[name]
     cls = json.loads((folder / "model_index.json").read_text())["_class_name"]
@@ -392,6 +450,8 @@ def run_diffusers(folder: str | Path, embeds: dict[str, np.ndarray], latents: np
         return np.asarray(out.float().numpy(), dtype=np.float32)
     return np.asarray(out, dtype=np.float32)
 
+#: the families :func:`cached_pipeline` can build with tiny real text encoders and tokenizers
+WITH_TEXT_ENCODERS = [f for f, p in PIPELINES.items() if p.text_encoders is not None]
 
 #: families of the sweep for which diffusers 0.42.1 ships no pipeline driving the class (nothing to compare to)
 NO_PIPELINE: dict[str, str] = {

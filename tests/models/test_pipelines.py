@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,9 +86,9 @@ def test_cached_pipeline_is_made_once_and_whole(tmp_path_factory: pytest.TempPat
     builds: list[str] = []
     real = pipelines._build
 
-    def counting(spec: pipelines.TinyPipeline, out: object) -> None:
+    def counting(spec: pipelines.TinyPipeline, out: Path, text_encoders: bool = False) -> None:
         builds.append(spec.family)
-        real(spec, out)  # type: ignore[arg-type]
+        real(spec, out, text_encoders)
 
     monkeypatch.setattr(pipelines, "_build", counting)
     first = pipelines.cached_pipeline("sana")
@@ -95,3 +96,34 @@ def test_cached_pipeline_is_made_once_and_whole(tmp_path_factory: pytest.TempPat
     assert sorted(p.name for p in (root / "pipelines").iterdir()) == [first.name]
     index = json.loads((first / "model_index.json").read_text())
     assert index["text_encoder"] == [None, None] and index["vae"] == ["diffusers", "AutoencoderDC"]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("_one_thread")
+@pytest.mark.parametrize("family", ["pixart_sigma"])
+def test_folder_with_text_encoders_encodes_a_prompt(family: str) -> None:
+    """The folder ``rkpart encode`` is tested on: plain ``from_pretrained`` loads its tiny T5 and tokenizer; the
+    prompt's embeddings and masks (what ``rkpart encode`` writes) give the image the prompt gives."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    from tests.models.pipelines import cached_pipeline, call_inputs, run_diffusers
+
+    folder = cached_pipeline(family, text_encoders=True)
+    index = json.loads((folder / "model_index.json").read_text())
+    assert index["text_encoder"] == ["transformers", "T5EncoderModel"]
+    assert index["tokenizer"] == ["transformers", "T5Tokenizer"]
+    pipe = DiffusionPipeline.from_pretrained(str(folder))
+    pipe.set_progress_bar_config(disable=True)
+    _, latents = call_inputs(family)
+    with torch.no_grad():
+        pe, pm, ne, nm = pipe.encode_prompt("a small red cat", negative_prompt="", max_sequence_length=6)
+        by_prompt = pipe(prompt="a small red cat", latents=torch.from_numpy(latents), num_inference_steps=2,
+                         height=64, width=64, max_sequence_length=6, output_type="np",
+                         use_resolution_binning=False).images
+    assert pe.shape == (1, 6, 24) and pm.tolist() == [[1, 1, 1, 1, 1, 0]] and nm.tolist() == [[1, 0, 0, 0, 0, 0]]
+    embeds = {"prompt_embeds": pe, "prompt_attention_mask": pm, "negative_prompt_embeds": ne,
+              "negative_prompt_attention_mask": nm}
+    by_embeds = run_diffusers(folder, {k: v.numpy() for k, v in embeds.items()}, latents, 2, output_type="np",
+                              pipe=pipe)
+    np.testing.assert_array_equal(by_embeds, by_prompt)
