@@ -20,7 +20,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.models.pipelines import PIPELINES, cached_pipeline, call_inputs, load, run_diffusers
+from tests.models.pipelines import (
+    CFG_CALLS,
+    PIPELINES,
+    cached_pipeline,
+    call_inputs,
+    load,
+    run_diffusers,
+    transformer_calls,
+)
 
 
 def check(family: str, steps: int) -> str:
@@ -36,7 +44,9 @@ def check(family: str, steps: int) -> str:
     assert np.isfinite(image).all(), "non-finite image"
     again = run_diffusers(folder, embeds, latents, steps, output_type="np", pipe=pipe)
     assert np.array_equal(again, image), "a rerun differs"
-    return f"latent {final.shape} image {image.shape} std {image.std():.3f}"
+    calls = transformer_calls(folder, steps, pipe=pipe)
+    assert calls == CFG_CALLS[spec.cfg] * steps, f"CFG {spec.cfg}: transformer calls of batch {calls}"
+    return f"latent {final.shape} image {image.shape} std {image.std():.3f} cfg {spec.cfg}"
 
 
 def main() -> int:

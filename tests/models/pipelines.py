@@ -59,6 +59,12 @@ class TinyPipeline:
     call: dict[str, Any] = field(default_factory=dict)
     height: int = SIZE
     width: int = SIZE
+    #: the pipeline takes no ``latents=``: it draws them from ``generator`` (DiT); :func:`call_inputs` returns
+    #: that draw and :func:`run_diffusers` passes the generator that makes it
+    noise_from_generator: bool = False
+    #: the pipeline has no ``output_type="latent"`` (DiT always decodes): :func:`run_diffusers` returns the
+    #: final loop latent from the input of ``vae.decode`` times ``scaling_factor``
+    latent_from_decoder: bool = False
     #: -> tiny real text encoders and tokenizers (built offline) replacing the ``None`` ones:
     #: ``cached_pipeline(family, text_encoders=True)``; None: this family has no such folder
     text_encoders: Callable[[], dict[str, Any]] | None = None
@@ -158,18 +164,20 @@ def _normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
 
-def _masks(n: int = TEXT_LEN) -> dict[str, np.ndarray]:
+def _masks(n: int = TEXT_LEN, dtype: type = np.int64, extra: int = 0) -> dict[str, np.ndarray]:
     """A prompt that fills all but the last token and a negative prompt of 2 tokens (as a tokenizer pads ``""``
-    and a short prompt to the same length): the two passes' masks differ."""
-    pos = np.ones((1, n), dtype=np.int64)
-    pos[0, -1] = 0
-    neg = np.zeros((1, n), dtype=np.int64)
-    neg[0, :2] = 1
+    and a short prompt to the same length): the two passes' masks differ.  ``extra``: tokens past the prompt's
+    end kept valid (Chroma keeps the first padding token)."""
+    pos = np.zeros((1, n), dtype=dtype)
+    pos[0, :min(n, n - 1 + extra)] = 1
+    neg = np.zeros((1, n), dtype=dtype)
+    neg[0, :2 + extra] = 1
     return {"prompt_attention_mask": pos, "negative_prompt_attention_mask": neg}
 
 
 def _text(rng: np.random.Generator, *, negative: bool = True, masks: bool = False, pooled: int = 0,
-          n: int = TEXT_LEN, dim: int = TEXT_DIM) -> dict[str, np.ndarray]:
+          n: int = TEXT_LEN, dim: int = TEXT_DIM, mask_dtype: type = np.int64,
+          mask_extra: int = 0) -> dict[str, np.ndarray]:
     out = {"prompt_embeds": _normal(rng, 1, n, dim)}
     if pooled:
         out["pooled_prompt_embeds"] = _normal(rng, 1, pooled)
@@ -178,11 +186,23 @@ def _text(rng: np.random.Generator, *, negative: bool = True, masks: bool = Fals
         if pooled:
             out["negative_pooled_prompt_embeds"] = _normal(rng, 1, pooled)
     if masks:
-        m = _masks(n)
+        m = _masks(n, mask_dtype, mask_extra)
         out["prompt_attention_mask"] = m["prompt_attention_mask"]
         if negative:
             out["negative_prompt_attention_mask"] = m["negative_prompt_attention_mask"]
     return out
+
+
+def _hunyuandit_text(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """HunyuanDiT's two encoders: CLIP/BERT (``prompt_embeds``) and mT5 (``prompt_embeds_2``), each with masks."""
+    first, second = _text(rng, masks=True), _text(rng, masks=True)
+    return {**first, **{k.replace("embeds", "embeds_2").replace("mask", "mask_2"): v for k, v in second.items()}}
+
+
+def _chroma_text(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Chroma's masks as its ``_get_t5_prompt_embeds`` makes them: float, the prompt's tokens and the first
+    padding token valid."""
+    return _text(rng, masks=True, mask_dtype=np.float32, mask_extra=1)
 
 
 # ---- the families ----------------------------------------------------------------------------------------------
@@ -207,19 +227,14 @@ def _pixart_sigma_text() -> dict[str, Any]:
 
 
 def _flux() -> dict[str, Any]:
-    from diffusers import FlowMatchEulerDiscreteScheduler
-
     return {
         # FLUX.1-dev: guidance-distilled (guidance_embeds=True; the sweep's tiny config is schnell-like)
         "transformer": _transformer("flux", guidance_embeds=True),
         # FLUX.1 VAE: 16 latent channels (here 4: the tiny transformer's in_channels 16 = 4 x 2x2 packing),
         # scaling 0.3611, shift 0.1159, no quant convs (diffusers' single_file_utils flux VAE config)
-        "vae": _vae_kl(scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False),
-        # FLUX.1-dev scheduler_config.json: dynamic shifting from the image's token count, the values FluxPipeline
-        # falls back to (pipeline_flux.py: scheduler.config.get("base_image_seq_len", 256), ...)
-        "scheduler": FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
-                                                     base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
-                                                     max_image_seq_len=4096),
+        "vae": _flux_vae(),
+        # FLUX.1-dev scheduler_config.json: dynamic shifting from the image's token count
+        "scheduler": _flux_dynamic_shift(),
         "text_encoder": None, "tokenizer": None, "text_encoder_2": None, "tokenizer_2": None,
     }
 
@@ -261,6 +276,175 @@ def _sana() -> dict[str, Any]:
     }
 
 
+def _dit() -> dict[str, Any]:
+    from diffusers import DDIMScheduler
+
+    return {
+        # DiT-XL-2: 1000 ImageNet classes (the pipeline's null class is label 1000), learned sigma (8 channels out)
+        "transformer": _transformer("dit", num_embeds_ada_norm=1000, out_channels=8),
+        "vae": _vae_kl(scaling_factor=0.18215),  # sd-vae-ft-ema / mse (scripts/convert_dit_to_diffusers.py)
+        # scripts/convert_dit_to_diffusers.py
+        "scheduler": DDIMScheduler(num_train_timesteps=1000, beta_schedule="linear", prediction_type="epsilon",
+                                   clip_sample=False),
+        "id2label": None,
+    }
+
+
+def _pixart() -> dict[str, Any]:
+    from diffusers import DPMSolverMultistepScheduler
+
+    return {
+        "transformer": _transformer("pixart"),
+        # PixArt-α ships sd-vae-ft-ema (scripts/convert_pixart_alpha_to_diffusers.py)
+        "vae": _vae_kl(scaling_factor=0.18215),
+        "scheduler": DPMSolverMultistepScheduler(),  # scripts/convert_pixart_alpha_to_diffusers.py
+        "tokenizer": None, "text_encoder": None,
+    }
+
+
+def _flux_vae() -> Any:
+    """FLUX.1's VAE fields (16 latent channels there, 4 here: the tiny packed transformers take 16 = 4 x 2x2)."""
+    return _vae_kl(scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False, use_post_quant_conv=False)
+
+
+def _flux_dynamic_shift() -> Any:
+    """FLUX.1-dev's scheduler_config.json (the values FluxPipeline's ``scheduler.config.get`` falls back to)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True,
+                                           base_shift=0.5, max_shift=1.15, base_image_seq_len=256,
+                                           max_image_seq_len=4096)
+
+
+def _chroma_components(family: str) -> dict[str, Any]:
+    return {
+        "transformer": _transformer(family),
+        "vae": _flux_vae(),  # Chroma is built on FLUX.1-schnell: its VAE
+        # Chroma1-HD's scheduler_config.json as recalled (Flux's dynamic shifting): not verifiable offline;
+        # ChromaPipeline reads base/max shift and seq lens with Flux's fallbacks
+        "scheduler": _flux_dynamic_shift(),
+        "text_encoder": None, "tokenizer": None,
+    }
+
+
+def _chroma() -> dict[str, Any]:
+    return _chroma_components("chroma")
+
+
+def _chroma_guidance() -> dict[str, Any]:
+    return _chroma_components("chroma_guidance")
+
+
+def _lumina2() -> dict[str, Any]:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return {
+        "transformer": _transformer("lumina2"),
+        "vae": _flux_vae(),  # Lumina-Image-2.0 uses FLUX.1's VAE
+        # Lumina-Image-2.0's scheduler_config.json as recalled (shift 6.0): not verifiable offline
+        "scheduler": FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=6.0),
+        "text_encoder": None, "tokenizer": None,
+    }
+
+
+def _auraflow() -> dict[str, Any]:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return {
+        "transformer": _transformer("auraflow"),
+        "vae": _vae_kl(scaling_factor=0.13025),  # AuraFlow uses the SDXL VAE
+        # AuraFlow v0.3's scheduler_config.json as recalled (shift 1.73): not verifiable offline
+        "scheduler": FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=1.73),
+        "text_encoder": None, "tokenizer": None,
+    }
+
+
+def _hunyuandit_components(family: str) -> dict[str, Any]:
+    from diffusers import DDPMScheduler
+
+    return {
+        "transformer": _transformer(family),  # learn_sigma: 8 output channels
+        "vae": _vae_kl(scaling_factor=0.13025),  # sdxl-vae-fp16-fix
+        # HunyuanDiT-v1.2-Diffusers' scheduler_config.json (the same values in xDiT's and kohya's HunyuanDiT code)
+        "scheduler": DDPMScheduler(num_train_timesteps=1000, beta_start=0.00085, beta_end=0.018,
+                                   beta_schedule="scaled_linear", prediction_type="v_prediction",
+                                   variance_type="fixed_small", clip_sample=False, steps_offset=1,
+                                   timestep_spacing="leading"),
+        "text_encoder": None, "tokenizer": None, "text_encoder_2": None, "tokenizer_2": None,
+        "safety_checker": None, "feature_extractor": None, "requires_safety_checker": False,
+    }
+
+
+def _hunyuandit() -> dict[str, Any]:
+    return _hunyuandit_components("hunyuandit")
+
+
+def _hunyuandit_skip() -> dict[str, Any]:
+    return _hunyuandit_components("hunyuandit_skip")
+
+
+def _cogview_vae() -> Any:
+    # scripts/convert_cogview3_to_diffusers.py / convert_cogview4_to_diffusers.py: 16 channels (here 4),
+    # scaling 1.0, shift 0.0, no quant convs
+    return _vae_kl(scaling_factor=1.0, shift_factor=0.0, force_upcast=True, use_quant_conv=False,
+                   use_post_quant_conv=False, mid_block_add_attention=False)
+
+
+def _cogview4() -> dict[str, Any]:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return {
+        "transformer": _transformer("cogview4"),
+        "vae": _cogview_vae(),
+        # scripts/convert_cogview4_to_diffusers.py
+        "scheduler": FlowMatchEulerDiscreteScheduler(base_shift=0.25, max_shift=0.75, base_image_seq_len=256,
+                                                     use_dynamic_shifting=True, time_shift_type="linear"),
+        "text_encoder": None, "tokenizer": None,
+    }
+
+
+def _cogview3plus() -> dict[str, Any]:
+    from diffusers import CogVideoXDDIMScheduler
+
+    return {
+        "transformer": _transformer("cogview3plus"),
+        "vae": _cogview_vae(),
+        # scripts/convert_cogview3_to_diffusers.py
+        "scheduler": CogVideoXDDIMScheduler(snr_shift_scale=4.0, beta_end=0.012, beta_schedule="scaled_linear",
+                                            beta_start=0.00085, clip_sample=False, num_train_timesteps=1000,
+                                            prediction_type="v_prediction", rescale_betas_zero_snr=True,
+                                            set_alpha_to_one=True, timestep_spacing="trailing"),
+        "text_encoder": None, "tokenizer": None,
+    }
+
+
+def _flux_like(family: str, **extra: Any) -> dict[str, Any]:
+    """Flux-anatomy families whose pipelines keep Flux's VAE and dynamic shifting (their published configs as
+    recalled: not verifiable offline)."""
+    return {"transformer": _transformer(family), "vae": _flux_vae(), "scheduler": _flux_dynamic_shift(),
+            "text_encoder": None, "tokenizer": None, **extra}
+
+
+def _ovis_image() -> dict[str, Any]:
+    return _flux_like("ovis_image")
+
+
+def _bria() -> dict[str, Any]:
+    return _flux_like("bria")
+
+
+def _lumina_next() -> dict[str, Any]:
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return {
+        "transformer": _transformer("lumina_next"),
+        # scripts/convert_lumina_to_diffusers.py: the SDXL VAE, FlowMatchEulerDiscreteScheduler()
+        "vae": _vae_kl(scaling_factor=0.13025),
+        "scheduler": FlowMatchEulerDiscreteScheduler(),
+        "text_encoder": None, "tokenizer": None,
+    }
+
+
 _L = SIZE // 8  # latent side
 
 PIPELINES: dict[str, TinyPipeline] = {p.family: p for p in (
@@ -273,6 +457,35 @@ PIPELINES: dict[str, TinyPipeline] = {p.family: p for p in (
                  (1, 4, _L, _L), (1, SIZE, SIZE, 3), "batched", 7.0),
     TinyPipeline("sana", "SanaPipeline", _sana, lambda rng: _text(rng, masks=True), (1, 4, _L, _L),
                  (1, SIZE, SIZE, 3), "batched", 4.5, {"use_resolution_binning": False, "negative_prompt": None}),
+    TinyPipeline("dit", "DiTPipeline", _dit, lambda rng: {"class_labels": np.array([3], dtype=np.int64)},
+                 (1, 4, _L, _L), (1, SIZE, SIZE, 3), "batched", 4.0, noise_from_generator=True,
+                 latent_from_decoder=True),
+    TinyPipeline("pixart", "PixArtAlphaPipeline", _pixart, lambda rng: _text(rng, masks=True), (1, 4, _L, _L),
+                 (1, SIZE, SIZE, 3), "batched", 4.5, {"use_resolution_binning": False, "negative_prompt": None}),
+    TinyPipeline("sd35", "StableDiffusion3Pipeline", _sd35, lambda rng: _text(rng, pooled=POOLED_DIM),
+                 (1, 4, _L, _L), (1, SIZE, SIZE, 3), "batched", 7.0),
+    TinyPipeline("chroma", "ChromaPipeline", _chroma, _chroma_text,
+                 (1, (_L // 2) ** 2, 16), (1, SIZE, SIZE, 3), "two-pass", 5.0),
+    TinyPipeline("chroma_guidance", "ChromaPipeline", _chroma_guidance, _chroma_text,
+                 (1, (_L // 2) ** 2, 16), (1, SIZE, SIZE, 3), "two-pass", 5.0),
+    TinyPipeline("lumina2", "Lumina2Pipeline", _lumina2, lambda rng: _text(rng, masks=True), (1, 4, _L, _L),
+                 (1, SIZE, SIZE, 3), "two-pass", 4.0),
+    TinyPipeline("auraflow", "AuraFlowPipeline", _auraflow, lambda rng: _text(rng, masks=True), (1, 4, _L, _L),
+                 (1, SIZE, SIZE, 3), "batched", 3.5),
+    TinyPipeline("hunyuandit", "HunyuanDiTPipeline", _hunyuandit, lambda rng: _hunyuandit_text(rng),
+                 (1, 4, _L, _L), (1, SIZE, SIZE, 3), "batched", 5.0, {"use_resolution_binning": False}),
+    TinyPipeline("hunyuandit_skip", "HunyuanDiTPipeline", _hunyuandit_skip, lambda rng: _hunyuandit_text(rng),
+                 (1, 4, _L, _L), (1, SIZE, SIZE, 3), "batched", 5.0, {"use_resolution_binning": False}),
+    TinyPipeline("cogview4", "CogView4Pipeline", _cogview4, lambda rng: _text(rng), (1, 4, _L, _L),
+                 (1, SIZE, SIZE, 3), "two-pass", 5.0),
+    TinyPipeline("cogview3plus", "CogView3PlusPipeline", _cogview3plus, lambda rng: _text(rng), (1, 4, _L, _L),
+                 (1, SIZE, SIZE, 3), "batched", 5.0),
+    TinyPipeline("ovis_image", "OvisImagePipeline", _ovis_image, lambda rng: _text(rng),
+                 (1, (_L // 2) ** 2, 16), (1, SIZE, SIZE, 3), "two-pass", 5.0, {"negative_prompt": None}),
+    TinyPipeline("bria", "BriaPipeline", _bria, lambda rng: _text(rng),
+                 (1, (_L // 2) ** 2, 16), (1, SIZE, SIZE, 3), "batched", 5.0),
+    TinyPipeline("lumina_next", "LuminaPipeline", _lumina_next, lambda rng: _text(rng, masks=True),
+                 (1, 4, _L, _L), (1, SIZE, SIZE, 3), "batched", 4.0),
 )}
 
 
@@ -379,8 +592,17 @@ def call_inputs(family: str, seed: int = 0) -> tuple[dict[str, np.ndarray], np.n
     spec = PIPELINES[family]
     rng = np.random.default_rng(seed)
     embeds = spec.embeds(rng)
-    latents = _normal(rng, *spec.latent_shape)
+    latents = _generator_noise(spec.latent_shape, seed) if spec.noise_from_generator else _normal(
+        rng, *spec.latent_shape)
     return embeds, latents
+
+
+def _generator_noise(shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """The noise a pipeline without ``latents=`` draws first from ``torch.Generator().manual_seed(seed)``
+    (``randn_tensor`` on the CPU)."""
+    import torch
+
+    return np.asarray(torch.randn(shape, generator=torch.Generator().manual_seed(seed)).numpy(), dtype=np.float32)
 
 
 def _family_of(folder: Path) -> TinyPipeline:
@@ -412,24 +634,35 @@ def load(folder: str | Path) -> Any:
     """``DiffusionPipeline.from_pretrained(folder, **null_components(folder))`` on the CPU, float32, no progress
     bar."""
     from diffusers import DiffusionPipeline
+    from diffusers.utils import logging
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pipe = DiffusionPipeline.from_pretrained(str(folder), **null_components(folder))
+    level = logging.get_verbosity()
+    logging.set_verbosity_error()  # "cannot initialize with low cpu memory usage", progress bars
+    logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pipe = DiffusionPipeline.from_pretrained(str(folder), **null_components(folder))
+    finally:
+        logging.set_verbosity(level)
+        logging.enable_progress_bar()
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
 def run_diffusers(folder: str | Path, embeds: dict[str, np.ndarray], latents: np.ndarray, steps: int,
-                  guidance: float | None = None, output_type: str = "latent", *, pipe: Any = None) -> np.ndarray:
+                  guidance: float | None = None, output_type: str = "latent", *, pipe: Any = None,
+                  seed: int = 0) -> np.ndarray:
     """What diffusers' own pipeline returns for these inputs: ``pipe(**embeds, latents=latents,
     num_inference_steps=steps, guidance_scale=guidance, output_type=output_type)``, as float32 numpy.
 
     ``guidance`` None: the pipeline's default.  The height and width are the tiny pipeline's (64 x 64), and
     the few call arguments the tiny size needs (:attr:`TinyPipeline.call`) are passed; everything else is the
     pipeline's default.  ``output_type="latent"`` returns the final latent as the pipeline returns it (packed
-    for Flux-style pipelines), ``"np"`` the image NHWC in [0, 1].  A seeded generator is passed for schedulers
-    that draw noise during the loop (DDPM).  ``pipe``: an already loaded pipeline of ``folder`` (saves a load).
+    for Flux-style pipelines), ``"np"`` the image NHWC in [0, 1].  ``torch.Generator().manual_seed(seed)`` is
+    passed for schedulers that draw noise during the loop (DDPM); a pipeline without ``latents=`` (DiT) draws
+    its initial noise from it, and ``latents`` must then be that draw (:func:`call_inputs` with the same seed),
+    else ValueError.  ``pipe``: an already loaded pipeline of ``folder`` (saves a load).
     """
     import torch
 
@@ -441,11 +674,19 @@ def run_diffusers(folder: str | Path, embeds: dict[str, np.ndarray], latents: np
     kwargs.update(spec.call)
     if guidance is not None:
         kwargs["guidance_scale"] = guidance
+    if spec.noise_from_generator:
+        if not np.array_equal(latents, _generator_noise(spec.latent_shape, seed)):
+            raise ValueError(f"{spec.pipeline} takes no latents=: its noise is the first draw of the generator; "
+                             f"pass the latents call_inputs({spec.family!r}, seed) returns and the same seed")
+    else:
+        kwargs.update(latents=torch.from_numpy(np.ascontiguousarray(latents)), height=spec.height,
+                      width=spec.width)
+    if output_type == "latent" and spec.latent_from_decoder:
+        return _decoded_latent(pipe, steps, seed, kwargs)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        out = pipe(latents=torch.from_numpy(np.ascontiguousarray(latents)), num_inference_steps=steps,
-                   height=spec.height, width=spec.width, output_type=output_type, return_dict=False,
-                   generator=torch.Generator().manual_seed(0), **kwargs)[0]
+        out = pipe(num_inference_steps=steps, output_type=output_type, return_dict=False,
+                   generator=torch.Generator().manual_seed(seed), **kwargs)[0]
     if isinstance(out, torch.Tensor):
         return np.asarray(out.float().numpy(), dtype=np.float32)
     return np.asarray(out, dtype=np.float32)
@@ -468,5 +709,62 @@ NO_PIPELINE: dict[str, str] = {
 }
 #: families whose diffusers pipeline exists but has no tiny pipeline here yet, and why
 NOT_BUILT: dict[str, str] = {
-    f: "not built yet" for f in df.CLASS_OF if f not in PIPELINES and f not in NO_PIPELINE
+    "longcat_image": "LongCatImagePipeline cannot run from embeddings: encode_prompt takes len(prompt) even when "
+                     "prompt_embeds is given, and check_inputs refuses a prompt beside prompt_embeds; it needs its "
+                     "text encoder (a tiny Qwen2.5-VL + Qwen2 tokenizer + Qwen2-VL processor: not built yet)",
 }
+NOT_BUILT.update({f: "not built yet" for f in df.CLASS_OF
+                  if f not in PIPELINES and f not in NO_PIPELINE and f not in NOT_BUILT})
+
+
+def _decoded_latent(pipe: Any, steps: int, seed: int, kwargs: dict[str, Any]) -> np.ndarray:
+    """The final loop latent of a pipeline with no ``output_type="latent"``: the input of ``vae.decode`` (an
+    instance attribute set for this call, diffusers' code unchanged) times the VAE's ``scaling_factor``."""
+    import torch
+
+    seen: list[torch.Tensor] = []
+    decode = pipe.vae.decode
+
+    def capture(z: torch.Tensor, *args: Any, **kw: Any) -> Any:
+        seen.append(z.detach().clone())
+        return decode(z, *args, **kw)
+
+    pipe.vae.decode = capture
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pipe(num_inference_steps=steps, output_type="np", return_dict=False,
+                 generator=torch.Generator().manual_seed(seed), **kwargs)
+    finally:
+        del pipe.vae.decode
+    (z,) = seen
+    return np.asarray((z * pipe.vae.config.scaling_factor).float().numpy(), dtype=np.float32)
+
+
+def transformer_calls(folder: str | Path, steps: int = 2, *, pipe: Any = None) -> list[int]:
+    """The batch size of every transformer call of a ``steps``-step run with the default guidance: what the CFG
+    column of docs/pipelines.md says (batched: one call of 2 a step; two-pass: two calls of 1; distilled or
+    none: one call of 1)."""
+    import torch
+
+    folder = Path(folder)
+    spec = _family_of(folder)
+    if pipe is None:
+        pipe = load(folder)
+    batches: list[int] = []
+
+    def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        x = args[0] if args else next(v for k, v in kwargs.items() if isinstance(v, torch.Tensor))
+        batches.append(int(x.shape[0]))
+
+    handle = pipe.transformer.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        embeds, latents = call_inputs(spec.family)
+        run_diffusers(folder, embeds, latents, steps, output_type="latent", pipe=pipe)
+    finally:
+        handle.remove()
+    return batches
+
+
+#: what :func:`transformer_calls` gives per step for each CFG mode: (calls, batch of each call)
+CFG_CALLS = {"batched": [2], "two-pass": [1, 1], "distilled": [1], "none": [1]}

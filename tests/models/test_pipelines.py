@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 
 from tests.models.diffusers_families import CLASS_OF, missing_dependencies
+from tests.models.pipelines import PIPELINES
 
 pytestmark = [pytest.mark.export,
               pytest.mark.skipif(bool(missing_dependencies()), reason=f"not installed: {missing_dependencies()}")]
 
-#: the families the suite runs: one per sampler kind (DPM-Solver epsilon + learned sigma, flow-DPM, Flux's
-#: dynamic shift + distilled guidance, static-shift flow Euler); scripts/check_pipelines.py runs them all
-SAMPLE = ["pixart_sigma", "flux", "sd3", "sana"]
+#: the families the suite runs: all of them while they stay cheap (18 image pipelines: 14 s of CPU for
+#: scripts/check_pipelines.py, 8 s of it the first import of diffusers' pipelines and transformers)
+SAMPLE = sorted(PIPELINES)
 
 
 @pytest.fixture
@@ -49,7 +50,15 @@ def test_every_family_with_a_pipeline_is_in_the_table() -> None:
 @pytest.mark.usefixtures("_one_thread")
 @pytest.mark.parametrize("family", SAMPLE)
 def test_pipeline_runs_and_is_deterministic(family: str) -> None:
-    from tests.models.pipelines import PIPELINES, cached_pipeline, call_inputs, load, run_diffusers
+    from tests.models.pipelines import (
+        CFG_CALLS,
+        PIPELINES,
+        cached_pipeline,
+        call_inputs,
+        load,
+        run_diffusers,
+        transformer_calls,
+    )
 
     spec = PIPELINES[family]
     folder = cached_pipeline(family)
@@ -67,6 +76,9 @@ def test_pipeline_runs_and_is_deterministic(family: str) -> None:
     assert image.shape == spec.output_shape and np.isfinite(image).all()
     assert image.min() >= 0.0 and image.max() <= 1.0 and image.std() > 0
     np.testing.assert_array_equal(run_diffusers(folder, embeds, latents, 2, output_type="np", pipe=pipe), image)
+
+    # the CFG mode of the table: the transformer's calls and their batch in a 2-step run
+    assert transformer_calls(folder, pipe=pipe) == CFG_CALLS[spec.cfg] * 2
 
     # the conditioning reaches the output: other prompt embeddings, another latent
     other, _ = call_inputs(family, seed=1)
