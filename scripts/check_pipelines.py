@@ -37,7 +37,7 @@ def check(family: str, steps: int) -> str:
     pipe = load(folder)
     embeds, latents = call_inputs(family, seed=0)
     final = run_diffusers(folder, embeds, latents, steps, output_type="latent", pipe=pipe)
-    assert final.shape == spec.latent_shape, (final.shape, spec.latent_shape)
+    assert final.shape == (spec.final_shape or spec.latent_shape), (final.shape, spec.latent_shape)
     assert np.isfinite(final).all(), "non-finite latent"
     image = run_diffusers(folder, embeds, latents, steps, output_type="np", pipe=pipe)
     assert image.shape == spec.output_shape, (image.shape, spec.output_shape)
