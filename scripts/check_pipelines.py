@@ -30,6 +30,16 @@ from tests.models.pipelines import (
     transformer_calls,
 )
 
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "pipelines.md"
+BEGIN, END = "<!-- pipelines-table -->", "<!-- /pipelines-table -->"
+
+
+def with_table(page: str, table: str) -> str:
+    """``page`` with the text between the table markers replaced by ``table``."""
+    head, rest = page.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{table}{END}{tail}"
+
 
 def check(family: str, steps: int) -> str:
     spec = PIPELINES[family]
@@ -55,7 +65,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("families", nargs="*", help="families to run (default: all)")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--table", action="store_true", help="print docs/pipelines.md's table instead")
+    ap.add_argument("--write-docs", action="store_true", help="write the table into docs/pipelines.md")
     args = ap.parse_args()
+    if args.table or args.write_docs:
+        from tests.models.pipelines import table
+
+        if args.write_docs:
+            DOCS.write_text(with_table(DOCS.read_text(), table()))
+        else:
+            print(table(), end="")
+        return 0
     torch.set_num_threads(1)  # the shared machine: the intra-op pool under load is 10-30x slower on tiny models
     failed = []
     for family in args.families or list(PIPELINES):

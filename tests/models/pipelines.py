@@ -25,8 +25,10 @@ import hashlib
 import inspect
 import json
 import os
+import re
 import shutil
 import types
+import typing
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -667,7 +669,7 @@ PIPELINES: dict[str, TinyPipeline] = {p.family: p for p in (
                  (1, 4, _L, _L), (1, SIZE, SIZE, 3), "batched", 7.0),
     TinyPipeline("sana", "SanaPipeline", _sana, lambda rng: _text(rng, masks=True), (1, 4, _L, _L),
                  (1, SIZE, SIZE, 3), "batched", 4.5, {"use_resolution_binning": False, "negative_prompt": None}),
-    TinyPipeline("dit", "DiTPipeline", _dit, lambda rng: {"class_labels": np.array([3], dtype=np.int64)},
+    TinyPipeline("dit", "DiTPipeline", _dit, lambda rng: {"class_labels": rng.integers(0, 1000, 1)},
                  (1, 4, _L, _L), (1, SIZE, SIZE, 3), "batched", 4.0, noise_from_generator=True,
                  latent_from_decoder=True),
     TinyPipeline("pixart", "PixArtAlphaPipeline", _pixart, lambda rng: _text(rng, masks=True), (1, 4, _L, _L),
@@ -1011,3 +1013,58 @@ def transformer_calls(folder: str | Path, steps: int = 2, *, pipe: Any = None) -
 
 #: what :func:`transformer_calls` gives per step for each CFG mode: (calls, batch of each call)
 CFG_CALLS = {"batched": [2], "two-pass": [1, 1], "distilled": [1], "none": [1]}
+
+
+def _scheduler_summary(folder: Path) -> str:
+    """The scheduler class and the fields of its saved config that differ from the class's defaults."""
+    import diffusers
+
+    cfg = json.loads((folder / "scheduler" / "scheduler_config.json").read_text())
+    cls = getattr(diffusers, cfg["_class_name"])
+    default = cls().config
+    diff = {k: v for k, v in sorted(cfg.items()) if not k.startswith("_") and default.get(k, None) != v}
+    args = ", ".join(f"{k}={v}" for k, v in diff.items())
+    return f"`{cfg['_class_name']}({args})`"
+
+
+def _vae_summary(folder: Path) -> str:
+    cfg = json.loads((folder / "vae" / "config.json").read_text())
+    fields = [f"{k} {cfg[k]}" for k in ("scaling_factor", "shift_factor") if cfg.get(k) not in (None, 1.0, 0.0)]
+    if cfg.get("latents_mean") is not None:
+        fields.append("latents_mean/std")
+    if "batch_norm_eps" in cfg:
+        fields.append("batch-norm stats")
+    return f"`{cfg['_class_name']}`" + (f" ({', '.join(fields)})" if fields else "")
+
+
+def _text_encoders(pipeline: str) -> str:
+    """The text encoders the pipeline's ``__init__`` names (type hints), which the tiny folders leave null."""
+    import diffusers
+
+    sig = inspect.signature(getattr(diffusers, pipeline).__init__)
+    names = []
+    for p in sig.parameters.values():
+        if re.fullmatch(r"text_encoder(_\d)?|vision_language_encoder", p.name):
+            hints = [h for h in typing.get_args(p.annotation) if h is not type(None)] or [p.annotation]
+            names.append(" / ".join(getattr(h, "__name__", str(h).split(".")[-1]) for h in hints))
+    return ", ".join(names) or "none"
+
+
+def table() -> str:
+    """docs/pipelines.md's table, from the cached folders and :data:`PIPELINES` (the test compares)."""
+    rows = ["| family | pipeline | transformer | VAE | scheduler (config fields off the class default) | CFG | "
+            "default guidance | the real pipeline's text encoders | call arguments (`call_inputs`) | latents= |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for family, spec in PIPELINES.items():
+        folder = cached_pipeline(family)
+        tcfg = json.loads((folder / "transformer" / "config.json").read_text())
+        embeds, latents = call_inputs(family)
+        args = ", ".join(f"`{k}` {tuple(v.shape)}" for k, v in embeds.items())
+        rows.append(f"| {family} | `{spec.pipeline}` | `{tcfg['_class_name']}` | {_vae_summary(folder)} | "
+                    f"{_scheduler_summary(folder)} | {spec.cfg} | {spec.guidance} | {_text_encoders(spec.pipeline)} "
+                    f"| {args} | {tuple(latents.shape)} |")
+    rows += ["", "| family | diffusers class | why no tiny pipeline |", "| --- | --- | --- |"]
+    for family, why in sorted({**NO_PIPELINE, **NOT_BUILT}.items()):
+        kind = "no pipeline" if family in NO_PIPELINE else "not built"
+        rows.append(f"| {family} | `{df.CLASS_OF[family]}` | {kind}: {why} |")
+    return "\n".join(rows) + "\n"

@@ -81,9 +81,10 @@ def test_pipeline_runs_and_is_deterministic(family: str) -> None:
     assert transformer_calls(folder, pipe=pipe) == CFG_CALLS[spec.cfg] * 2
 
     # the conditioning reaches the output: other prompt embeddings, another latent
+    first = next(iter(embeds))  # prompt_embeds, or DiT's class_labels
     other, _ = call_inputs(family, seed=1)
-    moved = run_diffusers(folder, {**embeds, "prompt_embeds": other["prompt_embeds"]}, latents, 2,
-                          output_type="latent", pipe=pipe)
+    assert not np.array_equal(other[first], embeds[first])
+    moved = run_diffusers(folder, {**embeds, first: other[first]}, latents, 2, output_type="latent", pipe=pipe)
     assert np.abs(moved - final).max() > 1e-4
 
 
@@ -139,3 +140,31 @@ def test_folder_with_text_encoders_encodes_a_prompt(family: str) -> None:
     by_embeds = run_diffusers(folder, {k: v.numpy() for k, v in embeds.items()}, latents, 2, output_type="np",
                               pipe=pipe)
     np.testing.assert_array_equal(by_embeds, by_prompt)
+
+
+@pytest.mark.parametrize("family", SAMPLE)
+def test_default_guidance_is_the_pipelines(family: str) -> None:
+    """The table's default guidance is the ``guidance_scale`` default of the pipeline's ``__call__``."""
+    import inspect
+
+    import diffusers
+
+    spec = PIPELINES[family]
+    params = inspect.signature(getattr(diffusers, spec.pipeline).__call__).parameters
+    assert params["guidance_scale"].default == spec.guidance
+
+
+@pytest.mark.slow
+def test_docs_table_is_the_generated_one() -> None:
+    """docs/pipelines.md's table is what ``scripts/check_pipelines.py --write-docs`` writes from the folders."""
+    import importlib.util
+
+    from tests.models.pipelines import table
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "check_pipelines.py"
+    spec = importlib.util.spec_from_file_location("check_pipelines", path)
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    page = script.DOCS.read_text()
+    assert script.with_table(page, table()) == page, "run: .venv/bin/python scripts/check_pipelines.py --write-docs"
