@@ -76,8 +76,7 @@ class ResourceError(UserError, exit_code=10):
 
 
 class ExportError(UserError, exit_code=11):
-    """``rkpart export`` cannot export the pipeline: a class it does not reproduce, a recorded call the
-    description does not match, or the exporter failing."""
+    """The torch -> ONNX export failed: the exporter, a patch, ONNX Runtime or the ONNX-vs-torch check."""
 
 
 #: exit status of a run interrupted with Ctrl-C (SIGINT), as shells report it (128 + 2)

@@ -6,7 +6,7 @@ The steps, each checked before the next:
    ``None``: no text encoder is needed);
 2. make the call arguments from the pipeline's own ``__call__`` signature: ``prompt_embeds`` (and
    every ``*prompt_embeds`` / ``*prompt_attention_mask`` it takes) of ``--text-len`` tokens, seeded
-   ``latents=`` of the shape the pipeline makes (:func:`~rkpart.export.record.probe_loop_latent`);
+   ``latents=`` of the shape the pipeline makes (:func:`~rkpart.export.record.probe_latents`);
 3. record two calls (:mod:`rkpart.export.record`): 2 steps, ``output_type="latent"``; 3 steps,
    ``output_type="np"``; other seeds and another guidance scale;
 4. derive the description (:func:`rkpart.export.describe.derive`) and replay both calls from it
@@ -55,12 +55,22 @@ DTYPES = ("float32", "float16")
 #: pipeline classes whose export ``tests/export`` checks end to end (the error for another class names them)
 VERIFIED = ("FluxPipeline", "PixArtSigmaPipeline", "StableDiffusion3Pipeline")
 
-#: the last dimension of an embedding argument, by the transformer config keys that give it (first present wins)
-EMBED_WIDTH_KEYS: dict[str, tuple[str, ...]] = {
-    "pooled_prompt_embeds": ("pooled_projection_dim",),
-    "prompt_embeds": ("caption_channels", "joint_attention_dim", "text_embed_dim", "text_dim",
-                      "cross_attention_dim", "caption_dim", "context_in_dim"),
+#: the text conditioning arguments rkpart gives, by name without ``negative_``: the transformer config keys
+#: that give the last dimension (first present wins), and those that fix the sequence length (else
+#: ``--text-len``); a mask takes the length of the embeddings it names (``EMBED_OF_MASK``)
+EMBEDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "prompt_embeds": (("caption_channels", "joint_attention_dim", "text_embed_dim", "text_dim", "cap_feat_dim",
+                       "text_in_dim", "text_hidden_dim", "cross_attention_dim", "caption_dim", "context_in_dim"), ()),
+    "prompt_embeds_2": (("cross_attention_dim_t5", "text_embed_2_dim"), ("text_len_t5",)),
+    "pooled_prompt_embeds": (("pooled_projection_dim",), ()),
 }
+#: config keys giving an axis of stacked text-encoder layers between the tokens and the width (Krea 2)
+TEXT_LAYERS_KEYS = ("num_text_layers",)
+EMBED_OF_MASK = {"prompt_attention_mask": "prompt_embeds", "prompt_embeds_mask": "prompt_embeds",
+                 "prompt_attention_mask_2": "prompt_embeds_2"}
+#: the dtypes a mask argument is tried in, in order (a tokenizer's int64 first); the first the pipeline runs with
+#: is kept (``float`` stands for the transformer's floating dtype)
+MASK_DTYPES = ("int64", "float", "bool")
 #: the text prompt arguments (``prompt``, ``negative_prompt_2``, ...)
 _PROMPT = re.compile(r"^(negative_)?prompt(_\d+)?$")
 #: the two recordings: (seed, steps, guidance scale, output_type)
@@ -159,59 +169,75 @@ def _call_params(pipe: Any) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(pipe.__call__).parameters)
 
 
-def _width(pipe: Any, arg: str) -> int:
-    base = arg.removeprefix("negative_")
-    keys = EMBED_WIDTH_KEYS.get(base, ())
+def _config(pipe: Any, keys: tuple[str, ...]) -> int | None:
     cfg = pipe.transformer.config
     for k in keys:
         v = cfg.get(k) if hasattr(cfg, "get") else getattr(cfg, k, None)
-        if isinstance(v, int) and v > 0:
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
             return v
-    raise ExportError(f"{type(pipe).__name__}: cannot tell the width of its {arg} argument from "
-                      f"{type(pipe.transformer).__name__}'s config ({', '.join(keys) or 'no key known'})")
+    return None
 
 
-def conditioning_args(pipe: Any, text_len: int, seed: int) -> dict[str, Any]:
-    """Seeded embeddings and masks for every ``*prompt_embeds`` / ``*prompt_attention_mask`` the call takes.
+def _width(pipe: Any, arg: str) -> int:
+    keys = EMBEDS[arg.removeprefix("negative_")][0]
+    width = _config(pipe, keys)
+    if width is None:
+        raise ExportError(f"{type(pipe).__name__}: cannot tell the width of its {arg} argument from "
+                          f"{type(pipe.transformer).__name__}'s config (none of {', '.join(keys)})")
+    return width
+
+
+def _length(pipe: Any, arg: str, text_len: int) -> int:
+    return _config(pipe, EMBEDS[arg.removeprefix("negative_")][1]) or text_len
+
+
+def conditioning_args(pipe: Any, text_len: int, seed: int, mask_dtype: str = "int64") -> dict[str, Any]:
+    """Seeded embeddings and masks for every conditioning argument of :data:`EMBEDS` the call takes.
 
     Each argument gets its own values (the derivation tells arguments apart by value); the masks
-    have some invalid tokens at the end (fewer for the conditional pass), so both exported masks
-    differ from all-ones and from each other.
+    have some invalid tokens at the end (fewer for the conditional pass, and one more at odd seeds),
+    so the masks the export is checked with differ from all-ones and from each other.
     """
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     dtype = pipe.transformer.dtype
+    params = _call_params(pipe)
     out: dict[str, Any] = {}
-    for name in _call_params(pipe):
+    for name in params:
         base = name.removeprefix("negative_")
-        if base in EMBED_WIDTH_KEYS:
+        if base in EMBEDS:
             width = _width(pipe, name)
-            shape = (1, width) if base.startswith("pooled") else (1, text_len, width)
+            layers = _config(pipe, TEXT_LAYERS_KEYS) if base == "prompt_embeds" else None
+            shape = (1, width) if base.startswith("pooled") else (
+                1, _length(pipe, name, text_len), *((layers,) if layers else ()), width)
             out[name] = torch.randn(shape, generator=gen).to(dtype)
-        elif base == "prompt_attention_mask":
-            mask = torch.ones(1, text_len, dtype=torch.int64)
-            cut = max(1, text_len // (3 if name.startswith("negative_") else 6)) if text_len > 1 else 0
-            cut += seed % 2 if text_len > cut + 1 else 0
+    for name in params:
+        base = name.removeprefix("negative_")
+        if base in EMBED_OF_MASK and name.replace(base, EMBED_OF_MASK[base]) in out:
+            n = _length(pipe, EMBED_OF_MASK[base], text_len)
+            mask = torch.ones(1, n, dtype=torch.int64)
+            cut = max(1, n // (3 if name.startswith("negative_") else 6)) if n > 1 else 0
+            cut += seed % 2 if n > cut + 1 else 0
             if cut:
-                mask[:, text_len - cut:] = 0
-            out[name] = mask
+                mask[:, n - cut:] = 0
+            out[name] = mask.to({"int64": torch.int64, "bool": torch.bool, "float": dtype}[mask_dtype])
     if "prompt_embeds" not in out:
-        raise ExportError(f"{type(pipe).__name__}.__call__ takes no prompt_embeds; rkpart export gives the text "
-                          "conditioning as embeddings")
+        raise ExportError(f"{type(pipe).__name__}.__call__ takes no prompt_embeds: rkpart export records "
+                          "text-conditioned pipelines, fed their text conditioning as embeddings")
     # a text prompt argument with a default ("" for negative_prompt) would conflict with the embeddings
-    for name, p in _call_params(pipe).items():
+    for name, p in params.items():
         if _PROMPT.match(name) and p.default not in (None, inspect.Parameter.empty):
             out[name] = None
     return out
 
 
 def base_args(pipe: Any, opts: ExportOptions, text_len: int, seed: int, steps: int, guidance: float,
-              output_type: str) -> dict[str, Any]:
+              output_type: str, mask_dtype: str = "int64") -> dict[str, Any]:
     import torch
 
     params = _call_params(pipe)
-    args: dict[str, Any] = conditioning_args(pipe, text_len, seed)
+    args: dict[str, Any] = conditioning_args(pipe, text_len, seed, mask_dtype)
     args.update(num_inference_steps=steps, output_type=output_type, generator=torch.Generator().manual_seed(seed))
     if opts.height is not None:
         args["height"] = opts.height
@@ -227,7 +253,11 @@ def base_args(pipe: Any, opts: ExportOptions, text_len: int, seed: int, steps: i
 
 
 def default_text_len(pipe: Any) -> int:
-    """The pipeline's ``max_sequence_length`` default, else 77 (a CLIP text length)."""
+    """The transformer's fixed text length (a ``text_len`` config), else the call's ``max_sequence_length``
+    default, else 77 (a CLIP text length)."""
+    fixed = _config(pipe, ("text_len",))
+    if fixed is not None:
+        return fixed
     p = _call_params(pipe).get("max_sequence_length")
     return p.default if p is not None and isinstance(p.default, int) and p.default > 0 else 77
 
@@ -246,30 +276,38 @@ def record(pipe: Any, opts: ExportOptions, text_len: int, progress: Progress) ->
     """The probe and the two recorded calls of :data:`RECORDINGS`."""
     import torch
 
-    from rkpart.export.record import probe_loop_latent, record_call
+    from rkpart.export.record import probe_latents, record_call
 
-    progress(f"probing {type(pipe).__name__}'s loop latent")
-    probe = _call(pipe, probe_loop_latent, base_args(pipe, opts, text_len, 0, 1, RECORDINGS[0][2], "latent"),
-                  opts, text_len)
-    recs = []
+    progress(f"probing the latents= {type(pipe).__name__} takes")
+    has_mask = any(n.removeprefix("negative_") in EMBED_OF_MASK for n in _call_params(pipe))
+    first_error: UserError | None = None
+    for mask_dtype in MASK_DTYPES if has_mask else MASK_DTYPES[:1]:
+        try:
+            probe = _call(pipe, probe_latents,
+                          base_args(pipe, opts, text_len, 0, 1, RECORDINGS[0][2], "latent", mask_dtype), opts, text_len)
+            break
+        except UserError as e:  # the mask in another dtype may be what the pipeline takes
+            first_error = first_error or e
+    else:
+        assert first_error is not None
+        raise first_error
+    recs: list[Recording] = []
     for seed, steps, guidance, output_type in RECORDINGS:
         progress(f"recording the pipeline's call: {steps} steps, output_type={output_type!r}")
-        args = base_args(pipe, opts, text_len, seed, steps, guidance, output_type)
-        args["latents"] = torch.randn(probe.shape, generator=torch.Generator().manual_seed(100 + seed)).to(probe.dtype)
-        recs.append(_call(pipe, record_call, args, opts, text_len))
+        args = base_args(pipe, opts, text_len, seed, steps, guidance, output_type, mask_dtype)
+        tried: UserError | None = None
+        for shape in probe if not recs else [recs[0].args["latents"]]:
+            args["latents"] = torch.randn(shape.shape, generator=torch.Generator().manual_seed(100 + seed)).to(
+                shape.dtype)
+            try:
+                recs.append(_call(pipe, record_call, args, opts, text_len))
+                break
+            except UserError as e:  # the next candidate shape of latents= (the pipeline refused this one)
+                tried = tried or e
+        else:
+            assert tried is not None
+            raise tried
     return recs
-
-
-def _export_dtypes(facts: Facts, first: dict[str, Any], dtype: str) -> dict[str, torch.dtype]:
-    import torch
-
-    out = {}
-    for name in facts.inputs:
-        d = first[name].dtype
-        if dtype == "float16" and d.is_floating_point:
-            d = torch.float16
-        out[name] = d
-    return out
 
 
 def _example(facts: Facts, rec: Recording, batch: int) -> dict[str, torch.Tensor]:
@@ -302,7 +340,7 @@ def halve(facts: Facts, transformer: Any, recs: list[Recording]) -> Facts:
 
     import torch
 
-    from rkpart.export.describe import same
+    from rkpart.export.describe import nest_kwargs, same
     from rkpart.export.record import first_output
 
     for r in recs:
@@ -312,7 +350,7 @@ def halve(facts: Facts, transformer: Any, recs: list[Recording]) -> Facts:
                 feeds = {k: (v[row:row + 1] if isinstance(v, torch.Tensor) and _batched(facts, k, v) else v)
                          for k, v in c.kwargs.items() if k in facts.inputs}
                 with torch.no_grad():
-                    out = first_output(transformer(**feeds, **facts.fixed))
+                    out = first_output(transformer(**nest_kwargs({**feeds, **facts.fixed}, facts.nests)))
                 if not same(out, c.output[row:row + 1], rtol=1e-4):
                     raise ExportError("--batch 1: the transformer's output for one row of the CFG pair differs from "
                                       "that row of the batched call; export with --batch 2")
@@ -386,7 +424,8 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
         "timestep": {"scale": facts.timestep_scale, "offset": facts.timestep_offset,
                      "reverse": _reverse(facts, sched_cfg)},
         "scheduler": {"class": sched_cls, "config": sched_cfg,
-                      "set_timesteps": {"sigmas": facts.sigmas_rule, "mu": facts.mu}},
+                      "set_timesteps": {"sigmas": facts.sigmas_rule, "mu": facts.mu,
+                                        "timesteps": facts.timesteps_rule}},
         "cfg": _cfg(facts),
         "latent": {"shape": list(latent.shape), "dtype": str(latent.numpy().dtype), "init": facts.latent_init,
                    "packing": packing,
@@ -474,7 +513,7 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
     recs = record(pipe, opts, text_len, say)
     say("deriving the description from the recorded calls")
     defaults = {k: p.default for k, p in _call_params(pipe).items() if p.default is not inspect.Parameter.empty}
-    facts = derive(recs, defaults)
+    facts = derive(recs, defaults, int(pipe.scheduler.config.get("num_train_timesteps") or 1000))
     _check_latent_output(recs[0])
     batch = opts.batch or facts.call_batch
     if batch != facts.call_batch:
@@ -506,7 +545,7 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
         from rkpart.export.interim import export_module
 
         say(f"exporting {type(pipe.transformer).__name__} ({opts.exporter}, {opts.dtype}, batch {batch})")
-        errors[TRANSFORMER_FILE] = export_module(pipe.transformer, first, staging / TRANSFORMER_FILE,
+        errors[TRANSFORMER_FILE] = export_module(_renested(pipe.transformer, facts), first, staging / TRANSFORMER_FILE,
                                                  fixed=facts.fixed, exporter=opts.exporter, dtype=opts.dtype)
         onnx_inputs, outputs = _onnx_io(staging / TRANSFORMER_FILE)
         say("checking transformer.onnx on every recorded call under ONNX Runtime")
@@ -528,6 +567,26 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
         (staging / DESCRIPTION_FILE).write_text(json.dumps(doc, indent=1) + "\n")
         _validate(staging, onnx_inputs, outputs)
     return ExportResult(out, doc, errors)
+
+
+def _renested(transformer: Any, facts: Facts) -> Any:
+    """The transformer itself, or, when some of its arguments hold tensors (:func:`flatten_kwargs`), a module
+    taking one tensor per input that rebuilds them."""
+    if not facts.nests:
+        return transformer
+    import torch
+
+    from rkpart.export.describe import nest_kwargs
+
+    class Renested(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.transformer = transformer
+
+        def forward(self, **kwargs: Any) -> Any:
+            return self.transformer(**nest_kwargs(kwargs, facts.nests))
+
+    return Renested().eval()
 
 
 def _validate(folder: Path, onnx_inputs: dict[str, tuple[list[int], str]], outputs: list[str]) -> None:

@@ -49,10 +49,17 @@ class DescribeError(ExportError):
 ROLES = ("latent", "timestep", "guidance", "text_embeddings", "pooled_embeddings", "attention_mask", "image_ids",
          "text_ids", "position_ids", "rope", "class_labels", "image_latents", "other")
 
-#: ``sigmas`` the pipeline passes to ``set_timesteps``, by name: a rule of the step count ``n``
-SIGMA_RULES: dict[str, Callable[[int], np.ndarray]] = {
-    "linspace(1, 1/n, n)": lambda n: np.linspace(1.0, 1.0 / n, n),
-    "linspace(1, 0, n+1)[:-1]": lambda n: np.linspace(1.0, 0.0, n + 1)[:-1],
+#: ``sigmas`` the pipeline passes to ``set_timesteps``, by name: a rule of the step count ``n`` and the
+#: scheduler's ``num_train_timesteps`` ``T`` (``int``: truncation, as ``astype(np.int64)``)
+SIGMA_RULES: dict[str, Callable[[int, int], np.ndarray]] = {
+    "linspace(1, 1/n, n)": lambda n, _t: np.linspace(1.0, 1.0 / n, n),  # Flux
+    "linspace(1, 0, n+1)[:-1]": lambda n, _t: np.linspace(1.0, 0.0, n + 1)[:-1],
+    # CogView4: integer timesteps from T down to 1, as sigmas
+    "int(linspace(T, 1, n)) / T": lambda n, t: np.linspace(t, 1.0, n).astype(np.int64).astype(np.float32) / t,
+}
+#: ``timesteps`` the pipeline passes to ``set_timesteps`` beside its sigmas, by name (as :data:`SIGMA_RULES`)
+TIMESTEP_RULES: dict[str, Callable[[int, int], np.ndarray]] = {
+    "int(linspace(T, 1, n))": lambda n, t: np.linspace(t, 1.0, n).astype(np.int64).astype(np.float32),  # CogView4
 }
 
 
@@ -66,6 +73,58 @@ class InputFact:
     negative_argument: str | None = None
     #: a constant input's value (written to ``inputs.npz`` under ``name``)
     value: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Nest:
+    """A forward argument that holds tensors: a ``tuple``, ``list`` or ``dict`` (``kind``), the input name of
+    each tensor by position or key, and the items that are not tensors (``None`` in ``added_cond_kwargs``)."""
+
+    kind: str
+    names: tuple[tuple[Any, str], ...]
+    rest: tuple[tuple[Any, Any], ...] = ()
+
+
+def flatten_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Nest]]:
+    """``kwargs`` with every tuple / list / dict of tensors (one level) spread into ``<arg>_<key>`` inputs.
+
+    HunyuanDiT's ``image_rotary_emb`` (a (cos, sin) pair), PixArt-α's ``added_cond_kwargs``
+    (``resolution`` and ``aspect_ratio`` tensors): an ONNX graph takes tensors, one per input.
+    """
+    import torch
+
+    flat: dict[str, Any] = {}
+    nests: dict[str, Nest] = {}
+    for k, v in kwargs.items():
+        items: list[tuple[Any, Any]] | None = None
+        if isinstance(v, (tuple, list)) and v and all(isinstance(x, torch.Tensor) for x in v):
+            items = list(enumerate(v))
+        elif isinstance(v, dict) and any(isinstance(x, torch.Tensor) for x in v.values()) and not any(
+                _holds_tensor(x) and not isinstance(x, torch.Tensor) for x in v.values()):
+            items = list(v.items())
+        if items is None:
+            flat[k] = v
+            continue
+        names = tuple((key, f"{k}_{key}") for key, x in items if isinstance(x, torch.Tensor))
+        nests[k] = Nest("dict" if isinstance(v, dict) else type(v).__name__, names,
+                        tuple((key, x) for key, x in items if not isinstance(x, torch.Tensor)))
+        flat.update({name: v[key] for key, name in names})
+    return flat, nests
+
+
+def nest_kwargs(flat: dict[str, Any], nests: dict[str, Nest]) -> dict[str, Any]:
+    """The forward arguments from flattened inputs (the inverse of :func:`flatten_kwargs`)."""
+    owned = {name for n in nests.values() for _key, name in n.names}
+    out = {k: v for k, v in flat.items() if k not in owned}
+    for arg, n in nests.items():
+        if n.kind == "dict":
+            d = dict(n.rest)
+            d.update({key: flat[name] for key, name in n.names})
+            out[arg] = d
+        else:
+            seq = [flat[name] for _key, name in n.names]
+            out[arg] = tuple(seq) if n.kind == "tuple" else seq
+    return out
 
 
 @dataclass
@@ -90,6 +149,8 @@ class Facts:
     timestep_offset: float
     sigmas_rule: str | None
     mu: float | None
+    #: the rule of the ``timesteps`` the pipeline passes to ``set_timesteps`` (CogView4), or ``None``
+    timesteps_rule: str | None
     latent_init: str
     latent_input: str
     #: the batch one transformer call takes in the export (2: the CFG pair batched)
@@ -98,6 +159,9 @@ class Facts:
     #: a batched pair is exported as two passes of batch 1)
     pipeline_batch: int
     fixed: dict[str, Any] = field(default_factory=dict)
+    #: forward arguments that are a tuple / list / dict holding tensors, flattened into one input per
+    #: tensor (:func:`flatten_kwargs`; :func:`nest_kwargs` rebuilds them for the call)
+    nests: dict[str, Nest] = field(default_factory=dict)
 
 
 # -- comparisons ---------------------------------------------------------------------------------
@@ -221,6 +285,14 @@ def _argument_source(name: str, recs: Sequence[Recording], mode: str) -> tuple[s
             # the conditional pass is the one fed the argument that is not a negative one
             return (a, b) if not _is_negative(a) or _is_negative(b) else (b, a)
         return a, None
+    if mode == "batched":
+        for a in names:
+            if all(isinstance(c.kwargs.get(name), torch.Tensor)
+                   and same(c.kwargs[name], torch.cat([torch.zeros_like(r.args[a]), r.args[a]]))
+                   for r, _s, _i, c in calls):
+                raise DescribeError(f"transformer input {name!r}: the unconditional pass takes zeros, not the "
+                                    f"negative of {a} the call was given; pipeline.json version 1 describes an "
+                                    "unconditional input only as a call argument")
     return None
 
 
@@ -332,15 +404,23 @@ def _scale_arguments(recs: Sequence[Recording]) -> list[str]:
                   and ("guidance" in k or "cfg" in k))
 
 
-def derive(recs: Sequence[Recording], defaults: dict[str, Any]) -> Facts:
+def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timesteps: int = 1000) -> Facts:
     """The facts of the description, from two recordings that differ in seed, steps and guidance.
 
-    ``defaults``: the pipeline's ``__call__`` defaults (the guidance scale the description names).
+    ``defaults``: the pipeline's ``__call__`` defaults (the guidance scale the description names);
+    ``num_train_timesteps``: the scheduler's (``T`` of the sigma rules).
     Raises :class:`DescribeError` naming what does not match.
     """
     import torch
 
     per_step = _check_structure(recs)
+    nests: dict[str, Nest] = {}
+    for _r, _s, _i, c in _calls(recs):
+        c.kwargs, nested = flatten_kwargs(c.kwargs)
+        if nests and nested != nests:
+            raise DescribeError("the transformer's nested arguments change between calls; rkpart exports one "
+                                "graph for every call")
+        nests = nested
     latent_input, call_batch = _latent_input(recs)
     loop_batch = recs[0].steps[0].sample.shape[0]
     mode = "two-pass" if per_step == 2 else "batched" if call_batch == 2 * loop_batch else "none"
@@ -406,8 +486,11 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any]) -> Facts:
         guidance_input_scale=guidance[1] if guidance else None,
         cond_call=cond_call, learned_sigma=learned_sigma, sign=sign, channels_axis=channels_axis,
         timestep_input=timestep[0], timestep_scale=timestep[1], timestep_offset=timestep[2],
-        sigmas_rule=_sigmas_rule(recs), mu=_mu(recs), latent_init=_latent_init(recs), latent_input=latent_input,
-        call_batch=call_batch, pipeline_batch=call_batch, fixed=fixed,
+        sigmas_rule=_named_rule(recs, "sigmas", SIGMA_RULES, num_train_timesteps), mu=_mu(recs),
+        timesteps_rule=_named_rule(recs, "timesteps", TIMESTEP_RULES, num_train_timesteps),
+        latent_init=_latent_init(recs),
+        latent_input=latent_input,
+        call_batch=call_batch, pipeline_batch=call_batch, fixed=fixed, nests=nests,
     )
 
 
@@ -453,12 +536,40 @@ def _find_combination(recs: Sequence[Recording], mode: str, cond_call: int | Non
                         break
                 if ok:
                     return learned, sign, scale_arg
+    _diagnose_renorm(recs, mode, cond_call, scale_args)
     # name the first step no candidate reproduces
     r, s = recs[0], recs[0].steps[0]
     shapes = [tuple(c.output.shape) for c in s.calls]
     raise DescribeError(f"step 1 of {len(r.steps)}: no combination of the transformer output(s) {shapes} (CFG "
                         f"uncond + g * (cond - uncond) or none, learned-sigma split or none, sign) gives the "
                         f"scheduler's model_output {tuple(s.model_output.shape)}")
+
+
+def _diagnose_renorm(recs: Sequence[Recording], mode: str, cond_call: int | None, scale_args: list[str]) -> None:
+    """Refuse, naming it, the CFG that rescales the combination to the conditional prediction's norm (over the
+    last axis: Qwen-Image's and Nucleus-MoE's "true CFG"), which pipeline.json version 1 cannot describe."""
+    if mode not in ("batched", "two-pass"):
+        return
+    for scale_arg in scale_args:
+        for sign in (1, -1):
+            ok = True
+            for r in recs:
+                for s in r.steps:
+                    outs = [c.output for c in s.calls]
+                    x = combine_outputs(outs, mode, cond_call, float(r.args[scale_arg]), False, 1)
+                    cond = outs[cond_call or 0] if mode == "two-pass" else outs[0].chunk(2)[1]
+                    if x is None or x.shape != cond.shape:
+                        return
+                    x = x * (cond.norm(dim=-1, keepdim=True) / x.norm(dim=-1, keepdim=True)) * sign
+                    if not same(x.to(s.model_output.dtype), s.model_output, rtol=1e-4):
+                        ok = False
+                        break
+                if not ok:
+                    break
+            if ok:
+                raise DescribeError("the pipeline rescales its CFG combination to the norm of the conditional "
+                                    "prediction (uncond + g * (cond - uncond)) * |cond| / |comb|; pipeline.json "
+                                    "version 1 describes only uncond + g * (cond - uncond)")
 
 
 def combine_outputs(outputs: Sequence[torch.Tensor], mode: str, cond_call: int | None, g: float, learned: bool,
@@ -485,29 +596,31 @@ def combine_outputs(outputs: Sequence[torch.Tensor], mode: str, cond_call: int |
     return -x if sign < 0 else x
 
 
-def _sigmas_rule(recs: Sequence[Recording]) -> str | None:
-    given = [r.set_timesteps.get("sigmas") for r in recs]
+def _named_rule(recs: Sequence[Recording], arg: str, rules: dict[str, Callable[[int, int], np.ndarray]],
+                t: int) -> str | None:
+    """The name of the rule of ``rules`` the ``arg`` passed to ``set_timesteps`` follows at every step count."""
+    given = [r.set_timesteps.get(arg) for r in recs]
     if all(s is None for s in given):
         return None
     if any(s is None for s in given):
-        raise DescribeError("the pipeline passes sigmas to set_timesteps at one step count and not at another")
-    for name, rule in SIGMA_RULES.items():
-        if all(np.allclose(np.asarray(s, dtype=np.float64), rule(len(r.steps)), rtol=1e-6, atol=1e-7)
+        raise DescribeError(f"the pipeline passes {arg} to set_timesteps at one step count and not at another")
+    for name, rule in rules.items():
+        if all(np.allclose(np.asarray(s, dtype=np.float64), rule(len(r.steps), t), rtol=1e-6, atol=1e-7)
                for s, r in zip(given, recs, strict=True)):
             return name
     shown = np.round(np.asarray(given[0], dtype=np.float64), 4).tolist()
-    raise DescribeError(f"the sigmas the pipeline passes to set_timesteps ({shown} for {len(recs[0].steps)} steps) "
-                        f"follow no rule rkpart knows ({', '.join(SIGMA_RULES)})")
+    raise DescribeError(f"the {arg} the pipeline passes to set_timesteps ({shown} for {len(recs[0].steps)} steps) "
+                        f"follow no rule rkpart knows ({', '.join(rules)})")
 
 
 def _mu(recs: Sequence[Recording]) -> float | None:
     mus = [r.set_timesteps.get("mu") for r in recs]
-    known = {"num_inference_steps", "device", "sigmas", "mu"}
+    known = {"num_inference_steps", "device", "sigmas", "mu", "timesteps"}
     for r in recs:
         extra = sorted(k for k, v in r.set_timesteps.items() if k not in known and v is not None)
         if extra:
             raise DescribeError(f"the pipeline passes {', '.join(extra)} to set_timesteps; rkpart records only "
-                                "the step count, sigmas and mu")
+                                "the step count, sigmas, timesteps and mu")
     if all(m is None for m in mus):
         return None
     vals = [float(m) for m in mus if m is not None]
@@ -580,8 +693,13 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
     kwargs: dict[str, Any] = {}
     if facts.mu is not None:
         kwargs["mu"] = facts.mu
+    t_train = int(scheduler_config.get("num_train_timesteps") or 1000)
+    if facts.timesteps_rule is not None:
+        kwargs["timesteps"] = TIMESTEP_RULES[facts.timesteps_rule](n, t_train)
     if facts.sigmas_rule is not None:
-        sched.set_timesteps(sigmas=SIGMA_RULES[facts.sigmas_rule](n), **kwargs)
+        kwargs["sigmas"] = SIGMA_RULES[facts.sigmas_rule](n, t_train)
+    if "sigmas" in kwargs or "timesteps" in kwargs:
+        sched.set_timesteps(**kwargs)
     else:
         sched.set_timesteps(n, **kwargs)
     if rec.timesteps is None or not same(sched.timesteps, rec.timesteps, rtol=1e-6):
@@ -600,7 +718,7 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
             feeds = {k: v.reshape(shapes[k]) if v.numel() == math.prod(shapes[k]) else v.expand(shapes[k])
                      for k, v in feeds.items()}
             with torch.no_grad():
-                out = transformer(**feeds, **facts.fixed)
+                out = transformer(**nest_kwargs({**feeds, **facts.fixed}, facts.nests))
             from rkpart.export.record import first_output
 
             outs.append(first_output(out))

@@ -196,19 +196,50 @@ def record_call(pipe: Any, args: dict[str, Any]) -> Recording:
     return rec
 
 
-def probe_loop_latent(pipe: Any, args: dict[str, Any]) -> torch.Tensor:
-    """The loop latent the pipeline makes for ``args`` (no ``latents=``): its first step's sample.
+def probe_latents(pipe: Any, args: dict[str, Any]) -> list[torch.Tensor]:
+    """The candidates for what the pipeline's ``latents=`` takes, for ``args`` (no ``latents=``).
 
-    Stops the call at its first ``scheduler.step``: one step's transformer calls, no more.
+    First the loop latent (the first step's sample: most pipelines loop on ``latents=`` as given,
+    Flux-style ones already packed), then, when its shape differs, the noise the call drew (the first
+    ``randn_tensor``, diffusers' helper every pipeline draws its initial latents with, looked up in the
+    pipeline's module: Flux.2 takes ``latents=`` unpacked and packs it).  Stops the call at its first
+    ``scheduler.step``: one step's transformer calls, no more.
     """
+    import sys
+
     import torch
 
     rec = Recording(args={})
-    with hooked(pipe, rec, stop_at_first_step=True), torch.no_grad(), contextlib.suppress(_Stop):
-        pipe(**args)
+    drawn: list[torch.Tensor] = []
+    modules = [m for m in (sys.modules.get(type(pipe).__module__), sys.modules.get("diffusers.utils.torch_utils"))
+               if m is not None and callable(getattr(m, "randn_tensor", None))]
+    with contextlib.ExitStack() as stack:
+        for m in modules:
+            stack.enter_context(_patched_function(m, "randn_tensor", drawn))
+        with hooked(pipe, rec, stop_at_first_step=True), torch.no_grad(), contextlib.suppress(_Stop):
+            pipe(**args)
     if not rec.steps:
         raise LookupError("the pipeline call ended without a scheduler step")
-    return rec.steps[0].sample
+    loop = rec.steps[0].sample
+    return [loop] + [d for d in drawn[:1] if isinstance(d, torch.Tensor) and d.shape != loop.shape]
+
+
+@contextlib.contextmanager
+def _patched_function(module: Any, name: str, out: list[Any]) -> Iterator[None]:
+    """``module.name`` records what it returns into ``out`` for the duration."""
+    original = getattr(module, name)
+
+    @functools.wraps(original)
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        res = original(*args, **kwargs)
+        out.append(_detach(res))
+        return res
+
+    setattr(module, name, recorded)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
 
 
 def _images(out: Any) -> Any:

@@ -42,6 +42,26 @@ def _flux_2x2(x: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor | None:
     return x.view(b, h // 2, w // 2, c, 2, 2).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
 
+def _patch_2x2(x: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor | None:
+    # channels of 2x2 patches, channel-major (Flux.2 / ERNIE-Image ``_unpatchify_latents``): pixel_shuffle(2)
+    if x.dim() != 4 or len(target) != 4:
+        return None
+    b, c, h, w = target
+    if h % 2 or w % 2 or tuple(x.shape) != (b, c * 4, h // 2, w // 2):
+        return None
+    return x.reshape(b, c, 2, 2, h // 2, w // 2).permute(0, 1, 4, 2, 5, 3).reshape(b, c, h, w)
+
+
+def _tokens_patch_2x2(x: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor | None:
+    # row-major tokens of those patches (Flux.2's packed loop latent)
+    if x.dim() != 3 or len(target) != 4:
+        return None
+    b, c, h, w = target
+    if h % 2 or w % 2 or tuple(x.shape) != (b, (h // 2) * (w // 2), c * 4):
+        return None
+    return _patch_2x2(x.reshape(b, h // 2, w // 2, c * 4).permute(0, 3, 1, 2), target)
+
+
 def _frame_squeeze(x: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor | None:
     if x.dim() == 5 and x.shape[2] == 1 and tuple(x.shape[:2]) + tuple(x.shape[3:]) == target:
         return x[:, :, 0]
@@ -49,9 +69,11 @@ def _frame_squeeze(x: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor | N
 
 
 #: candidate layouts of the loop latent, by the name ``latent.packing`` records (``None``: as is)
-UNPACKS: dict[str, Unpack] = {"identity": _identity, "flux-2x2": _flux_2x2, "frame-squeeze": _frame_squeeze}
+UNPACKS: dict[str, Unpack] = {"identity": _identity, "flux-2x2": _flux_2x2, "patch-2x2": _patch_2x2,
+                              "tokens-patch-2x2": _tokens_patch_2x2, "frame-squeeze": _frame_squeeze}
 #: the packing name recorded in the description for each unpack (``identity`` is no packing)
-PACKING = {"identity": None, "flux-2x2": "flux-2x2", "frame-squeeze": None}
+PACKING = {"identity": None, "flux-2x2": "flux-2x2", "patch-2x2": "patch-2x2", "tokens-patch-2x2": "tokens-patch-2x2",
+           "frame-squeeze": None}
 
 
 def _denormalize(x: torch.Tensor) -> torch.Tensor:
@@ -70,9 +92,11 @@ class PostLoop:
     """The post-loop path found in a recording."""
 
     unpack: str
-    #: ``z = latent * scale + shift`` per channel (axis 1 of the unpacked latent)
+    #: ``z = latent * scale + shift`` per channel: of the unpacked latent (axis 1) or, ``affine_first``, of
+    #: the loop latent before the unpack (its channel axis: Flux.2's batch-norm statistics of patch channels)
     scale: np.ndarray
     shift: np.ndarray
+    affine_first: bool
     postprocess: str
     latent_shape: tuple[int, ...]
     #: what vae.decode got (the unpacked latent)
@@ -80,23 +104,48 @@ class PostLoop:
     image_shape: tuple[int, ...]
 
 
-def _fit_affine(u: torch.Tensor, z: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per-channel ``a, b`` with ``z == a * u + b`` (checked to float tolerance), or ``None``."""
-    uu = u.detach().double().transpose(0, 1).reshape(u.shape[1], -1).numpy()
-    zz = z.detach().double().transpose(0, 1).reshape(z.shape[1], -1).numpy()
-    a = np.empty(u.shape[1])
-    b = np.empty(u.shape[1])
-    for c in range(u.shape[1]):
-        x, y = uu[c], zz[c]
-        var = float(((x - x.mean()) ** 2).sum())
+def _fit_affine(u: np.ndarray, z: np.ndarray, groups: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-group ``a, b`` with ``z == a[g] * u + b[g]`` (flat arrays; checked to float tolerance), or ``None``."""
+    a, b = np.empty(n), np.empty(n)
+    for g in range(n):
+        x, y = u[groups == g], z[groups == g]
+        var = float(((x - x.mean()) ** 2).sum()) if x.size else 0.0
         if var == 0:
             return None
-        a[c] = float(((x - x.mean()) * (y - y.mean())).sum()) / var
-        b[c] = float(y.mean() - a[c] * x.mean())
-    pred = a[:, None] * uu + b[:, None]
-    if np.abs(pred - zz).max() > 1e-5 * max(1.0, float(np.abs(zz).max())):
+        a[g] = float(((x - x.mean()) * (y - y.mean())).sum()) / var
+        b[g] = float(y.mean() - a[g] * x.mean())
+    if np.abs(a[groups] * u + b[groups] - z).max() > 1e-5 * max(1.0, float(np.abs(z).max())):
         return None
     return a, b
+
+
+def _channel_axis(x: torch.Tensor) -> int:
+    return 2 if x.dim() == 3 else 1  # tokens (B, N, C) keep their channels last
+
+
+def _affines(latent: torch.Tensor, z: torch.Tensor, unpack: Unpack) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """The per-channel affine between the unpacked ``latent`` and ``z``: applied after the unpack (on ``z``'s
+    channels), else before it (on the loop latent's channels), or ``None``."""
+    import torch
+
+    u = unpack(latent, tuple(z.shape))
+    if u is None:
+        return None
+    uu, zz = u.detach().double().numpy().ravel(), z.detach().double().numpy().ravel()
+    after = np.broadcast_to(np.arange(z.shape[1]).reshape(1, -1, *([1] * (z.dim() - 2))), z.shape).ravel()
+    fit = _fit_affine(uu, zz, after, z.shape[1])
+    if fit is not None:
+        return fit[0], fit[1], False
+    # which loop-latent channel each element of the unpacked latent came from
+    axis = _channel_axis(latent)
+    shape = [1] * latent.dim()
+    shape[axis] = latent.shape[axis]
+    channel_of = torch.arange(latent.shape[axis], dtype=torch.float64).reshape(shape).expand(latent.shape)
+    moved = unpack(channel_of.contiguous(), tuple(z.shape))
+    if moved is None:
+        return None
+    fit = _fit_affine(uu, zz, moved.numpy().astype(np.int64).ravel(), latent.shape[axis])
+    return None if fit is None else (fit[0], fit[1], True)
 
 
 def _named_affine(a: np.ndarray, b: np.ndarray, config: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -117,14 +166,12 @@ def find_post_loop(rec: Recording, vae_config: Any) -> PostLoop:
         raise DescribeError("the pipeline did not call vae.decode for output_type='np'")
     latent = rec.steps[-1].prev_sample
     z, x = rec.decode_input, rec.decode_output
-    found: tuple[str, np.ndarray, np.ndarray] | None = None
+    found: tuple[str, np.ndarray, np.ndarray, bool] | None = None
     for name, unpack in UNPACKS.items():
-        u = unpack(latent, tuple(z.shape))
-        if u is None:
-            continue
-        fit = _fit_affine(u, z)
+        fit = _affines(latent, z, unpack)
         if fit is not None:
-            found = (name, *_named_affine(*fit, vae_config))
+            a, b, first = fit
+            found = (name, *(_named_affine(a, b, vae_config) if not first else (a, b)), first)
             break
     if found is None:
         raise DescribeError(f"the final loop latent {tuple(latent.shape)} does not become vae.decode's input "
@@ -140,7 +187,8 @@ def find_post_loop(rec: Recording, vae_config: Any) -> PostLoop:
     if post is None:
         raise DescribeError(f"the pipeline's image {tuple(image.shape)} is not vae.decode's output "
                             f"{tuple(x.shape)} post-processed as rkpart knows ({', '.join(POSTPROCESS)})")
-    return PostLoop(found[0], found[1], found[2], post, tuple(latent.shape), tuple(z.shape), tuple(x.shape))
+    return PostLoop(found[0], found[1], found[2], found[3], post, tuple(latent.shape), tuple(z.shape),
+                    tuple(x.shape))
 
 
 def decode_module(vae: Any, post: PostLoop) -> Any:
@@ -155,17 +203,26 @@ def decode_module(vae: Any, post: PostLoop) -> Any:
             self.vae = vae
             c = len(post.scale)
             # plain attributes, not buffers: exported as constants, and nothing for a state dict
-            self.scale = torch.tensor(post.scale, dtype=torch.float32).reshape(1, c, 1, 1)
-            self.shift = torch.tensor(post.shift, dtype=torch.float32).reshape(1, c, 1, 1)
+            shape = [1] * (len(post.latent_shape) if post.affine_first else len(post.decode_shape))
+            shape[_axis(post) if post.affine_first else 1] = c
+            self.scale = torch.tensor(post.scale, dtype=torch.float32).reshape(shape)
+            self.shift = torch.tensor(post.shift, dtype=torch.float32).reshape(shape)
 
         def forward(self, latent: torch.Tensor) -> torch.Tensor:
+            if post.affine_first:
+                latent = latent * self.scale + self.shift
             z = UNPACKS[post.unpack](latent, post.decode_shape)
             assert z is not None
-            z = z * self.scale + self.shift
+            if not post.affine_first:
+                z = z * self.scale + self.shift
             x = self.vae.decode(z.to(self.vae.dtype), return_dict=False)[0]
             return POSTPROCESS[post.postprocess](x.float())
 
     return DecodeToImage().eval()
+
+
+def _axis(post: PostLoop) -> int:
+    return 2 if len(post.latent_shape) == 3 else 1
 
 
 def check_module(module: Any, rec: Recording) -> float:

@@ -18,9 +18,11 @@ import numpy as np
 
 #: the named sigma rules of docs/pipeline-json.md, as this test reads them
 SIGMAS = {
-    "linspace(1, 1/n, n)": lambda n: np.linspace(1.0, 1.0 / n, n),
-    "linspace(1, 0, n+1)[:-1]": lambda n: np.linspace(1.0, 0.0, n + 1)[:-1],
+    "linspace(1, 1/n, n)": lambda n, _t: np.linspace(1.0, 1.0 / n, n),
+    "linspace(1, 0, n+1)[:-1]": lambda n, _t: np.linspace(1.0, 0.0, n + 1)[:-1],
+    "int(linspace(T, 1, n)) / T": lambda n, t: np.floor(np.linspace(t, 1.0, n)).astype(np.float32) / t,
 }
+TIMESTEPS = {"int(linspace(T, 1, n))": lambda n, t: np.floor(np.linspace(t, 1.0, n)).astype(np.float32)}
 
 
 def _numbers(v: Any) -> Any:
@@ -43,9 +45,14 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
     sess = ort.InferenceSession(str(folder / doc["transformer"]["file"]), providers=["CPUExecutionProvider"])
     sched = getattr(diffusers, doc["scheduler"]["class"]).from_config(_numbers(doc["scheduler"]["config"]))
     st = doc["scheduler"]["set_timesteps"]
-    kwargs = {} if st["mu"] is None else {"mu": st["mu"]}
+    kwargs: dict[str, Any] = {} if st["mu"] is None else {"mu": st["mu"]}
+    t_train = int(doc["scheduler"]["config"].get("num_train_timesteps", 1000))
+    if st.get("timesteps") is not None:
+        kwargs["timesteps"] = TIMESTEPS[st["timesteps"]](steps, t_train)
     if st["sigmas"] is not None:
-        sched.set_timesteps(sigmas=SIGMAS[st["sigmas"]](steps), **kwargs)
+        kwargs["sigmas"] = SIGMAS[st["sigmas"]](steps, t_train)
+    if kwargs.keys() & {"sigmas", "timesteps"}:
+        sched.set_timesteps(**kwargs)
     else:
         sched.set_timesteps(steps, **kwargs)
     cfg, out, ts = doc["cfg"], doc["output"], doc["timestep"]
@@ -69,8 +76,8 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
                     v = np.full(shape, g * cfg.get("guidance_input_scale", 1.0))
                 elif i["value"] is not None:
                     v = values[i["value"]]
-                elif i["argument"] is None:
-                    v = np.ones(shape)  # an attention mask with no argument: all valid
+                elif i["argument"] is None or (i["role"] == "attention_mask" and i["argument"] not in embeds):
+                    v = np.ones(shape)  # an attention mask with no argument (or not given): all valid
                 elif kind == "batched":
                     v = np.concatenate([embeds[i["negative_argument"]], embeds[i["argument"]]])
                 else:
