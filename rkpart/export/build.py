@@ -225,6 +225,11 @@ def conditioning_args(pipe: Any, text_len: int, seed: int, mask_dtype: str = "in
     if "prompt_embeds" not in out:
         raise ExportError(f"{type(pipe).__name__}.__call__ takes no prompt_embeds: rkpart export records "
                           "text-conditioned pipelines, fed their text conditioning as embeddings")
+    annotation = str(params["prompt_embeds"].annotation)
+    if annotation.lower().startswith("list["):
+        raise ExportError(f"{type(pipe).__name__} takes prompt_embeds as a list of per-prompt tensors "
+                          f"({annotation}); rkpart export records pipelines whose conditioning is one tensor per "
+                          "argument")
     # a text prompt argument with a default ("" for negative_prompt) would conflict with the embeddings
     for name, p in params.items():
         if _PROMPT.match(name) and p.default not in (None, inspect.Parameter.empty):

@@ -3,9 +3,10 @@
 What a pipeline does after its loop is found from the recorded ``output_type="np"`` call, not
 from a table: the final loop latent ``L`` (the last step's ``prev_sample``) and the input ``z``
 that ``vae.decode`` got are compared through a small set of candidate layouts (:data:`UNPACKS`:
-as is, Flux-style 2x2 packing, a frame axis of one), and the per-channel affine map between them
-(``L / scaling_factor + shift_factor``, or a per-channel mean and std) is fitted and checked
-exactly.  The image the pipeline returned is compared with the candidate post-processings
+as is, Flux-style 2x2 packing, 2x2 patch channels and their tokens, a frame axis of one), and the
+per-channel affine map between them (``L / scaling_factor + shift_factor``, a per-channel mean and
+std, or batch-norm statistics applied to the loop latent's channels before the unpack) is fitted
+and checked exactly.  The image the pipeline returned is compared with the candidate post-processings
 (``x / 2 + 0.5`` clamped, or clamped as is).  :class:`DecodeToImage` is that path, checked once
 more end to end against the recorded image before it is exported.
 """
