@@ -834,6 +834,7 @@ def _key(spec: TinyPipeline, text_encoders: bool) -> str:
 
 def _build(spec: TinyPipeline, out: Path, text_encoders: bool = False) -> None:
     import diffusers
+    from diffusers.utils import logging as diffusers_logging
 
     components = spec.components()
     if text_encoders:
@@ -842,7 +843,16 @@ def _build(spec: TinyPipeline, out: Path, text_encoders: bool = False) -> None:
     pipe = getattr(diffusers, spec.pipeline)(**components)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pipe.save_pretrained(out, safe_serialization=True)
+        if text_encoders:
+            from transformers.utils import logging
+
+            logging.disable_progress_bar()  # "Writing model shards"
+        level = diffusers_logging.get_verbosity()
+        diffusers_logging.set_verbosity_error()  # "self.text_encoder=None ... cannot be saved" (null: intended)
+        try:
+            pipe.save_pretrained(out, safe_serialization=True)
+        finally:
+            diffusers_logging.set_verbosity(level)
 
 
 def pipeline_root() -> Path:
