@@ -282,6 +282,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 DEFAULTS["CogVideoXDPMScheduler"] = dict(DEFAULTS["CogVideoXDDIMScheduler"])
+DEFAULTS["FlowMapEulerDiscreteScheduler"] = {"num_train_timesteps": 1000, "shift": 1.0}
 
 #: diffusers' ``KarrasDiffusionSchedulers``: the classes whose ``__init__`` keys a Karras-compatible
 #: scheduler's ``from_config`` drops from the init arguments (they stay as config attributes)
@@ -403,6 +404,8 @@ def _refusals(class_name: str, cfg: _Config) -> list[str]:
         if cfg["num_train_timesteps"] < 1:
             out.append(_fmt("num_train_timesteps", cfg["num_train_timesteps"]))
         return out
+    if class_name == "FlowMapEulerDiscreteScheduler":
+        return [_fmt("num_train_timesteps", cfg["num_train_timesteps"])] if cfg["num_train_timesteps"] < 1 else []
     if class_name == "DPMSolverMultistepScheduler":
         algo = cfg["algorithm_type"]
         out += _beta_refusals(cfg) + _sigma_kinds(cfg) + _choice(cfg, "timestep_spacing", _SPACINGS)
@@ -703,6 +706,64 @@ class FlowMatchEulerDiscreteScheduler(Scheduler):
             prev = x + F64(F32(sigma_next - sigma)) * v
         self._step_index += 1
         return prev.astype(np.asarray(model_output).dtype)
+
+
+class FlowMapEulerDiscreteScheduler(Scheduler):
+    """AnyFlow's flow-map Euler: ``x - (sigma_t - sigma_r) * u`` with r the next sigma (float64 schedule)."""
+
+    class_name = "FlowMapEulerDiscreteScheduler"
+
+    def __init__(self, config: _Config) -> None:
+        super().__init__(config)
+        self.set_timesteps(config["num_train_timesteps"])
+        self.num_inference_steps = None
+
+    def set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
+                      mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
+        self._no_args(mu=mu)
+        n_train, shift = self.config["num_train_timesteps"], float(self.config["shift"])
+        if sigmas is not None and timesteps is not None and len(sigmas) != len(timesteps):
+            raise SamplerError("`sigmas` and `timesteps` should have the same length")
+        if num_inference_steps is None:
+            if sigmas is None and timesteps is None:
+                raise SamplerError("pass num_inference_steps, sigmas or timesteps")
+            num_inference_steps = len(sigmas) if sigmas is not None else len(timesteps)  # type: ignore[arg-type]
+        elif any(a is not None and len(a) != num_inference_steps for a in (sigmas, timesteps)):
+            raise SamplerError("`sigmas` and `timesteps` should have the same length as `num_inference_steps`")
+        if sigmas is not None:
+            work = np.array(sigmas, F64)
+        elif timesteps is not None:
+            work = np.array(timesteps, F64) / n_train
+        else:
+            work = torch_linspace(1.0, 0.0, num_inference_steps + 1, F64)[:-1]
+        if shift != 1.0:
+            work = shift * work / (1 + (shift - 1) * work)
+        self.num_inference_steps = num_inference_steps
+        self.sigmas = np.concatenate([work, np.zeros(1)])
+        self.timesteps = self.sigmas[:-1] * n_train
+        self._step_index = None
+
+    def _index(self, t: Any) -> int:
+        # diffusers: the nearest timestep in float32, if within 1e-3
+        diffs = np.abs(self.timesteps.astype(F32) - F32(np.asarray(t, F64).ravel()[0])).astype(F32)
+        i = int(diffs.argmin())
+        if diffs[i] > 1e-3:
+            raise SamplerError(f"timestep {np.asarray(t).ravel()[0]!r} is not on the schedule (no r_timestep here)")
+        return i
+
+    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+              generator_noise: NoiseFn | None) -> np.ndarray:
+        assert self.sigmas is not None
+        if self._step_index is None:
+            self._step_index = self._index(t)
+        i = self._index(t)
+        # a 0-d float64 tensor times float32 ones: torch rounds the coefficient to float32
+        c = self.sigmas[i] - self.sigmas[i + 1]
+        if model_output.dtype == F32:
+            c = F64(F32(c))
+        prev = sample.astype(F64) - c * model_output.astype(F64)
+        self._step_index += 1
+        return prev.astype(model_output.dtype)
 
 
 class _AlphaScheduler(Scheduler):
@@ -1554,7 +1615,7 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
     c.class_name: c for c in (
         FlowMatchEulerDiscreteScheduler, DPMSolverMultistepScheduler, DDIMScheduler, DDPMScheduler,
         CogVideoXDDIMScheduler, CogVideoXDPMScheduler, UniPCMultistepScheduler, EulerDiscreteScheduler,
-        EulerAncestralDiscreteScheduler,
+        EulerAncestralDiscreteScheduler, FlowMapEulerDiscreteScheduler,
     )
 }
 
@@ -1585,8 +1646,8 @@ def calculate_shift(image_seq_len: int, base_seq_len: int = 256, max_seq_len: in
     return image_seq_len * m + b
 
 
-def _rule_cogview4(n: int, n_train: int) -> dict[str, np.ndarray]:
-    ts = np.linspace(n_train, 1.0, n).astype(np.int64).astype(F32)
+def _int_timesteps(ts: np.ndarray, n_train: int) -> dict[str, np.ndarray]:
+    ts = ts.astype(np.int64).astype(F32)
     return {"timesteps": ts, "sigmas": (ts / F32(n_train)).astype(F32)}
 
 
@@ -1605,8 +1666,12 @@ SCHEDULE_RULES: dict[str, Callable[[int, int], dict[str, np.ndarray]]] = {
     # torch.linspace(0, 1, n, dtype=torch.float64): Cosmos-Predict2 (which then also sets the last
     # sigma to the one before it: a pipeline step outside set_timesteps, not part of this rule)
     "torch.linspace(0, 1, n, float64)": lambda n, _: {"sigmas": torch_linspace(0.0, 1.0, n, F64)},
-    # CogView4, GLM-Image: integer timesteps np.linspace(N, 1, n), sigmas = timesteps / N (float32)
-    "timesteps=linspace(N, 1, n).int, sigmas=timesteps/N": _rule_cogview4,
+    # CogView4: integer timesteps np.linspace(N, 1, n), sigmas = timesteps / N (float32)
+    "timesteps=linspace(N, 1, n).int, sigmas=timesteps/N":
+        lambda n, big: _int_timesteps(np.linspace(big, 1.0, n), big),
+    # GLM-Image: the same over np.linspace(N, 1, n + 1)[:-1]
+    "timesteps=linspace(N, 1, n+1)[:-1].int, sigmas=timesteps/N":
+        lambda n, big: _int_timesteps(np.linspace(big, 1.0, n + 1)[:-1], big),
 }
 
 

@@ -145,6 +145,9 @@ def test_schedule_rules_are_the_pipelines_expressions() -> None:
             "timesteps=linspace(N, 1, n).int, sigmas=timesteps/N": {
                 "timesteps": np.linspace(big, 1.0, n).astype(np.int64).astype(np.float32),
                 "sigmas": np.linspace(big, 1.0, n).astype(np.int64).astype(np.float32) / big},
+            "timesteps=linspace(N, 1, n+1)[:-1].int, sigmas=timesteps/N": {
+                "timesteps": np.linspace(big, 1.0, n + 1)[:-1].astype(np.int64).astype(np.float32),
+                "sigmas": np.linspace(big, 1.0, n + 1)[:-1].astype(np.int64).astype(np.float32) / big},
         }
         assert set(expected) == set(bs.SCHEDULE_RULES)
         for rule, want in expected.items():
