@@ -161,15 +161,22 @@ def _searchsorted_left(a: np.ndarray, v: Any) -> int:
 
 
 def _sigma_to_t(sigma: Any, log_sigmas: np.ndarray) -> np.ndarray:
-    """diffusers' ``_sigma_to_t``: the fractional training timestep of a sigma, by log-sigma interpolation."""
-    log_sigma = np.log(np.maximum(sigma, 1e-10))
-    dists = log_sigma - log_sigmas[:, np.newaxis]
+    """diffusers' ``_sigma_to_t``: the fractional training timestep of a sigma, by log-sigma interpolation.
+
+    A float64 NumPy scalar minus diffusers' float32 ``log_sigmas`` is float64 under NumPy 2 and
+    float32 under NumPy 1's value-based casting; the casts below pin NumPy 2's dtypes (measured:
+    without them NumPy 1.26 moves a karras timestep of squaredcos_cap_v2 from 998 to 999).
+    """
+    sigma = np.asarray(sigma)
+    dt = np.result_type(sigma.dtype, log_sigmas.dtype)
+    log_sigma = np.log(np.maximum(sigma, sigma.dtype.type(1e-10))).astype(dt)
+    dists = log_sigma - log_sigmas.astype(dt)[:, np.newaxis]
     low_idx = np.cumsum((dists >= 0), axis=0).argmax(axis=0).clip(max=log_sigmas.shape[0] - 2)
     high_idx = low_idx + 1
     low, high = log_sigmas[low_idx], log_sigmas[high_idx]
-    w = np.clip((low - log_sigma) / (low - high), 0, 1)
+    w = np.clip((low.astype(dt) - log_sigma) / (low - high).astype(dt), 0, 1)
     t = (1 - w) * low_idx + w * high_idx
-    return t.reshape(np.shape(sigma))
+    return t.reshape(sigma.shape)
 
 
 def _karras(sigma_min: float, sigma_max: float, n: int) -> np.ndarray:
