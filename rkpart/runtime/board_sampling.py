@@ -378,12 +378,22 @@ def _type_refusals(class_name: str, cfg: _Config) -> list[str]:
     return out
 
 
+#: a bound on the training schedule's length: beyond it a config is refused, not allocated
+MAX_TRAIN_TIMESTEPS = 100_000
+
+
+def _train_steps(cfg: _Config, least: int) -> list[str]:
+    n = cfg["num_train_timesteps"]
+    return [] if least <= n <= MAX_TRAIN_TIMESTEPS else [_fmt("num_train_timesteps", n)]
+
+
 def _beta_refusals(cfg: _Config, schedules: Sequence[str] = _BETA_SCHEDULES) -> list[str]:
-    out = []
+    out = _train_steps(cfg, 2)
     if cfg["trained_betas"] is None and cfg["beta_schedule"] not in schedules:
         out.append(_fmt("beta_schedule", cfg["beta_schedule"]))
-    if cfg["num_train_timesteps"] < 2:
-        out.append(_fmt("num_train_timesteps", cfg["num_train_timesteps"]))
+    if cfg["trained_betas"] is not None and len(cfg["trained_betas"]) != cfg["num_train_timesteps"]:
+        # diffusers sizes alphas_cumprod by the betas and the timesteps by num_train_timesteps
+        out.append(_fmt("trained_betas", f"{len(cfg['trained_betas'])} values"))
     return out
 
 
@@ -407,12 +417,9 @@ def _refusals(class_name: str, cfg: _Config) -> list[str]:
     if out:
         return out
     if class_name == "FlowMatchEulerDiscreteScheduler":
-        out += _sigma_kinds(cfg) + _choice(cfg, "time_shift_type", ("exponential", "linear"))
-        if cfg["num_train_timesteps"] < 1:
-            out.append(_fmt("num_train_timesteps", cfg["num_train_timesteps"]))
-        return out
+        return _train_steps(cfg, 1) + _sigma_kinds(cfg) + _choice(cfg, "time_shift_type", ("exponential", "linear"))
     if class_name == "FlowMapEulerDiscreteScheduler":
-        return [_fmt("num_train_timesteps", cfg["num_train_timesteps"])] if cfg["num_train_timesteps"] < 1 else []
+        return _train_steps(cfg, 1)
     if class_name == "DPMSolverMultistepScheduler":
         algo = cfg["algorithm_type"]
         out += _beta_refusals(cfg) + _sigma_kinds(cfg) + _choice(cfg, "timestep_spacing", _SPACINGS)
@@ -548,6 +555,23 @@ class Scheduler:
 
     def set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
                       mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
+        """diffusers' ``set_timesteps`` (``device`` aside): ``timesteps``/``sigmas`` for ``num_inference_steps``,
+        or for the custom ``sigmas``/``timesteps`` given; ``mu`` where the class shifts dynamically."""
+        if num_inference_steps is not None:
+            self._check_steps(num_inference_steps)
+        for name, arr in (("sigmas", sigmas), ("timesteps", timesteps)):
+            if arr is not None:
+                a = np.asarray(arr)
+                if a.ndim != 1 or not np.issubdtype(a.dtype, np.number) or not np.isfinite(a).all():
+                    raise SamplerError(f"{self.class_name}: {name} must be a 1-D array of finite numbers")
+                self._check_steps(len(a))
+        if mu is not None and (isinstance(mu, bool) or not isinstance(mu, (int, float, np.number))
+                               or not np.isfinite(mu)):
+            raise SamplerError(f"{self.class_name}: mu must be a finite number, got {mu!r}")
+        self._set_timesteps(num_inference_steps, sigmas=sigmas, mu=mu, timesteps=timesteps)
+
+    def _set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
+                       mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
         raise NotImplementedError
 
     def scale_model_input(self, sample: np.ndarray, t: Any = None) -> np.ndarray:
@@ -564,7 +588,13 @@ class Scheduler:
             raise SamplerError(f"{self.class_name}: step {self._step_index + 1} of {len(self.timesteps)} timesteps")
         # diffusers' torch scalars turn a zero sigma into inf/NaN silently; so does NumPy here
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            return self._step(np.asarray(model_output), t, np.asarray(sample), generator_noise)
+            try:
+                return self._step(np.asarray(model_output), t, np.asarray(sample), generator_noise)
+            except ValueError as e:
+                if isinstance(e, SamplerError) or "broadcast" not in str(e):
+                    raise
+                raise SamplerError(f"{self.class_name}.step: model_output {np.shape(model_output)} does not fit "
+                                   f"sample {np.shape(sample)}") from None
 
     def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
@@ -592,6 +622,11 @@ class Scheduler:
         bad = [k for k, v in kw.items() if v is not None]
         if bad:
             raise SamplerError(f"{self.class_name}.set_timesteps does not take {', '.join(bad)}")
+
+    def _check_steps(self, n: Any) -> None:
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_TRAIN_TIMESTEPS:
+            raise SamplerError(f"{self.class_name}: num_inference_steps must be an integer in "
+                               f"[1, {MAX_TRAIN_TIMESTEPS}], got {n!r}")
 
 
 def _time_shift(kind: str, mu: float, sigma: float, t: Any) -> Any:
@@ -633,8 +668,8 @@ class FlowMatchEulerDiscreteScheduler(Scheduler):
         self.sigma_min, self.sigma_max = float(sig[-1]), float(sig[0])
         self.shift = shift
 
-    def set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
-                      mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
+    def _set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
+                       mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
         cfg = self.config
         n_train = cfg["num_train_timesteps"]
         if cfg["use_dynamic_shifting"] and mu is None:
@@ -725,8 +760,8 @@ class FlowMapEulerDiscreteScheduler(Scheduler):
         self.set_timesteps(config["num_train_timesteps"])
         self.num_inference_steps = None
 
-    def set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
-                      mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
+    def _set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
+                       mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
         self._no_args(mu=mu)
         n_train, shift = self.config["num_train_timesteps"], float(self.config["shift"])
         if sigmas is not None and timesteps is not None and len(sigmas) != len(timesteps):
@@ -797,8 +832,8 @@ class DDIMScheduler(_AlphaScheduler):
         n = config["num_train_timesteps"]
         self.timesteps = np.arange(0, n)[::-1].copy().astype(np.int64)
 
-    def set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
-                      mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
+    def _set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
+                       mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
         self._no_args(sigmas=sigmas, mu=mu, timesteps=timesteps)
         n_train = self.config["num_train_timesteps"]
         if num_inference_steps is None or num_inference_steps > n_train or num_inference_steps < 1:
@@ -894,9 +929,9 @@ class CogVideoXDPMScheduler(CogVideoXDDIMScheduler):
 
     class_name = "CogVideoXDPMScheduler"
 
-    def set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
-                      mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
-        super().set_timesteps(num_inference_steps, sigmas=sigmas, mu=mu, timesteps=timesteps)
+    def _set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
+                       mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
+        super()._set_timesteps(num_inference_steps, sigmas=sigmas, mu=mu, timesteps=timesteps)
         # the pipeline passes step i the previous x0 and timesteps[i - 1]; this object keeps them
         self._old_x0: np.ndarray | None = None
         self._t_back: int | None = None
@@ -945,8 +980,8 @@ class DDPMScheduler(DDIMScheduler):
         self.custom_timesteps = False
         self.timesteps = np.arange(0, config["num_train_timesteps"])[::-1].copy().astype(np.int64)
 
-    def set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
-                      mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
+    def _set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
+                       mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
         self._no_args(sigmas=sigmas, mu=mu)
         n_train = self.config["num_train_timesteps"]
         if num_inference_steps is not None and timesteps is not None:
@@ -960,7 +995,7 @@ class DDPMScheduler(DDIMScheduler):
             # diffusers leaves num_inference_steps unset with custom timesteps; step needs none
             self.num_inference_steps = None
             return
-        super().set_timesteps(num_inference_steps)
+        super()._set_timesteps(num_inference_steps)
         self.custom_timesteps = False
 
     def _prev(self, t: int) -> int:
@@ -1098,8 +1133,8 @@ class DPMSolverMultistepScheduler(_SigmaMultistep):
         self.timesteps = np.linspace(0, n - 1, n, dtype=F32)[::-1].copy()
         self.sigmas = self._train_sigmas
 
-    def set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
-                      mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
+    def _set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
+                       mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
         self._no_args(sigmas=sigmas)
         cfg = self.config
         if mu is not None:
@@ -1295,8 +1330,8 @@ class UniPCMultistepScheduler(_SigmaMultistep):
         self.last_sample: np.ndarray | None = None
         self.this_order = 0
 
-    def set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
-                      mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
+    def _set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
+                       mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
         self._no_args(timesteps=timesteps)
         cfg = self.config
         n_train = cfg["num_train_timesteps"]
@@ -1509,8 +1544,8 @@ class EulerDiscreteScheduler(_AlphaScheduler):
             return float(m)
         return float(F32(np.sqrt(F64(F32(F32(m * m) + F32(1))))))
 
-    def set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
-                      mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
+    def _set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
+                       mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
         self._no_args(mu=mu)
         cfg = self.config
         if timesteps is not None and sigmas is not None:
@@ -1587,12 +1622,12 @@ class EulerAncestralDiscreteScheduler(EulerDiscreteScheduler):
 
     class_name = "EulerAncestralDiscreteScheduler"
 
-    def set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
-                      mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
+    def _set_timesteps(self, num_inference_steps: int | None = None, *, sigmas: Sequence[float] | None = None,
+                       mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
         self._no_args(sigmas=sigmas, mu=mu, timesteps=timesteps)
         if num_inference_steps is None:
             raise SamplerError("pass num_inference_steps")
-        super().set_timesteps(num_inference_steps)
+        super()._set_timesteps(num_inference_steps)
 
     def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:

@@ -233,6 +233,8 @@ NOT_REPRODUCED = [
     ("FlowMatchEulerDiscreteScheduler", {"shift": "3.0", "num_train_timesteps": 1000.0},
      ['num_train_timesteps=1000.0', 'shift="3.0"']),  # JSON types diffusers would not check
     ("DDIMScheduler", {"clip_sample": 1}, ["clip_sample=1"]),
+    ("DDIMScheduler", {"trained_betas": [0.01, 0.02]}, ['trained_betas="2 values"']),
+    ("FlowMatchEulerDiscreteScheduler", {"num_train_timesteps": 10 ** 9}, ["num_train_timesteps=1000000000"]),
     ("HeliosScheduler", {}, ["HeliosScheduler"]),
     ("PNDMScheduler", {"skip_prk_steps": True}, ["PNDMScheduler"]),
 ]
@@ -294,6 +296,16 @@ def test_calls_diffusers_refuses_are_refused() -> None:
         d.step(x, 999, x)
     with pytest.raises(bs.SamplerError, match=r"num_inference_steps must be in \[1, 1000\]"):
         d.set_timesteps(1001)
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(bs.SamplerError, match="num_inference_steps must be an integer"):
+            d.set_timesteps(bad)  # type: ignore[arg-type]
+    with pytest.raises(bs.SamplerError, match="sigmas must be a 1-D array of finite numbers"):
+        m.set_timesteps(None, sigmas=[1.0, float("nan")], mu=0.5)
+    with pytest.raises(bs.SamplerError, match="mu must be a finite number"):
+        m.set_timesteps(3, mu=float("inf"))
+    d.set_timesteps(4)
+    with pytest.raises(bs.SamplerError, match=r"model_output \(1, 3, 2, 2\) does not fit sample \(1, 4, 2, 2\)"):
+        d.step(x[:, :3], d.timesteps[0], x)
 
 
 def test_stochastic_steps_take_their_noise_from_the_caller() -> None:
