@@ -109,6 +109,7 @@ PUBLISHED: tuple[Case, ...] = (
          source="hub fal/AuraFlow"),
     Case("lumina2", "FlowMatchEulerDiscreteScheduler", {"num_train_timesteps": 1000, "shift": 6.0},
          rule="linspace(1, 1/n, n)", source="hub Alpha-VLLM/Lumina-Image-2.0"),
+    Case("lumina_next", "FlowMatchEulerDiscreteScheduler", {}, source="script convert_lumina_to_diffusers.py"),
     Case("zimage", "FlowMatchEulerDiscreteScheduler",
          {"num_train_timesteps": 1000, "shift": 3.0, "use_dynamic_shifting": False},
          rule="torch.linspace(1, 1/n, n)", mu=0.93, source="hub Tongyi-MAI/Z-Image-Turbo (mu unused)"),
