@@ -15,8 +15,9 @@ directly.  ``docs/pipelines.md`` tabulates them.
 - :func:`call_inputs` -- seeded embeddings (keys: the pipeline's call arguments) and initial ``latents=``.
 - :func:`run_diffusers` -- ``DiffusionPipeline.from_pretrained(folder)(...)`` on them, as numpy.
 
-Image size: 64 x 64 pixels for every image pipeline (the tiny VAEs downsample 8x like the published ones: a
-latent of 8 x 8, the size of the sweep's tiny configs).
+Image size: 64 x 64 pixels for every pipeline (video pipelines: one frame).  Most tiny VAEs downsample 8x like
+the published ones (8 x 8 latents, the size of the sweep's tiny configs); ERNIE-Image's Flux.2 VAE with its 2x2
+patchifying 16x, LTX's (diffusers' test config) 4x.
 """
 
 from __future__ import annotations
@@ -657,6 +658,67 @@ def _kandinsky5() -> dict[str, Any]:
     }
 
 
+def _wan() -> dict[str, Any]:
+    from diffusers import UniPCMultistepScheduler
+
+    return {
+        "transformer": _transformer("wan"),
+        "vae": _vae_wan(),
+        # scripts/convert_wan_to_diffusers.py, text-to-video: UniPC, flow prediction, flow_shift 3.0
+        "scheduler": UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                             num_train_timesteps=1000, flow_shift=3.0),
+        "text_encoder": None, "tokenizer": None, "transformer_2": None,
+    }
+
+
+def _cogvideox() -> dict[str, Any]:
+    import torch
+    from diffusers import AutoencoderKLCogVideoX, CogVideoXDDIMScheduler
+
+    torch.manual_seed(0)
+    # diffusers' test config (tests/pipelines/cogvideo/test_cogvideox.py), CogVideoX-2b's scaling factor
+    vae = AutoencoderKLCogVideoX(in_channels=3, out_channels=3, down_block_types=("CogVideoXDownBlock3D",) * 4,
+                                 up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8),
+                                 latent_channels=4, layers_per_block=1, norm_num_groups=2,
+                                 temporal_compression_ratio=4, scaling_factor=1.15258426)
+    return {
+        "transformer": _transformer("cogvideox"),
+        "vae": vae,
+        # scripts/convert_cogvideox_to_diffusers.py, CogVideoX-2b (snr_shift_scale 3.0)
+        "scheduler": CogVideoXDDIMScheduler(snr_shift_scale=3.0, beta_end=0.012, beta_schedule="scaled_linear",
+                                            beta_start=0.00085, clip_sample=False, num_train_timesteps=1000,
+                                            prediction_type="v_prediction", rescale_betas_zero_snr=True,
+                                            set_alpha_to_one=True, timestep_spacing="trailing"),
+        "text_encoder": None, "tokenizer": None,
+    }
+
+
+def _ltx() -> dict[str, Any]:
+    import torch
+    from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler
+
+    torch.manual_seed(0)
+    # diffusers' test config (tests/pipelines/ltx/test_ltx.py)
+    vae = AutoencoderKLLTXVideo(in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8, 8, 8, 8),
+                                decoder_block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
+                                decoder_layers_per_block=(1, 1, 1, 1, 1),
+                                spatio_temporal_scaling=(True, True, False, False),
+                                decoder_spatio_temporal_scaling=(True, True, False, False),
+                                decoder_inject_noise=(False, False, False, False, False),
+                                upsample_residual=(False, False, False, False), upsample_factor=(1, 1, 1, 1),
+                                timestep_conditioning=False, patch_size=1, patch_size_t=1, encoder_causal=True,
+                                decoder_causal=False)
+    return {
+        "transformer": _transformer("ltx"),
+        "vae": vae,
+        # scripts/convert_ltx_to_diffusers.py, LTX-Video 0.9.0 / 0.9.1 (LTXPipeline)
+        "scheduler": FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.95, max_shift=2.05,
+                                                     base_image_seq_len=1024, max_image_seq_len=4096,
+                                                     shift_terminal=0.1),
+        "text_encoder": None, "tokenizer": None,
+    }
+
+
 _L = SIZE // 8  # latent side
 
 PIPELINES: dict[str, TinyPipeline] = {p.family: p for p in (
@@ -713,6 +775,13 @@ PIPELINES: dict[str, TinyPipeline] = {p.family: p for p in (
     TinyPipeline("ernie_image", "ErnieImagePipeline", _ernie_image, lambda rng: _text(rng),
                  (1, 16, _L // 2, _L // 2), (1, SIZE, SIZE, 3), "batched", 4.0,
                  {"negative_prompt": None, "use_pe": False}),
+    # video pipelines, one frame (1 latent frame): the output is (batch, frames, height, width, 3)
+    TinyPipeline("wan", "WanPipeline", _wan, lambda rng: _text(rng), (1, 4, 1, _L, _L), (1, 1, SIZE, SIZE, 3),
+                 "two-pass", 5.0, {"num_frames": 1}),
+    TinyPipeline("cogvideox", "CogVideoXPipeline", _cogvideox, lambda rng: _text(rng), (1, 1, 4, _L, _L),
+                 (1, 1, SIZE, SIZE, 3), "batched", 6, {"num_frames": 1}),
+    TinyPipeline("ltx", "LTXPipeline", _ltx, lambda rng: _text(rng, masks=True), (1, (SIZE // 4) ** 2, 8),
+                 (1, 1, SIZE, SIZE, 3), "batched", 3, {"num_frames": 1}),
     TinyPipeline("lumina_next", "LuminaPipeline", _lumina_next, lambda rng: _text(rng, masks=True),
                  (1, 4, _L, _L), (1, SIZE, SIZE, 3), "batched", 4.0),
 )}
@@ -765,6 +834,7 @@ def _key(spec: TinyPipeline, text_encoders: bool) -> str:
 
 def _build(spec: TinyPipeline, out: Path, text_encoders: bool = False) -> None:
     import diffusers
+    from diffusers.utils import logging as diffusers_logging
 
     components = spec.components()
     if text_encoders:
@@ -773,7 +843,16 @@ def _build(spec: TinyPipeline, out: Path, text_encoders: bool = False) -> None:
     pipe = getattr(diffusers, spec.pipeline)(**components)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pipe.save_pretrained(out, safe_serialization=True)
+        if text_encoders:
+            from transformers.utils import logging
+
+            logging.disable_progress_bar()  # "Writing model shards"
+        level = diffusers_logging.get_verbosity()
+        diffusers_logging.set_verbosity_error()  # "self.text_encoder=None ... cannot be saved" (null: intended)
+        try:
+            pipe.save_pretrained(out, safe_serialization=True)
+        finally:
+            diffusers_logging.set_verbosity(level)
 
 
 def pipeline_root() -> Path:

@@ -21,7 +21,7 @@ from tests.models.pipelines import PIPELINES
 pytestmark = [pytest.mark.export,
               pytest.mark.skipif(bool(missing_dependencies()), reason=f"not installed: {missing_dependencies()}")]
 
-#: the families the suite runs: all of them while they stay cheap (18 image pipelines: 14 s of CPU for
+#: the families the suite runs: all of them while they stay cheap (27 pipelines: 22 s of CPU for
 #: scripts/check_pipelines.py, 8 s of it the first import of diffusers' pipelines and transformers)
 SAMPLE = sorted(PIPELINES)
 
