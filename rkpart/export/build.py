@@ -132,6 +132,14 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
+def pipeline_folder(src: Path) -> Path:
+    """``src``, or the pipeline folder around it when ``src`` is a pipeline's ``transformer/`` subfolder."""
+    if not (src / "model_index.json").is_file() and (src / "config.json").is_file() \
+            and (src.parent / "model_index.json").is_file() and src.resolve().name == "transformer":
+        return src.parent
+    return src
+
+
 def load_pipeline(src: Path) -> Any:
     """The diffusers pipeline saved in ``src`` (components saved as ``null`` loaded as ``None``)."""
     import diffusers
@@ -142,7 +150,8 @@ def load_pipeline(src: Path) -> Any:
     if not index_path.is_file():
         if (src / "config.json").is_file():
             raise InvalidModelError(f"{src} is a model folder, not a pipeline: rkpart export records the "
-                                    "pipeline's call; give the folder holding model_index.json")
+                                    "pipeline's call (its scheduler, VAE and the way it feeds the transformer); "
+                                    "give the folder holding model_index.json")
         raise InvalidModelError(f"{src} is not a diffusers pipeline folder (no model_index.json)")
     index = _read_json(index_path, "model_index.json")
     cls_name = index.get("_class_name")
@@ -512,6 +521,9 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
 
     _quiet_libraries()
     torch.manual_seed(0)
+    if pipeline_folder(src) != src:
+        say(f"{src} is the transformer of the pipeline in {src.parent}: exporting that pipeline")
+        src = pipeline_folder(src)
     say(f"loading {src}")
     pipe = load_pipeline(src)
     text_len = opts.text_len or default_text_len(pipe)

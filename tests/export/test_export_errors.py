@@ -44,6 +44,7 @@ def test_not_a_pipeline_folder(tmp_path: Path) -> None:
     (model / "config.json").write_text('{"_class_name": "FluxTransformer2DModel"}')
     code, text = _run(str(model), "-o", str(out))
     assert code == 3 and "is a model folder, not a pipeline" in _one_line(text)
+    assert "give the folder holding model_index.json" in text
     code, text = _run(str(tmp_path / "missing"), "-o", str(out))
     assert code == 3 and "is not a folder" in _one_line(text)
     _nothing_written(out)
