@@ -171,6 +171,9 @@ def load_pipeline(src: Path) -> Any:
     except Exception as e:  # noqa: BLE001 - a folder diffusers cannot load is the user's input
         raise InvalidModelError(f"{src}: diffusers cannot load {cls_name}: {first_line(e)}") from None
     pipe.set_progress_bar_config(disable=True)
+    if "num_frames" in _call_params(pipe):
+        raise ExportError(f"{cls_name} is a video pipeline (its call takes num_frames); rkpart export describes "
+                          "image pipelines (pipeline.json version 1: one image per call)")
     return pipe
 
 
@@ -234,11 +237,6 @@ def conditioning_args(pipe: Any, text_len: int, seed: int, mask_dtype: str = "in
     if "prompt_embeds" not in out:
         raise ExportError(f"{type(pipe).__name__}.__call__ takes no prompt_embeds: rkpart export records "
                           "text-conditioned pipelines, fed their text conditioning as embeddings")
-    annotation = str(params["prompt_embeds"].annotation)
-    if annotation.lower().startswith("list["):
-        raise ExportError(f"{type(pipe).__name__} takes prompt_embeds as a list of per-prompt tensors "
-                          f"({annotation}); rkpart export records pipelines whose conditioning is one tensor per "
-                          "argument")
     # a text prompt argument with a default ("" for negative_prompt) would conflict with the embeddings
     for name, p in params.items():
         if _PROMPT.match(name) and p.default not in (None, inspect.Parameter.empty):
@@ -304,6 +302,11 @@ def record(pipe: Any, opts: ExportOptions, text_len: int, progress: Progress) ->
             first_error = first_error or e
     else:
         assert first_error is not None
+        annotation = str(_call_params(pipe)["prompt_embeds"].annotation)
+        if annotation.lower().startswith("list["):  # Z-Image: one tensor per prompt, of its own length
+            raise ExportError(f"{type(pipe).__name__} refuses prompt_embeds as one tensor ({first_error}); it takes "
+                              f"a list of per-prompt tensors ({annotation}), which rkpart export does not "
+                              "give") from None
         raise first_error
     recs: list[Recording] = []
     for seed, steps, guidance, output_type in RECORDINGS:
