@@ -294,15 +294,15 @@ def record(pipe: Any, opts: ExportOptions, text_len: int, progress: Progress) ->
     has_mask = any(n.removeprefix("negative_") in EMBED_OF_MASK for n in _call_params(pipe))
     first_error: UserError | None = None
     for mask_dtype in MASK_DTYPES if has_mask else MASK_DTYPES[:1]:
+        args = base_args(pipe, opts, text_len, 0, 1, RECORDINGS[0][2], "latent", mask_dtype)
         try:
-            probe = _call(pipe, probe_latents,
-                          base_args(pipe, opts, text_len, 0, 1, RECORDINGS[0][2], "latent", mask_dtype), opts, text_len)
+            probe = _call(pipe, probe_latents, args, opts, text_len)
             break
         except UserError as e:  # the mask in another dtype may be what the pipeline takes
             first_error = first_error or e
     else:
         assert first_error is not None
-        annotation = str(_call_params(pipe)["prompt_embeds"].annotation)
+        annotation = str(_call_params(pipe)["prompt_embeds"].annotation)  # base_args checked it is there
         if annotation.lower().startswith("list["):  # Z-Image: one tensor per prompt, of its own length
             raise ExportError(f"{type(pipe).__name__} refuses prompt_embeds as one tensor ({first_error}); it takes "
                               f"a list of per-prompt tensors ({annotation}), which rkpart export does not "
