@@ -82,7 +82,7 @@ def test_output_folder_not_empty_is_refused_first(tmp_path: Path) -> None:
     code, text = _run(str(tp.cached_pipeline("sd3")), "-o", str(out))
     assert code == 6 and "is not empty; use --force" in _one_line(text)
     code, text = _run(str(tp.cached_pipeline("sd3")), "-o", str(out), "--force")
-    assert code == 6 and "rkpart did not write" in _one_line(text)
+    assert code == 6 and "it is not an rkpart export: it has no rkpart output marker" in _one_line(text)
     assert (out / "notes.txt").read_text() == "mine"
 
 
