@@ -295,7 +295,7 @@ def resolve_roles(plan: Plan, description: PipelineDescription | None = None, fl
         if len(fits) > 1:
             raise SpecError(f"{len(fits)} inputs fit the latent (shaped like the output {list(shape)}): "
                             f"{', '.join(fits)}; rkpart does not guess: name it with --latent-input NAME "
-                            f"({ROLE_FLAGS}) {DESCRIBE_HINT}")
+                            f"{DESCRIBE_HINT}")
         latent = fits[0]
         guessed.append("latent")
     free = [n for n in free if n != latent]
@@ -309,7 +309,7 @@ def resolve_roles(plan: Plan, description: PipelineDescription | None = None, fl
             raise SpecError(f"{len(fits)} inputs fit the timestep (the smallest, {size} element"
                             f"{'s' if size != 1 else ''}): {', '.join(fits)}; rkpart does not guess which is the "
                             f"timestep (a guidance input looks the same): name them with --timestep-input NAME "
-                            f"[--guidance-input NAME] ({ROLE_FLAGS}) {DESCRIBE_HINT}")
+                            f"[--guidance-input NAME] {DESCRIBE_HINT}")
         timestep = fits[0]
         guessed.append("timestep")
     roles: dict[str, str] = {}

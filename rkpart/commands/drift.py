@@ -78,8 +78,8 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool | None, guidance: float 
     from rkpart.compile.precision import plan_precision
     from rkpart.errors import GateError
     from rkpart.partitioner.plan import load_plan
+    from rkpart.profile.drift import check_roles, nonfinite_rows, render
     from rkpart.profile.drift import drift as run_drift
-    from rkpart.profile.drift import nonfinite_rows, render
     from rkpart.runtime.rknn_sim import RknnSimBackend
 
     if accuracy_out is not None:  # before the run: minutes of simulation must not end in "cannot write"
@@ -91,6 +91,7 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool | None, guidance: float 
         plan, folder = load_plan(p)
         prec = plan_precision(plan)  # precision variants of one plan side by side (issue 27)
         loaded.append((f"{plan.strategy['name']}{'' if prec == 'fp16' else f'[{prec}]'}:{folder.name}", plan, folder))
+    check_roles(loaded, role_flags, embeds, cfg)  # one line now, not after the simulator is set up
     backend = RknnSimBackend(toolkit, target=target, config=rknn_config, toolkits_dir=toolkits_dir,
                              memory_budget=None if sim_memory_mib is None else sim_memory_mib << 20)
     with Reporter(quiet=quiet) as say:

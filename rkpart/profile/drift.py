@@ -222,6 +222,19 @@ def effective_cfg(roles: InputRoles, cfg: bool | None, say: Callable[[str], None
     return True if cfg is None else cfg
 
 
+def check_roles(plans: Sequence[tuple[str, Plan, Path]], flags: RoleFlags = NO_FLAGS,
+                embeds: str | Path | None = None, cfg: bool | None = True) -> None:
+    """Refuse, before any run, a plan whose roles cannot be told or an ``--embeds`` file that
+    does not fit it (what :func:`drift` would refuse after setting up its backend)."""
+    from rkpart.roles import load_embeds, plan_description
+
+    for _label, plan, folder in plans:
+        r = resolve_roles(plan, plan_description(plan, folder), flags)
+        if embeds is not None:
+            load_embeds(embeds, r, plan, cfg=effective_cfg(r, cfg))
+        loop_inputs(plan, r)  # ids without values, a latent the loop cannot step
+
+
 def _nonfinite(m: Any) -> int:
     return int(m.nan + m.inf + m.ref_nonfinite)
 
@@ -328,5 +341,6 @@ def render(rows: Sequence[DriftRow], *, blocks: bool = True) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["LATENT", "DriftRow", "NonFiniteWatch", "Trajectory", "block_outputs", "compare_trajectories", "denoise",
+__all__ = ["LATENT", "DriftRow", "NonFiniteWatch", "Trajectory", "block_outputs", "check_roles",
+           "compare_trajectories", "denoise",
            "denoise_steps", "drift", "effective_cfg", "nonfinite_rows", "render", "roles"]
