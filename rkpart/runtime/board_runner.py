@@ -1273,9 +1273,11 @@ def _denoise_main(args: argparse.Namespace) -> int:
               "not on the NPU", file=sys.stderr)
     cond = load_npz(args.cond, "cond") if args.cond else None
     uncond = load_npz(args.uncond, "uncond") if args.uncond else None
-    passes = 1 if args.no_cfg else 2
-    mode = "one pass" if args.no_cfg else ("cond and uncond in parallel (cores 0 and 1)" if cfg_parallel
-                                           else "cond then uncond")
+    cfg_mode = str(runner.loop.get("cfg_mode", "two-pass"))
+    passes = 1 if args.no_cfg or cfg_mode != "two-pass" else 2
+    mode = {"batched": "one call on the uncond/cond pair", "distilled": "one pass, distilled guidance",
+            "none": "one pass"}.get(cfg_mode) or ("one pass" if args.no_cfg else (
+                "cond and uncond in parallel (cores 0 and 1)" if cfg_parallel else "cond then uncond"))
 
     def on_step(i: int, t: dict[str, float]) -> None:
         if not args.json:
