@@ -219,9 +219,10 @@ def threads_type() -> click.IntRange:
 
 # -- inputs and seed -------------------------------------------------------------------------
 def seed_option(f: F) -> F:
-    """``--seed``: the seed of the random plan inputs (:func:`rkpart.ir.tensors.random_feeds`)."""
+    """``--seed``: the seed of the random plan inputs (:func:`rkpart.roles.pass_inputs`)."""
     return click.option("--seed", type=SEED, default=0, show_default=True,
-                        help="Seed of the random plan inputs (floats ~ N(0,1), integers in [0,4)).")(f)
+                        help="Seed of the random plan inputs (floats ~ N(0,1); masks all-valid, id grids and "
+                             "integer inputs their pipeline.json values, else zeros).")(f)
 
 
 def inputs_options(f: F) -> F:

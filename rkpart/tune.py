@@ -101,6 +101,9 @@ class TuneConfig:
     embeds: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.embeds is not None and "int8" not in self.precisions:
+            raise UserError("--embeds gives the conditioning of tune's denoising loops: the int8 calibrations and "
+                            "drift of --precisions fp16,int8; without them tune runs no loop")
         if set(self.precisions) - {"fp16", "int8"} or "fp16" not in self.precisions:
             raise UserError(f"--precisions {','.join(self.precisions)}: give fp16 or fp16,int8")
         if "int8" in self.precisions and self.backend != "rknn-sim":
@@ -594,6 +597,13 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
     # rkpart.output: never a symlink or someone else's folder
     work = claim_work_folder(workdir, kind="tune", legacy=tune_listing, grows=TUNE_GROWS)
     plans, nblocks, reps = single_plans(model_path, work, config.pipeline)
+    if "int8" in config.precisions or config.cfg_parallel:
+        # before minutes of profiling: the loops run later (calibration, drift, the bundle's) must be able to tell
+        # the inputs' roles and take --embeds
+        from rkpart.profile.drift import check_roles
+
+        first = next(iter(plans.values()))
+        check_roles([("", *load_plan(first))], config.flags, config.embeds, config.cfg)
     progress(f"{nblocks} blocks; profiling " + ("whole plans" if reps is None else
                                                  f"blocks {', '.join(map(str, reps))} (one per anatomy)"))
     profiles = profile_for_fit(plans, nblocks, reps, work, config, progress)

@@ -100,7 +100,7 @@ SCHEDULERS = ("flow-euler",)
 #: loop overflows (a shift of 1e-320 divides by zero, a timestep scale of 1e300 is inf in float32)
 NUMBER_RANGES: dict[str, tuple[float, float]] = {
     "min_cosine": (-1.0, 1.0), "max_abs_rel": (0.0, 1000.0), "guidance": (-1000.0, 1000.0),
-    "shift": (1e-3, 1e3), "timestep_scale": (-1e6, 1e6), "timestep_offset": (-1e6, 1e6),
+    "shift": (1e-3, 1e3), "timestep_scale": (1e-3, 1e6), "timestep_offset": (-1e6, 1e6),
     "guidance_input_scale": (-1e6, 1e6),
 }
 #: how the loop's record says the pipeline guides (``rkpart.description`` ``cfg.mode``): a
@@ -109,11 +109,19 @@ NUMBER_RANGES: dict[str, tuple[float, float]] = {
 CFG_MODES = ("two-pass", "batched", "distilled", "none")
 
 
+#: numbers whose range is that of their magnitude: a reversed timestep (Z-Image: ``1 - t / 1000``)
+#: has a negative scale, a zero one none
+SIGNED = frozenset({"timestep_scale"})
+
+
 def check_number(v: Any, key: str, what: str) -> float:
-    """``v`` as a float if it is a finite number within ``NUMBER_RANGES[key]``, else :class:`BundleError`."""
+    """``v`` as a float if it is a finite number within ``NUMBER_RANGES[key]`` (its magnitude for
+    :data:`SIGNED` keys), else :class:`BundleError`."""
     lo, hi = NUMBER_RANGES[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-        raise BundleError(f"{what} must be a finite number in [{lo:g}, {hi:g}], got {repr(v)[:40]}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= (
+            abs(v) if key in SIGNED else v) <= hi:
+        where = f"[{lo:g}, {hi:g}]" if key not in SIGNED else f"[{lo:g}, {hi:g}] or [{-hi:g}, {-lo:g}]"
+        raise BundleError(f"{what} must be a finite number in {where}, got {repr(v)[:40]}")
     return float(v)
 #: core masks of the two passes' contexts under ``--cfg-parallel``
 CFG_LANE_MASKS = ("0", "1")
