@@ -111,6 +111,7 @@ class Option:
             "device_mib": round(self.device_bytes / MIB, 2), "device_source": self.device_source,
             "pss_peak_mib": None if self.pss_bytes is None else round(self.pss_bytes / MIB, 2),
             "error_ratio": self.error_ratio, "excluded": self.excluded,
+            **({"suspected": self.candidate.suspected} if self.candidate.suspected else {}),
             **({} if self.candidate.precision == "fp16" else {"precision": self.candidate.precision,
                                                               "precision_source": self.candidate.precision_source}),
         }
@@ -337,6 +338,11 @@ class Selection:
         raise KeyError(block)
 
     def reason(self, o: Option) -> str:
+        """Why ``o`` was chosen, excluded or passed over; a known issue it is only suspected of follows."""
+        why = self._reason(o)
+        return why if o.excluded or not o.candidate.suspected else f"{why}; {o.candidate.suspected}"
+
+    def _reason(self, o: Option) -> str:
         if o.excluded:
             return f"excluded: {o.excluded}"
         ch = self.choice_for(o.candidate.start)
