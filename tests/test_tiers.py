@@ -1,7 +1,8 @@
 """The test tiers police themselves: a test in the wrong tier fails (tests/conftest.py's rules).
 
 Runs pytest on a throw-away copy of tests/conftest.py and tests/toolkits.py, so the rules are
-checked as a session sees them, without adding a wrong test to this suite.
+checked as a session sees them, without adding a wrong test to this suite.  And README's tier block
+(written by ``scripts/tiers.py``) states the fast tier's collected count and a measured run.
 """
 
 from __future__ import annotations
