@@ -103,7 +103,8 @@ def require_extra(modules: Sequence[str] = ("torch", "onnxscript", "diffusers"))
         except ImportError:
             missing.append(name)
     if missing:
-        raise UserError(f"exporting needs {', '.join(missing)}, which are not installed: "
+        verb = "is" if len(missing) == 1 else "are"
+        raise UserError(f"{', '.join(missing)} {verb} not installed (exporting needs the export extra): "
                         "pip install 'rkpart[export]'")
 
 

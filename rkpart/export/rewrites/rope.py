@@ -15,71 +15,45 @@ from typing import Any
 
 
 def real_rope_lumina2(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """Lumina2's RoPE rewritten to the real (cos/sin) form.
+    """Lumina2's forward with its RoPE in the real (cos/sin) form and the caption mask a graph input.
 
-    diffusers rotates q/k viewed as complex pairs by complex frequencies (``torch.polar``,
-    ``view_as_complex``): TorchScript cannot export complex tensors ("ScalarType ComplexDouble")
-    and ``torch.export`` fails on the embedder's data-dependent caption lengths
-    (``mask.sum().tolist()``).  The same rotation of interleaved pairs is
-    ``x * cos + rot(x) * sin`` with each frequency's cos/sin repeated per pair (diffusers'
-    ``apply_rotary_emb(use_real=True)``).  Positions depend only on static shapes and the
-    caption length, so the tables are computed here once from the embedder's own frequencies for
-    the example caption mask (all ones: every caption token valid) and become constants.  The
-    patched model's output on the example inputs must equal the unpatched model's (fp32 real
-    arithmetic vs diffusers' complex128 products: within 1e-5).
+    diffusers derives the caption lengths from the mask in Python (``mask.sum(dim=1).tolist()``),
+    packs each row's valid caption tokens and its image tokens into a joint sequence of
+    ``max(cap_len) + image`` tokens, and rotates q/k as complex pairs (``view_as_complex``):
+    TorchScript bakes the example mask's lengths in (and cannot export complex tensors),
+    ``torch.export`` fails on the ``tolist``.  The same function with static shapes: the joint
+    sequence is ``[all L caption tokens, image tokens]`` with the caption tokens past each row's
+    length masked out as keys (so every valid token attends to exactly the keys it attends to in
+    diffusers), the positions are tensors computed from the mask (caption token ``i`` at
+    ``(i, 0, 0)``, image token ``(h, w)`` at ``(cap_len, h, w)``, as diffusers numbers them) and
+    gather the real cos/sin tables made once from the embedder's own frequencies; the image tokens
+    are read from their fixed place.  Valid captions are a prefix of the mask's length (diffusers
+    takes the first ``cap_len`` tokens).
     """
     import torch
-    from diffusers.models.transformers.transformer_lumina2 import Lumina2AttnProcessor2_0
-
-    mask = inputs["encoder_attention_mask"]
-    with torch.no_grad():
-        rope = model.rope_embedder
-        _, cap, img, joint, cap_lens, seq_lens = rope(inputs["hidden_states"], mask)
-
-    def real(freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # every batch row has the same positions (equal caption lengths): [S, D/2] complex -> [S, D] cos, sin
-        f = freqs[0]
-        return (f.real.repeat_interleave(2, dim=-1).float().contiguous(),
-                f.imag.repeat_interleave(2, dim=-1).float().contiguous())
-
-    tables = {"cap": real(cap), "img": real(img), "joint": real(joint)}
-
-    class StaticRealRope(torch.nn.Module):
-        """The embedder's outputs for static shapes: patchified latents and real RoPE tables."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.patch_size = rope.patch_size
-            for kind, (cos, sin) in tables.items():
-                self.register_buffer(f"{kind}_cos", cos, persistent=False)
-                self.register_buffer(f"{kind}_sin", sin, persistent=False)
-
-        def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> tuple[Any, ...]:
-            b, c, h, w = hidden_states.shape
-            p = self.patch_size
-            hidden_states = (hidden_states.view(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)
-                             .flatten(3).flatten(1, 2))
-            pairs = [(getattr(self, f"{k}_cos"), getattr(self, f"{k}_sin")) for k in ("cap", "img", "joint")]
-            return hidden_states, *pairs, list(cap_lens), list(seq_lens)
-
-    model.rope_embedder = StaticRealRope()
-    for module in model.modules():
-        if type(getattr(module, "processor", None)) is Lumina2AttnProcessor2_0:
-            module.set_processor(_lumina2_processor())
-
-
-def _lumina2_processor() -> Any:
-    """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
-    projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
-    ``[S, D]`` tables applied by diffusers' ``apply_rotary_emb(use_real=True)``)."""
-    import math
-
-    import torch
     import torch.nn.functional as F
-    from diffusers.models.embeddings import apply_rotary_emb
     from diffusers.models.transformers.transformer_lumina2 import Lumina2AttnProcessor2_0
+
+    rope = model.rope_embedder
+    p = rope.patch_size
+    # per axis [len, d/2] float32 cos / sin (diffusers' complex128 tables, evaluated once)
+    tables = [(f.real.float().contiguous(), f.imag.float().contiguous()) for f in rope.freqs_cis]
+
+    def real_freqs(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, S, 3] int positions -> cos, sin [B, S, D], each frequency repeated per pair."""
+        cos = torch.cat([c[ids[..., i]] for i, (c, _) in enumerate(tables)], dim=-1)
+        sin = torch.cat([s[ids[..., i]] for i, (_, s) in enumerate(tables)], dim=-1)
+        return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+
+    def rotate(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:  # x: [B, S, H, D]
+        cos, sin = (t[:, :, None, :] for t in cos_sin)
+        x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
+        rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
+        return (x.float() * cos + rotated * sin).type_as(x)
 
     class RealRopeLumina2Processor(Lumina2AttnProcessor2_0):
+        """diffusers' processor (projections, norms, GQA, masking) with the batched real rotation."""
+
         def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
                      attention_mask: torch.Tensor | None = None, image_rotary_emb: Any = None,
                      base_sequence_length: int | None = None) -> torch.Tensor:
@@ -97,9 +71,8 @@ def _lumina2_processor() -> Any:
                 query = attn.norm_q(query)
             if attn.norm_k is not None:
                 key = attn.norm_k(key)
-            if image_rotary_emb is not None:  # the one change: real cos/sin instead of complex products
-                query = apply_rotary_emb(query, image_rotary_emb, use_real=True, sequence_dim=1)
-                key = apply_rotary_emb(key, image_rotary_emb, use_real=True, sequence_dim=1)
+            if image_rotary_emb is not None:
+                query, key = rotate(query, image_rotary_emb), rotate(key, image_rotary_emb)
             query, key = query.to(dtype), key.to(dtype)
             if base_sequence_length is not None:
                 softmax_scale = math.sqrt(math.log(sequence_length, base_sequence_length)) * attn.scale
@@ -119,7 +92,50 @@ def _lumina2_processor() -> Any:
             hidden_states = attn.to_out[0](hidden_states)
             return attn.to_out[1](hidden_states)
 
-    return RealRopeLumina2Processor()
+    def forward(hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                encoder_attention_mask: torch.Tensor, attention_kwargs: Any = None,
+                return_dict: bool = True) -> tuple[torch.Tensor]:
+        self = model
+        batch_size, channels, height, width = hidden_states.shape
+        hp, wp = height // p, width // p
+        temb, encoder_hidden_states = self.time_caption_embed(hidden_states, timestep, encoder_hidden_states)
+        text = encoder_hidden_states.shape[1]
+        cap_len = encoder_attention_mask.sum(dim=1).to(torch.int64)  # [B]
+        # positions: caption token i at (i, 0, 0); image token (h, w) at (cap_len, h, w)
+        arange = torch.arange(text, device=hidden_states.device)
+        zeros = torch.zeros_like(arange)
+        cap_ids = torch.stack([arange, zeros, zeros], dim=-1).unsqueeze(0).expand(batch_size, -1, -1)
+        rows = torch.arange(hp, device=hidden_states.device).repeat_interleave(wp)
+        cols = torch.arange(wp, device=hidden_states.device).repeat(hp)
+        grid = torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).unsqueeze(0)
+        shift = torch.stack([cap_len, torch.zeros_like(cap_len), torch.zeros_like(cap_len)], dim=-1)
+        img_ids = grid + shift[:, None, :]
+        cap_rope, img_rope = real_freqs(cap_ids), real_freqs(img_ids)
+        joint_rope = (torch.cat([cap_rope[0], img_rope[0]], dim=1), torch.cat([cap_rope[1], img_rope[1]], dim=1))
+
+        hidden_states = (hidden_states.view(batch_size, channels, hp, p, wp, p).permute(0, 2, 4, 3, 5, 1)
+                         .flatten(3).flatten(1, 2))
+        hidden_states = self.x_embedder(hidden_states)
+        for layer in self.context_refiner:
+            encoder_hidden_states = layer(encoder_hidden_states, encoder_attention_mask, cap_rope)
+        for layer in self.noise_refiner:
+            hidden_states = layer(hidden_states, None, img_rope, temb)
+
+        # the joint sequence: every caption slot, then the image; caption slots past cap_len are masked keys
+        valid = arange[None, :] < cap_len[:, None]
+        attention_mask = torch.cat([valid, valid.new_ones(batch_size, hp * wp)], dim=1)
+        hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, attention_mask, joint_rope, temb)
+        hidden_states = self.norm_out(hidden_states, temb)[:, text:]
+        output = (hidden_states.view(batch_size, hp, wp, p, p, self.out_channels).permute(0, 5, 1, 3, 2, 4)
+                  .flatten(4, 5).flatten(2, 3))
+        return (output,)
+
+    for module in model.modules():
+        if type(getattr(module, "processor", None)) is Lumina2AttnProcessor2_0:
+            module.set_processor(RealRopeLumina2Processor())
+    model.forward = forward
 
 
 def real_rope_lumina_next(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
