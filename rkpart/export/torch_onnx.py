@@ -26,12 +26,13 @@ float16
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -226,13 +227,14 @@ def _export(wrapped: torch.nn.Module, args: tuple[Any, ...], path: Path, names: 
 
     other = EXPORTERS[1 - EXPORTERS.index(exporter)]
     try:
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), _exporter_chatter_hidden():
             warnings.simplefilter("ignore")
             if exporter == "dynamo":
                 prog = torch.onnx.export(wrapped, args, input_names=names, output_names=[output], dynamo=True,
                                          optimize=True, verbose=False, opset_version=opset)
                 if prog is None:
                     raise RuntimeError("torch.onnx.export returned no program")
+                _drop_stack_traces(prog.model)
                 prog.save(str(path))
             else:
                 torch.onnx.export(wrapped, args, str(path), input_names=names, output_names=[output],
@@ -242,6 +244,42 @@ def _export(wrapped: torch.nn.Module, args: tuple[Any, ...], path: Path, names: 
     except Exception as e:  # the exporters raise anything; the reason is their first line
         raise ExportError(f"the {exporter} exporter failed on {name}: {describe_exception(e)}; "
                           f"try --exporter {other}") from e
+
+
+@contextlib.contextmanager
+def _exporter_chatter_hidden() -> Iterator[None]:
+    """The process's stderr (file descriptor 2) sent to a scratch file while an exporter runs.
+
+    The exporters write to it from C++ and from loggers the caller has not configured: TorchScript
+    dumps the whole traced graph on any failure (``setup_onnx_logging`` tests the function
+    ``_jit_is_onnx_log_enabled`` for truth instead of calling it, so its log is always on: tens of
+    thousands of lines above a one-line error), dynamo logs a warning per missing torchvision op.
+    The error itself reaches the user as one line (:class:`~rkpart.errors.ExportError`).
+    """
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with tempfile.TemporaryFile() as scratch:
+            os.dup2(scratch.fileno(), 2)
+            try:
+                yield
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+    finally:
+        os.close(saved)
+
+
+def _drop_stack_traces(model: Any) -> None:
+    """Remove the dynamo exporter's per-node Python stack traces (``pkg.torch.onnx.stack_trace``): they
+    hold the absolute paths of the installation (site-packages, this file), so the same model exported
+    from two installations would differ; rkpart reads only the name scopes (``rkpart.ir.load``)."""
+    from onnx_ir.traversal import RecursiveGraphIterator
+
+    for node in RecursiveGraphIterator(model.graph):
+        node.metadata_props.pop("pkg.torch.onnx.stack_trace", None)
 
 
 def _external_data(path: Path, threshold: int) -> Path | None:
@@ -267,14 +305,16 @@ def _external_data(path: Path, threshold: int) -> Path | None:
     return data
 
 
-def _check(path: Path, sets: list[dict[str, Any]], refs: list[torch.Tensor], output: str, exporter: str,
+def _check(path: Path, sets: list[dict[str, Any]], refs: Sequence[torch.Tensor], output: str, exporter: str,
            dtype: str, name: str, varied: list[list[str]]) -> OnnxCheck:
     import numpy as np
     import onnxruntime as ort
 
     other = EXPORTERS[1 - EXPORTERS.index(exporter)]
     try:
-        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3  # ORT's warnings (no fp16 kernel to constant-fold a Sqrt, ...) are not ours
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT's load errors are of several types; the first line says why
         raise ExportError(f"ONNX Runtime cannot load the {exporter} export of {name}: {describe_exception(e)}; "
                           f"try --exporter {other}") from e

@@ -85,7 +85,7 @@ def dense_moe_hidream(model: Any, inputs: dict[str, Any], fixed: dict[str, Any])
 
     for module in model.modules():
         if isinstance(module, MOEFeedForwardSwiGLU):
-            module.forward = dense.__get__(module)
+            module.forward = dense.__get__(module)  # type: ignore[method-assign]
 
 
 def repeat_kv_ace_step(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
@@ -203,6 +203,8 @@ def real_rope_sdpa_far(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]
                         dim=-1).float().contiguous()  # [1, 1, S, D, 2]: cos, sin
 
     class StaticRealRope(torch.nn.Module):
+        table: torch.Tensor
+
         def __init__(self) -> None:
             super().__init__()
             self.register_buffer("table", table, persistent=False)

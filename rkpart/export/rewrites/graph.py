@@ -95,7 +95,7 @@ def decomposed_rms_norm_krea2(model: Any, inputs: dict[str, Any], fixed: dict[st
 
     for module in model.modules():
         if isinstance(module, Krea2RMSNorm):
-            module.forward = decomposed(module)
+            module.forward = decomposed(module)  # type: ignore[method-assign,assignment]
 
 
 def decompose_rms_norm(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
@@ -135,7 +135,7 @@ def pad_sequence_zimage(model: Any, inputs: dict[str, Any], fixed: dict[str, Any
     original = model.forward
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        saved, zimage.pad_sequence = zimage.pad_sequence, pad_sequence
+        saved, zimage.pad_sequence = zimage.pad_sequence, pad_sequence  # type: ignore[assignment]
         try:
             return original(*args, **kwargs)
         finally:

@@ -36,14 +36,11 @@ def real_rope_lumina2(model: Any, inputs: dict[str, Any], fixed: dict[str, Any])
 
     rope = model.rope_embedder
     p = rope.patch_size
-    # per axis [len, d/2] float32 cos / sin (diffusers' complex128 tables, evaluated once)
-    tables = [(f.real.float().contiguous(), f.imag.float().contiguous()) for f in rope.freqs_cis]
-
-    def real_freqs(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, S, 3] int positions -> cos, sin [B, S, D], each frequency repeated per pair."""
-        cos = torch.cat([c[ids[..., i]] for i, (c, _) in enumerate(tables)], dim=-1)
-        sin = torch.cat([s[ids[..., i]] for i, (_, s) in enumerate(tables)], dim=-1)
-        return cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1)
+    # per axis [len, d] float32 cos / sin, each frequency repeated per pair (diffusers' complex128 tables,
+    # evaluated once; a repeat_interleave in the graph trips TorchScript's shape inference: "ONNX Tile input
+    # shapes do not match")
+    tables = [(f.real.float().repeat_interleave(2, dim=-1).contiguous(),
+               f.imag.float().repeat_interleave(2, dim=-1).contiguous()) for f in rope.freqs_cis]
 
     def rotate(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:  # x: [B, S, H, D]
         cos, sin = (t[:, :, None, :] for t in cos_sin)
@@ -101,25 +98,29 @@ def real_rope_lumina2(model: Any, inputs: dict[str, Any], fixed: dict[str, Any])
         temb, encoder_hidden_states = self.time_caption_embed(hidden_states, timestep, encoder_hidden_states)
         text = encoder_hidden_states.shape[1]
         cap_len = encoder_attention_mask.sum(dim=1).to(torch.int64)  # [B]
-        # positions: caption token i at (i, 0, 0); image token (h, w) at (cap_len, h, w)
+        # caption token i at (i, 0, 0); image token (h, w) at (cap_len, h, w): only axis 0 of the image
+        # positions depends on the mask (a gather by cap_len), the rest are constants of the static shapes
         arange = torch.arange(text, device=hidden_states.device)
-        zeros = torch.zeros_like(arange)
-        cap_ids = torch.stack([arange, zeros, zeros], dim=-1).unsqueeze(0).expand(batch_size, -1, -1)
-        rows = torch.arange(hp, device=hidden_states.device).repeat_interleave(wp)
-        cols = torch.arange(wp, device=hidden_states.device).repeat(hp)
-        grid = torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).unsqueeze(0)
-        shift = torch.stack([cap_len, torch.zeros_like(cap_len), torch.zeros_like(cap_len)], dim=-1)
-        img_ids = grid + shift[:, None, :]
-        cap_rope, img_rope = real_freqs(cap_ids), real_freqs(img_ids)
+        rows = [r for r in range(hp) for _ in range(wp)]
+        cols = [c for _ in range(hp) for c in range(wp)]
+        cap_rope: list[torch.Tensor] = []
+        img_rope: list[torch.Tensor] = []
+        for k in (0, 1):  # cos, sin
+            cap = torch.cat([tables[0][k][:text], tables[1][k][:1].expand(text, -1),
+                             tables[2][k][:1].expand(text, -1)], dim=-1)
+            cap_rope.append(cap.unsqueeze(0).expand(batch_size, -1, -1))
+            grid = torch.cat([tables[1][k][rows], tables[2][k][cols]], dim=-1)  # [hp * wp, d1 + d2]
+            img_rope.append(torch.cat([tables[0][k][cap_len].unsqueeze(1).expand(-1, hp * wp, -1),
+                                       grid.unsqueeze(0).expand(batch_size, -1, -1)], dim=-1))
         joint_rope = (torch.cat([cap_rope[0], img_rope[0]], dim=1), torch.cat([cap_rope[1], img_rope[1]], dim=1))
 
         hidden_states = (hidden_states.view(batch_size, channels, hp, p, wp, p).permute(0, 2, 4, 3, 5, 1)
                          .flatten(3).flatten(1, 2))
         hidden_states = self.x_embedder(hidden_states)
         for layer in self.context_refiner:
-            encoder_hidden_states = layer(encoder_hidden_states, encoder_attention_mask, cap_rope)
+            encoder_hidden_states = layer(encoder_hidden_states, encoder_attention_mask, tuple(cap_rope))
         for layer in self.noise_refiner:
-            hidden_states = layer(hidden_states, None, img_rope, temb)
+            hidden_states = layer(hidden_states, None, tuple(img_rope), temb)
 
         # the joint sequence: every caption slot, then the image; caption slots past cap_len are masked keys
         valid = arange[None, :] < cap_len[:, None]
@@ -180,10 +181,11 @@ def real_rope_lumina_next(model: Any, inputs: dict[str, Any], fixed: dict[str, A
             key = key.view(batch_size, -1, kv_heads, head_dim)
             value = value.view(batch_size, -1, kv_heads, head_dim)
             if query_rotary_emb is not None:  # the one change: [1, S, D, 2] real (cos, sin) instead of complex
-                query = apply_rotary_emb(query, (query_rotary_emb[0, ..., 0], query_rotary_emb[0, ..., 1]),
+                # diffusers annotates the complex form; use_real takes a (cos, sin) pair
+                query = apply_rotary_emb(query, (query_rotary_emb[0, ..., 0], query_rotary_emb[0, ..., 1]),  # type: ignore[arg-type]
                                          use_real=True, sequence_dim=1)
             if key_rotary_emb is not None:
-                key = apply_rotary_emb(key, (key_rotary_emb[0, ..., 0], key_rotary_emb[0, ..., 1]),
+                key = apply_rotary_emb(key, (key_rotary_emb[0, ..., 0], key_rotary_emb[0, ..., 1]),  # type: ignore[arg-type]
                                        use_real=True, sequence_dim=1)
             query, key = query.to(dtype), key.to(dtype)
             if key_rotary_emb is None:
@@ -196,6 +198,7 @@ def real_rope_lumina_next(model: Any, inputs: dict[str, Any], fixed: dict[str, A
             if n_rep >= 1:
                 key = key.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
                 value = value.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
+            assert attention_mask is not None  # LuminaNext always passes its mask
             attention_mask = attention_mask.bool().view(batch_size, 1, 1, -1)
             attention_mask = attention_mask.expand(-1, attn.heads, sequence_length, -1)
             query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
@@ -260,7 +263,7 @@ def real_rope_fibo2(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -
     model.rope_embedder = RealRopeEmbedder()
     for module in model.modules():
         if isinstance(module, BriaFibo2Attention):
-            module.set_processor(RealRopeFibo2Processor())
+            module.set_processor(RealRopeFibo2Processor())  # type: ignore[arg-type]
 
 
 def mrope_where_ideogram4(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
@@ -350,6 +353,9 @@ def real_rope_qwenimage21(model: Any, inputs: dict[str, Any], fixed: dict[str, A
     sin = freqs.imag.repeat_interleave(2, dim=-1).float()[None, :, None, :].contiguous()
 
     class NormThenRope(torch.nn.Module):
+        cos: torch.Tensor
+        sin: torch.Tensor
+
         def __init__(self, norm: torch.nn.Module) -> None:
             super().__init__()
             self.norm = norm
@@ -558,6 +564,9 @@ def static_rope_easyanimate(model: Any, inputs: dict[str, Any], fixed: dict[str,
         cos, sin = model.rope_embedding(inputs["hidden_states"])
 
     class StaticRope(torch.nn.Module):
+        cos: torch.Tensor
+        sin: torch.Tensor
+
         def __init__(self) -> None:
             super().__init__()
             self.register_buffer("cos", cos.float().contiguous(), persistent=False)
@@ -608,7 +617,8 @@ def real_rope_static_experts_nucleus(model: Any, inputs: dict[str, Any], fixed: 
     class RealRopeProcessor(NucleusMoEAttnProcessor2_0):
         """diffusers' processor (no cached text keys) with the rotation in the real form."""
 
-        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
+        def __call__(self, attn: Any, hidden_states: torch.Tensor,  # type: ignore[override]
+                     encoder_hidden_states: torch.Tensor | None = None,
                      attention_mask: torch.Tensor | None = None, image_rotary_emb: Any = None,
                      **_: Any) -> torch.Tensor:
             head_dim = attn.inner_dim // attn.heads
@@ -646,7 +656,7 @@ def real_rope_static_experts_nucleus(model: Any, inputs: dict[str, Any], fixed: 
     model.pos_embed.forward = lambda *args, **kwargs: None
     for module in model.modules():
         if isinstance(module, SwiGLUExperts):
-            module.forward = static_experts(module)
+            module.forward = static_experts(module)  # type: ignore[method-assign,assignment]
     for module in model.modules():
         if type(getattr(module, "processor", None)) is NucleusMoEAttnProcessor2_0:
             module.set_processor(RealRopeProcessor())
@@ -689,6 +699,7 @@ def real_rope_zimage(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) 
                 # each frequency's cos / sin repeated per pair: [B, S, D/2, 2] -> [B, S, 1, D] (a repeat_interleave
                 # here gets ranks from uninitialised memory in TorchScript's shape inference: SDPA's key Transpose
                 # then has 6 axes and the ONNX peephole pass asserts or segfaults)
+                assert freqs_cis is not None
                 cos = freqs_cis[..., :1].expand(*freqs_cis.shape).flatten(-2).unsqueeze(2)
                 sin = freqs_cis[..., 1:].expand(*freqs_cis.shape).flatten(-2).unsqueeze(2)
                 x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
