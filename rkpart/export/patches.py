@@ -270,8 +270,9 @@ def apply_patches(model: torch.nn.Module, inputs: dict[str, Any], fixed: dict[st
 def mask_variants(inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One more value for every attention-mask input, as an override of ``inputs``.
 
-    A mask input is an integer or boolean tensor of rank >= 2 whose name contains ``mask``; its
-    last axis is the masked sequence.  The variant is a valid prefix of half the length (rounded
+    A mask input is an integer or boolean tensor of rank >= 2 whose name contains ``mask`` or ``drop``
+    (GLM-Image's ``prior_token_drop``, what classifier-free guidance changes); its last axis is the
+    masked sequence.  The variant is a valid prefix of half the length (rounded
     up) where the mask is all valid, and all valid where it is not: an export must agree with
     torch on both, so the conditional and unconditional passes (whose masks differ) run on one
     graph.  Empty when there is no mask input.
@@ -280,7 +281,8 @@ def mask_variants(inputs: Mapping[str, Any]) -> list[dict[str, Any]]:
 
     out: dict[str, Any] = {}
     for key, value in inputs.items():
-        if (not isinstance(value, torch.Tensor) or "mask" not in key.lower() or value.dim() < 2
+        if (not isinstance(value, torch.Tensor) or not any(w in key.lower() for w in ("mask", "drop"))
+                or value.dim() < 2
                 or value.dtype.is_floating_point or value.shape[-1] < 2):
             continue
         if bool(value.bool().all()):

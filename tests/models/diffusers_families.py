@@ -227,8 +227,14 @@ lumina_next           ``LuminaNextDiT2DModel``             self- and cross-atten
                                                            gates: :func:`_trained_like`
 ====================  ===================================  ==========================================================
 
-:func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
-torch versions, exporter, source of every function the export runs) under
+The patches that make 20 of these classes exportable are the product's (:data:`rkpart.export.PATCHES`,
+keyed by diffusers class; ``docs/export.md``), applied by :func:`rkpart.export.export_module`; this module
+keeps the configs and fixture-only preparation: :func:`_trained_like` (zero-initialised modulation made
+non-zero, so a random-weight model is not degenerate) and DreamLite's GQA processor (which its U-Net installs).
+
+:func:`export_family` writes one export through :func:`rkpart.export.export_module`; :func:`cached_export`
+makes it once per (diffusers and torch versions, exporter, source of every function the export runs, the
+product's modules included: :func:`rkpart.export.source_key`) under
 ``$RKPART_TEST_EXPORTS`` (default ``~/.cache/rkpart/test-exports``), so a rerun skips the
 exporter.  Needs torch, diffusers and onnxscript (:func:`missing_dependencies`).
 """
