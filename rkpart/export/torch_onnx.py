@@ -15,7 +15,9 @@
 7. the files moved into place.  A failure at any step leaves nothing at ``path``.
 
 float16
-    The patches are applied and checked on the float32 model; then the model, its floating
+    A float16 / bfloat16 model and its half inputs are cast to float32 first (torch's CPU kernels
+    for half types are slow or missing).  The patches are applied and checked on the float32
+    model; then the model, its floating
     inputs and its fixed floating tensors are cast to float16 and traced in float16 on the CPU
     (torch 2.13 runs every op of the sweep's families in half on the CPU, slowly; the trace runs
     once).  The graph then computes in float16 where diffusers does and in float32 where
@@ -160,6 +162,7 @@ def export_module(model: torch.nn.Module, inputs: Mapping[str, Any], path: str |
         the export differs from torch.  Nothing is left at ``path``.
     """
     require_extra(("torch", "onnx", "onnxscript") if exporter == "dynamo" else ("torch", "onnx"))
+    import torch
 
     if exporter not in EXPORTERS:
         raise UserError(f"unknown exporter {exporter!r}; expected one of {', '.join(EXPORTERS)}")
@@ -168,13 +171,20 @@ def export_module(model: torch.nn.Module, inputs: Mapping[str, Any], path: str |
     say = progress or (lambda _msg: None)
     name = type(model).__name__
     path = Path(path)
+    # patches are checked, and the reference computed, in float32 even for a float16 / bfloat16 checkpoint:
+    # torch's CPU kernels for half types are slow or missing, and it is the float32 function the export
+    # approximates (float64 tables a model keeps stay as they are)
+    halves = (torch.float16, torch.bfloat16)
     model = model.eval()
-    ins, fix = dict(inputs), dict(fixed or {})
+    if any(t.dtype in halves for t in (*model.parameters(), *model.buffers())):
+        model = model.float()
+    ins, fix = _cast(dict(inputs), torch.float32, halves), _cast(dict(fixed or {}), torch.float32, halves)
     say(f"patching {name}")
     patched = apply_patches(model, ins, fix, exporter=exporter, variants=variants)
     if dtype == "float16":
         model = model.half()
-        ins, fix = _half(ins), _half(fix)
+        ins, fix = _cast(ins, torch.float16), _cast(fix, torch.float16)
+    ins_dtype = torch.float16 if dtype == "float16" else torch.float32
     names = list(ins)
     wrapped = _wrap(model, names, fix)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -188,7 +198,7 @@ def export_module(model: torch.nn.Module, inputs: Mapping[str, Any], path: str |
         result_check = None
         if check:
             say("checking the export under ONNX Runtime")
-            sets = [{**ins, **(_half(dict(o)) if dtype == "float16" else dict(o))} for o in ({}, *patched.overrides)]
+            sets = [{**ins, **_cast(dict(o), ins_dtype)} for o in ({}, *patched.overrides)]
             result_check = _check(staged, sets, patched.references, output, exporter, dtype, name,
                                   [sorted(o) for o in patched.overrides])
         graph_inputs, opset_used = _graph_facts(staged)
@@ -370,14 +380,16 @@ def _numpy(value: Any) -> Any:
     return np.asarray(value)
 
 
-def _half(obj: Any) -> Any:
-    """``obj`` with every floating tensor (in dicts, lists and tuples too) cast to float16."""
+def _cast(obj: Any, dtype: torch.dtype, only: tuple[torch.dtype, ...] | None = None) -> Any:
+    """``obj`` with every floating tensor (in dicts, lists and tuples too; of a dtype in ``only`` when given)
+    cast to ``dtype``."""
     import torch
 
     if isinstance(obj, torch.Tensor):
-        return obj.half() if obj.is_floating_point() else obj
+        cast = obj.is_floating_point() and (only is None or obj.dtype in only)
+        return obj.to(dtype) if cast else obj
     if isinstance(obj, dict):
-        return {k: _half(v) for k, v in obj.items()}
+        return {k: _cast(v, dtype, only) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return type(obj)(_half(v) for v in obj)
+        return type(obj)(_cast(v, dtype, only) for v in obj)
     return obj
