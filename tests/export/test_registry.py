@@ -72,3 +72,17 @@ def test_without_the_extra_the_export_says_how_to_install_it(tmp_path: Path) -> 
     ]
     assert "Usage: " in r.stdout  # another command's help still works
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_the_cache_key_holds_the_source_of_every_module_an_export_runs() -> None:
+    """tests' cached_export keys on source_key: a change to a patch, the registry or the export code
+    invalidates exactly the exports that run it."""
+    from rkpart.export import source_key
+
+    lumina = "\n".join(source_key("Lumina2Transformer2DModel", "dynamo"))
+    flux_ts = "\n".join(source_key("FluxTransformer2DModel", "torchscript"))
+    flux_dy = "\n".join(source_key("FluxTransformer2DModel", "dynamo"))
+    for key in (lumina, flux_ts, flux_dy):
+        assert "def export_module(" in key and "PATCHES: dict[str, tuple[Patch, ...]] = {" in key
+    assert "def real_rope_lumina2(" in lumina and "def real_rope_lumina2(" not in flux_ts
+    assert "def decompose_rms_norm(" in flux_ts and "def decompose_rms_norm(" not in flux_dy
