@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -308,7 +309,9 @@ def _forward(model: Any, inputs: Mapping[str, Any], fixed: Mapping[str, Any], na
     import torch
 
     try:
-        out: Any = model(**inputs, **fixed, return_dict=False)
+        with warnings.catch_warnings():  # diffusers' own (flex attention without torch.compile, ...)
+            warnings.simplefilter("ignore")
+            out: Any = model(**inputs, **fixed, return_dict=False)
     except Exception as e:
         what = f"after patch {patch.name!r}" if patch is not None else "before its patches"
         raise PatchError(f"{name} failed on the export inputs {what}: {_line(e)}") from e

@@ -199,7 +199,7 @@ def export_module(model: torch.nn.Module, inputs: Mapping[str, Any], path: str |
         if check:
             say("checking the export under ONNX Runtime")
             sets = [{**ins, **_cast(dict(o), ins_dtype)} for o in ({}, *patched.overrides)]
-            result_check = _check(staged, sets, patched.references, output, exporter, dtype, name,
+            result_check = _check(staged, path, sets, patched.references, output, exporter, dtype, name,
                                   [sorted(o) for o in patched.overrides])
         graph_inputs, opset_used = _graph_facts(staged)
         data = None
@@ -315,18 +315,23 @@ def _external_data(path: Path, threshold: int) -> Path | None:
     return data
 
 
-def _check(path: Path, sets: list[dict[str, Any]], refs: Sequence[torch.Tensor], output: str, exporter: str,
-           dtype: str, name: str, varied: list[list[str]]) -> OnnxCheck:
+def _check(path: Path, final: Path, sets: list[dict[str, Any]], refs: Sequence[torch.Tensor], output: str,
+           exporter: str, dtype: str, name: str, varied: list[list[str]]) -> OnnxCheck:
+    """Run the staged export ``path`` on every input set and compare with ``refs``; errors name ``final``."""
     import numpy as np
     import onnxruntime as ort
 
     other = EXPORTERS[1 - EXPORTERS.index(exporter)]
+
+    def reason(e: BaseException) -> str:  # ORT names the file it loaded: the staging copy
+        return describe_exception(e).replace(str(path), str(final))
+
     try:
         opts = ort.SessionOptions()
         opts.log_severity_level = 3  # ORT's warnings (no fp16 kernel to constant-fold a Sqrt, ...) are not ours
         sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT's load errors are of several types; the first line says why
-        raise ExportError(f"ONNX Runtime cannot load the {exporter} export of {name}: {describe_exception(e)}; "
+        raise ExportError(f"ONNX Runtime cannot load the {exporter} export of {name}: {reason(e)}; "
                           f"try --exporter {other}") from e
     min_cos, max_rel = CHECK_TOLERANCES[dtype]
     worst_cos, worst_abs, ref_max = 1.0, 0.0, 0.0
@@ -335,7 +340,7 @@ def _check(path: Path, sets: list[dict[str, Any]], refs: Sequence[torch.Tensor],
             (got,) = sess.run([output], {x.name: _numpy(feeds[x.name]) for x in sess.get_inputs()})
         except Exception as e:
             raise ExportError(f"ONNX Runtime failed to run the {exporter} export of {name}: "
-                              f"{describe_exception(e)}; try --exporter {other}") from e
+                              f"{reason(e)}; try --exporter {other}") from e
         r = ref.detach().float().numpy().astype(np.float64)
         g = np.asarray(got, dtype=np.float64)
         cos, mx, rmax = _compare(g, r)
