@@ -17,7 +17,7 @@ below this module, which lists it among the built-in strategies.
 Package layers (``tests/test_import_dag.py`` enforces them; a package imports only from
 layers to its left, never back, not even inside a function)::
 
-    errors, types <- io, output, units, progress
+    errors, types <- io, output, units, progress <- export
       <- ir <- targets <- partitioner <- plugins <- recognizers <- strategies
       <- validation <- compile <- runtime <- triage <- profile <- cost_model <- bundle, report
       <- auto <- pipeline <- tune <- dropin <- cli_args <- commands <- cli
