@@ -209,7 +209,12 @@ def decode_module(vae: Any, post: PostLoop) -> Any:
             self.scale = torch.tensor(post.scale, dtype=torch.float32).reshape(shape)
             self.shift = torch.tensor(post.shift, dtype=torch.float32).reshape(shape)
 
-        def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        def forward(self, latent: torch.Tensor, return_dict: bool = True) -> Any:
+            # return_dict=False gives a tuple, as a diffusers model does (the export core calls it so)
+            image = self.image(latent)
+            return image if return_dict else (image,)
+
+        def image(self, latent: torch.Tensor) -> torch.Tensor:
             if post.affine_first:
                 latent = latent * self.scale + self.shift
             z = UNPACKS[post.unpack](latent, post.decode_shape)
