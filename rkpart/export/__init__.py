@@ -14,6 +14,11 @@ The public API (``docs/export.md``, "Export core: patches and the ONNX check")::
 - :func:`require_extra`: raises a :class:`~rkpart.errors.UserError` naming
   ``pip install 'rkpart[export]'`` when torch / onnxscript / diffusers are missing.
 
+``rkpart export`` (a whole pipeline folder) is built on it: :mod:`~rkpart.export.record` records one
+real call of the pipeline, :mod:`~rkpart.export.describe` derives ``pipeline.json`` from it and
+checks it reproduces the call, :mod:`~rkpart.export.vae` builds the post-loop decoder,
+:mod:`~rkpart.export.build` writes the export folder (docs/export.md).
+
 Importing this package needs neither torch nor diffusers (they are imported when used), so every
 other command works without the ``export`` extra.
 """
