@@ -47,6 +47,20 @@ FIXED_ROLES = frozenset({"attention_mask", "image_ids", "text_ids", "position_id
 #: roles a command may draw seeded noise for when ``--embeds`` does not give them
 EMBEDDING_ROLES = frozenset({"text_embeddings", "pooled_embeddings"})
 CFG_MODES = ("batched", "two-pass", "distilled", "none")
+#: ``cfg.combine``: the CFG combination of the conditional and unconditional predictions at scale ``g``
+STANDARD_COMBINE = "uncond + g * (cond - uncond)"
+COMBINES = (STANDARD_COMBINE, "cond + g * (cond - uncond)")
+#: ``cfg.renorm``: a rescale of the combination (added within version 1; null: none)
+RENORMS = ("cond_l2_last_axis",)
+
+#: what a description may use beyond version 1 as first published (docs/pipeline-json.md, "Features"), by the
+#: name :func:`features` gives it; a reader (the board runner, ``rkpart bundle``) refuses a description that
+#: uses a feature it does not implement instead of running another loop than the pipeline's
+FEATURES: dict[str, str] = {
+    "cfg.combine=cond + g * (cond - uncond)": "the CFG combination is cond + g * (cond - uncond) (Krea 2)",
+    "cfg.renorm=cond_l2_last_axis": "the CFG combination x is rescaled to x * |cond| / |x|, L2 norms over the last "
+                                    "axis of the transformer output (Lumina 2, Nucleus-MoE)",
+}
 PREDICTIONS = ("flow", "epsilon", "v_prediction", "sample")
 
 
@@ -104,6 +118,8 @@ class CfgDesc:
     guidance_input: str | None = None
     combine: str | None = None
     guidance_input_scale: float = 1.0
+    #: a rescale of the combination (:data:`RENORMS`), or ``None``
+    renorm: str | None = None
 
 
 @dataclass(frozen=True)
@@ -283,7 +299,7 @@ def _typed(doc: Mapping[str, Any]) -> PipelineDescription:
         scheduler=SchedulerDesc(s["class"], dict(s["config"]), s["set_timesteps"]["sigmas"],
                                 None if s["set_timesteps"]["mu"] is None else float(s["set_timesteps"]["mu"])),
         cfg=CfgDesc(c["mode"], None if c["guidance_scale"] is None else float(c["guidance_scale"]),
-                    c["guidance_input"], c["combine"], float(c.get("guidance_input_scale", 1.0))),
+                    c["guidance_input"], c["combine"], float(c.get("guidance_input_scale", 1.0)), c.get("renorm")),
         latent=LatentDesc(tuple(lat["shape"]), lat["dtype"], lat["init"], lat["packing"], lat["channels"]),
         vae=None if v is None else VaeDesc(v["class"], v["file"], v["scaling_factor"], v["shift_factor"],
                                            v["latent_channels"], tuple(v["image_shape"])),
@@ -313,6 +329,8 @@ def _check(d: PipelineDescription, what: str) -> None:
         raise SpecError(f"{what}: cfg.guidance_input {g!r} is set but cfg.mode is {d.cfg.mode!r}, not 'distilled'")
     if d.cfg.mode in ("batched", "two-pass") and d.cfg.combine is None:
         raise SpecError(f"{what}: cfg.mode {d.cfg.mode!r} needs cfg.combine")
+    if d.cfg.mode not in ("batched", "two-pass") and (d.cfg.combine is not None or d.cfg.renorm is not None):
+        raise SpecError(f"{what}: cfg.combine / cfg.renorm are set but cfg.mode {d.cfg.mode!r} combines no passes")
     if d.cfg.mode == "batched" and d.image.batch != 2:
         raise SpecError(f"{what}: cfg.mode 'batched' needs image.batch 2, not {d.image.batch}")
     for i in d.inputs:
@@ -341,6 +359,22 @@ def _with_values(d: PipelineDescription, folder: Path, what: str) -> PipelineDes
     for a in arrays.values():
         a.setflags(write=False)  # shared by every pass of every command: nobody may change it
     return PipelineDescription(**{**d.__dict__, "values": arrays})
+
+
+def features(d: PipelineDescription) -> frozenset[str]:
+    """The names (keys of :data:`FEATURES`) of what ``d`` uses beyond version 1 as first published.
+
+    A reader that implements version 1 and some features refuses ``d`` when ``features(d)`` holds one it
+    does not implement; an empty set is a description every version-1 reader runs as the pipeline does.
+    """
+    used: set[str] = set()
+    if d.cfg.combine is not None and d.cfg.combine != STANDARD_COMBINE:
+        used.add(f"cfg.combine={d.cfg.combine}")
+    if d.cfg.renorm is not None:
+        used.add(f"cfg.renorm={d.cfg.renorm}")
+    unknown = used - FEATURES.keys()
+    assert not unknown, unknown  # the schema admits only the values FEATURES names
+    return frozenset(used)
 
 
 # -- against a model -----------------------------------------------------------------------------
@@ -400,12 +434,16 @@ def check_against(d: PipelineDescription, model: ModelLike | Mapping[str, tuple[
 
 __all__ = [
     "CFG_MODES",
+    "COMBINES",
     "EMBEDDING_ROLES",
+    "FEATURES",
     "FILENAME",
     "FIXED_ROLES",
     "FORMAT",
     "PREDICTIONS",
+    "RENORMS",
     "ROLES",
+    "STANDARD_COMBINE",
     "VERSION",
     "CfgDesc",
     "ImageDesc",
@@ -419,6 +457,7 @@ __all__ = [
     "TransformerDesc",
     "VaeDesc",
     "check_against",
+    "features",
     "load_description",
     "parse_description",
     "schema",

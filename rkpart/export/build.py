@@ -439,8 +439,9 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
 def _cfg(facts: Facts) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "mode": facts.cfg_mode, "guidance_scale": facts.guidance_scale, "guidance_input": facts.guidance_input,
-        "combine": "uncond + g * (cond - uncond)" if facts.cfg_mode in ("batched", "two-pass") else None,
+        "combine": facts.combine if facts.cfg_mode in ("batched", "two-pass") else None,
         "scale_argument": facts.scale_argument,
+        "renorm": facts.renorm if facts.cfg_mode in ("batched", "two-pass") else None,
     }
     if facts.guidance_input_scale is not None:
         cfg["guidance_input_scale"] = facts.guidance_input_scale
@@ -561,7 +562,7 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
         if vae_module is not None:
             say(f"exporting the post-loop path of {type(pipe.vae).__name__} ({opts.exporter})")
             latent = recs[1].steps[-1].prev_sample.float()
-            with _positive_movedim():
+            with _positive_movedim(), _nearest_exact_upsampling():
                 vres = export_module(vae_module, {"latent": latent}, staging / VAE_FILE, exporter=opts.exporter,
                                      dtype="float32", output="image", variants=[])
             errors[VAE_FILE] = _relative(vres)
@@ -649,6 +650,38 @@ def _positive_movedim() -> Iterator[None]:
         yield
     finally:
         torch.Tensor.movedim = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _nearest_exact_upsampling() -> Iterator[None]:
+    """``interpolate(mode="nearest-exact")`` by an integer ``scale_factor`` >= 1 as ``mode="nearest"`` while an
+    exporter traces.
+
+    TorchScript has no symbolic for ``_upsample_nearest_exact2d`` (Qwen-Image's VAE upsamples so: Krea 2,
+    Nucleus-MoE); an integer upscale picks the same source pixel either way (``floor((i + 0.5) / k)`` ==
+    ``floor(i / k)``), and the exported module is checked against torch under ONNX Runtime.
+    """
+    import torch.nn.functional as F
+
+    original = F.interpolate
+
+    def integer_upscale(scale: Any) -> bool:
+        scales = scale if isinstance(scale, (tuple, list)) else [scale]
+        return scale is not None and all(float(k) >= 1 and float(k).is_integer() for k in scales)
+
+    sig = inspect.signature(original)
+
+    def interpolate(*args: Any, **kwargs: Any) -> Any:
+        a = sig.bind(*args, **kwargs).arguments  # nn.Upsample passes its mode positionally
+        if a.get("mode") == "nearest-exact" and integer_upscale(a.get("scale_factor")):
+            a["mode"] = "nearest"
+        return original(**a)
+
+    F.interpolate = interpolate
+    try:
+        yield
+    finally:
+        F.interpolate = original
 
 
 def _session(path: Path) -> Any:

@@ -14,8 +14,9 @@ everything rkpart must tell apart: the seed (embeddings, masks, initial latents)
 - anything else is refused: rkpart cannot reproduce where it comes from.
 
 How the transformer's outputs become the scheduler's ``model_output`` is found by trying a small
-set of candidates (which call or batch half is unconditional, CFG combination or not, a
-learned-sigma channel split, a sign) against the recorded ``model_output`` of every step.
+set of candidates (which call or batch half is unconditional, the CFG combination forms of
+:data:`COMBINES` with or without a :data:`RENORMS` rescale, or none, a learned-sigma channel split,
+a sign) against the recorded ``model_output`` of every step.
 
 :func:`replay` then runs the denoising loop from the description alone (a fresh scheduler made
 from the saved config, the transformer fed from the description's sources) and checks every
@@ -162,6 +163,9 @@ class Facts:
     #: forward arguments that are a tuple / list / dict holding tensors, flattened into one input per
     #: tensor (:func:`flatten_kwargs`; :func:`nest_kwargs` rebuilds them for the call)
     nests: dict[str, Nest] = field(default_factory=dict)
+    #: the CFG combination (a key of :data:`COMBINES`) and its rescale (one of :data:`RENORMS`, or ``None``)
+    combine: str = "uncond + g * (cond - uncond)"
+    renorm: str | None = None
 
 
 # -- comparisons ---------------------------------------------------------------------------------
@@ -495,7 +499,8 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
     cond_call = _cond_call(facts, recs) if mode == "two-pass" else None
     # a token sequence (B, tokens, channels: packed latents) has its channels last
     channels_axis = 2 if recs[0].steps[0].sample.dim() == 3 else 1
-    learned_sigma, sign, scale_arg = _find_combination(recs, mode, cond_call, scale_args, channels_axis)
+    learned_sigma, sign, scale_arg, combine, renorm = _find_combination(recs, mode, cond_call, scale_args,
+                                                                        channels_axis)
     if guidance is not None:
         scale_arg = guidance[2]
     gdefault = defaults.get(scale_arg) if scale_arg else None
@@ -510,7 +515,7 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
         timesteps_rule=_named_rule(recs, "timesteps", TIMESTEP_RULES, num_train_timesteps),
         latent_init=_latent_init(recs),
         latent_input=latent_input,
-        call_batch=call_batch, pipeline_batch=call_batch, fixed=fixed, nests=nests,
+        call_batch=call_batch, pipeline_batch=call_batch, fixed=fixed, nests=nests, combine=combine, renorm=renorm,
     )
 
 
@@ -538,96 +543,73 @@ def _cond_call(facts: dict[str, InputFact], recs: Sequence[Recording]) -> int:
 
 
 def _find_combination(recs: Sequence[Recording], mode: str, cond_call: int | None, scale_args: list[str],
-                      axis: int) -> tuple[bool, int, str | None]:
-    """``(learned_sigma, sign, scale argument)`` giving every step's model_output."""
+                      axis: int) -> tuple[bool, int, str | None, str, str | None]:
+    """``(learned_sigma, sign, scale argument, combine, renorm)`` giving every step's model_output.
+
+    The CFG candidates are the forms of :data:`COMBINES` (the usual one first), each with and without the
+    rescale of :data:`RENORMS`; the two recordings' guidance scales differ, so a form that holds at both is
+    the pipeline's function of ``g``, not a coincidence of one scale.
+    """
     scales: list[str | None] = list(scale_args) if mode in ("batched", "two-pass") else [None]
-    for scale_arg in scales:
-        for learned in (False, True):
-            for sign in (1, -1):
-                ok = True
-                for r in recs:
-                    for s in r.steps:
-                        g = float(r.args[scale_arg]) if scale_arg else 1.0
-                        x = combine_outputs([c.output for c in s.calls], mode, cond_call, g, learned, sign, axis)
-                        if x is None or not same(x.to(s.model_output.dtype), s.model_output, rtol=1e-4):
-                            ok = False
+    forms = [(c, r) for r in (None, *RENORMS) for c in COMBINES] if mode in ("batched", "two-pass") \
+        else [(STANDARD, None)]
+    for combine, renorm in forms:
+        for scale_arg in scales:
+            for learned in (False, True):
+                for sign in (1, -1):
+                    ok = True
+                    for r in recs:
+                        for s in r.steps:
+                            g = float(r.args[scale_arg]) if scale_arg else 1.0
+                            x = combine_outputs([c.output for c in s.calls], mode, cond_call, g, learned, sign, axis,
+                                                combine=combine, renorm=renorm)
+                            if x is None or not same(x.to(s.model_output.dtype), s.model_output, rtol=1e-4):
+                                ok = False
+                                break
+                        if not ok:
                             break
-                    if not ok:
-                        break
-                if ok:
-                    return learned, sign, scale_arg
-    _diagnose_renorm(recs, mode, cond_call, scale_args)
-    _diagnose_offset_scale(recs, mode, cond_call, scale_args)
+                    if ok:
+                        return learned, sign, scale_arg, combine, renorm
     # name the first step no candidate reproduces
     r, s = recs[0], recs[0].steps[0]
     shapes = [tuple(c.output.shape) for c in s.calls]
+    forms_said = " or ".join(COMBINES) + f", with or without {' / '.join(RENORMS)}"
     raise DescribeError(f"step 1 of {len(r.steps)}: no combination of the transformer output(s) {shapes} (CFG "
-                        f"uncond + g * (cond - uncond) or none, learned-sigma split or none, sign) gives the "
+                        f"{forms_said}, or none; learned-sigma split or none; sign) gives the "
                         f"scheduler's model_output {tuple(s.model_output.shape)}")
 
 
-def _diagnose_renorm(recs: Sequence[Recording], mode: str, cond_call: int | None, scale_args: list[str]) -> None:
-    """Refuse, naming it, the CFG that rescales the combination to the conditional prediction's norm (over the
-    last axis: Qwen-Image's and Nucleus-MoE's "true CFG"), which pipeline.json version 1 cannot describe."""
-    if mode not in ("batched", "two-pass"):
-        return
-    for scale_arg in scale_args:
-        for sign in (1, -1):
-            ok = True
-            for r in recs:
-                for s in r.steps:
-                    outs = [c.output for c in s.calls]
-                    x = combine_outputs(outs, mode, cond_call, float(r.args[scale_arg]), False, 1)
-                    cond = outs[cond_call or 0] if mode == "two-pass" else outs[0].chunk(2)[1]
-                    if x is None or x.shape != cond.shape:
-                        return
-                    x = x * (cond.norm(dim=-1, keepdim=True) / x.norm(dim=-1, keepdim=True)) * sign
-                    if not same(x.to(s.model_output.dtype), s.model_output, rtol=1e-4):
-                        ok = False
-                        break
-                if not ok:
-                    break
-            if ok:
-                raise DescribeError("the pipeline rescales its CFG combination to the norm of the conditional "
-                                    "prediction (uncond + g * (cond - uncond)) * |cond| / |comb|; pipeline.json "
-                                    "version 1 describes only uncond + g * (cond - uncond)")
-
-
-def _diagnose_offset_scale(recs: Sequence[Recording], mode: str, cond_call: int | None,
-                           scale_args: list[str]) -> None:
-    """Refuse, naming it, ``cond + g * (cond - uncond)`` (Krea 2's convention: the usual combination at
-    ``g + 1``), which pipeline.json version 1 does not describe as a function of the call's ``g``."""
-    if mode not in ("batched", "two-pass"):
-        return
-    def matches(scale_arg: str, learned: bool, sign: int) -> bool:
-        for r in recs:
-            for s in r.steps:
-                x = combine_outputs([c.output for c in s.calls], mode, cond_call, float(r.args[scale_arg]) + 1.0,
-                                    learned, sign)
-                if x is None or not same(x.to(s.model_output.dtype), s.model_output, rtol=1e-4):
-                    return False
-        return True
-
-    for scale_arg in scale_args:
-        if any(matches(scale_arg, learned, sign) for learned in (False, True) for sign in (1, -1)):
-            raise DescribeError("the pipeline combines its CFG passes as cond + g * (cond - uncond) (the usual "
-                                f"uncond + g * (cond - uncond) at g = {scale_arg} + 1); pipeline.json version 1 "
-                                "describes only the usual form at the call's scale")
+#: the CFG combinations of ``cond`` and ``uncond`` at guidance scale ``g`` (``cfg.combine``, docs/pipeline-json.md)
+STANDARD = "uncond + g * (cond - uncond)"
+COMBINES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
+    STANDARD: lambda cond, uncond, g: uncond + g * (cond - uncond),
+    # Krea 2: the usual form at g + 1
+    "cond + g * (cond - uncond)": lambda cond, uncond, g: cond + g * (cond - uncond),
+}
+#: rescales of the combination ``x`` (``cfg.renorm``): ``cond_l2_last_axis`` is ``x * |cond| / |x|``, the L2
+#: norms over the last axis of the transformer output (keepdim): Lumina 2's and Nucleus-MoE's CFG normalisation
+RENORMS = ("cond_l2_last_axis",)
 
 
 def combine_outputs(outputs: Sequence[torch.Tensor], mode: str, cond_call: int | None, g: float, learned: bool,
-                    sign: int, axis: int = 1) -> torch.Tensor | None:
-    """The scheduler's ``model_output`` from a step's transformer outputs, as the description says."""
-    if mode == "two-pass":
-        if len(outputs) != 2 or cond_call is None:
-            return None
-        cond, uncond = outputs[cond_call], outputs[1 - cond_call]
-        x = uncond + g * (cond - uncond)
-    elif mode == "batched":
-        if len(outputs) != 1 or outputs[0].shape[0] % 2:
-            return None
-        uncond, cond = outputs[0].chunk(2)
-        x = uncond + g * (cond - uncond)
+                    sign: int, axis: int = 1, *, combine: str = STANDARD, renorm: str | None = None
+                    ) -> torch.Tensor | None:
+    """The scheduler's ``model_output`` from a step's transformer outputs, as the description says:
+    the CFG ``combine`` form, then the ``renorm`` rescale, then the learned-sigma split, then the sign."""
+    if mode in ("two-pass", "batched"):
+        if mode == "two-pass":
+            if len(outputs) != 2 or cond_call is None:
+                return None
+            cond, uncond = outputs[cond_call], outputs[1 - cond_call]
+        else:
+            if len(outputs) != 1 or outputs[0].shape[0] % 2:
+                return None
+            uncond, cond = outputs[0].chunk(2)
+        x = COMBINES[combine](cond, uncond, g)
+        if renorm == "cond_l2_last_axis":
+            x = x * (cond.norm(dim=-1, keepdim=True) / x.norm(dim=-1, keepdim=True))
+        elif renorm is not None:
+            raise ValueError(f"unknown renorm {renorm!r}")
     else:
         if len(outputs) != 1:
             return None
@@ -770,7 +752,7 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
 
             outs.append(first_output(out))
         mo = combine_outputs(outs, facts.cfg_mode, facts.cond_call, g, facts.learned_sigma, facts.sign,
-                             facts.channels_axis)
+                             facts.channels_axis, combine=facts.combine, renorm=facts.renorm)
         assert mo is not None
         latent = sched.step(mo, t, latent, return_dict=False, **step_kwargs)[0]
         if not same(latent, rec.steps[i].prev_sample, rtol=1e-4):

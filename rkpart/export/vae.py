@@ -69,12 +69,21 @@ def _frame_squeeze(x: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor | N
     return None
 
 
+def _flux_2x2_frame(x: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor | None:
+    # Flux-style tokens unpacked onto a frame axis of one (Qwen-Image's video VAE: Krea 2, Nucleus-MoE)
+    if len(target) != 5 or target[2] != 1:
+        return None
+    u = _flux_2x2(x, (*target[:2], *target[3:]))
+    return None if u is None else u.unsqueeze(2)
+
+
 #: candidate layouts of the loop latent, by the name ``latent.packing`` records (``None``: as is)
 UNPACKS: dict[str, Unpack] = {"identity": _identity, "flux-2x2": _flux_2x2, "patch-2x2": _patch_2x2,
-                              "tokens-patch-2x2": _tokens_patch_2x2, "frame-squeeze": _frame_squeeze}
+                              "tokens-patch-2x2": _tokens_patch_2x2, "frame-squeeze": _frame_squeeze,
+                              "flux-2x2-frame": _flux_2x2_frame}
 #: the packing name recorded in the description for each unpack (``identity`` is no packing)
 PACKING = {"identity": None, "flux-2x2": "flux-2x2", "patch-2x2": "patch-2x2", "tokens-patch-2x2": "tokens-patch-2x2",
-           "frame-squeeze": None}
+           "frame-squeeze": None, "flux-2x2-frame": "flux-2x2"}
 
 
 def _denormalize(x: torch.Tensor) -> torch.Tensor:
@@ -180,6 +189,7 @@ def find_post_loop(rec: Recording, vae_config: Any) -> PostLoop:
                             "scale and shift")
     image = torch.as_tensor(np.asarray(rec.result))
     post = None
+    x = _frame_of_one(x)
     if x.dim() == 4 and image.dim() == 4:
         for pname, fn in POSTPROCESS.items():
             if same(fn(x.float()).permute(0, 2, 3, 1), image, rtol=1e-4):
@@ -221,10 +231,15 @@ def decode_module(vae: Any, post: PostLoop) -> Any:
             assert z is not None
             if not post.affine_first:
                 z = z * self.scale + self.shift
-            x = self.vae.decode(z.to(self.vae.dtype), return_dict=False)[0]
+            x = _frame_of_one(self.vae.decode(z.to(self.vae.dtype), return_dict=False)[0])
             return POSTPROCESS[post.postprocess](x.float())
 
     return DecodeToImage().eval()
+
+
+def _frame_of_one(x: torch.Tensor) -> torch.Tensor:
+    """A video VAE's decode (B, C, 1, H, W) as the image the pipeline keeps (``[:, :, 0]``)."""
+    return x[:, :, 0] if x.dim() == 5 and x.shape[2] == 1 else x
 
 
 def _axis(post: PostLoop) -> int:

@@ -89,11 +89,16 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
                     v = embeds[i["argument"] if kind == "cond" else i["negative_argument"]]
                 feeds[name] = np.asarray(v).astype(dtype).reshape(shape)
             preds[kind] = sess.run([out["name"]], feeds)[0].astype(np.float32)
-        if cfg["mode"] == "batched":
-            uncond, cond = np.split(preds["batched"], 2)
-            pred = uncond + g * (cond - uncond)
-        elif cfg["mode"] == "two-pass":
-            pred = preds["uncond"] + g * (preds["cond"] - preds["uncond"])
+        if cfg["mode"] in ("batched", "two-pass"):
+            uncond, cond = np.split(preds["batched"], 2) if cfg["mode"] == "batched" else (preds["uncond"],
+                                                                                           preds["cond"])
+            pred = {"uncond + g * (cond - uncond)": uncond, "cond + g * (cond - uncond)": cond}[cfg["combine"]] \
+                + g * (cond - uncond)
+            if cfg.get("renorm") == "cond_l2_last_axis":
+                pred = pred * (np.linalg.norm(cond, axis=-1, keepdims=True) / np.linalg.norm(pred, axis=-1,
+                                                                                               keepdims=True))
+            else:
+                assert cfg.get("renorm") is None, cfg["renorm"]
         else:
             pred = preds["cond"]
         if out["learned_sigma"]:

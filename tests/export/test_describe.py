@@ -22,8 +22,8 @@ from rkpart.export.record import Recording, Step, TransformerCall  # noqa: E402
 
 def _recording(seed: int, steps: int, g: float, *, mode: str = "batched", t_scale: float = 1.0,
                t_offset: float = 0.0, guidance_factor: float | None = None, learned: bool = False, sign: int = 1,
-               extra: Any = None, init: float = 1.0, sigmas: list[float] | None = None, mu: float | None = None
-               ) -> Recording:
+               extra: Any = None, init: float = 1.0, sigmas: list[float] | None = None, mu: float | None = None,
+               combine: str = "uncond + g * (cond - uncond)", renorm: bool = False) -> Recording:
     gen = torch.Generator().manual_seed(seed)
     pos, neg = torch.randn(1, 3, 4, generator=gen), torch.randn(1, 3, 4, generator=gen)
     latents = torch.randn(1, 2, 2, 2, generator=gen)
@@ -55,7 +55,9 @@ def _recording(seed: int, steps: int, g: float, *, mode: str = "batched", t_scal
         else:
             calls = [call(x, pos, 1)]
             uncond = cond = calls[0].output
-        mo = (uncond + g * (cond - uncond)) if mode != "none" else cond
+        mo = ((cond if combine.startswith("cond") else uncond) + g * (cond - uncond)) if mode != "none" else cond
+        if renorm:
+            mo = mo * (cond.norm(dim=-1, keepdim=True) / mo.norm(dim=-1, keepdim=True))
         if learned:
             mo = mo.chunk(2, dim=1)[0]
         mo = mo * sign
@@ -95,6 +97,15 @@ def test_distilled_guidance_is_not_the_timestep() -> None:
     assert f.cfg_mode == "distilled" and f.guidance_input == "guidance" and f.guidance_input_scale == 1000.0
     assert f.inputs["timestep"].role == "timestep" and f.inputs["guidance"].role == "guidance"
     assert f.timestep_scale == 0.001 and f.guidance_scale == 6.0
+
+
+@pytest.mark.parametrize(("combine", "renorm"), [("cond + g * (cond - uncond)", False),
+                                                ("uncond + g * (cond - uncond)", True)])
+def test_cfg_combination_forms(combine: str, renorm: bool) -> None:
+    """Krea 2's cond + g * (cond - uncond) and Lumina 2's / Nucleus-MoE's rescale to |cond| (last axis), told
+    from the usual form at both recordings' scales, with the sign they apply after."""
+    f = derive(_pair(mode="two-pass", combine=combine, renorm=renorm, sign=-1), {})
+    assert (f.combine, f.renorm, f.sign) == (combine, "cond_l2_last_axis" if renorm else None, -1)
 
 
 def test_reversed_timestep_and_negated_output() -> None:

@@ -1,0 +1,42 @@
+"""``rkpart export`` of the pipelines that need a feature of ``pipeline.json`` beyond version 1 as first
+published (docs/pipeline-json.md, Features): one tiny real pipeline per feature.
+
+Each case exports the pipeline (cached by source, :mod:`tests.export.exports`), checks that the description
+names exactly the features it uses (:func:`rkpart.description.features`: what a reader must implement), and
+runs the loop written from ``pipeline.json`` alone (:mod:`tests.export.loop`) against diffusers' own call on
+other embeddings, latents, a step count and a guidance scale than the export recorded.  The other families
+with each feature run from ``scripts/export_pipelines.py`` (docs/export.md's table).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.export.exports import cached_pipeline_export
+from tests.export.loop import cosine, run_description
+from tests.models import pipelines as tp
+
+pytestmark = [pytest.mark.export, pytest.mark.slow]
+
+#: family -> the features its description uses
+CASES: dict[str, set[str]] = {
+    # Krea 2: cond + g * (cond - uncond); its Qwen-Image VAE decodes a frame axis of one
+    "krea2": {"cfg.combine=cond + g * (cond - uncond)"},
+    # Nucleus-MoE: the combination rescaled to |cond| over the last axis
+    "nucleus_moe": {"cfg.renorm=cond_l2_last_axis"},
+}
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_feature_exports_and_reproduces_diffusers(family: str) -> None:
+    from rkpart.description import features, load_description
+
+    folder = cached_pipeline_export(family)
+    d = load_description(folder / "pipeline.json")
+    assert features(d) == CASES[family]
+    embeds, latents = tp.call_inputs(family, seed=7)
+    guidance = tp.PIPELINES[family].guidance + 1.25
+    want = tp.run_diffusers(tp.cached_pipeline(family), embeds, latents, 4, guidance, "latent")
+    got, image = run_description(folder, embeds, latents, 4, guidance)
+    assert cosine(got, want) >= 0.9999
+    assert image is not None and image.shape == tp.PIPELINES[family].output_shape
