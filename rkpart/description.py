@@ -60,6 +60,8 @@ FEATURES: dict[str, str] = {
     "cfg.combine=cond + g * (cond - uncond)": "the CFG combination is cond + g * (cond - uncond) (Krea 2)",
     "cfg.renorm=cond_l2_last_axis": "the CFG combination x is rescaled to x * |cond| / |x|, L2 norms over the last "
                                     "axis of the transformer output (Lumina 2, Nucleus-MoE)",
+    "inputs.negative_zeros": "an input's unconditional pass feeds zeros of its shape, not a call argument "
+                             "(CogView3-Plus)",
 }
 PREDICTIONS = ("flow", "epsilon", "v_prediction", "sample")
 
@@ -77,6 +79,8 @@ class InputDesc:
     argument: str | None = None
     negative_argument: str | None = None
     value: str | None = None
+    #: the unconditional pass feeds zeros of the input's shape instead of ``negative_argument`` (added within v1)
+    negative_zeros: bool = False
 
 
 @dataclass(frozen=True)
@@ -288,7 +292,7 @@ def _typed(doc: Mapping[str, Any]) -> PipelineDescription:
     t, im, o, ts, s, c, lat, v = (doc[k] for k in ("transformer", "image", "output", "timestep", "scheduler", "cfg",
                                                     "latent", "vae"))
     inputs = tuple(InputDesc(n, i["role"], tuple(i["shape"]), i["dtype"], i["argument"], i["negative_argument"],
-                             i["value"]) for n, i in doc["inputs"].items())
+                             i["value"], bool(i.get("negative_zeros", False))) for n, i in doc["inputs"].items())
     return PipelineDescription(
         pipeline_class=doc["pipeline"]["class"], diffusers=doc["pipeline"]["diffusers"],
         transformer=TransformerDesc(t["class"], t["file"], t["dtype"], t["exporter"], tuple(t["patches"])),
@@ -334,6 +338,9 @@ def _check(d: PipelineDescription, what: str) -> None:
     if d.cfg.mode == "batched" and d.image.batch != 2:
         raise SpecError(f"{what}: cfg.mode 'batched' needs image.batch 2, not {d.image.batch}")
     for i in d.inputs:
+        if i.negative_zeros and (i.argument is None or i.negative_argument is not None):
+            raise SpecError(f"{what}: input {i.name!r} has negative_zeros but "
+                            f"{'no argument' if i.argument is None else 'also a negative_argument'}")
         if i.role in ("latent", "timestep", "guidance") and i.value is not None:
             raise SpecError(f"{what}: input {i.name!r} ({i.role}) changes every step; it cannot have a constant value")
 
@@ -372,6 +379,8 @@ def features(d: PipelineDescription) -> frozenset[str]:
         used.add(f"cfg.combine={d.cfg.combine}")
     if d.cfg.renorm is not None:
         used.add(f"cfg.renorm={d.cfg.renorm}")
+    if any(i.negative_zeros for i in d.inputs):
+        used.add("inputs.negative_zeros")
     unknown = used - FEATURES.keys()
     assert not unknown, unknown  # the schema admits only the values FEATURES names
     return frozenset(used)

@@ -74,6 +74,8 @@ class InputFact:
     negative_argument: str | None = None
     #: a constant input's value (written to ``inputs.npz`` under ``name``)
     value: np.ndarray | None = None
+    #: the unconditional pass takes zeros shaped like ``argument`` (``negative_argument`` is ``None``)
+    negative_zeros: bool = False
 
 
 @dataclass(frozen=True)
@@ -258,19 +260,27 @@ def _is_negative(arg: str) -> bool:
     return arg.startswith("negative_") or arg.startswith("neg_") or "_negative_" in arg
 
 
-def _argument_source(name: str, recs: Sequence[Recording], mode: str) -> tuple[str | None, str | None] | None:
-    """``(argument, negative_argument)`` when input ``name`` comes from call arguments in every call."""
+#: the pseudo-argument of an unconditional pass fed zeros shaped like the conditional argument (CogView3-Plus)
+ZEROS = "\0zeros"
+
+
+def _argument_source(name: str, recs: Sequence[Recording], mode: str) -> tuple[str, str | None, bool] | None:
+    """``(argument, negative_argument, negative_zeros)`` when input ``name`` comes from call arguments in every
+    call (``negative_zeros``: the unconditional pass takes zeros shaped like ``argument``)."""
     import torch
 
     calls = _calls(recs)
     args0 = _tensors(recs[0].args)
 
+    def val(r: Recording, x: str, other: str) -> Any:
+        return torch.zeros_like(r.args[other]) if x == ZEROS else r.args[x]
+
     def expected(r: Recording, i: int, a: str, b: str) -> Any:
         # batched: a is the conditional row (second), b the unconditional (first); two-pass: a feeds call 0
         if mode == "batched":
-            return torch.cat([r.args[b], r.args[a]])
+            return torch.cat([val(r, b, a), val(r, a, b)])
         if mode == "two-pass":
-            return r.args[a] if i == 0 else r.args[b]
+            return val(r, a, b) if i == 0 else val(r, b, a)
         return r.args[a]
 
     def holds(a: str, b: str) -> bool:
@@ -280,23 +290,22 @@ def _argument_source(name: str, recs: Sequence[Recording], mode: str) -> tuple[s
     names = sorted(args0, key=lambda a: (_is_negative(a), a))
     pairs = [(a, b) for a in names for b in names if args0[a].shape == args0[b].shape] if mode != "none" \
         else [(a, a) for a in names]
+    if mode in ("batched", "two-pass"):
+        # tried after every pair of arguments: a negative argument the call was given is what it takes
+        pairs += [(a, ZEROS) for a in names if not _is_negative(a)]
+    if mode == "two-pass":
+        pairs += [(ZEROS, a) for a in names if not _is_negative(a)]
     for a, b in pairs:
         if not holds(a, b):
             continue
+        if ZEROS in (a, b):
+            return (b if a == ZEROS else a), None, True
         if mode == "batched":
-            return a, b
+            return a, b, False
         if mode == "two-pass":
             # the conditional pass is the one fed the argument that is not a negative one
-            return (a, b) if not _is_negative(a) or _is_negative(b) else (b, a)
-        return a, None
-    if mode == "batched":
-        for a in names:
-            if all(isinstance(c.kwargs.get(name), torch.Tensor)
-                   and same(c.kwargs[name], torch.cat([torch.zeros_like(r.args[a]), r.args[a]]))
-                   for r, _s, _i, c in calls):
-                raise DescribeError(f"transformer input {name!r}: the unconditional pass takes zeros, not the "
-                                    f"negative of {a} the call was given; pipeline.json version 1 describes an "
-                                    "unconditional input only as a call argument")
+            return ((a, b) if not _is_negative(a) or _is_negative(b) else (b, a)) + (False,)
+        return a, None, False
     return None
 
 
@@ -466,8 +475,8 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
             continue
         src = _argument_source(name, recs, mode)
         if src is not None:
-            arg, neg = src
-            facts[name] = InputFact(name, _role_of_argument(arg or ""), arg, neg)
+            arg, neg, zeros = src
+            facts[name] = InputFact(name, _role_of_argument(arg), arg, neg, negative_zeros=zeros)
             continue
         fit = _fit_timestep(name, recs)
         if fit is not None and timestep is None:
@@ -534,7 +543,8 @@ def _holds_tensor(v: Any) -> bool:
 def _cond_call(facts: dict[str, InputFact], recs: Sequence[Recording]) -> int:
     """Two-pass: the conditional call of a step is the one fed the non-negative argument."""
     for f in facts.values():
-        if f.argument is not None and f.negative_argument is not None and f.argument != f.negative_argument:
+        if f.argument is not None and (f.negative_zeros or (f.negative_argument is not None
+                                                            and f.argument != f.negative_argument)):
             r = recs[0]
             c0 = r.steps[0].calls[0].kwargs[f.name]
             return 0 if same(c0, r.args[f.argument]) else 1
@@ -694,7 +704,10 @@ def step_inputs(facts: Facts, args: dict[str, Any], latent: torch.Tensor, t: tor
             elif f.value is not None:
                 v = torch.from_numpy(f.value)
             elif facts.cfg_mode == "batched":
-                v = torch.cat([args[f.negative_argument or ""], args[f.argument or ""]])
+                pos = args[f.argument or ""]
+                v = torch.cat([torch.zeros_like(pos) if f.negative_zeros else args[f.negative_argument or ""], pos])
+            elif not cond and f.negative_zeros:
+                v = torch.zeros_like(args[f.argument or ""])
             else:
                 v = args[(f.argument if cond else f.negative_argument) or ""]
             feeds[name] = v.to(dtypes[name])

@@ -81,6 +81,7 @@ BAD = [
                                        "the input is float32 [8, 3]"),
     (("inputs.timestep.value", "img_ids"), "changes every step; it cannot have a constant value"),
     (("timestep.scale", 1e300), "timestep.scale: 1e+300 is greater than the maximum"),
+    (("inputs.timestep.negative_zeros", True), "input 'timestep' has negative_zeros but no argument"),
 ]
 
 

@@ -84,7 +84,11 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
                 elif i["argument"] is None or (i["role"] == "attention_mask" and i["argument"] not in embeds):
                     v = np.ones(shape)  # an attention mask with no argument (or not given): all valid
                 elif kind == "batched":
-                    v = np.concatenate([embeds[i["negative_argument"]], embeds[i["argument"]]])
+                    pos = embeds[i["argument"]]
+                    neg = np.zeros_like(pos) if i.get("negative_zeros") else embeds[i["negative_argument"]]
+                    v = np.concatenate([neg, pos])
+                elif kind == "uncond" and i.get("negative_zeros"):
+                    v = np.zeros_like(embeds[i["argument"]])
                 else:
                     v = embeds[i["argument"] if kind == "cond" else i["negative_argument"]]
                 feeds[name] = np.asarray(v).astype(dtype).reshape(shape)

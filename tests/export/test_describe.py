@@ -23,9 +23,11 @@ from rkpart.export.record import Recording, Step, TransformerCall  # noqa: E402
 def _recording(seed: int, steps: int, g: float, *, mode: str = "batched", t_scale: float = 1.0,
                t_offset: float = 0.0, guidance_factor: float | None = None, learned: bool = False, sign: int = 1,
                extra: Any = None, init: float = 1.0, sigmas: list[float] | None = None, mu: float | None = None,
-               combine: str = "uncond + g * (cond - uncond)", renorm: bool = False) -> Recording:
+               combine: str = "uncond + g * (cond - uncond)", renorm: bool = False, zeros: bool = False
+               ) -> Recording:
     gen = torch.Generator().manual_seed(seed)
     pos, neg = torch.randn(1, 3, 4, generator=gen), torch.randn(1, 3, 4, generator=gen)
+    fed_neg = torch.zeros_like(pos) if zeros else neg  # CogView3-Plus: zeros whatever the call's negative is
     latents = torch.randn(1, 2, 2, 2, generator=gen)
     args = {"prompt_embeds": pos, "negative_prompt_embeds": neg, "latents": latents, "guidance_scale": g}
     rec = Recording(args=args, init_noise_sigma=init)
@@ -47,11 +49,13 @@ def _recording(seed: int, steps: int, g: float, *, mode: str = "batched", t_scal
             return TransformerCall(kw, out * sign)
 
         if mode == "batched":
-            calls = [call(torch.cat([x, x]), torch.cat([neg, pos]), 2)]
+            calls = [call(torch.cat([x, x]), torch.cat([fed_neg, pos]), 2)]
             uncond, cond = calls[0].output.chunk(2)
         elif mode == "two-pass":
-            calls = [call(x, pos, 1), call(x, neg, 1)]
+            calls = [call(x, fed_neg, 1), call(x, pos, 1)] if zeros else [call(x, pos, 1), call(x, neg, 1)]
             cond, uncond = calls[0].output, calls[1].output
+            if zeros:
+                cond, uncond = uncond, cond
         else:
             calls = [call(x, pos, 1)]
             uncond = cond = calls[0].output
@@ -106,6 +110,16 @@ def test_cfg_combination_forms(combine: str, renorm: bool) -> None:
     from the usual form at both recordings' scales, with the sign they apply after."""
     f = derive(_pair(mode="two-pass", combine=combine, renorm=renorm, sign=-1), {})
     assert (f.combine, f.renorm, f.sign) == (combine, "cond_l2_last_axis" if renorm else None, -1)
+
+
+@pytest.mark.parametrize("mode", ["batched", "two-pass"])
+def test_unconditional_zeros(mode: str) -> None:
+    """An unconditional pass fed zeros (not the negative embeddings the call was given) is ``negative_zeros``;
+    two-pass with the zeros call first: the conditional call is the one fed the argument."""
+    f = derive(_pair(mode=mode, zeros=True), {})
+    ctx = f.inputs["encoder_hidden_states"]
+    assert (ctx.argument, ctx.negative_argument, ctx.negative_zeros) == ("prompt_embeds", None, True)
+    assert f.cond_call == (1 if mode == "two-pass" else None)
 
 
 def test_reversed_timestep_and_negated_output() -> None:

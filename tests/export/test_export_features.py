@@ -24,6 +24,8 @@ CASES: dict[str, set[str]] = {
     "krea2": {"cfg.combine=cond + g * (cond - uncond)"},
     # Nucleus-MoE: the combination rescaled to |cond| over the last axis
     "nucleus_moe": {"cfg.renorm=cond_l2_last_axis"},
+    # CogView3-Plus: the unconditional row of its batched pair is zeros
+    "cogview3plus": {"inputs.negative_zeros"},
 }
 
 
