@@ -62,6 +62,8 @@ FEATURES: dict[str, str] = {
                                     "axis of the transformer output (Lumina 2, Nucleus-MoE)",
     "inputs.negative_zeros": "an input's unconditional pass feeds zeros of its shape, not a call argument "
                              "(CogView3-Plus)",
+    "inputs.append_valid": "an input is its argument extended with N valid positions (ones) on the last axis "
+                           "(Chroma's mask: the image tokens)",
 }
 PREDICTIONS = ("flow", "epsilon", "v_prediction", "sample")
 
@@ -81,6 +83,8 @@ class InputDesc:
     value: str | None = None
     #: the unconditional pass feeds zeros of the input's shape instead of ``negative_argument`` (added within v1)
     negative_zeros: bool = False
+    #: the argument is extended with this many valid positions (ones) on its last axis (added within v1)
+    append_valid: int = 0
 
 
 @dataclass(frozen=True)
@@ -292,7 +296,8 @@ def _typed(doc: Mapping[str, Any]) -> PipelineDescription:
     t, im, o, ts, s, c, lat, v = (doc[k] for k in ("transformer", "image", "output", "timestep", "scheduler", "cfg",
                                                     "latent", "vae"))
     inputs = tuple(InputDesc(n, i["role"], tuple(i["shape"]), i["dtype"], i["argument"], i["negative_argument"],
-                             i["value"], bool(i.get("negative_zeros", False))) for n, i in doc["inputs"].items())
+                             i["value"], bool(i.get("negative_zeros", False)), int(i.get("append_valid", 0)))
+                   for n, i in doc["inputs"].items())
     return PipelineDescription(
         pipeline_class=doc["pipeline"]["class"], diffusers=doc["pipeline"]["diffusers"],
         transformer=TransformerDesc(t["class"], t["file"], t["dtype"], t["exporter"], tuple(t["patches"])),
@@ -341,6 +346,9 @@ def _check(d: PipelineDescription, what: str) -> None:
         if i.negative_zeros and (i.argument is None or i.negative_argument is not None):
             raise SpecError(f"{what}: input {i.name!r} has negative_zeros but "
                             f"{'no argument' if i.argument is None else 'also a negative_argument'}")
+        if i.append_valid and (i.argument is None or not i.shape or i.shape[-1] <= i.append_valid):
+            raise SpecError(f"{what}: input {i.name!r} appends {i.append_valid} valid positions but "
+                            f"{'has no argument' if i.argument is None else f'its last axis holds only {i.shape[-1:]}'}")
         if i.role in ("latent", "timestep", "guidance") and i.value is not None:
             raise SpecError(f"{what}: input {i.name!r} ({i.role}) changes every step; it cannot have a constant value")
 
@@ -381,6 +389,8 @@ def features(d: PipelineDescription) -> frozenset[str]:
         used.add(f"cfg.renorm={d.cfg.renorm}")
     if any(i.negative_zeros for i in d.inputs):
         used.add("inputs.negative_zeros")
+    if any(i.append_valid for i in d.inputs):
+        used.add("inputs.append_valid")
     unknown = used - FEATURES.keys()
     assert not unknown, unknown  # the schema admits only the values FEATURES names
     return frozenset(used)

@@ -404,6 +404,8 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
                         "negative_argument": f.negative_argument, "value": name if name in values else None}
         if f.negative_zeros:
             inputs[name]["negative_zeros"] = True
+        if f.append_valid:
+            inputs[name]["append_valid"] = f.append_valid
     vae_cfg = pipe.vae.config if getattr(pipe, "vae", None) is not None else None
     vae = None if post is None or vae_cfg is None else {
         "class": type(pipe.vae).__name__, "file": VAE_FILE, "dtype": "float32",

@@ -76,6 +76,8 @@ class InputFact:
     value: np.ndarray | None = None
     #: the unconditional pass takes zeros shaped like ``argument`` (``negative_argument`` is ``None``)
     negative_zeros: bool = False
+    #: the argument extended with this many valid positions (ones) on its last axis (Chroma's mask)
+    append_valid: int = 0
 
 
 @dataclass(frozen=True)
@@ -264,16 +266,19 @@ def _is_negative(arg: str) -> bool:
 ZEROS = "\0zeros"
 
 
-def _argument_source(name: str, recs: Sequence[Recording], mode: str) -> tuple[str, str | None, bool] | None:
+def _argument_source(name: str, recs: Sequence[Recording], mode: str, append: int = 0
+                     ) -> tuple[str, str | None, bool] | None:
     """``(argument, negative_argument, negative_zeros)`` when input ``name`` comes from call arguments in every
-    call (``negative_zeros``: the unconditional pass takes zeros shaped like ``argument``)."""
+    call (``negative_zeros``: the unconditional pass takes zeros shaped like ``argument``); ``append``: each
+    argument extended with that many valid positions (ones) on its last axis."""
     import torch
 
     calls = _calls(recs)
     args0 = _tensors(recs[0].args)
 
     def val(r: Recording, x: str, other: str) -> Any:
-        return torch.zeros_like(r.args[other]) if x == ZEROS else r.args[x]
+        v = torch.zeros_like(r.args[other]) if x == ZEROS else r.args[x]
+        return torch.cat([v, torch.ones((*v.shape[:-1], append), dtype=v.dtype)], dim=-1) if append else v
 
     def expected(r: Recording, i: int, a: str, b: str) -> Any:
         # batched: a is the conditional row (second), b the unconditional (first); two-pass: a feeds call 0
@@ -281,7 +286,7 @@ def _argument_source(name: str, recs: Sequence[Recording], mode: str) -> tuple[s
             return torch.cat([val(r, b, a), val(r, a, b)])
         if mode == "two-pass":
             return val(r, a, b) if i == 0 else val(r, b, a)
-        return r.args[a]
+        return val(r, a, a)
 
     def holds(a: str, b: str) -> bool:
         return all(isinstance(c.kwargs.get(name), torch.Tensor) and same(c.kwargs[name], expected(r, i, a, b))
@@ -309,23 +314,20 @@ def _argument_source(name: str, recs: Sequence[Recording], mode: str) -> tuple[s
     return None
 
 
-def _diagnose_extended_mask(name: str, recs: Sequence[Recording]) -> None:
-    """Refuse, naming it, an input that is a mask argument extended with valid positions (Chroma appends the
-    image tokens to the text mask), which pipeline.json version 1 cannot describe."""
+def _appended_source(name: str, recs: Sequence[Recording], mode: str) -> tuple[str, str | None, bool, int] | None:
+    """``(argument, negative_argument, negative_zeros, n)`` when input ``name`` is a mask argument extended with
+    ``n`` valid positions on its last axis in every call (Chroma appends its image tokens to the text mask)."""
     import torch
 
-    for arg, a in _tensors(recs[0].args).items():
-        if "mask" not in arg:
-            continue
-        c = recs[0].steps[0].calls[0]
-        v = c.kwargs.get(name)
-        if not isinstance(v, torch.Tensor) or v.dim() != a.dim() or v.shape[-1] <= a.shape[-1]:
-            continue
-        head, tail = v[..., : a.shape[-1]], v[..., a.shape[-1]:]
-        if bool((tail.double() == 1).all()) and (same(head[-1:], a) or same(head[:1], a)):
-            raise DescribeError(f"transformer input {name!r} is the call's {arg} extended with {tail.shape[-1]} "
-                                "valid positions (the image tokens); pipeline.json version 1 feeds a mask only as a "
-                                "call argument")
+    v = recs[0].steps[0].calls[0].kwargs.get(name)
+    if not isinstance(v, torch.Tensor) or v.dim() == 0:
+        return None
+    for n in sorted({v.shape[-1] - a.shape[-1] for arg, a in _tensors(recs[0].args).items()
+                     if "mask" in arg and a.dim() == v.dim() and 0 < a.shape[-1] < v.shape[-1]}):
+        src = _argument_source(name, recs, mode, append=n)
+        if src is not None:
+            return (*src, n)
+    return None
 
 
 def _fit_timestep(name: str, recs: Sequence[Recording]) -> tuple[float, float] | None:
@@ -492,7 +494,11 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
         if value is not None:
             facts[name] = InputFact(name, _role_of_constant(name), value=value)
             continue
-        _diagnose_extended_mask(name, recs)
+        appended = _appended_source(name, recs, mode)
+        if appended is not None:
+            arg, neg, zeros, n = appended
+            facts[name] = InputFact(name, _role_of_argument(arg), arg, neg, negative_zeros=zeros, append_valid=n)
+            continue
         raise DescribeError(f"transformer input {name!r} is neither a call argument, the loop latent, the timestep "
                             "(scale * t + offset), the guidance nor a constant; rkpart cannot tell where the "
                             "pipeline takes it from")
@@ -710,6 +716,9 @@ def step_inputs(facts: Facts, args: dict[str, Any], latent: torch.Tensor, t: tor
                 v = torch.zeros_like(args[f.argument or ""])
             else:
                 v = args[(f.argument if cond else f.negative_argument) or ""]
+            if f.append_valid and f.value is None:
+                v = torch.cat([v.to(dtypes[name]), torch.ones((*v.shape[:-1], f.append_valid), dtype=dtypes[name])],
+                              dim=-1)
             feeds[name] = v.to(dtypes[name])
         out.append(feeds)
     return out

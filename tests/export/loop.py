@@ -91,6 +91,10 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
                     v = np.zeros_like(embeds[i["argument"]])
                 else:
                     v = embeds[i["argument"] if kind == "cond" else i["negative_argument"]]
+                n = i.get("append_valid", 0)
+                if n and i["argument"] in embeds and i["value"] is None:  # the argument, then n valid positions
+                    v = np.asarray(v).astype(dtype)
+                    v = np.concatenate([v, np.ones((*v.shape[:-1], n), dtype)], axis=-1)
                 feeds[name] = np.asarray(v).astype(dtype).reshape(shape)
             preds[kind] = sess.run([out["name"]], feeds)[0].astype(np.float32)
         if cfg["mode"] in ("batched", "two-pass"):

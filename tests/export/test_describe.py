@@ -23,13 +23,17 @@ from rkpart.export.record import Recording, Step, TransformerCall  # noqa: E402
 def _recording(seed: int, steps: int, g: float, *, mode: str = "batched", t_scale: float = 1.0,
                t_offset: float = 0.0, guidance_factor: float | None = None, learned: bool = False, sign: int = 1,
                extra: Any = None, init: float = 1.0, sigmas: list[float] | None = None, mu: float | None = None,
-               combine: str = "uncond + g * (cond - uncond)", renorm: bool = False, zeros: bool = False
-               ) -> Recording:
+               combine: str = "uncond + g * (cond - uncond)", renorm: bool = False, zeros: bool = False,
+               mask: bool = False) -> Recording:
     gen = torch.Generator().manual_seed(seed)
     pos, neg = torch.randn(1, 3, 4, generator=gen), torch.randn(1, 3, 4, generator=gen)
     fed_neg = torch.zeros_like(pos) if zeros else neg  # CogView3-Plus: zeros whatever the call's negative is
     latents = torch.randn(1, 2, 2, 2, generator=gen)
     args = {"prompt_embeds": pos, "negative_prompt_embeds": neg, "latents": latents, "guidance_scale": g}
+    if mask:  # Chroma: the text mask (int64, padded) and 5 image tokens appended as valid, in bool
+        m = torch.ones(1, 3, dtype=torch.int64)
+        m[:, 3 - seed % 2 - 1:] = 0
+        args.update(prompt_attention_mask=m, negative_prompt_attention_mask=torch.ones_like(m))
     rec = Recording(args=args, init_noise_sigma=init)
     rec.set_timesteps = {"num_inference_steps": steps, "sigmas": sigmas, "mu": mu}
     ts = torch.linspace(1000, 1000 / steps, steps)
@@ -43,6 +47,9 @@ def _recording(seed: int, steps: int, g: float, *, mode: str = "batched", t_scal
                 kw["guidance"] = torch.full((rows,), g * guidance_factor)
             if extra is not None:
                 kw["ids"] = extra(i)
+            if mask:
+                m = args["prompt_attention_mask"] if ctx is pos else args["negative_prompt_attention_mask"]
+                kw["attention_mask"] = torch.cat([m.bool(), torch.ones(1, 5, dtype=torch.bool)], dim=1)
             out = batch_latent * 0.5 + ctx.mean() + float(t) * 1e-4
             if learned:
                 out = torch.cat([out, -out], dim=1)
@@ -120,6 +127,14 @@ def test_unconditional_zeros(mode: str) -> None:
     ctx = f.inputs["encoder_hidden_states"]
     assert (ctx.argument, ctx.negative_argument, ctx.negative_zeros) == ("prompt_embeds", None, True)
     assert f.cond_call == (1 if mode == "two-pass" else None)
+
+
+def test_mask_extended_with_valid_positions() -> None:
+    """Chroma's transformer mask: the call's text mask followed by one valid position per image token."""
+    f = derive(_pair(mode="two-pass", mask=True), {})
+    m = f.inputs["attention_mask"]
+    assert (m.role, m.argument, m.negative_argument, m.append_valid) == (
+        "attention_mask", "prompt_attention_mask", "negative_prompt_attention_mask", 5)
 
 
 def test_reversed_timestep_and_negated_output() -> None:

@@ -26,6 +26,8 @@ CASES: dict[str, set[str]] = {
     "nucleus_moe": {"cfg.renorm=cond_l2_last_axis"},
     # CogView3-Plus: the unconditional row of its batched pair is zeros
     "cogview3plus": {"inputs.negative_zeros"},
+    # Chroma: its mask is the call's text mask followed by the image tokens, valid
+    "chroma": {"inputs.append_valid"},
 }
 
 
