@@ -347,8 +347,8 @@ def _check(d: PipelineDescription, what: str) -> None:
             raise SpecError(f"{what}: input {i.name!r} has negative_zeros but "
                             f"{'no argument' if i.argument is None else 'also a negative_argument'}")
         if i.append_valid and (i.argument is None or not i.shape or i.shape[-1] <= i.append_valid):
-            raise SpecError(f"{what}: input {i.name!r} appends {i.append_valid} valid positions but "
-                            f"{'has no argument' if i.argument is None else f'its last axis holds only {i.shape[-1:]}'}")
+            why = "has no argument" if i.argument is None else f"its last axis holds only {i.shape[-1:]}"
+            raise SpecError(f"{what}: input {i.name!r} appends {i.append_valid} valid positions but {why}")
         if i.role in ("latent", "timestep", "guidance") and i.value is not None:
             raise SpecError(f"{what}: input {i.name!r} ({i.role}) changes every step; it cannot have a constant value")
 
