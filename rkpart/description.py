@@ -62,6 +62,10 @@ FEATURES: dict[str, str] = {
                                     "axis of the transformer output (Lumina 2, Nucleus-MoE)",
     "inputs.negative_zeros": "an input's unconditional pass feeds zeros of its shape, not a call argument "
                              "(CogView3-Plus)",
+    "scheduler.set_timesteps.mu_rule=flux2_empirical": "mu is Flux.2's rule of the image token count and the "
+                                                       "step count",
+    "latent.init=tokens": "the loop latent is the given latents (B, C, *positions) as row-major tokens "
+                          "(B, prod(positions), C) (Flux.2)",
     "inputs.append_valid": "an input is its argument extended with N valid positions (ones) on the last axis "
                            "(Chroma's mask: the image tokens)",
 }
@@ -108,12 +112,38 @@ class TimestepDesc:
         return self.scale * t + self.offset
 
 
+#: ``scheduler.set_timesteps.mu_rule``: ``mu`` as a rule of the image token count and the step count (added
+#: within version 1; docs/pipeline-json.md gives each formula)
+MU_RULES = ("flux2_empirical",)
+
+
+def flux2_empirical_mu(image_seq_len: int, n: int) -> float:
+    """``mu_rule: flux2_empirical`` (Flux2Pipeline's ``compute_empirical_mu``) for ``n`` steps."""
+    a1, b1 = 8.73809524e-05, 1.89833333
+    a2, b2 = 0.00016927, 0.45666666
+    if image_seq_len > 4300:
+        return float(a2 * image_seq_len + b2)
+    m_200, m_10 = a2 * image_seq_len + b2, a1 * image_seq_len + b1
+    a = (m_200 - m_10) / 190.0
+    return float(a * n + (m_200 - 200.0 * a))
+
+
 @dataclass(frozen=True)
 class SchedulerDesc:
     class_name: str
     config: Mapping[str, Any] = field(default_factory=dict, compare=False)
     sigmas: str | None = None
     mu: float | None = None
+    #: ``mu`` as a rule of ``image_seq_len`` and the step count (:data:`MU_RULES`), when ``mu`` is null
+    mu_rule: str | None = None
+    image_seq_len: int | None = None
+
+    def mu_for(self, n: int) -> float | None:
+        """The ``mu`` to pass to ``set_timesteps`` for ``n`` steps (``None``: pass none)."""
+        if self.mu_rule is None:
+            return self.mu
+        assert self.mu_rule == "flux2_empirical" and self.image_seq_len is not None
+        return flux2_empirical_mu(self.image_seq_len, n)
 
 
 @dataclass(frozen=True)
@@ -306,7 +336,8 @@ def _typed(doc: Mapping[str, Any]) -> PipelineDescription:
         output=OutputDesc(o["name"], o["prediction"], o["learned_sigma"], o["sign"], o["channels_axis"]),
         timestep=TimestepDesc(float(ts["scale"]), float(ts["offset"]), bool(ts.get("reverse", False))),
         scheduler=SchedulerDesc(s["class"], dict(s["config"]), s["set_timesteps"]["sigmas"],
-                                None if s["set_timesteps"]["mu"] is None else float(s["set_timesteps"]["mu"])),
+                                None if s["set_timesteps"]["mu"] is None else float(s["set_timesteps"]["mu"]),
+                                s["set_timesteps"].get("mu_rule"), s["set_timesteps"].get("image_seq_len")),
         cfg=CfgDesc(c["mode"], None if c["guidance_scale"] is None else float(c["guidance_scale"]),
                     c["guidance_input"], c["combine"], float(c.get("guidance_input_scale", 1.0)), c.get("renorm")),
         latent=LatentDesc(tuple(lat["shape"]), lat["dtype"], lat["init"], lat["packing"], lat["channels"]),
@@ -336,6 +367,9 @@ def _check(d: PipelineDescription, what: str) -> None:
             raise SpecError(f"{what}: cfg.mode 'distilled' needs cfg.guidance_scale")
     elif g is not None:
         raise SpecError(f"{what}: cfg.guidance_input {g!r} is set but cfg.mode is {d.cfg.mode!r}, not 'distilled'")
+    sc = d.scheduler
+    if sc.mu_rule is not None and (sc.mu is not None or sc.image_seq_len is None):
+        raise SpecError(f"{what}: scheduler.set_timesteps.mu_rule needs mu null and image_seq_len set")
     if d.cfg.mode in ("batched", "two-pass") and d.cfg.combine is None:
         raise SpecError(f"{what}: cfg.mode {d.cfg.mode!r} needs cfg.combine")
     if d.cfg.mode not in ("batched", "two-pass") and (d.cfg.combine is not None or d.cfg.renorm is not None):
@@ -391,6 +425,10 @@ def features(d: PipelineDescription) -> frozenset[str]:
         used.add("inputs.negative_zeros")
     if any(i.append_valid for i in d.inputs):
         used.add("inputs.append_valid")
+    if d.latent.init == "tokens":
+        used.add("latent.init=tokens")
+    if d.scheduler.mu_rule is not None:
+        used.add(f"scheduler.set_timesteps.mu_rule={d.scheduler.mu_rule}")
     unknown = used - FEATURES.keys()
     assert not unknown, unknown  # the schema admits only the values FEATURES names
     return frozenset(used)
@@ -459,6 +497,7 @@ __all__ = [
     "FILENAME",
     "FIXED_ROLES",
     "FORMAT",
+    "MU_RULES",
     "PREDICTIONS",
     "RENORMS",
     "ROLES",
@@ -477,6 +516,7 @@ __all__ = [
     "VaeDesc",
     "check_against",
     "features",
+    "flux2_empirical_mu",
     "load_description",
     "parse_description",
     "schema",

@@ -397,6 +397,7 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
     sched_cls = type(pipe.scheduler).__name__
     image = np.asarray(recs[1].result)
     latent = recs[0].args["latents"]
+    loop = recs[0].steps[0].sample
     inputs: dict[str, Any] = {}
     for name, (shape, dtype) in onnx_inputs.items():
         f = facts.inputs[name]
@@ -430,11 +431,14 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
                      "reverse": _reverse(facts, sched_cfg)},
         "scheduler": {"class": sched_cls, "config": sched_cfg,
                       "set_timesteps": {"sigmas": facts.sigmas_rule, "mu": facts.mu,
-                                        "timesteps": facts.timesteps_rule}},
+                                        "timesteps": facts.timesteps_rule,
+                                        **({"mu_rule": facts.mu_rule, "image_seq_len": facts.image_seq_len}
+                                           if facts.mu_rule else {})}},
         "cfg": _cfg(facts),
         "latent": {"shape": list(latent.shape), "dtype": str(latent.numpy().dtype), "init": facts.latent_init,
                    "packing": packing,
-                   "channels": int(latent.shape[-1] if packing else latent.shape[1])},
+                   # the loop latent's channels: last of tokens (B, N, C), else axis 1
+                   "channels": int(loop.shape[-1] if loop.dim() == 3 else loop.shape[1])},
         "vae": vae,
         "values": VALUES_FILE if values else None,
     }

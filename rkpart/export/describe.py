@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rkpart.description import flux2_empirical_mu
 from rkpart.errors import ExportError
 
 if TYPE_CHECKING:
@@ -170,6 +171,9 @@ class Facts:
     #: the CFG combination (a key of :data:`COMBINES`) and its rescale (one of :data:`RENORMS`, or ``None``)
     combine: str = "uncond + g * (cond - uncond)"
     renorm: str | None = None
+    #: a ``mu`` that depends on the step count: its rule (a key of :data:`MU_RULES`) and the image token count
+    mu_rule: str | None = None
+    image_seq_len: int | None = None
 
 
 # -- comparisons ---------------------------------------------------------------------------------
@@ -519,6 +523,7 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
     if guidance is not None:
         scale_arg = guidance[2]
     gdefault = defaults.get(scale_arg) if scale_arg else None
+    mu, mu_rule, seq_len = _mu(recs)
     return Facts(
         inputs=facts, cfg_mode=mode, scale_argument=scale_arg,
         guidance_scale=float(gdefault) if isinstance(gdefault, (int, float)) else None,
@@ -526,7 +531,8 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
         guidance_input_scale=guidance[1] if guidance else None,
         cond_call=cond_call, learned_sigma=learned_sigma, sign=sign, channels_axis=channels_axis,
         timestep_input=timestep[0], timestep_scale=timestep[1], timestep_offset=timestep[2],
-        sigmas_rule=_named_rule(recs, "sigmas", SIGMA_RULES, num_train_timesteps), mu=_mu(recs),
+        sigmas_rule=_named_rule(recs, "sigmas", SIGMA_RULES, num_train_timesteps), mu=mu, mu_rule=mu_rule,
+        image_seq_len=seq_len,
         timesteps_rule=_named_rule(recs, "timesteps", TIMESTEP_RULES, num_train_timesteps),
         latent_init=_latent_init(recs),
         latent_input=latent_input,
@@ -654,7 +660,24 @@ def _named_rule(recs: Sequence[Recording], arg: str, rules: dict[str, Callable[[
                         f"follow no rule rkpart knows ({', '.join(rules)})")
 
 
-def _mu(recs: Sequence[Recording]) -> float | None:
+#: ``mu`` the pipeline passes to ``set_timesteps`` when it depends on the step count ``n``, by name: a rule of the
+#: image token count ``L`` (``set_timesteps.image_seq_len``) and ``n``
+MU_RULES: dict[str, Callable[[int, int], float]] = {"flux2_empirical": flux2_empirical_mu}
+
+
+def _image_seq_lens(recs: Sequence[Recording]) -> list[int]:
+    """Candidates for the image token count a ``mu`` rule reads: the loop latent's tokens (``(B, N, C)``) or
+    its positions (``(B, C, H, W)``: ``H * W``; 2x2 patches of them: ``H * W / 4``)."""
+    shape = tuple(recs[0].steps[0].sample.shape)
+    if len(shape) == 3:
+        return [shape[1]]
+    hw = math.prod(shape[2:])
+    return [hw, hw // 4]
+
+
+def _mu(recs: Sequence[Recording]) -> tuple[float | None, str | None, int | None]:
+    """``(mu, None, None)`` for a ``mu`` the same at every step count, ``(None, rule, image_seq_len)`` for one
+    that follows a rule of :data:`MU_RULES`, ``(None, None, None)`` when the pipeline passes none."""
     mus = [r.set_timesteps.get("mu") for r in recs]
     known = {"num_inference_steps", "device", "sigmas", "mu", "timesteps"}
     for r in recs:
@@ -663,12 +686,19 @@ def _mu(recs: Sequence[Recording]) -> float | None:
             raise DescribeError(f"the pipeline passes {', '.join(extra)} to set_timesteps; rkpart records only "
                                 "the step count, sigmas, timesteps and mu")
     if all(m is None for m in mus):
-        return None
+        return None, None, None
     vals = [float(m) for m in mus if m is not None]
-    if len(vals) != len(mus) or any(abs(v - vals[0]) > 1e-9 * max(1.0, abs(vals[0])) for v in vals):
-        raise DescribeError(f"mu passed to set_timesteps changes with the step count ({mus}); rkpart records it as "
-                            "a constant of the image size")
-    return vals[0]
+    if len(vals) != len(mus):
+        raise DescribeError("the pipeline passes mu to set_timesteps at one step count and not at another")
+    if all(abs(v - vals[0]) <= 1e-9 * max(1.0, abs(vals[0])) for v in vals):
+        return vals[0], None, None
+    for name, rule in MU_RULES.items():
+        for seq_len in _image_seq_lens(recs):
+            if all(abs(rule(seq_len, len(r.steps)) - v) <= 1e-9 * max(1.0, abs(v)) for r, v in zip(recs, vals,
+                                                                                                     strict=True)):
+                return None, name, seq_len
+    raise DescribeError(f"mu passed to set_timesteps changes with the step count ({mus}) and follows no rule rkpart "
+                        f"knows ({', '.join(MU_RULES)})")
 
 
 def _latent_init(recs: Sequence[Recording]) -> str:
@@ -679,10 +709,23 @@ def _latent_init(recs: Sequence[Recording]) -> str:
             results.append("identity")
         elif same(first, given * r.init_noise_sigma, rtol=1e-6):
             results.append("init_noise_sigma")
+        elif given.dim() >= 3 and same(first, to_tokens(given), rtol=1e-6):
+            results.append("tokens")
         else:
             raise DescribeError("the pipeline changes the given latents= before its loop in a way rkpart does not "
-                                "reproduce (neither as given nor times the scheduler's init_noise_sigma)")
-    return "identity" if all(x == "identity" for x in results) else "init_noise_sigma"
+                                "reproduce (as given, times the scheduler's init_noise_sigma, or its positions as "
+                                "row-major tokens)")
+    if len(set(results)) == 1:
+        return results[0]
+    if set(results) == {"identity", "init_noise_sigma"}:
+        return "init_noise_sigma"
+    raise DescribeError(f"the pipeline prepares the given latents= differently at two step counts ({results})")
+
+
+def to_tokens(x: torch.Tensor) -> torch.Tensor:
+    """``latent.init: tokens``: ``(B, C, *positions)`` -> ``(B, prod(positions), C)``, positions row-major
+    (Flux.2's ``_pack_latents``)."""
+    return x.flatten(2).transpose(1, 2)
 
 
 # -- replay ----------------------------------------------------------------------------------------
@@ -740,6 +783,8 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
     kwargs: dict[str, Any] = {}
     if facts.mu is not None:
         kwargs["mu"] = facts.mu
+    elif facts.mu_rule is not None:
+        kwargs["mu"] = MU_RULES[facts.mu_rule](facts.image_seq_len or 0, n)
     t_train = int(scheduler_config.get("num_train_timesteps") or 1000)
     if facts.timesteps_rule is not None:
         kwargs["timesteps"] = TIMESTEP_RULES[facts.timesteps_rule](n, t_train)
@@ -755,6 +800,8 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
     latent = rec.args["latents"].clone()
     if facts.latent_init == "init_noise_sigma":
         latent = latent * sched.init_noise_sigma
+    elif facts.latent_init == "tokens":
+        latent = to_tokens(latent)
     step_kwargs: dict[str, Any] = {}
     if "generator" in __import__("inspect").signature(sched.step).parameters:
         # a stochastic scheduler (DDPM) draws its noise from the call's generator, as the pipeline passed it

@@ -46,6 +46,13 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
     sched = getattr(diffusers, doc["scheduler"]["class"]).from_config(_numbers(doc["scheduler"]["config"]))
     st = doc["scheduler"]["set_timesteps"]
     kwargs: dict[str, Any] = {} if st["mu"] is None else {"mu": st["mu"]}
+    if st.get("mu_rule") == "flux2_empirical":  # docs/pipeline-json.md's formula, L the image token count
+        seq = st["image_seq_len"]
+        m200, m10 = 0.00016927 * seq + 0.45666666, 8.73809524e-05 * seq + 1.89833333
+        a = (m200 - m10) / 190.0
+        kwargs["mu"] = m200 if seq > 4300 else a * steps + (m200 - 200.0 * a)
+    else:
+        assert st.get("mu_rule") is None, st["mu_rule"]
     t_train = int(doc["scheduler"]["config"].get("num_train_timesteps", 1000))
     if st.get("timesteps") is not None:
         kwargs["timesteps"] = TIMESTEPS[st["timesteps"]](steps, t_train)
@@ -60,6 +67,8 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
     latent = torch.from_numpy(latents.copy())
     if doc["latent"]["init"] == "init_noise_sigma":
         latent = latent * sched.init_noise_sigma
+    elif doc["latent"]["init"] == "tokens":  # (B, C, H, W) -> (B, H*W, C), row-major
+        latent = latent.reshape(*latent.shape[:2], -1).permute(0, 2, 1).contiguous()
     passes = ["cond", "uncond"] if cfg["mode"] == "two-pass" else ["batched" if cfg["mode"] == "batched" else "cond"]
     import inspect
 

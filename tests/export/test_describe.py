@@ -184,6 +184,16 @@ def test_mu_changing_with_the_step_count_is_refused() -> None:
         derive(recs, {})
 
 
+def test_mu_rule_of_the_step_count() -> None:
+    """Flux.2's mu depends on the step count: recorded as its rule and the image token count (here the 2 x 2
+    positions of the loop latent), not as a number."""
+    from rkpart.description import flux2_empirical_mu
+
+    recs = [_recording(1, 2, 3.0, mu=flux2_empirical_mu(4, 2)), _recording(2, 3, 5.5, mu=flux2_empirical_mu(4, 3))]
+    f = derive(recs, {})
+    assert (f.mu, f.mu_rule, f.image_seq_len) == (None, "flux2_empirical", 4)
+
+
 def test_latents_changed_before_the_loop_are_refused() -> None:
     recs = _pair()
     recs[1].args["latents"] = recs[1].args["latents"] + 1.0

@@ -28,6 +28,8 @@ CASES: dict[str, set[str]] = {
     "cogview3plus": {"inputs.negative_zeros"},
     # Chroma: its mask is the call's text mask followed by the image tokens, valid
     "chroma": {"inputs.append_valid"},
+    # Flux.2: mu by its rule of the step count; latents= patchified, looped on as tokens
+    "flux2": {"scheduler.set_timesteps.mu_rule=flux2_empirical", "latent.init=tokens"},
 }
 
 
