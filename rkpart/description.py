@@ -66,6 +66,7 @@ FEATURES: dict[str, str] = {
                                                        "step count",
     "latent.init=tokens": "the loop latent is the given latents (B, C, *positions) as row-major tokens "
                           "(B, prod(positions), C) (Flux.2)",
+    "image.num_frames": "a video pipeline: vae_decoder.onnx returns (B, 3, F, H, W) frames",
     "inputs.append_valid": "an input is its argument extended with N valid positions (ones) on the last axis "
                            "(Chroma's mask: the image tokens)",
 }
@@ -194,6 +195,8 @@ class ImageDesc:
     width: int
     text_len: int | None
     batch: int
+    #: a video pipeline's frames per call (added within version 1; ``None``: an image pipeline)
+    num_frames: int | None = None
 
 
 @dataclass(frozen=True)
@@ -331,7 +334,7 @@ def _typed(doc: Mapping[str, Any]) -> PipelineDescription:
     return PipelineDescription(
         pipeline_class=doc["pipeline"]["class"], diffusers=doc["pipeline"]["diffusers"],
         transformer=TransformerDesc(t["class"], t["file"], t["dtype"], t["exporter"], tuple(t["patches"])),
-        image=ImageDesc(im["height"], im["width"], im["text_len"], im["batch"]),
+        image=ImageDesc(im["height"], im["width"], im["text_len"], im["batch"], im.get("num_frames")),
         inputs=inputs,
         output=OutputDesc(o["name"], o["prediction"], o["learned_sigma"], o["sign"], o["channels_axis"]),
         timestep=TimestepDesc(float(ts["scale"]), float(ts["offset"]), bool(ts.get("reverse", False))),
@@ -425,6 +428,8 @@ def features(d: PipelineDescription) -> frozenset[str]:
         used.add("inputs.negative_zeros")
     if any(i.append_valid for i in d.inputs):
         used.add("inputs.append_valid")
+    if d.image.num_frames is not None:
+        used.add("image.num_frames")
     if d.latent.init == "tokens":
         used.add("latent.init=tokens")
     if d.scheduler.mu_rule is not None:

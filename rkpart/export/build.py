@@ -88,6 +88,8 @@ class ExportOptions:
     dtype: str = "float32"
     exporter: str = "torchscript"
     force: bool = False
+    #: frames of a video pipeline's call (``None``: the pipeline's default)
+    num_frames: int | None = None
 
 
 @dataclass
@@ -155,9 +157,6 @@ def load_pipeline(src: Path) -> Any:
     except Exception as e:  # noqa: BLE001 - a folder diffusers cannot load is the user's input
         raise InvalidModelError(f"{src}: diffusers cannot load {cls_name}: {first_line(e)}") from None
     pipe.set_progress_bar_config(disable=True)
-    if "num_frames" in _call_params(pipe):
-        raise ExportError(f"{cls_name} is a video pipeline (its call takes num_frames); rkpart export describes "
-                          "image pipelines (pipeline.json version 1: one image per call)")
     return pipe
 
 
@@ -239,6 +238,11 @@ def base_args(pipe: Any, opts: ExportOptions, text_len: int, seed: int, steps: i
         args["height"] = opts.height
     if opts.width is not None:
         args["width"] = opts.width
+    if opts.num_frames is not None:
+        if "num_frames" not in params:
+            raise UserError(f"--num-frames {opts.num_frames}: {type(pipe).__name__} is not a video pipeline (its "
+                            "call takes no num_frames)")
+        args["num_frames"] = opts.num_frames
     if "guidance_scale" in params:
         args["guidance_scale"] = guidance
     if "use_resolution_binning" in params:
@@ -423,7 +427,9 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
         "pipeline": {"class": type(pipe).__name__, "diffusers": diffusers.__version__},
         "transformer": {"class": type(pipe.transformer).__name__, "file": TRANSFORMER_FILE, "dtype": opts.dtype,
                         "exporter": opts.exporter, "patches": list(patches)},
-        "image": {"height": int(image.shape[1]), "width": int(image.shape[2]), "text_len": text_len, "batch": batch},
+        # (B, H, W, 3), or a video's (B, F, H, W, 3): num_frames (null for an image pipeline)
+        "image": {"height": int(image.shape[-3]), "width": int(image.shape[-2]), "text_len": text_len, "batch": batch,
+                  "num_frames": int(image.shape[1]) if image.ndim == 5 else None},
         "inputs": inputs,
         "output": {"name": output, "prediction": _prediction(sched_cfg, sched_cls),
                    "learned_sigma": facts.learned_sigma, "sign": facts.sign, "channels_axis": facts.channels_axis},

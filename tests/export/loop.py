@@ -127,7 +127,7 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
         return final, None
     vae = ort.InferenceSession(str(folder / doc["vae"]["file"]), providers=["CPUExecutionProvider"])
     image = vae.run(None, {vae.get_inputs()[0].name: final.astype(np.float32)})[0]
-    return final, image.transpose(0, 2, 3, 1)
+    return final, np.moveaxis(image, 1, -1)  # NCHW -> NHWC; a video's NCFHW -> NFHWC
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -29,6 +29,8 @@ CASES: dict[str, set[str]] = {
     # Chroma: its mask is the call's text mask followed by the image tokens, valid
     "chroma": {"inputs.append_valid"},
     # Flux.2: mu by its rule of the step count; latents= patchified, looped on as tokens
+    # CogVideoX: a video pipeline (one frame), looped on as (B, F, C, H, W)
+    "cogvideox": {"image.num_frames"},
     "flux2": {"scheduler.set_timesteps.mu_rule=flux2_empirical", "latent.init=tokens"},
 }
 
@@ -45,4 +47,4 @@ def test_feature_exports_and_reproduces_diffusers(family: str) -> None:
     want = tp.run_diffusers(tp.cached_pipeline(family), embeds, latents, 4, guidance, "latent")
     got, image = run_description(folder, embeds, latents, 4, guidance)
     assert cosine(got, want) >= 0.9999
-    assert image is not None and image.shape == tp.PIPELINES[family].output_shape
+    assert image is not None and image.shape == tp.PIPELINES[family].output_shape  # a video's (B, F, H, W, 3)
