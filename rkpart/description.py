@@ -60,6 +60,9 @@ FEATURES: dict[str, str] = {
     "cfg.combine=cond + g * (cond - uncond)": "the CFG combination is cond + g * (cond - uncond) (Krea 2)",
     "cfg.renorm=cond_l2_last_axis": "the CFG combination x is rescaled to x * |cond| / |x|, L2 norms over the last "
                                     "axis of the transformer output (Lumina 2, Nucleus-MoE)",
+    "cfg.batch_order=cond,uncond": "the batched pair's rows are [cond, uncond] (Lumina-Next)",
+    "cfg.channels": "the CFG combination applies to the first cfg.channels output channels, the rest are cond's "
+                    "(Lumina-Next)",
     "inputs.negative_zeros": "an input's unconditional pass feeds zeros of its shape, not a call argument "
                              "(CogView3-Plus)",
     "scheduler.set_timesteps.mu_rule=flux2_empirical": "mu is Flux.2's rule of the image token count and the "
@@ -159,6 +162,10 @@ class CfgDesc:
     guidance_input_scale: float = 1.0
     #: a rescale of the combination (:data:`RENORMS`), or ``None``
     renorm: str | None = None
+    #: ``batched``: the row order of the pair (``"uncond,cond"``, diffusers' usual, or ``"cond,uncond"``)
+    batch_order: str = "uncond,cond"
+    #: the combination applies to the first ``channels`` output channels only (``None``: all)
+    channels: int | None = None
 
 
 @dataclass(frozen=True)
@@ -342,7 +349,8 @@ def _typed(doc: Mapping[str, Any]) -> PipelineDescription:
                                 None if s["set_timesteps"]["mu"] is None else float(s["set_timesteps"]["mu"]),
                                 s["set_timesteps"].get("mu_rule"), s["set_timesteps"].get("image_seq_len")),
         cfg=CfgDesc(c["mode"], None if c["guidance_scale"] is None else float(c["guidance_scale"]),
-                    c["guidance_input"], c["combine"], float(c.get("guidance_input_scale", 1.0)), c.get("renorm")),
+                    c["guidance_input"], c["combine"], float(c.get("guidance_input_scale", 1.0)), c.get("renorm"),
+                    c.get("batch_order", "uncond,cond"), c.get("channels")),
         latent=LatentDesc(tuple(lat["shape"]), lat["dtype"], lat["init"], lat["packing"], lat["channels"]),
         vae=None if v is None else VaeDesc(v["class"], v["file"], v["scaling_factor"], v["shift_factor"],
                                            v["latent_channels"], tuple(v["image_shape"])),
@@ -375,8 +383,12 @@ def _check(d: PipelineDescription, what: str) -> None:
         raise SpecError(f"{what}: scheduler.set_timesteps.mu_rule needs mu null and image_seq_len set")
     if d.cfg.mode in ("batched", "two-pass") and d.cfg.combine is None:
         raise SpecError(f"{what}: cfg.mode {d.cfg.mode!r} needs cfg.combine")
-    if d.cfg.mode not in ("batched", "two-pass") and (d.cfg.combine is not None or d.cfg.renorm is not None):
-        raise SpecError(f"{what}: cfg.combine / cfg.renorm are set but cfg.mode {d.cfg.mode!r} combines no passes")
+    if d.cfg.mode not in ("batched", "two-pass") and (d.cfg.combine is not None or d.cfg.renorm is not None
+                                                      or d.cfg.channels is not None):
+        raise SpecError(f"{what}: cfg.combine / renorm / channels are set but cfg.mode {d.cfg.mode!r} combines no "
+                        "passes")
+    if d.cfg.batch_order != "uncond,cond" and d.cfg.mode != "batched":
+        raise SpecError(f"{what}: cfg.batch_order {d.cfg.batch_order!r} needs cfg.mode 'batched'")
     if d.cfg.mode == "batched" and d.image.batch != 2:
         raise SpecError(f"{what}: cfg.mode 'batched' needs image.batch 2, not {d.image.batch}")
     for i in d.inputs:
@@ -424,6 +436,10 @@ def features(d: PipelineDescription) -> frozenset[str]:
         used.add(f"cfg.combine={d.cfg.combine}")
     if d.cfg.renorm is not None:
         used.add(f"cfg.renorm={d.cfg.renorm}")
+    if d.cfg.batch_order != "uncond,cond":
+        used.add(f"cfg.batch_order={d.cfg.batch_order}")
+    if d.cfg.channels is not None:
+        used.add("cfg.channels")
     if any(i.negative_zeros for i in d.inputs):
         used.add("inputs.negative_zeros")
     if any(i.append_valid for i in d.inputs):

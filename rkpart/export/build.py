@@ -322,7 +322,7 @@ def _example(facts: Facts, rec: Recording, batch: int) -> dict[str, torch.Tensor
     for name in facts.inputs:
         v = kwargs[name]
         if batch != facts.pipeline_batch and _batched(facts, name, v):
-            v = v[1:2]
+            v = v[0:1] if facts.cond_first else v[1:2]
         out[name] = v
     return out
 
@@ -365,7 +365,7 @@ def halve(facts: Facts, transformer: Any, recs: list[Recording]) -> Facts:
         if v is not None and v.ndim and v.shape[0] == 2 and (v[0] == v[1]).all():
             v = v[1:2]
         inputs[name] = dataclasses.replace(f, value=v)
-    return dataclasses.replace(facts, inputs=inputs, cfg_mode="two-pass", cond_call=0, call_batch=1)
+    return dataclasses.replace(facts, inputs=inputs, cfg_mode="two-pass", cond_call=0, call_batch=1, cond_first=False)
 
 
 def _prediction(config: dict[str, Any], cls_name: str) -> str:
@@ -457,6 +457,10 @@ def _cfg(facts: Facts) -> dict[str, Any]:
         "scale_argument": facts.scale_argument,
         "renorm": facts.renorm if facts.cfg_mode in ("batched", "two-pass") else None,
     }
+    if facts.cond_first:
+        cfg["batch_order"] = "cond,uncond"
+    if facts.cfg_channels is not None:
+        cfg["channels"] = facts.cfg_channels
     if facts.guidance_input_scale is not None:
         cfg["guidance_input_scale"] = facts.guidance_input_scale
     return cfg

@@ -174,6 +174,11 @@ class Facts:
     #: a ``mu`` that depends on the step count: its rule (a key of :data:`MU_RULES`) and the image token count
     mu_rule: str | None = None
     image_seq_len: int | None = None
+    #: batched: the pair is ``[cond, uncond]`` (Lumina-Next, DiT), not diffusers' usual ``[uncond, cond]``
+    cond_first: bool = False
+    #: the CFG combination applies to the first ``cfg_channels`` output channels only, the rest are the
+    #: conditional prediction's (Lumina-Next: 3; ``None``: every channel)
+    cfg_channels: int | None = None
 
 
 # -- comparisons ---------------------------------------------------------------------------------
@@ -310,7 +315,8 @@ def _argument_source(name: str, recs: Sequence[Recording], mode: str, append: in
         if ZEROS in (a, b):
             return (b if a == ZEROS else a), None, True
         if mode == "batched":
-            return a, b, False
+            # the second row is fed the negative argument: the pipeline batches [cond, uncond] (Lumina-Next)
+            return (b, a, False) if _is_negative(a) and not _is_negative(b) else (a, b, False)
         if mode == "two-pass":
             # the conditional pass is the one fed the argument that is not a negative one
             return ((a, b) if not _is_negative(a) or _is_negative(b) else (b, a)) + (False,)
@@ -495,6 +501,11 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
             facts[name] = InputFact(name, "guidance")
             continue
         value = _constant(name, recs)
+        if value is not None and v.is_complex():
+            # ONNX has no complex inputs: a complex constant (Lumina-Next's RoPE table) is the model's, baked in
+            # (the export's patches make it real)
+            fixed[name] = v
+            continue
         if value is not None:
             facts[name] = InputFact(name, _role_of_constant(name), value=value)
             continue
@@ -507,7 +518,7 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
                             "(scale * t + offset), the guidance nor a constant; rkpart cannot tell where the "
                             "pipeline takes it from")
     for _r, _s, _i, c in _calls(recs):
-        if set(_tensors(c.kwargs)) != {n for n, f in facts.items()}:
+        if set(_tensors(c.kwargs)) - fixed.keys() != {n for n, f in facts.items()}:
             raise DescribeError("the transformer's tensor arguments differ between calls "
                                 f"({sorted(_tensors(c.kwargs))} vs {sorted(facts)})")
     if timestep is None:
@@ -518,8 +529,9 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
     cond_call = _cond_call(facts, recs) if mode == "two-pass" else None
     # a token sequence (B, tokens, channels: packed latents) has its channels last
     channels_axis = 2 if recs[0].steps[0].sample.dim() == 3 else 1
-    learned_sigma, sign, scale_arg, combine, renorm = _find_combination(recs, mode, cond_call, scale_args,
-                                                                        channels_axis)
+    cond_first = mode == "batched" and _cond_first(facts, recs)
+    learned_sigma, sign, scale_arg, combine, renorm, cfg_channels = _find_combination(
+        recs, mode, cond_call, scale_args, channels_axis, cond_first)
     if guidance is not None:
         scale_arg = guidance[2]
     gdefault = defaults.get(scale_arg) if scale_arg else None
@@ -537,6 +549,7 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
         latent_init=_latent_init(recs),
         latent_input=latent_input,
         call_batch=call_batch, pipeline_batch=call_batch, fixed=fixed, nests=nests, combine=combine, renorm=renorm,
+        cond_first=cond_first, cfg_channels=cfg_channels,
     )
 
 
@@ -552,6 +565,24 @@ def _holds_tensor(v: Any) -> bool:
     return False
 
 
+def _cond_first(facts: dict[str, InputFact], recs: Sequence[Recording]) -> bool:
+    """Batched: whether the pair is ``[cond, uncond]`` (every input fed two arguments agrees)."""
+    import torch
+
+    orders = set()
+    c0, args = recs[0].steps[0].calls[0].kwargs, recs[0].args
+    for f in facts.values():
+        if f.argument is None or (f.negative_argument in (None, f.argument) and not f.negative_zeros):
+            continue
+        pos = args[f.argument]
+        neg = torch.zeros_like(pos) if f.negative_zeros else args[f.negative_argument or ""]
+        orders.add(bool(same(c0[f.name], torch.cat([pos, neg]))) and not same(c0[f.name], torch.cat([neg, pos])))
+    if len(orders) > 1:
+        raise DescribeError("the pipeline's batched CFG pair puts the conditional row first for one input and second "
+                            "for another")
+    return orders == {True}
+
+
 def _cond_call(facts: dict[str, InputFact], recs: Sequence[Recording]) -> int:
     """Two-pass: the conditional call of a step is the one fed the non-negative argument."""
     for f in facts.values():
@@ -565,7 +596,7 @@ def _cond_call(facts: dict[str, InputFact], recs: Sequence[Recording]) -> int:
 
 
 def _find_combination(recs: Sequence[Recording], mode: str, cond_call: int | None, scale_args: list[str],
-                      axis: int) -> tuple[bool, int, str | None, str, str | None]:
+                      axis: int, cond_first: bool = False) -> tuple[bool, int, str | None, str, str | None, int | None]:
     """``(learned_sigma, sign, scale argument, combine, renorm)`` giving every step's model_output.
 
     The CFG candidates are the forms of :data:`COMBINES` (the usual one first), each with and without the
@@ -573,9 +604,13 @@ def _find_combination(recs: Sequence[Recording], mode: str, cond_call: int | Non
     the pipeline's function of ``g``, not a coincidence of one scale.
     """
     scales: list[str | None] = list(scale_args) if mode in ("batched", "two-pass") else [None]
-    forms = [(c, r) for r in (None, *RENORMS) for c in COMBINES] if mode in ("batched", "two-pass") \
-        else [(STANDARD, None)]
-    for combine, renorm in forms:
+    cfg = mode in ("batched", "two-pass")
+    forms: list[tuple[str, str | None, int | None]] = [(c, r, None) for r in (None, *RENORMS) for c in COMBINES] \
+        if cfg else [(STANDARD, None, None)]
+    out_channels = recs[0].steps[0].calls[0].output.shape[axis] if cfg else 0
+    # then the usual form on the first k channels only, the rest the conditional prediction's (Lumina-Next)
+    forms += [(STANDARD, None, k) for k in range(1, out_channels)]
+    for combine, renorm, channels in forms:
         for scale_arg in scales:
             for learned in (False, True):
                 for sign in (1, -1):
@@ -584,14 +619,15 @@ def _find_combination(recs: Sequence[Recording], mode: str, cond_call: int | Non
                         for s in r.steps:
                             g = float(r.args[scale_arg]) if scale_arg else 1.0
                             x = combine_outputs([c.output for c in s.calls], mode, cond_call, g, learned, sign, axis,
-                                                combine=combine, renorm=renorm)
+                                                combine=combine, renorm=renorm, cond_first=cond_first,
+                                                channels=channels)
                             if x is None or not same(x.to(s.model_output.dtype), s.model_output, rtol=1e-4):
                                 ok = False
                                 break
                         if not ok:
                             break
                     if ok:
-                        return learned, sign, scale_arg, combine, renorm
+                        return learned, sign, scale_arg, combine, renorm, channels
     # name the first step no candidate reproduces
     r, s = recs[0], recs[0].steps[0]
     shapes = [tuple(c.output.shape) for c in s.calls]
@@ -614,10 +650,13 @@ RENORMS = ("cond_l2_last_axis",)
 
 
 def combine_outputs(outputs: Sequence[torch.Tensor], mode: str, cond_call: int | None, g: float, learned: bool,
-                    sign: int, axis: int = 1, *, combine: str = STANDARD, renorm: str | None = None
-                    ) -> torch.Tensor | None:
+                    sign: int, axis: int = 1, *, combine: str = STANDARD, renorm: str | None = None,
+                    cond_first: bool = False, channels: int | None = None) -> torch.Tensor | None:
     """The scheduler's ``model_output`` from a step's transformer outputs, as the description says:
-    the CFG ``combine`` form, then the ``renorm`` rescale, then the learned-sigma split, then the sign."""
+    the CFG ``combine`` form (on the first ``channels`` channels only, the rest the conditional prediction's),
+    then the ``renorm`` rescale, then the learned-sigma split, then the sign."""
+    import torch
+
     if mode in ("two-pass", "batched"):
         if mode == "two-pass":
             if len(outputs) != 2 or cond_call is None:
@@ -627,7 +666,15 @@ def combine_outputs(outputs: Sequence[torch.Tensor], mode: str, cond_call: int |
             if len(outputs) != 1 or outputs[0].shape[0] % 2:
                 return None
             uncond, cond = outputs[0].chunk(2)
-        x = COMBINES[combine](cond, uncond, g)
+            if cond_first:
+                cond, uncond = uncond, cond
+        if channels is not None:
+            if cond.dim() <= axis or cond.shape[axis] <= channels:
+                return None
+            head = COMBINES[combine](cond.narrow(axis, 0, channels), uncond.narrow(axis, 0, channels), g)
+            x = torch.cat([head, cond.narrow(axis, channels, cond.shape[axis] - channels)], dim=axis)
+        else:
+            x = COMBINES[combine](cond, uncond, g)
         if renorm == "cond_l2_last_axis":
             x = x * (cond.norm(dim=-1, keepdim=True) / x.norm(dim=-1, keepdim=True))
         elif renorm is not None:
@@ -754,7 +801,8 @@ def step_inputs(facts: Facts, args: dict[str, Any], latent: torch.Tensor, t: tor
                 v = torch.from_numpy(f.value)
             elif facts.cfg_mode == "batched":
                 pos = args[f.argument or ""]
-                v = torch.cat([torch.zeros_like(pos) if f.negative_zeros else args[f.negative_argument or ""], pos])
+                neg = torch.zeros_like(pos) if f.negative_zeros else args[f.negative_argument or ""]
+                v = torch.cat([pos, neg] if facts.cond_first else [neg, pos])
             elif not cond and f.negative_zeros:
                 v = torch.zeros_like(args[f.argument or ""])
             else:
@@ -821,7 +869,8 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
 
             outs.append(first_output(out))
         mo = combine_outputs(outs, facts.cfg_mode, facts.cond_call, g, facts.learned_sigma, facts.sign,
-                             facts.channels_axis, combine=facts.combine, renorm=facts.renorm)
+                             facts.channels_axis, combine=facts.combine, renorm=facts.renorm,
+                             cond_first=facts.cond_first, channels=facts.cfg_channels)
         assert mo is not None
         latent = sched.step(mo, t, latent, return_dict=False, **step_kwargs)[0]
         if not same(latent, rec.steps[i].prev_sample, rtol=1e-4):

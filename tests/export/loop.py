@@ -69,6 +69,7 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
         latent = latent * sched.init_noise_sigma
     elif doc["latent"]["init"] == "tokens":  # (B, C, H, W) -> (B, H*W, C), row-major
         latent = latent.reshape(*latent.shape[:2], -1).permute(0, 2, 1).contiguous()
+    cond_first = cfg.get("batch_order", "uncond,cond") == "cond,uncond"
     passes = ["cond", "uncond"] if cfg["mode"] == "two-pass" else ["batched" if cfg["mode"] == "batched" else "cond"]
     import inspect
 
@@ -95,7 +96,7 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
                 elif kind == "batched":
                     pos = embeds[i["argument"]]
                     neg = np.zeros_like(pos) if i.get("negative_zeros") else embeds[i["negative_argument"]]
-                    v = np.concatenate([neg, pos])
+                    v = np.concatenate([pos, neg] if cond_first else [neg, pos])
                 elif kind == "uncond" and i.get("negative_zeros"):
                     v = np.zeros_like(embeds[i["argument"]])
                 else:
@@ -109,8 +110,15 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
         if cfg["mode"] in ("batched", "two-pass"):
             uncond, cond = np.split(preds["batched"], 2) if cfg["mode"] == "batched" else (preds["uncond"],
                                                                                            preds["cond"])
+            if cfg["mode"] == "batched" and cond_first:
+                uncond, cond = cond, uncond
             pred = {"uncond + g * (cond - uncond)": uncond, "cond + g * (cond - uncond)": cond}[cfg["combine"]] \
                 + g * (cond - uncond)
+            k = cfg.get("channels")
+            if k is not None:  # the combination on the first k channels, the conditional prediction's after them
+                ax = out["channels_axis"]
+                pred = np.concatenate([np.take(pred, range(k), axis=ax),
+                                       np.take(cond, range(k, cond.shape[ax]), axis=ax)], axis=ax)
             if cfg.get("renorm") == "cond_l2_last_axis":
                 pred = pred * (np.linalg.norm(cond, axis=-1, keepdims=True) / np.linalg.norm(pred, axis=-1,
                                                                                                keepdims=True))

@@ -24,7 +24,7 @@ def _recording(seed: int, steps: int, g: float, *, mode: str = "batched", t_scal
                t_offset: float = 0.0, guidance_factor: float | None = None, learned: bool = False, sign: int = 1,
                extra: Any = None, init: float = 1.0, sigmas: list[float] | None = None, mu: float | None = None,
                combine: str = "uncond + g * (cond - uncond)", renorm: bool = False, zeros: bool = False,
-               mask: bool = False) -> Recording:
+               mask: bool = False, cond_first: bool = False, channels: int | None = None) -> Recording:
     gen = torch.Generator().manual_seed(seed)
     pos, neg = torch.randn(1, 3, 4, generator=gen), torch.randn(1, 3, 4, generator=gen)
     fed_neg = torch.zeros_like(pos) if zeros else neg  # CogView3-Plus: zeros whatever the call's negative is
@@ -50,14 +50,17 @@ def _recording(seed: int, steps: int, g: float, *, mode: str = "batched", t_scal
             if mask:
                 m = args["prompt_attention_mask"] if ctx is pos else args["negative_prompt_attention_mask"]
                 kw["attention_mask"] = torch.cat([m.bool(), torch.ones(1, 5, dtype=torch.bool)], dim=1)
-            out = batch_latent * 0.5 + ctx.mean() + float(t) * 1e-4
+            # each row its own conditioning (a batched pair whose rows differ, as a real model's)
+            out = batch_latent * 0.5 + ctx.mean(dim=(1, 2)).reshape(-1, 1, 1, 1) + float(t) * 1e-4
             if learned:
                 out = torch.cat([out, -out], dim=1)
             return TransformerCall(kw, out * sign)
 
         if mode == "batched":
-            calls = [call(torch.cat([x, x]), torch.cat([fed_neg, pos]), 2)]
+            calls = [call(torch.cat([x, x]), torch.cat([pos, fed_neg] if cond_first else [fed_neg, pos]), 2)]
             uncond, cond = calls[0].output.chunk(2)
+            if cond_first:
+                uncond, cond = cond, uncond
         elif mode == "two-pass":
             calls = [call(x, fed_neg, 1), call(x, pos, 1)] if zeros else [call(x, pos, 1), call(x, neg, 1)]
             cond, uncond = calls[0].output, calls[1].output
@@ -67,6 +70,8 @@ def _recording(seed: int, steps: int, g: float, *, mode: str = "batched", t_scal
             calls = [call(x, pos, 1)]
             uncond = cond = calls[0].output
         mo = ((cond if combine.startswith("cond") else uncond) + g * (cond - uncond)) if mode != "none" else cond
+        if channels is not None:
+            mo = torch.cat([mo[:, :channels], cond[:, channels:]], dim=1)
         if renorm:
             mo = mo * (cond.norm(dim=-1, keepdim=True) / mo.norm(dim=-1, keepdim=True))
         if learned:
@@ -135,6 +140,14 @@ def test_mask_extended_with_valid_positions() -> None:
     m = f.inputs["attention_mask"]
     assert (m.role, m.argument, m.negative_argument, m.append_valid) == (
         "attention_mask", "prompt_attention_mask", "negative_prompt_attention_mask", 5)
+
+
+def test_conditional_row_first_and_cfg_on_some_channels() -> None:
+    """Lumina-Next: the batched pair is [cond, uncond] and the combination covers its first channel only here (3 of
+    4 in the pipeline), the rest being the conditional prediction."""
+    f = derive(_pair(cond_first=True, channels=1, learned=True), {})
+    assert (f.cond_first, f.cfg_channels, f.learned_sigma) == (True, 1, True)
+    assert f.inputs["encoder_hidden_states"].argument == "prompt_embeds"
 
 
 def test_reversed_timestep_and_negated_output() -> None:

@@ -29,6 +29,8 @@ CASES: dict[str, set[str]] = {
     # Chroma: its mask is the call's text mask followed by the image tokens, valid
     "chroma": {"inputs.append_valid"},
     # Flux.2: mu by its rule of the step count; latents= patchified, looped on as tokens
+    # Lumina-Next: a batched [cond, uncond] pair, CFG on 3 of its 4 latent channels, a complex RoPE table baked in
+    "lumina_next": {"cfg.batch_order=cond,uncond", "cfg.channels"},
     # CogVideoX: a video pipeline (one frame), looped on as (B, F, C, H, W)
     "cogvideox": {"image.num_frames"},
     "flux2": {"scheduler.set_timesteps.mu_rule=flux2_empirical", "latent.init=tokens"},
