@@ -220,6 +220,9 @@ def conditioning_args(pipe: Any, text_len: int, seed: int, mask_dtype: str = "in
     if "prompt_embeds" not in out:
         raise ExportError(f"{type(pipe).__name__}.__call__ takes no prompt_embeds: rkpart export records "
                           "text-conditioned pipelines, fed their text conditioning as embeddings")
+    for name in list(out):
+        if str(params[name].annotation).lower().startswith("list[") and out[name].dim() == 3:
+            out[name] = list(out[name].unbind(0))  # one tensor per prompt (Z-Image): the derivation stacks them
     # a text prompt argument with a default ("" for negative_prompt) would conflict with the embeddings
     for name, p in params.items():
         if _PROMPT.match(name) and p.default not in (None, inspect.Parameter.empty):
@@ -429,7 +432,7 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
                         "exporter": opts.exporter, "patches": list(patches)},
         # (B, H, W, 3), or a video's (B, F, H, W, 3): num_frames (null for an image pipeline)
         "image": {"height": int(image.shape[-3]), "width": int(image.shape[-2]), "text_len": text_len, "batch": batch,
-                  "num_frames": int(image.shape[1]) if image.ndim == 5 else None},
+                  **({"num_frames": int(image.shape[1])} if image.ndim == 5 else {})},
         "inputs": inputs,
         "output": {"name": output, "prediction": _prediction(sched_cfg, sched_cls),
                    "learned_sigma": facts.learned_sigma, "sign": facts.sign, "channels_axis": facts.channels_axis},
@@ -602,6 +605,13 @@ def _renested(transformer: Any, facts: Facts) -> Any:
     """The transformer itself, or, when some of its arguments hold tensors (:func:`flatten_kwargs`), a module
     taking one tensor per input that rebuilds them."""
     if not facts.nests:
+        return transformer
+    from rkpart.export.patches import patches_for
+
+    if all(n.kind == "stack" for n in facts.nests.values()) and any(
+            p.kind == "adapter" for p in patches_for(type(transformer).__name__, "torchscript")):
+        # per-sample lists stacked into batch inputs: the registry's adapter of the class takes the batch and
+        # hands its forward the lists (Z-Image's list_forward), and the class's rewrites still apply
         return transformer
     import torch
 

@@ -91,8 +91,9 @@ class Nest:
     rest: tuple[tuple[Any, Any], ...] = ()
 
 
-def flatten_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Nest]]:
-    """``kwargs`` with every tuple / list / dict of tensors (one level) spread into ``<arg>_<key>`` inputs.
+def flatten_kwargs(kwargs: dict[str, Any], per_sample: tuple[int, ...] = ()) -> tuple[dict[str, Any], dict[str, Nest]]:
+    """``kwargs`` with every tuple / list / dict of tensors (one level) spread into ``<arg>_<key>`` inputs; a list
+    of ``n`` tensors of one shape, ``n`` in ``per_sample`` (the call's batch), stacked into one input.
 
     HunyuanDiT's ``image_rotary_emb`` (a (cos, sin) pair), PixArt-α's ``added_cond_kwargs``
     (``resolution`` and ``aspect_ratio`` tensors): an ONNX graph takes tensors, one per input.
@@ -102,6 +103,12 @@ def flatten_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Ne
     flat: dict[str, Any] = {}
     nests: dict[str, Nest] = {}
     for k, v in kwargs.items():
+        if isinstance(v, list) and len(v) in per_sample and all(
+                isinstance(x, torch.Tensor) and x.shape == v[0].shape for x in v):
+            # one tensor per sample of the batch (Z-Image's x and cap_feats): the batch, stacked
+            nests[k] = Nest("stack", ((0, k),))
+            flat[k] = torch.stack(v)
+            continue
         items: list[tuple[Any, Any]] | None = None
         if isinstance(v, (tuple, list)) and v and all(isinstance(x, torch.Tensor) for x in v):
             items = list(enumerate(v))
@@ -123,7 +130,9 @@ def nest_kwargs(flat: dict[str, Any], nests: dict[str, Nest]) -> dict[str, Any]:
     owned = {name for n in nests.values() for _key, name in n.names}
     out = {k: v for k, v in flat.items() if k not in owned}
     for arg, n in nests.items():
-        if n.kind == "dict":
+        if n.kind == "stack":
+            out[arg] = list(flat[arg].unbind(0))
+        elif n.kind == "dict":
             d = dict(n.rest)
             d.update({key: flat[name] for key, name in n.names})
             out[arg] = d
@@ -258,7 +267,9 @@ def _latent_input(recs: Sequence[Recording]) -> tuple[str, int]:
         ok = True
         for _r, s, _i, c in _calls(recs):
             x = c.kwargs.get(name)
-            if not isinstance(x, torch.Tensor) or not same(x, torch.cat([s.sample] * rows) if rows == 2 else s.sample):
+            want = torch.cat([s.sample] * rows) if rows == 2 else s.sample
+            # a singleton axis the pipeline adds (Z-Image's frame axis: unsqueeze(2)) is the same values
+            if not isinstance(x, torch.Tensor) or x.numel() != want.numel() or not same(x.reshape(want.shape), want):
                 ok = False
                 break
         if ok:
@@ -458,9 +469,16 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
     import torch
 
     per_step = _check_structure(recs)
+    for r in recs:  # a call argument given as one tensor per prompt (Z-Image's prompt_embeds) is their batch
+        for arg, given in list(r.args.items()):
+            if isinstance(given, list) and given and all(isinstance(x, torch.Tensor) and x.shape == given[0].shape
+                                                         for x in given):
+                r.args[arg] = torch.stack(given)
     nests: dict[str, Nest] = {}
+    rows = recs[0].steps[0].sample.shape[0]
+    per_sample = (rows, 2 * rows)
     for _r, _s, _i, c in _calls(recs):
-        c.kwargs, nested = flatten_kwargs(c.kwargs)
+        c.kwargs, nested = flatten_kwargs(c.kwargs, per_sample)
         if nests and nested != nests:
             raise DescribeError("the transformer's nested arguments change between calls; rkpart exports one "
                                 "graph for every call")
@@ -621,7 +639,9 @@ def _find_combination(recs: Sequence[Recording], mode: str, cond_call: int | Non
                             x = combine_outputs([c.output for c in s.calls], mode, cond_call, g, learned, sign, axis,
                                                 combine=combine, renorm=renorm, cond_first=cond_first,
                                                 channels=channels)
-                            if x is None or not same(x.to(s.model_output.dtype), s.model_output, rtol=1e-4):
+                            if x is None or x.numel() != s.model_output.numel() or not same(
+                                    x.to(s.model_output.dtype).reshape(s.model_output.shape), s.model_output,
+                                    rtol=1e-4):
                                 ok = False
                                 break
                         if not ok:
@@ -872,7 +892,7 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
                              facts.channels_axis, combine=facts.combine, renorm=facts.renorm,
                              cond_first=facts.cond_first, channels=facts.cfg_channels)
         assert mo is not None
-        latent = sched.step(mo, t, latent, return_dict=False, **step_kwargs)[0]
+        latent = sched.step(mo.reshape(latent.shape), t, latent, return_dict=False, **step_kwargs)[0]
         if not same(latent, rec.steps[i].prev_sample, rtol=1e-4):
             err = float((latent - rec.steps[i].prev_sample).abs().max())
             raise DescribeError(f"step {i + 1} of {n}: the loop run from the description differs from the "

@@ -89,6 +89,9 @@ def first_output(out: Any) -> torch.Tensor:
 
     if isinstance(out, torch.Tensor):
         return out
+    if isinstance(out, list) and out and all(isinstance(x, torch.Tensor) and x.shape == out[0].shape
+                                                      for x in out):
+        return torch.stack(out)  # one prediction per sample (Z-Image's list): the batch
     if isinstance(out, (tuple, list)):
         return first_output(out[0])
     sample = getattr(out, "sample", None)

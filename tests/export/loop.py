@@ -129,7 +129,9 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
         if out["learned_sigma"]:
             pred = np.split(pred, 2, axis=out["channels_axis"])[0]
         pred = pred * out["sign"]
-        latent = sched.step(torch.from_numpy(pred), t, latent, return_dict=False, **step_kwargs)[0]
+        # a singleton axis of the output (Z-Image's frame axis) is not the latent's
+        step = torch.from_numpy(pred).reshape(latent.shape)
+        latent = sched.step(step, t, latent, return_dict=False, **step_kwargs)[0]
     final = latent.numpy()
     if doc["vae"] is None:
         return final, None

@@ -150,6 +150,27 @@ def test_conditional_row_first_and_cfg_on_some_channels() -> None:
     assert f.inputs["encoder_hidden_states"].argument == "prompt_embeds"
 
 
+def test_per_sample_lists_are_the_batch() -> None:
+    """Z-Image: the call takes prompt_embeds as a list of per-prompt tensors, the transformer its latent and text as
+    lists of per-sample tensors (the latent with a frame axis of one) and returns a list: each list is its stack,
+    and the latent input is the loop latent twice with the frame axis."""
+    from rkpart.export.describe import nest_kwargs
+
+    recs = _pair(cond_first=True)
+    for r in recs:
+        r.args["prompt_embeds"] = list(r.args["prompt_embeds"].unbind(0))
+        for s in r.steps:
+            (c,) = s.calls
+            c.kwargs["hidden_states"] = list(c.kwargs["hidden_states"].unsqueeze(2).unbind(0))
+            c.kwargs["encoder_hidden_states"] = list(c.kwargs["encoder_hidden_states"].unbind(0))
+    f = derive(recs, {})
+    assert (f.latent_input, f.cfg_mode, f.cond_first) == ("hidden_states", "batched", True)
+    assert f.inputs["encoder_hidden_states"].argument == "prompt_embeds"
+    assert {k: n.kind for k, n in f.nests.items()} == {"hidden_states": "stack", "encoder_hidden_states": "stack"}
+    again = nest_kwargs({"hidden_states": torch.zeros(2, 3), "encoder_hidden_states": torch.ones(2, 4)}, f.nests)
+    assert [tuple(x.shape) for x in again["hidden_states"]] == [(3,), (3,)]
+
+
 def test_reversed_timestep_and_negated_output() -> None:
     """Z-Image style: the model gets (1000 - t) / 1000 and the pipeline negates its output."""
     f = derive(_pair(t_scale=-0.001, t_offset=1.0, sign=-1), {})
