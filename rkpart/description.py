@@ -63,8 +63,8 @@ FEATURES: dict[str, str] = {
     "cfg.batch_order=cond,uncond": "the batched pair's rows are [cond, uncond] (Lumina-Next)",
     "cfg.channels": "the CFG combination applies to the first cfg.channels output channels, the rest are cond's "
                     "(Lumina-Next)",
-    "inputs.negative_zeros": "an input's unconditional pass feeds zeros of its shape, not a call argument "
-                             "(CogView3-Plus)",
+    "inputs.negative_fill": "an input's unconditional pass feeds its shape filled with one number (zeros: "
+                            "CogView3-Plus; DiT's null class 1000), not a call argument",
     "scheduler.set_timesteps.mu_rule=flux2_empirical": "mu is Flux.2's rule of the image token count and the "
                                                        "step count",
     "latent.init=tokens": "the loop latent is the given latents (B, C, *positions) as row-major tokens "
@@ -90,7 +90,7 @@ class InputDesc:
     negative_argument: str | None = None
     value: str | None = None
     #: the unconditional pass feeds zeros of the input's shape instead of ``negative_argument`` (added within v1)
-    negative_zeros: bool = False
+    negative_fill: float | None = None
     #: the argument is extended with this many valid positions (ones) on its last axis (added within v1)
     append_valid: int = 0
 
@@ -336,7 +336,7 @@ def _typed(doc: Mapping[str, Any]) -> PipelineDescription:
     t, im, o, ts, s, c, lat, v = (doc[k] for k in ("transformer", "image", "output", "timestep", "scheduler", "cfg",
                                                     "latent", "vae"))
     inputs = tuple(InputDesc(n, i["role"], tuple(i["shape"]), i["dtype"], i["argument"], i["negative_argument"],
-                             i["value"], bool(i.get("negative_zeros", False)), int(i.get("append_valid", 0)))
+                             i["value"], i.get("negative_fill"), int(i.get("append_valid", 0)))
                    for n, i in doc["inputs"].items())
     return PipelineDescription(
         pipeline_class=doc["pipeline"]["class"], diffusers=doc["pipeline"]["diffusers"],
@@ -392,8 +392,8 @@ def _check(d: PipelineDescription, what: str) -> None:
     if d.cfg.mode == "batched" and d.image.batch != 2:
         raise SpecError(f"{what}: cfg.mode 'batched' needs image.batch 2, not {d.image.batch}")
     for i in d.inputs:
-        if i.negative_zeros and (i.argument is None or i.negative_argument is not None):
-            raise SpecError(f"{what}: input {i.name!r} has negative_zeros but "
+        if i.negative_fill is not None and (i.argument is None or i.negative_argument is not None):
+            raise SpecError(f"{what}: input {i.name!r} has negative_fill but "
                             f"{'no argument' if i.argument is None else 'also a negative_argument'}")
         if i.append_valid and (i.argument is None or not i.shape or i.shape[-1] <= i.append_valid):
             why = "has no argument" if i.argument is None else f"its last axis holds only {i.shape[-1:]}"
@@ -440,8 +440,8 @@ def features(d: PipelineDescription) -> frozenset[str]:
         used.add(f"cfg.batch_order={d.cfg.batch_order}")
     if d.cfg.channels is not None:
         used.add("cfg.channels")
-    if any(i.negative_zeros for i in d.inputs):
-        used.add("inputs.negative_zeros")
+    if any(i.negative_fill is not None for i in d.inputs):
+        used.add("inputs.negative_fill")
     if any(i.append_valid for i in d.inputs):
         used.add("inputs.append_valid")
     if d.image.num_frames is not None:

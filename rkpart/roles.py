@@ -568,9 +568,10 @@ def loop_mode(roles: InputRoles) -> str:
 
 #: features of pipeline.json (:data:`rkpart.description.FEATURES`) this loop runs as the pipeline does: it draws
 #: its own latent in the loop's layout and steps rkpart's own sigmas (so ``latent.init``, ``mu`` and the decoded
-#: frames do not reach it), and an unconditional pass without a negative argument gets zeros already
+#: frames do not reach it), and an unconditional pass without a negative argument gets zeros already (a
+#: ``negative_fill`` of 0)
 LOOP_FEATURES = frozenset({"image.num_frames", "latent.init=tokens", "scheduler.set_timesteps.mu_rule=flux2_empirical",
-                           "inputs.negative_zeros"})
+                           "inputs.negative_fill"})
 
 
 def loop_inputs(plan: Plan, roles: InputRoles, *, seed: int = 0,
@@ -589,6 +590,8 @@ def loop_inputs(plan: Plan, roles: InputRoles, *, seed: int = 0,
         from rkpart.description import features
 
         missing = sorted(features(d) - LOOP_FEATURES)
+        if any(i.negative_fill not in (None, 0) for i in d.inputs):  # the loop's unconditional default is zeros
+            missing.append("inputs.negative_fill (not zeros)")
         if missing:
             raise SpecError(f"the plan's pipeline.json uses {', '.join(missing)}, which rkpart's denoising loop does "
                             "not implement (docs/pipeline-json.md, Features); it would not run the pipeline's loop")

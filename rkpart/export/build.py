@@ -217,9 +217,15 @@ def conditioning_args(pipe: Any, text_len: int, seed: int, mask_dtype: str = "in
             if cut:
                 mask[:, n - cut:] = 0
             out[name] = mask.to({"int64": torch.int64, "bool": torch.bool, "float": dtype}[mask_dtype])
+    if "prompt_embeds" not in out and "class_labels" in params:
+        # a class-conditional pipeline (DiT): one class per seed, below the null class the model keeps last
+        classes = _config(pipe, ("num_embeds_ada_norm", "num_classes")) or 1000
+        out["class_labels"] = [(7 * seed + 3) % classes]
+        return out
     if "prompt_embeds" not in out:
-        raise ExportError(f"{type(pipe).__name__}.__call__ takes no prompt_embeds: rkpart export records "
-                          "text-conditioned pipelines, fed their text conditioning as embeddings")
+        raise ExportError(f"{type(pipe).__name__}.__call__ takes neither prompt_embeds nor class_labels: rkpart "
+                          "export records text-conditioned pipelines fed their conditioning as embeddings, and "
+                          "class-conditioned ones")
     for name in list(out):
         if str(params[name].annotation).lower().startswith("list[") and out[name].dim() == 3:
             out[name] = list(out[name].unbind(0))  # one tensor per prompt (Z-Image): the derivation stacks them
@@ -237,9 +243,10 @@ def base_args(pipe: Any, opts: ExportOptions, text_len: int, seed: int, steps: i
     params = _call_params(pipe)
     args: dict[str, Any] = conditioning_args(pipe, text_len, seed, mask_dtype)
     args.update(num_inference_steps=steps, output_type=output_type, generator=torch.Generator().manual_seed(seed))
-    if opts.height is not None:
+    # a pipeline without height= / width= (DiT) makes the size its transformer's sample_size
+    if opts.height is not None and "height" in params:
         args["height"] = opts.height
-    if opts.width is not None:
+    if opts.width is not None and "width" in params:
         args["width"] = opts.width
     if opts.num_frames is not None:
         if "num_frames" not in params:
@@ -293,16 +300,20 @@ def record(pipe: Any, opts: ExportOptions, text_len: int, progress: Progress) ->
             first_error = first_error or e
     else:
         assert first_error is not None
-        annotation = str(_call_params(pipe)["prompt_embeds"].annotation)  # base_args checked it is there
+        annotation = str(getattr(_call_params(pipe).get("prompt_embeds"), "annotation", ""))
         if annotation.lower().startswith("list["):  # Z-Image: one tensor per prompt, of its own length
             raise ExportError(f"{type(pipe).__name__} refuses prompt_embeds as one tensor ({first_error}); it takes "
                               f"a list of per-prompt tensors ({annotation}), which rkpart export does not "
                               "give") from None
         raise first_error
     recs: list[Recording] = []
+    takes_latents = "latents" in _call_params(pipe)
     for seed, steps, guidance, output_type in RECORDINGS:
         progress(f"recording the pipeline's call: {steps} steps, output_type={output_type!r}")
         args = base_args(pipe, opts, text_len, seed, steps, guidance, output_type, mask_dtype)
+        if not takes_latents:  # the pipeline draws its latents from generator= (DiT): the recording keeps the draw
+            recs.append(_call(pipe, record_call, args, opts, text_len))
+            continue
         tried: UserError | None = None
         for shape in probe if not recs else [recs[0].args["latents"]]:
             args["latents"] = torch.randn(shape.shape, generator=torch.Generator().manual_seed(100 + seed)).to(
@@ -410,8 +421,8 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
         f = facts.inputs[name]
         inputs[name] = {"role": f.role, "shape": shape, "dtype": dtype, "argument": f.argument,
                         "negative_argument": f.negative_argument, "value": name if name in values else None}
-        if f.negative_zeros:
-            inputs[name]["negative_zeros"] = True
+        if f.negative_fill is not None:
+            inputs[name]["negative_fill"] = _tidy_number(f.negative_fill)
         if f.append_valid:
             inputs[name]["append_valid"] = f.append_valid
     vae_cfg = pipe.vae.config if getattr(pipe, "vae", None) is not None else None
@@ -501,6 +512,11 @@ def from_json_safe(v: Any) -> Any:
     if isinstance(v, list):
         return [from_json_safe(x) for x in v]
     return v
+
+
+def _tidy_number(v: float) -> int | float:
+    """An integral fill as an integer (DiT's null class 1000, zeros 0), else the float."""
+    return int(v) if float(v).is_integer() else float(v)
 
 
 def _number(v: Any) -> float | None:
@@ -644,6 +660,8 @@ def _check_latent_output(rec: Recording) -> None:
     from rkpart.export.describe import same
 
     result = rec.result
+    if rec.decode_input is not None:
+        return  # a pipeline that decodes whatever output_type says (DiT): its final latent is the loop's
     if not (hasattr(result, "shape") and same(result, rec.steps[-1].prev_sample, rtol=1e-6)):
         raise DescribeError("the pipeline's output_type='latent' result is not its final loop latent; rkpart "
                             "cannot say what --latent-out should hold")

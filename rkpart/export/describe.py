@@ -75,8 +75,9 @@ class InputFact:
     negative_argument: str | None = None
     #: a constant input's value (written to ``inputs.npz`` under ``name``)
     value: np.ndarray | None = None
-    #: the unconditional pass takes zeros shaped like ``argument`` (``negative_argument`` is ``None``)
-    negative_zeros: bool = False
+    #: the unconditional pass takes ``argument``'s shape filled with this number (``negative_argument`` is ``None``):
+    #: zeros (CogView3-Plus), DiT's null class 1000
+    negative_fill: float | None = None
     #: the argument extended with this many valid positions (ones) on its last axis (Chroma's mask)
     append_valid: int = 0
 
@@ -253,6 +254,25 @@ def _check_structure(recs: Sequence[Recording]) -> int:
     return next(iter(counts))
 
 
+def _undouble(recs: Sequence[Recording]) -> None:
+    """A pipeline that steps its scheduler on the CFG pair's two identical halves (DiT: the loop variable is
+    ``cat([x, x])``, the model output ``[combined, combined]``) loops on one half: every step's sample, model
+    output and result are kept as their first half."""
+    import torch
+
+    def doubled(x: torch.Tensor, rows: int) -> bool:
+        return x.dim() > 0 and x.shape[0] == 2 * rows and bool(torch.equal(x[:rows], x[rows:]))
+
+    for r in recs:
+        given = r.args.get("latents")
+        rows = given.shape[0] if isinstance(given, torch.Tensor) and given.dim() else 0
+        if not rows or not all(doubled(s.sample, rows) and doubled(s.model_output, rows)
+                               and doubled(s.prev_sample, rows) for s in r.steps):
+            continue
+        for s in r.steps:
+            s.sample, s.model_output, s.prev_sample = s.sample[:rows], s.model_output[:rows], s.prev_sample[:rows]
+
+
 def _latent_input(recs: Sequence[Recording]) -> tuple[str, int]:
     """The transformer input equal to the loop latent in every call, and the call batch."""
     import torch
@@ -282,22 +302,32 @@ def _is_negative(arg: str) -> bool:
     return arg.startswith("negative_") or arg.startswith("neg_") or "_negative_" in arg
 
 
-#: the pseudo-argument of an unconditional pass fed zeros shaped like the conditional argument (CogView3-Plus)
-ZEROS = "\0zeros"
+#: the pseudo-argument of an unconditional pass fed a constant shaped like the conditional argument
+FILL = "\0fill"
 
 
 def _argument_source(name: str, recs: Sequence[Recording], mode: str, append: int = 0
-                     ) -> tuple[str, str | None, bool] | None:
-    """``(argument, negative_argument, negative_zeros)`` when input ``name`` comes from call arguments in every
-    call (``negative_zeros``: the unconditional pass takes zeros shaped like ``argument``); ``append``: each
-    argument extended with that many valid positions (ones) on its last axis."""
+                     ) -> tuple[str, str | None, float | None] | None:
+    """``(argument, negative_argument, negative_fill)`` when input ``name`` comes from call arguments in every
+    call (``negative_fill``: the unconditional pass takes ``argument``'s shape filled with that number, zeros or
+    the value the first call's unconditional part holds); ``append``: each argument extended with that many
+    valid positions (ones) on its last axis."""
     import torch
 
     calls = _calls(recs)
     args0 = _tensors(recs[0].args)
 
+    fills = [0.0]
+    v0 = recs[0].steps[0].calls[0].kwargs.get(name)
+    if isinstance(v0, torch.Tensor) and v0.dim() and v0.shape[0] == 2 and mode == "batched":
+        for row in (v0[0], v0[1]):  # a constant row of the batched pair (DiT's null class)
+            first = _scalar_value(row)
+            if first is not None and first != 0:
+                fills.append(first)
+    fill = 0.0
+
     def val(r: Recording, x: str, other: str) -> Any:
-        v = torch.zeros_like(r.args[other]) if x == ZEROS else r.args[x]
+        v = torch.full_like(r.args[other], fill) if x == FILL else r.args[x]
         return torch.cat([v, torch.ones((*v.shape[:-1], append), dtype=v.dtype)], dim=-1) if append else v
 
     def expected(r: Recording, i: int, a: str, b: str) -> Any:
@@ -315,28 +345,31 @@ def _argument_source(name: str, recs: Sequence[Recording], mode: str, append: in
     names = sorted(args0, key=lambda a: (_is_negative(a), a))
     pairs = [(a, b) for a in names for b in names if args0[a].shape == args0[b].shape] if mode != "none" \
         else [(a, a) for a in names]
+    filled: list[tuple[str, str]] = []
     if mode in ("batched", "two-pass"):
         # tried after every pair of arguments: a negative argument the call was given is what it takes
-        pairs += [(a, ZEROS) for a in names if not _is_negative(a)]
-    if mode == "two-pass":
-        pairs += [(ZEROS, a) for a in names if not _is_negative(a)]
+        filled += [(a, FILL) for a in names if not _is_negative(a)]
+        filled += [(FILL, a) for a in names if not _is_negative(a)]
     for a, b in pairs:
         if not holds(a, b):
             continue
-        if ZEROS in (a, b):
-            return (b if a == ZEROS else a), None, True
         if mode == "batched":
             # the second row is fed the negative argument: the pipeline batches [cond, uncond] (Lumina-Next)
-            return (b, a, False) if _is_negative(a) and not _is_negative(b) else (a, b, False)
+            return (b, a, None) if _is_negative(a) and not _is_negative(b) else (a, b, None)
         if mode == "two-pass":
             # the conditional pass is the one fed the argument that is not a negative one
-            return ((a, b) if not _is_negative(a) or _is_negative(b) else (b, a)) + (False,)
-        return a, None, False
+            return ((a, b) if not _is_negative(a) or _is_negative(b) else (b, a)) + (None,)
+        return a, None, None
+    for fill in fills:
+        for a, b in filled:
+            if holds(a, b):
+                return (b if a == FILL else a), None, fill
     return None
 
 
-def _appended_source(name: str, recs: Sequence[Recording], mode: str) -> tuple[str, str | None, bool, int] | None:
-    """``(argument, negative_argument, negative_zeros, n)`` when input ``name`` is a mask argument extended with
+def _appended_source(name: str, recs: Sequence[Recording], mode: str
+                     ) -> tuple[str, str | None, float | None, int] | None:
+    """``(argument, negative_argument, negative_fill, n)`` when input ``name`` is a mask argument extended with
     ``n`` valid positions on its last axis in every call (Chroma appends its image tokens to the text mask)."""
     import torch
 
@@ -469,9 +502,14 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
     import torch
 
     per_step = _check_structure(recs)
-    for r in recs:  # a call argument given as one tensor per prompt (Z-Image's prompt_embeds) is their batch
-        for arg, given in list(r.args.items()):
-            if isinstance(given, list) and given and all(isinstance(x, torch.Tensor) and x.shape == given[0].shape
+    _undouble(recs)
+    for r in recs:
+        for arg, given in list(r.args.items()):  # a list of numbers (DiT's class_labels) is a tensor
+            if isinstance(given, list) and given and all(isinstance(x, int) and not isinstance(x, bool)
+                                                         for x in given):
+                r.args[arg] = torch.tensor(given)
+            # a call argument given as one tensor per prompt (Z-Image's prompt_embeds) is their batch
+            elif isinstance(given, list) and given and all(isinstance(x, torch.Tensor) and x.shape == given[0].shape
                                                          for x in given):
                 r.args[arg] = torch.stack(given)
     nests: dict[str, Nest] = {}
@@ -505,8 +543,8 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
             continue
         src = _argument_source(name, recs, mode)
         if src is not None:
-            arg, neg, zeros = src
-            facts[name] = InputFact(name, _role_of_argument(arg), arg, neg, negative_zeros=zeros)
+            arg, neg, fill = src
+            facts[name] = InputFact(name, _role_of_argument(arg), arg, neg, negative_fill=fill)
             continue
         fit = _fit_timestep(name, recs)
         if fit is not None and timestep is None:
@@ -529,8 +567,8 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
             continue
         appended = _appended_source(name, recs, mode)
         if appended is not None:
-            arg, neg, zeros, n = appended
-            facts[name] = InputFact(name, _role_of_argument(arg), arg, neg, negative_zeros=zeros, append_valid=n)
+            arg, neg, fill, n = appended
+            facts[name] = InputFact(name, _role_of_argument(arg), arg, neg, negative_fill=fill, append_valid=n)
             continue
         raise DescribeError(f"transformer input {name!r} is neither a call argument, the loop latent, the timestep "
                             "(scale * t + offset), the guidance nor a constant; rkpart cannot tell where the "
@@ -590,10 +628,10 @@ def _cond_first(facts: dict[str, InputFact], recs: Sequence[Recording]) -> bool:
     orders = set()
     c0, args = recs[0].steps[0].calls[0].kwargs, recs[0].args
     for f in facts.values():
-        if f.argument is None or (f.negative_argument in (None, f.argument) and not f.negative_zeros):
+        if f.argument is None or (f.negative_argument in (None, f.argument) and f.negative_fill is None):
             continue
         pos = args[f.argument]
-        neg = torch.zeros_like(pos) if f.negative_zeros else args[f.negative_argument or ""]
+        neg = torch.full_like(pos, f.negative_fill) if f.negative_fill is not None else args[f.negative_argument or ""]
         orders.add(bool(same(c0[f.name], torch.cat([pos, neg]))) and not same(c0[f.name], torch.cat([neg, pos])))
     if len(orders) > 1:
         raise DescribeError("the pipeline's batched CFG pair puts the conditional row first for one input and second "
@@ -604,7 +642,7 @@ def _cond_first(facts: dict[str, InputFact], recs: Sequence[Recording]) -> bool:
 def _cond_call(facts: dict[str, InputFact], recs: Sequence[Recording]) -> int:
     """Two-pass: the conditional call of a step is the one fed the non-negative argument."""
     for f in facts.values():
-        if f.argument is not None and (f.negative_zeros or (f.negative_argument is not None
+        if f.argument is not None and (f.negative_fill is not None or (f.negative_argument is not None
                                                             and f.argument != f.negative_argument)):
             r = recs[0]
             c0 = r.steps[0].calls[0].kwargs[f.name]
@@ -821,10 +859,11 @@ def step_inputs(facts: Facts, args: dict[str, Any], latent: torch.Tensor, t: tor
                 v = torch.from_numpy(f.value)
             elif facts.cfg_mode == "batched":
                 pos = args[f.argument or ""]
-                neg = torch.zeros_like(pos) if f.negative_zeros else args[f.negative_argument or ""]
+                neg = torch.full_like(pos, f.negative_fill) if f.negative_fill is not None \
+                    else args[f.negative_argument or ""]
                 v = torch.cat([pos, neg] if facts.cond_first else [neg, pos])
-            elif not cond and f.negative_zeros:
-                v = torch.zeros_like(args[f.argument or ""])
+            elif not cond and f.negative_fill is not None:
+                v = torch.full_like(args[f.argument or ""], f.negative_fill)
             else:
                 v = args[(f.argument if cond else f.negative_argument) or ""]
             if f.append_valid and f.value is None:

@@ -198,10 +198,26 @@ def record_call(pipe: Any, args: dict[str, Any]) -> Recording:
     gen = args.get("generator")
     if isinstance(gen, torch.Generator):
         rec.generator_state = gen.get_state().clone()
-    with hooked(pipe, rec), torch.no_grad():
-        out = pipe(**args)
+    drawn: list[torch.Tensor] = []
+    with contextlib.ExitStack() as stack:
+        if "latents" not in args:  # the pipeline draws its own (DiT takes no latents=): its first draw is them
+            for m in _randn_modules(pipe):
+                stack.enter_context(_patched_function(m, "randn_tensor", drawn))
+        with hooked(pipe, rec), torch.no_grad():
+            out = pipe(**args)
+    if "latents" not in args and drawn:
+        rec.args["latents"] = drawn[0]
     rec.result = _detach(_images(out))
     return rec
+
+
+def _randn_modules(pipe: Any) -> list[Any]:
+    """The modules whose ``randn_tensor`` (diffusers' helper every pipeline draws its initial latents with) the
+    pipeline calls: its own module's import of it and diffusers' ``torch_utils``."""
+    import sys
+
+    return [m for m in (sys.modules.get(type(pipe).__module__), sys.modules.get("diffusers.utils.torch_utils"))
+            if m is not None and callable(getattr(m, "randn_tensor", None))]
 
 
 def probe_latents(pipe: Any, args: dict[str, Any]) -> list[torch.Tensor]:
@@ -213,14 +229,12 @@ def probe_latents(pipe: Any, args: dict[str, Any]) -> list[torch.Tensor]:
     pipeline's module: Flux.2 takes ``latents=`` unpacked and packs it).  Stops the call at its first
     ``scheduler.step``: one step's transformer calls, no more.
     """
-    import sys
 
     import torch
 
     rec = Recording(args={})
     drawn: list[torch.Tensor] = []
-    modules = [m for m in (sys.modules.get(type(pipe).__module__), sys.modules.get("diffusers.utils.torch_utils"))
-               if m is not None and callable(getattr(m, "randn_tensor", None))]
+    modules = _randn_modules(pipe)
     with contextlib.ExitStack() as stack:
         for m in modules:
             stack.enter_context(_patched_function(m, "randn_tensor", drawn))

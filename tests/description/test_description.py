@@ -81,7 +81,7 @@ BAD = [
                                        "the input is float32 [8, 3]"),
     (("inputs.timestep.value", "img_ids"), "changes every step; it cannot have a constant value"),
     (("timestep.scale", 1e300), "timestep.scale: 1e+300 is greater than the maximum"),
-    (("inputs.timestep.negative_zeros", True), "input 'timestep' has negative_zeros but no argument"),
+    (("inputs.timestep.negative_fill", 0), "input 'timestep' has negative_fill but no argument"),
     (("inputs.encoder_hidden_states.append_valid", 24), "appends 24 valid positions but its last axis holds only"),
     (("scheduler.set_timesteps.mu_rule", "flux2_empirical"), "mu_rule needs mu null and image_seq_len set"),
 ]

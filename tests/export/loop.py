@@ -95,10 +95,11 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
                     v = np.ones(shape)  # an attention mask with no argument (or not given): all valid
                 elif kind == "batched":
                     pos = embeds[i["argument"]]
-                    neg = np.zeros_like(pos) if i.get("negative_zeros") else embeds[i["negative_argument"]]
+                    fill = i.get("negative_fill")
+                    neg = np.full_like(pos, fill) if fill is not None else embeds[i["negative_argument"]]
                     v = np.concatenate([pos, neg] if cond_first else [neg, pos])
-                elif kind == "uncond" and i.get("negative_zeros"):
-                    v = np.zeros_like(embeds[i["argument"]])
+                elif kind == "uncond" and i.get("negative_fill") is not None:
+                    v = np.full_like(embeds[i["argument"]], i["negative_fill"])
                 else:
                     v = embeds[i["argument"] if kind == "cond" else i["negative_argument"]]
                 n = i.get("append_valid", 0)

@@ -126,11 +126,11 @@ def test_cfg_combination_forms(combine: str, renorm: bool) -> None:
 
 @pytest.mark.parametrize("mode", ["batched", "two-pass"])
 def test_unconditional_zeros(mode: str) -> None:
-    """An unconditional pass fed zeros (not the negative embeddings the call was given) is ``negative_zeros``;
+    """An unconditional pass fed zeros (not the negative embeddings the call was given) is ``negative_fill`` 0;
     two-pass with the zeros call first: the conditional call is the one fed the argument."""
     f = derive(_pair(mode=mode, zeros=True), {})
     ctx = f.inputs["encoder_hidden_states"]
-    assert (ctx.argument, ctx.negative_argument, ctx.negative_zeros) == ("prompt_embeds", None, True)
+    assert (ctx.argument, ctx.negative_argument, ctx.negative_fill) == ("prompt_embeds", None, 0.0)
     assert f.cond_call == (1 if mode == "two-pass" else None)
 
 
@@ -169,6 +169,22 @@ def test_per_sample_lists_are_the_batch() -> None:
     assert {k: n.kind for k, n in f.nests.items()} == {"hidden_states": "stack", "encoder_hidden_states": "stack"}
     again = nest_kwargs({"hidden_states": torch.zeros(2, 3), "encoder_hidden_states": torch.ones(2, 4)}, f.nests)
     assert [tuple(x.shape) for x in again["hidden_states"]] == [(3,), (3,)]
+
+
+def test_scheduler_stepped_on_the_doubled_pair_and_a_constant_unconditional_row() -> None:
+    """DiT: the loop variable is the pair [x, x] (both halves identical at every step), class_labels is
+    [label, 1000]: the loop is on x, the unconditional row is the fill 1000, the pair [cond, uncond]."""
+    recs = _pair(cond_first=True)
+    for k, r in enumerate(recs):
+        r.args["class_labels"] = [3 + k]
+        for s in r.steps:
+            s.sample, s.model_output, s.prev_sample = (torch.cat([x, x]) for x in (s.sample, s.model_output,
+                                                                                   s.prev_sample))
+            s.calls[0].kwargs["class_labels"] = torch.tensor([3 + k, 1000])
+    f = derive(recs, {})
+    labels = f.inputs["class_labels"]
+    assert (labels.role, labels.argument, labels.negative_fill) == ("class_labels", "class_labels", 1000.0)
+    assert (f.cfg_mode, f.cond_first, f.call_batch) == ("batched", True, 2)
 
 
 def test_reversed_timestep_and_negated_output() -> None:

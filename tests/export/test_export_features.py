@@ -25,12 +25,15 @@ CASES: dict[str, set[str]] = {
     # Nucleus-MoE: the combination rescaled to |cond| over the last axis
     "nucleus_moe": {"cfg.renorm=cond_l2_last_axis"},
     # CogView3-Plus: the unconditional row of its batched pair is zeros
-    "cogview3plus": {"inputs.negative_zeros"},
+    "cogview3plus": {"inputs.negative_fill"},
     # Chroma: its mask is the call's text mask followed by the image tokens, valid
     "chroma": {"inputs.append_valid"},
     # Flux.2: mu by its rule of the step count; latents= patchified, looped on as tokens
     # Lumina-Next: a batched [cond, uncond] pair, CFG on 3 of its 4 latent channels, a complex RoPE table baked in
     "lumina_next": {"cfg.batch_order=cond,uncond", "cfg.channels"},
+    # DiT: class labels, the null class 1000 in the unconditional row of a [cond, uncond] pair; its scheduler steps
+    # the pair's two identical halves and it draws its own noise
+    "dit": {"cfg.batch_order=cond,uncond", "inputs.negative_fill"},
     # CogVideoX: a video pipeline (one frame), looped on as (B, F, C, H, W)
     "cogvideox": {"image.num_frames"},
     "flux2": {"scheduler.set_timesteps.mu_rule=flux2_empirical", "latent.init=tokens"},
@@ -46,7 +49,9 @@ def test_feature_exports_and_reproduces_diffusers(family: str) -> None:
     assert features(d) == CASES[family]
     embeds, latents = tp.call_inputs(family, seed=7)
     guidance = tp.PIPELINES[family].guidance + 1.25
-    want = tp.run_diffusers(tp.cached_pipeline(family), embeds, latents, 4, guidance, "latent")
+    # DiT draws its own noise: from the seed call_inputs drew it with
+    want = tp.run_diffusers(tp.cached_pipeline(family), embeds, latents, 4, guidance, "latent",
+                            seed=7 if tp.PIPELINES[family].noise_from_generator else 0)
     got, image = run_description(folder, embeds, latents, 4, guidance)
     assert cosine(got, want) >= 0.9999
     assert image is not None and image.shape == tp.PIPELINES[family].output_shape  # a video's (B, F, H, W, 3)
