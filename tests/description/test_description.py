@@ -65,6 +65,18 @@ def test_features_name_what_a_description_uses_beyond_version_1(tmp_path: Path, 
         load_description(write(tmp_path, edited(doc, "cfg.renorm", "l1"), flux_ids()))
 
 
+
+def test_every_feature_is_documented() -> None:
+    """docs/pipeline-json.md's Features table names exactly rkpart.description.FEATURES (a runner follows it)."""
+    import re
+
+    from rkpart.description import FEATURES
+
+    page = (ROOT / "docs" / "pipeline-json.md").read_text()
+    table = page[page.index("## Features"):page.index("## Checks")]
+    assert set(re.findall(r"^\| `([^`]+)` \|", table, re.M)) - {"feature"} == FEATURES.keys()
+
+
 BAD = [
     (("version", 2), "is version 2; this rkpart reads version 1"),
     (("format", "other"), "not an rkpart pipeline description"),

@@ -1,5 +1,5 @@
 """``rkpart export`` of the pipelines that need a feature of ``pipeline.json`` beyond version 1 as first
-published (docs/pipeline-json.md, Features): one tiny real pipeline per feature.
+published (docs/pipeline-json.md, Features): one tiny real pipeline per pattern.
 
 Each case exports the pipeline (cached by source, :mod:`tests.export.exports`), checks that the description
 names exactly the features it uses (:func:`rkpart.description.features`: what a reader must implement), and
@@ -18,25 +18,21 @@ from tests.models import pipelines as tp
 
 pytestmark = [pytest.mark.export, pytest.mark.slow]
 
-#: family -> the features its description uses
+#: family -> the features its description uses: one family per pattern (the CFG form, an unconditional row
+#: that is no argument, a mask extended with valid positions, a mu rule, video); scripts/export_pipelines.py
+#: runs every family, tests/export/test_describe.py each derivation rule on a hand-made recording
 CASES: dict[str, set[str]] = {
-    # Krea 2: cond + g * (cond - uncond); its Qwen-Image VAE decodes a frame axis of one
+    # Krea 2: cond + g * (cond - uncond); its Qwen-Image VAE decodes a frame axis of one (nearest-exact upsampling)
     "krea2": {"cfg.combine=cond + g * (cond - uncond)"},
-    # Nucleus-MoE: the combination rescaled to |cond| over the last axis
-    "nucleus_moe": {"cfg.renorm=cond_l2_last_axis"},
-    # CogView3-Plus: the unconditional row of its batched pair is zeros
-    "cogview3plus": {"inputs.negative_fill"},
-    # Chroma: its mask is the call's text mask followed by the image tokens, valid
-    "chroma": {"inputs.append_valid"},
-    # Flux.2: mu by its rule of the step count; latents= patchified, looped on as tokens
-    # Lumina-Next: a batched [cond, uncond] pair, CFG on 3 of its 4 latent channels, a complex RoPE table baked in
-    "lumina_next": {"cfg.batch_order=cond,uncond", "cfg.channels"},
     # DiT: class labels, the null class 1000 in the unconditional row of a [cond, uncond] pair; its scheduler steps
     # the pair's two identical halves and it draws its own noise
     "dit": {"cfg.batch_order=cond,uncond", "inputs.negative_fill"},
+    # Chroma: its mask is the call's text mask followed by the image tokens, valid
+    "chroma": {"inputs.append_valid"},
+    # Flux.2: mu by its rule of the step count; latents= patchified, looped on as tokens
+    "flux2": {"scheduler.set_timesteps.mu_rule=flux2_empirical", "latent.init=tokens"},
     # CogVideoX: a video pipeline (one frame), looped on as (B, F, C, H, W)
     "cogvideox": {"image.num_frames"},
-    "flux2": {"scheduler.set_timesteps.mu_rule=flux2_empirical", "latent.init=tokens"},
 }
 
 
