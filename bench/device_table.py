@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 
 from rkpart.cost_model.features import stage_features  # noqa: E402
 from rkpart.cost_model.model import load_model_or_default  # noqa: E402
+from rkpart.discovery.recognizers import discover  # noqa: E402
 from rkpart.ir import load_model  # noqa: E402
-from rkpart.partitioner.plan import load_plan  # noqa: E402
 from rkpart.pipeline import partition  # noqa: E402
-from rkpart.recognizers import discover  # noqa: E402
+from rkpart.plan.plan import load_plan  # noqa: E402
 
 MIB = float(1 << 20)
 

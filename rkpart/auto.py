@@ -1,6 +1,6 @@
 """``--strategy auto``: per block, the candidate partition a cost model predicts to be fastest.
 
-The families of :mod:`rkpart.strategies.families` propose whole-model partitions
+The families of :mod:`rkpart.grouping.strategies.families` propose whole-model partitions
 (:func:`candidate_variants`); :mod:`rkpart.cost_model.candidates` slices them into
 candidates per block and run, :func:`rkpart.cost_model.select.choose` chooses, and
 :class:`AutoStrategy` assembles the choice.  With a toolkit, :func:`ground_candidates`
@@ -21,21 +21,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rkpart import strategies
 from rkpart.cost_model.candidates import Candidate, Variant, block_anatomy, candidates_from
 from rkpart.cost_model.features import group_features
 from rkpart.cost_model.model import Accuracy, CostModel, load_model_or_default
 from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, Trade, choose, evaluate
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import UserError
+from rkpart.grouping import strategies
+from rkpart.grouping.capability import apply_capability, flag_ops
+from rkpart.grouping.groups import Partition, acyclic
+from rkpart.grouping.strategies.base import GroupBuilder, Strategy, option, propose_with
+from rkpart.grouping.strategies.families import OWN_STRATEGIES, families
 from rkpart.io import file_sha256, load_json_file
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.capability import apply_capability, flag_ops
-from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.partition import Partition, acyclic
-from rkpart.partitioner.write import write_partition
+from rkpart.plan.write import write_partition
 from rkpart.progress import Progress, silent
-from rkpart.strategies.base import GroupBuilder, Strategy, option, propose_with
-from rkpart.strategies.families import OWN_STRATEGIES, families
 from rkpart.targets import get_target
 from rkpart.targets.capability import Capability
 
@@ -44,12 +44,12 @@ def candidate_variants(mg: ModelGraph, disc: Discovery, *, max_run: int = 1, plu
                        notes: list[str] | None = None, capability: Capability | None = None) -> list[Variant]:
     """The whole-model partitions ``auto`` chooses from, as the strategies propose them.
 
-    The families of :mod:`rkpart.strategies.families`: ``split`` (AdaLN on the host, or on the
+    The families of :mod:`rkpart.grouping.strategies.families`: ``split`` (AdaLN on the host, or on the
     NPU), ``fused`` one block per stage, then every registered plugin strategy whose stages
     stay inside one block (``notes`` collects the plugins that were skipped and why), then
     the runs of K = 2 .. ``max_run`` fused blocks (one partition per start offset).  With a
     ``capability``, every partition has the ops that toolkit does not run on the NPU moved to
-    the host first (:func:`~rkpart.partitioner.capability.apply_capability`), so the cost model
+    the host first (:func:`~rkpart.grouping.capability.apply_capability`), so the cost model
     scores the stages that will be built.
     """
     def capable(part: Partition) -> Partition:
@@ -181,7 +181,7 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
     from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.compile.toolkits import find_toolkit
     from rkpart.errors import ToolkitError
-    from rkpart.partitioner.weights import drop_links
+    from rkpart.plan.weights import drop_links
 
     try:
         tk = find_toolkit(toolkit, toolkits_dir)
@@ -295,7 +295,7 @@ def _as_list(v: Any) -> tuple[str, ...]:
 
 def _precisions(v: Any) -> tuple[str, ...]:
     """``precisions`` (``fp16``, ``int8`` or ``fp16,int8``), in that order; default fp16 only."""
-    from rkpart.strategies.families import CANDIDATE_PRECISIONS
+    from rkpart.grouping.strategies.families import CANDIDATE_PRECISIONS
 
     got = _as_list(v) or ("fp16",)
     bad = [p for p in got if p not in CANDIDATE_PRECISIONS]
@@ -455,9 +455,10 @@ class AutoStrategy(Strategy):
         )
         grounding: list[str] = []
         # the candidates are scored as they will be built: ops the toolkit runs on the CPU on the host
-        from rkpart.compile.learned import target_capability
+        from rkpart.compile.toolkits import toolkit_version
+        from rkpart.grouping.learned import target_capability
 
-        cap = target_capability(get_target().name, opts.toolkit) if opts.capability else None
+        cap = target_capability(get_target().name, toolkit_version(opts.toolkit)) if opts.capability else None
         with contextlib.ExitStack() as stack:
             if opts.compile and cfg.toolkit is not None:
                 import tempfile

@@ -28,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.errors import DiscoveryError, ToolkitError, UserError
-from rkpart.partitioner.plan import Plan
-from rkpart.partitioner.write import prepare_out
 from rkpart.pipeline import (
     LoadedModel,
     PartitionConfig,
@@ -38,6 +36,8 @@ from rkpart.pipeline import (
     propose,
     write_plan,
 )
+from rkpart.plan.plan import Plan
+from rkpart.plan.write import prepare_out
 from rkpart.targets import DEFAULT_TARGET
 
 #: ``RKNN.config`` options that describe the *model inputs*; a partitioned build's stage

@@ -573,3 +573,10 @@ def read_npz(path: str | os.PathLike[str], *, what: str, names: Any = None,
         why = "it holds pickled (object) arrays" if "pickle" in str(e) else first_line(e)
         raise error(f"cannot read {what} {p}: not a usable .npz ({why})") from None
     return out
+
+
+def default_cache_dir() -> Path:
+    """Where cross-plan knowledge (the build cache, learned placements, the memory model) lives:
+    ``$RKPART_CACHE_DIR`` or ``~/.cache/rkpart``."""
+    env = os.environ.get("RKPART_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "rkpart"

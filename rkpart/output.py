@@ -1,6 +1,6 @@
 """One output protocol for every command that writes (issue 31).
 
-``partition`` learned it first (:mod:`rkpart.partitioner.outdir`); every other command that
+``partition`` learned it first (:mod:`rkpart.plan.outdir`); every other command that
 writes a folder or a file goes through the same rules here:
 
 - **Folders** are written into a sibling staging folder ``.<out>.partial``, locked with

@@ -9,7 +9,7 @@ on::
     plan = write_plan(model, part, "build/")           # crash-safe, resumable
 
 :func:`partition` is those three calls.  ``auto`` (:mod:`rkpart.auto`) is not in
-:mod:`rkpart.strategies`: it asks the strategies for whole-model partitions, hands them to
+:mod:`rkpart.grouping.strategies`: it asks the strategies for whole-model partitions, hands them to
 the cost model as candidates (:mod:`rkpart.cost_model.candidates`) and assembles the
 cost model's choice (:func:`rkpart.cost_model.select.choose`), so it sits above both, and
 below this module, which lists it among the built-in strategies.
@@ -18,7 +18,7 @@ Package layers (``tests/test_import_dag.py`` enforces them; a package imports on
 layers to its left, never back, not even inside a function)::
 
     errors, types <- io, output, units, progress
-      <- ir <- targets <- partitioner <- plugins <- recognizers <- strategies
+      <- ir <- targets <- plugins <- discovery <- grouping <- plan
       <- validation <- compile <- runtime <- triage <- profile <- cost_model <- bundle, report
       <- auto <- pipeline <- tune <- dropin <- cli_args <- commands <- cli
 """
@@ -32,9 +32,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rkpart import strategies
 from rkpart.auto import AutoStrategy
+from rkpart.discovery.recognizers import discover
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import UserError
+from rkpart.grouping import strategies
+from rkpart.grouping.capability import apply_capability as _apply_capability
+from rkpart.grouping.capability import cut_before
+from rkpart.grouping.coverage import Coverage, coverage_note, npu_coverage
+from rkpart.grouping.groups import Partition, acyclic
+from rkpart.grouping.strategies.base import Strategy, check_strategy_options, propose_with, settle_rank4_views
+from rkpart.grouping.strategies.fused import FusedStrategy
+from rkpart.grouping.strategies.split import SplitStrategy
 from rkpart.io import file_sha256
 from rkpart.ir import ModelGraph, load_model
 from rkpart.ir.load import (
@@ -48,20 +57,11 @@ from rkpart.ir.load import (
 )
 from rkpart.ir.subgraph import outputs_of
 from rkpart.ir.values import same_values
-from rkpart.partitioner.capability import apply_capability as _apply_capability
-from rkpart.partitioner.capability import cut_before
-from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
-from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD
-from rkpart.partitioner.partition import Partition, acyclic
-from rkpart.partitioner.plan import Plan
-from rkpart.partitioner.weights import WeightsMode
-from rkpart.partitioner.write import prepare_out, write_partition
+from rkpart.plan.extract import DEFAULT_EXTERNAL_THRESHOLD
+from rkpart.plan.plan import Plan
+from rkpart.plan.weights import WeightsMode
+from rkpart.plan.write import prepare_out, write_partition
 from rkpart.progress import Progress
-from rkpart.recognizers import discover
-from rkpart.strategies.base import Strategy, check_strategy_options, propose_with, settle_rank4_views
-from rkpart.strategies.fused import FusedStrategy
-from rkpart.strategies.split import SplitStrategy
 from rkpart.targets import DEFAULT_TARGET, TARGETS, get_target
 from rkpart.targets.capability import Capability
 from rkpart.targets.opset import lowering_note
@@ -156,7 +156,7 @@ class PartitionConfig:
     ``target`` / ``toolkit``: whose capability decides the grouping (default: the target's
     default toolkit).  Ops that toolkit does not run on the NPU -- not loadable, measured on
     the CPU, or placed there by an earlier build (``learned``: the placements of
-    :mod:`rkpart.compile.learned`) -- leave NPU stages unless one of its rewrites removes them
+    :mod:`rkpart.grouping.learned`) -- leave NPU stages unless one of its rewrites removes them
     (``rewrites=False``: the build will apply none).  ``force_host`` names ops (by node name)
     that leave NPU stages whatever the rewrites do, with why: ``rkpart compile --repartition``
     passes the layers the last build of the plan put on the CPU.  ``capability=False`` turns
@@ -188,12 +188,13 @@ class PartitionConfig:
 
 def capability_for(config: PartitionConfig) -> Capability | None:
     """The capability ``config`` partitions with (``None``: off, or a target without a table)."""
-    if not config.capability:
+    if not config.capability or config.target.lower() not in TARGETS:  # no table: the toolkit spec is not resolved
         return None
-    from rkpart.compile.learned import target_capability
+    from rkpart.compile.toolkits import toolkit_version
+    from rkpart.grouping.learned import target_capability
 
-    cap: Capability | None = target_capability(config.target, config.toolkit, learned=config.learned,
-                                               rewrites=config.rewrites)
+    cap: Capability | None = target_capability(config.target, toolkit_version(config.toolkit),
+                                               learned=config.learned, rewrites=config.rewrites)
     return cap
 
 
@@ -363,7 +364,7 @@ def _reads_wide_inputs(mg: ModelGraph, part: Partition) -> bool:
 def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_host: Mapping[str, str] | None = None,
                      progress: Progress = _noop) -> Partition:
     """``part`` with every op ``cap`` does not run on the NPU moved to the host (see
-    :mod:`rkpart.partitioner.capability`), the moves recorded in ``extra.capability``."""
+    :mod:`rkpart.grouping.capability`), the moves recorded in ``extra.capability``."""
     return _apply_capability(mg, part, cap, force_host, progress)
 
 
@@ -423,7 +424,7 @@ def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str 
 def write_plan(
     model: LoadedModel, part: Partition, out: str | os.PathLike[str], config: PartitionConfig = PartitionConfig()
 ) -> Plan:
-    """Write ``part`` as the plan folder ``out`` (see :func:`rkpart.partitioner.write.write_partition`)."""
+    """Write ``part`` as the plan folder ``out`` (see :func:`rkpart.plan.write.write_partition`)."""
     simplify = None
     if config.simplify:
         from rkpart.runtime.simplify import simplify_stage  # onnxsim and ONNX Runtime: only when asked
@@ -492,7 +493,7 @@ def partition(
         and only once the new plan is complete.
     strategy:
         ``split``, ``fused``, ``custom``, ``generic``, ``auto``, any registered strategy, or a
-        :class:`~rkpart.strategies.base.Strategy` instance (one not registered as a plugin).
+        :class:`~rkpart.grouping.strategies.base.Strategy` instance (one not registered as a plugin).
     simplify:
         Run onnxsim on every NPU stage, keeping the result only when its outputs equal the
         original's under ONNX Runtime.
@@ -528,9 +529,9 @@ def partition(
 
 def check_options(strategy: str | Strategy, options: Mapping[str, Any]) -> Any:
     """Refuse options that do not fit ``strategy`` (the CLI's flags), before anything is loaded:
-    :func:`~rkpart.strategies.base.check_strategy_options` with every registered strategy's
+    :func:`~rkpart.grouping.strategies.base.check_strategy_options` with every registered strategy's
     options known, so that an option of another strategy is named as such; then the strategy's
-    own checks.  Returns the options built (:meth:`~rkpart.strategies.base.Strategy.options_from`).
+    own checks.  Returns the options built (:meth:`~rkpart.grouping.strategies.base.Strategy.options_from`).
 
     Raises
     ------
@@ -646,8 +647,8 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: Any, progress: 
         The plan's model is gone or changed, or the plan's strategy cannot be re-run.
     """
     from rkpart.compile.compile import compile_folder, learn_placements
-    from rkpart.compile.learned import forced_host, traced_layers
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.grouping.learned import forced_host, traced_layers
+    from rkpart.plan.plan import load_plan
     from rkpart.triage import isolate
 
     _, folder = load_plan(plan_path)

@@ -91,8 +91,8 @@ def load_plugins(group: str, builtin: tuple[str, ...] = (), check: Checker | Non
         Names the built-ins already use: plugins with those names are reported as shadowed.
     check
         What the group needs of an entry point's object: returns an error message or ``None``.
-        The package that owns the group passes it (:mod:`rkpart.strategies`,
-        :mod:`rkpart.recognizers`), so this module imports neither.
+        The package that owns the group passes it (:mod:`rkpart.grouping.strategies`,
+        :mod:`rkpart.discovery.recognizers`), so this module imports neither.
 
     Returns
     -------

@@ -20,7 +20,7 @@ with every NPU stage in the toolkit's simulator against ONNX Runtime, or torch, 
 writes one row per plan there: the reference, how many tensors were compared, the lowest cosine.
 Exports whose shapes depend on data (``SPECIALISE`` of the sweep) are partitioned with their
 example inputs (``--inputs``).  ``--anonymised`` runs each export's anonymised copy instead
-(:func:`rkpart.partitioner.anonymize.anonymize_file`: every node and tensor renamed, metadata dropped, so
+(:func:`rkpart.plan.anonymize.anonymize_file`: every node and tensor renamed, metadata dropped, so
 discovery finds the blocks from structure alone); its rows read ``<exporter> (anonymised)``.  Each run
 reads and fills the placement store of ``$RKPART_CACHE_DIR``: give every run an empty one for a table
 that does not depend on what earlier runs learned (``--empty-cache``: each family on its own temporary one).
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 a.out.write_text("\n".join(rows) + "\n")
                 continue
             if anon_dir:
-                from rkpart.partitioner.anonymize import anonymize_file
+                from rkpart.plan.anonymize import anonymize_file
                 model = anonymize_file(model, Path(anon_dir.name) / f"{fam}-{exporter}.onnx")
             for strat in a.strategy or ["split", "fused"]:
                 with tempfile.TemporaryDirectory() as td:

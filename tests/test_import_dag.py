@@ -32,10 +32,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("io", "output", "units", "progress"),
     ("ir",),
     ("targets",),
-    ("partitioner",),
     ("plugins",),
-    ("recognizers",),
-    ("strategies",),
+    ("discovery",),
+    ("grouping",),
+    ("plan",),
     ("validation",),
     ("compile",),
     ("runtime",),
@@ -112,7 +112,7 @@ def test_the_import_parser_sees_function_level_imports() -> None:
     edges = package_imports()
     # rkpart/pipeline.py imports the simplifier inside write_plan
     assert any(w.startswith("rkpart/pipeline.py") for w in edges[("pipeline", "runtime")])
-    assert ("strategies", "partitioner") in edges
+    assert ("plan", "grouping") in edges
 
 
 def test_packages_form_no_cycle() -> None:

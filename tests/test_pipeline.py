@@ -10,9 +10,9 @@ import pytest
 from onnx import TensorProto, helper
 
 from rkpart import pipeline
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery
 from rkpart.pipeline import PartitionConfig, PartitionOptions, load, partition, propose, run_partition, write_plan
 
 

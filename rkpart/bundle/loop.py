@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rkpart.errors import SpecError, UserError
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.runtime.board_runner import LOOP_FLAGS
 
 #: how the runner draws the loop's inputs: rkpart drift's rule, written out for the board

@@ -75,7 +75,7 @@ def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: 
       python OUT/runner.py --steps 30 --guidance 4.5 [--cfg-parallel]   # a whole denoising loop
     """
     from rkpart.bundle.build import BundleOptions, bundle_plan
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from rkpart.progress import Reporter
     from rkpart.runtime.executor import load_inputs
 

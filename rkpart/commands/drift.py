@@ -61,7 +61,7 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool, guidance: float, seed: 
     passes run stage by stage, so a stage evicted to fit is rebuilt once per step."""
     from rkpart.compile.precision import plan_precision
     from rkpart.errors import GateError
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from rkpart.profile.drift import drift as run_drift
     from rkpart.profile.drift import nonfinite_rows, render
     from rkpart.runtime.rknn_sim import RknnSimBackend

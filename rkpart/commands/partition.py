@@ -100,8 +100,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     Without MODEL, the bundled tiny Anima-style example is used.
     """
     from rkpart.auto import AutoStrategy
+    from rkpart.grouping.strategies.base import Strategy
     from rkpart.pipeline import PartitionConfig, PartitionOptions, check_options, run_partition
-    from rkpart.strategies.base import Strategy
 
     flags = {"adaln": adaln, "residual": residual, "modulation": modulation, "blocks_per_stage": blocks_per_stage,
              "spec": spec, "budget_mib": budget_mib, "cost_model": cost_model, "accuracy": accuracy,

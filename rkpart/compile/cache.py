@@ -28,7 +28,7 @@ from typing import Any
 
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes, atomic_writer, external_locations, file_sha256, hash_file, load_json_file
-from rkpart.partitioner.weights import LINK_DIR
+from rkpart.plan.weights import LINK_DIR
 from rkpart.types import BuildFailure
 
 CACHE_VERSION = 1

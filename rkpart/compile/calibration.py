@@ -24,7 +24,7 @@ import numpy as np
 
 from rkpart.errors import SpecError, UserError
 from rkpart.io import load_json_file, regular_file
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 
 MANIFEST = "calibration.json"
 FORMAT = "rkpart-calibration"

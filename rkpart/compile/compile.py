@@ -32,15 +32,14 @@ from rkpart.compile.scheduler import (
     MemoryModel,
     Scheduler,
     available_memory,
-    default_cache_dir,
     memory_in_use,
 )
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.compile.user_cache import touch, user_cache_dir
 from rkpart.errors import ToolkitError, UserError, os_error
-from rkpart.io import file_sha256, folder_lock
-from rkpart.partitioner.plan import Artifact, Plan, Stage, load_plan
-from rkpart.partitioner.verify import stage_onnx
+from rkpart.io import default_cache_dir, file_sha256, folder_lock
+from rkpart.plan.plan import Artifact, Plan, Stage, load_plan
+from rkpart.plan.verify import stage_onnx
 from rkpart.progress import Progress, advance
 from rkpart.targets import rewrites as rewrite_table
 from rkpart.types import BuildFailure
@@ -199,7 +198,7 @@ class CompileOptions:
     precision_spec: str | os.PathLike[str] | None = None  # YAML/JSON: stage ids / regions / kinds -> precision
     memory_margin: int = DEFAULT_MARGIN  # bytes of RAM the scheduler keeps free
     worker: Path = WORKER  # the build worker script; replaced only by test fakes
-    learn: bool = True  # record CPU layers in the learned-placement store (rkpart.compile.learned)
+    learn: bool = True  # record CPU layers in the learned-placement store (rkpart.grouping.learned)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -217,9 +216,9 @@ def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
 
 def learn_placements(report: CompileReport, folder: Path, target: str, progress: Progress | None = None) -> list[Any]:
     """Record the CPU layers of ``report``'s NPU stages in the learned-placement store
-    (:mod:`rkpart.compile.learned`); returns them, traced to their ops (``CpuLayer``), for a
+    (:mod:`rkpart.grouping.learned`); returns them, traced to their ops (``CpuLayer``), for a
     caller that acts on them too (``rkpart compile --repartition``)."""
-    from rkpart.compile.learned import learn, traced_layers
+    from rkpart.grouping.learned import learn, traced_layers
 
     layers = traced_layers(report, folder)
     by_toolkit: dict[str, list[Any]] = {}

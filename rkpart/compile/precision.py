@@ -23,7 +23,7 @@ from typing import Any
 
 from rkpart.errors import SpecError, UserError
 from rkpart.io import load_json_file, loads_yaml, read_limited
-from rkpart.partitioner.plan import Plan, Stage
+from rkpart.plan.plan import Plan, Stage
 
 PRECISIONS = ("fp16", "int8", "hybrid")
 ALGORITHMS = ("normal", "mmse", "kl_divergence")

@@ -36,7 +36,7 @@ import onnx
 
 from rkpart.errors import ToolkitError, UserError
 from rkpart.ir.tensors import random_feeds
-from rkpart.partitioner.extract import stage_sha256
+from rkpart.plan.extract import stage_sha256
 from rkpart.targets import get_target
 from rkpart.targets.opset import lower_model, model_opset
 from rkpart.targets.rewrites import DEDUPE, REWRITES, Rewrite, apply_rewrites, compile_rewrites_for

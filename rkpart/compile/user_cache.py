@@ -25,9 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.compile.cache import MAX_ENTRY_BYTES, OBJECTS
-from rkpart.compile.scheduler import default_cache_dir
 from rkpart.errors import UserError
-from rkpart.io import load_json_file
+from rkpart.io import default_cache_dir, load_json_file
 
 BUILD_CACHE = "rknn"
 

@@ -38,7 +38,7 @@ from rkpart.cost_model.model import (
 )
 from rkpart.cost_model.rounds import RoundSample, fit_overhead, fitted_range, round_seconds, whole_plan_cv
 from rkpart.errors import SpecError
-from rkpart.partitioner.plan import Plan, load_plan
+from rkpart.plan.plan import Plan, load_plan
 from rkpart.profile.records import StageRecord, read_jsonl, stage_records
 from rkpart.targets.known_issues import crash_patterns
 from rkpart.types import HOST, LIFECYCLE, seconds_key

@@ -59,8 +59,8 @@ import onnx
 
 from rkpart.ir import ModelGraph, Subgraph, graph_of
 from rkpart.ir.liveness import Lifetimes, stage_lifetimes
-from rkpart.partitioner.plan import Plan
-from rkpart.partitioner.verify import stage_onnx
+from rkpart.plan.plan import Plan
+from rkpart.plan.verify import stage_onnx
 
 #: what ``eval_memory()`` adds to weight + internal on a board (command buffers): not counted by
 #: the build, not measured here (no board); the write-up's board figures bracket it: split's

@@ -41,7 +41,7 @@ from rkpart.cost_model.npu_time import (
 from rkpart.cost_model.rounds import overhead
 from rkpart.cost_model.select import latency_error
 from rkpart.errors import UserError
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.types import HOST, LIFECYCLE, Residency
 
 ESTIMATE_VERSION = 1

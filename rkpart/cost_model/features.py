@@ -47,8 +47,8 @@ from rkpart.ir import ModelGraph, OpNode, Subgraph, TensorType, graph_of, nbytes
 from rkpart.ir.liveness import peak_bytes, stage_lifetimes
 from rkpart.ir.ops import MAC_OPS, MATMUL_OPS, REDUCE_OPS, RELABEL_OPS
 from rkpart.ir.work import node_macs, numel
-from rkpart.partitioner.plan import Artifact, Stage
-from rkpart.partitioner.verify import stage_onnx
+from rkpart.plan.plan import Artifact, Stage
+from rkpart.plan.verify import stage_onnx
 
 #: derived terms a model may use besides :data:`NUMERIC`: ``const`` (1 per stage),
 #: ``all_macs`` (weighted + activation MACs), ``io_bytes`` (boundary in + out), and

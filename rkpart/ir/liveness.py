@@ -4,7 +4,7 @@ A *schedule* is an order of the graph's data ops (model order, a topological ord
 default); positions ``0 .. n-1`` index it.  A tensor is born at the position of the op that
 produces it (``-1`` for a model input: alive before the first op) and stays alive up to its
 last reader, or to the end for a model output; a tensor nobody reads lives only at its birth.
-Memory estimates (:mod:`rkpart.strategies.generic`) are sums over these intervals.
+Memory estimates (:mod:`rkpart.grouping.strategies.generic`) are sums over these intervals.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The model is parsed with ``load_external_data=False``: external weights stay on disk and are
 only referenced (file, offset, length) until a stage is written out, and inline weights stay
 in the one ``ModelProto`` that was parsed.  Extraction streams weight bytes from there
-straight into each stage's files (:mod:`rkpart.partitioner.extract`).
+straight into each stage's files (:mod:`rkpart.plan.extract`).
 
 :func:`load_model` is a recipe of named steps, each refusing a bad input with one
 :class:`~rkpart.errors.InvalidModelError` line before anything is written:
@@ -282,7 +282,7 @@ def with_rank4_views(mg: ModelGraph, tensors: list[str]) -> ModelGraph:
     ``t`` becomes ``Reshape(t, [1, ..., *shape])`` (``rkpart/rank4/<t>``), and each op that read
     ``t`` reads its own ``Reshape(view, shape)`` (``rkpart/rank4/<t>/back<k>``): the partition
     computes the view on the host and gives each NPU stage that reads ``t`` the view, reshaped
-    back inside the stage (:meth:`rkpart.strategies.base.GroupBuilder.hand_over_rank4_views`).
+    back inside the stage (:meth:`rkpart.grouping.strategies.base.GroupBuilder.hand_over_rank4_views`).
     Exact.  Measured: rknn-toolkit2 converts a rank-3 stage input whose last dim is not a
     multiple of 8 on the CPU, in every stage that reads it (T5FiLM's cross-attention mask
     ``[2, 16, 22]``: a ``Reshape`` CPU layer per cross-attention stage, 2.3.0 and 2.5.0, which

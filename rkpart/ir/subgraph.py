@@ -1,6 +1,6 @@
 """A frozen view of a set of data ops as one standalone graph.
 
-Extraction (:mod:`rkpart.partitioner.extract`), cost-model features
+Extraction (:mod:`rkpart.plan.extract`), cost-model features
 (:mod:`rkpart.cost_model.features`) and triage's reduction all ask this one view what a set of
 ops reads, writes and carries, so a candidate's features are those of the stage it becomes
 and a reduced graph has the boundary an extracted stage would have.

@@ -56,7 +56,7 @@ from rkpart.compile.calibration import (
 from rkpart.errors import OutputExistsError, SpecError, UserError
 from rkpart.io import check_finite_arrays, read_limited, read_npz, regular_file
 from rkpart.output import owned_problem, staged_folder
-from rkpart.partitioner.plan import Plan, Stage
+from rkpart.plan.plan import Plan, Stage
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
 MIN_SAMPLES, MAX_SAMPLES = 1, 1000
@@ -128,7 +128,7 @@ class _RecordingRunner(StageRunner):
         import onnx
 
         from rkpart.ir.edit import inferred_value_infos
-        from rkpart.partitioner.verify import stage_onnx
+        from rkpart.plan.verify import stage_onnx
 
         model = onnx.load(str(stage_onnx(self.folder, self.stage)))
         self.rec.order[self.stage.id] = tuple(i.name for i in model.graph.input)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from rkpart.errors import SpecError
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.runtime.base import Backend
 from rkpart.runtime.board_runner import flow_sigmas
 from rkpart.runtime.executor import PlanExecutor

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from rkpart.errors import InternalError
-from rkpart.partitioner.plan import Stage
+from rkpart.plan.plan import Stage
 
 Feeds = dict[str, np.ndarray]
 

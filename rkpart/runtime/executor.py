@@ -13,7 +13,7 @@ import numpy as np
 from rkpart.errors import InvalidModelError, SpecError, UserError
 from rkpart.io import confined_file, external_locations, hash_file, read_npz, regular_file
 from rkpart.ir.tensors import random_feeds
-from rkpart.partitioner.plan import Plan, Stage, TensorInfo, stage_order_ok
+from rkpart.plan.plan import Plan, Stage, TensorInfo, stage_order_ok
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.ort import OrtBackend, make_session
 from rkpart.types import HOST, NPU, RESIDENCIES, Residency

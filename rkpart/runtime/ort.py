@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from rkpart.errors import SpecError, first_line
-from rkpart.partitioner.plan import Stage
-from rkpart.partitioner.verify import stage_onnx
+from rkpart.plan.plan import Stage
+from rkpart.plan.verify import stage_onnx
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.malloc import arena_wanted, keep_freed_memory
 from rkpart.types import HOST

@@ -47,8 +47,8 @@ from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import SpecError, ToolkitError, UserError
 from rkpart.io import load_json_file
 from rkpart.ir import graph_io
-from rkpart.partitioner.plan import Stage
-from rkpart.partitioner.verify import artifact_file, prepared_onnx
+from rkpart.plan.plan import Stage
+from rkpart.plan.verify import artifact_file, prepared_onnx
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
 #: seconds to wait for a build + init_runtime in the simulator

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.errors import SpecError, ToolkitError
-from rkpart.partitioner.plan import Stage
-from rkpart.partitioner.verify import artifact_file
+from rkpart.plan.plan import Stage
+from rkpart.plan.verify import artifact_file
 from rkpart.runtime import board_runner as board
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from rkpart.errors import UserError
 from rkpart.io import regular_file
-from rkpart.partitioner.plan import load_plan
+from rkpart.plan.plan import load_plan
 from rkpart.progress import Progress, advance, silent
 from rkpart.runtime import get_backend
 from rkpart.runtime.executor import ResidencyChoice, find_model, load_inputs, random_inputs, run_model, run_plan

@@ -9,7 +9,7 @@ stage?* -- from three sources:
   cannot be loaded at all, and the ops measured on the CPU (``Support.CPU``) stay there;
 * the placements **learned from builds**: every layer a toolkit put on the CPU inside an NPU
   stage is recorded per toolkit as a :class:`PlacementPattern` (op type, element type, input
-  ranks, which dims are 1), next to the build cache (:mod:`rkpart.compile.learned`), and asked here for every
+  ranks, which dims are 1), next to the build cache (:mod:`rkpart.grouping.learned`), and asked here for every
   later partition of any model;
 * the ``npu`` rewrites of :mod:`rkpart.targets.rewrites` rescue an op: the partitioner applies
   them to the stage it would propose and keeps on the NPU only what they remove (a rewrite

@@ -63,7 +63,7 @@ class Traits:
     adaln_on_npu: bool
     residual_on_npu: bool
     layernorm: str  # "op" (LayerNormalization) or "decomposed"
-    candidate: str  # the candidate family's id (rkpart.strategies.families)
+    candidate: str  # the candidate family's id (rkpart.grouping.strategies.families)
 
 
 #: the attribute names a crash pattern's ``when`` may use

@@ -5,7 +5,7 @@ known issue (or its last fusion rule) fused.  A failure no cut fixes -- an excep
 raises in a rule that fuses nothing, or a crash the cuts did not avoid -- is isolated here:
 
 1. **Known failing subgraphs first.**  Every subgraph found failing so far is a *motif*: its ops
-   with their shape classes (:func:`rkpart.partitioner.capability.pattern_of`: op type, element
+   with their shape classes (:func:`rkpart.grouping.capability.pattern_of`: op type, element
    type, ranks, constant inputs, which dims are 1) and the edges between them.  Every occurrence
    of a motif in a failed stage (a subgraph monomorphism, networkx's VF2) goes to the host
    without a build.  Kandinsky 6's q and k RoPE in every text attention are one motif found once.
@@ -79,7 +79,7 @@ class Isolated:
 
 def _typed_ops(mg: Any, ops: Any) -> nx.DiGraph:
     """The op DAG of ``mg`` restricted to ``ops``, each node carrying its shape class."""
-    from rkpart.partitioner.capability import pattern_of
+    from rkpart.grouping.capability import pattern_of
 
     ops = set(ops)
     g = nx.DiGraph()
@@ -92,7 +92,7 @@ def _typed_ops(mg: Any, ops: Any) -> nx.DiGraph:
 def occurrences(mg: Any, motif: nx.DiGraph) -> list[set[int]]:
     """Every set of ops of ``mg`` that is a copy of ``motif``: same shape classes, same edges."""
     wanted = {d["pattern"] for _, d in motif.nodes(data=True)}
-    from rkpart.partitioner.capability import pattern_of
+    from rkpart.grouping.capability import pattern_of
 
     cand = [i for i in mg.ops.nodes if mg.op(i).op_type in {p.op_type for p in wanted} and pattern_of(mg, i) in wanted]
     host = _typed_ops(mg, cand)

@@ -41,7 +41,7 @@ from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes
 from rkpart.ir import ModelGraph, load_model
-from rkpart.partitioner.extract import subgraph_model
+from rkpart.ir.standalone import subgraph_model
 from rkpart.progress import Progress
 from rkpart.targets.known_issues import match_signature
 from rkpart.triage.matrix import BuildSettings, MatrixRow, build_once, describe_outcome
@@ -73,7 +73,7 @@ class Cutter:
 
     The boundary is the graph's :meth:`~rkpart.ir.ModelGraph.subgraph` view with
     ``sinks=True`` (a kept op's outputs are graph outputs when nothing kept reads them), built
-    by :func:`rkpart.partitioner.extract.subgraph_model`:
+    by :func:`rkpart.ir.standalone.subgraph_model`:
 
     1. cut producers become graph inputs with the static dtype/shape the full model had;
     2. cut tensors that are not floating point (index arithmetic, masks) cannot be inputs of

@@ -12,8 +12,8 @@ import pytest
 
 from rkpart.auto import ground_candidates
 from rkpart.cost_model.features import stage_features
-from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import load, partition
+from rkpart.plan.plan import load_plan
 from tests.models.anima import AnimaConfig, build_anima_onnx
 
 pytestmark = [pytest.mark.toolkit, pytest.mark.slow]

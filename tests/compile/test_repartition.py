@@ -19,9 +19,9 @@ import pytest
 from click.testing import CliRunner
 
 from rkpart.cli import main
-from rkpart.compile.learned import load_learned
-from rkpart.partitioner.plan import load_plan
+from rkpart.grouping.learned import load_learned
 from rkpart.pipeline import PartitionConfig, load, propose
+from rkpart.plan.plan import load_plan
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.validation.metrics import compare
@@ -96,7 +96,7 @@ def test_moe_routing_on_the_host_builds_with_no_cpu_layer(tmp_path: Path, export
     """The MoE family no rewrite was written for: capability and ``--repartition`` leave 0 CPU layers.
 
     The router softmax's narrow output (4 experts) leaves its stage as a rank-4 view
-    (:func:`rkpart.strategies.base.settle_rank4_views`), so the first build has no CPU layer and
+    (:func:`rkpart.grouping.strategies.base.settle_rank4_views`), so the first build has no CPU layer and
     no round runs (before, the build converted it on the CPU, ``Reshape:<tensor>-rs``, and a round
     moved the stage boundary before it)."""
     from rkpart.pipeline import partition

@@ -24,9 +24,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from rkpart.grouping.capability import pattern_of
+from rkpart.grouping.groups import order_groups
 from rkpart.ir import OpNode
-from rkpart.partitioner.capability import pattern_of
-from rkpart.partitioner.partition import order_groups
 from rkpart.pipeline import PartitionConfig, load, propose, write_plan
 from rkpart.targets import get_target
 from rkpart.targets.capability import Capability, PlacementPattern
@@ -114,7 +114,7 @@ def test_learned_pattern_moves_the_op_with_the_neighbours_of_the_cheapest_cut(
     # nothing learned: everything on the NPU
     assert [d for d, _ in _devices(fanin_model, propose(m, "generic", PartitionConfig(toolkit="2.5.0")))] == ["npu"]
     # learned: the store is read through the user cache (tests have a private one)
-    from rkpart.compile.learned import CpuLayer, learn
+    from rkpart.grouping.learned import CpuLayer, learn
 
     assert learn("rk3588", "2.5.0", [CpuLayer("s", "Max:max", "max", pat)]) == [pat]
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
@@ -203,7 +203,7 @@ def test_a_learned_reshape_moves_its_own_layout_not_every_reshape_of_its_ranks(t
     assert (mask_pat.op_type, mask_pat.dtype, mask_pat.ranks, mask_pat.consts) == \
         (split_pat.op_type, split_pat.dtype, split_pat.ranks, split_pat.consts)
     assert (mask_pat.dims, split_pat.dims) == ("n1n;n>1n1n", "1nn;n>1nnn")
-    from rkpart.compile.learned import CpuLayer, learn
+    from rkpart.grouping.learned import CpuLayer, learn
 
     learn("rk3588", "2.5.0", [CpuLayer("s", "Reshape:mask_view", "mask_view", mask_pat)])
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
@@ -479,7 +479,7 @@ def test_a_learned_reversing_slice_does_not_take_forward_slices_off_the_npu(tmp_
     assert (flip.form, fwd.form) == ("reverse", "")
     assert (flip.op_type, flip.dtype, flip.ranks, flip.consts, flip.dims) == \
         (fwd.op_type, fwd.dtype, fwd.ranks, fwd.consts, fwd.dims)
-    from rkpart.compile.learned import CpuLayer, learn, load_learned
+    from rkpart.grouping.learned import CpuLayer, learn, load_learned
 
     learn("rk3588", "2.5.0", [CpuLayer("s", "Slice:flip", "flip", flip)])
     assert load_learned("rk3588", "2.5.0") == {flip}  # the form survives the store

@@ -24,8 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.auto import candidate_variants
 from rkpart.ir import load_model
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import load, partition, propose
+from rkpart.plan.plan import Plan
 from rkpart.runtime.executor import run_model
 from tests.partitioner.checks import assert_reproduces
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from rkpart.partitioner.anonymize import anonymize_file
 from rkpart.pipeline import PartitionConfig, load, propose, write_plan
+from rkpart.plan.anonymize import anonymize_file
 from tests.models.diffusers_families import missing_dependencies
 from tests.models.moe import BLOCKS, EXPERTS, cached_export
 from tests.partitioner.checks import assert_reproduces
@@ -117,7 +117,7 @@ def test_auto_weighs_the_move_against_the_runtime_fallback(tmp_path: Path) -> No
 
 def test_auto_records_the_moves_of_ops_without_names(tmp_path: Path) -> None:
     """An export whose nodes carry no names at all: a move is recorded by the op's index (what
-    :func:`~rkpart.partitioner.capability.host_op_key` names it), and ``auto``'s candidates match
+    :func:`~rkpart.grouping.capability.host_op_key` names it), and ``auto``'s candidates match
     their host groups by that same key, so the routing moved out of every block is still in the plan."""
     from rkpart.auto import AutoStrategy
 

@@ -21,8 +21,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.ir.load import NPU_ALIGN, RANK4_PREFIX
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan
 from tests.partitioner.checks import assert_reproduces
 
 

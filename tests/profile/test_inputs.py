@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from rkpart.partitioner.plan import Plan, TensorInfo
+from rkpart.plan.plan import Plan, TensorInfo
 from rkpart.profile.lifecycle import make_inputs
 from rkpart.runtime.executor import random_inputs
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from rkpart.cli import main
 from rkpart.output import MARKER
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.profile import records as rec
 from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.report.build import build_report

@@ -9,9 +9,9 @@ import pytest
 
 from rkpart.auto import candidate_variants
 from rkpart.cost_model.candidates import candidates_from
+from rkpart.grouping.strategies.families import FUSED, SPLIT, SPLIT_ADALN_NPU, candidate_id_for, families, fused_run
+from rkpart.grouping.strategies.fused import FusedOptions, FusedStrategy
 from rkpart.pipeline import load
-from rkpart.strategies.families import FUSED, SPLIT, SPLIT_ADALN_NPU, candidate_id_for, families, fused_run
-from rkpart.strategies.fused import FusedOptions, FusedStrategy
 from tests.models.anima import AnimaConfig, build_anima_onnx
 
 ROOT = Path(__file__).resolve().parents[2] / "rkpart"

@@ -26,12 +26,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rkpart.discovery.structure import Discovery
+from rkpart.grouping.groups import Partition
+from rkpart.grouping.strategies.base import propose_with
+from rkpart.grouping.strategies.fused import FusedStrategy
+from rkpart.grouping.strategies.split import SplitStrategy
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.partition import Partition
-from rkpart.strategies.base import propose_with
-from rkpart.strategies.fused import FusedStrategy
-from rkpart.strategies.split import SplitStrategy
 
 #: strategies that are not families of their own: built into the families below, or (``custom``,
 #: ``auto``, ``generic``) not a per-block grouping that ``auto`` could choose from

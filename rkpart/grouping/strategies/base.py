@@ -2,7 +2,7 @@
 
 A strategy only decides *grouping* (which ops form one stage, and on which device); it
 never writes files and never mutates the graph or the discovery it is given.  Turning a
-partition into stage files and a plan is :mod:`rkpart.partitioner.write`'s job, judging
+partition into stage files and a plan is :mod:`rkpart.plan.write`'s job, judging
 which partition is cheapest is the cost model's, and :mod:`rkpart.pipeline` runs the steps.
 """
 
@@ -16,12 +16,12 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import networkx as nx
 
+from rkpart.discovery.structure import Discovery, is_noop
 from rkpart.errors import UserError
+from rkpart.grouping.groups import Group, Partition, acyclic, block_id, convex_hull
 from rkpart.ir import ModelGraph
 from rkpart.ir.load import RANK4_PREFIX
 from rkpart.ir.work import token_macs
-from rkpart.partitioner.discovery import Discovery, is_noop
-from rkpart.partitioner.partition import Group, Partition, acyclic, block_id, convex_hull
 from rkpart.types import Device
 
 #: a strategy's options type
@@ -195,7 +195,7 @@ class GroupBuilder:
         block, a skip projection -- join that group, and a trailing no-op joins the group
         that produces its input: host work in the middle of an NPU stage would make the
         stages depend on each other in a cycle.  :meth:`build` then makes the stage graph
-        acyclic (:func:`~rkpart.partitioner.partition.acyclic`), so a strategy never hands on a
+        acyclic (:func:`~rkpart.grouping.groups.acyclic`), so a strategy never hands on a
         cyclic partition.  With ``close``,
         input index work leaves the NPU groups first (:meth:`hoist_index_work`).
         """

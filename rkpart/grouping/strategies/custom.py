@@ -29,11 +29,18 @@ from typing import Any
 
 import jsonschema
 
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import SpecError, UserError
+from rkpart.grouping.strategies.base import (
+    GroupBuilder,
+    Partition,
+    Strategy,
+    check_strategy_options,
+    option,
+    propose_with,
+)
 from rkpart.io import loads_json, loads_yaml, read_limited
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery
-from rkpart.strategies.base import GroupBuilder, Partition, Strategy, check_strategy_options, option, propose_with
 
 _STAGE_ID = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
              "description": "Unique stage id (letters, digits, '_', '.', '-'; at most 64 characters)."}
@@ -232,7 +239,7 @@ class CustomStrategy(Strategy[CustomOptions]):
         if rest == "host":
             gb.add_host_rest(mg, disc, close=False)
         else:
-            from rkpart.strategies import get_strategy
+            from rkpart.grouping.strategies import get_strategy
 
             try:
                 rest_strategy = get_strategy(rest)

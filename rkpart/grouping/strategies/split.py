@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rkpart.discovery.structure import Discovery
+from rkpart.grouping.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
 from rkpart.ir import ModelGraph
 from rkpart.ir.work import token_macs
-from rkpart.partitioner.discovery import Discovery
-from rkpart.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
 from rkpart.types import Device
 
 

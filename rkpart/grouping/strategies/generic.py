@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import BudgetError, UserError
+from rkpart.grouping.strategies.base import GroupBuilder, Partition, Strategy, option
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery
-from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
 from rkpart.targets import get_target
 from rkpart.types import Device
 from rkpart.units import MIB

@@ -11,12 +11,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from rkpart.errors import UserError
+from rkpart.grouping.strategies.base import Group, Partition, Strategy
+from rkpart.grouping.strategies.custom import CustomStrategy
+from rkpart.grouping.strategies.fused import FusedStrategy
+from rkpart.grouping.strategies.generic import GenericStrategy
+from rkpart.grouping.strategies.split import SplitStrategy
 from rkpart.plugins import STRATEGY_GROUP, PluginSet, load_plugins
-from rkpart.strategies.base import Group, Partition, Strategy
-from rkpart.strategies.custom import CustomStrategy
-from rkpart.strategies.fused import FusedStrategy
-from rkpart.strategies.generic import GenericStrategy
-from rkpart.strategies.split import SplitStrategy
 
 #: built-in strategies, in the order ``rkpart strategies`` lists them
 BUILTIN: tuple[type[Strategy], ...] = (SplitStrategy, FusedStrategy, CustomStrategy, GenericStrategy)

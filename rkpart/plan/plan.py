@@ -301,7 +301,7 @@ class Plan:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Plan:
-        from rkpart.partitioner.plan_schema import validate_plan_json
+        from rkpart.plan.schema import validate_plan_json
 
         validate_plan_json(d)
         tensors = {k: TensorInfo.from_json(v) for k, v in d["tensors"].items()}

@@ -33,13 +33,13 @@ import onnx
 from onnx import TensorProto
 
 from rkpart.errors import UserError
+from rkpart.grouping.groups import Group, Partition
 from rkpart.ir import ModelGraph
 from rkpart.ir.consts import tensor_value
 from rkpart.ir.edit import inferred_value_infos
+from rkpart.ir.standalone import subgraph_model
 from rkpart.ir.tensors import np_dtype_name
 from rkpart.ir.work import op_macs
-from rkpart.partitioner.extract import subgraph_model
-from rkpart.partitioner.partition import Group, Partition
 from rkpart.targets.capability import TOOLKIT_DTYPES, Capability, PlacementPattern, dims_class
 
 #: capability passes over the groups the previous pass left (each one only moves ops to the host)

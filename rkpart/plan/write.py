@@ -21,7 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import InvalidModelError, UserError, os_error
+from rkpart.grouping.coverage import npu_coverage
+from rkpart.grouping.groups import Group, Partition, order_groups
 from rkpart.io import (
     atomic_write_bytes,
     file_sha256,
@@ -34,9 +37,7 @@ from rkpart.io import (
 from rkpart.ir import ModelGraph
 from rkpart.ir.ops import CONTROL_FLOW_OPS
 from rkpart.output import write_marker
-from rkpart.partitioner.coverage import npu_coverage
-from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.extract import (
+from rkpart.plan.extract import (
     DEFAULT_EXTERNAL_THRESHOLD,
     ExtractedStage,
     PendingStage,
@@ -45,10 +46,9 @@ from rkpart.partitioner.extract import (
     source_sha256,
     stage_sha256,
 )
-from rkpart.partitioner.outdir import PLAN_KIND, RUN_KEY_FILE, check_out, check_staging, resume_key
-from rkpart.partitioner.partition import Group, Partition, order_groups
-from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
-from rkpart.partitioner.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
+from rkpart.plan.outdir import PLAN_KIND, RUN_KEY_FILE, check_out, check_staging, resume_key
+from rkpart.plan.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
+from rkpart.plan.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
 from rkpart.progress import Progress
 
 #: stages whose weights may be in flight at once, and the threads moving them
@@ -84,7 +84,7 @@ def write_partition(
     """Write ``part`` of ``mg`` as the plan folder ``out`` and return the plan.
 
     ``weights="link"`` copies no weights: stages reference the source's external data,
-    linked into the plan folder (:mod:`rkpart.partitioner.weights`).
+    linked into the plan folder (:mod:`rkpart.plan.weights`).
 
     An existing non-empty ``out`` is replaced only with ``force``, and only once the new plan
     is complete.  ``input_shapes`` are the shapes ``mg`` was loaded with (part of the resume
@@ -108,7 +108,7 @@ def write_partition(
     model_sha = file_sha256(model_path)
     # every input of the stages: the model by content, its external data by identity (by
     # content per resumed stage, below: each weight byte is hashed once), the grouping (an
-    # edited spec or cost model), options, rkpart version (rkpart.partitioner.outdir)
+    # edited spec or cost model), options, rkpart version (rkpart.plan.outdir)
     run_key = resume_key(model_path, mg.model, part.strategy, _jsonable(part.options), groups,
                          external_threshold=external_threshold, simplify=simplify is not None,
                          input_shapes=input_shapes, model_sha256=model_sha,
@@ -357,7 +357,7 @@ def _open_journal(path: Path) -> int:
 
 def _clear(folder: Path) -> None:
     """Empty a staging folder, its run key last: a run killed half-way through leaves a folder
-    that still says it is a staging folder (:func:`~rkpart.partitioner.outdir.check_staging`)."""
+    that still says it is a staging folder (:func:`~rkpart.plan.outdir.check_staging`)."""
     for p in sorted(folder.iterdir(), key=lambda p: p.name == RUN_KEY_FILE):
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)

@@ -3,7 +3,7 @@
 Plain frozen dataclasses, as torch.fx's ``Partition``: a :class:`Partition` says *which* ops
 form a stage and where it runs; :func:`order_groups` puts the stages in an order the
 dependencies allow (cycle-checked) and merges adjacent host work.  Strategies build
-partitions (:mod:`rkpart.strategies`), :mod:`rkpart.partitioner.write` turns them into plan
+partitions (:mod:`rkpart.grouping.strategies`), :mod:`rkpart.plan.write` turns them into plan
 folders, and the cost model compares them.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
+from rkpart.discovery.structure import Block
 from rkpart.errors import InternalError, SpecError
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Block
 from rkpart.types import Device
 
 
@@ -172,7 +172,7 @@ def acyclic(mg: ModelGraph, part: Partition, *, pinned: Iterable[str] = ()) -> P
     """``part``, or a copy whose groups that fed each other are re-cut or merged (:func:`break_cycles`).
 
     Every strategy's partition passes through here during proposal (:class:`GroupBuilder
-    <rkpart.strategies.base.GroupBuilder>` and :func:`rkpart.pipeline.propose`), so whatever the
+    <rkpart.grouping.strategies.base.GroupBuilder>` and :func:`rkpart.pipeline.propose`), so whatever the
     family's anatomy, the stages can run in some order.  What changed is told in the notes.
     """
     groups, notes = break_cycles(mg, part.groups, pinned=pinned)

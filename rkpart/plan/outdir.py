@@ -6,7 +6,7 @@
   strategy chose (so a changed spec or cost model is seen even when its file name is the
   same), the options and the rkpart version.  The weights' *content* is checked per stage:
   a finished stage is resumed only if its files still hash to the sha256 its source slices
-  give now (:mod:`rkpart.partitioner.write`), so no stale weight byte is ever reused.
+  give now (:mod:`rkpart.plan.write`), so no stale weight byte is ever reused.
 - ``--force`` replaces only a folder that validates as an rkpart plan folder: its output
   marker lists every file in it, or (a folder written before the marker existed) a valid
   ``plan.json`` lists every file in it (:func:`plan_listing`); compile's ``rknn/`` aside.
@@ -101,7 +101,7 @@ def _is_real_dir(p: Path) -> bool:
 def plan_listing(folder: Path) -> set[str] | str:
     """The files a plan folder's ``plan.json`` says partition wrote: itself, every stage file and
     its ``.data`` weights (:data:`~rkpart.output.Listing`; compile's ``rknn/`` is judged apart)."""
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
 
     try:
         plan, _ = load_plan(folder)

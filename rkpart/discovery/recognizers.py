@@ -3,7 +3,7 @@
 A recogniser is any object with a ``name`` and a ``recognize(mg) -> Discovery | None``
 method (the :class:`Recognizer` protocol); ``summary`` (one line) and ``stage`` are
 optional.  :func:`discover` consults them around the built-in structural discovery
-(:func:`rkpart.partitioner.discovery.discover`, the residual-chain analysis):
+(:func:`rkpart.discovery.structure.discover`, the residual-chain analysis):
 
 1. recognisers with ``stage = "before"`` (the default), in name order: the first one that
    returns a :class:`Discovery` wins.  Use this to *name* regions of a structure the
@@ -30,10 +30,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
+from rkpart.discovery.structure import Block, Discovery, Region
+from rkpart.discovery.structure import discover as structural
 from rkpart.errors import DiscoveryError, UserError, describe_exception
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Block, Discovery, Region
-from rkpart.partitioner.discovery import discover as structural
 from rkpart.plugins import RECOGNIZER_GROUP, PluginSet, load_plugins
 
 STAGES = ("before", "after")

@@ -1,7 +1,7 @@
 """JSON Schema of ``plan.json`` and its validation.
 
 :data:`PLAN_SCHEMA` is the source of truth: ``docs/plan.schema.json`` is generated from it by
-``python -m rkpart.strategies.schema_docs docs`` (which also writes
+``python -m rkpart.plan.schema_docs docs`` (which also writes
 ``docs/custom-spec.schema.json``; a test keeps both equal to the code), and ``docs/plan.md``
 explains it field by field.  :func:`validate_plan_json` adds the checks a JSON Schema cannot
 express (cross-references, execution order, dtypes).

@@ -15,9 +15,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from rkpart.discovery.structure import Discovery
 from rkpart.ir import ModelGraph
 from rkpart.ir.work import token_macs
-from rkpart.partitioner.discovery import Discovery
 
 #: ``partition`` warns when less than this share of the blocks' MACs is on the NPU
 MIN_SHARE = 0.99
