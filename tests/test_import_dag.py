@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("discovery",),
     ("grouping",),
     ("plan",),
+    ("recognizers", "strategies"),  # kept for plugins: the old paths, re-exporting discovery/ and grouping/
     ("validation",),
     ("compile",),
     ("runtime",),
@@ -141,3 +142,15 @@ def test_packages_import_only_lower_layers() -> None:
     upward = [f"{a} (layer {rank[a]}) imports {b} (layer {rank[b]}) at {', '.join(where[:3])}"
               for (a, b), where in sorted(edges.items()) if rank[b] > rank[a]]
     assert not upward, "imports against the layer order:\n" + "\n".join(upward)
+
+
+#: the old import paths plugins use (docs/plugins.md), kept as re-exports: rkpart itself never imports them
+COMPAT = ("recognizers", "strategies")
+
+
+def test_rkpart_never_imports_the_paths_kept_for_plugins() -> None:
+    edges = package_imports()
+    inside = [f"{a} imports {b} at {', '.join(w[:3])}" for (a, b), w in sorted(edges.items())
+              if b in COMPAT and a not in COMPAT]
+    assert not inside, "rkpart imports a path kept only for plugins:\n" + "\n".join(inside)
+

@@ -24,10 +24,8 @@ from rkpart.plugins import load_plugins
 
 DEMO_MODULE = '''
 """A third-party strategy and recogniser, as a plugin author would write them."""
-from rkpart.discovery.structure import Discovery
-from rkpart.ir import ModelGraph
-from rkpart.discovery.recognizers import relabel, structural
-from rkpart.grouping.strategies.base import GroupBuilder, Partition, Strategy
+from rkpart import Discovery, GroupBuilder, ModelGraph, Partition, Strategy
+from rkpart.recognizers import relabel, structural  # the documented path (docs/plugins.md), kept for plugins
 
 
 class HalvesStrategy(Strategy):

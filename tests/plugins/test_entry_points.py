@@ -187,3 +187,33 @@ def test_plugin_set_is_deterministic(plugin_env: dict[str, str]) -> None:
     b = rkpart(plugin_env, "strategies", "--json").stdout
     assert a == b
     assert np.all([r["origin"] for r in json.loads(a)])
+
+
+def test_the_documented_plugin_imports_still_work() -> None:
+    """Every ``from rkpart... import ...`` of docs/plugins.md, and the adapter it names by its path
+    (``rkpart.strategies.base.propose_with``), imports the object rkpart itself uses: plugins written
+    against the paths before rkpart's middle moved (discovery/, grouping/, plan/) keep working."""
+    import importlib
+    import re
+
+    from rkpart.discovery import recognizers
+    from rkpart.grouping import strategies
+    from rkpart.grouping.strategies import base
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "plugins.md").read_text()
+    imports = re.findall(r"^\s*from (rkpart[\w.]*) import ([\w, ]+)$", text, flags=re.M)
+    assert {m for m, _ in imports} >= {"rkpart", "rkpart.recognizers"}
+    for module, names in imports:
+        for name in (n.strip() for n in names.split(",")):
+            assert getattr(importlib.import_module(module), name) is not None, f"from {module} import {name}"
+    import rkpart.recognizers
+    import rkpart.strategies
+    import rkpart.strategies.base
+
+    assert "rkpart.strategies.base.propose_with" in text
+    assert rkpart.strategies.base.propose_with is base.propose_with
+    assert rkpart.strategies.base.Strategy is rkpart.Strategy is base.Strategy
+    assert rkpart.strategies.get_strategy is strategies.get_strategy
+    for name in ("relabel", "structural", "discovery_from_blocks", "ScopeRecognizer"):
+        assert getattr(rkpart.recognizers, name) is getattr(recognizers, name)
+
