@@ -152,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         from rkpart.partitioner.api import partition  # type: ignore[no-redef]
     import numpy as np
 
-    from rkpart.pipeline import compile_repartition
+    try:
+        from rkpart.repartition import compile_repartition
+    except ImportError:  # before the repartition module existed
+        from rkpart.pipeline import compile_repartition  # type: ignore[attr-defined,no-redef]
     from tests.models.diffusers_families import ALL, FAMILIES, LATEST, NEWER, cached_export, example_inputs
     from tests.partitioner.test_family_sweep import SPECIALISE
 

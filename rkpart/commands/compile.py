@@ -161,7 +161,7 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
     stuck: list[str] = []
     with Reporter(quiet=quiet) as progress:
         if repartition:
-            from rkpart.pipeline import compile_repartition
+            from rkpart.repartition import compile_repartition
 
             report, rounds, stuck = compile_repartition(plan, opts, progress)
         else:

@@ -116,7 +116,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if explain and strategy != "auto":
         raise click.UsageError("--explain applies to --strategy auto only")
     # the auto strategy reports its Selection here (for --explain); the last is the plan's: a proposal made again
-    # (rank-4 views) works on the new graph, and the graph of the first is changed in place
+    # (rank-4 views) works on the new graph the views make
     selections: list[Any] = []
     if compile_candidates is not None and (strategy != "auto" or auto_toolkit is None):
         raise click.UsageError("--compile-candidates/--no-compile-candidates apply to --strategy auto with --toolkit")
@@ -125,7 +125,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if strategy == "auto" and not capability:
         opts["capability"] = False
     if strategy == "auto":
-        chosen = AutoStrategy(report=selections.append, progress=say)
+        # only --explain reads the selection (its capability trades propose every family again)
+        chosen = AutoStrategy(report=selections.append if explain else None, progress=say)
         if auto_toolkit is not None and compile_candidates is not False:
             opts["compile"] = True
     if model is None:

@@ -17,13 +17,13 @@ from dataclasses import fields
 from typing import Any
 
 from rkpart.cost_model import features as _features
-from rkpart.cost_model.rounds import GLUE_TERMS
+from rkpart.cost_model.features import GLUE_TERMS
 from rkpart.errors import SpecError
 from rkpart.io import MAX_JSON_INT, bad_number
 from rkpart.targets.known_issues import TRAIT_NAMES
 
 #: the terms a stage component may use (:meth:`rkpart.cost_model.features.Features.value`);
-#: ``glue`` uses :data:`rkpart.cost_model.rounds.GLUE_TERMS`
+#: ``glue`` uses :data:`rkpart.cost_model.features.GLUE_TERMS`
 TERMS = frozenset({"const", "all_macs", "io_bytes",
                    *(f.name for f in fields(_features.Features)
                      if str(f.type).replace(" ", "") in ("int", "float", "int|None", "float|None"))})

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from rkpart.cost_model.fitting import error_summary, nnls_relative
 from rkpart.ir import ModelGraph, Subgraph, graph_of
 from rkpart.ir.liveness import Lifetimes, stage_lifetimes
 from rkpart.plan.plan import Plan
@@ -462,8 +463,6 @@ class MemoryModel:
 
 
 def _solve(rows: Sequence[MemoryRow], heads: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    from rkpart.cost_model.model import nnls_relative
-
     xw = np.array([[r.features.value(t) for t in WEIGHT_TERMS] for r in rows])
     xi = np.array([[r.features.value(t, heads) for t in INTERNAL_TERMS] for r in rows])
     cw = nnls_relative(xw, np.array([float(r.weight_bytes) for r in rows]))
@@ -492,8 +491,6 @@ def cross_validate_heads(rows: Sequence[MemoryRow], toolkit: str) -> dict[float,
 def fit_memory_model(rows: Sequence[MemoryRow], toolkit: str) -> MemoryModel:
     """Fit weight and internal memory on ``rows`` (non-negative, relative error), with the attention
     workspace ``R`` chosen by leave-one-shape-out cross-validation on these rows alone."""
-    from rkpart.cost_model.model import error_summary
-
     if not rows:
         raise ValueError(f"no compiled stages to fit a device-memory model for rknn-toolkit2 {toolkit}")
     cv = cross_validate_heads(rows, toolkit) if len({(r.family, r.shape) for r in rows}) > 1 else {0.0: (0, 0)}
@@ -509,8 +506,6 @@ def fit_memory_model(rows: Sequence[MemoryRow], toolkit: str) -> MemoryModel:
 def held_out_summary(model: MemoryModel, held: Sequence[MemoryRow], *, fitted_on: str, held_out: str) -> dict[str, Any]:
     """The shipped form of a fitted model: one ``device_mem`` component (weight and internal terms
     summed) with its in-sample and held-out error and what it was fitted and checked on."""
-    from rkpart.cost_model.model import error_summary
-
     def summary(rows: Sequence[MemoryRow]) -> dict[str, Any]:
         apes = sorted(abs(model.predict(r.features) / r.device_bytes - 1) * 100 for r in rows)
         out = error_summary([model.predict(r.features) for r in rows], [r.device_bytes for r in rows])

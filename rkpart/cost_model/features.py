@@ -55,6 +55,16 @@ from rkpart.plan.verify import stage_onnx
 #: ``npu_peak16:R`` (:func:`rkpart.cost_model.device_model.peak16` with ``R`` heads of workspace)
 DERIVED = ("const", "all_macs", "io_bytes")
 PEAK_TERM = "npu_peak16:"
+#: the terms of the glue design row of a round (:mod:`rkpart.cost_model.rounds`), not of a stage:
+#: ``const``: per stage and pass (feeding one stage's outputs to the next); ``cycle``: per
+#: load-to-release cycle of a stage (creating and dropping its runner: every pass for a
+#: per-stage NPU stage, once a round otherwise); ``round``: once per round.  Measured on the
+#: fit profiles of bench/selection_regret.py: what CPU time the stages' own calls leave of a
+#: round is ~0.4 ms per stage and pass, ~0.2-0.4 ms more per per-stage cycle and ~1 ms per
+#: round; a constant per stage and pass alone over-predicted split plans (many stages) and
+#: under-predicted fused ones by up to 15-20 %.  Boundary bytes (``io_bytes``) and cold weights
+#: (``weight_bytes``) were tried too and over-predicted split plans at 1024 tokens by 20-40 %.
+GLUE_TERMS = ("const", "cycle", "round")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,6 @@ import hashlib
 import json
 import math
 import os
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from rkpart.cost_model.features import Features
+from rkpart.cost_model.fitting import error_summary, nnls_relative
 from rkpart.errors import SpecError
 from rkpart.io import load_json_file
 
@@ -140,38 +140,6 @@ class Component:
 def _round(x: float) -> float:
     # 6 significant digits: stable JSON across platforms without losing meaning
     return float(f"{x:.6g}")
-
-
-def nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising the squared *relative* error ``(x @ c - y) / y``.
-
-    Columns are scaled to unit norm before solving (features span 1 .. 1e11) and the
-    scale is undone afterwards.
-    """
-    from scipy.optimize import nnls
-
-    if len(y) == 0:
-        return np.zeros(x.shape[1])
-    w = 1.0 / np.maximum(np.abs(y), 1e-12)
-    a = x * w[:, None]
-    b = y * w
-    norms = np.linalg.norm(a, axis=0)
-    norms[norms == 0] = 1.0
-    c, _ = nnls(a / norms, b, maxiter=50 * a.shape[1] + 100)
-    return np.asarray(c / norms, dtype=float)
-
-
-def error_summary(pred: Sequence[float], meas: Sequence[float]) -> dict[str, Any]:
-    """Share of predictions within +-10 % and +-20 % of the measurement, median |% error|."""
-    ape = [abs(p - m) / abs(m) * 100.0 for p, m in zip(pred, meas, strict=True) if m]
-    if not ape:
-        return {"n": 0, "within_10": None, "within_20": None, "median_ape": None}
-    return {
-        "n": len(ape),
-        "within_10": round(sum(a <= 10.0 for a in ape) / len(ape), 4),
-        "within_20": round(sum(a <= 20.0 for a in ape) / len(ape), 4),
-        "median_ape": round(statistics.median(ape), 3),
-    }
 
 
 @dataclass(frozen=True)

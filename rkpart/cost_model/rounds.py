@@ -33,19 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from rkpart.cost_model.features import Features
+from rkpart.cost_model.features import GLUE_TERMS, Features
 from rkpart.cost_model.model import Accuracy, Component, CostModel, Provenance, Sample, error_summary
 from rkpart.types import HOST
 
-#: ``const``: per stage and pass (feeding one stage's outputs to the next); ``cycle``: per
-#: load-to-release cycle of a stage (creating and dropping its runner: every pass for a
-#: per-stage NPU stage, once a round otherwise); ``round``: once per round.  Measured on the
-#: fit profiles of bench/selection_regret.py: what CPU time the stages' own calls leave of a
-#: round is ~0.4 ms per stage and pass, ~0.2-0.4 ms more per per-stage cycle and ~1 ms per
-#: round; a constant per stage and pass alone over-predicted split plans (many stages) and
-#: under-predicted fused ones by up to 15-20 %.  Boundary bytes (``io_bytes``) and cold weights
-#: (``weight_bytes``) were tried too and over-predicted split plans at 1024 tokens by 20-40 %.
-GLUE_TERMS = ("const", "cycle", "round")
 #: lifecycle components paid once per call of a per-stage stage, once per round of a resident one
 LIFE = ("load", "init", "release")
 

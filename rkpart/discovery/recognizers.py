@@ -35,6 +35,7 @@ from rkpart.discovery.structure import discover as structural
 from rkpart.errors import DiscoveryError, UserError, describe_exception
 from rkpart.ir import ModelGraph
 from rkpart.plugins import RECOGNIZER_GROUP, PluginSet, load_plugins
+from rkpart.progress import Progress, silent
 
 STAGES = ("before", "after")
 
@@ -355,6 +356,15 @@ def discover(
     raise DiscoveryError(f"{err} (recognisers tried: {tried})" if tried else str(err)) from None
 
 
+def discover_with_progress(mg: ModelGraph, progress: Progress = silent) -> Discovery:
+    """:func:`discover`, saying so on ``progress`` (what the partition flow shows while it finds blocks)."""
+    progress("discovering blocks")
+    disc = discover(mg)
+    progress(f"found {len(disc.blocks)} blocks by {disc.method}: "
+             f"{', '.join(r.name for r in disc.blocks[0].regions)} per block")
+    return disc
+
+
 def _consult(r: Recognizer, mg: ModelGraph, skipped: list[str]) -> Discovery | None:
     try:
         d = r.recognize(mg)
@@ -372,5 +382,6 @@ def _consult(r: Recognizer, mg: ModelGraph, skipped: list[str]) -> Discovery | N
     return d
 
 
-__all__ = ["BUILTIN", "Recognizer", "ScopeRecognizer", "check_discovery", "discover", "discovery_from_blocks",
+__all__ = ["BUILTIN", "Recognizer", "ScopeRecognizer", "check_discovery", "discover", "discover_with_progress",
+           "discovery_from_blocks",
            "installed", "plugins", "relabel", "structural"]

@@ -1,7 +1,7 @@
 """Capability decides the grouping: an op the target runs on the CPU never stays inside an NPU stage.
 
 Every strategy's partition goes through :func:`place_by_capability` before it is written
-(:func:`rkpart.pipeline.propose`), so the rule holds for the built-in strategies, ``auto`` and
+(:func:`rkpart.grouping.propose.propose`), so the rule holds for the built-in strategies, ``auto`` and
 plugins alike, for families no rewrite was written for.  For each NPU group:
 
 1. **Ask the capability** (:class:`rkpart.targets.capability.Capability`) why each op may not
@@ -36,7 +36,7 @@ from rkpart.errors import UserError
 from rkpart.grouping.groups import Group, Partition
 from rkpart.ir import ModelGraph
 from rkpart.ir.consts import tensor_value
-from rkpart.ir.edit import inferred_value_infos
+from rkpart.ir.infer import inferred_value_infos
 from rkpart.ir.standalone import subgraph_model
 from rkpart.ir.tensors import np_dtype_name
 from rkpart.ir.work import op_macs
@@ -489,4 +489,35 @@ def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_hos
     return replace(out, extra={**out.extra, "capability": {**cap.to_json(), "host_ops": [h.to_json() for h in moved]}})
 
 
-__all__ = ["HostOp", "apply_capability", "cut_before", "flag_ops", "host_op_key", "pattern_of", "place_by_capability"]
+def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str | None) -> list[str]:
+    """What ``toolkit`` will not do with ``part``: load its opset, run each NPU stage's ops on the NPU.
+
+    Nothing is checked without a ``toolkit``, or for a target rkpart has no capability table
+    for (the toolkit itself still decides when it builds).
+    """
+    from rkpart.targets import TARGETS, get_target
+    from rkpart.targets.opset import lowering_note
+    from rkpart.targets.rewrites import rewrites_for
+
+    if toolkit is None or target.lower() not in TARGETS:
+        return []
+    caps = get_target(target).caps(toolkit)
+    notes = []
+    # compile lowers the opset and rewrites some ops onto the NPU (rkpart.targets.opset / rewrites)
+    lowering = lowering_note(mg.opset, {caps.version: caps.max_opset})
+    if lowering:
+        notes.append(f"target {target}: {lowering} when compiled")
+    rewritten = {r.op_type for r in rewrites_for(caps.version, "npu") if r.every_node}
+    for g in part.groups:
+        if g.device != "npu":
+            continue
+        off = caps.off_npu(mg.op(i) for i in sorted(g.ops) if mg.op(i).op_type not in rewritten)
+        if off:
+            ops = ", ".join(sorted({f"{n.op_type} ({rule.support})" for n, rule in off}))
+            notes.append(f"target {target}: NPU stage {g.id} holds op(s) rknn-toolkit2 {caps.version} does not "
+                         f"run on the NPU: {ops}")
+    return notes
+
+
+__all__ = ["HostOp", "apply_capability", "capability_notes", "cut_before", "flag_ops", "host_op_key", "pattern_of",
+           "place_by_capability"]

@@ -172,7 +172,7 @@ def acyclic(mg: ModelGraph, part: Partition, *, pinned: Iterable[str] = ()) -> P
     """``part``, or a copy whose groups that fed each other are re-cut or merged (:func:`break_cycles`).
 
     Every strategy's partition passes through here during proposal (:class:`GroupBuilder
-    <rkpart.grouping.strategies.base.GroupBuilder>` and :func:`rkpart.pipeline.propose`), so whatever the
+    <rkpart.grouping.strategies.base.GroupBuilder>` and :func:`rkpart.grouping.propose.propose`), so whatever the
     family's anatomy, the stages can run in some order.  What changed is told in the notes.
     """
     groups, notes = break_cycles(mg, part.groups, pinned=pinned)

@@ -6,7 +6,7 @@ NPU stage is traced back to the ONNX op of the stage it came from (the table's `
 :class:`~rkpart.targets.capability.PlacementPattern` (op type, element type, input ranks,
 which input and output dims are 1).
 Every later ``rkpart partition`` for that toolkit reads the store
-(:func:`rkpart.pipeline.capability_for`) and keeps such ops out of NPU stages unless a rewrite
+(:func:`rkpart.grouping.propose.propose`) and keeps such ops out of NPU stages unless a rewrite
 removes them, for any model: what one family's build taught holds for the next family.
 
 Location: ``$RKPART_CACHE_DIR/placement/<target>-<toolkit>.json`` (else ``~/.cache/rkpart``),
@@ -153,8 +153,8 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
     ranks and types as in the model it was cut from.
     """
     from rkpart.grouping.capability import pattern_of
+    from rkpart.grouping.views import NPU_INPUT_RANK
     from rkpart.ir import load_model
-    from rkpart.ir.load import NPU_INPUT_RANK
 
     names = [n for n in cpu_ops]
     if not names:

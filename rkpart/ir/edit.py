@@ -28,6 +28,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.ir.consts import constant_tensor, evaluate, opsets_of, tensor_value
+from rkpart.ir.infer import infer_shapes
 from rkpart.ir.ops import DEFAULT_DOMAINS
 
 #: what a rewrite may declare it reads beyond the graph itself
@@ -91,13 +92,10 @@ class GraphEdit:
     # -- types -----------------------------------------------------------------------------
     def _infer(self) -> onnx.GraphProto:
         if self._inferred is None:
-            from rkpart.ir.load import _light_copy
-
             self.inferences += 1
             try:
                 # local functions are not carried by the light copy: infer those models whole
-                src = self.model if self.model.functions else _light_copy(self.model)
-                self._inferred = onnx.shape_inference.infer_shapes(src, strict_mode=False).graph
+                self._inferred = infer_shapes(self.model, light=not self.model.functions).graph
             except Exception:  # noqa: BLE001 - inference is a hint; an unknown type defaults to float
                 self._inferred = self.graph
         return self._inferred
@@ -285,12 +283,6 @@ class GraphEdit:
             g.initializer.remove(t)
 
 
-def inferred_value_infos(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """The value infos ONNX shape inference gives ``model``'s intermediate tensors (a stage read
-    back from disk; the loaded model's types are :attr:`rkpart.ir.graph.ModelGraph.tensor_types`)."""
-    return list(onnx.shape_inference.infer_shapes(model).graph.value_info)
-
-
 def attr(node: onnx.NodeProto, name: str, default: object) -> object:
     """The value of attribute ``name`` of ``node`` (``default`` when it has none)."""
     for a in node.attribute:
@@ -299,4 +291,4 @@ def attr(node: onnx.NodeProto, name: str, default: object) -> object:
     return default
 
 
-__all__ = ["NEEDS", "GraphEdit", "attr", "inferred_value_infos"]
+__all__ = ["NEEDS", "GraphEdit", "attr"]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -27,11 +27,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import load_external_data_for_tensor
 
 from rkpart.ir.consts import constant_tensor, evaluate, inline_bytes, opsets_of
+from rkpart.ir.liveness import Lifetimes, lifetimes
+from rkpart.ir.subgraph import Subgraph, subgraph
 from rkpart.ir.tensors import TensorType, nbytes, tensor_nbytes
-
-if TYPE_CHECKING:
-    from rkpart.ir.liveness import Lifetimes
-    from rkpart.ir.subgraph import Subgraph
 
 
 @dataclass(frozen=True)
@@ -199,8 +197,6 @@ class ModelGraph:
 
     def lifetimes(self, order: Sequence[int] | None = None) -> Lifetimes:
         """When each activation is born, read and last alive over ``order`` (see :mod:`rkpart.ir.liveness`)."""
-        from rkpart.ir.liveness import lifetimes
-
         return lifetimes(self, order)
 
     # -- tensors ---------------------------------------------------------------------------
@@ -361,8 +357,6 @@ class ModelGraph:
 
     def subgraph(self, ops: Iterable[int], *, sinks: bool = False) -> Subgraph:
         """The frozen view of the data ops ``ops`` as one standalone graph (see :mod:`rkpart.ir.subgraph`)."""
-        from rkpart.ir.subgraph import subgraph
-
         return subgraph(self, ops, sinks=sinks)
 
 

@@ -5,7 +5,7 @@ are written, a line recording it is appended to ``stages/done.jsonl``, so a kill
 resumed (same model, strategy and options) without redoing finished stages.  Only when every
 stage and ``plan.json`` are written does the staging folder replace ``out``.
 
-Deciding the partition is not done here: :func:`rkpart.pipeline.propose` does that.
+Deciding the partition is not done here: :func:`rkpart.grouping.propose.propose` does that.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ class _RecordingRunner(StageRunner):
     def _load_impl(self) -> None:
         import onnx
 
-        from rkpart.ir.edit import inferred_value_infos
+        from rkpart.ir.infer import inferred_value_infos
         from rkpart.plan.verify import stage_onnx
 
         model = onnx.load(str(stage_onnx(self.folder, self.stage)))

@@ -203,7 +203,7 @@ LATEST_CASES = [pytest.param(*c, id="-".join(c)) for c in LATEST_CI]
 @pytest.mark.parametrize(("family", "exporter", "strategy", "version"), LATEST_CASES)
 def test_latest_families_reach_zero_cpu_layers_with_repartition(tmp_path: Path, family: str, exporter: str,
                                                                 strategy: str, version: str) -> None:
-    from rkpart.pipeline import compile_repartition
+    from rkpart.repartition import compile_repartition
     from tests.compile.sim_gate import sim_gate
 
     tk = get_toolkit(version)

@@ -215,8 +215,8 @@ def test_repartition_partitions_a_specialised_plan_again_with_its_inputs(tmp_pat
     plan still reproduces it (it failed: "depends on values ... give --inputs").  A file that is
     gone, or no longer gives the same shapes, is refused in one line."""
     from rkpart.compile.compile import CompileOptions
-    from rkpart.pipeline import _write_again
     from rkpart.plan.plan import load_plan
+    from rkpart.repartition import _write_again
     from tests.models.data_dependent import example_inputs
 
     model = _export("nonzero", "dynamo")

@@ -21,7 +21,7 @@ NAMES = re.compile(r"split-adaln-npu|fused-x")
 
 def test_candidate_names_appear_in_one_module() -> None:
     where = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py") if NAMES.search(p.read_text()))
-    assert where == ["strategies/families.py"]
+    assert where == ["grouping/strategies/families.py"]
 
 
 def test_families_in_order_and_back_from_a_plans_strategy() -> None:

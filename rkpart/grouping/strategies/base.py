@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -19,8 +18,8 @@ import networkx as nx
 from rkpart.discovery.structure import Discovery, is_noop
 from rkpart.errors import UserError
 from rkpart.grouping.groups import Group, Partition, acyclic, block_id, convex_hull
+from rkpart.grouping.views import hand_over_rank4_views
 from rkpart.ir import ModelGraph
-from rkpart.ir.load import RANK4_PREFIX
 from rkpart.ir.work import token_macs
 from rkpart.types import Device
 
@@ -110,59 +109,6 @@ def check_strategy_options(strategy: Strategy, options: Mapping[str, Any], *,
         near = difflib.get_close_matches(key, strategy.accepts, n=1)
         hint = f"; did you mean {near[0]!r}?" if near else ""
         raise UserError(f"unknown option {key!r} for strategy {strategy.name}{hint} {takes}")
-
-
-def _rank4_views(mg: ModelGraph) -> list[tuple[int, tuple[int, ...]]]:
-    """(first, backs) of :func:`~rkpart.ir.load.with_rank4_inputs` and
-    :func:`~rkpart.ir.load.with_rank4_views`: a ``Reshape`` of a tensor to rank 4 (named
-    ``rkpart/rank4/...``), read only by ``Reshape`` ops back to the tensor's shape."""
-    out = []
-    for first in sorted(mg.ops):
-        op = mg.op(first)
-        if op.op_type != "Reshape" or not op.name.startswith(RANK4_PREFIX) or not op.inputs:
-            continue
-        shape = mg.shape(op.inputs[0])
-        if not shape or len(mg.shape(op.outputs[0]) or ()) != 4:
-            continue
-        backs = mg.consumers.get(op.outputs[0], [])
-        if backs and all(mg.op(b).op_type == "Reshape" and mg.shape(mg.op(b).outputs[0]) == shape and b in mg.ops
-                         for b in backs):
-            out.append((first, tuple(backs)))
-    return out
-
-
-def settle_rank4_views(mg: ModelGraph, part: Partition) -> Partition:
-    """``part`` with each rank-4 view beside the stages that exchange it, wherever the groups ended up.
-
-    The view (:func:`rkpart.ir.load.with_rank4_views`) joins the group that produces the tensor,
-    so an NPU stage gives the view rather than the narrow tensor (measured: rknn-toolkit2 2.3.0
-    and 2.5.0 convert a rank-3 stage *output* whose last dim is not a multiple of 8 on the CPU,
-    ``Reshape:<t>-rs``, and not the same values given as ``[1, 1, ...]``), and a host stage gives
-    the view to the NPU stage that reads it; each Reshape back joins the group of the op that
-    reads it, host or NPU.  For the groups after the capability
-    moved ops (:meth:`GroupBuilder.hand_over_rank4_views` places them at proposal time, before).
-    No group dependency is added that a path did not already imply, so the plan stays acyclic.
-    """
-    owner = {i: k for k, g in enumerate(part.groups) for i in g.ops}
-    move: dict[int, int] = {}
-    for first, backs in _rank4_views(mg):
-        p = mg.producer.get(mg.op(first).inputs[0])
-        if p is not None and p in owner:
-            move[first] = owner[p]
-        for b in backs:
-            readers = {owner[c] for c in mg.ops.successors(b) if c in owner}
-            if len(readers) == 1:
-                move[b] = readers.pop()
-    move = {i: k for i, k in move.items() if owner.get(i) != k}
-    if not move:
-        return part
-    ops = [set(g.ops) for g in part.groups]
-    for i, k in move.items():
-        if i in owner:
-            ops[owner[i]].discard(i)
-        ops[k].add(i)
-    groups = tuple(replace(g, ops=frozenset(o)) for g, o in zip(part.groups, ops, strict=True) if o)
-    return replace(part, groups=groups)
 
 
 class GroupBuilder:
@@ -290,36 +236,32 @@ class GroupBuilder:
         self.hand_over_rank4_views(mg)
 
     def hand_over_rank4_views(self, mg: ModelGraph) -> None:
-        """A tensor read through a rank-4 view is handed to the NPU groups that read it as the view.
+        """A tensor read through a rank-4 view is handed to the NPU groups that read it as the view
+        (:func:`rkpart.grouping.views.hand_over_rank4_views`: the Reshapes back join the NPU groups
+        that read them, the first one goes to the host)."""
+        hand_over_rank4_views(self, mg)
 
-        Loading reads a model input of rank > 4 through ``Reshape(Reshape(x, rank 4), x's
-        shape)`` (:func:`rkpart.ir.load.with_rank4_inputs`), and the partition reads a rank-3
-        tensor with an unaligned last dim that NPU stages take from the host the same way, one
-        Reshape back per reader (:func:`rkpart.ir.load.with_rank4_views`).  Each Reshape back
-        joins the NPU group that reads it, and the first one is computed on the host (in the
-        prologue for a model input, else beside what produces the tensor), so the stage's input
-        has rank 4 (rknn-toolkit2 2.3.0 puts a Reshape of a rank-5 stage input on the CPU, and
-        converts a rank-3 one whose last dim is not a multiple of 8; fed the view, the same
-        graph builds on the NPU).  A Reshape back read on the host stays there.
-        """
-        for first, backs in _rank4_views(mg):
-            handed = False
-            for back in backs:
-                owners = {self._owner.get(j) for j in mg.ops.successors(back)}
-                gid = next(iter(owners)) if len(owners) == 1 else None
-                if gid is None or self._groups[gid]["device"] != "npu":
-                    continue
-                g = self._groups[gid]
-                self._drop(back)
-                self.add(gid, {back}, device="npu", region=g["region"], kind=g["kinds"][0])
-                handed = True
-            if not handed:
-                continue
-            self._drop(first)
-            if mg.op(first).inputs[0] in mg.inputs:
-                self.add("prologue", {first}, device="host", region="prologue", kind="prologue")
-            else:  # a host group of its own, merged with the host work around it when the plan is ordered
-                self.add(f"host.{first:06d}", {first}, device="host", region="host", kind="host")
+    # -- what the rank-4 view rule moves (rkpart.grouping.views.ViewGroups) -------------------
+    def owner_of(self, op: int) -> str | None:
+        return self._owner.get(op)
+
+    def is_npu(self, gid: str) -> bool:
+        return bool(self._groups[gid]["device"] == "npu")
+
+    def move(self, op: int, gid: str) -> None:
+        """Op ``op`` into group ``gid`` (which holds other ops), out of the group that held it."""
+        g = self._groups[gid]
+        self._drop(op)
+        self.add(gid, {op}, device=g["device"], region=g["region"], kind=g["kinds"][0])
+
+    def move_to_host(self, op: int, *, prologue: bool) -> None:
+        """Op ``op`` into the host prologue, or a host group of its own (merged with the host work
+        around it when the plan is ordered)."""
+        self._drop(op)
+        if prologue:
+            self.add("prologue", {op}, device="host", region="prologue", kind="prologue")
+        else:
+            self.add(f"host.{op:06d}", {op}, device="host", region="host", kind="host")
 
     def _drop(self, i: int) -> None:
         """Take op ``i`` out of the group that holds it (the group goes when it is left empty)."""
@@ -364,4 +306,5 @@ class GroupBuilder:
         return acyclic(mg, part, pinned=pinned) if mg is not None else part
 
 
-__all__ = ["Group", "GroupBuilder", "Partition", "Strategy", "block_id", "option", "propose_with", "settle_rank4_views"]
+__all__ = ["Group", "GroupBuilder", "Partition", "Strategy", "block_id", "check_strategy_options", "option",
+           "propose_with"]

@@ -39,6 +39,8 @@ from rkpart.grouping.strategies.base import (
     option,
     propose_with,
 )
+from rkpart.grouping.strategies.fused import FusedStrategy
+from rkpart.grouping.strategies.split import SplitStrategy
 from rkpart.io import loads_json, loads_yaml, read_limited
 from rkpart.ir import ModelGraph
 
@@ -239,10 +241,8 @@ class CustomStrategy(Strategy[CustomOptions]):
         if rest == "host":
             gb.add_host_rest(mg, disc, close=False)
         else:
-            from rkpart.grouping.strategies import get_strategy
-
             try:
-                rest_strategy = get_strategy(rest)
+                rest_strategy = _REST[rest]()
                 rest_options = dict(data.get("rest_options", {}))
                 check_strategy_options(rest_strategy, rest_options)
                 part = propose_with(rest_strategy, mg, disc, rest_options)
@@ -259,6 +259,10 @@ class CustomStrategy(Strategy[CustomOptions]):
         # the spec's own stages are the user's: a cycle through one of them is the spec's to fix
         ids = tuple(s["id"] for s in data["stages"])
         return gb.build(self.name, {"rest": rest, "stages": list(ids)}, mg=mg, pinned=ids)
+
+
+#: the strategies a spec's ``rest`` names (the schema's enum, ``host`` aside)
+_REST: dict[str, type[Strategy]] = {"split": SplitStrategy, "fused": FusedStrategy}
 
 
 def _cut(mg: ModelGraph, sid: str, inputs: list[str], outputs: list[str]) -> set[int]:

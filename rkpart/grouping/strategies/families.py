@@ -3,7 +3,7 @@
 A *family* is a way of partitioning every block the same way, proposed by a strategy with
 fixed options; ``auto`` (:mod:`rkpart.auto`) slices each family's whole-model partition
 per block into candidates for the cost model (:mod:`rkpart.cost_model.candidates`), ``auto
---toolkit`` compiles one block per anatomy of each (``auto.ground_candidates``), and
+--toolkit`` compiles one block per anatomy of each (``grounding.ground_candidates``), and
 ``rkpart tune`` profiles each (:mod:`rkpart.tune`).  The families:
 
 ``split``            one NPU stage per branch, AdaLN + gates + residuals on the host
