@@ -4,7 +4,7 @@ prediction made before compiling and its error, and what ``auto`` chooses under 
 For each candidate family ``auto`` chooses from (split, split with AdaLN on the NPU, fused, fused x2)
 the model is partitioned (weights linked) and one block per anatomy is compiled (or taken from the
 build cache) with ``--toolkit``: exactly what ``rkpart partition --strategy auto --toolkit V`` does
-(:func:`rkpart.auto.ground_candidates`).  Then ``auto`` itself runs under the target's default
+(:func:`rkpart.grounding.ground_candidates`).  Then ``auto`` itself runs under the target's default
 budget and the table says how many blocks it keeps resident.
 
 Usage: ``.venv/bin/python bench/device_table.py MODEL.onnx [MODEL.onnx ...] [--toolkit 2.5.0]
