@@ -134,78 +134,63 @@ def _npu_outputs(mg: ModelGraph, part: Partition) -> list[list[str]]:
     return [list(outputs_of(mg, g.ops)) for g in part.groups if g.device == "npu"]
 
 
-class _Graph:
-    """The graph one proposal is at, and its discovery, made once per graph."""
-
-    def __init__(self, mg: ModelGraph, disc: Discovery | None, needs_blocks: bool, progress: Progress) -> None:
-        self.mg, self._disc, self._needs, self._progress = mg, disc, needs_blocks, progress
-
-    def becomes(self, mg: ModelGraph) -> None:
-        self.mg, self._disc = mg, None
-
-    def blocks(self) -> Discovery | None:
-        """The discovery the strategy is given (``None`` for one that needs none)."""
-        if self._needs and self._disc is None:
-            self._disc = discover_with_progress(self.mg, self._progress)
-        return self._disc if self._needs else None
-
-    @property
-    def discovery(self) -> Discovery | None:
-        return self._disc
+def _group(mg: ModelGraph, disc: Discovery | None, needs_blocks: bool, group: Grouping,
+           progress: Progress) -> tuple[Partition, Discovery | None]:
+    """The strategy's groups for ``mg``, made acyclic (stages that feed each other are re-cut or
+    merged, and noted), and ``mg``'s discovery: ``disc``, or made here for a strategy that needs it."""
+    if needs_blocks and disc is None:
+        disc = discover_with_progress(mg, progress)
+    return acyclic(mg, group(mg, disc if needs_blocks else None)), disc
 
 
 def _propose_once(graph: ModelGraph, discovery: Discovery | None, needs_blocks: bool, group: Grouping,
                   placement: Placement, progress: Progress) -> tuple[Proposal, list[str]]:
     """One proposal of :func:`propose` and the progress lines it has for the user (said once, for the
-    proposal kept)."""
-    at = _Graph(graph, discovery, needs_blocks, progress)
+    proposal kept).  Each view makes a new graph, discovered again and grouped again."""
     lines: list[str] = []
-
-    def again(mg: ModelGraph) -> Partition:
-        at.becomes(mg)
-        return acyclic(at.mg, group(at.mg, at.blocks()))
-
-    # any strategy, plugins too: stages that feed each other are re-cut or merged (and noted),
-    # before the capability pass, which relies on convex groups
-    part = acyclic(at.mg, group(at.mg, at.blocks()))
-    if reads_wide_inputs(at.mg, part):
+    # any strategy, plugins too, before the capability pass, which relies on convex groups
+    mg = graph
+    part, disc = _group(mg, discovery, needs_blocks, group, progress)
+    if reads_wide_inputs(mg, part):
         # an NPU stage would take a model input of rank > 4 (a CPU Reshape on 2.3.0): read such
         # inputs through a rank-4 view (the strategies hand the view to the stage) and propose again
-        part = again(with_rank4_inputs(at.mg))
-    narrow = narrow_npu_inputs(at.mg, part)
+        mg = with_rank4_inputs(mg)
+        part, disc = _group(mg, None, needs_blocks, group, progress)
+    narrow = narrow_npu_inputs(mg, part)
     if narrow:
         # an NPU stage would take a rank-3 tensor with an unaligned last dim from the host (the
         # toolkit converts it on the CPU): hand it a rank-4 view, reshaped back inside the stage
-        part = again(with_rank4_views(at.mg, narrow))
+        mg = with_rank4_views(mg, narrow)
+        part, disc = _group(mg, None, needs_blocks, group, progress)
     lines += [note for note in part.notes if " cycle " in note]
     # read after the strategy ran: auto's grounding builds (rkpart.grounding) may have taught the store
     cap = target_capability(placement.target, placement.version, learned=placement.learned,
                             rewrites=placement.rewrites) if placement.capability else None
     said: list[str] = []
     if cap is not None:
-        part = apply_capability(at.mg, part, cap, placement.force_host, said.append)
+        part = apply_capability(mg, part, cap, placement.force_host, said.append)
     for _ in range(VIEW_PASSES):
-        narrow = narrow_crossings(at.mg, part)
+        narrow = narrow_crossings(mg, part)
         if not narrow:
             break
         # the moves left a tensor the toolkit converts on the CPU (rank 3 with an unaligned last dim,
         # rank > 4) crossing into or out of an NPU stage: it crosses as a rank-4 view, and the model
         # is proposed again (the moves on the new graph can leave another such crossing: again)
-        part = again(with_rank4_views(at.mg, narrow))
+        mg = with_rank4_views(mg, narrow)
+        part, disc = _group(mg, None, needs_blocks, group, progress)
         said = []
         if cap is not None:
-            part = apply_capability(at.mg, part, cap, placement.force_host, said.append)
-        part = settle_rank4_views(at.mg, part)
+            part = apply_capability(mg, part, cap, placement.force_host, said.append)
+        part = settle_rank4_views(mg, part)
     lines += said
     if placement.cut_before:
-        part, cuts = cut_before(at.mg, part, placement.cut_before)
+        part, cuts = cut_before(mg, part, placement.cut_before)
         if cuts:
             rec = dict(part.extra.get("capability") or {})
             part = dataclasses.replace(part, extra={**part.extra, "capability": {**rec, "cuts": cuts}})
-    notes = capability_notes(at.mg, part, placement.target, placement.toolkit)
-    disc = at.blocks()
-    if disc is not None:
-        low = coverage_note(at.mg, npu_coverage(at.mg, disc, part.groups))
+    notes = capability_notes(mg, part, placement.target, placement.toolkit)
+    if needs_blocks and disc is not None:
+        low = coverage_note(mg, npu_coverage(mg, disc, part.groups))
         if low is not None:
             notes.append(f"{part.strategy}: {low}")
     lines += [f"warning: {note}" for note in notes]
@@ -214,7 +199,7 @@ def _propose_once(graph: ModelGraph, discovery: Discovery | None, needs_blocks: 
         notes.append(f"strategy {part.strategy} put no stage on the NPU: the whole model runs on the host")
     if notes:
         part = dataclasses.replace(part, notes=(*part.notes, *notes))
-    return Proposal(at.mg, at.discovery, part), lines
+    return Proposal(mg, disc, part), lines
 
 
 __all__ = ["MERGE_PASSES", "Grouping", "Placement", "Proposal", "propose"]
