@@ -28,7 +28,7 @@ that does not depend on what earlier runs learned (``--empty-cache``: each famil
 ``python scripts/npu_table.py --merge ALL.md OUT.md [OUT2.md ...]`` writes the rows of such tables as one
 (later files win for a repeated row; newest toolkit first, then by family).
 ``python scripts/npu_table.py --pivot OUT.md [OUT2.md ...]`` prints the rows of such tables as the
-README's per-family table (one row per family, exporter and toolkit; split and fused side by side).
+docs/npu-stages.md's per-family table (one row per family, exporter and toolkit; split and fused side by side).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def read_table(path: Path, strict: bool = False) -> tuple[list[str], list[tuple[
 
 
 def pivot(tables: list[Path]) -> str:
-    """The README table from :func:`main`'s output files (later files win for a repeated row)."""
+    """The docs/npu-stages.md table from :func:`main`'s output files (later files win for a repeated row)."""
     rows: dict[tuple[str, str, str, str], dict[str, str]] = {}
     for t in tables:
         for r, _ in read_table(t)[1]:
