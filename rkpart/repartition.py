@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from rkpart.compile.compile import CompileOptions, CompileReport, compile_folder, learn_placements
+from rkpart.compile.compile import CompileOptions, CompileReport, compile_folder, learn_placements, traced_layers
 from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import UserError
-from rkpart.grouping.learned import CpuLayer, forced_host, traced_layers
+from rkpart.grouping.learned import CpuLayer, forced_host
 from rkpart.io import file_sha256, read_npz
 from rkpart.ir import graph_io
 from rkpart.pipeline import PartitionConfig, available, get_strategy, load, propose, write_plan

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import resource
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,6 +27,9 @@ from rkpart.cli_args import (
     toolkit_option,
 )
 from rkpart.progress import Reporter
+
+if TYPE_CHECKING:
+    from rkpart.cost_model.select import Selection
 
 
 def peak_rss_mib() -> float:
@@ -117,7 +121,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
         raise click.UsageError("--explain applies to --strategy auto only")
     # the auto strategy reports its Selection here (for --explain); the last is the plan's: a proposal made again
     # (rank-4 views) works on the new graph the views make
-    selections: list[Any] = []
+    selections: list[Selection] = []
     if compile_candidates is not None and (strategy != "auto" or auto_toolkit is None):
         raise click.UsageError("--compile-candidates/--no-compile-candidates apply to --strategy auto with --toolkit")
     say = Reporter(quiet=quiet)
@@ -166,7 +170,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     click.echo(f"peak RSS: {peak_rss_mib():.1f} MiB")
 
 
-def capability_lines(cap: Any, limit: int = 12) -> list[str]:
+def capability_lines(cap: Mapping[str, Any] | None, limit: int = 12) -> list[str]:
     """What ``rkpart partition`` says of the ops its capability moved to the host (plan ``extra.capability``)."""
     if not cap or not cap.get("host_ops"):
         return []

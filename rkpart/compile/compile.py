@@ -37,6 +37,7 @@ from rkpart.compile.scheduler import (
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.compile.user_cache import touch, user_cache_dir
 from rkpart.errors import ToolkitError, UserError, os_error
+from rkpart.grouping.learned import CpuLayer, learn, trace_cpu_layers
 from rkpart.io import default_cache_dir, file_sha256, folder_lock
 from rkpart.plan.plan import Artifact, Plan, Stage, load_plan
 from rkpart.plan.verify import stage_onnx
@@ -214,14 +215,35 @@ def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
     return report
 
 
-def learn_placements(report: CompileReport, folder: Path, target: str, progress: Progress | None = None) -> list[Any]:
-    """Record the CPU layers of ``report``'s NPU stages in the learned-placement store
-    (:mod:`rkpart.grouping.learned`); returns them, traced to their ops (``CpuLayer``), for a
-    caller that acts on them too (``rkpart compile --repartition``)."""
-    from rkpart.grouping.learned import learn, traced_layers
+def traced_layers(report: CompileReport, folder: Path) -> list[CpuLayer]:
+    """The CPU layers of every NPU stage ``report`` built or took from the cache, traced to the ops of
+    the file the toolkit built (the prepared copy when rkpart lowered or rewrote the stage: its
+    surviving ops keep their names; :func:`rkpart.grouping.learned.trace_cpu_layers`)."""
+    stages = {s.id: s for s in report.plan.stages}
+    out: list[CpuLayer] = []
+    for o in report.outcomes:
+        a = o.artifact
+        if a is None or not a.cpu_ops or o.stage_id not in stages:
+            continue
+        st = stages[o.stage_id]
+        rel = (st.prepared or {}).get("file") or st.file
+        path = folder / rel
+        if not path.is_file():
+            continue
+        try:
+            out += trace_cpu_layers(o.stage_id, path, a.cpu_ops)
+        except UserError:  # a stage file that no longer loads teaches nothing
+            continue
+    return out
 
+
+def learn_placements(report: CompileReport, folder: Path, target: str,
+                     progress: Progress | None = None) -> list[CpuLayer]:
+    """Record the CPU layers of ``report``'s NPU stages in the learned-placement store
+    (:mod:`rkpart.grouping.learned`); returns them, traced to their ops, for a caller that acts
+    on them too (``rkpart compile --repartition``)."""
     layers = traced_layers(report, folder)
-    by_toolkit: dict[str, list[Any]] = {}
+    by_toolkit: dict[str, list[CpuLayer]] = {}
     toolkit_of = {o.stage_id: o.artifact.toolkit for o in report.outcomes if o.artifact is not None}
     for x in layers:
         by_toolkit.setdefault(toolkit_of[x.stage], []).append(x)

@@ -60,7 +60,7 @@ import onnx
 from rkpart.cost_model.fitting import error_summary, nnls_relative
 from rkpart.ir import ModelGraph, Subgraph, graph_of
 from rkpart.ir.liveness import Lifetimes, stage_lifetimes
-from rkpart.plan.plan import Plan
+from rkpart.plan.plan import Plan, Stage
 from rkpart.plan.verify import stage_onnx
 
 #: what ``eval_memory()`` adds to weight + internal on a board (command buffers): not counted by
@@ -360,7 +360,7 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
                           io16=int(io16), att16=att16, hnorm16=int(hnorm16))
 
 
-def stage_memory_features(folder: str | Path, stage: Any) -> MemoryFeatures:
+def stage_memory_features(folder: str | Path, stage: Stage) -> MemoryFeatures:
     """:class:`MemoryFeatures` of one stage file of a plan folder (weights not loaded)."""
     path = stage_onnx(Path(folder), stage)
     model = onnx.load_model(str(path), format="protobuf", load_external_data=False)

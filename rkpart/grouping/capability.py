@@ -40,6 +40,7 @@ from rkpart.ir.infer import inferred_value_infos
 from rkpart.ir.standalone import subgraph_model
 from rkpart.ir.tensors import np_dtype_name
 from rkpart.ir.work import op_macs
+from rkpart.progress import Progress
 from rkpart.targets.capability import TOOLKIT_DTYPES, Capability, PlacementPattern, dims_class
 
 #: capability passes over the groups the previous pass left (each one only moves ops to the host)
@@ -467,7 +468,7 @@ def _level(mg: ModelGraph, ops: frozenset[int], step: Callable[[int, int], bool]
 
 
 def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_host: Mapping[str, str] | None = None,
-                     progress: Any = None) -> Partition:
+                     progress: Progress | None = None) -> Partition:
     """``part`` with every op ``cap`` does not run on the NPU moved to the host (with the
     neighbours of the cheapest cut), the moves recorded in ``extra.capability``."""
     out, moved = part, list[HostOp]()

@@ -29,9 +29,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes, default_cache_dir
 from rkpart.targets import TARGETS, get_target
 from rkpart.targets.capability import Capability, PlacementPattern
@@ -220,28 +218,6 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
     return out
 
 
-def traced_layers(report: Any, folder: Path) -> list[CpuLayer]:
-    """The CPU layers of every NPU stage ``report`` (a :class:`~rkpart.compile.compile.CompileReport`)
-    built or took from the cache, traced to the ops of the file the toolkit built (the prepared
-    copy when rkpart lowered or rewrote the stage: its surviving ops keep their names)."""
-    stages = {s.id: s for s in report.plan.stages}
-    out: list[CpuLayer] = []
-    for o in report.outcomes:
-        a = o.artifact
-        if a is None or not a.cpu_ops or o.stage_id not in stages:
-            continue
-        st = stages[o.stage_id]
-        rel = (st.prepared or {}).get("file") or st.file
-        path = folder / rel
-        if not path.is_file():
-            continue
-        try:
-            out += trace_cpu_layers(o.stage_id, path, a.cpu_ops)
-        except UserError:  # a stage file that no longer loads teaches nothing
-            continue
-    return out
-
-
 def forced_host(layers: Iterable[CpuLayer]) -> Mapping[str, str]:
     """Op name -> why, for the traced layers of one plan's build (``rkpart compile --repartition``)."""
     out: dict[str, str] = {}
@@ -258,5 +234,4 @@ def forced_host(layers: Iterable[CpuLayer]) -> Mapping[str, str]:
     return dict(sorted(out.items()))
 
 
-__all__ = ["CpuLayer", "forced_host", "learn", "load_learned", "store_path", "target_capability", "trace_cpu_layers",
-           "traced_layers"]
+__all__ = ["CpuLayer", "forced_host", "learn", "load_learned", "store_path", "target_capability", "trace_cpu_layers"]

@@ -35,10 +35,10 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
@@ -63,6 +63,10 @@ from rkpart.ir.tensors import (
     value_type,
 )
 
+if TYPE_CHECKING:
+    from google.protobuf.descriptor import FieldDescriptor
+    from google.protobuf.message import Message
+
 MIN_OPSET, MAX_OPSET = 7, 23
 #: constant results up to this size are folded into initializers at load time
 FOLD_LIMIT = 1 << 16
@@ -78,6 +82,7 @@ def load_model(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     data_shapes: Mapping[str, TensorType] | None = None,
 ) -> ModelGraph:
+
     """Parse, validate and index an ONNX model.
 
     Parameters
@@ -380,18 +385,18 @@ def _check_parsed(model: onnx.ModelProto, path: Path) -> None:
         raise InvalidModelError(f"{path} is not an ONNX model (no graph nodes)")
 
 
-def _repeated(fd: Any) -> bool:
+def _repeated(fd: FieldDescriptor) -> bool:
     # protobuf >= 5 has is_repeated (and later drops .label); older ones only .label
     rep = getattr(fd, "is_repeated", None)
     return bool(rep) if rep is not None else bool(fd.label == fd.LABEL_REPEATED)
 
 
 #: per field: 0 a message, 1 repeated messages, 2 a string, 3 repeated strings, 4 anything else
-_FIELD_KINDS: dict[Any, int] = {}
+_FIELD_KINDS: dict[FieldDescriptor, int] = {}
 _is_bytes = bytes.__instancecheck__
 
 
-def _field_kind(fd: Any) -> int:
+def _field_kind(fd: FieldDescriptor) -> int:
     kind = _FIELD_KINDS.get(fd)
     if kind is None:
         from google.protobuf.descriptor import FieldDescriptor as FD
@@ -403,7 +408,7 @@ def _field_kind(fd: Any) -> int:
     return kind
 
 
-def _has_bad_text(msg: Any) -> bool:
+def _has_bad_text(msg: Message) -> bool:
     """Whether any string field under ``msg`` is not valid UTF-8 (:func:`_check_text` without
     building a location per field: the common case of a good model is checked fast)."""
     kinds = _FIELD_KINDS
@@ -426,7 +431,7 @@ def _has_bad_text(msg: Any) -> bool:
     return False
 
 
-def _check_text(msg: Any, path: Path, where: str = "model") -> None:
+def _check_text(msg: Message, path: Path, where: str = "model") -> None:
     """Refuse string fields that are not valid UTF-8 (a corrupt or crafted file).
 
     protobuf (upb) parses them anyway and hands them out as ``bytes`` instead of ``str``,
@@ -1003,7 +1008,7 @@ class _Shapes(Mapping[str, tuple[int | str, ...]]):
         shp = self._get(name)
         return default if shp is None else shp
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[str]:
         self._infer()
         return iter(n for n in {**(self._infos or {}), **self._inits} if self._get(n) is not None)
 

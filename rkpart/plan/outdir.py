@@ -22,11 +22,14 @@ import os
 import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rkpart.errors import OutputExistsError, SpecError, UserError
 from rkpart.io import external_locations, file_sha256, locations_in
 from rkpart.output import MARKER, check_staging_path, is_leftover_temp, legacy_problem, owned_problem, read_marker
+
+if TYPE_CHECKING:
+    import onnx
 
 #: what rkpart writes into a plan folder (partition: plan.json, stages/, the output marker of
 #: :mod:`rkpart.output`; compile: rknn/)
@@ -46,7 +49,7 @@ class _Group(Protocol):
     def ops(self) -> frozenset[int]: ...
 
 
-def model_files(model: Path, proto: Any = None) -> list[Path]:
+def model_files(model: Path, proto: onnx.ModelProto | None = None) -> list[Path]:
     """The model file and its external-data files (already confined by the model loader).
 
     ``proto``: the parsed model, to avoid parsing it again.
@@ -55,7 +58,7 @@ def model_files(model: Path, proto: Any = None) -> list[Path]:
     return [model, *(model.parent / loc for loc in locs)]
 
 
-def file_identity(path: Path) -> list[Any]:
+def file_identity(path: Path) -> list[str | int]:
     """What identifies a file's current bytes without reading them: name, size, device, inode,
     modification and change time (``ctime`` moves on every write and ``utime``, and cannot be
     set back by a user)."""
@@ -63,7 +66,8 @@ def file_identity(path: Path) -> list[Any]:
     return [path.name, st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def resume_key(model: Path, proto: Any, strategy: str, options: Any, groups: Sequence[_Group], *,
+def resume_key(model: Path, proto: onnx.ModelProto | None, strategy: str, options: Mapping[str, Any],
+               groups: Sequence[_Group], *,
                external_threshold: int, simplify: bool, input_shapes: Mapping[str, Any] | None,
                model_sha256: str | None = None, variant: Mapping[str, Any] | None = None) -> str:
     """The identity of a partition run: a staging folder written under another key is not reused.

@@ -39,7 +39,7 @@ from typing import Any, Literal
 from onnx import TensorProto
 
 from rkpart.errors import InvalidModelError, SpecError
-from rkpart.io import fsync_path
+from rkpart.io import Hash, fsync_path
 from rkpart.ir import ModelGraph
 
 WeightsMode = Literal["copy", "link"]
@@ -106,7 +106,7 @@ def put_bytes(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def write_pieces(pieces: list[Piece], path: Path, h: Any = None) -> int:
+def write_pieces(pieces: list[Piece], path: Path, h: Hash | None = None) -> int:
     """Write the concatenation of ``pieces`` as the file ``path`` (created or truncated, see
     :func:`open_new`), feeding the same bytes to the hash object ``h`` (when given); returns
     the bytes written.
