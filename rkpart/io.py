@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from rkpart.errors import OutputExistsError, SpecError, UserError, first_line
+from rkpart.types import JsonObject
 
 if TYPE_CHECKING:  # numpy and onnx are imported where they are used: rkpart's CLI starts without them
     import numpy as np
@@ -556,7 +557,7 @@ def read_npz(path: str | os.PathLike[str], *, what: str, names: Iterable[str] | 
         if f.read(6) == b"\x93NUMPY":
             raise error(f"{what} {p} is a single .npy array, not an .npz with one array per name")
     fmt = np.lib.format
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     try:
         with zipfile.ZipFile(p) as zf:
             members = {n[: -len(".npy")]: n for n in zf.namelist() if n.endswith(".npy")}

@@ -52,6 +52,7 @@ from rkpart.plan.write import prepare_out, write_partition
 from rkpart.progress import Progress, silent
 from rkpart.targets import DEFAULT_TARGET, TARGETS
 from rkpart.targets.capability import Capability
+from rkpart.types import JsonMap
 
 # -- the loaded model ---------------------------------------------------------------------
 
@@ -140,7 +141,7 @@ class PartitionConfig:
     all of it off (the strategy's grouping is written as proposed).
     """
 
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: JsonMap = field(default_factory=dict)
     force: bool = False
     external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD
     simplify: bool = False
@@ -309,7 +310,7 @@ def partition(
                                           Path(inputs) if inputs is not None else None))
 
 
-def check_options(strategy: str | Strategy, options: Mapping[str, Any]) -> Any:
+def check_options(strategy: str | Strategy, options: JsonMap) -> Any:
     """Refuse options that do not fit ``strategy`` (the CLI's flags), before anything is loaded:
     :func:`~rkpart.grouping.strategies.base.check_strategy_options` with every registered strategy's
     options known, so that an option of another strategy is named as such; then the strategy's

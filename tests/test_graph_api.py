@@ -85,6 +85,7 @@ def test_no_module_above_ir_reads_the_loaded_models_protos() -> None:
     assert not bad, bad
 
 
+@pytest.mark.slow  # parses every module of the package (about 1 s)
 def test_one_module_runs_shape_inference() -> None:
     """Inside ``rkpart.ir`` too, ONNX shape inference runs in :mod:`rkpart.ir.infer` only (one helper:
     on a copy without the large weights)."""

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -29,6 +28,7 @@ from rkpart.cli_args import (
 from rkpart.errors import ResourceError, ToolkitError
 from rkpart.progress import Reporter
 from rkpart.targets.rewrites import SKIPPABLE_REWRITES
+from rkpart.types import JsonMap, JsonObject
 from rkpart.units import MIB, human_bytes
 
 if TYPE_CHECKING:  # the compiler is imported when a command runs, not with the CLI
@@ -138,7 +138,7 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 @quiet_option
 @json_option(help="Print a machine-readable summary on stdout.")
 @user_errors
-def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, Any], jobs: int,
+def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: JsonObject, jobs: int,
                 timeout: float | None, fallback_toolkit: str | None, cache_dir: str | None, no_cache: bool,
                 stage_ids: tuple[str, ...], retry_failed: bool, rewrites: bool, skip_rewrites: tuple[str, ...],
                 repartition: bool, strict_npu: bool,
@@ -193,7 +193,7 @@ def _plan_precision_line(report: CompileReport) -> list[str]:
     return [f"precision: as --strategy auto chose it (plan.json strategy.options.precision): {', '.join(quantized)}"]
 
 
-def _rounds_json(rounds: list[RepartitionRound], stuck: list[str]) -> dict[str, Any]:
+def _rounds_json(rounds: list[RepartitionRound], stuck: list[str]) -> JsonObject:
     return {"rounds": [{"round": r.round, "moved": list(r.moved), "cpu_layers_before": r.cpu_layers_before,
                         "cpu_layers_after": r.cpu_layers_after, "cut_before": list(r.cut_before),
                         "failed_before": r.failed_before, "failed_after": r.failed_after,
@@ -265,7 +265,7 @@ def _compiler_columns(plan: CompilerPlan | None) -> tuple[str, str, str]:
     return (m(plan.weight_bytes), m(plan.internal_bytes), cycles)
 
 
-def range_check_lines(settings: Mapping[str, Any]) -> list[str]:
+def range_check_lines(settings: JsonMap) -> list[str]:
     """The fp16 range check of a compile given --calibration (nothing without one)."""
     if "fp16_range" not in settings:
         return []

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from rkpart.cli_args import bundled_example, json_option, lowering_note, model_argument, shape_option
+from rkpart.types import JsonObject
 from rkpart.units import mib
 
 if TYPE_CHECKING:
@@ -64,7 +65,7 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], inputs_file:
         click.echo(f"note: {note} (when compiled)")
 
 
-def inspect_report(mg: ModelGraph, disc: Discovery) -> dict[str, Any]:
+def inspect_report(mg: ModelGraph, disc: Discovery) -> JsonObject:
     """``rkpart inspect --json`` from the graph's facts: :func:`rkpart.ir.describe`, the discovery,
     and per block and region the tensor names to cut at (a custom spec's ``cut``): the residual
     stream into and out of every region, and what enters its core after the AdaLN."""
@@ -73,7 +74,7 @@ def inspect_report(mg: ModelGraph, disc: Discovery) -> dict[str, Any]:
 
     blocks = disc.summary()
     for b, summary in zip(disc.blocks, blocks, strict=True):
-        regions: list[dict[str, Any]] = summary["regions"]  # type: ignore[assignment]
+        regions: list[JsonObject] = summary["regions"]  # type: ignore[assignment]
         for r, rs in zip(b.regions, regions, strict=True):
             rs["input"] = [br.skip for br in r.branches]
             rs["core_inputs"] = sorted({t for br in r.branches for t in br.core_in})

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import resource
-from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -27,6 +26,7 @@ from rkpart.cli_args import (
     toolkit_option,
 )
 from rkpart.progress import Reporter
+from rkpart.types import JsonMap, JsonObject
 
 if TYPE_CHECKING:
     from rkpart.cost_model.select import Selection
@@ -95,7 +95,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
               modulation: str | None, blocks_per_stage: int | None, spec: Path | None, budget_mib: float | None,
               no_budget: bool, cost_model: Path | None, accuracy: Path | None, auto_toolkit: str | None,
               capability: bool, steps: int | None, cfg: bool | None, compile_candidates: bool | None, explain: bool,
-              options: dict[str, Any],
+              options: JsonObject,
               shapes: dict[str, tuple[int, ...]], inputs_file: Path | None, simplify: bool, external_threshold: int,
               weights: str, force: bool,
               quiet: bool, as_json: bool) -> None:
@@ -111,7 +111,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
              "spec": spec, "budget_mib": budget_mib, "cost_model": cost_model, "accuracy": accuracy,
              "toolkit": auto_toolkit if strategy == "auto" else None,
              "steps": steps, "cfg": cfg}
-    opts: dict[str, Any] = {**options, **{k: v for k, v in flags.items() if v is not None}}
+    opts: JsonObject = {**options, **{k: v for k, v in flags.items() if v is not None}}
     check_options(strategy, opts)  # the pipeline's one rule for strategy options (UserError, exit 2)
     if no_budget:
         if budget_mib is not None or strategy != "auto":
@@ -170,7 +170,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     click.echo(f"peak RSS: {peak_rss_mib():.1f} MiB")
 
 
-def capability_lines(cap: Mapping[str, Any] | None, limit: int = 12) -> list[str]:
+def capability_lines(cap: JsonMap | None, limit: int = 12) -> list[str]:
     """What ``rkpart partition`` says of the ops its capability moved to the host (plan ``extra.capability``)."""
     if not cap or not cap.get("host_ops"):
         return []

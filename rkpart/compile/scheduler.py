@@ -20,13 +20,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from rkpart.compile.runner import BuildJob, BuildResult, run_build
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes, default_cache_dir, load_json_file  # noqa: F401 (default_cache_dir: here before io)
+from rkpart.types import JsonObject
 from rkpart.units import GIB, MIB
 
 #: what importing the toolkit and building a tiny graph costs (measured ~0.5-0.7 GB)
@@ -100,7 +100,7 @@ class _Running:
 
 
 #: what :meth:`Scheduler.run` calls with each build event (a dict), not a line of text
-Events = Callable[[dict[str, Any]], None]
+Events = Callable[[JsonObject], None]
 
 
 class Scheduler:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
+
+from rkpart.types import JsonObject
 
 
 def nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -34,7 +35,7 @@ def nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.asarray(c / norms, dtype=float)
 
 
-def error_summary(pred: Sequence[float], meas: Sequence[float]) -> dict[str, Any]:
+def error_summary(pred: Sequence[float], meas: Sequence[float]) -> JsonObject:
     """Share of predictions within +-10 % and +-20 % of the measurement, median |% error|."""
     ape = [abs(p - m) / abs(m) * 100.0 for p, m in zip(pred, meas, strict=True) if m]
     if not ape:

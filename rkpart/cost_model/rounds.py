@@ -27,15 +27,14 @@ by a model (per-stage components and glue) fitted without it.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from rkpart.cost_model.features import GLUE_TERMS, Features
 from rkpart.cost_model.model import Accuracy, Component, CostModel, Provenance, Sample, error_summary
-from rkpart.types import HOST
+from rkpart.types import HOST, JsonMap, JsonObject
 
 #: lifecycle components paid once per call of a per-stage stage, once per round of a resident one
 LIFE = ("load", "init", "release")
@@ -152,12 +151,12 @@ def refit_with_rounds(samples: Sequence[Sample], rounds: Sequence[RoundSample],
 
 
 def whole_plan_cv(samples: Sequence[Sample], rounds: Sequence[RoundSample],
-                  base: CostModel | None = None) -> dict[str, Any]:
+                  base: CostModel | None = None) -> JsonObject:
     """Held-out error of whole-round predictions: leave one profiled plan out (>= 3 plans)."""
     groups = sorted({r.group for r in rounds})
     pred: list[float] = []
     meas: list[float] = []
-    rows: list[dict[str, Any]] = []
+    rows: list[JsonObject] = []
     if len(groups) < 3:
         return {"method": "none (fewer than 3 profiled plans)", **error_summary([], []), "plans": []}
     for g in groups:
@@ -209,7 +208,7 @@ def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 
 
-def round_time(r: Mapping[str, Any]) -> float | None:
+def round_time(r: JsonMap) -> float | None:
     """What a measured round cost: its CPU time when recorded (robust on a machine shared with
     other jobs), else its wall time minus the profiler's snapshots."""
     tim = r.get("timings") or {}
@@ -220,7 +219,7 @@ def round_time(r: Mapping[str, Any]) -> float | None:
     return None if w is None else float(w)
 
 
-def round_seconds(round_records: Iterable[Mapping[str, Any]]) -> tuple[float | None, float | None]:
+def round_seconds(round_records: Iterable[JsonMap]) -> tuple[float | None, float | None]:
     """Median over measured round records of (wall minus snapshots, peak PSS in bytes)."""
     secs, pss = [], []
     for r in round_records:

@@ -42,6 +42,7 @@ from rkpart.ir.tensors import np_dtype_name
 from rkpart.ir.work import op_macs
 from rkpart.progress import Progress
 from rkpart.targets.capability import TOOLKIT_DTYPES, Capability, PlacementPattern, dims_class
+from rkpart.types import JsonObject
 
 #: capability passes over the groups the previous pass left (each one only moves ops to the host)
 _MAX_PASSES = 8
@@ -63,7 +64,7 @@ class HostOp:
     stage: str  # the NPU group it left
     why: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"op": self.name, "op_type": self.op_type, "from_stage": self.stage, "why": self.why}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -19,7 +18,7 @@ import numpy as np
 from rkpart.discovery.structure import Block
 from rkpart.errors import InternalError, SpecError
 from rkpart.ir import ModelGraph
-from rkpart.types import Device
+from rkpart.types import Device, JsonMap
 
 
 @dataclass(frozen=True)
@@ -38,11 +37,11 @@ class Group:
 @dataclass(frozen=True)
 class Partition:
     strategy: str
-    options: Mapping[str, Any]
+    options: JsonMap
     groups: tuple[Group, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: facts the plan records under ``extra`` (e.g. ``capability``: the ops moved to the host, why)
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: JsonMap = field(default_factory=dict)
 
 
 def block_id(b: Block) -> str:

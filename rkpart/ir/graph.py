@@ -13,7 +13,7 @@ here (and in :mod:`rkpart.ir.subgraph`), never re-derived by the packages above.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -30,6 +30,7 @@ from rkpart.ir.consts import constant_tensor, evaluate, inline_bytes, opsets_of
 from rkpart.ir.liveness import Lifetimes, lifetimes
 from rkpart.ir.subgraph import Subgraph, subgraph
 from rkpart.ir.tensors import TensorType, nbytes, tensor_nbytes
+from rkpart.types import JsonMap, JsonObject
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class OpNode:
                    inputs=tuple(node.input), outputs=tuple(node.output), scope=scope, _proto=node)
 
     @cached_property
-    def attrs(self) -> Mapping[str, Any]:
+    def attrs(self) -> JsonMap:
         """Attribute name -> decoded value (``onnx.helper.get_attribute_value``: ints, floats, bytes,
         ``TensorProto`` ...), in the node's order."""
         return MappingProxyType({a.name: helper.get_attribute_value(a) for a in self._proto.attribute})
@@ -96,7 +97,7 @@ class ModelGraph:
     #: shapes the data decided, specialised by a run on representative inputs
     #: (:func:`rkpart.runtime.specialise.load_specialised`): ``{"op", "node", "tensor", "shape",
     #: "inputs": {model input: sha256 of the array it was given}}`` per data-dependent op
-    specialised: tuple[dict[str, Any], ...] = ()
+    specialised: tuple[JsonObject, ...] = ()
     _index_ops: frozenset[int] | None = field(default=None, init=False, repr=False, compare=False)
     #: constant name -> (sample, sha256) of its bytes: caches of a frozen graph
     _samples: dict[str, bytes | None] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -371,7 +372,7 @@ def shape_as_constant(node: onnx.NodeProto, types: dict[str, TensorType]) -> onn
     )
 
 
-def describe(mg: ModelGraph) -> dict[str, Any]:
+def describe(mg: ModelGraph) -> JsonObject:
     """A small summary used by ``rkpart inspect``."""
     counts: dict[str, int] = {}
     for n in mg.op_nodes:

@@ -62,6 +62,7 @@ from rkpart.ir.tensors import (
     tensor_nbytes,
     value_type,
 )
+from rkpart.types import JsonObject
 
 if TYPE_CHECKING:
     from google.protobuf.descriptor import FieldDescriptor
@@ -181,7 +182,7 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
 
 
 def _graph(model: onnx.ModelProto, path: Path, index: _Index, types: dict[str, TensorType], opset: int,
-           specialised: tuple[dict[str, Any], ...] = ()) -> ModelGraph:
+           specialised: tuple[JsonObject, ...] = ()) -> ModelGraph:
     """Steps 7-8: classify constants and build the :class:`ModelGraph` of an indexed, typed model."""
     const_ops = frozenset(_const_ops(index.nodes, index.initializers, types))
     _check_outputs(index, const_ops, path)

@@ -20,13 +20,14 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rkpart.errors import OutputExistsError, SpecError, UserError
 from rkpart.io import external_locations, file_sha256, locations_in
 from rkpart.output import MARKER, check_staging_path, is_leftover_temp, legacy_problem, owned_problem, read_marker
+from rkpart.types import JsonMap
 
 if TYPE_CHECKING:
     import onnx
@@ -66,10 +67,10 @@ def file_identity(path: Path) -> list[str | int]:
     return [path.name, st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def resume_key(model: Path, proto: onnx.ModelProto | None, strategy: str, options: Mapping[str, Any],
+def resume_key(model: Path, proto: onnx.ModelProto | None, strategy: str, options: JsonMap,
                groups: Sequence[_Group], *,
-               external_threshold: int, simplify: bool, input_shapes: Mapping[str, Any] | None,
-               model_sha256: str | None = None, variant: Mapping[str, Any] | None = None) -> str:
+               external_threshold: int, simplify: bool, input_shapes: JsonMap | None,
+               model_sha256: str | None = None, variant: JsonMap | None = None) -> str:
     """The identity of a partition run: a staging folder written under another key is not reused.
 
     ``model_sha256``: the model file's sha256 when the caller has it (it is not hashed twice).

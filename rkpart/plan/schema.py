@@ -18,7 +18,7 @@ import numpy as np
 
 from rkpart.errors import SpecError
 from rkpart.io import bounded_integers
-from rkpart.types import DEVICES
+from rkpart.types import DEVICES, JsonObject
 
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _REL_PATH = {
@@ -159,7 +159,7 @@ _STAGE = {
     },
 }
 #: every integer bounded by :data:`rkpart.io.MAX_JSON_INT` (:func:`rkpart.io.bounded_integers`)
-PLAN_SCHEMA: dict[str, Any] = bounded_integers({
+PLAN_SCHEMA: JsonObject = bounded_integers({
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://rkpart.invalid/plan.schema.json",
     "title": "rkpart plan",

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 from rkpart.discovery.structure import Discovery
 from rkpart.errors import InvalidModelError, UserError, os_error
@@ -50,6 +50,7 @@ from rkpart.plan.outdir import PLAN_KIND, RUN_KEY_FILE, check_out, check_staging
 from rkpart.plan.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 from rkpart.plan.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
 from rkpart.progress import Progress
+from rkpart.types import JsonObject, PlanExtra
 
 #: stages whose weights may be in flight at once, and the threads moving them
 _IN_FLIGHT = 3
@@ -252,14 +253,14 @@ def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, group
     stages_dir.mkdir(exist_ok=True)
     journal = _read_journal(stages_dir) if resuming else {}
     linked: dict[str, str] | None = None
-    weights_record: dict[str, Any] | None = None
+    weights_record: JsonObject | None = None
     if weights == "link":
         linked, weights_record = link_files(mg, stages_dir)
         progress(f"linked {len(linked)} weights file(s) into {stages_dir.name}/{LINK_DIR}")
     stages: list[Stage | None] = []
     tensors: dict[str, TensorInfo] = {}
     pending: dict[int, tuple[PendingStage, Group, str]] = {}
-    infos: dict[str, Any] = {}  # value infos, shared by the stages a tensor crosses
+    infos: JsonObject = {}  # value infos, shared by the stages a tensor crosses
 
     def finish(i: int) -> None:
         job, g, fname = pending.pop(i)
@@ -320,9 +321,11 @@ def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, group
         stages=tuple(done),
         blocks=tuple(disc.summary()) if disc else (),
         specialised=mg.specialised,
-        extra={"discovery": disc.method if disc else None, "notes": list(part.notes), **dict(part.extra),
-               **({"npu_coverage": npu_coverage(mg, disc, groups).to_json()} if disc else {}),
-               **({"weights": weights_record} if weights_record else {})},
+        # the strategy's own keys come along (a plugin's are its own): PlanExtra names rkpart's
+        extra=cast(PlanExtra, {"discovery": disc.method if disc else None, "notes": list(part.notes),
+                               **dict(part.extra),
+                               **({"npu_coverage": npu_coverage(mg, disc, groups).to_json()} if disc else {}),
+                               **({"weights": weights_record} if weights_record else {})}),
     )
     with fast_writer(staging / PLAN_FILENAME) as tmp:
         tmp.write_bytes(plan.dumps().encode())

@@ -16,7 +16,7 @@ from rkpart.progress import Progress, advance, silent
 from rkpart.runtime import get_backend
 from rkpart.runtime.executor import ResidencyChoice, find_model, load_inputs, random_inputs, run_model, run_plan
 from rkpart.runtime.ort import OrtRunner
-from rkpart.types import NPU
+from rkpart.types import NPU, JsonObject
 from rkpart.validation.metrics import Gate, Metrics, compare
 
 
@@ -30,7 +30,7 @@ class RunReport:
     failures: list[str] = field(default_factory=list)
     reference_model: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "backend": self.backend,
             "reference_model": self.reference_model,

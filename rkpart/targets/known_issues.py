@@ -17,10 +17,12 @@ AdaLN SIGSEGV (reproduced)") and the seed write-up (section 2).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
+
+from rkpart.types import JsonMap, JsonObject
 
 
 class _ResultLike(Protocol):
@@ -80,7 +82,7 @@ class CrashPattern:
     """
 
     toolkit: str
-    when: Mapping[str, Any]
+    when: JsonMap
     what: str  # one line for "excluded: known issue: ..."
     source: str
 
@@ -88,12 +90,12 @@ class CrashPattern:
         return toolkit == self.toolkit and all(
             k in TRAIT_NAMES and getattr(traits, k) == v for k, v in self.when.items())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The row format cost-model JSON files carry (``known_issues``)."""
         return {"toolkit": self.toolkit, "when": dict(self.when), "what": self.what, "source": self.source}
 
     @classmethod
-    def from_json(cls, row: Mapping[str, Any]) -> CrashPattern:
+    def from_json(cls, row: JsonMap) -> CrashPattern:
         """A row of a cost-model file's ``known_issues`` (checked by :mod:`rkpart.cost_model.checks`)."""
         return cls(toolkit=str(row.get("toolkit")), when=dict(row.get("when", {})), what=str(row.get("what")),
                    source=str(row.get("source", "")))

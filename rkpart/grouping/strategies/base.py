@@ -21,7 +21,7 @@ from rkpart.grouping.groups import Group, Partition, acyclic, block_id, convex_h
 from rkpart.grouping.views import hand_over_rank4_views
 from rkpart.ir import ModelGraph
 from rkpart.ir.work import token_macs
-from rkpart.types import Device
+from rkpart.types import Device, JsonMap, JsonObject
 
 #: a strategy's options type
 OptionsT = TypeVar("OptionsT")
@@ -50,7 +50,7 @@ class Strategy(abc.ABC, Generic[OptionsT]):
     #: the frozen options dataclass :meth:`propose` takes (``None``: the keyword protocol, above)
     Options: ClassVar[Any] = None
 
-    def options_from(self, options: Mapping[str, Any]) -> Any:
+    def options_from(self, options: JsonMap) -> Any:
         """``options`` as this strategy's :attr:`Options`, converted and checked (a plugin without
         ``Options``: the mapping, read-only).  Raises :class:`~rkpart.errors.UserError`."""
         if self.Options is None:
@@ -63,7 +63,7 @@ class Strategy(abc.ABC, Generic[OptionsT]):
 
 
 def propose_with(strategy: Strategy[Any], mg: ModelGraph, disc: Discovery | None,
-                 options: Mapping[str, Any] | None = None, *, built: Any = None) -> Partition:
+                 options: JsonMap | None = None, *, built: Any = None) -> Partition:
     """``strategy``'s partition with ``options`` (a mapping, built into its ``Options`` here) or
     with options ``built`` by :meth:`Strategy.options_from`; the one way rkpart calls a strategy.
     A plugin without ``Options`` is called the keyword way, ``propose(mg, disc, **options)``."""
@@ -73,7 +73,7 @@ def propose_with(strategy: Strategy[Any], mg: ModelGraph, disc: Discovery | None
     return strategy.propose(mg, disc, opts)
 
 
-def option(options: Mapping[str, Any], key: str, default: Any, choices: tuple[Any, ...] | None = None) -> Any:
+def option(options: JsonMap, key: str, default: Any, choices: tuple[Any, ...] | None = None) -> Any:
     v = options.get(key, default)
     if v is None:
         v = default
@@ -82,7 +82,7 @@ def option(options: Mapping[str, Any], key: str, default: Any, choices: tuple[An
     return v
 
 
-def check_strategy_options(strategy: Strategy, options: Mapping[str, Any], *,
+def check_strategy_options(strategy: Strategy, options: JsonMap, *,
                   known: Mapping[str, tuple[str, ...]] | None = None) -> None:
     """Refuse options ``strategy`` does not read, naming the closest one it does, and missing
     options it requires.  The one rule for strategy options: the CLI, the Python API and a
@@ -115,7 +115,7 @@ class GroupBuilder:
     """Collects ops into named groups; later assignments of an op never override earlier ones."""
 
     def __init__(self) -> None:
-        self._groups: dict[str, dict[str, Any]] = {}
+        self._groups: dict[str, JsonObject] = {}
         self._owner: dict[int, str] = {}
         self._notes: list[str] = []
 
@@ -289,7 +289,7 @@ class GroupBuilder:
                 if g["device"] == "npu":
                     self.add(gid, {i}, device="npu", region=g["region"], kind=g["kinds"][0])
 
-    def build(self, strategy: str, options: Mapping[str, Any], notes: tuple[str, ...] = (), *,
+    def build(self, strategy: str, options: JsonMap, notes: tuple[str, ...] = (), *,
               mg: ModelGraph | None = None, pinned: tuple[str, ...] = ()) -> Partition:
         """The partition of the groups added so far, made acyclic when the graph is known.
 

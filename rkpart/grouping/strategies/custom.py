@@ -22,7 +22,6 @@ Schema (documented in ``docs/custom-spec.md``)::
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,10 +42,11 @@ from rkpart.grouping.strategies.fused import FusedStrategy
 from rkpart.grouping.strategies.split import SplitStrategy
 from rkpart.io import loads_json, loads_yaml, read_limited
 from rkpart.ir import ModelGraph
+from rkpart.types import JsonMap, JsonObject
 
 _STAGE_ID = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
              "description": "Unique stage id (letters, digits, '_', '.', '-'; at most 64 characters)."}
-SPEC_SCHEMA: dict[str, Any] = {
+SPEC_SCHEMA: JsonObject = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "rkpart custom partition spec",
     "description": "Stages for --strategy custom (docs/custom-spec.md).",
@@ -128,7 +128,7 @@ def _count_items(data: Any, limit: int) -> int:
     return n
 
 
-def load_spec(path: str | Path) -> dict[str, Any]:
+def load_spec(path: str | Path) -> JsonObject:
     """Read and schema-check a custom spec; raises :class:`SpecError` with the offending path."""
     p = Path(path)
     kind = "JSON" if p.suffix == ".json" else "YAML"
@@ -174,10 +174,10 @@ def spec_schema_json() -> str:
 class CustomOptions:
     """``spec``: a spec file (YAML/JSON), or the spec itself as a mapping (validated when used)."""
 
-    spec: str | Path | Mapping[str, Any]
+    spec: str | Path | JsonMap
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> CustomOptions:
+    def from_mapping(cls, options: JsonMap) -> CustomOptions:
         spec = options.get("spec")
         if spec is None:
             raise SpecError("strategy custom needs --spec FILE")

@@ -7,15 +7,13 @@ prologue/epilogue run on the host.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from rkpart.discovery.structure import Discovery
 from rkpart.errors import UserError
 from rkpart.grouping.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
 from rkpart.ir import ModelGraph
-from rkpart.types import Device
+from rkpart.types import Device, JsonMap
 
 
 @dataclass(frozen=True)
@@ -26,7 +24,7 @@ class FusedOptions:
     modulation: Device = "npu"
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> FusedOptions:
+    def from_mapping(cls, options: JsonMap) -> FusedOptions:
         n = int(option(options, "blocks_per_stage", 1))
         if n < 1:
             raise UserError(f"blocks_per_stage must be >= 1, got {n}")
