@@ -1,7 +1,8 @@
-"""NPU rewrites: exactly equivalent forms of patterns a toolkit would place on the CPU.
+"""NPU rewrites: equivalent forms of patterns a toolkit would place on the CPU, or store padded.
 
 Each row of :data:`rkpart.targets.rewrites.REWRITES` naming one of these cites the measured
-placement that justifies it.
+placement that justifies it, and says whether it is exact: all are but ``reciprocal-mul-div``
+(one rounding fewer) and ``reduce-sum-matmul`` (the MatMul's summation order).
 """
 
 from __future__ import annotations
