@@ -309,6 +309,11 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
         from rkpart.compile.calibration import load_calibration
 
         load_calibration(opts.calibration).check_plan(plan)
+    if opts.precision_spec is not None:
+        # so is a bad --precision-spec (read again, whole, when the precisions are resolved below)
+        from rkpart.compile.precision import load_precision_spec
+
+        load_precision_spec(opts.precision_spec, plan)
     tk = _resolve(opts.toolkit, toolkits_dir)
     assert tk is not None
     fb = _resolve(opts.fallback_toolkit, toolkits_dir)
