@@ -20,9 +20,9 @@ and below this module, which lists it among the built-in strategies and runs its
 Package layers (``tests/test_import_dag.py`` enforces them; a package imports only from
 layers to its left, never back, not even inside a function)::
 
-    errors, types <- io, output, units, progress
+    errors, types <- io, output, units, progress, description <- export
       <- ir <- targets <- plugins <- discovery <- grouping <- plan
-      <- validation <- compile <- runtime <- triage <- profile <- cost_model <- bundle, report
+      <- validation, roles <- compile <- runtime <- triage <- profile <- cost_model <- bundle, report
       <- auto <- grounding <- pipeline <- repartition <- tune <- dropin <- cli_args <- commands <- cli
 """
 
@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.auto import AutoStrategy
+from rkpart.description import PipelineDescription
 from rkpart.discovery.recognizers import discover_with_progress
 from rkpart.discovery.structure import Discovery
 from rkpart.grouping import strategies
@@ -155,6 +156,8 @@ class PartitionConfig:
     force_host: Mapping[str, str] = field(default_factory=dict)
     #: op names an NPU stage is cut in front of, with why (a build crashed after fusing them)
     cut_before: Mapping[str, str] = field(default_factory=dict)
+    #: the pipeline description to record (``--pipeline``); None: ``pipeline.json`` beside the model, if any
+    pipeline: Path | None = None
 
     def __post_init__(self) -> None:
         # options are values a plan records; a callback goes to the strategy (AutoStrategy(report=...))
@@ -205,17 +208,21 @@ def propose(model: LoadedModel, strategy: str | Strategy, config: PartitionConfi
 
 
 def write_plan(model: LoadedModel, proposal: Proposal, out: str | os.PathLike[str],
-               config: PartitionConfig = PartitionConfig()) -> Plan:
+               config: PartitionConfig = PartitionConfig(), description: PipelineDescription | None = None) -> Plan:
     """Write ``proposal`` as the plan folder ``out``: its partition, cut from the graph it is of
-    (:func:`rkpart.plan.write.write_partition`)."""
+    (:func:`rkpart.plan.write.write_partition`), with ``description`` (the pipeline's
+    ``pipeline.json``) recorded in it."""
+    from rkpart.roles import description_attacher, record_description
+
     simplify = None
     if config.simplify:
         from rkpart.runtime.simplify import simplify_stage  # onnxsim and ONNX Runtime: only when asked
 
         simplify = simplify_stage
-    return write_partition(proposal.graph, proposal.discovery, proposal.partition, out, force=config.force,
-                           input_shapes=model.input_shapes, external_threshold=config.external_threshold,
-                           simplify=simplify, progress=config.progress, weights=config.weights)
+    return write_partition(proposal.graph, proposal.discovery, record_description(proposal.partition, description),
+                           out, force=config.force, input_shapes=model.input_shapes,
+                           external_threshold=config.external_threshold, simplify=simplify, progress=config.progress,
+                           weights=config.weights, attach=description_attacher(description))
 
 
 @dataclass(frozen=True)
@@ -246,7 +253,10 @@ def run_partition(opts: PartitionOptions) -> Plan:
     check_options(strat, opts.config.options)
     prepare_out(Path(os.path.abspath(opts.out)), opts.config.force, Path(opts.model))
     loaded = load(opts.model, opts.input_shapes, opts.config.progress, inputs=opts.inputs)
-    return write_plan(loaded, propose(loaded, strat, opts.config), opts.out, opts.config)
+    from rkpart.roles import describe_partition  # pipeline.json: checked against the model before any proposal
+
+    description = describe_partition(Path(opts.model), opts.config.pipeline, loaded.graph, opts.config.progress)
+    return write_plan(loaded, propose(loaded, strat, opts.config), opts.out, opts.config, description)
 
 
 def partition(
@@ -260,6 +270,7 @@ def partition(
     simplify: bool = False,
     progress: Progress = silent,
     weights: WeightsMode = "copy",
+    pipeline: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Plan:
     """Partition ``model`` with ``strategy`` and write the plan folder ``out``.
@@ -283,6 +294,9 @@ def partition(
     weights:
         ``copy`` (each stage gets its own data file) or ``link`` (no weights copied: stages
         reference the source's external data, linked into the plan folder).
+    pipeline:
+        The pipeline description (``pipeline.json``) to record in the plan, checked against the
+        model's inputs [default: ``pipeline.json`` beside the model, if there is one].
     **options:
         Strategy options (``adaln="npu"``, ``blocks_per_stage=2``, ``spec="spec.yaml"`` ...).
         ``toolkit="2.5.0"`` is taken by every strategy: the rknn-toolkit2 version whose capability
@@ -305,7 +319,8 @@ def partition(
     toolkit = options.get("toolkit") if strategy == "auto" else options.pop("toolkit", None)
     inputs = options.pop("inputs", None)
     config = PartitionConfig(options=options, force=force, external_threshold=external_threshold,
-                             simplify=simplify, progress=progress, weights=weights, toolkit=toolkit)
+                             simplify=simplify, progress=progress, weights=weights, toolkit=toolkit,
+                             pipeline=None if pipeline is None else Path(pipeline))
     return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes,
                                           Path(inputs) if inputs is not None else None))
 

@@ -202,7 +202,9 @@ def _write_again(plan: Plan, folder: Path, opts: CompileOptions, forced: Mapping
                              toolkit=opts.toolkit.version if isinstance(opts.toolkit, Toolkit) else opts.toolkit,
                              rewrites=opts.rewrites, force_host=forced, cut_before=cuts, progress=progress,
                              weights="link" if "weights" in plan.extra else "copy")
-    write_plan(loaded, propose(loaded, strat, config), folder, config)
+    from rkpart.roles import plan_description  # the plan's pipeline description stays with it
+
+    write_plan(loaded, propose(loaded, strat, config), folder, config, plan_description(plan, folder))
 
 
 def _specialised_inputs(plan: Plan) -> Path | None:

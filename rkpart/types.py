@@ -37,6 +37,9 @@ class PlanExtra(TypedDict, total=False):
     weights: JsonObject
     #: how the plan was compiled (``rkpart compile``'s settings: toolkit, target, precision, ...)
     compile: JsonObject
+    #: the pipeline description recorded in the plan (``file``, ``sha256``, ``pipeline``, ``values``,
+    #: ``values_sha256``: :mod:`rkpart.roles`, docs/pipeline-json.md)
+    pipeline: JsonObject
 
 #: where a stage runs: an NPU stage is compiled by rknn-toolkit2, a host stage runs in ONNX Runtime
 Device = Literal["npu", "host"]

@@ -29,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1] / "rkpart"
 #: lowest first; a package may import from its own layer and the layers before it
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "types"),
-    ("io", "output", "units", "progress"),
+    ("io", "output", "units", "progress", "description"),
+    ("export",),
     ("ir",),
     ("targets",),
     ("plugins",),
@@ -37,7 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("grouping",),
     ("plan",),
     ("recognizers", "strategies"),  # kept for plugins: the old paths, re-exporting discovery/ and grouping/
-    ("validation",),
+    ("validation", "roles"),
     ("compile",),
     ("runtime",),
     ("triage",),

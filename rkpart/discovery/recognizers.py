@@ -360,8 +360,7 @@ def discover_with_progress(mg: ModelGraph, progress: Progress = silent) -> Disco
     """:func:`discover`, saying so on ``progress`` (what the partition flow shows while it finds blocks)."""
     progress("discovering blocks")
     disc = discover(mg)
-    progress(f"found {len(disc.blocks)} blocks by {disc.method}: "
-             f"{', '.join(r.name for r in disc.blocks[0].regions)} per block")
+    progress(f"found {len(disc.blocks)} blocks by {disc.method}: {disc.describe_regions()}")
     return disc
 
 

@@ -24,7 +24,7 @@ Every op moved is recorded with why (:class:`HostOp`, the plan's ``extra.capabil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -138,6 +138,13 @@ def flag_ops(mg: ModelGraph, part: Partition, cap: Capability,
         out.update(flagged)
         out.update(forced)
     return out
+
+
+def left_after_rewrites(mg: ModelGraph, g: Group, ops: Iterable[int], cap: Capability) -> set[int]:
+    """The ops of ``ops`` (in NPU group ``g``) that the build's lowering and ``npu`` rewrites leave in
+    place: of what the toolkit runs on the CPU, what stays there once ``rkpart compile`` has rewritten
+    the stage."""
+    return _survive_rewrites(mg, g, dict.fromkeys(ops, ""), cap)
 
 
 def _survive_rewrites(mg: ModelGraph, g: Group, flagged: Mapping[int, str], cap: Capability) -> set[int]:
@@ -514,6 +521,10 @@ def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str 
         if g.device != "npu":
             continue
         off = caps.off_npu(mg.op(i) for i in sorted(g.ops) if mg.op(i).op_type not in rewritten)
+        if off:
+            # only what stays on the CPU once the build's rewrites ran (nan-guard takes IsNaN's guard onto the NPU)
+            left = left_after_rewrites(mg, g, (n.index for n, _ in off), Capability(target.lower(), caps))
+            off = [(n, rule) for n, rule in off if n.index in left]
         if off:
             ops = ", ".join(sorted({f"{n.op_type} ({rule.support})" for n, rule in off}))
             notes.append(f"target {target}: NPU stage {g.id} holds op(s) rknn-toolkit2 {caps.version} does not "
