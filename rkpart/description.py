@@ -353,7 +353,7 @@ class _TensorLike(Protocol):
 
 
 class ModelLike(Protocol):
-    """What :func:`check_against` reads of a model: a plan (:class:`rkpart.partitioner.plan.Plan`)
+    """What :func:`check_against` reads of a model: a plan (:class:`rkpart.plan.plan.Plan`)
     or anything with its input and output names and their static types."""
 
     @property

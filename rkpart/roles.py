@@ -38,7 +38,7 @@ import numpy as np
 
 from rkpart.description import EMBEDDING_ROLES, FILENAME, PipelineDescription, check_against, load_description
 from rkpart.errors import SpecError, UserError
-from rkpart.partitioner.plan import Plan, TensorInfo
+from rkpart.plan.plan import Plan, TensorInfo
 
 #: the flags that name the loop's inputs when a plan has no pipeline description
 ROLE_FLAGS = "--latent-input NAME --timestep-input NAME [--guidance-input NAME] [--context-input NAME ...]"
@@ -143,7 +143,7 @@ def describe_partition(model: Path, explicit: Path | None, graph: Any,
 
 
 def record_description(part: Any, d: PipelineDescription | None) -> Any:
-    """``part`` (a :class:`~rkpart.partitioner.partition.Partition`) with ``d`` named in its
+    """``part`` (a :class:`~rkpart.grouping.groups.Partition`) with ``d`` named in its
     ``extra`` (what ``plan.json`` records); unchanged without a description, so a plan without
     one stays byte-identical."""
     import dataclasses

@@ -27,8 +27,8 @@ from rkpart.io import (
     onnx_with_data,
 )
 from rkpart.output import MARKER, check_folder_target, staged_folder
-from rkpart.partitioner.plan import Plan, Stage, load_plan
-from rkpart.partitioner.verify import artifact_file, stage_onnx
+from rkpart.plan.plan import Plan, Stage, load_plan
+from rkpart.plan.verify import artifact_file, stage_onnx
 from rkpart.progress import Progress, advance
 from rkpart.runtime import board_runner as runner_mod
 from rkpart.types import NPU, RESIDENCIES, Residency

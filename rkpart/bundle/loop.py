@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from rkpart.errors import SpecError, UserError
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.roles import DEFAULT_GUIDANCE, TIMESTEP_SCALE, RoleFlags, loop_inputs, plan_description, resolve_roles
 
 #: how the runner draws the loop's inputs: rkpart drift's rule, written out for the board

@@ -80,7 +80,7 @@ def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: 
     it), else from the role flags, else from shapes (a tie leaves the bundle without a loop).
     """
     from rkpart.bundle.build import BundleOptions, bundle_plan
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from rkpart.progress import Reporter
     from rkpart.runtime.executor import load_inputs
 

@@ -33,7 +33,7 @@ def estimate(plan: Path, toolkit: str | None, steps: int, cfg: bool, cost_model:
     """
     from rkpart.cost_model.estimate import estimate_plan
     from rkpart.cost_model.model import load_model_or_default
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
 
     p, folder = load_plan(plan)
     model = load_model_or_default(cost_model)

@@ -26,7 +26,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rkpart.cost_model.checks import check_stage_estimate
 from rkpart.cost_model.device_model import OTHER_BYTES
@@ -41,8 +40,8 @@ from rkpart.cost_model.npu_time import (
 from rkpart.cost_model.rounds import overhead
 from rkpart.cost_model.select import latency_error
 from rkpart.errors import UserError
-from rkpart.partitioner.plan import Plan
-from rkpart.types import HOST, LIFECYCLE, Residency
+from rkpart.plan.plan import Plan
+from rkpart.types import HOST, LIFECYCLE, JsonMap, JsonObject, Residency
 
 ESTIMATE_VERSION = 1
 
@@ -70,7 +69,7 @@ class StageEstimate:
         """``compiler`` when the stage's figures come from its build, else ``predicted``."""
         return "compiler" if self.compiled else "predicted"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"id": self.id, "device": self.device, "residency": self.residency,
                 "device_mem_bytes": self.device_mem_bytes, "device_mem_source": self.device_mem_source,
                 "device_mem_error": _r(self.device_mem_error), "load_s": _r(self.load_s), "init_s": _r(self.init_s),
@@ -94,14 +93,14 @@ class Estimate:
     lifecycle_s: float
     npu_infer_s: float
     host_s: float
-    cfg_parallel: Mapping[str, Any] | None
+    cfg_parallel: JsonMap | None
     model: str
 
     @property
     def passes(self) -> int:
         return self.steps * (2 if self.cfg else 1)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "format": "rkpart-estimate", "version": ESTIMATE_VERSION, "toolkit": self.toolkit, "cost_model": self.model,
             "stages": [s.to_json() for s in self.stages],

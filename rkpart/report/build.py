@@ -22,7 +22,7 @@ from rkpart import __version__
 from rkpart.errors import OutputExistsError, UserError
 from rkpart.io import atomic_write_bytes
 from rkpart.output import check_file_target, check_folder_target, staged_folder, write_output_file
-from rkpart.partitioner.plan import load_plan
+from rkpart.plan.plan import load_plan
 from rkpart.progress import Progress
 from rkpart.report import data as D
 from rkpart.report import plots

@@ -6,7 +6,7 @@
   strategy chose (so a changed spec or cost model is seen even when its file name is the
   same), the options and the rkpart version.  The weights' *content* is checked per stage:
   a finished stage is resumed only if its files still hash to the sha256 its source slices
-  give now (:mod:`rkpart.partitioner.write`), so no stale weight byte is ever reused.
+  give now (:mod:`rkpart.plan.write`), so no stale weight byte is ever reused.
 - ``--force`` replaces only a folder that validates as an rkpart plan folder: its output
   marker lists every file in it, or (a folder written before the marker existed) a valid
   ``plan.json`` lists every file in it (:func:`plan_listing`); compile's ``rknn/`` aside.
@@ -20,13 +20,17 @@ import hashlib
 import json
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rkpart.errors import OutputExistsError, SpecError, UserError
 from rkpart.io import external_locations, file_sha256, locations_in
 from rkpart.output import MARKER, check_staging_path, is_leftover_temp, legacy_problem, owned_problem, read_marker
+from rkpart.types import JsonMap
+
+if TYPE_CHECKING:
+    import onnx
 
 #: what rkpart writes into a plan folder (partition: plan.json, stages/, the output marker of
 #: :mod:`rkpart.output`; pipeline/: the pipeline description; compile: rknn/)
@@ -46,7 +50,7 @@ class _Group(Protocol):
     def ops(self) -> frozenset[int]: ...
 
 
-def model_files(model: Path, proto: Any = None) -> list[Path]:
+def model_files(model: Path, proto: onnx.ModelProto | None = None) -> list[Path]:
     """The model file and its external-data files (already confined by the model loader).
 
     ``proto``: the parsed model, to avoid parsing it again.
@@ -55,7 +59,7 @@ def model_files(model: Path, proto: Any = None) -> list[Path]:
     return [model, *(model.parent / loc for loc in locs)]
 
 
-def file_identity(path: Path) -> list[Any]:
+def file_identity(path: Path) -> list[str | int]:
     """What identifies a file's current bytes without reading them: name, size, device, inode,
     modification and change time (``ctime`` moves on every write and ``utime``, and cannot be
     set back by a user)."""
@@ -63,9 +67,10 @@ def file_identity(path: Path) -> list[Any]:
     return [path.name, st.st_size, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
 
 
-def resume_key(model: Path, proto: Any, strategy: str, options: Any, groups: Sequence[_Group], *,
-               external_threshold: int, simplify: bool, input_shapes: Mapping[str, Any] | None,
-               model_sha256: str | None = None, variant: Mapping[str, Any] | None = None) -> str:
+def resume_key(model: Path, proto: onnx.ModelProto | None, strategy: str, options: JsonMap,
+               groups: Sequence[_Group], *,
+               external_threshold: int, simplify: bool, input_shapes: JsonMap | None,
+               model_sha256: str | None = None, variant: JsonMap | None = None) -> str:
     """The identity of a partition run: a staging folder written under another key is not reused.
 
     ``model_sha256``: the model file's sha256 when the caller has it (it is not hashed twice).
@@ -101,7 +106,7 @@ def _is_real_dir(p: Path) -> bool:
 def plan_listing(folder: Path) -> set[str] | str:
     """The files a plan folder's ``plan.json`` says partition wrote: itself, every stage file and
     its ``.data`` weights (:data:`~rkpart.output.Listing`; compile's ``rknn/`` is judged apart)."""
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
 
     try:
         plan, _ = load_plan(folder)

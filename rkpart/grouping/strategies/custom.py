@@ -22,22 +22,31 @@ Schema (documented in ``docs/custom-spec.md``)::
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import SpecError, UserError
+from rkpart.grouping.strategies.base import (
+    GroupBuilder,
+    Partition,
+    Strategy,
+    check_strategy_options,
+    option,
+    propose_with,
+)
+from rkpart.grouping.strategies.fused import FusedStrategy
+from rkpart.grouping.strategies.split import SplitStrategy
 from rkpart.io import loads_json, loads_yaml, read_limited
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery
-from rkpart.strategies.base import GroupBuilder, Partition, Strategy, check_strategy_options, option, propose_with
+from rkpart.types import JsonMap, JsonObject
 
 _STAGE_ID = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
              "description": "Unique stage id (letters, digits, '_', '.', '-'; at most 64 characters)."}
-SPEC_SCHEMA: dict[str, Any] = {
+SPEC_SCHEMA: JsonObject = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": "rkpart custom partition spec",
     "description": "Stages for --strategy custom (docs/custom-spec.md).",
@@ -119,7 +128,7 @@ def _count_items(data: Any, limit: int) -> int:
     return n
 
 
-def load_spec(path: str | Path) -> dict[str, Any]:
+def load_spec(path: str | Path) -> JsonObject:
     """Read and schema-check a custom spec; raises :class:`SpecError` with the offending path."""
     p = Path(path)
     kind = "JSON" if p.suffix == ".json" else "YAML"
@@ -165,10 +174,10 @@ def spec_schema_json() -> str:
 class CustomOptions:
     """``spec``: a spec file (YAML/JSON), or the spec itself as a mapping (validated when used)."""
 
-    spec: str | Path | Mapping[str, Any]
+    spec: str | Path | JsonMap
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> CustomOptions:
+    def from_mapping(cls, options: JsonMap) -> CustomOptions:
         spec = options.get("spec")
         if spec is None:
             raise SpecError("strategy custom needs --spec FILE")
@@ -232,10 +241,8 @@ class CustomStrategy(Strategy[CustomOptions]):
         if rest == "host":
             gb.add_host_rest(mg, disc, close=False)
         else:
-            from rkpart.strategies import get_strategy
-
             try:
-                rest_strategy = get_strategy(rest)
+                rest_strategy = _REST[rest]()
                 rest_options = dict(data.get("rest_options", {}))
                 check_strategy_options(rest_strategy, rest_options)
                 part = propose_with(rest_strategy, mg, disc, rest_options)
@@ -252,6 +259,10 @@ class CustomStrategy(Strategy[CustomOptions]):
         # the spec's own stages are the user's: a cycle through one of them is the spec's to fix
         ids = tuple(s["id"] for s in data["stages"])
         return gb.build(self.name, {"rest": rest, "stages": list(ids)}, mg=mg, pinned=ids)
+
+
+#: the strategies a spec's ``rest`` names (the schema's enum, ``host`` aside)
+_REST: dict[str, type[Strategy]] = {"split": SplitStrategy, "fused": FusedStrategy}
 
 
 def _cut(mg: ModelGraph, sid: str, inputs: list[str], outputs: list[str]) -> set[int]:

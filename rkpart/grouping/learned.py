@@ -6,7 +6,7 @@ NPU stage is traced back to the ONNX op of the stage it came from (the table's `
 :class:`~rkpart.targets.capability.PlacementPattern` (op type, element type, input ranks,
 which input and output dims are 1).
 Every later ``rkpart partition`` for that toolkit reads the store
-(:func:`rkpart.pipeline.capability_for`) and keeps such ops out of NPU stages unless a rewrite
+(:func:`rkpart.grouping.propose.propose`) and keeps such ops out of NPU stages unless a rewrite
 removes them, for any model: what one family's build taught holds for the next family.
 
 Location: ``$RKPART_CACHE_DIR/placement/<target>-<toolkit>.json`` (else ``~/.cache/rkpart``),
@@ -26,14 +26,13 @@ import fcntl
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from rkpart.compile.scheduler import default_cache_dir
-from rkpart.errors import UserError
-from rkpart.io import atomic_write_bytes
+from rkpart.io import atomic_write_bytes, default_cache_dir
+from rkpart.targets import TARGETS, get_target
+from rkpart.targets.capability import Capability, PlacementPattern
 
 PLACEMENT_DIR = "placement"
 FORMAT = "rkpart-learned-placement"
@@ -53,7 +52,7 @@ class CpuLayer:
     stage: str
     layer: str  # the layer table's FullName
     op: str | None  # the ONNX node name in the stage
-    pattern: Any  # PlacementPattern | None: None for a layer that is not the op itself
+    pattern: PlacementPattern | None  # None for a layer that is not the op itself
     #: the layer is a conversion the toolkit inserted for a stage output the op produces
     #: (``Reshape:<tensor>-rs``), or for a stage input the op reads (``side="input"``: NucleusMoE's
     #: routed-token ``GatherND`` became ``Reshape:<indices>_rs`` and ``Gather:<tokens>_gather`` on
@@ -69,14 +68,12 @@ def store_path(target: str, toolkit: str, root: Path | None = None) -> Path:
     return (root or default_cache_dir()) / PLACEMENT_DIR / f"{safe}.json"
 
 
-def load_learned(target: str, toolkit: str, root: Path | None = None) -> frozenset[Any]:
+def load_learned(target: str, toolkit: str, root: Path | None = None) -> frozenset[PlacementPattern]:
     """The patterns learned so far for ``target``/``toolkit`` (empty when none, or the store is damaged)."""
     return frozenset(_read(store_path(target, toolkit, root)))
 
 
-def _read(path: Path) -> dict[Any, list[str]]:
-    from rkpart.targets.capability import PlacementPattern
-
+def _read(path: Path) -> dict[PlacementPattern, list[str]]:
     try:
         if path.stat().st_size > _MAX_BYTES:
             return {}
@@ -87,7 +84,7 @@ def _read(path: Path) -> dict[Any, list[str]]:
         return {}
     if d.get("version") != VERSION:  # an older store's classes are coarser: re-learned by the next builds
         return {}
-    out: dict[Any, list[str]] = {}
+    out: dict[PlacementPattern, list[str]] = {}
     for row in d["patterns"]:
         try:
             p = PlacementPattern.from_json(row)
@@ -98,13 +95,13 @@ def _read(path: Path) -> dict[Any, list[str]]:
     return out
 
 
-def learn(target: str, toolkit: str, layers: Iterable[CpuLayer], root: Path | None = None) -> list[Any]:
+def learn(target: str, toolkit: str, layers: Iterable[CpuLayer], root: Path | None = None) -> list[PlacementPattern]:
     """Add the patterns of ``layers`` to the store; returns the patterns it did not hold before.
 
     Layers without a pattern (not traced to an op) are skipped.  Each pattern keeps up to five
     example layers (``stage: FullName``); nothing is written when nothing changes.
     """
-    rows = [x for x in layers if x.pattern is not None]
+    rows = [(x, x.pattern) for x in layers if x.pattern is not None]
     if not rows:
         return []
     path = store_path(target, toolkit, root)
@@ -112,9 +109,9 @@ def learn(target: str, toolkit: str, layers: Iterable[CpuLayer], root: Path | No
     with _locked(path.parent):
         known = _read(path)
         before = {p: list(v) for p, v in known.items()}
-        new = [x.pattern for x in rows if x.pattern not in known]
-        for x in rows:
-            known[x.pattern] = sorted({*known.get(x.pattern, []), f"{x.stage}: {x.layer}"[:300]})[:_EXAMPLES]
+        new = [pat for _, pat in rows if pat not in known]
+        for x, pat in rows:
+            known[pat] = sorted({*known.get(pat, []), f"{x.stage}: {x.layer}"[:300]})[:_EXAMPLES]
         if known != before or not path.is_file():
             doc = {"format": FORMAT, "version": VERSION, "target": target.lower(), "toolkit": toolkit,
                    "patterns": [{**p.to_json(), "examples": known[p]} for p in sorted(known)]}
@@ -123,7 +120,7 @@ def learn(target: str, toolkit: str, layers: Iterable[CpuLayer], root: Path | No
 
 
 @contextlib.contextmanager
-def _locked(folder: Path) -> Any:
+def _locked(folder: Path) -> Iterator[None]:
     """A blocking exclusive lock on ``folder`` (concurrent compiles wait for each other's write)."""
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -133,23 +130,15 @@ def _locked(folder: Path) -> Any:
         os.close(fd)
 
 
-def target_capability(target: str, toolkit: Any, *, learned: bool = True, rewrites: bool = True,
-                      root: Path | None = None) -> Any:
-    """The :class:`~rkpart.targets.capability.Capability` of ``toolkit`` (a version, a python path
-    or a :class:`~rkpart.compile.toolkits.Toolkit`, as :class:`~rkpart.compile.compile.CompileOptions`
-    takes it: the version it runs; ``None``: the target's default) with the placements learned so
-    far, or ``None`` for a target rkpart has no table for."""
-    from rkpart.targets import TARGETS, get_target
-    from rkpart.targets.capability import Capability
-
+def target_capability(target: str, version: str | None, *, learned: bool = True, rewrites: bool = True,
+                      root: Path | None = None) -> Capability | None:
+    """The :class:`~rkpart.targets.capability.Capability` of rknn-toolkit2 ``version`` (``None``: the
+    target's default; a python path is resolved to its version by the caller,
+    :func:`rkpart.compile.toolkits.toolkit_version`) with the placements learned so far, or ``None``
+    for a target rkpart has no table for."""
     if target.lower() not in TARGETS:
         return None
     tgt = get_target(target)
-    version = getattr(toolkit, "version", toolkit)
-    if version is not None and not version.replace(".", "").isdigit():
-        from rkpart.compile.toolkits import find_toolkit
-
-        version = find_toolkit(version).version
     caps = tgt.caps(version)
     known = load_learned(tgt.name, caps.version, root) if learned else frozenset()
     return Capability(tgt.name, caps, known, rewrites)
@@ -161,9 +150,9 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
     The stage is loaded as a graph (weights not read) so each op's pattern has the same input
     ranks and types as in the model it was cut from.
     """
+    from rkpart.grouping.capability import pattern_of
+    from rkpart.grouping.views import NPU_INPUT_RANK
     from rkpart.ir import load_model
-    from rkpart.ir.load import NPU_INPUT_RANK
-    from rkpart.partitioner.capability import pattern_of
 
     names = [n for n in cpu_ops]
     if not names:
@@ -229,28 +218,6 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
     return out
 
 
-def traced_layers(report: Any, folder: Path) -> list[CpuLayer]:
-    """The CPU layers of every NPU stage ``report`` (a :class:`~rkpart.compile.compile.CompileReport`)
-    built or took from the cache, traced to the ops of the file the toolkit built (the prepared
-    copy when rkpart lowered or rewrote the stage: its surviving ops keep their names)."""
-    stages = {s.id: s for s in report.plan.stages}
-    out: list[CpuLayer] = []
-    for o in report.outcomes:
-        a = o.artifact
-        if a is None or not a.cpu_ops or o.stage_id not in stages:
-            continue
-        st = stages[o.stage_id]
-        rel = (st.prepared or {}).get("file") or st.file
-        path = folder / rel
-        if not path.is_file():
-            continue
-        try:
-            out += trace_cpu_layers(o.stage_id, path, a.cpu_ops)
-        except UserError:  # a stage file that no longer loads teaches nothing
-            continue
-    return out
-
-
 def forced_host(layers: Iterable[CpuLayer]) -> Mapping[str, str]:
     """Op name -> why, for the traced layers of one plan's build (``rkpart compile --repartition``)."""
     out: dict[str, str] = {}
@@ -267,5 +234,4 @@ def forced_host(layers: Iterable[CpuLayer]) -> Mapping[str, str]:
     return dict(sorted(out.items()))
 
 
-__all__ = ["CpuLayer", "forced_host", "learn", "load_learned", "store_path", "target_capability", "trace_cpu_layers",
-           "traced_layers"]
+__all__ = ["CpuLayer", "forced_host", "learn", "load_learned", "store_path", "target_capability", "trace_cpu_layers"]

@@ -15,9 +15,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from rkpart.discovery.structure import Discovery
+from rkpart.grouping.strategies.base import propose_with
+from rkpart.grouping.strategies.fused import FusedStrategy
+from rkpart.grouping.strategies.split import SplitStrategy
 from rkpart.ir import ModelGraph
 from rkpart.ir.work import token_macs
-from rkpart.partitioner.discovery import Discovery
 
 #: ``partition`` warns when less than this share of the blocks' MACs is on the NPU
 MIN_SHARE = 0.99
@@ -64,4 +67,11 @@ def coverage_note(mg: ModelGraph, cov: Coverage) -> str | None:
             f"(on the host: {names}{more})")
 
 
-__all__ = ["MIN_SHARE", "Coverage", "coverage_note", "npu_coverage"]
+
+def strategy_coverage(mg: ModelGraph, disc: Discovery) -> dict[str, Coverage]:
+    """NPU coverage of the ``split`` and ``fused`` proposals (``rkpart inspect``)."""
+    return {name: npu_coverage(mg, disc, propose_with(cls(), mg, disc).groups)
+            for name, cls in (("split", SplitStrategy), ("fused", FusedStrategy))}
+
+
+__all__ = ["MIN_SHARE", "Coverage", "coverage_note", "npu_coverage", "strategy_coverage"]

@@ -1,7 +1,7 @@
 """Write a set of ops of a :class:`~rkpart.ir.ModelGraph` as a standalone ONNX model.
 
 Like ``onnx.utils.Extractor`` this builds a *new* ``ModelProto`` from small steps
-(:func:`_collect_nodes`, the weights, :func:`_model`), but it works from the graph's
+(:func:`_collect_nodes`, the weights, :func:`rkpart.ir.standalone.model_of`), but it works from the graph's
 :class:`~rkpart.ir.Subgraph` view (boundary, constant closure, weights) instead of a DFS over
 names, never serialises the source model, and
 streams weight bytes (from the parsed proto or straight from the source's external-data
@@ -20,13 +20,14 @@ from typing import BinaryIO
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from rkpart.errors import InvalidModelError, first_line
 from rkpart.io import atomic_writer, hash_file
 from rkpart.ir import ModelGraph, Subgraph
 from rkpart.ir.ops import CONTROL_FLOW_OPS
-from rkpart.partitioner.weights import Piece, put_bytes, write_pieces
+from rkpart.ir.standalone import model_of
+from rkpart.plan.weights import Piece, put_bytes, write_pieces
 
 #: weights at least this large go to the stage's external data file
 DEFAULT_EXTERNAL_THRESHOLD = 1024
@@ -132,7 +133,7 @@ def extract(
     """Write ``sub`` as ``path`` (+ ``path.data`` for weights >= ``external_threshold``).
 
     With ``linked`` (source data location -> location relative to ``path``'s folder, see
-    :mod:`rkpart.partitioner.weights`) weights stored externally in the source are
+    :mod:`rkpart.plan.weights`) weights stored externally in the source are
     referenced there by their source offset and length instead of being copied.
     ``durable=False`` skips the per-file ``fsync`` (the caller flushes the folder once).
     """
@@ -197,7 +198,7 @@ def _layout(
             pieces.append(("bytes", raw, 0, length))
         initializers.append(_external(init, data_name, offset, length))
         offset += length
-    model = _model(mg, sub, nodes, initializers, name=name, doc=doc, producer_name="rkpart",
+    model = model_of(mg, sub, nodes, initializers, name=name, doc=doc, producer_name="rkpart",
                    value_info=True, infos=infos)
     stage = ExtractedStage(
         file=path.name,
@@ -245,7 +246,7 @@ def extract_start(
 
     The data file's layout is decided first, so that the stage's ``.onnx`` can be written
     and its sha256 (the ``.onnx`` bytes, then the data bytes) computed while the data file
-    is written (:func:`~rkpart.partitioner.weights.write_pieces`): every weight byte is read
+    is written (:func:`~rkpart.plan.weights.write_pieces`): every weight byte is read
     once from the source, hashed and written from the same buffer, never read back.
     """
     lay = _layout(mg, sub, path, name=name, external_threshold=external_threshold, doc=doc, linked=linked,
@@ -316,73 +317,6 @@ def _external(init: TensorProto, location: str, offset: int, length: int) -> Ten
         e = ext.external_data.add()
         e.key, e.value = k, v
     return ext
-
-
-def subgraph_model(
-    mg: ModelGraph, sub: Subgraph, values: Mapping[str, TensorProto], *, name: str, producer_name: str = "rkpart"
-) -> onnx.ModelProto:
-    """``sub`` as one in-memory model whose constants are initializers: what delta debugging builds.
-
-    Unlike :func:`extract`, the constant closure is not copied as ops: every constant tensor
-    the ops read becomes an initializer, so the node count is the number of data ops.
-    ``values`` holds those initializers (:meth:`ModelGraph.constant`) and, for boundary inputs
-    that must not be graph inputs (frozen cut tensors), their fixed values.
-    """
-    produced = {t for i in sub.ops for t in mg.op(i).outputs if t}
-    fixed: list[str] = []
-    for i in sub.ops:
-        for t in mg.op(i).inputs:
-            if t and t not in produced and t in values and t not in fixed:
-                fixed.append(t)
-    missing = [t for t in sub.const_tensors if t not in values]
-    if missing:
-        raise ValueError(f"no value for constant {missing[0]!r}")
-    nodes = [mg.node_proto(i) for i in sub.ops]
-    inputs = tuple(t for t in sub.inputs if t not in values)
-    return _model(mg, replace(sub, inputs=inputs), nodes, [values[t] for t in fixed], name=name, doc="",
-                  producer_name=producer_name, value_info=False)
-
-
-def _model(
-    mg: ModelGraph,
-    sub: Subgraph,
-    nodes: list[onnx.NodeProto],
-    initializers: list[TensorProto],
-    *,
-    name: str,
-    doc: str,
-    producer_name: str,
-    value_info: bool,
-    infos: dict[str, onnx.ValueInfoProto] | None = None,
-) -> onnx.ModelProto:
-    """``infos``: value infos already made (:meth:`ModelGraph.value_info`), filled as they are made."""
-    types = mg.tensor_types
-    cache = infos if infos is not None else {}
-
-    def info(t: str) -> onnx.ValueInfoProto:
-        vi = cache.get(t)
-        if vi is None:
-            vi = cache[t] = mg.value_info(t)
-        return vi
-
-    internal = sorted({
-        t for n in nodes for t in n.output if t and t in types and t not in sub.outputs
-    }, key=lambda t: (mg.producer.get(t, -1), t)) if value_info else []
-    graph = helper.make_graph(
-        nodes,
-        name,
-        [info(t) for t in sub.inputs],
-        [info(t) for t in sub.outputs],
-        initializer=initializers,
-        value_info=[info(t) for t in internal],
-        doc_string=doc or None,
-    )
-    return helper.make_model(
-        graph,
-        opset_imports=mg.opset_imports,
-        producer_name=producer_name,
-        ir_version=mg.ir_version,
-    )
 
 
 def stage_sha256(path: Path) -> str:

@@ -1,7 +1,7 @@
-"""Regenerate the JSON schemas in ``docs/``: ``python -m rkpart.strategies.schema_docs docs``.
+"""Regenerate the JSON schemas in ``docs/``: ``python -m rkpart.plan.schema_docs docs``.
 
-The plan schema (:mod:`rkpart.partitioner.plan_schema`) and the custom-spec schema
-(:mod:`rkpart.strategies.custom`) are the source of truth; a test keeps the files equal to them.
+The plan schema (:mod:`rkpart.plan.schema`) and the custom-spec schema
+(:mod:`rkpart.grouping.strategies.custom`) are the source of truth; a test keeps the files equal to them.
 This module lives with the strategies because it is the lowest layer that sees both.
 """
 
@@ -11,9 +11,9 @@ import os
 import sys
 from pathlib import Path
 
+from rkpart.grouping.strategies.custom import spec_schema_json
 from rkpart.io import atomic_write_bytes
-from rkpart.partitioner.plan_schema import schema_json
-from rkpart.strategies.custom import spec_schema_json
+from rkpart.plan.schema import schema_json
 
 
 def write_schema_docs(docs: str | os.PathLike[str]) -> list[Path]:

@@ -5,7 +5,7 @@ are written, a line recording it is appended to ``stages/done.jsonl``, so a kill
 resumed (same model, strategy and options) without redoing finished stages.  Only when every
 stage and ``plan.json`` are written does the staging folder replace ``out``.
 
-Deciding the partition is not done here: :func:`rkpart.pipeline.propose` does that.
+Deciding the partition is not done here: :func:`rkpart.grouping.propose.propose` does that.
 """
 
 from __future__ import annotations
@@ -19,9 +19,12 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, cast
 
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import InvalidModelError, UserError, os_error
+from rkpart.grouping.coverage import npu_coverage
+from rkpart.grouping.groups import Group, Partition, order_groups
 from rkpart.io import (
     atomic_write_bytes,
     file_sha256,
@@ -34,9 +37,7 @@ from rkpart.io import (
 from rkpart.ir import ModelGraph
 from rkpart.ir.ops import CONTROL_FLOW_OPS
 from rkpart.output import write_marker
-from rkpart.partitioner.coverage import npu_coverage
-from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.extract import (
+from rkpart.plan.extract import (
     DEFAULT_EXTERNAL_THRESHOLD,
     ExtractedStage,
     PendingStage,
@@ -45,11 +46,11 @@ from rkpart.partitioner.extract import (
     source_sha256,
     stage_sha256,
 )
-from rkpart.partitioner.outdir import PLAN_KIND, RUN_KEY_FILE, check_out, check_staging, resume_key
-from rkpart.partitioner.partition import Group, Partition, order_groups
-from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
-from rkpart.partitioner.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
+from rkpart.plan.outdir import PLAN_KIND, RUN_KEY_FILE, check_out, check_staging, resume_key
+from rkpart.plan.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
+from rkpart.plan.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
 from rkpart.progress import Progress
+from rkpart.types import JsonObject, PlanExtra
 
 #: stages whose weights may be in flight at once, and the threads moving them
 _IN_FLIGHT = 3
@@ -88,7 +89,7 @@ def write_partition(
     description, :func:`rkpart.roles.description_attacher`).
 
     ``weights="link"`` copies no weights: stages reference the source's external data,
-    linked into the plan folder (:mod:`rkpart.partitioner.weights`).
+    linked into the plan folder (:mod:`rkpart.plan.weights`).
 
     An existing non-empty ``out`` is replaced only with ``force``, and only once the new plan
     is complete.  ``input_shapes`` are the shapes ``mg`` was loaded with (part of the resume
@@ -112,7 +113,7 @@ def write_partition(
     model_sha = file_sha256(model_path)
     # every input of the stages: the model by content, its external data by identity (by
     # content per resumed stage, below: each weight byte is hashed once), the grouping (an
-    # edited spec or cost model), options, rkpart version (rkpart.partitioner.outdir)
+    # edited spec or cost model), options, rkpart version (rkpart.plan.outdir)
     run_key = resume_key(model_path, mg.model, part.strategy, _jsonable(part.options), groups,
                          external_threshold=external_threshold, simplify=simplify is not None,
                          input_shapes=input_shapes, model_sha256=model_sha,
@@ -258,14 +259,14 @@ def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, group
     stages_dir.mkdir(exist_ok=True)
     journal = _read_journal(stages_dir) if resuming else {}
     linked: dict[str, str] | None = None
-    weights_record: dict[str, Any] | None = None
+    weights_record: JsonObject | None = None
     if weights == "link":
         linked, weights_record = link_files(mg, stages_dir)
         progress(f"linked {len(linked)} weights file(s) into {stages_dir.name}/{LINK_DIR}")
     stages: list[Stage | None] = []
     tensors: dict[str, TensorInfo] = {}
     pending: dict[int, tuple[PendingStage, Group, str]] = {}
-    infos: dict[str, Any] = {}  # value infos, shared by the stages a tensor crosses
+    infos: JsonObject = {}  # value infos, shared by the stages a tensor crosses
 
     def finish(i: int) -> None:
         job, g, fname = pending.pop(i)
@@ -326,9 +327,11 @@ def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, group
         stages=tuple(done),
         blocks=tuple(disc.summary()) if disc else (),
         specialised=mg.specialised,
-        extra={"discovery": disc.method if disc else None, "notes": list(part.notes), **dict(part.extra),
-               **({"npu_coverage": npu_coverage(mg, disc, groups).to_json()} if disc else {}),
-               **({"weights": weights_record} if weights_record else {})},
+        # the strategy's own keys come along (a plugin's are its own): PlanExtra names rkpart's
+        extra=cast(PlanExtra, {"discovery": disc.method if disc else None, "notes": list(part.notes),
+                               **dict(part.extra),
+                               **({"npu_coverage": npu_coverage(mg, disc, groups).to_json()} if disc else {}),
+                               **({"weights": weights_record} if weights_record else {})}),
     )
     with fast_writer(staging / PLAN_FILENAME) as tmp:
         tmp.write_bytes(plan.dumps().encode())
@@ -363,7 +366,7 @@ def _open_journal(path: Path) -> int:
 
 def _clear(folder: Path) -> None:
     """Empty a staging folder, its run key last: a run killed half-way through leaves a folder
-    that still says it is a staging folder (:func:`~rkpart.partitioner.outdir.check_staging`)."""
+    that still says it is a staging folder (:func:`~rkpart.plan.outdir.check_staging`)."""
     for p in sorted(folder.iterdir(), key=lambda p: p.name == RUN_KEY_FILE):
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)

@@ -7,15 +7,13 @@ prologue/epilogue run on the host.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import UserError
+from rkpart.grouping.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery
-from rkpart.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
-from rkpart.types import Device
+from rkpart.types import Device, JsonMap
 
 
 @dataclass(frozen=True)
@@ -26,7 +24,7 @@ class FusedOptions:
     modulation: Device = "npu"
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> FusedOptions:
+    def from_mapping(cls, options: JsonMap) -> FusedOptions:
         n = int(option(options, "blocks_per_stage", 1))
         if n < 1:
             raise UserError(f"blocks_per_stage must be >= 1, got {n}")
@@ -42,7 +40,7 @@ class FusedStrategy(Strategy[FusedOptions]):
     def __init__(self, first_run: int = 0) -> None:
         """``first_run``: the block index where runs of ``blocks_per_stage`` start; blocks before it
         are each their own stage (the candidate registry proposes runs from every offset,
-        :mod:`rkpart.strategies.families`)."""
+        :mod:`rkpart.grouping.strategies.families`)."""
         self.first_run = first_run
 
     def propose(self, mg: ModelGraph, disc: Discovery | None, opts: FusedOptions = FusedOptions()) -> Partition:

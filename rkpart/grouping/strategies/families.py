@@ -3,7 +3,7 @@
 A *family* is a way of partitioning every block the same way, proposed by a strategy with
 fixed options; ``auto`` (:mod:`rkpart.auto`) slices each family's whole-model partition
 per block into candidates for the cost model (:mod:`rkpart.cost_model.candidates`), ``auto
---toolkit`` compiles one block per anatomy of each (``auto.ground_candidates``), and
+--toolkit`` compiles one block per anatomy of each (``grounding.ground_candidates``), and
 ``rkpart tune`` profiles each (:mod:`rkpart.tune`).  The families:
 
 ``split``            one NPU stage per branch, AdaLN + gates + residuals on the host
@@ -22,16 +22,15 @@ same stages built quantized; :func:`split_precision` gives the family and precis
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from rkpart.discovery.structure import Discovery
+from rkpart.grouping.groups import Partition
+from rkpart.grouping.strategies.base import propose_with
+from rkpart.grouping.strategies.fused import FusedStrategy
+from rkpart.grouping.strategies.split import SplitStrategy
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.partition import Partition
-from rkpart.strategies.base import propose_with
-from rkpart.strategies.fused import FusedStrategy
-from rkpart.strategies.split import SplitStrategy
+from rkpart.types import JsonMap
 
 #: strategies that are not families of their own: built into the families below, or (``custom``,
 #: ``auto``, ``generic``) not a per-block grouping that ``auto`` could choose from
@@ -45,8 +44,8 @@ class Family:
 
     id: str
     strategy: str
-    options: Mapping[str, Any] = field(default_factory=dict)
-    recorded: Mapping[str, Any] = field(default_factory=dict)
+    options: JsonMap = field(default_factory=dict)
+    recorded: JsonMap = field(default_factory=dict)
 
     @property
     def blocks_per_stage(self) -> int:
@@ -82,7 +81,7 @@ def families(max_run: int = 2, blocks: int | None = None) -> tuple[Family, ...]:
     return (SPLIT, SPLIT_ADALN_NPU, FUSED, *(fused_run(k) for k in range(2, top + 1)))
 
 
-def candidate_id_for(strategy: str, options: Mapping[str, Any]) -> str | None:
+def candidate_id_for(strategy: str, options: JsonMap) -> str | None:
     """The family a plan made with ``strategy``/``options`` belongs to (or ``None``)."""
     if strategy == "split":
         if options.get("adaln") == "npu":

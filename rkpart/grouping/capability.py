@@ -1,7 +1,7 @@
 """Capability decides the grouping: an op the target runs on the CPU never stays inside an NPU stage.
 
 Every strategy's partition goes through :func:`place_by_capability` before it is written
-(:func:`rkpart.pipeline.propose`), so the rule holds for the built-in strategies, ``auto`` and
+(:func:`rkpart.grouping.propose.propose`), so the rule holds for the built-in strategies, ``auto`` and
 plugins alike, for families no rewrite was written for.  For each NPU group:
 
 1. **Ask the capability** (:class:`rkpart.targets.capability.Capability`) why each op may not
@@ -33,14 +33,16 @@ import onnx
 from onnx import TensorProto
 
 from rkpart.errors import UserError
+from rkpart.grouping.groups import Group, Partition
 from rkpart.ir import ModelGraph
 from rkpart.ir.consts import tensor_value
-from rkpart.ir.edit import inferred_value_infos
+from rkpart.ir.infer import inferred_value_infos
+from rkpart.ir.standalone import subgraph_model
 from rkpart.ir.tensors import np_dtype_name
 from rkpart.ir.work import op_macs
-from rkpart.partitioner.extract import subgraph_model
-from rkpart.partitioner.partition import Group, Partition
+from rkpart.progress import Progress
 from rkpart.targets.capability import TOOLKIT_DTYPES, Capability, PlacementPattern, dims_class
+from rkpart.types import JsonObject
 
 #: capability passes over the groups the previous pass left (each one only moves ops to the host)
 _MAX_PASSES = 8
@@ -62,7 +64,7 @@ class HostOp:
     stage: str  # the NPU group it left
     why: str
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"op": self.name, "op_type": self.op_type, "from_stage": self.stage, "why": self.why}
 
 
@@ -474,7 +476,7 @@ def _level(mg: ModelGraph, ops: frozenset[int], step: Callable[[int, int], bool]
 
 
 def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_host: Mapping[str, str] | None = None,
-                     progress: Any = None) -> Partition:
+                     progress: Progress | None = None) -> Partition:
     """``part`` with every op ``cap`` does not run on the NPU moved to the host (with the
     neighbours of the cheapest cut), the moves recorded in ``extra.capability``."""
     out, moved = part, list[HostOp]()
@@ -496,4 +498,39 @@ def apply_capability(mg: ModelGraph, part: Partition, cap: Capability, force_hos
     return replace(out, extra={**out.extra, "capability": {**cap.to_json(), "host_ops": [h.to_json() for h in moved]}})
 
 
-__all__ = ["HostOp", "apply_capability", "cut_before", "flag_ops", "host_op_key", "pattern_of", "place_by_capability"]
+def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str | None) -> list[str]:
+    """What ``toolkit`` will not do with ``part``: load its opset, run each NPU stage's ops on the NPU.
+
+    Nothing is checked without a ``toolkit``, or for a target rkpart has no capability table
+    for (the toolkit itself still decides when it builds).
+    """
+    from rkpart.targets import TARGETS, get_target
+    from rkpart.targets.opset import lowering_note
+    from rkpart.targets.rewrites import rewrites_for
+
+    if toolkit is None or target.lower() not in TARGETS:
+        return []
+    caps = get_target(target).caps(toolkit)
+    notes = []
+    # compile lowers the opset and rewrites some ops onto the NPU (rkpart.targets.opset / rewrites)
+    lowering = lowering_note(mg.opset, {caps.version: caps.max_opset})
+    if lowering:
+        notes.append(f"target {target}: {lowering} when compiled")
+    rewritten = {r.op_type for r in rewrites_for(caps.version, "npu") if r.every_node}
+    for g in part.groups:
+        if g.device != "npu":
+            continue
+        off = caps.off_npu(mg.op(i) for i in sorted(g.ops) if mg.op(i).op_type not in rewritten)
+        if off:
+            # only what stays on the CPU once the build's rewrites ran (nan-guard takes IsNaN's guard onto the NPU)
+            left = left_after_rewrites(mg, g, (n.index for n, _ in off), Capability(target.lower(), caps))
+            off = [(n, rule) for n, rule in off if n.index in left]
+        if off:
+            ops = ", ".join(sorted({f"{n.op_type} ({rule.support})" for n, rule in off}))
+            notes.append(f"target {target}: NPU stage {g.id} holds op(s) rknn-toolkit2 {caps.version} does not "
+                         f"run on the NPU: {ops}")
+    return notes
+
+
+__all__ = ["HostOp", "apply_capability", "capability_notes", "cut_before", "flag_ops", "host_op_key", "pattern_of",
+           "place_by_capability"]

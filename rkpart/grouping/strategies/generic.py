@@ -23,18 +23,16 @@ import bisect
 import itertools
 import math
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import BudgetError, UserError
+from rkpart.grouping.strategies.base import GroupBuilder, Partition, Strategy, option
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery
-from rkpart.strategies.base import GroupBuilder, Partition, Strategy, option
 from rkpart.targets import get_target
-from rkpart.types import Device
+from rkpart.types import Device, JsonMap
 from rkpart.units import MIB
 
 #: used when neither ``budget_mib`` nor ``budget_bytes`` is given: the default target's stage
@@ -228,7 +226,7 @@ def segment(mg: ModelGraph, budget_bytes: int) -> tuple[Schedule, list[Segment]]
     return sch, segs
 
 
-def budget_from_options(options: Mapping[str, Any]) -> int:
+def budget_from_options(options: JsonMap) -> int:
     """The budget in bytes: ``budget_mib`` or ``budget_bytes``, else the target's default stage
     budget (``target``, default rk3588), optionally for a board with ``board_ram_mib`` of RAM
     and a ``ram_share`` other than the target's."""
@@ -262,7 +260,7 @@ class GenericOptions:
     device: Device = "npu"
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> GenericOptions:
+    def from_mapping(cls, options: JsonMap) -> GenericOptions:
         return cls(budget_from_options(options), option(options, "device", "npu", ("npu", "host")))
 
 

@@ -15,15 +15,13 @@ token-wise work read as modulation (its patch embedding, ``<block>.mod.tokens``)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from rkpart.discovery.structure import Discovery
+from rkpart.grouping.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
 from rkpart.ir import ModelGraph
 from rkpart.ir.work import token_macs
-from rkpart.partitioner.discovery import Discovery
-from rkpart.strategies.base import GroupBuilder, Partition, Strategy, block_id, option
-from rkpart.types import Device
+from rkpart.types import Device, JsonMap
 
 
 @dataclass(frozen=True)
@@ -35,7 +33,7 @@ class SplitOptions:
     modulation: Device = "host"
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> SplitOptions:
+    def from_mapping(cls, options: JsonMap) -> SplitOptions:
         return cls(*(option(options, k, "host", ("host", "npu")) for k in ("adaln", "residual", "modulation")))
 
 

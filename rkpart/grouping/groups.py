@@ -3,7 +3,7 @@
 Plain frozen dataclasses, as torch.fx's ``Partition``: a :class:`Partition` says *which* ops
 form a stage and where it runs; :func:`order_groups` puts the stages in an order the
 dependencies allow (cycle-checked) and merges adjacent host work.  Strategies build
-partitions (:mod:`rkpart.strategies`), :mod:`rkpart.partitioner.write` turns them into plan
+partitions (:mod:`rkpart.grouping.strategies`), :mod:`rkpart.plan.write` turns them into plan
 folders, and the cost model compares them.
 """
 
@@ -11,15 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import networkx as nx
 import numpy as np
 
+from rkpart.discovery.structure import Block
 from rkpart.errors import InternalError, SpecError
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Block
-from rkpart.types import Device
+from rkpart.types import Device, JsonMap
 
 
 @dataclass(frozen=True)
@@ -38,11 +37,11 @@ class Group:
 @dataclass(frozen=True)
 class Partition:
     strategy: str
-    options: Mapping[str, Any]
+    options: JsonMap
     groups: tuple[Group, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
     #: facts the plan records under ``extra`` (e.g. ``capability``: the ops moved to the host, why)
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: JsonMap = field(default_factory=dict)
 
 
 def block_id(b: Block) -> str:
@@ -172,7 +171,7 @@ def acyclic(mg: ModelGraph, part: Partition, *, pinned: Iterable[str] = ()) -> P
     """``part``, or a copy whose groups that fed each other are re-cut or merged (:func:`break_cycles`).
 
     Every strategy's partition passes through here during proposal (:class:`GroupBuilder
-    <rkpart.strategies.base.GroupBuilder>` and :func:`rkpart.pipeline.propose`), so whatever the
+    <rkpart.grouping.strategies.base.GroupBuilder>` and :func:`rkpart.grouping.propose.propose`), so whatever the
     family's anatomy, the stages can run in some order.  What changed is told in the notes.
     """
     groups, notes = break_cycles(mg, part.groups, pinned=pinned)

@@ -1,7 +1,7 @@
 """JSON Schema of ``plan.json`` and its validation.
 
 :data:`PLAN_SCHEMA` is the source of truth: ``docs/plan.schema.json`` is generated from it by
-``python -m rkpart.strategies.schema_docs docs`` (which also writes
+``python -m rkpart.plan.schema_docs docs`` (which also writes
 ``docs/custom-spec.schema.json``; a test keeps both equal to the code), and ``docs/plan.md``
 explains it field by field.  :func:`validate_plan_json` adds the checks a JSON Schema cannot
 express (cross-references, execution order, dtypes).
@@ -18,7 +18,7 @@ import numpy as np
 
 from rkpart.errors import SpecError
 from rkpart.io import bounded_integers
-from rkpart.types import DEVICES
+from rkpart.types import DEVICES, JsonObject
 
 _HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _REL_PATH = {
@@ -159,7 +159,7 @@ _STAGE = {
     },
 }
 #: every integer bounded by :data:`rkpart.io.MAX_JSON_INT` (:func:`rkpart.io.bounded_integers`)
-PLAN_SCHEMA: dict[str, Any] = bounded_integers({
+PLAN_SCHEMA: JsonObject = bounded_integers({
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "$id": "https://rkpart.invalid/plan.schema.json",
     "title": "rkpart plan",

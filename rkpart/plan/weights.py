@@ -31,7 +31,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -39,8 +39,9 @@ from typing import Any, Literal
 from onnx import TensorProto
 
 from rkpart.errors import InvalidModelError, SpecError
-from rkpart.io import fsync_path
+from rkpart.io import Hash, fsync_path
 from rkpart.ir import ModelGraph
+from rkpart.types import JsonMap, JsonObject
 
 WeightsMode = Literal["copy", "link"]
 WEIGHTS_MODES: tuple[WeightsMode, ...] = ("copy", "link")
@@ -106,7 +107,7 @@ def put_bytes(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def write_pieces(pieces: list[Piece], path: Path, h: Any = None) -> int:
+def write_pieces(pieces: list[Piece], path: Path, h: Hash | None = None) -> int:
     """Write the concatenation of ``pieces`` as the file ``path`` (created or truncated, see
     :func:`open_new`), feeding the same bytes to the hash object ``h`` (when given); returns
     the bytes written.
@@ -213,7 +214,7 @@ def link_one(src: Path, dst: Path) -> str:
     return how
 
 
-def link_files(mg: ModelGraph, stages_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
+def link_files(mg: ModelGraph, stages_dir: Path) -> tuple[dict[str, str], JsonObject]:
     """Link every source data file into ``stages_dir/weights``.
 
     Returns the location map (source location -> location relative to the stage files) and
@@ -221,7 +222,7 @@ def link_files(mg: ModelGraph, stages_dir: Path) -> tuple[dict[str, str], dict[s
     size and modification time as the source) is kept.
     """
     locations: dict[str, str] = {}
-    files: dict[str, Any] = {}
+    files: JsonObject = {}
     for loc in source_locations(mg):
         src = mg.path.parent / loc
         rel = str(PurePosixPath(LINK_DIR) / PurePosixPath(loc))
@@ -239,14 +240,14 @@ def link_files(mg: ModelGraph, stages_dir: Path) -> tuple[dict[str, str], dict[s
     return locations, {"mode": "link", "files": files}
 
 
-def linked_file_names(record: Mapping[str, Any] | None) -> list[str]:
+def linked_file_names(record: JsonMap | None) -> list[str]:
     """The linked data files a plan's ``extra.weights`` record names (relative to ``stages/``)."""
     if not record or record.get("mode") != "link":
         return []
     return sorted(str(k) for k in record.get("files", {}))
 
 
-def check_links(folder: Path, record: Mapping[str, Any] | None) -> None:
+def check_links(folder: Path, record: JsonMap | None) -> None:
     """Refuse a linked weights file that is missing or changed size since partition."""
     for rel in linked_file_names(record):
         p = folder / "stages" / rel
@@ -259,7 +260,7 @@ def check_links(folder: Path, record: Mapping[str, Any] | None) -> None:
                             "place; rerun rkpart partition")
 
 
-def drop_links(folder: Path, record: Mapping[str, Any] | None) -> int:
+def drop_links(folder: Path, record: JsonMap | None) -> int:
     """Remove the linked weights files of the plan in ``folder`` (``extra.weights``); returns the bytes
     freed.  For plans written only to be built once (``auto``'s candidates, whose builds and tables
     stay): without reflinks each linked file is a whole copy of the source's data."""

@@ -18,9 +18,9 @@ from pathlib import Path, PurePosixPath
 
 from rkpart.errors import SpecError
 from rkpart.io import confined_file, file_sha256, onnx_with_data
-from rkpart.partitioner.extract import stage_sha256
-from rkpart.partitioner.plan import Artifact, Stage
-from rkpart.partitioner.weights import LINK_DIR
+from rkpart.plan.extract import stage_sha256
+from rkpart.plan.plan import Artifact, Stage
+from rkpart.plan.weights import LINK_DIR
 
 # files already hashed, by identity (ctime cannot be set back by a user): profile rounds and
 # per-stage comparisons open the same stage many times

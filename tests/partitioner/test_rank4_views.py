@@ -1,4 +1,4 @@
-"""A narrow tensor read through a rank-4 view and back (:func:`rkpart.ir.load.with_rank4_views`):
+"""A narrow tensor read through a rank-4 view and back (:func:`rkpart.grouping.views.with_rank4_views`):
 exact, one way back per reader, and the partition hands the view to the NPU stage that reads it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from rkpart.grouping.views import RANK4_PREFIX, with_rank4_views
 from rkpart.ir import load_model
-from rkpart.ir.load import RANK4_PREFIX, with_rank4_views
 from rkpart.runtime.ort import make_session
 
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from rkpart.errors import SpecError, UserError
 from rkpart.io import atomic_write_bytes, confined_path, loads_json, read_limited
-from rkpart.types import DEVICES, HOST, NPU, BuildFailure, CompilerPlan, Device
+from rkpart.types import DEVICES, HOST, NPU, BuildFailure, CompilerPlan, Device, JsonMap, JsonObject, PlanExtra
 from rkpart.units import mib
 
 PLAN_FORMAT = "rkpart-plan"
@@ -44,11 +44,11 @@ class TensorInfo:
 
         return nbytes(self.dtype, self.shape)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> TensorInfo:
+    def from_json(cls, d: JsonMap) -> TensorInfo:
         return cls(name=str(d["name"]), dtype=str(d["dtype"]), shape=tuple(int(x) for x in d["shape"]))
 
 
@@ -74,7 +74,7 @@ class Artifact:
     calibration_dataset: str | None = None  # the stage's dataset.txt, relative to the plan folder
     float16_layers: tuple[str, ...] = ()  # hybrid: the layers kept in float16
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         d = dataclasses.asdict(self)
         d["cpu_ops"] = list(self.cpu_ops)
         d["compiler"] = None if self.compiler is None else self.compiler.to_json()
@@ -88,7 +88,7 @@ class Artifact:
         return d
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Artifact:
+    def from_json(cls, d: JsonMap) -> Artifact:
         return cls(
             kind=str(d["kind"]),
             file=str(d["file"]),
@@ -135,9 +135,9 @@ class Stage:
     failures: tuple[BuildFailure, ...] = ()  # build failures recorded by compile, oldest first
     #: what compile did to the stage for its toolkit before building (opset lowering, NPU
     #: rewrites; :mod:`rkpart.compile.prepare`): {"file", "toolkit", "from_opset", "to_opset", "rewrites"}
-    prepared: dict[str, Any] | None = None
+    prepared: JsonObject | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "id": self.id,
             "device": self.device,
@@ -158,7 +158,7 @@ class Stage:
         }
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Stage:
+    def from_json(cls, d: JsonMap) -> Stage:
         return cls(
             id=str(d["id"]),
             device=NPU if d["device"] == NPU else HOST,
@@ -190,18 +190,18 @@ class Stage:
 class Plan:
     """A partition of one ONNX model into stages, in execution order."""
 
-    model: dict[str, Any]  # {"file": original path (informative), "sha256": ..., "opset": ...}
-    strategy: dict[str, Any]  # {"name": ..., "options": {...}}
+    model: JsonObject  # {"file": original path (informative), "sha256": ..., "opset": ...}
+    strategy: JsonObject  # {"name": ..., "options": {...}}
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     tensors: dict[str, TensorInfo]
     stages: tuple[Stage, ...]
-    blocks: tuple[dict[str, Any], ...] = ()  # discovery summary: [{"index", "regions": [...]}]
+    blocks: tuple[JsonObject, ...] = ()  # discovery summary: [{"index", "regions": [...]}]
     version: int = PLAN_VERSION
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: PlanExtra = field(default_factory=lambda: PlanExtra())
     #: shapes the data decided (``rkpart partition --inputs``): per data-dependent op its
     #: ``op``, ``node``, ``tensor``, ``shape`` and the sha256 of each model input it depends on
-    specialised: tuple[dict[str, Any], ...] = ()
+    specialised: tuple[JsonObject, ...] = ()
 
     # -- queries ---------------------------------------------------------------------------
     def stage(self, stage_id: str) -> Stage:
@@ -227,7 +227,7 @@ class Plan:
         return sorted(set(per_block.values()))
 
     # -- reports ---------------------------------------------------------------------------
-    def summary_json(self) -> dict[str, Any]:
+    def summary_json(self) -> JsonObject:
         """What ``rkpart partition --json`` prints about the plan (besides paths and memory)."""
         return {
             "strategy": self.strategy,
@@ -275,7 +275,7 @@ class Plan:
         return dataclasses.replace(self, stages=stages)
 
     # -- (de)serialisation -----------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "format": PLAN_FORMAT,
             "version": self.version,
@@ -290,7 +290,7 @@ class Plan:
             "extra": self.extra,
         }
 
-    def check_specialised(self, feeds: Mapping[str, Any]) -> None:
+    def check_specialised(self, feeds: JsonMap) -> None:
         """Refuse ``feeds`` that could change a shape the plan was specialised to.
 
         The rule (``docs/plan.md``, "specialised"): each model input a data-dependent op
@@ -317,8 +317,8 @@ class Plan:
         return path
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Plan:
-        from rkpart.partitioner.plan_schema import validate_plan_json
+    def from_json(cls, d: JsonMap) -> Plan:
+        from rkpart.plan.schema import validate_plan_json
 
         validate_plan_json(d)
         tensors = {k: TensorInfo.from_json(v) for k, v in d["tensors"].items()}
@@ -331,7 +331,7 @@ class Plan:
             stages=tuple(Stage.from_json(s) for s in d["stages"]),
             blocks=tuple(dict(b) for b in d.get("blocks", ())),
             version=int(d["version"]),
-            extra=dict(d.get("extra", {})),
+            extra=cast(PlanExtra, dict(d.get("extra", {}))),
             specialised=tuple(dict(r) for r in d.get("specialised", ())),
         )
 
