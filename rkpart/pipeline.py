@@ -177,6 +177,8 @@ class PartitionConfig:
     force_host: Mapping[str, str] = field(default_factory=dict)
     #: op names an NPU stage is cut in front of, with why (a build crashed after fusing them)
     cut_before: Mapping[str, str] = field(default_factory=dict)
+    #: the pipeline description to record (``--pipeline``); None: ``pipeline.json`` beside the model, if any
+    pipeline: Path | None = None
 
     def __post_init__(self) -> None:
         # options are values a plan records; a callback goes to the strategy (AutoStrategy(report=...))
@@ -421,17 +423,22 @@ def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str 
 
 
 def write_plan(
-    model: LoadedModel, part: Partition, out: str | os.PathLike[str], config: PartitionConfig = PartitionConfig()
+    model: LoadedModel, part: Partition, out: str | os.PathLike[str], config: PartitionConfig = PartitionConfig(),
+    description: Any = None,
 ) -> Plan:
-    """Write ``part`` as the plan folder ``out`` (see :func:`rkpart.partitioner.write.write_partition`)."""
+    """Write ``part`` as the plan folder ``out`` (see :func:`rkpart.partitioner.write.write_partition`),
+    with ``description`` (a :class:`rkpart.description.PipelineDescription`) recorded in it."""
+    from rkpart.roles import description_attacher, record_description
+
     simplify = None
     if config.simplify:
         from rkpart.runtime.simplify import simplify_stage  # onnxsim and ONNX Runtime: only when asked
 
         simplify = simplify_stage
-    return write_partition(model.graph, model._discovery, part, out, force=config.force,
-                           input_shapes=model.input_shapes, external_threshold=config.external_threshold,
-                           simplify=simplify, progress=config.progress, weights=config.weights)
+    return write_partition(model.graph, model._discovery, record_description(part, description), out,
+                           force=config.force, input_shapes=model.input_shapes,
+                           external_threshold=config.external_threshold, simplify=simplify, progress=config.progress,
+                           weights=config.weights, attach=description_attacher(description))
 
 
 @dataclass(frozen=True)
@@ -462,7 +469,10 @@ def run_partition(opts: PartitionOptions) -> Plan:
     check_options(strat, opts.config.options)
     prepare_out(Path(os.path.abspath(opts.out)), opts.config.force, Path(opts.model))
     loaded = load(opts.model, opts.input_shapes, opts.config.progress, inputs=opts.inputs)
-    return write_plan(loaded, propose(loaded, strat, opts.config), opts.out, opts.config)
+    from rkpart.roles import describe_partition  # pipeline.json: checked against the model before any proposal
+
+    description = describe_partition(Path(opts.model), opts.config.pipeline, loaded.graph, opts.config.progress)
+    return write_plan(loaded, propose(loaded, strat, opts.config), opts.out, opts.config, description)
 
 
 def partition(
@@ -476,6 +486,7 @@ def partition(
     simplify: bool = False,
     progress: Progress = _noop,
     weights: WeightsMode = "copy",
+    pipeline: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Plan:
     """Partition ``model`` with ``strategy`` and write the plan folder ``out``.
@@ -499,6 +510,9 @@ def partition(
     weights:
         ``copy`` (each stage gets its own data file) or ``link`` (no weights copied: stages
         reference the source's external data, linked into the plan folder).
+    pipeline:
+        The pipeline description (``pipeline.json``) to record in the plan, checked against the
+        model's inputs [default: ``pipeline.json`` beside the model, if there is one].
     **options:
         Strategy options (``adaln="npu"``, ``blocks_per_stage=2``, ``spec="spec.yaml"`` ...).
         ``toolkit="2.5.0"`` is taken by every strategy: the rknn-toolkit2 version whose capability
@@ -521,7 +535,8 @@ def partition(
     toolkit = options.get("toolkit") if strategy == "auto" else options.pop("toolkit", None)
     inputs = options.pop("inputs", None)
     config = PartitionConfig(options=options, force=force, external_threshold=external_threshold,
-                             simplify=simplify, progress=progress, weights=weights, toolkit=toolkit)
+                             simplify=simplify, progress=progress, weights=weights, toolkit=toolkit,
+                             pipeline=None if pipeline is None else Path(pipeline))
     return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes,
                                           Path(inputs) if inputs is not None else None))
 
@@ -735,7 +750,9 @@ def _write_again(plan: Plan, folder: Path, opts: Any, forced: Mapping[str, str],
                              toolkit=getattr(opts.toolkit, "version", opts.toolkit),
                              rewrites=opts.rewrites, force_host=forced, cut_before=cuts, progress=progress,
                              weights="link" if "weights" in plan.extra else "copy")
-    write_plan(loaded, propose(loaded, strat, config), folder, config)
+    from rkpart.roles import plan_description  # the plan's pipeline description stays with it
+
+    write_plan(loaded, propose(loaded, strat, config), folder, config, plan_description(plan, folder))
 
 
 def _specialised_inputs(plan: Plan) -> Path | None:

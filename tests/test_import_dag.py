@@ -36,7 +36,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("plugins",),
     ("recognizers",),
     ("strategies",),
-    ("validation",),
+    ("validation", "roles"),
     ("compile",),
     ("runtime",),
     ("triage",),
