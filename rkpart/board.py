@@ -29,7 +29,7 @@ from typing import Any
 
 from rkpart.bundle.build import BundleOptions, BundleResult, bundle_plan
 from rkpart.bundle.vae import VAE_MODES, VaeSource, check_decoder, decoder_file
-from rkpart.errors import GateError, UserError
+from rkpart.errors import GateError, ToolkitError, UserError
 from rkpart.io import atomic_write_bytes, file_sha256
 from rkpart.partitioner.plan import load_plan
 from rkpart.progress import Progress
@@ -78,9 +78,17 @@ def vae_plan(decoder: Path, *, toolkit: str, target: str, config: dict[str, Any]
     root = cache or vae_cache_dir()
     final = root / f"{decoder.stem}-{key}"
     record = root / f"{final.name}.json"
-    if (final / "plan.json").is_file() and record.is_file():
-        progress(f"VAE decoder plan: {final} (made before, gate passed)")
-        return final
+    if record.is_file():
+        try:
+            rec = json.loads(record.read_text())
+        except (OSError, ValueError):
+            rec = {}
+        if isinstance(rec, dict) and rec.get("failed"):
+            # the same decoder, toolkit and rkpart failed before: no second half-hour of builds to learn it again
+            raise GateError(f"{rec['failed']} (recorded in {record}; delete it to try again)")
+        if (final / "plan.json").is_file():
+            progress(f"VAE decoder plan: {final} (made before, gate passed)")
+            return final
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{final.name}.{os.getpid()}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -92,8 +100,6 @@ def vae_plan(decoder: Path, *, toolkit: str, target: str, config: dict[str, Any]
         opts = CompileOptions(toolkit=toolkit, target=target, config=config, jobs=2, toolkits_dir=toolkits_dir)
         report, _rounds, stuck = compile_repartition(tmp, opts, progress)
         if report.failed:
-            from rkpart.errors import ToolkitError
-
             raise ToolkitError(f"the VAE decoder's plan did not build ({', '.join(report.failed)}); bundle it with "
                                "--vae host")
         if stuck:
@@ -113,6 +119,10 @@ def vae_plan(decoder: Path, *, toolkit: str, target: str, config: dict[str, Any]
                                                 "budget_bytes": budget_bytes, "gate": rep.to_json().get("outputs"),
                                                 "stuck_cpu_layers": list(stuck)}, indent=1, default=str)
                                     + "\n").encode())
+    except GateError as e:  # a build failure may be the machine's (memory, a timeout): tried again next time
+        atomic_write_bytes(record, (json.dumps({"decoder": str(decoder), "toolkit": toolkit, "target": target,
+                                                "failed": str(e), "kind": "gate"}, indent=1) + "\n").encode())
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
@@ -125,7 +135,8 @@ def vae_source(plan_path: str | os.PathLike[str], mode: str = "auto", *, model: 
     """The VAE decoder a bundle of the plan at ``plan_path`` carries (``mode``: :data:`VAE_MODES`).
 
     ``auto``: on the NPU when the plan has a pipeline description and its ``vae_decoder.onnx`` is
-    beside the whole model, else none (said).  ``vae_plan_folder``: a compiled plan of the decoder
+    beside the whole model (on the host when its NPU plan does not build or fails the gate), else
+    none (said).  ``vae_plan_folder``: a compiled plan of the decoder
     made by hand (``npu`` only), used instead of making one.
 
     Raises
@@ -175,8 +186,16 @@ def vae_source(plan_path: str | os.PathLike[str], mode: str = "auto", *, model: 
         raise UserError("the plan records no compile (toolkit, target); compile it first")
     target = str(compiled.get("target") or "rk3588")
     budget = budget_bytes if budget_bytes is not None else get_target(target).default_budget_bytes()
-    folder_vae = vae_plan(dec, toolkit=str(compiled["toolkit"]), target=target, config=dict(compiled.get("config")
-                          or {}), budget_bytes=int(budget), toolkits_dir=toolkits_dir, progress=progress)
+    try:
+        folder_vae = vae_plan(dec, toolkit=str(compiled["toolkit"]), target=target,
+                              config=dict(compiled.get("config") or {}), budget_bytes=int(budget),
+                              toolkits_dir=toolkits_dir, progress=progress)
+    except (GateError, ToolkitError) as e:
+        if mode != "auto":
+            raise
+        # auto: a decoder the NPU cannot run right still gives the picture, on the board's CPU
+        progress(f"VAE decoder on the host CPU instead of the NPU: {e}")
+        return VaeSource("host", dec, None, d.vae.class_name, tuple(d.vae.image_shape))
     return VaeSource("npu", dec, folder_vae, d.vae.class_name, tuple(d.vae.image_shape))
 
 

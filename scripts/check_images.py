@@ -29,27 +29,29 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("families", nargs="*", help=f"families [default: every image family: {', '.join(im.IMAGE_FAMILIES)}]")
-    ap.add_argument("--vae", choices=("host", "npu"), default="host")
+    ap.add_argument("--vae", choices=("host", "npu", "auto"), default="host",
+                    help="where the VAE decoder runs (auto: the NPU, the host when its NPU plan fails its gate)")
     ap.add_argument("--sim", action="store_true", help="NPU stages in the rknn-toolkit2 simulator (resident)")
     ap.add_argument("--steps", type=int, default=im.STEPS)
     ap.add_argument("--toolkit", default="2.5.0")
+    ap.add_argument("--strategy", default="fused", help="how the transformer is partitioned [default: fused]")
     ap.add_argument("--work", type=Path, default=None, help="folder for plans and bundles [default: a temp folder]")
     args = ap.parse_args(argv)
     tk = find_toolkit(args.toolkit)
     work = args.work or Path(tempfile.mkdtemp(prefix="check-images-"))
     where = "rknn-toolkit2 simulator" if args.sim else "ONNX Runtime stand-in"
     print(f"{args.steps} steps, default guidance, VAE decoder on the {args.vae}, NPU stages on the {where}\n")
-    print("| family | pipeline | sampler | CFG | latent cosine | image PSNR | s |")
-    print("| --- | --- | --- | --- | ---: | ---: | ---: |")
+    print("| family | pipeline | sampler | CFG | VAE | latent cosine | image PSNR | s |")
+    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: |")
     failed = 0
     backend = None
     for fam in args.families or im.IMAGE_FAMILIES:
         spec = tp.PIPELINES[fam]
         t0 = time.monotonic()
         try:
-            plan = im.compiled_plan(fam, work, tk)
+            plan = im.compiled_plan(fam, work, tk, args.strategy)
         except UserError as e:
-            print(f"| {fam} | {spec.pipeline} | | | not exported (exit {e.exit_code}): {e} | | "
+            print(f"| {fam} | {spec.pipeline} | | | | not exported (exit {e.exit_code}): {e} | | "
                   f"{time.monotonic() - t0:.0f} |", flush=True)
             continue
         try:
@@ -64,18 +66,18 @@ def main(argv: list[str] | None = None) -> int:
                 vae_plan = im.bundle_runner(board).read_manifest(board).get("vae", {}).get("plan")
                 api = sim_rknnlite([plan, *([Path(vae_plan)] if vae_plan else [])], backend)
                 standin, residency = None, "resident"
-            elif args.vae == "npu":
-                vae_plan = im.bundle_runner(board).read_manifest(board)["vae"]["plan"]
-                standin = [plan, Path(vae_plan)]
+            else:
+                vae_plan = im.bundle_runner(board).read_manifest(board)["vae"].get("plan")
+                standin = [plan, *([Path(vae_plan)] if vae_plan else [])]
             x, img = im.run_board(board, ref, steps=args.steps, standin=standin, rknnlite_api=api, residency=residency)
             cos, db = im.cosine(x, ref.latent), im.psnr(img, ref.image)
             ok = cos >= im.MIN_COSINE and db >= im.MIN_PSNR
             m = im.bundle_runner(board).read_manifest(board)
             p = m["denoise"]["pipeline"]
-            row = (f"| {fam} | {p['class']} | {p['sampler']['class']} | {m['denoise']['cfg_mode']} | {cos:.7f} | "
-                   f"{db:.1f} dB |")
+            row = (f"| {fam} | {p['class']} | {p['sampler']['class']} | {m['denoise']['cfg_mode']} | "
+                   f"{m['vae']['device']} | {cos:.7f} | {db:.1f} dB |")
         except Exception as e:  # noqa: BLE001 - a row of the table, not a crash of the sweep
-            ok, row = False, f"| {fam} | {spec.pipeline} | | | failed: {type(e).__name__}: {str(e)[:200]} | |"
+            ok, row = False, f"| {fam} | {spec.pipeline} | | | | failed: {type(e).__name__}: {str(e)[:200]} | |"
         failed += not ok
         print(f"{row} {time.monotonic() - t0:.0f} |", flush=True)
     if backend is not None:

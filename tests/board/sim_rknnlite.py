@@ -38,40 +38,42 @@ class SimRKNNLite:
     #: .rknn sha256 -> (stage, plan folder); set by :func:`sim_rknnlite`
     stages: ClassVar[dict[str, tuple[Stage, Path]]] = {}
     backend: ClassVar[Any] = None
-    #: calls made, for the tests: (method, stage id)
+    #: calls made, for the tests: (method, "<plan folder name>:<stage id>")
     calls: ClassVar[list[tuple[str, str]]] = []
 
     def __init__(self, verbose=False, verbose_file=None):  # the real signature, unannotated
         self._runner: Any = None
         self._stage: Stage | None = None
+        self._key = "?"
 
     def load_rknn(self, path):
         got = self.stages.get(_sha256(Path(path)))
         if got is None:
             return -1
         self._stage, folder = got
+        self._key = f"{folder.name}:{self._stage.id}"
         self._runner = self.backend.runner(self._stage, folder)
         self._runner.load()
-        self.calls.append(("load_rknn", self._stage.id))
+        self.calls.append(("load_rknn", self._key))
         return 0
 
     def init_runtime(self, target=None, device_id=None, async_mode=False, core_mask=NPU_CORE_AUTO):
         assert self._runner is not None and self._stage is not None, "init_runtime before load_rknn"
         self._runner.init()
-        self.calls.append(("init_runtime", self._stage.id))
+        self.calls.append(("init_runtime", self._key))
         return 0
 
     def inference(self, inputs, data_type=None, data_format=None, inputs_pass_through=None, get_frame_id=False):
         assert self._stage is not None
         feeds = {n: np.asarray(a) for n, a in zip(self._stage.inputs, inputs, strict=True)}
         out = self._runner.infer(feeds)
-        self.calls.append(("inference", self._stage.id))
+        self.calls.append(("inference", self._key))
         return [np.asarray(out[n], dtype=np.float32) for n in self._stage.outputs]
 
     def release(self):
         if self._runner is not None:
             self._runner.release()
-            self.calls.append(("release", self._stage.id if self._stage else "?"))
+            self.calls.append(("release", self._key))
             self._runner = None
 
 
