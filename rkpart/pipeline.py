@@ -17,7 +17,7 @@ below this module, which lists it among the built-in strategies.
 Package layers (``tests/test_import_dag.py`` enforces them; a package imports only from
 layers to its left, never back, not even inside a function)::
 
-    errors, types <- io, output, units, progress
+    errors, types <- io, output, units, progress <- export
       <- ir <- targets <- partitioner <- plugins <- recognizers <- strategies
       <- validation <- compile <- runtime <- triage <- profile <- cost_model <- bundle, report
       <- auto <- pipeline <- tune <- dropin <- cli_args <- commands <- cli
@@ -49,7 +49,7 @@ from rkpart.ir.load import (
 from rkpart.ir.subgraph import outputs_of
 from rkpart.ir.values import same_values
 from rkpart.partitioner.capability import apply_capability as _apply_capability
-from rkpart.partitioner.capability import cut_before
+from rkpart.partitioner.capability import cut_before, left_after_rewrites
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD
@@ -93,8 +93,7 @@ class LoadedModel:
             progress("discovering blocks")
             self._discovery = discover(self.graph)
             disc = self._discovery
-            progress(f"found {len(disc.blocks)} blocks by {disc.method}: "
-                     f"{', '.join(r.name for r in disc.blocks[0].regions)} per block")
+            progress(f"found {len(disc.blocks)} blocks by {disc.method}: {disc.describe_regions()}")
         return self._discovery
 
 
@@ -415,6 +414,10 @@ def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str 
         if g.device != "npu":
             continue
         off = caps.off_npu(mg.op(i) for i in sorted(g.ops) if mg.op(i).op_type not in rewritten)
+        if off:
+            # only what stays on the CPU once the build's rewrites ran (nan-guard takes IsNaN's guard onto the NPU)
+            left = left_after_rewrites(mg, g, (n.index for n, _ in off), Capability(target.lower(), caps))
+            off = [(n, rule) for n, rule in off if n.index in left]
         if off:
             ops = ", ".join(sorted({f"{n.op_type} ({rule.support})" for n, rule in off}))
             notes.append(f"target {target}: NPU stage {g.id} holds op(s) rknn-toolkit2 {caps.version} does not "

@@ -39,8 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             folder = cached_pipeline_export(fam, **opts)
         except UserError as e:
-            print(f"| {fam} | {spec.pipeline} | refused (exit {e.exit_code}): {e} | | | | {time.monotonic() - t0:.0f} |",
-                  flush=True)
+            took = time.monotonic() - t0
+            print(f"| {fam} | {spec.pipeline} | refused (exit {e.exit_code}): {e} | | | | {took:.0f} |", flush=True)
             continue
         doc = json.loads((folder / "pipeline.json").read_text())
         roles = ", ".join(f"{k} ({v['role']})" for k, v in doc["inputs"].items())

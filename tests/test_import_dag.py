@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1] / "rkpart"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "types"),
     ("io", "output", "units", "progress", "description"),
+    ("export",),
     ("ir",),
     ("targets",),
     ("partitioner",),

@@ -160,8 +160,10 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if not quiet:
         click.echo(plan.render_stages())
     click.echo(plan.render_summary(out / "plan.json"))
-    if "npu_coverage" in plan.extra:
-        click.echo(f"block matmul work on the NPU: {plan.extra['npu_coverage']['share']:.1%}")
+    if "npu_coverage" in plan.extra:  # the report's words (rkpart.report.coverage): each figure with its unit
+        from rkpart.report.coverage import coverage_figures, describe_coverage
+
+        click.echo(describe_coverage(coverage_figures(plan)))
     for line in capability_lines(plan.extra.get("capability")):
         click.echo(line)
     if "pipeline" in plan.extra:

@@ -304,6 +304,11 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
     t0 = time.monotonic()
     chosen = _select_stages(plan, opts.stages or None)
     target, toolkits_dir, shared_cache = opts.target, opts.toolkits_dir, opts.shared_cache
+    if opts.calibration is not None:
+        # the user's own file first: a bad calibration is refused naming it, toolkit installed or not
+        from rkpart.compile.calibration import load_calibration
+
+        load_calibration(opts.calibration).check_plan(plan)
     tk = _resolve(opts.toolkit, toolkits_dir)
     assert tk is not None
     fb = _resolve(opts.fallback_toolkit, toolkits_dir)

@@ -20,11 +20,12 @@ The steps, each checked before the next:
 
 from __future__ import annotations
 
-import importlib.util
+import contextlib
 import inspect
 import json
 import math
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,23 +98,6 @@ class ExportResult:
     errors: dict[str, float]
 
 
-def missing_extra() -> list[str]:
-    """The modules of the ``export`` extra that are not installed."""
-    def absent(m: str) -> bool:
-        try:
-            return importlib.util.find_spec(m) is None
-        except (ImportError, ValueError):  # a module blocked in sys.modules (None) has no spec
-            return True
-
-    return [m for m in ("torch", "diffusers", "transformers", "onnxscript") if absent(m)]
-
-
-def _require_extra() -> None:
-    missing = missing_extra()
-    if missing:
-        raise UserError(f"rkpart export needs {', '.join(missing)}: pip install 'rkpart[export]'")
-
-
 def _quiet_libraries() -> None:
     import diffusers
     import transformers
@@ -132,6 +116,14 @@ def _read_json(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
+def pipeline_folder(src: Path) -> Path:
+    """``src``, or the pipeline folder around it when ``src`` is a pipeline's ``transformer/`` subfolder."""
+    if not (src / "model_index.json").is_file() and (src / "config.json").is_file() \
+            and (src.parent / "model_index.json").is_file() and src.resolve().name == "transformer":
+        return src.parent
+    return src
+
+
 def load_pipeline(src: Path) -> Any:
     """The diffusers pipeline saved in ``src`` (components saved as ``null`` loaded as ``None``)."""
     import diffusers
@@ -142,7 +134,8 @@ def load_pipeline(src: Path) -> Any:
     if not index_path.is_file():
         if (src / "config.json").is_file():
             raise InvalidModelError(f"{src} is a model folder, not a pipeline: rkpart export records the "
-                                    "pipeline's call; give the folder holding model_index.json")
+                                    "pipeline's call (its scheduler, VAE and the way it feeds the transformer); "
+                                    "give the folder holding model_index.json")
         raise InvalidModelError(f"{src} is not a diffusers pipeline folder (no model_index.json)")
     index = _read_json(index_path, "model_index.json")
     cls_name = index.get("_class_name")
@@ -162,6 +155,9 @@ def load_pipeline(src: Path) -> Any:
     except Exception as e:  # noqa: BLE001 - a folder diffusers cannot load is the user's input
         raise InvalidModelError(f"{src}: diffusers cannot load {cls_name}: {first_line(e)}") from None
     pipe.set_progress_bar_config(disable=True)
+    if "num_frames" in _call_params(pipe):
+        raise ExportError(f"{cls_name} is a video pipeline (its call takes num_frames); rkpart export describes "
+                          "image pipelines (pipeline.json version 1: one image per call)")
     return pipe
 
 
@@ -282,14 +278,19 @@ def record(pipe: Any, opts: ExportOptions, text_len: int, progress: Progress) ->
     has_mask = any(n.removeprefix("negative_") in EMBED_OF_MASK for n in _call_params(pipe))
     first_error: UserError | None = None
     for mask_dtype in MASK_DTYPES if has_mask else MASK_DTYPES[:1]:
+        args = base_args(pipe, opts, text_len, 0, 1, RECORDINGS[0][2], "latent", mask_dtype)
         try:
-            probe = _call(pipe, probe_latents,
-                          base_args(pipe, opts, text_len, 0, 1, RECORDINGS[0][2], "latent", mask_dtype), opts, text_len)
+            probe = _call(pipe, probe_latents, args, opts, text_len)
             break
         except UserError as e:  # the mask in another dtype may be what the pipeline takes
             first_error = first_error or e
     else:
         assert first_error is not None
+        annotation = str(_call_params(pipe)["prompt_embeds"].annotation)  # base_args checked it is there
+        if annotation.lower().startswith("list["):  # Z-Image: one tensor per prompt, of its own length
+            raise ExportError(f"{type(pipe).__name__} refuses prompt_embeds as one tensor ({first_error}); it takes "
+                              f"a list of per-prompt tensors ({annotation}), which rkpart export does not "
+                              "give") from None
         raise first_error
     recs: list[Recording] = []
     for seed, steps, guidance, output_type in RECORDINGS:
@@ -388,7 +389,7 @@ def _onnx_io(path: Path) -> tuple[dict[str, tuple[list[int], str]], list[str]]:
 
 def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: list[Recording], opts: ExportOptions,
              text_len: int, batch: int, onnx_inputs: dict[str, tuple[list[int], str]], output: str,
-             values: dict[str, np.ndarray]) -> dict[str, Any]:
+             values: dict[str, np.ndarray], patches: Sequence[str]) -> dict[str, Any]:
     """``pipeline.json`` (docs/pipeline-json.md, version 1)."""
     import diffusers
 
@@ -416,7 +417,7 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
         "version": VERSION,
         "pipeline": {"class": type(pipe).__name__, "diffusers": diffusers.__version__},
         "transformer": {"class": type(pipe.transformer).__name__, "file": TRANSFORMER_FILE, "dtype": opts.dtype,
-                        "exporter": opts.exporter, "patches": list(_patches())},
+                        "exporter": opts.exporter, "patches": list(patches)},
         "image": {"height": int(image.shape[1]), "width": int(image.shape[2]), "text_len": text_len, "batch": batch},
         "inputs": inputs,
         "output": {"name": output, "prediction": _prediction(sched_cfg, sched_cls),
@@ -484,17 +485,15 @@ def _number(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def _patches() -> tuple[str, ...]:
-    from rkpart.export.interim import PATCHES
-
-    return PATCHES
-
-
 def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
                     progress: Progress | None = None) -> ExportResult:
     """Export the pipeline in ``src`` into the folder ``out`` (see the module docstring)."""
     say = progress or silent
-    _require_extra()
+    from rkpart.export import require_extra
+
+    # the pipeline classes of diffusers refuse to load without transformers, even with no text encoder
+    require_extra(("torch", "onnx", "diffusers", "transformers", *(("onnxscript",) if opts.exporter == "dynamo"
+                                                                    else ())))
     if opts.exporter not in EXPORTERS:
         raise UserError(f"unknown exporter {opts.exporter!r}; choose one of {', '.join(EXPORTERS)}")
     if opts.dtype not in DTYPES:
@@ -507,6 +506,9 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
 
     _quiet_libraries()
     torch.manual_seed(0)
+    if pipeline_folder(src) != src:
+        say(f"{src} is the transformer of the pipeline in {src.parent}: exporting that pipeline")
+        src = pipeline_folder(src)
     say(f"loading {src}")
     pipe = load_pipeline(src)
     text_len = opts.text_len or default_text_len(pipe)
@@ -542,11 +544,16 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
         check_module(vae_module, recs[1])
     errors: dict[str, float] = {}
     with staged_folder(out, kind=KIND, force=opts.force) as staging:
-        from rkpart.export.interim import export_module
+        from rkpart.export import export_module
 
         say(f"exporting {type(pipe.transformer).__name__} ({opts.exporter}, {opts.dtype}, batch {batch})")
-        errors[TRANSFORMER_FILE] = export_module(_renested(pipe.transformer, facts), first, staging / TRANSFORMER_FILE,
-                                                 fixed=facts.fixed, exporter=opts.exporter, dtype=opts.dtype)
+        # the core's wrapper passes return_dict=False itself
+        fixed = {k: v for k, v in facts.fixed.items() if k != "return_dict"}
+        with _positive_movedim():
+            res = export_module(_renested(pipe.transformer, facts), first, staging / TRANSFORMER_FILE, fixed=fixed,
+                                exporter=opts.exporter, dtype=opts.dtype, progress=say)
+        patches = [a.name for a in res.patches]
+        errors[TRANSFORMER_FILE] = _relative(res)
         onnx_inputs, outputs = _onnx_io(staging / TRANSFORMER_FILE)
         say("checking transformer.onnx on every recorded call under ONNX Runtime")
         errors[TRANSFORMER_FILE] = max(errors[TRANSFORMER_FILE],
@@ -554,12 +561,15 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
         if vae_module is not None:
             say(f"exporting the post-loop path of {type(pipe.vae).__name__} ({opts.exporter})")
             latent = recs[1].steps[-1].prev_sample.float()
-            errors[VAE_FILE] = export_module(vae_module, {"latent": latent}, staging / VAE_FILE, fixed={},
-                                             exporter=opts.exporter, dtype="float32", output="image")
+            with _positive_movedim():
+                vres = export_module(vae_module, {"latent": latent}, staging / VAE_FILE, exporter=opts.exporter,
+                                     dtype="float32", output="image", variants=[])
+            errors[VAE_FILE] = _relative(vres)
         # a constant is fed as the graph takes it (float16 ids in a float16 export)
         values = {n: f.value.astype(onnx_inputs[n][1]) for n, f in facts.inputs.items()
                   if f.value is not None and n in onnx_inputs}
-        doc = describe(pipe, src, facts, post, recs, opts, text_len, batch, onnx_inputs, outputs[0], values)
+        doc = describe(pipe, src, facts, post, recs, opts, text_len, batch, onnx_inputs, outputs[0], values,
+                       patches)
         if values:
             from rkpart.io import write_npz
 
@@ -610,10 +620,66 @@ def _check_latent_output(rec: Recording) -> None:
                             "cannot say what --latent-out should hold")
 
 
+def _relative(res: Any) -> float:
+    """The core's ONNX Runtime check as max |error| / max |torch| (0 when it did not check)."""
+    c = res.check
+    return 0.0 if c is None else float(c.max_abs / max(c.ref_max_abs, 1e-12))
+
+
+@contextlib.contextmanager
+def _positive_movedim() -> Iterator[None]:
+    """``movedim`` with its dimensions made non-negative while an exporter traces.
+
+    TorchScript's symbolic writes ``x.movedim(-1, 1)`` as a ``Transpose`` whose ``perm`` holds -1,
+    which ONNX refuses (AutoencoderDC's norms and Sana's attention use it); the same dimensions
+    counted from the front give the same function and a valid ``perm``.
+    """
+    import torch
+
+    original = torch.Tensor.movedim
+
+    def positive(d: Any, n: int) -> Any:
+        return tuple(x % n for x in d) if isinstance(d, (tuple, list)) else d % n
+
+    def movedim(self: torch.Tensor, source: Any, destination: Any) -> torch.Tensor:
+        return original(self, positive(source, self.dim()), positive(destination, self.dim()))
+
+    torch.Tensor.movedim = movedim  # type: ignore[method-assign,assignment]
+    try:
+        yield
+    finally:
+        torch.Tensor.movedim = original  # type: ignore[method-assign]
+
+
+def _session(path: Path) -> Any:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own Fail / InvalidGraph / RuntimeException
+        raise ExportError(f"the exported {path.name} does not load in ONNX Runtime: {first_line(e)}") from None
+
+
+def _check_close(got: np.ndarray, want: np.ndarray, *, dtype: str, what: str) -> float:
+    """max |got - want| / max |want|, refused above the dtype's bound (1e-3 float32, 2e-2 float16)."""
+    got64, want64 = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if got64.shape != want64.shape:
+        raise ExportError(f"{what}: output shape {got64.shape} differs from torch's {want64.shape}")
+    if not np.isfinite(got64).all():
+        raise ExportError(f"{what}: the output holds NaN or infinity where torch's does not")
+    rel = float(np.abs(got64 - want64).max() / max(float(np.abs(want64).max()), 1e-12))
+    bound = 2e-2 if dtype == "float16" else 1e-3
+    if rel > bound:
+        raise ExportError(f"{what} differs from torch: max |error| / max |torch| = {rel:.3g} (bound {bound})")
+    return rel
+
+
 def _check_calls(path: Path, facts: Facts, recs: list[Recording], batch: int, dtype: str) -> float:
     """ONNX Runtime on every recorded transformer call (each row alone for a halved pair) vs torch's outputs."""
-    from rkpart.export.interim import check_close, run_onnx
-
+    sess = _session(path)
+    graph_inputs = {i.name for i in sess.get_inputs()}
     worst = 0.0
     np_dtype = {"float16": np.float16, "float32": np.float32}[dtype]
     for r in recs:
@@ -628,7 +694,11 @@ def _check_calls(path: Path, facts: Facts, recs: list[Recording], batch: int, dt
                             v = v[row]
                         a = v.numpy()
                         feeds[name] = a.astype(np_dtype) if a.dtype.kind == "f" else a
-                    got = run_onnx(path, feeds)[0]
-                    worst = max(worst, check_close(got, c.output[row].float().numpy(), dtype=dtype,
+                    try:
+                        got = sess.run(None, {k: v for k, v in feeds.items() if k in graph_inputs})[0]
+                    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors
+                        raise ExportError(f"{path.name} fails under ONNX Runtime on a recorded call: "
+                                          f"{first_line(e)}") from None
+                    worst = max(worst, _check_close(got, c.output[row].float().numpy(), dtype=dtype,
                                                    what=f"{path.name} on step {k + 1} of the {len(r.steps)}-step call"))
     return worst

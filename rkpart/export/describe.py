@@ -296,6 +296,25 @@ def _argument_source(name: str, recs: Sequence[Recording], mode: str) -> tuple[s
     return None
 
 
+def _diagnose_extended_mask(name: str, recs: Sequence[Recording]) -> None:
+    """Refuse, naming it, an input that is a mask argument extended with valid positions (Chroma appends the
+    image tokens to the text mask), which pipeline.json version 1 cannot describe."""
+    import torch
+
+    for arg, a in _tensors(recs[0].args).items():
+        if "mask" not in arg:
+            continue
+        c = recs[0].steps[0].calls[0]
+        v = c.kwargs.get(name)
+        if not isinstance(v, torch.Tensor) or v.dim() != a.dim() or v.shape[-1] <= a.shape[-1]:
+            continue
+        head, tail = v[..., : a.shape[-1]], v[..., a.shape[-1]:]
+        if bool((tail.double() == 1).all()) and (same(head[-1:], a) or same(head[:1], a)):
+            raise DescribeError(f"transformer input {name!r} is the call's {arg} extended with {tail.shape[-1]} "
+                                "valid positions (the image tokens); pipeline.json version 1 feeds a mask only as a "
+                                "call argument")
+
+
 def _fit_timestep(name: str, recs: Sequence[Recording]) -> tuple[float, float] | None:
     """``(scale, offset)`` with every element of input ``name`` = ``scale * t + offset``, or ``None``."""
     pts: list[tuple[float, float]] = []
@@ -460,6 +479,7 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
         if value is not None:
             facts[name] = InputFact(name, _role_of_constant(name), value=value)
             continue
+        _diagnose_extended_mask(name, recs)
         raise DescribeError(f"transformer input {name!r} is neither a call argument, the loop latent, the timestep "
                             "(scale * t + offset), the guidance nor a constant; rkpart cannot tell where the "
                             "pipeline takes it from")
@@ -537,6 +557,7 @@ def _find_combination(recs: Sequence[Recording], mode: str, cond_call: int | Non
                 if ok:
                     return learned, sign, scale_arg
     _diagnose_renorm(recs, mode, cond_call, scale_args)
+    _diagnose_offset_scale(recs, mode, cond_call, scale_args)
     # name the first step no candidate reproduces
     r, s = recs[0], recs[0].steps[0]
     shapes = [tuple(c.output.shape) for c in s.calls]
@@ -570,6 +591,28 @@ def _diagnose_renorm(recs: Sequence[Recording], mode: str, cond_call: int | None
                 raise DescribeError("the pipeline rescales its CFG combination to the norm of the conditional "
                                     "prediction (uncond + g * (cond - uncond)) * |cond| / |comb|; pipeline.json "
                                     "version 1 describes only uncond + g * (cond - uncond)")
+
+
+def _diagnose_offset_scale(recs: Sequence[Recording], mode: str, cond_call: int | None,
+                           scale_args: list[str]) -> None:
+    """Refuse, naming it, ``cond + g * (cond - uncond)`` (Krea 2's convention: the usual combination at
+    ``g + 1``), which pipeline.json version 1 does not describe as a function of the call's ``g``."""
+    if mode not in ("batched", "two-pass"):
+        return
+    def matches(scale_arg: str, learned: bool, sign: int) -> bool:
+        for r in recs:
+            for s in r.steps:
+                x = combine_outputs([c.output for c in s.calls], mode, cond_call, float(r.args[scale_arg]) + 1.0,
+                                    learned, sign)
+                if x is None or not same(x.to(s.model_output.dtype), s.model_output, rtol=1e-4):
+                    return False
+        return True
+
+    for scale_arg in scale_args:
+        if any(matches(scale_arg, learned, sign) for learned in (False, True) for sign in (1, -1)):
+            raise DescribeError("the pipeline combines its CFG passes as cond + g * (cond - uncond) (the usual "
+                                f"uncond + g * (cond - uncond) at g = {scale_arg} + 1); pipeline.json version 1 "
+                                "describes only the usual form at the call's scale")
 
 
 def combine_outputs(outputs: Sequence[torch.Tensor], mode: str, cond_call: int | None, g: float, learned: bool,
@@ -710,7 +753,11 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
         latent = latent * sched.init_noise_sigma
     step_kwargs: dict[str, Any] = {}
     if "generator" in __import__("inspect").signature(sched.step).parameters:
-        step_kwargs["generator"] = torch.Generator().manual_seed(0)
+        # a stochastic scheduler (DDPM) draws its noise from the call's generator, as the pipeline passed it
+        gen = torch.Generator()
+        if rec.generator_state is not None:
+            gen.set_state(rec.generator_state)
+        step_kwargs["generator"] = gen
     g = float(rec.args[facts.scale_argument]) if facts.scale_argument else 1.0
     for i, t in enumerate(sched.timesteps):
         outs = []

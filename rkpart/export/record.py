@@ -63,6 +63,8 @@ class Recording:
     result: Any = None
     #: transformer calls after the last step (a pipeline rkpart cannot reproduce makes them)
     trailing_calls: list[TransformerCall] = field(default_factory=list)
+    #: the state of the call's ``generator=`` before the call (a stochastic scheduler's noise comes from it)
+    generator_state: torch.Tensor | None = None
 
 
 class _Stop(Exception):
@@ -190,6 +192,9 @@ def record_call(pipe: Any, args: dict[str, Any]) -> Recording:
     import torch
 
     rec = Recording(args=_detach(args))
+    gen = args.get("generator")
+    if isinstance(gen, torch.Generator):
+        rec.generator_state = gen.get_state().clone()
     with hooked(pipe, rec), torch.no_grad():
         out = pipe(**args)
     rec.result = _detach(_images(out))

@@ -3,9 +3,10 @@
 What a pipeline does after its loop is found from the recorded ``output_type="np"`` call, not
 from a table: the final loop latent ``L`` (the last step's ``prev_sample``) and the input ``z``
 that ``vae.decode`` got are compared through a small set of candidate layouts (:data:`UNPACKS`:
-as is, Flux-style 2x2 packing, a frame axis of one), and the per-channel affine map between them
-(``L / scaling_factor + shift_factor``, or a per-channel mean and std) is fitted and checked
-exactly.  The image the pipeline returned is compared with the candidate post-processings
+as is, Flux-style 2x2 packing, 2x2 patch channels and their tokens, a frame axis of one), and the
+per-channel affine map between them (``L / scaling_factor + shift_factor``, a per-channel mean and
+std, or batch-norm statistics applied to the loop latent's channels before the unpack) is fitted
+and checked exactly.  The image the pipeline returned is compared with the candidate post-processings
 (``x / 2 + 0.5`` clamped, or clamped as is).  :class:`DecodeToImage` is that path, checked once
 more end to end against the recorded image before it is exported.
 """
@@ -208,7 +209,12 @@ def decode_module(vae: Any, post: PostLoop) -> Any:
             self.scale = torch.tensor(post.scale, dtype=torch.float32).reshape(shape)
             self.shift = torch.tensor(post.shift, dtype=torch.float32).reshape(shape)
 
-        def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        def forward(self, latent: torch.Tensor, return_dict: bool = True) -> Any:
+            # return_dict=False gives a tuple, as a diffusers model does (the export core calls it so)
+            image = self.image(latent)
+            return image if return_dict else (image,)
+
+        def image(self, latent: torch.Tensor) -> torch.Tensor:
             if post.affine_first:
                 latent = latent * self.scale + self.shift
             z = UNPACKS[post.unpack](latent, post.decode_shape)

@@ -61,6 +61,11 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
     if doc["latent"]["init"] == "init_noise_sigma":
         latent = latent * sched.init_noise_sigma
     passes = ["cond", "uncond"] if cfg["mode"] == "two-pass" else ["batched" if cfg["mode"] == "batched" else "cond"]
+    import inspect
+
+    # a stochastic scheduler (DDPM) draws its noise from a generator: the one run_diffusers passes (seed 0)
+    step_kwargs = {"generator": torch.Generator().manual_seed(0)} if "generator" in inspect.signature(
+        sched.step).parameters else {}
     for t in sched.timesteps:
         preds = {}
         for kind in passes:
@@ -94,7 +99,7 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
         if out["learned_sigma"]:
             pred = np.split(pred, 2, axis=out["channels_axis"])[0]
         pred = pred * out["sign"]
-        latent = sched.step(torch.from_numpy(pred), t, latent, return_dict=False)[0]
+        latent = sched.step(torch.from_numpy(pred), t, latent, return_dict=False, **step_kwargs)[0]
     final = latent.numpy()
     if doc["vae"] is None:
         return final, None

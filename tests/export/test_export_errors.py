@@ -44,6 +44,7 @@ def test_not_a_pipeline_folder(tmp_path: Path) -> None:
     (model / "config.json").write_text('{"_class_name": "FluxTransformer2DModel"}')
     code, text = _run(str(model), "-o", str(out))
     assert code == 3 and "is a model folder, not a pipeline" in _one_line(text)
+    assert "give the folder holding model_index.json" in text
     code, text = _run(str(tmp_path / "missing"), "-o", str(out))
     assert code == 3 and "is not a folder" in _one_line(text)
     _nothing_written(out)
@@ -81,7 +82,7 @@ def test_output_folder_not_empty_is_refused_first(tmp_path: Path) -> None:
     code, text = _run(str(tp.cached_pipeline("sd3")), "-o", str(out))
     assert code == 6 and "is not empty; use --force" in _one_line(text)
     code, text = _run(str(tp.cached_pipeline("sd3")), "-o", str(out), "--force")
-    assert code == 6 and "rkpart did not write" in _one_line(text)
+    assert code == 6 and "it is not an rkpart export: it has no rkpart output marker" in _one_line(text)
     assert (out / "notes.txt").read_text() == "mine"
 
 
@@ -124,8 +125,8 @@ def test_exporter_failure_is_one_line_and_writes_nothing(tmp_path: Path, monkeyp
     code, text = _run(str(tp.cached_pipeline("flux")), "-o", str(out), "--height", "64", "--width", "64",
                       "--text-len", "6")
     line = _one_line(text)
-    assert code == 11 and "the torchscript exporter failed on FluxTransformer2DModel: injected exporter failure" \
-        in line
+    assert code == 11 and ("the torchscript exporter failed on FluxTransformer2DModel: RuntimeError: injected "
+                           "exporter failure; try --exporter dynamo") in line
     _nothing_written(out)
 
 
@@ -138,5 +139,19 @@ def test_without_the_export_extra(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 2, res.stderr
-    assert res.stderr.strip() == "rkpart: error: rkpart export needs torch: pip install 'rkpart[export]'"
+    assert res.stderr.strip() == ("rkpart: error: torch is not installed (exporting needs the export extra): "
+                                  "pip install 'rkpart[export]'")
+    _nothing_written(out)
+
+
+def test_class_conditional_and_video_pipelines_are_refused(tmp_path: Path) -> None:
+    """DiT takes class labels, not prompt embeddings; Wan is a video pipeline: each refused in one line before any
+    recording."""
+    from tests.models import pipelines as tp
+
+    out = tmp_path / "out"
+    code, text = _run(str(tp.cached_pipeline("dit")), "-o", str(out))
+    assert code == 11 and "DiTPipeline.__call__ takes no prompt_embeds" in _one_line(text)
+    code, text = _run(str(tp.cached_pipeline("wan")), "-o", str(out))
+    assert code == 11 and "WanPipeline is a video pipeline (its call takes num_frames)" in _one_line(text)
     _nothing_written(out)

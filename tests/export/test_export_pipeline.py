@@ -120,12 +120,14 @@ def test_description_reproduces_diffusers(case: str) -> None:
 
 
 def test_same_input_gives_identical_files(tmp_path: Path) -> None:
-    """A second export of the same folder with the same options writes the same bytes."""
+    """A second export of the same pipeline with the same options writes the same bytes; given as its
+    ``transformer/`` subfolder, the pipeline around it is exported."""
     from rkpart.export.build import ExportOptions, export_pipeline
     from tests.export.exports import export_options
 
     first = _export("sd3")
-    export_pipeline(tp.cached_pipeline("sd3"), tmp_path / "again", ExportOptions(**export_options("sd3")))
+    export_pipeline(tp.cached_pipeline("sd3") / "transformer", tmp_path / "again",
+                    ExportOptions(**export_options("sd3")))  # type: ignore[arg-type]
     names = sorted(p.name for p in first.iterdir())
     assert names == sorted(p.name for p in (tmp_path / "again").iterdir())
     for n in names:
@@ -139,3 +141,33 @@ def test_values_match_the_graph_dtype() -> None:
     doc = _doc(folder)
     for name in ("img_ids", "txt_ids"):
         assert str(values[name].dtype) == doc["inputs"][name]["dtype"] == "float16"
+
+
+def test_masks_are_graph_inputs() -> None:
+    """PixArt-Σ's text mask is an input of transformer.onnx, not a constant of the trace: the graph agrees with the
+    torch transformer for an all-valid mask and a half-valid one (the passes of CFG give different masks)."""
+    import onnxruntime as ort
+    import torch
+    from diffusers import PixArtTransformer2DModel
+
+    folder = _export("pixart_sigma")
+    model = PixArtTransformer2DModel.from_pretrained(tp.cached_pipeline("pixart_sigma") / "transformer").eval()
+    doc = _doc(folder)
+    sess = ort.InferenceSession(str(folder / "transformer.onnx"), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    shapes = {k: v["shape"] for k, v in doc["inputs"].items()}
+    feeds = {"hidden_states": rng.standard_normal(shapes["hidden_states"]).astype(np.float32),
+             "encoder_hidden_states": rng.standard_normal(shapes["encoder_hidden_states"]).astype(np.float32),
+             "timestep": np.full(shapes["timestep"], 500, dtype=np.int64)}
+    half = np.ones(shapes["encoder_attention_mask"], dtype=np.int64)
+    half[:, half.shape[1] // 2:] = 0
+    outs = []
+    for mask in (np.ones_like(half), half):
+        got = sess.run(None, {**feeds, "encoder_attention_mask": mask})[0]
+        with torch.no_grad():
+            want = model(**{k: torch.from_numpy(v) for k, v in feeds.items()},
+                         encoder_attention_mask=torch.from_numpy(mask),
+                         added_cond_kwargs={"resolution": None, "aspect_ratio": None}, return_dict=False)[0].numpy()
+        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+        outs.append(got)
+    assert np.abs(outs[0] - outs[1]).max() > 1e-3 * np.abs(outs[0]).max()  # the mask reaches the output

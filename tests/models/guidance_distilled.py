@@ -3,8 +3,8 @@ real diffusers class), whose ``timestep`` and ``guidance`` inputs have the same 
 and the ``pipeline.json`` ``FluxPipeline`` would have for it (hand-written to the contract,
 docs/pipeline-json.md, until ``rkpart export`` writes it).
 
-:func:`flux_guidance_export` caches the TorchScript export like every test model
-(:func:`tests.models.diffusers_families.cached_file`)."""
+:func:`flux_guidance_export` caches the TorchScript export (made by :func:`rkpart.export.export_module`)
+like every test model (:func:`tests.models.diffusers_families.cached_file`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.description.docs import base_doc, flux_guidance_inputs, flux_ids, write
-from tests.models.diffusers_families import _decompose_rms_norm, _Wrapper, cached_file
+from tests.models.diffusers_families import cached_file
 
 TOKENS, TEXT = 16, 6
 
@@ -39,14 +39,10 @@ def _build() -> tuple[Any, dict[str, Any]]:
 
 
 def _export(path: Path) -> None:
-    import torch
+    from rkpart.export import export_module
 
     model, inputs = _build()
-    _decompose_rms_norm(model)
-    names = list(inputs)
-    with torch.no_grad():
-        torch.onnx.export(_Wrapper.make(model, names, {}), tuple(inputs.values()), str(path), input_names=names,
-                          output_names=["sample"], dynamo=False, do_constant_folding=True, opset_version=17)
+    export_module(model, inputs, path, exporter="torchscript", opset=17, check=False)
 
 
 def flux_guidance_export() -> Path:
@@ -54,8 +50,11 @@ def flux_guidance_export() -> Path:
     import diffusers
     import torch
 
+    from rkpart.export import source_key
+
     return cached_file("flux_guidance-torchscript", [diffusers.__version__, torch.__version__,
-                                                     *(inspect.getsource(f) for f in (_build, _export, flux_ids))],
+                                                     *(inspect.getsource(f) for f in (_build, _export, flux_ids)),
+                                                     *source_key("FluxTransformer2DModel", "torchscript")],
                        _export)
 
 
