@@ -135,8 +135,8 @@ def vae_source(plan_path: str | os.PathLike[str], mode: str = "auto", *, model: 
     """The VAE decoder a bundle of the plan at ``plan_path`` carries (``mode``: :data:`VAE_MODES`).
 
     ``auto``: on the NPU when the plan has a pipeline description and its ``vae_decoder.onnx`` is
-    beside the whole model (on the host when its NPU plan does not build or fails the gate), else
-    none (said).  ``vae_plan_folder``: a compiled plan of the decoder
+    beside the whole model (on the host when the plan records no compile, or the decoder's NPU plan
+    does not build or fails the gate), else none (said).  ``vae_plan_folder``: a compiled plan of the decoder
     made by hand (``npu`` only), used instead of making one.
 
     Raises
@@ -183,7 +183,11 @@ def vae_source(plan_path: str | os.PathLike[str], mode: str = "auto", *, model: 
             raise UserError(f"--vae-plan {vae_plan_folder} is not compiled; run `rkpart compile` on it first")
         return VaeSource("npu", dec, Path(vfolder), d.vae.class_name, tuple(d.vae.image_shape))
     if not compiled.get("toolkit"):
-        raise UserError("the plan records no compile (toolkit, target); compile it first")
+        if mode == "auto":  # no toolkit to build the decoder with (a plan with no NPU stage is not compiled)
+            progress("VAE decoder on the host CPU: the plan records no compile (no toolkit to build it with)")
+            return VaeSource("host", dec, None, d.vae.class_name, tuple(d.vae.image_shape))
+        raise UserError("--vae npu: the plan records no compile (toolkit, target); compile it first, or bundle "
+                        "with --vae host")
     target = str(compiled.get("target") or "rk3588")
     budget = budget_bytes if budget_bytes is not None else get_target(target).default_budget_bytes()
     try:
@@ -206,10 +210,14 @@ def bundle_pipeline(plan_path: str | os.PathLike[str], out: str | os.PathLike[st
                     progress: Progress = lambda _m: None) -> BundleResult:
     """``rkpart bundle``: :func:`rkpart.bundle.build.bundle_plan` with the pipeline's VAE decoder
     (:func:`vae_source`) when the plan has a pipeline description."""
+    from rkpart.bundle.loop import check_sampler
     from rkpart.targets import get_target
 
     opts = opts or BundleOptions()
-    plan, _folder = load_plan(plan_path)
+    plan, folder = load_plan(plan_path)
+    d = plan_description(plan, folder)
+    if d is not None:  # before any decoder build: a sampler the board cannot run is refused first
+        check_sampler(d)
     compiled = plan.extra.get("compile") or {}
     # a VAE stage fits the generic strategy's per-stage budget, and never more than the run's
     stage_budget = get_target(compiled.get("target")).default_budget_bytes()

@@ -9,7 +9,7 @@ stand-in (``--sim``: in the toolkit's simulator), against ``pipe(..., output_typ
 export`` refuses is listed with its reason.  The test suite runs a sample (tests/board/test_images.py).
 
     PYTHONPATH=. RKPART_TOOLKITS_DIR=~/.cache/rkpart/toolkits .venv/bin/python scripts/check_images.py \\
-        [FAMILY ...] [--vae host|npu] [--sim] [--steps 20] [--toolkit 2.5.0] [--work DIR]
+        [FAMILY ...] [--vae host|npu|auto] [--sim | --host] [--steps 20] [--toolkit 2.5.0] [--work DIR]
 """
 
 from __future__ import annotations
@@ -35,11 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=im.STEPS)
     ap.add_argument("--toolkit", default="2.5.0")
     ap.add_argument("--strategy", default="fused", help="how the transformer is partitioned [default: fused]")
+    ap.add_argument("--host", action="store_true",
+                    help="every transformer stage on ONNX Runtime (generic, device=host): no toolkit build; the "
+                         "runner's loop, sampler and decoder are the same (not with --sim or --vae npu)")
     ap.add_argument("--work", type=Path, default=None, help="folder for plans and bundles [default: a temp folder]")
     args = ap.parse_args(argv)
-    tk = find_toolkit(args.toolkit)
+    if args.host and (args.sim or args.vae != "host"):
+        ap.error("--host runs no NPU stage: not with --sim or --vae npu/auto")
+    tk = None if args.host else find_toolkit(args.toolkit)
     work = args.work or Path(tempfile.mkdtemp(prefix="check-images-"))
-    where = "rknn-toolkit2 simulator" if args.sim else "ONNX Runtime stand-in"
+    where = ("rknn-toolkit2 simulator" if args.sim else "ONNX Runtime stand-in" if not args.host
+             else "host (no NPU stage)")
     print(f"{args.steps} steps, default guidance, VAE decoder on the {args.vae}, NPU stages on the {where}\n")
     print("| family | pipeline | sampler | CFG | VAE | latent cosine | image PSNR | s |")
     print("| --- | --- | --- | --- | --- | ---: | ---: | ---: |")

@@ -16,7 +16,10 @@ Shared by ``tests/board/test_images.py`` (a sample of families covering every sa
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -42,6 +45,8 @@ class Reference:
     latents: np.ndarray
     latent: np.ndarray  #: ``output_type="latent"``
     image: np.ndarray  #: ``output_type="np"``, NHWC in [0, 1]
+    #: what a stochastic scheduler (HunyuanDiT's DDPM) drew from diffusers' generator while stepping, in order
+    step_noise: list[np.ndarray] | None = None
 
 
 def compiled_plan(family: str, root: Path, toolkit: Any = None, strategy: str = "fused", **opts: Any) -> Path:
@@ -87,9 +92,34 @@ def reference(family: str, *, seed: int = 3, steps: int = STEPS, guidance: float
     src = tp.cached_pipeline(family)
     embeds, latents = tp.call_inputs(family, seed=seed)
     pipe = tp.load(src)
-    latent = tp.run_diffusers(src, embeds, latents, steps, guidance, "latent", pipe=pipe)
+    with _observed_step_noise(pipe) as draws:
+        latent = tp.run_diffusers(src, embeds, latents, steps, guidance, "latent", pipe=pipe)
     image = tp.run_diffusers(src, embeds, latents, steps, guidance, "np", pipe=pipe)
-    return Reference(embeds, latents, latent, image)
+    return Reference(embeds, latents, latent, image, draws or None)
+
+
+@contextlib.contextmanager
+def _observed_step_noise(pipe: Any) -> Iterator[list[np.ndarray]]:
+    """The noise ``pipe``'s scheduler draws while stepping (``randn_tensor`` of its own module: DDPM's
+    variance noise), recorded as diffusers returns it and passed through unchanged: the board's sampler
+    is then given the same draws (``--step-noise``), so a stochastic sampler is compared by its math."""
+    module = sys.modules[type(pipe.scheduler).__module__]
+    draws: list[np.ndarray] = []
+    original = getattr(module, "randn_tensor", None)
+    if original is None:  # a deterministic scheduler draws nothing
+        yield draws
+        return
+
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        draws.append(out.detach().float().numpy().copy())
+        return out
+
+    module.randn_tensor = observed
+    try:
+        yield draws
+    finally:
+        module.randn_tensor = original
 
 
 def bundle_runner(bundle: Path) -> ModuleType:
@@ -109,7 +139,7 @@ def run_board(bundle: Path, ref: Reference, *, steps: int = STEPS, guidance: flo
     through ``rknnlite_api`` (the simulator)."""
     mod = bundle_runner(bundle)
     with mod.Runner(bundle, npu_standin=standin, rknnlite_api=rknnlite_api, residency=residency) as r:
-        x = r.denoise(steps, guidance=guidance, embeds=ref.embeds, latents=ref.latents)
+        x = r.denoise(steps, guidance=guidance, embeds=ref.embeds, latents=ref.latents, step_noise=ref.step_noise)
     image = r.decode(x)
     pixels = np.stack(mod.image_pixels(image)).astype(np.float32) / 255.0
     return x, pixels

@@ -3,7 +3,8 @@
 For a sample of the families ``rkpart export`` takes, one per sampler configuration of the sweep's image
 pipelines (FlowMatchEuler with dynamic shift and a sigma rule: Flux, distilled guidance; with a static
 shift: SD3, batched CFG with pooled embeddings; with CogView4's timesteps rule: two-pass CFG;
-DPM-Solver++ with epsilon prediction and learned sigma: PixArt-Σ; DPM-Solver with flow prediction: Sana),
+DPM-Solver++ with epsilon prediction and learned sigma: PixArt-Σ; DPM-Solver with flow prediction: Sana;
+DDPM with v prediction, stochastic: HunyuanDiT, given the noise diffusers' generator drew as ``--step-noise``),
 the same tiny model, the same embeddings and initial ``latents=``, 20 steps and the pipeline's default
 guidance: the bundle's own ``runner.py`` (NPU stages on the ONNX Runtime stand-in) returns the latent of
 ``pipe(..., output_type="latent")`` (cosine >= 0.9999) and the image of ``output_type="np"`` (PSNR >= 35 dB
@@ -11,7 +12,7 @@ over 8-bit pixels).  ``scripts/check_images.py`` runs every exported family; the
 ``test_images_sim.py``.
 
 Flux, PixArt-Σ and Sana are compiled for real (rknn-toolkit2 2.5.0, ``fused``: one NPU stage per block, builds
-from the build cache after the first run); CogView4 and SD3 run every stage on ONNX Runtime (``generic``
+from the build cache after the first run); CogView4, SD3 and HunyuanDiT run every stage on ONNX Runtime (``generic``
 with ``device="host"``: no build), which runs the same runner code around the model.
 """
 
@@ -34,7 +35,7 @@ pytestmark = [pytest.mark.export, pytest.mark.slow, pytest.mark.usefixtures("one
 
 #: compiled for the NPU (the simulator's families too), and on ONNX Runtime only
 NPU_FAMILIES = ("flux", "pixart_sigma", "sana")
-HOST_FAMILIES = ("cogview4", "sd3")
+HOST_FAMILIES = ("cogview4", "sd3", "hunyuandit")
 
 
 def _plan(family: str, root: Path) -> Path:
@@ -224,3 +225,27 @@ def test_bundle_refuses_a_scheduler_option_the_board_does_not_reproduce(board_ro
     assert "the pipeline's scheduler FlowMatchEulerDiscreteScheduler has options the board's sampler does not " \
            "reproduce: use_beta_sigmas=true" in r.stderr
     assert not (tmp_path / "board").exists()
+
+
+def test_estimate_counts_the_samplers_model_calls_and_the_vae_decode(board_root: Path) -> None:
+    """Two-pass CFG (CogView4) is 2 calls per step, batched CFG (SD3) 1 call of batch 2; the VAE decode is
+    counted once per image; --cfg/--no-cfg still override."""
+    from click.testing import CliRunner
+
+    from rkpart.cli import main
+
+    def est(family: str, *extra: str) -> dict[str, Any]:
+        r = CliRunner().invoke(main, ["estimate", str(_plan(family, board_root)), "--steps", "20", "--json", *extra])
+        assert r.exit_code == 0, r.output
+        return dict(json.loads(r.stdout)["pipeline"])
+
+    two, batched = est("cogview4"), est("sd3")
+    assert (two["calls_per_step"], two["passes"], two["cfg_parallel"] is not None) == (2, 40, True)
+    assert (batched["calls_per_step"], batched["passes"], batched["cfg_parallel"]) == (1, 20, None)
+    assert "batched CFG" in batched["calls_source"] and "two-pass" in two["calls_source"]
+    for p in (two, batched):
+        assert p["vae_decode_s"] > 0 and p["vae_source"] == "vae_decoder.onnx on the host CPU, predicted"
+        assert p["seconds_per_image"] > p["vae_decode_s"]
+    forced = est("sd3", "--cfg")
+    assert (forced["calls_per_step"], forced["calls_source"]) == (2, "--cfg")
+    assert forced["seconds_per_image"] > batched["seconds_per_image"]
