@@ -115,11 +115,10 @@ def encode(src: str | os.PathLike[str], description: str | os.PathLike[str], pro
         The folder has no text encoders, is another pipeline than the description's, or its text
         encoders give another text length than the export took.
     """
-    from rkpart.export.build import _quiet_libraries, load_pipeline, missing_extra
+    from rkpart.export import require_extra
+    from rkpart.export.build import _quiet_libraries, load_pipeline
 
-    missing = missing_extra()
-    if missing:
-        raise UserError(f"rkpart encode needs {', '.join(missing)}: pip install 'rkpart[export]'")
+    require_extra(("torch", "diffusers", "transformers"))
     folder = Path(src)
     d = load_description(description)
     if not (folder / "model_index.json").is_file():
