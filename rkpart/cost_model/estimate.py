@@ -141,7 +141,9 @@ class Estimate:
         pm = "" if self.device_mem_error is None else f" (+-{self.device_mem_error * 100:.0f} %)"
         ps = "" if self.seconds_error is None else f" +- {self.seconds_per_image * self.seconds_error:.1f}"
         lines.append(f"device memory peak under the plan's residency: {self.device_mem_bytes / mib:.1f} MiB{pm}")
-        calls = f"{self.calls_per_step} model call{'s' if self.calls_per_step != 1 else ''} ({self.calls_source})"
+        calls = (f"{self.calls_per_step} CFG" if self.calls_source in ("--cfg", "--no-cfg") else
+                 f"{self.calls_per_step} model call{'s' if self.calls_per_step != 1 else ''} per step "
+                 f"({self.calls_source})")
         vae = "" if self.vae_s is None else f", VAE decode {self.vae_s:.2f} s ({self.vae_source})"
         lines.append(f"seconds per image ({self.steps} steps x {calls} = {self.passes} passes): "
                      f"{self.seconds_per_image:.2f}{ps} s (lifecycle {self.lifecycle_s:.2f} s, NPU inference "
@@ -269,8 +271,8 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
         if e.device == HOST:
             host_total += (e.infer_s or 0.0) * passes
             continue
-        calls = passes if e.residency != Residency.RESIDENT.value else 1
-        life += ((e.load_s or 0.0) + (e.init_s or 0.0) + (e.release_s or 0.0)) * calls
+        cycles = passes if e.residency != Residency.RESIDENT.value else 1
+        life += ((e.load_s or 0.0) + (e.init_s or 0.0) + (e.release_s or 0.0)) * cycles
         infer_total += (e.infer_s or 0.0) * passes
     glue = overhead(model, feats, passes, whole_round=True)
     vae_s, vae_src = vae_decode_seconds(vae_decoder, model) if vae_decoder is not None else (None, None)
