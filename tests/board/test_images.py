@@ -249,3 +249,43 @@ def test_estimate_counts_the_samplers_model_calls_and_the_vae_decode(board_root:
     forced = est("sd3", "--cfg")
     assert (forced["calls_per_step"], forced["calls_source"]) == (2, "--cfg")
     assert forced["seconds_per_image"] > batched["seconds_per_image"]
+
+
+@pytest.mark.toolkit
+def test_a_decoder_failing_its_gate_is_recorded_and_auto_puts_it_on_the_host(board_root: Path, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fault injection (the real gate failure, Sana's DC-AE giving NaN in the 2.5.0 simulator, takes minutes of
+    builds): a decoder plan that fails its gate is recorded and not built again; ``--vae auto`` then bundles
+    the decoder on the host, saying why; ``--vae npu`` fails."""
+    import rkpart.board as board_mod
+    import rkpart.pipeline
+    from rkpart.errors import GateError
+    from tests.export.exports import cached_pipeline_export
+
+    decoder = cached_pipeline_export("flux") / "vae_decoder.onnx"
+    plan = _plan("flux", board_root)  # before partition is patched below
+
+    def injected(*_a: Any, **_k: Any) -> None:
+        raise GateError("injected: the VAE decoder's plan fails its simulator gate (NaN)")
+
+    monkeypatch.setattr(rkpart.pipeline, "partition", injected)
+    args = {"toolkit": "2.5.0", "target": "rk3588", "config": {}, "budget_bytes": 1 << 30, "cache": tmp_path}
+    with pytest.raises(GateError, match="injected"):
+        board_mod.vae_plan(decoder, **args)
+    (record,) = tmp_path.glob("*.json")
+    assert json.loads(record.read_text())["failed"].startswith("injected")
+
+    def must_not_build(*_a: Any, **_k: Any) -> None:
+        raise AssertionError("a recorded failure was built again")
+
+    monkeypatch.setattr(rkpart.pipeline, "partition", must_not_build)
+    with pytest.raises(GateError, match="recorded in"):
+        board_mod.vae_plan(decoder, **args)
+
+    monkeypatch.setattr(board_mod, "vae_plan", injected)
+    said: list[str] = []
+    src = board_mod.vae_source(plan, "auto", progress=said.append)
+    assert src is not None and src.device == "host" and src.plan is None
+    assert any(m.startswith("VAE decoder on the host CPU instead of the NPU: injected") for m in said), said
+    with pytest.raises(GateError, match="injected"):
+        board_mod.vae_source(plan, "npu")

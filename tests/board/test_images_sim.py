@@ -7,7 +7,7 @@ prediction).  The bundle's own ``runner.py`` drives the simulator through the bo
 --backend rknn-sim`` does), every NPU stage resident (one simulator build each).  Flux's and PixArt-Σ's VAE
 decoders run in the simulator too (their plans gated by ``rkpart bundle``); Sana's DC-AE decoder fails that
 gate in the simulator (NaN) and runs on the host (``--vae auto`` falls back; tested with an injected failure in
-test_vae.py).  Same tiny models, embeddings, ``latents=``, 20 steps and default guidance as test_images.py;
+test_images.py).  Same tiny models, embeddings, ``latents=``, 20 steps and default guidance as test_images.py;
 fp16 on the NPU still gives cosine >= 0.9999 and PSNR >= 35 dB.
 """
 
