@@ -28,7 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     from tests.models import pipelines as tp
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("families", nargs="*", help=f"families [default: every image family: {', '.join(im.IMAGE_FAMILIES)}]")
+    ap.add_argument("families", nargs="*",
+                    help=f"families [default: every image family: {', '.join(im.IMAGE_FAMILIES)}]")
     ap.add_argument("--vae", choices=("host", "npu", "auto"), default="host",
                     help="where the VAE decoder runs (auto: the NPU, the host when its NPU plan fails its gate)")
     ap.add_argument("--sim", action="store_true", help="NPU stages in the rknn-toolkit2 simulator (resident)")
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="check-images-"))
     where = ("rknn-toolkit2 simulator" if args.sim else "ONNX Runtime stand-in" if not args.host
              else "host (no NPU stage)")
-    print(f"{args.steps} steps, default guidance, VAE decoder on the {args.vae}, NPU stages on the {where}\n")
+    print(f"{args.steps} steps, default guidance, VAE decoder: {args.vae}, NPU stages on the {where}\n")
     print("| family | pipeline | sampler | CFG | VAE | latent cosine | image PSNR | s |")
     print("| --- | --- | --- | --- | --- | ---: | ---: | ---: |")
     failed = 0
