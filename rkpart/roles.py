@@ -61,7 +61,8 @@ BY_DESCRIPTION, BY_FLAGS, BY_SHAPE = "pipeline.json", "flags", "shape (guessed)"
 
 # -- the plan's description ---------------------------------------------------------------------
 def description_beside(model: Path) -> Path | None:
-    """``pipeline.json`` beside ``model`` (what ``rkpart export`` writes), if there is one."""
+    """``pipeline.json`` beside ``model`` (what ``rkpart export`` writes), if there is one (it
+    describes ``model`` only when its ``transformer.file`` names it: :func:`model_description`)."""
     p = model.parent / FILENAME
     return p if p.exists() else None
 
@@ -120,6 +121,9 @@ def model_description(model: Path, explicit: Path | None, model_io: Mapping[str,
     if p is None:
         return None
     d = load_description(p)
+    if explicit is None and d.transformer.file != model.name:
+        # rkpart export's folder also holds vae_decoder.onnx: the description beside it is not its own
+        return None
     check_against(d, model_io, outputs=outputs)
     return d
 

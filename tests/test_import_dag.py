@@ -49,7 +49,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("grounding",),
     ("pipeline",),
     ("repartition",),
-    ("tune",),
+    ("tune", "board"),
     ("dropin",),
     ("cli_args",),
     ("commands",),
