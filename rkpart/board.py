@@ -101,8 +101,8 @@ def vae_plan(decoder: Path, *, toolkit: str, target: str, config: dict[str, Any]
         opts = CompileOptions(toolkit=toolkit, target=target, config=config, jobs=2, toolkits_dir=toolkits_dir)
         report, _rounds, stuck = compile_repartition(tmp, opts, progress)
         if report.failed:
-            raise ToolkitError(f"the VAE decoder's plan did not build ({', '.join(o.stage_id for o in report.failed)}); bundle it with "
-                               "--vae host")
+            failed = ", ".join(o.stage_id for o in report.failed)
+            raise ToolkitError(f"the VAE decoder's plan did not build ({failed}); bundle it with --vae host")
         if stuck:
             progress(f"VAE decoder plan: CPU layers no repartition can move: {', '.join(stuck)}")
         progress(f"VAE decoder plan: gate in the rknn-toolkit2 {toolkit} simulator")
