@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from rkpart.ir import ModelGraph
 from rkpart.progress import Progress, silent
 from rkpart.targets import get_target
 from rkpart.targets.capability import Capability
+from rkpart.types import JsonMap, JsonObject
 
 
 def candidate_variants(mg: ModelGraph, disc: Discovery, *, max_run: int = 1, plugins_too: bool = True,
@@ -130,7 +131,7 @@ def capability_trades(mg: ModelGraph, disc: Discovery, model: CostModel, config:
     return out
 
 
-def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
+def auto_budget(options: JsonMap) -> tuple[float | None, str]:
     """``auto``'s memory budget in MiB and where it came from.
 
     ``budget_mib`` given: that; ``"none"``: no budget (``--no-budget``); absent: the default
@@ -181,7 +182,7 @@ def _precisions(v: Any) -> tuple[str, ...]:
     return tuple(p for p in CANDIDATE_PRECISIONS if p in got)
 
 
-def load_accuracy(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_accuracy(path: str | os.PathLike[str]) -> JsonObject:
     """An accuracy term written by ``rkpart drift --accuracy FILE``, checked for the keys selection reads.
 
     Raises :class:`UserError` naming the file and what is wrong.
@@ -235,7 +236,7 @@ class AutoOptions:
     precisions: tuple[str, ...] = ("fp16",)
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> AutoOptions:
+    def from_mapping(cls, options: JsonMap) -> AutoOptions:
         residency = option(options, "residency", "any", ("any", *RESIDENCIES))
         budget, budget_source = auto_budget(options)
         try:
@@ -406,7 +407,7 @@ class Grounded:
     notes: tuple[str, ...]
 
 
-def precision_spec(sel: Selection) -> dict[str, Any]:
+def precision_spec(sel: Selection) -> JsonObject:
     """The chosen precision as a ``--precision-spec`` (``stages: {id: int8}``; stages not named are
     fp16), recorded in plan.json so that ``rkpart compile PLAN --calibration CALIB`` builds it."""
     return {"stages": {g.id: o.candidate.precision for o in sel.chosen if o.candidate.precision != "fp16"

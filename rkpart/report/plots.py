@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from rkpart.report.data import COMPONENTS, Table
-from rkpart.types import NPU, seconds_key
+from rkpart.types import NPU, JsonObject, seconds_key
 
 NPU_COLOR, HOST_COLOR = "#2b7bba", "#f0a640"
 COMPONENT_COLORS = {"load": "#8c6bb1", "init": "#2b7bba", "infer": "#41ab5d", "release": "#bdbdbd",
@@ -46,7 +46,7 @@ def stage_map(stages: Table, coverage: Table) -> bytes:
     from matplotlib.patches import Patch, Rectangle
 
     rows = [c["row"] for c in coverage if c["row"] != "all"]
-    per_row: dict[str, list[dict[str, Any]]] = {r: [] for r in rows}
+    per_row: dict[str, list[JsonObject]] = {r: [] for r in rows}
     for s in stages:
         per_row[s["row"]].append(s)
     width = max(len(v) for v in per_row.values())
@@ -149,7 +149,7 @@ def memory(rows: Table, budget_mib: float | None) -> bytes | None:
     if not measured:
         return None
     plt = _plt()
-    by_key: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    by_key: dict[tuple[Any, Any], list[JsonObject]] = {}
     for r in measured:
         by_key.setdefault((r["profile"], r["round"]), []).append(r)
     keys, shown_of = _summarised_rounds(list(by_key))

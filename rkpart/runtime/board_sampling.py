@@ -43,9 +43,12 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rkpart.types import JsonMap, JsonObject
 
 #: the diffusers version whose schedulers this module reproduces
 DIFFUSERS_VERSION = "0.42.1"
@@ -236,7 +239,7 @@ _BETA = {
 }
 
 #: each class's ``__init__`` keyword defaults in diffusers 0.42.1 (a test compares them with diffusers')
-DEFAULTS: dict[str, dict[str, Any]] = {
+DEFAULTS: dict[str, JsonObject] = {
     "FlowMatchEulerDiscreteScheduler": {
         "num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False, "base_shift": 0.5,
         "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096, "invert_sigmas": False,
@@ -301,15 +304,15 @@ _KARRAS_COMPATIBLES = (
 )
 
 
-class _Config(dict[str, Any]):
+class _Config(JsonObject):
     """A scheduler's config as ``from_config`` resolves it: the class defaults, updated with the
     saved config's values for the class's own keys; ``extra`` holds the saved config's other keys
     (diffusers registers them as config attributes: ``hasattr(config, "sigma_min")`` reads them)."""
 
-    extra: dict[str, Any]
+    extra: JsonObject
 
 
-def resolve_config(class_name: str, config: Mapping[str, Any]) -> _Config:
+def resolve_config(class_name: str, config: JsonMap) -> _Config:
     """The config ``class_name.from_config(config)`` would run with (see :class:`_Config`).
 
     Keys the saved config lists in ``_use_default_values`` take the class default, as in diffusers.
@@ -488,7 +491,7 @@ def _refusals(class_name: str, cfg: _Config) -> list[str]:
     raise AssertionError(class_name)  # pragma: no cover - SCHEDULERS and DEFAULTS agree
 
 
-def unsupported(class_name: str, config: Mapping[str, Any]) -> list[str]:
+def unsupported(class_name: str, config: JsonMap) -> list[str]:
     """The options of ``config`` (a ``scheduler_config.json``) this module does not reproduce, each
     as ``key=value`` with the value as JSON; ``[class_name]`` when the class is not implemented;
     ``[]`` when :func:`make_scheduler` reproduces the scheduler."""
@@ -1662,7 +1665,7 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
 }
 
 
-def make_scheduler(class_name: str, config: Mapping[str, Any]) -> Scheduler:
+def make_scheduler(class_name: str, config: JsonMap) -> Scheduler:
     """The scheduler ``diffusers.<class_name>.from_config(config)`` would be, in NumPy.
 
     Raises :class:`SamplerError` naming the class, or every option :func:`unsupported` lists.
@@ -1743,7 +1746,7 @@ def retrieve_timesteps(scheduler: Scheduler, num_inference_steps: int | None = N
             raise SamplerError("a rule takes num_inference_steps and no explicit sigmas or timesteps")
         args = schedule_arguments(rule, num_inference_steps, scheduler.config.get("num_train_timesteps", 1000))
         sigmas, timesteps = args.get("sigmas"), args.get("timesteps")
-    kw: dict[str, Any] = {} if mu is None else {"mu": mu}
+    kw: JsonObject = {} if mu is None else {"mu": mu}
     if timesteps is not None or sigmas is not None:
         scheduler.set_timesteps(None, sigmas=sigmas, timesteps=timesteps, **kw)  # type: ignore[arg-type]
         return scheduler.timesteps, len(scheduler.timesteps)
