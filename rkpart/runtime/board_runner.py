@@ -124,7 +124,7 @@ CFG_MODES = ("two-pass", "batched", "distilled", "none")
 SIGNED = frozenset({"timestep_scale", "pipeline_timestep_scale"})
 
 
-def check_number(v: Any, key: str, what: str) -> float:
+def check_number(v: object, key: str, what: str) -> float:
     """``v`` as a float if it is a finite number within ``NUMBER_RANGES[key]`` (its magnitude for
     :data:`SIGNED` keys), else :class:`BundleError`."""
     lo, hi = NUMBER_RANGES[key]
@@ -353,7 +353,7 @@ def _parse_int(text: str) -> int:
     return int(text)
 
 
-def _check_depth(doc: Any, what: str) -> None:
+def _check_depth(doc: object, what: str) -> None:
     stack: list[tuple[Any, int]] = [(doc, 1)]
     while stack:
         x, d = stack.pop()
@@ -380,7 +380,7 @@ def load_json(path: Path, what: str, max_bytes: int = MAX_MANIFEST_BYTES) -> Any
     return doc
 
 
-def _name(x: Any, what: str) -> str:
+def _name(x: object, what: str) -> str:
     if not isinstance(x, str) or not x or len(x) > MAX_NAME_CHARS or "\0" in x:
         shown = repr(x)[:80]
         raise BundleError(f"manifest: {what} must be a non-empty string without NUL bytes (at most "
@@ -388,19 +388,19 @@ def _name(x: Any, what: str) -> str:
     return x
 
 
-def _int(x: Any, what: str, lo: int = 0, hi: int = MAX_FILE_BYTES) -> int:
+def _int(x: object, what: str, lo: int = 0, hi: int = MAX_FILE_BYTES) -> int:
     if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
         raise BundleError(f"manifest: {what} must be an integer in [{lo}, {hi}], got {repr(x)[:80]}")
     return x
 
 
-def _obj(x: Any, what: str) -> JsonObject:
+def _obj(x: object, what: str) -> JsonObject:
     if not isinstance(x, dict):
         raise BundleError(f"manifest: {what} must be an object, got {type(x).__name__}")
     return x
 
 
-def _list(x: Any, what: str) -> list[Any]:
+def _list(x: object, what: str) -> list[Any]:
     if not isinstance(x, list):
         raise BundleError(f"manifest: {what} must be a list, got {type(x).__name__}")
     return x
@@ -525,7 +525,7 @@ def _validate_graph(m: JsonMap, files: JsonMap, prefix: str) -> JsonObject:
     return dict(tensors)
 
 
-def _validate_loop(d: Any, tensors: JsonMap) -> None:
+def _validate_loop(d: object, tensors: JsonMap) -> None:
     """The manifest's ``denoise`` record, when it describes a loop (not absent, not an ``error``):
     tensor names the manifest lists and every number in its range (:data:`NUMBER_RANGES`)."""
     if not isinstance(d, dict) or "error" in d or not all(k in d for k in ("latent", "timestep", "context")):

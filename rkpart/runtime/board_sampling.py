@@ -48,7 +48,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from rkpart.types import JsonMap, JsonObject
+
+    #: a timestep or sigma: a Python number or a numpy scalar (diffusers passes either)
+    Scalar: TypeAlias = float | np.floating[Any] | np.integer[Any]
 
 #: the diffusers version whose schedulers this module reproduces
 DIFFUSERS_VERSION = "0.42.1"
@@ -577,10 +582,10 @@ class Scheduler:
                        mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
         raise NotImplementedError
 
-    def scale_model_input(self, sample: np.ndarray, t: Any = None) -> np.ndarray:
+    def scale_model_input(self, sample: np.ndarray, t: Scalar | None = None) -> np.ndarray:
         return sample
 
-    def step(self, model_output: np.ndarray, t: Any, sample: np.ndarray, *,
+    def step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray, *,
              generator_noise: NoiseFn | None = None) -> np.ndarray:
         """One denoising step: ``prev_sample`` from the model's output at timestep ``t``.
 
@@ -599,13 +604,13 @@ class Scheduler:
                 raise SamplerError(f"{self.class_name}.step: model_output {np.shape(model_output)} does not fit "
                                    f"sample {np.shape(sample)}") from None
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         raise NotImplementedError
 
     # diffusers' ``index_for_timestep`` and ``_init_step_index``: the first step finds its index
     # from t (the second match when t repeats, for image-to-image), later steps count on
-    def _index_for_timestep(self, t: Any, missing_is_last: bool) -> int:
+    def _index_for_timestep(self, t: Scalar, missing_is_last: bool) -> int:
         hits = np.nonzero(self.timesteps == np.asarray(t).item())[0]
         if len(hits) == 0:
             if missing_is_last:
@@ -613,7 +618,7 @@ class Scheduler:
             raise SamplerError(f"timestep {np.asarray(t).item()!r} is not one of the scheduler's timesteps")
         return int(hits[1] if len(hits) > 1 else hits[0])
 
-    def _init_step_index(self, t: Any, missing_is_last: bool = False) -> None:
+    def _init_step_index(self, t: Scalar, missing_is_last: bool = False) -> None:
         if self._step_index is None:
             self._step_index = self._index_for_timestep(t, missing_is_last)
 
@@ -626,13 +631,13 @@ class Scheduler:
         if bad:
             raise SamplerError(f"{self.class_name}.set_timesteps does not take {', '.join(bad)}")
 
-    def _check_steps(self, n: Any) -> None:
+    def _check_steps(self, n: Scalar) -> None:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_TRAIN_TIMESTEPS:
             raise SamplerError(f"{self.class_name}: num_inference_steps must be an integer in "
                                f"[1, {MAX_TRAIN_TIMESTEPS}], got {n!r}")
 
 
-def _time_shift(kind: str, mu: float, sigma: float, t: Any) -> Any:
+def _time_shift(kind: str, mu: float, sigma: float, t: Scalar | np.ndarray) -> Any:
     if kind == "exponential":
         return math.exp(mu) / (math.exp(mu) + (1 / t - 1) ** sigma)
     return mu / (mu + (1 / t - 1) ** sigma)
@@ -734,7 +739,7 @@ class FlowMatchEulerDiscreteScheduler(Scheduler):
         self.timesteps, self.sigmas = ts32, sig32
         self._step_index = None
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         if np.issubdtype(np.asarray(t).dtype, np.integer):
             raise SamplerError("pass one of scheduler.timesteps as t, not an integer index")
@@ -788,7 +793,7 @@ class FlowMapEulerDiscreteScheduler(Scheduler):
         self.timesteps = self.sigmas[:-1] * n_train
         self._step_index = None
 
-    def _index(self, t: Any) -> int:
+    def _index(self, t: Scalar) -> int:
         # diffusers: the nearest timestep in float32, if within 1e-3
         diffs = np.abs(self.timesteps.astype(F32) - F32(np.asarray(t, F64).ravel()[0])).astype(F32)
         i = int(diffs.argmin())
@@ -796,7 +801,7 @@ class FlowMapEulerDiscreteScheduler(Scheduler):
             raise SamplerError(f"timestep {np.asarray(t).ravel()[0]!r} is not on the schedule (no r_timestep here)")
         return i
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         assert self.sigmas is not None
         if self._step_index is None:
@@ -845,7 +850,7 @@ class DDIMScheduler(_AlphaScheduler):
         self.timesteps = _spaced_timesteps(self.config["timestep_spacing"], n_train, num_inference_steps,
                                            self.config["steps_offset"])
 
-    def _x0_eps(self, v: np.ndarray, x: np.ndarray, a_t: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _x0_eps(self, v: np.ndarray, x: np.ndarray, a_t: Scalar) -> tuple[np.ndarray, np.ndarray]:
         b_t = 1 - a_t
         kind = self.config["prediction_type"]
         if kind == "epsilon":
@@ -868,7 +873,7 @@ class DDIMScheduler(_AlphaScheduler):
         a_prev = F64(self.alphas_cumprod[prev_t] if prev_t >= 0 else self.final_alpha_cumprod)
         return a_t, a_prev
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         self._need_timesteps()
         assert self.num_inference_steps is not None
@@ -911,7 +916,7 @@ class CogVideoXDDIMScheduler(DDIMScheduler):
         self.final_alpha_cumprod = dt(1.0) if config["set_alpha_to_one"] else ac[0]
         self.timesteps = np.arange(0, n)[::-1].copy().astype(np.int64)
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         self._need_timesteps()
         assert self.num_inference_steps is not None
@@ -939,7 +944,7 @@ class CogVideoXDPMScheduler(CogVideoXDDIMScheduler):
         self._old_x0: np.ndarray | None = None
         self._t_back: int | None = None
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         self._need_timesteps()
         assert self.num_inference_steps is not None
@@ -1010,7 +1015,7 @@ class DDPMScheduler(DDIMScheduler):
             return -1 if i == len(self.timesteps) - 1 else int(self.timesteps[i + 1])
         return t - 1
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         t = int(np.asarray(t).item())
         prev_t = self._prev(t)
@@ -1074,14 +1079,14 @@ class _SigmaMultistep(_AlphaScheduler):
 
     # Step arithmetic is NumPy float64 scalars, not Python floats: like diffusers' torch scalars,
     # a zero sigma gives inf/NaN where Python would raise (callers run under np.errstate).
-    def _alpha_sigma(self, sigma: Any) -> tuple[Any, Any]:
+    def _alpha_sigma(self, sigma: Scalar) -> tuple[Any, Any]:
         sigma = F64(sigma)
         if self.config["use_flow_sigmas"]:
             return 1 - sigma, sigma
         alpha = 1 / ((sigma ** 2 + 1) ** 0.5)
         return alpha, sigma * alpha
 
-    def _lambda(self, sigma: Any) -> Any:
+    def _lambda(self, sigma: Scalar) -> Any:
         a, s = self._alpha_sigma(sigma)
         return np.log(a) - np.log(s)
 
@@ -1289,7 +1294,7 @@ class DPMSolverMultistepScheduler(_SigmaMultistep):
         return ((s_t / s_s0 * np.exp(-h)) * x + (a_t * e2) * m0 + (a_t * (e2 / (-2.0 * h) + 1.0)) * d1
                 + (a_t * ((e2 - 2.0 * h) / (2.0 * h) ** 2 - 0.5)) * d2 + s_t * np.sqrt(e2) * noise)
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         self._need_timesteps()
         self._init_step_index(t, missing_is_last=True)
@@ -1412,7 +1417,7 @@ class UniPCMultistepScheduler(_SigmaMultistep):
         ac0 = self.alphas_cumprod[0]
         return float(np.sqrt(F64(F32(F32(1) - ac0) / ac0)).astype(F32))
 
-    def _bh(self, hh: Any, order: int) -> tuple[Any, Any, list[Any]]:
+    def _bh(self, hh: Scalar, order: int) -> tuple[Any, Any, list[Any]]:
         """``h_phi_1``, ``B_h`` and the right-hand side ``b`` of UniPC's order conditions."""
         h_phi_1 = np.expm1(hh)
         h_phi_k = h_phi_1 / hh - 1
@@ -1424,7 +1429,7 @@ class UniPCMultistepScheduler(_SigmaMultistep):
             h_phi_k = h_phi_k / hh - 1 / factorial_i
         return h_phi_1, b_h, b
 
-    def _rks_d1s(self, newest: int, order: int, sig_s0: Any, h: Any) -> tuple[list[Any], list[np.ndarray]]:
+    def _rks_d1s(self, newest: int, order: int, sig_s0: Scalar, h: Scalar) -> tuple[list[Any], list[np.ndarray]]:
         assert self.sigmas is not None
         m0 = self.model_outputs[-1]
         assert m0 is not None
@@ -1487,7 +1492,7 @@ class UniPCMultistepScheduler(_SigmaMultistep):
             return s_t / s_s0 * last - a_t * h_phi_1 * m0 - a_t * b_h * (corr + rhos[-1] * d1_t)
         return a_t / a_s0 * last - s_t * h_phi_1 * m0 - s_t * b_h * (corr + rhos[-1] * d1_t)
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         self._need_timesteps()
         self._init_step_index(t, missing_is_last=True)
@@ -1598,7 +1603,7 @@ class EulerDiscreteScheduler(_AlphaScheduler):
         x = np.asarray(sample)
         return (x.astype(F64) / (sigma ** 2 + 1) ** 0.5).astype(x.dtype)
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         if np.issubdtype(np.asarray(t).dtype, np.integer):
             raise SamplerError("pass one of scheduler.timesteps as t, not an integer index")
@@ -1632,7 +1637,7 @@ class EulerAncestralDiscreteScheduler(EulerDiscreteScheduler):
             raise SamplerError("pass num_inference_steps")
         super()._set_timesteps(num_inference_steps)
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         if np.issubdtype(np.asarray(t).dtype, np.integer):
             raise SamplerError("pass one of scheduler.timesteps as t, not an integer index")
