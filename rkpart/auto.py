@@ -18,7 +18,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rkpart.cost_model.candidates import Candidate, Variant, block_anatomy, candidates_from
 from rkpart.cost_model.features import group_features
@@ -153,7 +152,7 @@ def auto_budget(options: JsonMap) -> tuple[float | None, str]:
     return mib, "given"
 
 
-def _as_bool(v: Any, name: str) -> bool:
+def _as_bool(v: object, name: str) -> bool:
     """A boolean option, also as the CLI's ``--option KEY=true|false`` string."""
     if isinstance(v, bool):
         return v
@@ -162,7 +161,7 @@ def _as_bool(v: Any, name: str) -> bool:
     raise UserError(f"auto strategy: option {name} must be true or false, not {v!r}")
 
 
-def _as_list(v: Any) -> tuple[str, ...]:
+def _as_list(v: object) -> tuple[str, ...]:
     if v is None:
         return ()
     if isinstance(v, (list, tuple)):
@@ -170,7 +169,7 @@ def _as_list(v: Any) -> tuple[str, ...]:
     return tuple(x for x in str(v).split(",") if x)
 
 
-def _precisions(v: Any) -> tuple[str, ...]:
+def _precisions(v: object) -> tuple[str, ...]:
     """``precisions`` (``fp16``, ``int8`` or ``fp16,int8``), in that order; default fp16 only."""
     from rkpart.grouping.strategies.families import CANDIDATE_PRECISIONS
 

@@ -165,7 +165,7 @@ class ErrorSummary:
                    method=None if d.get("method") is None else str(d["method"]))
 
 
-def _num(x: Any) -> float | None:
+def _num(x: object) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 

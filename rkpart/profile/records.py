@@ -900,7 +900,7 @@ def _check_record(obj: Any, *, where: str, shared: dict[Any, Any]) -> None:
     shared.update(fresh)
 
 
-def _nonfinite_field(obj: Any) -> str | None:
+def _nonfinite_field(obj: object) -> str | None:
     """The dotted path of the first NaN/Inf number in ``obj`` (JSON accepts ``NaN``), else ``None``."""
     bad = bad_number(obj)
     return (bad[0] or "the record") if bad is not None else None

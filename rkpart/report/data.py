@@ -94,7 +94,7 @@ _ABS_METRICS = ("max_abs", "mean_abs", "ref_max_abs", "max_abs_rel")
 _COUNTS = ("nan", "inf", "ref_nonfinite", "nonfinite")
 
 
-def _metric_problem(k: str, v: Any) -> str | None:
+def _metric_problem(k: str, v: object) -> str | None:
     """Why ``v`` is no value of the run-report metric ``k`` (``None``: it is one).
 
     NaN is kept where ``rkpart run`` writes it (the metrics of outputs holding NaN/Inf): the
@@ -121,7 +121,7 @@ def _metric_problem(k: str, v: Any) -> str | None:
     return None
 
 
-def _check_metrics(path: Path, where: str, tensors: Any) -> None:
+def _check_metrics(path: Path, where: str, tensors: object) -> None:
     if not isinstance(tensors, dict) or not all(isinstance(m, dict) for m in tensors.values()):
         raise SpecError(f"{path}: {where} must map tensor names to metrics")
     for t, m in tensors.items():

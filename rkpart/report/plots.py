@@ -186,7 +186,7 @@ def _log(ax: Any, which: str) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _nan(v: Any) -> bool:
+def _nan(v: object) -> bool:
     """A metric ``rkpart run`` could not compute: ``null`` in its strict JSON (outputs holding
     NaN/Inf), or a NaN / infinity a hand-written report holds."""
     return v is None or (isinstance(v, float) and not math.isfinite(v))

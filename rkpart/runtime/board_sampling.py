@@ -230,11 +230,11 @@ def _fmt(key: str, value: Any) -> str:
     return f"{key}={text[:60]}"
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
