@@ -359,7 +359,7 @@ def json_option(*, help: str = "Machine-readable output on stdout.") -> OptionDe
     return click.option("--json", "as_json", is_flag=True, help=help)
 
 
-def strict_json(value: Any) -> Any:
+def strict_json(value: object) -> Any:
     """``value`` with every NaN or infinite float replaced by ``null``: ``--json`` output is strict
     JSON (RFC 8259 has no NaN; ``jq`` and most parsers reject Python's bare ``NaN``)."""
     if isinstance(value, float):

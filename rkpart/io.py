@@ -242,7 +242,7 @@ MAX_ITEMS = 5_000_000
 MAX_JSON_INT = 2**53
 
 
-def bounded_integers(schema: Any, *, numbers: bool = False) -> Any:
+def bounded_integers(schema: object, *, numbers: bool = False) -> Any:
     """A copy of the JSON Schema ``schema`` in which every integer without a ``maximum`` of its own
     has ``maximum`` :data:`MAX_JSON_INT` (``type`` ``"integer"`` or a list holding it).
 

@@ -408,7 +408,7 @@ def verify_round(rows: Sequence[VerifyRow], folders: Mapping[str, Path], work: P
         row.records += run.stage_records(warmup=False)
 
 
-def measure_cfg_parallel(bundle: str | Path, *, steps: int, rounds: int, seed: int = 0, rknnlite_api: Any = None,
+def measure_cfg_parallel(bundle: str | Path, *, steps: int, rounds: int, seed: int = 0, rknnlite_api: object = None,
                          progress: Callable[[str], None] = lambda _: None) -> CfgParallel:
     """Time the whole denoising loop of ``bundle`` with the two CFG passes one after the other and
     at once on two NPU cores (:class:`~rkpart.runtime.board_runner.Runner`, ``cfg_parallel``),

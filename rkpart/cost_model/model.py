@@ -321,7 +321,7 @@ class CfgParallel:
         return {"speedup": self.speedup, "source": self.source, "measured": self.measured}
 
     @classmethod
-    def from_json(cls, d: Any, *, where: str) -> CfgParallel:
+    def from_json(cls, d: object, *, where: str) -> CfgParallel:
         if not isinstance(d, Mapping):
             raise SpecError(f"{where}: 'cfg_parallel' must be an object, got {type(d).__name__}")
         x, src, meas = d.get("speedup"), d.get("source"), d.get("measured", {})

@@ -174,7 +174,7 @@ def memory(rows: Table, budget_mib: float | None) -> bytes | None:
     return _png(fig)
 
 
-def _log(ax: Any, which: str) -> None:
+def _log(ax: object, which: str) -> None:
     """A log scale on ``ax``'s ``which`` axis (``"x"`` / ``"y"``) whose tick labels are plain text
     (``1e-06``): with ``text.parse_math`` off, matplotlib's default ``$\\mathdefault{10^{-6}}$``
     labels were drawn literally."""

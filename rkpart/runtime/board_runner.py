@@ -139,7 +139,7 @@ CFG_LANE_MASKS = ("0", "1")
 LOOP_FLAGS = "--latent-input NAME --timestep-input NAME [--guidance-input NAME] [--context-input NAME ...]"
 
 
-def input_digest(a: Any) -> str:
+def input_digest(a: object) -> str:
     """sha256 of an array's dtype, shape and bytes: :func:`rkpart.io.input_digest`, which this
     leaf module cannot import (a test keeps the two equal)."""
     arr = np.ascontiguousarray(a)
@@ -1218,7 +1218,7 @@ class Runner:
                 out[which][name] = a.astype(want, copy=False)
         return out["cond"], out["uncond"]
 
-    def initial_latent(self, latents: Any, rng: np.random.Generator) -> np.ndarray:
+    def initial_latent(self, latents: object, rng: np.random.Generator) -> np.ndarray:
         """The call's ``latents=`` (given: shape and dtype checked, finite), else drawn from ``rng``
         (standard normal, the description's dtype)."""
         p = self.pipeline
@@ -1368,7 +1368,7 @@ class Runner:
                                manifest=self.manifest, graph="vae")
         return self._vae
 
-    def decode(self, latent: Any) -> np.ndarray:
+    def decode(self, latent: object) -> np.ndarray:
         """The image (NCHW float32 in [0, 1], what ``output_type="np"`` returns, transposed) of the
         final latent, by the bundle's VAE decoder (the pipeline's whole post-loop path)."""
         vae = self.vae_runner()
@@ -1415,7 +1415,7 @@ class Runner:
         return out
 
 
-def json_numbers(v: Any) -> Any:
+def json_numbers(v: object) -> Any:
     """A config as pipeline.json spells it, with its non-finite numbers (written as the strings
     ``"Infinity"``, ``"-Infinity"``, ``"NaN"``: DPM-Solver's ``lambda_min_clipped``) as floats."""
     if isinstance(v, str) and v in ("Infinity", "-Infinity", "NaN"):

@@ -168,7 +168,7 @@ def _searchsorted_left(a: np.ndarray, v: Any) -> int:
     return int(np.searchsorted(a, v, side="left"))
 
 
-def _sigma_to_t(sigma: Any, log_sigmas: np.ndarray) -> np.ndarray:
+def _sigma_to_t(sigma: object, log_sigmas: np.ndarray) -> np.ndarray:
     """diffusers' ``_sigma_to_t``: the fractional training timestep of a sigma, by log-sigma interpolation.
 
     A float64 NumPy scalar minus diffusers' float32 ``log_sigmas`` is float64 under NumPy 2 and
@@ -222,7 +222,7 @@ def _spaced_timesteps(spacing: str, num_train: int, n: int, steps_offset: int) -
 # configs: diffusers' defaults, what from_config keeps, and what this module reproduces
 
 
-def _fmt(key: str, value: Any) -> str:
+def _fmt(key: str, value: object) -> str:
     try:
         text = json.dumps(value, allow_nan=True)
     except (TypeError, ValueError):
