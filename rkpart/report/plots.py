@@ -116,15 +116,19 @@ def lifecycle(rows: Table) -> bytes | None:
 MAX_ROUNDS_DRAWN = 6
 
 
-def _summarised_rounds(keys: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], dict[Any, str]]:
+#: a memory panel: (profile name, round index)
+Panel = tuple[str, int]
+
+
+def _summarised_rounds(keys: list[Panel]) -> tuple[list[Panel], dict[str, str]]:
     """The (profile, round) panels to draw: every round of a profile with up to
     :data:`MAX_ROUNDS_DRAWN`, else its first, middle and last (a 110 000-record profile must not
     become thousands of subplots); per summarised profile the note its titles carry."""
-    per: dict[Any, list[Any]] = {}
+    per: dict[str, list[int]] = {}
     for p, rnd in keys:
         per.setdefault(p, []).append(rnd)
-    out: list[tuple[Any, Any]] = []
-    notes: dict[Any, str] = {}
+    out: list[Panel] = []
+    notes: dict[str, str] = {}
     for p, rounds in per.items():
         if len(rounds) > MAX_ROUNDS_DRAWN:
             picked = list(dict.fromkeys([rounds[0], rounds[len(rounds) // 2], rounds[-1]]))
@@ -149,7 +153,7 @@ def memory(rows: Table, budget_mib: float | None) -> bytes | None:
     if not measured:
         return None
     plt = _plt()
-    by_key: dict[tuple[Any, Any], list[JsonObject]] = {}
+    by_key: dict[Panel, list[JsonObject]] = {}
     for r in measured:
         by_key.setdefault((r["profile"], r["round"]), []).append(r)
     keys, shown_of = _summarised_rounds(list(by_key))
