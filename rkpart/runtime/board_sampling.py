@@ -50,7 +50,9 @@ import numpy as np
 if TYPE_CHECKING:
     from typing import TypeAlias
 
-    from rkpart.types import JsonMap, JsonObject
+    # rkpart.types' JSON aliases, spelled here: this module imports nothing from rkpart, at any depth
+    JsonObject: TypeAlias = dict[str, Any]
+    JsonMap: TypeAlias = Mapping[str, Any]
 
     #: a timestep or sigma: a Python number or a numpy scalar (diffusers passes either)
     Scalar: TypeAlias = float | np.floating[Any] | np.integer[Any]
@@ -309,7 +311,7 @@ _KARRAS_COMPATIBLES = (
 )
 
 
-class _Config(JsonObject):
+class _Config(dict[str, Any]):
     """A scheduler's config as ``from_config`` resolves it: the class defaults, updated with the
     saved config's values for the class's own keys; ``extra`` holds the saved config's other keys
     (diffusers registers them as config attributes: ``hasattr(config, "sigma_min")`` reads them)."""
