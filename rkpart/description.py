@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from rkpart.errors import SpecError
+from rkpart.types import JsonMap, JsonObject
 
 FORMAT = "rkpart-pipeline"
 VERSION = 1
@@ -89,7 +90,7 @@ class TimestepDesc:
 @dataclass(frozen=True)
 class SchedulerDesc:
     class_name: str
-    config: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    config: JsonMap = field(default_factory=dict, compare=False)
     sigmas: str | None = None
     mu: float | None = None
     #: the rule of the ``timesteps`` the pipeline passes to ``set_timesteps`` beside its sigmas (CogView4)
@@ -194,7 +195,7 @@ class PipelineDescription:
 
 # -- loading -------------------------------------------------------------------------------------
 @cache
-def schema() -> dict[str, Any]:
+def schema() -> JsonObject:
     """The JSON Schema of ``pipeline.json`` (``rkpart/data/pipeline.schema.json``)."""
     return dict(json.loads(resources.files("rkpart").joinpath("data/pipeline.schema.json").read_text()))
 
@@ -272,7 +273,7 @@ def parse_description(doc: Any, folder: str | os.PathLike[str] | None, *, values
     return PipelineDescription(**{**d.__dict__, "sha256": sha256, "path": path})
 
 
-def _typed(doc: Mapping[str, Any]) -> PipelineDescription:
+def _typed(doc: JsonMap) -> PipelineDescription:
     t, im, o, ts, s, c, lat, v = (doc[k] for k in ("transformer", "image", "output", "timestep", "scheduler", "cfg",
                                                     "latent", "vae"))
     inputs = tuple(InputDesc(n, i["role"], tuple(i["shape"]), i["dtype"], i["argument"], i["negative_argument"],

@@ -39,6 +39,7 @@ import numpy as np
 from rkpart.description import EMBEDDING_ROLES, FILENAME, PipelineDescription, check_against, load_description
 from rkpart.errors import SpecError, UserError
 from rkpart.plan.plan import Plan, TensorInfo
+from rkpart.types import JsonObject
 
 #: the flags that name the loop's inputs when a plan has no pipeline description
 ROLE_FLAGS = "--latent-input NAME --timestep-input NAME [--guidance-input NAME] [--context-input NAME ...]"
@@ -88,12 +89,12 @@ def plan_description(plan: Plan, folder: str | os.PathLike[str]) -> PipelineDesc
     return d
 
 
-def description_record(d: PipelineDescription) -> dict[str, Any]:
+def description_record(d: PipelineDescription) -> JsonObject:
     """What ``plan.json`` ``extra.pipeline`` records of the description copied into the plan."""
     from rkpart.io import file_sha256
 
     assert d.path is not None
-    rec: dict[str, Any] = {"file": f"{PLAN_DIR}/{FILENAME}", "sha256": d.sha256, "pipeline": d.pipeline_class,
+    rec: JsonObject = {"file": f"{PLAN_DIR}/{FILENAME}", "sha256": d.sha256, "pipeline": d.pipeline_class,
                            "values": None, "values_sha256": None}
     if d.values_file is not None:
         rec.update(values=f"{PLAN_DIR}/{d.values_file}", values_sha256=file_sha256(d.path.parent / d.values_file))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from rkpart.roles import (
     plan_description,
     resolve_roles,
 )
+from rkpart.types import JsonObject
 
 #: how the runner draws the loop's inputs: rkpart drift's rule, written out for the board
 SEEDING = ("numpy.random.default_rng(seed): the latent, then each context input in order, standard normal, "
@@ -46,7 +46,7 @@ LOOP_INPUTS = "loop_inputs.npz"
 def loop_bundle(plan: Plan, folder: str | Path | None = None, *, latent: str | None = None,
                 timestep: str | None = None, context: Sequence[str] = (), guidance_input: str | None = None,
                 guidance: float | None = None, shift: float = 1.0, cfg_parallel: bool = False,
-                progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+                progress: Callable[[str], None] | None = None) -> tuple[JsonObject, dict[str, np.ndarray]]:
     """The manifest's ``denoise`` record for ``plan`` and the arrays of its fixed inputs.
 
     Roles come from the plan's description in ``folder``, else from the flags (``latent``,
@@ -64,7 +64,7 @@ def loop_bundle(plan: Plan, folder: str | Path | None = None, *, latent: str | N
     g = guidance if guidance is not None else (
         description.cfg.guidance_scale if description is not None and description.cfg.guidance_scale is not None
         else DEFAULT_GUIDANCE)
-    base: dict[str, Any] = {"scheduler": {"name": "flow-euler", "shift": float(shift),
+    base: JsonObject = {"scheduler": {"name": "flow-euler", "shift": float(shift),
                                           "timestep_scale": TIMESTEP_SCALE, "timestep_offset": 0.0},
                             "guidance": float(g), "seeding": SEEDING, "cfg_parallel": bool(cfg_parallel)}
     flags = RoleFlags(latent, timestep, guidance_input, tuple(context))
@@ -137,7 +137,7 @@ def check_sampler(description: PipelineDescription) -> None:
                         f"{', '.join(refused)} (docs/samplers.md)")
 
 
-def pipeline_record(description: PipelineDescription, plan: Plan, latent: str) -> dict[str, Any]:
+def pipeline_record(description: PipelineDescription, plan: Plan, latent: str) -> JsonObject:
     """The loop record's ``pipeline``: what ``runner.py`` needs of ``pipeline.json`` to run the
     pipeline's own loop (its sampler, schedule, timestep rule, latent and call arguments).
 
@@ -173,7 +173,7 @@ def pipeline_record(description: PipelineDescription, plan: Plan, latent: str) -
 
 def loop_record(plan: Plan, folder: str | Path | None = None, *, latent: str | None = None,
                 timestep: str | None = None, context: Sequence[str] = (), guidance_input: str | None = None,
-                guidance: float | None = None, shift: float = 1.0, cfg_parallel: bool = False) -> dict[str, Any]:
+                guidance: float | None = None, shift: float = 1.0, cfg_parallel: bool = False) -> JsonObject:
     """The manifest's ``denoise`` record alone (:func:`loop_bundle`)."""
     return loop_bundle(plan, folder, latent=latent, timestep=timestep, context=context,
                        guidance_input=guidance_input, guidance=guidance, shift=shift, cfg_parallel=cfg_parallel)[0]

@@ -18,7 +18,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -233,11 +232,11 @@ MAX_STEPS = 10_000
 FINDING_KINDS = ("nonfinite", "overflow", "underflow")
 
 
-def _bad_int(v: Any, lo: int, hi: int) -> bool:
+def _bad_int(v: object, lo: int, hi: int) -> bool:
     return isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi
 
 
-def _bad_value(v: Any, lo: float = -FLOAT32_MAX) -> bool:
+def _bad_value(v: object, lo: float = -FLOAT32_MAX) -> bool:
     """Not a float32 value (a finite number within float32's range, at least ``lo``)."""
     return isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
         or not lo <= v <= FLOAT32_MAX
@@ -247,7 +246,7 @@ def _check_numbers(manifest: Path, data: JsonMap) -> None:
     """Every number of a calibration manifest is one ``rkpart calibrate`` writes (issue 31): counts
     within calibrate's bounds, ranges finite float32 values with min <= max, and a range check that
     agrees with its own max |x| (a 1e300 absmax with no finding read "fp16 range: ok")."""
-    def bad(what: str, v: Any, need: str) -> UserError:
+    def bad(what: str, v: object, need: str) -> UserError:
         return UserError(f"{manifest}: {what} must be {need}, got {repr(v)[:40]}")
 
     for k, lo, hi in (("steps", 0, MAX_STEPS), ("samples", 1, MAX_SAMPLES), ("seed", 0, 2**32 - 1)):

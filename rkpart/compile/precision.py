@@ -19,7 +19,6 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rkpart.errors import SpecError, UserError
 from rkpart.io import load_json_file, loads_yaml, read_limited
@@ -143,7 +142,7 @@ def plan_precision_spec(plan: Plan) -> PrecisionSpec | None:
     return PrecisionSpec({str(k): str(v) for k, v in stages.items()}, {}, {})
 
 
-def _check_precision(value: Any, where: str) -> None:
+def _check_precision(value: object, where: str) -> None:
     if value not in PRECISIONS:
         raise SpecError(f"{where}: precision {value!r} is not one of {', '.join(PRECISIONS)}")
 
