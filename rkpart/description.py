@@ -138,6 +138,8 @@ class SchedulerDesc:
     config: Mapping[str, Any] = field(default_factory=dict, compare=False)
     sigmas: str | None = None
     mu: float | None = None
+    #: the rule of the ``timesteps`` the pipeline passes to ``set_timesteps`` beside its sigmas (CogView4)
+    timesteps: str | None = None
     #: ``mu`` as a rule of ``image_seq_len`` and the step count (:data:`MU_RULES`), when ``mu`` is null
     mu_rule: str | None = None
     image_seq_len: int | None = None
@@ -160,6 +162,8 @@ class CfgDesc:
     guidance_input: str | None = None
     combine: str | None = None
     guidance_input_scale: float = 1.0
+    #: the call argument that is ``g`` (``guidance_scale``); ``None`` under ``none``
+    scale_argument: str | None = None
     #: a rescale of the combination (:data:`RENORMS`), or ``None``
     renorm: str | None = None
     #: ``batched``: the row order of the pair (``"uncond,cond"``, diffusers' usual, or ``"cond,uncond"``)
@@ -347,10 +351,11 @@ def _typed(doc: Mapping[str, Any]) -> PipelineDescription:
         timestep=TimestepDesc(float(ts["scale"]), float(ts["offset"]), bool(ts.get("reverse", False))),
         scheduler=SchedulerDesc(s["class"], dict(s["config"]), s["set_timesteps"]["sigmas"],
                                 None if s["set_timesteps"]["mu"] is None else float(s["set_timesteps"]["mu"]),
-                                s["set_timesteps"].get("mu_rule"), s["set_timesteps"].get("image_seq_len")),
+                                s["set_timesteps"].get("timesteps"), s["set_timesteps"].get("mu_rule"),
+                                s["set_timesteps"].get("image_seq_len")),
         cfg=CfgDesc(c["mode"], None if c["guidance_scale"] is None else float(c["guidance_scale"]),
-                    c["guidance_input"], c["combine"], float(c.get("guidance_input_scale", 1.0)), c.get("renorm"),
-                    c.get("batch_order", "uncond,cond"), c.get("channels")),
+                    c["guidance_input"], c["combine"], float(c.get("guidance_input_scale", 1.0)),
+                    c.get("scale_argument"), c.get("renorm"), c.get("batch_order", "uncond,cond"), c.get("channels")),
         latent=LatentDesc(tuple(lat["shape"]), lat["dtype"], lat["init"], lat["packing"], lat["channels"]),
         vae=None if v is None else VaeDesc(v["class"], v["file"], v["scaling_factor"], v["shift_factor"],
                                            v["latent_channels"], tuple(v["image_shape"])),
@@ -465,7 +470,7 @@ class _TensorLike(Protocol):
 
 
 class ModelLike(Protocol):
-    """What :func:`check_against` reads of a model: a plan (:class:`rkpart.partitioner.plan.Plan`)
+    """What :func:`check_against` reads of a model: a plan (:class:`rkpart.plan.plan.Plan`)
     or anything with its input and output names and their static types."""
 
     @property

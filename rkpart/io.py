@@ -17,17 +17,29 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from rkpart.errors import OutputExistsError, SpecError, UserError, first_line
+from rkpart.types import JsonObject
+
+if TYPE_CHECKING:  # numpy and onnx are imported where they are used: rkpart's CLI starts without them
+    import numpy as np
+    import onnx
+    from numpy.typing import ArrayLike
+
+
+class Hash(Protocol):
+    """A :mod:`hashlib` object, as the byte streams feed it."""
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
 
 #: lock files of older versions (folder_lock now locks the folder itself)
 LOCK_NAME = ".rkpart.lock"
 
 
-def hash_file(h: Any, path: str | os.PathLike[str], chunk: int = 1 << 22) -> None:
+def hash_file(h: Hash, path: str | os.PathLike[str], chunk: int = 1 << 22) -> None:
     """Feed ``path``'s bytes into the hash object ``h`` without reading the file whole."""
     with open(path, "rb") as f:
         while buf := f.read(chunk):
@@ -230,7 +242,7 @@ MAX_ITEMS = 5_000_000
 MAX_JSON_INT = 2**53
 
 
-def bounded_integers(schema: Any, *, numbers: bool = False) -> Any:
+def bounded_integers(schema: object, *, numbers: bool = False) -> Any:
     """A copy of the JSON Schema ``schema`` in which every integer without a ``maximum`` of its own
     has ``maximum`` :data:`MAX_JSON_INT` (``type`` ``"integer"`` or a list holding it).
 
@@ -251,7 +263,7 @@ def bounded_integers(schema: Any, *, numbers: bool = False) -> Any:
     return out
 
 
-def bad_number(doc: Any, *, limit: float | None = None) -> tuple[str, float] | None:
+def bad_number(doc: object, *, limit: float | None = None) -> tuple[str, float] | None:
     """The dotted path (``""``: ``doc`` itself) and value of a number in the parsed JSON ``doc``
     that is NaN or infinite (JSON readers accept ``NaN``), or, with ``limit``, over ``limit`` in
     size; ``None`` when there is none. Booleans are not numbers here."""
@@ -331,7 +343,7 @@ def read_limited(path: str | os.PathLike[str], *, what: str, max_bytes: int,
     return data
 
 
-def check_tree(data: Any, *, what: str, error: type[UserError] = UserError,
+def check_tree(data: object, *, what: str, error: type[UserError] = UserError,
                max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS) -> None:
     """Refuse parsed JSON/YAML nested deeper than ``max_depth`` or with more than ``max_items``
     nodes (YAML aliases share objects, so a small file can expand to billions).  Iterative:
@@ -453,7 +465,7 @@ def external_locations(onnx_path: str | os.PathLike[str], *, what: str,
     return locations_in(model)
 
 
-def locations_in(model: Any) -> list[str]:
+def locations_in(model: onnx.ModelProto) -> list[str]:
     """External-data locations of a parsed ``onnx.ModelProto``, sorted and unique."""
     import onnx
 
@@ -501,7 +513,7 @@ def content_sha256(files: list[Path]) -> str:
 MAX_NPZ_ELEMENTS = 1 << 34
 
 
-def input_digest(a: Any) -> str:
+def input_digest(a: ArrayLike) -> str:
     """sha256 of an array's dtype, shape and bytes: the inputs a specialised plan was made on.
 
     ``rkpart/runtime/board_runner.py`` computes the same (a test keeps the two equal).
@@ -514,7 +526,7 @@ def input_digest(a: Any) -> str:
     return h.hexdigest()
 
 
-def check_finite_arrays(arrays: Any, *, what: str, error: type[UserError] = UserError) -> None:
+def check_finite_arrays(arrays: Mapping[str, ArrayLike], *, what: str, error: type[UserError] = UserError) -> None:
     """Refuse (one line) a mapping of arrays in which a float array holds NaN or Inf: inputs
     that are meant to be representative (``partition --inputs``, calibration samples) cannot be."""
     import numpy as np
@@ -526,8 +538,8 @@ def check_finite_arrays(arrays: Any, *, what: str, error: type[UserError] = User
             raise error(f"{what}: array {name!r} holds {bad} NaN/Inf value(s); representative inputs must be finite")
 
 
-def read_npz(path: str | os.PathLike[str], *, what: str, names: Any = None,
-             error: type[UserError] = UserError) -> dict[str, Any]:
+def read_npz(path: str | os.PathLike[str], *, what: str, names: Iterable[str] | None = None,
+             error: type[UserError] = UserError) -> dict[str, np.ndarray]:
     """The arrays ``names`` (default: all) of the ``.npz`` at ``path``, other members never decoded.
 
     Only a regular file; each member's header is read first, and an object or non-numeric
@@ -545,7 +557,7 @@ def read_npz(path: str | os.PathLike[str], *, what: str, names: Any = None,
         if f.read(6) == b"\x93NUMPY":
             raise error(f"{what} {p} is a single .npy array, not an .npz with one array per name")
     fmt = np.lib.format
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     try:
         with zipfile.ZipFile(p) as zf:
             members = {n[: -len(".npy")]: n for n in zf.namelist() if n.endswith(".npy")}
@@ -575,7 +587,14 @@ def read_npz(path: str | os.PathLike[str], *, what: str, names: Any = None,
     return out
 
 
-def write_npz(path: str | os.PathLike[str], arrays: Mapping[str, Any]) -> None:
+def default_cache_dir() -> Path:
+    """Where cross-plan knowledge (the build cache, learned placements, the memory model) lives:
+    ``$RKPART_CACHE_DIR`` or ``~/.cache/rkpart``."""
+    env = os.environ.get("RKPART_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "rkpart"
+
+
+def write_npz(path: str | os.PathLike[str], arrays: Mapping[str, ArrayLike]) -> None:
     """An ``.npz`` that ``np.load`` and :func:`read_npz` read, byte-identical for equal arrays.
 
     ``np.savez`` stamps each member with the current time; here members are sorted and dated

@@ -38,7 +38,8 @@ import numpy as np
 
 from rkpart.description import EMBEDDING_ROLES, FILENAME, PipelineDescription, check_against, load_description
 from rkpart.errors import SpecError, UserError
-from rkpart.partitioner.plan import Plan, TensorInfo
+from rkpart.plan.plan import Plan, TensorInfo
+from rkpart.types import JsonObject
 
 #: the flags that name the loop's inputs when a plan has no pipeline description
 ROLE_FLAGS = "--latent-input NAME --timestep-input NAME [--guidance-input NAME] [--context-input NAME ...]"
@@ -61,7 +62,8 @@ BY_DESCRIPTION, BY_FLAGS, BY_SHAPE = "pipeline.json", "flags", "shape (guessed)"
 
 # -- the plan's description ---------------------------------------------------------------------
 def description_beside(model: Path) -> Path | None:
-    """``pipeline.json`` beside ``model`` (what ``rkpart export`` writes), if there is one."""
+    """``pipeline.json`` beside ``model`` (what ``rkpart export`` writes), if there is one (it
+    describes ``model`` only when its ``transformer.file`` names it: :func:`model_description`)."""
     p = model.parent / FILENAME
     return p if p.exists() else None
 
@@ -87,12 +89,12 @@ def plan_description(plan: Plan, folder: str | os.PathLike[str]) -> PipelineDesc
     return d
 
 
-def description_record(d: PipelineDescription) -> dict[str, Any]:
+def description_record(d: PipelineDescription) -> JsonObject:
     """What ``plan.json`` ``extra.pipeline`` records of the description copied into the plan."""
     from rkpart.io import file_sha256
 
     assert d.path is not None
-    rec: dict[str, Any] = {"file": f"{PLAN_DIR}/{FILENAME}", "sha256": d.sha256, "pipeline": d.pipeline_class,
+    rec: JsonObject = {"file": f"{PLAN_DIR}/{FILENAME}", "sha256": d.sha256, "pipeline": d.pipeline_class,
                            "values": None, "values_sha256": None}
     if d.values_file is not None:
         rec.update(values=f"{PLAN_DIR}/{d.values_file}", values_sha256=file_sha256(d.path.parent / d.values_file))
@@ -120,6 +122,9 @@ def model_description(model: Path, explicit: Path | None, model_io: Mapping[str,
     if p is None:
         return None
     d = load_description(p)
+    if explicit is None and d.transformer.file != model.name:
+        # rkpart export's folder also holds vae_decoder.onnx: the description beside it is not its own
+        return None
     check_against(d, model_io, outputs=outputs)
     return d
 
@@ -143,7 +148,7 @@ def describe_partition(model: Path, explicit: Path | None, graph: Any,
 
 
 def record_description(part: Any, d: PipelineDescription | None) -> Any:
-    """``part`` (a :class:`~rkpart.partitioner.partition.Partition`) with ``d`` named in its
+    """``part`` (a :class:`~rkpart.grouping.groups.Partition`) with ``d`` named in its
     ``extra`` (what ``plan.json`` records); unchanged without a description, so a plan without
     one stays byte-identical."""
     import dataclasses

@@ -10,7 +10,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypedDict
+
+#: a JSON object, as a file holds it (``json.loads`` of ``{...}``) and as a record's ``to_json()``
+#: returns it: the form between a typed record and its file, its values JSON values
+JsonObject = dict[str, Any]
+#: a JSON object read, not written (a record's ``from_json`` argument, strategy options)
+JsonMap = Mapping[str, Any]
+
+
+class PlanExtra(TypedDict, total=False):
+    """plan.json ``extra``: what the partition and the builds recorded beside the stages (docs/plan.md).
+
+    A strategy's own ``Partition.extra`` keys come along too (a plugin's are its own).
+    """
+
+    #: how blocks were numbered (``Discovery.method``; ``None`` without a discovery)
+    discovery: str | None
+    #: the strategy's remarks and the partition's warnings
+    notes: list[str]
+    #: the blocks' token-wise matmul work in NPU stages (``Coverage.to_json()``)
+    npu_coverage: JsonObject
+    #: ops the capability moved to the host, and cuts (``target``, ``toolkit``, ``host_ops``, ``cuts``)
+    capability: JsonObject
+    #: how stage weights reference the source (``--weights link``)
+    weights: JsonObject
+    #: how the plan was compiled (``rkpart compile``'s settings: toolkit, target, precision, ...)
+    compile: JsonObject
+    #: the pipeline description recorded in the plan (``file``, ``sha256``, ``pipeline``, ``values``,
+    #: ``values_sha256``: :mod:`rkpart.roles`, docs/pipeline-json.md)
+    pipeline: JsonObject
 
 #: where a stage runs: an NPU stage is compiled by rknn-toolkit2, a host stage runs in ONNX Runtime
 Device = Literal["npu", "host"]
@@ -87,8 +116,8 @@ class BuildFailure:
         """A property of the graph and toolkit (crash, error), not of the machine (timeout, oom)."""
         return self.kind in DETERMINISTIC_FAILURES
 
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"toolkit": self.toolkit, "kind": self.kind, "message": self.message,
+    def to_json(self) -> JsonObject:
+        d: JsonObject = {"toolkit": self.toolkit, "kind": self.kind, "message": self.message,
                              "exit_code": self.exit_code, "signal": self.signal, "last_step": self.last_step,
                              "log": self.log}
         if self.signature is not None:
@@ -96,7 +125,7 @@ class BuildFailure:
         return d
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> BuildFailure:
+    def from_json(cls, d: JsonMap) -> BuildFailure:
         """Read a ``failures`` item; unknown keys (e.g. timings of older plans) are ignored."""
         kind = str(d.get("kind", "error"))
         return cls(
@@ -156,7 +185,7 @@ class CompilerPlan:
             return None
         return self.weight_bytes + self.internal_bytes
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"version": self.version, "weight_bytes": self.weight_bytes, "internal_bytes": self.internal_bytes,
                 "layers": self.layers, "cycles_ddr": self.cycles_ddr, "cycles_npu": self.cycles_npu,
                 "cycles_total": self.cycles_total, "rw_bytes": self.rw_bytes, "by_op": dict(self.by_op),
@@ -165,7 +194,7 @@ class CompilerPlan:
                 "layers_file": self.layers_file}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> CompilerPlan:
+    def from_json(cls, d: JsonMap) -> CompilerPlan:
         """Read ``artifacts[].compiler``; a version this reader does not know is a ``ValueError``."""
         if d.get("version") != COMPILER_PLAN_VERSION:
             raise ValueError(f"compiler plan version {d.get('version')!r} is not {COMPILER_PLAN_VERSION}")

@@ -23,7 +23,7 @@ from rkpart.compile.compiler_plan import LayerRow, read_layers
 from rkpart.compile.placement import PlacedOp, parse_layer_table
 from rkpart.errors import SpecError, UserError
 from rkpart.io import confined_path
-from rkpart.partitioner.plan import Plan, Stage
+from rkpart.plan.plan import Plan, Stage
 from rkpart.runtime.board_runner import CORE_MASKS
 from rkpart.types import MULTICORE_OPS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -26,6 +26,7 @@ from rkpart.cli_args import (
     user_errors,
 )
 from rkpart.progress import Reporter
+from rkpart.types import JsonObject
 
 if TYPE_CHECKING:
     from rkpart.roles import RoleFlags
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 @user_errors
 def drift(plans: tuple[str, ...], steps: int, cfg: bool | None, guidance: float | None, seed: int, shift: float,
           toolkit: str, target: str,
-          rknn_config: dict[str, Any], toolkits_dir: str | None, show_blocks: bool, sim_memory_mib: int | None,
+          rknn_config: JsonObject, toolkits_dir: str | None, show_blocks: bool, sim_memory_mib: int | None,
           role_flags: RoleFlags, embeds: Path | None, accuracy_out: Path | None, quiet: bool, as_json: bool) -> None:
     """Measure how far PLANS (split, fused, auto's choice, int8 / hybrid builds of one plan...)
     drift from ONNX Runtime over a flow-matching denoising loop in the rknn-toolkit2 simulator:
@@ -77,7 +78,7 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool | None, guidance: float 
     finite and the inputs it read."""
     from rkpart.compile.precision import plan_precision
     from rkpart.errors import GateError
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from rkpart.profile.drift import check_roles, nonfinite_rows, render
     from rkpart.profile.drift import drift as run_drift
     from rkpart.runtime.rknn_sim import RknnSimBackend

@@ -19,11 +19,11 @@ import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rkpart.errors import SpecError, UserError
 from rkpart.io import load_json_file, loads_yaml, read_limited
-from rkpart.partitioner.plan import Plan, Stage
+from rkpart.plan.plan import Plan, Stage
+from rkpart.types import JsonMap, JsonObject
 
 PRECISIONS = ("fp16", "int8", "hybrid")
 ALGORITHMS = ("normal", "mmse", "kl_divergence")
@@ -50,19 +50,19 @@ class StagePrecision:
     def quantized(self) -> bool:
         return self.precision != "fp16"
 
-    def config(self, base: Mapping[str, Any], target: str) -> dict[str, Any]:
+    def config(self, base: JsonMap, target: str) -> JsonObject:
         """``RKNN.config`` options for this stage (``base`` plus the quantization options)."""
         if not self.quantized:
             return dict(base)
         return {**base, "quantized_dtype": QUANTIZED_DTYPE[target], "quantized_algorithm": self.algorithm}
 
-    def key_extra(self) -> dict[str, Any]:
+    def key_extra(self) -> JsonObject:
         """What besides the config makes a quantized build different (empty for fp16)."""
         if not self.quantized:
             return {}
         return {"precision": self.precision, "calibration": self.calibration_sha256}
 
-    def request(self, dataset: Path) -> dict[str, Any]:
+    def request(self, dataset: Path) -> JsonObject:
         """The worker request's ``quantize`` entry."""
         return {"dataset": str(dataset.absolute()), "hybrid": self.precision == "hybrid",
                 "hybrid_cosine": HYBRID_COSINE, "hybrid_max_layers": HYBRID_MAX_LAYERS}
@@ -142,7 +142,7 @@ def plan_precision_spec(plan: Plan) -> PrecisionSpec | None:
     return PrecisionSpec({str(k): str(v) for k, v in stages.items()}, {}, {})
 
 
-def _check_precision(value: Any, where: str) -> None:
+def _check_precision(value: object, where: str) -> None:
     if value not in PRECISIONS:
         raise SpecError(f"{where}: precision {value!r} is not one of {', '.join(PRECISIONS)}")
 

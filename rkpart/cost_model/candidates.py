@@ -1,7 +1,7 @@
 """Candidate partitions of each block, with their features and what rules them out.
 
 Per block (or run of consecutive blocks) the candidates are the candidate families of
-:mod:`rkpart.strategies.families` (the split and fused variants, runs of fused blocks,
+:mod:`rkpart.grouping.strategies.families` (the split and fused variants, runs of fused blocks,
 plugin strategies), each sliced out of a whole-model partition its strategy proposed: the
 pipeline proposes them and hands them over, so this module never calls a strategy, and a
 chosen candidate is exactly the stage that strategy would have written.  Residency
@@ -30,16 +30,17 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.cost_model.features import Features, group_features
+from rkpart.discovery.structure import Block, Discovery
+from rkpart.grouping.capability import host_op_key
+from rkpart.grouping.groups import Group, Partition, block_id
+from rkpart.grouping.strategies.families import candidate_id_for, precision_id, split_precision
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.capability import host_op_key
-from rkpart.partitioner.discovery import Block, Discovery
-from rkpart.partitioner.partition import Group, Partition, block_id
-from rkpart.strategies.families import candidate_id_for, precision_id, split_precision
 from rkpart.targets.known_issues import KNOWN_ISSUES, SIGNATURES, CrashPattern, Traits, crash_patterns, signatures_in
+from rkpart.types import JsonMap
 
 #: one candidate family's whole-model partition: (candidate id, the partition, options recorded for
 #: it); its candidates are runs of ``options["blocks_per_stage"]`` blocks (default 1)
-Variant = tuple[str, Partition, Mapping[str, Any]]
+Variant = tuple[str, Partition, JsonMap]
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,11 @@ class Candidate:
     adaln_on_npu: bool
     residual_on_npu: bool
     layernorm: str  # "op" (LayerNormalization) or "decomposed"
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: JsonMap = field(default_factory=dict)
     excluded: str | None = None  # why it must not be chosen (toolkit crash ...)
     #: the capability's moves inside these blocks (``extra.capability.host_ops`` records of the
     #: variant it was sliced from): what a plan made of this candidate records
-    host_ops: tuple[Mapping[str, Any], ...] = ()
+    host_ops: tuple[JsonMap, ...] = ()
     #: what the NPU stages are built in: ``fp16`` or ``int8`` (w8a8)
     precision: str = "fp16"
     #: where an int8 candidate's figures come from: ``compiler`` (an int8 build's tables) or
@@ -97,7 +98,7 @@ def _layernorm_form(mg: ModelGraph, b: Block) -> str:
 
 
 def _make(mg: ModelGraph, disc: Discovery, cid: str, run: Sequence[Block], groups: Iterable[Group],
-          options: Mapping[str, Any], moved: Sequence[Mapping[str, Any]] = ()) -> Candidate:
+          options: JsonMap, moved: Sequence[JsonMap] = ()) -> Candidate:
     groups = tuple(groups)
     if moved:
         names = {host_op_key(mg, i) for g in groups if g.device == "host" for i in g.ops}
@@ -145,7 +146,7 @@ def candidates_from(mg: ModelGraph, disc: Discovery, variants: Sequence[Variant]
 
     ``variants`` are whole-model partitions (``(candidate id, partition, options)``, as
     :func:`rkpart.auto.candidate_variants` proposes them with the strategies of
-    :mod:`rkpart.strategies.families`): each is sliced into runs of
+    :mod:`rkpart.grouping.strategies.families`): each is sliced into runs of
     ``options["blocks_per_stage"]`` consecutive blocks (default 1); runs of another length (a
     stage that spans several blocks where one was expected, a short tail) and runs sharing a
     block with another run are skipped.
@@ -265,7 +266,7 @@ def mark_exclusions(
     """
     if known_issues is None:
         known_issues = crash_patterns()
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
 
     def key(blocks: Sequence[int]) -> tuple[Any, ...]:
         return tuple(anatomy.get(b, f"block{b}") for b in blocks) if anatomy is not None else tuple(blocks)

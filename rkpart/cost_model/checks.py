@@ -17,13 +17,14 @@ from dataclasses import fields
 from typing import Any
 
 from rkpart.cost_model import features as _features
-from rkpart.cost_model.rounds import GLUE_TERMS
+from rkpart.cost_model.features import GLUE_TERMS
 from rkpart.errors import SpecError
 from rkpart.io import MAX_JSON_INT, bad_number
 from rkpart.targets.known_issues import SIGNATURES, TRAIT_NAMES
+from rkpart.types import JsonMap
 
 #: the terms a stage component may use (:meth:`rkpart.cost_model.features.Features.value`);
-#: ``glue`` uses :data:`rkpart.cost_model.rounds.GLUE_TERMS`
+#: ``glue`` uses :data:`rkpart.cost_model.features.GLUE_TERMS`
 TERMS = frozenset({"const", "all_macs", "io_bytes",
                    *(f.name for f in fields(_features.Features)
                      if str(f.type).replace(" ", "") in ("int", "float", "int|None", "float|None"))})
@@ -49,11 +50,11 @@ MAX_BYTES = float(2**50)
 MAX_APE = 1e6
 
 
-def _number(v: Any) -> bool:
+def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def check_numbers(where: str, doc: Any) -> None:
+def check_numbers(where: str, doc: object) -> None:
     """Refuse any number in ``doc`` (a parsed JSON document) that is NaN, infinite or over
     :data:`~rkpart.io.MAX_JSON_INT` in size, naming where it is: a 1e300 coefficient or error
     summary overflows to inf in the sums made of it (as profile records, issue 31)."""
@@ -67,7 +68,7 @@ def check_numbers(where: str, doc: Any) -> None:
                     "figure rkpart writes there")
 
 
-def _check_summary(where: str, what: str, d: Any) -> None:
+def _check_summary(where: str, what: str, d: object) -> None:
     """An error summary (:func:`rkpart.cost_model.model.error_summary`): shares in [0, 1], counts
     integers >= 0, percentage errors in [0, :data:`MAX_APE`], each when present."""
     if d is None:
@@ -87,14 +88,14 @@ def _check_summary(where: str, what: str, d: Any) -> None:
         raise SpecError(f"{where}: {what}.n must be an integer >= 0, got {n!r}")
 
 
-def _check_fit_error(where: str, name: str, fe: Any) -> None:
+def _check_fit_error(where: str, name: str, fe: object) -> None:
     if not isinstance(fe, Mapping):
         return  # null; a wrong type is refused by _check_component
     for k in ("held_out", "in_sample", "cross_validation"):
         _check_summary(where, f"component {name}: fit_error.{k}", fe.get(k))
 
 
-def _check_provenance(where: str, prov: Mapping[str, Any]) -> None:
+def _check_provenance(where: str, prov: JsonMap) -> None:
     """The provenance fields selection and ``estimate`` read, typed and in range."""
     dof = prov.get("degrees_of_freedom")
     if dof is not None and (isinstance(dof, bool) or not isinstance(dof, int)):
@@ -121,7 +122,7 @@ def _check_provenance(where: str, prov: Mapping[str, Any]) -> None:
                             f"0 <= lowest <= highest, got {v!r}"[:300])
 
 
-def _check_component(where: str, name: str, d: Any) -> None:
+def _check_component(where: str, name: str, d: object) -> None:
     if not isinstance(d, Mapping):
         raise SpecError(f"{where}: component {name} must be an object, got {type(d).__name__}")
     terms = d.get("terms")
@@ -145,7 +146,7 @@ def _check_component(where: str, name: str, d: Any) -> None:
     _check_fit_error(where, name, d.get("fit_error"))
 
 
-def check_accuracy(where: str, acc: Any) -> None:
+def check_accuracy(where: str, acc: object) -> None:
     """Refuse an accuracy term (a cost model's, or ``drift --accuracy``'s file) of the wrong shape or with NaN."""
     if not isinstance(acc, Mapping):
         raise SpecError(f"{where}: 'accuracy' must be an object, got {type(acc).__name__}")
@@ -175,7 +176,7 @@ def check_accuracy(where: str, acc: Any) -> None:
                 raise SpecError(f"{where}: accuracy family {fam!r}: {k!r} must be >= 0, got {row[k]!r}")
 
 
-def _check_known_issues(where: str, issues: Any) -> None:
+def _check_known_issues(where: str, issues: object) -> None:
     if not isinstance(issues, list):
         raise SpecError(f"{where}: 'known_issues' must be a list, got {type(issues).__name__}")
     for i, row in enumerate(issues):
@@ -197,7 +198,7 @@ def _check_known_issues(where: str, issues: Any) -> None:
                             f"known-issue table (signatures: {', '.join(sorted(SIGNATURES))})")
 
 
-def check_model_document(d: Mapping[str, Any], *, where: str) -> None:
+def check_model_document(d: JsonMap, *, where: str) -> None:
     """Refuse (one-line :class:`SpecError`) a cost-model document any later use would trip over."""
     check_numbers(where, d)
     comps = d.get("components", {})

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rkpart.cost_model.features import Features
-from rkpart.cost_model.model import Component, CostModel, nnls_relative
+from rkpart.cost_model.fitting import nnls_relative
+from rkpart.cost_model.model import Component, CostModel
 
 #: the NPU clock the cycle counts are taken at (RK3588: 1 GHz)
 NPU_HZ = 1e9

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from rkpart.cost_model.npu_time import (
 from rkpart.cost_model.rounds import outside_range, overhead
 from rkpart.errors import BudgetError, UserError
 from rkpart.targets.known_issues import CrashPattern, crash_patterns
+from rkpart.types import JsonObject
 from rkpart.units import MIB
 
 RESIDENCIES = ("per-stage", "resident")
@@ -102,7 +103,7 @@ class Option:
     def key(self) -> str:
         return f"{self.candidate.id}/{self.residency}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "candidate": self.candidate.id, "residency": self.residency, "blocks": list(self.candidate.blocks),
             "npu_stages": len(self.candidate.npu),
@@ -276,7 +277,7 @@ class Trade:
                 f"per-layer switch not measured here); {verdict} an NPU stage keeps no CPU layer "
                 f"(moved: {d * 1e3:+.3f} ms)")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"ops": list(self.ops), "moved_s": _r(self.moved.latency), "fallback_s": _r(self.fallback_latency),
                 "fallback_cpu_s": _r(self.fallback_cpu_s),
                 "fallback_device_mib": round(self.fallback.device_bytes / MIB, 2),
@@ -299,7 +300,7 @@ class Selection:
     chosen: list[Option]  # in block order, covering every block once
     device_bytes: int
     latency: float
-    model_provenance: dict[str, Any]
+    model_provenance: JsonObject
     toolkit: str | None
     max_error_ratio: float
     notes: list[str] = field(default_factory=list)
@@ -313,19 +314,11 @@ class Selection:
     degrees_of_freedom: int | None = None
     #: where device-memory figures come from, in words (``compiler`` / ``predicted`` sources)
     memory_source: str = ""
-    #: what computes :attr:`trades` on first use: the candidates proposed again without the
-    #: capability, which only the explanation reads (``None``: nothing was moved)
-    trade_source: Callable[[], dict[int, Trade]] | None = field(default=None, repr=False)
-    _trades: dict[int, Trade] | None = field(default=None, repr=False)
+    #: block -> the capability's move weighed against the runtime's CPU fallback (:class:`Trade`),
+    #: for the explanation (:func:`rkpart.auto.select` with ``trades``; empty: nothing moved, or not asked)
+    trades: dict[int, Trade] = field(default_factory=dict, repr=False)
     #: the CFG-parallel speed-up used and its source (:func:`~rkpart.cost_model.npu_time.cfg_parallel_speedup`)
     cfg_parallel_speedup: tuple[float, str] = (CFG_PARALLEL_SPEEDUP, CFG_PARALLEL_SOURCE)
-
-    @property
-    def trades(self) -> dict[int, Trade]:
-        """Block -> the capability's move weighed against the runtime's CPU fallback (:class:`Trade`)."""
-        if self._trades is None:
-            self._trades = self.trade_source() if self.trade_source is not None else {}
-        return self._trades
 
     @property
     def baseline_bytes(self) -> int:
@@ -446,7 +439,7 @@ class Selection:
             out.append(f"precision: block {blocks}: fp16 ({ch.key}): {why}")
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         blocks = []
         for start in sorted(self.options):
             blocks.append({

@@ -40,9 +40,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rkpart.errors import ExportError, UserError, describe_exception
-from rkpart.export.patches import EXPORTERS, Applied, apply_patches
+from rkpart.export.patches import EXPORTERS, Applied, apply_patches, patches_for
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     import numpy as np
     import torch
 
@@ -95,20 +97,35 @@ class ExportResult:
     check: OnnxCheck | None
 
 
+def source_key(class_name: str, exporter: str) -> list[str]:
+    """The source of every module of rkpart an export of ``class_name`` by ``exporter`` runs: a cache
+    key that changes whenever a patch, the registry or the export code changes.  (Here, beside the
+    export, not in :mod:`rkpart.export.patches`: that module reading this one would be an import circle.)"""
+    import inspect
+    import sys
+
+    modules: dict[str, ModuleType] = {m.__name__: m for m in (sys.modules[__name__], inspect.getmodule(patches_for))
+                                      if m is not None}
+    for p in patches_for(class_name, exporter):
+        mod = inspect.getmodule(p.fn)
+        if mod is not None:
+            modules[mod.__name__] = mod
+    return [inspect.getsource(modules[name]) for name in sorted(modules)]
+
+
 def require_extra(modules: Sequence[str] = ("torch", "onnxscript", "diffusers")) -> None:
     """Import ``modules``; raise :class:`~rkpart.errors.UserError` naming the extra to install if one is missing."""
     import importlib
 
-    missing = []
     for name in modules:
         try:
             importlib.import_module(name)
-        except ImportError:
-            missing.append(name)
-    if missing:
-        verb = "is" if len(missing) == 1 else "are"
-        raise UserError(f"{', '.join(missing)} {verb} not installed (exporting needs the export extra): "
-                        "pip install 'rkpart[export]'")
+        except ImportError as e:
+            # the module that is missing, not the one that needs it (transformers without torch: torch);
+            # the modules after it need it too (transformers would print its own warning): stop at the first
+            missing = (e.name or name).partition(".")[0]
+            raise UserError(f"{missing} is not installed (exporting needs the export extra): "
+                            "pip install 'rkpart[export]'") from None
 
 
 def export_module(model: torch.nn.Module, inputs: Mapping[str, Any], path: str | Path, *,

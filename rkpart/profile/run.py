@@ -15,9 +15,10 @@ from rkpart.profile.lifecycle import ProfileOptions
 from rkpart.profile.records import ProfileRun
 from rkpart.progress import Progress, silent
 from rkpart.runtime import get_backend
+from rkpart.types import JsonObject
 
 
-def runtime_warnings(plan: Any, env: dict[str, Any]) -> list[str]:
+def runtime_warnings(plan: Any, env: JsonObject) -> list[str]:
     """Stages built by a toolkit whose version differs from the runtime that will run them.
 
     Only the board runtime (``rknnlite``) loads the ``.rknn`` files; an ``Invalid RKNN model
@@ -39,7 +40,7 @@ def run_profile(opts: ProfileOptions, progress: Progress | None = None,
     built by another toolkit than the board runtime); default: ``progress``.
     """
     from rkpart.output import check_file_target
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from rkpart.profile.lifecycle import profile_plan
     from rkpart.profile.records import write_jsonl
 

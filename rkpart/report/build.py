@@ -22,7 +22,7 @@ from rkpart import __version__
 from rkpart.errors import OutputExistsError, UserError
 from rkpart.io import atomic_write_bytes
 from rkpart.output import check_file_target, check_folder_target, staged_folder, write_output_file
-from rkpart.partitioner.plan import load_plan
+from rkpart.plan.plan import load_plan
 from rkpart.progress import Progress
 from rkpart.report import data as D
 from rkpart.report import plots
@@ -76,7 +76,7 @@ def _csv(rows: D.Table) -> bytes:
     return buf.getvalue().encode()
 
 
-def _fmt(v: Any) -> Any:
+def _fmt(v: object) -> Any:
     if isinstance(v, float):
         return f"{v:.6g}"
     return "" if v is None else v
