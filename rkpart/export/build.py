@@ -711,9 +711,11 @@ def _nearest_exact_upsampling() -> Iterator[None]:
 
     original = F.interpolate
 
-    def integer_upscale(scale: Any) -> bool:
+    def integer_upscale(scale: float | tuple[float, ...] | list[float] | None) -> bool:
+        if scale is None:
+            return False
         scales = scale if isinstance(scale, (tuple, list)) else [scale]
-        return scale is not None and all(float(k) >= 1 and float(k).is_integer() for k in scales)
+        return all(float(k) >= 1 and float(k).is_integer() for k in scales)
 
     sig = inspect.signature(original)
 

@@ -326,7 +326,7 @@ def _argument_source(name: str, recs: Sequence[Recording], mode: str, append: in
                 fills.append(first)
     fill = 0.0
 
-    def val(r: Recording, x: str, other: str) -> Any:
+    def val(r: Recording, x: str, other: str) -> torch.Tensor:
         v = torch.full_like(r.args[other], fill) if x == FILL else r.args[x]
         return torch.cat([v, torch.ones((*v.shape[:-1], append), dtype=v.dtype)], dim=-1) if append else v
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -211,7 +212,7 @@ def record_call(pipe: Any, args: dict[str, Any]) -> Recording:
     return rec
 
 
-def _randn_modules(pipe: Any) -> list[Any]:
+def _randn_modules(pipe: object) -> list[types.ModuleType]:
     """The modules whose ``randn_tensor`` (diffusers' helper every pipeline draws its initial latents with) the
     pipeline calls: its own module's import of it and diffusers' ``torch_utils``."""
     import sys
