@@ -571,6 +571,14 @@ def loop_mode(roles: InputRoles) -> str:
     return "distilled" if roles.guidance is not None else "two-pass"
 
 
+#: features of pipeline.json (:data:`rkpart.description.FEATURES`) this loop runs as the pipeline does: it draws
+#: its own latent in the loop's layout and steps rkpart's own sigmas (so ``latent.init``, ``mu`` and the decoded
+#: frames do not reach it), and an unconditional pass without a negative argument gets zeros already (a
+#: ``negative_fill`` of 0)
+LOOP_FEATURES = frozenset({"image.num_frames", "latent.init=tokens", "scheduler.set_timesteps.mu_rule=flux2_empirical",
+                           "inputs.negative_fill"})
+
+
 def loop_inputs(plan: Plan, roles: InputRoles, *, seed: int = 0,
                 embeds: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = None,
                 guidance: float | None = None, timestep_scale: float = TIMESTEP_SCALE) -> LoopInputs:
@@ -583,6 +591,15 @@ def loop_inputs(plan: Plan, roles: InputRoles, *, seed: int = 0,
     """
     d = roles.description
     mode = loop_mode(roles)
+    if d is not None:
+        from rkpart.description import features
+
+        missing = sorted(features(d) - LOOP_FEATURES)
+        if any(i.negative_fill not in (None, 0) for i in d.inputs):  # the loop's unconditional default is zeros
+            missing.append("inputs.negative_fill (not zeros)")
+        if missing:
+            raise SpecError(f"the plan's pipeline.json uses {', '.join(missing)}, which rkpart's denoising loop does "
+                            "not implement (docs/pipeline-json.md, Features); it would not run the pipeline's loop")
     if roles.timestep is None:
         raise SpecError("the loop needs a timestep input; the plan's pipeline.json names none")
     out_shape = plan.tensors[roles.output].shape

@@ -73,6 +73,8 @@ def loop_bundle(plan: Plan, folder: str | Path | None = None, *, latent: str | N
     try:
         roles = resolve_roles(plan, description, flags, progress=progress)
         lp = loop_inputs(plan, roles, guidance=g)
+        if description is not None:
+            check_features(description)
     except SpecError as e:
         return {"error": str(e), **base}, {}
     base["scheduler"].update(timestep_scale=lp.timestep_scale, timestep_offset=lp.timestep_offset)
@@ -114,6 +116,29 @@ def schedule_rule(description: PipelineDescription) -> str | None:
         return s.sigmas
     raise UserError(f"the pipeline passes set_timesteps(sigmas={s.sigmas!r}, timesteps={s.timesteps!r}); the board's "
                     f"sampler knows the rules {', '.join(repr(k) for k in bs.SCHEDULE_RULES)} (docs/samplers.md)")
+
+
+#: features of pipeline.json beyond version 1 as first published (:data:`rkpart.description.FEATURES`) the
+#: board's pipeline loop (``pipeline_record`` -> runner.py) implements; none yet: each is a formula of
+#: docs/pipeline-json.md the runner has to follow before it is listed here
+BOARD_FEATURES: frozenset[str] = frozenset()
+
+
+def check_features(description: PipelineDescription) -> None:
+    """Refuse a description using a feature the board's loop does not implement, naming it (the bundle is
+    written without a loop, and ``runner.py --steps`` refuses with this line).
+
+    Raises
+    ------
+    SpecError
+        One feature or more of :func:`rkpart.description.features` is not in :data:`BOARD_FEATURES`.
+    """
+    from rkpart.description import features
+
+    missing = sorted(features(description) - BOARD_FEATURES)
+    if missing:
+        raise SpecError(f"the pipeline's description uses {', '.join(missing)}, which the board's loop does not "
+                        "implement (docs/pipeline-json.md, Features)")
 
 
 def check_sampler(description: PipelineDescription) -> None:
