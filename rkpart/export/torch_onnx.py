@@ -116,16 +116,27 @@ def source_key(class_name: str, exporter: str) -> list[str]:
 def require_extra(modules: Sequence[str] = ("torch", "onnxscript", "diffusers")) -> None:
     """Import ``modules``; raise :class:`~rkpart.errors.UserError` naming the extra to install if one is missing."""
     import importlib
+    import importlib.util
 
-    for name in modules:
+    def absent(name: str) -> bool:
+        try:
+            return importlib.util.find_spec(name) is None
+        except (ImportError, ValueError):  # a parent package missing, or the module blocked (sys.modules None)
+            return True
+
+    # every absent module named, found without importing any (transformers imported without torch
+    # prints its own warning on the stream of the one-line error)
+    missing = [name for name in modules if absent(name)]
+    for name in modules if not missing else ():
         try:
             importlib.import_module(name)
-        except ImportError as e:
-            # the module that is missing, not the one that needs it (transformers without torch: torch);
-            # the modules after it need it too (transformers would print its own warning): stop at the first
-            missing = (e.name or name).partition(".")[0]
-            raise UserError(f"{missing} is not installed (exporting needs the export extra): "
-                            "pip install 'rkpart[export]'") from None
+        except ImportError as e:  # installed but broken: the module that is missing, not the one needing it
+            missing = [(e.name or name).partition(".")[0]]
+            break
+    if missing:
+        verb = "is" if len(missing) == 1 else "are"
+        raise UserError(f"{', '.join(missing)} {verb} not installed (exporting needs the export extra): "
+                        "pip install 'rkpart[export]'")
 
 
 def export_module(model: torch.nn.Module, inputs: Mapping[str, Any], path: str | Path, *,

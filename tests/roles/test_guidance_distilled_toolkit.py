@@ -1,7 +1,8 @@
 """The guidance-distilled case through the toolkit: ``rkpart bundle`` records the roles from the
 plan's ``pipeline.json`` in the manifest's ``denoise`` record, the board runner's ``--steps`` loop
-(NPU stages on its ONNX Runtime stand-in) feeds them as drift does and writes drift's finite
-reference latent, and ``rkpart drift`` in the rknn-toolkit2 simulator gives finite rows.  The
+(NPU stages on its ONNX Runtime stand-in) feeds them as drift does and writes a finite latent
+near drift's (the runner steps the pipeline's own scheduler), and ``rkpart drift`` in the
+rknn-toolkit2 simulator gives finite rows.  The
 plan without a description bundles without a loop, and the runner refuses ``--steps`` in one line.
 
 The model is :mod:`tests.models.guidance_distilled` (Flux, ``guidance_embeds=True``), fused,
@@ -71,7 +72,12 @@ def test_bundle_records_the_roles_and_the_runner_loop_equals_drift(compiled: dic
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout)["passes_per_step"] == 1  # distilled: one call per step, without --no-cfg
     x = np.load(tmp_path / "x.npy")
-    assert np.isfinite(x).all() and np.array_equal(x, ref)  # drift's arithmetic, drift's inputs
+    # the runner steps the pipeline's own scheduler (issue 49: FlowMatchEuler with the recorded sigmas
+    # and shift, checked against diffusers in tests/board), drift its plain flow-Euler: the same roles
+    # and inputs give nearby latents, not equal ones (guidance fed as the timestep gives NaN or noise)
+    assert np.isfinite(x).all() and x.shape == ref.shape
+    cos = float(np.dot(x.ravel(), ref.ravel()) / (np.linalg.norm(x) * np.linalg.norm(ref)))
+    assert cos >= 0.99, cos
 
 
 def test_without_a_description_the_bundle_has_no_loop_and_the_runner_says_why(
