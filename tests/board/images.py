@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from tests.export.loop import cosine as cosine  # the export oracle's metrics, re-exported: one definition
+from tests.export.loop import psnr as psnr
 from tests.models import pipelines as tp
 
 #: steps of every oracle run (issue 49: >= 20)
@@ -145,13 +147,3 @@ def run_board(bundle: Path, ref: Reference, *, steps: int = STEPS, guidance: flo
     return x, pixels
 
 
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    return float(a64 @ b64 / (np.linalg.norm(a64) * np.linalg.norm(b64)))
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    """PSNR in dB over 8-bit pixels of two images in [0, 1] (diffusers' own quantisation: round(x * 255))."""
-    q = lambda x: np.round(np.clip(x, 0, 1) * 255.0)  # noqa: E731
-    mse = float(np.mean((q(a) - q(b)) ** 2))
-    return float("inf") if mse == 0 else float(10 * np.log10(255.0 ** 2 / mse))

@@ -27,6 +27,7 @@ from rkpart.plan.plan import Plan
 from rkpart.profile.drift import denoise
 from tests.bundle.test_bundle import run_cli
 from tests.description.docs import flux_ids
+from tests.export.loop import cosine
 from tests.models.guidance_distilled import flux_guidance_description, flux_guidance_export
 from tests.toolkits import get_toolkit
 
@@ -76,8 +77,7 @@ def test_bundle_records_the_roles_and_the_runner_loop_equals_drift(compiled: dic
     # and shift, checked against diffusers in tests/board), drift its plain flow-Euler: the same roles
     # and inputs give nearby latents, not equal ones (guidance fed as the timestep gives NaN or noise)
     assert np.isfinite(x).all() and x.shape == ref.shape
-    cos = float(np.dot(x.ravel(), ref.ravel()) / (np.linalg.norm(x) * np.linalg.norm(ref)))
-    assert cos >= 0.99, cos
+    assert cosine(x, ref) >= 0.99, cosine(x, ref)
 
 
 def test_without_a_description_the_bundle_has_no_loop_and_the_runner_says_why(
