@@ -16,13 +16,20 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rkpart.compile.cache import ArtifactCache, build_key, config_hash, measured_stage_bytes, normalise_config
 from rkpart.compile.compiler_plan import artifact_compiler_plan, compiler_meta
 from rkpart.compile.placement import CONSTANT_OUTPUTS, missing_outputs
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
-from rkpart.compile.precision import StagePrecision, link_dataset
+from rkpart.compile.precision import (
+    PrecisionSpec,
+    StagePrecision,
+    link_dataset,
+    load_precision_spec,
+    plan_precision_spec,
+    resolve,
+)
 from rkpart.compile.preflight import check_config, check_target
 from rkpart.compile.prepare import PreparedRecord, prepare_stage
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult, one_line
@@ -45,6 +52,9 @@ from rkpart.progress import Progress, advance
 from rkpart.targets import rewrites as rewrite_table
 from rkpart.types import BuildFailure, JsonMap, JsonObject, PlanExtra
 from rkpart.units import human_bytes
+
+if TYPE_CHECKING:
+    from rkpart.compile.calibration import Calibration
 
 RKNN_DIR = "rknn"
 LOG_DIR = "logs"
@@ -325,16 +335,16 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
     t0 = time.monotonic()
     chosen = _select_stages(plan, opts.stages or None)
     target, toolkits_dir, shared_cache = opts.target, opts.toolkits_dir, opts.shared_cache
-    if opts.calibration is not None:
-        # the user's own file first: a bad calibration is refused naming it, toolkit installed or not
-        from rkpart.compile.calibration import load_calibration
+    # the user's own files first: a bad calibration or --precision-spec is refused naming it,
+    # toolkit installed or not
+    from rkpart.compile.calibration import load_calibration
 
-        load_calibration(opts.calibration).check_plan(plan)
-    if opts.precision_spec is not None:
-        # so is a bad --precision-spec (read again, whole, when the precisions are resolved below)
-        from rkpart.compile.precision import load_precision_spec
-
-        load_precision_spec(opts.precision_spec, plan)
+    cal = load_calibration(opts.calibration) if opts.calibration is not None else None
+    if cal is not None:
+        cal.check_plan(plan)
+    # --precision-spec, else the one `--strategy auto` recorded in the plan (the stages it chose int8 for)
+    spec = (load_precision_spec(opts.precision_spec, plan) if opts.precision_spec is not None
+            else plan_precision_spec(plan))
     tk = _resolve(opts.toolkit, toolkits_dir)
     assert tk is not None
     fb = _resolve(opts.fallback_toolkit, toolkits_dir)
@@ -348,7 +358,8 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
                 "strict_npu": opts.strict_npu}
     if opts.skip_rewrites:
         settings["skip_rewrites"] = sorted(opts.skip_rewrites)
-    precisions = _precisions(plan, chosen, opts, full_config, [t for t in (tk, fb) if t is not None], settings)
+    precisions = _precisions(plan, chosen, opts, spec, cal, full_config, [t for t in (tk, fb) if t is not None],
+                             settings)
     if opts.executor == "ray" and any(sp.quantized for sp in precisions.values()):
         # a Ray node gets the stage's files, not its calibration dataset: it would build fp16
         raise UserError("--precision int8 / hybrid builds run with --executor local only (Ray tasks do not "
@@ -407,17 +418,15 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
     return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings)
 
 
-def _precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions, config: JsonMap,
-                toolkits: list[Toolkit], settings: JsonObject) -> dict[str, StagePrecision]:
-    """Each chosen stage's precision, checked before any build (one-line errors: no or stale
-    calibration, a target or toolkit that cannot quantize); records them in ``settings``."""
-    from rkpart.compile.precision import load_precision_spec, plan_precision_spec, resolve
-
+def _precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions, spec: PrecisionSpec | None,
+                cal: Calibration | None, config: JsonMap, toolkits: list[Toolkit],
+                settings: JsonObject) -> dict[str, StagePrecision]:
+    """Each chosen stage's precision under ``spec`` (read by the caller), checked before any build
+    (one-line errors: no or stale calibration, a target or toolkit that cannot quantize); records
+    them, and ``cal``'s fp16 range findings, in ``settings``."""
     precision, spec_path, calibration = opts.precision, opts.precision_spec, opts.calibration
     algorithm, target, worker = opts.quantized_algorithm, opts.target, opts.worker
 
-    # --precision-spec, else the one `--strategy auto` recorded in the plan (the stages it chose int8 for)
-    spec = load_precision_spec(spec_path, plan) if spec_path is not None else plan_precision_spec(plan)
     out = resolve(plan, chosen, precision=precision, spec=spec, calibration=calibration, algorithm=algorithm,
                   target=target)
     quantized = {sid: sp for sid, sp in out.items() if sp.quantized}
@@ -429,11 +438,7 @@ def _precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions, con
                                  **({"spec": "plan (strategy auto)"} if spec_path is None and spec else {}),
                                  "calibration_sha256": sp0.calibration_sha256,
                                  "stages": {sid: sp.precision for sid, sp in out.items()}}
-    if calibration is not None:
-        from rkpart.compile.calibration import load_calibration
-
-        cal = load_calibration(calibration)
-        cal.check_plan(plan)
+    if cal is not None:
         ids = {s.id for s in chosen}
         settings["fp16_range"] = [f.to_json() for f in cal.findings if f.stage in ids]
         settings["fp16_range_checked"] = sum(sc.activations for sid, sc in cal.stages.items() if sid in ids)

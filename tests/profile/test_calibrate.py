@@ -209,6 +209,7 @@ def test_bad_arguments_are_one_line_errors(plans: dict[str, tuple[Plan, Path]], 
 
 def test_compile_settings_and_report_name_the_overflowing_tensor(tmp_path: Path) -> None:
     """What compile records with --calibration (fp16 stages need no toolkit for it) reaches the report."""
+    from rkpart.compile.calibration import load_calibration
     from rkpart.compile.compile import CompileOptions, _precisions
     from rkpart.report.build import build_report
 
@@ -217,7 +218,7 @@ def test_compile_settings_and_report_name_the_overflowing_tensor(tmp_path: Path)
     write_calibration(plan, tmp_path / "plan", tmp_path / "c", inputs=tmp_path / "in.npz")
     settings: dict[str, object] = {}
     opts = CompileOptions("unused", "rk3588", calibration=tmp_path / "c")
-    out = _precisions(plan, plan.npu_stages, opts, {}, [], settings)
+    out = _precisions(plan, plan.npu_stages, opts, None, load_calibration(tmp_path / "c"), {}, [], settings)
     assert {sp.precision for sp in out.values()} == {"fp16"} and "precision" not in settings
     [finding] = settings["fp16_range"]  # type: ignore[misc]
     assert finding["tensor"] == "s" and finding["kind"] == "overflow"
