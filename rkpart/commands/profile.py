@@ -153,10 +153,10 @@ def profile(
     )
     with Reporter(quiet=quiet) as say:
         run = run_profile(opts, progress=say, warn=lambda w: click.echo(f"rkpart: warning: {w}", err=True))
-    click.echo(render_single(run.to_json(), name=str(output), block=block), nl=False)
+    records = run.to_json()  # the lines written to OUTPUT
+    click.echo(render_single(records, name=str(output), block=block), nl=False)
     click.echo(f"wrote {len(run.lines)} records to {output}", err=True)
-    if against is not None:
-        _against(against, rec.single_run(rec.read_jsonl(str(output)), where=str(output)), Path(output))
+    _against(against, records, Path(output))
 
 
 def _against(model_path: str | None, records: list[JsonObject], path: Path) -> None:
