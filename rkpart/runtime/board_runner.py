@@ -60,7 +60,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from rkpart.types import JsonMap, JsonObject
@@ -1539,6 +1539,23 @@ def compare(actual: np.ndarray, ref: np.ndarray) -> dict[str, float]:
             "nonfinite": int(np.count_nonzero(~np.isfinite(a)))}
 
 
+def _check_npy_header(f: IO[bytes], where: str, size: int) -> None:
+    """Read a ``.npy`` header from ``f`` (``size`` bytes in all): an object or structured dtype, or a
+    shape needing more bytes than there are (a 2^40-element header on a few bytes), is refused
+    before anything is allocated."""
+    fmt = np.lib.format
+    version = fmt.read_magic(f)
+    shape, _fortran, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
+                              else fmt.read_array_header_2_0(f))
+    if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biuf":
+        raise BundleError(f"{where} has dtype {dtype}, not a numeric one")
+    n = 1
+    for d in shape:
+        n *= int(d)
+    if n > MAX_TENSOR_ELEMENTS or n * dtype.itemsize > size:
+        raise BundleError(f"{where} claims shape {tuple(shape)}, more than its {size} bytes hold")
+
+
 def load_npz(path: str | os.PathLike[str], what: str,
              names: tuple[str, ...] | list[str] | None = None) -> dict[str, np.ndarray]:
     """The arrays ``names`` (default: all) of the ``.npz`` at ``path``; other members are never decoded.
@@ -1560,17 +1577,7 @@ def load_npz(path: str | os.PathLike[str], what: str,
             for k in (sorted(members) if names is None else [n for n in names if n in members]):
                 info = zf.getinfo(members[k])
                 with zf.open(info) as f:
-                    version = fmt.read_magic(f)
-                    shape, _fortran, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
-                                              else fmt.read_array_header_2_0(f))
-                    if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biuf":
-                        raise BundleError(f"{what} {p}: array {k!r} has dtype {dtype}, not a numeric one")
-                    n = 1
-                    for d in shape:
-                        n *= int(d)
-                    if n * dtype.itemsize > info.file_size or n > MAX_TENSOR_ELEMENTS:
-                        raise BundleError(f"{what} {p}: array {k!r} claims shape {tuple(shape)}, more than its "
-                                          f"{info.file_size} bytes hold")
+                    _check_npy_header(f, f"{what} {p}: array {k!r}", info.file_size)
                 with zf.open(info) as f:
                     out[k] = fmt.read_array(f, allow_pickle=False)
     except BundleError:
@@ -1843,16 +1850,7 @@ def load_npy(path: str | os.PathLike[str], what: str) -> np.ndarray:
     fmt = np.lib.format
     try:
         with open(p, "rb") as f:
-            version = fmt.read_magic(f)
-            shape, _fortran, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
-                                      else fmt.read_array_header_2_0(f))
-            if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biuf":
-                raise BundleError(f"{what} {p} has dtype {dtype}, not a numeric one")
-            n = 1
-            for d in shape:
-                n *= int(d)
-            if n > MAX_TENSOR_ELEMENTS or n * dtype.itemsize > st.st_size:
-                raise BundleError(f"{what} {p} claims shape {tuple(shape)}, more than its {st.st_size} bytes hold")
+            _check_npy_header(f, f"{what} {p}", st.st_size)
             f.seek(0)
             return np.asarray(fmt.read_array(f, allow_pickle=False))
     except BundleError:
