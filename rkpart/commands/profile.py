@@ -85,7 +85,8 @@ def _check_regex(_ctx: click.Context, _param: click.Parameter, value: str | None
 @click.option("--no-snapshots", is_flag=True,
               help="No synchronous memory snapshots around calls (the sampler thread still runs).")
 @click.option("--against", type=click.Path(exists=True, dir_okay=False), default=None, metavar="MODEL.json",
-              help="Also print the cost model's prediction error per stage and component for this profile.")
+              help="Also print the cost model's prediction error per stage and component for this profile, "
+                   "when it was measured on a backend the model was (else a note says why not).")
 @quiet_option
 @user_errors
 def profile(
