@@ -27,13 +27,14 @@ from rkpart.cost_model.features import group_features
 from rkpart.cost_model.model import Accuracy, CostModel, load_model_or_default
 from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, Trade, choose, evaluate
 from rkpart.errors import UserError
-from rkpart.io import file_sha256, load_json_file
+from rkpart.io import file_sha256
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.capability import apply_capability, flag_ops
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.partition import Partition, acyclic
 from rkpart.partitioner.write import write_partition
 from rkpart.progress import Progress, silent
+from rkpart.readers import FileKind
 from rkpart.strategies.base import GroupBuilder, Strategy, option, propose_with
 from rkpart.strategies.families import OWN_STRATEGIES, families
 from rkpart.targets import get_target
@@ -305,12 +306,17 @@ def _precisions(v: Any) -> tuple[str, ...]:
     return tuple(p for p in CANDIDATE_PRECISIONS if p in got)
 
 
+#: ``partition -s auto --accuracy FILE``: the table ``rkpart drift --accuracy`` writes
+ACCURACY_KIND = FileKind("accuracy term", "json", 1 << 20, UserError,
+                         doc="`partition -s auto --accuracy`: the table `rkpart drift --accuracy` writes")
+
+
 def load_accuracy(path: str | os.PathLike[str]) -> dict[str, Any]:
     """An accuracy term written by ``rkpart drift --accuracy FILE``, checked for the keys selection reads.
 
     Raises :class:`UserError` naming the file and what is wrong.
     """
-    acc = load_json_file(path, what="accuracy term", max_bytes=1 << 20)
+    acc = ACCURACY_KIND.load(path)
     from rkpart.cost_model.checks import check_numbers
     from rkpart.errors import SpecError
 

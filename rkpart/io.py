@@ -27,6 +27,13 @@ from rkpart.errors import OutputExistsError, SpecError, UserError, first_line
 LOCK_NAME = ".rkpart.lock"
 
 
+def default_cache_dir() -> Path:
+    """Where cross-plan knowledge (memory model, build cache, learned placements) lives:
+    ``$RKPART_CACHE_DIR`` or ``~/.cache/rkpart``."""
+    env = os.environ.get("RKPART_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "rkpart"
+
+
 def hash_file(h: Any, path: str | os.PathLike[str], chunk: int = 1 << 22) -> None:
     """Feed ``path``'s bytes into the hash object ``h`` without reading the file whole."""
     with open(path, "rb") as f:
@@ -501,6 +508,7 @@ def content_sha256(files: list[Path]) -> str:
 MAX_NPZ_ELEMENTS = 1 << 34
 
 
+
 def input_digest(a: Any) -> str:
     """sha256 of an array's dtype, shape and bytes: the inputs a specialised plan was made on.
 
@@ -524,52 +532,3 @@ def check_finite_arrays(arrays: Any, *, what: str, error: type[UserError] = User
         if a.dtype.kind in "fc" and a.size and not bool(np.isfinite(a).all()):
             bad = int(a.size - np.count_nonzero(np.isfinite(a)))
             raise error(f"{what}: array {name!r} holds {bad} NaN/Inf value(s); representative inputs must be finite")
-
-
-def read_npz(path: str | os.PathLike[str], *, what: str, names: Any = None,
-             error: type[UserError] = UserError) -> dict[str, Any]:
-    """The arrays ``names`` (default: all) of the ``.npz`` at ``path``, other members never decoded.
-
-    Only a regular file; each member's header is read first, and an object or non-numeric
-    dtype, or a shape needing more bytes than the member holds (a 2^40-element header on a few
-    bytes would otherwise be allocated), is refused before anything is allocated.
-    """
-    import zipfile
-    import zlib
-
-    import numpy as np
-
-    p = Path(path)
-    regular_file(p, what=what, error=error)
-    with open(p, "rb") as f:
-        if f.read(6) == b"\x93NUMPY":
-            raise error(f"{what} {p} is a single .npy array, not an .npz with one array per name")
-    fmt = np.lib.format
-    out: dict[str, Any] = {}
-    try:
-        with zipfile.ZipFile(p) as zf:
-            members = {n[: -len(".npy")]: n for n in zf.namelist() if n.endswith(".npy")}
-            if not members:
-                raise error(f"{what} {p} holds no .npy arrays")
-            for k in (sorted(members) if names is None else [n for n in names if n in members]):
-                info = zf.getinfo(members[k])
-                with zf.open(info) as f:
-                    version = fmt.read_magic(f)
-                    shape, _fortran, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
-                                              else fmt.read_array_header_2_0(f))
-                if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biuf":
-                    raise error(f"{what} {p}: array {k!r} has dtype {dtype}, not a numeric one")
-                n = 1
-                for d in shape:
-                    n *= int(d)
-                if n > MAX_NPZ_ELEMENTS or n * dtype.itemsize > info.file_size:
-                    raise error(f"{what} {p}: array {k!r} claims shape {tuple(shape)}, more than its "
-                                f"{info.file_size} bytes hold")
-                with zf.open(info) as f:
-                    out[k] = fmt.read_array(f, allow_pickle=False)
-    except UserError:
-        raise
-    except (OSError, ValueError, EOFError, KeyError, RuntimeError, zipfile.BadZipFile, zlib.error) as e:
-        why = "it holds pickled (object) arrays" if "pickle" in str(e) else first_line(e)
-        raise error(f"cannot read {what} {p}: not a usable .npz ({why})") from None
-    return out

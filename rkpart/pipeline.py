@@ -113,7 +113,8 @@ def load(
     progress(f"loading {model}")
     if inputs is None:
         return LoadedModel(load_model(model, input_shapes=input_shapes), input_shapes)
-    from rkpart.io import check_finite_arrays, read_npz
+    from rkpart.io import check_finite_arrays
+    from rkpart.readers import read_npz
     from rkpart.runtime.specialise import load_specialised
 
     feeds = read_npz(inputs, what="--inputs file")
@@ -600,6 +601,7 @@ def crash_cuts(report: Any, folder: Path, stages: set[str] | None = None) -> dic
     ``swap_reshape`` ValueError got 60 useless cuts).  The ids of the stages cut are added to
     ``stages``.
     """
+    from rkpart.compile.runner import read_log
     from rkpart.targets.known_issues import fused_nodes, match_log
 
     out: dict[str, str] = {}
@@ -610,8 +612,8 @@ def crash_cuts(report: Any, folder: Path, stages: set[str] | None = None) -> dic
             if f.kind not in _CUTTABLE or not f.log:
                 continue
             try:
-                text = (folder / f.log).read_text(errors="replace")
-            except OSError:
+                text = read_log(folder / f.log, folder)
+            except (OSError, UserError):
                 continue
             issue = match_log(text, signal=f.signal, toolkit=f.toolkit, kind=f.kind, exit_code=f.exit_code)
             if issue is None and f.kind == "error":
@@ -750,7 +752,7 @@ def _specialised_inputs(plan: Plan) -> Path | None:
     if not path.is_file():
         raise UserError(f"--repartition: the plan was specialised to --inputs {path}, which is gone; partition it "
                         "again with rkpart partition --inputs")
-    from rkpart.io import read_npz
+    from rkpart.readers import read_npz
 
     plan.check_specialised(read_npz(path, what="--inputs file"))  # a changed file would change a shape
     return path

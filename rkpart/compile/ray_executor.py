@@ -70,7 +70,7 @@ def connect(address: str | None) -> None:
 
 
 def _node_cache() -> Path:
-    from rkpart.compile.scheduler import default_cache_dir
+    from rkpart.io import default_cache_dir
 
     return default_cache_dir() / "ray"
 

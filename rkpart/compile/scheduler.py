@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +26,8 @@ import psutil
 
 from rkpart.compile.runner import BuildJob, BuildResult, run_build
 from rkpart.errors import UserError
-from rkpart.io import atomic_write_bytes, load_json_file
+from rkpart.io import atomic_write_bytes
+from rkpart.readers import FileKind
 from rkpart.units import GIB, MIB
 
 #: what importing the toolkit and building a tiny graph costs (measured ~0.5-0.7 GB)
@@ -43,6 +43,11 @@ MEMORY_FILE = "build-memory.json"
 _MAX_OBS = 200  # per toolkit
 
 
+#: the build memory model (``$RKPART_CACHE_DIR/build-memory.json``); a damaged one is read as empty
+MEMORY_KIND = FileKind("build memory file", "json", 16 << 20, UserError, symlinks=False,
+                       doc="`$RKPART_CACHE_DIR/build-memory.json`, read by `compile` (damaged: read as empty)")
+
+
 class MemoryModel:
     """Peak-RSS estimates per (toolkit, stage bytes), learned from observed builds."""
 
@@ -51,7 +56,7 @@ class MemoryModel:
         self._obs: dict[str, list[tuple[int, int]]] = {}
         if path is not None and path.is_file():
             with contextlib.suppress(OSError, ValueError, TypeError, KeyError, AttributeError, UserError):
-                data = load_json_file(path, what="build memory file", max_bytes=16 << 20)
+                data = MEMORY_KIND.load(path)
                 self._obs = {k: [(int(b), int(p)) for b, p in v] for k, v in data["observations"].items()}
 
     def estimate(self, toolkit: str, stage_bytes: int) -> int:
@@ -218,8 +223,3 @@ def memory_in_use() -> int:
     vm = psutil.virtual_memory()
     return int(vm.total - vm.available)
 
-
-def default_cache_dir() -> Path:
-    """Where cross-plan knowledge (memory model) lives: ``$RKPART_CACHE_DIR`` or ``~/.cache/rkpart``."""
-    env = os.environ.get("RKPART_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "rkpart"

@@ -26,7 +26,6 @@ from rkpart.io import (
     atomic_write_bytes,
     file_sha256,
     folder_lock,
-    load_json_file,
     loads_json,
     recover_folder,
     replace_folder,
@@ -50,6 +49,7 @@ from rkpart.partitioner.partition import Group, Partition, order_groups
 from rkpart.partitioner.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 from rkpart.partitioner.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
 from rkpart.progress import Progress
+from rkpart.readers import FileKind
 
 #: stages whose weights may be in flight at once, and the threads moving them
 _IN_FLIGHT = 3
@@ -183,6 +183,13 @@ def _sweep_temp(folder: Path) -> None:
 JOURNAL = "done.jsonl"
 
 
+#: what an interrupted partition left in its staging folder to resume from (unreadable: not resumed)
+JOURNAL_KIND = FileKind("resume journal", "bytes", 1 << 26, UserError, symlinks=False,
+                        doc="a staging folder's journal of finished stages (unreadable: written again)")
+RUN_KEY_KIND = FileKind("run key", "json", 1 << 16, UserError, symlinks=False,
+                        doc="a staging folder's run key (unreadable: the run starts over)")
+
+
 def _read_journal(stages_dir: Path) -> dict[str, Stage]:
     """The stages an interrupted run recorded as finished, by file name (a torn or foreign line
     is skipped: that stage is written again)."""
@@ -190,9 +197,9 @@ def _read_journal(stages_dir: Path) -> dict[str, Stage]:
     if not path.is_file() or path.is_symlink():
         return {}
     try:
-        text = path.read_bytes()[: 1 << 26]
-    except OSError:
-        return {}
+        text = JOURNAL_KIND.read(path, root=stages_dir)
+    except (OSError, UserError):
+        return {}  # an unreadable journal: every stage is written again
     out: dict[str, Stage] = {}
     for line in text.splitlines():
         try:
@@ -238,7 +245,7 @@ def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, group
     old = None
     if key_file.is_file():
         try:
-            old = load_json_file(key_file, what="run key", max_bytes=1 << 16).get("key")
+            old = RUN_KEY_KIND.load(key_file, root=staging).get("key")
         except (OSError, UserError, AttributeError):
             old = None
     resuming = old == run_key

@@ -30,9 +30,10 @@ from typing import Any
 import jsonschema
 
 from rkpart.errors import SpecError, UserError
-from rkpart.io import loads_json, loads_yaml, read_limited
+from rkpart.io import loads_json, loads_yaml
 from rkpart.ir import ModelGraph
 from rkpart.partitioner.discovery import Discovery
+from rkpart.readers import FileKind
 from rkpart.strategies.base import GroupBuilder, Partition, Strategy, check_strategy_options, option, propose_with
 
 _STAGE_ID = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
@@ -119,11 +120,15 @@ def _count_items(data: Any, limit: int) -> int:
     return n
 
 
+#: ``partition -s custom --spec FILE`` (YAML, or JSON by its suffix)
+SPEC_KIND = FileKind("custom spec", "bytes", MAX_SPEC_BYTES, SpecError, doc="`partition -s custom --spec`")
+
+
 def load_spec(path: str | Path) -> dict[str, Any]:
     """Read and schema-check a custom spec; raises :class:`SpecError` with the offending path."""
     p = Path(path)
     kind = "JSON" if p.suffix == ".json" else "YAML"
-    raw = read_limited(p, what="custom spec", max_bytes=MAX_SPEC_BYTES, error=SpecError)
+    raw = SPEC_KIND.read(p)
     try:
         text = raw.decode()
     except UnicodeDecodeError as e:
