@@ -25,20 +25,19 @@ from rkpart.compile.placement import cpu_ops as parse_cpu_ops
 from rkpart.compile.precision import StagePrecision, link_dataset
 from rkpart.compile.preflight import check_config, check_target
 from rkpart.compile.prepare import PreparedRecord, prepare_stage
-from rkpart.compile.runner import WORKER, BuildJob, BuildResult, one_line
+from rkpart.compile.runner import WORKER, BuildJob, BuildResult, one_line, read_log
 from rkpart.compile.scheduler import (
     DEFAULT_MARGIN,
     MEMORY_FILE,
     MemoryModel,
     Scheduler,
     available_memory,
-    default_cache_dir,
     memory_in_use,
 )
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.compile.user_cache import touch, user_cache_dir
 from rkpart.errors import ToolkitError, UserError, os_error
-from rkpart.io import file_sha256, folder_lock
+from rkpart.io import default_cache_dir, file_sha256, folder_lock
 from rkpart.partitioner.plan import Artifact, Plan, Stage, load_plan
 from rkpart.partitioner.verify import stage_onnx
 from rkpart.progress import Progress, advance
@@ -304,6 +303,9 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
     t0 = time.monotonic()
     chosen = _select_stages(plan, opts.stages or None)
     target, toolkits_dir, shared_cache = opts.target, opts.toolkits_dir, opts.shared_cache
+    # the calibration (its manifest, every sample read and verified) before any toolkit work: a bad
+    # or tampered one is refused at once, not after the toolkit's config check
+    resolved = _resolve_precisions(plan, chosen, opts)
     tk = _resolve(opts.toolkit, toolkits_dir)
     assert tk is not None
     fb = _resolve(opts.fallback_toolkit, toolkits_dir)
@@ -317,7 +319,8 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
                 "strict_npu": opts.strict_npu}
     if opts.skip_rewrites:
         settings["skip_rewrites"] = sorted(opts.skip_rewrites)
-    precisions = _precisions(plan, chosen, opts, full_config, [t for t in (tk, fb) if t is not None], settings)
+    precisions = _precisions(plan, chosen, opts, full_config, [t for t in (tk, fb) if t is not None], settings,
+                             resolved)
     if opts.executor == "ray" and any(sp.quantized for sp in precisions.values()):
         # a Ray node gets the stage's files, not its calibration dataset: it would build fp16
         raise UserError("--precision int8 / hybrid builds run with --executor local only (Ray tasks do not "
@@ -332,6 +335,10 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
         local = ArtifactCache(folder / RKNN_DIR)
         shared_root = Path(shared_cache) if shared_cache else user_cache_dir() if opts.cache else None
         shared = ArtifactCache(shared_root) if shared_root is not None else None
+        if shared_root is not None:
+            from rkpart.compile.user_cache import mark_cache
+
+            mark_cache(shared_root)  # `cache prune` deletes only in a folder that carries it
         mem_path = (Path(shared_cache) if shared_cache else default_cache_dir()) / MEMORY_FILE
         model = MemoryModel(mem_path)
         ctx = _Context(folder=folder, target=target, config=full_config, chash=chash, cache=local,
@@ -376,19 +383,28 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
     return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings)
 
 
-def _precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions, config: Mapping[str, Any],
-                toolkits: list[Toolkit], settings: dict[str, Any]) -> dict[str, StagePrecision]:
-    """Each chosen stage's precision, checked before any build (one-line errors: no or stale
-    calibration, a target or toolkit that cannot quantize); records them in ``settings``."""
+def _resolve_precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions) -> dict[str, StagePrecision]:
+    """Each chosen stage's precision, its calibration samples read and verified (one-line errors:
+    no, stale or tampered calibration, a target that cannot quantize)."""
     from rkpart.compile.precision import load_precision_spec, plan_precision_spec, resolve
 
+    # --precision-spec, else the one `--strategy auto` recorded in the plan (the stages it chose int8 for)
+    spec = load_precision_spec(opts.precision_spec, plan) if opts.precision_spec is not None \
+        else plan_precision_spec(plan)
+    return resolve(plan, chosen, precision=opts.precision, spec=spec, calibration=opts.calibration,
+                   algorithm=opts.quantized_algorithm, target=opts.target)
+
+
+def _precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions, config: Mapping[str, Any],
+                toolkits: list[Toolkit], settings: dict[str, Any],
+                out: dict[str, StagePrecision]) -> dict[str, StagePrecision]:
+    """Checks ``out`` (:func:`_resolve_precisions`) against the toolkits (a toolkit without the
+    quantization options cannot quantize) and records it in ``settings``."""
     precision, spec_path, calibration = opts.precision, opts.precision_spec, opts.calibration
     algorithm, target, worker = opts.quantized_algorithm, opts.target, opts.worker
+    from rkpart.compile.precision import plan_precision_spec
 
-    # --precision-spec, else the one `--strategy auto` recorded in the plan (the stages it chose int8 for)
-    spec = load_precision_spec(spec_path, plan) if spec_path is not None else plan_precision_spec(plan)
-    out = resolve(plan, chosen, precision=precision, spec=spec, calibration=calibration, algorithm=algorithm,
-                  target=target)
+    spec = plan_precision_spec(plan) if spec_path is None else None
     quantized = {sid: sp for sid, sp in out.items() if sp.quantized}
     if quantized:
         sp0 = next(iter(quantized.values()))
@@ -524,7 +540,7 @@ class _Context:
                 if o.status != "failed" or sid not in by_id or not o.failures or not o.failures[-1].log:
                     continue
                 path = self.folder / str(o.failures[-1].log)
-                text = path.read_text(errors="replace") if path.is_file() else ""
+                text = read_log(path, self.folder) if os.path.lexists(path) else ""
                 new = [r for r in named_rules(text) if r not in self.disabled_rules.get(sid, ())]
                 if new:
                     self.disabled_rules[sid] = (*self.disabled_rules.get(sid, ()), *new)
@@ -623,7 +639,7 @@ class _Context:
             quantize = None
             if sp.quantized:
                 assert sp.dataset is not None and sp.calibration_sha256 is not None
-                linked = link_dataset(sp.dataset, self.folder / RKNN_DIR, sp.calibration_sha256)
+                linked = link_dataset(sp.dataset, self.folder / RKNN_DIR)
                 self.datasets[s.id] = linked.relative_to(self.folder).as_posix()
                 quantize = sp.request(linked)
             key = build_key(onnx, tk.version, self.target, config, sp.key_extra())
