@@ -42,7 +42,7 @@ from typing import Any, TypeVar
 
 import click
 
-from rkpart.errors import INTERRUPTED_EXIT, UserError, os_error
+from rkpart.errors import INTERRUPTED_EXIT, UserError, one_line, os_error
 from rkpart.types import DEVICES, RESIDENCIES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -76,7 +76,9 @@ def lowering_note(opset: int) -> str | None:
 
 
 def report_user_error(e: UserError) -> None:
-    click.echo(f"rkpart: error: {e}", err=True)
+    """The one place a user error is printed (the group, :func:`user_errors`, click's usage
+    errors): one line, at most :data:`~rkpart.errors.MAX_MESSAGE` characters."""
+    click.echo(f"rkpart: error: {one_line(str(e))}", err=True)
 
 
 def user_errors(fn: F) -> F:
@@ -292,16 +294,35 @@ def build_options(f: F) -> F:
 
 
 # -- output ----------------------------------------------------------------------------------
+class OutputFile(click.Path):
+    """The type of every option or argument naming a file a command writes (``-o FILE``,
+    ``--accuracy``, ``--save-outputs``, ``example DEST``): each goes through
+    :func:`rkpart.output.claim_output_file`, and the generated hostile suite finds them by it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("dir_okay", False)  # ``example DEST`` may name a folder to write into
+        kwargs.setdefault("path_type", Path)
+        super().__init__(**kwargs)
+
+
+class OutputFolder(click.Path):
+    """The type of every option naming a folder a command writes (``-o DIR``): each goes through
+    :func:`rkpart.output.claim_output_folder` and the folder protocol of :mod:`rkpart.output`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("path_type", Path)
+        super().__init__(file_okay=False, **kwargs)
+
+
 def out_folder_option(*, default: str, help: str) -> Decorator[Any]:
     """``-o/--out DIR``: the folder a command writes (``out: Path``)."""
-    return click.option("--out", "-o", "out", type=click.Path(file_okay=False, path_type=Path), default=Path(default),
+    return click.option("--out", "-o", "out", type=OutputFolder(), default=Path(default),
                         show_default=True, help=help)
 
 
 def output_file_option(*, help: str, required: bool = False) -> Decorator[Any]:
     """``-o/--output FILE``: the file a command writes (``output: Path | None``)."""
-    return click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=required,
-                        default=None, help=help)
+    return click.option("-o", "--output", type=OutputFile(), required=required, default=None, help=help)
 
 
 def force_option(*, help: str) -> Decorator[Any]:
@@ -348,6 +369,8 @@ __all__ = [
     "STEPS",
     "WARMUP",
     "FiniteFloat",
+    "OutputFile",
+    "OutputFolder",
     "build_options",
     "device_option",
     "emit",

@@ -13,6 +13,7 @@ from rkpart.cli_args import (
     SEED,
     SHIFT,
     FiniteFloat,
+    OutputFolder,
     json_option,
     quiet_option,
     residency_option,
@@ -23,7 +24,7 @@ from rkpart.runtime.board_runner import CORE_MASKS, DEFAULT_MAX_ABS_REL
 
 @click.command("bundle")
 @click.argument("plan", type=click.Path(path_type=Path))
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--out", "-o", type=OutputFolder(), required=True,
               help="Bundle folder to write (copy it to the board).")
 @residency_option(help="NPU stage sessions on the board: released after each use (per-stage), kept for the whole "
                       "loop (resident), or as the plan chose per block (auto strategy; per-stage where it chose "
@@ -75,10 +76,12 @@ def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: 
       python OUT/runner.py --steps 30 --guidance 4.5 [--cfg-parallel]   # a whole denoising loop
     """
     from rkpart.bundle.build import BundleOptions, bundle_plan
+    from rkpart.output import claim_output_folder
     from rkpart.partitioner.plan import load_plan
     from rkpart.progress import Reporter
     from rkpart.runtime.executor import load_inputs
 
+    claim_output_folder(out, what="bundle folder", inputs=[plan, model, inputs])
     feeds = load_inputs(inputs, load_plan(plan)[0]) if inputs is not None else None
     with Reporter(quiet=quiet) as say:
         opts = BundleOptions(residency=None if residency == "plan" else residency, core_mask=core_mask, model=model,
