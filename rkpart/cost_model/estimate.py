@@ -154,6 +154,19 @@ def _residencies(plan: Plan) -> dict[str, str]:
     return {k: str(v) for k, v in plan_residency(plan, default=Residency.PER_STAGE).items()}
 
 
+def _check_toolkit(version: str, model: CostModel) -> None:
+    """Refuse a ``--toolkit`` that is no rknn-toolkit2 version rkpart knows: not one the target
+    documents, the cost model has a memory predictor for, or is installed (the estimate would use
+    another toolkit's memory model under its label)."""
+    from rkpart.compile.toolkits import list_toolkits
+    from rkpart.targets import get_target
+
+    known = set(get_target().toolkits) | set(model.device_memory) | {t.version for t in list_toolkits(None)}
+    if version not in known:
+        raise UserError(f"--toolkit {version[:40]!r} is no rknn-toolkit2 version rkpart knows (known: "
+                        f"{', '.join(sorted(known))})")
+
+
 def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: str | None = None, steps: int = 30,
                   cfg: bool = True, model_label: str = "cost model",
                   residency: Mapping[str, str] | None = None) -> Estimate:
@@ -165,6 +178,8 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
     if steps < 1:
         raise UserError(f"--steps must be >= 1, got {steps}")
     folder = Path(folder)
+    if toolkit is not None:
+        _check_toolkit(toolkit, model)
     tk = toolkit or (plan.extra.get("compile") or {}).get("toolkit") or model.provenance.toolkit
     res = dict(residency) if residency is not None else _residencies(plan)
     passes = steps * (2 if cfg else 1)
