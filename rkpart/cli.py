@@ -119,6 +119,7 @@ def _register() -> None:
         ("rkpart.commands.drift", ("drift",)),
         ("rkpart.commands.estimate", ("estimate",)),
         ("rkpart.commands.calibrate", ("calibrate",)),
+        ("rkpart.commands.export", ("export",)),
     ):
         try:
             module = importlib.import_module(mod)

@@ -12,6 +12,9 @@ parsing, to every command that takes them (as Polygraphy's ``tools/args`` does):
 :data:`STEPS`, :data:`ROUNDS` bounded counts (1 .. 10 000): denoising steps, measured rounds, repeats
 :data:`SAMPLE_INTERVAL`     ``--interval``: finite seconds, 0 .. 60
 :func:`threads_type`        ``--threads``: 0 .. 4 per core
+:func:`role_options`        ``--latent-input``, ``--timestep-input``, ``--guidance-input``, ``--context-input``
+                            -> ``role_flags: RoleFlags`` (:mod:`rkpart.roles`)
+:data:`embeds_option`       ``--embeds FILE.npz`` (conditioning by diffusers call argument)
 :func:`tolerance_options`   ``--reference``, ``--min-cosine``, ``--max-abs-rel``
 :func:`device_option`       ``--adaln npu|host`` and the like
 :func:`residency_option`    ``--residency plan|per-stage|resident``
@@ -218,9 +221,10 @@ def threads_type() -> click.IntRange:
 
 # -- inputs and seed -------------------------------------------------------------------------
 def seed_option(f: F) -> F:
-    """``--seed``: the seed of the random plan inputs (:func:`rkpart.ir.tensors.random_feeds`)."""
+    """``--seed``: the seed of the random plan inputs (:func:`rkpart.roles.pass_inputs`)."""
     return click.option("--seed", type=SEED, default=0, show_default=True,
-                        help="Seed of the random plan inputs (floats ~ N(0,1), integers in [0,4)).")(f)
+                        help="Seed of the random plan inputs (floats ~ N(0,1); masks all-valid, id grids and "
+                             "integer inputs their pipeline.json values, else zeros).")(f)
 
 
 def inputs_options(f: F) -> F:
@@ -230,6 +234,43 @@ def inputs_options(f: F) -> F:
                      help=".npz with one array per model input (default: seeded random inputs)."),
         seed_option,
     )(f)
+
+
+# -- input roles (rkpart.roles) ----------------------------------------------------------------
+def role_options(f: F) -> F:
+    """``--latent-input``, ``--timestep-input``, ``--guidance-input``, ``--context-input`` -> one
+    ``role_flags`` (:class:`rkpart.roles.RoleFlags`): which input is what when the plan has no
+    pipeline description (with one, a flag must agree with it)."""
+
+    @functools.wraps(f)
+    def merge(*args: Any, latent_input: str | None, timestep_input: str | None, guidance_input: str | None,
+              context_inputs: tuple[str, ...], **kwargs: Any) -> Any:
+        from rkpart.roles import RoleFlags
+
+        return f(*args, role_flags=RoleFlags(latent_input, timestep_input, guidance_input, tuple(context_inputs)),
+                 **kwargs)
+
+    return _compose(  # type: ignore[return-value]
+        click.option("--latent-input", default=None, metavar="NAME",
+                     help="The loop's latent input, for a plan without a pipeline.json [default: the input shaped "
+                          "like the output; two such inputs are refused, not guessed]."),
+        click.option("--timestep-input", default=None, metavar="NAME",
+                     help="The loop's timestep input, for a plan without a pipeline.json [default: the smallest "
+                          "other input; two of that size (e.g. timestep and guidance) are refused, not guessed]."),
+        click.option("--guidance-input", default=None, metavar="NAME",
+                     help="A guidance-distilled model's guidance input: fed the guidance scale, one pass per step "
+                          "[default: the plan's pipeline.json; none without one]."),
+        click.option("--context-input", "context_inputs", multiple=True, metavar="NAME",
+                     help="A conditioning input of the loop (repeat for several) [default: every other float "
+                          "input; inputs named like masks get ones, like ids are refused without a pipeline.json]."),
+    )(merge)
+
+
+embeds_option: Decorator[Any] = click.option(
+    "--embeds", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE.npz",
+    help="The conditioning the pipeline gives the transformer, keyed by diffusers call argument (prompt_embeds, "
+         "negative_prompt_embeds, pooled_prompt_embeds, prompt_attention_mask, ...), mapped to model inputs by the "
+         "plan's pipeline.json [default: seeded noise, zeros for the unconditional pass].")
 
 
 # -- tolerances ------------------------------------------------------------------------------
@@ -373,6 +414,7 @@ __all__ = [
     "OutputFolder",
     "build_options",
     "device_option",
+    "embeds_option",
     "emit",
     "force_option",
     "inputs_options",
@@ -386,6 +428,7 @@ __all__ = [
     "quiet_option",
     "report_user_error",
     "residency_option",
+    "role_options",
     "seed_option",
     "shape_option",
     "threads_type",

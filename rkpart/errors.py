@@ -99,6 +99,10 @@ class ResourceError(UserError, exit_code=10):
     """The machine ran out of disk space (or quota) while rkpart was writing."""
 
 
+class ExportError(UserError, exit_code=11):
+    """The torch -> ONNX export failed: the exporter, a patch, ONNX Runtime or the ONNX-vs-torch check."""
+
+
 #: exit status of a run interrupted with Ctrl-C (SIGINT), as shells report it (128 + 2)
 INTERRUPTED_EXIT = 130
 

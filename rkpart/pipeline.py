@@ -17,7 +17,7 @@ below this module, which lists it among the built-in strategies.
 Package layers (``tests/test_import_dag.py`` enforces them; a package imports only from
 layers to its left, never back, not even inside a function)::
 
-    errors, types <- io, output, units, progress
+    errors, types <- io, output, units, progress <- export
       <- ir <- targets <- partitioner <- plugins <- recognizers <- strategies
       <- validation <- compile <- runtime <- triage <- profile <- cost_model <- bundle, report
       <- auto <- pipeline <- tune <- dropin <- cli_args <- commands <- cli
@@ -49,7 +49,7 @@ from rkpart.ir.load import (
 from rkpart.ir.subgraph import outputs_of
 from rkpart.ir.values import same_values
 from rkpart.partitioner.capability import apply_capability as _apply_capability
-from rkpart.partitioner.capability import cut_before
+from rkpart.partitioner.capability import cut_before, left_after_rewrites
 from rkpart.partitioner.coverage import Coverage, coverage_note, npu_coverage
 from rkpart.partitioner.discovery import Discovery
 from rkpart.partitioner.extract import DEFAULT_EXTERNAL_THRESHOLD
@@ -93,8 +93,7 @@ class LoadedModel:
             progress("discovering blocks")
             self._discovery = discover(self.graph)
             disc = self._discovery
-            progress(f"found {len(disc.blocks)} blocks by {disc.method}: "
-                     f"{', '.join(r.name for r in disc.blocks[0].regions)} per block")
+            progress(f"found {len(disc.blocks)} blocks by {disc.method}: {disc.describe_regions()}")
         return self._discovery
 
 
@@ -178,6 +177,8 @@ class PartitionConfig:
     force_host: Mapping[str, str] = field(default_factory=dict)
     #: op names an NPU stage is cut in front of, with why (a build crashed after fusing them)
     cut_before: Mapping[str, str] = field(default_factory=dict)
+    #: the pipeline description to record (``--pipeline``); None: ``pipeline.json`` beside the model, if any
+    pipeline: Path | None = None
 
     def __post_init__(self) -> None:
         # options are values a plan records; a callback goes to the strategy (AutoStrategy(report=...))
@@ -415,6 +416,10 @@ def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str 
             continue
         off = caps.off_npu(mg.op(i) for i in sorted(g.ops) if mg.op(i).op_type not in rewritten)
         if off:
+            # only what stays on the CPU once the build's rewrites ran (nan-guard takes IsNaN's guard onto the NPU)
+            left = left_after_rewrites(mg, g, (n.index for n, _ in off), Capability(target.lower(), caps))
+            off = [(n, rule) for n, rule in off if n.index in left]
+        if off:
             ops = ", ".join(sorted({f"{n.op_type} ({rule.support})" for n, rule in off}))
             notes.append(f"target {target}: NPU stage {g.id} holds op(s) rknn-toolkit2 {caps.version} does not "
                          f"run on the NPU: {ops}")
@@ -422,17 +427,22 @@ def capability_notes(mg: ModelGraph, part: Partition, target: str, toolkit: str 
 
 
 def write_plan(
-    model: LoadedModel, part: Partition, out: str | os.PathLike[str], config: PartitionConfig = PartitionConfig()
+    model: LoadedModel, part: Partition, out: str | os.PathLike[str], config: PartitionConfig = PartitionConfig(),
+    description: Any = None,
 ) -> Plan:
-    """Write ``part`` as the plan folder ``out`` (see :func:`rkpart.partitioner.write.write_partition`)."""
+    """Write ``part`` as the plan folder ``out`` (see :func:`rkpart.partitioner.write.write_partition`),
+    with ``description`` (a :class:`rkpart.description.PipelineDescription`) recorded in it."""
+    from rkpart.roles import description_attacher, record_description
+
     simplify = None
     if config.simplify:
         from rkpart.runtime.simplify import simplify_stage  # onnxsim and ONNX Runtime: only when asked
 
         simplify = simplify_stage
-    return write_partition(model.graph, model._discovery, part, out, force=config.force,
-                           input_shapes=model.input_shapes, external_threshold=config.external_threshold,
-                           simplify=simplify, progress=config.progress, weights=config.weights)
+    return write_partition(model.graph, model._discovery, record_description(part, description), out,
+                           force=config.force, input_shapes=model.input_shapes,
+                           external_threshold=config.external_threshold, simplify=simplify, progress=config.progress,
+                           weights=config.weights, attach=description_attacher(description))
 
 
 @dataclass(frozen=True)
@@ -463,7 +473,10 @@ def run_partition(opts: PartitionOptions) -> Plan:
     check_options(strat, opts.config.options)
     prepare_out(Path(os.path.abspath(opts.out)), opts.config.force, Path(opts.model))
     loaded = load(opts.model, opts.input_shapes, opts.config.progress, inputs=opts.inputs)
-    return write_plan(loaded, propose(loaded, strat, opts.config), opts.out, opts.config)
+    from rkpart.roles import describe_partition  # pipeline.json: checked against the model before any proposal
+
+    description = describe_partition(Path(opts.model), opts.config.pipeline, loaded.graph, opts.config.progress)
+    return write_plan(loaded, propose(loaded, strat, opts.config), opts.out, opts.config, description)
 
 
 def partition(
@@ -477,6 +490,7 @@ def partition(
     simplify: bool = False,
     progress: Progress = _noop,
     weights: WeightsMode = "copy",
+    pipeline: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Plan:
     """Partition ``model`` with ``strategy`` and write the plan folder ``out``.
@@ -500,6 +514,9 @@ def partition(
     weights:
         ``copy`` (each stage gets its own data file) or ``link`` (no weights copied: stages
         reference the source's external data, linked into the plan folder).
+    pipeline:
+        The pipeline description (``pipeline.json``) to record in the plan, checked against the
+        model's inputs [default: ``pipeline.json`` beside the model, if there is one].
     **options:
         Strategy options (``adaln="npu"``, ``blocks_per_stage=2``, ``spec="spec.yaml"`` ...).
         ``toolkit="2.5.0"`` is taken by every strategy: the rknn-toolkit2 version whose capability
@@ -522,7 +539,8 @@ def partition(
     toolkit = options.get("toolkit") if strategy == "auto" else options.pop("toolkit", None)
     inputs = options.pop("inputs", None)
     config = PartitionConfig(options=options, force=force, external_threshold=external_threshold,
-                             simplify=simplify, progress=progress, weights=weights, toolkit=toolkit)
+                             simplify=simplify, progress=progress, weights=weights, toolkit=toolkit,
+                             pipeline=None if pipeline is None else Path(pipeline))
     return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes,
                                           Path(inputs) if inputs is not None else None))
 
@@ -737,7 +755,9 @@ def _write_again(plan: Plan, folder: Path, opts: Any, forced: Mapping[str, str],
                              toolkit=getattr(opts.toolkit, "version", opts.toolkit),
                              rewrites=opts.rewrites, force_host=forced, cut_before=cuts, progress=progress,
                              weights="link" if "weights" in plan.extra else "copy")
-    write_plan(loaded, propose(loaded, strat, config), folder, config)
+    from rkpart.roles import plan_description  # the plan's pipeline description stays with it
+
+    write_plan(loaded, propose(loaded, strat, config), folder, config, plan_description(plan, folder))
 
 
 def _specialised_inputs(plan: Plan) -> Path | None:

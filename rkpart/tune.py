@@ -59,6 +59,7 @@ from rkpart.output import claim_work_folder
 from rkpart.partitioner.plan import Plan, load_plan
 from rkpart.pipeline import load, partition
 from rkpart.readers import FileKind
+from rkpart.roles import NO_FLAGS, RoleFlags
 from rkpart.strategies.families import Family, families
 from rkpart.types import HOST
 
@@ -93,8 +94,17 @@ class TuneConfig:
     precisions: tuple[str, ...] = ("fp16",)
     #: auto's accuracy floor and int8 drift bound (``--option max_error_ratio``); None: auto's default
     max_error_ratio: float | None = None
+    #: the pipeline description every plan records (``--pipeline``); None: ``pipeline.json`` beside the model
+    pipeline: Path | None = None
+    #: the inputs' roles for a model without a description (``--latent-input`` ...; :mod:`rkpart.roles`)
+    flags: RoleFlags = NO_FLAGS
+    #: the conditioning of the denoising loops (drift, calibration), by diffusers call argument (``--embeds``)
+    embeds: Path | None = None
 
     def __post_init__(self) -> None:
+        if self.embeds is not None and "int8" not in self.precisions:
+            raise UserError("--embeds gives the conditioning of tune's denoising loops: the int8 calibrations and "
+                            "drift of --precisions fp16,int8; without them tune runs no loop")
         if set(self.precisions) - {"fp16", "int8"} or "fp16" not in self.precisions:
             raise UserError(f"--precisions {','.join(self.precisions)}: give fp16 or fp16,int8")
         if "int8" in self.precisions and self.backend != "rknn-sim":
@@ -277,8 +287,10 @@ def predicted_round(model: CostModel, plan: Plan, folder: Path, residency: str, 
     return predict_round(model, stages, passes)
 
 
-def single_plans(model_path: str | Path, work: Path) -> tuple[dict[str, Path], int, list[int] | None]:
-    """Every single-strategy plan of ``model_path`` under ``work/plans``; the number of blocks and
+def single_plans(model_path: str | Path, work: Path,
+                 pipeline: Path | None = None) -> tuple[dict[str, Path], int, list[int] | None]:
+    """Every single-strategy plan of ``model_path`` under ``work/plans`` (each recording the
+    pipeline description ``pipeline``, default the one beside the model); the number of blocks and
     the representative block of each anatomy (``None``: small enough to profile whole plans)."""
     disc = load(model_path).discovery()
     blocks = list(disc.blocks)
@@ -291,7 +303,7 @@ def single_plans(model_path: str | Path, work: Path) -> tuple[dict[str, Path], i
         if fam.blocks_per_stage > len(blocks):
             continue
         out = work / "plans" / fam.id
-        partition(model_path, out, fam.strategy, force=True, **fam.options)
+        partition(model_path, out, fam.strategy, force=True, pipeline=pipeline, **fam.options)
         plans[fam.id] = out
     return plans, len(blocks), reps
 
@@ -370,7 +382,7 @@ def choose_auto(model_path: str | Path, work: Path, model_file: Path, plans: Map
             opts["compiled"] += [str(p) for p in sorted((work / "precision").glob("*@int8"))]
     if config.max_error_ratio is not None:
         opts["max_error_ratio"] = config.max_error_ratio
-    auto_plan = partition(model_path, auto_dir, "auto", force=True, **opts)
+    auto_plan = partition(model_path, auto_dir, "auto", force=True, pipeline=config.pipeline, **opts)
     if _int8_stages(auto_plan):
         _build_quantized(auto_dir, work / "precision" / "auto.calib", config, progress)
     choices = list((auto_plan.strategy.get("options") or {}).get("choices", []))
@@ -469,7 +481,10 @@ def _cfg_parallel(work: Path, auto_dir: Path, model_file: Path, config: TuneConf
 
     bundle = work / "bundle"
     progress(f"bundling auto's plan into {bundle} to time the denoising loop with and without --cfg-parallel")
-    bundle_plan(auto_dir, bundle, BundleOptions(force=True, seed=config.seed), progress=progress)
+    f = config.flags
+    bundle_plan(auto_dir, bundle, BundleOptions(force=True, seed=config.seed, latent_input=f.latent,
+                                                timestep_input=f.timestep, guidance_input=f.guidance,
+                                                context_inputs=f.context), progress=progress)
     measured = measure_cfg_parallel(bundle, steps=max(config.steps, 2), rounds=config.verify_rounds,
                                     seed=config.seed, progress=progress)
     record_cfg_parallel(model_file, measured)
@@ -506,7 +521,7 @@ def _build_quantized(folder: Path, calib: Path, config: TuneConfig, progress: Ca
 
     plan, _ = load_plan(folder)
     progress(f"calibrating {folder.name} from its denoising loop")
-    write_calibration(plan, folder, calib, force=True, progress=progress)
+    write_calibration(plan, folder, calib, force=True, progress=progress, flags=config.flags, embeds=config.embeds)
     # auto's plan: its recorded spec says which stages are int8 (compile reads it); a twin: all of them
     spec = plan_precision_spec(plan)
     opts = CompileOptions(toolkit=_toolkit(config), precision="int8" if spec is None else "fp16",
@@ -540,14 +555,15 @@ def measure_precisions(model_path: str | Path, plans: Mapping[str, Path], work: 
         if fam.strategy not in ("split", "fused"):  # the accuracy families drift measures
             continue
         twin = work / "precision" / f"{name}@int8"
-        partition(model_path, twin, fam.strategy, force=True, **fam.options)
+        partition(model_path, twin, fam.strategy, force=True, pipeline=config.pipeline, **fam.options)
         _build_quantized(twin, work / "precision" / f"{name}.calib", config, progress)
         for label, f in ((f"{name}:{folder.name}", folder), (f"{name}[int8]:{twin.name}", twin)):
             plan, _ = load_plan(f)
             loaded.append((label, plan, f))
             families[label] = family_of(plan)
     backend = get_backend("rknn-sim", toolkit=_toolkit(config))
-    rows = drift(loaded, backend, steps=config.steps, cfg=config.cfg, seed=config.seed, progress=progress)
+    rows = drift(loaded, backend, steps=config.steps, cfg=config.cfg, seed=config.seed, progress=progress,
+                 flags=config.flags, embeds=config.embeds)
     acc = accuracy_from_drift(rows, families)
     out = work / ACCURACY_FILE
     atomic_write_bytes(out, (json.dumps(acc, indent=2, sort_keys=True) + "\n").encode())
@@ -584,7 +600,14 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
     """Run the loop on ``model_path`` in ``workdir`` (plans, profiles, model, auto plan, report)."""
     # rkpart.output: never a symlink or someone else's folder
     work = claim_work_folder(workdir, kind="tune", legacy=tune_listing, grows=TUNE_GROWS, known=_TUNE_FILES)
-    plans, nblocks, reps = single_plans(model_path, work)
+    plans, nblocks, reps = single_plans(model_path, work, config.pipeline)
+    if "int8" in config.precisions or config.cfg_parallel:
+        # before minutes of profiling: the loops run later (calibration, drift, the bundle's) must be able to tell
+        # the inputs' roles and take --embeds
+        from rkpart.profile.drift import check_roles
+
+        first = next(iter(plans.values()))
+        check_roles([("", *load_plan(first))], config.flags, config.embeds, config.cfg)
     progress(f"{nblocks} blocks; profiling " + ("whole plans" if reps is None else
                                                  f"blocks {', '.join(map(str, reps))} (one per anatomy)"))
     profiles = profile_for_fit(plans, nblocks, reps, work, config, progress)

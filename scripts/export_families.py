@@ -1,7 +1,8 @@
 """Export tiny DiT families from ``diffusers`` to ONNX (random weights, static shapes).
 
-The configs and the export code live in ``tests/models/diffusers_families.py`` (the one source
-the tests use too); this is its command line.
+The configs live in ``tests/models/diffusers_families.py`` (the one source the tests use too); the
+export itself is the product's (``rkpart.export.export_module``: the patch registry, each patch
+checked against the unpatched model).  This is its command line.
 
 Usage: ``.venv/bin/python scripts/export_families.py OUT_DIR [--family NAME ...] [--dynamo]``
 """

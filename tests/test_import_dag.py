@@ -29,14 +29,15 @@ ROOT = Path(__file__).resolve().parents[1] / "rkpart"
 #: lowest first; a package may import from its own layer and the layers before it
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "types"),
-    ("io", "readers", "output", "units", "progress"),
+    ("io", "readers", "output", "units", "progress", "description"),
+    ("export",),
     ("ir",),
     ("targets",),
     ("partitioner",),
     ("plugins",),
     ("recognizers",),
     ("strategies",),
-    ("validation",),
+    ("validation", "roles"),
     ("compile",),
     ("runtime",),
     ("triage",),

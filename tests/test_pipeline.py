@@ -79,6 +79,34 @@ def test_toolkit_capabilities_are_noted_before_anything_is_built(tmp_path: Path)
     assert f"warning: {note}" in said
 
 
+@pytest.mark.parametrize("capability", [pytest.param(True, marks=pytest.mark.slow), False])  # True: a rewrite probe
+def test_no_warning_for_an_op_the_builds_rewrite_takes_onto_the_npu(tmp_path: Path, capability: bool) -> None:
+    """The IsNaN guard of a masked softmax runs on the CPU as exported, but ``rkpart compile``'s nan-guard
+    rewrite removes it (2.3.0 and 2.5.0): the stage holds nothing the toolkit will run on the CPU, so
+    partition warns of nothing; a Ceil beside it, which no rewrite removes, is still warned of."""
+    from tests.compile.test_rewrites_npu import sdpa_bool_mask
+
+    g = sdpa_bool_mask()
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.save(m, tmp_path / "sdpa.onnx")
+    for toolkit in ("2.3.0", "2.5.0"):
+        said: list[str] = []
+        model = load(tmp_path / "sdpa.onnx")
+        part = propose(model, "generic", PartitionConfig(toolkit=toolkit, progress=said.append, capability=capability))
+        assert not [ln for ln in said if ln.startswith("warning:")], said
+        assert not any("does not run on the NPU" in n for n in part.notes)
+        npu_ops = {model.graph.op(i).op_type for g in part.groups if g.device == "npu" for i in g.ops}
+        assert "IsNaN" in npu_ops  # it stays in the NPU stage: the build rewrites it there
+    g.node.append(helper.make_node("Ceil", ["y"], ["yc"], name="ceil"))
+    g.output[0].name = "yc"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), tmp_path / "c.onnx")
+    said = []
+    propose(load(tmp_path / "c.onnx"), "generic", PartitionConfig(toolkit="2.3.0", progress=said.append,
+                                                                  capability=False))
+    assert said == ["warning: target rk3588: NPU stage seg00 holds op(s) rknn-toolkit2 2.3.0 does not run on the NPU: "
+                    "Ceil (cpu)"]
+
+
 def test_options_that_do_not_fit_the_strategy_are_refused() -> None:
     with pytest.raises(UserError, match="strategy custom needs option 'spec'"):
         pipeline.check_options("custom", {})

@@ -114,7 +114,9 @@ class BundleOptions:
     latent_input: str | None = None
     timestep_input: str | None = None
     context_inputs: Sequence[str] = ()
-    guidance: float = 4.0
+    guidance_input: str | None = None
+    #: the loop's default CFG / distilled guidance scale; None: the plan's description's, else 4.0
+    guidance: float | None = None
     shift: float = 1.0
     cfg_parallel: bool = False
     budget_bytes: int | None = None
@@ -136,17 +138,19 @@ def bundle_plan(
 
     ``core_mask`` is a mask for every NPU stage or a per-stage spec
     (:func:`rkpart.bundle.cores.parse_spec`); stages it does not name get the compile log's
-    default (:mod:`rkpart.bundle.cores`).  The loop's inputs (``runner.py --steps``) are
-    recognised as ``rkpart drift`` does, or named by ``latent_input`` / ``timestep_input`` /
-    ``context_inputs`` (:mod:`rkpart.bundle.loop`).  ``cfg_parallel`` makes the runner's loop
-    run both CFG passes at once by default; it is refused (:class:`~rkpart.errors.BudgetError`)
-    when the two contexts per NPU stage exceed ``budget_bytes`` (default: the target's pipeline
-    budget; :mod:`rkpart.bundle.device`).
+    default (:mod:`rkpart.bundle.cores`).  The loop's inputs (``runner.py --steps``) take their
+    roles from the plan's pipeline description, else from ``latent_input`` / ``timestep_input`` /
+    ``guidance_input`` / ``context_inputs``, else from ``rkpart drift``'s shape rule
+    (:mod:`rkpart.bundle.loop`); the reference inputs are :func:`rkpart.roles.pass_inputs`.
+    ``cfg_parallel`` makes the runner's loop run both CFG passes at once by default; it is
+    refused (:class:`~rkpart.errors.BudgetError`) when the two contexts per NPU stage exceed
+    ``budget_bytes`` (default: the target's pipeline budget; :mod:`rkpart.bundle.device`).
     """
     from rkpart.bundle.cores import core_masks
     from rkpart.bundle.device import check_cfg_parallel, run_bytes, stage_memory
-    from rkpart.bundle.loop import loop_record
-    from rkpart.runtime.executor import find_model, random_inputs, run_model
+    from rkpart.bundle.loop import loop_bundle
+    from rkpart.roles import pass_inputs
+    from rkpart.runtime.executor import find_model, run_model
     from rkpart.targets import get_target
 
     o = opts
@@ -159,8 +163,9 @@ def bundle_plan(
     masks = core_masks(plan, folder, o.core_mask)
     for sid, why in sorted({(sid, m.reason) for sid, m in masks.items() if m.reason.startswith("no layer table")}):
         progress(f"core mask of {sid}: {why}")
-    loop = loop_record(plan, latent=o.latent_input, timestep=o.timestep_input, context=o.context_inputs,
-                       guidance=o.guidance, shift=o.shift, cfg_parallel=o.cfg_parallel)
+    loop, loop_fixed = loop_bundle(plan, folder, latent=o.latent_input, timestep=o.timestep_input,
+                                   context=o.context_inputs, guidance_input=o.guidance_input, guidance=o.guidance,
+                                   shift=o.shift, cfg_parallel=o.cfg_parallel, progress=progress)
     if "error" in loop:
         progress(f"no denoising loop in this bundle (runner.py --steps): {loop['error']}")
     mem = {s.id: stage_memory(folder, s) for s in plan.npu_stages}
@@ -172,7 +177,7 @@ def bundle_plan(
     device = {"budget_bytes": budget, "source": sorted({m.source for m in mem.values()}),
               "run_bytes": run_bytes(per_bytes, res, cfg_parallel=False),
               "cfg_parallel_run_bytes": run_bytes(per_bytes, res, cfg_parallel=True)}
-    extra = {"core_masks": masks, "device_bytes": per_bytes, "loop": loop, "device": device,
+    extra = {"core_masks": masks, "device_bytes": per_bytes, "loop": loop, "loop_fixed": loop_fixed, "device": device,
              "core_mask": o.core_mask if o.core_mask in runner_mod.CORE_MASKS else "auto"}
     if plan.specialised:  # its reference inputs must be ones the board runner will accept
         if inputs is None:
@@ -184,7 +189,8 @@ def bundle_plan(
     out = Path(os.path.abspath(out))
     _prepare_out(out, o.force, folder)
 
-    feeds = dict(inputs) if inputs is not None else random_inputs(plan.tensors, plan.inputs, o.seed)
+    # masks all-valid, id grids and integer inputs their values, never noise (rkpart.roles)
+    feeds = dict(inputs) if inputs is not None else pass_inputs(plan, folder, o.seed)
     progress(f"reference: whole model {whole} on ONNX Runtime")
     ref = run_model(whole, feeds, plan.outputs)
 
@@ -268,6 +274,10 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
         stages.append(entry)
     _savez(staging / REF_INPUTS, feeds)
     _savez(staging / REF_OUTPUTS, ref)
+    if extra["loop_fixed"]:
+        from rkpart.bundle.loop import LOOP_INPUTS
+
+        _savez(staging / LOOP_INPUTS, extra["loop_fixed"])
     _copy(Path(runner_mod.__file__), staging / RUNNER_FILE)
     files = {}
     for p in sorted(staging.rglob("*")):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -17,9 +18,13 @@ from rkpart.cli_args import (
     json_option,
     quiet_option,
     residency_option,
+    role_options,
     user_errors,
 )
 from rkpart.runtime.board_runner import CORE_MASKS, DEFAULT_MAX_ABS_REL
+
+if TYPE_CHECKING:
+    from rkpart.roles import RoleFlags
 
 
 @click.command("bundle")
@@ -45,13 +50,10 @@ from rkpart.runtime.board_runner import CORE_MASKS, DEFAULT_MAX_ABS_REL
 @click.option("--max-abs-rel", type=FiniteFloat(min=0, max=1000), default=DEFAULT_MAX_ABS_REL, show_default=True,
               help="The runner's default gate: max abs error / max |reference| (fp16 on the NPU: ~6e-4 on the "
                    "example; weights off by 1 % fail it).")
-@click.option("--latent-input", default=None, metavar="NAME",
-              help="The loop's latent input (runner.py --steps) [default: the input shaped like the output].")
-@click.option("--timestep-input", default=None, metavar="NAME",
-              help="The loop's timestep input [default: the smallest other input].")
-@click.option("--context-input", "context_inputs", multiple=True, metavar="NAME",
-              help="A conditioning input of the loop (repeat for several) [default: every other input].")
-@click.option("--guidance", type=GUIDANCE, default=4.0, show_default=True, help="The loop's default CFG scale.")
+@role_options
+@click.option("--guidance", type=GUIDANCE, default=None,
+              help="The loop's default CFG scale (or distilled guidance) [default: the plan's pipeline.json's, 4.0 "
+                   "without one].")
 @click.option("--shift", type=SHIFT, default=1.0, show_default=True,
               help="The loop's default sigma shift (flow-matching Euler, as rkpart drift).")
 @click.option("--cfg-parallel", is_flag=True,
@@ -65,8 +67,8 @@ from rkpart.runtime.board_runner import CORE_MASKS, DEFAULT_MAX_ABS_REL
 @json_option(help="Print the manifest summary as JSON.")
 @user_errors
 def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: Path | None, inputs: Path | None,
-           seed: int, min_cosine: float, max_abs_rel: float | None, latent_input: str | None,
-           timestep_input: str | None, context_inputs: tuple[str, ...], guidance: float, shift: float,
+           seed: int, min_cosine: float, max_abs_rel: float | None, role_flags: RoleFlags, guidance: float | None,
+           shift: float,
            cfg_parallel: bool, budget_mib: float | None, force: bool, quiet: bool, as_json: bool) -> None:
     """Write a self-contained board folder for the compiled PLAN.
 
@@ -74,6 +76,9 @@ def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: 
     On the board (numpy, onnxruntime and rknn-toolkit-lite2 installed):
       python OUT/runner.py                 # runs ref_inputs.npz, gates against ref_outputs.npz
       python OUT/runner.py --steps 30 --guidance 4.5 [--cfg-parallel]   # a whole denoising loop
+
+    The loop's inputs take their roles from the plan's pipeline.json (rkpart partition records
+    it), else from the role flags, else from shapes (a tie leaves the bundle without a loop).
     """
     from rkpart.bundle.build import BundleOptions, bundle_plan
     from rkpart.output import claim_output_folder
@@ -86,8 +91,9 @@ def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: 
     with Reporter(quiet=quiet) as say:
         opts = BundleOptions(residency=None if residency == "plan" else residency, core_mask=core_mask, model=model,
                              seed=seed, min_cosine=min_cosine, max_abs_rel=max_abs_rel, force=force,
-                             latent_input=latent_input, timestep_input=timestep_input,
-                             context_inputs=context_inputs, guidance=guidance, shift=shift, cfg_parallel=cfg_parallel,
+                             latent_input=role_flags.latent, timestep_input=role_flags.timestep,
+                             guidance_input=role_flags.guidance, context_inputs=role_flags.context,
+                             guidance=guidance, shift=shift, cfg_parallel=cfg_parallel,
                              budget_bytes=None if budget_mib is None else int(budget_mib * 2**20))
         res = bundle_plan(plan, out, opts, inputs=feeds, progress=say)
     m = res.manifest
@@ -110,8 +116,10 @@ def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: 
     if "error" in d:
         click.echo(f"denoising loop: not available ({d['error']})")
     else:
-        click.echo(f"denoising loop: latent {d['latent']}, timestep {d['timestep']}, conditioning "
-                   f"{', '.join(d['context']) or 'none'} ({d['mapped_by']}); cfg-parallel "
+        guided = f", guidance {d['guidance_input']}" if d.get("guidance_input") else ""
+        fixed = f", fixed {', '.join(d['fixed']['inputs'])}" if d.get("fixed") else ""
+        click.echo(f"denoising loop: latent {d['latent']}, timestep {d['timestep']}{guided}, conditioning "
+                   f"{', '.join(d['context']) or 'none'}{fixed} ({d['mapped_by']}; {d['cfg_mode']}); cfg-parallel "
                    f"{'on' if d['cfg_parallel'] else 'off'}")
     click.echo(f"device memory: {dm['run_bytes'] / 2**20:.1f} MiB, {dm['cfg_parallel_run_bytes'] / 2**20:.1f} MiB "
                f"with --cfg-parallel (budget {dm['budget_bytes'] / 2**20:.1f} MiB; from {', '.join(dm['source'])})")

@@ -4,11 +4,26 @@ the plan's own denoising loop on ONNX Runtime (:mod:`rkpart.profile.calibrate`).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
-from rkpart.cli_args import SEED, STEPS, OutputFolder, emit, force_option, json_option, quiet_option, user_errors
+from rkpart.cli_args import (
+    SEED,
+    STEPS,
+    OutputFolder,
+    embeds_option,
+    emit,
+    force_option,
+    json_option,
+    quiet_option,
+    role_options,
+    user_errors,
+)
 from rkpart.progress import Reporter
+
+if TYPE_CHECKING:
+    from rkpart.roles import RoleFlags
 
 
 @click.command("calibrate")
@@ -17,8 +32,9 @@ from rkpart.progress import Reporter
               help="Calibration folder to write (dataset.txt per NPU stage, samples/, calibration.json).")
 @click.option("--steps", type=STEPS, default=4, show_default=True,
               help="Denoising steps per run of the loop.")
-@click.option("--cfg/--no-cfg", default=True, show_default=True,
-              help="Classifier-free guidance: sample the conditional and the unconditional pass.")
+@click.option("--cfg/--no-cfg", default=None,
+              help="Classifier-free guidance: sample the conditional and the unconditional pass [default: as the "
+                   "plan's pipeline.json says (none for guidance-distilled models); --cfg without one].")
 @click.option("--samples", type=click.IntRange(1, 1000), default=20, show_default=True,
               help="Samples per NPU stage, spread evenly over the steps and passes (rknn-toolkit2 advises "
                    "20-100); only distinct samples count: more seeded runs of the loop are made until every stage "
@@ -28,14 +44,19 @@ from rkpart.progress import Reporter
                    "on these instead of the denoising loop (a plan without one needs this).")
 @click.option("--seed", type=SEED, default=0, show_default=True,
               help="Seed of the loop's latent and conditioning (run r uses seed + r).")
+@role_options
+@embeds_option
 @force_option(help="Replace an existing calibration folder.")
 @quiet_option
 @json_option(help="Print the manifest summary as JSON.")
 @user_errors
-def calibrate(plan: str, out: Path, steps: int, cfg: bool, samples: int, inputs: Path | None, seed: int,
-              force: bool, quiet: bool, as_json: bool) -> None:
+def calibrate(plan: str, out: Path, steps: int, cfg: bool | None, samples: int, inputs: Path | None, seed: int,
+              role_flags: RoleFlags, embeds: Path | None, force: bool, quiet: bool, as_json: bool) -> None:
     """Record calibration samples of every NPU stage of PLAN for `rkpart compile --precision int8`,
     and check every stage's activations against fp16's range (the "fp16 range" lines).
+
+    The loop's roles come from the plan's pipeline.json, else the role flags, else shapes;
+    --embeds gives it the conditioning the pipeline really has.
 
     The same plan and inputs give byte-identical files."""
     from rkpart.compile.calibration import render
@@ -47,7 +68,7 @@ def calibrate(plan: str, out: Path, steps: int, cfg: bool, samples: int, inputs:
     p, folder = load_plan(plan)
     with Reporter(quiet=quiet) as say:
         cal = write_calibration(p, folder, out, steps=steps, cfg=cfg, samples=samples, seed=seed, inputs=inputs,
-                                force=force, progress=say)
+                                force=force, progress=say, flags=role_flags, embeds=embeds)
     emit(as_json, lambda: {"folder": str(cal.folder), "sha256": cal.sha256, "plan_sha256": cal.plan_sha256,
                            "source": cal.source, "stages": [s.to_json() for s in cal.stages.values()],
                            "fp16_range": [f.to_json() for f in cal.findings]}, lambda: render(cal))

@@ -32,7 +32,7 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], inputs_file:
         click.echo(json.dumps({**report, "lowering": lowering_note(int(report["opset"] or 0))}, indent=2))
         return
     info = describe(mg)
-    coverage = {name: c.to_json() for name, c in strategy_coverage(mg, disc).items()}
+    coverage = strategy_coverage(mg, disc)
     click.echo(f"{info['file']}: opset {info['opset']}, {info['nodes']} nodes ({info['const_nodes']} constant), "
                f"weights {mib(info['weight_bytes'])} MiB")
     for kind in ("inputs", "outputs"):
@@ -49,8 +49,10 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], inputs_file:
         scope = f" ({b.scope})" if b.scope else ""
         n_mod = len(b.mod) + sum(len(r.mod) for r in b.regions)
         click.echo(f"  block {b.index:>2}{scope}: {regs}; modulation {n_mod} ops")
-    click.echo("block matmul work on the NPU: " + ", ".join(
-        f"{name} {c['share']:.1%}" for name, c in coverage.items()))
+    from rkpart.report.coverage import UNITS
+
+    click.echo(f"on the NPU, {UNITS['matmul']}: " + ", ".join(
+        f"{name} {c.share * 100:.1f} %" for name, c in coverage.items()))
     for n in disc.notes:
         click.echo(f"note: {n}")
     note = lowering_note(int(info["opset"] or 0))

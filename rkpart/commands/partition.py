@@ -70,6 +70,10 @@ def peak_rss_mib() -> float:
 @click.option("--explain", is_flag=True, help="auto: print every candidate's predictions and the choice per block.")
 @click.option("--option", "options", multiple=True, callback=parse_key_values, metavar="KEY=VALUE",
               help="Extra strategy option (repeatable), e.g. for plugins.")
+@click.option("--pipeline", "pipeline_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The pipeline description (pipeline.json, from rkpart export) to record in the plan, checked "
+                   "against the model's inputs: every later command takes the inputs' roles from it [default: "
+                   "pipeline.json beside MODEL, if there is one].")
 @shape_option
 @click.option("--inputs", "inputs_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Representative model inputs (.npz): shapes that depend on the data (NonZero on a mask, an If) "
@@ -91,7 +95,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
               modulation: str | None, blocks_per_stage: int | None, spec: Path | None, budget_mib: float | None,
               no_budget: bool, cost_model: Path | None, accuracy: Path | None, auto_toolkit: str | None,
               capability: bool, steps: int | None, cfg: bool | None, compile_candidates: bool | None, explain: bool,
-              options: dict[str, Any],
+              options: dict[str, Any], pipeline_file: Path | None,
               shapes: dict[str, tuple[int, ...]], inputs_file: Path | None, simplify: bool, external_threshold: int,
               weights: str, force: bool,
               quiet: bool, as_json: bool) -> None:
@@ -136,7 +140,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
         say(f"no model given: using the bundled example {model.name}")
     config = PartitionConfig(options=opts, force=force, external_threshold=external_threshold, simplify=simplify,
                              progress=say, weights="link" if weights == "link" else "copy", toolkit=auto_toolkit,
-                             capability=capability)
+                             capability=capability, pipeline=pipeline_file)
     with say:
         plan = run_partition(PartitionOptions(model, out, chosen, config, shapes or None, inputs_file))
     if not plan.npu_stages:  # even with --quiet: a plan for the NPU that uses no NPU is rarely what was meant
@@ -149,6 +153,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
             "plan": str(out / "plan.json"),
             **{k: summary[k] for k in ("strategy", "blocks", "npu_stages", "host_stages")},
             **({"npu_coverage": plan.extra["npu_coverage"]} if "npu_coverage" in plan.extra else {}),
+            **({"pipeline": plan.extra["pipeline"]} if "pipeline" in plan.extra else {}),
             "peak_rss_mib": round(peak_rss_mib(), 1),
             "stages": summary["stages"],
         }, indent=2))
@@ -158,10 +163,15 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if not quiet:
         click.echo(plan.render_stages())
     click.echo(plan.render_summary(out / "plan.json"))
-    if "npu_coverage" in plan.extra:
-        click.echo(f"block matmul work on the NPU: {plan.extra['npu_coverage']['share']:.1%}")
+    if "npu_coverage" in plan.extra:  # the report's words (rkpart.report.coverage): each figure with its unit
+        from rkpart.report.coverage import coverage_figures, describe_coverage
+
+        click.echo(describe_coverage(coverage_figures(plan)))
     for line in capability_lines(plan.extra.get("capability")):
         click.echo(line)
+    if "pipeline" in plan.extra:
+        rec = plan.extra["pipeline"]
+        click.echo(f"pipeline description: {rec['pipeline']} ({out / rec['file']}): the inputs' roles come from it")
     note = lowering_note(int(plan.model.get("opset") or 0))
     if note:
         click.echo(f"note: {note} (when compiled)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -25,7 +26,6 @@ from rkpart.cli_args import (
     toolkit_option,
     user_errors,
 )
-from rkpart.profile.records import StageRecord
 from rkpart.profile.run import ProfileOptions, run_profile
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
 from rkpart.progress import Reporter
@@ -140,7 +140,7 @@ def profile(
     if show is not None:
         recs = rec.single_run(rec.read_jsonl(show), where=show)
         click.echo(render_single(recs, name=show, block=block), nl=False)
-        _against(against, rec.stage_records(recs), Path(show).parent)
+        _against(against, recs, Path(show))
         return
     assert plan is not None
     if baseline and block is not None:
@@ -162,16 +162,24 @@ def profile(
         run = run_profile(opts, progress=say, warn=lambda w: click.echo(f"rkpart: warning: {w}", err=True))
     click.echo(render_single(run.to_json(), name=str(output), block=block), nl=False)
     click.echo(f"wrote {len(run.lines)} records to {output}", err=True)
-    _against(against, run.stage_records(), Path(output).parent)
+    if against is not None:
+        _against(against, rec.single_run(rec.read_jsonl(str(output)), where=str(output)), Path(output))
 
 
-def _against(model_path: str | None, stages: list[StageRecord], near: Path) -> None:
-    """Predicted vs measured per component (``--against``)."""
+def _against(model_path: str | None, records: list[dict[str, Any]], path: Path) -> None:
+    """Predicted vs measured per component (``--against``), only when the profile was measured on
+    the device the model is for (as the report): an x86 ONNX Runtime profile against the board's
+    calibration would print the devices' difference as the model's error."""
     if model_path is None:
         return
-    from rkpart.cost_model import CostModel
-    from rkpart.cost_model.calibration import compare_with_model, render_comparison
+    from rkpart.cost_model.calibration import render_comparison
+    from rkpart.report.data import Profile, cost_model_rows
 
-    rows = compare_with_model(stages, CostModel.load(model_path), near=near)
+    comparison = cost_model_rows([Profile(name=str(path), path=path, records=records)], model_path)
+    if not comparison.compared:
+        click.echo(f"rkpart: note: not compared: {comparison.not_compared[0]}; compare with a model fitted on "
+                   f"profiles of this device (rkpart fit {path} -o model.json)", err=True)
+        return
     click.echo(f"predicted by {model_path} vs measured:")
-    click.echo(render_comparison(rows), nl=False)
+    click.echo(render_comparison([{k: v for k, v in r.items() if k != "profile"} for r in comparison.rows]),
+               nl=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -12,15 +13,20 @@ from rkpart.cli_args import (
     STEPS,
     FiniteFloat,
     OutputFolder,
+    embeds_option,
     emit,
     json_option,
     quiet_option,
+    role_options,
     threads_type,
     toolkit_option,
     user_errors,
 )
 from rkpart.progress import Reporter
 from rkpart.runtime import BACKENDS
+
+if TYPE_CHECKING:
+    from rkpart.roles import RoleFlags
 
 
 @click.command("tune")
@@ -51,16 +57,24 @@ from rkpart.runtime import BACKENDS
 @click.option("--max-error-ratio", type=FiniteFloat(min=1), default=None, metavar="R",
               help="auto's accuracy bound: a plan's final-latent error over the fp16 split plan's (1 = split's "
                    "own drift) [default: auto's floor, the largest fp16 ratio that keeps cosine >= 0.999].")
+@click.option("--pipeline", "pipeline_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The pipeline description every plan records (rkpart partition --pipeline) [default: "
+                   "pipeline.json beside MODEL, if there is one].")
+@role_options
+@embeds_option
 @quiet_option
 @json_option(help="Print the report as JSON.")
 @user_errors
 def tune(model: Path, backend: str, toolkit: str | None, workdir: Path, steps: int, cfg: bool,
          budget_mib: float | None, rounds: int, verify_rounds: int, threads: int, cfg_parallel: bool,
-         precisions: str, max_error_ratio: float | None, quiet: bool, as_json: bool) -> None:
+         precisions: str, max_error_ratio: float | None, pipeline_file: Path | None, role_flags: RoleFlags,
+         embeds: Path | None, quiet: bool, as_json: bool) -> None:
     """Partition MODEL every way auto chooses from, profile, fit, choose, and verify the choice.
 
     Prints every plan's measured and predicted round and the regret of auto's choice against
-    the measured best.
+    the measured best.  The denoising loops it runs (calibration, drift, the bundle's loop) take
+    the inputs' roles from the pipeline.json every plan records, else from the role flags;
+    --embeds gives them the conditioning.
     """
     from rkpart.output import claim_output_folder
     from rkpart.tune import TuneConfig
@@ -71,7 +85,8 @@ def tune(model: Path, backend: str, toolkit: str | None, workdir: Path, steps: i
     say = Reporter(quiet=quiet)
     config = TuneConfig(backend=backend, toolkit=toolkit, steps=steps, cfg=cfg, budget_mib=budget_mib,
                         rounds=rounds, verify_rounds=verify_rounds, threads=threads, cfg_parallel=cfg_parallel,
-                        precisions=tuple(precisions.split(",")), max_error_ratio=max_error_ratio)
+                        precisions=tuple(precisions.split(",")), max_error_ratio=max_error_ratio,
+                        pipeline=pipeline_file, flags=role_flags, embeds=embeds)
     with say:
         result = run_tune(model, workdir, config, progress=say)
     emit(as_json, result.to_json, result.render)

@@ -303,8 +303,13 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
     t0 = time.monotonic()
     chosen = _select_stages(plan, opts.stages or None)
     target, toolkits_dir, shared_cache = opts.target, opts.toolkits_dir, opts.shared_cache
-    # the calibration (its manifest, every sample read and verified) before any toolkit work: a bad
-    # or tampered one is refused at once, not after the toolkit's config check
+    if opts.calibration is not None:
+        # the user's own file first: a bad calibration is refused naming it, toolkit installed or not
+        from rkpart.compile.calibration import load_calibration
+
+        load_calibration(opts.calibration).check_plan(plan)
+    # the --precision-spec (read whole) and, for int8 / hybrid stages, every calibration sample read and
+    # verified, before any toolkit work: a bad or tampered one is refused at once, toolkit installed or not
     resolved = _resolve_precisions(plan, chosen, opts)
     tk = _resolve(opts.toolkit, toolkits_dir)
     assert tk is not None

@@ -8,9 +8,11 @@ chosen candidate is exactly the stage that strategy would have written.  Residen
 (per-stage vs resident) is not part of a candidate: :mod:`rkpart.cost_model.select`
 evaluates every candidate under each residency.
 
-A candidate is *excluded*, never silently chosen, when the toolkit is known to crash on it
-(a failure recorded by ``rkpart compile`` in a plan, or a crash pattern of the target's
-known-issue table, :mod:`rkpart.targets.known_issues`).
+A candidate is *excluded*, never silently chosen, when the toolkit is known to crash on it: a
+failure recorded by ``rkpart compile`` in a plan, or a crash pattern of the target's known-issue
+table (:mod:`rkpart.targets.known_issues`) whose op signature, that of the recorded reproducers,
+one of its NPU stages holds.  A candidate that matches only a pattern's broad traits is
+*suspected*, not excluded: it says so, and a build (``auto --toolkit``) decides.
 
 Precision (issue 27): :func:`with_precisions` adds, per fp16 candidate with NPU stages, its
 int8 (w8a8) twin ``F@int8`` (the same stages built quantized).  :func:`mark_exclusions` gives
@@ -33,7 +35,7 @@ from rkpart.partitioner.capability import host_op_key
 from rkpart.partitioner.discovery import Block, Discovery
 from rkpart.partitioner.partition import Group, Partition, block_id
 from rkpart.strategies.families import candidate_id_for, precision_id, split_precision
-from rkpart.targets.known_issues import CrashPattern, Traits, crash_patterns
+from rkpart.targets.known_issues import KNOWN_ISSUES, SIGNATURES, CrashPattern, Traits, crash_patterns, signatures_in
 
 #: one candidate family's whole-model partition: (candidate id, the partition, options recorded for
 #: it); its candidates are runs of ``options["blocks_per_stage"]`` blocks (default 1)
@@ -62,6 +64,10 @@ class Candidate:
     #: where an int8 candidate's figures come from: ``compiler`` (an int8 build's tables) or
     #: ``prior`` (:func:`int8_prior`); ``None`` for fp16
     precision_source: str | None = None
+    #: the known-issue op signatures its NPU stages hold (:data:`rkpart.targets.known_issues.SIGNATURES`)
+    signatures: frozenset[str] = frozenset()
+    #: a known issue it matches only broadly (not excluded), and what a build said of it
+    suspected: str | None = None
 
     @property
     def start(self) -> int:
@@ -75,7 +81,7 @@ class Candidate:
     def traits(self) -> Traits:
         """What crash patterns match against (:class:`~rkpart.targets.known_issues.CrashPattern`)."""
         return Traits(adaln_on_npu=self.adaln_on_npu, residual_on_npu=self.residual_on_npu,
-                      layernorm=self.layernorm, candidate=self.family)
+                      layernorm=self.layernorm, candidate=self.family, signatures=self.signatures)
 
     @property
     def accuracy_key(self) -> str:
@@ -107,10 +113,11 @@ def _make(mg: ModelGraph, disc: Discovery, cid: str, run: Sequence[Block], group
     pre = frozenset().union(*(r.pre for b in run for r in b.regions))
     adds = frozenset().union(*(r.adds for b in run for r in b.regions))
     forms = {_layernorm_form(mg, b) for b in run}
+    sigs = signatures_in(mg, tuple(frozenset(g.ops) for g in groups if g.device == "npu"))
     return Candidate(id=cid, blocks=tuple(b.index for b in run), groups=groups, npu=npu, host=host,
                      adaln_on_npu=bool(pre & npu_ops), residual_on_npu=bool(adds & npu_ops),
                      layernorm="decomposed" if "decomposed" in forms else "op", options=dict(options),
-                     host_ops=tuple(moved))
+                     host_ops=tuple(moved), signatures=sigs)
 
 
 def _per_run(part: Partition, blocks: Mapping[int, Block]) -> dict[tuple[int, ...], list[Group]]:
@@ -286,10 +293,18 @@ def mark_exclusions(
         new: list[Candidate] = []
         for c in lst:
             reason = next((failures[(c.id, k)] for k in key(c.blocks) if (c.id, k) in failures), None)
+            suspected = None
             if reason is None and toolkit is not None:
-                hit = next((p for p in known_issues if p.matches(toolkit, c.traits())), None)
-                if hit is not None:
-                    reason = f"known issue: {hit.what}"
+                matched = [(p, p.match(toolkit, c.traits())) for p in known_issues]
+                known = next((p for p, m in matched if m == "known"), None)
+                broad = next((p for p, m in matched if m == "suspected"), None)
+                if known is not None:
+                    reason = _known(known)
+                elif broad is not None:
+                    built = [a for g in c.groups if g.device == "npu"
+                             if (a := artifacts.get((c.family, key(tuple(g.blocks) or c.blocks), g.region,
+                                                     c.precision))) is not None]
+                    suspected = _suspected(broad, toolkit, len(built), sum(g.device == "npu" for g in c.groups))
             npu = c.npu
             source = c.precision_source
             if artifacts or c.precision != "fp16":
@@ -314,9 +329,29 @@ def mark_exclusions(
                 npu = tuple(fs)
                 if c.precision != "fp16":
                     source = "prior" if prior else "compiler"
-            new.append(dataclasses.replace(c, excluded=reason, npu=npu, precision_source=source))
+            new.append(dataclasses.replace(c, excluded=reason, npu=npu, precision_source=source, suspected=suspected))
         out[start] = new
     return out
+
+
+def _issue_id(p: CrashPattern) -> str:
+    return next((i.id for i in KNOWN_ISSUES if p in i.patterns), "from the cost model")
+
+
+def _known(p: CrashPattern) -> str:
+    """The exclusion reason of a known crash: the issue, and the op pattern its reproducers crashed on."""
+    sig = SIGNATURES.get(p.signature or "")
+    return (f"known issue {_issue_id(p)}: {p.what}; its NPU stage holds the op pattern the recorded reproducers "
+            f"crashed on ({sig.what if sig else p.signature})")
+
+
+def _suspected(p: CrashPattern, toolkit: str, built: int, stages: int) -> str:
+    """What a broad match of ``p`` means for a candidate whose NPU stages ``built`` of ``stages`` were compiled."""
+    what = (f"suspected {_issue_id(p)} (broad match {','.join(f'{k}={v}' for k, v in p.when.items())}, not its "
+            "reproducers' op pattern)")
+    if stages and built == stages:
+        return f"{what}: built by rknn-toolkit2 {toolkit}"
+    return f"{what}: `--toolkit {toolkit}` builds it to decide"
 
 
 __all__ = ["INT8_PRIOR", "Candidate", "Variant", "block_anatomy", "candidates_from", "int8_prior", "mark_exclusions",

@@ -20,7 +20,7 @@ from rkpart.cost_model import features as _features
 from rkpart.cost_model.rounds import GLUE_TERMS
 from rkpart.errors import SpecError
 from rkpart.io import MAX_JSON_INT, bad_number
-from rkpart.targets.known_issues import TRAIT_NAMES
+from rkpart.targets.known_issues import SIGNATURES, TRAIT_NAMES
 
 #: the terms a stage component may use (:meth:`rkpart.cost_model.features.Features.value`);
 #: ``glue`` uses :data:`rkpart.cost_model.rounds.GLUE_TERMS`
@@ -210,6 +210,9 @@ def _check_known_issues(where: str, issues: Any) -> None:
         for k in ("what", "source", "signature"):
             if k in row and not isinstance(row[k], str):
                 raise SpecError(f"{where}: known_issues[{i}].{k} must be a string")
+        if row.get("signature") is not None and row["signature"] not in SIGNATURES:
+            raise SpecError(f"{where}: known_issues[{i}].signature {row['signature']!r} is no op signature of the "
+                            f"known-issue table (signatures: {', '.join(sorted(SIGNATURES))})")
 
 
 def check_model_document(d: Mapping[str, Any], *, where: str, table: Mapping[str, tuple[str, str]] | None = None,

@@ -24,7 +24,7 @@ Every op moved is recorded with why (:class:`HostOp`, the plan's ``extra.capabil
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -136,6 +136,13 @@ def flag_ops(mg: ModelGraph, part: Partition, cap: Capability,
         out.update(flagged)
         out.update(forced)
     return out
+
+
+def left_after_rewrites(mg: ModelGraph, g: Group, ops: Iterable[int], cap: Capability) -> set[int]:
+    """The ops of ``ops`` (in NPU group ``g``) that the build's lowering and ``npu`` rewrites leave in
+    place: of what the toolkit runs on the CPU, what stays there once ``rkpart compile`` has rewritten
+    the stage."""
+    return _survive_rewrites(mg, g, dict.fromkeys(ops, ""), cap)
 
 
 def _survive_rewrites(mg: ModelGraph, g: Group, flagged: Mapping[int, str], cap: Capability) -> set[int]:

@@ -145,6 +145,21 @@ class Discovery:
             for b in self.blocks
         ]
 
+    def describe_regions(self) -> str:
+        """Each block's own regions in one phrase: ``attn, ffn per block`` when all blocks have the
+        same, else per run of blocks with the same (``blocks 0-1: attn, ffn; blocks 2-3: attn_txt,
+        ffn_txt; ...``), never one block's regions said of all."""
+        runs: list[tuple[int, int, str]] = []  # (first block, last block, regions)
+        for b in self.blocks:
+            names = ", ".join(r.name for r in b.regions) or "no regions"
+            if runs and runs[-1][2] == names and runs[-1][1] + 1 == b.index:
+                runs[-1] = (runs[-1][0], b.index, names)
+            else:
+                runs.append((b.index, b.index, names))
+        if len({r[2] for r in runs}) == 1:
+            return f"{runs[0][2]} per block"
+        return "; ".join(f"block {a}: {names}" if a == z else f"blocks {a}-{z}: {names}" for a, z, names in runs)
+
 
 # ---------------------------------------------------------------------------------------------
 

@@ -29,8 +29,8 @@ from rkpart.io import external_locations, file_sha256, locations_in
 from rkpart.output import MARKER, check_staging_path, is_leftover_temp, legacy_problem, owned_problem, read_marker
 
 #: what rkpart writes into a plan folder (partition: plan.json, stages/, the output marker of
-#: :mod:`rkpart.output`; compile: rknn/)
-PLAN_FOLDER_ENTRIES = frozenset({"plan.json", "stages", "rknn", MARKER})
+#: :mod:`rkpart.output`; pipeline/: the pipeline description; compile: rknn/)
+PLAN_FOLDER_ENTRIES = frozenset({"plan.json", "stages", "rknn", "pipeline", MARKER})
 #: the output kind in a plan folder's marker; ``compile`` adds ``rknn/`` to such a folder later
 PLAN_KIND = "plan"
 PLAN_GROWS = ("rknn",)
@@ -110,6 +110,9 @@ def plan_listing(folder: Path) -> set[str] | str:
     files = {"plan.json"}
     for s in plan.stages:
         files.update((s.file, f"{s.file}.data"))
+    described = plan.extra.get("pipeline")  # the pipeline description partition copied (rkpart.roles)
+    if isinstance(described, dict):
+        files.update(str(described[k]) for k in ("file", "values") if isinstance(described.get(k), str))
     return files
 
 

@@ -247,11 +247,28 @@ class Plan:
                          f"{mib(s.io_bytes):>8}")
         return "\n".join(lines)
 
+    def stage_shape(self) -> str:
+        """How the NPU stages cover the blocks, as the plan holds them: ``3 per block`` (split),
+        ``1 per block for 1 block, 1 per 2 blocks for 4 blocks`` (a fused block and two runs of two),
+        ``none for 2 blocks`` where a block has no NPU stage."""
+        spans: dict[int, list[int]] = {int(b["index"]): [] for b in self.blocks}
+        for s in self.npu_stages:
+            covered = s.blocks or (() if s.block is None else (s.block,))
+            for b in covered:
+                spans.setdefault(b, []).append(len(covered))
+        kinds: dict[str, int] = {}  # wording -> how many blocks have it, in block order
+        for b in sorted(spans):
+            n, span = len(spans[b]), max(spans[b], default=1)
+            what = "none" if n == 0 else f"{n} per block" if span == 1 else f"{n} per {span} blocks"
+            kinds[what] = kinds.get(what, 0) + 1
+        if len(kinds) <= 1:
+            return next(iter(kinds), "no blocks")
+        return ", ".join(f"{what} for {k} block{'s' if k > 1 else ''}" for what, k in kinds.items())
+
     def render_summary(self, path: str | os.PathLike[str]) -> str:
         """The one-line summary after ``rkpart partition`` (``path``: where plan.json was written)."""
-        shape = "/".join(map(str, self.stages_per_block())) or "0"
         return (f"plan: {path}  strategy={self.strategy['name']}  blocks={len(self.blocks)}  "
-                f"NPU stages={len(self.npu_stages)} ({shape} per block)  host stages={len(self.host_stages)}")
+                f"NPU stages={len(self.npu_stages)} ({self.stage_shape()})  host stages={len(self.host_stages)}")
 
     def replace_stage(self, stage: Stage) -> Plan:
         """A new plan with the stage of the same id replaced."""

@@ -80,8 +80,12 @@ def write_partition(
     simplify: StageSimplifier | None = None,
     progress: Progress = _noop,
     weights: WeightsMode = "copy",
+    attach: Callable[[Path], None] | None = None,
 ) -> Plan:
     """Write ``part`` of ``mg`` as the plan folder ``out`` and return the plan.
+
+    ``attach`` adds files to the finished plan before it is swapped into place (the pipeline
+    description, :func:`rkpart.roles.description_attacher`).
 
     ``weights="link"`` copies no weights: stages reference the source's external data,
     linked into the plan folder (:mod:`rkpart.partitioner.weights`).
@@ -127,6 +131,8 @@ def write_partition(
                 prepare_out(out, force, model_path)  # again: another run may have finished meanwhile
                 run = _Run(run_key, model_sha, external_threshold, simplify, weights)
                 plan = _write_stages(mg, disc, part, groups, staging, run, progress)
+                if attach is not None:
+                    attach(staging)
                 write_marker(staging, PLAN_KIND)  # what --force may replace later (rkpart.output)
                 replace_folder(staging, out)
         except UserError:

@@ -59,6 +59,7 @@ from rkpart.io import check_finite_arrays
 from rkpart.output import owned_problem, staged_folder
 from rkpart.partitioner.plan import Plan, Stage
 from rkpart.readers import FileKind, read_npz
+from rkpart.roles import NO_FLAGS, RoleFlags
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
 MIN_SAMPLES, MAX_SAMPLES = 1, 1000
@@ -252,14 +253,19 @@ def _spread(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)} if k > 1 else {0})
 
 
-def collect(plan: Plan, folder: Path, *, steps: int, cfg: bool, samples: int, seed: int,
-            inputs: Sequence[Feeds] | None, guidance: float = 4.0,
-            progress: Callable[[str], None] | None = None) -> tuple[_Recorder, str, int]:
+def collect(plan: Plan, folder: Path, *, steps: int, cfg: bool | None, samples: int, seed: int,
+            inputs: Sequence[Feeds] | None, guidance: float | None = None,
+            progress: Callable[[str], None] | None = None, flags: RoleFlags = NO_FLAGS,
+            embeds: str | os.PathLike[str] | None = None) -> tuple[_Recorder, str, int, bool]:
     """Run the loop (or ``inputs``) through ``plan`` with the NPU stages instrumented.
 
-    Returns the recorder, the source (``denoise``/``inputs``) and the number of loop runs.
+    The loop's roles come from the plan's description, else ``flags``, else the shape rule;
+    ``embeds`` (``--embeds``) gives its conditioning (:mod:`rkpart.roles`).  ``cfg`` ``None``:
+    as the pipeline runs.  Returns the recorder, the source (``denoise``/``inputs``) and the
+    number of loop runs, and whether the unconditional pass ran.
     """
-    from rkpart.profile.drift import denoise_steps, roles
+    from rkpart.profile.drift import denoise_steps, effective_cfg
+    from rkpart.roles import load_embeds, loop_inputs, plan_description, resolve_roles
     from rkpart.runtime.executor import PlanExecutor
 
     say = progress or (lambda _m: None)
@@ -269,11 +275,13 @@ def collect(plan: Plan, folder: Path, *, steps: int, cfg: bool, samples: int, se
             for i, feeds in enumerate(inputs):
                 ex.run(feeds)
                 say(f"sample {i + 1}/{len(inputs)} run")
-        return backend.rec, "inputs", len(inputs)
+        return backend.rec, "inputs", len(inputs), False
     try:
-        roles(plan)
+        roles = resolve_roles(plan, plan_description(plan, folder), flags, progress=say)
     except SpecError as e:
         raise SpecError(f"this plan has no denoising loop to calibrate on ({e}); pass --inputs FILE.npz") from None
+    use_cfg = effective_cfg(roles, cfg, say=say)
+    pair = load_embeds(embeds, roles, plan, cfg=use_cfg) if embeds is not None else None
     # one run gives each stage steps x passes samples, fewer distinct ones where the passes agree:
     # more seeded runs until every stage has ``samples`` distinct ones (at most twice the runs
     # that would take if the passes always agreed; a stage whose inputs never vary keeps fewer)
@@ -281,13 +289,14 @@ def collect(plan: Plan, folder: Path, *, steps: int, cfg: bool, samples: int, se
     npu = [s.id for s in plan.npu_stages]
     r = 0
     while r < max_runs:
-        for step, _ in enumerate(denoise_steps(plan, folder, backend=backend, steps=steps, cfg=cfg,
-                                               guidance=guidance, seed=seed + r)):
+        lp = loop_inputs(plan, roles, seed=seed + r, embeds=pair, guidance=guidance)
+        for step, _ in enumerate(denoise_steps(plan, folder, backend=backend, steps=steps, cfg=use_cfg,
+                                               guidance=guidance, seed=seed + r, inputs=lp)):
             say(f"run {r + 1} (seed {seed + r}): step {step + 1}/{steps}")
         r += 1
         if min(len(backend.rec.calls.get(sid, {})) for sid in npu) >= samples:
             break
-    return backend.rec, "denoise", r
+    return backend.rec, "denoise", r, use_cfg
 
 
 def _npy_bytes(a: np.ndarray) -> bytes:
@@ -300,16 +309,20 @@ def _stage_dir(index: int, stage_id: str) -> str:
     return stage_id if _SAFE_ID.fullmatch(stage_id) and stage_id not in (".", "..") else f"stage{index:03d}"
 
 
-def write_calibration(plan: Plan, folder: Path, out: Path, *, steps: int = 4, cfg: bool = True,
+def write_calibration(plan: Plan, folder: Path, out: Path, *, steps: int = 4, cfg: bool | None = True,
                       samples: int = DEFAULT_SAMPLES, seed: int = 0,
                       inputs: str | os.PathLike[str] | Sequence[Feeds] | None = None, force: bool = False,
-                      progress: Callable[[str], None] | None = None) -> Calibration:
+                      progress: Callable[[str], None] | None = None, flags: RoleFlags = NO_FLAGS,
+                      embeds: str | os.PathLike[str] | None = None) -> Calibration:
     """``rkpart calibrate``: collect, then write ``out`` through a staging folder and an atomic swap.
 
     ``inputs``, an .npz file (see :func:`_load_samples`) or model inputs (one dict per sample),
-    replace the denoising loop.  ``out`` may be replaced (``force``) only if it is a
-    calibration folder itself.
+    replace the denoising loop; ``flags`` and ``embeds`` are :func:`collect`'s.  ``out`` may be
+    replaced (``force``) only if it is a calibration folder itself.
     """
+    if inputs is not None and embeds is not None:
+        raise UserError("--embeds gives the denoising loop its conditioning; --inputs replaces the loop: "
+                        "give one of them")
     if not MIN_SAMPLES <= samples <= MAX_SAMPLES:
         raise UserError(f"--samples {samples}: must be {MIN_SAMPLES}..{MAX_SAMPLES} (rknn-toolkit2 advises 20-100)")
     if not plan.npu_stages:
@@ -317,8 +330,8 @@ def write_calibration(plan: Plan, folder: Path, out: Path, *, steps: int = 4, cf
     out = Path(out)
     _check_out(out, force)
     feeds = _load_samples(Path(inputs), plan) if isinstance(inputs, (str, os.PathLike)) else inputs
-    rec, source, _runs = collect(plan, folder, steps=steps, cfg=cfg, samples=samples, seed=seed,
-                                 inputs=feeds, progress=progress)
+    rec, source, _runs, cfg = collect(plan, folder, steps=steps, cfg=cfg, samples=samples, seed=seed,
+                                      inputs=feeds, progress=progress, flags=flags, embeds=embeds)
     # rkpart.output: a staging folder of someone else's files is refused, never emptied
     with staged_folder(out, kind=CALIBRATION_KIND, force=force, problem=_calibration_problem) as staging:
         entries = _write_tree(plan, staging, rec, source, steps, cfg, seed, samples)

@@ -58,7 +58,7 @@ import os
 import re
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,7 +72,7 @@ from rkpart.profile.memory import MemorySample, Sampler
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
 from rkpart.progress import Progress
 from rkpart.runtime.base import Backend, Feeds, StageRunner
-from rkpart.runtime.executor import PlanExecutor, find_model, plan_residency, random_inputs
+from rkpart.runtime.executor import PlanExecutor, find_model, plan_residency
 from rkpart.runtime.malloc import give_back, measuring_memory
 from rkpart.types import HOST, RESIDENCIES, Residency
 
@@ -107,23 +107,27 @@ class _Op:
     snapshots: int = 0
 
 
-def make_inputs(plan: Plan, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded random plan inputs, the same ``rkpart run`` uses (:func:`~rkpart.runtime.executor.random_inputs`)."""
-    missing = [n for n in plan.inputs if n not in plan.tensors]
-    if missing:
-        raise SpecError(f"plan input {missing[0]!r} has no entry in plan.tensors; pass inputs explicitly")
-    return random_inputs(plan.tensors, plan.inputs, seed)
+def make_inputs(plan: Plan, seed: int = 0, folder: str | os.PathLike[str] | None = None) -> dict[str, np.ndarray]:
+    """Seeded plan inputs, the same ``rkpart run`` uses (:func:`rkpart.roles.pass_inputs`: masks
+    all-valid, id grids and integer inputs their values, never noise); ``folder``: the plan's,
+    for its pipeline description."""
+    from rkpart.roles import pass_inputs
+
+    return pass_inputs(plan, folder, seed)
 
 
-def unconditional_inputs(inputs: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], list[str]]:
+def unconditional_inputs(inputs: Mapping[str, np.ndarray],
+                         embeddings: Sequence[str] | None = None) -> tuple[dict[str, np.ndarray], list[str]]:
     """Inputs of the unconditional pass and the names that were changed.
 
-    Inputs whose name matches :data:`UNCOND_INPUT_PATTERN` (``encoder_hidden_states``,
-    ``context``, ...) are replaced by zeros, like an empty prompt's embedding; if no input
-    matches, the unconditional pass reuses the conditional inputs unchanged (it then costs
-    the same, which is what the profile measures).
+    ``embeddings`` (the text and pooled embeddings of the plan's pipeline description) are
+    replaced by zeros, like an empty prompt's embedding; without a description, the inputs whose
+    name matches :data:`UNCOND_INPUT_PATTERN` (``encoder_hidden_states``, ``context``, ...).  If
+    none, the unconditional pass reuses the conditional inputs unchanged (it then costs the same,
+    which is what the profile measures).
     """
-    names = sorted(n for n in inputs if UNCOND_INPUT_PATTERN.search(n))
+    names = sorted(n for n in inputs if (n in embeddings if embeddings is not None
+                                         else UNCOND_INPUT_PATTERN.search(n)))
     out = dict(inputs)
     for n in names:
         out[n] = np.zeros_like(inputs[n])
@@ -199,7 +203,9 @@ def profile_plan(
         ``opts.backend``.  Stages with ``device == "host"`` run on ``host_backend`` (default:
         ONNX Runtime).
     inputs
-        Plan inputs of the conditional pass; default :func:`make_inputs` with ``opts.seed``.
+        Plan inputs of the conditional pass; default :func:`make_inputs` with ``opts.seed``.  The
+        unconditional pass zeroes the text and pooled embeddings the plan's pipeline description
+        names (without one, the inputs named like them: :func:`unconditional_inputs`).
     progress
         Called with one line of text per stage and pass.
 
@@ -245,14 +251,19 @@ def profile_plan(
     per_stage = plan_residency(plan, Residency.PER_STAGE if residency == "plan" else residency)
     whole = _Baseline(find_model(plan, folder, opts.model), host_backend, infer_repeat) if baseline else None
 
-    cond = dict(inputs) if inputs is not None else make_inputs(plan, opts.seed)
+    from rkpart.description import EMBEDDING_ROLES
+    from rkpart.roles import plan_description
+
+    described = plan_description(plan, folder)
+    cond = dict(inputs) if inputs is not None else make_inputs(plan, opts.seed, folder)
     missing = [n for n in plan.inputs if n not in cond]
     if missing:
         raise SpecError(f"no value for plan input {missing[0]!r}")
     passes: dict[str, dict[str, np.ndarray]] = {COND: cond}
     uncond_names: list[str] = []
     if cfg:
-        passes[UNCOND], uncond_names = unconditional_inputs(cond)
+        passes[UNCOND], uncond_names = unconditional_inputs(
+            cond, None if described is None else [i.name for i in described.with_role(*EMBEDDING_ROLES)])
     stages = plan.stages
     if block is not None:
         stages, passes = _block_inputs(plan, folder, block, passes, uncond_names, host_backend, say)

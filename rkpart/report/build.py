@@ -33,6 +33,7 @@ from rkpart.partitioner.plan import load_plan
 from rkpart.progress import Progress
 from rkpart.report import data as D
 from rkpart.report import plots
+from rkpart.report.coverage import coverage_figures, describe_coverage
 
 #: what marks a page rkpart wrote (``--force`` replaces only such a page); the assets folder
 #: carries the output marker of :mod:`rkpart.output`
@@ -40,13 +41,15 @@ GENERATOR = "<meta name='generator' content='rkpart report'>"
 ASSETS_KIND = "report assets"
 #: the plots (PNG, drawn when their inputs are given) and tables (CSV, always) of a report folder
 PLOTS = ("stage_map", "lifecycle", "memory", "accuracy", "cost_model")
-TABLES = ("stages", "coverage", "compile", "lifecycle", "memory", "accuracy", "cost_model")
+TABLES = ("measured", "stages", "coverage", "compile", "lifecycle", "memory", "accuracy", "cost_model")
+#: the tables of a report folder written before rkpart's output marker (``measured`` came later)
+_LEGACY_TABLES = ("stages", "coverage", "compile", "lifecycle", "memory", "accuracy", "cost_model")
 
 
 def assets_listing(folder: Path) -> set[str] | str:
     """What a report folder written before rkpart's output marker holds: every table (CSV) and
     no more than the plots (:data:`~rkpart.output.Listing`)."""
-    missing = [f"{t}.csv" for t in TABLES if not (folder / f"{t}.csv").is_file()]
+    missing = [f"{t}.csv" for t in _LEGACY_TABLES if not (folder / f"{t}.csv").is_file()]
     if missing:
         return f"it lacks {missing[0]}, which every rkpart report folder has"
     return {f"{n}.png" for n in PLOTS} | {f"{t}.csv" for t in TABLES}
@@ -161,13 +164,15 @@ def build_report(
     budget = budget_mib if budget_mib is not None else D.budget_of(plan)
 
     progress("tables")
+    measured = D.measured_table(profs)
     stages = D.stage_table(plan)
     coverage = D.coverage_table(plan)
     compiled = D.compile_table(plan)
     life = D.lifecycle_table(profs)
     mem = D.memory_table(profs)
     acc = D.accuracy_table(run_results)
-    cost = D.cost_model_rows(profs, cost_model) if cost_model is not None else []
+    comparison = D.cost_model_rows(profs, cost_model) if cost_model is not None else None
+    cost = comparison.rows if comparison is not None else []
 
     progress("plots")
     pngs = {  # PLOTS, in order
@@ -177,13 +182,29 @@ def build_report(
         "accuracy": plots.accuracy(acc),
         "cost_model": plots.cost_model(cost),
     }
-    tables = {"stages": stages, "coverage": coverage, "compile": compiled, "lifecycle": life, "memory": mem,
-              "accuracy": acc, "cost_model": cost}
+    tables = {"measured": measured, "stages": stages, "coverage": coverage, "compile": compiled, "lifecycle": life,
+              "memory": mem, "accuracy": acc, "cost_model": cost}
 
     a = coverage[-1]
     prof_desc = ", ".join(f"{html.escape(p.name)} ({html.escape(p.strategy)}, residency "
-                          f"{html.escape(str(p.settings.get('residency')))}, {len(D.profile_blocks(p))} blocks)"
+                          f"{html.escape(str(p.settings.get('residency')))}, {len(D.profile_blocks(p))} blocks, "
+                          f"backend {html.escape(p.backend)})"
                           for p in profs) or "none"
+    # every profile's backend, machine and toolkit, before any number measured with them
+    backend_lines = "".join(
+        f"<p class='backend' data-profile='{html.escape(m['profile'])}'>Profile <b>{html.escape(m['profile'])}</b>: "
+        f"backend <code>{html.escape(m['backend'])}</code> ({html.escape(m['runtime'] or 'runtime not recorded')}): "
+        f"{html.escape(m['what'])}; machine: {html.escape(m['machine'])}; toolkit: {html.escape(m['toolkit'])}.</p>"
+        for m in measured)
+    cost_intro = "Predicted against measured, per stage and component."
+    if comparison is not None:
+        cost_intro += (f" Cost model: {html.escape(comparison.model)}; compared only with profiles measured on the "
+                       "same backend (a board calibration with board profiles, an ONNX Runtime fit with ONNX "
+                       "Runtime profiles).")
+        cost_intro += ("" if not comparison.compared else
+                       f" Compared: {html.escape(', '.join(comparison.compared))}.")
+        cost_intro += "".join(f"</p><p class='not-compared'>Not compared: {html.escape(n)}."
+                              for n in comparison.not_compared)
     model_name = html.escape(str(plan.model.get("file", "")))
     hint_prof = "" if profs else "<p class='none'>No profiles given: <code>rkpart profile PLAN -o p.jsonl</code>, " \
                                  "then <code>rkpart report PLAN p.jsonl</code>.</p>"
@@ -192,6 +213,10 @@ def build_report(
                                        "<code>--run run.json</code>.</p>")
     hint_cost = "" if cost else "<p class='none'>Give <code>--cost-model FILE</code> (or <code>shipped</code>) " \
                                 "with profiles to compare predictions with measurements.</p>"
+    if comparison is not None and not comparison.compared:
+        hint_cost = ("<p class='none'>No profile was measured on the model's device: compare a model fitted on "
+                     "these profiles (<code>rkpart fit PROFILE -o model.json</code>), or profile on the device the "
+                     "model is for.</p>")
     parts = [
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>{GENERATOR}",
         f"<title>rkpart report: {model_name} ({html.escape(str(plan.strategy.get('name')))})</title>",
@@ -199,8 +224,12 @@ def build_report(
         f"<h1>rkpart report: {model_name}, strategy {html.escape(str(plan.strategy.get('name')))}</h1>",
         f"<p class='meta'>plan {html.escape(str(folder))}: {len(plan.stages)} stages ({a['npu_stages']} NPU), "
         f"{len(plan.blocks)} blocks; profiles: {prof_desc}; rkpart {__version__}</p>",
-        _section("Stage map", "Blocks (rows) and their stages in execution order; NPU coverage per block as share of "
-                 "nodes and of weight bytes.", pngs["stage_map"], coverage, "coverage"),
+        f"<section id='measured'><h2>What was measured</h2>{backend_lines or '<p class=none>No profiles.</p>'}"
+        f"{_table_html(measured) if measured else ''}<p class='meta'>CSV: <code>measured.csv</code></p></section>",
+        _section("Stage map", "Blocks (rows) and their stages in execution order. Each NPU share names its unit, as "
+                 f"<code>rkpart partition</code> prints it: {html.escape(describe_coverage(coverage_figures(plan)))} "
+                 "(the matmul work is recorded for the whole plan; per block: ops and weight bytes).",
+                 pngs["stage_map"], coverage, "coverage"),
         f"<details><summary>All stages</summary>{_table_html(stages)}<p class='meta'>CSV: <code>stages.csv</code>"
         "</p></details>",
         _section("Compile outcomes", "Per NPU stage: toolkit, precision, size, the compiler's own plan (weight and "
@@ -214,8 +243,7 @@ def build_report(
                  + html.escape(plots.memory_rounds_note(mem)) + hint_prof, pngs["memory"], mem, "memory"),
         _section("Per-stage accuracy", "Cosine similarity and max-abs error of each stage against ONNX Runtime on "
                  "the same inputs, and end to end." + hint_run, pngs["accuracy"], acc, "accuracy"),
-        _section("Cost model", "Predicted against measured, per stage and component." + hint_cost,
-                 pngs["cost_model"], cost, "cost_model"),
+        _section("Cost model", cost_intro + hint_cost, pngs["cost_model"], cost, "cost_model"),
         "</body></html>\n",
     ]
     page = "\n".join(parts).encode()

@@ -41,6 +41,23 @@ class Profile:
         return self.records[0].get("settings", {}) if self.records else {}
 
 
+    @property
+    def env(self) -> Mapping[str, Any]:
+        return self.records[0].get("env", {}) if self.records else {}
+
+    @property
+    def backend(self) -> str:
+        """The NPU stages' executor: ``ort``, ``rknn-sim`` or ``rknnlite``."""
+        return str((self.env.get("backend") or {}).get("backend") or self.settings.get("backend") or "")
+
+    @property
+    def device(self) -> str:
+        """What the timings are timings of, the key a cost model is compared by: the backend's name,
+        except a board runner whose NPU was ONNX Runtime standing in (``standin``)."""
+        runtime = str((self.env.get("backend") or {}).get("runtime") or "")
+        return "standin" if self.backend == "rknnlite" and "stand-in" in runtime else self.backend
+
+
 @dataclass
 class RunResult:
     """``rkpart run --per-stage --json`` output: per-stage and end-to-end errors on one backend."""
@@ -139,6 +156,41 @@ def load_run(path: Path) -> RunResult:
     return RunResult(name=path.stem, data=d)
 
 
+#: what each backend's timings are (the report's words)
+BACKEND_WORDS = {
+    "ort": "ONNX Runtime on the host CPU: the stages' .onnx files, no NPU",
+    "rknn-sim": "the rknn-toolkit2 simulator on the host CPU: no NPU timing",
+    "rknnlite": "the board's NPU (RKNN runtime)",
+    "standin": "ONNX Runtime standing in for the board's NPU: no NPU",
+}
+
+
+def measured_on(p: Profile) -> dict[str, Any]:
+    """Backend, machine and toolkit of a profile, as its records give them (one row of the
+    report's "What was measured" table)."""
+    env, be = p.env, (p.env.get("backend") or {})
+    machine = " ".join(str(x) for x in (env.get("board"), env.get("soc")) if x) or ", ".join(
+        str(x) for x in (env.get("machine"), env.get("cpu_model")) if x)
+    arts = sorted({str(st["artifact"]["toolkit"]) for r in p.records if r.get("record") == "stage"
+                   for st in (r.get("stage") or {},) if isinstance(st.get("artifact"), Mapping)
+                   and st["artifact"].get("toolkit")})
+    if p.device in ("ort", "standin"):
+        toolkit = "none (no .rknn ran)"
+    elif arts:
+        toolkit = "rknn-toolkit2 " + ", ".join(arts) + " (.rknn builds)"
+    else:
+        toolkit = str(be.get("toolkit") or "not recorded")
+    host = (env.get("host_backend") or {}).get("backend") if isinstance(env.get("host_backend"), Mapping) else None
+    return {"profile": p.name, "backend": p.backend, "runtime": str(be.get("runtime") or ""),
+            "what": BACKEND_WORDS.get(p.device, p.device), "machine": machine or "not recorded",
+            "toolkit": toolkit, "host_backend": host or "", "residency": p.settings.get("residency"),
+            "rounds": p.settings.get("rounds")}
+
+
+def measured_table(profiles: Sequence[Profile]) -> Table:
+    return [measured_on(p) for p in profiles]
+
+
 def block_of(s: Stage) -> str:
     """The stage-map row of a stage: ``b03`` (its first block) or ``shared``."""
     blocks = s.blocks or ((s.block,) if s.block is not None else ())
@@ -161,22 +213,29 @@ def stage_table(plan: Plan) -> Table:
 
 
 def coverage_table(plan: Plan) -> Table:
-    """NPU coverage per stage-map row and overall: share of nodes and of weight bytes on the NPU."""
+    """NPU coverage per stage-map row and overall, each share named by its unit
+    (:mod:`rkpart.report.coverage`): of the ops, of the weight bytes and, overall, of the blocks'
+    matmul work (the figure ``rkpart partition`` prints first)."""
+    from rkpart.report.coverage import coverage_figures
+
     rows: dict[str, dict[str, Any]] = {}
     for s in plan.stages:
         for key in (block_of(s), "all"):
-            r = rows.setdefault(key, {"row": key, "stages": 0, "npu_stages": 0, "nodes": 0, "npu_nodes": 0,
+            r = rows.setdefault(key, {"row": key, "stages": 0, "npu_stages": 0, "ops": 0, "npu_ops": 0,
                                       "weight_bytes": 0, "npu_weight_bytes": 0})
             r["stages"] += 1
-            r["nodes"] += s.num_nodes
+            r["ops"] += s.num_nodes
             r["weight_bytes"] += s.weight_bytes
             if s.device == NPU:
                 r["npu_stages"] += 1
-                r["npu_nodes"] += s.num_nodes
+                r["npu_ops"] += s.num_nodes
                 r["npu_weight_bytes"] += s.weight_bytes
     for r in rows.values():
-        r["npu_node_share"] = round(r["npu_nodes"] / r["nodes"], 4) if r["nodes"] else 0.0
+        r["npu_ops_share"] = round(r["npu_ops"] / r["ops"], 4) if r["ops"] else 0.0
         r["npu_weight_share"] = round(r["npu_weight_bytes"] / r["weight_bytes"], 4) if r["weight_bytes"] else 0.0
+        r["npu_matmul_share"] = ""  # recorded for the whole plan only
+    matmul = coverage_figures(plan).get("matmul")
+    rows["all"]["npu_matmul_share"] = "" if matmul is None else round(matmul, 4)
     order = sorted(k for k in rows if k not in ("all", "shared"))
     return [rows[k] for k in (*order, *(["shared"] if "shared" in rows else []), "all")]
 
@@ -292,17 +351,46 @@ def accuracy_table(runs: Sequence[RunResult]) -> Table:
     return rows
 
 
-def cost_model_rows(profiles: Sequence[Profile], model_path: str | None) -> Table:
-    """Predicted vs measured per stage and component (``rkpart profile --against``), for each profile."""
-    from rkpart.cost_model.calibration import compare_with_model
+@dataclass(frozen=True)
+class CostComparison:
+    """Predicted against measured, only for the profiles measured on the device the model is for."""
+
+    model: str  # what the model is, in words: its devices and backends
+    backends: tuple[str, ...]  # the backends its numbers were measured on (empty: not recorded)
+    rows: Table  # compare_with_model rows of the compared profiles, with a "profile" column
+    compared: tuple[str, ...]
+    not_compared: tuple[str, ...]  # one sentence per other profile: why it is not compared
+
+
+def cost_model_rows(profiles: Sequence[Profile], model_path: str | None) -> CostComparison:
+    """Predicted vs measured per stage and component (``rkpart profile --against``), for each profile
+    measured on a backend the model was measured on: a board calibration against board profiles, an
+    ONNX Runtime fit against ONNX Runtime profiles.  Every profile's predictions are still computed,
+    so a model predicting absurd numbers is refused whatever the devices."""
+    from rkpart.cost_model.calibration import compare_with_model, model_backends
     from rkpart.cost_model.model import load_model_or_default
 
     model = load_model_or_default(None if model_path in (None, "shipped") else model_path)
-    rows = []
+    backends = tuple(sorted(model_backends(model)))
+    prov = model.provenance.doc
+    where = prov.get("device") or ", ".join(str(d) for d in prov.get("devices") or ()) or "an unrecorded device"
+    name = "the shipped calibration" if model_path in (None, "shipped") else Path(str(model_path)).name
+    words = (f"{name}: measured on {', '.join(backends) or 'an unrecorded backend'} ({where}"
+             + (f"; rknn-toolkit2 {prov['toolkit']}" if prov.get("toolkit") else "") + ")")
+    rows: Table = []
+    compared, skipped = [], []
     for p in profiles:
-        for r in compare_with_model(rec.stage_records(p.records), model, near=p.path.parent):
-            rows.append({"profile": p.name, **r})
-    return rows
+        got = [{"profile": p.name, **r} for r in compare_with_model(rec.stage_records(p.records), model,
+                                                                      near=p.path.parent)]
+        if p.device in backends:
+            rows += got
+            compared.append(p.name)
+        else:
+            skipped.append(f"{p.name} (measured on {p.device}: {BACKEND_WORDS.get(p.device, p.device)}) is not "
+                           f"compared with {name}, which is for {', '.join(backends) or 'another device'}: "
+                           "their difference would be the devices', not the model's error")
+    return CostComparison(model=words, backends=backends, rows=rows, compared=tuple(compared),
+                          not_compared=tuple(skipped))
 
 
 def budget_of(plan: Plan) -> float | None:

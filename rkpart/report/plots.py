@@ -63,17 +63,19 @@ def stage_map(stages: Table, coverage: Table) -> bytes:
     cov = {c["row"]: c for c in coverage}
     for y, r in enumerate(rows):
         c = cov[r]
-        ax.text(width + 0.1, y + 0.5, f"NPU {c['npu_node_share'] * 100:.0f}% nodes, {c['npu_weight_share'] * 100:.0f}% "
-                f"weights", va="center", fontsize=7)
+        ax.text(width + 0.1, y + 0.5, f"NPU: {c['npu_ops_share'] * 100:.0f} % of ops, "
+                f"{c['npu_weight_share'] * 100:.0f} % of weight bytes", va="center", fontsize=7)
     ax.set_xlim(0, width + 2.6)
     ax.set_ylim(len(rows), 0)
     ax.set_yticks([i + 0.5 for i in range(len(rows))], rows)
     ax.set_xticks([])
     ax.spines[["left", "bottom"]].set_visible(False)
     a = cov["all"]
-    ax.set_title(f"Stage map: {a['npu_stages']} NPU + {a['stages'] - a['npu_stages']} host stages; NPU covers "
-                 f"{a['npu_node_share'] * 100:.1f}% of nodes, {a['npu_weight_share'] * 100:.1f}% of weights "
-                 "(* = CPU-fallback ops)", loc="left")
+    matmul = "" if a.get("npu_matmul_share") in (None, "") else \
+        f"{float(a['npu_matmul_share']) * 100:.1f} % of the blocks' matmul work (MACs), "
+    ax.set_title(f"Stage map: {a['npu_stages']} NPU + {a['stages'] - a['npu_stages']} host stages; on the NPU: "
+                 f"{matmul}{a['npu_weight_share'] * 100:.1f} % of the weight bytes, {a['npu_ops_share'] * 100:.1f} % "
+                 "of the ops (* = CPU-fallback ops)", loc="left")
     ax.legend(handles=[Patch(color=NPU_COLOR, label="NPU"), Patch(color=HOST_COLOR, label="host")],
               loc="upper right", bbox_to_anchor=(1.0, -0.02), ncol=2, frameon=False, fontsize=7)
     return _png(fig)
@@ -224,26 +226,33 @@ def accuracy(rows: Table) -> bytes | None:
 
     labels = list(dict.fromkeys(f"{r['stage']}:{r['tensor']}"[:40] for r in rows))
     bars = accuracy_bars(rows)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 0.6 + 0.28 * len(labels)), sharey=True)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 1.6 + 0.32 * len(labels)), sharey=True)
     h = 0.8 / len(bars)
     y0 = np.arange(len(labels))
+    backends = {r["run"]: r.get("backend") for r in rows}
     for i, (run, (one_minus, mx, bad)) in enumerate(bars.items()):
         ys = y0 - 0.4 + h * (i + 0.5)
         a1.barh(ys, one_minus, h * 0.9, label=run)
-        a2.barh(ys, mx, h * 0.9, label=run)
+        a2.barh(ys, mx, h * 0.9, label=f"{run} ({backends.get(run) or 'backend not recorded'})")
         for y, b, v1, v2 in zip(ys, bad, one_minus, mx, strict=True):
             if b:
                 a1.text(v1, y, " NaN/Inf", color="#c0392b", fontsize=7, va="center")
                 a2.text(v2, y, " NaN/Inf", color="#c0392b", fontsize=7, va="center")
     _log(a1, "x")
     _log(a2, "x")
-    a1.set_yticks(y0, labels, fontsize=7)
+    a1.set_yticks(y0, labels, fontsize=8)
     a1.invert_yaxis()
-    a1.set_xlabel("1 - cosine")
-    a2.set_xlabel("max abs error")
-    a1.set_title("Per-stage error against ONNX Runtime", loc="left")
-    a2.legend(fontsize=7, frameon=False)
-    fig.tight_layout()
+    a1.set_ylabel("stage : output tensor", fontsize=9)
+    # the units: a cosine has none (1 - cosine: 0 = same direction, 2 = opposite); an error is in the
+    # output tensor's own units; both on log scales, so the labels say so
+    a1.set_xlabel("1 - cosine similarity\n(no unit, log scale; lower is better; 1e-12 or less drawn at 1e-12)",
+                  fontsize=9)
+    a2.set_xlabel("max |stage output - ONNX Runtime|\n(the output tensor's units, log scale)", fontsize=9)
+    a1.tick_params(axis="x", labelsize=8)
+    a2.tick_params(axis="x", labelsize=8)
+    a1.set_title("Per-stage error against ONNX Runtime on the same inputs", loc="left", fontsize=10)
+    a2.legend(title="run (backend)", fontsize=8, title_fontsize=8, frameon=False)
+    fig.tight_layout(w_pad=3.0)
     return _png(fig)
 
 

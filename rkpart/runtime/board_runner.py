@@ -100,20 +100,33 @@ SCHEDULERS = ("flow-euler",)
 #: loop overflows (a shift of 1e-320 divides by zero, a timestep scale of 1e300 is inf in float32)
 NUMBER_RANGES: dict[str, tuple[float, float]] = {
     "min_cosine": (-1.0, 1.0), "max_abs_rel": (0.0, 1000.0), "guidance": (-1000.0, 1000.0),
-    "shift": (1e-3, 1e3), "timestep_scale": (1e-3, 1e6),
+    "shift": (1e-3, 1e3), "timestep_scale": (1e-3, 1e6), "timestep_offset": (-1e6, 1e6),
+    "guidance_input_scale": (-1e6, 1e6),
 }
+#: how the loop's record says the pipeline guides (``rkpart.description`` ``cfg.mode``): a
+#: conditional and an unconditional call, one call on the [uncond, cond] pair, the guidance fed
+#: as an input, or none
+CFG_MODES = ("two-pass", "batched", "distilled", "none")
+
+
+#: numbers whose range is that of their magnitude: a reversed timestep (Z-Image: ``1 - t / 1000``)
+#: has a negative scale, a zero one none
+SIGNED = frozenset({"timestep_scale"})
 
 
 def check_number(v: Any, key: str, what: str) -> float:
-    """``v`` as a float if it is a finite number within ``NUMBER_RANGES[key]``, else :class:`BundleError`."""
+    """``v`` as a float if it is a finite number within ``NUMBER_RANGES[key]`` (its magnitude for
+    :data:`SIGNED` keys), else :class:`BundleError`."""
     lo, hi = NUMBER_RANGES[key]
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-        raise BundleError(f"{what} must be a finite number in [{lo:g}, {hi:g}], got {repr(v)[:40]}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= (
+            abs(v) if key in SIGNED else v) <= hi:
+        where = f"[{lo:g}, {hi:g}]" if key not in SIGNED else f"[{lo:g}, {hi:g}] or [{-hi:g}, {-lo:g}]"
+        raise BundleError(f"{what} must be a finite number in {where}, got {repr(v)[:40]}")
     return float(v)
 #: core masks of the two passes' contexts under ``--cfg-parallel``
 CFG_LANE_MASKS = ("0", "1")
-#: the flags of ``rkpart bundle`` that name the loop's inputs
-LOOP_FLAGS = "--latent-input NAME --timestep-input NAME [--context-input NAME ...]"
+#: the flags of ``rkpart bundle`` that name the loop's inputs (rkpart.roles.ROLE_FLAGS)
+LOOP_FLAGS = "--latent-input NAME --timestep-input NAME [--guidance-input NAME] [--context-input NAME ...]"
 
 
 def input_digest(a: Any) -> str:
@@ -494,6 +507,9 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
         if gate.get(k) is not None:
             check_number(gate[k], k, f"manifest: gate.{k}")
     _validate_loop(m.get("denoise"), tensors, {t["name"] for t in m["inputs"]}, {t["name"] for t in m["outputs"]})
+    fixed = m["denoise"].get("fixed") if isinstance(m.get("denoise"), dict) else None
+    if isinstance(fixed, dict) and fixed.get("file") not in files:
+        raise BundleError(f"manifest: denoise.fixed file {fixed.get('file')!r} is not listed in 'files'")
     ref = _obj(m.get("reference") or {}, "'reference'")
     for k in ("inputs", "outputs"):
         if ref.get(k) is not None:
@@ -531,11 +547,27 @@ def _validate_loop(d: Any, tensors: Mapping[str, Any], inputs: set[str] | None =
         raise BundleError(f"manifest: denoise.cfg_parallel must be true or false, got {repr(d['cfg_parallel'])[:40]}")
     if "guidance" in d:
         check_number(d["guidance"], "guidance", "manifest: denoise.guidance")
+    if d.get("guidance_input") is not None and _name(d["guidance_input"], "denoise.guidance_input") not in tensors:
+        raise BundleError(f"manifest: denoise.guidance_input {d['guidance_input']!r} has no entry in 'tensors'")
+    if "guidance_input_scale" in d:
+        check_number(d["guidance_input_scale"], "guidance_input_scale", "manifest: denoise.guidance_input_scale")
+    if d.get("cfg_mode", "two-pass") not in CFG_MODES:
+        raise BundleError(f"manifest: denoise.cfg_mode {repr(d.get('cfg_mode'))[:40]} is not one of "
+                          f"{', '.join(CFG_MODES)}")
+    if d.get("output_sign", 1) not in (1, -1, 1.0, -1.0) or not isinstance(d.get("learned_sigma", False), bool):
+        raise BundleError("manifest: denoise.output_sign must be 1 or -1 and denoise.learned_sigma a boolean")
+    fixed = d.get("fixed")
+    if fixed is not None:
+        fixed = _obj(fixed, "denoise.fixed")
+        _relpath(_name(fixed.get("file"), "denoise.fixed.file"), "denoise.fixed.file")
+        for t in _list(fixed.get("inputs"), "denoise.fixed.inputs"):
+            if _name(t, "a denoise.fixed input") not in tensors:
+                raise BundleError(f"manifest: denoise.fixed input {t!r} has no entry in 'tensors'")
     sched = {} if d.get("scheduler") is None else _obj(d["scheduler"], "denoise.scheduler")
     if "name" in sched and sched["name"] not in SCHEDULERS:
         raise BundleError(f"manifest: denoise.scheduler.name {repr(sched['name'])[:40]} is not one of "
                           f"{', '.join(SCHEDULERS)}")
-    for k in ("shift", "timestep_scale"):
+    for k in ("shift", "timestep_scale", "timestep_offset"):
         if k in sched:
             check_number(sched[k], k, f"manifest: denoise.scheduler.{k}")
 
@@ -882,51 +914,91 @@ class Runner:
 
         ``rkpart drift``'s sampler, as the manifest's ``denoise`` record gives it: the initial
         latent and the conditioning from ``numpy.random.default_rng(seed)`` (the latent first,
-        then each conditioning input in the record's order, standard normal); the unconditional
-        pass gets zeros unless ``uncond`` is given; every step a conditional and an
-        unconditional pass (``cfg``), ``v = v_u + guidance * (v_c - v_u)``, and a
-        flow-matching Euler step from sigma 1 to 0 (:func:`flow_sigmas` with ``shift``) with
-        timestep ``sigma * timestep_scale``.  ``cond`` replaces the drawn conditioning (the
-        latent is drawn all the same).  ``on_step(step, timing)`` follows every step;
-        :attr:`step_timings` keeps them.
+        then each conditioning input in the record's order, standard normal; one row of each
+        under ``cfg_mode`` ``batched``); the unconditional pass gets zeros unless ``uncond`` is
+        given; the record's fixed inputs (masks, id grids, RoPE tables) their values from its
+        ``fixed`` file.  Every step a conditional and an unconditional pass (``cfg``, ``cfg_mode``
+        ``two-pass``), one call on the ``[uncond, cond]`` pair (``batched``) or one call with the
+        guidance fed to the record's ``guidance_input`` (``distilled``);
+        ``v = v_u + guidance * (v_c - v_u)``, and a flow-matching Euler step from sigma 1 to 0
+        (:func:`flow_sigmas` with ``shift``) with timestep ``sigma * timestep_scale +
+        timestep_offset``.  ``cond`` replaces the drawn conditioning (the latent is drawn all the
+        same).  ``on_step(step, timing)`` follows every step; :attr:`step_timings` keeps them.
         """
         d = self.loop
         if scheduler not in SCHEDULERS:
             raise BundleError(f"scheduler {scheduler!r} is not one of {', '.join(SCHEDULERS)}")
         if steps < 1:
             raise BundleError("steps must be at least 1")
-        if self.cfg_parallel and not cfg:
-            raise BundleError("--cfg-parallel runs the two CFG passes at once; it cannot go with --no-cfg")
+        mode = str(d.get("cfg_mode", "two-pass"))
+        if self.cfg_parallel and (not cfg or mode != "two-pass"):
+            raise BundleError("--cfg-parallel runs the two CFG passes at once; it cannot go with --no-cfg"
+                              if mode == "two-pass" else
+                              f"--cfg-parallel runs two CFG passes at once; this pipeline's guidance is {mode} "
+                              "(one call per step)")
         sched = dict(d.get("scheduler") or {})
         shift = check_number(sched.get("shift", 1.0) if shift is None else shift, "shift", "shift")
         guidance = check_number(d.get("guidance", 4.0) if guidance is None else guidance, "guidance", "guidance")
         scale = check_number(sched.get("timestep_scale", 1000.0), "timestep_scale", "timestep_scale")
+        offset = check_number(sched.get("timestep_offset", 0.0), "timestep_offset", "timestep_offset")
+        gscale = check_number(d.get("guidance_input_scale", 1.0), "guidance_input_scale", "guidance_input_scale")
+        sign = float(d.get("output_sign", 1))
+        learned, axis = bool(d.get("learned_sigma", False)), int(d.get("channels_axis", 1))
         if steps > MAX_COUNT:
             raise BundleError(f"steps must be at most {MAX_COUNT}, got {steps}")
         lat_name, ts_name, out_name = d["latent"], d["timestep"], d.get("output") or self.outputs[0]
+        g_name = d.get("guidance_input")
         context = list(d["context"])
+        batched = mode == "batched"
+
+        def shape_of(name: str) -> tuple[int, ...]:
+            shape = tuple(self.tensors[name]["shape"])
+            return (shape[0] // 2, *shape[1:]) if batched else shape
+
         lat, ts = self.tensors[lat_name], self.tensors[ts_name]
         rng = np.random.default_rng(seed)
-        x = rng.standard_normal(tuple(lat["shape"])).astype(np.dtype(lat["dtype"]))
-        drawn = {t: rng.standard_normal(tuple(self.tensors[t]["shape"])).astype(np.dtype(self.tensors[t]["dtype"]))
-                 for t in context}
-        c = self._conditioning(cond, "cond") if cond is not None else drawn
-        u = self._conditioning(uncond, "uncond") if uncond is not None else {t: np.zeros_like(v) for t, v in c.items()}
+        x = rng.standard_normal(shape_of(lat_name)).astype(np.dtype(lat["dtype"]))
+        drawn = {t: rng.standard_normal(shape_of(t)).astype(np.dtype(self.tensors[t]["dtype"])) for t in context}
+        c = self._conditioning(cond, "cond", shape_of) if cond is not None else drawn
+        u = self._conditioning(uncond, "uncond", shape_of) if uncond is not None else \
+            {t: np.zeros_like(v) for t, v in c.items()}
+        fixed = self.loop_fixed()
+
+        def model_output(a: np.ndarray) -> np.ndarray:
+            a = np.asarray(a, dtype=np.float32)
+            if learned:
+                a = np.split(a, 2, axis=axis)[0]
+            return a * np.float32(sign) if sign != 1 else a
+
         sigmas = flow_sigmas(steps, shift)
         self.step_timings = []
         self.open()
         for i in range(steps):
             t0 = time.perf_counter()
-            t = np.full(tuple(ts["shape"]), sigmas[i] * scale, dtype=np.dtype(ts["dtype"]))
-            feeds = [{lat_name: x, ts_name: t, **c}] + ([{lat_name: x, ts_name: t, **u}] if cfg else [])
+            t = np.full(tuple(ts["shape"]), sigmas[i] * scale + offset, dtype=np.dtype(ts["dtype"]))
+            common = {**fixed, ts_name: t}
+            if g_name is not None:
+                gi = self.tensors[g_name]
+                common[g_name] = np.full(tuple(gi["shape"]), guidance * gscale, dtype=np.dtype(gi["dtype"]))
+            if batched:
+                feeds = [{**common, lat_name: np.concatenate([x, x]),
+                          **{n: np.concatenate([u[n], c[n]]) for n in c}}]
+            else:
+                feeds = [{**common, lat_name: x, **c}] + (
+                    [{**common, lat_name: x, **u}] if cfg and mode == "two-pass" else [])
             outs = self.run_passes(feeds)
             # the same expressions as rkpart drift (float32 CFG combine, Euler step in the latent's dtype)
-            v = np.asarray(outs[0][out_name], dtype=np.float32)
             # an overflow is no warning on stderr: a NaN/Inf latent is refused at the end (exit 8)
             with np.errstate(over="ignore", invalid="ignore"):
-                if cfg:
-                    vu = np.asarray(outs[1][out_name], dtype=np.float32)
-                    v = vu + guidance * (v - vu)
+                if batched:
+                    vu, v = np.split(model_output(outs[0][out_name]), 2)
+                    if cfg:
+                        v = vu + guidance * (v - vu)
+                else:
+                    v = model_output(outs[0][out_name])
+                    if len(outs) > 1:
+                        vu = model_output(outs[1][out_name])
+                        v = vu + guidance * (v - vu)
                 x = (x.astype(np.float32) + (sigmas[i + 1] - sigmas[i]) * v).astype(x.dtype)
             timing = summed(self.timings, time.perf_counter() - t0)
             self.step_timings.append(timing)
@@ -934,7 +1006,24 @@ class Runner:
                 on_step(i, timing)
         return x
 
-    def _conditioning(self, arrays: Mapping[str, Any], what: str) -> dict[str, np.ndarray]:
+    def loop_fixed(self) -> dict[str, np.ndarray]:
+        """The loop's fixed inputs (masks, id grids, RoPE tables, integer inputs) from the record's
+        ``fixed`` file, each checked against its tensor's shape and dtype."""
+        rec = self.loop.get("fixed")
+        if not rec:
+            return {}
+        names = list(rec["inputs"])
+        got = load_npz(inside(self.folder, rec["file"]), "loop inputs", names=names)
+        for n in names:
+            a, info = got.get(n), self.tensors[n]
+            if a is None or tuple(a.shape) != tuple(info["shape"]) or str(a.dtype) != info["dtype"]:
+                have = "missing" if a is None else f"{a.dtype} {tuple(a.shape)}"
+                raise BundleError(f"loop inputs {rec['file']}: {n!r} is {have}, the model wants {info['dtype']} "
+                                  f"{tuple(info['shape'])}")
+        return got
+
+    def _conditioning(self, arrays: Mapping[str, Any], what: str,
+                      shape_of: Callable[[str], tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
         context = list(self.loop["context"])
         missing = [t for t in context if t not in arrays]
         if missing:
@@ -943,9 +1032,10 @@ class Runner:
         out = {}
         for t in context:
             a, info = np.asarray(arrays[t]), self.tensors[t]
-            if tuple(a.shape) != tuple(info["shape"]) or a.dtype.kind not in "biuf":
+            shape = shape_of(t) if shape_of is not None else tuple(info["shape"])
+            if tuple(a.shape) != shape or a.dtype.kind not in "biuf":
                 raise BundleError(f"{what} conditioning {t!r}: {a.dtype} {tuple(a.shape)}, the model wants "
-                                  f"{info['dtype']} {tuple(info['shape'])}")
+                                  f"{info['dtype']} {shape}")
             out[t] = a.astype(np.dtype(info["dtype"]), copy=False)
         return out
 
@@ -1335,9 +1425,11 @@ def _denoise_main(args: argparse.Namespace) -> int:
               "not on the NPU", file=sys.stderr)
     cond = load_npz(args.cond, "cond") if args.cond else None
     uncond = load_npz(args.uncond, "uncond") if args.uncond else None
-    passes = 1 if args.no_cfg else 2
-    mode = "one pass" if args.no_cfg else ("cond and uncond in parallel (cores 0 and 1)" if cfg_parallel
-                                           else "cond then uncond")
+    cfg_mode = str(runner.loop.get("cfg_mode", "two-pass"))
+    passes = 1 if args.no_cfg or cfg_mode != "two-pass" else 2
+    mode = {"batched": "one call on the uncond/cond pair", "distilled": "one pass, distilled guidance",
+            "none": "one pass"}.get(cfg_mode) or ("one pass" if args.no_cfg else (
+                "cond and uncond in parallel (cores 0 and 1)" if cfg_parallel else "cond then uncond"))
 
     def on_step(i: int, t: dict[str, float]) -> None:
         if not args.json:

@@ -13,8 +13,9 @@ from rkpart.errors import UserError
 from rkpart.io import regular_file
 from rkpart.partitioner.plan import load_plan
 from rkpart.progress import Progress, advance, silent
+from rkpart.roles import pass_inputs
 from rkpart.runtime import get_backend
-from rkpart.runtime.executor import ResidencyChoice, find_model, load_inputs, random_inputs, run_model, run_plan
+from rkpart.runtime.executor import ResidencyChoice, find_model, load_inputs, run_model, run_plan
 from rkpart.runtime.ort import OrtRunner
 from rkpart.types import NPU
 from rkpart.validation.metrics import Gate, Metrics, compare
@@ -96,7 +97,8 @@ def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
     for p, what in ((inputs, "inputs"), (reference, "reference")):
         if p is not None:
             regular_file(p, what=what)
-    feeds = load_inputs(inputs, plan) if inputs else random_inputs(plan.tensors, plan.inputs, seed)
+    # masks all-valid, id grids and integer inputs their values, never noise (rkpart.roles)
+    feeds = load_inputs(inputs, plan) if inputs else pass_inputs(plan, folder, seed)
     model = find_model(plan, folder, model)
     gate = Gate(
         min_cosine=min_cosine if min_cosine is not None else (0.999999 if backend == "ort" else 0.999),

@@ -243,7 +243,7 @@ def test_loop_inputs_named_by_flags_or_refused_in_one_line(compiled: tuple[Plan,
     d = manifest(bundle)["denoise"]
     assert (d["latent"], d["timestep"], d["context"], d["output"]) == (
         "hidden_states", "timestep", ["encoder_hidden_states"], "sample")
-    assert d["mapped_by"] == "shape (rkpart drift's rule)" and d["scheduler"]["name"] == "flow-euler"
+    assert d["mapped_by"] == "shape (guessed)" and d["scheduler"]["name"] == "flow-euler"
     named = tmp_path / "named"
     r = CliRunner().invoke(main, ["bundle", str(folder), "-o", str(named), "-q", "--latent-input", "hidden_states",
                                   "--timestep-input", "timestep"])

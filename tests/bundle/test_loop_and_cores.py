@@ -137,9 +137,13 @@ def test_loop_record_uses_drifts_rule_or_the_flags(plans: dict[str, tuple[Plan, 
     d = loop_record(plan)
     assert (d["latent"], d["timestep"], d["context"], d["output"]) == (
         "hidden_states", "timestep", ["encoder_hidden_states"], "sample")
-    assert d["mapped_by"] == "shape (rkpart drift's rule)"
-    assert d["scheduler"] == {"name": "flow-euler", "shift": 1.0, "timestep_scale": 1000.0}
-    assert loop_record(plan, latent="hidden_states", shift=3.0)["mapped_by"] == "flags"
+    assert d["mapped_by"] == "shape (guessed)"
+    assert d["scheduler"] == {"name": "flow-euler", "shift": 1.0, "timestep_scale": 1000.0, "timestep_offset": 0.0}
+    assert d["cfg_mode"] == "two-pass" and d["guidance_input"] is None and "fixed" not in d
+    assert d["roles"] == {"hidden_states": "latent", "timestep": "timestep", "encoder_hidden_states": "text_embeddings"}
+    # a flag for the latent alone: the timestep is still guessed, and the record says so
+    assert loop_record(plan, latent="hidden_states", shift=3.0)["mapped_by"] == "shape (guessed)"
+    assert loop_record(plan, latent="hidden_states", timestep="timestep")["mapped_by"] == "flags"
     assert "does not have the output's shape" in loop_record(plan, latent="encoder_hidden_states")["error"]
     with pytest.raises(UserError, match="'t' is not an input of the model"):
         loop_record(plan, timestep="t")

@@ -24,7 +24,7 @@ wan         ``WanTransformer3DModel``         qk RMSNorm across heads, complex R
 chroma      ``ChromaTransformer2DModel``      Flux anatomy, modulation from a distilled approximator
 lumina2     ``Lumina2Transformer2DModel``     refiner blocks, GQA, caption attention mask; its
                                               complex RoPE is rewritten to the real form before
-                                              export (:func:`real_rope_lumina2`)
+                                              export (``real_rope_lumina2``)
 auraflow    ``AuraFlowTransformer2DModel``    MMDiT blocks then single-stream DiT blocks
 hunyuandit  ``HunyuanDiT2DModel``             two text encoders, skip connections, fixed RoPE
 cosmos      ``CosmosTransformer3DModel``      Cosmos-Predict2: AdaLN-LoRA, 3-D RoPE
@@ -82,19 +82,19 @@ family         diffusers class                     what it exercises
 =============  ==================================  ================================================
 bria_fibo      ``BriaFiboTransformer2DModel``      Flux anatomy; each block's text half re-made from
                                                    its own text-encoder layer (a list input,
-                                                   flattened by :func:`_list_inputs`)
+                                                   flattened by ``list_inputs``)
 bria_fibo2     ``BriaFibo2Transformer2DModel``     noise refiner, a Perceiver whose gist tokens
                                                    (a constant-rooted stream) read the text, then
                                                    blocks with one injection cross-attention;
-                                                   complex RoPE made real (:func:`_real_rope_fibo2`)
+                                                   complex RoPE made real (``real_rope_fibo2``)
 ernie_image    ``ErnieImageTransformer2DModel``    sequence-first single stream, one adaLN
                                                    modulation shared by every block, text lengths
                                                    as an input (RoPE offset, mask)
 glm_image      ``GlmImageTransformer2DModel``      CogView4 anatomy with AR prior codes
-                                                   (embedding + drop mask, :func:`_glm_prior_where`)
+                                                   (embedding + drop mask, ``prior_drop_where_glm``)
 hidream_image  ``HiDreamImageTransformer2DModel``  dual- then single-stream blocks each reading its
                                                    own Llama layer; top-2 MoE image FFNs (dense
-                                                   form, :func:`_dense_moe`)
+                                                   form, ``dense_moe_hidream``)
 hunyuanimage   ``HunyuanImageTransformer2DModel``  token-refiner text blocks, then dual- and
                                                    single-stream blocks (no ByT5 glyph stream)
 dreamlite      ``DreamLiteTransformer2DModel``     a U-Net's spatial transformer: GroupNorm + conv
@@ -154,12 +154,12 @@ kandinsky6              ``Kandinsky6Transformer3DModel``            per-modality
                                                                     + audio blocks with cross-modal attention
 kandinsky6_sr           ``Kandinsky6SRTransformer3DModel``          NABLA block-sparse attention (data-dependent
                                                                     block mask) in dense form
-                                                                    (:func:`dense_nabla_kandinsky6_sr`)
+                                                                    (``dense_nabla_kandinsky6_sr``)
 anyflow                 ``AnyFlowTransformer3DModel``               Wan anatomy, two timesteps (t, r); complex
-                                                                    RoPE in real form (:func:`real_rope_anyflow`)
+                                                                    RoPE in real form (``real_rope_anyflow``)
 anyflow_far             ``AnyFlowFARTransformer3DModel``            a cached autoregressive step: KV caches as
                                                                     inputs, flex attention as SDPA, real RoPE
-                                                                    (:func:`dense_far_step`)
+                                                                    (``real_rope_sdpa_far``)
 cosmos3                 ``Cosmos3OmniTransformer``                  mixture of transformers over one packed
                                                                     sequence: causal text stream, video stream
                                                                     attending over both, per-stream MLPs, GQA
@@ -188,7 +188,7 @@ stable_audio3    ``StableAudio3DiTModel``                   differential self- a
 sana_wm          ``SanaWMTransformer3DModel``               camera-conditioned (UCPE) self-attention, gated
                                                             delta-net linear and softmax alternating, Plucker
                                                             embedding added per block; camera transforms as
-                                                            inputs, real-form RoPE (:func:`_sana_wm_real_rope`)
+                                                            inputs, real-form RoPE (``real_rope_sana_wm``)
 sana_wm_refiner  ``SanaWMLTX2RefinerTransformer3DModel``    video-only LTX-2 blocks over one AR block,
                                                             self-attention over KV-cache inputs (sink, history)
 ===============  =========================================  ===================================================
@@ -201,7 +201,7 @@ family                diffusers class                      what it exercises
 ====================  ===================================  ==========================================================
 ace_step              ``AceStepTransformer1DModel``        1-D music DiT: sliding-window (banded mask) and full
                                                            self-attention alternating, GQA (repeated before export:
-                                                           :func:`_repeat_kv_ace_step`), cross-attention, two
+                                                           ``repeat_kv_ace_step``), cross-attention, two
                                                            timestep embeddings
 longcat_audio         ``LongCatAudioDiTTransformer``       audio DiT: ConvNeXt text blocks (conditioning), global
                                                            AdaLN, masked self- and cross-attention, a long skip over
@@ -220,15 +220,21 @@ rfd4                  ``RFD4ProteinaTransformer``          protein denoiser: att
                                                            pair update (triangle multiplications) between the trunk
                                                            layers, the stream re-masked after every residual add
 easyanimate           ``EasyAnimateTransformer3DModel``    MMDiT blocks; RoPE tables made once for the static shape
-                                                           (:func:`_static_rope_easyanimate`)
+                                                           (``static_rope_easyanimate``)
 lumina_next           ``LuminaNextDiT2DModel``             self- and cross-attention summed before one output
                                                            projection; complex RoPE rewritten to the real form
-                                                           (:func:`real_rope_lumina_next`); zero-initialised
+                                                           (``real_rope_lumina_next``); zero-initialised
                                                            gates: :func:`_trained_like`
 ====================  ===================================  ==========================================================
 
-:func:`export_family` writes one export; :func:`cached_export` makes it once per (diffusers and
-torch versions, exporter, source of every function the export runs) under
+The patches that make 20 of these classes exportable are the product's (:data:`rkpart.export.PATCHES`,
+keyed by diffusers class; ``docs/export.md``), applied by :func:`rkpart.export.export_module`; this module
+keeps the configs and fixture-only preparation: :func:`_trained_like` (zero-initialised modulation made
+non-zero, so a random-weight model is not degenerate) and DreamLite's GQA processor (which its U-Net installs).
+
+:func:`export_family` writes one export through :func:`rkpart.export.export_module`; :func:`cached_export`
+makes it once per (diffusers and torch versions, exporter, source of every function the export runs, the
+product's modules included: :func:`rkpart.export.source_key`) under
 ``$RKPART_TEST_EXPORTS`` (default ``~/.cache/rkpart/test-exports``), so a rerun skips the
 exporter.  Needs torch, diffusers and onnxscript (:func:`missing_dependencies`).
 """
@@ -238,7 +244,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import inspect
-import math
 import os
 import warnings
 from collections.abc import Callable
@@ -835,62 +840,6 @@ def _kandinsky6_sr() -> tuple[Any, dict[str, Any]]:
     }
 
 
-def dense_nabla_kandinsky6_sr(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """Kandinsky 6 SR's NABLA attention in dense form, asserted equal to diffusers' own.
-
-    diffusers runs the self-attention through flex attention with a ``BlockMask`` it builds from
-    the queries' and keys' block means (``nabla_block_mask``: softmax of the block means, the
-    blocks whose sorted cumulative share passes the threshold, or'ed with the sliding-tile prior):
-    TorchScript fails in flex attention's vmap ("Unsupported value kind: Tensor") and the dynamo
-    exporter cannot convert the ``BlockMask``'s ``argsort`` (``aten::sort.stable``).  Flex
-    attention over a block mask of full blocks is ordinary attention with that block mask
-    expanded to tokens: the same selection (sort, cumsum, threshold, put back in block order) is
-    computed here and the dense boolean mask goes to ``scaled_dot_product_attention``.  The
-    patched model's output on the example inputs must equal the unpatched model's (within 1e-5).
-    """
-    import math
-
-    import torch
-    import torch.nn.functional as F
-    from diffusers.models.transformers.transformer_kandinsky6_sr import (
-        Kandinsky6SRAttnProcessor,
-        apply_rotary,
-    )
-
-    block = 64  # nabla_block_mask's default block_size, as the processor calls it
-
-    class DenseNablaProcessor(Kandinsky6SRAttnProcessor):
-        def __call__(self, attn: Any, hidden_states: torch.Tensor, rotary_emb: torch.Tensor,
-                     sparse_params: dict[str, Any]) -> torch.Tensor:
-            query = attn.to_query(hidden_states).unflatten(-1, (attn.num_heads, -1))
-            key = attn.to_key(hidden_states).unflatten(-1, (attn.num_heads, -1))
-            value = attn.to_value(hidden_states).unflatten(-1, (attn.num_heads, -1))
-            query = attn.query_norm(query.float()).type_as(query)
-            key = attn.key_norm(key.float()).type_as(key)
-            q, k, v = (t.transpose(1, 2) for t in (apply_rotary(query, rotary_emb), apply_rotary(key, rotary_emb),
-                                                   value))
-            b, h, s, d = q.shape
-            qa = q.reshape(b, h, s // block, block, d).mean(-2)
-            ka = k.reshape(b, h, s // block, block, d).mean(-2).transpose(-2, -1)
-            attn_map = torch.softmax((qa @ ka) / math.sqrt(d), dim=-1)
-            vals, inds = attn_map.sort(-1)
-            picked = (vals.cumsum(-1) >= 1 - sparse_params["threshold"]).int()
-            mask = torch.zeros_like(picked).scatter(-1, inds, picked)  # back to block order
-            mask = torch.logical_or(mask, sparse_params["sta_mask"])
-            dense = mask.repeat_interleave(block, dim=-1).repeat_interleave(block, dim=-2)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=dense)
-            return attn.out_layer(out.transpose(1, 2).flatten(2, 3))
-
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-    for module in model.modules():
-        if type(getattr(module, "processor", None)) is Kandinsky6SRAttnProcessor:
-            module.set_processor(DenseNablaProcessor())
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
-
-
 def _anyflow() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import AnyFlowTransformer3DModel
@@ -929,103 +878,9 @@ def _anyflow_far() -> tuple[Any, dict[str, Any]]:
     }
 
 
-def dense_far_step(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """AnyFlow FAR's cached autoregressive step in an exportable form, asserted equal to diffusers' own.
-
-    Three rewrites of the same function: (1) the forward takes the KV caches (a dict of dicts of
-    tensors per layer, and a ``kv_cache_flag`` dict the forward mutates) as two stacked tensors and
-    returns the prediction only; (2) the complex RoPE (``view_as_complex``, complex128: neither
-    exporter converts it) becomes the real ``x * cos + rot(x) * sin`` with tables computed once
-    from the model's own frequencies for this step's static layout; (3) the causal self-attention
-    the processor runs through flex attention without a mask (the step reads the caches; queries,
-    keys and values zero-padded to a multiple of 128 tokens, the padding keys taking part in the
-    softmax, as diffusers computes it) runs through ``scaled_dot_product_attention`` on the same
-    padded tensors.  The patched model's output must equal the unpatched model's (within 1e-5).
-    """
-    import math
-
-    import torch
-    import torch.nn.functional as F
-    from diffusers.models.transformers.transformer_anyflow_far import AnyFlowCausalAttnProcessor
-
-    partition, cached = [1, 1, 1], 2
-    forward = model.forward
-
-    def step(*, full_cache: torch.Tensor, compressed_cache: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor]:
-        kv_cache = [{"full_cache": full_cache[i], "compressed_cache": compressed_cache[i]}
-                    for i in range(full_cache.shape[0])]
-        out = forward(chunk_partition=partition, kv_cache=kv_cache,
-                      kv_cache_flag={"num_cached_chunks": cached, "is_cache_step": False}, **kwargs)
-        return (out[0],)
-
-    model.forward = step
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-
-    # the step's RoPE tables: the layout _forward_inference gives the rope module
-    _, _, _, height, width = inputs["hidden_states"].shape
-    cfg = model.config
-    limit = cfg.full_chunk_limit
-    compressed = sum(partition[:len(partition) - limit]) if len(partition) >= limit else 0
-    full, small = cfg.patch_size, cfg.compressed_patch_size
-    far_cfg = {"total_frames": sum(partition), "num_compressed_frames": compressed,
-               "full_frame_shape": (height // full[1], width // full[2]),
-               "compressed_frame_shape": (height // small[1], width // small[2])}
-    freqs = model.rope(far_cfg=far_cfg, device=torch.device("cpu"))["key"]  # [1, 1, S, D/2] complex
-    table = torch.stack([freqs.real.repeat_interleave(2, dim=-1), freqs.imag.repeat_interleave(2, dim=-1)],
-                        dim=-1).float().contiguous()  # [1, 1, S, D, 2]: cos, sin
-
-    class StaticRealRope(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.register_buffer("table", table, persistent=False)
-
-        def forward(self, far_cfg: Any, device: Any, clean_hidden_states: Any = None) -> dict[str, torch.Tensor]:
-            return {"query": self.table, "key": self.table}
-
-    def rotate(x: torch.Tensor, tab: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-        rot = torch.stack((-x2, x1), dim=-1).flatten(-2)
-        return (x.float() * tab[..., 0] + rot.float() * tab[..., 1]).type_as(x)
-
-    class DenseCausalProcessor(AnyFlowCausalAttnProcessor):
-        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: Any = None,
-                     attention_mask: Any = None, rotary_emb: Any = None, kv_cache: Any = None,
-                     kv_cache_flag: Any = None) -> torch.Tensor:
-            query = attn.to_q(hidden_states)
-            key = attn.to_k(hidden_states)
-            value = attn.to_v(hidden_states)
-            if attn.norm_q is not None:
-                query = attn.norm_q(query)
-            if attn.norm_k is not None:
-                key = attn.norm_k(key)
-            query = query.unflatten(2, (attn.heads, -1)).transpose(1, 2)
-            key = key.unflatten(2, (attn.heads, -1)).transpose(1, 2)
-            value = value.unflatten(2, (attn.heads, -1)).transpose(1, 2)
-            nc, nf = kv_cache_flag["num_cached_compressed_tokens"], kv_cache_flag["num_cached_full_tokens"]
-            key = torch.cat([kv_cache["compressed_cache"][0, :, :, :nc], kv_cache["full_cache"][0, :, :, :nf], key],
-                            dim=2)
-            value = torch.cat([kv_cache["compressed_cache"][1, :, :, :nc], kv_cache["full_cache"][1, :, :, :nf],
-                               value], dim=2)
-            query = rotate(query, rotary_emb["query"])
-            key = rotate(key, rotary_emb["key"])
-            seq_len, head_dim = query.shape[2], query.shape[3]
-            pad = int(math.ceil(seq_len / 128.0) * 128.0 - seq_len)
-            if pad > 0:
-                query, key, value = (torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], pad, head_dim)], dim=2)
-                                     for t in (query, key, value))
-            assert head_dim >= 16, "the processor's head padding to 16 is not reproduced"
-            out = F.scaled_dot_product_attention(query, key, value)[:, :, :seq_len]
-            out = out.transpose(1, 2).flatten(2, 3).type_as(query)
-            return attn.to_out[1](attn.to_out[0](out))
-
-    model.rope = StaticRealRope()
-    for module in model.modules():
-        if type(getattr(module, "processor", None)) is AnyFlowCausalAttnProcessor:
-            module.set_processor(DenseCausalProcessor())
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
+def _anyflow_far_fixed() -> dict[str, Any]:
+    # the step's layout: three chunks of one frame, two of them cached (the registry's kv_cache_inputs adapter)
+    return {"chunk_partition": [1, 1, 1], "num_cached_chunks": 2}
 
 
 def _cosmos3() -> tuple[Any, dict[str, Any]]:
@@ -1056,132 +911,6 @@ def _cosmos3_fixed() -> dict[str, Any]:
 
     return {"und_len": 4, "sequence_length": 12, "vision_token_shapes": [(2, 2, 2)],
             "vision_noisy_frame_indexes": [torch.tensor([1])]}
-
-
-def _cosmos3_one_video(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """The forward takes a list of videos and returns lists of predictions: one video in, its prediction out.
-
-    And grouped-query attention with its key/value heads repeated (``scaled_dot_product_attention(
-    enable_gqa=True)`` has no TorchScript conversion): the processor's own computation otherwise,
-    asserted equal to diffusers' (within 1e-5).
-    """
-    import torch
-    import torch.nn.functional as F
-    from diffusers.models.transformers.transformer_cosmos3 import Cosmos3AttnProcessor, _rotate_half
-
-    def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-        rep = q.shape[1] // k.shape[1]  # [tokens, heads, head_dim] -> [1, heads, tokens, head_dim]
-        q, k, v = (t.transpose(0, 1).unsqueeze(0)
-                   for t in (q, k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)))
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)[0].transpose(0, 1).flatten(-2, -1)
-
-    class RepeatedKVProcessor(Cosmos3AttnProcessor):
-        def __call__(self, attn: Any, und_seq: torch.Tensor, gen_seq: torch.Tensor,
-                     rotary_emb: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-            q_und = attn.to_q(und_seq).view(-1, attn.num_attention_heads, attn.head_dim)
-            k_und = attn.to_k(und_seq).view(-1, attn.num_key_value_heads, attn.head_dim)
-            v_und = attn.to_v(und_seq).view(-1, attn.num_key_value_heads, attn.head_dim)
-            q_gen = attn.add_q_proj(gen_seq).view(-1, attn.num_attention_heads, attn.head_dim)
-            k_gen = attn.add_k_proj(gen_seq).view(-1, attn.num_key_value_heads, attn.head_dim)
-            v_gen = attn.add_v_proj(gen_seq).view(-1, attn.num_key_value_heads, attn.head_dim)
-            q_und, k_und = attn.norm_q(q_und), attn.norm_k(k_und)
-            k_und_for_gen = attn.k_norm_und_for_gen(k_und) if attn.k_norm_und_for_gen is not None else k_und
-            q_gen, k_gen = attn.norm_added_q(q_gen), attn.norm_added_k(k_gen)
-            cos_und, sin_und, cos_gen, sin_gen = (t.unsqueeze(1) for t in rotary_emb)
-            q_und = q_und * cos_und + _rotate_half(q_und) * sin_und
-            k_und = k_und * cos_und + _rotate_half(k_und) * sin_und
-            k_und_for_gen = k_und_for_gen * cos_und + _rotate_half(k_und_for_gen) * sin_und
-            q_gen = q_gen * cos_gen + _rotate_half(q_gen) * sin_gen
-            k_gen = k_gen * cos_gen + _rotate_half(k_gen) * sin_gen
-            causal_out = sdpa(q_und, k_und, v_und, True)
-            full_out = sdpa(q_gen, torch.cat([k_und_for_gen, k_gen], dim=0), torch.cat([v_und, v_gen], dim=0), False)
-            return attn.to_out(causal_out), attn.to_add_out(full_out)
-
-    forward = model.forward
-
-    def one_video(*, vision_tokens: Any, **kwargs: Any) -> tuple[Any]:
-        return (forward(vision_tokens=[vision_tokens], **kwargs)[0][0],)
-
-    model.forward = one_video
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-    for module in model.modules():
-        if type(getattr(module, "processor", None)) is Cosmos3AttnProcessor:
-            module.set_processor(RepeatedKVProcessor())
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
-
-def real_rope_anyflow(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """AnyFlow's RoPE rewritten to the real (cos/sin) form, asserted equal to diffusers' own.
-
-    diffusers rotates q/k viewed as complex pairs by complex frequencies (``view_as_complex``,
-    complex128): TorchScript cannot export complex tensors ("ScalarType ComplexDouble") and the
-    dynamo exporter fails to convert the complex frequency table (``split_with_sizes`` of complex).
-    The same rotation of interleaved pairs is ``x * cos + rot(x) * sin`` with each frequency's
-    cos/sin repeated per pair.  The positions depend only on the static latent shape, so the
-    tables are computed once from the model's own frequencies and become constants.  The patched
-    model's output on the example inputs must equal the unpatched model's (within 1e-5).
-    """
-    import torch
-    from diffusers.models.transformers.transformer_anyflow import AnyFlowAttnProcessor
-
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-    _, frames, _, height, width = inputs["hidden_states"].shape
-    p = model.config.patch_size
-    layout = {"total_frames": frames, "full_frame_shape": (height // p[1], width // p[2])}
-    freqs = model.rope(layout_cfg=layout, device=torch.device("cpu"))["query"]  # [1, 1, S, D/2] complex
-    cos = freqs.real.repeat_interleave(2, dim=-1).float().contiguous()
-    sin = freqs.imag.repeat_interleave(2, dim=-1).float().contiguous()
-
-    class StaticRealRope(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.register_buffer("cos", cos, persistent=False)
-            self.register_buffer("sin", sin, persistent=False)
-
-        def forward(self, layout_cfg: Any, device: Any) -> dict[str, Any]:
-            return {"query": (self.cos, self.sin), "key": (self.cos, self.sin)}
-
-    def rotate(x: torch.Tensor, table: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
-        rot = torch.stack((-x2, x1), dim=-1).flatten(-2)
-        return (x.float() * table[0] + rot.float() * table[1]).type_as(x)
-
-    class RealRopeAnyFlowProcessor(AnyFlowAttnProcessor):
-        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: Any = None,
-                     attention_mask: Any = None, rotary_emb: Any = None) -> torch.Tensor:
-            from diffusers.models.attention_dispatch import dispatch_attention_fn
-
-            if encoder_hidden_states is None:
-                encoder_hidden_states = hidden_states
-            query = attn.to_q(hidden_states)
-            key = attn.to_k(encoder_hidden_states)
-            value = attn.to_v(encoder_hidden_states)
-            if attn.norm_q is not None:
-                query = attn.norm_q(query)
-            if attn.norm_k is not None:
-                key = attn.norm_k(key)
-            query = query.unflatten(2, (attn.heads, -1)).transpose(1, 2)
-            key = key.unflatten(2, (attn.heads, -1)).transpose(1, 2)
-            value = value.unflatten(2, (attn.heads, -1)).transpose(1, 2)
-            if rotary_emb is not None:  # the one change: real cos/sin instead of complex products
-                query = rotate(query, rotary_emb["query"])
-                key = rotate(key, rotary_emb["key"])
-            hidden_states = dispatch_attention_fn(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                                                  attn_mask=attention_mask, dropout_p=0.0, is_causal=False)
-            hidden_states = hidden_states.flatten(2, 3).type_as(query)
-            hidden_states = attn.to_out[0](hidden_states)
-            return attn.to_out[1](hidden_states)
-
-    model.rope = StaticRealRope()
-    for module in model.modules():
-        if type(getattr(module, "processor", None)) is AnyFlowAttnProcessor:
-            module.set_processor(RealRopeAnyFlowProcessor())
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
 def _trained_like(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
@@ -1353,23 +1082,6 @@ def _bria_fibo() -> tuple[Any, dict[str, Any]]:
                "timestep": torch.tensor([0.7]), "img_ids": img_ids, "txt_ids": txt_ids}
 
 
-def _list_inputs(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """Every list-of-tensors input ``x`` becomes graph inputs ``x_0``, ``x_1``, ... that ``forward``
-    gathers back into the list (an instance-level ``forward``: module names and computation unchanged)."""
-    lists = {k: len(v) for k, v in inputs.items() if isinstance(v, list)}
-    for k in lists:
-        for i, t in enumerate(inputs.pop(k)):
-            inputs[f"{k}_{i}"] = t
-    forward = model.forward
-
-    def gathered(**kwargs: Any) -> Any:
-        for k, n in lists.items():
-            kwargs[k] = [kwargs.pop(f"{k}_{i}") for i in range(n)]
-        return forward(**kwargs)
-
-    model.forward = gathered
-
-
 def _ernie_image() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import ErnieImageTransformer2DModel
@@ -1414,45 +1126,6 @@ def _glm_image_fixed() -> dict[str, Any]:
     return {"image_rotary_emb": GlmImageRotaryPosEmbed(16, 2, theta=10000.0)(torch.zeros(1, 4, 8, 8))}
 
 
-def _glm_prior_where(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """GLM-Image's prior-code dropping as a ``where``, asserted equal to diffusers' own (both masks).
-
-    ``prior_embedding[prior_token_drop] *= 0.0`` (boolean-mask indexing) exports a ``NonZero``
-    whose output shape depends on the mask's values (rkpart: exit 3).  ``where(drop, 0 * e, e)`` is
-    the same tensor.  ``forward`` is diffusers' with that one line changed (no KV cache: text-to-image).
-    """
-    import torch
-
-    def forward(hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, prior_token_id: torch.Tensor,
-                prior_token_drop: torch.Tensor, timestep: torch.Tensor, target_size: torch.Tensor,
-                crop_coords: torch.Tensor, image_rotary_emb: Any = None, return_dict: bool = True) -> Any:
-        self = model
-        batch_size, _, height, width = hidden_states.shape
-        if image_rotary_emb is None:
-            image_rotary_emb = self.rope(hidden_states)
-        p = self.config.patch_size
-        hidden_states = self.image_projector(hidden_states)
-        encoder_hidden_states = self.glyph_projector(encoder_hidden_states)
-        prior_embedding = self.prior_token_embedding(prior_token_id)
-        prior_embedding = torch.where(prior_token_drop[..., None], prior_embedding * 0.0, prior_embedding)  # the change
-        hidden_states = hidden_states + self.prior_projector(prior_embedding)
-        temb = self.time_condition_embed(timestep, target_size, crop_coords, hidden_states.dtype)
-        for block in self.transformer_blocks:
-            hidden_states, encoder_hidden_states = block(hidden_states, encoder_hidden_states, temb,
-                                                         image_rotary_emb, None, None, kv_cache=None)
-        hidden_states = self.proj_out(self.norm_out(hidden_states, temb))
-        hidden_states = hidden_states.reshape(batch_size, height // p, width // p, -1, p, p)
-        return (hidden_states.permute(0, 3, 1, 4, 2, 5).flatten(4, 5).flatten(2, 3),)
-
-    with torch.no_grad():
-        for drop in (False, True):
-            args = {**inputs, **fixed, "prior_token_drop": torch.full_like(inputs["prior_token_drop"], drop)}
-            torch.testing.assert_close(forward(**args, return_dict=False)[0], model(**args, return_dict=False)[0],
-                                       rtol=0, atol=0)
-    model.forward = forward
-
-
-
 def _hidream_image() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import HiDreamImageTransformer2DModel
@@ -1469,35 +1142,6 @@ def _hidream_image() -> tuple[Any, dict[str, Any]]:
         "encoder_hidden_states_llama3": torch.randn(4, 1, 5, 20),
         "pooled_embeds": torch.randn(1, 16),
     }
-
-
-def _dense_moe(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """HiDream's MoE FFNs in the dense form, asserted equal to diffusers' own.
-
-    ``MOEFeedForwardSwiGLU.moe_infer`` groups tokens by expert with ``bincount().cpu().numpy()``
-    (data-dependent: dynamo cannot export it, TorchScript would bake one input's grouping in).  The
-    same sum is every expert on every token weighed by its gate, 0 where the router did not pick it
-    (the top-k weights scattered into a dense ``[tokens, experts]`` matrix, as :mod:`tests.models.moe`).
-    """
-    import torch
-    from diffusers.models.transformers.transformer_hidream_image import MOEFeedForwardSwiGLU
-
-    def dense(self: Any, x: torch.Tensor) -> torch.Tensor:
-        topk_idx, topk_weight, _ = self.gate(x)
-        flat = x.view(-1, x.shape[-1])
-        gates = torch.zeros(flat.shape[0], len(self.experts), dtype=x.dtype).scatter(1, topk_idx, topk_weight)
-        y = torch.zeros_like(flat)
-        for e, expert in enumerate(self.experts):
-            y = y + gates[:, e:e + 1] * expert(flat)
-        return y.view(*x.shape) + self.shared_experts(x)
-
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-        for module in model.modules():
-            if isinstance(module, MOEFeedForwardSwiGLU):
-                module.forward = dense.__get__(module)
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
 def _hunyuanimage() -> tuple[Any, dict[str, Any]]:
@@ -1559,66 +1203,6 @@ def _bria_fibo2() -> tuple[Any, dict[str, Any]]:
     }
 
 
-def _real_rope_fibo2(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """Fibo 2's complex RoPE in the real form, asserted equal to diffusers' own.
-
-    diffusers multiplies q/k viewed as complex pairs (``view_as_complex``) by complex tables
-    (``torch.polar``) that the (non-module) ``RopeEmbedder`` gathers by position: TorchScript has no
-    ``aten::view_as_complex`` and dynamo cannot convert the complex product (as QwenImage).  The same
-    product of interleaved pairs is ``(a c - b s, a s + b c)``: the embedder here gathers the same
-    tables viewed as real ``[..., 2]`` (cos, sin) pairs, and the processor (diffusers' with only its
-    ``apply_rotary_emb`` changed) rotates with them.
-    """
-    import torch
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-    from diffusers.models.transformers.transformer_bria_fibo2 import BriaFibo2Attention, BriaFibo2AttnProcessor
-
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-    rope = model.rope_embedder
-    tables = [torch.view_as_real(t) for t in rope.precompute_freqs_cis(rope.axes_dims, rope.axes_lens, rope.theta)]
-
-    class RealRopeEmbedder:
-        def __call__(self, ids: torch.Tensor) -> torch.Tensor:  # [S, axes] -> [S, D/2, 2] (cos, sin)
-            return torch.cat([tables[i][ids[:, i]] for i in range(len(tables))], dim=-2)
-
-    class RealRopeFibo2Processor(BriaFibo2AttnProcessor):
-        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
-                     attention_mask: torch.Tensor | None = None, freqs_cis: torch.Tensor | None = None) -> torch.Tensor:
-            query = attn.to_q(hidden_states)
-            if encoder_hidden_states is None:
-                encoder_hidden_states = hidden_states
-            key = attn.to_k(encoder_hidden_states)
-            value = attn.to_v(encoder_hidden_states)
-            query = attn.norm_q(query.unflatten(-1, (attn.heads, -1)))
-            key = attn.norm_k(key.unflatten(-1, (attn.heads, -1)))
-            value = value.unflatten(-1, (attn.heads, -1))
-
-            def apply_rotary_emb(x_in: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:  # the one change
-                x = x_in.float().reshape(*x_in.shape[:-1], -1, 2)
-                a, b = x[..., 0], x[..., 1]
-                c, s = freqs[..., 0].unsqueeze(2), freqs[..., 1].unsqueeze(2)
-                return torch.stack([a * c - b * s, a * s + b * c], dim=-1).flatten(3).type_as(x_in)
-
-            if freqs_cis is not None:
-                query = apply_rotary_emb(query, freqs_cis)
-                key = apply_rotary_emb(key, freqs_cis)
-            if attention_mask is not None and attention_mask.ndim == 2:
-                attention_mask = attention_mask[:, None, None, :]
-            hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
-                                                  is_causal=False, backend=self._attention_backend,
-                                                  parallel_config=self._parallel_config)
-            return attn.to_out[0](hidden_states.flatten(2, 3))
-
-    model.rope_embedder = RealRopeEmbedder()
-    for module in model.modules():
-        if isinstance(module, BriaFibo2Attention):
-            module.set_processor(RealRopeFibo2Processor())
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
-
-
 # --- LATEST_H2 builders (diffusers 0.42) ---
 
 
@@ -1649,42 +1233,6 @@ def _ideogram4() -> tuple[Any, dict[str, Any]]:
     }
 
 
-def _ideogram4_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """Ideogram4's MRoPE interleave as two ``torch.where`` with constant masks, asserted equal to diffusers'.
-
-    diffusers writes the h and w frequencies into every third slot in place
-    (``freqs_t[..., idx] = freqs[axis][..., idx]``); TorchScript exports that index_put as a
-    ScatterND whose constant-folded data leaves an ``Expand`` with an empty input name (ONNX
-    checker and ONNX Runtime: "input 0 is marked single but has an empty string").  Selecting
-    each slot from its axis with ``torch.where`` is the same function (no arithmetic).
-    """
-    import torch
-
-    rope = model.rotary_emb
-    masks = []
-    for axis, offset in ((1, 1), (2, 2)):
-        mask = torch.zeros(rope.inv_freq.numel(), dtype=torch.bool)
-        mask[offset:rope.mrope_section[axis] * 3:3] = True
-        masks.append(mask)
-
-    def forward(position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        batch_size = position_ids.shape[0]
-        pos = position_ids.permute(2, 0, 1).to(dtype=torch.float32)
-        inv_freq = rope.inv_freq.to(dtype=torch.float32)[None, None, :, None].expand(3, batch_size, -1, 1)
-        freqs = (inv_freq @ pos.unsqueeze(2)).transpose(2, 3)  # (3, B, L, F)
-        freqs_t = torch.where(masks[0], freqs[1], freqs[0])
-        freqs_t = torch.where(masks[1], freqs[2], freqs_t)
-        emb = torch.cat((freqs_t, freqs_t), dim=-1)
-        return emb.cos().float(), emb.sin().float()
-
-    with torch.no_grad():
-        reference = rope(inputs["position_ids"])
-        patched = forward(inputs["position_ids"])
-    for a, b in zip(reference, patched, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    rope.forward = forward
-
-
 def _krea2() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import Krea2Transformer2DModel
@@ -1706,31 +1254,6 @@ def _krea2() -> tuple[Any, dict[str, Any]]:
         "position_ids": torch.cat([torch.zeros(text, 3), image_ids]),
         "encoder_attention_mask": torch.tensor([[True] * (text - 2) + [False] * 2]),
     }
-
-
-def _krea2_rms_norm(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """Krea2's RMSNorms (``F.rms_norm`` with weight ``1 + w``: ``aten::rms_norm``, no TorchScript symbolic
-    below opset 23) in the decomposed form :func:`_decompose_rms_norm` gives ``torch.nn.RMSNorm``; the
-    output is asserted equal to diffusers' own (within 1e-5)."""
-    import torch
-    from diffusers.models.transformers.transformer_krea2 import Krea2RMSNorm
-
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-
-    def decomposed(norm: Krea2RMSNorm) -> Callable[[torch.Tensor], torch.Tensor]:
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            y = x.float()
-            y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + norm.eps)
-            return (y * (norm.weight + 1.0)).to(x.dtype)
-        return forward
-
-    for module in model.modules():
-        if isinstance(module, Krea2RMSNorm):
-            module.forward = decomposed(module)
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
 def _nucleus_moe() -> tuple[Any, dict[str, Any]]:
@@ -1758,94 +1281,6 @@ def _nucleus_moe() -> tuple[Any, dict[str, Any]]:
 
 def _nucleus_moe_fixed() -> dict[str, Any]:
     return {"img_shapes": [(1, 4, 4)]}
-
-
-def _nucleus_moe_prepare(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """NucleusMoE's complex RoPE in the real (cos/sin) form and its experts split statically, asserted
-    equal to diffusers' own.
-
-    diffusers rotates q/k viewed as complex pairs (``view_as_complex``) by complex tables
-    (``torch.polar``): TorchScript has no ``aten::view_as_complex`` and the dynamo exporter
-    cannot convert the complex product (as for QwenImage, whose RoPE this is).  The tables depend
-    only on ``img_shapes`` and the text length, so they become constants; the same rotation of
-    interleaved pairs is ``x * cos + rot(x) * sin`` with each frequency repeated per pair.
-
-    The experts' loop splits the routed tokens by ``num_tokens_per_expert.tolist()``: TorchScript
-    makes a SplitToSequence / ConcatFromSequence whose shapes depend on values (rkpart exit 3) and
-    the dynamo exporter fails on the unbacked sizes ("should have been constant, but got u0 + u1 +
-    u2 + u3").  Expert-choice routing gives every expert the same count (``bs * capacity``), so
-    the split is by that static size.
-    """
-    import torch
-    import torch.nn.functional as F
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-    from diffusers.models.transformers.transformer_nucleusmoe_image import NucleusMoEAttnProcessor2_0, SwiGLUExperts
-
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-        text = inputs["encoder_hidden_states"].shape[1]
-        img, txt = model.pos_embed(fixed["img_shapes"], max_txt_seq_len=text)
-
-    def real(freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # [S, D/2] complex -> [S, D] cos, sin
-        return (freqs.real.repeat_interleave(2, dim=-1).float().contiguous(),
-                freqs.imag.repeat_interleave(2, dim=-1).float().contiguous())
-
-    tables = (real(img), real(txt))
-
-    def rotate(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:  # x: [B, S, H, D]
-        cos, sin = (t[None, :, None, :] for t in cos_sin)
-        x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
-        rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
-        return (x.float() * cos + rotated * sin).type_as(x)
-
-    class RealRopeProcessor(NucleusMoEAttnProcessor2_0):
-        """diffusers' processor (no cached text keys) with the rotation in the real form."""
-
-        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor = None,
-                     attention_mask: torch.Tensor | None = None, image_rotary_emb: Any = None,
-                     **_: Any) -> torch.Tensor:
-            head_dim = attn.inner_dim // attn.heads
-            num_kv_heads = attn.inner_kv_dim // head_dim
-            num_kv_groups = attn.heads // num_kv_heads
-            img_query = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))
-            img_key = attn.to_k(hidden_states).unflatten(-1, (num_kv_heads, -1))
-            img_value = attn.to_v(hidden_states).unflatten(-1, (num_kv_heads, -1))
-            img_query = attn.norm_q(img_query)
-            img_key = attn.norm_k(img_key)
-            img_query, img_key = rotate(img_query, tables[0]), rotate(img_key, tables[0])
-            txt_key = attn.add_k_proj(encoder_hidden_states).unflatten(-1, (num_kv_heads, -1))
-            txt_value = attn.add_v_proj(encoder_hidden_states).unflatten(-1, (num_kv_heads, -1))
-            txt_key = rotate(attn.norm_added_k(txt_key), tables[1])
-            joint_key = torch.cat([img_key, txt_key], dim=1)
-            joint_value = torch.cat([img_value, txt_value], dim=1)
-            if num_kv_groups > 1:
-                joint_key = joint_key.repeat_interleave(num_kv_groups, dim=2)
-                joint_value = joint_value.repeat_interleave(num_kv_groups, dim=2)
-            out = dispatch_attention_fn(img_query, joint_key, joint_value, attn_mask=attention_mask, dropout_p=0.0,
-                                        is_causal=False)
-            out = out.flatten(2, 3).to(img_query.dtype)
-            return attn.to_out[0](out)
-
-    def static_experts(experts: SwiGLUExperts) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-        def forward(x: torch.Tensor, num_tokens_per_expert: torch.Tensor) -> torch.Tensor:
-            # expert-choice routing gives every expert the same count (torch.full(bs * capacity)), no padding
-            outs = []
-            for e, x_e in enumerate(x.split(x.shape[0] // experts.num_experts)):
-                gate, up = torch.matmul(x_e, experts.gate_up_proj[e]).chunk(2, dim=-1)
-                outs.append(torch.matmul(F.silu(gate) * up, experts.down_proj[e]))
-            return torch.cat(outs, dim=0)
-        return forward
-
-    model.pos_embed.forward = lambda *args, **kwargs: None
-    for module in model.modules():
-        if isinstance(module, SwiGLUExperts):
-            module.forward = static_experts(module)
-    for module in model.modules():
-        if type(getattr(module, "processor", None)) is NucleusMoEAttnProcessor2_0:
-            module.set_processor(RealRopeProcessor())
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
 def _omnigen() -> tuple[Any, dict[str, Any]]:
@@ -1877,42 +1312,6 @@ def _omnigen_fixed() -> dict[str, Any]:
     return {"input_img_latents": [], "input_image_sizes": {}, "attention_mask": mask.unsqueeze(0)}
 
 
-def _omnigen_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """OmniGen's SuScaled RoPE with its short/long factor choice made once, asserted equal to diffusers'.
-
-    diffusers picks the factors by ``torch.max(position_ids) + 1 > original_max_position_embeddings``,
-    a branch on input values: the dynamo exporter fails ("Could not guard on data-dependent
-    expression"), TorchScript bakes the traced branch in.  The processor's positions run 0 .. the
-    sequence length - 1, so the choice follows from the static length; it is made here from the
-    example positions (as TorchScript's trace does) and the rest is diffusers' computation.
-    """
-    import math
-
-    import torch
-
-    rope = model.rope
-    long = int(inputs["position_ids"].max()) + 1 > rope.original_max_position_embeddings
-    factors = torch.tensor(rope.long_factor if long else rope.short_factor, dtype=torch.float32)
-    scale = rope.max_position_embeddings / rope.original_max_position_embeddings
-    scaling = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(rope.original_max_position_embeddings))
-
-    with torch.no_grad():
-        reference = rope(inputs["hidden_states"], inputs["position_ids"])
-
-    def forward(hidden_states: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq = 1.0 / (factors * rope.base ** (torch.arange(0, rope.dim, 2, dtype=torch.int64).float() / rope.dim))
-        inv_freq_expanded = inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1)
-        freqs = (inv_freq_expanded @ position_ids[:, None, :].float()).transpose(1, 2)
-        emb = torch.cat((freqs, freqs), dim=-1)[0]
-        return emb.cos() * scaling, emb.sin() * scaling
-
-    with torch.no_grad():
-        patched = forward(inputs["hidden_states"], inputs["position_ids"])
-    for a, b in zip(reference, patched, strict=True):
-        torch.testing.assert_close(a, b, rtol=0, atol=0)
-    rope.forward = forward
-
-
 def _qwenimage21() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import QwenImage21Transformer2DModel
@@ -1936,100 +1335,6 @@ def _qwenimage21_fixed() -> dict[str, Any]:
     return {"img_shapes": [[(1, 4, 4)]], "img_mask": torch.tensor([[False] * 6 + [True] * 4])}
 
 
-def _qwenimage21_real_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """Qwen-Image 2.1's complex RoPE in the real (cos/sin) form, asserted equal to diffusers' own.
-
-    diffusers rotates q/k right after their RMSNorms as complex pairs (``view_as_complex``) by a
-    complex table (``torch.polar``): TorchScript has no ``aten::view_as_complex`` (as for
-    QwenImage).  The table depends only on the static layout (``img_shapes``, ``img_mask``), so it
-    is computed once; each attention's ``norm_q`` / ``norm_k`` becomes the norm followed by the same
-    rotation in the real form, and the processor gets no complex table.  The layout's token
-    metadata is made constant too (see below): the forward is diffusers' for the static layout.
-    """
-    import math
-
-    import torch
-    from diffusers.models.transformers.transformer_qwenimage21 import (
-        QwenImage21Attention,
-        QwenImage21AttnProcessor,
-        _qwenimage21_prefix_segments,
-    )
-
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-        img_mask = fixed["img_mask"]
-        pad_mask = torch.repeat_interleave(img_mask[0], torch.where(img_mask, 4, 1)[0])
-        freqs = model.pos_embed(fixed["img_shapes"][0], pad_mask, device=torch.device("cpu"))  # [S, D/2] complex
-    cos = freqs.real.repeat_interleave(2, dim=-1).float()[None, :, None, :].contiguous()
-    sin = freqs.imag.repeat_interleave(2, dim=-1).float()[None, :, None, :].contiguous()
-
-    class NormThenRope(torch.nn.Module):
-        def __init__(self, norm: torch.nn.Module) -> None:
-            super().__init__()
-            self.norm = norm
-            self.register_buffer("cos", cos, persistent=False)
-            self.register_buffer("sin", sin, persistent=False)
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: [B, S, H, D]
-            x = self.norm(x)
-            x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
-            rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
-            return (x.float() * self.cos + rotated * self.sin).type_as(x)
-
-    # the layout metadata diffusers derives from img_mask in every forward (repeat_interleave by mask-dependent
-    # repeats, boolean-mask scatter, nonzero, tolist): TorchScript leaves a NonZero whose shape depends on values
-    # (rkpart exit 3), torch.export fails ("Could not guard on data-dependent expression", build_token_metadata);
-    # computed once here as constant indices, the forward below is diffusers' without KV cache or flex attention
-    repeats = torch.where(img_mask, 4, 1)[0]
-    gather = torch.repeat_interleave(torch.arange(repeats.numel()), repeats)  # repeat_interleave as a gather
-    image_pos = pad_mask.nonzero(as_tuple=True)[0]
-    image_ids, target_mask = model.build_token_metadata(pad_mask, fixed["img_shapes"][0])
-    text_pos = (~pad_mask).nonzero(as_tuple=True)[0]
-    prefix_len = int((~target_mask).sum())
-    segments = _qwenimage21_prefix_segments(image_ids, prefix_len)
-    target_tokens = math.prod(fixed["img_shapes"][0][-1])
-    # the text slots of the encoder sequence as indices (a bool index leaves a NonZero of a constant in the
-    # TorchScript export, which rkpart does not fold: exit 3)
-    vlm_text = (~img_mask[0][: inputs["encoder_hidden_states"].shape[1]]).nonzero(as_tuple=True)[0]
-
-    def forward(hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor, timestep: torch.Tensor,
-                encoder_hidden_states_mask: torch.Tensor | None = None, return_dict: bool = False,
-                **_: Any) -> tuple[torch.Tensor]:
-        batch_size = hidden_states.shape[0]
-        hidden_states = model.img_in(hidden_states)
-        encoder_hidden_states = model.txt_in(encoder_hidden_states)
-        joint = torch.cat([encoder_hidden_states,
-                           encoder_hidden_states.new_zeros(batch_size, target_tokens // 4,
-                                                           encoder_hidden_states.shape[2])], dim=1)
-        joint = joint[:, gather]
-        joint[:, image_pos] = hidden_states
-        timestep = timestep.to(hidden_states.dtype)
-        modulation_mask = None
-        if model.config.causal_condition:
-            timestep = torch.cat([timestep, timestep.new_zeros(1)], dim=0)
-            modulation_mask = target_mask
-        temb = model.time_text_embed(timestep, hidden_states)
-        modulation = model.modulation(temb)
-        key_valid = None
-        if encoder_hidden_states_mask is not None:
-            key_valid = torch.ones(batch_size, pad_mask.shape[0], dtype=torch.bool)
-            key_valid[:, text_pos] = encoder_hidden_states_mask.bool()[:, vlm_text]
-        for block in model.transformer_blocks:
-            joint = block(hidden_states=joint, modulation=modulation, rotary_emb=None, attention_mask=None,
-                          target_token_mask=modulation_mask, segments=segments, key_valid=key_valid)
-        joint = model.norm_out(joint, temb, modulation_mask)
-        return (model.proj_out(joint),)
-
-    for module in model.modules():
-        if isinstance(module, QwenImage21Attention):
-            assert type(module.processor) is QwenImage21AttnProcessor
-            module.norm_q, module.norm_k = NormThenRope(module.norm_q), NormThenRope(module.norm_k)
-    model.forward = forward
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
-
-
 def _zimage() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import ZImageTransformer2DModel
@@ -2037,101 +1342,14 @@ def _zimage() -> tuple[Any, dict[str, Any]]:
     m = ZImageTransformer2DModel(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=32, n_layers=2,
                                  n_refiner_layers=2, n_heads=2, n_kv_heads=2, cap_feat_dim=24, axes_dims=[4, 6, 6],
                                  axes_lens=[64, 16, 16])
-    # batch-1 tensors; _zimage_lists hands the forward its per-sample lists (the pipeline's unbind(0)): 6 caption
+    # batch-1 tensors; the registry's list_forward adapter hands the forward its per-sample lists (the pipeline's
+    # unbind(0)): 6 caption
     # tokens and 16 image tokens, each padded to 32 by the model (SEQ_MULTI_OF)
     return m, {
         "x": torch.randn(1, 16, 1, 8, 8),
         "t": torch.tensor([0.3]),
         "cap_feats": torch.randn(1, 6, 24),
     }
-
-
-def _zimage_lists(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """Z-Image's forward on batch-1 tensors (lists of per-sample tensors built inside), with its complex
-    RoPE in the real (cos/sin) form; asserted equal to diffusers' own.
-
-    The forward takes ``x`` and ``cap_feats`` as lists of per-sample tensors and returns a list: the
-    pipeline passes ``list(latents.unbind(0))``; here the forward unbinds the batch-1 inputs and
-    stacks the one output.  The RoPE table is complex (``torch.polar``) and q/k are rotated as
-    complex pairs (``view_as_complex``: no TorchScript symbolic); the table, a function of the
-    static positions, is carried as real ``[..., D/2, 2]`` (real, imaginary) pairs through the
-    same splits, pads and concatenations, and the processor rotates in the real form.
-    """
-    import torch
-    import torch.nn.functional as F
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-    from diffusers.models.transformers import transformer_z_image as zimage
-    from diffusers.models.transformers.transformer_z_image import ZSingleStreamAttnProcessor
-
-    original = model.forward
-    with torch.no_grad():
-        reference = torch.stack(original([inputs["x"][0]], inputs["t"], [inputs["cap_feats"][0]], **fixed,
-                                         return_dict=False)[0])
-
-    rope = model.rope_embedder
-    tables = [torch.stack([f.real, f.imag], dim=-1).float()  # per axis [len, d/2, 2]: no complex op is traced
-              for f in rope.precompute_freqs_cis(rope.axes_dims, rope.axes_lens, theta=rope.theta)]
-
-    def real_rope(ids: torch.Tensor) -> torch.Tensor:
-        return torch.cat([table[ids[:, i]] for i, table in enumerate(tables)], dim=-2)
-
-    class RealRopeProcessor(ZSingleStreamAttnProcessor):
-        """diffusers' processor with the rotation by real (cos, sin) pairs ``[B, S, D/2, 2]``."""
-
-        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor | None = None,
-                     attention_mask: torch.Tensor | None = None, freqs_cis: torch.Tensor | None = None
-                     ) -> torch.Tensor:
-            query = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))
-            key = attn.to_k(hidden_states).unflatten(-1, (attn.heads, -1))
-            value = attn.to_v(hidden_states).unflatten(-1, (attn.heads, -1))
-            if attn.norm_q is not None:
-                query = attn.norm_q(query)
-            if attn.norm_k is not None:
-                key = attn.norm_k(key)
-
-            def rotate(x: torch.Tensor) -> torch.Tensor:
-                # each frequency's cos / sin repeated per pair: [B, S, D/2, 2] -> [B, S, 1, D] (a repeat_interleave
-                # here gets ranks from uninitialised memory in TorchScript's shape inference: SDPA's key Transpose
-                # then has 6 axes and the ONNX peephole pass asserts or segfaults)
-                cos = freqs_cis[..., :1].expand(*freqs_cis.shape).flatten(-2).unsqueeze(2)
-                sin = freqs_cis[..., 1:].expand(*freqs_cis.shape).flatten(-2).unsqueeze(2)
-                x_real, x_imag = x.float().reshape(*x.shape[:-1], -1, 2).unbind(-1)
-                rotated = torch.stack([-x_imag, x_real], dim=-1).flatten(3)
-                return (x.float() * cos + rotated * sin).type_as(x)
-
-            if freqs_cis is not None:
-                query, key = rotate(query), rotate(key)
-            if attention_mask is not None and attention_mask.ndim == 2:
-                attention_mask = attention_mask[:, None, None, :]
-            out = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0, is_causal=False)
-            out = out.flatten(2, 3).to(query.dtype)
-            return attn.to_out[0](out)
-
-    def pad_sequence(seqs: list[torch.Tensor], batch_first: bool = False, padding_value: float = 0.0,
-                     **_: Any) -> torch.Tensor:
-        assert batch_first
-        longest = max(len(q) for q in seqs)
-        return torch.stack([F.pad(q, (0, 0) * (q.dim() - 1) + (0, longest - len(q)), value=padding_value)
-                            for q in seqs])
-
-    def forward(x: torch.Tensor, t: torch.Tensor, cap_feats: torch.Tensor, return_dict: bool = False,
-                **kwargs: Any) -> tuple[torch.Tensor]:
-        # torch's pad_sequence (aten::pad_sequence: no TorchScript symbolic) as F.pad + stack while the forward runs
-        saved, zimage.pad_sequence = zimage.pad_sequence, pad_sequence
-        try:
-            out = original(list(x.unbind(0)), t, list(cap_feats.unbind(0)), return_dict=False, **kwargs)[0]
-        finally:
-            zimage.pad_sequence = saved
-        return (torch.stack(out),)
-
-    model.rope_embedder = real_rope
-    for module in model.modules():
-        if type(getattr(module, "processor", None)) is ZSingleStreamAttnProcessor:
-            module.set_processor(RealRopeProcessor())
-    model.forward = forward
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
 
 
 def _joyimage_edit() -> tuple[Any, dict[str, Any]]:
@@ -2274,46 +1492,6 @@ def _wan_animate() -> tuple[Any, dict[str, Any]]:
     }
 
 
-def _static_motion_qr(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """Wan-Animate's motion encoder with the QR factor of its weight computed once (asserted equal).
-
-    ``WanAnimateMotionEncoder`` orthogonalises a parameter on every call (``torch.linalg.qr(weight)``):
-    neither exporter converts ``aten::linalg_qr`` (TorchScript: "not supported", dynamo: a
-    ConversionError on the node).  The factor depends only on the weights, so it is computed here and
-    held as a buffer.  TorchScript has no ``aten::diag_embed`` either: ``diag_embed(f) @ Q.T`` (row ``j``
-    of ``Q.T`` scaled by ``f[j]``) is written as the broadcast product ``f[..., None] * Q.T``, summed
-    over ``j`` as diffusers sums it.  Every other step of the forward is diffusers' own.
-    """
-    import types
-
-    import torch
-
-    enc = model.motion_encoder
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-        q = torch.linalg.qr((enc.motion_synthesis_weight + 1e-8).to(torch.float32))[0]
-    enc.register_buffer("motion_q", q.contiguous(), persistent=False)
-
-    def forward(self: Any, face_image: torch.Tensor, channel_dim: int = 1) -> torch.Tensor:
-        face_image = self.conv_in(face_image, channel_dim)
-        for block in self.res_blocks:
-            face_image = block(face_image, channel_dim)
-        face_image = self.conv_out(face_image, channel_dim)
-        motion_feat = face_image.squeeze(-1).squeeze(-1)
-        for linear_layer in self.motion_network:
-            motion_feat = linear_layer(motion_feat, channel_dim=channel_dim)
-        original_motion_dtype = motion_feat.dtype
-        motion_feat = motion_feat.to(torch.float32)
-        # diag_embed(feat) @ Q.T scales row j of Q.T by feat[j]: the same products, broadcast
-        motion_decomposition = motion_feat.unsqueeze(-1) * self.motion_q.T
-        return torch.sum(motion_decomposition, dim=1).to(dtype=original_motion_dtype)
-
-    enc.forward = types.MethodType(forward, enc)
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
-
-
 def _sana_wm() -> tuple[Any, dict[str, Any]]:
     import numpy as np
     import torch
@@ -2339,82 +1517,6 @@ def _sana_wm() -> tuple[Any, dict[str, Any]]:
     }
 
 
-def _sana_wm_real_rope(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """SANA-WM with its camera transforms and RoPE precomputed, the RoPE in the real form (asserted equal).
-
-    The forward derives UCPE ray matrices from the raw camera conditions (``torch.rad2deg``, no
-    TorchScript symbolic) and rotates by complex RoPE frequencies (``view_as_complex``; dynamo cannot
-    convert the complex table).  The forward also takes them precomputed (``cam_pos_embeds`` with
-    ``absmap``, ``P``, ``P_inv``; ``pos_embeds``), as a pipeline reusing them across steps passes them:
-    ``P`` and ``P_inv`` (per video) become graph inputs, the RoPE table (static shapes) a constant
-    held as stacked ``(cos, sin)``.  diffusers' ``_apply_rotary_emb`` and ``_apply_ucpe_transform``
-    are wrapped to apply a stacked table in the real form (``re*c - im*s, re*s + im*c`` per pair; the
-    inverse rotation negates ``s``) and to call the originals on complex tables, so other models are
-    unaffected.
-
-    Its zero-initialised parameters (the linear attention's causal key convolution ``conv_k``, the
-    Plucker embedding's projection) get small seeded values first (:func:`_trained_like`): with
-    ``conv_k`` all zeros the keys are constants, and rknn-toolkit2's constant folding removed stage
-    outputs computed from them (2.3.0 and 2.5.0: "These outputs ... of model are constants, remove
-    it from RKNN model"; an ``.rknn`` with 12 of the stage's 18 outputs), as no trained model has it.
-    """
-    import types
-
-    import torch
-    from diffusers.models.transformers import transformer_sana_wm as tsw
-
-    _trained_like(model, inputs, fixed)
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-    cam = inputs.pop("camera_conditions")
-    _, _, f, h, w = inputs["hidden_states"].shape
-    raymats, absmap = tsw._process_camera_conditions_ucpe(cam, cam.shape[0], (f, h, w), model.patch_size)
-    p = raymats.reshape(cam.shape[0], -1, 4, 4)
-    inputs["cam_p"], inputs["cam_p_inv"] = p, tsw._invert_SE3(p)
-    freqs = model.rope((f, h, w), device=torch.device("cpu"))
-    fixed["pos_embeds"] = torch.stack([freqs.real, freqs.imag]).float().unsqueeze(1)  # (2, 1, 1, N, D/2)
-    fixed["camera_conditions"] = cam  # only tested for None and for its batch size once P is given
-    fixed["cam_absmap"] = absmap.permute(0, 4, 1, 2, 3)
-    rotary, ucpe = tsw._apply_rotary_emb, tsw._apply_ucpe_transform
-
-    def pairs(x: torch.Tensor, table: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-        cos, sin = table[0], -table[1] if inverse else table[1]
-        x = x.to(torch.float32).unflatten(-1, (-1, 2))
-        re, im = x[..., 0], x[..., 1]
-        return torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1).flatten(-2, -1)
-
-    def real_rotary(hidden_states: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-        if freqs.is_complex():
-            return rotary(hidden_states, freqs)
-        return pairs(hidden_states.permute(0, 1, 3, 2), freqs).permute(0, 1, 3, 2).type_as(hidden_states)
-
-    def real_ucpe(feats: torch.Tensor, matrix: torch.Tensor, rotary_emb: Any = None,
-                  inverse_rope: bool = False) -> torch.Tensor:
-        if rotary_emb is None or rotary_emb.is_complex():
-            return ucpe(feats, matrix, rotary_emb, inverse_rope)
-        batch, num_heads, seq_len, head_dim = feats.shape
-        projected, rotated = feats.split(head_dim // 2, dim=-1)
-        projected = torch.einsum("bnij,bhnkj->bhnki", matrix,
-                                 projected.reshape(batch, num_heads, seq_len, -1, matrix.shape[-1]))
-        projected = projected.reshape(batch, num_heads, seq_len, head_dim // 2)
-        return torch.cat([projected, pairs(rotated, rotary_emb, inverse_rope).type_as(rotated)], dim=-1)
-
-    tsw._apply_rotary_emb, tsw._apply_ucpe_transform = real_rotary, real_ucpe
-    forward = model.forward
-
-    def forward_precomputed(self: Any, hidden_states: Any, timestep: Any, encoder_hidden_states: Any, mask: Any,
-                            chunk_plucker: Any, cam_p: Any, cam_p_inv: Any, pos_embeds: Any, camera_conditions: Any,
-                            cam_absmap: Any, return_dict: bool = True) -> Any:
-        return forward(hidden_states, timestep, encoder_hidden_states, mask=mask, chunk_plucker=chunk_plucker,
-                       camera_conditions=camera_conditions, pos_embeds=pos_embeds, return_dict=return_dict,
-                       cam_pos_embeds={"absmap": cam_absmap, "P": cam_p, "P_inv": cam_p_inv})
-
-    model.forward = types.MethodType(forward_precomputed, model)
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-4, atol=1e-5)
-
-
 def _sana_wm_refiner() -> tuple[Any, dict[str, Any]]:
     import torch
     from diffusers import SanaWMLTX2RefinerTransformer3DModel
@@ -2425,7 +1527,7 @@ def _sana_wm_refiner() -> tuple[Any, dict[str, Any]]:
                                             audio_cross_attention_dim=32, num_layers=2, caption_channels=24)
     # a denoising step of one AR block (2 latent frames of 4 x 4) against the KV cache of 1 sink frame and
     # 1 frame of refined history, per layer (layers, batch, tokens, inner dim): the cache is state the
-    # previous forwards wrote, so it enters as graph inputs (_refiner_kv_cache)
+    # previous forwards wrote, so it enters as graph inputs (the registry's kv_cache_inputs adapter)
     return m, {
         "hidden_states": torch.randn(1, 32, 8),
         "encoder_hidden_states": torch.randn(1, 6, 24),
@@ -2438,39 +1540,11 @@ def _sana_wm_refiner() -> tuple[Any, dict[str, Any]]:
     }
 
 
-def _refiner_kv_cache(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """The SANA-WM refiner's ``kv_cache_mode="inject"`` step with its cache as tensors.
-
-    The refiner reads the sink and history K/V of every layer from a ``SanaWMRefinerKVCache`` object
-    and takes the active block's RoPE as a ``(cos, sin)`` tuple.  ``forward`` is wrapped to build the
-    cache from stacked ``(layers, batch, tokens, inner)`` inputs; the RoPE tables (the active block at
-    frames 2-3, the sink shifted to sit just before the one history frame, as the pipeline places it)
-    depend only on static positions and become constants, made by the model's own
-    ``build_rotary_emb_for_absolute_positions``.
-    """
-    import types
-
-    from diffusers.models.transformers.transformer_sana_wm_refiner import SanaWMRefinerKVCache
-
-    rope = model.build_rotary_emb_for_absolute_positions
-    fixed["video_rotary_emb"] = rope(batch_size=1, frame_positions=[2, 3], height=4, width=4, device="cpu",
-                                     fps=24.0)
-    sink_pe = rope(batch_size=1, frame_positions=[0], height=4, width=4, device="cpu", fps=24.0)
-    forward = model.forward
-
-    def forward_with_cache(self: Any, hidden_states: Any, encoder_hidden_states: Any, timestep: Any,
-                           encoder_attention_mask: Any, sink_k_pre: Any, sink_v: Any, history_k: Any, history_v: Any,
-                           video_rotary_emb: Any, return_dict: bool = True) -> Any:
-        cache = SanaWMRefinerKVCache(len(self.transformer_blocks))
-        cache.sink_pe = sink_pe
-        for i in range(len(self.transformer_blocks)):
-            cache.get(i).store_sink(sink_k_pre[i], sink_v[i])
-            cache.get(i).store_history(history_k[i], history_v[i])
-        return forward(hidden_states=hidden_states, encoder_hidden_states=encoder_hidden_states, timestep=timestep,
-                       video_rotary_emb=video_rotary_emb, encoder_attention_mask=encoder_attention_mask,
-                       kv_cache=cache, kv_cache_mode="inject", return_dict=return_dict)
-
-    model.forward = types.MethodType(forward_with_cache, model)
+def _sana_wm_refiner_fixed() -> dict[str, Any]:
+    # the active block at frames 2-3, the sink shifted to sit just before the one history frame, as the pipeline
+    # places it (the registry's kv_cache_inputs adapter makes the RoPE tables of these positions once)
+    return {"rope_layout": {"frame_positions": [2, 3], "sink_frame_positions": [0], "height": 4, "width": 4,
+                            "fps": 24.0}}
 
 
 def _stable_audio3() -> tuple[Any, dict[str, Any]]:
@@ -2691,276 +1765,6 @@ def _lumina_next_fixed() -> dict[str, Any]:
     return {"image_rotary_emb": get_2d_rotary_pos_embed_lumina(16, 8, 8), "cross_attention_kwargs": {}}
 
 
-def real_rope_lumina_next(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """LuminaNext's complex RoPE rewritten to the real (cos/sin) form, asserted equal to diffusers' own.
-
-    The pipeline passes a complex64 table (``get_2d_rotary_pos_embed_lumina``) that
-    ``LuminaAttnProcessor2_0`` multiplies with q/k viewed as complex pairs: TorchScript cannot
-    export complex tensors ("ScalarType ComplexFloat") and dynamo fails to convert the complex
-    product (``aten.unsqueeze`` of the complex view).  The same rotation of interleaved pairs is
-    ``x * cos + rot(x) * sin`` with each frequency's cos/sin repeated per pair (diffusers'
-    ``apply_rotary_emb(use_real=True)``).  The table is a fixed argument: it is replaced by the
-    real ``[H, W, head_dim, 2]`` (cos, sin) table, which the patch embedder crops and flattens as
-    it did the complex one, and every attention gets a processor (a subclass: same projections,
-    qk norms, GQA, masks and scales) that applies it.  The patched model's output on the example
-    inputs must equal the unpatched model's.
-    """
-    import torch
-    import torch.nn.functional as F
-    from diffusers.models.attention_processor import LuminaAttnProcessor2_0
-    from diffusers.models.embeddings import apply_rotary_emb
-
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-    table = fixed["image_rotary_emb"]
-    fixed["image_rotary_emb"] = torch.stack((table.real.repeat_interleave(2, dim=-1),
-                                             table.imag.repeat_interleave(2, dim=-1)), dim=-1).float()
-
-    class RealRopeLuminaProcessor(LuminaAttnProcessor2_0):
-        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
-                     attention_mask: torch.Tensor | None = None, query_rotary_emb: Any = None,
-                     key_rotary_emb: Any = None, base_sequence_length: int | None = None) -> torch.Tensor:
-            batch_size, sequence_length, _ = hidden_states.shape
-            query = attn.to_q(hidden_states)
-            key = attn.to_k(encoder_hidden_states)
-            value = attn.to_v(encoder_hidden_states)
-            head_dim = query.shape[-1] // attn.heads
-            dtype = query.dtype
-            kv_heads = key.shape[-1] // head_dim
-            if attn.norm_q is not None:
-                query = attn.norm_q(query)
-            if attn.norm_k is not None:
-                key = attn.norm_k(key)
-            query = query.view(batch_size, -1, attn.heads, head_dim)
-            key = key.view(batch_size, -1, kv_heads, head_dim)
-            value = value.view(batch_size, -1, kv_heads, head_dim)
-            if query_rotary_emb is not None:  # the one change: [1, S, D, 2] real (cos, sin) instead of complex
-                query = apply_rotary_emb(query, (query_rotary_emb[0, ..., 0], query_rotary_emb[0, ..., 1]),
-                                         use_real=True, sequence_dim=1)
-            if key_rotary_emb is not None:
-                key = apply_rotary_emb(key, (key_rotary_emb[0, ..., 0], key_rotary_emb[0, ..., 1]),
-                                       use_real=True, sequence_dim=1)
-            query, key = query.to(dtype), key.to(dtype)
-            if key_rotary_emb is None:
-                softmax_scale = None
-            elif base_sequence_length is not None:
-                softmax_scale = math.sqrt(math.log(sequence_length, base_sequence_length)) * attn.scale
-            else:
-                softmax_scale = attn.scale
-            n_rep = attn.heads // kv_heads
-            if n_rep >= 1:
-                key = key.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
-                value = value.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
-            attention_mask = attention_mask.bool().view(batch_size, 1, 1, -1)
-            attention_mask = attention_mask.expand(-1, attn.heads, sequence_length, -1)
-            query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-            hidden_states = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                           scale=softmax_scale)
-            return hidden_states.transpose(1, 2).to(dtype)
-
-    for module in model.modules():
-        if type(getattr(module, "processor", None)) is LuminaAttnProcessor2_0:
-            module.set_processor(RealRopeLuminaProcessor())
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
-
-
-def _static_rope_easyanimate(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """EasyAnimate's RoPE tables made once for the static example shape (same tables, now constants).
-
-    ``EasyAnimateRotaryPosEmbed`` crops its position grid with ``int(round(th / h * w))`` of the
-    latent's sizes, which TorchScript traces as tensors ("type Tensor doesn't define __round__").
-    The tables depend only on the shape, so they are computed here from the embedder itself and
-    returned as they are; the output must equal the unpatched model's.
-    """
-    import torch
-
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-        cos, sin = model.rope_embedding(inputs["hidden_states"])
-
-    class StaticRope(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.register_buffer("cos", cos.float().contiguous(), persistent=False)
-            self.register_buffer("sin", sin.float().contiguous(), persistent=False)
-
-        def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return self.cos, self.sin
-
-    model.rope_embedding = StaticRope()
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=0, atol=0)
-
-
-def _repeat_kv_ace_step(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """ACE-Step's grouped-query attention with the key/value heads repeated before attention.
-
-    ``AceStepAttnProcessor2_0`` calls ``scaled_dot_product_attention(enable_gqa=True)``, which the
-    TorchScript exporter refuses ("conversion of scaled_dot_product_attention not implemented if
-    enable_gqa is True").  GQA is the same attention with each key/value head repeated for its
-    ``heads // kv_heads`` query heads (``repeat_interleave`` on the head axis, as SDPA does), so
-    every attention gets a processor (a subclass: same projections, qk RMSNorm, RoPE on
-    self-attention, masks and scale; the native, non-flash path) doing that; the output must equal
-    the unpatched model's.
-    """
-    import torch
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-    from diffusers.models.embeddings import apply_rotary_emb
-    from diffusers.models.transformers.ace_step_transformer import AceStepAttnProcessor2_0
-
-    class RepeatKVProcessor(AceStepAttnProcessor2_0):
-        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: Any = None,
-                     attention_mask: Any = None, image_rotary_emb: Any = None) -> torch.Tensor:
-            is_cross = attn.is_cross_attention and encoder_hidden_states is not None
-            kv_input = encoder_hidden_states if is_cross else hidden_states
-            query = attn.norm_q(attn.to_q(hidden_states).unflatten(-1, (attn.heads, attn.head_dim)))
-            key = attn.norm_k(attn.to_k(kv_input).unflatten(-1, (attn.kv_heads, attn.head_dim)))
-            value = attn.to_v(kv_input).unflatten(-1, (attn.kv_heads, attn.head_dim))
-            if not is_cross and image_rotary_emb is not None:
-                query = apply_rotary_emb(query, image_rotary_emb, use_real=True, use_real_unbind_dim=-2,
-                                         sequence_dim=1)
-                key = apply_rotary_emb(key, image_rotary_emb, use_real=True, use_real_unbind_dim=-2, sequence_dim=1)
-            n_rep = attn.heads // attn.kv_heads  # the one change: GQA's key/value heads repeated here
-            key, value = key.repeat_interleave(n_rep, dim=2), value.repeat_interleave(n_rep, dim=2)
-            hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
-                                                  scale=attn.scaling, backend=self._attention_backend)
-            hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-            return attn.to_out[1](attn.to_out[0](hidden_states))
-
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-    for module in model.modules():
-        if type(getattr(module, "processor", None)) is AceStepAttnProcessor2_0:
-            module.set_processor(RepeatKVProcessor())
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
-
-
-def _trained_like_lumina_next(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """:func:`_trained_like` (LuminaNext's zero-initialised cross-attention ``gate``: ``tanh(0)`` would
-    multiply every cross-attention by exactly 0, a constant subgraph rknn-toolkit2 2.5.0's
-    ``fold_constant`` fails on), then :func:`real_rope_lumina_next`."""
-    _trained_like(model, inputs, fixed)
-    real_rope_lumina_next(model, inputs, fixed)
-
-
-def _lumina2_processor() -> Any:
-    """diffusers' ``Lumina2AttnProcessor2_0`` with the RoPE in the real form (a subclass: same
-    projections, norms, GQA and masking; ``image_rotary_emb`` is a ``(cos, sin)`` pair of
-    ``[S, D]`` tables applied by diffusers' ``apply_rotary_emb(use_real=True)``)."""
-    import math
-
-    import torch
-    import torch.nn.functional as F
-    from diffusers.models.embeddings import apply_rotary_emb
-    from diffusers.models.transformers.transformer_lumina2 import Lumina2AttnProcessor2_0
-
-    class RealRopeLumina2Processor(Lumina2AttnProcessor2_0):
-        def __call__(self, attn: Any, hidden_states: torch.Tensor, encoder_hidden_states: torch.Tensor,
-                     attention_mask: torch.Tensor | None = None, image_rotary_emb: Any = None,
-                     base_sequence_length: int | None = None) -> torch.Tensor:
-            batch_size, sequence_length, _ = hidden_states.shape
-            query = attn.to_q(hidden_states)
-            key = attn.to_k(encoder_hidden_states)
-            value = attn.to_v(encoder_hidden_states)
-            head_dim = query.shape[-1] // attn.heads
-            dtype = query.dtype
-            kv_heads = key.shape[-1] // head_dim
-            query = query.view(batch_size, -1, attn.heads, head_dim)
-            key = key.view(batch_size, -1, kv_heads, head_dim)
-            value = value.view(batch_size, -1, kv_heads, head_dim)
-            if attn.norm_q is not None:
-                query = attn.norm_q(query)
-            if attn.norm_k is not None:
-                key = attn.norm_k(key)
-            if image_rotary_emb is not None:  # the one change: real cos/sin instead of complex products
-                query = apply_rotary_emb(query, image_rotary_emb, use_real=True, sequence_dim=1)
-                key = apply_rotary_emb(key, image_rotary_emb, use_real=True, sequence_dim=1)
-            query, key = query.to(dtype), key.to(dtype)
-            if base_sequence_length is not None:
-                softmax_scale = math.sqrt(math.log(sequence_length, base_sequence_length)) * attn.scale
-            else:
-                softmax_scale = attn.scale
-            n_rep = attn.heads // kv_heads
-            if n_rep >= 1:
-                key = key.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
-                value = value.unsqueeze(3).repeat(1, 1, 1, n_rep, 1).flatten(2, 3)
-            if attention_mask is not None:
-                attention_mask = attention_mask.bool().view(batch_size, 1, 1, -1)
-            query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-            hidden_states = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask,
-                                                           scale=softmax_scale)
-            hidden_states = hidden_states.transpose(1, 2).reshape(batch_size, -1, attn.heads * head_dim)
-            hidden_states = hidden_states.type_as(query)
-            hidden_states = attn.to_out[0](hidden_states)
-            return attn.to_out[1](hidden_states)
-
-    return RealRopeLumina2Processor()
-
-
-def real_rope_lumina2(model: Any, inputs: dict[str, Any], fixed: dict[str, Any]) -> None:
-    """Lumina2's RoPE rewritten to the real (cos/sin) form, asserted equal to diffusers' own.
-
-    diffusers rotates q/k viewed as complex pairs by complex frequencies (``torch.polar``,
-    ``view_as_complex``): TorchScript cannot export complex tensors ("ScalarType ComplexDouble")
-    and ``torch.export`` fails on the embedder's data-dependent caption lengths
-    (``mask.sum().tolist()``).  The same rotation of interleaved pairs is
-    ``x * cos + rot(x) * sin`` with each frequency's cos/sin repeated per pair (diffusers'
-    ``apply_rotary_emb(use_real=True)``).  Positions depend only on static shapes and the
-    caption length, so the tables are computed here once from the embedder's own frequencies for
-    the example caption mask (all ones: every caption token valid) and become constants.  The
-    patched model's output on the example inputs must equal the unpatched model's (fp32 real
-    arithmetic vs diffusers' complex128 products: within 1e-5).
-    """
-    import torch
-    from diffusers.models.transformers.transformer_lumina2 import Lumina2AttnProcessor2_0
-
-    mask = inputs["encoder_attention_mask"]
-    assert bool(mask.all()), "the real-form RoPE tables are made for full captions (an all-ones mask)"
-    with torch.no_grad():
-        reference = model(**inputs, **fixed, return_dict=False)[0]
-        rope = model.rope_embedder
-        _, cap, img, joint, cap_lens, seq_lens = rope(inputs["hidden_states"], mask)
-
-    def real(freqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # every batch row has the same positions (equal caption lengths): [S, D/2] complex -> [S, D] cos, sin
-        f = freqs[0]
-        return (f.real.repeat_interleave(2, dim=-1).float().contiguous(),
-                f.imag.repeat_interleave(2, dim=-1).float().contiguous())
-
-    tables = {"cap": real(cap), "img": real(img), "joint": real(joint)}
-
-    class StaticRealRope(torch.nn.Module):
-        """The embedder's outputs for static shapes: patchified latents and real RoPE tables."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.patch_size = rope.patch_size
-            for kind, (cos, sin) in tables.items():
-                self.register_buffer(f"{kind}_cos", cos, persistent=False)
-                self.register_buffer(f"{kind}_sin", sin, persistent=False)
-
-        def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> tuple[Any, ...]:
-            b, c, h, w = hidden_states.shape
-            p = self.patch_size
-            hidden_states = (hidden_states.view(b, c, h // p, p, w // p, p).permute(0, 2, 4, 3, 5, 1)
-                             .flatten(3).flatten(1, 2))
-            pairs = [(getattr(self, f"{k}_cos"), getattr(self, f"{k}_sin")) for k in ("cap", "img", "joint")]
-            return hidden_states, *pairs, list(cap_lens), list(seq_lens)
-
-    model.rope_embedder = StaticRealRope()
-    for module in model.modules():
-        if type(getattr(module, "processor", None)) is Lumina2AttnProcessor2_0:
-            module.set_processor(_lumina2_processor())
-    with torch.no_grad():
-        patched = model(**inputs, **fixed, return_dict=False)[0]
-    torch.testing.assert_close(patched, reference, rtol=1e-5, atol=1e-5)
-
-
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("dit", _dit),
     Family("pixart", _pixart, _pixart_fixed),
@@ -2970,7 +1774,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("cogvideox", _cogvideox),
     Family("wan", _wan),
     Family("chroma", _chroma, blocks=4),
-    Family("lumina2", _lumina2, blocks=4, prepare=real_rope_lumina2),  # 2 refiner blocks + 2 blocks
+    Family("lumina2", _lumina2, blocks=4),  # 2 refiner blocks + 2 blocks
     Family("auraflow", _auraflow, blocks=3),
     Family("hunyuandit", _hunyuandit, _hunyuandit_fixed),
     Family("cosmos", _cosmos),
@@ -3008,18 +1812,19 @@ NEWER: dict[str, Family] = {f.name: f for f in (
 #: diffusers 0.42 classes added by the h1 sweep: BriaFibo, BriaFibo2, DreamLite, ErnieImage, GlmImage, HiDreamImage,
 #: HunyuanImage
 LATEST_H1: dict[str, Family] = {f.name: f for f in (
-    # per-block text-encoder layers (a list input, flattened by _list_inputs) projected by caption_projection.i
-    Family("bria_fibo", _bria_fibo, blocks=4, prepare=_list_inputs),
+    # per-block text-encoder layers (a list input, flattened by the registry's list_inputs adapter) projected by
+    # caption_projection.i
+    Family("bria_fibo", _bria_fibo, blocks=4),
     # Z-Image-like: 2 noise-refiner blocks, a 2-layer Perceiver (gist tokens read the text), 3 blocks over gist +
-    # image tokens, the middle one an injection block (cross-attention); complex RoPE made real: _real_rope_fibo2
-    Family("bria_fibo2", _bria_fibo2, blocks=7, prepare=_real_rope_fibo2),
+    # image tokens, the middle one an injection block (cross-attention); complex RoPE made real (rkpart.export registry)
+    Family("bria_fibo2", _bria_fibo2, blocks=7),
     # sequence-first single-stream blocks sharing one adaLN modulation; zero-initialised: _trained_like
     Family("ernie_image", _ernie_image, prepare=_trained_like),
     # CogView4 anatomy (joint attention over text + image, one FFN applied to each stream); AR prior codes
-    Family("glm_image", _glm_image, _glm_image_fixed, prepare=_glm_prior_where),
+    Family("glm_image", _glm_image, _glm_image_fixed),
     # dual-stream then single-stream blocks, each reading its own Llama layer; top-2 MoE FFNs on the image
-    # stream (dense form: _dense_moe)
-    Family("hidream_image", _hidream_image, blocks=4, prepare=_dense_moe),
+    # stream (dense form, rkpart.export registry)
+    Family("hidream_image", _hidream_image, blocks=4),
     # HunyuanVideo anatomy over images: 2 token-refiner text blocks, then dual- and single-stream blocks; no
     # ByT5 glyph stream (text_embed_2_dim): its valid-tokens-first reordering is boolean-mask indexing
     Family("hunyuanimage", _hunyuanimage, blocks=6),
@@ -3030,19 +1835,19 @@ LATEST_H1: dict[str, Family] = {f.name: f for f in (
 #: issue 28's sweep, continued (diffusers 0.42): Ideogram4, Krea2, NucleusMoEImage, OmniGen, QwenImage21, ZImage,
 #: JoyImageEdit and JoyImageEditPlus
 LATEST_H2: dict[str, Family] = {f.name: f for f in (
-    Family("ideogram4", _ideogram4, prepare=_ideogram4_rope),  # packed text + image sequence, DiT blocks
+    Family("ideogram4", _ideogram4),  # packed text + image sequence, DiT blocks
     # text fusion: 2 layer-wise blocks (attention across tapped encoder layers, per token), 2 token refiners;
     # then 2 single-stream blocks over text + image
-    Family("krea2", _krea2, blocks=6, prepare=_krea2_rms_norm),
+    Family("krea2", _krea2, blocks=6),
     # one dense block, then 2 expert-choice MoE blocks; image queries attend to image + text keys
-    Family("nucleus_moe", _nucleus_moe, _nucleus_moe_fixed, blocks=3, prepare=_nucleus_moe_prepare),
+    Family("nucleus_moe", _nucleus_moe, _nucleus_moe_fixed, blocks=3),
     # a Phi-3 decoder over [text tokens, time token, image tokens] (causal text, bidirectional image)
-    Family("omnigen", _omnigen, _omnigen_fixed, prepare=_omnigen_rope),
+    Family("omnigen", _omnigen, _omnigen_fixed),
     # single-stream blocks over [text, target image] with one shared modulation; block-causal attention (a causal
     # text segment, then the image over everything); text tokens modulated from t = 0
-    Family("qwenimage21", _qwenimage21, _qwenimage21_fixed, prepare=_qwenimage21_real_rope),
+    Family("qwenimage21", _qwenimage21, _qwenimage21_fixed),
     # 2 noise-refiner blocks (image, modulated), 2 context-refiner blocks (caption, unmodulated), then 2 joint blocks
-    Family("zimage", _zimage, blocks=6, prepare=_zimage_lists),
+    Family("zimage", _zimage, blocks=6),
     Family("joyimage_edit", _joyimage_edit),  # dual-stream (MMDiT) blocks, reference + target items
     # the same blocks over padded patch sequences (several images), a text + padding key mask
     Family("joyimage_edit_plus", _joyimage_edit_plus, _joyimage_edit_plus_fixed),
@@ -3054,12 +1859,12 @@ LATEST_H3: dict[str, Family] = {f.name: f for f in (
     Family("hunyuanvideo15", _hunyuanvideo15, blocks=4),
     Family("helios", _helios),
     Family("kandinsky6", _kandinsky6, blocks=6),
-    Family("kandinsky6_sr", _kandinsky6_sr, prepare=dense_nabla_kandinsky6_sr),  # NABLA flex attention, dense
-    Family("anyflow", _anyflow, prepare=real_rope_anyflow),  # complex RoPE rewritten to the real form
+    Family("kandinsky6_sr", _kandinsky6_sr),  # NABLA flex attention, dense
+    Family("anyflow", _anyflow),  # complex RoPE rewritten to the real form
     # one cached autoregressive step: KV caches as inputs, real-form RoPE, flex attention (no mask) as SDPA
-    Family("anyflow_far", _anyflow_far, prepare=dense_far_step),
+    Family("anyflow_far", _anyflow_far, _anyflow_far_fixed),
     # text (causal) and video streams in one packed sequence; lists adapted to one video, GQA's K/V repeated
-    Family("cosmos3", _cosmos3, _cosmos3_fixed, prepare=_cosmos3_one_video),
+    Family("cosmos3", _cosmos3, _cosmos3_fixed),
 )}
 #: issue 28's sweep, diffusers 0.42 classes: LTX2VideoTransformer3DModel, MiniMaxH3Transformer3DModel,
 #: MotifVideoTransformer3DModel, WanAnimateTransformer3DModel, StableAudio3DiTModel, SanaWMTransformer3DModel,
@@ -3073,18 +1878,18 @@ LATEST_H4: dict[str, Family] = {f.name: f for f in (
     Family("motif_video", _motif_video, blocks=6),
     # 4 blocks and the face adapter's cross-attention after blocks 0 and 2 (face_adapter.N: blocks of their own,
     # as their module names make them); the motion encoder's QR factor computed once
-    Family("wan_animate", _wan_animate, blocks=6, prepare=_static_motion_qr),
+    Family("wan_animate", _wan_animate, blocks=6),
     Family("stable_audio3", _stable_audio3, prepare=_trained_like),  # zero-initialised in/out convs
     # 4 blocks: gated-delta-net linear and softmax camera (UCPE) self-attention alternating; camera transforms and
-    # RoPE precomputed, RoPE in the real form (_sana_wm_real_rope)
-    Family("sana_wm", _sana_wm, blocks=4, prepare=_sana_wm_real_rope),
+    # RoPE precomputed, RoPE in the real form (rkpart.export registry); zero-initialised conv_k: _trained_like
+    Family("sana_wm", _sana_wm, blocks=4, prepare=_trained_like),
     # LTX-2 blocks run video-only over one AR block, self-attention over [sink, history, block] K/V
-    Family("sana_wm_refiner", _sana_wm_refiner, prepare=_refiner_kv_cache),
+    Family("sana_wm_refiner", _sana_wm_refiner, _sana_wm_refiner_fixed),
 )}
 #: issue 28's sweep, diffusers 0.42: the audio DiTs (ACE-Step, LongCat-AudioDiT, MiniMax Music 3 and its RVQ depth
 #: decoder), the older non-DiT transformers (Prior, T5 FiLM decoder, dual and temporal transformers), RFD4 Proteina
 LATEST_H5: dict[str, Family] = {f.name: f for f in (
-    Family("ace_step", _ace_step, prepare=_repeat_kv_ace_step),  # block 0 sliding-window self-attention, block 1 full
+    Family("ace_step", _ace_step),  # block 0 sliding-window self-attention, block 1 full
     Family("longcat_audio", _longcat_audio, prepare=_trained_like),  # zero-initialised modulation
     Family("minimax_music3", _minimax_music3),
     Family("minimax_rvq", _minimax_rvq),
@@ -3093,8 +1898,8 @@ LATEST_H5: dict[str, Family] = {f.name: f for f in (
     Family("dual_transformer", _dual_transformer, blocks=4),  # two Transformer2DModels of 2 blocks side by side
     Family("transformer_temporal", _transformer_temporal, _transformer_temporal_fixed),
     Family("rfd4", _rfd4, _rfd4_fixed, blocks=3),  # 2 trunk layers + the pair update between them
-    Family("easyanimate", _easyanimate, prepare=_static_rope_easyanimate),
-    Family("lumina_next", _lumina_next, _lumina_next_fixed, prepare=_trained_like_lumina_next),
+    Family("easyanimate", _easyanimate),
+    Family("lumina_next", _lumina_next, _lumina_next_fixed, prepare=_trained_like),
 )}
 #: classes of ``diffusers.models.transformers`` not in the sweep, and why (diffusers 0.42 / torch 2.13)
 NOT_EXPORTED: dict[str, str] = {
@@ -3206,55 +2011,9 @@ LATEST: dict[str, Family] = {**LATEST_H1, **LATEST_H2, **LATEST_H3, **LATEST_H4,
 ALL: dict[str, Family] = {**FAMILIES, **VARIANTS, **NEWER, **LATEST, **SIZED}
 
 
-def _decompose_rms_norm(model: Any) -> None:
-    """Replace ``torch.nn.RMSNorm`` (``aten::rms_norm``: no TorchScript symbolic below opset 23)
-    by the decomposed form every exporter understands, keeping the weights."""
-    import torch
-
-    class DecomposedRMSNorm(torch.nn.Module):
-        def __init__(self, src: torch.nn.RMSNorm) -> None:
-            super().__init__()
-            self.eps = src.eps if src.eps is not None else torch.finfo(torch.float32).eps
-            self.weight = src.weight
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-            return y * self.weight if self.weight is not None else y
-
-    for _name, mod in list(model.named_modules()):
-        for child_name, child in list(mod.named_children()):
-            if isinstance(child, torch.nn.RMSNorm):
-                setattr(mod, child_name, DecomposedRMSNorm(child))
-
-
-class _Wrapper:
-    """Positional inputs -> the model's ``sample`` tensor (exporters want a plain signature)."""
-
-    @staticmethod
-    def make(model: Any, names: list[str], fixed: dict[str, Any]) -> Any:
-        import torch
-
-        class Wrapped(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.model = model
-
-            def forward(self, *args: torch.Tensor) -> torch.Tensor:
-                out = self.model(**dict(zip(names, args, strict=True)), **fixed, return_dict=False)
-                return out[0]
-
-        return Wrapped().eval()
-
-
-def export_family(name: str, path: str | Path, *, dynamo: bool = False, seed: int = 0,
-                  opset: int | None = None) -> dict[str, np.ndarray]:
-    """Export family or variant ``name`` to ``path`` (static shapes); returns the example inputs.
-
-    ``opset`` defaults to 17 (TorchScript) and 18 (dynamo); ``opset=0`` takes the exporter's own
-    default (what a user gets from a bare ``torch.onnx.export``: opset 20 for dynamo in torch 2.13).
-
-    Raises ``KeyError`` for an unknown family and whatever the exporter raises when it fails.
-    """
+def _prepared(name: str, seed: int) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Family ``name``'s model (eval mode, seeded weights, fixture ``prepare`` applied), inputs and fixed
+    arguments, before the product's patches."""
     import torch
 
     fam = ALL[name]
@@ -3264,55 +2023,53 @@ def export_family(name: str, path: str | Path, *, dynamo: bool = False, seed: in
     fixed = fam.fixed()
     if fam.prepare is not None:
         fam.prepare(model, inputs, fixed)
-    if not dynamo:
-        _decompose_rms_norm(model)
-    names = list(inputs)
-    wrapped = _Wrapper.make(model, names, fixed)
-    args = tuple(inputs.values())
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if dynamo:
-            prog = torch.onnx.export(wrapped, args, input_names=names, output_names=["sample"], dynamo=True,
-                                     optimize=True, verbose=False,
-                                     opset_version=_opset(opset, 18))
-            assert prog is not None
-            prog.save(str(path))
-        else:
-            torch.onnx.export(wrapped, args, str(path), input_names=names, output_names=["sample"],
-                              dynamo=False, do_constant_folding=True, opset_version=_opset(opset, 17))
-    return {k: v.numpy() for k, v in inputs.items()}
+    return model, inputs, fixed
+
+
+def export_family(name: str, path: str | Path, *, dynamo: bool = False, seed: int = 0,
+                  opset: int | None = None) -> dict[str, np.ndarray]:
+    """Export family or variant ``name`` to ``path`` (static shapes) through the product's
+    :func:`rkpart.export.export_module` (its patch registry; each patch checked against the unpatched
+    model on the example inputs and on a second attention mask); returns the example inputs.
+
+    ``opset`` defaults to 17 (TorchScript) and 18 (dynamo); ``opset=0`` takes the exporter's own
+    default (what a user gets from a bare ``torch.onnx.export``: opset 20 for dynamo in torch 2.13).
+    The export is not run under ONNX Runtime here (``check=False``): the sweep keeps exports ONNX
+    Runtime refuses (``ORT_REFUSES``) and checks the others itself.
+
+    Raises ``KeyError`` for an unknown family and :class:`rkpart.errors.ExportError` when the export fails.
+    """
+    from rkpart.export import export_module
+
+    model, inputs, fixed = _prepared(name, seed)
+    res = export_module(model, inputs, path, fixed=fixed, exporter="dynamo" if dynamo else "torchscript",
+                        opset=_opset(opset, 18 if dynamo else 17), check=False)
+    del res
+    return example_inputs(name, seed)
 
 
 def example_inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
-    """The example inputs :func:`export_family` exports family ``name`` with (same seed, same prepare)."""
-    import torch
+    """The example inputs :func:`export_family` exports family ``name`` with (same seed, same patches: a
+    list input flattened, camera transforms precomputed, ...)."""
+    from rkpart.export import apply_patches
 
-    fam = ALL[name]
-    torch.manual_seed(seed)
-    model, inputs = fam.build()
-    if fam.prepare is not None:
-        fam.prepare(model.eval(), inputs, fam.fixed())
+    model, inputs, fixed = _prepared(name, seed)
+    apply_patches(model, inputs, fixed, exporter="dynamo", variants=[])
     return {k: v.numpy() for k, v in inputs.items()}
 
 
 def torch_outputs(name: str, feeds: dict[str, np.ndarray], seed: int = 0) -> np.ndarray:
     """What the torch model family ``name`` (as :func:`export_family` exports it: same seed, same
-    prepare, and TorchScript's RMSNorm decomposition left out) computes on ``feeds``: the reference for
+    patches, TorchScript's RMSNorm decomposition left out) computes on ``feeds``: the reference for
     exports ONNX Runtime refuses as a whole."""
     import torch
 
-    fam = ALL[name]
-    torch.manual_seed(seed)
-    model, inputs = fam.build()
-    model = model.eval()
-    fixed = fam.fixed()
-    if fam.prepare is not None:
-        fam.prepare(model, inputs, fixed)
-    wrapped = _Wrapper.make(model, list(inputs), fixed)
+    from rkpart.export import apply_patches
+
+    model, inputs, fixed = _prepared(name, seed)
+    apply_patches(model, inputs, fixed, exporter="dynamo", variants=[])
     with torch.no_grad():
-        out = wrapped(*(torch.from_numpy(np.asarray(feeds[k])) for k in inputs))
+        out = model(**{k: torch.from_numpy(np.asarray(feeds[k])) for k in inputs}, **fixed, return_dict=False)[0]
     return np.asarray(out.float().numpy())
 
 
@@ -3335,28 +2092,25 @@ def export_root() -> Path:
 
 def cached_export(name: str, exporter: str) -> Path:
     """The export of family or variant ``name`` by ``exporter`` (a key of :data:`EXPORTERS`), made
-    once per (diffusers and torch versions, exporter, source of every function the export runs)
-    by :func:`cached_file`.
+    once per (diffusers and torch versions, exporter, source of every function the export runs: the
+    fixture's and the product's, :func:`rkpart.export.source_key`) by :func:`cached_file`.
     """
     import diffusers
     import torch
 
+    from rkpart.export import source_key
+
     fam = ALL[name]
-    funcs: list[Any] = [fam.build, export_family, _opset, _decompose_rms_norm, _Wrapper]
+    funcs: list[Any] = [fam.build, export_family, _prepared, _opset]
     funcs += [f for f in (fam.fixed, fam.prepare) if inspect.isfunction(f)]
-    if fam.prepare is real_rope_lumina2:
-        funcs.append(_lumina2_processor)
     if fam.build in (_minimax_rvq, _t5film):
         funcs.append(_tuple_out)
-    if fam.prepare is _trained_like_lumina_next:
-        funcs += [_trained_like, real_rope_lumina_next]
-    if fam.prepare is _sana_wm_real_rope:
-        funcs.append(_trained_like)
     base = {_chroma_guidance: _chroma, _sd35: _sd3}.get(fam.build)
     if base is not None:
         funcs.append(base)  # the variant only calls it
     return cached_file(f"{name}-{exporter}", [diffusers.__version__, torch.__version__, exporter,
-                                               *(inspect.getsource(f) for f in funcs)],
+                                               *(inspect.getsource(f) for f in funcs),
+                                               *source_key(CLASS_OF.get(name, ""), exporter)],
                        lambda tmp: export_family(name, tmp, dynamo=exporter == "dynamo", opset=EXPORTERS[exporter]))
 
 

@@ -63,7 +63,7 @@ EXPECTED: dict[str, list[tuple[str, ...]]] = {
     "auraflow": [MMDIT] + [DIT] * 2,
     "hunyuandit": [CROSS] * 2,
     # the caption refiner block (text tokens only, caption mask), the noise refiner, then joint blocks;
-    # RoPE rewritten to the real form before export (tests.models.diffusers_families.real_rope_lumina2)
+    # RoPE rewritten to the real form before export, its mask a graph input (rkpart.export registry: real_rope_lumina2)
     "lumina2": [(ATTN_TXT, FFN_TXT_ONLY), DIT, DIT, DIT],
     # the last block reads block 0 through a long skip: skip_norm + skip_linear are its own
     "hunyuandit_skip": [CROSS] * 3 + [(SKIP, *CROSS)],

@@ -99,7 +99,7 @@ def test_inspect_and_custom_on_cross_attending_streams(av_exports: dict[str, Pat
     model = av_exports[exporter]
     r = CliRunner().invoke(main, ["inspect", str(model)])
     assert r.exit_code == 0, r.output
-    assert "2 blocks" in r.output and "split 100.0%" in r.output
+    assert "2 blocks" in r.output and "split 100.0 %" in r.output
     # a custom spec whose rest is split: the rest's cycles are resolved, the spec's stage kept as asked
     spec = tmp_path / "spec.yaml"
     spec.write_text("version: 1\nrest: split\nstages: [{id: f1, block: 1, regions: [ffn], include: [adaln]}]\n")

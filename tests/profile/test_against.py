@@ -11,13 +11,23 @@ from rkpart.cli import main
 
 
 @pytest.mark.slow
-def test_profile_against_prints_prediction_error(tmp_path, plans):
+def test_profile_against_compares_only_a_model_of_the_profiled_device(tmp_path, plans):
     _, folder = plans["split"]
     out = tmp_path / "p.jsonl"
     from rkpart.cost_model.model import default_model_path
 
+    # the shipped model is the board's: an ONNX Runtime profile on x86 is not compared with it
+    # (its "error" would be the devices' difference, up to 398,345 % in issue 53)
     res = CliRunner().invoke(main, ["profile", str(folder), "--rounds", "1", "--warmup", "0", "-q", "-o", str(out),
                                     "--against", str(default_model_path())])
+    assert res.exit_code == 0, res.output
+    assert "vs measured" not in res.output
+    assert "not compared" in res.output and "measured on ort" in res.output
+    # a model fitted on this device's profiles is compared, per component
+    fitted = tmp_path / "m.json"
+    res = CliRunner().invoke(main, ["fit", str(out), "-o", str(fitted)])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, ["profile", "--show", str(out), "--against", str(fitted)])
     assert res.exit_code == 0, res.output
     assert "vs measured" in res.output
     rows = [ln for ln in res.output.splitlines() if ln.startswith("total ")]
@@ -25,10 +35,6 @@ def test_profile_against_prints_prediction_error(tmp_path, plans):
     assert {"load", "init", "infer", "release", "host"} <= comps
     for ln in rows:
         assert re.search(r"[-+]\d+(\.\d+)? %$", ln) or ln.rstrip().endswith("-"), ln
-    # --show of the same records gives the same comparison
-    res2 = CliRunner().invoke(main, ["profile", "--show", str(out), "--against", str(default_model_path())])
-    assert res2.exit_code == 0, res2.output
-    assert [ln for ln in res2.output.splitlines() if ln.startswith("total ")] == rows
 
 
 def test_against_with_compare_is_a_usage_error(tmp_path):

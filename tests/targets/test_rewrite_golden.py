@@ -24,6 +24,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rkpart.targets.rewrites import apply_rewrites, rewrites_for
 
 DATA = Path(__file__).parent / "data"
+REPRO_DATA = Path(__file__).resolve().parents[2] / "rkpart" / "data" / "known_issues"
 GOLDEN = DATA / "rewrite_golden.json"
 TOOLKITS = ("2.3.0", "2.3.2", "2.5.0")
 F = TensorProto.FLOAT
@@ -198,7 +199,8 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "rms_listed_weight": listed_weight,
         "rms_listed_weight_reciprocal": lambda: listed_weight("reciprocal"),
     }
-    for f in sorted([*DATA.glob("segv_*.onnx"), *DATA.glob("fail_*.onnx")]):
+    # the reduced crash graphs: the known-issue table's reproducers (rkpart/data/known_issues) and ours
+    for f in sorted([*REPRO_DATA.glob("segv_*.onnx"), *DATA.glob("fail_*.onnx")], key=lambda f: f.name):
         out[f.stem] = lambda f=f: onnx.load(str(f))
     return out
 

@@ -1,0 +1,426 @@
+"""``pipeline.json``: what a diffusers pipeline does around its transformer (docs/pipeline-json.md).
+
+``rkpart export`` writes it; every other command reads it to know which model input is the
+latent, the timestep, the guidance, the conditioning, a mask or an id grid, instead of guessing
+from shapes.  This module loads and checks it and needs neither torch nor diffusers: the
+standard library, NumPy and jsonschema.
+
+* :func:`load_description` reads ``pipeline.json`` (a bounded regular file), validates it
+  against its JSON Schema (``rkpart/data/pipeline.schema.json``, a copy of
+  ``docs/pipeline.schema.json``), then checks what a schema cannot say: one latent, at most one
+  timestep and guidance, ``cfg.guidance_input`` names the guidance input, every ``value`` is in
+  the ``values`` ``.npz`` with the input's shape and dtype.
+* :func:`check_against` refuses a description that does not match the model's inputs (names,
+  shapes, dtypes) and output.
+
+Every problem is a :class:`~rkpart.errors.SpecError` (one line, exit 5).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from rkpart.errors import SpecError
+
+FORMAT = "rkpart-pipeline"
+VERSION = 1
+#: the file name ``rkpart export`` writes and ``rkpart partition`` looks for beside the model
+FILENAME = "pipeline.json"
+#: ``pipeline.json`` is a few KiB (the scheduler's config is the largest part); more is no description
+MAX_BYTES = 4 << 20
+
+#: what a transformer input can be (docs/pipeline-json.md, ``inputs.<name>.role``)
+ROLES = ("latent", "timestep", "guidance", "text_embeddings", "pooled_embeddings", "attention_mask", "image_ids",
+         "text_ids", "position_ids", "rope", "class_labels", "image_latents", "other")
+#: roles whose value the pipeline computes, never a sample: no command draws noise for them
+FIXED_ROLES = frozenset({"attention_mask", "image_ids", "text_ids", "position_ids", "rope"})
+#: roles a command may draw seeded noise for when ``--embeds`` does not give them
+EMBEDDING_ROLES = frozenset({"text_embeddings", "pooled_embeddings"})
+CFG_MODES = ("batched", "two-pass", "distilled", "none")
+PREDICTIONS = ("flow", "epsilon", "v_prediction", "sample")
+
+
+@dataclass(frozen=True)
+class InputDesc:
+    """One transformer input: its role, static shape and dtype (as in the ONNX graph), the call
+    arguments of the conditional and unconditional pass it comes from, and the key of its
+    constant value in the ``values`` ``.npz``."""
+
+    name: str
+    role: str
+    shape: tuple[int, ...]
+    dtype: str
+    argument: str | None = None
+    negative_argument: str | None = None
+    value: str | None = None
+
+
+@dataclass(frozen=True)
+class OutputDesc:
+    name: str
+    prediction: str
+    learned_sigma: bool = False
+    sign: int = 1
+    channels_axis: int = 1
+
+
+@dataclass(frozen=True)
+class TimestepDesc:
+    """The model's timestep input is ``scale * t + offset`` (``t``: ``scheduler.timesteps[i]``)."""
+
+    scale: float = 1.0
+    offset: float = 0.0
+    reverse: bool = False
+
+    def model_value(self, t: float) -> float:
+        return self.scale * t + self.offset
+
+
+@dataclass(frozen=True)
+class SchedulerDesc:
+    class_name: str
+    config: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    sigmas: str | None = None
+    mu: float | None = None
+
+
+@dataclass(frozen=True)
+class CfgDesc:
+    """``mode``: ``batched``, ``two-pass``, ``distilled`` or ``none``.  Under ``distilled`` the
+    guidance input holds ``guidance_input_scale * g`` (Flux 1, HunyuanVideo 1000)."""
+
+    mode: str
+    guidance_scale: float | None = None
+    guidance_input: str | None = None
+    combine: str | None = None
+    guidance_input_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class LatentDesc:
+    shape: tuple[int, ...]
+    dtype: str
+    init: str = "identity"
+    packing: str | None = None
+    channels: int = 0
+
+
+@dataclass(frozen=True)
+class VaeDesc:
+    class_name: str
+    file: str
+    scaling_factor: float | None
+    shift_factor: float | None
+    latent_channels: int
+    image_shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TransformerDesc:
+    class_name: str
+    file: str
+    dtype: str
+    exporter: str
+    patches: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ImageDesc:
+    height: int
+    width: int
+    text_len: int | None
+    batch: int
+
+
+@dataclass(frozen=True)
+class PipelineDescription:
+    """A validated ``pipeline.json`` (see the module doc); ``values`` are the constant input
+    values its ``values`` ``.npz`` holds, by key; ``sha256`` is that of the file's bytes."""
+
+    pipeline_class: str
+    diffusers: str | None
+    transformer: TransformerDesc
+    image: ImageDesc
+    inputs: tuple[InputDesc, ...]
+    output: OutputDesc
+    timestep: TimestepDesc
+    scheduler: SchedulerDesc
+    cfg: CfgDesc
+    latent: LatentDesc
+    vae: VaeDesc | None
+    values_file: str | None = None
+    values: Mapping[str, np.ndarray] = field(default_factory=dict, compare=False, repr=False)
+    path: Path | None = field(default=None, compare=False)
+    sha256: str = ""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(i.name for i in self.inputs)
+
+    def input(self, name: str) -> InputDesc:
+        for i in self.inputs:
+            if i.name == name:
+                return i
+        raise KeyError(name)
+
+    def with_role(self, *roles: str) -> tuple[InputDesc, ...]:
+        """The inputs with any of ``roles``, in the description's order."""
+        return tuple(i for i in self.inputs if i.role in roles)
+
+    def role_input(self, role: str) -> str | None:
+        """The name of the one input with ``role`` (latent, timestep, guidance), or ``None``."""
+        got = self.with_role(role)
+        return got[0].name if got else None
+
+    def value_of(self, name: str) -> np.ndarray | None:
+        """The constant value of input ``name`` (its ``value`` key in the ``.npz``), or ``None``."""
+        key = self.input(name).value
+        return None if key is None else self.values[key]
+
+
+# -- loading -------------------------------------------------------------------------------------
+@cache
+def schema() -> dict[str, Any]:
+    """The JSON Schema of ``pipeline.json`` (``rkpart/data/pipeline.schema.json``)."""
+    return dict(json.loads(resources.files("rkpart").joinpath("data/pipeline.schema.json").read_text()))
+
+
+@cache
+def _validator() -> Any:
+    import jsonschema
+
+    s = schema()
+    cls = jsonschema.validators.validator_for(s)
+    cls.check_schema(s)
+    return cls(s)
+
+
+def _where(path: Sequence[Any]) -> str:
+    return "".join(f"[{p!r}]" if isinstance(p, str) and not p.isidentifier() else
+                   (f".{p}" if isinstance(p, str) else f"[{p}]") for p in path).lstrip(".") or "the top level"
+
+
+def load_description(path: str | os.PathLike[str], *, values: bool = True) -> PipelineDescription:
+    """Read and check the ``pipeline.json`` at ``path`` (see the module doc).
+
+    ``values``: also read the ``values`` ``.npz`` beside it and check every ``value`` against it.
+
+    Raises
+    ------
+    SpecError
+        Not a regular file, over :data:`MAX_BYTES`, not JSON, not valid against the schema, or
+        inconsistent (one line naming the field).
+    """
+    from rkpart.io import read_limited
+
+    p = Path(path)
+    data = read_limited(p, what="pipeline description", max_bytes=MAX_BYTES, error=SpecError)
+    doc = _parse(data, p)
+    return parse_description(doc, p.parent, values=values, name=str(p), sha256=hashlib.sha256(data).hexdigest(),
+                             path=p)
+
+
+def _parse(data: bytes, p: Path) -> Any:
+    from rkpart.io import bad_number, loads_json
+
+    doc = loads_json(data, what=f"pipeline description {p}", error=SpecError)
+    bad = bad_number(doc)
+    if bad is not None:
+        raise SpecError(f"pipeline description {p}: {bad[0] or 'a value'} is {bad[1]}, not a finite number")
+    return doc
+
+
+def parse_description(doc: Any, folder: str | os.PathLike[str] | None, *, values: bool = True,
+                      name: str = FILENAME, sha256: str = "", path: Path | None = None) -> PipelineDescription:
+    """A parsed ``pipeline.json`` document checked and typed; ``folder`` holds its ``values``
+    ``.npz`` (read when ``values``).  ``rkpart export`` checks what it writes with this."""
+    what = f"pipeline description {name}"
+    if isinstance(doc, Mapping) and doc.get("format") == FORMAT and doc.get("version") != VERSION:
+        raise SpecError(f"{what} is version {doc.get('version')!r}; this rkpart reads version {VERSION}")
+    if isinstance(doc, Mapping) and "format" in doc and doc.get("format") != FORMAT:
+        raise SpecError(f"{what} is not an rkpart pipeline description (format {str(doc.get('format'))[:40]!r}, "
+                        f"expected {FORMAT!r})")
+    import jsonschema
+
+    # best_match descends into anyOf/oneOf: "'../x' does not match '^[^/]+$'", not "not valid under any"
+    e = jsonschema.exceptions.best_match(_validator().iter_errors(doc))
+    if e is not None:
+        raise SpecError(f"{what}: {_where(e.absolute_path)}: {e.message[:200]}")
+    d = _typed(doc)
+    _check(d, what)
+    if values and d.values_file is not None:
+        if folder is None:
+            raise SpecError(f"{what} names values {d.values_file!r} but no folder to read them from")
+        d = _with_values(d, Path(folder), what)
+    elif values and any(i.value is not None for i in d.inputs):
+        i = next(i for i in d.inputs if i.value is not None)
+        raise SpecError(f"{what}: input {i.name!r} has value {i.value!r} but 'values' names no .npz")
+    return PipelineDescription(**{**d.__dict__, "sha256": sha256, "path": path})
+
+
+def _typed(doc: Mapping[str, Any]) -> PipelineDescription:
+    t, im, o, ts, s, c, lat, v = (doc[k] for k in ("transformer", "image", "output", "timestep", "scheduler", "cfg",
+                                                    "latent", "vae"))
+    inputs = tuple(InputDesc(n, i["role"], tuple(i["shape"]), i["dtype"], i["argument"], i["negative_argument"],
+                             i["value"]) for n, i in doc["inputs"].items())
+    return PipelineDescription(
+        pipeline_class=doc["pipeline"]["class"], diffusers=doc["pipeline"]["diffusers"],
+        transformer=TransformerDesc(t["class"], t["file"], t["dtype"], t["exporter"], tuple(t["patches"])),
+        image=ImageDesc(im["height"], im["width"], im["text_len"], im["batch"]),
+        inputs=inputs,
+        output=OutputDesc(o["name"], o["prediction"], o["learned_sigma"], o["sign"], o["channels_axis"]),
+        timestep=TimestepDesc(float(ts["scale"]), float(ts["offset"]), bool(ts.get("reverse", False))),
+        scheduler=SchedulerDesc(s["class"], dict(s["config"]), s["set_timesteps"]["sigmas"],
+                                None if s["set_timesteps"]["mu"] is None else float(s["set_timesteps"]["mu"])),
+        cfg=CfgDesc(c["mode"], None if c["guidance_scale"] is None else float(c["guidance_scale"]),
+                    c["guidance_input"], c["combine"], float(c.get("guidance_input_scale", 1.0))),
+        latent=LatentDesc(tuple(lat["shape"]), lat["dtype"], lat["init"], lat["packing"], lat["channels"]),
+        vae=None if v is None else VaeDesc(v["class"], v["file"], v["scaling_factor"], v["shift_factor"],
+                                           v["latent_channels"], tuple(v["image_shape"])),
+        values_file=doc["values"])
+
+
+def _check(d: PipelineDescription, what: str) -> None:
+    """What the schema cannot say."""
+    for role in ("latent", "timestep", "guidance"):
+        got = d.with_role(role)
+        if len(got) > 1:
+            raise SpecError(f"{what}: {len(got)} inputs have role {role!r} ({', '.join(i.name for i in got)}); "
+                            "at most one may")
+    if not d.with_role("latent"):
+        raise SpecError(f"{what}: no input has role 'latent'")
+    if d.output.name in d.names:
+        raise SpecError(f"{what}: output {d.output.name!r} is also an input")
+    g = d.cfg.guidance_input
+    if d.cfg.mode == "distilled":
+        if g is None:
+            raise SpecError(f"{what}: cfg.mode 'distilled' needs cfg.guidance_input (the input guidance is fed to)")
+        if g not in d.names or d.input(g).role != "guidance":
+            raise SpecError(f"{what}: cfg.guidance_input {g!r} is not an input with role 'guidance'")
+        if d.cfg.guidance_scale is None:
+            raise SpecError(f"{what}: cfg.mode 'distilled' needs cfg.guidance_scale")
+    elif g is not None:
+        raise SpecError(f"{what}: cfg.guidance_input {g!r} is set but cfg.mode is {d.cfg.mode!r}, not 'distilled'")
+    if d.cfg.mode in ("batched", "two-pass") and d.cfg.combine is None:
+        raise SpecError(f"{what}: cfg.mode {d.cfg.mode!r} needs cfg.combine")
+    if d.cfg.mode == "batched" and d.image.batch != 2:
+        raise SpecError(f"{what}: cfg.mode 'batched' needs image.batch 2, not {d.image.batch}")
+    for i in d.inputs:
+        if i.role in ("latent", "timestep", "guidance") and i.value is not None:
+            raise SpecError(f"{what}: input {i.name!r} ({i.role}) changes every step; it cannot have a constant value")
+
+
+def _with_values(d: PipelineDescription, folder: Path, what: str) -> PipelineDescription:
+    from rkpart.io import confined_file
+    from rkpart.readers import read_npz
+
+    assert d.values_file is not None
+    f = confined_file(folder, d.values_file, what=f"{what}: values", error=SpecError, within="folder of pipeline.json")
+    keys = sorted({i.value for i in d.inputs if i.value is not None})
+    arrays = read_npz(f, what=f"{what}: values", names=keys, error=SpecError)
+    for i in d.inputs:
+        if i.value is None:
+            continue
+        a = arrays.get(i.value)
+        if a is None:
+            raise SpecError(f"{what}: input {i.name!r} takes value {i.value!r}, which {d.values_file} does not hold")
+        if tuple(a.shape) != i.shape or a.dtype != np.dtype(i.dtype):
+            raise SpecError(f"{what}: value {i.value!r} of input {i.name!r} is {a.dtype} {list(a.shape)} in "
+                            f"{d.values_file}; the input is {i.dtype} {list(i.shape)}")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise SpecError(f"{what}: value {i.value!r} of input {i.name!r} holds NaN/Inf")
+    for a in arrays.values():
+        a.setflags(write=False)  # shared by every pass of every command: nobody may change it
+    return PipelineDescription(**{**d.__dict__, "values": arrays})
+
+
+# -- against a model -----------------------------------------------------------------------------
+class _TensorLike(Protocol):
+    @property
+    def dtype(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+class ModelLike(Protocol):
+    """What :func:`check_against` reads of a model: a plan (:class:`rkpart.partitioner.plan.Plan`)
+    or anything with its input and output names and their static types."""
+
+    @property
+    def inputs(self) -> tuple[str, ...]: ...
+
+    @property
+    def outputs(self) -> tuple[str, ...]: ...
+
+    @property
+    def tensors(self) -> Mapping[str, _TensorLike]: ...
+
+
+def check_against(d: PipelineDescription, model: ModelLike | Mapping[str, tuple[str, Sequence[int]]], *,
+                  outputs: Sequence[str] | None = None, what: str | None = None) -> None:
+    """Refuse ``d`` when it does not describe ``model``: the same input names, and each input
+    with the same static shape and dtype; the description's output among the model's outputs.
+
+    ``model`` is a plan (or anything with ``inputs``, ``outputs`` and ``tensors``) or a mapping
+    ``input name -> (dtype, shape)`` (then ``outputs`` names the outputs, if known).
+    """
+    if isinstance(model, Mapping):
+        types = {n: (str(dt), tuple(int(x) for x in s)) for n, (dt, s) in model.items()}
+        outs = None if outputs is None else tuple(outputs)
+    else:
+        types = {n: (model.tensors[n].dtype, tuple(model.tensors[n].shape)) for n in model.inputs}
+        outs = tuple(model.outputs) if outputs is None else tuple(outputs)
+    label = what or f"pipeline description {d.path or FILENAME}"
+    missing = [n for n in types if n not in d.names]
+    extra = [n for n in d.names if n not in types]
+    if missing or extra:
+        parts = ([f"the model's input {missing[0]!r} is not in it"] if missing else []) + \
+                ([f"its input {extra[0]!r} is not the model's"] if extra else [])
+        raise SpecError(f"{label} does not match the model: {'; '.join(parts)} (model inputs: "
+                        f"{', '.join(types)})")
+    for i in d.inputs:
+        dt, shape = types[i.name]
+        if (dt, shape) != (i.dtype, i.shape):
+            raise SpecError(f"{label} does not match the model: input {i.name!r} is {i.dtype} {list(i.shape)} in "
+                            f"pipeline.json, {dt} {list(shape)} in the model")
+    if outs is not None and d.output.name not in outs:
+        raise SpecError(f"{label} does not match the model: output {d.output.name!r} is not the model's "
+                        f"(model outputs: {', '.join(outs)})")
+
+
+__all__ = [
+    "CFG_MODES",
+    "EMBEDDING_ROLES",
+    "FILENAME",
+    "FIXED_ROLES",
+    "FORMAT",
+    "PREDICTIONS",
+    "ROLES",
+    "VERSION",
+    "CfgDesc",
+    "ImageDesc",
+    "InputDesc",
+    "LatentDesc",
+    "ModelLike",
+    "OutputDesc",
+    "PipelineDescription",
+    "SchedulerDesc",
+    "TimestepDesc",
+    "TransformerDesc",
+    "VaeDesc",
+    "check_against",
+    "load_description",
+    "parse_description",
+    "schema",
+]
