@@ -360,7 +360,9 @@ def input_problem(p: Path, inputs: Iterable[str | os.PathLike[str]]) -> str | No
         ip = Path(os.path.abspath(i))
         ireal = Path(os.path.realpath(ip))
         if ireal.is_dir():
-            if ireal == real or ireal in real.parents or ip in p.parents:
+            if ireal == real or ip == p:
+                return f"is one of its inputs ({i})"
+            if ireal in real.parents or ip in p.parents:
                 return f"lies inside {i}, one of its inputs"
         elif ireal == real or ip == p or (real.exists() and ireal.exists() and os.path.samefile(real, ireal)):
             return f"is one of its inputs ({i})"

@@ -101,6 +101,13 @@ def _sample_prepared(p: Path) -> None:
                              "record": None}, indent=2))
 
 
+def _sample_description(p: Path) -> None:
+    from tests.description.docs import base_doc, flux_guidance_inputs, flux_ids, write
+
+    assert p.name == "pipeline.json"
+    write(p.parent, base_doc(flux_guidance_inputs()), flux_ids())
+
+
 def _json(doc: Any) -> Callable[[Path], None]:
     def write(p: Path) -> None:
         import json
@@ -119,6 +126,7 @@ SAMPLES: dict[str, tuple[str, Callable[[Path], None]]] = {
     "dataset file": ("dataset.txt", _sample_dataset),
     "dataset sample": ("x0.npy", _sample_npy),
     "output marker": (".rkpart-output.json", _sample_marker),
+    "pipeline description": ("pipeline.json", _sample_description),
     "prepared-copy record": ("0123456789abcdef.2.5.0.json", _sample_prepared),
     "repro matrix": ("matrix.json", _json({"rows": [], "toolkits": ["2.5.0"]})),
     "resume journal": ("journal", lambda p: p.write_text('{"id": "s0"}\n')),
@@ -393,6 +401,8 @@ BASES: dict[str, tuple[list[str], int]] = {
     "calibrate": (["calibrate", "{w}/plan", "--samples", "1", "--steps", "1", "-q", "-o", "{dest}", "{force}"], 0),
     "tune": (["tune", "{w}/model.onnx", "-q", "-o", "{dest}"], 0),
     "repro": (["repro", "{w}/model.onnx", "-q", "-o", "{dest}", "{force}"], 0),
+    # the world holds no diffusers pipeline folder: its refusals only (they come before torch is imported)
+    "export": (["export", "{w}/hplan", "-q", "-o", "{dest}", "{force}"], 3),
 }
 #: the name of a new destination per command (a report page must end in .html)
 DEST_NAME = {"report": "r.html", "example": "m.onnx", "run": "o.npz", "profile": "p2.jsonl", "fit": "m2.json",
@@ -437,8 +447,8 @@ def output_cases(world: Path, *, full: bool = True) -> Iterator[Case]:
                 continue
             if folder_out and dest in ("own", "own-force", "symlink-dangling", "fifo", "device", "folder"):
                 continue  # the folder rules have their own suites (test_writes_hostile); kept to what holds for both
-            if cmd in ("tune", "repro") and runs_whole:
-                continue  # minutes each (a tune, a toolkit build matrix): their refusals only
+            if cmd in ("tune", "repro", "export") and runs_whole:
+                continue  # minutes each (a tune, a toolkit build matrix, an export): their refusals only
             yield f"{cmd} {param.opts[0]} {dest}", _output_case(world, cmd, dest, folder_out)
 
 
@@ -457,7 +467,7 @@ def _output_case(world: Path, cmd: str, dest_kind: str, folder_out: bool) -> Cal
         if dest_kind == "input":
             dest = {"fit": w / "p.jsonl", "example": w / "model.onnx", "partition": w / "model.onnx",
                     "bundle": w / "hplan", "calibrate": w / "plan", "tune": w / "model.onnx",
-                    "repro": w / "model.onnx"}.get(cmd, w / "plan" / "plan.json")
+                    "repro": w / "model.onnx", "export": w / "hplan"}.get(cmd, w / "plan" / "plan.json")
         elif dest_kind.startswith("in-"):
             where = {"in-plan": "plan", "in-bundle": "bundle", "in-calibration": "calib", "in-cache": "cache"}
             dest = w / where[dest_kind] / name
