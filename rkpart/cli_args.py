@@ -94,6 +94,7 @@ def user_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            outputs_are_not_inputs(click.get_current_context(silent=True))
             return fn(*args, **kwargs)
         except UserError as e:
             report_user_error(e)
@@ -109,6 +110,41 @@ def user_errors(fn: F) -> F:
             sys.exit(err.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def outputs_are_not_inputs(ctx: click.Context | None) -> None:
+    """Issue 51's first output rule for every command at once, before it runs: no value of an
+    :class:`OutputFile` / :class:`OutputFolder` parameter is (or, for a folder, lies inside or holds)
+    the value of any other path parameter of the command (every ``click.Path`` that is no output: its
+    plan, model, profiles, ``--embeds``, ``--pipeline``, ``--toolkits-dir``...), symlinks resolved and
+    hard links compared by inode.  Declared by the types, so a new input option is covered without a
+    line in the command (``fit X.jsonl -o X.jsonl`` overwrote its input)."""
+    if ctx is None:
+        return
+    from rkpart.errors import OutputExistsError
+    from rkpart.output import input_problem
+
+    outs: list[tuple[click.Parameter, Path]] = []
+    ins: list[str | os.PathLike[str]] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if value is None or not isinstance(param.type, click.Path):
+            continue
+        values = [v for v in (value if isinstance(value, (tuple, list)) else (value,)) if v not in (None, "")]
+        if isinstance(param.type, (OutputFile, OutputFolder)):
+            outs += [(param, Path(v)) for v in values]
+        else:
+            ins += values
+    for param, out in outs:
+        p = Path(os.path.abspath(out))
+        why = input_problem(p, ins)
+        if why is None and isinstance(param.type, OutputFolder):
+            real = Path(os.path.realpath(p))
+            held = next((i for i in ins if real in Path(os.path.realpath(i)).parents), None)
+            why = None if held is None else f"contains {held}, one of its inputs"
+        if why is not None:
+            name = max(param.opts, key=len) if isinstance(param, click.Option) else (param.name or "").upper()
+            raise OutputExistsError(f"{name} {p} {why}; rkpart never writes over what it reads: choose another path")
 
 
 # -- value parsing ---------------------------------------------------------------------------

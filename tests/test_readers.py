@@ -11,6 +11,7 @@ import stat
 import threading
 from pathlib import Path
 
+import click
 import numpy as np
 import pytest
 
@@ -172,3 +173,60 @@ def test_force_replaces_only_a_file_rkpart_wrote(tmp_path: Path) -> None:
     os.mkfifo(tmp_path / "fifo.json")
     with pytest.raises(OutputExistsError, match="FIFO"):
         claim_output_file(tmp_path / "fifo.json", what="cost model", force=True, owned=owned)
+
+
+def _commands() -> list[tuple[str, click.Command]]:
+    from rkpart.cli import main
+
+    out: list[tuple[str, click.Command]] = []
+
+    def walk(group: click.Group, path: tuple[str, ...]) -> None:
+        for name in sorted(group.commands):
+            cmd = group.commands[name]
+            if isinstance(cmd, click.Group):
+                walk(cmd, (*path, name))
+            else:
+                out.append((" ".join((*path, name)), cmd))
+
+    walk(main, ())
+    return out
+
+
+def test_no_output_of_any_command_is_one_of_its_path_inputs(tmp_path: Path) -> None:
+    """Derived from the click commands: for every output parameter (OutputFile / OutputFolder) and every
+    other path parameter of the same command, the output given as that input itself, a symlink to it or
+    (a file) a hard link of it is refused in one line before the command runs; a folder output holding
+    the input too.  (The commands' own lists missed --embeds, --pipeline, --toolkits-dir...)"""
+    from rkpart.cli_args import OutputFile, OutputFolder, outputs_are_not_inputs
+
+    src_file, src_dir = tmp_path / "in.npz", tmp_path / "in-dir"
+    src_file.write_bytes(b"x")
+    src_dir.mkdir()
+    (tmp_path / "sym-file").symlink_to(src_file)
+    (tmp_path / "sym-dir").symlink_to(src_dir)
+    os.link(src_file, tmp_path / "hard-file")
+    pairs = 0
+    for name, cmd in _commands():
+        outs = [p for p in cmd.params if isinstance(p.type, (OutputFile, OutputFolder))]
+        ins = [p for p in cmd.params if isinstance(p.type, click.Path) and p not in outs]
+        for out in outs:
+            for inp in ins:
+                takes_file = getattr(inp.type, "file_okay", True)
+                given = src_file if takes_file else src_dir
+                dests = ([given, tmp_path / "sym-file", tmp_path / "hard-file"] if takes_file
+                         else [given, tmp_path / "sym-dir", src_dir / "sub"])
+                if isinstance(out.type, OutputFolder) and takes_file:
+                    dests.append(tmp_path)  # a folder holding the input
+                for dest in dests:
+                    ctx = click.Context(cmd, info_name=name)
+                    ctx.params = {inp.name: (given,) if inp.multiple or inp.nargs != 1 else given,
+                                  out.name: dest}
+                    with pytest.raises(OutputExistsError, match="one of its inputs") as e:
+                        outputs_are_not_inputs(ctx)
+                    assert "\n" not in str(e.value)
+                    pairs += 1
+                ctx = click.Context(cmd, info_name=name)
+                ctx.params = {inp.name: (given,) if inp.multiple or inp.nargs != 1 else given,
+                              out.name: tmp_path / "elsewhere" / "new"}
+                outputs_are_not_inputs(ctx)  # anything else is the command's to judge
+    assert pairs >= 60, pairs

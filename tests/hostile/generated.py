@@ -128,6 +128,7 @@ SAMPLES: dict[str, tuple[str, Callable[[Path], None]]] = {
     "output marker": (".rkpart-output.json", _sample_marker),
     "pipeline description": ("pipeline.json", _sample_description),
     "prepared-copy record": ("0123456789abcdef.2.5.0.json", _sample_prepared),
+    "reduction outcomes": ("outcomes.json", _json({"ab" * 32: {"fails": True, "seconds": 1.5}})),
     "repro matrix": ("matrix.json", _json({"rows": [], "toolkits": ["2.5.0"]})),
     "resume journal": ("journal", lambda p: p.write_text('{"id": "s0"}\n')),
     "run key": ("run-key.json", _json({"key": "ab" * 32})),
@@ -423,6 +424,7 @@ DESTINATIONS: dict[str, frozenset[int]] = {
     "symlink-dangling": frozenset({6}),
     "fifo": frozenset({2, 6}),
     "device": frozenset({2, 6}),
+    "socket": frozenset({2, 6}),
     "folder": frozenset({2, 6}),
 }
 #: commands whose first run cannot make their own file here (drift needs a toolkit): a file rkpart wrote, from
@@ -445,7 +447,7 @@ def output_cases(world: Path, *, full: bool = True) -> Iterator[Case]:
             runs_whole = dest in ("new", "own-force", "own")
             if runs_whole and not full and cmd in _SLOW_COMMANDS:
                 continue
-            if folder_out and dest in ("own", "own-force", "symlink-dangling", "fifo", "device", "folder"):
+            if folder_out and dest in ("own", "own-force", "symlink-dangling", "fifo", "device", "socket", "folder"):
                 continue  # the folder rules have their own suites (test_writes_hostile); kept to what holds for both
             if cmd in ("tune", "repro", "export") and runs_whole:
                 continue  # minutes each (a tune, a toolkit build matrix, an export): their refusals only
@@ -493,6 +495,8 @@ def _output_case(world: Path, cmd: str, dest_kind: str, folder_out: bool) -> Cal
             os.mkfifo(dest)
         elif dest_kind == "device":
             os.mknod(dest, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        elif dest_kind == "socket":
+            W.make_socket(dest)
         elif dest_kind == "folder" and not folder_out:
             dest.mkdir()
             (dest / "keep.txt").write_text("mine\n")
@@ -543,7 +547,7 @@ RUNNER_BASES: dict[str, list[str]] = {
                      "{force}"],
 }
 RUNNER_DESTINATIONS = ("new", "input", "in-bundle", "foreign", "foreign-force", "own", "own-force", "symlink-out",
-                       "symlink-dangling", "fifo", "device", "folder")
+                       "symlink-dangling", "fifo", "device", "socket", "folder")
 
 
 def runner_output_cases(world: Path) -> Iterator[Case]:
@@ -604,6 +608,8 @@ def _runner_case(world: Path, flag: str, dest_kind: str) -> Callable[[Path], W.O
             os.mkfifo(dest)
         elif dest_kind == "device":
             os.mknod(dest, stat.S_IFCHR | 0o600, os.makedev(1, 3))
+        elif dest_kind == "socket":
+            W.make_socket(dest)
         elif dest_kind == "folder":
             dest.mkdir()
         before = W.snapshot(w)

@@ -289,6 +289,25 @@ def _device(p: Path, _: Path) -> None:
     os.mknod(p, stat.S_IFCHR | 0o600, os.makedev(1, 5))  # /dev/zero's numbers: a read never ends
 
 
+def make_socket(p: Path) -> None:
+    """A listening-less Unix socket at ``p`` (bound from its folder: a socket path is at most 107 bytes)."""
+    import socket
+
+    old = os.getcwd()
+    os.chdir(p.parent)
+    try:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(p.name)
+        s.close()  # the socket file stays
+    finally:
+        os.chdir(old)
+
+
+def _socket(p: Path, _: Path) -> None:
+    p.unlink()
+    make_socket(p)
+
+
 def _devzero(p: Path, _: Path) -> None:
     p.unlink()
     p.symlink_to("/dev/zero")
@@ -411,7 +430,7 @@ def _rename_npz(p: Path) -> None:
 
 #: mutations of any file: (name, mutate, whether it must be refused)
 FILE_MUTATIONS: list[tuple[str, Mutate, bool]] = [
-    ("fifo", _fifo, True), ("device", _device, True), ("devzero", _devzero, True),
+    ("fifo", _fifo, True), ("device", _device, True), ("devzero", _devzero, True), ("socket", _socket, True),
     ("symlink-out", _symlink_out, True), ("folder", _folder, True), ("huge", _huge, True),
     ("empty", _empty, False), ("truncated", _truncated, False), ("garbage", _garbage, False),
     ("symlink-in", _symlink_in, False),
