@@ -5,7 +5,8 @@
 Builds the world (tests/hostile/world.py: every file kind rkpart reads, made by rkpart), then runs
 every case of tests/hostile/generated.py: each registered file kind read directly on every hostile
 variant (NaN / Inf / 0 / -1 / 1e308 in every number with ``--numbers 0``, the default), the same
-variants given to every command that reads them, and every output flag given every hostile
+variants given to every command that reads them (and every file a document names pointed out of
+its folder: never opened), and every output flag given every hostile
 destination.  Prints the count of cases per family, every break (a hang, a traceback, an exit
 code docs/errors.md does not list, an error longer than one line, a write outside the target,
 something lost), the slowest cases and the CPU time; exits 1 when anything broke.  The test suite

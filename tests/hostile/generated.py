@@ -238,12 +238,15 @@ def reader_cases(world: Path, routes: list[W.Route], *, numbers: int | None = 8)
             continue  # test_every_kind_has_a_sample names it
         for mname, mutate, must in W.mutations(kind.fmt):
             yield f"read {name} {mname}", _reader_case(world, kind, s, mname, mutate, must)
-        if kind.fmt in ("json", "jsonl"):
+        if kind.fmt in ("json", "jsonl", "text"):
             with _scratch() as tmp:
                 p, _root = _place(world, s, tmp)
-                variants = W.number_mutations(p, kind.fmt, numbers)
+                variants = W.number_mutations(p, kind.fmt, numbers) if kind.fmt != "text" else []
+                paths = W.path_mutations(p, kind.fmt, numbers)
             for vname, write in variants:
                 yield f"read {name} {vname}", _number_case(world, kind, s, vname, write)
+            for vname, mutate in paths:
+                yield f"read {name} {vname}", _reader_case(world, kind, s, vname, mutate, False)
 
 
 @contextlib.contextmanager
@@ -329,10 +332,17 @@ def cli_cases(world: Path, routes: list[W.Route], *, numbers: int | None = 2,
                 for vname, write in W.number_mutations(world / rel, kind.fmt, numbers):
                     yield (f"{r.name} <- {kname} {vname}",
                            _cli_case(world, r, rel, lambda p, o, w=write: w(p), False, vname))
+            if kind.fmt in ("json", "jsonl", "text") and numbers:
+                # the files a document names, pointed out of its folder at a FIFO or /dev/zero: never a hang
+                for vname, mutate in W.path_mutations(world / rel, kind.fmt, numbers):
+                    yield (f"{r.name} <- {kname} {vname}",
+                           _cli_case(world, r, rel, mutate, False, vname, planted=True))
 
 
 def _cli_case(world: Path, route: W.Route, rel: str, mutate: Callable[[Path, Path], Any], must: bool,
-              label: str = "") -> Callable[[Path], W.Outcome]:
+              label: str = "", planted: bool = False) -> Callable[[Path], W.Outcome]:
+    """``planted``: ``mutate`` pointed a name in the file out of the world (:func:`W.path_mutations`):
+    opening anything outside the world is a break."""
     def run(scratch: Path) -> W.Outcome:
         w = _copy_world(world, scratch)
         outside = scratch / "outside"
@@ -342,7 +352,7 @@ def _cli_case(world: Path, route: W.Route, rel: str, mutate: Callable[[Path, Pat
         before = W.snapshot(w, skip)
         out_before = W.snapshot(outside)
         t0 = time.monotonic()
-        with W.cache_env(w):
+        with W.cache_env(w), W.opened() as seen:
             try:
                 res: Any = W.invoke(route.args(w))
             except TimeoutError as e:
@@ -351,6 +361,10 @@ def _cli_case(world: Path, route: W.Route, rel: str, mutate: Callable[[Path, Pat
         o = W.judge(f"{route.name} <- {rel} {label}", res, time.monotonic() - t0,
                     allowed=W.EXIT_CODES, must_refuse=must)
         breaks = list(o.breaks)
+        out_real = os.path.realpath(outside)
+        escaped = sorted({q for q in seen if planted and (os.path.realpath(q) + "/").startswith(out_real + "/")})
+        if escaped:
+            breaks.append(f"opened {escaped[0]}, outside the folder that names it")
         after = W.snapshot(w, skip)
         if after != before:
             changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))

@@ -85,6 +85,20 @@ def test_every_command_holds_when_a_file_it_reads_is_hostile(world: tuple[Path, 
 
 
 @pytest.mark.slow
+def test_no_command_follows_a_name_out_of_its_folder(world: tuple[Path, list[W.Route]]) -> None:
+    """Every kind of file that names other files (a plan's stage files, a calibration's datasets and
+    samples, a profile's stage, a run report's model...) once, through a rotating command, with one of
+    its names pointed at a valid copy outside its folder (``../`` or absolute), a FIFO or /dev/zero:
+    never opened (an audit hook sees every open of the process), never a hang.  With the readers'
+    containment checks removed, 10 of the 20 calibration cases break."""
+    path_variants = ("=up-copy", "=abs-copy", "=abs-fifo", "=abs-devzero")
+    pool = [c for c in G.cli_cases(*world, numbers=1) if c[0].endswith(path_variants)]
+    cases = _rotating(pool, lambda c: c.split(" <- ", 1)[1].rsplit(" ", 1)[0], 1)  # by kind
+    assert len(cases) >= 6, sorted({c[0] for c in cases})
+    _run(cases, "paths")
+
+
+@pytest.mark.slow
 def test_every_output_flag_holds(world: tuple[Path, list[W.Route]]) -> None:
     """Every output flag given one of its inputs and one more destination, rotating; the runner's
     flags three each (the script: every destination)."""

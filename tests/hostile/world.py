@@ -25,8 +25,10 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -472,7 +474,7 @@ def number_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, 
         yield prefix
 
 
-def _set(doc: Any, path: tuple[Any, ...], value: float) -> Any:
+def _set(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
     import copy
 
     out = copy.deepcopy(doc)
@@ -506,6 +508,102 @@ def number_mutations(p: Path, fmt: str, limit: int | None = None) -> list[tuple[
 
             out.append((f"{'.'.join(map(str, path))[:80]}={name}", write))
     return out
+
+
+#: a string that names a file: what a plan, a manifest, a calibration or a record holds as a path
+_FILE_NAME = re.compile(r"^[^\s]{1,300}\.(onnx|data|npy|npz|json|jsonl|txt|rknn|log|yaml|html)$")
+
+
+def string_paths(doc: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    """The path (keys and indices) of every string of a parsed JSON document that names a file."""
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from string_paths(v, (*prefix, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from string_paths(v, (*prefix, i))
+    elif isinstance(doc, str) and _FILE_NAME.match(doc):
+        yield prefix
+
+
+def path_mutations(p: Path, fmt: str, limit: int | None = None) -> list[tuple[str, Mutate]]:
+    """Every file a document names (a JSON string naming a file; the first line of a text list),
+    pointed out of its folder: at a valid copy of that file (``../`` up to the scratch folder, and
+    absolute), at a FIFO and at ``/dev/zero``.  A reader that follows the name unchecked reads the
+    copy (:func:`opened` sees it), blocks or reads forever (the case's timeout calls it a hang)
+    instead of refusing in one line.  ``limit``: at most that many names of a document, spread
+    evenly over it."""
+    text = p.read_text(errors="replace")
+    lines = text.splitlines()
+    doc: Any = None
+    if fmt == "text":
+        targets: list[tuple[Any, ...]] = [()] if lines and _FILE_NAME.match(lines[0].strip()) else []
+    else:
+        try:
+            doc = json.loads(lines[0] if fmt == "jsonl" else text)
+        except (ValueError, IndexError):
+            return []
+        targets = list(string_paths(doc))
+    if limit is not None and len(targets) > limit:
+        step = len(targets) / limit
+        targets = [targets[math.floor(i * step)] for i in range(limit)]
+    out: list[tuple[str, Mutate]] = []
+    for path in targets:
+        for name in ("up-copy", "abs-copy", "abs-fifo", "abs-devzero"):
+            def mutate(q: Path, outside: Path, path: tuple[Any, ...] = path, name: str = name) -> None:
+                old = lines[0].strip() if fmt == "text" else _get(doc, path)
+                if name == "abs-devzero":
+                    value = "/dev/zero"
+                elif name == "abs-fifo":
+                    value = str(outside / "planted.fifo")
+                    os.mkfifo(value)
+                else:
+                    src = q.parent / old
+                    planted = outside / "planted" / Path(old).name
+                    planted.parent.mkdir(exist_ok=True)
+                    if src.is_file() and not src.is_symlink():
+                        shutil.copy(src, planted)
+                    else:
+                        planted.write_bytes(b"planted")
+                    value = str(planted) if name == "abs-copy" else os.path.relpath(planted, q.parent)
+                if fmt == "text":
+                    q.write_text("\n".join([value, *lines[1:]]) + "\n")
+                    return
+                body = json.dumps(_set(doc, path, value))
+                q.write_text("\n".join([body, *lines[1:]]) + "\n" if fmt == "jsonl" else body)
+
+            out.append((f"{'.'.join(map(str, path))[:80] or 'line1'}={name}", mutate))
+    return out
+
+
+def _get(doc: Any, path: tuple[Any, ...]) -> Any:
+    for k in path:
+        doc = doc[k]
+    return doc
+
+
+#: while :func:`opened` is active: every path this process opens (the ``open`` audit event: ``open()``,
+#: ``os.open``, ``io.open``; a toolkit's subprocess is not seen)
+_OPENED: list[list[str]] = []
+
+
+def _audit(event: str, args: tuple[Any, ...]) -> None:
+    if event == "open" and _OPENED and isinstance(args[0], (str, bytes, os.PathLike)):
+        _OPENED[-1].append(os.fsdecode(args[0]))
+
+
+sys.addaudithook(_audit)  # once per process (hooks cannot be removed); records only while opened() is active
+
+
+@contextlib.contextmanager
+def opened() -> Iterator[list[str]]:
+    """The paths opened in this process while active (any thread)."""
+    got: list[str] = []
+    _OPENED.append(got)
+    try:
+        yield got
+    finally:
+        _OPENED.remove(got)
 
 
 @contextlib.contextmanager
