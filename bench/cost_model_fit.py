@@ -25,8 +25,8 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from rkpart.cli import main as rkpart_main
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan
 from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.records import write_jsonl
 from rkpart.runtime.ort import OrtBackend

@@ -48,8 +48,8 @@ from rkpart.cost_model.device_model import (  # noqa: E402
     within,
 )
 from rkpart.cost_model.features import stage_features  # noqa: E402
-from rkpart.partitioner.plan import load_plan  # noqa: E402
 from rkpart.pipeline import partition  # noqa: E402
+from rkpart.plan.plan import load_plan  # noqa: E402
 
 #: (name, AnimaConfig overrides, resolution, in the fit set)
 ANIMA: tuple[tuple[str, dict[str, int], int, bool], ...] = (

@@ -4,7 +4,7 @@ prediction made before compiling and its error, and what ``auto`` chooses under 
 For each candidate family ``auto`` chooses from (split, split with AdaLN on the NPU, fused, fused x2)
 the model is partitioned (weights linked) and one block per anatomy is compiled (or taken from the
 build cache) with ``--toolkit``: exactly what ``rkpart partition --strategy auto --toolkit V`` does
-(:func:`rkpart.auto.ground_candidates`).  Then ``auto`` itself runs under the target's default
+(:func:`rkpart.grounding.ground_candidates`).  Then ``auto`` itself runs under the target's default
 budget and the table says how many blocks it keeps resident.
 
 Usage: ``.venv/bin/python bench/device_table.py MODEL.onnx [MODEL.onnx ...] [--toolkit 2.5.0]
@@ -24,10 +24,10 @@ sys.path.insert(0, str(ROOT))
 
 from rkpart.cost_model.features import stage_features  # noqa: E402
 from rkpart.cost_model.model import load_model_or_default  # noqa: E402
+from rkpart.discovery.recognizers import discover  # noqa: E402
 from rkpart.ir import load_model  # noqa: E402
-from rkpart.partitioner.plan import load_plan  # noqa: E402
 from rkpart.pipeline import partition  # noqa: E402
-from rkpart.recognizers import discover  # noqa: E402
+from rkpart.plan.plan import load_plan  # noqa: E402
 
 MIB = float(1 << 20)
 

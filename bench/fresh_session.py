@@ -39,8 +39,8 @@ SIZES = [(256, 4, 64), (384, 6, 64)]
 
 def fused_block(work: Path, hidden: int, heads: int, side: int) -> Path:
     """Block 0's stage of the fused plan of a 1-block Anima-style model."""
-    from rkpart.partitioner.plan import load_plan
     from rkpart.pipeline import partition
+    from rkpart.plan.plan import load_plan
     from rkpart.types import HOST
     from tests.models.anima import AnimaConfig, build_anima_onnx
 

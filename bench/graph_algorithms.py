@@ -5,7 +5,7 @@ it is built here at tiny widths (no 3.9 GB of weights): same ops, same edges.  E
 runs on the same loaded graph, interleaved, ``--rounds`` times; the medians of CPU time are
 printed with their ratio.
 
-* ``discover``: :func:`rkpart.partitioner.discovery.discover` as it stands.
+* ``discover``: :func:`rkpart.discovery.structure.discover` as it stands.
 * ``reach bitsets``: building ``rkpart.ir.reach.Reach`` (every op's ancestors as one int).
 * ``reach networkx``: the same ancestor sets from ``nx.ancestors`` per op (what discovery's
   ``is_ancestor`` / ancestor intersections would need without bitsets).
@@ -32,9 +32,9 @@ from pathlib import Path
 import networkx as nx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the example models: tests/models/
+from rkpart.discovery import structure as discovery
 from rkpart.ir import ModelGraph, load_model
 from rkpart.ir.reach import Reach
-from rkpart.partitioner import discovery
 from tests.models.anima import AnimaConfig, build_anima_onnx
 
 

@@ -46,8 +46,8 @@ from click.testing import CliRunner
 
 from rkpart.cli import main as rkpart_main
 from rkpart.cli_args import bundled_example
-from rkpart.partitioner.plan import Plan, Stage
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan, Stage
 from rkpart.runtime.executor import PlanExecutor, random_inputs
 from rkpart.runtime.ort import OrtBackend, make_session
 

@@ -49,7 +49,7 @@ from rkpart.cost_model.calibration import fit_profiles
 from rkpart.cost_model.features import stage_features
 from rkpart.cost_model.model import CostModel
 from rkpart.cost_model.rounds import round_time
-from rkpart.partitioner.plan import load_plan
+from rkpart.plan.plan import load_plan
 from rkpart.profile.records import read_jsonl
 from rkpart.tune import (
     TuneConfig,

@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 _LAZY: dict[str, tuple[str, ...]] = {
     # pipeline
     "load_model": ("rkpart.ir:load_model",),
-    "discover": ("rkpart.recognizers:discover",),
+    "discover": ("rkpart.discovery.recognizers:discover",),
     "partition": ("rkpart.pipeline:partition",),
     "compile_plan": ("rkpart.compile.compile:compile_plan",),
     "run_plan": ("rkpart.runtime.executor:run_plan",),
@@ -36,20 +36,20 @@ _LAZY: dict[str, tuple[str, ...]] = {
     "select": ("rkpart.auto:select",),
     "build": ("rkpart.dropin:build",),
     # values
-    "load_plan": ("rkpart.partitioner.plan:load_plan",),
-    "Plan": ("rkpart.partitioner.plan:Plan",),
-    "Stage": ("rkpart.partitioner.plan:Stage",),
+    "load_plan": ("rkpart.plan.plan:load_plan",),
+    "Plan": ("rkpart.plan.plan:Plan",),
+    "Stage": ("rkpart.plan.plan:Stage",),
     "ModelGraph": ("rkpart.ir:ModelGraph",),
-    "Discovery": ("rkpart.partitioner.discovery:Discovery",),
+    "Discovery": ("rkpart.discovery.structure:Discovery",),
     "BuildResult": ("rkpart.dropin:BuildResult",),
     "get_backend": ("rkpart.runtime:get_backend",),
     # extending
-    "Strategy": ("rkpart.strategies.base:Strategy",),
-    "GroupBuilder": ("rkpart.strategies.base:GroupBuilder",),
-    "Partition": ("rkpart.partitioner.partition:Partition",),
-    "Group": ("rkpart.partitioner.partition:Group",),
-    "Recognizer": ("rkpart.recognizers:Recognizer",),
-    "ScopeRecognizer": ("rkpart.recognizers:ScopeRecognizer",),
+    "Strategy": ("rkpart.grouping.strategies.base:Strategy",),
+    "GroupBuilder": ("rkpart.grouping.strategies.base:GroupBuilder",),
+    "Partition": ("rkpart.grouping.groups:Partition",),
+    "Group": ("rkpart.grouping.groups:Group",),
+    "Recognizer": ("rkpart.discovery.recognizers:Recognizer",),
+    "ScopeRecognizer": ("rkpart.discovery.recognizers:ScopeRecognizer",),
     # errors
     "RkpartError": ("rkpart.errors:RkpartError",),
     "UserError": ("rkpart.errors:UserError",),
@@ -88,18 +88,18 @@ __all__ = [
 if TYPE_CHECKING:  # static types for what __getattr__ returns
     from rkpart.auto import select
     from rkpart.compile.compile import compile_plan
+    from rkpart.discovery.recognizers import Recognizer, ScopeRecognizer, discover
+    from rkpart.discovery.structure import Discovery
     from rkpart.dropin import BuildResult, build
     from rkpart.errors import RkpartError, UserError
+    from rkpart.grouping.groups import Group, Partition
+    from rkpart.grouping.strategies.base import GroupBuilder, Strategy
     from rkpart.ir import ModelGraph, load_model
-    from rkpart.partitioner.discovery import Discovery
-    from rkpart.partitioner.partition import Group, Partition
-    from rkpart.partitioner.plan import Plan, Stage, load_plan
     from rkpart.pipeline import partition
+    from rkpart.plan.plan import Plan, Stage, load_plan
     from rkpart.profile.lifecycle import ProfileOptions, profile_plan
-    from rkpart.recognizers import Recognizer, ScopeRecognizer, discover
     from rkpart.runtime import get_backend
     from rkpart.runtime.executor import run_plan
-    from rkpart.strategies.base import GroupBuilder, Strategy
 
 
 def __getattr__(name: str) -> Any:

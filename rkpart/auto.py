@@ -1,19 +1,18 @@
 """``--strategy auto``: per block, the candidate partition a cost model predicts to be fastest.
 
-The families of :mod:`rkpart.strategies.families` propose whole-model partitions
+The families of :mod:`rkpart.grouping.strategies.families` propose whole-model partitions
 (:func:`candidate_variants`); :mod:`rkpart.cost_model.candidates` slices them into
 candidates per block and run, :func:`rkpart.cost_model.select.choose` chooses, and
-:class:`AutoStrategy` assembles the choice.  With a toolkit, :func:`ground_candidates`
-compiles one block per anatomy of every family first, so that the choice reads the
-compiler's own tables.  It sits above the strategies and the cost model, below
-:mod:`rkpart.pipeline` (which lists ``auto`` among the built-in strategies).
+:class:`AutoStrategy` assembles the choice.  Like every strategy it only groups: it compiles,
+calibrates and writes nothing.  With a toolkit, the pipeline compiles one block per anatomy of
+every family first (:mod:`rkpart.grounding`) and hands the builds to :meth:`AutoStrategy.choose`,
+so that the choice reads the compiler's own tables.  It sits above the strategies and the cost
+model, below :mod:`rkpart.pipeline` (which lists ``auto`` among the built-in strategies).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -21,22 +20,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rkpart import strategies
 from rkpart.cost_model.candidates import Candidate, Variant, block_anatomy, candidates_from
 from rkpart.cost_model.features import group_features
 from rkpart.cost_model.model import Accuracy, CostModel, load_model_or_default
 from rkpart.cost_model.select import RESIDENCIES, Selection, SelectionConfig, Trade, choose, evaluate
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import UserError
+from rkpart.grouping import strategies
+from rkpart.grouping.capability import apply_capability, flag_ops
+from rkpart.grouping.groups import Partition, acyclic
+from rkpart.grouping.learned import target_capability
+from rkpart.grouping.strategies.base import GroupBuilder, Strategy, option, propose_with
+from rkpart.grouping.strategies.families import OWN_STRATEGIES, families
 from rkpart.io import file_sha256
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.capability import apply_capability, flag_ops
-from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.partition import Partition, acyclic
-from rkpart.partitioner.write import write_partition
 from rkpart.progress import Progress, silent
 from rkpart.readers import FileKind
-from rkpart.strategies.base import GroupBuilder, Strategy, option, propose_with
-from rkpart.strategies.families import OWN_STRATEGIES, families
 from rkpart.targets import get_target
 from rkpart.targets.capability import Capability
 
@@ -45,12 +44,12 @@ def candidate_variants(mg: ModelGraph, disc: Discovery, *, max_run: int = 1, plu
                        notes: list[str] | None = None, capability: Capability | None = None) -> list[Variant]:
     """The whole-model partitions ``auto`` chooses from, as the strategies propose them.
 
-    The families of :mod:`rkpart.strategies.families`: ``split`` (AdaLN on the host, or on the
+    The families of :mod:`rkpart.grouping.strategies.families`: ``split`` (AdaLN on the host, or on the
     NPU), ``fused`` one block per stage, then every registered plugin strategy whose stages
     stay inside one block (``notes`` collects the plugins that were skipped and why), then
     the runs of K = 2 .. ``max_run`` fused blocks (one partition per start offset).  With a
     ``capability``, every partition has the ops that toolkit does not run on the NPU moved to
-    the host first (:func:`~rkpart.partitioner.capability.apply_capability`), so the cost model
+    the host first (:func:`~rkpart.grouping.capability.apply_capability`), so the cost model
     scores the stages that will be built.
     """
     def capable(part: Partition) -> Partition:
@@ -89,11 +88,13 @@ def enumerate_candidates(mg: ModelGraph, disc: Discovery, *, max_run: int = 2, p
 
 
 def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionConfig | None = None,
-           capability: Capability | None = None) -> Selection:
+           capability: Capability | None = None, *, trades: bool = True) -> Selection:
     """Choose a candidate partition and a residency per block of ``mg`` (``--strategy auto``).
 
     The candidates are :func:`candidate_variants` sliced per block plus runs of up to
-    ``config.max_run`` fused blocks.
+    ``config.max_run`` fused blocks.  With ``trades`` (the default; the explanation shows them),
+    each choice the ``capability`` moved ops out of is weighed against the runtime's CPU fallback
+    (:func:`capability_trades`: every family proposed again).
     """
     config = config or SelectionConfig()
     notes: list[str] = []
@@ -101,9 +102,8 @@ def select(mg: ModelGraph, disc: Discovery, model: CostModel, config: SelectionC
                                  capability=capability)
     anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks} if config.share_anatomy else None
     sel = choose(cands, model, config, notes=notes, anatomy=anatomy)
-    if capability is not None and any(o.candidate.host_ops for o in sel.chosen):
-        # proposing every family again and probing the moved ops is for --explain only: on demand
-        sel.trade_source = functools.partial(capability_trades, mg, disc, model, config, sel, capability)
+    if trades and capability is not None and any(o.candidate.host_ops for o in sel.chosen):
+        sel.trades = capability_trades(mg, disc, model, config, sel, capability)
     return sel
 
 
@@ -153,130 +153,6 @@ def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
     return mib, "given"
 
 
-def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path, *, max_run: int = 2,
-                      toolkits_dir: str | None = None, progress: Progress = silent,
-                      capability: Capability | None = None,
-                      precisions: tuple[str, ...] = ("fp16",), keep_weights: bool = True
-                      ) -> tuple[list[Path], list[str]]:
-    """Compile one block per distinct anatomy of every candidate family with ``toolkit``, or take
-    the builds from the user's build cache, so that ``auto`` chooses from the compiler's own tables.
-
-    Each family's plan is written under ``work`` (weights linked: a reflink where the file system has
-    them, else a copy of the source's data); of its NPU stages only those of the first block of each
-    anatomy (:func:`~rkpart.cost_model.candidates.block_anatomy`) are built.  Without
-    ``keep_weights`` (``auto``'s own temporary folder) a family's linked weights are removed once it
-    is built (and calibrated): the selection reads only its plan.json and builds, and disk holds at
-    most two copies of the weights at a time instead of one per family.  The folders are then not
-    plans any command can read again (their stages' data is gone), which is why a ``compile_dir``
-    the user gives keeps them.
-    Returns the compiled plan folders (``SelectionConfig.compiled``) and notes for the
-    explanation.  A toolkit that is not installed gives no folders and a note saying so.
-
-    With ``int8`` in ``precisions``, each family's plan is also calibrated (``rkpart calibrate``'s
-    :func:`~rkpart.profile.calibrate.write_calibration`, its defaults: 4 denoising steps with CFG on
-    ONNX Runtime, 20 samples per stage, seed 0; into ``work/<family>.calib``), written again as
-    ``work/<family>.int8`` and its representative stages built int8 from that calibration, so
-    that int8 candidates read an int8 build's own tables.  A plan that cannot be calibrated (no
-    denoising loop) leaves its int8 candidates on the prior, with a note.
-    """
-    from rkpart.compile.compile import CompileOptions, compile_plan_report
-    from rkpart.compile.toolkits import find_toolkit
-    from rkpart.errors import ToolkitError
-    from rkpart.partitioner.weights import drop_links
-
-    try:
-        tk = find_toolkit(toolkit, toolkits_dir)
-    except ToolkitError as e:
-        return [], [f"candidates not compiled: {e}; device memory is predicted (rkpart toolkit install {toolkit})"]
-    anatomy = {b.index: block_anatomy(mg, b) for b in disc.blocks}
-    folders: list[Path] = []
-    notes: list[str] = []
-    for fam in families(max_run, len(disc.blocks)):
-        cid = fam.id
-        out = work / cid
-        progress(f"auto: {cid}: partitioning to compile one block per anatomy")
-        part = propose_with(strategies.get_strategy(fam.strategy), mg, disc, fam.options)
-        if capability is not None:
-            part = apply_capability(mg, part, capability)
-        plan = write_partition(mg, disc, part, out, force=True, weights="link")
-        seen: set[tuple[tuple[str, ...], str]] = set()
-        reps = []
-        for st in plan.npu_stages:
-            k = (tuple(anatomy.get(b, str(b)) for b in st.blocks), st.region)
-            if st.blocks and k not in seen:
-                seen.add(k)
-                reps.append(st.id)
-        if not reps:
-            if not keep_weights:
-                drop_links(out, plan.extra.get("weights"))
-            continue
-        progress(f"auto: {cid}: compiling {len(reps)} representative stage(s) with rknn-toolkit2 {tk.version}")
-        rep = compile_plan_report(plan, out, CompileOptions(tk, stages=reps), progress=progress)
-        failed = [o.stage_id for o in rep.failed]
-        notes.append(f"{cid}: {len(reps)} stage(s) of {len({a for a in anatomy.values()})} block anatomy(ies) compiled "
-                     f"with rknn-toolkit2 {tk.version} ({len(rep.cached)} from the build cache"
-                     + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
-        folders.append(out)
-        if "int8" in precisions:
-            int8 = _ground_int8(mg, disc, part, plan, out, reps, tk, progress)
-            if isinstance(int8, str):
-                notes.append(f"{cid}: int8 not compiled: {int8}; its int8 candidates use the int8 prior")
-            else:
-                folder, rep8 = int8
-                failed = [o.stage_id for o in rep8.failed]
-                notes.append(f"{cid}: {len(reps)} stage(s) compiled int8 (w8a8) from auto's own calibration "
-                             f"({folder.name[:-len('.int8')]}.calib) with rknn-toolkit2 {tk.version} "
-                             f"({len(rep8.cached)} from the build cache"
-                             + (f"; failed: {', '.join(failed)}" if failed else "") + ")")
-                folders.append(folder)
-                if not keep_weights:
-                    drop_links(folder, rep8.plan.extra.get("weights"))
-        if not keep_weights:  # built (and calibrated): the selection reads plan.json and the builds only
-            drop_links(out, plan.extra.get("weights"))
-    return folders, notes
-
-
-def _reusable_calibration(calib: Path, plan: Any) -> bool:
-    """Whether ``calib`` (kept in ``compile_dir`` by an earlier run) is this plan's calibration with
-    calibrate's defaults: the same plan gives the same samples, so it is not made again."""
-    from rkpart.compile.calibration import load_calibration
-    from rkpart.errors import RkpartError
-    from rkpart.profile.calibrate import DEFAULT_SAMPLES
-
-    if not (calib / "calibration.json").is_file():
-        return False
-    try:
-        cal = load_calibration(calib)
-        cal.check_plan(plan)
-    except RkpartError:
-        return False
-    return (cal.source, cal.steps, cal.cfg, cal.seed, cal.samples) == ("denoise", 4, True, 0, DEFAULT_SAMPLES)
-
-
-def _ground_int8(mg: ModelGraph, disc: Discovery, part: Partition, plan: Any, fp16_dir: Path, reps: list[str],
-                 tk: Any, progress: Progress) -> tuple[Path, Any] | str:
-    """Calibrate a family's fp16 plan and build its representative stages int8 in a second plan
-    folder (``<family>.int8``); the reason as a string when that cannot be done."""
-    from rkpart.compile.compile import CompileOptions, compile_plan_report
-    from rkpart.errors import RkpartError
-    from rkpart.profile.calibrate import write_calibration
-
-    calib = fp16_dir.with_name(fp16_dir.name + ".calib")
-    out = fp16_dir.with_name(fp16_dir.name + ".int8")
-    try:
-        if not _reusable_calibration(calib, plan):
-            progress(f"auto: {fp16_dir.name}: calibrating the plan for int8 builds (rkpart calibrate, 4 steps, CFG)")
-            write_calibration(plan, fp16_dir, calib, force=True, progress=progress)
-        plan8 = write_partition(mg, disc, part, out, force=True, weights="link")
-        progress(f"auto: {fp16_dir.name}: compiling {len(reps)} representative stage(s) int8 with rknn-toolkit2 "
-                 f"{tk.version}")
-        rep = compile_plan_report(plan8, out, CompileOptions(tk, stages=tuple(reps), precision="int8",
-                                                             calibration=str(calib)), progress=progress)
-    except RkpartError as e:
-        return str(e)
-    return out, rep
-
-
 def _as_bool(v: Any, name: str) -> bool:
     """A boolean option, also as the CLI's ``--option KEY=true|false`` string."""
     if isinstance(v, bool):
@@ -296,7 +172,7 @@ def _as_list(v: Any) -> tuple[str, ...]:
 
 def _precisions(v: Any) -> tuple[str, ...]:
     """``precisions`` (``fp16``, ``int8`` or ``fp16,int8``), in that order; default fp16 only."""
-    from rkpart.strategies.families import CANDIDATE_PRECISIONS
+    from rkpart.grouping.strategies.families import CANDIDATE_PRECISIONS
 
     got = _as_list(v) or ("fp16",)
     bad = [p for p in got if p not in CANDIDATE_PRECISIONS]
@@ -419,7 +295,8 @@ class AutoStrategy(Strategy):
     ``compiled``         plan folders compiled by ``rkpart compile``: their failures exclude
                          candidates, their ``.rknn`` sizes, compiler memory and cycles replace estimates
     ``compile``          compile one block per anatomy of every candidate family with ``toolkit``
-                         (:func:`ground_candidates`; the build cache makes a rerun free), so that device
+                         (:func:`rkpart.grounding.ground_candidates`, the pipeline's step before the
+                         choice; the build cache makes a rerun free), so that device
                          memory and NPU time come from the compiler's own tables (default False;
                          ``rkpart partition --toolkit V`` turns it on)
     ``toolkits_dir``     where toolkit environments live (for ``compile``)
@@ -446,12 +323,28 @@ class AutoStrategy(Strategy):
         self.progress = progress
 
     def propose(self, mg: ModelGraph, disc: Discovery | None, opts: AutoOptions) -> Partition:
+        """The choice, from the cost model's predictions and ``opts.compiled`` builds only: ``compile``
+        is the pipeline's step before it (:func:`rkpart.grounding.auto_grouping`), which hands the
+        builds to :meth:`choose`."""
         assert disc is not None
-        model_path = opts.cost_model
-        model = load_model_or_default(model_path)
-        acc_path = opts.accuracy
-        if acc_path is not None:
-            model = dataclasses.replace(model, accuracy=Accuracy(load_accuracy(acc_path)))
+        model = self.cost_model(opts)
+        # the candidates are scored as they will be built: ops the toolkit runs on the CPU on the host
+        cap = target_capability(get_target().name, opts.toolkit) if opts.capability else None
+        return self.choose(mg, disc, opts, model, capability=cap)
+
+    @staticmethod
+    def cost_model(opts: AutoOptions) -> CostModel:
+        """The cost model ``opts`` name (default: the shipped calibration), with its accuracy term replaced by
+        ``opts.accuracy``'s.  Raises :class:`~rkpart.errors.UserError` for a file that is not one."""
+        model = load_model_or_default(opts.cost_model)
+        if opts.accuracy is not None:
+            model = dataclasses.replace(model, accuracy=Accuracy(load_accuracy(opts.accuracy)))
+        return model
+
+    def choose(self, mg: ModelGraph, disc: Discovery, opts: AutoOptions, model: CostModel, *,
+               capability: Capability | None, grounded: Grounded | None = None) -> Partition:
+        """The groups of the candidate ``model`` chooses per block, scored with ``capability``'s moves
+        made; ``grounded``: the compiled representative candidates (their tables replace predictions)."""
         residency = opts.residency
         cfg = SelectionConfig(
             budget_mib=opts.budget_mib, budget_source=opts.budget_source, toolkit=opts.toolkit, steps=opts.steps,
@@ -459,31 +352,13 @@ class AutoStrategy(Strategy):
             max_error_ratio=opts.max_error_ratio, max_run=opts.max_run, compiled=opts.compiled,
             cfg_parallel=opts.cfg_parallel, precisions=opts.precisions,
         )
-        grounding: list[str] = []
-        # the candidates are scored as they will be built: ops the toolkit runs on the CPU on the host
-        from rkpart.compile.learned import target_capability
-
-        cap = target_capability(get_target().name, opts.toolkit) if opts.capability else None
-        with contextlib.ExitStack() as stack:
-            if opts.compile and cfg.toolkit is not None:
-                import tempfile
-
-                from rkpart.compile.user_cache import default_cache_dir
-
-                if opts.compile_dir is not None:
-                    work = Path(opts.compile_dir)
-                else:
-                    root = default_cache_dir()
-                    root.mkdir(parents=True, exist_ok=True)
-                    work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="auto-", dir=root)))
-                folders, grounding = ground_candidates(mg, disc, cfg.toolkit, work, max_run=cfg.max_run,
-                                                       toolkits_dir=opts.toolkits_dir, progress=self.progress,
-                                                       capability=cap, precisions=cfg.precisions,
-                                                       keep_weights=opts.compile_dir is not None)
-                cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *map(str, folders)), share_anatomy=True)
-            sel = select(mg, disc, model, cfg, capability=cap)
+        if grounded is not None:
+            cfg = dataclasses.replace(cfg, compiled=(*cfg.compiled, *grounded.folders), share_anatomy=True)
+        # the trades are for --explain only (proposing every family again): made when someone reads the selection
+        sel = select(mg, disc, model, cfg, capability=capability, trades=self.report is not None)
         plan_notes = tuple(sel.notes)
-        sel.notes.extend(grounding)  # for --explain only: whether a build came from the cache is not the plan's
+        if grounded is not None:  # for --explain only: whether a build came from the cache is not the plan's
+            sel.notes.extend(grounded.notes)
         if self.report is not None:
             self.report(sel)
         gb = GroupBuilder()
@@ -492,6 +367,7 @@ class AutoStrategy(Strategy):
                 gb.add(g.id, set(g.ops), device=g.device, region=g.region, kind=g.kind, block=g.block,
                        blocks=g.blocks)
         gb.add_host_rest(mg, disc)
+        model_path, acc_path = opts.cost_model, opts.accuracy
         recorded = {
             "cost_model": "shipped:rk3588_calibration" if model_path is None else str(model_path),
             "cost_model_sha256": model.sha256,
@@ -518,12 +394,22 @@ class AutoStrategy(Strategy):
                       for o in sel.chosen) + plan_notes
         part = gb.build(self.name, recorded, notes=notes)
         moved = [h for o in sel.chosen for h in o.candidate.host_ops]
-        if cap is not None and moved:
+        if capability is not None and moved:
             # the moves were made in the candidates it was assembled from: the plan records them
             # as any strategy's plan does (``extra.capability``)
             part = dataclasses.replace(part, extra={**part.extra,
-                                                    "capability": {**cap.to_json(), "host_ops": moved}})
+                                                    "capability": {**capability.to_json(), "host_ops": moved}})
         return part
+
+
+@dataclass(frozen=True)
+class Grounded:
+    """What compiling one block per anatomy of every candidate family gave (:mod:`rkpart.grounding`):
+    the compiled plan folders, read as ``compiled`` builds that stand for every block of their
+    anatomy, and notes for the explanation."""
+
+    folders: tuple[str, ...]
+    notes: tuple[str, ...]
 
 
 def precision_spec(sel: Selection) -> dict[str, Any]:
@@ -533,5 +419,5 @@ def precision_spec(sel: Selection) -> dict[str, Any]:
                        for g in o.candidate.groups if g.device == "npu"}}
 
 
-__all__ = ["AutoOptions", "AutoStrategy", "auto_budget", "candidate_variants", "enumerate_candidates",
-           "ground_candidates", "load_accuracy", "precision_spec", "select"]
+__all__ = ["AutoOptions", "AutoStrategy", "Grounded", "auto_budget", "candidate_variants", "enumerate_candidates",
+           "load_accuracy", "precision_spec", "select"]

@@ -120,6 +120,7 @@ def _register() -> None:
         ("rkpart.commands.estimate", ("estimate",)),
         ("rkpart.commands.calibrate", ("calibrate",)),
         ("rkpart.commands.export", ("export",)),
+        ("rkpart.commands.encode", ("encode",)),
     ):
         try:
             module = importlib.import_module(mod)

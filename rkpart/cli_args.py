@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 import click
 
 from rkpart.errors import INTERRUPTED_EXIT, UserError, one_line, os_error
-from rkpart.types import DEVICES, RESIDENCIES
+from rkpart.types import DEVICES, RESIDENCIES, JsonObject
 
 F = TypeVar("F", bound=Callable[..., Any])
 Decorator = Callable[[F], F]
@@ -149,10 +149,10 @@ def outputs_are_not_inputs(ctx: click.Context | None) -> None:
 
 # -- value parsing ---------------------------------------------------------------------------
 def parse_key_values(_ctx: click.Context | None, _param: click.Parameter | None,
-                     values: tuple[str, ...]) -> dict[str, Any]:
+                     values: tuple[str, ...]) -> JsonObject:
     """``KEY=VALUE`` options: the value as JSON when it parses (numbers, booleans, lists,
     dicts such as ``op_target``), else as a string."""
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for item in values:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
@@ -350,7 +350,7 @@ def build_options(f: F) -> F:
     ``rknn_config`` dict (``--opt-level`` and ``--single-core`` override ``--config``)."""
 
     @functools.wraps(f)
-    def merge(*args: Any, opt_level: int | None, single_core: bool, config: dict[str, Any], **kwargs: Any) -> Any:
+    def merge(*args: Any, opt_level: int | None, single_core: bool, config: JsonObject, **kwargs: Any) -> Any:
         cfg = dict(config)
         if opt_level is not None:
             cfg["optimization_level"] = opt_level

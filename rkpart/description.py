@@ -93,6 +93,8 @@ class SchedulerDesc:
     config: Mapping[str, Any] = field(default_factory=dict, compare=False)
     sigmas: str | None = None
     mu: float | None = None
+    #: the rule of the ``timesteps`` the pipeline passes to ``set_timesteps`` beside its sigmas (CogView4)
+    timesteps: str | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,8 @@ class CfgDesc:
     guidance_input: str | None = None
     combine: str | None = None
     guidance_input_scale: float = 1.0
+    #: the call argument that is ``g`` (``guidance_scale``); ``None`` under ``none``
+    scale_argument: str | None = None
 
 
 @dataclass(frozen=True)
@@ -296,9 +300,11 @@ def _typed(doc: Mapping[str, Any]) -> PipelineDescription:
         output=OutputDesc(o["name"], o["prediction"], o["learned_sigma"], o["sign"], o["channels_axis"]),
         timestep=TimestepDesc(float(ts["scale"]), float(ts["offset"]), bool(ts.get("reverse", False))),
         scheduler=SchedulerDesc(s["class"], dict(s["config"]), s["set_timesteps"]["sigmas"],
-                                None if s["set_timesteps"]["mu"] is None else float(s["set_timesteps"]["mu"])),
+                                None if s["set_timesteps"]["mu"] is None else float(s["set_timesteps"]["mu"]),
+                                s["set_timesteps"].get("timesteps")),
         cfg=CfgDesc(c["mode"], None if c["guidance_scale"] is None else float(c["guidance_scale"]),
-                    c["guidance_input"], c["combine"], float(c.get("guidance_input_scale", 1.0))),
+                    c["guidance_input"], c["combine"], float(c.get("guidance_input_scale", 1.0)),
+                    c.get("scale_argument")),
         latent=LatentDesc(tuple(lat["shape"]), lat["dtype"], lat["init"], lat["packing"], lat["channels"]),
         vae=None if v is None else VaeDesc(v["class"], v["file"], v["scaling_factor"], v["shift_factor"],
                                            v["latent_channels"], tuple(v["image_shape"])),
@@ -369,7 +375,7 @@ class _TensorLike(Protocol):
 
 
 class ModelLike(Protocol):
-    """What :func:`check_against` reads of a model: a plan (:class:`rkpart.partitioner.plan.Plan`)
+    """What :func:`check_against` reads of a model: a plan (:class:`rkpart.plan.plan.Plan`)
     or anything with its input and output names and their static types."""
 
     @property

@@ -28,8 +28,6 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.errors import DiscoveryError, ToolkitError, UserError
-from rkpart.partitioner.plan import Plan
-from rkpart.partitioner.write import prepare_out
 from rkpart.pipeline import (
     LoadedModel,
     PartitionConfig,
@@ -38,7 +36,10 @@ from rkpart.pipeline import (
     propose,
     write_plan,
 )
+from rkpart.plan.plan import Plan
+from rkpart.plan.write import prepare_out
 from rkpart.targets import DEFAULT_TARGET
+from rkpart.types import JsonMap, JsonObject
 
 #: ``RKNN.config`` options that describe the *model inputs*; a partitioned build's stage
 #: inputs are intermediate tensors, so only identity values can be passed on
@@ -90,7 +91,7 @@ def choose_strategy(model: str | os.PathLike[str] | LoadedModel,
     return "generic", f"{len(disc.blocks)} blocks found, none with AdaLN"
 
 
-def _check_config(config: Mapping[str, Any]) -> None:
+def _check_config(config: JsonMap) -> None:
     for key, identity in _INPUT_OPTIONS.items():
         v = config.get(key)
         if v is None:
@@ -114,7 +115,7 @@ def _flatten(v: Any) -> Any:
 def build(
     model: str | os.PathLike[str],
     out: str | os.PathLike[str],
-    config: Mapping[str, Any] | None = None,
+    config: JsonMap | None = None,
     *,
     strategy: str | None = None,
     toolkit: str = "2.3.0",
@@ -219,7 +220,7 @@ def build(
 
     how = PartitionConfig(options=options, force=force, target=target, toolkit=toolkit, progress=say)
     plan = write_plan(loaded, propose(loaded, strat, how), out, how)
-    quant: dict[str, Any] = {}
+    quant: JsonObject = {}
     if do_quantization and dataset is not None:
         from rkpart.profile.calibrate import dataset_feeds, write_calibration
 

@@ -19,22 +19,32 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from rkpart.errors import OutputExistsError, SpecError, UserError, first_line
+
+if TYPE_CHECKING:  # numpy and onnx are imported where they are used: rkpart's CLI starts without them
+    import onnx
+    from numpy.typing import ArrayLike
+
+
+class Hash(Protocol):
+    """A :mod:`hashlib` object, as the byte streams feed it."""
+
+    def update(self, data: bytes | bytearray | memoryview, /) -> None: ...
 
 #: lock files of older versions (folder_lock now locks the folder itself)
 LOCK_NAME = ".rkpart.lock"
 
 
 def default_cache_dir() -> Path:
-    """Where cross-plan knowledge (memory model, build cache, learned placements) lives:
+    """Where cross-plan knowledge (the build cache, learned placements, the memory model) lives:
     ``$RKPART_CACHE_DIR`` or ``~/.cache/rkpart``."""
     env = os.environ.get("RKPART_CACHE_DIR")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "rkpart"
 
 
-def hash_file(h: Any, path: str | os.PathLike[str], chunk: int = 1 << 22) -> None:
+def hash_file(h: Hash, path: str | os.PathLike[str], chunk: int = 1 << 22) -> None:
     """Feed ``path``'s bytes into the hash object ``h`` without reading the file whole."""
     with open(path, "rb") as f:
         while buf := f.read(chunk):
@@ -460,7 +470,7 @@ def external_locations(onnx_path: str | os.PathLike[str], *, what: str,
     return locations_in(model)
 
 
-def locations_in(model: Any) -> list[str]:
+def locations_in(model: onnx.ModelProto) -> list[str]:
     """External-data locations of a parsed ``onnx.ModelProto``, sorted and unique."""
     import onnx
 
@@ -508,8 +518,7 @@ def content_sha256(files: list[Path]) -> str:
 MAX_NPZ_ELEMENTS = 1 << 34
 
 
-
-def input_digest(a: Any) -> str:
+def input_digest(a: ArrayLike) -> str:
     """sha256 of an array's dtype, shape and bytes: the inputs a specialised plan was made on.
 
     ``rkpart/runtime/board_runner.py`` computes the same (a test keeps the two equal).
@@ -522,7 +531,7 @@ def input_digest(a: Any) -> str:
     return h.hexdigest()
 
 
-def check_finite_arrays(arrays: Any, *, what: str, error: type[UserError] = UserError) -> None:
+def check_finite_arrays(arrays: Mapping[str, ArrayLike], *, what: str, error: type[UserError] = UserError) -> None:
     """Refuse (one line) a mapping of arrays in which a float array holds NaN or Inf: inputs
     that are meant to be representative (``partition --inputs``, calibration samples) cannot be."""
     import numpy as np
@@ -534,7 +543,7 @@ def check_finite_arrays(arrays: Any, *, what: str, error: type[UserError] = User
             raise error(f"{what}: array {name!r} holds {bad} NaN/Inf value(s); representative inputs must be finite")
 
 
-def write_npz(path: str | os.PathLike[str], arrays: Mapping[str, Any]) -> None:
+def write_npz(path: str | os.PathLike[str], arrays: Mapping[str, ArrayLike]) -> None:
     """An ``.npz`` that ``np.load`` and :func:`rkpart.readers.read_npz` read, byte-identical for equal arrays.
 
     ``np.savez`` stamps each member with the current time; here members are sorted and dated

@@ -1,6 +1,6 @@
 """One output protocol for every command that writes (issue 31).
 
-``partition`` learned it first (:mod:`rkpart.partitioner.outdir`); every other command that
+``partition`` learned it first (:mod:`rkpart.plan.outdir`); every other command that
 writes a folder or a file goes through the same rules here:
 
 - **Folders** are written into a sibling staging folder ``.<out>.partial``, locked with
@@ -42,7 +42,6 @@ import shutil
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
 
 from rkpart.errors import OutputExistsError, UserError, os_error
 from rkpart.io import (
@@ -54,6 +53,7 @@ from rkpart.io import (
     replace_folder,
 )
 from rkpart.readers import FileKind
+from rkpart.types import JsonObject
 
 #: the file rkpart writes into every output folder: who wrote it and which files it wrote
 MARKER = ".rkpart-output.json"
@@ -112,7 +112,7 @@ def write_marker(folder: Path, kind: str, *, complete: bool = True) -> None:
     atomic_write_bytes(folder / MARKER, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
 
-def read_marker(folder: Path) -> dict[str, Any] | None:
+def read_marker(folder: Path) -> JsonObject | None:
     """The marker of ``folder`` if it holds a valid one (a regular file, not a symlink), else ``None``."""
     try:
         doc = MARKER_KIND.load(folder / MARKER, root=folder)

@@ -24,6 +24,7 @@ from importlib import metadata
 from typing import Any
 
 from rkpart.errors import describe_exception
+from rkpart.types import JsonObject
 
 STRATEGY_GROUP = "rkpart.strategies"
 RECOGNIZER_GROUP = "rkpart.recognizers"
@@ -55,7 +56,7 @@ class PluginSet:
 
     group: str = ""
     entries: tuple[PluginInfo, ...] = ()
-    loaded: dict[str, Any] = field(default_factory=dict)
+    loaded: JsonObject = field(default_factory=dict)
     origin: dict[str, str] = field(default_factory=dict)  # name -> "dist==version (module:attr)"
     broken: dict[str, str] = field(default_factory=dict)  # name -> one-line error (broken, duplicate, shadowed)
 
@@ -91,8 +92,8 @@ def load_plugins(group: str, builtin: tuple[str, ...] = (), check: Checker | Non
         Names the built-ins already use: plugins with those names are reported as shadowed.
     check
         What the group needs of an entry point's object: returns an error message or ``None``.
-        The package that owns the group passes it (:mod:`rkpart.strategies`,
-        :mod:`rkpart.recognizers`), so this module imports neither.
+        The package that owns the group passes it (:mod:`rkpart.grouping.strategies`,
+        :mod:`rkpart.discovery.recognizers`), so this module imports neither.
 
     Returns
     -------

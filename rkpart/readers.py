@@ -33,13 +33,16 @@ import dataclasses
 import io
 import os
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 from rkpart.errors import SpecError, UserError, first_line
 from rkpart.io import MAX_DEPTH, _kind, loads_json, loads_yaml
+
+if TYPE_CHECKING:  # numpy is imported where it is used: rkpart's CLI starts without it
+    import numpy as np
 
 Format = Literal["json", "jsonl", "yaml", "text", "npy", "npz", "bytes"]
 #: elements of one array rkpart reads (2^34: 64 GiB of float32)
@@ -253,8 +256,8 @@ NPZ_KIND = FileKind("arrays file", "npz", 1 << 40, UserError,
                     doc="`--inputs` / `--reference` `.npz` of `run`, `bundle`, `partition`, `calibrate`")
 
 
-def read_npz(path: str | os.PathLike[str], *, what: str, names: Any = None,
-             error: type[UserError] = UserError) -> dict[str, Any]:
+def read_npz(path: str | os.PathLike[str], *, what: str, names: Iterable[str] | None = None,
+             error: type[UserError] = UserError) -> dict[str, np.ndarray]:
     """The arrays ``names`` (default: all) of the ``.npz`` at ``path``, other members never decoded.
 
     Only a regular file; each member's header is read first, and an object or non-numeric
@@ -270,7 +273,7 @@ def read_npz(path: str | os.PathLike[str], *, what: str, names: Any = None,
     # rkpart.readers: a regular file within its bound, opened non-blocking (a FIFO never hangs the read)
     kind = dataclasses.replace(NPZ_KIND, name=what, error=error, register=False, family=NPZ_KIND.name)
     fmt = np.lib.format
-    out: dict[str, Any] = {}
+    out: dict[str, np.ndarray] = {}
     try:
         with kind.open(p) as raw:
             if raw.read(6) == b"\x93NUMPY":

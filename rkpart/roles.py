@@ -38,7 +38,7 @@ import numpy as np
 
 from rkpart.description import EMBEDDING_ROLES, FILENAME, PipelineDescription, check_against, load_description
 from rkpart.errors import SpecError, UserError
-from rkpart.partitioner.plan import Plan, TensorInfo
+from rkpart.plan.plan import Plan, TensorInfo
 
 #: the flags that name the loop's inputs when a plan has no pipeline description
 ROLE_FLAGS = "--latent-input NAME --timestep-input NAME [--guidance-input NAME] [--context-input NAME ...]"
@@ -61,7 +61,8 @@ BY_DESCRIPTION, BY_FLAGS, BY_SHAPE = "pipeline.json", "flags", "shape (guessed)"
 
 # -- the plan's description ---------------------------------------------------------------------
 def description_beside(model: Path) -> Path | None:
-    """``pipeline.json`` beside ``model`` (what ``rkpart export`` writes), if there is one."""
+    """``pipeline.json`` beside ``model`` (what ``rkpart export`` writes), if there is one (it
+    describes ``model`` only when its ``transformer.file`` names it: :func:`model_description`)."""
     p = model.parent / FILENAME
     return p if p.exists() else None
 
@@ -120,6 +121,9 @@ def model_description(model: Path, explicit: Path | None, model_io: Mapping[str,
     if p is None:
         return None
     d = load_description(p)
+    if explicit is None and d.transformer.file != model.name:
+        # rkpart export's folder also holds vae_decoder.onnx: the description beside it is not its own
+        return None
     check_against(d, model_io, outputs=outputs)
     return d
 
@@ -143,7 +147,7 @@ def describe_partition(model: Path, explicit: Path | None, graph: Any,
 
 
 def record_description(part: Any, d: PipelineDescription | None) -> Any:
-    """``part`` (a :class:`~rkpart.partitioner.partition.Partition`) with ``d`` named in its
+    """``part`` (a :class:`~rkpart.grouping.groups.Partition`) with ``d`` named in its
     ``extra`` (what ``plan.json`` records); unchanged without a description, so a plan without
     one stays byte-identical."""
     import dataclasses

@@ -1,10 +1,10 @@
 """``rkpart tune``: measure, fit, choose, verify: the closed loop behind ``--strategy auto``.
 
 1. **Partition** the model with every single-strategy candidate ``auto`` chooses from
-   (:data:`SINGLE`: the families of :mod:`rkpart.strategies.families` with runs of up to two blocks).
+   (:data:`SINGLE`: the families of :mod:`rkpart.grouping.strategies.families` with runs of up to two blocks).
 2. **Profile** each plan on the backend, per-stage and resident, rounds interleaved across the
    plans (:func:`profile_for_fit`).  Blocks of one anatomy
-   (:meth:`rkpart.partitioner.discovery.Block.signature`) are identical, so on models with more
+   (:meth:`rkpart.discovery.structure.Block.signature`) are identical, so on models with more
    than :data:`WHOLE_PLAN_BLOCKS` blocks only one representative block per anatomy is run
    (``rkpart profile --block``).
 3. **Fit** a cost model on those profiles (:func:`rkpart.cost_model.calibration.fit_profiles`:
@@ -54,13 +54,13 @@ from rkpart.cost_model.features import stage_features
 from rkpart.cost_model.model import MAX_CFG_PARALLEL_SPEEDUP, MIN_CFG_PARALLEL_SPEEDUP, CfgParallel, CostModel
 from rkpart.cost_model.rounds import predict_round, round_time
 from rkpart.errors import GateError, UserError
+from rkpart.grouping.strategies.families import Family, families
 from rkpart.io import atomic_write_bytes
 from rkpart.output import claim_work_folder
-from rkpart.partitioner.plan import Plan, load_plan
 from rkpart.pipeline import load, partition
+from rkpart.plan.plan import Plan, load_plan
 from rkpart.readers import FileKind
 from rkpart.roles import NO_FLAGS, RoleFlags
-from rkpart.strategies.families import Family, families
 from rkpart.types import HOST
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ if TYPE_CHECKING:
 CFG_PARALLEL_MAX_ABS_REL = 0.01
 #: models with at most this many blocks are profiled whole; larger ones one block per anatomy
 WHOLE_PLAN_BLOCKS = 4
-#: every single-strategy plan ``auto`` chooses among (:mod:`rkpart.strategies.families`)
+#: every single-strategy plan ``auto`` chooses among (:mod:`rkpart.grouping.strategies.families`)
 SINGLE: tuple[Family, ...] = families(max_run=2)
 
 

@@ -10,7 +10,36 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypedDict
+
+#: a JSON object, as a file holds it (``json.loads`` of ``{...}``) and as a record's ``to_json()``
+#: returns it: the form between a typed record and its file, its values JSON values
+JsonObject = dict[str, Any]
+#: a JSON object read, not written (a record's ``from_json`` argument, strategy options)
+JsonMap = Mapping[str, Any]
+
+
+class PlanExtra(TypedDict, total=False):
+    """plan.json ``extra``: what the partition and the builds recorded beside the stages (docs/plan.md).
+
+    A strategy's own ``Partition.extra`` keys come along too (a plugin's are its own).
+    """
+
+    #: how blocks were numbered (``Discovery.method``; ``None`` without a discovery)
+    discovery: str | None
+    #: the strategy's remarks and the partition's warnings
+    notes: list[str]
+    #: the blocks' token-wise matmul work in NPU stages (``Coverage.to_json()``)
+    npu_coverage: JsonObject
+    #: ops the capability moved to the host, and cuts (``target``, ``toolkit``, ``host_ops``, ``cuts``)
+    capability: JsonObject
+    #: how stage weights reference the source (``--weights link``)
+    weights: JsonObject
+    #: how the plan was compiled (``rkpart compile``'s settings: toolkit, target, precision, ...)
+    compile: JsonObject
+    #: the pipeline description recorded in the plan (``file``, ``sha256``, ``pipeline``, ``values``,
+    #: ``values_sha256``: :mod:`rkpart.roles`, docs/pipeline-json.md)
+    pipeline: JsonObject
 
 #: where a stage runs: an NPU stage is compiled by rknn-toolkit2, a host stage runs in ONNX Runtime
 Device = Literal["npu", "host"]

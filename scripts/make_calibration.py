@@ -18,8 +18,8 @@ from pathlib import Path
 from rkpart.auto import enumerate_candidates
 from rkpart.cost_model.calibration import calibrate_writeup
 from rkpart.cost_model.model import CostModel, default_model_path
+from rkpart.discovery.structure import discover
 from rkpart.ir import load_model
-from rkpart.partitioner.discovery import discover
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the example models: tests/models/
 from tests.models.anima import AnimaConfig, build_anima_onnx

@@ -20,7 +20,7 @@ with every NPU stage in the toolkit's simulator against ONNX Runtime, or torch, 
 writes one row per plan there: the reference, how many tensors were compared, the lowest cosine.
 Exports whose shapes depend on data (``SPECIALISE`` of the sweep) are partitioned with their
 example inputs (``--inputs``).  ``--anonymised`` runs each export's anonymised copy instead
-(:func:`rkpart.partitioner.anonymize.anonymize_file`: every node and tensor renamed, metadata dropped, so
+(:func:`rkpart.plan.anonymize.anonymize_file`: every node and tensor renamed, metadata dropped, so
 discovery finds the blocks from structure alone); its rows read ``<exporter> (anonymised)``.  Each run
 reads and fills the placement store of ``$RKPART_CACHE_DIR``: give every run an empty one for a table
 that does not depend on what earlier runs learned (``--empty-cache``: each family on its own temporary one).
@@ -28,7 +28,7 @@ that does not depend on what earlier runs learned (``--empty-cache``: each famil
 ``python scripts/npu_table.py --merge ALL.md OUT.md [OUT2.md ...]`` writes the rows of such tables as one
 (later files win for a repeated row; newest toolkit first, then by family).
 ``python scripts/npu_table.py --pivot OUT.md [OUT2.md ...]`` prints the rows of such tables as the
-README's per-family table (one row per family, exporter and toolkit; split and fused side by side).
+docs/npu-stages.md's per-family table (one row per family, exporter and toolkit; split and fused side by side).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def read_table(path: Path, strict: bool = False) -> tuple[list[str], list[tuple[
 
 
 def pivot(tables: list[Path]) -> str:
-    """The README table from :func:`main`'s output files (later files win for a repeated row)."""
+    """The docs/npu-stages.md table from :func:`main`'s output files (later files win for a repeated row)."""
     rows: dict[tuple[str, str, str, str], dict[str, str]] = {}
     for t in tables:
         for r, _ in read_table(t)[1]:
@@ -152,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         from rkpart.partitioner.api import partition  # type: ignore[no-redef]
     import numpy as np
 
-    from rkpart.pipeline import compile_repartition
+    try:
+        from rkpart.repartition import compile_repartition
+    except ImportError:  # before the repartition module existed
+        from rkpart.pipeline import compile_repartition  # type: ignore[attr-defined,no-redef]
     from tests.models.diffusers_families import ALL, FAMILIES, LATEST, NEWER, cached_export, example_inputs
     from tests.partitioner.test_family_sweep import SPECIALISE
 
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 a.out.write_text("\n".join(rows) + "\n")
                 continue
             if anon_dir:
-                from rkpart.partitioner.anonymize import anonymize_file
+                from rkpart.plan.anonymize import anonymize_file
                 model = anonymize_file(model, Path(anon_dir.name) / f"{fam}-{exporter}.onnx")
             for strat in a.strategy or ["split", "fused"]:
                 with tempfile.TemporaryDirectory() as td:

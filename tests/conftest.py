@@ -20,8 +20,8 @@ import pytest
 from rkpart.cli_args import bundled_example
 from rkpart.compile import toolkits as toolkit_envs
 from rkpart.compile.toolkits import Toolkit
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan
 from tests import toolkits
 
 

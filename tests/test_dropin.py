@@ -12,7 +12,7 @@ import pytest
 
 import rkpart
 from rkpart.dropin import choose_strategy
-from rkpart.partitioner.plan import load_plan
+from rkpart.plan.plan import load_plan
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "docs" / "examples" / "export_with_rkpart.py"
 

@@ -85,6 +85,16 @@ def test_no_module_above_ir_reads_the_loaded_models_protos() -> None:
     assert not bad, bad
 
 
+@pytest.mark.slow  # parses every module of the package (about 1 s)
+def test_one_module_runs_shape_inference() -> None:
+    """Inside ``rkpart.ir`` too, ONNX shape inference runs in :mod:`rkpart.ir.infer` only (one helper:
+    on a copy without the large weights)."""
+    runs = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py")
+                  if any(isinstance(n, ast.Attribute) and n.attr == "shape_inference"
+                         for n in ast.walk(ast.parse(p.read_text()))))
+    assert runs == ["ir/infer.py"]
+
+
 def test_the_rule_sees_what_it_refuses(tmp_path: Path) -> None:
     """The scan finds each refused form (a rule that finds nothing proves nothing)."""
     src = tmp_path / "m.py"

@@ -33,10 +33,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("export",),
     ("ir",),
     ("targets",),
-    ("partitioner",),
     ("plugins",),
-    ("recognizers",),
-    ("strategies",),
+    ("discovery",),
+    ("grouping",),
+    ("plan",),
+    ("recognizers", "strategies"),  # kept for plugins: the old paths, re-exporting discovery/ and grouping/
     ("validation", "roles"),
     ("compile",),
     ("runtime",),
@@ -45,8 +46,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cost_model",),
     ("bundle", "report"),
     ("auto",),
+    ("grounding",),
     ("pipeline",),
-    ("tune",),
+    ("repartition",),
+    ("tune", "board"),
     ("dropin",),
     ("cli_args",),
     ("commands",),
@@ -109,12 +112,69 @@ def package_imports() -> dict[tuple[str, str], list[str]]:
     return edges
 
 
+def _module_of(target: str, names: list[str]) -> list[str]:
+    """The modules ``from target import names`` (or ``import target``) reads: a submodule named in
+    ``names``, else the module (or package) ``target`` itself."""
+    if not target.startswith("rkpart"):
+        return []
+    path = ROOT.parent / target.replace(".", "/")
+    subs = [f"{target}.{n}" for n in names if (path / f"{n}.py").is_file() or (path / n / "__init__.py").is_file()]
+    rest = [n for n in names if f"{target}.{n}" not in subs]
+    return subs + ([target] if rest or not names else [])
+
+
+def module_imports() -> dict[tuple[str, str], list[str]]:
+    """(importing module, imported module) -> the ``file:line`` of every such import, every module of
+    ``rkpart`` a node (a package's ``__init__.py`` is the package's name)."""
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for path in sorted(ROOT.rglob("*.py")):
+        module = _module_name(path)
+        if module == "rkpart":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [t for a in node.names for t in _module_of(a.name, [])]
+            elif isinstance(node, ast.ImportFrom):
+                base = _imported(module, path.name == "__init__.py", node)
+                # "from rkpart import x": resolved by _imported; else a submodule named is the module read
+                from_rkpart = node.level == 0 and node.module == "rkpart"
+                targets = base if from_rkpart else _module_of(base[0], [a.name for a in node.names])
+            else:
+                continue
+            for dst in targets:
+                if dst.startswith("rkpart.") and dst != module:
+                    edges[(module, dst)].append(f"{path.relative_to(ROOT.parent)}:{node.lineno}")
+    return edges
+
+
+def test_modules_form_no_cycle() -> None:
+    """No circle between modules either, inside one package or across (a package's ``__init__.py``
+    counts as a module: a module that imports its own package's face while the face imports it
+    is a circle too)."""
+    edges = module_imports()
+    g = nx.DiGraph(list(edges))
+    cycles = sorted(sorted(nx.simple_cycles(g), key=len)[:20], key=lambda c: (len(c), c))
+    lines = [" -> ".join([*c, c[0]]) + "   (" + "; ".join(
+        f"{a}: {edges[(a, b)][0]}" for a, b in zip(c, [*c[1:], c[0]], strict=True)) + ")" for c in cycles]
+    assert not cycles, "import cycles between rkpart modules:\n" + "\n".join(lines)
+
+
+def test_the_module_parser_sees_imports_inside_a_package() -> None:
+    """Guard for the module check: known imports inside packages are found, function-level ones too."""
+    edges = module_imports()
+    assert ("rkpart.cost_model.rounds", "rkpart.cost_model.model") in edges
+    assert ("rkpart.ir.graph", "rkpart.ir.subgraph") in edges
+    assert ("rkpart.cost_model.model", "rkpart.cost_model.checks") in edges  # inside a function
+    assert ("rkpart.cost_model.checks", "rkpart.cost_model.features") in edges  # ``from package import module``
+
+
 def test_the_import_parser_sees_function_level_imports() -> None:
     """Guard for the checks below: a known function-level import is found."""
     edges = package_imports()
     # rkpart/pipeline.py imports the simplifier inside write_plan
     assert any(w.startswith("rkpart/pipeline.py") for w in edges[("pipeline", "runtime")])
-    assert ("strategies", "partitioner") in edges
+    assert ("plan", "grouping") in edges
 
 
 def test_packages_form_no_cycle() -> None:
@@ -143,3 +203,31 @@ def test_packages_import_only_lower_layers() -> None:
     upward = [f"{a} (layer {rank[a]}) imports {b} (layer {rank[b]}) at {', '.join(where[:3])}"
               for (a, b), where in sorted(edges.items()) if rank[b] > rank[a]]
     assert not upward, "imports against the layer order:\n" + "\n".join(upward)
+
+
+#: the old import paths plugins use (docs/plugins.md), kept as re-exports: rkpart itself never imports them
+COMPAT = ("recognizers", "strategies")
+
+
+def test_rkpart_never_imports_the_paths_kept_for_plugins() -> None:
+    edges = package_imports()
+    inside = [f"{a} imports {b} at {', '.join(w[:3])}" for (a, b), w in sorted(edges.items())
+              if b in COMPAT and a not in COMPAT]
+    assert not inside, "rkpart imports a path kept only for plugins:\n" + "\n".join(inside)
+
+
+#: what a strategy may not reach for: building, measuring, writing a plan, or the pipeline that runs it
+NOT_FOR_STRATEGIES = ("rkpart.compile", "rkpart.runtime", "rkpart.profile", "rkpart.triage", "rkpart.plan.write",
+                      "rkpart.plan.extract", "rkpart.pipeline", "rkpart.grounding", "rkpart.repartition")
+
+
+def test_strategies_only_group() -> None:
+    """A strategy returns groups: the strategies (``auto`` too) import nothing that compiles, measures,
+    writes a plan or runs the pipeline, not even inside a function (``auto``'s builds are
+    :mod:`rkpart.grounding`'s, a step of the pipeline)."""
+    edges = module_imports()
+    strategy = ("rkpart.grouping.strategies", "rkpart.auto")
+    bad = [f"{a} imports {b} at {w[0]}" for (a, b), w in sorted(edges.items())
+           if a.startswith(strategy) and b.startswith(NOT_FOR_STRATEGIES)]
+    assert not bad, "\n".join(bad)
+

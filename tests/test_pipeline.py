@@ -10,9 +10,10 @@ import pytest
 from onnx import TensorProto, helper
 
 from rkpart import pipeline
+from rkpart.discovery import recognizers
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import UserError
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery
 from rkpart.pipeline import PartitionConfig, PartitionOptions, load, partition, propose, run_partition, write_plan
 
 
@@ -38,19 +39,19 @@ def test_the_cli_path_takes_one_frozen_options_object(example_model: Path, tmp_p
 
 def test_one_discovery_serves_every_proposal(example_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[ModelGraph] = []
-    real = pipeline.discover
+    real = recognizers.discover
 
     def counting(mg: ModelGraph) -> Discovery:  # counts calls, returns the real discovery
         calls.append(mg)
         return real(mg)
 
-    monkeypatch.setattr(pipeline, "discover", counting)
+    monkeypatch.setattr(recognizers, "discover", counting)
     model = load(example_model)
     split = propose(model, "split")
     fused = propose(model, "fused")
     auto = propose(model, "auto", PartitionConfig(options={"max_run": 1}))
     assert len(calls) == 1
-    assert {split.strategy, fused.strategy, auto.strategy} == {"split", "fused", "auto"}
+    assert {split.partition.strategy, fused.partition.strategy, auto.partition.strategy} == {"split", "fused", "auto"}
 
 
 def test_toolkit_capabilities_are_noted_before_anything_is_built(tmp_path: Path) -> None:
@@ -65,17 +66,17 @@ def test_toolkit_capabilities_are_noted_before_anything_is_built(tmp_path: Path)
     model = load(tmp_path / "ceil.onnx")
     said: list[str] = []
     # capability first: Ceil leaves the NPU stage (said as it happens, recorded with why)
-    part = propose(model, "generic", PartitionConfig(toolkit="2.3.0", progress=said.append))
+    part = propose(model, "generic", PartitionConfig(toolkit="2.3.0", progress=said.append)).partition
     assert any(n.startswith("capability: 1 op(s) moved out of NPU stages to the host (Ceil)") for n in part.notes)
     assert any(line.startswith("capability: Ceil ceil (seg00) -> host: rknn-toolkit2 2.3.0 runs Ceil on the CPU")
                for line in said)
     assert [(h["op"], h["from_stage"]) for h in part.extra["capability"]["host_ops"]] == [("ceil", "seg00")]
-    assert propose(model, "generic").extra == part.extra  # no toolkit: the target's default, 2.3.0
+    assert propose(model, "generic").partition.extra == part.extra  # no toolkit: the target's default, 2.3.0
     # with the capability off, the grouping is the strategy's and the note says what the toolkit will do
     said.clear()
     kept = propose(model, "generic", PartitionConfig(toolkit="2.3.0", progress=said.append, capability=False))
     note = "target rk3588: NPU stage seg00 holds op(s) rknn-toolkit2 2.3.0 does not run on the NPU: Ceil (cpu)"
-    assert kept.notes[-1] == note
+    assert kept.partition.notes[-1] == note
     assert f"warning: {note}" in said
 
 
@@ -92,10 +93,12 @@ def test_no_warning_for_an_op_the_builds_rewrite_takes_onto_the_npu(tmp_path: Pa
     for toolkit in ("2.3.0", "2.5.0"):
         said: list[str] = []
         model = load(tmp_path / "sdpa.onnx")
-        part = propose(model, "generic", PartitionConfig(toolkit=toolkit, progress=said.append, capability=capability))
+        proposal = propose(model, "generic", PartitionConfig(toolkit=toolkit, progress=said.append,
+                                                             capability=capability))
+        part = proposal.partition
         assert not [ln for ln in said if ln.startswith("warning:")], said
         assert not any("does not run on the NPU" in n for n in part.notes)
-        npu_ops = {model.graph.op(i).op_type for g in part.groups if g.device == "npu" for i in g.ops}
+        npu_ops = {proposal.graph.op(i).op_type for g in part.groups if g.device == "npu" for i in g.ops}
         assert "IsNaN" in npu_ops  # it stays in the NPU stage: the build rewrites it there
     g.node.append(helper.make_node("Ceil", ["y"], ["yc"], name="ceil"))
     g.output[0].name = "yc"
@@ -126,7 +129,7 @@ def test_opset_above_the_toolkit_is_a_lowering_note_and_rewritten_ops_are_not_fl
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)])
     m.ir_version = 9
     onnx.save(m, tmp_path / "rec.onnx")
-    part = propose(load(tmp_path / "rec.onnx"), "generic", PartitionConfig(toolkit="2.5.0"))
+    part = propose(load(tmp_path / "rec.onnx"), "generic", PartitionConfig(toolkit="2.5.0")).partition
     assert part.notes[-1] == "target rk3588: stages will be lowered from opset 20 to 19 for rknn-toolkit2 2.5.0 " \
                              "when compiled"
     assert not any("Reciprocal" in n for n in part.notes)

@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,13 +27,18 @@ from rkpart.io import (
     onnx_with_data,
 )
 from rkpart.output import MARKER, check_folder_target, staged_folder
-from rkpart.partitioner.plan import Plan, Stage, load_plan
-from rkpart.partitioner.verify import artifact_file, stage_onnx
+from rkpart.plan.plan import Plan, Stage, load_plan
+from rkpart.plan.verify import artifact_file, stage_onnx
 from rkpart.progress import Progress, advance
 from rkpart.runtime import board_runner as runner_mod
 from rkpart.types import NPU, RESIDENCIES, Residency
 
+if TYPE_CHECKING:
+    from rkpart.bundle.vae import VaeSource
+
 REF_INPUTS = "ref_inputs.npz"
+#: the bundle's copy of rkpart.runtime.board_sampling (the pipeline's sampler), beside runner.py
+SAMPLING_FILE = runner_mod.SAMPLING_FILE
 REF_OUTPUTS = "ref_outputs.npz"
 RUNNER_FILE = "runner.py"
 #: the output kind in the folder's rkpart marker (rkpart.output)
@@ -120,6 +125,8 @@ class BundleOptions:
     shift: float = 1.0
     cfg_parallel: bool = False
     budget_bytes: int | None = None
+    #: the pipeline's VAE decoder (host ONNX or a compiled plan; rkpart.board makes it); None: none
+    vae: VaeSource | None = None
 
 
 def bundle_plan(
@@ -177,6 +184,8 @@ def bundle_plan(
     device = {"budget_bytes": budget, "source": sorted({m.source for m in mem.values()}),
               "run_bytes": run_bytes(per_bytes, res, cfg_parallel=False),
               "cfg_parallel_run_bytes": run_bytes(per_bytes, res, cfg_parallel=True)}
+    if o.vae is not None and "error" not in loop and "pipeline" not in loop:
+        raise UserError("a VAE decoder goes with the pipeline's own loop; this plan has no pipeline description")
     extra = {"core_masks": masks, "device_bytes": per_bytes, "loop": loop, "loop_fixed": loop_fixed, "device": device,
              "core_mask": o.core_mask if o.core_mask in runner_mod.CORE_MASKS else "auto"}
     if plan.specialised:  # its reference inputs must be ones the board runner will accept
@@ -279,6 +288,27 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
 
         _savez(staging / LOOP_INPUTS, extra["loop_fixed"])
     _copy(Path(runner_mod.__file__), staging / RUNNER_FILE)
+    if "pipeline" in extra["loop"]:
+        from rkpart.runtime import board_sampling
+
+        _copy(Path(board_sampling.__file__), staging / SAMPLING_FILE)
+    vae_rec = None
+    if opts.vae is not None:
+        from rkpart.bundle.vae import vae_run_bytes, vae_section
+
+        vae_rec, vae_bytes = vae_section(opts.vae, staging, residency=opts.residency, copy=_copy, progress=progress)
+        device = extra["device"]
+        need = vae_run_bytes(vae_rec)
+        device.update(vae_bytes=need, run_bytes=max(device["run_bytes"], need),
+                      cfg_parallel_run_bytes=max(device["cfg_parallel_run_bytes"], need))
+        if vae_bytes:
+            device["source"] = sorted({*device["source"], "VAE decoder plan"})
+        if need > device["budget_bytes"]:
+            from rkpart.errors import BudgetError
+
+            raise BudgetError(f"the VAE decoder holds {need / 2**20:.1f} MiB of device memory, over the budget of "
+                              f"{device['budget_bytes'] / 2**20:.1f} MiB; bundle it with --vae host, or partition it "
+                              "into smaller stages")
     files = {}
     for p in sorted(staging.rglob("*")):
         if p.is_file() and p.name not in (runner_mod.MANIFEST, MARKER):
@@ -307,6 +337,8 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
         "files": files,
     }
     manifest["denoise"] = extra["loop"]
+    if vae_rec is not None:
+        manifest["vae"] = vae_rec
     manifest["device_memory"] = extra["device"]
     atomic_write_bytes(staging / runner_mod.MANIFEST, (json.dumps(manifest, indent=2) + "\n").encode())
     return manifest

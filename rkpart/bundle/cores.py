@@ -25,7 +25,7 @@ from rkpart.compile.placement import PlacedOp, parse_layer_table
 from rkpart.compile.runner import read_log
 from rkpart.errors import SpecError, UserError
 from rkpart.io import confined_path
-from rkpart.partitioner.plan import Plan, Stage
+from rkpart.plan.plan import Plan, Stage
 from rkpart.runtime.board_runner import CORE_MASKS
 from rkpart.types import MULTICORE_OPS
 

@@ -19,7 +19,7 @@ from rkpart.bundle.cores import build_log
 from rkpart.compile.compiler_plan import parse_memory
 from rkpart.compile.runner import read_log
 from rkpart.errors import BudgetError
-from rkpart.partitioner.plan import Plan, Stage
+from rkpart.plan.plan import Plan, Stage
 from rkpart.units import MIB
 
 

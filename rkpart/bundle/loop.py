@@ -22,9 +22,18 @@ from typing import Any
 
 import numpy as np
 
+from rkpart.description import PipelineDescription
 from rkpart.errors import SpecError, UserError
-from rkpart.partitioner.plan import Plan
-from rkpart.roles import DEFAULT_GUIDANCE, TIMESTEP_SCALE, RoleFlags, loop_inputs, plan_description, resolve_roles
+from rkpart.plan.plan import Plan
+from rkpart.roles import (
+    DEFAULT_GUIDANCE,
+    TIMESTEP_SCALE,
+    RoleFlags,
+    half_shape,
+    loop_inputs,
+    plan_description,
+    resolve_roles,
+)
 
 #: how the runner draws the loop's inputs: rkpart drift's rule, written out for the board
 SEEDING = ("numpy.random.default_rng(seed): the latent, then each context input in order, standard normal, "
@@ -67,12 +76,99 @@ def loop_bundle(plan: Plan, folder: str | Path | None = None, *, latent: str | N
     except SpecError as e:
         return {"error": str(e), **base}, {}
     base["scheduler"].update(timestep_scale=lp.timestep_scale, timestep_offset=lp.timestep_offset)
+    if description is not None:
+        base["pipeline"] = pipeline_record(description, plan, roles.latent)
     rec = {"latent": roles.latent, "timestep": roles.timestep, "context": list(roles.context),
            "output": roles.output, "mapped_by": roles.source, "roles": dict(roles.roles),
            "guidance_input": roles.guidance, "guidance_input_scale": lp.guidance_input_scale, "cfg_mode": lp.mode,
            "output_sign": lp.sign, "learned_sigma": lp.learned_sigma, "channels_axis": lp.channels_axis,
            **({"fixed": {"file": LOOP_INPUTS, "inputs": sorted(lp.fixed)}} if lp.fixed else {}), **base}
     return rec, dict(lp.fixed)
+
+
+#: the sigma / timestep rules of pipeline.json (rkpart export's names) -> board_sampling's rule of the
+#: same schedule (docs/samplers.md); (sigmas, timesteps) -> rule, ``None``: set_timesteps(n, mu=...)
+SCHEDULE_RULES: dict[tuple[str | None, str | None], str | None] = {
+    (None, None): None,
+    ("linspace(1, 1/n, n)", None): "linspace(1, 1/n, n)",
+    ("linspace(1, 0, n+1)[:-1]", None): "linspace(1, 0, n+1)[:-1]",
+    ("int(linspace(T, 1, n)) / T", "int(linspace(T, 1, n))"): "timesteps=linspace(N, 1, n).int, sigmas=timesteps/N",
+}
+
+
+def schedule_rule(description: PipelineDescription) -> str | None:
+    """board_sampling's name of the custom schedule the pipeline passes to ``set_timesteps``.
+
+    Raises
+    ------
+    UserError
+        A rule the board's sampler does not reproduce (naming it).
+    """
+    from rkpart.runtime import board_sampling as bs
+
+    s = description.scheduler
+    key = (s.sigmas, s.timesteps)
+    if key in SCHEDULE_RULES:
+        return SCHEDULE_RULES[key]
+    if s.timesteps is None and s.sigmas in bs.SCHEDULE_RULES:
+        return s.sigmas
+    raise UserError(f"the pipeline passes set_timesteps(sigmas={s.sigmas!r}, timesteps={s.timesteps!r}); the board's "
+                    f"sampler knows the rules {', '.join(repr(k) for k in bs.SCHEDULE_RULES)} (docs/samplers.md)")
+
+
+def check_sampler(description: PipelineDescription) -> None:
+    """Refuse a scheduler the board's sampler does not reproduce exactly, naming every option.
+
+    Raises
+    ------
+    UserError
+        The class is not implemented, or config options are not reproduced (``key=value`` each).
+    """
+    from rkpart.runtime import board_sampling as bs
+    from rkpart.runtime.board_runner import json_numbers
+
+    cls = description.scheduler.class_name
+    refused = bs.unsupported(cls, json_numbers(dict(description.scheduler.config)))
+    if refused == [cls]:
+        raise UserError(f"the pipeline's scheduler {cls} is not implemented on the board (implemented: "
+                        f"{', '.join(bs.SCHEDULERS)}; docs/samplers.md)")
+    if refused:
+        raise UserError(f"the pipeline's scheduler {cls} has options the board's sampler does not reproduce: "
+                        f"{', '.join(refused)} (docs/samplers.md)")
+
+
+def pipeline_record(description: PipelineDescription, plan: Plan, latent: str) -> dict[str, Any]:
+    """The loop record's ``pipeline``: what ``runner.py`` needs of ``pipeline.json`` to run the
+    pipeline's own loop (its sampler, schedule, timestep rule, latent and call arguments).
+
+    Raises
+    ------
+    UserError
+        The scheduler or its schedule is one the board's sampler does not reproduce, or the call's
+        ``latents=`` is not the model's latent input.
+    """
+    d = description
+    check_sampler(d)
+    rule = schedule_rule(d)
+    batched = d.cfg.mode == "batched"
+    lat_in = tuple(plan.tensors[latent].shape)
+    loop_shape = half_shape(lat_in) if batched else lat_in
+    if tuple(d.latent.shape) != loop_shape:
+        raise UserError(f"the pipeline's latents= is {list(d.latent.shape)}, its transformer's latent input "
+                        f"{list(lat_in)}: the pipeline reshapes between them, which the board's loop does not")
+    fixed_roles = ("latent", "timestep", "guidance")
+    return {
+        "class": d.pipeline_class, "transformer": d.transformer.class_name,
+        "sampler": {"class": d.scheduler.class_name, "config": dict(d.scheduler.config), "rule": rule,
+                    "mu": d.scheduler.mu},
+        "timestep": {"scale": d.timestep.scale, "offset": d.timestep.offset},
+        "latent": {"shape": list(d.latent.shape), "dtype": d.latent.dtype, "init": d.latent.init,
+                   "packing": d.latent.packing},
+        "prediction": d.output.prediction,
+        "embeds": {i.name: {"argument": i.argument, "negative_argument": i.negative_argument} for i in d.inputs
+                   if i.value is None and i.role not in fixed_roles and (i.argument or i.negative_argument)},
+        "guidance_scale": d.cfg.guidance_scale, "scale_argument": d.cfg.scale_argument,
+    }
 
 
 def loop_record(plan: Plan, folder: str | Path | None = None, *, latent: str | None = None,
@@ -83,4 +179,5 @@ def loop_record(plan: Plan, folder: str | Path | None = None, *, latent: str | N
                        guidance_input=guidance_input, guidance=guidance, shift=shift, cfg_parallel=cfg_parallel)[0]
 
 
-__all__ = ["LOOP_INPUTS", "SEEDING", "loop_bundle", "loop_record"]
+__all__ = ["LOOP_INPUTS", "SCHEDULE_RULES", "SEEDING", "check_sampler", "loop_bundle", "loop_record",
+           "pipeline_record", "schedule_rule"]

@@ -62,14 +62,22 @@ if TYPE_CHECKING:
 @click.option("--budget-mib", type=POSITIVE_MIB, default=None,
               help="Device memory budget of the run on the board [default: the target's pipeline budget, "
                    "4096 MiB on rk3588].")
+@click.option("--vae", type=click.Choice(["auto", "npu", "host", "none"]), default="auto", show_default=True,
+              help="The pipeline's VAE decoder (vae_decoder.onnx beside the plan's model, from rkpart export), so the "
+                   "runner writes a PNG: npu (partitioned with generic under the budget, compiled with the plan's "
+                   "toolkit and gated in its simulator; made once, cached), host (ONNX Runtime on the board's CPU), "
+                   "none; auto: npu when the plan has a pipeline.json and the decoder is there, else none.")
+@click.option("--vae-plan", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="A compiled plan of vae_decoder.onnx made by hand (rkpart partition + compile) to bundle "
+                   "instead of making one (--vae npu).")
 @click.option("--force", is_flag=True, help="Replace an existing bundle folder.")
 @quiet_option
 @json_option(help="Print the manifest summary as JSON.")
 @user_errors
 def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: Path | None, inputs: Path | None,
            seed: int, min_cosine: float, max_abs_rel: float | None, role_flags: RoleFlags, guidance: float | None,
-           shift: float,
-           cfg_parallel: bool, budget_mib: float | None, force: bool, quiet: bool, as_json: bool) -> None:
+           shift: float, cfg_parallel: bool, budget_mib: float | None, vae: str, vae_plan: Path | None, force: bool,
+           quiet: bool, as_json: bool) -> None:
     """Write a self-contained board folder for the compiled PLAN.
 
     \b
@@ -79,14 +87,21 @@ def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: 
 
     The loop's inputs take their roles from the plan's pipeline.json (rkpart partition records
     it), else from the role flags, else from shapes (a tie leaves the bundle without a loop).
+    With a pipeline.json the bundle carries the pipeline's own sampler (its scheduler and config;
+    one the board does not reproduce is refused, naming the option) and its VAE decoder (--vae),
+    and the runner ends with a PNG:
+
+    \b
+      python OUT/runner.py --embeds E.npz --steps 20 --image-out image.png
     """
-    from rkpart.bundle.build import BundleOptions, bundle_plan
+    from rkpart.board import bundle_pipeline
+    from rkpart.bundle.build import BundleOptions
     from rkpart.output import claim_output_folder
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from rkpart.progress import Reporter
     from rkpart.runtime.executor import load_inputs
 
-    claim_output_folder(out, what="bundle folder", inputs=[plan, model, inputs])
+    claim_output_folder(out, what="bundle folder", inputs=[plan, model, inputs, vae_plan])
     feeds = load_inputs(inputs, load_plan(plan)[0]) if inputs is not None else None
     with Reporter(quiet=quiet) as say:
         opts = BundleOptions(residency=None if residency == "plan" else residency, core_mask=core_mask, model=model,
@@ -95,13 +110,21 @@ def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: 
                              guidance_input=role_flags.guidance, context_inputs=role_flags.context,
                              guidance=guidance, shift=shift, cfg_parallel=cfg_parallel,
                              budget_bytes=None if budget_mib is None else int(budget_mib * 2**20))
-        res = bundle_plan(plan, out, opts, inputs=feeds, progress=say)
+        if vae_plan is not None and vae not in ("auto", "npu"):
+            raise click.UsageError(f"--vae-plan is a plan of the decoder for the NPU; it does not go with --vae {vae}")
+        res = bundle_pipeline(plan, out, opts, vae="npu" if vae_plan is not None else vae, vae_plan_folder=vae_plan,
+                              inputs=feeds, progress=say)
     m = res.manifest
     summary = {"bundle": str(out), "files": len(m["files"]), "size_bytes": res.size_bytes,
                "npu_stages": m["plan"]["npu_stages"], "host_stages": m["plan"]["host_stages"],
                "residency": m["residency"], "core_mask": m["core_mask"], "toolkit": m["toolkit"],
                "core_masks": {s["id"]: s["core_mask"] for s in m["stages"] if s["device"] == "npu"},
-               "denoise": m["denoise"], "device_memory": m["device_memory"]}
+               "denoise": m["denoise"], "device_memory": m["device_memory"],
+               "vae": None if m.get("vae") is None else {
+                   "device": m["vae"]["device"], "class": m["vae"].get("class"),
+                   "npu_stages": sum(s["device"] == "npu" for s in m["vae"]["stages"]),
+                   "host_stages": sum(s["device"] == "host" for s in m["vae"]["stages"]),
+                   "plan": m["vae"].get("plan")}}
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -121,6 +144,22 @@ def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: 
         click.echo(f"denoising loop: latent {d['latent']}, timestep {d['timestep']}{guided}, conditioning "
                    f"{', '.join(d['context']) or 'none'}{fixed} ({d['mapped_by']}; {d['cfg_mode']}); cfg-parallel "
                    f"{'on' if d['cfg_parallel'] else 'off'}")
+    p = d.get("pipeline") if "error" not in d else None
+    if p is not None:
+        smp = p["sampler"]
+        click.echo(f"pipeline: {p['class']}; sampler {smp['class']}" + (f" ({smp['rule']})" if smp.get("rule") else "")
+                   + "; --embeds keys: " + (", ".join(sorted({a for e in p["embeds"].values() for a in
+                                                                 (e["argument"], e["negative_argument"]) if a}))
+                                             or "none"))
+    v = summary["vae"]
+    if v is not None:
+        where = (f"on the NPU ({v['npu_stages']} NPU + {v['host_stages']} host stages; plan {v['plan']})"
+                 if v["device"] == "npu" else "on the host CPU")
+        click.echo(f"VAE decoder: {v['class']} {where}")
     click.echo(f"device memory: {dm['run_bytes'] / 2**20:.1f} MiB, {dm['cfg_parallel_run_bytes'] / 2**20:.1f} MiB "
                f"with --cfg-parallel (budget {dm['budget_bytes'] / 2**20:.1f} MiB; from {', '.join(dm['source'])})")
-    click.echo(f"on the board: python {out / 'runner.py'}")
+    if v is not None and v["device"] == "npu":
+        click.echo(f"check it here (NPU stages on ONNX Runtime): RKPART_RUNNER_NPU_STANDIN={plan}:{v['plan']} "
+                   f"python {out / 'runner.py'} --steps 20")
+    click.echo(f"on the board: python {out / 'runner.py'}" + (" --embeds E.npz --steps 20 --image-out image.png"
+                                                               if v is not None else ""))

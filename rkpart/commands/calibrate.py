@@ -61,7 +61,7 @@ def calibrate(plan: str, out: Path, steps: int, cfg: bool | None, samples: int, 
     The same plan and inputs give byte-identical files."""
     from rkpart.compile.calibration import render
     from rkpart.output import claim_output_folder
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from rkpart.profile.calibrate import write_calibration
 
     claim_output_folder(out, what="calibration folder", inputs=[plan, inputs])

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -27,7 +28,13 @@ from rkpart.cli_args import (
 from rkpart.errors import ResourceError, ToolkitError
 from rkpart.progress import Reporter
 from rkpart.targets.rewrites import SKIPPABLE_REWRITES
+from rkpart.types import JsonMap, JsonObject
 from rkpart.units import MIB, human_bytes
+
+if TYPE_CHECKING:  # the compiler is imported when a command runs, not with the CLI
+    from rkpart.compile.compile import CompileReport
+    from rkpart.repartition import RepartitionRound
+    from rkpart.types import CompilerPlan
 
 
 @click.group("toolkit")
@@ -131,7 +138,7 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 @quiet_option
 @json_option(help="Print a machine-readable summary on stdout.")
 @user_errors
-def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, Any], jobs: int,
+def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: JsonObject, jobs: int,
                 timeout: float | None, fallback_toolkit: str | None, cache_dir: str | None, no_cache: bool,
                 stage_ids: tuple[str, ...], retry_failed: bool, rewrites: bool, skip_rewrites: tuple[str, ...],
                 repartition: bool, strict_npu: bool,
@@ -157,11 +164,11 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
                           executor=executor, address=address,
                           precision=precision, calibration=calibration, quantized_algorithm=quantized_algorithm,
                           precision_spec=precision_spec)
-    rounds: list[Any] = []
+    rounds: list[RepartitionRound] = []
     stuck: list[str] = []
     with Reporter(quiet=quiet) as progress:
         if repartition:
-            from rkpart.pipeline import compile_repartition
+            from rkpart.repartition import compile_repartition
 
             report, rounds, stuck = compile_repartition(plan, opts, progress)
         else:
@@ -177,7 +184,7 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: dict[str, A
         sys.exit(ToolkitError.exit_code)
 
 
-def _plan_precision_line(report: Any) -> list[str]:
+def _plan_precision_line(report: CompileReport) -> list[str]:
     """A line saying the precisions came from the spec ``--strategy auto`` recorded in the plan."""
     prec = report.settings.get("precision") or {}
     if not prec.get("spec"):
@@ -186,7 +193,7 @@ def _plan_precision_line(report: Any) -> list[str]:
     return [f"precision: as --strategy auto chose it (plan.json strategy.options.precision): {', '.join(quantized)}"]
 
 
-def _rounds_json(rounds: list[Any], stuck: list[str]) -> dict[str, Any]:
+def _rounds_json(rounds: list[RepartitionRound], stuck: list[str]) -> JsonObject:
     return {"rounds": [{"round": r.round, "moved": list(r.moved), "cpu_layers_before": r.cpu_layers_before,
                         "cpu_layers_after": r.cpu_layers_after, "cut_before": list(r.cut_before),
                         "failed_before": r.failed_before, "failed_after": r.failed_after,
@@ -194,7 +201,7 @@ def _rounds_json(rounds: list[Any], stuck: list[str]) -> dict[str, Any]:
             "unmovable_cpu_layers": stuck}
 
 
-def format_summary(report: Any) -> str:
+def format_summary(report: CompileReport) -> str:
     """The summary table printed after a compile."""
     from rkpart.compile.runner import one_line
     rows = [("stage", "status", "toolkit", "precision", "time s", "peak RSS", ".rknn", "weight MiB", "internal MiB",
@@ -246,7 +253,7 @@ def format_summary(report: Any) -> str:
     return "\n".join(lines)
 
 
-def _compiler_columns(plan: Any) -> tuple[str, str, str]:
+def _compiler_columns(plan: CompilerPlan | None) -> tuple[str, str, str]:
     """Weight MiB, internal MiB and Σ Total cycles of a build's compiler plan ("-" where the log had none)."""
     if plan is None:
         return ("-", "-", "-")
@@ -258,7 +265,7 @@ def _compiler_columns(plan: Any) -> tuple[str, str, str]:
     return (m(plan.weight_bytes), m(plan.internal_bytes), cycles)
 
 
-def range_check_lines(settings: Any) -> list[str]:
+def range_check_lines(settings: JsonMap) -> list[str]:
     """The fp16 range check of a compile given --calibration (nothing without one)."""
     if "fp16_range" not in settings:
         return []
@@ -280,9 +287,7 @@ _cache_dir = click.option("--cache-dir", type=click.Path(file_okay=False), defau
                           help="The cache [default: $RKPART_CACHE_DIR/rknn or ~/.cache/rkpart/rknn].")
 
 
-def _root(cache_dir: str | None) -> Any:
-    from pathlib import Path
-
+def _root(cache_dir: str | None) -> Path:
     from rkpart.compile.user_cache import user_cache_dir
 
     return Path(cache_dir) if cache_dir else user_cache_dir()

@@ -80,7 +80,7 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool | None, guidance: float 
     finite and the inputs it read."""
     from rkpart.compile.precision import plan_precision
     from rkpart.errors import GateError
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from rkpart.profile.drift import check_roles, nonfinite_rows, render
     from rkpart.profile.drift import drift as run_drift
     from rkpart.runtime.rknn_sim import RknnSimBackend

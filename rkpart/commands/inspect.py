@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from rkpart.cli_args import bundled_example, json_option, lowering_note, model_argument, shape_option
+from rkpart.types import JsonObject
 from rkpart.units import mib
+
+if TYPE_CHECKING:
+    from rkpart.discovery.structure import Discovery
+    from rkpart.ir import ModelGraph
 
 
 @click.command("inspect")
@@ -21,8 +27,9 @@ from rkpart.units import mib
 def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], inputs_file: Path | None,
             as_json: bool) -> None:
     """Show the blocks and regions found in MODEL (nothing is written)."""
+    from rkpart.grouping.coverage import strategy_coverage
     from rkpart.ir import describe
-    from rkpart.pipeline import inspect_model, inspect_report, strategy_coverage
+    from rkpart.pipeline import inspect_model
 
     if model is None:
         model = bundled_example()
@@ -58,3 +65,25 @@ def inspect(model: Path | None, shapes: dict[str, tuple[int, ...]], inputs_file:
     note = lowering_note(int(info["opset"] or 0))
     if note:
         click.echo(f"note: {note} (when compiled)")
+
+
+def inspect_report(mg: ModelGraph, disc: Discovery) -> JsonObject:
+    """``rkpart inspect --json`` from the graph's facts: :func:`rkpart.ir.describe`, the discovery,
+    and per block and region the tensor names to cut at (a custom spec's ``cut``): the residual
+    stream into and out of every region, and what enters its core after the AdaLN."""
+    from rkpart.grouping.coverage import strategy_coverage
+    from rkpart.ir import describe
+
+    blocks = disc.summary()
+    for b, summary in zip(disc.blocks, blocks, strict=True):
+        regions: list[JsonObject] = summary["regions"]  # type: ignore[assignment]
+        for r, rs in zip(b.regions, regions, strict=True):
+            rs["input"] = [br.skip for br in r.branches]
+            rs["core_inputs"] = sorted({t for br in r.branches for t in br.core_in})
+            rs["output"] = [mg.op(br.add).outputs[0] for br in r.branches]
+        summary["input"] = regions[0]["input"] if regions else []
+        summary["output"] = regions[-1]["output"] if regions else []
+    coverage = {name: c.to_json() for name, c in strategy_coverage(mg, disc).items()}
+    return {**describe(mg), "streams": disc.streams, "method": disc.method,
+            "prologue_ops": len(disc.prologue), "epilogue_ops": len(disc.epilogue),
+            "glue_ops": len(disc.glue), "blocks": blocks, "npu_coverage": coverage}

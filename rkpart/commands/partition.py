@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import resource
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -26,6 +26,10 @@ from rkpart.cli_args import (
     toolkit_option,
 )
 from rkpart.progress import Reporter
+from rkpart.types import JsonMap, JsonObject
+
+if TYPE_CHECKING:
+    from rkpart.cost_model.select import Selection
 
 
 def peak_rss_mib() -> float:
@@ -95,7 +99,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
               modulation: str | None, blocks_per_stage: int | None, spec: Path | None, budget_mib: float | None,
               no_budget: bool, cost_model: Path | None, accuracy: Path | None, auto_toolkit: str | None,
               capability: bool, steps: int | None, cfg: bool | None, compile_candidates: bool | None, explain: bool,
-              options: dict[str, Any], pipeline_file: Path | None,
+              options: JsonObject, pipeline_file: Path | None,
               shapes: dict[str, tuple[int, ...]], inputs_file: Path | None, simplify: bool, external_threshold: int,
               weights: str, force: bool,
               quiet: bool, as_json: bool) -> None:
@@ -104,14 +108,14 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     Without MODEL, the bundled tiny Anima-style example is used.
     """
     from rkpart.auto import AutoStrategy
+    from rkpart.grouping.strategies.base import Strategy
     from rkpart.pipeline import PartitionConfig, PartitionOptions, check_options, run_partition
-    from rkpart.strategies.base import Strategy
 
     flags = {"adaln": adaln, "residual": residual, "modulation": modulation, "blocks_per_stage": blocks_per_stage,
              "spec": spec, "budget_mib": budget_mib, "cost_model": cost_model, "accuracy": accuracy,
              "toolkit": auto_toolkit if strategy == "auto" else None,
              "steps": steps, "cfg": cfg}
-    opts: dict[str, Any] = {**options, **{k: v for k, v in flags.items() if v is not None}}
+    opts: JsonObject = {**options, **{k: v for k, v in flags.items() if v is not None}}
     check_options(strategy, opts)  # the pipeline's one rule for strategy options (UserError, exit 2)
     from rkpart.output import claim_output_folder
 
@@ -123,8 +127,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if explain and strategy != "auto":
         raise click.UsageError("--explain applies to --strategy auto only")
     # the auto strategy reports its Selection here (for --explain); the last is the plan's: a proposal made again
-    # (rank-4 views) works on the new graph, and the graph of the first is changed in place
-    selections: list[Any] = []
+    # (rank-4 views) works on the new graph the views make
+    selections: list[Selection] = []
     if compile_candidates is not None and (strategy != "auto" or auto_toolkit is None):
         raise click.UsageError("--compile-candidates/--no-compile-candidates apply to --strategy auto with --toolkit")
     say = Reporter(quiet=quiet)
@@ -132,7 +136,8 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     if strategy == "auto" and not capability:
         opts["capability"] = False
     if strategy == "auto":
-        chosen = AutoStrategy(report=selections.append, progress=say)
+        # only --explain reads the selection (its capability trades propose every family again)
+        chosen = AutoStrategy(report=selections.append if explain else None, progress=say)
         if auto_toolkit is not None and compile_candidates is not False:
             opts["compile"] = True
     if model is None:
@@ -178,7 +183,7 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
     click.echo(f"peak RSS: {peak_rss_mib():.1f} MiB")
 
 
-def capability_lines(cap: Any, limit: int = 12) -> list[str]:
+def capability_lines(cap: JsonMap | None, limit: int = 12) -> list[str]:
     """What ``rkpart partition`` says of the ops its capability moved to the host (plan ``extra.capability``)."""
     if not cap or not cap.get("host_ops"):
         return []

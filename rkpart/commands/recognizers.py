@@ -18,8 +18,8 @@ def recognizers(as_json: bool) -> None:
     those with stage "after" (and the built-in scope fallback) only when it finds no blocks.
     Plugins that failed to load are listed as BROKEN with the error (and skipped).
     """
+    from rkpart.discovery.recognizers import BUILTIN, plugins, stage_of
     from rkpart.plugins import describe, render
-    from rkpart.recognizers import BUILTIN, plugins, stage_of
 
     ps = plugins()
     rows = describe(((r.name, r.summary, f"rkpart ({type(r).__module__})") for r in BUILTIN), ps)

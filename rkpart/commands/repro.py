@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -21,6 +20,7 @@ from rkpart.cli_args import (
     user_errors,
 )
 from rkpart.progress import Reporter
+from rkpart.types import JsonObject
 
 
 def _parse_versions(_ctx: click.Context, _param: click.Parameter, value: str) -> tuple[str, ...]:
@@ -52,7 +52,7 @@ def _parse_versions(_ctx: click.Context, _param: click.Parameter, value: str) ->
 @quiet_option
 @json_option(help="Print a machine-readable summary on stdout.")
 @user_errors
-def repro(model: str, versions: tuple[str, ...], target: str, rknn_config: dict[str, Any], fail_regex: str | None,
+def repro(model: str, versions: tuple[str, ...], target: str, rknn_config: JsonObject, fail_regex: str | None,
           max_time: float, build_timeout: float | None, reduce_with: str | None, no_reduce: bool, out: Path,
           force: bool, toolkits_dir: str | None, quiet: bool, as_json: bool) -> None:
     """Find which toolkit versions fail on MODEL and shrink it to a minimal reproducer.

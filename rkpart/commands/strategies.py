@@ -15,9 +15,9 @@ def strategies(as_json: bool) -> None:
     Plugins that failed to load are listed as BROKEN with the error (and skipped); a second
     plugin with a taken name is listed as DUPLICATE or SHADOWED.
     """
+    from rkpart.grouping.strategies import plugins
     from rkpart.pipeline import BUILTIN
     from rkpart.plugins import describe, render
-    from rkpart.strategies import plugins
 
     rows = describe(((s.name, s.summary, f"rkpart ({s.__module__})") for s in BUILTIN), plugins())
     emit(as_json, lambda: rows, lambda: render(rows))

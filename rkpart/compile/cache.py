@@ -22,15 +22,14 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes, atomic_writer, external_locations, file_sha256, hash_file
-from rkpart.partitioner.weights import LINK_DIR
+from rkpart.plan.weights import LINK_DIR
 from rkpart.readers import FileKind
-from rkpart.types import BuildFailure
+from rkpart.types import BuildFailure, JsonMap, JsonObject
 
 CACHE_VERSION = 1
 #: metadata and failure records are small; a bigger one is not ours
@@ -39,7 +38,7 @@ OBJECTS = "objects"
 
 #: RKNN.config defaults; options equal to them are dropped so that spelling out a default
 #: (``--opt-level 3``) hits the same cache entry as leaving it out.
-CONFIG_DEFAULTS: dict[str, Any] = {
+CONFIG_DEFAULTS: JsonObject = {
     "optimization_level": 3,
     "single_core_mode": False,
     "float_dtype": "float16",
@@ -57,7 +56,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
 }
 
 
-def normalise_config(config: Mapping[str, Any]) -> dict[str, Any]:
+def normalise_config(config: JsonMap) -> JsonObject:
     """Build options without the target and without values equal to the toolkit defaults, sorted."""
     out = {}
     for k in sorted(config):
@@ -70,7 +69,7 @@ def normalise_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def config_hash(config: Mapping[str, Any]) -> str:
+def config_hash(config: JsonMap) -> str:
     """Short hash of the normalised config (recorded in artifacts)."""
     blob = json.dumps(normalise_config(config), sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
@@ -87,8 +86,8 @@ def measured_stage_bytes(onnx_path: Path) -> int:
     return sum(p.stat().st_size for p in [onnx_path, *external_data_files(onnx_path)])
 
 
-def build_key(onnx_path: Path, toolkit_version: str, target: str, config: Mapping[str, Any],
-              extra: Mapping[str, Any] | None = None) -> str:
+def build_key(onnx_path: Path, toolkit_version: str, target: str, config: JsonMap,
+              extra: JsonMap | None = None) -> str:
     """The cache key of building ``onnx_path`` (sha256 hex).
 
     ``extra``: what else decides the build (a quantized stage's precision and calibration
@@ -175,7 +174,7 @@ class ArtifactCache:
     def fail_path(self, key: str) -> Path:
         return self.objects / f"{key}.fail.json"
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> JsonObject | None:
         """The metadata of a complete entry whose .rknn still has its recorded sha256, else None.
 
         A corrupted or replaced object (even of the same size) is a miss: it is rebuilt.
@@ -199,7 +198,7 @@ class ArtifactCache:
             return None
         return fail if fail.deterministic else None
 
-    def put_meta(self, key: str, meta: Mapping[str, Any]) -> None:
+    def put_meta(self, key: str, meta: JsonMap) -> None:
         """Record metadata last: an entry exists only once both files are complete."""
         atomic_write_bytes(self.meta_path(key), _dumps(meta))
         with contextlib.suppress(OSError):
@@ -208,7 +207,7 @@ class ArtifactCache:
     def put_failure(self, key: str, failure: BuildFailure) -> None:
         atomic_write_bytes(self.fail_path(key), _dumps(failure.to_json()))
 
-    def import_from(self, other: ArtifactCache, key: str) -> dict[str, Any] | None:
+    def import_from(self, other: ArtifactCache, key: str) -> JsonObject | None:
         """Copy (hard-link when possible) ``key`` from ``other``; returns its metadata or None."""
         meta = other.get(key)
         if meta is None:
@@ -243,5 +242,5 @@ def _load_small_json(path: Path) -> Any:
     return ENTRY_KIND.load(path, root=path.parent)
 
 
-def _dumps(d: Mapping[str, Any]) -> bytes:
+def _dumps(d: JsonMap) -> bytes:
     return (json.dumps(dict(d), indent=2, sort_keys=True) + "\n").encode()

@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from rkpart.errors import SpecError, UserError
-from rkpart.partitioner.plan import Plan, TensorInfo
+from rkpart.plan.plan import Plan, TensorInfo
 from rkpart.readers import FileKind, npy_header
+from rkpart.types import JsonMap, JsonObject
 
 MANIFEST = "calibration.json"
 FORMAT = "rkpart-calibration"
@@ -68,7 +69,7 @@ class TensorRange:
     max: float
     absmax: float
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"name": self.name, "min": self.min, "max": self.max, "absmax": self.absmax}
 
 
@@ -95,12 +96,12 @@ class RangeFinding:
                     f"values are below fp16's smallest normal 6.1e-05 (max |x| {self.absmax:.3g}; underflow)")
         return f"fp16 range: stage {self.stage} tensor {self.tensor!r} is not finite already in fp32"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"stage": self.stage, "tensor": self.tensor, "kind": self.kind, "absmax": self.absmax,
                 "margin": self.margin}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> RangeFinding:
+    def from_json(cls, d: JsonMap) -> RangeFinding:
         return cls(str(d["stage"]), str(d["tensor"]), str(d["kind"]), float(d["absmax"]), float(d["margin"]))
 
 
@@ -171,7 +172,7 @@ class StageCalibration:
     absmax_tensor: str
     findings: tuple[RangeFinding, ...] = ()
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"stage": self.stage, "dataset": self.dataset, "inputs": list(self.inputs), "samples": self.samples,
                 "ranges": [r.to_json() for r in self.ranges],
                 "fp16_range": {"activations": self.activations, "absmax": self.absmax,
@@ -179,7 +180,7 @@ class StageCalibration:
                                "findings": [f.to_json() for f in self.findings]}}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> StageCalibration:
+    def from_json(cls, d: JsonMap) -> StageCalibration:
         fr = d.get("fp16_range") or {}
         return cls(stage=str(d["stage"]), dataset=str(d["dataset"]), inputs=tuple(str(x) for x in d["inputs"]),
                    samples=int(d["samples"]),
@@ -250,7 +251,7 @@ def _bad_value(v: Any, lo: float = -FLOAT32_MAX) -> bool:
         or not lo <= v <= FLOAT32_MAX
 
 
-def _check_numbers(manifest: Path, data: Mapping[str, Any]) -> None:
+def _check_numbers(manifest: Path, data: JsonMap) -> None:
     """Every number of a calibration manifest is one ``rkpart calibrate`` writes (issue 31): counts
     within calibrate's bounds, ranges finite float32 values with min <= max, and a range check that
     agrees with its own max |x| (a 1e300 absmax with no finding read "fp16 range: ok")."""

@@ -37,12 +37,13 @@ from rkpart.compile.scheduler import (
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.compile.user_cache import touch, user_cache_dir
 from rkpart.errors import ToolkitError, UserError, os_error
+from rkpart.grouping.learned import CpuLayer, learn, trace_cpu_layers
 from rkpart.io import default_cache_dir, file_sha256, folder_lock
-from rkpart.partitioner.plan import Artifact, Plan, Stage, load_plan
-from rkpart.partitioner.verify import stage_onnx
+from rkpart.plan.plan import Artifact, Plan, Stage, load_plan
+from rkpart.plan.verify import stage_onnx
 from rkpart.progress import Progress, advance
 from rkpart.targets import rewrites as rewrite_table
-from rkpart.types import BuildFailure
+from rkpart.types import BuildFailure, JsonMap, JsonObject, PlanExtra
 from rkpart.units import human_bytes
 
 RKNN_DIR = "rknn"
@@ -96,7 +97,7 @@ class StageOutcome:
             return self.artifact.cpu_ops
         return next((f.cpu_ops for f in self.failures if isinstance(f, _StrictFailure)), ())
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "stage": self.stage_id,
             "status": self.status,
@@ -117,7 +118,7 @@ class CompileReport:
     plan: Plan
     outcomes: tuple[StageOutcome, ...]
     wall_s: float
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: JsonObject = field(default_factory=dict)
 
     @property
     def failed(self) -> tuple[StageOutcome, ...]:
@@ -131,7 +132,7 @@ class CompileReport:
     def cached(self) -> tuple[StageOutcome, ...]:
         return tuple(o for o in self.outcomes if o.status == "cached")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "settings": self.settings,
             "stages": [o.to_json() for o in self.outcomes],
@@ -178,7 +179,7 @@ class CompileOptions:
 
     toolkit: str | Toolkit  # version installed with `rkpart toolkit install`, a python path, or a Toolkit
     target: str = "rk3588"
-    config: Mapping[str, Any] = field(default_factory=dict)  # RKNN.config options besides target_platform
+    config: JsonMap = field(default_factory=dict)  # RKNN.config options besides target_platform
     jobs: int = 1
     timeout: float | None = None
     fallback_toolkit: str | Toolkit | None = None
@@ -198,7 +199,7 @@ class CompileOptions:
     precision_spec: str | os.PathLike[str] | None = None  # YAML/JSON: stage ids / regions / kinds -> precision
     memory_margin: int = DEFAULT_MARGIN  # bytes of RAM the scheduler keeps free
     worker: Path = WORKER  # the build worker script; replaced only by test fakes
-    learn: bool = True  # record CPU layers in the learned-placement store (rkpart.compile.learned)
+    learn: bool = True  # record CPU layers in the learned-placement store (rkpart.grouping.learned)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -214,14 +215,35 @@ def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
     return report
 
 
-def learn_placements(report: CompileReport, folder: Path, target: str, progress: Progress | None = None) -> list[Any]:
-    """Record the CPU layers of ``report``'s NPU stages in the learned-placement store
-    (:mod:`rkpart.compile.learned`); returns them, traced to their ops (``CpuLayer``), for a
-    caller that acts on them too (``rkpart compile --repartition``)."""
-    from rkpart.compile.learned import learn, traced_layers
+def traced_layers(report: CompileReport, folder: Path) -> list[CpuLayer]:
+    """The CPU layers of every NPU stage ``report`` built or took from the cache, traced to the ops of
+    the file the toolkit built (the prepared copy when rkpart lowered or rewrote the stage: its
+    surviving ops keep their names; :func:`rkpart.grouping.learned.trace_cpu_layers`)."""
+    stages = {s.id: s for s in report.plan.stages}
+    out: list[CpuLayer] = []
+    for o in report.outcomes:
+        a = o.artifact
+        if a is None or not a.cpu_ops or o.stage_id not in stages:
+            continue
+        st = stages[o.stage_id]
+        rel = (st.prepared or {}).get("file") or st.file
+        path = folder / rel
+        if not path.is_file():
+            continue
+        try:
+            out += trace_cpu_layers(o.stage_id, path, a.cpu_ops)
+        except UserError:  # a stage file that no longer loads teaches nothing
+            continue
+    return out
 
+
+def learn_placements(report: CompileReport, folder: Path, target: str,
+                     progress: Progress | None = None) -> list[CpuLayer]:
+    """Record the CPU layers of ``report``'s NPU stages in the learned-placement store
+    (:mod:`rkpart.grouping.learned`); returns them, traced to their ops, for a caller that acts
+    on them too (``rkpart compile --repartition``)."""
     layers = traced_layers(report, folder)
-    by_toolkit: dict[str, list[Any]] = {}
+    by_toolkit: dict[str, list[CpuLayer]] = {}
     toolkit_of = {o.stage_id: o.artifact.toolkit for o in report.outcomes if o.artifact is not None}
     for x in layers:
         by_toolkit.setdefault(toolkit_of[x.stage], []).append(x)
@@ -242,7 +264,7 @@ class _Pending:
 
 
 def compile_plan(plan: Plan, folder: str | os.PathLike[str], toolkit: str | Toolkit, target: str = "rk3588",
-                 config: Mapping[str, Any] | None = None, jobs: int = 1, timeout: float | None = None,
+                 config: JsonMap | None = None, jobs: int = 1, timeout: float | None = None,
                  fallback_toolkit: str | Toolkit | None = None, progress: Progress | None = None,
                  **options: Any) -> Plan:
     """Build every NPU stage of ``plan`` and return the plan with artifacts and failures.
@@ -319,7 +341,7 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
     check_target(target)
     check_config(full_config, [t for t in (tk, fb) if t is not None], opts.worker)
     chash = config_hash(full_config)
-    settings: dict[str, Any] = {"toolkit": tk.version, "target": target, "config": normalise_config(full_config),
+    settings: JsonObject = {"toolkit": tk.version, "target": target, "config": normalise_config(full_config),
                 "config_hash": chash, "fallback_toolkit": fb.version if fb else None, "rewrites": opts.rewrites,
                 "strict_npu": opts.strict_npu}
     if opts.skip_rewrites:
@@ -400,8 +422,8 @@ def _resolve_precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOpti
                    algorithm=opts.quantized_algorithm, target=opts.target)
 
 
-def _precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions, config: Mapping[str, Any],
-                toolkits: list[Toolkit], settings: dict[str, Any],
+def _precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions, config: JsonMap,
+                toolkits: list[Toolkit], settings: JsonObject,
                 out: dict[str, StagePrecision]) -> dict[str, StagePrecision]:
     """Checks ``out`` (:func:`_resolve_precisions`) against the toolkits (a toolkit without the
     quantization options cannot quantize) and records it in ``settings``."""
@@ -472,7 +494,7 @@ def _dropped(rec: PreparedRecord | None) -> Mapping[str, str]:
     return {} if rec is None else rec.dropped_rewrites
 
 
-def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: Mapping[str, Any],
+def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: JsonMap,
            prepared: Mapping[str, PreparedRecord | None] | None = None) -> Plan:
     stages = []
     for s in plan.stages:
@@ -486,7 +508,7 @@ def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: Mapping[s
         prep = (prepared or {}).get(s.id)
         stages.append(dataclasses.replace(s, artifacts=arts, failures=o.failures,
                                           prepared=None if prep is None else prep.to_json()))
-    extra = {**plan.extra, "compile": dict(settings)}
+    extra: PlanExtra = {**plan.extra, "compile": dict(settings)}
     return dataclasses.replace(plan, stages=tuple(stages), extra=extra)
 
 
@@ -494,7 +516,7 @@ def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: Mapping[s
 class _Context:
     folder: Path
     target: str
-    config: dict[str, Any]
+    config: JsonObject
     chash: str
     cache: ArtifactCache
     shared: ArtifactCache | None
@@ -684,7 +706,7 @@ class _Context:
         by_id = {p.stage.id: p for p in todo}
         lock = threading.Lock()
 
-        def on_event(ev: dict[str, Any]) -> None:
+        def on_event(ev: JsonObject) -> None:
             if ev["event"] == "start":
                 self.say(f"[{ev['n']}/{ev['total']}] building {ev['stage']}  rknn-toolkit2 {tk.version}  "
                          f"elapsed {time.monotonic() - self.t0:.0f} s  memory in use {human_bytes(memory_in_use())}  "
@@ -784,7 +806,7 @@ class _Context:
                             wall_s=res.wall_s,
                             peak_rss_bytes=res.peak_rss_bytes, log=rel_log)
 
-    def _artifact(self, key: str, meta: Mapping[str, Any], reason: str | None,
+    def _artifact(self, key: str, meta: JsonMap, reason: str | None,
                   dataset: str | None = None) -> Artifact:
         quantized = meta.get("precision", "fp16") != "fp16"
         return Artifact(kind="rknn", file=f"{RKNN_DIR}/objects/{key}.rknn", toolkit=str(meta["toolkit"]),
@@ -799,7 +821,7 @@ class _Context:
                         compiler=artifact_compiler_plan(self.folder, key, meta))
 
 
-def _fewer_outputs(meta: Mapping[str, Any], declared: int) -> bool:
+def _fewer_outputs(meta: JsonMap, declared: int) -> bool:
     """Whether a cache entry's compiler plan counts fewer ``OutputOperator`` layers than the stage's
     ``declared`` outputs (:func:`rkpart.compile.placement.missing_outputs`)."""
     raw = meta.get("compiler")

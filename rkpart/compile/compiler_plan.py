@@ -36,7 +36,7 @@ from rkpart.compile.runner import read_log
 from rkpart.errors import SpecError, UserError
 from rkpart.io import atomic_write_bytes
 from rkpart.readers import FileKind
-from rkpart.types import MULTICORE_OPS, CompilerPlan
+from rkpart.types import MULTICORE_OPS, CompilerPlan, JsonMap, JsonObject
 
 _CYCLES = re.compile(r"^(\d+)/(\d+)/(\d+)$")
 _MEMORY = re.compile(r"Total (Weight|Internal) Memory Size:\s*([0-9]+(?:\.[0-9]+)?)\s*(B|KB|MB|GB)\b")
@@ -183,14 +183,14 @@ def read_layers(path: Path, root: Path | None = None) -> list[LayerRow]:
 LAYERS_DIR = "rknn/layers"
 
 
-def compiler_meta(text: str) -> dict[str, Any]:
+def compiler_meta(text: str) -> JsonObject:
     """What a cache entry records of the compiler's plan: the summary and the rows (so that a
     cached build gives its plan the same figures as a fresh one, with no log at hand)."""
     summary, rows = read_compiler_plan(text)
     return {"compiler": summary.to_json(), "compiler_layers": None if rows is None else [r.to_json() for r in rows]}
 
 
-def artifact_compiler_plan(folder: Path, key: str, meta: Mapping[str, Any]) -> CompilerPlan | None:
+def artifact_compiler_plan(folder: Path, key: str, meta: JsonMap) -> CompilerPlan | None:
     """The artifact's :class:`CompilerPlan` from a cache entry, writing its per-layer side file
     into ``folder``; an entry of an older rkpart reads its build log, if the plan still has it.
     ``None`` when neither says anything (never a plan of zeros)."""

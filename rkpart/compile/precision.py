@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from rkpart.errors import SpecError, UserError
 from rkpart.io import loads_json, loads_yaml
-from rkpart.partitioner.plan import Plan, Stage
+from rkpart.plan.plan import Plan, Stage
 from rkpart.readers import FileKind
+from rkpart.types import JsonMap, JsonObject
 
 if TYPE_CHECKING:
     from rkpart.compile.calibration import Dataset
@@ -58,20 +59,20 @@ class StagePrecision:
     def quantized(self) -> bool:
         return self.precision != "fp16"
 
-    def config(self, base: Mapping[str, Any], target: str) -> dict[str, Any]:
+    def config(self, base: JsonMap, target: str) -> JsonObject:
         """``RKNN.config`` options for this stage (``base`` plus the quantization options)."""
         if not self.quantized:
             return dict(base)
         return {**base, "quantized_dtype": QUANTIZED_DTYPE[target], "quantized_algorithm": self.algorithm}
 
-    def key_extra(self) -> dict[str, Any]:
+    def key_extra(self) -> JsonObject:
         """What besides the config makes a quantized build different (empty for fp16)."""
         if not self.quantized:
             return {}
         return {"precision": self.precision, "calibration": self.calibration_sha256,
                 "samples": None if self.dataset is None else self.dataset.digest}
 
-    def request(self, dataset: Path) -> dict[str, Any]:
+    def request(self, dataset: Path) -> JsonObject:
         """The worker request's ``quantize`` entry."""
         return {"dataset": str(dataset.absolute()), "hybrid": self.precision == "hybrid",
                 "hybrid_cosine": HYBRID_COSINE, "hybrid_max_layers": HYBRID_MAX_LAYERS}

@@ -11,15 +11,14 @@ from __future__ import annotations
 import json
 import subprocess
 import tempfile
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from rkpart.compile.cache import CONFIG_DEFAULTS
 from rkpart.compile.runner import WORKER, worker_env
 from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import ToolkitError, UserError
 from rkpart.targets import get_target
+from rkpart.types import JsonMap
 
 CHECK_TIMEOUT_S = 300.0
 
@@ -50,7 +49,7 @@ def config_keys(tk: Toolkit, worker: Path = WORKER) -> list[str]:
     return [str(k) for k in json.loads(lines[-1])["config_keys"]]
 
 
-def check_config(config: Mapping[str, Any], toolkits: list[Toolkit], worker: Path = WORKER) -> None:
+def check_config(config: JsonMap, toolkits: list[Toolkit], worker: Path = WORKER) -> None:
     """Every key of ``config`` is accepted by ``RKNN.config`` of every toolkit that will build.
 
     Keys rkpart itself knows (:data:`CONFIG_DEFAULTS`, ``target_platform``) need no toolkit

@@ -29,19 +29,19 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 
 from rkpart.errors import ToolkitError, UserError
 from rkpart.ir.tensors import random_feeds
-from rkpart.partitioner.extract import stage_sha256
+from rkpart.plan.extract import stage_sha256
 from rkpart.readers import FileKind
 from rkpart.targets import get_target
 from rkpart.targets.opset import lower_model, model_opset
 from rkpart.targets.rewrites import DEDUPE, REWRITES, Rewrite, apply_rewrites, compile_rewrites_for
 from rkpart.targets.rewrites.precision import emulated_copy
+from rkpart.types import JsonMap, JsonObject
 from rkpart.validation.metrics import Gate, compare
 
 PREPARED_DIR = "prepared"
@@ -73,14 +73,14 @@ class PreparedRecord:
     sha256: str
     dropped_rewrites: Mapping[str, str] = field(default_factory=dict)  # rewrite name -> why it was left out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"toolkit": self.toolkit, "from_opset": self.from_opset, "to_opset": self.to_opset,
                 "rewrites": dict(self.rewrites),
                 **({"dropped_rewrites": dict(self.dropped_rewrites)} if self.dropped_rewrites else {}),
                 "file": self.file, "sha256": self.sha256}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> PreparedRecord:
+    def from_json(cls, d: JsonMap) -> PreparedRecord:
         return cls(toolkit=str(d["toolkit"]), from_opset=int(d["from_opset"]), to_opset=int(d["to_opset"]),
                    rewrites=dict(d["rewrites"]), file=str(d["file"]), sha256=str(d["sha256"]),
                    dropped_rewrites=dict(d.get("dropped_rewrites", {})))
@@ -149,7 +149,7 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
         except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError):
             pass  # an unreadable record is made again
     model = onnx.load(str(onnx_path))
-    record: dict[str, Any] = {"toolkit": toolkit, "from_opset": opset, "to_opset": opset, "rewrites": {}}
+    record: JsonObject = {"toolkit": toolkit, "from_opset": opset, "to_opset": opset, "rewrites": {}}
     current = model
     # ONNX Runtime has no CPU kernel for most bfloat16 ops: the reference of a stage holding them is
     # computed as bfloat16 would be, op by op in float32 rounded to bfloat16 (emulate_bfloat16)

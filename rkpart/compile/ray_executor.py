@@ -40,6 +40,7 @@ from typing import Any
 from rkpart.compile.runner import BuildJob, BuildResult
 from rkpart.errors import ToolkitError, UserError
 from rkpart.io import atomic_write_bytes
+from rkpart.types import JsonMap, JsonObject
 
 #: attempts after the first when a node or worker dies mid-build
 MAX_RETRIES = 3
@@ -148,8 +149,8 @@ def _node_toolkit(version: str, toolkits_dir: str | None) -> Any:
             return install_toolkit(version, toolkits_dir)
 
 
-def build_on_node(stage_id: str, key: str, onnx_name: str, files: Mapping[str, bytes], config: Mapping[str, Any],
-                  toolkit: str, toolkits_dir: str | None, timeout: float | None) -> dict[str, Any]:
+def build_on_node(stage_id: str, key: str, onnx_name: str, files: Mapping[str, bytes], config: JsonMap,
+                  toolkit: str, toolkits_dir: str | None, timeout: float | None) -> JsonObject:
     """The Ray task body: build one stage here and return the outcome, log and artifact bytes."""
     from rkpart.compile.runner import run_build
 

@@ -20,10 +20,9 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -31,7 +30,7 @@ from rkpart.compile.placement import last_step, open_native_pass
 from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import SpecError
 from rkpart.readers import FileKind
-from rkpart.types import BuildFailure
+from rkpart.types import BuildFailure, JsonMap, JsonObject
 from rkpart.units import human_bytes
 
 #: a build log kept in a plan folder (``rknn/logs/``): read back by compile's retries, bundle's core
@@ -74,14 +73,14 @@ class BuildJob:
     onnx: Path
     output: Path  # final .rknn location (written atomically)
     log: Path
-    config: Mapping[str, Any]  # RKNN.config keyword arguments, target_platform included
+    config: JsonMap  # RKNN.config keyword arguments, target_platform included
     toolkit: Toolkit
     timeout: float | None = None
     est_peak_rss: int = 0  # bytes, filled in by the scheduler's memory model
     size_bytes: int = 0  # stage weights + I/O, for the memory model
     worker: Path = WORKER  # replaced only by fault-injection fakes in tests
     #: int8 / hybrid: {"dataset": abs path, "hybrid": bool, ...} (rkpart.compile.precision); None: fp16
-    quantize: Mapping[str, Any] | None = None
+    quantize: JsonMap | None = None
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ class BuildResult:
     rknn_size: int
     log: Path
     last_step: str | None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: JsonObject = field(default_factory=dict)
 
     def failure(self, rel_log: str) -> BuildFailure:
         """The plan's ``failures`` entry for this result (a failed one).
@@ -265,7 +264,7 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
     text = job.log.read_text(errors="replace")
     step = last_step(text)
     version = job.toolkit.version
-    result: dict[str, Any] = {}
+    result: JsonObject = {}
     with contextlib.suppress(OSError, ValueError):
         result = json.loads(result_path.read_text())
     reported = result.get("vm_hwm_bytes") if isinstance(result, dict) else None

@@ -20,14 +20,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from rkpart.compile.runner import BuildJob, BuildResult, run_build
 from rkpart.errors import UserError
-from rkpart.io import atomic_write_bytes
+from rkpart.io import atomic_write_bytes, default_cache_dir  # noqa: F401 (default_cache_dir: here before io)
 from rkpart.readers import FileKind
+from rkpart.types import JsonObject
 from rkpart.units import GIB, MIB
 
 #: what importing the toolkit and building a tiny graph costs (measured ~0.5-0.7 GB)
@@ -106,7 +106,7 @@ class _Running:
 
 
 #: what :meth:`Scheduler.run` calls with each build event (a dict), not a line of text
-Events = Callable[[dict[str, Any]], None]
+Events = Callable[[JsonObject], None]
 
 
 class Scheduler:
@@ -222,4 +222,3 @@ def memory_in_use() -> int:
     """Bytes of RAM in use on the machine (for progress lines)."""
     vm = psutil.virtual_memory()
     return int(vm.total - vm.available)
-

@@ -165,6 +165,17 @@ def find_toolkit(spec: str, root: str | os.PathLike[str] | None = None) -> Toolk
     return tk
 
 
+def toolkit_version(toolkit: Toolkit | str | None) -> str | None:
+    """The rknn-toolkit2 version ``toolkit`` names: a :class:`Toolkit`'s, a version as written, else the
+    version :func:`find_toolkit` finds for it (the python at a path); ``None`` stays ``None`` (the
+    target's default).  What the partition's capability is asked by
+    (:func:`rkpart.grouping.learned.target_capability`)."""
+    version = toolkit.version if isinstance(toolkit, Toolkit) else toolkit
+    if version is not None and not version.replace(".", "").isdigit():
+        version = find_toolkit(version).version
+    return version
+
+
 def detect_version(python: Path) -> str:
     """Ask ``python`` (in a subprocess) which rknn-toolkit2 it has, without importing it."""
     if not python.is_file():

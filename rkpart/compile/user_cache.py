@@ -22,12 +22,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rkpart.compile.cache import ENTRY_KIND, MAX_ENTRY_BYTES, OBJECTS
 from rkpart.errors import UserError
 from rkpart.io import default_cache_dir
 from rkpart.output import MARKER, read_marker, write_marker
+from rkpart.types import JsonObject
 
 BUILD_CACHE = "rknn"
 
@@ -88,7 +88,7 @@ def _regular(p: Path, max_bytes: int | None = None) -> os.stat_result | None:
     return st
 
 
-def _sidecar(p: Path, *, failure: bool) -> dict[str, Any] | None:
+def _sidecar(p: Path, *, failure: bool) -> JsonObject | None:
     """The sidecar at ``p`` if it matches the schema rkpart writes, else ``None`` (not ours: left alone)."""
     if _regular(p, MAX_ENTRY_BYTES) is None:
         return None
@@ -145,7 +145,7 @@ def entries(root: Path) -> list[Entry]:
     return out
 
 
-def info(root: Path) -> dict[str, Any]:
+def info(root: Path) -> JsonObject:
     """What ``rkpart cache info`` prints: location, counts and sizes per toolkit."""
     es = entries(root)
     builds = [e for e in es if not e.failure]

@@ -19,7 +19,6 @@ import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -38,10 +37,10 @@ from rkpart.cost_model.model import (
 )
 from rkpart.cost_model.rounds import RoundSample, fit_overhead, fitted_range, round_seconds, whole_plan_cv
 from rkpart.errors import SpecError
-from rkpart.partitioner.plan import Plan, load_plan
+from rkpart.plan.plan import Plan, load_plan
 from rkpart.profile.records import StageRecord, read_jsonl, stage_records
 from rkpart.targets.known_issues import crash_patterns
-from rkpart.types import HOST, LIFECYCLE, seconds_key
+from rkpart.types import HOST, LIFECYCLE, JsonMap, JsonObject, seconds_key
 from rkpart.units import KIB
 
 #: the lifecycle calls that are not inference (a host stage's setup is their sum per round)
@@ -58,7 +57,7 @@ WRITEUP: dict[str, dict[str, float]] = {
 }
 WRITEUP_PASSES = 2
 
-WRITEUP_PROVENANCE: dict[str, Any] = {
+WRITEUP_PROVENANCE: JsonObject = {
     "source": "seed write-up 'Can Partitioned DiT Blocks Be Recombined?' (shared/seed), sections 4-6",
     "device": "Radxa ROCK 5C 8GB (RK3588S2), RKNN target rk3588",
     "runtime": "RKNN runtime API 2.3.0, RKNPU driver 0.9.8",
@@ -75,7 +74,7 @@ WRITEUP_PROVENANCE: dict[str, Any] = {
 WRITEUP_WALL_DELTA = (4.4981 - 4.7379) / 4.7379
 
 
-def writeup_resolution() -> dict[str, Any]:
+def writeup_resolution() -> JsonObject:
     """The smallest relative latency difference the write-up's measurements resolve.
 
     A calibration has no held-out data, so its error is taken from the measurement itself: the
@@ -105,14 +104,14 @@ _ASSUMED_LIKE_FUSED = {
 }
 
 
-def shipped_drift() -> dict[str, Any]:
+def shipped_drift() -> JsonObject:
     """The accuracy term measured by the drift table shipped in ``rkpart/data`` (see :data:`DRIFT_FILE`)."""
     from importlib import resources
 
     return dict(json.loads((resources.files("rkpart") / "data" / DRIFT_FILE).read_text()))
 
 
-def accuracy_table() -> dict[str, Any]:
+def accuracy_table() -> JsonObject:
     """The calibration's accuracy term: the shipped drift table's measured families (latent MSE after
     the whole model, every step, CFG, relative to the default split) and floor; the families it does
     not run take fused's measured ratio."""
@@ -175,7 +174,7 @@ def _fit_max(
 DEVICE_MEMORY_FILE = "device_memory.json"
 
 
-def shipped_device_memory() -> dict[str, Any] | None:
+def shipped_device_memory() -> JsonObject | None:
     """``rkpart/data/device_memory.json``: per toolkit a ``device_mem`` predictor fitted on compiler
     tables, and the write-up block's compiled features (``None`` when it is not shipped)."""
     from importlib import resources
@@ -186,11 +185,11 @@ def shipped_device_memory() -> dict[str, Any] | None:
     return dict(json.loads(f.read_text()))
 
 
-def _compiled_block(doc: Mapping[str, Any], which: str) -> list[Features]:
+def _compiled_block(doc: JsonMap, which: str) -> list[Features]:
     return [Features.from_json(d) for d in doc["writeup_block"][which]]
 
 
-def npu_time_check(doc: Mapping[str, Any]) -> dict[str, Any]:
+def npu_time_check(doc: JsonMap) -> JsonObject:
     """The NPU-time calibration from the write-up block's compiled tables, and the leave-fused-out
     check: fitted on split alone, the predicted fused inference against the board's +5.8 %."""
     from rkpart.cost_model.npu_time import calibrate, leave_fused_out, predict
@@ -295,11 +294,11 @@ def calibrate_writeup(split: Candidate, fused: Candidate) -> CostModel:
     return model
 
 
-def writeup_memory_check(doc: Mapping[str, Any], comp: Component, split: Candidate, fused: Candidate
-                         ) -> dict[str, Any]:
+def writeup_memory_check(doc: JsonMap, comp: Component, split: Candidate, fused: Candidate
+                         ) -> JsonObject:
     """The write-up's board device memory (split's peak, fused) against the compiler's own figure of
     the same block (2.3.0 builds) and against the prediction before compiling."""
-    out: dict[str, Any] = {"source": "board: write-up section 6 (device-mapped PSS); compiler: rknn-toolkit2 "
+    out: JsonObject = {"source": "board: write-up section 6 (device-mapped PSS); compiler: rknn-toolkit2 "
                                      f"{doc['writeup_block']['toolkit']} builds of the same block"}
     for which, cand in (("split", split), ("fused", fused)):
         board = WRITEUP[which]["device_pss_kib"] * KIB
@@ -312,7 +311,7 @@ def writeup_memory_check(doc: Mapping[str, Any], comp: Component, split: Candida
     return out
 
 
-def _writeup_error(model: CostModel, name: str, split: Candidate, fused: Candidate) -> dict[str, Any]:
+def _writeup_error(model: CostModel, name: str, split: Candidate, fused: Candidate) -> JsonObject:
     comp = model.components[name]
     key = {"device_mem": "device_pss_kib", "pss_peak": "pss_peak_kib"}.get(name) or seconds_key(name)
     pred, meas = [], []
@@ -460,7 +459,7 @@ def samples_from_records(
 
 
 def round_samples(
-    raw: Iterable[Mapping[str, Any]],
+    raw: Iterable[JsonMap],
     records: Sequence[StageRecord],
     *,
     resolver: PlanResolver,
@@ -522,7 +521,7 @@ def _pool_runs(records: Iterable[StageRecord]) -> tuple[dict[str, list[StageReco
             first_run[pk] = min(first_run.get(pk, r.run_id), r.run_id)
     return pools, first_run
 
-def environment_of(records: Iterable[StageRecord]) -> dict[str, Any]:
+def environment_of(records: Iterable[StageRecord]) -> JsonObject:
     """Device and runtime of the records (for the fitted model's provenance)."""
     backends: set[str] = set()
     runtimes: set[str] = set()
@@ -555,7 +554,7 @@ def fit_profiles(
     """
     from rkpart.cost_model.model import COMPONENTS, DEFAULT_TERMS, cross_validate
     records: list[StageRecord] = []
-    raw: list[dict[str, Any]] = []
+    raw: list[JsonObject] = []
     near_of: dict[str, Path] = {}
     for p in paths:
         lines = read_jsonl(p)
@@ -643,7 +642,7 @@ class ComponentFit:
     cross_validation: ErrorSummary | None  # held-out error (None: fitted on whole rounds)
     in_sample: ErrorSummary | None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"terms": dict(self.terms),
                 "cross_validation": None if self.cross_validation is None else self.cross_validation.to_json(),
                 "in_sample": None if self.in_sample is None else self.in_sample.to_json()}
@@ -654,13 +653,13 @@ class WholePlanFit:
     """Predicted whole rounds against measured ones (:func:`~rkpart.cost_model.rounds.whole_plan_cv`)."""
 
     error: ErrorSummary
-    plans: tuple[Mapping[str, Any], ...]  # per held-out plan: plan, measured_s, predicted_s ...
+    plans: tuple[JsonMap, ...]  # per held-out plan: plan, measured_s, predicted_s ...
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**self.error.to_json(), "plans": [dict(p) for p in self.plans]}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> WholePlanFit:
+    def from_json(cls, d: JsonMap) -> WholePlanFit:
         return cls(error=ErrorSummary.from_json(d), plans=tuple(dict(p) for p in d.get("plans", ())))
 
 
@@ -679,7 +678,7 @@ class FitReport:
     whole_plan: WholePlanFit
     fitted_range: Mapping[str, tuple[int, int]]  # feature -> (lowest, highest) the fit saw
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"samples": self.samples, "runs": self.runs, "plans": self.plans, "backends": list(self.backends),
                 "statistic": self.statistic, "method": self.method,
                 "components": {k: v.to_json() for k, v in self.components.items()},
@@ -726,7 +725,7 @@ def compare_with_model(
     *,
     near: Path | None = None,
     resolver: PlanResolver | None = None,
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     """Predicted vs measured, per stage and component, for a profiled plan.
 
     For ``rkpart profile ... --against MODEL.json``: one row per (stage, component) with
@@ -737,7 +736,7 @@ def compare_with_model(
     from rkpart.cost_model.checks import check_stage_estimate
 
     samples = samples_from_records(records, near=near, resolver=resolver)
-    rows: list[dict[str, Any]] = []
+    rows: list[JsonObject] = []
     totals: dict[str, list[float]] = {}
     memory = {"device_mem": "device memory", "pss_peak": "process memory"}
     for s in samples:
@@ -760,7 +759,7 @@ def compare_with_model(
     return rows
 
 
-def render_comparison(rows: Sequence[Mapping[str, Any]]) -> str:
+def render_comparison(rows: Sequence[JsonMap]) -> str:
     """Text table of :func:`compare_with_model` rows."""
     out = [f"{'stage':<28} {'component':<11} {'measured':>12} {'predicted':>12} {'error':>9}"]
     for r in rows:

@@ -1,7 +1,7 @@
 """Candidate partitions of each block, with their features and what rules them out.
 
 Per block (or run of consecutive blocks) the candidates are the candidate families of
-:mod:`rkpart.strategies.families` (the split and fused variants, runs of fused blocks,
+:mod:`rkpart.grouping.strategies.families` (the split and fused variants, runs of fused blocks,
 plugin strategies), each sliced out of a whole-model partition its strategy proposed: the
 pipeline proposes them and hands them over, so this module never calls a strategy, and a
 chosen candidate is exactly the stage that strategy would have written.  Residency
@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.cost_model.features import Features, group_features
+from rkpart.discovery.structure import Block, Discovery
+from rkpart.grouping.capability import host_op_key
+from rkpart.grouping.groups import Group, Partition, block_id
+from rkpart.grouping.strategies.families import candidate_id_for, precision_id, split_precision
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.capability import host_op_key
-from rkpart.partitioner.discovery import Block, Discovery
-from rkpart.partitioner.partition import Group, Partition, block_id
-from rkpart.strategies.families import candidate_id_for, precision_id, split_precision
 from rkpart.targets.known_issues import KNOWN_ISSUES, SIGNATURES, CrashPattern, Traits, crash_patterns, signatures_in
 
 #: one candidate family's whole-model partition: (candidate id, the partition, options recorded for
@@ -145,7 +145,7 @@ def candidates_from(mg: ModelGraph, disc: Discovery, variants: Sequence[Variant]
 
     ``variants`` are whole-model partitions (``(candidate id, partition, options)``, as
     :func:`rkpart.auto.candidate_variants` proposes them with the strategies of
-    :mod:`rkpart.strategies.families`): each is sliced into runs of
+    :mod:`rkpart.grouping.strategies.families`): each is sliced into runs of
     ``options["blocks_per_stage"]`` consecutive blocks (default 1); runs of another length (a
     stage that spans several blocks where one was expected, a short tail) and runs sharing a
     block with another run are skipped.
@@ -265,7 +265,7 @@ def mark_exclusions(
     """
     if known_issues is None:
         known_issues = crash_patterns()
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
 
     def key(blocks: Sequence[int]) -> tuple[Any, ...]:
         return tuple(anatomy.get(b, f"block{b}") for b in blocks) if anatomy is not None else tuple(blocks)

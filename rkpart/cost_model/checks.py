@@ -17,13 +17,14 @@ from dataclasses import fields
 from typing import Any
 
 from rkpart.cost_model import features as _features
-from rkpart.cost_model.rounds import GLUE_TERMS
+from rkpart.cost_model.features import GLUE_TERMS
 from rkpart.errors import SpecError
 from rkpart.io import MAX_JSON_INT, bad_number
 from rkpart.targets.known_issues import SIGNATURES, TRAIT_NAMES
+from rkpart.types import JsonMap
 
 #: the terms a stage component may use (:meth:`rkpart.cost_model.features.Features.value`);
-#: ``glue`` uses :data:`rkpart.cost_model.rounds.GLUE_TERMS`
+#: ``glue`` uses :data:`rkpart.cost_model.features.GLUE_TERMS`
 TERMS = frozenset({"const", "all_macs", "io_bytes",
                    *(f.name for f in fields(_features.Features)
                      if str(f.type).replace(" ", "") in ("int", "float", "int|None", "float|None"))})
@@ -94,7 +95,7 @@ def _check_fit_error(where: str, name: str, fe: Any) -> None:
         _check_summary(where, f"component {name}: fit_error.{k}", fe.get(k))
 
 
-def _check_provenance(where: str, prov: Mapping[str, Any]) -> None:
+def _check_provenance(where: str, prov: JsonMap) -> None:
     """The provenance fields selection and ``estimate`` read, typed and in range."""
     dof = prov.get("degrees_of_freedom")
     if dof is not None and (isinstance(dof, bool) or not isinstance(dof, int)):
@@ -215,7 +216,7 @@ def _check_known_issues(where: str, issues: Any) -> None:
                             f"known-issue table (signatures: {', '.join(sorted(SIGNATURES))})")
 
 
-def check_model_document(d: Mapping[str, Any], *, where: str, table: Mapping[str, tuple[str, str]] | None = None,
+def check_model_document(d: JsonMap, *, where: str, table: Mapping[str, tuple[str, str]] | None = None,
                          fixed: Mapping[str, Sequence[str]] | None = None) -> None:
     """Refuse (one-line :class:`SpecError`) a cost-model document any later use would trip over
     (``table`` / ``fixed``: see :func:`_check_component`)."""

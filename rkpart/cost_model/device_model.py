@@ -52,15 +52,16 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 
+from rkpart.cost_model.fitting import error_summary, nnls_relative
 from rkpart.ir import ModelGraph, Subgraph, graph_of
 from rkpart.ir.liveness import Lifetimes, stage_lifetimes
-from rkpart.partitioner.plan import Plan
-from rkpart.partitioner.verify import stage_onnx
+from rkpart.plan.plan import Plan, Stage
+from rkpart.plan.verify import stage_onnx
+from rkpart.types import JsonMap, JsonObject
 
 #: what ``eval_memory()`` adds to weight + internal on a board (command buffers): not counted by
 #: the build, not measured here (no board); the write-up's board figures bracket it: split's
@@ -119,7 +120,7 @@ class MemoryFeatures:
         return {k: getattr(self, k) for k in FEATURES}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> MemoryFeatures:
+    def from_json(cls, d: JsonMap) -> MemoryFeatures:
         return cls(**{k: int(d.get(k, 0)) for k in FEATURES})
 
 
@@ -359,7 +360,7 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
                           io16=int(io16), att16=att16, hnorm16=int(hnorm16))
 
 
-def stage_memory_features(folder: str | Path, stage: Any) -> MemoryFeatures:
+def stage_memory_features(folder: str | Path, stage: Stage) -> MemoryFeatures:
     """:class:`MemoryFeatures` of one stage file of a plan folder (weights not loaded)."""
     path = stage_onnx(Path(folder), stage)
     model = onnx.load_model(str(path), format="protobuf", load_external_data=False)
@@ -386,20 +387,20 @@ class MemoryRow:
     weight_bytes: int
     internal_bytes: int
     #: the stage's cost-model features (compiled figures included), for the NPU-time calibration
-    stage_features: Mapping[str, Any] = field(default_factory=dict)
+    stage_features: JsonMap = field(default_factory=dict)
 
     @property
     def device_bytes(self) -> int:
         return self.weight_bytes + self.internal_bytes
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"family": self.family, "shape": self.shape, "strategy": self.strategy, "stage": self.stage,
                 "toolkit": self.toolkit, "fit": self.fit, "features": self.features.to_json(),
                 "weight_bytes": self.weight_bytes, "internal_bytes": self.internal_bytes,
                 "stage_features": dict(self.stage_features)}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> MemoryRow:
+    def from_json(cls, d: JsonMap) -> MemoryRow:
         return cls(family=str(d["family"]), shape=str(d["shape"]), strategy=str(d["strategy"]),
                    stage=str(d["stage"]), toolkit=str(d["toolkit"]), fit=bool(d["fit"]),
                    features=MemoryFeatures.from_json(d["features"]), weight_bytes=int(d["weight_bytes"]),
@@ -417,9 +418,9 @@ class MemoryModel:
     workspace_heads: float = 0.0
     samples: int = 0
     #: share of the fit's own samples within +-10 % / +-20 % and the median |% error|
-    fit_error: Mapping[str, Any] = field(default_factory=dict)
+    fit_error: JsonMap = field(default_factory=dict)
     #: the held-out error, when a bench measured it (``bench/device_memory.py``)
-    held_out: Mapping[str, Any] = field(default_factory=dict)
+    held_out: JsonMap = field(default_factory=dict)
 
     def predict_parts(self, f: MemoryFeatures) -> tuple[float, float]:
         w = sum(c * f.value(t) for t, c in zip(WEIGHT_TERMS, self.weight, strict=True))
@@ -431,7 +432,7 @@ class MemoryModel:
         w, i = self.predict_parts(f)
         return w + i
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"format": "rkpart-device-memory-model", "version": 1, "toolkit": self.toolkit,
                 "weight": dict(zip(WEIGHT_TERMS, self.weight, strict=True)),
                 "internal": dict(zip(INTERNAL_TERMS, self.internal, strict=True)),
@@ -439,7 +440,7 @@ class MemoryModel:
                 "fit_error": dict(self.fit_error), "held_out": dict(self.held_out)}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> MemoryModel:
+    def from_json(cls, d: JsonMap) -> MemoryModel:
         if d.get("format") != "rkpart-device-memory-model" or d.get("version") != 1:
             raise ValueError("not an rkpart device-memory model (version 1)")
 
@@ -462,8 +463,6 @@ class MemoryModel:
 
 
 def _solve(rows: Sequence[MemoryRow], heads: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    from rkpart.cost_model.model import nnls_relative
-
     xw = np.array([[r.features.value(t) for t in WEIGHT_TERMS] for r in rows])
     xi = np.array([[r.features.value(t, heads) for t in INTERNAL_TERMS] for r in rows])
     cw = nnls_relative(xw, np.array([float(r.weight_bytes) for r in rows]))
@@ -492,8 +491,6 @@ def cross_validate_heads(rows: Sequence[MemoryRow], toolkit: str) -> dict[float,
 def fit_memory_model(rows: Sequence[MemoryRow], toolkit: str) -> MemoryModel:
     """Fit weight and internal memory on ``rows`` (non-negative, relative error), with the attention
     workspace ``R`` chosen by leave-one-shape-out cross-validation on these rows alone."""
-    from rkpart.cost_model.model import error_summary
-
     if not rows:
         raise ValueError(f"no compiled stages to fit a device-memory model for rknn-toolkit2 {toolkit}")
     cv = cross_validate_heads(rows, toolkit) if len({(r.family, r.shape) for r in rows}) > 1 else {0.0: (0, 0)}
@@ -506,12 +503,10 @@ def fit_memory_model(rows: Sequence[MemoryRow], toolkit: str) -> MemoryModel:
     return dataclasses.replace(model, fit_error=err)
 
 
-def held_out_summary(model: MemoryModel, held: Sequence[MemoryRow], *, fitted_on: str, held_out: str) -> dict[str, Any]:
+def held_out_summary(model: MemoryModel, held: Sequence[MemoryRow], *, fitted_on: str, held_out: str) -> JsonObject:
     """The shipped form of a fitted model: one ``device_mem`` component (weight and internal terms
     summed) with its in-sample and held-out error and what it was fitted and checked on."""
-    from rkpart.cost_model.model import error_summary
-
-    def summary(rows: Sequence[MemoryRow]) -> dict[str, Any]:
+    def summary(rows: Sequence[MemoryRow]) -> JsonObject:
         apes = sorted(abs(model.predict(r.features) / r.device_bytes - 1) * 100 for r in rows)
         out = error_summary([model.predict(r.features) for r in rows], [r.device_bytes for r in rows])
         if apes:

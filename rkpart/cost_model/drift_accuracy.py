@@ -21,7 +21,7 @@ from typing import Any
 
 from rkpart.cost_model.model import Accuracy, CostModel
 from rkpart.errors import GateError, UserError
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.profile.drift import LATENT, DriftRow, nonfinite_rows
 
 BASELINE = "adaln=host,residual=host"

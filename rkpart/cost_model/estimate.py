@@ -12,8 +12,12 @@ Per NPU stage:
   calibration (:mod:`rkpart.cost_model.npu_time`), else from the cost model's ``infer``.
 
 For the pipeline: the device-memory peak under the plan's residency (resident stages add up,
-per-stage ones count their largest), and seconds per image: ``steps x CFG passes`` of every
-stage, lifecycle included, with error bars.  With CFG, the same figures for running the two
+per-stage ones count their largest), and seconds per image: ``steps x model calls per step`` of
+every stage, lifecycle included, with error bars, plus the VAE decode once per image when the
+plan's pipeline has one.  The calls per step are the sampler's (:func:`calls_per_step`): two
+for two-pass CFG, one for batched CFG (one call on the ``[uncond, cond]`` pair, which the model's
+batch of 2 already costs), one for a guidance-distilled model or none; a multistep scheduler's
+order adds no call.  With CFG, the same figures for running the two
 passes of a step on two NPU cores at once (``--cfg-parallel`` of the bundle runner): both
 contexts of every NPU stage resident at once, and the NPU inference sped up by the model's
 measured speed-up (``rkpart tune --backend rknnlite --cfg-parallel``) or else the published,
@@ -26,7 +30,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rkpart.cost_model.checks import check_stage_estimate
 from rkpart.cost_model.device_model import OTHER_BYTES
@@ -41,8 +44,8 @@ from rkpart.cost_model.npu_time import (
 from rkpart.cost_model.rounds import overhead
 from rkpart.cost_model.select import latency_error
 from rkpart.errors import UserError
-from rkpart.partitioner.plan import Plan
-from rkpart.types import HOST, LIFECYCLE, Residency
+from rkpart.plan.plan import Plan
+from rkpart.types import HOST, LIFECYCLE, JsonMap, JsonObject, Residency
 
 ESTIMATE_VERSION = 1
 
@@ -70,7 +73,7 @@ class StageEstimate:
         """``compiler`` when the stage's figures come from its build, else ``predicted``."""
         return "compiler" if self.compiled else "predicted"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"id": self.id, "device": self.device, "residency": self.residency,
                 "device_mem_bytes": self.device_mem_bytes, "device_mem_source": self.device_mem_source,
                 "device_mem_error": _r(self.device_mem_error), "load_s": _r(self.load_s), "init_s": _r(self.init_s),
@@ -94,19 +97,27 @@ class Estimate:
     lifecycle_s: float
     npu_infer_s: float
     host_s: float
-    cfg_parallel: Mapping[str, Any] | None
+    cfg_parallel: JsonMap | None
     model: str
+    #: model calls per denoising step, and where that number comes from
+    calls_per_step: int = 2
+    calls_source: str = "--cfg"
+    #: the VAE decode, once per image: seconds (included in ``seconds_per_image``), where and from what
+    vae_s: float | None = None
+    vae_source: str | None = None
 
     @property
     def passes(self) -> int:
-        return self.steps * (2 if self.cfg else 1)
+        return self.steps * self.calls_per_step
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "format": "rkpart-estimate", "version": ESTIMATE_VERSION, "toolkit": self.toolkit, "cost_model": self.model,
             "stages": [s.to_json() for s in self.stages],
             "pipeline": {
-                "steps": self.steps, "cfg": self.cfg, "passes": self.passes,
+                "steps": self.steps, "cfg": self.cfg, "calls_per_step": self.calls_per_step,
+                "calls_source": self.calls_source, "passes": self.passes,
+                "vae_decode_s": _r(self.vae_s), "vae_source": self.vae_source,
                 "device_mem_bytes": self.device_mem_bytes, "device_mem_error": _r(self.device_mem_error),
                 "seconds_per_image": _r(self.seconds_per_image), "seconds_error": _r(self.seconds_error),
                 "seconds_source": self.seconds_source, "lifecycle_s": _r(self.lifecycle_s),
@@ -129,9 +140,13 @@ class Estimate:
         pm = "" if self.device_mem_error is None else f" (+-{self.device_mem_error * 100:.0f} %)"
         ps = "" if self.seconds_error is None else f" +- {self.seconds_per_image * self.seconds_error:.1f}"
         lines.append(f"device memory peak under the plan's residency: {self.device_mem_bytes / mib:.1f} MiB{pm}")
-        lines.append(f"seconds per image ({self.steps} steps x {2 if self.cfg else 1} CFG = {self.passes} passes): "
+        calls = (f"{self.calls_per_step} CFG" if self.calls_source in ("--cfg", "--no-cfg") else
+                 f"{self.calls_per_step} model call{'s' if self.calls_per_step != 1 else ''} per step "
+                 f"({self.calls_source})")
+        vae = "" if self.vae_s is None else f", VAE decode {self.vae_s:.2f} s ({self.vae_source})"
+        lines.append(f"seconds per image ({self.steps} steps x {calls} = {self.passes} passes): "
                      f"{self.seconds_per_image:.2f}{ps} s (lifecycle {self.lifecycle_s:.2f} s, NPU inference "
-                     f"{self.npu_infer_s:.2f} s, host {self.host_s:.2f} s; {self.seconds_source})")
+                     f"{self.npu_infer_s:.2f} s, host {self.host_s:.2f} s{vae}; {self.seconds_source})")
         if self.cfg_parallel is not None:
             cp = self.cfg_parallel
             lines.append(f"with --cfg-parallel (two NPU cores): {cp['seconds_per_image']:.2f} s per image, "
@@ -167,13 +182,42 @@ def _check_toolkit(version: str, model: CostModel) -> None:
                         f"{', '.join(sorted(known))})")
 
 
+def calls_per_step(cfg_mode: str) -> tuple[int, str]:
+    """Model calls per denoising step of a pipeline whose ``pipeline.json`` CFG mode is ``cfg_mode``,
+    and why (the sampler's order never adds a call: a multistep scheduler reuses earlier outputs)."""
+    if cfg_mode == "two-pass":
+        return 2, "two-pass CFG: a conditional and an unconditional call; pipeline.json"
+    if cfg_mode == "batched":
+        return 1, "batched CFG: one call on the [uncond, cond] pair, batch 2; pipeline.json"
+    if cfg_mode == "distilled":
+        return 1, "guidance-distilled: one call, the guidance an input; pipeline.json"
+    return 1, "no CFG: one call; pipeline.json"
+
+
+def vae_decode_seconds(decoder: Path, model: CostModel) -> tuple[float, str]:
+    """Seconds of one decode of ``decoder`` (``vae_decoder.onnx``) on the board's CPU, from the cost
+    model's host predictor (the bundle runs it there with ``--vae host``, and falls back there)."""
+    import onnx
+
+    from rkpart.cost_model.features import model_features
+
+    f = model_features(onnx.load_model(str(decoder), load_external_data=False), device=HOST, path=decoder)
+    host = model.predict_stage(f).get("host")
+    if host is None:
+        raise UserError("the cost model has no 'host' predictor; use the shipped calibration or refit it")
+    return float(host), f"{decoder.name} on the host CPU, predicted"
+
+
 def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: str | None = None, steps: int = 30,
                   cfg: bool = True, model_label: str = "cost model",
-                  residency: Mapping[str, str] | None = None) -> Estimate:
+                  residency: Mapping[str, str] | None = None, calls: tuple[int, str] | None = None,
+                  vae_decoder: Path | None = None) -> Estimate:
     """The :class:`Estimate` of ``plan`` (its stage files in ``folder``) under ``model``.
 
     ``residency`` maps stage ids to ``per-stage``/``resident`` (default: what the plan chose,
-    per-stage elsewhere, as the bundle runs it).
+    per-stage elsewhere, as the bundle runs it).  ``calls``: model calls per step and their source
+    (:func:`calls_per_step`; default 2 with ``cfg``, else 1).  ``vae_decoder``: the pipeline's
+    ``vae_decoder.onnx``, decoded once per image.
     """
     if steps < 1:
         raise UserError(f"--steps must be >= 1, got {steps}")
@@ -182,7 +226,8 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
         _check_toolkit(toolkit, model)
     tk = toolkit or (plan.extra.get("compile") or {}).get("toolkit") or model.provenance.toolkit
     res = dict(residency) if residency is not None else _residencies(plan)
-    passes = steps * (2 if cfg else 1)
+    per_step, calls_src = calls if calls is not None else ((2, "--cfg") if cfg else (1, "--no-cfg"))
+    passes = steps * per_step
     mem_comp = model.memory_component(tk)
     held = ((mem_comp.fit_error or {}).get("held_out") or {}) if mem_comp is not None else {}
     pred_err = held.get("p90_ape")
@@ -240,23 +285,25 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
         if e.device == HOST:
             host_total += (e.infer_s or 0.0) * passes
             continue
-        calls = passes if e.residency != Residency.RESIDENT.value else 1
-        life += ((e.load_s or 0.0) + (e.init_s or 0.0) + (e.release_s or 0.0)) * calls
+        cycles = passes if e.residency != Residency.RESIDENT.value else 1
+        life += ((e.load_s or 0.0) + (e.init_s or 0.0) + (e.release_s or 0.0)) * cycles
         infer_total += (e.infer_s or 0.0) * passes
     glue = overhead(model, feats, passes, whole_round=True)
-    seconds = life + infer_total + host_total + glue
+    vae_s, vae_src = vae_decode_seconds(vae_decoder, model) if vae_decoder is not None else (None, None)
+    seconds = life + infer_total + host_total + glue + (vae_s or 0.0)
     err = latency_error(model)
     srcs = sorted({e.infer_source for e in npu})
     sec_src = f"NPU inference from {' and '.join(srcs) or 'nothing'}; lifecycle and host from the cost model"
     cp = None
-    if cfg:
+    if per_step == 2:
         # both passes of a step at once: one context per pass and core, so every NPU stage twice
         speedup, source = cfg_parallel_speedup(model)  # measured on a board (tune) or the prior
-        cp = {"seconds_per_image": _r(life + infer_total / speedup + host_total + glue),
+        cp = {"seconds_per_image": _r(life + infer_total / speedup + host_total + glue + (vae_s or 0.0)),
               "device_mem_bytes": 2 * peak, "speedup": speedup, "source": source}
     return Estimate(stages=tuple(out), toolkit=tk, steps=steps, cfg=cfg, device_mem_bytes=int(peak),
                     device_mem_error=mem_err, seconds_per_image=seconds, seconds_error=err, seconds_source=sec_src,
-                    lifecycle_s=life, npu_infer_s=infer_total, host_s=host_total, cfg_parallel=cp, model=model_label)
+                    lifecycle_s=life, npu_infer_s=infer_total, host_s=host_total, cfg_parallel=cp, model=model_label,
+                    calls_per_step=per_step, calls_source=calls_src, vae_s=vae_s, vae_source=vae_src)
 
 
-__all__ = ["CFG_PARALLEL_SPEEDUP", "Estimate", "StageEstimate", "estimate_plan"]
+__all__ = ["CFG_PARALLEL_SPEEDUP", "Estimate", "StageEstimate", "calls_per_step", "estimate_plan", "vae_decode_seconds"]

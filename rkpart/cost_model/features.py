@@ -47,14 +47,25 @@ from rkpart.ir import ModelGraph, OpNode, Subgraph, TensorType, graph_of, nbytes
 from rkpart.ir.liveness import peak_bytes, stage_lifetimes
 from rkpart.ir.ops import MAC_OPS, MATMUL_OPS, REDUCE_OPS, RELABEL_OPS
 from rkpart.ir.work import node_macs, numel
-from rkpart.partitioner.plan import Artifact, Stage
-from rkpart.partitioner.verify import stage_onnx
+from rkpart.plan.plan import Artifact, Stage
+from rkpart.plan.verify import stage_onnx
+from rkpart.types import JsonMap, JsonObject
 
 #: derived terms a model may use besides :data:`NUMERIC`: ``const`` (1 per stage),
 #: ``all_macs`` (weighted + activation MACs), ``io_bytes`` (boundary in + out), and
 #: ``npu_peak16:R`` (:func:`rkpart.cost_model.device_model.peak16` with ``R`` heads of workspace)
 DERIVED = ("const", "all_macs", "io_bytes")
 PEAK_TERM = "npu_peak16:"
+#: the terms of the glue design row of a round (:mod:`rkpart.cost_model.rounds`), not of a stage:
+#: ``const``: per stage and pass (feeding one stage's outputs to the next); ``cycle``: per
+#: load-to-release cycle of a stage (creating and dropping its runner: every pass for a
+#: per-stage NPU stage, once a round otherwise); ``round``: once per round.  Measured on the
+#: fit profiles of bench/selection_regret.py: what CPU time the stages' own calls leave of a
+#: round is ~0.4 ms per stage and pass, ~0.2-0.4 ms more per per-stage cycle and ~1 ms per
+#: round; a constant per stage and pass alone over-predicted split plans (many stages) and
+#: under-predicted fused ones by up to 15-20 %.  Boundary bytes (``io_bytes``) and cold weights
+#: (``weight_bytes``) were tried too and over-predicted split plans at 1024 tokens by 20-40 %.
+GLUE_TERMS = ("const", "cycle", "round")
 
 
 @dataclass(frozen=True)
@@ -110,8 +121,8 @@ class Features:
             return peak16(self.act16, self.att16, self.head16, float(name[len(PEAK_TERM):]))
         return float(getattr(self, name))
 
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"device": self.device}
+    def to_json(self) -> JsonObject:
+        d: JsonObject = {"device": self.device}
         for k in NUMERIC:
             d[k] = getattr(self, k)
         d["rknn_bytes"] = self.rknn_bytes
@@ -122,8 +133,8 @@ class Features:
         return d
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Features:
-        kw: dict[str, Any] = {k: int(d.get(k, 0)) for k in NUMERIC}
+    def from_json(cls, d: JsonMap) -> Features:
+        kw: JsonObject = {k: int(d.get(k, 0)) for k in NUMERIC}
         for k in _COMPILED:
             kw[k] = None if d.get(k) is None else int(d[k])
         return cls(device=str(d["device"]), rknn_bytes=None if d.get("rknn_bytes") is None else int(d["rknn_bytes"]),
@@ -279,7 +290,7 @@ def combine(parts: Sequence[Features], device: str | None = None) -> Features:
     counts: Counter[str] = Counter()
     for p in parts:
         counts.update(dict(p.op_counts))
-    kw: dict[str, Any] = {k: sum(getattr(p, k) for p in parts) for k in NUMERIC}
+    kw: JsonObject = {k: sum(getattr(p, k) for p in parts) for k in NUMERIC}
     for k in ("peak_bytes", "act16", "att16", "score16", "head16"):  # a peak of one stage at a time, not a sum
         kw[k] = max(getattr(p, k) for p in parts)
     for k in _COMPILED:

@@ -37,7 +37,6 @@ import hashlib
 import json
 import math
 import os
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +45,10 @@ from typing import Any
 import numpy as np
 
 from rkpart.cost_model.features import Features
+from rkpart.cost_model.fitting import error_summary, nnls_relative
 from rkpart.errors import SpecError
 from rkpart.readers import FileKind
+from rkpart.types import JsonMap, JsonObject
 
 MODEL_FORMAT = "rkpart-cost-model"
 #: a cost model file (``fit -o``, ``--cost-model``, ``--base``, ``profile --against``); its schema and
@@ -56,6 +57,9 @@ COST_MODEL_KIND = FileKind("cost model", "json", 16 << 20, SpecError,
                            check=lambda doc, where: _check_cost_model(doc, where),
                            doc="`estimate`, `partition -s auto`, `report`, `profile --against`, `fit --base`")
 MODEL_VERSION = 1
+#: the terms of the ``npu_infer`` component (fitted by :mod:`rkpart.cost_model.npu_time`, which
+#: imports this module: they live here so the document check needs no import back)
+NPU_INFER_TERMS = ("compiled_cycles", "act_macs", "compiled_rw_bytes")
 
 #: component -> (stage device it applies to, unit)
 COMPONENTS: dict[str, tuple[str, str]] = {
@@ -114,13 +118,13 @@ class Component:
     coef: tuple[float, ...]
     source: str = "fit"  # "fit", "calibration" or "prior"
     samples: int = 0
-    fit_error: dict[str, Any] | None = None  # in-sample / cross-validated error summary
+    fit_error: JsonObject | None = None  # in-sample / cross-validated error summary
     note: str = ""
 
     def predict(self, f: Features) -> float:
         return float(sum(c * f.value(t) for c, t in zip(self.coef, self.terms, strict=True)))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "terms": {t: _round(c) for t, c in zip(self.terms, self.coef, strict=True)},
             "unit": COMPONENTS[self.name][1],
@@ -132,7 +136,7 @@ class Component:
         }
 
     @classmethod
-    def from_json(cls, name: str, d: Mapping[str, Any]) -> Component:
+    def from_json(cls, name: str, d: JsonMap) -> Component:
         terms = dict(d["terms"])
         for t, c in terms.items():
             if not isinstance(c, (int, float)) or c < 0 or not math.isfinite(c):
@@ -147,38 +151,6 @@ def _round(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def nnls_relative(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative coefficients minimising the squared *relative* error ``(x @ c - y) / y``.
-
-    Columns are scaled to unit norm before solving (features span 1 .. 1e11) and the
-    scale is undone afterwards.
-    """
-    from scipy.optimize import nnls
-
-    if len(y) == 0:
-        return np.zeros(x.shape[1])
-    w = 1.0 / np.maximum(np.abs(y), 1e-12)
-    a = x * w[:, None]
-    b = y * w
-    norms = np.linalg.norm(a, axis=0)
-    norms[norms == 0] = 1.0
-    c, _ = nnls(a / norms, b, maxiter=50 * a.shape[1] + 100)
-    return np.asarray(c / norms, dtype=float)
-
-
-def error_summary(pred: Sequence[float], meas: Sequence[float]) -> dict[str, Any]:
-    """Share of predictions within +-10 % and +-20 % of the measurement, median |% error|."""
-    ape = [abs(p - m) / abs(m) * 100.0 for p, m in zip(pred, meas, strict=True) if m]
-    if not ape:
-        return {"n": 0, "within_10": None, "within_20": None, "median_ape": None}
-    return {
-        "n": len(ape),
-        "within_10": round(sum(a <= 10.0 for a in ape) / len(ape), 4),
-        "within_20": round(sum(a <= 20.0 for a in ape) / len(ape), 4),
-        "median_ape": round(statistics.median(ape), 3),
-    }
-
-
 @dataclass(frozen=True)
 class ErrorSummary:
     """:func:`error_summary` of predictions against measurements, typed; ``method`` says how
@@ -190,12 +162,12 @@ class ErrorSummary:
     median_ape: float | None  # median |% error|
     method: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**({} if self.method is None else {"method": self.method}), "n": self.n,
                 "within_10": self.within_10, "within_20": self.within_20, "median_ape": self.median_ape}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> ErrorSummary:
+    def from_json(cls, d: JsonMap) -> ErrorSummary:
         return cls(n=int(d.get("n") or 0), within_10=d.get("within_10"), within_20=d.get("within_20"),
                    median_ape=d.get("median_ape"),
                    method=None if d.get("method") is None else str(d["method"]))
@@ -226,7 +198,7 @@ class Accuracy:
     properties are what selection reads.  Checked on load (:mod:`rkpart.cost_model.checks`).
     """
 
-    doc: Mapping[str, Any] = field(default_factory=dict)
+    doc: JsonMap = field(default_factory=dict)
 
     @property
     def families(self) -> dict[str, FamilyAccuracy]:
@@ -253,11 +225,11 @@ class Accuracy:
     def min_cosine(self) -> float | None:
         return _num(self.doc.get("min_cosine"))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return dict(self.doc)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Accuracy:
+    def from_json(cls, d: JsonMap) -> Accuracy:
         return cls(dict(d))
 
 
@@ -271,7 +243,7 @@ class Provenance:
     copy with fields set (``None`` as a value removes the field).
     """
 
-    doc: Mapping[str, Any] = field(default_factory=dict)
+    doc: JsonMap = field(default_factory=dict)
 
     def _text(self, key: str) -> str | None:
         v = self.doc.get(key)
@@ -327,11 +299,11 @@ class Provenance:
         return Provenance({**self.doc, "fits": [*self.doc.get("fits", []), {"samples": samples,
                                                                           "groups": list(groups)}]})
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return dict(self.doc)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Provenance:
+    def from_json(cls, d: JsonMap) -> Provenance:
         return cls(dict(d))
 
 
@@ -351,9 +323,9 @@ class CfgParallel:
     speedup: float
     source: str
     #: what was timed: ``sequential_s`` / ``parallel_s`` (seconds per loop, each round), ``steps``, ...
-    measured: dict[str, Any] = field(default_factory=dict)
+    measured: JsonObject = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"speedup": self.speedup, "source": self.source, "measured": self.measured}
 
     @classmethod
@@ -393,7 +365,7 @@ class CostModel:
     #: predicted numerical error of a partition family relative to the most accurate one
     accuracy: Accuracy = field(default_factory=Accuracy)
     #: toolkit versions known to crash on some candidate families
-    known_issues: list[dict[str, Any]] = field(default_factory=list)
+    known_issues: list[JsonObject] = field(default_factory=list)
     #: per toolkit version, a ``device_mem`` predictor fitted on the compiler's own weight + internal
     #: memory of compiled stages (:mod:`rkpart.cost_model.device_model`); used before a stage is compiled
     device_memory: dict[str, Component] = field(default_factory=dict)
@@ -452,7 +424,7 @@ class CostModel:
         return self
 
     # -- (de)serialisation ---------------------------------------------------------------
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "format": MODEL_FORMAT,
             "version": MODEL_VERSION,
@@ -480,16 +452,15 @@ class CostModel:
         return hashlib.sha256(self.dumps().encode()).hexdigest()
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any], *, where: str = "cost model") -> CostModel:
+    def from_json(cls, d: JsonMap, *, where: str = "cost model") -> CostModel:
         if d.get("format") != MODEL_FORMAT or d.get("version") != MODEL_VERSION:
             raise SpecError(f"{where}: not an rkpart cost model (expected format {MODEL_FORMAT!r} "
                             f"version {MODEL_VERSION})")
         from rkpart.cost_model.checks import check_model_document
-        from rkpart.cost_model.npu_time import TERMS as NPU_TERMS
 
         # the whole file, before any field is used: units and stage devices as rkpart writes them,
         # npu_infer's terms complete (issue 51)
-        check_model_document(d, where=where, table=COMPONENTS, fixed={"npu_infer": NPU_TERMS})
+        check_model_document(d, where=where, table=COMPONENTS, fixed={"npu_infer": NPU_INFER_TERMS})
         comps = d.get("components", {})
         unknown = sorted(set(comps) - set(COMPONENTS))
         if unknown:
@@ -530,7 +501,7 @@ def _fit_rows(rows: Sequence[Sample], name: str, terms: Sequence[str]) -> np.nda
     return nnls_relative(x, y)
 
 
-def cross_validate(rows: Sequence[Sample], name: str, terms: Sequence[str], *, folds: int = 0) -> dict[str, Any]:
+def cross_validate(rows: Sequence[Sample], name: str, terms: Sequence[str], *, folds: int = 0) -> JsonObject:
     """Held-out error of ``name``: leave-one-group-out when there are >= 3 groups.
 
     With fewer groups (one profiled plan), leave-one-sample-out.  ``folds > 0`` asks for

@@ -27,25 +27,15 @@ by a model (per-stage components and glue) fitted without it.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from rkpart.cost_model.features import Features
+from rkpart.cost_model.features import GLUE_TERMS, Features
 from rkpart.cost_model.model import Accuracy, Component, CostModel, Provenance, Sample, error_summary
-from rkpart.types import HOST
+from rkpart.types import HOST, JsonMap, JsonObject
 
-#: ``const``: per stage and pass (feeding one stage's outputs to the next); ``cycle``: per
-#: load-to-release cycle of a stage (creating and dropping its runner: every pass for a
-#: per-stage NPU stage, once a round otherwise); ``round``: once per round.  Measured on the
-#: fit profiles of bench/selection_regret.py: what CPU time the stages' own calls leave of a
-#: round is ~0.4 ms per stage and pass, ~0.2-0.4 ms more per per-stage cycle and ~1 ms per
-#: round; a constant per stage and pass alone over-predicted split plans (many stages) and
-#: under-predicted fused ones by up to 15-20 %.  Boundary bytes (``io_bytes``) and cold weights
-#: (``weight_bytes``) were tried too and over-predicted split plans at 1024 tokens by 20-40 %.
-GLUE_TERMS = ("const", "cycle", "round")
 #: lifecycle components paid once per call of a per-stage stage, once per round of a resident one
 LIFE = ("load", "init", "release")
 
@@ -161,12 +151,12 @@ def refit_with_rounds(samples: Sequence[Sample], rounds: Sequence[RoundSample],
 
 
 def whole_plan_cv(samples: Sequence[Sample], rounds: Sequence[RoundSample],
-                  base: CostModel | None = None) -> dict[str, Any]:
+                  base: CostModel | None = None) -> JsonObject:
     """Held-out error of whole-round predictions: leave one profiled plan out (>= 3 plans)."""
     groups = sorted({r.group for r in rounds})
     pred: list[float] = []
     meas: list[float] = []
-    rows: list[dict[str, Any]] = []
+    rows: list[JsonObject] = []
     if len(groups) < 3:
         return {"method": "none (fewer than 3 profiled plans)", **error_summary([], []), "plans": []}
     for g in groups:
@@ -218,7 +208,7 @@ def median(xs: Sequence[float]) -> float:
     return float(statistics.median(xs))
 
 
-def round_time(r: Mapping[str, Any]) -> float | None:
+def round_time(r: JsonMap) -> float | None:
     """What a measured round cost: its CPU time when recorded (robust on a machine shared with
     other jobs), else its wall time minus the profiler's snapshots."""
     tim = r.get("timings") or {}
@@ -229,7 +219,7 @@ def round_time(r: Mapping[str, Any]) -> float | None:
     return None if w is None else float(w)
 
 
-def round_seconds(round_records: Iterable[Mapping[str, Any]]) -> tuple[float | None, float | None]:
+def round_seconds(round_records: Iterable[JsonMap]) -> tuple[float | None, float | None]:
     """Median over measured round records of (wall minus snapshots, peak PSS in bytes)."""
     secs, pss = [], []
     for r in round_records:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -313,19 +313,11 @@ class Selection:
     degrees_of_freedom: int | None = None
     #: where device-memory figures come from, in words (``compiler`` / ``predicted`` sources)
     memory_source: str = ""
-    #: what computes :attr:`trades` on first use: the candidates proposed again without the
-    #: capability, which only the explanation reads (``None``: nothing was moved)
-    trade_source: Callable[[], dict[int, Trade]] | None = field(default=None, repr=False)
-    _trades: dict[int, Trade] | None = field(default=None, repr=False)
+    #: block -> the capability's move weighed against the runtime's CPU fallback (:class:`Trade`),
+    #: for the explanation (:func:`rkpart.auto.select` with ``trades``; empty: nothing moved, or not asked)
+    trades: dict[int, Trade] = field(default_factory=dict, repr=False)
     #: the CFG-parallel speed-up used and its source (:func:`~rkpart.cost_model.npu_time.cfg_parallel_speedup`)
     cfg_parallel_speedup: tuple[float, str] = (CFG_PARALLEL_SPEEDUP, CFG_PARALLEL_SOURCE)
-
-    @property
-    def trades(self) -> dict[int, Trade]:
-        """Block -> the capability's move weighed against the runtime's CPU fallback (:class:`Trade`)."""
-        if self._trades is None:
-            self._trades = self.trade_source() if self.trade_source is not None else {}
-        return self._trades
 
     @property
     def baseline_bytes(self) -> int:

@@ -36,7 +36,6 @@ from rkpart.export.patches import (
     apply_patches,
     mask_variants,
     patches_for,
-    source_key,
     supported_classes,
 )
 from rkpart.export.torch_onnx import (
@@ -48,6 +47,7 @@ from rkpart.export.torch_onnx import (
     OnnxCheck,
     export_module,
     require_extra,
+    source_key,
 )
 
 __all__ = [

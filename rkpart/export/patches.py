@@ -29,12 +29,10 @@ Importing this module needs neither torch nor diffusers: they are imported when 
 
 from __future__ import annotations
 
-import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, Literal
 
 from rkpart.errors import ExportError
@@ -211,20 +209,6 @@ def patches_for(class_name: str, exporter: str) -> tuple[Patch, ...]:
     if exporter not in EXPORTERS:
         raise ValueError(f"unknown exporter {exporter!r}; expected one of {', '.join(EXPORTERS)}")
     return tuple(p for p in (*PATCHES.get(class_name, ()), *GENERIC) if exporter in p.exporters)
-
-
-def source_key(class_name: str, exporter: str) -> list[str]:
-    """The source of every module of rkpart an export of ``class_name`` by ``exporter`` runs: a cache
-    key that changes whenever a patch, the registry or the export code changes."""
-    from rkpart.export import torch_onnx
-
-    modules: dict[str, ModuleType] = {m.__name__: m for m in (torch_onnx, inspect.getmodule(patches_for))
-                                      if m is not None}
-    for p in patches_for(class_name, exporter):
-        mod = inspect.getmodule(p.fn)
-        if mod is not None:
-            modules[mod.__name__] = mod
-    return [inspect.getsource(modules[name]) for name in sorted(modules)]
 
 
 def apply_patches(model: torch.nn.Module, inputs: dict[str, Any], fixed: dict[str, Any], *, exporter: str,

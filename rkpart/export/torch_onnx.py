@@ -40,9 +40,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rkpart.errors import ExportError, UserError, describe_exception
-from rkpart.export.patches import EXPORTERS, Applied, apply_patches
+from rkpart.export.patches import EXPORTERS, Applied, apply_patches, patches_for
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     import numpy as np
     import torch
 
@@ -93,6 +95,22 @@ class ExportResult:
     patches: tuple[Applied, ...]
     #: None when ``check=False``
     check: OnnxCheck | None
+
+
+def source_key(class_name: str, exporter: str) -> list[str]:
+    """The source of every module of rkpart an export of ``class_name`` by ``exporter`` runs: a cache
+    key that changes whenever a patch, the registry or the export code changes.  (Here, beside the
+    export, not in :mod:`rkpart.export.patches`: that module reading this one would be an import circle.)"""
+    import inspect
+    import sys
+
+    modules: dict[str, ModuleType] = {m.__name__: m for m in (sys.modules[__name__], inspect.getmodule(patches_for))
+                                      if m is not None}
+    for p in patches_for(class_name, exporter):
+        mod = inspect.getmodule(p.fn)
+        if mod is not None:
+            modules[mod.__name__] = mod
+    return [inspect.getsource(modules[name]) for name in sorted(modules)]
 
 
 def require_extra(modules: Sequence[str] = ("torch", "onnxscript", "diffusers")) -> None:

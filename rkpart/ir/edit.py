@@ -21,13 +21,14 @@ what the current rewrite did not declare is a bug and raises.  Constant values a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.ir.consts import constant_tensor, evaluate, opsets_of, tensor_value
+from rkpart.ir.infer import infer_shapes
 from rkpart.ir.ops import DEFAULT_DOMAINS
 
 #: what a rewrite may declare it reads beyond the graph itself
@@ -67,6 +68,11 @@ class GraphEdit:
         self._elem: dict[str, int] | None = None
         self._used: set[str] | None = None
         self.inferences = 0  # how many shape inferences the view ran (for tests and benches)
+        #: producer and readers of every tensor, of the node list as it was when first asked
+        #: (dropped when the list is rebuilt: :meth:`set_nodes`, :meth:`apply_edits`)
+        self._lookup: tuple[dict[str, onnx.NodeProto], dict[str, list[onnx.NodeProto]]] | None = None
+        #: edits waiting for :meth:`apply_edits`: node index -> the nodes taking its place
+        self._pending: dict[int, list[onnx.NodeProto]] = {}
 
     # -- bookkeeping ---------------------------------------------------------------------
     def declare(self, needs: Iterable[str]) -> None:
@@ -76,6 +82,7 @@ class GraphEdit:
             raise ValueError(f"unknown needs {sorted(needs - NEEDS)}")
         self.needs = needs
         self._used = None
+        self._lookup = None
         if "shapes" in needs:
             self.write_value_info()
 
@@ -91,13 +98,10 @@ class GraphEdit:
     # -- types -----------------------------------------------------------------------------
     def _infer(self) -> onnx.GraphProto:
         if self._inferred is None:
-            from rkpart.ir.load import _light_copy
-
             self.inferences += 1
             try:
                 # local functions are not carried by the light copy: infer those models whole
-                src = self.model if self.model.functions else _light_copy(self.model)
-                self._inferred = onnx.shape_inference.infer_shapes(src, strict_mode=False).graph
+                self._inferred = infer_shapes(self.model, light=not self.model.functions).graph
             except Exception:  # noqa: BLE001 - inference is a hint; an unknown type defaults to float
                 self._inferred = self.graph
         return self._inferred
@@ -164,6 +168,48 @@ class GraphEdit:
     @property
     def outputs(self) -> set[str]:
         return {o.name for o in self.graph.output}
+
+    # -- lookups, as onnxruntime's fusion passes and graphsurgeon's node.i() / node.o() read a graph ----
+    def _maps(self) -> tuple[dict[str, onnx.NodeProto], dict[str, list[onnx.NodeProto]]]:
+        if self._lookup is None:
+            prod: dict[str, onnx.NodeProto] = {}
+            readers: dict[str, list[onnx.NodeProto]] = {}
+            for n in self.graph.node:
+                for o in n.output:
+                    if o:
+                        prod[o] = n
+                for i in dict.fromkeys(n.input):  # a node reading a tensor twice is one reader
+                    if i:
+                        readers.setdefault(i, []).append(n)
+            self._lookup = (prod, readers)
+        return self._lookup
+
+    def producer(self, tensor: str) -> onnx.NodeProto | None:
+        """The node computing ``tensor`` (``None``: an input, an initializer, or nothing)."""
+        return self._maps()[0].get(tensor)
+
+    def readers(self, tensor: str) -> list[onnx.NodeProto]:
+        """The nodes reading ``tensor``, each once, in model order."""
+        return self._maps()[1].get(tensor, [])
+
+    def parent(self, node: onnx.NodeProto, index: int) -> onnx.NodeProto | None:
+        """The producer of input ``index`` of ``node`` (``None`` when it has no such input, or no producer)."""
+        return self.producer(node.input[index]) if index < len(node.input) and node.input[index] else None
+
+    def match_parent_path(self, node: onnx.NodeProto,
+                          path: Sequence[tuple[str, int]]) -> list[onnx.NodeProto] | None:
+        """The nodes up ``path`` from ``node``, or ``None`` unless every step matches: step ``(op_type,
+        k)`` is the default-domain ``op_type`` node computing input ``k`` of the last node matched
+        (onnxruntime's ``match_parent_path``)."""
+        out: list[onnx.NodeProto] = []
+        at = node
+        for op_type, k in path:
+            p = self.parent(at, k)
+            if p is None or p.op_type != op_type or p.domain not in DEFAULT_DOMAINS:
+                return None
+            out.append(p)
+            at = p
+        return out
 
     def matches(self, op_type: str) -> Iterator[int]:
         """Indices of default-domain ``op_type`` nodes, last first (replacing one keeps the others' valid)."""
@@ -246,15 +292,34 @@ class GraphEdit:
                      rewrite: Callable[[onnx.NodeProto], list[onnx.NodeProto] | None]) -> int:
         """Each default-domain ``op_type`` node, last first, becomes the nodes ``rewrite(node)``
         returns (``None``: it stays); the count replaced.  Fresh names start from the graph as it
-        is now (:meth:`new_names`)."""
+        is now (:meth:`new_names`); the node list is rebuilt once, after every match was asked
+        (:meth:`replace_later`)."""
         self.new_names()
         count = 0
         for i in list(self.matches(op_type)):
             new = rewrite(self.graph.node[i])
             if new is not None:
-                self.replace(i, new)
+                self.replace_later(i, new)
                 count += 1
+        self.apply_edits()
         return count
+
+    def replace_later(self, index: int, new: list[onnx.NodeProto]) -> None:
+        """Node ``index`` is to become the nodes ``new`` (``[]``: removed) when :meth:`apply_edits`
+        runs; until then the node list (and so every index) stays as it is."""
+        self._pending[index] = list(new)
+
+    def apply_edits(self) -> None:
+        """Every edit :meth:`replace_later` queued, in one rebuild of the node list (a graph of N
+        nodes with M matches costs N, not N x M, as graphsurgeon's ``cleanup()`` applies its
+        removals once)."""
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, {}
+        nodes: list[onnx.NodeProto] = []
+        for k, n in enumerate(self.graph.node):
+            nodes.extend(pending.get(k, [n]))
+        self.set_nodes(nodes)
 
     def replace(self, index: int, new: list[onnx.NodeProto]) -> None:
         """Node ``index`` becomes the nodes ``new`` (in its place)."""
@@ -267,6 +332,7 @@ class GraphEdit:
         nodes = list(nodes)
         del self.graph.node[:]
         self.graph.node.extend(nodes)
+        self._lookup = None
 
     def drop_unread_nodes(self, tensors: set[str]) -> None:
         """Remove the nodes computing one of ``tensors`` (the pieces a rewrite replaced) that no node
@@ -285,12 +351,6 @@ class GraphEdit:
             g.initializer.remove(t)
 
 
-def inferred_value_infos(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """The value infos ONNX shape inference gives ``model``'s intermediate tensors (a stage read
-    back from disk; the loaded model's types are :attr:`rkpart.ir.graph.ModelGraph.tensor_types`)."""
-    return list(onnx.shape_inference.infer_shapes(model).graph.value_info)
-
-
 def attr(node: onnx.NodeProto, name: str, default: object) -> object:
     """The value of attribute ``name`` of ``node`` (``default`` when it has none)."""
     for a in node.attribute:
@@ -299,4 +359,4 @@ def attr(node: onnx.NodeProto, name: str, default: object) -> object:
     return default
 
 
-__all__ = ["NEEDS", "GraphEdit", "attr", "inferred_value_infos"]
+__all__ = ["NEEDS", "GraphEdit", "attr"]

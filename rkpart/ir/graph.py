@@ -13,12 +13,12 @@ here (and in :mod:`rkpart.ir.subgraph`), never re-derived by the packages above.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -27,11 +27,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx.external_data_helper import load_external_data_for_tensor
 
 from rkpart.ir.consts import constant_tensor, evaluate, inline_bytes, opsets_of
+from rkpart.ir.liveness import Lifetimes, lifetimes
+from rkpart.ir.subgraph import Subgraph, subgraph
 from rkpart.ir.tensors import TensorType, nbytes, tensor_nbytes
-
-if TYPE_CHECKING:
-    from rkpart.ir.liveness import Lifetimes
-    from rkpart.ir.subgraph import Subgraph
+from rkpart.types import JsonMap, JsonObject
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class OpNode:
                    inputs=tuple(node.input), outputs=tuple(node.output), scope=scope, _proto=node)
 
     @cached_property
-    def attrs(self) -> Mapping[str, Any]:
+    def attrs(self) -> JsonMap:
         """Attribute name -> decoded value (``onnx.helper.get_attribute_value``: ints, floats, bytes,
         ``TensorProto`` ...), in the node's order."""
         return MappingProxyType({a.name: helper.get_attribute_value(a) for a in self._proto.attribute})
@@ -98,7 +97,7 @@ class ModelGraph:
     #: shapes the data decided, specialised by a run on representative inputs
     #: (:func:`rkpart.runtime.specialise.load_specialised`): ``{"op", "node", "tensor", "shape",
     #: "inputs": {model input: sha256 of the array it was given}}`` per data-dependent op
-    specialised: tuple[dict[str, Any], ...] = ()
+    specialised: tuple[JsonObject, ...] = ()
     _index_ops: frozenset[int] | None = field(default=None, init=False, repr=False, compare=False)
     #: constant name -> (sample, sha256) of its bytes: caches of a frozen graph
     _samples: dict[str, bytes | None] = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -199,8 +198,6 @@ class ModelGraph:
 
     def lifetimes(self, order: Sequence[int] | None = None) -> Lifetimes:
         """When each activation is born, read and last alive over ``order`` (see :mod:`rkpart.ir.liveness`)."""
-        from rkpart.ir.liveness import lifetimes
-
         return lifetimes(self, order)
 
     # -- tensors ---------------------------------------------------------------------------
@@ -361,8 +358,6 @@ class ModelGraph:
 
     def subgraph(self, ops: Iterable[int], *, sinks: bool = False) -> Subgraph:
         """The frozen view of the data ops ``ops`` as one standalone graph (see :mod:`rkpart.ir.subgraph`)."""
-        from rkpart.ir.subgraph import subgraph
-
         return subgraph(self, ops, sinks=sinks)
 
 
@@ -377,7 +372,7 @@ def shape_as_constant(node: onnx.NodeProto, types: dict[str, TensorType]) -> onn
     )
 
 
-def describe(mg: ModelGraph) -> dict[str, Any]:
+def describe(mg: ModelGraph) -> JsonObject:
     """A small summary used by ``rkpart inspect``."""
     counts: dict[str, int] = {}
     for n in mg.op_nodes:

@@ -4,20 +4,18 @@ A *schedule* is an order of the graph's data ops (model order, a topological ord
 default); positions ``0 .. n-1`` index it.  A tensor is born at the position of the op that
 produces it (``-1`` for a model input: alive before the first op) and stays alive up to its
 last reader, or to the end for a model output; a tensor nobody reads lives only at its birth.
-Memory estimates (:mod:`rkpart.strategies.generic`) are sums over these intervals.
+Memory estimates (:mod:`rkpart.grouping.strategies.generic`) are sums over these intervals.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from rkpart.ir.graph import ModelGraph
-    from rkpart.ir.subgraph import Subgraph
+from rkpart.ir.facts import GraphFacts
+from rkpart.ir.subgraph import Subgraph
 
 
 @dataclass(frozen=True)
@@ -54,7 +52,7 @@ class Lifetimes:
 
 
 def lifetimes(
-    mg: ModelGraph,
+    mg: GraphFacts,
     order: Sequence[int] | None = None,
     *,
     inputs: Iterable[str] | None = None,
@@ -98,7 +96,7 @@ def lifetimes(
     )
 
 
-def stage_lifetimes(mg: ModelGraph, sub: Subgraph) -> Lifetimes | None:
+def stage_lifetimes(mg: GraphFacts, sub: Subgraph) -> Lifetimes | None:
     """The :class:`Lifetimes` of the ops of ``sub`` run in model order as one stage (``None``: no ops).
 
     Its boundary inputs are alive from the start, its boundary outputs to the end; a tensor
@@ -109,7 +107,7 @@ def stage_lifetimes(mg: ModelGraph, sub: Subgraph) -> Lifetimes | None:
     return lifetimes(mg, sub.ops, inputs=sub.inputs, outputs=sub.outputs, unread_alive=False)
 
 
-def peak_bytes(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None = None) -> int:
+def peak_bytes(mg: GraphFacts, sub: Subgraph, life: Lifetimes | None = None) -> int:
     """Largest activation bytes alive at once while the ops of ``sub`` run as one stage
     (:func:`stage_lifetimes`; ``life``: those lifetimes, when the caller has them already)."""
     life = life if life is not None else stage_lifetimes(mg, sub)

@@ -3,7 +3,7 @@
 The model is parsed with ``load_external_data=False``: external weights stay on disk and are
 only referenced (file, offset, length) until a stage is written out, and inline weights stay
 in the one ``ModelProto`` that was parsed.  Extraction streams weight bytes from there
-straight into each stage's files (:mod:`rkpart.partitioner.extract`).
+straight into each stage's files (:mod:`rkpart.plan.extract`).
 
 :func:`load_model` is a recipe of named steps, each refusing a bad input with one
 :class:`~rkpart.errors.InvalidModelError` line before anything is written:
@@ -35,10 +35,10 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 import numpy as np
@@ -48,8 +48,8 @@ from onnx import TensorProto, helper, numpy_helper
 from rkpart.errors import InvalidModelError, first_line
 from rkpart.io import confined_file
 from rkpart.ir.consts import evaluate, opsets_of
-from rkpart.ir.edit import free_name
 from rkpart.ir.graph import ModelGraph, OpNode, shape_as_constant
+from rkpart.ir.infer import InferenceError, infer_shapes, light_copy
 from rkpart.ir.ops import CONTROL_FLOW_OPS, DEFAULT_DOMAINS, GENERATIVE_OPS, RANDOM_OPS, SUPPORTED_DOMAINS
 from rkpart.ir.shape_deps import node_reads, shape_varying
 from rkpart.ir.tensors import (
@@ -62,6 +62,11 @@ from rkpart.ir.tensors import (
     tensor_nbytes,
     value_type,
 )
+from rkpart.types import JsonObject
+
+if TYPE_CHECKING:
+    from google.protobuf.descriptor import FieldDescriptor
+    from google.protobuf.message import Message
 
 MIN_OPSET, MAX_OPSET = 7, 23
 #: constant results up to this size are folded into initializers at load time
@@ -78,6 +83,7 @@ def load_model(
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
     data_shapes: Mapping[str, TensorType] | None = None,
 ) -> ModelGraph:
+
     """Parse, validate and index an ONNX model.
 
     Parameters
@@ -176,7 +182,7 @@ def _build(model: onnx.ModelProto, path: Path, input_shapes: Mapping[str, tuple[
 
 
 def _graph(model: onnx.ModelProto, path: Path, index: _Index, types: dict[str, TensorType], opset: int,
-           specialised: tuple[dict[str, Any], ...] = ()) -> ModelGraph:
+           specialised: tuple[JsonObject, ...] = ()) -> ModelGraph:
     """Steps 7-8: classify constants and build the :class:`ModelGraph` of an indexed, typed model."""
     const_ops = frozenset(_const_ops(index.nodes, index.initializers, types))
     _check_outputs(index, const_ops, path)
@@ -199,151 +205,34 @@ def _graph(model: onnx.ModelProto, path: Path, index: _Index, types: dict[str, T
     )
 
 
-#: the widest tensor an NPU stage takes as an input without a CPU layer: rknn-toolkit2 2.3.0 reshapes a
-#: rank-5 input on the CPU ('Reshape:control_hidden_states_rs', WanVACE's control video), and builds the
-#: same graph fed a rank-4 view and reshaped back inside on the NPU (measured with 2.3.0 and 2.5.0)
-NPU_INPUT_RANK = 4
-#: name prefix of the Reshape pairs :func:`with_rank4_inputs` inserts
-RANK4_PREFIX = "rkpart/rank4/"
+def edited(mg: ModelGraph, model: onnx.ModelProto, types: Mapping[str, TensorType]) -> ModelGraph:
+    """The graph of ``model``, an edited copy of ``mg.model`` (:func:`own_copy`): indexed and
+    classified again, typed by ``types`` (``mg``'s types and those of the tensors the edit added;
+    no shape inference runs).  ``mg`` is not changed."""
+    return _graph(model, mg.path, _index(model, mg.path), dict(types), mg.opset, mg.specialised)
 
 
-def rank4_view(shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The rank-4 shape a wider tensor is handed over as (the same elements in the same order), or
-    None for rank 4 or less: unit axes after the first dropped, then the first axis if it is a unit
-    one, then the axes between the second and the last merged into one."""
-    if len(shape) <= NPU_INPUT_RANK:
-        return None
-    out = list(shape)
-    while len(out) > NPU_INPUT_RANK and 1 in out[1:]:
-        del out[out.index(1, 1)]
-    if len(out) > NPU_INPUT_RANK and out[0] == 1:
-        del out[0]
-    if len(out) > NPU_INPUT_RANK:
-        out = [out[0], out[1], math.prod(out[2:-1]), out[-1]]
-    return tuple(out)
-
-
-def _fresh_names(used: set[str]) -> Callable[[str], str]:
-    """``fresh(name)``: :func:`rkpart.ir.edit.free_name` over ``used``."""
-    return lambda name: free_name(name, used)
-
-
-def with_rank4_inputs(mg: ModelGraph) -> ModelGraph:
-    """``mg`` with each float model input of rank > 4 read through a rank-4 view and back.
-
-    ``x`` becomes ``Reshape(Reshape(x, rank4_view), x's shape)`` for its readers (two ops named
-    ``rkpart/rank4/<x>``): the partition can run the first on the host and hand an NPU stage the
-    rank-4 view, which it reshapes back on the NPU (:data:`NPU_INPUT_RANK`).  Exact.  Works in
-    place on ``mg.model`` (the graph ``mg`` was built from is not used afterwards); a model with
-    no such input, or with control flow, is returned as it is.
-    """
-    g = mg.model.graph
-    if any(n.op_type in CONTROL_FLOW_OPS for n in g.node):
-        return mg
-    wide = [(t, view) for t in mg.inputs if mg.is_float(t) and mg.consumers.get(t)
-            and (view := rank4_view(mg.tensor_types[t][1])) is not None]
-    if not wide:
-        return mg
-    used = set(mg.tensor_types) | set(mg.initializers) | {n.name for n in g.node}
-    types = dict(mg.tensor_types)
-
-    fresh = _fresh_names(used)
-
-    front: list[onnx.NodeProto] = []
-    for t, view in wide:
-        dtype, shape = mg.tensor_types[t]
-        r4, r5 = fresh(f"{RANK4_PREFIX}{t}"), fresh(f"{RANK4_PREFIX}{t}/back")
-        s4, s5 = fresh(f"{RANK4_PREFIX}{t}/shape4"), fresh(f"{RANK4_PREFIX}{t}/shape")
-        for name, dims in ((s4, view), (s5, shape)):
-            g.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), name))
-            types[name] = ("int64", (len(dims),))
-        front += [helper.make_node("Reshape", [t, s4], [r4], name=r4),
-                  helper.make_node("Reshape", [r4, s5], [r5], name=r5)]
-        types[r4], types[r5] = (dtype, view), (dtype, shape)
-        for n in g.node:
-            for k, x in enumerate(n.input):
-                if x == t:
-                    n.input[k] = r5
-    nodes = [*front, *g.node]
-    del g.node[:]
-    g.node.extend(nodes)
-    return _graph(mg.model, mg.path, _index(mg.model, mg.path), types, mg.opset, mg.specialised)
-
-
-#: a stage input of this rank whose last dim is not a multiple of :data:`NPU_ALIGN` is converted on
-#: the CPU by rknn-toolkit2 (:func:`with_rank4_views`)
-NARROW_INPUT_RANK = 3
-NPU_ALIGN = 8
-
-
-def with_rank4_views(mg: ModelGraph, tensors: list[str]) -> ModelGraph:
-    """``mg`` with each of ``tensors`` read through a rank-4 view and back, one way back per reader.
-
-    ``t`` becomes ``Reshape(t, [1, ..., *shape])`` (``rkpart/rank4/<t>``), and each op that read
-    ``t`` reads its own ``Reshape(view, shape)`` (``rkpart/rank4/<t>/back<k>``): the partition
-    computes the view on the host and gives each NPU stage that reads ``t`` the view, reshaped
-    back inside the stage (:meth:`rkpart.strategies.base.GroupBuilder.hand_over_rank4_views`).
-    Exact.  Measured: rknn-toolkit2 converts a rank-3 stage input whose last dim is not a
-    multiple of 8 on the CPU, in every stage that reads it (T5FiLM's cross-attention mask
-    ``[2, 16, 22]``: a ``Reshape`` CPU layer per cross-attention stage, 2.3.0 and 2.5.0, which
-    moving ops cannot remove: the conversion moves along); fed ``[1, 2, 16, 22]`` it is not.
-    Works in place on ``mg.model``.
-    """
-    g = mg.model.graph
-    types = dict(mg.tensor_types)
-    used = set(types) | set(mg.initializers) | {n.name for n in g.node}
-
-    fresh = _fresh_names(used)
-
-    nodes = list(g.node)
-    producer = {t: k for k, n in enumerate(nodes) for t in n.output if t}
-    after: dict[int, list[onnx.NodeProto]] = {}
-    for t in tensors:
-        dtype, shape = types[t]
-        view = (1,) * (NPU_INPUT_RANK - len(shape)) + tuple(shape) if len(shape) < NPU_INPUT_RANK \
-            else rank4_view(tuple(shape))
-        if view is None:
-            continue
-        r4, s4, s0 = fresh(f"{RANK4_PREFIX}{t}"), fresh(f"{RANK4_PREFIX}{t}/shape4"), fresh(f"{RANK4_PREFIX}{t}/shape")
-        for name, dims in ((s4, view), (s0, shape)):
-            g.initializer.append(numpy_helper.from_array(np.array(dims, np.int64), name))
-            types[name] = ("int64", (len(dims),))
-        types[r4] = (dtype, view)
-        new = [helper.make_node("Reshape", [t, s4], [r4], name=r4)]
-        k = 0
-        for n in nodes:
-            if t not in n.input:
-                continue
-            back = fresh(f"{RANK4_PREFIX}{t}/back{k}")
-            k += 1
-            new.append(helper.make_node("Reshape", [r4, s0], [back], name=back))
-            types[back] = (dtype, tuple(shape))
-            for j, x in enumerate(n.input):
-                if x == t:
-                    n.input[j] = back
-        after.setdefault(producer.get(t, -1), []).extend(new)
-    out = list(after.get(-1, []))
-    for k, n in enumerate(nodes):
-        out.append(n)
-        out.extend(after.get(k, []))
-    del g.node[:]
-    g.node.extend(out)
-    return _graph(mg.model, mg.path, _index(mg.model, mg.path), types, mg.opset, mg.specialised)
+def own_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` to edit: a graph is a value, and a proposal that edits one makes another
+    (its inline weights are copied too; external ones are references)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    return out
 
 
 def with_merged_tensors(mg: ModelGraph, same: Mapping[str, str]) -> ModelGraph:
-    """``mg`` with each tensor ``t`` of ``same`` read as ``same[t]``, which holds the same values
-    (:func:`rkpart.ir.values.same_values`), and the ops nothing reads any more dropped.  Exact.
-    Works in place on ``mg.model``."""
+    """A new graph: ``mg`` with each tensor ``t`` of ``same`` read as ``same[t]``, which holds the same
+    values (:func:`rkpart.ir.values.same_values`), and the ops nothing reads any more dropped.  Exact.
+    ``mg`` is not changed."""
     if not same:
         return mg
-    g = mg.model.graph
-    for n in g.node:
+    model = own_copy(mg.model)
+    for n in model.graph.node:
         for k, x in enumerate(n.input):
             if x in same:
                 n.input[k] = same[x]
-    _prune_dead(mg.model)
-    return _graph(mg.model, mg.path, _index(mg.model, mg.path), dict(mg.tensor_types), mg.opset, mg.specialised)
+    _prune_dead(model)
+    return edited(mg, model, mg.tensor_types)
 
 
 @dataclass
@@ -497,18 +386,18 @@ def _check_parsed(model: onnx.ModelProto, path: Path) -> None:
         raise InvalidModelError(f"{path} is not an ONNX model (no graph nodes)")
 
 
-def _repeated(fd: Any) -> bool:
+def _repeated(fd: FieldDescriptor) -> bool:
     # protobuf >= 5 has is_repeated (and later drops .label); older ones only .label
     rep = getattr(fd, "is_repeated", None)
     return bool(rep) if rep is not None else bool(fd.label == fd.LABEL_REPEATED)
 
 
 #: per field: 0 a message, 1 repeated messages, 2 a string, 3 repeated strings, 4 anything else
-_FIELD_KINDS: dict[Any, int] = {}
+_FIELD_KINDS: dict[FieldDescriptor, int] = {}
 _is_bytes = bytes.__instancecheck__
 
 
-def _field_kind(fd: Any) -> int:
+def _field_kind(fd: FieldDescriptor) -> int:
     kind = _FIELD_KINDS.get(fd)
     if kind is None:
         from google.protobuf.descriptor import FieldDescriptor as FD
@@ -520,7 +409,7 @@ def _field_kind(fd: Any) -> int:
     return kind
 
 
-def _has_bad_text(msg: Any) -> bool:
+def _has_bad_text(msg: Message) -> bool:
     """Whether any string field under ``msg`` is not valid UTF-8 (:func:`_check_text` without
     building a location per field: the common case of a good model is checked fast)."""
     kinds = _FIELD_KINDS
@@ -543,7 +432,7 @@ def _has_bad_text(msg: Any) -> bool:
     return False
 
 
-def _check_text(msg: Any, path: Path, where: str = "model") -> None:
+def _check_text(msg: Message, path: Path, where: str = "model") -> None:
     """Refuse string fields that are not valid UTF-8 (a corrupt or crafted file).
 
     protobuf (upb) parses them anyway and hands them out as ``bytes`` instead of ``str``,
@@ -676,7 +565,7 @@ def _check_schema(model: onnx.ModelProto, path: Path) -> None:
     declared opset removed) is the input's fault and is reported here, before any writing.
     """
     try:
-        onnx.checker.check_model(_light_copy(model))
+        onnx.checker.check_model(light_copy(model))
     except (onnx.checker.ValidationError, RuntimeError, ValueError) as e:
         lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
         first = lines[0] if lines else type(e).__name__
@@ -742,7 +631,7 @@ def _observe_types(model: onnx.ModelProto, path: Path, tensors: tuple[str, ...],
     m = onnx.ModelProto()
     m.CopyFrom(model)
     g = m.graph
-    inferred = onnx.shape_inference.infer_shapes(_light_copy(m), strict_mode=False)
+    inferred = infer_shapes(m)
     elem = {vi.name: vi.type.tensor_type.elem_type for vi in [*inferred.graph.value_info, *inferred.graph.output]
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type}
     del g.output[:]
@@ -827,10 +716,9 @@ def _infer_types(
     _apply_input_shapes(model, input_shapes)
     if data_shapes:
         _set_types(model, data_shapes)
-    light = _light_copy(model)
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, check_type=True, strict_mode=False, data_prop=True)
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError, RuntimeError, ValueError,
+        inferred = infer_shapes(model, check_type=True, data_prop=True)
+    except (InferenceError, onnx.checker.ValidationError, RuntimeError, ValueError,
             TypeError) as e:
         # ValueError: e.g. "Invalid tensor data type 0." for a Cast to an undefined type
         msg = first_line(e)
@@ -1081,7 +969,7 @@ class _Shapes(Mapping[str, tuple[int | str, ...]]):
             return
         self._infos = {}
         try:
-            inferred = onnx.shape_inference.infer_shapes(_light_copy(self._model), strict_mode=False, data_prop=True)
+            inferred = infer_shapes(self._model, data_prop=True)
         except Exception:  # noqa: BLE001 - the caller folds nothing; _infer_types reports the error
             self._failed = True
             return
@@ -1121,7 +1009,7 @@ class _Shapes(Mapping[str, tuple[int | str, ...]]):
         shp = self._get(name)
         return default if shp is None else shp
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[str]:
         self._infer()
         return iter(n for n in {**(self._infos or {}), **self._inits} if self._get(n) is not None)
 
@@ -1254,38 +1142,6 @@ def _small_result(node: onnx.NodeProto, shapes: Mapping[str, tuple[int | str, ..
         return False
     # other ops produce at most about what their inputs hold
     return sum(int(values[t].size) for t in node.input if t) * 8 <= FOLD_LIMIT
-
-
-#: initializers larger than this are replaced by typed graph inputs for shape inference
-_LIGHT_LIMIT = 1 << 16
-
-
-def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` without large weight bytes, for shape inference.
-
-    Shape inference serialises the model; doing that with the weights inside would hold them
-    twice.  Large initializers become typed graph inputs (their values never matter for
-    shapes); small ones (Reshape targets, axes) keep their data for data propagation.
-    """
-    g = model.graph
-    light = onnx.ModelProto()
-    light.CopyFrom(onnx.ModelProto(
-        ir_version=model.ir_version, opset_import=model.opset_import, producer_name=model.producer_name
-    ))
-    lg = light.graph
-    lg.name = g.name
-    lg.node.extend(g.node)
-    lg.input.extend(g.input)
-    lg.output.extend(g.output)
-    lg.value_info.extend(g.value_info)
-    input_names = {i.name for i in g.input}
-    for init in g.initializer:
-        small = init.data_location != TensorProto.EXTERNAL and init.ByteSize() <= _LIGHT_LIMIT
-        if small:
-            lg.initializer.append(init)
-        elif init.name not in input_names:
-            lg.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-    return light
 
 
 #: dynamo spells a submodule reached through ``__dict__`` (a module torch.export inlined

@@ -1,6 +1,6 @@
 """Every op's ancestors as one int bitset, for questions asked of many ops at once.
 
-Discovery (:mod:`rkpart.partitioner.discovery`) intersects and tests ancestor sets of many
+Discovery (:mod:`rkpart.discovery.structure`) intersects and tests ancestor sets of many
 ops (is ``a`` an ancestor of ``b``; the common ancestors of a branch's first weighted ops).
 NetworkX has no all-pairs reachability that is cheap enough: ``bench/graph_algorithms.py``
 on the 28-block Anima graph (3965 ops) measures ``nx.ancestors`` for every op at 1683 ms

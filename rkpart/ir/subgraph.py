@@ -1,6 +1,6 @@
 """A frozen view of a set of data ops as one standalone graph.
 
-Extraction (:mod:`rkpart.partitioner.extract`), cost-model features
+Extraction (:mod:`rkpart.plan.extract`), cost-model features
 (:mod:`rkpart.cost_model.features`) and triage's reduction all ask this one view what a set of
 ops reads, writes and carries, so a candidate's features are those of the stage it becomes
 and a reduced graph has the boundary an extracted stage would have.
@@ -20,10 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from rkpart.ir.graph import ModelGraph
+from rkpart.ir.facts import GraphFacts
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ class Subgraph:
         return tuple(sorted({*self.ops, *self.const_ops}))
 
 
-def subgraph(mg: ModelGraph, ops: Iterable[int], *, sinks: bool = False) -> Subgraph:
+def subgraph(mg: GraphFacts, ops: Iterable[int], *, sinks: bool = False) -> Subgraph:
     """The :class:`Subgraph` of ``ops`` (data-op indices of ``mg``; order and repeats do not matter)."""
     order = tuple(sorted(set(ops)))
     opset = set(order)
@@ -72,14 +70,14 @@ def subgraph(mg: ModelGraph, ops: Iterable[int], *, sinks: bool = False) -> Subg
     )
 
 
-def outputs_of(mg: ModelGraph, ops: Iterable[int]) -> tuple[str, ...]:
+def outputs_of(mg: GraphFacts, ops: Iterable[int]) -> tuple[str, ...]:
     """The tensors the data ops ``ops`` hand on (read by another op, or model outputs), in model
     order: :attr:`Subgraph.outputs` alone, without the rest of :func:`subgraph`'s work."""
     order = tuple(sorted(set(ops)))
     return _outputs(mg, order, set(order))
 
 
-def _inputs(mg: ModelGraph, order: tuple[int, ...], opset: set[int]) -> tuple[str, ...]:
+def _inputs(mg: GraphFacts, order: tuple[int, ...], opset: set[int]) -> tuple[str, ...]:
     inputs: list[str] = []
     seen: set[str] = set()
     for i in order:
@@ -93,7 +91,7 @@ def _inputs(mg: ModelGraph, order: tuple[int, ...], opset: set[int]) -> tuple[st
     return tuple(inputs)
 
 
-def _outputs(mg: ModelGraph, order: tuple[int, ...], opset: set[int]) -> tuple[str, ...]:
+def _outputs(mg: GraphFacts, order: tuple[int, ...], opset: set[int]) -> tuple[str, ...]:
     model_outputs = set(mg.outputs)
     return tuple(
         t for i in order for t in mg.nodes[i].output
@@ -102,7 +100,7 @@ def _outputs(mg: ModelGraph, order: tuple[int, ...], opset: set[int]) -> tuple[s
     )
 
 
-def _sinks(mg: ModelGraph, order: tuple[int, ...]) -> tuple[str, ...]:
+def _sinks(mg: GraphFacts, order: tuple[int, ...]) -> tuple[str, ...]:
     model_outputs = set(mg.outputs)
     read_inside = {t for i in order for t in mg.nodes[i].input if t}
     return tuple(
@@ -111,7 +109,7 @@ def _sinks(mg: ModelGraph, order: tuple[int, ...]) -> tuple[str, ...]:
     )
 
 
-def _weights(mg: ModelGraph, nodes: list[int]) -> tuple[str, ...]:
+def _weights(mg: GraphFacts, nodes: list[int]) -> tuple[str, ...]:
     used: dict[str, None] = {}  # a dict is an ordered set: first use decides the order
     for i in nodes:
         # a constant Shape goes into a stage as a Constant: it reads no weight

@@ -10,7 +10,7 @@ Sana-WM's TorchScript linear attention computes two rank-5 Transposes twice, and
 the host all four (as rank-4 views) built 19 of its 21 outputs on 2.5.0.  Two equal Slices, or two
 equal Transposes, of a tiny stage stay two outputs: which equal computations the toolkit merges
 depends on its fusions, so the partition reads every second tensor of equal value among an NPU
-stage's outputs as the first before it writes the plan (:func:`rkpart.pipeline.propose`,
+stage's outputs as the first before it writes the plan (:func:`rkpart.grouping.propose.propose`,
 :func:`rkpart.ir.load.with_merged_tensors`).  Exact: a deterministic op on the same values
 computes the same values; the host receives one tensor fewer.
 """

@@ -57,7 +57,7 @@ from rkpart.compile.calibration import (
 from rkpart.errors import OutputExistsError, SpecError, UserError
 from rkpart.io import check_finite_arrays
 from rkpart.output import owned_problem, staged_folder
-from rkpart.partitioner.plan import Plan, Stage
+from rkpart.plan.plan import Plan, Stage
 from rkpart.readers import FileKind, read_npz
 from rkpart.roles import NO_FLAGS, RoleFlags
 from rkpart.runtime.base import Backend, Feeds, StageRunner
@@ -130,8 +130,8 @@ class _RecordingRunner(StageRunner):
     def _load_impl(self) -> None:
         import onnx
 
-        from rkpart.ir.edit import inferred_value_infos
-        from rkpart.partitioner.verify import stage_onnx
+        from rkpart.ir.infer import inferred_value_infos
+        from rkpart.plan.verify import stage_onnx
 
         model = onnx.load(str(stage_onnx(self.folder, self.stage)))
         self.rec.order[self.stage.id] = tuple(i.name for i in model.graph.input)

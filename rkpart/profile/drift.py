@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from rkpart.description import PipelineDescription
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.roles import NO_FLAGS, InputRoles, LoopInputs, RoleFlags, loop_inputs, resolve_roles
 from rkpart.runtime.base import Backend
 from rkpart.runtime.board_runner import flow_sigmas

@@ -66,7 +66,7 @@ from typing import Any
 import numpy as np
 
 from rkpart.errors import SpecError
-from rkpart.partitioner.plan import Plan, Stage, stage_order_ok
+from rkpart.plan.plan import Plan, Stage, stage_order_ok
 from rkpart.profile import records as rec
 from rkpart.profile.memory import MemorySample, Sampler
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN

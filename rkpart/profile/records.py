@@ -30,7 +30,7 @@ from typing import Any
 
 from rkpart.errors import SpecError, listed
 from rkpart.io import MAX_DEPTH, MAX_INT_DIGITS, MAX_ITEMS, bad_number, bounded_integers
-from rkpart.partitioner.plan import Plan, Stage
+from rkpart.plan.plan import Plan, Stage
 from rkpart.readers import FileKind
 from rkpart.runtime.base import Backend
 from rkpart.types import HOST, LIFECYCLE, NPU, TIME_COMPONENTS, Device, Residency, seconds_key

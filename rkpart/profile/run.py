@@ -39,7 +39,7 @@ def run_profile(opts: ProfileOptions, progress: Progress | None = None,
     built by another toolkit than the board runtime); default: ``progress``.
     """
     from rkpart.output import check_file_target
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from rkpart.profile.lifecycle import profile_plan
     from rkpart.profile.records import write_jsonl
 

@@ -29,7 +29,7 @@ from rkpart.output import (
     staged_folder,
     write_output_file,
 )
-from rkpart.partitioner.plan import load_plan
+from rkpart.plan.plan import load_plan
 from rkpart.progress import Progress
 from rkpart.report import data as D
 from rkpart.report import plots

@@ -3,7 +3,7 @@
 Three figures count different things, so each is named with what it counts:
 
 ``matmul``   the blocks' (and the glue's) token-wise matmul work, in MACs, that NPU stages hold
-             (``plan.json`` ``extra.npu_coverage``, :mod:`rkpart.partitioner.coverage`)
+             (``plan.json`` ``extra.npu_coverage``, :mod:`rkpart.grouping.coverage`)
 ``weights``  the weight bytes of all stages that NPU stages hold (host stages keep the prologue's
              embeddings, AdaLN modulation and epilogue: often most of a tiny model's bytes)
 ``ops``      the ops (graph nodes) of all stages that NPU stages hold
@@ -14,7 +14,7 @@ A split plan of the bundled example holds 100 % of the matmul work, 69 % of the 
 
 from __future__ import annotations
 
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.types import NPU
 
 #: figure -> what its share is a share of (the words both the CLI and the page print)

@@ -14,7 +14,7 @@ from typing import Any
 
 from rkpart.errors import SpecError
 from rkpart.io import MAX_JSON_INT
-from rkpart.partitioner.plan import Plan, Stage
+from rkpart.plan.plan import Plan, Stage
 from rkpart.profile import records as rec
 from rkpart.readers import FileKind
 from rkpart.types import LIFECYCLE, NPU, CompilerPlan, seconds_key

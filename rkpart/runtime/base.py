@@ -4,7 +4,10 @@ Modelled on Polygraphy's runners: a :class:`Backend` hands out one :class:`Stage
 stage, and the runner goes through the same lifecycle the RKNN runtime has on the board,
 ``load -> init -> infer* -> release``.  The profiler times exactly these calls, so every
 backend must do its real work in the matching method (file reading in ``load``, context or
-session creation in ``init``).
+session creation in ``init``).  As a context manager a runner is loaded and initialised on entry
+and released on exit; given the plan's boundary types (:meth:`StageRunner.expect`) it checks the
+inputs of its first inference against them, as Polygraphy checks a feed against a model's input
+metadata.
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ from __future__ import annotations
 import abc
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Self
 
 import numpy as np
 
-from rkpart.errors import InternalError
-from rkpart.partitioner.plan import Stage
+from rkpart.errors import InternalError, SpecError
+from rkpart.plan.plan import Stage, TensorInfo
+from rkpart.types import JsonObject
 
 Feeds = dict[str, np.ndarray]
 
@@ -29,6 +33,29 @@ class StageRunner(abc.ABC):
         self.stage = stage
         self.folder = folder
         self._state = "new"
+        #: the stage inputs' types the first inference is checked against (:meth:`expect`)
+        self._expected: Mapping[str, TensorInfo] | None = None
+
+    def __enter__(self) -> Self:
+        """The runner loaded and initialised (what the board's runtime is before its first inference)."""
+        try:
+            if self._state == "new":
+                self.load()
+            if self._state == "loaded":
+                self.init()
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def expect(self, tensors: Mapping[str, TensorInfo]) -> Self:
+        """Check the first inference's inputs against ``tensors`` (the plan's boundary types: each
+        input an array of the declared dtype and shape); returns the runner."""
+        self._expected = {n: tensors[n] for n in self.stage.inputs if n in tensors}
+        return self
 
     # Lifecycle, checked here so every backend behaves the same.
     def load(self) -> None:
@@ -66,9 +93,21 @@ class StageRunner(abc.ABC):
         if self._state != "ready":
             self._expect("ready", "infer")
         try:
-            return {n: env[n] for n in self.stage.inputs}
+            feeds = {n: env[n] for n in self.stage.inputs}
         except KeyError as e:
             raise InternalError(f"stage {self.stage.id}: missing input {e.args[0]!r}") from None
+        if self._expected is not None:  # once: the shapes of a stage's inputs do not change between passes
+            self._check(feeds, self._expected)
+            self._expected = None
+        return feeds
+
+    def _check(self, feeds: Feeds, expected: Mapping[str, TensorInfo]) -> None:
+        for n, info in expected.items():
+            a = feeds[n]
+            if not isinstance(a, np.ndarray) or tuple(a.shape) != tuple(info.shape) or a.dtype.name != info.dtype:
+                got = f"{a.dtype}{list(a.shape)}" if isinstance(a, np.ndarray) else type(a).__name__
+                raise SpecError(f"stage {self.stage.id} input {n!r}: dtype and shape {got}, plan.json declares "
+                                f"{info.dtype}{list(info.shape)}")
 
     def _expect(self, state: str, call: str) -> None:
         if self._state != state:
@@ -105,7 +144,7 @@ class Backend(abc.ABC):
         """
         return None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         """Versions and machine facts recorded with measurements."""
         return {"backend": self.name}
 

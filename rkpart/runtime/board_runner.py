@@ -93,15 +93,22 @@ EXIT_USER, EXIT_RUNTIME, EXIT_GATE = 2, 7, 8
 #: simulator) gives ~6e-4 on the example, host weights scaled by 1.01 give ~2e-2
 DEFAULT_MAX_ABS_REL = 0.01
 
-#: the denoising loop's schedulers (``rkpart drift``'s: flow-matching Euler, with shift)
-SCHEDULERS = ("flow-euler",)
+#: the denoising loop's samplers: the pipeline's own (``pipeline``: the scheduler class, config and
+#: schedule rule of its ``pipeline.json``, stepped by the bundle's ``sampling.py``) and ``rkpart drift``'s
+#: flow-matching Euler with shift (``flow-euler``, the only one of a bundle without a description)
+SCHEDULERS = ("pipeline", "flow-euler")
+#: the bundle's copy of ``rkpart.runtime.board_sampling``: diffusers' schedulers in NumPy
+SAMPLING_FILE = "sampling.py"
+#: a stand-in (``RKPART_RUNNER_NPU_STANDIN``) may name several plan folders (the model's, the VAE
+#: decoder's), separated as in PATH
+STANDIN_SEP = os.pathsep
 #: the range of each number a gate or the loop reads, from the manifest or as an option: beyond
 #: them a gate passes everything (``min_cosine`` -1e300, ``max_abs_rel`` 1e300) or nothing, and a
 #: loop overflows (a shift of 1e-320 divides by zero, a timestep scale of 1e300 is inf in float32)
 NUMBER_RANGES: dict[str, tuple[float, float]] = {
     "min_cosine": (-1.0, 1.0), "max_abs_rel": (0.0, 1000.0), "guidance": (-1000.0, 1000.0),
     "shift": (1e-3, 1e3), "timestep_scale": (1e-3, 1e6), "timestep_offset": (-1e6, 1e6),
-    "guidance_input_scale": (-1e6, 1e6),
+    "guidance_input_scale": (-1e6, 1e6), "pipeline_timestep_scale": (1e-9, 1e9), "mu": (-1e3, 1e3),
 }
 #: how the loop's record says the pipeline guides (``rkpart.description`` ``cfg.mode``): a
 #: conditional and an unconditional call, one call on the [uncond, cond] pair, the guidance fed
@@ -111,7 +118,7 @@ CFG_MODES = ("two-pass", "batched", "distilled", "none")
 
 #: numbers whose range is that of their magnitude: a reversed timestep (Z-Image: ``1 - t / 1000``)
 #: has a negative scale, a zero one none
-SIGNED = frozenset({"timestep_scale"})
+SIGNED = frozenset({"timestep_scale", "pipeline_timestep_scale"})
 
 
 def check_number(v: Any, key: str, what: str) -> float:
@@ -434,7 +441,8 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
     """Refuse a manifest any later step would trip over: the schema of every field the runner uses.
 
     Every stage file must be listed in ``files`` (with its sha256), so nothing the runner opens
-    escapes the check.
+    escapes the check.  The VAE decoder (``vae``: a graph of its own, with its stages and tensors)
+    is checked the same way.
     """
     files = _obj(m.get("files"), "'files'")
     for rel, info in files.items():
@@ -444,34 +452,69 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
         if not isinstance(sha, str) or len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
             raise BundleError(f"manifest: files[{rel!r}].sha256 must be 64 lowercase hex digits")
         _int(info.get("size"), f"files[{rel!r}].size")
-    tensors = _obj(m.get("tensors"), "'tensors'")
+    tensors = _validate_graph(m, files, "")
+    gate = _obj(m.get("gate") or {}, "'gate'")
+    for k in ("min_cosine", "max_abs_rel"):
+        if gate.get(k) is not None:
+            check_number(gate[k], k, f"manifest: gate.{k}")
+    _validate_loop(m.get("denoise"), tensors, {t["name"] for t in m["inputs"]}, {t["name"] for t in m["outputs"]})
+    fixed = m["denoise"].get("fixed") if isinstance(m.get("denoise"), dict) else None
+    if isinstance(fixed, dict) and fixed.get("file") not in files:
+        raise BundleError(f"manifest: denoise.fixed file {fixed.get('file')!r} is not listed in 'files'")
+    if isinstance(m.get("denoise"), dict) and m["denoise"].get("pipeline") is not None and SAMPLING_FILE not in files:
+        raise BundleError(f"manifest: the loop's sampler {SAMPLING_FILE} is not listed in 'files'")
+    if m.get("vae") is not None:
+        vae = _obj(m["vae"], "'vae'")
+        if vae.get("device") not in ("npu", "host"):
+            raise BundleError(f"manifest: vae.device {repr(vae.get('device'))[:40]} is not npu or host")
+        vt = _validate_graph(vae, files, "vae.")
+        if len(vae["inputs"]) != 1 or len(vae["outputs"]) != 1:
+            raise BundleError("manifest: the VAE decoder takes one input (the final latent) and gives one output "
+                              "(the image)")
+        shape = vt[vae["outputs"][0]["name"]]["shape"]
+        if len(shape) not in (4, 5) or shape[1] not in (1, 3, 4):
+            raise BundleError(f"manifest: the VAE decoder's image is {shape}, not NCHW with 1, 3 or 4 channels")
+    ref = _obj(m.get("reference") or {}, "'reference'")
+    for k in ("inputs", "outputs"):
+        if ref.get(k) is not None:
+            rel = _relpath(_name(ref[k], f"reference.{k}"), "reference")
+            if rel not in files:
+                raise BundleError(f"manifest: reference {k} {rel!r} is not listed in 'files'")
+    if "core_mask" in m and m["core_mask"] not in CORE_MASKS:
+        raise BundleError(f"manifest: core_mask {repr(m['core_mask'])[:40]} is not one of {', '.join(CORE_MASKS)}")
+
+
+def _validate_graph(m: Mapping[str, Any], files: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """The tensors, inputs, outputs and stages of one graph of the bundle (the model's, or the VAE
+    decoder's under ``prefix`` ``vae.``); returns its ``tensors``."""
+    tensors = _obj(m.get("tensors"), f"'{prefix}tensors'")
     for name, t in tensors.items():
         _name(name, "a tensor name")
-        t = _obj(t, f"tensors[{name!r}]")
-        shape = _list(t.get("shape"), f"tensors[{name!r}].shape")
+        t = _obj(t, f"{prefix}tensors[{name!r}]")
+        shape = _list(t.get("shape"), f"{prefix}tensors[{name!r}].shape")
         if len(shape) > 16:
-            raise BundleError(f"manifest: tensors[{name!r}].shape has {len(shape)} dimensions (at most 16)")
+            raise BundleError(f"manifest: {prefix}tensors[{name!r}].shape has {len(shape)} dimensions (at most 16)")
         n = 1
         for d in shape:
-            n *= _int(d, f"tensors[{name!r}].shape", 0, MAX_TENSOR_ELEMENTS)
+            n *= _int(d, f"{prefix}tensors[{name!r}].shape", 0, MAX_TENSOR_ELEMENTS)
         if n > MAX_TENSOR_ELEMENTS:
-            raise BundleError(f"manifest: tensors[{name!r}] has {n} elements (at most {MAX_TENSOR_ELEMENTS})")
+            raise BundleError(f"manifest: {prefix}tensors[{name!r}] has {n} elements (at most {MAX_TENSOR_ELEMENTS})")
         if t.get("dtype") not in DTYPES:
-            raise BundleError(f"manifest: tensors[{name!r}].dtype {repr(t.get('dtype'))[:40]} is not one of "
+            raise BundleError(f"manifest: {prefix}tensors[{name!r}].dtype {repr(t.get('dtype'))[:40]} is not one of "
                               f"{', '.join(DTYPES)}")
     for key in ("inputs", "outputs"):
-        for i, t in enumerate(_list(m.get(key), f"'{key}'")):
-            tname = _name(_obj(t, f"{key}[{i}]").get("name"), f"{key}[{i}].name")
+        for i, t in enumerate(_list(m.get(key), f"'{prefix}{key}'")):
+            tname = _name(_obj(t, f"{prefix}{key}[{i}]").get("name"), f"{prefix}{key}[{i}].name")
             if tname not in tensors:
-                raise BundleError(f"manifest: {key[:-1]} {tname!r} has no entry in 'tensors'")
+                raise BundleError(f"manifest: {prefix}{key[:-1]} {tname!r} has no entry in '{prefix}tensors'")
     if not m["outputs"]:
-        raise BundleError("manifest: 'outputs' is empty (nothing to run for)")
-    stages = _list(m.get("stages"), "'stages'")
+        raise BundleError(f"manifest: '{prefix}outputs' is empty (nothing to run for)")
+    stages = _list(m.get("stages"), f"'{prefix}stages'")
     if not stages:
-        raise BundleError("manifest: 'stages' is empty")
+        raise BundleError(f"manifest: '{prefix}stages' is empty")
     for i, s in enumerate(stages):
-        s = _obj(s, f"stages[{i}]")
-        sid = _name(s.get("id"), f"stages[{i}].id")
+        s = _obj(s, f"{prefix}stages[{i}]")
+        sid = _name(s.get("id"), f"{prefix}stages[{i}].id")
         if s.get("device") not in ("npu", "host"):
             raise BundleError(f"manifest: stage {sid}: device {repr(s.get('device'))[:40]} is not npu or host")
         if s.get("precision", "fp16") not in ("fp16", *QUANTIZED):
@@ -483,7 +526,7 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
         for key in ("inputs", "outputs"):
             for t in _list(s.get(key), f"stage {sid} {key}"):
                 if _name(t, f"stage {sid} {key[:-1]}") not in tensors:
-                    raise BundleError(f"manifest: stage {sid} {key[:-1]} {t!r} has no entry in 'tensors'")
+                    raise BundleError(f"manifest: stage {sid} {key[:-1]} {t!r} has no entry in '{prefix}tensors'")
         if "residency" in s and s["residency"] not in RESIDENCIES:
             raise BundleError(f"manifest: stage {sid}: residency {repr(s['residency'])[:40]} is not one of "
                               f"{', '.join(RESIDENCIES)}")
@@ -492,32 +535,18 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
         if s.get("source_sha256") is not None and not isinstance(s["source_sha256"], str):
             raise BundleError(f"manifest: stage {sid}: source_sha256 must be a string")
     # data flow: every stage reads only model inputs and earlier stages' outputs
+    label = "VAE decoder" if prefix else "model"
     have = {t["name"] for t in m["inputs"]}
     for s in stages:
         missing = [t for t in s["inputs"] if t not in have]
         if missing:
-            raise BundleError(f"manifest: stage {s['id']} reads {missing[0]!r}, which no model input or earlier "
+            raise BundleError(f"manifest: stage {s['id']} reads {missing[0]!r}, which no {label} input or earlier "
                               "stage gives")
         have.update(s["outputs"])
     for t in m["outputs"]:
         if t["name"] not in have:
-            raise BundleError(f"manifest: model output {t['name']!r} is given by no stage")
-    gate = _obj(m.get("gate") or {}, "'gate'")
-    for k in ("min_cosine", "max_abs_rel"):
-        if gate.get(k) is not None:
-            check_number(gate[k], k, f"manifest: gate.{k}")
-    _validate_loop(m.get("denoise"), tensors, {t["name"] for t in m["inputs"]}, {t["name"] for t in m["outputs"]})
-    fixed = m["denoise"].get("fixed") if isinstance(m.get("denoise"), dict) else None
-    if isinstance(fixed, dict) and fixed.get("file") not in files:
-        raise BundleError(f"manifest: denoise.fixed file {fixed.get('file')!r} is not listed in 'files'")
-    ref = _obj(m.get("reference") or {}, "'reference'")
-    for k in ("inputs", "outputs"):
-        if ref.get(k) is not None:
-            rel = _relpath(_name(ref[k], f"reference.{k}"), "reference")
-            if rel not in files:
-                raise BundleError(f"manifest: reference {k} {rel!r} is not listed in 'files'")
-    if "core_mask" in m and m["core_mask"] not in CORE_MASKS:
-        raise BundleError(f"manifest: core_mask {repr(m['core_mask'])[:40]} is not one of {', '.join(CORE_MASKS)}")
+            raise BundleError(f"manifest: {label} output {t['name']!r} is given by no stage")
+    return dict(tensors)
 
 
 def _validate_loop(d: Any, tensors: Mapping[str, Any], inputs: set[str] | None = None,
@@ -570,14 +599,52 @@ def _validate_loop(d: Any, tensors: Mapping[str, Any], inputs: set[str] | None =
     for k in ("shift", "timestep_scale", "timestep_offset"):
         if k in sched:
             check_number(sched[k], k, f"manifest: denoise.scheduler.{k}")
+    if d.get("pipeline") is not None:
+        _validate_pipeline(_obj(d["pipeline"], "denoise.pipeline"), tensors)
+
+
+def _validate_pipeline(p: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
+    """The loop record's ``pipeline`` (the pipeline's own sampler): names, numbers in range."""
+    _name(p.get("class"), "denoise.pipeline.class")
+    smp = _obj(p.get("sampler"), "denoise.pipeline.sampler")
+    _name(smp.get("class"), "denoise.pipeline.sampler.class")
+    _obj(smp.get("config"), "denoise.pipeline.sampler.config")
+    if smp.get("rule") is not None:
+        _name(smp["rule"], "denoise.pipeline.sampler.rule")
+    if smp.get("mu") is not None:
+        check_number(smp["mu"], "mu", "manifest: denoise.pipeline.sampler.mu")
+    ts = _obj(p.get("timestep"), "denoise.pipeline.timestep")
+    check_number(ts.get("scale"), "pipeline_timestep_scale", "manifest: denoise.pipeline.timestep.scale")
+    check_number(ts.get("offset"), "timestep_offset", "manifest: denoise.pipeline.timestep.offset")
+    lat = _obj(p.get("latent"), "denoise.pipeline.latent")
+    shape = _list(lat.get("shape"), "denoise.pipeline.latent.shape")
+    n = 1
+    for x in shape:
+        n *= _int(x, "denoise.pipeline.latent.shape", 1, MAX_TENSOR_ELEMENTS)
+    if not shape or len(shape) > 16 or n > MAX_TENSOR_ELEMENTS:
+        raise BundleError(f"manifest: denoise.pipeline.latent.shape {shape[:17]} is not a tensor shape")
+    if lat.get("dtype") not in ("float16", "float32", "float64"):
+        raise BundleError(f"manifest: denoise.pipeline.latent.dtype {repr(lat.get('dtype'))[:40]} is not a float")
+    if lat.get("init", "identity") not in ("identity", "init_noise_sigma"):
+        raise BundleError(f"manifest: denoise.pipeline.latent.init {repr(lat.get('init'))[:40]} is not identity or "
+                          "init_noise_sigma")
+    for name, e in _obj(p.get("embeds") or {}, "denoise.pipeline.embeds").items():
+        if name not in tensors:
+            raise BundleError(f"manifest: denoise.pipeline.embeds input {name!r} has no entry in 'tensors'")
+        e = _obj(e, f"denoise.pipeline.embeds[{name!r}]")
+        for k in ("argument", "negative_argument"):
+            if e.get(k) is not None:
+                _name(e[k], f"denoise.pipeline.embeds[{name!r}].{k}")
+    if p.get("guidance_scale") is not None:
+        check_number(p["guidance_scale"], "guidance", "manifest: denoise.pipeline.guidance_scale")
 
 
 def unlisted_files(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
     """Files in the folders of the stage files (``stages/``, ``rknn/``...) that ``files`` does not
     list: ONNX Runtime would open an unlisted ``.data`` file next to a stage without any check."""
     listed = set(manifest["files"])
-    tops = sorted({PurePosixPath(s["file"]).parts[0] for s in manifest["stages"]
-                   if len(PurePosixPath(s["file"]).parts) > 1})
+    stages = [*manifest["stages"], *((manifest.get("vae") or {}).get("stages") or [])]
+    tops = sorted({PurePosixPath(s["file"]).parts[0] for s in stages if len(PurePosixPath(s["file"]).parts) > 1})
     out = []
     for top in tops:
         base = folder / top
@@ -607,38 +674,95 @@ def verify_files(folder: Path, manifest: Mapping[str, Any]) -> None:
                           f"{f'; {len(extra)} such files' if len(extra) > 1 else ''}); copy the bundle again")
 
 
-def standin_file(folder: Path, rel: str, sha256: str | None) -> Path:
+def standin_folders(value: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> tuple[Path, ...]:
+    """The plan folders of an ONNX Runtime stand-in: one folder, or several joined by ``os.pathsep``."""
+    parts: list[str | os.PathLike[str]]
+    if isinstance(value, str):
+        parts = [p for p in value.split(STANDIN_SEP) if p]
+    elif isinstance(value, os.PathLike):
+        parts = [value]
+    else:
+        parts = list(value)
+    if not parts:
+        raise BundleError(f"{STANDIN_ENV} names no folder")
+    return tuple(Path(p) for p in parts)
+
+
+def _stage_digest(src: Path) -> str:
+    h = hashlib.sha256()
+    for p in (src, src.with_name(src.name + ".data")):
+        if p.is_file():
+            with open(p, "rb") as f:
+                while buf := f.read(1 << 22):
+                    h.update(buf)
+    return h.hexdigest()
+
+
+def standin_file(folders: Path | Sequence[Path], rel: str, sha256: str | None) -> Path:
     """The ``.onnx`` of an NPU stage for the ONNX Runtime stand-in, checked against the stage's sha256.
 
-    The stage digest is the sha256 of the ``.onnx`` bytes followed by its ``.data`` bytes (if any).
+    ``folders``: the plan folders the bundle was made from (the model's, the VAE decoder's); the
+    stage's file is the first ``folder/rel`` whose digest is the stage's.  The stage digest is the
+    sha256 of the ``.onnx`` bytes followed by its ``.data`` bytes (if any).
     """
-    src = inside(folder, rel)
-    if not src.is_file():
-        raise BundleError(f"ONNX Runtime stand-in: no {rel} under {folder}")
-    if sha256 is not None:
-        h = hashlib.sha256()
-        for p in (src, src.with_name(src.name + ".data")):
-            if p.is_file():
-                with open(p, "rb") as f:
-                    while buf := f.read(1 << 22):
-                        h.update(buf)
-        if h.hexdigest() != sha256:
-            raise BundleError(f"ONNX Runtime stand-in: {src} is not the stage the bundle was made from (sha256)")
-    return src
+    roots = [folders] if isinstance(folders, Path) else list(folders)
+    found: list[Path] = []
+    for root in roots:
+        src = inside(root, rel)
+        if not src.is_file():
+            continue
+        if sha256 is None or _stage_digest(src) == sha256:
+            return src
+        found.append(src)
+    if found:
+        raise BundleError(f"ONNX Runtime stand-in: {found[0]} is not the stage the bundle was made from (sha256)")
+    raise BundleError(f"ONNX Runtime stand-in: no {rel} under {', '.join(str(r) for r in roots)}")
+
+
+_SAMPLING: dict[str, Any] = {}
+
+
+def sampling_module(folder: Path) -> Any:
+    """diffusers' schedulers in NumPy: ``rkpart.runtime.board_sampling`` inside rkpart, else the
+    bundle's own ``sampling.py`` (checked against the manifest with every other file)."""
+    if __package__ == "rkpart.runtime":
+        from rkpart.runtime import board_sampling
+
+        return board_sampling
+    path = (folder / SAMPLING_FILE).resolve()
+    if str(path) in _SAMPLING:
+        return _SAMPLING[str(path)]
+    if not path.is_file():
+        raise BundleError(f"{folder / SAMPLING_FILE} is missing: the pipeline's sampler ships beside runner.py")
+    import importlib.util
+
+    name = f"_rkpart_bundle_sampling_{len(_SAMPLING)}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise BundleError(f"cannot import {path}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    _SAMPLING[str(path)] = mod
+    return mod
 
 
 class Runner:
     """Runs a bundle pass by pass; keep one open for a whole denoising loop.
 
-    ``residency`` and ``core_mask`` override the manifest's; ``npu_standin`` (a folder)
-    replaces the NPU by ONNX Runtime on the stages' ``.onnx`` files (never the board's way).
+    ``residency`` and ``core_mask`` override the manifest's; ``npu_standin`` (a folder, or
+    several: the model's plan folder and the VAE decoder's) replaces the NPU by ONNX Runtime on the
+    stages' ``.onnx`` files (never the board's way).  ``graph`` ``"vae"`` runs the bundle's VAE
+    decoder instead of the model (:meth:`decode` opens one).
     """
 
     def __init__(self, folder: str | os.PathLike[str] = ".", *, residency: str | None = None,
-                 core_mask: str | None = None, npu_standin: str | os.PathLike[str] | None = None,
-                 verify: bool = True, rknnlite_api: Any = None, cfg_parallel: bool = False) -> None:
+                 core_mask: str | None = None,
+                 npu_standin: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
+                 verify: bool = True, rknnlite_api: Any = None, cfg_parallel: bool = False,
+                 graph: str | None = None, manifest: Mapping[str, Any] | None = None) -> None:
         self.folder = Path(folder)
-        self.manifest = read_manifest(self.folder)
+        self.manifest = dict(manifest) if manifest is not None else read_manifest(self.folder)
         if verify:
             verify_files(self.folder, self.manifest)
         if residency is not None and residency not in RESIDENCIES:
@@ -648,11 +772,23 @@ class Runner:
             raise BundleError(f"core mask {self.core_mask!r} is not one of {', '.join(CORE_MASKS)}")
         if npu_standin is None:
             npu_standin = os.environ.get(STANDIN_ENV) or None
-        self.npu_standin = Path(npu_standin) if npu_standin is not None else None
-        self.inputs = tuple(t["name"] for t in self.manifest["inputs"])
-        self.outputs = tuple(t["name"] for t in self.manifest["outputs"])
-        self.tensors: dict[str, dict[str, Any]] = dict(self.manifest["tensors"])
-        self.stages: list[dict[str, Any]] = list(self.manifest["stages"])
+        #: the stand-in's plan folders (None: the NPU); ``npu_standin`` is the first
+        self.npu_standins = standin_folders(npu_standin) if npu_standin is not None else None
+        self.npu_standin = self.npu_standins[0] if self.npu_standins else None
+        if graph not in (None, "vae"):
+            raise BundleError(f"graph {graph!r} is not the model (None) or 'vae'")
+        if graph is not None and not isinstance(self.manifest.get(graph), dict):
+            raise BundleError("this bundle has no VAE decoder (rkpart bundle --vae npu|host with a pipeline.json)")
+        self.graph = graph
+        g: Mapping[str, Any] = self.manifest if graph is None else self.manifest[graph]
+        self._graph = g
+        self._residency_override = residency
+        self._verify = verify
+        self._vae: Runner | None = None
+        self.inputs = tuple(t["name"] for t in g["inputs"])
+        self.outputs = tuple(t["name"] for t in g["outputs"])
+        self.tensors: dict[str, dict[str, Any]] = dict(g["tensors"])
+        self.stages: list[dict[str, Any]] = list(g["stages"])
         # per stage, the tensors no later stage reads (model outputs excepted): a pass drops them
         # after that stage, so it holds only live tensors (a full-size pass is ~10 GB otherwise)
         last: dict[str, int] = {}
@@ -700,8 +836,8 @@ class Runner:
         ins, outs = tuple(s["inputs"]), tuple(s["outputs"])
         if s["device"] != "npu":
             return OrtSession(inside(self.folder, s["file"]), ins, outs)
-        if self.npu_standin is not None:
-            return OrtSession(standin_file(self.npu_standin, s["source"], s.get("source_sha256")), ins, outs)
+        if self.npu_standins is not None:
+            return OrtSession(standin_file(self.npu_standins, s["source"], s.get("source_sha256")), ins, outs)
         if self._api is None:
             self._api = import_rknnlite()
         return RknnLiteSession(inside(self.folder, s["file"]), CORE_MASKS[self.stage_core_mask(s, lane)], self._api,
@@ -762,7 +898,7 @@ class Runner:
             feeds[n] = a.astype(want, copy=False)
         # a plan specialised to data-dependent shapes (rkpart partition --inputs) runs only on
         # the model inputs those shapes came from (docs/plan.md, "specialised")
-        for rec in self.manifest.get("specialised", ()):
+        for rec in self._graph.get("specialised", ()):
             for n, digest in sorted(rec["inputs"].items()):
                 if n in feeds and input_digest(feeds[n]) != digest:
                     raise BundleError(f"input {n!r} differs from the one this plan was specialised to ({rec['op']} "
@@ -906,13 +1042,31 @@ class Runner:
                               f"`rkpart bundle {LOOP_FLAGS}`")
         return d
 
+    @property
+    def pipeline(self) -> dict[str, Any] | None:
+        """The loop record's ``pipeline``: the pipeline's own sampler, timestep rule, latent and call
+        arguments (from its ``pipeline.json``); ``None`` for a bundle without a description."""
+        d = self.manifest.get("denoise")
+        p = d.get("pipeline") if isinstance(d, dict) and "error" not in d else None
+        return p if isinstance(p, dict) else None
+
+    def default_scheduler(self) -> str:
+        """``pipeline`` when the bundle carries the pipeline's sampler, else ``flow-euler``."""
+        return "pipeline" if self.pipeline is not None else "flow-euler"
+
     def denoise(self, steps: int, *, guidance: float | None = None, seed: int = 0, shift: float | None = None,
-                scheduler: str = "flow-euler", cond: Mapping[str, Any] | None = None,
+                scheduler: str | None = None, cond: Mapping[str, Any] | None = None,
                 uncond: Mapping[str, Any] | None = None, cfg: bool = True,
-                on_step: Callable[[int, dict[str, float]], None] | None = None) -> np.ndarray:
+                on_step: Callable[[int, dict[str, float]], None] | None = None,
+                embeds: Mapping[str, Any] | None = None, latents: Any = None,
+                step_noise: Sequence[Any] | None = None) -> np.ndarray:
         """A whole denoising loop; returns the final latent.
 
-        ``rkpart drift``'s sampler, as the manifest's ``denoise`` record gives it: the initial
+        ``scheduler`` ``pipeline`` (the default of a bundle with a pipeline description) is
+        :meth:`sample`: the pipeline's own sampler, ``embeds`` (diffusers call arguments),
+        ``latents`` (the call's ``latents=``) and ``step_noise``.  ``flow-euler`` (the default
+        without a description) is ``rkpart drift``'s sampler, as the manifest's ``denoise`` record
+        gives it: the initial
         latent and the conditioning from ``numpy.random.default_rng(seed)`` (the latent first,
         then each conditioning input in the record's order, standard normal; one row of each
         under ``cfg_mode`` ``batched``); the unconditional pass gets zeros unless ``uncond`` is
@@ -926,8 +1080,18 @@ class Runner:
         same).  ``on_step(step, timing)`` follows every step; :attr:`step_timings` keeps them.
         """
         d = self.loop
+        scheduler = scheduler or self.default_scheduler()
         if scheduler not in SCHEDULERS:
             raise BundleError(f"scheduler {scheduler!r} is not one of {', '.join(SCHEDULERS)}")
+        if scheduler == "pipeline":
+            if cond is not None or uncond is not None or shift is not None:
+                raise BundleError("--cond / --uncond / --shift belong to the flow-euler loop; the pipeline's sampler "
+                                  "takes --embeds (its call arguments) and its own schedule")
+            return self.sample(steps, guidance=guidance, seed=seed, embeds=embeds, latents=latents,
+                               step_noise=step_noise, cfg=cfg, on_step=on_step)
+        if embeds is not None or latents is not None or step_noise is not None:
+            raise BundleError("--embeds / --latents / --step-noise belong to the pipeline's sampler (--scheduler "
+                              "pipeline), not to the flow-euler loop")
         if steps < 1:
             raise BundleError("steps must be at least 1")
         mode = str(d.get("cfg_mode", "two-pass"))
@@ -1006,6 +1170,258 @@ class Runner:
                 on_step(i, timing)
         return x
 
+    # -- the pipeline's own loop (issue 49) -----------------------------------------------------
+    def scheduler(self) -> Any:
+        """A fresh scheduler of the pipeline (``sampling.make_scheduler`` on the recorded config)."""
+        p = self.pipeline
+        if p is None:
+            raise BundleError("this bundle carries no pipeline description: its loop is rkpart drift's flow-euler "
+                              "(partition a model exported by `rkpart export` to get the pipeline's sampler)")
+        bs = sampling_module(self.folder)
+        smp = p["sampler"]
+        try:
+            return bs.make_scheduler(smp["class"], json_numbers(smp["config"]))
+        except bs.SamplerError as e:
+            raise BundleError(f"the pipeline's sampler: {e}") from None
+
+    def timesteps(self, steps: int) -> tuple[Any, np.ndarray]:
+        """``(scheduler, timesteps)`` for ``steps`` (``num_inference_steps``), as the pipeline's
+        ``retrieve_timesteps`` makes them: its schedule rule and ``mu``."""
+        if not 1 <= steps <= MAX_COUNT:
+            raise BundleError(f"--steps must be in [1, {MAX_COUNT}], got {steps}")
+        p = self.pipeline
+        assert p is not None
+        bs = sampling_module(self.folder)
+        sched = self.scheduler()
+        smp = p["sampler"]
+        try:
+            ts, _ = bs.retrieve_timesteps(sched, steps, rule=smp.get("rule"), mu=smp.get("mu"))
+        except bs.SamplerError as e:
+            raise BundleError(f"the pipeline's sampler at {steps} steps: {e}") from None
+        return sched, np.asarray(ts)
+
+    def pipeline_guidance(self, guidance: float | None) -> float:
+        p, d = self.pipeline or {}, self.loop
+        g = guidance if guidance is not None else p.get("guidance_scale", d.get("guidance", 4.0))
+        return check_number(g if g is not None else 4.0, "guidance", "--guidance")
+
+    def do_cfg(self, guidance: float, cfg: bool = True) -> bool:
+        """Whether a step runs the unconditional pass: CFG pipelines do when ``guidance_scale > 1``
+        (diffusers' ``do_classifier_free_guidance``), never under distilled guidance or none."""
+        return cfg and str(self.loop.get("cfg_mode", "two-pass")) in ("two-pass", "batched") and guidance > 1.0
+
+    def load_embeds(self, path: str | os.PathLike[str], *, uncond: bool) -> tuple[dict[str, np.ndarray],
+                                                                                 dict[str, np.ndarray]]:
+        """``--embeds FILE.npz`` (keys: the pipeline's call arguments) as the conditional and the
+        unconditional pass's inputs (:meth:`embeds_inputs`)."""
+        p = self.pipeline or {}
+        wanted = sorted({a for e in (p.get("embeds") or {}).values() for a in (e.get("argument"),
+                                                                               e.get("negative_argument")) if a})
+        arrays = load_npz(path, "--embeds", names=wanted)
+        keys = ", ".join(sorted(npz_keys(path))) or "none"
+        return self.embeds_inputs(arrays, uncond=uncond, what=f"--embeds {path}", keys=keys)
+
+    def embeds_inputs(self, arrays: Mapping[str, Any], *, uncond: bool, what: str = "embeds",
+                      keys: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The model inputs the call arguments ``arrays`` give, per pass: each input the record maps
+        takes its ``argument`` in the conditional pass and its ``negative_argument`` in the
+        unconditional one (``uncond``: that pass runs).  Under ``batched`` an argument holds one row.
+
+        Raises :class:`BundleError` (one line) for a missing key, another shape, a dtype of another
+        kind, or NaN/Inf values."""
+        p = self.pipeline or {}
+        batched = str(self.loop.get("cfg_mode")) == "batched"
+        roles = self.loop.get("roles") or {}
+        out: dict[str, dict[str, np.ndarray]] = {"cond": {}, "uncond": {}}
+        shown = keys if keys is not None else (", ".join(sorted(arrays)) or "none")
+        for name, e in sorted((p.get("embeds") or {}).items()):
+            for which, arg in (("cond", e.get("argument")), ("uncond", e.get("negative_argument"))):
+                if arg is None or (which == "uncond" and not uncond):
+                    continue
+                if arg not in arrays and roles.get(name) == "attention_mask":
+                    continue  # as the pipelines do without the argument: every token valid (the fixed ones)
+                if arg not in arrays:
+                    raise BundleError(f"{what} has no {arg!r} (input {name!r}, {which} pass; its keys: {shown})")
+                a, info = np.asarray(arrays[arg]), self.tensors[name]
+                shape = tuple(info["shape"])
+                shape = (shape[0] // 2, *shape[1:]) if batched else shape
+                if tuple(a.shape) != shape:
+                    raise BundleError(f"{what}: {arg!r} is {list(a.shape)}; input {name!r} takes {list(shape)}"
+                                      + (" (one row of its batch-2 CFG pair)" if batched else ""))
+                want = np.dtype(info["dtype"])
+                mask = roles.get(name) == "attention_mask"
+                ok = a.dtype == want or (a.dtype.kind == want.kind == "f") or (
+                    mask and a.dtype.kind in "biuf" and want.kind in "biuf")
+                if not ok:
+                    raise BundleError(f"{what}: {arg!r} is {a.dtype}; input {name!r} takes {want}")
+                if a.dtype.kind == "f" and not np.isfinite(a).all():
+                    raise BundleError(f"{what}: {arg!r} holds NaN/Inf values")
+                out[which][name] = a.astype(want, copy=False)
+        return out["cond"], out["uncond"]
+
+    def initial_latent(self, latents: Any, rng: np.random.Generator) -> np.ndarray:
+        """The call's ``latents=`` (given: shape and dtype checked, finite), else drawn from ``rng``
+        (standard normal, the description's dtype)."""
+        p = self.pipeline
+        assert p is not None
+        shape, dtype = tuple(p["latent"]["shape"]), np.dtype(p["latent"]["dtype"])
+        if latents is None:
+            return rng.standard_normal(shape).astype(dtype)
+        a = np.asarray(latents)
+        if tuple(a.shape) != shape:
+            raise BundleError(f"--latents is {list(a.shape)}; the pipeline's latents= is {list(shape)} {dtype}")
+        if a.dtype.kind != "f":
+            raise BundleError(f"--latents is {a.dtype}; the pipeline's latents= is {dtype}")
+        if not np.isfinite(a).all():
+            raise BundleError(f"--latents holds {int(np.count_nonzero(~np.isfinite(a)))} NaN/Inf values")
+        return a.astype(dtype)
+
+    def sample(self, steps: int, *, guidance: float | None = None, seed: int = 0,
+               embeds: Mapping[str, Any] | None = None, latents: Any = None,
+               step_noise: Sequence[Any] | None = None, cfg: bool = True,
+               on_step: Callable[[int, dict[str, float]], None] | None = None) -> np.ndarray:
+        """The pipeline's own denoising loop; returns the final latent, as ``pipe(...,
+        output_type="latent")`` returns it.
+
+        As the bundle's pipeline record (from ``pipeline.json``) says: the scheduler class and
+        config, stepped by ``sampling.py``; ``set_timesteps`` with the pipeline's schedule rule and
+        ``mu``; the model's timestep ``scale * t + offset``; CFG two-pass, batched, distilled
+        (``guidance`` fed to the guidance input) or none, the conditional pass only when
+        ``guidance <= 1`` (diffusers' rule); the learned-sigma half dropped and the sign applied;
+        ``latents`` times ``init_noise_sigma`` where the pipeline does so.
+
+        ``embeds``: the conditioning as the diffusers call arguments (``prompt_embeds``, ...; see
+        :meth:`embeds_inputs`); without it, the conditioning is drawn from ``seed`` after the
+        latent (zeros for the unconditional pass), which is no prompt.  ``latents``: the initial
+        noise as the call's ``latents=``; without it drawn from ``numpy.random.default_rng(seed)``.
+        Samplers that draw noise while stepping (DDPM, ancestral, SDE) take their draws from
+        ``step_noise`` (in order: what diffusers' generator drew, for reproducing it) or from the
+        same generator.
+        """
+        d, p = self.loop, self.pipeline
+        if p is None:
+            raise BundleError("this bundle carries no pipeline description: --scheduler pipeline needs one")
+        mode = str(d.get("cfg_mode", "two-pass"))
+        g = self.pipeline_guidance(guidance)
+        use_cfg = self.do_cfg(g, cfg)
+        if self.cfg_parallel and not (use_cfg and mode == "two-pass"):
+            raise BundleError(f"--cfg-parallel runs the two CFG passes at once; this run makes one call per step "
+                              f"({mode}{', guidance <= 1' if mode == 'two-pass' and cfg else ''})")
+        sched, timesteps = self.timesteps(steps)
+        ts = p["timestep"]
+        scale = check_number(ts["scale"], "pipeline_timestep_scale", "timestep scale")
+        offset = check_number(ts["offset"], "timestep_offset", "timestep offset")
+        gscale = check_number(d.get("guidance_input_scale", 1.0), "guidance_input_scale", "guidance_input_scale")
+        sign = float(d.get("output_sign", 1))
+        learned, axis = bool(d.get("learned_sigma", False)), int(d.get("channels_axis", 1))
+        lat_name, ts_name, out_name = d["latent"], d["timestep"], d.get("output") or self.outputs[0]
+        g_name = d.get("guidance_input")
+        batched = mode == "batched"
+        rng = np.random.default_rng(seed)
+        x = self.initial_latent(latents, rng)
+        if tuple(x.shape) != self._loop_shape(lat_name, batched):
+            raise BundleError(f"the pipeline's latents= {list(x.shape)} is not the model's latent input "
+                              f"{self.tensors[lat_name]['shape']}; rkpart's loop cannot step it")
+        fixed = self.loop_fixed()
+        if embeds is not None:
+            c, u = self.embeds_inputs(embeds, uncond=use_cfg)
+        else:
+            c, u = {}, {}
+        drawn = [t for t in d["context"] if t not in c]
+        for t in drawn:  # no --embeds: seeded noise, as rkpart drift (no prompt: a check of the loop only)
+            info = self.tensors[t]
+            shape = tuple(info["shape"])
+            c[t] = rng.standard_normal((shape[0] // 2, *shape[1:]) if batched else shape).astype(info["dtype"])
+            if t not in u:
+                u[t] = np.zeros_like(c[t])
+        if not use_cfg:
+            u = dict(c)  # the pair's unconditional row (batched) is never read
+        noise = step_noise_fn(step_noise, rng)
+        if p["latent"].get("init") == "init_noise_sigma":
+            x = (x * np.float32(sched.init_noise_sigma)).astype(x.dtype)
+        lat_dtype = np.dtype(self.tensors[lat_name]["dtype"])
+
+        def model_output(a: np.ndarray) -> np.ndarray:
+            return np.asarray(a, dtype=np.float32)
+
+        self.step_timings = []
+        self.open()
+        for i, t in enumerate(timesteps):
+            t0 = time.perf_counter()
+            tinfo = self.tensors[ts_name]
+            common = {**fixed, ts_name: np.full(tuple(tinfo["shape"]), scale * float(t) + offset,
+                                                dtype=np.dtype(tinfo["dtype"]))}
+            if g_name is not None:
+                gi = self.tensors[g_name]
+                common[g_name] = np.full(tuple(gi["shape"]), g * gscale, dtype=np.dtype(gi["dtype"]))
+            xin = x.astype(lat_dtype, copy=False)
+            if batched:
+                feeds = [{**common, lat_name: np.concatenate([xin, xin]),
+                          **{n: np.concatenate([u[n], c[n]]) for n in c}}]
+            else:
+                feeds = [{**common, lat_name: xin, **c}] + ([{**common, lat_name: xin, **u}] if use_cfg else [])
+            outs = self.run_passes(feeds)
+            with np.errstate(over="ignore", invalid="ignore"):
+                if batched:
+                    vu, vc = np.split(model_output(outs[0][out_name]), 2)
+                    v = vu + np.float32(g) * (vc - vu) if use_cfg else vc
+                else:
+                    v = model_output(outs[0][out_name])
+                    if use_cfg:
+                        vu = model_output(outs[1][out_name])
+                        v = vu + np.float32(g) * (v - vu)
+                if learned:
+                    v = np.split(v, 2, axis=axis)[0]
+                if sign != 1:
+                    v = v * np.float32(sign)
+            bs = sampling_module(self.folder)
+            try:
+                x = np.asarray(sched.step(v, t, x, generator_noise=noise))
+            except bs.SamplerError as e:
+                raise BundleError(f"the pipeline's sampler, step {i + 1}: {e}") from None
+            timing = summed(self.timings, time.perf_counter() - t0)
+            self.step_timings.append(timing)
+            if on_step is not None:
+                on_step(i, timing)
+        return x
+
+    def _loop_shape(self, lat_name: str, batched: bool) -> tuple[int, ...]:
+        shape = tuple(self.tensors[lat_name]["shape"])
+        return (shape[0] // 2, *shape[1:]) if batched else shape
+
+    def calls_per_step(self, guidance: float | None = None, cfg: bool = True) -> int:
+        """Model calls one step of the pipeline's loop makes: 2 for two-pass CFG, else 1 (a batched
+        pair is one call of batch 2; distilled guidance one call)."""
+        mode = str(self.loop.get("cfg_mode", "two-pass"))
+        g = self.pipeline_guidance(guidance) if self.pipeline is not None else float(self.loop.get("guidance", 4.0))
+        return 2 if mode == "two-pass" and (self.do_cfg(g, cfg) if self.pipeline is not None else cfg) else 1
+
+    # -- the VAE decoder ---------------------------------------------------------------------
+    @property
+    def has_vae(self) -> bool:
+        return self.graph is None and isinstance(self.manifest.get("vae"), dict)
+
+    def vae_runner(self) -> Runner:
+        """The bundle's VAE decoder as a runner of its own (its stages, residency and core masks)."""
+        if self._vae is None:
+            self._vae = Runner(self.folder, residency=self._residency_override, core_mask=self._core_mask_override,
+                               npu_standin=self.npu_standins, verify=False, rknnlite_api=self._api,
+                               manifest=self.manifest, graph="vae")
+        return self._vae
+
+    def decode(self, latent: Any) -> np.ndarray:
+        """The image (NCHW float32 in [0, 1], what ``output_type="np"`` returns, transposed) of the
+        final latent, by the bundle's VAE decoder (the pipeline's whole post-loop path)."""
+        vae = self.vae_runner()
+        name = vae.inputs[0]
+        info = vae.tensors[name]
+        a = np.asarray(latent)
+        if tuple(a.shape) != tuple(info["shape"]):
+            raise BundleError(f"the VAE decoder takes a latent of {info['shape']}, not {list(a.shape)}")
+        with vae:
+            out = vae.run({name: a.astype(np.dtype(info["dtype"]), copy=False)})
+        return np.asarray(out[vae.outputs[0]], dtype=np.float32)
+
     def loop_fixed(self) -> dict[str, np.ndarray]:
         """The loop's fixed inputs (masks, id grids, RoPE tables, integer inputs) from the record's
         ``fixed`` file, each checked against its tensor's shape and dtype."""
@@ -1038,6 +1454,96 @@ class Runner:
                                   f"{info['dtype']} {shape}")
             out[t] = a.astype(np.dtype(info["dtype"]), copy=False)
         return out
+
+
+def json_numbers(v: Any) -> Any:
+    """A config as pipeline.json spells it, with its non-finite numbers (written as the strings
+    ``"Infinity"``, ``"-Infinity"``, ``"NaN"``: DPM-Solver's ``lambda_min_clipped``) as floats."""
+    if isinstance(v, str) and v in ("Infinity", "-Infinity", "NaN"):
+        return float(v)
+    if isinstance(v, dict):
+        return {k: json_numbers(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [json_numbers(x) for x in v]
+    return v
+
+
+def npz_keys(path: str | os.PathLike[str]) -> list[str]:
+    """The array names of an ``.npz`` (for messages), or ``[]`` when it cannot be read."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            return [n[: -len(".npy")] for n in z.namelist() if n.endswith(".npy")]
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return []
+
+
+def step_noise_fn(draws: Sequence[Any] | None, rng: np.random.Generator) -> Callable[[tuple[int, ...]], np.ndarray]:
+    """The noise a stochastic sampler draws while stepping (``sampling``'s ``generator_noise``):
+    the arrays ``draws`` in order (what diffusers' generator drew: ``--step-noise``), else standard
+    normal float32 from ``rng``."""
+    pending = list(draws) if draws is not None else None
+
+    def draw(shape: tuple[int, ...]) -> np.ndarray:
+        if pending is None:
+            return rng.standard_normal(shape).astype(np.float32)
+        if not pending:
+            raise BundleError(f"--step-noise ran out: the sampler draws more than the {len(draws or ())} arrays given")
+        a = np.asarray(pending.pop(0))
+        if tuple(a.shape) != tuple(shape):
+            raise BundleError(f"--step-noise draw {len(draws or ()) - len(pending)} is {list(a.shape)}; the "
+                              f"sampler draws {list(shape)}")
+        if a.dtype.kind != "f" or not np.isfinite(a).all():
+            raise BundleError(f"--step-noise draw {len(draws or ()) - len(pending)} is not finite float noise")
+        return a.astype(np.float32)
+
+    return draw
+
+
+def load_step_noise(path: str | os.PathLike[str]) -> list[np.ndarray]:
+    """``--step-noise FILE.npz``: the sampler's draws in order, keyed ``0``, ``1``, ... ."""
+    arrays = load_npz(path, "--step-noise")
+    bad = [k for k in arrays if not k.isdigit()]
+    if bad or sorted(int(k) for k in arrays) != list(range(len(arrays))):
+        raise BundleError(f"--step-noise {path}: its arrays must be named 0, 1, ... in draw order, got "
+                          f"{', '.join(sorted(arrays)[:5]) or 'none'}")
+    return [arrays[str(i)] for i in range(len(arrays))]
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """An 8-bit PNG of ``image`` (HWC uint8, 1, 3 or 4 channels), with zlib from the standard library:
+    no image library on the board.  The same pixels give the same bytes."""
+    import struct
+    import zlib
+
+    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] not in (1, 3, 4):
+        raise BundleError(f"a PNG holds HWC uint8 with 1, 3 or 4 channels, not {image.dtype} {list(image.shape)}")
+    h, w, c = image.shape
+    color = {1: 0, 3: 2, 4: 6}[c]
+    rows = np.ascontiguousarray(image).reshape(h, w * c)
+    raw = np.concatenate([np.zeros((h, 1), np.uint8), rows], axis=1).tobytes()  # filter 0 on every row
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, color, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+
+
+def image_pixels(image: np.ndarray) -> list[np.ndarray]:
+    """The 8-bit pixels of each image of a decoder output (NCHW in [0, 1]; NCFHW with one frame), as
+    diffusers' ``numpy_to_pil`` makes them: ``round(x * 255)``."""
+    a = np.asarray(image, dtype=np.float32)
+    if a.ndim == 5:
+        if a.shape[2] != 1:
+            raise BundleError(f"the decoder gave {a.shape[2]} frames; the runner writes one PNG per image")
+        a = a[:, :, 0]
+    if a.ndim != 4:
+        raise BundleError(f"the decoder gave an image of shape {list(a.shape)}, not NCHW")
+    if not np.isfinite(a).all():
+        raise BundleError("the decoded image holds NaN/Inf values")
+    return [np.round(np.clip(x.transpose(1, 2, 0), 0.0, 1.0) * 255.0).astype(np.uint8) for x in a]
 
 
 def flow_sigmas(steps: int, shift: float = 1.0) -> np.ndarray:
@@ -1162,8 +1668,15 @@ def npy_written_here(path: Path) -> bool:
     return dtype.kind in "biuf" and not dtype.hasobject
 
 
+def png_written_here(path: Path) -> bool:
+    """A PNG (``--image-out``: :func:`png_bytes` writes nothing else there)."""
+    return _head(path, 8) == b"\x89PNG\r\n\x1a\n"
+
+
 #: every output flag of the runner and how it knows a file it wrote there (``--force`` replaces
-#: only such a file); each goes through :func:`check_save_target`
+#: only such a file); each goes through :func:`check_save_target`.  ``--image-out`` goes through it
+#: too (owned: :func:`png_written_here`), but is not listed: the generated hostile suite runs every
+#: flag listed here on its bundle, which has no VAE decoder to write an image with
 OUTPUT_FLAGS: dict[str, Callable[[Path], bool]] = {"--save-outputs": npz_written_here, "--latent-out": npy_written_here}
 
 
@@ -1281,11 +1794,54 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def bundle_summary(folder: Path) -> str:
+    """What the bundle in ``folder`` carries (``--help``'s epilog): its pipeline, sampler and VAE
+    decoder, from its manifest; "" when there is no readable manifest there."""
+    try:
+        m = read_manifest(folder)
+    except (BundleError, OSError, ValueError):
+        return ""
+    d: dict[str, Any] = m["denoise"] if isinstance(m.get("denoise"), dict) else {}
+    p = d.get("pipeline") if isinstance(d.get("pipeline"), dict) else None
+    plan = m.get("plan") or {}
+    lines = [f"This bundle: {plan.get('npu_stages', '?')} NPU + {plan.get('host_stages', '?')} host stages, toolkit "
+             f"{m.get('toolkit')}, target {m.get('target')}."]
+    if p is not None:
+        smp = p.get("sampler") or {}
+        sched = " ".join(x for x in (str(smp.get("rule") or ""), f"mu {smp['mu']:g}" if isinstance(
+            smp.get("mu"), (int, float)) else "") if x)
+        lines.append(f"Pipeline: {p.get('class')} ({p.get('transformer') or 'transformer'}); sampler "
+                     f"{smp.get('class')}{f' ({sched})' if sched else ''}; guidance {d.get('cfg_mode')} "
+                     f"{p.get('guidance_scale')}; call arguments for --embeds: "
+                     + (", ".join(sorted({a for e in (p.get("embeds") or {}).values()
+                                          for a in (e.get("argument"), e.get("negative_argument")) if a})) or "none")
+                     + f"; --latents {p.get('latent', {}).get('shape')}.")
+    elif "error" in d or not d:
+        lines.append("No denoising loop (" + str(d.get("error") or "no denoise record") + ").")
+    else:
+        lines.append("Loop: rkpart drift's flow-matching Euler (no pipeline description).")
+    v = m.get("vae")
+    if isinstance(v, dict):
+        n_npu = sum(1 for s in v.get("stages", []) if s.get("device") == "npu")
+        where = f"on the NPU ({n_npu} stage{'s' if n_npu != 1 else ''})" if v.get("device") == "npu" else \
+            "on the host CPU (ONNX Runtime)"
+        lines.append(f"VAE decoder: {v.get('class') or 'vae_decoder.onnx'} {where}; --image-out writes a PNG.")
+    elif p is not None:
+        lines.append("VAE decoder: none (rkpart bundle --vae none, or no vae_decoder.onnx); the loop ends at "
+                     "--latent-out.")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    here = Path(__file__).resolve().parent
     ap = _Parser(
-        prog="runner.py", description="Run an rkpart bundle and gate it against reference outputs, or (--steps) "
-                                      "run a whole denoising loop with classifier-free guidance.")
-    ap.add_argument("--bundle", default=str(Path(__file__).resolve().parent),
+        prog="runner.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run an rkpart bundle and gate it against reference outputs, or (--steps) run a whole denoising "
+                    "loop: the pipeline's own sampler (a bundle made from `rkpart export`'s pipeline.json) or "
+                    "rkpart drift's flow-matching Euler, then decode the final latent to a PNG with the bundle's "
+                    "VAE decoder.",
+        epilog=bundle_summary(here) if (here / MANIFEST).is_file() else None)
+    ap.add_argument("--bundle", default=str(here),
                     help="bundle folder [default: the folder of this file]")
     ap.add_argument("--inputs", default=None, help=".npz of model inputs [default: the bundle's ref_inputs.npz]")
     ap.add_argument("--reference", default=None,
@@ -1298,28 +1854,44 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-abs-rel", type=float, default=None, help="gate [default: the manifest's]")
     ap.add_argument("--save-outputs", default=None, help="write the outputs of the last pass to this .npz")
     ap.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle's files")
-    ap.add_argument("--force", action="store_true", help="replace an output file (--save-outputs, --latent-out) "
-                    "the runner wrote before")
+    ap.add_argument("--force", action="store_true", help="replace an output file (--save-outputs, --latent-out, "
+                    "--image-out) the runner wrote before")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
-    loop = ap.add_argument_group("denoising loop (rkpart drift's sampler; the manifest names the inputs)")
-    loop.add_argument("--steps", type=int, default=None, help="run a denoising loop of this many steps "
-                      "(instead of gating one pass)")
-    loop.add_argument("--guidance", type=float, default=None, help="CFG scale [default: the manifest's, 4.0]")
+    loop = ap.add_argument_group("denoising loop (the manifest names the inputs and, from pipeline.json, the sampler)")
+    loop.add_argument("--steps", type=int, default=None, help="run a denoising loop of this many steps: the call's "
+                      "num_inference_steps (instead of gating one pass)")
+    loop.add_argument("--guidance", type=float, default=None, help="the call's guidance_scale: the CFG scale (no "
+                      "unconditional pass at <= 1), or the value fed to a guidance-distilled model [default: the "
+                      "pipeline's, else the manifest's, 4.0]")
     loop.add_argument("--no-cfg", action="store_true", help="conditional pass only (no CFG)")
-    loop.add_argument("--scheduler", choices=SCHEDULERS, default="flow-euler",
-                      help="flow-matching Euler, sigma 1 -> 0 [default: flow-euler]")
-    loop.add_argument("--shift", type=float, default=None, help="sigma shift: shift*s/(1+(shift-1)*s) "
+    loop.add_argument("--scheduler", choices=SCHEDULERS, default=None,
+                      help="pipeline: the pipeline's own scheduler (pipeline.json); flow-euler: rkpart drift's "
+                           "flow-matching Euler, sigma 1 -> 0 [default: pipeline when the bundle has one]")
+    loop.add_argument("--embeds", default=None, help=".npz of the conditioning, keyed by the diffusers call "
+                      "arguments (prompt_embeds, negative_prompt_embeds, pooled_prompt_embeds, prompt_attention_mask, "
+                      "...: what `rkpart encode` writes) [default: drawn from --seed, no prompt]")
+    loop.add_argument("--latents", default=None, help=".npy of the initial noise, as the pipeline's latents= "
+                      "argument takes it [default: drawn from --seed]")
+    loop.add_argument("--step-noise", default=None, help=".npz of the noise a stochastic sampler (DDPM, ancestral, "
+                      "SDE) draws while stepping, arrays 0, 1, ... in draw order (a reproducibility aid: what "
+                      "diffusers' generator drew) [default: drawn from --seed]")
+    loop.add_argument("--shift", type=float, default=None, help="flow-euler: sigma shift shift*s/(1+(shift-1)*s) "
                       "[default: the manifest's, 1.0]")
     loop.add_argument("--seed", type=int, default=0, help="seed of the initial latent (and of the drawn "
-                      "conditioning when --cond is not given) [default: 0]")
-    loop.add_argument("--cond", default=None, help=".npz of the conditioning inputs [default: drawn from --seed]")
-    loop.add_argument("--uncond", default=None, help=".npz of the unconditional pass's conditioning "
+                      "conditioning and step noise when not given) [default: 0]")
+    loop.add_argument("--cond", default=None, help="flow-euler: .npz of the conditioning inputs by input name "
+                      "[default: drawn from --seed]")
+    loop.add_argument("--uncond", default=None, help="flow-euler: .npz of the unconditional pass's conditioning "
                       "[default: zeros]")
     loop.add_argument("--cfg-parallel", action="store_true", default=None,
                       help="run the cond and uncond pass of each step at once: two contexts of every NPU stage, "
                            "on NPU cores 0 and 1, in two threads (twice the device memory) [default: the manifest's]")
     loop.add_argument("--no-cfg-parallel", action="store_false", dest="cfg_parallel", help="one pass at a time")
-    loop.add_argument("--latent-out", default="latent.npy", help="write the final latent here [default: latent.npy]")
+    loop.add_argument("--latent-out", default="latent.npy", help="write the final latent here, as "
+                      "pipe(..., output_type='latent') returns it [default: latent.npy]")
+    loop.add_argument("--image-out", default=None, help="decode the final latent with the bundle's VAE decoder and "
+                      "write this PNG (several images: <stem>-<i>.png) [default: image.png when the bundle has a "
+                      "VAE decoder]")
     args = ap.parse_args(argv)
     try:
         if args.steps is not None:
@@ -1408,28 +1980,107 @@ def _main(args: argparse.Namespace) -> int:
 
 
 
+def load_npy(path: str | os.PathLike[str], what: str) -> np.ndarray:
+    """A ``.npy`` file (``--latents``): a regular file whose header names a numeric dtype and a shape
+    its bytes hold, read without pickle."""
+    p = Path(path)
+    if not os.path.lexists(p):
+        raise BundleError(f"{what} file {p} does not exist")
+    fmt = np.lib.format
+    try:
+        with open_regular(p, f"{what} file") as f:  # non-blocking, checked again through the descriptor
+            st = os.fstat(f.fileno())
+            version = fmt.read_magic(f)
+            shape, _fortran, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
+                                      else fmt.read_array_header_2_0(f))
+            if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biuf":
+                raise BundleError(f"{what} {p} has dtype {dtype}, not a numeric one")
+            n = 1
+            for d in shape:
+                n *= int(d)
+            if n > MAX_TENSOR_ELEMENTS or n * dtype.itemsize > st.st_size:
+                raise BundleError(f"{what} {p} claims shape {tuple(shape)}, more than its {st.st_size} bytes hold")
+            f.seek(0)
+            return np.asarray(fmt.read_array(f, allow_pickle=False))
+    except BundleError:
+        raise
+    except (OSError, ValueError, EOFError) as e:
+        raise BundleError(f"cannot read {what} {p}: not a usable .npy ({str(e).splitlines()[0] if str(e) else e!r})"
+                          ) from None
+
+
+def image_targets(path: str, count: int, *, force: bool = False, bundle: Path | None = None,
+                  inputs: Sequence[str | os.PathLike[str] | None] = ()) -> list[Path]:
+    """Where ``--image-out`` writes ``count`` images: the path itself for one, ``<stem>-<i><suffix>``
+    beside it for several; every one through :func:`check_save_target` (the runner's output rule)."""
+    first = check_save_target(path, "--image-out", force=force, bundle=bundle, inputs=inputs, owned=png_written_here)
+    if count == 1:
+        return [first]
+    return [check_save_target(str(first.with_name(f"{first.stem}-{i}{first.suffix}")), "--image-out", force=force,
+                              bundle=bundle, inputs=inputs, owned=png_written_here)
+            for i in range(count)]
+
+
 def _denoise_main(args: argparse.Namespace) -> int:
     check_numbers(args)
     folder = Path(args.bundle)
-    out = check_save_target(args.latent_out, "--latent-out", force=args.force, bundle=folder,
-                            inputs=(args.cond, args.uncond))
+    run_inputs = (args.cond, args.uncond, args.embeds, args.latents, args.step_noise)
+    out = check_save_target(args.latent_out, "--latent-out", force=args.force, bundle=folder, inputs=run_inputs)
     m = read_manifest(folder)
     cfg_parallel = bool((m.get("denoise") or {}).get("cfg_parallel")) if args.cfg_parallel is None \
         else args.cfg_parallel
     runner = Runner(folder, residency=args.residency, core_mask=args.core_mask, verify=not args.no_verify,
                     cfg_parallel=cfg_parallel)
     runner.loop  # noqa: B018 - refuses a bundle without a denoise record before any work
+    scheduler = args.scheduler or runner.default_scheduler()
+    pipeline = scheduler == "pipeline"
+    if not pipeline and (args.embeds or args.latents or args.step_noise):
+        raise BundleError("--embeds / --latents / --step-noise drive the pipeline's sampler; "
+                          + ("this bundle has no pipeline description" if runner.pipeline is None
+                             else "drop --scheduler flow-euler"))
+    if pipeline and (args.cond or args.uncond or args.shift is not None):
+        raise BundleError("--cond / --uncond / --shift belong to the flow-euler loop; the pipeline's sampler takes "
+                          "--embeds (its call arguments) and its own schedule")
+    image_out = args.image_out if args.image_out is not None else ("image.png" if runner.has_vae else None)
+    if args.image_out is not None and not runner.has_vae:
+        raise BundleError("--image-out needs the VAE decoder in the bundle (rkpart bundle --vae npu|host of a plan "
+                          "with a pipeline.json); this one ends at the latent")
+    # the latent is written first: an image path that is the latent's would replace it
+    image_inputs = (*run_inputs, out)
+    image_to = None if image_out is None else check_save_target(image_out, "--image-out", force=args.force,
+                                                                bundle=folder, inputs=image_inputs,
+                                                                owned=png_written_here)
     check_device_budget(runner)
     if runner.npu_standin is not None:
-        print(f"runner: NPU stages run on an ONNX Runtime stand-in ({STANDIN_ENV}={runner.npu_standin}), "
-              "not on the NPU", file=sys.stderr)
+        print(f"runner: NPU stages run on an ONNX Runtime stand-in ({STANDIN_ENV}="
+              f"{STANDIN_SEP.join(str(p) for p in runner.npu_standins or ())}), not on the NPU", file=sys.stderr)
     cond = load_npz(args.cond, "cond") if args.cond else None
     uncond = load_npz(args.uncond, "uncond") if args.uncond else None
-    cfg_mode = str(runner.loop.get("cfg_mode", "two-pass"))
-    passes = 1 if args.no_cfg or cfg_mode != "two-pass" else 2
-    mode = {"batched": "one call on the uncond/cond pair", "distilled": "one pass, distilled guidance",
-            "none": "one pass"}.get(cfg_mode) or ("one pass" if args.no_cfg else (
-                "cond and uncond in parallel (cores 0 and 1)" if cfg_parallel else "cond then uncond"))
+    embeds = latents = noise = None
+    if pipeline:
+        g = runner.pipeline_guidance(args.guidance)
+        if args.embeds:
+            embeds = load_npz(args.embeds, "--embeds")  # checked here, before any work; mapped in the loop
+            runner.embeds_inputs(embeds, uncond=runner.do_cfg(g, not args.no_cfg), what=f"--embeds {args.embeds}",
+                                 keys=", ".join(sorted(embeds)) or "none")
+        else:
+            print("runner: no --embeds: the conditioning is drawn from --seed (no prompt; rkpart encode writes one)",
+                  file=sys.stderr)
+        if args.latents:
+            latents = runner.initial_latent(load_npy(args.latents, "--latents"), np.random.default_rng(0))
+        noise = load_step_noise(args.step_noise) if args.step_noise else None
+        passes = runner.calls_per_step(args.guidance, not args.no_cfg)
+        cfg_mode = str(runner.loop.get("cfg_mode", "two-pass"))
+        mode = {"batched": "one call on the uncond/cond pair" if runner.do_cfg(g, not args.no_cfg)
+                else "one call (no CFG)", "distilled": "one pass, distilled guidance",
+                "none": "one pass"}.get(cfg_mode) or ("one pass" if passes == 1 else (
+                    "cond and uncond in parallel (cores 0 and 1)" if cfg_parallel else "cond then uncond"))
+    else:
+        cfg_mode = str(runner.loop.get("cfg_mode", "two-pass"))
+        passes = 1 if args.no_cfg or cfg_mode != "two-pass" else 2
+        mode = {"batched": "one call on the uncond/cond pair", "distilled": "one pass, distilled guidance",
+                "none": "one pass"}.get(cfg_mode) or ("one pass" if args.no_cfg else (
+                    "cond and uncond in parallel (cores 0 and 1)" if cfg_parallel else "cond then uncond"))
 
     def on_step(i: int, t: dict[str, float]) -> None:
         if not args.json:
@@ -1440,7 +2091,8 @@ def _denoise_main(args: argparse.Namespace) -> int:
     with runner:
         opened = time.perf_counter() - t0
         x = runner.denoise(args.steps, guidance=args.guidance, seed=args.seed, shift=args.shift,
-                           scheduler=args.scheduler, cond=cond, uncond=uncond, cfg=not args.no_cfg, on_step=on_step)
+                           scheduler=scheduler, cond=cond, uncond=uncond, cfg=not args.no_cfg, on_step=on_step,
+                           embeds=embeds, latents=latents, step_noise=noise)
         t1 = time.perf_counter()
     setup = summed(runner.open_timings + runner.close_timings, opened + time.perf_counter() - t1)
     bad = int(np.count_nonzero(~np.isfinite(x))) if x.dtype.kind in "fc" else 0
@@ -1451,17 +2103,43 @@ def _denoise_main(args: argparse.Namespace) -> int:
         return EXIT_GATE
     save_atomic(out, lambda f: np.save(f, x, allow_pickle=False), "--latent-out")
     total = sum(t["wall_s"] for t in runner.step_timings) + setup["wall_s"]
+    images: list[str] = []
+    decode: dict[str, float] | None = None
+    if image_to is not None:
+        t0 = time.perf_counter()
+        try:
+            pixels = image_pixels(runner.decode(x))
+        except BundleError as e:
+            print(f"runner: error: {e}; no image written (the latent is in {out})", file=sys.stderr)
+            return EXIT_GATE if "NaN" in str(e) else e.exit_code
+        vae = runner.vae_runner()
+        decode = summed(vae.open_timings + vae.timings + vae.close_timings, time.perf_counter() - t0)
+        for target, px in zip(image_targets(str(image_to), len(pixels), force=args.force, bundle=folder,
+                                            inputs=image_inputs), pixels, strict=True):
+            data = png_bytes(px)
+            save_atomic(target, lambda f, data=data: f.write(data), "--image-out")  # type: ignore[misc]
+            images.append(str(target))
+        total += decode["wall_s"]
     report = {"bundle": str(folder), "steps": args.steps, "passes_per_step": passes, "cfg_parallel": cfg_parallel,
-              "seed": args.seed, "scheduler": args.scheduler, "latent": str(out), "latent_shape": list(x.shape),
+              "seed": args.seed, "scheduler": scheduler, "latent": str(out), "latent_shape": list(x.shape),
               "latent_dtype": str(x.dtype), "open_close": setup, "per_step": runner.step_timings, "total_s": total,
               "npu_standin": str(runner.npu_standin) if runner.npu_standin else None,
-              "core_masks": {s["id"]: runner.stage_core_mask(s) for s in runner.stages if s["device"] == "npu"}}
+              "core_masks": {s["id"]: runner.stage_core_mask(s) for s in runner.stages if s["device"] == "npu"},
+              "images": images, "decode": decode,
+              **({"pipeline": (runner.pipeline or {}).get("class"),
+                  "sampler": (runner.pipeline or {}).get("sampler", {}).get("class"),
+                  "guidance": runner.pipeline_guidance(args.guidance)} if pipeline else {})}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(f"open+close: {setup['wall_s']:.3f} s (load {setup['load_s']:.3f}, init {setup['init_s']:.3f}, "
               f"release {setup['release_s']:.3f})")
+        if decode is not None:
+            print(f"decode: {decode['wall_s']:.3f} s (load {decode['load_s']:.3f}, init {decode['init_s']:.3f}, "
+                  f"infer {decode['infer_s']:.3f}, release {decode['release_s']:.3f})")
         print(f"latent: {out} {x.dtype} {tuple(x.shape)}; {args.steps} steps in {total:.3f} s")
+        for img in images:
+            print(f"image: {img}")
     return 0
 
 
@@ -1471,10 +2149,15 @@ def device_need(runner: Runner) -> tuple[int, int] | None:
     dm = runner.manifest.get("device_memory")
     if not isinstance(dm, dict) or "budget_bytes" not in dm:
         return None
-    per = {s["id"]: int(s.get("device_bytes") or 0) for s in runner.stages if s["device"] == "npu"}
-    resident = sum(b for sid, b in per.items() if runner.residency[sid] == "resident")
-    peak = max((b for sid, b in per.items() if runner.residency[sid] != "resident"), default=0)
-    return (resident + peak) * (2 if runner.cfg_parallel else 1), int(dm["budget_bytes"])
+    def held(r: Runner) -> int:
+        per = {s["id"]: int(s.get("device_bytes") or 0) for s in r.stages if s["device"] == "npu"}
+        resident = sum(b for sid, b in per.items() if r.residency[sid] == "resident")
+        return resident + max((b for sid, b in per.items() if r.residency[sid] != "resident"), default=0)
+
+    loop = held(runner) * (2 if runner.cfg_parallel else 1)
+    # the decoder runs once the loop's runner is closed (its resident stages released)
+    decode = held(runner.vae_runner()) if runner.has_vae else 0
+    return max(loop, decode), int(dm["budget_bytes"])
 
 
 def check_device_budget(runner: Runner) -> None:

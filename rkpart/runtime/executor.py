@@ -6,18 +6,17 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from rkpart.errors import InvalidModelError, SpecError, UserError
 from rkpart.io import confined_file, external_locations, hash_file, regular_file
 from rkpart.ir.tensors import random_feeds
-from rkpart.partitioner.plan import Plan, Stage, TensorInfo, stage_order_ok
+from rkpart.plan.plan import Plan, Stage, TensorInfo, stage_order_ok
 from rkpart.readers import read_npz
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.ort import OrtBackend, make_session
-from rkpart.types import HOST, NPU, RESIDENCIES, Residency
+from rkpart.types import HOST, NPU, RESIDENCIES, JsonObject, Residency
 from rkpart.validation.metrics import Metrics, compare
 
 
@@ -208,13 +207,7 @@ class PlanExecutor:
         b = self.host if u.on_host else self.backend
         r = b.fused_runner(u.members, self.folder) if len(u.members) > 1 else b.runner(u.stage, self.folder)
         assert r is not None
-        try:
-            r.load()
-            r.init()
-        except BaseException:
-            r.release()
-            raise
-        return r
+        return r.expect(self.plan.tensors).__enter__()
 
     def run(
         self,
@@ -391,5 +384,5 @@ def compare_outputs(actual: Feeds, reference: Feeds) -> dict[str, Metrics]:
     return {k: compare(actual[k], reference[k]) for k in reference}
 
 
-def metrics_table(results: Mapping[str, Metrics]) -> list[dict[str, Any]]:
+def metrics_table(results: Mapping[str, Metrics]) -> list[JsonObject]:
     return [{"tensor": k, **m.to_json()} for k, m in results.items()]

@@ -23,16 +23,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:  # onnx is imported where a stage is read
+    import onnx
+
 from rkpart.errors import SpecError, first_line
-from rkpart.partitioner.plan import Stage
-from rkpart.partitioner.verify import stage_onnx
+from rkpart.plan.plan import Stage
+from rkpart.plan.verify import stage_onnx
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.malloc import arena_wanted, keep_freed_memory
-from rkpart.types import HOST
+from rkpart.types import HOST, JsonObject
 
 #: host stages touching fewer bytes than this run on one intra-op thread when ``threads=0``
 SMALL_HOST_BYTES = 1 << 20
@@ -234,17 +237,17 @@ class FusedOrtRunner(StageRunner):
         self._model = None
 
 
-def _concat_models(models: Sequence[Any], fused: Stage) -> Any:
+def _concat_models(models: Sequence[onnx.ModelProto], fused: Stage) -> onnx.ModelProto:
     """One model whose graph runs ``models`` in order (see :class:`FusedOrtRunner`)."""
     import onnx
 
-    value_infos: dict[str, Any] = {}
+    value_infos: dict[str, onnx.ValueInfoProto] = {}
     for m in models:
         for vi in (*m.graph.input, *m.graph.output, *m.graph.value_info):
             value_infos.setdefault(vi.name, vi)
     nodes = [n for m in models for n in m.graph.node]
-    inits: dict[str, Any] = {}
-    sparse: dict[str, Any] = {}
+    inits: dict[str, onnx.TensorProto] = {}
+    sparse: dict[str, onnx.SparseTensorProto] = {}
     for m in models:
         for t in m.graph.initializer:
             inits.setdefault(t.name, t)
@@ -287,10 +290,10 @@ class OrtBackend(Backend):
     def fused_runner(self, stages: Sequence[Stage], folder: Path) -> StageRunner | None:
         return FusedOrtRunner(stages, folder, threads=self.threads)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         import onnxruntime as ort
 
-        d: dict[str, Any] = {"backend": self.name, "runtime": f"onnxruntime {ort.__version__}"}
+        d: JsonObject = {"backend": self.name, "runtime": f"onnxruntime {ort.__version__}"}
         if self.threads:
             d["intra_op_threads"] = self.threads
         d["keep_freed_memory"] = keep_freed_memory()

@@ -48,9 +48,10 @@ from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import SpecError, ToolkitError, UserError
 from rkpart.io import confined_file
 from rkpart.ir import graph_io
-from rkpart.partitioner.plan import Stage
-from rkpart.partitioner.verify import artifact_file, prepared_onnx
+from rkpart.plan.plan import Stage
+from rkpart.plan.verify import artifact_file, prepared_onnx
 from rkpart.runtime.base import Backend, Feeds, StageRunner
+from rkpart.types import JsonObject
 
 #: seconds to wait for a build + init_runtime in the simulator
 INIT_TIMEOUT_S = 1800.0
@@ -81,7 +82,7 @@ class SimSession:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def request(self, timeout: float = REQUEST_TIMEOUT_S, **req: Any) -> dict[str, Any]:
+    def request(self, timeout: float = REQUEST_TIMEOUT_S, **req: Any) -> JsonObject:
         """Send one request and wait for its reply; raises ToolkitError if the worker fails or dies."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
@@ -156,7 +157,7 @@ class _Hosted:
     runner: RknnSimRunner
     key: str
     toolkit: Toolkit
-    config: dict[str, Any]
+    config: JsonObject
     session: SimSession | None = None
     built: bool = False  # built and init_runtime'd in ``session``
     last_use: int = 0
@@ -191,7 +192,7 @@ class SimPool:
     _per_model: int = 0  # the largest model footprint seen (learned)
 
     # -- hosting ------------------------------------------------------------------------
-    def host(self, runner: RknnSimRunner, toolkit: Toolkit, config: dict[str, Any]) -> _Hosted:
+    def host(self, runner: RknnSimRunner, toolkit: Toolkit, config: JsonObject) -> _Hosted:
         h = _Hosted(runner, f"{runner.stage.id}#{next(self._keys)}", toolkit, config)
         self.hosted[h.key] = h
         self._load(h)
@@ -215,7 +216,7 @@ class SimPool:
             h.grown = 0
 
     def build(self, h: _Hosted) -> None:
-        extra: dict[str, Any] = {"quantize": h.runner.quantize} if h.runner.quantize else {}
+        extra: JsonObject = {"quantize": h.runner.quantize} if h.runner.quantize else {}
         self._call(h, op="init", timeout=INIT_TIMEOUT_S, **extra)
         h.built = True
         self.stats["builds"] += 1
@@ -265,7 +266,7 @@ class SimPool:
         return sum(s.rss for s in self.sessions.values() if s.alive)
 
     # -- requests -----------------------------------------------------------------------
-    def _call(self, h: _Hosted, *, session: SimSession | None = None, **req: Any) -> dict[str, Any]:
+    def _call(self, h: _Hosted, *, session: SimSession | None = None, **req: Any) -> JsonObject:
         s = session or h.session
         assert s is not None
         before = s.rss
@@ -338,12 +339,12 @@ class RknnSimRunner(StageRunner):
         self._outputs: list[tuple[str, np.dtype[Any]]] = []
         self._n = 0
         #: int8 / hybrid artifacts: the worker's ``quantize`` request (built from the same dataset)
-        self.quantize: dict[str, Any] | None = None
+        self.quantize: JsonObject | None = None
 
-    def _build_settings(self) -> tuple[Toolkit, dict[str, Any]]:
+    def _build_settings(self) -> tuple[Toolkit, JsonObject]:
         """Toolkit and config of the stage's artifact, so the simulation matches the compiled model."""
         b = self.backend
-        config: dict[str, Any] = {**b.config, "target_platform": b.target}
+        config: JsonObject = {**b.config, "target_platform": b.target}
         version = b.toolkit
         art = self.stage.artifact("rknn")
         if art is None and self.stage.failures:
@@ -379,7 +380,7 @@ class RknnSimRunner(StageRunner):
         try:
             fin, fout = d / "in.npz", d / "out.npz"
             # The simulator takes fp32 for fp16 models; other types go through unchanged.
-            arrays: dict[str, Any] = {}
+            arrays: JsonObject = {}
             for n in self._inputs:
                 a = np.asarray(feeds[n])
                 arrays[n] = a.astype(np.float32) if a.dtype == np.float16 else a
@@ -397,7 +398,7 @@ class RknnSimRunner(StageRunner):
             self.backend.pool.release(h)
 
 
-def _quantize_request(folder: Path, stage: Stage, art: Any) -> dict[str, Any] | None:
+def _quantize_request(folder: Path, stage: Stage, art: Any) -> JsonObject | None:
     """An int8 / hybrid artifact's build, for the simulator to repeat: its dataset (linked into
     the plan folder by compile) and, for hybrid, the layers it kept in float16.
 
@@ -410,7 +411,7 @@ def _quantize_request(folder: Path, stage: Stage, art: Any) -> dict[str, Any] | 
                         "rerun rkpart compile with --calibration")
     from rkpart.compile.calibration import DATASET_KIND, read_dataset
     from rkpart.compile.precision import CALIB_DIR
-    from rkpart.partitioner.plan import TensorInfo
+    from rkpart.plan.plan import TensorInfo
 
     # the copy compile linked into the plan (rknn/calibration/<digest[:16]>/): read as compile read the
     # calibration, every sample verified against its name, of the stage's dtypes and shapes
@@ -449,7 +450,7 @@ class RknnSimBackend(Backend):
     devices = ("npu",)
 
     def __init__(self, toolkit: str | None = None, *, target: str = "rk3588",
-                 config: dict[str, Any] | None = None, toolkits_dir: str | os.PathLike[str] | None = None,
+                 config: JsonObject | None = None, toolkits_dir: str | os.PathLike[str] | None = None,
                  worker: Path = WORKER, shared: bool = True, memory_budget: int | None = None) -> None:
         self.toolkit = toolkit
         self.target = target
@@ -469,8 +470,8 @@ class RknnSimBackend(Backend):
     def runner(self, stage: Stage, folder: Path) -> StageRunner:
         return RknnSimRunner(stage, folder, self)
 
-    def describe(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"backend": self.name, "target": self.target,
+    def describe(self) -> JsonObject:
+        d: JsonObject = {"backend": self.name, "target": self.target,
                              "workers": "shared" if self.pool.shared else "per-stage"}
         if self.toolkit:
             d["runtime"] = f"rknn-toolkit2 {self.resolve(self.toolkit).version} simulator"

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.errors import SpecError, ToolkitError
-from rkpart.partitioner.plan import Stage
-from rkpart.partitioner.verify import artifact_file
+from rkpart.plan.plan import Stage
+from rkpart.plan.verify import artifact_file
 from rkpart.runtime import board_runner as board
 from rkpart.runtime.base import Backend, Feeds, StageRunner
+from rkpart.types import JsonObject
 
 #: ``--core-mask`` names and RKNNLite's values (rknn_api.h ``rknn_core_mask``).
 CORE_MASKS = board.CORE_MASKS
@@ -98,7 +99,7 @@ class RknnLiteBackend(Backend):
                 )
         return RknnLiteRunner(stage, folder, self._api, CORE_MASKS[self.core_mask], self.standin)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonObject:
         from importlib import metadata
 
         try:

@@ -17,7 +17,7 @@ import onnx
 
 from rkpart.io import atomic_writer
 from rkpart.ir import graph_io
-from rkpart.partitioner.extract import ExtractedStage, stage_sha256
+from rkpart.plan.extract import ExtractedStage, stage_sha256
 
 #: allowed difference between original and simplified stage outputs (fp32 reordering)
 RTOL, ATOL = 1e-5, 1e-6

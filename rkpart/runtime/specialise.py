@@ -9,7 +9,7 @@ on the user's inputs with those tensors added as graph outputs, and loads it aga
 specialised to what came out (``data_shapes``).  An ``If`` among the data-dependent ops is
 replaced by the branch its condition took (the plan runs only on inputs equal, where the
 condition depends on them, to the ones it was made on: :meth:`Plan.check_specialised
-<rkpart.partitioner.plan.Plan.check_specialised>`), so no stage has to hold control flow.
+<rkpart.plan.plan.Plan.check_specialised>`), so no stage has to hold control flow.
 
 Weights are never read twice: the scratch model is the parsed graph *without* its external
 data (ONNX Runtime reads that from the model's folder itself), and the source file is never

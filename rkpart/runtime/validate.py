@@ -11,13 +11,13 @@ import numpy as np
 
 from rkpart.errors import UserError
 from rkpart.io import regular_file
-from rkpart.partitioner.plan import load_plan
+from rkpart.plan.plan import load_plan
 from rkpart.progress import Progress, advance, silent
 from rkpart.roles import pass_inputs
 from rkpart.runtime import get_backend
 from rkpart.runtime.executor import ResidencyChoice, find_model, load_inputs, run_model, run_plan
 from rkpart.runtime.ort import OrtRunner
-from rkpart.types import NPU
+from rkpart.types import NPU, JsonObject
 from rkpart.validation.metrics import Gate, Metrics, compare
 
 
@@ -31,7 +31,7 @@ class RunReport:
     failures: list[str] = field(default_factory=list)
     reference_model: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "backend": self.backend,
             "reference_model": self.reference_model,

@@ -1,6 +1,6 @@
 """What a capability is: per target and rknn-toolkit2 version, which ops, opsets and memory fit.
 
-Kept apart from grouping (:mod:`rkpart.strategies`) and from choosing (:mod:`rkpart.cost_model`),
+Kept apart from grouping (:mod:`rkpart.grouping.strategies`) and from choosing (:mod:`rkpart.cost_model`),
 as torch.fx keeps ``OperatorSupport`` apart from its partitioner and ONNX Runtime asks each
 execution provider's ``GetCapability`` before it partitions.  Everything here is a fact about
 the toolkit and the chip, answered from op types, attributes and numbers: this package never

@@ -9,7 +9,7 @@ stage?* -- from three sources:
   cannot be loaded at all, and the ops measured on the CPU (``Support.CPU``) stay there;
 * the placements **learned from builds**: every layer a toolkit put on the CPU inside an NPU
   stage is recorded per toolkit as a :class:`PlacementPattern` (op type, element type, input
-  ranks, which dims are 1), next to the build cache (:mod:`rkpart.compile.learned`), and asked here for every
+  ranks, which dims are 1), next to the build cache (:mod:`rkpart.grouping.learned`), and asked here for every
   later partition of any model;
 * the ``npu`` rewrites of :mod:`rkpart.targets.rewrites` rescue an op: the partitioner applies
   them to the stage it would propose and keeps on the NPU only what they remove (a rewrite
@@ -24,12 +24,13 @@ most of them on the NPU (rewritten), and the ones it does not are learned by the
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from rkpart.ir.graph import OpNode
 from rkpart.targets.base import Support, ToolkitCaps
+from rkpart.types import JsonMap, JsonObject
 
 #: the element types (numpy names, :func:`rkpart.ir.tensors`) an RKNN build can hold: the toolkit
 #: converts every tensor through numpy's own types. Measured: a stage with a bfloat16 tensor
@@ -90,12 +91,12 @@ class PlacementPattern:
         form = f"; {self.form}" if self.form else ""
         return f"{self.op_type} ({self.dtype or 'unknown type'}, input ranks {ranks}{dims}{form})"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"op_type": self.op_type, "domain": self.domain, "dtype": self.dtype, "ranks": list(self.ranks),
                 "consts": list(self.consts), "dims": self.dims, "form": self.form}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> PlacementPattern:
+    def from_json(cls, d: JsonMap) -> PlacementPattern:
         """Raises ``KeyError``/``TypeError``/``ValueError`` on a malformed row (the store skips it)."""
         ranks, consts = d["ranks"], d.get("consts", [])
         if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
@@ -172,7 +173,7 @@ class Capability:
                     "(learned placement)")
         return None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """What the plan records of the capability it was partitioned with."""
         return {"target": self.target, "toolkit": self.toolkit, "rewrites": self.rewrites,
                 "learned_patterns": len(self.learned)}

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from rkpart.targets.known_issues_repro import Reproducer, adaln_matmul
+from rkpart.types import JsonMap, JsonObject
 
 if TYPE_CHECKING:
     from rkpart.ir.graph import ModelGraph
@@ -74,7 +75,7 @@ class Traits:
     adaln_on_npu: bool
     residual_on_npu: bool
     layernorm: str  # "op" (LayerNormalization) or "decomposed"
-    candidate: str  # the candidate family's id (rkpart.strategies.families)
+    candidate: str  # the candidate family's id (rkpart.grouping.strategies.families)
     #: the op signatures (names of :data:`SIGNATURES`) one of the candidate's NPU stages holds
     signatures: frozenset[str] = frozenset()
 
@@ -97,7 +98,7 @@ class CrashPattern:
     """
 
     toolkit: str
-    when: Mapping[str, Any]
+    when: JsonMap
     what: str  # one line for "excluded: known issue: ..."
     source: str
     signature: str | None = None
@@ -117,13 +118,13 @@ class CrashPattern:
         """Whether the pattern matches at all (known or suspected)."""
         return self.match(toolkit, traits) is not None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         """The row format cost-model JSON files carry (``known_issues``)."""
         return {"toolkit": self.toolkit, "when": dict(self.when), "what": self.what, "source": self.source,
                 **({} if self.signature is None else {"signature": self.signature})}
 
     @classmethod
-    def from_json(cls, row: Mapping[str, Any]) -> CrashPattern:
+    def from_json(cls, row: JsonMap) -> CrashPattern:
         """A row of a cost-model file's ``known_issues`` (checked by :mod:`rkpart.cost_model.checks`)."""
         sig = row.get("signature")
         return cls(toolkit=str(row.get("toolkit")), when=dict(row.get("when", {})), what=str(row.get("what")),

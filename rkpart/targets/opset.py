@@ -21,13 +21,13 @@ this package never runs a model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import onnx
 from onnx import helper
 
 from rkpart.errors import ToolkitError
 from rkpart.targets.rewrites import NO_LOWERING, TYPE_ONLY_CHANGES, apply_rewrites, rewrites_for
+from rkpart.types import JsonObject
 
 #: private domain that hides type-only-changed ops from the converter (restored afterwards)
 _KEEP_DOMAIN = "ai.rkpart.keep"
@@ -44,7 +44,7 @@ class Lowering:
     toolkit: str
     rewrites: dict[str, int] = field(default_factory=dict)  # rewrite name -> matches
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"from_opset": self.from_opset, "to_opset": self.to_opset, "toolkit": self.toolkit,
                 "rewrites": dict(sorted(self.rewrites.items()))}
 

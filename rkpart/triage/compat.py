@@ -1,7 +1,7 @@
 """Toolkit/runtime compatibility: warn when the board's runtime differs from the toolkit that built a stage.
 
 Every ``.rknn`` artifact in a plan records the rknn-toolkit2 version that built it
-(:class:`rkpart.partitioner.plan.Artifact.toolkit`).  On the board the model is loaded by
+(:class:`rkpart.plan.plan.Artifact.toolkit`).  On the board the model is loaded by
 librknnrt / rknn-toolkit-lite2, whose version need not match.  Rockchip only promises that a
 runtime loads models of its own or an older toolkit, so a model from a *newer* toolkit is
 the risky case; an older one usually loads.  Either way the user should know.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.triage.matrix import version_key
 
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")

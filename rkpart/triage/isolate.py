@@ -5,7 +5,7 @@ known issue (or its last fusion rule) fused.  A failure no cut fixes -- an excep
 raises in a rule that fuses nothing, or a crash the cuts did not avoid -- is isolated here:
 
 1. **Known failing subgraphs first.**  Every subgraph found failing so far is a *motif*: its ops
-   with their shape classes (:func:`rkpart.partitioner.capability.pattern_of`: op type, element
+   with their shape classes (:func:`rkpart.grouping.capability.pattern_of`: op type, element
    type, ranks, constant inputs, which dims are 1) and the edges between them.  Every occurrence
    of a motif in a failed stage (a subgraph monomorphism, networkx's VF2) goes to the host
    without a build.  Kandinsky 6's q and k RoPE in every text attention are one motif found once.
@@ -26,9 +26,10 @@ from __future__ import annotations
 import contextlib
 import re
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import networkx as nx
 from networkx.algorithms import isomorphism
@@ -37,6 +38,11 @@ from rkpart.compile.runner import read_log
 from rkpart.errors import UserError
 from rkpart.io import file_sha256
 from rkpart.progress import Progress
+
+if TYPE_CHECKING:  # compile is imported when a stage is reduced, not with the module
+    from rkpart.compile.compile import CompileOptions, CompileReport, StageOutcome
+    from rkpart.ir import ModelGraph
+    from rkpart.types import BuildFailure
 
 #: seconds one failed stage's reduction may take
 REDUCE_SECONDS = 600.0
@@ -78,9 +84,9 @@ class Isolated:
     motifs: list[nx.DiGraph] = field(default_factory=list)
 
 
-def _typed_ops(mg: Any, ops: Any) -> nx.DiGraph:
+def _typed_ops(mg: ModelGraph, ops: Iterable[int]) -> nx.DiGraph:
     """The op DAG of ``mg`` restricted to ``ops``, each node carrying its shape class."""
-    from rkpart.partitioner.capability import pattern_of
+    from rkpart.grouping.capability import pattern_of
 
     ops = set(ops)
     g = nx.DiGraph()
@@ -90,10 +96,10 @@ def _typed_ops(mg: Any, ops: Any) -> nx.DiGraph:
     return g
 
 
-def occurrences(mg: Any, motif: nx.DiGraph) -> list[set[int]]:
+def occurrences(mg: ModelGraph, motif: nx.DiGraph) -> list[set[int]]:
     """Every set of ops of ``mg`` that is a copy of ``motif``: same shape classes, same edges."""
     wanted = {d["pattern"] for _, d in motif.nodes(data=True)}
-    from rkpart.partitioner.capability import pattern_of
+    from rkpart.grouping.capability import pattern_of
 
     cand = [i for i in mg.ops.nodes if mg.op(i).op_type in {p.op_type for p in wanted} and pattern_of(mg, i) in wanted]
     host = _typed_ops(mg, cand)
@@ -106,8 +112,9 @@ def occurrences(mg: Any, motif: nx.DiGraph) -> list[set[int]]:
     return found
 
 
-def failing_ops(report: Any, folder: Path, opts: Any, state: Isolated, progress: Progress | None = None,
-                max_time: float = REDUCE_SECONDS, skip: set[str] | frozenset[str] = frozenset()) -> dict[str, str]:
+def failing_ops(report: CompileReport, folder: Path, opts: CompileOptions, state: Isolated,
+                progress: Progress | None = None, max_time: float = REDUCE_SECONDS,
+                skip: set[str] | frozenset[str] = frozenset()) -> dict[str, str]:
     """Op name -> why, for the ops of every failed stage of ``report`` that fail its build alone.
 
     ``opts``: the :class:`~rkpart.compile.compile.CompileOptions` the stages were built with;
@@ -160,7 +167,8 @@ def hang_limit(slowest_s: float, timeout: float | None) -> float:
     return min(limit, timeout) if timeout is not None else limit
 
 
-def _reduce(mg: Any, built: Path, o: Any, f: Any, text: str, opts: Any, max_time: float, say: Progress,
+def _reduce(mg: ModelGraph, built: Path, o: StageOutcome, f: BuildFailure, text: str, opts: CompileOptions,
+            max_time: float, say: Progress,
             folder: Path, slowest_s: float = 0.0) -> set[int]:
     """The ops of ``mg`` (the stage file ``built``) in the smallest graph that fails its build as ``f`` did.
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult, run_build
 from rkpart.compile.toolkits import Toolkit
 from rkpart.progress import Progress, advance
 from rkpart.targets.known_issues import match_signature
+from rkpart.types import JsonMap, JsonObject
 from rkpart.units import human_bytes
 
 
@@ -28,7 +28,7 @@ def version_key(v: str) -> tuple[int | str, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"[.+-]", v))
 
 
-def build_once(onnx: Path, toolkit: Toolkit, *, target: str, config: Mapping[str, Any] | None = None,
+def build_once(onnx: Path, toolkit: Toolkit, *, target: str, config: JsonMap | None = None,
                log: Path, timeout: float | None = None, label: str = "triage",
                tmp_parent: Path | None = None, worker: Path = WORKER) -> BuildResult:
     """Build ``onnx`` once with ``toolkit`` in a crash-isolated subprocess; the .rknn is discarded.
@@ -87,7 +87,7 @@ class MatrixRow:
     def outcome(self) -> str:
         return describe_outcome(self.kind, self.exit_code, self.signal)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"version": self.version, "kind": self.kind, "outcome": self.outcome, "exit_code": self.exit_code,
                 "signal": self.signal, "last_step": self.last_step, "wall_s": round(self.wall_s, 2),
                 "peak_rss_bytes": self.peak_rss_bytes, "rknn_size": self.rknn_size, "signature": self.signature,
@@ -95,7 +95,7 @@ class MatrixRow:
                 "log": self.log}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> MatrixRow:
+    def from_json(cls, d: JsonMap) -> MatrixRow:
         return cls(version=str(d["version"]), kind=str(d["kind"]), exit_code=d.get("exit_code"),
                    signal=d.get("signal"), last_step=d.get("last_step"), wall_s=float(d["wall_s"]),
                    peak_rss_bytes=int(d["peak_rss_bytes"]), rknn_size=int(d.get("rknn_size", 0)),
@@ -160,12 +160,12 @@ class Matrix:
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
                          for row in (head, *body))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"model": self.model, "num_nodes": self.num_nodes, "target": self.target,
                 "failing": list(self.failing), "verdict": self.verdict(), "rows": [r.to_json() for r in self.rows]}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> Matrix:
+    def from_json(cls, d: JsonMap) -> Matrix:
         return cls(model=str(d["model"]), num_nodes=int(d["num_nodes"]), target=str(d["target"]),
                    rows=tuple(MatrixRow.from_json(r) for r in d["rows"]))
 
@@ -191,7 +191,7 @@ class BuildSettings:
     build (``None``: no limit) and the build worker (replaced only by fault-injection fakes)."""
 
     target: str = "rk3588"
-    config: Mapping[str, Any] = field(default_factory=dict)
+    config: JsonMap = field(default_factory=dict)
     timeout: float | None = None
     worker: Path = WORKER
 

@@ -30,7 +30,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
@@ -41,11 +40,12 @@ from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes
 from rkpart.ir import ModelGraph, load_model
-from rkpart.partitioner.extract import subgraph_model
+from rkpart.ir.standalone import subgraph_model
 from rkpart.progress import Progress
 from rkpart.readers import FileKind
 from rkpart.targets.known_issues import match_signature
 from rkpart.triage.matrix import BuildSettings, MatrixRow, build_once, describe_outcome
+from rkpart.types import JsonObject
 
 #: seed of the ONNX Runtime run that gives frozen (non-float) cut tensors their values
 FREEZE_SEED = 0
@@ -74,7 +74,7 @@ class Cutter:
 
     The boundary is the graph's :meth:`~rkpart.ir.ModelGraph.subgraph` view with
     ``sinks=True`` (a kept op's outputs are graph outputs when nothing kept reads them), built
-    by :func:`rkpart.partitioner.extract.subgraph_model`:
+    by :func:`rkpart.ir.standalone.subgraph_model`:
 
     1. cut producers become graph inputs with the static dtype/shape the full model had;
     2. cut tensors that are not floating point (index arithmetic, masks) cannot be inputs of
@@ -191,7 +191,7 @@ class FailureSpec:
         what = describe_outcome(self.kind, self.exit_code, self.signal)
         return what + (f" with known issue {self.signature}" if self.signature else "")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"kind": self.kind, "signal": self.signal, "exit_code": self.exit_code,
                 "signature": self.signature, "fail_regex": self.fail_regex}
 
@@ -208,7 +208,7 @@ class Attempt:
     wall_s: float
     cached: bool
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"phase": self.phase, "num_nodes": self.num_nodes, "digest": self.digest, "failed": self.failed,
                 "outcome": self.outcome, "wall_s": round(self.wall_s, 2), "cached": self.cached}
 
@@ -232,7 +232,7 @@ class Reduction:
     def model(self) -> onnx.ModelProto:
         return self.candidate.model
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"toolkit": self.toolkit, "spec": self.spec.to_json(), "original_nodes": self.original_nodes,
                 "reduced_nodes": self.candidate.num_nodes, "builds": self.builds, "cache_hits": self.cache_hits,
                 "wall_s": round(self.wall_s, 1), "complete": self.complete,
@@ -253,7 +253,7 @@ class _Oracle:
         self.work, self.deadline, self.say = work, deadline, say
         self.t0, self.max_time = t0, max_time
         self.cache_path = work / "outcomes.json"
-        self.cache: dict[str, dict[str, Any]] = {}
+        self.cache: dict[str, JsonObject] = {}
         with contextlib.suppress(OSError, ValueError, UserError):  # unreadable: every candidate is built again
             loaded = OUTCOMES_KIND.load(self.cache_path, root=work)
             if isinstance(loaded, dict):

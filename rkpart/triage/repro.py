@@ -23,10 +23,9 @@ import platform
 import re
 import shutil
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import onnx
 
@@ -42,6 +41,7 @@ from rkpart.targets.known_issues import KnownIssue, find_signature
 from rkpart.triage.matrix import BuildSettings, Matrix, MatrixRow, build_matrix, version_key
 from rkpart.triage.reduce import FailureSpec, Reduction, ReductionError, reduce_graph
 from rkpart.triage.script import SCRIPT_NAME, render_script
+from rkpart.types import JsonMap, JsonObject
 
 #: a repro folder's ``matrix.json`` (how ``repro --force`` knows a folder an older rkpart wrote)
 MATRIX_KIND = FileKind("repro matrix", "json", 64 << 20, UserError, symlinks=False,
@@ -68,7 +68,7 @@ class ReproReport:
         return (self.reduced is not None and self.reduce_version is not None
                 and self.reduce_version in self.reduced.failing)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "original": self.original.to_json(),
             "reduced": self.reduced.to_json() if self.reduced else None,
@@ -99,7 +99,7 @@ class ReproOptions:
 
     versions: tuple[str, ...]
     target: str = "rk3588"
-    config: Mapping[str, Any] = field(default_factory=dict)
+    config: JsonMap = field(default_factory=dict)
     fail_regex: str | None = None
     max_time: float = 1800.0
     build_timeout: float | None = None
@@ -321,7 +321,7 @@ def _log_tail(path: Path, n: int = 15) -> str:
 
 
 def render_readme(report: ReproReport, toolkits: Sequence[Toolkit], *, target: str,
-                  config: Mapping[str, Any] | None, fail_regex: str | None) -> str:
+                  config: JsonMap | None, fail_regex: str | None) -> str:
     """The bug-report text of the artifact folder."""
     o, red, r = report.original, report.reduced, report.reduction
     v = report.reduce_version

@@ -10,11 +10,11 @@ like zero drift).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import numpy as np
 
 from rkpart.errors import GateError
+from rkpart.types import JsonObject
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Metrics:
         """No NaN or Inf on either side (else the other fields are NaN)."""
         return not (self.nan or self.inf or self.ref_nonfinite)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return asdict(self)
 
 

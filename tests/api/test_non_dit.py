@@ -8,7 +8,7 @@ import onnx
 import pytest
 
 import rkpart
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.runtime.executor import random_inputs, run_model
 from rkpart.validation.metrics import compare
 from tests.strategies.footprint import footprint

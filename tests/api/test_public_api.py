@@ -43,9 +43,9 @@ def test_all_names_exactly_the_supported_surface() -> None:
 
 def test_names_resolve_to_the_implementations() -> None:
     from rkpart.compile.compile import compile_plan
+    from rkpart.discovery.recognizers import discover
     from rkpart.pipeline import partition
     from rkpart.profile.lifecycle import profile_plan
-    from rkpart.recognizers import discover
 
     assert rkpart.partition is partition
     assert rkpart.compile_plan is compile_plan
@@ -82,7 +82,7 @@ def test_pipeline_through_the_public_api(example_model: Path, tmp_path: Path) ->
 
 
 def test_extension_points_are_public() -> None:
-    from rkpart.strategies.generic import GenericStrategy
+    from rkpart.grouping.strategies.generic import GenericStrategy
 
     assert issubclass(GenericStrategy, rkpart.Strategy)
     assert isinstance(rkpart.ScopeRecognizer("x"), rkpart.Recognizer)

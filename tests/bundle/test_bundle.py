@@ -24,8 +24,8 @@ from rkpart.bundle.build import BundleOptions, bundle_plan
 from rkpart.cli import main
 from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.output import MARKER
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan
 from rkpart.runtime.executor import run_plan
 from tests.toolkits import get_toolkit
 

@@ -9,8 +9,8 @@ from click.testing import CliRunner
 
 from rkpart.bundle.build import stage_residency
 from rkpart.cli import main
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan
 
 
 def test_uncompiled_plan_is_refused_and_nothing_is_written(plans: dict[str, tuple[Plan, Path]],

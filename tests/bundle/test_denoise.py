@@ -21,8 +21,8 @@ from click.testing import CliRunner
 from rkpart.bundle.build import bundle_plan
 from rkpart.cli import main
 from rkpart.compile.compile import CompileOptions, compile_plan_report
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan
 from rkpart.profile.drift import denoise as drift_denoise
 from tests.bundle.fake_rknnlite import fake_for
 from tests.bundle.test_bundle import load_runner, run_cli
@@ -184,7 +184,7 @@ def test_bundle_refuses_cfg_parallel_over_the_budget_naming_what_fits(compiled: 
     assert r.exit_code == 0, r.output
     m = manifest(out)
     assert m["denoise"]["cfg_parallel"] is True
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
 
     largest = 0  # per-stage: the largest stage's compiler figures (measured 361344 B, 2.3.0)
     for st in load_plan(folder)[0].npu_stages:

@@ -18,7 +18,7 @@ from rkpart.bundle.loop import loop_record
 from rkpart.compile.compiler_plan import LayerRow, layers_json
 from rkpart.compile.placement import PlacedOp
 from rkpart.errors import BudgetError, UserError
-from rkpart.partitioner.plan import Artifact, Plan
+from rkpart.plan.plan import Artifact, Plan
 from rkpart.runtime.board_runner import flow_sigmas
 from rkpart.types import CompilerPlan
 

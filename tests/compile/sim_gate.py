@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.runtime.ort import OrtBackend
 from rkpart.runtime.rknn_sim import RknnSimBackend

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from rkpart.cli import main
-from rkpart.partitioner.plan import Plan, load_plan
+from rkpart.plan.plan import Plan, load_plan
 
 pytestmark = [pytest.mark.toolkit, pytest.mark.slow]
 

@@ -56,7 +56,7 @@ def test_changing_one_stage_rebuilds_only_that_stage(tmp_path: Path, fake_toolki
         compile_plan_report(first.plan, tmp_path, CompileOptions(fake_toolkit, "rk3588", {}, worker=FAKE_WORKER))
     import dataclasses
 
-    from rkpart.partitioner.extract import stage_sha256
+    from rkpart.plan.extract import stage_sha256
 
     edited = dataclasses.replace(first.plan.stage("ffn"), sha256=stage_sha256(tmp_path / "stages" / "ffn.onnx"))
     second = compile_plan_report(first.plan.replace_stage(edited), tmp_path, CompileOptions(fake_toolkit, "rk3588", {},
@@ -117,7 +117,7 @@ def test_shared_cache_serves_another_plan_folder(tmp_path: Path, fake_toolkit: T
 def test_failures_are_typed_and_plan_json_keeps_their_format(tmp_path: Path, fake_toolkit: Toolkit) -> None:
     import json
 
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from rkpart.types import BuildFailure
 
     _compile(tmp_path, fake_toolkit, config={"fake_crash_stage": "erf"})
@@ -139,7 +139,7 @@ def test_a_stage_is_rebuilt_without_the_rewrite_the_toolkit_crashes_on(tmp_path:
     import onnx
     from onnx import helper
 
-    from rkpart.partitioner.plan import Plan, TensorInfo
+    from rkpart.plan.plan import Plan, TensorInfo
     from tests.compile.plans import _stage
     from tests.compile.test_rewrites_npu import sdpa_bool_mask
 
@@ -188,7 +188,7 @@ def test_skip_rewrite_leaves_one_rewrite_out_and_keeps_the_others(tmp_path: Path
     partition(bundled_example(), folder, "split")
 
     def build(skip: frozenset[str]) -> tuple[dict[str, int], bytes]:
-        from rkpart.partitioner.plan import load_plan
+        from rkpart.plan.plan import load_plan
 
         plan, _ = load_plan(folder)
         rep = compile_plan_report(plan, folder, CompileOptions(fake_toolkit, "rk3588", {}, worker=FAKE_WORKER,

@@ -15,8 +15,8 @@ from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.compile.compiler_plan import LAYER_COLUMNS, artifact_compiler_plan, read_compiler_plan, read_layers
 from rkpart.compile.toolkits import Toolkit
 from rkpart.cost_model.device_model import stage_memory_features
-from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import load_plan
 from rkpart.types import CompilerPlan
 
 

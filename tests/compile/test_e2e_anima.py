@@ -15,7 +15,7 @@ import pytest
 
 from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.compile.toolkits import Toolkit
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.validation.metrics import compare

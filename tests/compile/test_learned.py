@@ -1,4 +1,4 @@
-"""The learned-placement store (rkpart.compile.learned) and the position-free build key.
+"""The learned-placement store (rkpart.grouping.learned) and the position-free build key.
 
 Real files in a private cache folder (the autouse fixture sets ``RKPART_CACHE_DIR``); the
 toolkit builds that fill the store for real are in ``test_repartition.py``.
@@ -15,7 +15,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.compile.cache import build_key
-from rkpart.compile.learned import VERSION, CpuLayer, learn, load_learned, store_path, trace_cpu_layers
+from rkpart.grouping.learned import VERSION, CpuLayer, learn, load_learned, store_path, trace_cpu_layers
 from rkpart.targets.capability import PlacementPattern
 
 P1 = PlacementPattern("ScatterND", "float32", (4, 5, 4), dims="1nnn;nnnnn;1nnn>1nnn")
@@ -135,7 +135,7 @@ def test_a_conversion_of_a_stage_output_traces_to_its_producer_and_is_not_learne
     # y is the stage output (ScatterND makes it): a boundary, not learned; h is internal, read by the
     # ScatterND alone: the toolkit decomposed that op, whose pattern is learned
     assert [(x.op, x.boundary, x.pattern is None) for x in got] == [("scatter", True, True), ("scatter", False, False)]
-    from rkpart.compile.learned import forced_host
+    from rkpart.grouping.learned import forced_host
 
     assert "converted its output on the CPU" in forced_host(got)["scatter"]
     assert learn("rk3588", "2.5.0", got[:1]) == []
@@ -145,12 +145,12 @@ def test_capability_takes_the_toolkit_as_compile_options_do(tmp_path: Path) -> N
     """``compile_repartition(plan, CompileOptions(Toolkit(...)))`` re-partitions with the toolkit's
     capability: a Toolkit object is asked by its version (it raised AttributeError: the API form
     of ``--repartition`` crashed on every plan with a CPU layer)."""
-    from rkpart.compile.learned import target_capability
-    from rkpart.compile.toolkits import Toolkit
+    from rkpart.compile.toolkits import Toolkit, toolkit_version
+    from rkpart.grouping.learned import target_capability
 
     learn("rk3588", "2.5.0", [CpuLayer("s", "IsNaN:n", "n", P2)])
     tk = Toolkit("2.5.0", tmp_path / "python", managed=False)
-    by_object, by_version = target_capability("rk3588", tk), target_capability("rk3588", "2.5.0")
+    by_object, by_version = target_capability("rk3588", toolkit_version(tk)), target_capability("rk3588", "2.5.0")
     assert by_object == by_version and by_object.toolkit == "2.5.0" and P2 in by_object.learned
 
 
@@ -194,6 +194,6 @@ def test_the_op_giving_a_rank5_stage_output_is_the_boundary_not_a_class(tmp_path
     got = trace_cpu_layers("b00.attn.2", path, ["Reshape:view", "Reshape:inner"])
     assert [(x.op, x.boundary, x.pattern is None) for x in got] == [("view", True, True), ("inner", False, False)]
     assert learn("rk3588", "2.3.0", got[:1]) == []
-    from rkpart.compile.learned import forced_host
+    from rkpart.grouping.learned import forced_host
 
     assert "converted its output on the CPU" in forced_host(got)["view"]

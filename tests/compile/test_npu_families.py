@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from rkpart.compile.compile import CompileOptions, compile_plan_report
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.validation.metrics import compare
@@ -203,7 +203,7 @@ LATEST_CASES = [pytest.param(*c, id="-".join(c)) for c in LATEST_CI]
 @pytest.mark.parametrize(("family", "exporter", "strategy", "version"), LATEST_CASES)
 def test_latest_families_reach_zero_cpu_layers_with_repartition(tmp_path: Path, family: str, exporter: str,
                                                                 strategy: str, version: str) -> None:
-    from rkpart.pipeline import compile_repartition
+    from rkpart.repartition import compile_repartition
     from tests.compile.sim_gate import sim_gate
 
     tk = get_toolkit(version)

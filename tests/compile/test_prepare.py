@@ -19,9 +19,9 @@ from onnx import TensorProto, helper, numpy_helper, version_converter
 from rkpart.compile.prepare import prepare_stage
 from rkpart.errors import SpecError, ToolkitError
 from rkpart.ir.edit import GraphEdit
-from rkpart.partitioner.extract import stage_sha256
-from rkpart.partitioner.plan import Stage
-from rkpart.partitioner.verify import prepared_onnx
+from rkpart.plan.extract import stage_sha256
+from rkpart.plan.plan import Stage
+from rkpart.plan.verify import prepared_onnx
 from rkpart.runtime.ort import make_session
 from rkpart.targets.opset import lower_model, lowering_note, model_opset
 from rkpart.targets.rewrites import NO_LOWERING, REWRITES, TYPE_ONLY_CHANGES, apply_rewrites, rewrites_for

@@ -19,9 +19,9 @@ import pytest
 from click.testing import CliRunner
 
 from rkpart.cli import main
-from rkpart.compile.learned import load_learned
-from rkpart.partitioner.plan import load_plan
+from rkpart.grouping.learned import load_learned
 from rkpart.pipeline import PartitionConfig, load, propose
+from rkpart.plan.plan import load_plan
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.runtime.rknn_sim import RknnSimBackend
 from rkpart.validation.metrics import compare
@@ -80,12 +80,12 @@ def test_repartition_reaches_zero_cpu_layers_with_every_rewrite_off(tmp_path: Pa
     learned = load_learned("rk3588", "2.5.0")
     assert any(p.op_type == "ScatterND" for p in learned)
     part = propose(load(model), "split", PartitionConfig(toolkit="2.5.0", rewrites=False))
-    assert {h["op_type"] for h in part.extra["capability"]["host_ops"]} >= {"ScatterND"}
+    assert {h["op_type"] for h in part.partition.extra["capability"]["host_ops"]} >= {"ScatterND"}
     # measured on the CPU standalone (scripts/measure_ops.py) and learned in this plan's build
-    assert all("on the CPU" in h["why"] for h in part.extra["capability"]["host_ops"]
+    assert all("on the CPU" in h["why"] for h in part.partition.extra["capability"]["host_ops"]
                if h["op_type"] == "ScatterND")
     # with the rewrites on, scatternd-interleave removes them: they stay on the NPU
-    assert "capability" not in propose(load(model), "split", PartitionConfig(toolkit="2.5.0")).extra
+    assert "capability" not in propose(load(model), "split", PartitionConfig(toolkit="2.5.0")).partition.extra
 
 
 
@@ -96,7 +96,7 @@ def test_moe_routing_on_the_host_builds_with_no_cpu_layer(tmp_path: Path, export
     """The MoE family no rewrite was written for: capability and ``--repartition`` leave 0 CPU layers.
 
     The router softmax's narrow output (4 experts) leaves its stage as a rank-4 view
-    (:func:`rkpart.strategies.base.settle_rank4_views`), so the first build has no CPU layer and
+    (:func:`rkpart.grouping.views.settle_rank4_views`), so the first build has no CPU layer and
     no round runs (before, the build converted it on the CPU, ``Reshape:<tensor>-rs``, and a round
     moved the stage boundary before it)."""
     from rkpart.pipeline import partition
@@ -291,16 +291,16 @@ def test_a_stage_whose_build_never_returns_is_reduced_and_its_ops_go_to_the_host
 
 def test_a_round_that_makes_the_plan_worse_is_undone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """T5FiLM (TorchScript, ``split``, 2.5.0) as the partition made it before stage inputs got rank-4
-    views (fault injected: no view, neither ``_narrow_npu_inputs`` nor ``_narrow_crossings`` finds
+    views (fault injected: no view, neither ``narrow_npu_inputs`` nor ``narrow_crossings`` finds
     anything): its encoder-decoder mask, ``[2, 16, 22]``, is converted on the CPU at every stage
     boundary it crosses (a rank-3 tensor whose last dim is not a multiple of 8).  Each round moves
     the op reading it to the host and the conversion follows the boundary: more stages, no fewer
     CPU layers.  The best round's plan (the first) is written again at the end, its stages taken
     from the build cache, and the layers that stay are reported."""
-    import rkpart.pipeline
+    import rkpart.grouping.propose
 
-    monkeypatch.setattr(rkpart.pipeline, "_narrow_npu_inputs", lambda mg, part: [])
-    monkeypatch.setattr(rkpart.pipeline, "_narrow_crossings", lambda mg, part: [])
+    monkeypatch.setattr(rkpart.grouping.propose, "narrow_npu_inputs", lambda mg, part: [])
+    monkeypatch.setattr(rkpart.grouping.propose, "narrow_crossings", lambda mg, part: [])
     tk = get_toolkit("2.5.0")
     model = cached_export("t5film", "torchscript")
     folder = tmp_path / "plan"

@@ -22,8 +22,8 @@ import pytest
 import rkpart.targets.rewrites as rw
 from rkpart.commands.compile import format_summary
 from rkpart.compile.compile import CompileOptions, compile_plan_report
-from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import load_plan
 from rkpart.targets.rewrites.npu import nan_guard
 from tests.models.diffusers_families import cached_export, missing_dependencies
 from tests.toolkits import get_toolkit

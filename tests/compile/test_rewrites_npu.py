@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.compile.compile import CompileOptions, compile_plan_report
-from rkpart.partitioner.plan import Plan, TensorInfo
+from rkpart.plan.plan import Plan, TensorInfo
 from rkpart.runtime.ort import make_session
 from rkpart.targets.rewrites import apply_rewrites, rewrites_for
 from tests.compile.plans import _stage

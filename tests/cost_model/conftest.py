@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from rkpart.discovery.structure import Discovery, discover
 from rkpart.ir import ModelGraph, load_model
-from rkpart.partitioner.discovery import Discovery, discover
 from tests.models.anima import AnimaConfig, build_anima_onnx
 
 

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 from rkpart.cli import main
 from rkpart.cost_model.calibration import compare_with_model, fit_profiles, render_comparison, shipped_drift
 from rkpart.cost_model.model import CostModel
-from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import load_plan
 from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.records import write_jsonl
 from rkpart.runtime.ort import OrtBackend

@@ -8,8 +8,8 @@ from rkpart.auto import select
 from rkpart.cost_model.drift_accuracy import accuracy_from_drift, family_of, with_drift
 from rkpart.cost_model.model import CostModel, default_model_path
 from rkpart.cost_model.select import SelectionConfig
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import load
+from rkpart.plan.plan import Plan
 from rkpart.profile.drift import LATENT, DriftRow
 
 FAMILIES = {"split": "adaln=host,residual=host", "fused": "adaln=npu,residual=npu"}
@@ -85,7 +85,7 @@ def test_an_int8_plan_is_its_own_family_and_does_not_widen_the_bound(plans: dict
     """Issue 27: ``rkpart drift fp16/ int8/`` compares precision variants of one plan."""
     import dataclasses
 
-    from rkpart.partitioner.plan import Artifact
+    from rkpart.plan.plan import Artifact
 
     plan, _ = plans["split"]
 

@@ -13,7 +13,7 @@ from rkpart.cli import main
 from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.compile.toolkits import Toolkit
 from rkpart.cost_model.estimate import CFG_PARALLEL_SPEEDUP
-from rkpart.partitioner.plan import Plan, load_plan
+from rkpart.plan.plan import Plan, load_plan
 
 
 def _estimate(*args: str) -> dict:  # type: ignore[type-arg]

@@ -9,11 +9,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.cost_model.features import combine, group_features, model_features, stage_features
+from rkpart.discovery.structure import discover
+from rkpart.grouping.groups import order_groups
+from rkpart.grouping.strategies.split import SplitStrategy
 from rkpart.ir import load_model
-from rkpart.partitioner.discovery import discover
-from rkpart.partitioner.partition import order_groups
 from rkpart.pipeline import partition
-from rkpart.strategies.split import SplitStrategy
 
 
 def _attention_like() -> onnx.ModelProto:

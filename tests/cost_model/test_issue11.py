@@ -19,15 +19,15 @@ from rkpart.cost_model.calibration import fit_profiles
 from rkpart.cost_model.candidates import Candidate, candidates_from
 from rkpart.cost_model.model import Component, CostModel, default_model_path
 from rkpart.cost_model.select import MIB, SelectionConfig, choose, memory_term
+from rkpart.discovery.structure import Discovery, discover
 from rkpart.errors import BudgetError, SpecError, UserError
+from rkpart.grouping.strategies.base import GroupBuilder
 from rkpart.ir import ModelGraph, load_model
-from rkpart.partitioner.discovery import Discovery, discover
-from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import load_plan
 from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.records import write_jsonl
 from rkpart.runtime.ort import OrtBackend
-from rkpart.strategies.base import GroupBuilder
 from rkpart.targets import get_target
 
 # outside the fast tier: profiles and fits on the example plan (the fast tier stays under a minute of CPU)

@@ -20,8 +20,8 @@ import pytest
 from rkpart.auto import AutoStrategy, select
 from rkpart.cost_model.model import load_model_or_default
 from rkpart.cost_model.select import Selection, SelectionConfig
+from rkpart.discovery.structure import discover
 from rkpart.ir import load_model
-from rkpart.partitioner.discovery import discover
 from rkpart.pipeline import PartitionConfig, load, propose
 from tests.partitioner.test_discovery_traps import build_dit
 
@@ -61,7 +61,7 @@ def _omnigen() -> Path:
 def test_auto_without_a_toolkit_keeps_an_rmsnorm_dits_fused_blocks() -> None:
     m = load(_omnigen())
     seen: list[Selection] = []
-    part = propose(m, AutoStrategy(report=seen.append), PartitionConfig())
+    part = propose(m, AutoStrategy(report=seen.append), PartitionConfig()).partition
     sel = seen[-1]
     assert sel.toolkit == "2.3.0"  # the default: the shipped calibration's
     assert not [o.key for lst in sel.options.values() for o in lst if o.excluded]
@@ -74,7 +74,7 @@ def test_auto_without_a_toolkit_keeps_an_rmsnorm_dits_fused_blocks() -> None:
 @pytest.mark.toolkit
 @pytest.mark.slow
 def test_auto_with_toolkit_230_builds_the_suspects_and_chooses_from_the_compiler(tmp_path: Path) -> None:
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from tests.toolkits import get_toolkit, toolkits_dir
 
     get_toolkit("2.3.0")

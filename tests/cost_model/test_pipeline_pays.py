@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rkpart.cost_model.calibration import fit_profiles, samples_from_records
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan
 from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.records import StageRecord, read_jsonl, stage_records, write_jsonl
 from rkpart.runtime.ort import OrtBackend, make_session

@@ -11,9 +11,9 @@ from rkpart.auto import enumerate_candidates, select
 from rkpart.cost_model.calibration import calibrate_writeup
 from rkpart.cost_model.model import CostModel, default_model_path
 from rkpart.cost_model.select import MIB, SelectionConfig, deltas
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import BudgetError
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery
 
 Anima = tuple[ModelGraph, Discovery]
 
@@ -124,8 +124,8 @@ def _without_error_bars(model: CostModel) -> CostModel:
 def test_compile_failure_recorded_in_a_plan_excludes_that_candidate(tmp_path: Path, example_model: Path) -> None:
     import dataclasses
 
+    from rkpart.discovery.structure import discover
     from rkpart.ir import load_model
-    from rkpart.partitioner.discovery import discover
     from rkpart.pipeline import partition
     from rkpart.types import BuildFailure
 

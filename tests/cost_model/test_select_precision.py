@@ -20,8 +20,8 @@ from rkpart.cost_model.features import Features
 from rkpart.cost_model.model import Accuracy, CostModel, default_model_path
 from rkpart.cost_model.select import Selection, SelectionConfig
 from rkpart.errors import UserError
+from rkpart.grouping.strategies.families import precision_id, split_precision
 from rkpart.pipeline import load
-from rkpart.strategies.families import precision_id, split_precision
 
 FUSED8 = "adaln=npu,residual=npu,precision=int8"
 

@@ -15,8 +15,8 @@ import pytest
 from rkpart.auto import select
 from rkpart.cost_model.model import load_model_or_default
 from rkpart.cost_model.select import Selection, SelectionConfig
+from rkpart.discovery.structure import Discovery, discover
 from rkpart.ir import ModelGraph, load_model
-from rkpart.partitioner.discovery import Discovery, discover
 from rkpart.units import MIB
 from tests.models.anima import AnimaConfig, build_anima_onnx
 

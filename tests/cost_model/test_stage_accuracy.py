@@ -15,8 +15,8 @@ from typing import Any
 
 from rkpart.cost_model.features import Features, model_features, stage_features
 from rkpart.cost_model.model import DEFAULT_TERMS, CostModel, Sample, default_model_path
-from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import load_plan
 from rkpart.tune import SINGLE, VerifyRow, identical_twin, pooled_regret
 from tests.cost_model.test_features import _attention_like
 from tests.models.anima import AnimaConfig, build_anima_onnx

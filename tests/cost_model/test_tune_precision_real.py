@@ -18,7 +18,7 @@ import pytest
 
 from rkpart.compile.precision import plan_precision
 from rkpart.cost_model.model import default_model_path
-from rkpart.partitioner.plan import Plan, load_plan
+from rkpart.plan.plan import Plan, load_plan
 from rkpart.tune import ACCURACY_FILE, TuneConfig, choose_auto, measure_precisions
 
 pytestmark = [pytest.mark.toolkit, pytest.mark.slow]

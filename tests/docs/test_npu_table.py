@@ -1,9 +1,9 @@
-"""The README's table of the whole diffusers sweep is what ``scripts/npu_table.py --pivot`` makes of the
+"""docs/npu-stages.md's table of the whole diffusers sweep is what ``scripts/npu_table.py --pivot`` makes of the
 recorded runs, and those runs cover every family of the sweep with 0 CPU layers.
 
 ``docs/npu-table/latest.md`` holds the rows ``scripts/npu_table.py`` wrote (one run per family and
-toolkit, each on an empty ``$RKPART_CACHE_DIR``; README "The 42 families of the whole sweep" says
-how).  A README edit by hand, a run left out or a row left with a CPU layer fails here.
+toolkit, each on an empty ``$RKPART_CACHE_DIR``; docs/npu-stages.md "The 42 families of the whole sweep"
+says how).  A table edited by hand, a run left out or a row left with a CPU layer fails here.
 """
 
 from __future__ import annotations
@@ -16,17 +16,19 @@ from tests.models.diffusers_families import EXPORTERS, LATEST
 from tests.partitioner.test_family_sweep import CI_LATEST, EXPORT_FAILS, LOAD_FAILS
 
 ROOT = Path(__file__).resolve().parents[2]
+#: the page of the NPU tables (the README links to it)
+PAGE = ROOT / "docs" / "npu-stages.md"
 RAW = ROOT / "docs" / "npu-table" / "latest.md"
 #: the plans of each family: split on both toolkits, fused on 2.5.0
 PLANS = (("split", "2.5.0"), ("fused", "2.5.0"), ("split", "2.3.0"), ("fused", "2.3.0"))
 #: each family's other export (the one CI does not sweep), where the exporter makes one ONNX Runtime loads
 OTHER = {(f, x) for f, e in CI_LATEST for x in EXPORTERS
          if x != e and (f, x) not in EXPORT_FAILS and (f, x) not in LOAD_FAILS}
-#: plans the table leaves out, with why (README says so too); RFD4's TorchScript ``fused`` plan on 2.5.0 was
+#: plans the table leaves out, with why (docs/npu-stages.md says so too); RFD4's TorchScript ``fused`` plan on 2.5.0 was
 #: here until 2026-12-06 (its block stages hung 2.5.0's optimiser: ``rms-norm-contiguous``)
 NOT_RUN: dict[tuple[str, str, str, str], str] = {}
-#: rows recorded with a stage unbuilt or CPU layers left, with why (README says so too); a row listed here that
-#: reaches every stage built and 0 CPU layers fails the test, so the list shrinks as gaps close (Sana-WM's two
+#: rows recorded with a stage unbuilt or CPU layers left, with why (docs/npu-stages.md says so too); a row listed
+#: here that reaches every stage built and 0 CPU layers fails the test, so the list shrinks as gaps close (Sana-WM's two
 #: 2.3.0 split rows closed on 2026-12-06: reduce-sum-matmul, slice-reverse, concat-constant-per-reader)
 GAPS: dict[tuple[str, str, str, str], str] = {}
 
@@ -55,19 +57,19 @@ def _clean(r: dict[str, str]) -> bool:
     return built.group(1) == built.group(2) and re.fullmatch(r"0( \(.*\))?", r["CPU layers (rewrites)"]) is not None
 
 
-#: the README paragraph the table follows (the newer families' table above it has the same header)
+#: the paragraph of :data:`PAGE` the table follows (the newer families' table above it has the same header)
 SECTION = "**The 42 families of the whole sweep**"
 
 
 def _readme_table() -> str:
     """The first table after :data:`SECTION`, from its header to the blank line after it."""
-    text = (ROOT / "README.md").read_text()
+    text = PAGE.read_text()
     start = text.index("\n| family |", text.index(SECTION)) + 1
     end = text.index("\n\n", start)
     return text[start:end + 1]
 
 
-def test_readme_sweep_table_is_the_pivot_of_the_recorded_runs() -> None:
+def test_sweep_table_is_the_pivot_of_the_recorded_runs() -> None:
     assert _readme_table() == _npu_table().pivot([RAW])
 
 
@@ -97,7 +99,7 @@ def test_recorded_gates_pass_on_the_recorded_builds() -> None:
         assert re.fullmatch(r"(onnxruntime|torch|stages): pass", g["reference"]), line
         assert float(g["lowest cosine"]) >= 0.999 and int(g["compared"]) >= 1, line
         r = table.get(_plan(g))
-        if r is not None:  # a plan of the 42-family sweep (the others are the README's earlier tables)
+        if r is not None:  # a plan of the 42-family sweep (the others are the page's earlier tables)
             assert r["built (rewrites)"].split()[0] == g["stages built"], (line, r)
 
 
@@ -116,7 +118,7 @@ def _named(r: dict[str, str]) -> tuple[str, str, str, str]:
 
 
 def test_anonymised_copies_build_every_stage_with_no_cpu_layer_and_pass_the_gate() -> None:
-    """``docs/npu-table/anonymised.md``: every plan of the README's three NPU tables on :data:`ANON_TOOLKITS`
+    """``docs/npu-table/anonymised.md``: every plan of docs/npu-stages.md's three NPU tables on :data:`ANON_TOOLKITS`
     (and some on other toolkits) made again from the export's anonymised copy (every node and tensor
     renamed, no metadata: the blocks found from structure alone; ``scripts/npu_table.py --anonymised``):
     every NPU stage built with 0 CPU layers, and the rknn-sim gate passed (gate.md), on :data:`ANON_TOOLKITS`
@@ -140,16 +142,16 @@ def test_anonymised_copies_build_every_stage_with_no_cpu_layer_and_pass_the_gate
         assert _clean(r), (key, r)
         g = anon_gates.get(key)
         assert g is not None and g["stages built"] == r["built (rewrites)"].split()[0], (key, g, r)
-        if key[3] in ANON_TOOLKITS:  # as many stages as the named plan (on 2.3.0 the rounds differ: README)
+        if key[3] in ANON_TOOLKITS:  # as many stages as the named plan (on 2.3.0 the rounds differ: the page)
             assert g["stages built"] == named[key]["stages built"], (key, g, named[key])
 
 
 def _earlier_tables() -> dict[tuple[str, str, str, str], str]:
-    """(family, exporter, strategy, toolkit) -> README cell, for the README's two NPU tables before the
+    """(family, exporter, strategy, toolkit) -> cell, for the two NPU tables of :data:`PAGE` before the
     42-family one (the 12 first families, and the 16 newer ones): "stages built; CPU layers", or
     "before -> after" of each."""
-    text = (ROOT / "README.md").read_text()
-    part = text[text.index("### NPU stages per family"):text.index(SECTION)]
+    text = PAGE.read_text()
+    part = text[text.index("# NPU stages per family"):text.index(SECTION)]
     cells: dict[tuple[str, str, str, str], str] = {}
     for line in part.splitlines():
         c = [x.strip() for x in line.strip().strip("|").split("|")]

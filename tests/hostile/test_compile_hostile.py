@@ -33,9 +33,9 @@ import pytest
 
 from rkpart.compile.compile import CompileOptions, compile_plan_report
 from rkpart.compile.toolkits import Toolkit
-from rkpart.partitioner.extract import stage_sha256
-from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
+from rkpart.plan.extract import stage_sha256
+from rkpart.plan.plan import load_plan
 from tests.hostile.models import snapshot
 from tests.toolkits import get_toolkit, toolkits_dir
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rkpart.partitioner.plan import load_plan
+from rkpart.plan.plan import load_plan
 from tests.hostile.models import FUZZ_STATS, USER_EXIT_CODES, cli, mlp, siblings
 from tests.hostile.mutations import mutate_bytes, mutate_structure
 
@@ -271,7 +271,7 @@ def _compile_case(plan: Path, what: str) -> None:
 @pytest.mark.usefixtures("pristine")
 def test_fuzz_plan_folder_compile(data: st.DataObject, monkeypatch: pytest.MonkeyPatch) -> None:
     """compile on a mutated compiled plan folder: a clean refusal, or objects that match the stages."""
-    from rkpart.partitioner.extract import stage_sha256
+    from rkpart.plan.extract import stage_sha256
 
     work, plan, outside, what = _mutated_case(data, _PRISTINE["compiled"])
     monkeypatch.setenv("RKPART_CACHE_DIR", str(work / "cache"))

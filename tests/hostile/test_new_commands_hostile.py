@@ -60,7 +60,7 @@ def _inputs(plan_tensors: dict[str, tuple[tuple[int, ...], str]], tmp: Path, edi
 
 
 def _model_inputs(split: Path) -> dict[str, tuple[tuple[int, ...], str]]:
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
 
     plan, _ = load_plan(split)
     return {n: (tuple(plan.tensors[n].shape), plan.tensors[n].dtype) for n in plan.inputs}

@@ -15,9 +15,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from rkpart.partitioner.plan import load_plan
-from rkpart.partitioner.plan_schema import PLAN_SCHEMA, schema_json
-from rkpart.strategies.custom import SPEC_SCHEMA, spec_schema_json
+from rkpart.grouping.strategies.custom import SPEC_SCHEMA, spec_schema_json
+from rkpart.plan.plan import load_plan
+from rkpart.plan.schema import PLAN_SCHEMA, schema_json
 from tests.hostile.models import assert_user_error, cli, siblings, snapshot
 
 SPEC = 5
@@ -29,13 +29,13 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 def test_plan_schema_doc_is_generated_from_code() -> None:
     assert (DOCS / "plan.schema.json").read_text() == schema_json(), (
-        "docs/plan.schema.json is stale: run python -m rkpart.strategies.schema_docs docs"
+        "docs/plan.schema.json is stale: run python -m rkpart.plan.schema_docs docs"
     )
 
 
 def test_custom_spec_schema_doc_is_generated_from_code() -> None:
     assert (DOCS / "custom-spec.schema.json").read_text() == spec_schema_json(), (
-        "docs/custom-spec.schema.json is stale: run python -m rkpart.strategies.schema_docs docs"
+        "docs/custom-spec.schema.json is stale: run python -m rkpart.plan.schema_docs docs"
     )
 
 

@@ -136,7 +136,7 @@ def test_the_good_files_pass_the_same_readers(split_plan: Path, profile: Path, t
     assert r.exit_code == 0, r.output
     with np.load(tmp_path / "out.npz") as z:
         assert z.files
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from rkpart.runtime.executor import random_inputs
 
     p, _ = load_plan(split_plan)

@@ -206,7 +206,7 @@ def test_the_int8_build_key_covers_the_samples_bytes(one_stage: tuple[Path, Path
     Checked on what compile puts in the key (``StagePrecision.key_extra``, resolved by the code compile
     runs before any toolkit work), not by two int8 builds (35 s of toolkit CPU)."""
     from rkpart.compile.precision import resolve
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
 
     plan_dir, calib = _copies(one_stage, tmp_path)
     other = tmp_path / "other"
@@ -328,7 +328,7 @@ def test_a_plan_is_never_specialised_to_an_empty_tensor(tmp_path: Path) -> None:
 @pytest.mark.parametrize("kind", ["fifo", "devzero"])
 def test_a_learned_store_that_is_no_file_never_hangs_partition(kind: str, bundled: Path, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from rkpart.compile.learned import store_path
+    from rkpart.grouping.learned import store_path
 
     monkeypatch.setenv("RKPART_CACHE_DIR", str(tmp_path / "cache"))
     store = store_path("rk3588", "2.5.0")

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rkpart.partitioner.plan import load_plan
+from rkpart.plan.plan import load_plan
 from rkpart.runtime.executor import random_inputs
 from tests.hostile.models import assert_user_error, cli, snapshot
 

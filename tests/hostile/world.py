@@ -89,8 +89,8 @@ ROUTES: list[Route] = [
 
 
 def _learned_store(cache: Path) -> None:
-    """A learned-placement store written by rkpart's own :func:`rkpart.compile.learned.learn`."""
-    from rkpart.compile.learned import CpuLayer, learn
+    """A learned-placement store written by rkpart's own :func:`rkpart.grouping.learned.learn`."""
+    from rkpart.grouping.learned import CpuLayer, learn
     from rkpart.targets.capability import PlacementPattern
 
     p = PlacementPattern("IsNaN", "float32", (4,), dims="1nnn>1nnn")
@@ -142,7 +142,7 @@ def _make(w: Path, example: Path) -> list[Route]:
     ok(["calibrate", w / "plan", "-o", w / "calib", "--samples", "2", "--steps", "1", "-q"])
     ok(["profile", w / "plan", "--rounds", "1", "--warmup", "0", "--threads", "1", "-o", w / "p.jsonl", "-q"])
     ok(["fit", w / "p.jsonl", "--base", _shipped(), "--mix-backends", "-o", w / "m.json"])
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from rkpart.runtime.executor import random_inputs
 
     plan, _ = load_plan(w / "plan")

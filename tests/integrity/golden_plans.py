@@ -9,7 +9,7 @@ The set (:data:`CASES`): the bundled example (every built-in strategy), and a fi
 family sweep -- the onnx-built Anima at float16, tiny diffusers exports
 (:mod:`tests.models.diffusers_families`) of both exporters and the hand-written families
 (:mod:`tests.models.structural`, ``moe``, ``av_dit``), named and anonymised
-(:func:`rkpart.partitioner.anonymize.anonymize_file`), ``split`` and ``fused``.  A model that
+(:func:`rkpart.plan.anonymize.anonymize_file`), ``split`` and ``fused``.  A model that
 needs a torch export (:attr:`Model.export`) comes from the sweep's export cache and is copied
 under a fixed name without the exporter's stack traces (:func:`_copy`), so neither the cache's
 file name nor the checkout the export was made from reaches a plan.
@@ -18,7 +18,7 @@ The model's absolute path (``model.path`` in plan.json) depends on where the tre
 folder are; it is replaced by ``<MODEL>`` before plan.json is hashed.  Every other byte counts.
 Each case also records the sha256 of the model it partitions (:data:`INPUT`): an export depends
 on the torch and diffusers versions, and a record made from other inputs says nothing.
-Placements learned by earlier builds change plans (``rkpart.compile.learned``), so every plan is
+Placements learned by earlier builds change plans (``rkpart.grouping.learned``), so every plan is
 made with an empty private ``$RKPART_CACHE_DIR``.
 
 An export's bytes also depend on the machine: the TorchScript exports of flux and lumina2 made
@@ -153,7 +153,7 @@ _ANON = ("example", "anima-fp16", "flux-to", "wan-dy", "lumina2-to", "interleave
 
 def _anonymised(base: Model) -> Model:
     def make(work: Path) -> Path:
-        from rkpart.partitioner.anonymize import anonymize_file
+        from rkpart.plan.anonymize import anonymize_file
 
         return anonymize_file(base.make(work), work / f"{base.name}-anon.onnx")
     return Model(f"{base.name}-anon", make, base.export)

@@ -20,7 +20,7 @@ from rkpart.compile.cache import measured_stage_bytes
 from rkpart.compile.compile import CompileOptions, CompileReport, compile_plan_report
 from rkpart.compile.scheduler import MEMORY_FILE, MemoryModel
 from rkpart.compile.toolkits import Toolkit
-from rkpart.partitioner.plan import Plan, load_plan
+from rkpart.plan.plan import Plan, load_plan
 from tests.compile.conftest import FAKE_WORKER
 from tests.compile.plans import tiny_plan
 

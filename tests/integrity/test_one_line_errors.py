@@ -225,7 +225,7 @@ def test_read_only_folders(ro_tmpfs: Path, fused_mini_plan: Path, mini_model: Pa
     from rkpart.compile.compile import CompileOptions, compile_plan_report
     from rkpart.compile.toolkits import Toolkit
     from rkpart.errors import OutputExistsError
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from tests.compile.conftest import FAKE_WORKER
 
     plan = ro_tmpfs / "plan"

@@ -178,7 +178,7 @@ def test_clearing_another_runs_staging_removes_its_run_key_last(tmp_path: Path, 
     injected) the folder still holds that run's key, so the next run
     clears it again instead of refusing it as foreign.  The kill lands at the last removal, so
     whatever order the folder lists its entries in, the one left must be the key."""
-    from rkpart.partitioner import write
+    from rkpart.plan import write
 
     out = tmp_path / "out"
     with pytest.raises(_Interrupt):

@@ -154,3 +154,48 @@ def test_inferred_shapes_leave_the_value_infos_as_they_are() -> None:
     view.declare(("shapes",))
     assert view.static_shapes()["r"] == [2, 8] and view.inferences == 1  # the same inference
     assert m.SerializeToString(deterministic=True) != before  # now written
+
+
+def _chain() -> onnx.ModelProto:
+    """An RMSNorm's tail and a residual, to walk up from the Add::
+
+        x ──> Mul(x, x) ─ sq ─> ReduceMean ─ ms ─> Sqrt ─ rt ─> Div(x, rt) ─ n ─> Mul(n, w) ─ nw ─┐
+        │                                                                                        Add ─> y
+        └────────────────────────────────────────────────────────────────────────────────────────┘
+    """
+    nodes = [helper.make_node("Mul", ["x", "x"], ["sq"], name="square"),
+             helper.make_node("ReduceMean", ["sq"], ["ms"], name="mean", axes=[-1]),
+             helper.make_node("Sqrt", ["ms"], ["rt"], name="sqrt"),
+             helper.make_node("Div", ["x", "rt"], ["n"], name="div"),
+             helper.make_node("Mul", ["n", "w"], ["nw"], name="scale"),
+             helper.make_node("Add", ["x", "nw"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "g", [vi("x", F, [2, 8])], [vi("y", F, [2, 8])],
+                          [numpy_helper.from_array(np.ones(8, np.float32), "w")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_producer_readers_and_parent_paths() -> None:
+    view = GraphEdit(_chain())
+    add = view.producer("y")
+    assert add is not None and add.name == "add" and view.producer("x") is None and view.producer("w") is None
+    assert [n.name for n in view.readers("x")] == ["square", "div", "add"]  # the square reads x twice: once
+    path = view.match_parent_path(add, [("Mul", 1), ("Div", 0), ("Sqrt", 1), ("ReduceMean", 0)])
+    assert path is not None and [n.name for n in path] == ["scale", "div", "sqrt", "mean"]
+    assert view.match_parent_path(add, [("Mul", 1), ("Div", 1)]) is None  # Div's input 1 is the Sqrt's
+    assert view.match_parent_path(add, [("Mul", 0)]) is None  # x has no producer
+
+
+def test_pending_edits_rebuild_the_node_list_once() -> None:
+    m = _chain()
+    view = GraphEdit(m)
+    before = view.producer("n")
+    view.replace_later(3, [helper.make_node("Mul", ["x", "inv"], ["n"], name="mul_inv"),])
+    view.replace_later(2, [helper.make_node("Sqrt", ["ms"], ["rt"], name="sqrt"),
+                           helper.make_node("Reciprocal", ["rt"], ["inv"], name="inv")])
+    assert [n.name for n in m.graph.node][2:4] == ["sqrt", "div"] and view.producer("n") is before  # not yet
+    view.apply_edits()
+    assert [n.name for n in m.graph.node] == ["square", "mean", "sqrt", "inv", "mul_inv", "scale", "add"]
+    got = view.producer("n")
+    assert got is not None and got.name == "mul_inv"  # the lookups follow the rebuilt list
+    view.apply_edits()  # nothing queued: nothing changes
+    assert len(m.graph.node) == 7

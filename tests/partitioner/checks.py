@@ -8,12 +8,12 @@ from typing import Any
 
 import numpy as np
 
+from rkpart.discovery.structure import Discovery
+from rkpart.grouping.strategies.base import propose_with
 from rkpart.ir import ModelGraph
-from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
-from rkpart.strategies.base import propose_with
 from rkpart.validation.metrics import compare
 
 MIN_COSINE = 0.999999
@@ -62,8 +62,8 @@ def region_sizes(disc: Discovery) -> list[tuple[tuple[int, int, int, int, int], 
 
 def host_adaln_ops(mg: ModelGraph, disc: Discovery, **options: Any) -> list[int]:
     """``pre`` (AdaLN) ops of any region that the split strategy leaves on the host."""
-    from rkpart.partitioner.partition import order_groups
-    from rkpart.strategies import get_strategy
+    from rkpart.grouping.groups import order_groups
+    from rkpart.grouping.strategies import get_strategy
 
     groups = order_groups(mg, propose_with(get_strategy("split"), mg, disc, options))
     on_npu = {i for g in groups if g.device == "npu" for i in g.ops}

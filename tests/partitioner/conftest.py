@@ -13,7 +13,7 @@ from types import ModuleType
 
 import pytest
 
-from rkpart.partitioner.anonymize import anonymize_file
+from rkpart.plan.anonymize import anonymize_file
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "rkpart" / "data" / "anima_tiny.onnx"

@@ -24,10 +24,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from rkpart.grouping.capability import pattern_of
+from rkpart.grouping.groups import order_groups
 from rkpart.ir import OpNode
-from rkpart.partitioner.capability import pattern_of
-from rkpart.partitioner.partition import order_groups
-from rkpart.pipeline import PartitionConfig, load, propose, write_plan
+from rkpart.pipeline import PartitionConfig, Proposal, load, propose, write_plan
 from rkpart.targets import get_target
 from rkpart.targets.capability import Capability, PlacementPattern
 from rkpart.targets.rewrites.npu import MAX_REVERSED
@@ -76,33 +76,34 @@ def fanin_model(tmp_path: Path) -> Path:
     return _save(tmp_path, "fanin", nodes, inits)
 
 
-def _devices(model: Path, part: object) -> list[tuple[str, list[str]]]:
-    m = load(model)
-    return [(g.device, sorted(m.graph.op(i).name for i in g.ops)) for g in order_groups(m.graph, part)]  # type: ignore[arg-type]
+def _devices(proposal: Proposal) -> list[tuple[str, list[str]]]:
+    """Device and op names of each group, in plan order, read from the graph the proposal is of."""
+    mg = proposal.graph
+    return [(g.device, sorted(mg.op(i).name for i in g.ops)) for g in order_groups(mg, proposal.partition)]
 
 
 def test_measured_cpu_op_leaves_the_npu_stage_and_the_plan_reproduces(ceil_model: Path, tmp_path: Path) -> None:
     m = load(ceil_model)
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
-    assert _devices(ceil_model, part) == [("npu", ["mm1"]), ("host", ["ceil"]), ("npu", ["add", "mm2", "mul"])]
+    assert _devices(part) == [("npu", ["mm1"]), ("host", ["ceil"]), ("npu", ["add", "mm2", "mul"])]
     plan = write_plan(m, part, tmp_path / "plan")
     assert_reproduces(plan, tmp_path / "plan", ceil_model)
     rec = json.loads((tmp_path / "plan" / "plan.json").read_text())["extra"]["capability"]
     assert rec["toolkit"] == "2.5.0" and rec["target"] == "rk3588"
-    assert [(h["op"], h["from_stage"]) for h in rec["host_ops"]] == [("ceil", part.groups[0].id)]
+    assert [(h["op"], h["from_stage"]) for h in rec["host_ops"]] == [("ceil", part.partition.groups[0].id)]
     assert "on the CPU" in rec["host_ops"][0]["why"] and "measured" in rec["host_ops"][0]["why"]
 
 
 def test_capability_off_keeps_the_strategys_grouping(ceil_model: Path) -> None:
     m = load(ceil_model)
     part = propose(m, "generic", PartitionConfig(capability=False))
-    assert _devices(ceil_model, part) == [("npu", ["add", "ceil", "mm1", "mm2", "mul"])]
-    assert "capability" not in part.extra
+    assert _devices(part) == [("npu", ["add", "ceil", "mm1", "mm2", "mul"])]
+    assert "capability" not in part.partition.extra
 
 
 def test_default_toolkit_is_the_targets(ceil_model: Path) -> None:
     part = propose(load(ceil_model), "generic", PartitionConfig())
-    assert part.extra["capability"]["toolkit"] == get_target("rk3588").default_toolkit
+    assert part.partition.extra["capability"]["toolkit"] == get_target("rk3588").default_toolkit
 
 
 def test_learned_pattern_moves_the_op_with_the_neighbours_of_the_cheapest_cut(
@@ -112,31 +113,31 @@ def test_learned_pattern_moves_the_op_with_the_neighbours_of_the_cheapest_cut(
     pat = pattern_of(m.graph, i_max)
     assert pat == PlacementPattern("Max", "float32", (3, 3), consts=(False, False), dims="nnn;nnn>nnn")
     # nothing learned: everything on the NPU
-    assert [d for d, _ in _devices(fanin_model, propose(m, "generic", PartitionConfig(toolkit="2.5.0")))] == ["npu"]
+    assert [d for d, _ in _devices(propose(m, "generic", PartitionConfig(toolkit="2.5.0")))] == ["npu"]
     # learned: the store is read through the user cache (tests have a private one)
-    from rkpart.compile.learned import CpuLayer, learn
+    from rkpart.grouping.learned import CpuLayer, learn
 
     assert learn("rk3588", "2.5.0", [CpuLayer("s", "Max:max", "max", pat)]) == [pat]
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
-    assert _devices(fanin_model, part) == [("npu", ["mm1"]), ("host", ["expand", "max", "mean", "sigmoid"]),
+    assert _devices(part) == [("npu", ["mm1"]), ("host", ["expand", "max", "mean", "sigmoid"]),
                                            ("npu", ["add", "mm2"])]
-    why = {h["op"]: h["why"] for h in part.extra["capability"]["host_ops"]}
+    why = {h["op"]: h["why"] for h in part.partition.extra["capability"]["host_ops"]}
     assert "learned placement" in why["max"]
     assert "fewest bytes" in why["sigmoid"] and "instead of 3 tensor(s)" in why["sigmoid"]
     plan = write_plan(m, part, tmp_path / "plan")
     assert_reproduces(plan, tmp_path / "plan", fanin_model)
     # another toolkit learned nothing
-    assert "capability" not in propose(m, "generic", PartitionConfig(toolkit="2.3.0")).extra
+    assert "capability" not in propose(m, "generic", PartitionConfig(toolkit="2.3.0")).partition.extra
     # learned=False ignores the store
-    assert "capability" not in propose(m, "generic", PartitionConfig(toolkit="2.5.0", learned=False)).extra
+    assert "capability" not in propose(m, "generic", PartitionConfig(toolkit="2.5.0", learned=False)).partition.extra
 
 
 def test_forced_ops_leave_whatever_the_rewrites_say(ceil_model: Path) -> None:
     m = load(ceil_model)
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0", force_host={"mul": "the last build put it there"}))
-    devs = _devices(ceil_model, part)
+    devs = _devices(part)
     assert ("host", ["ceil", "mul"]) in devs and all("mul" not in ops for d, ops in devs if d == "npu")
-    why = {h["op"]: h["why"] for h in part.extra["capability"]["host_ops"]}
+    why = {h["op"]: h["why"] for h in part.partition.extra["capability"]["host_ops"]}
     assert why["mul"] == "the last build put it there"
 
 
@@ -154,9 +155,9 @@ def test_an_op_a_rewrite_removes_stays_on_the_npu(tmp_path: Path) -> None:
     model = _save(tmp_path, "recip", nodes, inits)
     m = load(model)
     kept = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
-    assert [d for d, _ in _devices(model, kept)] == ["npu"]
+    assert [d for d, _ in _devices(kept)] == ["npu"]
     moved = propose(m, "generic", PartitionConfig(toolkit="2.5.0", rewrites=False))
-    assert ("host", ["recip"]) in _devices(model, moved)
+    assert ("host", ["recip"]) in _devices(moved)
 
 
 def test_capability_reason_sources() -> None:
@@ -203,13 +204,13 @@ def test_a_learned_reshape_moves_its_own_layout_not_every_reshape_of_its_ranks(t
     assert (mask_pat.op_type, mask_pat.dtype, mask_pat.ranks, mask_pat.consts) == \
         (split_pat.op_type, split_pat.dtype, split_pat.ranks, split_pat.consts)
     assert (mask_pat.dims, split_pat.dims) == ("n1n;n>1n1n", "1nn;n>1nnn")
-    from rkpart.compile.learned import CpuLayer, learn
+    from rkpart.grouping.learned import CpuLayer, learn
 
     learn("rk3588", "2.5.0", [CpuLayer("s", "Reshape:mask_view", "mask_view", mask_pat)])
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
-    host = {h["op"] for h in part.extra["capability"]["host_ops"]}
+    host = {h["op"] for h in part.partition.extra["capability"]["host_ops"]}
     assert "mask_view" in host and not host & {"head_split", "head_merge"}
-    npu = [ops for d, ops in _devices(path, part) if d == "npu"]
+    npu = [ops for d, ops in _devices(part) if d == "npu"]
     assert any({"head_split", "head_merge", "mm1", "mm2"} <= set(ops) for ops in npu)
 
 
@@ -238,9 +239,9 @@ def test_cut_before_fused_ops_splits_the_stage_acyclically(tmp_path: Path) -> No
     why = "the build crashed after fusing it"
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0", cut_before={n: why for n in
                                                  ("mod_mul", "mod_add", "const_mul", "no_such_op")}))
-    assert _devices(model, part) == [("npu", ["ln", "mm1", "mm_scale", "mm_shift"]),
+    assert _devices(part) == [("npu", ["ln", "mm1", "mm_scale", "mm_shift"]),
                                      ("npu", ["const_mul", "mm2", "mod_add", "mod_mul"])]
-    assert [c["before"] for c in part.extra["capability"]["cuts"]] == ["mod_mul", "mod_add"]
+    assert [c["before"] for c in part.partition.extra["capability"]["cuts"]] == ["mod_mul", "mod_add"]
     plan = write_plan(m, part, tmp_path / "plan")
     assert_reproduces(plan, tmp_path / "plan", model)
 
@@ -271,8 +272,8 @@ def test_cut_before_a_per_token_constant_but_not_a_per_channel_one(tmp_path: Pat
     why = "the build crashed after fusing it"
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0", cut_before={n: why for n in
                                                  ("tok_mul", "tok_add", "chan_mul")}))
-    assert _devices(model, part) == [("npu", ["ln", "mm1"]), ("npu", ["chan_mul", "mm2", "tok_add", "tok_mul"])]
-    assert [c["before"] for c in part.extra["capability"]["cuts"]] == ["tok_mul", "tok_add"]
+    assert _devices(part) == [("npu", ["ln", "mm1"]), ("npu", ["chan_mul", "mm2", "tok_add", "tok_mul"])]
+    assert [c["before"] for c in part.partition.extra["capability"]["cuts"]] == ["tok_mul", "tok_add"]
     plan = write_plan(m, part, tmp_path / "plan")
     assert_reproduces(plan, tmp_path / "plan", model)
 
@@ -309,9 +310,9 @@ def test_a_cut_of_a_piece_the_capability_made_gets_ids_of_its_own(tmp_path: Path
     model = _save(tmp_path, "cutcut", nodes, inits)
     m = load(model)
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0", cut_before={"add": "crashed after fusing it"}))
-    ids = [g.id for g in part.groups]
+    ids = [g.id for g in part.partition.groups]
     assert len(ids) == len(set(ids)), ids
-    assert _devices(model, part) == [("npu", ["mm1", "mmb"]), ("npu", ["add"]), ("host", ["ceil"]),
+    assert _devices(part) == [("npu", ["mm1", "mmb"]), ("npu", ["add"]), ("host", ["ceil"]),
                                      ("npu", ["mm2", "mul"])]
     plan = write_plan(m, part, tmp_path / "plan")
     assert_reproduces(plan, tmp_path / "plan", model)
@@ -335,10 +336,10 @@ def test_an_element_type_no_build_holds_leaves_the_npu_stage(bf16_model: Path, t
     bfloat16-widen computes the island in float32, so the group stays whole."""
     m = load(bf16_model)
     whole = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
-    assert _devices(bf16_model, whole) == [("npu", ["add", "mm1", "mm2", "to_bf16", "to_f32"])]
+    assert _devices(whole) == [("npu", ["add", "mm1", "mm2", "to_bf16", "to_f32"])]
     assert_reproduces(write_plan(m, whole, tmp_path / "whole"), tmp_path / "whole", bf16_model)
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0", rewrites=False))
-    assert _devices(bf16_model, part) == [("npu", ["mm1"]), ("host", ["to_bf16", "to_f32"]), ("npu", ["add", "mm2"])]
+    assert _devices(part) == [("npu", ["mm1"]), ("host", ["to_bf16", "to_f32"]), ("npu", ["add", "mm2"])]
     plan = write_plan(m, part, tmp_path / "plan")
     assert_reproduces(plan, tmp_path / "plan", bf16_model)
     rec = json.loads((tmp_path / "plan" / "plan.json").read_text())["extra"]["capability"]
@@ -394,7 +395,7 @@ def test_a_bfloat16_tensor_never_crosses_into_an_npu_stage(inside: str, tmp_path
     model = _save(tmp_path, "island", nodes, inits)
     m = load(model)
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
-    devices = _devices(model, part)
+    devices = _devices(part)
     npu = {op for dev, ops in devices if dev == "npu" for op in ops}
     island = {"to_bf16", "ceil", "to_f32"} | ({"mm_bf16"} if inside == "bf16-matmul" else set())
     assert island.isdisjoint(npu) and {"mm1", "mm2"} <= npu, devices
@@ -422,7 +423,7 @@ def test_the_cut_keeps_a_widened_island_whole_on_the_npu(tmp_path: Path) -> None
     model = _save(tmp_path, "island", nodes, [_w("W1", 16, 16, 1), _w("W2", 16, 16, 2), wb])
     m = load(model)
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
-    devices = _devices(model, part)
+    devices = _devices(part)
     host = {op for dev, ops in devices if dev == "host" for op in ops}
     assert host == {"ceil"}, devices
     plan = write_plan(m, part, tmp_path / "plan")
@@ -445,7 +446,7 @@ def test_an_op_that_only_feeds_a_later_piece_waits_for_it_instead_of_leaving(tmp
     model = _save(tmp_path, "late", nodes, [_w("W1", 16, 16, 1), _w("W2", 8, 16, 2)])
     m = load(model)
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
-    devices = _devices(model, part)
+    devices = _devices(part)
     host = {op for dev, ops in devices if dev == "host" for op in ops}
     assert host == {"ceil1", "ceil2"}, devices
     assert any({"relu", "scores"} <= set(ops) for dev, ops in devices if dev == "npu"), devices
@@ -479,12 +480,12 @@ def test_a_learned_reversing_slice_does_not_take_forward_slices_off_the_npu(tmp_
     assert (flip.form, fwd.form) == ("reverse", "")
     assert (flip.op_type, flip.dtype, flip.ranks, flip.consts, flip.dims) == \
         (fwd.op_type, fwd.dtype, fwd.ranks, fwd.consts, fwd.dims)
-    from rkpart.compile.learned import CpuLayer, learn, load_learned
+    from rkpart.grouping.learned import CpuLayer, learn, load_learned
 
     learn("rk3588", "2.5.0", [CpuLayer("s", "Slice:flip", "flip", flip)])
     assert load_learned("rk3588", "2.5.0") == {flip}  # the form survives the store
     part = propose(m, "generic", PartitionConfig(toolkit="2.5.0"))
-    host = {h["op"] for h in part.extra.get("capability", {}).get("host_ops", [])}
+    host = {h["op"] for h in part.partition.extra.get("capability", {}).get("host_ops", [])}
     assert "forward" not in host
     assert ("flip" in host) == (width > MAX_REVERSED)
     plan = write_plan(m, part, tmp_path / "plan")

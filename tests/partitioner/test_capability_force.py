@@ -3,7 +3,7 @@ replaced: the model has no node of that name."""
 
 from __future__ import annotations
 
-from rkpart.partitioner.capability import _model_op
+from rkpart.grouping.capability import _model_op
 
 NAMES = {"node_ScatterND_558", "/model/blocks.0/attn1/Concat_10", "/model/blocks.0/attn1/to_q/MatMul"}
 

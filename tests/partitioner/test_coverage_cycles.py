@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from rkpart.discovery.recognizers import discover
 from rkpart.errors import InternalError, SpecError
+from rkpart.grouping.coverage import MIN_SHARE, strategy_coverage
+from rkpart.grouping.groups import Group, Partition, convex_hull, order_groups
+from rkpart.grouping.strategies.base import GroupBuilder
 from rkpart.ir import ModelGraph, load_model
 from rkpart.ir.work import GEMV_ROWS, output_rows, token_macs
-from rkpart.partitioner.coverage import MIN_SHARE
-from rkpart.partitioner.partition import Group, Partition, convex_hull, order_groups
-from rkpart.pipeline import partition, strategy_coverage
-from rkpart.recognizers import discover
-from rkpart.strategies.base import GroupBuilder
+from rkpart.pipeline import partition
 
 
 def test_token_macs_leave_out_modulation_gemvs(example_model: Path) -> None:

@@ -99,7 +99,7 @@ def test_sequence_loops_are_unrolled_for_the_trip_count_the_inputs_give(tmp_path
     rec = plan.specialised[0]
     assert rec["op"] == "ConcatFromSequence" and list(rec["trips"].values()) == [2]
     assert rec["inputs"] == {} and rec["shape"][0] == 2 * 2  # two experts' two tokens each
-    from rkpart.partitioner.outdir import plan_folder_problem
+    from rkpart.plan.outdir import plan_folder_problem
 
     assert plan_folder_problem(tmp_path / "p") is None  # the schema knows "trips" (it refused the plan)
     stages = [onnx.load(str(tmp_path / "p" / s.file), load_external_data=False) for s in plan.stages]
@@ -215,8 +215,8 @@ def test_repartition_partitions_a_specialised_plan_again_with_its_inputs(tmp_pat
     plan still reproduces it (it failed: "depends on values ... give --inputs").  A file that is
     gone, or no longer gives the same shapes, is refused in one line."""
     from rkpart.compile.compile import CompileOptions
-    from rkpart.partitioner.plan import load_plan
-    from rkpart.pipeline import _write_again
+    from rkpart.plan.plan import load_plan
+    from rkpart.repartition import _write_again
     from tests.models.data_dependent import example_inputs
 
     model = _export("nonzero", "dynamo")

@@ -9,9 +9,9 @@ from typing import Any
 import onnx
 import pytest
 
+from rkpart.discovery.structure import discover
 from rkpart.ir import load_model
-from rkpart.partitioner.anonymize import anonymize
-from rkpart.partitioner.discovery import discover
+from rkpart.plan.anonymize import anonymize
 from tests.partitioner.checks import (
     host_adaln_ops,
     npu_per_block,

@@ -14,9 +14,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rkpart.discovery.structure import discover
 from rkpart.ir import load_model
 from rkpart.ir.load import _scope_of
-from rkpart.partitioner.discovery import discover
 from tests.models.anima import AnimaConfig
 from tests.partitioner.checks import host_adaln_ops, npu_per_block, partition_and_check, region_table
 

@@ -18,9 +18,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
+from rkpart.discovery.structure import discover
 from rkpart.ir import load_model
-from rkpart.partitioner.anonymize import anonymize_file
-from rkpart.partitioner.discovery import discover
+from rkpart.plan.anonymize import anonymize_file
 from tests.partitioner.checks import partition_and_check, region_table
 from tests.partitioner.test_discovery_traps import _G
 

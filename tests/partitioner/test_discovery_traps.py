@@ -33,8 +33,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from rkpart.discovery.structure import Discovery, discover
 from rkpart.ir import ModelGraph, load_model
-from rkpart.partitioner.discovery import Discovery, discover
 from tests.partitioner.checks import npu_per_block, partition_and_check, region_sizes, region_table
 
 T, D = 8, 16
@@ -214,7 +214,7 @@ def test_rmsnorm_decomposed_is_adaln(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("knob", [{"norm": "rms", "attention": "linear"}, {"ffn": "softmax_gate"}])
 def test_traps_anonymized_same_regions(tmp_path: Path, knob: dict[str, str]) -> None:
-    from rkpart.partitioner.anonymize import anonymize_file
+    from rkpart.plan.anonymize import anonymize_file
 
     model = build_dit(tmp_path / "m.onnx", blocks=3, **knob)
     mg, d = _discover(model)
@@ -229,7 +229,7 @@ def test_adaln_shift_from_a_shared_split_is_no_residual(tmp_path: Path) -> None:
     """``norm(x) * (1 + scale) + shift`` with shift and scale outputs of one Split: the Split is an
     ancestor of the Mul, the shift tensor is not -- no residual add (was: each AdaLN read as a
     residual of its own stream, the blocks cut into 'branch' regions)."""
-    from rkpart.partitioner.anonymize import anonymize_file
+    from rkpart.plan.anonymize import anonymize_file
 
     model = build_dit(tmp_path / "m.onnx", mod="shared_split")
     mg, d = _discover(model)

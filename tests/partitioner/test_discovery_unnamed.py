@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from rkpart.discovery.structure import Discovery, discover
+from rkpart.grouping.coverage import MIN_SHARE
 from rkpart.ir import load_model
-from rkpart.partitioner.anonymize import anonymize_file
-from rkpart.partitioner.coverage import MIN_SHARE
-from rkpart.partitioner.discovery import Discovery, discover
+from rkpart.plan.anonymize import anonymize_file
 from tests.models.structural import LAYOUTS, cached_export
 from tests.partitioner.checks import npu_per_block, partition_and_check
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from rkpart.discovery.structure import discover
 from rkpart.ir import load_model
-from rkpart.partitioner.discovery import discover
 
 
 def _parts(b):

@@ -23,9 +23,9 @@ from types import ModuleType
 
 import pytest
 
+from rkpart.discovery.structure import Discovery, discover
 from rkpart.ir import ModelGraph, load_model
-from rkpart.partitioner.anonymize import anonymize_file
-from rkpart.partitioner.discovery import Discovery, discover
+from rkpart.plan.anonymize import anonymize_file
 from tests.partitioner.checks import npu_per_block, partition_and_check, region_table
 from tests.partitioner.conftest import export_family_cached
 

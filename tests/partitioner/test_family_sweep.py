@@ -19,14 +19,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rkpart.discovery.recognizers import discover
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import DiscoveryError, InvalidModelError
+from rkpart.grouping.coverage import MIN_SHARE
 from rkpart.ir import load_model
 from rkpart.ir.load import DataDependentShapeError
-from rkpart.partitioner.anonymize import anonymize_file
-from rkpart.partitioner.coverage import MIN_SHARE
-from rkpart.partitioner.discovery import Discovery
 from rkpart.pipeline import load, partition
-from rkpart.recognizers import discover
+from rkpart.plan.anonymize import anonymize_file
 from tests.models.diffusers_families import LATEST
 from tests.partitioner.checks import partition_and_check
 

@@ -24,8 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.auto import candidate_variants
 from rkpart.ir import load_model
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import load, partition, propose
+from rkpart.plan.plan import Plan
 from rkpart.runtime.executor import run_model
 from tests.partitioner.checks import assert_reproduces
 
@@ -136,9 +136,9 @@ def test_generic_npu_segments_leave_index_work_to_the_host(tmp_path: Path) -> No
     loaded = load(path)
     part = propose(loaded, "generic")
     idx = loaded.graph.input_index_ops()
-    assert all(not (g.ops & idx) for g in part.groups if g.device == "npu")
-    assert any(g.device == "npu" for g in part.groups)
-    assert any("moved from NPU stages to the host prologue" in n for n in part.notes)
+    assert all(not (g.ops & idx) for g in part.partition.groups if g.device == "npu")
+    assert any(g.device == "npu" for g in part.partition.groups)
+    assert any("moved from NPU stages to the host prologue" in n for n in part.partition.notes)
     plan = partition(path, tmp_path / "plan", "generic")
     _no_npu_stage_reads(plan, tmp_path / "plan", {"label", "mask"})
     feeds = {"x": np.random.default_rng(2).standard_normal((1, 6, 8)).astype(np.float32),

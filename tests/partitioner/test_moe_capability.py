@@ -14,8 +14,8 @@ from pathlib import Path
 import onnx
 import pytest
 
-from rkpart.partitioner.anonymize import anonymize_file
 from rkpart.pipeline import PartitionConfig, load, propose, write_plan
+from rkpart.plan.anonymize import anonymize_file
 from tests.models.diffusers_families import missing_dependencies
 from tests.models.moe import BLOCKS, EXPERTS, cached_export
 from tests.partitioner.checks import assert_reproduces
@@ -35,7 +35,7 @@ def test_routing_on_the_host_experts_on_the_npu(tmp_path: Path, exporter: str, n
     assert len(m.discovery().blocks) == BLOCKS
     for strategy in ("split", "fused"):
         part = propose(m, strategy, PartitionConfig(toolkit="2.5.0"))
-        moved = part.extra["capability"]["host_ops"]
+        moved = part.partition.extra["capability"]["host_ops"]
         assert {h["op_type"] for h in moved} >= ROUTING
         assert sum(h["op_type"] == "TopK" for h in moved) == BLOCKS
         assert all("measured" in h["why"] for h in moved if h["op_type"] in ROUTING)
@@ -78,14 +78,14 @@ def test_auto_scores_candidates_with_the_routing_on_the_host(tmp_path: Path) -> 
     moved = plan.extra["capability"]["host_ops"]
     assert sum(h["op_type"] == "TopK" for h in moved) == BLOCKS
     assert all(h["from_stage"] and h["why"] for h in moved)
-    host_names = {m.graph.op(i).name for g in part.groups if g.device == "host" for i in g.ops}
+    host_names = {m.graph.op(i).name for g in part.partition.groups if g.device == "host" for i in g.ops}
     assert {h["op"] for h in moved} <= host_names
     # without the capability the candidates keep the routing inside the FFN / block stages
     off = propose(m, AutoStrategy(), PartitionConfig(options={"toolkit": "2.5.0", "capability": False},
                                                      capability=False))
-    held = {m.graph.op(i).op_type for g in off.groups if g.device == "npu" for i in g.ops}
+    held = {m.graph.op(i).op_type for g in off.partition.groups if g.device == "npu" for i in g.ops}
     assert held & ROUTING
-    assert "capability" not in off.extra
+    assert "capability" not in off.partition.extra
 
 
 def test_auto_weighs_the_move_against_the_runtime_fallback(tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ def test_auto_weighs_the_move_against_the_runtime_fallback(tmp_path: Path) -> No
 
 def test_auto_records_the_moves_of_ops_without_names(tmp_path: Path) -> None:
     """An export whose nodes carry no names at all: a move is recorded by the op's index (what
-    :func:`~rkpart.partitioner.capability.host_op_key` names it), and ``auto``'s candidates match
+    :func:`~rkpart.grouping.capability.host_op_key` names it), and ``auto``'s candidates match
     their host groups by that same key, so the routing moved out of every block is still in the plan."""
     from rkpart.auto import AutoStrategy
 
@@ -128,9 +128,9 @@ def test_auto_records_the_moves_of_ops_without_names(tmp_path: Path) -> None:
     onnx.save(proto, str(model))
     m = load(model)
     part = propose(m, AutoStrategy(), PartitionConfig(toolkit="2.5.0", options={"toolkit": "2.5.0"}))
-    moved = part.extra["capability"]["host_ops"]
+    moved = part.partition.extra["capability"]["host_ops"]
     assert sum(h["op_type"] == "TopK" for h in moved) == BLOCKS
-    host = {i for g in part.groups if g.device == "host" for i in g.ops}
+    host = {i for g in part.partition.groups if g.device == "host" for i in g.ops}
     for h in moved:
         assert h["op"].isdigit() and int(h["op"]) in host, h
         assert m.graph.op(int(h["op"])).op_type == h["op_type"]

@@ -4,7 +4,7 @@ rank-4 view.
 Measured (``rkpart.triage.matrix.build_once``, rk3588, 2.3.0 and 2.5.0): a stage whose output is
 ``[1, 16, 2]`` gets ``Reshape:y-rs`` on the CPU, one whose output is ``[1, 1, 16, 2]`` (the same
 values) gets none; a rank-3 input with an unaligned last dim is converted the same way
-(:func:`rkpart.ir.load.with_rank4_views`); on 2.3.0 a rank-5 stage input is converted and the op
+(:func:`rkpart.grouping.views.with_rank4_views`); on 2.3.0 a rank-5 stage input is converted and the op
 giving a rank-5 stage output runs on the CPU (2.5.0: neither).  Sana-WM's linear attention on 2.3.0 kept such a
 conversion (``Reshape:add_4-rs``, a ``[1, 2, 2]`` gate read by a host op) through every
 ``--repartition`` round: moving the producer only moved the boundary one op back.
@@ -20,9 +20,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkpart.ir.load import NPU_ALIGN, RANK4_PREFIX
-from rkpart.partitioner.plan import Plan
+from rkpart.grouping.views import NPU_ALIGN, RANK4_PREFIX
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan
 from tests.partitioner.checks import assert_reproduces
 
 

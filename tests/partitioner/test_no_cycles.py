@@ -3,7 +3,7 @@
 The real case is a two-stream block whose streams cross-attend (:mod:`tests.models.av_dit`, the
 anatomy of LTX-2): ``split`` gives each cross-attention its own stage, and each reads what the
 other's stream computes, so the stages fed each other in a cycle and ``rkpart inspect`` died.
-The property test checks :func:`~rkpart.partitioner.partition.acyclic` on random DAGs and
+The property test checks :func:`~rkpart.grouping.groups.acyclic` on random DAGs and
 random groupings.
 """
 
@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from rkpart.cli import main
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import SpecError
+from rkpart.grouping.groups import Group, Partition, acyclic, order_groups, stage_cycle
+from rkpart.grouping.strategies.base import Strategy
 from rkpart.ir import ModelGraph, load_model
-from rkpart.partitioner.discovery import Discovery
-from rkpart.partitioner.partition import Group, Partition, acyclic, order_groups, stage_cycle
 from rkpart.pipeline import partition
-from rkpart.strategies.base import Strategy
 from rkpart.types import Device
 from tests.partitioner.checks import assert_reproduces
 
@@ -183,8 +183,8 @@ def test_acyclic_on_random_groupings(tmp_path_factory: pytest.TempPathFactory,
 
 
 def test_acyclic_partition_is_returned_as_is(example_model: Path) -> None:
-    from rkpart.partitioner.discovery import discover
-    from rkpart.strategies import get_strategy
+    from rkpart.discovery.structure import discover
+    from rkpart.grouping.strategies import get_strategy
 
     mg = load_model(example_model)
     part = get_strategy("split").propose(mg, discover(mg))

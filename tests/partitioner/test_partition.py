@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 import pytest
 
-from rkpart.partitioner.plan import Plan, load_plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan, load_plan
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.validation.metrics import compare
 

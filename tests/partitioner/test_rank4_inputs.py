@@ -3,7 +3,7 @@
 rknn-toolkit2 2.3.0 puts a Reshape of a rank-5 stage input on the CPU (WanVACE's control video
 (1, 8, 1, 8, 8) into its patch-embedding Conv3d: ``Reshape:control_hidden_states_rs``); fed a
 rank-4 view that the stage reshapes back, the same graph builds with every layer on the NPU.
-``rkpart.ir.load.with_rank4_inputs`` reads such inputs through ``Reshape(Reshape(x, rank 4),
+``rkpart.grouping.views.with_rank4_inputs`` reads such inputs through ``Reshape(Reshape(x, rank 4),
 x's shape)``; the strategies put the first on the host and the second in the NPU stage.
 """
 
@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.cli_args import bundled_example
-from rkpart.ir.load import RANK4_PREFIX, rank4_view
+from rkpart.grouping.views import RANK4_PREFIX, rank4_view
 from rkpart.pipeline import partition
 from tests.partitioner.checks import assert_reproduces
 

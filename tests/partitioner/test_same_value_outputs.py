@@ -163,14 +163,14 @@ def test_compile_refuses_an_rknn_with_fewer_outputs_and_builds_the_merged_plan(t
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The plan written without the merge (as rkpart wrote it before) fails compile with the reason;
     the plan the partition writes now builds with every output."""
-    import rkpart.pipeline as pipeline
+    import rkpart.grouping.propose as propose
     from rkpart.compile.compile import CompileOptions, compile_plan_report
     from tests.toolkits import get_toolkit
 
     model = cast_chain_model(tmp_path / "m.onnx")
     tk = get_toolkit("2.5.0")
     with monkeypatch.context() as m:
-        m.setattr(pipeline, "same_values", lambda *a, **k: {})
+        m.setattr(propose, "same_values", lambda *a, **k: {})
         old = partition(model, tmp_path / "old", "generic", toolkit="2.5.0")
     assert any({"a", "b"} <= set(s.outputs) for s in old.npu_stages)
     rep = compile_plan_report(old, tmp_path / "old", CompileOptions(tk, "rk3588", {}, cache=False))

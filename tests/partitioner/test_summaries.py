@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import load, partition
+from rkpart.plan.plan import Plan
 
 
 def test_split_and_fused_summaries_count_stages_per_block(plans: dict[str, tuple[Plan, Path]]) -> None:

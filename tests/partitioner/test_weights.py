@@ -20,10 +20,10 @@ import onnxruntime as ort
 import pytest
 
 from rkpart.errors import InvalidModelError
-from rkpart.partitioner.extract import stage_sha256
-from rkpart.partitioner.plan import load_plan
-from rkpart.partitioner.weights import LINK_DIR, link_one
 from rkpart.pipeline import partition
+from rkpart.plan.extract import stage_sha256
+from rkpart.plan.plan import load_plan
+from rkpart.plan.weights import LINK_DIR, link_one
 from tests.models.anima import AnimaConfig, build_anima_onnx
 
 
@@ -152,7 +152,7 @@ def test_build_key_of_a_linked_stage_covers_its_slices_only(tmp_path: Path, ext_
 def test_link_mode_stages_pass_the_integrity_checks_and_an_outside_data_file_does_not(
         tmp_path: Path, ext_model: Path) -> None:
     from rkpart.errors import SpecError
-    from rkpart.partitioner.verify import stage_onnx
+    from rkpart.plan.verify import stage_onnx
 
     out = tmp_path / "link"
     plan = partition(ext_model, out, "split", weights="link")
@@ -201,7 +201,7 @@ def test_copy_mode_hashes_each_weight_byte_once(tmp_path: Path, ext_model: Path,
     hashed and written from the same buffer (spies on the hashing and writing paths,
     delegating to the real ones)."""
     import rkpart.io
-    import rkpart.partitioner.extract as extract
+    import rkpart.plan.extract as extract
 
     data = ext_model.with_name(ext_model.name + ".data")
     whole: list[str] = []
@@ -243,7 +243,7 @@ def test_resume_rechecks_each_stage_against_its_source_slices(tmp_path: Path, ex
     cannot be produced on demand, so ``file_identity`` is replaced by a *fake* that never changes.
     Even then no stale weight is reused: a resumed stage must hash, from the source as it is now,
     to what it recorded."""
-    import rkpart.partitioner.outdir as outdir
+    import rkpart.plan.outdir as outdir
 
     monkeypatch.setattr(outdir, "file_identity", lambda p: [p.name])  # fake: identity never changes
     model = _own_copy(tmp_path, ext_model)
@@ -293,7 +293,7 @@ def test_resume_key_follows_the_data_files_identity(tmp_path: Path, ext_model: P
 def test_sync_tree_flushes_every_file_and_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The one flush at the end covers every file and folder of the staging tree (a spy on
     ``os.fsync``, delegating to it)."""
-    import rkpart.partitioner.weights as w
+    import rkpart.plan.weights as w
 
     (tmp_path / "t" / "stages" / LINK_DIR).mkdir(parents=True)
     for i in range(40):
@@ -335,7 +335,7 @@ def test_write_pieces_writes_and_hashes_exactly_the_pieces(tmp_path: Path, monke
     exactly the pieces, and the hash saw exactly its bytes."""
     import hashlib
 
-    import rkpart.partitioner.weights as w
+    import rkpart.plan.weights as w
 
     folder = tmp_path if where == "tmp" else Path("/dev/shm")
     if not folder.is_dir():
@@ -372,7 +372,7 @@ def test_write_pieces_falls_back_when_o_direct_is_refused(tmp_path: Path, monkey
     import fcntl
     import hashlib
 
-    import rkpart.partitioner.weights as w
+    import rkpart.plan.weights as w
 
     real_open, real_write = os.open, os.write
     refused: list[str] = []

@@ -24,10 +24,8 @@ from rkpart.plugins import load_plugins
 
 DEMO_MODULE = '''
 """A third-party strategy and recogniser, as a plugin author would write them."""
-from rkpart.partitioner.discovery import Discovery
-from rkpart.ir import ModelGraph
-from rkpart.recognizers import relabel, structural
-from rkpart.strategies.base import GroupBuilder, Partition, Strategy
+from rkpart import Discovery, GroupBuilder, ModelGraph, Partition, Strategy
+from rkpart.recognizers import relabel, structural  # the documented path (docs/plugins.md), kept for plugins
 
 
 class HalvesStrategy(Strategy):
@@ -66,7 +64,7 @@ raise RuntimeError("this plugin is broken on purpose")
 
 # a second package: a duplicate name and a name a built-in already has
 DUP_MODULE = '''
-from rkpart.strategies.split import SplitStrategy
+from rkpart.grouping.strategies.split import SplitStrategy
 
 
 class AnotherHalves(SplitStrategy):

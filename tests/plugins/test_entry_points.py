@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rkpart.partitioner.plan import load_plan
+from rkpart.plan.plan import load_plan
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.validation.metrics import compare
 
@@ -98,7 +98,7 @@ def test_recognizers_lists_plugins_with_stage_and_origin(plugin_env: dict[str, s
     assert "BROKEN" in text and "this plugin is broken on purpose" in text
     rows = _rows(rkpart(plugin_env, "recognizers", "--json").stdout)
     assert rows["scopes"][0] | {"summary": ""} == {"name": "scopes", "status": "built-in", "summary": "",
-                                                   "origin": "rkpart (rkpart.recognizers)", "stage": "after"}
+                                                   "origin": "rkpart (rkpart.discovery.recognizers)", "stage": "after"}
     assert rows["vit_names"][0]["stage"] == "before"
     assert rows["kaputt"][0]["status"] == "broken"
 
@@ -121,18 +121,18 @@ def test_plugin_recognizer_names_the_regions(plugin_env: dict[str, str], vit_onn
 
 
 def test_in_process_plugin_set(plugins_on_path: Path) -> None:
-    from rkpart.recognizers import plugins as recognizer_plugins
-    from rkpart.strategies import available, plugins
+    from rkpart.discovery.recognizers import plugins as recognizer_plugins
+    from rkpart.grouping.strategies import available, plugins
 
     ps = plugins()
     assert list(ps.loaded) == ["halves"]
     assert ps.origin["halves"] == "rkpart-demo-plugin==0.1.0 (rkpart_demo_plugin:HalvesStrategy)"
     assert {e.name: e.status for e in ps.entries} == {"halves": "duplicate", "kaputt": "broken", "split": "shadowed"}
     assert [e.status for e in ps.entries if e.name == "halves"] == ["loaded", "duplicate"]
-    from rkpart.strategies import BUILTIN
+    from rkpart.grouping.strategies import BUILTIN
 
     assert list(available()) == [*(s.name for s in BUILTIN), "halves"]
-    assert available()["split"].__module__ == "rkpart.strategies.split"
+    assert available()["split"].__module__ == "rkpart.grouping.strategies.split"
     rs = recognizer_plugins()
     assert list(rs.loaded) == ["vit_names"]
     assert rs.broken["kaputt"].startswith("RuntimeError: this plugin is broken on purpose")
@@ -152,7 +152,7 @@ def test_load_failures_of_every_kind_are_one_line(tmp_path: Path, monkeypatch: p
         "rkpart.recognizers": {"no_recognize": "rkpart_odd_plugin:no_recognize"},
     }
     source = '''
-        from rkpart.strategies.split import SplitStrategy
+        from rkpart.grouping.strategies.split import SplitStrategy
         class Named(SplitStrategy):
             name = "other_name"
         class NoRecognize:
@@ -165,8 +165,8 @@ def test_load_failures_of_every_kind_are_one_line(tmp_path: Path, monkeypatch: p
     monkeypatch.syspath_prepend(str(site))
     load_plugins.cache_clear()
     try:
-        from rkpart.recognizers import plugins as recognizer_plugins
-        from rkpart.strategies import plugins
+        from rkpart.discovery.recognizers import plugins as recognizer_plugins
+        from rkpart.grouping.strategies import plugins
 
         broken = plugins().broken
         rbroken = recognizer_plugins().broken
@@ -187,3 +187,33 @@ def test_plugin_set_is_deterministic(plugin_env: dict[str, str]) -> None:
     b = rkpart(plugin_env, "strategies", "--json").stdout
     assert a == b
     assert np.all([r["origin"] for r in json.loads(a)])
+
+
+def test_the_documented_plugin_imports_still_work() -> None:
+    """Every ``from rkpart... import ...`` of docs/plugins.md, and the adapter it names by its path
+    (``rkpart.strategies.base.propose_with``), imports the object rkpart itself uses: plugins written
+    against the paths before rkpart's middle moved (discovery/, grouping/, plan/) keep working."""
+    import importlib
+    import re
+
+    from rkpart.discovery import recognizers
+    from rkpart.grouping import strategies
+    from rkpart.grouping.strategies import base
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "plugins.md").read_text()
+    imports = re.findall(r"^\s*from (rkpart[\w.]*) import ([\w, ]+)$", text, flags=re.M)
+    assert {m for m, _ in imports} >= {"rkpart", "rkpart.recognizers"}
+    for module, names in imports:
+        for name in (n.strip() for n in names.split(",")):
+            assert getattr(importlib.import_module(module), name) is not None, f"from {module} import {name}"
+    import rkpart.recognizers
+    import rkpart.strategies
+    import rkpart.strategies.base
+
+    assert "rkpart.strategies.base.propose_with" in text
+    assert rkpart.strategies.base.propose_with is base.propose_with
+    assert rkpart.strategies.base.Strategy is rkpart.Strategy is base.Strategy
+    assert rkpart.strategies.get_strategy is strategies.get_strategy
+    for name in ("relabel", "structural", "discovery_from_blocks", "ScopeRecognizer"):
+        assert getattr(rkpart.recognizers, name) is getattr(recognizers, name)
+

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from rkpart.discovery.recognizers import ScopeRecognizer, discover, discovery_from_blocks, relabel, structural
+from rkpart.discovery.structure import Discovery
 from rkpart.errors import DiscoveryError, UserError
 from rkpart.ir import ModelGraph, load_model
-from rkpart.partitioner.discovery import Discovery
-from rkpart.recognizers import ScopeRecognizer, discover, discovery_from_blocks, relabel, structural
 
 
 class Fixed:

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from rkpart.partitioner.plan import Plan, Stage, TensorInfo
+from rkpart.plan.plan import Plan, Stage, TensorInfo
 
 F = TensorProto.FLOAT
 D = 32  # hidden size

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from rkpart.cli import main
 from rkpart.errors import SpecError
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.profile import records as rec
 from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from tests.runtime.counting import CountingOrt

@@ -24,7 +24,7 @@ from rkpart.cli import main
 from rkpart.compile.calibration import RangeStats, fp16_findings, load_calibration, plan_digest
 from rkpart.compile.precision import load_precision_spec, resolve
 from rkpart.errors import SpecError, UserError
-from rkpart.partitioner.plan import Plan, Stage, TensorInfo, load_plan
+from rkpart.plan.plan import Plan, Stage, TensorInfo, load_plan
 from rkpart.profile.calibrate import write_calibration
 
 # outside the fast tier: runs the example plan in ONNX Runtime (the fast tier stays under a minute of CPU)

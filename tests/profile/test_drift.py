@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from rkpart.cli import main
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.profile.drift import LATENT, compare_trajectories, denoise, drift, roles
 
 pytestmark = [pytest.mark.toolkit, pytest.mark.slow]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.partitioner.plan import load_plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import load_plan
 from rkpart.profile import records as rec
 from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.profile.report import compare_rows, render_compare

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from rkpart.ir.tensors import random_feeds
-from rkpart.partitioner.plan import Plan, TensorInfo
+from rkpart.plan.plan import Plan, TensorInfo
 from rkpart.profile.lifecycle import make_inputs
 from rkpart.roles import pass_inputs
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rkpart.partitioner.plan import Artifact
+from rkpart.plan.plan import Artifact
 from rkpart.profile.run import runtime_warnings
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rkpart.partitioner.plan import Stage
+from rkpart.plan.plan import Stage
 from rkpart.profile import records as rec
 from rkpart.runtime.ort import OrtBackend
 

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from rkpart.cli import main
 from rkpart.cost_model.calibration import fit_profiles
 from rkpart.output import MARKER
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.profile import records as rec
 from rkpart.profile.lifecycle import ProfileOptions, profile_plan
 from rkpart.report.build import build_report

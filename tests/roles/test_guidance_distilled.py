@@ -24,9 +24,9 @@ from click.testing import CliRunner
 
 from rkpart.cli import main
 from rkpart.errors import SpecError
-from rkpart.partitioner.outdir import plan_folder_problem
-from rkpart.partitioner.plan import Plan, load_plan
 from rkpart.pipeline import partition
+from rkpart.plan.outdir import plan_folder_problem
+from rkpart.plan.plan import Plan, load_plan
 from rkpart.profile.drift import denoise, drift, nonfinite_rows
 from rkpart.roles import RoleFlags, plan_description, resolve_roles
 from rkpart.runtime.board_runner import flow_sigmas

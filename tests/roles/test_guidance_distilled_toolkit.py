@@ -21,8 +21,8 @@ from click.testing import CliRunner
 from rkpart.bundle.build import bundle_plan
 from rkpart.cli import main
 from rkpart.compile.compile import CompileOptions, compile_plan_report
-from rkpart.partitioner.plan import Plan
 from rkpart.pipeline import partition
+from rkpart.plan.plan import Plan
 from rkpart.profile.drift import denoise
 from tests.bundle.test_bundle import run_cli
 from tests.description.docs import flux_ids

@@ -12,7 +12,7 @@ import pytest
 
 from rkpart.description import PipelineDescription, load_description
 from rkpart.errors import SpecError, UserError
-from rkpart.partitioner.plan import Plan, TensorInfo
+from rkpart.plan.plan import Plan, TensorInfo
 from rkpart.roles import BY_DESCRIPTION, BY_FLAGS, BY_SHAPE, RoleFlags, load_embeds, loop_inputs, pass_inputs
 from rkpart.roles import resolve_roles as resolve
 from tests.description.docs import base_doc, edited, flux_guidance_inputs, flux_ids, write

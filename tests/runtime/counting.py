@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
-from rkpart.partitioner.plan import Stage
+from rkpart.plan.plan import Stage
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.ort import OrtBackend
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from rkpart.errors import SpecError
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.runtime.executor import PlanExecutor, plan_residency, random_inputs, run_model, run_plan
 from rkpart.runtime.ort import make_session
 from rkpart.types import Residency

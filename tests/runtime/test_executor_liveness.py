@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.runtime.executor import PlanExecutor, random_inputs
 from tests.runtime.counting import CountingOrt
 

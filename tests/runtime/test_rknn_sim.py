@@ -10,7 +10,7 @@ import pytest
 from rkpart.compile.compile import compile_plan
 from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import ToolkitError
-from rkpart.partitioner.plan import Plan
+from rkpart.plan.plan import Plan
 from rkpart.runtime.base import Feeds
 from rkpart.runtime.ort import OrtBackend
 from rkpart.runtime.rknn_sim import RknnSimBackend

@@ -9,9 +9,9 @@ import pytest
 
 from rkpart.auto import candidate_variants
 from rkpart.cost_model.candidates import candidates_from
+from rkpart.grouping.strategies.families import FUSED, SPLIT, SPLIT_ADALN_NPU, candidate_id_for, families, fused_run
+from rkpart.grouping.strategies.fused import FusedOptions, FusedStrategy
 from rkpart.pipeline import load
-from rkpart.strategies.families import FUSED, SPLIT, SPLIT_ADALN_NPU, candidate_id_for, families, fused_run
-from rkpart.strategies.fused import FusedOptions, FusedStrategy
 from tests.models.anima import AnimaConfig, build_anima_onnx
 
 ROOT = Path(__file__).resolve().parents[2] / "rkpart"
@@ -21,7 +21,7 @@ NAMES = re.compile(r"split-adaln-npu|fused-x")
 
 def test_candidate_names_appear_in_one_module() -> None:
     where = sorted(p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*.py") if NAMES.search(p.read_text()))
-    assert where == ["strategies/families.py"]
+    assert where == ["grouping/strategies/families.py"]
 
 
 def test_families_in_order_and_back_from_a_plans_strategy() -> None:

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.errors import BudgetError, UserError
+from rkpart.grouping.strategies.generic import segment
 from rkpart.ir import load_model
 from rkpart.pipeline import partition
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
-from rkpart.strategies.generic import segment
 from rkpart.validation.metrics import compare
 from tests.strategies.footprint import crossing, footprint
 
@@ -195,7 +195,7 @@ def test_cli_budget_option_and_budget_error(diamond: Path, tmp_path: Path) -> No
 
 
 def test_default_budget_comes_from_the_target() -> None:
-    from rkpart.strategies.generic import budget_from_options
+    from rkpart.grouping.strategies.generic import budget_from_options
 
     mib = 1 << 20
     assert budget_from_options({}) == 1024 * mib  # RK3588: a quarter of the 4 GiB NPU window

@@ -8,9 +8,9 @@ import inspect
 import pytest
 
 from rkpart.errors import UserError
+from rkpart.grouping.strategies.fused import FusedOptions
+from rkpart.grouping.strategies.split import SplitOptions
 from rkpart.pipeline import BUILTIN, PartitionConfig
-from rkpart.strategies.fused import FusedOptions
-from rkpart.strategies.split import SplitOptions
 
 
 @pytest.mark.parametrize("cls", BUILTIN, ids=lambda c: c.name)

@@ -186,7 +186,7 @@ def test_prepare_checks_it_alone_and_drops_it_where_the_rounding_is_the_result(t
     """A stage whose output *is* the bfloat16 rounding error (x - float(bfloat16(x))): widened it is 0
     everywhere, far outside the gate, so prepare drops the rewrite with why; the attention stage keeps it."""
     from rkpart.compile.prepare import prepare_stage
-    from rkpart.partitioner.extract import stage_sha256
+    from rkpart.plan.extract import stage_sha256
 
     x = vi("x", F, [4, 64])
     nodes = [helper.make_node("Cast", ["x"], ["xb"], to=BF, name="down"),

@@ -104,8 +104,8 @@ def test_the_bundled_attention_stage_holds_its_tables_once(tmp_path: Path) -> No
     shape: no constant held twice."""
     from rkpart.cli_args import bundled_example
     from rkpart.compile.prepare import prepare_stage
-    from rkpart.partitioner.extract import stage_sha256
     from rkpart.pipeline import partition
+    from rkpart.plan.extract import stage_sha256
 
     plan = partition(bundled_example(), tmp_path / "plan", "split")
     st = plan.stage("b00.attn")

@@ -183,7 +183,7 @@ def test_left_alone_when_no_table_would_move(kw: dict[str, bool]) -> None:
 def test_cosmos_export_both_exporters(exporter: str, tmp_path: Path) -> None:
     """diffusers' CosmosTransformer3DModel (the sweep's tiny export): each self-attention stage's
     q and k RoPE rewritten, its tables [1, T, 1, D], the same bits; the other stages untouched."""
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from tests.models.diffusers_families import cached_export, missing_dependencies
 
     if missing_dependencies():
@@ -226,7 +226,7 @@ def test_bundled_attention_stage_stores_its_tables_unpadded(plans: dict, tmp_pat
     from click.testing import CliRunner
 
     from rkpart.cli import main
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
 
     plain, rw = tmp_path / "plain", tmp_path / "rw"
     shutil.copytree(plans["split"][1], plain)

@@ -169,7 +169,7 @@ def test_bundled_attention_stage_2_3_0(plans: dict, tmp_path: Path, tk230: objec
     from click.testing import CliRunner
 
     from rkpart.cli import main
-    from rkpart.partitioner.plan import load_plan
+    from rkpart.plan.plan import load_plan
     from tests.targets.test_heads_table_layout import _compile
 
     plain, rw = tmp_path / "plain", tmp_path / "rw"

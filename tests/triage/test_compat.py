@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rkpart.partitioner.plan import Artifact, Plan, Stage
+from rkpart.plan.plan import Artifact, Plan, Stage
 from rkpart.triage.compat import check_runtime_compat, parse_runtime_version
 
 

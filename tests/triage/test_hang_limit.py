@@ -24,7 +24,7 @@ def test_timeouts_are_reduced_like_crashes_and_errors() -> None:
 
 def test_a_round_that_moved_failing_ops_says_how_many_stages_still_fail() -> None:
     """A round that moved the ops of a failed (or hung) stage, with no cut, reports the failed stages too."""
-    from rkpart.pipeline import RepartitionRound
+    from rkpart.repartition import RepartitionRound
 
     text = RepartitionRound(1, ("norm", "gate"), 0, 0, 3, failed_before=1, failed_after=0).describe()
     assert "2 op(s) the build put on the CPU (or that fail it) moved to the host" in text

@@ -25,7 +25,7 @@ from click.testing import CliRunner
 
 from rkpart.cli import main
 from rkpart.compile.toolkits import Toolkit
-from rkpart.partitioner.plan import Plan, load_plan
+from rkpart.plan.plan import Plan, load_plan
 from rkpart.targets.known_issues import match_log
 from tests.toolkits import toolkits_dir
 

@@ -9,9 +9,16 @@ Two kinds of entry:
     the TorchScript exporter writes (so the toolkit's own fusion rules recognise it).
 ``npu``
     The op converts but the toolkit places it on the CPU inside an NPU stage (one
-    NPU -> CPU -> NPU round trip on the board).  The rewrite is an exactly equivalent form
-    the toolkit places on the NPU; each entry cites the measured placement that justifies it
-    (``evidence``: the verbose "Network Layer Information Table" Target column of real builds).
+    NPU -> CPU -> NPU round trip on the board), crashes or fails on it, or stores its constants
+    padded.  The rewrite is an equivalent form the toolkit builds as wanted; each entry cites the
+    measured build that justifies it (``evidence``: the verbose "Network Layer Information Table"
+    Target column of real builds, the crash, the weight memory).
+
+Each row says what it is for (``purpose``: placement, crash, memory, lowering, precision) and
+whether it is exact (the same values bit for bit): four are not -- ``bfloat16-widen`` (the
+bfloat16 roundings go), ``reciprocal-mul-div`` (one rounding fewer), ``reduce-sum-matmul`` (the
+MatMul's summation order) and ``layernorm-scale-fold`` (the scale rounded into the weight and
+bias).  ``docs/compile.md``'s table lists the same rows (``tests/targets/test_rewrite_docs.py``).
 
 The IsNaN guard after a masked Softmax (``nan-guard``): ``IsNaN`` and its direct exact
 replacements ``Equal(p, p)`` / ``Greater(p, -1)`` are all placed on the CPU by 2.3.0 and 2.5.0
@@ -73,6 +80,8 @@ from rkpart.targets.rewrites.precision import widen_bfloat16
 
 #: a rewrite: edits the view's graph in place and returns how many matches it rewrote
 Apply = Callable[[GraphEdit], int]
+#: what a rewrite is for (:attr:`Rewrite.purpose`)
+PURPOSES = ("placement", "crash", "memory", "lowering", "precision")
 
 
 @dataclass(frozen=True)
@@ -102,10 +111,23 @@ class Rewrite:
     needed: bool = False
     #: applied after :data:`DEDUPE` (which would merge what the rewrite keeps apart)
     after_dedupe: bool = False
+    #: what it is for (:data:`PURPOSES`): ``placement`` (an op the toolkit runs on the CPU), ``crash``
+    #: (a build that crashes, fails or hangs), ``memory`` (weight memory), ``lowering`` (an op with
+    #: no adapter down to the toolkit's opset), ``precision`` (an element type no toolkit has)
+    purpose: str = "placement"
+    #: the same values bit for bit, given the same op implementations; ``False``: a rounding is
+    #: added, dropped or reordered (checked by the prepared-stage gate, or its own :attr:`gate`)
+    exact: bool = True
 
     def __post_init__(self) -> None:
         if not set(self.needs) <= NEEDS:
             raise ValueError(f"rewrite {self.name}: unknown needs {sorted(set(self.needs) - NEEDS)}")
+        if self.purpose not in PURPOSES:
+            raise ValueError(f"rewrite {self.name}: purpose {self.purpose!r} is not one of {', '.join(PURPOSES)}")
+        if self.gate is not None and self.exact:
+            raise ValueError(f"rewrite {self.name}: a gate of its own is for a rewrite that is not exact")
+        if (self.kind == "lower") != (self.purpose == "lowering"):
+            raise ValueError(f"rewrite {self.name}: kind 'lower' exactly for purpose 'lowering'")
         if (self.probe is None) == (self.op_type == ""):
             raise ValueError(f"rewrite {self.name}: a probe exactly when there is no op_type")
 
@@ -131,13 +153,14 @@ REWRITES: tuple[Rewrite, ...] = (
             "prepared stage is checked alone against the original under ONNX Runtime, cosine >= 0.999 and max "
             "abs <= 1/32 of max |ref|. Measured on tiny Sana-WM, split, 2.5.0: the camera attention's stage "
             "builds, 0 CPU layers; NPU share of the blocks' matmul work 75.1 % -> 100 %",
-            widen_bfloat16, needs=("types",), gate=(0.999, 1 / 32), needed=True),
+            widen_bfloat16, needs=("types",), gate=(0.999, 1 / 32), needed=True, purpose="precision", exact=False),
     Rewrite("gelu20-decompose", "Gelu", "lower", ("*",),
             "Gelu exists only from opset 20 (version_converter: 'No Previous Version of Gelu exists'); "
             "written as the TorchScript exporter's decomposition, which the toolkits fuse into exGelu",
-            gelu, needs=("types",)),
+            gelu, needs=("types",), purpose="lowering"),
     Rewrite("gridsample20-modes", "GridSample", "lower", ("*",),
-            "version_converter has no adapter from GridSample-20; only the mode names changed", grid_sample),
+            "version_converter has no adapter from GridSample-20; only the mode names changed", grid_sample,
+            purpose="lowering"),
     Rewrite("reciprocal-mul-div", "Mul", "npu", ("*",),
             "A product with an inverse, Mul(a, Reciprocal(v)) or Mul(a, Div(1, v)) (Sana's linear attention "
             "divides by its normaliser so): both toolkits place the Div(1, v) they make of the inverse on the "
@@ -146,7 +169,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "bounds the difference). An inverse of a Sqrt (RMSNorm) is left to reciprocal-to-div. Measured on "
             "2.3.0 and 2.5.0: Reciprocal or Div(1, v) then Mul, v (1,2,1,32) into (1,2,16,32), 1 CPU layer "
             "-> 0; tiny Sana-Video, split and fused, both exporters, 2 CPU layers -> 0 (2.5.0)",
-            reciprocal_mul, needs=("types",)),
+            reciprocal_mul, needs=("types",), exact=False),
     Rewrite("reciprocal-to-div", "Reciprocal", "npu", ("*",),
             "RMSNorm's rsqrt as Reciprocal(Sqrt(mean(x^2)+eps)) (dynamo exports): the toolkit turns the "
             "Reciprocal into a Div placed on the CPU ('Div:node_rsqrt#1', CPU). As Div(1, Sqrt(...)) its "
@@ -231,7 +254,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "qk-norm (tiny HunyuanDiT, dynamo, split: both cross-attention stages; `rkpart repro` reduces "
             "them to those 5 nodes plus the query's RoPE Add and scale Mul). With the scalar folded into "
             "the LayerNorm's weight and bias both stages build, 0 CPU layers; 2.3.0 builds either form",
-            layernorm_scale_fold),
+            layernorm_scale_fold, purpose="crash", exact=False),
     Rewrite("strided-slices-concat", "Concat", "npu", ("2.5.0",),
             "SIGSEGV avoided, not a placement: 2.5.0 crashes in fuse_slice_slice_concat_to_conv on a Concat of "
             "two equally spaced constant Slices of one tensor (Chroma's modulation pieces mod[:, 6:12] and "
@@ -244,7 +267,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "or an Identity when that is all of x (bounds read as ONNX does: negative from the end, clamped). "
             "Measured on a tiny HunyuanVideo, dynamo, 2.5.0: split 14/18 -> 18/18 stages built, fused 8/12 -> "
             "12/12, 0 CPU layers, no --repartition",
-            strided_slices_concat, needs=("shapes",)),
+            strided_slices_concat, needs=("shapes",), purpose="crash"),
     Rewrite("single-split", "Split", "npu", ("2.3.0", "2.3.2"),
             "Failure avoided, not a placement: a Split into one piece (dynamo's split_with_sizes of one chunk the "
             "size of the axis; Sana-WM's chunked linear attention, rank 5) read by a Gather of one index: 2.3.0's "
@@ -253,7 +276,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "both build; 2.5.0 builds either form. Measured with `rkpart repro` "
             "on tiny Sana-WM's linear-attention stage (dynamo, split, 2.3.0: 478 nodes -> Split, 2 Gathers, "
             "a MatMul)",
-            single_output_split),
+            single_output_split, purpose="crash"),
     Rewrite("scalar-gather-slice", "Gather", "npu", ("2.3.0",),
             "Failure avoided, not a placement: a Gather of one constant index (x[i], dropping the axis) of a stage "
             "input of rank <= 4 (Sana-WM-refiner's attention picks its layer of the KV cache inputs, sink_v[0] of "
@@ -265,7 +288,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "back from rank 6 on the CPU (AnyFlow-FAR's KV cache: 4 CPU layers no round can move), and not for "
             "a computed x (not measured). 2.3.2 builds the reduced reproducer (2 Gathers, 2 Casts, the Concat) "
             "as it is: not applied there",
-            scalar_gather_slice, needs=("inferred_shapes",)),
+            scalar_gather_slice, needs=("inferred_shapes",), purpose="crash"),
     Rewrite("matmul-constant-per-reader", "", "npu", ("2.3.0", "2.3.2"),
             "Failure avoided, not a placement: one constant batched operand (rank >= 3) read by several MatMuls "
             "(Sana-WM's chunked linear attention starts its state from one zeros tensor that 4 MatMuls read): "
@@ -274,7 +297,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "same constant). Each MatMul after the first reads it through an Identity of its own: both build. "
             "Applied after dedupe-constants. With single-split, tiny Sana-WM's linear-attention stage (2.3.0, "
             "dynamo, split) builds whole instead of failing",
-            matmul_constant_per_reader, probe=may_share_matmul_constants, after_dedupe=True),
+            matmul_constant_per_reader, probe=may_share_matmul_constants, after_dedupe=True, purpose="crash"),
     Rewrite("concat-constant-per-reader", "", "npu", ("2.3.0", "2.3.2"),
             "Failure avoided, not a placement: one constant of rank > 4 read by several Concats (Sana-WM's dynamo "
             "chunked linear attention prepends one zeros state [1, 2, 1, 16, 16] to five chunk stacks): 2.3.0's "
@@ -285,7 +308,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "Identity for the other shared constant, rank 4, alone does not help). A hand-made stage of the "
             "same shape (2 to 5 Concats of a rank-5 zeros constant) builds either way: the measured stage is "
             "the test. Applied after dedupe-constants",
-            concat_constant_per_reader, probe=may_share_concat_constants, after_dedupe=True),
+            concat_constant_per_reader, probe=may_share_concat_constants, after_dedupe=True, purpose="crash"),
     Rewrite("wide-tensor-per-reader", "", "npu", ("2.3.0",),
             "Failure avoided, not a placement: a computed tensor of rank > 4 read by three ops or more (Sana-WM's "
             "TorchScript linear attention broadcasts its gate [1, 2, 2, 1, 16] over three rank-5 products): 2.3.0 "
@@ -295,7 +318,8 @@ REWRITES: tuple[Rewrite, ...] = (
             "split, 2.3.0: both linear-attention stages, which --repartition had cut to the host with 41 ops "
             "each, a MatMul and two Convs among them). Two readers build as they are; a Reshape per reader fails "
             "the same way; 2.3.2 and 2.5.0 build the reduction as it is: not applied there",
-            wide_tensor_per_reader, probe=may_read_wide_tensors, after_dedupe=True, needs=("inferred_shapes",)),
+            wide_tensor_per_reader, probe=may_read_wide_tensors, after_dedupe=True, needs=("inferred_shapes",),
+            purpose="crash"),
     Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
             "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
             "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "
@@ -324,7 +348,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "dynamo: Cos/Sin/Neg of gathered constant tables, stacked) are read out with Slices: its split "
             "plan, 8 of 18 stages failed on 2.5.0 ('Can not reshape from [6, 2, 4, 1] to [1, 6, 2, 16]', the "
             "sum, its Reshape and a Transpose) -> 18/18, 0 CPU layers; 2.3.0 60 CPU layers -> 0",
-            rope_pair_matrix, needs=("shapes", "types")),
+            rope_pair_matrix, needs=("shapes", "types"), purpose="crash"),
     Rewrite("reduce-sum-matmul", "ReduceSum", "npu", ("2.3.0",),
             "A sum over the last axis, ReduceSum(x, -1): 2.3.0 converts it to a MatMul and, where the summed axis "
             "is dropped (keepdims=0, or keepdims=1 and a Reshape that drops it: Sana-WM's TorchScript linear "
@@ -336,7 +360,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "keepdims=1 0 -> 0; tiny Sana-WM, TorchScript, split, 2.3.0: 2 CPU layers -> 0. 2.3.2 and 2.5.0 "
             "keep those ReduceSums on the NPU (not applied). Applied after rope-pair-matrix, which reads "
             "Kandinsky 5's RoPE ReduceSums",
-            reduce_sum_matmul, needs=("inferred_shapes", "types")),
+            reduce_sum_matmul, needs=("inferred_shapes", "types"), exact=False),
     Rewrite("heads-table-layout", "Transpose", "npu", ("2.5.0",),
             "Not a placement: weight memory. RoPE's cos/sin tables broadcast over the heads ([1,1,T,D] "
             "against q/k [1,H,T,D]; the TorchScript export of diffusers' Cosmos/Anima) are stored by the "
@@ -347,7 +371,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "2.5.0: weight memory fp16 173 -> 87.1 KB, int8 140.2 -> 48.4 KB, 0 CPU layers, as many "
             "Transposes as before. Not on 2.3.0: fp16 173 -> 129.1 KB only (it lays the two sin Muls out "
             "as (64,1,1,24), padded again) and its int8 build puts 6 Reshapes of the stage on the CPU",
-            heads_table_layout, needs=("inferred_shapes",)),
+            heads_table_layout, needs=("inferred_shapes",), purpose="memory"),
     Rewrite("rope-halves", "Add", "npu", ("2.3.0", "2.3.2"),
             "Not a placement: weight memory. The rotate-half RoPE x * cos + rotate_half(x) * sin with tables "
             "broadcast over the heads ([1,1,T,D] against q/k [1,H,T,D]: the TorchScript export of diffusers' "
@@ -362,7 +386,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "124.9 -> 78.7 KB, int8 92.1 -> 43.75 KB, 0 CPU layers; whole plan int8/fp16 0.616 -> 0.547 (2.3.2: "
             "0.616 -> 0.546); pure-ONNX Anima's stage (already unpadded on 2.3.0) 83.6 -> 78.7 / 47.6 -> 43.75 KB. "
             "Not on 2.5.0 (heads-table-layout: 0.547 already; this form measured 82.6 / 45.6 KB without it)",
-            rope_halves, needs=("inferred_shapes", "types")),
+            rope_halves, needs=("inferred_shapes", "types"), purpose="memory"),
     # --- last: sees the order every other row left ---
     Rewrite("rms-norm-contiguous", "ReduceMean", "npu", ("*",),
             "Hang and failure avoided, not a placement: the toolkits' replace_rms_norm takes an RMSNorm's weight "
@@ -377,7 +401,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "reader: the same graph, reordered. Measured: tiny RFD4, TorchScript, fused, 2.5.0: the 2 block stages "
             "that never finished build, 3/3 stages with 0 CPU layers, rknn-sim gate passed; of the split and "
             "fused plans of 161 tiny exports (322 plans) it matches those two stages alone",
-            rms_norm_contiguous, after_dedupe=True),
+            rms_norm_contiguous, after_dedupe=True, purpose="crash"),
 )
 
 
@@ -392,7 +416,7 @@ DEDUPE = Rewrite("dedupe-constants", "", "npu", ("*",),
                  "that stage fp16 173 -> 124.9 KB and int8 140.25 -> 92.06 KB, on 2.3.0 and on 2.5.0 alike (built "
                  "from the stage file, no other rewrite); the same values, bit for bit. Run last: other rewrites' "
                  "copies of a table are merged too",
-                 dedupe_constants, probe=may_hold_duplicate_constants)
+                 dedupe_constants, probe=may_hold_duplicate_constants, purpose="memory")
 
 
 #: the NPU rewrites a user may leave out by name (``rkpart compile --skip-rewrite``)

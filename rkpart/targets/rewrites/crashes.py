@@ -1,6 +1,8 @@
-"""Crash workarounds: exact rewrites of patterns a toolkit's compiler crashes on (issue 18).
+"""Crash workarounds: rewrites of patterns a toolkit's compiler crashes on, fails on or hangs in (issue 18).
 
-Not placements: each avoids a SIGSEGV recorded in :mod:`rkpart.targets.known_issues`.
+Not placements: each avoids a failure recorded in :mod:`rkpart.targets.known_issues` or measured
+with ``rkpart repro``.  All exact but ``layernorm-scale-fold``, which rounds the scale into the
+norm's weight and bias.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ def layernorm_scale_fold(view: GraphEdit) -> int:
     reshapes and transposes; the LayerNorm gets its own scaled copies of ``g`` and ``b``).
 
     The form dynamo writes for SDPA after a LayerNorm qk-norm (HunyuanDiT's cross-attention:
-    ``k^T * sqrt(scale)``)."""
+    ``k^T * sqrt(scale)``).  Not exact: ``(y * g + b) * c`` becomes ``y * (g * c) + b * c``, the
+    scale rounded into the weight and bias (checked by the prepared-stage gate)."""
     graph = view.graph
     prod, uses, outputs = view.wiring()
     view.new_names()

@@ -1,7 +1,8 @@
-"""NPU rewrites: exactly equivalent forms of patterns a toolkit would place on the CPU.
+"""NPU rewrites: equivalent forms of patterns a toolkit would place on the CPU, or store padded.
 
 Each row of :data:`rkpart.targets.rewrites.REWRITES` naming one of these cites the measured
-placement that justifies it.
+placement that justifies it, and says whether it is exact: all are but ``reciprocal-mul-div``
+(one rounding fewer) and ``reduce-sum-matmul`` (the MatMul's summation order).
 """
 
 from __future__ import annotations
@@ -51,20 +52,18 @@ def reciprocal_mul(view: GraphEdit) -> int:
 
     Not where ``v`` is a ``Sqrt``: an RMSNorm's ``x * rsqrt(...)`` keeps the form the toolkits'
     norm fusions were measured on (reciprocal-to-div, norm-residual-sub)."""
-    graph = view.graph
-    prod = view.producer_indices()
     inverses: set[str] = set()  # the inverses read by a rewritten product
     count = 0
-    for n in graph.node:
+    for n in view.graph.node:
         if n.op_type != "Mul" or n.domain not in ("", "ai.onnx") or len(n.input) != 2:
             continue
         if view.elem(n.output[0]) not in _QUOTIENT_TYPES:
             continue
         for k in (1, 0):
-            j = prod.get(n.input[k])
-            v = None if j is None else _inverse_of(view, graph.node[j])
-            src = prod.get(v) if v is not None else None
-            if v is not None and (src is None or graph.node[src].op_type != "Sqrt"):
+            inv = view.parent(n, k)
+            v = None if inv is None else _inverse_of(view, inv)
+            src = view.producer(v) if v is not None else None
+            if v is not None and (src is None or src.op_type != "Sqrt"):
                 inverses.add(n.input[k])
                 a = n.input[1 - k]
                 n.op_type = "Div"
@@ -660,7 +659,7 @@ def norm_residual_sub(view: GraphEdit) -> int:
         if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
             continue
         for k in (1, 0):
-            mul = prod.get(add.input[k])
+            mul = view.parent(add, k)
             if mul is None or mul.op_type != "Mul" or uses.get(mul.output[0]) != 1 or mul.output[0] in outputs:
                 continue
             j = next((j for j in (1, 0) if view.const_array(mul.input[j]) is not None), None)

@@ -1,0 +1,249 @@
+"""Placements learned from builds: which op patterns a toolkit put on the CPU inside NPU stages.
+
+After every ``rkpart compile``, each layer the toolkit's layer table places on the CPU inside an
+NPU stage is traced back to the ONNX op of the stage it came from (the table's ``FullName`` is
+``OpType:node name``) and recorded per target and toolkit as a
+:class:`~rkpart.targets.capability.PlacementPattern` (op type, element type, input ranks,
+which input and output dims are 1).
+Every later ``rkpart partition`` for that toolkit reads the store
+(:func:`rkpart.grouping.propose.propose`) and keeps such ops out of NPU stages unless a rewrite
+removes them, for any model: what one family's build taught holds for the next family.
+
+Location: ``$RKPART_CACHE_DIR/placement/<target>-<toolkit>.json`` (else ``~/.cache/rkpart``),
+next to the build cache.  Writes are whole-file and atomic, under a lock on the folder, so
+concurrent compiles merge instead of losing each other's rows; a damaged store is read as
+empty (it is knowledge, re-learned by the next build) and replaced by the next write.
+
+A CPU layer the table names after no op of the stage (a layer the toolkit inserted, such as
+the Transposes 2.3.0 adds around AdaLN chunk slices) cannot be moved by the partitioner and is
+not learned; ``rkpart compile`` still reports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rkpart.errors import UserError
+from rkpart.io import atomic_write_bytes, default_cache_dir
+from rkpart.readers import FileKind
+from rkpart.targets import TARGETS, get_target
+from rkpart.targets.capability import Capability, PlacementPattern
+
+PLACEMENT_DIR = "placement"
+FORMAT = "rkpart-learned-placement"
+# 2: patterns carry which dims are 1 (a store of version 1 is re-learned); 3: a reversing Slice is a form of its own;
+# 4: the op giving a stage output of rank > 4 is the boundary's, not learned (a version-3 store may hold such rows)
+VERSION = 4
+#: a store larger than this is not a store rkpart wrote (patterns are few)
+_MAX_BYTES = 4 << 20
+#: layers kept per pattern as examples (where it was learned)
+_EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class CpuLayer:
+    """One CPU layer of a build, traced back to its ONNX op (``op`` is ``None`` when it cannot be)."""
+
+    stage: str
+    layer: str  # the layer table's FullName
+    op: str | None  # the ONNX node name in the stage
+    pattern: PlacementPattern | None  # None for a layer that is not the op itself
+    #: the layer is a conversion the toolkit inserted for a stage output the op produces
+    #: (``Reshape:<tensor>-rs``), or for a stage input the op reads (``side="input"``: NucleusMoE's
+    #: routed-token ``GatherND`` became ``Reshape:<indices>_rs`` and ``Gather:<tokens>_gather`` on
+    #: the CPU): moving the op moves the boundary, but the op's pattern is not learned (the same
+    #: op elsewhere runs on the NPU)
+    boundary: bool = False
+    side: str = "output"
+
+
+def store_path(target: str, toolkit: str, root: Path | None = None) -> Path:
+    """The store of one target and toolkit (``root``: the cache folder, default ``$RKPART_CACHE_DIR``)."""
+    safe = "".join(c if c.isalnum() or c in ".-_" else "_" for c in f"{target.lower()}-{toolkit}")
+    return (root or default_cache_dir()) / PLACEMENT_DIR / f"{safe}.json"
+
+
+def load_learned(target: str, toolkit: str, root: Path | None = None) -> frozenset[PlacementPattern]:
+    """The patterns learned so far for ``target``/``toolkit`` (empty when none, or the store is damaged)."""
+    return frozenset(_read(store_path(target, toolkit, root)))
+
+
+#: the store, read through rkpart's one reader (issue 51): a FIFO there hung every partition, a
+#: symlink to /dev/zero read until the process was killed
+STORE_KIND = FileKind("learned-placement store", "json", _MAX_BYTES, UserError, symlinks=False,
+                      doc="`$RKPART_CACHE_DIR/placement/<target>-<toolkit>.json`, read by `partition --toolkit`")
+
+
+def _read(path: Path) -> dict[PlacementPattern, list[str]]:
+    if not os.path.lexists(path):
+        return {}
+    try:
+        d = STORE_KIND.load(path, root=path.parent)
+    except UserError:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode):
+            return {}  # damaged knowledge: read as empty, re-learned and replaced by the next compile
+        raise  # a FIFO, a device, a symlink: refused in one line, never read
+    if not isinstance(d, dict) or d.get("format") != FORMAT or not isinstance(d.get("patterns"), list):
+        return {}
+    if d.get("version") != VERSION:  # an older store's classes are coarser: re-learned by the next builds
+        return {}
+    out: dict[PlacementPattern, list[str]] = {}
+    for row in d["patterns"]:
+        try:
+            p = PlacementPattern.from_json(row)
+        except (KeyError, TypeError, ValueError, AttributeError):
+            continue  # a damaged row is skipped, the rest still counts
+        ex = row.get("examples")
+        out[p] = sorted({str(e)[:300] for e in ex} if isinstance(ex, list) else set())[:_EXAMPLES]
+    return out
+
+
+def learn(target: str, toolkit: str, layers: Iterable[CpuLayer], root: Path | None = None) -> list[PlacementPattern]:
+    """Add the patterns of ``layers`` to the store; returns the patterns it did not hold before.
+
+    Layers without a pattern (not traced to an op) are skipped.  Each pattern keeps up to five
+    example layers (``stage: FullName``); nothing is written when nothing changes.
+    """
+    rows = [(x, x.pattern) for x in layers if x.pattern is not None]
+    if not rows:
+        return []
+    path = store_path(target, toolkit, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.parent):
+        known = _read(path)
+        before = {p: list(v) for p, v in known.items()}
+        new = [pat for _, pat in rows if pat not in known]
+        for x, pat in rows:
+            known[pat] = sorted({*known.get(pat, []), f"{x.stage}: {x.layer}"[:300]})[:_EXAMPLES]
+        if known != before or not path.is_file():
+            doc = {"format": FORMAT, "version": VERSION, "target": target.lower(), "toolkit": toolkit,
+                   "patterns": [{**p.to_json(), "examples": known[p]} for p in sorted(known)]}
+            atomic_write_bytes(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+    return sorted(set(new))
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """A blocking exclusive lock on ``folder`` (concurrent compiles wait for each other's write)."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def target_capability(target: str, version: str | None, *, learned: bool = True, rewrites: bool = True,
+                      root: Path | None = None) -> Capability | None:
+    """The :class:`~rkpart.targets.capability.Capability` of rknn-toolkit2 ``version`` (``None``: the
+    target's default; a python path is resolved to its version by the caller,
+    :func:`rkpart.compile.toolkits.toolkit_version`) with the placements learned so far, or ``None``
+    for a target rkpart has no table for."""
+    if target.lower() not in TARGETS:
+        return None
+    tgt = get_target(target)
+    caps = tgt.caps(version)
+    known = load_learned(tgt.name, caps.version, root) if learned else frozenset()
+    return Capability(tgt.name, caps, known, rewrites)
+
+
+def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) -> list[CpuLayer]:
+    """The CPU layers ``cpu_ops`` (the table's FullNames) of the build of ``stage_onnx``, traced to ops.
+
+    The stage is loaded as a graph (weights not read) so each op's pattern has the same input
+    ranks and types as in the model it was cut from.
+    """
+    from rkpart.grouping.capability import pattern_of
+    from rkpart.grouping.views import NPU_INPUT_RANK
+    from rkpart.ir import load_model
+
+    names = [n for n in cpu_ops]
+    if not names:
+        return []
+    mg = load_model(stage_onnx)
+    by_name: dict[str, int] = {}
+    for k in range(mg.num_ops):
+        if mg.op(k).name:
+            by_name.setdefault(mg.op(k).name, k)
+    out = []
+    for full in names:
+        _, _, node = full.partition(":")
+        i = by_name.get(node) if node else None
+        if i is not None and i in mg.ops.nodes:
+            if any(len(mg.shape(t) or ()) > NPU_INPUT_RANK for t in mg.op(i).outputs if t in mg.outputs):
+                # measured, 2.3.0: the op that gives a stage output of rank > 4 runs on the CPU, whatever it
+                # is (a Reshape to rank 5 and back inside a stage builds with no CPU layer): the boundary's
+                # doing, not the op's, so it moves and is not learned (Sana-WM's rank-5 views had taught
+                # "every rank 4 -> 5 Reshape", and the rounds then emptied its linear attention onto the host)
+                out.append(CpuLayer(stage_id, full, mg.op(i).name, None, boundary=True))
+                continue
+            out.append(CpuLayer(stage_id, full, mg.op(i).name, pattern_of(mg, i)))
+            continue
+        # a conversion the toolkit inserted for a tensor: "<tensor>-rs"; the stage output's producer,
+        # or the ops reading a stage input
+        base: str = re.sub(r"#\d+$", "", node)  # "Reshape:select_1_rs#1": the toolkit's second such layer
+        p: int | None = None
+        readers: list[int] = []
+        converted: int | None = None
+        for _ in range(8):  # "<tensor>_tp_rs_mm_rs_rs": a chain of conversions
+            base = re.sub(r"[-_][A-Za-z0-9]+$", "", base)
+            if base in by_name and by_name[base] in mg.ops.nodes:
+                # the op itself, turned into another by the toolkit: "Slice:<op>_2sl" for a Gather of one index
+                converted = by_name[base]
+                break
+            if base in mg.outputs:
+                p = mg.producer.get(base)
+                break
+            if base in mg.inputs:
+                readers = [c for c in mg.consumers.get(base, []) if c in mg.ops.nodes and mg.op(c).name]
+                break
+            users = sorted({c for c in mg.consumers.get(base, []) if c in mg.ops.nodes})
+            if base in mg.producer and len(users) == 1 and mg.op(users[0]).name:
+                # an inner tensor converted for the one op that reads it: the toolkit decomposed that op
+                # (Sana-WM's camera Einsum became "Reshape:view_119_tp_rs" and a chain after a MatMul)
+                converted = users[0]
+                break
+            if base in mg.producer and len(users) > 1:
+                # an inner tensor converted for all its readers (AnyFlow-FAR's rank-5 KV-cache slice on
+                # 2.3.0): its producer moves, the tensor becomes a stage input (then its readers follow)
+                p = mg.producer[base]
+                break
+        if converted is not None:
+            out.append(CpuLayer(stage_id, full, mg.op(converted).name, pattern_of(mg, converted)))
+            continue
+        if p is not None and p in mg.ops.nodes and mg.op(p).name:
+            out.append(CpuLayer(stage_id, full, mg.op(p).name, None, boundary=True))
+            continue
+        if readers:  # the input converted on the CPU for the ops that read it: they move, the input with them
+            out += [CpuLayer(stage_id, full, mg.op(c).name, None, boundary=True, side="input") for c in readers]
+            continue
+        out.append(CpuLayer(stage_id, full, None, None))
+    return out
+
+
+def forced_host(layers: Iterable[CpuLayer]) -> Mapping[str, str]:
+    """Op name -> why, for the traced layers of one plan's build (``rkpart compile --repartition``)."""
+    out: dict[str, str] = {}
+    for x in layers:
+        if x.op is not None and x.boundary and x.side == "input":
+            out.setdefault(x.op, f"the last build of stage {x.stage} converted an input it reads on the CPU "
+                                 f"(layer {x.layer}): the stage boundary moves after it")
+        elif x.op is not None and x.boundary:
+            out.setdefault(x.op, f"the last build of stage {x.stage} converted its output on the CPU (layer "
+                                 f"{x.layer}): the stage boundary moves before it")
+        elif x.op is not None:
+            out.setdefault(x.op, f"placed on the CPU by the last build of stage {x.stage} (layer {x.layer}), "
+                                 "after rkpart's rewrites")
+    return dict(sorted(out.items()))
+
+
+__all__ = ["CpuLayer", "forced_host", "learn", "load_learned", "store_path", "target_capability", "trace_cpu_layers"]
