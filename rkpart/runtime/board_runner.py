@@ -1674,10 +1674,9 @@ def png_written_here(path: Path) -> bool:
 
 
 #: every output flag of the runner and how it knows a file it wrote there (``--force`` replaces
-#: only such a file); each goes through :func:`check_save_target`.  ``--image-out`` goes through it
-#: too (owned: :func:`png_written_here`), but is not listed: the generated hostile suite runs every
-#: flag listed here on its bundle, which has no VAE decoder to write an image with
-OUTPUT_FLAGS: dict[str, Callable[[Path], bool]] = {"--save-outputs": npz_written_here, "--latent-out": npy_written_here}
+#: only such a file); each goes through :func:`check_save_target`
+OUTPUT_FLAGS: dict[str, Callable[[Path], bool]] = {"--save-outputs": npz_written_here, "--latent-out": npy_written_here,
+                                                   "--image-out": png_written_here}
 
 
 def check_save_target(path: str, flag: str = "--save-outputs", *, force: bool = False, bundle: Path | None = None,
@@ -2042,14 +2041,15 @@ def _denoise_main(args: argparse.Namespace) -> int:
         raise BundleError("--cond / --uncond / --shift belong to the flow-euler loop; the pipeline's sampler takes "
                           "--embeds (its call arguments) and its own schedule")
     image_out = args.image_out if args.image_out is not None else ("image.png" if runner.has_vae else None)
-    if args.image_out is not None and not runner.has_vae:
-        raise BundleError("--image-out needs the VAE decoder in the bundle (rkpart bundle --vae npu|host of a plan "
-                          "with a pipeline.json); this one ends at the latent")
-    # the latent is written first: an image path that is the latent's would replace it
+    # the output rule first, as for --latent-out; the latent is written first: an image path that is
+    # the latent's would replace it
     image_inputs = (*run_inputs, out)
     image_to = None if image_out is None else check_save_target(image_out, "--image-out", force=args.force,
                                                                 bundle=folder, inputs=image_inputs,
                                                                 owned=png_written_here)
+    if args.image_out is not None and not runner.has_vae:
+        raise BundleError("--image-out needs the VAE decoder in the bundle (rkpart bundle --vae npu|host of a plan "
+                          "with a pipeline.json); this one ends at the latent")
     check_device_budget(runner)
     if runner.npu_standin is not None:
         print(f"runner: NPU stages run on an ONNX Runtime stand-in ({STANDIN_ENV}="

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 
 from tests.hostile import world as W
 
@@ -418,10 +419,13 @@ BASES: dict[str, tuple[list[str], int]] = {
     "repro": (["repro", "{w}/model.onnx", "-q", "-o", "{dest}", "{force}"], 0),
     # the world holds no diffusers pipeline folder: its refusals only (they come before torch is imported)
     "export": (["export", "{w}/hplan", "-q", "-o", "{dest}", "{force}"], 3),
+    # no pipeline folder nor torch needed: its refusals come before the encoders are loaded
+    "encode": (["encode", "{w}/hplan", "--pipeline", "{w}/plan/plan.json", "--prompt", "a cat", "-q", "-o", "{dest}",
+                "{force}"], 3),
 }
 #: the name of a new destination per command (a report page must end in .html)
 DEST_NAME = {"report": "r.html", "example": "m.onnx", "run": "o.npz", "profile": "p2.jsonl", "fit": "m2.json",
-             "drift": "acc2.json"}
+             "drift": "acc2.json", "encode": "e.npz"}
 #: what the destination is, and the exit codes that may answer it (issue 51's output rule)
 DESTINATIONS: dict[str, frozenset[int]] = {
     "new": frozenset(),  # the base's own code
@@ -463,8 +467,8 @@ def output_cases(world: Path, *, full: bool = True) -> Iterator[Case]:
                 continue
             if folder_out and dest in ("own", "own-force", "symlink-dangling", "fifo", "device", "socket", "folder"):
                 continue  # the folder rules have their own suites (test_writes_hostile); kept to what holds for both
-            if cmd in ("tune", "repro", "export") and runs_whole:
-                continue  # minutes each (a tune, a toolkit build matrix, an export): their refusals only
+            if cmd in ("tune", "repro", "export", "encode") and runs_whole:
+                continue  # minutes each (a tune, a toolkit build matrix, an export, text encoders): refusals only
             yield f"{cmd} {param.opts[0]} {dest}", _output_case(world, cmd, dest, folder_out)
 
 
@@ -559,7 +563,15 @@ RUNNER_BASES: dict[str, list[str]] = {
     "--save-outputs": ["--bundle", "{w}/bundle", "--inputs", "{w}/in.npz", "--save-outputs", "{dest}", "{force}"],
     "--latent-out": ["--bundle", "{w}/bundle", "--steps", "1", "--cond", "{w}/in.npz", "--latent-out", "{dest}",
                      "{force}"],
+    # the world's bundle has no VAE decoder: an accepted --image-out is answered by that refusal
+    # (NO_VAE), which comes after the output rule; the latent is never written
+    "--image-out": ["--bundle", "{w}/bundle", "--steps", "1", "--cond", "{w}/in.npz", "--latent-out",
+                    "{w}/image-run-latent.npy", "--image-out", "{dest}", "{force}"],
 }
+#: how the runner answers a run on a bundle without a VAE decoder once --image-out is accepted
+NO_VAE = "needs the VAE decoder"
+#: a new destination per runner flag
+RUNNER_DEST = {"--save-outputs": "o.npz", "--latent-out": "latent.npy", "--image-out": "image.png"}
 RUNNER_DESTINATIONS = ("new", "input", "in-bundle", "foreign", "foreign-force", "own", "own-force", "symlink-out",
                        "symlink-dangling", "fifo", "device", "socket", "folder")
 
@@ -598,7 +610,7 @@ def _runner_case(world: Path, flag: str, dest_kind: str) -> Callable[[Path], W.O
         runner = _runner(w)
         outside = scratch / "outside"
         outside.mkdir()
-        dest = scratch / "new" / ("o.npz" if flag == "--save-outputs" else "latent.npy")
+        dest = scratch / "new" / RUNNER_DEST[flag]
         dest.parent.mkdir()
         victim: Path | None = None
         if dest_kind == "input":
@@ -608,6 +620,8 @@ def _runner_case(world: Path, flag: str, dest_kind: str) -> Callable[[Path], W.O
         elif dest_kind.startswith("foreign"):
             victim = dest
             dest.write_text("the user's own\n")
+        elif dest_kind.startswith("own") and flag == "--image-out":  # a PNG the runner writes stands for its own
+            dest.write_bytes(runner.png_bytes(np.zeros((2, 2, 3), np.uint8)))
         elif dest_kind.startswith("own"):
             code, err = _run_runner(runner, [a for a in _args(RUNNER_BASES[flag], w, dest, False) if a])
             if code != 0:
@@ -639,10 +653,13 @@ def _runner_case(world: Path, flag: str, dest_kind: str) -> Callable[[Path], W.O
             return W.Outcome(f"runner {flag} {dest_kind}", None, str(got[1])[:200], seconds,
                              (f"{type(got[1]).__name__}: {str(got[1])[:200]}",))
         code, err = got[1]
-        want = {0} if dest_kind in ("new", "own-force") else {2}
+        accepted = dest_kind in ("new", "own-force")
+        want = {0} if accepted and flag != "--image-out" else {2}
         if code not in want:
             breaks.append(f"exit {code}, wanted {sorted(want)}")
         lines = [ln for ln in err.splitlines() if ln.startswith("runner: error")]
+        if flag == "--image-out" and (NO_VAE in err) != accepted:
+            breaks.append("the destination was accepted" if not accepted else f"refused: {err.strip()[:120]}")
         if code == 2 and (len(lines) != 1 or len(lines[0]) > MAX_MESSAGE + 20):
             breaks.append(f"{len(lines)} error lines")
         if "Traceback" in err:
