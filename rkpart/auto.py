@@ -15,10 +15,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rkpart.cost_model.candidates import Candidate, Variant, block_anatomy, candidates_from
 from rkpart.cost_model.features import group_features
@@ -38,6 +37,7 @@ from rkpart.progress import Progress, silent
 from rkpart.readers import FileKind
 from rkpart.targets import get_target
 from rkpart.targets.capability import Capability
+from rkpart.types import JsonMap, JsonObject
 
 
 def candidate_variants(mg: ModelGraph, disc: Discovery, *, max_run: int = 1, plugins_too: bool = True,
@@ -131,7 +131,7 @@ def capability_trades(mg: ModelGraph, disc: Discovery, model: CostModel, config:
     return out
 
 
-def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
+def auto_budget(options: JsonMap) -> tuple[float | None, str]:
     """``auto``'s memory budget in MiB and where it came from.
 
     ``budget_mib`` given: that; ``"none"``: no budget (``--no-budget``); absent: the default
@@ -153,7 +153,7 @@ def auto_budget(options: Mapping[str, Any]) -> tuple[float | None, str]:
     return mib, "given"
 
 
-def _as_bool(v: Any, name: str) -> bool:
+def _as_bool(v: object, name: str) -> bool:
     """A boolean option, also as the CLI's ``--option KEY=true|false`` string."""
     if isinstance(v, bool):
         return v
@@ -162,7 +162,7 @@ def _as_bool(v: Any, name: str) -> bool:
     raise UserError(f"auto strategy: option {name} must be true or false, not {v!r}")
 
 
-def _as_list(v: Any) -> tuple[str, ...]:
+def _as_list(v: object) -> tuple[str, ...]:
     if v is None:
         return ()
     if isinstance(v, (list, tuple)):
@@ -170,7 +170,7 @@ def _as_list(v: Any) -> tuple[str, ...]:
     return tuple(x for x in str(v).split(",") if x)
 
 
-def _precisions(v: Any) -> tuple[str, ...]:
+def _precisions(v: object) -> tuple[str, ...]:
     """``precisions`` (``fp16``, ``int8`` or ``fp16,int8``), in that order; default fp16 only."""
     from rkpart.grouping.strategies.families import CANDIDATE_PRECISIONS
 
@@ -187,7 +187,7 @@ ACCURACY_KIND = FileKind("accuracy term", "json", 1 << 20, UserError,
                          doc="`partition -s auto --accuracy`: the table `rkpart drift --accuracy` writes")
 
 
-def load_accuracy(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_accuracy(path: str | os.PathLike[str]) -> JsonObject:
     """An accuracy term written by ``rkpart drift --accuracy FILE``, checked for the keys selection reads.
 
     Raises :class:`UserError` naming the file and what is wrong.
@@ -241,7 +241,7 @@ class AutoOptions:
     precisions: tuple[str, ...] = ("fp16",)
 
     @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> AutoOptions:
+    def from_mapping(cls, options: JsonMap) -> AutoOptions:
         residency = option(options, "residency", "any", ("any", *RESIDENCIES))
         budget, budget_source = auto_budget(options)
         try:
@@ -412,7 +412,7 @@ class Grounded:
     notes: tuple[str, ...]
 
 
-def precision_spec(sel: Selection) -> dict[str, Any]:
+def precision_spec(sel: Selection) -> JsonObject:
     """The chosen precision as a ``--precision-spec`` (``stages: {id: int8}``; stages not named are
     fp16), recorded in plan.json so that ``rkpart compile PLAN --calibration CALIB`` builds it."""
     return {"stages": {g.id: o.candidate.precision for o in sel.chosen if o.candidate.precision != "fp16"

@@ -34,6 +34,7 @@ from rkpart.io import atomic_write_bytes, file_sha256, load_json_file
 from rkpart.plan.plan import load_plan
 from rkpart.progress import Progress
 from rkpart.roles import plan_description
+from rkpart.types import JsonObject
 
 #: the simulator gate of the VAE decoder's plan (the bundle's own default gate)
 VAE_MIN_COSINE = 0.999
@@ -56,7 +57,7 @@ def _decoder_digest(decoder: Path) -> str:
     return h.hexdigest()
 
 
-def vae_plan(decoder: Path, *, toolkit: str, target: str, config: dict[str, Any], budget_bytes: int,
+def vae_plan(decoder: Path, *, toolkit: str, target: str, config: JsonObject, budget_bytes: int,
              toolkits_dir: str | os.PathLike[str] | None = None, cache: Path | None = None,
              progress: Progress = lambda _m: None) -> Path:
     """The compiled, gated plan of ``decoder`` (see the module doc), made once per its key.

@@ -50,6 +50,8 @@ from rkpart.types import DEVICES, RESIDENCIES, JsonObject
 
 F = TypeVar("F", bound=Callable[..., Any])
 Decorator = Callable[[F], F]
+#: a click option or argument, applied to a command's function
+OptionDecorator = Decorator[Callable[..., object]]
 
 #: ``--residency plan``: each block as the plan chose (the auto strategy records a residency)
 PLAN_RESIDENCY = "plan"
@@ -190,12 +192,12 @@ def _compose(*decorators: Callable[[F], F]) -> Callable[[F], F]:
 
 
 # -- model and shapes ------------------------------------------------------------------------
-def model_argument(*, required: bool = False) -> Decorator[Any]:
+def model_argument(*, required: bool = False) -> OptionDecorator:
     """``MODEL``: an ONNX file (``model: Path | None`` when not required)."""
     return click.argument("model", required=required, type=click.Path(dir_okay=False, path_type=Path))
 
 
-shape_option: Decorator[Any] = click.option(
+shape_option: OptionDecorator = click.option(
     "--shape", "shapes", multiple=True, callback=parse_shapes, metavar="NAME=D0,D1,..",
     help="Static shape for a model input with symbolic dimensions (repeatable).")
 
@@ -302,7 +304,7 @@ def role_options(f: F) -> F:
     )(merge)
 
 
-embeds_option: Decorator[Any] = click.option(
+embeds_option: OptionDecorator = click.option(
     "--embeds", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE.npz",
     help="The conditioning the pipeline gives the transformer, keyed by diffusers call argument (prompt_embeds, "
          "negative_prompt_embeds, pooled_prompt_embeds, prompt_attention_mask, ...), mapped to model inputs by the "
@@ -323,24 +325,24 @@ def tolerance_options(f: F) -> F:
 
 
 # -- devices and residency ------------------------------------------------------------------
-def device_option(name: str, *, help: str) -> Decorator[Any]:
+def device_option(name: str, *, help: str) -> OptionDecorator:
     """``--NAME npu|host``: where some part of a block runs (default ``None``: the strategy's)."""
     return click.option(f"--{name}", type=click.Choice(list(DEVICES)), default=None, help=help)
 
 
-def residency_option(*, help: str) -> Decorator[Any]:
+def residency_option(*, help: str) -> OptionDecorator:
     """``--residency plan|per-stage|resident``: how stage sessions live while a plan runs."""
     return click.option("--residency", type=click.Choice([PLAN_RESIDENCY, *RESIDENCIES]), default=PLAN_RESIDENCY,
                         show_default=True, help=help)
 
 
 # -- toolkit ---------------------------------------------------------------------------------
-def toolkit_option(*, help: str, required: bool = False, dest: str = "toolkit") -> Decorator[Any]:
+def toolkit_option(*, help: str, required: bool = False, dest: str = "toolkit") -> OptionDecorator:
     """``--toolkit VERSION`` (a version installed with ``rkpart toolkit install``, or a python path)."""
     return click.option("--toolkit", dest, required=required, default=None, help=help)
 
 
-toolkits_dir_option: Decorator[Any] = click.option(
+toolkits_dir_option: OptionDecorator = click.option(
     "--toolkits-dir", type=click.Path(file_okay=False), default=None,
     help="Where toolkit venvs live (default $RKPART_TOOLKITS_DIR or ~/.cache/rkpart/toolkits).")
 
@@ -391,30 +393,30 @@ class OutputFolder(click.Path):
         super().__init__(file_okay=False, **kwargs)
 
 
-def out_folder_option(*, default: str, help: str) -> Decorator[Any]:
+def out_folder_option(*, default: str, help: str) -> OptionDecorator:
     """``-o/--out DIR``: the folder a command writes (``out: Path``)."""
     return click.option("--out", "-o", "out", type=OutputFolder(), default=Path(default),
                         show_default=True, help=help)
 
 
-def output_file_option(*, help: str, required: bool = False) -> Decorator[Any]:
+def output_file_option(*, help: str, required: bool = False) -> OptionDecorator:
     """``-o/--output FILE``: the file a command writes (``output: Path | None``)."""
     return click.option("-o", "--output", type=OutputFile(), required=required, default=None, help=help)
 
 
-def force_option(*, help: str) -> Decorator[Any]:
+def force_option(*, help: str) -> OptionDecorator:
     return click.option("--force", is_flag=True, help=help)
 
 
 # -- progress and json -----------------------------------------------------------------------
-quiet_option: Decorator[Any] = click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
+quiet_option: OptionDecorator = click.option("--quiet", "-q", is_flag=True, help="No progress lines.")
 
 
-def json_option(*, help: str = "Machine-readable output on stdout.") -> Decorator[Any]:
+def json_option(*, help: str = "Machine-readable output on stdout.") -> OptionDecorator:
     return click.option("--json", "as_json", is_flag=True, help=help)
 
 
-def strict_json(value: Any) -> Any:
+def strict_json(value: object) -> Any:
     """``value`` with every NaN or infinite float replaced by ``null``: ``--json`` output is strict
     JSON (RFC 8259 has no NaN; ``jq`` and most parsers reject Python's bare ``NaN``)."""
     if isinstance(value, float):

@@ -48,6 +48,32 @@ FIXED_ROLES = frozenset({"attention_mask", "image_ids", "text_ids", "position_id
 #: roles a command may draw seeded noise for when ``--embeds`` does not give them
 EMBEDDING_ROLES = frozenset({"text_embeddings", "pooled_embeddings"})
 CFG_MODES = ("batched", "two-pass", "distilled", "none")
+#: ``cfg.combine``: the CFG combination of the conditional and unconditional predictions at scale ``g``
+STANDARD_COMBINE = "uncond + g * (cond - uncond)"
+COMBINES = (STANDARD_COMBINE, "cond + g * (cond - uncond)")
+#: ``cfg.renorm``: a rescale of the combination (added within version 1; null: none)
+RENORMS = ("cond_l2_last_axis",)
+
+#: what a description may use beyond version 1 as first published (docs/pipeline-json.md, "Features"), by the
+#: name :func:`features` gives it; a reader (the board runner, ``rkpart bundle``) refuses a description that
+#: uses a feature it does not implement instead of running another loop than the pipeline's
+FEATURES: dict[str, str] = {
+    "cfg.combine=cond + g * (cond - uncond)": "the CFG combination is cond + g * (cond - uncond) (Krea 2)",
+    "cfg.renorm=cond_l2_last_axis": "the CFG combination x is rescaled to x * |cond| / |x|, L2 norms over the last "
+                                    "axis of the transformer output (Lumina 2, Nucleus-MoE)",
+    "cfg.batch_order=cond,uncond": "the batched pair's rows are [cond, uncond] (Lumina-Next)",
+    "cfg.channels": "the CFG combination applies to the first cfg.channels output channels, the rest are cond's "
+                    "(Lumina-Next)",
+    "inputs.negative_fill": "an input's unconditional pass feeds its shape filled with one number (zeros: "
+                            "CogView3-Plus; DiT's null class 1000), not a call argument",
+    "scheduler.set_timesteps.mu_rule=flux2_empirical": "mu is Flux.2's rule of the image token count and the "
+                                                       "step count",
+    "latent.init=tokens": "the loop latent is the given latents (B, C, *positions) as row-major tokens "
+                          "(B, prod(positions), C) (Flux.2)",
+    "image.num_frames": "a video pipeline: vae_decoder.onnx returns (B, 3, F, H, W) frames",
+    "inputs.append_valid": "an input is its argument extended with N valid positions (ones) on the last axis "
+                           "(Chroma's mask: the image tokens)",
+}
 PREDICTIONS = ("flow", "epsilon", "v_prediction", "sample")
 
 
@@ -64,6 +90,10 @@ class InputDesc:
     argument: str | None = None
     negative_argument: str | None = None
     value: str | None = None
+    #: the unconditional pass feeds zeros of the input's shape instead of ``negative_argument`` (added within v1)
+    negative_fill: float | None = None
+    #: the argument is extended with this many valid positions (ones) on its last axis (added within v1)
+    append_valid: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,6 +117,22 @@ class TimestepDesc:
         return self.scale * t + self.offset
 
 
+#: ``scheduler.set_timesteps.mu_rule``: ``mu`` as a rule of the image token count and the step count (added
+#: within version 1; docs/pipeline-json.md gives each formula)
+MU_RULES = ("flux2_empirical",)
+
+
+def flux2_empirical_mu(image_seq_len: int, n: int) -> float:
+    """``mu_rule: flux2_empirical`` (Flux2Pipeline's ``compute_empirical_mu``) for ``n`` steps."""
+    a1, b1 = 8.73809524e-05, 1.89833333
+    a2, b2 = 0.00016927, 0.45666666
+    if image_seq_len > 4300:
+        return float(a2 * image_seq_len + b2)
+    m_200, m_10 = a2 * image_seq_len + b2, a1 * image_seq_len + b1
+    a = (m_200 - m_10) / 190.0
+    return float(a * n + (m_200 - 200.0 * a))
+
+
 @dataclass(frozen=True)
 class SchedulerDesc:
     class_name: str
@@ -95,6 +141,16 @@ class SchedulerDesc:
     mu: float | None = None
     #: the rule of the ``timesteps`` the pipeline passes to ``set_timesteps`` beside its sigmas (CogView4)
     timesteps: str | None = None
+    #: ``mu`` as a rule of ``image_seq_len`` and the step count (:data:`MU_RULES`), when ``mu`` is null
+    mu_rule: str | None = None
+    image_seq_len: int | None = None
+
+    def mu_for(self, n: int) -> float | None:
+        """The ``mu`` to pass to ``set_timesteps`` for ``n`` steps (``None``: pass none)."""
+        if self.mu_rule is None:
+            return self.mu
+        assert self.mu_rule == "flux2_empirical" and self.image_seq_len is not None
+        return flux2_empirical_mu(self.image_seq_len, n)
 
 
 @dataclass(frozen=True)
@@ -109,6 +165,12 @@ class CfgDesc:
     guidance_input_scale: float = 1.0
     #: the call argument that is ``g`` (``guidance_scale``); ``None`` under ``none``
     scale_argument: str | None = None
+    #: a rescale of the combination (:data:`RENORMS`), or ``None``
+    renorm: str | None = None
+    #: ``batched``: the row order of the pair (``"uncond,cond"``, diffusers' usual, or ``"cond,uncond"``)
+    batch_order: str = "uncond,cond"
+    #: the combination applies to the first ``channels`` output channels only (``None``: all)
+    channels: int | None = None
 
 
 @dataclass(frozen=True)
@@ -145,6 +207,8 @@ class ImageDesc:
     width: int
     text_len: int | None
     batch: int
+    #: a video pipeline's frames per call (added within version 1; ``None``: an image pipeline)
+    num_frames: int | None = None
 
 
 @dataclass(frozen=True)
@@ -291,20 +355,22 @@ def _typed(doc: Mapping[str, Any]) -> PipelineDescription:
     t, im, o, ts, s, c, lat, v = (doc[k] for k in ("transformer", "image", "output", "timestep", "scheduler", "cfg",
                                                     "latent", "vae"))
     inputs = tuple(InputDesc(n, i["role"], tuple(i["shape"]), i["dtype"], i["argument"], i["negative_argument"],
-                             i["value"]) for n, i in doc["inputs"].items())
+                             i["value"], i.get("negative_fill"), int(i.get("append_valid", 0)))
+                   for n, i in doc["inputs"].items())
     return PipelineDescription(
         pipeline_class=doc["pipeline"]["class"], diffusers=doc["pipeline"]["diffusers"],
         transformer=TransformerDesc(t["class"], t["file"], t["dtype"], t["exporter"], tuple(t["patches"])),
-        image=ImageDesc(im["height"], im["width"], im["text_len"], im["batch"]),
+        image=ImageDesc(im["height"], im["width"], im["text_len"], im["batch"], im.get("num_frames")),
         inputs=inputs,
         output=OutputDesc(o["name"], o["prediction"], o["learned_sigma"], o["sign"], o["channels_axis"]),
         timestep=TimestepDesc(float(ts["scale"]), float(ts["offset"]), bool(ts.get("reverse", False))),
         scheduler=SchedulerDesc(s["class"], dict(s["config"]), s["set_timesteps"]["sigmas"],
                                 None if s["set_timesteps"]["mu"] is None else float(s["set_timesteps"]["mu"]),
-                                s["set_timesteps"].get("timesteps")),
+                                s["set_timesteps"].get("timesteps"), s["set_timesteps"].get("mu_rule"),
+                                s["set_timesteps"].get("image_seq_len")),
         cfg=CfgDesc(c["mode"], None if c["guidance_scale"] is None else float(c["guidance_scale"]),
                     c["guidance_input"], c["combine"], float(c.get("guidance_input_scale", 1.0)),
-                    c.get("scale_argument")),
+                    c.get("scale_argument"), c.get("renorm"), c.get("batch_order", "uncond,cond"), c.get("channels")),
         latent=LatentDesc(tuple(lat["shape"]), lat["dtype"], lat["init"], lat["packing"], lat["channels"]),
         vae=None if v is None else VaeDesc(v["class"], v["file"], v["scaling_factor"], v["shift_factor"],
                                            v["latent_channels"], tuple(v["image_shape"])),
@@ -332,11 +398,26 @@ def _check(d: PipelineDescription, what: str) -> None:
             raise SpecError(f"{what}: cfg.mode 'distilled' needs cfg.guidance_scale")
     elif g is not None:
         raise SpecError(f"{what}: cfg.guidance_input {g!r} is set but cfg.mode is {d.cfg.mode!r}, not 'distilled'")
+    sc = d.scheduler
+    if sc.mu_rule is not None and (sc.mu is not None or sc.image_seq_len is None):
+        raise SpecError(f"{what}: scheduler.set_timesteps.mu_rule needs mu null and image_seq_len set")
     if d.cfg.mode in ("batched", "two-pass") and d.cfg.combine is None:
         raise SpecError(f"{what}: cfg.mode {d.cfg.mode!r} needs cfg.combine")
+    if d.cfg.mode not in ("batched", "two-pass") and (d.cfg.combine is not None or d.cfg.renorm is not None
+                                                      or d.cfg.channels is not None):
+        raise SpecError(f"{what}: cfg.combine / renorm / channels are set but cfg.mode {d.cfg.mode!r} combines no "
+                        "passes")
+    if d.cfg.batch_order != "uncond,cond" and d.cfg.mode != "batched":
+        raise SpecError(f"{what}: cfg.batch_order {d.cfg.batch_order!r} needs cfg.mode 'batched'")
     if d.cfg.mode == "batched" and d.image.batch != 2:
         raise SpecError(f"{what}: cfg.mode 'batched' needs image.batch 2, not {d.image.batch}")
     for i in d.inputs:
+        if i.negative_fill is not None and (i.argument is None or i.negative_argument is not None):
+            raise SpecError(f"{what}: input {i.name!r} has negative_fill but "
+                            f"{'no argument' if i.argument is None else 'also a negative_argument'}")
+        if i.append_valid and (i.argument is None or not i.shape or i.shape[-1] <= i.append_valid):
+            why = "has no argument" if i.argument is None else f"its last axis holds only {i.shape[-1:]}"
+            raise SpecError(f"{what}: input {i.name!r} appends {i.append_valid} valid positions but {why}")
         if i.role in ("latent", "timestep", "guidance") and i.value is not None:
             raise SpecError(f"{what}: input {i.name!r} ({i.role}) changes every step; it cannot have a constant value")
 
@@ -363,6 +444,36 @@ def _with_values(d: PipelineDescription, folder: Path, what: str) -> PipelineDes
     for a in arrays.values():
         a.setflags(write=False)  # shared by every pass of every command: nobody may change it
     return PipelineDescription(**{**d.__dict__, "values": arrays})
+
+
+def features(d: PipelineDescription) -> frozenset[str]:
+    """The names (keys of :data:`FEATURES`) of what ``d`` uses beyond version 1 as first published.
+
+    A reader that implements version 1 and some features refuses ``d`` when ``features(d)`` holds one it
+    does not implement; an empty set is a description every version-1 reader runs as the pipeline does.
+    """
+    used: set[str] = set()
+    if d.cfg.combine is not None and d.cfg.combine != STANDARD_COMBINE:
+        used.add(f"cfg.combine={d.cfg.combine}")
+    if d.cfg.renorm is not None:
+        used.add(f"cfg.renorm={d.cfg.renorm}")
+    if d.cfg.batch_order != "uncond,cond":
+        used.add(f"cfg.batch_order={d.cfg.batch_order}")
+    if d.cfg.channels is not None:
+        used.add("cfg.channels")
+    if any(i.negative_fill is not None for i in d.inputs):
+        used.add("inputs.negative_fill")
+    if any(i.append_valid for i in d.inputs):
+        used.add("inputs.append_valid")
+    if d.image.num_frames is not None:
+        used.add("image.num_frames")
+    if d.latent.init == "tokens":
+        used.add("latent.init=tokens")
+    if d.scheduler.mu_rule is not None:
+        used.add(f"scheduler.set_timesteps.mu_rule={d.scheduler.mu_rule}")
+    unknown = used - FEATURES.keys()
+    assert not unknown, unknown  # the schema admits only the values FEATURES names
+    return frozenset(used)
 
 
 # -- against a model -----------------------------------------------------------------------------
@@ -422,12 +533,17 @@ def check_against(d: PipelineDescription, model: ModelLike | Mapping[str, tuple[
 
 __all__ = [
     "CFG_MODES",
+    "COMBINES",
     "EMBEDDING_ROLES",
+    "FEATURES",
     "FILENAME",
     "FIXED_ROLES",
     "FORMAT",
+    "MU_RULES",
     "PREDICTIONS",
+    "RENORMS",
     "ROLES",
+    "STANDARD_COMBINE",
     "VERSION",
     "CfgDesc",
     "ImageDesc",
@@ -441,6 +557,8 @@ __all__ = [
     "TransformerDesc",
     "VaeDesc",
     "check_against",
+    "features",
+    "flux2_empirical_mu",
     "load_description",
     "parse_description",
     "schema",

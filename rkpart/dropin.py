@@ -104,7 +104,7 @@ def _check_config(config: JsonMap) -> None:
             )
 
 
-def _flatten(v: Any) -> Any:
+def _flatten(v: object) -> Any:
     if isinstance(v, (list, tuple)):
         for x in v:
             yield from _flatten(x)

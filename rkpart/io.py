@@ -247,7 +247,7 @@ MAX_ITEMS = 5_000_000
 MAX_JSON_INT = 2**53
 
 
-def bounded_integers(schema: Any, *, numbers: bool = False) -> Any:
+def bounded_integers(schema: object, *, numbers: bool = False) -> Any:
     """A copy of the JSON Schema ``schema`` in which every integer without a ``maximum`` of its own
     has ``maximum`` :data:`MAX_JSON_INT` (``type`` ``"integer"`` or a list holding it).
 
@@ -268,7 +268,7 @@ def bounded_integers(schema: Any, *, numbers: bool = False) -> Any:
     return out
 
 
-def bad_number(doc: Any, *, limit: float | None = None) -> tuple[str, float] | None:
+def bad_number(doc: object, *, limit: float | None = None) -> tuple[str, float] | None:
     """The dotted path (``""``: ``doc`` itself) and value of a number in the parsed JSON ``doc``
     that is NaN or infinite (JSON readers accept ``NaN``), or, with ``limit``, over ``limit`` in
     size; ``None`` when there is none. Booleans are not numbers here."""
@@ -348,7 +348,7 @@ def read_limited(path: str | os.PathLike[str], *, what: str, max_bytes: int,
     return data
 
 
-def check_tree(data: Any, *, what: str, error: type[UserError] = UserError,
+def check_tree(data: object, *, what: str, error: type[UserError] = UserError,
                max_depth: int = MAX_DEPTH, max_items: int = MAX_ITEMS) -> None:
     """Refuse parsed JSON/YAML nested deeper than ``max_depth`` or with more than ``max_items``
     nodes (YAML aliases share objects, so a small file can expand to billions).  Iterative:

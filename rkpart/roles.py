@@ -39,6 +39,7 @@ import numpy as np
 from rkpart.description import EMBEDDING_ROLES, FILENAME, PipelineDescription, check_against, load_description
 from rkpart.errors import SpecError, UserError
 from rkpart.plan.plan import Plan, TensorInfo
+from rkpart.types import JsonObject
 
 #: the flags that name the loop's inputs when a plan has no pipeline description
 ROLE_FLAGS = "--latent-input NAME --timestep-input NAME [--guidance-input NAME] [--context-input NAME ...]"
@@ -88,12 +89,12 @@ def plan_description(plan: Plan, folder: str | os.PathLike[str]) -> PipelineDesc
     return d
 
 
-def description_record(d: PipelineDescription) -> dict[str, Any]:
+def description_record(d: PipelineDescription) -> JsonObject:
     """What ``plan.json`` ``extra.pipeline`` records of the description copied into the plan."""
     from rkpart.io import file_sha256
 
     assert d.path is not None
-    rec: dict[str, Any] = {"file": f"{PLAN_DIR}/{FILENAME}", "sha256": d.sha256, "pipeline": d.pipeline_class,
+    rec: JsonObject = {"file": f"{PLAN_DIR}/{FILENAME}", "sha256": d.sha256, "pipeline": d.pipeline_class,
                            "values": None, "values_sha256": None}
     if d.values_file is not None:
         rec.update(values=f"{PLAN_DIR}/{d.values_file}", values_sha256=file_sha256(d.path.parent / d.values_file))
@@ -571,6 +572,14 @@ def loop_mode(roles: InputRoles) -> str:
     return "distilled" if roles.guidance is not None else "two-pass"
 
 
+#: features of pipeline.json (:data:`rkpart.description.FEATURES`) this loop runs as the pipeline does: it draws
+#: its own latent in the loop's layout and steps rkpart's own sigmas (so ``latent.init``, ``mu`` and the decoded
+#: frames do not reach it), and an unconditional pass without a negative argument gets zeros already (a
+#: ``negative_fill`` of 0)
+LOOP_FEATURES = frozenset({"image.num_frames", "latent.init=tokens", "scheduler.set_timesteps.mu_rule=flux2_empirical",
+                           "inputs.negative_fill"})
+
+
 def loop_inputs(plan: Plan, roles: InputRoles, *, seed: int = 0,
                 embeds: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = None,
                 guidance: float | None = None, timestep_scale: float = TIMESTEP_SCALE) -> LoopInputs:
@@ -583,6 +592,15 @@ def loop_inputs(plan: Plan, roles: InputRoles, *, seed: int = 0,
     """
     d = roles.description
     mode = loop_mode(roles)
+    if d is not None:
+        from rkpart.description import features
+
+        missing = sorted(features(d) - LOOP_FEATURES)
+        if any(i.negative_fill not in (None, 0) for i in d.inputs):  # the loop's unconditional default is zeros
+            missing.append("inputs.negative_fill (not zeros)")
+        if missing:
+            raise SpecError(f"the plan's pipeline.json uses {', '.join(missing)}, which rkpart's denoising loop does "
+                            "not implement (docs/pipeline-json.md, Features); it would not run the pipeline's loop")
     if roles.timestep is None:
         raise SpecError("the loop needs a timestep input; the plan's pipeline.json names none")
     out_shape = plan.tensors[roles.output].shape

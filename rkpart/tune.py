@@ -61,7 +61,7 @@ from rkpart.pipeline import load, partition
 from rkpart.plan.plan import Plan, load_plan
 from rkpart.readers import FileKind
 from rkpart.roles import NO_FLAGS, RoleFlags
-from rkpart.types import HOST
+from rkpart.types import HOST, JsonMap, JsonObject
 
 if TYPE_CHECKING:
     from rkpart.profile.records import ProfileRun, StageRecord
@@ -132,14 +132,14 @@ class VerifyRow:
     def median_s(self) -> float:
         return float(statistics.median(self.measured_s))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         err = None if self.predicted_s is None else (self.predicted_s - self.median_s) / self.median_s * 100.0
         return {"plan": self.plan, "residency": self.residency, "measured_s": round(self.median_s, 6),
                 "predicted_s": None if self.predicted_s is None else round(self.predicted_s, 6),
                 "prediction_error_pct": None if err is None else round(err, 2)}
 
 
-def identical_twin(choices: Sequence[Mapping[str, Any]], folders: Mapping[str, Path]) -> tuple[str, str] | None:
+def identical_twin(choices: Sequence[JsonMap], folders: Mapping[str, Path]) -> tuple[str, str] | None:
     """The single-strategy plan and residency that ``auto``'s plan (``folders["auto"]``) *is*, or ``None``.
 
     Identical: one (candidate, residency) for every block, and the same stages in the same order
@@ -179,7 +179,7 @@ def pooled_regret(rows: Sequence[VerifyRow], twin: tuple[str, str] | None) -> tu
 class TuneResult:
     model_file: Path
     auto_plan: Path
-    choices: list[dict[str, Any]]
+    choices: list[JsonObject]
     fit_report: FitReport
     rows: list[VerifyRow]
     #: the single-strategy plan and residency auto's plan is byte-identical to, if any
@@ -189,7 +189,7 @@ class TuneResult:
     #: the accuracy term measured with ``--precisions fp16,int8`` (:func:`measure_precisions`)
     accuracy: Path | None = None
     #: accuracy family -> its measured drift (ratio, final cosine) from that term
-    drift: dict[str, dict[str, Any]] = field(default_factory=dict)
+    drift: dict[str, JsonObject] = field(default_factory=dict)
 
     @property
     def best(self) -> VerifyRow:
@@ -209,7 +209,7 @@ class TuneResult:
         """Auto's measured round against the measured best, its identical twin counted as another plan."""
         return (self.chosen.median_s - self.best.median_s) / self.best.median_s
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"cost_model": str(self.model_file), "auto_plan": str(self.auto_plan), "choices": self.choices,
                 "whole_plan_error": self.fit_report.whole_plan.to_json(), "verify": [r.to_json() for r in self.rows],
                 "identical_to": None if self.twin is None else "/".join(self.twin),
@@ -351,7 +351,7 @@ def profile_for_fit(plans: Mapping[str, Path], nblocks: int, reps: Sequence[int]
 
 def choose_and_verify(model_path: str | Path, work: Path, model_file: Path, plans: Mapping[str, Path],
                       config: TuneConfig, progress: Callable[[str], None] = lambda _: None
-                      ) -> tuple[Path, list[dict[str, Any]], list[VerifyRow]]:
+                      ) -> tuple[Path, list[JsonObject], list[VerifyRow]]:
     """Write ``auto``'s plan with the model in ``model_file``, then run it and every plan of
     ``plans`` under each residency, rounds interleaved; rows carry measured and predicted rounds."""
     auto_dir, choices, rows, folders = choose_auto(model_path, work, model_file, plans, config, progress)
@@ -362,13 +362,13 @@ def choose_and_verify(model_path: str | Path, work: Path, model_file: Path, plan
 
 def choose_auto(model_path: str | Path, work: Path, model_file: Path, plans: Mapping[str, Path],
                 config: TuneConfig, progress: Callable[[str], None] = lambda _: None
-                ) -> tuple[Path, list[dict[str, Any]], list[VerifyRow], dict[str, Path]]:
+                ) -> tuple[Path, list[JsonObject], list[VerifyRow], dict[str, Path]]:
     """``auto``'s plan under ``work/plans/auto``, its choices, one row per plan to verify (auto's
     plan, every plan of ``plans`` under each residency) with its predicted round, and the folders."""
     model = CostModel.load(model_file)
     auto_dir = work / "plans" / "auto"
     progress("choosing with the fitted model")
-    opts: dict[str, Any] = {"cost_model": str(model_file), "steps": config.steps, "cfg": config.cfg}
+    opts: JsonObject = {"cost_model": str(model_file), "steps": config.steps, "cfg": config.cfg}
     if config.backend != "ort" and config.toolkit is not None:
         # on the toolkit's backends, device memory and NPU time come from the compiler's tables: the
         # profiled plans' builds, and one build per anatomy of every candidate (from the build cache)
@@ -409,7 +409,7 @@ def verify_round(rows: Sequence[VerifyRow], folders: Mapping[str, Path], work: P
         row.records += run.stage_records(warmup=False)
 
 
-def measure_cfg_parallel(bundle: str | Path, *, steps: int, rounds: int, seed: int = 0, rknnlite_api: Any = None,
+def measure_cfg_parallel(bundle: str | Path, *, steps: int, rounds: int, seed: int = 0, rknnlite_api: object = None,
                          progress: Callable[[str], None] = lambda _: None) -> CfgParallel:
     """Time the whole denoising loop of ``bundle`` with the two CFG passes one after the other and
     at once on two NPU cores (:class:`~rkpart.runtime.board_runner.Runner`, ``cfg_parallel``),
@@ -534,7 +534,7 @@ def _build_quantized(folder: Path, calib: Path, config: TuneConfig, progress: Ca
 
 
 def measure_precisions(model_path: str | Path, plans: Mapping[str, Path], work: Path, config: TuneConfig,
-                       progress: Callable[[str], None] = lambda _: None) -> tuple[Path, dict[str, dict[str, Any]]]:
+                       progress: Callable[[str], None] = lambda _: None) -> tuple[Path, dict[str, JsonObject]]:
     """The int8 twin of every split / fused plan of ``plans`` (by :data:`SINGLE` id): the same
     partition of ``model_path`` written again to ``work/precision/<id>@int8`` (through
     :func:`~rkpart.pipeline.partition`, like every plan tune writes), calibrated and built int8;

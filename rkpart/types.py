@@ -116,8 +116,8 @@ class BuildFailure:
         """A property of the graph and toolkit (crash, error), not of the machine (timeout, oom)."""
         return self.kind in DETERMINISTIC_FAILURES
 
-    def to_json(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"toolkit": self.toolkit, "kind": self.kind, "message": self.message,
+    def to_json(self) -> JsonObject:
+        d: JsonObject = {"toolkit": self.toolkit, "kind": self.kind, "message": self.message,
                              "exit_code": self.exit_code, "signal": self.signal, "last_step": self.last_step,
                              "log": self.log}
         if self.signature is not None:
@@ -125,7 +125,7 @@ class BuildFailure:
         return d
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> BuildFailure:
+    def from_json(cls, d: JsonMap) -> BuildFailure:
         """Read a ``failures`` item; unknown keys (e.g. timings of older plans) are ignored."""
         kind = str(d.get("kind", "error"))
         return cls(
@@ -185,7 +185,7 @@ class CompilerPlan:
             return None
         return self.weight_bytes + self.internal_bytes
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"version": self.version, "weight_bytes": self.weight_bytes, "internal_bytes": self.internal_bytes,
                 "layers": self.layers, "cycles_ddr": self.cycles_ddr, "cycles_npu": self.cycles_npu,
                 "cycles_total": self.cycles_total, "rw_bytes": self.rw_bytes, "by_op": dict(self.by_op),
@@ -194,7 +194,7 @@ class CompilerPlan:
                 "layers_file": self.layers_file}
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> CompilerPlan:
+    def from_json(cls, d: JsonMap) -> CompilerPlan:
         """Read ``artifacts[].compiler``; a version this reader does not know is a ``ValueError``."""
         if d.get("version") != COMPILER_PLAN_VERSION:
             raise ValueError(f"compiler plan version {d.get('version')!r} is not {COMPILER_PLAN_VERSION}")

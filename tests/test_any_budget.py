@@ -1,6 +1,7 @@
-"""``Any`` stays rare in rkpart: under 19 per 1,000 lines, a ratchet (issue 52 took it from 20.2 to
+"""``Any`` stays rare in rkpart: under 12 per 1,000 lines, a ratchet (issue 52 took it from 20.2 to
 11.6 per 1,000; main's rkpart.export, the board's sampler and the profile records then came with
-~400 more: 832 in 45,782 lines, 18.2, when issue 52 was merged with them).
+~400 more, 880 in 47,375 lines, 18.6; typing those JSON documents, timesteps and checked values
+brought it back to 563 in 47,401 lines, 11.9).
 
 A type rkpart has is named (``CompileReport``, ``Plan``, ``PlacementPattern``, ...), a JSON document
 is a ``rkpart.types.JsonObject`` / ``JsonMap``; ``Any`` is left for what has no type here (a
@@ -18,7 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "rkpart"
 #: at most this many ``Any`` per 1,000 lines of rkpart/ (lower it as modules get their types)
-BUDGET = 19.0
+BUDGET = 12.0
 
 pytestmark = pytest.mark.slow  # tokenizes every module (about a second)
 

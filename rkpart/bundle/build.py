@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from rkpart.plan.plan import Plan, Stage, load_plan
 from rkpart.plan.verify import artifact_file, stage_onnx
 from rkpart.progress import Progress, advance
 from rkpart.runtime import board_runner as runner_mod
-from rkpart.types import NPU, RESIDENCIES, Residency
+from rkpart.types import NPU, RESIDENCIES, JsonMap, JsonObject, Residency
 
 if TYPE_CHECKING:
     from rkpart.bundle.vae import VaeSource
@@ -53,10 +53,10 @@ DEFAULT_MAX_ABS_REL = runner_mod.DEFAULT_MAX_ABS_REL
 @dataclass(frozen=True)
 class BundleResult:
     folder: Path
-    manifest: dict[str, Any]
+    manifest: JsonObject
 
     @property
-    def files(self) -> dict[str, dict[str, Any]]:
+    def files(self) -> dict[str, JsonObject]:
         return dict(self.manifest["files"])
 
     @property
@@ -246,13 +246,13 @@ def _emulate_bfloat16(src: Path, dst: Path) -> bool:
 
 def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str],
            feeds: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], opts: BundleOptions, seeded: bool,
-           progress: Progress, extra: Mapping[str, Any]) -> dict[str, Any]:
+           progress: Progress, extra: JsonMap) -> JsonObject:
     """The bundle's files in ``staging`` and its manifest; ``seeded``: ``feeds`` are ``opts.seed``'s
     random inputs (recorded), not given ones."""
     core_mask = str(extra["core_mask"])
-    stages: list[dict[str, Any]] = []
+    stages: list[JsonObject] = []
     for i, s in enumerate(plan.stages):
-        entry: dict[str, Any] = {"id": s.id, "device": s.device, "inputs": list(s.inputs),
+        entry: JsonObject = {"id": s.id, "device": s.device, "inputs": list(s.inputs),
                                  "outputs": list(s.outputs), "block": s.block, "region": s.region}
         if s.device == NPU:
             art = s.artifact("rknn")
@@ -315,7 +315,7 @@ def _write(plan: Plan, folder: Path, staging: Path, residency: Mapping[str, str]
             rel = p.relative_to(staging).as_posix()
             files[rel] = {"sha256": file_sha256(p), "size": p.stat().st_size}
     compiled = plan.extra.get("compile", {})
-    manifest: dict[str, Any] = {
+    manifest: JsonObject = {
         "format": runner_mod.BUNDLE_FORMAT,
         "version": runner_mod.BUNDLE_VERSION,
         "model": {k: plan.model[k] for k in ("file", "sha256", "opset") if k in plan.model},

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from rkpart.roles import (
     plan_description,
     resolve_roles,
 )
+from rkpart.types import JsonObject
 
 #: how the runner draws the loop's inputs: rkpart drift's rule, written out for the board
 SEEDING = ("numpy.random.default_rng(seed): the latent, then each context input in order, standard normal, "
@@ -46,7 +46,7 @@ LOOP_INPUTS = "loop_inputs.npz"
 def loop_bundle(plan: Plan, folder: str | Path | None = None, *, latent: str | None = None,
                 timestep: str | None = None, context: Sequence[str] = (), guidance_input: str | None = None,
                 guidance: float | None = None, shift: float = 1.0, cfg_parallel: bool = False,
-                progress: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+                progress: Callable[[str], None] | None = None) -> tuple[JsonObject, dict[str, np.ndarray]]:
     """The manifest's ``denoise`` record for ``plan`` and the arrays of its fixed inputs.
 
     Roles come from the plan's description in ``folder``, else from the flags (``latent``,
@@ -64,7 +64,7 @@ def loop_bundle(plan: Plan, folder: str | Path | None = None, *, latent: str | N
     g = guidance if guidance is not None else (
         description.cfg.guidance_scale if description is not None and description.cfg.guidance_scale is not None
         else DEFAULT_GUIDANCE)
-    base: dict[str, Any] = {"scheduler": {"name": "flow-euler", "shift": float(shift),
+    base: JsonObject = {"scheduler": {"name": "flow-euler", "shift": float(shift),
                                           "timestep_scale": TIMESTEP_SCALE, "timestep_offset": 0.0},
                             "guidance": float(g), "seeding": SEEDING, "cfg_parallel": bool(cfg_parallel)}
     flags = RoleFlags(latent, timestep, guidance_input, tuple(context))
@@ -73,6 +73,8 @@ def loop_bundle(plan: Plan, folder: str | Path | None = None, *, latent: str | N
     try:
         roles = resolve_roles(plan, description, flags, progress=progress)
         lp = loop_inputs(plan, roles, guidance=g)
+        if description is not None:
+            check_features(description)
     except SpecError as e:
         return {"error": str(e), **base}, {}
     base["scheduler"].update(timestep_scale=lp.timestep_scale, timestep_offset=lp.timestep_offset)
@@ -116,6 +118,29 @@ def schedule_rule(description: PipelineDescription) -> str | None:
                     f"sampler knows the rules {', '.join(repr(k) for k in bs.SCHEDULE_RULES)} (docs/samplers.md)")
 
 
+#: features of pipeline.json beyond version 1 as first published (:data:`rkpart.description.FEATURES`) the
+#: board's pipeline loop (``pipeline_record`` -> runner.py) implements; none yet: each is a formula of
+#: docs/pipeline-json.md the runner has to follow before it is listed here
+BOARD_FEATURES: frozenset[str] = frozenset()
+
+
+def check_features(description: PipelineDescription) -> None:
+    """Refuse a description using a feature the board's loop does not implement, naming it (the bundle is
+    written without a loop, and ``runner.py --steps`` refuses with this line).
+
+    Raises
+    ------
+    SpecError
+        One feature or more of :func:`rkpart.description.features` is not in :data:`BOARD_FEATURES`.
+    """
+    from rkpart.description import features
+
+    missing = sorted(features(description) - BOARD_FEATURES)
+    if missing:
+        raise SpecError(f"the pipeline's description uses {', '.join(missing)}, which the board's loop does not "
+                        "implement (docs/pipeline-json.md, Features)")
+
+
 def check_sampler(description: PipelineDescription) -> None:
     """Refuse a scheduler the board's sampler does not reproduce exactly, naming every option.
 
@@ -137,7 +162,7 @@ def check_sampler(description: PipelineDescription) -> None:
                         f"{', '.join(refused)} (docs/samplers.md)")
 
 
-def pipeline_record(description: PipelineDescription, plan: Plan, latent: str) -> dict[str, Any]:
+def pipeline_record(description: PipelineDescription, plan: Plan, latent: str) -> JsonObject:
     """The loop record's ``pipeline``: what ``runner.py`` needs of ``pipeline.json`` to run the
     pipeline's own loop (its sampler, schedule, timestep rule, latent and call arguments).
 
@@ -173,7 +198,7 @@ def pipeline_record(description: PipelineDescription, plan: Plan, latent: str) -
 
 def loop_record(plan: Plan, folder: str | Path | None = None, *, latent: str | None = None,
                 timestep: str | None = None, context: Sequence[str] = (), guidance_input: str | None = None,
-                guidance: float | None = None, shift: float = 1.0, cfg_parallel: bool = False) -> dict[str, Any]:
+                guidance: float | None = None, shift: float = 1.0, cfg_parallel: bool = False) -> JsonObject:
     """The manifest's ``denoise`` record alone (:func:`loop_bundle`)."""
     return loop_bundle(plan, folder, latent=latent, timestep=timestep, context=context,
                        guidance_input=guidance_input, guidance=guidance, shift=shift, cfg_parallel=cfg_parallel)[0]

@@ -19,7 +19,7 @@ same code.  This module only copies and describes; it never partitions or compil
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from rkpart.errors import SpecError, UserError
 from rkpart.io import onnx_with_data, regular_file
 from rkpart.plan.plan import Plan, Stage, load_plan
 from rkpart.plan.verify import artifact_file, stage_onnx
-from rkpart.types import NPU, Residency
+from rkpart.types import NPU, JsonMap, JsonObject, Residency
 
 #: the bundle folder of the decoder's files
 VAE_DIR = "vae"
@@ -107,11 +107,11 @@ def check_decoder(path: Path, description: PipelineDescription) -> tuple[str, st
 
 
 def stage_entry(plan: Plan, folder: Path, s: Stage, staging: Path, prefix: str, residency: str,
-                copy: Callable[[Path, Path], None]) -> dict[str, Any]:
+                copy: Callable[[Path, Path], None]) -> JsonObject:
     """The manifest entry of one stage of ``plan`` and its files copied into ``staging`` (under
     ``prefix``): an NPU stage's ``.rknn`` (source: its ``.onnx`` in the plan folder, for the stand-in),
     a host stage's ``.onnx`` and every data file it names."""
-    entry: dict[str, Any] = {"id": s.id, "device": s.device, "inputs": list(s.inputs), "outputs": list(s.outputs),
+    entry: JsonObject = {"id": s.id, "device": s.device, "inputs": list(s.inputs), "outputs": list(s.outputs),
                              "block": s.block, "region": s.region}
     if s.device == NPU:
         art = s.artifact("rknn")
@@ -138,7 +138,7 @@ def stage_entry(plan: Plan, folder: Path, s: Stage, staging: Path, prefix: str, 
 
 
 def vae_section(src: VaeSource, staging: Path, *, residency: str | None, copy: Callable[[Path, Path], None],
-                progress: Callable[[str], None]) -> tuple[dict[str, Any], dict[str, int]]:
+                progress: Callable[[str], None]) -> tuple[JsonObject, dict[str, int]]:
     """The manifest's ``vae`` record for ``src``, its files written under ``staging/vae/``, and the
     device bytes of each of its NPU stages (for the bundle's budget)."""
     from rkpart.bundle.cores import core_masks
@@ -187,7 +187,7 @@ def vae_section(src: VaeSource, staging: Path, *, residency: str | None, copy: C
             "stages": stages}, per
 
 
-def vae_run_bytes(section: Mapping[str, Any] | None) -> int:
+def vae_run_bytes(section: JsonMap | None) -> int:
     """Device bytes the decoder holds at most (resident stages + its largest per-stage one)."""
     if not section:
         return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -27,6 +27,7 @@ from rkpart.cli_args import (
     user_errors,
 )
 from rkpart.progress import Reporter
+from rkpart.types import JsonObject
 
 if TYPE_CHECKING:
     from rkpart.roles import RoleFlags
@@ -62,7 +63,7 @@ if TYPE_CHECKING:
 @user_errors
 def drift(plans: tuple[str, ...], steps: int, cfg: bool | None, guidance: float | None, seed: int, shift: float,
           toolkit: str, target: str,
-          rknn_config: dict[str, Any], toolkits_dir: str | None, show_blocks: bool, sim_memory_mib: int | None,
+          rknn_config: JsonObject, toolkits_dir: str | None, show_blocks: bool, sim_memory_mib: int | None,
           role_flags: RoleFlags, embeds: Path | None, accuracy_out: Path | None, force: bool, quiet: bool,
           as_json: bool) -> None:
     """Measure how far PLANS (split, fused, auto's choice, int8 / hybrid builds of one plan...)

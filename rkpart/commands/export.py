@@ -20,6 +20,8 @@ _SIZE = click.IntRange(8, 16384)
               help="Image height in pixels, as the pipeline call takes it [default: the pipeline's].")
 @click.option("--width", type=_SIZE, default=None,
               help="Image width in pixels, as the pipeline call takes it [default: the pipeline's].")
+@click.option("--num-frames", type=click.IntRange(1, 4096), default=None,
+              help="Frames of a video pipeline's call (its num_frames) [default: the pipeline's].")
 @click.option("--text-len", type=click.IntRange(1, 65536), default=None,
               help="Tokens of the text sequence the pipeline hands the transformer (prompt_embeds.shape[1]) "
                    "[default: the call's max_sequence_length, else 77].")
@@ -34,8 +36,9 @@ _SIZE = click.IntRange(8, 16384)
 @quiet_option
 @json_option(help="Print the written description's summary as JSON.")
 @user_errors
-def export(pipeline_dir: Path, out: Path, height: int | None, width: int | None, text_len: int | None,
-           batch: int | None, dtype: str, exporter: str, force: bool, quiet: bool, as_json: bool) -> None:
+def export(pipeline_dir: Path, out: Path, height: int | None, width: int | None, num_frames: int | None,
+           text_len: int | None, batch: int | None, dtype: str, exporter: str, force: bool, quiet: bool,
+           as_json: bool) -> None:
     """Export a diffusers pipeline folder (save_pretrained) for rkpart.
 
     Runs the pipeline's own call on the export size with its transformer, scheduler and VAE
@@ -53,7 +56,7 @@ def export(pipeline_dir: Path, out: Path, height: int | None, width: int | None,
     from rkpart.progress import Reporter
 
     opts = ExportOptions(height=height, width=width, text_len=text_len, batch=batch, dtype=dtype, exporter=exporter,
-                         force=force)
+                         force=force, num_frames=num_frames)
     with Reporter(quiet=quiet) as say:
         res = export_pipeline(pipeline_dir, out, opts, progress=say)
     d = res.description
@@ -65,7 +68,9 @@ def export(pipeline_dir: Path, out: Path, height: int | None, width: int | None,
         return
     img = d["image"]
     click.echo(f"export: {out}  {d['pipeline']['class']} ({d['transformer']['class']}), "
-               f"{img['width']}x{img['height']}, text {img['text_len']}, batch {img['batch']}, {d['cfg']['mode']} CFG")
+               f"{img['width']}x{img['height']}"
+               f"{'' if img.get('num_frames') is None else ' x ' + str(img['num_frames']) + ' frames'}, "
+               f"text {img['text_len']}, batch {img['batch']}, {d['cfg']['mode']} CFG")
     click.echo("inputs: " + ", ".join(f"{k}={v}" for k, v in summary["inputs"].items()))
     click.echo("ONNX Runtime vs torch (max |error| / max |torch|): "
                + ", ".join(f"{k} {v:.2g}" for k, v in res.errors.items()))

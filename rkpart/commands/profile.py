@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -30,6 +29,7 @@ from rkpart.profile.run import ProfileOptions, run_profile
 from rkpart.profile.smaps import DEFAULT_DEVICE_PATTERN
 from rkpart.progress import Reporter
 from rkpart.runtime import BACKENDS, CORE_MASK_CHOICES
+from rkpart.types import JsonObject
 
 
 def _check_regex(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
@@ -166,7 +166,7 @@ def profile(
         _against(against, rec.single_run(rec.read_jsonl(str(output)), where=str(output)), Path(output))
 
 
-def _against(model_path: str | None, records: list[dict[str, Any]], path: Path) -> None:
+def _against(model_path: str | None, records: list[JsonObject], path: Path) -> None:
     """Predicted vs measured per component (``--against``), only when the profile was measured on
     the device the model is for (as the report): an x86 ONNX Runtime profile against the board's
     calibration would print the devices' difference as the model's error."""

@@ -19,7 +19,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -241,11 +240,11 @@ MAX_STEPS = 10_000
 FINDING_KINDS = ("nonfinite", "overflow", "underflow")
 
 
-def _bad_int(v: Any, lo: int, hi: int) -> bool:
+def _bad_int(v: object, lo: int, hi: int) -> bool:
     return isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi
 
 
-def _bad_value(v: Any, lo: float = -FLOAT32_MAX) -> bool:
+def _bad_value(v: object, lo: float = -FLOAT32_MAX) -> bool:
     """Not a float32 value (a finite number within float32's range, at least ``lo``)."""
     return isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
         or not lo <= v <= FLOAT32_MAX
@@ -255,7 +254,7 @@ def _check_numbers(manifest: Path, data: JsonMap) -> None:
     """Every number of a calibration manifest is one ``rkpart calibrate`` writes (issue 31): counts
     within calibrate's bounds, ranges finite float32 values with min <= max, and a range check that
     agrees with its own max |x| (a 1e300 absmax with no finding read "fp16 range: ok")."""
-    def bad(what: str, v: Any, need: str) -> UserError:
+    def bad(what: str, v: object, need: str) -> UserError:
         return UserError(f"{manifest}: {what} must be {need}, got {repr(v)[:40]}")
 
     for k, lo, hi in (("steps", 0, MAX_STEPS), ("samples", 1, MAX_SAMPLES), ("seed", 0, 2**32 - 1)):
@@ -310,7 +309,7 @@ def _check_numbers(manifest: Path, data: JsonMap) -> None:
                             "overflow finding; not a manifest rkpart calibrate wrote")
 
 
-def _check_manifest(data: Any, where: str) -> None:
+def _check_manifest(data: object, where: str) -> None:
     """:data:`MANIFEST_KIND`'s check: an rkpart calibration manifest of this version, every number
     one ``rkpart calibrate`` writes (:func:`_check_numbers`), every stage record complete."""
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -381,7 +380,7 @@ class Dataset:
     digest: str
 
 
-def sample_dtype(info: TensorInfo) -> np.dtype[Any]:
+def sample_dtype(info: TensorInfo) -> np.dtype[np.generic]:
     """The dtype ``rkpart calibrate`` stores a stage input in (float32 for a float16 input: the
     toolkit takes float32 for an fp16 model, exactly)."""
     dt = np.dtype(info.dtype)

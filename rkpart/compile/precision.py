@@ -20,7 +20,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rkpart.errors import SpecError, UserError
 from rkpart.io import loads_json, loads_yaml
@@ -29,7 +29,7 @@ from rkpart.readers import FileKind
 from rkpart.types import JsonMap, JsonObject
 
 if TYPE_CHECKING:
-    from rkpart.compile.calibration import Dataset
+    from rkpart.compile.calibration import Calibration, Dataset
 
 PRECISIONS = ("fp16", "int8", "hybrid")
 ALGORITHMS = ("normal", "mmse", "kl_divergence")
@@ -152,7 +152,7 @@ def plan_precision_spec(plan: Plan) -> PrecisionSpec | None:
     return PrecisionSpec({str(k): str(v) for k, v in stages.items()}, {}, {})
 
 
-def _check_precision(value: Any, where: str) -> None:
+def _check_precision(value: object, where: str) -> None:
     if value not in PRECISIONS:
         raise SpecError(f"{where}: precision {value!r} is not one of {', '.join(PRECISIONS)}")
 
@@ -193,7 +193,7 @@ def resolve(plan: Plan, stages: tuple[Stage, ...], *, precision: str = "fp16", s
     return out
 
 
-def read_stage_dataset(cal: Any, stage: Stage, plan: Plan, hashes: dict[Path, str] | None = None) -> Dataset:
+def read_stage_dataset(cal: Calibration, stage: Stage, plan: Plan, hashes: dict[Path, str] | None = None) -> Dataset:
     """``stage``'s samples in the calibration ``cal``, checked against the stage's inputs."""
     sc = cal.stages[stage.id]
     if list(sc.inputs) != list(stage.inputs):

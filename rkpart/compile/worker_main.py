@@ -48,7 +48,10 @@ import json
 import os
 import sys
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rkpart.types import JsonObject
 
 EXIT_TOOLKIT_ERROR = 3
 EXIT_MEMORY = 4
@@ -77,7 +80,7 @@ def _check(step: str, ret: Any) -> None:
         raise StepError(step, f"{step} returned {ret}")
 
 
-def _config_kwargs(rknn: Any, config: dict[str, Any]) -> dict[str, Any]:
+def _config_kwargs(rknn: Any, config: JsonObject) -> JsonObject:
     # RKNN.config takes **kwargs and silently ignores misspelt options; refuse them instead.
     params = inspect.signature(rknn.config).parameters
     known = {n for n, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
@@ -92,7 +95,7 @@ def _config_kwargs(rknn: Any, config: dict[str, Any]) -> dict[str, Any]:
     return dict(config)
 
 
-def _make_rknn(config: dict[str, Any]) -> Any:
+def _make_rknn(config: JsonObject) -> Any:
     from rknn.api import RKNN
 
     rknn = RKNN(verbose=True)
@@ -116,7 +119,7 @@ def _vm_hwm() -> int:
     return 0
 
 
-def _write_json(path: str, data: dict[str, Any]) -> None:
+def _write_json(path: str, data: JsonObject) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
@@ -128,7 +131,7 @@ def _write_json(path: str, data: dict[str, Any]) -> None:
 def build(request_path: str) -> int:
     with open(request_path) as f:
         req = json.load(f)
-    result: dict[str, Any] = {"ok": False, "toolkit": _toolkit_version(), "step": "start"}
+    result: JsonObject = {"ok": False, "toolkit": _toolkit_version(), "step": "start"}
     code = 0
     rknn = None
     try:
@@ -181,7 +184,7 @@ def build(request_path: str) -> int:
     return code
 
 
-def _build_quantized(rknn: Any, req: dict[str, Any], q: dict[str, Any]) -> tuple[Any, list[str]]:
+def _build_quantized(rknn: Any, req: JsonObject, q: JsonObject) -> tuple[Any, list[str]]:
     """int8 (w8a8) build from ``q["dataset"]``; returns the RKNN object that holds the built
     model and the layers kept in float16 (hybrid only; empty for int8)."""
     dataset = q["dataset"]
@@ -210,7 +213,7 @@ def _worst_layers(report: str, cosine: float, most: int) -> list[str]:
     return kept or [name for _cos, name in rows[:1]]
 
 
-def _build_hybrid(rknn: Any, req: dict[str, Any], q: dict[str, Any]) -> tuple[Any, list[str]]:
+def _build_hybrid(rknn: Any, req: JsonObject, q: JsonObject) -> tuple[Any, list[str]]:
     """hybrid_quantization_step1 -> mark layers float16 in its .quantization.cfg -> step2.
 
     The layers are ``q["float16_layers"]`` when given (the simulator repeating a compile's
@@ -294,10 +297,10 @@ def simulate() -> int:
         proto.write(json.dumps(kw) + "\n")
         proto.flush()
 
-    models: dict[str, Any] = {}
-    loads: dict[str, dict[str, Any]] = {}  # key -> its load request (onnx, config): a hybrid build reloads
+    models: JsonObject = {}
+    loads: dict[str, JsonObject] = {}  # key -> its load request (onnx, config): a hybrid build reloads
 
-    def model(req: dict[str, Any]) -> Any:
+    def model(req: JsonObject) -> Any:
         key = req.get("key", "")
         if key not in models:
             raise StepError(str(req.get("op")), f"no model loaded under key {key!r}")
@@ -347,7 +350,7 @@ def simulate() -> int:
                     raise StepError("inference", f"expected {len(names)} outputs, got {len(outs)}")
                 tmp = req["outputs"] + ".part.npz"
                 # (no zip(strict=...): the toolkit's python may be older than 3.10)
-                arrays_out: dict[str, Any] = {n: np.asarray(o) for n, o in zip(names, outs)}  # noqa: B905
+                arrays_out: JsonObject = {n: np.asarray(o) for n, o in zip(names, outs)}  # noqa: B905
                 np.savez(tmp, **arrays_out)
                 os.replace(tmp, req["outputs"])
                 reply(ok=True)

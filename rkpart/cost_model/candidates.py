@@ -36,10 +36,11 @@ from rkpart.grouping.groups import Group, Partition, block_id
 from rkpart.grouping.strategies.families import candidate_id_for, precision_id, split_precision
 from rkpart.ir import ModelGraph
 from rkpart.targets.known_issues import KNOWN_ISSUES, SIGNATURES, CrashPattern, Traits, crash_patterns, signatures_in
+from rkpart.types import JsonMap
 
 #: one candidate family's whole-model partition: (candidate id, the partition, options recorded for
 #: it); its candidates are runs of ``options["blocks_per_stage"]`` blocks (default 1)
-Variant = tuple[str, Partition, Mapping[str, Any]]
+Variant = tuple[str, Partition, JsonMap]
 
 
 @dataclass(frozen=True)
@@ -54,11 +55,11 @@ class Candidate:
     adaln_on_npu: bool
     residual_on_npu: bool
     layernorm: str  # "op" (LayerNormalization) or "decomposed"
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: JsonMap = field(default_factory=dict)
     excluded: str | None = None  # why it must not be chosen (toolkit crash ...)
     #: the capability's moves inside these blocks (``extra.capability.host_ops`` records of the
     #: variant it was sliced from): what a plan made of this candidate records
-    host_ops: tuple[Mapping[str, Any], ...] = ()
+    host_ops: tuple[JsonMap, ...] = ()
     #: what the NPU stages are built in: ``fp16`` or ``int8`` (w8a8)
     precision: str = "fp16"
     #: where an int8 candidate's figures come from: ``compiler`` (an int8 build's tables) or
@@ -97,7 +98,7 @@ def _layernorm_form(mg: ModelGraph, b: Block) -> str:
 
 
 def _make(mg: ModelGraph, disc: Discovery, cid: str, run: Sequence[Block], groups: Iterable[Group],
-          options: Mapping[str, Any], moved: Sequence[Mapping[str, Any]] = ()) -> Candidate:
+          options: JsonMap, moved: Sequence[JsonMap] = ()) -> Candidate:
     groups = tuple(groups)
     if moved:
         names = {host_op_key(mg, i) for g in groups if g.device == "host" for i in g.ops}

@@ -50,11 +50,11 @@ MAX_BYTES = float(2**50)
 MAX_APE = 1e6
 
 
-def _number(v: Any) -> bool:
+def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def check_numbers(where: str, doc: Any) -> None:
+def check_numbers(where: str, doc: object) -> None:
     """Refuse any number in ``doc`` (a parsed JSON document) that is NaN, infinite or over
     :data:`~rkpart.io.MAX_JSON_INT` in size, naming where it is: a 1e300 coefficient or error
     summary overflows to inf in the sums made of it (as profile records, issue 31)."""
@@ -68,7 +68,7 @@ def check_numbers(where: str, doc: Any) -> None:
                     "figure rkpart writes there")
 
 
-def _check_summary(where: str, what: str, d: Any) -> None:
+def _check_summary(where: str, what: str, d: object) -> None:
     """An error summary (:func:`rkpart.cost_model.model.error_summary`): shares in [0, 1], counts
     integers >= 0, percentage errors in [0, :data:`MAX_APE`], each when present."""
     if d is None:
@@ -88,7 +88,7 @@ def _check_summary(where: str, what: str, d: Any) -> None:
         raise SpecError(f"{where}: {what}.n must be an integer >= 0, got {n!r}")
 
 
-def _check_fit_error(where: str, name: str, fe: Any) -> None:
+def _check_fit_error(where: str, name: str, fe: object) -> None:
     if not isinstance(fe, Mapping):
         return  # null; a wrong type is refused by _check_component
     for k in ("held_out", "in_sample", "cross_validation"):
@@ -122,7 +122,7 @@ def _check_provenance(where: str, prov: JsonMap) -> None:
                             f"0 <= lowest <= highest, got {v!r}"[:300])
 
 
-def _check_component(where: str, name: str, d: Any, table: Mapping[str, tuple[str, str]] | None = None,
+def _check_component(where: str, name: str, d: object, table: Mapping[str, tuple[str, str]] | None = None,
                      fixed: Mapping[str, Sequence[str]] | None = None) -> None:
     """One component: known terms with finite coefficients >= 0; with ``table`` (component ->
     (device, unit)) its ``unit`` and ``applies_to`` as rkpart writes them and, for a time, one
@@ -164,7 +164,7 @@ def _check_component(where: str, name: str, d: Any, table: Mapping[str, tuple[st
                         "a time is > 0: refit the model or use the shipped calibration")
 
 
-def check_accuracy(where: str, acc: Any) -> None:
+def check_accuracy(where: str, acc: object) -> None:
     """Refuse an accuracy term (a cost model's, or ``drift --accuracy``'s file) of the wrong shape or with NaN."""
     if not isinstance(acc, Mapping):
         raise SpecError(f"{where}: 'accuracy' must be an object, got {type(acc).__name__}")
@@ -194,7 +194,7 @@ def check_accuracy(where: str, acc: Any) -> None:
                 raise SpecError(f"{where}: accuracy family {fam!r}: {k!r} must be >= 0, got {row[k]!r}")
 
 
-def _check_known_issues(where: str, issues: Any) -> None:
+def _check_known_issues(where: str, issues: object) -> None:
     if not isinstance(issues, list):
         raise SpecError(f"{where}: 'known_issues' must be a list, got {type(issues).__name__}")
     for i, row in enumerate(issues):

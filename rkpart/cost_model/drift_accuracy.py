@@ -23,6 +23,7 @@ from rkpart.cost_model.model import Accuracy, CostModel
 from rkpart.errors import GateError, UserError
 from rkpart.plan.plan import Plan
 from rkpart.profile.drift import LATENT, DriftRow, nonfinite_rows
+from rkpart.types import JsonObject
 
 BASELINE = "adaln=host,residual=host"
 #: final-latent cosine a partition family must keep to be selectable
@@ -51,7 +52,7 @@ def _round_ratio(v: float) -> float:
 
 
 def accuracy_from_drift(rows: Sequence[DriftRow], families: Mapping[str, str], *, baseline: str = BASELINE,
-                        min_cosine: float = DEFAULT_MIN_COSINE) -> dict[str, Any]:
+                        min_cosine: float = DEFAULT_MIN_COSINE) -> JsonObject:
     """The ``accuracy`` term from ``rows`` (``families``: plan label -> accuracy family).
 
     Refused (:class:`~rkpart.errors.GateError`) when any row holds NaN/Inf: a NaN run would

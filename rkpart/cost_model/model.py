@@ -173,7 +173,7 @@ class ErrorSummary:
                    method=None if d.get("method") is None else str(d["method"]))
 
 
-def _num(x: Any) -> float | None:
+def _num(x: object) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
 
 
@@ -329,7 +329,7 @@ class CfgParallel:
         return {"speedup": self.speedup, "source": self.source, "measured": self.measured}
 
     @classmethod
-    def from_json(cls, d: Any, *, where: str) -> CfgParallel:
+    def from_json(cls, d: object, *, where: str) -> CfgParallel:
         if not isinstance(d, Mapping):
             raise SpecError(f"{where}: 'cfg_parallel' must be an object, got {type(d).__name__}")
         x, src, meas = d.get("speedup"), d.get("source"), d.get("measured", {})

@@ -43,6 +43,7 @@ from rkpart.cost_model.npu_time import (
 from rkpart.cost_model.rounds import outside_range, overhead
 from rkpart.errors import BudgetError, UserError
 from rkpart.targets.known_issues import CrashPattern, crash_patterns
+from rkpart.types import JsonObject
 from rkpart.units import MIB
 
 RESIDENCIES = ("per-stage", "resident")
@@ -102,7 +103,7 @@ class Option:
     def key(self) -> str:
         return f"{self.candidate.id}/{self.residency}"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {
             "candidate": self.candidate.id, "residency": self.residency, "blocks": list(self.candidate.blocks),
             "npu_stages": len(self.candidate.npu),
@@ -276,7 +277,7 @@ class Trade:
                 f"per-layer switch not measured here); {verdict} an NPU stage keeps no CPU layer "
                 f"(moved: {d * 1e3:+.3f} ms)")
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"ops": list(self.ops), "moved_s": _r(self.moved.latency), "fallback_s": _r(self.fallback_latency),
                 "fallback_cpu_s": _r(self.fallback_cpu_s),
                 "fallback_device_mib": round(self.fallback.device_bytes / MIB, 2),
@@ -299,7 +300,7 @@ class Selection:
     chosen: list[Option]  # in block order, covering every block once
     device_bytes: int
     latency: float
-    model_provenance: dict[str, Any]
+    model_provenance: JsonObject
     toolkit: str | None
     max_error_ratio: float
     notes: list[str] = field(default_factory=list)
@@ -438,7 +439,7 @@ class Selection:
             out.append(f"precision: block {blocks}: fp16 ({ch.key}): {why}")
         return out
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         blocks = []
         for start in sorted(self.options):
             blocks.append({

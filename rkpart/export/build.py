@@ -88,6 +88,8 @@ class ExportOptions:
     dtype: str = "float32"
     exporter: str = "torchscript"
     force: bool = False
+    #: frames of a video pipeline's call (``None``: the pipeline's default)
+    num_frames: int | None = None
 
 
 @dataclass
@@ -155,9 +157,6 @@ def load_pipeline(src: Path) -> Any:
     except Exception as e:  # noqa: BLE001 - a folder diffusers cannot load is the user's input
         raise InvalidModelError(f"{src}: diffusers cannot load {cls_name}: {first_line(e)}") from None
     pipe.set_progress_bar_config(disable=True)
-    if "num_frames" in _call_params(pipe):
-        raise ExportError(f"{cls_name} is a video pipeline (its call takes num_frames); rkpart export describes "
-                          "image pipelines (pipeline.json version 1: one image per call)")
     return pipe
 
 
@@ -218,9 +217,18 @@ def conditioning_args(pipe: Any, text_len: int, seed: int, mask_dtype: str = "in
             if cut:
                 mask[:, n - cut:] = 0
             out[name] = mask.to({"int64": torch.int64, "bool": torch.bool, "float": dtype}[mask_dtype])
+    if "prompt_embeds" not in out and "class_labels" in params:
+        # a class-conditional pipeline (DiT): one class per seed, below the null class the model keeps last
+        classes = _config(pipe, ("num_embeds_ada_norm", "num_classes")) or 1000
+        out["class_labels"] = [(7 * seed + 3) % classes]
+        return out
     if "prompt_embeds" not in out:
-        raise ExportError(f"{type(pipe).__name__}.__call__ takes no prompt_embeds: rkpart export records "
-                          "text-conditioned pipelines, fed their text conditioning as embeddings")
+        raise ExportError(f"{type(pipe).__name__}.__call__ takes neither prompt_embeds nor class_labels: rkpart "
+                          "export records text-conditioned pipelines fed their conditioning as embeddings, and "
+                          "class-conditioned ones")
+    for name in list(out):
+        if str(params[name].annotation).lower().startswith("list[") and out[name].dim() == 3:
+            out[name] = list(out[name].unbind(0))  # one tensor per prompt (Z-Image): the derivation stacks them
     # a text prompt argument with a default ("" for negative_prompt) would conflict with the embeddings
     for name, p in params.items():
         if _PROMPT.match(name) and p.default not in (None, inspect.Parameter.empty):
@@ -235,10 +243,16 @@ def base_args(pipe: Any, opts: ExportOptions, text_len: int, seed: int, steps: i
     params = _call_params(pipe)
     args: dict[str, Any] = conditioning_args(pipe, text_len, seed, mask_dtype)
     args.update(num_inference_steps=steps, output_type=output_type, generator=torch.Generator().manual_seed(seed))
-    if opts.height is not None:
+    # a pipeline without height= / width= (DiT) makes the size its transformer's sample_size
+    if opts.height is not None and "height" in params:
         args["height"] = opts.height
-    if opts.width is not None:
+    if opts.width is not None and "width" in params:
         args["width"] = opts.width
+    if opts.num_frames is not None:
+        if "num_frames" not in params:
+            raise UserError(f"--num-frames {opts.num_frames}: {type(pipe).__name__} is not a video pipeline (its "
+                            "call takes no num_frames)")
+        args["num_frames"] = opts.num_frames
     if "guidance_scale" in params:
         args["guidance_scale"] = guidance
     if "use_resolution_binning" in params:
@@ -286,16 +300,20 @@ def record(pipe: Any, opts: ExportOptions, text_len: int, progress: Progress) ->
             first_error = first_error or e
     else:
         assert first_error is not None
-        annotation = str(_call_params(pipe)["prompt_embeds"].annotation)  # base_args checked it is there
+        annotation = str(getattr(_call_params(pipe).get("prompt_embeds"), "annotation", ""))
         if annotation.lower().startswith("list["):  # Z-Image: one tensor per prompt, of its own length
             raise ExportError(f"{type(pipe).__name__} refuses prompt_embeds as one tensor ({first_error}); it takes "
                               f"a list of per-prompt tensors ({annotation}), which rkpart export does not "
                               "give") from None
         raise first_error
     recs: list[Recording] = []
+    takes_latents = "latents" in _call_params(pipe)
     for seed, steps, guidance, output_type in RECORDINGS:
         progress(f"recording the pipeline's call: {steps} steps, output_type={output_type!r}")
         args = base_args(pipe, opts, text_len, seed, steps, guidance, output_type, mask_dtype)
+        if not takes_latents:  # the pipeline draws its latents from generator= (DiT): the recording keeps the draw
+            recs.append(_call(pipe, record_call, args, opts, text_len))
+            continue
         tried: UserError | None = None
         for shape in probe if not recs else [recs[0].args["latents"]]:
             args["latents"] = torch.randn(shape.shape, generator=torch.Generator().manual_seed(100 + seed)).to(
@@ -318,7 +336,7 @@ def _example(facts: Facts, rec: Recording, batch: int) -> dict[str, torch.Tensor
     for name in facts.inputs:
         v = kwargs[name]
         if batch != facts.pipeline_batch and _batched(facts, name, v):
-            v = v[1:2]
+            v = v[0:1] if facts.cond_first else v[1:2]
         out[name] = v
     return out
 
@@ -361,7 +379,7 @@ def halve(facts: Facts, transformer: Any, recs: list[Recording]) -> Facts:
         if v is not None and v.ndim and v.shape[0] == 2 and (v[0] == v[1]).all():
             v = v[1:2]
         inputs[name] = dataclasses.replace(f, value=v)
-    return dataclasses.replace(facts, inputs=inputs, cfg_mode="two-pass", cond_call=0, call_batch=1)
+    return dataclasses.replace(facts, inputs=inputs, cfg_mode="two-pass", cond_call=0, call_batch=1, cond_first=False)
 
 
 def _prediction(config: dict[str, Any], cls_name: str) -> str:
@@ -397,11 +415,16 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
     sched_cls = type(pipe.scheduler).__name__
     image = np.asarray(recs[1].result)
     latent = recs[0].args["latents"]
+    loop = recs[0].steps[0].sample
     inputs: dict[str, Any] = {}
     for name, (shape, dtype) in onnx_inputs.items():
         f = facts.inputs[name]
         inputs[name] = {"role": f.role, "shape": shape, "dtype": dtype, "argument": f.argument,
                         "negative_argument": f.negative_argument, "value": name if name in values else None}
+        if f.negative_fill is not None:
+            inputs[name]["negative_fill"] = _tidy_number(f.negative_fill)
+        if f.append_valid:
+            inputs[name]["append_valid"] = f.append_valid
     vae_cfg = pipe.vae.config if getattr(pipe, "vae", None) is not None else None
     vae = None if post is None or vae_cfg is None else {
         "class": type(pipe.vae).__name__, "file": VAE_FILE, "dtype": "float32",
@@ -418,7 +441,9 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
         "pipeline": {"class": type(pipe).__name__, "diffusers": diffusers.__version__},
         "transformer": {"class": type(pipe.transformer).__name__, "file": TRANSFORMER_FILE, "dtype": opts.dtype,
                         "exporter": opts.exporter, "patches": list(patches)},
-        "image": {"height": int(image.shape[1]), "width": int(image.shape[2]), "text_len": text_len, "batch": batch},
+        # (B, H, W, 3), or a video's (B, F, H, W, 3): num_frames (null for an image pipeline)
+        "image": {"height": int(image.shape[-3]), "width": int(image.shape[-2]), "text_len": text_len, "batch": batch,
+                  **({"num_frames": int(image.shape[1])} if image.ndim == 5 else {})},
         "inputs": inputs,
         "output": {"name": output, "prediction": _prediction(sched_cfg, sched_cls),
                    "learned_sigma": facts.learned_sigma, "sign": facts.sign, "channels_axis": facts.channels_axis},
@@ -426,11 +451,14 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
                      "reverse": _reverse(facts, sched_cfg)},
         "scheduler": {"class": sched_cls, "config": sched_cfg,
                       "set_timesteps": {"sigmas": facts.sigmas_rule, "mu": facts.mu,
-                                        "timesteps": facts.timesteps_rule}},
+                                        "timesteps": facts.timesteps_rule,
+                                        **({"mu_rule": facts.mu_rule, "image_seq_len": facts.image_seq_len}
+                                           if facts.mu_rule else {})}},
         "cfg": _cfg(facts),
         "latent": {"shape": list(latent.shape), "dtype": str(latent.numpy().dtype), "init": facts.latent_init,
                    "packing": packing,
-                   "channels": int(latent.shape[-1] if packing else latent.shape[1])},
+                   # the loop latent's channels: last of tokens (B, N, C), else axis 1
+                   "channels": int(loop.shape[-1] if loop.dim() == 3 else loop.shape[1])},
         "vae": vae,
         "values": VALUES_FILE if values else None,
     }
@@ -439,9 +467,14 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
 def _cfg(facts: Facts) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "mode": facts.cfg_mode, "guidance_scale": facts.guidance_scale, "guidance_input": facts.guidance_input,
-        "combine": "uncond + g * (cond - uncond)" if facts.cfg_mode in ("batched", "two-pass") else None,
+        "combine": facts.combine if facts.cfg_mode in ("batched", "two-pass") else None,
         "scale_argument": facts.scale_argument,
+        "renorm": facts.renorm if facts.cfg_mode in ("batched", "two-pass") else None,
     }
+    if facts.cond_first:
+        cfg["batch_order"] = "cond,uncond"
+    if facts.cfg_channels is not None:
+        cfg["channels"] = facts.cfg_channels
     if facts.guidance_input_scale is not None:
         cfg["guidance_input_scale"] = facts.guidance_input_scale
     return cfg
@@ -479,6 +512,11 @@ def from_json_safe(v: Any) -> Any:
     if isinstance(v, list):
         return [from_json_safe(x) for x in v]
     return v
+
+
+def _tidy_number(v: float) -> int | float:
+    """An integral fill as an integer (DiT's null class 1000, zeros 0), else the float."""
+    return int(v) if float(v).is_integer() else float(v)
 
 
 def _number(v: Any) -> float | None:
@@ -562,7 +600,7 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
         if vae_module is not None:
             say(f"exporting the post-loop path of {type(pipe.vae).__name__} ({opts.exporter})")
             latent = recs[1].steps[-1].prev_sample.float()
-            with _positive_movedim():
+            with _positive_movedim(), _nearest_exact_upsampling():
                 vres = export_module(vae_module, {"latent": latent}, staging / VAE_FILE, exporter=opts.exporter,
                                      dtype="float32", output="image", variants=[])
             errors[VAE_FILE] = _relative(vres)
@@ -584,6 +622,13 @@ def _renested(transformer: Any, facts: Facts) -> Any:
     """The transformer itself, or, when some of its arguments hold tensors (:func:`flatten_kwargs`), a module
     taking one tensor per input that rebuilds them."""
     if not facts.nests:
+        return transformer
+    from rkpart.export.patches import patches_for
+
+    if all(n.kind == "stack" for n in facts.nests.values()) and any(
+            p.kind == "adapter" for p in patches_for(type(transformer).__name__, "torchscript")):
+        # per-sample lists stacked into batch inputs: the registry's adapter of the class takes the batch and
+        # hands its forward the lists (Z-Image's list_forward), and the class's rewrites still apply
         return transformer
     import torch
 
@@ -616,6 +661,8 @@ def _check_latent_output(rec: Recording) -> None:
     from rkpart.export.describe import same
 
     result = rec.result
+    if rec.decode_input is not None:
+        return  # a pipeline that decodes whatever output_type says (DiT): its final latent is the loop's
     if not (hasattr(result, "shape") and same(result, rec.steps[-1].prev_sample, rtol=1e-6)):
         raise DescribeError("the pipeline's output_type='latent' result is not its final loop latent; rkpart "
                             "cannot say what --latent-out should hold")
@@ -650,6 +697,40 @@ def _positive_movedim() -> Iterator[None]:
         yield
     finally:
         torch.Tensor.movedim = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _nearest_exact_upsampling() -> Iterator[None]:
+    """``interpolate(mode="nearest-exact")`` by an integer ``scale_factor`` >= 1 as ``mode="nearest"`` while an
+    exporter traces.
+
+    TorchScript has no symbolic for ``_upsample_nearest_exact2d`` (Qwen-Image's VAE upsamples so: Krea 2,
+    Nucleus-MoE); an integer upscale picks the same source pixel either way (``floor((i + 0.5) / k)`` ==
+    ``floor(i / k)``), and the exported module is checked against torch under ONNX Runtime.
+    """
+    import torch.nn.functional as F
+
+    original = F.interpolate
+
+    def integer_upscale(scale: float | tuple[float, ...] | list[float] | None) -> bool:
+        if scale is None:
+            return False
+        scales = scale if isinstance(scale, (tuple, list)) else [scale]
+        return all(float(k) >= 1 and float(k).is_integer() for k in scales)
+
+    sig = inspect.signature(original)
+
+    def interpolate(*args: Any, **kwargs: Any) -> Any:
+        a = sig.bind(*args, **kwargs).arguments  # nn.Upsample passes its mode positionally
+        if a.get("mode") == "nearest-exact" and integer_upscale(a.get("scale_factor")):
+            a["mode"] = "nearest"
+        return original(**a)
+
+    F.interpolate = interpolate
+    try:
+        yield
+    finally:
+        F.interpolate = original
 
 
 def _session(path: Path) -> Any:

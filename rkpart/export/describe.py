@@ -14,8 +14,9 @@ everything rkpart must tell apart: the seed (embeddings, masks, initial latents)
 - anything else is refused: rkpart cannot reproduce where it comes from.
 
 How the transformer's outputs become the scheduler's ``model_output`` is found by trying a small
-set of candidates (which call or batch half is unconditional, CFG combination or not, a
-learned-sigma channel split, a sign) against the recorded ``model_output`` of every step.
+set of candidates (which call or batch half is unconditional, the CFG combination forms of
+:data:`COMBINES` with or without a :data:`RENORMS` rescale, or none, a learned-sigma channel split,
+a sign) against the recorded ``model_output`` of every step.
 
 :func:`replay` then runs the denoising loop from the description alone (a fresh scheduler made
 from the saved config, the transformer fed from the description's sources) and checks every
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from rkpart.description import flux2_empirical_mu
 from rkpart.errors import ExportError
 
 if TYPE_CHECKING:
@@ -73,6 +75,11 @@ class InputFact:
     negative_argument: str | None = None
     #: a constant input's value (written to ``inputs.npz`` under ``name``)
     value: np.ndarray | None = None
+    #: the unconditional pass takes ``argument``'s shape filled with this number (``negative_argument`` is ``None``):
+    #: zeros (CogView3-Plus), DiT's null class 1000
+    negative_fill: float | None = None
+    #: the argument extended with this many valid positions (ones) on its last axis (Chroma's mask)
+    append_valid: int = 0
 
 
 @dataclass(frozen=True)
@@ -85,8 +92,9 @@ class Nest:
     rest: tuple[tuple[Any, Any], ...] = ()
 
 
-def flatten_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Nest]]:
-    """``kwargs`` with every tuple / list / dict of tensors (one level) spread into ``<arg>_<key>`` inputs.
+def flatten_kwargs(kwargs: dict[str, Any], per_sample: tuple[int, ...] = ()) -> tuple[dict[str, Any], dict[str, Nest]]:
+    """``kwargs`` with every tuple / list / dict of tensors (one level) spread into ``<arg>_<key>`` inputs; a list
+    of ``n`` tensors of one shape, ``n`` in ``per_sample`` (the call's batch), stacked into one input.
 
     HunyuanDiT's ``image_rotary_emb`` (a (cos, sin) pair), PixArt-α's ``added_cond_kwargs``
     (``resolution`` and ``aspect_ratio`` tensors): an ONNX graph takes tensors, one per input.
@@ -96,6 +104,12 @@ def flatten_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Ne
     flat: dict[str, Any] = {}
     nests: dict[str, Nest] = {}
     for k, v in kwargs.items():
+        if isinstance(v, list) and len(v) in per_sample and all(
+                isinstance(x, torch.Tensor) and x.shape == v[0].shape for x in v):
+            # one tensor per sample of the batch (Z-Image's x and cap_feats): the batch, stacked
+            nests[k] = Nest("stack", ((0, k),))
+            flat[k] = torch.stack(v)
+            continue
         items: list[tuple[Any, Any]] | None = None
         if isinstance(v, (tuple, list)) and v and all(isinstance(x, torch.Tensor) for x in v):
             items = list(enumerate(v))
@@ -117,7 +131,9 @@ def nest_kwargs(flat: dict[str, Any], nests: dict[str, Nest]) -> dict[str, Any]:
     owned = {name for n in nests.values() for _key, name in n.names}
     out = {k: v for k, v in flat.items() if k not in owned}
     for arg, n in nests.items():
-        if n.kind == "dict":
+        if n.kind == "stack":
+            out[arg] = list(flat[arg].unbind(0))
+        elif n.kind == "dict":
             d = dict(n.rest)
             d.update({key: flat[name] for key, name in n.names})
             out[arg] = d
@@ -162,6 +178,17 @@ class Facts:
     #: forward arguments that are a tuple / list / dict holding tensors, flattened into one input per
     #: tensor (:func:`flatten_kwargs`; :func:`nest_kwargs` rebuilds them for the call)
     nests: dict[str, Nest] = field(default_factory=dict)
+    #: the CFG combination (a key of :data:`COMBINES`) and its rescale (one of :data:`RENORMS`, or ``None``)
+    combine: str = "uncond + g * (cond - uncond)"
+    renorm: str | None = None
+    #: a ``mu`` that depends on the step count: its rule (a key of :data:`MU_RULES`) and the image token count
+    mu_rule: str | None = None
+    image_seq_len: int | None = None
+    #: batched: the pair is ``[cond, uncond]`` (Lumina-Next, DiT), not diffusers' usual ``[uncond, cond]``
+    cond_first: bool = False
+    #: the CFG combination applies to the first ``cfg_channels`` output channels only, the rest are the
+    #: conditional prediction's (Lumina-Next: 3; ``None``: every channel)
+    cfg_channels: int | None = None
 
 
 # -- comparisons ---------------------------------------------------------------------------------
@@ -227,6 +254,25 @@ def _check_structure(recs: Sequence[Recording]) -> int:
     return next(iter(counts))
 
 
+def _undouble(recs: Sequence[Recording]) -> None:
+    """A pipeline that steps its scheduler on the CFG pair's two identical halves (DiT: the loop variable is
+    ``cat([x, x])``, the model output ``[combined, combined]``) loops on one half: every step's sample, model
+    output and result are kept as their first half."""
+    import torch
+
+    def doubled(x: torch.Tensor, rows: int) -> bool:
+        return x.dim() > 0 and x.shape[0] == 2 * rows and bool(torch.equal(x[:rows], x[rows:]))
+
+    for r in recs:
+        given = r.args.get("latents")
+        rows = given.shape[0] if isinstance(given, torch.Tensor) and given.dim() else 0
+        if not rows or not all(doubled(s.sample, rows) and doubled(s.model_output, rows)
+                               and doubled(s.prev_sample, rows) for s in r.steps):
+            continue
+        for s in r.steps:
+            s.sample, s.model_output, s.prev_sample = s.sample[:rows], s.model_output[:rows], s.prev_sample[:rows]
+
+
 def _latent_input(recs: Sequence[Recording]) -> tuple[str, int]:
     """The transformer input equal to the loop latent in every call, and the call batch."""
     import torch
@@ -241,7 +287,9 @@ def _latent_input(recs: Sequence[Recording]) -> tuple[str, int]:
         ok = True
         for _r, s, _i, c in _calls(recs):
             x = c.kwargs.get(name)
-            if not isinstance(x, torch.Tensor) or not same(x, torch.cat([s.sample] * rows) if rows == 2 else s.sample):
+            want = torch.cat([s.sample] * rows) if rows == 2 else s.sample
+            # a singleton axis the pipeline adds (Z-Image's frame axis: unsqueeze(2)) is the same values
+            if not isinstance(x, torch.Tensor) or x.numel() != want.numel() or not same(x.reshape(want.shape), want):
                 ok = False
                 break
         if ok:
@@ -254,20 +302,41 @@ def _is_negative(arg: str) -> bool:
     return arg.startswith("negative_") or arg.startswith("neg_") or "_negative_" in arg
 
 
-def _argument_source(name: str, recs: Sequence[Recording], mode: str) -> tuple[str | None, str | None] | None:
-    """``(argument, negative_argument)`` when input ``name`` comes from call arguments in every call."""
+#: the pseudo-argument of an unconditional pass fed a constant shaped like the conditional argument
+FILL = "\0fill"
+
+
+def _argument_source(name: str, recs: Sequence[Recording], mode: str, append: int = 0
+                     ) -> tuple[str, str | None, float | None] | None:
+    """``(argument, negative_argument, negative_fill)`` when input ``name`` comes from call arguments in every
+    call (``negative_fill``: the unconditional pass takes ``argument``'s shape filled with that number, zeros or
+    the value the first call's unconditional part holds); ``append``: each argument extended with that many
+    valid positions (ones) on its last axis."""
     import torch
 
     calls = _calls(recs)
     args0 = _tensors(recs[0].args)
 
+    fills = [0.0]
+    v0 = recs[0].steps[0].calls[0].kwargs.get(name)
+    if isinstance(v0, torch.Tensor) and v0.dim() and v0.shape[0] == 2 and mode == "batched":
+        for row in (v0[0], v0[1]):  # a constant row of the batched pair (DiT's null class)
+            first = _scalar_value(row)
+            if first is not None and first != 0:
+                fills.append(first)
+    fill = 0.0
+
+    def val(r: Recording, x: str, other: str) -> torch.Tensor:
+        v = torch.full_like(r.args[other], fill) if x == FILL else r.args[x]
+        return torch.cat([v, torch.ones((*v.shape[:-1], append), dtype=v.dtype)], dim=-1) if append else v
+
     def expected(r: Recording, i: int, a: str, b: str) -> Any:
         # batched: a is the conditional row (second), b the unconditional (first); two-pass: a feeds call 0
         if mode == "batched":
-            return torch.cat([r.args[b], r.args[a]])
+            return torch.cat([val(r, b, a), val(r, a, b)])
         if mode == "two-pass":
-            return r.args[a] if i == 0 else r.args[b]
-        return r.args[a]
+            return val(r, a, b) if i == 0 else val(r, b, a)
+        return val(r, a, a)
 
     def holds(a: str, b: str) -> bool:
         return all(isinstance(c.kwargs.get(name), torch.Tensor) and same(c.kwargs[name], expected(r, i, a, b))
@@ -276,43 +345,43 @@ def _argument_source(name: str, recs: Sequence[Recording], mode: str) -> tuple[s
     names = sorted(args0, key=lambda a: (_is_negative(a), a))
     pairs = [(a, b) for a in names for b in names if args0[a].shape == args0[b].shape] if mode != "none" \
         else [(a, a) for a in names]
+    filled: list[tuple[str, str]] = []
+    if mode in ("batched", "two-pass"):
+        # tried after every pair of arguments: a negative argument the call was given is what it takes
+        filled += [(a, FILL) for a in names if not _is_negative(a)]
+        filled += [(FILL, a) for a in names if not _is_negative(a)]
     for a, b in pairs:
         if not holds(a, b):
             continue
         if mode == "batched":
-            return a, b
+            # the second row is fed the negative argument: the pipeline batches [cond, uncond] (Lumina-Next)
+            return (b, a, None) if _is_negative(a) and not _is_negative(b) else (a, b, None)
         if mode == "two-pass":
             # the conditional pass is the one fed the argument that is not a negative one
-            return (a, b) if not _is_negative(a) or _is_negative(b) else (b, a)
-        return a, None
-    if mode == "batched":
-        for a in names:
-            if all(isinstance(c.kwargs.get(name), torch.Tensor)
-                   and same(c.kwargs[name], torch.cat([torch.zeros_like(r.args[a]), r.args[a]]))
-                   for r, _s, _i, c in calls):
-                raise DescribeError(f"transformer input {name!r}: the unconditional pass takes zeros, not the "
-                                    f"negative of {a} the call was given; pipeline.json version 1 describes an "
-                                    "unconditional input only as a call argument")
+            return ((a, b) if not _is_negative(a) or _is_negative(b) else (b, a)) + (None,)
+        return a, None, None
+    for fill in fills:
+        for a, b in filled:
+            if holds(a, b):
+                return (b if a == FILL else a), None, fill
     return None
 
 
-def _diagnose_extended_mask(name: str, recs: Sequence[Recording]) -> None:
-    """Refuse, naming it, an input that is a mask argument extended with valid positions (Chroma appends the
-    image tokens to the text mask), which pipeline.json version 1 cannot describe."""
+def _appended_source(name: str, recs: Sequence[Recording], mode: str
+                     ) -> tuple[str, str | None, float | None, int] | None:
+    """``(argument, negative_argument, negative_fill, n)`` when input ``name`` is a mask argument extended with
+    ``n`` valid positions on its last axis in every call (Chroma appends its image tokens to the text mask)."""
     import torch
 
-    for arg, a in _tensors(recs[0].args).items():
-        if "mask" not in arg:
-            continue
-        c = recs[0].steps[0].calls[0]
-        v = c.kwargs.get(name)
-        if not isinstance(v, torch.Tensor) or v.dim() != a.dim() or v.shape[-1] <= a.shape[-1]:
-            continue
-        head, tail = v[..., : a.shape[-1]], v[..., a.shape[-1]:]
-        if bool((tail.double() == 1).all()) and (same(head[-1:], a) or same(head[:1], a)):
-            raise DescribeError(f"transformer input {name!r} is the call's {arg} extended with {tail.shape[-1]} "
-                                "valid positions (the image tokens); pipeline.json version 1 feeds a mask only as a "
-                                "call argument")
+    v = recs[0].steps[0].calls[0].kwargs.get(name)
+    if not isinstance(v, torch.Tensor) or v.dim() == 0:
+        return None
+    for n in sorted({v.shape[-1] - a.shape[-1] for arg, a in _tensors(recs[0].args).items()
+                     if "mask" in arg and a.dim() == v.dim() and 0 < a.shape[-1] < v.shape[-1]}):
+        src = _argument_source(name, recs, mode, append=n)
+        if src is not None:
+            return (*src, n)
+    return None
 
 
 def _fit_timestep(name: str, recs: Sequence[Recording]) -> tuple[float, float] | None:
@@ -433,9 +502,21 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
     import torch
 
     per_step = _check_structure(recs)
+    _undouble(recs)
+    for r in recs:
+        for arg, given in list(r.args.items()):  # a list of numbers (DiT's class_labels) is a tensor
+            if isinstance(given, list) and given and all(isinstance(x, int) and not isinstance(x, bool)
+                                                         for x in given):
+                r.args[arg] = torch.tensor(given)
+            # a call argument given as one tensor per prompt (Z-Image's prompt_embeds) is their batch
+            elif isinstance(given, list) and given and all(isinstance(x, torch.Tensor) and x.shape == given[0].shape
+                                                         for x in given):
+                r.args[arg] = torch.stack(given)
     nests: dict[str, Nest] = {}
+    rows = recs[0].steps[0].sample.shape[0]
+    per_sample = (rows, 2 * rows)
     for _r, _s, _i, c in _calls(recs):
-        c.kwargs, nested = flatten_kwargs(c.kwargs)
+        c.kwargs, nested = flatten_kwargs(c.kwargs, per_sample)
         if nests and nested != nests:
             raise DescribeError("the transformer's nested arguments change between calls; rkpart exports one "
                                 "graph for every call")
@@ -462,8 +543,8 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
             continue
         src = _argument_source(name, recs, mode)
         if src is not None:
-            arg, neg = src
-            facts[name] = InputFact(name, _role_of_argument(arg or ""), arg, neg)
+            arg, neg, fill = src
+            facts[name] = InputFact(name, _role_of_argument(arg), arg, neg, negative_fill=fill)
             continue
         fit = _fit_timestep(name, recs)
         if fit is not None and timestep is None:
@@ -476,15 +557,24 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
             facts[name] = InputFact(name, "guidance")
             continue
         value = _constant(name, recs)
+        if value is not None and v.is_complex():
+            # ONNX has no complex inputs: a complex constant (Lumina-Next's RoPE table) is the model's, baked in
+            # (the export's patches make it real)
+            fixed[name] = v
+            continue
         if value is not None:
             facts[name] = InputFact(name, _role_of_constant(name), value=value)
             continue
-        _diagnose_extended_mask(name, recs)
+        appended = _appended_source(name, recs, mode)
+        if appended is not None:
+            arg, neg, fill, n = appended
+            facts[name] = InputFact(name, _role_of_argument(arg), arg, neg, negative_fill=fill, append_valid=n)
+            continue
         raise DescribeError(f"transformer input {name!r} is neither a call argument, the loop latent, the timestep "
                             "(scale * t + offset), the guidance nor a constant; rkpart cannot tell where the "
                             "pipeline takes it from")
     for _r, _s, _i, c in _calls(recs):
-        if set(_tensors(c.kwargs)) != {n for n, f in facts.items()}:
+        if set(_tensors(c.kwargs)) - fixed.keys() != {n for n, f in facts.items()}:
             raise DescribeError("the transformer's tensor arguments differ between calls "
                                 f"({sorted(_tensors(c.kwargs))} vs {sorted(facts)})")
     if timestep is None:
@@ -495,10 +585,13 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
     cond_call = _cond_call(facts, recs) if mode == "two-pass" else None
     # a token sequence (B, tokens, channels: packed latents) has its channels last
     channels_axis = 2 if recs[0].steps[0].sample.dim() == 3 else 1
-    learned_sigma, sign, scale_arg = _find_combination(recs, mode, cond_call, scale_args, channels_axis)
+    cond_first = mode == "batched" and _cond_first(facts, recs)
+    learned_sigma, sign, scale_arg, combine, renorm, cfg_channels = _find_combination(
+        recs, mode, cond_call, scale_args, channels_axis, cond_first)
     if guidance is not None:
         scale_arg = guidance[2]
     gdefault = defaults.get(scale_arg) if scale_arg else None
+    mu, mu_rule, seq_len = _mu(recs)
     return Facts(
         inputs=facts, cfg_mode=mode, scale_argument=scale_arg,
         guidance_scale=float(gdefault) if isinstance(gdefault, (int, float)) else None,
@@ -506,11 +599,13 @@ def derive(recs: Sequence[Recording], defaults: dict[str, Any], num_train_timest
         guidance_input_scale=guidance[1] if guidance else None,
         cond_call=cond_call, learned_sigma=learned_sigma, sign=sign, channels_axis=channels_axis,
         timestep_input=timestep[0], timestep_scale=timestep[1], timestep_offset=timestep[2],
-        sigmas_rule=_named_rule(recs, "sigmas", SIGMA_RULES, num_train_timesteps), mu=_mu(recs),
+        sigmas_rule=_named_rule(recs, "sigmas", SIGMA_RULES, num_train_timesteps), mu=mu, mu_rule=mu_rule,
+        image_seq_len=seq_len,
         timesteps_rule=_named_rule(recs, "timesteps", TIMESTEP_RULES, num_train_timesteps),
         latent_init=_latent_init(recs),
         latent_input=latent_input,
-        call_batch=call_batch, pipeline_batch=call_batch, fixed=fixed, nests=nests,
+        call_batch=call_batch, pipeline_batch=call_batch, fixed=fixed, nests=nests, combine=combine, renorm=renorm,
+        cond_first=cond_first, cfg_channels=cfg_channels,
     )
 
 
@@ -526,10 +621,29 @@ def _holds_tensor(v: Any) -> bool:
     return False
 
 
+def _cond_first(facts: dict[str, InputFact], recs: Sequence[Recording]) -> bool:
+    """Batched: whether the pair is ``[cond, uncond]`` (every input fed two arguments agrees)."""
+    import torch
+
+    orders = set()
+    c0, args = recs[0].steps[0].calls[0].kwargs, recs[0].args
+    for f in facts.values():
+        if f.argument is None or (f.negative_argument in (None, f.argument) and f.negative_fill is None):
+            continue
+        pos = args[f.argument]
+        neg = torch.full_like(pos, f.negative_fill) if f.negative_fill is not None else args[f.negative_argument or ""]
+        orders.add(bool(same(c0[f.name], torch.cat([pos, neg]))) and not same(c0[f.name], torch.cat([neg, pos])))
+    if len(orders) > 1:
+        raise DescribeError("the pipeline's batched CFG pair puts the conditional row first for one input and second "
+                            "for another")
+    return orders == {True}
+
+
 def _cond_call(facts: dict[str, InputFact], recs: Sequence[Recording]) -> int:
     """Two-pass: the conditional call of a step is the one fed the non-negative argument."""
     for f in facts.values():
-        if f.argument is not None and f.negative_argument is not None and f.argument != f.negative_argument:
+        if f.argument is not None and (f.negative_fill is not None or (f.negative_argument is not None
+                                                            and f.argument != f.negative_argument)):
             r = recs[0]
             c0 = r.steps[0].calls[0].kwargs[f.name]
             return 0 if same(c0, r.args[f.argument]) else 1
@@ -538,96 +652,91 @@ def _cond_call(facts: dict[str, InputFact], recs: Sequence[Recording]) -> int:
 
 
 def _find_combination(recs: Sequence[Recording], mode: str, cond_call: int | None, scale_args: list[str],
-                      axis: int) -> tuple[bool, int, str | None]:
-    """``(learned_sigma, sign, scale argument)`` giving every step's model_output."""
+                      axis: int, cond_first: bool = False) -> tuple[bool, int, str | None, str, str | None, int | None]:
+    """``(learned_sigma, sign, scale argument, combine, renorm)`` giving every step's model_output.
+
+    The CFG candidates are the forms of :data:`COMBINES` (the usual one first), each with and without the
+    rescale of :data:`RENORMS`; the two recordings' guidance scales differ, so a form that holds at both is
+    the pipeline's function of ``g``, not a coincidence of one scale.
+    """
     scales: list[str | None] = list(scale_args) if mode in ("batched", "two-pass") else [None]
-    for scale_arg in scales:
-        for learned in (False, True):
-            for sign in (1, -1):
-                ok = True
-                for r in recs:
-                    for s in r.steps:
-                        g = float(r.args[scale_arg]) if scale_arg else 1.0
-                        x = combine_outputs([c.output for c in s.calls], mode, cond_call, g, learned, sign, axis)
-                        if x is None or not same(x.to(s.model_output.dtype), s.model_output, rtol=1e-4):
-                            ok = False
+    cfg = mode in ("batched", "two-pass")
+    forms: list[tuple[str, str | None, int | None]] = [(c, r, None) for r in (None, *RENORMS) for c in COMBINES] \
+        if cfg else [(STANDARD, None, None)]
+    out_channels = recs[0].steps[0].calls[0].output.shape[axis] if cfg else 0
+    # then the usual form on the first k channels only, the rest the conditional prediction's (Lumina-Next)
+    forms += [(STANDARD, None, k) for k in range(1, out_channels)]
+    for combine, renorm, channels in forms:
+        for scale_arg in scales:
+            for learned in (False, True):
+                for sign in (1, -1):
+                    ok = True
+                    for r in recs:
+                        for s in r.steps:
+                            g = float(r.args[scale_arg]) if scale_arg else 1.0
+                            x = combine_outputs([c.output for c in s.calls], mode, cond_call, g, learned, sign, axis,
+                                                combine=combine, renorm=renorm, cond_first=cond_first,
+                                                channels=channels)
+                            if x is None or x.numel() != s.model_output.numel() or not same(
+                                    x.to(s.model_output.dtype).reshape(s.model_output.shape), s.model_output,
+                                    rtol=1e-4):
+                                ok = False
+                                break
+                        if not ok:
                             break
-                    if not ok:
-                        break
-                if ok:
-                    return learned, sign, scale_arg
-    _diagnose_renorm(recs, mode, cond_call, scale_args)
-    _diagnose_offset_scale(recs, mode, cond_call, scale_args)
+                    if ok:
+                        return learned, sign, scale_arg, combine, renorm, channels
     # name the first step no candidate reproduces
     r, s = recs[0], recs[0].steps[0]
     shapes = [tuple(c.output.shape) for c in s.calls]
+    forms_said = " or ".join(COMBINES) + f", with or without {' / '.join(RENORMS)}"
     raise DescribeError(f"step 1 of {len(r.steps)}: no combination of the transformer output(s) {shapes} (CFG "
-                        f"uncond + g * (cond - uncond) or none, learned-sigma split or none, sign) gives the "
+                        f"{forms_said}, or none; learned-sigma split or none; sign) gives the "
                         f"scheduler's model_output {tuple(s.model_output.shape)}")
 
 
-def _diagnose_renorm(recs: Sequence[Recording], mode: str, cond_call: int | None, scale_args: list[str]) -> None:
-    """Refuse, naming it, the CFG that rescales the combination to the conditional prediction's norm (over the
-    last axis: Qwen-Image's and Nucleus-MoE's "true CFG"), which pipeline.json version 1 cannot describe."""
-    if mode not in ("batched", "two-pass"):
-        return
-    for scale_arg in scale_args:
-        for sign in (1, -1):
-            ok = True
-            for r in recs:
-                for s in r.steps:
-                    outs = [c.output for c in s.calls]
-                    x = combine_outputs(outs, mode, cond_call, float(r.args[scale_arg]), False, 1)
-                    cond = outs[cond_call or 0] if mode == "two-pass" else outs[0].chunk(2)[1]
-                    if x is None or x.shape != cond.shape:
-                        return
-                    x = x * (cond.norm(dim=-1, keepdim=True) / x.norm(dim=-1, keepdim=True)) * sign
-                    if not same(x.to(s.model_output.dtype), s.model_output, rtol=1e-4):
-                        ok = False
-                        break
-                if not ok:
-                    break
-            if ok:
-                raise DescribeError("the pipeline rescales its CFG combination to the norm of the conditional "
-                                    "prediction (uncond + g * (cond - uncond)) * |cond| / |comb|; pipeline.json "
-                                    "version 1 describes only uncond + g * (cond - uncond)")
-
-
-def _diagnose_offset_scale(recs: Sequence[Recording], mode: str, cond_call: int | None,
-                           scale_args: list[str]) -> None:
-    """Refuse, naming it, ``cond + g * (cond - uncond)`` (Krea 2's convention: the usual combination at
-    ``g + 1``), which pipeline.json version 1 does not describe as a function of the call's ``g``."""
-    if mode not in ("batched", "two-pass"):
-        return
-    def matches(scale_arg: str, learned: bool, sign: int) -> bool:
-        for r in recs:
-            for s in r.steps:
-                x = combine_outputs([c.output for c in s.calls], mode, cond_call, float(r.args[scale_arg]) + 1.0,
-                                    learned, sign)
-                if x is None or not same(x.to(s.model_output.dtype), s.model_output, rtol=1e-4):
-                    return False
-        return True
-
-    for scale_arg in scale_args:
-        if any(matches(scale_arg, learned, sign) for learned in (False, True) for sign in (1, -1)):
-            raise DescribeError("the pipeline combines its CFG passes as cond + g * (cond - uncond) (the usual "
-                                f"uncond + g * (cond - uncond) at g = {scale_arg} + 1); pipeline.json version 1 "
-                                "describes only the usual form at the call's scale")
+#: the CFG combinations of ``cond`` and ``uncond`` at guidance scale ``g`` (``cfg.combine``, docs/pipeline-json.md)
+STANDARD = "uncond + g * (cond - uncond)"
+COMBINES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] = {
+    STANDARD: lambda cond, uncond, g: uncond + g * (cond - uncond),
+    # Krea 2: the usual form at g + 1
+    "cond + g * (cond - uncond)": lambda cond, uncond, g: cond + g * (cond - uncond),
+}
+#: rescales of the combination ``x`` (``cfg.renorm``): ``cond_l2_last_axis`` is ``x * |cond| / |x|``, the L2
+#: norms over the last axis of the transformer output (keepdim): Lumina 2's and Nucleus-MoE's CFG normalisation
+RENORMS = ("cond_l2_last_axis",)
 
 
 def combine_outputs(outputs: Sequence[torch.Tensor], mode: str, cond_call: int | None, g: float, learned: bool,
-                    sign: int, axis: int = 1) -> torch.Tensor | None:
-    """The scheduler's ``model_output`` from a step's transformer outputs, as the description says."""
-    if mode == "two-pass":
-        if len(outputs) != 2 or cond_call is None:
-            return None
-        cond, uncond = outputs[cond_call], outputs[1 - cond_call]
-        x = uncond + g * (cond - uncond)
-    elif mode == "batched":
-        if len(outputs) != 1 or outputs[0].shape[0] % 2:
-            return None
-        uncond, cond = outputs[0].chunk(2)
-        x = uncond + g * (cond - uncond)
+                    sign: int, axis: int = 1, *, combine: str = STANDARD, renorm: str | None = None,
+                    cond_first: bool = False, channels: int | None = None) -> torch.Tensor | None:
+    """The scheduler's ``model_output`` from a step's transformer outputs, as the description says:
+    the CFG ``combine`` form (on the first ``channels`` channels only, the rest the conditional prediction's),
+    then the ``renorm`` rescale, then the learned-sigma split, then the sign."""
+    import torch
+
+    if mode in ("two-pass", "batched"):
+        if mode == "two-pass":
+            if len(outputs) != 2 or cond_call is None:
+                return None
+            cond, uncond = outputs[cond_call], outputs[1 - cond_call]
+        else:
+            if len(outputs) != 1 or outputs[0].shape[0] % 2:
+                return None
+            uncond, cond = outputs[0].chunk(2)
+            if cond_first:
+                cond, uncond = uncond, cond
+        if channels is not None:
+            if cond.dim() <= axis or cond.shape[axis] <= channels:
+                return None
+            head = COMBINES[combine](cond.narrow(axis, 0, channels), uncond.narrow(axis, 0, channels), g)
+            x = torch.cat([head, cond.narrow(axis, channels, cond.shape[axis] - channels)], dim=axis)
+        else:
+            x = COMBINES[combine](cond, uncond, g)
+        if renorm == "cond_l2_last_axis":
+            x = x * (cond.norm(dim=-1, keepdim=True) / x.norm(dim=-1, keepdim=True))
+        elif renorm is not None:
+            raise ValueError(f"unknown renorm {renorm!r}")
     else:
         if len(outputs) != 1:
             return None
@@ -656,7 +765,24 @@ def _named_rule(recs: Sequence[Recording], arg: str, rules: dict[str, Callable[[
                         f"follow no rule rkpart knows ({', '.join(rules)})")
 
 
-def _mu(recs: Sequence[Recording]) -> float | None:
+#: ``mu`` the pipeline passes to ``set_timesteps`` when it depends on the step count ``n``, by name: a rule of the
+#: image token count ``L`` (``set_timesteps.image_seq_len``) and ``n``
+MU_RULES: dict[str, Callable[[int, int], float]] = {"flux2_empirical": flux2_empirical_mu}
+
+
+def _image_seq_lens(recs: Sequence[Recording]) -> list[int]:
+    """Candidates for the image token count a ``mu`` rule reads: the loop latent's tokens (``(B, N, C)``) or
+    its positions (``(B, C, H, W)``: ``H * W``; 2x2 patches of them: ``H * W / 4``)."""
+    shape = tuple(recs[0].steps[0].sample.shape)
+    if len(shape) == 3:
+        return [shape[1]]
+    hw = math.prod(shape[2:])
+    return [hw, hw // 4]
+
+
+def _mu(recs: Sequence[Recording]) -> tuple[float | None, str | None, int | None]:
+    """``(mu, None, None)`` for a ``mu`` the same at every step count, ``(None, rule, image_seq_len)`` for one
+    that follows a rule of :data:`MU_RULES`, ``(None, None, None)`` when the pipeline passes none."""
     mus = [r.set_timesteps.get("mu") for r in recs]
     known = {"num_inference_steps", "device", "sigmas", "mu", "timesteps"}
     for r in recs:
@@ -665,12 +791,19 @@ def _mu(recs: Sequence[Recording]) -> float | None:
             raise DescribeError(f"the pipeline passes {', '.join(extra)} to set_timesteps; rkpart records only "
                                 "the step count, sigmas, timesteps and mu")
     if all(m is None for m in mus):
-        return None
+        return None, None, None
     vals = [float(m) for m in mus if m is not None]
-    if len(vals) != len(mus) or any(abs(v - vals[0]) > 1e-9 * max(1.0, abs(vals[0])) for v in vals):
-        raise DescribeError(f"mu passed to set_timesteps changes with the step count ({mus}); rkpart records it as "
-                            "a constant of the image size")
-    return vals[0]
+    if len(vals) != len(mus):
+        raise DescribeError("the pipeline passes mu to set_timesteps at one step count and not at another")
+    if all(abs(v - vals[0]) <= 1e-9 * max(1.0, abs(vals[0])) for v in vals):
+        return vals[0], None, None
+    for name, rule in MU_RULES.items():
+        for seq_len in _image_seq_lens(recs):
+            if all(abs(rule(seq_len, len(r.steps)) - v) <= 1e-9 * max(1.0, abs(v)) for r, v in zip(recs, vals,
+                                                                                                     strict=True)):
+                return None, name, seq_len
+    raise DescribeError(f"mu passed to set_timesteps changes with the step count ({mus}) and follows no rule rkpart "
+                        f"knows ({', '.join(MU_RULES)})")
 
 
 def _latent_init(recs: Sequence[Recording]) -> str:
@@ -681,10 +814,23 @@ def _latent_init(recs: Sequence[Recording]) -> str:
             results.append("identity")
         elif same(first, given * r.init_noise_sigma, rtol=1e-6):
             results.append("init_noise_sigma")
+        elif given.dim() >= 3 and same(first, to_tokens(given), rtol=1e-6):
+            results.append("tokens")
         else:
             raise DescribeError("the pipeline changes the given latents= before its loop in a way rkpart does not "
-                                "reproduce (neither as given nor times the scheduler's init_noise_sigma)")
-    return "identity" if all(x == "identity" for x in results) else "init_noise_sigma"
+                                "reproduce (as given, times the scheduler's init_noise_sigma, or its positions as "
+                                "row-major tokens)")
+    if len(set(results)) == 1:
+        return results[0]
+    if set(results) == {"identity", "init_noise_sigma"}:
+        return "init_noise_sigma"
+    raise DescribeError(f"the pipeline prepares the given latents= differently at two step counts ({results})")
+
+
+def to_tokens(x: torch.Tensor) -> torch.Tensor:
+    """``latent.init: tokens``: ``(B, C, *positions)`` -> ``(B, prod(positions), C)``, positions row-major
+    (Flux.2's ``_pack_latents``)."""
+    return x.flatten(2).transpose(1, 2)
 
 
 # -- replay ----------------------------------------------------------------------------------------
@@ -712,9 +858,17 @@ def step_inputs(facts: Facts, args: dict[str, Any], latent: torch.Tensor, t: tor
             elif f.value is not None:
                 v = torch.from_numpy(f.value)
             elif facts.cfg_mode == "batched":
-                v = torch.cat([args[f.negative_argument or ""], args[f.argument or ""]])
+                pos = args[f.argument or ""]
+                neg = torch.full_like(pos, f.negative_fill) if f.negative_fill is not None \
+                    else args[f.negative_argument or ""]
+                v = torch.cat([pos, neg] if facts.cond_first else [neg, pos])
+            elif not cond and f.negative_fill is not None:
+                v = torch.full_like(args[f.argument or ""], f.negative_fill)
             else:
                 v = args[(f.argument if cond else f.negative_argument) or ""]
+            if f.append_valid and f.value is None:
+                v = torch.cat([v.to(dtypes[name]), torch.ones((*v.shape[:-1], f.append_valid), dtype=dtypes[name])],
+                              dim=-1)
             feeds[name] = v.to(dtypes[name])
         out.append(feeds)
     return out
@@ -736,6 +890,8 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
     kwargs: dict[str, Any] = {}
     if facts.mu is not None:
         kwargs["mu"] = facts.mu
+    elif facts.mu_rule is not None:
+        kwargs["mu"] = MU_RULES[facts.mu_rule](facts.image_seq_len or 0, n)
     t_train = int(scheduler_config.get("num_train_timesteps") or 1000)
     if facts.timesteps_rule is not None:
         kwargs["timesteps"] = TIMESTEP_RULES[facts.timesteps_rule](n, t_train)
@@ -751,6 +907,8 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
     latent = rec.args["latents"].clone()
     if facts.latent_init == "init_noise_sigma":
         latent = latent * sched.init_noise_sigma
+    elif facts.latent_init == "tokens":
+        latent = to_tokens(latent)
     step_kwargs: dict[str, Any] = {}
     if "generator" in __import__("inspect").signature(sched.step).parameters:
         # a stochastic scheduler (DDPM) draws its noise from the call's generator, as the pipeline passed it
@@ -770,9 +928,10 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
 
             outs.append(first_output(out))
         mo = combine_outputs(outs, facts.cfg_mode, facts.cond_call, g, facts.learned_sigma, facts.sign,
-                             facts.channels_axis)
+                             facts.channels_axis, combine=facts.combine, renorm=facts.renorm,
+                             cond_first=facts.cond_first, channels=facts.cfg_channels)
         assert mo is not None
-        latent = sched.step(mo, t, latent, return_dict=False, **step_kwargs)[0]
+        latent = sched.step(mo.reshape(latent.shape), t, latent, return_dict=False, **step_kwargs)[0]
         if not same(latent, rec.steps[i].prev_sample, rtol=1e-4):
             err = float((latent - rec.steps[i].prev_sample).abs().max())
             raise DescribeError(f"step {i + 1} of {n}: the loop run from the description differs from the "

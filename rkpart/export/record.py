@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -89,6 +90,9 @@ def first_output(out: Any) -> torch.Tensor:
 
     if isinstance(out, torch.Tensor):
         return out
+    if isinstance(out, list) and out and all(isinstance(x, torch.Tensor) and x.shape == out[0].shape
+                                                      for x in out):
+        return torch.stack(out)  # one prediction per sample (Z-Image's list): the batch
     if isinstance(out, (tuple, list)):
         return first_output(out[0])
     sample = getattr(out, "sample", None)
@@ -195,10 +199,26 @@ def record_call(pipe: Any, args: dict[str, Any]) -> Recording:
     gen = args.get("generator")
     if isinstance(gen, torch.Generator):
         rec.generator_state = gen.get_state().clone()
-    with hooked(pipe, rec), torch.no_grad():
-        out = pipe(**args)
+    drawn: list[torch.Tensor] = []
+    with contextlib.ExitStack() as stack:
+        if "latents" not in args:  # the pipeline draws its own (DiT takes no latents=): its first draw is them
+            for m in _randn_modules(pipe):
+                stack.enter_context(_patched_function(m, "randn_tensor", drawn))
+        with hooked(pipe, rec), torch.no_grad():
+            out = pipe(**args)
+    if "latents" not in args and drawn:
+        rec.args["latents"] = drawn[0]
     rec.result = _detach(_images(out))
     return rec
+
+
+def _randn_modules(pipe: object) -> list[types.ModuleType]:
+    """The modules whose ``randn_tensor`` (diffusers' helper every pipeline draws its initial latents with) the
+    pipeline calls: its own module's import of it and diffusers' ``torch_utils``."""
+    import sys
+
+    return [m for m in (sys.modules.get(type(pipe).__module__), sys.modules.get("diffusers.utils.torch_utils"))
+            if m is not None and callable(getattr(m, "randn_tensor", None))]
 
 
 def probe_latents(pipe: Any, args: dict[str, Any]) -> list[torch.Tensor]:
@@ -210,14 +230,12 @@ def probe_latents(pipe: Any, args: dict[str, Any]) -> list[torch.Tensor]:
     pipeline's module: Flux.2 takes ``latents=`` unpacked and packs it).  Stops the call at its first
     ``scheduler.step``: one step's transformer calls, no more.
     """
-    import sys
 
     import torch
 
     rec = Recording(args={})
     drawn: list[torch.Tensor] = []
-    modules = [m for m in (sys.modules.get(type(pipe).__module__), sys.modules.get("diffusers.utils.torch_utils"))
-               if m is not None and callable(getattr(m, "randn_tensor", None))]
+    modules = _randn_modules(pipe)
     with contextlib.ExitStack() as stack:
         for m in modules:
             stack.enter_context(_patched_function(m, "randn_tensor", drawn))

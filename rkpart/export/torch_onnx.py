@@ -117,16 +117,15 @@ def require_extra(modules: Sequence[str] = ("torch", "onnxscript", "diffusers"))
     """Import ``modules``; raise :class:`~rkpart.errors.UserError` naming the extra to install if one is missing."""
     import importlib
 
-    missing = []
     for name in modules:
         try:
             importlib.import_module(name)
-        except ImportError:
-            missing.append(name)
-    if missing:
-        verb = "is" if len(missing) == 1 else "are"
-        raise UserError(f"{', '.join(missing)} {verb} not installed (exporting needs the export extra): "
-                        "pip install 'rkpart[export]'")
+        except ImportError as e:
+            # the module that is missing, not the one that needs it (transformers without torch: torch);
+            # the modules after it need it too (transformers would print its own warning): stop at the first
+            missing = (e.name or name).partition(".")[0]
+            raise UserError(f"{missing} is not installed (exporting needs the export extra): "
+                            "pip install 'rkpart[export]'") from None
 
 
 def export_module(model: torch.nn.Module, inputs: Mapping[str, Any], path: str | Path, *,

@@ -13,6 +13,7 @@ more end to end against the recorded image before it is exported.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -69,12 +70,37 @@ def _frame_squeeze(x: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor | N
     return None
 
 
+def _flux_2x2_frame(x: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor | None:
+    # Flux-style tokens unpacked onto a frame axis of one (Qwen-Image's video VAE: Krea 2, Nucleus-MoE)
+    if len(target) != 5 or target[2] != 1:
+        return None
+    u = _flux_2x2(x, (*target[:2], *target[3:]))
+    return None if u is None else u.unsqueeze(2)
+
+
+def _frames_first(x: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor | None:
+    # a video latent looped on as (B, F, C, H, W) and decoded as (B, C, F, H, W) (CogVideoX)
+    if x.dim() != 5 or len(target) != 5 or tuple(x.permute(0, 2, 1, 3, 4).shape) != target:
+        return None
+    return x.permute(0, 2, 1, 3, 4)
+
+
+def _tokens(x: torch.Tensor, target: tuple[int, ...]) -> torch.Tensor | None:
+    # row-major tokens of the positions, channels last: (B, F*H*W, C) -> (B, C, F, H, W) (LTX with patch size 1;
+    # the inverse of ``latent.init: tokens``)
+    if x.dim() != 3 or len(target) < 4 or tuple(x.shape) != (target[0], math.prod(target[2:]), target[1]):
+        return None
+    return x.transpose(1, 2).reshape(target)
+
+
 #: candidate layouts of the loop latent, by the name ``latent.packing`` records (``None``: as is)
 UNPACKS: dict[str, Unpack] = {"identity": _identity, "flux-2x2": _flux_2x2, "patch-2x2": _patch_2x2,
-                              "tokens-patch-2x2": _tokens_patch_2x2, "frame-squeeze": _frame_squeeze}
+                              "tokens-patch-2x2": _tokens_patch_2x2, "frame-squeeze": _frame_squeeze,
+                              "flux-2x2-frame": _flux_2x2_frame, "frames-first": _frames_first,
+                              "tokens": _tokens}
 #: the packing name recorded in the description for each unpack (``identity`` is no packing)
 PACKING = {"identity": None, "flux-2x2": "flux-2x2", "patch-2x2": "patch-2x2", "tokens-patch-2x2": "tokens-patch-2x2",
-           "frame-squeeze": None}
+           "frame-squeeze": None, "flux-2x2-frame": "flux-2x2", "frames-first": "frames-first", "tokens": "tokens"}
 
 
 def _denormalize(x: torch.Tensor) -> torch.Tensor:
@@ -103,6 +129,8 @@ class PostLoop:
     #: what vae.decode got (the unpacked latent)
     decode_shape: tuple[int, ...]
     image_shape: tuple[int, ...]
+    #: the pipeline keeps frame 0 of the decoder's ``(B, C, 1, H, W)`` (an image pipeline with a video VAE)
+    squeeze_frame: bool = False
 
 
 def _fit_affine(u: np.ndarray, z: np.ndarray, groups: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray] | None:
@@ -180,16 +208,21 @@ def find_post_loop(rec: Recording, vae_config: Any) -> PostLoop:
                             "scale and shift")
     image = torch.as_tensor(np.asarray(rec.result))
     post = None
-    if x.dim() == 4 and image.dim() == 4:
+    # an image pipeline keeps frame 0 of a video VAE's (B, C, 1, H, W) (Qwen-Image's); a video pipeline returns
+    # (B, F, H, W, C) frames of the decoder's (B, C, F, H, W)
+    squeeze = x.dim() == 5 and x.shape[2] == 1 and image.dim() == 4
+    if squeeze:
+        x = x[:, :, 0]
+    if x.dim() == image.dim() and x.dim() in (4, 5):
         for pname, fn in POSTPROCESS.items():
-            if same(fn(x.float()).permute(0, 2, 3, 1), image, rtol=1e-4):
+            if same(fn(x.float()).movedim(1, -1), image, rtol=1e-4):
                 post = pname
                 break
     if post is None:
         raise DescribeError(f"the pipeline's image {tuple(image.shape)} is not vae.decode's output "
                             f"{tuple(x.shape)} post-processed as rkpart knows ({', '.join(POSTPROCESS)})")
     return PostLoop(found[0], found[1], found[2], found[3], post, tuple(latent.shape), tuple(z.shape),
-                    tuple(x.shape))
+                    tuple(x.shape), squeeze)
 
 
 def decode_module(vae: Any, post: PostLoop) -> Any:
@@ -222,6 +255,8 @@ def decode_module(vae: Any, post: PostLoop) -> Any:
             if not post.affine_first:
                 z = z * self.scale + self.shift
             x = self.vae.decode(z.to(self.vae.dtype), return_dict=False)[0]
+            if post.squeeze_frame:
+                x = x[:, :, 0]
             return POSTPROCESS[post.postprocess](x.float())
 
     return DecodeToImage().eval()
@@ -237,7 +272,7 @@ def check_module(module: Any, rec: Recording) -> float:
 
     with torch.no_grad():
         out = module(rec.steps[-1].prev_sample)
-    image = torch.as_tensor(np.asarray(rec.result)).permute(0, 3, 1, 2)
+    image = torch.as_tensor(np.asarray(rec.result)).movedim(-1, 1)
     err = float((out.double() - image.double()).abs().max())
     if not err <= 1e-4:
         raise DescribeError(f"the exported post-loop path (unpack, scale and shift, vae.decode, postprocess) differs "

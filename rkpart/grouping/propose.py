@@ -92,7 +92,7 @@ class Placement:
 MERGE_PASSES = 3
 
 
-def propose(graph: ModelGraph, strategy: Strategy[Any], opts: Any, placement: Placement = Placement(), *,
+def propose(graph: ModelGraph, strategy: Strategy[Any], opts: object, placement: Placement = Placement(), *,
             discovery: Discovery | None = None, group: Grouping | None = None,
             progress: Progress = silent) -> Proposal:
     """The partition ``strategy`` (its options ``opts`` built) proposes for ``graph``, checked against

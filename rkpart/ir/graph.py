@@ -62,7 +62,7 @@ class OpNode:
         ``TensorProto`` ...), in the node's order."""
         return MappingProxyType({a.name: helper.get_attribute_value(a) for a in self._proto.attribute})
 
-    def attr(self, name: str, default: Any = None) -> Any:
+    def attr(self, name: str, default: object = None) -> Any:
         return self.attrs.get(name, default)
 
     @property

@@ -1005,7 +1005,7 @@ class _Shapes(Mapping[str, tuple[int | str, ...]]):
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self._get(name) is not None
 
-    def get(self, name: str, default: Any = None) -> Any:
+    def get(self, name: str, default: object = None) -> Any:
         shp = self._get(name)
         return default if shp is None else shp
 

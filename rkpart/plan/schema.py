@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
 
 import jsonschema
 import numpy as np
@@ -269,7 +268,7 @@ def _valid_dtype(name: str) -> bool:
     return dt.kind in "biufc" or dt.name == "bfloat16"
 
 
-def validate_plan_json(data: Any) -> None:
+def validate_plan_json(data: object) -> None:
     """Schema check plus cross-references; raises :class:`SpecError` naming the first problem."""
     if not isinstance(data, Mapping):
         raise SpecError("plan is not a JSON object")

@@ -388,7 +388,7 @@ def _add_tensors(mg: ModelGraph, tensors: dict[str, TensorInfo], names: list[str
             tensors[t] = TensorInfo(t, dt, shape)
 
 
-def _jsonable(v: Any) -> Any:
+def _jsonable(v: object) -> Any:
     if isinstance(v, Mapping):
         return {str(k): _jsonable(x) for k, x in sorted(v.items())}
     if isinstance(v, (list, tuple)):

@@ -37,6 +37,7 @@ from rkpart.runtime.base import Backend
 from rkpart.runtime.board_runner import flow_sigmas
 from rkpart.runtime.executor import PlanExecutor
 from rkpart.runtime.rknn_sim import RknnSimBackend
+from rkpart.types import JsonObject
 from rkpart.validation.metrics import compare
 
 LATENT = "latent"  # the ``block`` column of a per-step latent row
@@ -58,7 +59,7 @@ class DriftRow:
     #: why a row holds NaN/Inf: the first stage output that was not finite and the inputs it read
     cause: str | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"plan": self.plan, "step": self.step, "kind": self.kind, "block": self.block,
                 "cosine": self.cosine, "max_abs": self.max_abs, "mse": self.mse, "nonfinite": self.nonfinite,
                 **({"cause": self.cause} if self.cause is not None else {})}
@@ -299,7 +300,7 @@ def drift(plans: Sequence[tuple[str, Plan, Path]], backend: Backend, *, steps: i
         pool = backend.pool if isinstance(backend, RknnSimBackend) else None
         if pool is not None:
             pool.reset_stats()
-        kw: dict[str, Any] = {"steps": steps, "cfg": use_cfg, "guidance": guidance, "seed": seed, "shift": shift,
+        kw: JsonObject = {"steps": steps, "cfg": use_cfg, "guidance": guidance, "seed": seed, "shift": shift,
                               "inputs": lp}
         ref_watch = NonFiniteWatch("ONNX Runtime reference", plan, r)
         got_watch = NonFiniteWatch(f"NPU stages on {backend.name}", plan, r)

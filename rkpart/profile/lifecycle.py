@@ -74,7 +74,7 @@ from rkpart.progress import Progress
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.executor import PlanExecutor, find_model, plan_residency
 from rkpart.runtime.malloc import give_back, measuring_memory
-from rkpart.types import HOST, RESIDENCIES, Residency
+from rkpart.types import HOST, RESIDENCIES, JsonMap, JsonObject, Residency
 
 COND, UNCOND = "cond", "uncond"
 
@@ -294,7 +294,7 @@ def profile_plan(
         plan=rec.plan_identity(plan, opts.plan or None),
     )
 
-    records: list[dict[str, Any]] = []
+    records: list[JsonObject] = []
     total = warmup + rounds
     whole_s: list[float] = []
     try:
@@ -353,7 +353,7 @@ class _Baseline:
                 total += statistics.median(calls)
         return total
 
-    def summary(self, records: list[dict[str, Any]], whole_s: list[float]) -> dict[str, Any]:
+    def summary(self, records: list[JsonObject], whole_s: list[float]) -> JsonObject:
         infer: dict[int, float] = {}
         net: dict[int, float] = {}
         for r in records:
@@ -367,7 +367,7 @@ class _Baseline:
         plan_infer = rec.spread(list(infer.values()))
         plan_net = rec.spread(list(net.values()))
 
-        def ratio(a: dict[str, Any]) -> float | None:
+        def ratio(a: JsonObject) -> float | None:
             return a["median"] / whole["median"] if a["median"] is not None and whole["median"] else None
 
         return {
@@ -532,7 +532,7 @@ class _RoundRunner:
             raise
         return runner
 
-    def run(self, steps: int, passes: Mapping[str, Mapping[str, np.ndarray]]) -> tuple[list[_Op], dict[str, Any]]:
+    def run(self, steps: int, passes: Mapping[str, Mapping[str, np.ndarray]]) -> tuple[list[_Op], JsonObject]:
         t_start = time.perf_counter()
         c_start = time.process_time()
         snap0_s, snaps0, thread0, ticks0 = (
@@ -610,9 +610,9 @@ def _fmt(op: _Op) -> str:
     return ", ".join(parts)
 
 
-def _stage_record(header: Mapping[str, Any], op: _Op, rnd: int, warm: bool, sampler: Sampler) -> dict[str, Any]:
+def _stage_record(header: JsonMap, op: _Op, rnd: int, warm: bool, sampler: Sampler) -> JsonObject:
     peaks = sampler.peaks(op.spans)
-    timings: dict[str, Any] = {
+    timings: JsonObject = {
         "load_s": op.load_s,
         "init_s": op.init_s,
         "infer_s": op.infer_s,
@@ -649,8 +649,8 @@ def _stage_record(header: Mapping[str, Any], op: _Op, rnd: int, warm: bool, samp
 
 
 def _round_record(
-    header: Mapping[str, Any], rnd: int, warm: bool, info: Mapping[str, Any], sampler: Sampler
-) -> dict[str, Any]:
+    header: JsonMap, rnd: int, warm: bool, info: JsonMap, sampler: Sampler
+) -> JsonObject:
     peaks = sampler.peaks([(info["t0"], info["t1"])])
     wall = info["t1"] - info["t0"]
     return rec.round_record(

@@ -33,7 +33,7 @@ from rkpart.io import MAX_DEPTH, MAX_INT_DIGITS, MAX_ITEMS, bad_number, bounded_
 from rkpart.plan.plan import Plan, Stage
 from rkpart.readers import FileKind
 from rkpart.runtime.base import Backend
-from rkpart.types import HOST, LIFECYCLE, NPU, TIME_COMPONENTS, Device, Residency, seconds_key
+from rkpart.types import HOST, LIFECYCLE, NPU, TIME_COMPONENTS, Device, JsonMap, JsonObject, Residency, seconds_key
 
 #: profile files (JSON Lines) are read only up to this size (a 110 000-record profile is ~210 MiB)
 MAX_PROFILE_BYTES = 256 << 20
@@ -100,7 +100,7 @@ def _rknpu_driver() -> str | None:
     return None
 
 
-def collect_environment(backend: Backend, host_backend: Backend | None = None) -> dict[str, Any]:
+def collect_environment(backend: Backend, host_backend: Backend | None = None) -> JsonObject:
     """Versions and machine facts recorded with every measurement.
 
     Backends contribute through :meth:`Backend.describe` (runtime / toolkit versions); the
@@ -112,7 +112,7 @@ def collect_environment(backend: Backend, host_backend: Backend | None = None) -
 
     mem = _read_text("/proc/meminfo") or ""
     mem_total = next((int(ln.split()[1]) for ln in mem.splitlines() if ln.startswith("MemTotal:")), None)
-    env: dict[str, Any] = {
+    env: JsonObject = {
         "backend": backend.describe(),
         "host_backend": host_backend.describe() if host_backend is not None else None,
         "rkpart": rkpart.__version__,
@@ -130,7 +130,7 @@ def collect_environment(backend: Backend, host_backend: Backend | None = None) -
     return env
 
 
-def plan_identity(plan: Plan, plan_file: str | None = None) -> dict[str, Any]:
+def plan_identity(plan: Plan, plan_file: str | None = None) -> JsonObject:
     """What identifies the profiled plan: its JSON's hash, strategy and model."""
     return {
         "file": plan_file,
@@ -141,7 +141,7 @@ def plan_identity(plan: Plan, plan_file: str | None = None) -> dict[str, Any]:
     }
 
 
-def record_header(env: Mapping[str, Any], settings: Mapping[str, Any], plan: Mapping[str, Any]) -> dict[str, Any]:
+def record_header(env: JsonMap, settings: JsonMap, plan: JsonMap) -> JsonObject:
     """Fields shared by every record of one run, including a run id derived from them."""
     body = json.dumps({"env": env, "settings": settings, "plan": plan}, sort_keys=True)
     # The run id only groups records of one run; the start time keeps two otherwise
@@ -159,7 +159,7 @@ def record_header(env: Mapping[str, Any], settings: Mapping[str, Any], plan: Map
     }
 
 
-def stage_identity(stage: Stage, strategy: str, executor: str, host_name: str) -> dict[str, Any]:
+def stage_identity(stage: Stage, strategy: str, executor: str, host_name: str) -> JsonObject:
     art = stage.artifact("rknn") if executor != host_name else None
     return {
         "id": stage.id,
@@ -190,7 +190,7 @@ def stage_identity(stage: Stage, strategy: str, executor: str, host_name: str) -
 
 
 def stage_record(
-    header: Mapping[str, Any],
+    header: JsonMap,
     *,
     stage: Stage,
     executor: str,
@@ -198,10 +198,10 @@ def stage_record(
     warmup: bool,
     step: int,
     pass_name: str,
-    timings: Mapping[str, Any],
+    timings: JsonMap,
     memory: Mapping[str, int | None],
     measurement: Mapping[str, float | int],
-) -> dict[str, Any]:
+) -> JsonObject:
     settings = header["settings"]
     return {
         **header,
@@ -220,7 +220,7 @@ def stage_record(
 
 
 def round_record(
-    header: Mapping[str, Any],
+    header: JsonMap,
     *,
     round_index: int,
     warmup: bool,
@@ -228,7 +228,7 @@ def round_record(
     memory: Mapping[str, int | None],
     measurement: Mapping[str, float | int],
     cpu_s: float | None = None,
-) -> dict[str, Any]:
+) -> JsonObject:
     return {
         **header,
         "record": "round",
@@ -248,18 +248,18 @@ class RunHeader:
     """The fields every record of one run repeats (:func:`record_header`)."""
 
     run_id: str
-    env: Mapping[str, Any]  # collect_environment
-    settings: Mapping[str, Any]  # what was measured and how (rounds, cfg, residency ...)
-    plan: Mapping[str, Any]  # plan_identity
+    env: JsonMap  # collect_environment
+    settings: JsonMap  # what was measured and how (rounds, cfg, residency ...)
+    plan: JsonMap  # plan_identity
     format: str = RECORD_FORMAT
     version: int = RECORD_VERSION
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {"format": self.format, "version": self.version, "run_id": self.run_id, "env": dict(self.env),
                 "settings": dict(self.settings), "plan": dict(self.plan)}
 
     @classmethod
-    def from_json(cls, r: Mapping[str, Any]) -> RunHeader:
+    def from_json(cls, r: JsonMap) -> RunHeader:
         return cls(run_id=str(r["run_id"]), env=dict(r["env"]), settings=dict(r["settings"]), plan=dict(r["plan"]),
                    format=str(r["format"]), version=int(r["version"]))
 
@@ -271,13 +271,13 @@ class StageLine:
     ``measurement`` keep the schema's keys (``load_s``, ``pss_peak_kib`` ...)."""
 
     header: RunHeader
-    stage: Mapping[str, Any]  # stage_identity
+    stage: JsonMap  # stage_identity
     round: int
     warmup: bool
     step: int
     pass_name: str
     residency: Residency
-    timings: Mapping[str, Any]
+    timings: JsonMap
     memory: Mapping[str, int | None]
     measurement: Mapping[str, float | int]
 
@@ -289,13 +289,13 @@ class StageLine:
     def device(self) -> Device:
         return HOST if self.stage["device"] == HOST else NPU
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**self.header.to_json(), "record": "stage", "stage": dict(self.stage), "round": self.round,
                 "warmup": self.warmup, "step": self.step, "pass": self.pass_name, "residency": self.residency.value,
                 "timings": dict(self.timings), "memory": dict(self.memory), "measurement": dict(self.measurement)}
 
     @classmethod
-    def from_json(cls, r: Mapping[str, Any]) -> StageLine:
+    def from_json(cls, r: JsonMap) -> StageLine:
         return cls(header=RunHeader.from_json(r), stage=dict(r["stage"]), round=int(r["round"]),
                    warmup=bool(r["warmup"]), step=int(r["step"]), pass_name=str(r["pass"]),
                    residency=Residency(r["residency"]), timings=dict(r["timings"]), memory=dict(r["memory"]),
@@ -318,13 +318,13 @@ class RoundLine:
     measurement: Mapping[str, float | int]
     cpu_s: float | None = None  # process CPU time of the round (every thread), when recorded
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**self.header.to_json(), "record": "round", "round": self.round, "warmup": self.warmup,
                 "timings": {"wall_s": self.wall_s, **({} if self.cpu_s is None else {"cpu_s": self.cpu_s})},
                 "memory": dict(self.memory), "measurement": dict(self.measurement)}
 
     @classmethod
-    def from_json(cls, r: Mapping[str, Any]) -> RoundLine:
+    def from_json(cls, r: JsonMap) -> RoundLine:
         tim = r["timings"]
         return cls(header=RunHeader.from_json(r), round=int(r["round"]), warmup=bool(r["warmup"]),
                    wall_s=float(tim["wall_s"]), memory=dict(r["memory"]), measurement=dict(r["measurement"]),
@@ -339,18 +339,18 @@ class SummaryLine:
     rounds_measured: tuple[int, ...]
     warmup_rounds: tuple[int, ...]
     passes_per_round: int
-    totals: Mapping[str, Mapping[str, Any]]  # table key -> spread (median, min, max, spread, n)
-    stages: tuple[Mapping[str, Any], ...]  # per stage: id and the spread of every lifecycle key
-    baseline: Mapping[str, Any] | None = None  # the whole model's time next to the plan's (``baseline=True``)
+    totals: Mapping[str, JsonMap]  # table key -> spread (median, min, max, spread, n)
+    stages: tuple[JsonMap, ...]  # per stage: id and the spread of every lifecycle key
+    baseline: JsonMap | None = None  # the whole model's time next to the plan's (``baseline=True``)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonObject:
         return {**self.header.to_json(), "record": "summary", "rounds_measured": list(self.rounds_measured),
                 "warmup_rounds": list(self.warmup_rounds), "passes_per_round": self.passes_per_round,
                 "totals": {k: dict(v) for k, v in self.totals.items()}, "stages": [dict(s) for s in self.stages],
                 **({} if self.baseline is None else {"baseline": dict(self.baseline)})}
 
     @classmethod
-    def from_json(cls, r: Mapping[str, Any]) -> SummaryLine:
+    def from_json(cls, r: JsonMap) -> SummaryLine:
         return cls(header=RunHeader.from_json(r), rounds_measured=tuple(int(x) for x in r["rounds_measured"]),
                    warmup_rounds=tuple(int(x) for x in r["warmup_rounds"]),
                    passes_per_round=int(r["passes_per_round"]), totals=dict(r["totals"]),
@@ -404,11 +404,11 @@ class ProfileRun:
         """The stage lines as the cost model reads them (``warmup=False``: measured rounds only)."""
         return [x.typed() for x in self.stages if warmup or not x.warmup]
 
-    def to_json(self) -> list[dict[str, Any]]:
+    def to_json(self) -> list[JsonObject]:
         return [x.to_json() for x in self.lines]
 
     @classmethod
-    def from_json(cls, records: Iterable[Mapping[str, Any]]) -> ProfileRun:
+    def from_json(cls, records: Iterable[JsonMap]) -> ProfileRun:
         return cls(tuple(_LINES[str(r["record"])].from_json(r) for r in records))
 
 
@@ -428,9 +428,9 @@ class StageRecord:
     plan_sha256: str
     strategy: str
     run_residency: str  # the run's --residency setting
-    backend: Mapping[str, Any]  # env.backend: runtime / toolkit / threads of the NPU-stage executor
-    host_backend: Mapping[str, Any] | None  # env.host_backend
-    env: Mapping[str, Any]  # the whole machine and version record (provenance)
+    backend: JsonMap  # env.backend: runtime / toolkit / threads of the NPU-stage executor
+    host_backend: JsonMap | None  # env.host_backend
+    env: JsonMap  # the whole machine and version record (provenance)
     stage_id: str
     stage_sha256: str
     device: Device
@@ -451,7 +451,7 @@ class StageRecord:
     pss_peak_kib: int | None = None
 
     @classmethod
-    def from_json(cls, r: Mapping[str, Any]) -> StageRecord:
+    def from_json(cls, r: JsonMap) -> StageRecord:
         st, tim, mem, env = r["stage"], r["timings"], r["memory"], r.get("env", {})
         return cls(
             run_id=str(r["run_id"]),
@@ -498,13 +498,13 @@ class StageRecord:
         return [] if v is None else [v]
 
 
-def stage_records(records: Iterable[Mapping[str, Any]]) -> list[StageRecord]:
+def stage_records(records: Iterable[JsonMap]) -> list[StageRecord]:
     """The stage records among ``records`` (read with :func:`read_jsonl`), typed, in order."""
     return [StageRecord.from_json(r) for r in records if r.get("record") == "stage"]
 
 
 # -- aggregation ---------------------------------------------------------------------------
-def _in_block(r: Mapping[str, Any], block: int | None) -> bool:
+def _in_block(r: JsonMap, block: int | None) -> bool:
     if block is None:
         return True
     st = r["stage"]
@@ -523,7 +523,7 @@ def _max(a: int | None, b: int | None) -> int | None:
     return b if a is None else max(a, b)
 
 
-def round_totals(records: Iterable[Mapping[str, Any]], block: int | None = None) -> dict[int, dict[str, Any]]:
+def round_totals(records: Iterable[JsonMap], block: int | None = None) -> dict[int, JsonObject]:
     """Per measured round: the table's components summed over stages and passes.
 
     With ``block=None`` (whole plan) the measured wall time, measurement cost and memory
@@ -531,7 +531,7 @@ def round_totals(records: Iterable[Mapping[str, Any]], block: int | None = None)
     (wall = sum of the stage records' ``wall_s``, memory = maxima over them).
     """
     recs = list(records)
-    out: dict[int, dict[str, Any]] = {}
+    out: dict[int, JsonObject] = {}
     for r in recs:
         if r.get("record") != "stage" or r.get("warmup") or not _in_block(r, block):
             continue
@@ -568,11 +568,11 @@ def round_totals(records: Iterable[Mapping[str, Any]], block: int | None = None)
     return dict(sorted(out.items()))
 
 
-def _empty_round() -> dict[str, Any]:
+def _empty_round() -> JsonObject:
     return {k: None for k in (*TABLE_TIME_KEYS, *TABLE_MEMORY_KEYS)}
 
 
-def spread(values: Sequence[float | int | None]) -> dict[str, Any]:
+def spread(values: Sequence[float | int | None]) -> JsonObject:
     """Median, min, max and ``spread = max - min`` of the non-null values (``None`` if none)."""
     vals = [v for v in values if v is not None]
     if not vals:
@@ -586,13 +586,13 @@ def spread(values: Sequence[float | int | None]) -> dict[str, Any]:
     }
 
 
-def aggregate(records: Iterable[Mapping[str, Any]], block: int | None = None) -> dict[str, dict[str, Any]]:
+def aggregate(records: Iterable[JsonMap], block: int | None = None) -> dict[str, JsonObject]:
     """Median and spread over measured rounds of every table component (see :func:`round_totals`)."""
     per_round = round_totals(records, block)
     return {k: spread([t[k] for t in per_round.values()]) for k in (*TABLE_TIME_KEYS, *TABLE_MEMORY_KEYS)}
 
 
-def passes_per_round(records: Iterable[Mapping[str, Any]]) -> int:
+def passes_per_round(records: Iterable[JsonMap]) -> int:
     """Steps x passes of the run (the table's "Inference (xN)")."""
     for r in records:
         s = r.get("settings")
@@ -601,11 +601,11 @@ def passes_per_round(records: Iterable[Mapping[str, Any]]) -> int:
     return 0
 
 
-def summary_record(header: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def summary_record(header: JsonMap, records: Sequence[JsonMap]) -> JsonObject:
     """The closing record: rounds used, plan totals and per-stage medians over measured rounds."""
     rounds = sorted({r["round"] for r in records if r.get("record") == "round"})
     warm = sorted({r["round"] for r in records if r.get("record") == "round" and r["warmup"]})
-    stages: dict[str, dict[int, dict[str, Any]]] = {}
+    stages: dict[str, dict[int, JsonObject]] = {}
     for r in records:
         if r.get("record") != "stage" or r["warmup"]:
             continue
@@ -638,13 +638,13 @@ def summary_record(header: Mapping[str, Any], records: Sequence[Mapping[str, Any
 
 # -- schema and I/O ------------------------------------------------------------------------
 @cache
-def record_schema() -> dict[str, Any]:
+def record_schema() -> JsonObject:
     """The JSON Schema of profile records (``rkpart/data/profile_record.schema.json``)."""
     text = resources.files("rkpart").joinpath("data/profile_record.schema.json").read_text()
     return dict(json.loads(text))
 
 
-def _inline_refs(node: Any, defs: Mapping[str, Any], depth: int = 0) -> Any:
+def _inline_refs(node: Any, defs: JsonMap, depth: int = 0) -> Any:
     """``node`` with every local ``{"$ref": "#/$defs/X"}`` replaced by X itself (the schema has no
     recursion): resolving references dominated validation, ~7 ms a record, minutes for a
     100 000-record profile."""
@@ -671,7 +671,7 @@ def _validator() -> Any:
 
 
 @cache
-def _checked_schema() -> dict[str, Any]:
+def _checked_schema() -> JsonObject:
     """The schema records are validated against: :func:`record_schema` inlined, every number
     (a KiB figure, a round, a ratio) at most :data:`~rkpart.io.MAX_JSON_INT` in size (1e308 KiB
     is no measurement); seconds are bounded by the schema itself (10^6 s, as ``fit``)."""
@@ -679,11 +679,11 @@ def _checked_schema() -> dict[str, Any]:
     return dict(bounded_integers(_inline_refs(schema, schema.get("$defs", {})), numbers=True))
 
 
-def _without_shared(schema: Mapping[str, Any]) -> dict[str, Any]:
+def _without_shared(schema: JsonMap) -> JsonObject:
     """The (inlined) record schema with :data:`SHARED_FIELDS` accepted as they are, still
     required: for records whose shared fields were validated on an earlier line.  Only the
     record level is loosened (the top and each record kind's ``then``), nothing nested."""
-    def loosen(node: Mapping[str, Any]) -> dict[str, Any]:
+    def loosen(node: JsonMap) -> JsonObject:
         out = dict(node)
         if isinstance(out.get("properties"), dict):
             out["properties"] = {k: (True if k in SHARED_FIELDS else v) for k, v in out["properties"].items()}
@@ -701,7 +701,7 @@ def _light_validator() -> Any:
     return type(full)(_without_shared(full.schema))
 
 
-def validate_record(record: Mapping[str, Any], *, where: str = "record", shared_checked: bool = False) -> None:
+def validate_record(record: JsonMap, *, where: str = "record", shared_checked: bool = False) -> None:
     """Raise :class:`SpecError` (one line) if ``record`` does not match the schema.
 
     ``shared_checked``: its :data:`SHARED_FIELDS` were validated already (:func:`iter_jsonl`).
@@ -713,18 +713,18 @@ def validate_record(record: Mapping[str, Any], *, where: str = "record", shared_
         raise SpecError(f"{where}: invalid profile record at {path}: {err.message}")
 
 
-def validate_records(records: Iterable[Mapping[str, Any]], *, where: str = "profile") -> None:
+def validate_records(records: Iterable[JsonMap], *, where: str = "profile") -> None:
     """Validate every record; the error names the line (1-based)."""
     for i, r in enumerate(records, 1):
         validate_record(r, where=f"{where} line {i}")
 
 
-def dumps_jsonl(records: Iterable[Mapping[str, Any]]) -> str:
+def dumps_jsonl(records: Iterable[JsonMap]) -> str:
     """One compact JSON object per line, keys sorted (stable, diff-friendly)."""
     return "".join(json.dumps(r, sort_keys=True, separators=(",", ":")) + "\n" for r in records)
 
 
-def write_jsonl(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any]]) -> Path:
+def write_jsonl(path: str | os.PathLike[str], records: Sequence[JsonMap]) -> Path:
     """Validate and atomically write ``records`` to ``path``."""
     from rkpart.output import write_output_file
 
@@ -734,14 +734,14 @@ def write_jsonl(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any
     return Path(path)
 
 
-def read_jsonl(path: str | os.PathLike[str], *, validate: bool = True) -> list[dict[str, Any]]:
+def read_jsonl(path: str | os.PathLike[str], *, validate: bool = True) -> list[JsonObject]:
     """Read a profile file whole (:func:`iter_jsonl`); :class:`SpecError` if it is missing,
     not JSON Lines or invalid."""
     return list(iter_jsonl(path, validate=validate))
 
 
 def iter_jsonl(path: str | os.PathLike[str], *, validate: bool = True,
-               max_bytes: int = MAX_PROFILE_BYTES) -> Iterator[dict[str, Any]]:
+               max_bytes: int = MAX_PROFILE_BYTES) -> Iterator[JsonObject]:
     """The records of a profile file, one line at a time, each checked before it is yielded.
 
     Bounded: a regular file only (never a FIFO or device), at most ``max_bytes`` read in all
@@ -752,7 +752,7 @@ def iter_jsonl(path: str | os.PathLike[str], *, validate: bool = True,
     of their size as separate objects.  Yielded records must be treated as read-only.
     """
     p = Path(path)
-    shared: dict[str, Any] = {}
+    shared: JsonObject = {}
     n = read = 0
     kind = PROFILE_KIND if max_bytes == MAX_PROFILE_BYTES else dataclasses.replace(
         PROFILE_KIND, max_bytes=max_bytes, register=False, family=PROFILE_KIND.name)
@@ -831,7 +831,7 @@ def _thresholds() -> tuple[float, ...] | None:
     return tuple(sorted(found))
 
 
-def _signature(rec: Mapping[str, Any], th: tuple[float, ...], *, where: str) -> tuple[Any, ...]:
+def _signature(rec: JsonMap, th: tuple[float, ...], *, where: str) -> tuple[Any, ...]:
     """What the record schema can tell apart in ``rec``: its keys, list lengths, strings and
     booleans verbatim, and for each number its type, whether it is whole and which side of
     every schema threshold (``th``) it lies on.  Two records with one signature are both valid
@@ -908,13 +908,13 @@ def _check_record(obj: Any, *, where: str, shared: dict[Any, Any]) -> None:
     shared.update(fresh)
 
 
-def _nonfinite_field(obj: Any) -> str | None:
+def _nonfinite_field(obj: object) -> str | None:
     """The dotted path of the first NaN/Inf number in ``obj`` (JSON accepts ``NaN``), else ``None``."""
     bad = bad_number(obj)
     return (bad[0] or "the record") if bad is not None else None
 
 
-def single_run(records: Sequence[Mapping[str, Any]], *, where: str, run_id: str | None = None) -> list[dict[str, Any]]:
+def single_run(records: Sequence[JsonMap], *, where: str, run_id: str | None = None) -> list[JsonObject]:
     """The records of one run; a file with several runs needs ``run_id``."""
     ids = list(dict.fromkeys(r["run_id"] for r in records))
     if run_id is None:

@@ -11,12 +11,12 @@ Deltas are ``B - A`` and percentages ``(B - A) / A``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from rkpart.errors import SpecError
 from rkpart.profile.records import aggregate, passes_per_round
+from rkpart.types import JsonMap
 
 TIME_ROWS = (
     ("load_s", "Model Load"),
@@ -59,7 +59,7 @@ class Row:
 
 
 def compare_rows(
-    a: Sequence[Mapping[str, Any]], b: Sequence[Mapping[str, Any]], block: int | None = None
+    a: Sequence[JsonMap], b: Sequence[JsonMap], block: int | None = None
 ) -> tuple[list[Row], list[Row]]:
     """Time rows and memory rows comparing profile ``a`` with profile ``b``.
 
@@ -85,7 +85,7 @@ def _label(key: str, label: str, na: int, nb: int) -> str:
     return f"{label} (×{na})" if na == nb else f"{label} (×{na}/×{nb})"
 
 
-def _row(key: str, label: str, agg_a: Mapping[str, Any], agg_b: Mapping[str, Any]) -> Row:
+def _row(key: str, label: str, agg_a: JsonMap, agg_b: JsonMap) -> Row:
     sa, sb = agg_a[key], agg_b[key]
     return Row(key, label, sa["median"], sb["median"], sa["spread"], sb["spread"])
 
@@ -135,7 +135,7 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return out
 
 
-def describe_run(records: Sequence[Mapping[str, Any]]) -> str:
+def describe_run(records: Sequence[JsonMap]) -> str:
     """One line naming what a profile measured."""
     r = records[0]
     s, p = r["settings"], r["plan"]
@@ -148,8 +148,8 @@ def describe_run(records: Sequence[Mapping[str, Any]]) -> str:
 
 
 def render_compare(
-    a: Sequence[Mapping[str, Any]],
-    b: Sequence[Mapping[str, Any]],
+    a: Sequence[JsonMap],
+    b: Sequence[JsonMap],
     *,
     names: tuple[str, str] = ("A", "B"),
     block: int | None = None,
@@ -176,7 +176,7 @@ def render_compare(
     return "\n".join(lines) + "\n"
 
 
-def render_single(records: Sequence[Mapping[str, Any]], *, name: str = "", block: int | None = None) -> str:
+def render_single(records: Sequence[JsonMap], *, name: str = "", block: int | None = None) -> str:
     """The two tables for one profile (what ``rkpart profile`` prints after a run)."""
     agg = aggregate(records, block)
     n = passes_per_round(records)
@@ -193,7 +193,7 @@ def render_single(records: Sequence[Mapping[str, Any]], *, name: str = "", block
     return "\n".join(lines) + "\n"
 
 
-def baseline_line(records: Sequence[Mapping[str, Any]]) -> str | None:
+def baseline_line(records: Sequence[JsonMap]) -> str | None:
     """The plan's overhead against the whole model (``--baseline``), or ``None`` without one."""
     b = next((r.get("baseline") for r in reversed(records) if r.get("record") == "summary"), None)
     if not b or b["whole_s"]["median"] is None:

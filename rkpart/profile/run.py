@@ -15,9 +15,10 @@ from rkpart.profile.lifecycle import ProfileOptions
 from rkpart.profile.records import ProfileRun
 from rkpart.progress import Progress, silent
 from rkpart.runtime import get_backend
+from rkpart.types import JsonObject
 
 
-def runtime_warnings(plan: Any, env: dict[str, Any]) -> list[str]:
+def runtime_warnings(plan: Any, env: JsonObject) -> list[str]:
     """Stages built by a toolkit whose version differs from the runtime that will run them.
 
     Only the board runtime (``rknnlite``) loads the ``.rknn`` files; an ``Invalid RKNN model

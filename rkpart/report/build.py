@@ -80,7 +80,7 @@ def _csv(rows: D.Table) -> bytes:
     return buf.getvalue().encode()
 
 
-def _fmt(v: Any) -> Any:
+def _fmt(v: object) -> Any:
     if isinstance(v, float):
         return f"{v:.6g}"
     return "" if v is None else v

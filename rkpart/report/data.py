@@ -17,9 +17,9 @@ from rkpart.io import MAX_JSON_INT
 from rkpart.plan.plan import Plan, Stage
 from rkpart.profile import records as rec
 from rkpart.readers import FileKind
-from rkpart.types import LIFECYCLE, NPU, CompilerPlan, seconds_key
+from rkpart.types import LIFECYCLE, NPU, CompilerPlan, JsonMap, JsonObject, seconds_key
 
-Table = list[dict[str, Any]]
+Table = list[JsonObject]
 #: stacked-bar components, bottom to top
 COMPONENTS = (*LIFECYCLE, "host")
 
@@ -30,19 +30,19 @@ class Profile:
 
     name: str
     path: Path
-    records: list[dict[str, Any]]
+    records: list[JsonObject]
 
     @property
     def strategy(self) -> str:
         return str(self.records[0]["plan"].get("strategy", "")) if self.records else ""
 
     @property
-    def settings(self) -> Mapping[str, Any]:
+    def settings(self) -> JsonMap:
         return self.records[0].get("settings", {}) if self.records else {}
 
 
     @property
-    def env(self) -> Mapping[str, Any]:
+    def env(self) -> JsonMap:
         return self.records[0].get("env", {}) if self.records else {}
 
     @property
@@ -63,7 +63,7 @@ class RunResult:
     """``rkpart run --per-stage --json`` output: per-stage and end-to-end errors on one backend."""
 
     name: str
-    data: dict[str, Any]
+    data: JsonObject
 
 
 @dataclass
@@ -95,7 +95,7 @@ _ABS_METRICS = ("max_abs", "mean_abs", "ref_max_abs", "max_abs_rel")
 _COUNTS = ("nan", "inf", "ref_nonfinite", "nonfinite")
 
 
-def _metric_problem(k: str, v: Any) -> str | None:
+def _metric_problem(k: str, v: object) -> str | None:
     """Why ``v`` is no value of the run-report metric ``k`` (``None``: it is one).
 
     NaN is kept where ``rkpart run`` writes it (the metrics of outputs holding NaN/Inf): the
@@ -122,7 +122,7 @@ def _metric_problem(k: str, v: Any) -> str | None:
     return None
 
 
-def _check_metrics(path: Path, where: str, tensors: Any) -> None:
+def _check_metrics(path: Path, where: str, tensors: object) -> None:
     if not isinstance(tensors, dict) or not all(isinstance(m, dict) for m in tensors.values()):
         raise SpecError(f"{path}: {where} must map tensor names to metrics")
     for t, m in tensors.items():
@@ -165,7 +165,7 @@ BACKEND_WORDS = {
 }
 
 
-def measured_on(p: Profile) -> dict[str, Any]:
+def measured_on(p: Profile) -> JsonObject:
     """Backend, machine and toolkit of a profile, as its records give them (one row of the
     report's "What was measured" table)."""
     env, be = p.env, (p.env.get("backend") or {})
@@ -218,7 +218,7 @@ def coverage_table(plan: Plan) -> Table:
     matmul work (the figure ``rkpart partition`` prints first)."""
     from rkpart.report.coverage import coverage_figures
 
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, JsonObject] = {}
     for s in plan.stages:
         for key in (block_of(s), "all"):
             r = rows.setdefault(key, {"row": key, "stages": 0, "npu_stages": 0, "ops": 0, "npu_ops": 0,
@@ -241,7 +241,7 @@ def coverage_table(plan: Plan) -> Table:
 
 
 # -- compile outcomes ----------------------------------------------------------------------------
-def _compiler_columns(cp: CompilerPlan | None) -> dict[str, Any]:
+def _compiler_columns(cp: CompilerPlan | None) -> JsonObject:
     """The compiler's own plan of a build (empty cells where the log had no figure: never 0)."""
     def v(x: int | None) -> Any:
         return "" if x is None else x
@@ -304,7 +304,7 @@ def lifecycle_table(profiles: Sequence[Profile]) -> Table:
     for p in profiles:
         for b in profile_blocks(p):
             agg = rec.aggregate(p.records, block=b)
-            row: dict[str, Any] = {"profile": p.name, "strategy": p.strategy, "block": b}
+            row: JsonObject = {"profile": p.name, "strategy": p.strategy, "block": b}
             for c in COMPONENTS:
                 row[seconds_key(c)] = agg[seconds_key(c)]["median"] or 0.0
             row["total_s"] = sum(row[seconds_key(c)] for c in COMPONENTS)

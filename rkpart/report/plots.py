@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from rkpart.report.data import COMPONENTS, Table
-from rkpart.types import NPU, seconds_key
+from rkpart.types import NPU, JsonObject, seconds_key
 
 NPU_COLOR, HOST_COLOR = "#2b7bba", "#f0a640"
 COMPONENT_COLORS = {"load": "#8c6bb1", "init": "#2b7bba", "infer": "#41ab5d", "release": "#bdbdbd",
@@ -46,7 +46,7 @@ def stage_map(stages: Table, coverage: Table) -> bytes:
     from matplotlib.patches import Patch, Rectangle
 
     rows = [c["row"] for c in coverage if c["row"] != "all"]
-    per_row: dict[str, list[dict[str, Any]]] = {r: [] for r in rows}
+    per_row: dict[str, list[JsonObject]] = {r: [] for r in rows}
     for s in stages:
         per_row[s["row"]].append(s)
     width = max(len(v) for v in per_row.values())
@@ -116,15 +116,19 @@ def lifecycle(rows: Table) -> bytes | None:
 MAX_ROUNDS_DRAWN = 6
 
 
-def _summarised_rounds(keys: list[tuple[Any, Any]]) -> tuple[list[tuple[Any, Any]], dict[Any, str]]:
+#: a memory panel: (profile name, round index)
+Panel = tuple[str, int]
+
+
+def _summarised_rounds(keys: list[Panel]) -> tuple[list[Panel], dict[str, str]]:
     """The (profile, round) panels to draw: every round of a profile with up to
     :data:`MAX_ROUNDS_DRAWN`, else its first, middle and last (a 110 000-record profile must not
     become thousands of subplots); per summarised profile the note its titles carry."""
-    per: dict[Any, list[Any]] = {}
+    per: dict[str, list[int]] = {}
     for p, rnd in keys:
         per.setdefault(p, []).append(rnd)
-    out: list[tuple[Any, Any]] = []
-    notes: dict[Any, str] = {}
+    out: list[Panel] = []
+    notes: dict[str, str] = {}
     for p, rounds in per.items():
         if len(rounds) > MAX_ROUNDS_DRAWN:
             picked = list(dict.fromkeys([rounds[0], rounds[len(rounds) // 2], rounds[-1]]))
@@ -149,7 +153,7 @@ def memory(rows: Table, budget_mib: float | None) -> bytes | None:
     if not measured:
         return None
     plt = _plt()
-    by_key: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    by_key: dict[Panel, list[JsonObject]] = {}
     for r in measured:
         by_key.setdefault((r["profile"], r["round"]), []).append(r)
     keys, shown_of = _summarised_rounds(list(by_key))
@@ -174,7 +178,7 @@ def memory(rows: Table, budget_mib: float | None) -> bytes | None:
     return _png(fig)
 
 
-def _log(ax: Any, which: str) -> None:
+def _log(ax: object, which: str) -> None:
     """A log scale on ``ax``'s ``which`` axis (``"x"`` / ``"y"``) whose tick labels are plain text
     (``1e-06``): with ``text.parse_math`` off, matplotlib's default ``$\\mathdefault{10^{-6}}$``
     labels were drawn literally."""
@@ -186,7 +190,7 @@ def _log(ax: Any, which: str) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def _nan(v: Any) -> bool:
+def _nan(v: object) -> bool:
     """A metric ``rkpart run`` could not compute: ``null`` in its strict JSON (outputs holding
     NaN/Inf), or a NaN / infinity a hand-written report holds."""
     return v is None or (isinstance(v, float) and not math.isfinite(v))

@@ -60,7 +60,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from rkpart.types import JsonMap, JsonObject
 
 try:
     import numpy as np
@@ -121,7 +124,7 @@ CFG_MODES = ("two-pass", "batched", "distilled", "none")
 SIGNED = frozenset({"timestep_scale", "pipeline_timestep_scale"})
 
 
-def check_number(v: Any, key: str, what: str) -> float:
+def check_number(v: object, key: str, what: str) -> float:
     """``v`` as a float if it is a finite number within ``NUMBER_RANGES[key]`` (its magnitude for
     :data:`SIGNED` keys), else :class:`BundleError`."""
     lo, hi = NUMBER_RANGES[key]
@@ -136,7 +139,7 @@ CFG_LANE_MASKS = ("0", "1")
 LOOP_FLAGS = "--latent-input NAME --timestep-input NAME [--guidance-input NAME] [--context-input NAME ...]"
 
 
-def input_digest(a: Any) -> str:
+def input_digest(a: object) -> str:
     """sha256 of an array's dtype, shape and bytes: :func:`rkpart.io.input_digest`, which this
     leaf module cannot import (a test keeps the two equal)."""
     arr = np.ascontiguousarray(a)
@@ -297,7 +300,7 @@ def inside(root: Path, rel: str) -> Path:
     return root / rel
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
+def read_manifest(folder: Path) -> JsonObject:
     path = folder / MANIFEST
     if not os.path.lexists(path):
         raise BundleError(f"no {MANIFEST} in {folder}: not an rkpart bundle")
@@ -377,7 +380,7 @@ def _parse_int(text: str) -> int:
     return int(text)
 
 
-def _check_depth(doc: Any, what: str) -> None:
+def _check_depth(doc: object, what: str) -> None:
     stack: list[tuple[Any, int]] = [(doc, 1)]
     while stack:
         x, d = stack.pop()
@@ -404,7 +407,7 @@ def load_json(path: Path, what: str, max_bytes: int = MAX_MANIFEST_BYTES, *, sym
     return doc
 
 
-def _name(x: Any, what: str) -> str:
+def _name(x: object, what: str) -> str:
     if not isinstance(x, str) or not x or len(x) > MAX_NAME_CHARS or "\0" in x:
         shown = repr(x)[:80]
         raise BundleError(f"manifest: {what} must be a non-empty string without NUL bytes (at most "
@@ -412,19 +415,19 @@ def _name(x: Any, what: str) -> str:
     return x
 
 
-def _int(x: Any, what: str, lo: int = 0, hi: int = MAX_FILE_BYTES) -> int:
+def _int(x: object, what: str, lo: int = 0, hi: int = MAX_FILE_BYTES) -> int:
     if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi:
         raise BundleError(f"manifest: {what} must be an integer in [{lo}, {hi}], got {repr(x)[:80]}")
     return x
 
 
-def _obj(x: Any, what: str) -> dict[str, Any]:
+def _obj(x: object, what: str) -> JsonObject:
     if not isinstance(x, dict):
         raise BundleError(f"manifest: {what} must be an object, got {type(x).__name__}")
     return x
 
 
-def _list(x: Any, what: str) -> list[Any]:
+def _list(x: object, what: str) -> list[Any]:
     if not isinstance(x, list):
         raise BundleError(f"manifest: {what} must be a list, got {type(x).__name__}")
     return x
@@ -437,7 +440,7 @@ def _relpath(rel: str, what: str) -> str:
     return rel
 
 
-def validate_manifest(m: Mapping[str, Any]) -> None:
+def validate_manifest(m: JsonMap) -> None:
     """Refuse a manifest any later step would trip over: the schema of every field the runner uses.
 
     Every stage file must be listed in ``files`` (with its sha256), so nothing the runner opens
@@ -484,7 +487,7 @@ def validate_manifest(m: Mapping[str, Any]) -> None:
         raise BundleError(f"manifest: core_mask {repr(m['core_mask'])[:40]} is not one of {', '.join(CORE_MASKS)}")
 
 
-def _validate_graph(m: Mapping[str, Any], files: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+def _validate_graph(m: JsonMap, files: JsonMap, prefix: str) -> JsonObject:
     """The tensors, inputs, outputs and stages of one graph of the bundle (the model's, or the VAE
     decoder's under ``prefix`` ``vae.``); returns its ``tensors``."""
     tensors = _obj(m.get("tensors"), f"'{prefix}tensors'")
@@ -549,7 +552,7 @@ def _validate_graph(m: Mapping[str, Any], files: Mapping[str, Any], prefix: str)
     return dict(tensors)
 
 
-def _validate_loop(d: Any, tensors: Mapping[str, Any], inputs: set[str] | None = None,
+def _validate_loop(d: object, tensors: JsonMap, inputs: set[str] | None = None,
                    outputs: set[str] | None = None) -> None:
     """The manifest's ``denoise`` record, when it describes a loop (not absent, not an ``error``):
     tensor names the manifest lists and every number in its range (:data:`NUMBER_RANGES`)."""
@@ -603,7 +606,7 @@ def _validate_loop(d: Any, tensors: Mapping[str, Any], inputs: set[str] | None =
         _validate_pipeline(_obj(d["pipeline"], "denoise.pipeline"), tensors)
 
 
-def _validate_pipeline(p: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
+def _validate_pipeline(p: JsonMap, tensors: JsonMap) -> None:
     """The loop record's ``pipeline`` (the pipeline's own sampler): names, numbers in range."""
     _name(p.get("class"), "denoise.pipeline.class")
     smp = _obj(p.get("sampler"), "denoise.pipeline.sampler")
@@ -639,7 +642,7 @@ def _validate_pipeline(p: Mapping[str, Any], tensors: Mapping[str, Any]) -> None
         check_number(p["guidance_scale"], "guidance", "manifest: denoise.pipeline.guidance_scale")
 
 
-def unlisted_files(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
+def unlisted_files(folder: Path, manifest: JsonMap) -> list[str]:
     """Files in the folders of the stage files (``stages/``, ``rknn/``...) that ``files`` does not
     list: ONNX Runtime would open an unlisted ``.data`` file next to a stage without any check."""
     listed = set(manifest["files"])
@@ -659,7 +662,7 @@ def unlisted_files(folder: Path, manifest: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def verify_files(folder: Path, manifest: Mapping[str, Any]) -> None:
+def verify_files(folder: Path, manifest: JsonMap) -> None:
     """Check every file the manifest lists: present, same size, same sha256."""
     for rel, info in sorted(manifest["files"].items()):
         p = inside(folder, rel)
@@ -719,7 +722,7 @@ def standin_file(folders: Path | Sequence[Path], rel: str, sha256: str | None) -
     raise BundleError(f"ONNX Runtime stand-in: no {rel} under {', '.join(str(r) for r in roots)}")
 
 
-_SAMPLING: dict[str, Any] = {}
+_SAMPLING: JsonObject = {}
 
 
 def sampling_module(folder: Path) -> Any:
@@ -760,7 +763,7 @@ class Runner:
                  core_mask: str | None = None,
                  npu_standin: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
                  verify: bool = True, rknnlite_api: Any = None, cfg_parallel: bool = False,
-                 graph: str | None = None, manifest: Mapping[str, Any] | None = None) -> None:
+                 graph: str | None = None, manifest: JsonMap | None = None) -> None:
         self.folder = Path(folder)
         self.manifest = dict(manifest) if manifest is not None else read_manifest(self.folder)
         if verify:
@@ -780,15 +783,15 @@ class Runner:
         if graph is not None and not isinstance(self.manifest.get(graph), dict):
             raise BundleError("this bundle has no VAE decoder (rkpart bundle --vae npu|host with a pipeline.json)")
         self.graph = graph
-        g: Mapping[str, Any] = self.manifest if graph is None else self.manifest[graph]
+        g: JsonMap = self.manifest if graph is None else self.manifest[graph]
         self._graph = g
         self._residency_override = residency
         self._verify = verify
         self._vae: Runner | None = None
         self.inputs = tuple(t["name"] for t in g["inputs"])
         self.outputs = tuple(t["name"] for t in g["outputs"])
-        self.tensors: dict[str, dict[str, Any]] = dict(g["tensors"])
-        self.stages: list[dict[str, Any]] = list(g["stages"])
+        self.tensors: dict[str, JsonObject] = dict(g["tensors"])
+        self.stages: list[JsonObject] = list(g["stages"])
         # per stage, the tensors no later stage reads (model outputs excepted): a pass drops them
         # after that stage, so it holds only live tensors (a full-size pass is ~10 GB otherwise)
         last: dict[str, int] = {}
@@ -804,10 +807,10 @@ class Runner:
             for s in self.stages
         }
         self._api = rknnlite_api
-        self._open: dict[str, Any] = {}  # stage id -> initialised session (resident stages)
+        self._open: JsonObject = {}  # stage id -> initialised session (resident stages)
         #: two contexts of every NPU stage, one per CFG pass, on NPU cores 0 and 1 (:meth:`run_passes`)
         self.cfg_parallel = bool(cfg_parallel)
-        self._open_lane1: dict[str, Any] = {}  # the second pass's resident sessions under cfg_parallel
+        self._open_lane1: JsonObject = {}  # the second pass's resident sessions under cfg_parallel
         self._core_mask_override = core_mask
         self._host_lock = threading.Lock()
         for s in self.stages:
@@ -825,14 +828,14 @@ class Runner:
         self._sink = self.timings
 
     # -- sessions ---------------------------------------------------------------------------
-    def stage_core_mask(self, s: Mapping[str, Any], lane: int = 0) -> str:
+    def stage_core_mask(self, s: JsonMap, lane: int = 0) -> str:
         """The core mask a stage's context is initialised with: under ``cfg_parallel`` core 0 for
         the first pass and core 1 for the second; else ``--core-mask``, the stage's, the manifest's."""
         if self.cfg_parallel:
             return CFG_LANE_MASKS[lane]
         return self._core_mask_override or str(s.get("core_mask") or self.core_mask)
 
-    def _session(self, s: Mapping[str, Any], lane: int = 0) -> Any:
+    def _session(self, s: JsonMap, lane: int = 0) -> Any:
         ins, outs = tuple(s["inputs"]), tuple(s["outputs"])
         if s["device"] != "npu":
             return OrtSession(inside(self.folder, s["file"]), ins, outs)
@@ -849,7 +852,7 @@ class Runner:
         self._sink.append((sid, phase, time.perf_counter() - t0))
         return out
 
-    def _start(self, s: Mapping[str, Any], lane: int = 0) -> Any:
+    def _start(self, s: JsonMap, lane: int = 0) -> Any:
         sess = self._session(s, lane)
         self._timed(s["id"], "load", sess.load)
         self._timed(s["id"], "init", sess.init)
@@ -883,7 +886,7 @@ class Runner:
         self.close()
 
     # -- running ----------------------------------------------------------------------------
-    def check_inputs(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def check_inputs(self, inputs: JsonMap) -> dict[str, np.ndarray]:
         feeds = {}
         for n in self.inputs:
             if n not in inputs:
@@ -906,7 +909,7 @@ class Runner:
                                       "partition again with --inputs holding these inputs")
         return feeds
 
-    def run(self, inputs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def run(self, inputs: JsonMap) -> dict[str, np.ndarray]:
         """One pass through every stage in order; returns the model outputs by name."""
         self.open()
         self.timings = self._sink = []
@@ -917,7 +920,7 @@ class Runner:
                 env.pop(name, None)
         return {n: env[n] for n in self.outputs}
 
-    def _call_stage(self, s: Mapping[str, Any], sess: Any, env: dict[str, np.ndarray]) -> None:
+    def _call_stage(self, s: JsonMap, sess: Any, env: dict[str, np.ndarray]) -> None:
         """One stage on one pass: its inputs from ``env``, its outputs (as the plan recorded them) into it.
 
         Every pass of every mode (:meth:`run`, :meth:`run_passes`, CFG in parallel) calls a
@@ -941,7 +944,7 @@ class Runner:
 
 
     # -- several passes at once, and the denoising loop --------------------------------------
-    def run_passes(self, passes: Sequence[Mapping[str, Any]]) -> list[dict[str, np.ndarray]]:
+    def run_passes(self, passes: Sequence[JsonMap]) -> list[dict[str, np.ndarray]]:
         """Independent passes (CFG's conditional and unconditional one) through every stage, stage-major.
 
         Sequentially (the default), each stage serves every pass back to back, so a
@@ -980,7 +983,7 @@ class Runner:
                 pool.shutdown(wait=True)
         return [{n: env[n] for n in self.outputs} for env in envs]
 
-    def _stage_passes(self, s: Mapping[str, Any], envs: list[dict[str, np.ndarray]]) -> None:
+    def _stage_passes(self, s: JsonMap, envs: list[dict[str, np.ndarray]]) -> None:
         sid = s["id"]
         resident = self.residency[sid] == "resident"
         sess = self._open.get(sid)
@@ -995,7 +998,7 @@ class Runner:
             if not resident:
                 self._timed(sid, "release", sess.release)
 
-    def _stage_lane(self, s: Mapping[str, Any], lane: int, env: dict[str, np.ndarray],
+    def _stage_lane(self, s: JsonMap, lane: int, env: dict[str, np.ndarray],
                     ready: threading.Barrier) -> None:
         """One pass of a stage in its lane's thread, on the lane's own NPU context (host stages share one session).
 
@@ -1029,7 +1032,7 @@ class Runner:
                 self._timed(sid, "release", sess.release)
 
     @property
-    def loop(self) -> dict[str, Any]:
+    def loop(self) -> JsonObject:
         """The manifest's ``denoise`` record: which inputs are latent, timestep and conditioning.
 
         Raises :class:`BundleError` (one line, naming ``rkpart bundle``'s flags) when the bundle
@@ -1043,7 +1046,7 @@ class Runner:
         return d
 
     @property
-    def pipeline(self) -> dict[str, Any] | None:
+    def pipeline(self) -> JsonObject | None:
         """The loop record's ``pipeline``: the pipeline's own sampler, timestep rule, latent and call
         arguments (from its ``pipeline.json``); ``None`` for a bundle without a description."""
         d = self.manifest.get("denoise")
@@ -1055,10 +1058,10 @@ class Runner:
         return "pipeline" if self.pipeline is not None else "flow-euler"
 
     def denoise(self, steps: int, *, guidance: float | None = None, seed: int = 0, shift: float | None = None,
-                scheduler: str | None = None, cond: Mapping[str, Any] | None = None,
-                uncond: Mapping[str, Any] | None = None, cfg: bool = True,
+                scheduler: str | None = None, cond: JsonMap | None = None,
+                uncond: JsonMap | None = None, cfg: bool = True,
                 on_step: Callable[[int, dict[str, float]], None] | None = None,
-                embeds: Mapping[str, Any] | None = None, latents: Any = None,
+                embeds: JsonMap | None = None, latents: Any = None,
                 step_noise: Sequence[Any] | None = None) -> np.ndarray:
         """A whole denoising loop; returns the final latent.
 
@@ -1221,7 +1224,7 @@ class Runner:
         keys = ", ".join(sorted(npz_keys(path))) or "none"
         return self.embeds_inputs(arrays, uncond=uncond, what=f"--embeds {path}", keys=keys)
 
-    def embeds_inputs(self, arrays: Mapping[str, Any], *, uncond: bool, what: str = "embeds",
+    def embeds_inputs(self, arrays: JsonMap, *, uncond: bool, what: str = "embeds",
                       keys: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The model inputs the call arguments ``arrays`` give, per pass: each input the record maps
         takes its ``argument`` in the conditional pass and its ``negative_argument`` in the
@@ -1259,7 +1262,7 @@ class Runner:
                 out[which][name] = a.astype(want, copy=False)
         return out["cond"], out["uncond"]
 
-    def initial_latent(self, latents: Any, rng: np.random.Generator) -> np.ndarray:
+    def initial_latent(self, latents: object, rng: np.random.Generator) -> np.ndarray:
         """The call's ``latents=`` (given: shape and dtype checked, finite), else drawn from ``rng``
         (standard normal, the description's dtype)."""
         p = self.pipeline
@@ -1277,7 +1280,7 @@ class Runner:
         return a.astype(dtype)
 
     def sample(self, steps: int, *, guidance: float | None = None, seed: int = 0,
-               embeds: Mapping[str, Any] | None = None, latents: Any = None,
+               embeds: JsonMap | None = None, latents: Any = None,
                step_noise: Sequence[Any] | None = None, cfg: bool = True,
                on_step: Callable[[int, dict[str, float]], None] | None = None) -> np.ndarray:
         """The pipeline's own denoising loop; returns the final latent, as ``pipe(...,
@@ -1409,7 +1412,7 @@ class Runner:
                                manifest=self.manifest, graph="vae")
         return self._vae
 
-    def decode(self, latent: Any) -> np.ndarray:
+    def decode(self, latent: object) -> np.ndarray:
         """The image (NCHW float32 in [0, 1], what ``output_type="np"`` returns, transposed) of the
         final latent, by the bundle's VAE decoder (the pipeline's whole post-loop path)."""
         vae = self.vae_runner()
@@ -1438,7 +1441,7 @@ class Runner:
                                   f"{tuple(info['shape'])}")
         return got
 
-    def _conditioning(self, arrays: Mapping[str, Any], what: str,
+    def _conditioning(self, arrays: JsonMap, what: str,
                       shape_of: Callable[[str], tuple[int, ...]] | None = None) -> dict[str, np.ndarray]:
         context = list(self.loop["context"])
         missing = [t for t in context if t not in arrays]
@@ -1456,7 +1459,7 @@ class Runner:
         return out
 
 
-def json_numbers(v: Any) -> Any:
+def json_numbers(v: object) -> Any:
     """A config as pipeline.json spells it, with its non-finite numbers (written as the strings
     ``"Infinity"``, ``"-Infinity"``, ``"NaN"``: DPM-Solver's ``lambda_min_clipped``) as floats."""
     if isinstance(v, str) and v in ("Infinity", "-Infinity", "NaN"):
@@ -1800,7 +1803,7 @@ def bundle_summary(folder: Path) -> str:
         m = read_manifest(folder)
     except (BundleError, OSError, ValueError):
         return ""
-    d: dict[str, Any] = m["denoise"] if isinstance(m.get("denoise"), dict) else {}
+    d: JsonObject = m["denoise"] if isinstance(m.get("denoise"), dict) else {}
     p = d.get("pipeline") if isinstance(d.get("pipeline"), dict) else None
     plan = m.get("plan") or {}
     lines = [f"This bundle: {plan.get('npu_stages', '?')} NPU + {plan.get('host_stages', '?')} host stages, toolkit "

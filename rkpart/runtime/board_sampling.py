@@ -43,9 +43,19 @@ import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    # rkpart.types' JSON aliases, spelled here: this module imports nothing from rkpart, at any depth
+    JsonObject: TypeAlias = dict[str, Any]
+    JsonMap: TypeAlias = Mapping[str, Any]
+
+    #: a timestep or sigma: a Python number or a numpy scalar (diffusers passes either)
+    Scalar: TypeAlias = float | np.floating[Any] | np.integer[Any]
 
 #: the diffusers version whose schedulers this module reproduces
 DIFFUSERS_VERSION = "0.42.1"
@@ -160,7 +170,7 @@ def _searchsorted_left(a: np.ndarray, v: Any) -> int:
     return int(np.searchsorted(a, v, side="left"))
 
 
-def _sigma_to_t(sigma: Any, log_sigmas: np.ndarray) -> np.ndarray:
+def _sigma_to_t(sigma: object, log_sigmas: np.ndarray) -> np.ndarray:
     """diffusers' ``_sigma_to_t``: the fractional training timestep of a sigma, by log-sigma interpolation.
 
     A float64 NumPy scalar minus diffusers' float32 ``log_sigmas`` is float64 under NumPy 2 and
@@ -214,7 +224,7 @@ def _spaced_timesteps(spacing: str, num_train: int, n: int, steps_offset: int) -
 # configs: diffusers' defaults, what from_config keeps, and what this module reproduces
 
 
-def _fmt(key: str, value: Any) -> str:
+def _fmt(key: str, value: object) -> str:
     try:
         text = json.dumps(value, allow_nan=True)
     except (TypeError, ValueError):
@@ -222,11 +232,11 @@ def _fmt(key: str, value: Any) -> str:
     return f"{key}={text[:60]}"
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -236,7 +246,7 @@ _BETA = {
 }
 
 #: each class's ``__init__`` keyword defaults in diffusers 0.42.1 (a test compares them with diffusers')
-DEFAULTS: dict[str, dict[str, Any]] = {
+DEFAULTS: dict[str, JsonObject] = {
     "FlowMatchEulerDiscreteScheduler": {
         "num_train_timesteps": 1000, "shift": 1.0, "use_dynamic_shifting": False, "base_shift": 0.5,
         "max_shift": 1.15, "base_image_seq_len": 256, "max_image_seq_len": 4096, "invert_sigmas": False,
@@ -306,10 +316,10 @@ class _Config(dict[str, Any]):
     saved config's values for the class's own keys; ``extra`` holds the saved config's other keys
     (diffusers registers them as config attributes: ``hasattr(config, "sigma_min")`` reads them)."""
 
-    extra: dict[str, Any]
+    extra: JsonObject
 
 
-def resolve_config(class_name: str, config: Mapping[str, Any]) -> _Config:
+def resolve_config(class_name: str, config: JsonMap) -> _Config:
     """The config ``class_name.from_config(config)`` would run with (see :class:`_Config`).
 
     Keys the saved config lists in ``_use_default_values`` take the class default, as in diffusers.
@@ -488,7 +498,7 @@ def _refusals(class_name: str, cfg: _Config) -> list[str]:
     raise AssertionError(class_name)  # pragma: no cover - SCHEDULERS and DEFAULTS agree
 
 
-def unsupported(class_name: str, config: Mapping[str, Any]) -> list[str]:
+def unsupported(class_name: str, config: JsonMap) -> list[str]:
     """The options of ``config`` (a ``scheduler_config.json``) this module does not reproduce, each
     as ``key=value`` with the value as JSON; ``[class_name]`` when the class is not implemented;
     ``[]`` when :func:`make_scheduler` reproduces the scheduler."""
@@ -574,10 +584,10 @@ class Scheduler:
                        mu: float | None = None, timesteps: Sequence[float] | None = None) -> None:
         raise NotImplementedError
 
-    def scale_model_input(self, sample: np.ndarray, t: Any = None) -> np.ndarray:
+    def scale_model_input(self, sample: np.ndarray, t: Scalar | None = None) -> np.ndarray:
         return sample
 
-    def step(self, model_output: np.ndarray, t: Any, sample: np.ndarray, *,
+    def step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray, *,
              generator_noise: NoiseFn | None = None) -> np.ndarray:
         """One denoising step: ``prev_sample`` from the model's output at timestep ``t``.
 
@@ -596,13 +606,13 @@ class Scheduler:
                 raise SamplerError(f"{self.class_name}.step: model_output {np.shape(model_output)} does not fit "
                                    f"sample {np.shape(sample)}") from None
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         raise NotImplementedError
 
     # diffusers' ``index_for_timestep`` and ``_init_step_index``: the first step finds its index
     # from t (the second match when t repeats, for image-to-image), later steps count on
-    def _index_for_timestep(self, t: Any, missing_is_last: bool) -> int:
+    def _index_for_timestep(self, t: Scalar, missing_is_last: bool) -> int:
         hits = np.nonzero(self.timesteps == np.asarray(t).item())[0]
         if len(hits) == 0:
             if missing_is_last:
@@ -610,7 +620,7 @@ class Scheduler:
             raise SamplerError(f"timestep {np.asarray(t).item()!r} is not one of the scheduler's timesteps")
         return int(hits[1] if len(hits) > 1 else hits[0])
 
-    def _init_step_index(self, t: Any, missing_is_last: bool = False) -> None:
+    def _init_step_index(self, t: Scalar, missing_is_last: bool = False) -> None:
         if self._step_index is None:
             self._step_index = self._index_for_timestep(t, missing_is_last)
 
@@ -623,13 +633,13 @@ class Scheduler:
         if bad:
             raise SamplerError(f"{self.class_name}.set_timesteps does not take {', '.join(bad)}")
 
-    def _check_steps(self, n: Any) -> None:
+    def _check_steps(self, n: Scalar) -> None:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 1 <= n <= MAX_TRAIN_TIMESTEPS:
             raise SamplerError(f"{self.class_name}: num_inference_steps must be an integer in "
                                f"[1, {MAX_TRAIN_TIMESTEPS}], got {n!r}")
 
 
-def _time_shift(kind: str, mu: float, sigma: float, t: Any) -> Any:
+def _time_shift(kind: str, mu: float, sigma: float, t: Scalar | np.ndarray) -> Any:
     if kind == "exponential":
         return math.exp(mu) / (math.exp(mu) + (1 / t - 1) ** sigma)
     return mu / (mu + (1 / t - 1) ** sigma)
@@ -731,7 +741,7 @@ class FlowMatchEulerDiscreteScheduler(Scheduler):
         self.timesteps, self.sigmas = ts32, sig32
         self._step_index = None
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         if np.issubdtype(np.asarray(t).dtype, np.integer):
             raise SamplerError("pass one of scheduler.timesteps as t, not an integer index")
@@ -785,7 +795,7 @@ class FlowMapEulerDiscreteScheduler(Scheduler):
         self.timesteps = self.sigmas[:-1] * n_train
         self._step_index = None
 
-    def _index(self, t: Any) -> int:
+    def _index(self, t: Scalar) -> int:
         # diffusers: the nearest timestep in float32, if within 1e-3
         diffs = np.abs(self.timesteps.astype(F32) - F32(np.asarray(t, F64).ravel()[0])).astype(F32)
         i = int(diffs.argmin())
@@ -793,7 +803,7 @@ class FlowMapEulerDiscreteScheduler(Scheduler):
             raise SamplerError(f"timestep {np.asarray(t).ravel()[0]!r} is not on the schedule (no r_timestep here)")
         return i
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         assert self.sigmas is not None
         if self._step_index is None:
@@ -842,7 +852,7 @@ class DDIMScheduler(_AlphaScheduler):
         self.timesteps = _spaced_timesteps(self.config["timestep_spacing"], n_train, num_inference_steps,
                                            self.config["steps_offset"])
 
-    def _x0_eps(self, v: np.ndarray, x: np.ndarray, a_t: Any) -> tuple[np.ndarray, np.ndarray]:
+    def _x0_eps(self, v: np.ndarray, x: np.ndarray, a_t: Scalar) -> tuple[np.ndarray, np.ndarray]:
         b_t = 1 - a_t
         kind = self.config["prediction_type"]
         if kind == "epsilon":
@@ -865,7 +875,7 @@ class DDIMScheduler(_AlphaScheduler):
         a_prev = F64(self.alphas_cumprod[prev_t] if prev_t >= 0 else self.final_alpha_cumprod)
         return a_t, a_prev
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         self._need_timesteps()
         assert self.num_inference_steps is not None
@@ -908,7 +918,7 @@ class CogVideoXDDIMScheduler(DDIMScheduler):
         self.final_alpha_cumprod = dt(1.0) if config["set_alpha_to_one"] else ac[0]
         self.timesteps = np.arange(0, n)[::-1].copy().astype(np.int64)
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         self._need_timesteps()
         assert self.num_inference_steps is not None
@@ -936,7 +946,7 @@ class CogVideoXDPMScheduler(CogVideoXDDIMScheduler):
         self._old_x0: np.ndarray | None = None
         self._t_back: int | None = None
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         self._need_timesteps()
         assert self.num_inference_steps is not None
@@ -1007,7 +1017,7 @@ class DDPMScheduler(DDIMScheduler):
             return -1 if i == len(self.timesteps) - 1 else int(self.timesteps[i + 1])
         return t - 1
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         t = int(np.asarray(t).item())
         prev_t = self._prev(t)
@@ -1071,14 +1081,14 @@ class _SigmaMultistep(_AlphaScheduler):
 
     # Step arithmetic is NumPy float64 scalars, not Python floats: like diffusers' torch scalars,
     # a zero sigma gives inf/NaN where Python would raise (callers run under np.errstate).
-    def _alpha_sigma(self, sigma: Any) -> tuple[Any, Any]:
+    def _alpha_sigma(self, sigma: Scalar) -> tuple[Any, Any]:
         sigma = F64(sigma)
         if self.config["use_flow_sigmas"]:
             return 1 - sigma, sigma
         alpha = 1 / ((sigma ** 2 + 1) ** 0.5)
         return alpha, sigma * alpha
 
-    def _lambda(self, sigma: Any) -> Any:
+    def _lambda(self, sigma: Scalar) -> Any:
         a, s = self._alpha_sigma(sigma)
         return np.log(a) - np.log(s)
 
@@ -1286,7 +1296,7 @@ class DPMSolverMultistepScheduler(_SigmaMultistep):
         return ((s_t / s_s0 * np.exp(-h)) * x + (a_t * e2) * m0 + (a_t * (e2 / (-2.0 * h) + 1.0)) * d1
                 + (a_t * ((e2 - 2.0 * h) / (2.0 * h) ** 2 - 0.5)) * d2 + s_t * np.sqrt(e2) * noise)
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         self._need_timesteps()
         self._init_step_index(t, missing_is_last=True)
@@ -1409,7 +1419,7 @@ class UniPCMultistepScheduler(_SigmaMultistep):
         ac0 = self.alphas_cumprod[0]
         return float(np.sqrt(F64(F32(F32(1) - ac0) / ac0)).astype(F32))
 
-    def _bh(self, hh: Any, order: int) -> tuple[Any, Any, list[Any]]:
+    def _bh(self, hh: Scalar, order: int) -> tuple[Any, Any, list[Any]]:
         """``h_phi_1``, ``B_h`` and the right-hand side ``b`` of UniPC's order conditions."""
         h_phi_1 = np.expm1(hh)
         h_phi_k = h_phi_1 / hh - 1
@@ -1421,7 +1431,7 @@ class UniPCMultistepScheduler(_SigmaMultistep):
             h_phi_k = h_phi_k / hh - 1 / factorial_i
         return h_phi_1, b_h, b
 
-    def _rks_d1s(self, newest: int, order: int, sig_s0: Any, h: Any) -> tuple[list[Any], list[np.ndarray]]:
+    def _rks_d1s(self, newest: int, order: int, sig_s0: Scalar, h: Scalar) -> tuple[list[Any], list[np.ndarray]]:
         assert self.sigmas is not None
         m0 = self.model_outputs[-1]
         assert m0 is not None
@@ -1484,7 +1494,7 @@ class UniPCMultistepScheduler(_SigmaMultistep):
             return s_t / s_s0 * last - a_t * h_phi_1 * m0 - a_t * b_h * (corr + rhos[-1] * d1_t)
         return a_t / a_s0 * last - s_t * h_phi_1 * m0 - s_t * b_h * (corr + rhos[-1] * d1_t)
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         self._need_timesteps()
         self._init_step_index(t, missing_is_last=True)
@@ -1595,7 +1605,7 @@ class EulerDiscreteScheduler(_AlphaScheduler):
         x = np.asarray(sample)
         return (x.astype(F64) / (sigma ** 2 + 1) ** 0.5).astype(x.dtype)
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         if np.issubdtype(np.asarray(t).dtype, np.integer):
             raise SamplerError("pass one of scheduler.timesteps as t, not an integer index")
@@ -1629,7 +1639,7 @@ class EulerAncestralDiscreteScheduler(EulerDiscreteScheduler):
             raise SamplerError("pass num_inference_steps")
         super()._set_timesteps(num_inference_steps)
 
-    def _step(self, model_output: np.ndarray, t: Any, sample: np.ndarray,
+    def _step(self, model_output: np.ndarray, t: Scalar, sample: np.ndarray,
               generator_noise: NoiseFn | None) -> np.ndarray:
         if np.issubdtype(np.asarray(t).dtype, np.integer):
             raise SamplerError("pass one of scheduler.timesteps as t, not an integer index")
@@ -1662,7 +1672,7 @@ SCHEDULERS: dict[str, type[Scheduler]] = {
 }
 
 
-def make_scheduler(class_name: str, config: Mapping[str, Any]) -> Scheduler:
+def make_scheduler(class_name: str, config: JsonMap) -> Scheduler:
     """The scheduler ``diffusers.<class_name>.from_config(config)`` would be, in NumPy.
 
     Raises :class:`SamplerError` naming the class, or every option :func:`unsupported` lists.
@@ -1743,7 +1753,7 @@ def retrieve_timesteps(scheduler: Scheduler, num_inference_steps: int | None = N
             raise SamplerError("a rule takes num_inference_steps and no explicit sigmas or timesteps")
         args = schedule_arguments(rule, num_inference_steps, scheduler.config.get("num_train_timesteps", 1000))
         sigmas, timesteps = args.get("sigmas"), args.get("timesteps")
-    kw: dict[str, Any] = {} if mu is None else {"mu": mu}
+    kw: JsonObject = {} if mu is None else {"mu": mu}
     if timesteps is not None or sigmas is not None:
         scheduler.set_timesteps(None, sigmas=sigmas, timesteps=timesteps, **kw)  # type: ignore[arg-type]
         return scheduler.timesteps, len(scheduler.timesteps)

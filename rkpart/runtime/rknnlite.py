@@ -37,7 +37,7 @@ def _import_rknnlite() -> Any:
 
 
 class RknnLiteRunner(StageRunner):
-    def __init__(self, stage: Stage, folder: Path, api: Any, core_mask: int, standin: Path | None = None) -> None:
+    def __init__(self, stage: Stage, folder: Path, api: object, core_mask: int, standin: Path | None = None) -> None:
         super().__init__(stage, folder)
         self._session: Any
         if standin is not None:

@@ -15,8 +15,9 @@ import base64
 import json
 import textwrap
 import zlib
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+
+from rkpart.types import JsonMap
 
 #: above this size the script reads the model from a file next to it instead of embedding it
 EMBED_LIMIT = 4 << 20
@@ -86,7 +87,7 @@ if __name__ == "__main__":
 
 
 def render_script(model_bytes: bytes, *, model_file: str, num_nodes: int, headline: str,
-                  config: Mapping[str, Any], expected: Sequence[tuple[str, str]],
+                  config: JsonMap, expected: Sequence[tuple[str, str]],
                   expect_status: str) -> str:
     """The reproducer's source text.
 

@@ -157,3 +157,19 @@ def test_flow_sigmas_shift() -> None:
     s = flow_sigmas(4, 3.0)
     assert s[0] == 1.0 and s[-1] == 0.0 and np.all(np.diff(s) < 0)
     assert s[2] == pytest.approx(3 * 0.5 / (1 + 2 * 0.5))
+
+
+def test_board_loop_refuses_a_description_feature_it_does_not_implement(tmp_path: Path) -> None:
+    """pipeline.json features beyond version 1 as first published (rkpart export writes them for Flux.2, Krea 2,
+    DiT, ...) that the board's loop does not implement are refused by name; a plain version-1 description passes."""
+    from rkpart.bundle.loop import check_features
+    from rkpart.description import load_description
+    from rkpart.errors import SpecError
+    from tests.description.docs import base_doc, flux_guidance_inputs, flux_ids, write
+
+    check_features(load_description(write(tmp_path / "v1", base_doc(flux_guidance_inputs()), flux_ids())))
+    doc = base_doc(flux_guidance_inputs())
+    doc["scheduler"]["set_timesteps"].update(mu=None, mu_rule="flux2_empirical", image_seq_len=16)
+    with pytest.raises(SpecError, match=r"uses scheduler\.set_timesteps\.mu_rule=flux2_empirical, which the board's "
+                                        "loop does not implement"):
+        check_features(load_description(write(tmp_path / "f2", doc, flux_ids())))

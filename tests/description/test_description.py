@@ -50,6 +50,33 @@ def test_fields_added_within_version_1_are_accepted(tmp_path: Path, doc: dict[st
     assert load_description(write(tmp_path, doc, flux_ids())).output.name == "sample"
 
 
+def test_features_name_what_a_description_uses_beyond_version_1(tmp_path: Path, doc: dict[str, Any]) -> None:
+    """A plain version-1 description uses no feature; each added field is named by its value, so a reader can
+    refuse one it does not implement (docs/pipeline-json.md, Features)."""
+    from rkpart.description import FEATURES, features
+
+    assert features(load_description(write(tmp_path, doc, flux_ids()))) == frozenset()
+    doc = edited(edited(doc, "cfg", {"mode": "two-pass", "guidance_scale": 4.0, "guidance_input": None,
+                                     "combine": "cond + g * (cond - uncond)", "renorm": "cond_l2_last_axis"}),
+                 "inputs.guidance.role", "other")
+    used = features(load_description(write(tmp_path, doc, flux_ids())))
+    assert used == {"cfg.combine=cond + g * (cond - uncond)", "cfg.renorm=cond_l2_last_axis"} <= FEATURES.keys()
+    with pytest.raises(SpecError, match=r"cfg\.renorm: 'l1' is not one of"):
+        load_description(write(tmp_path, edited(doc, "cfg.renorm", "l1"), flux_ids()))
+
+
+
+def test_every_feature_is_documented() -> None:
+    """docs/pipeline-json.md's Features table names exactly rkpart.description.FEATURES (a runner follows it)."""
+    import re
+
+    from rkpart.description import FEATURES
+
+    page = (ROOT / "docs" / "pipeline-json.md").read_text()
+    table = page[page.index("## Features"):page.index("## Checks")]
+    assert set(re.findall(r"^\| `([^`]+)` \|", table, re.M)) - {"feature"} == FEATURES.keys()
+
+
 BAD = [
     (("version", 2), "is version 2; this rkpart reads version 1"),
     (("format", "other"), "not an rkpart pipeline description"),
@@ -66,6 +93,9 @@ BAD = [
                                        "the input is float32 [8, 3]"),
     (("inputs.timestep.value", "img_ids"), "changes every step; it cannot have a constant value"),
     (("timestep.scale", 1e300), "timestep.scale: 1e+300 is greater than the maximum"),
+    (("inputs.timestep.negative_fill", 0), "input 'timestep' has negative_fill but no argument"),
+    (("inputs.encoder_hidden_states.append_valid", 24), "appends 24 valid positions but its last axis holds only"),
+    (("scheduler.set_timesteps.mu_rule", "flux2_empirical"), "mu_rule needs mu null and image_seq_len set"),
 ]
 
 

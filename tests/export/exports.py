@@ -35,7 +35,8 @@ def _source_key() -> list[str]:
 def export_options(family: str, **opts: object) -> dict[str, object]:
     """The export options of ``family``'s tiny pipeline: its call size and text length, then ``opts``."""
     spec = tp.PIPELINES[family]
-    return {"height": spec.height, "width": spec.width, "text_len": tp.TEXT_LEN, **opts}
+    frames = {"num_frames": spec.call["num_frames"]} if "num_frames" in spec.call else {}
+    return {"height": spec.height, "width": spec.width, "text_len": tp.TEXT_LEN, **frames, **opts}
 
 
 def cached_pipeline_export(family: str, **opts: object) -> Path:

@@ -46,6 +46,13 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
     sched = getattr(diffusers, doc["scheduler"]["class"]).from_config(_numbers(doc["scheduler"]["config"]))
     st = doc["scheduler"]["set_timesteps"]
     kwargs: dict[str, Any] = {} if st["mu"] is None else {"mu": st["mu"]}
+    if st.get("mu_rule") == "flux2_empirical":  # docs/pipeline-json.md's formula, L the image token count
+        seq = st["image_seq_len"]
+        m200, m10 = 0.00016927 * seq + 0.45666666, 8.73809524e-05 * seq + 1.89833333
+        a = (m200 - m10) / 190.0
+        kwargs["mu"] = m200 if seq > 4300 else a * steps + (m200 - 200.0 * a)
+    else:
+        assert st.get("mu_rule") is None, st["mu_rule"]
     t_train = int(doc["scheduler"]["config"].get("num_train_timesteps", 1000))
     if st.get("timesteps") is not None:
         kwargs["timesteps"] = TIMESTEPS[st["timesteps"]](steps, t_train)
@@ -60,6 +67,9 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
     latent = torch.from_numpy(latents.copy())
     if doc["latent"]["init"] == "init_noise_sigma":
         latent = latent * sched.init_noise_sigma
+    elif doc["latent"]["init"] == "tokens":  # (B, C, H, W) -> (B, H*W, C), row-major
+        latent = latent.reshape(*latent.shape[:2], -1).permute(0, 2, 1).contiguous()
+    cond_first = cfg.get("batch_order", "uncond,cond") == "cond,uncond"
     passes = ["cond", "uncond"] if cfg["mode"] == "two-pass" else ["batched" if cfg["mode"] == "batched" else "cond"]
     import inspect
 
@@ -84,28 +94,51 @@ def run_description(folder: Path, embeds: dict[str, np.ndarray], latents: np.nda
                 elif i["argument"] is None or (i["role"] == "attention_mask" and i["argument"] not in embeds):
                     v = np.ones(shape)  # an attention mask with no argument (or not given): all valid
                 elif kind == "batched":
-                    v = np.concatenate([embeds[i["negative_argument"]], embeds[i["argument"]]])
+                    pos = embeds[i["argument"]]
+                    fill = i.get("negative_fill")
+                    neg = np.full_like(pos, fill) if fill is not None else embeds[i["negative_argument"]]
+                    v = np.concatenate([pos, neg] if cond_first else [neg, pos])
+                elif kind == "uncond" and i.get("negative_fill") is not None:
+                    v = np.full_like(embeds[i["argument"]], i["negative_fill"])
                 else:
                     v = embeds[i["argument"] if kind == "cond" else i["negative_argument"]]
+                n = i.get("append_valid", 0)
+                if n and i["argument"] in embeds and i["value"] is None:  # the argument, then n valid positions
+                    v = np.asarray(v).astype(dtype)
+                    v = np.concatenate([v, np.ones((*v.shape[:-1], n), dtype)], axis=-1)
                 feeds[name] = np.asarray(v).astype(dtype).reshape(shape)
             preds[kind] = sess.run([out["name"]], feeds)[0].astype(np.float32)
-        if cfg["mode"] == "batched":
-            uncond, cond = np.split(preds["batched"], 2)
-            pred = uncond + g * (cond - uncond)
-        elif cfg["mode"] == "two-pass":
-            pred = preds["uncond"] + g * (preds["cond"] - preds["uncond"])
+        if cfg["mode"] in ("batched", "two-pass"):
+            uncond, cond = np.split(preds["batched"], 2) if cfg["mode"] == "batched" else (preds["uncond"],
+                                                                                           preds["cond"])
+            if cfg["mode"] == "batched" and cond_first:
+                uncond, cond = cond, uncond
+            pred = {"uncond + g * (cond - uncond)": uncond, "cond + g * (cond - uncond)": cond}[cfg["combine"]] \
+                + g * (cond - uncond)
+            k = cfg.get("channels")
+            if k is not None:  # the combination on the first k channels, the conditional prediction's after them
+                ax = out["channels_axis"]
+                pred = np.concatenate([np.take(pred, range(k), axis=ax),
+                                       np.take(cond, range(k, cond.shape[ax]), axis=ax)], axis=ax)
+            if cfg.get("renorm") == "cond_l2_last_axis":
+                pred = pred * (np.linalg.norm(cond, axis=-1, keepdims=True) / np.linalg.norm(pred, axis=-1,
+                                                                                               keepdims=True))
+            else:
+                assert cfg.get("renorm") is None, cfg["renorm"]
         else:
             pred = preds["cond"]
         if out["learned_sigma"]:
             pred = np.split(pred, 2, axis=out["channels_axis"])[0]
         pred = pred * out["sign"]
-        latent = sched.step(torch.from_numpy(pred), t, latent, return_dict=False, **step_kwargs)[0]
+        # a singleton axis of the output (Z-Image's frame axis) is not the latent's
+        step = torch.from_numpy(pred).reshape(latent.shape)
+        latent = sched.step(step, t, latent, return_dict=False, **step_kwargs)[0]
     final = latent.numpy()
     if doc["vae"] is None:
         return final, None
     vae = ort.InferenceSession(str(folder / doc["vae"]["file"]), providers=["CPUExecutionProvider"])
     image = vae.run(None, {vae.get_inputs()[0].name: final.astype(np.float32)})[0]
-    return final, image.transpose(0, 2, 3, 1)
+    return final, np.moveaxis(image, 1, -1)  # NCHW -> NHWC; a video's NCFHW -> NFHWC
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -144,14 +144,11 @@ def test_without_the_export_extra(tmp_path: Path) -> None:
     _nothing_written(out)
 
 
-def test_class_conditional_and_video_pipelines_are_refused(tmp_path: Path) -> None:
-    """DiT takes class labels, not prompt embeddings; Wan is a video pipeline: each refused in one line before any
-    recording."""
+def test_frames_of_an_image_pipeline_are_refused(tmp_path: Path) -> None:
+    """``--num-frames`` is for a video pipeline: refused in one line before any recording."""
     from tests.models import pipelines as tp
 
     out = tmp_path / "out"
-    code, text = _run(str(tp.cached_pipeline("dit")), "-o", str(out))
-    assert code == 11 and "DiTPipeline.__call__ takes no prompt_embeds" in _one_line(text)
-    code, text = _run(str(tp.cached_pipeline("wan")), "-o", str(out))
-    assert code == 11 and "WanPipeline is a video pipeline (its call takes num_frames)" in _one_line(text)
+    code, text = _run(str(tp.cached_pipeline("pixart_sigma")), "-o", str(out), "--num-frames", "2")
+    assert code == 2 and "--num-frames 2: PixArtSigmaPipeline is not a video pipeline" in _one_line(text)
     _nothing_written(out)

@@ -113,6 +113,23 @@ def test_guidance_input_scale_and_timestep_offset(flux: Plan, tmp_path: Path) ->
     assert feed["guidance"].tolist() == [6000.0] and feed["timestep"].tolist() == [0.75]
 
 
+def test_loop_refuses_a_feature_it_does_not_implement(tmp_path: Path) -> None:
+    """A description whose CFG combination the loop does not compute (Krea 2's) is refused in one line, naming the
+    feature, instead of running the usual combination."""
+    inputs = {"x": {"role": "latent", "shape": [1, 4, 8], "dtype": "float32"},
+              "t": {"role": "timestep", "shape": [1], "dtype": "float32"},
+              "ctx": {"role": "text_embeddings", "shape": [1, 6, 24], "dtype": "float32",
+                      "argument": "prompt_embeds", "negative_argument": "negative_prompt_embeds"}}
+    doc = base_doc(inputs, cfg={"mode": "two-pass", "guidance_scale": 4.5, "guidance_input": None,
+                                "combine": "cond + g * (cond - uncond)"},
+                   latent={"shape": [1, 4, 8], "dtype": "float32", "init": "identity", "packing": None, "channels": 4})
+    plan = plan_of({n: (s["dtype"], tuple(s["shape"])) for n, s in inputs.items()}, (1, 4, 8))
+    r = resolve(plan, load_description(write(tmp_path, doc)))
+    with pytest.raises(SpecError, match=r"uses cfg\.combine=cond \+ g \* \(cond - uncond\), which rkpart's "
+                                        "denoising loop does not implement"):
+        loop_inputs(plan, r)
+
+
 def test_batched_cfg_feeds_the_uncond_cond_pair_and_splits_the_output(tmp_path: Path) -> None:
     inputs = {"x": {"role": "latent", "shape": [2, 4, 8], "dtype": "float32"},
               "t": {"role": "timestep", "shape": [2], "dtype": "float32"},

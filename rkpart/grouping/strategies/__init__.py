@@ -8,7 +8,6 @@ to choose among the others' partitions, sits above the cost model in :mod:`rkpar
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from rkpart.errors import UserError
 from rkpart.grouping.strategies.base import Group, Partition, Strategy
@@ -27,7 +26,7 @@ BUILTIN: tuple[type[Strategy], ...] = (SplitStrategy, FusedStrategy, CustomStrat
 RESERVED: tuple[str, ...] = ("auto",)
 
 
-def check_plugin(obj: Any) -> str | None:
+def check_plugin(obj: object) -> str | None:
     """Why an ``rkpart.strategies`` entry point's object is unusable, or ``None``."""
     if not (isinstance(obj, type) and issubclass(obj, Strategy)):
         return f"{obj!r} is not a subclass of rkpart.strategies.base.Strategy"

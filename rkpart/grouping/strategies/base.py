@@ -73,7 +73,7 @@ def propose_with(strategy: Strategy[Any], mg: ModelGraph, disc: Discovery | None
     return strategy.propose(mg, disc, opts)
 
 
-def option(options: JsonMap, key: str, default: Any, choices: tuple[Any, ...] | None = None) -> Any:
+def option(options: JsonMap, key: str, default: object, choices: tuple[Any, ...] | None = None) -> Any:
     v = options.get(key, default)
     if v is None:
         v = default

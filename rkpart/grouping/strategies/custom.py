@@ -113,7 +113,7 @@ MAX_SPEC_ITEMS = 100_000
 MAX_SPEC_BYTES = 4 << 20
 
 
-def _count_items(data: Any, limit: int) -> int:
+def _count_items(data: object, limit: int) -> int:
     """Count nodes of a parsed spec, stopping at ``limit`` (YAML aliases share objects, so a
     tiny file can expand to billions of nodes for anything that walks it)."""
     n = 0
