@@ -31,9 +31,10 @@ from rkpart.grouping.groups import Partition, acyclic
 from rkpart.grouping.learned import target_capability
 from rkpart.grouping.strategies.base import GroupBuilder, Strategy, option, propose_with
 from rkpart.grouping.strategies.families import OWN_STRATEGIES, families
-from rkpart.io import file_sha256, load_json_file
+from rkpart.io import file_sha256
 from rkpart.ir import ModelGraph
 from rkpart.progress import Progress, silent
+from rkpart.readers import FileKind
 from rkpart.targets import get_target
 from rkpart.targets.capability import Capability
 from rkpart.types import JsonMap, JsonObject
@@ -181,12 +182,17 @@ def _precisions(v: object) -> tuple[str, ...]:
     return tuple(p for p in CANDIDATE_PRECISIONS if p in got)
 
 
+#: ``partition -s auto --accuracy FILE``: the table ``rkpart drift --accuracy`` writes
+ACCURACY_KIND = FileKind("accuracy term", "json", 1 << 20, UserError,
+                         doc="`partition -s auto --accuracy`: the table `rkpart drift --accuracy` writes")
+
+
 def load_accuracy(path: str | os.PathLike[str]) -> JsonObject:
     """An accuracy term written by ``rkpart drift --accuracy FILE``, checked for the keys selection reads.
 
     Raises :class:`UserError` naming the file and what is wrong.
     """
-    acc = load_json_file(path, what="accuracy term", max_bytes=1 << 20)
+    acc = ACCURACY_KIND.load(path)
     from rkpart.cost_model.checks import check_numbers
     from rkpart.errors import SpecError
 

@@ -30,7 +30,7 @@ from typing import Any
 from rkpart.bundle.build import BundleOptions, BundleResult, bundle_plan
 from rkpart.bundle.vae import VAE_MODES, VaeSource, check_decoder, decoder_file
 from rkpart.errors import GateError, ToolkitError, UserError
-from rkpart.io import atomic_write_bytes, file_sha256
+from rkpart.io import atomic_write_bytes, file_sha256, load_json_file
 from rkpart.plan.plan import load_plan
 from rkpart.progress import Progress
 from rkpart.roles import plan_description
@@ -81,9 +81,9 @@ def vae_plan(decoder: Path, *, toolkit: str, target: str, config: JsonObject, bu
     final = root / f"{decoder.stem}-{key}"
     record = root / f"{final.name}.json"
     if record.is_file():
-        try:
-            rec = json.loads(record.read_text())
-        except (OSError, ValueError):
+        try:  # bounded and a regular file (rkpart.io's reader): a damaged record is no record
+            rec = load_json_file(record, what="VAE decoder plan record", max_bytes=1 << 20)
+        except (OSError, ValueError, UserError):
             rec = {}
         if isinstance(rec, dict) and rec.get("failed"):
             # the same decoder, toolkit and rkpart failed before: no second half-hour of builds to learn it again

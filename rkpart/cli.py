@@ -16,7 +16,7 @@ import click
 
 from rkpart import __version__
 from rkpart.cli_args import report_user_error
-from rkpart.errors import INTERRUPTED_EXIT, RkpartError, UserError, os_error
+from rkpart.errors import INTERRUPTED_EXIT, RkpartError, UserError, one_line, os_error
 
 #: click's "no arguments: show the help" error (click >= 8.2) is help, not an error line
 _NO_ARGS_IS_HELP: tuple[type[BaseException], ...] = tuple(
@@ -39,7 +39,7 @@ class OneLineClickError(click.ClickException):
         self.__dict__["exit_code"] = e.exit_code  # the wrapped error's code (click types it a ClassVar)
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"rkpart: error: {self.message}", err=True)
+        click.echo(f"rkpart: error: {one_line(self.message)}", err=True)
 
 
 def _one_line(e: click.ClickException, ctx: click.Context | None = None) -> click.ClickException:

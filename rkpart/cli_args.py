@@ -45,7 +45,7 @@ from typing import Any, TypeVar
 
 import click
 
-from rkpart.errors import INTERRUPTED_EXIT, UserError, os_error
+from rkpart.errors import INTERRUPTED_EXIT, UserError, one_line, os_error
 from rkpart.types import DEVICES, RESIDENCIES, JsonObject
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -81,7 +81,9 @@ def lowering_note(opset: int) -> str | None:
 
 
 def report_user_error(e: UserError) -> None:
-    click.echo(f"rkpart: error: {e}", err=True)
+    """The one place a user error is printed (the group, :func:`user_errors`, click's usage
+    errors): one line, at most :data:`~rkpart.errors.MAX_MESSAGE` characters."""
+    click.echo(f"rkpart: error: {one_line(str(e))}", err=True)
 
 
 def user_errors(fn: F) -> F:
@@ -94,6 +96,7 @@ def user_errors(fn: F) -> F:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            outputs_are_not_inputs(click.get_current_context(silent=True))
             return fn(*args, **kwargs)
         except UserError as e:
             report_user_error(e)
@@ -109,6 +112,41 @@ def user_errors(fn: F) -> F:
             sys.exit(err.exit_code)
 
     return wrapper  # type: ignore[return-value]
+
+
+def outputs_are_not_inputs(ctx: click.Context | None) -> None:
+    """Issue 51's first output rule for every command at once, before it runs: no value of an
+    :class:`OutputFile` / :class:`OutputFolder` parameter is (or, for a folder, lies inside or holds)
+    the value of any other path parameter of the command (every ``click.Path`` that is no output: its
+    plan, model, profiles, ``--embeds``, ``--pipeline``, ``--toolkits-dir``...), symlinks resolved and
+    hard links compared by inode.  Declared by the types, so a new input option is covered without a
+    line in the command (``fit X.jsonl -o X.jsonl`` overwrote its input)."""
+    if ctx is None:
+        return
+    from rkpart.errors import OutputExistsError
+    from rkpart.output import input_problem
+
+    outs: list[tuple[click.Parameter, Path]] = []
+    ins: list[str | os.PathLike[str]] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if value is None or not isinstance(param.type, click.Path):
+            continue
+        values = [v for v in (value if isinstance(value, (tuple, list)) else (value,)) if v not in (None, "")]
+        if isinstance(param.type, (OutputFile, OutputFolder)):
+            outs += [(param, Path(v)) for v in values]
+        else:
+            ins += values
+    for param, out in outs:
+        p = Path(os.path.abspath(out))
+        why = input_problem(p, ins)
+        if why is None and isinstance(param.type, OutputFolder):
+            real = Path(os.path.realpath(p))
+            held = next((i for i in ins if real in Path(os.path.realpath(i)).parents), None)
+            why = None if held is None else f"contains {held}, one of its inputs"
+        if why is not None:
+            name = max(param.opts, key=len) if isinstance(param, click.Option) else (param.name or "").upper()
+            raise OutputExistsError(f"{name} {p} {why}; rkpart never writes over what it reads: choose another path")
 
 
 # -- value parsing ---------------------------------------------------------------------------
@@ -335,16 +373,35 @@ def build_options(f: F) -> F:
 
 
 # -- output ----------------------------------------------------------------------------------
+class OutputFile(click.Path):
+    """The type of every option or argument naming a file a command writes (``-o FILE``,
+    ``--accuracy``, ``--save-outputs``, ``example DEST``): each goes through
+    :func:`rkpart.output.claim_output_file`, and the generated hostile suite finds them by it."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("dir_okay", False)  # ``example DEST`` may name a folder to write into
+        kwargs.setdefault("path_type", Path)
+        super().__init__(**kwargs)
+
+
+class OutputFolder(click.Path):
+    """The type of every option naming a folder a command writes (``-o DIR``): each goes through
+    :func:`rkpart.output.claim_output_folder` and the folder protocol of :mod:`rkpart.output`."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("path_type", Path)
+        super().__init__(file_okay=False, **kwargs)
+
+
 def out_folder_option(*, default: str, help: str) -> OptionDecorator:
     """``-o/--out DIR``: the folder a command writes (``out: Path``)."""
-    return click.option("--out", "-o", "out", type=click.Path(file_okay=False, path_type=Path), default=Path(default),
+    return click.option("--out", "-o", "out", type=OutputFolder(), default=Path(default),
                         show_default=True, help=help)
 
 
 def output_file_option(*, help: str, required: bool = False) -> OptionDecorator:
     """``-o/--output FILE``: the file a command writes (``output: Path | None``)."""
-    return click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=required,
-                        default=None, help=help)
+    return click.option("-o", "--output", type=OutputFile(), required=required, default=None, help=help)
 
 
 def force_option(*, help: str) -> OptionDecorator:
@@ -391,6 +448,8 @@ __all__ = [
     "STEPS",
     "WARMUP",
     "FiniteFloat",
+    "OutputFile",
+    "OutputFolder",
     "build_options",
     "device_option",
     "embeds_option",

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from rkpart.errors import SpecError
+from rkpart.readers import FileKind
 
 FORMAT = "rkpart-pipeline"
 VERSION = 1
@@ -289,23 +290,37 @@ def load_description(path: str | os.PathLike[str], *, values: bool = True) -> Pi
         Not a regular file, over :data:`MAX_BYTES`, not JSON, not valid against the schema, or
         inconsistent (one line naming the field).
     """
-    from rkpart.io import read_limited
-
     p = Path(path)
-    data = read_limited(p, what="pipeline description", max_bytes=MAX_BYTES, error=SpecError)
+    data = DESCRIPTION_KIND.read(p)  # rkpart.readers: a regular file, bounded, never a FIFO's endless wait
     doc = _parse(data, p)
     return parse_description(doc, p.parent, values=values, name=str(p), sha256=hashlib.sha256(data).hexdigest(),
                              path=p)
 
 
 def _parse(data: bytes, p: Path) -> Any:
-    from rkpart.io import bad_number, loads_json
+    doc = DESCRIPTION_KIND.parse(data, str(p))
+    _finite(doc, str(p))
+    return doc
 
-    doc = loads_json(data, what=f"pipeline description {p}", error=SpecError)
+
+def _finite(doc: Any, where: str) -> None:
+    from rkpart.io import bad_number
+
     bad = bad_number(doc)
     if bad is not None:
-        raise SpecError(f"pipeline description {p}: {bad[0] or 'a value'} is {bad[1]}, not a finite number")
-    return doc
+        raise SpecError(f"pipeline description {where}: {bad[0] or 'a value'} is {bad[1]}, not a finite number")
+
+
+def _check_doc(doc: Any, where: str) -> None:
+    """The whole check of a parsed ``pipeline.json`` at ``where`` (its values ``.npz`` beside it)."""
+    _finite(doc, where)
+    parse_description(doc, Path(where).parent, name=where, path=Path(where))
+
+
+#: ``pipeline.json`` (``rkpart export`` writes it beside the model; ``partition`` copies it into the plan)
+DESCRIPTION_KIND = FileKind("pipeline description", "json", MAX_BYTES, SpecError, check=_check_doc,
+                            doc="`pipeline.json` beside a model (`partition`, `export`) and in a plan "
+                                "(`drift`, `calibrate`, `tune`, `bundle`)")
 
 
 def parse_description(doc: Any, folder: str | os.PathLike[str] | None, *, values: bool = True,
@@ -408,7 +423,8 @@ def _check(d: PipelineDescription, what: str) -> None:
 
 
 def _with_values(d: PipelineDescription, folder: Path, what: str) -> PipelineDescription:
-    from rkpart.io import confined_file, read_npz
+    from rkpart.io import confined_file
+    from rkpart.readers import read_npz
 
     assert d.values_file is not None
     f = confined_file(folder, d.values_file, what=f"{what}: values", error=SpecError, within="folder of pipeline.json")

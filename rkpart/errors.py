@@ -7,6 +7,8 @@ with its ``exit_code``.  :class:`InternalError` is a bug in rkpart and keeps its
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 def first_line(e: BaseException) -> str:
     """The first line of an exception's message, or its type name when the message is empty.
@@ -16,6 +18,28 @@ def first_line(e: BaseException) -> str:
     """
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+#: the longest error message rkpart prints (characters): a message naming every offender (20 000 run
+#: ids, 360 KB) is no longer one line a user reads; raise sites name the first few and the count
+MAX_MESSAGE = 480
+
+
+def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` as one line of at most ``limit`` characters: line breaks and runs of whitespace
+    collapsed, the middle elided (the start says what is wrong, the end often how to fix it)."""
+    msg = " ".join(str(text).split())
+    if len(msg) <= limit:
+        return msg
+    tail = msg[-(limit // 5):]
+    head = msg[: limit - len(tail) - 40]
+    return f"{head} [... {len(msg) - len(head) - len(tail)} characters ...] {tail}"
+
+
+def listed(items: Sequence[object], *, first: int = 5) -> str:
+    """``a, b, c, d, e and 37 more``: the first few of ``items`` and how many there are besides."""
+    shown = ", ".join(str(x) for x in items[:first])
+    return shown + (f" and {len(items) - first} more" if len(items) > first else "")
 
 
 def describe_exception(e: BaseException) -> str:

@@ -17,15 +17,13 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 from rkpart.errors import OutputExistsError, SpecError, UserError, first_line
-from rkpart.types import JsonObject
 
 if TYPE_CHECKING:  # numpy and onnx are imported where they are used: rkpart's CLI starts without them
-    import numpy as np
     import onnx
     from numpy.typing import ArrayLike
 
@@ -37,6 +35,13 @@ class Hash(Protocol):
 
 #: lock files of older versions (folder_lock now locks the folder itself)
 LOCK_NAME = ".rkpart.lock"
+
+
+def default_cache_dir() -> Path:
+    """Where cross-plan knowledge (the build cache, learned placements, the memory model) lives:
+    ``$RKPART_CACHE_DIR`` or ``~/.cache/rkpart``."""
+    env = os.environ.get("RKPART_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "rkpart"
 
 
 def hash_file(h: Hash, path: str | os.PathLike[str], chunk: int = 1 << 22) -> None:
@@ -538,64 +543,8 @@ def check_finite_arrays(arrays: Mapping[str, ArrayLike], *, what: str, error: ty
             raise error(f"{what}: array {name!r} holds {bad} NaN/Inf value(s); representative inputs must be finite")
 
 
-def read_npz(path: str | os.PathLike[str], *, what: str, names: Iterable[str] | None = None,
-             error: type[UserError] = UserError) -> dict[str, np.ndarray]:
-    """The arrays ``names`` (default: all) of the ``.npz`` at ``path``, other members never decoded.
-
-    Only a regular file; each member's header is read first, and an object or non-numeric
-    dtype, or a shape needing more bytes than the member holds (a 2^40-element header on a few
-    bytes would otherwise be allocated), is refused before anything is allocated.
-    """
-    import zipfile
-    import zlib
-
-    import numpy as np
-
-    p = Path(path)
-    regular_file(p, what=what, error=error)
-    with open(p, "rb") as f:
-        if f.read(6) == b"\x93NUMPY":
-            raise error(f"{what} {p} is a single .npy array, not an .npz with one array per name")
-    fmt = np.lib.format
-    out: JsonObject = {}
-    try:
-        with zipfile.ZipFile(p) as zf:
-            members = {n[: -len(".npy")]: n for n in zf.namelist() if n.endswith(".npy")}
-            if not members:
-                raise error(f"{what} {p} holds no .npy arrays")
-            for k in (sorted(members) if names is None else [n for n in names if n in members]):
-                info = zf.getinfo(members[k])
-                with zf.open(info) as f:
-                    version = fmt.read_magic(f)
-                    shape, _fortran, dtype = (fmt.read_array_header_1_0(f) if version == (1, 0)
-                                              else fmt.read_array_header_2_0(f))
-                if dtype.hasobject or dtype.fields is not None or dtype.kind not in "biuf":
-                    raise error(f"{what} {p}: array {k!r} has dtype {dtype}, not a numeric one")
-                n = 1
-                for d in shape:
-                    n *= int(d)
-                if n > MAX_NPZ_ELEMENTS or n * dtype.itemsize > info.file_size:
-                    raise error(f"{what} {p}: array {k!r} claims shape {tuple(shape)}, more than its "
-                                f"{info.file_size} bytes hold")
-                with zf.open(info) as f:
-                    out[k] = fmt.read_array(f, allow_pickle=False)
-    except UserError:
-        raise
-    except (OSError, ValueError, EOFError, KeyError, RuntimeError, zipfile.BadZipFile, zlib.error) as e:
-        why = "it holds pickled (object) arrays" if "pickle" in str(e) else first_line(e)
-        raise error(f"cannot read {what} {p}: not a usable .npz ({why})") from None
-    return out
-
-
-def default_cache_dir() -> Path:
-    """Where cross-plan knowledge (the build cache, learned placements, the memory model) lives:
-    ``$RKPART_CACHE_DIR`` or ``~/.cache/rkpart``."""
-    env = os.environ.get("RKPART_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "rkpart"
-
-
 def write_npz(path: str | os.PathLike[str], arrays: Mapping[str, ArrayLike]) -> None:
-    """An ``.npz`` that ``np.load`` and :func:`read_npz` read, byte-identical for equal arrays.
+    """An ``.npz`` that ``np.load`` and :func:`rkpart.readers.read_npz` read, byte-identical for equal arrays.
 
     ``np.savez`` stamps each member with the current time; here members are sorted and dated
     1980-01-01, and the file is written atomically.

@@ -23,6 +23,14 @@ writes a folder or a file goes through the same rules here:
   symlink, never onto a device node, FIFO, socket or folder (``rkpart example /dev/null``
   as root would otherwise replace the machine's ``/dev/null``).  The kind is checked again
   just before the rename, so a path swapped meanwhile is not replaced either.
+- **A command's ``-o FILE``** (issue 51) follows the folders' rule through
+  :func:`claim_output_file`, before any work: it is refused when it is one of the command's
+  inputs or lies inside one, when it lies inside a folder rkpart manages (a plan, a bundle, a
+  calibration, a report's assets, a tune folder, the build cache: :func:`managing_folder`), and
+  when it exists, unless ``--force`` is given and the file is one rkpart wrote.  rkpart knows
+  a file it wrote by its format header, never by its name: a cost model's or a profile's
+  ``"format"`` (:func:`json_format_is`), the report page's generator tag, the zip comment of
+  an ``.npz`` of outputs (:func:`npz_is_rkparts`), the example's own bytes.
 """
 
 from __future__ import annotations
@@ -32,19 +40,19 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from rkpart.errors import OutputExistsError, UserError, os_error
 from rkpart.io import (
     _kind,
     atomic_writer,
+    default_cache_dir,
     folder_lock,
-    loads_json,
-    read_limited,
     recover_folder,
     replace_folder,
 )
+from rkpart.readers import FileKind
 from rkpart.types import JsonObject
 
 #: the file rkpart writes into every output folder: who wrote it and which files it wrote
@@ -53,6 +61,10 @@ MARKER_FORMAT = "rkpart-output"
 MARKER_VERSION = 1
 #: a marker larger than this is not one rkpart wrote
 _MARKER_MAX_BYTES = 16 << 20
+
+#: the marker, read through rkpart's one reader: never a symlink, FIFO or device, at most 16 MiB
+MARKER_KIND = FileKind("output marker", "json", _MARKER_MAX_BYTES, OutputExistsError, symlinks=False,
+                       doc="`.rkpart-output.json` of every folder rkpart writes (a bad one: not rkpart's)")
 
 Problem = Callable[[Path], "str | None"]
 #: a folder written before :data:`MARKER` existed -> every file (relative POSIX path) its own
@@ -102,11 +114,8 @@ def write_marker(folder: Path, kind: str, *, complete: bool = True) -> None:
 
 def read_marker(folder: Path) -> JsonObject | None:
     """The marker of ``folder`` if it holds a valid one (a regular file, not a symlink), else ``None``."""
-    p = folder / MARKER
     try:
-        if not stat.S_ISREG(os.lstat(p).st_mode):
-            return None
-        doc = loads_json(read_limited(p, what="output marker", max_bytes=_MARKER_MAX_BYTES), what="output marker")
+        doc = MARKER_KIND.load(folder / MARKER, root=folder)
     except (OSError, UserError):
         return None
     if not (isinstance(doc, dict) and doc.get("format") == MARKER_FORMAT and isinstance(doc.get("kind"), str)
@@ -312,17 +321,165 @@ def write_output_file(path: str | os.PathLike[str], data: bytes, *, force: bool,
         tmp.write_bytes(data)
 
 
+# -- a command's -o FILE (issue 51) --------------------------------------------------------------
+
+#: what a folder rkpart manages holds (besides :data:`MARKER`), to know one written before the
+#: marker: its document and the folder beside it
+_MANAGED = (("plan.json", "stages", "plan folder"), ("manifest.json", "runner.py", "bundle"),
+            ("calibration.json", "samples", "calibration folder"), ("tune_report.json", "plans", "tune folder"))
+
+
+def managing_folder(path: str | os.PathLike[str]) -> tuple[Path, str] | None:
+    """The folder rkpart manages that ``path`` lies inside, and what it is (``None``: none).
+
+    A folder with rkpart's output marker (:data:`MARKER`: a plan, a bundle, a calibration, a
+    report's assets, a tune folder, a shared build cache), one written before the marker existed
+    (:data:`_MANAGED`: its document and the folder next to it), and everything under the
+    user-level cache folder (:func:`~rkpart.io.default_cache_dir`: builds, learned placements,
+    toolkits).  Judged on the path as written and with its symlinks resolved.
+    """
+    p = Path(os.path.abspath(path))
+    cache = Path(os.path.realpath(default_cache_dir()))
+    for cand in dict.fromkeys([p, Path(os.path.realpath(p))]):
+        if cand == cache or cache in cand.parents:
+            return cache, "cache folder"
+        for d in cand.parents:
+            doc = read_marker(d) if os.path.lexists(d / MARKER) else None
+            if doc is not None:
+                return d, f"{doc['kind']} folder" if not doc["kind"].endswith(("folder", "cache")) else doc["kind"]
+            for name, beside, what in _MANAGED:
+                if os.path.isfile(d / name) and os.path.isdir(d / beside):
+                    return d, what
+    return None
+
+
+def input_problem(p: Path, inputs: Iterable[str | os.PathLike[str]]) -> str | None:
+    """Why ``p`` may not be written because of the command's ``inputs``: it is one, or lies in one."""
+    real = Path(os.path.realpath(p))
+    for i in inputs:
+        ip = Path(os.path.abspath(i))
+        ireal = Path(os.path.realpath(ip))
+        if ireal.is_dir():
+            if ireal == real or ip == p:
+                return f"is one of its inputs ({i})"
+            if ireal in real.parents or ip in p.parents:
+                return f"lies inside {i}, one of its inputs"
+        elif ireal == real or ip == p or (real.exists() and ireal.exists() and os.path.samefile(real, ireal)):
+            return f"is one of its inputs ({i})"
+    return None
+
+
+def claim_output_file(path: str | os.PathLike[str], *, what: str, force: bool, owned: Callable[[Path], bool],
+                      inputs: Iterable[str | os.PathLike[str]] = ()) -> Path:
+    """The rule of a command's ``-o FILE``, checked before any work (see the module doc); returns
+    the absolute path.  ``owned(path)`` says whether an existing file is one rkpart wrote (its
+    format header); ``inputs``: the command's input files and folders.
+
+    Raises :class:`OutputExistsError` (one line) naming why the destination is refused.
+    """
+    p = Path(os.path.abspath(path))
+    why = input_problem(p, inputs)
+    if why is not None:
+        raise OutputExistsError(f"{what} {p} {why}; rkpart never writes over what it reads: choose another path")
+    found = managing_folder(p)
+    if found is not None:
+        folder, kind = found
+        raise OutputExistsError(f"{what} {p} lies inside {folder}, an rkpart {kind}: rkpart manages the files in "
+                                "it; choose a path outside it")
+    check_file_target(p, force=force, what=what, owned=owned)
+    return p
+
+
+def claim_output_folder(out: str | os.PathLike[str], *, what: str = "output folder",
+                        inputs: Iterable[str | os.PathLike[str] | None] = ()) -> Path:
+    """The half of :func:`claim_output_file`'s rule a command's ``-o DIR`` adds to the folder protocol
+    (:func:`staged_folder`), checked before any work: the folder is none of the command's inputs, does
+    not lie inside one or hold one (``--force`` would replace it), and does not lie inside a folder
+    rkpart manages (a plan, a bundle, a calibration, a tune folder, the cache).  Returns it absolute."""
+    p = Path(os.path.abspath(out))
+    real = Path(os.path.realpath(p))
+    given = [i for i in inputs if i is not None]
+    why = input_problem(p, given)
+    if why is None:
+        held = next((i for i in given if real in Path(os.path.realpath(i)).parents), None)
+        why = None if held is None else f"contains {held}, one of its inputs"
+    if why is not None:
+        raise OutputExistsError(f"{what} {p} {why}; rkpart never writes over what it reads: choose another folder")
+    found = managing_folder(p)
+    if found is not None:
+        folder, kind = found
+        raise OutputExistsError(f"{what} {p} lies inside {folder}, an rkpart {kind}: rkpart manages the files in "
+                                "it; choose a folder outside it")
+    return p
+
+
+def head_bytes(path: Path, n: int = 1 << 16) -> bytes:
+    """The first ``n`` bytes of the regular file ``path`` (``b""`` for anything else): what the
+    ownership tests read.  Opened non-blocking, never through a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return f.read(n)
+
+
+def json_format_is(fmt: str, *, first_line: bool = False) -> Callable[[Path], bool]:
+    """An ownership test (:func:`claim_output_file`): the file is JSON (``first_line``: JSON Lines)
+    whose ``"format"`` is ``fmt``."""
+    def owned(path: Path) -> bool:
+        head = head_bytes(path, 16 << 20)
+        if first_line:
+            head = head.split(b"\n", 1)[0]
+        try:
+            doc = json.loads(head)
+        except ValueError:
+            return False
+        return isinstance(doc, dict) and doc.get("format") == fmt
+
+    return owned
+
+
+#: the zip comment of an ``.npz`` of outputs rkpart (``run --save-outputs``) or the runner wrote
+NPZ_COMMENT = b"rkpart outputs"
+
+
+def npz_is_rkparts(path: Path) -> bool:
+    """An ownership test: an ``.npz`` whose zip comment is :data:`NPZ_COMMENT`."""
+    import zipfile
+
+    if not head_bytes(path, 4).startswith(b"PK"):
+        return False
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.comment == NPZ_COMMENT
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+
+
+def mark_npz(path: Path) -> None:
+    """Give the ``.npz`` at ``path`` (a temp file being written) rkpart's zip comment."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "a") as z:
+        z.comment = NPZ_COMMENT
+
+
 # -- work folders ------------------------------------------------------------------------------
 
 
 def claim_work_folder(work: str | os.PathLike[str], *, kind: str, legacy: Listing | None = None,
-                      grows: tuple[str, ...] = ()) -> Path:
+                      grows: tuple[str, ...] = (), known: tuple[str, ...] = ()) -> Path:
     """Make ``work`` a folder rkpart may keep writing into across runs (``tune``'s work folder).
 
     It must be missing, empty, or already carry a ``kind`` marker, or (``legacy``) be a ``kind``
     folder written before the marker existed (:func:`legacy_problem`, ``grows``: its folders of
     runs); never a symlink, a file, or a folder of someone else's files.  The marker is written
-    before anything else.
+    before anything else.  ``known``: the files a ``kind`` folder holds at its top besides the
+    ``grows`` folders; anything else there is someone else's and the folder is refused (issue 51:
+    ``tune -o`` accepted a folder of its own with a user's note in it).
     """
     w = Path(os.path.abspath(work))
     if w.is_symlink():
@@ -339,6 +496,12 @@ def claim_work_folder(work: str | os.PathLike[str], *, kind: str, legacy: Listin
     if w.is_dir() and any(w.iterdir()):
         doc = read_marker(w)
         if doc is not None and doc["kind"] == kind:
+            foreign = sorted(n for n in os.listdir(w) if n != MARKER and not is_temp_name(n)
+                             and n not in grows and n not in known)
+            if foreign:
+                raise OutputExistsError(f"refusing to write into {w}: it holds {foreign[0]!r}"
+                                        f"{f' (and {len(foreign) - 1} more)' if len(foreign) > 1 else ''}, which "
+                                        f"rkpart {kind} did not write; move it away or choose another folder")
             return w
         why = (f"an rkpart {doc['kind']} output" if doc is not None else
                None if legacy is None else legacy_problem(w, legacy, grows=grows))

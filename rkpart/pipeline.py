@@ -92,7 +92,8 @@ def load(
     progress(f"loading {model}")
     if inputs is None:
         return LoadedModel(load_model(model, input_shapes=input_shapes), input_shapes)
-    from rkpart.io import check_finite_arrays, read_npz
+    from rkpart.io import check_finite_arrays
+    from rkpart.readers import read_npz
     from rkpart.runtime.specialise import load_specialised
 
     feeds = read_npz(inputs, what="--inputs file")

@@ -18,11 +18,12 @@ from rkpart.compile.compile import CompileOptions, CompileReport, compile_folder
 from rkpart.compile.toolkits import Toolkit
 from rkpart.errors import UserError
 from rkpart.grouping.learned import CpuLayer, forced_host
-from rkpart.io import file_sha256, read_npz
+from rkpart.io import file_sha256
 from rkpart.ir import graph_io
 from rkpart.pipeline import PartitionConfig, available, get_strategy, load, propose, write_plan
 from rkpart.plan.plan import Plan, load_plan
 from rkpart.progress import Progress, silent
+from rkpart.readers import read_npz
 from rkpart.triage import isolate
 
 
@@ -71,6 +72,7 @@ def crash_cuts(report: CompileReport, folder: Path, stages: set[str] | None = No
     ``swap_reshape`` ValueError got 60 useless cuts).  The ids of the stages cut are added to
     ``stages``.
     """
+    from rkpart.compile.runner import read_log
     from rkpart.targets.known_issues import fused_nodes, match_log
 
     out: dict[str, str] = {}
@@ -81,8 +83,8 @@ def crash_cuts(report: CompileReport, folder: Path, stages: set[str] | None = No
             if f.kind not in _CUTTABLE or not f.log:
                 continue
             try:
-                text = (folder / f.log).read_text(errors="replace")
-            except OSError:
+                text = read_log(folder / f.log, folder)
+            except (OSError, UserError):
                 continue
             issue = match_log(text, signal=f.signal, toolkit=f.toolkit, kind=f.kind, exit_code=f.exit_code)
             if issue is None and f.kind == "error":

@@ -430,7 +430,8 @@ def load_embeds(path: str | os.PathLike[str], roles: InputRoles, plan: Plan, *, 
     UserError
         No description, a missing key, or an array of another shape or dtype than the input takes.
     """
-    from rkpart.io import check_finite_arrays, read_npz
+    from rkpart.io import check_finite_arrays
+    from rkpart.readers import read_npz
 
     d = roles.description
     if d is None:

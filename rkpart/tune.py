@@ -59,6 +59,7 @@ from rkpart.io import atomic_write_bytes
 from rkpart.output import claim_work_folder
 from rkpart.pipeline import load, partition
 from rkpart.plan.plan import Plan, load_plan
+from rkpart.readers import FileKind
 from rkpart.roles import NO_FLAGS, RoleFlags
 from rkpart.types import HOST, JsonMap, JsonObject
 
@@ -576,14 +577,17 @@ TUNE_GROWS = ("plans", "profiles", "verify", "bundle", "precision")
 _TUNE_FILES = ("cost_model.json", "fit_report.json", "tune_report.json", ACCURACY_FILE)
 
 
+#: a tune folder's ``tune_report.json`` (how ``tune -o`` knows a folder an older rkpart wrote)
+TUNE_REPORT_KIND = FileKind("tune report", "json", 64 << 20, UserError, symlinks=False,
+                            doc="a tune folder's `tune_report.json`, read by `tune -o` on an existing folder")
+
+
 def tune_listing(folder: Path) -> set[str] | str:
     """What a tune work folder written before rkpart's output marker holds
     (:data:`~rkpart.output.Listing`): a tune report rkpart wrote and its model and fit report
     (the folders of :data:`TUNE_GROWS` aside)."""
-    from rkpart.io import load_json_file
-
     try:
-        rep = load_json_file(folder / "tune_report.json", what="tune report", max_bytes=64 << 20)
+        rep = TUNE_REPORT_KIND.load(folder / "tune_report.json", root=folder)
     except UserError as e:
         return f"it has no readable tune report ({e})"
     if not isinstance(rep, dict) or not {"cost_model", "auto_plan", "verify"} <= set(rep):
@@ -595,7 +599,7 @@ def tune(model_path: str | Path, workdir: str | Path, config: TuneConfig = TuneC
          progress: Callable[[str], None] = lambda _: None) -> TuneResult:
     """Run the loop on ``model_path`` in ``workdir`` (plans, profiles, model, auto plan, report)."""
     # rkpart.output: never a symlink or someone else's folder
-    work = claim_work_folder(workdir, kind="tune", legacy=tune_listing, grows=TUNE_GROWS)
+    work = claim_work_folder(workdir, kind="tune", legacy=tune_listing, grows=TUNE_GROWS, known=_TUNE_FILES)
     plans, nblocks, reps = single_plans(model_path, work, config.pipeline)
     if "int8" in config.precisions or config.cfg_parallel:
         # before minutes of profiling: the loops run later (calibration, drift, the bundle's) must be able to tell

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1] / "rkpart"
 #: lowest first; a package may import from its own layer and the layers before it
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "types"),
-    ("io", "output", "units", "progress", "description"),
+    ("io", "readers", "output", "units", "progress", "description"),
     ("export",),
     ("ir",),
     ("targets",),
@@ -54,6 +54,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("cli_args",),
     ("commands",),
     ("cli",),
+    ("__main__",),
 )
 
 

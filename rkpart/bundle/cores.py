@@ -15,12 +15,14 @@ else the stage's build log (``rknn/logs/<stage>.<toolkit>.log``, parsed by
 from __future__ import annotations
 
 import fnmatch
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rkpart.compile.compiler_plan import LayerRow, read_layers
 from rkpart.compile.placement import PlacedOp, parse_layer_table
+from rkpart.compile.runner import read_log
 from rkpart.errors import SpecError, UserError
 from rkpart.io import confined_path
 from rkpart.plan.plan import Plan, Stage
@@ -63,7 +65,7 @@ def _compiler_rows(folder: Path, stage: Stage) -> list[LayerRow] | None:
         return None
     try:
         path = confined_path(folder, rel, what=f"stage {stage.id} layer table")
-        return read_layers(path) if path.is_file() and not path.is_symlink() else None
+        return read_layers(path, folder) if os.path.lexists(path) else None
     except (SpecError, ValueError, TypeError, OSError):
         return None
 
@@ -76,7 +78,7 @@ def from_log(folder: Path, stage: Stage) -> CoreMask:
         log = build_log(folder, stage)
         if log is None:
             return CoreMask("auto", "no layer table of the stage (compiler plan or rknn/logs/); auto")
-        rows, source = parse_layer_table(log.read_text(errors="replace")), "compile log"
+        rows, source = parse_layer_table(read_log(log, folder)), "compile log"
     if not rows:
         return CoreMask("auto", f"no layer table in the {source}; auto")
     ok, single = splits_across_cores(rows)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rkpart.bundle.cores import build_log
 from rkpart.compile.compiler_plan import parse_memory
+from rkpart.compile.runner import read_log
 from rkpart.errors import BudgetError
 from rkpart.plan.plan import Plan, Stage
 from rkpart.units import MIB
@@ -36,7 +37,7 @@ def stage_memory(folder: Path, stage: Stage) -> StageMemory:
         return StageMemory(planned, "compiler plan")
     log = build_log(folder, stage)
     if log is not None:
-        weight, internal = parse_memory(log.read_text(errors="replace"))
+        weight, internal = parse_memory(read_log(log, folder))
         if weight is not None and internal is not None:
             return StageMemory(weight + internal, "compile log")
     return StageMemory((art.size_bytes if art else stage.weight_bytes) + stage.io_bytes, "rknn file + I/O")

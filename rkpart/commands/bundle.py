@@ -14,6 +14,7 @@ from rkpart.cli_args import (
     SEED,
     SHIFT,
     FiniteFloat,
+    OutputFolder,
     json_option,
     quiet_option,
     residency_option,
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 @click.command("bundle")
 @click.argument("plan", type=click.Path(path_type=Path))
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--out", "-o", type=OutputFolder(), required=True,
               help="Bundle folder to write (copy it to the board).")
 @residency_option(help="NPU stage sessions on the board: released after each use (per-stage), kept for the whole "
                       "loop (resident), or as the plan chose per block (auto strategy; per-stage where it chose "
@@ -95,10 +96,12 @@ def bundle(plan: Path, out: Path, residency: str, core_mask: str | None, model: 
     """
     from rkpart.board import bundle_pipeline
     from rkpart.bundle.build import BundleOptions
+    from rkpart.output import claim_output_folder
     from rkpart.plan.plan import load_plan
     from rkpart.progress import Reporter
     from rkpart.runtime.executor import load_inputs
 
+    claim_output_folder(out, what="bundle folder", inputs=[plan, model, inputs, vae_plan])
     feeds = load_inputs(inputs, load_plan(plan)[0]) if inputs is not None else None
     with Reporter(quiet=quiet) as say:
         opts = BundleOptions(residency=None if residency == "plan" else residency, core_mask=core_mask, model=model,

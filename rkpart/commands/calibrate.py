@@ -11,6 +11,7 @@ import click
 from rkpart.cli_args import (
     SEED,
     STEPS,
+    OutputFolder,
     embeds_option,
     emit,
     force_option,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
 
 @click.command("calibrate")
 @click.argument("plan", type=click.Path(exists=True))
-@click.option("-o", "--output", "out", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("-o", "--output", "out", type=OutputFolder(), required=True,
               help="Calibration folder to write (dataset.txt per NPU stage, samples/, calibration.json).")
 @click.option("--steps", type=STEPS, default=4, show_default=True,
               help="Denoising steps per run of the loop.")
@@ -59,9 +60,11 @@ def calibrate(plan: str, out: Path, steps: int, cfg: bool | None, samples: int, 
 
     The same plan and inputs give byte-identical files."""
     from rkpart.compile.calibration import render
+    from rkpart.output import claim_output_folder
     from rkpart.plan.plan import load_plan
     from rkpart.profile.calibrate import write_calibration
 
+    claim_output_folder(out, what="calibration folder", inputs=[plan, inputs])
     p, folder = load_plan(plan)
     with Reporter(quiet=quiet) as say:
         cal = write_calibration(p, folder, out, steps=steps, cfg=cfg, samples=samples, seed=seed, inputs=inputs,

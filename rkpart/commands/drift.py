@@ -15,6 +15,7 @@ from rkpart.cli_args import (
     SHIFT,
     SIM_MEMORY_MIB,
     STEPS,
+    OutputFile,
     build_options,
     embeds_option,
     emit,
@@ -54,15 +55,17 @@ if TYPE_CHECKING:
                    "evicted and rebuilt when next used, up to 16 TiB [default: 70% of the available memory].")
 @role_options
 @embeds_option
-@click.option("--accuracy", "accuracy_out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--accuracy", "accuracy_out", type=OutputFile(), default=None,
               help="Write the cost model's accuracy term measured by this table (JSON) to this file.")
+@click.option("--force", is_flag=True, help="Replace the --accuracy file if it is an accuracy table rkpart wrote.")
 @quiet_option
 @json_option(help="Print the table as JSON.")
 @user_errors
 def drift(plans: tuple[str, ...], steps: int, cfg: bool | None, guidance: float | None, seed: int, shift: float,
           toolkit: str, target: str,
           rknn_config: JsonObject, toolkits_dir: str | None, show_blocks: bool, sim_memory_mib: int | None,
-          role_flags: RoleFlags, embeds: Path | None, accuracy_out: Path | None, quiet: bool, as_json: bool) -> None:
+          role_flags: RoleFlags, embeds: Path | None, accuracy_out: Path | None, force: bool, quiet: bool,
+          as_json: bool) -> None:
     """Measure how far PLANS (split, fused, auto's choice, int8 / hybrid builds of one plan...)
     drift from ONNX Runtime over a flow-matching denoising loop in the rknn-toolkit2 simulator:
     cosine, max-abs and MSE of the latent per step and of each block's output.  A plan compiled
@@ -84,9 +87,11 @@ def drift(plans: tuple[str, ...], steps: int, cfg: bool | None, guidance: float 
     from rkpart.runtime.rknn_sim import RknnSimBackend
 
     if accuracy_out is not None:  # before the run: minutes of simulation must not end in "cannot write"
-        from rkpart.output import check_file_target
+        from rkpart.cost_model.drift_accuracy import is_accuracy_table
+        from rkpart.output import claim_output_file
 
-        check_file_target(accuracy_out, force=True, what="accuracy table")
+        accuracy_out = claim_output_file(accuracy_out, what="accuracy table", force=force, owned=is_accuracy_table,
+                                         inputs=plans)
     loaded = []
     for p in plans:
         plan, folder = load_plan(p)

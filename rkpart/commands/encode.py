@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from rkpart.cli_args import force_option, json_option, quiet_option, user_errors
+from rkpart.cli_args import OutputFile, force_option, json_option, quiet_option, user_errors
 
 
 @click.command("encode")
@@ -21,9 +21,9 @@ from rkpart.cli_args import force_option, json_option, quiet_option, user_errors
 @click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=0, show_default=True,
               help="Seed of the pipeline call's generator (the encoders are deterministic; the latents drawn are "
                    "not kept).")
-@click.option("--out", "-o", type=click.Path(dir_okay=False, path_type=Path), required=True,
+@click.option("--out", "-o", type=OutputFile(), required=True,
               help=".npz to write, keyed by the call arguments (runner.py --embeds).")
-@force_option(help="Replace an existing --out file.")
+@force_option(help="Replace an existing --out file rkpart encode wrote.")
 @quiet_option
 @json_option(help="Print the written arrays' shapes as JSON.")
 @user_errors
@@ -42,13 +42,13 @@ def encode(pipeline_dir: Path, description: Path, prompt: str, negative_prompt: 
     """
     from rkpart.export.encode import encode as run_encode
     from rkpart.export.encode import write_embeds
-    from rkpart.output import check_file_target
+    from rkpart.output import claim_output_file, npz_is_rkparts
     from rkpart.progress import Reporter
 
-    check_file_target(out, force=force, what="--out")
+    claim_output_file(out, what="--out", force=force, owned=npz_is_rkparts, inputs=[pipeline_dir, description])
     with Reporter(quiet=quiet) as say:
         arrays = run_encode(pipeline_dir, description, prompt, negative_prompt, seed=seed, progress=say)
-    write_embeds(out, arrays)
+    write_embeds(out, arrays, force=force)
     shapes = {k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in sorted(arrays.items())}
     if as_json:
         click.echo(json.dumps({"out": str(out), "arrays": shapes}, indent=2))

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import click
 
-from rkpart.cli_args import force_option, json_option, quiet_option, user_errors
+from rkpart.cli_args import OutputFolder, force_option, json_option, quiet_option, user_errors
 
 _SIZE = click.IntRange(8, 16384)
 
 
 @click.command("export")
 @click.argument("pipeline_dir", type=click.Path(path_type=Path))
-@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), required=True,
+@click.option("--out", "-o", type=OutputFolder(), required=True,
               help="Folder to write: transformer.onnx, vae_decoder.onnx, pipeline.json (and inputs.npz).")
 @click.option("--height", type=_SIZE, default=None,
               help="Image height in pixels, as the pipeline call takes it [default: the pipeline's].")
@@ -47,6 +47,11 @@ def export(pipeline_dir: Path, out: Path, height: int | None, width: int | None,
     to check it, and exports the transformer and the post-loop VAE path, each checked under ONNX
     Runtime. Needs the export extra: pip install 'rkpart[export]'.
     """
+    from rkpart.output import claim_output_folder
+
+    # the output rule (issue 51) before torch and diffusers are imported: never the pipeline folder, inside it or
+    # holding it, never inside a plan, bundle or the cache (export_pipeline then refuses a folder rkpart did not write)
+    claim_output_folder(out, what="export folder", inputs=[pipeline_dir])
     from rkpart.export.build import ExportOptions, export_pipeline
     from rkpart.progress import Reporter
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 @click.option("--base", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Start from this model (e.g. the shipped calibration) and refit only what the profiles "
                    "measure [default: fit from scratch].")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it is a cost model rkpart wrote.")
 @click.option("--mix-backends", is_flag=True,
               help="Allow --base measured on another backend than the profiles (e.g. RK3588 memory with ONNX "
                    "Runtime timings); recorded in the model's provenance.")
@@ -33,8 +34,8 @@ if TYPE_CHECKING:
               help="Inference as wall time, or as process CPU time (profiles record both; CPU time on a "
                    "machine shared with other jobs).")
 @json_option(help="Print the error report as JSON.")
-def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, mix_backends: bool, folds: int, statistic: str,
-        clock: str, as_json: bool) -> None:
+def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, force: bool, mix_backends: bool, folds: int,
+        statistic: str, clock: str, as_json: bool) -> None:
     """Fit a cost model from PROFILES (JSON Lines from `rkpart profile`) and write it to OUTPUT.
 
     Prints, per component, the share of held-out predictions within +-10 % and +-20 % and
@@ -42,7 +43,11 @@ def fit(profiles: tuple[Path, ...], output: Path, base: Path | None, mix_backend
     of the same plan are pooled into one sample per stage).
     """
     from rkpart.cost_model.calibration import FitOptions, run_fit
+    from rkpart.cost_model.model import MODEL_FORMAT
+    from rkpart.output import claim_output_file, json_format_is
 
+    claim_output_file(output, what="cost model", force=force, owned=json_format_is(MODEL_FORMAT),
+                      inputs=[*profiles, *([base] if base is not None else [])])
     _, report = run_fit(FitOptions(profiles, output, base=base, folds=folds, statistic=statistic,
                                    mix_backends=mix_backends, clock=clock))
     emit(as_json, report.to_json, lambda: render_report(report))

@@ -117,6 +117,9 @@ def partition(model: Path | None, out: Path, strategy: str, adaln: str | None, r
              "steps": steps, "cfg": cfg}
     opts: JsonObject = {**options, **{k: v for k, v in flags.items() if v is not None}}
     check_options(strategy, opts)  # the pipeline's one rule for strategy options (UserError, exit 2)
+    from rkpart.output import claim_output_folder
+
+    claim_output_folder(out, inputs=[model or bundled_example(), spec, cost_model, accuracy, inputs_file])
     if no_budget:
         if budget_mib is not None or strategy != "auto":
             raise click.UsageError("--no-budget applies to --strategy auto only, without --budget-mib")

@@ -71,6 +71,7 @@ def _check_regex(_ctx: click.Context, _param: click.Parameter, value: str | None
               help="ONNX Runtime intra-op threads for ort and host stages (0: ORT default, one per core; "
                    "1: a stage's own cost on a shared machine; at most 4 per core).")
 @output_file_option(help="Where to write the JSON Lines records (required with PLAN).")
+@click.option("--force", is_flag=True, help="Replace OUTPUT if it is a profile rkpart wrote.")
 @click.option("--compare", nargs=2, type=click.Path(exists=True, dir_okay=False), default=None,
               metavar="A.jsonl B.jsonl", help="Print the write-up's tables for two profiles side by side.")
 @click.option("--show", type=click.Path(exists=True, dir_okay=False), default=None, metavar="A.jsonl",
@@ -106,6 +107,7 @@ def profile(
     infer_repeat: int,
     threads: int,
     output: Path | None,
+    force: bool,
     compare: tuple[str, str] | None,
     show: str | None,
     block: int | None,
@@ -146,6 +148,11 @@ def profile(
         raise click.UsageError("--baseline times the whole model; use it without --block")
     if output is None:
         raise click.UsageError("-o/--output OUT.jsonl is required when profiling a plan")
+    from rkpart.output import claim_output_file, json_format_is
+
+    claim_output_file(output, what="profile output", force=force,
+                      owned=json_format_is(rec.RECORD_FORMAT, first_line=True),
+                      inputs=[p for p in (plan, model, against) if p is not None])
     opts = ProfileOptions(
         plan=plan, backend=backend, output=Path(output), toolkit=toolkit, rounds=rounds, warmup=warmup,
         cfg=cfg, steps=steps, residency=residency, device_pattern=None if no_device_pss else device_pattern,

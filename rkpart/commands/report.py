@@ -6,13 +6,13 @@ from pathlib import Path
 
 import click
 
-from rkpart.cli_args import POSITIVE_MIB, quiet_option, user_errors
+from rkpart.cli_args import POSITIVE_MIB, OutputFile, quiet_option, user_errors
 
 
 @click.command("report")
 @click.argument("plan", type=click.Path(path_type=Path))
 @click.argument("profiles", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("report.html"),
+@click.option("-o", "--output", type=OutputFile(), default=Path("report.html"),
               show_default=True, help="HTML page to write; plots (PNG) and tables (CSV) go to <stem>_files/.")
 @click.option("--run", "runs", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
               help="`rkpart run --per-stage --json` output with per-stage errors (repeatable).")

@@ -65,7 +65,10 @@ def repro(model: str, versions: tuple[str, ...], target: str, rknn_config: JsonO
     Exit status: 0 when a reproducer was written (or with --no-reduce, the matrix), 1 when
     no version fails.
     """
+    from rkpart.output import claim_output_folder
     from rkpart.triage.repro import ReproOptions, reproduce
+
+    claim_output_folder(out, what="repro folder", inputs=[model])
 
     opts = ReproOptions(versions=versions, target=target, config=rknn_config, fail_regex=fail_regex,
                         max_time=max_time, build_timeout=build_timeout, reduce_with=reduce_with,

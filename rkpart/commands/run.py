@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from rkpart.cli_args import (
+    OutputFile,
     emit,
     inputs_options,
     json_option,
@@ -34,8 +35,9 @@ from rkpart.progress import Reporter
                    "path or next to the plan folder and used only if its sha256 matches the plan's].")
 @tolerance_options
 @click.option("--per-stage", is_flag=True, help="Also compare every NPU stage with ONNX Runtime on the same inputs.")
-@click.option("--save-outputs", type=click.Path(dir_okay=False, path_type=Path), default=None,
+@click.option("--save-outputs", type=OutputFile(), default=None,
               help="Write the plan's outputs to this .npz.")
+@click.option("--force", is_flag=True, help="Replace the --save-outputs file if it is one rkpart wrote.")
 @residency_option(help="Stage sessions: kept until the end (resident), released after use (per-stage), or as the "
                       "plan chose per block (auto strategy; resident where it chose nothing).")
 @json_option(help="Machine-readable report.")
@@ -43,10 +45,15 @@ from rkpart.progress import Reporter
 def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: str | None, core_mask: str | None,
         model: Path | None,
         reference: Path | None, min_cosine: float | None, max_abs_rel: float | None, per_stage: bool,
-        save_outputs: Path | None, residency: str, as_json: bool, quiet: bool) -> None:
+        save_outputs: Path | None, force: bool, residency: str, as_json: bool, quiet: bool) -> None:
     """Execute PLAN stage by stage and gate it against the whole model."""
     from rkpart.runtime.validate import RunOptions, validate_plan_run
 
+    if save_outputs is not None:
+        from rkpart.output import claim_output_file, npz_is_rkparts
+
+        claim_output_file(save_outputs, what="--save-outputs", force=force, owned=npz_is_rkparts,
+                          inputs=[p for p in (plan_path, inputs, reference, model) if p is not None])
     opts = RunOptions(inputs=inputs, seed=seed, backend=backend, toolkit=toolkit, model=model, reference=reference,
                       min_cosine=min_cosine, max_abs_rel=max_abs_rel, per_stage=per_stage, save_outputs=save_outputs,
                       residency=residency, core_mask=core_mask)

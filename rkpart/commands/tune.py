@@ -12,6 +12,7 @@ from rkpart.cli_args import (
     ROUNDS,
     STEPS,
     FiniteFloat,
+    OutputFolder,
     embeds_option,
     emit,
     json_option,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 @click.option("--backend", type=click.Choice(BACKENDS), default="ort", show_default=True,
               help="ort: ONNX Runtime on this machine; rknn-sim: toolkit simulator; rknnlite: the board.")
 @toolkit_option(help="rknn-toolkit2 version (rknn-sim / rknnlite).")
-@click.option("-o", "--out", "workdir", type=click.Path(file_okay=False, path_type=Path), default=Path("tune"),
+@click.option("-o", "--out", "workdir", type=OutputFolder(), default=Path("tune"),
               show_default=True, help="Folder for the plans, profiles, fitted model and report.")
 @click.option("--steps", type=STEPS, default=1, show_default=True, help="Denoising steps per round.")
 @click.option("--cfg/--no-cfg", default=True, show_default=True, help="Two passes per step (CFG) or one.")
@@ -75,8 +76,11 @@ def tune(model: Path, backend: str, toolkit: str | None, workdir: Path, steps: i
     the inputs' roles from the pipeline.json every plan records, else from the role flags;
     --embeds gives them the conditioning.
     """
+    from rkpart.output import claim_output_folder
     from rkpart.tune import TuneConfig
     from rkpart.tune import tune as run_tune
+
+    claim_output_folder(workdir, what="work folder", inputs=[model])
 
     say = Reporter(quiet=quiet)
     config = TuneConfig(backend=backend, toolkit=toolkit, steps=steps, cfg=cfg, budget_mib=budget_mib,

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.errors import UserError
-from rkpart.io import atomic_write_bytes, atomic_writer, external_locations, file_sha256, hash_file, load_json_file
+from rkpart.io import atomic_write_bytes, atomic_writer, external_locations, file_sha256, hash_file
 from rkpart.plan.weights import LINK_DIR
+from rkpart.readers import FileKind
 from rkpart.types import BuildFailure, JsonMap, JsonObject
 
 CACHE_VERSION = 1
@@ -231,8 +232,14 @@ class ArtifactCache:
             other.import_from(self, key)
 
 
+#: a build cache entry's metadata or remembered failure (``objects/<key>.json``, ``.fail.json``), in a
+#: plan's ``rknn/`` or a shared cache; one that cannot be read is a miss, rebuilt
+ENTRY_KIND = FileKind("cache entry", "json", MAX_ENTRY_BYTES, UserError, symlinks=False,
+                      doc="`objects/<key>.json` of a plan's `rknn/` or a build cache (unreadable: a miss, rebuilt)")
+
+
 def _load_small_json(path: Path) -> Any:
-    return load_json_file(path, what="cache entry", max_bytes=MAX_ENTRY_BYTES)
+    return ENTRY_KIND.load(path, root=path.parent)
 
 
 def _dumps(d: JsonMap) -> bytes:

@@ -15,15 +15,16 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from rkpart.errors import SpecError, UserError
-from rkpart.io import load_json_file, regular_file
-from rkpart.plan.plan import Plan
+from rkpart.plan.plan import Plan, TensorInfo
+from rkpart.readers import FileKind, npy_header
 from rkpart.types import JsonMap, JsonObject
 
 MANIFEST = "calibration.json"
@@ -212,6 +213,13 @@ class Calibration:
                             "rerun rkpart calibrate on this plan")
         return (self.folder / sc.dataset).absolute()
 
+    def read_samples(self, stage_id: str, inputs: Sequence[TensorInfo]) -> Dataset:
+        """``stage_id``'s samples, read and verified (:func:`read_dataset`): as many lines as the
+        manifest says, every sample inside the folder, named by its content, of the stage's dtypes
+        and shapes."""
+        return read_dataset(self.dataset(stage_id), root=self.folder, inputs=inputs,
+                            samples=self.stages[stage_id].samples)
+
     @property
     def findings(self) -> list[RangeFinding]:
         return [f for s in self.stages.values() for f in s.findings]
@@ -301,33 +309,184 @@ def _check_numbers(manifest: Path, data: JsonMap) -> None:
                             "overflow finding; not a manifest rkpart calibrate wrote")
 
 
+def _check_manifest(data: object, where: str) -> None:
+    """:data:`MANIFEST_KIND`'s check: an rkpart calibration manifest of this version, every number
+    one ``rkpart calibrate`` writes (:func:`_check_numbers`), every stage record complete."""
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise UserError(f"{where} is not an rkpart calibration manifest")
+    if data.get("version") != VERSION:
+        raise UserError(f"{where}: calibration format version {repr(data.get('version'))[:40]}, this rkpart reads "
+                        f"{VERSION}; rerun rkpart calibrate")
+    _check_numbers(Path(where), data)
+    seen: set[str] = set()
+    for i, st in enumerate(data["stages"]):
+        for k in ("stage", "dataset"):
+            if not isinstance(st.get(k), str) or not st[k]:
+                raise UserError(f"{where}: stages[{i}].{k} must be a non-empty string, got {repr(st.get(k))[:40]}")
+        if st["stage"] in seen:
+            raise UserError(f"{where}: stage {st['stage']!r} is listed twice")
+        seen.add(st["stage"])
+        if not isinstance(st.get("inputs"), list) or not all(isinstance(x, str) for x in st["inputs"]) \
+                or not st["inputs"]:
+            raise UserError(f"{where}: stage {st['stage']!r} inputs must be a non-empty list of tensor names")
+
+
+#: the files of a calibration folder (issue 51): the manifest, each stage's sample list, the samples
+MANIFEST_KIND = FileKind("calibration manifest", "json", 64 << 20, UserError, check=_check_manifest,
+                         doc="`compile --calibration`, `calibrate --force`, the simulator")
+DATASET_KIND = FileKind("calibration dataset", "text", 4 << 20, UserError, symlinks=False,
+                        doc="a calibration's `stages/<id>/dataset.txt`: one line per sample")
+SAMPLE_KIND = FileKind("calibration sample", "npy", 16 << 30, UserError, symlinks=False,
+                       doc="a calibration's `samples/<sha256[:32]>.npy`, read by int8 / hybrid compile")
+#: how ``rkpart calibrate`` names a sample: the first 32 hex digits of the sha256 of its bytes
+SAMPLE_NAME = re.compile(r"[0-9a-f]{32}\.npy")
+
+
 def load_calibration(path: str | os.PathLike[str]) -> Calibration:
-    """Read a calibration folder (or its manifest); one-line :class:`UserError` if unusable."""
+    """Read a calibration folder (or its manifest); one-line :class:`UserError` if unusable.
+
+    Every stage's dataset must be a regular file inside the folder; its samples are read and
+    verified when a build needs them (:meth:`Calibration.read_samples`)."""
     p = Path(path)
     manifest = p if p.name == MANIFEST and not p.is_dir() else p / MANIFEST
-    if not manifest.exists():
+    if not os.path.lexists(manifest):
         raise UserError(f"{p} is not a calibration folder (no {MANIFEST}); make one with rkpart calibrate")
-    regular_file(manifest, what="calibration manifest")
-    data = load_json_file(manifest, what="calibration manifest", max_bytes=64 << 20)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise UserError(f"{manifest} is not an rkpart calibration manifest")
-    if data.get("version") != VERSION:
-        raise UserError(f"{manifest}: calibration format version {data.get('version')!r}, this rkpart reads "
-                        f"{VERSION}; rerun rkpart calibrate")
-    _check_numbers(manifest, data)
+    raw = MANIFEST_KIND.read(manifest, root=manifest.parent)
+    data = MANIFEST_KIND.parse(raw, str(manifest))
+    _check_manifest(data, str(manifest))
     try:
         stages = {s["stage"]: StageCalibration.from_json(s) for s in data["stages"]}
-        cal = Calibration(folder=manifest.parent, sha256=hashlib.sha256(manifest.read_bytes()).hexdigest(),
+        cal = Calibration(folder=manifest.parent, sha256=hashlib.sha256(raw).hexdigest(),
                           plan_sha256=str(data["plan_sha256"]), model_sha256=str(data["model_sha256"]),
                           source=str(data["source"]), steps=int(data["steps"]), cfg=bool(data["cfg"]),
                           seed=int(data["seed"]), samples=int(data["samples"]), stages=stages)
     except (KeyError, TypeError, ValueError) as e:
         raise UserError(f"{manifest}: malformed calibration manifest ({type(e).__name__}: {e})") from None
     for sc in stages.values():
-        ds = (cal.folder / sc.dataset).resolve()
-        if cal.folder.resolve() not in ds.parents or not ds.is_file():
-            raise UserError(f"{manifest}: stage {sc.stage}'s dataset {sc.dataset} is missing or outside the folder")
+        DATASET_KIND.stat_checked(MANIFEST_KIND.within(cal.folder, sc.dataset, by=manifest), cal.folder)
     return cal
+
+
+# -- a stage's samples ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Dataset:
+    """One stage's calibration samples, read and verified by :func:`read_dataset`."""
+
+    #: per sample (line), per stage input: the sample's file name, ``<sha256[:32]>.npy``
+    lines: tuple[tuple[str, ...], ...]
+    #: file name -> the verified file
+    files: Mapping[str, Path]
+    #: sha256 over every sample's full sha256, line by line: what the build key covers
+    digest: str
+
+
+def sample_dtype(info: TensorInfo) -> np.dtype[np.generic]:
+    """The dtype ``rkpart calibrate`` stores a stage input in (float32 for a float16 input: the
+    toolkit takes float32 for an fp16 model, exactly)."""
+    dt = np.dtype(info.dtype)
+    return np.dtype(np.float32) if dt == np.float16 else dt
+
+
+def read_dataset(path: Path, *, root: Path, inputs: Sequence[TensorInfo], samples: int | None = None,
+                 hashes: dict[Path, str] | None = None) -> Dataset:
+    """A stage's ``dataset.txt`` and every sample it names, checked before a build may use them.
+
+    ``samples``: the line count the manifest records (``None``: a linked copy in a plan folder,
+    at most :data:`MAX_SAMPLES`).  Each line names one sample per stage input, relative to the
+    file and inside ``root``; each sample is a regular file (not a symlink, FIFO or device), named
+    by its content as ``rkpart calibrate`` names it and verified against that name, a ``.npy`` of
+    the stage input's dtype and shape.  ``hashes`` caches full sha256s across stages.
+    """
+    text = DATASET_KIND.parse(DATASET_KIND.read(path, root=root), str(path))
+    lines = [ln.split() for ln in text.splitlines() if ln.strip()]
+    want = samples if samples is not None else None
+    if want is not None and len(lines) != want:
+        raise DATASET_KIND.fail(path, f"has {len(lines)} sample line(s), its manifest says {want}: the "
+                                      "calibration was changed after rkpart calibrate wrote it")
+    if not lines or len(lines) > MAX_SAMPLES:
+        raise DATASET_KIND.fail(path, f"has {len(lines)} sample line(s), not 1..{MAX_SAMPLES}")
+    hashes = {} if hashes is None else hashes
+    files: dict[str, Path] = {}
+    out: list[tuple[str, ...]] = []
+    h = hashlib.sha256()
+    for k, toks in enumerate(lines, 1):
+        if len(toks) != len(inputs):
+            raise DATASET_KIND.fail(path, f"names {len(toks)} sample(s) on line {k}, the stage has {len(inputs)} "
+                                          f"input(s) ({', '.join(i.name for i in inputs)[:200]})")
+        names = []
+        for tok, info in zip(toks, inputs, strict=True):
+            full = DATASET_KIND.within(root, tok, base=path.parent, by=path)
+            name = full.name
+            if not SAMPLE_NAME.fullmatch(name):
+                raise DATASET_KIND.fail(path, f"names {tok[:200]!r} on line {k}, not a sample rkpart calibrate "
+                                              "writes (<sha256[:32]>.npy)")
+            if name in files and os.path.normpath(files[name]) != os.path.normpath(full):
+                raise DATASET_KIND.fail(path, f"names two samples called {name} (line {k})")
+            if name not in files:
+                digest = hashes.get(Path(os.path.normpath(full)))
+                if digest is None:
+                    digest = _verified_sample(full, root, name, info)
+                    hashes[Path(os.path.normpath(full))] = digest
+                files[name] = full
+            names.append(name)
+            h.update(f"{hashes[Path(os.path.normpath(files[name]))]} ".encode())
+        h.update(b"\n")
+        out.append(tuple(names))
+    return Dataset(lines=tuple(out), files=files, digest=h.hexdigest())
+
+
+def _verified_sample(path: Path, root: Path, name: str, info: TensorInfo) -> str:
+    """The full sha256 of the sample at ``path`` once it is the stage input ``info``'s dtype and shape
+    and its bytes match its name."""
+    want_dtype, want_shape = sample_dtype(info), tuple(info.shape)
+    h = hashlib.sha256()
+    with SAMPLE_KIND.open(path, root=root) as f:
+        size = os.fstat(f.fileno()).st_size
+        dtype, shape = npy_header(f, lambda why: SAMPLE_KIND.fail(path, why), size=size)
+        if dtype != want_dtype or shape != want_shape:
+            raise SAMPLE_KIND.fail(path, f"is {dtype}{list(shape)}, the stage input {info.name!r} is "
+                                         f"{want_dtype}{list(want_shape)}")
+        f.seek(0)
+        while buf := f.read(1 << 22):
+            h.update(buf)
+    digest = h.hexdigest()
+    if digest[:32] != name[:32]:
+        raise SAMPLE_KIND.fail(path, f"does not match its name: its bytes have sha256 {digest[:12]}...; the sample "
+                                     "was changed after rkpart calibrate wrote it: rerun rkpart calibrate")
+    return digest
+
+
+def write_dataset(ds: Dataset, dest: Path) -> Path:
+    """Hard-link (else copy) the verified samples of ``ds`` into ``dest`` in ``rkpart calibrate``'s
+    layout (``samples/<name>``, ``stages/s/dataset.txt``) and return the written ``dataset.txt``.
+
+    Every name written is rkpart's own (content names checked by :func:`read_dataset`), never a
+    path taken from the dataset; a folder on the way that is a symlink is refused."""
+    import shutil
+    import tempfile
+
+    from rkpart.io import atomic_write_bytes, file_sha256
+
+    for d in (dest, dest / "samples", dest / "stages", dest / "stages" / "s"):
+        if d.is_symlink() or (os.path.lexists(d) and not d.is_dir()):
+            raise UserError(f"{d} is a symlink or not a folder; rkpart does not write the calibration through it")
+        d.mkdir(parents=True, exist_ok=True)
+    for name, src in sorted(ds.files.items()):
+        dst = dest / "samples" / name
+        if dst.is_file() and not dst.is_symlink() and file_sha256(dst)[:32] == name[:32]:
+            continue
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=dst.parent)
+        os.close(fd)
+        os.unlink(tmp)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    out = dest / "stages" / "s" / "dataset.txt"
+    atomic_write_bytes(out, "".join(" ".join(f"../../samples/{n}" for n in line) + "\n"
+                                    for line in ds.lines).encode())
+    return out
 
 
 def render(cal: Calibration) -> str:
@@ -353,5 +512,6 @@ def render_range_check(cal: Calibration) -> str:
     return "\n".join(f.describe() for f in found)
 
 
-__all__ = ["DEFAULT_SAMPLES", "MANIFEST", "Calibration", "RangeFinding", "RangeStats", "StageCalibration",
-           "TensorRange", "fp16_findings", "load_calibration", "plan_digest", "render", "render_range_check"]
+__all__ = ["DATASET_KIND", "DEFAULT_SAMPLES", "MANIFEST", "MANIFEST_KIND", "SAMPLE_KIND", "Calibration", "Dataset",
+           "RangeFinding", "RangeStats", "StageCalibration", "TensorRange", "fp16_findings", "load_calibration",
+           "plan_digest", "read_dataset", "render", "render_range_check", "sample_dtype", "write_dataset"]

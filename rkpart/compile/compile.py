@@ -32,7 +32,7 @@ from rkpart.compile.precision import (
 )
 from rkpart.compile.preflight import check_config, check_target
 from rkpart.compile.prepare import PreparedRecord, prepare_stage
-from rkpart.compile.runner import WORKER, BuildJob, BuildResult, one_line
+from rkpart.compile.runner import WORKER, BuildJob, BuildResult, one_line, read_log
 from rkpart.compile.scheduler import (
     DEFAULT_MARGIN,
     MEMORY_FILE,
@@ -345,6 +345,10 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
     # --precision-spec, else the one `--strategy auto` recorded in the plan (the stages it chose int8 for)
     spec = (load_precision_spec(opts.precision_spec, plan) if opts.precision_spec is not None
             else plan_precision_spec(plan))
+    # for int8 / hybrid stages every calibration sample is read and verified before any toolkit work:
+    # a bad or tampered one is refused at once, toolkit installed or not
+    resolved = resolve(plan, chosen, precision=opts.precision, spec=spec, calibration=opts.calibration,
+                       algorithm=opts.quantized_algorithm, target=opts.target)
     tk = _resolve(opts.toolkit, toolkits_dir)
     assert tk is not None
     fb = _resolve(opts.fallback_toolkit, toolkits_dir)
@@ -358,8 +362,8 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
                 "strict_npu": opts.strict_npu}
     if opts.skip_rewrites:
         settings["skip_rewrites"] = sorted(opts.skip_rewrites)
-    precisions = _precisions(plan, chosen, opts, spec, cal, full_config, [t for t in (tk, fb) if t is not None],
-                             settings)
+    precisions = _precisions(plan, chosen, opts, spec, cal, resolved, full_config,
+                             [t for t in (tk, fb) if t is not None], settings)
     if opts.executor == "ray" and any(sp.quantized for sp in precisions.values()):
         # a Ray node gets the stage's files, not its calibration dataset: it would build fp16
         raise UserError("--precision int8 / hybrid builds run with --executor local only (Ray tasks do not "
@@ -374,6 +378,10 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
         local = ArtifactCache(folder / RKNN_DIR)
         shared_root = Path(shared_cache) if shared_cache else user_cache_dir() if opts.cache else None
         shared = ArtifactCache(shared_root) if shared_root is not None else None
+        if shared_root is not None:
+            from rkpart.compile.user_cache import mark_cache
+
+            mark_cache(shared_root)  # `cache prune` deletes only in a folder that carries it
         mem_path = (Path(shared_cache) if shared_cache else default_cache_dir()) / MEMORY_FILE
         model = MemoryModel(mem_path)
         ctx = _Context(folder=folder, target=target, config=full_config, chash=chash, cache=local,
@@ -419,16 +427,13 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
 
 
 def _precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions, spec: PrecisionSpec | None,
-                cal: Calibration | None, config: JsonMap, toolkits: list[Toolkit],
-                settings: JsonObject) -> dict[str, StagePrecision]:
-    """Each chosen stage's precision under ``spec`` (read by the caller), checked before any build
-    (one-line errors: no or stale calibration, a target or toolkit that cannot quantize); records
-    them, and ``cal``'s fp16 range findings, in ``settings``."""
-    precision, spec_path, calibration = opts.precision, opts.precision_spec, opts.calibration
+                cal: Calibration | None, out: dict[str, StagePrecision], config: JsonMap,
+                toolkits: list[Toolkit], settings: JsonObject) -> dict[str, StagePrecision]:
+    """Checks ``out`` (each chosen stage's precision under ``spec``, resolved by the caller before any
+    toolkit work) against the toolkits (a toolkit without the quantization options cannot quantize);
+    records it, and ``cal``'s fp16 range findings, in ``settings``."""
+    precision, spec_path = opts.precision, opts.precision_spec
     algorithm, target, worker = opts.quantized_algorithm, opts.target, opts.worker
-
-    out = resolve(plan, chosen, precision=precision, spec=spec, calibration=calibration, algorithm=algorithm,
-                  target=target)
     quantized = {sid: sp for sid, sp in out.items() if sp.quantized}
     if quantized:
         sp0 = next(iter(quantized.values()))
@@ -560,7 +565,7 @@ class _Context:
                 if o.status != "failed" or sid not in by_id or not o.failures or not o.failures[-1].log:
                     continue
                 path = self.folder / str(o.failures[-1].log)
-                text = path.read_text(errors="replace") if path.is_file() else ""
+                text = read_log(path, self.folder) if os.path.lexists(path) else ""
                 new = [r for r in named_rules(text) if r not in self.disabled_rules.get(sid, ())]
                 if new:
                     self.disabled_rules[sid] = (*self.disabled_rules.get(sid, ()), *new)
@@ -659,7 +664,7 @@ class _Context:
             quantize = None
             if sp.quantized:
                 assert sp.dataset is not None and sp.calibration_sha256 is not None
-                linked = link_dataset(sp.dataset, self.folder / RKNN_DIR, sp.calibration_sha256)
+                linked = link_dataset(sp.dataset, self.folder / RKNN_DIR)
                 self.datasets[s.id] = linked.relative_to(self.folder).as_posix()
                 quantize = sp.request(linked)
             key = build_key(onnx, tk.version, self.target, config, sp.key_extra())

@@ -32,7 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.compile.placement import _IO_OPS, layer_tables
+from rkpart.compile.runner import read_log
+from rkpart.errors import SpecError, UserError
 from rkpart.io import atomic_write_bytes
+from rkpart.readers import FileKind
 from rkpart.types import MULTICORE_OPS, CompilerPlan, JsonMap, JsonObject
 
 _CYCLES = re.compile(r"^(\d+)/(\d+)/(\d+)$")
@@ -147,18 +150,31 @@ def layers_json(rows: list[LayerRow]) -> bytes:
     return (json.dumps(doc, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
 
 
-def read_layers(path: Path) -> list[LayerRow]:
-    """Rows of a side file written by :func:`artifact_compiler_plan` (``ValueError`` if it is not one)."""
-    doc = json.loads(path.read_text())
+def _check_layers(doc: Any, where: str) -> None:
+    """:data:`LAYERS_KIND`'s check: rkpart's layer table of this version, every row complete."""
     if not isinstance(doc, dict) or doc.get("format") != "rkpart-compiler-layers" or \
             doc.get("version") != LAYERS_VERSION or doc.get("columns") != list(LAYER_COLUMNS):
-        raise ValueError(f"{path}: not an rkpart compiler layer table (version {LAYERS_VERSION})")
-    out = []
-    for r in doc.get("rows", []):
+        raise SpecError(f"{where}: not an rkpart compiler layer table (version {LAYERS_VERSION})")
+    rows = doc.get("rows", [])
+    if not isinstance(rows, list):
+        raise SpecError(f"{where}: 'rows' is not a list")
+    for i, r in enumerate(rows):
         if not isinstance(r, list) or len(r) != len(LAYER_COLUMNS):
-            raise ValueError(f"{path}: a layer row is not {len(LAYER_COLUMNS)} columns")
-        out.append(LayerRow(*r))
-    return out
+            raise SpecError(f"{where}: layer row {i} is not {len(LAYER_COLUMNS)} columns")
+        try:
+            LayerRow(*r)
+        except (TypeError, ValueError) as e:
+            raise SpecError(f"{where}: layer row {i} is malformed ({e})") from None
+
+
+#: a plan's per-layer side file (``rknn/layers/<key>.json``), read by ``bundle`` (core masks) and ``report``
+LAYERS_KIND = FileKind("compiler layer table", "json", 256 << 20, SpecError, check=_check_layers, symlinks=False,
+                       doc="a plan's `rknn/layers/<key>.json`, read by `bundle` and `report`")
+
+
+def read_layers(path: Path, root: Path | None = None) -> list[LayerRow]:
+    """Rows of a side file written by :func:`artifact_compiler_plan` (:class:`SpecError` if it is not one)."""
+    return [LayerRow(*r) for r in LAYERS_KIND.load(path, root=root).get("rows", [])]
 
 
 
@@ -190,8 +206,8 @@ def artifact_compiler_plan(folder: Path, key: str, meta: JsonMap) -> CompilerPla
             path = folder / str(log) if isinstance(log, str) else None
             if path is None or path.is_symlink() or not path.is_file():
                 return None
-            summary, rows = read_compiler_plan(path.read_text(errors="replace"))
-    except (ValueError, TypeError, OSError):
+            summary, rows = read_compiler_plan(read_log(path, folder))
+    except (ValueError, TypeError, OSError, UserError):
         return None  # a damaged entry: the artifact says nothing rather than something wrong
     if rows:
         rel = f"{LAYERS_DIR}/{key}.json"

@@ -7,23 +7,29 @@ keeps in float16 the layers the toolkit's ``accuracy_analysis`` measures worst
 (``hybrid_quantization_step1/step2``).  ``--precision-spec FILE`` chooses per stage id,
 region or kind (the most specific match wins: id, then region, then kind, then ``--precision``).
 
-What goes into the build-cache key: the precision, the algorithm and the calibration's digest
-(the sha256 of its manifest, which names every sample by content).  An fp16 stage's key is
-the one rkpart always computed, so existing caches keep serving fp16 builds.
+What goes into the build-cache key: the precision, the algorithm, the calibration's digest
+(the sha256 of its manifest) and the digest of the stage's samples: every sample's sha256,
+verified against its content-derived name when it is read (issue 51: the manifest alone names
+the samples' files, not their bytes, so a build from other samples was served as cached).  An
+fp16 stage's key is the one rkpart always computed, so existing caches keep serving fp16 builds.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rkpart.errors import SpecError, UserError
-from rkpart.io import load_json_file, loads_yaml, read_limited
+from rkpart.io import loads_json, loads_yaml
 from rkpart.plan.plan import Plan, Stage
+from rkpart.readers import FileKind
 from rkpart.types import JsonMap, JsonObject
+
+if TYPE_CHECKING:
+    from rkpart.compile.calibration import Calibration, Dataset
 
 PRECISIONS = ("fp16", "int8", "hybrid")
 ALGORITHMS = ("normal", "mmse", "kl_divergence")
@@ -35,6 +41,9 @@ HYBRID_COSINE = 0.999
 #: ... and at most this many of them (the worst first)
 HYBRID_MAX_LAYERS = 8
 CALIB_DIR = "calibration"  # under the plan's rknn/: the datasets its quantized builds used
+#: ``compile --precision-spec FILE`` (YAML, or JSON by its suffix)
+PRECISION_SPEC_KIND = FileKind("precision spec", "bytes", 1 << 20, SpecError,
+                               doc="`compile --precision-spec`: precision per stage, region or kind")
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,7 @@ class StagePrecision:
 
     precision: str  # one of PRECISIONS
     algorithm: str | None = None  # quantized_algorithm (int8 / hybrid)
-    dataset: Path | None = None  # the stage's dataset.txt in the calibration folder
+    dataset: Dataset | None = None  # the stage's samples, read and verified
     calibration_sha256: str | None = None
 
     @property
@@ -60,7 +69,8 @@ class StagePrecision:
         """What besides the config makes a quantized build different (empty for fp16)."""
         if not self.quantized:
             return {}
-        return {"precision": self.precision, "calibration": self.calibration_sha256}
+        return {"precision": self.precision, "calibration": self.calibration_sha256,
+                "samples": None if self.dataset is None else self.dataset.digest}
 
     def request(self, dataset: Path) -> JsonObject:
         """The worker request's ``quantize`` entry."""
@@ -95,11 +105,11 @@ def load_precision_spec(path: str | os.PathLike[str], plan: Plan | None = None) 
     Unknown keys, precisions and (with ``plan``) stage ids are refused in one line.
     """
     p = Path(path)
+    raw = PRECISION_SPEC_KIND.read(p)
     if p.suffix == ".json":
-        data = load_json_file(p, what="precision spec", max_bytes=1 << 20, error=SpecError)
+        data = loads_json(raw, what=f"precision spec {p}", error=SpecError)
     else:
-        data = loads_yaml(read_limited(p, what="precision spec", max_bytes=1 << 20, error=SpecError)
-                          .decode(errors="replace"), what=f"precision spec {p}", error=SpecError)
+        data = loads_yaml(raw.decode(errors="replace"), what=f"precision spec {p}", error=SpecError)
     if not isinstance(data, dict):
         raise SpecError(f"precision spec {p}: expected a mapping with stages / regions / kinds / default")
     bad = sorted(set(data) - {"stages", "regions", "kinds", "default"})
@@ -170,39 +180,40 @@ def resolve(plan: Plan, stages: tuple[Stage, ...], *, precision: str = "fp16", s
 
     cal = load_calibration(calibration)
     cal.check_plan(plan)
+    by_id = {s.id: s for s in stages}
+    hashes: dict[Path, str] = {}  # a sample several stages read is hashed once
     out = {}
     for sid, p in chosen.items():
         if p == "fp16":
             out[sid] = StagePrecision("fp16")
         else:
-            out[sid] = StagePrecision(p, algorithm, cal.dataset(sid), cal.sha256)
+            cal.dataset(sid)  # a stage the calibration has no samples for: one line naming it
+            ds = read_stage_dataset(cal, by_id[sid], plan, hashes)
+            out[sid] = StagePrecision(p, algorithm, ds, cal.sha256)
     return out
 
 
-def link_dataset(dataset: Path, plan_rknn: Path, calibration_sha256: str) -> Path:
-    """Hard-link (else copy) a stage's dataset and the samples it names into
-    ``<plan>/rknn/calibration/<sha256[:16]>/``, keeping their relative layout, so the plan
-    carries what its quantized artifacts were built from (the simulator rebuilds them).
-    Returns the linked ``dataset.txt``."""
-    src_root = dataset.parent.parent.parent  # <calib>/stages/<id>/dataset.txt
-    dst_root = plan_rknn / CALIB_DIR / calibration_sha256[:16]
-    rel = dataset.relative_to(src_root)
-    files = [rel]
-    for line in dataset.read_text().splitlines():
-        for tok in line.split():
-            files.append(Path(os.path.normpath(rel.parent / tok)))
-    for f in files:
-        dst = dst_root / f
-        if dst.is_file() and dst.stat().st_size == (src_root / f).stat().st_size:
-            continue
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(f".{dst.name}.{os.getpid()}.tmp")
-        try:
-            os.link(src_root / f, tmp)
-        except OSError:
-            shutil.copyfile(src_root / f, tmp)
-        os.replace(tmp, dst)
-    return dst_root / rel
+def read_stage_dataset(cal: Calibration, stage: Stage, plan: Plan, hashes: dict[Path, str] | None = None) -> Dataset:
+    """``stage``'s samples in the calibration ``cal``, checked against the stage's inputs."""
+    sc = cal.stages[stage.id]
+    if list(sc.inputs) != list(stage.inputs):
+        raise UserError(f"calibration {cal.folder}: stage {stage.id}'s samples are of inputs "
+                        f"{', '.join(sc.inputs)[:200]}, the stage reads {', '.join(stage.inputs)[:200]}; "
+                        "rerun rkpart calibrate")
+    from rkpart.compile.calibration import read_dataset
+
+    return read_dataset(cal.dataset(stage.id), root=cal.folder, inputs=[plan.tensors[n] for n in stage.inputs],
+                        samples=sc.samples, hashes=hashes)
+
+
+def link_dataset(dataset: Dataset, plan_rknn: Path) -> Path:
+    """Hard-link (else copy) a stage's verified samples into ``<plan>/rknn/calibration/<digest[:16]>/``
+    (:func:`rkpart.compile.calibration.write_dataset`: names rkpart writes, never paths read from
+    the dataset), so the plan carries what its quantized artifacts were built from (the simulator
+    rebuilds them).  Returns the linked ``dataset.txt``."""
+    from rkpart.compile.calibration import write_dataset
+
+    return write_dataset(dataset, plan_rknn / CALIB_DIR / dataset.digest[:16])
 
 
 def plan_precision(plan: Plan) -> str:
@@ -215,4 +226,4 @@ def plan_precision(plan: Plan) -> str:
 
 
 __all__ = ["ALGORITHMS", "PRECISIONS", "QUANTIZED_DTYPE", "PrecisionSpec", "StagePrecision", "link_dataset",
-           "load_precision_spec", "plan_precision", "plan_precision_spec", "resolve"]
+           "load_precision_spec", "plan_precision", "plan_precision_spec", "read_stage_dataset", "resolve"]

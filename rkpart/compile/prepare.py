@@ -36,6 +36,7 @@ import onnx
 from rkpart.errors import ToolkitError, UserError
 from rkpart.ir.tensors import random_feeds
 from rkpart.plan.extract import stage_sha256
+from rkpart.readers import FileKind
 from rkpart.targets import get_target
 from rkpart.targets.opset import lower_model, model_opset
 from rkpart.targets.rewrites import DEDUPE, REWRITES, Rewrite, apply_rewrites, compile_rewrites_for
@@ -52,6 +53,9 @@ PREPARED_DIR = "prepared"
 # 8: rope-halves (2.3.x); 9: the check draws inputs whose reference is finite (or asks for NaN in the same places)
 # 10: bfloat16-widen, approximate rows checked first at their own gate
 PREPARE_VERSION = 10
+#: the record of a prepared copy (``rknn/prepared/<sha>.<toolkit>.json``); unreadable: prepared again
+PREPARED_KIND = FileKind("prepared-copy record", "json", 4 << 20, UserError, symlinks=False,
+                         doc="a plan's `rknn/prepared/*.json`, read by `compile` (unreadable: prepared again)")
 LOWER_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-5)
 REWRITE_GATE = Gate(min_cosine=0.999999, max_abs_rel=1e-6)
 
@@ -133,7 +137,7 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
     meta_path = dest.with_suffix(".json")
     if meta_path.is_file():
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = PREPARED_KIND.load(meta_path, root=rknn_dir)
             if meta.get("version") == PREPARE_VERSION and meta.get("stage_sha256") == stage_sha \
                     and meta.get("rules") == _rules() and meta.get("drop", {}) == drop:
                 if not meta["record"]:
@@ -142,8 +146,8 @@ def prepare_stage(onnx_path: Path, stage_sha: str, rknn_dir: Path, toolkit: str,
                 built = rknn_dir.parent / rec.file
                 if built.is_file() and rec.sha256 == stage_sha256(built):  # an edited copy is made again
                     return Prepared(built, rec)
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, UserError):
+            pass  # an unreadable record is made again
     model = onnx.load(str(onnx_path))
     record: JsonObject = {"toolkit": toolkit, "from_opset": opset, "to_opset": opset, "rewrites": {}}
     current = model

@@ -84,12 +84,41 @@ def _file_lock(path: Path) -> Any:
         yield
 
 
+def _holds(folder: Path, files: Mapping[str, bytes]) -> bool:
+    """``folder`` (not a symlink) holds exactly ``files``' bytes under their names, each a regular
+    file read without following a symlink or blocking on a FIFO."""
+    import stat
+
+    if folder.is_symlink() or not (folder / ".complete").is_file():
+        return False
+    for name, data in files.items():
+        try:
+            fd = os.open(folder / name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size != len(data) or f.read(len(data) + 1) != data:
+                return False
+    return True
+
+
 def _stage_files(key: str, files: Mapping[str, bytes]) -> Path:
-    """The node's copy of a stage, written once per build key (a folder renamed into place)."""
+    """The node's copy of a stage, written once per build key (a folder renamed into place) and
+    served again only while it holds the bytes the task carries (issue 51: a cache hit never builds
+    from other bytes; a copy edited or damaged on the node is written again)."""
     root = _node_cache() / "stages"
     final = root / key
-    if (final / ".complete").is_file():
+    if _holds(final, files):
         return final
+    if final.is_symlink() or final.exists():
+        gone = root / f".{key}.stale.{os.getpid()}.{threading.get_ident()}"
+        with contextlib.suppress(OSError):
+            os.replace(final, gone)
+        if gone.is_symlink():
+            gone.unlink()
+        else:
+            shutil.rmtree(gone, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=root))
     try:
@@ -100,6 +129,8 @@ def _stage_files(key: str, files: Mapping[str, bytes]) -> Path:
             os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if not _holds(final, files):  # that other task's copy is not these bytes either
+        raise ToolkitError(f"the node's stage cache {final} does not hold the stage's bytes after writing them")
     return final
 
 

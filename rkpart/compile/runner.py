@@ -28,8 +28,20 @@ import psutil
 
 from rkpart.compile.placement import last_step, open_native_pass
 from rkpart.compile.toolkits import Toolkit
+from rkpart.errors import SpecError
+from rkpart.readers import FileKind
 from rkpart.types import BuildFailure, JsonMap, JsonObject
 from rkpart.units import human_bytes
+
+#: a build log kept in a plan folder (``rknn/logs/``): read back by compile's retries, bundle's core
+#: masks and device memory, the compiler-plan of an old cache entry, and --repartition
+LOG_KIND = FileKind("build log", "bytes", 1 << 30, SpecError, symlinks=False,
+                    doc="a plan's `rknn/logs/*.log`, read by `compile`, `bundle`, `--repartition`")
+
+
+def read_log(path: Path, root: Path | None = None) -> str:
+    """A build log's text (:data:`LOG_KIND`; bytes that are not UTF-8 replaced)."""
+    return LOG_KIND.read(path, root=root).decode(errors="replace")
 
 WORKER = Path(__file__).with_name("worker_main.py")
 SAMPLE_S = 0.2

@@ -25,7 +25,8 @@ import psutil
 
 from rkpart.compile.runner import BuildJob, BuildResult, run_build
 from rkpart.errors import UserError
-from rkpart.io import atomic_write_bytes, default_cache_dir, load_json_file  # noqa: F401 (default_cache_dir: here before io)
+from rkpart.io import atomic_write_bytes, default_cache_dir  # noqa: F401 (default_cache_dir: here before io)
+from rkpart.readers import FileKind
 from rkpart.types import JsonObject
 from rkpart.units import GIB, MIB
 
@@ -42,6 +43,11 @@ MEMORY_FILE = "build-memory.json"
 _MAX_OBS = 200  # per toolkit
 
 
+#: the build memory model (``$RKPART_CACHE_DIR/build-memory.json``); a damaged one is read as empty
+MEMORY_KIND = FileKind("build memory file", "json", 16 << 20, UserError, symlinks=False,
+                       doc="`$RKPART_CACHE_DIR/build-memory.json`, read by `compile` (damaged: read as empty)")
+
+
 class MemoryModel:
     """Peak-RSS estimates per (toolkit, stage bytes), learned from observed builds."""
 
@@ -50,7 +56,7 @@ class MemoryModel:
         self._obs: dict[str, list[tuple[int, int]]] = {}
         if path is not None and path.is_file():
             with contextlib.suppress(OSError, ValueError, TypeError, KeyError, AttributeError, UserError):
-                data = load_json_file(path, what="build memory file", max_bytes=16 << 20)
+                data = MEMORY_KIND.load(path)
                 self._obs = {k: [(int(b), int(p)) for b, p in v] for k, v in data["observations"].items()}
 
     def estimate(self, toolkit: str, stage_bytes: int) -> int:

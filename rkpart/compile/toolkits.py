@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from rkpart.errors import ToolkitError
+from rkpart.errors import ToolkitError, UserError
 from rkpart.io import atomic_write_bytes
 from rkpart.progress import Progress, advance
+from rkpart.readers import FileKind
 
 #: versions known to install with the recipe below (others are attempted with the same pins)
 KNOWN_VERSIONS = ("2.2.0", "2.3.0", "2.3.2", "2.5.0")
@@ -103,16 +104,21 @@ def _check_version(version: str) -> str:
     return version
 
 
+#: what ``rkpart toolkit install`` records in a toolkit's folder; an unreadable one is no toolkit
+MARKER_KIND = FileKind("toolkit marker", "json", 1 << 20, UserError, symlinks=False,
+                       doc="`$RKPART_TOOLKITS_DIR/<version>/...`, what `toolkit install` records")
+
+
 def _read_marker(d: Path) -> Toolkit | None:
     try:
-        data = json.loads((d / MARKER).read_text())
+        data = MARKER_KIND.load(d / MARKER, root=d)
         return Toolkit(
             version=str(data["version"]),
             python=Path(data["python"]),
             managed=bool(data.get("managed", False)),
             home=d,
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, UserError):
         return None
 
 

@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rkpart.compile.cache import MAX_ENTRY_BYTES, OBJECTS
+from rkpart.compile.cache import ENTRY_KIND, MAX_ENTRY_BYTES, OBJECTS
 from rkpart.errors import UserError
-from rkpart.io import default_cache_dir, load_json_file
+from rkpart.io import default_cache_dir
+from rkpart.output import MARKER, read_marker, write_marker
 from rkpart.types import JsonObject
 
 BUILD_CACHE = "rknn"
@@ -92,7 +93,7 @@ def _sidecar(p: Path, *, failure: bool) -> JsonObject | None:
     if _regular(p, MAX_ENTRY_BYTES) is None:
         return None
     try:
-        meta = load_json_file(p, what="cache entry", max_bytes=MAX_ENTRY_BYTES)
+        meta = ENTRY_KIND.load(p, root=p.parent)
     except UserError:
         return None
     if not isinstance(meta, dict) or not isinstance(meta.get("toolkit", ""), str) \
@@ -165,6 +166,43 @@ def info(root: Path) -> JsonObject:
     }
 
 
+#: the kind in a shared build cache's rkpart output marker (:func:`mark_cache`)
+CACHE_KIND = "build cache"
+#: what a shared build cache holds besides its entries (a ``--cache-dir`` also keeps the build memory model)
+_CACHE_FILES = frozenset({OBJECTS, MARKER, "build-memory.json", ".tmp"})
+
+
+def mark_cache(root: Path) -> None:
+    """Give the shared build cache ``root`` rkpart's output marker (once): what ``cache prune``
+    requires of a folder before it deletes anything in it."""
+    if read_marker(root) is None and not (root / "plan.json").exists():
+        with contextlib.suppress(OSError):
+            root.mkdir(parents=True, exist_ok=True)
+            write_marker(root, CACHE_KIND, complete=False)
+
+
+def cache_problem(root: Path) -> str | None:
+    """Why ``root`` is not a build cache rkpart made (``None``: it is one, or holds nothing).
+
+    A plan's ``rknn/`` holds the plan's own artifacts (docs/compile.md: pruning never touches
+    them); anything else must carry rkpart's cache marker, or be a cache made before the marker
+    existed: the user-level cache, or a folder holding nothing but cache entries."""
+    if (root / "plan.json").exists():
+        return "it is a plan folder, not a build cache"
+    if (root.parent / "plan.json").exists():
+        return (f"it is the {root.name}/ folder of the plan {root.parent}: its builds are the plan's artifacts, "
+                "never pruned (partition or compile the plan again to replace them)")
+    doc = read_marker(root)
+    if doc is not None:
+        return None if doc["kind"] == CACHE_KIND else f"it is an rkpart {doc['kind']} folder, not a build cache"
+    if not root.is_dir() or Path(os.path.abspath(root)) == Path(os.path.abspath(user_cache_dir())):
+        return None
+    other = sorted(n for n in os.listdir(root) if n not in _CACHE_FILES)
+    if other:
+        return f"it is not a build cache rkpart made (no {MARKER}; it holds {other[0]!r})"
+    return None
+
+
 def prune(root: Path, *, max_bytes: int | None = None, older_than_days: float | None = None,
           toolkits: Sequence[str] = (), failures: bool = False, everything: bool = False,
           dry_run: bool = False, now: float | None = None) -> list[Entry]:
@@ -172,10 +210,14 @@ def prune(root: Path, *, max_bytes: int | None = None, older_than_days: float | 
 
     Criteria add up: ``everything``; builds of ``toolkits``; builds not used for
     ``older_than_days``; remembered failures with ``failures``; and then, least recently used
-    first, builds until the rest fit in ``max_bytes``.
+    first, builds until the rest fit in ``max_bytes``.  ``root`` must be a build cache rkpart
+    made (:func:`cache_problem`), never a plan's ``rknn/``.
     """
     if not (everything or toolkits or failures or older_than_days is not None or max_bytes is not None):
         raise UserError("cache prune needs what to remove: --all, --max-size, --older-than, --toolkit or --failures")
+    why = cache_problem(root)
+    if why is not None:
+        raise UserError(f"refusing to prune {root}: {why}")
     now = time.time() if now is None else now
     es = entries(root)
     gone: list[Entry] = []

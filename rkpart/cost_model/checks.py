@@ -122,7 +122,12 @@ def _check_provenance(where: str, prov: JsonMap) -> None:
                             f"0 <= lowest <= highest, got {v!r}"[:300])
 
 
-def _check_component(where: str, name: str, d: object) -> None:
+def _check_component(where: str, name: str, d: object, table: Mapping[str, tuple[str, str]] | None = None,
+                     fixed: Mapping[str, Sequence[str]] | None = None) -> None:
+    """One component: known terms with finite coefficients >= 0; with ``table`` (component ->
+    (device, unit)) its ``unit`` and ``applies_to`` as rkpart writes them and, for a time, one
+    coefficient > 0 (all zero predicts 0 s for every stage); ``fixed``: components whose terms are
+    exactly these (``npu_infer``'s three, in order)."""
     if not isinstance(d, Mapping):
         raise SpecError(f"{where}: component {name} must be an object, got {type(d).__name__}")
     terms = d.get("terms")
@@ -144,6 +149,19 @@ def _check_component(where: str, name: str, d: object) -> None:
     if "samples" in d and (isinstance(d["samples"], bool) or not isinstance(d["samples"], int) or d["samples"] < 0):
         raise SpecError(f"{where}: component {name}: 'samples' must be an integer >= 0, got {d['samples']!r}")
     _check_fit_error(where, name, d.get("fit_error"))
+    if fixed is not None and name in fixed and list(terms) != list(fixed[name]):
+        raise SpecError(f"{where}: component {name}: terms must be exactly {', '.join(fixed[name])} (in this order), "
+                        f"got {', '.join(map(str, terms))[:200]}")
+    if table is None or name not in table:
+        return
+    device, unit = table[name]
+    for key, want in (("unit", unit), ("applies_to", device)):
+        if key in d and d[key] != want:
+            raise SpecError(f"{where}: component {name}: {key} {str(d[key])[:40]!r} is not {want!r}, the "
+                            f"{'unit' if key == 'unit' else 'stage device'} rkpart writes for it")
+    if unit == "s" and not any(c > 0 for c in terms.values()):
+        raise SpecError(f"{where}: component {name}: every coefficient is 0, so it predicts 0 s for every stage; "
+                        "a time is > 0: refit the model or use the shipped calibration")
 
 
 def check_accuracy(where: str, acc: object) -> None:
@@ -198,18 +216,20 @@ def _check_known_issues(where: str, issues: object) -> None:
                             f"known-issue table (signatures: {', '.join(sorted(SIGNATURES))})")
 
 
-def check_model_document(d: JsonMap, *, where: str) -> None:
-    """Refuse (one-line :class:`SpecError`) a cost-model document any later use would trip over."""
+def check_model_document(d: JsonMap, *, where: str, table: Mapping[str, tuple[str, str]] | None = None,
+                         fixed: Mapping[str, Sequence[str]] | None = None) -> None:
+    """Refuse (one-line :class:`SpecError`) a cost-model document any later use would trip over
+    (``table`` / ``fixed``: see :func:`_check_component`)."""
     check_numbers(where, d)
     comps = d.get("components", {})
     if not isinstance(comps, Mapping):
         raise SpecError(f"{where}: 'components' must be an object, got {type(comps).__name__}")
     for name, c in comps.items():
-        _check_component(where, str(name), c)
+        _check_component(where, str(name), c, table, fixed)
     dm = d.get("device_memory", {})
     if isinstance(dm, Mapping):  # another type is refused by CostModel.from_json
         for tk, c in dm.items():
-            _check_component(f"{where}: device_memory[{tk}]", "device_mem", c)
+            _check_component(f"{where}: device_memory[{str(tk)[:40]}]", "device_mem", c, table)
     if not isinstance(d.get("provenance", {}), Mapping):
         raise SpecError(f"{where}: 'provenance' must be an object, got {type(d['provenance']).__name__}")
     _check_provenance(where, d.get("provenance", {}))
@@ -279,7 +299,8 @@ def check_prediction(candidate: str, residency: str, parts: Mapping[str, float],
 
 def check_stage_estimate(stage: str, parts: Mapping[str, float | None]) -> None:
     """``rkpart estimate``'s refusal of one stage's predictions (per call): not finite, negative,
-    or beyond any real run (:data:`MAX_SECONDS`, :data:`MAX_BYTES`)."""
+    beyond any real run (:data:`MAX_SECONDS`, :data:`MAX_BYTES`), or a stage whose times add up
+    to 0 s (no stage runs in no time: errors.md's "non-positive latency")."""
     for k, v in parts.items():
         if v is None:
             continue
@@ -287,6 +308,10 @@ def check_stage_estimate(stage: str, parts: Mapping[str, float | None]) -> None:
         if why is not None:
             raise SpecError(f"the cost model predicts {k} = {v:g} for stage {stage}, {why}: refit the model or use "
                             "the shipped calibration")
+    times = [v for k, v in parts.items() if v is not None and "memory" not in k and not k.endswith("_bytes")]
+    if times and sum(times) <= 0:
+        raise SpecError(f"the cost model predicts 0 s for stage {stage} ({', '.join(k for k in parts)}): a latency "
+                        "is > 0; refit the model or use the shipped calibration")
 
 
 __all__ = ["MAX_APE", "MAX_BYTES", "MAX_SECONDS", "TERMS", "check_accuracy", "check_model_document", "check_numbers",

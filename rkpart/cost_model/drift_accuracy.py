@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rkpart.cost_model.model import Accuracy, CostModel
@@ -103,9 +104,24 @@ def accuracy_from_drift(rows: Sequence[DriftRow], families: Mapping[str, str], *
     return acc
 
 
+def is_accuracy_table(path: Path) -> bool:
+    """Whether ``path`` holds an accuracy table ``rkpart drift --accuracy`` wrote (its keys; what
+    ``--force`` may replace)."""
+    import json
+
+    from rkpart.output import head_bytes
+
+    try:
+        doc = json.loads(head_bytes(path, 1 << 20))
+    except ValueError:
+        return False
+    return (isinstance(doc, dict) and {"metric", "families", "default_max_ratio", "min_cosine"} <= set(doc)
+            and str(doc["metric"]).startswith("latent MSE after"))
+
+
 def with_drift(model: CostModel, rows: Sequence[DriftRow], families: Mapping[str, str], **kw: Any) -> CostModel:
     """``model`` with its accuracy term measured by ``rows`` (see :func:`accuracy_from_drift`)."""
     return dataclasses.replace(model, accuracy=Accuracy(accuracy_from_drift(rows, families, **kw)))
 
 
-__all__ = ["BASELINE", "DEFAULT_MIN_COSINE", "accuracy_from_drift", "family_of", "with_drift"]
+__all__ = ["BASELINE", "DEFAULT_MIN_COSINE", "accuracy_from_drift", "family_of", "is_accuracy_table", "with_drift"]

@@ -169,6 +169,19 @@ def _residencies(plan: Plan) -> dict[str, str]:
     return {k: str(v) for k, v in plan_residency(plan, default=Residency.PER_STAGE).items()}
 
 
+def _check_toolkit(version: str, model: CostModel) -> None:
+    """Refuse a ``--toolkit`` that is no rknn-toolkit2 version rkpart knows: not one the target
+    documents, the cost model has a memory predictor for, or is installed (the estimate would use
+    another toolkit's memory model under its label)."""
+    from rkpart.compile.toolkits import list_toolkits
+    from rkpart.targets import get_target
+
+    known = set(get_target().toolkits) | set(model.device_memory) | {t.version for t in list_toolkits(None)}
+    if version not in known:
+        raise UserError(f"--toolkit {version[:40]!r} is no rknn-toolkit2 version rkpart knows (known: "
+                        f"{', '.join(sorted(known))})")
+
+
 def calls_per_step(cfg_mode: str) -> tuple[int, str]:
     """Model calls per denoising step of a pipeline whose ``pipeline.json`` CFG mode is ``cfg_mode``,
     and why (the sampler's order never adds a call: a multistep scheduler reuses earlier outputs)."""
@@ -209,6 +222,8 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
     if steps < 1:
         raise UserError(f"--steps must be >= 1, got {steps}")
     folder = Path(folder)
+    if toolkit is not None:
+        _check_toolkit(toolkit, model)
     tk = toolkit or (plan.extra.get("compile") or {}).get("toolkit") or model.provenance.toolkit
     res = dict(residency) if residency is not None else _residencies(plan)
     per_step, calls_src = calls if calls is not None else ((2, "--cfg") if cfg else (1, "--no-cfg"))

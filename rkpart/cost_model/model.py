@@ -47,11 +47,19 @@ import numpy as np
 from rkpart.cost_model.features import Features
 from rkpart.cost_model.fitting import error_summary, nnls_relative
 from rkpart.errors import SpecError
-from rkpart.io import load_json_file
+from rkpart.readers import FileKind
 from rkpart.types import JsonMap, JsonObject
 
 MODEL_FORMAT = "rkpart-cost-model"
+#: a cost model file (``fit -o``, ``--cost-model``, ``--base``, ``profile --against``); its schema and
+#: bounds are :meth:`CostModel.from_json`'s
+COST_MODEL_KIND = FileKind("cost model", "json", 16 << 20, SpecError,
+                           check=lambda doc, where: _check_cost_model(doc, where),
+                           doc="`estimate`, `partition -s auto`, `report`, `profile --against`, `fit --base`")
 MODEL_VERSION = 1
+#: the terms of the ``npu_infer`` component (fitted by :mod:`rkpart.cost_model.npu_time`, which
+#: imports this module: they live here so the document check needs no import back)
+NPU_INFER_TERMS = ("compiled_cycles", "act_macs", "compiled_rw_bytes")
 
 #: component -> (stage device it applies to, unit)
 COMPONENTS: dict[str, tuple[str, str]] = {
@@ -450,7 +458,9 @@ class CostModel:
                             f"version {MODEL_VERSION})")
         from rkpart.cost_model.checks import check_model_document
 
-        check_model_document(d, where=where)  # the whole file, before any field is used
+        # the whole file, before any field is used: units and stage devices as rkpart writes them,
+        # npu_infer's terms complete (issue 51)
+        check_model_document(d, where=where, table=COMPONENTS, fixed={"npu_infer": NPU_INFER_TERMS})
         comps = d.get("components", {})
         unknown = sorted(set(comps) - set(COMPONENTS))
         if unknown:
@@ -475,10 +485,14 @@ class CostModel:
     def load(cls, path: str | os.PathLike[str]) -> CostModel:
         """Read a model saved by :meth:`save`; :class:`SpecError` if it is not one."""
         p = Path(path)
-        data = load_json_file(p, what="cost model", max_bytes=16 << 20, error=SpecError)
-        if not isinstance(data, dict):
-            raise SpecError(f"cost model {p} is not a JSON object")
-        return cls.from_json(data, where=str(p))
+        return _check_cost_model(COST_MODEL_KIND.parse(COST_MODEL_KIND.read(p), str(p)), str(p))
+
+
+def _check_cost_model(data: Any, where: str) -> CostModel:
+    """:data:`COST_MODEL_KIND`'s check: the document is a cost model :meth:`CostModel.from_json` takes."""
+    if not isinstance(data, dict):
+        raise SpecError(f"cost model {where} is not a JSON object")
+    return CostModel.from_json(data, where=where)
 
 
 def _fit_rows(rows: Sequence[Sample], name: str, terms: Sequence[str]) -> np.ndarray:

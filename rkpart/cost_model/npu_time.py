@@ -29,13 +29,13 @@ import numpy as np
 
 from rkpart.cost_model.features import Features
 from rkpart.cost_model.fitting import nnls_relative
-from rkpart.cost_model.model import Component, CostModel
+from rkpart.cost_model.model import NPU_INFER_TERMS, Component, CostModel
 
 #: the NPU clock the cycle counts are taken at (RK3588: 1 GHz)
 NPU_HZ = 1e9
 #: prior: attention-core MACs per second, at the conv layers' fp16 rate (512 MACs / cycle / core)
 ATT_MAC_RATE = 512 * NPU_HZ
-TERMS = ("compiled_cycles", "act_macs", "compiled_rw_bytes")
+TERMS = NPU_INFER_TERMS
 #: throughput of two sessions on two NPU cores against one (a Stable Diffusion UNet ported to
 #: RK3588 with RKNNLite, published by its author; not measured by rkpart: no board here): the
 #: speed-up of running a step's two CFG passes at once (the bundle runner's ``--cfg-parallel``)

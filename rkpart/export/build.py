@@ -529,9 +529,6 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
     say = progress or silent
     from rkpart.export import require_extra
 
-    # the pipeline classes of diffusers refuse to load without transformers, even with no text encoder
-    require_extra(("torch", "onnx", "diffusers", "transformers", *(("onnxscript",) if opts.exporter == "dynamo"
-                                                                    else ())))
     if opts.exporter not in EXPORTERS:
         raise UserError(f"unknown exporter {opts.exporter!r}; choose one of {', '.join(EXPORTERS)}")
     if opts.dtype not in DTYPES:
@@ -539,7 +536,11 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
     from rkpart.output import check_folder_target, staged_folder
 
     src, out = Path(src), Path(out)
-    check_folder_target(out.absolute(), kind=KIND, force=opts.force)  # before minutes of work, not after
+    # before minutes of work, and before seconds of importing torch and diffusers
+    check_folder_target(out.absolute(), kind=KIND, force=opts.force)
+    # the pipeline classes of diffusers refuse to load without transformers, even with no text encoder
+    require_extra(("torch", "onnx", "diffusers", "transformers", *(("onnxscript",) if opts.exporter == "dynamo"
+                                                                    else ())))
     import torch
 
     _quiet_libraries()

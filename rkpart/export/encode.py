@@ -15,7 +15,6 @@ prompt is the prompt itself, repeats.
 from __future__ import annotations
 
 import inspect
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -128,7 +127,9 @@ def encode(src: str | os.PathLike[str], description: str | os.PathLike[str], pro
     if not text_encoders(folder):
         raise UserError(f"{folder} has no text encoders (text_encoder is null in model_index.json): rkpart encode "
                         "runs the pipeline's own text encoders; use the pipeline folder that has them")
-    index = json.loads((folder / "model_index.json").read_text())
+    from rkpart.export.build import _read_json
+
+    index = _read_json(folder / "model_index.json", "model_index.json")
     if index.get("_class_name") != d.pipeline_class:
         raise UserError(f"{folder} is a {index.get('_class_name')}, {description} describes a {d.pipeline_class}")
     if not any(i.argument for i in d.inputs):
@@ -171,11 +172,15 @@ def encode(src: str | os.PathLike[str], description: str | os.PathLike[str], pro
     return out
 
 
-def write_embeds(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray]) -> None:
-    """``arrays`` as an ``.npz`` at ``path`` (byte-identical for equal arrays; written atomically)."""
+def write_embeds(path: str | os.PathLike[str], arrays: Mapping[str, np.ndarray], *, force: bool = False) -> None:
+    """``arrays`` as an ``.npz`` at ``path`` (byte-identical for equal arrays; written atomically),
+    with rkpart's zip comment: how ``encode --force`` knows a file it wrote (rkpart.output's rule)."""
     from rkpart.io import write_npz
+    from rkpart.output import mark_npz, npz_is_rkparts, output_file
 
-    write_npz(path, arrays)
+    with output_file(path, force=force, what="--out", owned=npz_is_rkparts) as tmp:
+        write_npz(tmp, arrays)
+        mark_npz(tmp)
 
 
 __all__ = ["encode", "text_encoders", "write_embeds"]

@@ -26,11 +26,14 @@ import fcntl
 import json
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes, default_cache_dir
+from rkpart.readers import FileKind
 from rkpart.targets import TARGETS, get_target
 from rkpart.targets.capability import Capability, PlacementPattern
 
@@ -73,13 +76,22 @@ def load_learned(target: str, toolkit: str, root: Path | None = None) -> frozens
     return frozenset(_read(store_path(target, toolkit, root)))
 
 
+#: the store, read through rkpart's one reader (issue 51): a FIFO there hung every partition, a
+#: symlink to /dev/zero read until the process was killed
+STORE_KIND = FileKind("learned-placement store", "json", _MAX_BYTES, UserError, symlinks=False,
+                      doc="`$RKPART_CACHE_DIR/placement/<target>-<toolkit>.json`, read by `partition --toolkit`")
+
+
 def _read(path: Path) -> dict[PlacementPattern, list[str]]:
-    try:
-        if path.stat().st_size > _MAX_BYTES:
-            return {}
-        d = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+    if not os.path.lexists(path):
         return {}
+    try:
+        d = STORE_KIND.load(path, root=path.parent)
+    except UserError:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode):
+            return {}  # damaged knowledge: read as empty, re-learned and replaced by the next compile
+        raise  # a FIFO, a device, a symlink: refused in one line, never read
     if not isinstance(d, dict) or d.get("format") != FORMAT or not isinstance(d.get("patterns"), list):
         return {}
     if d.get("version") != VERSION:  # an older store's classes are coarser: re-learned by the next builds

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import cast
 
 from rkpart.errors import SpecError, UserError
-from rkpart.io import atomic_write_bytes, confined_path, loads_json, read_limited
+from rkpart.io import atomic_write_bytes, confined_path
+from rkpart.readers import FileKind
 from rkpart.types import DEVICES, HOST, NPU, BuildFailure, CompilerPlan, Device, JsonMap, JsonObject, PlanExtra
 from rkpart.units import mib
 
@@ -342,6 +343,11 @@ def plan_folder(path: str | os.PathLike[str]) -> Path:
     return p.parent if p.name.endswith(".json") or p.is_file() else p
 
 
+#: a plan's ``plan.json``, read by every command taking PLAN (issue 51: through rkpart's one reader)
+PLAN_KIND = FileKind("plan", "json", MAX_PLAN_BYTES, SpecError, doc="a plan folder's `plan.json`: every command "
+                                                                   "that takes PLAN")
+
+
 def load_plan(path: str | os.PathLike[str]) -> tuple[Plan, Path]:
     """Load and validate a plan; returns ``(plan, folder)``.
 
@@ -352,8 +358,7 @@ def load_plan(path: str | os.PathLike[str]) -> tuple[Plan, Path]:
     pj = folder / PLAN_FILENAME if not str(path).endswith(".json") else Path(path)
     if not os.path.lexists(pj):
         raise SpecError(f"no plan at {pj}: expected a plan folder or its plan.json")
-    raw = read_limited(pj, what="plan", max_bytes=MAX_PLAN_BYTES, error=SpecError)
-    data = loads_json(raw, what=f"plan {pj}", error=SpecError)
+    data = PLAN_KIND.load(pj, root=pj.parent)
     plan = Plan.from_json(data)
     for s in plan.stages:
         for rel in [s.file, *[a.file for a in s.artifacts]]:

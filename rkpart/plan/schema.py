@@ -245,7 +245,12 @@ PLAN_SCHEMA: JsonObject = bounded_integers({
             },
         },
         "extra": {"type": "object", "description": "Free-form notes (discovery method, strategy notes and warnings, "
-                                                  "npu_coverage: the blocks' token-wise matmul work in NPU stages)."},
+                                                  "npu_coverage: the blocks' token-wise matmul work in NPU stages).",
+                  "properties": {
+                      "compile": {"type": "object", "description": "What the last rkpart compile recorded (its "
+                                                                   "settings; estimate reads the toolkit).",
+                                  "properties": {"toolkit": {"type": ["string", "null"]}}},
+                  }},
     },
 })
 

@@ -29,7 +29,6 @@ from rkpart.io import (
     atomic_write_bytes,
     file_sha256,
     folder_lock,
-    load_json_file,
     loads_json,
     recover_folder,
     replace_folder,
@@ -50,6 +49,7 @@ from rkpart.plan.outdir import PLAN_KIND, RUN_KEY_FILE, check_out, check_staging
 from rkpart.plan.plan import PLAN_FILENAME, Plan, Stage, TensorInfo
 from rkpart.plan.weights import LINK_DIR, WeightsMode, fast_writer, link_files, sync_tree
 from rkpart.progress import Progress
+from rkpart.readers import FileKind
 from rkpart.types import JsonObject, PlanExtra
 
 #: stages whose weights may be in flight at once, and the threads moving them
@@ -190,6 +190,13 @@ def _sweep_temp(folder: Path) -> None:
 JOURNAL = "done.jsonl"
 
 
+#: what an interrupted partition left in its staging folder to resume from (unreadable: not resumed)
+JOURNAL_KIND = FileKind("resume journal", "bytes", 1 << 26, UserError, symlinks=False,
+                        doc="a staging folder's journal of finished stages (unreadable: written again)")
+RUN_KEY_KIND = FileKind("run key", "json", 1 << 16, UserError, symlinks=False,
+                        doc="a staging folder's run key (unreadable: the run starts over)")
+
+
 def _read_journal(stages_dir: Path) -> dict[str, Stage]:
     """The stages an interrupted run recorded as finished, by file name (a torn or foreign line
     is skipped: that stage is written again)."""
@@ -197,9 +204,9 @@ def _read_journal(stages_dir: Path) -> dict[str, Stage]:
     if not path.is_file() or path.is_symlink():
         return {}
     try:
-        text = path.read_bytes()[: 1 << 26]
-    except OSError:
-        return {}
+        text = JOURNAL_KIND.read(path, root=stages_dir)
+    except (OSError, UserError):
+        return {}  # an unreadable journal: every stage is written again
     out: dict[str, Stage] = {}
     for line in text.splitlines():
         try:
@@ -245,7 +252,7 @@ def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, group
     old = None
     if key_file.is_file():
         try:
-            old = load_json_file(key_file, what="run key", max_bytes=1 << 16).get("key")
+            old = RUN_KEY_KIND.load(key_file, root=staging).get("key")
         except (OSError, UserError, AttributeError):
             old = None
     resuming = old == run_key

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from rkpart.compile.calibration import (
+    DATASET_KIND,
     DEFAULT_SAMPLES,
     FORMAT,
     MANIFEST,
@@ -54,9 +55,10 @@ from rkpart.compile.calibration import (
     plan_digest,
 )
 from rkpart.errors import OutputExistsError, SpecError, UserError
-from rkpart.io import check_finite_arrays, read_limited, read_npz, regular_file
+from rkpart.io import check_finite_arrays
 from rkpart.output import owned_problem, staged_folder
 from rkpart.plan.plan import Plan, Stage
+from rkpart.readers import FileKind, read_npz
 from rkpart.roles import NO_FLAGS, RoleFlags
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 
@@ -210,26 +212,29 @@ def _load_samples(path: Path, plan: Plan) -> list[Feeds]:
     return [{n: raw[n][i].astype(plan.tensors[n].dtype, copy=False) for n in plan.inputs} for i in range(k)]
 
 
+#: ``rkpart.build(..., dataset=FILE)``: rknn-toolkit2's dataset file of the whole model, the user's
+#: own (its paths may be absolute, as rknn-toolkit2 takes them), and each ``.npy`` sample it names
+USER_DATASET_KIND = FileKind("dataset file", "text", 4 << 20, UserError,
+                             doc="`rkpart.build(dataset=...)`: rknn-toolkit2's sample list of the whole model")
+USER_SAMPLE_KIND = FileKind("dataset sample", "npy", 16 << 30, UserError,
+                            doc="a `.npy` sample a dataset file names")
+
+
 def dataset_feeds(dataset: Path, plan: Plan) -> list[Feeds]:
     """The samples of a whole model's rknn-toolkit2 dataset file (one line per sample, the model
     inputs' ``.npy`` paths in input order, relative to the file), checked against the plan."""
-    regular_file(dataset, what="dataset file")
+    text = USER_DATASET_KIND.parse(USER_DATASET_KIND.read(dataset), str(dataset))
+    lines = [ln.split() for ln in text.splitlines() if ln.strip()]
+    if len(lines) > MAX_SAMPLES:
+        raise USER_DATASET_KIND.fail(dataset, f"has {len(lines)} samples, more than {MAX_SAMPLES}")
     out: list[Feeds] = []
-    for k, line in enumerate(dataset.read_text(errors="replace").splitlines(), 1):
-        paths = line.split()
-        if not paths:
-            continue
+    for k, paths in enumerate(lines, 1):
         if len(paths) != len(plan.inputs):
             raise UserError(f"dataset {dataset} line {k}: {len(paths)} path(s), the model has {len(plan.inputs)} "
                             f"input(s) ({', '.join(plan.inputs)})")
         feeds: Feeds = {}
         for name, p in zip(plan.inputs, paths, strict=True):
-            f = dataset.parent / p
-            regular_file(f, what=f"dataset {dataset} line {k}: sample")
-            try:
-                a = np.load(f, allow_pickle=False)
-            except (OSError, ValueError) as e:
-                raise UserError(f"dataset {dataset} line {k}: cannot read {p} ({e})") from None
+            a = USER_SAMPLE_KIND.load(dataset.parent / p)
             info = plan.tensors[name]
             if tuple(a.shape) != tuple(info.shape):
                 raise UserError(f"dataset {dataset} line {k}: {p} has shape {list(a.shape)}, input {name!r} "
@@ -347,14 +352,12 @@ def calibration_listing(folder: Path) -> set[str] | str:
     except UserError as e:
         return f"it is not an rkpart calibration folder ({e})"
     files = {MANIFEST}
-    root = folder.resolve()
     for sc in cal.stages.values():
         files.add(sc.dataset)
-        ds = folder / sc.dataset
-        for line in read_limited(ds, what="calibration dataset", max_bytes=64 << 20).decode(errors="replace").split():
-            sample = (ds.parent / line).resolve()
-            if root in sample.parents:
-                files.add(sample.relative_to(root).as_posix())
+        ds = DATASET_KIND.within(folder, sc.dataset)
+        for tok in DATASET_KIND.parse(DATASET_KIND.read(ds, root=folder), str(ds)).split():
+            sample = DATASET_KIND.within(folder, tok, base=ds.parent, by=ds)
+            files.add(Path(os.path.normpath(sample)).relative_to(os.path.normpath(folder)).as_posix())
     return files
 
 

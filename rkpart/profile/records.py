@@ -13,6 +13,7 @@ and is documented in ``docs/profile.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -27,14 +28,19 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from rkpart.errors import SpecError
-from rkpart.io import MAX_DEPTH, MAX_INT_DIGITS, MAX_ITEMS, bad_number, bounded_integers, open_limited
+from rkpart.errors import SpecError, listed
+from rkpart.io import MAX_DEPTH, MAX_INT_DIGITS, MAX_ITEMS, bad_number, bounded_integers
 from rkpart.plan.plan import Plan, Stage
+from rkpart.readers import FileKind
 from rkpart.runtime.base import Backend
 from rkpart.types import HOST, LIFECYCLE, NPU, TIME_COMPONENTS, Device, JsonMap, JsonObject, Residency, seconds_key
 
 #: profile files (JSON Lines) are read only up to this size (a 110 000-record profile is ~210 MiB)
 MAX_PROFILE_BYTES = 256 << 20
+#: a profile (JSON Lines): ``fit``, ``profile --show/--compare``, ``report``; each line is then parsed
+#: and checked by :func:`iter_jsonl`
+PROFILE_KIND = FileKind("profile", "jsonl", MAX_PROFILE_BYTES, SpecError,
+                        doc="`fit`, `profile --show` / `--compare`, `report`: JSON Lines from `rkpart profile`")
 #: one line of a profile longer than this is not a record rkpart wrote (the summary of a
 #: 1000-stage plan is well under 1 MiB)
 MAX_LINE_BYTES = 16 << 20
@@ -748,7 +754,9 @@ def iter_jsonl(path: str | os.PathLike[str], *, validate: bool = True,
     p = Path(path)
     shared: JsonObject = {}
     n = read = 0
-    with open_limited(p, what="profile", max_bytes=max_bytes, error=SpecError) as f:
+    kind = PROFILE_KIND if max_bytes == MAX_PROFILE_BYTES else dataclasses.replace(
+        PROFILE_KIND, max_bytes=max_bytes, register=False, family=PROFILE_KIND.name)
+    with kind.open(p) as f:
         for i, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
             read += len(raw)
             if read > max_bytes:
@@ -911,8 +919,8 @@ def single_run(records: Sequence[JsonMap], *, where: str, run_id: str | None = N
     ids = list(dict.fromkeys(r["run_id"] for r in records))
     if run_id is None:
         if len(ids) > 1:
-            raise SpecError(f"{where} holds {len(ids)} runs ({', '.join(ids)}); choose one with --run")
+            raise SpecError(f"{where} holds {len(ids)} runs ({listed(ids)}); choose one with --run")
         run_id = ids[0]
     elif run_id not in ids:
-        raise SpecError(f"{where} has no run {run_id!r}; runs: {', '.join(ids)}")
+        raise SpecError(f"{where} has no run {run_id!r}; its {len(ids)} runs: {listed(ids)}")
     return [dict(r) for r in records if r["run_id"] == run_id]

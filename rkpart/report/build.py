@@ -21,7 +21,14 @@ from typing import Any
 from rkpart import __version__
 from rkpart.errors import OutputExistsError, UserError
 from rkpart.io import atomic_write_bytes
-from rkpart.output import check_file_target, check_folder_target, staged_folder, write_output_file
+from rkpart.output import (
+    check_folder_target,
+    claim_output_file,
+    input_problem,
+    managing_folder,
+    staged_folder,
+    write_output_file,
+)
 from rkpart.plan.plan import load_plan
 from rkpart.progress import Progress
 from rkpart.report import data as D
@@ -49,12 +56,9 @@ def assets_listing(folder: Path) -> set[str] | str:
 
 
 def _is_rkpart_page(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return False
-    return GENERATOR.encode() in head
+    from rkpart.output import head_bytes
+
+    return GENERATOR.encode() in head_bytes(path, 4096)
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,11 @@ def build_report(
     assets = out.with_name(out.stem + "_files")
     # checked before any work: the page only onto a regular file rkpart wrote, the assets
     # only into a folder rkpart wrote (rkpart.output); again when they are written
-    check_file_target(out, force=force, what="report output", owned=_is_rkpart_page)
+    inputs = [plan_path, *profiles, *runs, *([cost_model] if cost_model not in (None, "shipped") else [])]
+    claim_output_file(out, what="report output", force=force, owned=_is_rkpart_page, inputs=inputs)
+    if input_problem(assets, inputs) is not None or managing_folder(assets) is not None:
+        raise OutputExistsError(f"report folder {assets} lies inside one of the report's inputs or a folder rkpart "
+                                "manages; write the report elsewhere")
     check_folder_target(assets, kind=ASSETS_KIND, force=force, what="report folder", legacy=assets_listing)
     plan, folder = load_plan(plan_path)
     profs = [D.load_profile(Path(p)) for p in profiles]

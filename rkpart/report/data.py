@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from rkpart.errors import SpecError
-from rkpart.io import MAX_JSON_INT, load_json_file
+from rkpart.io import MAX_JSON_INT
 from rkpart.plan.plan import Plan, Stage
 from rkpart.profile import records as rec
+from rkpart.readers import FileKind
 from rkpart.types import LIFECYCLE, NPU, CompilerPlan, JsonMap, JsonObject, seconds_key
 
 Table = list[JsonObject]
@@ -131,12 +132,17 @@ def _check_metrics(path: Path, where: str, tensors: object) -> None:
                 raise SpecError(f"{path}: {where}[{t!r}].{k} {why}")
 
 
+#: ``report --run FILE``: ``rkpart run --per-stage --json``'s output
+RUN_REPORT_KIND = FileKind("run report", "json", MAX_RUN_BYTES, SpecError,
+                           doc="`report --run`: the output of `rkpart run --per-stage --json`")
+
+
 def load_run(path: Path) -> RunResult:
     """A ``rkpart run --per-stage --json`` output, read whole and bounded (a regular file, size,
     depth and integer limits) and checked against the shape the report uses: every metric a
     number in its range (a cosine in [-1, 1], an error >= 0, a count an integer), or NaN where
     the run met NaN/Inf."""
-    d = load_json_file(path, what="run report", max_bytes=MAX_RUN_BYTES, error=SpecError)
+    d = RUN_REPORT_KIND.load(path)
     if not isinstance(d, dict) or "end_to_end" not in d or "per_stage" not in d:
         raise SpecError(f"{path} is not the output of `rkpart run --per-stage --json`")
     for key in ("end_to_end", "per_stage"):

@@ -304,7 +304,7 @@ def read_manifest(folder: Path) -> JsonObject:
     path = folder / MANIFEST
     if not os.path.lexists(path):
         raise BundleError(f"no {MANIFEST} in {folder}: not an rkpart bundle")
-    m = load_json(path, "manifest")
+    m = load_json(path, "manifest", symlinks=False)  # a symlinked manifest is refused as any other symlink
     if not isinstance(m, dict) or m.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"{path} is not an rkpart bundle manifest")
     if m.get("version") != BUNDLE_VERSION:
@@ -332,19 +332,46 @@ DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "u
 UNLISTED_OK = (MANIFEST, ".rkpart-output.json")
 
 
-def regular_file(path: Path, what: str) -> os.stat_result:
-    """``os.stat`` of ``path`` if it is a regular file (a FIFO would block, /dev/zero never ends)."""
+def regular_file(path: Path, what: str, *, symlinks: bool = True) -> os.stat_result:
+    """``os.stat`` of ``path`` if it is a regular file (a FIFO would block, /dev/zero never ends);
+    ``symlinks=False``: not a symlink either (a bundle's own files: rkpart bundle writes none).
+
+    The runner's half of rkpart's one reader (rkpart.readers, issue 51): the same rules, here
+    because the runner cannot import rkpart."""
+    import stat as _stat
+
     try:
-        st = os.stat(path)
+        lst = os.lstat(path)
+        st = os.stat(path) if _stat.S_ISLNK(lst.st_mode) else lst
     except FileNotFoundError:
         raise BundleError(f"{what} {path} does not exist") from None
     except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
         raise BundleError(f"cannot read {what} {path!r}: {e}") from None
-    import stat as _stat
-
+    if _stat.S_ISLNK(lst.st_mode) and not symlinks:
+        raise BundleError(f"{what} {path} is a symlink; the runner reads only the bundle's own regular files")
     if not _stat.S_ISREG(st.st_mode):
         raise BundleError(f"{what} {path} is not a regular file")
     return st
+
+
+def open_regular(path: Path, what: str, *, symlinks: bool = True, max_bytes: int | None = None) -> Any:
+    """``path`` opened for reading after :func:`regular_file`: non-blocking (a path swapped for a FIFO
+    after the check cannot hang the open), ``O_NOFOLLOW`` when ``symlinks`` is off, checked again
+    through the descriptor, and within ``max_bytes``."""
+    import stat as _stat
+
+    regular_file(path, what, symlinks=symlinks)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if symlinks else os.O_NOFOLLOW))
+    except OSError as e:
+        raise BundleError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    f = os.fdopen(fd, "rb")
+    st = os.fstat(fd)
+    if not _stat.S_ISREG(st.st_mode) or (max_bytes is not None and st.st_size > max_bytes):
+        f.close()
+        raise BundleError(f"{what} {path} is not a regular file" if not _stat.S_ISREG(st.st_mode) else
+                          f"{what} {path} is too large ({st.st_size} bytes; the limit is {max_bytes})")
+    return f
 
 
 def _parse_int(text: str) -> int:
@@ -363,14 +390,14 @@ def _check_depth(doc: object, what: str) -> None:
             stack.extend((y, d + 1) for y in (x.values() if isinstance(x, dict) else x))
 
 
-def load_json(path: Path, what: str, max_bytes: int = MAX_MANIFEST_BYTES) -> Any:
-    """A JSON file, whole and bounded: regular file, size, integer digits, nesting depth."""
-    st = regular_file(path, what)
-    if st.st_size > max_bytes:
-        raise BundleError(f"{what} {path} is too large ({st.st_size} bytes; the limit is {max_bytes})")
+def load_json(path: Path, what: str, max_bytes: int = MAX_MANIFEST_BYTES, *, symlinks: bool = True) -> Any:
+    """A JSON file, whole and bounded: regular file (:func:`open_regular`), size, integer digits,
+    nesting depth."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, what, symlinks=symlinks, max_bytes=max_bytes) as f:
             raw = f.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise BundleError(f"{what} {path} is too large (over {max_bytes} bytes)")
         doc = json.loads(raw.decode("utf-8"), parse_int=_parse_int)
     except RecursionError:
         raise BundleError(f"{what} {path} is nested too deeply") from None
@@ -433,7 +460,7 @@ def validate_manifest(m: JsonMap) -> None:
     for k in ("min_cosine", "max_abs_rel"):
         if gate.get(k) is not None:
             check_number(gate[k], k, f"manifest: gate.{k}")
-    _validate_loop(m.get("denoise"), tensors)
+    _validate_loop(m.get("denoise"), tensors, {t["name"] for t in m["inputs"]}, {t["name"] for t in m["outputs"]})
     fixed = m["denoise"].get("fixed") if isinstance(m.get("denoise"), dict) else None
     if isinstance(fixed, dict) and fixed.get("file") not in files:
         raise BundleError(f"manifest: denoise.fixed file {fixed.get('file')!r} is not listed in 'files'")
@@ -525,7 +552,8 @@ def _validate_graph(m: JsonMap, files: JsonMap, prefix: str) -> JsonObject:
     return dict(tensors)
 
 
-def _validate_loop(d: object, tensors: JsonMap) -> None:
+def _validate_loop(d: object, tensors: JsonMap, inputs: set[str] | None = None,
+                   outputs: set[str] | None = None) -> None:
     """The manifest's ``denoise`` record, when it describes a loop (not absent, not an ``error``):
     tensor names the manifest lists and every number in its range (:data:`NUMBER_RANGES`)."""
     if not isinstance(d, dict) or "error" in d or not all(k in d for k in ("latent", "timestep", "context")):
@@ -536,6 +564,19 @@ def _validate_loop(d: object, tensors: JsonMap) -> None:
     for t in _list(d["context"], "denoise.context"):
         if _name(t, "a denoise.context name") not in tensors:
             raise BundleError(f"manifest: denoise.context {t!r} has no entry in 'tensors'")
+    # the loop feeds the latent, the timestep and the context as model inputs, each once, and reads
+    # the model output it names (a model input there failed with a KeyError, exit 1)
+    inputs, outputs = inputs or set(), outputs or set()
+    fed = [d["latent"], d["timestep"], *d["context"]]
+    for t in fed:
+        if t not in inputs:
+            raise BundleError(f"manifest: denoise names {t!r} as a loop input, but it is no model input")
+    if len(set(fed)) != len(fed):
+        raise BundleError("manifest: denoise names one model input twice (latent, timestep and context are distinct)")
+    if d.get("output") is not None and d["output"] not in outputs:
+        raise BundleError(f"manifest: denoise.output {d['output']!r} is no model output")
+    if "cfg_parallel" in d and not isinstance(d["cfg_parallel"], bool):
+        raise BundleError(f"manifest: denoise.cfg_parallel must be true or false, got {repr(d['cfg_parallel'])[:40]}")
     if "guidance" in d:
         check_number(d["guidance"], "guidance", "manifest: denoise.guidance")
     if d.get("guidance_input") is not None and _name(d["guidance_input"], "denoise.guidance_input") not in tensors:
@@ -555,6 +596,9 @@ def _validate_loop(d: object, tensors: JsonMap) -> None:
             if _name(t, "a denoise.fixed input") not in tensors:
                 raise BundleError(f"manifest: denoise.fixed input {t!r} has no entry in 'tensors'")
     sched = {} if d.get("scheduler") is None else _obj(d["scheduler"], "denoise.scheduler")
+    if "name" in sched and sched["name"] not in SCHEDULERS:
+        raise BundleError(f"manifest: denoise.scheduler.name {repr(sched['name'])[:40]} is not one of "
+                          f"{', '.join(SCHEDULERS)}")
     for k in ("shift", "timestep_scale", "timestep_offset"):
         if k in sched:
             check_number(sched[k], k, f"manifest: denoise.scheduler.{k}")
@@ -624,7 +668,7 @@ def verify_files(folder: Path, manifest: JsonMap) -> None:
         p = inside(folder, rel)
         if not os.path.lexists(p):
             raise BundleError(f"bundle file {rel} is missing")
-        regular_file(p, "bundle file")
+        regular_file(p, "bundle file", symlinks=False)
         if p.stat().st_size != int(info["size"]) or sha256_file(p) != info["sha256"]:
             raise BundleError(f"bundle file {rel} differs from the manifest (sha256); copy the bundle again")
     extra = unlisted_files(folder, manifest)
@@ -1568,11 +1612,10 @@ def load_npz(path: str | os.PathLike[str], what: str,
     p = Path(path)
     if not os.path.lexists(p):
         raise BundleError(f"{what} file {p} does not exist")
-    regular_file(p, f"{what} file")
     fmt = np.lib.format
     out: dict[str, np.ndarray] = {}
     try:
-        with zipfile.ZipFile(p) as zf:
+        with open_regular(p, f"{what} file") as raw, zipfile.ZipFile(raw) as zf:
             members = {n[: -len(".npy")]: n for n in zf.namelist() if n.endswith(".npy")}
             for k in (sorted(members) if names is None else [n for n in names if n in members]):
                 info = zf.getinfo(members[k])
@@ -1588,16 +1631,93 @@ def load_npz(path: str | os.PathLike[str], what: str,
     return out
 
 
-def check_save_target(path: str, flag: str = "--save-outputs") -> Path:
-    """``--save-outputs`` / ``--latent-out``: a new or regular file in an existing folder, never a
-    folder, symlink or device (``os.replace`` would put a regular file in place of ``/dev/null``)."""
+#: the zip comment of an ``.npz`` the runner (or ``rkpart run --save-outputs``) wrote: how ``--force``
+#: knows a file for one of its own (rkpart.output.NPZ_COMMENT)
+NPZ_COMMENT = b"rkpart outputs"
+
+
+def _head(path: Path, n: int) -> bytes:
+    """The first ``n`` bytes of the regular file ``path`` (``b""`` for anything else), non-blocking."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        import stat as _stat
+
+        return f.read(n) if _stat.S_ISREG(os.fstat(fd).st_mode) else b""
+
+
+def npz_written_here(path: Path) -> bool:
+    """An ``.npz`` with the runner's zip comment (:data:`NPZ_COMMENT`)."""
+    import zipfile
+
+    if not _head(path, 4).startswith(b"PK"):
+        return False
+    try:
+        with zipfile.ZipFile(path) as z:
+            return z.comment == NPZ_COMMENT
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+
+
+def npy_written_here(path: Path) -> bool:
+    """A ``.npy`` array (the latent's format: NumPy's header, a numeric dtype)."""
+    import io as _io
+
+    head = _head(path, 1 << 16)
+    if not head.startswith(b"\x93NUMPY"):
+        return False
+    try:
+        f = _io.BytesIO(head)
+        version = np.lib.format.read_magic(f)
+        _shape, _fortran, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                   else np.lib.format.read_array_header_2_0(f))
+    except (ValueError, EOFError, SyntaxError):
+        return False
+    return dtype.kind in "biuf" and not dtype.hasobject
+
+
+def png_written_here(path: Path) -> bool:
+    """A PNG (``--image-out``: :func:`png_bytes` writes nothing else there)."""
+    return _head(path, 8) == b"\x89PNG\r\n\x1a\n"
+
+
+#: every output flag of the runner and how it knows a file it wrote there (``--force`` replaces
+#: only such a file); each goes through :func:`check_save_target`
+OUTPUT_FLAGS: dict[str, Callable[[Path], bool]] = {"--save-outputs": npz_written_here, "--latent-out": npy_written_here,
+                                                   "--image-out": png_written_here}
+
+
+def check_save_target(path: str, flag: str = "--save-outputs", *, force: bool = False, bundle: Path | None = None,
+                      inputs: Sequence[str | os.PathLike[str] | None] = (),
+                      owned: Callable[[Path], bool] | None = None) -> Path:
+    """The rule of every output file of the runner (:data:`OUTPUT_FLAGS`; rkpart's ``-o FILE`` rule,
+    issue 51): a new file in an existing folder, or with ``force`` one the runner wrote (``owned``,
+    default the flag's test); never a folder, symlink, FIFO or device (``os.replace`` would put a
+    regular file in place of ``/dev/null``), never one of the run's ``inputs``, never inside the
+    ``bundle`` folder (its manifest and stage files are what the runner runs)."""
     if not path or "\0" in path:
         raise BundleError(f"{flag} {path!r} is not a usable file name")
     p = Path(path)
+    real = Path(os.path.realpath(p))
+    if bundle is not None:
+        b = Path(os.path.realpath(bundle))
+        if real == b or b in real.parents or Path(os.path.abspath(bundle)) in Path(os.path.abspath(p)).parents:
+            raise BundleError(f"{flag} {p} lies inside the bundle {bundle}; the runner never writes over the bundle "
+                              "it runs: choose a path outside it")
+    for i in inputs:
+        if i is not None and (Path(os.path.realpath(i)) == real or (
+                p.exists() and Path(i).exists() and os.path.samefile(p, i))):
+            raise BundleError(f"{flag} {p} is one of the run's inputs ({i}); choose another path")
     if p.is_symlink():
         raise BundleError(f"{flag} {p} is a symlink; the runner does not write through one")
     if p.exists():
         regular_file(p, flag)
+        if not force:
+            raise BundleError(f"{flag} {p} exists; pass --force to replace it")
+        if not (owned or OUTPUT_FLAGS.get(flag, npy_written_here))(p):
+            raise BundleError(f"refusing to replace {flag} {p}: the runner did not write it")
     if not p.parent.is_dir():
         raise BundleError(f"{flag} {p}: folder {p.parent} does not exist")
     return p
@@ -1605,8 +1725,9 @@ def check_save_target(path: str, flag: str = "--save-outputs") -> Path:
 
 def save_atomic(path: Path, write: Callable[[Any], None], flag: str) -> None:
     """Write ``path`` atomically with ``write(file)``: a fresh temp file of its own in the same folder
-    (``mkstemp``: never an existing name or a symlink planted there), then a rename, after
-    :func:`check_save_target` again (not replaced if it became a symlink or a device meanwhile)."""
+    (``mkstemp``: never an existing name or a symlink planted there), then a rename, after the
+    file-kind half of :func:`check_save_target` again (not replaced if it became a symlink or a
+    device meanwhile)."""
     import tempfile
 
     try:
@@ -1614,9 +1735,11 @@ def save_atomic(path: Path, write: Callable[[Any], None], flag: str) -> None:
     except OSError as e:
         raise BundleError(f"cannot write {flag} {path}: {e.strerror or e}") from None
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "w+b") as f:
             write(f)
-        check_save_target(str(path), flag)
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            raise BundleError(f"{flag} {path} became a symlink or not a regular file while the runner wrote; "
+                              "not replaced")
         os.replace(tmp, path)
     except OSError as e:
         raise BundleError(f"cannot write {flag} {path}: {e.strerror or e}") from None
@@ -1626,8 +1749,17 @@ def save_atomic(path: Path, write: Callable[[Any], None], flag: str) -> None:
 
 
 def save_npz(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write ``arrays`` to ``path`` atomically (:func:`save_atomic`)."""
-    save_atomic(path, lambda f: np.savez(f, **arrays), "--save-outputs")  # type: ignore[arg-type]
+    """Write ``arrays`` to ``path`` atomically (:func:`save_atomic`), with the runner's zip comment."""
+    import zipfile
+
+    def write(f: Any) -> None:
+        np.savez(f, **arrays)  # type: ignore[arg-type]
+        f.flush()
+        f.seek(0)
+        with zipfile.ZipFile(f, "a") as z:
+            z.comment = NPZ_COMMENT
+
+    save_atomic(path, write, "--save-outputs")
 
 
 #: the most ``--steps`` / ``--passes`` the runner accepts (rkpart's own bound, cli_args.MAX_COUNT)
@@ -1649,11 +1781,25 @@ def check_numbers(args: argparse.Namespace) -> None:
             check_number(v, flag, f"--{flag.replace('_', '-')}")
 
 
+#: the longest error message the runner prints (rkpart.errors.MAX_MESSAGE)
+MAX_MESSAGE = 480
+
+
+def one_line(text: str, limit: int = MAX_MESSAGE) -> str:
+    """``text`` as one line of at most ``limit`` characters, the middle elided (rkpart.errors.one_line)."""
+    msg = " ".join(str(text).split())
+    if len(msg) <= limit:
+        return msg
+    tail = msg[-(limit // 5):]
+    head = msg[: limit - len(tail) - 40]
+    return f"{head} [... {len(msg) - len(head) - len(tail)} characters ...] {tail}"
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error as the runner reports every error: one line, exit 2."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"runner: error: {' '.join(message.split())} (see '{self.prog} -h')", file=sys.stderr)
+        print(f"runner: error: {one_line(message)} (see '{self.prog} -h')", file=sys.stderr)
         sys.exit(2)
 
 
@@ -1717,6 +1863,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-abs-rel", type=float, default=None, help="gate [default: the manifest's]")
     ap.add_argument("--save-outputs", default=None, help="write the outputs of the last pass to this .npz")
     ap.add_argument("--no-verify", action="store_true", help="skip the sha256 check of the bundle's files")
+    ap.add_argument("--force", action="store_true", help="replace an output file (--save-outputs, --latent-out, "
+                    "--image-out) the runner wrote before")
     ap.add_argument("--json", action="store_true", help="print the result as JSON")
     loop = ap.add_argument_group("denoising loop (the manifest names the inputs and, from pipeline.json, the sampler)")
     loop.add_argument("--steps", type=int, default=None, help="run a denoising loop of this many steps: the call's "
@@ -1759,7 +1907,7 @@ def main(argv: list[str] | None = None) -> int:
             return _denoise_main(args)
         return _main(args)
     except BundleError as e:
-        print(f"runner: error: {e}", file=sys.stderr)
+        print(f"runner: error: {one_line(str(e))}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         return 130
@@ -1767,8 +1915,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     check_numbers(args)
-    save_to = check_save_target(args.save_outputs) if args.save_outputs is not None else None
     folder = Path(args.bundle)
+    save_to = None if args.save_outputs is None else check_save_target(
+        args.save_outputs, "--save-outputs", force=args.force, bundle=folder, inputs=(args.inputs, args.reference))
     m = read_manifest(folder)
     ref_files = m.get("reference") or {}
     inputs_path = args.inputs or (folder / ref_files["inputs"] if ref_files.get("inputs") else None)
@@ -1846,11 +1995,10 @@ def load_npy(path: str | os.PathLike[str], what: str) -> np.ndarray:
     p = Path(path)
     if not os.path.lexists(p):
         raise BundleError(f"{what} file {p} does not exist")
-    st = regular_file(p, f"{what} file")
     fmt = np.lib.format
     try:
-        with open(p, "rb") as f:
-            _check_npy_header(f, f"{what} {p}", st.st_size)
+        with open_regular(p, f"{what} file") as f:  # non-blocking, checked again through the descriptor
+            _check_npy_header(f, f"{what} {p}", os.fstat(f.fileno()).st_size)
             f.seek(0)
             return np.asarray(fmt.read_array(f, allow_pickle=False))
     except BundleError:
@@ -1860,20 +2008,23 @@ def load_npy(path: str | os.PathLike[str], what: str) -> np.ndarray:
                           ) from None
 
 
-def image_targets(path: str, count: int) -> list[Path]:
+def image_targets(path: str, count: int, *, force: bool = False, bundle: Path | None = None,
+                  inputs: Sequence[str | os.PathLike[str] | None] = ()) -> list[Path]:
     """Where ``--image-out`` writes ``count`` images: the path itself for one, ``<stem>-<i><suffix>``
-    beside it for several; every one a new or regular file in the folder the user named."""
-    first = check_save_target(path, "--image-out")
+    beside it for several; every one through :func:`check_save_target` (the runner's output rule)."""
+    first = check_save_target(path, "--image-out", force=force, bundle=bundle, inputs=inputs, owned=png_written_here)
     if count == 1:
         return [first]
-    return [check_save_target(str(first.with_name(f"{first.stem}-{i}{first.suffix}")), "--image-out")
+    return [check_save_target(str(first.with_name(f"{first.stem}-{i}{first.suffix}")), "--image-out", force=force,
+                              bundle=bundle, inputs=inputs, owned=png_written_here)
             for i in range(count)]
 
 
 def _denoise_main(args: argparse.Namespace) -> int:
     check_numbers(args)
-    out = check_save_target(args.latent_out, "--latent-out")
     folder = Path(args.bundle)
+    run_inputs = (args.cond, args.uncond, args.embeds, args.latents, args.step_noise)
+    out = check_save_target(args.latent_out, "--latent-out", force=args.force, bundle=folder, inputs=run_inputs)
     m = read_manifest(folder)
     cfg_parallel = bool((m.get("denoise") or {}).get("cfg_parallel")) if args.cfg_parallel is None \
         else args.cfg_parallel
@@ -1890,10 +2041,15 @@ def _denoise_main(args: argparse.Namespace) -> int:
         raise BundleError("--cond / --uncond / --shift belong to the flow-euler loop; the pipeline's sampler takes "
                           "--embeds (its call arguments) and its own schedule")
     image_out = args.image_out if args.image_out is not None else ("image.png" if runner.has_vae else None)
+    # the output rule first, as for --latent-out; the latent is written first: an image path that is
+    # the latent's would replace it
+    image_inputs = (*run_inputs, out)
+    image_to = None if image_out is None else check_save_target(image_out, "--image-out", force=args.force,
+                                                                bundle=folder, inputs=image_inputs,
+                                                                owned=png_written_here)
     if args.image_out is not None and not runner.has_vae:
         raise BundleError("--image-out needs the VAE decoder in the bundle (rkpart bundle --vae npu|host of a plan "
                           "with a pipeline.json); this one ends at the latent")
-    image_to = check_save_target(image_out, "--image-out") if image_out is not None else None
     check_device_budget(runner)
     if runner.npu_standin is not None:
         print(f"runner: NPU stages run on an ONNX Runtime stand-in ({STANDIN_ENV}="
@@ -1958,7 +2114,8 @@ def _denoise_main(args: argparse.Namespace) -> int:
             return EXIT_GATE if "NaN" in str(e) else e.exit_code
         vae = runner.vae_runner()
         decode = summed(vae.open_timings + vae.timings + vae.close_timings, time.perf_counter() - t0)
-        for target, px in zip(image_targets(str(image_to), len(pixels)), pixels, strict=True):
+        for target, px in zip(image_targets(str(image_to), len(pixels), force=args.force, bundle=folder,
+                                            inputs=image_inputs), pixels, strict=True):
             data = png_bytes(px)
             save_atomic(target, lambda f, data=data: f.write(data), "--image-out")  # type: ignore[misc]
             images.append(str(target))

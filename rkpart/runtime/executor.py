@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from rkpart.errors import InvalidModelError, SpecError, UserError
-from rkpart.io import confined_file, external_locations, hash_file, read_npz, regular_file
+from rkpart.io import confined_file, external_locations, hash_file, regular_file
 from rkpart.ir.tensors import random_feeds
 from rkpart.plan.plan import Plan, Stage, TensorInfo, stage_order_ok
+from rkpart.readers import read_npz
 from rkpart.runtime.base import Backend, Feeds, StageRunner
 from rkpart.runtime.ort import OrtBackend, make_session
 from rkpart.types import HOST, NPU, RESIDENCIES, JsonObject, Residency
@@ -31,7 +32,7 @@ def load_inputs(path: str | Path, plan: Plan) -> Feeds:
     (numbers to numbers); shapes must match exactly.  Pickled (object) arrays are refused.
     """
     p = Path(path)
-    # only the model's inputs are decoded, each header checked first (rkpart.io.read_npz)
+    # only the model's inputs are decoded, each header checked first (rkpart.readers.read_npz)
     feeds = read_npz(p, what="inputs file", names=plan.inputs)
     for n in plan.inputs:
         if n not in feeds:

@@ -42,10 +42,11 @@ from typing import IO, Any
 
 import numpy as np
 
+from rkpart.compile.cache import ENTRY_KIND
 from rkpart.compile.runner import WORKER, kill_group, worker_env
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import SpecError, ToolkitError, UserError
-from rkpart.io import load_json_file
+from rkpart.io import confined_file
 from rkpart.ir import graph_io
 from rkpart.plan.plan import Stage
 from rkpart.plan.verify import artifact_file, prepared_onnx
@@ -351,7 +352,7 @@ class RknnSimRunner(StageRunner):
         if art is not None:
             meta_path = artifact_file(self.folder, self.stage, art).with_suffix(".json")
             with contextlib.suppress(OSError, ValueError, UserError, AttributeError):
-                meta = load_json_file(meta_path, what="artifact metadata", max_bytes=4 << 20)
+                meta = ENTRY_KIND.load(meta_path, root=self.folder)
                 config = {**meta.get("config", {}), "target_platform": meta.get("target", art.target)}
             # The artifact's toolkit, even if the backend names another: that is the model
             # that would run on the board (a fallback may have built some stages).
@@ -408,9 +409,21 @@ def _quantize_request(folder: Path, stage: Stage, art: Any) -> JsonObject | None
     if not art.calibration_dataset:
         raise SpecError(f"stage {stage.id}: its {art.precision} artifact names no calibration dataset; "
                         "rerun rkpart compile with --calibration")
-    from rkpart.io import confined_file
+    from rkpart.compile.calibration import DATASET_KIND, read_dataset
+    from rkpart.compile.precision import CALIB_DIR
+    from rkpart.plan.plan import TensorInfo
 
-    ds = confined_file(folder, art.calibration_dataset, what=f"stage {stage.id} calibration dataset")
+    # the copy compile linked into the plan (rknn/calibration/<digest[:16]>/): read as compile read the
+    # calibration, every sample verified against its name, of the stage's dtypes and shapes
+    ds = DATASET_KIND.within(folder, art.calibration_dataset)
+    parts = Path(art.calibration_dataset).parts
+    if len(parts) < 3 or parts[:2] != ("rknn", CALIB_DIR):
+        raise SpecError(f"stage {stage.id}: calibration dataset {art.calibration_dataset!r} is not one compile "
+                        f"links (rknn/{CALIB_DIR}/...)")
+    root = folder / parts[0] / parts[1] / parts[2]
+    io = graph_io(confined_file(folder, stage.file, what=f"stage {stage.id} file"))
+    inputs = [TensorInfo(n, np.dtype(dt).name, tuple(shape)) for n, (dt, shape) in io.inputs.items()]
+    read_dataset(ds, root=root, inputs=inputs)
     return {"dataset": str(Path(ds).absolute()), "hybrid": art.precision == "hybrid",
             "float16_layers": list(art.float16_layers)}
 

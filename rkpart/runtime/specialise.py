@@ -100,6 +100,11 @@ def load_specialised(model: str | os.PathLike[str], feeds: Mapping[str, np.ndarr
     records = []
     for op, node, tensor in seen.values():
         shape = mg.tensor_types[tensor][1] if tensor in mg.tensor_types else shapes[tensor][1]
+        if 0 in shape:
+            # a zero-sized tensor: no NPU build holds one, and the plan would be made for nothing
+            raise InvalidModelError(f"{path}: on these --inputs {op} node {node!r} gives {tensor!r} the empty shape "
+                                    f"{list(shape)}; rkpart does not specialise a plan to an empty tensor: use "
+                                    "--inputs for which it holds values")
         rec: dict[str, object] = {"op": op, "node": node, "tensor": tensor, "shape": list(shape)}
         if tensor in branches:
             rec["branch"] = branches[tensor]

@@ -128,14 +128,16 @@ def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
     finally:
         be.close()
     if save_outputs:
-        from rkpart.output import output_file
+        from rkpart.output import mark_npz, output_file
 
-        with output_file(save_outputs, force=True, what="--save-outputs") as tmp, open(tmp, "wb") as f:
-            np.savez(f, **outs)  # type: ignore[arg-type]
+        with output_file(save_outputs, force=True, what="--save-outputs") as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, **outs)  # type: ignore[arg-type]
+            mark_npz(tmp)  # how `--force` knows the file for one rkpart wrote
     e2e = {k: compare(outs[k], ref[k]) for k in plan.outputs}
     against: dict[str, Metrics] = {}
     if reference is not None:
-        from rkpart.io import read_npz
+        from rkpart.readers import read_npz
 
         refd = read_npz(reference, what="reference", names=plan.outputs)
         for k in plan.outputs:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 from networkx.algorithms import isomorphism
 
+from rkpart.compile.runner import read_log
 from rkpart.errors import UserError
 from rkpart.io import file_sha256
 from rkpart.progress import Progress
@@ -135,7 +136,7 @@ def failing_ops(report: CompileReport, folder: Path, opts: CompileOptions, state
         built = folder / ((st.prepared or {}).get("file") or st.file)
         try:
             mg = load_model(built)
-            text = (folder / f.log).read_text(errors="replace")
+            text = read_log(folder / f.log, folder)
         except (UserError, OSError):
             continue
         why = f"the build of stage {o.stage_id} failed ({exception_line(text) or f.message.splitlines()[0][:120]})"

@@ -42,6 +42,7 @@ from rkpart.io import atomic_write_bytes
 from rkpart.ir import ModelGraph, load_model
 from rkpart.ir.standalone import subgraph_model
 from rkpart.progress import Progress
+from rkpart.readers import FileKind
 from rkpart.targets.known_issues import match_signature
 from rkpart.triage.matrix import BuildSettings, MatrixRow, build_once, describe_outcome
 from rkpart.types import JsonObject
@@ -238,6 +239,11 @@ class Reduction:
                 "attempts": [a.to_json() for a in self.attempts]}
 
 
+#: the reducer's outcome cache in its work folder (a FIFO there hung the reduction; a symlink is not its own)
+OUTCOMES_KIND = FileKind("reduction outcomes", "json", 64 << 20, UserError, symlinks=False,
+                         doc="`outcomes.json` of a reduction's work folder (`repro`; unreadable: rebuilt)")
+
+
 class _Oracle:
     """Builds candidates and answers "does it fail the same way?", with a cache by graph hash."""
 
@@ -248,8 +254,8 @@ class _Oracle:
         self.t0, self.max_time = t0, max_time
         self.cache_path = work / "outcomes.json"
         self.cache: dict[str, JsonObject] = {}
-        with contextlib.suppress(OSError, ValueError):
-            loaded = json.loads(self.cache_path.read_text())
+        with contextlib.suppress(OSError, ValueError, UserError):  # unreadable: every candidate is built again
+            loaded = OUTCOMES_KIND.load(self.cache_path, root=work)
             if isinstance(loaded, dict):
                 self.cache = loaded
         self.attempts: list[Attempt] = []

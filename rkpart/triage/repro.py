@@ -33,15 +33,19 @@ from rkpart.compile.preflight import check_config, check_target
 from rkpart.compile.runner import WORKER
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import OutputExistsError, UserError
-from rkpart.io import atomic_write_bytes, folder_lock, load_json_file
+from rkpart.io import atomic_write_bytes, folder_lock
 from rkpart.ir import load_model, value_type
 from rkpart.progress import Progress
+from rkpart.readers import FileKind
 from rkpart.targets.known_issues import KnownIssue, find_signature
 from rkpart.triage.matrix import BuildSettings, Matrix, MatrixRow, build_matrix, version_key
 from rkpart.triage.reduce import FailureSpec, Reduction, ReductionError, reduce_graph
 from rkpart.triage.script import SCRIPT_NAME, render_script
 from rkpart.types import JsonMap, JsonObject
 
+#: a repro folder's ``matrix.json`` (how ``repro --force`` knows a folder an older rkpart wrote)
+MATRIX_KIND = FileKind("repro matrix", "json", 64 << 20, UserError, symlinks=False,
+                       doc="a repro folder's `matrix.json`, read by `repro --force`")
 REDUCED_NAME = "reduced.onnx"
 WORK_DIR = "work"
 LOG_DIR = "logs"
@@ -265,7 +269,7 @@ def _not_repro_folder(out: Path) -> str | None:
             return f"it holds {p.name!r}, which rkpart did not write"
     if (out / "matrix.json").exists():
         try:
-            data = load_json_file(out / "matrix.json", what="matrix", max_bytes=64 << 20)
+            data = MATRIX_KIND.load(out / "matrix.json", root=out)
         except UserError as e:
             return str(e)
         if not isinstance(data, dict):

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rkpart.compile.scheduler import default_cache_dir
+from rkpart.io import default_cache_dir
 from rkpart.runtime import board_runner as board
 from tests.bundle.fake_rknnlite import FakeRKNNLite
 

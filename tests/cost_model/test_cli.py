@@ -95,7 +95,9 @@ def test_fit_on_real_ort_profiles_prints_held_out_error(tmp_path: Path, example_
         assert f"  {comp} " in r.output
     model = CostModel.load(out)
     assert model.provenance.backends == ("ort",) and model.provenance.doc["runs"] == 3
-    rj = CliRunner().invoke(main, ["fit", *map(str, profiles), "-o", str(out), "--json"])
+    # the model is rkpart's own (its "format"): --force replaces it (issue 51: without it, refused)
+    assert CliRunner().invoke(main, ["fit", *map(str, profiles), "-o", str(out)]).exit_code == 6
+    rj = CliRunner().invoke(main, ["fit", *map(str, profiles), "-o", str(out), "--json", "--force"])
     report = json.loads(rj.stdout)
     cv = report["components"]["infer"]["cross_validation"]
     assert cv["n"] == 6 + 6 + 2 and 0.0 <= cv["within_10"] <= cv["within_20"] <= 1.0

@@ -492,12 +492,23 @@ def test_bad_save_outputs_is_refused_before_running(case: str, host_bundle: Path
     FUZZ_STATS["cases:runner-options"] += 1
 
 
-def test_save_outputs_replaces_a_regular_file_atomically(host_bundle: Path, runner_mod: ModuleType, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_save_outputs_replaces_only_a_file_the_runner_wrote_and_atomically(
+        host_bundle: Path, runner_mod: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """issue 51: an existing --save-outputs is replaced only with --force and only if the runner wrote
+    it (the .npz's zip comment); a user's file is refused, --force or not, and left as it was."""
     d = _copy(host_bundle, tmp_path)
     target = tmp_path / "out.npz"
     target.write_bytes(b"old")
+    for force in ((), ("--force",)):
+        rc, _out, err = _main(runner_mod, capsys, "--bundle", str(d), "--save-outputs", str(target), *force)
+        _assert_runner_error(rc, err)
+        assert target.read_bytes() == b"old"
+    target.unlink()
     rc, _out, err = _main(runner_mod, capsys, "--bundle", str(d), "--save-outputs", str(target))
+    assert rc == 0, err
+    rc, _out, err = _main(runner_mod, capsys, "--bundle", str(d), "--save-outputs", str(target))
+    _assert_runner_error(rc, err)  # exists, no --force
+    rc, _out, err = _main(runner_mod, capsys, "--bundle", str(d), "--save-outputs", str(target), "--force")
     assert rc == 0, err
     with np.load(target) as z:
         ref = _outputs(d)

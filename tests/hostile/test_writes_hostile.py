@@ -305,13 +305,19 @@ def test_example_never_replaces_a_device_fifo_or_symlink(attack: str, force: boo
     FUZZ_STATS["cases:writes-example"] += 1
 
 
-def test_example_force_replaces_a_regular_file(tmp_path: Path) -> None:
+def test_example_force_replaces_only_the_example(tmp_path: Path) -> None:
+    """issue 51: ``--force`` replaces a file rkpart wrote (the example's own bytes), never a user's."""
+    from rkpart.cli_args import bundled_example
+
     dest = tmp_path / "m.onnx"
     dest.write_text("old")
     r = cli(["example", dest, "--force"])
+    assert_user_error(r, 6, "rkpart did not write it")
+    assert dest.read_text() == "old"
+    dest.unlink()
+    assert cli(["example", dest]).exit_code == 0
+    r = cli(["example", dest, "--force"])
     assert r.exit_code == 0, r.output
-    from rkpart.cli_args import bundled_example
-
     assert dest.read_bytes() == bundled_example().read_bytes()
 
 

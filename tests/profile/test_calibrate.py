@@ -115,7 +115,7 @@ def test_stale_or_missing_calibration_is_a_one_line_error(plans: dict[str, tuple
     with pytest.raises(UserError, match=r"needs calibration data: run `rkpart calibrate"):
         resolve(plan, plan.npu_stages, precision="int8")
     ok = resolve(plan, plan.npu_stages, precision="int8", calibration=tmp_path / "cal", algorithm="mmse")
-    assert {sp.precision for sp in ok.values()} == {"int8"} and all(sp.dataset and sp.dataset.is_file()
+    assert {sp.precision for sp in ok.values()} == {"int8"} and all(sp.dataset and sp.dataset.files
                                                                     for sp in ok.values())
     first = ok[plan.npu_stages[0].id]
     assert first.config({}, "rk3588") == {"quantized_dtype": "w8a8", "quantized_algorithm": "mmse"}
@@ -211,6 +211,7 @@ def test_compile_settings_and_report_name_the_overflowing_tensor(tmp_path: Path)
     """What compile records with --calibration (fp16 stages need no toolkit for it) reaches the report."""
     from rkpart.compile.calibration import load_calibration
     from rkpart.compile.compile import CompileOptions, _precisions
+    from rkpart.compile.precision import resolve
     from rkpart.report.build import build_report
 
     plan = overflow_plan(tmp_path / "plan")
@@ -218,7 +219,10 @@ def test_compile_settings_and_report_name_the_overflowing_tensor(tmp_path: Path)
     write_calibration(plan, tmp_path / "plan", tmp_path / "c", inputs=tmp_path / "in.npz")
     settings: dict[str, object] = {}
     opts = CompileOptions("unused", "rk3588", calibration=tmp_path / "c")
-    out = _precisions(plan, plan.npu_stages, opts, None, load_calibration(tmp_path / "c"), {}, [], settings)
+    cal = load_calibration(tmp_path / "c")
+    resolved = resolve(plan, plan.npu_stages, precision="fp16", spec=None, calibration=opts.calibration,
+                       algorithm=opts.quantized_algorithm, target=opts.target)
+    out = _precisions(plan, plan.npu_stages, opts, None, cal, resolved, {}, [], settings)
     assert {sp.precision for sp in out.values()} == {"fp16"} and "precision" not in settings
     [finding] = settings["fp16_range"]  # type: ignore[misc]
     assert finding["tensor"] == "s" and finding["kind"] == "overflow"

@@ -40,8 +40,9 @@ from rkpart.grouping.strategies.base import (
 )
 from rkpart.grouping.strategies.fused import FusedStrategy
 from rkpart.grouping.strategies.split import SplitStrategy
-from rkpart.io import loads_json, loads_yaml, read_limited
+from rkpart.io import loads_json, loads_yaml
 from rkpart.ir import ModelGraph
+from rkpart.readers import FileKind
 from rkpart.types import JsonMap, JsonObject
 
 _STAGE_ID = {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$",
@@ -128,11 +129,15 @@ def _count_items(data: object, limit: int) -> int:
     return n
 
 
+#: ``partition -s custom --spec FILE`` (YAML, or JSON by its suffix)
+SPEC_KIND = FileKind("custom spec", "bytes", MAX_SPEC_BYTES, SpecError, doc="`partition -s custom --spec`")
+
+
 def load_spec(path: str | Path) -> JsonObject:
     """Read and schema-check a custom spec; raises :class:`SpecError` with the offending path."""
     p = Path(path)
     kind = "JSON" if p.suffix == ".json" else "YAML"
-    raw = read_limited(p, what="custom spec", max_bytes=MAX_SPEC_BYTES, error=SpecError)
+    raw = SPEC_KIND.read(p)
     try:
         text = raw.decode()
     except UnicodeDecodeError as e:
