@@ -78,12 +78,12 @@ def test_auto_scores_candidates_with_the_routing_on_the_host(tmp_path: Path) -> 
     moved = plan.extra["capability"]["host_ops"]
     assert sum(h["op_type"] == "TopK" for h in moved) == BLOCKS
     assert all(h["from_stage"] and h["why"] for h in moved)
-    host_names = {m.graph.op(i).name for g in part.partition.groups if g.device == "host" for i in g.ops}
+    host_names = {part.graph.op(i).name for g in part.partition.groups if g.device == "host" for i in g.ops}
     assert {h["op"] for h in moved} <= host_names
     # without the capability the candidates keep the routing inside the FFN / block stages
     off = propose(m, AutoStrategy(), PartitionConfig(options={"toolkit": "2.5.0", "capability": False},
                                                      capability=False))
-    held = {m.graph.op(i).op_type for g in off.partition.groups if g.device == "npu" for i in g.ops}
+    held = {off.graph.op(i).op_type for g in off.partition.groups if g.device == "npu" for i in g.ops}
     assert held & ROUTING
     assert "capability" not in off.partition.extra
 
@@ -97,8 +97,8 @@ def test_auto_weighs_the_move_against_the_runtime_fallback(tmp_path: Path) -> No
     m = load(model)
     seen = []
     strat = AutoStrategy(report=seen.append)
-    propose(m, strat, PartitionConfig(toolkit="2.5.0", options={"toolkit": "2.5.0"}))
-    sel = seen[-1]  # the proposal the plan is made of (the views made it again on a new graph)
+    part = propose(m, strat, PartitionConfig(toolkit="2.5.0", options={"toolkit": "2.5.0"}))
+    sel = seen[-1]  # the proposal the plan is made of (the views made it again on a new graph: part.graph)
     assert sorted(sel.trades) == [b.index for b in m.discovery().blocks]
     for start, t in sel.trades.items():
         assert t.moved is sel.choice_for(start)
@@ -106,7 +106,7 @@ def test_auto_weighs_the_move_against_the_runtime_fallback(tmp_path: Path) -> No
         assert t.fallback.candidate.id == t.moved.candidate.id and t.fallback.residency == t.moved.residency
         assert t.fallback_cpu_s > 0 and t.fallback_latency > t.fallback.latency
         # the fallback candidate holds the routing in an NPU stage, the moved one does not
-        held = {m.graph.op(i).op_type for g in t.fallback.candidate.groups if g.device == "npu" for i in g.ops}
+        held = {part.graph.op(i).op_type for g in t.fallback.candidate.groups if g.device == "npu" for i in g.ops}
         assert "TopK" in held
     text = sel.render()
     assert text.count("capability:") == len(sel.trades) and "runtime's CPU fallback" in text
@@ -133,7 +133,7 @@ def test_auto_records_the_moves_of_ops_without_names(tmp_path: Path) -> None:
     host = {i for g in part.partition.groups if g.device == "host" for i in g.ops}
     for h in moved:
         assert h["op"].isdigit() and int(h["op"]) in host, h
-        assert m.graph.op(int(h["op"])).op_type == h["op_type"]
+        assert part.graph.op(int(h["op"])).op_type == h["op_type"]
     out = tmp_path / "auto"
     assert_reproduces(write_plan(m, part, out), out, model)
 
