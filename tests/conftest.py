@@ -159,7 +159,8 @@ def _no_toolkit_unless_marked(request: pytest.FixtureRequest, tmp_path_factory: 
 #: one.  Every other module runs whole on one worker, so its module- and session-scoped fixtures are
 #: built once.
 _SPREAD = frozenset({"tests/compile/test_npu_families.py", "tests/compile/test_repartition.py",
-                     "tests/docs/test_docs_run.py", "tests/targets/test_known_issue_reproducers.py"})
+                     "tests/docs/test_docs_run.py", "tests/targets/test_known_issue_reproducers.py",
+                     "tests/partitioner/test_family_sweep.py"})
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook, on the controller

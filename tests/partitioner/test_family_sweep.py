@@ -271,9 +271,9 @@ ORT_REFUSES = {
 #: exports checked against the model as rkpart loads it rather than against the file ONNX Runtime refuses
 LOADED_REFERENCE = {**TORCH_REFERENCE, **EXPORT_DIFFERS}
 
-#: ``RKPART_FULL_SWEEP=1``: every family of :data:`~tests.models.diffusers_families.LATEST` with both
-#: exporters; by default (CI) each with one, alternating down the list (the other where that one
-#: cannot be made or loaded), named and anonymised
+#: ``RKPART_FULL_SWEEP=1``: every family with both exporters; by default (CI) each with one, alternating
+#: down the list (the other where that one cannot be made or loaded), named and anonymised: the families
+#: of :data:`~tests.models.diffusers_families.LATEST` and the others, each list alternating on its own
 FULL_SWEEP = os.environ.get("RKPART_FULL_SWEEP") == "1"
 
 
@@ -283,8 +283,9 @@ def _ci_exporter(i: int, family: str) -> str:
 
 
 CI_LATEST = {(f, _ci_exporter(i, f)) for i, f in enumerate(LATEST)}
+CI_OTHER = {(f, _ci_exporter(i, f)) for i, f in enumerate(f for f in EXPECTED if f not in LATEST)}
 CASES = [(f, e, anon) for f in EXPECTED for e in EXPORTERS for anon in (False, True)
-         if FULL_SWEEP or f not in LATEST or (f, e) in CI_LATEST]
+         if FULL_SWEEP or (f, e) in CI_LATEST | CI_OTHER]
 
 
 def _id(case: tuple[str, str, bool]) -> str:
