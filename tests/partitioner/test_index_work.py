@@ -26,7 +26,7 @@ from rkpart.auto import candidate_variants
 from rkpart.ir import load_model
 from rkpart.pipeline import load, partition, propose
 from rkpart.plan.plan import Plan
-from rkpart.runtime.executor import run_model
+from rkpart.runtime.executor import random_inputs, run_model
 from tests.partitioner.checks import assert_reproduces
 
 F, I64 = TensorProto.FLOAT, TensorProto.INT64
@@ -203,15 +203,25 @@ def test_dit_class_label_gather_runs_on_the_host_and_is_costed(tmp_path: Path, s
 @pytest.mark.export
 @pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
 def test_lumina2_caption_mask_is_prepared_on_the_host(tmp_path: Path, exporter: str) -> None:
+    """The export takes the caption mask as a graph input (rkpart.export's ``real_rope_lumina2``): its
+    lengths (``ReduceSum``), the joint sequence's key mask (``Less``, ``Concat``), the image tokens' RoPE
+    rows at the caption length (``Gather``) and each attention's ``Cast -> Reshape`` are index work."""
     model = _export("lumina2", exporter)
     mg = load(model).graph
     idx = mg.input_index_ops()
-    assert {mg.nodes[i].op_type for i in idx} == {"Cast", "Reshape"}
+    gather = "GatherND" if exporter == "dynamo" else "Gather"
+    assert {mg.nodes[i].op_type for i in idx} == {"Cast", "Reshape", "ReduceSum", "Unsqueeze", "Less", "Concat",
+                                                   gather}
+    # what meets the activations is boolean key masks and the gathered float RoPE rows, nothing else
+    leaving = {t for i in idx for t in mg.nodes[i].output if any(j not in idx for j in mg.consumers.get(t, ()))}
+    assert leaving and all(mg.dtype(t) == "bool" or mg.nodes[mg.producer[t]].op_type == gather for t in leaving)
     for strategy in ("split", "fused"):
         folder = tmp_path / strategy
         plan = partition(model, folder, strategy)
         _no_npu_stage_reads(plan, folder, {"encoder_attention_mask"})
-        assert_reproduces(plan, folder, model)
+        feeds = random_inputs(plan.tensors, plan.inputs)
+        feeds["encoder_attention_mask"] = np.array([[1, 1, 1, 0, 0, 0]], np.int64)  # a padded caption
+        assert_reproduces(plan, folder, model, feeds)
 
 
 @pytest.mark.export
