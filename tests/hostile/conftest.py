@@ -42,7 +42,7 @@ def fused_mini_plan(tmp_path_factory: pytest.TempPathFactory, mini_model: Path) 
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def host_bundle(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> Path:
     """A real bundle of the example (host stages only, a denoise record); read-only: cases copy it."""
     from rkpart.bundle.build import bundle_plan
@@ -61,7 +61,7 @@ def runner_mod(host_bundle: Path) -> ModuleType:
     return load_runner(host_bundle)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def split_plan(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> Path:
     """A split plan of the bundled example; read-only: cases copy it."""
     from rkpart.pipeline import partition
@@ -71,7 +71,7 @@ def split_plan(tmp_path_factory: pytest.TempPathFactory, example_model: Path) ->
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def profile(split_plan: Path) -> Path:
     """One ONNX Runtime profile round of ``split_plan`` (JSON Lines); read-only."""
     out = split_plan.parent / "split.jsonl"

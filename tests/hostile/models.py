@@ -81,6 +81,12 @@ def fvi(name: str, shape: Sequence[int | str], dtype: int = TensorProto.FLOAT) -
 # -- CLI + filesystem assertions -------------------------------------------------------------
 
 
+def fast_sample(cases: Sequence[object], every: int) -> list[object]:
+    """``cases`` with every ``every``-th one (the first included) in the fast tier and the rest marked slow: a
+    matrix whose cases each take a few tenths of a second keeps a sample in the fast tier, all of it in CI."""
+    return [c if i % every == 0 else pytest.param(c, marks=pytest.mark.slow) for i, c in enumerate(cases)]
+
+
 def cli(args: Sequence[object]) -> Result:
     """Run ``rkpart ARGS`` in-process; exceptions are captured, not raised."""
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=True)

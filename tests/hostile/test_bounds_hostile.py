@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from tests.hostile.models import FUZZ_STATS, assert_option_refused, assert_user_error, cli, snapshot
+from tests.hostile.models import FUZZ_STATS, assert_option_refused, assert_user_error, cli, fast_sample, snapshot
 
 HUGE = str(10**30)
 #: the bound rkpart.io.MAX_JSON_INT documents (docs/plan.md)
@@ -79,7 +79,7 @@ PLAN_FIELDS: dict[str, Callable[[dict[str, Any], Any], None]] = {
 HUGE_NUMBERS = {"1e308": 1e308, "10**30": 10**30, "2**53+1": MAX_JSON_INT + 1}
 
 
-@pytest.mark.parametrize("value", list(HUGE_NUMBERS))
+@pytest.mark.parametrize("value", fast_sample(list(HUGE_NUMBERS), len(HUGE_NUMBERS)))
 @pytest.mark.parametrize("field", list(PLAN_FIELDS))
 def test_a_plan_claiming_absurd_figures_is_refused(field: str, value: str, split_plan: Path, tmp_path: Path) -> None:
     folder = tmp_path / "plan"

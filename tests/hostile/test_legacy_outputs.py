@@ -112,6 +112,7 @@ KINDS = ["plan", "bundle", "assets", "calibration"]
 
 
 @pytest.mark.slow  # more than 0.3 s a case (pytest --durations), or builds a shared profile
+@pytest.mark.slow  # the module's `made` outputs take ~5 s of CPU to write (a plan, bundle, profile, ...)
 @pytest.mark.parametrize("kind", KINDS)
 def test_force_replaces_an_output_written_before_the_marker(kind: str, made: dict[str, Path], tmp_path: Path,
                                                            example_model: Path) -> None:
@@ -130,6 +131,7 @@ def test_force_replaces_an_output_written_before_the_marker(kind: str, made: dic
     FUZZ_STATS["cases:writes-legacy"] += 1
 
 
+@pytest.mark.slow  # reads the module's `made` outputs
 @pytest.mark.parametrize("attack", [a[0] for a in LEGACY_ATTACKS])
 @pytest.mark.parametrize("kind", KINDS)
 def test_force_refuses_a_legacy_output_holding_anything_rkpart_did_not_write(
@@ -147,6 +149,7 @@ def test_force_refuses_a_legacy_output_holding_anything_rkpart_did_not_write(
     FUZZ_STATS["cases:writes-legacy"] += 1
 
 
+@pytest.mark.slow  # reads the module's `made` outputs
 def test_a_legacy_bundle_with_an_edited_file_is_the_users(made: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "bundle"
     shutil.copytree(made["bundle"], out)

@@ -35,7 +35,7 @@ import pytest
 
 from rkpart.cost_model.model import default_model_path
 from rkpart.report import plots
-from tests.hostile.models import FUZZ_STATS, assert_option_refused, assert_user_error, cli
+from tests.hostile.models import FUZZ_STATS, assert_option_refused, assert_user_error, cli, fast_sample
 
 Doc = dict[str, Any]
 
@@ -104,7 +104,7 @@ def _sane(msg: str) -> None:
         assert word not in msg.lower(), msg
 
 
-@pytest.mark.parametrize("case", list(MODEL_CASES))
+@pytest.mark.parametrize("case", fast_sample(list(MODEL_CASES), 4))
 def test_estimate_refuses_a_cost_model_with_absurd_numbers(case: str, split_plan: Path, tmp_path: Path) -> None:
     r = cli(["estimate", split_plan, "--cost-model", _model_file(tmp_path, case)])
     _sane(assert_user_error(r, 5))
@@ -112,7 +112,7 @@ def test_estimate_refuses_a_cost_model_with_absurd_numbers(case: str, split_plan
     FUZZ_STATS["cases:numbers-files-cost-model"] += 1
 
 
-@pytest.mark.parametrize("case", list(MODEL_CASES))
+@pytest.mark.parametrize("case", fast_sample(list(MODEL_CASES), 7))  # auto loads the model first: ~0.35 s a case
 def test_auto_refuses_a_cost_model_with_absurd_numbers(case: str, example_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "auto"
     r = cli(["partition", example_model, "-s", "auto", "--cost-model", _model_file(tmp_path, case), "-o", out, "-q"])
@@ -191,7 +191,7 @@ ACCURACY_CASES: dict[str, Callable[[Doc], None]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(ACCURACY_CASES))
+@pytest.mark.parametrize("case", fast_sample(list(ACCURACY_CASES), 7))
 def test_auto_refuses_an_accuracy_term_with_absurd_numbers(case: str, example_model: Path, tmp_path: Path) -> None:
     acc = _accuracy()
     ACCURACY_CASES[case](acc)
@@ -278,7 +278,7 @@ RUN_CASES: dict[str, tuple[Callable[[Doc], Doc], str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(RUN_CASES))
+@pytest.mark.parametrize("case", fast_sample(list(RUN_CASES), 4))
 def test_report_refuses_a_run_report_with_absurd_metrics(case: str, split_plan: Path, run_report: Doc,
                                                         tmp_path: Path) -> None:
     where, key, value = RUN_CASES[case]
@@ -496,7 +496,7 @@ CALIBRATION_CASES: dict[str, tuple[Callable[[Doc], Doc], str, Any]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(CALIBRATION_CASES))
+@pytest.mark.parametrize("case", fast_sample(list(CALIBRATION_CASES), 6))
 def test_compile_refuses_a_calibration_with_absurd_numbers(case: str, split_plan: Path, calibration: Path,
                                                            tmp_path: Path) -> None:
     cal = tmp_path / "cal"

@@ -67,6 +67,7 @@ def test_fit_refuses_timings_that_are_not_measurements(field: str, value: str, p
     FUZZ_STATS["cases:numbers-fit"] += 1
 
 
+@pytest.mark.slow  # builds the shared profile (ONNX Runtime)
 def test_fit_on_good_timings_still_writes_a_model(profile: Path, tmp_path: Path) -> None:
     out = tmp_path / "model.json"
     r = cli(["fit", profile, "-o", out])
@@ -172,8 +173,8 @@ READER_CASES = ["term-to_json", "coef-str", "provenance-list", "accuracy-list", 
                 "components-list"]
 
 
-@pytest.mark.parametrize("case", [READER_CASES[0], *(pytest.param(c, marks=pytest.mark.slow)
-                                                      for c in READER_CASES[1:])])
+@pytest.mark.slow  # reads the shared profile (an ONNX Runtime profiling run)
+@pytest.mark.parametrize("case", READER_CASES)
 def test_report_and_profile_against_refuse_a_bad_cost_model(case: str, split_plan: Path, profile: Path,
                                                             tmp_path: Path) -> None:
     model = _model_file(tmp_path, case)

@@ -127,6 +127,7 @@ def test_every_reader_refuses_every_broken_file_in_one_line(reader: str, kind: s
     FUZZ_STATS[f"cases:readers-{reader.split('-')[0]}"] += 1
 
 
+@pytest.mark.slow  # reads the shared profile (an ONNX Runtime profiling run)
 def test_the_good_files_pass_the_same_readers(split_plan: Path, profile: Path, tmp_path: Path) -> None:
     """The control: with a real profile, cost model and inputs every reader above succeeds."""
     r = cli(["profile", "--show", profile, "--against", default_model_path()])
