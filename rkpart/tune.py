@@ -518,11 +518,12 @@ def _build_quantized(folder: Path, calib: Path, config: TuneConfig, progress: Ca
     from rkpart.compile.compile import CompileOptions, compile_folder
     from rkpart.compile.precision import plan_precision_spec
     from rkpart.errors import ToolkitError
-    from rkpart.profile.calibrate import write_calibration
+    from rkpart.profile.calibrate import CalibrationOptions, write_calibration
 
     plan, _ = load_plan(folder)
     progress(f"calibrating {folder.name} from its denoising loop")
-    write_calibration(plan, folder, calib, force=True, progress=progress, flags=config.flags, embeds=config.embeds)
+    write_calibration(plan, folder, calib, CalibrationOptions(flags=config.flags, embeds=config.embeds), force=True,
+                      progress=progress)
     # auto's plan: its recorded spec says which stages are int8 (compile reads it); a twin: all of them
     spec = plan_precision_spec(plan)
     opts = CompileOptions(toolkit=_toolkit(config), precision="int8" if spec is None else "fp16",
