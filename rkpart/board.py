@@ -97,8 +97,7 @@ def vae_plan(decoder: Path, *, toolkit: str, target: str, config: JsonObject, bu
     try:
         budget_mib = budget_bytes / 2**20
         progress(f"VAE decoder plan: partitioning {decoder.name} (generic, {budget_mib:.0f} MiB per stage)")
-        partition(decoder, tmp, "generic", budget_mib=budget_mib, toolkit=toolkit, progress=progress,
-                  pipeline=None)
+        partition(decoder, tmp, "generic", budget_mib=budget_mib, toolkit=toolkit, progress=progress)
         opts = CompileOptions(toolkit=toolkit, target=target, config=config, jobs=2, toolkits_dir=toolkits_dir)
         report, _rounds, stuck = compile_repartition(tmp, opts, progress)
         if report.failed:

@@ -28,7 +28,7 @@ from rkpart.grouping.strategies.base import propose_with
 from rkpart.grouping.strategies.families import families
 from rkpart.io import default_cache_dir
 from rkpart.ir import ModelGraph
-from rkpart.plan.write import write_partition
+from rkpart.plan.write import StageFiles, write_partition
 from rkpart.progress import Progress, silent
 from rkpart.targets import get_target
 from rkpart.targets.capability import Capability
@@ -114,7 +114,7 @@ def ground_candidates(mg: ModelGraph, disc: Discovery, toolkit: str, work: Path,
         part = propose_with(get_strategy(fam.strategy), mg, disc, fam.options)
         if capability is not None:
             part = apply_capability(mg, part, capability)
-        plan = write_partition(mg, disc, part, out, force=True, weights="link")
+        plan = write_partition(mg, disc, part, out, force=True, files=StageFiles(weights="link"))
         seen: set[tuple[tuple[str, ...], str]] = set()
         reps = []
         for st in plan.npu_stages:
@@ -183,7 +183,7 @@ def _ground_int8(mg: ModelGraph, disc: Discovery, part: Partition, plan: Plan, f
         if not _reusable_calibration(calib, plan):
             progress(f"auto: {fp16_dir.name}: calibrating the plan for int8 builds (rkpart calibrate, 4 steps, CFG)")
             write_calibration(plan, fp16_dir, calib, force=True, progress=progress)
-        plan8 = write_partition(mg, disc, part, out, force=True, weights="link")
+        plan8 = write_partition(mg, disc, part, out, force=True, files=StageFiles(weights="link"))
         progress(f"auto: {fp16_dir.name}: compiling {len(reps)} representative stage(s) int8 with rknn-toolkit2 "
                  f"{tk.version}")
         rep = compile_plan_report(plan8, out, CompileOptions(tk, stages=tuple(reps), precision="int8",

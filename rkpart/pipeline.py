@@ -49,7 +49,7 @@ from rkpart.ir import ModelGraph, load_model
 from rkpart.plan.extract import DEFAULT_EXTERNAL_THRESHOLD
 from rkpart.plan.plan import Plan
 from rkpart.plan.weights import WeightsMode
-from rkpart.plan.write import prepare_out, write_partition
+from rkpart.plan.write import StageFiles, prepare_out, write_partition
 from rkpart.progress import Progress, silent
 from rkpart.targets import DEFAULT_TARGET, TARGETS
 from rkpart.targets.capability import Capability
@@ -220,10 +220,10 @@ def write_plan(model: LoadedModel, proposal: Proposal, out: str | os.PathLike[st
         from rkpart.runtime.simplify import simplify_stage  # onnxsim and ONNX Runtime: only when asked
 
         simplify = simplify_stage
+    files = StageFiles(weights=config.weights, external_threshold=config.external_threshold, simplify=simplify)
     return write_partition(proposal.graph, proposal.discovery, record_description(proposal.partition, description),
-                           out, force=config.force, input_shapes=model.input_shapes,
-                           external_threshold=config.external_threshold, simplify=simplify, progress=config.progress,
-                           weights=config.weights, attach=description_attacher(description))
+                           out, force=config.force, input_shapes=model.input_shapes, files=files,
+                           progress=config.progress, attach=description_attacher(description))
 
 
 @dataclass(frozen=True)
@@ -260,24 +260,28 @@ def run_partition(opts: PartitionOptions) -> Plan:
     return write_plan(loaded, propose(loaded, strat, opts.config), opts.out, opts.config, description)
 
 
+#: the fields of :class:`PartitionConfig` that :func:`partition` takes as its own keywords
+_PARTITION_KEYWORDS = ("options", "force", "progress", "weights")
+#: former keywords of :func:`partition`, now only fields of its ``config``
+_CONFIG_ONLY = ("external_threshold", "simplify", "pipeline")
+
+
 def partition(
     model: str | os.PathLike[str],
     out: str | os.PathLike[str],
     strategy: str | Strategy = "split",
     *,
     force: bool = False,
-    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
-    simplify: bool = False,
     progress: Progress = silent,
     weights: WeightsMode = "copy",
-    pipeline: str | os.PathLike[str] | None = None,
+    input_shapes: Mapping[str, tuple[int, ...]] | None = None,
+    config: PartitionConfig | None = None,
     **options: Any,
 ) -> Plan:
     """Partition ``model`` with ``strategy`` and write the plan folder ``out``.
 
     The keyword form of :func:`run_partition` (which ``rkpart partition`` calls with one
-    :class:`PartitionOptions`).
+    :class:`PartitionOptions`): the common settings are keywords, the rest is ``config``.
 
     Parameters
     ----------
@@ -289,15 +293,19 @@ def partition(
     strategy:
         ``split``, ``fused``, ``custom``, ``generic``, ``auto``, any registered strategy, or a
         :class:`~rkpart.grouping.strategies.base.Strategy` instance (one not registered as a plugin).
-    simplify:
-        Run onnxsim on every NPU stage, keeping the result only when its outputs equal the
-        original's under ONNX Runtime.
     weights:
         ``copy`` (each stage gets its own data file) or ``link`` (no weights copied: stages
         reference the source's external data, linked into the plan folder).
-    pipeline:
-        The pipeline description (``pipeline.json``) to record in the plan, checked against the
-        model's inputs [default: ``pipeline.json`` beside the model, if there is one].
+    input_shapes:
+        Static shapes for inputs with symbolic dimensions.
+    config:
+        The rarely needed settings (:class:`PartitionConfig`), e.g. ``simplify=True`` (onnxsim
+        on every NPU stage, kept only when its outputs equal the original's under ONNX Runtime),
+        ``external_threshold`` (a stage's weights over this many bytes go to a data file beside
+        it), ``pipeline`` (the ``pipeline.json`` to record in the plan, checked against the
+        model's inputs [default: the one beside the model, if there is one]), ``target``.
+        Its ``options``, ``force``, ``progress`` and ``weights`` are this function's keywords:
+        a ``config`` that sets one is refused (``TypeError``).
     **options:
         Strategy options (``adaln="npu"``, ``blocks_per_stage=2``, ``spec="spec.yaml"`` ...).
         ``toolkit="2.5.0"`` is taken by every strategy: the rknn-toolkit2 version whose capability
@@ -317,12 +325,20 @@ def partition(
     >>> len(plan.npu_stages)  # doctest: +SKIP
     84
     """
+    moved = sorted(set(options) & set(_CONFIG_ONLY))
+    if moved:  # keywords of partition() before it took a config: say where they went, not "unknown option"
+        raise TypeError(f"partition() takes {', '.join(moved)} in config=PartitionConfig(...), not as keyword(s)")
+    base = PartitionConfig() if config is None else config
+    given = [k for k in _PARTITION_KEYWORDS if getattr(base, k) != getattr(PartitionConfig(), k)]
+    if given:
+        raise TypeError(f"partition() takes {', '.join(given)} as keyword(s), not in config")
     toolkit = options.get("toolkit") if strategy == "auto" else options.pop("toolkit", None)
+    if toolkit is not None and base.toolkit is not None:
+        raise TypeError("partition() got toolkit both as a keyword and in config")
     inputs = options.pop("inputs", None)
-    config = PartitionConfig(options=options, force=force, external_threshold=external_threshold,
-                             simplify=simplify, progress=progress, weights=weights, toolkit=toolkit,
-                             pipeline=None if pipeline is None else Path(pipeline))
-    return run_partition(PartitionOptions(Path(model), Path(out), strategy, config, input_shapes,
+    how = dataclasses.replace(base, options=options, force=force, progress=progress, weights=weights,
+                              toolkit=base.toolkit if toolkit is None else toolkit)
+    return run_partition(PartitionOptions(Path(model), Path(out), strategy, how, input_shapes,
                                           Path(inputs) if inputs is not None else None))
 
 

@@ -57,7 +57,7 @@ from rkpart.errors import GateError, UserError
 from rkpart.grouping.strategies.families import Family, families
 from rkpart.io import atomic_write_bytes
 from rkpart.output import claim_work_folder
-from rkpart.pipeline import load, partition
+from rkpart.pipeline import PartitionConfig, load, partition
 from rkpart.plan.plan import Plan, load_plan
 from rkpart.readers import FileKind
 from rkpart.roles import NO_FLAGS, RoleFlags
@@ -303,7 +303,7 @@ def single_plans(model_path: str | Path, work: Path,
         if fam.blocks_per_stage > len(blocks):
             continue
         out = work / "plans" / fam.id
-        partition(model_path, out, fam.strategy, force=True, pipeline=pipeline, **fam.options)
+        partition(model_path, out, fam.strategy, force=True, config=PartitionConfig(pipeline=pipeline), **fam.options)
         plans[fam.id] = out
     return plans, len(blocks), reps
 
@@ -382,7 +382,8 @@ def choose_auto(model_path: str | Path, work: Path, model_file: Path, plans: Map
             opts["compiled"] += [str(p) for p in sorted((work / "precision").glob("*@int8"))]
     if config.max_error_ratio is not None:
         opts["max_error_ratio"] = config.max_error_ratio
-    auto_plan = partition(model_path, auto_dir, "auto", force=True, pipeline=config.pipeline, **opts)
+    auto_plan = partition(model_path, auto_dir, "auto", force=True, config=PartitionConfig(pipeline=config.pipeline),
+                          **opts)
     if _int8_stages(auto_plan):
         _build_quantized(auto_dir, work / "precision" / "auto.calib", config, progress)
     choices = list((auto_plan.strategy.get("options") or {}).get("choices", []))
@@ -517,11 +518,12 @@ def _build_quantized(folder: Path, calib: Path, config: TuneConfig, progress: Ca
     from rkpart.compile.compile import CompileOptions, compile_folder
     from rkpart.compile.precision import plan_precision_spec
     from rkpart.errors import ToolkitError
-    from rkpart.profile.calibrate import write_calibration
+    from rkpart.profile.calibrate import CalibrationOptions, write_calibration
 
     plan, _ = load_plan(folder)
     progress(f"calibrating {folder.name} from its denoising loop")
-    write_calibration(plan, folder, calib, force=True, progress=progress, flags=config.flags, embeds=config.embeds)
+    write_calibration(plan, folder, calib, CalibrationOptions(flags=config.flags, embeds=config.embeds), force=True,
+                      progress=progress)
     # auto's plan: its recorded spec says which stages are int8 (compile reads it); a twin: all of them
     spec = plan_precision_spec(plan)
     opts = CompileOptions(toolkit=_toolkit(config), precision="int8" if spec is None else "fp16",
@@ -555,7 +557,8 @@ def measure_precisions(model_path: str | Path, plans: Mapping[str, Path], work: 
         if fam.strategy not in ("split", "fused"):  # the accuracy families drift measures
             continue
         twin = work / "precision" / f"{name}@int8"
-        partition(model_path, twin, fam.strategy, force=True, pipeline=config.pipeline, **fam.options)
+        partition(model_path, twin, fam.strategy, force=True, config=PartitionConfig(pipeline=config.pipeline),
+                  **fam.options)
         _build_quantized(twin, work / "precision" / f"{name}.calib", config, progress)
         for label, f in ((f"{name}:{folder.name}", folder), (f"{name}[int8]:{twin.name}", twin)):
             plan, _ = load_plan(f)

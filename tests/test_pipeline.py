@@ -37,6 +37,18 @@ def test_the_cli_path_takes_one_frozen_options_object(example_model: Path, tmp_p
     assert said and said[0] == f"loading {example_model}"
 
 
+def test_partition_refuses_a_setting_given_twice_or_where_it_no_longer_goes(example_model: Path,
+                                                                             tmp_path: Path) -> None:
+    # each refused before the model is read: nothing is written
+    with pytest.raises(TypeError, match=r"takes force, weights as keyword\(s\), not in config"):
+        partition(example_model, tmp_path / "a", config=PartitionConfig(force=True, weights="link"))
+    with pytest.raises(TypeError, match=r"toolkit both as a keyword and in config"):
+        partition(example_model, tmp_path / "a", toolkit="2.5.0", config=PartitionConfig(toolkit="2.3.0"))
+    with pytest.raises(TypeError, match=r"takes simplify in config=PartitionConfig\(\.\.\.\)"):
+        partition(example_model, tmp_path / "a", simplify=True)
+    assert not (tmp_path / "a").exists()
+
+
 def test_one_discovery_serves_every_proposal(example_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[ModelGraph] = []
     real = recognizers.discover

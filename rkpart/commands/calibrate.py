@@ -62,13 +62,13 @@ def calibrate(plan: str, out: Path, steps: int, cfg: bool | None, samples: int, 
     from rkpart.compile.calibration import render
     from rkpart.output import claim_output_folder
     from rkpart.plan.plan import load_plan
-    from rkpart.profile.calibrate import write_calibration
+    from rkpart.profile.calibrate import CalibrationOptions, write_calibration
 
     claim_output_folder(out, what="calibration folder", inputs=[plan, inputs])
     p, folder = load_plan(plan)
     with Reporter(quiet=quiet) as say:
-        cal = write_calibration(p, folder, out, steps=steps, cfg=cfg, samples=samples, seed=seed, inputs=inputs,
-                                force=force, progress=say, flags=role_flags, embeds=embeds)
+        opts = CalibrationOptions(steps=steps, cfg=cfg, samples=samples, seed=seed, flags=role_flags, embeds=embeds)
+        cal = write_calibration(p, folder, out, opts, inputs=inputs, force=force, progress=say)
     emit(as_json, lambda: {"folder": str(cal.folder), "sha256": cal.sha256, "plan_sha256": cal.plan_sha256,
                            "source": cal.source, "stages": [s.to_json() for s in cal.stages.values()],
                            "fp16_range": [f.to_json() for f in cal.findings]}, lambda: render(cal))

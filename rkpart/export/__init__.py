@@ -7,7 +7,8 @@ The public API (``docs/export.md``, "Export core: patches and the ONNX check")::
                            exporter="torchscript", dtype="float32")
 
 - :func:`export_module`: patch, export with static shapes, external data when large, check under
-  ONNX Runtime; returns an :class:`ExportResult`.
+  ONNX Runtime; returns an :class:`ExportResult`.  :class:`OnnxOptions` holds its rarely changed
+  settings (opset, output name, the input sets checked, the check itself, the external data threshold).
 - :data:`PATCHES` / :func:`patches_for`: the registry (diffusers class name -> ordered
   :class:`Patch` list) and what applies to one class and exporter; :func:`apply_patches` applies
   and checks them (the export does this itself).
@@ -45,6 +46,7 @@ from rkpart.export.torch_onnx import (
     EXTERNAL_DATA_THRESHOLD,
     ExportResult,
     OnnxCheck,
+    OnnxOptions,
     export_module,
     require_extra,
     source_key,
@@ -61,6 +63,7 @@ __all__ = [
     "Applied",
     "ExportResult",
     "OnnxCheck",
+    "OnnxOptions",
     "Patch",
     "PatchError",
     "Patched",

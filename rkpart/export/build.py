@@ -21,6 +21,7 @@ The steps, each checked before the next:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import json
 import math
@@ -355,8 +356,6 @@ def halve(facts: Facts, transformer: Any, recs: list[Recording]) -> Facts:
     Checked on torch: each row of every recorded batched call, run alone, gives that row of the
     batched output (a transformer that mixes its batch rows cannot be halved).
     """
-    import dataclasses
-
     import torch
 
     from rkpart.export.describe import nest_kwargs, same
@@ -406,9 +405,11 @@ def _onnx_io(path: Path) -> tuple[dict[str, tuple[list[int], str]], list[str]]:
 
 
 def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: list[Recording], opts: ExportOptions,
-             text_len: int, batch: int, onnx_inputs: dict[str, tuple[list[int], str]], output: str,
-             values: dict[str, np.ndarray], patches: Sequence[str]) -> dict[str, Any]:
-    """``pipeline.json`` (docs/pipeline-json.md, version 1)."""
+             onnx_inputs: dict[str, tuple[list[int], str]], output: str, values: dict[str, np.ndarray],
+             patches: Sequence[str]) -> dict[str, Any]:
+    """``pipeline.json`` (docs/pipeline-json.md, version 1).
+
+    ``opts`` as exported: its ``text_len`` and ``batch`` resolved (:func:`export_pipeline`)."""
     import diffusers
 
     sched_cfg = json_safe(_read_json(src / "scheduler" / "scheduler_config.json", "scheduler_config.json"))
@@ -442,7 +443,8 @@ def describe(pipe: Any, src: Path, facts: Facts, post: PostLoop | None, recs: li
         "transformer": {"class": type(pipe.transformer).__name__, "file": TRANSFORMER_FILE, "dtype": opts.dtype,
                         "exporter": opts.exporter, "patches": list(patches)},
         # (B, H, W, 3), or a video's (B, F, H, W, 3): num_frames (null for an image pipeline)
-        "image": {"height": int(image.shape[-3]), "width": int(image.shape[-2]), "text_len": text_len, "batch": batch,
+        "image": {"height": int(image.shape[-3]), "width": int(image.shape[-2]), "text_len": opts.text_len,
+                  "batch": opts.batch,
                   **({"num_frames": int(image.shape[1])} if image.ndim == 5 else {})},
         "inputs": inputs,
         "output": {"name": output, "prediction": _prediction(sched_cfg, sched_cls),
@@ -583,7 +585,7 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
         check_module(vae_module, recs[1])
     errors: dict[str, float] = {}
     with staged_folder(out, kind=KIND, force=opts.force) as staging:
-        from rkpart.export import export_module
+        from rkpart.export import OnnxOptions, export_module
 
         say(f"exporting {type(pipe.transformer).__name__} ({opts.exporter}, {opts.dtype}, batch {batch})")
         # the core's wrapper passes return_dict=False itself
@@ -602,13 +604,13 @@ def export_pipeline(src: str | Path, out: str | Path, opts: ExportOptions,
             latent = recs[1].steps[-1].prev_sample.float()
             with _positive_movedim(), _nearest_exact_upsampling():
                 vres = export_module(vae_module, {"latent": latent}, staging / VAE_FILE, exporter=opts.exporter,
-                                     dtype="float32", output="image", variants=[])
+                                     dtype="float32", options=OnnxOptions(output="image", variants=()))
             errors[VAE_FILE] = _relative(vres)
         # a constant is fed as the graph takes it (float16 ids in a float16 export)
         values = {n: f.value.astype(onnx_inputs[n][1]) for n, f in facts.inputs.items()
                   if f.value is not None and n in onnx_inputs}
-        doc = describe(pipe, src, facts, post, recs, opts, text_len, batch, onnx_inputs, outputs[0], values,
-                       patches)
+        exported = dataclasses.replace(opts, text_len=text_len, batch=batch)
+        doc = describe(pipe, src, facts, post, recs, exported, onnx_inputs, outputs[0], values, patches)
         if values:
             from rkpart.io import write_npz
 

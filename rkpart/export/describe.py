@@ -670,13 +670,13 @@ def _find_combination(recs: Sequence[Recording], mode: str, cond_call: int | Non
         for scale_arg in scales:
             for learned in (False, True):
                 for sign in (1, -1):
+                    how = Combination(mode, cond_call, learned=learned, sign=sign, axis=axis, combine=combine,
+                                      renorm=renorm, cond_first=cond_first, channels=channels)
                     ok = True
                     for r in recs:
                         for s in r.steps:
                             g = float(r.args[scale_arg]) if scale_arg else 1.0
-                            x = combine_outputs([c.output for c in s.calls], mode, cond_call, g, learned, sign, axis,
-                                                combine=combine, renorm=renorm, cond_first=cond_first,
-                                                channels=channels)
+                            x = combine_outputs([c.output for c in s.calls], how, g)
                             if x is None or x.numel() != s.model_output.numel() or not same(
                                     x.to(s.model_output.dtype).reshape(s.model_output.shape), s.model_output,
                                     rtol=1e-4):
@@ -707,14 +707,42 @@ COMBINES: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]]
 RENORMS = ("cond_l2_last_axis",)
 
 
-def combine_outputs(outputs: Sequence[torch.Tensor], mode: str, cond_call: int | None, g: float, learned: bool,
-                    sign: int, axis: int = 1, *, combine: str = STANDARD, renorm: str | None = None,
-                    cond_first: bool = False, channels: int | None = None) -> torch.Tensor | None:
-    """The scheduler's ``model_output`` from a step's transformer outputs, as the description says:
-    the CFG ``combine`` form (on the first ``channels`` channels only, the rest the conditional prediction's),
-    then the ``renorm`` rescale, then the learned-sigma split, then the sign."""
+@dataclass(frozen=True)
+class Combination:
+    """How a step's transformer outputs give the scheduler's ``model_output`` (:func:`combine_outputs`).
+
+    ``mode`` is the CFG mode (``Facts.cfg_mode``); two-pass: ``cond_call`` is the conditional call,
+    batched: ``cond_first`` puts the conditional row first.  ``combine`` (a key of :data:`COMBINES`)
+    applies to the first ``channels`` channels (``None``: all), then the ``renorm`` rescale (one of
+    :data:`RENORMS`), then the learned-sigma split along ``axis`` (``learned``), then the ``sign``.
+    """
+
+    mode: str
+    cond_call: int | None = None
+    learned: bool = False
+    sign: int = 1
+    axis: int = 1
+    combine: str = STANDARD
+    renorm: str | None = None
+    cond_first: bool = False
+    channels: int | None = None
+
+    @classmethod
+    def of(cls, facts: Facts) -> Combination:
+        """The combination ``facts`` describe."""
+        return cls(facts.cfg_mode, facts.cond_call, learned=facts.learned_sigma, sign=facts.sign,
+                   axis=facts.channels_axis, combine=facts.combine, renorm=facts.renorm, cond_first=facts.cond_first,
+                   channels=facts.cfg_channels)
+
+
+def combine_outputs(outputs: Sequence[torch.Tensor], how: Combination, g: float) -> torch.Tensor | None:
+    """The scheduler's ``model_output`` from a step's transformer outputs at guidance scale ``g``, as ``how``
+    says: the CFG ``combine`` form (on the first ``channels`` channels only, the rest the conditional
+    prediction's), then the ``renorm`` rescale, then the learned-sigma split, then the sign; ``None`` when
+    the outputs do not fit ``how``."""
     import torch
 
+    mode, cond_call, axis, channels = how.mode, how.cond_call, how.axis, how.channels
     if mode in ("two-pass", "batched"):
         if mode == "two-pass":
             if len(outputs) != 2 or cond_call is None:
@@ -724,28 +752,28 @@ def combine_outputs(outputs: Sequence[torch.Tensor], mode: str, cond_call: int |
             if len(outputs) != 1 or outputs[0].shape[0] % 2:
                 return None
             uncond, cond = outputs[0].chunk(2)
-            if cond_first:
+            if how.cond_first:
                 cond, uncond = uncond, cond
         if channels is not None:
             if cond.dim() <= axis or cond.shape[axis] <= channels:
                 return None
-            head = COMBINES[combine](cond.narrow(axis, 0, channels), uncond.narrow(axis, 0, channels), g)
+            head = COMBINES[how.combine](cond.narrow(axis, 0, channels), uncond.narrow(axis, 0, channels), g)
             x = torch.cat([head, cond.narrow(axis, channels, cond.shape[axis] - channels)], dim=axis)
         else:
-            x = COMBINES[combine](cond, uncond, g)
-        if renorm == "cond_l2_last_axis":
+            x = COMBINES[how.combine](cond, uncond, g)
+        if how.renorm == "cond_l2_last_axis":
             x = x * (cond.norm(dim=-1, keepdim=True) / x.norm(dim=-1, keepdim=True))
-        elif renorm is not None:
-            raise ValueError(f"unknown renorm {renorm!r}")
+        elif how.renorm is not None:
+            raise ValueError(f"unknown renorm {how.renorm!r}")
     else:
         if len(outputs) != 1:
             return None
         x = outputs[0]
-    if learned:
+    if how.learned:
         if x.dim() <= axis or x.shape[axis] % 2:
             return None
         x = x.chunk(2, dim=axis)[0]
-    return -x if sign < 0 else x
+    return -x if how.sign < 0 else x
 
 
 def _named_rule(recs: Sequence[Recording], arg: str, rules: dict[str, Callable[[int, int], np.ndarray]],
@@ -917,6 +945,7 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
             gen.set_state(rec.generator_state)
         step_kwargs["generator"] = gen
     g = float(rec.args[facts.scale_argument]) if facts.scale_argument else 1.0
+    how = Combination.of(facts)
     for i, t in enumerate(sched.timesteps):
         outs = []
         for feeds in step_inputs(facts, rec.args, latent, t, dtypes):
@@ -927,9 +956,7 @@ def replay(facts: Facts, rec: Recording, transformer: Any, scheduler_cls: Any, s
             from rkpart.export.record import first_output
 
             outs.append(first_output(out))
-        mo = combine_outputs(outs, facts.cfg_mode, facts.cond_call, g, facts.learned_sigma, facts.sign,
-                             facts.channels_axis, combine=facts.combine, renorm=facts.renorm,
-                             cond_first=facts.cond_first, channels=facts.cfg_channels)
+        mo = combine_outputs(outs, how, g)
         assert mo is not None
         latent = sched.step(mo.reshape(latent.shape), t, latent, return_dict=False, **step_kwargs)[0]
         if not same(latent, rec.steps[i].prev_sample, rtol=1e-4):

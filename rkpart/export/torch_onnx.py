@@ -93,7 +93,7 @@ class ExportResult:
     unused: tuple[str, ...]
     output: str
     patches: tuple[Applied, ...]
-    #: None when ``check=False``
+    #: None when ``OnnxOptions.check`` is False
     check: OnnxCheck | None
 
 
@@ -139,11 +139,29 @@ def require_extra(modules: Sequence[str] = ("torch", "onnxscript", "diffusers"))
                         "pip install 'rkpart[export]'")
 
 
+@dataclass(frozen=True)
+class OnnxOptions:
+    """How :func:`export_module` writes and checks the ONNX file, beyond its exporter and dtype (the
+    defaults suit a diffusers transformer)."""
+
+    #: the ONNX opset; None: :data:`DEFAULT_OPSET`
+    opset: int | None = None
+    #: the name of the graph's output
+    output: str = "sample"
+    #: overrides of some inputs, each making one more input set the patches and the export are checked on;
+    #: None: a second value of every attention mask (:func:`~rkpart.export.patches.mask_variants`); ``()``:
+    #: the export inputs only
+    variants: Sequence[Mapping[str, Any]] | None = None
+    #: run the export under ONNX Runtime and compare with torch (:data:`CHECK_TOLERANCES`); False writes the
+    #: export unchecked (exports ONNX Runtime refuses but rkpart loads)
+    check: bool = True
+    #: weights over this many bytes go to ``<path>.data``
+    external_data_threshold: int = EXTERNAL_DATA_THRESHOLD
+
+
 def export_module(model: torch.nn.Module, inputs: Mapping[str, Any], path: str | Path, *,
-                  fixed: Mapping[str, Any] | None = None, exporter: str = "torchscript", opset: int | None = None,
-                  dtype: str = "float32", output: str = "sample",
-                  variants: Sequence[Mapping[str, Any]] | None = None, check: bool = True,
-                  external_data_threshold: int = EXTERNAL_DATA_THRESHOLD,
+                  fixed: Mapping[str, Any] | None = None, exporter: str = "torchscript", dtype: str = "float32",
+                  options: OnnxOptions = OnnxOptions(),
                   progress: Callable[[str], None] | None = None) -> ExportResult:
     """Export ``model`` (a diffusers transformer, any ``torch.nn.Module`` whose ``forward`` takes
     ``**inputs, **fixed, return_dict=False`` and returns the prediction first) to ``path``.
@@ -162,21 +180,11 @@ def export_module(model: torch.nn.Module, inputs: Mapping[str, Any], path: str |
         tables computed once for the static shapes.
     exporter
         ``"torchscript"`` or ``"dynamo"``.
-    opset
-        The ONNX opset; None: :data:`DEFAULT_OPSET`.
     dtype
         ``"float32"`` or ``"float16"`` (weights and floating inputs; see the module docstring).
-    output
-        The name of the graph's output.
-    variants
-        Overrides of some inputs, each making one more input set the patches and the export are
-        checked on; None: a second value of every attention mask
-        (:func:`~rkpart.export.patches.mask_variants`); ``[]``: the export inputs only.
-    check
-        Run the export under ONNX Runtime and compare with torch (:data:`CHECK_TOLERANCES`).
-        False writes the export unchecked (exports ONNX Runtime refuses but rkpart loads).
-    external_data_threshold
-        Weights over this many bytes go to ``<path>.data``.
+    options
+        The opset, the output's name, the input sets checked, whether to check under ONNX Runtime,
+        the external data threshold (:class:`OnnxOptions`).
     progress
         Called with a short message as each step starts.
 
@@ -197,7 +205,7 @@ def export_module(model: torch.nn.Module, inputs: Mapping[str, Any], path: str |
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
     say = progress or (lambda _msg: None)
-    name = type(model).__name__
+    name, output = type(model).__name__, options.output
     path = Path(path)
     # patches are checked, and the reference computed, in float32 even for a float16 / bfloat16 checkpoint:
     # torch's CPU kernels for half types are slow or missing, and it is the float32 function the export
@@ -208,7 +216,7 @@ def export_module(model: torch.nn.Module, inputs: Mapping[str, Any], path: str |
         model = model.float()
     ins, fix = _cast(dict(inputs), torch.float32, halves), _cast(dict(fixed or {}), torch.float32, halves)
     say(f"patching {name}")
-    patched = apply_patches(model, ins, fix, exporter=exporter, variants=variants)
+    patched = apply_patches(model, ins, fix, exporter=exporter, variants=options.variants)
     if dtype == "float16":
         model = model.half()
         ins, fix = _cast(ins, torch.float16), _cast(fix, torch.float16)
@@ -221,10 +229,10 @@ def export_module(model: torch.nn.Module, inputs: Mapping[str, Any], path: str |
         staged = staging / path.name
         say(f"exporting {name} with {exporter}")
         _export(wrapped, tuple(ins.values()), staged, names, output, exporter,
-                DEFAULT_OPSET[exporter] if opset is None else opset, name)
-        staged_data = _external_data(staged, external_data_threshold)
+                DEFAULT_OPSET[exporter] if options.opset is None else options.opset, name)
+        staged_data = _external_data(staged, options.external_data_threshold)
         result_check = None
-        if check:
+        if options.check:
             say("checking the export under ONNX Runtime")
             sets = [{**ins, **_cast(dict(o), ins_dtype)} for o in ({}, *patched.overrides)]
             result_check = _check(staged, path, sets, patched.references, output, exporter, dtype, name,

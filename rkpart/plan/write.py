@@ -69,6 +69,21 @@ def prepare_out(out: Path, force: bool, model: Path | None = None) -> None:
     check_out(out, force, model)
 
 
+@dataclass(frozen=True)
+class StageFiles:
+    """How each stage's files are written (part of the resume key).
+
+    ``weights="link"`` copies no weights: stages reference the source's external data, linked
+    into the plan folder (:mod:`rkpart.plan.weights`).  A stage's weights over
+    ``external_threshold`` bytes go to a data file beside it; ``simplify`` rewrites each NPU
+    stage after extraction.
+    """
+
+    weights: WeightsMode = "copy"
+    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD
+    simplify: StageSimplifier | None = None
+
+
 def write_partition(
     mg: ModelGraph,
     disc: Discovery | None,
@@ -77,23 +92,19 @@ def write_partition(
     *,
     force: bool = False,
     input_shapes: Mapping[str, tuple[int, ...]] | None = None,
-    external_threshold: int = DEFAULT_EXTERNAL_THRESHOLD,
-    simplify: StageSimplifier | None = None,
+    files: StageFiles = StageFiles(),
     progress: Progress = _noop,
-    weights: WeightsMode = "copy",
     attach: Callable[[Path], None] | None = None,
 ) -> Plan:
     """Write ``part`` of ``mg`` as the plan folder ``out`` and return the plan.
 
     ``attach`` adds files to the finished plan before it is swapped into place (the pipeline
-    description, :func:`rkpart.roles.description_attacher`).
-
-    ``weights="link"`` copies no weights: stages reference the source's external data,
-    linked into the plan folder (:mod:`rkpart.plan.weights`).
+    description, :func:`rkpart.roles.description_attacher`).  ``files`` is how each stage's
+    files are written (weights copied or linked, :class:`StageFiles`).
 
     An existing non-empty ``out`` is replaced only with ``force``, and only once the new plan
     is complete.  ``input_shapes`` are the shapes ``mg`` was loaded with (part of the resume
-    key); ``simplify`` rewrites each NPU stage after extraction.
+    key).
 
     Raises
     ------
@@ -115,9 +126,9 @@ def write_partition(
     # content per resumed stage, below: each weight byte is hashed once), the grouping (an
     # edited spec or cost model), options, rkpart version (rkpart.plan.outdir)
     run_key = resume_key(model_path, mg.model, part.strategy, _jsonable(part.options), groups,
-                         external_threshold=external_threshold, simplify=simplify is not None,
+                         external_threshold=files.external_threshold, simplify=files.simplify is not None,
                          input_shapes=input_shapes, model_sha256=model_sha,
-                         variant={**({"weights": weights} if weights != "copy" else {}),
+                         variant={**({"weights": files.weights} if files.weights != "copy" else {}),
                                   **({"specialised": list(mg.specialised)} if mg.specialised else {})})
 
     staging = out.with_name(f".{out.name}.partial")
@@ -130,7 +141,7 @@ def write_partition(
             with _lock_existing(out):
                 recover_folder(out)
                 prepare_out(out, force, model_path)  # again: another run may have finished meanwhile
-                run = _Run(run_key, model_sha, external_threshold, simplify, weights)
+                run = _Run(run_key, model_sha, files)
                 plan = _write_stages(mg, disc, part, groups, staging, run, progress)
                 if attach is not None:
                     attach(staging)
@@ -231,9 +242,7 @@ class _Run:
 
     key: str
     model_sha: str
-    external_threshold: int
-    simplify: StageSimplifier | None
-    weights: WeightsMode
+    files: StageFiles
 
 
 def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, groups: list[Group],
@@ -247,7 +256,7 @@ def _write_stages(mg: ModelGraph, disc: Discovery | None, part: Partition, group
     over, never trusts half a file.
     """
     model_path, run_key, model_sha = mg.path, run.key, run.model_sha
-    external_threshold, simplify, weights = run.external_threshold, run.simplify, run.weights
+    external_threshold, simplify, weights = run.files.external_threshold, run.files.simplify, run.files.weights
     key_file = staging / RUN_KEY_FILE
     old = None
     if key_file.is_file():
@@ -400,4 +409,4 @@ def _jsonable(v: object) -> Any:
     return str(v)
 
 
-__all__ = ["StageSimplifier", "prepare_out", "write_partition"]
+__all__ = ["StageFiles", "StageSimplifier", "prepare_out", "write_partition"]

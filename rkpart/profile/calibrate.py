@@ -36,6 +36,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -253,16 +254,32 @@ def _spread(n: int, k: int) -> list[int]:
     return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)} if k > 1 else {0})
 
 
-def collect(plan: Plan, folder: Path, *, steps: int, cfg: bool | None, samples: int, seed: int,
-            inputs: Sequence[Feeds] | None, guidance: float | None = None,
-            progress: Callable[[str], None] | None = None, flags: RoleFlags = NO_FLAGS,
-            embeds: str | os.PathLike[str] | None = None) -> tuple[_Recorder, str, int, bool]:
-    """Run the loop (or ``inputs``) through ``plan`` with the NPU stages instrumented.
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """How ``rkpart calibrate`` runs the denoising loop it records.
 
-    The loop's roles come from the plan's description, else ``flags``, else the shape rule;
-    ``embeds`` (``--embeds``) gives its conditioning (:mod:`rkpart.roles`).  ``cfg`` ``None``:
-    as the pipeline runs.  Returns the recorder, the source (``denoise``/``inputs``) and the
-    number of loop runs, and whether the unconditional pass ran.
+    ``steps`` per run, the unconditional pass too (``cfg``; ``None``: as the pipeline runs),
+    ``samples`` kept per NPU stage (more seeded runs are made until every stage has them), the
+    ``seed`` of the first run (run ``r`` uses ``seed + r``).  The loop's roles come from the
+    plan's description, else ``flags``, else the shape rule; ``embeds`` (``--embeds``) gives its
+    conditioning (:mod:`rkpart.roles`).
+    """
+
+    steps: int = 4
+    cfg: bool | None = True
+    samples: int = DEFAULT_SAMPLES
+    seed: int = 0
+    flags: RoleFlags = NO_FLAGS
+    embeds: str | os.PathLike[str] | None = None
+
+
+def collect(plan: Plan, folder: Path, opts: CalibrationOptions, *, inputs: Sequence[Feeds] | None,
+            guidance: float | None = None,
+            progress: Callable[[str], None] | None = None) -> tuple[_Recorder, str, int, bool]:
+    """Run the loop ``opts`` describes (or ``inputs``) through ``plan`` with the NPU stages instrumented.
+
+    Returns the recorder, the source (``denoise``/``inputs``) and the number of loop runs, and
+    whether the unconditional pass ran.
     """
     from rkpart.profile.drift import denoise_steps, effective_cfg
     from rkpart.roles import load_embeds, loop_inputs, plan_description, resolve_roles
@@ -276,12 +293,13 @@ def collect(plan: Plan, folder: Path, *, steps: int, cfg: bool | None, samples: 
                 ex.run(feeds)
                 say(f"sample {i + 1}/{len(inputs)} run")
         return backend.rec, "inputs", len(inputs), False
+    steps, samples, seed = opts.steps, opts.samples, opts.seed
     try:
-        roles = resolve_roles(plan, plan_description(plan, folder), flags, progress=say)
+        roles = resolve_roles(plan, plan_description(plan, folder), opts.flags, progress=say)
     except SpecError as e:
         raise SpecError(f"this plan has no denoising loop to calibrate on ({e}); pass --inputs FILE.npz") from None
-    use_cfg = effective_cfg(roles, cfg, say=say)
-    pair = load_embeds(embeds, roles, plan, cfg=use_cfg) if embeds is not None else None
+    use_cfg = effective_cfg(roles, opts.cfg, say=say)
+    pair = load_embeds(opts.embeds, roles, plan, cfg=use_cfg) if opts.embeds is not None else None
     # one run gives each stage steps x passes samples, fewer distinct ones where the passes agree:
     # more seeded runs until every stage has ``samples`` distinct ones (at most twice the runs
     # that would take if the passes always agreed; a stage whose inputs never vary keeps fewer)
@@ -309,18 +327,17 @@ def _stage_dir(index: int, stage_id: str) -> str:
     return stage_id if _SAFE_ID.fullmatch(stage_id) and stage_id not in (".", "..") else f"stage{index:03d}"
 
 
-def write_calibration(plan: Plan, folder: Path, out: Path, *, steps: int = 4, cfg: bool | None = True,
-                      samples: int = DEFAULT_SAMPLES, seed: int = 0,
+def write_calibration(plan: Plan, folder: Path, out: Path, opts: CalibrationOptions = CalibrationOptions(), *,
                       inputs: str | os.PathLike[str] | Sequence[Feeds] | None = None, force: bool = False,
-                      progress: Callable[[str], None] | None = None, flags: RoleFlags = NO_FLAGS,
-                      embeds: str | os.PathLike[str] | None = None) -> Calibration:
+                      progress: Callable[[str], None] | None = None) -> Calibration:
     """``rkpart calibrate``: collect, then write ``out`` through a staging folder and an atomic swap.
 
-    ``inputs``, an .npz file (see :func:`_load_samples`) or model inputs (one dict per sample),
-    replace the denoising loop; ``flags`` and ``embeds`` are :func:`collect`'s.  ``out`` may be
-    replaced (``force``) only if it is a calibration folder itself.
+    ``opts`` is how the denoising loop runs (:class:`CalibrationOptions`); ``inputs``, an .npz file
+    (see :func:`_load_samples`) or model inputs (one dict per sample), replace the loop.  ``out``
+    may be replaced (``force``) only if it is a calibration folder itself.
     """
-    if inputs is not None and embeds is not None:
+    samples = opts.samples
+    if inputs is not None and opts.embeds is not None:
         raise UserError("--embeds gives the denoising loop its conditioning; --inputs replaces the loop: "
                         "give one of them")
     if not MIN_SAMPLES <= samples <= MAX_SAMPLES:
@@ -330,11 +347,10 @@ def write_calibration(plan: Plan, folder: Path, out: Path, *, steps: int = 4, cf
     out = Path(out)
     _check_out(out, force)
     feeds = _load_samples(Path(inputs), plan) if isinstance(inputs, (str, os.PathLike)) else inputs
-    rec, source, _runs, cfg = collect(plan, folder, steps=steps, cfg=cfg, samples=samples, seed=seed,
-                                      inputs=feeds, progress=progress, flags=flags, embeds=embeds)
+    rec, source, _runs, cfg = collect(plan, folder, opts, inputs=feeds, progress=progress)
     # rkpart.output: a staging folder of someone else's files is refused, never emptied
     with staged_folder(out, kind=CALIBRATION_KIND, force=force, problem=_calibration_problem) as staging:
-        entries = _write_tree(plan, staging, rec, source, steps, cfg, seed, samples)
+        entries = _write_tree(plan, staging, rec, source, opts.steps, cfg, opts.seed, samples)
     assert entries  # the plan has NPU stages, so every one of them was recorded
     return load_calibration(out)
 
@@ -429,4 +445,4 @@ def _write_tree(plan: Plan, root: Path, rec: _Recorder, source: str, steps: int,
     return stages
 
 
-__all__ = ["collect", "dataset_feeds", "write_calibration"]
+__all__ = ["CalibrationOptions", "collect", "dataset_feeds", "write_calibration"]

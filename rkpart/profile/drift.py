@@ -142,28 +142,20 @@ class NonFiniteWatch:
 
 
 def denoise_steps(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cfg: bool,
-                  guidance: float | None = None, seed: int = 0, timestep_scale: float = 1000.0,
-                  shift: float = 1.0, roles: InputRoles | None = None,
-                  embeds: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None,
-                  watch: NonFiniteWatch | None = None,
-                  inputs: LoopInputs | None = None) -> Generator[StepResult, None, None]:
+                  guidance: float | None = None, seed: int = 0, shift: float = 1.0,
+                  inputs: LoopInputs | None = None,
+                  watch: NonFiniteWatch | None = None) -> Generator[StepResult, None, None]:
     """The flow-matching Euler loop through ``plan`` (``backend`` for NPU stages; ``None``: ORT),
     one step at a time: only the current step's block outputs are held.
 
-    ``roles`` (default: the plan's description, else the shape rule) and ``embeds`` (the
-    conditional and unconditional pass's inputs from ``--embeds``) decide what each input is
-    fed (:func:`rkpart.roles.loop_inputs`; ``inputs`` gives that directly).  ``guidance`` defaults
-    to the description's, else 4.0.  ``watch`` hears every stage output.
+    ``inputs`` is what each input is fed (:func:`rkpart.roles.loop_inputs`: the roles, the
+    conditioning of ``--embeds``, the timestep scale); default: drawn from ``seed`` with the roles
+    of the plan's description, else the shape rule.  ``guidance`` defaults to the description's,
+    else 4.0.  ``watch`` hears every stage output.
 
     The bundle runner's ``Runner.denoise`` is the same loop (same sigmas, seeding and CFG
     combine; ``rkpart bundle`` records the roles and fixed inputs in its manifest)."""
-    if inputs is None:
-        if roles is None:
-            from rkpart.roles import plan_description
-
-            roles = resolve_roles(plan, plan_description(plan, folder))
-        inputs = loop_inputs(plan, roles, seed=seed, embeds=embeds, guidance=guidance, timestep_scale=timestep_scale)
-    lp = inputs
+    lp = _loop_inputs(plan, folder, seed, guidance) if inputs is None else inputs
     g = lp.guidance_scale if guidance is None else guidance
     x = lp.x0.copy()
     ends = block_outputs(plan)
@@ -195,15 +187,20 @@ def denoise_steps(plan: Plan, folder: Path, *, backend: Backend | None, steps: i
             yield x.copy(), blocks
 
 
+def _loop_inputs(plan: Plan, folder: Path, seed: int, guidance: float | None) -> LoopInputs:
+    """The loop's inputs drawn from ``seed``, with the roles of the plan's description, else the shape rule."""
+    from rkpart.roles import plan_description
+
+    return loop_inputs(plan, resolve_roles(plan, plan_description(plan, folder)), seed=seed, guidance=guidance)
+
+
 def denoise(plan: Plan, folder: Path, *, backend: Backend | None, steps: int, cfg: bool,
-            guidance: float | None = None, seed: int = 0, timestep_scale: float = 1000.0, shift: float = 1.0,
-            roles: InputRoles | None = None,
-            embeds: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None) -> Trajectory:
+            guidance: float | None = None, seed: int = 0, shift: float = 1.0,
+            inputs: LoopInputs | None = None) -> Trajectory:
     """:func:`denoise_steps` run to the end, every step kept."""
     traj = Trajectory([], {})
     for step, (x, blocks) in enumerate(denoise_steps(plan, folder, backend=backend, steps=steps, cfg=cfg,
-                                                     guidance=guidance, seed=seed, timestep_scale=timestep_scale,
-                                                     shift=shift, roles=roles, embeds=embeds)):
+                                                     guidance=guidance, seed=seed, shift=shift, inputs=inputs)):
         traj.latents.append(x)
         traj.blocks.update({(step, kind, block): outs for (kind, block), outs in blocks.items()})
     return traj

@@ -119,11 +119,11 @@ def test_large_weights_go_to_external_data(exporter: str, tmp_path: Path) -> Non
     which ONNX Runtime runs from its final place (below it the model holds them: the other tests' exports)."""
     import onnx
 
-    from rkpart.export import export_module
+    from rkpart.export import OnnxOptions, export_module
 
     model, inputs, fixed = _family("dit")
     res = export_module(model, inputs, tmp_path / "out" / "t.onnx", fixed=fixed, exporter=exporter,
-                        external_data_threshold=4096)
+                        options=OnnxOptions(external_data_threshold=4096))
     assert res.external_data == tmp_path / "out" / "t.onnx.data"
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["t.onnx", "t.onnx.data"]
     proto = onnx.load(str(res.path), load_external_data=False)

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rkpart.pipeline import partition
+from rkpart.pipeline import PartitionConfig, partition
 from tests.hostile.models import assert_user_error, cli, kill_at_last_removal, siblings, snapshot
+
+#: every weight over 64 bytes to a stage data file (the resumed runs below re-check those)
+SMALL_STAGE_DATA = PartitionConfig(external_threshold=64)
 
 
 class _Interrupt(KeyboardInterrupt):
@@ -37,7 +40,7 @@ def test_resume_after_external_weights_changed_rebuilds(tmp_path: Path, ext_copy
     and the plan holds the new weights."""
     out = tmp_path / "out"
     with pytest.raises(_Interrupt):
-        partition(ext_copy, out, "split", external_threshold=64, progress=_interrupt_after(4))
+        partition(ext_copy, out, "split", config=SMALL_STAGE_DATA, progress=_interrupt_after(4))
     assert (tmp_path / ".out.partial" / "stages").is_dir()
     data = _data_files(ext_copy)
     assert data, "the model must have external data"
@@ -45,18 +48,18 @@ def test_resume_after_external_weights_changed_rebuilds(tmp_path: Path, ext_copy
     raw[: len(raw) // 2] = bytes(len(raw) // 2)  # zero half the weights, same size
     data[0].write_bytes(bytes(raw))
     msgs: list[str] = []
-    plan = partition(ext_copy, out, "split", external_threshold=64, progress=msgs.append)
+    plan = partition(ext_copy, out, "split", config=SMALL_STAGE_DATA, progress=msgs.append)
     assert not [m for m in msgs if "(resumed)" in m], msgs
-    fresh = partition(ext_copy, tmp_path / "fresh", "split", external_threshold=64)
+    fresh = partition(ext_copy, tmp_path / "fresh", "split", config=SMALL_STAGE_DATA)
     assert [s.sha256 for s in plan.stages] == [s.sha256 for s in fresh.stages]
 
 
 def test_resume_with_same_content_still_resumes(tmp_path: Path, ext_copy: Path) -> None:
     out = tmp_path / "out"
     with pytest.raises(_Interrupt):
-        partition(ext_copy, out, "split", external_threshold=64, progress=_interrupt_after(4))
+        partition(ext_copy, out, "split", config=SMALL_STAGE_DATA, progress=_interrupt_after(4))
     msgs: list[str] = []
-    partition(ext_copy, out, "split", external_threshold=64, progress=msgs.append)
+    partition(ext_copy, out, "split", config=SMALL_STAGE_DATA, progress=msgs.append)
     assert [m for m in msgs if "(resumed)" in m]
 
 

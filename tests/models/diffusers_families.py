@@ -2039,11 +2039,11 @@ def export_family(name: str, path: str | Path, *, dynamo: bool = False, seed: in
 
     Raises ``KeyError`` for an unknown family and :class:`rkpart.errors.ExportError` when the export fails.
     """
-    from rkpart.export import export_module
+    from rkpart.export import OnnxOptions, export_module
 
     model, inputs, fixed = _prepared(name, seed)
     res = export_module(model, inputs, path, fixed=fixed, exporter="dynamo" if dynamo else "torchscript",
-                        opset=_opset(opset, 18 if dynamo else 17), check=False)
+                        options=OnnxOptions(opset=_opset(opset, 18 if dynamo else 17), check=False))
     del res
     return example_inputs(name, seed)
 

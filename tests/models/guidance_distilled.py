@@ -39,10 +39,10 @@ def _build() -> tuple[Any, dict[str, Any]]:
 
 
 def _export(path: Path) -> None:
-    from rkpart.export import export_module
+    from rkpart.export import OnnxOptions, export_module
 
     model, inputs = _build()
-    export_module(model, inputs, path, exporter="torchscript", opset=17, check=False)
+    export_module(model, inputs, path, exporter="torchscript", options=OnnxOptions(opset=17, check=False))
 
 
 def flux_guidance_export() -> Path:

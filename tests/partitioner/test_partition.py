@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 
-from rkpart.pipeline import partition
+from rkpart.pipeline import PartitionConfig, partition
 from rkpart.plan.plan import Plan, load_plan
 from rkpart.runtime.executor import random_inputs, run_model, run_plan
 from rkpart.validation.metrics import compare
@@ -99,7 +99,7 @@ def test_stages_are_standalone_valid_models(plans):
 
 
 def test_weights_go_to_external_data_above_threshold(tmp_path, example_model):
-    plan = partition(example_model, tmp_path / "p", "split", external_threshold=4096)
+    plan = partition(example_model, tmp_path / "p", "split", config=PartitionConfig(external_threshold=4096))
     stage = next(s for s in plan.npu_stages if s.region == "ffn")
     m = onnx.load(str(tmp_path / "p" / stage.file), load_external_data=False)
     ext = [t for t in m.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
@@ -135,7 +135,7 @@ def test_partition_is_deterministic(tmp_path, example_model):
 
 @pytest.mark.slow
 def test_simplify_keeps_outputs_and_shrinks_graph(tmp_path, example_model, plans):
-    plan = partition(example_model, tmp_path / "p", "split", simplify=True)
+    plan = partition(example_model, tmp_path / "p", "split", config=PartitionConfig(simplify=True))
     base, _ = plans["split"]
     before = {s.id: s.num_nodes for s in base.npu_stages}
     after = {s.id: s.num_nodes for s in plan.npu_stages}

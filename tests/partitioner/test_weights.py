@@ -20,11 +20,14 @@ import onnxruntime as ort
 import pytest
 
 from rkpart.errors import InvalidModelError
-from rkpart.pipeline import partition
+from rkpart.pipeline import PartitionConfig, partition
 from rkpart.plan.extract import stage_sha256
 from rkpart.plan.plan import load_plan
 from rkpart.plan.weights import LINK_DIR, link_one
 from tests.models.anima import AnimaConfig, build_anima_onnx
+
+#: every weight over 64 bytes to a stage data file
+SMALL_STAGE_DATA = PartitionConfig(external_threshold=64)
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +231,7 @@ def test_copy_mode_hashes_each_weight_byte_once(tmp_path: Path, ext_model: Path,
     monkeypatch.setattr(rkpart.io, "hash_file", hash_file)
     monkeypatch.setattr(extract, "write_pieces", write_pieces)
     monkeypatch.setattr(extract, "_hash_pieces", hash_pieces)
-    plan = partition(ext_model, tmp_path / "p", "split", external_threshold=64)
+    plan = partition(ext_model, tmp_path / "p", "split", config=SMALL_STAGE_DATA)
     assert data.name not in whole
     assert sum(rehashed) == 0  # a fresh run re-reads nothing
     own = sum(p.stat().st_size for p in (tmp_path / "p" / "stages").glob("*.onnx.data"))
@@ -249,7 +252,7 @@ def test_resume_rechecks_each_stage_against_its_source_slices(tmp_path: Path, ex
     model = _own_copy(tmp_path, ext_model)
     out = tmp_path / "out"
     with pytest.raises(_Interrupt):
-        partition(model, out, "split", external_threshold=64, progress=_interrupt_after(8))
+        partition(model, out, "split", config=SMALL_STAGE_DATA, progress=_interrupt_after(8))
     import json
 
     journal = (tmp_path / ".out.partial" / "stages" / "done.jsonl").read_text().splitlines()
@@ -259,8 +262,8 @@ def test_resume_rechecks_each_stage_against_its_source_slices(tmp_path: Path, ex
     raw[: len(raw) // 2] = bytes(len(raw) // 2)  # zero half the weights, same size
     data.write_bytes(bytes(raw))
     msgs: list[str] = []
-    plan = partition(model, out, "split", external_threshold=64, progress=msgs.append)
-    fresh = partition(model, tmp_path / "fresh", "split", external_threshold=64)
+    plan = partition(model, out, "split", config=SMALL_STAGE_DATA, progress=msgs.append)
+    fresh = partition(model, tmp_path / "fresh", "split", config=SMALL_STAGE_DATA)
     assert [s.sha256 for s in plan.stages] == [s.sha256 for s in fresh.stages]
     assert _files(out) == _files(tmp_path / "fresh")
     # some finished stages held now-stale weights: they were written again, not resumed
@@ -279,10 +282,10 @@ def test_resume_key_follows_the_data_files_identity(tmp_path: Path, ext_model: P
 
     def resumed_after(change: Callable[[], object]) -> int:
         with pytest.raises(_Interrupt):
-            partition(model, out, "split", force=True, external_threshold=64, progress=_interrupt_after(4))
+            partition(model, out, "split", force=True, config=SMALL_STAGE_DATA, progress=_interrupt_after(4))
         change()
         msgs: list[str] = []
-        partition(model, out, "split", force=True, external_threshold=64, progress=msgs.append)
+        partition(model, out, "split", force=True, config=SMALL_STAGE_DATA, progress=msgs.append)
         return len([m for m in msgs if "(resumed)" in m])
 
     assert resumed_after(lambda: None) > 0

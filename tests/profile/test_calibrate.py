@@ -25,7 +25,7 @@ from rkpart.compile.calibration import RangeStats, fp16_findings, load_calibrati
 from rkpart.compile.precision import load_precision_spec, resolve
 from rkpart.errors import SpecError, UserError
 from rkpart.plan.plan import Plan, Stage, TensorInfo, load_plan
-from rkpart.profile.calibrate import write_calibration
+from rkpart.profile.calibrate import CalibrationOptions, write_calibration
 
 # outside the fast tier: runs the example plan in ONNX Runtime (the fast tier stays under a minute of CPU)
 pytestmark = pytest.mark.slow
@@ -111,7 +111,7 @@ def test_bundled_example_calibrates_in_the_toolkits_dataset_format(plans: dict[s
 def test_stale_or_missing_calibration_is_a_one_line_error(plans: dict[str, tuple[Plan, Path]],
                                                           tmp_path: Path) -> None:
     plan, folder = plans["split"]
-    write_calibration(plan, folder, tmp_path / "cal", samples=2, steps=1)
+    write_calibration(plan, folder, tmp_path / "cal", CalibrationOptions(samples=2, steps=1))
     with pytest.raises(UserError, match=r"needs calibration data: run `rkpart calibrate"):
         resolve(plan, plan.npu_stages, precision="int8")
     ok = resolve(plan, plan.npu_stages, precision="int8", calibration=tmp_path / "cal", algorithm="mmse")

@@ -28,7 +28,7 @@ from rkpart.pipeline import partition
 from rkpart.plan.outdir import plan_folder_problem
 from rkpart.plan.plan import Plan, load_plan
 from rkpart.profile.drift import denoise, drift, nonfinite_rows
-from rkpart.roles import RoleFlags, plan_description, resolve_roles
+from rkpart.roles import RoleFlags, loop_inputs, plan_description, resolve_roles
 from rkpart.runtime.board_runner import flow_sigmas
 from rkpart.runtime.executor import PlanExecutor
 from rkpart.runtime.ort import OrtBackend
@@ -150,8 +150,7 @@ def test_without_a_description_the_tie_is_refused_and_flags_cannot_make_up_ids(
     assert "2 inputs fit the timestep" in loop_record(plan, folder)["error"]
     # flags break the tie, but rkpart does not invent Flux's id grids: the plan needs its pipeline.json
     with pytest.raises(SpecError, match="input 'img_ids' is an id grid / RoPE table"):
-        denoise(plan, folder, backend=None, steps=1, cfg=False,
-                roles=resolve_roles(plan, flags=RoleFlags(timestep="timestep", guidance="guidance")))
+        loop_inputs(plan, resolve_roles(plan, flags=RoleFlags(timestep="timestep", guidance="guidance")))
 
 
 def test_embeds_give_the_loop_its_conditioning_and_a_nan_row_names_its_cause(
