@@ -24,7 +24,6 @@ import numpy as np
 from rkpart.description import PipelineDescription
 from rkpart.errors import SpecError, UserError
 from rkpart.plan.plan import Plan
-from rkpart.runtime.board_runner import PIPELINE_FEATURES
 from rkpart.roles import (
     DEFAULT_GUIDANCE,
     TIMESTEP_SCALE,
@@ -34,6 +33,7 @@ from rkpart.roles import (
     plan_description,
     resolve_roles,
 )
+from rkpart.runtime.board_runner import PIPELINE_FEATURES
 from rkpart.types import JsonObject
 
 #: how the runner draws the loop's inputs: rkpart drift's rule, written out for the board

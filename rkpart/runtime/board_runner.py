@@ -1404,7 +1404,8 @@ class Runner:
             c, u = self.embeds_inputs(embeds, uncond=use_cfg)
         else:
             c, u = {}, {}
-        fills = {n: e["negative_fill"] for n, e in (p.get("embeds") or {}).items() if e.get("negative_fill") is not None}
+        fills = {n: e["negative_fill"] for n, e in (p.get("embeds") or {}).items()
+                 if e.get("negative_fill") is not None}
         drawn = [t for t in d["context"] if t not in c]
         for t in drawn:  # no --embeds: seeded noise, as rkpart drift (no prompt: a check of the loop only)
             info = self.tensors[t]
@@ -1951,9 +1952,10 @@ def bundle_summary(folder: Path) -> str:
         n_npu = sum(1 for s in v.get("stages", []) if s.get("device") == "npu")
         where = f"on the NPU ({n_npu} stage{'s' if n_npu != 1 else ''})" if v.get("device") == "npu" else \
             "on the host CPU (ONNX Runtime)"
-        video = isinstance(p, dict) and p.get("num_frames") is not None
+        frames = p.get("num_frames") if p is not None else None
         lines.append(f"VAE decoder: {v.get('class') or 'vae_decoder.onnx'} {where}; --image-out writes "
-                     + (f"a PNG per frame ({p['num_frames']} frames: <stem>-f0000.png, ...)." if video else "a PNG."))
+                     + (f"a PNG per frame ({frames} frames: <stem>-f0000.png, ...)." if frames is not None
+                        else "a PNG."))
     elif p is not None:
         lines.append("VAE decoder: none (rkpart bundle --vae none, or no vae_decoder.onnx); the loop ends at "
                      "--latent-out.")

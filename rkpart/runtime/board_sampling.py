@@ -1780,6 +1780,6 @@ def retrieve_timesteps(scheduler: Scheduler, num_inference_steps: int | None = N
 
 __all__ = [
     "DEFAULTS", "DIFFUSERS_VERSION", "MU_RULES", "SCHEDULERS", "SCHEDULE_RULES", "NoiseFn", "SamplerError",
-    "Scheduler", "calculate_shift", "flux2_empirical_mu", "make_scheduler", "named_sigmas", "resolve_config", "retrieve_timesteps",
-    "schedule_arguments", "torch_linspace", "unsupported",
+    "Scheduler", "calculate_shift", "flux2_empirical_mu", "make_scheduler", "named_sigmas", "resolve_config",
+    "retrieve_timesteps", "schedule_arguments", "torch_linspace", "unsupported",
 ]

@@ -170,7 +170,7 @@ def test_board_loop_refuses_a_description_feature_it_does_not_implement(tmp_path
     from rkpart.runtime.board_runner import BundleError, _validate_pipeline
     from tests.description.docs import base_doc, flux_guidance_inputs, flux_ids, write
 
-    assert loop_mod.BOARD_FEATURES == FEATURES.keys()
+    assert FEATURES.keys() == loop_mod.BOARD_FEATURES
     loop_mod.check_features(load_description(write(tmp_path / "v1", base_doc(flux_guidance_inputs()), flux_ids())))
     doc = base_doc(flux_guidance_inputs())
     doc["scheduler"]["set_timesteps"].update(mu=None, mu_rule="flux2_empirical", image_seq_len=16)
