@@ -8,8 +8,9 @@ DDPM with v prediction, stochastic: HunyuanDiT, given the noise diffusers' gener
 the same tiny model, the same embeddings and initial ``latents=``, 20 steps and the pipeline's default
 guidance: the bundle's own ``runner.py`` (NPU stages on the ONNX Runtime stand-in) returns the latent of
 ``pipe(..., output_type="latent")`` (cosine >= 0.9999) and the image of ``output_type="np"`` (PSNR >= 35 dB
-over 8-bit pixels).  ``scripts/check_images.py`` runs every exported family; the simulator is
-``test_images_sim.py``.
+over 8-bit pixels).  Flux.2, Z-Image and Wan do the same through ``runner.py``'s command line for the
+features of pipeline.json beyond version 1 as first published (5 of its 9).  ``scripts/check_images.py``
+runs every exported family; the simulator is ``test_images_sim.py``.
 
 Flux, PixArt-Σ and Sana are compiled for real (rknn-toolkit2 2.5.0, ``fused``: one NPU stage per block, builds
 from the build cache after the first run); CogView4, SD3 and HunyuanDiT run every stage on ONNX Runtime (``generic``
