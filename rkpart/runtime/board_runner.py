@@ -1954,7 +1954,8 @@ def bundle_summary(folder: Path) -> str:
             "on the host CPU (ONNX Runtime)"
         frames = p.get("num_frames") if p is not None else None
         lines.append(f"VAE decoder: {v.get('class') or 'vae_decoder.onnx'} {where}; --image-out writes "
-                     + (f"a PNG per frame ({frames} frames: <stem>-f0000.png, ...)." if frames is not None
+                     + (f"a PNG per frame ({frames} frame{'s' if frames != 1 else ''}: <stem>-f0000.png, ...)."
+                        if frames is not None
                         else "a PNG."))
     elif p is not None:
         lines.append("VAE decoder: none (rkpart bundle --vae none, or no vae_decoder.onnx); the loop ends at "
