@@ -176,6 +176,12 @@ def test_board_loop_refuses_a_description_feature_it_does_not_implement(tmp_path
     doc["scheduler"]["set_timesteps"].update(mu=None, mu_rule="flux2_empirical", image_seq_len=16)
     flux2 = load_description(write(tmp_path / "f2", doc, flux_ids()))
     loop_mod.check_features(flux2)
+    # the board's sampler writes Flux.2's mu rule again (it imports nothing from rkpart): the same numbers
+    from rkpart.description import flux2_empirical_mu
+    from rkpart.runtime.board_sampling import MU_RULES
+
+    assert all(MU_RULES["flux2_empirical"](seq, n) == flux2_empirical_mu(seq, n)
+               for seq in (16, 4096, 4301) for n in (1, 20, 50))
     monkeypatch.setattr(loop_mod, "BOARD_FEATURES", loop_mod.BOARD_FEATURES - {
         "scheduler.set_timesteps.mu_rule=flux2_empirical"})
     with pytest.raises(SpecError, match=r"uses scheduler\.set_timesteps\.mu_rule=flux2_empirical, which the board's "
