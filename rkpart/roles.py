@@ -582,8 +582,14 @@ LOOP_FEATURES = frozenset({"image.num_frames", "latent.init=tokens", "scheduler.
 
 def loop_inputs(plan: Plan, roles: InputRoles, *, seed: int = 0,
                 embeds: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = None,
-                guidance: float | None = None, timestep_scale: float = TIMESTEP_SCALE) -> LoopInputs:
+                guidance: float | None = None, timestep_scale: float = TIMESTEP_SCALE,
+                implemented: frozenset[str] | None = LOOP_FEATURES) -> LoopInputs:
     """The inputs of the loop through ``plan`` (see :class:`LoopInputs`).
+
+    ``implemented``: the description features the caller's loop runs as the pipeline does (rkpart's
+    own loop: :data:`LOOP_FEATURES`; a description using another is refused); ``None``: the caller
+    checks them itself (the board's loop, :func:`rkpart.bundle.loop.check_features`), and reads
+    only the roles, fixed inputs and scales of what is returned.
 
     Drawn from ``numpy.random.default_rng(seed)``: the latent first, then each conditioning input
     in the roles' order (standard normal, cast to its dtype) unless ``embeds`` (the conditional
@@ -592,10 +598,10 @@ def loop_inputs(plan: Plan, roles: InputRoles, *, seed: int = 0,
     """
     d = roles.description
     mode = loop_mode(roles)
-    if d is not None:
+    if d is not None and implemented is not None:
         from rkpart.description import features
 
-        missing = sorted(features(d) - LOOP_FEATURES)
+        missing = sorted(features(d) - implemented)
         if any(i.negative_fill not in (None, 0) for i in d.inputs):  # the loop's unconditional default is zeros
             missing.append("inputs.negative_fill (not zeros)")
         if missing:

@@ -1,6 +1,7 @@
-"""The board runner's image against diffusers' own, for every image family ``rkpart export`` takes.
+"""The board runner's image against diffusers' own, for every family ``rkpart export`` takes.
 
-For each family of tests/models/pipelines.py with an image pipeline: ``rkpart export`` (cached), partition
+For each family of tests/models/pipelines.py (image pipelines, then the video ones at one frame, whose
+frames the runner writes one PNG each): ``rkpart export`` (cached), partition
 (``fused``), compile (rknn-toolkit2, ``--toolkit``; the build cache makes reruns fast), ``rkpart bundle``
 with the VAE decoder (``--vae host`` or ``npu``), then the bundle's own runner.py on seeded embeddings and
 ``latents=`` for ``--steps`` steps at the pipeline's default guidance, NPU stages on the ONNX Runtime
@@ -28,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     from tests.models import pipelines as tp
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("families", nargs="*",
-                    help=f"families [default: every image family: {', '.join(im.IMAGE_FAMILIES)}]")
+    every = im.IMAGE_FAMILIES + im.VIDEO_FAMILIES
+    ap.add_argument("families", nargs="*", help=f"families [default: every one: {', '.join(every)}]")
     ap.add_argument("--vae", choices=("host", "npu", "auto"), default="host",
                     help="where the VAE decoder runs (auto: the NPU, the host when its NPU plan fails its gate)")
     ap.add_argument("--sim", action="store_true", help="NPU stages in the rknn-toolkit2 simulator (resident)")
@@ -48,17 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     where = ("rknn-toolkit2 simulator" if args.sim else "ONNX Runtime stand-in" if not args.host
              else "host (no NPU stage)")
     print(f"{args.steps} steps, default guidance, VAE decoder: {args.vae}, NPU stages on the {where}\n")
-    print("| family | pipeline | sampler | CFG | VAE | latent cosine | image PSNR | s |")
-    print("| --- | --- | --- | --- | --- | ---: | ---: | ---: |")
+    print("| family | pipeline | sampler | CFG | features (pipeline.json) | VAE | latent cosine | image PSNR | s |")
+    print("| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |")
     failed = 0
     backend = None
-    for fam in args.families or im.IMAGE_FAMILIES:
+    for fam in args.families or every:
         spec = tp.PIPELINES[fam]
         t0 = time.monotonic()
         try:
             plan = im.compiled_plan(fam, work, tk, args.strategy)
         except UserError as e:
-            print(f"| {fam} | {spec.pipeline} | | | | not exported (exit {e.exit_code}): {e} | | "
+            print(f"| {fam} | {spec.pipeline} | | | | | not exported (exit {e.exit_code}): {e} | | "
                   f"{time.monotonic() - t0:.0f} |", flush=True)
             continue
         try:
@@ -82,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
             m = im.bundle_runner(board).read_manifest(board)
             p = m["denoise"]["pipeline"]
             row = (f"| {fam} | {p['class']} | {p['sampler']['class']} | {m['denoise']['cfg_mode']} | "
-                   f"{m['vae']['device']} | {cos:.7f} | {db:.1f} dB |")
+                   f"{', '.join(p.get('features') or []) or '-'} | {m['vae']['device']} | {cos:.7f} | {db:.1f} dB |")
         except Exception as e:  # noqa: BLE001 - a row of the table, not a crash of the sweep
-            ok, row = False, f"| {fam} | {spec.pipeline} | | | | failed: {type(e).__name__}: {str(e)[:200]} | |"
+            ok, row = False, f"| {fam} | {spec.pipeline} | | | | | failed: {type(e).__name__}: {str(e)[:200]} | |"
         failed += not ok
         print(f"{row} {time.monotonic() - t0:.0f} |", flush=True)
     if backend is not None:

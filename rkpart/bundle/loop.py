@@ -33,6 +33,7 @@ from rkpart.roles import (
     plan_description,
     resolve_roles,
 )
+from rkpart.runtime.board_runner import PIPELINE_FEATURES
 from rkpart.types import JsonObject
 
 #: how the runner draws the loop's inputs: rkpart drift's rule, written out for the board
@@ -72,7 +73,7 @@ def loop_bundle(plan: Plan, folder: str | Path | None = None, *, latent: str | N
         raise UserError(f"{latent!r} cannot be both the latent and the timestep")
     try:
         roles = resolve_roles(plan, description, flags, progress=progress)
-        lp = loop_inputs(plan, roles, guidance=g)
+        lp = loop_inputs(plan, roles, guidance=g, implemented=None)  # check_features below: the board's own
         if description is not None:
             check_features(description)
     except SpecError as e:
@@ -119,9 +120,10 @@ def schedule_rule(description: PipelineDescription) -> str | None:
 
 
 #: features of pipeline.json beyond version 1 as first published (:data:`rkpart.description.FEATURES`) the
-#: board's pipeline loop (``pipeline_record`` -> runner.py) implements; none yet: each is a formula of
-#: docs/pipeline-json.md the runner has to follow before it is listed here
-BOARD_FEATURES: frozenset[str] = frozenset()
+#: board's pipeline loop (``pipeline_record`` -> runner.py) implements: the runner's own list, since the runner
+#: refuses a loop record naming one it does not know (each is checked against diffusers by
+#: scripts/check_images.py)
+BOARD_FEATURES: frozenset[str] = PIPELINE_FEATURES
 
 
 def check_features(description: PipelineDescription) -> None:
@@ -162,6 +164,16 @@ def check_sampler(description: PipelineDescription) -> None:
                         f"{', '.join(refused)} (docs/samplers.md)")
 
 
+def loop_latent_shape(description: PipelineDescription) -> tuple[int, ...]:
+    """The shape of the loop's latent, and so of the final latent ``pipe(..., output_type="latent")``
+    returns and ``vae_decoder.onnx`` takes: ``latents=``'s, or as tokens under ``latent.init`` ``tokens``
+    (Flux.2: ``(B, C, *positions)`` -> ``(B, prod(positions), C)``)."""
+    shape = tuple(description.latent.shape)
+    if description.latent.init == "tokens":
+        return (shape[0], int(np.prod(shape[2:])), shape[1])
+    return shape
+
+
 def pipeline_record(description: PipelineDescription, plan: Plan, latent: str) -> JsonObject:
     """The loop record's ``pipeline``: what ``runner.py`` needs of ``pipeline.json`` to run the
     pipeline's own loop (its sampler, schedule, timestep rule, latent and call arguments).
@@ -172,26 +184,40 @@ def pipeline_record(description: PipelineDescription, plan: Plan, latent: str) -
         The scheduler or its schedule is one the board's sampler does not reproduce, or the call's
         ``latents=`` is not the model's latent input.
     """
+    from rkpart.description import features
+
     d = description
     check_sampler(d)
     rule = schedule_rule(d)
     batched = d.cfg.mode == "batched"
     lat_in = tuple(plan.tensors[latent].shape)
     loop_shape = half_shape(lat_in) if batched else lat_in
-    if tuple(d.latent.shape) != loop_shape:
+    shape = loop_latent_shape(d)
+    # the model input may hold the loop latent with an axis of one the pipeline adds (Z-Image's frame axis)
+    if tuple(n for n in shape if n != 1) != tuple(n for n in loop_shape if n != 1):
         raise UserError(f"the pipeline's latents= is {list(d.latent.shape)}, its transformer's latent input "
                         f"{list(lat_in)}: the pipeline reshapes between them, which the board's loop does not")
     fixed_roles = ("latent", "timestep", "guidance")
+    embeds: JsonObject = {}
+    for i in d.inputs:
+        if i.value is None and i.role not in fixed_roles and (i.argument or i.negative_argument):
+            embeds[i.name] = {"argument": i.argument, "negative_argument": i.negative_argument,
+                              **({"negative_fill": i.negative_fill} if i.negative_fill is not None else {}),
+                              **({"append_valid": i.append_valid} if i.append_valid else {})}
+    s = d.scheduler
     return {
         "class": d.pipeline_class, "transformer": d.transformer.class_name,
-        "sampler": {"class": d.scheduler.class_name, "config": dict(d.scheduler.config), "rule": rule,
-                    "mu": d.scheduler.mu},
+        "features": sorted(features(d)),
+        "sampler": {"class": s.class_name, "config": dict(s.config), "rule": rule, "mu": s.mu,
+                    **({"mu_rule": s.mu_rule, "image_seq_len": s.image_seq_len} if s.mu_rule is not None else {})},
         "timestep": {"scale": d.timestep.scale, "offset": d.timestep.offset},
         "latent": {"shape": list(d.latent.shape), "dtype": d.latent.dtype, "init": d.latent.init,
                    "packing": d.latent.packing},
         "prediction": d.output.prediction,
-        "embeds": {i.name: {"argument": i.argument, "negative_argument": i.negative_argument} for i in d.inputs
-                   if i.value is None and i.role not in fixed_roles and (i.argument or i.negative_argument)},
+        "embeds": embeds,
+        "cfg": {"combine": d.cfg.combine, "renorm": d.cfg.renorm, "batch_order": d.cfg.batch_order,
+                "channels": d.cfg.channels},
+        "num_frames": d.image.num_frames,
         "guidance_scale": d.cfg.guidance_scale, "scale_argument": d.cfg.scale_argument,
     }
 
@@ -204,5 +230,5 @@ def loop_record(plan: Plan, folder: str | Path | None = None, *, latent: str | N
                        guidance_input=guidance_input, guidance=guidance, shift=shift, cfg_parallel=cfg_parallel)[0]
 
 
-__all__ = ["LOOP_INPUTS", "SCHEDULE_RULES", "SEEDING", "check_sampler", "loop_bundle", "loop_record",
-           "pipeline_record", "schedule_rule"]
+__all__ = ["BOARD_FEATURES", "LOOP_INPUTS", "SCHEDULE_RULES", "SEEDING", "check_features", "check_sampler",
+           "loop_bundle", "loop_latent_shape", "loop_record", "pipeline_record", "schedule_rule"]

@@ -97,9 +97,12 @@ def check_decoder(path: Path, description: PipelineDescription) -> tuple[str, st
         raise SpecError(f"VAE decoder {path} has inputs {list(ins)} and outputs {list(outs)}; rkpart export writes "
                         "one input (the final latent) and one output (the image)")
     (iname, (idt, ishape)), (oname, (_odt, oshape)) = next(iter(ins.items())), next(iter(outs.items()))
-    if tuple(ishape) != tuple(description.latent.shape) or idt not in ("float32", "float16"):
+    from rkpart.bundle.loop import loop_latent_shape
+
+    final = loop_latent_shape(description)  # Flux.2's latents= is patchified, its final latent tokens
+    if tuple(ishape) != final or idt not in ("float32", "float16"):
         raise SpecError(f"VAE decoder {path} takes {idt} {ishape}; the pipeline's final latent is "
-                        f"{description.latent.dtype} {list(description.latent.shape)}")
+                        f"{description.latent.dtype} {list(final)}")
     want = tuple(description.vae.image_shape)
     if len(oshape) != len(want) or any(o not in (-1, w) for o, w in zip(oshape, want, strict=True)):
         raise SpecError(f"VAE decoder {path} gives {oshape}; pipeline.json says the image is {list(want)}")

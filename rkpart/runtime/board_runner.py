@@ -112,11 +112,30 @@ NUMBER_RANGES: dict[str, tuple[float, float]] = {
     "min_cosine": (-1.0, 1.0), "max_abs_rel": (0.0, 1000.0), "guidance": (-1000.0, 1000.0),
     "shift": (1e-3, 1e3), "timestep_scale": (1e-3, 1e6), "timestep_offset": (-1e6, 1e6),
     "guidance_input_scale": (-1e6, 1e6), "pipeline_timestep_scale": (1e-9, 1e9), "mu": (-1e3, 1e3),
+    "negative_fill": (-1e9, 1e9),
 }
 #: how the loop's record says the pipeline guides (``rkpart.description`` ``cfg.mode``): a
 #: conditional and an unconditional call, one call on the [uncond, cond] pair, the guidance fed
 #: as an input, or none
 CFG_MODES = ("two-pass", "batched", "distilled", "none")
+
+
+#: the features of pipeline.json beyond version 1 as first published (``rkpart.description.FEATURES``,
+#: docs/pipeline-json.md "Features") this runner's pipeline loop implements as the pipeline does; the loop
+#: record lists the ones its description uses (``denoise.pipeline.features``) and the runner refuses a
+#: record naming another, rather than run another loop than the pipeline's
+PIPELINE_FEATURES = frozenset({
+    "cfg.combine=cond + g * (cond - uncond)", "cfg.renorm=cond_l2_last_axis", "cfg.batch_order=cond,uncond",
+    "cfg.channels", "inputs.negative_fill", "inputs.append_valid", "scheduler.set_timesteps.mu_rule=flux2_empirical",
+    "image.num_frames", "latent.init=tokens",
+})
+#: ``cfg.combine``: the CFG combination of the conditional and unconditional outputs at scale ``g``, by the
+#: prediction it starts from
+COMBINES = {"uncond + g * (cond - uncond)": "uncond", "cond + g * (cond - uncond)": "cond"}
+#: ``set_timesteps.mu_rule`` names (``sampling.MU_RULES`` computes each)
+MU_RULES = ("flux2_empirical",)
+#: how a PNG of a video frame is named: ``<stem>-f<frame><suffix>`` (zero-padded: a glob sorts the frames)
+FRAME_NAME = "{stem}-f{frame:04d}{suffix}"
 
 
 #: numbers whose range is that of their magnitude: a reversed timestep (Z-Image: ``1 - t / 1000``)
@@ -628,9 +647,36 @@ def _validate_pipeline(p: JsonMap, tensors: JsonMap) -> None:
         raise BundleError(f"manifest: denoise.pipeline.latent.shape {shape[:17]} is not a tensor shape")
     if lat.get("dtype") not in ("float16", "float32", "float64"):
         raise BundleError(f"manifest: denoise.pipeline.latent.dtype {repr(lat.get('dtype'))[:40]} is not a float")
-    if lat.get("init", "identity") not in ("identity", "init_noise_sigma"):
-        raise BundleError(f"manifest: denoise.pipeline.latent.init {repr(lat.get('init'))[:40]} is not identity or "
-                          "init_noise_sigma")
+    if lat.get("init", "identity") not in ("identity", "init_noise_sigma", "tokens"):
+        raise BundleError(f"manifest: denoise.pipeline.latent.init {repr(lat.get('init'))[:40]} is not identity, "
+                          "init_noise_sigma or tokens")
+    if lat.get("init") == "tokens" and len(shape) < 3:
+        raise BundleError(f"manifest: denoise.pipeline.latent.init tokens needs a (B, C, *positions) shape, not "
+                          f"{shape}")
+    used = _list(p.get("features") or [], "denoise.pipeline.features")
+    unknown = sorted(str(f)[:80] for f in used if f not in PIPELINE_FEATURES)
+    if unknown:
+        raise BundleError(f"manifest: the pipeline's loop uses {', '.join(unknown)}, which this runner does not "
+                          "implement (docs/pipeline-json.md, Features)")
+    if smp.get("mu_rule") is not None:
+        if smp["mu_rule"] not in MU_RULES:
+            raise BundleError(f"manifest: denoise.pipeline.sampler.mu_rule {repr(smp['mu_rule'])[:40]} is not one of "
+                              f"{', '.join(MU_RULES)}")
+        _int(smp.get("image_seq_len"), "denoise.pipeline.sampler.image_seq_len", 1, MAX_TENSOR_ELEMENTS)
+    cfg = _obj(p.get("cfg") or {}, "denoise.pipeline.cfg")
+    if cfg.get("combine") is not None and cfg["combine"] not in COMBINES:
+        raise BundleError(f"manifest: denoise.pipeline.cfg.combine {repr(cfg['combine'])[:60]} is not one of "
+                          f"{', '.join(COMBINES)}")
+    if cfg.get("renorm") not in (None, "cond_l2_last_axis"):
+        raise BundleError(f"manifest: denoise.pipeline.cfg.renorm {repr(cfg['renorm'])[:40]} is not "
+                          "cond_l2_last_axis or null")
+    if cfg.get("batch_order", "uncond,cond") not in ("uncond,cond", "cond,uncond"):
+        raise BundleError(f"manifest: denoise.pipeline.cfg.batch_order {repr(cfg['batch_order'])[:40]} is not "
+                          "uncond,cond or cond,uncond")
+    if cfg.get("channels") is not None:
+        _int(cfg["channels"], "denoise.pipeline.cfg.channels", 1, MAX_TENSOR_ELEMENTS)
+    if p.get("num_frames") is not None:
+        _int(p["num_frames"], "denoise.pipeline.num_frames", 1, MAX_TENSOR_ELEMENTS)
     for name, e in _obj(p.get("embeds") or {}, "denoise.pipeline.embeds").items():
         if name not in tensors:
             raise BundleError(f"manifest: denoise.pipeline.embeds input {name!r} has no entry in 'tensors'")
@@ -638,6 +684,15 @@ def _validate_pipeline(p: JsonMap, tensors: JsonMap) -> None:
         for k in ("argument", "negative_argument"):
             if e.get(k) is not None:
                 _name(e[k], f"denoise.pipeline.embeds[{name!r}].{k}")
+        if e.get("negative_fill") is not None:
+            check_number(e["negative_fill"], "negative_fill", f"manifest: denoise.pipeline.embeds[{name!r}]."
+                                                              "negative_fill")
+        n_valid = _int(e.get("append_valid", 0), f"denoise.pipeline.embeds[{name!r}].append_valid", 0,
+                       MAX_TENSOR_ELEMENTS)
+        tshape = tensors[name]["shape"]
+        if n_valid and (not tshape or tshape[-1] <= n_valid):
+            raise BundleError(f"manifest: denoise.pipeline.embeds[{name!r}] appends {n_valid} valid positions to an "
+                              f"input of shape {tshape}")
     if p.get("guidance_scale") is not None:
         check_number(p["guidance_scale"], "guidance", "manifest: denoise.pipeline.guidance_scale")
 
@@ -1198,7 +1253,10 @@ class Runner:
         sched = self.scheduler()
         smp = p["sampler"]
         try:
-            ts, _ = bs.retrieve_timesteps(sched, steps, rule=smp.get("rule"), mu=smp.get("mu"))
+            mu = smp.get("mu")
+            if smp.get("mu_rule") is not None:  # mu of the step count (Flux.2): the pipeline computes it per call
+                mu = bs.MU_RULES[smp["mu_rule"]](int(smp["image_seq_len"]), steps)
+            ts, _ = bs.retrieve_timesteps(sched, steps, rule=smp.get("rule"), mu=mu)
         except bs.SamplerError as e:
             raise BundleError(f"the pipeline's sampler at {steps} steps: {e}") from None
         return sched, np.asarray(ts)
@@ -1228,7 +1286,10 @@ class Runner:
                       keys: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The model inputs the call arguments ``arrays`` give, per pass: each input the record maps
         takes its ``argument`` in the conditional pass and its ``negative_argument`` in the
-        unconditional one (``uncond``: that pass runs).  Under ``batched`` an argument holds one row.
+        unconditional one (``uncond``: that pass runs), or there its argument's shape filled with its
+        ``negative_fill`` (CogView3-Plus' zeros, DiT's null class); an input with ``append_valid`` is
+        its argument extended with that many ones on the last axis (Chroma's mask: the image tokens).
+        Under ``batched`` an argument holds one row.
 
         Raises :class:`BundleError` (one line) for a missing key, another shape, a dtype of another
         kind, or NaN/Inf values."""
@@ -1238,20 +1299,28 @@ class Runner:
         out: dict[str, dict[str, np.ndarray]] = {"cond": {}, "uncond": {}}
         shown = keys if keys is not None else (", ".join(sorted(arrays)) or "none")
         for name, e in sorted((p.get("embeds") or {}).items()):
+            info = self.tensors[name]
+            want = np.dtype(info["dtype"])
+            shape = tuple(info["shape"])
+            shape = (shape[0] // 2, *shape[1:]) if batched else shape
+            n_valid = int(e.get("append_valid") or 0)
+            arg_shape = (*shape[:-1], shape[-1] - n_valid) if n_valid else shape
+            fill = e.get("negative_fill")
             for which, arg in (("cond", e.get("argument")), ("uncond", e.get("negative_argument"))):
+                if which == "uncond" and uncond and fill is not None:
+                    out[which][name] = _append_valid(np.full(arg_shape, fill, want), n_valid)
+                    continue
                 if arg is None or (which == "uncond" and not uncond):
                     continue
                 if arg not in arrays and roles.get(name) == "attention_mask":
                     continue  # as the pipelines do without the argument: every token valid (the fixed ones)
                 if arg not in arrays:
                     raise BundleError(f"{what} has no {arg!r} (input {name!r}, {which} pass; its keys: {shown})")
-                a, info = np.asarray(arrays[arg]), self.tensors[name]
-                shape = tuple(info["shape"])
-                shape = (shape[0] // 2, *shape[1:]) if batched else shape
-                if tuple(a.shape) != shape:
-                    raise BundleError(f"{what}: {arg!r} is {list(a.shape)}; input {name!r} takes {list(shape)}"
-                                      + (" (one row of its batch-2 CFG pair)" if batched else ""))
-                want = np.dtype(info["dtype"])
+                a = np.asarray(arrays[arg])
+                if tuple(a.shape) != arg_shape:
+                    raise BundleError(f"{what}: {arg!r} is {list(a.shape)}; input {name!r} takes {list(arg_shape)}"
+                                      + (" (one row of its batch-2 CFG pair)" if batched else "")
+                                      + (f" and appends {n_valid} valid positions" if n_valid else ""))
                 mask = roles.get(name) == "attention_mask"
                 ok = a.dtype == want or (a.dtype.kind == want.kind == "f") or (
                     mask and a.dtype.kind in "biuf" and want.kind in "biuf")
@@ -1259,7 +1328,7 @@ class Runner:
                     raise BundleError(f"{what}: {arg!r} is {a.dtype}; input {name!r} takes {want}")
                 if a.dtype.kind == "f" and not np.isfinite(a).all():
                     raise BundleError(f"{what}: {arg!r} holds NaN/Inf values")
-                out[which][name] = a.astype(want, copy=False)
+                out[which][name] = _append_valid(a.astype(want, copy=False), n_valid)
         return out["cond"], out["uncond"]
 
     def initial_latent(self, latents: object, rng: np.random.Generator) -> np.ndarray:
@@ -1320,9 +1389,14 @@ class Runner:
         lat_name, ts_name, out_name = d["latent"], d["timestep"], d.get("output") or self.outputs[0]
         g_name = d.get("guidance_input")
         batched = mode == "batched"
+        cfg_rec: JsonMap = p.get("cfg") or {}
+        cond_first = cfg_rec.get("batch_order") == "cond,uncond"  # Lumina-Next, Z-Image, DiT: [cond, uncond]
         rng = np.random.default_rng(seed)
         x = self.initial_latent(latents, rng)
-        if tuple(x.shape) != self._loop_shape(lat_name, batched):
+        if p["latent"].get("init") == "tokens":  # Flux.2: (B, C, *positions) -> row-major tokens (B, N, C)
+            x = np.ascontiguousarray(x.reshape(*x.shape[:2], -1).transpose(0, 2, 1))
+        in_shape = self._loop_shape(lat_name, batched)
+        if _squeezed(x.shape) != _squeezed(in_shape):
             raise BundleError(f"the pipeline's latents= {list(x.shape)} is not the model's latent input "
                               f"{self.tensors[lat_name]['shape']}; rkpart's loop cannot step it")
         fixed = self.loop_fixed()
@@ -1330,13 +1404,15 @@ class Runner:
             c, u = self.embeds_inputs(embeds, uncond=use_cfg)
         else:
             c, u = {}, {}
+        fills = {n: e["negative_fill"] for n, e in (p.get("embeds") or {}).items()
+                 if e.get("negative_fill") is not None}
         drawn = [t for t in d["context"] if t not in c]
         for t in drawn:  # no --embeds: seeded noise, as rkpart drift (no prompt: a check of the loop only)
             info = self.tensors[t]
             shape = tuple(info["shape"])
             c[t] = rng.standard_normal((shape[0] // 2, *shape[1:]) if batched else shape).astype(info["dtype"])
             if t not in u:
-                u[t] = np.zeros_like(c[t])
+                u[t] = np.full_like(c[t], fills[t]) if t in fills else np.zeros_like(c[t])
         if not use_cfg:
             u = dict(c)  # the pair's unconditional row (batched) is never read
         noise = step_noise_fn(step_noise, rng)
@@ -1344,8 +1420,8 @@ class Runner:
             x = (x * np.float32(sched.init_noise_sigma)).astype(x.dtype)
         lat_dtype = np.dtype(self.tensors[lat_name]["dtype"])
 
-        def model_output(a: np.ndarray) -> np.ndarray:
-            return np.asarray(a, dtype=np.float32)
+        def pair(cond: np.ndarray, uncond: np.ndarray) -> np.ndarray:
+            return np.concatenate([cond, uncond] if cond_first else [uncond, cond])
 
         self.step_timings = []
         self.open()
@@ -1357,26 +1433,26 @@ class Runner:
             if g_name is not None:
                 gi = self.tensors[g_name]
                 common[g_name] = np.full(tuple(gi["shape"]), g * gscale, dtype=np.dtype(gi["dtype"]))
-            xin = x.astype(lat_dtype, copy=False)
+            # the latent as the model input holds it (Z-Image's added frame axis: the same values)
+            xin = x.astype(lat_dtype, copy=False).reshape(in_shape)
             if batched:
-                feeds = [{**common, lat_name: np.concatenate([xin, xin]),
-                          **{n: np.concatenate([u[n], c[n]]) for n in c}}]
+                feeds = [{**common, lat_name: np.concatenate([xin, xin]), **{n: pair(c[n], u[n]) for n in c}}]
             else:
                 feeds = [{**common, lat_name: xin, **c}] + ([{**common, lat_name: xin, **u}] if use_cfg else [])
             outs = self.run_passes(feeds)
-            with np.errstate(over="ignore", invalid="ignore"):
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                 if batched:
-                    vu, vc = np.split(model_output(outs[0][out_name]), 2)
-                    v = vu + np.float32(g) * (vc - vu) if use_cfg else vc
+                    first, second = np.split(np.asarray(outs[0][out_name], dtype=np.float32), 2)
+                    vc, vu = (first, second) if cond_first else (second, first)
                 else:
-                    v = model_output(outs[0][out_name])
-                    if use_cfg:
-                        vu = model_output(outs[1][out_name])
-                        v = vu + np.float32(g) * (v - vu)
+                    vc = np.asarray(outs[0][out_name], dtype=np.float32)
+                    vu = np.asarray(outs[1][out_name], dtype=np.float32) if use_cfg else vc
+                v = cfg_combine(vc, vu, g, cfg_rec, axis) if use_cfg else vc
                 if learned:
                     v = np.split(v, 2, axis=axis)[0]
                 if sign != 1:
                     v = v * np.float32(sign)
+            v = v.reshape(x.shape)  # a singleton axis of the output is not the latent's
             bs = sampling_module(self.folder)
             try:
                 x = np.asarray(sched.step(v, t, x, generator_noise=noise))
@@ -1413,8 +1489,9 @@ class Runner:
         return self._vae
 
     def decode(self, latent: object) -> np.ndarray:
-        """The image (NCHW float32 in [0, 1], what ``output_type="np"`` returns, transposed) of the
-        final latent, by the bundle's VAE decoder (the pipeline's whole post-loop path)."""
+        """The image (NCHW float32 in [0, 1], what ``output_type="np"`` returns, transposed; a video
+        pipeline's frames NCFHW) of the final latent, by the bundle's VAE decoder (the pipeline's whole
+        post-loop path)."""
         vae = self.vae_runner()
         name = vae.inputs[0]
         info = vae.tensors[name]
@@ -1457,6 +1534,34 @@ class Runner:
                                   f"{info['dtype']} {shape}")
             out[t] = a.astype(np.dtype(info["dtype"]), copy=False)
         return out
+
+
+def _append_valid(a: np.ndarray, n: int) -> np.ndarray:
+    """``a`` extended with ``n`` ones (valid positions) on its last axis (pipeline.json ``append_valid``)."""
+    return a if not n else np.concatenate([a, np.ones((*a.shape[:-1], n), a.dtype)], axis=-1)
+
+
+def _squeezed(shape: Sequence[int]) -> tuple[int, ...]:
+    """``shape`` without its axes of one: a latent and a model input that holds it with a singleton axis
+    the pipeline adds (Z-Image's frame axis) are the same values."""
+    return tuple(int(n) for n in shape if n != 1)
+
+
+def cfg_combine(cond: np.ndarray, uncond: np.ndarray, g: float, cfg: JsonMap, axis: int) -> np.ndarray:
+    """The CFG combination of the conditional and unconditional outputs (float32, as the model returns
+    them) as the loop record's ``cfg`` says (docs/pipeline-json.md, ``cfg``): ``combine`` (from
+    ``uncond`` or from ``cond``), then ``renorm`` (``cond_l2_last_axis``: rescaled to ``cond``'s L2 norm
+    over the last axis), on the first ``channels`` channels of ``axis`` only (the rest ``cond``'s)."""
+    k = cfg.get("channels")
+    if k is not None and k < cond.shape[axis]:
+        head = cfg_combine(np.take(cond, range(k), axis=axis), np.take(uncond, range(k), axis=axis), g,
+                           {**cfg, "channels": None}, axis)
+        return np.concatenate([head, np.take(cond, range(k, cond.shape[axis]), axis=axis)], axis=axis)
+    base = cond if COMBINES[cfg.get("combine") or "uncond + g * (cond - uncond)"] == "cond" else uncond
+    x = base + np.float32(g) * (cond - uncond)
+    if cfg.get("renorm") == "cond_l2_last_axis":
+        x = x * (np.linalg.norm(cond, axis=-1, keepdims=True) / np.linalg.norm(x, axis=-1, keepdims=True))
+    return np.asarray(x, dtype=np.float32)
 
 
 def json_numbers(v: object) -> Any:
@@ -1535,18 +1640,31 @@ def png_bytes(image: np.ndarray) -> bytes:
 
 
 def image_pixels(image: np.ndarray) -> list[np.ndarray]:
-    """The 8-bit pixels of each image of a decoder output (NCHW in [0, 1]; NCFHW with one frame), as
-    diffusers' ``numpy_to_pil`` makes them: ``round(x * 255)``."""
+    """The 8-bit pixels of each image of a decoder output, as diffusers' ``numpy_to_pil`` makes them
+    (``round(x * 255)``): HWC for an image (NCHW in [0, 1]), FHWC for a video's frames (NCFHW: what
+    ``output_type="np"`` returns as ``frames``, axes moved)."""
     a = np.asarray(image, dtype=np.float32)
-    if a.ndim == 5:
-        if a.shape[2] != 1:
-            raise BundleError(f"the decoder gave {a.shape[2]} frames; the runner writes one PNG per image")
-        a = a[:, :, 0]
-    if a.ndim != 4:
-        raise BundleError(f"the decoder gave an image of shape {list(a.shape)}, not NCHW")
+    if a.ndim not in (4, 5):
+        raise BundleError(f"the decoder gave an image of shape {list(a.shape)}, not NCHW or NCFHW")
     if not np.isfinite(a).all():
         raise BundleError("the decoded image holds NaN/Inf values")
-    return [np.round(np.clip(x.transpose(1, 2, 0), 0.0, 1.0) * 255.0).astype(np.uint8) for x in a]
+    return [np.round(np.clip(np.moveaxis(x, 0, -1), 0.0, 1.0) * 255.0).astype(np.uint8) for x in a]
+
+
+def image_files(path: Path, pixels: Sequence[np.ndarray]) -> list[tuple[Path, np.ndarray]]:
+    """Where ``--image-out PATH`` puts each picture of :func:`image_pixels`: ``PATH`` for one image,
+    ``<stem>-<i><suffix>`` for several; a video's frames one PNG each, ``<stem>-f<frame><suffix>``
+    (``<stem>-<i>-f<frame><suffix>`` for several videos; :data:`FRAME_NAME`), even for one frame: a
+    video's file names do not change with its frame count."""
+    out: list[tuple[Path, np.ndarray]] = []
+    for i, px in enumerate(pixels):
+        stem = path.stem if len(pixels) == 1 else f"{path.stem}-{i}"
+        if px.ndim == 4:
+            out += [(path.with_name(FRAME_NAME.format(stem=stem, frame=k, suffix=path.suffix)), f)
+                    for k, f in enumerate(px)]
+        else:
+            out.append((path.with_name(f"{stem}{path.suffix}"), px))
+    return out
 
 
 def flow_sigmas(steps: int, shift: float = 1.0) -> np.ndarray:
@@ -1834,7 +1952,11 @@ def bundle_summary(folder: Path) -> str:
         n_npu = sum(1 for s in v.get("stages", []) if s.get("device") == "npu")
         where = f"on the NPU ({n_npu} stage{'s' if n_npu != 1 else ''})" if v.get("device") == "npu" else \
             "on the host CPU (ONNX Runtime)"
-        lines.append(f"VAE decoder: {v.get('class') or 'vae_decoder.onnx'} {where}; --image-out writes a PNG.")
+        frames = p.get("num_frames") if p is not None else None
+        lines.append(f"VAE decoder: {v.get('class') or 'vae_decoder.onnx'} {where}; --image-out writes "
+                     + (f"a PNG per frame ({frames} frame{'s' if frames != 1 else ''}: <stem>-f0000.png, ...)."
+                        if frames is not None
+                        else "a PNG."))
     elif p is not None:
         lines.append("VAE decoder: none (rkpart bundle --vae none, or no vae_decoder.onnx); the loop ends at "
                      "--latent-out.")
@@ -1899,8 +2021,8 @@ def main(argv: list[str] | None = None) -> int:
     loop.add_argument("--latent-out", default="latent.npy", help="write the final latent here, as "
                       "pipe(..., output_type='latent') returns it [default: latent.npy]")
     loop.add_argument("--image-out", default=None, help="decode the final latent with the bundle's VAE decoder and "
-                      "write this PNG (several images: <stem>-<i>.png) [default: image.png when the bundle has a "
-                      "VAE decoder]")
+                      "write this PNG (several images: <stem>-<i>.png; a video: one PNG per frame, "
+                      "<stem>-f0000.png, ...) [default: image.png when the bundle has a VAE decoder]")
     args = ap.parse_args(argv)
     try:
         if args.steps is not None:
@@ -2008,16 +2130,14 @@ def load_npy(path: str | os.PathLike[str], what: str) -> np.ndarray:
                           ) from None
 
 
-def image_targets(path: str, count: int, *, force: bool = False, bundle: Path | None = None,
-                  inputs: Sequence[str | os.PathLike[str] | None] = ()) -> list[Path]:
-    """Where ``--image-out`` writes ``count`` images: the path itself for one, ``<stem>-<i><suffix>``
-    beside it for several; every one through :func:`check_save_target` (the runner's output rule)."""
+def image_targets(path: str, pixels: Sequence[np.ndarray], *, force: bool = False, bundle: Path | None = None,
+                  inputs: Sequence[str | os.PathLike[str] | None] = ()) -> list[tuple[Path, np.ndarray]]:
+    """Where ``--image-out`` writes the pictures ``pixels`` (:func:`image_files`), every file through
+    :func:`check_save_target` (the runner's output rule), before any is written."""
     first = check_save_target(path, "--image-out", force=force, bundle=bundle, inputs=inputs, owned=png_written_here)
-    if count == 1:
-        return [first]
-    return [check_save_target(str(first.with_name(f"{first.stem}-{i}{first.suffix}")), "--image-out", force=force,
-                              bundle=bundle, inputs=inputs, owned=png_written_here)
-            for i in range(count)]
+    return [(first if f == first else check_save_target(str(f), "--image-out", force=force, bundle=bundle,
+                                                        inputs=inputs, owned=png_written_here), px)
+            for f, px in image_files(first, pixels)]
 
 
 def _denoise_main(args: argparse.Namespace) -> int:
@@ -2114,8 +2234,7 @@ def _denoise_main(args: argparse.Namespace) -> int:
             return EXIT_GATE if "NaN" in str(e) else e.exit_code
         vae = runner.vae_runner()
         decode = summed(vae.open_timings + vae.timings + vae.close_timings, time.perf_counter() - t0)
-        for target, px in zip(image_targets(str(image_to), len(pixels), force=args.force, bundle=folder,
-                                            inputs=image_inputs), pixels, strict=True):
+        for target, px in image_targets(str(image_to), pixels, force=args.force, bundle=folder, inputs=image_inputs):
             data = png_bytes(px)
             save_atomic(target, lambda f, data=data: f.write(data), "--image-out")  # type: ignore[misc]
             images.append(str(target))

@@ -1698,6 +1698,23 @@ def calculate_shift(image_seq_len: int, base_seq_len: int = 256, max_seq_len: in
     return image_seq_len * m + b
 
 
+def flux2_empirical_mu(image_seq_len: int, num_inference_steps: int) -> float:
+    """Flux2Pipeline's ``compute_empirical_mu`` (and the Flux.2 Klein pipelines'): ``mu`` of the image's
+    token count and the step count, in Python floats as the pipeline computes it (the formula of
+    :func:`rkpart.description.flux2_empirical_mu`, written again: this file imports nothing from rkpart)."""
+    a1, b1 = 8.73809524e-05, 1.89833333
+    a2, b2 = 0.00016927, 0.45666666
+    if image_seq_len > 4300:
+        return float(a2 * image_seq_len + b2)
+    m_200, m_10 = a2 * image_seq_len + b2, a1 * image_seq_len + b1
+    a = (m_200 - m_10) / 190.0
+    return float(a * num_inference_steps + (m_200 - 200.0 * a))
+
+
+#: ``mu`` as a rule of the image token count and the step count (pipeline.json ``set_timesteps.mu_rule``)
+MU_RULES: dict[str, Callable[[int, int], float]] = {"flux2_empirical": flux2_empirical_mu}
+
+
 def _int_timesteps(ts: np.ndarray, n_train: int) -> dict[str, np.ndarray]:
     ts = ts.astype(np.int64).astype(F32)
     return {"timesteps": ts, "sigmas": (ts / F32(n_train)).astype(F32)}
@@ -1762,7 +1779,7 @@ def retrieve_timesteps(scheduler: Scheduler, num_inference_steps: int | None = N
 
 
 __all__ = [
-    "DEFAULTS", "DIFFUSERS_VERSION", "SCHEDULERS", "SCHEDULE_RULES", "NoiseFn", "SamplerError", "Scheduler",
-    "calculate_shift", "make_scheduler", "named_sigmas", "resolve_config", "retrieve_timesteps",
-    "schedule_arguments", "torch_linspace", "unsupported",
+    "DEFAULTS", "DIFFUSERS_VERSION", "MU_RULES", "SCHEDULERS", "SCHEDULE_RULES", "NoiseFn", "SamplerError",
+    "Scheduler", "calculate_shift", "flux2_empirical_mu", "make_scheduler", "named_sigmas", "resolve_config",
+    "retrieve_timesteps", "schedule_arguments", "torch_linspace", "unsupported",
 ]

@@ -35,8 +35,13 @@ from tests.models import pipelines as tp
 STEPS = 20
 #: what the runner must give: the latent's cosine with diffusers', the image's PSNR over 8-bit pixels
 MIN_COSINE, MIN_PSNR = 0.9999, 35.0
-#: image families of the sweep with a tiny pipeline (the video ones run at one frame and are not images)
+#: image families of the sweep with a tiny pipeline
 IMAGE_FAMILIES = tuple(f for f, p in tp.PIPELINES.items() if len(p.output_shape) == 4)
+#: video families (one frame here): the runner writes each frame as a PNG, compared as diffusers' ``frames``
+VIDEO_FAMILIES = tuple(f for f, p in tp.PIPELINES.items() if len(p.output_shape) == 5)
+#: ``rkpart export`` options a family needs (docs/export.md: LTX's TorchScript export does not load in ONNX
+#: Runtime, a Concat axis out of range)
+EXPORT_OPTIONS: dict[str, dict[str, str]] = {"ltx": {"exporter": "dynamo"}}
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ def compiled_plan(family: str, root: Path, toolkit: Any = None, strategy: str = 
     folder = root / f"{family}-{tag}-plan"
     if (folder / "plan.json").is_file():
         return folder
-    export = cached_pipeline_export(family)
+    export = cached_pipeline_export(family, **EXPORT_OPTIONS.get(family, {}))
     plan = partition(export / "transformer.onnx", folder, strategy, **opts)
     if toolkit is not None:
         rep = compile_plan_report(plan, folder, CompileOptions(toolkit, "rk3588", {}, jobs=2))
@@ -94,9 +99,11 @@ def reference(family: str, *, seed: int = 3, steps: int = STEPS, guidance: float
     src = tp.cached_pipeline(family)
     embeds, latents = tp.call_inputs(family, seed=seed)
     pipe = tp.load(src)
+    # a pipeline without latents= (DiT) draws them from the generator call_inputs drew them with
+    gen = seed if tp.PIPELINES[family].noise_from_generator else 0
     with _observed_step_noise(pipe) as draws:
-        latent = tp.run_diffusers(src, embeds, latents, steps, guidance, "latent", pipe=pipe)
-    image = tp.run_diffusers(src, embeds, latents, steps, guidance, "np", pipe=pipe)
+        latent = tp.run_diffusers(src, embeds, latents, steps, guidance, "latent", pipe=pipe, seed=gen)
+    image = tp.run_diffusers(src, embeds, latents, steps, guidance, "np", pipe=pipe, seed=gen)
     return Reference(embeds, latents, latent, image, draws or None)
 
 
@@ -137,8 +144,8 @@ def run_board(bundle: Path, ref: Reference, *, steps: int = STEPS, guidance: flo
               standin: list[Path] | None = None, rknnlite_api: Any = None,
               residency: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(final latent, image NHWC in [0, 1] as 8-bit pixels / 255)`` of the bundle's runner on ``ref``'s
-    embeddings and latents: NPU stages on the ONNX Runtime stand-in (``standin``: the plan folders) or
-    through ``rknnlite_api`` (the simulator)."""
+    embeddings and latents (a video's frames NFHWC, as diffusers' ``frames``): NPU stages on the ONNX
+    Runtime stand-in (``standin``: the plan folders) or through ``rknnlite_api`` (the simulator)."""
     mod = bundle_runner(bundle)
     with mod.Runner(bundle, npu_standin=standin, rknnlite_api=rknnlite_api, residency=residency) as r:
         x = r.denoise(steps, guidance=guidance, embeds=ref.embeds, latents=ref.latents, step_noise=ref.step_noise)

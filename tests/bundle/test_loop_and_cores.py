@@ -159,17 +159,35 @@ def test_flow_sigmas_shift() -> None:
     assert s[2] == pytest.approx(3 * 0.5 / (1 + 2 * 0.5))
 
 
-def test_board_loop_refuses_a_description_feature_it_does_not_implement(tmp_path: Path) -> None:
-    """pipeline.json features beyond version 1 as first published (rkpart export writes them for Flux.2, Krea 2,
-    DiT, ...) that the board's loop does not implement are refused by name; a plain version-1 description passes."""
-    from rkpart.bundle.loop import check_features
-    from rkpart.description import load_description
+def test_board_loop_refuses_a_description_feature_it_does_not_implement(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The board's loop implements every pipeline.json feature beyond version 1 as first published (its runner's
+    own list); one it did not (a feature added later: here one taken out of the list) is refused by name, and
+    a runner given a loop record naming a feature it does not know refuses the manifest."""
+    import rkpart.bundle.loop as loop_mod
+    from rkpart.description import FEATURES, load_description
     from rkpart.errors import SpecError
+    from rkpart.runtime.board_runner import BundleError, _validate_pipeline
     from tests.description.docs import base_doc, flux_guidance_inputs, flux_ids, write
 
-    check_features(load_description(write(tmp_path / "v1", base_doc(flux_guidance_inputs()), flux_ids())))
+    assert FEATURES.keys() == loop_mod.BOARD_FEATURES
+    loop_mod.check_features(load_description(write(tmp_path / "v1", base_doc(flux_guidance_inputs()), flux_ids())))
     doc = base_doc(flux_guidance_inputs())
     doc["scheduler"]["set_timesteps"].update(mu=None, mu_rule="flux2_empirical", image_seq_len=16)
+    flux2 = load_description(write(tmp_path / "f2", doc, flux_ids()))
+    loop_mod.check_features(flux2)
+    # the board's sampler writes Flux.2's mu rule again (it imports nothing from rkpart): the same numbers
+    from rkpart.description import flux2_empirical_mu
+    from rkpart.runtime.board_sampling import MU_RULES
+
+    assert all(MU_RULES["flux2_empirical"](seq, n) == flux2_empirical_mu(seq, n)
+               for seq in (16, 4096, 4301) for n in (1, 20, 50))
+    monkeypatch.setattr(loop_mod, "BOARD_FEATURES", loop_mod.BOARD_FEATURES - {
+        "scheduler.set_timesteps.mu_rule=flux2_empirical"})
     with pytest.raises(SpecError, match=r"uses scheduler\.set_timesteps\.mu_rule=flux2_empirical, which the board's "
                                         "loop does not implement"):
-        check_features(load_description(write(tmp_path / "f2", doc, flux_ids())))
+        loop_mod.check_features(flux2)
+    record = {"class": "P", "sampler": {"class": "S", "config": {}}, "timestep": {"scale": 1.0, "offset": 0.0},
+              "latent": {"shape": [1, 4], "dtype": "float32"}, "features": ["cfg.future"]}
+    with pytest.raises(BundleError, match=r"uses cfg\.future, which this runner does not implement"):
+        _validate_pipeline(record, {})
