@@ -1809,7 +1809,7 @@ OUTPUT_FLAGS: dict[str, Callable[[Path], bool]] = {"--save-outputs": npz_written
 
 def check_save_target(path: str, flag: str = "--save-outputs", *, force: bool = False, bundle: Path | None = None,
                       inputs: Sequence[str | os.PathLike[str] | None] = (),
-                      owned: Callable[[Path], bool] | None = None) -> Path:
+                      owned: Callable[[Path], bool] | None = None, default: bool = False) -> Path:
     """The rule of every output file of the runner (:data:`OUTPUT_FLAGS`; rkpart's ``-o FILE`` rule,
     issue 51): a new file in an existing folder, or with ``force`` one the runner wrote (``owned``,
     default the flag's test); never a folder, symlink, FIFO or device (``os.replace`` would put a
@@ -1822,8 +1822,10 @@ def check_save_target(path: str, flag: str = "--save-outputs", *, force: bool = 
     if bundle is not None:
         b = Path(os.path.realpath(bundle))
         if real == b or b in real.parents or Path(os.path.abspath(bundle)) in Path(os.path.abspath(p)).parents:
-            raise BundleError(f"{flag} {p} lies inside the bundle {bundle}; the runner never writes over the bundle "
-                              "it runs: choose a path outside it")
+            how = (f"run it from outside the bundle folder, or pass {flag} PATH" if default
+                   else "choose a path outside it")
+            raise BundleError(f"{flag} {p}{' (the default, in the current folder)' if default else ''} lies inside the "
+                              f"bundle {bundle}; the runner never writes over the bundle it runs: {how}")
     for i in inputs:
         if i is not None and (Path(os.path.realpath(i)) == real or (
                 p.exists() and Path(i).exists() and os.path.samefile(p, i))):
@@ -2018,7 +2020,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="run the cond and uncond pass of each step at once: two contexts of every NPU stage, "
                            "on NPU cores 0 and 1, in two threads (twice the device memory) [default: the manifest's]")
     loop.add_argument("--no-cfg-parallel", action="store_false", dest="cfg_parallel", help="one pass at a time")
-    loop.add_argument("--latent-out", default="latent.npy", help="write the final latent here, as "
+    loop.add_argument("--latent-out", default=None, help="write the final latent here, as "
                       "pipe(..., output_type='latent') returns it [default: latent.npy]")
     loop.add_argument("--image-out", default=None, help="decode the final latent with the bundle's VAE decoder and "
                       "write this PNG (several images: <stem>-<i>.png; a video: one PNG per frame, "
@@ -2144,7 +2146,8 @@ def _denoise_main(args: argparse.Namespace) -> int:
     check_numbers(args)
     folder = Path(args.bundle)
     run_inputs = (args.cond, args.uncond, args.embeds, args.latents, args.step_noise)
-    out = check_save_target(args.latent_out, "--latent-out", force=args.force, bundle=folder, inputs=run_inputs)
+    out = check_save_target(args.latent_out or "latent.npy", "--latent-out", force=args.force, bundle=folder,
+                            inputs=run_inputs, default=args.latent_out is None)
     m = read_manifest(folder)
     cfg_parallel = bool((m.get("denoise") or {}).get("cfg_parallel")) if args.cfg_parallel is None \
         else args.cfg_parallel
@@ -2166,7 +2169,8 @@ def _denoise_main(args: argparse.Namespace) -> int:
     image_inputs = (*run_inputs, out)
     image_to = None if image_out is None else check_save_target(image_out, "--image-out", force=args.force,
                                                                 bundle=folder, inputs=image_inputs,
-                                                                owned=png_written_here)
+                                                                owned=png_written_here,
+                                                                default=args.image_out is None)
     if args.image_out is not None and not runner.has_vae:
         raise BundleError("--image-out needs the VAE decoder in the bundle (rkpart bundle --vae npu|host of a plan "
                           "with a pipeline.json); this one ends at the latent")

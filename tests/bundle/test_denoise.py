@@ -196,7 +196,7 @@ def test_bundle_refuses_cfg_parallel_over_the_budget_naming_what_fits(compiled: 
     p = run_cli(out, "--steps", "1", "--latent-out", str(tmp_path / "x.npy"), standin=folder)
     assert p.returncode == 0 and "in parallel (cores 0 and 1)" in p.stdout, p.stderr
     # the runner checks the manifest's budget too: both contexts of every resident stage do not fit 1 MiB
-    p = run_cli(out, "--steps", "1", "--residency", "resident", standin=folder)
+    p = run_cli(out, "--steps", "1", "--residency", "resident", "--latent-out", str(tmp_path / "y.npy"), standin=folder)
     assert p.returncode == 2 and p.stderr.count("\n") <= 2 and "over the bundle's budget of 1.0 MiB" in p.stderr
 
 
@@ -255,7 +255,7 @@ def test_loop_inputs_named_by_flags_or_refused_in_one_line(compiled: tuple[Plan,
     r = CliRunner().invoke(main, ["bundle", str(folder), "-o", str(wrong), "-q", "--latent-input",
                                   "encoder_hidden_states"])
     assert r.exit_code == 0 and "denoising loop: not available" in r.output, r.output
-    p = run_cli(wrong, "--steps", "2", standin=folder)
+    p = run_cli(wrong, "--steps", "2", "--latent-out", str(tmp_path / "w.npy"), standin=folder)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     err = [ln for ln in p.stderr.splitlines() if ln.startswith("runner: error")]
     assert len(err) == 1 and "--latent-input NAME --timestep-input NAME" in err[0]

@@ -184,8 +184,8 @@ def test_cache_prune_refuses_a_plans_rknn_folder(split_plan: Path, tmp_path: Pat
 
 
 def test_the_runners_latent_never_replaces_the_bundles_manifest(host_bundle: Path, runner_mod: ModuleType,
-                                                                tmp_path: Path,
-                                                                capsys: pytest.CaptureFixture[str]) -> None:
+                                                                tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     d = tmp_path / "b"
     shutil.copytree(host_bundle, d)
     before = snapshot(d)
@@ -194,6 +194,12 @@ def test_the_runners_latent_never_replaces_the_bundles_manifest(host_bundle: Pat
         assert code == 2
         err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
         assert len(err) == 1 and "inside the bundle" in err[0], err
+    # run from inside the bundle folder without --latent-out: the default's line says what to do instead
+    monkeypatch.chdir(d)
+    assert runner_mod.main(["--bundle", str(d), "--steps", "1"]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "latent.npy (the default, in the current folder)" in err[0], err
+    assert "run it from outside the bundle folder, or pass --latent-out PATH" in err[0]
     assert snapshot(d) == before
 
 
