@@ -60,7 +60,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import IO, TYPE_CHECKING, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 if TYPE_CHECKING:
     from rkpart.types import JsonMap, JsonObject
@@ -805,6 +805,17 @@ def sampling_module(folder: Path) -> Any:
     return mod
 
 
+class CallInputs(NamedTuple):
+    """What the pipeline's sampler takes from the diffusers call (``--embeds``, ``--latents``,
+    ``--step-noise``): its arguments by name, its ``latents=`` and, for a stochastic sampler, the
+    noise of each step; ``None`` each: drawn from the seed as the runner documents.  (A NamedTuple,
+    not a dataclass: the tests load runner.py as a plain file, outside ``sys.modules``.)"""
+
+    embeds: JsonMap | None = None
+    latents: Any = None
+    step_noise: Sequence[Any] | None = None
+
+
 class Runner:
     """Runs a bundle pass by pass; keep one open for a whole denoising loop.
 
@@ -1116,13 +1127,12 @@ class Runner:
                 scheduler: str | None = None, cond: JsonMap | None = None,
                 uncond: JsonMap | None = None, cfg: bool = True,
                 on_step: Callable[[int, dict[str, float]], None] | None = None,
-                embeds: JsonMap | None = None, latents: Any = None,
-                step_noise: Sequence[Any] | None = None) -> np.ndarray:
+                call: CallInputs | None = None) -> np.ndarray:
         """A whole denoising loop; returns the final latent.
 
         ``scheduler`` ``pipeline`` (the default of a bundle with a pipeline description) is
-        :meth:`sample`: the pipeline's own sampler, ``embeds`` (diffusers call arguments),
-        ``latents`` (the call's ``latents=``) and ``step_noise``.  ``flow-euler`` (the default
+        :meth:`sample`: the pipeline's own sampler on ``call`` (:class:`CallInputs`: diffusers call
+        arguments, the call's ``latents=`` and the steps' noise).  ``flow-euler`` (the default
         without a description) is ``rkpart drift``'s sampler, as the manifest's ``denoise`` record
         gives it: the initial
         latent and the conditioning from ``numpy.random.default_rng(seed)`` (the latent first,
@@ -1137,6 +1147,7 @@ class Runner:
         timestep_offset``.  ``cond`` replaces the drawn conditioning (the latent is drawn all the
         same).  ``on_step(step, timing)`` follows every step; :attr:`step_timings` keeps them.
         """
+        embeds, latents, step_noise = (call.embeds, call.latents, call.step_noise) if call else (None, None, None)
         d = self.loop
         scheduler = scheduler or self.default_scheduler()
         if scheduler not in SCHEDULERS:
@@ -2216,7 +2227,7 @@ def _denoise_main(args: argparse.Namespace) -> int:
         opened = time.perf_counter() - t0
         x = runner.denoise(args.steps, guidance=args.guidance, seed=args.seed, shift=args.shift,
                            scheduler=scheduler, cond=cond, uncond=uncond, cfg=not args.no_cfg, on_step=on_step,
-                           embeds=embeds, latents=latents, step_noise=noise)
+                           call=CallInputs(embeds, latents, noise))
         t1 = time.perf_counter()
     setup = summed(runner.open_timings + runner.close_timings, opened + time.perf_counter() - t1)
     bad = int(np.count_nonzero(~np.isfinite(x))) if x.dtype.kind in "fc" else 0

@@ -148,7 +148,7 @@ def run_board(bundle: Path, ref: Reference, *, steps: int = STEPS, guidance: flo
     Runtime stand-in (``standin``: the plan folders) or through ``rknnlite_api`` (the simulator)."""
     mod = bundle_runner(bundle)
     with mod.Runner(bundle, npu_standin=standin, rknnlite_api=rknnlite_api, residency=residency) as r:
-        x = r.denoise(steps, guidance=guidance, embeds=ref.embeds, latents=ref.latents, step_noise=ref.step_noise)
+        x = r.denoise(steps, guidance=guidance, call=mod.CallInputs(ref.embeds, ref.latents, ref.step_noise))
     image = r.decode(x)
     pixels = np.stack(mod.image_pixels(image)).astype(np.float32) / 255.0
     return x, pixels
