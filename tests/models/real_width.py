@@ -25,7 +25,6 @@ import inspect
 import os
 import shutil
 import tempfile
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -389,7 +388,7 @@ REAL_WIDTH: dict[str, RealWidth] = {r.name: r for r in (
               note="1024 px (DC-AE f32: 32 x 32 tokens)"),
     RealWidth("lumina2", "Alpha-VLLM/Lumina-Image-2.0", "Lumina2Transformer2DModel defaults (cap_feat_dim: "
               "Gemma-2-2B's 2304); Lumina2Pipeline max_sequence_length 256", _lumina2, hidden=2304, heads=24,
-              head_dim=96, kv_heads=8, text_len=256, text_width=2304, blocks=3, prepare=fams.real_rope_lumina2,
+              head_dim=96, kv_heads=8, text_len=256, text_width=2304, blocks=3,
               note="noise refiner, context refiner, 1 main block"),
     RealWidth("auraflow", "fal/AuraFlow-v0.3", "AuraFlowTransformer2DModel defaults; AuraFlowPipeline "
               "max_sequence_length 256", _auraflow, hidden=3072, heads=12, head_dim=256, text_len=256, text_width=2048,
@@ -437,11 +436,13 @@ def _prepare(real: RealWidth, model: Any, inputs: dict[str, Any], fixed: dict[st
 
 
 def export_real(name: str, path: str | Path, *, exporter: str = "torchscript", seed: int = 0) -> dict[str, np.ndarray]:
-    """Export real-width family ``name`` to ``path`` (static shapes, float32), its weights in ``<path>.data``;
-    returns the example inputs.  As :func:`tests.models.diffusers_families.export_family` (same wrapper, same
-    RMSNorm decomposition for TorchScript), plus the external data."""
-    import onnx
+    """Export real-width family ``name`` to ``path`` (static shapes, float32) through the product's
+    :func:`rkpart.export.export_module` (its patch registry, as :func:`tests.models.diffusers_families.export_family`),
+    every weight in ``<path>.data``; returns the example inputs.  Not run under ONNX Runtime here (``check=False``:
+    a real-width block is seconds of ORT per input set; the plans' gates run it stage by stage)."""
     import torch
+
+    from rkpart.export import export_module
 
     real = REAL_WIDTH[name]
     torch.manual_seed(seed)
@@ -449,45 +450,24 @@ def export_real(name: str, path: str | Path, *, exporter: str = "torchscript", s
     model = model.eval()
     fixed = real.fixed()
     _prepare(real, model, inputs, fixed)
-    dynamo = exporter == "dynamo"
-    if not dynamo:
-        fams._decompose_rms_norm(model)
-    names = list(inputs)
-    wrapped = fams._Wrapper.make(model, names, fixed)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # the exporter writes into a folder of its own (over 2 GB TorchScript writes one file per tensor there); the
-    # model is then saved with every weight in one file named after the final model
-    with tempfile.TemporaryDirectory(prefix=".real-width-", dir=path.parent) as td:
-        raw = Path(td) / "model.onnx"
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            if dynamo:
-                prog = torch.onnx.export(wrapped, tuple(inputs.values()), input_names=names, output_names=["sample"],
-                                         dynamo=True, optimize=True, verbose=False)
-                assert prog is not None
-                prog.save(str(raw), external_data=True)
-            else:
-                torch.onnx.export(wrapped, tuple(inputs.values()), str(raw), input_names=names,
-                                  output_names=["sample"], dynamo=False, do_constant_folding=True,
-                                  opset_version=fams.EXPORTERS["torchscript"])
-        del model, wrapped
-        proto = onnx.load(str(raw))
-        data = path.name + ".data"
-        (path.parent / data).unlink(missing_ok=True)
-        onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data,
-                        size_threshold=1024)
-    return {k: v.numpy() for k, v in inputs.items()}
+    # threshold 0: the weights always in one external file, so a partition links them instead of loading them
+    export_module(model, inputs, path, fixed=fixed, exporter=exporter,
+                  opset=fams.EXPORTERS[exporter] or None, check=False, variants=[], external_data_threshold=0)
+    return real_inputs(name, seed)
 
 
 def real_inputs(name: str, seed: int = 0) -> dict[str, np.ndarray]:
-    """The example inputs :func:`export_real` exports family ``name`` with (same seed, same prepare)."""
+    """The example inputs :func:`export_real` exports family ``name`` with (same seed, same prepare, same patches)."""
     import torch
+
+    from rkpart.export import apply_patches
 
     real = REAL_WIDTH[name]
     torch.manual_seed(seed)
     model, inputs = real.build()
-    _prepare(real, model.eval(), inputs, real.fixed())
+    fixed = real.fixed()
+    _prepare(real, model.eval(), inputs, fixed)
+    apply_patches(model, inputs, fixed, exporter="dynamo", variants=[])
     return {k: v.numpy() for k, v in inputs.items()}
 
 
@@ -500,15 +480,14 @@ def cached_real_export(name: str, exporter: str = "torchscript") -> Path:
     import diffusers
     import torch
 
+    from rkpart.export import source_key
+
     real = REAL_WIDTH[name]
-    funcs: list[Any] = [real.build, real.fixed, export_real, _prepare, fams._trained_like, fams._Wrapper,
-                        fams._decompose_rms_norm]
+    funcs: list[Any] = [real.build, real.fixed, export_real, real_inputs, _prepare, fams._trained_like]
     funcs += [f for f in (real.prepare,) if f is not None and inspect.isfunction(f)]
-    if real.prepare is fams.real_rope_lumina2:
-        funcs.append(fams._lumina2_processor)
     shape = {f.name: getattr(real, f.name) for f in dataclasses.fields(real) if not callable(getattr(real, f.name))}
     key = [diffusers.__version__, torch.__version__, exporter, repr(sorted(shape.items())),
-           *(inspect.getsource(f) for f in funcs if f is not dict)]
+           *(inspect.getsource(f) for f in funcs if f is not dict), *source_key(fams.CLASS_OF[name], exporter)]
     root = fams.export_root() / "real-width"
     path = root / f"{name}-{exporter}-{hashlib.sha256(chr(0).join(key).encode()).hexdigest()[:16]}.onnx"
     data = path.with_name(path.name + ".data")
