@@ -372,7 +372,8 @@ REWRITES: tuple[Rewrite, ...] = (
             "(bench/layout_probe.py --pattern norm-rope). As MatMul(x * T', P), P the D x D signed pair swap "
             "and T' the table with each pair exchanged (the same one product per value, added to zeros: "
             "bit-exact; the table before the MatMul, since the toolkit folds a Mul after a MatMul into its "
-            "weight and fails on a per-token table), every layer stays on the NPU. Measured, 2.5.0: "
+            "weight and fails on a per-token table), every layer stays on the NPU. Head dims of a multiple of 16 "
+            "are left alone. Measured, 2.5.0: "
             "HunyuanDiT-v1.2 at its width (16 x 88, 1024 tokens) self-attention stage 4 CPU layers "
             "(2 Reshape, 2 Transpose) -> 0",
             rope_interleaved_matmul, needs=("inferred_shapes", "types")),

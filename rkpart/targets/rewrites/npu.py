@@ -1449,6 +1449,10 @@ def _interleaved_rotation(view: GraphEdit, shapes: Mapping[str, list[int]], rot:
     return x, d, inner | {rot}
 
 
+#: head dims whose interleaved rotation 2.5.0 keeps on the NPU (:func:`rope_interleaved_matmul`)
+ROPE_ALIGN = 16
+
+
 def rope_interleaved_matmul(view: GraphEdit) -> int:
     """RoPE's rotation of interleaved pairs times its table, ``rotate(x) * T`` with ``rotate`` the
     rank-5 form of :func:`_interleaved_rotation` -> ``MatMul(x * T', P)``: ``P`` the ``D x D`` signed
@@ -1458,7 +1462,8 @@ def rope_interleaved_matmul(view: GraphEdit) -> int:
     T[2i+1]``; the MatMul adds it to zeros.  The table multiplies before the MatMul because the
     toolkits fold a Mul after a MatMul into its weight (``fuse_mul_into_matmul``), which a table
     varying over the tokens breaks (2.5.0: "operands could not be broadcast together").  An optional
-    Cast between the rotation and the Mul that changes no type goes too."""
+    Cast between the rotation and the Mul that changes no type goes too.  Head dims that are a multiple
+    of :data:`ROPE_ALIGN` are left alone."""
     shapes = view.static_shapes()
     view.new_names()
     count = 0
@@ -1481,7 +1486,9 @@ def rope_interleaved_matmul(view: GraphEdit) -> int:
                 continue
             x, d, inner = found
             elem = view.elem(x)
-            if (elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+            # only where the toolkit needs it: at head dims of a multiple of 16 (64, 96, 128) 2.5.0 keeps the
+            # rotation on the NPU, and the rewrite would only change the build (bench/layout_probe.py)
+            if (d % ROPE_ALIGN == 0 or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
                     or table.dtype != helper.tensor_dtype_to_np_dtype(elem) or table.ndim == 0
                     or table.shape[-1] not in (1, d) or len(view.readers(rot)) != 1 or rot in view.outputs):
                 continue
