@@ -169,7 +169,8 @@ def build(model: onnx.ModelProto, toolkit: str, work: Path, name: str, rewrites:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pattern", required=True, choices=["norm", "rms", "rope-interleaved", "norm-rope", "gqa", "plain"])
+    ap.add_argument("--pattern", required=True,
+                    choices=["norm", "rms", "rope-interleaved", "norm-rope", "gqa", "plain"])
     ap.add_argument("--head-dim", default="64,72,88,96,128")
     ap.add_argument("--tokens", default="1024")
     ap.add_argument("--heads", default="16")
