@@ -1473,7 +1473,6 @@ def rope_interleaved_matmul(view: GraphEdit) -> int:
         if len(mul.input) != 2:
             continue
         for j in (0, 1):
-            table = view.const_array(mul.input[1 - j])
             rot = mul.input[j]
             cast_out: str | None = None
             p = view.producer(rot)
@@ -1481,16 +1480,21 @@ def rope_interleaved_matmul(view: GraphEdit) -> int:
                 if len(view.readers(rot)) != 1 or rot in view.outputs:
                     continue
                 cast_out, rot = rot, p.input[0]
-            found = _interleaved_rotation(view, shapes, rot) if table is not None else None
-            if found is None or table is None:
+            found = _interleaved_rotation(view, shapes, rot)
+            if found is None:
                 continue
             x, d, inner = found
             elem = view.elem(x)
             # only where the toolkit needs it: at head dims of a multiple of 16 (64, 96, 128) 2.5.0 keeps the
             # rotation on the NPU, and the rewrite would only change the build (bench/layout_probe.py)
             if (d % ROPE_ALIGN == 0 or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
-                    or table.dtype != helper.tensor_dtype_to_np_dtype(elem) or table.ndim == 0
-                    or table.shape[-1] not in (1, d) or len(view.readers(rot)) != 1 or rot in view.outputs):
+                    or len(view.readers(rot)) != 1 or rot in view.outputs):
+                continue
+            # the table's value is read last, for a matched rotation only (a stage's other constants may be
+            # weights in external data, or a capability probe's placeholders)
+            table = view.const_array(mul.input[1 - j])
+            if (table is None or table.dtype != helper.tensor_dtype_to_np_dtype(elem) or table.ndim == 0
+                    or table.shape[-1] not in (1, d)):
                 continue
             swapped = table if table.shape[-1] == 1 else \
                 table.reshape(*table.shape[:-1], d // 2, 2)[..., ::-1].reshape(table.shape)
