@@ -27,7 +27,7 @@ def _c(name: str, v: object, dtype: object = np.float32) -> onnx.TensorProto:
 
 
 def _attention(d: int, *, heads: int = 4, tokens: int = 128, elem: int = TensorProto.FLOAT, opset: int = 17,
-               cast: bool = True, extra_reader: bool = False) -> onnx.ModelProto:
+               cast: bool = True, extra_reader: bool = False, tokens_first: bool = False) -> onnx.ModelProto:
     """x [1, T, H*d] -> heads [1, H, T, d] -> LayerNorm(d) -> x*cos + rotate(x)*sin (rank-5 form, random
     tables whose pairs differ) -> attention with k, v inputs -> [1, T, H*d]."""
     dt = helper.tensor_dtype_to_np_dtype(elem)
@@ -35,7 +35,10 @@ def _attention(d: int, *, heads: int = 4, tokens: int = 128, elem: int = TensorP
     t, h = tokens, heads
     lead = [1, h, t]
     axes: dict[str, object] = {}
-    inits = [_c("hs", [1, t, h, d], np.int64), _c("pairs", [*lead, d // 2, 2], np.int64),
+    # tokens_first: no heads Transpose in front of the norm (x read as [1, H, T, d] directly), as the rotation of
+    # a tokens-first layout sees it
+    inits = [_c("hs", [1, h, t, d] if tokens_first else [1, t, h, d], np.int64),
+             _c("pairs", [*lead, d // 2, 2], np.int64),
              _c("flat", [*lead, d], np.int64), _c("out", [1, t, h * d], np.int64),
              _c("cos", rng.standard_normal((1, 1, t, d)), dt), _c("sin", rng.standard_normal((1, 1, t, d)), dt),
              _c("w", 1 + 0.1 * rng.standard_normal(d), dt), _c("b", 0.1 * rng.standard_normal(d), dt),
@@ -51,7 +54,7 @@ def _attention(d: int, *, heads: int = 4, tokens: int = 128, elem: int = TensorP
         usq = lambda a, b: helper.make_node("Unsqueeze", [a], [b], **axes)  # noqa: E731
         split = helper.make_node("Split", ["r"], ["x1", "x2"], axis=-1, split=[1, 1])
     nodes = [helper.make_node("Reshape", ["x", "hs"], ["xh"]),
-             helper.make_node("Transpose", ["xh"], ["q0"], perm=[0, 2, 1, 3]),
+             helper.make_node("Transpose", ["xh"], ["q0"], perm=[0, 1, 2, 3] if tokens_first else [0, 2, 1, 3]),
              helper.make_node("LayerNormalization", ["q0", "w", "b"], ["q"], axis=-1, epsilon=1e-6),
              helper.make_node("Reshape", ["q", "pairs"], ["r"]), split, sq("x1", "s1"), sq("x2", "s2"),
              helper.make_node("Neg", ["s2"], ["n2"]), usq("n2", "u2"), usq("s1", "u1"),
@@ -97,10 +100,12 @@ def test_rotation_times_table_is_a_pair_swap_matmul_bit_for_bit(d: int, elem: in
     assert got.dtype == want.dtype and np.array_equal(got, want)
 
 
-@pytest.mark.parametrize(("d", "extra_reader"), [(88, True), (64, False), (128, False)])
-def test_left_alone(d: int, extra_reader: bool) -> None:
-    """A piece of the rotation read elsewhere; head dims of a multiple of 16, which 2.5.0 keeps on the NPU."""
-    m = _attention(d, extra_reader=extra_reader)
+@pytest.mark.parametrize(("d", "extra_reader", "tokens_first"), [(88, True, False), (64, False, False),
+                                                                  (88, False, True)])
+def test_left_alone(d: int, extra_reader: bool, tokens_first: bool) -> None:
+    """A piece of the rotation read elsewhere; head dim 64 and the tokens-first layout, which 2.5.0 keeps on the
+    NPU."""
+    m = _attention(d, extra_reader=extra_reader, tokens_first=tokens_first)
     r, applied = rewritten(m, ROW)
     assert applied == {} and list(r.graph.node) == list(m.graph.node)
 

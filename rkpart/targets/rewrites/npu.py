@@ -1449,8 +1449,29 @@ def _interleaved_rotation(view: GraphEdit, shapes: Mapping[str, list[int]], rot:
     return x, d, inner | {rot}
 
 
-#: head dims whose interleaved rotation 2.5.0 keeps on the NPU (:func:`rope_interleaved_matmul`)
-ROPE_ALIGN = 16
+#: head dims whose interleaved rotation of the heads-first layout 2.5.0 keeps on the NPU after a per-head
+#: LayerNorm (``bench/layout_probe.py --pattern norm-rope``, 16 heads x 1024 tokens: 64 does; 72, 88, 96 and 128
+#: put a Transpose and the rotation's Reshape on the CPU)
+ROPE_NPU_DIMS = frozenset({64})
+#: ops between the heads Transpose and the rotation that leave the layout alone (a per-head norm, its casts)
+_PER_ROW = frozenset({"LayerNormalization", "Cast", "Mul", "Div", "Add", "Sub", "Pow", "Sqrt", "ReduceMean",
+                      "Reciprocal", "Identity"})
+
+
+def _heads_first(view: GraphEdit, x: str) -> bool:
+    """``x`` is in the heads-first layout ``[B, H, T, D]``: back through per-row ops (its first input) to a
+    Transpose swapping the tokens and heads axes of ``[B, T, H, D]``."""
+    t = x
+    for _ in range(12):
+        p = view.producer(t)
+        if p is None:
+            return False
+        if p.op_type == "Transpose":
+            return list(cast(list[int], attr(p, "perm", []))) == [0, 2, 1, 3]
+        if p.op_type not in _PER_ROW or not p.input:
+            return False
+        t = p.input[0]
+    return False
 
 
 def rope_interleaved_matmul(view: GraphEdit) -> int:
@@ -1462,8 +1483,9 @@ def rope_interleaved_matmul(view: GraphEdit) -> int:
     T[2i+1]``; the MatMul adds it to zeros.  The table multiplies before the MatMul because the
     toolkits fold a Mul after a MatMul into its weight (``fuse_mul_into_matmul``), which a table
     varying over the tokens breaks (2.5.0: "operands could not be broadcast together").  An optional
-    Cast between the rotation and the Mul that changes no type goes too.  Head dims that are a multiple
-    of :data:`ROPE_ALIGN` are left alone."""
+    Cast between the rotation and the Mul that changes no type goes too.  Only the heads-first layout
+    (:func:`_heads_first`) at a head dim not in :data:`ROPE_NPU_DIMS` is rewritten: elsewhere 2.5.0 builds
+    the rotation on the NPU as it is (Flux's tokens-first RoPE at 128)."""
     shapes = view.static_shapes()
     view.new_names()
     count = 0
@@ -1485,9 +1507,10 @@ def rope_interleaved_matmul(view: GraphEdit) -> int:
                 continue
             x, d, inner = found
             elem = view.elem(x)
-            # only where the toolkit needs it: at head dims of a multiple of 16 (64, 96, 128) 2.5.0 keeps the
-            # rotation on the NPU, and the rewrite would only change the build (bench/layout_probe.py)
-            if (d % ROPE_ALIGN == 0 or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+            # only where the toolkit needs it: a rotation of the heads-first layout at a head dim it does not keep
+            # on the NPU (bench/layout_probe.py); the tokens-first layout (Flux's [B, T, H, D]) builds as it is
+            if (d in ROPE_NPU_DIMS or not _heads_first(view, x)
+                    or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
                     or len(view.readers(rot)) != 1 or rot in view.outputs):
                 continue
             # the table's value is read last, for a matched rotation only (a stage's other constants may be
