@@ -178,6 +178,89 @@ def read_layers(path: Path, root: Path | None = None) -> list[LayerRow]:
 
 
 
+@dataclass(frozen=True)
+class FeatureTensor:
+    """One row of the compiler's "Feature Tensor Information Table": an activation buffer of internal memory.
+
+    Printed by every verbose build beside the memory statistics, one row per buffer a layer uses: its
+    output, and the layer's scratch buffers (``..._exSecondary``: an attention's workspace, a norm's
+    second buffer).  ``start``/``end`` are byte offsets in internal memory; the largest ``end`` is the
+    "Total Internal Memory Size".  ``peak`` marks the row the compiler starred (``*``): where it
+    reached its peak.
+    """
+
+    layer: int  #: the layer table's id of the op using the buffer
+    user: str  #: that op's type (``exSDPAttention``, ``exNorm``, ``ConvExGelu``, ...)
+    tensor: str
+    dtype: str
+    layout: str  #: ``UNDEFINED``, ``NC1HWC2``, ...
+    shape: tuple[int, ...]  #: the tensor's shape (OrigShape)
+    native: tuple[int, ...]  #: as the buffer holds it (NativeShape)
+    start: int
+    end: int
+    size: int
+    peak: bool = False
+
+
+def _dims(tok: str) -> tuple[int, ...] | None:
+    if not (tok.startswith("(") and tok.endswith(")")):
+        return None
+    try:
+        return tuple(int(x) for x in tok[1:-1].split(",") if x)
+    except ValueError:
+        return None
+
+
+def parse_feature_tensors(text: str) -> list[FeatureTensor] | None:
+    """Rows of the last "Feature Tensor Information Table" of a build log (``None``: the log has none)."""
+    from rkpart.compile.placement import _strip
+
+    tables: list[list[FeatureTensor]] = []
+    rows: list[FeatureTensor] | None = None
+    header = False
+    for raw in text.splitlines():
+        line = _strip(raw)
+        if "Feature Tensor Information Table" in line:
+            rows, header = [], False
+            tables.append(rows)
+            continue
+        if rows is None:
+            continue
+        if not header:
+            header = line.split()[:1] == ["ID"]
+            continue
+        if set(line.strip()) <= {"-", "+"}:
+            if rows:  # the closing rule
+                rows = None
+            continue
+        row = _feature_row(line)
+        if row is None:
+            rows = None
+            continue
+        rows.append(row)
+    return tables[-1] if tables else None
+
+
+def _feature_row(line: str) -> FeatureTensor | None:
+    """``ID User Tensor DataType DataFormat OrigShape NativeShape | Start End Size``; the peak row has a ``*``
+    between Start and End."""
+    left, sep, right = line.partition("|")
+    toks, nums = left.split(), right.replace("*", " * ").split()
+    peak = "*" in nums
+    nums = [t for t in nums if t != "*"]
+    if not sep or len(toks) < 7 or not toks[0].isdigit() or len(nums) != 3:
+        return None
+    shape, native = _dims(toks[-2]), _dims(toks[-1])
+    try:
+        start, end, size = (int(x, 16) for x in nums)
+    except ValueError:
+        return None
+    if shape is None or native is None:
+        return None
+    return FeatureTensor(layer=int(toks[0]), user=toks[1], tensor=" ".join(toks[2:-4]), dtype=toks[-4],
+                         layout=toks[-3], shape=shape, native=native, start=start, end=end, size=size, peak=peak)
+
+
 # -- between a build, the cache entry and the plan's artifact ---------------------------------
 #: where a plan folder keeps the per-layer rows of its builds, one file per build key
 LAYERS_DIR = "rknn/layers"

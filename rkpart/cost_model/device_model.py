@@ -57,7 +57,7 @@ import numpy as np
 import onnx
 
 from rkpart.cost_model.fitting import error_summary, nnls_relative
-from rkpart.ir import ModelGraph, Subgraph, graph_of
+from rkpart.ir import ModelGraph, OpNode, Subgraph, graph_of
 from rkpart.ir.liveness import Lifetimes, stage_lifetimes
 from rkpart.plan.plan import Plan, Stage
 from rkpart.plan.verify import stage_onnx
@@ -79,6 +79,8 @@ WORKSPACE_HEADS = (0, 1, 2, 3, 4, 5, 6, 8)
 _SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
 #: ops a score tensor may pass through between the scores MatMul and the Softmax (scale, mask, cast)
 _SCORE_PATH = frozenset({"Mul", "Div", "Add", "Sub", "Where", "Cast", "Reshape", "Softmax", "LogSoftmax"})
+#: the score-path ops that apply a mask when they read an activation (:func:`_masks`)
+_MASK_OPS = frozenset({"Add", "Sub", "Where"})
 #: the op a GELU is computed around, in any form: the Gelu op (opset 20), or the Erf / Tanh of the
 #: exporters' decompositions (TorchScript's exact Div/Erf/Add/Mul/Mul, the tanh form's Mul/Pow chain)
 _GELU_CORE = frozenset({"Gelu", "Erf", "Tanh"})
@@ -139,8 +141,15 @@ def _bytes16(mg: ModelGraph, name: str) -> int:
 
 
 def score_tensors(mg: ModelGraph, ops: Iterable[int]) -> set[str]:
-    """Attention score tensors among the outputs of ``ops``: from a MatMul of two activations
-    through scale/mask ops to a Softmax, and the Softmax's output up to the MatMul that reads it."""
+    """Attention score tensors the NPU never materialises, among the outputs of ``ops``: from a
+    MatMul of two activations through scale ops to a Softmax, and the Softmax's output up to the
+    MatMul that reads it.
+
+    A path with a mask, an Add, Sub or Where reading an activation (:func:`masked_score_path`), is
+    left out: 2.5.0 does not fuse such an attention into ``exSDPAttention`` but builds it as
+    ``exMatMul`` -> ``exSoftmax13`` -> ``exMatMul`` and holds the scores (Lumina-Image-2.0 at its
+    width, 1280 tokens: 24 x 1280 x 1280 score and probability buffers in the compiler's Feature
+    Tensor Information Table; its unmasked noise refiner is fused), so they count as activations."""
     opset = set(ops)
     scores: set[str] = set()
     for i in opset:
@@ -155,12 +164,22 @@ def score_tensors(mg: ModelGraph, ops: Iterable[int]) -> set[str]:
             if len(readers) != 1 or mg.op(readers[0]).op_type not in _SCORE_PATH:
                 break
             r = mg.op(readers[0])
+            if _masks(mg, r, t):
+                break
             t = r.outputs[0]
             if r.op_type in _SOFTMAX:
                 path.append(t)
                 scores.update(path)
                 break
     return scores
+
+
+def _masks(mg: ModelGraph, op: OpNode, score: str) -> bool:
+    """``op`` on a score path (reading ``score``) applies a mask: an Add, Sub or Where with an
+    operand other than the scores that is an activation (a constant bias or scale is fused)."""
+    if op.op_type not in _MASK_OPS:
+        return False
+    return any(t and t != score and not mg.is_const_tensor(t) for t in op.inputs)
 
 
 @dataclass(frozen=True)

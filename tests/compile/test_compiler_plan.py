@@ -127,3 +127,36 @@ def test_a_damaged_record_is_refused_by_the_plan_reader() -> None:
                 {**good, "internal_bytes": True}):
         with pytest.raises(ValueError):
             CompilerPlan.from_json(bad)
+
+
+#: the head and three rows of a 2.5.0 build's Feature Tensor Information Table (HunyuanDiT at its width),
+#: the second starred where the compiler reached its peak, and the closing rule
+_FEATURES = """\
+D RKNN: [13:38:50.934]                 Feature Tensor Information Table
+D RKNN: [13:38:50.934] -------------------------------------------------------------------------+--------------
+D RKNN: [13:38:50.934] ID  User           Tensor                          DataType  DataFormat   OrigShape       \
+NativeShape      |     [Start       End)       Size
+D RKNN: [13:38:50.934] -------------------------------------------------------------------------+--------------
+D RKNN: [13:38:50.934] 16  exNorm         /model/attn1/Transpose_output_0_tp FLOAT16 NC1HWC2 (1,88,16,1024) \
+(1,88,16,1024,8) | 0x01080000 0x01600000 0x00580000
+D RKNN: [13:38:50.934] 16  exNorm         /model/attn1/Transpose_output_0_tp_exSecondary FLOAT16 NC1HWC2 \
+(1,88,16,1024) (1,112,16,1024,8) | 0x01600000*0x01d00040 0x00700040
+D RKNN: [13:38:50.934] 46  OutputOperator /model/attn1/Div_1_output_0 FLOAT16 UNDEFINED (1,1024,1408) \
+(1,1024,1408) | 0x00580000 0x00840000 0x002c0000
+D RKNN: [13:38:50.934] -------------------------------------------------------------------------+--------------
+D RKNN: [13:38:50.934] Total Internal Memory Size: 29696.1KB
+"""
+
+
+def test_the_feature_tensor_table_is_read_row_by_row() -> None:
+    from rkpart.compile.compiler_plan import parse_feature_tensors
+
+    assert parse_feature_tensors("no table here") is None
+    rows = parse_feature_tensors(_FEATURES)
+    assert rows is not None and [(r.layer, r.user, r.peak) for r in rows] == [
+        (16, "exNorm", False), (16, "exNorm", True), (46, "OutputOperator", False)]
+    peak = rows[1]
+    assert peak.tensor.endswith("_exSecondary") and peak.layout == "NC1HWC2" and peak.dtype == "FLOAT16"
+    assert peak.shape == (1, 88, 16, 1024) and peak.native == (1, 112, 16, 1024, 8)
+    assert (peak.start, peak.end, peak.size) == (0x01600000, 0x01D00040, 0x00700040)
+    assert max(r.end for r in rows) == 0x01D00040  # the table's end is the internal memory (29696.1 KB)

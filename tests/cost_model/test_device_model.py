@@ -30,7 +30,7 @@ from rkpart.errors import SpecError
 from rkpart.ir import graph_of
 
 
-def _attention(heads: int = 4, tokens: int = 32, dim: int = 16) -> onnx.ModelProto:
+def _attention(heads: int = 4, tokens: int = 32, dim: int = 16, mask: str = "") -> onnx.ModelProto:
     """
     ::
 
@@ -49,11 +49,19 @@ def _attention(heads: int = 4, tokens: int = 32, dim: int = 16) -> onnx.ModelPro
     for n, w, perm in (("q", "Wq", [0, 2, 1, 3]), ("k", "Wk", [0, 2, 3, 1]), ("v", "Wv", [0, 2, 1, 3])):
         nodes += [helper.make_node("MatMul", ["x", w], [n]), helper.make_node("Reshape", [n, "shp"], [f"{n}r"]),
                   helper.make_node("Transpose", [f"{n}r"], [f"{n}h"], perm=perm)]
-    nodes += [helper.make_node("MatMul", ["qh", "kh"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"]),
-              helper.make_node("Softmax", ["ss"], ["p"], axis=-1), helper.make_node("MatMul", ["p", "vh"], ["o"]),
+    nodes += [helper.make_node("MatMul", ["qh", "kh"], ["s"]), helper.make_node("Mul", ["s", "scale"], ["ss"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])]
+    if mask:  # an additive mask on the scores: a graph input ("input") or a constant ("constant")
+        nodes.append(helper.make_node("Add", ["ss", "mask"], ["sm"]))
+        if mask == "input":
+            inputs.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, tokens, tokens]))
+        else:
+            inits.append(numpy_helper.from_array(np.zeros((1, 1, tokens, tokens), np.float32), "mask"))
+    nodes += [helper.make_node("Softmax", ["sm" if mask else "ss"], ["p"], axis=-1),
+              helper.make_node("MatMul", ["p", "vh"], ["o"]),
               helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["ot", "out_shp"], ["y"])]
-    g = helper.make_graph(nodes, "attn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, dim])],
+    g = helper.make_graph(nodes, "attn", inputs,
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, tokens, dim])], inits)
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -72,6 +80,18 @@ def test_fp16_features_leave_the_score_matrices_out() -> None:
     # 4x the tokens: scores grow 16x, the activations only 4x
     g = model_features(_attention(heads=4, tokens=128, dim=16), device="npu")
     assert g.score16 == 16 * f.score16 and g.act16 <= 4 * f.act16
+
+
+def test_masked_scores_count_as_activations() -> None:
+    """A mask read from the stage's inputs keeps 2.5.0 from fusing the attention (exMatMul, exSoftmax13: the
+    scores are held, Lumina-Image-2.0 at its width); a constant bias on the scores does not."""
+    plain = model_features(_attention(tokens=64), device="npu")
+    const = model_features(_attention(tokens=64, mask="constant"), device="npu")
+    masked = model_features(_attention(tokens=64, mask="input"), device="npu")
+    score = 4 * 64 * 64 * 2
+    assert const.score16 == plain.score16 == score and const.act16 == plain.act16 < score
+    assert masked.score16 == masked.head16 == masked.att16 == 0
+    assert masked.act16 >= 2 * score  # the masked scores and the probabilities, both alive at the Softmax
 
 
 def test_a_constant_held_twice_counts_once_as_the_compile_stores_it() -> None:

@@ -161,6 +161,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
     from tests.targets.test_reduce_sum_matmul import _linear_attention_sum
     from tests.targets.test_rms_norm_contiguous import listed_weight
     from tests.targets.test_rope_halves import _rope
+    from tests.targets.test_rope_interleaved_matmul import _attention as _interleaved
     from tests.targets.test_slice_reverse import _slice
 
     out: dict[str, Callable[[], onnx.ModelProto]] = {
@@ -190,6 +191,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "rope_per_head_table": lambda: _flux_rope(per_head=True),
         "rope_halves_unbind": lambda: _rope("unbind"),
         "rope_halves_slice": lambda: _rope("slice"),
+        "rope_interleaved_d88": lambda: _interleaved(88),
         "bf16_attention": lambda: attention(weights=True),
         "reduce_sum_dropped": lambda: _linear_attention_sum(0),
         "reduce_sum_kept": lambda: _linear_attention_sum(1),

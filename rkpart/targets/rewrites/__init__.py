@@ -71,6 +71,7 @@ from rkpart.targets.rewrites.npu import (
     reciprocal_mul,
     reduce_sum_matmul,
     rope_halves,
+    rope_interleaved_matmul,
     rope_pair_matrix,
     slice_reverse,
     split_chunked_linear,
@@ -361,6 +362,22 @@ REWRITES: tuple[Rewrite, ...] = (
             "keep those ReduceSums on the NPU (not applied). Applied after rope-pair-matrix, which reads "
             "Kandinsky 5's RoPE ReduceSums",
             reduce_sum_matmul, needs=("inferred_shapes", "types"), exact=False),
+    Rewrite("rope-interleaved-matmul", "Mul", "npu", ("*",),
+            "RoPE's rotation of interleaved pairs as TorchScript writes diffusers' apply_rotary_emb("
+            "use_real_unbind_dim=-1) (HunyuanDiT, Flux): Reshape [..., D/2, 2], Split, Squeeze, Neg, Unsqueeze, "
+            "Concat(-x1, x0), Reshape back, times the sin table, in the heads-first layout [B,H,T,D]. After a "
+            "per-head LayerNorm, 2.5.0 runs the rotation's last Reshape ((16,1024,44,2) -> (1,16,1024,88)) and "
+            "the Transpose it puts after the norm ('height(1024) * width(88) = 90112, required product no larger "
+            "than 8192') on the CPU at head dims 72, 88, 96 and 128, not at 64 (bench/layout_probe.py --pattern "
+            "norm-rope, 16 heads x 1024 tokens); the rotation alone leaves its Reshape there at 72 and 88. As "
+            "MatMul(x * T', P), P the D x D signed pair swap and T' the table with each pair exchanged (the same "
+            "one product per value, added to zeros: bit-exact; the table before the MatMul, since the toolkit "
+            "folds a Mul after a MatMul into its weight and fails on a per-token table), every layer stays on "
+            "the NPU. Left alone: head dim 64, and the tokens-first layout (Flux's [B,T,H,D] at 128 builds with 0 "
+            "CPU layers). The same on 2.3.0 and 2.3.2 (a 4-head, 1024-token probe at 72: 2 CPU layers -> 0). "
+            "Measured: HunyuanDiT-v1.2 at its width (16 x 88, 1024 tokens), split, 2.5.0 and 2.3.0: "
+            "self-attention 4 CPU layers (2 Reshape, 2 Transpose) -> 0, cross-attention 2 -> 0",
+            rope_interleaved_matmul, needs=("inferred_shapes", "types")),
     Rewrite("heads-table-layout", "Transpose", "npu", ("2.5.0",),
             "Not a placement: weight memory. RoPE's cos/sin tables broadcast over the heads ([1,1,T,D] "
             "against q/k [1,H,T,D]; the TorchScript export of diffusers' Cosmos/Anima) are stored by the "

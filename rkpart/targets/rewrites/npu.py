@@ -1379,3 +1379,163 @@ def may_hold_duplicate_constants(head: onnx.ModelProto) -> bool:
             return True
         seen.add(key)
     return False
+
+
+def _axes_arg(view: GraphEdit, n: onnx.NodeProto) -> list[int] | None:
+    """A Squeeze's / Unsqueeze's axes: its ``axes`` input (opset 13 on) or attribute."""
+    if len(n.input) > 1 and n.input[1]:
+        v = view.const_array(n.input[1])
+        return None if v is None else [int(a) for a in np.asarray(v).reshape(-1)]
+    a = attr(n, "axes", None)
+    return None if a is None else [int(x) for x in cast(list[int], a)]
+
+
+def _last_axis(axes: list[int] | None, rank: int) -> bool:
+    return axes is not None and len(axes) == 1 and axes[0] in (-1, rank - 1)
+
+
+def _interleaved_rotation(view: GraphEdit, shapes: Mapping[str, list[int]], rot: str
+                          ) -> tuple[str, int, set[str]] | None:
+    """``(x, D, the rotation's tensors)`` when ``rot`` is ``x`` ``[..., D]`` with each pair of values
+    rotated, ``(x0, x1) -> (-x1, x0)``, as TorchScript writes diffusers' ``apply_rotary_emb(
+    use_real_unbind_dim=-1)`` (HunyuanDiT, Flux): ``Reshape [..., D/2, 2]``, ``Split`` of the last
+    axis in two, ``Squeeze`` each, ``Neg`` the second, ``Unsqueeze`` both, ``Concat(-x1, x0)`` on the
+    last axis, ``Reshape`` back; every tensor in between read only inside.  Else ``None``."""
+    r2 = view.producer(rot)
+    if r2 is None or r2.op_type != "Reshape":
+        return None
+    cat = view.parent(r2, 0)
+    out = shapes.get(rot)
+    if cat is None or cat.op_type != "Concat" or len(cat.input) != 2 or out is None or out[-1] % 2:
+        return None
+    d = out[-1]
+    pairs = [*out[:-1], d // 2, 2]
+    if shapes.get(cat.output[0]) != pairs or int(cast(int, attr(cat, "axis", 0))) not in (-1, len(pairs) - 1):
+        return None
+    halves = []
+    for k in (0, 1):
+        u = view.parent(cat, k)
+        if u is None or u.op_type != "Unsqueeze" or not _last_axis(_axes_arg(view, u), len(pairs)):
+            return None
+        s = view.parent(u, 0)
+        neg = k == 0
+        if neg:
+            if s is None or s.op_type != "Neg":
+                return None
+            s = view.parent(s, 0)
+        if s is None or s.op_type != "Squeeze" or not _last_axis(_axes_arg(view, s), len(pairs)):
+            return None
+        halves.append(s.input[0])
+    split = view.producer(halves[0])
+    if (split is None or split.op_type != "Split" or view.producer(halves[1]) is not split
+            or list(split.output) != [halves[1], halves[0]]
+            or int(cast(int, attr(split, "axis", 0))) not in (-1, len(pairs) - 1)
+            or any(shapes.get(t) != [*pairs[:-1], 1] for t in split.output)):
+        return None
+    r1 = view.parent(split, 0)
+    if r1 is None or r1.op_type != "Reshape" or shapes.get(r1.input[0]) != out:
+        return None
+    x = r1.input[0]
+    inner = {r1.output[0], *split.output, cat.output[0], *cat.input}
+    inner |= {t for u in (view.parent(cat, 0), view.parent(cat, 1)) if u is not None for t in u.input[:1]}
+    inner |= {t for n in (view.producer(t) for t in list(inner)) if n is not None and n.op_type == "Neg"
+              for t in n.input[:1]}
+    # the rotation's nodes, by their first output (NodeProtos are not hashable)
+    chain = {n.output[0] for t in inner if (n := view.producer(t)) is not None} | {r2.output[0]}
+    outputs = view.outputs
+    for t in inner:
+        if t in outputs or any(q.output[0] not in chain for q in view.readers(t)):
+            return None  # something else reads a piece of the rotation
+    return x, d, inner | {rot}
+
+
+#: head dims whose interleaved rotation of the heads-first layout 2.5.0 keeps on the NPU after a per-head
+#: LayerNorm (``bench/layout_probe.py --pattern norm-rope``, 16 heads x 1024 tokens: 64 does; 72, 88, 96 and 128
+#: put a Transpose and the rotation's Reshape on the CPU)
+ROPE_NPU_DIMS = frozenset({64})
+#: ops between the heads Transpose and the rotation that leave the layout alone (a per-head norm, its casts)
+_PER_ROW = frozenset({"LayerNormalization", "Cast", "Mul", "Div", "Add", "Sub", "Pow", "Sqrt", "ReduceMean",
+                      "Reciprocal", "Identity"})
+
+
+def _heads_first(view: GraphEdit, x: str) -> bool:
+    """``x`` is in the heads-first layout ``[B, H, T, D]``: back through per-row ops (its first input) to a
+    Transpose swapping the tokens and heads axes of ``[B, T, H, D]``."""
+    t = x
+    for _ in range(12):
+        p = view.producer(t)
+        if p is None:
+            return False
+        if p.op_type == "Transpose":
+            return list(cast(list[int], attr(p, "perm", []))) == [0, 2, 1, 3]
+        if p.op_type not in _PER_ROW or not p.input:
+            return False
+        t = p.input[0]
+    return False
+
+
+def rope_interleaved_matmul(view: GraphEdit) -> int:
+    """RoPE's rotation of interleaved pairs times its table, ``rotate(x) * T`` with ``rotate`` the
+    rank-5 form of :func:`_interleaved_rotation` -> ``MatMul(x * T', P)``: ``P`` the ``D x D`` signed
+    pair swap (one ``+-1`` per column), ``T'`` the table with each pair's two values exchanged.
+
+    Bit-exact: each value is the same one product, ``x[2i+1] * T[2i]`` negated or ``x[2i] *
+    T[2i+1]``; the MatMul adds it to zeros.  The table multiplies before the MatMul because the
+    toolkits fold a Mul after a MatMul into its weight (``fuse_mul_into_matmul``), which a table
+    varying over the tokens breaks (2.5.0: "operands could not be broadcast together").  An optional
+    Cast between the rotation and the Mul that changes no type goes too.  Only the heads-first layout
+    (:func:`_heads_first`) at a head dim not in :data:`ROPE_NPU_DIMS` is rewritten: elsewhere 2.5.0 builds
+    the rotation on the NPU as it is (Flux's tokens-first RoPE at 128)."""
+    shapes = view.static_shapes()
+    view.new_names()
+    count = 0
+    gone: set[str] = set()
+    for k in list(view.matches("Mul")):
+        mul = view.graph.node[k]
+        if len(mul.input) != 2:
+            continue
+        for j in (0, 1):
+            rot = mul.input[j]
+            cast_out: str | None = None
+            p = view.producer(rot)
+            if p is not None and p.op_type == "Cast" and view.elem(p.input[0]) == view.elem(rot):
+                if len(view.readers(rot)) != 1 or rot in view.outputs:
+                    continue
+                cast_out, rot = rot, p.input[0]
+            found = _interleaved_rotation(view, shapes, rot)
+            if found is None:
+                continue
+            x, d, inner = found
+            elem = view.elem(x)
+            # only where the toolkit needs it: a rotation of the heads-first layout at a head dim it does not keep
+            # on the NPU (bench/layout_probe.py); the tokens-first layout (Flux's [B, T, H, D]) builds as it is
+            if (d in ROPE_NPU_DIMS or not _heads_first(view, x)
+                    or elem not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+                    or len(view.readers(rot)) != 1 or rot in view.outputs):
+                continue
+            # the table's value is read last, for a matched rotation only (a stage's other constants may be
+            # weights in external data, or a capability probe's placeholders)
+            table = view.const_array(mul.input[1 - j])
+            if (table is None or table.dtype != helper.tensor_dtype_to_np_dtype(elem) or table.ndim == 0
+                    or table.shape[-1] not in (1, d)):
+                continue
+            swapped = table if table.shape[-1] == 1 else \
+                table.reshape(*table.shape[:-1], d // 2, 2)[..., ::-1].reshape(table.shape)
+            swap = np.zeros((d, d), dtype=table.dtype)
+            swap[np.arange(1, d, 2), np.arange(0, d, 2)] = -1
+            swap[np.arange(0, d, 2), np.arange(1, d, 2)] = 1
+            base = mul.name or mul.output[0]
+            t_name = view.add_constant(f"{base}/table_swapped", np.ascontiguousarray(swapped))
+            p_name = view.add_constant(f"{base}/pair_swap", swap)
+            pre = view.fresh(f"{base}/pre")
+            view.replace(k, [helper.make_node("Mul", [x, t_name], [pre], name=f"{base}/Mul_pre"),
+                             helper.make_node("MatMul", [pre, p_name], [mul.output[0]], name=f"{base}/pair_swap")])
+            gone |= inner | ({cast_out} if cast_out else set())
+            count += 1
+            break
+    if count:
+        before = -1
+        while before != len(view.graph.node):  # the rotation's nodes, each once nothing reads it
+            before = len(view.graph.node)
+            view.drop_unread_nodes(gone)
+    return count
