@@ -442,7 +442,7 @@ def export_real(name: str, path: str | Path, *, exporter: str = "torchscript", s
     a real-width block is seconds of ORT per input set; the plans' gates run it stage by stage)."""
     import torch
 
-    from rkpart.export import export_module
+    from rkpart.export import OnnxOptions, export_module
 
     real = REAL_WIDTH[name]
     torch.manual_seed(seed)
@@ -452,7 +452,8 @@ def export_real(name: str, path: str | Path, *, exporter: str = "torchscript", s
     _prepare(real, model, inputs, fixed)
     # threshold 0: the weights always in one external file, so a partition links them instead of loading them
     export_module(model, inputs, path, fixed=fixed, exporter=exporter,
-                  opset=fams.EXPORTERS[exporter] or None, check=False, variants=[], external_data_threshold=0)
+                  options=OnnxOptions(opset=fams.EXPORTERS[exporter] or None, check=False, variants=[],
+                                      external_data_threshold=0))
     return real_inputs(name, seed)
 
 
