@@ -254,7 +254,7 @@ def test_fit_reports_whole_plan_error_glue_and_fitted_range(ort_profiles: list[P
     model = CostModel.load(out)
     assert {"glue", "setup"} <= set(model.components)
     assert model.provenance.whole_plan_error is not None and model.provenance.whole_plan_error.n == 6
-    text = CliRunner().invoke(main, ["fit", *map(str, ort_profiles), "-o", str(out)]).output
+    text = CliRunner().invoke(main, ["fit", *map(str, ort_profiles), "-o", str(out), "--force"]).output
     assert "whole plan" in text and "fitted range" in text
 
 
