@@ -1,7 +1,0 @@
-import sys
-
-# imported before any conftest and test module: bytecode of rkpart and of the assertion-rewritten test modules
-# is written (to the gitignored __pycache__/) even where PYTHONDONTWRITEBYTECODE is set; without it every run,
-# and every xdist worker, compiles and rewrites ~200 test modules and rkpart again (~8 s of CPU per process,
-# half of the fast tier's collection)
-sys.dont_write_bytecode = False

@@ -85,7 +85,7 @@ def test_without_a_description_the_bundle_has_no_loop_and_the_runner_says_why(
     _plan, folder = compiled["bare"]
     res = bundle_plan(folder, tmp_path / "board")
     assert "2 inputs fit the timestep" in res.manifest["denoise"]["error"]
-    p = run_cli(tmp_path / "board", "--steps", "2", standin=folder)
+    p = run_cli(tmp_path / "board", "--steps", "2", "--latent-out", str(tmp_path / "x.npy"), standin=folder)
     assert p.returncode == 2
     line = p.stderr.strip()
     assert "\n" not in line and "cannot run a denoising loop: 2 inputs fit the timestep" in line
