@@ -5,7 +5,8 @@ take rkpart down.  Each build is a subprocess of the toolkit's python running
 :mod:`rkpart.compile.worker_main`, in a fresh session (its own process group, so a timeout
 kills everything it started), with a disposable HOME/TMPDIR/cwd that is removed afterwards.
 Its stdout and stderr form the build log, which is where the placement table and the
-optimiser steps are read from.
+optimiser steps are read from.  The worker is forked from a process that has imported the
+toolkit already (:mod:`rkpart.compile.zygote`), so a build no longer pays the toolkit's import.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import psutil
 
 from rkpart.compile.placement import last_step, open_native_pass
 from rkpart.compile.toolkits import Toolkit
+from rkpart.compile.zygote import ZygoteChild, zygote_for
 from rkpart.errors import SpecError
 from rkpart.readers import FileKind
 from rkpart.types import BuildFailure, JsonMap, JsonObject
@@ -143,6 +145,31 @@ def die_with_parent() -> None:
         _PRCTL(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
 
 
+def spawn_worker(python: Path, worker: Path, args: list[str], *, cwd: Path, env: dict[str, str],
+                 stdout: int | None = None, stderr: int | None = None,
+                 pipes: bool = False) -> subprocess.Popen[bytes] | ZygoteChild:
+    """Start ``worker ARGS`` under the toolkit's ``python``, in a session of its own that dies with us.
+
+    Forked from the toolkit's zygote (:mod:`rkpart.compile.zygote`: the toolkit imported once per
+    process, not once per worker) when ``worker`` is rkpart's own; started as its own interpreter
+    when zygotes are off, the zygote cannot start, or ``worker`` is a test's fault-injection fake.
+    ``stdout``/``stderr``: descriptors (``stderr`` ``None``: with stdout); ``pipes``: stdin and
+    stdout are pipes to us (``.stdin``/``.stdout``), as ``Popen(stdin=PIPE, stdout=PIPE)``.
+    """
+    err = stdout if stderr is None and not pipes else stderr
+    if worker == WORKER:
+        z = zygote_for(python, worker, env)
+        if z is not None:
+            with contextlib.suppress(OSError):  # the zygote died under us: the old way, below
+                return z.spawn(args, cwd=cwd, env=env, stdout=stdout, stderr=err, pipes=pipes)
+    if pipes:
+        return subprocess.Popen([str(python), str(worker), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, cwd=cwd, env=env, start_new_session=True, preexec_fn=die_with_parent)
+    return subprocess.Popen([str(python), str(worker), *args], stdin=subprocess.DEVNULL,
+                            stdout=stdout, stderr=err, cwd=cwd, env=env,
+                            start_new_session=True, preexec_fn=die_with_parent)
+
+
 def tree_rss(proc: psutil.Process) -> int:
     """Resident memory of ``proc`` and all its descendants, in bytes (0 if gone)."""
     total = 0
@@ -219,21 +246,17 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
     t0 = time.monotonic()
     peak = 0
     timed_out = False
-    status = 0
     own = 0  # the worker's own high water (peak_of), sampled while it runs and reported by it at the end
     with open(job.log, "wb") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=work, env=worker_env(work / "home", work / "tmp"),
-                                start_new_session=True, preexec_fn=die_with_parent)
+        proc = spawn_worker(job.toolkit.python, job.worker, argv[2:], cwd=work,
+                            env=worker_env(work / "home", work / "tmp"), stdout=log.fileno())
         reaped = False
         try:
             ps = psutil.Process(proc.pid)
             while True:
                 own = max(own, peak_of(proc.pid))
-                pid, status = os.waitpid(proc.pid, os.WNOHANG)
-                if pid:
+                if proc.poll() is not None:
                     reaped = True
-                    proc.returncode = os.waitstatus_to_exitcode(status)
                     break
                 rss = tree_rss(ps)
                 peak = max(peak, rss)
@@ -244,16 +267,15 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
                 if job.timeout is not None and time.monotonic() - t0 > job.timeout:
                     timed_out = True
                     kill_group(proc.pid)
-                    _, status = os.waitpid(proc.pid, 0)
+                    proc.wait()
                     reaped = True
-                    proc.returncode = os.waitstatus_to_exitcode(status)
                     break
                 time.sleep(SAMPLE_S)
         finally:
             if not reaped:  # interrupted (Ctrl-C): leave no compiler running
                 kill_group(proc.pid)
                 with contextlib.suppress(ChildProcessError):
-                    os.waitpid(proc.pid, 0)
+                    proc.wait()
             # Anything the worker left behind in its group (adb servers, helpers).
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -261,6 +283,7 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
     if on_sample is not None:
         on_sample(0)
     rc = proc.returncode
+    assert rc is not None
     text = job.log.read_text(errors="replace")
     step = last_step(text)
     version = job.toolkit.version

@@ -16,6 +16,20 @@ Modes
     toolkit's ``verbose_file`` does not receive) goes to this process's stdout/stderr, which
     the runner sends to the build log.
 
+``zygote FD [FOLDER]``
+    A fork server (:mod:`rkpart.compile.zygote`): imports ``rknn.api`` once (torch, onnx, scipy,
+    cv2: ~3.5 s of CPU, 5-15 s of wall, which every build and simulator session otherwise pays),
+    then serves requests on the ``AF_UNIX`` ``SOCK_SEQPACKET`` socket ``FD``: each message
+    ``{"id": n, "argv": [...], "cwd": ..., "env": {...}}`` carries three file descriptors (the
+    child's stdin, stdout, stderr).  It forks one child per request, which starts a session of its
+    own (a timeout kills its whole group), dies with the zygote (``PR_SET_PDEATHSIG``), takes the
+    request's cwd, environment and descriptors and runs ``main(argv)`` as the script would; a
+    crash kills only the child.  Replies: ``{"id": n, "pid": p}`` once forked,
+    ``{"id": n, "pid": p, "status": code}`` when reaped (``status`` as ``Popen.returncode``:
+    negative for a signal).  The zygote never builds anything itself, so every child starts from
+    the same just-imported state.  End of the socket (rkpart gone, even by SIGKILL): it kills
+    every child's group and exits.
+
 ``config-keys``
     Prints ``{"config_keys": [...]}``: the options ``RKNN.config`` accepts (checked once by
     rkpart before any build).
@@ -383,6 +397,122 @@ def config_keys() -> int:
     return 0
 
 
+def _send(sock: Any, msg: JsonObject) -> None:
+    sock.send(json.dumps(msg).encode())
+
+
+def zygote(fd: int, folder: str = "") -> int:
+    """The fork server (see the module docstring, ``zygote FD [FOLDER]``; ``FOLDER``: its own, removed
+    when it ends)."""
+    import select
+    import signal
+    import socket
+
+    sock = socket.socket(fileno=fd)
+    children: dict[int, int] = {}  # pid -> request id
+    try:
+        from rknn.api import RKNN  # noqa: F401 - the import every child would pay, paid once here
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _send(sock, {"ready": True, "pid": os.getpid(), "toolkit": _toolkit_version()})
+        # asleep until a request or a child's end (SIGCHLD wakes the select): no polling while idle
+        woken, wake = os.pipe()
+        os.set_blocking(woken, False)
+        os.set_blocking(wake, False)
+        signal.set_wakeup_fd(wake)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        while True:
+            r, _, _ = select.select([sock, woken], [], [], 5.0)
+            if woken in r:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(woken, 4096)
+            if sock in r:
+                data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
+                if not data:  # rkpart is gone
+                    for f in fds:
+                        os.close(f)
+                    return 0
+                req = json.loads(data)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                # the pid is handed out once the child is a session leader (its group can be killed)
+                settled, settled_w = os.pipe()
+                pid = os.fork()
+                if pid == 0:
+                    os.close(settled)
+                    signal.set_wakeup_fd(-1)
+                    os.close(woken)
+                    os.close(wake)
+                    _zygote_child(sock, fds, req, settled_w)  # never returns
+                os.close(settled_w)
+                os.read(settled, 1)  # EOF: the child closed it after setsid (or died)
+                os.close(settled)
+                for f in fds:
+                    os.close(f)
+                children[pid] = int(req["id"])
+                _send(sock, {"id": req["id"], "pid": pid})
+            while children:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if not pid:
+                    break
+                rid = children.pop(pid, None)
+                if rid is not None:
+                    _send(sock, {"id": rid, "pid": pid, "status": os.waitstatus_to_exitcode(status)})
+    except OSError:  # the socket broke (rkpart died mid-reply): as for its end
+        return 0
+    finally:  # leave nothing of ours running, and not our folder
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+        if folder and os.path.basename(folder).startswith("rkpart-zygote-"):
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _zygote_child(sock: Any, fds: list[int], req: JsonObject, settled: int) -> None:
+    """A forked child of the zygote: becomes the worker the request names, then exits."""
+    import signal
+    import tempfile
+
+    code = 1
+    try:
+        os.setsid()
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+        os.close(settled)
+        sock.close()
+        for i, f in enumerate(fds):
+            os.dup2(f, i)
+        for f in fds:
+            if f > 2:
+                os.close(f)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        tempfile.tempdir = None  # TMPDIR is the request's now
+        argv = [str(a) for a in req["argv"]]
+        sys.argv = [__file__, *argv]
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - whatever happens, the child ends here, not in the zygote's loop
+        traceback.print_exc()
+        code = 1
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "build":
         return build(argv[1])
@@ -390,7 +520,9 @@ def main(argv: list[str]) -> int:
         return simulate()
     if argv and argv[0] == "config-keys":
         return config_keys()
-    print("usage: worker_main.py build REQUEST.json | simulate | config-keys", file=sys.stderr)
+    if len(argv) >= 2 and argv[0] == "zygote":
+        return zygote(int(argv[1]), argv[2] if len(argv) > 2 else "")
+    print("usage: worker_main.py build REQUEST.json | simulate | config-keys | zygote FD", file=sys.stderr)
     return 2
 
 

@@ -800,7 +800,13 @@ def sampling_module(folder: Path) -> Any:
         raise BundleError(f"cannot import {path}")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    # no __pycache__/ written into the bundle: it stays as shipped (the manifest lists every file, and
+    # a read-only or byte-compared bundle folder must not change because it ran)
+    writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.dont_write_bytecode = writes
     _SAMPLING[str(path)] = mod
     return mod
 

@@ -43,7 +43,7 @@ from typing import IO, Any
 import numpy as np
 
 from rkpart.compile.cache import ENTRY_KIND
-from rkpart.compile.runner import WORKER, kill_group, worker_env
+from rkpart.compile.runner import WORKER, kill_group, spawn_worker, worker_env
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.errors import SpecError, ToolkitError, UserError
 from rkpart.io import confined_file
@@ -70,10 +70,9 @@ class SimSession:
         (self.work / "tmp").mkdir()
         self.log_path = log or self.work / "worker.log"
         self._log: IO[bytes] = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the session
-        self.proc = subprocess.Popen(
-            [str(toolkit.python), str(worker), "simulate"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._log, cwd=self.work, env=worker_env(self.work / "home", self.work / "tmp"),
-            start_new_session=True)
+        self.proc = spawn_worker(toolkit.python, worker, ["simulate"], cwd=self.work,
+                                 env=worker_env(self.work / "home", self.work / "tmp"),
+                                 stderr=self._log.fileno(), pipes=True)
         self._buf = b""
         #: the worker's resident set after its last reply (bytes; 0 before the first)
         self.rss = 0

@@ -136,7 +136,11 @@ def bundle_runner(bundle: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location(f"board_runner_{abs(hash(str(bundle)))}", bundle / "runner.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # the bundle stays as bundled
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.dont_write_bytecode = writes
     return mod
 
 

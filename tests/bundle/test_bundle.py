@@ -57,12 +57,17 @@ def load_runner(bundle: Path) -> ModuleType:
     spec = importlib.util.spec_from_file_location("bundle_runner", bundle / "runner.py")
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    writes, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # the bundle stays as bundled
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.dont_write_bytecode = writes
     return mod
 
 
 def run_cli(bundle: Path, *args: str, standin: Path | None, importtime: bool = False) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in (STANDIN, "PYTHONPATH")}
+    # as on the board: no PYTHONDONTWRITEBYTECODE (the bundle must stay as bundled all the same)
+    env = {k: v for k, v in os.environ.items() if k not in (STANDIN, "PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     if standin is not None:
         env[STANDIN] = str(standin)
     cmd = [sys.executable, *(["-X", "importtime"] if importtime else []), str(bundle / "runner.py"), *args]

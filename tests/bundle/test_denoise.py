@@ -76,6 +76,8 @@ def test_runner_loop_writes_drifts_reference_latent_and_cfg_parallel_the_same_by
     rep = json.loads(p.stdout)
     assert rep["cfg_parallel"] is True and len(rep["per_step"]) == 4 and rep["passes_per_step"] == 2
     assert np.load(par).tobytes() == x.tobytes()
+    # run as on the board (bytecode on): the bundle is as bundled, the pipeline's sampler left no __pycache__
+    assert not list(bundle.rglob("__pycache__")), sorted(bundle.rglob("__pycache__"))
 
 
 def test_denoise_from_python_follows_drift_with_shift_seed_and_given_conditioning(

@@ -94,6 +94,17 @@ def _node_of(pid: int, nodes: list[Any]) -> Any | None:
     return None
 
 
+def _is_build(p: psutil.Process, cmd: str) -> bool:
+    """A build worker: started as ``worker_main.py build``, or forked by a zygote (rkpart.compile.zygote),
+    whose command line is its zygote's."""
+    if " build " in f"{cmd} ":
+        return True
+    try:
+        return " zygote " in cmd and " ".join(psutil.Process(p.info["ppid"]).cmdline()) == cmd
+    except psutil.Error:
+        return False
+
+
 def test_a_node_killed_mid_build_is_retried_elsewhere_and_not_cached_as_a_failure(
         tmp_path: Path, tk250: Toolkit, cluster: Any) -> None:
     folder = tmp_path / "ray"
@@ -107,9 +118,9 @@ def test_a_node_killed_mid_build_is_retried_elsewhere_and_not_cached_as_a_failur
     killed = None
     deadline = time.monotonic() + 300
     while killed is None and time.monotonic() < deadline and t.is_alive():
-        for p in psutil.process_iter(["pid", "cmdline"]):
+        for p in psutil.process_iter(["pid", "ppid", "cmdline"]):
             cmd = " ".join(p.info["cmdline"] or [])
-            if "worker_main.py" in cmd and " build " in f"{cmd} " and str(folder) not in cmd:
+            if "worker_main.py" in cmd and _is_build(p, cmd) and str(folder) not in cmd:
                 node = _node_of(p.info["pid"], list(cluster.worker_nodes))
                 if node is not None:
                     killed = node

@@ -18,6 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.targets.rewrites import REWRITES, rewrites_for
+from tests import sampling
 from tests.targets.rewrite_check import cpu_layers_before_after, rewritten, run_unoptimised
 
 ROW = tuple(r for r in REWRITES if r.name == "reduce-sum-matmul")
@@ -166,10 +167,13 @@ def test_230_runs_the_sum_on_the_npu_once_rewritten(keepdims: int, tmp_path: Pat
 
 #: the exports of the sweep whose NPU stages hold a last-axis ReduceSum (the linear attentions' key sums)
 EXPORTS = [("sana_wm", "torchscript"), ("sana_wm", "dynamo"), ("sana_video", "torchscript"), ("sana_video", "dynamo")]
+#: Sana-WM's dynamo plan (4 min) holds the key sums its TorchScript plan holds
+CASES = [sampling.full_only(f, e, id=f"{f}-{e}", why="sana_wm-torchscript has the same key sums")
+         if (f, e) == ("sana_wm", "dynamo") else pytest.param(f, e, id=f"{f}-{e}") for f, e in EXPORTS]
 
 
 @pytest.mark.export
-@pytest.mark.parametrize(("family", "exporter"), EXPORTS, ids=[f"{f}-{e}" for f, e in EXPORTS])
+@pytest.mark.parametrize(("family", "exporter"), CASES)
 def test_plan_stages_keep_the_rewrite_under_the_gate(family: str, exporter: str, tmp_path: Path) -> None:
     """The split plan's NPU stages for 2.3.0: the rewrite matches each block's key sum and passes the
     check ``rkpart compile`` makes of it (the stage under ONNX Runtime, seeded inputs, 1e-6 relative)."""
