@@ -423,11 +423,11 @@ def zygote(fd: int, folder: str = "") -> int:
         signal.set_wakeup_fd(wake)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         while True:
-            r, _, _ = select.select([sock, woken], [], [], 5.0)
+            r, _, _ = select.select([sock.fileno(), woken], [], [], 5.0)
             if woken in r:
                 with contextlib.suppress(BlockingIOError):
                     os.read(woken, 4096)
-            if sock in r:
+            if sock.fileno() in r:
                 data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 3)
                 if not data:  # rkpart is gone
                     for f in fds:
