@@ -146,8 +146,7 @@ class PeerWatch:
             with self._lock:
                 self.stops.append(HangStop(stage, toolkit, cpu_s, wall_s, b.cpu_s, b.why))
             self.say(f"[hang] {stage}: {cpu_s:.0f} s of CPU ({wall_s:.0f} s wall), past its budget of "
-                     f"{b.cpu_s:.0f} s ({b.why}): stopped as a hang; retried with the workaround its log names, "
-                     "then reduced")
+                     f"{b.cpu_s:.0f} s ({b.why}): stopped as a hang (its workarounds are tried next)")
             return f"stopped as a hang after {cpu_s:.0f} s of CPU, past {b.cpu_s:.0f} s ({b.why})"
 
         return check

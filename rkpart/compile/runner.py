@@ -217,12 +217,18 @@ def peak_of(pid: int) -> int:
     return 0
 
 
-def kill_group(pgid: int) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after a grace period."""
+def kill_group(pgid: int, reap: Callable[[], object] | None = None) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after a grace period.
+
+    ``reap``: reaps the group's leader if it exited (a non-blocking wait): a leader that died on SIGTERM
+    stays in the group as a zombie until its parent waits for it, which kept every kill waiting out the
+    whole grace period."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + TERM_GRACE_S
     while time.monotonic() < deadline:
+        if reap is not None:
+            reap()
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
@@ -287,7 +293,7 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
                     stopped = job.watch(cpu, time.monotonic() - t0)
                 if stopped is not None or (job.timeout is not None and time.monotonic() - t0 > job.timeout):
                     timed_out = True
-                    kill_group(proc.pid)
+                    kill_group(proc.pid, proc.poll)  # poll: reaps the leader once it died
                     proc.wait()
                     reaped = True
                     break

@@ -8,7 +8,6 @@ minutes.  The real hang (RFD4's ``replace_rms_norm`` on 2.5.0) is built in ``tes
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -64,7 +63,8 @@ def test_a_watch_tells_once_without_peers_and_stops_past_its_budget() -> None:
 
 
 def test_the_rule_a_hung_build_is_rebuilt_without() -> None:
-    log = ("D fuse_ops ...\nD fuse_ops results:\nD     convert_gemm_by_exmatmul: remove node = ['a'], add node = ['b']\n"
+    log = ("D fuse_ops ...\nD fuse_ops results:\n"
+           "D     convert_gemm_by_exmatmul: remove node = ['a'], add node = ['b']\n"
            "D     replace_rms_norm: remove node = ['norm_sq', 'norm', 'cond_weight'], add node = ['h_tp']\n")
     assert hang_rules(log) == ("replace_rms_norm",)  # the last rewrite before it stopped returning
     assert hang_rules(log, known=("fuse_exnorm_mul",)) == ("fuse_exnorm_mul",)  # a known issue's own rules
@@ -103,26 +103,26 @@ def test_a_build_far_past_its_peers_is_stopped_said_and_rebuilt_with_its_rule_of
     hang = next(i for i, m in enumerate(lines) if m.startswith("[hang] erf:"))
     assert "stopped as a hang" in lines[hang] and "finished build(s) predict" in lines[hang]
     # told when it was stopped, before the retry (not in the summary at the end)
-    assert lines[hang + 1:].index(next(m for m in lines if m.startswith("[rules disabled] erf: fake_rule"))) >= 0
-    assert said[hang][0] - t0 < 45
+    retry = next(i for i, m in enumerate(lines) if m.startswith("[rules disabled] erf: fake_rule"))
+    assert hang < retry and said[hang][0] - t0 < 45
     [h] = rep.hangs
-    assert h.stage == "erf" and h.cpu_s > h.budget_s >= 1.0 and h.resolved_by == "rknn-toolkit2 fake, disable_rules=['fake_rule']"
+    assert h.stage == "erf" and h.cpu_s > h.budget_s >= 1.0
+    assert h.resolved_by == "rknn-toolkit2 fake, disable_rules=['fake_rule']"
     j = rep.to_json()
     assert j["hangs"][0]["stage"] == "erf" and j["hangs"][0]["resolved_by"].endswith("disable_rules=['fake_rule']")
     assert all(s["cpu_s"] > 0 for s in j["stages"])
-    # the plan records the stopped build as a timeout failure that says why
-    erf = rep.plan.stage("erf")
-    assert erf.artifact() is not None
+    assert rep.plan.stage("erf").artifact() is not None
 
 
 @pytest.mark.slow
 def test_a_stage_that_hangs_with_every_workaround_is_reduced_by_a_default_compile(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, example_model: Path) -> None:
-    """The bundled example, ``split`` for 2.5.0: a FAKE 2.5.0 spins on any graph holding block 1's
-    attention Softmax and names no rule.  The default compile stops that stage as a hang, finds no rule to
-    turn off, reduces the stage to the Softmax (a candidate "hangs" past 3x the slowest build's CPU, at
-    least the 1 s floor), moves it to the host, partitions the model again and builds: every stage built,
-    and the plan still computes the model (ONNX Runtime)."""
+    """The bundled example, ``split`` for 2.5.0: a FAKE 2.5.0 spins on any graph holding block 1's FFN
+    ``Erf`` and names no rule.  The default compile stops that stage as a hang (block 0's FFN, its twin,
+    built first), finds no rule to turn off, reduces the stage to the ``Erf`` (a candidate "hangs" past 3x
+    the slowest build's CPU, at least the 1 s floor), moves it to the host, partitions the model again and
+    builds: every stage built (the others from the cache), and the plan still computes the model (ONNX
+    Runtime)."""
     from rkpart.cli import main
     from rkpart.compile.compile import CompileOptions
     from rkpart.plan.plan import load_plan
@@ -138,9 +138,9 @@ def test_a_stage_that_hangs_with_every_workaround_is_reduced_by_a_default_compil
     r = CliRunner().invoke(main, ["partition", str(example_model), "-s", "split", "--toolkit", "2.5.0",
                                   "-o", str(folder), "-q"])
     assert r.exit_code == 0, r.output
-    softmax = "/transformer_blocks.1/attn1/Softmax"
+    erf = "/transformer_blocks.1/ff/net.0/Erf"
     fake = Toolkit(version="2.5.0", python=Path(sys.executable), managed=False)
-    opts = CompileOptions(fake, "rk3588", {"fake_burn": 0.1, "fake_spin": {"node": softmax}}, worker=FAKE_WORKER,
+    opts = CompileOptions(fake, "rk3588", {"fake_spin": {"node": erf}}, worker=FAKE_WORKER,
                           timeout=120, hang_factor=3, hang_floor=1.0, shared_cache=tmp_path / "rknn-cache")
     said: list[str] = []
     t0 = time.monotonic()
@@ -148,14 +148,15 @@ def test_a_stage_that_hangs_with_every_workaround_is_reduced_by_a_default_compil
     wall = time.monotonic() - t0
     assert rep.failed == () and rep.built, [o.failures for o in rep.outcomes]
     [rnd] = rounds
-    assert rnd.moved == (softmax,) and rnd.failed_before == 1 and rnd.failed_after == 0
-    assert any(m.startswith("[hang] b01.attn") for m in said)
+    assert rnd.moved == (erf,) and rnd.failed_before == 1 and rnd.failed_after == 0
+    assert any(m.startswith("[hang] b01.ffn") for m in said)
+    assert rep.cached and {o.stage_id for o in rep.built} <= {"b01.ffn", "b01.ffn.1"}  # only what changed
     assert any("reducing each to the ops that hang its build alone" in m for m in said)
     plan, _ = load_plan(folder)
     why = {h["op"]: h["why"] for h in plan.extra["capability"]["host_ops"]}
-    assert "stopped as a hang" in why[softmax] and "fails the build the same way alone" in why[softmax]
+    assert "stopped as a hang" in why[erf] and "fails the build the same way alone" in why[erf]
     feeds = random_inputs(plan.tensors, plan.inputs, seed=0)
     ref = run_model(example_model, feeds, plan.outputs)
     out = run_plan(plan, folder, feeds)
     assert all(compare(out[n], ref[n]).cosine > 0.99999 for n in plan.outputs)
-    print(json.dumps({"wall_s": round(wall, 1)}))
+    assert wall < 120, wall
