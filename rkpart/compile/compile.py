@@ -821,6 +821,8 @@ class _Context:
         rknn = self.cache.rknn_path(p.key)
         text = res.log.read_text(errors="replace") if res.ok else ""
         fail = self._failure(p, res, tk, rel_log, text)
+        if res.kind == "timeout" and res.stopped is None and p.job is not None and p.job.timeout is not None:
+            self.hangs.timed_out(tk.version, p.stage.id, res.cpu_s, res.wall_s, p.job.timeout)
         if fail is not None:
             if fail.deterministic:
                 self.cache.put_failure(p.key, fail)

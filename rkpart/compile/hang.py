@@ -83,7 +83,8 @@ def budget(peers: list[Peer], nodes: int, size_bytes: int, factor: float = HANG_
 
 @dataclass(frozen=True)
 class HangStop:
-    """A build stopped as a hang (``compile --json``'s ``hangs``)."""
+    """A build that did not return: stopped as a hang, or killed at ``--timeout`` (``compile --json``'s
+    ``hangs``; ``budget_s`` is then the timeout, in wall seconds)."""
 
     stage: str
     toolkit: str
@@ -118,6 +119,12 @@ class PeerWatch:
         if peer.cpu_s > 0:
             with self._lock:
                 self.peers.setdefault(toolkit, {})[peer.stage] = peer
+
+    def timed_out(self, toolkit: str, stage: str, cpu_s: float, wall_s: float, timeout: float) -> None:
+        """A build of ``stage`` killed at its wall-clock ``timeout`` (no peer had judged it first)."""
+        with self._lock:
+            self.stops.append(HangStop(stage, toolkit, cpu_s, wall_s, timeout, f"killed at --timeout {timeout:g} s "
+                                       "(wall)"))
 
     def budget(self, toolkit: str, stage: str, nodes: int, size_bytes: int) -> Budget | None:
         """The stage's budget from the other stages' builds of ``toolkit`` (a stage is no peer of itself)."""
