@@ -66,6 +66,9 @@ class Branch:
     core: frozenset[int]
     gate: frozenset[int]
     core_in: tuple[str, ...]  # stream-side inputs of the core (after AdaLN)
+    #: tensors of other streams the branch reads through an AdaLN of theirs, in its pre (a stream that
+    #: has no branch in the region: :func:`_ending_streams_pre`)
+    reads: tuple[str, ...] = ()
 
     @property
     def ops(self) -> frozenset[int]:
@@ -879,7 +882,7 @@ def _merge_overlapping(branches: list[Branch]) -> list[tuple[tuple[Branch, ...],
     for b in sorted(branches, key=lambda x: x.add):
         if b.pre & claimed:
             b = Branch(add=b.add, skip=b.skip, stream=b.stream, pre=b.pre - claimed, core=b.core, gate=b.gate,
-                       core_in=b.core_in)
+                       core_in=b.core_in, reads=b.reads)
         body = set(b.core | b.gate)
         hit = [g for g in groups if g[1] & body]
         claimed |= b.pre
@@ -906,8 +909,10 @@ def _ending_streams_pre(mg: ModelGraph, reach: Reach, regions: list[tuple[tuple[
     reads the text stream through ``norm1_context`` (an ``AdaLayerNormContinuous``: its own modulation
     GEMV, LayerNorm, ``* (1 + scale) + shift``) and adds no text residual.  Without a text branch the
     image branch held that AdaLN in its core, and ``split`` put it and its modulation GEMV in the NPU
-    stage whatever ``--adaln`` / ``--modulation`` said.  Only a *modulated* norm is taken (a plain norm
-    of another stream, read by a cross-attention's keys, stays in the core as before); it must leave
+    stage whatever ``--adaln`` / ``--modulation`` said.  The same holds for a cross-modal attention that
+    reads the other stream through that stream's AdaLN (LTX-2, AV-DiT, Kandinsky 6, RFD4): the other
+    stream has branches, but none in this region.  Only a *modulated* norm is taken (a plain norm of
+    another stream, read by a cross-attention's keys, stays in the core as before); it must leave
     through one tensor, as a branch's own ``pre`` must.
     """
     out: list[tuple[tuple[Branch, ...], frozenset[int]]] = []
@@ -921,7 +926,7 @@ def _ending_streams_pre(mg: ModelGraph, reach: Reach, regions: list[tuple[tuple[
                 pre, out_t = _pre_from(mg, reach, b.core - b.pre, t, b.gate)
                 if pre and out_t is not None and _adaln_kind(mg, pre, dep) == "adaln":
                     b = Branch(add=b.add, skip=b.skip, stream=b.stream, pre=b.pre | pre, core=b.core - pre,
-                               gate=b.gate, core_in=(*b.core_in, out_t))
+                               gate=b.gate, core_in=(*b.core_in, out_t), reads=(*b.reads, t))
             new[k] = b
         out.append((tuple(new), ops))
     return out
@@ -1099,7 +1104,7 @@ def _name_regions(
                     # cross-attentions to the face tokens), or no-op casts (Kandinsky 6)
                     touched |= _streams_behind(mg, t, owned - core, stream_tensors)
         # and a stream that ends here, read through its own AdaLN (:func:`_ending_streams_pre`)
-        touched |= {stream_tensors[t] for b in brs for i in b.pre for t in mg.op(i).inputs if t in stream_tensors}
+        touched |= {stream_tensors[t] for b in brs for t in b.reads}
         if len(touched) > 1 and att:
             kind, name = "joint_attention", "jattn"
         elif att == "cross_attention":

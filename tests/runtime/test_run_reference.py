@@ -1,6 +1,8 @@
 """``rkpart run PLAN --reference OUTPUTS.npz`` gates a plan against saved outputs without the whole model.
 
-The model: the bundled example DiT with one dead node of an op no runtime here knows
+Two models ONNX Runtime refuses whole while every stage of their plans loads: PixArt's dynamo export
+(the exporter's Squeeze of a dim of 16), gated against torch's own output; and, without torch, the
+bundled example DiT with one dead node of an op no runtime here knows
 (``com.example:Foo``, as an exporter leaves a custom op whose result nothing reads).  ONNX Runtime
 refuses the whole graph at load (it wants a kernel for every node); rkpart drops the dead node when
 it loads the model, so every stage of the plan loads.  The saved outputs are the model's own,
@@ -95,3 +97,28 @@ def test_a_reference_without_the_inputs_is_refused_in_one_line(refused: tuple[Pa
     np.savez(ins, **{k: held[k] for k in plan.inputs})
     r = CliRunner().invoke(main, ["run", str(folder), "--inputs", str(ins), "--reference", str(outs_only), "-q"])
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.export
+def test_an_export_ort_refuses_whole_is_gated_against_torchs_outputs(tmp_path: Path) -> None:
+    """PixArt's dynamo export: ONNX Runtime refuses the whole file (the exporter's Squeeze of a dim of 16,
+    which torch's ``squeeze(d)`` leaves alone); rkpart loads that Squeeze as torch meant it and the plan's
+    stages load.  Gated against torch's own output on the export's example inputs, saved in one .npz."""
+    from tests.models.diffusers_families import cached_export, example_inputs, missing_dependencies, torch_outputs
+
+    if missing_dependencies():
+        pytest.skip(f"not installed: {missing_dependencies()}")
+    model = cached_export("pixart", "dynamo")
+    folder = tmp_path / "plan"
+    cli = CliRunner()
+    assert cli.invoke(main, ["partition", str(model), "-s", "split", "-o", str(folder), "-q"]).exit_code == 0
+    r = cli.invoke(main, ["run", str(folder), "-q"])
+    assert r.exit_code == 5 and "ONNX Runtime cannot load the whole model" in r.output and "Squeeze" in r.output
+    feeds = example_inputs("pixart")
+    ref = tmp_path / "torch.npz"
+    np.savez(ref, **feeds, sample=torch_outputs("pixart", feeds))
+    r = cli.invoke(main, ["run", str(folder), "--reference", str(ref), "--min-cosine", "0.99999", "--max-abs-rel",
+                          "1e-4", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["passed"] and rep["reference_model"] is None and rep["against_reference"]["sample"]["cosine"] > 0.99999
