@@ -64,7 +64,8 @@ BISECT_MAX = 4
 #: how many times a stage is rebuilt with the optimiser rules its failed build named turned off
 RULE_RETRIES = 4
 #: how many times a stage whose build did not return is rebuilt with the rule its log stopped after turned off
-HANG_RULE_RETRIES = 2
+#: (each such build may take the stage's whole budget or --timeout again)
+HANG_RULE_RETRIES = 1
 #: rknn-toolkit2's hint after an optimiser rule failed: "You can add disable_rules=['fuse_x'] in rknn.config()"
 _RULE_HINT = re.compile(r"disable_rules=\[([^\]]*)\]")
 
