@@ -316,7 +316,8 @@ def tolerance_options(f: F) -> F:
     """The numerical gate: ``--reference``, ``--min-cosine``, ``--max-abs-rel``."""
     return _compose(
         click.option("--reference", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help=".npz of reference outputs (e.g. PyTorch fp16) to gate against as well."),
+                     help=".npz of reference outputs (e.g. PyTorch's) to gate against, with the inputs they came "
+                          "from (or --inputs). The whole model is then not loaded, unless --model names it."),
         click.option("--min-cosine", type=float, default=None,
                      help="Gate: minimum cosine [default: 0.999999 for ort, 0.999 for rknn-sim]."),
         click.option("--max-abs-rel", type=float, default=None,

@@ -178,6 +178,53 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: CompileOptions,
     return report, rounds, stuck
 
 
+def compile_reducing_hangs(plan_path: str | os.PathLike[str], opts: CompileOptions, progress: Progress = silent
+                           ) -> tuple[CompileReport, list[RepartitionRound]]:
+    """``rkpart compile`` without ``--repartition``: compile the plan, and reduce the stages whose builds
+    did not return as ``--repartition`` reduces a hang.
+
+    A build that runs far past its peers is stopped and retried with the workaround its log names by the
+    compile itself (:mod:`rkpart.compile.hang`); a stage that still does not return (stopped, or killed at
+    ``--timeout``) is reduced to the ops that hang its build alone (:func:`rkpart.triage.isolate.failing_ops`);
+    they go to the host, the plan's model is partitioned again into the plan folder with its strategy and
+    options (the moves and cuts the plan already has kept), and the plan is compiled again, only the
+    stages that changed built.  One round: crashes, errors and CPU layers are left to ``--repartition``.
+
+    Returns the last compile report and the round (none when nothing hung, or nothing was found).
+    """
+    _, folder = load_plan(plan_path)
+    folder = Path(folder)
+    report = compile_folder(folder, opts, progress)
+    hung = {o.stage_id for o in report.failed if o.failures and o.failures[-1].kind == "timeout"}
+    if not hung:
+        return report, []
+    others = {o.stage_id for o in report.failed} - hung
+    if opts.stages or not opts.cache:  # the plan would change under a --stage list, and rebuild whole
+        progress(f"{', '.join(sorted(hung))} did not return with any workaround; reducing it partitions the plan "
+                 "again, which --stage and --no-cache rule out: compile without them to reduce it")
+        return report, []
+    progress(f"{len(hung)} stage(s) did not return with any workaround ({', '.join(sorted(hung))}): reducing each to "
+             "the ops that hang its build alone, as --repartition does; they move to the host")
+    moved = isolate.failing_ops(report, folder, opts, isolate.Isolated(), progress, skip=others)
+    if not moved:
+        progress("no smaller graph hangs the build (the machine's, not the graph's: a larger --timeout, or fewer "
+                 f"parallel builds, may build it): {', '.join(sorted(hung))} stays failed")
+        return report, []
+    cap = report.plan.extra.get("capability") or {}
+    forced = {str(h["op"]): str(h["why"]) for h in cap.get("host_ops") or () if h.get("op")}
+    cuts = {str(c["before"]): str(c["why"]) for c in cap.get("cuts") or () if c.get("before")}
+    before, failed = sum(len(o.cpu_ops) for o in report.outcomes), len(report.failed)
+    try:
+        _write_again(report.plan, folder, opts, {**forced, **moved}, cuts, progress)
+    except UserError as e:  # the plan's model is gone or changed: the stage stays as it failed
+        progress(f"the ops that hang {', '.join(sorted(hung))} were found but the plan cannot be partitioned again "
+                 f"({e})")
+        return report, []
+    report = compile_folder(folder, opts, progress)
+    return report, [RepartitionRound(1, tuple(sorted(moved)), before, sum(len(o.cpu_ops) for o in report.outcomes),
+                                     len(report.built), (), failed, len(report.failed))]
+
+
 def _write_again(plan: Plan, folder: Path, opts: CompileOptions, forced: Mapping[str, str],
                  cuts: Mapping[str, str], progress: Progress) -> None:
     """Partition the plan's model again into ``folder`` with its strategy, ``forced`` ops on the host."""
@@ -230,4 +277,5 @@ def graph_io_of(model: Path) -> dict[str, bool]:
     return {t: any(d <= 0 for d in vt[1]) for t, vt in graph_io(model).inputs.items()}  # symbolic reads as 0
 
 
-__all__ = ["MAX_REPARTITION_ROUNDS", "RepartitionRound", "compile_repartition", "crash_cuts", "graph_io_of"]
+__all__ = ["MAX_REPARTITION_ROUNDS", "RepartitionRound", "compile_reducing_hangs", "compile_repartition", "crash_cuts",
+           "graph_io_of"]

@@ -25,6 +25,7 @@ from rkpart.cli_args import (
     toolkits_dir_option,
     user_errors,
 )
+from rkpart.compile.hang import HANG_FACTOR, HANG_FLOOR_S
 from rkpart.errors import ResourceError, ToolkitError
 from rkpart.progress import Reporter
 from rkpart.targets.rewrites import SKIPPABLE_REWRITES
@@ -89,6 +90,13 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
               help="Upper bound on parallel builds (memory is checked before each start).")
 @click.option("--timeout", type=FiniteFloat(min=0, min_open=True), default=None,
               help="Seconds per build before it is killed [default: 900 + 2 per MiB of the stage's weights].")
+@click.option("--hang-factor", type=FiniteFloat(min=0), default=HANG_FACTOR, show_default=True, metavar="X",
+              help="Stop a build as a hang once its process tree used X times the CPU time the builds that finished "
+                   "before it predict for its size (and at least --hang-floor), then retry it with the optimiser "
+                   "rule its log stopped after turned off and, failing that, reduce it to the ops that hang it "
+                   "(they move to the host); 0: only --timeout stops a build.")
+@click.option("--hang-floor", type=FiniteFloat(min=0), default=HANG_FLOOR_S, show_default=True, metavar="SECONDS",
+              help="CPU seconds no build is stopped as a hang before.")
 @click.option("--fallback-toolkit", default=None, help="Retry failed stages with this toolkit version.")
 @click.option("--cache-dir", type=click.Path(file_okay=False), default=None,
               help="Build cache shared between plans, in addition to the plan's rknn/ folder "
@@ -139,14 +147,15 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
 @json_option(help="Print a machine-readable summary on stdout.")
 @user_errors
 def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: JsonObject, jobs: int,
-                timeout: float | None, fallback_toolkit: str | None, cache_dir: str | None, no_cache: bool,
+                timeout: float | None, hang_factor: float, hang_floor: float, fallback_toolkit: str | None,
+                cache_dir: str | None, no_cache: bool,
                 stage_ids: tuple[str, ...], retry_failed: bool, rewrites: bool, skip_rewrites: tuple[str, ...],
                 repartition: bool, strict_npu: bool,
                 executor: str, address: str | None, precision: str, calibration: str | None,
                 quantized_algorithm: str, precision_spec: str | None, toolkits_dir: str | None, quiet: bool,
                 as_json: bool) -> None:
     """Build every NPU stage of PLAN into an .rknn file with rknn-toolkit2."""
-    from rkpart.compile.compile import CompileOptions, compile_folder
+    from rkpart.compile.compile import CompileOptions
 
     if no_cache and cache_dir:
         raise click.UsageError("--no-cache and --cache-dir contradict each other")
@@ -163,7 +172,7 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: JsonObject,
                           rewrites=rewrites, skip_rewrites=frozenset(skip_rewrites), strict_npu=strict_npu,
                           executor=executor, address=address,
                           precision=precision, calibration=calibration, quantized_algorithm=quantized_algorithm,
-                          precision_spec=precision_spec)
+                          precision_spec=precision_spec, hang_factor=hang_factor, hang_floor=hang_floor)
     rounds: list[RepartitionRound] = []
     stuck: list[str] = []
     with Reporter(quiet=quiet) as progress:
@@ -171,9 +180,12 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: JsonObject,
             from rkpart.repartition import compile_repartition
 
             report, rounds, stuck = compile_repartition(plan, opts, progress)
-        else:
-            report = compile_folder(plan, opts, progress)
-    emit(as_json, lambda: {**report.to_json(), **({"repartition": _rounds_json(rounds, stuck)} if repartition else {})},
+        else:  # a stage that never returns is reduced as --repartition reduces it (rkpart.compile.hang)
+            from rkpart.repartition import compile_reducing_hangs
+
+            report, rounds = compile_reducing_hangs(plan, opts, progress)
+    emit(as_json, lambda: {**report.to_json(), **({"repartition": _rounds_json(rounds, stuck)} if repartition else
+                                                  {"hang_reduction": _rounds_json(rounds, stuck)} if rounds else {})},
          lambda: "\n".join([format_summary(report), *_plan_precision_line(report), *(r.describe() for r in rounds),
                             *([f"CPU layers no repartition can move: {', '.join(stuck)}"] if stuck else [])]))
     if report.failed:

@@ -32,7 +32,8 @@ from rkpart.progress import Reporter
               help="rknnlite: NPU cores for RKNNLite.init_runtime [default: auto].")
 @click.option("--model", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Whole model to compare against [default: the plan's source model, found at its recorded "
-                   "path or next to the plan folder and used only if its sha256 matches the plan's].")
+                   "path or next to the plan folder and used only if its sha256 matches the plan's; none with "
+                   "--reference].")
 @tolerance_options
 @click.option("--per-stage", is_flag=True, help="Also compare every NPU stage with ONNX Runtime on the same inputs.")
 @click.option("--save-outputs", type=OutputFile(), default=None,
@@ -46,7 +47,7 @@ def run(plan_path: Path, inputs: Path | None, seed: int, backend: str, toolkit: 
         model: Path | None,
         reference: Path | None, min_cosine: float | None, max_abs_rel: float | None, per_stage: bool,
         save_outputs: Path | None, force: bool, residency: str, as_json: bool, quiet: bool) -> None:
-    """Execute PLAN stage by stage and gate it against the whole model."""
+    """Execute PLAN stage by stage and gate it against the whole model (or --reference's saved outputs)."""
     from rkpart.runtime.validate import RunOptions, validate_plan_run
 
     if save_outputs is not None:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from rkpart.compile.cache import ArtifactCache, build_key, config_hash, measured_stage_bytes, normalise_config
 from rkpart.compile.compiler_plan import artifact_compiler_plan, compiler_meta
+from rkpart.compile.hang import HANG_FACTOR, HANG_FLOOR_S, HangStop, Peer, PeerWatch, hang_rules
 from rkpart.compile.placement import CONSTANT_OUTPUTS, missing_outputs
 from rkpart.compile.placement import cpu_ops as parse_cpu_ops
 from rkpart.compile.precision import (
@@ -62,6 +63,9 @@ LOG_DIR = "logs"
 BISECT_MAX = 4
 #: how many times a stage is rebuilt with the optimiser rules its failed build named turned off
 RULE_RETRIES = 4
+#: how many times a stage whose build did not return is rebuilt with the rule its log stopped after turned off
+#: (each such build may take the stage's whole budget or --timeout again)
+HANG_RULE_RETRIES = 1
 #: rknn-toolkit2's hint after an optimiser rule failed: "You can add disable_rules=['fuse_x'] in rknn.config()"
 _RULE_HINT = re.compile(r"disable_rules=\[([^\]]*)\]")
 
@@ -75,6 +79,17 @@ def named_rules(log_text: str) -> tuple[str, ...]:
             if name not in out:
                 out.append(name)
     return tuple(out)
+
+
+def _hang_rules(text: str, failure: BuildFailure) -> tuple[str, ...]:
+    """The rules a build that did not return is rebuilt without: those of the known issue its log matches
+    (:attr:`~rkpart.targets.known_issues.KnownIssue.fusion_rules`), else the last rule it shows rewriting
+    the graph (:func:`rkpart.compile.hang.hang_rules`)."""
+    from rkpart.targets.known_issues import match_log
+
+    issue = match_log(text, signal=failure.signal, toolkit=failure.toolkit, kind=failure.kind,
+                      exit_code=failure.exit_code)
+    return hang_rules(text, issue.fusion_rules if issue is not None else ())
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,7 @@ class StageOutcome:
     blocks: tuple[int, ...] = ()  # blocks the stage covers (for the per-block report)
     #: NPU rewrites left out of the built stage -> why (failed the ORT check, or the build failed with it)
     dropped_rewrites: Mapping[str, str] = field(default_factory=dict)
+    cpu_s: float = 0.0  # CPU seconds of the build's process tree (0: not built here, or not measured)
 
     @property
     def cpu_ops(self) -> tuple[str, ...]:
@@ -115,6 +131,7 @@ class StageOutcome:
             "artifact": self.artifact.to_json() if self.artifact else None,
             "failures": [f.to_json() for f in self.failures],
             "wall_s": round(self.wall_s, 2),
+            "cpu_s": round(self.cpu_s, 2),
             "peak_rss_bytes": self.peak_rss_bytes,
             "log": self.log,
             "dropped_rewrites": dict(self.dropped_rewrites),
@@ -129,6 +146,8 @@ class CompileReport:
     outcomes: tuple[StageOutcome, ...]
     wall_s: float
     settings: JsonObject = field(default_factory=dict)
+    #: builds stopped as hangs, far past their peers (:mod:`rkpart.compile.hang`), oldest first
+    hangs: tuple[HangStop, ...] = ()
 
     @property
     def failed(self) -> tuple[StageOutcome, ...]:
@@ -150,6 +169,7 @@ class CompileReport:
             "cached": len(self.cached),
             "failed": len(self.failed),
             "cpu_ops_per_block": self.cpu_ops_per_block(),
+            "hangs": [h.to_json() for h in self.hangs],
             "wall_s": round(self.wall_s, 2),
         }
 
@@ -210,6 +230,9 @@ class CompileOptions:
     memory_margin: int = DEFAULT_MARGIN  # bytes of RAM the scheduler keeps free
     worker: Path = WORKER  # the build worker script; replaced only by test fakes
     learn: bool = True  # record CPU layers in the learned-placement store (rkpart.grouping.learned)
+    #: a build past this many times the CPU time its peers predict is stopped as a hang (0: only ``timeout``)
+    hang_factor: float = HANG_FACTOR
+    hang_floor: float = HANG_FLOOR_S  # ... and never before this many CPU seconds (rkpart.compile.hang)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stages", tuple(self.stages))
@@ -388,7 +411,8 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
                        shared=shared, model=model, timeout=opts.timeout, jobs=opts.jobs,
                        retry_failed=opts.retry_failed, margin=opts.memory_margin, available=available,
                        worker=opts.worker, say=say, t0=t0,
-                       rewrites=opts.rewrites, skip_rewrites=frozenset(opts.skip_rewrites), precisions=precisions)
+                       rewrites=opts.rewrites, skip_rewrites=frozenset(opts.skip_rewrites), precisions=precisions,
+                       hangs=PeerWatch(say, opts.hang_factor, opts.hang_floor))
         if opts.executor == "ray":
             from rkpart.compile.ray_executor import RayRunner
 
@@ -423,7 +447,25 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
                                                                             else ()),
                                         dropped_rewrites=dict(_dropped(ctx.prepared.get(s.id))))
                     for s in chosen)
-    return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings)
+    return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings,
+                         hangs=_resolved(ctx.hangs.stops, outcomes, ctx.disabled_rules, ctx.prepared))
+
+
+def _resolved(stops: Sequence[HangStop], outcomes: Mapping[str, StageOutcome],
+              rules: Mapping[str, tuple[str, ...]], prepared: Mapping[str, PreparedRecord | None]
+              ) -> tuple[HangStop, ...]:
+    """``stops`` with how each stage was built in the end (``None``: it was not: still failed)."""
+    out = []
+    for h in stops:
+        o = outcomes.get(h.stage)
+        how = None
+        if o is not None and o.artifact is not None:
+            dropped = sorted(_dropped(prepared.get(h.stage)))
+            how = (f"rknn-toolkit2 {o.artifact.toolkit}, disable_rules={list(rules[h.stage])}" if rules.get(h.stage)
+                   else f"rknn-toolkit2 {o.artifact.toolkit} without NPU rewrite(s) {', '.join(dropped)}" if dropped
+                   else f"rknn-toolkit2 {o.artifact.toolkit}" + (" (fallback)" if o.artifact.fallback_reason else ""))
+        out.append(dataclasses.replace(h, resolved_by=how))
+    return tuple(out)
 
 
 def _precisions(plan: Plan, chosen: tuple[Stage, ...], opts: CompileOptions, spec: PrecisionSpec | None,
@@ -539,6 +581,8 @@ class _Context:
     datasets: dict[str, str] = field(default_factory=dict)
     #: stage id -> the optimiser rules its builds turn off (``disable_rules``): named by a failed build
     disabled_rules: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    #: the peers of every build and the builds stopped as hangs (rkpart.compile.hang)
+    hangs: PeerWatch = field(default_factory=lambda: PeerWatch(lambda _m: None, 0.0))
 
     def compile_round(self, stages: Sequence[Stage], tk: Toolkit,
                       fallback_reason: Mapping[str, str] | None) -> dict[str, StageOutcome]:
@@ -559,6 +603,7 @@ class _Context:
         with both off (before, a ``--repartition`` round cut the stage)."""
         by_id = {s.id: s for s in stages}
         first = {sid: o for sid, o in outcomes.items() if o.status == "failed"}
+        hang_retries: dict[str, int] = {}
         for _ in range(RULE_RETRIES):
             again = []
             for sid, o in outcomes.items():
@@ -566,11 +611,18 @@ class _Context:
                     continue
                 path = self.folder / str(o.failures[-1].log)
                 text = read_log(path, self.folder) if os.path.lexists(path) else ""
-                new = [r for r in named_rules(text) if r not in self.disabled_rules.get(sid, ())]
+                f = o.failures[-1]
+                hung = f.kind == "timeout" and hang_retries.get(sid, 0) < HANG_RULE_RETRIES
+                named = named_rules(text) if f.kind != "timeout" else _hang_rules(text, f) if hung else ()
+                new = [r for r in named if r not in self.disabled_rules.get(sid, ())]
                 if new:
                     self.disabled_rules[sid] = (*self.disabled_rules.get(sid, ()), *new)
+                    why = (f"did not return after {', '.join(new)} rewrote the graph" if f.kind == "timeout"
+                           else f"failed in {', '.join(new)} and named it")
+                    if f.kind == "timeout":
+                        hang_retries[sid] = hang_retries.get(sid, 0) + 1
                     self.say(f"[rules disabled] {sid}: {', '.join(self.disabled_rules[sid])} (the rknn-toolkit2 "
-                             f"{tk.version} build failed in {', '.join(new)} and named it): rebuilding")
+                             f"{tk.version} build {why}): rebuilding")
                     again.append(by_id[sid])
             if not again:
                 break
@@ -679,6 +731,9 @@ class _Context:
                 outcomes[s.id] = StageOutcome(stage_id=s.id, status="cached", toolkit=tk.version,
                                               artifact=self._artifact(key, meta, reason, self.datasets.get(s.id)),
                                               log=meta.get("log"))
+                cpu = meta.get("cpu_s")  # recorded when it was built: a peer of the builds that follow
+                if isinstance(cpu, (int, float)) and not isinstance(cpu, bool):
+                    self.hangs.add(tk.version, Peer(s.id, float(cpu), s.num_nodes, measured_stage_bytes(onnx)))
                 self.say(f"[cached] {s.id}  rknn-toolkit2 {tk.version}")
                 continue
             fail = None if self.retry_failed else self.cache.get_failure(key)
@@ -693,11 +748,12 @@ class _Context:
             without = "".join(f".without-{n}" for n in sorted(drops.get(s.id, ())))  # keeps the first log
             without += f".rules-off-{len(self.disabled_rules[s.id])}" if self.disabled_rules.get(s.id) else ""
             log = self.folder / RKNN_DIR / LOG_DIR / f"{s.id}.{tk.version}{without}.log"
+            timeout = self.timeout if self.timeout is not None else default_build_timeout(size)
             job = BuildJob(stage_id=s.id, onnx=onnx, output=self.cache.rknn_path(key), log=log,
-                           config=config, toolkit=tk,
-                           timeout=self.timeout if self.timeout is not None else default_build_timeout(size),
+                           config=config, toolkit=tk, timeout=timeout,
                            est_peak_rss=self.model.estimate(tk.version, size), size_bytes=size,
-                           worker=self.worker, quantize=quantize)
+                           worker=self.worker, quantize=quantize,
+                           watch=self.hangs.watch(tk.version, s.id, s.num_nodes, size, timeout))
             todo.append(_Pending(stage=s, onnx=onnx, key=key, job=job))
         if not todo:
             return outcomes
@@ -766,6 +822,8 @@ class _Context:
         rknn = self.cache.rknn_path(p.key)
         text = res.log.read_text(errors="replace") if res.ok else ""
         fail = self._failure(p, res, tk, rel_log, text)
+        if res.kind == "timeout" and res.stopped is None and p.job is not None and p.job.timeout is not None:
+            self.hangs.timed_out(tk.version, p.stage.id, res.cpu_s, res.wall_s, p.job.timeout)
         if fail is not None:
             if fail.deterministic:
                 self.cache.put_failure(p.key, fail)
@@ -773,7 +831,7 @@ class _Context:
                 rknn.unlink(missing_ok=True)
             return StageOutcome(stage_id=p.stage.id, status="failed", toolkit=tk.version, artifact=None,
                                 failures=(fail,), wall_s=res.wall_s, peak_rss_bytes=res.peak_rss_bytes,
-                                log=rel_log)
+                                log=rel_log, cpu_s=res.cpu_s)
         meta = {
             "toolkit": tk.version,
             "target": self.target,
@@ -785,6 +843,7 @@ class _Context:
             **compiler_meta(text),
             "stage_sha256": p.stage.sha256,
             "wall_s": round(res.wall_s, 2),
+            "cpu_s": round(res.cpu_s, 2),
             "peak_rss_bytes": res.peak_rss_bytes,
             "log": rel_log,
         }
@@ -799,9 +858,11 @@ class _Context:
         self.cache.put_meta(p.key, meta)
         if self.shared is not None:
             self.cache.export_to(self.shared, p.key)
+        if p.job is not None:  # a peer of the builds still running and of those that follow
+            self.hangs.add(tk.version, Peer(p.stage.id, res.cpu_s, p.stage.num_nodes, p.job.size_bytes))
         return StageOutcome(stage_id=p.stage.id, status="built", toolkit=tk.version,
                             artifact=self._artifact(p.key, meta, reason, self.datasets.get(p.stage.id)),
-                            wall_s=res.wall_s,
+                            wall_s=res.wall_s, cpu_s=res.cpu_s,
                             peak_rss_bytes=res.peak_rss_bytes, log=rel_log)
 
     def _artifact(self, key: str, meta: JsonMap, reason: str | None,

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 
+from rkpart.compile.hang import Watch
 from rkpart.compile.placement import last_step, open_native_pass
 from rkpart.compile.toolkits import Toolkit
 from rkpart.compile.zygote import ZygoteChild, zygote_for
@@ -83,6 +84,9 @@ class BuildJob:
     worker: Path = WORKER  # replaced only by fault-injection fakes in tests
     #: int8 / hybrid: {"dataset": abs path, "hybrid": bool, ...} (rkpart.compile.precision); None: fp16
     quantize: JsonMap | None = None
+    #: asked at every sample with the CPU seconds of the build's process tree and the wall seconds: a reason
+    #: stops the build as a hang before ``timeout`` (:mod:`rkpart.compile.hang`); local builds only
+    watch: Watch | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,10 @@ class BuildResult:
     log: Path
     last_step: str | None
     extra: JsonObject = field(default_factory=dict)
+    #: CPU seconds of the build's process tree (0 where not measured: a Ray task)
+    cpu_s: float = 0.0
+    #: why the build was stopped as a hang (its watch), or ``None``
+    stopped: str | None = None
 
     def failure(self, rel_log: str) -> BuildFailure:
         """The plan's ``failures`` entry for this result (a failed one).
@@ -172,15 +180,23 @@ def spawn_worker(python: Path, worker: Path, args: list[str], *, cwd: Path, env:
 
 def tree_rss(proc: psutil.Process) -> int:
     """Resident memory of ``proc`` and all its descendants, in bytes (0 if gone)."""
-    total = 0
+    return tree_usage(proc)[0]
+
+
+def tree_usage(proc: psutil.Process) -> tuple[int, float]:
+    """Resident memory (bytes) and CPU time (seconds: user + system, with the children each process has
+    reaped) of ``proc`` and all its descendants; ``(0, 0.0)`` if gone."""
+    rss, cpu = 0, 0.0
     try:
         procs = [proc, *proc.children(recursive=True)]
     except psutil.Error:
-        return 0
+        return 0, 0.0
     for p in procs:
         with contextlib.suppress(psutil.Error):
-            total += p.memory_info().rss
-    return total
+            rss += p.memory_info().rss
+            t = p.cpu_times()
+            cpu += t.user + t.system + getattr(t, "children_user", 0.0) + getattr(t, "children_system", 0.0)
+    return rss, cpu
 
 
 def peak_of(pid: int) -> int:
@@ -201,12 +217,18 @@ def peak_of(pid: int) -> int:
     return 0
 
 
-def kill_group(pgid: int) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left after a grace period."""
+def kill_group(pgid: int, reap: Callable[[], object] | None = None) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left after a grace period.
+
+    ``reap``: reaps the group's leader if it exited (a non-blocking wait): a leader that died on SIGTERM
+    stays in the group as a zombie until its parent waits for it, which kept every kill waiting out the
+    whole grace period."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + TERM_GRACE_S
     while time.monotonic() < deadline:
+        if reap is not None:
+            reap()
         try:
             os.killpg(pgid, 0)
         except (ProcessLookupError, PermissionError):
@@ -246,6 +268,8 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
     t0 = time.monotonic()
     peak = 0
     timed_out = False
+    stopped: str | None = None  # the watch's reason
+    cpu = 0.0  # CPU seconds of the process tree, as last sampled (it only grows)
     own = 0  # the worker's own high water (peak_of), sampled while it runs and reported by it at the end
     with open(job.log, "wb") as log:
         proc = spawn_worker(job.toolkit.python, job.worker, argv[2:], cwd=work,
@@ -255,18 +279,21 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
             ps = psutil.Process(proc.pid)
             while True:
                 own = max(own, peak_of(proc.pid))
-                if proc.poll() is not None:
+                if proc.poll() is not None:  # (its CPU time: as last sampled, at most SAMPLE_S short)
                     reaped = True
                     break
-                rss = tree_rss(ps)
+                rss, used = tree_usage(ps)
                 peak = max(peak, rss)
+                cpu = max(cpu, used)
                 if on_sample is not None:
                     on_sample(rss)
                 if cancel is not None and cancel.is_set():
                     raise KeyboardInterrupt
-                if job.timeout is not None and time.monotonic() - t0 > job.timeout:
+                if job.watch is not None:
+                    stopped = job.watch(cpu, time.monotonic() - t0)
+                if stopped is not None or (job.timeout is not None and time.monotonic() - t0 > job.timeout):
                     timed_out = True
-                    kill_group(proc.pid)
+                    kill_group(proc.pid, proc.poll)  # poll: reaps the leader once it died
                     proc.wait()
                     reaped = True
                     break
@@ -298,9 +325,11 @@ def _run_in(work: Path, job: BuildJob, on_sample: Callable[[int], None] | None,
         sig = signal.Signals(-rc).name if rc < 0 else None
         return BuildResult(stage_id=job.stage_id, ok=ok, kind=kind, message=message, toolkit=version,
                            exit_code=code, signal=sig, wall_s=wall, peak_rss_bytes=peak, rknn_size=size,
-                           log=job.log, last_step=step, extra=result)
+                           log=job.log, last_step=step, extra=result, cpu_s=cpu, stopped=stopped)
 
     at = f"in rknn-toolkit2 {version}" + (f", last step {step}" if step else "")
+    if stopped is not None:
+        return done(False, "timeout", f"{stopped} (build killed) {at}")
     if timed_out:
         return done(False, "timeout", f"timed out after {job.timeout:g} s (build killed) {at}")
     if rc < 0:

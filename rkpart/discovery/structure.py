@@ -66,6 +66,9 @@ class Branch:
     core: frozenset[int]
     gate: frozenset[int]
     core_in: tuple[str, ...]  # stream-side inputs of the core (after AdaLN)
+    #: tensors of other streams the branch reads through an AdaLN of theirs, in its pre (a stream that
+    #: has no branch in the region: :func:`_ending_streams_pre`)
+    reads: tuple[str, ...] = ()
 
     @property
     def ops(self) -> frozenset[int]:
@@ -192,7 +195,7 @@ def discover(mg: ModelGraph, *, min_blocks: int = 1) -> Discovery:
     branches = [_branch(mg, reach, a, st.skip_of[a], st.stream_of[a], dep, st.stream_producers,  # 3
                         st.entry_of.get(a))
                 for a in sorted(st.stream_of)]
-    regions_ops = _merge_overlapping(branches)
+    regions_ops = _ending_streams_pre(mg, reach, _merge_overlapping(branches), st.stream_tensors, dep)
     side = [i for i in reach.order if not dep >> i & 1 and not before >> i & 1]  # 4
     feeds = _side_feeds(mg, side, regions_ops)
     region_list = _name_regions(mg, regions_ops, dep, st.stream_tensors, st.txt, st.phases, reach)  # 5
@@ -879,7 +882,7 @@ def _merge_overlapping(branches: list[Branch]) -> list[tuple[tuple[Branch, ...],
     for b in sorted(branches, key=lambda x: x.add):
         if b.pre & claimed:
             b = Branch(add=b.add, skip=b.skip, stream=b.stream, pre=b.pre - claimed, core=b.core, gate=b.gate,
-                       core_in=b.core_in)
+                       core_in=b.core_in, reads=b.reads)
         body = set(b.core | b.gate)
         hit = [g for g in groups if g[1] & body]
         claimed |= b.pre
@@ -895,6 +898,58 @@ def _merge_overlapping(branches: list[Branch]) -> list[tuple[tuple[Branch, ...],
             groups.remove(g)
     return [(tuple(sorted(g[0], key=lambda x: x.add)), frozenset().union(*(x.ops for x in g[0])))
             for g in groups]
+
+
+def _ending_streams_pre(mg: ModelGraph, reach: Reach, regions: list[tuple[tuple[Branch, ...], frozenset[int]]],
+                        stream_tensors: dict[str, int], dep: int) -> list[tuple[tuple[Branch, ...], frozenset[int]]]:
+    """Regions whose core reads a stream that has no branch in them, through an AdaLN of that stream:
+    that AdaLN is the region's ``pre``, as a branch of the stream would have it.
+
+    A stream can end inside a region: SD3's last block is ``context_pre_only``, so its joint attention
+    reads the text stream through ``norm1_context`` (an ``AdaLayerNormContinuous``: its own modulation
+    GEMV, LayerNorm, ``* (1 + scale) + shift``) and adds no text residual.  Without a text branch the
+    image branch held that AdaLN in its core, and ``split`` put it and its modulation GEMV in the NPU
+    stage whatever ``--adaln`` / ``--modulation`` said.  The same holds for a cross-modal attention that
+    reads the other stream through that stream's AdaLN (LTX-2, AV-DiT, Kandinsky 6, RFD4): the other
+    stream has branches, but none in this region.  Only a *modulated* norm is taken (a plain norm of
+    another stream, read by a cross-attention's keys, stays in the core as before); it must leave
+    through one tensor, as a branch's own ``pre`` must.
+    """
+    out: list[tuple[tuple[Branch, ...], frozenset[int]]] = []
+    for brs, ops in regions:
+        own = {b.stream for b in brs}
+        new = list(brs)
+        for k, b in enumerate(brs):
+            foreign = sorted({t for i in b.core for t in mg.op(i).inputs
+                              if t in stream_tensors and stream_tensors[t] not in own})
+            for t in foreign:
+                pre, out_t = _pre_from(mg, reach, b.core - b.pre, t, b.gate)
+                if pre and out_t is not None and _adaln_kind(mg, pre, dep) == "adaln":
+                    b = Branch(add=b.add, skip=b.skip, stream=b.stream, pre=b.pre | pre, core=b.core - pre,
+                               gate=b.gate, core_in=(*b.core_in, out_t), reads=(*b.reads, t))
+            new[k] = b
+        out.append((tuple(new), ops))
+    return out
+
+
+def _pre_from(mg: ModelGraph, reach: Reach, ops: frozenset[int], entry_tensor: str,
+              gate: frozenset[int]) -> tuple[frozenset[int], str | None]:
+    """The ops of ``ops`` between ``entry_tensor`` and the first weighted ops it reaches (their common
+    ancestors), and the one tensor they leave through (``None``: not one)."""
+    entry = [c for c in mg.consumers.get(entry_tensor, []) if c in ops]
+    entry += [c for c in _real_consumers(mg, entry_tensor) if c in ops and c not in entry]
+    weighted = [i for i in ops if (mg.op(i).op_type in WEIGHTED_OPS or mg.op(i).op_type in ATTENTION_OPS)
+                and any(e == i or reach.is_ancestor(e, i) for e in entry)]
+    first = [i for i in weighted if not any(reach.is_ancestor(w, i) for w in weighted if w != i)]
+    if not first:
+        return frozenset(), None
+    common = -1
+    for f in first:
+        common &= reach.anc[f]
+    pre = frozenset(unbits(common & bits(ops) & ~bits(gate)))
+    outs = sorted({t for i in pre for t in mg.op(i).outputs
+                   if any(c in ops and c not in pre for c in mg.consumers.get(t, []))})
+    return (pre, outs[0]) if pre and len(outs) == 1 else (frozenset(), None)
 
 
 @dataclass(frozen=True)
@@ -1048,6 +1103,8 @@ def _name_regions(
                     # earlier unit reading the same tensor took into its core (ConsisID's two perceiver
                     # cross-attentions to the face tokens), or no-op casts (Kandinsky 6)
                     touched |= _streams_behind(mg, t, owned - core, stream_tensors)
+        # and a stream that ends here, read through its own AdaLN (:func:`_ending_streams_pre`)
+        touched |= {stream_tensors[t] for b in brs for t in b.reads}
         if len(touched) > 1 and att:
             kind, name = "joint_attention", "jattn"
         elif att == "cross_attention":

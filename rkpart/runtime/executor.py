@@ -357,12 +357,17 @@ def _recorded_model(plan: Plan, folder: Path) -> Path:
                     f"{', '.join(map(str, cands))} has the plan's sha256); pass --model")
 
 
-def run_model(model: str | Path, feeds: Feeds, outputs: tuple[str, ...] | None = None) -> Feeds:
-    """The whole model under ONNX Runtime: the reference every plan is checked against."""
+def run_model(model: str | Path, feeds: Feeds, outputs: tuple[str, ...] | None = None, *,
+              load_hint: str = "") -> Feeds:
+    """The whole model under ONNX Runtime: the reference every plan is checked against.
+
+    A model ONNX Runtime refuses to load is said to be that (``load_hint`` appended: what to do instead),
+    not blamed on the plan's inputs and outputs, which only a run can disagree with."""
     from rkpart.runtime.ort import ort_errors
 
-    with ort_errors(f"whole model {model} (do the plan's inputs and outputs match it?)"):
+    with ort_errors(f"ONNX Runtime cannot load the whole model {model}{load_hint}"):
         sess = make_session(str(model))
+    with ort_errors(f"whole model {model} (do the plan's inputs and outputs match it?)"):
         names = list(outputs) if outputs else [o.name for o in sess.get_outputs()]
         return dict(zip(names, sess.run(names, feeds), strict=True))
 

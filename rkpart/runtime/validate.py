@@ -11,7 +11,7 @@ import numpy as np
 
 from rkpart.errors import UserError
 from rkpart.io import regular_file
-from rkpart.plan.plan import load_plan
+from rkpart.plan.plan import Plan, load_plan
 from rkpart.progress import Progress, advance, silent
 from rkpart.roles import pass_inputs
 from rkpart.runtime import get_backend
@@ -29,12 +29,14 @@ class RunReport:
     per_stage: dict[str, dict[str, Metrics]] = field(default_factory=dict)
     gate: Gate = field(default_factory=Gate)
     failures: list[str] = field(default_factory=list)
-    reference_model: str | None = None
+    reference_model: str | None = None  # None: the whole model was not loaded (gated against saved outputs)
+    reference_outputs: str | None = None  # the --reference .npz
 
     def to_json(self) -> JsonObject:
         return {
             "backend": self.backend,
             "reference_model": self.reference_model,
+            "reference_outputs": self.reference_outputs,
             "gate": {"min_cosine": self.gate.min_cosine, "max_abs_rel": self.gate.max_abs_rel},
             "end_to_end": {k: m.to_json() for k, m in self.end_to_end.items()},
             "against_reference": {k: m.to_json() for k, m in self.against_reference.items()},
@@ -69,8 +71,9 @@ class RunOptions:
     seed: int = 0
     backend: str = "ort"  # executor of NPU stages
     toolkit: str | None = None  # rknn-toolkit2 version for backend rknn-sim
-    model: Path | None = None  # whole model to compare against; None: the plan's source model
-    reference: Path | None = None  # .npz of reference outputs to gate against as well
+    #: whole model to compare against; None: the plan's source model, or none when ``reference`` is given
+    model: Path | None = None
+    reference: Path | None = None  # .npz of reference outputs (and the inputs they came from) to gate against
     min_cosine: float | None = None  # None: 0.999999 for ort, 0.999 otherwise
     max_abs_rel: float | None = None  # None: 1e-5 for ort, off otherwise
     per_stage: bool = False  # also compare each NPU stage with ONNX Runtime
@@ -82,7 +85,12 @@ class RunOptions:
 def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
                       progress: Progress = silent, **kwargs: Any) -> RunReport:
     """Run the plan at ``plan_path`` as ``options`` say (or as keyword arguments, the same
-    fields) and gate it against the whole model and the reference."""
+    fields) and gate it against the whole model and the reference.
+
+    With a ``reference`` and no ``model`` the plan is gated against the reference alone and the whole
+    model is never loaded (ONNX Runtime may refuse it whole, or it may not fit the memory, when its
+    stages load): the plan runs on ``inputs``, else on the reference's own arrays named as the plan's
+    inputs (the inputs its outputs came from)."""
     opts = dataclasses.replace(options or RunOptions(), **kwargs)
     inputs, seed, backend, model = opts.inputs, opts.seed, opts.backend, opts.model
     reference, per_stage, save_outputs = opts.reference, opts.per_stage, opts.save_outputs
@@ -97,15 +105,24 @@ def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
     for p, what in ((inputs, "inputs"), (reference, "reference")):
         if p is not None:
             regular_file(p, what=what)
+    whole = reference is None or model is not None  # compare with the whole model under ONNX Runtime
+    refd = _reference_outputs(reference, plan) if reference is not None else {}
     # masks all-valid, id grids and integer inputs their values, never noise (rkpart.roles)
-    feeds = load_inputs(inputs, plan) if inputs else pass_inputs(plan, folder, seed)
-    model = find_model(plan, folder, model)
+    feeds = (load_inputs(inputs, plan) if inputs else _reference_inputs(reference, plan) if reference and not whole
+             else pass_inputs(plan, folder, seed))
     gate = Gate(
         min_cosine=min_cosine if min_cosine is not None else (0.999999 if backend == "ort" else 0.999),
         max_abs_rel=max_abs_rel if max_abs_rel is not None else (1e-5 if backend == "ort" else None),
     )
-    progress(f"reference: whole model {model} on ONNX Runtime")
-    ref = run_model(model, feeds, plan.outputs)
+    ref: dict[str, np.ndarray] = {}
+    if whole:
+        model = find_model(plan, folder, model)
+        progress(f"reference: whole model {model} on ONNX Runtime")
+        ref = run_model(model, feeds, plan.outputs, load_hint=" to compare the plan with (its stages load on their "
+                        "own: gate the plan against saved outputs instead, `rkpart run PLAN --reference OUTPUTS.npz`, "
+                        "with the inputs in that file or --inputs)")
+    else:
+        progress(f"reference: the saved outputs in {reference} (the whole model is not loaded)")
     be = get_backend(backend, toolkit=opts.toolkit, core_mask=opts.core_mask or "auto")
     stage_metrics: dict[str, dict[str, Metrics]] = {}
     env_before: dict[str, np.ndarray] = dict(feeds)
@@ -134,19 +151,41 @@ def validate_plan_run(plan_path: Path, options: RunOptions | None = None,
             with open(tmp, "wb") as f:
                 np.savez(f, **outs)  # type: ignore[arg-type]
             mark_npz(tmp)  # how `--force` knows the file for one rkpart wrote
-    e2e = {k: compare(outs[k], ref[k]) for k in plan.outputs}
-    against: dict[str, Metrics] = {}
-    if reference is not None:
-        from rkpart.readers import read_npz
-
-        refd = read_npz(reference, what="reference", names=plan.outputs)
-        for k in plan.outputs:
-            if k not in refd:
-                raise UserError(f"reference {reference} has no array {k!r}")
-            against[k] = compare(outs[k], refd[k].astype(outs[k].dtype))
+    e2e = {k: compare(outs[k], ref[k]) for k in plan.outputs} if whole else {}
+    against = {k: compare(outs[k], refd[k].astype(outs[k].dtype)) for k in plan.outputs} if reference else {}
     failures = []
     for label, d in (("vs ONNX Runtime", e2e), ("vs reference", against)):
         for k, m in d.items():
             failures += [f"{k} {label}: {f}" for f in gate.failures(m)]
     return RunReport(backend=backend, end_to_end=e2e, against_reference=against, per_stage=stage_metrics,
-                     gate=gate, failures=failures, reference_model=str(model))
+                     gate=gate, failures=failures, reference_model=str(model) if whole else None,
+                     reference_outputs=str(reference) if reference is not None else None)
+
+
+def _reference_outputs(reference: Path, plan: Plan) -> dict[str, np.ndarray]:
+    """The plan's outputs as the ``--reference`` file holds them, checked before anything runs."""
+    from rkpart.readers import read_npz
+
+    refd = read_npz(reference, what="reference", names=plan.outputs)
+    for k in plan.outputs:
+        if k not in refd:
+            raise UserError(f"reference {reference} has no array {k!r} (the plan's outputs: {', '.join(plan.outputs)})")
+        want = tuple(plan.tensors[k].shape)
+        if tuple(refd[k].shape) != want or refd[k].dtype.kind not in "biuf":
+            raise UserError(f"reference {reference}: {k!r} is {refd[k].dtype}{list(refd[k].shape)}, the plan's output "
+                            f"{plan.tensors[k].dtype}{list(want)}")
+    return refd
+
+
+def _reference_inputs(reference: Path, plan: Plan) -> dict[str, np.ndarray]:
+    """The plan's inputs from the ``--reference`` file (the inputs its outputs came from)."""
+    from rkpart.readers import read_npz
+
+    held = read_npz(reference, what="reference", names=plan.inputs)
+    missing = [n for n in plan.inputs if n not in held]
+    if missing:
+        raise UserError(f"reference {reference} holds no input {missing[0]!r}: without the whole model the plan runs "
+                        "on the inputs its reference outputs came from; save them in that file (one array per model "
+                        f"input: {', '.join(plan.inputs)}) or pass --inputs FILE.npz (or --model to compare with the "
+                        "whole model on other inputs)")
+    return load_inputs(reference, plan)

@@ -13,7 +13,7 @@ raises in a rule that fuses nothing, or a crash the cuts did not avoid -- is iso
    (:func:`rkpart.triage.reduce.reduce_graph`): "fails the same way" is the log's exception line
    with its numbers and shapes generalised (a smaller graph names smaller shapes), or the same
    signal or exit code for a crash, or a build that does not return for a timeout (within
-   :func:`hang_limit`, a few times the plan's slowest successful build).  The smallest failing
+   :func:`hang_limit` seconds of CPU, a few times the plan's slowest successful build).  The smallest failing
    graph's ops are the new motif.  A timeout may be the machine's (a large stage on a slow
    machine): then no smaller graph hangs, nothing is found and nothing moves.
 
@@ -49,10 +49,13 @@ REDUCE_SECONDS = 600.0
 #: failures a move can work around (the graph's fault); OOM, disk and resource limits are the machine's.  A
 #: timeout may be either: the reduction decides (a smaller graph that still does not return is the graph's)
 _ISOLATABLE = ("crash", "error", "timeout")
-#: a reduction candidate of a stage whose build timed out "does not return" after this many times the
-#: plan's slowest successful build (at least :data:`HANG_MIN_S`, at most ``--timeout``)
+#: a reduction candidate of a stage whose build timed out "does not return" after this many times the CPU
+#: seconds of the plan's slowest successful build (at least :data:`HANG_MIN_S`, or the compile's hang floor
+#: when that is lower; at most ``--timeout``)
 HANG_FACTOR = 3.0
 HANG_MIN_S = 30.0
+#: a candidate's wall-clock limit is this many times its CPU limit (a build that sleeps, not spins)
+HANG_WALL_SLACK = 10.0
 #: failing candidates of such a reduction the time budget allows (RFD4's hang: 12 of 25 builds failed)
 HANG_FAILED_BUILDS = 15
 
@@ -124,7 +127,8 @@ def failing_ops(report: CompileReport, folder: Path, opts: CompileOptions, state
 
     say = progress or (lambda _m: None)
     stages = {s.id: s for s in report.plan.stages}
-    slowest = max((o.wall_s for o in report.outcomes if o.status == "built"), default=0.0)
+    # CPU seconds where measured (a machine shared with other builds stretches wall time, not CPU time)
+    slowest = max((o.cpu_s or o.wall_s for o in report.outcomes if o.status == "built"), default=0.0)
     out: dict[str, str] = {}
     for o in report.outcomes:
         if o.status != "failed" or not o.failures or o.stage_id in skip or o.stage_id not in stages:
@@ -159,11 +163,11 @@ def failing_ops(report: CompileReport, folder: Path, opts: CompileOptions, state
     return dict(sorted(out.items()))
 
 
-def hang_limit(slowest_s: float, timeout: float | None) -> float:
-    """Seconds after which a reduction candidate of a stage whose build timed out counts as not returning:
-    :data:`HANG_FACTOR` times the plan's slowest successful build (``slowest_s``), at least
-    :data:`HANG_MIN_S`, at most ``timeout``."""
-    limit = max(HANG_MIN_S, HANG_FACTOR * slowest_s)
+def hang_limit(slowest_s: float, timeout: float | None, floor: float = HANG_MIN_S) -> float:
+    """CPU seconds after which a reduction candidate of a stage whose build timed out counts as not
+    returning: :data:`HANG_FACTOR` times the plan's slowest successful build (``slowest_s``), at least
+    ``floor`` (:data:`HANG_MIN_S`), at most ``timeout``."""
+    limit = max(floor, HANG_FACTOR * slowest_s)
     return min(limit, timeout) if timeout is not None else limit
 
 
@@ -184,9 +188,14 @@ def _reduce(mg: ModelGraph, built: Path, o: StageOutcome, f: BuildFailure, text:
                        fail_regex=failure_regex(text) if f.kind == "error" else None)
     say(f"stage {o.stage_id} failed in a way no cut fixes: reducing it to the ops that fail "
         f"({spec.describe()}; at most {max_time:.0f} s)")
+    cpu: float | None = None
     if f.kind == "timeout":
-        limit = hang_limit(slowest_s, opts.timeout)
-        max_time = max(max_time, HANG_FAILED_BUILDS * limit)
+        # in CPU seconds, as a default compile judged the stage (rkpart.compile.hang): its hang floor, when
+        # lower than HANG_MIN_S, is the floor here too
+        cpu = hang_limit(slowest_s, opts.timeout, min(HANG_MIN_S, opts.hang_floor) if opts.hang_floor > 0
+                         else HANG_MIN_S)
+        limit = HANG_WALL_SLACK * cpu if opts.timeout is None else min(opts.timeout, HANG_WALL_SLACK * cpu)
+        max_time = max(max_time, HANG_FAILED_BUILDS * cpu)
     else:  # a candidate may hang the toolkit as a stage can: never longer than 5 failed builds
         limit = opts.timeout if opts.timeout is not None else max(60.0, 5 * o.wall_s)
     scratch = folder / "rknn" / ".tmp"
@@ -194,7 +203,7 @@ def _reduce(mg: ModelGraph, built: Path, o: StageOutcome, f: BuildFailure, text:
     try:
         with tempfile.TemporaryDirectory(prefix=f"reduce-{o.stage_id}-", dir=scratch) as work:
             red = reduce_graph(built, tk, spec, BuildSettings(target=opts.target, config=dict(opts.config),
-                                                              timeout=limit),
+                                                              timeout=limit, worker=opts.worker, cpu_limit=cpu),
                                work=Path(work), max_time=max_time, max_linear_passes=2, progress=say)
             names = {n.name for n in red.model.graph.node if n.name}
     except (ReductionError, UserError) as e:

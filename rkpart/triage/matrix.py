@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rkpart.compile.hang import cpu_limit as hang_cpu_limit
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult, run_build
 from rkpart.compile.toolkits import Toolkit
 from rkpart.progress import Progress, advance
@@ -30,17 +31,19 @@ def version_key(v: str) -> tuple[int | str, ...]:
 
 def build_once(onnx: Path, toolkit: Toolkit, *, target: str, config: JsonMap | None = None,
                log: Path, timeout: float | None = None, label: str = "triage",
-               tmp_parent: Path | None = None, worker: Path = WORKER) -> BuildResult:
+               tmp_parent: Path | None = None, worker: Path = WORKER, cpu_limit: float | None = None) -> BuildResult:
     """Build ``onnx`` once with ``toolkit`` in a crash-isolated subprocess; the .rknn is discarded.
 
     The build log is kept at ``log`` (signatures and ``--fail-regex`` are matched against it).
-    ``worker`` is replaced only by fault-injection fakes in tests.
+    ``cpu_limit``: CPU seconds of the build's process tree past which it is stopped as a hang (a
+    ``timeout``), besides ``timeout``'s wall seconds.  ``worker`` is replaced only by fault-injection
+    fakes in tests.
     """
     work = Path(tempfile.mkdtemp(prefix="rkpart-triage-", dir=tmp_parent))
     try:
         job = BuildJob(stage_id=label, onnx=Path(onnx), output=work / "out.rknn", log=Path(log),
                        config={**dict(config or {}), "target_platform": target}, toolkit=toolkit,
-                       timeout=timeout, worker=worker)
+                       timeout=timeout, worker=worker, watch=None if cpu_limit is None else hang_cpu_limit(cpu_limit))
         return run_build(job, tmp_parent=work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -188,12 +191,14 @@ def row_from_result(version: str, res: BuildResult, *, fail_regex: re.Pattern[st
 @dataclass(frozen=True)
 class BuildSettings:
     """How each triage build runs: ``target_platform``, further ``RKNN.config`` options, seconds per
-    build (``None``: no limit) and the build worker (replaced only by fault-injection fakes)."""
+    build (``None``: no limit), CPU seconds per build (the reduction of a hang) and the build worker
+    (replaced only by fault-injection fakes)."""
 
     target: str = "rk3588"
     config: JsonMap = field(default_factory=dict)
     timeout: float | None = None
     worker: Path = WORKER
+    cpu_limit: float | None = None
 
 
 def build_matrix(model: str | Path, toolkits: Sequence[Toolkit], build: BuildSettings = BuildSettings(), *,

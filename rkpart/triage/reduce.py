@@ -288,7 +288,8 @@ class _Oracle:
         log = self.work / "candidate.log"
         b = self.build
         res = build_once(onnx_path, self.toolkit, target=b.target, config=dict(b.config), log=log,
-                         timeout=b.timeout, label="reduce", tmp_parent=self.work, worker=b.worker)
+                         timeout=b.timeout, label="reduce", tmp_parent=self.work, worker=b.worker,
+                         cpu_limit=b.cpu_limit)
         self.builds += 1
         text = log.read_text(errors="replace") if log.is_file() else ""
         sig = match_signature(res)

@@ -71,7 +71,9 @@ ROUTES: list[Route] = [
     Route("fit", ["fit", "{w}/p.jsonl", "--base", "{w}/m.json", "--mix-backends", "-o", "{w}/out/fit.json"],
           frozenset({0}),
           ("out/fit.json",)),
-    Route("run", ["run", "{w}/plan", "--inputs", "{w}/in.npz", "--reference", "{w}/ref.npz", "-q"], frozenset({0})),
+    # --model: with --reference alone, run never reads the whole model
+    Route("run", ["run", "{w}/plan", "--inputs", "{w}/in.npz", "--reference", "{w}/ref.npz",
+                  "--model", "{w}/model.onnx", "-q"], frozenset({0})),
     Route("partition-custom", ["partition", "{w}/model.onnx", "-s", "custom", "--spec", "{w}/host.yaml",
                                "-o", "{w}/out/custom", "-q"], frozenset({0}), ("out/custom",)),
     Route("partition-learned", ["partition", "{w}/model.onnx", "--toolkit", "2.5.0", "-o", "{w}/out/learned", "-q"],

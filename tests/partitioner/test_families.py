@@ -146,3 +146,26 @@ def test_flux_streams_and_rope(export: Export) -> None:
     assert rope and all(i in d.prologue for i in rope)
     # the concat/slice around each single block is stream glue, in no block
     assert d.glue and all(mg.nodes[i].op_type in ("Concat", "Slice") for i in d.glue)
+
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["ts", "dynamo"])
+def test_sd3_last_block_text_adaln_is_host_work(export: Export, dynamo: bool) -> None:
+    """SD3's last block is ``context_pre_only``: its joint attention reads the text stream through
+    ``norm1_context`` (an AdaLayerNormContinuous: its own modulation GEMV, a LayerNorm, ``* (1 + scale)
+    + shift``) and adds no text residual.  That AdaLN is the region's pre and its GEMV modulation, as
+    in the blocks before it, so ``split`` keeps both on the host (they were in the NPU stage)."""
+    from rkpart.pipeline import PartitionConfig, load, propose
+
+    model = export("sd3", dynamo)
+    mg = load_model(model)
+    d = discover(mg)
+    last = d.blocks[-1]
+    jattn = next(r for r in last.regions if r.name == "jattn")
+    ctx = {i for i in last.ops if "norm1_context" in mg.op(i).scope}
+    assert ctx and ctx <= jattn.pre | jattn.mod | last.mod, sorted(mg.op(i).name for i in ctx - jattn.pre)
+    assert {"Gemm", "MatMul"} & {mg.op(i).op_type for i in ctx & (jattn.mod | last.mod)}  # the GEMV
+    assert not ctx & jattn.core
+    prop = propose(load(model), "split", PartitionConfig())
+    for g in prop.partition.groups:
+        if g.device == "npu":
+            assert not any("norm1_context" in prop.graph.op(i).scope for i in g.ops), g.id

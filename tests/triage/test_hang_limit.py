@@ -1,8 +1,9 @@
 """Builds that never return, in ``--repartition``: how long a reduction candidate of such a stage may take
 (rkpart.triage.isolate.hang_limit), and what the round reports.
 
-The toolkit test that reduces a real hang is ``tests/compile/test_repartition.py``
-(``test_a_stage_whose_build_never_returns_is_reduced_and_its_ops_go_to_the_host``).
+A hang no workaround fixes is reduced, against the FAKE worker's spinning build, in
+``tests/compile/test_hang.py``; the real 2.5.0 hang (``tests/compile/test_repartition.py``) is now fixed by
+its rebuild with the rule it stopped after turned off, before any reduction.
 """
 
 from __future__ import annotations
