@@ -4,10 +4,25 @@ After every ``rkpart compile``, each layer the toolkit's layer table places on t
 NPU stage is traced back to the ONNX op of the stage it came from (the table's ``FullName`` is
 ``OpType:node name``) and recorded per target and toolkit as a
 :class:`~rkpart.targets.capability.PlacementPattern` (op type, element type, input ranks,
-which input and output dims are 1).
+which input and output dims are 1, the sizes of every input and output, and the attributes that
+decide its layout, such as a ``Transpose``'s ``perm``).
 Every later ``rkpart partition`` for that toolkit reads the store
 (:func:`rkpart.grouping.propose.propose`) and keeps such ops out of NPU stages unless a rewrite
-removes them, for any model: what one family's build taught holds for the next family.
+removes them, for any model: what one family's build taught holds for an op of exactly the same
+shapes and layout in the next family, and for nothing else.
+
+**What is learned is checked by every later build.**  After a compile, every op of every NPU
+stage it built (or took from the build cache) whose pattern the store holds, and that the build
+did *not* place on the CPU, is evidence against the pattern (:func:`contradict`): the pattern is
+kept in the store with that example under ``npu`` and is no longer applied
+(:func:`load_learned` returns only the patterns no build ran on the NPU).  So a pattern whose
+placement turns on more than its shapes (the op's neighbours, the stage's boundary) stops moving
+ops after the first build that shows it on the NPU, and a build that puts it on the CPU again
+does not revive it: that plan's own layer is moved by ``rkpart compile --repartition``, by name,
+which holds for that plan alone.  ``--repartition`` also checks the moves the store made in its
+plan before its own rounds: the plan is partitioned without the learned placements and the
+stages that changed are built (the stages the moved ops land in); a pattern whose op builds on
+the NPU there is contradicted (:func:`rkpart.repartition.compile_repartition`).
 
 Location: ``$RKPART_CACHE_DIR/placement/<target>-<toolkit>.json`` (else ``~/.cache/rkpart``),
 next to the build cache.  Writes are whole-file and atomic, under a lock on the folder, so
@@ -27,9 +42,11 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+import onnx
 
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes, default_cache_dir
@@ -40,8 +57,9 @@ from rkpart.targets.capability import Capability, PlacementPattern
 PLACEMENT_DIR = "placement"
 FORMAT = "rkpart-learned-placement"
 # 2: patterns carry which dims are 1 (a store of version 1 is re-learned); 3: a reversing Slice is a form of its own;
-# 4: the op giving a stage output of rank > 4 is the boundary's, not learned (a version-3 store may hold such rows)
-VERSION = 4
+# 4: the op giving a stage output of rank > 4 is the boundary's, not learned (a version-3 store may hold such rows);
+# 5: patterns carry sizes and layout attributes, and the builds that ran one on the NPU ("npu": not applied)
+VERSION = 5
 #: a store larger than this is not a store rkpart wrote (patterns are few)
 _MAX_BYTES = 4 << 20
 #: layers kept per pattern as examples (where it was learned)
@@ -72,8 +90,22 @@ def store_path(target: str, toolkit: str, root: Path | None = None) -> Path:
 
 
 def load_learned(target: str, toolkit: str, root: Path | None = None) -> frozenset[PlacementPattern]:
-    """The patterns learned so far for ``target``/``toolkit`` (empty when none, or the store is damaged)."""
-    return frozenset(_read(store_path(target, toolkit, root)))
+    """The patterns learned so far for ``target``/``toolkit`` that no build contradicted (empty when
+    none, or the store is damaged)."""
+    return frozenset(p for p, row in _read(store_path(target, toolkit, root)).items() if not row.npu)
+
+
+def load_contradicted(target: str, toolkit: str, root: Path | None = None) -> frozenset[PlacementPattern]:
+    """The patterns a build put on the CPU and a later build ran on the NPU: held, not applied."""
+    return frozenset(p for p, row in _read(store_path(target, toolkit, root)).items() if row.npu)
+
+
+@dataclass
+class _Row:
+    """What the store holds of one pattern: where a build put it on the CPU, and where one ran it on the NPU."""
+
+    cpu: list[str]
+    npu: list[str]
 
 
 #: the store, read through rkpart's one reader (issue 51): a FIFO there hung every partition, a
@@ -82,7 +114,7 @@ STORE_KIND = FileKind("learned-placement store", "json", _MAX_BYTES, UserError, 
                       doc="`$RKPART_CACHE_DIR/placement/<target>-<toolkit>.json`, read by `partition --toolkit`")
 
 
-def _read(path: Path) -> dict[PlacementPattern, list[str]]:
+def _read(path: Path) -> dict[PlacementPattern, _Row]:
     if not os.path.lexists(path):
         return {}
     try:
@@ -96,39 +128,126 @@ def _read(path: Path) -> dict[PlacementPattern, list[str]]:
         return {}
     if d.get("version") != VERSION:  # an older store's classes are coarser: re-learned by the next builds
         return {}
-    out: dict[PlacementPattern, list[str]] = {}
+    out: dict[PlacementPattern, _Row] = {}
     for row in d["patterns"]:
         try:
             p = PlacementPattern.from_json(row)
         except (KeyError, TypeError, ValueError, AttributeError):
             continue  # a damaged row is skipped, the rest still counts
-        ex = row.get("examples")
-        out[p] = sorted({str(e)[:300] for e in ex} if isinstance(ex, list) else set())[:_EXAMPLES]
+        out[p] = _Row(_examples(row.get("examples")), _examples(row.get("npu")))
     return out
+
+
+def _examples(ex: object) -> list[str]:
+    return sorted({str(e)[:300] for e in ex} if isinstance(ex, list) else set())[:_EXAMPLES]
+
+
+def _update(target: str, toolkit: str, root: Path | None,
+            change: Callable[[dict[PlacementPattern, _Row]], None]) -> None:
+    """Read the store, ``change`` it in place, and write it back when it changed (under the folder's lock)."""
+    path = store_path(target, toolkit, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.parent):
+        known = _read(path)
+        before = {p: _Row(list(r.cpu), list(r.npu)) for p, r in known.items()}
+        change(known)
+        if known != before or not path.is_file():
+            rows = []
+            for p in sorted(known):
+                row = {**p.to_json(), "examples": known[p].cpu}
+                if known[p].npu:
+                    row["npu"] = known[p].npu
+                rows.append(row)
+            doc = {"format": FORMAT, "version": VERSION, "target": target.lower(), "toolkit": toolkit,
+                   "patterns": rows}
+            atomic_write_bytes(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
 
 
 def learn(target: str, toolkit: str, layers: Iterable[CpuLayer], root: Path | None = None) -> list[PlacementPattern]:
     """Add the patterns of ``layers`` to the store; returns the patterns it did not hold before.
 
     Layers without a pattern (not traced to an op) are skipped.  Each pattern keeps up to five
-    example layers (``stage: FullName``); nothing is written when nothing changes.
+    example layers (``stage: FullName``); nothing is written when nothing changes.  A pattern a
+    build already ran on the NPU stays contradicted (not applied): its CPU example is added, and
+    it is not returned.
     """
     rows = [(x, x.pattern) for x in layers if x.pattern is not None]
     if not rows:
         return []
-    path = store_path(target, toolkit, root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path.parent):
-        known = _read(path)
-        before = {p: list(v) for p, v in known.items()}
-        new = [pat for _, pat in rows if pat not in known]
+    new: list[PlacementPattern] = []
+
+    def change(known: dict[PlacementPattern, _Row]) -> None:
+        new.extend(pat for _, pat in rows if pat not in known)
         for x, pat in rows:
-            known[pat] = sorted({*known.get(pat, []), f"{x.stage}: {x.layer}"[:300]})[:_EXAMPLES]
-        if known != before or not path.is_file():
-            doc = {"format": FORMAT, "version": VERSION, "target": target.lower(), "toolkit": toolkit,
-                   "patterns": [{**p.to_json(), "examples": known[p]} for p in sorted(known)]}
-            atomic_write_bytes(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+            row = known.setdefault(pat, _Row([], []))
+            row.cpu = sorted({*row.cpu, f"{x.stage}: {x.layer}"[:300]})[:_EXAMPLES]
+
+    _update(target, toolkit, root, change)
     return sorted(set(new))
+
+
+@dataclass(frozen=True)
+class NpuOp:
+    """An op of a built NPU stage that the build did not place on the CPU, with its pattern."""
+
+    stage: str
+    op: str  # the ONNX node name
+    pattern: PlacementPattern
+
+
+def contradict(target: str, toolkit: str, seen: Iterable[NpuOp], root: Path | None = None) -> list[PlacementPattern]:
+    """Record that builds ran the ops ``seen`` on the NPU; returns the patterns this stops applying.
+
+    Only patterns the store holds are touched (what runs on the NPU is not itself learned).  A
+    contradicted pattern keeps its examples both ways and is no longer returned by
+    :func:`load_learned`.
+    """
+    seen = list(seen)
+    if not seen or not os.path.lexists(store_path(target, toolkit, root)):
+        return []
+    dropped: list[PlacementPattern] = []
+
+    def change(known: dict[PlacementPattern, _Row]) -> None:
+        for x in seen:
+            row = known.get(x.pattern)
+            if row is None:
+                continue
+            if not row.npu:
+                dropped.append(x.pattern)
+            row.npu = sorted({*row.npu, f"{x.stage}: {x.op}"[:300]})[:_EXAMPLES]
+
+    _update(target, toolkit, root, change)
+    return sorted(set(dropped))
+
+
+def npu_ops(stage_id: str, stage_onnx: Path, layers: Iterable[CpuLayer],
+            patterns: Collection[PlacementPattern]) -> list[NpuOp]:
+    """The ops of the built ``stage_onnx`` whose pattern is one of ``patterns`` and that its build (whose
+    CPU layers, traced, are ``layers``) did not place on the CPU: evidence against those patterns.
+
+    An op named by any CPU layer (itself, or the boundary conversion it feeds) is no evidence; nor is
+    any op of a type the build has an untraced CPU layer of (the toolkit may have renamed it).
+    """
+    from rkpart.grouping.capability import pattern_of
+    from rkpart.ir import load_model
+
+    types = {p.op_type for p in patterns}
+    layers = list(layers)
+    on_cpu = {x.op for x in layers if x.op is not None}
+    untraced = {x.layer.partition(":")[0] for x in layers if x.op is None}
+    head = onnx.load(str(stage_onnx), load_external_data=False)
+    if not any(n.op_type in types and n.op_type not in untraced and n.name not in on_cpu for n in head.graph.node):
+        return []
+    mg = load_model(stage_onnx)
+    out = []
+    for i in sorted(mg.ops.nodes):
+        n = mg.op(i)
+        if n.op_type not in types or n.op_type in untraced or not n.name or n.name in on_cpu:
+            continue
+        pat = pattern_of(mg, i)
+        if pat in patterns:
+            out.append(NpuOp(stage_id, n.name, pat))
+    return out
 
 
 @contextlib.contextmanager
@@ -246,4 +365,5 @@ def forced_host(layers: Iterable[CpuLayer]) -> Mapping[str, str]:
     return dict(sorted(out.items()))
 
 
-__all__ = ["CpuLayer", "forced_host", "learn", "load_learned", "store_path", "target_capability", "trace_cpu_layers"]
+__all__ = ["CpuLayer", "NpuOp", "contradict", "forced_host", "learn", "load_contradicted", "load_learned", "npu_ops",
+           "store_path", "target_capability", "trace_cpu_layers"]
