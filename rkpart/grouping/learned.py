@@ -37,6 +37,7 @@ not learned; ``rkpart compile`` still reports it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -50,6 +51,7 @@ import onnx
 
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes, default_cache_dir
+from rkpart.ir import ModelGraph
 from rkpart.readers import FileKind
 from rkpart.targets import TARGETS, get_target
 from rkpart.targets.capability import Capability, PlacementPattern
@@ -81,6 +83,9 @@ class CpuLayer:
     #: op elsewhere runs on the NPU)
     boundary: bool = False
     side: str = "output"
+    #: bytes of the op's computed inputs and outputs (what the layer's NPU -> CPU -> NPU round trip moves;
+    #: 0 when not traced): ``--repartition`` weighs a round's moves against the layers they remove by it
+    nbytes: int = 0
 
 
 def store_path(target: str, toolkit: str, root: Path | None = None) -> Path:
@@ -346,7 +351,13 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
             out += [CpuLayer(stage_id, full, mg.op(c).name, None, boundary=True, side="input") for c in readers]
             continue
         out.append(CpuLayer(stage_id, full, None, None))
-    return out
+    return [dataclasses.replace(x, nbytes=_op_bytes(mg, by_name[x.op])) if x.op in by_name else x for x in out]
+
+
+def _op_bytes(mg: ModelGraph, i: int) -> int:
+    """Bytes of op ``i``'s computed (not constant) inputs and outputs."""
+    n = mg.op(i)
+    return sum(mg.nbytes(t) for t in (*n.inputs, *n.outputs) if t and not mg.is_const_tensor(t))
 
 
 def forced_host(layers: Iterable[CpuLayer]) -> Mapping[str, str]:
