@@ -19,19 +19,10 @@ kept in the store with that example under ``npu`` and is no longer applied
 placement turns on more than its shapes (the op's neighbours, the stage's boundary) stops moving
 ops after the first build that shows it on the NPU, and a build that puts it on the CPU again
 does not revive it: that plan's own layer is moved by ``rkpart compile --repartition``, by name,
-which holds for that plan alone.  ``--repartition`` also checks the moves the store made in its
-plan before its own rounds: the plan is partitioned without the learned placements and the
-stages that changed are built (the stages the moved ops land in); a pattern whose op builds on
-the NPU there is contradicted (:func:`rkpart.repartition.compile_repartition`).
-
-Location: ``$RKPART_CACHE_DIR/placement/<target>-<toolkit>.json`` (else ``~/.cache/rkpart``),
-next to the build cache.  Writes are whole-file and atomic, under a lock on the folder, so
-concurrent compiles merge instead of losing each other's rows; a damaged store is read as
-empty (it is knowledge, re-learned by the next build) and replaced by the next write.
-
-A CPU layer the table names after no op of the stage (a layer the toolkit inserted, such as
-the Transposes 2.3.0 adds around AdaLN chunk slices) cannot be moved by the partitioner and is
-not learned; ``rkpart compile`` still reports it.
+which holds for that plan alone.  Not done yet: a build made on purpose to check a move the
+store made in a plan (the stage with the moved op put back); a move is checked when a later build
+holds an op of its pattern (a plan partitioned before the pattern was learned, or with
+``--no-capability``).  ``rkpart partition --no-capability`` then ``rkpart compile`` is that check by hand.
 """
 
 from __future__ import annotations
