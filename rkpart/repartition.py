@@ -55,8 +55,15 @@ class RepartitionRound:
     kept_best: bool = False
     #: why this round was undone (:func:`judge_round`), ``""`` when it was kept
     undone: str = ""
+    #: round 0: the ops learned placements had moved to the host, put back and built to check them
+    checked: tuple[str, ...] = ()
 
     def describe(self) -> str:
+        if self.checked:
+            return (f"repartition check: {len(self.checked)} op(s) learned placements had moved to the host put "
+                    f"back and built; CPU layers in NPU stages {self.cpu_layers_before} -> {self.cpu_layers_after} "
+                    f"(a pattern whose op ran on the NPU is dropped from the store); {self.stages_built} stage(s) "
+                    "built")
         if self.kept_best:
             return (f"repartition round {self.round}: the rounds before made it worse; the best round's plan "
                     f"written again: CPU layers in NPU stages {self.cpu_layers_before} -> {self.cpu_layers_after}, "
@@ -110,6 +117,14 @@ class PlanFigures:
                    cpu_layer_bytes=sum(x.nbytes for x in {(x.stage, x.layer): x for x in layers}.values()),
                    npu_macs=int(cov.get("npu_macs") or 0), block_macs=int(cov.get("block_macs") or 0),
                    npu_stages=len(npu), npu_io_bytes=sum(s.io_bytes for s in npu))
+
+
+def learned_moves(plan: Plan) -> tuple[str, ...]:
+    """The ops of ``plan`` the partition moved to the host for a learned placement (by name)."""
+    rec = plan.extra.get("capability") or {}
+    rows = rec.get("host_ops") if isinstance(rec, dict) else None
+    return tuple(sorted({str(h.get("op")) for h in rows or () if isinstance(h, dict)
+                         and "(learned placement)" in str(h.get("why", ""))}))
 
 
 def judge_round(before: PlanFigures, after: PlanFigures) -> str | None:
@@ -213,6 +228,19 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: CompileOptions,
     forced: dict[str, str] = {}
     cuts: dict[str, str] = {}
     rounds: list[RepartitionRound] = []
+    moved = learned_moves(report.plan)
+    if moved and opts.learn:
+        # check the store's moves against a build of the stages they land in: the plan without the learned
+        # placements, built (only the stages that change); learn_placements drops every pattern whose op ran
+        # on the NPU there, and the ops that ran on the CPU are this plan's CPU layers, moved by the rounds
+        progress(f"repartition: checking the {len(moved)} op(s) learned placements moved to the host: the plan "
+                 "without them, built")
+        before = sum(len(o.cpu_ops) for o in report.outcomes)
+        _write_again(report.plan, folder, opts, forced, cuts, progress, learned=False)
+        report, layers = build()
+        rounds.append(RepartitionRound(0, (), before, sum(len(o.cpu_ops) for o in report.outcomes),
+                                       len(report.built), failed_before=len(report.failed),
+                                       failed_after=len(report.failed), checked=moved))
 
     def badness(rep: CompileReport) -> tuple[int, int, int]:  # failed stages, then CPU layers, then stages
         return len(rep.failed), sum(len(o.cpu_ops) for o in rep.outcomes), len(rep.outcomes)
@@ -252,9 +280,9 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: CompileOptions,
             forced, cuts = prior
             _write_again(report.plan, folder, opts, forced, cuts, progress)
             report, layers = build()
-            rounds.append(RepartitionRound(len(rounds) + 1, (), after, sum(len(o.cpu_ops) for o in report.outcomes),
-                                           len(report.built), (), rounds[-1].failed_after,
-                                           len(report.failed), kept_best=True))
+            rounds.append(RepartitionRound(rounds[-1].round + 1, (), after,
+                                           sum(len(o.cpu_ops) for o in report.outcomes), len(report.built), (),
+                                           rounds[-1].failed_after, len(report.failed), kept_best=True))
             best = (badness(report), dict(forced), dict(cuts))
             break
         if badness(report) < best[0]:
@@ -265,7 +293,7 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: CompileOptions,
                  f"failed stage(s)); the last round left {badness(report)[1]} and {badness(report)[0]}")
         _write_again(report.plan, folder, opts, best[1], best[2], progress)
         report, layers = build()
-        rounds.append(RepartitionRound(len(rounds) + 1, (), rounds[-1].cpu_layers_after,
+        rounds.append(RepartitionRound(rounds[-1].round + 1, (), rounds[-1].cpu_layers_after,
                                        sum(len(o.cpu_ops) for o in report.outcomes), len(report.built),
                                        (), rounds[-1].failed_after, len(report.failed), kept_best=True))
     # what is left when no round can move or cut anything more (or the rounds ran out)
@@ -274,8 +302,9 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: CompileOptions,
 
 
 def _write_again(plan: Plan, folder: Path, opts: CompileOptions, forced: Mapping[str, str],
-                 cuts: Mapping[str, str], progress: Progress) -> None:
-    """Partition the plan's model again into ``folder`` with its strategy, ``forced`` ops on the host."""
+                 cuts: Mapping[str, str], progress: Progress, learned: bool = True) -> None:
+    """Partition the plan's model again into ``folder`` with its strategy, ``forced`` ops on the host
+    (``learned=False``: without the learned placements)."""
     model = Path(str(plan.model.get("path") or ""))
     if not model.is_file():
         raise UserError(f"--repartition needs the plan's model {plan.model.get('path') or plan.model.get('file')}, "
@@ -298,7 +327,7 @@ def _write_again(plan: Plan, folder: Path, opts: CompileOptions, forced: Mapping
     config = PartitionConfig(options=options, force=True, target=opts.target,
                              toolkit=opts.toolkit.version if isinstance(opts.toolkit, Toolkit) else opts.toolkit,
                              rewrites=opts.rewrites, force_host=forced, cut_before=cuts, progress=progress,
-                             weights="link" if "weights" in plan.extra else "copy")
+                             weights="link" if "weights" in plan.extra else "copy", learned=learned)
     from rkpart.roles import plan_description  # the plan's pipeline description stays with it
 
     write_plan(loaded, propose(loaded, strat, config), folder, config, plan_description(plan, folder))
@@ -326,4 +355,4 @@ def graph_io_of(model: Path) -> dict[str, bool]:
 
 
 __all__ = ["MAX_REPARTITION_ROUNDS", "PlanFigures", "RepartitionRound", "compile_repartition", "crash_cuts",
-           "graph_io_of", "judge_round"]
+           "graph_io_of", "judge_round", "learned_moves"]

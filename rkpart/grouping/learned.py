@@ -19,10 +19,15 @@ kept in the store with that example under ``npu`` and is no longer applied
 placement turns on more than its shapes (the op's neighbours, the stage's boundary) stops moving
 ops after the first build that shows it on the NPU, and a build that puts it on the CPU again
 does not revive it: that plan's own layer is moved by ``rkpart compile --repartition``, by name,
-which holds for that plan alone.  Not done yet: a build made on purpose to check a move the
-store made in a plan (the stage with the moved op put back); a move is checked when a later build
-holds an op of its pattern (a plan partitioned before the pattern was learned, or with
-``--no-capability``).  ``rkpart partition --no-capability`` then ``rkpart compile`` is that check by hand.
+which holds for that plan alone.
+
+**A move the store made is checked by a build of the stage it lands in** under ``rkpart compile
+--repartition`` (:func:`rkpart.repartition.compile_repartition`, round 0): when the plan has ops a
+learned placement moved to the host, it is partitioned again without the learned placements and
+the stages that change (those the moved ops land in) are built; every pattern whose op runs on the
+NPU there is contradicted as above (and the op stays on the NPU), and the ops that run on the CPU
+are that plan's CPU layers, moved by the rounds.  A plain ``rkpart compile`` does not re-partition,
+so it checks only the ops its plan holds.
 """
 
 from __future__ import annotations

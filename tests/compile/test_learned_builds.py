@@ -80,6 +80,16 @@ def attention(path: Path, tokens: int = 64, heads: int = 2, head_dim: int = 88) 
     return _save(path, nodes, inits, [1, tokens, c], [1, tokens, c])
 
 
+def projection(path: Path, tokens: int = 2, width: int = 512) -> Path:
+    """``relu(x @ W) @ W2`` on a model input of the merged heads' shape: its first projection has the very
+    pattern :func:`merged_heads` teaches (the same sizes, types and constants), in a context with no
+    conversion (it builds on the NPU)."""
+    rng = np.random.default_rng(2)
+    return _save(path, [_N("MatMul", ["x", "W"], ["h"], name="proj"), _N("Relu", ["h"], ["r"], name="relu"),
+                        _N("MatMul", ["r", "W2"], ["y"], name="out")],
+                 [_w(rng, "W", width, 64), _w(rng, "W2", 64, 64)], [1, tokens, width], [1, tokens, 64])
+
+
 def _old_class(p: object) -> tuple[object, ...]:
     """What a version-4 store keyed a pattern by: no sizes, no attributes."""
     return tuple(getattr(p, k) for k in ("op_type", "dtype", "ranks", "domain", "consts", "dims", "form"))
@@ -113,3 +123,38 @@ def test_what_one_model_taught_moves_nothing_of_another_that_builds_on_the_npu(t
         # and its build shows every op of it on the NPU: a move would have been wrong
         assert [c for s in rep["stages"] for c in s["artifact"]["cpu_ops"]] == []
     assert len(load_learned("rk3588", "2.5.0")) == 1
+
+
+def test_repartition_checks_a_learned_move_against_a_build_and_drops_it(tmp_path: Path) -> None:
+    """The store's move checked by a build of the stage it lands in: a model whose op has exactly the
+    learned pattern, in a context where it builds on the NPU.  Its partition moves the op (the store
+    cannot tell); ``compile --repartition`` puts it back, builds, sees it on the NPU, drops the pattern,
+    and keeps the plan with the op on the NPU; a new partition on the cache moves nothing."""
+    from rkpart.grouping.learned import load_contradicted
+
+    tk = get_toolkit("2.5.0")
+    cli = CliRunner()
+    first, third = merged_heads(tmp_path / "first.onnx"), projection(tmp_path / "third.onnx")
+    r = cli.invoke(main, ["partition", str(first), "-s", "generic", "-o", str(tmp_path / "first"), "-q"])
+    assert r.exit_code == 0, r.output
+    r = cli.invoke(main, ["compile", str(tmp_path / "first"), "--toolkit", str(tk.python), "-q"])
+    assert r.exit_code == 0, r.output
+    (learned,) = load_learned("rk3588", "2.5.0")
+    r = cli.invoke(main, ["partition", str(third), "-s", "generic", "-o", str(tmp_path / "third"), "-q",
+                          "--toolkit", "2.5.0"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads((tmp_path / "third" / "plan.json").read_text())
+    assert [h["op"] for h in plan["extra"]["capability"]["host_ops"] if "learned placement" in h["why"]] == ["proj"]
+    r = cli.invoke(main, ["compile", str(tmp_path / "third"), "--toolkit", str(tk.python), "--repartition", "--json",
+                          "-q"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    check = rep["repartition"]["rounds"][0]
+    assert check["round"] == 0 and check["checked"] == ["proj"] and check["cpu_layers_after"] == 0
+    assert all(not s["artifact"]["cpu_ops"] for s in rep["stages"])
+    plan = json.loads((tmp_path / "third" / "plan.json").read_text())
+    assert "capability" not in plan["extra"]
+    assert load_learned("rk3588", "2.5.0") == frozenset() and load_contradicted("rk3588", "2.5.0") == {learned}
+    r = cli.invoke(main, ["partition", str(third), "-s", "generic", "-o", str(tmp_path / "again"), "-q",
+                          "--toolkit", "2.5.0"])
+    assert r.exit_code == 0 and "capability" not in json.loads((tmp_path / "again" / "plan.json").read_text())["extra"]
