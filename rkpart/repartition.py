@@ -5,6 +5,13 @@ the CPU to the host and cut in front of the ops a crashed build fused, write the
 its strategy (:mod:`rkpart.pipeline`: load, propose, write), and build what changed; until
 nothing is left to fix, or the rounds run out.
 
+**Round 0 checks what the learned-placement store moved** (:func:`learned_moves`): when the
+partition moved ops for a learned placement, the plan is written again without the learned
+placements and built, so each such op is built in the stage it lands in; a pattern whose op runs
+on the NPU there is dropped from the store (:func:`rkpart.grouping.learned.contradict`), and the
+ops that run on the CPU are CPU layers of this plan, which the rounds move by name (the rounds
+after a check partition without the store: what it taught was just checked here).
+
 **A round is kept only when it pays** (:func:`judge_round`).  A round that leaves more failed
 stages, or, with no failed stage to fix, does not reduce the CPU layers, or costs more than it
 saves, is undone at once: the plan before it is written again (its stages taken from the build
@@ -229,6 +236,7 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: CompileOptions,
     cuts: dict[str, str] = {}
     rounds: list[RepartitionRound] = []
     moved = learned_moves(report.plan)
+    use_learned = True  # after the check, the rounds move this plan's ops by name alone (its builds checked them)
     if moved and opts.learn:
         # check the store's moves against a build of the stages they land in: the plan without the learned
         # placements, built (only the stages that change); learn_placements drops every pattern whose op ran
@@ -236,7 +244,8 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: CompileOptions,
         progress(f"repartition: checking the {len(moved)} op(s) learned placements moved to the host: the plan "
                  "without them, built")
         before = sum(len(o.cpu_ops) for o in report.outcomes)
-        _write_again(report.plan, folder, opts, forced, cuts, progress, learned=False)
+        use_learned = False
+        _write_again(report.plan, folder, opts, forced, cuts, progress, learned=use_learned)
         report, layers = build()
         rounds.append(RepartitionRound(0, (), before, sum(len(o.cpu_ops) for o in report.outcomes),
                                        len(report.built), failed_before=len(report.failed),
@@ -267,7 +276,7 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: CompileOptions,
         cuts.update(new_cuts)
         progress(f"repartition round {r}: moving {len(new)} op(s) the build put on the CPU (or that fail it) to the "
                  f"host, cutting in front of {len(new_cuts)} op(s) a failed build fused")
-        _write_again(report.plan, folder, opts, forced, cuts, progress)
+        _write_again(report.plan, folder, opts, forced, cuts, progress, learned=use_learned)
         report, layers = build()
         after = sum(len(o.cpu_ops) for o in report.outcomes)
         why = judge_round(figures, PlanFigures.of(report, layers))
@@ -278,7 +287,7 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: CompileOptions,
             # the next round would make the same moves, so the loop stops
             progress(f"repartition round {r} undone: {why}")
             forced, cuts = prior
-            _write_again(report.plan, folder, opts, forced, cuts, progress)
+            _write_again(report.plan, folder, opts, forced, cuts, progress, learned=use_learned)
             report, layers = build()
             rounds.append(RepartitionRound(rounds[-1].round + 1, (), after,
                                            sum(len(o.cpu_ops) for o in report.outcomes), len(report.built), (),
@@ -291,7 +300,7 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: CompileOptions,
         # rounds on failed stages may end worse than they started: the best one's plan is written again
         progress(f"repartition: keeping the plan of the best round ({best[0][1]} CPU layer(s), {best[0][0]} "
                  f"failed stage(s)); the last round left {badness(report)[1]} and {badness(report)[0]}")
-        _write_again(report.plan, folder, opts, best[1], best[2], progress)
+        _write_again(report.plan, folder, opts, best[1], best[2], progress, learned=use_learned)
         report, layers = build()
         rounds.append(RepartitionRound(rounds[-1].round + 1, (), rounds[-1].cpu_layers_after,
                                        sum(len(o.cpu_ops) for o in report.outcomes), len(report.built),
