@@ -236,6 +236,13 @@ def _built_file(report: CompileReport, folder: Path, stage_id: str) -> Path | No
     return path if path.is_file() else None
 
 
+def _stage_file(report: CompileReport, folder: Path, stage_id: str) -> Path | None:
+    """The plan's own file of ``stage_id`` (weights external: read as a graph cheaply), ``None`` when gone."""
+    st = next((s for s in report.plan.stages if s.id == stage_id), None)
+    path = folder / st.file if st is not None else None
+    return path if path is not None and path.is_file() else None
+
+
 def traced_layers(report: CompileReport, folder: Path) -> list[CpuLayer]:
     """The CPU layers of every NPU stage ``report`` built or took from the cache, traced to the ops of
     the file the toolkit built (:func:`rkpart.grouping.learned.trace_cpu_layers`)."""
@@ -278,7 +285,8 @@ def learn_placements(report: CompileReport, folder: Path, target: str,
             if path is None:
                 continue
             try:
-                seen += npu_ops(o.stage_id, path, [x for x in layers if x.stage == o.stage_id], known)
+                seen += npu_ops(o.stage_id, path, [x for x in layers if x.stage == o.stage_id], known,
+                                screen=_stage_file(report, folder, o.stage_id))
             except UserError:
                 continue
         for p in contradict(target, version, seen):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.compile.cache import build_key
@@ -265,3 +266,25 @@ def test_a_version_4_store_is_relearned() -> None:
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps({"format": "rkpart-learned-placement", "version": 4, "patterns": [P1.to_json()]}))
     assert VERSION == 5 and load_learned("rk3588", "2.5.0") == frozenset()
+
+
+def test_a_stage_with_no_op_of_a_learned_size_is_not_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The evidence scan reads a stage as a graph only when an op of it may have a learned pattern: the output
+    sizes the file records rule the others out (a real-width prepared copy holds its weights inline)."""
+    import rkpart.ir
+    from rkpart.grouping.learned import npu_ops
+
+    learned = trace_cpu_layers("a", _heads(tmp_path / "a.onnx", 64, 4, 88), ["Transpose:heads"])[0].pattern
+    other = tmp_path / "b.onnx"
+    onnx.save(onnx.shape_inference.infer_shapes(onnx.load(str(_heads(other, 64, 4, 72)))), other)
+    assert learned is not None and npu_ops("b", other, [], {learned}) == []
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("loaded")
+
+    monkeypatch.setattr(rkpart.ir, "load_model", refuse)
+    assert npu_ops("b", other, [], {learned}) == []  # not loaded: no op of the learned output size
+    same = tmp_path / "c.onnx"
+    onnx.save(onnx.shape_inference.infer_shapes(onnx.load(str(_heads(same, 64, 4, 88)))), same)
+    with pytest.raises(AssertionError, match="loaded"):
+        npu_ops("c", same, [], {learned}, screen=same)
