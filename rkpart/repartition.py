@@ -3,7 +3,26 @@
 The loop sits above the pipeline and the compiler: build the plan, move every op a build put on
 the CPU to the host and cut in front of the ops a crashed build fused, write the plan again with
 its strategy (:mod:`rkpart.pipeline`: load, propose, write), and build what changed; until
-nothing is left to fix, or the rounds run out (the best round's plan is the one kept).
+nothing is left to fix, or the rounds run out.
+
+**Round 0 checks what the learned-placement store moved** (:func:`learned_moves`): when the
+partition moved ops for a learned placement, the plan is written again without the learned
+placements and built, so each such op is built in the stage it lands in; a pattern whose op runs
+on the NPU there is dropped from the store (:func:`rkpart.grouping.learned.contradict`), and the
+ops that run on the CPU are CPU layers of this plan, which the rounds move by name (the rounds
+after a check partition without the store: what it taught was just checked here).
+
+**A round is kept only when it pays** (:func:`judge_round`).  A round that leaves more failed
+stages, or, with no failed stage to fix, does not reduce the CPU layers, or costs more than it
+saves, is undone at once: the plan before it is written again (its stages taken from the build
+cache) and the loop stops, since the next round would make the same moves.  What a round costs
+and saves is weighed per pass of the plan (:class:`PlanFigures`): the matmul work it took off the
+NPU, run on the host instead, the stage calls and boundary bytes it added, against the CPU layers
+it removed (each one call and a round trip of the bytes its op reads and writes).  Measured on a
+head-dim-88 family (issue 50): rounds 3-4 moved every Softmax and attention-value product to the
+host without removing a CPU layer and were kept (14 NPU stages instead of 6, 94.4 % of the block
+matmul work on the NPU, 4 CPU layers still left).  Rounds that work on failed stages are judged
+by failures first; the best such round's plan is kept at the end.
 """
 
 from __future__ import annotations
@@ -41,8 +60,17 @@ class RepartitionRound:
     failed_after: int = 0
     #: this round wrote the plan of an earlier, better round again (the rounds after it made it worse)
     kept_best: bool = False
+    #: why this round was undone (:func:`judge_round`), ``""`` when it was kept
+    undone: str = ""
+    #: round 0: the ops learned placements had moved to the host, put back and built to check them
+    checked: tuple[str, ...] = ()
 
     def describe(self) -> str:
+        if self.checked:
+            return (f"repartition check: {len(self.checked)} op(s) learned placements had moved to the host put "
+                    f"back and built; CPU layers in NPU stages {self.cpu_layers_before} -> {self.cpu_layers_after} "
+                    f"(a pattern whose op ran on the NPU is dropped from the store); {self.stages_built} stage(s) "
+                    "built")
         if self.kept_best:
             return (f"repartition round {self.round}: the rounds before made it worse; the best round's plan "
                     f"written again: CPU layers in NPU stages {self.cpu_layers_before} -> {self.cpu_layers_after}, "
@@ -50,9 +78,84 @@ class RepartitionRound:
         cut = f"; {len(self.cut_before)} cut(s) in front of ops a crashed build fused" if self.cut_before else ""
         failed = (f", failed stages {self.failed_before} -> {self.failed_after}"
                   if self.cut_before or self.failed_before else "")
+        undone = f"; undone: {self.undone}" if self.undone else ""
         return (f"repartition round {self.round}: {len(self.moved)} op(s) the build put on the CPU (or that fail it) "
                 f"moved to the host; CPU layers in NPU stages {self.cpu_layers_before} -> {self.cpu_layers_after}"
-                f"{cut}{failed}; {self.stages_built} stage(s) rebuilt")
+                f"{cut}{failed}; {self.stages_built} stage(s) rebuilt{undone}")
+
+
+#: seconds per MAC on the NPU: the board's fitted inference coefficient (docs/cost-model.md, 64 GMAC/s)
+NPU_S_PER_MAC = 15.6e-12
+#: seconds per MAC of matmul work on the board's host: 4x the NPU's (an A76 core under ONNX Runtime in
+#: float32; an assumption, not fitted: the rule needs the order of magnitude, not the figure)
+HOST_S_PER_MAC = 4 * NPU_S_PER_MAC
+#: seconds per stage call and pass (docs/cost-model.md, glue per stage: ~0.4 ms); a CPU layer inside an
+#: NPU stage is one such handover too
+S_PER_CALL = 0.4e-3
+#: seconds per byte handed between NPU and host (with the toolkit's layout conversion; ~1 GB/s, an assumption)
+S_PER_BYTE = 1e-9
+
+
+@dataclass(frozen=True)
+class PlanFigures:
+    """What a built plan costs per pass, as :func:`judge_round` weighs it."""
+
+    failed: int  # NPU stages whose build failed
+    cpu_layers: int  # CPU layers inside NPU stages
+    cpu_layer_bytes: int  # bytes their ops read and write (traced ones)
+    npu_macs: int  # the blocks' matmul work in NPU stages (plan extra.npu_coverage)
+    block_macs: int
+    npu_stages: int
+    npu_io_bytes: int  # bytes every NPU stage reads and writes (each crosses the host boundary)
+
+    def seconds(self) -> float:
+        """Predicted seconds per pass of what differs between two plans of one model: the matmul work
+        on each side, the NPU stage calls and their handovers, the CPU layers' round trips."""
+        return (self.npu_macs * NPU_S_PER_MAC + (self.block_macs - self.npu_macs) * HOST_S_PER_MAC
+                + (self.npu_stages + self.cpu_layers) * S_PER_CALL
+                + (self.npu_io_bytes + 2 * self.cpu_layer_bytes) * S_PER_BYTE)
+
+    @classmethod
+    def of(cls, report: CompileReport, layers: list[CpuLayer]) -> PlanFigures:
+        plan = report.plan
+        cov = plan.extra.get("npu_coverage") or {}
+        npu = [s for s in plan.stages if s.device == "npu"]
+        return cls(failed=len(report.failed), cpu_layers=sum(len(o.cpu_ops) for o in report.outcomes),
+                   cpu_layer_bytes=sum(x.nbytes for x in {(x.stage, x.layer): x for x in layers}.values()),
+                   npu_macs=int(cov.get("npu_macs") or 0), block_macs=int(cov.get("block_macs") or 0),
+                   npu_stages=len(npu), npu_io_bytes=sum(s.io_bytes for s in npu))
+
+
+def learned_moves(plan: Plan) -> tuple[str, ...]:
+    """The ops of ``plan`` the partition moved to the host for a learned placement (by name)."""
+    rec = plan.extra.get("capability") or {}
+    rows = rec.get("host_ops") if isinstance(rec, dict) else None
+    return tuple(sorted({str(h.get("op")) for h in rows or () if isinstance(h, dict)
+                         and "(learned placement)" in str(h.get("why", ""))}))
+
+
+def judge_round(before: PlanFigures, after: PlanFigures) -> str | None:
+    """Why a ``--repartition`` round that took the plan from ``before`` to ``after`` is undone (``None``: kept).
+
+    Failed stages first: a round that fixes one is kept, one that adds one is undone.  A round with
+    failed stages left to work on is kept (several rounds of cuts may be needed; the best of them is
+    kept at the end).  Otherwise a round must reduce the CPU layers, and what its moves add per pass
+    (matmul work on the host, stage calls, handovers) must not exceed what the layers it removed cost.
+    """
+    if after.failed > before.failed:
+        return f"failed stages {before.failed} -> {after.failed}"
+    if after.failed < before.failed or before.failed:
+        return None
+    if after.cpu_layers >= before.cpu_layers:
+        return (f"it did not reduce the CPU layers ({before.cpu_layers} -> {after.cpu_layers}; NPU stages "
+                f"{before.npu_stages} -> {after.npu_stages})")
+    t0, t1 = before.seconds(), after.seconds()
+    if t1 > t0:
+        share = (f", {before.npu_macs / before.block_macs:.1%} -> {after.npu_macs / after.block_macs:.1%} of the "
+                 "block matmul work on the NPU" if before.block_macs and after.block_macs else "")
+        return (f"it costs more than it saves: CPU layers {before.cpu_layers} -> {after.cpu_layers}, NPU stages "
+                f"{before.npu_stages} -> {after.npu_stages}{share}; ~{t0 * 1e3:.2f} -> ~{t1 * 1e3:.2f} ms per pass")
+    return None
 
 
 #: rounds ``--repartition`` runs at most (each moves every op the last build put on the CPU)
@@ -132,6 +235,21 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: CompileOptions,
     forced: dict[str, str] = {}
     cuts: dict[str, str] = {}
     rounds: list[RepartitionRound] = []
+    moved = learned_moves(report.plan)
+    use_learned = True  # after the check, the rounds move this plan's ops by name alone (its builds checked them)
+    if moved and opts.learn:
+        # check the store's moves against a build of the stages they land in: the plan without the learned
+        # placements, built (only the stages that change); learn_placements drops every pattern whose op ran
+        # on the NPU there, and the ops that ran on the CPU are this plan's CPU layers, moved by the rounds
+        progress(f"repartition: checking the {len(moved)} op(s) learned placements moved to the host: the plan "
+                 "without them, built")
+        before = sum(len(o.cpu_ops) for o in report.outcomes)
+        use_learned = False
+        _write_again(report.plan, folder, opts, forced, cuts, progress, learned=use_learned)
+        report, layers = build()
+        rounds.append(RepartitionRound(0, (), before, sum(len(o.cpu_ops) for o in report.outcomes),
+                                       len(report.built), failed_before=len(report.failed),
+                                       failed_after=len(report.failed), checked=moved))
 
     def badness(rep: CompileReport) -> tuple[int, int, int]:  # failed stages, then CPU layers, then stages
         return len(rep.failed), sum(len(o.cpu_ops) for o in rep.outcomes), len(rep.outcomes)
@@ -152,25 +270,39 @@ def compile_repartition(plan_path: str | os.PathLike[str], opts: CompileOptions,
                                                              skip=skip).items() if k not in forced})
         if not new and not new_cuts:
             break
+        prior = (dict(forced), dict(cuts))
+        figures = PlanFigures.of(report, layers)
         forced.update(new)
         cuts.update(new_cuts)
         progress(f"repartition round {r}: moving {len(new)} op(s) the build put on the CPU (or that fail it) to the "
                  f"host, cutting in front of {len(new_cuts)} op(s) a failed build fused")
-        _write_again(report.plan, folder, opts, forced, cuts, progress)
+        _write_again(report.plan, folder, opts, forced, cuts, progress, learned=use_learned)
         report, layers = build()
         after = sum(len(o.cpu_ops) for o in report.outcomes)
+        why = judge_round(figures, PlanFigures.of(report, layers))
         rounds.append(RepartitionRound(r, tuple(sorted(new)), before, after, len(report.built),
-                                       tuple(sorted(new_cuts)), failed, len(report.failed)))
+                                       tuple(sorted(new_cuts)), failed, len(report.failed), undone=why or ""))
+        if why is not None:
+            # undone at once: the plan before the round is written again, its stages taken from the build cache;
+            # the next round would make the same moves, so the loop stops
+            progress(f"repartition round {r} undone: {why}")
+            forced, cuts = prior
+            _write_again(report.plan, folder, opts, forced, cuts, progress, learned=use_learned)
+            report, layers = build()
+            rounds.append(RepartitionRound(rounds[-1].round + 1, (), after,
+                                           sum(len(o.cpu_ops) for o in report.outcomes), len(report.built), (),
+                                           rounds[-1].failed_after, len(report.failed), kept_best=True))
+            best = (badness(report), dict(forced), dict(cuts))
+            break
         if badness(report) < best[0]:
             best = (badness(report), dict(forced), dict(cuts))
     if badness(report) > best[0]:
-        # a move can make it worse (a stage input the toolkit converts on the CPU moves one op on per
-        # round): the plan of the best round is written again, its stages taken from the build cache
+        # rounds on failed stages may end worse than they started: the best one's plan is written again
         progress(f"repartition: keeping the plan of the best round ({best[0][1]} CPU layer(s), {best[0][0]} "
                  f"failed stage(s)); the last round left {badness(report)[1]} and {badness(report)[0]}")
-        _write_again(report.plan, folder, opts, best[1], best[2], progress)
+        _write_again(report.plan, folder, opts, best[1], best[2], progress, learned=use_learned)
         report, layers = build()
-        rounds.append(RepartitionRound(len(rounds) + 1, (), rounds[-1].cpu_layers_after,
+        rounds.append(RepartitionRound(rounds[-1].round + 1, (), rounds[-1].cpu_layers_after,
                                        sum(len(o.cpu_ops) for o in report.outcomes), len(report.built),
                                        (), rounds[-1].failed_after, len(report.failed), kept_best=True))
     # what is left when no round can move or cut anything more (or the rounds ran out)
@@ -226,8 +358,9 @@ def compile_reducing_hangs(plan_path: str | os.PathLike[str], opts: CompileOptio
 
 
 def _write_again(plan: Plan, folder: Path, opts: CompileOptions, forced: Mapping[str, str],
-                 cuts: Mapping[str, str], progress: Progress) -> None:
-    """Partition the plan's model again into ``folder`` with its strategy, ``forced`` ops on the host."""
+                 cuts: Mapping[str, str], progress: Progress, learned: bool = True) -> None:
+    """Partition the plan's model again into ``folder`` with its strategy, ``forced`` ops on the host
+    (``learned=False``: without the learned placements)."""
     model = Path(str(plan.model.get("path") or ""))
     if not model.is_file():
         raise UserError(f"--repartition needs the plan's model {plan.model.get('path') or plan.model.get('file')}, "
@@ -250,7 +383,7 @@ def _write_again(plan: Plan, folder: Path, opts: CompileOptions, forced: Mapping
     config = PartitionConfig(options=options, force=True, target=opts.target,
                              toolkit=opts.toolkit.version if isinstance(opts.toolkit, Toolkit) else opts.toolkit,
                              rewrites=opts.rewrites, force_host=forced, cut_before=cuts, progress=progress,
-                             weights="link" if "weights" in plan.extra else "copy")
+                             weights="link" if "weights" in plan.extra else "copy", learned=learned)
     from rkpart.roles import plan_description  # the plan's pipeline description stays with it
 
     write_plan(loaded, propose(loaded, strat, config), folder, config, plan_description(plan, folder))
@@ -277,5 +410,5 @@ def graph_io_of(model: Path) -> dict[str, bool]:
     return {t: any(d <= 0 for d in vt[1]) for t, vt in graph_io(model).inputs.items()}  # symbolic reads as 0
 
 
-__all__ = ["MAX_REPARTITION_ROUNDS", "RepartitionRound", "compile_reducing_hangs", "compile_repartition", "crash_cuts",
-           "graph_io_of"]
+__all__ = ["MAX_REPARTITION_ROUNDS", "PlanFigures", "RepartitionRound", "compile_reducing_hangs",
+           "compile_repartition", "crash_cuts", "graph_io_of", "judge_round", "learned_moves"]

@@ -209,7 +209,8 @@ def _rounds_json(rounds: list[RepartitionRound], stuck: list[str]) -> JsonObject
     return {"rounds": [{"round": r.round, "moved": list(r.moved), "cpu_layers_before": r.cpu_layers_before,
                         "cpu_layers_after": r.cpu_layers_after, "cut_before": list(r.cut_before),
                         "failed_before": r.failed_before, "failed_after": r.failed_after,
-                        "stages_built": r.stages_built, "kept_best": r.kept_best} for r in rounds],
+                        "stages_built": r.stages_built, "kept_best": r.kept_best, "undone": r.undone,
+                        "checked": list(r.checked)} for r in rounds],
             "unmovable_cpu_layers": stuck}
 
 

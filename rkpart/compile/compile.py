@@ -45,7 +45,7 @@ from rkpart.compile.scheduler import (
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.compile.user_cache import touch, user_cache_dir
 from rkpart.errors import ToolkitError, UserError, os_error
-from rkpart.grouping.learned import CpuLayer, learn, trace_cpu_layers
+from rkpart.grouping.learned import CpuLayer, NpuOp, contradict, learn, load_learned, npu_ops, trace_cpu_layers
 from rkpart.io import default_cache_dir, file_sha256, folder_lock
 from rkpart.plan.plan import Artifact, Plan, Stage, load_plan
 from rkpart.plan.verify import stage_onnx
@@ -248,20 +248,32 @@ def compile_folder(plan_path: str | os.PathLike[str], options: CompileOptions,
     return report
 
 
+def _built_file(report: CompileReport, folder: Path, stage_id: str) -> Path | None:
+    """The file the toolkit built for ``stage_id`` (the prepared copy when rkpart lowered or rewrote the
+    stage: its surviving ops keep their names), ``None`` when it is gone."""
+    stages = {s.id: s for s in report.plan.stages}
+    if stage_id not in stages:
+        return None
+    st = stages[stage_id]
+    path = folder / ((st.prepared or {}).get("file") or st.file)
+    return path if path.is_file() else None
+
+
+def _stage_file(report: CompileReport, folder: Path, stage_id: str) -> Path | None:
+    """The plan's own file of ``stage_id`` (weights external: read as a graph cheaply), ``None`` when gone."""
+    st = next((s for s in report.plan.stages if s.id == stage_id), None)
+    path = folder / st.file if st is not None else None
+    return path if path is not None and path.is_file() else None
+
+
 def traced_layers(report: CompileReport, folder: Path) -> list[CpuLayer]:
     """The CPU layers of every NPU stage ``report`` built or took from the cache, traced to the ops of
-    the file the toolkit built (the prepared copy when rkpart lowered or rewrote the stage: its
-    surviving ops keep their names; :func:`rkpart.grouping.learned.trace_cpu_layers`)."""
-    stages = {s.id: s for s in report.plan.stages}
+    the file the toolkit built (:func:`rkpart.grouping.learned.trace_cpu_layers`)."""
     out: list[CpuLayer] = []
     for o in report.outcomes:
         a = o.artifact
-        if a is None or not a.cpu_ops or o.stage_id not in stages:
-            continue
-        st = stages[o.stage_id]
-        rel = (st.prepared or {}).get("file") or st.file
-        path = folder / rel
-        if not path.is_file():
+        path = _built_file(report, folder, o.stage_id) if a is not None and a.cpu_ops else None
+        if a is None or path is None:
             continue
         try:
             out += trace_cpu_layers(o.stage_id, path, a.cpu_ops)
@@ -273,8 +285,9 @@ def traced_layers(report: CompileReport, folder: Path) -> list[CpuLayer]:
 def learn_placements(report: CompileReport, folder: Path, target: str,
                      progress: Progress | None = None) -> list[CpuLayer]:
     """Record the CPU layers of ``report``'s NPU stages in the learned-placement store
-    (:mod:`rkpart.grouping.learned`); returns them, traced to their ops, for a caller that acts
-    on them too (``rkpart compile --repartition``)."""
+    (:mod:`rkpart.grouping.learned`), and the ops of learned patterns its builds ran on the NPU
+    (which contradicts those patterns); returns the CPU layers, traced to their ops, for a caller
+    that acts on them too (``rkpart compile --repartition``)."""
     layers = traced_layers(report, folder)
     by_toolkit: dict[str, list[CpuLayer]] = {}
     toolkit_of = {o.stage_id: o.artifact.toolkit for o in report.outcomes if o.artifact is not None}
@@ -284,7 +297,26 @@ def learn_placements(report: CompileReport, folder: Path, target: str,
         for p in learn(target, version, rows):
             if progress is not None:
                 progress(f"learned: rknn-toolkit2 {version} places {p.describe()} on the CPU (the next partition "
-                         "for it moves such ops to the host unless a rewrite removes them)")
+                         "for it moves such ops of these shapes to the host unless a rewrite removes them)")
+    for version in sorted(set(toolkit_of.values())):
+        known = load_learned(target, version)
+        if not known:
+            continue
+        seen: list[NpuOp] = []
+        for o in report.outcomes:
+            path = _built_file(report, folder, o.stage_id) if toolkit_of.get(o.stage_id) == version else None
+            if path is None:
+                continue
+            try:
+                seen += npu_ops(o.stage_id, path, [x for x in layers if x.stage == o.stage_id], known,
+                                screen=_stage_file(report, folder, o.stage_id))
+            except UserError:
+                continue
+        for p in contradict(target, version, seen):
+            if progress is not None:
+                where = next(f"{x.stage}: {x.op}" for x in seen if x.pattern == p)
+                progress(f"learned placement dropped: rknn-toolkit2 {version} ran {p.describe()} on the NPU "
+                         f"({where}); later partitions keep such ops in NPU stages")
     return layers
 
 

@@ -41,7 +41,14 @@ from rkpart.ir.standalone import subgraph_model
 from rkpart.ir.tensors import np_dtype_name
 from rkpart.ir.work import op_macs
 from rkpart.progress import Progress
-from rkpart.targets.capability import TOOLKIT_DTYPES, Capability, PlacementPattern, dims_class
+from rkpart.targets.capability import (
+    TOOLKIT_DTYPES,
+    Capability,
+    PlacementPattern,
+    attrs_class,
+    dims_class,
+    shapes_class,
+)
 from rkpart.types import JsonObject
 
 #: capability passes over the groups the previous pass left (each one only moves ops to the host)
@@ -81,9 +88,10 @@ def pattern_of(mg: ModelGraph, i: int) -> PlacementPattern:
     first = next((t for t in n.inputs if t), "")
     dtype = (mg.dtype(first) or "") if first else ""
     consts = tuple(bool(t) and mg.is_const_tensor(t) for t in n.inputs)
-    dims = dims_class(shapes, (mg.shape(t) if t else None for t in n.outputs))
+    out_shapes = [mg.shape(t) if t else None for t in n.outputs]
     return PlacementPattern(op_type=n.op_type, dtype=dtype, ranks=tuple(ranks), domain=n.domain or "",
-                            consts=consts, dims=dims, form=_form(mg, i))
+                            consts=consts, dims=dims_class(shapes, out_shapes), form=_form(mg, i),
+                            shapes=shapes_class(shapes, out_shapes), attrs=attrs_class(n.attrs))
 
 
 def _form(mg: ModelGraph, i: int) -> str:

@@ -4,35 +4,50 @@ After every ``rkpart compile``, each layer the toolkit's layer table places on t
 NPU stage is traced back to the ONNX op of the stage it came from (the table's ``FullName`` is
 ``OpType:node name``) and recorded per target and toolkit as a
 :class:`~rkpart.targets.capability.PlacementPattern` (op type, element type, input ranks,
-which input and output dims are 1).
+which input and output dims are 1, the sizes of every input and output, and the attributes that
+decide its layout, such as a ``Transpose``'s ``perm``).
 Every later ``rkpart partition`` for that toolkit reads the store
 (:func:`rkpart.grouping.propose.propose`) and keeps such ops out of NPU stages unless a rewrite
-removes them, for any model: what one family's build taught holds for the next family.
+removes them, for any model: what one family's build taught holds for an op of exactly the same
+shapes and layout in the next family, and for nothing else.
 
-Location: ``$RKPART_CACHE_DIR/placement/<target>-<toolkit>.json`` (else ``~/.cache/rkpart``),
-next to the build cache.  Writes are whole-file and atomic, under a lock on the folder, so
-concurrent compiles merge instead of losing each other's rows; a damaged store is read as
-empty (it is knowledge, re-learned by the next build) and replaced by the next write.
+**What is learned is checked by every later build.**  After a compile, every op of every NPU
+stage it built (or took from the build cache) whose pattern the store holds, and that the build
+did *not* place on the CPU, is evidence against the pattern (:func:`contradict`): the pattern is
+kept in the store with that example under ``npu`` and is no longer applied
+(:func:`load_learned` returns only the patterns no build ran on the NPU).  So a pattern whose
+placement turns on more than its shapes (the op's neighbours, the stage's boundary) stops moving
+ops after the first build that shows it on the NPU, and a build that puts it on the CPU again
+does not revive it: that plan's own layer is moved by ``rkpart compile --repartition``, by name,
+which holds for that plan alone.
 
-A CPU layer the table names after no op of the stage (a layer the toolkit inserted, such as
-the Transposes 2.3.0 adds around AdaLN chunk slices) cannot be moved by the partitioner and is
-not learned; ``rkpart compile`` still reports it.
+**A move the store made is checked by a build of the stage it lands in** under ``rkpart compile
+--repartition`` (:func:`rkpart.repartition.compile_repartition`, round 0): when the plan has ops a
+learned placement moved to the host, it is partitioned again without the learned placements and
+the stages that change (those the moved ops land in) are built; every pattern whose op runs on the
+NPU there is contradicted as above (and the op stays on the NPU), and the ops that run on the CPU
+are that plan's CPU layers, moved by the rounds.  A plain ``rkpart compile`` does not re-partition,
+so it checks only the ops its plan holds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import onnx
+
 from rkpart.errors import UserError
 from rkpart.io import atomic_write_bytes, default_cache_dir
+from rkpart.ir import ModelGraph
 from rkpart.readers import FileKind
 from rkpart.targets import TARGETS, get_target
 from rkpart.targets.capability import Capability, PlacementPattern
@@ -40,8 +55,9 @@ from rkpart.targets.capability import Capability, PlacementPattern
 PLACEMENT_DIR = "placement"
 FORMAT = "rkpart-learned-placement"
 # 2: patterns carry which dims are 1 (a store of version 1 is re-learned); 3: a reversing Slice is a form of its own;
-# 4: the op giving a stage output of rank > 4 is the boundary's, not learned (a version-3 store may hold such rows)
-VERSION = 4
+# 4: the op giving a stage output of rank > 4 is the boundary's, not learned (a version-3 store may hold such rows);
+# 5: patterns carry sizes and layout attributes, and the builds that ran one on the NPU ("npu": not applied)
+VERSION = 5
 #: a store larger than this is not a store rkpart wrote (patterns are few)
 _MAX_BYTES = 4 << 20
 #: layers kept per pattern as examples (where it was learned)
@@ -63,6 +79,9 @@ class CpuLayer:
     #: op elsewhere runs on the NPU)
     boundary: bool = False
     side: str = "output"
+    #: bytes of the op's computed inputs and outputs (what the layer's NPU -> CPU -> NPU round trip moves;
+    #: 0 when not traced): ``--repartition`` weighs a round's moves against the layers they remove by it
+    nbytes: int = 0
 
 
 def store_path(target: str, toolkit: str, root: Path | None = None) -> Path:
@@ -72,8 +91,22 @@ def store_path(target: str, toolkit: str, root: Path | None = None) -> Path:
 
 
 def load_learned(target: str, toolkit: str, root: Path | None = None) -> frozenset[PlacementPattern]:
-    """The patterns learned so far for ``target``/``toolkit`` (empty when none, or the store is damaged)."""
-    return frozenset(_read(store_path(target, toolkit, root)))
+    """The patterns learned so far for ``target``/``toolkit`` that no build contradicted (empty when
+    none, or the store is damaged)."""
+    return frozenset(p for p, row in _read(store_path(target, toolkit, root)).items() if not row.npu)
+
+
+def load_contradicted(target: str, toolkit: str, root: Path | None = None) -> frozenset[PlacementPattern]:
+    """The patterns a build put on the CPU and a later build ran on the NPU: held, not applied."""
+    return frozenset(p for p, row in _read(store_path(target, toolkit, root)).items() if row.npu)
+
+
+@dataclass
+class _Row:
+    """What the store holds of one pattern: where a build put it on the CPU, and where one ran it on the NPU."""
+
+    cpu: list[str]
+    npu: list[str]
 
 
 #: the store, read through rkpart's one reader (issue 51): a FIFO there hung every partition, a
@@ -82,7 +115,7 @@ STORE_KIND = FileKind("learned-placement store", "json", _MAX_BYTES, UserError, 
                       doc="`$RKPART_CACHE_DIR/placement/<target>-<toolkit>.json`, read by `partition --toolkit`")
 
 
-def _read(path: Path) -> dict[PlacementPattern, list[str]]:
+def _read(path: Path) -> dict[PlacementPattern, _Row]:
     if not os.path.lexists(path):
         return {}
     try:
@@ -96,39 +129,147 @@ def _read(path: Path) -> dict[PlacementPattern, list[str]]:
         return {}
     if d.get("version") != VERSION:  # an older store's classes are coarser: re-learned by the next builds
         return {}
-    out: dict[PlacementPattern, list[str]] = {}
+    out: dict[PlacementPattern, _Row] = {}
     for row in d["patterns"]:
         try:
             p = PlacementPattern.from_json(row)
         except (KeyError, TypeError, ValueError, AttributeError):
             continue  # a damaged row is skipped, the rest still counts
-        ex = row.get("examples")
-        out[p] = sorted({str(e)[:300] for e in ex} if isinstance(ex, list) else set())[:_EXAMPLES]
+        out[p] = _Row(_examples(row.get("examples")), _examples(row.get("npu")))
     return out
+
+
+def _examples(ex: object) -> list[str]:
+    return sorted({str(e)[:300] for e in ex} if isinstance(ex, list) else set())[:_EXAMPLES]
+
+
+def _update(target: str, toolkit: str, root: Path | None,
+            change: Callable[[dict[PlacementPattern, _Row]], None]) -> None:
+    """Read the store, ``change`` it in place, and write it back when it changed (under the folder's lock)."""
+    path = store_path(target, toolkit, root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(path.parent):
+        known = _read(path)
+        before = {p: _Row(list(r.cpu), list(r.npu)) for p, r in known.items()}
+        change(known)
+        if known != before or not path.is_file():
+            rows = []
+            for p in sorted(known):
+                row = {**p.to_json(), "examples": known[p].cpu}
+                if known[p].npu:
+                    row["npu"] = known[p].npu
+                rows.append(row)
+            doc = {"format": FORMAT, "version": VERSION, "target": target.lower(), "toolkit": toolkit,
+                   "patterns": rows}
+            atomic_write_bytes(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
 
 
 def learn(target: str, toolkit: str, layers: Iterable[CpuLayer], root: Path | None = None) -> list[PlacementPattern]:
     """Add the patterns of ``layers`` to the store; returns the patterns it did not hold before.
 
     Layers without a pattern (not traced to an op) are skipped.  Each pattern keeps up to five
-    example layers (``stage: FullName``); nothing is written when nothing changes.
+    example layers (``stage: FullName``); nothing is written when nothing changes.  A pattern a
+    build already ran on the NPU stays contradicted (not applied): its CPU example is added, and
+    it is not returned.
     """
     rows = [(x, x.pattern) for x in layers if x.pattern is not None]
     if not rows:
         return []
-    path = store_path(target, toolkit, root)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(path.parent):
-        known = _read(path)
-        before = {p: list(v) for p, v in known.items()}
-        new = [pat for _, pat in rows if pat not in known]
+    new: list[PlacementPattern] = []
+
+    def change(known: dict[PlacementPattern, _Row]) -> None:
+        new.extend(pat for _, pat in rows if pat not in known)
         for x, pat in rows:
-            known[pat] = sorted({*known.get(pat, []), f"{x.stage}: {x.layer}"[:300]})[:_EXAMPLES]
-        if known != before or not path.is_file():
-            doc = {"format": FORMAT, "version": VERSION, "target": target.lower(), "toolkit": toolkit,
-                   "patterns": [{**p.to_json(), "examples": known[p]} for p in sorted(known)]}
-            atomic_write_bytes(path, (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode())
+            row = known.setdefault(pat, _Row([], []))
+            row.cpu = sorted({*row.cpu, f"{x.stage}: {x.layer}"[:300]})[:_EXAMPLES]
+
+    _update(target, toolkit, root, change)
     return sorted(set(new))
+
+
+@dataclass(frozen=True)
+class NpuOp:
+    """An op of a built NPU stage that the build did not place on the CPU, with its pattern."""
+
+    stage: str
+    op: str  # the ONNX node name
+    pattern: PlacementPattern
+
+
+def contradict(target: str, toolkit: str, seen: Iterable[NpuOp], root: Path | None = None) -> list[PlacementPattern]:
+    """Record that builds ran the ops ``seen`` on the NPU; returns the patterns this stops applying.
+
+    Only patterns the store holds are touched (what runs on the NPU is not itself learned).  A
+    contradicted pattern keeps its examples both ways and is no longer returned by
+    :func:`load_learned`.
+    """
+    seen = list(seen)
+    if not seen or not os.path.lexists(store_path(target, toolkit, root)):
+        return []
+    dropped: list[PlacementPattern] = []
+
+    def change(known: dict[PlacementPattern, _Row]) -> None:
+        for x in seen:
+            row = known.get(x.pattern)
+            if row is None:
+                continue
+            if not row.npu:
+                dropped.append(x.pattern)
+            row.npu = sorted({*row.npu, f"{x.stage}: {x.op}"[:300]})[:_EXAMPLES]
+
+    _update(target, toolkit, root, change)
+    return sorted(set(dropped))
+
+
+def npu_ops(stage_id: str, stage_onnx: Path, layers: Iterable[CpuLayer],
+            patterns: Collection[PlacementPattern], screen: Path | None = None) -> list[NpuOp]:
+    """The ops of the built ``stage_onnx`` whose pattern is one of ``patterns`` and that its build (whose
+    CPU layers, traced, are ``layers``) did not place on the CPU: evidence against those patterns.
+
+    An op named by any CPU layer (itself, or the boundary conversion it feeds) is no evidence; nor is
+    any op of a type the build has an untraced CPU layer of (the toolkit may have renamed it).
+
+    ``screen``: a file read first, graph only, to rule the stage out cheaply (the plan's stage file, whose
+    weights are external, when ``stage_onnx`` is a prepared copy holding them inline: 130 MB read in 1 s
+    and 5 s to load as a graph, per real-width attention stage).  A stage none of whose ops has a
+    candidate type and, where the file records it, a candidate output shape is not loaded.
+    """
+    from rkpart.grouping.capability import pattern_of
+    from rkpart.ir import load_model
+
+    types = {p.op_type for p in patterns}
+    outs: dict[str, set[str]] = {}
+    for p in patterns:
+        outs.setdefault(p.op_type, set()).add(p.shapes.partition(">")[2] if p.shapes else "")
+    layers = list(layers)
+    on_cpu = {x.op for x in layers if x.op is not None}
+    untraced = {x.layer.partition(":")[0] for x in layers if x.op is None}
+    head = onnx.load(str(screen or stage_onnx), load_external_data=False)
+    g = head.graph
+    known = {vi.name: vi.type.tensor_type.shape for vi in (*g.value_info, *g.input, *g.output)
+             if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape")}
+
+    def may_match(n: onnx.NodeProto) -> bool:
+        if n.op_type not in types or n.op_type in untraced or n.name in on_cpu:
+            return False
+        if "" in outs[n.op_type] or not all(t in known for t in n.output if t):
+            return True  # a pattern without sizes, or an output the file does not record: load to know
+        dims = [[d.dim_value if d.HasField("dim_value") else -1 for d in known[t].dim] for t in n.output if t]
+        got = ";".join(",".join(str(d) if d >= 0 else "?" for d in s) for s in dims)
+        return got in outs[n.op_type]
+
+    if not any(may_match(n) for n in g.node):
+        return []
+    mg = load_model(stage_onnx)
+    out = []
+    for i in sorted(mg.ops.nodes):
+        n = mg.op(i)
+        if n.op_type not in types or n.op_type in untraced or not n.name or n.name in on_cpu:
+            continue
+        pat = pattern_of(mg, i)
+        if pat in patterns:
+            out.append(NpuOp(stage_id, n.name, pat))
+    return out
 
 
 @contextlib.contextmanager
@@ -227,7 +368,13 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
             out += [CpuLayer(stage_id, full, mg.op(c).name, None, boundary=True, side="input") for c in readers]
             continue
         out.append(CpuLayer(stage_id, full, None, None))
-    return out
+    return [dataclasses.replace(x, nbytes=_op_bytes(mg, by_name[x.op])) if x.op in by_name else x for x in out]
+
+
+def _op_bytes(mg: ModelGraph, i: int) -> int:
+    """Bytes of op ``i``'s computed (not constant) inputs and outputs."""
+    n = mg.op(i)
+    return sum(mg.nbytes(t) for t in (*n.inputs, *n.outputs) if t and not mg.is_const_tensor(t))
 
 
 def forced_host(layers: Iterable[CpuLayer]) -> Mapping[str, str]:
@@ -246,4 +393,5 @@ def forced_host(layers: Iterable[CpuLayer]) -> Mapping[str, str]:
     return dict(sorted(out.items()))
 
 
-__all__ = ["CpuLayer", "forced_host", "learn", "load_learned", "store_path", "target_capability", "trace_cpu_layers"]
+__all__ = ["CpuLayer", "NpuOp", "contradict", "forced_host", "learn", "load_contradicted", "load_learned", "npu_ops",
+           "store_path", "target_capability", "trace_cpu_layers"]

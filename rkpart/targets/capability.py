@@ -9,8 +9,9 @@ stage?* -- from three sources:
   cannot be loaded at all, and the ops measured on the CPU (``Support.CPU``) stay there;
 * the placements **learned from builds**: every layer a toolkit put on the CPU inside an NPU
   stage is recorded per toolkit as a :class:`PlacementPattern` (op type, element type, input
-  ranks, which dims are 1), next to the build cache (:mod:`rkpart.grouping.learned`), and asked here for every
-  later partition of any model;
+  ranks, which dims are 1, the sizes of every input and output, the layout attributes), next to
+  the build cache (:mod:`rkpart.grouping.learned`), and asked here for every later partition of
+  any model; a pattern a later build ran on the NPU is no longer asked (contradicted);
 * the ``npu`` rewrites of :mod:`rkpart.targets.rewrites` rescue an op: the partitioner applies
   them to the stage it would propose and keeps on the NPU only what they remove (a rewrite
   written for one exporter's spelling that misses another's leaves the op to the host).
@@ -24,7 +25,7 @@ most of them on the NPU (rewritten), and the ones it does not are learned by the
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,12 +56,18 @@ class PlacementPattern:
     ``Gather`` of a constant table by data indices runs on the CPU, a ``Gather`` of data by
     constant indices on the NPU: measured, ``scripts/measure_ops.py``); ``dims``: the unit-dim
     mask of every input, then ``>``, then of every output (:func:`unit_mask`: ``1`` a dim of
-    size 1, ``n`` a larger one, ``?`` unknown; ``-`` an unknown rank).  Sizes are left out on
-    purpose, so a placement learned on a tiny export holds for the full-size model; which dims
-    are 1 is kept, because the toolkit's layout decisions turn on it: PriorTransformer's
-    attention-mask ``Reshape`` ``[H, 1, S] -> [1, H, 1, S]`` runs on the CPU on 2.5.0 while the
-    head split ``[1, S, C] -> [1, S, H, D]`` of the same rank and types runs on the NPU, and a
-    class of ranks alone took every head split of every later model off the NPU.
+    size 1, ``n`` a larger one, ``?`` unknown; ``-`` an unknown rank); ``shapes``: the sizes
+    themselves, in the same layout (:func:`shapes_class`); ``attrs``: the op's attributes that
+    decide its layout (:func:`attrs_class`: a Transpose's ``perm``, an axis).
+
+    Sizes and attributes are part of the class (store version 5): the toolkit's layout
+    decisions turn on them.  Measured on real widths (issue 50): a head-dim-88 family's head
+    ``Transpose`` ran on the CPU on 2.5.0 while a head-dim-72 family's of the same rank, type
+    and unit dims ran on the NPU; keyed without sizes ("Transpose, rank 4"), the first family's
+    build took every head ``Transpose`` of every later model off the NPU (a head-dim-72
+    family's ``split`` went from 6 to 10 NPU stages, 100 % -> 86.4 % of its block matmul work
+    on the NPU).  So a placement learned on one export holds for ops of exactly its shapes and
+    layout, and a later build of another size learns its own.
     """
 
     op_type: str
@@ -74,6 +81,10 @@ class PlacementPattern:
     #: CPU while a forward ``Slice`` of the same ranks and dims runs on the NPU (Sana-WM: a class
     #: learned from its flips took the camera attention's forward Slice off the NPU)
     form: str = ""
+    #: every input's and output's sizes (:func:`shapes_class`); ``""``: not known
+    shapes: str = ""
+    #: the op's layout attributes (:func:`attrs_class`), ``""``: none
+    attrs: str = ""
 
     def key(self) -> str:
         """``ScatterND/float32/4,c2,4`` (``c``: a constant input), then ``/`` and :attr:`dims` when known:
@@ -82,18 +93,22 @@ class PlacementPattern:
         ranks = ",".join(("c" if k < len(self.consts) and self.consts[k] else "") + str(r)
                          for k, r in enumerate(self.ranks))
         return (f"{dom}{self.op_type}/{self.dtype or '?'}/{ranks}" + (f"/{self.dims}" if self.dims else "")
-                + (f"/{self.form}" if self.form else ""))
+                + (f"/{self.form}" if self.form else "") + (f"/{self.shapes}" if self.shapes else "")
+                + (f"/{self.attrs}" if self.attrs else ""))
 
     def describe(self) -> str:
         ranks = ", ".join(("-" if r < 0 else str(r)) + (" const" if k < len(self.consts) and self.consts[k] else "")
                           for k, r in enumerate(self.ranks))
         dims = f"; unit dims {self.dims}" if self.dims else ""
         form = f"; {self.form}" if self.form else ""
-        return f"{self.op_type} ({self.dtype or 'unknown type'}, input ranks {ranks}{dims}{form})"
+        shapes = f"; shapes {self.shapes}" if self.shapes else ""
+        attrs = f"; {self.attrs}" if self.attrs else ""
+        return f"{self.op_type} ({self.dtype or 'unknown type'}, input ranks {ranks}{dims}{form}{shapes}{attrs})"
 
     def to_json(self) -> JsonObject:
         return {"op_type": self.op_type, "domain": self.domain, "dtype": self.dtype, "ranks": list(self.ranks),
-                "consts": list(self.consts), "dims": self.dims, "form": self.form}
+                "consts": list(self.consts), "dims": self.dims, "form": self.form, "shapes": self.shapes,
+                "attrs": self.attrs}
 
     @classmethod
     def from_json(cls, d: JsonMap) -> PlacementPattern:
@@ -111,8 +126,13 @@ class PlacementPattern:
         form = d.get("form", "")
         if form not in FORMS:
             raise ValueError(f"form must be one of {sorted(FORMS)}")
+        shapes, attrs = d.get("shapes", ""), d.get("attrs", "")
+        if not isinstance(shapes, str) or len(shapes) > 2048 or set(shapes) - set("0123456789,;>?-"):
+            raise ValueError("shapes must be sizes")
+        if not isinstance(attrs, str) or len(attrs) > 1024 or not attrs.isprintable():
+            raise ValueError("attrs must be a short printable string")
         return cls(op_type=op_type, dtype=dtype, ranks=tuple(ranks), domain=domain, consts=tuple(consts), dims=dims,
-                   form=form)
+                   form=form, shapes=shapes, attrs=attrs)
 
 
 def unit_mask(shape: tuple[Any, ...] | None) -> str:
@@ -126,6 +146,46 @@ def unit_mask(shape: tuple[Any, ...] | None) -> str:
 def dims_class(in_shapes: Iterable[tuple[Any, ...] | None], out_shapes: Iterable[tuple[Any, ...] | None]) -> str:
     """:attr:`PlacementPattern.dims` of an op with these input and output shapes (``None``: unknown)."""
     return ";".join(unit_mask(s) for s in in_shapes) + ">" + ";".join(unit_mask(s) for s in out_shapes)
+
+
+def shapes_class(in_shapes: Iterable[tuple[Any, ...] | None], out_shapes: Iterable[tuple[Any, ...] | None]) -> str:
+    """:attr:`PlacementPattern.shapes`: ``(1, 77, 2048), (3,) -> (1, 77, 32, 64)`` is
+    ``1,77,2048;3>1,77,32,64`` (``?`` an unknown or symbolic dim, ``-`` an unknown rank)."""
+    def one(s: tuple[Any, ...] | None) -> str:
+        if s is None:
+            return "-"
+        return ",".join(str(d) if isinstance(d, int) and not isinstance(d, bool) and d >= 0 else "?" for d in s)
+
+    return ";".join(one(s) for s in in_shapes) + ">" + ";".join(one(s) for s in out_shapes)
+
+
+#: attribute values longer than this many elements are not a layout (a constant's data): left out of the class
+_ATTR_ELEMS = 16
+
+
+def attrs_class(attrs: Mapping[str, object]) -> str:
+    """:attr:`PlacementPattern.attrs`: the op's scalar and short-list attributes, sorted, as
+    ``axis=1;perm=0,2,1,3`` (floats to 6 significant digits; tensors, graphs and long lists left out:
+    what decides a layout is a permutation, an axis, a mode)."""
+    out = []
+    for k in sorted(attrs):
+        v = attrs[k]
+        if isinstance(v, bytes):
+            v = v.decode("utf-8", "replace")
+        if isinstance(v, bool | int):
+            text = str(int(v))
+        elif isinstance(v, float):
+            text = f"{v:.6g}"
+        elif isinstance(v, str):
+            text = v
+        elif isinstance(v, list | tuple) and len(v) <= _ATTR_ELEMS and all(
+                isinstance(x, int | float) and not isinstance(x, bool) for x in v):
+            text = ",".join(str(x) if isinstance(x, int) else f"{x:.6g}" for x in v)
+        else:
+            continue
+        text = "".join(c if c.isprintable() and c not in ";=" else "_" for c in text)[:64]
+        out.append(f"{k}={text}")
+    return ";".join(out)
 
 
 @dataclass(frozen=True)
@@ -179,4 +239,5 @@ class Capability:
                 "learned_patterns": len(self.learned)}
 
 
-__all__ = ["FORMS", "TOOLKIT_DTYPES", "Capability", "PlacementPattern", "dims_class", "unit_mask"]
+__all__ = ["FORMS", "TOOLKIT_DTYPES", "Capability", "PlacementPattern", "attrs_class", "dims_class", "shapes_class",
+           "unit_mask"]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.compile.cache import build_key
@@ -100,7 +101,8 @@ def test_trace_cpu_layers_maps_full_names_to_ops_and_patterns(tmp_path: Path) ->
     s = _stage(tmp_path / "001_b00.attn.onnx", "001_b00.attn.onnx.data")
     got = trace_cpu_layers("b00.attn", s, ["ScatterND:scatter", "Transpose:inserted_by_the_toolkit",
                                            "Slice:scatter_2sl"])
-    pat = PlacementPattern("ScatterND", "float32", (2, 3, 2), consts=(False, False, False), dims="nn;nnn;nn>nn")
+    pat = PlacementPattern("ScatterND", "float32", (2, 3, 2), consts=(False, False, False), dims="nn;nnn;nn>nn",
+                           shapes="64,64;64,64,2;64,64>64,64")
     # the last: the op itself, turned into another by the toolkit (AnyFlow-FAR's KV-cache Gather of one
     # index ran as "Slice:node_select_1_2sl"): traced to the op, learned, moved
     assert [(x.op, x.pattern, x.boundary) for x in got] == [("scatter", pat, False), (None, None, False),
@@ -197,3 +199,92 @@ def test_the_op_giving_a_rank5_stage_output_is_the_boundary_not_a_class(tmp_path
     from rkpart.grouping.learned import forced_host
 
     assert "converted its output on the CPU" in forced_host(got)["view"]
+
+
+def _heads(path: Path, tokens: int, heads: int, head_dim: int) -> Path:
+    """A stage splitting ``[1, tokens, heads * head_dim]`` into heads: MatMul, Reshape, Transpose, MatMul."""
+    c = heads * head_dim
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+         helper.make_node("Reshape", ["h", "s4"], ["h4"], name="view"),
+         helper.make_node("Transpose", ["h4"], ["t"], perm=[0, 2, 1, 3], name="heads"),
+         helper.make_node("MatMul", ["t", "V"], ["y"], name="mm2")], "s",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, c])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, heads, tokens, 8])],
+        initializer=[numpy_helper.from_array(np.zeros((c, c), np.float32), "W"),
+                     numpy_helper.from_array(np.array([1, tokens, heads, head_dim], np.int64), "s4"),
+                     numpy_helper.from_array(np.zeros((head_dim, 8), np.float32), "V")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_pattern_is_keyed_by_sizes_and_layout(tmp_path: Path) -> None:
+    """Issue 50: a head ``Transpose`` learned from a head-dim-88 build ("Transpose, rank 4" with the
+    same unit dims as every head split) took a head-dim-72 family's Transposes off the NPU.  The class
+    now holds the sizes and the ``perm``: another head dim, head count or permutation is another class."""
+    a = trace_cpu_layers("a", _heads(tmp_path / "a.onnx", 64, 4, 88), ["Transpose:heads"])[0].pattern
+    b = trace_cpu_layers("b", _heads(tmp_path / "b.onnx", 64, 4, 72), ["Transpose:heads"])[0].pattern
+    same = trace_cpu_layers("c", _heads(tmp_path / "c.onnx", 64, 4, 88), ["Transpose:heads"])[0].pattern
+    assert a is not None and b is not None and a == same
+    assert a != b and a.dims == b.dims and a.ranks == b.ranks  # the version-4 class could not tell them apart
+    assert a.shapes == "1,64,4,88>1,4,64,88" and a.attrs == "perm=0,2,1,3"
+    assert "1,64,4,88" in a.describe() and "perm=0,2,1,3" in a.key()
+    assert PlacementPattern.from_json(a.to_json()) == a
+    learn("rk3588", "2.5.0", [CpuLayer("a", "Transpose:heads", "heads", a)])
+    assert load_learned("rk3588", "2.5.0") == {a}
+
+
+def test_a_build_that_runs_a_learned_pattern_on_the_npu_drops_it(tmp_path: Path) -> None:
+    """A pattern one build put on the CPU and a later build ran on the NPU (the same shapes in another
+    context) is no longer applied; a build that puts it on the CPU again does not revive it."""
+    from rkpart.grouping.learned import contradict, load_contradicted, npu_ops
+
+    stage = _heads(tmp_path / "s.onnx", 64, 4, 88)
+    cpu = trace_cpu_layers("b00.attn", stage, ["Transpose:heads"])
+    pat = cpu[0].pattern
+    assert pat is not None
+    learn("rk3588", "2.5.0", cpu)
+    # the build that put it on the CPU is no evidence against it
+    assert npu_ops("b00.attn", stage, cpu, {pat}) == []
+    # a twin stage whose build has no CPU layer: the same op ran on the NPU
+    seen = npu_ops("b01.attn", stage, [], {pat})
+    assert [(x.op, x.pattern) for x in seen] == [("heads", pat)]
+    # an untraced CPU layer of the same op type may be the op under another name: no evidence
+    assert npu_ops("b01.attn", stage, [CpuLayer("b01.attn", "Transpose:heads_tp", None, None)], {pat}) == []
+    assert contradict("rk3588", "2.5.0", seen) == [pat]
+    assert load_learned("rk3588", "2.5.0") == frozenset() and load_contradicted("rk3588", "2.5.0") == {pat}
+    row = json.loads(store_path("rk3588", "2.5.0").read_text())["patterns"][0]
+    assert row["examples"] == ["b00.attn: Transpose:heads"] and row["npu"] == ["b01.attn: heads"]
+    assert learn("rk3588", "2.5.0", trace_cpu_layers("b02.attn", stage, ["Transpose:heads"])) == []
+    assert load_learned("rk3588", "2.5.0") == frozenset()
+    assert contradict("rk3588", "2.5.0", seen) == []  # already dropped
+
+
+def test_a_version_4_store_is_relearned() -> None:
+    """Version 4 keyed patterns without sizes: a store of it reads empty (re-learned by the next builds)."""
+    path = store_path("rk3588", "2.5.0")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"format": "rkpart-learned-placement", "version": 4, "patterns": [P1.to_json()]}))
+    assert VERSION == 5 and load_learned("rk3588", "2.5.0") == frozenset()
+
+
+def test_a_stage_with_no_op_of_a_learned_size_is_not_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The evidence scan reads a stage as a graph only when an op of it may have a learned pattern: the output
+    sizes the file records rule the others out (a real-width prepared copy holds its weights inline)."""
+    import rkpart.ir
+    from rkpart.grouping.learned import npu_ops
+
+    learned = trace_cpu_layers("a", _heads(tmp_path / "a.onnx", 64, 4, 88), ["Transpose:heads"])[0].pattern
+    other = tmp_path / "b.onnx"
+    onnx.save(onnx.shape_inference.infer_shapes(onnx.load(str(_heads(other, 64, 4, 72)))), other)
+    assert learned is not None and npu_ops("b", other, [], {learned}) == []
+
+    def refuse(*_: object) -> None:
+        raise AssertionError("loaded")
+
+    monkeypatch.setattr(rkpart.ir, "load_model", refuse)
+    assert npu_ops("b", other, [], {learned}) == []  # not loaded: no op of the learned output size
+    same = tmp_path / "c.onnx"
+    onnx.save(onnx.shape_inference.infer_shapes(onnx.load(str(_heads(same, 64, 4, 88)))), same)
+    with pytest.raises(AssertionError, match="loaded"):
+        npu_ops("c", same, [], {learned}, screen=same)

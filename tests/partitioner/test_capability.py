@@ -111,7 +111,9 @@ def test_learned_pattern_moves_the_op_with_the_neighbours_of_the_cheapest_cut(
     m = load(fanin_model)
     i_max = next(i for i in range(m.graph.num_ops) if m.graph.op(i).name == "max")
     pat = pattern_of(m.graph, i_max)
-    assert pat == PlacementPattern("Max", "float32", (3, 3), consts=(False, False), dims="nnn;nnn>nnn")
+    assert pat == PlacementPattern("Max", "float32", (3, 3), consts=(False, False), dims="nnn;nnn>nnn",
+                                   shapes=pat.shapes)
+    assert pat.shapes == "4,8,16;4,8,16>4,8,16"  # the sizes of both inputs and the output
     # nothing learned: everything on the NPU
     assert [d for d, _ in _devices(propose(m, "generic", PartitionConfig(toolkit="2.5.0")))] == ["npu"]
     # learned: the store is read through the user cache (tests have a private one)

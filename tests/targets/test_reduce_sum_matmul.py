@@ -176,7 +176,7 @@ CASES = [sampling.full_only(f, e, id=f"{f}-{e}", why="sana_wm-torchscript has th
 @pytest.mark.parametrize(("family", "exporter"), CASES)
 def test_plan_stages_keep_the_rewrite_under_the_gate(family: str, exporter: str, tmp_path: Path) -> None:
     """The split plan's NPU stages for 2.3.0: the rewrite matches each block's key sum and passes the
-    check ``rkpart compile`` makes of it (the stage under ONNX Runtime, seeded inputs, 1e-6 relative)."""
+    check ``rkpart compile`` makes of it (the stage under ONNX Runtime, seeded inputs, ``exact_gate``)."""
     from rkpart import partition
     from rkpart.compile.prepare import _apply_checked, _finite_reference
     from tests.models.diffusers_families import cached_export

@@ -105,7 +105,7 @@ class Rewrite:
     probe: Callable[[onnx.ModelProto], bool] | None = None
     #: an approximate rewrite's check, ``(min cosine, max abs / max |ref|)``: ``rkpart compile``
     #: checks it alone against the original stage, before the exact rows (``None``: an exact
-    #: rewrite, checked at :data:`rkpart.compile.prepare.REWRITE_GATE`)
+    #: rewrite, checked at :func:`rkpart.compile.prepare.exact_gate`)
     gate: tuple[float, float] | None = None
     #: where it matched the stage cannot build without it (an element type no toolkit has): a
     #: failed build is retried without the other rewrites, never without this one
