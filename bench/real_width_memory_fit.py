@@ -10,7 +10,9 @@ memory features and the compiler's own weight + internal memory) and, per toolki
    under-prediction beyond -10 % is a failure;
 3. fits on every family and, with ``--ship``, writes the toolkit's predictor into
    ``rkpart/data/device_memory.json`` (the other toolkits' kept) with its held-out error and the budget margin
-   (:func:`rkpart.cost_model.device_model.error_table`) that ``rkpart auto`` and ``rkpart estimate`` add.
+   (:func:`rkpart.cost_model.device_model.error_table`) that ``rkpart auto`` and ``rkpart estimate`` add, and
+   each row's held-out prediction (``heldout_bytes``) into ``--rows``, which ``scripts/real_width.py
+   --table-only`` renders into docs/real-width.md and the README.
 
 ``--refeature DIR ...`` first recomputes the rows' features from the plan folders under each ``DIR``
 (``scripts/real_width.py``'s ``--work``: ``DIR/<family>/<strategy>-<toolkit>``) and rewrites ``--rows``: the
@@ -179,11 +181,22 @@ def main(argv: list[str] | None = None) -> int:
             comp = held_out_summary(model, pairs, fitted_on=f"real width ({a.rows.name}): {', '.join(fams)}",
                                     held_out="each family by a model fitted without it")
             shipped["toolkits"][tk] = comp
+            # the rows keep their held-out prediction: the pages render it (scripts/real_width.py)
+            held = {(r.family, r.strategy, r.stage): round(p) for r, p in pairs}
+            for r in rows:
+                if r.get("toolkit") == tk:
+                    r.pop("heldout_bytes", None)
+                    if (k := (r["family"], r["strategy"], r["stage"])) in held:
+                        r["heldout_bytes"] = held[k]
     if a.ship:
-        shipped["source"] = ("bench/real_width_memory_fit.py: rknn-toolkit2 builds of real-width stages "
-                             "(bench/data/real_width.jsonl), the compiler's own weight + internal memory")
+        shipped["source"] = ("rknn-toolkit2 builds of compiled stages, the compiler's own weight + internal memory; "
+                             "per toolkit, fit_error.fitted_on names the stages: bench/device_memory.py (Anima and tiny "
+                             "stages) or bench/real_width_memory_fit.py (real-width families, "
+                             "bench/data/real_width.jsonl)")
         SHIPPED.write_text(json.dumps(shipped, indent=1, sort_keys=True) + "\n")
-        print(f"shipped -> {SHIPPED}")
+        write_rows(a.rows, rows, runs)
+        print(f"shipped -> {SHIPPED}; held-out predictions -> {a.rows} (render the pages: scripts/real_width.py "
+              "--table-only)")
     return 0 if ok else 1
 
 
