@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                         r["heldout_bytes"] = held[k]
     if a.ship:
         shipped["source"] = ("rknn-toolkit2 builds of compiled stages, the compiler's own weight + internal memory; "
-                             "per toolkit, fit_error.fitted_on names the stages: bench/device_memory.py (Anima and tiny "
-                             "stages) or bench/real_width_memory_fit.py (real-width families, "
+                             "per toolkit, fit_error.fitted_on names the stages: bench/device_memory.py (Anima and "
+                             "tiny stages) or bench/real_width_memory_fit.py (real-width families, "
                              "bench/data/real_width.jsonl)")
         SHIPPED.write_text(json.dumps(shipped, indent=1, sort_keys=True) + "\n")
         write_rows(a.rows, rows, runs)

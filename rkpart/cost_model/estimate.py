@@ -154,8 +154,8 @@ class Estimate:
         lines.append(f"device memory peak under the plan's residency: {self.device_mem_bytes / mib:.1f} MiB{pm}")
         if self.device_mem_bound_bytes is not None and self.device_mem_margin is not None:
             lines.append(f"device memory bound for budgets: {self.device_mem_bound_bytes / mib:.1f} MiB (predicted "
-                         f"stages +{self.device_mem_margin * 100:.1f} %: the memory model's held-out under-prediction "
-                         "at families it was not fitted on, 95th percentile)")
+                         f"stages +{self.device_mem_margin * 100:.1f} %, the memory model's held-out error bound; "
+                         "docs/cost-model.md)")
         calls = (f"{self.calls_per_step} CFG" if self.calls_source in ("--cfg", "--no-cfg") else
                  f"{self.calls_per_step} model call{'s' if self.calls_per_step != 1 else ''} per step "
                  f"({self.calls_source})")

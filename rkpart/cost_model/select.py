@@ -762,7 +762,7 @@ def describe_memory_source(model: CostModel, toolkit: str | None, options: Mappi
             err = (f", held-out: {held['within_10'] * 100:.0f} % of {held['n']} stages within +-10 %"
                    if held.get("within_10") is not None else "")
             margin = budget_margin(comp.fit_error)
-            err += "" if not margin else f"; budgeted at +{margin * 100:.1f} %, its held-out under-prediction's bound"
+            err += "" if not margin else f"; budgeted at +{margin * 100:.1f} %, its held-out error bound"
             parts.append(f"'predicted' = the device-memory model fitted on rknn-toolkit2 {toolkit} compiler tables "
                          f"({comp.samples} stages{err}), before compiling")
         elif comp is not None:
