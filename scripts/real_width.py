@@ -247,17 +247,22 @@ CPU layers on the first build:
 - **Sana, 70 x 32 linear attention**: the value padded with a ones row (32 -> 33) is transposed (1,70,33,1024) ->
   (70,1024,1,33) on the CPU. Not removed yet.
 
-Memory: the model counts a masked attention's scores now (the compiler holds them when it cannot fuse):
-Lumina2's main attention -31.2 % -> -4.0 %, its context refiner -23.6 % -> -17.0 %
-(`bench/real_width_memory.py --against`). Still under-predicted, from the feature tables: the GQA repeat's
-buffers (the repeated keys held as (8,4,96,T), 3 repeats padded to 4, and a secondary of (8,8,96,T): 8x the
-repeated tensor at the stage's peak; Lumina2's noise refiner -31.4 %), the partial sums of a wide FFN (Lumina2's
-9216-wide SwiGLU: the 2304 input channels split into 576-channel branches summed in two full-size tiles;
--10 % to -19 %; PRX's fused 5376-wide qkv projection the same, and its Reshape a secondary of twice the tensor:
--18.6 %), and a per-head norm at a head dim that is not a multiple of 16 (HunyuanDiT's `exNorm` holds a
-secondary of 112/44 of the tensor: -15.9 %). A GELU FFN is over-predicted on 2.5.0 (+16 % to +18 %): its internal
-memory is exactly the activation peak the model counts, which the fitted coefficient (1.24, set by attention
-stages) scales.
+- **Cosmos-Predict2 2B, 16 x 128**: the q/k RMSNorm per head in the heads-first layout, as HunyuanDiT's: the
+  Transpose after `exNorm` ((1,128,16,1024) -> (1,16,1024,128): "height(1024) * width(128) = 131072, required
+  product no larger than 8192") runs on the CPU, in q and k. Not removed yet.
+
+Memory (the model fitted on these rows, `bench/real_width_memory_fit.py`; docs/cost-model.md, "Device memory
+from the compiler"): a masked attention's scores count as activations (the compiler holds them when it cannot
+fuse: Lumina2's main attention -31.2 % -> -4.0 % with the model before). From the feature tables, three terms
+more: the partial sums of a MatMul the compiler tiles by input channels (more than 1536: `MatMul#2_tile0`,
+`_tile1`, ... summed full-size; every FFN of hidden 1792 and more, and Lumina2's 9216-wide SwiGLU), the key/value
+heads a grouped-query attention repeats (Lumina2: the repeated keys held as (8,4,96,T), 3 repeats padded to 4,
+and a secondary of (8,8,96,T)), and the attention's workspace above the activation peak with a coefficient of its
+own: one coefficient for both scaled a GELU FFN, whose internal memory is exactly the activation peak counted, by
+the attention's (+16 % to +18 % before). Still under-predicted, held out: the attentions that keep CPU layers
+(Lumina2's, -17 % to -26 %; Cosmos's, -13 %: the CPU layer's buffers on both sides of the host round trip), and
+HunyuanDiT's attention (-14 %: its per-head norm at head dim 88 holds a secondary of 112/44 of the tensor, and
+`rope-interleaved-matmul` rewrites the rotation after the features are counted).
 """
 
 
