@@ -264,7 +264,8 @@ def main() -> int:
         ok = ok and share >= 0.9
         fitted_on = ", ".join(sorted({f"{r.family}:{r.shape}" for r in mine if r.fit}))
         held_on = ", ".join(sorted({f"{r.family}:{r.shape}" for r in held}))
-        shipped[tk] = held_out_summary(model, held, fitted_on=fitted_on, held_out=held_on)
+        shipped[tk] = held_out_summary(model, [(r, model.predict(r.features)) for r in held], fitted_on=fitted_on,
+                                       held_out=held_on)
         if args.model_out is not None:
             path = args.model_out.with_name(f"{args.model_out.stem}.{tk}{args.model_out.suffix}")
             path.write_text(json.dumps(model.to_json(), indent=2, sort_keys=True) + "\n")

@@ -14,16 +14,17 @@ user would:
    on them), the rewrites applied and dropped, the build's time.
 
 Rows go to ``--rows`` (default ``bench/data/real_width.jsonl``: one JSON object per line, a family's rows replaced
-when it is run again); ``docs/real-width.md`` (``--out``) is rendered from that file alone, so
-``--table-only`` rewrites it without building (``tests/models/test_real_width.py`` checks the page is that
-rendering).  Each family runs on a build cache and placement store of its own (``WORK/cache/<family>``), so
-what one family's builds teach the store cannot move another's ops, and its placement store is emptied before
-every partition, so that each compile is a first build (the build cache stays).  The plan folders' weights
-(``*.data``) are deleted after each family unless ``--keep-weights``: a real-width plan holds 0.1-2 GB of them
-per toolkit and strategy; the stage graphs, plan.json and the builds stay.
+when it is run again); ``docs/real-width.md`` (``--out``) is rendered from that file alone, so ``--table-only``
+rewrites it without building, and the README's real-width rows (``--readme``, between :data:`README_MARKS`) with it
+(``tests/models/test_real_width.py`` checks both are that rendering). Each family runs on a build cache and
+placement store of its own (``WORK/cache/<family>``), so what one family's builds teach the store cannot move
+another's ops, and its placement store is emptied before every partition, so that each compile is a first build
+(the build cache stays). The plan folders' weights (``*.data``) are deleted after each family unless
+``--keep-weights``: a real-width plan holds 0.1-2 GB of them per toolkit and strategy; the stage graphs, plan.json
+and the builds stay.
 
 Usage: ``.venv/bin/python scripts/real_width.py [--family F ...] [--toolkit V ...] [--strategy S ...]
-[--work DIR] [--rows FILE] [--out FILE] [--table-only] [--keep-weights] [--timeout S]``.
+[--work DIR] [--rows FILE] [--out FILE] [--readme FILE] [--table-only] [--keep-weights] [--timeout S]``.
 Needs torch and diffusers (the export) and the toolkits (``$RKPART_TOOLKITS_DIR``).  One family at a time; run it
 in the background (``nohup``): a real-width family takes minutes to an hour.
 """
@@ -47,6 +48,9 @@ sys.path.insert(0, str(ROOT))
 
 ROWS = ROOT / "bench" / "data" / "real_width.jsonl"
 OUT = ROOT / "docs" / "real-width.md"
+README = ROOT / "README.md"
+#: the README's real-width rows sit between these lines (:func:`render_readme`)
+README_MARKS = ("<!-- real-width:begin -->", "<!-- real-width:end -->")
 TOOLKITS = ("2.5.0", "2.3.0")
 STRATEGIES = ("split", "fused")
 #: the memory error a budget tolerates (issue 50's target)
@@ -194,11 +198,18 @@ def write_rows(path: Path, rows: Iterable[Mapping[str, Any]], runs: Iterable[Map
     path.write_text("".join(f"{ln}\n" for ln in lines))
 
 
+def _predicted(r: Mapping[str, Any]) -> int | None:
+    """The row's prediction: held out (``heldout_bytes``, by the model of its toolkit fitted without its family,
+    ``bench/real_width_memory_fit.py --ship``) where its toolkit's model was fitted on these rows, else the one
+    ``rkpart estimate`` made when the row was built (``predicted_bytes``)."""
+    return r.get("heldout_bytes") or r.get("predicted_bytes")
+
+
 def _error(r: Mapping[str, Any]) -> float | None:
     device = r["weight_bytes"] + r["internal_bytes"]
-    if not r.get("predicted_bytes") or not device:
+    if not _predicted(r) or not device:
         return None
-    return float(r["predicted_bytes"]) / device - 1
+    return float(_predicted(r) or 0) / device - 1
 
 
 def _ops(rows: Iterable[Mapping[str, Any]]) -> str:
@@ -236,17 +247,22 @@ CPU layers on the first build:
 - **Sana, 70 x 32 linear attention**: the value padded with a ones row (32 -> 33) is transposed (1,70,33,1024) ->
   (70,1024,1,33) on the CPU. Not removed yet.
 
-Memory: the model counts a masked attention's scores now (the compiler holds them when it cannot fuse):
-Lumina2's main attention -31.2 % -> -4.0 %, its context refiner -23.6 % -> -17.0 %
-(`bench/real_width_memory.py --against`). Still under-predicted, from the feature tables: the GQA repeat's
-buffers (the repeated keys held as (8,4,96,T), 3 repeats padded to 4, and a secondary of (8,8,96,T): 8x the
-repeated tensor at the stage's peak; Lumina2's noise refiner -31.4 %), the partial sums of a wide FFN (Lumina2's
-9216-wide SwiGLU: the 2304 input channels split into 576-channel branches summed in two full-size tiles;
--10 % to -19 %; PRX's fused 5376-wide qkv projection the same, and its Reshape a secondary of twice the tensor:
--18.6 %), and a per-head norm at a head dim that is not a multiple of 16 (HunyuanDiT's `exNorm` holds a
-secondary of 112/44 of the tensor: -15.9 %). A GELU FFN is over-predicted on 2.5.0 (+16 % to +18 %): its internal
-memory is exactly the activation peak the model counts, which the fitted coefficient (1.24, set by attention
-stages) scales.
+- **Cosmos-Predict2 2B, 16 x 128**: the q/k RMSNorm per head in the heads-first layout, as HunyuanDiT's: the
+  Transpose after `exNorm` ((1,128,16,1024) -> (1,16,1024,128): "height(1024) * width(128) = 131072, required
+  product no larger than 8192") runs on the CPU, in q and k. Not removed yet.
+
+Memory (the model fitted on these rows, `bench/real_width_memory_fit.py`; docs/cost-model.md, "Device memory
+from the compiler"): a masked attention's scores count as activations (the compiler holds them when it cannot
+fuse: Lumina2's main attention -31.2 % -> -4.0 % with the model before). From the feature tables, three terms
+more: the partial sums of a MatMul the compiler tiles by input channels (more than 1536: `MatMul#2_tile0`,
+`_tile1`, ... summed full-size; every FFN of hidden 1792 and more, and Lumina2's 9216-wide SwiGLU), the key/value
+heads a grouped-query attention repeats (Lumina2: the repeated keys held as (8,4,96,T), 3 repeats padded to 4,
+and a secondary of (8,8,96,T)), and the attention's workspace above the activation peak with a coefficient of its
+own: one coefficient for both scaled a GELU FFN, whose internal memory is exactly the activation peak counted, by
+the attention's (+16 % to +18 % before). Still under-predicted, held out: the attentions that keep CPU layers
+(Lumina2's, -17 % to -26 %; Cosmos's, -13 %: the CPU layer's buffers on both sides of the host round trip), and
+HunyuanDiT's attention (-14 %: its per-head norm at head dim 88 holds a secondary of 112/44 of the tensor, and
+`rope-interleaved-matmul` rewrites the rotation after the features are counted).
 """
 
 
@@ -269,7 +285,10 @@ def render(rows: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]])
         "on an empty placement store: each compile is a first build.",
         "",
         "*CPU layers*: layers the build placed on the CPU inside NPU stages, by op. *Memory*: the prediction made "
-        "before compiling against the compiler's own weight + internal memory, NPU stages of 1 MiB or more. "
+        "before compiling against the compiler's own weight + internal memory, NPU stages of 1 MiB or more: held out "
+        "(the device-memory model of the toolkit fitted on every other family's rows, "
+        "`bench/real_width_memory_fit.py`) where the toolkit's shipped model is fitted on these rows, else (marked "
+        "`*` per stage) the shipped model's prediction when the row was built. "
         "*Time*: the family's last run of the script, wall clock on a shared 2-core machine (the export cached after "
         "its first run, builds the build cache already held reused).",
         "",
@@ -308,13 +327,42 @@ def render(rows: Sequence[Mapping[str, Any]], runs: Sequence[Mapping[str, Any]])
             err = _error(r)
             comp = (f"{r['weight_bytes'] / MIB:.1f} + {r['internal_bytes'] / MIB:.1f}" if r["built"] else
                     "failed: " + "; ".join(r["failures"])[:80])
-            pred = f"{r['predicted_bytes'] / MIB:.1f}" if r.get("predicted_bytes") else "-"
+            pred = f"{(_predicted(r) or 0) / MIB:.1f}{'' if r.get('heldout_bytes') else '*'}" if _predicted(r) else "-"
             rw = ", ".join(sorted(r["rewrites"])) or "-"
             if r["dropped_rewrites"]:
                 rw += " (" + ", ".join(sorted(r["dropped_rewrites"])) + ")"
             out.append(f"| {n} | {r['toolkit']} | {r['strategy']} | {r['stage']} | {_ops([r])} | {comp} | {pred} | "
                        f"{'-' if err is None else f'{err * 100:+.1f} %'} | {rw} |")
     return "\n".join(out) + "\n\n" + NOTES
+
+
+def render_readme(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The README's real-width rows (2.5.0, ``split``), markers included: one line per family."""
+    from tests.models.real_width import REAL_WIDTH
+
+    out = [README_MARKS[0],
+           "At the published width (one block of each kind, 1024 image tokens, seeded weights; every stage and "
+           "toolkit in [docs/real-width.md](docs/real-width.md)), `split` on rknn-toolkit2 2.5.0 from the first "
+           "build; memory: the prediction before compiling by a model fitted without the family, against the "
+           "compiler's figure, NPU stages of 1 MiB or more:",
+           "",
+           "| family | hidden | heads x head dim | NPU stages built | CPU layers | memory within ±10 % (worst) |",
+           "| --- | --- | --- | --- | --- | --- |"]
+    for n, real in REAL_WIDTH.items():
+        rs = [r for r in rows if r["family"] == n and r["toolkit"] == "2.5.0" and r["strategy"] == "split"]
+        if not rs:
+            continue
+        mem = _mem_cell(rs).replace(" within ±10 %, worst ", " (").replace("-", "−")
+        mem = mem + ")" if "(" in mem else mem
+        out.append(f"| {real.checkpoint} | {real.hidden} | {real.layout} | {sum(r['built'] for r in rs)}/{len(rs)} "
+                   f"| {_ops(rs)} | {mem} |")
+    return "\n".join([*out, README_MARKS[1]])
+
+
+def readme_with(text: str, block: str) -> str:
+    """``text`` (the README) with its real-width rows replaced by ``block``."""
+    a, b = text.index(README_MARKS[0]), text.index(README_MARKS[1]) + len(README_MARKS[1])
+    return text[:a] + block + text[b:]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,6 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/rkpart-real-width"))
     ap.add_argument("--rows", type=Path, default=ROWS)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--readme", type=Path, default=README, help="the README whose real-width rows are rewritten")
     ap.add_argument("--table-only", action="store_true", help="render --out from --rows, build nothing")
     ap.add_argument("--keep-weights", action="store_true", help="keep the plan folders' weights")
     ap.add_argument("--timeout", type=float, default=None, help="seconds per build (default: compile's)")
@@ -347,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
             a.out.write_text(render(rows, runs))
             _say(f"{name}: {run['steps'].get('total_s', 0) / 60:.1f} min; rows -> {a.rows}")
     a.out.write_text(render(rows, runs))
+    if a.readme.is_file() and README_MARKS[0] in a.readme.read_text():
+        a.readme.write_text(readme_with(a.readme.read_text(), render_readme(rows)))
     return 0
 
 

@@ -30,10 +30,11 @@ def estimate(plan: Path, toolkit: str | None, steps: int, cfg: bool | None, cost
 
     Per stage: device memory (the compiler's own weight + internal memory when the stage is
     compiled, else predicted before compiling) and latency per call, each with its source.  For
-    the pipeline: the device-memory peak under the plan's residency and seconds per image (steps x
-    model calls per step, lifecycle included, plus the VAE decode when the plan's pipeline.json has
-    one beside the model) with error bars; with two calls per step also for --cfg-parallel (two NPU
-    cores).
+    the pipeline: the device-memory peak under the plan's residency, the bound a budget counts
+    (predicted stages raised by the memory model's held-out error bound), and seconds per image
+    (steps x model calls per step, lifecycle included, plus the VAE decode when the plan's
+    pipeline.json has one beside the model) with error bars; with two calls per step also for
+    --cfg-parallel (two NPU cores).
     """
     from rkpart.bundle.vae import decoder_file
     from rkpart.cost_model.estimate import calls_per_step, estimate_plan

@@ -51,7 +51,8 @@ def peak_rss_mib() -> float:
               help="custom: YAML/JSON spec naming the stages (docs/custom-spec.md).")
 @click.option("--budget-mib", type=POSITIVE_MIB, default=None,
               help="generic: memory budget per NPU stage, weights + peak activations, in MiB [default: 1024]. "
-                   "auto: memory budget of the whole pipeline (device memory; process memory for a model "
+                   "auto: memory budget of the whole pipeline (device memory, a stage not compiled counted at "
+                   "its prediction raised by the memory model's held-out error bound; process memory for a model "
                    "fitted on ONNX Runtime) [default: the target's, 4096 MiB for rk3588].")
 @click.option("--no-budget", is_flag=True, help="auto: choose without any memory budget.")
 @click.option("--cost-model", type=click.Path(dir_okay=False, path_type=Path), default=None,

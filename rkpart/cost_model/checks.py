@@ -28,8 +28,8 @@ from rkpart.types import JsonMap
 TERMS = frozenset({"const", "all_macs", "io_bytes",
                    *(f.name for f in fields(_features.Features)
                      if str(f.type).replace(" ", "") in ("int", "float", "int|None", "float|None"))})
-#: a parametrised term (``npu_peak16:R``), where the features define one
-_PREFIX: str | None = getattr(_features, "PEAK_TERM", None)
+#: the parametrised terms (``npu_peak16:R``, ``npu_attx16:R``), where the features define them
+_PREFIXES: tuple[str, ...] = tuple(getattr(_features, "PARAM_TERMS", ()))
 
 
 def _valid_term(name: str, t: str) -> bool:
@@ -37,11 +37,12 @@ def _valid_term(name: str, t: str) -> bool:
         return t in GLUE_TERMS
     if t in TERMS:
         return True
-    if _PREFIX and t.startswith(_PREFIX):
-        try:
-            return math.isfinite(float(t[len(_PREFIX):])) and float(t[len(_PREFIX):]) >= 0
-        except ValueError:
-            return False
+    for prefix in _PREFIXES:
+        if t.startswith(prefix):
+            try:
+                return math.isfinite(float(t[len(prefix):])) and float(t[len(prefix):]) >= 0
+            except ValueError:
+                return False
     return False
 #: a measured stage time or size beyond these is not a measurement (11.6 days; 1 PiB)
 MAX_SECONDS = 1e6
@@ -136,8 +137,8 @@ def _check_component(where: str, name: str, d: object, table: Mapping[str, tuple
     for t, c in terms.items():
         if not isinstance(t, str) or not _valid_term(name, t):
             valid = sorted(GLUE_TERMS if name == "glue" else TERMS)
-            if _PREFIX and name != "glue":
-                valid.append(f"{_PREFIX}R")
+            if name != "glue":
+                valid += [f"{p}R" for p in _PREFIXES]
             raise SpecError(f"{where}: component {name}: unknown term {t!r} (valid: {', '.join(valid)})")
         if not _number(c) or c < 0:
             raise SpecError(f"{where}: component {name}: coefficient of {t} must be a number >= 0 (finite), got {c!r}")

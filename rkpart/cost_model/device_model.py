@@ -25,20 +25,28 @@ counted as the NPU runs it (fp16, 2 bytes an element):
 * ``head16``: the largest score matrix of *one* head (its last two dimensions) and
   ``score16`` all heads': the fused attention streams over heads a few at a time, so its
   workspace follows one head's ``tokens x keys`` matrix, not the whole tensor;
-* ``io16``: the stage's boundary tensors;
+* ``io16``: the stage's boundary tensors (a term of the predictors fitted before the real-width rows);
 * ``hnorm16``: the activations normalised **per attention head** (q/k RMSNorm or LayerNorm over the
   last axis of a ``[batch, tokens, heads, head_dim]``-like tensor, :func:`head_norm_inputs`).  The
   compiler's ``exNorm`` lays such a tensor out with the heads in its H axis and holds an output
   buffer of 2x and a secondary of 2.25x the tensor (Feature Tensor Information Table, 2.3.0, Anima
   attention at 256-1024 tokens); at 256 tokens its buffers are the stage's peak.  A stage without
-  q/k norms (DiT, PixArt) has none of it, which the attention workspace ``R`` alone cannot tell apart.
+  q/k norms (DiT, PixArt) has none of it, which the attention workspace ``R`` alone cannot tell apart;
+* ``gqa16``: the key/value heads repeated for grouped-query attention (:func:`kv_repeats`): the compiler
+  lays the repeat out with the repeats padded and transposed and holds a secondary of the repeated
+  tensor (Lumina-Image-2.0's 24 query heads over 8 KV heads: (8,4,96,T) and (8,8,96,T) buffers);
+* ``psum16``: the outputs of the weighted MatMuls of more than :data:`K_TILE` input channels: the
+  compiler splits such a MatMul into input-channel tiles and sums their full-size outputs in buffers
+  of their own (:func:`tiled_matmul_outputs`; the GELU FFNs of hidden 2560-3072 and the SwiGLU FFNs
+  were under-predicted by 8-40 % without it).
 
 The compiler's internal memory is the peak of its buffers over the schedule: at the attention
 (live activations plus the workspace of ``R`` heads' score matrices) or elsewhere (the FFN's
 hidden activations), whichever is larger::
 
     weight   = a0 + a1 * weight16
-    internal = b0 + b1 * max(act16, att16 + R * head16) + b2 * io16 + b3 * hnorm16
+    internal = b0 + b1 * act16 + b2 * max(0, att16 + R * head16 - act16) + b3 * hnorm16 + b4 * gqa16
+                  + b5 * psum16
 
 ``R`` (:data:`WORKSPACE_HEADS`) is chosen per toolkit by leave-one-shape-out cross-validation on
 the fit set alone (``bench/device_memory.py``; 4 on 2.5.0), the coefficients are non-negative and
@@ -70,10 +78,15 @@ OTHER_BYTES = 0
 #: the held-out error a budget is about: stages of at least this much compiler memory
 MIN_STAGE_BYTES = 1 << 20
 #: the features of :class:`MemoryFeatures`, in the order the JSON and the fit use them
-FEATURES = ("weight16", "act16", "att16", "score16", "head16", "io16", "hnorm16")
+FEATURES = ("weight16", "act16", "att16", "score16", "head16", "io16", "hnorm16", "gqa16", "psum16")
 WEIGHT_TERMS = ("const", "weight16")
-#: ``peak16`` is ``max(act16, att16 + R * head16)`` (:func:`peak16`)
-INTERNAL_TERMS = ("const", "peak16", "io16", "hnorm16")
+#: ``attx16`` is the attention's excess over the activation peak, ``max(0, att16 + R * head16 - act16)``
+#: (:func:`attention_excess`): ``act16 + attx16`` is the NPU's peak, and each part has a coefficient
+#: of its own (one coefficient for both scaled the GELU FFNs, whose buffers the compiler holds exactly
+#: as counted, by the attention's: +16 % to +18 % at real widths)
+#: the boundary tensors (``io16``) are not a term of their own: they are live activations, counted in
+#: ``act16`` (a coefficient of their own was 0.2 and made the held-out error worse at real widths)
+INTERNAL_TERMS = ("const", "act16", "attx16", "hnorm16", "gqa16", "psum16")
 #: the workspace sizes tried, in heads' score matrices (``R`` of the module docstring)
 WORKSPACE_HEADS = (0, 1, 2, 3, 4, 5, 6, 8)
 _SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
@@ -95,6 +108,15 @@ _MAC = frozenset({"MatMul", "Gemm", "Conv"})
 #: bench built (68 builds): 3.00 on rknn-toolkit2 2.3.0 and 2.5.0, the exact (Erf) and tanh forms
 #: alike, 64 to 2304 tokens, hidden 96 to 2048 (docs/cost-model.md, "Device memory from the compiler")
 GELU_BUFFER = 3
+#: the input channels of one tile of a weighted MatMul: the compiler splits a MatMul (a 1x1 Conv on
+#: the NPU) of more input channels into tiles of this many and sums their full-size outputs
+#: (``MatMul#2_tile0``, ``_tile1``, ... and their ``_conv_add`` Adds in the layer tables of every
+#: real-width FFN of rknn-toolkit2 2.5.0: Flux, AuraFlow, CogView3-Plus, Lumina2, PRX, Sana; none at
+#: 1536 channels or fewer: SD3, DiT, HunyuanDiT)
+K_TILE = 1536
+#: the ops that repeat key/value heads for grouped-query attention (``repeat_interleave`` exported as
+#: Expand, then Tile after ``tile-broadcast``)
+_REPEAT_OPS = frozenset({"Expand", "Tile"})
 
 
 @dataclass(frozen=True)
@@ -110,12 +132,18 @@ class MemoryFeatures:
     att16: int = 0
     #: the activations normalised per attention head (:func:`head_norm_inputs`)
     hnorm16: int = 0
+    #: the key/value heads repeated for grouped-query attention (:func:`kv_repeats`)
+    gqa16: int = 0
+    #: the outputs of the MatMuls the compiler tiles by input channels (:func:`tiled_matmul_outputs`)
+    psum16: int = 0
 
     def value(self, name: str, heads: float = 0.0) -> float:
         if name == "const":
             return 1.0
         if name == "peak16":
             return peak16(self.act16, self.att16, self.head16, heads)
+        if name == "attx16":
+            return attention_excess(self.act16, self.att16, self.head16, heads)
         return float(getattr(self, name))
 
     def to_json(self) -> dict[str, int]:
@@ -129,6 +157,12 @@ class MemoryFeatures:
 def peak16(act16: float, att16: float, head16: float, heads: float) -> float:
     """The NPU's activation peak: elsewhere, or at the attention with ``heads`` score matrices of workspace."""
     return float(max(act16, att16 + heads * head16))
+
+
+def attention_excess(act16: float, att16: float, head16: float, heads: float) -> float:
+    """How far the attention's peak (live activations and ``heads`` score matrices of workspace) rises
+    above the activation peak elsewhere: ``peak16 - act16``."""
+    return float(max(0.0, att16 + heads * head16 - act16))
 
 
 def _bytes16(mg: ModelGraph, name: str) -> int:
@@ -329,6 +363,53 @@ def head_norm_inputs(mg: ModelGraph, ops: Iterable[int]) -> list[str]:
     return found
 
 
+def _input_channels(mg: ModelGraph, n: OpNode) -> int:
+    """The input channels a weighted MatMul / Gemm / Conv reduces over (0: not a weighted one)."""
+    if n.op_type not in _MAC or len(n.inputs) < 2 or not n.inputs[1] or not mg.is_const_tensor(n.inputs[1]):
+        return 0
+    w = mg.shape(n.inputs[1])
+    if not w or len(w) < 2:
+        return 0
+    if n.op_type == "Conv":
+        return int(math.prod(w[1:]))
+    if n.op_type == "Gemm" and n.attr("transB", 0):
+        return int(w[-1])
+    return int(w[-2])
+
+
+def tiled_matmul_outputs(mg: ModelGraph, ops: Iterable[int]) -> list[str]:
+    """The outputs of the weighted MatMuls among ``ops`` of more than :data:`K_TILE` input channels.
+
+    The compiler splits such a MatMul into tiles of :data:`K_TILE` input channels and sums the tiles'
+    full-size outputs (``MatMul#2_tile0``, ``_tile1`` and their ``_conv_add`` in the layer tables);
+    the feature tables hold the partial sums in buffers of their own, beside the activations."""
+    out = []
+    for i in sorted(set(ops)):
+        n = mg.op(i)
+        if n.outputs and n.outputs[0] and _input_channels(mg, n) > K_TILE:
+            out.append(n.outputs[0])
+    return out
+
+
+def kv_repeats(mg: ModelGraph, ops: Iterable[int]) -> list[str]:
+    """The key/value tensors ``ops`` repeat over heads (grouped-query attention): the output of an
+    Expand or Tile of an activation of rank 4 or more that is larger than its input, the last of a
+    chain (Expand then Tile is one repeat)."""
+    opset = set(ops)
+    found: list[str] = []
+    for i in sorted(opset):
+        n = mg.op(i)
+        if n.op_type not in _REPEAT_OPS or not n.inputs or not n.inputs[0] or mg.is_const_tensor(n.inputs[0]):
+            continue
+        src, out = mg.shape(n.inputs[0]), mg.shape(n.outputs[0])
+        if src is None or out is None or len(out) < 4 or math.prod(out) <= math.prod(src):
+            continue
+        if any(q in opset and mg.op(q).op_type in _REPEAT_OPS for q in mg.consumers.get(n.outputs[0], [])):
+            continue  # the next repeat op of the chain holds the result
+        found.append(n.outputs[0])
+    return found
+
+
 def _npu_sizes(mg: ModelGraph, sub: Subgraph, life: Lifetimes) -> tuple[np.ndarray, Lifetimes, set[str]]:
     """Each tensor of ``life`` at the size the NPU holds it (the attention score tensors 0, a GELU as
     its fused layer holds it), the lifetimes with a fused GELU's output born at its MatMul, and the
@@ -360,9 +441,12 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
     weight16 = sum(_bytes16(mg, t) for t in mg.distinct_constants(sub.weights))
     io16 = sum(_bytes16(mg, t) for t in (*sub.inputs, *sub.outputs))
     hnorm16 = sum(_bytes16(mg, t) for t in head_norm_inputs(mg, sub.ops))
+    gqa16 = sum(_bytes16(mg, t) for t in kv_repeats(mg, sub.ops))
+    psum16 = sum(_bytes16(mg, t) for t in tiled_matmul_outputs(mg, sub.ops))
     life = life if life is not None else stage_lifetimes(mg, sub)
     if life is None:
-        return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16, att16=0, hnorm16=hnorm16)
+        return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16, att16=0, hnorm16=hnorm16,
+                              gqa16=gqa16, psum16=psum16)
     sizes, life, scores = _npu_sizes(mg, sub, life)
     live = life.live_bytes(sizes)
     act16 = int(live.max())
@@ -376,7 +460,8 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
     score16 = max((_bytes16(mg, t) for t in scores), default=0)
     head16 = max((2 * math.prod(sh[-2:]) for t in scores if (sh := mg.shape(t)) and len(sh) >= 2), default=0)
     return MemoryFeatures(weight16=int(weight16), act16=act16, score16=int(score16), head16=int(head16),
-                          io16=int(io16), att16=att16, hnorm16=int(hnorm16))
+                          io16=int(io16), att16=att16, hnorm16=int(hnorm16), gqa16=int(gqa16),
+                          psum16=int(psum16))
 
 
 def stage_memory_features(folder: str | Path, stage: Stage) -> MemoryFeatures:
@@ -452,7 +537,7 @@ class MemoryModel:
         return w + i
 
     def to_json(self) -> JsonObject:
-        return {"format": "rkpart-device-memory-model", "version": 1, "toolkit": self.toolkit,
+        return {"format": "rkpart-device-memory-model", "version": 2, "toolkit": self.toolkit,
                 "weight": dict(zip(WEIGHT_TERMS, self.weight, strict=True)),
                 "internal": dict(zip(INTERNAL_TERMS, self.internal, strict=True)),
                 "workspace_heads": self.workspace_heads, "samples": self.samples,
@@ -460,8 +545,8 @@ class MemoryModel:
 
     @classmethod
     def from_json(cls, d: JsonMap) -> MemoryModel:
-        if d.get("format") != "rkpart-device-memory-model" or d.get("version") != 1:
-            raise ValueError("not an rkpart device-memory model (version 1)")
+        if d.get("format") != "rkpart-device-memory-model" or d.get("version") != 2:
+            raise ValueError("not an rkpart device-memory model (version 2)")
 
         def coefs(key: str, terms: Sequence[str]) -> tuple[float, ...]:
             m = d.get(key)
@@ -522,36 +607,81 @@ def fit_memory_model(rows: Sequence[MemoryRow], toolkit: str) -> MemoryModel:
     return dataclasses.replace(model, fit_error=err)
 
 
-def held_out_summary(model: MemoryModel, held: Sequence[MemoryRow], *, fitted_on: str, held_out: str) -> JsonObject:
-    """The shipped form of a fitted model: one ``device_mem`` component (weight and internal terms
-    summed) with its in-sample and held-out error and what it was fitted and checked on."""
-    def summary(rows: Sequence[MemoryRow]) -> JsonObject:
-        apes = sorted(abs(model.predict(r.features) / r.device_bytes - 1) * 100 for r in rows)
-        out = error_summary([model.predict(r.features) for r in rows], [r.device_bytes for r in rows])
-        if apes:
-            out["p90_ape"] = round(float(np.percentile(apes, 90)), 3)
-            out["max_ape"] = round(apes[-1], 3)
-        return out
+def leave_one_family_out(rows: Sequence[MemoryRow], toolkit: str) -> list[tuple[MemoryRow, float]]:
+    """Each row of ``rows`` with its prediction by a model fitted without its family (``R`` chosen
+    again on each fold's rows alone): the error at a family the model never saw."""
+    out: list[tuple[MemoryRow, float]] = []
+    for fam in sorted({r.family for r in rows}):
+        train = [r for r in rows if r.family != fam]
+        if not train:
+            continue
+        model = fit_memory_model(train, toolkit)
+        out += [(r, model.predict(r.features)) for r in rows if r.family == fam]
+    return out
 
+
+#: the quantile of the held-out under-prediction a budget's bound covers (:func:`budget_margin`)
+BOUND_QUANTILE = 0.95
+
+
+def error_table(pairs: Sequence[tuple[MemoryRow, float]]) -> JsonObject:
+    """Held-out error of (row, prediction) pairs: :func:`~rkpart.cost_model.fitting.error_summary`, the
+    90th percentile and largest |error| (%), the worst under-prediction (%) and the budget margin:
+    the :data:`BOUND_QUANTILE` quantile of ``compiler / predicted - 1`` (0 when nothing is
+    under-predicted), by which a prediction is raised to bound the compiler's figure."""
+    if not pairs:
+        return {"n": 0}
+    errs = np.array([p / r.device_bytes - 1 for r, p in pairs])
+    out = error_summary([p for _, p in pairs], [r.device_bytes for r, _ in pairs])
+    apes = np.abs(errs) * 100
+    out["p90_ape"] = round(float(np.percentile(apes, 90)), 3)
+    out["max_ape"] = round(float(apes.max()), 3)
+    out["worst_under"] = round(float(min(errs.min(), 0.0)) * 100, 3)
+    need = np.array([r.device_bytes / p - 1 if p > 0 else math.inf for r, p in pairs])
+    out["budget_margin"] = round(max(float(np.quantile(need, BOUND_QUANTILE)), 0.0), 4)
+    return out
+
+
+def held_out_summary(model: MemoryModel, held: Sequence[tuple[MemoryRow, float]], *, fitted_on: str,
+                     held_out: str) -> JsonObject:
+    """The shipped form of a fitted model: one ``device_mem`` component (weight and internal terms
+    summed) with its in-sample and held-out error (``held``: rows with their held-out predictions,
+    :func:`leave_one_family_out`) and what it was fitted and checked on."""
     # what a budget is about: stages of a megabyte and more (kilobyte stages are mostly alignment)
-    err = summary([r for r in held if r.device_bytes >= MIN_STAGE_BYTES])
+    err = error_table([(r, p) for r, p in held if r.device_bytes >= MIN_STAGE_BYTES])
     err["min_stage_bytes"] = MIN_STAGE_BYTES
-    err["all_sizes"] = summary(held)
+    err["all_sizes"] = error_table(held)
     w = dict(zip(WEIGHT_TERMS, model.weight, strict=True))
     i = dict(zip(INTERNAL_TERMS, model.internal, strict=True))
     terms = {"const": float(f"{w['const'] + i['const'] + OTHER_BYTES:.6g}"), "weight16": w["weight16"],
-             peak_term(model.workspace_heads): i["peak16"], "io16": i["io16"], "hnorm16": i["hnorm16"]}
+             "act16": i["act16"], attx_term(model.workspace_heads): i["attx16"], "hnorm16": i["hnorm16"],
+             "gqa16": i["gqa16"], "psum16": i["psum16"]}
     return {"terms": terms, "unit": "bytes", "applies_to": "npu", "source": "compiler tables", "samples": model.samples,
             "fit_error": {"in_sample": dict(model.fit_error), "held_out": err, "fitted_on": fitted_on,
                           "held_out_on": held_out},
             "note": "the compiler's weight + internal memory of a stage, predicted from the IR before compiling: "
-                    "fp16 weights, the activation peak without attention score matrices, the largest score "
-                    "matrix, the boundary tensors (rkpart.cost_model.device_model)"}
+                    "fp16 weights, the activation peak without attention score matrices, the attention's "
+                    "workspace above it, per-head norms, repeated KV heads, the partial sums of "
+                    "input-channel-tiled MatMuls (rkpart.cost_model.device_model)"}
 
 
-def peak_term(heads: float) -> str:
-    """The cost-model term of :func:`peak16` with ``heads`` of workspace: ``npu_peak16:<heads>``."""
-    return f"npu_peak16:{heads:g}"
+def budget_margin(fit_error: JsonMap | None) -> float | None:
+    """The relative margin a budget adds to a predicted device memory (``held_out.budget_margin`` of a
+    shipped predictor's ``fit_error``, :func:`error_table`); for a predictor without one, its held-out
+    90th-percentile |error|; ``None``: it carries neither."""
+    held = (fit_error or {}).get("held_out") or {}
+    if not isinstance(held, Mapping):
+        return None
+    for key, scale in (("budget_margin", 1.0), ("p90_ape", 0.01)):
+        v = held.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0:
+            return float(v) * scale
+    return None
+
+
+def attx_term(heads: float) -> str:
+    """The cost-model term of :func:`attention_excess` with ``heads`` of workspace: ``npu_attx16:<heads>``."""
+    return f"npu_attx16:{heads:g}"
 
 
 def within(model: MemoryModel, rows: Sequence[MemoryRow], tol: float) -> float:
@@ -570,16 +700,22 @@ __all__ = [
     "MemoryFeatures",
     "MemoryModel",
     "MemoryRow",
+    "attention_excess",
+    "attx_term",
+    "budget_margin",
     "cross_validate_heads",
+    "error_table",
     "fit_memory_model",
     "gelu_regions",
     "head_norm_inputs",
     "held_out_summary",
+    "kv_repeats",
+    "leave_one_family_out",
     "memory_features",
     "peak16",
-    "peak_term",
     "score_tensors",
     "stage_memory_features",
+    "tiled_matmul_outputs",
     "view_memory_features",
     "within",
 ]

@@ -11,17 +11,19 @@ Per NPU stage:
   compiler's cycles and RW bytes when the stage is compiled and the model has an ``npu_time``
   calibration (:mod:`rkpart.cost_model.npu_time`), else from the cost model's ``infer``.
 
-For the pipeline: the device-memory peak under the plan's residency (resident stages add up,
-per-stage ones count their largest), and seconds per image: ``steps x model calls per step`` of
-every stage, lifecycle included, with error bars, plus the VAE decode once per image when the
-plan's pipeline has one.  The calls per step are the sampler's (:func:`calls_per_step`): two
-for two-pass CFG, one for batched CFG (one call on the ``[uncond, cond]`` pair, which the model's
-batch of 2 already costs), one for a guidance-distilled model or none; a multistep scheduler's
-order adds no call.  With CFG, the same figures for running the two
-passes of a step on two NPU cores at once (``--cfg-parallel`` of the bundle runner): both
-contexts of every NPU stage resident at once, and the NPU inference sped up by the model's
-measured speed-up (``rkpart tune --backend rknnlite --cfg-parallel``) or else the published,
-unmeasured prior (:data:`CFG_PARALLEL_SPEEDUP`).
+For the pipeline: the device-memory peak under the plan's residency (resident stages add up, per-
+stage ones count their largest), with the bound a budget counts (every predicted stage raised by the
+predictor's budget margin: the 95th percentile of its held-out under-prediction at families it was
+not fitted on, :func:`~rkpart.cost_model.device_model.budget_margin`), and seconds per image:
+``steps x model calls per step`` of every stage, lifecycle included, with error bars, plus the VAE
+decode once per image when the plan's pipeline has one. The calls per step are the sampler's
+(:func:`calls_per_step`): two for two-pass CFG, one for batched CFG (one call on the ``[uncond,
+cond]`` pair, which the model's batch of 2 already costs), one for a guidance-distilled model or
+none; a multistep scheduler's order adds no call. With CFG, the same figures for running the two
+passes of a step on two NPU cores at once (``--cfg-parallel`` of the bundle runner): both contexts
+of every NPU stage resident at once, and the NPU inference sped up by the model's measured speed-up
+(``rkpart tune --backend rknnlite --cfg-parallel``) or else the published, unmeasured prior
+(:data:`CFG_PARALLEL_SPEEDUP`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rkpart.cost_model.checks import check_stage_estimate
-from rkpart.cost_model.device_model import OTHER_BYTES
+from rkpart.cost_model.device_model import OTHER_BYTES, budget_margin
 from rkpart.cost_model.features import Features, stage_features
 from rkpart.cost_model.model import CostModel
 from rkpart.cost_model.npu_time import (
@@ -67,6 +69,10 @@ class StageEstimate:
     release_s: float | None
     infer_source: str
     compiled: bool
+    #: the device memory a budget counts: a prediction raised by the predictor's budget margin (the
+    #: held-out under-prediction it covers, :func:`rkpart.cost_model.device_model.budget_margin`),
+    #: the compiler's figure as it is
+    device_mem_bound_bytes: int | None = None
 
     @property
     def source(self) -> str:
@@ -76,7 +82,8 @@ class StageEstimate:
     def to_json(self) -> JsonObject:
         return {"id": self.id, "device": self.device, "residency": self.residency,
                 "device_mem_bytes": self.device_mem_bytes, "device_mem_source": self.device_mem_source,
-                "device_mem_error": _r(self.device_mem_error), "load_s": _r(self.load_s), "init_s": _r(self.init_s),
+                "device_mem_error": _r(self.device_mem_error), "device_mem_bound_bytes": self.device_mem_bound_bytes,
+                "load_s": _r(self.load_s), "init_s": _r(self.init_s),
                 "infer_s": _r(self.infer_s), "release_s": _r(self.release_s), "infer_source": self.infer_source,
                 "source": self.source}
 
@@ -105,6 +112,10 @@ class Estimate:
     #: the VAE decode, once per image: seconds (included in ``seconds_per_image``), where and from what
     vae_s: float | None = None
     vae_source: str | None = None
+    #: the peak from the stages' :attr:`StageEstimate.device_mem_bound_bytes`, and the margin the
+    #: predicted ones were raised by (``None``: no stage predicted, or the predictor carries none)
+    device_mem_bound_bytes: int | None = None
+    device_mem_margin: float | None = None
 
     @property
     def passes(self) -> int:
@@ -119,6 +130,7 @@ class Estimate:
                 "calls_source": self.calls_source, "passes": self.passes,
                 "vae_decode_s": _r(self.vae_s), "vae_source": self.vae_source,
                 "device_mem_bytes": self.device_mem_bytes, "device_mem_error": _r(self.device_mem_error),
+                "device_mem_bound_bytes": self.device_mem_bound_bytes, "device_mem_margin": _r(self.device_mem_margin),
                 "seconds_per_image": _r(self.seconds_per_image), "seconds_error": _r(self.seconds_error),
                 "seconds_source": self.seconds_source, "lifecycle_s": _r(self.lifecycle_s),
                 "npu_infer_s": _r(self.npu_infer_s), "host_s": _r(self.host_s),
@@ -140,6 +152,10 @@ class Estimate:
         pm = "" if self.device_mem_error is None else f" (+-{self.device_mem_error * 100:.0f} %)"
         ps = "" if self.seconds_error is None else f" +- {self.seconds_per_image * self.seconds_error:.1f}"
         lines.append(f"device memory peak under the plan's residency: {self.device_mem_bytes / mib:.1f} MiB{pm}")
+        if self.device_mem_bound_bytes is not None and self.device_mem_margin is not None:
+            lines.append(f"device memory bound for budgets: {self.device_mem_bound_bytes / mib:.1f} MiB (predicted "
+                         f"stages +{self.device_mem_margin * 100:.1f} %, the memory model's held-out error bound; "
+                         "docs/cost-model.md)")
         calls = (f"{self.calls_per_step} CFG" if self.calls_source in ("--cfg", "--no-cfg") else
                  f"{self.calls_per_step} model call{'s' if self.calls_per_step != 1 else ''} per step "
                  f"({self.calls_source})")
@@ -231,6 +247,7 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
     mem_comp = model.memory_component(tk)
     held = ((mem_comp.fit_error or {}).get("held_out") or {}) if mem_comp is not None else {}
     pred_err = held.get("p90_ape")
+    margin = budget_margin(mem_comp.fit_error) if mem_comp is not None else None
     out: list[StageEstimate] = []
     feats: list[tuple[Features, str]] = []
     for s in plan.stages:
@@ -255,10 +272,12 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
         compiled = art is not None and art.compiler is not None and art.compiler.device_mem_bytes is not None
         mem: float
         merr: float | None
+        bound: float | None = None
         if compiled:
             mem, msrc, merr = float((f.compiled_mem_bytes or 0) + OTHER_BYTES), "compiler", COMPILER_ERROR
         elif mem_comp is not None:
             mem = max(mem_comp.predict(f), float(f.weight16))
+            bound = None if margin is None else mem * (1 + margin)
             msrc = "predicted"
             merr = None if pred_err is None else math.hypot(float(pred_err) / 100.0, COMPILER_ERROR)
         else:
@@ -273,11 +292,16 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
         out.append(StageEstimate(id=s.id, device=s.device, residency=r, device_mem_bytes=math.ceil(mem),
                                  device_mem_source=msrc, device_mem_error=merr, load_s=pred["load"],
                                  init_s=pred["init"], infer_s=infer, release_s=pred["release"], infer_source=isrc,
-                                 compiled=bool(compiled)))
+                                 compiled=bool(compiled),
+                                 device_mem_bound_bytes=math.ceil(mem if bound is None else bound)))
     npu = [e for e in out if e.device != HOST]
     resident = [e.device_mem_bytes or 0 for e in npu if e.residency == Residency.RESIDENT.value]
     per_stage = [e.device_mem_bytes or 0 for e in npu if e.residency != Residency.RESIDENT.value]
     peak = sum(resident) + max(per_stage, default=0)
+    bounds = [(e.residency, e.device_mem_bound_bytes or 0) for e in npu]
+    bound_peak = (sum(b for r, b in bounds if r == Residency.RESIDENT.value)
+                  + max((b for r, b in bounds if r != Residency.RESIDENT.value), default=0))
+    predicted = any(e.device_mem_source == "predicted" for e in npu)
     errs = [e.device_mem_error for e in npu if e.device_mem_error is not None]
     mem_err = max(errs) if errs and len(errs) == len(npu) else None
     life = infer_total = host_total = 0.0
@@ -303,7 +327,9 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
     return Estimate(stages=tuple(out), toolkit=tk, steps=steps, cfg=cfg, device_mem_bytes=int(peak),
                     device_mem_error=mem_err, seconds_per_image=seconds, seconds_error=err, seconds_source=sec_src,
                     lifecycle_s=life, npu_infer_s=infer_total, host_s=host_total, cfg_parallel=cp, model=model_label,
-                    calls_per_step=per_step, calls_source=calls_src, vae_s=vae_s, vae_source=vae_src)
+                    calls_per_step=per_step, calls_source=calls_src, vae_s=vae_s, vae_source=vae_src,
+                    device_mem_bound_bytes=int(bound_peak) if predicted and margin is not None else None,
+                    device_mem_margin=margin if predicted else None)
 
 
 __all__ = ["CFG_PARALLEL_SPEEDUP", "Estimate", "StageEstimate", "calls_per_step", "estimate_plan", "vae_decode_seconds"]

@@ -42,7 +42,7 @@ from typing import Any
 
 import onnx
 
-from rkpart.cost_model.device_model import peak16, view_memory_features
+from rkpart.cost_model.device_model import attention_excess, peak16, view_memory_features
 from rkpart.ir import ModelGraph, OpNode, Subgraph, TensorType, graph_of, nbytes
 from rkpart.ir.liveness import peak_bytes, stage_lifetimes
 from rkpart.ir.ops import MAC_OPS, MATMUL_OPS, REDUCE_OPS, RELABEL_OPS
@@ -56,6 +56,11 @@ from rkpart.types import JsonMap, JsonObject
 #: ``npu_peak16:R`` (:func:`rkpart.cost_model.device_model.peak16` with ``R`` heads of workspace)
 DERIVED = ("const", "all_macs", "io_bytes")
 PEAK_TERM = "npu_peak16:"
+#: ``npu_attx16:R``: how far the attention's peak with ``R`` heads of workspace rises above ``act16``
+#: (:func:`rkpart.cost_model.device_model.attention_excess`)
+ATTX_TERM = "npu_attx16:"
+#: the parametrised terms (``PREFIX`` + a number of heads)
+PARAM_TERMS = (PEAK_TERM, ATTX_TERM)
 #: the terms of the glue design row of a round (:mod:`rkpart.cost_model.rounds`), not of a stage:
 #: ``const``: per stage and pass (feeding one stage's outputs to the next); ``cycle``: per
 #: load-to-release cycle of a stage (creating and dropping its runner: every pass for a
@@ -101,6 +106,10 @@ class Features:
     att16: int = 0
     #: the activations normalised per attention head (q/k norms; the compiler's exNorm buffers)
     hnorm16: int = 0
+    #: the key/value heads repeated for grouped-query attention (the compiler's repeat buffers)
+    gqa16: int = 0
+    #: the outputs of the MatMuls the compiler tiles by input channels (their partial sums' buffers)
+    psum16: int = 0
     rknn_bytes: int | None = None
     op_counts: tuple[tuple[str, int], ...] = field(default_factory=tuple)
     #: the compiler's own plan when the stage was compiled (``artifacts[].compiler``): weight +
@@ -119,6 +128,8 @@ class Features:
             return float(self.in_bytes + self.out_bytes)
         if name.startswith(PEAK_TERM):  # npu_peak16:R, the NPU's activation peak with R heads of workspace
             return peak16(self.act16, self.att16, self.head16, float(name[len(PEAK_TERM):]))
+        if name.startswith(ATTX_TERM):  # npu_attx16:R, the attention's excess over the activation peak
+            return attention_excess(self.act16, self.att16, self.head16, float(name[len(ATTX_TERM):]))
         return float(getattr(self, name))
 
     def to_json(self) -> JsonObject:
@@ -271,7 +282,7 @@ def view_features(mg: ModelGraph, sub: Subgraph, *, device: str, artifact: Artif
     mem = view_memory_features(mg, sub, life)
     cp = artifact.compiler if artifact is not None else None
     return _replace(f, weight16=mem.weight16, act16=mem.act16, score16=mem.score16, head16=mem.head16, io16=mem.io16,
-                    att16=mem.att16, hnorm16=mem.hnorm16,
+                    att16=mem.att16, hnorm16=mem.hnorm16, gqa16=mem.gqa16, psum16=mem.psum16,
                     compiled_mem_bytes=None if cp is None else cp.device_mem_bytes,
                     compiled_cycles=None if cp is None else cp.cycles_total,
                     compiled_rw_bytes=None if cp is None else cp.rw_bytes)

@@ -32,7 +32,7 @@ import numpy as np
 
 from rkpart.cost_model.candidates import INT8_PRIOR, Candidate, mark_exclusions, with_precisions
 from rkpart.cost_model.checks import check_prediction
-from rkpart.cost_model.device_model import OTHER_BYTES
+from rkpart.cost_model.device_model import OTHER_BYTES, budget_margin
 from rkpart.cost_model.model import CostModel
 from rkpart.cost_model.npu_time import (
     CFG_PARALLEL_SOURCE,
@@ -158,7 +158,8 @@ def stage_memory(model: CostModel, f: Any, term: MemoryTerm | None,
 
     Device memory is the compiler's own weight + internal memory when the stage was compiled
     (``compiler``), else the compiler-fitted predictor of ``toolkit`` or the model's ``device_mem``
-    (``predicted``).  A stage never needs less than its weights; process memory never less than
+    (``predicted``, raised by its budget margin: :func:`~rkpart.cost_model.device_model.budget_margin`).
+    A stage never needs less than its weights; process memory never less than
     the weights plus the live activations (tokens x hidden x bytes) and never less than device memory.
     """
     pred = model.predict_stage(f)
@@ -169,7 +170,9 @@ def stage_memory(model: CostModel, f: Any, term: MemoryTerm | None,
         dev, source = float(f.compiled_mem_bytes + OTHER_BYTES), "compiler"
     elif comp is not None:
         floor = float(f.weight16) if "weight16" in comp.terms else float(f.weight_bytes + f.peak_bytes)
-        dev = max(comp.predict(f), floor)
+        # a budget binds the bound, not the prediction: raised by the held-out under-prediction the
+        # predictor's fit measured at families it never saw (an overflow on the board is the failure)
+        dev = max(comp.predict(f), floor) * (1 + (budget_margin(comp.fit_error) or 0.0))
     pss = pred.get("pss_peak")
     if pss is not None:
         pss = max(float(pss), float(f.weight_bytes + f.peak_bytes)
@@ -758,6 +761,8 @@ def describe_memory_source(model: CostModel, toolkit: str | None, options: Mappi
             held = (comp.fit_error or {}).get("held_out") or {}
             err = (f", held-out: {held['within_10'] * 100:.0f} % of {held['n']} stages within +-10 %"
                    if held.get("within_10") is not None else "")
+            margin = budget_margin(comp.fit_error)
+            err += "" if not margin else f"; budgeted at +{margin * 100:.1f} %, its held-out error bound"
             parts.append(f"'predicted' = the device-memory model fitted on rknn-toolkit2 {toolkit} compiler tables "
                          f"({comp.samples} stages{err}), before compiling")
         elif comp is not None:

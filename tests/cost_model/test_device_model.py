@@ -17,10 +17,13 @@ from rkpart.cost_model.device_model import (
     MemoryFeatures,
     MemoryModel,
     MemoryRow,
+    budget_margin,
+    error_table,
     fit_memory_model,
     gelu_regions,
     head_norm_inputs,
     held_out_summary,
+    leave_one_family_out,
     within,
 )
 from rkpart.cost_model.features import Features, model_features
@@ -171,17 +174,17 @@ def test_a_gelu_counts_as_the_npus_fused_layer_whatever_form_the_export_wrote() 
 
 
 def _row(w16: int, act: int, att: int, head: int, weight: int, internal: int, fit: bool = True,
-         shape: str = "s", hnorm: int = 0) -> MemoryRow:
-    return MemoryRow(family="t", shape=shape, strategy="split", stage="x", toolkit="9.9", fit=fit,
+         shape: str = "s", hnorm: int = 0, psum: int = 0, family: str = "t") -> MemoryRow:
+    return MemoryRow(family=family, shape=shape, strategy="split", stage="x", toolkit="9.9", fit=fit,
                      features=MemoryFeatures(weight16=w16, act16=act, att16=att, score16=8 * head, head16=head,
-                                             io16=act // 4, hnorm16=hnorm),
+                                             io16=act // 4, hnorm16=hnorm, psum16=psum),
                      weight_bytes=weight, internal_bytes=internal)
 
 
-def _compiler(act: int, att: int, head: int, hnorm: int = 0) -> int:
-    """A compiler whose buffers peak at the FFN or at the attention with 4 heads of workspace, and
-    whose per-head norms add half their tensor."""
-    return int(1.4 * max(act, att + 4 * head) + 0.5 * hnorm) + 65536
+def _compiler(act: int, att: int, head: int, hnorm: int = 0, psum: int = 0) -> int:
+    """A compiler whose buffers hold the activations as counted, the attention's workspace of 4 heads
+    above them at 1.6 times, half the per-head norms' tensors and the tiled MatMuls' outputs once more."""
+    return int(1.0 * act + 1.6 * max(0, att + 4 * head - act) + 0.5 * hnorm + psum) + 65536
 
 
 def test_fit_recovers_the_workspace_and_reports_held_out_error() -> None:
@@ -189,34 +192,54 @@ def test_fit_recovers_the_workspace_and_reports_held_out_error() -> None:
     rows = []
     for k in range(16):
         w16, act, head = (int(x) for x in rng.integers(1 << 20, 1 << 26, size=3))
-        att = act // 2
+        att = int(act * rng.uniform(0.2, 0.9))
         hnorm = 0 if k % 2 else int(rng.integers(1 << 20, 1 << 24))  # half the stages have q/k norms
-        rows.append(_row(w16, act, att, head, weight=w16 + 4096, internal=_compiler(act, att, head, hnorm),
-                         shape=f"s{k}", hnorm=hnorm))
+        psum = 0 if k % 3 else int(rng.integers(1 << 20, 1 << 24))  # a third tile a MatMul
+        rows.append(_row(w16, act, att, head, weight=w16 + 4096, internal=_compiler(act, att, head, hnorm, psum),
+                         shape=f"s{k % 4}", hnorm=hnorm, psum=psum, family=f"f{k % 4}"))
     model = fit_memory_model(rows, "9.9")
-    assert model.internal[INTERNAL_TERMS.index("hnorm16")] == pytest.approx(0.5, rel=0.02)
-    assert model.workspace_heads == 4.0  # chosen by leave-one-shape-out cross-validation
+    coef = dict(zip(INTERNAL_TERMS, model.internal, strict=True))
+    assert coef["hnorm16"] == pytest.approx(0.5, rel=0.02) and coef["psum16"] == pytest.approx(1.0, rel=0.02)
+    assert coef["act16"] == pytest.approx(1.0, rel=0.02) and coef["attx16"] == pytest.approx(1.6, rel=0.02)
+    assert model.workspace_heads == 4.0  # chosen by leave-one-family-out cross-validation
     assert within(model, rows, 0.01) == 1.0 and model.samples == 16
     assert model.fit_error["cross_validation"]["4"]["within_10"] == 1.0
     assert MemoryModel.from_json(json.loads(json.dumps(model.to_json()))) == model
+    # held out by family: every fold predicts the family it did not see
+    pairs = leave_one_family_out(rows, "9.9")
+    assert len(pairs) == 16 and error_table(pairs)["within_10"] == 1.0
     big = 1 << 28
     held = [_row(big, big, big // 2, big // 4, weight=big + 4096,
                  internal=_compiler(big, big // 2, big // 4, big // 8), fit=False, hnorm=big // 8)]
-    ship = held_out_summary(model, held, fitted_on="synthetic", held_out="one bigger row")
+    ship = held_out_summary(model, [(r, model.predict(r.features)) for r in held], fitted_on="synthetic",
+                            held_out="one bigger row")
     assert ship["fit_error"]["held_out"]["within_10"] == 1.0 and ship["fit_error"]["held_out"]["n"] == 1
     # the shipped form is a cost-model component over Features, predicting the same bytes
     comp = Component.from_json("device_mem", ship)
-    assert set(comp.terms) == {"const", "weight16", "npu_peak16:4", "io16", "hnorm16"}
+    assert set(comp.terms) == {"const", "weight16", "act16", "npu_attx16:4", "hnorm16", "gqa16", "psum16"}
     f = held[0].features
     feats = Features(device="npu", **{k: getattr(f, k) for k in ("weight16", "act16", "att16", "score16", "head16",
-                                                                 "io16", "hnorm16")})
+                                                                 "io16", "hnorm16", "gqa16", "psum16")})
     assert comp.predict(feats) == pytest.approx(model.predict(f), rel=1e-5)
-    assert INTERNAL_TERMS == ("const", "peak16", "io16", "hnorm16")
+
+
+def test_the_budget_margin_covers_the_held_out_under_prediction() -> None:
+    rows = [_row(1 << 20, 1 << 20, 0, 0, weight=1 << 20, internal=1 << 20, shape=f"s{k}") for k in range(20)]
+    # 19 stages predicted exactly, one 20 % under: the margin is the 95th percentile of compiler / predicted - 1
+    pairs = [(r, float(r.device_bytes) * (0.8 if k == 0 else 1.0)) for k, r in enumerate(rows)]
+    t = error_table(pairs)
+    assert t["worst_under"] == pytest.approx(-20.0) and t["within_10"] == 0.95
+    assert t["budget_margin"] == pytest.approx(0.25 * 0.05, rel=1e-3)  # interpolated between 0 and +25 %
+    assert budget_margin({"held_out": t}) == t["budget_margin"]
+    assert budget_margin({"held_out": {"p90_ape": 4.0}}) == pytest.approx(0.04)  # an older predictor: its p90
+    assert budget_margin({}) is None
+    over = error_table([(r, 1.5 * r.device_bytes) for r in rows])
+    assert over["budget_margin"] == 0.0 and over["worst_under"] == 0.0
 
 
 def test_a_damaged_memory_model_is_refused() -> None:
     good = fit_memory_model([_row(1 << 20, 1 << 20, 0, 1 << 10, 1 << 20, 1 << 21)], "9.9").to_json()
-    for bad in ({**good, "version": 2}, {**good, "internal": {**good["internal"], "peak16": float("nan")}},
+    for bad in ({**good, "version": 1}, {**good, "internal": {**good["internal"], "act16": float("nan")}},
                 {**good, "weight": {"const": 1.0}}, {**good, "workspace_heads": -1}):
         with pytest.raises(ValueError):
             MemoryModel.from_json(bad)
