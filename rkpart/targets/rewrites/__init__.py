@@ -56,6 +56,7 @@ from rkpart.targets.rewrites.crashes import (
     strided_slices_concat,
     wide_tensor_per_reader,
 )
+from rkpart.targets.rewrites.heads import kv_repeat_gather, pad_rows_matmul
 from rkpart.targets.rewrites.lower import NO_LOWERING, TYPE_ONLY_CHANGES, gelu, grid_sample
 from rkpart.targets.rewrites.npu import (
     dedupe_constants,
@@ -233,6 +234,16 @@ REWRITES: tuple[Rewrite, ...] = (
             "'IsNaN:/model/context_refiner.0/attn/IsNaN' on the CPU -> gone, on 2.5.0 and 2.3.0 (the mask's "
             "Reshape and Cast stay: int64 ops, the partitioner's side)",
             nan_guard, needs=("shapes", "types")),
+    Rewrite("pad-rows-matmul", "MatMul", "npu", ("2.5.0",),
+            "A constant-mode Pad of the rows of a MatMul's left operand (Sana's linear attention: F.pad(v, (0, 0, "
+            "0, 1), value=1) then v @ k^T, [1,70,33,1024] x [1,70,1024,32]): at 70 heads 2.5.0 runs the Transpose of "
+            "the padded value to its matmul layout on the CPU ('Transpose:/model/transformer_blocks.0/attn1/"
+            "Pad_output_0_tp_rs#1', (1,70,33,1024) -> (70,1024,1,33)); at 8 heads it stays on the NPU. As the "
+            "product of the unpadded rows and the product of the constant rows ([1,..,1,rows,K], broadcast over the "
+            "heads), concatenated on the rows: the same dot products row by row, every layer on the NPU. Measured "
+            "with bench/layout_probe.py --pattern linear-pad (the projections included: the compiler lays their "
+            "outputs out channels-first), 70 heads of 32, 1024 tokens, 2.5.0: 1 CPU Transpose -> 0",
+            pad_rows_matmul, needs=("shapes", "types")),
     Rewrite("pad-to-concat", "Pad", "npu", ("2.3.0", "2.3.2"),
             "Sana's linear attention pads V with a row of ones (pads computed from constants): 2.3.0 places "
             "the Pad on the CPU ('Pad:/model/transformer_blocks.0/attn1/Pad', CPU), 2.5.0 on the NPU. As a "
@@ -321,6 +332,17 @@ REWRITES: tuple[Rewrite, ...] = (
             "the same way; 2.3.2 and 2.5.0 build the reduction as it is: not applied there",
             wide_tensor_per_reader, probe=may_read_wide_tensors, after_dedupe=True, needs=("inferred_shapes",),
             purpose="crash"),
+    Rewrite("kv-repeat-gather", "Reshape", "npu", ("2.5.0",),
+            "Grouped-query attention's key/value head repeat: x [.., n, 1, ..] broadcast to [.., n, r, ..] (Tile, "
+            "Expand, or the Mul(x, ones) tile-broadcast and expand-broadcast make of them) and merged into n*r heads "
+            "by a Reshape (repeat_interleave; Lumina2: Unsqueeze(3), Tile [1,1,1,3,1], Reshape [1,T,24,96]). 2.5.0 "
+            "lays the repeat out with the repeats in front and runs its Transpose to heads on the CPU "
+            "('Transpose:/model/noise_refiner.0/attn/Transpose_2#1', (3,1024,8,96) -> (8,3,96,1024), one for the "
+            "keys and one for the values of every attention). As one Gather of the n heads (indices 0,..,0,1,..,1, "
+            "each r times) on the axis before the repeat it stays on the NPU: the same values copied, bit-exact. "
+            "Measured with bench/layout_probe.py --pattern gqa-tile (tokens-first, 2.5.0): 6 heads of 96 over 2 KV "
+            "heads, 1024 tokens, 2 CPU Transposes -> 0",
+            kv_repeat_gather, needs=("shapes", "types")),
     Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
             "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
             "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "

@@ -1,0 +1,144 @@
+"""Head layouts of real widths the compiler would run on the CPU: layout rewrites keyed on the pattern and on the
+shape condition the layout probes show (``bench/layout_probe.py``, issue 50).
+
+``kv_repeat_gather``
+    grouped-query attention's key/value head repeat, ``x[.., n, 1, ..]`` broadcast to ``[.., n, r, ..]`` (``Tile``,
+    ``Expand`` or the ``Mul(x, ones)`` ``tile-broadcast``/``expand-broadcast`` make of them) and merged into
+    ``n·r`` heads by the ``Reshape`` after it (``repeat_interleave``) -> one ``Gather`` of the ``n`` heads with the
+    indices ``0,..,0, 1,..,1, ..`` (each ``r`` times) on that axis: the same values copied, bit-exact.  2.5.0 lays a
+    broadcast repeat out with the repeats in front and transposes it on the CPU ((3,T,8,96) -> (8,3,96,T)); a
+    Gather stays on the NPU.
+``pad_rows_matmul``
+    a constant-mode ``Pad`` of the rows of a ``MatMul``'s left operand (Sana's linear attention pads the value with
+    a ones row: ``F.pad(v, (0, 0, 0, 1), value=1)`` then ``v @ k^T``) -> the product of the unpadded rows and the
+    product of the constant rows, concatenated: the same dot products, row by row.  At 70 heads 2.5.0 transposes
+    the padded value (1,70,33,1024) -> (70,1024,1,33) on the CPU; 33 rows are never transposed after it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from rkpart.ir.edit import GraphEdit, attr
+
+#: element types the rewrites below copy or multiply (float only: the toolkit's types)
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+
+
+def _repeat_axis(view: GraphEdit, n: onnx.NodeProto, shapes: dict[str, list[int]]) -> tuple[str, int, int] | None:
+    """``(x, a, r)`` when ``n`` broadcasts axis ``a`` of ``x`` from 1 to ``r`` > 1 and copies every other axis as it
+    is: a ``Tile`` with repeats 1 elsewhere, an ``Expand`` to ``x``'s shape but there, a ``Mul`` by a constant of
+    ones shaped 1 but there."""
+    if not n.input or not n.output:
+        return None
+    x = n.input[0]
+    src, out = shapes.get(x), shapes.get(n.output[0])
+    if n.op_type == "Mul" and len(n.input) == 2:
+        ones = view.const_array(n.input[1])
+        if ones is None or ones.size == 0 or not np.all(ones == 1):
+            x = n.input[1] if view.const_array(n.input[0]) is not None else ""
+            ones = view.const_array(n.input[0])
+            if not x or ones is None or ones.size == 0 or not np.all(ones == 1):
+                return None
+            src = shapes.get(x)
+        if src is None or out is None or ones.ndim > len(src):
+            return None
+    elif n.op_type not in ("Tile", "Expand") or len(n.input) != 2:
+        return None
+    if src is None or out is None or len(src) != len(out):
+        return None
+    grown = [k for k, (s, o) in enumerate(zip(src, out, strict=True)) if s != o]
+    if len(grown) != 1 or src[grown[0]] != 1 or out[grown[0]] < 2:
+        return None
+    return x, grown[0], out[grown[0]]
+
+
+def kv_repeat_gather(view: GraphEdit) -> int:
+    """GQA's head repeat (module docstring) -> ``Gather`` of the heads on the axis before the repeat."""
+    shapes = view.static_shapes()
+
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+        found = _repeat_axis(view, n, shapes)
+        if found is None or view.elem(n.output[0]) not in _FLOATS:
+            return None
+        x, b, r = found
+        src, out = shapes[x], shapes[n.output[0]]
+        a = b - 1  # the heads axis the repeat interleaves with
+        if a < 0 or src[a] < 1:
+            return None
+        readers = view.readers(n.output[0])
+        merged = [*out[:a], src[a] * r, *out[b + 1:]]
+        # only the repeat_interleave of heads: every reader merges the two axes (a Reshape to ``merged``)
+        if (not readers or n.output[0] in view.outputs
+                or any(m.op_type != "Reshape" or shapes.get(m.output[0]) != merged for m in readers)):
+            return None
+        base = n.name or n.output[0]
+        squeezed = view.add_constant(f"{base}/heads", np.array([*src[:b], *src[b + 1:]], np.int64))
+        idx = view.add_constant(f"{base}/repeat", np.repeat(np.arange(src[a], dtype=np.int64), r))
+        flat, gathered = view.fresh(f"{base}/squeezed"), view.fresh(f"{base}/gathered")
+        back = view.add_constant(f"{base}/shape", np.array(out, np.int64))
+        return [helper.make_node("Reshape", [x, squeezed], [flat], name=f"{base}/squeeze"),
+                helper.make_node("Gather", [flat, idx], [gathered], axis=a, name=f"{base}/Gather"),
+                helper.make_node("Reshape", [gathered, back], [n.output[0]], name=f"{base}/unmerge")]
+
+    count = 0
+    for op in ("Tile", "Expand", "Mul"):
+        count += view.replace_each(op, one)
+        if count:
+            shapes = view.static_shapes()
+    return count
+
+
+def pad_rows_matmul(view: GraphEdit) -> int:
+    """``MatMul(Pad(x), B)``, the Pad constant-mode and only on ``x``'s rows (axis -2) -> ``Concat(MatMul(C_top,
+    B), MatMul(x, B), MatMul(C_bottom, B))`` on axis -2, ``C`` the padded rows ``[1, .., 1, rows, K]`` (broadcast
+    over ``B``'s batch axes).  Only where ``B``'s batch axes are the product's (so the pieces concatenate)."""
+    shapes = view.static_shapes()
+
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+        pad = view.producer(n.input[0])
+        if pad is None or pad.op_type != "Pad" or attr(pad, "mode", b"constant") not in (b"constant", "constant"):
+            return None
+        if (len(pad.input) > 3 and pad.input[3]) or len(pad.input) < 2:
+            return None
+        x, b_in, y = pad.input[0], n.input[1], n.output[0]
+        xs, bs, ys = shapes.get(x), shapes.get(b_in), shapes.get(y)
+        pads = view.value(pad.input[1])
+        if xs is None or bs is None or ys is None or pads is None or len(xs) < 2 or len(bs) < 2:
+            return None
+        rank = len(xs)
+        pads = np.asarray(pads, np.int64).reshape(-1)
+        if pads.size != 2 * rank or (pads < 0).any():
+            return None
+        top, bottom = int(pads[rank - 2]), int(pads[2 * rank - 2])
+        rest = [int(p) for k, p in enumerate(pads.tolist()) if k not in (rank - 2, 2 * rank - 2)]
+        value = view.value(pad.input[2]) if len(pad.input) > 2 and pad.input[2] else np.zeros(())
+        elem = view.elem(x)
+        if any(rest) or not (top or bottom) or value is None or value.size != 1 or elem not in _FLOATS:
+            return None
+        # the constant rows' product is shaped by B's batch axes: they must be the product's
+        if len(bs) != len(ys) or bs[:-2] != ys[:-2]:
+            return None
+        base = n.name or y
+        dtype = helper.tensor_dtype_to_np_dtype(elem)
+        parts, new = [], []
+        for side, rows in (("top", top), ("x", 0), ("bottom", bottom)):
+            if side == "x":
+                inner = view.fresh(f"{base}/rows")
+                new.append(helper.make_node("MatMul", [x, b_in], [inner], name=f"{base}/rows"))
+                parts.append(inner)
+            elif rows:
+                c = view.add_constant(f"{base}/{side}", np.full([1] * (rank - 2) + [rows, xs[-1]],
+                                                                 value.reshape(()), dtype=dtype))
+                out = view.fresh(f"{base}/{side}_rows")
+                new.append(helper.make_node("MatMul", [c, b_in], [out], name=f"{base}/{side}_rows"))
+                parts.append(out)
+        new.append(helper.make_node("Concat", parts, [y], axis=len(ys) - 2, name=f"{base}/Concat_rows"))
+        return new
+
+    count = view.replace_each("MatMul", one)
+    if count:
+        view.drop_unread_nodes({n.output[0] for n in view.graph.node if n.op_type == "Pad"})
+    return count
