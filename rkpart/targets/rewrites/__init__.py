@@ -15,9 +15,9 @@ Two kinds of entry:
     Target column of real builds, the crash, the weight memory).
 
 Each row says what it is for (``purpose``: placement, crash, memory, lowering, precision) and
-whether it is exact (the same values bit for bit): four are not -- ``bfloat16-widen`` (the
-bfloat16 roundings go), ``reciprocal-mul-div`` (one rounding fewer), ``reduce-sum-matmul`` (the
-MatMul's summation order) and ``layernorm-scale-fold`` (the scale rounded into the weight and
+whether it is exact (the same values bit for bit): five are not -- ``bfloat16-widen`` (the
+bfloat16 roundings go), ``reciprocal-mul-div`` (one rounding fewer), ``reduce-sum-matmul`` and
+``pad-rows-matmul`` (the MatMul's summation order) and ``layernorm-scale-fold`` (the scale rounded into the weight and
 bias).  ``docs/compile.md``'s table lists the same rows (``tests/targets/test_rewrite_docs.py``).
 
 The IsNaN guard after a masked Softmax (``nan-guard``): ``IsNaN`` and its direct exact
@@ -240,10 +240,12 @@ REWRITES: tuple[Rewrite, ...] = (
             "the padded value to its matmul layout on the CPU ('Transpose:/model/transformer_blocks.0/attn1/"
             "Pad_output_0_tp_rs#1', (1,70,33,1024) -> (70,1024,1,33)); at 8 heads it stays on the NPU. As the "
             "product of the unpadded rows and the product of the constant rows ([1,..,1,rows,K], broadcast over the "
-            "heads), concatenated on the rows: the same dot products row by row, every layer on the NPU. Measured "
+            "heads), concatenated on the rows: the same dot products row by row, every layer on the NPU (not "
+            "bit-exact under ONNX Runtime: its GEMM sums a 32-row product in another order than a 33-row one). "
+            "Measured "
             "with bench/layout_probe.py --pattern linear-pad (the projections included: the compiler lays their "
             "outputs out channels-first), 70 heads of 32, 1024 tokens, 2.5.0: 1 CPU Transpose -> 0",
-            pad_rows_matmul, needs=("shapes", "types")),
+            pad_rows_matmul, needs=("inferred_shapes", "types"), exact=False),
     Rewrite("pad-to-concat", "Pad", "npu", ("2.3.0", "2.3.2"),
             "Sana's linear attention pads V with a row of ones (pads computed from constants): 2.3.0 places "
             "the Pad on the CPU ('Pad:/model/transformer_blocks.0/attn1/Pad', CPU), 2.5.0 on the NPU. As a "
@@ -340,9 +342,11 @@ REWRITES: tuple[Rewrite, ...] = (
             "('Transpose:/model/noise_refiner.0/attn/Transpose_2#1', (3,1024,8,96) -> (8,3,96,1024), one for the "
             "keys and one for the values of every attention). As one Gather of the n heads (indices 0,..,0,1,..,1, "
             "each r times) on the axis before the repeat it stays on the NPU: the same values copied, bit-exact. "
+            "Two key/value heads or more (one head's repeat is a broadcast of the leading axis, which 2.5.0 keeps "
+            "on the NPU as expand-broadcast writes it: Stable Audio). "
             "Measured with bench/layout_probe.py --pattern gqa-tile (tokens-first, 2.5.0): 6 heads of 96 over 2 KV "
             "heads, 1024 tokens, 2 CPU Transposes -> 0",
-            kv_repeat_gather, needs=("shapes", "types")),
+            kv_repeat_gather, needs=("inferred_shapes", "types")),
     Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
             "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
             "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "

@@ -7,11 +7,13 @@ shape condition the layout probes show (``bench/layout_probe.py``, issue 50).
     ``n·r`` heads by the ``Reshape`` after it (``repeat_interleave``) -> one ``Gather`` of the ``n`` heads with the
     indices ``0,..,0, 1,..,1, ..`` (each ``r`` times) on that axis: the same values copied, bit-exact.  2.5.0 lays a
     broadcast repeat out with the repeats in front and transposes it on the CPU ((3,T,8,96) -> (8,3,96,T)); a
-    Gather stays on the NPU.
+    Gather stays on the NPU.  Two key/value heads or more: one head's repeat is a broadcast of the leading axis,
+    which ``expand-broadcast`` keeps on the NPU.
 ``pad_rows_matmul``
     a constant-mode ``Pad`` of the rows of a ``MatMul``'s left operand (Sana's linear attention pads the value with
     a ones row: ``F.pad(v, (0, 0, 0, 1), value=1)`` then ``v @ k^T``) -> the product of the unpadded rows and the
-    product of the constant rows, concatenated: the same dot products, row by row.  At 70 heads 2.5.0 transposes
+    product of the constant rows, concatenated: the same dot products, row by row (summed in the order ONNX
+    Runtime's GEMM picks for each shape: not bit-exact, within the rewrite check).  At 70 heads 2.5.0 transposes
     the padded value (1,70,33,1024) -> (70,1024,1,33) on the CPU; 33 rows are never transposed after it.
 """
 
@@ -66,7 +68,9 @@ def kv_repeat_gather(view: GraphEdit) -> int:
         x, b, r = found
         src, out = shapes[x], shapes[n.output[0]]
         a = b - 1  # the heads axis the repeat interleaves with
-        if a < 0 or src[a] < 1:
+        # one key/value head (Stable Audio): the repeat is a broadcast of the leading axis, which 2.5.0 keeps on
+        # the NPU once expand-broadcast wrote it as a product; the transposed layout needs heads to interleave with
+        if a < 0 or src[a] < 2:
             return None
         readers = view.readers(n.output[0])
         merged = [*out[:a], src[a] * r, *out[b + 1:]]
@@ -85,9 +89,11 @@ def kv_repeat_gather(view: GraphEdit) -> int:
 
     count = 0
     for op in ("Tile", "Expand", "Mul"):
-        count += view.replace_each(op, one)
-        if count:
+        got = view.replace_each(op, one)
+        if got:
+            view.retype()
             shapes = view.static_shapes()
+        count += got
     return count
 
 
