@@ -22,6 +22,8 @@ from tests.targets.rewrite_check import cpu_layers_before_after, rewritten, run_
 GATHER = tuple(r for r in REWRITES if r.name == "kv-repeat-gather")
 PAD = tuple(r for r in REWRITES if r.name == "pad-rows-matmul")
 F = TensorProto.FLOAT
+#: the fewest tokens at which 2.5.0 still runs the padded value's Transpose of 70 heads on the CPU (smallest build)
+SANA_TOKENS = 1024
 
 
 def _c(name: str, v: object, dtype: object = np.float32) -> onnx.TensorProto:
@@ -102,6 +104,23 @@ def test_kv_repeat_runs_before_tile_broadcast_in_the_compile_order() -> None:
     """The whole 2.5.0 set on Lumina2's form: the Gather replaces the Tile (tile-broadcast finds none left)."""
     r, applied = rewritten(gqa("tile"), compile_rewrites_for("2.5.0"))
     assert applied.get("kv-repeat-gather") == 2 and "tile-broadcast" not in applied
+    assert "Tile" not in {n.op_type for n in r.graph.node}
+
+
+def test_large_constants_without_data_are_not_read() -> None:
+    """The partitioner's rewrite probe holds large constants as placeholders without data; reading one raised and
+    the probe then rescued nothing (a Lumina2 partition sent the caption refiner's IsNaN, which nan-guard removes,
+    to the host and cut its attention in two)."""
+    m = gqa("ones")
+    big = onnx.TensorProto(name="w", dims=[64, 16, 6, 8], data_type=F)
+    big.data_location = onnx.TensorProto.EXTERNAL
+    entry = big.external_data.add()
+    entry.key, entry.value = "location", "rkpart-capability-probe-placeholder"
+    m.graph.initializer.append(big)
+    m.graph.node.append(helper.make_node("Mul", ["xh", "w"], ["xw"]))
+    m.graph.output.append(helper.make_tensor_value_info("xw", F, [64, 16, 6, 8]))
+    _, applied = rewritten(m, GATHER)
+    assert applied == {"kv-repeat-gather": 2}
 
 
 @pytest.mark.parametrize(("kv", "merged"), [(2, False), (1, True)])
@@ -173,4 +192,43 @@ def test_real_build_keeps_the_kv_repeat_on_the_npu(tk250: object, tmp_path: Path
     assert applied.get("kv-repeat-gather") == 2
     cpu = cpu_layers_before_after(before, after, tk250, tmp_path)
     assert [op.split(":")[0] for op in cpu["before"]] == ["Transpose", "Transpose"], cpu
+    assert cpu["after"] == (), cpu
+
+
+def sana_linear(heads: int, d: int, tokens: int) -> onnx.ModelProto:
+    """Sana's linear attention as its TorchScript export lays it out: ``q``/``k``/``v`` projected from ``x [1, T,
+    H*d]`` (seeded weights; the compiler lays a projection's output out channels-first), channels first per head,
+    the value padded with a ones row, ``(v_pad @ relu(k)^T) @ relu(q)``, the last row the normaliser."""
+    h, t = heads, tokens
+    rng = np.random.default_rng(3)
+    inits = [_c("hs", [1, h, d, t], np.int64), _c("pads", [0, 0, 0, 0, 0, 0, 1, 0], np.int64), _c("one", 1.0),
+             _c("eps", 1e-15), _c("r0", [0], np.int64), _c("rd", [d], np.int64), _c("rend", [d + 1], np.int64),
+             _c("ax2", [2], np.int64), _c("out", [1, h * d, t], np.int64)]
+    nodes = []
+    for name in ("q", "k", "v"):
+        inits.append(_c(f"w{name}", rng.standard_normal((h * d, h * d)) / np.sqrt(h * d)))
+        nodes += [helper.make_node("MatMul", ["x", f"w{name}"], [name]),
+                  helper.make_node("Transpose", [name], [f"{name}_c"], perm=[0, 2, 1]),
+                  helper.make_node("Reshape", [f"{name}_c", "hs"], [f"{name}_h"])]
+    nodes += [helper.make_node("Transpose", ["k_h"], ["k_t"], perm=[0, 1, 3, 2]),
+              helper.make_node("Relu", ["q_h"], ["q_r"]), helper.make_node("Relu", ["k_t"], ["k_r"]),
+              helper.make_node("Pad", ["v_h", "pads", "one"], ["v_p"], mode="constant"),
+              helper.make_node("MatMul", ["v_p", "k_r"], ["vk"]), helper.make_node("MatMul", ["vk", "q_r"], ["o"]),
+              helper.make_node("Slice", ["o", "r0", "rd", "ax2"], ["num"]),
+              helper.make_node("Slice", ["o", "rd", "rend", "ax2"], ["den"]),
+              helper.make_node("Add", ["den", "eps"], ["den_e"]), helper.make_node("Div", ["num", "den_e"], ["a"]),
+              helper.make_node("Reshape", ["a", "out"], ["a_c"]),
+              helper.make_node("Transpose", ["a_c"], ["y"], perm=[0, 2, 1])]
+    return _model(nodes, [helper.make_tensor_value_info("x", F, [1, t, h * d])], [1, t, h * d], inits)
+
+
+@pytest.mark.toolkit
+@pytest.mark.slow
+def test_real_build_keeps_the_padded_value_on_the_npu(tk250: object, tmp_path: Path) -> None:
+    """2.5.0, Sana's 70 heads of 32: the padded value's Transpose on the CPU before, nothing after."""
+    m = sana_linear(70, 32, SANA_TOKENS)
+    after, applied = rewritten(m, compile_rewrites_for("2.5.0"))
+    assert applied.get("pad-rows-matmul") == 1
+    cpu = cpu_layers_before_after(m, after, tk250, tmp_path)
+    assert [op.split(":")[0] for op in cpu["before"]] == ["Transpose"], cpu
     assert cpu["after"] == (), cpu

@@ -29,6 +29,20 @@ from rkpart.ir.edit import GraphEdit, attr
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
 
 
+#: the most elements a repeat's constant of ones may have (one repeat axis: the number of repeats)
+_MAX_ONES = 4096
+
+
+def _ones(view: GraphEdit, name: str, shapes: dict[str, list[int]]) -> np.ndarray | None:
+    """The value of ``name`` when it is a small constant of ones (its size read from its shape first: the
+    partitioner's rewrite probe holds large constants as placeholders without data)."""
+    shape = shapes.get(name)
+    if shape is None or int(np.prod(shape)) > _MAX_ONES:
+        return None
+    v = view.const_array(name)
+    return v if v is not None and v.size and np.all(v == 1) else None
+
+
 def _repeat_axis(view: GraphEdit, n: onnx.NodeProto, shapes: dict[str, list[int]]) -> tuple[str, int, int] | None:
     """``(x, a, r)`` when ``n`` broadcasts axis ``a`` of ``x`` from 1 to ``r`` > 1 and copies every other axis as it
     is: a ``Tile`` with repeats 1 elsewhere, an ``Expand`` to ``x``'s shape but there, a ``Mul`` by a constant of
@@ -38,11 +52,10 @@ def _repeat_axis(view: GraphEdit, n: onnx.NodeProto, shapes: dict[str, list[int]
     x = n.input[0]
     src, out = shapes.get(x), shapes.get(n.output[0])
     if n.op_type == "Mul" and len(n.input) == 2:
-        ones = view.const_array(n.input[1])
-        if ones is None or ones.size == 0 or not np.all(ones == 1):
-            x = n.input[1] if view.const_array(n.input[0]) is not None else ""
-            ones = view.const_array(n.input[0])
-            if not x or ones is None or ones.size == 0 or not np.all(ones == 1):
+        ones = _ones(view, n.input[1], shapes)
+        if ones is None:
+            x, ones = n.input[1], _ones(view, n.input[0], shapes)
+            if ones is None:
                 return None
             src = shapes.get(x)
         if src is None or out is None or ones.ndim > len(src):
