@@ -1,5 +1,6 @@
-"""Head layouts of real widths (issue 50): ``kv-repeat-gather`` (GQA's head repeat as a Gather) and
-``pad-rows-matmul`` (a row-padded MatMul operand as two products).
+"""Head layouts of real widths (issue 50): ``kv-repeat-gather`` (GQA's head repeat as a Gather),
+``pad-rows-matmul`` (a row-padded MatMul operand as two products) and ``masked-attention-row-chunks`` (a masked
+attention of many query rows per chunk of rows).
 
 The Gather copies the same values, so ONNX Runtime gives the same bits on a small graph; the products are the
 same dot products, summed in the order ONNX Runtime's GEMM picks for each shape (within the rewrite check).  The
@@ -181,6 +182,59 @@ def test_a_pad_of_the_reduction_axis_is_left_alone() -> None:
     assert applied == {} and list(r.graph.node) == list(m.graph.node)
 
 
+CHUNKS = tuple(r for r in REWRITES if r.name == "masked-attention-row-chunks")
+
+
+def masked(tokens: int, *, heads: int = 2, d: int = 8, mask: str = "input", guard: bool = True) -> onnx.ModelProto:
+    """``Softmax(q @ k + Where(mask, 0, -inf)) @ v`` as TorchScript exports SDPA with a bool key mask ``[1, 1, 1,
+    T]`` (``mask``: ``input``, a graph input; ``const``, a constant), the IsNaN guard after the Softmax."""
+    h, t = heads, tokens
+    inits = [_c("zero", 0.0), _c("ninf", -np.inf)]
+    ins = [helper.make_tensor_value_info("q", F, [1, h, t, d]), helper.make_tensor_value_info("k", F, [1, h, d, t]),
+           helper.make_tensor_value_info("v", F, [1, h, t, d])]
+    if mask == "input":
+        ins.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 1, 1, t]))
+    else:
+        inits.append(_c("mask", (np.arange(t) < t - 3).reshape(1, 1, 1, t), np.bool_))
+    nodes = [helper.make_node("MatMul", ["q", "k"], ["s"]), helper.make_node("Where", ["mask", "zero", "ninf"], ["b"]),
+             helper.make_node("Add", ["s", "b"], ["sb"]), helper.make_node("Softmax", ["sb"], ["p0"], axis=-1)]
+    if guard:
+        nodes += [helper.make_node("IsNaN", ["p0"], ["nan"]), helper.make_node("Where", ["nan", "zero", "p0"], ["p"])]
+    else:
+        nodes.append(helper.make_node("Identity", ["p0"], ["p"]))
+    nodes.append(helper.make_node("MatMul", ["p", "v"], ["y"]))
+    return _model(nodes, ins, [1, h, t, d], inits)
+
+
+def _mask_feeds(m: onnx.ModelProto) -> dict[str, np.ndarray]:
+    feeds = _feeds(m)
+    if "mask" in feeds:
+        t = feeds["mask"].shape[-1]
+        feeds["mask"] = (np.arange(t) < t // 3).reshape(1, 1, 1, t)
+    return feeds
+
+
+def test_masked_attention_is_cut_into_row_chunks_within_the_rewrite_check() -> None:
+    """The 2.5.0 set (nan-guard first, its factor after the Softmax carried into every chunk): 600 query rows in
+    chunks of 256, 256 and 88."""
+    m = masked(600)
+    r, applied = rewritten(m, compile_rewrites_for("2.5.0"))
+    assert applied.get("masked-attention-row-chunks") == 1 and applied.get("nan-guard") == 1
+    ops = [n.op_type for n in r.graph.node]
+    assert ops.count("Softmax") == 3 and ops.count("Slice") == 3 and "IsNaN" not in ops
+    feeds = _mask_feeds(m)
+    (want,), (got,) = run_unoptimised(m, feeds), run_unoptimised(r, feeds)
+    assert np.abs(got - want).max() <= REWRITE_GATE.max_abs_rel * np.abs(want).max()
+
+
+@pytest.mark.parametrize(("tokens", "mask"), [(256, "input"), (600, "const")])
+def test_short_or_constant_masked_attention_is_left_alone(tokens: int, mask: str) -> None:
+    """256 query rows stay on the NPU as they are, a constant mask is fused by 2.5.0."""
+    m = masked(tokens, mask=mask, guard=False)
+    r, applied = rewritten(m, CHUNKS)
+    assert applied == {} and list(r.graph.node) == list(m.graph.node)
+
+
 @pytest.mark.toolkit
 @pytest.mark.slow
 def test_real_build_keeps_the_kv_repeat_on_the_npu(tk250: object, tmp_path: Path) -> None:
@@ -231,4 +285,18 @@ def test_real_build_keeps_the_padded_value_on_the_npu(tk250: object, tmp_path: P
     assert applied.get("pad-rows-matmul") == 1
     cpu = cpu_layers_before_after(m, after, tk250, tmp_path)
     assert [op.split(":")[0] for op in cpu["before"]] == ["Transpose"], cpu
+    assert cpu["after"] == (), cpu
+
+
+@pytest.mark.toolkit
+@pytest.mark.slow
+def test_real_build_keeps_long_masked_attention_on_the_npu(tk250: object, tmp_path: Path) -> None:
+    """2.5.0, a masked attention of 512 query rows (2 heads of 96): the Softmax and the scores' Transposes on the
+    CPU before, nothing after (two chunks of 256)."""
+    m = masked(512, d=96)
+    before, _ = rewritten(m, tuple(r for r in compile_rewrites_for("2.5.0") if r.name != "masked-attention-row-chunks"))
+    after, applied = rewritten(m, compile_rewrites_for("2.5.0"))
+    assert applied.get("masked-attention-row-chunks") == 1
+    cpu = cpu_layers_before_after(before, after, tk250, tmp_path)
+    assert "exSoftmax13" in {op.split(":")[0] for op in cpu["before"]}, cpu
     assert cpu["after"] == (), cpu

@@ -203,6 +203,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "rms_listed_weight_reciprocal": lambda: listed_weight("reciprocal"),
         "gqa_tile_repeat": lambda: head_layouts.gqa("tile"),
         "linear_pad_rows": head_layouts.linear,
+        "masked_attention_rows": lambda: head_layouts.masked(600),
     }
     # the reduced crash graphs: the known-issue table's reproducers (rkpart/data/known_issues) and ours
     for f in sorted([*REPRO_DATA.glob("segv_*.onnx"), *DATA.glob("fail_*.onnx")], key=lambda f: f.name):

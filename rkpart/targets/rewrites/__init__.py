@@ -15,10 +15,11 @@ Two kinds of entry:
     Target column of real builds, the crash, the weight memory).
 
 Each row says what it is for (``purpose``: placement, crash, memory, lowering, precision) and
-whether it is exact (the same values bit for bit): five are not -- ``bfloat16-widen`` (the
-bfloat16 roundings go), ``reciprocal-mul-div`` (one rounding fewer), ``reduce-sum-matmul`` and
-``pad-rows-matmul`` (the MatMul's summation order) and ``layernorm-scale-fold`` (the scale rounded into the weight and
-bias).  ``docs/compile.md``'s table lists the same rows (``tests/targets/test_rewrite_docs.py``).
+whether it is exact (the same values bit for bit): six are not -- ``bfloat16-widen`` (the
+bfloat16 roundings go), ``reciprocal-mul-div`` (one rounding fewer), ``reduce-sum-matmul``,
+``pad-rows-matmul`` and ``masked-attention-row-chunks`` (the MatMul's summation order) and
+``layernorm-scale-fold`` (the scale rounded into the weight and bias).  ``docs/compile.md``'s table lists
+the same rows (``tests/targets/test_rewrite_docs.py``).
 
 The IsNaN guard after a masked Softmax (``nan-guard``): ``IsNaN`` and its direct exact
 replacements ``Equal(p, p)`` / ``Greater(p, -1)`` are all placed on the CPU by 2.3.0 and 2.5.0
@@ -56,7 +57,7 @@ from rkpart.targets.rewrites.crashes import (
     strided_slices_concat,
     wide_tensor_per_reader,
 )
-from rkpart.targets.rewrites.heads import kv_repeat_gather, pad_rows_matmul
+from rkpart.targets.rewrites.heads import kv_repeat_gather, masked_attention_row_chunks, pad_rows_matmul
 from rkpart.targets.rewrites.lower import NO_LOWERING, TYPE_ONLY_CHANGES, gelu, grid_sample
 from rkpart.targets.rewrites.npu import (
     dedupe_constants,
@@ -347,6 +348,19 @@ REWRITES: tuple[Rewrite, ...] = (
             "Measured with bench/layout_probe.py --pattern gqa-tile (tokens-first, 2.5.0): 6 heads of 96 over 2 KV "
             "heads, 1024 tokens, 2 CPU Transposes -> 0",
             kv_repeat_gather, needs=("inferred_shapes", "types")),
+    Rewrite("masked-attention-row-chunks", "Softmax", "npu", ("2.5.0",),
+            "Masked attention, Softmax(Q @ K + mask) @ V with a mask computed in the stage or read from its inputs "
+            "(the same for every query row: a caption mask over the keys; nan-guard's factor after the Softmax "
+            "kept), of 512 query rows or more: 2.5.0 does not fuse it into exSDPAttention and runs its Softmax and "
+            "the scores' Transposes on the CPU ('exSoftmax13:/model/layers.0/attn/Softmax', (1,24,1280,1280); "
+            "'height(512) * width(512) = 262144, required product no larger than 8192'), measured at 512, 1024, "
+            "1152 and 1280 query rows, 2 heads or 24. Cut into chunks of 256 query rows (a Slice of Q each, the "
+            "chain per chunk, the outputs concatenated) every chunk is fused into exSDPAttention, mask included, "
+            "and the score buffers are a chunk's. Not bit-exact under ONNX Runtime (its GEMM sums a 256-row "
+            "product in another order than a 1280-row one); every row's ops are the same. A constant mask, or "
+            "none, is fused as it is (left alone). Measured with bench/layout_probe.py --pattern gqa-tile --mask, "
+            "2.5.0: 2 heads of 96, 1280 tokens, 3 CPU layers -> 0, internal memory 174 -> 7 MB",
+            masked_attention_row_chunks, needs=("inferred_shapes", "types"), exact=False),
     Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
             "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
             "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "

@@ -161,3 +161,104 @@ def pad_rows_matmul(view: GraphEdit) -> int:
     if count:
         view.drop_unread_nodes({n.output[0] for n in view.graph.node if n.op_type == "Pad"})
     return count
+
+
+#: masked attention from this many query rows on is cut into row chunks (2.5.0 runs the Softmax of a masked
+#: attention of 512 query rows or more and its score Transposes on the CPU; measured at 512, 1024, 1152, 1280)
+MASKED_ROWS = 512
+#: query rows per chunk (2.5.0 fuses each chunk into exSDPAttention, mask included: 256 and 512 measured)
+ROW_CHUNK = 256
+
+
+def _single_reader(view: GraphEdit, tensor: str) -> onnx.NodeProto | None:
+    readers = view.readers(tensor)
+    return readers[0] if len(readers) == 1 and tensor not in view.outputs else None
+
+
+def _masked_chain(view: GraphEdit, sm: onnx.NodeProto, shapes: dict[str, list[int]]
+                  ) -> tuple[list[onnx.NodeProto], onnx.NodeProto, str, str] | None:
+    """``(chain, last MatMul, Q, K)`` when ``sm`` is the Softmax of ``MatMul(Q, K) + mask`` over the last axis,
+    the mask the same for every query row and not a constant, read by ``MatMul(P, V)`` (maybe through a ``Mul`` by
+    a factor the same for every entry of a row: nan-guard's "has a key")."""
+    rank = len(shapes.get(sm.input[0]) or [])
+    if rank < 2 or int(attr(sm, "axis", -1)) not in (-1, rank - 1):  # type: ignore[call-overload]
+        return None
+    add = view.producer(sm.input[0])
+    if add is None or add.op_type != "Add" or _single_reader(view, add.output[0]) is not sm:
+        return None
+    for k in (0, 1):
+        mm = view.producer(add.input[k])
+        if mm is not None and mm.op_type == "MatMul":
+            mask = add.input[1 - k]
+            break
+    else:
+        return None
+    ms = shapes.get(mask)
+    if (_single_reader(view, mm.output[0]) is not add or ms is None or (len(ms) >= 2 and ms[-2] != 1)
+            or view.producer(mask) is None or view.const_array(mask) is not None):
+        return None  # a constant mask (or none) is fused by 2.5.0 as it is
+    chain = [mm, add, sm]
+    nxt = _single_reader(view, sm.output[0])
+    if nxt is not None and nxt.op_type == "Mul":
+        other = nxt.input[1] if nxt.input[0] == sm.output[0] else nxt.input[0]
+        os_ = shapes.get(other)
+        if os_ is None or (len(os_) >= 1 and os_[-1] != 1) or (len(os_) >= 2 and os_[-2] != 1):
+            return None
+        chain.append(nxt)
+        nxt = _single_reader(view, nxt.output[0])
+    if nxt is None or nxt.op_type != "MatMul" or nxt.input[0] != chain[-1].output[0]:
+        return None
+    return chain, nxt, mm.input[0], mm.input[1]
+
+
+def masked_attention_row_chunks(view: GraphEdit) -> int:
+    """Masked attention (``Softmax(Q @ K + mask) @ V``, the mask computed in the stage or read from its inputs, the
+    same for every query row) of :data:`MASKED_ROWS` query rows or more -> the same per chunk of :data:`ROW_CHUNK`
+    query rows (``Slice`` of ``Q``), the outputs concatenated: every row's scores, Softmax and product are the same
+    ops on the same values (the MatMuls' summation order is ONNX Runtime's per row count: within the rewrite
+    check)."""
+    shapes = view.static_shapes()
+    done = 0
+    index = {n.output[0]: i for i, n in enumerate(view.graph.node) if n.output}
+    for sm in [n for n in view.graph.node if n.op_type == "Softmax"]:
+        found = _masked_chain(view, sm, shapes)
+        if found is None:
+            continue
+        chain, last, q, _ = found
+        qs, ys = shapes.get(q), shapes.get(last.output[0])
+        if qs is None or ys is None or len(qs) < 2 or len(ys) != len(qs) or qs[-2] < MASKED_ROWS:
+            continue
+        if view.elem(q) not in _FLOATS:
+            continue
+        axis = len(qs) - 2
+        base = sm.name or sm.output[0]
+        ax = view.add_constant(f"{base}/rows_axis", np.array([axis], np.int64))
+        new: list[onnx.NodeProto] = []
+        parts = []
+        for c0 in range(0, qs[-2], ROW_CHUNK):
+            c1 = min(qs[-2], c0 + ROW_CHUNK)
+            tag = f"{base}/rows{c0}"
+            lo = view.add_constant(f"{tag}/start", np.array([c0], np.int64))
+            hi = view.add_constant(f"{tag}/end", np.array([c1], np.int64))
+            qc = view.fresh(f"{tag}/q")
+            new.append(helper.make_node("Slice", [q, lo, hi, ax], [qc], name=f"{tag}/Slice"))
+            cur = {q: qc}
+            for j, n in enumerate((*chain, last)):
+                c = onnx.NodeProto()
+                c.CopyFrom(n)
+                c.name = f"{tag}/{j}_{(n.name or n.op_type).rsplit('/', 1)[-1]}"
+                del c.input[:]
+                c.input.extend(cur.get(i, i) for i in n.input)
+                out = view.fresh(f"{tag}/{n.output[0].rsplit('/', 1)[-1]}")
+                cur[n.output[0]] = out
+                del c.output[:]
+                c.output.append(out)
+                new.append(c)
+            parts.append(cur[last.output[0]])
+        new.append(helper.make_node("Concat", parts, [last.output[0]], axis=axis, name=f"{base}/Concat_rows"))
+        for n in chain:
+            view.replace_later(index[n.output[0]], [])
+        view.replace_later(index[last.output[0]], new)
+        done += 1
+    view.apply_edits()
+    return done
