@@ -186,17 +186,20 @@ CHUNKS = tuple(r for r in REWRITES if r.name == "masked-attention-row-chunks")
 
 
 def masked(tokens: int, *, heads: int = 2, d: int = 8, mask: str = "input", guard: bool = True) -> onnx.ModelProto:
-    """``Softmax(q @ k + Where(mask, 0, -inf)) @ v`` as TorchScript exports SDPA with a bool key mask ``[1, 1, 1,
-    T]`` (``mask``: ``input``, a graph input; ``const``, a constant), the IsNaN guard after the Softmax."""
+    """``Softmax(q * r @ k * r + Where(mask, 0, -inf)) @ v`` as TorchScript exports SDPA with a bool key mask ``[1,
+    1, 1, T]`` (``mask``: ``input``, a graph input; ``const``, a constant; ``r`` the square root of the scale), the
+    IsNaN guard after the Softmax."""
     h, t = heads, tokens
-    inits = [_c("zero", 0.0), _c("ninf", -np.inf)]
+    inits = [_c("zero", 0.0), _c("ninf", -np.inf), _c("root", d ** -0.25)]
     ins = [helper.make_tensor_value_info("q", F, [1, h, t, d]), helper.make_tensor_value_info("k", F, [1, h, d, t]),
            helper.make_tensor_value_info("v", F, [1, h, t, d])]
     if mask == "input":
         ins.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 1, 1, t]))
     else:
         inits.append(_c("mask", (np.arange(t) < t - 3).reshape(1, 1, 1, t), np.bool_))
-    nodes = [helper.make_node("MatMul", ["q", "k"], ["s"]), helper.make_node("Where", ["mask", "zero", "ninf"], ["b"]),
+    nodes = [helper.make_node("Mul", ["q", "root"], ["qs"]), helper.make_node("Mul", ["k", "root"], ["ks"]),
+             helper.make_node("MatMul", ["qs", "ks"], ["s"]),
+             helper.make_node("Where", ["mask", "zero", "ninf"], ["b"]),
              helper.make_node("Add", ["s", "b"], ["sb"]), helper.make_node("Softmax", ["sb"], ["p0"], axis=-1)]
     if guard:
         nodes += [helper.make_node("IsNaN", ["p0"], ["nan"]), helper.make_node("Where", ["nan", "zero", "p0"], ["p"])]
@@ -214,17 +217,31 @@ def _mask_feeds(m: onnx.ModelProto) -> dict[str, np.ndarray]:
     return feeds
 
 
-def test_masked_attention_is_cut_into_row_chunks_within_the_rewrite_check() -> None:
+@pytest.mark.parametrize("optimised", [False, True])
+def test_masked_attention_is_cut_into_row_chunks_bit_for_bit(optimised: bool) -> None:
     """The 2.5.0 set (nan-guard first, its factor after the Softmax carried into every chunk): 600 query rows in
-    chunks of 256, 256 and 88."""
+    chunks of 256, 256 and 88, each slice taken above q's scale.  With ONNX Runtime's graph optimisations (what
+    ``rkpart compile`` checks with) as without: a slice between the scale and the MatMul kept ORT from fusing the
+    scale into the chunks' MatMuls as it does into the original's (Lumina2's main attention: 7.9e-6 of 5.35, the
+    rewrite dropped)."""
     m = masked(600)
     r, applied = rewritten(m, compile_rewrites_for("2.5.0"))
     assert applied.get("masked-attention-row-chunks") == 1 and applied.get("nan-guard") == 1
     ops = [n.op_type for n in r.graph.node]
     assert ops.count("Softmax") == 3 and ops.count("Slice") == 3 and "IsNaN" not in ops
     feeds = _mask_feeds(m)
-    (want,), (got,) = run_unoptimised(m, feeds), run_unoptimised(r, feeds)
-    assert np.abs(got - want).max() <= REWRITE_GATE.max_abs_rel * np.abs(want).max()
+    if optimised:
+        want, got = _run_default(m, feeds), _run_default(r, feeds)
+    else:
+        (want,), (got,) = run_unoptimised(m, feeds), run_unoptimised(r, feeds)
+    assert np.array_equal(got, want)
+
+
+def _run_default(m: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    import onnxruntime as ort
+
+    return np.asarray(ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds)[0])
 
 
 @pytest.mark.parametrize(("tokens", "mask"), [(256, "input"), (600, "const")])

@@ -214,9 +214,8 @@ def _masked_chain(view: GraphEdit, sm: onnx.NodeProto, shapes: dict[str, list[in
 def masked_attention_row_chunks(view: GraphEdit) -> int:
     """Masked attention (``Softmax(Q @ K + mask) @ V``, the mask computed in the stage or read from its inputs, the
     same for every query row) of :data:`MASKED_ROWS` query rows or more -> the same per chunk of :data:`ROW_CHUNK`
-    query rows (``Slice`` of ``Q``), the outputs concatenated: every row's scores, Softmax and product are the same
-    ops on the same values (the MatMuls' summation order is ONNX Runtime's per row count: within the rewrite
-    check)."""
+    query rows (``Slice`` of ``Q``, above its scalar scale), the outputs concatenated: every row's scores, Softmax
+    and product are the same ops on the same values (bit-exact under ONNX Runtime)."""
     shapes = view.static_shapes()
     done = 0
     index = {n.output[0]: i for i, n in enumerate(view.graph.node) if n.output}
@@ -231,6 +230,17 @@ def masked_attention_row_chunks(view: GraphEdit) -> int:
         if view.elem(q) not in _FLOATS:
             continue
         axis = len(qs) - 2
+        # slice above Q's scalar scale (TorchScript's SDPA scales q and k by the square root of the scale each):
+        # each chunk keeps it next to its MatMul, as ONNX Runtime's MatMul-scale fusion and the toolkit see it
+        pre: list[onnx.NodeProto] = []
+        reader = chain[0]
+        while (p := view.producer(q)) is not None and p.op_type == "Mul" and _single_reader(view, q) is reader:
+            data = [i for i in p.input if shapes.get(i) is not None and int(np.prod(shapes[i])) > 1]
+            if len(data) != 1 or shapes[data[0]] != qs or view.scalar(next(i for i in p.input if i != data[0])) \
+                    is None:
+                break
+            pre.insert(0, p)
+            reader, q = p, data[0]
         base = sm.name or sm.output[0]
         ax = view.add_constant(f"{base}/rows_axis", np.array([axis], np.int64))
         new: list[onnx.NodeProto] = []
@@ -243,7 +253,7 @@ def masked_attention_row_chunks(view: GraphEdit) -> int:
             qc = view.fresh(f"{tag}/q")
             new.append(helper.make_node("Slice", [q, lo, hi, ax], [qc], name=f"{tag}/Slice"))
             cur = {q: qc}
-            for j, n in enumerate((*chain, last)):
+            for j, n in enumerate((*pre, *chain, last)):
                 c = onnx.NodeProto()
                 c.CopyFrom(n)
                 c.name = f"{tag}/{j}_{(n.name or n.op_type).rsplit('/', 1)[-1]}"
@@ -256,7 +266,7 @@ def masked_attention_row_chunks(view: GraphEdit) -> int:
                 new.append(c)
             parts.append(cur[last.output[0]])
         new.append(helper.make_node("Concat", parts, [last.output[0]], axis=axis, name=f"{base}/Concat_rows"))
-        for n in chain:
+        for n in (*pre, *chain):
             view.replace_later(index[n.output[0]], [])
         view.replace_later(index[last.output[0]], new)
         done += 1
