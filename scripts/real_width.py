@@ -229,16 +229,24 @@ CPU layers on the first build:
   dim, the rotation alone leaves its Reshape on the CPU at 72 and 88. Flux's RoPE (tokens-first, RMSNorm, 128)
   builds with 0 CPU layers. 2.3.0 places the same two layers on the CPU. Removed by the bit-exact rewrite
   `rope-interleaved-matmul` (docs/compile.md): 4 + 2 CPU layers -> 0 on 2.5.0.
-- **Lumina-Image-2.0, 24 x 96 with 8 KV heads**: the key/value repeat (after `tile-broadcast`) is laid out with
-  the 3 repeats in front and transposed (3,T,8,96) -> (8,3,96,T) on the CPU, in every attention. The masked
-  attentions (caption mask) are not fused into `exSDPAttention`: at 1280 tokens the score Transposes
-  ((24,1280,1,1280)) and `exSoftmax13` go to the CPU. Not removed yet.
-- **Sana, 70 x 32 linear attention**: the value padded with a ones row (32 -> 33) is transposed (1,70,33,1024) ->
-  (70,1024,1,33) on the CPU. Not removed yet.
+- **Lumina-Image-2.0, 24 x 96 with 8 KV heads**: the key/value repeat (after `tile-broadcast`) was laid out with
+  the 3 repeats in front and transposed (3,T,8,96) -> (8,3,96,T) on the CPU, for the keys and the values of
+  every attention. The masked attentions (caption mask, a stage input) were not fused into `exSDPAttention`: from
+  512 query rows on (`bench/layout_probe.py --pattern gqa-tile --mask`: 512 to 1280 rows, 2 or 24 heads; a
+  constant mask is fused, 256 rows stay on the NPU unfused) the score Transposes ((24,1280,1,1280)) and
+  `exSoftmax13` went to the CPU. Removed by `kv-repeat-gather` (the repeat as one Gather of the KV heads,
+  bit-exact) and `masked-attention-row-chunks` (the attention per chunk of 256 query rows, bit-exact):
+  7 CPU layers -> 0 on 2.5.0. Device memory: the main attention 285 -> 204 MiB (internal 258 -> 167: a chunk's
+  scores), the noise refiner 86 -> 73 MiB (internal 59 -> 39: no repeated keys held), the caption refiner
+  47 -> 60 MiB; the Gathers cost 6.8 MiB of weights per attention (27 -> 34 MiB, the compiler's own figure).
+- **Sana, 70 x 32 linear attention**: the value padded with a ones row (32 -> 33) was transposed (1,70,33,1024) ->
+  (70,1024,1,33) on the CPU (`--pattern linear-pad`: at 70 heads, not at 8). Removed by `pad-rows-matmul` (the
+  padded rows' product apart from the value's, concatenated).
 
 Memory: the model counts a masked attention's scores now (the compiler holds them when it cannot fuse):
 Lumina2's main attention -31.2 % -> -4.0 %, its context refiner -23.6 % -> -17.0 %
-(`bench/real_width_memory.py --against`). Still under-predicted, from the feature tables: the GQA repeat's
+(`bench/real_width_memory.py --against`), before `masked-attention-row-chunks`: the chunked attention holds a
+chunk's scores and is over-predicted (+34.0 %), the refiners' Gathers under-predicted (-35.0 %, -19.2 %). Still under-predicted, from the feature tables: the GQA repeat's
 buffers (the repeated keys held as (8,4,96,T), 3 repeats padded to 4, and a secondary of (8,8,96,T): 8x the
 repeated tensor at the stage's peak; Lumina2's noise refiner -31.4 %), the partial sums of a wide FFN (Lumina2's
 9216-wide SwiGLU: the 2304 input channels split into 576-channel branches summed in two full-size tiles;
