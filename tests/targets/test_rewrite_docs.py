@@ -14,7 +14,8 @@ from rkpart.targets.rewrites import DEDUPE, PURPOSES, REWRITES, Rewrite
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "compile.md"
 #: the toolkit tag a docs row carries after its name, per ``toolkits``
-TAGS = {("2.3.0", "2.3.2"): "(2.3.x only", ("2.5.0",): "(2.5.0 only", ("2.3.0",): "(2.3.0 only", ("*",): ""}
+TAGS = {("2.3.0", "2.3.2"): "(2.3.x only", ("2.5.0",): "(2.5.0 only", ("2.3.0",): "(2.3.0 only", ("*",): "",
+        ("2.3.2", "2.5.0"): "(2.3.2 and 2.5.0 only"}
 
 
 def _doc_rows() -> dict[str, str]:
