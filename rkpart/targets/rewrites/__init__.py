@@ -235,7 +235,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "'IsNaN:/model/context_refiner.0/attn/IsNaN' on the CPU -> gone, on 2.5.0 and 2.3.0 (the mask's "
             "Reshape and Cast stay: int64 ops, the partitioner's side)",
             nan_guard, needs=("shapes", "types")),
-    Rewrite("pad-rows-matmul", "MatMul", "npu", ("2.5.0",),
+    Rewrite("pad-rows-matmul", "MatMul", "npu", ("*",),
             "A constant-mode Pad of the rows of a MatMul's left operand (Sana's linear attention: F.pad(v, (0, 0, "
             "0, 1), value=1) then v @ k^T, [1,70,33,1024] x [1,70,1024,32]): at 70 heads 2.5.0 runs the Transpose of "
             "the padded value to its matmul layout on the CPU ('Transpose:/model/transformer_blocks.0/attn1/"
@@ -245,7 +245,9 @@ REWRITES: tuple[Rewrite, ...] = (
             "bit-exact under ONNX Runtime: its GEMM sums a 32-row product in another order than a 33-row one). "
             "Measured "
             "with bench/layout_probe.py --pattern linear-pad (the projections included: the compiler lays their "
-            "outputs out channels-first), 70 heads of 32, 1024 tokens, 2.5.0: 1 CPU Transpose -> 0",
+            "outputs out channels-first), 70 heads of 32, 1024 tokens, 2.5.0: 1 CPU Transpose -> 0; 2.3.0 and "
+            "2.3.2, where pad-to-concat would make a Concat of the Pad whose result they transpose on the CPU the "
+            "same way: 1 -> 0. Applied before pad-to-concat",
             pad_rows_matmul, needs=("inferred_shapes", "types"), exact=False),
     Rewrite("pad-to-concat", "Pad", "npu", ("2.3.0", "2.3.2"),
             "Sana's linear attention pads V with a row of ones (pads computed from constants): 2.3.0 places "
