@@ -240,8 +240,10 @@ CPU layers on the first build:
   scores), the noise refiner 86 -> 73 MiB (internal 59 -> 39: no repeated keys held), the caption refiner
   47 -> 60 MiB; the Gathers cost 6.8 MiB of weights per attention (27 -> 34 MiB, the compiler's own figure).
 - **Sana, 70 x 32 linear attention**: the value padded with a ones row (32 -> 33) was transposed (1,70,33,1024) ->
-  (70,1024,1,33) on the CPU (`--pattern linear-pad`: at 70 heads, not at 8). Removed by `pad-rows-matmul` (the
-  padded rows' product apart from the value's, concatenated).
+  (70,1024,1,33) on the CPU (`--pattern linear-pad`, 1024 tokens: at 70 heads, not at 8, 32 or 64, nor at 70 heads
+  of 256 or 512 tokens); 2.3.0 the same after `pad-to-concat`. Removed by `pad-rows-matmul` (the padded rows'
+  product apart from the value's, concatenated): 1 -> 0 on 2.5.0 (device memory unchanged) and 2.3.0 (internal
+  memory 31.4 -> 44.1 MiB).
 
 Memory: the model counts a masked attention's scores now (the compiler holds them when it cannot fuse):
 Lumina2's main attention -31.2 % -> -4.0 %, its context refiner -23.6 % -> -17.0 %
