@@ -239,6 +239,9 @@ CPU layers on the first build:
   7 CPU layers -> 0 on 2.5.0. Device memory: the main attention 285 -> 204 MiB (internal 258 -> 167: a chunk's
   scores), the noise refiner 86 -> 73 MiB (internal 59 -> 39: no repeated keys held), the caption refiner
   47 -> 60 MiB; the Gathers cost 6.8 MiB of weights per attention (27 -> 34 MiB, the compiler's own figure).
+  2.3.0 (no repeat Transpose there: the rewrites are 2.5.0's) keeps the main attention's 3 CPU layers: cut into
+  row chunks it runs each chunk's probabilities Transpose on the CPU instead (probe: 3 -> 5), and its split cuts
+  the caption refiner's attention in two around the host `IsNaN` (not investigated).
 - **Sana, 70 x 32 linear attention**: the value padded with a ones row (32 -> 33) was transposed (1,70,33,1024) ->
   (70,1024,1,33) on the CPU (`--pattern linear-pad`, 1024 tokens: at 70 heads, not at 8, 32 or 64, nor at 70 heads
   of 256 or 512 tokens); 2.3.0 the same after `pad-to-concat`. Removed by `pad-rows-matmul` (the padded rows'
