@@ -253,7 +253,8 @@ Lumina2's main attention -31.2 % -> -4.0 %, its context refiner -23.6 % -> -17.0
 (`bench/real_width_memory.py --against`), before `masked-attention-row-chunks`: the chunked attention holds a
 chunk's scores and is over-predicted (+34.0 %), the refiners' Gathers under-predicted (-35.0 %, -19.2 %).
 Still under-predicted, from the feature tables: the GQA repeat's buffers (the repeated keys held as (8,4,96,T), 3
-repeats padded to 4, and a secondary of (8,8,96,T): 8x the repeated tensor at the stage's peak; Lumina2's noise refiner -31.4 %), the partial sums of a wide FFN (Lumina2's
+repeats padded to 4, and a secondary of (8,8,96,T): 8x the repeated tensor at the stage's peak; Lumina2's noise
+refiner -31.4 %), the partial sums of a wide FFN (Lumina2's
 9216-wide SwiGLU: the 2304 input channels split into 576-channel branches summed in two full-size tiles;
 -10 % to -19 %; PRX's fused 5376-wide qkv projection the same, and its Reshape a secondary of twice the tensor:
 -18.6 %), and a per-head norm at a head dim that is not a multiple of 16 (HunyuanDiT's `exNorm` holds a
