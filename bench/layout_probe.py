@@ -23,9 +23,21 @@ Patterns (``--pattern``):
     the key/value heads repeated (``Unsqueeze/Expand/Reshape``, Lumina2's processor), ``H / Hk`` each.
 ``plain``
     nothing between the head split and the attention (DiT, PixArt).
+``gqa-tile``
+    grouped-query attention as Lumina2's TorchScript export writes it, tokens-first: ``k``/``v`` graph inputs
+    ``[1, T, Hk, d]`` repeated by ``Unsqueeze(3)``, ``Tile [1, 1, 1, H/Hk, 1]``, ``Reshape [1, T, H, d]``, the key
+    transposed ``(0, 2, 3, 1)``, the value ``(0, 2, 1, 3)``, the softmax scale's square root on ``q`` and ``k``;
+    with ``--mask`` the caption mask (a bool graph input ``[1, 1, 1, T]``, ``Where(mask, 0, -inf)`` added to the
+    scores, the exporter's ``IsNaN`` guard after the Softmax).
+``linear-pad``
+    Sana's linear attention with ``H`` heads of ``d``: ``q``/``k``/``v`` projected from one graph input ``x [1, T,
+    H·d]`` (seeded weights: the compiler lays a projection's output out channels-first), channels first per head
+    ``[1, H, d, T]`` (``k`` transposed to ``[1, H, T, d]``), ReLU kernels, the value padded with
+    a ones row (``F.pad(v, (0, 0, 0, 1), value=1)``: ``[1, H, d+1, T]``), ``(v_pad @ k^T) @ q``, its last row the
+    normaliser (``Slice``, ``Add`` eps, ``Div``), back to ``[1, T, H·d]``.
 
 Usage: ``.venv/bin/python bench/layout_probe.py --pattern norm --head-dim 64,72,88 --tokens 1024 [--heads 16]
-[--kv-heads 8] [--toolkits 2.5.0] [--rewrites] [--out FILE.jsonl]``
+[--kv-heads 8] [--mask] [--toolkits 2.5.0] [--rewrites] [--skip-rewrite NAME] [--out FILE.jsonl]``
 """
 
 from __future__ import annotations
@@ -142,8 +154,92 @@ def probe_model(pattern: str, heads: int, tokens: int, dim: int, kv_heads: int =
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
-def build(model: onnx.ModelProto, toolkit: str, work: Path, name: str, rewrites: bool) -> dict[str, Any]:
-    """Build ``model`` once; its CPU layers (op types and shapes), internal memory, rewrites applied."""
+def gqa_tile_model(heads: int, tokens: int, dim: int, kv_heads: int, mask: bool) -> onnx.ModelProto:
+    """The ``gqa-tile`` probe (see the module docstring)."""
+    f = TensorProto.FLOAT
+    h, t, d, kv = heads, tokens, dim, kv_heads or heads
+    rep = h // kv
+    root = np.float32(1 / np.sqrt(np.sqrt(d)))
+    inits: Inits = [_c("heads_shape", [1, t, h, d], np.int64), _c("root", root), _c("ax3", [3], np.int64),
+                    _c("reps", [1, 1, 1, rep, 1], np.int64), _c("out_shape", [1, t, h * d], np.int64)]
+    nodes: Nodes = [helper.make_node("Reshape", ["x", "heads_shape"], ["xh"]),
+                    helper.make_node("Transpose", ["xh"], ["qt"], perm=[0, 2, 1, 3]),
+                    helper.make_node("Mul", ["qt", "root"], ["q"])]
+    for name, perm in (("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+        nodes += [helper.make_node("Unsqueeze", [name, "ax3"], [f"{name}_u"]),
+                  helper.make_node("Tile", [f"{name}_u", "reps"], [f"{name}_rep"]),
+                  helper.make_node("Reshape", [f"{name}_rep", "heads_shape"], [f"{name}_r"]),
+                  helper.make_node("Transpose", [f"{name}_r"], [f"{name}_t"], perm=perm)]
+    nodes += [helper.make_node("Mul", ["k_t", "root"], ["kt"]),
+              helper.make_node("MatMul", ["q", "kt"], ["s"])]
+    inputs = [helper.make_tensor_value_info("x", f, [1, t, h * d]),
+              helper.make_tensor_value_info("k", f, [1, t, kv, d]),
+              helper.make_tensor_value_info("v", f, [1, t, kv, d])]
+    p = "p"
+    if mask:
+        inits += [_c("zero", 0.0), _c("ninf", -np.inf)]
+        nodes += [helper.make_node("Where", ["mask", "zero", "ninf"], ["bias"]),
+                  helper.make_node("Add", ["s", "bias"], ["sb"]),
+                  helper.make_node("Softmax", ["sb"], ["p0"], axis=-1),
+                  helper.make_node("IsNaN", ["p0"], ["nan"]),
+                  helper.make_node("Where", ["nan", "zero", "p0"], ["p"])]
+        inputs.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, [1, 1, 1, t]))
+    else:
+        nodes.append(helper.make_node("Softmax", ["s"], ["p"], axis=-1))
+    nodes += [helper.make_node("MatMul", [p, "v_t"], ["o"]),
+              helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "out_shape"], ["y"])]
+    g = helper.make_graph(nodes, "probe-gqa-tile", inputs, [helper.make_tensor_value_info("y", f, [1, t, h * d])],
+                          inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def linear_pad_model(heads: int, tokens: int, dim: int) -> onnx.ModelProto:
+    """The ``linear-pad`` probe (see the module docstring)."""
+    f = TensorProto.FLOAT
+    h, t, d = heads, tokens, dim
+    inits: Inits = [_c("heads_shape", [1, h, d, t], np.int64), _c("pads", [0, 0, 0, 0, 0, 0, 1, 0], np.int64),
+                    _c("one", 1.0), _c("eps", 1e-15), _c("r0", [0], np.int64), _c("rd", [d], np.int64),
+                    _c("rend", [d + 1], np.int64), _c("ax2", [2], np.int64),
+                    _c("out_shape", [1, h * d, t], np.int64)]
+    rng = np.random.default_rng(3)
+    nodes: Nodes = []
+    for name in ("q", "k", "v"):
+        inits.append(_c(f"w{name}", rng.standard_normal((h * d, h * d)) / np.sqrt(h * d)))
+        nodes += [helper.make_node("MatMul", ["x", f"w{name}"], [name]),
+                  helper.make_node("Transpose", [name], [f"{name}_c"], perm=[0, 2, 1]),
+                  helper.make_node("Reshape", [f"{name}_c", "heads_shape"], [f"{name}_h"])]
+    nodes += [helper.make_node("Transpose", ["k_h"], ["k_t"], perm=[0, 1, 3, 2]),
+              helper.make_node("Relu", ["q_h"], ["q_r"]),
+              helper.make_node("Relu", ["k_t"], ["k_r"]),
+              helper.make_node("Pad", ["v_h", "pads", "one"], ["v_p"], mode="constant"),
+              helper.make_node("MatMul", ["v_p", "k_r"], ["vk"]),
+              helper.make_node("MatMul", ["vk", "q_r"], ["o"]),
+              helper.make_node("Slice", ["o", "r0", "rd", "ax2"], ["num"]),
+              helper.make_node("Slice", ["o", "rd", "rend", "ax2"], ["den"]),
+              helper.make_node("Add", ["den", "eps"], ["den_e"]),
+              helper.make_node("Div", ["num", "den_e"], ["a"]),
+              helper.make_node("Reshape", ["a", "out_shape"], ["a_c"]),
+              helper.make_node("Transpose", ["a_c"], ["y"], perm=[0, 2, 1])]
+    g = helper.make_graph(nodes, "probe-linear-pad", [helper.make_tensor_value_info("x", f, [1, t, h * d])],
+                          [helper.make_tensor_value_info("y", f, [1, t, h * d])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def model_for(pattern: str, heads: int, tokens: int, dim: int, kv_heads: int = 0,
+              mask: bool = False) -> onnx.ModelProto:
+    """The probe graph of ``pattern`` at one head layout."""
+    if pattern == "gqa-tile":
+        return gqa_tile_model(heads, tokens, dim, kv_heads, mask)
+    if pattern == "linear-pad":
+        return linear_pad_model(heads, tokens, dim)
+    return probe_model(pattern, heads, tokens, dim, kv_heads)
+
+
+def build(model: onnx.ModelProto, toolkit: str, work: Path, name: str, rewrites: bool,
+          skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Build ``model`` once; its CPU layers (op types and shapes), internal memory, rewrites applied (``skip``:
+    rewrites left out, as ``rkpart compile --skip-rewrite`` does)."""
     from rkpart.compile.compiler_plan import parse_layer_rows, parse_memory
     from rkpart.compile.toolkits import find_toolkit
     from rkpart.targets.rewrites import apply_rewrites, compile_rewrites_for
@@ -152,7 +248,7 @@ def build(model: onnx.ModelProto, toolkit: str, work: Path, name: str, rewrites:
     applied: dict[str, int] = {}
     if rewrites:
         model = onnx.ModelProto.FromString(model.SerializeToString())
-        applied = apply_rewrites(model, compile_rewrites_for(toolkit))
+        applied = apply_rewrites(model, tuple(r for r in compile_rewrites_for(toolkit) if r.name not in skip))
     path = work / f"{name}.onnx"
     onnx.save(model, str(path))
     log = path.with_suffix(f".{toolkit}.log")
@@ -167,16 +263,21 @@ def build(model: onnx.ModelProto, toolkit: str, work: Path, name: str, rewrites:
             "build_s": round(time.monotonic() - t0, 1), "log": str(log)}
 
 
+PATTERNS = ["norm", "rms", "rope-interleaved", "norm-rope", "gqa", "plain", "gqa-tile", "linear-pad"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pattern", required=True,
-                    choices=["norm", "rms", "rope-interleaved", "norm-rope", "gqa", "plain"])
+                    choices=PATTERNS)
     ap.add_argument("--head-dim", default="64,72,88,96,128")
     ap.add_argument("--tokens", default="1024")
     ap.add_argument("--heads", default="16")
     ap.add_argument("--kv-heads", type=int, default=0)
     ap.add_argument("--toolkits", default="2.5.0")
+    ap.add_argument("--mask", action="store_true", help="gqa-tile: with the caption mask")
     ap.add_argument("--rewrites", action="store_true", help="build after rkpart's NPU rewrites")
+    ap.add_argument("--skip-rewrite", action="append", default=[], help="with --rewrites: leave this one out")
     ap.add_argument("--keep", type=Path, default=None, help="keep the probe models and logs here")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
@@ -187,10 +288,12 @@ def main() -> int:
             for h in (int(x) for x in a.heads.split(",")):
                 for t in (int(x) for x in a.tokens.split(",")):
                     for d in (int(x) for x in a.head_dim.split(",")):
-                        name = f"{a.pattern}-h{h}-t{t}-d{d}" + (f"-kv{a.kv_heads}" if a.kv_heads else "")
+                        name = (f"{a.pattern}-h{h}-t{t}-d{d}" + (f"-kv{a.kv_heads}" if a.kv_heads else "")
+                                + ("-mask" if a.mask else ""))
+                        model = model_for(a.pattern, h, t, d, a.kv_heads, a.mask)
                         row = {"pattern": a.pattern, "heads": h, "tokens": t, "head_dim": d, "kv_heads": a.kv_heads,
-                               "toolkit": tk, **build(probe_model(a.pattern, h, t, d, a.kv_heads), tk, work, name,
-                                                      a.rewrites)}
+                               "mask": a.mask, "toolkit": tk, **build(model, tk, work, name, a.rewrites,
+                                                                        frozenset(a.skip_rewrite))}
                         print(json.dumps(row), flush=True)
                         if a.out:
                             with a.out.open("a") as fh:

@@ -240,12 +240,24 @@ CPU layers on the first build:
   dim, the rotation alone leaves its Reshape on the CPU at 72 and 88. Flux's RoPE (tokens-first, RMSNorm, 128)
   builds with 0 CPU layers. 2.3.0 places the same two layers on the CPU. Removed by the bit-exact rewrite
   `rope-interleaved-matmul` (docs/compile.md): 4 + 2 CPU layers -> 0 on 2.5.0.
-- **Lumina-Image-2.0, 24 x 96 with 8 KV heads**: the key/value repeat (after `tile-broadcast`) is laid out with
-  the 3 repeats in front and transposed (3,T,8,96) -> (8,3,96,T) on the CPU, in every attention. The masked
-  attentions (caption mask) are not fused into `exSDPAttention`: at 1280 tokens the score Transposes
-  ((24,1280,1,1280)) and `exSoftmax13` go to the CPU. Not removed yet.
-- **Sana, 70 x 32 linear attention**: the value padded with a ones row (32 -> 33) is transposed (1,70,33,1024) ->
-  (70,1024,1,33) on the CPU. Not removed yet.
+- **Lumina-Image-2.0, 24 x 96 with 8 KV heads**: the key/value repeat (after `tile-broadcast`) was laid out with
+  the 3 repeats in front and transposed (3,T,8,96) -> (8,3,96,T) on the CPU, for the keys and the values of
+  every attention. The masked attentions (caption mask, a stage input) were not fused into `exSDPAttention`: from
+  512 query rows on (`bench/layout_probe.py --pattern gqa-tile --mask`: 512 to 1280 rows, 2 or 24 heads; a
+  constant mask is fused, 256 rows stay on the NPU unfused) the score Transposes ((24,1280,1,1280)) and
+  `exSoftmax13` went to the CPU. Removed by `kv-repeat-gather` (the repeat as one Gather of the KV heads,
+  bit-exact) and `masked-attention-row-chunks` (the attention per chunk of 256 query rows, bit-exact):
+  7 CPU layers -> 0 on 2.5.0. Device memory: the main attention 285 -> 204 MiB (internal 258 -> 167: a chunk's
+  scores), the noise refiner 86 -> 73 MiB (internal 59 -> 39: no repeated keys held), the caption refiner
+  47 -> 60 MiB; the Gathers cost 6.8 MiB of weights per attention (27 -> 34 MiB, the compiler's own figure).
+  2.3.0 (no repeat Transpose there: the rewrites are 2.5.0's) keeps the main attention's 3 CPU layers: cut into
+  row chunks it runs each chunk's probabilities Transpose on the CPU instead (probe: 3 -> 5), and its split cuts
+  the caption refiner's attention in two around the host `IsNaN` (not investigated).
+- **Sana, 70 x 32 linear attention**: the value padded with a ones row (32 -> 33) was transposed (1,70,33,1024) ->
+  (70,1024,1,33) on the CPU (`--pattern linear-pad`, 1024 tokens: at 70 heads, not at 8, 32 or 64, nor at 70 heads
+  of 256 or 512 tokens); 2.3.0 the same after `pad-to-concat`. Removed by `pad-rows-matmul` (the padded rows'
+  product apart from the value's, concatenated): 1 -> 0 on 2.5.0 (device memory unchanged) and 2.3.0 (internal
+  memory 31.4 -> 44.1 MiB).
 
 - **Cosmos-Predict2 2B, 16 x 128**: the q/k RMSNorm per head in the heads-first layout, as HunyuanDiT's: the
   Transpose after `exNorm` ((1,128,16,1024) -> (1,16,1024,128): "height(1024) * width(128) = 131072, required
@@ -262,7 +274,9 @@ own: one coefficient for both scaled a GELU FFN, whose internal memory is exactl
 the attention's (+16 % to +18 % before). Still under-predicted, held out: the attentions that keep CPU layers
 (Lumina2's, -17 % to -26 %; Cosmos's, -13 %: the CPU layer's buffers on both sides of the host round trip), and
 HunyuanDiT's attention (-14 %: its per-head norm at head dim 88 holds a secondary of 112/44 of the tensor, and
-`rope-interleaved-matmul` rewrites the rotation after the features are counted).
+`rope-interleaved-matmul` rewrites the rotation after the features are counted). Lumina2's rows are of the
+build with `kv-repeat-gather` and `masked-attention-row-chunks`: the chunked main attention holds one chunk's
+scores, and its refiners hold the Gathers' weights.
 """
 
 

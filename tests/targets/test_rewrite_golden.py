@@ -22,6 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from rkpart.targets.rewrites import apply_rewrites, rewrites_for
+from tests.targets import test_head_layouts as head_layouts
 
 DATA = Path(__file__).parent / "data"
 REPRO_DATA = Path(__file__).resolve().parents[2] / "rkpart" / "data" / "known_issues"
@@ -200,6 +201,9 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "flip_partial": lambda: _slice([1, 4, 6, 8], [0, -1], [3, -(2**63) + 1], [1, 3], [1, -2]),
         "rms_listed_weight": listed_weight,
         "rms_listed_weight_reciprocal": lambda: listed_weight("reciprocal"),
+        "gqa_tile_repeat": lambda: head_layouts.gqa("tile"),
+        "linear_pad_rows": head_layouts.linear,
+        "masked_attention_rows": lambda: head_layouts.masked(600),
     }
     # the reduced crash graphs: the known-issue table's reproducers (rkpart/data/known_issues) and ours
     for f in sorted([*REPRO_DATA.glob("segv_*.onnx"), *DATA.glob("fail_*.onnx")], key=lambda f: f.name):

@@ -15,10 +15,11 @@ Two kinds of entry:
     Target column of real builds, the crash, the weight memory).
 
 Each row says what it is for (``purpose``: placement, crash, memory, lowering, precision) and
-whether it is exact (the same values bit for bit): four are not -- ``bfloat16-widen`` (the
-bfloat16 roundings go), ``reciprocal-mul-div`` (one rounding fewer), ``reduce-sum-matmul`` (the
-MatMul's summation order) and ``layernorm-scale-fold`` (the scale rounded into the weight and
-bias).  ``docs/compile.md``'s table lists the same rows (``tests/targets/test_rewrite_docs.py``).
+whether it is exact (the same values bit for bit): five are not -- ``bfloat16-widen`` (the
+bfloat16 roundings go), ``reciprocal-mul-div`` (one rounding fewer), ``reduce-sum-matmul`` and
+``pad-rows-matmul`` (the MatMul's summation order) and
+``layernorm-scale-fold`` (the scale rounded into the weight and bias).  ``docs/compile.md``'s table lists
+the same rows (``tests/targets/test_rewrite_docs.py``).
 
 The IsNaN guard after a masked Softmax (``nan-guard``): ``IsNaN`` and its direct exact
 replacements ``Equal(p, p)`` / ``Greater(p, -1)`` are all placed on the CPU by 2.3.0 and 2.5.0
@@ -56,6 +57,7 @@ from rkpart.targets.rewrites.crashes import (
     strided_slices_concat,
     wide_tensor_per_reader,
 )
+from rkpart.targets.rewrites.heads import kv_repeat_gather, masked_attention_row_chunks, pad_rows_matmul
 from rkpart.targets.rewrites.lower import NO_LOWERING, TYPE_ONLY_CHANGES, gelu, grid_sample
 from rkpart.targets.rewrites.npu import (
     dedupe_constants,
@@ -233,6 +235,20 @@ REWRITES: tuple[Rewrite, ...] = (
             "'IsNaN:/model/context_refiner.0/attn/IsNaN' on the CPU -> gone, on 2.5.0 and 2.3.0 (the mask's "
             "Reshape and Cast stay: int64 ops, the partitioner's side)",
             nan_guard, needs=("shapes", "types")),
+    Rewrite("pad-rows-matmul", "MatMul", "npu", ("*",),
+            "A constant-mode Pad of the rows of a MatMul's left operand (Sana's linear attention: F.pad(v, (0, 0, "
+            "0, 1), value=1) then v @ k^T, [1,70,33,1024] x [1,70,1024,32]): at 70 heads 2.5.0 runs the Transpose of "
+            "the padded value to its matmul layout on the CPU ('Transpose:/model/transformer_blocks.0/attn1/"
+            "Pad_output_0_tp_rs#1', (1,70,33,1024) -> (70,1024,1,33)); at 8 heads it stays on the NPU. As the "
+            "product of the unpadded rows and the product of the constant rows ([1,..,1,rows,K], broadcast over the "
+            "heads), concatenated on the rows: the same dot products row by row, every layer on the NPU (not "
+            "bit-exact under ONNX Runtime: its GEMM sums a 32-row product in another order than a 33-row one). "
+            "Measured "
+            "with bench/layout_probe.py --pattern linear-pad (the projections included: the compiler lays their "
+            "outputs out channels-first), 70 heads of 32, 1024 tokens, 2.5.0: 1 CPU Transpose -> 0; 2.3.0 and "
+            "2.3.2, where pad-to-concat would make a Concat of the Pad whose result they transpose on the CPU the "
+            "same way: 1 -> 0. Applied before pad-to-concat",
+            pad_rows_matmul, needs=("inferred_shapes", "types"), exact=False),
     Rewrite("pad-to-concat", "Pad", "npu", ("2.3.0", "2.3.2"),
             "Sana's linear attention pads V with a row of ones (pads computed from constants): 2.3.0 places "
             "the Pad on the CPU ('Pad:/model/transformer_blocks.0/attn1/Pad', CPU), 2.5.0 on the NPU. As a "
@@ -321,6 +337,35 @@ REWRITES: tuple[Rewrite, ...] = (
             "the same way; 2.3.2 and 2.5.0 build the reduction as it is: not applied there",
             wide_tensor_per_reader, probe=may_read_wide_tensors, after_dedupe=True, needs=("inferred_shapes",),
             purpose="crash"),
+    Rewrite("kv-repeat-gather", "Reshape", "npu", ("2.5.0",),
+            "Grouped-query attention's key/value head repeat: x [.., n, 1, ..] broadcast to [.., n, r, ..] (Tile, "
+            "Expand, or the Mul(x, ones) tile-broadcast and expand-broadcast make of them) and merged into n*r heads "
+            "by a Reshape (repeat_interleave; Lumina2: Unsqueeze(3), Tile [1,1,1,3,1], Reshape [1,T,24,96]). 2.5.0 "
+            "lays the repeat out with the repeats in front and runs its Transpose to heads on the CPU "
+            "('Transpose:/model/noise_refiner.0/attn/Transpose_2#1', (3,1024,8,96) -> (8,3,96,1024), one for the "
+            "keys and one for the values of every attention). As one Gather of the n heads (indices 0,..,0,1,..,1, "
+            "each r times) on the axis before the repeat it stays on the NPU: the same values copied, bit-exact. "
+            "Two key/value heads or more (one head's repeat is a broadcast of the leading axis, which 2.5.0 keeps "
+            "on the NPU as expand-broadcast writes it: Stable Audio). "
+            "Measured with bench/layout_probe.py --pattern gqa-tile (tokens-first, 2.5.0): 6 heads of 96 over 2 KV "
+            "heads, 1024 tokens, 2 CPU Transposes -> 0",
+            kv_repeat_gather, needs=("inferred_shapes", "types")),
+    Rewrite("masked-attention-row-chunks", "Softmax", "npu", ("2.3.2", "2.5.0"),
+            "Masked attention, Softmax(Q @ K + mask) @ V with a mask computed in the stage or read from its inputs "
+            "(the same for every query row: a caption mask over the keys; nan-guard's factor after the Softmax "
+            "kept), of 512 query rows or more: 2.5.0 does not fuse it into exSDPAttention and runs its Softmax and "
+            "the scores' Transposes on the CPU ('exSoftmax13:/model/layers.0/attn/Softmax', (1,24,1280,1280); "
+            "'height(512) * width(512) = 262144, required product no larger than 8192'), measured at 512, 1024, "
+            "1152 and 1280 query rows, 2 heads or 24. Cut into chunks of 256 query rows (a Slice of Q each, the "
+            "chain per chunk, the outputs concatenated) every chunk is fused into exSDPAttention, mask included, "
+            "and the score buffers are a chunk's. Every row's ops are the same on the same values: bit-exact under "
+            "ONNX Runtime, with and without its graph optimisations (each slice is taken above q's scalar scale, "
+            "so ORT fuses the scale into every chunk's MatMul as into the original's). A constant mask, or none, "
+            "is fused as it is (left alone). Measured with bench/layout_probe.py --pattern gqa-tile --mask (6 heads "
+            "of 96 over 2, 1280 tokens, nan-guard applied): 2.5.0 3 CPU layers -> 0 (internal memory 161 -> 48 "
+            "MB), 2.3.2 3 -> 0; not on 2.3.0, which runs each chunk's probabilities Transpose ((6,256,1,1280) -> "
+            "(6,1280,1,256)) on the CPU: 3 -> 5",
+            masked_attention_row_chunks, needs=("inferred_shapes", "types")),
     Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
             "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
             "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "

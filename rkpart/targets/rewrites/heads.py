@@ -1,0 +1,274 @@
+"""Head layouts of real widths the compiler would run on the CPU: layout rewrites keyed on the pattern and on the
+shape condition the layout probes show (``bench/layout_probe.py``, issue 50).
+
+``kv_repeat_gather``
+    grouped-query attention's key/value head repeat, ``x[.., n, 1, ..]`` broadcast to ``[.., n, r, ..]`` (``Tile``,
+    ``Expand`` or the ``Mul(x, ones)`` ``tile-broadcast``/``expand-broadcast`` make of them) and merged into
+    ``n·r`` heads by the ``Reshape`` after it (``repeat_interleave``) -> one ``Gather`` of the ``n`` heads with the
+    indices ``0,..,0, 1,..,1, ..`` (each ``r`` times) on that axis: the same values copied, bit-exact.  2.5.0 lays a
+    broadcast repeat out with the repeats in front and transposes it on the CPU ((3,T,8,96) -> (8,3,96,T)); a
+    Gather stays on the NPU.  Two key/value heads or more: one head's repeat is a broadcast of the leading axis,
+    which ``expand-broadcast`` keeps on the NPU.
+``pad_rows_matmul``
+    a constant-mode ``Pad`` of the rows of a ``MatMul``'s left operand (Sana's linear attention pads the value with
+    a ones row: ``F.pad(v, (0, 0, 0, 1), value=1)`` then ``v @ k^T``) -> the product of the unpadded rows and the
+    product of the constant rows, concatenated: the same dot products, row by row (summed in the order ONNX
+    Runtime's GEMM picks for each shape: not bit-exact, within the rewrite check).  At 70 heads 2.5.0 transposes
+    the padded value (1,70,33,1024) -> (70,1024,1,33) on the CPU; 33 rows are never transposed after it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from rkpart.ir.edit import GraphEdit, attr
+
+#: element types the rewrites below copy or multiply (float only: the toolkit's types)
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
+
+
+#: the most elements a repeat's constant of ones may have (one repeat axis: the number of repeats)
+_MAX_ONES = 4096
+
+
+def _ones(view: GraphEdit, name: str, shapes: dict[str, list[int]]) -> np.ndarray | None:
+    """The value of ``name`` when it is a small constant of ones (its size read from its shape first: the
+    partitioner's rewrite probe holds large constants as placeholders without data)."""
+    shape = shapes.get(name)
+    if shape is None or int(np.prod(shape)) > _MAX_ONES:
+        return None
+    v = view.const_array(name)
+    return v if v is not None and v.size and np.all(v == 1) else None
+
+
+def _repeat_axis(view: GraphEdit, n: onnx.NodeProto, shapes: dict[str, list[int]]) -> tuple[str, int, int] | None:
+    """``(x, a, r)`` when ``n`` broadcasts axis ``a`` of ``x`` from 1 to ``r`` > 1 and copies every other axis as it
+    is: a ``Tile`` with repeats 1 elsewhere, an ``Expand`` to ``x``'s shape but there, a ``Mul`` by a constant of
+    ones shaped 1 but there."""
+    if not n.input or not n.output:
+        return None
+    x = n.input[0]
+    src, out = shapes.get(x), shapes.get(n.output[0])
+    if n.op_type == "Mul" and len(n.input) == 2:
+        ones = _ones(view, n.input[1], shapes)
+        if ones is None:
+            x, ones = n.input[1], _ones(view, n.input[0], shapes)
+            if ones is None:
+                return None
+            src = shapes.get(x)
+        if src is None or out is None or ones.ndim > len(src):
+            return None
+    elif n.op_type not in ("Tile", "Expand") or len(n.input) != 2:
+        return None
+    if src is None or out is None or len(src) != len(out):
+        return None
+    grown = [k for k, (s, o) in enumerate(zip(src, out, strict=True)) if s != o]
+    if len(grown) != 1 or src[grown[0]] != 1 or out[grown[0]] < 2:
+        return None
+    return x, grown[0], out[grown[0]]
+
+
+def kv_repeat_gather(view: GraphEdit) -> int:
+    """GQA's head repeat (module docstring) -> ``Gather`` of the heads on the axis before the repeat."""
+    shapes = view.static_shapes()
+
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+        found = _repeat_axis(view, n, shapes)
+        if found is None or view.elem(n.output[0]) not in _FLOATS:
+            return None
+        x, b, r = found
+        src, out = shapes[x], shapes[n.output[0]]
+        a = b - 1  # the heads axis the repeat interleaves with
+        # one key/value head (Stable Audio): the repeat is a broadcast of the leading axis, which 2.5.0 keeps on
+        # the NPU once expand-broadcast wrote it as a product; the transposed layout needs heads to interleave with
+        if a < 0 or src[a] < 2:
+            return None
+        readers = view.readers(n.output[0])
+        merged = [*out[:a], src[a] * r, *out[b + 1:]]
+        # only the repeat_interleave of heads: every reader merges the two axes (a Reshape to ``merged``)
+        if (not readers or n.output[0] in view.outputs
+                or any(m.op_type != "Reshape" or shapes.get(m.output[0]) != merged for m in readers)):
+            return None
+        base = n.name or n.output[0]
+        squeezed = view.add_constant(f"{base}/heads", np.array([*src[:b], *src[b + 1:]], np.int64))
+        idx = view.add_constant(f"{base}/repeat", np.repeat(np.arange(src[a], dtype=np.int64), r))
+        flat, gathered = view.fresh(f"{base}/squeezed"), view.fresh(f"{base}/gathered")
+        back = view.add_constant(f"{base}/shape", np.array(out, np.int64))
+        return [helper.make_node("Reshape", [x, squeezed], [flat], name=f"{base}/squeeze"),
+                helper.make_node("Gather", [flat, idx], [gathered], axis=a, name=f"{base}/Gather"),
+                helper.make_node("Reshape", [gathered, back], [n.output[0]], name=f"{base}/unmerge")]
+
+    count = 0
+    for op in ("Tile", "Expand", "Mul"):
+        got = view.replace_each(op, one)
+        if got:
+            view.retype()
+            shapes = view.static_shapes()
+        count += got
+    return count
+
+
+def pad_rows_matmul(view: GraphEdit) -> int:
+    """``MatMul(Pad(x), B)``, the Pad constant-mode and only on ``x``'s rows (axis -2) -> ``Concat(MatMul(C_top,
+    B), MatMul(x, B), MatMul(C_bottom, B))`` on axis -2, ``C`` the padded rows ``[1, .., 1, rows, K]`` (broadcast
+    over ``B``'s batch axes).  Only where ``B``'s batch axes are the product's (so the pieces concatenate)."""
+    shapes = view.static_shapes()
+
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+        pad = view.producer(n.input[0])
+        if pad is None or pad.op_type != "Pad" or attr(pad, "mode", b"constant") not in (b"constant", "constant"):
+            return None
+        if (len(pad.input) > 3 and pad.input[3]) or len(pad.input) < 2:
+            return None
+        x, b_in, y = pad.input[0], n.input[1], n.output[0]
+        xs, bs, ys = shapes.get(x), shapes.get(b_in), shapes.get(y)
+        pads = view.value(pad.input[1])
+        if xs is None or bs is None or ys is None or pads is None or len(xs) < 2 or len(bs) < 2:
+            return None
+        rank = len(xs)
+        pads = np.asarray(pads, np.int64).reshape(-1)
+        if pads.size != 2 * rank or (pads < 0).any():
+            return None
+        top, bottom = int(pads[rank - 2]), int(pads[2 * rank - 2])
+        rest = [int(p) for k, p in enumerate(pads.tolist()) if k not in (rank - 2, 2 * rank - 2)]
+        value = view.value(pad.input[2]) if len(pad.input) > 2 and pad.input[2] else np.zeros(())
+        elem = view.elem(x)
+        if any(rest) or not (top or bottom) or value is None or value.size != 1 or elem not in _FLOATS:
+            return None
+        # the constant rows' product is shaped by B's batch axes: they must be the product's
+        if len(bs) != len(ys) or bs[:-2] != ys[:-2]:
+            return None
+        base = n.name or y
+        dtype = helper.tensor_dtype_to_np_dtype(elem)
+        parts, new = [], []
+        for side, rows in (("top", top), ("x", 0), ("bottom", bottom)):
+            if side == "x":
+                inner = view.fresh(f"{base}/rows")
+                new.append(helper.make_node("MatMul", [x, b_in], [inner], name=f"{base}/rows"))
+                parts.append(inner)
+            elif rows:
+                c = view.add_constant(f"{base}/{side}", np.full([1] * (rank - 2) + [rows, xs[-1]],
+                                                                 value.reshape(()), dtype=dtype))
+                out = view.fresh(f"{base}/{side}_rows")
+                new.append(helper.make_node("MatMul", [c, b_in], [out], name=f"{base}/{side}_rows"))
+                parts.append(out)
+        new.append(helper.make_node("Concat", parts, [y], axis=len(ys) - 2, name=f"{base}/Concat_rows"))
+        return new
+
+    count = view.replace_each("MatMul", one)
+    if count:
+        view.drop_unread_nodes({n.output[0] for n in view.graph.node if n.op_type == "Pad"})
+    return count
+
+
+#: masked attention from this many query rows on is cut into row chunks (2.5.0 runs the Softmax of a masked
+#: attention of 512 query rows or more and its score Transposes on the CPU; measured at 512, 1024, 1152, 1280)
+MASKED_ROWS = 512
+#: query rows per chunk (2.5.0 fuses each chunk into exSDPAttention, mask included: 256 and 512 measured)
+ROW_CHUNK = 256
+
+
+def _single_reader(view: GraphEdit, tensor: str) -> onnx.NodeProto | None:
+    readers = view.readers(tensor)
+    return readers[0] if len(readers) == 1 and tensor not in view.outputs else None
+
+
+def _masked_chain(view: GraphEdit, sm: onnx.NodeProto, shapes: dict[str, list[int]]
+                  ) -> tuple[list[onnx.NodeProto], onnx.NodeProto, str, str] | None:
+    """``(chain, last MatMul, Q, K)`` when ``sm`` is the Softmax of ``MatMul(Q, K) + mask`` over the last axis,
+    the mask the same for every query row and not a constant, read by ``MatMul(P, V)`` (maybe through a ``Mul`` by
+    a factor the same for every entry of a row: nan-guard's "has a key")."""
+    rank = len(shapes.get(sm.input[0]) or [])
+    if rank < 2 or int(attr(sm, "axis", -1)) not in (-1, rank - 1):  # type: ignore[call-overload]
+        return None
+    add = view.producer(sm.input[0])
+    if add is None or add.op_type != "Add" or _single_reader(view, add.output[0]) is not sm:
+        return None
+    for k in (0, 1):
+        mm = view.producer(add.input[k])
+        if mm is not None and mm.op_type == "MatMul":
+            mask = add.input[1 - k]
+            break
+    else:
+        return None
+    ms = shapes.get(mask)
+    if (_single_reader(view, mm.output[0]) is not add or ms is None or (len(ms) >= 2 and ms[-2] != 1)
+            or view.producer(mask) is None or view.const_array(mask) is not None):
+        return None  # a constant mask (or none) is fused by 2.5.0 as it is
+    chain = [mm, add, sm]
+    nxt = _single_reader(view, sm.output[0])
+    if nxt is not None and nxt.op_type == "Mul":
+        other = nxt.input[1] if nxt.input[0] == sm.output[0] else nxt.input[0]
+        os_ = shapes.get(other)
+        if os_ is None or (len(os_) >= 1 and os_[-1] != 1) or (len(os_) >= 2 and os_[-2] != 1):
+            return None
+        chain.append(nxt)
+        nxt = _single_reader(view, nxt.output[0])
+    if nxt is None or nxt.op_type != "MatMul" or nxt.input[0] != chain[-1].output[0]:
+        return None
+    return chain, nxt, mm.input[0], mm.input[1]
+
+
+def masked_attention_row_chunks(view: GraphEdit) -> int:
+    """Masked attention (``Softmax(Q @ K + mask) @ V``, the mask computed in the stage or read from its inputs, the
+    same for every query row) of :data:`MASKED_ROWS` query rows or more -> the same per chunk of :data:`ROW_CHUNK`
+    query rows (``Slice`` of ``Q``, above its scalar scale), the outputs concatenated: every row's scores, Softmax
+    and product are the same ops on the same values (bit-exact under ONNX Runtime)."""
+    shapes = view.static_shapes()
+    done = 0
+    index = {n.output[0]: i for i, n in enumerate(view.graph.node) if n.output}
+    for sm in [n for n in view.graph.node if n.op_type == "Softmax"]:
+        found = _masked_chain(view, sm, shapes)
+        if found is None:
+            continue
+        chain, last, q, _ = found
+        qs, ys = shapes.get(q), shapes.get(last.output[0])
+        if qs is None or ys is None or len(qs) < 2 or len(ys) != len(qs) or qs[-2] < MASKED_ROWS:
+            continue
+        if view.elem(q) not in _FLOATS:
+            continue
+        axis = len(qs) - 2
+        # slice above Q's scalar scale (TorchScript's SDPA scales q and k by the square root of the scale each):
+        # each chunk keeps it next to its MatMul, as ONNX Runtime's MatMul-scale fusion and the toolkit see it
+        pre: list[onnx.NodeProto] = []
+        reader = chain[0]
+        while (p := view.producer(q)) is not None and p.op_type == "Mul" and _single_reader(view, q) is reader:
+            data = [i for i in p.input if shapes.get(i) is not None and int(np.prod(shapes[i])) > 1]
+            if len(data) != 1 or shapes[data[0]] != qs or view.scalar(next(i for i in p.input if i != data[0])) \
+                    is None:
+                break
+            pre.insert(0, p)
+            reader, q = p, data[0]
+        base = sm.name or sm.output[0]
+        ax = view.add_constant(f"{base}/rows_axis", np.array([axis], np.int64))
+        new: list[onnx.NodeProto] = []
+        parts = []
+        for c0 in range(0, qs[-2], ROW_CHUNK):
+            c1 = min(qs[-2], c0 + ROW_CHUNK)
+            tag = f"{base}/rows{c0}"
+            lo = view.add_constant(f"{tag}/start", np.array([c0], np.int64))
+            hi = view.add_constant(f"{tag}/end", np.array([c1], np.int64))
+            qc = view.fresh(f"{tag}/q")
+            new.append(helper.make_node("Slice", [q, lo, hi, ax], [qc], name=f"{tag}/Slice"))
+            cur = {q: qc}
+            for j, n in enumerate((*pre, *chain, last)):
+                c = onnx.NodeProto()
+                c.CopyFrom(n)
+                c.name = f"{tag}/{j}_{(n.name or n.op_type).rsplit('/', 1)[-1]}"
+                del c.input[:]
+                c.input.extend(cur.get(i, i) for i in n.input)
+                out = view.fresh(f"{tag}/{n.output[0].rsplit('/', 1)[-1]}")
+                cur[n.output[0]] = out
+                del c.output[:]
+                c.output.append(out)
+                new.append(c)
+            parts.append(cur[last.output[0]])
+        new.append(helper.make_node("Concat", parts, [last.output[0]], axis=axis, name=f"{base}/Concat_rows"))
+        for n in (*pre, *chain):
+            view.replace_later(index[n.output[0]], [])
+        view.replace_later(index[last.output[0]], new)
+        done += 1
+    view.apply_edits()
+    return done
