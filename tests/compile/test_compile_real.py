@@ -62,8 +62,10 @@ def test_config_options_reach_the_toolkit(tmp_path: Path, tk230: Toolkit) -> Non
     assert "multi-core-model-mode = 1," in log
 
 
-def test_real_build_timeout(tmp_path: Path, tk230: Toolkit) -> None:
-    # importing the toolkit alone takes ~2 s, so 0.5 s always times out
+def test_real_build_timeout(tmp_path: Path, tk230: Toolkit, monkeypatch: pytest.MonkeyPatch) -> None:
+    # each worker its own interpreter (no zygote): importing the toolkit alone takes ~2 s, so 0.5 s always times
+    # out (forked from a warm zygote, this tiny stage builds in about 0.5 s)
+    monkeypatch.setenv("RKPART_ZYGOTE", "0")
     rep = compile_plan_report(only(tiny_plan(tmp_path), "ffn", "erf"), tmp_path, CompileOptions(tk230, "rk3588", {},
                                                                                                 timeout=0.5, jobs=2))
     for o in rep.outcomes:
