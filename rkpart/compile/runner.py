@@ -170,11 +170,8 @@ def spawn_worker(python: Path, worker: Path, args: list[str], *, cwd: Path, env:
         if z is not None:
             with contextlib.suppress(OSError):  # the zygote died under us: the old way, below
                 return z.spawn(args, cwd=cwd, env=env, stdout=stdout, stderr=err, pipes=pipes)
-    if pipes:
-        return subprocess.Popen([str(python), str(worker), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=err, cwd=cwd, env=env, start_new_session=True, preexec_fn=die_with_parent)
-    return subprocess.Popen([str(python), str(worker), *args], stdin=subprocess.DEVNULL,
-                            stdout=stdout, stderr=err, cwd=cwd, env=env,
+    return subprocess.Popen([str(python), str(worker), *args], stdin=subprocess.PIPE if pipes else subprocess.DEVNULL,
+                            stdout=subprocess.PIPE if pipes else stdout, stderr=err, cwd=cwd, env=env,
                             start_new_session=True, preexec_fn=die_with_parent)
 
 

@@ -48,8 +48,7 @@ def enabled() -> bool:
 class ZygoteChild:
     """A worker forked by a zygote, with the parts of :class:`subprocess.Popen` rkpart uses."""
 
-    def __init__(self, zygote: Zygote, rid: int, stdin: IO[bytes] | None, stdout: IO[bytes] | None) -> None:
-        self._zygote = zygote
+    def __init__(self, rid: int, stdin: IO[bytes] | None, stdout: IO[bytes] | None) -> None:
         self._rid = rid
         self.stdin = stdin
         self.stdout = stdout
@@ -130,7 +129,7 @@ class Zygote:
                 if self._dead:
                     raise OSError("the zygote is gone")
                 self._next += 1
-                child = ZygoteChild(self, self._next, mine[0] if mine else None, mine[1] if mine else None)
+                child = ZygoteChild(self._next, mine[0] if mine else None, mine[1] if mine else None)
                 self._children[child._rid] = child
                 msg = {"id": child._rid, "argv": argv, "cwd": str(cwd), "env": env}
                 socket.send_fds(self._sock, [json.dumps(msg).encode()], fds)
