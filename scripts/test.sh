@@ -14,6 +14,9 @@ if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get 
   (export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq chromium chromium-driver) \
     >/dev/null || echo "test: chromium not installed; the report's browser tests will skip" >&2
 fi
+# the whole suite writes a few GB under the temporary folder (a passing test's folder is removed at its
+# teardown): say how much room there is, so a run that ends in ENOSPC says why in its first lines
+df -h "${TMPDIR:-/tmp}" "$HOME" >&2 || true
 .venv/bin/ruff check rkpart tests
 .venv/bin/mypy
 # tests spread over one worker per CPU (at most 4), each module whole on one worker (tests/conftest.py)

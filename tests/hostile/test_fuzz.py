@@ -179,6 +179,14 @@ def _fake_worker() -> Path:
 
 def _mutated_case(data: st.DataObject, src: Path) -> tuple[Path, Path, Path, str]:
     work = Path(tempfile.mkdtemp(prefix="rkfuzz-plan-"))
+    try:
+        return _mutate_into(data, src, work)
+    except BaseException:  # hypothesis ends a draw that overruns its data by raising: leave nothing behind
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _mutate_into(data: st.DataObject, src: Path, work: Path) -> tuple[Path, Path, Path, str]:
     plan = work / "plan"
     shutil.copytree(src, plan)
     outside = work / "outside"
