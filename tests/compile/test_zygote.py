@@ -133,3 +133,47 @@ def test_off_starts_each_worker_as_its_own_interpreter(tmp_path: Path, monkeypat
     assert child.stdin is not None
     child.stdin.close()
     assert child.wait(60) == 0
+
+
+def test_a_forked_build_past_its_timeout_is_killed_and_the_zygote_serves_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timeout path through a fork: the worker's whole group is killed, its exit is the zygote's
+    report (the zygote, not rkpart, is its parent), and the next build forks from the same zygote."""
+    tk = get_toolkit("2.5.0")
+    rng = np.random.default_rng(1)
+    nodes, inits, x = [], [], "x"
+    for k in range(24):  # ~50 MB of fp32 weights: seconds of build even forked from a warm zygote
+        inits.append(numpy_helper.from_array(rng.random((1024, 1024), dtype=np.float32), f"W{k}"))
+        nodes += [helper.make_node("MatMul", [x, f"W{k}"], [f"m{k}"]), helper.make_node("Relu", [f"m{k}"], [f"r{k}"])]
+        x = f"r{k}"
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 64, 1024])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 1, 64, 1024])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    save(m, tmp_path / "big.onnx")
+    small = _model(tmp_path / "m.onnx")
+    warm = run_build(BuildJob("warm", small, tmp_path / "warm.rknn", tmp_path / "warm.log",
+                              {"target_platform": "rk3588"}, tk))  # the zygote is up before the clock starts
+    assert warm.ok, warm.message
+    z = zygote.zygote_for(tk.python, WORKER, {})
+    assert z is not None
+    seen: list[int] = []
+    orig = zygote.Zygote.spawn
+
+    def spawn(self: zygote.Zygote, *a: object, **kw: object) -> zygote.ZygoteChild:
+        child = orig(self, *a, **kw)  # type: ignore[arg-type]
+        seen.append(child.pid)
+        return child
+
+    monkeypatch.setattr(zygote.Zygote, "spawn", spawn)  # records the fork's pid; the fork is real
+    t0 = time.monotonic()
+    r = run_build(BuildJob("big", tmp_path / "big.onnx", tmp_path / "big.rknn", tmp_path / "big.log",
+                           {"target_platform": "rk3588"}, tk, timeout=1.0))
+    wall = time.monotonic() - t0
+    assert r.kind == "timeout" and r.message.startswith("timed out after 1 s (build killed)"), r.message
+    assert wall < 20, wall
+    assert len(seen) == 1 and _gone(seen[0]) and not (tmp_path / "big.rknn").exists()
+    assert z.alive
+    again = run_build(BuildJob("again", small, tmp_path / "again.rknn", tmp_path / "again.log",
+                               {"target_platform": "rk3588"}, tk))
+    assert again.ok and zygote.zygote_for(tk.python, WORKER, {}) is z
