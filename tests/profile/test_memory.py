@@ -30,7 +30,11 @@ def test_sampler_thread_sees_a_transient_allocation_and_measures_itself() -> Non
         block = mmap.mmap(-1, 64 * 2**20)
         for off in range(0, len(block), mmap.PAGESIZE):
             block[off] = 1
-        time.sleep(0.2)  # long enough for many ticks
+        # until the thread has sampled it a few times (0.2 s at the 5 ms interval on an idle machine;
+        # a loaded one schedules the thread less often)
+        ticks, deadline = s.ticks, time.perf_counter() + 10
+        while s.ticks - ticks < 8 and time.perf_counter() < deadline:
+            time.sleep(0.02)
         block.close()
         t1 = time.perf_counter()
         after = s.snapshot().pss_kib
