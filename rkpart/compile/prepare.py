@@ -31,6 +31,7 @@ without them).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -53,7 +54,8 @@ from rkpart.types import JsonMap, JsonObject
 from rkpart.validation.metrics import Gate, compare
 
 PREPARED_DIR = "prepared"
-#: bump when lowering or a rewrite changes, so prepared copies are made again
+#: bump when the record's format changes (a change of the rewrites' or lowering's code is seen by
+#: :func:`prepare_code_key` and makes prepared copies again by itself)
 # 2: the record carries the prepared sha256; 3: scatternd-interleave writes intermediates; 4: nan-guard 2.3.x
 # 5: rewrites failing the gate dropped one by one, dropped_rewrites recorded; nan-guard on every toolkit
 # 6: strided-slices-concat reads negative / past-the-end Slice bounds and joins adjacent pieces
@@ -280,8 +282,28 @@ def _apply_checked(model: onnx.ModelProto, rows: tuple[Rewrite, ...], ref: list[
 
 
 def _rules() -> list[str]:
-    """The rewrite table's rows by name: a prepared copy made under another table is made again."""
-    return [r.name for r in (*REWRITES, DEDUPE)]
+    """The rewrite table's rows by name, then the fingerprint of the code that makes a prepared copy
+    (:func:`prepare_code_key`): a copy made under another table, or by other rewrite code, is made again."""
+    return [*(r.name for r in (*REWRITES, DEDUPE)), f"code:{prepare_code_key()}"]
+
+
+#: the modules whose source decides what a prepared copy holds: the rewrites, the lowering, this module
+_PREPARE_SOURCES = ("targets/rewrites", "targets/opset.py", "compile/prepare.py")
+
+
+@functools.cache
+def prepare_code_key(root: Path | None = None) -> str:
+    """sha256 (16 hex digits) of the source of :data:`_PREPARE_SOURCES` under ``root`` (the package).
+
+    A rewrite whose code changes under the same name (a fix, a new matched form) would otherwise be
+    served its old prepared copy from the compile cache until PREPARE_VERSION was bumped by hand."""
+    root = root or Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for rel in _PREPARE_SOURCES:
+        p = root / rel
+        for f in sorted(p.rglob("*.py")) if p.is_dir() else [p]:
+            h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def _save(model: onnx.ModelProto, dest: Path) -> None:

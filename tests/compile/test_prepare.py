@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -203,6 +205,44 @@ def test_prepare_stage_writes_lowered_copy_and_record(tmp_path: Path) -> None:
     assert again == p
     meta = json.loads(p.onnx.with_suffix(".json").read_text())
     assert p.record is not None and meta["record"] == p.record.to_json()
+
+
+@pytest.mark.slow  # copies the rewrite sources: ~0.35 s
+def test_a_prepared_copy_is_made_again_when_the_rewrite_code_changes(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record keys the copy by the rewrites' names and the fingerprint of their code: an edited
+    rewrite (same name) makes the copy again, an unchanged one is served from the record."""
+    from rkpart.compile import prepare
+
+    m = _model([helper.make_node("Gelu", ["x"], ["y"])], [vi("x", F, [2, 8, 16])], [vi("y", F, [2, 8, 16])])
+    src = tmp_path / "s.onnx"
+    onnx.save(m, str(src))
+    p = prepare_stage(src, "cd" * 32, tmp_path / "rknn", "2.5.0", "rk3588")
+    meta = p.onnx.with_suffix(".json")
+    assert f"code:{prepare.prepare_code_key()}" in json.loads(meta.read_text())["rules"]
+    made = meta.stat().st_mtime_ns
+    assert prepare_stage(src, "cd" * 32, tmp_path / "rknn", "2.5.0", "rk3588") == p
+    assert meta.stat().st_mtime_ns == made  # served, not made again
+    # the fingerprint reads the rewrites' source: an edit of a rewrite module changes it
+    pkg = Path(prepare.__file__).parents[1]
+    copy = tmp_path / "pkg"
+    for rel in prepare._PREPARE_SOURCES:
+        (copy / rel).parent.mkdir(parents=True, exist_ok=True)
+        if (pkg / rel).is_dir():
+            shutil.copytree(pkg / rel, copy / rel, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(pkg / rel, copy / rel)
+    assert prepare.prepare_code_key(copy) == prepare.prepare_code_key()
+    with open(copy / "targets" / "rewrites" / "npu.py", "a") as f:
+        f.write("# a fix\n")
+    prepare.prepare_code_key.cache_clear()  # (read once per process; the copy was read above)
+    edited = prepare.prepare_code_key(copy)
+    assert edited != prepare.prepare_code_key()
+    monkeypatch.setattr(prepare, "prepare_code_key", lambda: edited)
+    time.sleep(0.01)
+    again = prepare_stage(src, "cd" * 32, tmp_path / "rknn", "2.5.0", "rk3588")
+    assert again == p and meta.stat().st_mtime_ns > made
+    assert f"code:{edited}" in json.loads(meta.read_text())["rules"]
 
 
 def _prepared_plan_stage(tmp_path: Path) -> tuple[Stage, Path]:
