@@ -241,10 +241,15 @@ class GraphEdit:
         return name
 
     def const_array(self, name: str) -> np.ndarray | None:
-        """The value of an initializer or a ``Constant``'s output ``name`` (else ``None``)."""
+        """The value of an initializer or a ``Constant``'s output ``name`` (else ``None``).
+
+        An initializer whose data is external and not loaded (a weight the partitioner's rewrite probe
+        holds by shape only, :func:`rkpart.grouping.capability._probe_value`) has no value here: ``None``,
+        as for an activation, so a rewrite that would read it does not match instead of raising (which
+        ended the probe for every rewrite of the stage)."""
         for t in self.graph.initializer:
             if t.name == name:
-                return tensor_value(t)
+                return None if t.data_location == onnx.TensorProto.EXTERNAL else tensor_value(t)
         for n in self.graph.node:
             if n.output and n.output[0] == name and (t := constant_tensor(n)) is not None:
                 return tensor_value(t)
@@ -272,6 +277,8 @@ class GraphEdit:
                 continue
             seen.add(t)
             if t in inits:
+                if inits[t].data_location == onnx.TensorProto.EXTERNAL:
+                    return None  # not loaded (see const_array)
                 need.add(t)
                 continue
             p = prod.get(t)

@@ -45,7 +45,9 @@ def layernorm_scale_fold(view: GraphEdit) -> int:
             x = prod[x].input[0]
         ln = prod.get(x)
         if (ln is None or ln.op_type != "LayerNormalization" or uses.get(x, 0) != 1 or x in outputs
-                or any(o for o in ln.output[1:]) or not all(a in inits for a in ln.input[1:] if a)):
+                or any(o for o in ln.output[1:]) or not all(a in inits for a in ln.input[1:] if a)
+                # scale and bias are read: not when their bytes are not loaded (the partitioner's probe)
+                or any(inits[a].data_location == onnx.TensorProto.EXTERNAL for a in ln.input[1:] if a)):
             continue
         for j, name in enumerate(ln.input[1:], start=1):
             if name:
