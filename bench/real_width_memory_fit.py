@@ -70,19 +70,27 @@ def refeature(rows: list[dict[str, Any]], plan_roots: Sequence[Path]) -> int:
     done = 0
     with tempfile.TemporaryDirectory(prefix="rkpart-refeature-") as tmp:
         for k, r in enumerate(rows):
-            folder = next((root / r["family"] / f"{r['strategy']}-{r['toolkit']}" for root in plan_roots
-                           if (root / r["family"] / f"{r['strategy']}-{r['toolkit']}" / "plan.json").is_file()), None)
-            if folder is None:
+            # the first plan folder whose stage is the row's (the same compiler figure): a family may have been
+            # compiled into several work folders, not all of them the build the row recorded
+            found = None
+            for root in plan_roots:
+                folder = root / r["family"] / f"{r['strategy']}-{r['toolkit']}"
+                if not (folder / "plan.json").is_file():
+                    continue
+                doc = json.loads((folder / "plan.json").read_text())
+                stage = next((s for s in doc["stages"] if s["id"] == r["stage"]), None)
+                arts = [a for a in (stage or {}).get("artifacts") or [] if a.get("kind") == "rknn"
+                        and a.get("toolkit") == r["toolkit"]]
+                comp = (arts[-1].get("compiler") if arts else None) or {}
+                if stage is not None and int(comp.get("internal_bytes") or -1) == r["internal_bytes"]:
+                    found = (folder, stage)
+                    break
+            if found is None:
+                if r.get("features"):
+                    print(f"{r['family']} {r['strategy']}-{r['toolkit']} {r['stage']}: no plan folder holds the "
+                          "stage of the row, kept", file=sys.stderr)
                 continue
-            doc = json.loads((folder / "plan.json").read_text())
-            stage = next((s for s in doc["stages"] if s["id"] == r["stage"]), None)
-            arts = [a for a in (stage or {}).get("artifacts") or [] if a.get("kind") == "rknn"
-                    and a.get("toolkit") == r["toolkit"]]
-            comp = (arts[-1].get("compiler") if arts else None) or {}
-            if stage is None or int(comp.get("internal_bytes") or -1) != r["internal_bytes"]:
-                print(f"{r['family']} {r['strategy']}-{r['toolkit']} {r['stage']}: not the stage of the row, kept",
-                      file=sys.stderr)
-                continue
+            folder, stage = found
             src = folder / stage["file"]
             model = onnx.load_model(str(src), load_external_data=False)
             # the graph loader checks the external data is there: sparse files of the right size stand in
