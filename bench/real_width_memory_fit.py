@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from rkpart.cost_model.device_model import (  # noqa: E402
     MIN_STAGE_BYTES,
+    WEIGHT_TERMS,
     MemoryRow,
     error_table,
     fit_memory_model,
@@ -184,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         model = fit_memory_model(mem, tk)
         fams = sorted({m.family for m in mem})
         print(f"fitted on all {len(fams)} families ({len(mem)} stages): R = {model.workspace_heads:g}, weight "
-              f"{dict(zip(('const', 'weight16'), model.weight, strict=True))}, internal {model.internal}\n")
+              f"{dict(zip(WEIGHT_TERMS, model.weight, strict=True))}, internal {model.internal}\n")
         if a.ship:
             comp = held_out_summary(model, pairs, fitted_on=f"real width ({a.rows.name}): {', '.join(fams)}",
                                     held_out="each family by a model fitted without it")

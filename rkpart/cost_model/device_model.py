@@ -512,28 +512,44 @@ def row_gather_matrices(mg: ModelGraph, ops: Iterable[int]) -> int:
     return int(total)
 
 
-def _npu_sizes(mg: ModelGraph, sub: Subgraph, life: Lifetimes) -> tuple[np.ndarray, Lifetimes, set[str]]:
-    """Each tensor of ``life`` at the size the NPU holds it (the attention score tensors 0, a GELU as
-    its fused layer holds it), the lifetimes with a fused GELU's output born at its MatMul, and the
-    score tensors."""
+def _npu_sizes(mg: ModelGraph, sub: Subgraph, life: Lifetimes) -> tuple[np.ndarray, np.ndarray, Lifetimes, set[str]]:
+    """Each tensor of ``life`` at the size the NPU holds it (the attention score tensors 0, a GELU's
+    output once), the bytes a fused GELU holds beside it at the position it is computed (its other
+    :data:`GELU_BUFFER` - 1 buffers), the lifetimes with a fused GELU's output born at its MatMul, and
+    the score tensors."""
     scores = score_tensors(mg, sub.ops)
     size = {t: 0 if t in scores else _bytes16(mg, t) for t in life.names}
     born = life.born.copy()
     index = {t: k for k, t in enumerate(life.names)}
     pos = {op: k for k, op in enumerate(life.order)}
+    extra = np.zeros(life.n + 1, dtype=np.int64)
     for g in gelu_regions(mg, sub.ops):
         for i in g.ops:  # the decomposition's intermediates live inside the fused layer
             for t in mg.op(i).outputs:
                 if t in size and t != g.output:
                     size[t] = 0
-        if g.output in size:
-            size[g.output] = GELU_BUFFER * _bytes16(mg, g.output)
         if g.fused_into is not None and g.source in size:
             size[g.source] = 0  # never materialised: the MatMul writes the GELU's output
             if g.output in index:
                 born[index[g.output]] = pos[g.fused_into]
+        if g.output in index:
+            # the fused layer's buffers beyond its output (the tiles' partial sums) are held while the compiler
+            # computes the MatMuls that read the same input (it runs their tiles together: PRX's GeGLU, the
+            # gate's tiles beside the up projection's; Flux's single-stream block, the proj_mlp tiles beside
+            # to_q/to_k/to_v, 144.75 MiB), and reused after them (Flux: the tiles' 72 MiB hold the Concat of
+            # attention and MLP afterwards), not for as long as the GELU's output lives
+            k = index[g.output]
+            at = max(int(born[k]), 0)
+            end = at
+            if g.fused_into is not None:
+                x = _dyn(mg, g.fused_into)
+                for q in (mg.consumers.get(x[0], []) if x else []):
+                    if q in pos and _input_channels(mg, mg.op(q)) > 0:
+                        end = max(end, pos[q])
+            extra[at] += (GELU_BUFFER - 1) * _bytes16(mg, g.output)
+            extra[end + 1] -= (GELU_BUFFER - 1) * _bytes16(mg, g.output)
     life = dataclasses.replace(life, born=born)
-    return np.array([size[t] for t in life.names], dtype=np.int64), life, scores
+    return np.array([size[t] for t in life.names], dtype=np.int64), np.cumsum(extra[: life.n]), life, scores
 
 
 def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None = None) -> MemoryFeatures:
@@ -550,8 +566,8 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
     if life is None:
         return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16, att16=0, hnorm16=hnorm16,
                               gqa16=gqa16, psum16=psum16, **layout)
-    sizes, life, scores = _npu_sizes(mg, sub, life)
-    live = life.live_bytes(sizes)
+    sizes, transient, life, scores = _npu_sizes(mg, sub, life)
+    live = life.live_bytes(sizes) + transient
     act16 = int(live.max())
     start = np.maximum(life.born, 0)
     # live activations while an attention core runs: positions where a score tensor is alive
