@@ -466,7 +466,8 @@ def kv_folded_weights(mg: ModelGraph, ops: Iterable[int]) -> int:
                 consts += [u for u in n.inputs if u and mg.is_const_tensor(u)]
                 t = dyn[0]
                 continue
-            if n.op_type in ("MatMul", "Gemm") and len(n.inputs) > 1 and n.inputs[1] and mg.is_const_tensor(n.inputs[1]):
+            if n.op_type in ("MatMul", "Gemm") and len(n.inputs) > 1 and n.inputs[1] \
+                    and mg.is_const_tensor(n.inputs[1]):
                 consts += [u for u in n.inputs[1:] if u and mg.is_const_tensor(u)]
                 total += (r - 1) * sum(_bytes16(mg, u) for u in consts)
             break
@@ -474,9 +475,10 @@ def kv_folded_weights(mg: ModelGraph, ops: Iterable[int]) -> int:
 
 
 def row_gather_matrices(mg: ModelGraph, ops: Iterable[int]) -> int:
-    """Bytes (fp16) of the one-hot matrices the compiler stores for the masked attentions ``masked-attention-row-chunks``
-    cuts into row chunks: a score path with a mask (:func:`_masks`: computed in the stage or read from its
-    inputs) of :data:`~rkpart.targets.rewrites.heads.MASKED_ROWS` query rows or more, ``rows x rows`` each.
+    """Bytes (fp16) of the one-hot matrices the compiler stores for the masked attentions
+    ``masked-attention-row-chunks`` cuts into row chunks: a score path with a mask (:func:`_masks`: computed in
+    the stage or read from its inputs) of :data:`~rkpart.targets.rewrites.heads.MASKED_ROWS` query rows or more,
+    ``rows x rows`` each.
 
     2.5.0 merges the chunks' Slices of the queries into one Gather of the rows and runs that Gather as a Conv whose
     weight is the ``rows x rows`` one-hot matrix (Lumina-Image-2.0's joint attention, 1280 rows in 5 chunks:
@@ -823,9 +825,9 @@ def within(model: MemoryModel, rows: Sequence[MemoryRow], tol: float) -> float:
 __all__ = [
     "FEATURES",
     "GELU_BUFFER",
+    "LAYOUT_WEIGHT_TOOLKITS",
     "OTHER_BYTES",
     "WORKSPACE_HEADS",
-    "LAYOUT_WEIGHT_TOOLKITS",
     "GeluRegion",
     "MemoryFeatures",
     "MemoryModel",
