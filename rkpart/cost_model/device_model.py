@@ -35,6 +35,9 @@ counted as the NPU runs it (fp16, 2 bytes an element):
 * ``gqa16``: the key/value heads repeated for grouped-query attention (:func:`kv_repeats`): the compiler
   lays the repeat out with the repeats padded and transposed and holds a secondary of the repeated
   tensor (Lumina-Image-2.0's 24 query heads over 8 KV heads: (8,4,96,T) and (8,8,96,T) buffers);
+* ``kvfold16``, ``rowgather16``: constants 2.5.0 stores for the layouts rkpart's rewrites give it (a key/value
+  projection folded with its head repeat, :func:`kv_folded_weights`; the one-hot row gather of a masked attention
+  cut into row chunks, :func:`row_gather_matrices`), counted as weight on :data:`LAYOUT_WEIGHT_TOOLKITS`;
 * ``psum16``: the outputs of the weighted MatMuls of more than :data:`K_TILE` input channels: the
   compiler splits such a MatMul into input-channel tiles and sums their full-size outputs in buffers
   of their own (:func:`tiled_matmul_outputs`; the GELU FFNs of hidden 2560-3072 and the SwiGLU FFNs
@@ -44,7 +47,7 @@ The compiler's internal memory is the peak of its buffers over the schedule: at 
 (live activations plus the workspace of ``R`` heads' score matrices) or elsewhere (the FFN's
 hidden activations), whichever is larger::
 
-    weight   = a0 + a1 * weight16
+    weight   = a0 + a1 * (weight16 + kvfold16 + rowgather16)   (the last two on the toolkits that store them)
     internal = b0 + b1 * act16 + b2 * max(0, att16 + R * head16 - act16) + b3 * hnorm16 + b4 * gqa16
                   + b5 * psum16
 
