@@ -19,7 +19,9 @@ counted as the NPU runs it (fp16, 2 bytes an element):
   ``ConvExGelu`` whose output buffer is :data:`GELU_BUFFER` (3) times the tensor, and nothing in
   between.  Counted op by op instead, the same FFN gave 3 hidden-sized tensors in TorchScript's
   Erf form and 2 for the opset-20 ``Gelu`` op (DiT, PixArt, SD3 exports), while the compiler's
-  table is identical for both: the families' FFNs were under-predicted by 15-25 %;
+  table is identical for both: the families' FFNs were under-predicted by 15-25 %.  The 3x is held
+  while the MatMuls reading the GELU's input run, the output alone after them (the compiler reuses the
+  rest: a single-stream block's Concat lives there, Flux 2.5.0);
 * ``att16``: the live activations while an attention core runs (the same count, at the
   positions where a score tensor would be alive);
 * ``head16``: the largest score matrix of *one* head (its last two dimensions) and
