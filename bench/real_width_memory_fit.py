@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from rkpart.cost_model.device_model import (  # noqa: E402
     MIN_STAGE_BYTES,
+    WEIGHT_TERMS,
     MemoryRow,
     error_table,
     fit_memory_model,
@@ -70,19 +71,27 @@ def refeature(rows: list[dict[str, Any]], plan_roots: Sequence[Path]) -> int:
     done = 0
     with tempfile.TemporaryDirectory(prefix="rkpart-refeature-") as tmp:
         for k, r in enumerate(rows):
-            folder = next((root / r["family"] / f"{r['strategy']}-{r['toolkit']}" for root in plan_roots
-                           if (root / r["family"] / f"{r['strategy']}-{r['toolkit']}" / "plan.json").is_file()), None)
-            if folder is None:
+            # the first plan folder whose stage is the row's (the same compiler figure): a family may have been
+            # compiled into several work folders, not all of them the build the row recorded
+            found = None
+            for root in plan_roots:
+                folder = root / r["family"] / f"{r['strategy']}-{r['toolkit']}"
+                if not (folder / "plan.json").is_file():
+                    continue
+                doc = json.loads((folder / "plan.json").read_text())
+                stage = next((s for s in doc["stages"] if s["id"] == r["stage"]), None)
+                arts = [a for a in (stage or {}).get("artifacts") or [] if a.get("kind") == "rknn"
+                        and a.get("toolkit") == r["toolkit"]]
+                comp = (arts[-1].get("compiler") if arts else None) or {}
+                if stage is not None and int(comp.get("internal_bytes") or -1) == r["internal_bytes"]:
+                    found = (folder, stage)
+                    break
+            if found is None:
+                if r.get("features"):
+                    print(f"{r['family']} {r['strategy']}-{r['toolkit']} {r['stage']}: no plan folder holds the "
+                          "stage of the row, kept", file=sys.stderr)
                 continue
-            doc = json.loads((folder / "plan.json").read_text())
-            stage = next((s for s in doc["stages"] if s["id"] == r["stage"]), None)
-            arts = [a for a in (stage or {}).get("artifacts") or [] if a.get("kind") == "rknn"
-                    and a.get("toolkit") == r["toolkit"]]
-            comp = (arts[-1].get("compiler") if arts else None) or {}
-            if stage is None or int(comp.get("internal_bytes") or -1) != r["internal_bytes"]:
-                print(f"{r['family']} {r['strategy']}-{r['toolkit']} {r['stage']}: not the stage of the row, kept",
-                      file=sys.stderr)
-                continue
+            folder, stage = found
             src = folder / stage["file"]
             model = onnx.load_model(str(src), load_external_data=False)
             # the graph loader checks the external data is there: sparse files of the right size stand in
@@ -176,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         model = fit_memory_model(mem, tk)
         fams = sorted({m.family for m in mem})
         print(f"fitted on all {len(fams)} families ({len(mem)} stages): R = {model.workspace_heads:g}, weight "
-              f"{dict(zip(('const', 'weight16'), model.weight, strict=True))}, internal {model.internal}\n")
+              f"{dict(zip(WEIGHT_TERMS, model.weight, strict=True))}, internal {model.internal}\n")
         if a.ship:
             comp = held_out_summary(model, pairs, fitted_on=f"real width ({a.rows.name}): {', '.join(fams)}",
                                     held_out="each family by a model fitted without it")

@@ -19,7 +19,9 @@ counted as the NPU runs it (fp16, 2 bytes an element):
   ``ConvExGelu`` whose output buffer is :data:`GELU_BUFFER` (3) times the tensor, and nothing in
   between.  Counted op by op instead, the same FFN gave 3 hidden-sized tensors in TorchScript's
   Erf form and 2 for the opset-20 ``Gelu`` op (DiT, PixArt, SD3 exports), while the compiler's
-  table is identical for both: the families' FFNs were under-predicted by 15-25 %;
+  table is identical for both: the families' FFNs were under-predicted by 15-25 %.  The 3x is held
+  while the MatMuls reading the GELU's input run, the output alone after them (the compiler reuses the
+  rest: a single-stream block's Concat lives there, Flux 2.5.0);
 * ``att16``: the live activations while an attention core runs (the same count, at the
   positions where a score tensor would be alive);
 * ``head16``: the largest score matrix of *one* head (its last two dimensions) and
@@ -35,6 +37,9 @@ counted as the NPU runs it (fp16, 2 bytes an element):
 * ``gqa16``: the key/value heads repeated for grouped-query attention (:func:`kv_repeats`): the compiler
   lays the repeat out with the repeats padded and transposed and holds a secondary of the repeated
   tensor (Lumina-Image-2.0's 24 query heads over 8 KV heads: (8,4,96,T) and (8,8,96,T) buffers);
+* ``kvfold16``, ``rowgather16``: constants 2.5.0 stores for the layouts rkpart's rewrites give it (a key/value
+  projection folded with its head repeat, :func:`kv_folded_weights`; the one-hot row gather of a masked attention
+  cut into row chunks, :func:`row_gather_matrices`), counted as weight on :data:`LAYOUT_WEIGHT_TOOLKITS`;
 * ``psum16``: the outputs of the weighted MatMuls of more than :data:`K_TILE` input channels: the
   compiler splits such a MatMul into input-channel tiles and sums their full-size outputs in buffers
   of their own (:func:`tiled_matmul_outputs`; the GELU FFNs of hidden 2560-3072 and the SwiGLU FFNs
@@ -44,7 +49,7 @@ The compiler's internal memory is the peak of its buffers over the schedule: at 
 (live activations plus the workspace of ``R`` heads' score matrices) or elsewhere (the FFN's
 hidden activations), whichever is larger::
 
-    weight   = a0 + a1 * weight16
+    weight   = a0 + a1 * (weight16 + kvfold16 + rowgather16)   (the last two on the toolkits that store them)
     internal = b0 + b1 * act16 + b2 * max(0, att16 + R * head16 - act16) + b3 * hnorm16 + b4 * gqa16
                   + b5 * psum16
 
@@ -78,8 +83,17 @@ OTHER_BYTES = 0
 #: the held-out error a budget is about: stages of at least this much compiler memory
 MIN_STAGE_BYTES = 1 << 20
 #: the features of :class:`MemoryFeatures`, in the order the JSON and the fit use them
-FEATURES = ("weight16", "act16", "att16", "score16", "head16", "io16", "hnorm16", "gqa16", "psum16")
-WEIGHT_TERMS = ("const", "weight16")
+FEATURES = ("weight16", "act16", "att16", "score16", "head16", "io16", "hnorm16", "gqa16", "psum16", "kvfold16",
+            "rowgather16")
+#: ``kvfold16`` and ``rowgather16`` are constants the compiler stores for a layout rkpart's rewrites give it, on the
+#: toolkits :data:`LAYOUT_WEIGHT_TOOLKITS` names: their coefficient is the one of ``weight16`` there, 0 elsewhere
+#: (bytes the compiler stores like any weight; one family shows each, so a fitted coefficient of their own would be
+#: 0 whenever that family is held out)
+WEIGHT_TERMS = ("const", "weight16", "kvfold16", "rowgather16")
+#: the toolkits whose compiler stores each layout constant (:func:`kv_folded_weights`, :func:`row_gather_matrices`):
+#: the toolkits of the rewrite that makes the layout (``kv-repeat-gather``: 2.5.0; ``masked-attention-row-chunks``
+#: is applied on 2.3.2 too, but its gather matrix was measured on 2.5.0 only)
+LAYOUT_WEIGHT_TOOLKITS: dict[str, tuple[str, ...]] = {"kvfold16": ("2.5.0",), "rowgather16": ("2.5.0",)}
 #: ``attx16`` is the attention's excess over the activation peak, ``max(0, att16 + R * head16 - act16)``
 #: (:func:`attention_excess`): ``act16 + attx16`` is the NPU's peak, and each part has a coefficient
 #: of its own (one coefficient for both scaled the GELU FFNs, whose buffers the compiler holds exactly
@@ -136,6 +150,11 @@ class MemoryFeatures:
     gqa16: int = 0
     #: the outputs of the MatMuls the compiler tiles by input channels (:func:`tiled_matmul_outputs`)
     psum16: int = 0
+    #: the copies of a key/value projection's weight the compiler stores when it folds the head repeat into it
+    #: (:func:`kv_folded_weights`)
+    kvfold16: int = 0
+    #: the one-hot row-gather matrices of the masked attentions cut into row chunks (:func:`row_gather_matrices`)
+    rowgather16: int = 0
 
     def value(self, name: str, heads: float = 0.0) -> float:
         if name == "const":
@@ -410,28 +429,134 @@ def kv_repeats(mg: ModelGraph, ops: Iterable[int]) -> list[str]:
     return found
 
 
-def _npu_sizes(mg: ModelGraph, sub: Subgraph, life: Lifetimes) -> tuple[np.ndarray, Lifetimes, set[str]]:
-    """Each tensor of ``life`` at the size the NPU holds it (the attention score tensors 0, a GELU as
-    its fused layer holds it), the lifetimes with a fused GELU's output born at its MatMul, and the
-    score tensors."""
+#: ops that only relabel or reorder a tensor: the compiler looks through them to the weighted MatMul behind a repeat
+_LAYOUT_OPS = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Transpose", "Identity", "Flatten"})
+
+
+def kv_folded_weights(mg: ModelGraph, ops: Iterable[int]) -> int:
+    """Bytes (fp16) of the weight copies the compiler stores when a key/value head repeat (:func:`kv_repeats`) reads a
+    weighted MatMul / Gemm through layout ops only (and its bias Add): ``(r - 1)`` times that weight and bias.
+
+    ``kv-repeat-gather`` writes the repeat as a Gather of heads; 2.5.0 folds a Gather of a projection's output
+    channels into the projection, which then computes every repeated head itself.  Measured in the Const Tensor
+    Information Table of Lumina-Image-2.0 at its width (24 query heads of 96 over 8 KV heads, 2.5.0): ``to_v`` is
+    stored as (2304, 576) tiles, 2304 output channels for its 768, 6.75 MiB more in each attention stage (weight
+    memory 33.8-37.0 MiB against 27.1 of weights); ``to_k``, whose repeat reads it through the per-head RMSNorm and
+    RoPE, keeps its 768 channels and is gathered on the NPU (``Gather:.../Tile/Gather``)."""
+    opset = set(ops)
+    total = 0
+    for out in kv_repeats(mg, opset):
+        first = mg.producer[out]
+        while True:  # back to the first repeat op of the chain: r is the whole chain's
+            src = mg.op(first).inputs[0]
+            p = mg.producer.get(src)
+            if p is None or p not in opset or mg.op(p).op_type not in _REPEAT_OPS:
+                break
+            first = p
+        src_shape, out_shape = mg.shape(mg.op(first).inputs[0]), mg.shape(out)
+        if src_shape is None or out_shape is None or math.prod(src_shape) <= 0:
+            continue
+        r = math.prod(out_shape) // math.prod(src_shape)
+        t = mg.op(first).inputs[0]
+        consts: list[str] = []
+        for _ in range(8):  # Reshape, Unsqueeze, Transpose, a bias Add: a short way back
+            p = mg.producer.get(t)
+            if p is None or p not in opset:
+                break
+            n = mg.op(p)
+            if n.op_type in _LAYOUT_OPS:
+                t = n.inputs[0]
+                continue
+            if n.op_type == "Add" and len(dyn := _dyn(mg, p)) == 1:
+                consts += [u for u in n.inputs if u and mg.is_const_tensor(u)]
+                t = dyn[0]
+                continue
+            if n.op_type in ("MatMul", "Gemm") and len(n.inputs) > 1 and n.inputs[1] \
+                    and mg.is_const_tensor(n.inputs[1]):
+                consts += [u for u in n.inputs[1:] if u and mg.is_const_tensor(u)]
+                total += (r - 1) * sum(_bytes16(mg, u) for u in consts)
+            break
+    return int(total)
+
+
+def row_gather_matrices(mg: ModelGraph, ops: Iterable[int]) -> int:
+    """Bytes (fp16) of the one-hot matrices the compiler stores for the masked attentions
+    ``masked-attention-row-chunks`` cuts into row chunks: a score path with a mask (:func:`_masks`: computed in
+    the stage or read from its inputs) of :data:`~rkpart.targets.rewrites.heads.MASKED_ROWS` query rows or more,
+    ``rows x rows`` each.
+
+    2.5.0 merges the chunks' Slices of the queries into one Gather of the rows and runs that Gather as a Conv whose
+    weight is the ``rows x rows`` one-hot matrix (Lumina-Image-2.0's joint attention, 1280 rows in 5 chunks:
+    ``Conv:.../Softmax/rows768/q_concat_2gather_2conv``, two (1280, 640) fp16 tiles, 3.1 MiB of its weight memory)."""
+    from rkpart.targets.rewrites.heads import MASKED_ROWS, ROW_CHUNK
+
+    opset = set(ops)
+    total = 0
+    for i in sorted(opset):
+        n = mg.op(i)
+        if n.op_type not in _SOFTMAX or not n.inputs or not n.inputs[0]:
+            continue
+        t, masked = n.inputs[0], False
+        for _ in range(8):  # back along the score path to the MatMul of two activations
+            p = mg.producer.get(t)
+            if p is None or p not in opset:
+                break
+            q = mg.op(p)
+            if q.op_type == "MatMul":
+                sh = mg.shape(q.outputs[0])
+                if (masked and not any(mg.is_const_tensor(u) for u in q.inputs if u) and sh and len(sh) >= 2
+                        and sh[-2] >= MASKED_ROWS and sh[-2] > ROW_CHUNK):
+                    total += 2 * sh[-2] * sh[-2]
+                break
+            if q.op_type not in _SCORE_PATH:
+                break
+            prev = next((u for u in q.inputs if u and mg.producer.get(u) is not None
+                         and mg.op(mg.producer[u]).op_type in _SCORE_PATH | {"MatMul"}), None)
+            if prev is None:
+                break
+            masked |= _masks(mg, q, prev)
+            t = prev
+    return int(total)
+
+
+def _npu_sizes(mg: ModelGraph, sub: Subgraph, life: Lifetimes) -> tuple[np.ndarray, np.ndarray, Lifetimes, set[str]]:
+    """Each tensor of ``life`` at the size the NPU holds it (the attention score tensors 0, a GELU's
+    output once), the bytes a fused GELU holds beside it at the position it is computed (its other
+    :data:`GELU_BUFFER` - 1 buffers), the lifetimes with a fused GELU's output born at its MatMul, and
+    the score tensors."""
     scores = score_tensors(mg, sub.ops)
     size = {t: 0 if t in scores else _bytes16(mg, t) for t in life.names}
     born = life.born.copy()
     index = {t: k for k, t in enumerate(life.names)}
     pos = {op: k for k, op in enumerate(life.order)}
+    extra = np.zeros(life.n + 1, dtype=np.int64)
     for g in gelu_regions(mg, sub.ops):
         for i in g.ops:  # the decomposition's intermediates live inside the fused layer
             for t in mg.op(i).outputs:
                 if t in size and t != g.output:
                     size[t] = 0
-        if g.output in size:
-            size[g.output] = GELU_BUFFER * _bytes16(mg, g.output)
         if g.fused_into is not None and g.source in size:
             size[g.source] = 0  # never materialised: the MatMul writes the GELU's output
             if g.output in index:
                 born[index[g.output]] = pos[g.fused_into]
+        if g.output in index:
+            # the fused layer's buffers beyond its output (the tiles' partial sums) are held while the compiler
+            # computes the MatMuls that read the same input (it runs their tiles together: PRX's GeGLU, the
+            # gate's tiles beside the up projection's; Flux's single-stream block, the proj_mlp tiles beside
+            # to_q/to_k/to_v, 144.75 MiB), and reused after them (Flux: the tiles' 72 MiB hold the Concat of
+            # attention and MLP afterwards), not for as long as the GELU's output lives
+            k = index[g.output]
+            at = max(int(born[k]), 0)
+            end = at
+            if g.fused_into is not None:
+                x = _dyn(mg, g.fused_into)
+                for q in (mg.consumers.get(x[0], []) if x else []):
+                    if q in pos and _input_channels(mg, mg.op(q)) > 0:
+                        end = max(end, pos[q])
+            extra[at] += (GELU_BUFFER - 1) * _bytes16(mg, g.output)
+            extra[end + 1] -= (GELU_BUFFER - 1) * _bytes16(mg, g.output)
     life = dataclasses.replace(life, born=born)
-    return np.array([size[t] for t in life.names], dtype=np.int64), life, scores
+    return np.array([size[t] for t in life.names], dtype=np.int64), np.cumsum(extra[: life.n]), life, scores
 
 
 def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None = None) -> MemoryFeatures:
@@ -443,12 +568,13 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
     hnorm16 = sum(_bytes16(mg, t) for t in head_norm_inputs(mg, sub.ops))
     gqa16 = sum(_bytes16(mg, t) for t in kv_repeats(mg, sub.ops))
     psum16 = sum(_bytes16(mg, t) for t in tiled_matmul_outputs(mg, sub.ops))
+    layout = {"kvfold16": kv_folded_weights(mg, sub.ops), "rowgather16": row_gather_matrices(mg, sub.ops)}
     life = life if life is not None else stage_lifetimes(mg, sub)
     if life is None:
         return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16, att16=0, hnorm16=hnorm16,
-                              gqa16=gqa16, psum16=psum16)
-    sizes, life, scores = _npu_sizes(mg, sub, life)
-    live = life.live_bytes(sizes)
+                              gqa16=gqa16, psum16=psum16, **layout)
+    sizes, transient, life, scores = _npu_sizes(mg, sub, life)
+    live = life.live_bytes(sizes) + transient
     act16 = int(live.max())
     start = np.maximum(life.born, 0)
     # live activations while an attention core runs: positions where a score tensor is alive
@@ -461,7 +587,7 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
     head16 = max((2 * math.prod(sh[-2:]) for t in scores if (sh := mg.shape(t)) and len(sh) >= 2), default=0)
     return MemoryFeatures(weight16=int(weight16), act16=act16, score16=int(score16), head16=int(head16),
                           io16=int(io16), att16=att16, hnorm16=int(hnorm16), gqa16=int(gqa16),
-                          psum16=int(psum16))
+                          psum16=int(psum16), **layout)
 
 
 def stage_memory_features(folder: str | Path, stage: Stage) -> MemoryFeatures:
@@ -550,6 +676,8 @@ class MemoryModel:
 
         def coefs(key: str, terms: Sequence[str]) -> tuple[float, ...]:
             m = d.get(key)
+            if isinstance(m, Mapping) and key == "weight":  # a model written before the layout constants: none
+                m = {**{t: 0.0 for t in LAYOUT_WEIGHT_TOOLKITS}, **m}
             if not isinstance(m, Mapping) or set(m) != set(terms):
                 raise ValueError(f"device-memory model {key}: expected the terms {', '.join(terms)}")
             vals = tuple(float(m[t]) for t in terms)
@@ -566,12 +694,20 @@ class MemoryModel:
                    fit_error=dict(d.get("fit_error") or {}), held_out=dict(d.get("held_out") or {}))
 
 
-def _solve(rows: Sequence[MemoryRow], heads: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    xw = np.array([[r.features.value(t) for t in WEIGHT_TERMS] for r in rows])
+def stored_weight16(f: MemoryFeatures, toolkit: str) -> float:
+    """The constants ``toolkit``'s compiler stores, at 2 bytes an element: ``weight16`` and the layout constants
+    (:data:`LAYOUT_WEIGHT_TOOLKITS`) it stores on that toolkit."""
+    return float(f.weight16 + sum(f.value(t) for t, tks in LAYOUT_WEIGHT_TOOLKITS.items() if toolkit in tks))
+
+
+def _solve(rows: Sequence[MemoryRow], heads: float, toolkit: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    # the weight side: one coefficient for everything stored (weights and the toolkit's layout constants)
+    xw = np.array([[1.0, stored_weight16(r.features, toolkit)] for r in rows])
     xi = np.array([[r.features.value(t, heads) for t in INTERNAL_TERMS] for r in rows])
-    cw = nnls_relative(xw, np.array([float(r.weight_bytes) for r in rows]))
+    a0, a1 = (float(f"{c:.6g}") for c in nnls_relative(xw, np.array([float(r.weight_bytes) for r in rows])))
     ci = nnls_relative(xi, np.array([float(r.internal_bytes) for r in rows]))
-    return tuple(float(f"{c:.6g}") for c in cw), tuple(float(f"{c:.6g}") for c in ci)
+    cw = (a0, a1, *(a1 if toolkit in LAYOUT_WEIGHT_TOOLKITS[t] else 0.0 for t in WEIGHT_TERMS[2:]))
+    return cw, tuple(float(f"{c:.6g}") for c in ci)
 
 
 def cross_validate_heads(rows: Sequence[MemoryRow], toolkit: str) -> dict[float, tuple[float, float]]:
@@ -584,7 +720,7 @@ def cross_validate_heads(rows: Sequence[MemoryRow], toolkit: str) -> dict[float,
             train = [r for r in rows if (r.family, r.shape) != sh]
             if not train:
                 continue
-            w, i = _solve(train, heads)
+            w, i = _solve(train, heads, toolkit)
             m = MemoryModel(toolkit=toolkit, weight=w, internal=i, workspace_heads=float(heads))
             errs += [abs(m.predict(r.features) / r.device_bytes - 1) for r in rows if (r.family, r.shape) == sh]
         out[float(heads)] = (float(np.mean(np.array(errs) <= 0.10)) if errs else 0.0,
@@ -599,7 +735,7 @@ def fit_memory_model(rows: Sequence[MemoryRow], toolkit: str) -> MemoryModel:
         raise ValueError(f"no compiled stages to fit a device-memory model for rknn-toolkit2 {toolkit}")
     cv = cross_validate_heads(rows, toolkit) if len({(r.family, r.shape) for r in rows}) > 1 else {0.0: (0, 0)}
     heads = max(cv, key=lambda h: (cv[h][0], -cv[h][1], -h))
-    w, i = _solve(rows, heads)
+    w, i = _solve(rows, heads, toolkit)
     model = MemoryModel(toolkit=toolkit, weight=w, internal=i, workspace_heads=heads, samples=len(rows))
     err = error_summary([model.predict(r.features) for r in rows], [r.device_bytes for r in rows])
     err["cross_validation"] = {f"{h:g}": {"within_10": round(a, 4), "median_ape": round(b * 100, 3)}
@@ -655,7 +791,7 @@ def held_out_summary(model: MemoryModel, held: Sequence[tuple[MemoryRow, float]]
     i = dict(zip(INTERNAL_TERMS, model.internal, strict=True))
     terms = {"const": float(f"{w['const'] + i['const'] + OTHER_BYTES:.6g}"), "weight16": w["weight16"],
              "act16": i["act16"], attx_term(model.workspace_heads): i["attx16"], "hnorm16": i["hnorm16"],
-             "gqa16": i["gqa16"], "psum16": i["psum16"]}
+             "gqa16": i["gqa16"], "psum16": i["psum16"], **{t: w[t] for t in LAYOUT_WEIGHT_TOOLKITS if w[t]}}
     return {"terms": terms, "unit": "bytes", "applies_to": "npu", "source": "compiler tables", "samples": model.samples,
             "fit_error": {"in_sample": dict(model.fit_error), "held_out": err, "fitted_on": fitted_on,
                           "held_out_on": held_out},
@@ -694,6 +830,7 @@ def within(model: MemoryModel, rows: Sequence[MemoryRow], tol: float) -> float:
 __all__ = [
     "FEATURES",
     "GELU_BUFFER",
+    "LAYOUT_WEIGHT_TOOLKITS",
     "OTHER_BYTES",
     "WORKSPACE_HEADS",
     "GeluRegion",
@@ -709,12 +846,15 @@ __all__ = [
     "gelu_regions",
     "head_norm_inputs",
     "held_out_summary",
+    "kv_folded_weights",
     "kv_repeats",
     "leave_one_family_out",
     "memory_features",
     "peak16",
+    "row_gather_matrices",
     "score_tensors",
     "stage_memory_features",
+    "stored_weight16",
     "tiled_matmul_outputs",
     "view_memory_features",
     "within",

@@ -110,6 +110,10 @@ class Features:
     gqa16: int = 0
     #: the outputs of the MatMuls the compiler tiles by input channels (their partial sums' buffers)
     psum16: int = 0
+    #: the layout constants the compiler stores on some toolkits: a key/value weight folded with its head repeat,
+    #: the row-gather matrices of chunked masked attention (:data:`rkpart.cost_model.device_model.WEIGHT_TERMS`)
+    kvfold16: int = 0
+    rowgather16: int = 0
     rknn_bytes: int | None = None
     op_counts: tuple[tuple[str, int], ...] = field(default_factory=tuple)
     #: the compiler's own plan when the stage was compiled (``artifacts[].compiler``): weight +
@@ -283,6 +287,7 @@ def view_features(mg: ModelGraph, sub: Subgraph, *, device: str, artifact: Artif
     cp = artifact.compiler if artifact is not None else None
     return _replace(f, weight16=mem.weight16, act16=mem.act16, score16=mem.score16, head16=mem.head16, io16=mem.io16,
                     att16=mem.att16, hnorm16=mem.hnorm16, gqa16=mem.gqa16, psum16=mem.psum16,
+                    kvfold16=mem.kvfold16, rowgather16=mem.rowgather16,
                     compiled_mem_bytes=None if cp is None else cp.device_mem_bytes,
                     compiled_cycles=None if cp is None else cp.cycles_total,
                     compiled_rw_bytes=None if cp is None else cp.rw_bytes)

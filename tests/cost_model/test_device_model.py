@@ -316,3 +316,85 @@ def test_per_head_norms_are_counted_once_each_whatever_their_spelling() -> None:
     # a stage without the norms has none
     ffn = model_features(_ffn("gelu"), device="npu")
     assert ffn.hnorm16 == 0
+
+
+def _gqa(tokens: int = 16, kv_heads: int = 2, rep: int = 3, d: int = 8, bias: bool = True) -> onnx.ModelProto:
+    """Lumina2's key/value repeat (``repeat_interleave`` as TorchScript writes it): ``x -MatMul(W)-> (+b) ->
+    Reshape [1,T,n,d] -> Unsqueeze(3) -> Tile [1,1,1,r,1] -> Reshape [1,T,n*r,d]``, for the values straight from
+    their projection and for the keys through a per-token scale (an activation: a norm or RoPE stands there)."""
+    dim = kv_heads * d
+    hidden = kv_heads * rep * d
+    inits = [numpy_helper.from_array(np.full((hidden, dim), 0.5, np.float32), "Wv"),
+             numpy_helper.from_array(np.full((hidden, dim), 0.25, np.float32), "Wk"),
+             numpy_helper.from_array(np.full((dim,), 0.1, np.float32), "bv"),
+             numpy_helper.from_array(np.array([1, tokens, kv_heads, d], np.int64), "heads"),
+             numpy_helper.from_array(np.array([3], np.int64), "ax"),
+             numpy_helper.from_array(np.array([1, 1, 1, rep, 1], np.int64), "reps"),
+             numpy_helper.from_array(np.array([1, tokens, kv_heads * rep, d], np.int64), "merged")]
+    nodes = [helper.make_node("MatMul", ["x", "Wv"], ["v0"])]
+    if bias:
+        nodes.append(helper.make_node("Add", ["v0", "bv"], ["v"]))
+    nodes += [helper.make_node("Reshape", ["v" if bias else "v0", "heads"], ["vh"]),
+              helper.make_node("MatMul", ["x", "Wk"], ["k"]),
+              helper.make_node("Reshape", ["k", "heads"], ["kh0"]),
+              helper.make_node("Mul", ["kh0", "s"], ["kh"])]
+    for n in ("v", "k"):
+        nodes += [helper.make_node("Unsqueeze", [f"{n}h", "ax"], [f"{n}u"]),
+                  helper.make_node("Tile", [f"{n}u", "reps"], [f"{n}t"]),
+                  helper.make_node("Reshape", [f"{n}t", "merged"], [f"{n}r"])]
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info("x", f, [1, tokens, hidden]),
+           helper.make_tensor_value_info("s", f, [1, tokens, 1, 1])]
+    outs = [helper.make_tensor_value_info(n, f, [1, tokens, kv_heads * rep, d]) for n in ("vr", "kr")]
+    g = helper.make_graph(nodes, "gqa", ins, outs, inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_kv_repeat_read_from_its_projection_is_stored_as_the_repeated_weight() -> None:
+    """2.5.0 folds kv-repeat-gather's Gather of heads into the values' projection (Lumina-Image-2.0: to_v stored
+    with 2304 output channels for 768); the keys' repeat, behind an activation, is gathered on the NPU."""
+    hidden, dim, rep = 48, 16, 3
+    f = model_features(_gqa(rep=rep), device="npu")
+    assert f.kvfold16 == (rep - 1) * (hidden * dim + dim) * 2  # Wv and its bias, twice more
+    assert model_features(_gqa(rep=rep, bias=False), device="npu").kvfold16 == (rep - 1) * hidden * dim * 2
+    assert model_features(_ffn("gelu"), device="npu").kvfold16 == 0
+    # the toolkits whose compiler stores it count it at weight16's coefficient, the others not at all
+    feats = [dataclasses.replace(MemoryFeatures.from_json(f.to_json()), weight16=w, kvfold16=k)
+             for w, k in ((4 << 20, 0), (8 << 20, 0), (6 << 20, 3 << 20), (10 << 20, 0))]
+    for tk, stored in (("2.5.0", True), ("2.3.0", False)):
+        rows = [MemoryRow(family=f"fam{k}", shape="s", strategy="split", stage="b", toolkit=tk, fit=True,
+                          features=x, weight_bytes=x.weight16 + (x.kvfold16 if stored else 0) + 4096,
+                          internal_bytes=x.act16 + 1000) for k, x in enumerate(feats)]
+        model = fit_memory_model(rows, tk)
+        assert model.predict_parts(feats[2])[0] == pytest.approx(rows[2].weight_bytes, rel=1e-3)
+        assert (model.weight[2] > 0) is stored
+
+
+def test_a_masked_attention_cut_into_row_chunks_stores_its_row_gather() -> None:
+    """masked-attention-row-chunks cuts a masked attention of 512 query rows or more into chunks; 2.5.0 gathers
+    the chunks' queries with a rows x rows one-hot Conv (Lumina-Image-2.0: 1280 x 1280, 3.1 MiB)."""
+    assert model_features(_attention(tokens=512, mask="input"), device="npu").rowgather16 == 2 * 512 * 512
+    # fewer rows (not cut), a constant mask or none (fused as it is): nothing stored
+    assert model_features(_attention(tokens=256, mask="input"), device="npu").rowgather16 == 0
+    assert model_features(_attention(tokens=512, mask="constant"), device="npu").rowgather16 == 0
+    assert model_features(_attention(tokens=512), device="npu").rowgather16 == 0
+
+
+def test_a_gelus_tile_buffers_live_while_the_matmuls_of_its_input_run() -> None:
+    """A single-stream block: x feeds the MLP's MatMul (GELU fused) and the attention's; the GELU's output lives
+    until the Concat. The compiler holds the GELU's 3x while the MatMuls reading x run and reuses the rest of it
+    afterwards (Flux, 2.5.0: the Concat lives in the tiles' region)."""
+    t, d, h = 32, 16, 64
+    inits = [numpy_helper.from_array(np.full(sh, 0.01, np.float32), n)
+             for n, sh in (("Wm", (d, h)), ("Wa", (d, d)), ("Wb", (d, d)), ("Wo", (d + h, d)))]
+    nodes = [helper.make_node("MatMul", ["x", "Wm"], ["m"]), helper.make_node("Gelu", ["m"], ["g"]),
+             helper.make_node("MatMul", ["x", "Wa"], ["a"]), helper.make_node("MatMul", ["a", "Wb"], ["b"]),
+             helper.make_node("Concat", ["b", "g"], ["c"], axis=-1), helper.make_node("MatMul", ["c", "Wo"], ["y"])]
+    g = helper.make_graph(nodes, "single", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, t, d])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, t, d])], inits)
+    f = model_features(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)]), device="npu")
+    td = t * d * 2  # one token x hidden tensor at fp16
+    # at the attention's MatMul of x: x, the GELU's output with its two more buffers, a; at the Concat (b, g once
+    # and the Concat) less: counted for the GELU's whole life, the Concat would have been 18 td
+    assert f.act16 == td + GELU_BUFFER * 4 * td + td
+    assert f.act16 < (GELU_BUFFER * 4 + 1 + 5) * td
