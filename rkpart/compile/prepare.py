@@ -114,9 +114,11 @@ class PreparedRecord:
     weighed: JsonMap | None = None
 
     def to_json(self) -> JsonObject:
+        # sorted: a record read back from the prepare cache (sort_keys) and a fresh one (table order) say the
+        # same, so a rerun from the caches writes the same plan.json
         return {"toolkit": self.toolkit, "from_opset": self.from_opset, "to_opset": self.to_opset,
-                "rewrites": dict(self.rewrites),
-                **({"dropped_rewrites": dict(self.dropped_rewrites)} if self.dropped_rewrites else {}),
+                "rewrites": dict(sorted(self.rewrites.items())),
+                **({"dropped_rewrites": dict(sorted(self.dropped_rewrites.items()))} if self.dropped_rewrites else {}),
                 **({"weighed": dict(self.weighed)} if self.weighed is not None else {}),
                 "file": self.file, "sha256": self.sha256}
 

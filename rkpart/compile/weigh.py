@@ -142,12 +142,12 @@ def judge(rewrites: Sequence[str], with_rewrites: Figures, without: Figures | No
     if a is None or b is None:
         return verdict(True, "kept: a build printed no memory figures to weigh them by")
     mib = 1 << 20
-    if a < b:
-        return verdict(True, f"kept: {(b - a) / mib:.2f} MiB less device memory with ({a / mib:.2f} against "
-                             f"{b / mib:.2f} MiB), {without.cpu_layers} CPU layers either way")
-    return verdict(False, f"left out: {(a - b) / mib:.2f} MiB {'more' if a > b else 'more or less: the same'} device "
-                          f"memory with ({a / mib:.2f} against {b / mib:.2f} MiB), {without.cpu_layers} CPU layers "
-                          "either way")
+    layers = f"{without.cpu_layers} CPU layers either way"
+    if a == b:
+        return verdict(False, f"left out: the same device memory with and without ({a / mib:.2f} MiB), {layers}")
+    diff = f"{abs(a - b) / mib:.2f} MiB" if abs(a - b) >= mib // 100 else f"{abs(a - b) / 1024:.1f} KiB"
+    return verdict(a < b, f"{'kept' if a < b else 'left out'}: {diff} {'less' if a < b else 'more'} device memory "
+                          f"with ({a / mib:.2f} against {b / mib:.2f} MiB), {layers}")
 
 
 def stage_anatomy(model: onnx.ModelProto) -> str:
