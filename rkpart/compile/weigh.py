@@ -42,7 +42,7 @@ WEIGH_DIR = "weigh"
 #: why a weighed rewrite was left out (the stage's ``dropped_rewrites``); the figures are in its ``weighed`` record
 WEIGHED_OUT = ("weighed for device memory: the build without it has no more CPU layers and no more device memory "
                "(the stage's prepared.weighed has both builds' figures; `rkpart compile --no-weigh-rewrites` keeps it)")
-#: constants of at most this many elements are hashed by value in an anatomy (shapes, axes, scalars, eps)
+#: integer constants of at most this many elements are hashed by value in an anatomy (shapes, axes, indices)
 SMALL_CONSTANT = 64
 VERDICT_KIND = FileKind("weighed-rewrite verdict", "json", 1 << 20, UserError, symlinks=False,
                         doc="`weigh/<key>.json` of a plan's `rknn/` or a build cache (unreadable: weighed again)")
@@ -153,7 +153,7 @@ def judge(rewrites: Sequence[str], with_rewrites: Figures, without: Figures | No
 def stage_anatomy(model: onnx.ModelProto) -> str:
     """What decides a stage's compiled tables whatever its weights: its nodes in order with their types,
     attributes and tensor types, tensors numbered by first use (names left out), and its constants by
-    type and shape (by value when small: shapes, axes, scalars).  Stages of equal anatomy compile to equal
+    type and shape (by value when small integers or a float scalar: shapes, axes, eps).  Stages of equal anatomy compile to equal
     layer tables and memory statistics (the blocks of one model), so one weighing stands for all.
     ``model`` may be loaded without its external data."""
     g = model.graph
@@ -201,13 +201,17 @@ def load_graph(path: Path) -> onnx.ModelProto | None:
 
 
 def _constant(t: onnx.TensorProto) -> str:
-    """A constant in an anatomy: its type and shape, and its value's hash when small (a shape, an axis, a
-    scalar: they decide the graph; a weight's values do not)."""
+    """A constant in an anatomy: its type and shape, and its value's hash when it is a small integer tensor or
+    a float scalar (a shape, an axis, an index, an epsilon, a scale: they decide the graph; a weight's values
+    do not)."""
     n = 1
     for d in t.dims:
         n *= d
     head = f"c{t.data_type}{list(t.dims)}"
-    if n > SMALL_CONSTANT or t.data_location == onnx.TensorProto.EXTERNAL:
+    floating = t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
+                               onnx.TensorProto.BFLOAT16)
+    # a float tensor of more than one value is a weight (a tiny model's norm weights are small too)
+    if n > SMALL_CONSTANT or (floating and n > 1) or t.data_location == onnx.TensorProto.EXTERNAL:
         return head
     c = onnx.TensorProto()
     c.CopyFrom(t)

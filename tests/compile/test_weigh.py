@@ -95,8 +95,15 @@ def _attention(seed: int, tokens: int = 8, scale: float = 0.5, name: str = "a") 
 
 def test_anatomy_is_the_graph_not_its_weights() -> None:
     """Two blocks of one model (other weights, other tensor names) share an anatomy; another shape, another
-    scalar or another attribute does not."""
+    scalar or another attribute does not.  A tiny model's weights are small: still weights (the bundled
+    example's two self-attention stages share one anatomy, measured on a real compile)."""
     a = stage_anatomy(_attention(0))
+    small = _attention(0), _attention(1)
+    for m, seed in zip(small, (2, 3), strict=True):
+        m.graph.initializer.append(numpy_helper.from_array(
+            np.random.default_rng(seed).standard_normal(16).astype(np.float32), "norm.w"))
+        m.graph.node.append(helper.make_node("Mul", ["y", "norm.w"], ["z"]))
+    assert stage_anatomy(small[0]) == stage_anatomy(small[1]) != a
     assert stage_anatomy(_attention(1, name="b")) == a
     assert stage_anatomy(_attention(0, tokens=16)) != a
     assert stage_anatomy(_attention(0, scale=0.25)) != a
