@@ -153,8 +153,9 @@ def judge(rewrites: Sequence[str], with_rewrites: Figures, without: Figures | No
 def stage_anatomy(model: onnx.ModelProto) -> str:
     """What decides a stage's compiled tables whatever its weights: its nodes in order with their types,
     attributes and tensor types, tensors numbered by first use (names left out), and its constants by
-    type and shape (by value when small integers or a float scalar: shapes, axes, eps).  Stages of equal anatomy compile to equal
-    layer tables and memory statistics (the blocks of one model), so one weighing stands for all.
+    type and shape (by value when small integers or a float scalar: shapes, axes, eps).  Stages of equal
+    anatomy compile to equal layer tables and memory statistics (the blocks of one model), so one weighing
+    stands for all.
     ``model`` may be loaded without its external data."""
     g = model.graph
     types: dict[str, str] = {}
