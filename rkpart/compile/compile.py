@@ -45,6 +45,7 @@ from rkpart.compile.scheduler import (
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.compile.user_cache import touch, user_cache_dir
 from rkpart.compile.weigh import (
+    WEIGH_MIN_BYTES,
     WEIGHED_OUT,
     Figures,
     Verdict,
@@ -750,6 +751,10 @@ class _Context:
             applied = tuple(sorted(candidates & set(rec.rewrites if rec is not None else {})))
             if not applied:
                 self.verdicts.put(key, Verdict((), True, None, None, "no rewrite to weigh matched"))
+                continue
+            plan = o.artifact.compiler
+            if plan is not None and plan.device_mem_bytes is not None and plan.device_mem_bytes < WEIGH_MIN_BYTES:
+                self.verdicts.put(key, Verdict((), True, None, None, "not weighed: a small stage"))
                 continue
             todo[sid] = applied
         if not todo:

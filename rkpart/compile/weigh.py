@@ -10,7 +10,9 @@ No rule by shape predicts which: the stage is built both ways and the compiler's
 
 :func:`judge` compares the two builds: fewer CPU layers first, then less device memory (the
 compiler's weight + internal memory); equal, the build with fewer rewrites.  A build without the
-figures, or a build without the rewrites that fails, keeps them (nothing says they cost anything).
+figures, or a build without the rewrites that fails, keeps them (nothing says they cost anything).  A stage
+that needs less than :data:`WEIGH_MIN_BYTES` of device memory with them is not weighed (tiny models: a
+second build to save at most a few hundred KiB).
 
 The verdict holds for every stage of one *anatomy* (:func:`stage_anatomy`: the graph without its
 weights' values; blocks of one model share it and compile to equal tables), so one more build per
@@ -42,6 +44,10 @@ WEIGH_DIR = "weigh"
 #: why a weighed rewrite was left out (the stage's ``dropped_rewrites``); the figures are in its ``weighed`` record
 WEIGHED_OUT = ("weighed for device memory: the build without it has no more CPU layers and no more device memory "
                "(the stage's prepared.weighed has both builds' figures; `rkpart compile --no-weigh-rewrites` keeps it)")
+#: a stage whose build with the rewrites needs less device memory than this is not weighed: the most a layout
+#: could cost it is not worth a build (the bundled example's self-attention: 0.24 MiB with heads-table-layout,
+#: 0.33 without; the stages where it loses need hundreds: 204 MiB for 4 heads x 128 at 4096 tokens)
+WEIGH_MIN_BYTES = 4 << 20
 #: integer constants of at most this many elements are hashed by value in an anatomy (shapes, axes, indices)
 SMALL_CONSTANT = 64
 VERDICT_KIND = FileKind("weighed-rewrite verdict", "json", 1 << 20, UserError, symlinks=False,
@@ -273,5 +279,6 @@ class VerdictStore:
             atomic_write_bytes(d / f"{key}.json", blob.encode())
 
 
-__all__ = ["WEIGHED_OUT", "WEIGH_DIR", "WEIGH_VERSION", "Figures", "Verdict", "VerdictStore", "judge",
+__all__ = ["WEIGHED_OUT", "WEIGH_DIR", "WEIGH_MIN_BYTES", "WEIGH_VERSION", "Figures", "Verdict", "VerdictStore",
+           "judge",
            "load_graph", "stage_anatomy", "verdict_key"]

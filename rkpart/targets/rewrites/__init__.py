@@ -14,7 +14,9 @@ Two kinds of entry:
     measured build that justifies it (``evidence``: the verbose "Network Layer Information Table"
     Target column of real builds, the crash, the weight memory).
 
-Each row says what it is for (``purpose``: placement, crash, memory, lowering, precision) and
+Each row says what it is for (``purpose``: placement, crash, memory, lowering, precision; a memory row
+that only changes a layout is ``weighed``: compile keeps it in a stage only when the compiler's figures
+for the stage built without it are worse, :mod:`rkpart.compile.weigh`) and
 whether it is exact (the same values bit for bit): five are not -- ``bfloat16-widen`` (the
 bfloat16 roundings go), ``reciprocal-mul-div`` (one rounding fewer), ``reduce-sum-matmul`` and
 ``pad-rows-matmul`` (the MatMul's summation order) and
