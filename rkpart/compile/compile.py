@@ -69,6 +69,8 @@ if TYPE_CHECKING:
     from rkpart.compile.calibration import Calibration
 
 RKNN_DIR = "rknn"
+#: the rows a verdict may name (rkpart.compile.weigh)
+WEIGHABLE = tuple(r.name for r in rewrite_table.REWRITES if r.weighed)
 LOG_DIR = "logs"
 #: a stage whose build fails with up to this many NPU rewrites is rebuilt dropping one at a time
 BISECT_MAX = 4
@@ -494,16 +496,18 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
                     outcomes[s.id] = dataclasses.replace(o, status="failed", artifact=None,
                                                          failures=(*o.failures, fail))
         model.save()
+        weighed: dict[str, Verdict] = {}
         for sid, v in ctx.weighed.items():  # the verdict and both builds' figures, in plan.json
             rec = ctx.prepared.get(sid)
             if rec is not None and v.with_rewrites is not None:
                 ctx.prepared[sid] = dataclasses.replace(rec, weighed=v.to_json())
+                weighed[sid] = v
         new_plan = _apply(plan, outcomes, settings, ctx.prepared)
         new_plan.save(folder)
     ordered = tuple(dataclasses.replace(outcomes[s.id], blocks=s.blocks or ((s.block,) if s.block is not None
                                                                             else ()),
                                         dropped_rewrites=dict(_dropped(ctx.prepared.get(s.id))),
-                                        weighed=_weighed(ctx.prepared.get(s.id)))
+                                        weighed=weighed.get(s.id))
                     for s in chosen)
     return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings,
                          hangs=_resolved(ctx.hangs.stops, outcomes, ctx.disabled_rules, ctx.prepared))
@@ -590,10 +594,6 @@ def _resolve(spec: str | Toolkit | None, toolkits_dir: str | os.PathLike[str] | 
 
 def _dropped(rec: PreparedRecord | None) -> Mapping[str, str]:
     return {} if rec is None else rec.dropped_rewrites
-
-
-def _weighed(rec: PreparedRecord | None) -> Verdict | None:
-    return None if rec is None or rec.weighed is None else Verdict.from_json(rec.weighed)
 
 
 def _apply(plan: Plan, outcomes: Mapping[str, StageOutcome], settings: JsonMap,
@@ -726,6 +726,8 @@ class _Context:
         assert self.verdicts is not None
         v = self.verdicts.get(key)
         if v is None or not v.rewrites:  # its anatomy was not weighed (its first build failed), or nothing matched
+            return
+        if not set(v.rewrites) <= set(WEIGHABLE):  # not a verdict this table could give: weighed again next time
             return
         self.weighed[sid] = v
         if not v.kept:

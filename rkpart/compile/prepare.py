@@ -124,11 +124,10 @@ class PreparedRecord:
 
     @classmethod
     def from_json(cls, d: JsonMap) -> PreparedRecord:
-        w = d.get("weighed")
+        # ``weighed`` is compile's, never read back from a prepared copy's record
         return cls(toolkit=str(d["toolkit"]), from_opset=int(d["from_opset"]), to_opset=int(d["to_opset"]),
                    rewrites=dict(d["rewrites"]), file=str(d["file"]), sha256=str(d["sha256"]),
-                   dropped_rewrites=dict(d.get("dropped_rewrites", {})),
-                   weighed=dict(w) if isinstance(w, Mapping) else None)
+                   dropped_rewrites=dict(d.get("dropped_rewrites", {})))
 
     def describe(self) -> str:
         """``lowered from opset 20 to 19 for rknn-toolkit2 2.3.0, gelu20-decompose x1`` (progress lines)."""
