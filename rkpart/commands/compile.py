@@ -114,6 +114,11 @@ def list_cmd(toolkits_dir: str | None, as_json: bool) -> None:
               type=click.Choice(SKIPPABLE_REWRITES),
               help="Leave out this NPU rewrite and apply the others (repeatable): to weigh what one rewrite costs "
                    "or saves, e.g. device memory. Names: docs/compile.md's rewrite table.")
+@click.option("--weigh-rewrites/--no-weigh-rewrites", default=True, show_default=True,
+              help="A rewrite that changes only a layout (heads-table-layout, rope-halves) is kept in a stage only "
+                   "when the compiler's figures say it helps: the first stage of each anatomy is built once more "
+                   "without it (cached), fewer CPU layers win, then less device memory. --no-weigh-rewrites "
+                   "applies it wherever it matches.")
 @click.option("--repartition", is_flag=True,
               help="After the build, move every op it put on the CPU inside an NPU stage to the host and cut every "
                    "stage whose build crashed in front of the ops the optimiser fused before the crash (a failure no "
@@ -150,7 +155,7 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: JsonObject,
                 timeout: float | None, hang_factor: float, hang_floor: float, fallback_toolkit: str | None,
                 cache_dir: str | None, no_cache: bool,
                 stage_ids: tuple[str, ...], retry_failed: bool, rewrites: bool, skip_rewrites: tuple[str, ...],
-                repartition: bool, strict_npu: bool,
+                weigh_rewrites: bool, repartition: bool, strict_npu: bool,
                 executor: str, address: str | None, precision: str, calibration: str | None,
                 quantized_algorithm: str, precision_spec: str | None, toolkits_dir: str | None, quiet: bool,
                 as_json: bool) -> None:
@@ -169,7 +174,8 @@ def compile_cmd(plan: str, toolkit_v: str, target: str, rknn_config: JsonObject,
     opts = CompileOptions(toolkit=toolkit_v, target=target, config=rknn_config, jobs=jobs, timeout=timeout,
                           fallback_toolkit=fallback_toolkit, toolkits_dir=toolkits_dir, shared_cache=cache_dir,
                           retry_failed=retry_failed, cache=not no_cache, stages=stage_ids,
-                          rewrites=rewrites, skip_rewrites=frozenset(skip_rewrites), strict_npu=strict_npu,
+                          rewrites=rewrites, skip_rewrites=frozenset(skip_rewrites), weigh_rewrites=weigh_rewrites,
+                          strict_npu=strict_npu,
                           executor=executor, address=address,
                           precision=precision, calibration=calibration, quantized_algorithm=quantized_algorithm,
                           precision_spec=precision_spec, hang_factor=hang_factor, hang_floor=hang_floor)
@@ -217,6 +223,7 @@ def _rounds_json(rounds: list[RepartitionRound], stuck: list[str]) -> JsonObject
 def format_summary(report: CompileReport) -> str:
     """The summary table printed after a compile."""
     from rkpart.compile.runner import one_line
+    from rkpart.compile.weigh import WEIGHED_OUT
     rows = [("stage", "status", "toolkit", "precision", "time s", "peak RSS", ".rknn", "weight MiB", "internal MiB",
              "cycles", "CPU ops")]
     for o in report.outcomes:
@@ -244,7 +251,12 @@ def format_summary(report: CompileReport) -> str:
         for name, why in getattr(o, "dropped_rewrites", {}).items():
             dropped.setdefault(one_line(why), []).append(name)
         for why, names in dropped.items():
+            if why == one_line(WEIGHED_OUT):
+                continue  # said below, with the figures
             lines.append(f"{o.stage_id}: NPU rewrite{'s' if len(names) > 1 else ''} {', '.join(names)} dropped: {why}")
+        v = getattr(o, "weighed", None)
+        if v is not None and v.with_rewrites is not None:
+            lines.append(f"{o.stage_id}: weighed {', '.join(v.rewrites)}: {v.why}")
         if o.artifact is not None and o.artifact.float16_layers:
             lines.append(f"{o.stage_id}: hybrid kept {len(o.artifact.float16_layers)} layer(s) in float16: "
                          + ", ".join(o.artifact.float16_layers))

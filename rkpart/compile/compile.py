@@ -32,7 +32,7 @@ from rkpart.compile.precision import (
     resolve,
 )
 from rkpart.compile.preflight import check_config, check_target
-from rkpart.compile.prepare import PreparedRecord, prepare_stage
+from rkpart.compile.prepare import PreparedRecord, prepare_identity, prepare_stage
 from rkpart.compile.runner import WORKER, BuildJob, BuildResult, one_line, read_log
 from rkpart.compile.scheduler import (
     DEFAULT_MARGIN,
@@ -44,6 +44,17 @@ from rkpart.compile.scheduler import (
 )
 from rkpart.compile.toolkits import Toolkit, find_toolkit
 from rkpart.compile.user_cache import touch, user_cache_dir
+from rkpart.compile.weigh import (
+    WEIGH_MIN_BYTES,
+    WEIGHED_OUT,
+    Figures,
+    Verdict,
+    VerdictStore,
+    judge,
+    load_graph,
+    stage_anatomy,
+    verdict_key,
+)
 from rkpart.errors import ToolkitError, UserError, os_error
 from rkpart.grouping.learned import CpuLayer, NpuOp, contradict, learn, load_learned, npu_ops, trace_cpu_layers
 from rkpart.io import default_cache_dir, file_sha256, folder_lock
@@ -58,6 +69,8 @@ if TYPE_CHECKING:
     from rkpart.compile.calibration import Calibration
 
 RKNN_DIR = "rknn"
+#: the rows a verdict may name (rkpart.compile.weigh)
+WEIGHABLE = tuple(r.name for r in rewrite_table.REWRITES if r.weighed)
 LOG_DIR = "logs"
 #: a stage whose build fails with up to this many NPU rewrites is rebuilt dropping one at a time
 BISECT_MAX = 4
@@ -115,6 +128,8 @@ class StageOutcome:
     #: NPU rewrites left out of the built stage -> why (failed the ORT check, or the build failed with it)
     dropped_rewrites: Mapping[str, str] = field(default_factory=dict)
     cpu_s: float = 0.0  # CPU seconds of the build's process tree (0: not built here, or not measured)
+    #: the verdict on the rewrites weighed for memory (rkpart.compile.weigh), when one matched the stage
+    weighed: Verdict | None = None
 
     @property
     def cpu_ops(self) -> tuple[str, ...]:
@@ -135,6 +150,7 @@ class StageOutcome:
             "peak_rss_bytes": self.peak_rss_bytes,
             "log": self.log,
             "dropped_rewrites": dict(self.dropped_rewrites),
+            "weighed": None if self.weighed is None else self.weighed.to_json(),
         }
 
 
@@ -220,6 +236,9 @@ class CompileOptions:
     stages: Sequence[str] = ()  # build only these NPU stages (ids); others keep their artifacts
     rewrites: bool = True  # apply the NPU rewrites of rkpart.targets.rewrites (opset lowering always happens)
     skip_rewrites: frozenset[str] = frozenset()  # NPU rewrites left out (by name), the others applied
+    #: build a stage that a memory-only rewrite matched once more without it (one build per anatomy, cached)
+    #: and keep the rewrite only where the compiler's figures say it helps (rkpart.compile.weigh)
+    weigh_rewrites: bool = True
     strict_npu: bool = False  # a stage with ops left on the CPU fails
     executor: str = "local"  # "local" (subprocesses here) or "ray" (Ray tasks, rkpart.compile.ray_executor)
     address: str | None = None  # Ray cluster address for executor "ray"
@@ -417,6 +436,8 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
                 "strict_npu": opts.strict_npu}
     if opts.skip_rewrites:
         settings["skip_rewrites"] = sorted(opts.skip_rewrites)
+    if opts.rewrites and not opts.weigh_rewrites:
+        settings["weigh_rewrites"] = False
     precisions = _precisions(plan, chosen, opts, spec, cal, resolved, full_config,
                              [t for t in (tk, fb) if t is not None], settings)
     if opts.executor == "ray" and any(sp.quantized for sp in precisions.values()):
@@ -444,7 +465,9 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
                        retry_failed=opts.retry_failed, margin=opts.memory_margin, available=available,
                        worker=opts.worker, say=say, t0=t0,
                        rewrites=opts.rewrites, skip_rewrites=frozenset(opts.skip_rewrites), precisions=precisions,
-                       hangs=PeerWatch(say, opts.hang_factor, opts.hang_floor))
+                       hangs=PeerWatch(say, opts.hang_factor, opts.hang_floor),
+                       verdicts=VerdictStore([folder / RKNN_DIR, *([shared_root] if shared_root is not None else [])])
+                       if opts.rewrites and opts.weigh_rewrites else None)
         if opts.executor == "ray":
             from rkpart.compile.ray_executor import RayRunner
 
@@ -473,11 +496,18 @@ def compile_plan_report(plan: Plan, folder: str | os.PathLike[str], opts: Compil
                     outcomes[s.id] = dataclasses.replace(o, status="failed", artifact=None,
                                                          failures=(*o.failures, fail))
         model.save()
+        weighed: dict[str, Verdict] = {}
+        for sid, v in ctx.weighed.items():  # the verdict and both builds' figures, in plan.json
+            rec = ctx.prepared.get(sid)
+            if rec is not None and v.with_rewrites is not None:
+                ctx.prepared[sid] = dataclasses.replace(rec, weighed=v.to_json())
+                weighed[sid] = v
         new_plan = _apply(plan, outcomes, settings, ctx.prepared)
         new_plan.save(folder)
     ordered = tuple(dataclasses.replace(outcomes[s.id], blocks=s.blocks or ((s.block,) if s.block is not None
                                                                             else ()),
-                                        dropped_rewrites=dict(_dropped(ctx.prepared.get(s.id))))
+                                        dropped_rewrites=dict(_dropped(ctx.prepared.get(s.id))),
+                                        weighed=weighed.get(s.id))
                     for s in chosen)
     return CompileReport(plan=new_plan, outcomes=ordered, wall_s=time.monotonic() - t0, settings=settings,
                          hangs=_resolved(ctx.hangs.stops, outcomes, ctx.disabled_rules, ctx.prepared))
@@ -615,15 +645,149 @@ class _Context:
     disabled_rules: dict[str, tuple[str, ...]] = field(default_factory=dict)
     #: the peers of every build and the builds stopped as hangs (rkpart.compile.hang)
     hangs: PeerWatch = field(default_factory=lambda: PeerWatch(lambda _m: None, 0.0))
+    #: the verdicts on memory-only rewrites (rkpart.compile.weigh); None: not weighed (--no-weigh-rewrites)
+    verdicts: VerdictStore | None = None
+    #: stage id -> the weighed rewrites its verdict leaves out (every build of the stage leaves them out)
+    weigh_drops: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: stage id -> the verdict of its anatomy
+    weighed: dict[str, Verdict] = field(default_factory=dict)
 
     def compile_round(self, stages: Sequence[Stage], tk: Toolkit,
                       fallback_reason: Mapping[str, str] | None) -> dict[str, StageOutcome]:
-        """Build ``stages`` with ``tk``; a stage whose build fails with NPU rewrites is rebuilt without them."""
+        """Build ``stages`` with ``tk``; a stage whose build fails with NPU rewrites is rebuilt without them.
+
+        Memory-only rewrites are weighed (:mod:`rkpart.compile.weigh`): the first stage of each anatomy
+        with no verdict in the cache is built with every rewrite, then once more without those, and the
+        compiler's figures decide; the other stages of that anatomy wait for the verdict and are built once."""
+        for s in stages:  # a verdict is the toolkit's: the fallback toolkit's round weighs again
+            self.weigh_drops.pop(s.id, None)
+            self.weighed.pop(s.id, None)
+        weigh, held = self._plan_weighing(stages, tk)
+        first = [s for s in stages if s.id not in held]
+        outcomes = self._round(first, tk, fallback_reason)
+        if weigh:
+            self._weigh(weigh, {s.id: s for s in first}, tk, fallback_reason, outcomes)
+        later = [s for s in stages if s.id in held]
+        if later:
+            for s in later:
+                self._apply_verdict(s.id, held[s.id], cached=False)
+            outcomes.update(self._round(later, tk, fallback_reason))
+        return outcomes
+
+    def _round(self, stages: Sequence[Stage], tk: Toolkit,
+               fallback_reason: Mapping[str, str] | None) -> dict[str, StageOutcome]:
         outcomes = self._build_round(stages, tk, fallback_reason, {})
         self._retry_without_named_rules(stages, tk, fallback_reason, outcomes)
         if self.rewrites:
             self._retry_without_rewrites(stages, tk, fallback_reason, outcomes)
         return outcomes
+
+    def _verdict_key(self, s: Stage, tk: Toolkit, candidates: Sequence[str]) -> str | None:
+        """The key of ``s``'s weighing with ``tk`` (``None``: no candidate may match it)."""
+        head = load_graph(stage_onnx(self.folder, s))
+        if head is None:
+            return None
+        ops = {n.op_type for n in head.graph.node}
+        rows = [r for r in rewrite_table.weighed_rewrites_for(tk.version, self.skip_rewrites) if r.name in candidates]
+        if not any(r.may_match(head, ops) for r in rows):
+            return None
+        sp = self.precisions.get(s.id) or StagePrecision("fp16")
+        return verdict_key(stage_anatomy(head), tk.version, self.target, sp.config(self.config, self.target),
+                           candidates, sorted(self.skip_rewrites), sp.key_extra(),
+                           prepare_identity())
+
+    def _plan_weighing(self, stages: Sequence[Stage], tk: Toolkit) -> tuple[dict[str, str], dict[str, str]]:
+        """(stage id -> verdict key of the stages to weigh after their first build, one per anatomy;
+        stage id -> verdict key of the stages that wait for it).  A stage whose anatomy has a verdict in
+        the cache gets it now (:meth:`_apply_verdict`)."""
+        if self.verdicts is None:
+            return {}, {}
+        candidates = [r.name for r in rewrite_table.weighed_rewrites_for(tk.version, self.skip_rewrites)]
+        if not candidates:
+            return {}, {}
+        weigh: dict[str, str] = {}
+        held: dict[str, str] = {}
+        first_of: dict[str, str] = {}
+        for s in stages:
+            key = self._verdict_key(s, tk, candidates)
+            if key is None:
+                continue
+            if self.verdicts.get(key) is not None:
+                self._apply_verdict(s.id, key, cached=True)
+            elif key in first_of:
+                held[s.id] = key
+            else:
+                first_of[key] = s.id
+                weigh[s.id] = key
+        return weigh, held
+
+    def _apply_verdict(self, sid: str, key: str, cached: bool) -> None:
+        """Build ``sid`` as the verdict of its anatomy (``key``) says: without the rewrites it left out."""
+        assert self.verdicts is not None
+        v = self.verdicts.get(key)
+        if v is None or not v.rewrites:  # its anatomy was not weighed (its first build failed), or nothing matched
+            return
+        if not set(v.rewrites) <= set(WEIGHABLE):  # not a verdict this table could give: weighed again next time
+            return
+        self.weighed[sid] = v
+        if not v.kept:
+            self.weigh_drops[sid] = dict.fromkeys(v.rewrites, WEIGHED_OUT)
+        if cached:
+            self.say(f"[weighed] {sid}: {', '.join(v.rewrites)} {'kept' if v.kept else 'left out'} "
+                     f"(the verdict on its anatomy, from the build cache)")
+
+    def _weigh(self, weigh: Mapping[str, str], by_id: Mapping[str, Stage], tk: Toolkit,
+               fallback_reason: Mapping[str, str] | None, outcomes: dict[str, StageOutcome]) -> None:
+        """Build each stage of ``weigh`` (one per anatomy) once more without the weighed rewrites it matched,
+        judge the two builds (:func:`rkpart.compile.weigh.judge`), keep the better one as the stage's and
+        store the verdict for its anatomy."""
+        assert self.verdicts is not None
+        candidates = {r.name for r in rewrite_table.weighed_rewrites_for(tk.version, self.skip_rewrites)}
+        todo: dict[str, tuple[str, ...]] = {}
+        for sid, key in weigh.items():
+            o, rec = outcomes.get(sid), self.prepared.get(sid)
+            if o is None or o.artifact is None:
+                continue  # its build failed: no figure to weigh against; its anatomy's others build as they are
+            if rec is not None and candidates & set(rec.dropped_rewrites):
+                continue  # one was dropped already (its check or its build failed): nothing to weigh
+            applied = tuple(sorted(candidates & set(rec.rewrites if rec is not None else {})))
+            if not applied:
+                self.verdicts.put(key, Verdict((), True, None, None, "no rewrite to weigh matched"))
+                continue
+            plan = o.artifact.compiler
+            if plan is not None and plan.device_mem_bytes is not None and plan.device_mem_bytes < WEIGH_MIN_BYTES:
+                self.verdicts.put(key, Verdict((), True, None, None, "not weighed: a small stage"))
+                continue
+            todo[sid] = applied
+        if not todo:
+            return
+        for sid, names in todo.items():
+            self.say(f"[weighing] {sid}: building it once more without {', '.join(names)} (it changes only a "
+                     "layout: the compiler's figures decide whether it stays)")
+        before = {sid: (outcomes[sid], self.prepared.get(sid)) for sid in todo}
+        got = self._build_round([by_id[sid] for sid in todo], tk, fallback_reason,
+                                {sid: dict.fromkeys(names, WEIGHED_OUT) for sid, names in todo.items()})
+        for sid, names in todo.items():
+            o, rec = before[sid]
+            o2 = got.get(sid)
+            assert o.artifact is not None
+            with_fig = Figures.of(o.artifact.cpu_ops, o.artifact.compiler)
+            if o2 is None or o2.artifact is None:
+                fail = o2.failures[-1] if o2 is not None and o2.failures else None
+                v = judge(names, with_fig, None, one_line(fail.message) if fail is not None else "not built")
+                if fail is None or fail.deterministic:
+                    self.verdicts.put(weigh[sid], v)
+            else:
+                v = judge(names, with_fig, Figures.of(o2.artifact.cpu_ops, o2.artifact.compiler))
+                self.verdicts.put(weigh[sid], v)
+            self.weighed[sid] = v
+            if v.kept:
+                outcomes[sid], self.prepared[sid] = o, rec
+            else:
+                assert o2 is not None
+                outcomes[sid] = o2
+                self.weigh_drops[sid] = dict.fromkeys(names, WEIGHED_OUT)
+            self.say(f"[weighed] {sid}: {', '.join(names)} {v.why}")
 
     def _retry_without_named_rules(self, stages: Sequence[Stage], tk: Toolkit,
                                    fallback_reason: Mapping[str, str] | None,
@@ -728,9 +892,10 @@ class _Context:
         for s in stages:
             onnx = stage_onnx(self.folder, s)
             reason = fallback_reason.get(s.id) if fallback_reason else None
+            drop = {**self.weigh_drops.get(s.id, {}), **drops.get(s.id, {})}
             try:
                 prep = prepare_stage(onnx, s.sha256, self.folder / RKNN_DIR, tk.version, self.target,
-                                     rewrites=self.rewrites, drop=drops.get(s.id), skip=self.skip_rewrites)
+                                     rewrites=self.rewrites, drop=drop, skip=self.skip_rewrites)
             except ToolkitError as e:
                 pfail = BuildFailure(toolkit=tk.version, kind="error", message=str(e), last_step="prepare")
                 outcomes[s.id] = StageOutcome(stage_id=s.id, status="failed", toolkit=tk.version, artifact=None,
@@ -777,7 +942,7 @@ class _Context:
             # measured, never read from plan.json: the memory model learns from this figure,
             # and a tampered weight_bytes must not lower every later estimate
             size = measured_stage_bytes(onnx)
-            without = "".join(f".without-{n}" for n in sorted(drops.get(s.id, ())))  # keeps the first log
+            without = "".join(f".without-{n}" for n in sorted(drop))  # keeps the first log
             without += f".rules-off-{len(self.disabled_rules[s.id])}" if self.disabled_rules.get(s.id) else ""
             log = self.folder / RKNN_DIR / LOG_DIR / f"{s.id}.{tk.version}{without}.log"
             timeout = self.timeout if self.timeout is not None else default_build_timeout(size)

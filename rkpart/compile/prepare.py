@@ -111,15 +111,22 @@ class PreparedRecord:
     file: str  # the file built, relative to the plan folder
     sha256: str
     dropped_rewrites: Mapping[str, str] = field(default_factory=dict)  # rewrite name -> why it was left out
+    #: the verdict on the rewrites weighed for memory (:meth:`rkpart.compile.weigh.Verdict.to_json`): set by
+    #: compile, never by prepare_stage
+    weighed: JsonMap | None = None
 
     def to_json(self) -> JsonObject:
+        # sorted: a record read back from the prepare cache (sort_keys) and a fresh one (table order) say the
+        # same, so a rerun from the caches writes the same plan.json
         return {"toolkit": self.toolkit, "from_opset": self.from_opset, "to_opset": self.to_opset,
-                "rewrites": dict(self.rewrites),
-                **({"dropped_rewrites": dict(self.dropped_rewrites)} if self.dropped_rewrites else {}),
+                "rewrites": dict(sorted(self.rewrites.items())),
+                **({"dropped_rewrites": dict(sorted(self.dropped_rewrites.items()))} if self.dropped_rewrites else {}),
+                **({"weighed": dict(self.weighed)} if self.weighed is not None else {}),
                 "file": self.file, "sha256": self.sha256}
 
     @classmethod
     def from_json(cls, d: JsonMap) -> PreparedRecord:
+        # ``weighed`` is compile's, never read back from a prepared copy's record
         return cls(toolkit=str(d["toolkit"]), from_opset=int(d["from_opset"]), to_opset=int(d["to_opset"]),
                    rewrites=dict(d["rewrites"]), file=str(d["file"]), sha256=str(d["sha256"]),
                    dropped_rewrites=dict(d.get("dropped_rewrites", {})))
@@ -279,6 +286,12 @@ def _apply_checked(model: onnx.ModelProto, rows: tuple[Rewrite, ...], ref: list[
         current = cand
         kept.update(one)
     return current, kept, failed
+
+
+def prepare_identity() -> list[str]:
+    """What makes the prepared copies: the prepare version and the rewrite table's rows (a verdict weighed on
+    copies of another table is weighed again, :mod:`rkpart.compile.weigh`)."""
+    return [f"prepare-v{PREPARE_VERSION}", *_rules()]
 
 
 def _rules() -> list[str]:

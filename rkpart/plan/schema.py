@@ -153,6 +153,11 @@ _STAGE = {
                                                     "the rewritten stage differed under ONNX Runtime, or the "
                                                     "toolkit's build failed with it (compile rebuilt the stage "
                                                     "without it)."},
+                "weighed": {"type": "object",
+                            "description": "The rewrites weighed for memory (they change only a layout) and the "
+                                           "verdict: the stage built with and without them, the compiler's CPU "
+                                           "layers and weight / internal memory of each, and whether they were "
+                                           "kept (fewer CPU layers, then less device memory; equal: left out)."},
             },
         },
     },

@@ -53,6 +53,8 @@ def test_each_docs_row_says_what_the_row_says() -> None:
             assert re.search(r"avoids an? ", docs[name]), (name, "a crash row says what it avoids")
         if r.purpose == "memory":
             assert "weight memory" in docs[name], name
+        # a row compile weighs for memory (builds the stage without it too) says so in its first column
+        assert ("weighed" in head) is r.weighed, (name, r.weighed, head)
 
 
 def test_every_row_declares_a_purpose_and_five_are_not_exact() -> None:

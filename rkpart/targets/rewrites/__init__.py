@@ -14,7 +14,9 @@ Two kinds of entry:
     measured build that justifies it (``evidence``: the verbose "Network Layer Information Table"
     Target column of real builds, the crash, the weight memory).
 
-Each row says what it is for (``purpose``: placement, crash, memory, lowering, precision) and
+Each row says what it is for (``purpose``: placement, crash, memory, lowering, precision; a memory row
+that only changes a layout is ``weighed``: compile keeps it in a stage only when the compiler's figures
+for the stage built without it are worse, :mod:`rkpart.compile.weigh`) and
 whether it is exact (the same values bit for bit): five are not -- ``bfloat16-widen`` (the
 bfloat16 roundings go), ``reciprocal-mul-div`` (one rounding fewer), ``reduce-sum-matmul`` and
 ``pad-rows-matmul`` (the MatMul's summation order) and
@@ -121,6 +123,12 @@ class Rewrite:
     #: the same values bit for bit, given the same op implementations; ``False``: a rounding is
     #: added, dropped or reordered (checked by the prepared-stage gate, or its own :attr:`gate`)
     exact: bool = True
+    #: it changes only a layout, not where an op runs, and what that does to device memory depends on
+    #: the stage's shapes (measured: ``heads-table-layout`` takes the 512 px Anima self-attention from
+    #: 44.5 to 32.0 MiB of internal memory and costs the 1024 px fused block 45 MiB): ``rkpart compile``
+    #: builds a stage it matched in once more without it (one build per anatomy, cached) and keeps it
+    #: only when the compiler's figures say it helps (:mod:`rkpart.compile.weigh`)
+    weighed: bool = False
 
     def __post_init__(self) -> None:
         if not set(self.needs) <= NEEDS:
@@ -133,6 +141,9 @@ class Rewrite:
             raise ValueError(f"rewrite {self.name}: kind 'lower' exactly for purpose 'lowering'")
         if (self.probe is None) == (self.op_type == ""):
             raise ValueError(f"rewrite {self.name}: a probe exactly when there is no op_type")
+        if self.weighed and self.purpose != "memory":
+            raise ValueError(f"rewrite {self.name}: only a memory rewrite is weighed (a placement or a crash "
+                             "avoided is worth its memory)")
 
     def applies_to(self, toolkit: str) -> bool:
         return "*" in self.toolkits or toolkit in self.toolkits
@@ -433,7 +444,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "2.5.0: weight memory fp16 173 -> 87.1 KB, int8 140.2 -> 48.4 KB, 0 CPU layers, as many "
             "Transposes as before. Not on 2.3.0: fp16 173 -> 129.1 KB only (it lays the two sin Muls out "
             "as (64,1,1,24), padded again) and its int8 build puts 6 Reshapes of the stage on the CPU",
-            heads_table_layout, needs=("inferred_shapes",), purpose="memory"),
+            heads_table_layout, needs=("inferred_shapes",), purpose="memory", weighed=True),
     Rewrite("rope-halves", "Add", "npu", ("2.3.0", "2.3.2"),
             "Not a placement: weight memory. The rotate-half RoPE x * cos + rotate_half(x) * sin with tables "
             "broadcast over the heads ([1,1,T,D] against q/k [1,H,T,D]: the TorchScript export of diffusers' "
@@ -448,7 +459,7 @@ REWRITES: tuple[Rewrite, ...] = (
             "124.9 -> 78.7 KB, int8 92.1 -> 43.75 KB, 0 CPU layers; whole plan int8/fp16 0.616 -> 0.547 (2.3.2: "
             "0.616 -> 0.546); pure-ONNX Anima's stage (already unpadded on 2.3.0) 83.6 -> 78.7 / 47.6 -> 43.75 KB. "
             "Not on 2.5.0 (heads-table-layout: 0.547 already; this form measured 82.6 / 45.6 KB without it)",
-            rope_halves, needs=("inferred_shapes", "types"), purpose="memory"),
+            rope_halves, needs=("inferred_shapes", "types"), purpose="memory", weighed=True),
     # --- last: sees the order every other row left ---
     Rewrite("rms-norm-contiguous", "ReduceMean", "npu", ("*",),
             "Hang and failure avoided, not a placement: the toolkits' replace_rms_norm takes an RMSNorm's weight "
@@ -485,6 +496,11 @@ DEDUPE = Rewrite("dedupe-constants", "", "npu", ("*",),
 SKIPPABLE_REWRITES: tuple[str, ...] = tuple(sorted({r.name for r in REWRITES if r.kind == "npu"} | {DEDUPE.name}))
 
 
+def weighed_rewrites_for(toolkit: str, skip: frozenset[str] = frozenset()) -> tuple[Rewrite, ...]:
+    """The rows ``rkpart compile`` weighs for memory on ``toolkit`` (:attr:`Rewrite.weighed`), but ``skip``."""
+    return tuple(r for r in compile_rewrites_for(toolkit) if r.weighed and r.name not in skip)
+
+
 def rewrites_for(toolkit: str, kind: str) -> tuple[Rewrite, ...]:
     """The table's rows of ``kind`` ("lower" or "npu") that apply to ``toolkit``."""
     return tuple(r for r in REWRITES if r.kind == kind and r.applies_to(toolkit))
@@ -519,4 +535,5 @@ def apply_rewrites(model: onnx.ModelProto, rows: tuple[Rewrite, ...]) -> dict[st
 
 
 __all__ = ["DEDUPE", "NO_LOWERING", "REWRITES", "SKIPPABLE_REWRITES", "TYPE_ONLY_CHANGES",
-           "Apply", "Rewrite", "apply_rewrites", "compile_rewrites_for", "rewrites_for"]
+           "Apply", "Rewrite", "apply_rewrites", "compile_rewrites_for", "rewrites_for",
+           "weighed_rewrites_for"]
