@@ -432,7 +432,15 @@ REWRITES: tuple[Rewrite, ...] = (
             "(1,64,1,24) FLOAT16 0xc00, INT8 0x600. Measured on the bundled example's self-attention, "
             "2.5.0: weight memory fp16 173 -> 87.1 KB, int8 140.2 -> 48.4 KB, 0 CPU layers, as many "
             "Transposes as before. Not on 2.3.0: fp16 173 -> 129.1 KB only (it lays the two sin Muls out "
-            "as (64,1,1,24), padded again) and its int8 build puts 6 Reshapes of the stage on the CPU",
+            "as (64,1,1,24), padded again) and its int8 build puts 6 Reshapes of the stage on the CPU. "
+            "Also a placement: a table computed in the stage from constants alone (Cosmos-Predict2 at its real "
+            "width: Cos/Sin of the position grid, which the partitioner copies as ops, not as a value) is read "
+            "through a Reshape to [1,T,1,D] the compiler folds. Without it 2.5.0 runs the Transpose it puts after "
+            "the q/k RMSNorm's exNorm on the CPU ((1,128,16,1024) -> (1,16,1024,128), 'height(1024) * width(128) "
+            "= 131072, required product no larger than 8192'; bench/layout_probe.py --pattern rms-rope, 4 heads x "
+            "1024 tokens at 128: that Transpose and the rotate-half's Reshape, 2 -> 0). Cosmos-Predict2 2B at its "
+            "width (16 x 128, 1024 tokens), split, 2.5.0: self-attention 2 CPU Transposes -> 0, weight memory "
+            "37.8 -> 34.1 MB",
             heads_table_layout, needs=("inferred_shapes",), purpose="memory"),
     Rewrite("rope-halves", "Add", "npu", ("2.3.0", "2.3.2"),
             "Not a placement: weight memory. The rotate-half RoPE x * cos + rotate_half(x) * sin with tables "
