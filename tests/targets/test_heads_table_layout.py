@@ -23,6 +23,7 @@ from tests.models.anima import AnimaConfig, build_anima_onnx
 from tests.targets.rewrite_check import rewritten, run_unoptimised
 
 ROW = tuple(r for r in REWRITES if r.name == "heads-table-layout")
+COMPUTED = tuple(r for r in REWRITES if r.name == "computed-table-layout")
 F = TensorProto.FLOAT
 vi = helper.make_tensor_value_info
 
@@ -332,5 +333,35 @@ def test_real_build_keeps_the_norm_and_rope_of_computed_tables_on_the_npu(tk250:
     after, done = _rewrite(m)
     assert done == {"heads-table-layout": 1}
     cpu = cpu_layers_before_after(m, after, tk250, tmp_path)
+    assert sorted(op.split(":")[0] for op in cpu["before"]) == ["Reshape", "Transpose"], cpu
+    assert cpu["after"] == (), cpu
+
+
+def test_computed_table_layout_moves_computed_tables_only() -> None:
+    """2.3.x's row: Cosmos's computed tables as heads-table-layout moves them (the same graph), constant tables
+    left to rope-halves."""
+    m = cosmos_rope()
+    r, done = rewritten(m, COMPUTED)
+    assert done == {"computed-table-layout": 1}
+    r2, _ = _rewrite(m)
+    assert r.SerializeToString() == r2.SerializeToString()
+    _same_bits(m, r)
+    flux = _flux_rope()
+    r, done = rewritten(flux, COMPUTED)
+    assert done == {} and list(r.graph.node) == list(flux.graph.node)
+
+
+@pytest.mark.toolkit
+@pytest.mark.slow
+def test_real_build_2_3_0_keeps_the_norm_and_rope_of_computed_tables_on_the_npu(tk230: object,
+                                                                                 tmp_path: Path) -> None:
+    """2.3.0, the same q path (4 heads x 1024 tokens at 128): the Transpose after the exNorm and the rotate-half's
+    Reshape on the CPU before (16 heads: the Transpose alone, as in Cosmos's stage), nothing after."""
+    from tests.targets.rewrite_check import cpu_layers_before_after
+
+    m = cosmos_rope(4, 1024, 128)
+    after, done = rewritten(m, COMPUTED)
+    assert done == {"computed-table-layout": 1}
+    cpu = cpu_layers_before_after(m, after, tk230, tmp_path)
     assert sorted(op.split(":")[0] for op in cpu["before"]) == ["Reshape", "Transpose"], cpu
     assert cpu["after"] == (), cpu

@@ -915,7 +915,7 @@ def _axes_beyond_heads(view: GraphEdit, n: onnx.NodeProto, rank_in: int, rank_ou
     return all((a + rank if a < 0 else a) >= 3 for a in axes)
 
 
-def heads_table_layout(view: GraphEdit) -> int:
+def heads_table_layout(view: GraphEdit, computed_only: bool = False) -> int:
     """Elementwise work on attention heads ``x[B, H, T, D]`` with a constant broadcast over the heads
     (RoPE's cos / sin tables ``[1, 1, T, D]``) -> the same work on ``x[B, T, H, D]``, so that the
     table is ``[1, T, 1, D]``.
@@ -949,7 +949,7 @@ def heads_table_layout(view: GraphEdit) -> int:
     for out in seeds:
         # the node itself: an earlier region's edit copied the graph's nodes
         seed = next((n for n in graph.node if n.op_type == "Transpose" and list(n.output) == [out]), None)
-        if seed is not None and _sink_transpose(view, seed, shapes, made):
+        if seed is not None and _sink_transpose(view, seed, shapes, made, computed_only):
             count += 1
             shapes = view.static_shapes()
     return count
@@ -959,10 +959,17 @@ def _is_swap12(perm: list[int]) -> bool:
     return len(perm) >= 3 and perm == _swap12(list(range(len(perm))))
 
 
+def computed_table_layout(view: GraphEdit) -> int:
+    """:func:`heads_table_layout` where it moves a table computed in the stage (2.3.x's row: ``rope-halves``
+    does the constant tables there)."""
+    return heads_table_layout(view, computed_only=True)
+
+
 def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, list[int]],
-                    made: dict[tuple[str, int], str]) -> bool:
+                    made: dict[tuple[str, int], str], computed_only: bool = False) -> bool:
     """Move ``seed`` (a Transpose swapping axes 1 and 2) down as far as the ops after it allow;
-    False (nothing changed) when that would move no table."""
+    False (nothing changed) when that would move no table (``computed_only``: no table computed in the
+    stage)."""
     graph = view.graph
     outputs = view.outputs
     nodes = list(graph.node)
@@ -1007,7 +1014,7 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
             full = [1] * (rank - len(vs)) + vs
             if full[1] != 1 or full[2] != 1:
                 consts.add(i)  # a transposed copy is made once the region is accepted
-                moved_table = moved_table or (full[1] == 1 and full[2] > 1)
+                moved_table = moved_table or (full[1] == 1 and full[2] > 1 and (v is None or not computed_only))
         if not ok:
             continue
         if op == "Reshape":
