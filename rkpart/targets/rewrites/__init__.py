@@ -57,7 +57,12 @@ from rkpart.targets.rewrites.crashes import (
     strided_slices_concat,
     wide_tensor_per_reader,
 )
-from rkpart.targets.rewrites.heads import kv_repeat_gather, masked_attention_row_chunks, pad_rows_matmul
+from rkpart.targets.rewrites.heads import (
+    guard_after_product,
+    kv_repeat_gather,
+    masked_attention_row_chunks,
+    pad_rows_matmul,
+)
 from rkpart.targets.rewrites.lower import NO_LOWERING, TYPE_ONLY_CHANGES, gelu, grid_sample
 from rkpart.targets.rewrites.npu import (
     computed_table_layout,
@@ -367,6 +372,17 @@ REWRITES: tuple[Rewrite, ...] = (
             "MB), 2.3.2 3 -> 0; not on 2.3.0, which runs each chunk's probabilities Transpose ((6,256,1,1280) -> "
             "(6,1280,1,256)) on the CPU: 3 -> 5",
             masked_attention_row_chunks, needs=("inferred_shapes", "types")),
+    Rewrite("guard-after-product", "Softmax", "npu", ("2.3.0",),
+            "Masked attention after nan-guard, MatMul(Softmax(s + mask) * f, V) with f nan-guard's per-row 'has a "
+            "key' factor (Clip(MatMul(Where(mask, 1, 0), ones), 0, 1): exactly 0 or 1): 2.3.0 does not fuse a "
+            "Softmax and its product with V that a Mul stands between, and runs the scores' Transpose, the Softmax "
+            "and the probabilities' Transpose on the CPU ('exSoftmax13:p0', (6,1280,1,1280)). As "
+            "MatMul(Softmax(s + mask), V) * f (the factor after the product: f = 1 the same product, f = 0 zeros; "
+            "bit-exact for finite values) every layer stays on the NPU. Measured with bench/layout_probe.py "
+            "--pattern gqa-tile --mask (6 heads of 96 over 2, 1280 tokens, nan-guard applied), 2.3.0: 3 CPU layers "
+            "-> 0, internal memory 162.7 -> 43.8 MB. 2.3.2 and 2.5.0 cut such an attention into row chunks "
+            "(masked-attention-row-chunks), which 2.3.0 runs worse",
+            guard_after_product, needs=("inferred_shapes", "types")),
     Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
             "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
             "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "
