@@ -330,16 +330,19 @@ GUARD = tuple(r for r in REWRITES if r.name in ("nan-guard", "guard-after-produc
 
 @pytest.mark.parametrize("keys", ["some", "none"])
 def test_the_guard_factor_goes_after_the_product_bit_for_bit(keys: str) -> None:
-    """2.3.0's set on the masked attention: nan-guard's 0/1 factor multiplies the product with V, not the
-    probabilities; the same values under ONNX Runtime with some keys and with every key masked (the factor 0)."""
+    """2.3.0's set on the masked attention: nan-guard's 0/1 factor (one for every query row: the mask is over the
+    keys) multiplies V, not the probabilities; the same values under ONNX Runtime with some keys and with every key
+    masked (the factor 0)."""
     m = masked(600)
     r, applied = rewritten(m, compile_rewrites_for("2.3.0"))
     assert applied.get("guard-after-product") == 1 and applied.get("nan-guard") == 1
     assert "masked-attention-row-chunks" not in applied
     last = r.graph.node[-1]
-    assert last.op_type == "Mul" and last.output[0] == "y"
+    assert last.op_type == "MatMul" and last.output[0] == "y"
     sm = next(n for n in r.graph.node if n.op_type == "Softmax")
     assert [n.op_type for n in r.graph.node if sm.output[0] in n.input] == ["MatMul"]
+    values = next(n for n in r.graph.node if n.output[0] == last.input[1])
+    assert values.op_type == "Mul" and "v" in values.input
     feeds = _mask_feeds(m)
     if keys == "none":
         feeds["mask"] = np.zeros_like(feeds["mask"])

@@ -294,6 +294,7 @@ def _zero_one_factor(view: GraphEdit, f: str) -> bool:
 
 def guard_after_product(view: GraphEdit) -> int:
     """``MatMul(Softmax(s) * f, V)``, ``f`` nan-guard's per-row factor of 0 or 1 (:func:`_zero_one_factor`) ->
+    ``MatMul(Softmax(s), V * f)`` where ``f`` is the same for every query row (a mask over the keys), else
     ``MatMul(Softmax(s), V) * f``: for ``f = 1`` the same product, for ``f = 0`` zeros (finite values), bit for bit
     (a zero's sign aside).  2.3.0 fuses the masked attention (its Softmax and the product with ``V``) only when
     nothing stands between them."""
@@ -318,10 +319,19 @@ def guard_after_product(view: GraphEdit) -> int:
             continue
         base = mul.name or mul.output[0]
         pre = view.fresh(f"{base}/product")
+        vs = shapes.get(mm.input[1])
         view.replace_later(index[mul.output[0]], [])
-        view.replace_later(index[mm.output[0]], [
-            helper.make_node("MatMul", [sm.output[0], mm.input[1]], [pre], name=mm.name or f"{base}/MatMul"),
-            helper.make_node("Mul", [pre, f], [mm.output[0]], name=f"{base}/after_product")])
+        if len(fs) < 2 or (fs[-2] == 1 and vs is not None and len(fs) <= len(vs) and all(
+                a in (1, b) for a, b in zip(fs[::-1], vs[::-1], strict=False))):
+            # the same factor for every query row (a mask over the keys: Lumina2's caption mask): onto V, which
+            # 2.3.0 fuses with the attention; a Mul after the fused product puts its Transpose on the CPU at 24 heads
+            view.replace_later(index[mm.output[0]], [
+                helper.make_node("Mul", [mm.input[1], f], [pre], name=f"{base}/on_values"),
+                helper.make_node("MatMul", [sm.output[0], pre], [mm.output[0]], name=mm.name or f"{base}/MatMul")])
+        else:
+            view.replace_later(index[mm.output[0]], [
+                helper.make_node("MatMul", [sm.output[0], mm.input[1]], [pre], name=mm.name or f"{base}/MatMul"),
+                helper.make_node("Mul", [pre, f], [mm.output[0]], name=f"{base}/after_product")])
         done += 1
     view.apply_edits()
     return done
