@@ -241,10 +241,12 @@ class GraphEdit:
         return name
 
     def const_array(self, name: str) -> np.ndarray | None:
-        """The value of an initializer or a ``Constant``'s output ``name`` (else ``None``)."""
+        """The value of an initializer or a ``Constant``'s output ``name`` (else ``None``).  An initializer whose
+        data was not loaded (external: the partitioner's rewrite probe holds large constants as placeholders of
+        the right shape) has no value here: ``None``, as for data."""
         for t in self.graph.initializer:
             if t.name == name:
-                return tensor_value(t)
+                return None if t.data_location == onnx.TensorProto.EXTERNAL else tensor_value(t)
         for n in self.graph.node:
             if n.output and n.output[0] == name and (t := constant_tensor(n)) is not None:
                 return tensor_value(t)

@@ -374,3 +374,20 @@ def test_real_build_2_3_0_keeps_long_masked_attention_on_the_npu(tk230: object, 
     cpu = cpu_layers_before_after(before, after, tk230, tmp_path)
     assert "exSoftmax13" in {op.split(":")[0] for op in cpu["before"]}, cpu
     assert cpu["after"] == (), cpu
+
+
+def test_a_placeholder_constant_is_no_value_to_any_rewrite() -> None:
+    """The partitioner's rewrite probe on Lumina2's caption refiner (2.3.0): norm-residual-sub read a large
+    computed constant the probe holds as a placeholder (a Mul feeding an Add), the probe raised and rescued
+    nothing, and the partition cut the attention in two around a host IsNaN.  A placeholder has no value: the
+    probe runs on and nan-guard rescues the IsNaN."""
+    m = masked(16)
+    big = onnx.TensorProto(name="w", dims=[1, 2, 16, 8], data_type=F)
+    big.data_location = onnx.TensorProto.EXTERNAL
+    entry = big.external_data.add()
+    entry.key, entry.value = "location", "rkpart-capability-probe-placeholder"
+    m.graph.initializer.append(big)
+    m.graph.node.extend([helper.make_node("Mul", ["q", "w"], ["qw"]), helper.make_node("Add", ["qw", "q"], ["qa"])])
+    m.graph.output.append(helper.make_tensor_value_info("qa", F, [1, 2, 16, 8]))
+    _, applied = rewritten(m, tuple(r for r in REWRITES if r.applies_to("2.3.0") and r.kind == "npu"))
+    assert applied.get("nan-guard") == 1
