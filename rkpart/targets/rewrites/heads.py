@@ -302,8 +302,12 @@ def guard_after_product(view: GraphEdit) -> int:
     index = {n.output[0]: i for i, n in enumerate(view.graph.node) if n.output}
     done = 0
     for mul in [n for n in view.graph.node if n.op_type == "Mul" and len(n.input) == 2]:
-        sm = next((p for i in mul.input if (p := view.producer(i)) is not None and p.op_type == "Softmax"), None)
-        if sm is None or _single_reader(view, sm.output[0]) is not mul:
+        found = [p for i in mul.input if (p := view.producer(i)) is not None and p.op_type == "Softmax"]
+        if not found:
+            continue
+        sm = found[0]
+        only = _single_reader(view, sm.output[0])
+        if only is None or list(only.output) != list(mul.output):  # the Softmax read by this Mul alone
             continue
         f = mul.input[1] if mul.input[0] == sm.output[0] else mul.input[0]
         mm = _single_reader(view, mul.output[0])
