@@ -227,10 +227,7 @@ def test_nan_guard_is_bit_exact_with_a_fully_masked_row(exporter: str, toolkit: 
     fill = -math.inf if exporter == "torchscript" else float(np.finfo(np.float32).min)
     m = _model(sdpa_bool_mask(fill))
     r, done = _rewritten(m, toolkit)
-    # 2.3.0: the guard's 0/1 factor then goes after the product with V (guard-after-product); dynamo's finite
-    # fill leaves no factor
-    after = {"guard-after-product": 1} if toolkit == "2.3.0" and exporter == "torchscript" else {}
-    assert done == {"nan-guard": 1, **after}
+    assert done == {"nan-guard": 1}
     assert "IsNaN" not in {n.op_type for n in r.graph.node}
     feeds = _sdpa_feeds()
     (ref,) = _run(m, feeds)

@@ -377,14 +377,15 @@ REWRITES: tuple[Rewrite, ...] = (
             "key' factor (Clip(MatMul(Where(mask, 1, 0), ones), 0, 1): exactly 0 or 1): 2.3.0 does not fuse a "
             "Softmax and its product with V that a Mul stands between, and runs the scores' Transpose, the Softmax "
             "and the probabilities' Transpose on the CPU ('exSoftmax13:p0', (6,1280,1,1280)). As "
-            "MatMul(Softmax(s + mask), V * f) where f is the same for every query row (a mask over the keys: "
-            "Lumina2's caption mask), else MatMul(Softmax(s + mask), V) * f (f = 1 the same product, f = 0 zeros; "
-            "bit-exact for finite values), 2.3.0 fuses the attention. Measured with bench/layout_probe.py "
-            "--pattern gqa-tile --mask (1280 tokens, nan-guard applied), 2.3.0: 6 heads of 96 over 2, 3 CPU layers "
-            "-> 0 (internal memory 162.7 -> 43.8 MB) with either form; 24 over 8 (Lumina2's), 0 with the factor on "
-            "V, while the factor after the product leaves the fused output's Transpose on the CPU in Lumina2's "
-            "main attention ('Where_1/product_sdpa_tp', (24,96,1,1280) -> (1,24,1280,96)). 2.3.2 and 2.5.0 cut such "
-            "an attention into row chunks (masked-attention-row-chunks), which 2.3.0 runs worse",
+            "MatMul(Softmax(s + mask), V * f), f the same for every query row (a mask over the keys: Lumina2's "
+            "caption mask; f = 1 the same product, f = 0 zeros; bit-exact for finite values), 2.3.0 fuses the "
+            "attention. Measured with bench/layout_probe.py --pattern gqa-tile --mask (1280 tokens, nan-guard "
+            "applied), 2.3.0: 6 heads of 96 over 2, 3 CPU layers -> 0 (internal memory 162.7 -> 43.8 MB); 24 over "
+            "8 (Lumina2's) -> 0. The factor after the product instead (the form a per-row factor would need: left "
+            "alone) left the fused output's Transpose on the CPU in Lumina2's main attention "
+            "('Where_1/product_sdpa_tp', (24,96,1,1280) -> (1,24,1280,96)). Lumina-Image-2.0 at its width, split, "
+            "2.3.0: main attention 3 CPU layers -> 0, internal memory 284 -> 62 MiB. 2.3.2 and 2.5.0 cut such an "
+            "attention into row chunks (masked-attention-row-chunks), which 2.3.0 runs worse",
             guard_after_product, needs=("inferred_shapes", "types")),
     Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
             "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "

@@ -293,11 +293,10 @@ def _zero_one_factor(view: GraphEdit, f: str) -> bool:
 
 
 def guard_after_product(view: GraphEdit) -> int:
-    """``MatMul(Softmax(s) * f, V)``, ``f`` nan-guard's per-row factor of 0 or 1 (:func:`_zero_one_factor`) ->
-    ``MatMul(Softmax(s), V * f)`` where ``f`` is the same for every query row (a mask over the keys), else
-    ``MatMul(Softmax(s), V) * f``: for ``f = 1`` the same product, for ``f = 0`` zeros (finite values), bit for bit
-    (a zero's sign aside).  2.3.0 fuses the masked attention (its Softmax and the product with ``V``) only when
-    nothing stands between them."""
+    """``MatMul(Softmax(s) * f, V)``, ``f`` nan-guard's per-row factor of 0 or 1 (:func:`_zero_one_factor`) the same
+    for every query row (a mask over the keys) -> ``MatMul(Softmax(s), V * f)``: for ``f = 1`` the same product,
+    for ``f = 0`` zeros (finite values), bit for bit (a zero's sign aside).  2.3.0 fuses the masked attention (its
+    Softmax and the product with ``V``) only when nothing stands between them."""
     shapes = view.static_shapes()
     index = {n.output[0]: i for i, n in enumerate(view.graph.node) if n.output}
     done = 0
@@ -321,21 +320,20 @@ def guard_after_product(view: GraphEdit) -> int:
             continue
         if view.elem(f) not in _FLOATS or not _zero_one_factor(view, f):
             continue
-        base = mul.name or mul.output[0]
-        pre = view.fresh(f"{base}/product")
+        # the same factor for every query row (a mask over the keys: Lumina2's caption mask), shaped to broadcast
+        # onto V: onto V, which 2.3.0 fuses with the attention.  A factor per query row would go after the product,
+        # where 2.3.0 runs the fused output's Transpose to it on the CPU at 24 heads (Lumina2's main attention,
+        # measured): left alone
         vs = shapes.get(mm.input[1])
+        if len(fs) >= 2 and (fs[-2] != 1 or vs is None or len(fs) > len(vs) or any(
+                a not in (1, b) for a, b in zip(fs[::-1], vs[::-1], strict=False))):
+            continue
+        base = mul.name or mul.output[0]
+        pre = view.fresh(f"{base}/values")
         view.replace_later(index[mul.output[0]], [])
-        if len(fs) < 2 or (fs[-2] == 1 and vs is not None and len(fs) <= len(vs) and all(
-                a in (1, b) for a, b in zip(fs[::-1], vs[::-1], strict=False))):
-            # the same factor for every query row (a mask over the keys: Lumina2's caption mask): onto V, which
-            # 2.3.0 fuses with the attention; a Mul after the fused product puts its Transpose on the CPU at 24 heads
-            view.replace_later(index[mm.output[0]], [
-                helper.make_node("Mul", [mm.input[1], f], [pre], name=f"{base}/on_values"),
-                helper.make_node("MatMul", [sm.output[0], pre], [mm.output[0]], name=mm.name or f"{base}/MatMul")])
-        else:
-            view.replace_later(index[mm.output[0]], [
-                helper.make_node("MatMul", [sm.output[0], mm.input[1]], [pre], name=mm.name or f"{base}/MatMul"),
-                helper.make_node("Mul", [pre, f], [mm.output[0]], name=f"{base}/after_product")])
+        view.replace_later(index[mm.output[0]], [
+            helper.make_node("Mul", [mm.input[1], f], [pre], name=f"{base}/on_values"),
+            helper.make_node("MatMul", [sm.output[0], pre], [mm.output[0]], name=mm.name or f"{base}/MatMul")])
         done += 1
     view.apply_edits()
     return done
