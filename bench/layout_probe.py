@@ -19,6 +19,12 @@ Patterns (``--pattern``):
     Flux: diffusers' ``apply_rotary_emb(use_real_unbind_dim=-1)``), tables ``[1, 1, T, d]``.
 ``norm-rope``
     ``norm`` then ``rope-interleaved`` (HunyuanDiT's attention).
+``rope-halves``
+    rotate-half RoPE, ``x.reshape(..., 2, d/2).unbind(-2)``, ``cat(-x2, x1)`` (diffusers' ``apply_rotary_emb(
+    use_real_unbind_dim=-2)``: Cosmos, Anima), tables ``[1, 1, T, d]`` computed in the graph (``Cos``/``Sin`` of a
+    constant: Cosmos's real-width stages).
+``rms-rope``
+    ``rms`` then ``rope-halves`` (Cosmos-Predict2's attention).
 ``gqa``
     the key/value heads repeated (``Unsqueeze/Expand/Reshape``, Lumina2's processor), ``H / Hk`` each.
 ``plain``
@@ -107,6 +113,33 @@ def _rope_interleaved(x: str, out: str, shape: list[int], tag: str) -> tuple[Nod
     return nodes, inits
 
 
+def _rope_halves(x: str, out: str, shape: list[int], tag: str) -> tuple[Nodes, Inits]:
+    """diffusers' ``apply_rotary_emb(use_real=True, use_real_unbind_dim=-2)`` as TorchScript writes it, the tables
+    computed in the graph as Cosmos's real-width stage holds them (``Cos``/``Sin`` of a constant ``[T, d]``,
+    unsqueezed to ``[1, 1, T, d]``)."""
+    *lead, d = shape
+    t = shape[-2]
+    rng = np.random.default_rng(2)
+    ang = rng.uniform(0, 3, size=(t, d // 2))
+    inits = [_c(f"{tag}_ang", np.concatenate([ang, ang], axis=-1)), _c(f"{tag}_01", [0, 1], np.int64),
+             _c(f"{tag}_halves", [*lead, 2, d // 2], np.int64), _c(f"{tag}_split", [1, 1], np.int64),
+             _c(f"{tag}_ax", [-2], np.int64)]
+    nodes = [helper.make_node("Cos", [f"{tag}_ang"], [f"{tag}_cos0"]),
+             helper.make_node("Sin", [f"{tag}_ang"], [f"{tag}_sin0"]),
+             helper.make_node("Unsqueeze", [f"{tag}_cos0", f"{tag}_01"], [f"{tag}_cos"]),
+             helper.make_node("Unsqueeze", [f"{tag}_sin0", f"{tag}_01"], [f"{tag}_sin"]),
+             helper.make_node("Reshape", [x, f"{tag}_halves"], [f"{tag}_r"]),
+             helper.make_node("Split", [f"{tag}_r", f"{tag}_split"], [f"{tag}_x1", f"{tag}_x2"], axis=-2),
+             helper.make_node("Squeeze", [f"{tag}_x1", f"{tag}_ax"], [f"{tag}_s1"]),
+             helper.make_node("Squeeze", [f"{tag}_x2", f"{tag}_ax"], [f"{tag}_s2"]),
+             helper.make_node("Neg", [f"{tag}_s2"], [f"{tag}_n2"]),
+             helper.make_node("Concat", [f"{tag}_n2", f"{tag}_s1"], [f"{tag}_rot"], axis=-1),
+             helper.make_node("Mul", [x, f"{tag}_cos"], [f"{tag}_xc"]),
+             helper.make_node("Mul", [f"{tag}_rot", f"{tag}_sin"], [f"{tag}_rs"]),
+             helper.make_node("Add", [f"{tag}_xc", f"{tag}_rs"], [out])]
+    return nodes, inits
+
+
 def probe_model(pattern: str, heads: int, tokens: int, dim: int, kv_heads: int = 0) -> onnx.ModelProto:
     """The probe graph of one pattern and head layout (see the module docstring)."""
     f = TensorProto.FLOAT
@@ -123,9 +156,11 @@ def probe_model(pattern: str, heads: int, tokens: int, dim: int, kv_heads: int =
         "norm": lambda a, b: _norm(a, b, d, False, "nq"),
         "rms": lambda a, b: _norm(a, b, d, True, "nq"),
         "rope-interleaved": lambda a, b: _rope_interleaved(a, b, [1, h, t, d], "rq"),
+        "rope-halves": lambda a, b: _rope_halves(a, b, [1, h, t, d], "hq"),
     }
     for k, step in enumerate({"norm": ["norm"], "rms": ["rms"], "rope-interleaved": ["rope-interleaved"],
-                              "norm-rope": ["norm", "rope-interleaved"], "gqa": [], "plain": []}[pattern]):
+                              "norm-rope": ["norm", "rope-interleaved"], "rope-halves": ["rope-halves"],
+                              "rms-rope": ["rms", "rope-halves"], "gqa": [], "plain": []}[pattern]):
         n, i = steps[step](q, f"q{k + 1}")
         nodes += n
         inits += i
@@ -263,7 +298,8 @@ def build(model: onnx.ModelProto, toolkit: str, work: Path, name: str, rewrites:
             "build_s": round(time.monotonic() - t0, 1), "log": str(log)}
 
 
-PATTERNS = ["norm", "rms", "rope-interleaved", "norm-rope", "gqa", "plain", "gqa-tile", "linear-pad"]
+PATTERNS = ["norm", "rms", "rope-interleaved", "norm-rope", "rope-halves", "rms-rope", "gqa", "plain", "gqa-tile",
+            "linear-pad"]
 
 
 def main() -> int:

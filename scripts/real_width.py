@@ -250,9 +250,15 @@ CPU layers on the first build:
   7 CPU layers -> 0 on 2.5.0. Device memory: the main attention 285 -> 204 MiB (internal 258 -> 167: a chunk's
   scores), the noise refiner 86 -> 73 MiB (internal 59 -> 39: no repeated keys held), the caption refiner
   47 -> 60 MiB; the Gathers cost 6.8 MiB of weights per attention (27 -> 34 MiB, the compiler's own figure).
-  2.3.0 (no repeat Transpose there: the rewrites are 2.5.0's) keeps the main attention's 3 CPU layers: cut into
-  row chunks it runs each chunk's probabilities Transpose on the CPU instead (probe: 3 -> 5), and its split cuts
-  the caption refiner's attention in two around the host `IsNaN` (not investigated).
+  2.3.0 (no repeat Transpose there: the rewrites are 2.5.0's) ran the main attention's score Transpose,
+  `exSoftmax13` and probabilities Transpose on the CPU: it does not fuse a Softmax and its product with V that
+  `nan-guard`'s "has a key" factor stands between (cut into row chunks it runs each chunk's probabilities
+  Transpose on the CPU instead, probe: 3 -> 5). Removed by `guard-after-product` (the factor, 0 or 1 and the same
+  for every query row, multiplies V: bit-exact; after the product instead, the fused output's Transpose to it
+  stayed on the CPU at 24 heads): 3 -> 0, internal memory 284 -> 62 MiB. Its split cut the caption refiner's
+  attention in two around a host `IsNaN`: the partitioner's rewrite probe raised on a placeholder constant
+  (`norm-residual-sub` read its value) and rescued nothing; a placeholder has no value now, and `nan-guard`
+  keeps the attention whole.
 - **Sana, 70 x 32 linear attention**: the value padded with a ones row (32 -> 33) was transposed (1,70,33,1024) ->
   (70,1024,1,33) on the CPU (`--pattern linear-pad`, 1024 tokens: at 70 heads, not at 8, 32 or 64, nor at 70 heads
   of 256 or 512 tokens); 2.3.0 the same after `pad-to-concat`. Removed by `pad-rows-matmul` (the padded rows'
@@ -261,7 +267,15 @@ CPU layers on the first build:
 
 - **Cosmos-Predict2 2B, 16 x 128**: the q/k RMSNorm per head in the heads-first layout, as HunyuanDiT's: the
   Transpose after `exNorm` ((1,128,16,1024) -> (1,16,1024,128): "height(1024) * width(128) = 131072, required
-  product no larger than 8192") runs on the CPU, in q and k. Not removed yet.
+  product no larger than 8192") runs on the CPU, in q and k, on 2.5.0 and 2.3.0. The rotate-half RoPE after it
+  reads cos/sin tables the stage computes (`Cos`/`Sin` of the position grid: at this width the partitioner copies
+  the ops, not the value), so `heads-table-layout`, which moves the heads Transpose past the norm and the RoPE in
+  the tiny export, left it alone. Tables computed from constants alone are now moved too (read through a Reshape
+  to [1, T, 1, D] the compiler folds; `computed-table-layout` is the same move on 2.3.x): in the tokens layout
+  the Transpose after `exNorm` ((1,128,1024,16) -> (1,1024,16,128)) runs on the NPU. `bench/layout_probe.py
+  --pattern rms-rope` (4 heads x 1024 tokens at 128, tables computed): that Transpose and the rotate-half's
+  Reshape, 2 -> 0. 2 CPU layers -> 0 on 2.5.0 (weight 36.0 -> 32.5 MiB, internal unchanged) and 2.3.0 (weight
+  36.0 -> 34.3 MiB, internal 36.5 -> 28.0 MiB).
 
 Memory (the model fitted on these rows, `bench/real_width_memory_fit.py`; docs/cost-model.md, "Device memory
 from the compiler"): a masked attention's scores count as activations (the compiler holds them when it cannot
@@ -271,8 +285,10 @@ more: the partial sums of a MatMul the compiler tiles by input channels (more th
 heads a grouped-query attention repeats (Lumina2: the repeated keys held as (8,4,96,T), 3 repeats padded to 4,
 and a secondary of (8,8,96,T)), and the attention's workspace above the activation peak with a coefficient of its
 own: one coefficient for both scaled a GELU FFN, whose internal memory is exactly the activation peak counted, by
-the attention's (+16 % to +18 % before). Still under-predicted, held out: the attentions that keep CPU layers
-(Lumina2's, -17 % to -26 %; Cosmos's, -13 %: the CPU layer's buffers on both sides of the host round trip), and
+the attention's (+16 % to +18 % before). Still under-predicted, held out: the attentions that kept CPU layers
+(Lumina2's, -17 % to -26 %; Cosmos's, -13 % before `heads-table-layout` moved its computed tables: the CPU
+layer's buffers on both sides of the host round trip; its rows now are of the build without them, predicted by
+the shipped model, `*`), and
 HunyuanDiT's attention (-14 %: its per-head norm at head dim 88 holds a secondary of 112/44 of the tensor, and
 `rope-interleaved-matmul` rewrites the rotation after the features are counted). Lumina2's rows are of the
 build with `kv-repeat-gather` and `masked-attention-row-chunks`: the chunked main attention holds one chunk's

@@ -323,3 +323,71 @@ def test_real_build_keeps_long_masked_attention_on_the_npu(tk250: object, tmp_pa
     cpu = cpu_layers_before_after(before, after, tk250, tmp_path)
     assert "exSoftmax13" in {op.split(":")[0] for op in cpu["before"]}, cpu
     assert cpu["after"] == (), cpu
+
+
+GUARD = tuple(r for r in REWRITES if r.name in ("nan-guard", "guard-after-product"))
+
+
+@pytest.mark.parametrize("keys", ["some", "none"])
+def test_the_guard_factor_goes_after_the_product_bit_for_bit(keys: str) -> None:
+    """2.3.0's set on the masked attention: nan-guard's 0/1 factor (one for every query row: the mask is over the
+    keys) multiplies V, not the probabilities; the same values under ONNX Runtime with some keys and with every key
+    masked (the factor 0)."""
+    m = masked(600)
+    r, applied = rewritten(m, compile_rewrites_for("2.3.0"))
+    assert applied.get("guard-after-product") == 1 and applied.get("nan-guard") == 1
+    assert "masked-attention-row-chunks" not in applied
+    last = r.graph.node[-1]
+    assert last.op_type == "MatMul" and last.output[0] == "y"
+    sm = next(n for n in r.graph.node if n.op_type == "Softmax")
+    assert [n.op_type for n in r.graph.node if sm.output[0] in n.input] == ["MatMul"]
+    values = next(n for n in r.graph.node if n.output[0] == last.input[1])
+    assert values.op_type == "Mul" and "v" in values.input
+    feeds = _mask_feeds(m)
+    if keys == "none":
+        feeds["mask"] = np.zeros_like(feeds["mask"])
+    (want,), (got,) = run_unoptimised(m, feeds), run_unoptimised(r, feeds)
+    assert np.array_equal(got, want) and (keys == "some" or not got.any())
+
+
+def test_a_factor_that_is_not_the_guard_stays_before_the_product() -> None:
+    """A per-row factor of any value (here a graph input) does not commute with the product's rounding: left alone."""
+    m = masked(16, guard=False)
+    g = m.graph
+    ident = next(n for n in g.node if n.op_type == "Identity")
+    ident.op_type = "Mul"
+    ident.input.append("f")
+    g.input.append(helper.make_tensor_value_info("f", F, [1, 2, 16, 1]))
+    r, applied = rewritten(m, GUARD)
+    assert applied == {} and list(r.graph.node) == list(m.graph.node)
+
+
+@pytest.mark.toolkit
+@pytest.mark.slow
+def test_real_build_2_3_0_keeps_long_masked_attention_on_the_npu(tk230: object, tmp_path: Path) -> None:
+    """2.3.0, a masked attention of 512 query rows (2 heads of 96) after nan-guard: the scores' Transpose, the
+    Softmax and the probabilities' Transpose on the CPU before, nothing after."""
+    before, _ = rewritten(masked(512, d=96), tuple(r for r in compile_rewrites_for("2.3.0")
+                                                    if r.name != "guard-after-product"))
+    after, applied = rewritten(masked(512, d=96), compile_rewrites_for("2.3.0"))
+    assert applied.get("guard-after-product") == 1
+    cpu = cpu_layers_before_after(before, after, tk230, tmp_path)
+    assert "exSoftmax13" in {op.split(":")[0] for op in cpu["before"]}, cpu
+    assert cpu["after"] == (), cpu
+
+
+def test_a_placeholder_constant_is_no_value_to_any_rewrite() -> None:
+    """The partitioner's rewrite probe on Lumina2's caption refiner (2.3.0): norm-residual-sub read a large
+    computed constant the probe holds as a placeholder (a Mul feeding an Add), the probe raised and rescued
+    nothing, and the partition cut the attention in two around a host IsNaN.  A placeholder has no value: the
+    probe runs on and nan-guard rescues the IsNaN."""
+    m = masked(16)
+    big = onnx.TensorProto(name="w", dims=[1, 2, 16, 8], data_type=F)
+    big.data_location = onnx.TensorProto.EXTERNAL
+    entry = big.external_data.add()
+    entry.key, entry.value = "location", "rkpart-capability-probe-placeholder"
+    m.graph.initializer.append(big)
+    m.graph.node.extend([helper.make_node("Mul", ["q", "w"], ["qw"]), helper.make_node("Add", ["qw", "q"], ["qa"])])
+    m.graph.output.append(helper.make_tensor_value_info("qa", F, [1, 2, 16, 8]))
+    _, applied = rewritten(m, tuple(r for r in REWRITES if r.applies_to("2.3.0") and r.kind == "npu"))
+    assert applied.get("nan-guard") == 1

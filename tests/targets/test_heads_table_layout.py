@@ -23,6 +23,7 @@ from tests.models.anima import AnimaConfig, build_anima_onnx
 from tests.targets.rewrite_check import rewritten, run_unoptimised
 
 ROW = tuple(r for r in REWRITES if r.name == "heads-table-layout")
+COMPUTED = tuple(r for r in REWRITES if r.name == "computed-table-layout")
 F = TensorProto.FLOAT
 vi = helper.make_tensor_value_info
 
@@ -246,3 +247,121 @@ def test_bundled_attention_stage_stores_its_tables_unpadded(plans: dict, tmp_pat
     res = CliRunner().invoke(main, ["run", str(rw), "--backend", "rknn-sim", "--toolkit", "2.5.0", "-q", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["passed"]
+
+
+# -- tables computed in the stage (Cosmos-Predict2 at its real width) ----------------------------
+
+def cosmos_rope(heads: int = 4, tokens: int = 16, dim: int = 8, *, table_from: str = "constant"
+                ) -> onnx.ModelProto:
+    """Cosmos's self-attention q path as its real-width TorchScript stage holds it: ``x [1, T, H*d]`` split into
+    heads and transposed to ``[1, H, T, d]``, the RMSNorm over the head dim (Cast, Pow, ReduceMean, Add, Sqrt,
+    Div(1, .), Mul, Mul by its weight), the rotate-half RoPE as TorchScript writes ``unflatten(-1, (2, -1))
+    .unbind(-2)`` (Reshape ``[.., 2, d/2]``, Split, Squeeze, Neg, Concat), its tables ``[1, 1, T, d]`` computed in
+    the stage: ``Cos``/``Sin`` of ``table_from`` (``constant``: an angle grid; ``input``: a graph input), then the
+    attention's scalar scale and the attention over ``k``, ``v`` (graph inputs ``[1, H, T, d]``), back to ``[1, T,
+    H*d]`` (``bench/layout_probe.py --pattern rms-rope``)."""
+    h, t, d = heads, tokens, dim
+    rng = np.random.default_rng(5)
+    ang = rng.uniform(0, 3, size=(t, d // 2)).astype(np.float32)
+    c = numpy_helper.from_array
+    inits = [c(np.array([1, t, h, d], np.int64), "hs"), c(np.array(2.0, np.float32), "two"),
+             c(np.array(1e-6, np.float32), "eps"), c(np.array(1.0, np.float32), "one"),
+             c((1 + 0.1 * rng.standard_normal(d)).astype(np.float32), "nw"), c(np.array([0, 1], np.int64), "01"),
+             c(np.array([1, h, t, 2, d // 2], np.int64), "halves"), c(np.array([1, 1], np.int64), "sizes"),
+             c(np.array([-2], np.int64), "ax"), c(np.array([0.3], np.float32), "scale"),
+             c(np.array([1, t, h * d], np.int64), "out")]
+    ins = [vi("x", F, [1, t, h * d]), vi("k", F, [1, h, t, d]), vi("v", F, [1, h, t, d])]
+    if table_from == "constant":
+        inits.append(c(np.concatenate([ang, ang], axis=-1), "ang"))
+    else:
+        ins.append(vi("ang", F, [t, d]))
+    mk = helper.make_node
+    nodes = [mk("Reshape", ["x", "hs"], ["xh"]), mk("Transpose", ["xh"], ["q0"], perm=[0, 2, 1, 3]),
+             mk("Cast", ["q0"], ["qf"], to=F), mk("Pow", ["qf", "two"], ["sq"]),
+             mk("ReduceMean", ["sq"], ["ms"], axes=[-1], keepdims=1), mk("Add", ["ms", "eps"], ["mse"]),
+             mk("Sqrt", ["mse"], ["rms"]), mk("Div", ["one", "rms"], ["inv"]), mk("Mul", ["qf", "inv"], ["nq"]),
+             mk("Mul", ["nq", "nw"], ["q"]),
+             mk("Cos", ["ang"], ["cos0"]), mk("Sin", ["ang"], ["sin0"]),
+             mk("Unsqueeze", ["cos0", "01"], ["cos"]), mk("Unsqueeze", ["sin0", "01"], ["sin"]),
+             mk("Reshape", ["q", "halves"], ["qr"]), mk("Split", ["qr", "sizes"], ["x1", "x2"], axis=-2),
+             mk("Squeeze", ["x1", "ax"], ["s1"]), mk("Squeeze", ["x2", "ax"], ["s2"]), mk("Neg", ["s2"], ["n2"]),
+             mk("Concat", ["n2", "s1"], ["rot"], axis=-1), mk("Mul", ["q", "cos"], ["qc"]),
+             mk("Mul", ["rot", "sin"], ["rs"]), mk("Add", ["qc", "rs"], ["qe"]), mk("Mul", ["qe", "scale"], ["qs"]),
+             mk("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]), mk("MatMul", ["qs", "kt"], ["s"]),
+             mk("Softmax", ["s"], ["p"], axis=-1), mk("MatMul", ["p", "v"], ["o"]),
+             mk("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]), mk("Reshape", ["ot", "out"], ["y"])]
+    g = helper.make_graph(nodes, "cosmos-q", ins, [vi("y", F, [1, t, h * d])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(m)
+    return m
+
+
+def test_tables_computed_from_constants_are_laid_out_in_the_graph() -> None:
+    """Cosmos at its real width (the partitioner copies the table's computation into the stage, not its value):
+    the heads Transpose moves past the norm and the RoPE, the computed tables are read through a Reshape to
+    ``[1, T, 1, d]`` (axis 1 is 1: the same order of values), the scale's constant comes along; the same bits."""
+    m = cosmos_rope()
+    r, done = _rewrite(m)
+    assert done == {"heads-table-layout": 1}
+    swapped = [n for n in r.graph.node if n.op_type == "Reshape" and n.input[0] in ("cos", "sin")]
+    assert len(swapped) == 2
+    shapes = {t.name: numpy_helper.to_array(t).tolist() for t in r.graph.initializer}
+    assert all(shapes[n.input[1]] == [1, 16, 1, 8] for n in swapped)
+    # the heads Transpose is gone; one Transpose back before the attention's MatMul
+    assert _ops(r, "Transpose") == _ops(m, "Transpose")
+    scores = next(n for n in r.graph.node if n.op_type == "MatMul")
+    back = next(n for n in r.graph.node if n.output[0] == scores.input[0])
+    assert back.op_type == "Transpose" and list(back.attribute[0].ints) == [0, 2, 1, 3]
+    _same_bits(m, r)
+
+
+def test_a_table_computed_from_an_input_is_left_alone() -> None:
+    m = cosmos_rope(table_from="input")
+    r, done = _rewrite(m)
+    assert done == {} and list(r.graph.node) == list(m.graph.node)
+
+
+@pytest.mark.toolkit
+@pytest.mark.slow
+def test_real_build_keeps_the_norm_and_rope_of_computed_tables_on_the_npu(tk250: object, tmp_path: Path) -> None:
+    """2.5.0, Cosmos's q path at head dim 128 (4 heads, 1024 tokens): the Transpose after the RMSNorm's exNorm
+    ('height(1024) * width(128) = 131072, required product no larger than 8192') and the rotate-half's Reshape
+    on the CPU before (16 heads, Cosmos's own: the Transpose alone), nothing after."""
+    from tests.targets.rewrite_check import cpu_layers_before_after
+
+    m = cosmos_rope(4, 1024, 128)
+    after, done = _rewrite(m)
+    assert done == {"heads-table-layout": 1}
+    cpu = cpu_layers_before_after(m, after, tk250, tmp_path)
+    assert sorted(op.split(":")[0] for op in cpu["before"]) == ["Reshape", "Transpose"], cpu
+    assert cpu["after"] == (), cpu
+
+
+def test_computed_table_layout_moves_computed_tables_only() -> None:
+    """2.3.x's row: Cosmos's computed tables as heads-table-layout moves them (the same graph), constant tables
+    left to rope-halves."""
+    m = cosmos_rope()
+    r, done = rewritten(m, COMPUTED)
+    assert done == {"computed-table-layout": 1}
+    r2, _ = _rewrite(m)
+    assert r.SerializeToString() == r2.SerializeToString()
+    _same_bits(m, r)
+    flux = _flux_rope()
+    r, done = rewritten(flux, COMPUTED)
+    assert done == {} and list(r.graph.node) == list(flux.graph.node)
+
+
+@pytest.mark.toolkit
+@pytest.mark.slow
+def test_real_build_2_3_0_keeps_the_norm_and_rope_of_computed_tables_on_the_npu(tk230: object,
+                                                                                 tmp_path: Path) -> None:
+    """2.3.0, the same q path (4 heads x 1024 tokens at 128): the Transpose after the exNorm and the rotate-half's
+    Reshape on the CPU before (16 heads: the Transpose alone, as in Cosmos's stage), nothing after."""
+    from tests.targets.rewrite_check import cpu_layers_before_after
+
+    m = cosmos_rope(4, 1024, 128)
+    after, done = rewritten(m, COMPUTED)
+    assert done == {"computed-table-layout": 1}
+    cpu = cpu_layers_before_after(m, after, tk230, tmp_path)
+    assert sorted(op.split(":")[0] for op in cpu["before"]) == ["Reshape", "Transpose"], cpu
+    assert cpu["after"] == (), cpu

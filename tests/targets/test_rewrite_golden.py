@@ -159,7 +159,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
     from tests.compile.test_rewrites_npu import adaln_block, ffn_f16, rms_residual, sdpa_bool_mask
     from tests.targets.test_bfloat16_widen import attention
     from tests.targets.test_crash_rewrites import concats_of_a_state
-    from tests.targets.test_heads_table_layout import _flux_rope
+    from tests.targets.test_heads_table_layout import _flux_rope, cosmos_rope
     from tests.targets.test_reduce_sum_matmul import _linear_attention_sum
     from tests.targets.test_rms_norm_contiguous import listed_weight
     from tests.targets.test_rope_halves import _rope
@@ -205,6 +205,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "gqa_tile_repeat": lambda: head_layouts.gqa("tile"),
         "linear_pad_rows": head_layouts.linear,
         "masked_attention_rows": lambda: head_layouts.masked(600),
+        "rope_computed_tables": cosmos_rope,
     }
     # the reduced crash graphs: the known-issue table's reproducers (rkpart/data/known_issues) and ours
     for f in sorted([*REPRO_DATA.glob("segv_*.onnx"), *DATA.glob("fail_*.onnx")], key=lambda f: f.name):

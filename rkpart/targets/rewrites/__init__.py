@@ -59,9 +59,15 @@ from rkpart.targets.rewrites.crashes import (
     strided_slices_concat,
     wide_tensor_per_reader,
 )
-from rkpart.targets.rewrites.heads import kv_repeat_gather, masked_attention_row_chunks, pad_rows_matmul
+from rkpart.targets.rewrites.heads import (
+    guard_after_product,
+    kv_repeat_gather,
+    masked_attention_row_chunks,
+    pad_rows_matmul,
+)
 from rkpart.targets.rewrites.lower import NO_LOWERING, TYPE_ONLY_CHANGES, gelu, grid_sample
 from rkpart.targets.rewrites.npu import (
+    computed_table_layout,
     dedupe_constants,
     erf_sqrt2_f32,
     expand_broadcast,
@@ -377,6 +383,21 @@ REWRITES: tuple[Rewrite, ...] = (
             "MB), 2.3.2 3 -> 0; not on 2.3.0, which runs each chunk's probabilities Transpose ((6,256,1,1280) -> "
             "(6,1280,1,256)) on the CPU: 3 -> 5",
             masked_attention_row_chunks, needs=("inferred_shapes", "types")),
+    Rewrite("guard-after-product", "Softmax", "npu", ("2.3.0",),
+            "Masked attention after nan-guard, MatMul(Softmax(s + mask) * f, V) with f nan-guard's per-row 'has a "
+            "key' factor (Clip(MatMul(Where(mask, 1, 0), ones), 0, 1): exactly 0 or 1): 2.3.0 does not fuse a "
+            "Softmax and its product with V that a Mul stands between, and runs the scores' Transpose, the Softmax "
+            "and the probabilities' Transpose on the CPU ('exSoftmax13:p0', (6,1280,1,1280)). As "
+            "MatMul(Softmax(s + mask), V * f), f the same for every query row (a mask over the keys: Lumina2's "
+            "caption mask; f = 1 the same product, f = 0 zeros; bit-exact for finite values), 2.3.0 fuses the "
+            "attention. Measured with bench/layout_probe.py --pattern gqa-tile --mask (1280 tokens, nan-guard "
+            "applied), 2.3.0: 6 heads of 96 over 2, 3 CPU layers -> 0 (internal memory 162.7 -> 43.8 MB); 24 over "
+            "8 (Lumina2's) -> 0. The factor after the product instead (the form a per-row factor would need: left "
+            "alone) left the fused output's Transpose on the CPU in Lumina2's main attention "
+            "('Where_1/product_sdpa_tp', (24,96,1,1280) -> (1,24,1280,96)). Lumina-Image-2.0 at its width, split, "
+            "2.3.0: main attention 3 CPU layers -> 0, internal memory 284 -> 62 MiB. 2.3.2 and 2.5.0 cut such an "
+            "attention into row chunks (masked-attention-row-chunks), which 2.3.0 runs worse",
+            guard_after_product, needs=("inferred_shapes", "types")),
     Rewrite("tile-broadcast", "Tile", "npu", ("2.5.0",),
             "GQA's key/value repeat (Unsqueeze, Tile [1,1,1,n_rep,1], Reshape; Lumina2): 2.5.0 turns the "
             "Tile into an Expand placed on the CPU ('Expand:/model/noise_refiner.0/attn/Tile#1', CPU), 2.3.0 "
@@ -443,8 +464,30 @@ REWRITES: tuple[Rewrite, ...] = (
             "(1,64,1,24) FLOAT16 0xc00, INT8 0x600. Measured on the bundled example's self-attention, "
             "2.5.0: weight memory fp16 173 -> 87.1 KB, int8 140.2 -> 48.4 KB, 0 CPU layers, as many "
             "Transposes as before. Not on 2.3.0: fp16 173 -> 129.1 KB only (it lays the two sin Muls out "
-            "as (64,1,1,24), padded again) and its int8 build puts 6 Reshapes of the stage on the CPU",
+            "as (64,1,1,24), padded again) and its int8 build puts 6 Reshapes of the stage on the CPU. "
+            "Also a placement: a table computed in the stage from constants alone (Cosmos-Predict2 at its real "
+            "width: Cos/Sin of the position grid, which the partitioner copies as ops, not as a value) is read "
+            "through a Reshape to [1,T,1,D] the compiler folds. Without it 2.5.0 runs the Transpose it puts after "
+            "the q/k RMSNorm's exNorm on the CPU ((1,128,16,1024) -> (1,16,1024,128), 'height(1024) * width(128) "
+            "= 131072, required product no larger than 8192'; bench/layout_probe.py --pattern rms-rope, 4 heads x "
+            "1024 tokens at 128: that Transpose and the rotate-half's Reshape, 2 -> 0). Cosmos-Predict2 2B at its "
+            "width (16 x 128, 1024 tokens), split, 2.5.0: self-attention 2 CPU Transposes -> 0, weight memory "
+            "37.8 -> 34.1 MB. Weighed per anatomy (rkpart.compile.weigh): the build without it wins only "
+            "with no more CPU layers and less device memory",
             heads_table_layout, needs=("inferred_shapes",), purpose="memory", weighed=True),
+    Rewrite("computed-table-layout", "Transpose", "npu", ("2.3.0", "2.3.2"),
+            "heads-table-layout on 2.3.x, only where it moves a RoPE table computed in the stage from constants "
+            "alone (Cosmos-Predict2 at its real width: Cos/Sin of the position grid, copied into the stage as ops; "
+            "rope-halves, 2.3.x's form for constant tables, reads the tables' values and leaves these alone). "
+            "2.3.0 and 2.3.2 run the Transpose they put after the q/k RMSNorm's exNorm in the heads layout on "
+            "the CPU ((1,128,16,1024) -> (1,16,1024,128), 'height(1024) * width(128) = 131072, required product no "
+            "larger than 8192'). With the heads Transpose moved past the norm and the RoPE (the tables read "
+            "through a Reshape to [1,T,1,D], which the compiler folds; bit-exact) it stays on the NPU. Measured: "
+            "Cosmos's q path (RMSNorm, rotate-half RoPE, attention; 16 heads x 1024 tokens at 128), 2.3.0 and "
+            "2.3.2: 1 CPU Transpose -> 0; Cosmos-Predict2 2B at its width, split, 2.3.0: self-attention 2 CPU "
+            "Transposes -> 0 (weight 37.8 -> 35.9 MB, internal 38.3 -> 29.4 MB; the stage built alone). "
+            "Measured in float16 only (the constant-table form put 6 Reshapes of 2.3.0's int8 build on the CPU)",
+            computed_table_layout, needs=("inferred_shapes",)),
     Rewrite("rope-halves", "Add", "npu", ("2.3.0", "2.3.2"),
             "Not a placement: weight memory. The rotate-half RoPE x * cos + rotate_half(x) * sin with tables "
             "broadcast over the heads ([1,1,T,D] against q/k [1,H,T,D]: the TorchScript export of diffusers' "

@@ -272,3 +272,68 @@ def masked_attention_row_chunks(view: GraphEdit) -> int:
         done += 1
     view.apply_edits()
     return done
+
+
+def _zero_one_factor(view: GraphEdit, f: str) -> bool:
+    """``f`` is nan-guard's "has a key" factor, exactly 0 or 1: ``Clip(MatMul(Where(c, 1, 0), ones), 0, 1)`` (a
+    count of keys, an integer, clipped to [0, 1])."""
+    clip = view.producer(f)
+    if clip is None or clip.op_type != "Clip" or len(clip.input) != 3:
+        return False
+    if view.scalar(clip.input[1]) != 0.0 or view.scalar(clip.input[2]) != 1.0:
+        return False
+    count = view.producer(clip.input[0])
+    if count is None or count.op_type != "MatMul":
+        return False
+    ones = view.const_array(count.input[1])
+    keys = view.producer(count.input[0])
+    if ones is None or not ones.size or not np.all(ones == 1) or keys is None or keys.op_type != "Where":
+        return False
+    return {view.scalar(keys.input[1]), view.scalar(keys.input[2])} == {0.0, 1.0}
+
+
+def guard_after_product(view: GraphEdit) -> int:
+    """``MatMul(Softmax(s) * f, V)``, ``f`` nan-guard's per-row factor of 0 or 1 (:func:`_zero_one_factor`) the same
+    for every query row (a mask over the keys) -> ``MatMul(Softmax(s), V * f)``: for ``f = 1`` the same product,
+    for ``f = 0`` zeros (finite values), bit for bit (a zero's sign aside).  2.3.0 fuses the masked attention (its
+    Softmax and the product with ``V``) only when nothing stands between them."""
+    shapes = view.static_shapes()
+    index = {n.output[0]: i for i, n in enumerate(view.graph.node) if n.output}
+    done = 0
+    for mul in [n for n in view.graph.node if n.op_type == "Mul" and len(n.input) == 2]:
+        found = [p for i in mul.input if (p := view.producer(i)) is not None and p.op_type == "Softmax"]
+        if not found:
+            continue
+        sm = found[0]
+        only = _single_reader(view, sm.output[0])
+        if only is None or list(only.output) != list(mul.output):  # the Softmax read by this Mul alone
+            continue
+        f = mul.input[1] if mul.input[0] == sm.output[0] else mul.input[0]
+        mm = _single_reader(view, mul.output[0])
+        if mm is None or mm.op_type != "MatMul" or mm.input[0] != mul.output[0]:
+            continue
+        fs, ps, ys = shapes.get(f), shapes.get(sm.output[0]), shapes.get(mm.output[0])
+        if fs is None or ps is None or ys is None or shapes.get(mul.output[0]) != ps or len(fs) > len(ys):
+            continue
+        # one factor per row of the product: 1 on the keys axis, the rows' or 1 on every other
+        if (fs and fs[-1] != 1) or any(a not in (1, b) for a, b in zip(fs[::-1][1:], ys[::-1][1:], strict=False)):
+            continue
+        if view.elem(f) not in _FLOATS or not _zero_one_factor(view, f):
+            continue
+        # the same factor for every query row (a mask over the keys: Lumina2's caption mask), shaped to broadcast
+        # onto V: onto V, which 2.3.0 fuses with the attention.  A factor per query row would go after the product,
+        # where 2.3.0 runs the fused output's Transpose to it on the CPU at 24 heads (Lumina2's main attention,
+        # measured): left alone
+        vs = shapes.get(mm.input[1])
+        if len(fs) >= 2 and (fs[-2] != 1 or vs is None or len(fs) > len(vs) or any(
+                a not in (1, b) for a, b in zip(fs[::-1], vs[::-1], strict=False))):
+            continue
+        base = mul.name or mul.output[0]
+        pre = view.fresh(f"{base}/values")
+        view.replace_later(index[mul.output[0]], [])
+        view.replace_later(index[mm.output[0]], [
+            helper.make_node("Mul", [mm.input[1], f], [pre], name=f"{base}/on_values"),
+            helper.make_node("MatMul", [sm.output[0], pre], [mm.output[0]], name=mm.name or f"{base}/MatMul")])
+        done += 1
+    view.apply_edits()
+    return done

@@ -915,7 +915,7 @@ def _axes_beyond_heads(view: GraphEdit, n: onnx.NodeProto, rank_in: int, rank_ou
     return all((a + rank if a < 0 else a) >= 3 for a in axes)
 
 
-def heads_table_layout(view: GraphEdit) -> int:
+def heads_table_layout(view: GraphEdit, computed_only: bool = False) -> int:
     """Elementwise work on attention heads ``x[B, H, T, D]`` with a constant broadcast over the heads
     (RoPE's cos / sin tables ``[1, 1, T, D]``) -> the same work on ``x[B, T, H, D]``, so that the
     table is ``[1, T, 1, D]``.
@@ -930,6 +930,12 @@ def heads_table_layout(view: GraphEdit) -> int:
     another Transpose) reads a Transpose of the result.  A permutation moved across ops that act
     on each (b, h, t) row alike: the same values, bit for bit.  Applied only where it moves such a
     table (a constant whose axis 1 is 1 and axis 2 is not).
+
+    A table computed in the stage from constants alone (Cosmos-Predict2 at its real width: ``Cos``/``Sin``
+    of the position grid, copied into the stage as ops) counts as a constant: it is read through a Reshape
+    (or a Transpose) in the graph, which the compiler folds with it.  There the rewrite is also a placement:
+    2.5.0 runs the Transpose it puts after the q/k RMSNorm's ``exNorm`` in the heads layout on the CPU at
+    head dim 128 (``bench/layout_probe.py --pattern rms-rope``), not in the tokens layout.
     """
     graph = view.graph
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
@@ -943,7 +949,7 @@ def heads_table_layout(view: GraphEdit) -> int:
     for out in seeds:
         # the node itself: an earlier region's edit copied the graph's nodes
         seed = next((n for n in graph.node if n.op_type == "Transpose" and list(n.output) == [out]), None)
-        if seed is not None and _sink_transpose(view, seed, shapes, made):
+        if seed is not None and _sink_transpose(view, seed, shapes, made, computed_only):
             count += 1
             shapes = view.static_shapes()
     return count
@@ -953,10 +959,17 @@ def _is_swap12(perm: list[int]) -> bool:
     return len(perm) >= 3 and perm == _swap12(list(range(len(perm))))
 
 
+def computed_table_layout(view: GraphEdit) -> int:
+    """:func:`heads_table_layout` where it moves a table computed in the stage (2.3.x's row: ``rope-halves``
+    does the constant tables there)."""
+    return heads_table_layout(view, computed_only=True)
+
+
 def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, list[int]],
-                    made: dict[tuple[str, int], str]) -> bool:
+                    made: dict[tuple[str, int], str], computed_only: bool = False) -> bool:
     """Move ``seed`` (a Transpose swapping axes 1 and 2) down as far as the ops after it allow;
-    False (nothing changed) when that would move no table."""
+    False (nothing changed) when that would move no table (``computed_only``: no table computed in the
+    stage)."""
     graph = view.graph
     outputs = view.outputs
     nodes = list(graph.node)
@@ -992,13 +1005,16 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
             if i in region or not i:
                 continue
             v = view.const_array(i)  # an initializer or a Constant (what the compiler stores as weight)
-            if v is None or v.ndim > rank or (op == "Concat" and v.ndim != rank):
+            # or computed from constants alone (Cosmos's real-width tables: Cos/Sin of a constant in the stage,
+            # which the compiler folds): its shape, laid out again by a Reshape or Transpose of it in the graph
+            vs = list(v.shape) if v is not None else shapes.get(i) if _constant_closure(view, i) else None
+            if vs is None or len(vs) > rank or (op == "Concat" and len(vs) != rank):
                 ok = False
                 break
-            full = v.reshape((1,) * (rank - v.ndim) + v.shape)
-            if full.shape[1] != 1 or full.shape[2] != 1:
+            full = [1] * (rank - len(vs)) + vs
+            if full[1] != 1 or full[2] != 1:
                 consts.add(i)  # a transposed copy is made once the region is accepted
-                moved_table = moved_table or (full.shape[1] == 1 and full.shape[2] > 1)
+                moved_table = moved_table or (full[1] == 1 and full[2] > 1 and (v is None or not computed_only))
         if not ok:
             continue
         if op == "Reshape":
@@ -1047,9 +1063,12 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
                 key = (i, r)
                 if key not in made:
                     v = view.const_array(i)
-                    assert v is not None
-                    full = v.reshape((1,) * (r - v.ndim) + v.shape)
-                    made[key] = view.add_constant(f"{i}_tokens_heads", np.ascontiguousarray(np.swapaxes(full, 1, 2)))
+                    if v is not None:
+                        ranked = v.reshape((1,) * (r - v.ndim) + v.shape)
+                        made[key] = view.add_constant(f"{i}_tokens_heads",
+                                                      np.ascontiguousarray(np.swapaxes(ranked, 1, 2)))
+                    else:  # computed from constants: the same values laid out in the graph, before this reader
+                        made[key] = _swapped_in_graph(view, i, [1] * (r - len(shapes[i])) + shapes[i], new_nodes)
                 n.input[slot] = made[key]
         if n.op_type == "Reshape" and out_len is not None:
             old_shapes.add(n.input[1])
@@ -1076,6 +1095,49 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
     for t in [t for t in graph.initializer if t.name in replaced]:
         graph.initializer.remove(t)
     return True
+
+
+#: the most ops a computed constant the heads layout moves may take (a RoPE table: Cos/Sin of a folded grid)
+_CLOSURE_OPS = 64
+
+
+def _constant_closure(view: GraphEdit, name: str) -> bool:
+    """``name`` is computed from initializers and ``Constant`` ops alone (no graph input, no subgraph), in
+    at most :data:`_CLOSURE_OPS` default-domain ops."""
+    inits = {t.name for t in view.graph.initializer}
+    todo, seen, ops = [name], set(), 0
+    while todo:
+        t = todo.pop()
+        if t in seen or not t or t in inits:
+            continue
+        seen.add(t)
+        p = view.producer(t)
+        if p is None or p.domain not in ("", "ai.onnx") or p.op_type in ("If", "Loop", "Scan"):
+            return False
+        if constant_tensor(p) is not None:
+            continue
+        ops += 1
+        if ops > _CLOSURE_OPS:
+            return False
+        todo.extend(p.input)
+    return True
+
+
+def _swapped_in_graph(view: GraphEdit, name: str, full: list[int], new_nodes: list[onnx.NodeProto]) -> str:
+    """Append to ``new_nodes`` the ops that give ``name`` (shaped ``full`` once broadcast to the region's rank)
+    with axes 1 and 2 swapped: a Reshape when one of them is 1 (the same order of values), else a Reshape to
+    ``full`` and a Transpose.  The compiler folds them with the constant; ONNX Runtime copies the same values."""
+    mk = helper.make_node
+    out = view.fresh(f"{name}_tokens_heads")
+    if full[1] == 1 or full[2] == 1:
+        shape = view.add_constant(f"{name}_shape_tokens_heads", np.array(_swap12(full), np.int64))
+        new_nodes.append(mk("Reshape", [name, shape], [out], name=out))
+        return out
+    shape = view.add_constant(f"{name}_shape_full", np.array(full, np.int64))
+    mid = view.fresh(f"{name}_full")
+    new_nodes += [mk("Reshape", [name, shape], [mid], name=mid),
+                  mk("Transpose", [mid], [out], perm=_swap12(list(range(len(full)))), name=out)]
+    return out
 
 
 def _through_casts(prod: dict[str, onnx.NodeProto], name: str) -> tuple[str, list[onnx.NodeProto]]:
