@@ -177,7 +177,7 @@ def _normalised(folder: Path) -> dict[str, Any]:
             out[rel] = "present"  # logs carry timestamps
         elif rel.startswith("rknn/objects/") and rel.endswith(".json"):
             meta = json.loads(p.read_text())
-            for k in ("sha256", "wall_s", "peak_rss_bytes"):
+            for k in ("sha256", "wall_s", "cpu_s", "peak_rss_bytes"):  # measured, not reproducible
                 meta.pop(k, None)
             out[rel] = meta
         elif rel.startswith("rknn/objects/") and rel.endswith(".rknn"):
