@@ -43,7 +43,7 @@ Patterns (``--pattern``):
     normaliser (``Slice``, ``Add`` eps, ``Div``), back to ``[1, T, H·d]``.
 
 Usage: ``.venv/bin/python bench/layout_probe.py --pattern norm --head-dim 64,72,88 --tokens 1024 [--heads 16]
-[--kv-heads 8] [--mask] [--toolkits 2.5.0] [--rewrites] [--skip-rewrite NAME] [--out FILE.jsonl]``
+[--kv-heads 8] [--mask] [--project] [--toolkits 2.5.0] [--rewrites] [--skip-rewrite NAME] [--out FILE.jsonl]``
 """
 
 from __future__ import annotations
@@ -271,6 +271,23 @@ def model_for(pattern: str, heads: int, tokens: int, dim: int, kv_heads: int = 0
     return probe_model(pattern, heads, tokens, dim, kv_heads)
 
 
+def with_projection(model: onnx.ModelProto, width: int) -> onnx.ModelProto:
+    """``model`` with its graph input ``x`` read through a projection with bias first (``x @ W + b``, seeded
+    weights), as the real stages' q is: 2.5.0 then lays a per-head norm out with the heads in its H axis
+    (``exNorm (1,d,H,T)``), where over a graph input it puts them in the batch axis (``(H,d,1,T)``)."""
+    g = model.graph
+    rng = np.random.default_rng(3)
+    g.initializer.extend([_c("proj_w", 0.02 * rng.standard_normal((width, width))),
+                          _c("proj_b", 0.02 * rng.standard_normal(width))])
+    for n in g.node:
+        for k, i in enumerate(n.input):
+            if i == "x":
+                n.input[k] = "xp"
+    g.node.insert(0, helper.make_node("Add", ["proj_b", "xm"], ["xp"]))
+    g.node.insert(0, helper.make_node("MatMul", ["x", "proj_w"], ["xm"]))
+    return model
+
+
 def build(model: onnx.ModelProto, toolkit: str, work: Path, name: str, rewrites: bool,
           skip: frozenset[str] = frozenset()) -> dict[str, Any]:
     """Build ``model`` once; its CPU layers (op types and shapes), internal memory, rewrites applied (``skip``:
@@ -314,6 +331,8 @@ def main() -> int:
     ap.add_argument("--mask", action="store_true", help="gqa-tile: with the caption mask")
     ap.add_argument("--rewrites", action="store_true", help="build after rkpart's NPU rewrites")
     ap.add_argument("--skip-rewrite", action="append", default=[], help="with --rewrites: leave this one out")
+    ap.add_argument("--project", action="store_true",
+                    help="read x through a projection with bias first (the real stages' layout of a per-head norm)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the probe models and logs here")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
@@ -325,11 +344,13 @@ def main() -> int:
                 for t in (int(x) for x in a.tokens.split(",")):
                     for d in (int(x) for x in a.head_dim.split(",")):
                         name = (f"{a.pattern}-h{h}-t{t}-d{d}" + (f"-kv{a.kv_heads}" if a.kv_heads else "")
-                                + ("-mask" if a.mask else ""))
+                                + ("-mask" if a.mask else "") + ("-proj" if a.project else ""))
                         model = model_for(a.pattern, h, t, d, a.kv_heads, a.mask)
+                        if a.project:
+                            model = with_projection(model, h * d)
                         row = {"pattern": a.pattern, "heads": h, "tokens": t, "head_dim": d, "kv_heads": a.kv_heads,
-                               "mask": a.mask, "toolkit": tk, **build(model, tk, work, name, a.rewrites,
-                                                                        frozenset(a.skip_rewrite))}
+                               "mask": a.mask, "project": a.project, "toolkit": tk,
+                               **build(model, tk, work, name, a.rewrites, frozenset(a.skip_rewrite))}
                         print(json.dumps(row), flush=True)
                         if a.out:
                             with a.out.open("a") as fh:
