@@ -277,6 +277,14 @@ CPU layers on the first build:
   Reshape, 2 -> 0. 2 CPU layers -> 0 on 2.5.0 (weight 36.0 -> 32.5 MiB, internal unchanged) and 2.3.0 (weight
   36.0 -> 34.3 MiB, internal 36.5 -> 28.0 MiB).
 
+- **Still on the CPU (2026-12-07, first runs of four more families, split, 2.5.0):** Chroma1-HD and LongCat-Image
+  build with 0 CPU layers. **CogView4-6B, 32 x 128**: its attention (1024 image + 256 text tokens) runs 3
+  Transposes on the CPU, "height(1280) * width(128) = 163840, required product no larger than 8192", the heads
+  layout of q, k and v around its per-head norm and partial RoPE (the image tokens only), the form Cosmos's was in
+  before `heads-table-layout` moved its tables. **FLUX.2-klein-4B, 24 x 128**: its single-stream block's fused
+  projection (`to_qkv_mlp_proj`, 3072 -> 27648) gets a Transpose of (1,27648,1,1536) from the compiler's MatMul
+  lowering (`..._mm_tp`) on the CPU. Neither has a rewrite yet.
+
 Memory (the model fitted on these rows, `bench/real_width_memory_fit.py`; docs/cost-model.md, "Device memory
 from the compiler"): a masked attention's scores count as activations (the compiler holds them when it cannot
 fuse: Lumina2's main attention -31.2 % -> -4.0 % with the model before). From the feature tables, three terms
