@@ -109,6 +109,13 @@ def _sample_description(p: Path) -> None:
     write(p.parent, base_doc(flux_guidance_inputs()), flux_ids())
 
 
+def _sample_verdict(p: Path) -> None:
+    from rkpart.compile.weigh import Figures, VerdictStore, judge
+
+    verdict = judge(["heads-table-layout"], Figures(0, 1 << 20, 4 << 20), Figures(0, 1 << 20, 3 << 20))
+    VerdictStore._write(p.parent, p.stem, verdict)
+
+
 def _json(doc: Any) -> Callable[[Path], None]:
     def write(p: Path) -> None:
         import json
@@ -136,6 +143,7 @@ SAMPLES: dict[str, tuple[str, Callable[[Path], None]]] = {
     "toolkit marker": ("toolkit.json", _json({"version": "2.5.0", "python": sys.executable, "managed": False})),
     "tune report": ("tune_report.json", _json({"cost_model": "cost_model.json", "auto_plan": "plans/auto",
                                               "verify": []})),
+    "weighed-rewrite verdict": ("cd" * 32 + ".json", _sample_verdict),
 }
 
 
