@@ -330,7 +330,8 @@ def cache_info(cache_dir: str | None, as_json: bool) -> None:
         click.echo(json.dumps(d, indent=2))
         return
     click.echo(f"build cache: {d['path']}{'' if d['exists'] else ' (empty: nothing built yet)'}")
-    click.echo(f"{d['entries']} build(s), {human_bytes(d['bytes'])}; {d['failures']} remembered failure(s)")
+    click.echo(f"{d['entries']} build(s), {human_bytes(d['bytes'])}; {d['failures']} remembered failure(s); "
+               f"{d['verdicts']} weighed-rewrite verdict(s)")
     for v, t in d["toolkits"].items():
         click.echo(f"  rknn-toolkit2 {v:<8} {t['entries']:>5} build(s)  {human_bytes(t['bytes'])}")
 
@@ -340,24 +341,26 @@ def cache_info(cache_dir: str | None, as_json: bool) -> None:
 @click.option("--max-size", default=None, metavar="SIZE",
               help="Keep the most recently used builds that fit in SIZE (e.g. 20G, 500M).")
 @click.option("--older-than", type=FiniteFloat(min=0), default=None, metavar="DAYS",
-              help="Remove builds not used for DAYS days.")
+              help="Remove builds (and weighed-rewrite verdicts) not used for DAYS days.")
 @click.option("--toolkit", "toolkits", multiple=True, metavar="VERSION", help="Remove the builds of VERSION.")
 @click.option("--failures", is_flag=True, help="Forget remembered build failures (crashes are retried next time).")
-@click.option("--all", "everything", is_flag=True, help="Remove everything.")
+@click.option("--all", "everything", is_flag=True, help="Remove everything (builds, failures and verdicts).")
 @click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
 @user_errors
 def cache_prune(cache_dir: str | None, max_size: str | None, older_than: float | None, toolkits: tuple[str, ...],
                 failures: bool, everything: bool, dry_run: bool) -> None:
     """Remove builds from the cache (plans keep their own copies in their rknn/ folders)."""
-    from rkpart.compile.user_cache import parse_size, prune
+    from rkpart.compile.user_cache import parse_size, prune, prune_verdicts
 
     root = _root(cache_dir)
     gone = prune(root, max_bytes=None if max_size is None else parse_size(max_size), older_than_days=older_than,
                  toolkits=toolkits, failures=failures, everything=everything, dry_run=dry_run)
+    n_verdicts = prune_verdicts(root, older_than_days=older_than, everything=everything, dry_run=dry_run)
     builds = [e for e in gone if not e.failure]
     verb = "would remove" if dry_run else "removed"
-    click.echo(f"{verb} {len(builds)} build(s) ({human_bytes(sum(e.size_bytes for e in builds))}) and "
-               f"{len(gone) - len(builds)} remembered failure(s) from {root}")
+    click.echo(f"{verb} {len(builds)} build(s) ({human_bytes(sum(e.size_bytes for e in builds))}), "
+               f"{len(gone) - len(builds)} remembered failure(s) and {n_verdicts} weighed-rewrite verdict(s) "
+               f"from {root}")
 
 
 #: commands for rkpart.cli:main

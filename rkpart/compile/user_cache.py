@@ -160,6 +160,7 @@ def info(root: Path) -> JsonObject:
         "entries": len(builds),
         "bytes": sum(e.size_bytes for e in builds),
         "failures": sum(e.failure for e in es),
+        "verdicts": len(verdicts(root)),
         "toolkits": dict(sorted(per.items())),
         "oldest_use": min((e.used for e in builds), default=None),
         "newest_use": max((e.used for e in builds), default=None),
@@ -169,7 +170,10 @@ def info(root: Path) -> JsonObject:
 #: the kind in a shared build cache's rkpart output marker (:func:`mark_cache`)
 CACHE_KIND = "build cache"
 #: what a shared build cache holds besides its entries (a ``--cache-dir`` also keeps the build memory model)
-_CACHE_FILES = frozenset({OBJECTS, MARKER, "build-memory.json", ".tmp"})
+_CACHE_FILES = frozenset({OBJECTS, MARKER, "build-memory.json", ".tmp", "weigh"})
+#: the folder of weighed-rewrite verdicts in a build cache (rkpart.compile.weigh.WEIGH_DIR; not imported: weigh
+#: imports onnx, and ``cache info`` must stay light)
+VERDICTS = "weigh"
 
 
 def mark_cache(root: Path) -> None:
@@ -242,6 +246,44 @@ def prune(root: Path, *, max_bytes: int | None = None, older_than_days: float | 
                 with contextlib.suppress(FileNotFoundError):
                     p.unlink()
     return gone
+
+
+def verdicts(root: Path) -> list[tuple[Path, float]]:
+    """The weighed-rewrite verdicts ``root/weigh/<sha256 hex>.json`` (regular files, nothing else), with the
+    time each was last used, oldest first.  A verdict is a few hundred bytes; it saves one build per stage
+    anatomy (minutes at full width), so only ``--all`` and ``--older-than`` remove it."""
+    d = root / VERDICTS
+    try:
+        if d.is_symlink() or not stat.S_ISDIR(os.lstat(d).st_mode):
+            return []
+        names = sorted(os.listdir(d))
+    except OSError:
+        return []
+    out = []
+    for n in names:
+        if n.endswith(".json") and _KEY.fullmatch(n[: -len(".json")]):
+            st = _regular(d / n)
+            if st is not None:
+                out.append((d / n, st.st_mtime))
+    out.sort(key=lambda pv: (pv[1], pv[0].name))
+    return out
+
+
+def prune_verdicts(root: Path, *, older_than_days: float | None = None, everything: bool = False,
+                   dry_run: bool = False, now: float | None = None) -> int:
+    """Remove weighed-rewrite verdicts (all, or those not used for ``older_than_days``); how many went
+    (or, with ``dry_run``, would go).  ``root`` is checked as :func:`prune` checks it."""
+    why = cache_problem(root)
+    if why is not None:
+        raise UserError(f"refusing to prune {root}: {why}")
+    now = time.time() if now is None else now
+    gone = [p for p, used in verdicts(root)
+            if everything or (older_than_days is not None and now - used > older_than_days * 86400)]
+    if not dry_run:
+        for p in gone:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+    return len(gone)
 
 
 def parse_size(text: str) -> int:

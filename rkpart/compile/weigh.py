@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -262,6 +263,9 @@ class VerdictStore:
                 continue  # unreadable: weighed again
             if d != self.dirs[0]:
                 self._write(self.dirs[0], key, v)
+                # a use: `rkpart cache prune --older-than` keeps the verdicts still served
+                with contextlib.suppress(OSError):
+                    os.utime(path)
             return v
         return None
 

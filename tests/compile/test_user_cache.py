@@ -139,3 +139,38 @@ def test_partition_force_keeps_identical_builds(tmp_path: Path, example_model: P
     assert r.exit_code == 0 and not (plan / "rknn").exists()
     second = run(main, ["compile", str(plan), "--toolkit", "2.3.0", "-q"])
     assert second.exit_code == 0 and "6 NPU stage(s): 0 built, 6 cached, 0 failed" in second.output
+
+
+def test_cache_prune_removes_weighed_rewrite_verdicts(tmp_path: Path, fake_toolkit: Toolkit) -> None:
+    """Verdicts (``weigh/``) are counted by ``cache info`` and removed by ``--all`` / ``--older-than``, a verdict
+    served from the cache counting as a use; ``--max-size`` and ``--toolkit`` leave them (they are bytes, and
+    hold no toolkit); a file in ``weigh/`` that is not a verdict is never touched."""
+    from rkpart.compile.weigh import Figures, VerdictStore, judge
+
+    _compile(tmp_path / "a", fake_toolkit)
+    root = user_cache_dir()
+    store = VerdictStore([tmp_path / "plan-rknn", root])
+    v = judge(["heads-table-layout"], Figures(0, 1 << 20, 4 << 20), Figures(0, 1 << 20, 3 << 20))
+    old, used, new = "a" * 64, "b" * 64, "c" * 64
+    for k in (old, used, new):
+        store.put(k, v)
+    junk = root / "weigh" / "notes.json"
+    junk.write_text("{}")
+    t = 1_700_000_000
+    for k in (old, used):
+        os.utime(root / "weigh" / f"{k}.json", (t, t))
+    assert VerdictStore([tmp_path / "other-plan-rknn", root]).get(used) == v  # a use: its mtime is now
+    run = CliRunner().invoke
+    assert json.loads(run(main, ["cache", "info", "--json"]).output)["verdicts"] == 3
+    r = run(main, ["cache", "prune", "--toolkit", "fake"])
+    assert r.exit_code == 0 and "and 0 weighed-rewrite verdict(s)" in r.output
+    r = run(main, ["cache", "prune", "--older-than", "30", "--dry-run"])
+    assert r.exit_code == 0 and "would remove 0 build(s)" in r.output and "and 1 weighed-rewrite verdict(s)" in r.output
+    assert (root / "weigh" / f"{old}.json").exists()
+    r = run(main, ["cache", "prune", "--older-than", "30"])
+    assert r.exit_code == 0 and "and 1 weighed-rewrite verdict(s)" in r.output
+    assert sorted(p.name for p in (root / "weigh").iterdir()) == [f"{used}.json", f"{new}.json", "notes.json"]
+    r = run(main, ["cache", "prune", "--all"])
+    assert r.exit_code == 0 and "and 2 weighed-rewrite verdict(s)" in r.output
+    assert [p.name for p in (root / "weigh").iterdir()] == ["notes.json"] and junk.read_text() == "{}"
+    assert (tmp_path / "plan-rknn" / "weigh" / f"{old}.json").exists()  # a plan's own verdicts are its own
