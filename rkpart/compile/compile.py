@@ -52,12 +52,12 @@ from rkpart.compile.weigh import (
     VerdictStore,
     judge,
     load_graph,
-    stage_anatomy,
     verdict_key,
 )
 from rkpart.errors import ToolkitError, UserError, os_error
 from rkpart.grouping.learned import CpuLayer, NpuOp, contradict, learn, load_learned, npu_ops, trace_cpu_layers
 from rkpart.io import default_cache_dir, file_sha256, folder_lock
+from rkpart.ir.anatomy import model_anatomy
 from rkpart.plan.plan import Artifact, Plan, Stage, load_plan
 from rkpart.plan.verify import stage_onnx
 from rkpart.progress import Progress, advance
@@ -692,7 +692,7 @@ class _Context:
         if not any(r.may_match(head, ops) for r in rows):
             return None
         sp = self.precisions.get(s.id) or StagePrecision("fp16")
-        return verdict_key(stage_anatomy(head), tk.version, self.target, sp.config(self.config, self.target),
+        return verdict_key(model_anatomy(head), tk.version, self.target, sp.config(self.config, self.target),
                            candidates, sorted(self.skip_rewrites), sp.key_extra(),
                            prepare_identity())
 

@@ -14,7 +14,7 @@ figures, or a build without the rewrites that fails, keeps them (nothing says th
 that needs less than :data:`WEIGH_MIN_BYTES` of device memory with them is not weighed (tiny models: a
 second build to save at most a few hundred KiB).
 
-The verdict holds for every stage of one *anatomy* (:func:`stage_anatomy`: the graph without its
+The verdict holds for every stage of one *anatomy* (:func:`rkpart.ir.anatomy.model_anatomy`: the graph without its
 weights' values; blocks of one model share it and compile to equal tables), so one more build per
 anatomy and toolkit is made, and the verdict is kept in the build cache (:class:`VerdictStore`, keyed by
 the anatomy, toolkit, target, build config and the rewrite set): a rerun, or the next plan of the same
@@ -49,8 +49,6 @@ WEIGHED_OUT = ("weighed for device memory: the build without it has no more CPU 
 #: could cost it is not worth a build (the bundled example's self-attention: 0.24 MiB with heads-table-layout,
 #: 0.33 without; the stages where it loses need hundreds: 204 MiB for 4 heads x 128 at 4096 tokens)
 WEIGH_MIN_BYTES = 4 << 20
-#: integer constants of at most this many elements are hashed by value in an anatomy (shapes, axes, indices)
-SMALL_CONSTANT = 64
 VERDICT_KIND = FileKind("weighed-rewrite verdict", "json", 1 << 20, UserError, symlinks=False,
                         doc="`weigh/<key>.json` of a plan's `rknn/` or a build cache (unreadable: weighed again)")
 
@@ -157,75 +155,12 @@ def judge(rewrites: Sequence[str], with_rewrites: Figures, without: Figures | No
                           f"with ({a / mib:.2f} against {b / mib:.2f} MiB), {layers}")
 
 
-def stage_anatomy(model: onnx.ModelProto) -> str:
-    """What decides a stage's compiled tables whatever its weights: its nodes in order with their types,
-    attributes and tensor types, tensors numbered by first use (names left out), and its constants by
-    type and shape (by value when small integers or a float scalar: shapes, axes, eps).  Stages of equal
-    anatomy compile to equal layer tables and memory statistics (the blocks of one model), so one weighing
-    stands for all.
-    ``model`` may be loaded without its external data."""
-    g = model.graph
-    types: dict[str, str] = {}
-    for vi in (*g.input, *g.value_info, *g.output):
-        tt = vi.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim]
-        types[vi.name] = f"{tt.elem_type}{dims}"
-    consts = {t.name: _constant(t) for t in g.initializer}
-    local: dict[str, int] = {}
-    h = hashlib.sha256(b"rkpart-anatomy-v1\0")
-
-    def ref(t: str) -> str:
-        if not t:
-            return "-"
-        if t in consts:
-            return consts[t]
-        return f"{local.setdefault(t, len(local))}:{types.get(t, '?')}"
-
-    for n in g.node:
-        attrs = []
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.TENSOR:
-                attrs.append(f"{a.name}={_constant(a.t)}")
-            elif a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
-                attrs.append(f"{a.name}=" + ",".join(stage_anatomy(onnx.helper.make_model(sg)) for sg in
-                                                    ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs))))
-            else:
-                c = onnx.AttributeProto()
-                c.CopyFrom(a)
-                c.ClearField("doc_string")
-                attrs.append(c.SerializeToString(deterministic=True).hex())
-        h.update(f"{n.domain}:{n.op_type}({','.join(ref(t) for t in n.input)})->"
-                 f"({','.join(ref(t) for t in n.output)})[{';'.join(attrs)}]\n".encode())
-    h.update(("out:" + ",".join(ref(o.name) for o in g.output)).encode())
-    return h.hexdigest()[:32]
-
-
 def load_graph(path: Path) -> onnx.ModelProto | None:
     """The stage at ``path`` without its external data (``None``: it does not load; its build says why)."""
     try:
         return onnx.load(str(path), load_external_data=False)
     except Exception:  # noqa: BLE001 - protobuf's DecodeError: the build of the stage reports it
         return None
-
-
-def _constant(t: onnx.TensorProto) -> str:
-    """A constant in an anatomy: its type and shape, and its value's hash when it is a small integer tensor or
-    a float scalar (a shape, an axis, an index, an epsilon, a scale: they decide the graph; a weight's values
-    do not)."""
-    n = 1
-    for d in t.dims:
-        n *= d
-    head = f"c{t.data_type}{list(t.dims)}"
-    floating = t.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
-                               onnx.TensorProto.BFLOAT16)
-    # a float tensor of more than one value is a weight (a tiny model's norm weights are small too)
-    if n > SMALL_CONSTANT or (floating and n > 1) or t.data_location == onnx.TensorProto.EXTERNAL:
-        return head
-    c = onnx.TensorProto()
-    c.CopyFrom(t)
-    c.ClearField("name")
-    c.ClearField("doc_string")
-    return head + hashlib.sha256(c.SerializeToString(deterministic=True)).hexdigest()[:12]
 
 
 def verdict_key(anatomy: str, toolkit: str, target: str, config: JsonMap, candidates: Sequence[str],
@@ -285,4 +220,4 @@ class VerdictStore:
 
 __all__ = ["WEIGHED_OUT", "WEIGH_DIR", "WEIGH_MIN_BYTES", "WEIGH_VERSION", "Figures", "Verdict", "VerdictStore",
            "judge",
-           "load_graph", "stage_anatomy", "verdict_key"]
+           "load_graph", "verdict_key"]

@@ -217,30 +217,23 @@ def int8_prior(f: Features) -> Features:
 
 
 def block_anatomy(mg: ModelGraph, block: Block) -> str:
-    """What decides a block's compiled tables, whatever its weights: its ops in model order with
-    their types, attributes and tensor types (names left out).  Blocks with equal anatomy compile to
-    equal layer tables and memory statistics, so one build stands for all of them."""
-    import hashlib
+    """What decides a block's compiled tables, whatever its weights (:func:`rkpart.ir.anatomy.anatomy`: the
+    definition a stage's weighing uses too).  Blocks with equal anatomy compile to equal layer tables and
+    memory statistics, so one build stands for all of them."""
+    from rkpart.ir.anatomy import anatomy, constant_token
 
-    import onnx
-
-    h = hashlib.sha256()
-    local: dict[str, int] = {}
-
-    def ref(t: str) -> str:
+    def type_of(t: str) -> str:
         tt = mg.tensor_types.get(t)
-        ty = "?" if tt is None else f"{tt[0]}{list(tt[1])}"
-        if mg.is_const_tensor(t):
-            return f"c:{ty}"
-        return f"{local.setdefault(t, len(local))}:{ty}"
+        return "?" if tt is None else f"{tt[0]}{list(tt[1])}"
 
-    for i in sorted(block.ops):
-        n = mg.op(i)
-        attrs = [f"{k}={v.SerializeToString().hex() if isinstance(v, onnx.TensorProto) else v!r}"
-                 for k, v in n.attrs.items()]
-        h.update(f"{n.domain}:{n.op_type}({','.join(ref(t) for t in n.inputs if t)})->"
-                 f"({','.join(ref(t) for t in n.outputs if t)})[{';'.join(attrs)}]\n".encode())
-    return h.hexdigest()[:16]
+    def constant(t: str) -> str | None:
+        init = mg.initializers.get(t)
+        if init is not None:
+            return constant_token(init)
+        # computed from constants alone in the model (folded or copied into a stage): by type, as a weight
+        return f"c:{type_of(t)}" if mg.is_const_tensor(t) else None
+
+    return anatomy((mg.nodes[i] for i in sorted(block.ops)), type_of, constant)
 
 
 def mark_exclusions(

@@ -12,7 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from rkpart.compile.weigh import Figures, Verdict, VerdictStore, judge, stage_anatomy, verdict_key
+from rkpart.compile.weigh import Figures, Verdict, VerdictStore, judge, verdict_key
+from rkpart.ir.anatomy import model_anatomy as stage_anatomy
 from rkpart.targets.rewrites import REWRITES, Rewrite, weighed_rewrites_for
 
 MIB = 1 << 20
