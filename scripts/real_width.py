@@ -18,10 +18,11 @@ when it is run again); ``docs/real-width.md`` (``--out``) is rendered from that 
 rewrites it without building, and the README's real-width rows (``--readme``, between :data:`README_MARKS`) with it
 (``tests/models/test_real_width.py`` checks both are that rendering). Each family runs on a build cache and
 placement store of its own (``WORK/cache/<family>``), so what one family's builds teach the store cannot move
-another's ops, and its placement store is emptied before every partition, so that each compile is a first build
-(the build cache stays). The plan folders' weights (``*.data``) are deleted after each family unless
-``--keep-weights``: a real-width plan holds 0.1-2 GB of them per toolkit and strategy; the stage graphs, plan.json
-and the builds stay.
+another's ops (``scripts/store_crosscheck.py`` then asks what each family's builds taught would have moved
+of the others, had they shared one cache), and its placement store is emptied before every partition, so that each
+compile is a first build (the build cache stays). The plan folders' weights (``*.data``) are deleted after each
+family unless ``--keep-weights``: a real-width plan holds 0.1-2 GB of them per toolkit and strategy; the stage
+graphs, plan.json and the builds stay.
 
 Usage: ``.venv/bin/python scripts/real_width.py [--family F ...] [--toolkit V ...] [--strategy S ...]
 [--work DIR] [--rows FILE] [--out FILE] [--readme FILE] [--table-only] [--keep-weights] [--timeout S]``.

@@ -45,6 +45,7 @@ from rkpart.targets.capability import (
     TOOLKIT_DTYPES,
     Capability,
     PlacementPattern,
+    around_class,
     attrs_class,
     dims_class,
     shapes_class,
@@ -91,7 +92,24 @@ def pattern_of(mg: ModelGraph, i: int) -> PlacementPattern:
     out_shapes = [mg.shape(t) if t else None for t in n.outputs]
     return PlacementPattern(op_type=n.op_type, dtype=dtype, ranks=tuple(ranks), domain=n.domain or "",
                             consts=consts, dims=dims_class(shapes, out_shapes), form=_form(mg, i),
-                            shapes=shapes_class(shapes, out_shapes), attrs=attrs_class(n.attrs))
+                            shapes=shapes_class(shapes, out_shapes), attrs=attrs_class(n.attrs),
+                            around=_around(mg, i))
+
+
+def _around(mg: ModelGraph, i: int) -> str:
+    """:attr:`PlacementPattern.around` of op ``i``: who produces its data inputs and who reads its outputs
+    (``*`` where ``mg`` ends: a stage's input or output)."""
+    n = mg.op(i)
+    producers = []
+    for t in n.inputs:
+        if not t or mg.is_const_tensor(t):
+            continue
+        p = mg.producer.get(t)
+        producers.append("*" if p is None else mg.op(p).op_type)
+    outs = set(mg.outputs)
+    readers = [mg.op(c).op_type for t in n.outputs if t for c in mg.consumers.get(t, ())]
+    readers += ["*" for t in n.outputs if t in outs]
+    return around_class(producers, readers)
 
 
 def _form(mg: ModelGraph, i: int) -> str:

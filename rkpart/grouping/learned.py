@@ -50,14 +50,15 @@ from rkpart.io import atomic_write_bytes, default_cache_dir
 from rkpart.ir import ModelGraph
 from rkpart.readers import FileKind
 from rkpart.targets import TARGETS, get_target
-from rkpart.targets.capability import Capability, PlacementPattern
+from rkpart.targets.capability import Capability, PlacementPattern, find_learned
 
 PLACEMENT_DIR = "placement"
 FORMAT = "rkpart-learned-placement"
 # 2: patterns carry which dims are 1 (a store of version 1 is re-learned); 3: a reversing Slice is a form of its own;
 # 4: the op giving a stage output of rank > 4 is the boundary's, not learned (a version-3 store may hold such rows);
-# 5: patterns carry sizes and layout attributes, and the builds that ran one on the NPU ("npu": not applied)
-VERSION = 5
+# 5: patterns carry sizes and layout attributes, and the builds that ran one on the NPU ("npu": not applied);
+# 6: patterns carry the op's data neighbours (PlacementPattern.around)
+VERSION = 6
 #: a store larger than this is not a store rkpart wrote (patterns are few)
 _MAX_BYTES = 4 << 20
 #: layers kept per pattern as examples (where it was learned)
@@ -266,9 +267,9 @@ def npu_ops(stage_id: str, stage_onnx: Path, layers: Iterable[CpuLayer],
         n = mg.op(i)
         if n.op_type not in types or n.op_type in untraced or not n.name or n.name in on_cpu:
             continue
-        pat = pattern_of(mg, i)
-        if pat in patterns:
-            out.append(NpuOp(stage_id, n.name, pat))
+        hit = find_learned(patterns, pattern_of(mg, i))
+        if hit is not None:  # evidence against the stored pattern (its "*" matched this stage's neighbours)
+            out.append(NpuOp(stage_id, n.name, hit))
     return out
 
 

@@ -26,7 +26,7 @@ most of them on the NPU (rewritten), and the ones it does not are learned by the
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rkpart.ir.graph import OpNode
@@ -85,6 +85,15 @@ class PlacementPattern:
     shapes: str = ""
     #: the op's layout attributes (:func:`attrs_class`), ``""``: none
     attrs: str = ""
+    #: its data neighbours (:func:`around_class`): the op types producing its non-constant inputs, in order,
+    #: then ``>`` and the op types reading its outputs; ``*`` where the graph it was read from ends (a stage
+    #: input or output: the model has an op there, unknown to the stage), and matches any (:func:`find_learned`).
+    #: Measured on real widths (store version 6): Lumina-Image-2.0's masked Softmax (1,24,1280,1280) ran on the
+    #: CPU on 2.5.0 because the mask's Add stood between the scores and it (the compiler fused no attention);
+    #: Ovis-Image's joint-attention Softmax of exactly those sizes, read from a MatMul, runs on the NPU: keyed
+    #: without its neighbours, what Lumina2's build taught moved Ovis's attention Softmax to the host
+    #: (``scripts/store_crosscheck.py``)
+    around: str = ""
 
     def key(self) -> str:
         """``ScatterND/float32/4,c2,4`` (``c``: a constant input), then ``/`` and :attr:`dims` when known:
@@ -94,7 +103,7 @@ class PlacementPattern:
                          for k, r in enumerate(self.ranks))
         return (f"{dom}{self.op_type}/{self.dtype or '?'}/{ranks}" + (f"/{self.dims}" if self.dims else "")
                 + (f"/{self.form}" if self.form else "") + (f"/{self.shapes}" if self.shapes else "")
-                + (f"/{self.attrs}" if self.attrs else ""))
+                + (f"/{self.attrs}" if self.attrs else "") + (f"/{self.around}" if self.around else ""))
 
     def describe(self) -> str:
         ranks = ", ".join(("-" if r < 0 else str(r)) + (" const" if k < len(self.consts) and self.consts[k] else "")
@@ -103,12 +112,14 @@ class PlacementPattern:
         form = f"; {self.form}" if self.form else ""
         shapes = f"; shapes {self.shapes}" if self.shapes else ""
         attrs = f"; {self.attrs}" if self.attrs else ""
-        return f"{self.op_type} ({self.dtype or 'unknown type'}, input ranks {ranks}{dims}{form}{shapes}{attrs})"
+        around = f"; between {self.around.replace('>', ' and ')}" if self.around else ""
+        return (f"{self.op_type} ({self.dtype or 'unknown type'}, input ranks {ranks}{dims}{form}{shapes}{attrs}"
+                f"{around})")
 
     def to_json(self) -> JsonObject:
         return {"op_type": self.op_type, "domain": self.domain, "dtype": self.dtype, "ranks": list(self.ranks),
                 "consts": list(self.consts), "dims": self.dims, "form": self.form, "shapes": self.shapes,
-                "attrs": self.attrs}
+                "attrs": self.attrs, "around": self.around}
 
     @classmethod
     def from_json(cls, d: JsonMap) -> PlacementPattern:
@@ -131,8 +142,11 @@ class PlacementPattern:
             raise ValueError("shapes must be sizes")
         if not isinstance(attrs, str) or len(attrs) > 1024 or not attrs.isprintable():
             raise ValueError("attrs must be a short printable string")
+        around = d.get("around", "")
+        if not isinstance(around, str) or len(around) > 1024 or not around.isprintable() or around.count(">") > 1:
+            raise ValueError("around must be op types, '>' between producers and readers")
         return cls(op_type=op_type, dtype=dtype, ranks=tuple(ranks), domain=domain, consts=tuple(consts), dims=dims,
-                   form=form, shapes=shapes, attrs=attrs)
+                   form=form, shapes=shapes, attrs=attrs, around=around)
 
 
 def unit_mask(shape: tuple[Any, ...] | None) -> str:
@@ -146,6 +160,48 @@ def unit_mask(shape: tuple[Any, ...] | None) -> str:
 def dims_class(in_shapes: Iterable[tuple[Any, ...] | None], out_shapes: Iterable[tuple[Any, ...] | None]) -> str:
     """:attr:`PlacementPattern.dims` of an op with these input and output shapes (``None``: unknown)."""
     return ";".join(unit_mask(s) for s in in_shapes) + ">" + ";".join(unit_mask(s) for s in out_shapes)
+
+
+def around_class(producers: Iterable[str], readers: Iterable[str]) -> str:
+    """:attr:`PlacementPattern.around`: ``["MatMul", "*"], ["MatMul", "MatMul"] -> "MatMul,*>MatMul"``
+    (producers in input order, readers sorted and unique; ``*`` where the graph ends)."""
+    return ",".join(producers) + ">" + ",".join(sorted(set(readers)))
+
+
+def _around_matches(a: str, b: str) -> bool:
+    """Two :attr:`PlacementPattern.around` classes that may be one op's: equal where both graphs see the
+    neighbour, ``*`` (the edge of a stage) standing for any producer, and for any further readers."""
+    if a == b or not a or not b:
+        return a == b
+    ap, _, ar = a.partition(">")
+    bp, _, br = b.partition(">")
+    aps, bps = ap.split(",") if ap else [], bp.split(",") if bp else []
+    if len(aps) != len(bps) or any(x != y and "*" not in (x, y) for x, y in zip(aps, bps, strict=True)):
+        return False
+    ars, brs = set(filter(None, ar.split(","))), set(filter(None, br.split(",")))
+    a_open, b_open = "*" in ars, "*" in brs
+    ars.discard("*")
+    brs.discard("*")
+    if a_open and b_open:
+        return True
+    if a_open:
+        return ars <= brs
+    if b_open:
+        return brs <= ars
+    return ars == brs
+
+
+def find_learned(learned: Iterable[PlacementPattern], pattern: PlacementPattern) -> PlacementPattern | None:
+    """The learned pattern ``pattern`` (an op's, read from a model or a stage) is an instance of: equal in
+    everything but :attr:`~PlacementPattern.around`, whose ``*`` (a stage's edge, on either side) matches any
+    neighbour; ``None`` when none is."""
+    if isinstance(learned, set | frozenset) and pattern in learned:
+        return pattern
+    bare = replace(pattern, around="")
+    for p in learned:
+        if p.op_type == pattern.op_type and replace(p, around="") == bare and _around_matches(p.around, pattern.around):
+            return p
+    return None
 
 
 def shapes_class(in_shapes: Iterable[tuple[Any, ...] | None], out_shapes: Iterable[tuple[Any, ...] | None]) -> str:
@@ -228,10 +284,21 @@ class Capability:
         form = self.caps.cpu_forms.get(node.op_type)
         if form is not None and pattern.consts[:len(form[0])] == form[0]:
             return f"rknn-toolkit2 {self.toolkit}: {form[1]}"
-        if pattern in self.learned:
-            return (f"rknn-toolkit2 {self.toolkit} placed {pattern.describe()} on the CPU in an earlier build "
+        hit = find_learned(self._learned_of(pattern.op_type), pattern) if self.learned else None
+        if hit is not None:
+            return (f"rknn-toolkit2 {self.toolkit} placed {hit.describe()} on the CPU in an earlier build "
                     "(learned placement)")
         return None
+
+    def _learned_of(self, op_type: str) -> frozenset[PlacementPattern]:
+        by_type = self.__dict__.get("_by_type")
+        if by_type is None:  # an index of a frozen value, made once
+            by_type = {}
+            for p in self.learned:
+                by_type.setdefault(p.op_type, set()).add(p)
+            by_type = {k: frozenset(v) for k, v in by_type.items()}
+            object.__setattr__(self, "_by_type", by_type)
+        return by_type.get(op_type, frozenset())
 
     def to_json(self) -> JsonObject:
         """What the plan records of the capability it was partitioned with."""
@@ -239,5 +306,5 @@ class Capability:
                 "learned_patterns": len(self.learned)}
 
 
-__all__ = ["FORMS", "TOOLKIT_DTYPES", "Capability", "PlacementPattern", "attrs_class", "dims_class", "shapes_class",
-           "unit_mask"]
+__all__ = ["FORMS", "TOOLKIT_DTYPES", "Capability", "PlacementPattern", "around_class", "attrs_class", "dims_class",
+           "find_learned", "shapes_class", "unit_mask"]

@@ -102,7 +102,7 @@ def test_trace_cpu_layers_maps_full_names_to_ops_and_patterns(tmp_path: Path) ->
     got = trace_cpu_layers("b00.attn", s, ["ScatterND:scatter", "Transpose:inserted_by_the_toolkit",
                                            "Slice:scatter_2sl"])
     pat = PlacementPattern("ScatterND", "float32", (2, 3, 2), consts=(False, False, False), dims="nn;nnn;nn>nn",
-                           shapes="64,64;64,64,2;64,64>64,64")
+                           shapes="64,64;64,64,2;64,64>64,64", around="MatMul,*,MatMul>*")
     # the last: the op itself, turned into another by the toolkit (AnyFlow-FAR's KV-cache Gather of one
     # index ran as "Slice:node_select_1_2sl"): traced to the op, learned, moved
     assert [(x.op, x.pattern, x.boundary) for x in got] == [("scatter", pat, False), (None, None, False),
@@ -260,12 +260,15 @@ def test_a_build_that_runs_a_learned_pattern_on_the_npu_drops_it(tmp_path: Path)
     assert contradict("rk3588", "2.5.0", seen) == []  # already dropped
 
 
-def test_a_version_4_store_is_relearned() -> None:
-    """Version 4 keyed patterns without sizes: a store of it reads empty (re-learned by the next builds)."""
+@pytest.mark.parametrize("version", [4, 5])
+def test_an_older_store_is_relearned(version: int) -> None:
+    """Version 4 keyed patterns without sizes, version 5 without neighbours: a store of either reads empty
+    (re-learned by the next builds)."""
     path = store_path("rk3588", "2.5.0")
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"format": "rkpart-learned-placement", "version": 4, "patterns": [P1.to_json()]}))
-    assert VERSION == 5 and load_learned("rk3588", "2.5.0") == frozenset()
+    path.write_text(json.dumps({"format": "rkpart-learned-placement", "version": version,
+                                "patterns": [P1.to_json()]}))
+    assert VERSION == 6 and load_learned("rk3588", "2.5.0") == frozenset()
 
 
 def test_a_stage_with_no_op_of_a_learned_size_is_not_loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -112,7 +112,7 @@ def test_learned_pattern_moves_the_op_with_the_neighbours_of_the_cheapest_cut(
     i_max = next(i for i in range(m.graph.num_ops) if m.graph.op(i).name == "max")
     pat = pattern_of(m.graph, i_max)
     assert pat == PlacementPattern("Max", "float32", (3, 3), consts=(False, False), dims="nnn;nnn>nnn",
-                                   shapes=pat.shapes)
+                                   shapes=pat.shapes, around=pat.around)
     assert pat.shapes == "4,8,16;4,8,16>4,8,16"  # the sizes of both inputs and the output
     # nothing learned: everything on the NPU
     assert [d for d, _ in _devices(propose(m, "generic", PartitionConfig(toolkit="2.5.0")))] == ["npu"]
@@ -492,3 +492,71 @@ def test_a_learned_reversing_slice_does_not_take_forward_slices_off_the_npu(tmp_
     assert ("flip" in host) == (width > MAX_REVERSED)
     plan = write_plan(m, part, tmp_path / "plan")
     assert_reproduces(plan, tmp_path / "plan", path)
+
+
+def _attention(tmp: Path, name: str, masked: bool) -> Path:
+    """x ─ MatMul(Wq) ─ q ─ MatMul(q, kᵀ) ─ s [─ Add(mask)] ─ Softmax ─ p ─ MatMul(p, v) ─ MatMul(Wo) ─ y:
+    the two forms of Lumina-Image-2.0's and Ovis-Image's attention Softmax, same sizes."""
+    nodes = [helper.make_node("MatMul", ["x", "Wq"], ["q"], name="q"),
+             helper.make_node("Transpose", ["q"], ["kt"], perm=[0, 2, 1], name="kt"),
+             helper.make_node("MatMul", ["q", "kt"], ["s"], name="scores")]
+    inits = [_w("Wq", 16, 16, 3), _w("Wo", 16, 16, 4)]
+    if masked:
+        nodes.append(helper.make_node("Add", ["s", "mask"], ["sm"], name="mask"))
+        inits.append(numpy_helper.from_array(np.triu(np.full((8, 8), -1e4, np.float32), 1)[None], "mask"))
+    nodes += [helper.make_node("Softmax", ["sm" if masked else "s"], ["p"], axis=-1, name="softmax"),
+              helper.make_node("MatMul", ["p", "q"], ["o"], name="pv"),
+              helper.make_node("MatMul", ["o", "Wo"], ["y"], name="out")]
+    return _save(tmp, name, nodes, inits)
+
+
+def test_a_learned_placement_holds_for_the_ops_neighbours_not_only_its_sizes(tmp_path: Path) -> None:
+    """Issue 50: a Softmax a build ran on the CPU behind a mask's Add (Lumina-Image-2.0 at real width: the
+    compiler fused no attention) does not move a Softmax of the same sizes read straight from the scores'
+    MatMul (Ovis-Image, on the NPU); it moves the same masked form in another model.  Learned from a stage
+    whose input the Softmax reads (the Add in another stage: ``*``), it stands for any producer."""
+    from rkpart.grouping.learned import CpuLayer, learn
+
+    masked, plain, other = (load(_attention(tmp_path, n, m)) for n, m in (("a", True), ("b", False), ("c", True)))
+    sm = next(i for i in range(masked.graph.num_ops) if masked.graph.op(i).name == "softmax")
+    pat = pattern_of(masked.graph, sm)
+    assert pat.around == "Add>MatMul" and pat.shapes == "1,8,8>1,8,8"
+    smb = next(i for i in range(plain.graph.num_ops) if plain.graph.op(i).name == "softmax")
+    assert pattern_of(plain.graph, smb).around == "MatMul>MatMul"
+    learn("rk3588", "2.5.0", [CpuLayer("s", "Softmax:softmax", "softmax", pat)])
+    cfg = PartitionConfig(toolkit="2.5.0")
+    assert all(d == "npu" for d, _ in _devices(propose(plain, "generic", cfg)))
+    moved = propose(other, "generic", cfg).partition.extra["capability"]["host_ops"]
+    assert "learned placement" in {h["op"]: h["why"] for h in moved}["softmax"]
+    # what a stage that begins at the Softmax teaches: its producer is the stage's input
+    from dataclasses import replace
+
+    from rkpart.targets.capability import find_learned
+
+    edge = replace(pat, around="*>MatMul")
+    assert find_learned({edge}, pat) == edge and find_learned({edge}, pattern_of(plain.graph, smb)) == edge
+    assert find_learned({pat}, pattern_of(plain.graph, smb)) is None
+
+
+@pytest.mark.parametrize(("learned", "seen", "match"), [
+    ("Add>MatMul", "Add>MatMul", True),
+    ("Add>MatMul", "MatMul>MatMul", False),
+    ("*>MatMul", "Mul>MatMul", True),            # learned at a stage's input
+    ("Add>MatMul", "*>MatMul", True),            # seen in a stage (contradicting evidence), its input the edge
+    ("Add,*>Mul", "Add,Add>Mul", True),
+    ("Add,*>Mul", "Mul,Add>Mul", False),         # a known producer still decides
+    ("Add>*", "Add>MatMul,Where", True),         # its output a stage output: any readers
+    ("Add>IsNaN,*", "Add>IsNaN,Where", True),
+    ("Add>IsNaN,*", "Add>MatMul,Where", False),  # the readers the stage saw are all there
+    ("Add>MatMul", "Add>MatMul,Where", False),
+    ("Add>MatMul", "Add,Add>MatMul", False),     # another number of data inputs
+])
+def test_neighbours_match_with_stage_edges_as_wildcards(learned: str, seen: str, match: bool) -> None:
+    from dataclasses import replace
+
+    from rkpart.targets.capability import find_learned
+
+    base = PlacementPattern("Softmax", "float32", (3,), consts=(False,), dims="nnn>nnn", shapes="1,8,8>1,8,8")
+    got = find_learned([replace(base, around=learned)], replace(base, around=seen))
+    assert (got is not None) is match
+    assert find_learned([replace(base, around=learned, shapes="1,8,9>1,8,9")], replace(base, around=seen)) is None
