@@ -287,7 +287,8 @@ def _stage_file(report: CompileReport, folder: Path, stage_id: str) -> Path | No
 
 def traced_layers(report: CompileReport, folder: Path) -> list[CpuLayer]:
     """The CPU layers of every NPU stage ``report`` built or took from the cache, traced to the ops of
-    the file the toolkit built (:func:`rkpart.grouping.learned.trace_cpu_layers`)."""
+    the file the toolkit built, their patterns read from the plan's own stage file where it holds the op
+    (:func:`rkpart.grouping.learned.trace_cpu_layers`)."""
     out: list[CpuLayer] = []
     for o in report.outcomes:
         a = o.artifact
@@ -295,7 +296,7 @@ def traced_layers(report: CompileReport, folder: Path) -> list[CpuLayer]:
         if a is None or path is None:
             continue
         try:
-            out += trace_cpu_layers(o.stage_id, path, a.cpu_ops)
+            out += trace_cpu_layers(o.stage_id, path, a.cpu_ops, like=_stage_file(report, folder, o.stage_id))
         except UserError:  # a stage file that no longer loads teaches nothing
             continue
     return out
@@ -327,8 +328,9 @@ def learn_placements(report: CompileReport, folder: Path, target: str,
             if path is None:
                 continue
             try:
+                own = _stage_file(report, folder, o.stage_id)
                 seen += npu_ops(o.stage_id, path, [x for x in layers if x.stage == o.stage_id], known,
-                                screen=_stage_file(report, folder, o.stage_id))
+                                screen=own, like=own)
             except UserError:
                 continue
         for p in contradict(target, version, seen):

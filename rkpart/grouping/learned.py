@@ -223,7 +223,8 @@ def contradict(target: str, toolkit: str, seen: Iterable[NpuOp], root: Path | No
 
 
 def npu_ops(stage_id: str, stage_onnx: Path, layers: Iterable[CpuLayer],
-            patterns: Collection[PlacementPattern], screen: Path | None = None) -> list[NpuOp]:
+            patterns: Collection[PlacementPattern], screen: Path | None = None, like: Path | None = None
+            ) -> list[NpuOp]:
     """The ops of the built ``stage_onnx`` whose pattern is one of ``patterns`` and that its build (whose
     CPU layers, traced, are ``layers``) did not place on the CPU: evidence against those patterns.
 
@@ -234,8 +235,8 @@ def npu_ops(stage_id: str, stage_onnx: Path, layers: Iterable[CpuLayer],
     weights are external, when ``stage_onnx`` is a prepared copy holding them inline: 130 MB read in 1 s
     and 5 s to load as a graph, per real-width attention stage).  A stage none of whose ops has a
     candidate type and, where the file records it, a candidate output shape is not loaded.
+    ``like``: the plan's own file of the stage, patterns read from it as :func:`trace_cpu_layers` reads them.
     """
-    from rkpart.grouping.capability import pattern_of
     from rkpart.ir import load_model
 
     types = {p.op_type for p in patterns}
@@ -262,12 +263,13 @@ def npu_ops(stage_id: str, stage_onnx: Path, layers: Iterable[CpuLayer],
     if not any(may_match(n) for n in g.node):
         return []
     mg = load_model(stage_onnx)
+    plan_graph = _like(like, stage_onnx)
     out = []
     for i in sorted(mg.ops.nodes):
         n = mg.op(i)
         if n.op_type not in types or n.op_type in untraced or not n.name or n.name in on_cpu:
             continue
-        hit = find_learned(patterns, pattern_of(mg, i))
+        hit = find_learned(patterns, _pattern(mg, i, plan_graph))
         if hit is not None:  # evidence against the stored pattern (its "*" matched this stage's neighbours)
             out.append(NpuOp(stage_id, n.name, hit))
     return out
@@ -298,13 +300,40 @@ def target_capability(target: str, version: str | None, *, learned: bool = True,
     return Capability(tgt.name, caps, known, rewrites)
 
 
-def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) -> list[CpuLayer]:
+def _like(like: Path | None, built: Path) -> tuple[ModelGraph, dict[str, int]] | None:
+    """The plan's own stage file ``like`` as a graph with its ops by name, when it is not the built file
+    (``None``: no such file, or it does not load)."""
+    from rkpart.ir import load_model
+
+    if like is None or like == built:
+        return None
+    try:
+        g = load_model(like)
+    except UserError:
+        return None
+    return g, {g.op(k).name: k for k in range(g.num_ops) if g.op(k).name}
+
+
+def _pattern(mg: ModelGraph, i: int, like: tuple[ModelGraph, dict[str, int]] | None) -> PlacementPattern:
+    """Op ``i``'s pattern, read from the plan's stage file when it has the op (see :func:`trace_cpu_layers`)."""
+    from rkpart.grouping.capability import pattern_of
+
+    name = mg.op(i).name
+    if like is not None and name in like[1] and like[1][name] in like[0].ops.nodes:
+        return pattern_of(like[0], like[1][name])
+    return pattern_of(mg, i)
+
+
+def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str], like: Path | None = None
+                     ) -> list[CpuLayer]:
     """The CPU layers ``cpu_ops`` (the table's FullNames) of the build of ``stage_onnx``, traced to ops.
 
     The stage is loaded as a graph (weights not read) so each op's pattern has the same input
-    ranks and types as in the model it was cut from.
+    ranks and types as in the model it was cut from.  ``like``: the plan's own file of the stage when
+    ``stage_onnx`` is a prepared copy (rewritten or lowered): an op it holds by name gets its pattern from
+    there, its sizes and neighbours as the model has them (a rewrite may have put a Reshape before it), so
+    that the next partition, which matches the model's ops, finds it.
     """
-    from rkpart.grouping.capability import pattern_of
     from rkpart.grouping.views import NPU_INPUT_RANK
     from rkpart.ir import load_model
 
@@ -312,6 +341,7 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
     if not names:
         return []
     mg = load_model(stage_onnx)
+    plan_graph = _like(like, stage_onnx)
     by_name: dict[str, int] = {}
     for k in range(mg.num_ops):
         if mg.op(k).name:
@@ -328,7 +358,7 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
                 # "every rank 4 -> 5 Reshape", and the rounds then emptied its linear attention onto the host)
                 out.append(CpuLayer(stage_id, full, mg.op(i).name, None, boundary=True))
                 continue
-            out.append(CpuLayer(stage_id, full, mg.op(i).name, pattern_of(mg, i)))
+            out.append(CpuLayer(stage_id, full, mg.op(i).name, _pattern(mg, i, plan_graph)))
             continue
         # a conversion the toolkit inserted for a tensor: "<tensor>-rs"; the stage output's producer,
         # or the ops reading a stage input
@@ -360,7 +390,7 @@ def trace_cpu_layers(stage_id: str, stage_onnx: Path, cpu_ops: Iterable[str]) ->
                 p = mg.producer[base]
                 break
         if converted is not None:
-            out.append(CpuLayer(stage_id, full, mg.op(converted).name, pattern_of(mg, converted)))
+            out.append(CpuLayer(stage_id, full, mg.op(converted).name, _pattern(mg, converted, plan_graph)))
             continue
         if p is not None and p in mg.ops.nodes and mg.op(p).name:
             out.append(CpuLayer(stage_id, full, mg.op(p).name, None, boundary=True))

@@ -291,3 +291,33 @@ def test_a_stage_with_no_op_of_a_learned_size_is_not_loaded(tmp_path: Path, monk
     onnx.save(onnx.shape_inference.infer_shapes(onnx.load(str(_heads(same, 64, 4, 88)))), same)
     with pytest.raises(AssertionError, match="loaded"):
         npu_ops("c", same, [], {learned}, screen=same)
+
+
+def test_a_prepared_copys_layer_is_learned_as_the_plans_op(tmp_path: Path) -> None:
+    """A layer of a prepared copy (a rewrite put an Identity pair before the Softmax) is learned with the
+    sizes and neighbours the plan's own stage file, cut from the model, gives its op: the next partition
+    matches the model's ops, where no rewrite stands between the scores and the Softmax."""
+    from rkpart.grouping.learned import npu_ops
+
+    def stage(path: Path, prepared: bool) -> Path:
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8])
+        w = numpy_helper.from_array(np.eye(8, dtype=np.float32)[None], "w")
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["s"], name="scores")]
+        if prepared:
+            nodes += [helper.make_node("Identity", ["s"], ["s1"], name="scores/id"),
+                      helper.make_node("Identity", ["s1"], ["s2"], name="scores/id2")]
+        nodes += [helper.make_node("Softmax", ["s2" if prepared else "s"], ["p"], axis=-1, name="softmax"),
+                  helper.make_node("MatMul", ["p", "w"], ["y"], name="pv")]
+        onnx.save(helper.make_model(helper.make_graph(nodes, "g", [x], [y], [w]),
+                                    opset_imports=[helper.make_opsetid("", 17)]), path)
+        return path
+
+    own, prepared = stage(tmp_path / "001_b00.attn.onnx", False), stage(tmp_path / "prepared.onnx", True)
+    alone = trace_cpu_layers("b00.attn", prepared, ["Softmax:softmax"])[0].pattern
+    assert alone is not None and alone.around == "Identity>MatMul"
+    got = trace_cpu_layers("b00.attn", prepared, ["Softmax:softmax"], like=own)[0].pattern
+    assert got is not None and got.around == "MatMul>MatMul" and got.shapes == alone.shapes
+    # the evidence against it, read the same way: the prepared copy's Softmax is the plan's op
+    assert [x.op for x in npu_ops("b00.attn", prepared, [], {got}, like=own)] == ["softmax"]
+    assert npu_ops("b00.attn", prepared, [], {got}) == []
