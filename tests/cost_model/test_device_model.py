@@ -24,8 +24,8 @@ from rkpart.cost_model.device_model import (
     gelu_regions,
     head_norm_inputs,
     held_out_summary,
-    swish_outputs,
     leave_one_family_out,
+    swish_outputs,
     within,
 )
 from rkpart.cost_model.features import Features, model_features
