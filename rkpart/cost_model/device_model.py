@@ -343,7 +343,7 @@ def swish_outputs(mg: ModelGraph, ops: Iterable[int]) -> list[tuple[tuple[str, .
     with it, the Sigmoid's output read by nothing else): (the tensors inside the fused layer -- the Sigmoid's
     output, and the product when only a float Cast reads it --, the tensor it leaves) of each."""
     opset = set(ops)
-    out: list[tuple[str, str]] = []
+    out: list[tuple[tuple[str, ...], str]] = []
     for i in sorted(opset):
         n = mg.op(i)
         if n.op_type != "Sigmoid" or not n.inputs or not n.inputs[0] or mg.is_const_tensor(n.inputs[0]):
