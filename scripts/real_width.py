@@ -294,12 +294,16 @@ more: the partial sums of a MatMul the compiler tiles by input channels (more th
 heads a grouped-query attention repeats (Lumina2: the repeated keys held as (8,4,96,T), 3 repeats padded to 4,
 and a secondary of (8,8,96,T)), and the attention's workspace above the activation peak with a coefficient of its
 own: one coefficient for both scaled a GELU FFN, whose internal memory is exactly the activation peak counted, by
-the attention's (+16 % to +18 % before). Still under-predicted, held out: the attentions that kept CPU layers
-(Lumina2's, -17 % to -26 %; Cosmos's, -13 % before `heads-table-layout` moved its computed tables: the CPU
-layer's buffers on both sides of the host round trip; its rows now are of the build without them, predicted by
-the shipped model, `*`), and
-HunyuanDiT's attention (-14 %: its per-head norm at head dim 88 holds a secondary of 112/44 of the tensor, and
-`rope-interleaved-matmul` rewrites the rotation after the features are counted). Lumina2's rows are of the
+the attention's (+16 % to +18 % before). A SiLU counts as the compiler's `exSwish`, its output held at 2x the
+tensor until its gate product reads it (every SwiGLU and conv FFN's table: AuraFlow's FFNs -8 %/-10 % -> -5 %/-6 %,
+Lumina2's -10 %/-19 % -> -5 %/-14 %). Still under-predicted, held out: the attentions that kept CPU layers
+(CogView4's, FLUX.2's single-stream block; Lumina2's, -17 % to -26 %, before its rewrites; Cosmos's, -13 % before
+`heads-table-layout` moved its computed tables: the CPU layer's buffers on both sides of the host round trip; its
+rows now are of the build without them, predicted by the shipped model, `*`), Lumina2's unfused masked text-refiner
+attention (-21 %: `exSoftmax13` holds a secondary of 4x its scores), its FFN at 1280 tokens (-14 %), Sana's FFN
+(-12.5 %) and HunyuanDiT's attention (-12 %): where the allocator places a buffer that does not fit the hole below
+it (the attention's secondary at head dim 88; Sana's depthwise Conv input), not a byte count, and PRX's GeGLU FFN
+(-11 %: the up projection's tile outputs held beside the gate). Lumina2's rows are of the
 build with `kv-repeat-gather` and `masked-attention-row-chunks`: the chunked main attention holds one chunk's
 scores, and its refiners hold the Gathers' weights.
 """

@@ -128,6 +128,13 @@ GELU_BUFFER = 3
 #: real-width FFN of rknn-toolkit2 2.5.0: Flux, AuraFlow, CogView3-Plus, Lumina2, PRX, Sana; none at
 #: 1536 channels or fewer: SD3, DiT, HunyuanDiT)
 K_TILE = 1536
+#: the NPU's fused SiLU (``exSwish``: ``x * Sigmoid(x)`` as one layer) holds its output at this many times the
+#: tensor's fp16 size for the output's whole life, and never materialises the Sigmoid's.  Measured in the Feature
+#: Tensor Information Table of every real-width SwiGLU and conv FFN of rknn-toolkit2 2.5.0 (AuraFlow, Ovis-Image,
+#: FLUX.2-klein, Lumina-Image-2.0, Sana: e.g. AuraFlow's ``(1,8192,1,1288)`` gate held as ``(1,8192,1,1288,8)``,
+#: 40.25 MiB, until the gate product reads it; Sana's two ``exSwish`` outputs, read by the depthwise Conv and the
+#: gate product, both 2.00x) -- the same 2x as the standalone ``exGelu``'s output at these widths
+SWISH_BUFFER = 2
 #: the ops that repeat key/value heads for grouped-query attention (``repeat_interleave`` exported as
 #: Expand, then Tile after ``tile-broadcast``)
 _REPEAT_OPS = frozenset({"Expand", "Tile"})
@@ -328,6 +335,33 @@ def gelu_regions(mg: ModelGraph, ops: Iterable[int]) -> list[GeluRegion]:
                  and all(q in region for q in mg.consumers.get(source, [])) else None)
         taken |= region
         out.append(GeluRegion(ops=frozenset(region), source=source, output=output, fused_into=fused))
+    return out
+
+
+def swish_outputs(mg: ModelGraph, ops: Iterable[int]) -> list[tuple[tuple[str, ...], str]]:
+    """The SiLUs among ``ops``, ``x * Sigmoid(x)`` (a Sigmoid of an activation and the Mul of the same activation
+    with it, the Sigmoid's output read by nothing else): (the tensors inside the fused layer -- the Sigmoid's
+    output, and the product when only a float Cast reads it --, the tensor it leaves) of each."""
+    opset = set(ops)
+    out: list[tuple[tuple[str, ...], str]] = []
+    for i in sorted(opset):
+        n = mg.op(i)
+        if n.op_type != "Sigmoid" or not n.inputs or not n.inputs[0] or mg.is_const_tensor(n.inputs[0]):
+            continue
+        x, sg = n.inputs[0], n.outputs[0]
+        readers = mg.consumers.get(sg, [])
+        if len(readers) != 1 or readers[0] not in opset:
+            continue
+        m = mg.op(readers[0])
+        if m.op_type == "Mul" and sorted(t for t in m.inputs if t) == sorted((x, sg)) and m.outputs[0]:
+            held = [sg, m.outputs[0]]
+            for _ in range(2):  # a float Cast after it (an fp32 export's autocast: Lumina2) is the same tensor
+                r = mg.consumers.get(held[-1], [])
+                if len(r) != 1 or r[0] not in opset or mg.op(r[0]).op_type != "Cast" or not mg.is_float(
+                        mg.op(r[0]).outputs[0]):
+                    break
+                held.append(mg.op(r[0]).outputs[0])
+            out.append((tuple(held[:-1]), held[-1]))
     return out
 
 
@@ -555,6 +589,13 @@ def _npu_sizes(mg: ModelGraph, sub: Subgraph, life: Lifetimes) -> tuple[np.ndarr
                         end = max(end, pos[q])
             extra[at] += (GELU_BUFFER - 1) * _bytes16(mg, g.output)
             extra[end + 1] -= (GELU_BUFFER - 1) * _bytes16(mg, g.output)
+    for inside, product in swish_outputs(mg, sub.ops):
+        # exSwish: the Sigmoid never materialised, the product held at SWISH_BUFFER times
+        for t in inside:
+            if t in size:
+                size[t] = 0
+        if product in size:
+            size[product] = SWISH_BUFFER * _bytes16(mg, product)
     life = dataclasses.replace(life, born=born)
     return np.array([size[t] for t in life.names], dtype=np.int64), np.cumsum(extra[: life.n]), life, scores
 
@@ -832,6 +873,7 @@ __all__ = [
     "GELU_BUFFER",
     "LAYOUT_WEIGHT_TOOLKITS",
     "OTHER_BYTES",
+    "SWISH_BUFFER",
     "WORKSPACE_HEADS",
     "GeluRegion",
     "MemoryFeatures",
@@ -855,6 +897,7 @@ __all__ = [
     "score_tensors",
     "stage_memory_features",
     "stored_weight16",
+    "swish_outputs",
     "tiled_matmul_outputs",
     "view_memory_features",
     "within",

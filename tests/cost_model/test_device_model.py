@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rkpart.cost_model.device_model import (
     GELU_BUFFER,
     INTERNAL_TERMS,
+    SWISH_BUFFER,
     MemoryFeatures,
     MemoryModel,
     MemoryRow,
@@ -24,6 +25,7 @@ from rkpart.cost_model.device_model import (
     head_norm_inputs,
     held_out_summary,
     leave_one_family_out,
+    swish_outputs,
     within,
 )
 from rkpart.cost_model.features import Features, model_features
@@ -398,3 +400,44 @@ def test_a_gelus_tile_buffers_live_while_the_matmuls_of_its_input_run() -> None:
     # and the Concat) less: counted for the GELU's whole life, the Concat would have been 18 td
     assert f.act16 == td + GELU_BUFFER * 4 * td + td
     assert f.act16 < (GELU_BUFFER * 4 + 1 + 5) * td
+
+
+def _swiglu(cast: bool) -> onnx.ModelProto:
+    """``x -MatMul(W1)-> h -SiLU-> s``, ``x -MatMul(W3)-> u``, ``s * u -MatMul(W2)-> y``: a SwiGLU FFN, its SiLU
+    written ``Mul(h, Sigmoid(h))`` (``cast``: between float Casts, as an fp32 export's autocast writes it)."""
+    t, d, h = 32, 16, 64
+    inits = [numpy_helper.from_array(np.full(sh, 0.01, np.float32), n)
+             for n, sh in (("W1", (d, h)), ("W3", (d, h)), ("W2", (h, d)))]
+    f = TensorProto.FLOAT
+    nodes = [helper.make_node("MatMul", ["x", "W1"], ["h"])]
+    if cast:
+        nodes += [helper.make_node("Cast", ["h"], ["hc"], to=f), helper.make_node("Sigmoid", ["hc"], ["sg"]),
+                  helper.make_node("Mul", ["hc", "sg"], ["sm"]), helper.make_node("Cast", ["sm"], ["s"], to=f)]
+    else:
+        nodes += [helper.make_node("Sigmoid", ["h"], ["sg"]), helper.make_node("Mul", ["h", "sg"], ["s"])]
+    nodes += [helper.make_node("MatMul", ["x", "W3"], ["u"]), helper.make_node("Mul", ["s", "u"], ["p"]),
+              helper.make_node("MatMul", ["p", "W2"], ["y"])]
+    g = helper.make_graph(nodes, "swiglu", [helper.make_tensor_value_info("x", f, [1, t, d])],
+                          [helper.make_tensor_value_info("y", f, [1, t, d])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_a_silu_is_held_as_the_npus_swish_layer_until_its_gate_product() -> None:
+    """2.5.0's ``exSwish`` holds its output at 2x the tensor for the output's whole life and never materialises the
+    Sigmoid (AuraFlow's, Lumina2's, Sana's FFN tables): in a SwiGLU the 2x is held while the up projection runs."""
+    x16, h16 = 32 * 16 * 2, 32 * 64 * 2
+    for cast in (False, True):
+        model = _swiglu(cast)
+        mg = graph_of(model, "<swiglu>")
+        ((inside, held),) = swish_outputs(mg, mg.ops.nodes)
+        assert held == "s" and inside == (("sg", "sm") if cast else ("sg",))
+        # at the up projection: x, the SiLU's output at SWISH_BUFFER times, u (h and the Sigmoid are gone);
+        # at the product: s twice, u and p
+        assert model_features(model, device="npu").act16 == max(x16 + SWISH_BUFFER * h16 + h16,
+                                                                  (SWISH_BUFFER + 2) * h16)
+    # a Sigmoid that gates another tensor is no SiLU: counted tensor by tensor
+    gate = _swiglu(False)
+    gate.graph.node[2].input[0] = "u0"
+    gate.graph.node.insert(1, helper.make_node("MatMul", ["x", "W3"], ["u0"]))
+    mg = graph_of(gate, "<gate>")
+    assert swish_outputs(mg, mg.ops.nodes) == []
