@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rkpart.cost_model.checks import check_stage_estimate
-from rkpart.cost_model.device_model import OTHER_BYTES, budget_margin
+from rkpart.cost_model.device_model import BOUND_QUANTILE, OTHER_BYTES, budget_margin
 from rkpart.cost_model.features import Features, stage_features
 from rkpart.cost_model.model import CostModel
 from rkpart.cost_model.npu_time import (
@@ -116,6 +116,9 @@ class Estimate:
     #: predicted ones were raised by (``None``: no stage predicted, or the predictor carries none)
     device_mem_bound_bytes: int | None = None
     device_mem_margin: float | None = None
+    #: the worst held-out under-prediction of the memory model (a fraction, <= 0) the margin does not
+    #: cover: what the bound is honest about (``None``: no stage predicted, or not recorded)
+    device_mem_worst_under: float | None = None
 
     @property
     def passes(self) -> int:
@@ -131,6 +134,7 @@ class Estimate:
                 "vae_decode_s": _r(self.vae_s), "vae_source": self.vae_source,
                 "device_mem_bytes": self.device_mem_bytes, "device_mem_error": _r(self.device_mem_error),
                 "device_mem_bound_bytes": self.device_mem_bound_bytes, "device_mem_margin": _r(self.device_mem_margin),
+                "device_mem_worst_under": _r(self.device_mem_worst_under),
                 "seconds_per_image": _r(self.seconds_per_image), "seconds_error": _r(self.seconds_error),
                 "seconds_source": self.seconds_source, "lifecycle_s": _r(self.lifecycle_s),
                 "npu_infer_s": _r(self.npu_infer_s), "host_s": _r(self.host_s),
@@ -153,9 +157,11 @@ class Estimate:
         ps = "" if self.seconds_error is None else f" +- {self.seconds_per_image * self.seconds_error:.1f}"
         lines.append(f"device memory peak under the plan's residency: {self.device_mem_bytes / mib:.1f} MiB{pm}")
         if self.device_mem_bound_bytes is not None and self.device_mem_margin is not None:
+            worst = ("" if self.device_mem_worst_under is None or self.device_mem_worst_under >= 0 else
+                     f"; the worst held out was {self.device_mem_worst_under * 100:.1f} %")
             lines.append(f"device memory bound for budgets: {self.device_mem_bound_bytes / mib:.1f} MiB (predicted "
-                         f"stages +{self.device_mem_margin * 100:.1f} %, the memory model's held-out error bound; "
-                         "docs/cost-model.md)")
+                         f"stages +{self.device_mem_margin * 100:.1f} %: covers {BOUND_QUANTILE:.0%} of the memory "
+                         f"model's under-predictions at families it was not fitted on{worst}; docs/cost-model.md)")
         calls = (f"{self.calls_per_step} CFG" if self.calls_source in ("--cfg", "--no-cfg") else
                  f"{self.calls_per_step} model call{'s' if self.calls_per_step != 1 else ''} per step "
                  f"({self.calls_source})")
@@ -329,7 +335,16 @@ def estimate_plan(plan: Plan, folder: str | Path, model: CostModel, *, toolkit: 
                     lifecycle_s=life, npu_infer_s=infer_total, host_s=host_total, cfg_parallel=cp, model=model_label,
                     calls_per_step=per_step, calls_source=calls_src, vae_s=vae_s, vae_source=vae_src,
                     device_mem_bound_bytes=int(bound_peak) if predicted and margin is not None else None,
-                    device_mem_margin=margin if predicted else None)
+                    device_mem_margin=margin if predicted else None,
+                    device_mem_worst_under=_worst_under(held) if predicted and margin is not None else None)
+
+
+def _worst_under(held: object) -> float | None:
+    """``held_out.worst_under`` of a predictor's fit error (a percentage, <= 0) as a fraction."""
+    v = held.get("worst_under") if isinstance(held, Mapping) else None
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+        return min(float(v), 0.0) / 100
+    return None
 
 
 __all__ = ["CFG_PARALLEL_SPEEDUP", "Estimate", "StageEstimate", "calls_per_step", "estimate_plan", "vae_decode_seconds"]
