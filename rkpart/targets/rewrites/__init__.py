@@ -214,8 +214,10 @@ REWRITES: tuple[Rewrite, ...] = (
             "heads-layout outputs ran their Transposes on the CPU. As Concat(x[.., :a, ..], u, x[.., b:, ..]) on that "
             "axis it stays on the NPU (the same values copied: bit-exact); the partitioner's probe sees the indices as "
             "the ops computing them. bench/layout_probe.py --pattern norm-rope-slice (4 heads x 1280 tokens at 128, "
-            "256 text), with heads-table-layout / computed-table-layout: 2.5.0 2 CPU layers -> 0 (internal 39.4 -> "
-            "34.1 MB), 2.3.0 3 -> 0. CogView4-6B at its width, split: see docs/real-width.md",
+            "256 text): 2.5.0 with heads-table-layout 2 CPU layers -> 0 (internal 39.4 -> 34.1 MB); 2.3.0 3 -> 2 "
+            "(the ScatterND; the Transpose after the LayerNorm's exNorm and the rotate-half's Reshape stay, see "
+            "computed-table-layout). "
+            "CogView4-6B at its width, split: see docs/real-width.md",
             slice_assign_concat, needs=("inferred_shapes",)),
     Rewrite("slice-reverse", "Slice", "npu", ("*",),
             "A Slice with a negative step, torch.flip or x[::-1] (Sana-WM's chunked linear attention flips its "
@@ -503,8 +505,10 @@ REWRITES: tuple[Rewrite, ...] = (
             "Cosmos's q path (RMSNorm, rotate-half RoPE, attention; 16 heads x 1024 tokens at 128), 2.3.0 and "
             "2.3.2: 1 CPU Transpose -> 0; Cosmos-Predict2 2B at its width, split, 2.3.0: self-attention 2 CPU "
             "Transposes -> 0 (weight 37.8 -> 35.9 MB, internal 38.3 -> 29.4 MB; the stage built alone). "
-            "Also past a per-head LayerNorm and a Slice / Concat of the tokens axis (CogView4's RoPE of the image "
-            "tokens; bench/layout_probe.py --pattern norm-rope-slice, 2.3.0, with slice-assign-concat: 2 -> 0). "
+            "Not past a per-head LayerNorm (heads-table-layout's move on 2.5.0): CogView4's q/k path (4 heads x "
+            "1280 tokens at 128, bench/layout_probe.py --pattern norm-rope-slice, with slice-assign-concat) built "
+            "with 0 CPU layers instead of 2, but its attention at its width (32 heads) was killed out of memory at "
+            "14.6 GB of RSS (3.6 GB without the move). "
             "Measured in float16 only (the constant-table form put 6 Reshapes of 2.3.0's int8 build on the CPU)",
             computed_table_layout, needs=("inferred_shapes",)),
     Rewrite("rope-halves", "Add", "npu", ("2.3.0", "2.3.2"),

@@ -1112,9 +1112,11 @@ def heads_table_layout(view: GraphEdit, computed_only: bool = False) -> int:
     Where it moves such a computed table, the Transpose also moves past a per-head ``LayerNormalization`` and
     ``Slice`` / ``Split`` / ``Concat`` of the heads or tokens axis (their axis renumbered): CogView4 rotates the
     image tokens alone (``Slice`` of the tokens, the RoPE, ``Concat`` with the text tokens after
-    ``slice-assign-concat``), and 2.5.0 and 2.3.0 run the Transpose after its LayerNorm's ``exNorm`` on the CPU in
-    the heads layout (``--pattern norm-rope-slice``).  With constant tables a LayerNorm stops the move
-    (HunyuanDiT's builds on the NPU as it is; the tokens layout there is not measured).
+    ``slice-assign-concat``), and 2.5.0 runs the Transpose after its LayerNorm's ``exNorm`` on the CPU in the
+    heads layout (``--pattern norm-rope-slice``).  With constant tables a LayerNorm stops the move (HunyuanDiT's
+    builds on the NPU as it is; the tokens layout there is not measured), and on 2.3.x (``computed_only``) always:
+    2.3.0 built CogView4's attention at its width with the norm in the tokens layout out of memory (killed at 14.6
+    GB of RSS; 3.6 GB as exported), though a 4-head probe built with 0 CPU layers.
     """
     graph = view.graph
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
@@ -1209,6 +1211,10 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
             if swapped is None:
                 continue
             renumbered[k] = swapped
+        if op == "LayerNormalization" and computed_only:
+            # 2.3.0's build of CogView4's attention (32 heads x 1280 x 128) with its LayerNorm in the tokens layout
+            # was killed at 14.6 GB of RSS (out of memory, twice); 3.6 GB with the norm in the heads layout
+            continue
         passed_norm = passed_norm or op == "LayerNormalization"
         members.append(k)
         plans[k] = consts
