@@ -25,6 +25,11 @@ Patterns (``--pattern``):
     constant: Cosmos's real-width stages).
 ``rms-rope``
     ``rms`` then ``rope-halves`` (Cosmos-Predict2's attention).
+``norm-rope-slice``
+    ``norm`` then ``rope-halves`` on the image tokens alone, written back into the heads tensor as TorchScript
+    exports ``q[:, :, text:, :] = apply_rotary_emb(q[:, :, text:, :], ...)`` (CogView4's attention): a ``Slice`` of
+    the tokens from ``--text`` on, the rotation, a ``ScatterND`` whose indices are the meshgrid of the slice
+    (``Concat`` of ``Unsqueeze(Expand(arange))`` per axis, computed in the graph from constants).
 ``gqa``
     the key/value heads repeated (``Unsqueeze/Expand/Reshape``, Lumina2's processor), ``H / Hk`` each.
 ``plain``
@@ -43,7 +48,8 @@ Patterns (``--pattern``):
     normaliser (``Slice``, ``Add`` eps, ``Div``), back to ``[1, T, H·d]``.
 
 Usage: ``.venv/bin/python bench/layout_probe.py --pattern norm --head-dim 64,72,88 --tokens 1024 [--heads 16]
-[--kv-heads 8] [--mask] [--project] [--toolkits 2.5.0] [--rewrites] [--skip-rewrite NAME] [--out FILE.jsonl]``
+[--kv-heads 8] [--mask] [--text 256] [--project] [--toolkits 2.5.0] [--rewrites] [--skip-rewrite NAME]
+[--out FILE.jsonl]``
 """
 
 from __future__ import annotations
@@ -140,7 +146,35 @@ def _rope_halves(x: str, out: str, shape: list[int], tag: str) -> tuple[Nodes, I
     return nodes, inits
 
 
-def probe_model(pattern: str, heads: int, tokens: int, dim: int, kv_heads: int = 0) -> onnx.ModelProto:
+def _rope_slice(x: str, out: str, shape: list[int], text: int, tag: str) -> tuple[Nodes, Inits]:
+    """``x[:, :, text:, :] = rope_halves(x[:, :, text:, :])`` as TorchScript exports the assignment (CogView4):
+    the slice, the rotation, a no-op ``Expand``/``Reshape`` of the update and a ``ScatterND`` into ``x`` whose
+    indices ``[1, H, T - text, d, 4]`` are computed in the graph from one ``arange`` per axis."""
+    b, h, t, d = shape
+    img = [b, h, t - text, d]
+    inits = [_c(f"{tag}_from", [text], np.int64), _c(f"{tag}_to", [np.iinfo(np.int64).max], np.int64),
+             _c(f"{tag}_axis", [2], np.int64), _c(f"{tag}_step", [1], np.int64),
+             _c(f"{tag}_img", img, np.int64), _c(f"{tag}_last", [-1], np.int64),
+             _c(f"{tag}_i0", np.zeros((1, 1, 1, 1)), np.int64),
+             _c(f"{tag}_i1", np.arange(h).reshape(h, 1, 1), np.int64),
+             _c(f"{tag}_i2", np.arange(text, t).reshape(t - text, 1), np.int64),
+             _c(f"{tag}_i3", np.arange(d), np.int64)]
+    nodes = [helper.make_node("Slice", [x, f"{tag}_from", f"{tag}_to", f"{tag}_axis", f"{tag}_step"], [f"{tag}_s"])]
+    n, i = _rope_halves(f"{tag}_s", f"{tag}_r", img, f"{tag}_h")
+    nodes += n
+    inits += i
+    nodes += [helper.make_node("Expand", [f"{tag}_r", f"{tag}_img"], [f"{tag}_e"]),
+              helper.make_node("Reshape", [f"{tag}_e", f"{tag}_img"], [f"{tag}_u"])]
+    for k in range(4):
+        nodes += [helper.make_node("Expand", [f"{tag}_i{k}", f"{tag}_img"], [f"{tag}_ie{k}"]),
+                  helper.make_node("Unsqueeze", [f"{tag}_ie{k}", f"{tag}_last"], [f"{tag}_iu{k}"])]
+    nodes += [helper.make_node("Concat", [f"{tag}_iu{k}" for k in range(4)], [f"{tag}_idx"], axis=-1),
+              helper.make_node("ScatterND", [x, f"{tag}_idx", f"{tag}_u"], [out])]
+    return nodes, inits
+
+
+def probe_model(pattern: str, heads: int, tokens: int, dim: int, kv_heads: int = 0,
+                text: int = 0) -> onnx.ModelProto:
     """The probe graph of one pattern and head layout (see the module docstring)."""
     f = TensorProto.FLOAT
     kv = kv_heads or heads
@@ -157,10 +191,12 @@ def probe_model(pattern: str, heads: int, tokens: int, dim: int, kv_heads: int =
         "rms": lambda a, b: _norm(a, b, d, True, "nq"),
         "rope-interleaved": lambda a, b: _rope_interleaved(a, b, [1, h, t, d], "rq"),
         "rope-halves": lambda a, b: _rope_halves(a, b, [1, h, t, d], "hq"),
+        "rope-slice": lambda a, b: _rope_slice(a, b, [1, h, t, d], text or t // 5, "sq"),
     }
     for k, step in enumerate({"norm": ["norm"], "rms": ["rms"], "rope-interleaved": ["rope-interleaved"],
                               "norm-rope": ["norm", "rope-interleaved"], "rope-halves": ["rope-halves"],
-                              "rms-rope": ["rms", "rope-halves"], "gqa": [], "plain": []}[pattern]):
+                              "rms-rope": ["rms", "rope-halves"], "norm-rope-slice": ["norm", "rope-slice"],
+                              "gqa": [], "plain": []}[pattern]):
         n, i = steps[step](q, f"q{k + 1}")
         nodes += n
         inits += i
@@ -262,13 +298,13 @@ def linear_pad_model(heads: int, tokens: int, dim: int) -> onnx.ModelProto:
 
 
 def model_for(pattern: str, heads: int, tokens: int, dim: int, kv_heads: int = 0,
-              mask: bool = False) -> onnx.ModelProto:
+              mask: bool = False, text: int = 0) -> onnx.ModelProto:
     """The probe graph of ``pattern`` at one head layout."""
     if pattern == "gqa-tile":
         return gqa_tile_model(heads, tokens, dim, kv_heads, mask)
     if pattern == "linear-pad":
         return linear_pad_model(heads, tokens, dim)
-    return probe_model(pattern, heads, tokens, dim, kv_heads)
+    return probe_model(pattern, heads, tokens, dim, kv_heads, text)
 
 
 def with_projection(model: onnx.ModelProto, width: int) -> onnx.ModelProto:
@@ -315,8 +351,8 @@ def build(model: onnx.ModelProto, toolkit: str, work: Path, name: str, rewrites:
             "build_s": round(time.monotonic() - t0, 1), "log": str(log)}
 
 
-PATTERNS = ["norm", "rms", "rope-interleaved", "norm-rope", "rope-halves", "rms-rope", "gqa", "plain", "gqa-tile",
-            "linear-pad"]
+PATTERNS = ["norm", "rms", "rope-interleaved", "norm-rope", "rope-halves", "rms-rope", "norm-rope-slice", "gqa",
+            "plain", "gqa-tile", "linear-pad"]
 
 
 def main() -> int:
@@ -329,6 +365,8 @@ def main() -> int:
     ap.add_argument("--kv-heads", type=int, default=0)
     ap.add_argument("--toolkits", default="2.5.0")
     ap.add_argument("--mask", action="store_true", help="gqa-tile: with the caption mask")
+    ap.add_argument("--text", type=int, default=0,
+                    help="norm-rope-slice: the leading tokens the RoPE leaves alone (default: a fifth)")
     ap.add_argument("--rewrites", action="store_true", help="build after rkpart's NPU rewrites")
     ap.add_argument("--skip-rewrite", action="append", default=[], help="with --rewrites: leave this one out")
     ap.add_argument("--project", action="store_true",
@@ -345,11 +383,12 @@ def main() -> int:
                     for d in (int(x) for x in a.head_dim.split(",")):
                         name = (f"{a.pattern}-h{h}-t{t}-d{d}" + (f"-kv{a.kv_heads}" if a.kv_heads else "")
                                 + ("-mask" if a.mask else "") + ("-proj" if a.project else ""))
-                        model = model_for(a.pattern, h, t, d, a.kv_heads, a.mask)
+                        model = model_for(a.pattern, h, t, d, a.kv_heads, a.mask, a.text)
                         if a.project:
                             model = with_projection(model, h * d)
                         row = {"pattern": a.pattern, "heads": h, "tokens": t, "head_dim": d, "kv_heads": a.kv_heads,
                                "mask": a.mask, "project": a.project, "toolkit": tk,
+                               **({"text": a.text or t // 5} if a.pattern == "norm-rope-slice" else {}),
                                **build(model, tk, work, name, a.rewrites, frozenset(a.skip_rewrite))}
                         print(json.dumps(row), flush=True)
                         if a.out:

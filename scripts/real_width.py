@@ -278,13 +278,30 @@ CPU layers on the first build:
   Reshape, 2 -> 0. 2 CPU layers -> 0 on 2.5.0 (weight 36.0 -> 32.5 MiB, internal unchanged) and 2.3.0 (weight
   36.0 -> 34.3 MiB, internal 36.5 -> 28.0 MiB).
 
+- **CogView4-6B, 32 x 128** (1024 image + 256 text tokens): the q/k LayerNorm per head in the heads layout, then the
+  rotate-half RoPE of the image tokens alone, written back as TorchScript exports `q[:, :, 256:, :] = ...`: a
+  `ScatterND` whose indices ([1,32,1024,128,4], 134 MB of int64) the stage computes from four aranges. The
+  capability table puts `ScatterND` on the CPU, so `split` cut the attention around it (the RoPE and the ScatterND
+  on the host, the attention a second stage), and the first stage's heads-layout outputs ran 3 Transposes on the CPU
+  ("height(1280) * width(128) = 163840, required product no larger than 8192"). `slice-assign-concat` writes the
+  assignment as a Concat of the text tokens and the rotated ones (bit-exact; the partitioner's rewrite probe now
+  gets such an index as the ops computing it, not a placeholder), and `heads-table-layout` (2.5.0) moves the heads
+  Transpose past the LayerNorm, the Slices of the tokens axis and the Concat. `bench/layout_probe.py --pattern
+  norm-rope-slice --project` (4 heads x 1280 tokens at 128): 2.5.0 the Transpose after `exNorm` and the
+  rotate-half's Reshape, 2 -> 0 (internal 39.4 -> 34.1 MB); 2.3.0 the same and the ScatterND, 3 -> 2 (3 -> 0 with
+  the norm moved too, which its real width does not survive, below). At its width, split, 2.5.0: one attention stage
+  instead of two and a host RoPE, 3 CPU Transposes -> 0 (weight 96.0 + 32.0 -> 128.6 MiB, internal 112.5 and 60.5 ->
+  112.5 MiB; `heads-table-layout` weighed: 2 CPU layers without it). Its device memory is under-predicted (-13.2 %,
+  held out -14.3 %): the features are counted before the rewrites. 2.3.0 (first run): one attention stage with 2 CPU
+  Transposes, the ones after q's and k's `exNorm` (as exported, built once without rewrites: those and the 2
+  ScatterNDs, 4); 132.1 + 92.5 MiB. With the norm moved to the tokens layout too (`computed-table-layout` past the
+  LayerNorm: 0 CPU layers on the 4-head probe) 2.3.0's build of the stage ran out of memory (killed at 15.8 and 14.6
+  GB of RSS; 3.6 GB as exported), so on 2.3.x the move stops at a LayerNorm; this run dropped it after the failed
+  build (the row's "(computed-table-layout)"). Left: those 2 Transposes on 2.3.0.
 - **Still on the CPU (2026-12-07, first runs of four more families, split, 2.5.0):** Chroma1-HD and LongCat-Image
-  build with 0 CPU layers. **CogView4-6B, 32 x 128**: its attention (1024 image + 256 text tokens) runs 3
-  Transposes on the CPU, "height(1280) * width(128) = 163840, required product no larger than 8192", the heads
-  layout of q, k and v around its per-head norm and partial RoPE (the image tokens only), the form Cosmos's was in
-  before `heads-table-layout` moved its tables. **FLUX.2-klein-4B, 24 x 128**: its single-stream block's fused
+  build with 0 CPU layers. **FLUX.2-klein-4B, 24 x 128**: its single-stream block's fused
   projection (`to_qkv_mlp_proj`, 3072 -> 27648) gets a Transpose of (1,27648,1,1536) from the compiler's MatMul
-  lowering (`..._mm_tp`) on the CPU. Neither has a rewrite yet.
+  lowering (`..._mm_tp`) on the CPU. It has no rewrite yet.
 
 Memory (the model fitted on these rows, `bench/real_width_memory_fit.py`; docs/cost-model.md, "Device memory
 from the compiler"): a masked attention's scores count as activations (the compiler holds them when it cannot

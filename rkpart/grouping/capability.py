@@ -60,6 +60,10 @@ _NO_CROSS = 1 << 50
 #: a computed constant above this many bytes is given to the rewrite probe as a placeholder
 #: (no rewrite pattern reads a weight's values; the probe must not load gigabytes)
 _PROBE_CONST_BYTES = 1 << 16
+#: a larger computed constant is given as the constant ops computing it (as the stage holds it, so a rewrite
+#: that reads its structure matches as at compile: CogView4's ScatterND indices, 134 MB of int64 expanded from
+#: four small aranges) when at most this many ops compute it from constants of at most _PROBE_CONST_BYTES each
+_PROBE_CLOSURE_OPS = 64
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,7 @@ def _survive_rewrites(mg: ModelGraph, g: Group, flagged: Mapping[int, str], cap:
     try:
         model = subgraph_model(mg, sub, {t: _probe_value(mg, t) for t in sorted(sub.const_tensors)},
                                name="capability-probe")
+        _closures_for_placeholders(mg, model)
         if needs_lowering:
             model, _ = lower_model(model, cap.caps.max_opset, cap.toolkit)
         if model_opset(model) <= cap.caps.max_opset:
@@ -255,6 +260,34 @@ def _probe_value(mg: ModelGraph, t: str) -> TensorProto:
     entry = out.external_data.add()
     entry.key, entry.value = "location", "rkpart-capability-probe-placeholder"
     return out
+
+
+def _closures_for_placeholders(mg: ModelGraph, model: onnx.ModelProto) -> None:
+    """Each placeholder of a computed constant in ``model`` (the probe) replaced by the constant ops computing it,
+    where :data:`_PROBE_CLOSURE_OPS` ops compute it from small constants (read: a few KB of aranges or shapes)."""
+    g = model.graph
+    placeholders = [t for t in g.initializer if t.data_location == TensorProto.EXTERNAL
+                    and t.name not in mg.initializers and mg.is_const_tensor(t.name)]
+    ops: set[int] = set()
+    for t in placeholders:
+        closure = mg.const_closure([t.name])
+        made = {o for i in closure for o in mg.const_node(i).output if o}
+        leaves = {x for i in closure for x in mg.const_node(i).input if x and x not in made}
+        if len(closure) > _PROBE_CLOSURE_OPS or any(max(mg.nbytes(x), mg.weight_bytes(x)) > _PROBE_CONST_BYTES
+                                                    for x in leaves):
+            continue
+        g.initializer.remove(t)
+        ops.update(closure)
+    if not ops:
+        return
+    nodes = [mg.const_node(i) for i in sorted(ops)]
+    made = {o for n in nodes for o in n.output if o}
+    have = {t.name for t in g.initializer}
+    for x in sorted({x for n in nodes for x in n.input if x and x not in made and x not in have}):
+        g.initializer.append(mg.constant(x))  # small (checked above): read, external data included
+    data = list(g.node)
+    del g.node[:]
+    g.node.extend([*nodes, *data])
 
 
 def place_by_capability(mg: ModelGraph, part: Partition,

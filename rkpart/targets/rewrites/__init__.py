@@ -83,6 +83,7 @@ from rkpart.targets.rewrites.npu import (
     rope_halves,
     rope_interleaved_matmul,
     rope_pair_matrix,
+    slice_assign_concat,
     slice_reverse,
     split_chunked_linear,
     tile_broadcast,
@@ -204,6 +205,20 @@ REWRITES: tuple[Rewrite, ...] = (
             "TorchScript 4 -> 0 (2.5.0), 8 -> 0 (2.3.0); dynamo 4 -> 0 (2.5.0) and all 16 CPU layers "
             "-> 0 with reciprocal-to-div (2.3.0)",
             interleave, needs=("shapes",)),
+    Rewrite("slice-assign-concat", "ScatterND", "npu", ("*",),
+            "A ScatterND writing one contiguous range of one axis and every position of the others, TorchScript's "
+            "export of x[:, :, a:b, :] = u (CogView4 rotates the image tokens of q and k alone and writes them back, "
+            "its indices [1,32,1024,128,4] computed in the stage from one arange per axis). The capability table "
+            "puts ScatterND on the CPU (2.3.0 runs it there; 2.5.0 converts it to Split + Concat, 'may generate "
+            "too many tensors (1280)'), so the partitioner cut CogView4's attention around it and the first stage's "
+            "heads-layout outputs ran their Transposes on the CPU. As Concat(x[.., :a, ..], u, x[.., b:, ..]) on that "
+            "axis it stays on the NPU (the same values copied: bit-exact); the partitioner's probe sees the indices as "
+            "the ops computing them. bench/layout_probe.py --pattern norm-rope-slice (4 heads x 1280 tokens at 128, "
+            "256 text): 2.5.0 with heads-table-layout 2 CPU layers -> 0 (internal 39.4 -> 34.1 MB); 2.3.0 3 -> 2 "
+            "(the ScatterND; the Transpose after the LayerNorm's exNorm and the rotate-half's Reshape stay, see "
+            "computed-table-layout). "
+            "CogView4-6B at its width, split: see docs/real-width.md",
+            slice_assign_concat, needs=("inferred_shapes",)),
     Rewrite("slice-reverse", "Slice", "npu", ("*",),
             "A Slice with a negative step, torch.flip or x[::-1] (Sana-WM's chunked linear attention flips its "
             "chunks, rank 3 to 5, 10 per block in its TorchScript export): 2.3.0 and 2.5.0 place it on the CPU "
@@ -472,7 +487,11 @@ REWRITES: tuple[Rewrite, ...] = (
             "= 131072, required product no larger than 8192'; bench/layout_probe.py --pattern rms-rope, 4 heads x "
             "1024 tokens at 128: that Transpose and the rotate-half's Reshape, 2 -> 0). Cosmos-Predict2 2B at its "
             "width (16 x 128, 1024 tokens), split, 2.5.0: self-attention 2 CPU Transposes -> 0, weight memory "
-            "37.8 -> 34.1 MB. Weighed per anatomy (rkpart.compile.weigh): the build without it wins only "
+            "37.8 -> 34.1 MB. Where it moves a computed table the Transpose also moves past a per-head LayerNorm "
+            "and a Slice / Concat of the tokens axis (renumbered; CogView4's RoPE of the image tokens after "
+            "slice-assign-concat): 2.5.0 runs the Transpose after the LayerNorm's exNorm on the CPU ((1,128,4,1280) "
+            "-> (1,4,1280,128)), not in the tokens layout (bench/layout_probe.py --pattern norm-rope-slice). "
+            "Weighed per anatomy (rkpart.compile.weigh): the build without it wins only "
             "with no more CPU layers and less device memory",
             heads_table_layout, needs=("inferred_shapes",), purpose="memory", weighed=True),
     Rewrite("computed-table-layout", "Transpose", "npu", ("2.3.0", "2.3.2"),
@@ -486,6 +505,10 @@ REWRITES: tuple[Rewrite, ...] = (
             "Cosmos's q path (RMSNorm, rotate-half RoPE, attention; 16 heads x 1024 tokens at 128), 2.3.0 and "
             "2.3.2: 1 CPU Transpose -> 0; Cosmos-Predict2 2B at its width, split, 2.3.0: self-attention 2 CPU "
             "Transposes -> 0 (weight 37.8 -> 35.9 MB, internal 38.3 -> 29.4 MB; the stage built alone). "
+            "Not past a per-head LayerNorm (heads-table-layout's move on 2.5.0): CogView4's q/k path (4 heads x "
+            "1280 tokens at 128, bench/layout_probe.py --pattern norm-rope-slice, with slice-assign-concat) built "
+            "with 0 CPU layers instead of 2, but its attention at its width (32 heads) was killed out of memory at "
+            "14.6 GB of RSS (3.6 GB without the move). "
             "Measured in float16 only (the constant-table form put 6 Reshapes of 2.3.0's int8 build on the CPU)",
             computed_table_layout, needs=("inferred_shapes",)),
     Rewrite("rope-halves", "Add", "npu", ("2.3.0", "2.3.2"),

@@ -633,6 +633,153 @@ def slice_reverse(view: GraphEdit) -> int:
     return view.replace_each("Slice", one)
 
 
+#: the most elements of a constant ScatterND index tensor read as a whole (larger ones are followed to the
+#: per-axis aranges they are expanded from: CogView4's [1, 32, 1024, 128, 4] is 134 MB of int64)
+_MAX_INDEX_ELEMENTS = 1 << 20
+
+
+def slice_assign_concat(view: GraphEdit) -> int:
+    """``ScatterND(x, idx, u)`` writing one contiguous range of one axis, every position of the other axes
+    (TorchScript's export of ``x[:, :, a:b, :] = u``: CogView4's RoPE of the image tokens written back into q and
+    k) -> ``Concat(x[.., :a, ..], u, x[.., b:, ..])`` on that axis: the same values copied (bit-exact).
+
+    The indices are the meshgrid of the range: a constant, or (as the export computes them) a ``Concat`` over the
+    last axis of ``Unsqueeze(Expand(c_k, S), -1)``, ``c_k`` a small constant that varies along axis ``k`` alone.
+    An update read through a ``Reshape``/``Expand`` to its own shape (the export's) is read directly."""
+    shapes = view.static_shapes()
+    prod, _, _ = view.wiring()
+    view.new_names()
+    replaced: set[str] = set()
+
+    def one(n: onnx.NodeProto) -> list[onnx.NodeProto] | None:
+        if attr(n, "reduction", b"none") not in (b"none", "none") or len(n.input) != 3:
+            return None
+        data, idx, upd = n.input
+        ds, us = shapes.get(data), shapes.get(upd)
+        if ds is None or us is None or len(ds) != len(us):
+            return None
+        ranges = _index_ranges(view, prod, idx, us, ds)
+        if ranges is None:
+            return None
+        cut = [a for a, (start, stop) in enumerate(ranges) if (start, stop) != (0, ds[a])]
+        if len(cut) != 1:
+            return None  # several axes cut (no such export seen), or the whole tensor written
+        a = cut[0]
+        start, stop = ranges[a]
+        src = upd
+        while (p := prod.get(src)) is not None and p.op_type in ("Reshape", "Expand") \
+                and shapes.get(p.input[0]) == us:
+            src = p.input[0]  # a copy of the update in its own shape
+        base = n.name or n.output[0]
+        axis = view.add_constant(f"{base}/axis", np.array([a], np.int64))
+        new: list[onnx.NodeProto] = []
+        parts: list[str] = []
+        for tag, lo, hi in (("before", 0, start), ("after", stop, ds[a])):
+            if hi > lo:
+                piece = view.fresh(f"{base}/{tag}")
+                new.append(helper.make_node(
+                    "Slice", [data, view.add_constant(f"{base}/{tag}_from", np.array([lo], np.int64)),
+                              view.add_constant(f"{base}/{tag}_to", np.array([hi], np.int64)), axis],
+                    [piece], name=piece))
+                parts.append(piece)
+            if tag == "before":
+                parts.append(src)
+        new.append(helper.make_node("Concat", parts, [n.output[0]], axis=a, name=f"{base}/Concat"))
+        replaced.update((idx, upd))
+        return new
+
+    count = view.replace_each("ScatterND", one)
+    if count:
+        _drop_unread_closure(view, replaced)
+    return count
+
+
+def _index_ranges(view: GraphEdit, prod: Mapping[str, onnx.NodeProto], idx: str, us: list[int], ds: list[int]
+                  ) -> list[tuple[int, int]] | None:
+    """Per axis of the data, ``(start, stop)`` when ScatterND indices ``idx`` (shaped ``us + [rank]``) are
+    the meshgrid of contiguous ranges inside ``ds``; else None."""
+    r = len(ds)
+    axes: list[np.ndarray | None] = []
+    v = view.const_array(idx)
+    if v is not None:
+        if v.size > _MAX_INDEX_ELEMENTS or list(v.shape) != [*us, r]:
+            return None
+        axes = [_grid_line(v[..., k], us, k) for k in range(r)]
+    else:
+        cat = prod.get(idx)
+        if cat is None or cat.op_type != "Concat" or len(cat.input) != r \
+                or int(attr(cat, "axis", 0)) not in (-1, r):  # type: ignore[call-overload]
+            return None
+        axes = [_index_component(view, prod, part, us, k) for k, part in enumerate(cat.input)]
+    out = []
+    for k, line in enumerate(axes):
+        if line is None:
+            return None
+        line = np.where(line < 0, line + ds[k], line)
+        start = int(line[0]) if line.size else 0
+        if line.size != us[k] or not np.array_equal(line, start + np.arange(us[k])) \
+                or start < 0 or start + us[k] > ds[k]:
+            return None
+        out.append((start, start + us[k]))
+    return out
+
+
+def _grid_line(c: np.ndarray, us: list[int], k: int) -> np.ndarray | None:
+    """The values of ``c`` (integers, broadcast to ``us``) along axis ``k`` when it varies along no other axis."""
+    r = len(us)
+    if c.ndim > r or c.dtype.kind not in "iu":
+        return None
+    c = c.reshape((1,) * (r - c.ndim) + c.shape)
+    if any(c.shape[j] not in (1, us[j]) for j in range(r)):
+        return None
+    line = c[tuple(slice(None) if j == k else slice(0, 1) for j in range(r))]
+    if not np.array_equal(np.broadcast_to(line, c.shape), c):
+        return None  # it varies along another axis
+    return np.broadcast_to(line.reshape(-1), (us[k],)).astype(np.int64)
+
+
+def _index_component(view: GraphEdit, prod: Mapping[str, onnx.NodeProto], name: str, us: list[int], k: int
+                     ) -> np.ndarray | None:
+    """The index of axis ``k`` along that axis when ``name`` (``us + [1]``) is a constant that varies along axis
+    ``k`` alone (the partitioner folds a small one), or ``Unsqueeze(Expand(c, us), -1)`` with ``c`` such a constant
+    (the export's form); else None."""
+    r = len(us)
+    v = view.const_array(name)
+    if v is not None:
+        if v.size > _MAX_INDEX_ELEMENTS or list(v.shape) != [*us, 1]:
+            return None
+        return _grid_line(v[..., 0], us, k)
+    uns = prod.get(name)
+    if uns is None or uns.op_type != "Unsqueeze":
+        return None
+    ax = view.value(uns.input[1]) if len(uns.input) > 1 and uns.input[1] else attr(uns, "axes", None)
+    if ax is None or [int(a) for a in np.asarray(ax).reshape(-1)] not in ([-1], [r]):
+        return None
+    exp = prod.get(uns.input[0])
+    if exp is None or exp.op_type != "Expand":
+        return None
+    target = view.value(exp.input[1])
+    c = view.value(exp.input[0])
+    if target is None or c is None or [int(t) for t in np.asarray(target).reshape(-1)] != list(us):
+        return None
+    return _grid_line(c, us, k)
+
+
+def _drop_unread_closure(view: GraphEdit, tensors: set[str]) -> None:
+    """Remove the nodes computing ``tensors`` once nothing reads them, and then what only they read."""
+    todo = set(tensors)
+    while todo:
+        read = {i for n in view.graph.node for i in n.input} | view.outputs
+        gone = {t for t in todo if t not in read}
+        dead = [n for n in view.graph.node if n.output and all(o not in read for o in n.output)
+                and any(o in gone for o in n.output)]
+        if not dead:
+            break
+        todo = {i for n in dead for i in n.input if i}
+        view.set_nodes(n for n in view.graph.node if not any(n is d for d in dead))
+    view.drop_unread_initializers()
+
+
 #: ops an RMSNorm's scale passes through between its ReduceMean and the weight Mul
 _RMS_PATH = ("Mul", "Div", "Sqrt", "Add", "Reciprocal", "Cast", "Pow")
 
@@ -879,7 +1026,10 @@ _ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Wher
                           "Cos", "Softplus", "Sign"})
 #: ops whose first input is the data and whose other inputs are constant parameters
 _AXIS_OPS = frozenset({"Reshape", "Slice", "Split", "Squeeze", "Unsqueeze", "Gather", "Softmax", "ReduceMean",
-                       "ReduceSum", "ReduceMax", "ReduceMin", "Concat"})
+                       "ReduceSum", "ReduceMax", "ReduceMin", "Concat", "LayerNormalization"})
+#: axis ops that may also work on the heads or tokens axis: moved with that axis renumbered (CogView4's RoPE
+#: of the image tokens, ``Slice`` of the tokens axis and ``Concat`` back with the text tokens)
+_SWAPPABLE = frozenset({"Slice", "Split", "Concat"})
 
 
 def _swap12(shape: list[int] | tuple[int, ...]) -> list[int]:
@@ -888,31 +1038,53 @@ def _swap12(shape: list[int] | tuple[int, ...]) -> list[int]:
     return s
 
 
-def _axes_beyond_heads(view: GraphEdit, n: onnx.NodeProto, rank_in: int, rank_out: int) -> bool:
-    """The axes ``n`` (an op of :data:`_AXIS_OPS` but Reshape) works on are all >= 3 (so the batch,
-    heads and tokens axes pass through it unchanged); its parameter inputs are constants."""
+def _op_axes(view: GraphEdit, n: onnx.NodeProto, rank_in: int, rank_out: int) -> list[int] | None:
+    """The axes ``n`` (an op of :data:`_AXIS_OPS` but Reshape) works on, made non-negative; None when they are
+    not known constants, or every axis, or its parameter inputs are not constants."""
     op = n.op_type
     for p in n.input[1:] if op != "Concat" else ():
         if p and view.value(p) is None:
-            return False
+            return None
+    if op == "LayerNormalization":
+        if len(n.output) > 1 and any(n.output[1:]):
+            return None  # its mean / inverse deviation outputs are per row of the original layout
+        first = int(attr(n, "axis", -1))  # type: ignore[call-overload]
+        first = first + rank_in if first < 0 else first
+        return list(range(first, rank_in))
     if op in ("Split", "Gather", "Softmax", "Concat"):
         axes = [int(attr(n, "axis", -1 if op == "Softmax" else 0))]  # type: ignore[call-overload]
         rank = rank_in
     elif op == "Slice":
         if len(n.input) < 4 or not n.input[3]:
-            return False  # every axis, in order
+            return None  # every axis, in order
         axes, rank = [int(a) for a in np.asarray(view.value(n.input[3])).reshape(-1)], rank_in
     else:  # Squeeze / Unsqueeze / Reduce*: axes as an attribute (older opsets) or the second input
         raw: object = attr(n, "axes", None)
         if len(n.input) > 1 and n.input[1]:
             raw = view.value(n.input[1])
         if raw is None:
-            return False  # every axis (a full reduce, a squeeze of every 1)
+            return None  # every axis (a full reduce, a squeeze of every 1)
         axes = [int(a) for a in np.asarray(raw).reshape(-1)]
         rank = rank_out if op == "Unsqueeze" else rank_in
         if op.startswith("Reduce") and not axes:
-            return False
-    return all((a + rank if a < 0 else a) >= 3 for a in axes)
+            return None
+    return [a + rank if a < 0 else a for a in axes]
+
+
+def _axes_beyond_heads(view: GraphEdit, n: onnx.NodeProto, rank_in: int, rank_out: int) -> bool:
+    """The axes ``n`` (an op of :data:`_AXIS_OPS` but Reshape) works on are all >= 3 (so the batch,
+    heads and tokens axes pass through it unchanged); its parameter inputs are constants."""
+    axes = _op_axes(view, n, rank_in, rank_out)
+    return axes is not None and all(a >= 3 for a in axes)
+
+
+def _axes_swapped(view: GraphEdit, n: onnx.NodeProto, rank: int) -> list[int] | None:
+    """The axes of ``n`` (a :data:`_SWAPPABLE` op on a rank-``rank`` tensor) with 1 and 2 exchanged, when it works
+    on the heads or tokens axis (and not the batch): the same op in the tokens layout; else None."""
+    axes = _op_axes(view, n, rank, rank)
+    if axes is None or not any(a in (1, 2) for a in axes) or 0 in axes:
+        return None
+    return [{1: 2, 2: 1}.get(a, a) for a in axes]
 
 
 def heads_table_layout(view: GraphEdit, computed_only: bool = False) -> int:
@@ -936,6 +1108,15 @@ def heads_table_layout(view: GraphEdit, computed_only: bool = False) -> int:
     (or a Transpose) in the graph, which the compiler folds with it.  There the rewrite is also a placement:
     2.5.0 runs the Transpose it puts after the q/k RMSNorm's ``exNorm`` in the heads layout on the CPU at
     head dim 128 (``bench/layout_probe.py --pattern rms-rope``), not in the tokens layout.
+
+    Where it moves such a computed table, the Transpose also moves past a per-head ``LayerNormalization`` and
+    ``Slice`` / ``Split`` / ``Concat`` of the heads or tokens axis (their axis renumbered): CogView4 rotates the
+    image tokens alone (``Slice`` of the tokens, the RoPE, ``Concat`` with the text tokens after
+    ``slice-assign-concat``), and 2.5.0 runs the Transpose after its LayerNorm's ``exNorm`` on the CPU in the
+    heads layout (``--pattern norm-rope-slice``).  With constant tables a LayerNorm stops the move (HunyuanDiT's
+    builds on the NPU as it is; the tokens layout there is not measured), and on 2.3.x (``computed_only``) always:
+    2.3.0 built CogView4's attention at its width with the norm in the tokens layout out of memory (killed at 14.6
+    GB of RSS; 3.6 GB as exported), though a 4-head probe built with 0 CPU layers.
     """
     graph = view.graph
     if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in graph.node for a in n.attribute):
@@ -980,8 +1161,11 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
         return False
     members: list[int] = []
     moved_table = False
+    moved_computed = False  # a table computed in the stage moved (a placement, not only weight memory)
+    passed_norm = False  # a LayerNorm in the region
     plans: dict[int, set[str]] = {}  # member index -> its constant inputs to transpose
     op_rank: dict[int, int] = {}  # member index -> the rank of its region inputs
+    renumbered: dict[int, list[int]] = {}  # member index -> its axes in the tokens layout (a Slice of the tokens)
     for k in range(start + 1, len(nodes)):
         n = nodes[k]
         if n.domain not in ("", "ai.onnx") or not any(i in region for i in n.input):
@@ -1015,6 +1199,7 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
             if full[1] != 1 or full[2] != 1:
                 consts.add(i)  # a transposed copy is made once the region is accepted
                 moved_table = moved_table or (full[1] == 1 and full[2] > 1 and (v is None or not computed_only))
+                moved_computed = moved_computed or (full[1] == 1 and full[2] > 1 and v is None)
         if not ok:
             continue
         if op == "Reshape":
@@ -1022,14 +1207,24 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
             if s_in is None or s_out is None or len(s_out) < 3 or s_in[:3] != s_out[:3]:
                 continue
         elif op in _AXIS_OPS and not _axes_beyond_heads(view, n, rank, out_rank):
+            swapped = _axes_swapped(view, n, rank) if op in _SWAPPABLE and out_rank == rank else None
+            if swapped is None:
+                continue
+            renumbered[k] = swapped
+        if op == "LayerNormalization" and computed_only:
+            # 2.3.0's build of CogView4's attention (32 heads x 1280 x 128) with its LayerNorm in the tokens layout
+            # was killed at 14.6 GB of RSS (out of memory, twice); 3.6 GB with the norm in the heads layout
             continue
+        passed_norm = passed_norm or op == "LayerNormalization"
         members.append(k)
         plans[k] = consts
         op_rank[k] = rank
         for o in n.output:
             if o:
                 region[o] = len(shapes[o])
-    if not moved_table:
+    if not moved_table or (passed_norm and not moved_computed):
+        # a LayerNorm in the tokens layout is measured where it moves a computed table (CogView4's: the Transpose
+        # after its exNorm leaves the CPU); HunyuanDiT's, with constant tables, builds on the NPU as it is
         return False
     member_set = set(members)
     # the region's tensors get fresh names (they now hold the swapped layout); an original name
@@ -1070,6 +1265,15 @@ def _sink_transpose(view: GraphEdit, seed: onnx.NodeProto, shapes: dict[str, lis
                     else:  # computed from constants: the same values laid out in the graph, before this reader
                         made[key] = _swapped_in_graph(view, i, [1] * (r - len(shapes[i])) + shapes[i], new_nodes)
                 n.input[slot] = made[key]
+        if k in renumbered:
+            if n.op_type == "Slice":
+                old_shapes.add(n.input[3])
+                n.input[3] = view.add_constant(f"{n.output[0]}_axes_tokens_heads",
+                                               np.array(renumbered[k], dtype=np.int64))
+            else:  # Split, Concat: one axis attribute
+                for a in [a for a in n.attribute if a.name == "axis"]:
+                    n.attribute.remove(a)
+                n.attribute.append(helper.make_attribute("axis", renumbered[k][0]))
         if n.op_type == "Reshape" and out_len is not None:
             old_shapes.add(n.input[1])
             n.input[1] = view.add_constant(f"{n.output[0]}_shape_tokens_heads",
