@@ -24,6 +24,7 @@ Each stage file (by content) is reduced once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import tempfile
 from collections.abc import Iterable
@@ -42,6 +43,7 @@ from rkpart.progress import Progress
 if TYPE_CHECKING:  # compile is imported when a stage is reduced, not with the module
     from rkpart.compile.compile import CompileOptions, CompileReport, StageOutcome
     from rkpart.ir import ModelGraph
+    from rkpart.targets.capability import PlacementPattern
     from rkpart.types import BuildFailure
 
 #: seconds one failed stage's reduction may take
@@ -87,14 +89,20 @@ class Isolated:
     motifs: list[nx.DiGraph] = field(default_factory=list)
 
 
-def _typed_ops(mg: ModelGraph, ops: Iterable[int]) -> nx.DiGraph:
-    """The op DAG of ``mg`` restricted to ``ops``, each node carrying its shape class."""
+def _shape_class(mg: ModelGraph, i: int) -> PlacementPattern:
+    """Op ``i``'s shape class for a motif: its placement pattern without its neighbours (a motif's edges are
+    matched as edges; outside it, q's side and k's side of an attention are read by different ops)."""
     from rkpart.grouping.capability import pattern_of
 
+    return dataclasses.replace(pattern_of(mg, i), around="")
+
+
+def _typed_ops(mg: ModelGraph, ops: Iterable[int]) -> nx.DiGraph:
+    """The op DAG of ``mg`` restricted to ``ops``, each node carrying its shape class."""
     ops = set(ops)
     g = nx.DiGraph()
     for i in sorted(ops):
-        g.add_node(i, pattern=pattern_of(mg, i))
+        g.add_node(i, pattern=_shape_class(mg, i))
     g.add_edges_from((a, b) for a in ops for b in mg.ops.successors(a) if b in ops)
     return g
 
@@ -102,9 +110,8 @@ def _typed_ops(mg: ModelGraph, ops: Iterable[int]) -> nx.DiGraph:
 def occurrences(mg: ModelGraph, motif: nx.DiGraph) -> list[set[int]]:
     """Every set of ops of ``mg`` that is a copy of ``motif``: same shape classes, same edges."""
     wanted = {d["pattern"] for _, d in motif.nodes(data=True)}
-    from rkpart.grouping.capability import pattern_of
-
-    cand = [i for i in mg.ops.nodes if mg.op(i).op_type in {p.op_type for p in wanted} and pattern_of(mg, i) in wanted]
+    types = {p.op_type for p in wanted}
+    cand = [i for i in mg.ops.nodes if mg.op(i).op_type in types and _shape_class(mg, i) in wanted]
     host = _typed_ops(mg, cand)
     gm = isomorphism.DiGraphMatcher(host, motif, node_match=lambda a, b: a["pattern"] == b["pattern"])
     found: list[set[int]] = []
