@@ -284,6 +284,16 @@ CPU layers on the first build:
   before `heads-table-layout` moved its tables. **FLUX.2-klein-4B, 24 x 128**: its single-stream block's fused
   projection (`to_qkv_mlp_proj`, 3072 -> 27648) gets a Transpose of (1,27648,1,1536) from the compiler's MatMul
   lowering (`..._mm_tp`) on the CPU. Neither has a rewrite yet.
+- **2.3.0, first runs of the other families (2026-12-08, split):** PixArt-Sigma and SD3.5 Medium build with 0 CPU
+  layers. **CogView3-Plus, 64 x 40**: its attention (1024 image + 224 text tokens) runs 2 Reshapes on the CPU, q's
+  and k's (1,2560,1,1248) -> (1,40,64,1248): the compiler lays the per-head LayerNorm (`norm_q`, `norm_k`, over
+  the head dim of 40) out with the head dim in C and the 64 heads in H for its `exNorm` (`swap_reshape_norm`),
+  and builds that Reshape of the projection's channels-first output on the CPU; v's Reshape to the heads layout
+  ((1,2560,1,1248) -> (64,40,1,1248)) and both Transposes after the norms stay on the NPU; the build's log gives
+  no reason. 2.5.0 builds the stage with 0. `bench/layout_probe.py --pattern norm --heads 64 --head-dim 40
+  --tokens 1248 --project --rewrites --toolkits 2.3.0` (q alone through a projection, LayerNorm, attention) builds
+  with 0 CPU layers: what the probe lacks is k's norm and the softmax scale's square root multiplied into q and k
+  after the norms. No rewrite yet.
 
 Memory (the model fitted on these rows, `bench/real_width_memory_fit.py`; docs/cost-model.md, "Device memory
 from the compiler"): a masked attention's scores count as activations (the compiler holds them when it cannot
