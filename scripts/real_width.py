@@ -293,7 +293,12 @@ CPU layers on the first build:
   no reason. 2.5.0 builds the stage with 0. `bench/layout_probe.py --pattern norm --heads 64 --head-dim 40
   --tokens 1248 --project --rewrites --toolkits 2.3.0` (q alone through a projection, LayerNorm, attention) builds
   with 0 CPU layers: what the probe lacks is k's norm and the softmax scale's square root multiplied into q and k
-  after the norms. No rewrite yet.
+  after the norms. No rewrite yet. **LongCat-Image, 24 x 128**: 3 of 4 stages build with 0 CPU layers; the
+  single-stream block (`b01.attn_mlp`, 432 MB of weights) did not build on this machine: killed by the OOM killer
+  at 12.4 GB of RSS (2.3.0's `tiling_conv_channelin`; 24 GiB shared with the suite and other builds), and
+  without `dedupe-constants` stopped as a hang (180 s of CPU, 439 s wall, in the same step); the joint attention
+  built only without `dedupe-constants` (13.8 GB with it, killed; 15.3 GB peak without). Not a verdict on 2.3.0:
+  run it alone on a machine with the memory free.
 
 Memory (the model fitted on these rows, `bench/real_width_memory_fit.py`; docs/cost-model.md, "Device memory
 from the compiler"): a masked attention's scores count as activations (the compiler holds them when it cannot
@@ -310,7 +315,11 @@ the shipped model, `*`), and
 HunyuanDiT's attention (-14 %: its per-head norm at head dim 88 holds a secondary of 112/44 of the tensor, and
 `rope-interleaved-matmul` rewrites the rotation after the features are counted). Lumina2's rows are of the
 build with `kv-repeat-gather` and `masked-attention-row-chunks`: the chunked main attention holds one chunk's
-scores, and its refiners hold the Gathers' weights.
+scores, and its refiners hold the Gathers' weights. On 2.3.0 the predictions (`*`) are the shipped predictor's,
+fitted on Anima and DiT stages, never on these rows; Lumina2's main attention, +179.6 %, is counted with its
+masked scores and nan guard held, as 2.5.0 holds them, where 2.3.0 fuses it after `guard-after-product`
+(-17.1 % with the features of every attention fused). Refitted on these rows it does not do better held out
+(docs/cost-model.md, "A bound for budgets").
 """
 
 
