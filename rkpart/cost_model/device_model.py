@@ -113,8 +113,8 @@ INTERNAL_TERMS = ("const", "act16", "attx16", "hnorm16", "gqa16", "psum16")
 #: real-width GELU FFN of 2.3.0 holds 4x its hidden activation, 2.5.0 3x and its input: DiT 36.0 against 29.2
 #: MiB, SD3 48.0 against 39.0, Cosmos 64.0), with the repeated KV heads; no partial sums of input-channel tiles
 #: (``psum16``: 2.3.0 does not hold them as 2.5.0 does, PRX's FFN +24.5 % with it). Held out by family on the
-#: real-width rows of 2.3.0 (10 families, 32 stages): 27 within ±10 %; 2.5.0's form with ``io16`` for ``psum16``
-#: 26, 2.5.0's form 14 (``bench/real_width_memory_fit.py --toolkit 2.3.0``)
+#: real-width rows of 2.3.0 (12 families, 41 stages of 1 MiB or more): 35 within ±10 %, 2.5.0's form 24; the
+#: shipped predictor, fitted on other stages, 36 (``bench/real_width_memory_fit.py --toolkit 2.3.0``)
 INTERNAL_TERMS_OF: dict[str, tuple[str, ...]] = {"2.3.0": ("const", "fpeak16", "io16", "hnorm16", "gqa16")}
 #: the workspace sizes tried, in heads' score matrices (``R`` of the module docstring)
 WORKSPACE_HEADS = (0, 1, 2, 3, 4, 5, 6, 8)
