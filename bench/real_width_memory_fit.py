@@ -8,11 +8,15 @@ memory features and the compiler's own weight + internal memory) and, per toolki
 2. prints the held-out error of the stages of 1 MiB or more, per family, per hidden width, apart for the stages
    the build left CPU layers in, and overall, with the target (issue 50): >= 90 % within ±10 %, and an
    under-prediction beyond -10 % is a failure;
-3. fits on every family and, with ``--ship``, writes the toolkit's predictor into
+3. prints the same table for the toolkit's shipped predictor, held out as well: the held-out predictions the rows
+   keep (``heldout_bytes``) where it was fitted on these rows, else its predictions of the rows' features (a
+   predictor fitted on other stages, as 2.3.0's was on Anima and DiT stages, never saw these families);
+4. fits on every family and, with ``--ship``, writes the toolkit's predictor into
    ``rkpart/data/device_memory.json`` (the other toolkits' kept) with its held-out error and the budget margin
    (:func:`rkpart.cost_model.device_model.error_table`) that ``rkpart auto`` and ``rkpart estimate`` add, and
    each row's held-out prediction (``heldout_bytes``) into ``--rows``, which ``scripts/real_width.py
-   --table-only`` renders into docs/real-width.md and the README.
+   --table-only`` renders into docs/real-width.md and the README; a toolkit whose refit holds fewer stages within
+   ±10 % held out than its shipped predictor is not shipped (``--ship`` says so and keeps the shipped one).
 
 ``--refeature DIR ...`` first recomputes the rows' features from the plan folders under each ``DIR``
 (``scripts/real_width.py``'s ``--work``: ``DIR/<family>/<strategy>-<toolkit>``) and rewrites ``--rows``: the
@@ -44,6 +48,7 @@ from rkpart.cost_model.device_model import (  # noqa: E402
     error_table,
     fit_memory_model,
     held_out_summary,
+    internal_terms,
     leave_one_family_out,
 )
 
@@ -118,6 +123,34 @@ def refeature(rows: list[dict[str, Any]], plan_roots: Sequence[Path]) -> int:
     return done
 
 
+def shipped_pairs(rows: Sequence[dict[str, Any]], mem: Sequence[MemoryRow], component: dict[str, Any]
+                  ) -> tuple[list[tuple[MemoryRow, float]], str]:
+    """The shipped predictor of a toolkit (``component``, a ``device_mem`` component of
+    ``rkpart/data/device_memory.json``) on the stages ``mem``, held out, and how: the rows' ``heldout_bytes`` where
+    it was fitted on them (``fit_error.fitted_on`` names this file's families), else its predictions of their
+    features, as ``rkpart estimate`` makes them."""
+    from rkpart.cost_model.features import Features
+
+    fitted_on = str((component.get("fit_error") or {}).get("fitted_on", ""))
+    if fitted_on.startswith("real width"):
+        held = {(r["family"], r["strategy"], r["stage"]): r.get("heldout_bytes") for r in rows
+                if r.get("toolkit") == mem[0].toolkit} if mem else {}
+        return ([(m, float(h)) for m in mem if (h := held.get((m.family, m.strategy, m.stage)))],
+                "its fit's held-out predictions (heldout_bytes)")
+    terms = dict(component["terms"])
+    out = []
+    for m in mem:
+        f = Features(device="npu", **m.features.to_json())
+        out.append((m, float(sum(float(c) * f.value(t) for t, c in terms.items()))))
+    return out, f"fitted on other stages ({fitted_on[:60]}...): its predictions of the rows' features"
+
+
+def _within(pairs: Sequence[tuple[MemoryRow, float]]) -> tuple[int, int]:
+    """(stages of 1 MiB or more within ±10 %, stages of 1 MiB or more)."""
+    big = [(r, p) for r, p in pairs if r.device_bytes >= MIN_STAGE_BYTES]
+    return sum(abs(p / r.device_bytes - 1) <= 0.10 for r, p in big), len(big)
+
+
 def _line(label: str, pairs: Sequence[tuple[MemoryRow, float]]) -> str:
     t = error_table(pairs)
     if not t.get("n"):
@@ -128,10 +161,10 @@ def _line(label: str, pairs: Sequence[tuple[MemoryRow, float]]) -> str:
 
 
 def report(toolkit: str, pairs: Sequence[tuple[MemoryRow, float]], hidden: Callable[[str], int],
-           verbose: bool) -> bool:
+           verbose: bool, how: str = "held out by family (fitted without the family)") -> bool:
     """Print the held-out tables of one toolkit; whether the target is met."""
     big = [(r, p) for r, p in pairs if r.device_bytes >= MIN_STAGE_BYTES]
-    print(f"## rknn-toolkit2 {toolkit}: held out by family (fitted without the family), NPU stages >= 1 MiB\n")
+    print(f"## rknn-toolkit2 {toolkit}: {how}, NPU stages >= 1 MiB\n")
     print("| group | stages | within ±10 % | worst under | worst abs | median abs |")
     print("| --- | --- | --- | --- | --- | --- |")
     for fam in sorted({r.family for r, _ in big}):
@@ -185,8 +218,19 @@ def main(argv: list[str] | None = None) -> int:
         model = fit_memory_model(mem, tk)
         fams = sorted({m.family for m in mem})
         print(f"fitted on all {len(fams)} families ({len(mem)} stages): R = {model.workspace_heads:g}, weight "
-              f"{dict(zip(WEIGHT_TERMS, model.weight, strict=True))}, internal {model.internal}\n")
-        if a.ship:
+              f"{dict(zip(WEIGHT_TERMS, model.weight, strict=True))}, internal "
+              f"{dict(zip(internal_terms(tk), model.internal, strict=True))}\n")
+        better = True
+        if tk in shipped["toolkits"]:
+            was, how = shipped_pairs(rows, mem, shipped["toolkits"][tk])
+            report(f"{tk}, the shipped predictor", was, lambda f: REAL_WIDTH[f].hidden, a.verbose, f"held out: {how}")
+            (new, n), (old, n_old) = _within(pairs), _within(was)
+            better = new >= old
+            print(f"refit {new}/{n} within ±10 % held out, shipped {old}/{n_old}: "
+                  f"{'the refit is as good or better' if better else 'the shipped predictor is better'}\n")
+        if a.ship and not better:
+            print(f"{tk}: not shipped (the shipped predictor holds more stages within ±10 %)\n")
+        elif a.ship:
             comp = held_out_summary(model, pairs, fitted_on=f"real width ({a.rows.name}): {', '.join(fams)}",
                                     held_out="each family by a model fitted without it")
             shipped["toolkits"][tk] = comp

@@ -302,6 +302,26 @@ CPU layers on the first build:
   build with 0 CPU layers. **FLUX.2-klein-4B, 24 x 128**: its single-stream block's fused
   projection (`to_qkv_mlp_proj`, 3072 -> 27648) gets a Transpose of (1,27648,1,1536) from the compiler's MatMul
   lowering (`..._mm_tp`) on the CPU. It has no rewrite yet.
+- **2.3.0, first runs of the other families (2026-12-08, split):** PixArt-Sigma and SD3.5 Medium build with 0 CPU
+  layers. **CogView3-Plus, 64 x 40**: its attention (1024 image + 224 text tokens) runs 2 Reshapes on the CPU, q's
+  and k's (1,2560,1,1248) -> (1,40,64,1248): the compiler lays the per-head LayerNorm (`norm_q`, `norm_k`, over
+  the head dim of 40) out with the head dim in C and the 64 heads in H for its `exNorm` (`swap_reshape_norm`),
+  and builds that Reshape of the projection's channels-first output on the CPU; v's Reshape to the heads layout
+  ((1,2560,1,1248) -> (64,40,1,1248)) and both Transposes after the norms stay on the NPU; the build's log gives
+  no reason. 2.5.0 builds the stage with 0. `bench/layout_probe.py --pattern norm --heads 64 --head-dim 40
+  --tokens 1248 --project --rewrites --toolkits 2.3.0` (q alone through a projection, LayerNorm, attention) builds
+  with 0 CPU layers. The stage's attention cut down (q, k, v projected from one input, both norms, the softmax
+  scale's square root multiplied into q and into k^T after them, the attention; 64 x 40, 1248 tokens, 2.3.0
+  rewrites): the same 2 Reshapes on the CPU, internal memory 65.2 MB; without the two scale Muls 0, 42.3 MB; with
+  them folded into the norms' weight and bias by `layernorm-scale-fold` (applied on 2.5.0 only, as a crash
+  workaround) 0, 42.3 MB. The fix: `layernorm-scale-fold` on 2.3.0 as a placement rewrite (not exact: the scale
+  rounds once more), not made yet (its toolkit test and the 2.3.0 golden digests it changes).
+  **LongCat-Image, 24 x 128**: 3 of 4 stages build with 0 CPU layers; the
+  single-stream block (`b01.attn_mlp`, 432 MB of weights) did not build on this machine: killed by the OOM killer
+  at 12.4 GB of RSS (2.3.0's `tiling_conv_channelin`; 24 GiB shared with the suite and other builds), and
+  without `dedupe-constants` stopped as a hang (180 s of CPU, 439 s wall, in the same step); the joint attention
+  built only without `dedupe-constants` (13.8 GB with it, killed; 15.3 GB peak without). Not a verdict on 2.3.0:
+  run it alone on a machine with the memory free.
 
 Memory (the model fitted on these rows, `bench/real_width_memory_fit.py`; docs/cost-model.md, "Device memory
 from the compiler"): a masked attention's scores count as activations (the compiler holds them when it cannot
@@ -322,7 +342,11 @@ attention (-21 %: `exSoftmax13` holds a secondary of 4x its scores), its FFN at 
 it (the attention's secondary at head dim 88; Sana's depthwise Conv input), not a byte count, and PRX's GeGLU FFN
 (-11 %: the up projection's tile outputs held beside the gate). Lumina2's rows are of the
 build with `kv-repeat-gather` and `masked-attention-row-chunks`: the chunked main attention holds one chunk's
-scores, and its refiners hold the Gathers' weights.
+scores, and its refiners hold the Gathers' weights. On 2.3.0 the predictions (`*`) are the shipped predictor's,
+fitted on Anima and DiT stages, never on these rows; Lumina2's main attention, +179.6 %, is counted with its
+masked scores and nan guard held, as 2.5.0 holds them, where 2.3.0 fuses it after `guard-after-product`
+(-17.1 % with the features of every attention fused). Refitted on these rows it does not do better held out
+(docs/cost-model.md, "A bound for budgets").
 """
 
 

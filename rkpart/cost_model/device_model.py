@@ -27,7 +27,12 @@ counted as the NPU runs it (fp16, 2 bytes an element):
 * ``head16``: the largest score matrix of *one* head (its last two dimensions) and
   ``score16`` all heads': the fused attention streams over heads a few at a time, so its
   workspace follows one head's ``tokens x keys`` matrix, not the whole tensor;
-* ``io16``: the stage's boundary tensors (a term of the predictors fitted before the real-width rows);
+* ``io16``: the stage's boundary tensors (a term of the predictors fitted before the real-width rows, and of
+  2.3.0's: it holds a stage's inputs and outputs in buffers of their own);
+* ``fact16``, ``fatt16``, ``fhead16``: ``act16``, ``att16`` and ``head16`` with a masked attention fused too, as
+  2.3.0 builds it once ``guard-after-product`` has moved the ``nan-guard`` factor past the product (Lumina2's
+  main attention at real width, 2.3.0: internal memory 62 MiB against 193 MiB of scores and guard counted as
+  2.5.0 holds them, +180 % predicted); the same as the others in a stage without a masked attention;
 * ``hnorm16``: the activations normalised **per attention head** (q/k RMSNorm or LayerNorm over the
   last axis of a ``[batch, tokens, heads, head_dim]``-like tensor, :func:`head_norm_inputs`).  The
   compiler's ``exNorm`` lays such a tensor out with the heads in its H axis and holds an output
@@ -84,7 +89,7 @@ OTHER_BYTES = 0
 MIN_STAGE_BYTES = 1 << 20
 #: the features of :class:`MemoryFeatures`, in the order the JSON and the fit use them
 FEATURES = ("weight16", "act16", "att16", "score16", "head16", "io16", "hnorm16", "gqa16", "psum16", "kvfold16",
-            "rowgather16")
+            "rowgather16", "fact16", "fatt16", "fhead16")
 #: ``kvfold16`` and ``rowgather16`` are constants the compiler stores for a layout rkpart's rewrites give it, on the
 #: toolkits :data:`LAYOUT_WEIGHT_TOOLKITS` names: their coefficient is the one of ``weight16`` there, 0 elsewhere
 #: (bytes the compiler stores like any weight; one family shows each, so a fitted coefficient of their own would be
@@ -101,6 +106,16 @@ LAYOUT_WEIGHT_TOOLKITS: dict[str, tuple[str, ...]] = {"kvfold16": ("2.5.0",), "r
 #: the boundary tensors (``io16``) are not a term of their own: they are live activations, counted in
 #: ``act16`` (a coefficient of their own was 0.2 and made the held-out error worse at real widths)
 INTERNAL_TERMS = ("const", "act16", "attx16", "hnorm16", "gqa16", "psum16")
+#: the internal terms of the toolkits whose compiler holds other buffers (:func:`internal_terms`): 2.3.0's is the
+#: form its shipped predictor was fitted in (Anima and DiT stages), one coefficient for the whole NPU peak
+#: (``fpeak16``: of the features with every attention fused, a masked one too, as 2.3.0 builds it after
+#: ``guard-after-product``) and the boundary tensors, which 2.3.0 holds in buffers of their own (``io16``: every
+#: real-width GELU FFN of 2.3.0 holds 4x its hidden activation, 2.5.0 3x and its input: DiT 36.0 against 29.2
+#: MiB, SD3 48.0 against 39.0, Cosmos 64.0), with the repeated KV heads; no partial sums of input-channel tiles
+#: (``psum16``: 2.3.0 does not hold them as 2.5.0 does, PRX's FFN +24.5 % with it). Held out by family on the
+#: real-width rows of 2.3.0 (12 families, 41 stages of 1 MiB or more): 35 within ±10 %, 2.5.0's form 24; the
+#: shipped predictor, fitted on other stages, 36 (``bench/real_width_memory_fit.py --toolkit 2.3.0``)
+INTERNAL_TERMS_OF: dict[str, tuple[str, ...]] = {"2.3.0": ("const", "fpeak16", "io16", "hnorm16", "gqa16")}
 #: the workspace sizes tried, in heads' score matrices (``R`` of the module docstring)
 WORKSPACE_HEADS = (0, 1, 2, 3, 4, 5, 6, 8)
 _SOFTMAX = frozenset({"Softmax", "LogSoftmax"})
@@ -162,6 +177,10 @@ class MemoryFeatures:
     kvfold16: int = 0
     #: the one-hot row-gather matrices of the masked attentions cut into row chunks (:func:`row_gather_matrices`)
     rowgather16: int = 0
+    #: ``act16``, ``att16`` and ``head16`` with every attention fused, a masked one too (2.3.0's form)
+    fact16: int = 0
+    fatt16: int = 0
+    fhead16: int = 0
 
     def value(self, name: str, heads: float = 0.0) -> float:
         if name == "const":
@@ -170,6 +189,8 @@ class MemoryFeatures:
             return peak16(self.act16, self.att16, self.head16, heads)
         if name == "attx16":
             return attention_excess(self.act16, self.att16, self.head16, heads)
+        if name == "fpeak16":
+            return peak16(self.fact16, self.fatt16, self.fhead16, heads)
         return float(getattr(self, name))
 
     def to_json(self) -> dict[str, int]:
@@ -200,16 +221,18 @@ def _bytes16(mg: ModelGraph, name: str) -> int:
     return mg.nbytes(name)
 
 
-def score_tensors(mg: ModelGraph, ops: Iterable[int]) -> set[str]:
+def score_tensors(mg: ModelGraph, ops: Iterable[int], fuse_masked: bool = False) -> set[str]:
     """Attention score tensors the NPU never materialises, among the outputs of ``ops``: from a
     MatMul of two activations through scale ops to a Softmax, and the Softmax's output up to the
-    MatMul that reads it.
+    MatMul that reads it, with the ``Where(IsNaN(p), 0, p)`` guard after it (``nan-guard`` rewrites it
+    into the product: its bool and its copy of the probabilities are never built).
 
-    A path with a mask, an Add, Sub or Where reading an activation (:func:`masked_score_path`), is
-    left out: 2.5.0 does not fuse such an attention into ``exSDPAttention`` but builds it as
-    ``exMatMul`` -> ``exSoftmax13`` -> ``exMatMul`` and holds the scores (Lumina-Image-2.0 at its
+    A path with a mask, an Add, Sub or Where reading an activation (:func:`_masks`), is
+    left out unless ``fuse_masked``: 2.5.0 does not fuse such an attention into ``exSDPAttention`` but builds it
+    as ``exMatMul`` -> ``exSoftmax13`` -> ``exMatMul`` and holds the scores (Lumina-Image-2.0 at its
     width, 1280 tokens: 24 x 1280 x 1280 score and probability buffers in the compiler's Feature
-    Tensor Information Table; its unmasked noise refiner is fused), so they count as activations."""
+    Tensor Information Table; its unmasked noise refiner is fused), so they count as activations; 2.3.0 fuses it
+    (after ``guard-after-product``), the ``f*`` features."""
     opset = set(ops)
     scores: set[str] = set()
     for i in opset:
@@ -224,14 +247,30 @@ def score_tensors(mg: ModelGraph, ops: Iterable[int]) -> set[str]:
             if len(readers) != 1 or mg.op(readers[0]).op_type not in _SCORE_PATH:
                 break
             r = mg.op(readers[0])
-            if _masks(mg, r, t):
+            if not fuse_masked and _masks(mg, r, t):
                 break
             t = r.outputs[0]
             if r.op_type in _SOFTMAX:
                 path.append(t)
+                path += _nan_guard(mg, opset, t)
                 scores.update(path)
                 break
     return scores
+
+
+def _nan_guard(mg: ModelGraph, opset: set[int], p: str) -> list[str]:
+    """The tensors of a ``Where(IsNaN(p), 0, p)`` guard on the probabilities ``p`` (TorchScript's export of an
+    attention with a bool mask), inside ``opset``: the bool and the guarded copy."""
+    out: list[str] = []
+    for c in mg.consumers.get(p, []):
+        n = mg.op(c)
+        if c not in opset or n.op_type != "IsNaN":
+            continue
+        for w in mg.consumers.get(n.outputs[0], []):
+            g = mg.op(w)
+            if w in opset and g.op_type == "Where" and g.inputs[0] == n.outputs[0] and p in g.inputs[1:]:
+                out += [n.outputs[0], g.outputs[0]]
+    return out
 
 
 def _masks(mg: ModelGraph, op: OpNode, score: str) -> bool:
@@ -553,12 +592,11 @@ def row_gather_matrices(mg: ModelGraph, ops: Iterable[int]) -> int:
     return int(total)
 
 
-def _npu_sizes(mg: ModelGraph, sub: Subgraph, life: Lifetimes) -> tuple[np.ndarray, np.ndarray, Lifetimes, set[str]]:
-    """Each tensor of ``life`` at the size the NPU holds it (the attention score tensors 0, a GELU's
+def _npu_sizes(mg: ModelGraph, sub: Subgraph, life: Lifetimes, scores: set[str]
+               ) -> tuple[np.ndarray, np.ndarray, Lifetimes]:
+    """Each tensor of ``life`` at the size the NPU holds it (the attention score tensors ``scores`` 0, a GELU's
     output once), the bytes a fused GELU holds beside it at the position it is computed (its other
-    :data:`GELU_BUFFER` - 1 buffers), the lifetimes with a fused GELU's output born at its MatMul, and
-    the score tensors."""
-    scores = score_tensors(mg, sub.ops)
+    :data:`GELU_BUFFER` - 1 buffers), and the lifetimes with a fused GELU's output born at its MatMul."""
     size = {t: 0 if t in scores else _bytes16(mg, t) for t in life.names}
     born = life.born.copy()
     index = {t: k for k, t in enumerate(life.names)}
@@ -597,7 +635,24 @@ def _npu_sizes(mg: ModelGraph, sub: Subgraph, life: Lifetimes) -> tuple[np.ndarr
         if product in size:
             size[product] = SWISH_BUFFER * _bytes16(mg, product)
     life = dataclasses.replace(life, born=born)
-    return np.array([size[t] for t in life.names], dtype=np.int64), np.cumsum(extra[: life.n]), life, scores
+    return np.array([size[t] for t in life.names], dtype=np.int64), np.cumsum(extra[: life.n]), life
+
+
+def _peaks(mg: ModelGraph, sub: Subgraph, life: Lifetimes, scores: set[str]) -> tuple[int, int, int, int]:
+    """(``act16``, ``att16``, ``score16``, ``head16``) with ``scores`` the tensors the NPU never holds."""
+    sizes, transient, life = _npu_sizes(mg, sub, life, scores)
+    live = life.live_bytes(sizes) + transient
+    act16 = int(live.max())
+    start = np.maximum(life.born, 0)
+    # live activations while an attention core runs: positions where a score tensor is alive
+    during = np.zeros(life.n, dtype=bool)
+    for k, t in enumerate(life.names):
+        if t in scores and life.last[k] >= start[k]:
+            during[start[k]: life.last[k] + 1] = True
+    att16 = int(live[during].max()) if during.any() else 0
+    score16 = max((_bytes16(mg, t) for t in scores), default=0)
+    head16 = max((2 * math.prod(sh[-2:]) for t in scores if (sh := mg.shape(t)) and len(sh) >= 2), default=0)
+    return act16, att16, score16, head16
 
 
 def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None = None) -> MemoryFeatures:
@@ -614,21 +669,14 @@ def view_memory_features(mg: ModelGraph, sub: Subgraph, life: Lifetimes | None =
     if life is None:
         return MemoryFeatures(weight16=weight16, act16=0, score16=0, head16=0, io16=io16, att16=0, hnorm16=hnorm16,
                               gqa16=gqa16, psum16=psum16, **layout)
-    sizes, transient, life, scores = _npu_sizes(mg, sub, life)
-    live = life.live_bytes(sizes) + transient
-    act16 = int(live.max())
-    start = np.maximum(life.born, 0)
-    # live activations while an attention core runs: positions where a score tensor is alive
-    during = np.zeros(life.n, dtype=bool)
-    for k, t in enumerate(life.names):
-        if t in scores and life.last[k] >= start[k]:
-            during[start[k]: life.last[k] + 1] = True
-    att16 = int(live[during].max()) if during.any() else 0
-    score16 = max((_bytes16(mg, t) for t in scores), default=0)
-    head16 = max((2 * math.prod(sh[-2:]) for t in scores if (sh := mg.shape(t)) and len(sh) >= 2), default=0)
+    scores = score_tensors(mg, sub.ops)
+    act16, att16, score16, head16 = _peaks(mg, sub, life, scores)
+    # the masked attentions fused (2.3.0's form): counted again only where a mask kept one unfused
+    fused = score_tensors(mg, sub.ops, fuse_masked=True)
+    fact16, fatt16, _, fhead16 = (act16, att16, score16, head16) if fused == scores else _peaks(mg, sub, life, fused)
     return MemoryFeatures(weight16=int(weight16), act16=act16, score16=int(score16), head16=int(head16),
                           io16=int(io16), att16=att16, hnorm16=int(hnorm16), gqa16=int(gqa16),
-                          psum16=int(psum16), **layout)
+                          psum16=int(psum16), fact16=fact16, fatt16=fatt16, fhead16=fhead16, **layout)
 
 
 def stage_memory_features(folder: str | Path, stage: Stage) -> MemoryFeatures:
@@ -684,7 +732,7 @@ class MemoryModel:
 
     toolkit: str
     weight: tuple[float, ...]  # coefficients of WEIGHT_TERMS
-    internal: tuple[float, ...]  # coefficients of INTERNAL_TERMS
+    internal: tuple[float, ...]  # coefficients of internal_terms(toolkit)
     #: ``R``: the attention workspace in heads' score matrices
     workspace_heads: float = 0.0
     samples: int = 0
@@ -695,7 +743,8 @@ class MemoryModel:
 
     def predict_parts(self, f: MemoryFeatures) -> tuple[float, float]:
         w = sum(c * f.value(t) for t, c in zip(WEIGHT_TERMS, self.weight, strict=True))
-        i = sum(c * f.value(t, self.workspace_heads) for t, c in zip(INTERNAL_TERMS, self.internal, strict=True))
+        i = sum(c * f.value(t, self.workspace_heads)
+                for t, c in zip(internal_terms(self.toolkit), self.internal, strict=True))
         return float(w), float(i)
 
     def predict(self, f: MemoryFeatures) -> float:
@@ -706,7 +755,7 @@ class MemoryModel:
     def to_json(self) -> JsonObject:
         return {"format": "rkpart-device-memory-model", "version": 2, "toolkit": self.toolkit,
                 "weight": dict(zip(WEIGHT_TERMS, self.weight, strict=True)),
-                "internal": dict(zip(INTERNAL_TERMS, self.internal, strict=True)),
+                "internal": dict(zip(internal_terms(self.toolkit), self.internal, strict=True)),
                 "workspace_heads": self.workspace_heads, "samples": self.samples,
                 "fit_error": dict(self.fit_error), "held_out": dict(self.held_out)}
 
@@ -730,9 +779,14 @@ class MemoryModel:
         if isinstance(heads, bool) or not isinstance(heads, (int, float)) or not 0 <= heads <= 64:
             raise ValueError("device-memory model workspace_heads must be a number in 0..64")
         return cls(toolkit=str(d["toolkit"]), weight=coefs("weight", WEIGHT_TERMS),
-                   internal=coefs("internal", INTERNAL_TERMS), workspace_heads=float(heads),
+                   internal=coefs("internal", internal_terms(str(d["toolkit"]))), workspace_heads=float(heads),
                    samples=int(d.get("samples", 0)),
                    fit_error=dict(d.get("fit_error") or {}), held_out=dict(d.get("held_out") or {}))
+
+
+def internal_terms(toolkit: str) -> tuple[str, ...]:
+    """The internal-memory terms of ``toolkit``'s form: :data:`INTERNAL_TERMS_OF`, else :data:`INTERNAL_TERMS`."""
+    return INTERNAL_TERMS_OF.get(toolkit, INTERNAL_TERMS)
 
 
 def stored_weight16(f: MemoryFeatures, toolkit: str) -> float:
@@ -744,7 +798,7 @@ def stored_weight16(f: MemoryFeatures, toolkit: str) -> float:
 def _solve(rows: Sequence[MemoryRow], heads: float, toolkit: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     # the weight side: one coefficient for everything stored (weights and the toolkit's layout constants)
     xw = np.array([[1.0, stored_weight16(r.features, toolkit)] for r in rows])
-    xi = np.array([[r.features.value(t, heads) for t in INTERNAL_TERMS] for r in rows])
+    xi = np.array([[r.features.value(t, heads) for t in internal_terms(toolkit)] for r in rows])
     a0, a1 = (float(f"{c:.6g}") for c in nnls_relative(xw, np.array([float(r.weight_bytes) for r in rows])))
     ci = nnls_relative(xi, np.array([float(r.internal_bytes) for r in rows]))
     cw = (a0, a1, *(a1 if toolkit in LAYOUT_WEIGHT_TOOLKITS[t] else 0.0 for t in WEIGHT_TERMS[2:]))
@@ -829,17 +883,22 @@ def held_out_summary(model: MemoryModel, held: Sequence[tuple[MemoryRow, float]]
     err["min_stage_bytes"] = MIN_STAGE_BYTES
     err["all_sizes"] = error_table(held)
     w = dict(zip(WEIGHT_TERMS, model.weight, strict=True))
-    i = dict(zip(INTERNAL_TERMS, model.internal, strict=True))
+    i = dict(zip(internal_terms(model.toolkit), model.internal, strict=True))
+    # the excess over the activation peak is a parametrised term of the cost model's features (its R)
+    # (rkpart.cost_model.features: ATTX_TERM, FPEAK_TERM)
+    param = {"attx16": attx_term(model.workspace_heads), "fpeak16": f"npu_fpeak16:{model.workspace_heads:g}"}
     terms = {"const": float(f"{w['const'] + i['const'] + OTHER_BYTES:.6g}"), "weight16": w["weight16"],
-             "act16": i["act16"], attx_term(model.workspace_heads): i["attx16"], "hnorm16": i["hnorm16"],
-             "gqa16": i["gqa16"], "psum16": i["psum16"], **{t: w[t] for t in LAYOUT_WEIGHT_TOOLKITS if w[t]}}
+             **{param.get(t, t): c for t, c in i.items() if t != "const"},
+             **{t: w[t] for t in LAYOUT_WEIGHT_TOOLKITS if w[t]}}
     return {"terms": terms, "unit": "bytes", "applies_to": "npu", "source": "compiler tables", "samples": model.samples,
             "fit_error": {"in_sample": dict(model.fit_error), "held_out": err, "fitted_on": fitted_on,
                           "held_out_on": held_out},
             "note": "the compiler's weight + internal memory of a stage, predicted from the IR before compiling: "
-                    "fp16 weights, the activation peak without attention score matrices, the attention's "
-                    "workspace above it, per-head norms, repeated KV heads, the partial sums of "
-                    "input-channel-tiled MatMuls (rkpart.cost_model.device_model)"}
+                    + ("fp16 weights, the NPU's peak with every attention fused (its workspace included), the "
+                       "boundary tensors, per-head norms, repeated KV heads" if "fpeak16" in i else
+                       "fp16 weights, the activation peak without attention score matrices, the attention's "
+                       "workspace above it, per-head norms, repeated KV heads, the partial sums of "
+                       "input-channel-tiled MatMuls") + " (rkpart.cost_model.device_model)"}
 
 
 def budget_margin(fit_error: JsonMap | None) -> float | None:
@@ -888,6 +947,7 @@ __all__ = [
     "gelu_regions",
     "head_norm_inputs",
     "held_out_summary",
+    "internal_terms",
     "kv_folded_weights",
     "kv_repeats",
     "leave_one_family_out",

@@ -59,8 +59,11 @@ PEAK_TERM = "npu_peak16:"
 #: ``npu_attx16:R``: how far the attention's peak with ``R`` heads of workspace rises above ``act16``
 #: (:func:`rkpart.cost_model.device_model.attention_excess`)
 ATTX_TERM = "npu_attx16:"
+#: ``npu_fpeak16:R``: ``npu_peak16:R`` of the features with every attention fused, a masked one too (``fact16``,
+#: ``fatt16``, ``fhead16``: 2.3.0's device memory)
+FPEAK_TERM = "npu_fpeak16:"
 #: the parametrised terms (``PREFIX`` + a number of heads)
-PARAM_TERMS = (PEAK_TERM, ATTX_TERM)
+PARAM_TERMS = (PEAK_TERM, ATTX_TERM, FPEAK_TERM)
 #: the terms of the glue design row of a round (:mod:`rkpart.cost_model.rounds`), not of a stage:
 #: ``const``: per stage and pass (feeding one stage's outputs to the next); ``cycle``: per
 #: load-to-release cycle of a stage (creating and dropping its runner: every pass for a
@@ -114,6 +117,10 @@ class Features:
     #: the row-gather matrices of chunked masked attention (:data:`rkpart.cost_model.device_model.WEIGHT_TERMS`)
     kvfold16: int = 0
     rowgather16: int = 0
+    #: ``act16``, ``att16``, ``head16`` with every attention fused, a masked one too (2.3.0's device memory)
+    fact16: int = 0
+    fatt16: int = 0
+    fhead16: int = 0
     rknn_bytes: int | None = None
     op_counts: tuple[tuple[str, int], ...] = field(default_factory=tuple)
     #: the compiler's own plan when the stage was compiled (``artifacts[].compiler``): weight +
@@ -134,6 +141,8 @@ class Features:
             return peak16(self.act16, self.att16, self.head16, float(name[len(PEAK_TERM):]))
         if name.startswith(ATTX_TERM):  # npu_attx16:R, the attention's excess over the activation peak
             return attention_excess(self.act16, self.att16, self.head16, float(name[len(ATTX_TERM):]))
+        if name.startswith(FPEAK_TERM):  # npu_fpeak16:R, the peak with every attention fused
+            return peak16(self.fact16, self.fatt16, self.fhead16, float(name[len(FPEAK_TERM):]))
         return float(getattr(self, name))
 
     def to_json(self) -> JsonObject:
@@ -287,7 +296,8 @@ def view_features(mg: ModelGraph, sub: Subgraph, *, device: str, artifact: Artif
     cp = artifact.compiler if artifact is not None else None
     return _replace(f, weight16=mem.weight16, act16=mem.act16, score16=mem.score16, head16=mem.head16, io16=mem.io16,
                     att16=mem.att16, hnorm16=mem.hnorm16, gqa16=mem.gqa16, psum16=mem.psum16,
-                    kvfold16=mem.kvfold16, rowgather16=mem.rowgather16,
+                    kvfold16=mem.kvfold16, rowgather16=mem.rowgather16, fact16=mem.fact16, fatt16=mem.fatt16,
+                    fhead16=mem.fhead16,
                     compiled_mem_bytes=None if cp is None else cp.device_mem_bytes,
                     compiled_cycles=None if cp is None else cp.cycles_total,
                     compiled_rw_bytes=None if cp is None else cp.rw_bytes)
@@ -307,7 +317,8 @@ def combine(parts: Sequence[Features], device: str | None = None) -> Features:
     for p in parts:
         counts.update(dict(p.op_counts))
     kw: JsonObject = {k: sum(getattr(p, k) for p in parts) for k in NUMERIC}
-    for k in ("peak_bytes", "act16", "att16", "score16", "head16"):  # a peak of one stage at a time, not a sum
+    # a peak of one stage at a time, not a sum
+    for k in ("peak_bytes", "act16", "att16", "score16", "head16", "fact16", "fatt16", "fhead16"):
         kw[k] = max(getattr(p, k) for p in parts)
     for k in _COMPILED:
         vals = [getattr(p, k) for p in parts]

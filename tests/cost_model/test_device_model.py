@@ -35,7 +35,8 @@ from rkpart.errors import SpecError
 from rkpart.ir import graph_of
 
 
-def _attention(heads: int = 4, tokens: int = 32, dim: int = 16, mask: str = "") -> onnx.ModelProto:
+def _attention(heads: int = 4, tokens: int = 32, dim: int = 16, mask: str = "", guard: bool = False
+               ) -> onnx.ModelProto:
     """
     ::
 
@@ -62,8 +63,11 @@ def _attention(heads: int = 4, tokens: int = 32, dim: int = 16, mask: str = "") 
             inputs.append(helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, 1, tokens, tokens]))
         else:
             inits.append(numpy_helper.from_array(np.zeros((1, 1, tokens, tokens), np.float32), "mask"))
-    nodes += [helper.make_node("Softmax", ["sm" if mask else "ss"], ["p"], axis=-1),
-              helper.make_node("MatMul", ["p", "vh"], ["o"]),
+    nodes.append(helper.make_node("Softmax", ["sm" if mask else "ss"], ["p"], axis=-1))
+    if guard:  # TorchScript's guard of a bool-masked attention: Where(IsNaN(p), 0, p)
+        inits.append(numpy_helper.from_array(np.array(0.0, np.float32), "zero"))
+        nodes += [helper.make_node("IsNaN", ["p"], ["nan"]), helper.make_node("Where", ["nan", "zero", "p"], ["pg"])]
+    nodes += [helper.make_node("MatMul", ["pg" if guard else "p", "vh"], ["o"]),
               helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
               helper.make_node("Reshape", ["ot", "out_shp"], ["y"])]
     g = helper.make_graph(nodes, "attn", inputs,
@@ -370,6 +374,46 @@ def test_a_kv_repeat_read_from_its_projection_is_stored_as_the_repeated_weight()
         model = fit_memory_model(rows, tk)
         assert model.predict_parts(feats[2])[0] == pytest.approx(rows[2].weight_bytes, rel=1e-3)
         assert (model.weight[2] > 0) is stored
+
+
+def test_2_3_0_counts_a_masked_attention_fused_and_its_nan_guard_never_built() -> None:
+    """2.5.0 holds a masked attention's scores (``act16``); 2.3.0 fuses it once ``guard-after-product`` has moved the
+    ``nan-guard`` factor past the product (Lumina2's main attention at real width: 62 MiB of internal memory, +180 %
+    predicted from the scores): the ``f*`` features leave its scores out, and neither counts the guard's bool and
+    copy of the probabilities, which ``nan-guard`` rewrites into the product."""
+    t = 64
+    plain = model_features(_attention(tokens=t), device="npu")
+    masked = model_features(_attention(tokens=t, mask="input", guard=True), device="npu")
+    scores = 4 * t * t * 2
+    assert masked.act16 >= scores and masked.att16 == 0  # 2.5.0: held, no fused attention
+    # 2.3.0: fused; the mask, a stage input, is the only activation more than the plain attention's
+    assert masked.fhead16 == plain.head16 == t * t * 2
+    assert masked.fact16 - plain.act16 == t * t * 2 == masked.fatt16 - plain.att16
+    assert (plain.fact16, plain.fatt16, plain.fhead16) == (plain.act16, plain.att16, plain.head16)
+    guarded = model_features(_attention(tokens=t, guard=True), device="npu")
+    assert (guarded.act16, guarded.att16) == (plain.act16, plain.att16)
+
+
+@pytest.mark.slow  # a fit with its workspace chosen by cross-validation: seconds of numpy on a loaded machine
+def test_the_2_3_0_form_reads_the_fused_peak_and_ships_as_a_component() -> None:
+    """2.3.0's form (``internal_terms``): the fused peak, the boundary tensors, per-head norms, repeated KV heads;
+    the shipped component predicts what the model does, through the cost model's ``npu_fpeak16:R``."""
+    plain = model_features(_attention(tokens=64), device="npu")
+    masked = model_features(_attention(tokens=64, mask="input", guard=True), device="npu")
+    rows = [MemoryRow(family=f"f{k}", shape="s", strategy="split", stage="x", toolkit="2.3.0", fit=True,
+                      features=dataclasses.replace(f, weight16=f.weight16 * (k + 1), io16=f.io16 * (3 - k)),
+                      weight_bytes=f.weight16 * (k + 1) + 4096, internal_bytes=0)
+            for k, f in enumerate(MemoryFeatures.from_json(x.to_json()) for x in (plain, masked, masked, plain))]
+    rows = [dataclasses.replace(r, internal_bytes=int(1.1 * r.features.value("fpeak16", 4) + 0.8 * r.features.io16)
+                                + 65536) for r in rows]
+    model = fit_memory_model(rows, "2.3.0")
+    assert within(model, rows, 0.01) == 1.0
+    comp = Component.from_json("device_mem", held_out_summary(model, [], fitted_on="synthetic", held_out="none"))
+    assert set(comp.terms) == {"const", "weight16", f"npu_fpeak16:{model.workspace_heads:g}", "io16", "hnorm16",
+                               "gqa16"}
+    for r in rows:
+        assert comp.predict(Features(device="npu", **r.features.to_json())) == pytest.approx(
+            model.predict(r.features), rel=1e-5)
 
 
 def test_a_masked_attention_cut_into_row_chunks_stores_its_row_gather() -> None:
