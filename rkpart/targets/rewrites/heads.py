@@ -24,6 +24,7 @@ shape condition the layout probes show (``bench/layout_probe.py``, issue 50).
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import onnx
@@ -414,14 +415,49 @@ def _column_segments(bounds: list[int], covered: list[tuple[int, int]], limit: i
     return segs
 
 
+#: ops that read a product in whatever layout the compiler holds it (channels-first after its MatMul lowering): a
+#: piece read only through these into the next MatMul (SwiGLU's gate and up halves, FLUX.2's FFN and Ovis-Image's)
+#: needs no Transpose back
+_ANY_LAYOUT = frozenset({"Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Relu", "Gelu", "Erf", "Sqrt", "Pow", "Cast",
+                         "Neg", "Exp", "Softplus", "HardSigmoid", "LeakyRelu", "Clip"})
+
+
+def _needs_tokens_first(view: GraphEdit, tensor: str, budget: int = 32) -> bool:
+    """``tensor``, or what elementwise ops make of it, is the stage's output or read by an op that is neither
+    elementwise nor a MatMul reading it on the left (a Reshape into heads, a Concat, a Transpose): the compiler
+    transposes the product back to tokens-first.  A SwiGLU's halves, ``silu(gate) * up`` into the down projection,
+    stay channels-first.  Past ``budget`` ops followed: assumed so."""
+    todo, seen = [tensor], set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in view.outputs or len(seen) > budget:
+            return True
+        for r in view.readers(t):
+            if r.op_type == "MatMul" and r.input[0] == t and r.input[1] != t:
+                continue
+            if r.op_type not in _ANY_LAYOUT or r.domain not in ("", "ai.onnx"):
+                return True
+            todo.extend(r.output)
+    return False
+
+
 def wide_matmul_columns(view: GraphEdit, limit: int = MAX_OUT_CHANNELS) -> int:
     """``MatMul(x, W)``, ``W`` a constant ``[K, N]`` with ``N`` > ``limit`` (and a constant bias ``Add`` of ``[N]``
     after it, when that is its one reader) -> one MatMul per column range on ``W``'s columns (and the bias's).
 
     The ranges are the pieces the product is read as (:func:`_column_leaves`: FLUX.2's single-stream block slices
     its 27648-wide fused projection into q, k, v and the MLP's gate and up halves), each cut to at most ``limit``
-    columns; a piece of several ranges is their ``Concat``.  A product read otherwise is cut into equal ranges
-    concatenated back to the whole.  Each output element is the same dot product (and bias add) as before."""
+    columns; a piece of several ranges is their ``Concat``; only where a piece needs the tokens-first layout
+    (:func:`_needs_tokens_first`: FLUX.2's q, k and v go into a Reshape to heads, the MLP half into the Concat
+    before ``to_out``).  A product that is the stage's output is cut into equal ranges concatenated back to the
+    whole.  Left alone: a product whose pieces are read elementwise into the next MatMul (SwiGLU's gate and up
+    halves: FLUX.2's 18432-wide FFN builds with 0 CPU layers either way, the same memory), a product read whole by
+    other ops (an FFN's GELU, the next MatMul: the compiler keeps it channels-first, no Transpose; FLUX.1's
+    12288-wide GELU FFN at its width builds with 0 CPU layers), and one row (a modulation GEMV: not measured).
+    Each output element is the same dot product (and bias add) as before."""
     shapes = view.static_shapes()
     outputs = view.outputs
     view.new_names()
@@ -433,7 +469,7 @@ def wide_matmul_columns(view: GraphEdit, limit: int = MAX_OUT_CHANNELS) -> int:
         w = view.const_array(mm.input[1])
         ys = shapes.get(y)
         if w is None or w.ndim != 2 or w.shape[1] <= limit or ys is None or len(ys) < 2 or ys[-1] != w.shape[1] \
-                or view.elem(y) not in _FLOATS:
+                or math.prod(ys[:-1]) < 2 or view.elem(y) not in _FLOATS:
             continue
         n, rank = int(w.shape[1]), len(ys)
         head: str = y
@@ -448,7 +484,11 @@ def wide_matmul_columns(view: GraphEdit, limit: int = MAX_OUT_CHANNELS) -> int:
         leaves: list[tuple[str, int, int]] = []
         inner: list[str] = []
         if not _column_leaves(view, head, n, rank, 0, leaves, inner):
+            if head not in outputs:
+                continue  # read whole by the stage (a GELU, the next MatMul): the compiler keeps it channels-first
             leaves, inner = [(head, 0, n)], []
+        elif not any(_needs_tokens_first(view, out) for out, _, _ in leaves):
+            continue  # SwiGLU's halves into the down projection: kept channels-first, no Transpose (FLUX.2's FFN)
         bounds = sorted({0, n} | {c for _, a, b in leaves for c in (a, b)})
         segs = _column_segments(bounds, [(a, b) for _, a, b in leaves], limit)
         # a leaf that is one range is that range's product itself (the first such leaf; a twin copies it)
