@@ -281,9 +281,15 @@ CPU layers on the first build:
   build with 0 CPU layers. **CogView4-6B, 32 x 128**: its attention (1024 image + 256 text tokens) runs 3
   Transposes on the CPU, "height(1280) * width(128) = 163840, required product no larger than 8192", the heads
   layout of q, k and v around its per-head norm and partial RoPE (the image tokens only), the form Cosmos's was in
-  before `heads-table-layout` moved its tables. **FLUX.2-klein-4B, 24 x 128**: its single-stream block's fused
-  projection (`to_qkv_mlp_proj`, 3072 -> 27648) gets a Transpose of (1,27648,1,1536) from the compiler's MatMul
-  lowering (`..._mm_tp`) on the CPU. Neither has a rewrite yet.
+  before `heads-table-layout` moved its tables; no rewrite yet.
+- **FLUX.2-klein-4B, 24 x 128**: its single-stream block's fused projection (`to_qkv_mlp_proj`, 3072 -> 27648,
+  1024 image + 512 text tokens) was computed channels-first and its Transpose back to tokens-first ((1,27648,1,1536),
+  the compiler's MatMul lowering `..._mm_tp`) ran on the CPU: "channel is too large, may produce thousands of
+  regtask, fallback to cpu!", from 8208 output channels on (`bench/layout_probe.py --pattern wide-matmul`: 8192
+  stays, at 256 to 4096 tokens; 2.3.0 and 2.3.2 the same). Removed by `wide-matmul-columns` (one MatMul per piece
+  the block slices, q, k, v and the MLP's gate and up halves, each at most 8192 wide: bit-exact): 1 CPU layer ->
+  0 on 2.5.0, internal memory 261.8 -> 180.8 MiB (weight unchanged, 234.0 MiB). Its FFN's 18432-wide SwiGLU
+  projection, sliced into halves that go elementwise into the down projection, stays channels-first: left alone.
 
 Memory (the model fitted on these rows, `bench/real_width_memory_fit.py`; docs/cost-model.md, "Device memory
 from the compiler"): a masked attention's scores count as activations (the compiler holds them when it cannot
