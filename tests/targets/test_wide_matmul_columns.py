@@ -107,7 +107,7 @@ def test_the_pieces_read_are_their_own_products_bit_for_bit(bias: bool, computed
     assert WIDE[0].exact
 
 
-def test_a_product_read_whole_is_cut_into_equal_ranges_concatenated() -> None:
+def test_a_product_that_is_the_stage_output_is_cut_into_equal_ranges_concatenated() -> None:
     """The product as the graph's output: 27648 columns as 4 ranges of 6912, concatenated back, the same bits."""
     m = one_product()
     r, applied = rewritten(m, WIDE)
