@@ -46,15 +46,23 @@ Patterns (``--pattern``):
     ``[1, H, d, T]`` (``k`` transposed to ``[1, H, T, d]``), ReLU kernels, the value padded with
     a ones row (``F.pad(v, (0, 0, 0, 1), value=1)``: ``[1, H, d+1, T]``), ``(v_pad @ k^T) @ q``, its last row the
     normaliser (``Slice``, ``Add`` eps, ``Div``), back to ``[1, T, H·d]``.
+``wide-matmul``
+    one wide projection, FLUX.2's single-stream ``to_qkv_mlp_proj``: ``x [1, T, H·d]`` (a graph input) ``@ W
+    [H·d, N]`` (seeded, no bias), ``N`` from ``--out-channels`` (default 9 x the q/k/v width, FLUX.2's 3 + 2 x 3),
+    its output read as diffusers' block reads it (``--readers``): ``slices`` (the default) as ``Slice`` into q, k, v
+    (``--qkv`` channels each, default ``H·d``) and the MLP's two halves, then SiLU(gate) · up, the pieces
+    concatenated again (the block's ``to_out`` input); ``one`` the output alone (a graph output).  The compiler's
+    Transpose of a product of more than 8192 channels goes to the CPU (``wide-matmul-columns``).
 
 Usage: ``.venv/bin/python bench/layout_probe.py --pattern norm --head-dim 64,72,88 --tokens 1024 [--heads 16]
-[--kv-heads 8] [--mask] [--text 256] [--project] [--toolkits 2.5.0] [--rewrites] [--skip-rewrite NAME]
-[--out FILE.jsonl]``
+[--kv-heads 8] [--mask] [--text 256] [--project] [--out-channels N,..] [--readers slices|one] [--qkv C]
+[--toolkits 2.5.0] [--rewrites] [--skip-rewrite NAME] [--out FILE.jsonl]``
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -297,9 +305,43 @@ def linear_pad_model(heads: int, tokens: int, dim: int) -> onnx.ModelProto:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def wide_matmul_model(width: int, tokens: int, out_channels: int, readers: str = "slices",
+                      qkv: int = 0) -> onnx.ModelProto:
+    """The ``wide-matmul`` probe (see the module docstring)."""
+    f = TensorProto.FLOAT
+    t, n = tokens, out_channels
+    c = qkv or width
+    rng = np.random.default_rng(4)
+    inits: Inits = [_c("w", rng.standard_normal((width, n)) / np.sqrt(width)), _c("ax", [-1], np.int64)]
+    nodes: Nodes = [helper.make_node("MatMul", ["x", "w"], ["p"])]
+    if readers == "one":
+        g = helper.make_graph(nodes, "probe-wide-matmul", [helper.make_tensor_value_info("x", f, [1, t, width])],
+                              [helper.make_tensor_value_info("p", f, [1, t, n])], inits)
+        return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    mlp = (n - 3 * c) // 2
+    if mlp <= 0 or 3 * c + 2 * mlp != n:
+        raise ValueError(f"wide-matmul --readers slices: {n} output channels are not 3 x {c} + 2 x an MLP half")
+    bounds = [0, c, 2 * c, 3 * c, 3 * c + mlp, n]
+    for k, (a, b) in enumerate(itertools.pairwise(bounds)):
+        inits += [_c(f"s{k}", [a], np.int64), _c(f"e{k}", [b], np.int64)]
+        nodes.append(helper.make_node("Slice", ["p", f"s{k}", f"e{k}", "ax"], [f"piece{k}"]))
+    nodes += [helper.make_node("Sigmoid", ["piece3"], ["sig"]),
+              helper.make_node("Mul", ["piece3", "sig"], ["silu"]),
+              helper.make_node("Mul", ["silu", "piece4"], ["mlp"]),
+              helper.make_node("Mul", ["piece0", "piece1"], ["qk"]),
+              helper.make_node("Add", ["qk", "piece2"], ["attn"]),
+              helper.make_node("Concat", ["attn", "mlp"], ["y"], axis=-1)]
+    g = helper.make_graph(nodes, "probe-wide-matmul", [helper.make_tensor_value_info("x", f, [1, t, width])],
+                          [helper.make_tensor_value_info("y", f, [1, t, c + mlp])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def model_for(pattern: str, heads: int, tokens: int, dim: int, kv_heads: int = 0,
-              mask: bool = False, text: int = 0) -> onnx.ModelProto:
+              mask: bool = False, text: int = 0, out_channels: int = 0, readers: str = "slices",
+              qkv: int = 0) -> onnx.ModelProto:
     """The probe graph of ``pattern`` at one head layout."""
+    if pattern == "wide-matmul":
+        return wide_matmul_model(heads * dim, tokens, out_channels or 9 * (qkv or heads * dim), readers, qkv)
     if pattern == "gqa-tile":
         return gqa_tile_model(heads, tokens, dim, kv_heads, mask)
     if pattern == "linear-pad":
@@ -352,7 +394,7 @@ def build(model: onnx.ModelProto, toolkit: str, work: Path, name: str, rewrites:
 
 
 PATTERNS = ["norm", "rms", "rope-interleaved", "norm-rope", "rope-halves", "rms-rope", "norm-rope-slice", "gqa",
-            "plain", "gqa-tile", "linear-pad"]
+            "plain", "gqa-tile", "linear-pad", "wide-matmul"]
 
 
 def main() -> int:
@@ -371,6 +413,12 @@ def main() -> int:
     ap.add_argument("--skip-rewrite", action="append", default=[], help="with --rewrites: leave this one out")
     ap.add_argument("--project", action="store_true",
                     help="read x through a projection with bias first (the real stages' layout of a per-head norm)")
+    ap.add_argument("--out-channels", default="0",
+                    help="wide-matmul: the projection's output channels, a comma list (0: 9 x the q/k/v width)")
+    ap.add_argument("--readers", choices=["slices", "one"], default="slices",
+                    help="wide-matmul: what reads the projection (see the patterns)")
+    ap.add_argument("--qkv", type=int, default=0,
+                    help="wide-matmul --readers slices: q/k/v width (0: heads x head dim)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the probe models and logs here")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
@@ -381,19 +429,24 @@ def main() -> int:
             for h in (int(x) for x in a.heads.split(",")):
                 for t in (int(x) for x in a.tokens.split(",")):
                     for d in (int(x) for x in a.head_dim.split(",")):
-                        name = (f"{a.pattern}-h{h}-t{t}-d{d}" + (f"-kv{a.kv_heads}" if a.kv_heads else "")
-                                + ("-mask" if a.mask else "") + ("-proj" if a.project else ""))
-                        model = model_for(a.pattern, h, t, d, a.kv_heads, a.mask, a.text)
-                        if a.project:
-                            model = with_projection(model, h * d)
-                        row = {"pattern": a.pattern, "heads": h, "tokens": t, "head_dim": d, "kv_heads": a.kv_heads,
-                               "mask": a.mask, "project": a.project, "toolkit": tk,
-                               **({"text": a.text or t // 5} if a.pattern == "norm-rope-slice" else {}),
-                               **build(model, tk, work, name, a.rewrites, frozenset(a.skip_rewrite))}
-                        print(json.dumps(row), flush=True)
-                        if a.out:
-                            with a.out.open("a") as fh:
-                                fh.write(json.dumps(row, sort_keys=True) + "\n")
+                        for n in (int(x) for x in a.out_channels.split(",")):
+                            wide = a.pattern == "wide-matmul"
+                            name = (f"{a.pattern}-h{h}-t{t}-d{d}" + (f"-kv{a.kv_heads}" if a.kv_heads else "")
+                                    + ("-mask" if a.mask else "") + ("-proj" if a.project else "")
+                                    + (f"-n{n}-{a.readers}" + (f"-qkv{a.qkv}" if a.qkv else "") if wide else ""))
+                            model = model_for(a.pattern, h, t, d, a.kv_heads, a.mask, a.text, n, a.readers, a.qkv)
+                            if a.project:
+                                model = with_projection(model, h * d)
+                            row = {"pattern": a.pattern, "heads": h, "tokens": t, "head_dim": d,
+                                   "kv_heads": a.kv_heads, "mask": a.mask, "project": a.project, "toolkit": tk,
+                                   **({"text": a.text or t // 5} if a.pattern == "norm-rope-slice" else {}),
+                                   **({"out_channels": n or 9 * (a.qkv or h * d), "readers": a.readers,
+                                      "qkv": a.qkv or h * d} if wide else {}),
+                                   **build(model, tk, work, name, a.rewrites, frozenset(a.skip_rewrite))}
+                            print(json.dumps(row), flush=True)
+                            if a.out:
+                                with a.out.open("a") as fh:
+                                    fh.write(json.dumps(row, sort_keys=True) + "\n")
     return 0
 
 

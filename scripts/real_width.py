@@ -298,10 +298,16 @@ CPU layers on the first build:
   LayerNorm: 0 CPU layers on the 4-head probe) 2.3.0's build of the stage ran out of memory (killed at 15.8 and 14.6
   GB of RSS; 3.6 GB as exported), so on 2.3.x the move stops at a LayerNorm; this run dropped it after the failed
   build (the row's "(computed-table-layout)"). Left: those 2 Transposes on 2.3.0.
-- **Still on the CPU (2026-12-07, first runs of four more families, split, 2.5.0):** Chroma1-HD and LongCat-Image
-  build with 0 CPU layers. **FLUX.2-klein-4B, 24 x 128**: its single-stream block's fused
-  projection (`to_qkv_mlp_proj`, 3072 -> 27648) gets a Transpose of (1,27648,1,1536) from the compiler's MatMul
-  lowering (`..._mm_tp`) on the CPU. It has no rewrite yet.
+- **First runs of four more families (2026-12-07, split, 2.5.0):** Chroma1-HD and LongCat-Image
+  build with 0 CPU layers.
+- **FLUX.2-klein-4B, 24 x 128**: its single-stream block's fused projection (`to_qkv_mlp_proj`, 3072 -> 27648,
+  1024 image + 512 text tokens) was computed channels-first and its Transpose back to tokens-first ((1,27648,1,1536),
+  the compiler's MatMul lowering `..._mm_tp`) ran on the CPU: "channel is too large, may produce thousands of
+  regtask, fallback to cpu!", from 8208 output channels on (`bench/layout_probe.py --pattern wide-matmul`: 8192
+  stays, at 256 to 4096 tokens; 2.3.0 and 2.3.2 the same). Removed by `wide-matmul-columns` (one MatMul per piece
+  the block slices, q, k, v and the MLP's gate and up halves, each at most 8192 wide: bit-exact): 1 CPU layer ->
+  0 on 2.5.0, internal memory 261.8 -> 180.8 MiB (weight unchanged, 234.0 MiB). Its FFN's 18432-wide SwiGLU
+  projection, sliced into halves that go elementwise into the down projection, stays channels-first: left alone.
 - **2.3.0, first runs of the other families (2026-12-08, split):** PixArt-Sigma and SD3.5 Medium build with 0 CPU
   layers. **CogView3-Plus, 64 x 40**: its attention (1024 image + 224 text tokens) runs 2 Reshapes on the CPU, q's
   and k's (1,2560,1,1248) -> (1,40,64,1248): the compiler lays the per-head LayerNorm (`norm_q`, `norm_k`, over

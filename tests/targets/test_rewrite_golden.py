@@ -166,6 +166,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
     from tests.targets.test_rope_interleaved_matmul import _attention as _interleaved
     from tests.targets.test_slice_assign_concat import cogview_qk
     from tests.targets.test_slice_reverse import _slice
+    from tests.targets.test_wide_matmul_columns import single_block
 
     out: dict[str, Callable[[], onnx.ModelProto]] = {
         "ffn_f16": lambda: _model(ffn_f16(), 17),
@@ -208,6 +209,7 @@ def cases() -> dict[str, Callable[[], onnx.ModelProto]]:
         "masked_attention_rows": lambda: head_layouts.masked(600),
         "rope_computed_tables": cosmos_rope,
         "rope_slice_assign": cogview_qk,
+        "wide_projection_pieces": lambda: single_block(width=1, tokens=2),
     }
     # the reduced crash graphs: the known-issue table's reproducers (rkpart/data/known_issues) and ours
     for f in sorted([*REPRO_DATA.glob("segv_*.onnx"), *DATA.glob("fail_*.onnx")], key=lambda f: f.name):

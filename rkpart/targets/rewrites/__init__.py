@@ -64,6 +64,7 @@ from rkpart.targets.rewrites.heads import (
     kv_repeat_gather,
     masked_attention_row_chunks,
     pad_rows_matmul,
+    wide_matmul_columns,
 )
 from rkpart.targets.rewrites.lower import NO_LOWERING, TYPE_ONLY_CHANGES, gelu, grid_sample
 from rkpart.targets.rewrites.npu import (
@@ -281,6 +282,27 @@ REWRITES: tuple[Rewrite, ...] = (
             "2.3.2, where pad-to-concat would make a Concat of the Pad whose result they transpose on the CPU the "
             "same way: 1 -> 0. Applied before pad-to-concat",
             pad_rows_matmul, needs=("inferred_shapes", "types"), exact=False),
+    Rewrite("wide-matmul-columns", "MatMul", "npu", ("*",),
+            "A MatMul with a constant weight of more than 8192 output channels (FLUX.2's single-stream block projects "
+            "its tokens once into q, k, v and the MLP's gate and up halves, to_qkv_mlp_proj 3072 -> 27648, and slices "
+            "the product): the compilers compute a MatMul channels-first, (1,N,1,T), and run the Transpose of the "
+            "product back to (1,T,1,N) on the CPU from N = 8208 on ('Transpose:/model/single_transformer_blocks.0/"
+            "attn/to_qkv_mlp_proj/MatMul_output_0_mm_tp', (1,27648,1,1536); 'channel is too large, may produce "
+            "thousands of regtask, fallback to cpu!'), at 256 to 4096 tokens, 8192 channels staying. As one MatMul "
+            "per column range the product is read as (the Slices of its last axis, looked through where a Slice is "
+            "only sliced again), each cut to at most 8192 columns and a range of several concatenated (a product that "
+            "is the stage's output: equal ranges concatenated back to the whole; columns nobody reads are not "
+            "computed) every layer stays on the NPU: the same dot products on the same weight columns, bit-exact "
+            "under ONNX Runtime. Only where a piece needs the tokens-first layout (a Reshape into heads, a Concat, the "
+            "output, through elementwise ops): a SwiGLU's halves into the down projection (FLUX.2's 18432-wide FFN) "
+            "and a product read whole (GELU FFNs, FLUX.1's 12288) build with 0 CPU layers as they are, and one row "
+            "(a modulation GEMV) was not measured: left alone. "
+            "Measured with bench/layout_probe.py --pattern wide-matmul --qkv 3072 (128 input channels, 256 tokens, "
+            "FLUX.2's slices): 1 CPU Transpose -> 0 on 2.5.0 (internal memory 28.4 -> 29.9 MB), 2.3.2 (28.4 -> 25.2) "
+            "and 2.3.0 (28.6 -> 25.4); --readers one (the product whole): 1 -> 0. FLUX.2-klein-4B at its width "
+            "(1024 image + 512 text tokens), split, 2.5.0: single-stream block 1 CPU layer -> 0, internal memory "
+            "261.8 -> 180.8 MiB, weight memory unchanged",
+            wide_matmul_columns, needs=("inferred_shapes", "types")),
     Rewrite("pad-to-concat", "Pad", "npu", ("2.3.0", "2.3.2"),
             "Sana's linear attention pads V with a row of ones (pads computed from constants): 2.3.0 places "
             "the Pad on the CPU ('Pad:/model/transformer_blocks.0/attn1/Pad', CPU), 2.5.0 on the NPU. As a "

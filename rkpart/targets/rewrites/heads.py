@@ -15,9 +15,16 @@ shape condition the layout probes show (``bench/layout_probe.py``, issue 50).
     product of the constant rows, concatenated: the same dot products, row by row (summed in the order ONNX
     Runtime's GEMM picks for each shape: not bit-exact, within the rewrite check).  At 70 heads 2.5.0 transposes
     the padded value (1,70,33,1024) -> (70,1024,1,33) on the CPU; 33 rows are never transposed after it.
+``wide_matmul_columns``
+    a ``MatMul`` of more than 8192 output channels (FLUX.2's fused q/k/v/MLP projection, 27648) -> one product per
+    column range its readers slice, at most 8192 wide: the compilers transpose a wider product back to tokens-first
+    on the CPU.  The same dot products on the same weight columns, bit-exact.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
 
 import numpy as np
 import onnx
@@ -337,3 +344,197 @@ def guard_after_product(view: GraphEdit) -> int:
         done += 1
     view.apply_edits()
     return done
+
+
+#: the most output channels a MatMul's result may have where the compiler transposes it back to the tokens-first
+#: layout on the NPU: its lowering computes the product channels-first, (1,N,1,T), and places the Transpose to
+#: (1,T,1,N) on the CPU from N = 8208 on ("channel is too large, may produce thousands of regtask, fallback to
+#: cpu!"); measured with bench/layout_probe.py --pattern wide-matmul at 256 to 4096 tokens: 8192 stays, 8208 goes,
+#: on 2.5.0 and 2.3.0
+MAX_OUT_CHANNELS = 8192
+
+
+def _column_leaves(view: GraphEdit, head: str, n: int, rank: int, offset: int,
+                   leaves: list[tuple[str, int, int]], inner: list[str]) -> bool:
+    """The column ranges ``head`` (columns ``offset`` on of the product) is read as: each reader a ``Slice`` of the
+    last axis with constant bounds, step 1; a Slice read only by such Slices (diffusers' FLUX.2 block takes
+    ``[:9216]`` and then q, k and v of it) is looked through.  ``leaves`` gets ``(tensor, start, end)`` in the
+    product's columns, ``inner`` the Slices looked through; ``False`` when a reader is anything else."""
+    readers = view.readers(head)
+    if not readers or head in view.outputs:
+        return False
+    for sl in readers:
+        r = _slice_range_of(view, sl, rank, n)
+        if r is None:
+            return False
+        a, b = r
+        out = sl.output[0]
+        deeper: list[tuple[str, int, int]] = []
+        if out not in view.outputs and view.readers(out) and \
+                _column_leaves(view, out, b - a, rank, offset + a, deeper, inner):
+            leaves.extend(deeper)
+            inner.append(out)
+        else:
+            leaves.append((out, offset + a, offset + b))
+    return True
+
+
+def _slice_range_of(view: GraphEdit, sl: onnx.NodeProto, rank: int, n: int) -> tuple[int, int] | None:
+    """(start, end) of a Slice of the last axis of a tensor of ``n`` columns, constant bounds (folded when computed
+    from constants) and step 1, else None."""
+    if sl.op_type != "Slice" or sl.domain not in ("", "ai.onnx") or len(sl.input) < 3:
+        return None
+    starts, ends, axes, steps = (view.value(sl.input[j]) if len(sl.input) > j and sl.input[j] else None
+                                 for j in range(1, 5))
+    if starts is None or ends is None or starts.size != 1 or ends.size != 1:
+        return None
+    if axes is None and rank != 1:
+        return None
+    if axes is not None and (axes.size != 1 or int(axes.reshape(())) not in (-1, rank - 1)):
+        return None
+    if steps is not None and (steps.size != 1 or int(steps.reshape(())) != 1):
+        return None
+    a, b = int(starts.reshape(())), int(ends.reshape(()))
+    a = max(0, min(n, a + n if a < 0 else a))
+    b = max(0, min(n, b + n if b < 0 else b))
+    return (a, b) if a < b else None
+
+
+def _column_segments(bounds: list[int], covered: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:
+    """The column ranges between consecutive ``bounds`` that a range of ``covered`` reads (columns nobody reads are
+    not computed), each longer than ``limit`` cut into equal parts (multiples of 16 where the length is)."""
+    segs: list[tuple[int, int]] = []
+    for a, b in itertools.pairwise(bounds):
+        if not any(s <= a and b <= e for s, e in covered):
+            continue
+        parts = -(-(b - a) // limit)
+        step = -(-(b - a) // parts)
+        if (b - a) % 16 == 0:
+            step = -(-step // 16) * 16
+        segs += [(s, min(b, s + step)) for s in range(a, b, step)]
+    return segs
+
+
+#: ops that read a product in whatever layout the compiler holds it (channels-first after its MatMul lowering): a
+#: piece read only through these into the next MatMul (SwiGLU's gate and up halves, FLUX.2's FFN and Ovis-Image's)
+#: needs no Transpose back
+_ANY_LAYOUT = frozenset({"Add", "Sub", "Mul", "Div", "Sigmoid", "Tanh", "Relu", "Gelu", "Erf", "Sqrt", "Pow", "Cast",
+                         "Neg", "Exp", "Softplus", "HardSigmoid", "LeakyRelu", "Clip"})
+
+
+def _needs_tokens_first(view: GraphEdit, tensor: str, budget: int = 32) -> bool:
+    """``tensor``, or what elementwise ops make of it, is the stage's output or read by an op that is neither
+    elementwise nor a MatMul reading it on the left (a Reshape into heads, a Concat, a Transpose): the compiler
+    transposes the product back to tokens-first.  A SwiGLU's halves, ``silu(gate) * up`` into the down projection,
+    stay channels-first.  Past ``budget`` ops followed: assumed so."""
+    todo, seen = [tensor], set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in view.outputs or len(seen) > budget:
+            return True
+        for r in view.readers(t):
+            if r.op_type == "MatMul" and r.input[0] == t and r.input[1] != t:
+                continue
+            if r.op_type not in _ANY_LAYOUT or r.domain not in ("", "ai.onnx"):
+                return True
+            todo.extend(r.output)
+    return False
+
+
+def wide_matmul_columns(view: GraphEdit, limit: int = MAX_OUT_CHANNELS) -> int:
+    """``MatMul(x, W)``, ``W`` a constant ``[K, N]`` with ``N`` > ``limit`` (and a constant bias ``Add`` of ``[N]``
+    after it, when that is its one reader) -> one MatMul per column range on ``W``'s columns (and the bias's).
+
+    The ranges are the pieces the product is read as (:func:`_column_leaves`: FLUX.2's single-stream block slices
+    its 27648-wide fused projection into q, k, v and the MLP's gate and up halves), each cut to at most ``limit``
+    columns; a piece of several ranges is their ``Concat``; only where a piece needs the tokens-first layout
+    (:func:`_needs_tokens_first`: FLUX.2's q, k and v go into a Reshape to heads, the MLP half into the Concat
+    before ``to_out``).  A product that is the stage's output is cut into equal ranges concatenated back to the
+    whole.  Left alone: a product whose pieces are read elementwise into the next MatMul (SwiGLU's gate and up
+    halves: FLUX.2's 18432-wide FFN builds with 0 CPU layers either way, the same memory), a product read whole by
+    other ops (an FFN's GELU, the next MatMul: the compiler keeps it channels-first, no Transpose; FLUX.1's
+    12288-wide GELU FFN at its width builds with 0 CPU layers), and one row (a modulation GEMV: not measured).
+    Each output element is the same dot product (and bias add) as before."""
+    shapes = view.static_shapes()
+    outputs = view.outputs
+    view.new_names()
+    bounds_of: set[str] = set()  # the inputs of the Slices replaced: their starts, ends, axes and steps
+    count = 0
+    for i in list(view.matches("MatMul")):
+        mm = view.graph.node[i]
+        y = mm.output[0]
+        w = view.const_array(mm.input[1])
+        ys = shapes.get(y)
+        if w is None or w.ndim != 2 or w.shape[1] <= limit or ys is None or len(ys) < 2 or ys[-1] != w.shape[1] \
+                or math.prod(ys[:-1]) < 2 or view.elem(y) not in _FLOATS:
+            continue
+        n, rank = int(w.shape[1]), len(ys)
+        head: str = y
+        bias: tuple[np.ndarray, bool] | None = None  # the bias's values, and whether the product is its first input
+        bias_node: onnx.NodeProto | None = None
+        first = view.readers(y)
+        if len(first) == 1 and first[0].op_type == "Add" and first[0].domain in ("", "ai.onnx") and y not in outputs:
+            add = first[0]
+            vec = view.const_array(add.input[1] if add.input[0] == y else add.input[0])
+            if vec is not None and vec.ndim == 1 and vec.shape[0] == n and add.output[0] not in outputs:
+                head, bias, bias_node = add.output[0], (vec, add.input[0] == y), add
+        leaves: list[tuple[str, int, int]] = []
+        inner: list[str] = []
+        if not _column_leaves(view, head, n, rank, 0, leaves, inner):
+            if head not in outputs:
+                continue  # read whole by the stage (a GELU, the next MatMul): the compiler keeps it channels-first
+            leaves, inner = [(head, 0, n)], []
+        elif not any(_needs_tokens_first(view, out) for out, _, _ in leaves):
+            continue  # SwiGLU's halves into the down projection: kept channels-first, no Transpose (FLUX.2's FFN)
+        bounds = sorted({0, n} | {c for _, a, b in leaves for c in (a, b)})
+        segs = _column_segments(bounds, [(a, b) for _, a, b in leaves], limit)
+        # a leaf that is one range is that range's product itself (the first such leaf; a twin copies it)
+        named: dict[tuple[int, int], str] = {}
+        for out, a, b in leaves:
+            if (a, b) in segs and (a, b) not in named:
+                named[(a, b)] = out
+        base = mm.name or y
+        new: list[onnx.NodeProto] = []
+        seg_out: dict[tuple[int, int], str] = {}
+        for c, (a, b) in enumerate(segs):
+            wn = view.add_constant(f"{base}/cols{c}_weight", np.ascontiguousarray(w[:, a:b]))
+            last = named.get((a, b)) or view.fresh(f"{base}/cols{c}")
+            prod = last if bias is None else view.fresh(f"{base}/cols{c}_product")
+            new.append(helper.make_node("MatMul", [mm.input[0], wn], [prod], name=f"{base}/cols{c}"))
+            if bias is not None:
+                bn = view.add_constant(f"{base}/cols{c}_bias", np.ascontiguousarray(bias[0][a:b]))
+                new.append(helper.make_node("Add", [prod, bn] if bias[1] else [bn, prod], [last],
+                                            name=f"{base}/cols{c}_bias"))
+            seg_out[(a, b)] = last
+        for out, a, b in leaves:
+            pieces = [seg_out[s] for s in segs if a <= s[0] and s[1] <= b]
+            if pieces == [out]:
+                continue
+            name = view.fresh(f"{base}/cols_{out}")
+            new.append(helper.make_node("Identity", pieces, [out], name=name) if len(pieces) == 1 else
+                       helper.make_node("Concat", pieces, [out], name=name, axis=rank - 1))
+        view.replace_later(i, new)
+        # what the new nodes compute instead: the bias Add, the Slices looked through and the leaves' Slices
+        replaced = {*inner, *(out for out, _, _ in leaves)} - {y}
+        if bias_node is not None:
+            replaced.add(bias_node.output[0])
+        for k, node in enumerate(view.graph.node):
+            if k != i and node.output and node.output[0] in replaced:
+                view.replace_later(k, [])
+                bounds_of.update(node.input[1:])
+        count += 1
+    if count:
+        view.apply_edits()
+        # the Slices' bounds computed in the graph (the exporter's chunk widths), now read by nobody
+        while True:
+            read = {t for n in view.graph.node for t in n.input} | view.outputs
+            dead = [n for n in view.graph.node if n.output and set(n.output) & bounds_of and not set(n.output) & read]
+            if not dead:
+                break
+            bounds_of = {t for n in dead for t in n.input}
+            view.set_nodes(n for n in view.graph.node if not any(n is d for d in dead))
+        view.drop_unread_initializers()  # the whole weights and biases, now read by nobody
+    return count
