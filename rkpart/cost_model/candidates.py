@@ -217,23 +217,12 @@ def int8_prior(f: Features) -> Features:
 
 
 def block_anatomy(mg: ModelGraph, block: Block) -> str:
-    """What decides a block's compiled tables, whatever its weights (:func:`rkpart.ir.anatomy.anatomy`: the
+    """What decides a block's compiled tables, whatever its weights (:func:`rkpart.ir.anatomy.ops_anatomy`: the
     definition a stage's weighing uses too).  Blocks with equal anatomy compile to equal layer tables and
     memory statistics, so one build stands for all of them."""
-    from rkpart.ir.anatomy import anatomy, constant_token
+    from rkpart.ir.anatomy import ops_anatomy
 
-    def type_of(t: str) -> str:
-        tt = mg.tensor_types.get(t)
-        return "?" if tt is None else f"{tt[0]}{list(tt[1])}"
-
-    def constant(t: str) -> str | None:
-        init = mg.initializers.get(t)
-        if init is not None:
-            return constant_token(init)
-        # computed from constants alone in the model (folded or copied into a stage): by type, as a weight
-        return f"c:{type_of(t)}" if mg.is_const_tensor(t) else None
-
-    return anatomy((mg.nodes[i] for i in sorted(block.ops)), type_of, constant)
+    return ops_anatomy(mg, sorted(block.ops))
 
 
 def mark_exclusions(

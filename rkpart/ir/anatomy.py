@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 import onnx
+
+if TYPE_CHECKING:
+    from rkpart.ir.graph import ModelGraph
 
 #: integer constants of at most this many elements are hashed by value (shapes, axes, indices)
 SMALL_CONSTANT = 64
@@ -86,4 +90,21 @@ def model_anatomy(model: onnx.ModelProto) -> str:
     return anatomy(g.node, lambda t: types.get(t, "?"), consts.get, [o.name for o in g.output])
 
 
-__all__ = ["SMALL_CONSTANT", "anatomy", "constant_token", "model_anatomy"]
+def ops_anatomy(mg: ModelGraph, ops: Iterable[int]) -> str:
+    """The anatomy of ops ``ops`` of a loaded model (in the order given): a block of it, before it is cut
+    into a stage (:func:`rkpart.cost_model.candidates.block_anatomy`)."""
+    def type_of(t: str) -> str:
+        tt = mg.tensor_types.get(t)
+        return "?" if tt is None else f"{tt[0]}{list(tt[1])}"
+
+    def constant(t: str) -> str | None:
+        init = mg.initializers.get(t)
+        if init is not None:
+            return constant_token(init)
+        # computed from constants alone in the model (folded or copied into a stage): by type, as a weight
+        return f"c:{type_of(t)}" if mg.is_const_tensor(t) else None
+
+    return anatomy((mg.nodes[i] for i in ops), type_of, constant)
+
+
+__all__ = ["SMALL_CONSTANT", "anatomy", "constant_token", "model_anatomy", "ops_anatomy"]
