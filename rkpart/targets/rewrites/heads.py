@@ -31,6 +31,7 @@ import onnx
 from onnx import helper
 
 from rkpart.ir.edit import GraphEdit, attr
+from rkpart.targets.rewrites.npu import slice_range
 
 #: element types the rewrites below copy or multiply (float only: the toolkit's types)
 _FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)
@@ -364,7 +365,7 @@ def _column_leaves(view: GraphEdit, head: str, n: int, rank: int, offset: int,
     if not readers or head in view.outputs:
         return False
     for sl in readers:
-        r = _slice_range_of(view, sl, rank, n)
+        r = slice_range(view, sl, rank, n)
         if r is None:
             return False
         a, b = r
@@ -377,27 +378,6 @@ def _column_leaves(view: GraphEdit, head: str, n: int, rank: int, offset: int,
         else:
             leaves.append((out, offset + a, offset + b))
     return True
-
-
-def _slice_range_of(view: GraphEdit, sl: onnx.NodeProto, rank: int, n: int) -> tuple[int, int] | None:
-    """(start, end) of a Slice of the last axis of a tensor of ``n`` columns, constant bounds (folded when computed
-    from constants) and step 1, else None."""
-    if sl.op_type != "Slice" or sl.domain not in ("", "ai.onnx") or len(sl.input) < 3:
-        return None
-    starts, ends, axes, steps = (view.value(sl.input[j]) if len(sl.input) > j and sl.input[j] else None
-                                 for j in range(1, 5))
-    if starts is None or ends is None or starts.size != 1 or ends.size != 1:
-        return None
-    if axes is None and rank != 1:
-        return None
-    if axes is not None and (axes.size != 1 or int(axes.reshape(())) not in (-1, rank - 1)):
-        return None
-    if steps is not None and (steps.size != 1 or int(steps.reshape(())) != 1):
-        return None
-    a, b = int(starts.reshape(())), int(ends.reshape(()))
-    a = max(0, min(n, a + n if a < 0 else a))
-    b = max(0, min(n, b + n if b < 0 else b))
-    return (a, b) if a < b else None
 
 
 def _column_segments(bounds: list[int], covered: list[tuple[int, int]], limit: int) -> list[tuple[int, int]]:

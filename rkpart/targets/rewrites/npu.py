@@ -158,7 +158,7 @@ def split_chunked_linear(view: GraphEdit) -> int:
         slices = [graph.node[j] for j in readers.get(head, [])]
         chunks = _split_ranges(view, slices[0], len(out_shape), n_out) if len(slices) == 1 else None
         if chunks is None and len(slices) >= 2:
-            ranges = [_slice_range(view, sl, len(out_shape), n_out) for sl in slices]
+            ranges = [slice_range(view, sl, len(out_shape), n_out) for sl in slices]
             chunks = [(sl.output[0], *r) for sl, r in zip(slices, ranges, strict=True) if r is not None]
             if len(chunks) != len(slices):
                 chunks = None
@@ -240,8 +240,9 @@ def _split_ranges(view: GraphEdit, sp: onnx.NodeProto, rank: int,
     return out or None
 
 
-def _slice_range(view: GraphEdit, sl: onnx.NodeProto, rank: int, n: int) -> tuple[int, int] | None:
-    """(start, end) of a Slice of the last axis with constant bounds and step 1, else None."""
+def slice_range(view: GraphEdit, sl: onnx.NodeProto, rank: int, n: int) -> tuple[int, int] | None:
+    """(start, end) of a Slice of the last axis of a tensor of ``n`` columns, constant bounds (folded when computed
+    from constants) and step 1, else None (``split-chunked-linear`` and ``wide-matmul-columns`` read slices by it)."""
     if sl.op_type != "Slice" or sl.domain not in ("", "ai.onnx") or len(sl.input) < 3:
         return None
     vals = [view.value(sl.input[j]) if len(sl.input) > j and sl.input[j] else None for j in range(1, 5)]
